@@ -1,0 +1,96 @@
+"""SQLite connections for the store: one per thread, WAL, IMMEDIATE write transactions.
+
+The GUI thread, background workers and other processes share one database file. WAL lets readers
+run while one writer commits; every write starts with BEGIN IMMEDIATE so it waits (busy_timeout)
+for the write lock up front instead of failing with "database is locked" when a read transaction
+tries to upgrade. This module must never hand a connection to another thread, and never leave a
+transaction open when a call returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import sqlite_utils
+
+# Long enough to outlast any single write the store makes (the largest is one chunk of ~6 MB, or
+# one eviction), short enough that a wedged process surfaces as an error instead of a hang.
+BUSY_TIMEOUT_MS = 60_000
+
+# Reads go through mmap up to this size: incremental blob reads of multi-MB chunks then copy
+# straight from the page cache instead of one pread() per 4 KiB page (see store.blobs for numbers).
+MMAP_SIZE = 1 << 36
+
+
+def open_connection(path: Path) -> sqlite3.Connection:
+    """A connection in autocommit mode (transactions are explicit) with the store's pragmas."""
+    conn = sqlite3.connect(
+        path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000
+    )
+    conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    # Only takes effect on a new, empty database (before the first table); lets gc() hand freed
+    # chunk pages back to the file system with PRAGMA incremental_vacuum.
+    conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
+    conn.execute("PRAGMA journal_mode = WAL")
+    # FULL: a commit survives power loss, not only a process crash; documents and chats are user
+    # data, and commits are few (one per chunk or message), so the fsync cost is small.
+    conn.execute("PRAGMA synchronous = FULL")
+    conn.execute("PRAGMA foreign_keys = ON")
+    conn.execute(f"PRAGMA mmap_size = {MMAP_SIZE}")
+    return conn
+
+
+class Connections:
+    """Hands each thread its own connection to one database file, and closes them all at the end.
+
+    Connections come wrapped in a sqlite_utils.Database; its table helpers nest inside the
+    transactions opened here (as savepoints), so a read or write block stays one transaction.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._open: list[sqlite3.Connection] = []
+
+    def get(self) -> sqlite_utils.Database:
+        db = getattr(self._local, "db", None)
+        if db is None:
+            conn = open_connection(self.path)
+            with self._lock:
+                self._open.append(conn)
+            db = self._local.db = sqlite_utils.Database(conn, execute_plugins=False)
+        return db
+
+    @contextlib.contextmanager
+    def write(self) -> Iterator[sqlite_utils.Database]:
+        """A write transaction: takes the write lock first, commits on success, else rolls back."""
+        db = self.get()
+        db.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+        except BaseException:
+            db.conn.execute("ROLLBACK")
+            raise
+        db.conn.execute("COMMIT")
+
+    @contextlib.contextmanager
+    def read(self) -> Iterator[sqlite_utils.Database]:
+        """A read transaction: every statement inside sees the same committed snapshot."""
+        db = self.get()
+        db.conn.execute("BEGIN")
+        try:
+            yield db
+        finally:
+            db.conn.execute("COMMIT")
+
+    def close(self) -> None:
+        with self._lock:
+            for conn in self._open:
+                conn.close()
+            self._open.clear()
+        self._local = threading.local()

@@ -1,0 +1,31 @@
+"""Errors the store raises on purpose, so callers can tell a recoverable cache problem from a bug.
+
+Everything here derives from StoreError. The store must never let a raw sqlite3 error escape for a
+condition a caller is expected to handle (a missing row, a corrupt chunk, a too-new database).
+"""
+
+
+class StoreError(Exception):
+    """Base class of every error the store raises on purpose."""
+
+
+class SchemaVersionError(StoreError):
+    """The database was written by a newer kvdesk (or is not a kvdesk store): refuse to touch it."""
+
+
+class NotFoundError(StoreError, LookupError):
+    """A document, chat, message or KV entry/chunk that does not exist (or was evicted)."""
+
+
+class CorruptChunkError(StoreError):
+    """A stored KV chunk failed its checksum; the engine recomputes that part and may repair it."""
+
+    def __init__(self, entry: int, chunk: int, level: str):
+        super().__init__(f"KV entry {entry}, chunk {chunk}, level {level!r}: checksum mismatch")
+        self.entry = entry
+        self.chunk = chunk
+        self.level = level
+
+
+class IncompleteEntryError(StoreError):
+    """An entry writer finished without every (chunk, level) it declared."""

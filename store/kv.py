@@ -1,0 +1,296 @@
+"""KV entries: writing one chunk at a time, the longest-prefix lookup, and the tree of entries.
+
+An entry caches tokens [token_start, token_end) of one model; a chat's entry extends its
+document's entry (parent_id) and stores only its own tokens, so the document's chunks are reused,
+never copied. Entries are written incomplete (invisible to every reader), one short write
+transaction per chunk so the GUI and other writers are never blocked for a whole prefill, and
+become visible in the single transaction that checks every (chunk, level) is present and sets
+complete = 1. A writer that dies leaves an incomplete entry that store.quota removes later.
+
+This module must never let a reader see an incomplete entry, and never copy a parent's chunks.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable, Iterable
+
+from . import blobs
+from .db import Connections
+from .errors import IncompleteEntryError, NotFoundError
+from .records import Entry, PrefixMatch, Span
+from .tokens import chunk_spans, encode, prefix_hashes
+
+ENTRY_COLUMNS = (
+    "id, model, token_start, token_end, parent_id, chunk_size, levels, nbytes,"
+    " document_id, chat_id, last_used, created"
+)
+# Under SQLite's default limit of host parameters per statement, with room for the others.
+_BATCH = 500
+
+
+def entry_from_row(row: tuple) -> Entry:
+    *head, levels, nbytes, document_id, chat_id, last_used, created = row
+    return Entry(*head, tuple(json.loads(levels)), nbytes, document_id, chat_id, last_used, created)
+
+
+def get_entry(conn: sqlite3.Connection, entry_id: int) -> Entry:
+    row = conn.execute(
+        f"SELECT {ENTRY_COLUMNS} FROM kv_entries WHERE id = ? AND complete", (entry_id,)
+    ).fetchone()
+    if row is None:
+        raise NotFoundError(f"no KV entry {entry_id}")
+    return entry_from_row(row)
+
+
+def entry_spans(conn: sqlite3.Connection, entry_id: int) -> tuple[Span, ...]:
+    return tuple(
+        Span(*row)
+        for row in conn.execute(
+            "SELECT entry_id, chunk_index, token_start, token_end FROM kv_spans"
+            " WHERE entry_id = ? ORDER BY chunk_index",
+            (entry_id,),
+        )
+    )
+
+
+def create_pending(
+    conn: sqlite3.Connection,
+    *,
+    fingerprint: str,
+    tokens: Iterable[int],
+    parent_id: int | None,
+    chunk_size: int,
+    levels: tuple[str, ...],
+    document_id: int | None,
+    chat_id: int | None,
+    now: float,
+) -> int:
+    """Insert an incomplete entry and its spans for `tokens` (the whole prefix); return its id."""
+    if chunk_size <= 0 or not levels or len(set(levels)) != len(levels):
+        raise ValueError("an entry needs a positive chunk size and distinct level names")
+    encoded = encode(tokens)
+    n_tokens = len(encoded) // 4
+    start = 0
+    if parent_id is not None:
+        parent = get_entry(conn, parent_id)
+        if parent.model != fingerprint:
+            raise ValueError(f"parent entry {parent_id} belongs to another model")
+        start = parent.token_end
+    if n_tokens <= start:
+        raise ValueError("nothing to store: the tokens do not extend past the parent entry")
+    spans = chunk_spans(start, n_tokens, chunk_size)
+    positions = ([start] if parent_id is not None else []) + [end for _, end in spans]
+    hashes = prefix_hashes(fingerprint, encoded, positions)
+    if parent_id is not None:
+        (parent_hash,) = conn.execute(
+            "SELECT prefix_hash FROM kv_entries WHERE id = ?", (parent_id,)
+        ).fetchone()
+        if hashes.pop(0) != parent_hash:
+            raise ValueError(f"the tokens do not start with parent entry {parent_id}'s tokens")
+    entry_id = conn.execute(
+        "INSERT INTO kv_entries (model, prefix_hash, token_start, token_end, parent_id,"
+        " chunk_size, levels, tokens, document_id, chat_id, last_used, created)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            fingerprint,
+            hashes[-1],
+            start,
+            n_tokens,
+            parent_id,
+            chunk_size,
+            json.dumps(list(levels)),
+            encoded[start * 4 :],
+            document_id,
+            chat_id,
+            now,
+            now,
+        ),
+    ).lastrowid
+    conn.executemany(
+        "INSERT INTO kv_spans VALUES (?, ?, ?, ?, ?)",
+        [
+            (entry_id, index, start, end, prefix_hash)
+            for index, ((start, end), prefix_hash) in enumerate(zip(spans, hashes, strict=True))
+        ],
+    )
+    return entry_id
+
+
+def complete(conn: sqlite3.Connection, entry_id: int, now: float) -> int:
+    """Make a pending entry visible; return its id, or that of an identical one already stored."""
+    row = conn.execute(
+        "SELECT model, prefix_hash, parent_id, document_id, chat_id, chunk_size, levels,"
+        " (SELECT count(*) FROM kv_spans WHERE entry_id = e.id)"
+        " FROM kv_entries e WHERE id = ? AND NOT complete",
+        (entry_id,),
+    ).fetchone()
+    if row is None:
+        raise NotFoundError(f"KV entry {entry_id} was removed while being written")
+    *identity, chunk_size, levels, n_chunks = row
+    count, nbytes = conn.execute(
+        "SELECT count(*), coalesce(sum(nbytes), 0) FROM kv_chunks WHERE entry_id = ?",
+        (entry_id,),
+    ).fetchone()
+    if count != n_chunks * len(json.loads(levels)):
+        raise IncompleteEntryError(
+            f"KV entry {entry_id} has {count} of {n_chunks} chunks x {levels} levels"
+        )
+    # Two workers may prefill the same prefix at once; the first to finish wins, the second's copy
+    # is dropped rather than kept as a duplicate nobody would ever look up.
+    same = conn.execute(
+        "SELECT id FROM kv_entries WHERE complete AND model = ? AND prefix_hash = ?"
+        " AND parent_id IS ? AND document_id IS ? AND chat_id IS ? AND chunk_size = ?",
+        (*identity, chunk_size),
+    ).fetchone()
+    if same is not None:
+        conn.execute("DELETE FROM kv_entries WHERE id = ?", (entry_id,))
+        return same[0]
+    conn.execute(
+        "UPDATE kv_entries SET complete = 1, nbytes = ?, last_used = ? WHERE id = ?",
+        (nbytes, now, entry_id),
+    )
+    return entry_id
+
+
+def longest_prefix(
+    conn: sqlite3.Connection, fingerprint: str, tokens: Iterable[int]
+) -> PrefixMatch:
+    """The stored chain covering the longest prefix of `tokens`; call inside a read transaction.
+
+    Hashes the query once, only at positions where some stored chunk of this model ends, then
+    looks the hashes up longest first: O(tokens + stored chunk ends), never pairwise compares.
+    """
+    encoded = encode(tokens)
+    positions = [
+        row[0]
+        for row in conn.execute(
+            "SELECT DISTINCT s.token_end FROM kv_spans s JOIN kv_entries e ON e.id = s.entry_id"
+            " WHERE e.model = ? AND e.complete AND s.token_end <= ? ORDER BY s.token_end",
+            (fingerprint, len(encoded) // 4),
+        )
+    ]
+    hashes = prefix_hashes(fingerprint, encoded, positions)[::-1]
+    for offset in range(0, len(hashes), _BATCH):
+        batch = hashes[offset : offset + _BATCH]
+        hit = conn.execute(
+            "SELECT s.entry_id, s.token_end FROM kv_spans s JOIN kv_entries e ON e.id = s.entry_id"
+            f" WHERE s.prefix_hash IN ({','.join('?' * len(batch))}) AND e.complete"
+            " AND e.model = ? ORDER BY s.token_end DESC, e.last_used DESC, e.id LIMIT 1",
+            (*batch, fingerprint),
+        ).fetchone()
+        if hit is not None:
+            return _match(conn, *hit)
+    return PrefixMatch(entries=(), spans=(), n_tokens=0)
+
+
+def _match(conn: sqlite3.Connection, entry_id: int, n_tokens: int) -> PrefixMatch:
+    entries = chain(conn, entry_id)
+    spans = tuple(
+        span
+        for entry in entries
+        for span in entry_spans(conn, entry.id)
+        if span.token_end <= n_tokens
+    )
+    return PrefixMatch(entries=entries, spans=spans, n_tokens=n_tokens)
+
+
+def chain(conn: sqlite3.Connection, entry_id: int) -> tuple[Entry, ...]:
+    """An entry and its ancestors, root first."""
+    entries = tuple(
+        entry_from_row(row)
+        for row in conn.execute(
+            "WITH RECURSIVE chain(id, depth) AS (SELECT ?, 0 UNION ALL"
+            " SELECT e.parent_id, chain.depth + 1 FROM kv_entries e JOIN chain ON e.id = chain.id"
+            " WHERE e.parent_id IS NOT NULL)"
+            f" SELECT {', '.join('e.' + c.strip() for c in ENTRY_COLUMNS.split(','))}"
+            " FROM chain JOIN kv_entries e ON e.id = chain.id WHERE e.complete"
+            " ORDER BY chain.depth DESC",
+            (entry_id,),
+        )
+    )
+    if not entries:
+        raise NotFoundError(f"no KV entry {entry_id}")
+    return entries
+
+
+def subtree(conn: sqlite3.Connection, entry_id: int) -> list[tuple[int, bool, int]]:
+    """(id, complete, chunk bytes) of an entry and every entry extending it, root first."""
+    return conn.execute(
+        "WITH RECURSIVE sub(id, depth) AS (SELECT ?, 0 UNION ALL"
+        " SELECT e.id, sub.depth + 1 FROM kv_entries e JOIN sub ON e.parent_id = sub.id)"
+        " SELECT k.id, k.complete,"
+        " (SELECT coalesce(sum(nbytes), 0) FROM kv_chunks WHERE entry_id = k.id)"
+        " FROM sub JOIN kv_entries k ON k.id = sub.id ORDER BY sub.depth, k.id",
+        (entry_id,),
+    ).fetchall()
+
+
+def touch(conn: sqlite3.Connection, entry_ids: Iterable[int], now: float) -> None:
+    conn.executemany(
+        "UPDATE kv_entries SET last_used = ? WHERE id = ?", [(now, i) for i in entry_ids]
+    )
+
+
+class EntryWriter:
+    """Writes one KV entry chunk by chunk; readers see it only once finish() has committed.
+
+    Use as a context manager: leaving the block normally finishes the entry, an exception aborts
+    it (its chunks are deleted). `spans` says which tokens each chunk index covers.
+    """
+
+    def __init__(
+        self,
+        db: Connections,
+        entry_id: int,
+        levels: tuple[str, ...],
+        clock: Callable[[], float],
+        on_finish: Callable[[], object],
+    ):
+        self.entry_id = entry_id
+        self.levels = levels
+        self.entry: Entry | None = None
+        self._db = db
+        self._clock = clock
+        self._on_finish = on_finish
+        with db.read() as rdb:
+            self.spans = entry_spans(rdb.conn, entry_id)
+
+    def put_chunk(self, chunk_index: int, level: str, data: bytes | memoryview) -> None:
+        """Store the encoded bytes of one chunk at one level (again: replaces them)."""
+        if not 0 <= chunk_index < len(self.spans) or level not in self.levels:
+            raise ValueError(f"no chunk {chunk_index} at level {level!r} in this entry")
+        with self._db.write() as wdb:
+            conn = wdb.conn
+            # Refreshing last_used doubles as the heartbeat that tells gc the writer is alive.
+            alive = conn.execute(
+                "UPDATE kv_entries SET last_used = ? WHERE id = ? AND NOT complete",
+                (self._clock(), self.entry_id),
+            ).rowcount
+            if not alive:
+                raise NotFoundError(f"KV entry {self.entry_id} was removed while being written")
+            blobs.put(conn, self.entry_id, chunk_index, level, data)
+
+    def finish(self) -> Entry:
+        """Make the entry visible (or adopt an identical one stored meanwhile) and return it."""
+        with self._db.write() as wdb:
+            entry_id = complete(wdb.conn, self.entry_id, self._clock())
+            self.entry = get_entry(wdb.conn, entry_id)
+        self._on_finish()
+        return self.entry
+
+    def abort(self) -> None:
+        with self._db.write() as wdb:
+            wdb.conn.execute(
+                "DELETE FROM kv_entries WHERE id = ? AND NOT complete", (self.entry_id,)
+            )
+
+    def __enter__(self) -> EntryWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.abort()
+        elif self.entry is None:
+            self.finish()

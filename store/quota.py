@@ -1,0 +1,64 @@
+"""The disk budget for KV caches: least-recently-used entries are evicted first.
+
+Only KV entries are ever evicted; documents, chats, messages and settings never are. An entry is
+evicted together with every entry extending it (a chat's entry is useless without its document's).
+Since reading a chain marks all of its entries used, parents are at least as recent as their
+children and LRU order reaches leaves first anyway. Entries being written are never evicted, nor
+any entry that one extends; an incomplete entry whose writer stopped refreshing it for
+ABANDON_AFTER_S (the writer crashed) is removed.
+"""
+
+from __future__ import annotations
+
+from .db import Connections
+from .kv import subtree
+
+DEFAULT_BUDGET_BYTES = 10 * 10**9
+BUDGET_SETTING = "store.budget_bytes"
+# A live writer refreshes its entry with every chunk, seconds apart; a quarter hour of silence
+# means it is gone.
+ABANDON_AFTER_S = 15 * 60
+
+
+def usage(db: Connections) -> int:
+    """Bytes of every stored chunk, complete entries and entries being written alike."""
+    return db.get().conn.execute("SELECT coalesce(sum(nbytes), 0) FROM kv_chunks").fetchone()[0]
+
+
+def collect(db: Connections, budget_bytes: int, now: float) -> dict:
+    """Drop abandoned writes, then evict LRU entries until usage fits the budget; report it."""
+    with db.write() as wdb:
+        abandoned = wdb.conn.execute(
+            "SELECT id, (SELECT coalesce(sum(nbytes), 0) FROM kv_chunks WHERE entry_id = e.id)"
+            " FROM kv_entries e WHERE NOT complete AND last_used < ?",
+            (now - ABANDON_AFTER_S,),
+        ).fetchall()
+        wdb.conn.executemany("DELETE FROM kv_entries WHERE id = ?", [(i,) for i, _ in abandoned])
+    freed = sum(nbytes for _, nbytes in abandoned)
+    used = usage(db)
+    evicted: list[int] = []
+    candidates = (
+        db.get()
+        .conn.execute("SELECT id FROM kv_entries WHERE complete ORDER BY last_used, id")
+        .fetchall()
+    )
+    for (candidate,) in candidates:
+        if used <= budget_bytes:
+            break
+        # One short transaction per eviction, so the GUI's writes interleave with a long gc.
+        with db.write() as wdb:
+            tree = subtree(wdb.conn, candidate)
+            if not tree or not all(complete for _, complete, _ in tree):
+                continue
+            wdb.conn.execute("DELETE FROM kv_entries WHERE id = ?", (candidate,))
+        evicted += [entry_id for entry_id, _, _ in tree]
+        tree_bytes = sum(nbytes for _, _, nbytes in tree)
+        freed += tree_bytes
+        used -= tree_bytes
+    return {
+        "evicted_entries": evicted,
+        "abandoned_entries": [entry_id for entry_id, _ in abandoned],
+        "freed_bytes": freed,
+        "bytes_after": used,
+        "budget_bytes": budget_bytes,
+    }

@@ -1,0 +1,102 @@
+"""The plain, immutable records the store returns: models, documents, chats, messages, KV entries.
+
+Records are snapshots of rows; they hold no connection and never write back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Model:
+    fingerprint: str
+    path: str
+    layout: dict[str, Any]
+    created: float
+
+
+@dataclass(frozen=True)
+class Document:
+    id: int
+    content_hash: str
+    title: str
+    source_path: str | None
+    type: str
+    text: str
+    n_tokens: int | None
+    created: float
+
+
+@dataclass(frozen=True)
+class Chat:
+    id: int
+    title: str
+    created: float
+    updated: float
+
+
+@dataclass(frozen=True)
+class Message:
+    id: int
+    chat_id: int
+    role: str
+    text: str
+    stats: dict[str, Any] | None
+    created: float
+    updated: float
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A stored KV entry: the cache of tokens [token_start, token_end), extending `parent_id`."""
+
+    id: int
+    model: str
+    token_start: int
+    token_end: int
+    parent_id: int | None
+    chunk_size: int
+    levels: tuple[str, ...]
+    nbytes: int
+    document_id: int | None
+    chat_id: int | None
+    last_used: float
+    created: float
+
+    @property
+    def n_chunks(self) -> int:
+        return -(-(self.token_end - self.token_start) // self.chunk_size)
+
+
+@dataclass(frozen=True)
+class Span:
+    """One chunk of an entry: read it with Store.read_chunk(entry_id, chunk_index, level)."""
+
+    entry_id: int
+    chunk_index: int
+    token_start: int
+    token_end: int
+
+
+@dataclass(frozen=True)
+class PrefixMatch:
+    """The stored chain covering the longest prefix of a token sequence.
+
+    `entries` runs from the root (a document's entry) to the deepest entry used; the last one may
+    be covered only in part (its first few chunks). `spans` lists, in token order, exactly the
+    chunks covering tokens [0, n_tokens).
+    """
+
+    entries: tuple[Entry, ...]
+    spans: tuple[Span, ...]
+    n_tokens: int
+
+    @property
+    def parent(self) -> Entry | None:
+        """The deepest entry covered in full: what a new entry for the remaining tokens extends."""
+        for entry in reversed(self.entries):
+            if entry.token_end <= self.n_tokens:
+                return entry
+        return None
