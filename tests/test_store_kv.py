@@ -1,0 +1,141 @@
+"""KV entries: chunked writes, invisibility until complete, longest-prefix lookup, chains."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_store_helpers import FP, LEVELS, open_store, payload, put_entry
+
+from store import IncompleteEntryError, NotFoundError, Span
+
+
+@pytest.fixture
+def store(tmp_path):
+    with open_store(tmp_path) as store:
+        yield store
+
+
+def test_chunks_cover_the_entry_and_read_back_per_level(store):
+    entry = put_entry(store, range(600))
+    assert (entry.token_start, entry.token_end, entry.n_chunks) == (0, 600, 3)
+    assert entry.levels == LEVELS
+    assert store.read_chunk(entry.id, 2, "compact") == payload(512, 600, "compact")
+    assert store.read_chunk(entry.id, 0, "lossless") == payload(0, 256, "lossless")
+    assert entry.nbytes == sum(
+        len(payload(s, e, lv)) for s, e in [(0, 256), (256, 512), (512, 600)] for lv in LEVELS
+    )
+    with pytest.raises(NotFoundError):
+        store.read_chunk(entry.id, 3, "compact")
+    assert store.tokens(entry.id) == list(range(600))
+
+
+def test_an_entry_is_invisible_until_finished_and_gone_if_aborted(store):
+    writer = store.write_entry(FP, range(300), levels=["raw"])
+    writer.put_chunk(0, "raw", b"first")
+    assert store.longest_prefix(FP, range(300)).n_tokens == 0
+    with pytest.raises(NotFoundError):
+        store.read_chunk(writer.entry_id, 0, "raw")
+    with pytest.raises(IncompleteEntryError):
+        writer.finish()
+    with pytest.raises(ValueError):
+        writer.put_chunk(2, "raw", b"no such chunk")
+    with pytest.raises(RuntimeError), writer:
+        raise RuntimeError("prefill failed")
+    assert store.usage_bytes() == 0
+    assert store.entries() == []
+
+
+def test_a_chat_entry_extends_its_document_entry_without_copying(store):
+    document = put_entry(store, range(1000))
+    chat_tokens = list(range(1000)) + list(range(7000, 7300))
+    chat = put_entry(store, chat_tokens, parent_id=document.id, levels=["lossless"])
+    assert (chat.token_start, chat.token_end, chat.n_chunks) == (1000, 1300, 2)
+    match = store.longest_prefix(FP, chat_tokens + [1, 2, 3])
+    assert [e.id for e in match.entries] == [document.id, chat.id]
+    assert match.n_tokens == 1300 and match.parent.id == chat.id
+    assert [(s.entry_id, s.token_start, s.token_end) for s in match.spans] == [
+        (document.id, 0, 256), (document.id, 256, 512), (document.id, 512, 768),
+        (document.id, 768, 1000), (chat.id, 1000, 1256), (chat.id, 1256, 1300),
+    ]  # fmt: skip
+    assert store.tokens(chat.id) == chat_tokens
+    assert store.usage_bytes() == document.nbytes + chat.nbytes
+
+
+def test_a_partly_matching_entry_yields_its_matching_chunks(store):
+    entry = put_entry(store, range(1000))
+    edited = list(range(700)) + [99_999] * 50
+    match = store.longest_prefix(FP, edited)
+    assert match.n_tokens == 512
+    assert match.spans == (Span(entry.id, 0, 0, 256), Span(entry.id, 1, 256, 512))
+    assert match.parent is None  # a new entry would have to start from token 0
+
+
+def test_the_parent_must_prefix_the_tokens_and_belong_to_the_model(store):
+    parent = put_entry(store, range(300))
+    with pytest.raises(ValueError, match="do not start with"):
+        store.write_entry(FP, [5] * 400, levels=["raw"], parent_id=parent.id)
+    store.register_model("model-b", "/b", {})
+    with pytest.raises(ValueError, match="another model"):
+        store.write_entry("model-b", range(400), levels=["raw"], parent_id=parent.id)
+    with pytest.raises(ValueError, match="nothing to store"):
+        store.write_entry(FP, range(300), levels=["raw"], parent_id=parent.id)
+
+
+def test_models_do_not_share_entries(store):
+    put_entry(store, range(600))
+    store.register_model("model-b", "/b", {})
+    assert store.longest_prefix("model-b", range(600)).n_tokens == 0
+
+
+def test_two_writers_of_the_same_prefix_end_with_one_entry(store):
+    first = store.write_entry(FP, range(300), levels=["raw"], document_id=None)
+    second = store.write_entry(FP, range(300), levels=["raw"], document_id=None)
+    for writer in (first, second):
+        for span in writer.spans:
+            writer.put_chunk(span.chunk_index, "raw", b"x" * 10)
+    assert second.finish().id == second.entry_id
+    assert first.finish().id == second.entry_id
+    assert [e.id for e in store.entries()] == [second.entry_id]
+    assert store.usage_bytes() == 20
+
+
+def test_lookup_marks_the_chain_used(tmp_path):
+    now = [1000.0]
+    with open_store(tmp_path, clock=lambda: now[0]) as store:
+        root = put_entry(store, range(300))
+        child = put_entry(store, range(600), parent_id=root.id)
+        now[0] = 2000.0
+        store.longest_prefix(FP, range(600))
+        assert [store.entry(e).last_used for e in (root.id, child.id)] == [2000.0, 2000.0]
+        now[0] = 3000.0
+        store.longest_prefix(FP, range(600), touch=False)
+        assert store.entry(root.id).last_used == 2000.0
+
+
+# Sequences over a tiny alphabet share long prefixes, which is what the lookup must untangle.
+token_lists = st.lists(st.integers(0, 2), min_size=1, max_size=40)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(stored=st.lists(st.tuples(token_lists, token_lists), max_size=5), query=token_lists)
+def test_longest_prefix_matches_brute_force(tmp_path_factory, stored, query):
+    chunk = 4
+    with open_store(tmp_path_factory.mktemp("kv")) as store:
+        covered = {0}  # token counts a brute-force search could reuse
+        for head, tail in stored:
+            root = put_entry(store, head, chunk_size=chunk, levels=["raw"])
+            put_entry(store, head + tail, parent_id=root.id, chunk_size=chunk, levels=["raw"])
+            for start, tokens in ((0, head), (len(head), head + tail)):
+                stops = range(start + chunk, len(tokens) + chunk, chunk)
+                ends = [min(end, len(tokens)) for end in stops]
+                covered |= {end for end in ends if query[:end] == tokens[:end]}
+        match = store.longest_prefix(FP, query)
+        assert match.n_tokens == max(covered)
+        assert [t for s in match.spans for t in range(s.token_start, s.token_end)] == list(
+            range(match.n_tokens)
+        )
+        if match.entries:
+            assert store.tokens(match.entries[-1].id)[: match.n_tokens] == query[: match.n_tokens]

@@ -1,0 +1,98 @@
+"""The KV budget: least recently used first, extensions with their parent, never user data."""
+
+from __future__ import annotations
+
+import pytest
+from test_store_helpers import FP, open_store
+
+from store.quota import ABANDON_AFTER_S
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def tick(self) -> float:
+        self.now += 1
+        return self.now
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+@pytest.fixture
+def store(tmp_path, clock):
+    with open_store(tmp_path, clock=clock) as store:
+        yield store
+
+
+def raw_entry(store, clock, tokens, size=1000, **kwargs):
+    clock.tick()
+    with store.write_entry(FP, tokens, levels=["raw"], **kwargs) as writer:
+        for span in writer.spans:
+            writer.put_chunk(span.chunk_index, "raw", bytes(size))
+    return writer.entry
+
+
+def test_least_recently_used_entries_go_first(store, clock):
+    a = raw_entry(store, clock, range(0, 100))
+    b = raw_entry(store, clock, range(100, 200))
+    c = raw_entry(store, clock, range(200, 300))
+    clock.tick()
+    store.longest_prefix(FP, range(0, 100))  # a is now the most recent
+    report = store.gc(budget_bytes=1500)
+    assert report == {
+        "evicted_entries": [b.id, c.id], "abandoned_entries": [], "freed_bytes": 2000,
+        "bytes_after": 1000, "budget_bytes": 1500,
+    }  # fmt: skip
+    assert [e.id for e in store.entries()] == [a.id]
+    assert store.gc(budget_bytes=1500)["evicted_entries"] == []
+
+
+def test_an_entry_is_evicted_with_the_entries_extending_it(store, clock):
+    document = store.add_document("h", "Doc", "text", type="txt")
+    chat = store.create_chat("chat", [document.id])
+    store.add_message(chat.id, "user", "hi")
+    root = raw_entry(store, clock, range(100), document_id=document.id)
+    child = raw_entry(store, clock, range(200), parent_id=root.id, chat_id=chat.id)
+    other = raw_entry(store, clock, range(500, 600))
+    store.touch([child.id])  # a child more recent than its parent: it still cannot outlive it
+    report = store.gc(budget_bytes=1000)
+    assert report["evicted_entries"] == [root.id, child.id]
+    assert [e.id for e in store.entries()] == [other.id]
+    assert store.documents() == [document] and store.chats() == [chat]
+    assert [m.text for m in store.messages(chat.id)] == ["hi"]
+
+
+def test_finishing_an_entry_enforces_the_stored_budget(store, clock):
+    store.budget_bytes = 2500
+    first = raw_entry(store, clock, range(0, 100))
+    raw_entry(store, clock, range(100, 200))
+    raw_entry(store, clock, range(200, 300))
+    assert first.id not in [e.id for e in store.entries()]
+    assert store.usage_bytes() == 2000
+
+
+def test_entries_being_written_are_kept_until_abandoned(store, clock):
+    root = raw_entry(store, clock, range(100))
+    writer = store.write_entry(FP, range(200), levels=["raw"], parent_id=root.id)
+    writer.put_chunk(0, "raw", bytes(500))
+    report = store.gc(budget_bytes=0)
+    assert report["evicted_entries"] == [] and report["abandoned_entries"] == []
+    clock.now += ABANDON_AFTER_S + 1
+    report = store.gc(budget_bytes=10_000)
+    assert report["abandoned_entries"] == [writer.entry_id]
+    assert report["freed_bytes"] == 500 and report["bytes_after"] == 1000
+    with pytest.raises(LookupError):
+        writer.put_chunk(0, "raw", bytes(500))
+
+
+def test_the_budget_defaults_to_ten_gigabytes(store, clock):
+    raw_entry(store, clock, range(100))
+    assert store.gc()["budget_bytes"] == 10 * 10**9
+    assert store.gc()["evicted_entries"] == []
