@@ -1,1 +1,37 @@
-"""placeholder"""
+"""kvdesk's KV-cache codec: CacheGen-style quantization + rANS, in self-describing chunk blobs.
+
+The KV of a document arrives as two float16 arrays, keys and values, each
+[n_layer, n_tokens, channels] (channels = n_head_kv * head_dim, token-major). The codec turns
+any run of tokens (a "chunk", typically 256 tokens) into one blob that decodes on its own.
+
+API
+    encode(keys, values, level="balanced", *, first_token=0) -> bytes
+        One chunk (any token count >= 1) -> blob. first_token is the position of the chunk's
+        first token in the document: the document's first `sink_tokens` tokens (attention
+        sinks) are kept exact, so pass it when encoding later chunks.
+    decode(blob) -> (keys, values)
+        float16 arrays [n_layer, n_tokens, channels].
+    encode_chunks(keys, values, level="balanced", *, chunk_tokens=256, first_token=0)
+        -> list[bytes]; decode_chunks(blobs) -> (keys, values) joins consecutive chunks.
+    peek(blob) -> BlobInfo (level, config, n_layer, n_tokens, channels, first_token, nbytes,
+        bits_per_element, format_version) from the header alone (no checksum, no decoding).
+    levels() -> {name: CodecConfig}; CodecConfig.get_config() -> JSON-able dict with an "id";
+        CodecConfig.from_config(dict) -> CodecConfig. `level` may be a name, a CodecConfig or
+        such a dict.
+    CodecError (a ValueError): every refusal: bad input, NaN/Inf, unknown level, and corrupt,
+        truncated or foreign blobs.
+
+Levels (data in level_table.py): lossless (bit-exact fp16), high, balanced, compact, and
+CacheGen's published bins cachegen-1/2/3 (per-token scale, bins by layer thirds).
+
+Kernels run on numba (CPU, parallel), or CUDA when a GPU is present; every backend writes
+identical bytes (see backend.py). The package must never import llama.cpp, SQLite, Qt, the
+store or the app.
+"""
+
+from .errors import CodecError
+from .levels import CodecConfig, KindConfig, levels
+from .pipeline import BlobInfo, decode, decode_chunks, encode, encode_chunks, peek
+
+__all__ = ["BlobInfo", "CodecConfig", "CodecError", "KindConfig", "decode", "decode_chunks",
+           "encode", "encode_chunks", "levels", "peek"]

@@ -1,0 +1,55 @@
+"""Choosing the kernels that run the format: numba CPU, numba CUDA, or the pure reference.
+
+A backend is a plain namespace of six functions with the signatures of `quant.py` and
+`rans.py`. All backends produce identical bytes, so the choice is only about speed: CUDA when
+a GPU is present (decode on the device, the rest on the CPU kernels), else the CPU kernels.
+KVDESK_CODEC_BACKEND=cpu|cuda|reference forces one. This module must never change what a
+blob contains.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cache
+from types import SimpleNamespace
+
+from . import quant, rans, reference
+from .errors import CodecError
+
+NAMES = ("cpu", "cuda", "reference")
+
+
+def _cpu() -> SimpleNamespace:
+    return SimpleNamespace(name="cpu", any_nonfinite=quant.any_nonfinite,
+                           quantize=quant.quantize, choose_entries=quant.choose_entries,
+                           encode=rans.encode, decode=rans.decode)
+
+
+@cache
+def get(name: str) -> SimpleNamespace:
+    """The backend called `name`."""
+    if name == "cpu":
+        return _cpu()
+    if name == "reference":
+        return SimpleNamespace(name="reference", any_nonfinite=reference.any_nonfinite,
+                               quantize=reference.quantize,
+                               choose_entries=reference.choose_entries,
+                               encode=reference.encode, decode=reference.decode)
+    if name == "cuda":
+        from . import cuda
+
+        if not cuda.available():
+            raise CodecError("the cuda codec backend was requested but no CUDA device is usable")
+        return SimpleNamespace(**{**vars(_cpu()), "name": "cuda", "decode": cuda.decode})
+    raise CodecError(f"unknown codec backend {name!r}; known: {', '.join(NAMES)}")
+
+
+@cache
+def active() -> SimpleNamespace:
+    """The backend used when none is named: the environment's choice, else the fastest."""
+    forced = os.environ.get("KVDESK_CODEC_BACKEND")
+    if forced:
+        return get(forced)
+    from . import cuda
+
+    return get("cuda" if cuda.available() else "cpu")

@@ -1,0 +1,135 @@
+"""The blob layout: prelude, JSON header, payload sections, checksum.
+
+    magic b"KVDC" | u16 format version | u16 flags (0) | u32 header length
+    header: UTF-8 JSON {config, n_layer, n_tokens, channels, first_token}, space-padded so
+            the payload starts 8-byte aligned
+    payload: the sections the pipeline lists, little-endian, u32 sections before u16 ones so
+             every section is naturally aligned
+    u32 CRC-32 of everything before it
+
+This module validates the prelude, checksum and header fields and hands out payload sections
+with bounds checks; it knows nothing of what the sections mean. It must never unpickle,
+eval, or allocate from an unvalidated size.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import CodecError
+from .levels import CodecConfig
+
+MAGIC = b"KVDC"
+FORMAT_VERSION = 1
+PRELUDE = struct.Struct("<4sHHI")
+CRC = struct.Struct("<I")
+MAX_HEADER = 1 << 16
+MAX_LAYERS, MAX_CHANNELS, MAX_TOKENS = 4096, 1 << 16, 1 << 20
+MAX_ELEMENTS = 1 << 31
+
+
+@dataclass(frozen=True)
+class Header:
+    config: CodecConfig
+    n_layer: int
+    n_tokens: int
+    channels: int
+    first_token: int
+
+
+def pack(header: Header, sections: list[np.ndarray]) -> bytes:
+    meta = {"config": header.config.get_config(), "n_layer": header.n_layer,
+            "n_tokens": header.n_tokens, "channels": header.channels,
+            "first_token": header.first_token}
+    text = json.dumps(meta, separators=(",", ":"), sort_keys=True).encode()
+    text += b" " * (-(len(text) + PRELUDE.size) % 8)
+    arrays = [np.ascontiguousarray(s).view(np.uint8).ravel() for s in sections]
+    size = PRELUDE.size + len(text) + sum(a.size for a in arrays)
+    out = bytearray(size + CRC.size)
+    PRELUDE.pack_into(out, 0, MAGIC, FORMAT_VERSION, 0, len(text))
+    at = PRELUDE.size
+    out[at:at + len(text)] = text
+    at += len(text)
+    for a in arrays:
+        out[at:at + a.size] = a.data
+        at += a.size
+    CRC.pack_into(out, size, zlib.crc32(memoryview(out)[:size]))
+    return bytes(out)
+
+
+def _prelude(blob: bytes) -> tuple[int, int]:
+    """(header length, payload offset) after checking magic, version and sizes."""
+    if not isinstance(blob, bytes | bytearray | memoryview):
+        raise CodecError(f"a codec blob must be bytes, not {type(blob).__name__}")
+    if len(blob) < PRELUDE.size + CRC.size:
+        raise CodecError("not a kvdesk codec blob (too short)")
+    magic, version, flags, hlen = PRELUDE.unpack_from(blob, 0)
+    if magic != MAGIC:
+        raise CodecError("not a kvdesk codec blob (bad magic)")
+    if version != FORMAT_VERSION or flags != 0:
+        raise CodecError(f"unsupported codec blob format version {version} (flags {flags}); "
+                         f"this build reads version {FORMAT_VERSION}")
+    if hlen > MAX_HEADER or PRELUDE.size + hlen + CRC.size > len(blob):
+        raise CodecError("codec blob is truncated (header)")
+    return hlen, PRELUDE.size + hlen
+
+
+def _header(blob: bytes, hlen: int) -> Header:
+    try:
+        meta = json.loads(bytes(blob[PRELUDE.size:PRELUDE.size + hlen]).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CodecError("codec blob header is not valid JSON") from err
+    fields = {"config", "n_layer", "n_tokens", "channels", "first_token"}
+    if not isinstance(meta, dict) or set(meta) != fields:
+        raise CodecError("codec blob header has unexpected fields")
+    limits = {"n_layer": (1, MAX_LAYERS), "n_tokens": (1, MAX_TOKENS),
+              "channels": (1, MAX_CHANNELS), "first_token": (0, 1 << 48)}
+    for name, (lo, hi) in limits.items():
+        v = meta[name]
+        if not (isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi):
+            raise CodecError(f"codec blob header field {name}={v!r} is out of range")
+    if meta["n_layer"] * meta["n_tokens"] * meta["channels"] > MAX_ELEMENTS:
+        raise CodecError("codec blob header describes an implausibly large KV")
+    return Header(CodecConfig.from_config(meta["config"]), meta["n_layer"], meta["n_tokens"],
+                  meta["channels"], meta["first_token"])
+
+
+def peek(blob: bytes) -> Header:
+    """The header alone, without verifying the checksum or touching the payload."""
+    hlen, _ = _prelude(blob)
+    return _header(blob, hlen)
+
+
+def unpack(blob: bytes) -> tuple[Header, Reader]:
+    """Verify the whole blob and return its header and a reader over the payload."""
+    hlen, start = _prelude(blob)
+    end = len(blob) - CRC.size
+    (stored,) = CRC.unpack_from(blob, end)
+    if zlib.crc32(memoryview(blob)[:end]) != stored:
+        raise CodecError("codec blob checksum mismatch: the blob is corrupt or truncated")
+    header = _header(blob, hlen)
+    return header, Reader(np.frombuffer(blob, np.uint8, end - start, start))
+
+
+class Reader:
+    """Sequential, bounds-checked views of the payload."""
+
+    def __init__(self, payload: np.ndarray) -> None:
+        self._buf, self._at = payload, 0
+
+    def take(self, dtype: type, shape: tuple[int, ...]) -> np.ndarray:
+        n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        if self._at + n > self._buf.size:
+            raise CodecError("codec blob is truncated (payload)")
+        arr = self._buf[self._at:self._at + n].view(dtype).reshape(shape)
+        self._at += n
+        return arr if arr.flags.aligned else arr.copy()
+
+    def finish(self) -> None:
+        if self._at != self._buf.size:
+            raise CodecError("codec blob has unexpected trailing payload bytes")

@@ -1,0 +1,139 @@
+"""Codec configurations: what a level is, the named levels, and their JSON form.
+
+A `CodecConfig` is plain data (numcodecs-style `get_config()` / `from_config()`); the named
+levels live in `level_table.py` as plain data so they can be tuned without touching code.
+The config travels inside every blob, so decoding never depends on this table: renaming or
+retuning a level changes new blobs only. This module must never hold coding logic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import numpy as np
+
+from .errors import CodecError
+from .level_table import LEVELS
+
+CODEC_ID = "kvdesk.kv"
+SCALE_MODES = ("token", "channel", "layer")
+MIN_BINS, MAX_BINS = 4, 128  # symbols must fit a byte and a quantizer needs levels on both sides
+MAX_LANES = 64
+
+
+@dataclass(frozen=True)
+class KindConfig:
+    """Quantization of one tensor kind (keys or values).
+
+    scale: which elements share one symmetric scale (max |x|): "token" = one per (layer,
+        token) like CacheGen, "channel" = one per (layer, channel) over the chunk, "layer" = one
+        per layer. bins: CacheGen-style bin counts per layer group (symbols = bins - 1, odd).
+    layer_edges: fractions of depth where the next group starts (len(bins) - 1 of them).
+    """
+
+    scale: str
+    bins: tuple[int, ...]
+    layer_edges: tuple[float, ...]
+
+    def layer_bins(self, n_layer: int) -> np.ndarray:
+        """Bin count of every layer: layer l is in the group of edges with l >= round(e * n)."""
+        starts = [round(e * n_layer) for e in self.layer_edges]
+        group = [sum(1 for s in starts if layer >= s) for layer in range(n_layer)]
+        return np.array([self.bins[g] for g in group], dtype=np.int64)
+
+    def get_config(self) -> dict[str, Any]:
+        return {"scale": self.scale, "bins": list(self.bins), "layer_edges": list(self.layer_edges)}
+
+    @classmethod
+    def from_config(cls, d: Any) -> KindConfig:
+        _expect(isinstance(d, dict) and set(d) == {"scale", "bins", "layer_edges"}, d)
+        scale, bins, edges = d["scale"], d["bins"], d["layer_edges"]
+        _expect(scale in SCALE_MODES, scale)
+        _expect(isinstance(bins, list) and 1 <= len(bins) <= 16, bins)
+        _expect(all(_is_int(b) and MIN_BINS <= b <= MAX_BINS for b in bins), bins)
+        _expect(isinstance(edges, list) and len(edges) == len(bins) - 1, edges)
+        _expect(all(isinstance(e, int | float) and not isinstance(e, bool) for e in edges), edges)
+        _expect(all(0.0 < e < 1.0 for e in edges) and edges == sorted(edges), edges)
+        return cls(scale, tuple(bins), tuple(float(e) for e in edges))
+
+
+@dataclass(frozen=True)
+class CodecConfig:
+    """One codec setting. mode "lossless" keeps fp16 bit-exact; "quantized" uses keys/values.
+
+    lanes: rANS streams interleaved in one word stream (a group of channels of one layer).
+    sink_tokens: the document's first tokens (attention sinks) are stored exact in fp16.
+    anchor_group: 0 = plain; g > 0 = every g-th token is an anchor and the others are coded as
+        deltas to their anchor's reconstruction (CacheGen paper style).
+    """
+
+    name: str
+    mode: str
+    lanes: int = 16
+    sink_tokens: int = 0
+    anchor_group: int = 0
+    keys: KindConfig | None = None
+    values: KindConfig | None = None
+
+    def get_config(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"id": CODEC_ID, "name": self.name, "mode": self.mode,
+                             "lanes": self.lanes}
+        if self.mode == "quantized":
+            d.update(sink_tokens=self.sink_tokens, anchor_group=self.anchor_group,
+                     keys=self.keys.get_config(), values=self.values.get_config())
+        return d
+
+    @classmethod
+    def from_config(cls, d: Any) -> CodecConfig:
+        _expect(isinstance(d, dict) and d.get("id") == CODEC_ID, d)
+        name, mode, lanes = d.get("name"), d.get("mode"), d.get("lanes")
+        _expect(isinstance(name, str) and 0 < len(name) <= 64, name)
+        _expect(_is_int(lanes) and 1 <= lanes <= MAX_LANES, lanes)
+        if mode == "lossless":
+            _expect(set(d) == {"id", "name", "mode", "lanes"}, d)
+            return cls(name, mode, lanes)
+        _expect(mode == "quantized", mode)
+        _expect(set(d) == {"id", "name", "mode", "lanes", "sink_tokens", "anchor_group",
+                           "keys", "values"}, d)
+        sink, anchor = d["sink_tokens"], d["anchor_group"]
+        _expect(_is_int(sink) and 0 <= sink <= 1 << 20, sink)
+        _expect(_is_int(anchor) and (anchor == 0 or 2 <= anchor <= 1 << 16), anchor)
+        return cls(name, mode, lanes, sink, anchor, KindConfig.from_config(d["keys"]),
+                   KindConfig.from_config(d["values"]))
+
+    def replace(self, **changes: Any) -> CodecConfig:
+        """A copy with some top-level fields changed (for tuning experiments)."""
+        return CodecConfig.from_config({**self.get_config(), **changes})
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _expect(ok: bool, what: Any) -> None:
+    if not ok:
+        raise CodecError(f"invalid codec config near {str(what)[:200]!r}")
+
+
+@cache
+def _table() -> dict[str, CodecConfig]:
+    return {name: CodecConfig.from_config({"id": CODEC_ID, "name": name, **d})
+            for name, d in LEVELS.items()}
+
+
+def levels() -> dict[str, CodecConfig]:
+    """The named levels, best quality first."""
+    return dict(_table())
+
+
+def resolve(level: str | CodecConfig | dict) -> CodecConfig:
+    """A level name, a config, or a config dict -> a validated CodecConfig."""
+    if isinstance(level, CodecConfig):
+        return CodecConfig.from_config(level.get_config())
+    if isinstance(level, dict):
+        return CodecConfig.from_config(level)
+    if isinstance(level, str) and level in _table():
+        return _table()[level]
+    raise CodecError(f"unknown codec level {level!r}; known: {', '.join(_table())}")

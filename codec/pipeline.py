@@ -1,0 +1,270 @@
+"""Encoding and decoding of one chunk blob, and the chunk-list helpers built on it.
+
+A chunk is the KV of consecutive tokens, all layers: keys and values [L, T, C] float16. Its
+blob decodes on its own (tables are codebook ids, scales and sink tokens travel inside).
+Here the stages are wired together: sink split, (delta), quantization, table choice, rANS,
+container. Kernels come from `backend`; this module must never hold per-element loops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import container, tables
+from .backend import active
+from .container import Header
+from .errors import CodecError
+from .levels import CodecConfig, KindConfig, resolve
+from .quant import F16_TO_F32
+
+BYTE_SYMBOLS = 256
+# Lossless planes decode straight into their place in the fp16 bit pattern (high | low).
+_BYTE_DQ = {shift: (np.arange(BYTE_SYMBOLS, dtype=np.uint16) << shift).reshape(1, 1, 1, -1)
+            for shift in (8, 0)}
+
+
+@dataclass(frozen=True)
+class BlobInfo:
+    """What `peek` tells about a blob without decoding it."""
+
+    level: str
+    config: dict
+    n_layer: int
+    n_tokens: int
+    channels: int
+    first_token: int
+    nbytes: int
+    format_version: int
+
+    @property
+    def bits_per_element(self) -> float:
+        return self.nbytes * 8 / (2 * self.n_layer * self.n_tokens * self.channels)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Derived layout of one quantized kind: scale groups and alphabet per layer."""
+
+    scale: str
+    maxq: np.ndarray
+    nsym: np.ndarray
+    akey: np.ndarray
+    bkey: np.ndarray
+    n_a: int
+    n_b: int
+
+    @classmethod
+    def of(cls, kind: KindConfig, n_layer: int, n_tok: int, n_ch: int, group: int) -> _Plan:
+        maxq = kind.layer_bins(n_layer) // 2 - 1
+        resid = (np.arange(n_tok) % group != 0) if group else np.zeros(n_tok, bool)
+        if kind.scale == "token":
+            akey, n_a = np.arange(n_tok), n_tok
+        else:  # anchors and deltas never share a scale
+            akey, n_a = resid.astype(np.int64), 2 if group else 1
+        if kind.scale == "channel":
+            bkey, n_b = np.arange(n_ch), n_ch
+        else:
+            bkey, n_b = np.zeros(n_ch, np.int64), 1
+        return cls(kind.scale, maxq, 2 * maxq + 1, akey, bkey, n_a, n_b)
+
+    def bank(self) -> tuple[tables.Bank, np.ndarray, np.ndarray]:
+        bank, cost, base = tables.kind_bank(tuple(self.nsym.tolist()))
+        return bank, cost, np.array([base[n] for n in self.nsym.tolist()], np.int64)
+
+    def dequant(self, scales: np.ndarray) -> np.ndarray:
+        return tables.dequant_lut(scales, self.maxq, int(self.nsym.max()))
+
+
+def _check_input(keys: np.ndarray, values: np.ndarray) -> tuple[int, int, int]:
+    for name, a in (("keys", keys), ("values", values)):
+        if not isinstance(a, np.ndarray) or a.dtype != np.float16 or a.ndim != 3:
+            raise CodecError(f"{name} must be a float16 array [n_layer, n_tokens, channels]")
+    if keys.shape != values.shape:
+        raise CodecError(f"keys {keys.shape} and values {values.shape} differ in shape")
+    n_layer, n_tok, n_ch = keys.shape
+    if not (1 <= n_layer <= container.MAX_LAYERS and 1 <= n_tok <= container.MAX_TOKENS
+            and 1 <= n_ch <= container.MAX_CHANNELS) or keys.size > container.MAX_ELEMENTS:
+        raise CodecError(f"unsupported KV shape {keys.shape}")
+    return n_layer, n_tok, n_ch
+
+
+def _n_sink(cfg: CodecConfig, first_token: int, n_tok: int) -> int:
+    return min(max(cfg.sink_tokens - first_token, 0), n_tok)
+
+
+def encode(keys: np.ndarray, values: np.ndarray, level: str | CodecConfig | dict = "balanced",
+           *, first_token: int = 0, backend=None) -> bytes:
+    """Encode one chunk (any token count >= 1) into an independently decodable blob."""
+    cfg = resolve(level)
+    n_layer, n_tok, n_ch = _check_input(keys, values)
+    if not (isinstance(first_token, int) and 0 <= first_token <= 1 << 48):
+        raise CodecError(f"first_token must be a non-negative int, not {first_token!r}")
+    be = backend or active()
+    header = Header(cfg, n_layer, n_tok, n_ch, first_token)
+    bits = [a.view(np.uint16) for a in (keys, values)]
+    if cfg.mode == "lossless":
+        if any(be.any_nonfinite(b) for b in bits):
+            raise CodecError("KV contains NaN or Inf; the codec refuses it")
+        planes = [np.ascontiguousarray(p, np.uint8) for b in bits for p in (b >> 8, b & 0xFF)]
+        coded = [_encode_bytes(p, cfg.lanes, be) for p in planes]
+        return container.pack(header, [c[0] for c in coded] + [c[1] for c in coded]
+                              + [c[2] for c in coded])
+    n_sink = _n_sink(cfg, first_token, n_tok)
+    sinks = [np.ascontiguousarray(b[:, :n_sink]) for b in bits]
+    if any(be.any_nonfinite(s) for s in sinks):
+        raise CodecError("KV contains NaN or Inf; the codec refuses it")
+    coded = [_encode_kind(np.ascontiguousarray(b[:, n_sink:]), kind, cfg, be)
+             for b, kind in ((bits[0], cfg.keys), (bits[1], cfg.values))]
+    return container.pack(header, [c[2] for c in coded] + sinks + [c[0] for c in coded]
+                          + [c[1] for c in coded] + [c[3] for c in coded])
+
+
+def _encode_bytes(sym: np.ndarray, lanes: int, be):
+    """One lossless byte plane -> (counts, freq tables [L, 256] uint16, words)."""
+    n_layer, _, n_ch = sym.shape
+    hist = np.bincount((sym + (np.arange(n_layer) * BYTE_SYMBOLS)[:, None, None].astype(
+        np.int64)).ravel(), minlength=n_layer * BYTE_SYMBOLS).reshape(n_layer, BYTE_SYMBOLS)
+    freq = tables.explicit(hist)
+    bank = tables.bank_of(freq)
+    ent = np.repeat(np.arange(n_layer)[:, None], n_ch, axis=1)
+    words, counts = be.encode(sym, ent, bank.freq, bank.cum, lanes)
+    return counts, freq.astype(np.uint16), words
+
+
+def _encode_kind(bits: np.ndarray, kind: KindConfig, cfg: CodecConfig, be):
+    """One quantized kind -> (scales fp16 bits, local entry ids uint16, counts, words)."""
+    n_layer, n_tok, n_ch = bits.shape
+    plan = _Plan.of(kind, n_layer, n_tok, n_ch, cfg.anchor_group)
+    if cfg.anchor_group:
+        bits = _residuals(bits, plan, cfg.anchor_group, be)
+    sym, scales, bad = be.quantize(bits, plan.maxq, plan.akey, plan.bkey, plan.n_a, plan.n_b,
+                                   F16_TO_F32)
+    if bad:
+        raise CodecError("KV contains NaN or Inf; the codec refuses it")
+    bank, cost, base = plan.bank()
+    ent = be.choose_entries(sym, plan.nsym, base, cost, tables.N_RHO)
+    words, counts = be.encode(sym, ent + base[:, None], bank.freq, bank.cum, cfg.lanes)
+    return scales, ent.astype(np.uint16), counts, words
+
+
+def _residuals(bits: np.ndarray, plan: _Plan, group: int, be) -> np.ndarray:
+    """Anchors as they are; other tokens as fp16(x - reconstruction of their anchor)."""
+    anchors = np.ascontiguousarray(bits[:, ::group])
+    n_anchor = anchors.shape[1]
+    if plan.scale == "token":
+        akey, n_a = np.arange(n_anchor), n_anchor
+    else:
+        akey, n_a = np.zeros(n_anchor, np.int64), 1
+    sym, scales, bad = be.quantize(anchors, plan.maxq, akey, plan.bkey, n_a, plan.n_b, F16_TO_F32)
+    if bad:
+        raise CodecError("KV contains NaN or Inf; the codec refuses it")
+    dq = plan.dequant(scales)
+    rec = dq[np.arange(bits.shape[0])[:, None, None], akey[None, :, None],
+             plan.bkey[None, None, :], sym]
+    ref = np.repeat(rec, group, axis=1)[:, :bits.shape[1]]
+    out = (F16_TO_F32[bits] - F16_TO_F32[ref]).astype(np.float16).view(np.uint16)
+    out[:, ::group] = anchors
+    return out
+
+
+def _apply_anchors(seg: np.ndarray, group: int) -> None:
+    """Inverse of `_residuals` on decoded fp16 bits, in place."""
+    ref = np.repeat(seg[:, ::group], group, axis=1)[:, :seg.shape[1]]
+    full = (F16_TO_F32[ref] + F16_TO_F32[seg]).astype(np.float16).view(np.uint16)
+    full[:, ::group] = seg[:, ::group]
+    seg[...] = full
+
+
+def decode(blob: bytes, *, backend=None) -> tuple[np.ndarray, np.ndarray]:
+    """Decode one chunk blob -> (keys, values) float16 [n_layer, n_tokens, channels]."""
+    header, reader = container.unpack(blob)
+    cfg, n_layer, n_tok, n_ch = header.config, header.n_layer, header.n_tokens, header.channels
+    be = backend or active()
+    n_grp = -(-n_ch // cfg.lanes)
+    out = [np.empty((n_layer, n_tok, n_ch), np.uint16) for _ in range(2)]
+    if cfg.mode == "lossless":
+        counts = [reader.take(np.uint32, (n_layer, n_grp)) for _ in range(4)]
+        freqs = [reader.take(np.uint16, (n_layer, BYTE_SYMBOLS)) for _ in range(4)]
+        words = _take_words(reader, counts)
+        for k in range(2):
+            low = np.empty_like(out[k])
+            for i, target, shift in ((2 * k, out[k], 8), (2 * k + 1, low, 0)):
+                freq = freqs[i].astype(np.int64)
+                if np.any(freq.sum(axis=1) != tables.PROB_SCALE):
+                    raise CodecError("codec blob has an invalid lossless frequency table")
+                ent = np.repeat(np.arange(n_layer)[:, None], n_ch, axis=1)
+                _run_decode(be, words[i], counts[i], ent, tables.bank_of(freq),
+                            np.broadcast_to(_BYTE_DQ[shift], (n_layer, 1, 1, BYTE_SYMBOLS)),
+                            np.zeros(n_tok, np.int64), np.zeros(n_ch, np.int64), target, 0,
+                            cfg.lanes)
+            out[k] |= low
+    else:
+        n_sink = _n_sink(cfg, header.first_token, n_tok)
+        n_cod = n_tok - n_sink
+        plans = [_Plan.of(k, n_layer, n_cod, n_ch, cfg.anchor_group)
+                 for k in (cfg.keys, cfg.values)]
+        counts = [reader.take(np.uint32, (n_layer, n_grp)) for _ in range(2)]
+        for o in out:
+            o[:, :n_sink] = reader.take(np.uint16, (n_layer, n_sink, n_ch))
+        scales = [reader.take(np.uint16, (n_layer, p.n_a, p.n_b)) for p in plans]
+        ents = [reader.take(np.uint16, (n_layer, n_ch)).astype(np.int64) for _ in range(2)]
+        words = _take_words(reader, counts)
+        for i, plan in enumerate(plans):
+            if np.any((scales[i] & 0x8000) | (scales[i] >= 0x7C00)):
+                raise CodecError("codec blob has an invalid scale")
+            limit = np.array([tables.n_entries(n) for n in plan.nsym.tolist()])
+            if np.any(ents[i] >= limit[:, None]):
+                raise CodecError("codec blob names a table that does not exist")
+            bank, _, base = plan.bank()
+            _run_decode(be, words[i], counts[i], ents[i] + base[:, None], bank,
+                        plan.dequant(scales[i]), plan.akey, plan.bkey, out[i], n_sink, cfg.lanes)
+            if cfg.anchor_group:
+                _apply_anchors(out[i][:, n_sink:], cfg.anchor_group)
+    return out[0].view(np.float16), out[1].view(np.float16)
+
+
+def _take_words(reader: container.Reader, counts: list[np.ndarray]) -> list[np.ndarray]:
+    words = [reader.take(np.uint16, (int(c.sum(dtype=np.int64)),)) for c in counts]
+    reader.finish()
+    return words
+
+
+def _run_decode(be, words, counts, ent, bank, dq, akey, bkey, out, t0, lanes) -> None:
+    if not be.decode(words, counts, ent, bank.freq, bank.cum, bank.lut, dq, akey, bkey, out,
+                     t0, lanes):
+        raise CodecError("codec blob stream is corrupt (rANS check failed)")
+
+
+def peek(blob: bytes) -> BlobInfo:
+    """Header facts of a blob (level, shapes, sizes) without decoding or checksumming it."""
+    h = container.peek(blob)
+    return BlobInfo(h.config.name, h.config.get_config(), h.n_layer, h.n_tokens, h.channels,
+                    h.first_token, len(blob), container.FORMAT_VERSION)
+
+
+def encode_chunks(keys: np.ndarray, values: np.ndarray,
+                  level: str | CodecConfig | dict = "balanced", *, chunk_tokens: int = 256,
+                  first_token: int = 0, backend=None) -> list[bytes]:
+    """Split the tokens into chunks of chunk_tokens (the last may be shorter) and encode each."""
+    _check_input(keys, values)
+    if not (isinstance(chunk_tokens, int) and chunk_tokens >= 1):
+        raise CodecError(f"chunk_tokens must be a positive int, not {chunk_tokens!r}")
+    return [encode(keys[:, i:i + chunk_tokens], values[:, i:i + chunk_tokens], level,
+                   first_token=first_token + i, backend=backend)
+            for i in range(0, keys.shape[1], chunk_tokens)]
+
+
+def decode_chunks(blobs: list[bytes], *, backend=None) -> tuple[np.ndarray, np.ndarray]:
+    """Decode consecutive chunk blobs and join them along the token axis."""
+    if not blobs:
+        raise CodecError("no chunk blobs to decode")
+    parts = [decode(b, backend=backend) for b in blobs]
+    infos = [peek(b) for b in blobs]
+    for prev, cur in zip(infos, infos[1:], strict=False):
+        if cur.first_token != prev.first_token + prev.n_tokens or (
+                cur.n_layer, cur.channels) != (prev.n_layer, prev.channels):
+            raise CodecError("chunk blobs are not consecutive chunks of one KV")
+    return (np.concatenate([p[0] for p in parts], axis=1),
+            np.concatenate([p[1] for p in parts], axis=1))

@@ -1,0 +1,105 @@
+"""A small pure-NumPy / pure-Python reference of the quantization and rANS kernels.
+
+It defines the format by being obviously correct rather than fast: tests check that the
+numba (and CUDA) kernels produce byte-identical output to it on small inputs. Same signatures
+as the kernels in `quant.py` and `rans.py`. It must never be used on real-sized data (pure
+Python loops) and must never import numba.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .tables import PROB_BITS
+
+RANS_LOW = 1 << 16
+SLOT_MASK = (1 << PROB_BITS) - 1
+
+
+def any_nonfinite(bits: np.ndarray) -> bool:
+    return bool(np.any(bits & 0x7C00 == 0x7C00))
+
+
+def quantize(bits, maxq, akey, bkey, n_a, n_b, f32_of):
+    n_layer, n_tok, n_ch = bits.shape
+    scales = np.zeros((n_layer, n_a, n_b), np.uint16)
+    lidx = np.arange(n_layer)[:, None, None]
+    aidx, bidx = akey[None, :, None], bkey[None, None, :]
+    np.maximum.at(scales, (lidx, aidx, bidx), bits & 0x7FFF)
+    mq = maxq.astype(np.float32)[:, None, None]
+    s = f32_of[scales]
+    recip = np.divide(mq, s, out=np.zeros_like(s), where=s > 0)
+    q = np.rint(f32_of[bits] * recip[lidx, aidx, bidx])
+    q = np.clip(q, -mq, mq)
+    sym = (q.astype(np.int64) + maxq[:, None, None]).astype(np.uint8)
+    return sym, scales, any_nonfinite(bits)
+
+
+def choose_entries(sym, nsym, base, cost, n_rho):
+    n_layer, n_tok, n_ch = sym.shape
+    ent = np.empty((n_layer, n_ch), np.int64)
+    for layer in range(n_layer):
+        n = int(nsym[layer])
+        for c in range(n_ch):
+            hist = np.bincount(sym[layer, :, c], minlength=n).astype(np.int64)
+            med = min(int(np.searchsorted(2 * np.cumsum(hist), n_tok)), n - 1)
+            centres = range(max(2 * med - 1, 0), min(2 * med + 1, 2 * n - 2) + 1)
+            ids = [k * n_rho + j for k in centres for j in range(n_rho)]
+            totals = cost[base[layer] + np.array(ids), :n] @ hist
+            ent[layer, c] = ids[int(np.argmin(totals))]
+    return ent
+
+
+def encode(sym, ent, freq, cum, lanes):
+    n_layer, n_tok, n_ch = sym.shape
+    n_grp = -(-n_ch // lanes)
+    streams, counts = [], np.empty((n_layer, n_grp), np.uint32)
+    for layer in range(n_layer):
+        for g in range(n_grp):
+            chans = range(g * lanes, min((g + 1) * lanes, n_ch))
+            x = {c: RANS_LOW for c in chans}
+            out: list[int] = []  # written back to front
+            for t in reversed(range(n_tok)):
+                for c in reversed(chans):
+                    e, s = ent[layer, c], sym[layer, t, c]
+                    f = int(freq[e, s])
+                    if x[c] >= f << (32 - PROB_BITS):
+                        out.append(x[c] & 0xFFFF)
+                        x[c] >>= 16
+                    x[c] = ((x[c] // f) << PROB_BITS) + x[c] % f + int(cum[e, s])
+            for c in reversed(chans):
+                out += [x[c] & 0xFFFF, x[c] >> 16]
+            streams.append(np.array(out[::-1], np.uint16))
+            counts[layer, g] = len(out)
+    return np.concatenate(streams), counts
+
+
+def decode(words, counts, ent, freq, cum, lut, dq, akey, bkey, out, t0, lanes):
+    n_layer, n_grp = counts.shape
+    n_ch = ent.shape[1]
+    p = 0
+    for layer in range(n_layer):
+        for g in range(n_grp):
+            chans = range(g * lanes, min((g + 1) * lanes, n_ch))
+            end = p + int(counts[layer, g])
+            if end - p < 2 * len(chans):
+                return False
+            x = {}
+            for c in chans:
+                x[c] = (int(words[p]) << 16) | int(words[p + 1])
+                p += 2
+            for t, a in enumerate(akey):
+                for c in chans:
+                    e = ent[layer, c]
+                    slot = x[c] & SLOT_MASK
+                    s = int(lut[e, slot])
+                    x[c] = int(freq[e, s]) * (x[c] >> PROB_BITS) + slot - int(cum[e, s])
+                    if x[c] < RANS_LOW:
+                        if p >= end:
+                            return False
+                        x[c] = (x[c] << 16) | int(words[p])
+                        p += 1
+                    out[layer, t0 + t, c] = dq[layer, a, bkey[c], s]
+            if p != end or any(v != RANS_LOW for v in x.values()):
+                return False
+    return True

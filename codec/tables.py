@@ -1,0 +1,119 @@
+"""Symbol probability tables and lookup tables shared by every backend.
+
+Quantized streams do not store histograms: each (layer, channel) stream names one entry of a
+fixed codebook of discretized two-sided geometric (Laplace-like) distributions, so its table
+costs 2 bytes instead of the ~66 bytes of a CacheGen histogram. The codebook is part of the
+format: it is generated here with integer and exactly rounded float64 arithmetic only (no
+transcendental functions, whose last bits vary between libms), so every machine builds the
+same tables. Lossless planes use explicit per-layer histograms instead.
+
+This module must never change the codebook without bumping the container's format version.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cache
+
+import numpy as np
+
+PROB_BITS = 12
+PROB_SCALE = 1 << PROB_BITS
+# Ratio between neighbouring half-symbol weights, in 1/256: from nearly one-symbol to flat.
+RHO_256 = (8, 24, 48, 72, 96, 120, 140, 160, 176, 190, 202, 212,
+           220, 227, 233, 238, 242, 245, 248, 250, 252, 254, 255, 256)
+N_RHO = len(RHO_256)
+COST_FRAC_BITS = 8  # encoder-side code lengths in 1/256 bit; never stored
+
+
+@dataclass(frozen=True)
+class Bank:
+    """Tables indexed by a global entry id: freq/cum [E, S] int64, lut [E, PROB_SCALE] uint8."""
+
+    freq: np.ndarray
+    cum: np.ndarray
+    lut: np.ndarray
+
+
+def normalize(weights: list[float]) -> np.ndarray:
+    """Integer frequencies summing to PROB_SCALE; every positive weight gets at least 1."""
+    present = [w > 0 for w in weights]
+    avail = PROB_SCALE - sum(present)
+    total = math.fsum(weights)
+    freq = [(1 + math.floor(w * avail / total)) if p else 0
+            for w, p in zip(weights, present, strict=True)]
+    top = max(range(len(weights)), key=lambda s: (weights[s], -s))
+    freq[top] += PROB_SCALE - sum(freq)
+    return np.array(freq, dtype=np.int64)
+
+
+def n_entries(nsym: int) -> int:
+    return (2 * nsym - 1) * N_RHO
+
+
+@cache
+def codebook(nsym: int) -> tuple[Bank, np.ndarray]:
+    """The codebook for an alphabet of nsym symbols and its code lengths [E, nsym] int64.
+
+    Entry k * N_RHO + j is centred at k / 2 with half-symbol ratio RHO_256[j] / 256.
+    """
+    freqs = []
+    for k in range(2 * nsym - 1):
+        for rho in RHO_256:
+            powers = [1.0]
+            for _ in range(2 * nsym):
+                powers.append(powers[-1] * (rho / 256.0))
+            freqs.append(normalize([powers[abs(2 * s - k)] for s in range(nsym)]))
+    freq = np.stack(freqs)
+    cost = np.rint(-np.log2(freq / PROB_SCALE) * (1 << COST_FRAC_BITS)).astype(np.int64)
+    return _bank(freq), cost
+
+
+def explicit(counts: np.ndarray) -> np.ndarray:
+    """Histograms [n, S] -> normalized frequencies [n, S] for lossless planes."""
+    return np.stack([normalize([float(c) for c in row]) for row in counts])
+
+
+def bank_of(freq: np.ndarray) -> Bank:
+    """A Bank from validated explicit frequencies (each row sums to PROB_SCALE)."""
+    return _bank(freq.astype(np.int64))
+
+
+def _bank(freq: np.ndarray) -> Bank:
+    cum = np.zeros_like(freq)
+    np.cumsum(freq[:, :-1], axis=1, out=cum[:, 1:])
+    nsym = freq.shape[1]
+    lut = np.repeat(np.tile(np.arange(nsym, dtype=np.uint8), len(freq)), freq.ravel())
+    return Bank(freq, cum, lut.reshape(len(freq), PROB_SCALE))
+
+
+@cache
+def kind_bank(nsyms: tuple[int, ...]) -> tuple[Bank, np.ndarray, dict[int, int]]:
+    """Codebooks of several alphabet sizes concatenated (padded to the largest), with their
+    code lengths and the first global entry id of each alphabet size."""
+    sizes = sorted(set(nsyms))
+    books = [codebook(n) for n in sizes]
+    width = sizes[-1]
+
+    def stack(arrays: list[np.ndarray]) -> np.ndarray:
+        return np.concatenate([np.pad(a, ((0, 0), (0, width - a.shape[1]))) for a in arrays])
+
+    starts = np.cumsum([0] + [len(b.freq) for b, _ in books[:-1]]).tolist()
+    base = dict(zip(sizes, starts, strict=True))
+    bank = Bank(stack([b.freq for b, _ in books]), stack([b.cum for b, _ in books]),
+                np.concatenate([b.lut for b, _ in books]))
+    return bank, stack([c for _, c in books]), base
+
+
+def dequant_lut(scales: np.ndarray, maxq: np.ndarray, width: int) -> np.ndarray:
+    """fp16 bits of every reconstruction: [L, A, B, width] uint16.
+
+    Symbol s of layer l with scale d decodes to fp16(float32(s - maxq) * (d / maxq)); symbols
+    past 2 * maxq cannot occur and decode to 0.
+    """
+    d = scales.view(np.float16).astype(np.float32) / maxq.astype(np.float32)[:, None, None]
+    q = np.arange(width, dtype=np.float32)[None, :] - maxq.astype(np.float32)[:, None]
+    vals = (q[:, None, None, :] * d[..., None]).astype(np.float16).view(np.uint16)
+    vals[np.broadcast_to(q[:, None, None, :] > maxq[:, None, None, None], vals.shape)] = 0
+    return np.ascontiguousarray(vals)
