@@ -1,0 +1,99 @@
+"""Concurrency: several threads sharing one Store, and several processes sharing one data
+directory, write and read at once without "database is locked" or torn reads.
+
+Run as a script, this file is one of those processes.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+
+from store import Store
+
+FP = "model-c"
+LEVELS = ("lossless", "compact")
+
+
+def chunk_bytes(worker: int, i: int, chunk: int, level: str) -> bytes:
+    return f"{worker}/{i}/{chunk}/{level}|".encode() * 5_000
+
+
+def tokens_of(worker: int, i: int) -> list[int]:
+    return [worker, i] + list(range(300 + 37 * i))
+
+
+def work(store: Store, worker: int, rounds: int) -> None:
+    """Write entries and messages, and read back everything written so far by anyone."""
+    chat = store.create_chat(f"worker {worker}")
+    for i in range(rounds):
+        with store.write_entry(FP, tokens_of(worker, i), levels=LEVELS) as writer:
+            for span in writer.spans:
+                for level in LEVELS:
+                    writer.put_chunk(
+                        span.chunk_index, level, chunk_bytes(worker, i, span.chunk_index, level)
+                    )
+        store.add_message(chat.id, "assistant", f"{worker}/{i}")
+        for entry in store.entries():
+            match = store.longest_prefix(FP, store.tokens(entry.id))
+            assert match.n_tokens == entry.token_end
+            for span in match.spans:
+                assert store.read_chunk(span.entry_id, span.chunk_index, "compact")
+        assert [m.text for m in store.messages(chat.id)] == [f"{worker}/{j}" for j in range(i + 1)]
+
+
+def check(store: Store, workers: int, rounds: int) -> None:
+    assert len(store.entries()) == workers * rounds
+    for worker in range(workers):
+        for i in range(rounds):
+            match = store.longest_prefix(FP, tokens_of(worker, i))
+            (entry,) = match.entries
+            assert match.n_tokens == entry.token_end
+            for span in match.spans:
+                for level in LEVELS:
+                    data = store.read_chunk(entry.id, span.chunk_index, level)
+                    assert data == chunk_bytes(worker, i, span.chunk_index, level)
+    assert store.verify()["corrupt"] == []
+
+
+def test_threads_share_one_store(tmp_path):
+    with Store(tmp_path) as store:
+        store.register_model(FP, "/m.gguf", {})
+        errors: list[BaseException] = []
+
+        def run(worker: int) -> None:
+            try:
+                work(store, worker, rounds=6)
+            except BaseException as error:  # surfaced in the main thread below
+                errors.append(error)
+
+        threads = [threading.Thread(target=run, args=(worker,)) for worker in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert errors == []
+        check(store, workers=6, rounds=6)
+
+
+def test_processes_share_one_data_directory(tmp_path):
+    with Store(tmp_path) as store:
+        store.register_model(FP, "/m.gguf", {})
+    processes = [
+        subprocess.Popen(
+            [sys.executable, __file__, str(tmp_path), str(worker), "5"],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for worker in range(4)
+    ]
+    failures = [p.stderr.read() for p in processes if p.wait() != 0]
+    assert failures == []
+    with Store(tmp_path) as store:
+        check(store, workers=4, rounds=5)
+
+
+if __name__ == "__main__":
+    with Store(sys.argv[1]) as store:
+        work(store, int(sys.argv[2]), int(sys.argv[3]))
