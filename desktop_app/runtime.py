@@ -1,0 +1,344 @@
+"""The model runtime: one llama.cpp model and context, driven token by token.
+
+`Runtime` wraps `llama_cpp.Llama` for what kvdesk needs and nothing else: tokenize and render
+the model's chat template, prefill in batches with a progress callback and cancellation,
+stream generated tokens (greedy, or sampled with a seed), and capture or restore the exact KV
+cache of the one sequence it holds (through `kvstate`). It owns the agreement between
+llama.cpp's cache and the Llama object's own token bookkeeping, so that a restored context
+continues exactly as a freshly prefilled one would.
+
+It must never touch files other than the model, the store, the codec or any GUI: callers
+decide what to cache and where.
+"""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+import hashlib
+import json
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+from llama_cpp import _internals
+from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+from . import kvstate
+
+DEFAULT_N_CTX = 8192
+# Prefill slice: small enough that progress and cancellation react within about a second on
+# two cores (~144 tokens/s), large enough to keep llama.cpp's batched matmuls efficient.
+PREFILL_SLICE = 128
+
+# The cache dtypes the exact bridge can represent (llama_cpp GGML_TYPE_* ids).
+CACHE_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "f32": llama_cpp.GGML_TYPE_F32}
+
+ProgressFn = Callable[[int, int], None]  # (tokens done, tokens total)
+
+
+class Cancelled(Exception):
+    """The caller asked to stop; the context holds only what was fully evaluated."""
+
+
+class RuntimeStateError(RuntimeError):
+    """llama.cpp refused a state, or the context cannot hold the request."""
+
+
+@dataclass(frozen=True)
+class ModelLayout:
+    """The facts a KV cache depends on. Caches are only reused under an equal fingerprint."""
+
+    model_hash: str
+    n_layer: int
+    n_head_kv: int
+    head_dim: int
+    cache_type: str
+    v_trans: bool
+    llama_cpp_version: str
+
+    @property
+    def channels(self) -> int:
+        return self.n_head_kv * self.head_dim
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        itemsize = 2 if self.cache_type == "f16" else 4
+        return self.n_layer * 2 * self.channels * itemsize
+
+    @property
+    def fingerprint(self) -> str:
+        blob = json.dumps(asdict(self), sort_keys=True).encode()
+        return hashlib.blake2b(blob, digest_size=16).hexdigest()
+
+
+@dataclass(frozen=True)
+class Token:
+    """One generated token and the text it completes (possibly empty mid-UTF-8)."""
+
+    id: int
+    text: str
+
+
+class Runtime:
+    """A loaded model with one context holding one sequence (seq_id 0)."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        model_hash: str,
+        n_ctx: int = DEFAULT_N_CTX,
+        flash_attn: bool = False,
+        cache_type: str = "f16",
+        n_threads: int | None = None,
+        logits_all: bool = False,
+    ):
+        if cache_type not in CACHE_TYPES:
+            raise ValueError(f"cache type {cache_type!r}: expected one of {sorted(CACHE_TYPES)}")
+        self.model_path = Path(model_path)
+        self._lock = threading.RLock()
+        try:
+            self.llm = llama_cpp.Llama(
+                model_path=str(self.model_path),
+                n_ctx=n_ctx,
+                n_batch=512,
+                n_threads=n_threads,
+                flash_attn=flash_attn,
+                type_k=CACHE_TYPES[cache_type],
+                type_v=CACHE_TYPES[cache_type],
+                logits_all=logits_all,
+                verbose=False,
+            )
+        except (ValueError, RuntimeError) as e:
+            raise RuntimeStateError(f"could not load {self.model_path}: {e}") from e
+        model = self.llm._model.model
+        n_head = llama_cpp.llama_model_n_head(model)
+        arch = self.llm.metadata.get("general.architecture", "")
+        head_dim = int(self.llm.metadata.get(f"{arch}.attention.key_length", 0)) or (
+            llama_cpp.llama_model_n_embd(model) // n_head
+        )
+        self.layout = ModelLayout(
+            model_hash=model_hash,
+            n_layer=llama_cpp.llama_model_n_layer(model),
+            n_head_kv=llama_cpp.llama_model_n_head_kv(model),
+            head_dim=head_dim,
+            cache_type=cache_type,
+            # llama.cpp keeps V transposed exactly when flash attention is off.
+            v_trans=not flash_attn,
+            llama_cpp_version=llama_cpp.__version__,
+        )
+        self._vocab = self.llm._model.vocab
+        self._formatter = self._chat_formatter()
+
+    # -- facts ---------------------------------------------------------------------------
+
+    @property
+    def n_ctx(self) -> int:
+        return self.llm.n_ctx()
+
+    @property
+    def fingerprint(self) -> str:
+        return self.layout.fingerprint
+
+    @property
+    def n_tokens(self) -> int:
+        return self.llm.n_tokens
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.llm.input_ids[: self.llm.n_tokens].tolist()
+
+    # -- text ----------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_bos: bool = False, special: bool = True) -> list[int]:
+        return self.llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return self.llm.detokenize(list(tokens)).decode("utf-8", errors="replace")
+
+    @property
+    def adds_bos(self) -> bool:
+        return bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
+
+    def _chat_formatter(self) -> Jinja2ChatFormatter:
+        template = self.llm.metadata.get("tokenizer.chat_template")
+        if not template:
+            # ChatML: what most small instruct models (SmolLM2 included) were tuned on.
+            template = (
+                "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+                "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+                "{% endif %}"
+            )
+
+        def piece(tok: int) -> str:
+            return self.llm._model.token_get_text(tok) if tok >= 0 else ""
+
+        return Jinja2ChatFormatter(
+            template,
+            eos_token=piece(self.llm.token_eos()),
+            bos_token=piece(self.llm.token_bos()),
+        )
+
+    def render_chat(self, messages: Sequence[dict], *, add_generation_prompt: bool) -> str:
+        """The chat template applied to `messages` ({"role", "content"} dicts)."""
+        self._formatter.add_generation_prompt = add_generation_prompt
+        return self._formatter(messages=list(messages)).prompt
+
+    # -- evaluation ----------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Forget every token: an empty cache and empty bookkeeping."""
+        with self._lock:
+            self.llm.reset()
+            self.llm._ctx.kv_cache_clear()
+
+    def truncate(self, n: int) -> None:
+        """Keep only the first n tokens of the sequence."""
+        with self._lock:
+            if not 0 <= n <= self.llm.n_tokens:
+                raise ValueError(f"cannot truncate {self.llm.n_tokens} tokens to {n}")
+            self.llm._ctx.kv_cache_seq_rm(0, n, -1)
+            self.llm.n_tokens = n
+
+    def prefill(
+        self,
+        tokens: Sequence[int],
+        *,
+        progress: ProgressFn | None = None,
+        cancel: threading.Event | None = None,
+    ) -> None:
+        """Evaluate `tokens` after what the context holds, slice by slice.
+
+        On cancellation the context keeps the slices already evaluated (callers that must not
+        keep a partial prefix truncate back) and `Cancelled` is raised.
+        """
+        tokens = list(tokens)
+        with self._lock:
+            if self.llm.n_tokens + len(tokens) > self.n_ctx:
+                raise RuntimeStateError(
+                    f"{self.llm.n_tokens} + {len(tokens)} tokens do not fit the context "
+                    f"of {self.n_ctx}"
+                )
+            done = 0
+            for start in range(0, len(tokens), PREFILL_SLICE):
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled(f"stopped after {done} of {len(tokens)} tokens")
+                piece = tokens[start : start + PREFILL_SLICE]
+                self.llm.eval(piece)
+                done += len(piece)
+                if progress is not None:
+                    progress(done, len(tokens))
+
+    def ensure_logits(self) -> None:
+        """Make the last token's logits available (a restore brings KV, not logits)."""
+        with self._lock:
+            n = self.llm.n_tokens
+            if n == 0:
+                raise RuntimeStateError("no tokens to continue from")
+            last = int(self.llm.input_ids[n - 1])
+            self.truncate(n - 1)
+            self.llm.eval([last])
+
+    def logits(self) -> np.ndarray:
+        """A copy of the next-token logits after the last evaluated token."""
+        ptr = llama_cpp.llama_get_logits_ith(self.llm._ctx.ctx, -1)
+        return np.ctypeslib.as_array(ptr, shape=(self.llm.n_vocab(),)).copy()
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    def generate(
+        self,
+        max_tokens: int,
+        *,
+        temperature: float = 0.0,
+        top_p: float = 0.95,
+        top_k: int = 40,
+        seed: int | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Token]:
+        """Stream tokens continuing the sequence until end-of-generation, max_tokens or cancel.
+
+        The context must end with freshly evaluated logits (after `prefill` of at least one
+        token, or `ensure_logits`). Generated tokens join the sequence, except the final
+        end-of-generation token, which is sampled but not evaluated.
+        """
+        sampler = _internals.LlamaSampler()
+        if temperature <= 0:
+            sampler.add_greedy()
+        else:
+            sampler.add_top_k(top_k)
+            sampler.add_top_p(top_p, 1)
+            sampler.add_temp(temperature)
+            sampler.add_dist(seed if seed is not None else llama_cpp.LLAMA_DEFAULT_SEED)
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        try:
+            with self._lock:
+                for _ in range(max_tokens):
+                    if cancel is not None and cancel.is_set():
+                        return
+                    if self.llm.n_tokens >= self.n_ctx:
+                        raise RuntimeStateError(f"the context of {self.n_ctx} tokens is full")
+                    tok = sampler.sample(self.llm._ctx, -1)
+                    if self.is_end_of_generation(tok):
+                        return
+                    piece = self.llm._model.token_to_piece(tok, special=False)
+                    self.llm.eval([tok])
+                    yield Token(tok, decoder.decode(piece))
+        finally:
+            sampler.close()
+
+    # -- KV state ------------------------------------------------------------------------
+
+    def state_bytes(self) -> bytes:
+        """llama.cpp's exact per-sequence state of the context's sequence."""
+        with self._lock:
+            ctx = self.llm._ctx.ctx
+            size = llama_cpp.llama_state_seq_get_size(ctx, 0)
+            buf = (ctypes.c_uint8 * size)()
+            written = llama_cpp.llama_state_seq_get_data(ctx, buf, size, 0)
+            if written != size:
+                raise RuntimeStateError(f"llama.cpp wrote {written} of {size} state bytes")
+            return bytes(buf)
+
+    def capture(self) -> kvstate.KVState:
+        """The sequence's KV cache as numpy arrays."""
+        return kvstate.parse_seq_state(self.state_bytes())
+
+    def restore_bytes(self, data: bytes, tokens: Sequence[int]) -> None:
+        """Replace the context's sequence with a state and the tokens it was computed from."""
+        tokens = list(tokens)
+        if len(tokens) > self.n_ctx:
+            raise RuntimeStateError(f"{len(tokens)} tokens do not fit the context of {self.n_ctx}")
+        with self._lock:
+            self.reset()
+            buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+            read = llama_cpp.llama_state_seq_set_data(self.llm._ctx.ctx, buf, len(data), 0)
+            if read != len(data):
+                self.reset()
+                raise RuntimeStateError(
+                    "llama.cpp refused the KV state (layout or size does not match this context)"
+                )
+            self.llm.input_ids[: len(tokens)] = tokens
+            self.llm.n_tokens = len(tokens)
+
+    def restore(self, kv: kvstate.KVState, tokens: Sequence[int]) -> None:
+        """Load a KV cache (e.g. decoded from the codec) for `tokens` into the context."""
+        lay = self.layout
+        expected = (lay.n_layer, len(tokens), lay.channels)
+        if kv.keys.shape != expected:
+            raise RuntimeStateError(f"KV of shape {kv.keys.shape} does not fit {expected}")
+        if kv.v_trans != lay.v_trans:
+            kv = kvstate.KVState(kv.keys, kv.values, kv.positions, lay.v_trans, kv.seq_id)
+        want = np.dtype(np.float16 if lay.cache_type == "f16" else np.float32)
+        if kv.dtype != want:
+            kv = kvstate.KVState(kv.keys.astype(want), kv.values.astype(want), kv.positions,
+                                 kv.v_trans, kv.seq_id)
+        self.restore_bytes(kvstate.build_seq_state(kv), tokens)
+
+    def close(self) -> None:
+        self.llm.close()

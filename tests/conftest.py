@@ -1,0 +1,57 @@
+"""Shared fixtures. Tests never touch the user's real settings or data: an autouse fixture
+points both at temporary directories. Real-model fixtures are session-scoped and small."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_user_dirs(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVDESK_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("KVDESK_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.delenv("KVDESK_MODEL", raising=False)
+    monkeypatch.delenv("KVDESK_N_CTX", raising=False)
+
+
+@pytest.fixture(scope="session")
+def model_path():
+    from desktop_app.models import default_model_path
+
+    return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def model_hash(model_path, tmp_path_factory):
+    from desktop_app.models import content_hash
+
+    return content_hash(model_path, tmp_path_factory.mktemp("memo") / "hashes.json")
+
+
+def _runtime(model_path, model_hash, flash_attn):
+    from desktop_app.runtime import Runtime
+
+    rt = Runtime(model_path, model_hash=model_hash, n_ctx=1024, flash_attn=flash_attn)
+    yield rt
+    rt.close()
+
+
+@pytest.fixture(scope="session")
+def runtime(model_path, model_hash):
+    """The default model, flash attention off (V transposed in the state)."""
+    yield from _runtime(model_path, model_hash, flash_attn=False)
+
+
+@pytest.fixture(scope="session")
+def runtime_fa(model_path, model_hash):
+    """The default model, flash attention on (V row-major in the state)."""
+    yield from _runtime(model_path, model_hash, flash_attn=True)
+
+
+@pytest.fixture(params=[False, True], ids=["fa-off", "fa-on"])
+def any_runtime(request):
+    return request.getfixturevalue("runtime_fa" if request.param else "runtime")

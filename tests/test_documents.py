@@ -1,0 +1,100 @@
+"""Document extraction: each kind of file, and a clear message for each kind of bad file."""
+
+from __future__ import annotations
+
+import pytest
+
+from desktop_app.documents import DocumentError, extract
+
+
+def make_pdf(path, lines):
+    """A minimal, valid one-page PDF with a text layer (Helvetica), written by hand."""
+    text = " ".join(f"({s}) Tj 0 -14 Td" for s in lines)
+    stream = f"BT /F1 12 Tf 72 720 Td {text} ET".encode()
+    objs = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
+        b"/Resources << /Font << /F1 5 0 R >> >> >>",
+        b"<< /Length %d >>\nstream\n" % len(stream) + stream + b"\nendstream",
+        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+    ]
+    out, offsets = bytearray(b"%PDF-1.4\n"), []
+    for i, body in enumerate(objs, 1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n" % i + body + b"\nendobj\n"
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objs) + 1)
+    out += b"".join(b"%010d 00000 n \n" % o for o in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objs) + 1, xref)
+    path.write_bytes(bytes(out))
+    return path
+
+
+def test_text_markdown_and_code(tmp_path):
+    (tmp_path / "a.txt").write_text("Hello\r\nworld\n\n\n\nbye   \n")
+    doc = extract(tmp_path / "a.txt")
+    assert doc.text == "Hello\nworld\n\nbye" and doc.kind == "text" and doc.title == "a.txt"
+    (tmp_path / "b.md").write_text("# Title\n\nSome *text*.")
+    assert extract(tmp_path / "b.md").kind == "markdown"
+    (tmp_path / "c.py").write_text("def f():\n    return 1\n")
+    code = extract(tmp_path / "c.py")
+    assert code.kind == "code" and "    return 1" in code.text
+    (tmp_path / "LICENSE").write_text("Permission is hereby granted")
+    assert extract(tmp_path / "LICENSE").kind == "text"
+    assert not doc.warnings and len(doc.content_hash) == 64
+
+
+def test_html_visible_text(tmp_path):
+    (tmp_path / "p.html").write_text(
+        "<!DOCTYPE html><html><head><title>The  Page</title><style>p{color:red}</style>"
+        "<script>var secret = 1;</script></head><body><h1>Heading</h1><p>First &amp; "
+        "second.</p><noscript>enable js</noscript><p>Third</p></body></html>")
+    doc = extract(tmp_path / "p.html")
+    assert doc.kind == "html" and doc.title == "The Page"
+    assert "Heading" in doc.text and "First & second." in doc.text and "Third" in doc.text
+    assert "secret" not in doc.text and "color" not in doc.text and "enable js" not in doc.text
+
+
+def test_pdf(tmp_path):
+    doc = extract(make_pdf(tmp_path / "d.pdf", ["Attention sinks matter.", "Second line."]))
+    assert doc.kind == "pdf" and "Attention sinks matter." in doc.text
+
+
+def test_undecodable_text_is_replaced_and_said(tmp_path):
+    (tmp_path / "latin1.txt").write_bytes("café au lait".encode("latin-1"))
+    doc = extract(tmp_path / "latin1.txt")
+    assert "caf\ufffd au lait" == doc.text
+    assert len(doc.warnings) == 1 and "not valid UTF-8" in doc.warnings[0]
+
+
+def test_utf16_with_bom(tmp_path):
+    (tmp_path / "w.txt").write_bytes("\ufeffWindows text".encode("utf-16-le"))
+    assert extract(tmp_path / "w.txt").text == "Windows text"
+
+
+@pytest.mark.parametrize(
+    "name, data, message",
+    [
+        ("empty.txt", b"", "empty"),
+        ("blank.txt", b"  \n\t\n", "no text"),
+        ("img.png", b"\x89PNG\r\n\x1a\n" + bytes(50), "PNG image"),
+        ("blob.dat", b"\x01\x02\x00\x03" * 10, "binary file"),
+        ("a.docx", b"PK\x03\x04" + bytes(30), "ZIP archive"),
+        ("broken.pdf", b"%PDF-1.4\nthis is not a pdf", "cannot be read"),
+    ],
+)
+def test_bad_files_say_why(tmp_path, name, data, message):
+    (tmp_path / name).write_bytes(data)
+    with pytest.raises(DocumentError, match=message):
+        extract(tmp_path / name)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(DocumentError, match="no such file"):
+        extract(tmp_path / "nope.txt")
+
+
+def test_pdf_without_text_layer(tmp_path):
+    with pytest.raises(DocumentError, match="no text layer"):
+        extract(make_pdf(tmp_path / "scan.pdf", []))

@@ -1,0 +1,70 @@
+"""Locating and identifying model files; settings resolution."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from desktop_app import models, settings
+from desktop_app.models import ModelNotFoundError
+
+
+def test_default_model_is_shipped(model_path):
+    assert model_path.name == models.DEFAULT_MODEL_FILE
+    assert model_path.stat().st_size > 90_000_000
+    assert model_path.read_bytes()[:4] == b"GGUF"
+
+
+def test_explicit_and_env_model(tmp_path, monkeypatch, model_path):
+    assert models.resolve_model_path(model_path) == model_path.resolve()
+    monkeypatch.setenv("KVDESK_MODEL", str(model_path))
+    assert models.resolve_model_path() == model_path.resolve()
+    with pytest.raises(ModelNotFoundError, match="not found"):
+        models.resolve_model_path(tmp_path / "missing.gguf")
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"not a model")
+    with pytest.raises(ModelNotFoundError, match="not a GGUF"):
+        models.resolve_model_path(junk)
+
+
+def test_content_hash_is_remembered_until_the_file_changes(tmp_path):
+    f = tmp_path / "m.gguf"
+    memo = tmp_path / "memo.json"
+    f.write_bytes(b"GGUF" + b"a" * 100)
+    first = models.content_hash(f, memo)
+    assert json.loads(memo.read_text())  # remembered
+    assert models.content_hash(f, memo) == first
+    f.write_bytes(b"GGUF" + b"b" * 100)
+    os.utime(f, ns=(1, 1))
+    assert models.content_hash(f, memo) != first
+    memo.write_text("{broken")
+    assert models.content_hash(f, memo)  # a damaged memo only costs a re-hash
+
+
+def test_settings_precedence(monkeypatch, tmp_path):
+    s = settings.load()
+    assert s.n_ctx == 8192 and s.data_path == tmp_path / "data"
+    s.with_overrides(n_ctx=2048).save()
+    assert settings.load().n_ctx == 2048
+    monkeypatch.setenv("KVDESK_N_CTX", "4096")
+    assert settings.load().n_ctx == 4096
+    assert settings.load().with_overrides(n_ctx=1024).n_ctx == 1024
+
+
+def test_bad_settings_are_clear_errors(monkeypatch):
+    path = settings.config_dir() / "settings.json"
+    path.parent.mkdir(parents=True)
+    path.write_text("{nope")
+    with pytest.raises(settings.SettingsError, match="not valid JSON"):
+        settings.load()
+    path.write_text(json.dumps({"version": 99}))
+    with pytest.raises(settings.SettingsError, match="newer kvdesk"):
+        settings.load()
+    path.unlink()
+    monkeypatch.setenv("KVDESK_N_CTX", "lots")
+    with pytest.raises(settings.SettingsError, match="not an integer"):
+        settings.load()
+    with pytest.raises(settings.SettingsError, match="context size"):
+        settings.Settings(n_ctx=3).validated()
