@@ -57,14 +57,18 @@ class Connections:
         self.path = path
         self._local = threading.local()
         self._lock = threading.Lock()
-        self._open: list[sqlite3.Connection] = []
+        self._open: dict[threading.Thread, sqlite3.Connection] = {}
 
     def get(self) -> sqlite_utils.Database:
         db = getattr(self._local, "db", None)
         if db is None:
             conn = open_connection(self.path)
             with self._lock:
-                self._open.append(conn)
+                # Workers come and go; close what finished threads left behind, so a long session
+                # does not accumulate file handles.
+                for thread in [thread for thread in self._open if not thread.is_alive()]:
+                    self._open.pop(thread).close()
+                self._open[threading.current_thread()] = conn
             db = self._local.db = sqlite_utils.Database(conn, execute_plugins=False)
         return db
 
@@ -92,7 +96,7 @@ class Connections:
 
     def close(self) -> None:
         with self._lock:
-            for conn in self._open:
+            for conn in self._open.values():
                 conn.close()
             self._open.clear()
         self._local = threading.local()

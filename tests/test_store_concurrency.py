@@ -77,6 +77,16 @@ def test_threads_share_one_store(tmp_path):
         check(store, workers=6, rounds=6)
 
 
+def test_connections_of_finished_threads_are_closed(tmp_path):
+    with Store(tmp_path) as store:
+        for _ in range(5):
+            thread = threading.Thread(target=store.chats)
+            thread.start()
+            thread.join()
+        # Left: the main thread's and the last worker's (closed when the next thread connects).
+        assert len(store._db._open) == 2
+
+
 def test_processes_share_one_data_directory(tmp_path):
     with Store(tmp_path) as store:
         store.register_model(FP, "/m.gguf", {})
