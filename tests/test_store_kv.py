@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_store_helpers import FP, LEVELS, open_store, payload, put_entry
+from test_store_helpers import FP, LEVELS, open_store, orphans, payload, put_entry
 
 from store import IncompleteEntryError, NotFoundError, Span
 
@@ -139,3 +139,14 @@ def test_longest_prefix_matches_brute_force(tmp_path_factory, stored, query):
         )
         if match.entries:
             assert store.tokens(match.entries[-1].id)[: match.n_tokens] == query[: match.n_tokens]
+
+
+def test_deleting_an_entry_deletes_the_entries_extending_it(store):
+    root = put_entry(store, range(300))
+    child = put_entry(store, range(600), parent_id=root.id)
+    grandchild = put_entry(store, range(700), parent_id=child.id)
+    other = put_entry(store, range(9000, 9100))
+    assert store.delete_entry(child.id) == [child.id, grandchild.id]
+    assert [e.id for e in store.entries()] == [root.id, other.id]
+    assert store.longest_prefix(FP, range(700)).n_tokens == 300
+    assert orphans(store) == {}
