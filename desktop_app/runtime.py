@@ -286,7 +286,8 @@ class Runtime:
                     tok = sampler.sample(self.llm._ctx, -1)
                     if self.is_end_of_generation(tok):
                         return
-                    piece = self.llm._model.token_to_piece(tok, special=False)
+                    # (_model.token_to_piece returns its whole 32-byte buffer, NULs included.)
+                    piece = self.llm._model.detokenize([tok], special=False)
                     self.llm.eval([tok])
                     yield Token(tok, decoder.decode(piece))
         finally:
