@@ -311,10 +311,39 @@ class Runtime:
         return kvstate.parse_seq_state(self.state_bytes())
 
     def restore_bytes(self, data: bytes, tokens: Sequence[int]) -> None:
-        """Replace the context's sequence with a state and the tokens it was computed from."""
-        tokens = list(tokens)
+        """Replace the context's sequence with state bytes and the tokens they were made from.
+
+        The bytes are parsed and checked against this model's layout first: llama.cpp itself
+        would load any state of the right shapes, from whatever model it came.
+        """
+        kv = kvstate.parse_seq_state(data)
+        self._check_fits(kv, tokens)
+        self._set_state(data, tokens)
+
+    def restore(self, kv: kvstate.KVState, tokens: Sequence[int]) -> None:
+        """Load a KV cache (e.g. decoded from the codec) for `tokens` into the context."""
+        lay = self.layout
+        want = np.dtype(np.float16 if lay.cache_type == "f16" else np.float32)
+        if kv.v_trans != lay.v_trans or kv.dtype != want:
+            kv = kvstate.KVState(kv.keys.astype(want, copy=False),
+                                 kv.values.astype(want, copy=False), kv.positions,
+                                 lay.v_trans, kv.seq_id)
+        self._check_fits(kv, tokens)
+        self._set_state(kvstate.build_seq_state(kv), tokens)
+
+    def _check_fits(self, kv: kvstate.KVState, tokens: Sequence[int]) -> None:
+        lay = self.layout
+        expected = (lay.n_layer, len(tokens), lay.channels)
+        if kv.keys.shape != expected:
+            raise RuntimeStateError(
+                f"KV of shape {kv.keys.shape} does not fit this model: expected {expected}")
+        if kv.v_trans != lay.v_trans:
+            raise RuntimeStateError("the state's V layout does not match this context")
         if len(tokens) > self.n_ctx:
             raise RuntimeStateError(f"{len(tokens)} tokens do not fit the context of {self.n_ctx}")
+
+    def _set_state(self, data: bytes, tokens: Sequence[int]) -> None:
+        tokens = list(tokens)
         with self._lock:
             self.reset()
             buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
@@ -326,20 +355,6 @@ class Runtime:
                 )
             self.llm.input_ids[: len(tokens)] = tokens
             self.llm.n_tokens = len(tokens)
-
-    def restore(self, kv: kvstate.KVState, tokens: Sequence[int]) -> None:
-        """Load a KV cache (e.g. decoded from the codec) for `tokens` into the context."""
-        lay = self.layout
-        expected = (lay.n_layer, len(tokens), lay.channels)
-        if kv.keys.shape != expected:
-            raise RuntimeStateError(f"KV of shape {kv.keys.shape} does not fit {expected}")
-        if kv.v_trans != lay.v_trans:
-            kv = kvstate.KVState(kv.keys, kv.values, kv.positions, lay.v_trans, kv.seq_id)
-        want = np.dtype(np.float16 if lay.cache_type == "f16" else np.float32)
-        if kv.dtype != want:
-            kv = kvstate.KVState(kv.keys.astype(want), kv.values.astype(want), kv.positions,
-                                 kv.v_trans, kv.seq_id)
-        self.restore_bytes(kvstate.build_seq_state(kv), tokens)
 
     def close(self) -> None:
         self.llm.close()

@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 
-from desktop_app.kvstate import build_seq_state, parse_seq_state
+from desktop_app.kvstate import KVStateError, build_seq_state, parse_seq_state
 from desktop_app.runtime import Cancelled, Runtime, RuntimeStateError
 
 SYSTEM = "You are a helpful assistant. Answer from the document."
@@ -132,11 +132,25 @@ def test_state_of_other_shape_is_refused(runtime):
     kv = runtime.capture()
     kv.keys = np.concatenate([kv.keys, kv.keys], axis=2)
     kv.values = np.concatenate([kv.values, kv.values], axis=2)
-    with pytest.raises(RuntimeStateError):
-        runtime.restore(kv, runtime.tokens)
-    with pytest.raises(RuntimeStateError, match="refused"):
-        runtime.restore_bytes(build_seq_state(kv), runtime.tokens)
-    assert runtime.n_tokens == 0
+    tokens = runtime.tokens
+    with pytest.raises(RuntimeStateError, match="does not fit this model"):
+        runtime.restore(kv, tokens)
+    with pytest.raises(RuntimeStateError, match="does not fit this model"):
+        runtime.restore_bytes(build_seq_state(kv), tokens)
+    with pytest.raises(KVStateError):
+        runtime.restore_bytes(b"\xd8\x3c\x14\xaf" + bytes(64), tokens)
+    with pytest.raises(RuntimeStateError, match="does not fit this model"):
+        runtime.restore_bytes(runtime.state_bytes(), tokens + [1])
+
+
+def test_state_of_other_v_layout_is_converted(runtime, runtime_fa):
+    runtime_fa.reset()
+    runtime_fa.prefill(runtime_fa.tokenize("Hello there, general"))
+    kv = runtime_fa.capture()
+    assert not kv.v_trans
+    runtime.restore(kv, runtime_fa.tokens)
+    assert runtime.capture().v_trans
+    np.testing.assert_array_equal(runtime.capture().values, kv.values)
 
 
 def test_layout_facts(runtime):
