@@ -1,0 +1,109 @@
+"""The plain records the engine hands to its callers (CLI, GUI): progress, results, listings.
+
+They are JSON-able through `as_dict()` and carry no live resources, so a GUI worker thread can
+pass them through a Qt signal as they are. This module holds no logic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+class Record:
+    def as_dict(self) -> dict:
+        return asdict(self)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Progress(Record):
+    """Work under way: phase is extract | prefill | encode | store | restore | recompute."""
+
+    phase: str
+    done: int
+    total: int
+    title: str = ""
+
+
+@dataclass(frozen=True)
+class AttachResult(Record):
+    doc_id: int
+    title: str
+    tokens: int  # the document's own token count
+    kept_tokens: int  # how many of them fit the context and were cached
+    prefill_s: float
+    encode_s: float
+    raw_bytes: int  # the fp16 KV of the cached prefix
+    stored_bytes: dict[str, int]  # per codec level
+    reused: bool = False  # the same document was already cached under this model
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class AttachFailure(Record):
+    source: str
+    error: str
+
+
+@dataclass(frozen=True)
+class RestoreReport(Record):
+    """How a chat's or document's prefix came back into the model."""
+
+    tokens: int  # tokens in the context after the restore
+    restore_s: float
+    bytes_read: int
+    chunk_levels: list[str]  # per chunk: a codec level, or "text" (recomputed)
+    recomputed_tokens: int
+    messages: list[str] = field(default_factory=list)  # fallbacks, said to the user
+
+
+@dataclass(frozen=True)
+class AskResult(Record):
+    chat_id: int
+    answer: str
+    ttft_s: float
+    restore_s: float
+    bytes_read: int
+    chunk_levels: list[str]
+    recomputed_tokens: int
+    tokens_generated: int
+    messages: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class DocumentInfo(Record):
+    doc_id: int
+    title: str
+    type: str
+    tokens: int
+    kept_tokens: int
+    cache_bytes: dict[str, int]  # per level, under the current model
+    status: str  # ready | stale (cached only under another model) | none
+    created: float
+
+
+@dataclass(frozen=True)
+class ChatInfo(Record):
+    chat_id: int
+    title: str
+    doc_ids: list[int]
+    messages: int
+    created: float
+    updated: float
+
+
+@dataclass(frozen=True)
+class MessageInfo(Record):
+    message_id: int
+    role: str  # user | assistant
+    text: str
+    created: float
+    stats: dict | None = None
+
+
+@dataclass(frozen=True)
+class RestoreEstimate(Record):
+    """What the quality slider's tooltip shows for a chat or document."""
+
+    tokens: int
+    bytes: dict[str, int]  # per level
+    seconds: dict[str, float]  # per level, at the measured read and decode speeds
