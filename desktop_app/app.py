@@ -1,8 +1,8 @@
-"""The application object: settings plus the lazily loaded model, shared by CLI and GUI.
+"""The application object: settings turned into live resources, shared by CLI and GUI.
 
-`App` is the one place that turns settings into live resources. Loading the model takes a
-second or more, so nothing is loaded until a command needs it; `info()` and the other
-service methods are the Python API that the CLI and the GUI wrap.
+`App` is the one place that turns settings into the store, the model contexts and the
+engine. Loading a model takes a second or more, so nothing is loaded until a command needs it.
+`App.engine` is the Python API the CLI and the GUI wrap.
 
 It never parses command lines and never imports Qt.
 """
@@ -12,7 +12,10 @@ from __future__ import annotations
 from functools import cached_property
 from pathlib import Path
 
+from store import Store
+
 from . import models
+from .engine import Engine
 from .runtime import Runtime
 from .settings import Settings
 
@@ -30,18 +33,30 @@ class App:
         return models.resolve_model_path(self.settings.model)
 
     @cached_property
-    def runtime(self) -> Runtime:
-        path = self.model_path
-        digest = models.content_hash(path, memo_file=self.data_dir / "model-hashes.json")
+    def model_hash(self) -> str:
+        return models.content_hash(self.model_path, memo_file=self.data_dir / "model-hashes.json")
+
+    def new_runtime(self) -> Runtime:
+        """A fresh context on the configured model (the engine holds one per role)."""
         return Runtime(
-            path,
-            model_hash=digest,
+            self.model_path,
+            model_hash=self.model_hash,
             n_ctx=self.settings.n_ctx,
             flash_attn=self.settings.flash_attn,
         )
 
+    @cached_property
+    def store(self) -> Store:
+        store = Store(self.data_dir)
+        store.budget_bytes = int(self.settings.storage_budget_gb * 1e9)
+        return store
+
+    @cached_property
+    def engine(self) -> Engine:
+        return Engine(self.store, self.new_runtime, model_path=str(self.model_path))
+
     def info(self) -> dict:
-        rt = self.runtime
+        rt = self.engine.runtime
         lay = rt.layout
         return {
             "model": str(self.model_path),
@@ -54,5 +69,7 @@ class App:
         }
 
     def close(self) -> None:
-        if "runtime" in self.__dict__:
-            self.runtime.close()
+        if "engine" in self.__dict__:
+            self.engine.close()
+        if "store" in self.__dict__:
+            self.store.close()

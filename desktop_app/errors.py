@@ -6,6 +6,11 @@ keeps its traceback.
 
 from __future__ import annotations
 
+from codec import CodecError
+from store import StoreError
+
+from .documents import DocumentError
+from .engine import EngineError
 from .kvstate import KVStateError
 from .models import ModelNotFoundError
 from .runtime import Cancelled, RuntimeStateError
@@ -17,4 +22,8 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     KVStateError,
     RuntimeStateError,
     Cancelled,
+    DocumentError,
+    EngineError,
+    CodecError,
+    StoreError,
 )

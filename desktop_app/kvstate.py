@@ -82,6 +82,19 @@ class KVState:
             )
 
 
+def in_position_order(kv: KVState) -> KVState:
+    """`kv` with its cells sorted by position: token i of the sequence at index i.
+
+    llama.cpp writes cells in cache-slot order, which after removals and re-evaluation need
+    not be position order; everything that slices KV by token range needs this order.
+    """
+    order = np.argsort(kv.positions, kind="stable")
+    if np.array_equal(order, np.arange(kv.n_tokens)):
+        return kv
+    return KVState(kv.keys[:, order], kv.values[:, order], kv.positions[order], kv.v_trans,
+                   kv.seq_id, dict(kv.extra))
+
+
 class _Reader:
     """Bounds-checked little-endian reads; every overrun is a KVStateError, never garbage."""
 

@@ -185,6 +185,12 @@ class Store:
             _update(db, "messages", message_id, "message", **changes)
         return self.message(message_id)
 
+    def delete_message(self, message_id: int) -> None:
+        """Remove one message (e.g. an answer being regenerated)."""
+        with self._db.write() as db:
+            if not db.execute("DELETE FROM messages WHERE id = ?", (message_id,)).rowcount:
+                raise NotFoundError(f"no message {message_id}")
+
     def message(self, message_id: int) -> Message:
         return _message(_get(self._db.get()["messages"], message_id, "message"))
 
@@ -290,6 +296,23 @@ class Store:
                 for entry in match
             ]
         return decode(b"".join(parts))
+
+    def chunk_sizes(self, entry_ids: Iterable[int]) -> dict[tuple[int, int, str], int]:
+        """{(entry, chunk, level): bytes} for the entries' chunks, without reading any of them.
+
+        What a streaming restore plans with: the cost of each level of each chunk.
+        """
+        ids = list(entry_ids)
+        if not ids:
+            return {}
+        marks = ",".join("?" * len(ids))
+        with self._db.read() as db:
+            rows = db.execute(
+                "SELECT entry_id, chunk_index, level, nbytes FROM kv_chunks"
+                f" WHERE entry_id IN ({marks})",
+                ids,
+            ).fetchall()
+        return {(e, c, lvl): n for e, c, lvl, n in rows}
 
     def read_chunk(self, entry_id: int, chunk_index: int, level: str) -> bytes:
         """One chunk's bytes, checksum verified (CorruptChunkError); reads nothing else."""

@@ -1,0 +1,564 @@
+"""The engine: kvdesk's flows — attach documents, ask, reopen chats — on model, codec and store.
+
+Attach extracts a file's text, builds the prefix every chat about it starts with (the system
+prompt and the document through the model's chat template), prefills it once, encodes its KV
+at every configured codec level and stores it. Ask and reopen bring a chat's whole prefix back
+through the streaming restore (`streaming`), append the question, stream the answer, and store
+the conversation's own KV as an entry extending the document's, so the next question or the
+next reopen starts at once.
+
+The engine holds two model contexts, created on first use: one for chats and one for
+attaching, so a GUI can compute documents on one worker while the user chats on another.
+Every method blocks; progress, tokens and cancellation go through callbacks and a
+threading.Event. It never prints, never parses arguments and never imports Qt.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import codec
+from store import Document, Message, NotFoundError, Store
+
+from . import documents, streaming
+from .kvstate import in_position_order
+from .results import (
+    AskResult,
+    AttachResult,
+    ChatInfo,
+    DocumentInfo,
+    MessageInfo,
+    Progress,
+    RestoreEstimate,
+    RestoreReport,
+)
+from .runtime import Cancelled, Runtime
+
+SYSTEM_PROMPT = (
+    "You are kvdesk, a careful assistant. Answer questions about the document below "
+    "accurately and concisely, quoting it where it helps."
+)
+SYSTEM_PROMPT_NO_DOCUMENT = "You are kvdesk, a careful and concise assistant."
+# The levels a document is stored at, best quality first: every named level, so that the
+# streaming restore can choose per chunk. CacheGen's bins are for comparisons (--levels).
+DEFAULT_LEVELS = ("lossless", "high", "balanced", "compact")
+QUALITY_ORDER = ("lossless", "high", "cachegen-3", "balanced", "cachegen-2", "compact",
+                 "cachegen-1")
+DEFAULT_CHUNK_TOKENS = 256
+SPEEDS_SETTING = "engine.speeds"
+
+ProgressFn = Callable[[Progress], None]
+
+
+class EngineError(ValueError):
+    """A request the engine cannot serve: an unknown document or chat, a bad level..."""
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """What every chat about a document starts with."""
+
+    messages: list[dict]  # the system message, for the chat template
+    text: str  # the rendered template
+    tokens: list[int]
+    doc_tokens: int  # the document's own token count (all of it)
+    kept_tokens: int  # how many of them are in the prefix
+
+
+def quality_order(levels: Sequence[str]) -> list[str]:
+    rank = {name: i for i, name in enumerate(QUALITY_ORDER)}
+    return sorted(dict.fromkeys(levels), key=lambda lvl: (rank.get(lvl, len(rank)), lvl))
+
+
+class Engine:
+    def __init__(
+        self,
+        store: Store,
+        runtime_factory: Callable[[], Runtime],
+        *,
+        model_path: str = "",
+        levels: Sequence[str] = DEFAULT_LEVELS,
+        chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+        reserve_tokens: int | None = None,
+    ):
+        unknown = set(levels) - set(codec.levels())
+        if unknown:
+            raise EngineError(f"unknown codec level(s) {sorted(unknown)}; "
+                              f"known: {sorted(codec.levels())}")
+        self.store = store
+        self._factory = runtime_factory
+        self._model_path = model_path
+        self.levels = tuple(quality_order(levels))
+        self.chunk_tokens = chunk_tokens
+        self._reserve = reserve_tokens
+        self._chat_lock = threading.RLock()
+        self._attach_lock = threading.RLock()
+        self._runtimes: dict[str, Runtime] = {}
+        self._runtimes_lock = threading.Lock()
+        saved = store.setting(SPEEDS_SETTING) or {}
+        self.speeds = streaming.Speeds(
+            decode_MBps=dict(saved.get("decode_MBps", {})),
+            read_MBps=saved.get("read_MBps", streaming.DEFAULT_READ_MBPS),
+            prefill_tps=saved.get("prefill_tps", streaming.DEFAULT_PREFILL_TPS),
+        )
+
+    # -- model contexts ------------------------------------------------------------------
+
+    def _runtime(self, role: str) -> Runtime:
+        with self._runtimes_lock:
+            if role not in self._runtimes:
+                rt = self._factory()
+                self._runtimes[role] = rt
+                self.store.register_model(rt.fingerprint, self._model_path or str(rt.model_path),
+                                          {**rt.layout.__dict__, "n_ctx": rt.n_ctx})
+            return self._runtimes[role]
+
+    @property
+    def runtime(self) -> Runtime:
+        """The chat context (loaded on first use)."""
+        return self._runtime("chat")
+
+    @property
+    def fingerprint(self) -> str:
+        rt = self._runtimes.get("chat") or self._runtimes.get("attach") or self.runtime
+        return rt.fingerprint
+
+    def close(self) -> None:
+        with self._runtimes_lock:
+            for rt in self._runtimes.values():
+                rt.close()
+            self._runtimes.clear()
+
+    def _save_speeds(self) -> None:
+        self.store.set_setting(SPEEDS_SETTING, {
+            "decode_MBps": self.speeds.decode_MBps,
+            "read_MBps": self.speeds.read_MBps,
+            "prefill_tps": self.speeds.prefill_tps,
+        })
+
+    # -- prompts -------------------------------------------------------------------------
+
+    def reserve_tokens(self, rt: Runtime) -> int:
+        """Context kept free for questions and answers when a document is too long."""
+        return self._reserve if self._reserve is not None else min(1024, rt.n_ctx // 4)
+
+    def prefix(self, rt: Runtime, doc: Document | None) -> Prefix:
+        return self._prefix(rt, None if doc is None else (doc.title, doc.text))
+
+    def _prefix(self, rt: Runtime, doc: tuple[str, str] | None) -> Prefix:
+        """The system prompt and the document (cut to fit the context) through the template."""
+        def build(body: str | None) -> tuple[list[dict], str, list[int]]:
+            content = SYSTEM_PROMPT_NO_DOCUMENT if body is None else (
+                f"{SYSTEM_PROMPT}\n\nDocument: {doc[0]}\n\n{body}")
+            msgs = [{"role": "system", "content": content}]
+            text = rt.render_chat(msgs, add_generation_prompt=False)
+            return msgs, text, rt.tokenize(text, add_bos=rt.adds_bos)
+
+        if doc is None:
+            msgs, text, toks = build(None)
+            return Prefix(msgs, text, toks, 0, 0)
+        doc_tokens = rt.tokenize(doc[1])
+        limit = rt.n_ctx - self.reserve_tokens(rt)
+        msgs, text, toks = build(doc[1])
+        kept = len(doc_tokens)
+        while len(toks) > limit and kept > 0:
+            # Cut the document's tokens by the overflow; re-tokenizing the cut text can shift
+            # a token or two, so loop until the rendered prefix fits.
+            kept = max(0, kept - (len(toks) - limit))
+            msgs, text, toks = build(rt.detokenize(doc_tokens[:kept]))
+        return Prefix(msgs, text, toks, len(doc_tokens), kept)
+
+    # -- attach --------------------------------------------------------------------------
+
+    def attach(
+        self,
+        path: str | Path,
+        *,
+        levels: Sequence[str] | None = None,
+        progress: ProgressFn | None = None,
+        cancel: threading.Event | None = None,
+    ) -> AttachResult:
+        """Extract, prefill, encode and store one document. Raises DocumentError, Cancelled."""
+        levels = quality_order(levels or self.levels)
+        self._check_levels(levels)
+        extracted = documents.extract(path)
+        title = extracted.title
+        if progress:
+            progress(Progress("extract", 1, 1, title))
+        with self._attach_lock:
+            rt = self._runtime("attach")
+            known = {d.content_hash: d for d in self.store.documents()}
+            existing = known.get(extracted.content_hash)
+            prefix = self._prefix(rt, (existing.title if existing else title, extracted.text))
+            doc = existing or self.store.add_document(
+                extracted.content_hash, title, extracted.text, type=extracted.kind,
+                source_path=extracted.source, n_tokens=prefix.doc_tokens)
+            warnings = list(extracted.warnings)
+            if prefix.kept_tokens < prefix.doc_tokens:
+                warnings.append(
+                    f"{title}: the document has {prefix.doc_tokens:,} tokens but only "
+                    f"{prefix.kept_tokens:,} fit the context of {rt.n_ctx:,} (with room for "
+                    "questions and answers); the rest is left out")
+            entry = self.store.document_entry(doc.id, rt.fingerprint)
+            if entry is not None and set(levels) <= set(entry.levels):
+                return self._attach_result(doc, prefix, entry.id, levels, 0.0, 0.0, True,
+                                           warnings)
+            try:
+                t0 = time.perf_counter()
+                rt.reset()
+                rt.prefill(prefix.tokens, cancel=cancel, progress=None if progress is None else (
+                    lambda done, total: progress(Progress("prefill", done, total, title))))
+                prefill_s = time.perf_counter() - t0
+                self.speeds.prefill_tps = len(prefix.tokens) / max(prefill_s, 1e-6)
+                t1 = time.perf_counter()
+                entry_id = self._store_kv(rt, prefix.tokens, levels, document_id=doc.id,
+                                          progress=progress, cancel=cancel, title=title)
+                encode_s = time.perf_counter() - t1
+            except BaseException:
+                # Nothing half-stored: a new document leaves no trace, a known one keeps
+                # what it had (the entry writer aborts its own chunks).
+                if existing is None:
+                    self.store.delete_document(doc.id)
+                rt.reset()
+                raise
+            self._save_speeds()
+            return self._attach_result(doc, prefix, entry_id, levels, prefill_s, encode_s,
+                                       False, warnings)
+
+    def _attach_result(self, doc, prefix, entry_id, levels, prefill_s, encode_s, reused,
+                       warnings) -> AttachResult:
+        sizes = self.store.chunk_sizes([entry_id])
+        stored = {lvl: sum(n for (_, _, lv), n in sizes.items() if lv == lvl) for lvl in levels}
+        bytes_per_token = self._runtime("attach").layout.kv_bytes_per_token
+        return AttachResult(
+            doc_id=doc.id, title=doc.title, tokens=prefix.doc_tokens,
+            kept_tokens=prefix.kept_tokens, prefill_s=round(prefill_s, 3),
+            encode_s=round(encode_s, 3), raw_bytes=len(prefix.tokens) * bytes_per_token,
+            stored_bytes=stored, reused=reused, warnings=warnings)
+
+    def _check_levels(self, levels: Sequence[str]) -> None:
+        unknown = set(levels) - set(codec.levels())
+        if unknown:
+            raise EngineError(f"unknown level(s) {sorted(unknown)}; known: "
+                              f"{quality_order(codec.levels())}")
+
+    def _store_kv(
+        self,
+        rt: Runtime,
+        tokens: list[int],
+        levels: Sequence[str],
+        *,
+        document_id: int | None = None,
+        chat_id: int | None = None,
+        progress: ProgressFn | None = None,
+        cancel: threading.Event | None = None,
+        title: str = "",
+    ) -> int:
+        """Encode and store the KV of `tokens` (the context's first tokens) beyond what is
+        already stored for them; returns the id of the entry that ends at len(tokens)."""
+        match = self.store.longest_prefix(rt.fingerprint, tokens, touch=False)
+        if match.n_tokens == len(tokens) and match.entries:
+            return match.entries[-1].id
+        parent = match.parent
+        kv = in_position_order(rt.capture())
+        if kv.n_tokens < len(tokens):
+            raise Cancelled("the context no longer holds the tokens to store")
+        writer = self.store.write_entry(
+            rt.fingerprint, tokens, levels=levels, parent_id=parent.id if parent else None,
+            chunk_size=self.chunk_tokens, document_id=document_id, chat_id=chat_id)
+        with writer:
+            for n, span in enumerate(writer.spans):
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled("stopped while encoding")
+                k = kv.keys[:, span.token_start : span.token_end]
+                v = kv.values[:, span.token_start : span.token_end]
+                for level in levels:
+                    writer.put_chunk(span.chunk_index, level,
+                                     codec.encode(k, v, level, first_token=span.token_start))
+                if progress:
+                    progress(Progress("encode", n + 1, len(writer.spans), title))
+        return writer.entry_id
+
+    # -- listings ------------------------------------------------------------------------
+
+    def documents(self) -> list[DocumentInfo]:
+        fp = self.fingerprint
+        entries = self.store.entries()
+        out = []
+        for doc in self.store.documents():
+            mine = [e for e in entries if e.document_id == doc.id and e.parent_id is None]
+            current = [e for e in mine if e.model == fp]
+            sizes = self.store.chunk_sizes([current[0].id]) if current else {}
+            cache = {}
+            for (_, _, level), n in sizes.items():
+                cache[level] = cache.get(level, 0) + n
+            status = "ready" if current else ("stale" if mine else "none")
+            kept = (current[0].token_end if current else 0)
+            out.append(DocumentInfo(doc.id, doc.title, doc.type, doc.n_tokens or 0, kept,
+                                    cache, status, doc.created))
+        return out
+
+    def chats(self) -> list[ChatInfo]:
+        return [ChatInfo(c.id, c.title, [d.id for d in self.store.chat_documents(c.id)],
+                         len(self.store.messages(c.id)), c.created, c.updated)
+                for c in self.store.chats()]
+
+    def messages(self, chat_id: int) -> list[MessageInfo]:
+        self._chat(chat_id)
+        return [MessageInfo(m.id, m.role, m.text, m.created,
+                            {k: v for k, v in (m.stats or {}).items() if k != "tokens"})
+                for m in self.store.messages(chat_id)]
+
+    def _chat(self, chat_id: int):
+        try:
+            return self.store.chat(chat_id)
+        except NotFoundError as e:
+            raise EngineError(f"no chat {chat_id}") from e
+
+    def _document(self, doc_id: int) -> Document:
+        try:
+            return self.store.document(doc_id)
+        except NotFoundError as e:
+            raise EngineError(f"no document {doc_id}") from e
+
+    def new_chat(self, doc_ids: Sequence[int], title: str | None = None) -> ChatInfo:
+        docs = [self._document(d) for d in doc_ids]
+        if len(docs) > 1:
+            raise EngineError("a chat is about one document at a time")
+        chat = self.store.create_chat(title or (docs[0].title if docs else "New chat"),
+                                      [d.id for d in docs])
+        return ChatInfo(chat.id, chat.title, [d.id for d in docs], 0, chat.created, chat.updated)
+
+    def rename_chat(self, chat_id: int, title: str) -> None:
+        self._chat(chat_id)
+        self.store.rename_chat(chat_id, title)
+
+    def delete_chat(self, chat_id: int) -> None:
+        self._chat(chat_id)
+        self.store.delete_chat(chat_id)
+
+    def delete_document(self, doc_id: int) -> None:
+        self._document(doc_id)
+        self.store.delete_document(doc_id)
+
+    def export_chat(self, chat_id: int, fmt: str = "markdown") -> str:
+        chat = self._chat(chat_id)
+        msgs = self.messages(chat_id)
+        if fmt == "json":
+            return json.dumps({"chat_id": chat.id, "title": chat.title,
+                               "messages": [m.as_dict() for m in msgs]}, indent=2)
+        if fmt != "markdown":
+            raise EngineError(f"unknown export format {fmt!r}: markdown or json")
+        parts = [f"# {chat.title}\n"]
+        for m in msgs:
+            parts.append(f"**{'You' if m.role == 'user' else 'kvdesk'}:**\n\n{m.text}\n")
+        return "\n".join(parts)
+
+    # -- chats ---------------------------------------------------------------------------
+
+    def _conversation(self, rt: Runtime, chat_id: int) -> tuple[Prefix, list[dict], list[int],
+                                                                 list[Message]]:
+        """The chat's template messages and the exact tokens its context holds."""
+        docs = self.store.chat_documents(chat_id)
+        prefix = self.prefix(rt, docs[0] if docs else None)
+        history = self.store.messages(chat_id)
+        msgs = list(prefix.messages)
+        tokens = list(prefix.tokens)
+        for m in history:
+            msgs.append({"role": m.role, "content": m.text})
+            tokens += (m.stats or {}).get("tokens", [])
+        return prefix, msgs, tokens, history
+
+    def _stale_message(self, chat_id: int, fp: str) -> list[str]:
+        docs = {d.id for d in self.store.chat_documents(chat_id)}
+        others = {e.model for e in self.store.entries()
+                  if (e.document_id in docs or e.chat_id == chat_id) and e.model != fp}
+        if not others:
+            return []
+        return [f"the cache of this chat was made under another model or KV layout "
+                f"(fingerprint {', '.join(sorted(o[:12] for o in others))}, now {fp[:12]}); "
+                "it is not used: recomputing from text"]
+
+    def _bring_in(self, rt: Runtime, chat_id: int, tokens: list[int], *, options, no_cache,
+                  progress, cancel) -> RestoreReport:
+        t0 = time.perf_counter()
+        if not no_cache and options.level == "auto" and rt.tokens == tokens:
+            # Already in the context (the previous turn of this chat): nothing to restore.
+            return RestoreReport(len(tokens), time.perf_counter() - t0, 0, [], 0,
+                                 ["the chat was already loaded"])
+        if no_cache:
+            rt.reset()
+            rt.prefill(tokens, cancel=cancel, progress=None if progress is None else (
+                lambda done, total: progress(Progress("recompute", done, total))))
+            n_chunks = -(-len(tokens) // self.chunk_tokens)
+            return RestoreReport(len(tokens), time.perf_counter() - t0, 0,
+                                 [streaming.TEXT] * n_chunks, len(tokens), [])
+        if options.level != "auto":
+            self._check_levels([options.level])
+        report = streaming.restore(
+            rt, self.store, rt.fingerprint, tokens, levels=self.levels, options=options,
+            speeds=self.speeds, progress=progress, cancel=cancel)
+        if report.recomputed_tokens == len(tokens):
+            report.messages.extend(self._stale_message(chat_id, rt.fingerprint))
+        self._save_speeds()
+        return report
+
+    def reopen(
+        self,
+        chat_id: int,
+        *,
+        level: str = "auto",
+        budget_ms: float | None = None,
+        bandwidth_MBps: float | None = None,
+        no_cache: bool = False,
+        progress: ProgressFn | None = None,
+        cancel: threading.Event | None = None,
+    ) -> RestoreReport:
+        """Restore a chat's whole context, ready for the next question."""
+        self._chat(chat_id)
+        with self._chat_lock:
+            rt = self.runtime
+            _, _, tokens, _ = self._conversation(rt, chat_id)
+            options = streaming.Options(level, budget_ms, bandwidth_MBps)
+            report = self._bring_in(rt, chat_id, tokens, options=options, no_cache=no_cache,
+                                    progress=progress, cancel=cancel)
+            if report.recomputed_tokens:
+                self._store_kv(rt, tokens, self.levels, chat_id=chat_id)
+            return report
+
+    def ask(
+        self,
+        question: str,
+        *,
+        chat_id: int | None = None,
+        doc_id: int | None = None,
+        level: str = "auto",
+        budget_ms: float | None = None,
+        bandwidth_MBps: float | None = None,
+        no_cache: bool = False,
+        max_tokens: int = 512,
+        seed: int | None = None,
+        temperature: float = 0.0,
+        on_token: Callable[[str], None] | None = None,
+        on_restore: Callable[[RestoreReport], None] | None = None,
+        progress: ProgressFn | None = None,
+        cancel: threading.Event | None = None,
+    ) -> AskResult:
+        """One turn: restore the chat (new if chat_id is None), ask, stream, store."""
+        question = question.strip()
+        if not question:
+            raise EngineError("the question is empty")
+        if chat_id is None:
+            chat_id = self.new_chat([doc_id] if doc_id is not None else [],
+                                    title=_title_of(question)).chat_id
+        else:
+            self._chat(chat_id)
+        with self._chat_lock:
+            rt = self.runtime
+            _, msgs, context, _ = self._conversation(rt, chat_id)
+            before = rt.render_chat(msgs, add_generation_prompt=False)
+            msgs.append({"role": "user", "content": question})
+            with_question = rt.render_chat(msgs, add_generation_prompt=True)
+            if not with_question.startswith(before):
+                raise EngineError("this model's chat template rewrites earlier turns; "
+                                  "kvdesk needs an append-only template")
+            q_tokens = rt.tokenize(with_question[len(before):])
+            if len(context) + len(q_tokens) + 1 >= rt.n_ctx:
+                raise EngineError(f"the chat is full: {len(context) + len(q_tokens):,} tokens "
+                                  f"of a {rt.n_ctx:,}-token context; start a new chat")
+            t0 = time.perf_counter()
+            options = streaming.Options(level, budget_ms, bandwidth_MBps)
+            report = self._bring_in(rt, chat_id, context, options=options, no_cache=no_cache,
+                                    progress=progress, cancel=cancel)
+            if on_restore:
+                on_restore(report)
+            rt.prefill(q_tokens, cancel=cancel)
+            self.store.add_message(chat_id, "user", question, stats={"tokens": q_tokens})
+
+            generated: list[int] = []
+            pieces: list[str] = []
+            ttft = None
+            max_new = min(max_tokens, rt.n_ctx - rt.n_tokens - 8)
+            for tok in rt.generate(max_new, temperature=temperature, seed=seed, cancel=cancel):
+                if ttft is None:
+                    ttft = time.perf_counter() - t0
+                generated.append(tok.id)
+                pieces.append(tok.text)
+                if on_token and tok.text:
+                    on_token(tok.text)
+            answer = "".join(pieces)
+            # Close the turn as the template would, so the next turn appends to it exactly.
+            msgs.append({"role": "assistant", "content": answer})
+            closed = rt.render_chat(msgs, add_generation_prompt=False)
+            tail = closed[len(with_question):]
+            suffix = tail[len(answer):] if tail.startswith(answer) else ""
+            suffix_tokens = rt.tokenize(suffix) if suffix else []
+            if suffix_tokens and rt.n_tokens + len(suffix_tokens) <= rt.n_ctx:
+                rt.prefill(suffix_tokens)
+            else:
+                suffix_tokens = []
+            result = AskResult(
+                chat_id=chat_id, answer=answer.strip(),
+                ttft_s=round(ttft if ttft is not None else time.perf_counter() - t0, 4),
+                restore_s=round(report.restore_s, 4), bytes_read=report.bytes_read,
+                chunk_levels=report.chunk_levels, recomputed_tokens=report.recomputed_tokens,
+                tokens_generated=len(generated), messages=report.messages)
+            stats = {k: v for k, v in result.as_dict().items() if k not in ("answer", "chat_id")}
+            self.store.add_message(chat_id, "assistant", result.answer,
+                                   stats={**stats, "tokens": generated + suffix_tokens})
+            self._store_kv(rt, context + q_tokens + generated + suffix_tokens, self.levels,
+                           chat_id=chat_id)
+            return result
+
+    def regenerate(self, chat_id: int, **options) -> AskResult:
+        """Drop the last answer (and its question) and ask the question again."""
+        self._chat(chat_id)
+        with self._chat_lock:
+            history = self.store.messages(chat_id)
+            users = [m for m in history if m.role == "user"]
+            if not users:
+                raise EngineError("nothing to regenerate: the chat has no question yet")
+            last_q = users[-1]
+            for m in history[history.index(last_q):]:
+                self.store.delete_message(m.id)
+            return self.ask(last_q.text, chat_id=chat_id, **options)
+
+    # -- estimates -----------------------------------------------------------------------
+
+    def estimate(self, *, chat_id: int | None = None,
+                 doc_ids: Sequence[int] | None = None) -> RestoreEstimate:
+        """Bytes and seconds a restore would take at each level (the slider's tooltip)."""
+        rt = self.runtime
+        if chat_id is not None:
+            self._chat(chat_id)
+            _, _, tokens, _ = self._conversation(rt, chat_id)
+        else:
+            ids = list(doc_ids or [])
+            tokens = self.prefix(rt, self._document(ids[0]) if ids else None).tokens
+        match = self.store.longest_prefix(rt.fingerprint, tokens, touch=False)
+        sizes = self.store.chunk_sizes({s.entry_id for s in match.spans})
+        raw = match.n_tokens * rt.layout.kv_bytes_per_token
+        rest_s = (len(tokens) - match.n_tokens) / self.speeds.prefill_tps
+        per_level: dict[str, int] = {}
+        for span in match.spans:
+            for level in self.levels:
+                n = sizes.get((span.entry_id, span.chunk_index, level))
+                if n is not None:
+                    per_level[level] = per_level.get(level, 0) + n
+        seconds = {
+            lvl: round(n / 1e6 / self.speeds.read_MBps + raw / 1e6 / self.speeds.decode(lvl)
+                       + rest_s, 4)
+            for lvl, n in per_level.items()}
+        seconds[streaming.TEXT] = round(len(tokens) / self.speeds.prefill_tps, 3)
+        return RestoreEstimate(tokens=len(tokens), bytes=per_level, seconds=seconds)
+
+
+def _title_of(question: str) -> str:
+    line = " ".join(question.split())
+    return line if len(line) <= 60 else line[:57].rstrip() + "..."
+
