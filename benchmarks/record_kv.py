@@ -5,8 +5,8 @@ the sequence state (layout: /work/shared/notes/llama-state.md, f16 cache, V tran
 saves keys and values as float16 [n_layer, n_tokens, channels].
 
     python benchmarks/record_kv.py --tokens 4096 --out benchmarks/data/kv4096.npz
-    python benchmarks/record_kv.py --tokens 300 --layers 0,1,14,29 --fixture \
-        --out tests/fixtures/codec/real_kv.npz
+    python benchmarks/record_kv.py --source benchmarks/data/kv4096.npz --tokens 300 \
+        --layers 0,1,14,29 --fixture --out tests/fixtures/codec/real_kv.npz
 
 This is a benchmark helper, not part of the codec (which must never import llama_cpp).
 """
@@ -95,9 +95,14 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--layers", default="", help="comma-separated layers to keep (default all)")
     ap.add_argument("--fixture", action="store_true", help="compressed npz for tests")
+    ap.add_argument("--source", help="slice an earlier recording instead of running the model")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    keys, values = record(args.tokens)
+    if args.source:
+        with np.load(args.source) as z:
+            keys, values = z["keys"][:, :args.tokens], z["values"][:, :args.tokens]
+    else:
+        keys, values = record(args.tokens)
     if args.layers:
         sel = [int(x) for x in args.layers.split(",")]
         keys, values = keys[sel], values[sel]

@@ -3,8 +3,8 @@
 Same inputs, outputs and checks as `rans.decode`, so the backend can swap it in; tests run it
 under numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1) and require bit-identical output. Only
 integer arithmetic and table lookups happen on the device, so results cannot drift from the
-CPU. This module must never be imported for its side effects: it touches the driver only
-when `available()` or `decode()` is called.
+CPU. Importing it touches no driver (numba compiles and binds lazily); only `available()`
+and `decode()` do. It must never change the bytes of the format.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 from functools import cache
 
 import numpy as np
+from numba import cuda
 
 from .levels import MAX_LANES
 from .rans import RANS_LOW, SLOT_MASK
@@ -24,70 +25,61 @@ THREADS = 64
 def available() -> bool:
     """Whether a CUDA device (or the simulator) is usable."""
     try:
-        from numba import cuda
-
         return bool(cuda.is_available())
     except Exception:  # noqa: BLE001 - a broken driver install means "no GPU", not a crash
         return False
 
 
-@cache
-def _kernel():
-    from numba import cuda
-
-    @cuda.jit
-    def kernel(words, off, ent, freq, cum, lut, dq, akey, bkey, out, t0, lanes, n_grp, ok):
-        item = cuda.grid(1)
-        if item >= off.size - 1:
-            return
-        layer, g = item // n_grp, item % n_grp
-        c0 = g * lanes
-        nl = min(lanes, ent.shape[1] - c0)
-        p, end = off[item], off[item + 1]
-        if end - p < 2 * nl:
-            ok[item] = 0
-            return
-        x = cuda.local.array(MAX_LANES, np.int64)
+@cuda.jit
+def _kernel(words, off, ent, fc, lut, dq, akey, bkey, out, t0, lanes, n_grp, ok):
+    item = cuda.grid(1)
+    if item >= off.size - 1:
+        return
+    layer, g = item // n_grp, item % n_grp
+    c0 = g * lanes
+    nl = min(lanes, ent.shape[1] - c0)
+    p, end = off[item], off[item + 1]
+    if end - p < 2 * nl:
+        ok[item] = 0
+        return
+    x = cuda.local.array(MAX_LANES, np.int64)
+    for j in range(nl):
+        x[j] = (np.int64(words[p]) << 16) | words[p + 1]
+        p += 2
+    for t in range(akey.size):
+        a = akey[t]
         for j in range(nl):
-            x[j] = (np.int64(words[p]) << 16) | words[p + 1]
-            p += 2
-        for t in range(akey.size):
-            a = akey[t]
-            for j in range(nl):
-                c = c0 + j
-                e = ent[layer, c]
-                xj = x[j]
-                slot = xj & SLOT_MASK
-                s = lut[e, slot]
-                xj = freq[e, s] * (xj >> PROB_BITS) + slot - cum[e, s]
-                if xj < RANS_LOW:
-                    if p >= end:
-                        ok[item] = 0
-                        return
-                    xj = (xj << 16) | words[p]
-                    p += 1
-                x[j] = xj
-                out[layer, t0 + t, c] = dq[layer, a, bkey[c], s]
-        if p != end:
+            c = c0 + j
+            e = ent[layer, c]
+            xj = x[j]
+            slot = xj & SLOT_MASK
+            s = lut[e, slot]
+            v = fc[e, s]
+            xj = (v & 0xFFFF) * (xj >> PROB_BITS) + slot - (v >> 16)
+            if xj < RANS_LOW:
+                if p >= end:
+                    ok[item] = 0
+                    return
+                xj = (xj << 16) | words[p]
+                p += 1
+            x[j] = xj
+            out[layer, t0 + t, c] = dq[layer, a, bkey[c], s]
+    if p != end:
+        ok[item] = 0
+    for j in range(nl):
+        if x[j] != RANS_LOW:
             ok[item] = 0
-        for j in range(nl):
-            if x[j] != RANS_LOW:
-                ok[item] = 0
-
-    return kernel
 
 
-def decode(words, counts, ent, freq, cum, lut, dq, akey, bkey, out, t0, lanes):
+def decode(words, counts, ent, fc, lut, dq, akey, bkey, out, t0, lanes):
     """`rans.decode` on the GPU; copies in, decodes, copies `out` back."""
-    from numba import cuda
-
     n_items = counts.size
     off = np.zeros(n_items + 1, np.int64)
     np.cumsum(counts.ravel(), out=off[1:])
     ok = np.ones(n_items, np.uint8)
     dev = [cuda.to_device(np.ascontiguousarray(a)) for a in
-           (words, off, ent, freq, cum, lut, dq, akey, bkey, out, ok)]
+           (words, off, ent, fc, lut, dq, akey, bkey, out, ok)]
     blocks = max(1, -(-n_items // THREADS))
-    _kernel()[blocks, THREADS](*dev[:10], t0, lanes, counts.shape[1], dev[10])
-    dev[9].copy_to_host(out)
-    return bool(dev[10].copy_to_host().all())
+    _kernel[blocks, THREADS](*dev[:9], t0, lanes, counts.shape[1], dev[9])
+    dev[8].copy_to_host(out)
+    return bool(dev[9].copy_to_host().all())

@@ -129,7 +129,7 @@ def _encode_bytes(sym: np.ndarray, lanes: int, be):
     freq = tables.explicit(hist)
     bank = tables.bank_of(freq)
     ent = np.repeat(np.arange(n_layer)[:, None], n_ch, axis=1)
-    words, counts = be.encode(sym, ent, bank.freq, bank.cum, lanes)
+    words, counts = be.encode(sym, ent, bank.freq, bank.cum, bank.recip, lanes)
     return counts, freq.astype(np.uint16), words
 
 
@@ -145,7 +145,8 @@ def _encode_kind(bits: np.ndarray, kind: KindConfig, cfg: CodecConfig, be):
         raise CodecError("KV contains NaN or Inf; the codec refuses it")
     bank, cost, base = plan.bank()
     ent = be.choose_entries(sym, plan.nsym, base, cost, tables.N_RHO)
-    words, counts = be.encode(sym, ent + base[:, None], bank.freq, bank.cum, cfg.lanes)
+    words, counts = be.encode(sym, ent + base[:, None], bank.freq, bank.cum, bank.recip,
+                              cfg.lanes)
     return scales, ent.astype(np.uint16), counts, words
 
 
@@ -232,8 +233,8 @@ def _take_words(reader: container.Reader, counts: list[np.ndarray]) -> list[np.n
 
 
 def _run_decode(be, words, counts, ent, bank, dq, akey, bkey, out, t0, lanes) -> None:
-    if not be.decode(words, counts, ent, bank.freq, bank.cum, bank.lut, dq, akey, bkey, out,
-                     t0, lanes):
+    if not be.decode(words, counts, ent, bank.fc, bank.lut, np.ascontiguousarray(dq), akey, bkey,
+                     out, t0, lanes):
         raise CodecError("codec blob stream is corrupt (rANS check failed)")
 
 

@@ -6,8 +6,8 @@ states interleaved in one word stream in (token, lane) order, which gives the CP
 work per step and keeps the per-stream bookkeeping to one word count per group. Groups are
 independent: they are the unit of parallelism here and on the GPU.
 
-The decoder trusts nothing it reads from a stream: every word read is bounds-checked against
-its group, and a group must end exactly at its last word with every state back at its initial
+The decoder trusts nothing it reads from a stream: every word read is clamped to its group,
+and a group must end exactly at its last word with every state back at its initial
 value, so a corrupt stream can neither read out of bounds nor pass silently. Callers validate
 table ids and word counts before calling. These kernels must never allocate per symbol.
 """
@@ -34,8 +34,11 @@ def group_offsets(counts):
 
 
 @njit(parallel=True, cache=True)
-def encode(sym, ent, freq, cum, lanes):
-    """Symbols [L, T, C] with global entry ids [L, C] -> (words uint16, counts [L, G] uint32)."""
+def encode(sym, ent, freq, cum, recip, lanes):
+    """Symbols [L, T, C] with global entry ids [L, C] -> (words uint16, counts [L, G] uint32).
+
+    recip = 1 / freq (0 where freq is 0): x // f becomes a float multiply and an exact fix-up.
+    """
     n_layer, n_tok, n_ch = sym.shape
     n_grp = (n_ch + lanes - 1) // lanes
     cap = lanes * n_tok + 2 * lanes  # at most one word per symbol plus the final states
@@ -47,18 +50,28 @@ def encode(sym, ent, freq, cum, lanes):
         c0 = g * lanes
         nl = min(lanes, n_ch - c0)
         x = np.full(nl, RANS_LOW, np.int64)
+        e = ent[layer, c0:c0 + nl].copy()
         pos = cap
         for t in range(n_tok - 1, -1, -1):
             for j in range(nl - 1, -1, -1):
-                e = ent[layer, c0 + j]
+                ej = e[j]
                 s = sym[layer, t, c0 + j]
-                f = freq[e, s]
+                f = freq[ej, s]
                 xj = x[j]
-                if xj >= f << (32 - PROB_BITS):
-                    pos -= 1
-                    buf[item, pos] = xj & 0xFFFF
-                    xj >>= 16
-                x[j] = ((xj // f) << PROB_BITS) + xj % f + cum[e, s]
+                # branch-free renormalization: always store, advance only when it is needed
+                emit = xj >= f << (32 - PROB_BITS)
+                buf[item, pos - 1] = xj & 0xFFFF
+                pos -= emit
+                xj >>= 16 * emit
+                q = np.int64(xj * recip[ej, s])
+                r = xj - q * f
+                if r < 0:
+                    q -= 1
+                    r += f
+                elif r >= f:
+                    q += 1
+                    r -= f
+                x[j] = (q << PROB_BITS) + r + cum[ej, s]
         for j in range(nl - 1, -1, -1):
             buf[item, pos - 1] = x[j] & 0xFFFF
             buf[item, pos - 2] = x[j] >> 16
@@ -73,12 +86,16 @@ def encode(sym, ent, freq, cum, lanes):
 
 
 @njit(parallel=True, cache=True)
-def decode(words, counts, ent, freq, cum, lut, dq, akey, bkey, out, t0, lanes):
-    """Decode every group into out[:, t0:t0 + len(akey), :] (fp16 bits from the dequant
-    table dq[L, A, B, S]); returns False when any group is inconsistent."""
+def decode(words, counts, ent, fc, lut, dq, akey, bkey, out, t0, lanes):
+    """Decode every group into out[:, t0:t0 + len(akey), :]; False when a group is inconsistent.
+
+    fc[e, s] = freq | cum << 16 (one load instead of two); dq[L, A, B, S] (C-contiguous) holds
+    the fp16 bits of each symbol's reconstruction for scale group (akey[t], bkey[c]).
+    """
     n_layer, n_grp = counts.shape
     n_ch = ent.shape[1]
-    n_tok = akey.size
+    n_a, n_b, width = dq.shape[1], dq.shape[2], dq.shape[3]
+    flat = dq.reshape(-1)
     off = group_offsets(counts)
     ok = np.ones(n_layer * n_grp, np.bool_)
     for item in prange(n_layer * n_grp):
@@ -90,29 +107,32 @@ def decode(words, counts, ent, freq, cum, lut, dq, akey, bkey, out, t0, lanes):
             ok[item] = False
             continue
         x = np.empty(nl, np.int64)
+        e = np.empty(nl, np.int64)
+        lane_dq = np.empty(nl, np.int64)
         for j in range(nl):
             x[j] = (np.int64(words[p]) << 16) | words[p + 1]
+            e[j] = ent[layer, c0 + j]
+            lane_dq[j] = bkey[c0 + j] * width
             p += 2
-        table = dq[layer]
-        for t in range(n_tok):
-            row = table[akey[t]]
+        last = end - 1
+        for t in range(akey.size):
+            row_dq = (layer * n_a + akey[t]) * n_b * width
+            row = out[layer, t0 + t]
             for j in range(nl):
-                c = c0 + j
-                e = ent[layer, c]
                 xj = x[j]
+                ej = e[j]
                 slot = xj & SLOT_MASK
-                s = lut[e, slot]
-                xj = freq[e, s] * (xj >> PROB_BITS) + slot - cum[e, s]
-                if xj < RANS_LOW:
-                    if p >= end:  # ran past its words: corrupt; stop safely
-                        ok[item] = False
-                        break
-                    xj = (xj << 16) | words[p]
-                    p += 1
+                s = lut[ej, slot]
+                v = fc[ej, s]
+                xj = (v & 0xFFFF) * (xj >> PROB_BITS) + slot - (v >> 16)
+                # branch-free: always load a word (clamped to this group), use it if needed;
+                # overrunning the group shows as p > end below
+                w = words[min(p, last)]
+                refill = xj < RANS_LOW
+                xj = (xj << (16 * refill)) | (w * refill)
+                p += refill
                 x[j] = xj
-                out[layer, t0 + t, c] = row[bkey[c], s]
-            if not ok[item]:
-                break
+                row[c0 + j] = flat[row_dq + lane_dq[j] + s]
         if p != end:
             ok[item] = False
         for j in range(nl):

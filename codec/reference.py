@@ -50,7 +50,7 @@ def choose_entries(sym, nsym, base, cost, n_rho):
     return ent
 
 
-def encode(sym, ent, freq, cum, lanes):
+def encode(sym, ent, freq, cum, recip, lanes):  # recip: the kernel's speed-up, unused
     n_layer, n_tok, n_ch = sym.shape
     n_grp = -(-n_ch // lanes)
     streams, counts = [], np.empty((n_layer, n_grp), np.uint32)
@@ -74,7 +74,7 @@ def encode(sym, ent, freq, cum, lanes):
     return np.concatenate(streams), counts
 
 
-def decode(words, counts, ent, freq, cum, lut, dq, akey, bkey, out, t0, lanes):
+def decode(words, counts, ent, fc, lut, dq, akey, bkey, out, t0, lanes):
     n_layer, n_grp = counts.shape
     n_ch = ent.shape[1]
     p = 0
@@ -93,7 +93,8 @@ def decode(words, counts, ent, freq, cum, lut, dq, akey, bkey, out, t0, lanes):
                     e = ent[layer, c]
                     slot = x[c] & SLOT_MASK
                     s = int(lut[e, slot])
-                    x[c] = int(freq[e, s]) * (x[c] >> PROB_BITS) + slot - int(cum[e, s])
+                    freq, cum = int(fc[e, s]) & 0xFFFF, int(fc[e, s]) >> 16
+                    x[c] = freq * (x[c] >> PROB_BITS) + slot - cum
                     if x[c] < RANS_LOW:
                         if p >= end:
                             return False

@@ -13,7 +13,7 @@ This module must never change the codebook without bumping the container's forma
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 
 import numpy as np
@@ -29,11 +29,21 @@ COST_FRAC_BITS = 8  # encoder-side code lengths in 1/256 bit; never stored
 
 @dataclass(frozen=True)
 class Bank:
-    """Tables indexed by a global entry id: freq/cum [E, S] int64, lut [E, PROB_SCALE] uint8."""
+    """Tables indexed by a global entry id: freq/cum [E, S] int64, lut [E, PROB_SCALE] uint8;
+    derived for speed: recip = 1 / freq (0 where freq is 0) for the encoder and
+    fc = freq | cum << 16 for the decoder."""
 
     freq: np.ndarray
     cum: np.ndarray
     lut: np.ndarray
+
+    recip: np.ndarray = field(init=False)
+    fc: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        recip = np.divide(1.0, self.freq, out=np.zeros(self.freq.shape), where=self.freq > 0)
+        object.__setattr__(self, "recip", recip)
+        object.__setattr__(self, "fc", self.freq | (self.cum << 16))
 
 
 def normalize(weights: list[float]) -> np.ndarray:

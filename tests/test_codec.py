@@ -1,0 +1,230 @@
+"""Codec round trips, error bounds, shapes, refusals and the public API."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from codec_helpers import custom, error_bound, random_kv, real_kv
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import codec
+from codec import CodecConfig, CodecError
+
+LOSSY = [n for n, c in codec.levels().items() if c.mode == "quantized"]
+
+
+def assert_within_bound(x, xhat, kind, n_sink):
+    assert np.array_equal(x[:, :n_sink].view(np.uint16), xhat[:, :n_sink].view(np.uint16))
+    x, xhat = x[:, n_sink:], xhat[:, n_sink:]
+    if x.size == 0:
+        return
+    err = np.abs(x.astype(np.float32) - xhat.astype(np.float32))
+    bound = error_bound(x, xhat, kind)
+    worst = np.unravel_index(np.argmax(err - bound), err.shape)
+    assert np.all(err <= bound), (worst, err[worst], bound[worst])
+
+
+def test_levels_are_named_and_json_round_trip():
+    names = set(codec.levels())
+    assert {"lossless", "high", "balanced", "compact", "cachegen-1", "cachegen-2",
+            "cachegen-3"} <= names
+    for name, cfg in codec.levels().items():
+        d = json.loads(json.dumps(cfg.get_config()))
+        assert d["id"] == "kvdesk.kv" and d["name"] == name
+        assert CodecConfig.from_config(d) == cfg
+
+
+def test_cachegen_levels_use_published_bins_and_per_token_scales():
+    cfg = codec.levels()["cachegen-2"]
+    assert cfg.keys.scale == cfg.values.scale == "token"
+    assert cfg.keys.bins == (32, 16, 16) and cfg.values.bins == (32, 16)
+    bins = cfg.keys.layer_bins(32)
+    assert list(bins[:10]) == [32] * 10 and list(bins[10:]) == [16] * 22
+
+
+@pytest.mark.parametrize("bad", [
+    {"id": "other"},
+    {**codec.levels()["balanced"].get_config(), "lanes": 0},
+    {**codec.levels()["balanced"].get_config(), "keys": {"scale": "row", "bins": [8],
+                                                        "layer_edges": []}},
+    {**codec.levels()["balanced"].get_config(), "values": {"scale": "token", "bins": [2],
+                                                          "layer_edges": []}},
+    {**codec.levels()["balanced"].get_config(), "extra": 1},
+])
+def test_bad_configs_are_refused(bad):
+    with pytest.raises(CodecError):
+        CodecConfig.from_config(bad)
+
+
+def test_unknown_level_is_refused():
+    k, v = random_kv((1, 2, 3))
+    with pytest.raises(CodecError, match="unknown codec level"):
+        codec.encode(k, v, "ultra")
+
+
+@pytest.mark.parametrize("level", list(codec.levels()))
+def test_real_kv_round_trip_within_bounds(level):
+    keys, values = real_kv(300)
+    blob = codec.encode(keys, values, level)
+    k2, v2 = codec.decode(blob)
+    assert k2.dtype == v2.dtype == np.float16 and k2.shape == keys.shape
+    cfg = codec.levels()[level]
+    if cfg.mode == "lossless":
+        assert np.array_equal(k2.view(np.uint16), keys.view(np.uint16))
+        assert np.array_equal(v2.view(np.uint16), values.view(np.uint16))
+        return
+    assert_within_bound(keys, k2, cfg.keys, cfg.sink_tokens)
+    assert_within_bound(values, v2, cfg.values, cfg.sink_tokens)
+
+
+def test_lossless_keeps_every_bit_pattern():
+    bits = np.arange(0, 1 << 16, dtype=np.uint32).astype(np.uint16)
+    finite = bits[(bits & 0x7C00) != 0x7C00]  # every finite fp16, signed zeros, subnormals
+    keys = finite[: 2 * 31 * 467].reshape(2, 31, 467).view(np.float16)
+    values = keys[:, ::-1].copy()
+    k2, v2 = codec.decode(codec.encode(keys, values, "lossless"))
+    assert np.array_equal(k2.view(np.uint16), keys.view(np.uint16))
+    assert np.array_equal(v2.view(np.uint16), values.view(np.uint16))
+
+
+def test_levels_order_by_size_on_real_kv():
+    keys, values = real_kv(256)
+    sizes = {n: len(codec.encode(keys, values, n, first_token=256)) for n in codec.levels()}
+    assert sizes["lossless"] > sizes["high"] > sizes["balanced"] > sizes["compact"]
+    assert sizes["cachegen-3"] > sizes["cachegen-2"] > sizes["cachegen-1"]
+
+
+def test_sink_tokens_only_in_the_documents_first_chunk():
+    keys, values = random_kv((2, 10, 8))
+    cfg = codec.levels()["balanced"]
+    k_first, _ = codec.decode(codec.encode(keys, values, cfg))
+    assert np.array_equal(k_first[:, :4], keys[:, :4])
+    k_late, _ = codec.decode(codec.encode(keys, values, cfg, first_token=2))
+    assert np.array_equal(k_late[:, :2], keys[:, :2])
+    assert codec.peek(codec.encode(keys, values, cfg, first_token=2)).first_token == 2
+
+
+@pytest.mark.parametrize("scale", ["token", "channel", "layer"])
+def test_scale_modes_round_trip_within_bounds(scale):
+    keys, values = random_kv((3, 33, 21), seed=3)
+    kind = {"scale": scale, "bins": [8, 24], "layer_edges": [0.4]}
+    cfg = custom(keys=kind, values=kind, sink_tokens=2)
+    k2, v2 = codec.decode(codec.encode(keys, values, cfg))
+    assert_within_bound(keys, k2, cfg.keys, 2)
+    assert_within_bound(values, v2, cfg.values, 2)
+
+
+@pytest.mark.parametrize("scale", ["token", "channel"])
+def test_anchor_delta_round_trip(scale):
+    keys, values = random_kv((2, 37, 9), seed=4)
+    kind = {"scale": scale, "bins": [32], "layer_edges": []}
+    cfg = custom(keys=kind, values=kind, anchor_group=5)
+    k2, v2 = codec.decode(codec.encode(keys, values, cfg))
+    for x, xhat in ((keys, k2), (values, v2)):
+        # anchors are plain-quantized; deltas err by their own (smaller-range) quantization
+        err = np.abs(x.astype(np.float32) - xhat.astype(np.float32))
+        s = np.abs(x.astype(np.float32)).max()
+        assert_within_bound(x[:, ::5], xhat[:, ::5], cfg.keys, 0)
+        assert err.max() <= 2 * s / (2 * 15) + s * 2**-9
+
+
+def test_zero_and_constant_rows():
+    keys, values = random_kv((2, 20, 16), seed=5)
+    keys[0] = 0
+    keys[1, 3] = 0
+    values[0, :, 4] = 0
+    values[1] = np.float16(-2.5)  # a constant layer: every scale group is exactly 2.5
+    for level in ("lossless", "balanced", "cachegen-2"):
+        k2, v2 = codec.decode(codec.encode(keys, values, level))
+        assert np.all(k2[0] == 0) and np.all(k2[1, 3] == 0) and np.all(v2[0, :, 4] == 0)
+        assert np.all(v2[1] == np.float16(-2.5))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("where", [0, 7])  # a sink token, a quantized token
+@pytest.mark.parametrize("level", ["lossless", "balanced"])
+def test_nonfinite_input_is_refused(bad, where, level):
+    keys, values = random_kv((2, 9, 5))
+    values[1, where, 3] = bad
+    with pytest.raises(CodecError, match="NaN or Inf"):
+        codec.encode(keys, values, level)
+
+
+@pytest.mark.parametrize("keys, values", [
+    (np.zeros((2, 3, 4), np.float32), np.zeros((2, 3, 4), np.float32)),
+    (np.zeros((2, 3, 4), np.float16), np.zeros((2, 3, 5), np.float16)),
+    (np.zeros((3, 4), np.float16), np.zeros((3, 4), np.float16)),
+    (np.zeros((2, 0, 4), np.float16), np.zeros((2, 0, 4), np.float16)),
+    ([[[0.0]]], [[[0.0]]]),
+])
+def test_bad_input_is_refused(keys, values):
+    with pytest.raises(CodecError):
+        codec.encode(keys, values)
+
+
+kv_shapes = st.tuples(st.integers(1, 3), st.integers(1, 70), st.integers(1, 300))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shape=kv_shapes, seed=st.integers(0, 2**16), scale=st.sampled_from([1e-4, 0.3, 40.0]),
+       level=st.sampled_from(list(codec.levels())), zero_layer=st.booleans())
+def test_any_shape_round_trips(shape, seed, scale, level, zero_layer):
+    keys, values = random_kv(shape, seed, scale)
+    if zero_layer:
+        keys[-1] = 0
+    k2, v2 = codec.decode(codec.encode(keys, values, level))
+    cfg = codec.levels()[level]
+    if cfg.mode == "lossless":
+        assert np.array_equal(k2.view(np.uint16), keys.view(np.uint16))
+        assert np.array_equal(v2.view(np.uint16), values.view(np.uint16))
+    else:
+        assert_within_bound(keys, k2, cfg.keys, min(cfg.sink_tokens, shape[1]))
+        assert_within_bound(values, v2, cfg.values, min(cfg.sink_tokens, shape[1]))
+
+
+@pytest.mark.parametrize("n_tok", [1, 255, 256, 257, 700])
+def test_chunks_cover_any_token_count(n_tok):
+    keys, values = random_kv((2, n_tok, 12), seed=n_tok)
+    blobs = codec.encode_chunks(keys, values, "lossless", chunk_tokens=256)
+    assert len(blobs) == -(-n_tok // 256)
+    assert [codec.peek(b).first_token for b in blobs] == list(range(0, n_tok, 256))
+    k2, v2 = codec.decode_chunks(blobs)
+    assert np.array_equal(k2.view(np.uint16), keys.view(np.uint16))
+    assert np.array_equal(v2.view(np.uint16), values.view(np.uint16))
+
+
+def test_decode_chunks_refuses_gaps_and_mixtures():
+    keys, values = random_kv((2, 30, 12))
+    blobs = codec.encode_chunks(keys, values, "compact", chunk_tokens=10)
+    with pytest.raises(CodecError, match="consecutive"):
+        codec.decode_chunks([blobs[0], blobs[2]])
+    other = codec.encode(random_kv((3, 10, 12))[0], random_kv((3, 10, 12))[1], first_token=10)
+    with pytest.raises(CodecError, match="consecutive"):
+        codec.decode_chunks([blobs[0], other])
+    with pytest.raises(CodecError):
+        codec.decode_chunks([])
+
+
+def test_peek_reads_the_header_only():
+    keys, values = random_kv((3, 40, 24))
+    blob = codec.encode(keys, values, "high", first_token=512)
+    info = codec.peek(blob)
+    assert (info.level, info.n_layer, info.n_tokens, info.channels, info.first_token) == (
+        "high", 3, 40, 24, 512)
+    assert info.nbytes == len(blob)
+    assert info.bits_per_element == pytest.approx(len(blob) * 8 / (2 * 3 * 40 * 24))
+    assert CodecConfig.from_config(info.config) == codec.levels()["high"]
+    corrupt_payload = blob[:-10] + bytes(10)
+    assert codec.peek(corrupt_payload).n_tokens == 40  # no checksum by design
+
+
+def test_custom_config_dict_is_accepted_and_travels_in_the_blob():
+    cfg = custom("mine")
+    keys, values = random_kv((2, 8, 8))
+    blob = codec.encode(keys, values, cfg.get_config())
+    assert codec.peek(blob).level == "mine"
+    assert codec.peek(blob).config == cfg.get_config()
+    codec.decode(blob)

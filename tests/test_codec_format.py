@@ -1,0 +1,156 @@
+"""The wire format: golden blobs, backends byte-identical, and hostile or damaged input."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+import zlib
+
+import numpy as np
+import pytest
+from codec_helpers import FIXTURES, custom, random_kv, real_kv, refresh_crc, section_offsets
+
+import codec
+from codec import CodecError, backend, rans, tables
+
+GOLDEN = FIXTURES / "golden"
+REF = backend.get("reference")
+CPU = backend.get("cpu")
+
+
+def digest(keys, values) -> str:
+    return hashlib.sha256(keys.tobytes() + values.tobytes()).hexdigest()
+
+
+def golden_cases():
+    return sorted(json.loads((GOLDEN / "expected.json").read_text()).items())
+
+
+@pytest.mark.parametrize("name, expected", golden_cases())
+def test_golden_blobs_still_decode_and_reencode(name, expected):
+    blob = (GOLDEN / f"{name}.kvc").read_bytes()
+    keys, values = codec.decode(blob)
+    assert digest(keys, values) == expected["decoded_sha256"]
+    info = codec.peek(blob)
+    src_k, src_v = real_kv(expected["n_tokens"])
+    src_k, src_v = src_k[: expected["n_layer"]], src_v[: expected["n_layer"]]
+    assert codec.encode(src_k, src_v, info.config, first_token=info.first_token) == blob
+
+
+def test_every_level_has_a_golden_blob():
+    assert {n for n, _ in golden_cases()} >= set(codec.levels())
+
+
+CONFIGS = [*codec.levels(),
+           custom("layer", keys={"scale": "layer", "bins": [6, 64], "layer_edges": [0.5]}),
+           custom("delta", anchor_group=4, sink_tokens=3)]
+
+
+@pytest.mark.parametrize("level", CONFIGS, ids=str)
+def test_numba_and_reference_write_identical_bytes(level):
+    keys, values = random_kv((2, 19, 11), seed=7)
+    keys[1, 2] = 0
+    blob = codec.encode(keys, values, level, backend=CPU)
+    assert codec.encode(keys, values, level, backend=REF) == blob
+    k1, v1 = codec.decode(blob, backend=CPU)
+    k2, v2 = codec.decode(blob, backend=REF)
+    assert digest(k1, v1) == digest(k2, v2)
+
+
+def test_numba_and_reference_agree_on_real_kv():
+    keys, values = real_kv(24)
+    for level in ("balanced", "cachegen-1"):
+        blob = codec.encode(keys[:2], values[:2], level, backend=CPU)
+        assert codec.encode(keys[:2], values[:2], level, backend=REF) == blob
+
+
+@pytest.fixture(scope="module")
+def blob():
+    keys, values = random_kv((2, 24, 20), seed=9)
+    return codec.encode(keys, values, "balanced")
+
+
+def test_every_truncation_is_refused(blob):
+    for n in range(len(blob)):
+        with pytest.raises(CodecError):
+            codec.decode(blob[:n])
+
+
+def test_every_bit_flip_is_refused(blob):
+    for pos in range(len(blob)):
+        bad = bytearray(blob)
+        bad[pos] ^= 1 << (pos % 8)
+        with pytest.raises(CodecError):
+            codec.decode(bytes(bad))
+
+
+def test_damage_behind_a_valid_checksum_never_crashes(blob):
+    """An adversary can fix the CRC: every section must still be validated before use."""
+    rng = np.random.default_rng(0)
+    refused = 0
+    start = section_offsets(blob)["header"]
+    for pos in rng.integers(start, len(blob) - 4, 600):
+        bad = bytearray(blob)
+        bad[pos] ^= 1 << int(rng.integers(8))
+        try:
+            k, v = codec.decode(refresh_crc(bad))
+        except CodecError:
+            refused += 1
+        else:
+            assert k.shape == v.shape == (2, 24, 20)
+    assert refused > 300  # most damage is caught by the format checks alone
+
+
+@pytest.mark.parametrize("data", [
+    b"", b"KVDC", b"\x89PNG\r\n\x1a\n" + bytes(64), bytes(100), b"KVDC" + bytes(96),
+    "not bytes", None,
+])
+def test_foreign_input_is_refused(data):
+    with pytest.raises(CodecError):
+        codec.decode(data)
+
+
+def make_blob(meta: dict, payload: bytes = b"", version: int = 1) -> bytes:
+    text = json.dumps(meta).encode()
+    body = struct.pack("<4sHHI", b"KVDC", version, 0, len(text)) + text + payload
+    return body + struct.pack("<I", zlib.crc32(body))
+
+
+GOOD_META = {"config": codec.levels()["balanced"].get_config(), "n_layer": 2, "n_tokens": 4,
+             "channels": 3, "first_token": 0}
+
+
+@pytest.mark.parametrize("meta", [
+    {**GOOD_META, "n_layer": 0},
+    {**GOOD_META, "n_tokens": 1 << 40},
+    {**GOOD_META, "n_layer": 4000, "n_tokens": 1 << 20, "channels": 65536},
+    {**GOOD_META, "channels": "3"},
+    {**GOOD_META, "config": {"id": "kvdesk.kv"}},
+    {**GOOD_META, "extra": True},
+    [1, 2, 3],
+    GOOD_META,  # well-formed header, empty payload
+])
+def test_hostile_headers_are_refused(meta):
+    with pytest.raises(CodecError):
+        codec.decode(make_blob(meta))
+
+
+def test_future_format_version_is_refused_clearly():
+    with pytest.raises(CodecError, match="format version 2"):
+        codec.decode(make_blob(GOOD_META, version=2))
+
+
+def test_rans_decoder_survives_garbage_streams():
+    """Kernel-level: random words with consistent counts must not read or write out of bounds."""
+    rng = np.random.default_rng(1)
+    bank, _, base = tables.kind_bank((15,))
+    out = np.zeros((2, 50, 6), np.uint16)
+    dq = np.zeros((2, 1, 6, 15), np.uint16)
+    ent = rng.integers(0, tables.n_entries(15), (2, 6))
+    for _ in range(200):
+        counts = rng.integers(0, 40, (2, 2)).astype(np.uint32)
+        words = rng.integers(0, 1 << 16, int(counts.sum())).astype(np.uint16)
+        ok = rans.decode(words, counts, ent, bank.fc, bank.lut, dq,
+                         np.zeros(50, np.int64), np.arange(6), out, 0, 4)
+        assert ok in (True, False)
