@@ -1,0 +1,195 @@
+"""The conversation: a transcript rendered from Markdown that grows while an answer streams,
+and the input box under it.
+
+The transcript is one QTextBrowser. Finished messages are rendered once and kept as HTML; while
+an answer streams, tokens are buffered and the page is redrawn at most every RENDER_MS, so a
+fast model cannot flood the GUI thread with redraws. Actions (copy, copy code, regenerate) are
+links in the page.
+
+These widgets never call the engine; they emit signals and show what they are given.
+"""
+
+from __future__ import annotations
+
+import html
+
+from PySide6.QtCore import Qt, QTimer, QUrl, Signal
+from PySide6.QtGui import QGuiApplication, QKeyEvent
+from PySide6.QtWidgets import QPlainTextEdit, QTextBrowser, QWidget
+
+from desktop_app.results import MessageInfo
+
+from .markdown import LIGHT, Colors, render
+
+RENDER_MS = 40
+
+WELCOME = """
+<p style="font-size:x-large"><b>Ask about your documents</b></p>
+<p>Attach files with the paperclip or drop them on the window; kvdesk reads each one once and keeps
+its compressed cache, so reopening a chat later answers at once.</p>
+<p>Enter sends, Shift+Enter adds a line, Esc stops an answer, Ctrl+N starts a new chat,
+Ctrl+K searches chats.</p>
+"""
+
+
+class ChatView(QTextBrowser):
+    regenerate_requested = Signal()
+    copied = Signal(str)  # what was put on the clipboard: "message" | "code"
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setOpenLinks(False)
+        self.anchorClicked.connect(self._link)
+        self.colors: Colors = LIGHT
+        self._messages: list[MessageInfo] = []
+        self._notes: dict[int, str] = {}  # message index -> a muted line under it (stats)
+        self._html: list[str] = []  # rendered finished messages
+        self._code: list[list[str]] = []  # per message, its code blocks' text
+        self._streaming: str | None = None  # the answer being generated, or None
+        self._timer = QTimer(self, singleShot=True, interval=RENDER_MS)
+        self._timer.timeout.connect(self._render)
+        self._render()
+
+    # -- what the window tells it -----------------------------------------------------------
+
+    def set_colors(self, colors: Colors) -> None:
+        self.colors = colors
+        self.set_messages(self._messages, dict(self._notes))
+
+    def set_messages(self, messages: list[MessageInfo], notes: dict[int, str] | None = None,
+                     ) -> None:
+        self._messages = list(messages)
+        self._notes = dict(notes or {})
+        self._streaming = None
+        self._html, self._code = [], []
+        for i in range(len(self._messages)):
+            self._render_message(i)
+        self._render()
+
+    def add_user_message(self, text: str) -> None:
+        self._append(MessageInfo(message_id=-1, role="user", text=text, created=0.0))
+
+    def begin_answer(self) -> None:
+        self._streaming = ""
+        self._render()
+
+    def append_token(self, piece: str) -> None:
+        if self._streaming is None:
+            return
+        self._streaming += piece
+        if not self._timer.isActive():
+            self._timer.start()
+
+    def end_answer(self, text: str | None = None, note: str = "") -> None:
+        """Finish the streamed answer: `text` is the final answer (None: what streamed so far)
+        and `note` a muted line under it."""
+        final = text if text is not None else (self._streaming or "")
+        self._streaming = None
+        self._timer.stop()
+        if final or note:
+            self._append(MessageInfo(message_id=-1, role="assistant", text=final, created=0.0),
+                         note)
+        else:
+            self._render()
+
+    def drop_last_answer(self) -> None:
+        """Remove the last assistant message (it is being regenerated)."""
+        if self._messages and self._messages[-1].role == "assistant":
+            for store in (self._messages, self._html, self._code):
+                store.pop()
+            self._notes.pop(len(self._messages), None)
+            self._render()
+
+    @property
+    def streaming(self) -> bool:
+        return self._streaming is not None
+
+    def transcript(self) -> list[tuple[str, str]]:
+        """(role, text) of every message shown, the streaming one included."""
+        shown = [(m.role, m.text) for m in self._messages]
+        return shown + ([("assistant", self._streaming)] if self._streaming is not None else [])
+
+    # -- rendering --------------------------------------------------------------------------
+
+    def _append(self, message: MessageInfo, note: str = "") -> None:
+        self._messages.append(message)
+        if note:
+            self._notes[len(self._messages) - 1] = note
+        if self._html:  # the previous last message loses its "regenerate" link
+            self._render_message(len(self._html) - 1)
+        self._render_message(len(self._messages) - 1)
+        self._render()
+
+    def _render_message(self, i: int) -> None:
+        m, c = self._messages[i], self.colors
+        rendered = render(m.text, c, code_link=lambda j: f"kvdesk:code/{i}/{j}")
+        last_answer = i == len(self._messages) - 1 and m.role == "assistant"
+        links = [f'<a href="kvdesk:copy/{i}" style="color:{c.muted}">copy</a>']
+        if last_answer:
+            links.append(f'<a href="kvdesk:regenerate" style="color:{c.muted}">regenerate</a>')
+        note = self._notes.get(i, "")
+        footer = (f'<p style="color:{c.muted};font-size:small">'
+                  + (f"{html.escape(note)} · " if note else "") + " · ".join(links) + "</p>")
+        page = self._message_html(m.role, rendered.html, footer)
+        if i < len(self._html):
+            self._html[i], self._code[i] = page, rendered.code_blocks
+        else:
+            self._html.append(page)
+            self._code.append(rendered.code_blocks)
+
+    def _message_html(self, role: str, body: str, footer: str) -> str:
+        c = self.colors
+        who = "You" if role == "user" else "kvdesk"
+        head = f'<p style="color:{c.muted};font-size:small"><b>{who}</b></p>'
+        if role == "user":
+            return (f'<table width="100%" cellpadding="8" cellspacing="0" bgcolor="{c.user_bg}">'
+                    f"<tr><td>{head}{body}{footer}</td></tr></table><p></p>")
+        return f"{head}{body}{footer}"
+
+    def _render(self) -> None:
+        bar = self.verticalScrollBar()
+        at_bottom = bar.value() >= bar.maximum() - 4
+        parts = list(self._html)
+        if self._streaming is not None:
+            body = render(self._streaming, self.colors).html if self._streaming else ""
+            thinking = f'<p style="color:{self.colors.muted}">▍</p>'
+            parts.append(self._message_html("assistant", body, thinking))
+        if not parts:
+            parts = [WELCOME]
+        self.setHtml(f'<div style="color:{self.colors.text}">{"".join(parts)}</div>')
+        if at_bottom:
+            bar.setValue(bar.maximum())
+
+    def _link(self, url: QUrl) -> None:
+        target = url.toString().removeprefix("kvdesk:")
+        kind, _, rest = target.partition("/")
+        if kind == "regenerate":
+            self.regenerate_requested.emit()
+        elif kind == "copy":
+            QGuiApplication.clipboard().setText(self._messages[int(rest)].text)
+            self.copied.emit("message")
+        elif kind == "code":
+            i, j = map(int, rest.split("/"))
+            QGuiApplication.clipboard().setText(self._code[i][j])
+            self.copied.emit("code")
+
+
+class PromptEdit(QPlainTextEdit):
+    """The input box: Enter sends, Shift+Enter adds a line."""
+
+    submitted = Signal(str)
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setPlaceholderText("Ask about your documents…   Enter sends, Shift+Enter adds a line")
+        self.setTabChangesFocus(True)
+        self.setFixedHeight(72)
+
+    def keyPressEvent(self, event: QKeyEvent) -> None:
+        enter = event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)
+        if enter and not event.modifiers() & Qt.KeyboardModifier.ShiftModifier:
+            text = self.toPlainText().strip()
+            if text:
+                self.submitted.emit(text)
+            return
+        super().keyPressEvent(event)

@@ -1,0 +1,530 @@
+"""The main window: wires the sidebar, the conversation and the input to the engine.
+
+Every engine call goes through `ui.workers.Runner` onto a worker thread and comes back as a
+signal; this module decides what each result means on screen. It never calls an engine method
+on the GUI thread (even `documents()` may take seconds on a cold disk), never imports the
+model runtime, codec or store, and never shows a traceback: user errors arrive as messages.
+
+A view serial number guards against late results: a reply that arrives after the user has
+moved to another chat is not drawn into the wrong conversation.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QAction, QDragEnterEvent, QDropEvent, QKeySequence, QShortcut
+from PySide6.QtWidgets import (
+    QApplication,
+    QFileDialog,
+    QHBoxLayout,
+    QInputDialog,
+    QLabel,
+    QMainWindow,
+    QMessageBox,
+    QPushButton,
+    QSplitter,
+    QVBoxLayout,
+    QWidget,
+)
+
+from desktop_app.results import AskResult, AttachResult, ChatInfo, DocumentInfo, Progress
+from desktop_app.settings import Settings
+
+from . import theme
+from .chat_view import ChatView, PromptEdit
+from .formatting import answer_stats, attach_notices, restore_line
+from .icons import paperclip
+from .quality import QualitySlider
+from .settings_dialog import SettingsDialog, needs_restart
+from .sidebar import PHASE_WORDS, ChatList, DocumentList
+from .workers import Job, Runner
+
+
+class MainWindow(QMainWindow):
+    # For the launcher and for tests: each fires once the GUI has drawn the outcome.
+    engine_ready = Signal()
+    engine_failed = Signal(str)
+    chats_changed = Signal()
+    documents_changed = Signal()
+    attach_done = Signal(object)  # AttachResult, or an error message (str)
+    restored = Signal(object)  # RestoreReport
+    answer_done = Signal(object)  # AskResult, or None when stopped or failed
+    messages_loaded = Signal()
+    restart_requested = Signal(object)  # the new Settings; the launcher rebuilds the App
+
+    def __init__(self, engine_factory: Callable[[], object], settings: Settings, *,
+                 now: Callable[[], float] = time.time):
+        super().__init__()
+        self.settings = settings
+        self.engine = None  # set once engine_factory has run on a worker
+        self.now = now
+        self.runner = Runner(self)
+        self.chat_id: int | None = None  # None: a new chat, not yet asked anything
+        self.serial = 0  # bumped whenever the conversation shown changes
+        self.generation: Job | None = None
+        self.reopen_job: Job | None = None
+        self.documents: list[DocumentInfo] = []
+        self.chats: list[ChatInfo] = []
+        self._check_next: set[int] = set()  # attached documents to tick once listed
+        self._build()
+        self._apply_theme(settings.theme)
+        self._set_ready(False)
+        self.info.setText("Loading the model…")
+        self.runner.start("misc", lambda job: engine_factory(), finished=self._engine_loaded,
+                          failed=self._engine_failed)
+
+    # -- layout -------------------------------------------------------------------------------
+
+    def _build(self) -> None:
+        self.setWindowTitle("kvdesk")
+        self.resize(1100, 720)
+        self.setAcceptDrops(True)
+
+        self.new_button = QPushButton("New chat")
+        self.new_button.setToolTip("New chat  (Ctrl+N)")
+        self.chat_list = ChatList()
+        self.doc_list = DocumentList()
+        side = QWidget()
+        side_layout = QVBoxLayout(side)
+        side_layout.addWidget(self.new_button)
+        side_layout.addWidget(self.chat_list, 3)
+        side_layout.addWidget(self.doc_list, 2)
+
+        self.header = QLabel()
+        self.header.setTextFormat(Qt.TextFormat.RichText)
+        self.info = QLabel(wordWrap=True)
+        self.info.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.chat_view = ChatView()
+        self.prompt = PromptEdit()
+        for widget in (self.chat_view, self.chat_view.viewport(), self.prompt,
+                       self.prompt.viewport()):
+            widget.setAcceptDrops(False)  # dropped files go to the window: they are attached
+        self.attach_button = QPushButton()
+        self.attach_button.setToolTip("Attach documents…  (Ctrl+O)")
+        self.attach_button.setFixedWidth(40)
+        self.send_button = QPushButton("Send")
+        self.quality = QualitySlider()
+        inputs = QHBoxLayout()
+        inputs.addWidget(self.attach_button, 0, Qt.AlignmentFlag.AlignBottom)
+        inputs.addWidget(self.prompt, 1)
+        inputs.addWidget(self.send_button, 0, Qt.AlignmentFlag.AlignBottom)
+        main = QWidget()
+        main_layout = QVBoxLayout(main)
+        main_layout.addWidget(self.header)
+        main_layout.addWidget(self.info)
+        main_layout.addWidget(self.chat_view, 1)
+        main_layout.addWidget(self.quality)
+        main_layout.addLayout(inputs)
+
+        splitter = QSplitter()
+        splitter.addWidget(side)
+        splitter.addWidget(main)
+        splitter.setStretchFactor(1, 1)
+        splitter.setSizes([300, 800])
+        self.setCentralWidget(splitter)
+
+        menu = self.menuBar().addMenu("&File")
+        for text, keys, slot in (
+            ("&New chat", QKeySequence.StandardKey.New, self.new_chat),
+            ("&Attach documents…", QKeySequence.StandardKey.Open, self.choose_files),
+            ("&Settings…", QKeySequence.StandardKey.Preferences, self.open_settings),
+            ("&Quit", QKeySequence.StandardKey.Quit, self.close),
+        ):
+            action = QAction(text, self, shortcut=keys)
+            action.triggered.connect(slot)
+            menu.addAction(action)
+            self.addAction(action)  # shortcuts work even where the menu bar is hidden
+        QShortcut(QKeySequence("Ctrl+K"), self, self._focus_search)
+        QShortcut(QKeySequence("Ctrl+,"), self, self.open_settings)
+        QShortcut(QKeySequence(Qt.Key.Key_Escape), self, self.stop)
+
+        self.new_button.clicked.connect(self.new_chat)
+        self.attach_button.clicked.connect(self.choose_files)
+        self.send_button.clicked.connect(self._send_clicked)
+        self.prompt.submitted.connect(self.send)
+        self.chat_list.chat_selected.connect(self.open_chat)
+        self.chat_list.rename_requested.connect(self.rename_chat)
+        self.chat_list.delete_requested.connect(self.delete_chat)
+        self.chat_list.export_requested.connect(self.export_chat)
+        self.doc_list.attach_requested.connect(self.choose_files)
+        self.doc_list.delete_requested.connect(self.delete_document)
+        self.doc_list.checked_changed.connect(self._new_chat_docs_changed)
+        self.chat_view.regenerate_requested.connect(self.regenerate)
+        self.chat_view.copied.connect(lambda what: self.statusBar().showMessage(
+            f"Copied the {what} to the clipboard", 3000))
+
+    def _apply_theme(self, name: str) -> None:
+        self.colors = theme.apply(QApplication.instance(), name)
+        self.chat_view.set_colors(self.colors)
+        clip = paperclip(self.colors.text)
+        self.attach_button.setIcon(clip)
+        self.doc_list.attach_button.setIcon(clip)
+
+    def _set_ready(self, ready: bool) -> None:
+        for widget in (self.prompt, self.send_button, self.attach_button, self.new_button,
+                       self.doc_list.attach_button):
+            widget.setEnabled(ready)
+
+    def _focus_search(self) -> None:
+        self.chat_list.search.setFocus()
+        self.chat_list.search.selectAll()
+
+    def _say(self, text: str, error: bool = False) -> None:
+        """The line above the conversation: restore reports, notices, errors."""
+        self.info.setStyleSheet(f"color: {self.colors.error}" if error else "")
+        self.info.setText(text)
+
+    # -- engine and listings ----------------------------------------------------------------
+
+    def _engine_loaded(self, engine) -> None:
+        self.engine = engine
+        self.quality.set_levels(tuple(engine.levels))
+        self._set_ready(True)
+        self._say("")
+        self.new_chat()
+        self.refresh_chats()
+        self.refresh_documents()
+        self.engine_ready.emit()
+
+    def _engine_failed(self, message: str) -> None:
+        self._say(f"The model could not be loaded: {message}. Check Settings (Ctrl+,).", True)
+        self.engine_failed.emit(message)
+
+    def refresh_chats(self) -> None:
+        self.runner.start("misc", lambda job: self.engine.chats(), finished=self._show_chats,
+                          failed=lambda msg: self._say(msg, True))
+
+    def _show_chats(self, chats: list[ChatInfo]) -> None:
+        self.chats = chats
+        self.chat_list.set_chats(chats, now=self.now())
+        self.chat_list.select(self.chat_id)
+        self._update_header()
+        self.chats_changed.emit()
+
+    def refresh_documents(self) -> None:
+        self.runner.start("misc", lambda job: self.engine.documents(),
+                          finished=self._show_documents, failed=lambda msg: self._say(msg, True))
+
+    def _show_documents(self, docs: list[DocumentInfo]) -> None:
+        checked = set()
+        if self.chat_id is None:
+            checked = {*self.doc_list.checked_ids(), *self._check_next}
+        self._check_next.clear()
+        self.documents = docs
+        self.doc_list.set_documents(docs, checked)
+        self.doc_list.set_checkable(self.chat_id is None)
+        self._update_header()
+        self._update_estimate()
+        self.documents_changed.emit()
+
+    def _current_chat(self) -> ChatInfo | None:
+        return next((c for c in self.chats if c.chat_id == self.chat_id), None)
+
+    def _update_header(self) -> None:
+        titles = {d.doc_id: d.title for d in self.documents}
+        chat = self._current_chat()
+        if self.chat_id is None:
+            title, doc_ids = "New chat", self.doc_list.checked_ids()
+        else:
+            title, doc_ids = (chat.title, chat.doc_ids) if chat else ("", [])
+        about = ", ".join(titles.get(d, f"document {d}") for d in doc_ids)
+        hint = (" — tick documents on the left to ask about them"
+                if self.chat_id is None and not doc_ids else "")
+        self.header.setText(f"<b style='font-size:large'>{title}</b>"
+                            + (f"<br><span>about {about}</span>" if about else hint))
+
+    def _update_estimate(self) -> None:
+        if self.engine is None:
+            return
+        chat_id, doc_ids = self.chat_id, self.doc_list.checked_ids()
+        self.runner.start("misc", lambda job: self.engine.estimate(
+            chat_id=chat_id, doc_ids=None if chat_id is not None else doc_ids),
+            finished=self.quality.set_estimate)
+
+    # -- switching conversations ------------------------------------------------------------
+
+    def _switch(self, chat_id: int | None) -> int:
+        self.chat_id = chat_id
+        self.serial += 1
+        if self.reopen_job is not None:
+            self.reopen_job.cancel.set()
+            self.reopen_job = None
+        self.chat_list.select(chat_id)
+        self.doc_list.set_checkable(chat_id is None)
+        self._say("")
+        self._update_header()
+        self._update_estimate()
+        return self.serial
+
+    def new_chat(self) -> None:
+        if self.engine is None:
+            return
+        self._switch(None)
+        self.chat_view.set_messages([])
+        self.prompt.setFocus()
+
+    def _new_chat_docs_changed(self) -> None:
+        if self.chat_id is None:
+            self._update_header()
+            self._update_estimate()
+
+    def open_chat(self, chat_id: int) -> None:
+        """Show a past chat and restore its cache into the model, so the next answer is quick."""
+        if chat_id == self.chat_id or self.engine is None:
+            return
+        serial = self._switch(chat_id)
+        self.chat_view.set_messages([])
+        self._say("restoring…")
+        self.runner.start("misc", lambda job: self.engine.messages(chat_id),
+                          finished=lambda msgs: self._show_messages(serial, msgs),
+                          failed=lambda msg: self._say(msg, True))
+        level = self.quality.level()
+        job = self.runner.start("chat", lambda job: self.engine.reopen(
+            chat_id, level=level, progress=job.signals.progress.emit, cancel=job.cancel))
+        job.signals.progress.connect(lambda p: self._show_progress(serial, p))
+        job.signals.finished.connect(lambda report: self._reopened(serial, report))
+        job.signals.failed.connect(lambda msg: serial == self.serial and self._say(msg, True))
+        self.reopen_job = job
+
+    def _show_messages(self, serial: int, messages) -> None:
+        if serial == self.serial:
+            self.chat_view.set_messages(messages)
+            self.messages_loaded.emit()
+
+    def _show_progress(self, serial: int, p: Progress) -> None:
+        if serial == self.serial and p.total:
+            self._say(f"{PHASE_WORDS.get(p.phase, p.phase)}… {100 * p.done // p.total}%")
+
+    def _reopened(self, serial: int, report) -> None:
+        if serial == self.serial:
+            self._say(restore_line(report))
+            self.reopen_job = None
+            self.restored.emit(report)
+
+    # -- asking -----------------------------------------------------------------------------
+
+    def _send_clicked(self) -> None:
+        if self.generation is not None:
+            self.stop()
+        else:
+            self.send(self.prompt.toPlainText().strip())
+
+    def send(self, text: str) -> None:
+        if not text or self.engine is None:
+            return
+        if self.generation is not None:
+            self.statusBar().showMessage("An answer is still coming: wait, or press Esc", 3000)
+            return
+        self.prompt.clear()
+        self.chat_view.add_user_message(text)
+        chat_id, doc_ids, level = self.chat_id, self.doc_list.checked_ids(), self.quality.level()
+        engine = self.engine
+
+        def work(job: Job) -> AskResult:
+            target = chat_id
+            if target is None and len(doc_ids) > 1:
+                target = engine.new_chat(doc_ids).chat_id
+            return engine.ask(
+                text, chat_id=target,
+                doc_id=doc_ids[0] if target is None and doc_ids else None, level=level,
+                on_token=job.signals.token.emit, on_restore=job.signals.restored.emit,
+                progress=job.signals.progress.emit, cancel=job.cancel)
+
+        self._generate(work)
+
+    def regenerate(self) -> None:
+        if self.engine is None or self.chat_id is None or self.generation is not None:
+            return
+        self.chat_view.drop_last_answer()
+        chat_id, level, engine = self.chat_id, self.quality.level(), self.engine
+        self._generate(lambda job: engine.regenerate(
+            chat_id, level=level, on_token=job.signals.token.emit,
+            on_restore=job.signals.restored.emit, progress=job.signals.progress.emit,
+            cancel=job.cancel))
+
+    def stop(self) -> None:
+        if self.generation is not None:
+            self.generation.cancel.set()
+            self.statusBar().showMessage("Stopping…", 2000)
+
+    def _generate(self, work: Callable[[Job], AskResult]) -> None:
+        serial = self.serial
+        started = time.perf_counter()
+        first_token: list[float] = []
+
+        def token(piece: str) -> None:
+            if not first_token:
+                first_token.append(time.perf_counter())
+            if serial == self.serial:
+                self.chat_view.append_token(piece)
+
+        def finished(result: AskResult) -> None:
+            generation_s = time.perf_counter() - (first_token or [started])[0]
+            if serial == self.serial:
+                if self.chat_id is None:  # the engine created the chat for this question
+                    self.chat_id = result.chat_id
+                    self.doc_list.set_checkable(False)
+                self.chat_view.end_answer(result.answer, answer_stats(result, generation_s))
+                if result.messages:
+                    self._say("; ".join(result.messages))
+            self.refresh_chats()
+            self._generation_over(result)
+
+        def ended(note: str, error: bool = False) -> None:
+            if serial == self.serial:
+                self.chat_view.end_answer(None, note)
+                if error:
+                    self._say(note, True)
+            self.refresh_chats()
+            self._generation_over(None)
+
+        self.chat_view.begin_answer()
+        job = self.runner.start("chat", work, finished=finished,
+                                failed=lambda msg: ended(msg, error=True))
+        job.signals.token.connect(token)
+        job.signals.restored.connect(lambda report: self._reopened(serial, report))
+        job.signals.progress.connect(lambda p: self._show_progress(serial, p))
+        job.signals.cancelled.connect(lambda: ended("stopped"))
+        self.generation = job
+        self.send_button.setText("Stop")
+        self.send_button.setToolTip("Stop the answer  (Esc)")
+
+    def _generation_over(self, result: AskResult | None) -> None:
+        self.generation = None
+        self.send_button.setText("Send")
+        self.send_button.setToolTip("")
+        self.answer_done.emit(result)
+
+    # -- documents ----------------------------------------------------------------------------
+
+    def choose_files(self) -> None:
+        if self.engine is None:
+            return
+        paths, _ = QFileDialog.getOpenFileNames(
+            self, "Attach documents", str(Path.home()),
+            "Documents (*.txt *.md *.pdf *.html *.htm *.rst *.py *.json *.csv);;All files (*)")
+        self.attach_files(paths)
+
+    def attach_files(self, paths: list[str]) -> None:
+        """Compute each document's cache on the attach thread, one after the other; the chat
+        stays usable meanwhile (the engine gives attach its own model context)."""
+        if self.engine is None:
+            return
+        for path in paths:
+            self._attach(Path(path))
+
+    def _attach(self, path: Path) -> None:
+        row = self.doc_list.add_row(path.name, self.colors.error)
+        engine = self.engine
+        job = self.runner.start("attach", lambda job: engine.attach(
+            str(path), progress=job.signals.progress.emit, cancel=job.cancel))
+
+        def cancel() -> None:
+            job.cancel.set()
+            row.phase.setText("cancelling…")
+
+        def finished(result: AttachResult) -> None:
+            row.deleteLater()
+            notices = attach_notices(result)
+            self.statusBar().showMessage(
+                "; ".join(notices) or f"{result.title}: {result.kept_tokens:,} tokens ready", 8000)
+            if notices:
+                self._say("; ".join(notices))
+            if self.chat_id is None:  # a document attached while starting a chat joins it
+                self._check_next.add(result.doc_id)
+            self.refresh_documents()
+            self.attach_done.emit(result)
+
+        def failed(message: str) -> None:
+            row.show_error(message)
+            self.attach_done.emit(message)
+
+        def cancelled() -> None:
+            row.deleteLater()
+            self.attach_done.emit("cancelled")
+
+        row.cancel_clicked.connect(cancel)
+        job.signals.progress.connect(row.show_progress)
+        job.signals.finished.connect(finished)
+        job.signals.failed.connect(failed)
+        job.signals.cancelled.connect(cancelled)
+
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:
+        if self.engine is not None and any(u.isLocalFile() for u in event.mimeData().urls()):
+            event.acceptProposedAction()
+
+    def dropEvent(self, event: QDropEvent) -> None:
+        paths = [u.toLocalFile() for u in event.mimeData().urls() if u.isLocalFile()]
+        if paths:
+            event.acceptProposedAction()
+            self.attach_files(paths)
+
+    def delete_document(self, doc_id: int, title: str) -> None:
+        if self._confirm(f"Delete “{title}” and its cache? Chats about it keep their text."):
+            self.runner.start("misc", lambda job: self.engine.delete_document(doc_id),
+                              finished=lambda _: self.refresh_documents(),
+                              failed=lambda msg: self._say(msg, True))
+
+    # -- chat management ------------------------------------------------------------------------
+
+    def rename_chat(self, chat_id: int, title: str) -> None:
+        new, ok = QInputDialog.getText(self, "Rename chat", "Title:", text=title)
+        if ok and new.strip():
+            self.runner.start("misc", lambda job: self.engine.rename_chat(chat_id, new.strip()),
+                              finished=lambda _: self.refresh_chats(),
+                              failed=lambda msg: self._say(msg, True))
+
+    def delete_chat(self, chat_id: int) -> None:
+        if not self._confirm("Delete this chat and its cache?"):
+            return
+        if chat_id == self.chat_id:
+            self.new_chat()
+        self.runner.start("misc", lambda job: self.engine.delete_chat(chat_id),
+                          finished=lambda _: self.refresh_chats(),
+                          failed=lambda msg: self._say(msg, True))
+
+    def export_chat(self, chat_id: int, fmt: str) -> None:
+        self.runner.start("misc", lambda job: self.engine.export_chat(chat_id, fmt),
+                          finished=lambda text: self._save_export(text, fmt),
+                          failed=lambda msg: self._say(msg, True))
+
+    def _save_export(self, text: str, fmt: str) -> None:
+        suffix = ".md" if fmt == "markdown" else ".json"
+        path, _ = QFileDialog.getSaveFileName(self, "Export chat", f"chat{suffix}",
+                                              f"{fmt.title()} (*{suffix})")
+        if path:
+            Path(path).write_text(text, encoding="utf-8")
+            self.statusBar().showMessage(f"Exported to {path}", 5000)
+
+    def _confirm(self, question: str) -> bool:
+        answer = QMessageBox.question(self, "kvdesk", question)
+        return answer == QMessageBox.StandardButton.Yes
+
+    # -- settings and closing -----------------------------------------------------------------
+
+    def open_settings(self) -> None:
+        dialog = SettingsDialog(self.settings, self)
+        if not dialog.exec():
+            return
+        old, new = self.settings, dialog.result_settings()
+        new.save()
+        self.settings = new
+        if new.theme != old.theme:
+            self._apply_theme(new.theme)
+        if needs_restart(old, new):
+            restart = QMessageBox.question(
+                self, "kvdesk", "The new model, context size or data folder takes effect when "
+                "the engine restarts. Restart it now?")
+            if restart == QMessageBox.StandardButton.Yes:
+                self.restart_requested.emit(new)
+                self.close()
+            else:
+                self.statusBar().showMessage("The change applies the next time kvdesk starts")
+
+    def closeEvent(self, event) -> None:
+        self.runner.shutdown()
+        super().closeEvent(event)

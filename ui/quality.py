@@ -1,0 +1,81 @@
+"""The quality-vs-speed slider: from the fastest load (the most compressed cache level) to the
+best quality (the least compressed), and its tooltip with the expected load time and size.
+
+It only maps a position to one of the engine's level names and formats an estimate it is
+given; it never calls the engine.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QSlider, QWidget
+
+from desktop_app.results import RestoreEstimate
+
+from .formatting import human_bytes
+
+
+class QualitySlider(QWidget):
+    changed = Signal(str)  # the level now selected
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.slider = QSlider(Qt.Orientation.Horizontal, minimumWidth=120, pageStep=1)
+        self.slider.setTickPosition(QSlider.TickPosition.TicksBelow)
+        self.name = QLabel()
+        self.name.setMinimumWidth(64)
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(QLabel("fastest load"))
+        layout.addWidget(self.slider)
+        layout.addWidget(QLabel("best quality"))
+        layout.addWidget(self.name)
+        self._levels: tuple[str, ...] = ()  # fastest first, as the slider reads left to right
+        self._estimate: RestoreEstimate | None = None
+        self.slider.valueChanged.connect(self._moved)
+        self.set_levels(())
+
+    def set_levels(self, levels_best_first: tuple[str, ...]) -> None:
+        """The engine's levels, best first; the slider starts one step below the best, since
+        lossless caches are several times larger for a difference rarely seen in answers."""
+        self._levels = tuple(reversed(levels_best_first))
+        self.slider.blockSignals(True)
+        self.slider.setRange(0, max(0, len(self._levels) - 1))
+        self.slider.setValue(max(0, len(self._levels) - 2))
+        self.slider.blockSignals(False)
+        self.setEnabled(bool(self._levels))
+        self._moved()
+
+    def level(self) -> str:
+        """The selected level, or "auto" before the engine said which levels it has."""
+        return self._levels[self.slider.value()] if self._levels else "auto"
+
+    def set_level(self, level: str) -> None:
+        self.slider.setValue(self._levels.index(level))
+
+    def set_estimate(self, estimate: RestoreEstimate | None) -> None:
+        self._estimate = estimate
+        self._update_tooltip()
+
+    def _moved(self) -> None:
+        self.name.setText(self.level() if self._levels else "")
+        self._update_tooltip()
+        if self._levels:
+            self.changed.emit(self.level())
+
+    def _update_tooltip(self) -> None:
+        est = self._estimate
+        if est is None or not est.tokens:
+            tip = "How chats are loaded: the most compressed cache loads fastest."
+        else:
+            rows = []
+            for level in reversed(self._levels):
+                if level not in est.bytes:
+                    continue
+                cells = (f"<td>{level}</td><td align=right>{human_bytes(est.bytes[level])}</td>"
+                         f"<td align=right>~{est.seconds.get(level, 0) * 1000:,.0f} ms</td>")
+                rows.append(f"<tr><td>{'▶' if level == self.level() else ''}</td>{cells}</tr>")
+            tip = (f"<p>Loading this chat's {est.tokens:,} cached tokens:</p>"
+                   f"<table cellspacing=4>{''.join(rows)}</table>")
+        self.setToolTip(tip)
+        self.slider.setToolTip(tip)

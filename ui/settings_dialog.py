@@ -1,0 +1,119 @@
+"""The settings dialog: model file, context size, data folder, storage budget, theme.
+
+It edits a `desktop_app.settings.Settings` and returns the new one; the main window saves it and
+decides what a change means (a new theme applies at once, a new model or data folder needs the
+engine rebuilt). It never saves, loads a model or touches the data folder itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from PySide6.QtWidgets import (
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QDoubleSpinBox,
+    QFileDialog,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from desktop_app.settings import Settings, SettingsError
+
+THEMES = {"system": "Follow the system", "light": "Light", "dark": "Dark"}
+# Settings that change which model or store the engine opens: changing them rebuilds it.
+ENGINE_FIELDS = ("model", "data_dir", "n_ctx", "flash_attn")
+
+
+def needs_restart(old: Settings, new: Settings) -> bool:
+    return any(getattr(old, f) != getattr(new, f) for f in ENGINE_FIELDS)
+
+
+class SettingsDialog(QDialog):
+    def __init__(self, settings: Settings, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setWindowTitle("kvdesk settings")
+        self._settings = settings
+        self.model = QLineEdit(settings.model or "", placeholderText="the built-in default model")
+        self.n_ctx = QSpinBox(minimum=256, maximum=1 << 20, singleStep=1024, suffix=" tokens",
+                              groupSeparatorShown=True)
+        self.n_ctx.setValue(settings.n_ctx)
+        self.data_dir = QLineEdit(settings.data_dir or "", placeholderText=str(settings.data_path))
+        self.budget = QDoubleSpinBox(minimum=0.1, maximum=100000, decimals=1, suffix=" GB")
+        self.budget.setValue(settings.storage_budget_gb)
+        self.theme = QComboBox()
+        for key, label in THEMES.items():
+            self.theme.addItem(label, key)
+        self.theme.setCurrentIndex(list(THEMES).index(settings.theme))
+        self.error = QLabel(wordWrap=True)
+        self.error.hide()
+
+        form = QFormLayout()
+        form.addRow("Model file (GGUF)", self._with_browse(self.model, self._browse_model))
+        form.addRow("Context size", self.n_ctx)
+        form.addRow("Data folder", self._with_browse(self.data_dir, self._browse_data))
+        form.addRow("Storage budget", self.budget)
+        form.addRow("Theme", self.theme)
+        note = QLabel("Changing the model, context size or data folder restarts the engine.",
+                      wordWrap=True)
+        note.setEnabled(False)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok
+                                   | QDialogButtonBox.StandardButton.Cancel)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        layout = QVBoxLayout(self)
+        layout.addLayout(form)
+        layout.addWidget(note)
+        layout.addWidget(self.error)
+        layout.addWidget(buttons)
+        self.setMinimumWidth(520)
+
+    @staticmethod
+    def _with_browse(edit: QLineEdit, browse) -> QWidget:
+        box = QWidget()
+        row = QHBoxLayout(box)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.addWidget(edit, 1)
+        button = QPushButton("Browse…")
+        button.clicked.connect(browse)
+        row.addWidget(button)
+        return box
+
+    def _browse_model(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Model file", self.model.text(),
+                                              "GGUF models (*.gguf);;All files (*)")
+        if path:
+            self.model.setText(path)
+
+    def _browse_data(self) -> None:
+        start = self.data_dir.text() or self.data_dir.placeholderText()
+        path = QFileDialog.getExistingDirectory(self, "Data folder", start)
+        if path:
+            self.data_dir.setText(path)
+
+    def result_settings(self) -> Settings:
+        """The edited settings, validated (raises SettingsError)."""
+        # replace, not with_overrides: an emptied field must go back to its default (None).
+        return replace(self._settings, model=self.model.text().strip() or None,
+                       n_ctx=self.n_ctx.value(), data_dir=self.data_dir.text().strip() or None,
+                       storage_budget_gb=self.budget.value(),
+                       theme=self.theme.currentData()).validated()
+
+    def accept(self) -> None:
+        try:
+            new = self.result_settings()
+            if new.model and not Path(new.model).expanduser().is_file():
+                raise SettingsError(f"{new.model}: no such model file")
+        except SettingsError as e:
+            self.error.setText(str(e))
+            self.error.show()
+            return
+        super().accept()

@@ -1,0 +1,268 @@
+"""The sidebar: past chats grouped by date with a search filter, and the attached documents
+with the progress of those still computing.
+
+These widgets display what they are given and turn clicks into signals; they never call the
+engine (the main window does, on worker threads).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QMenu,
+    QProgressBar,
+    QToolButton,
+    QTreeWidget,
+    QTreeWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from desktop_app.results import ChatInfo, DocumentInfo, Progress
+
+from .formatting import human_bytes
+
+GROUPS = ("Today", "Yesterday", "Previous 7 days", "Older")
+ID_ROLE = Qt.ItemDataRole.UserRole
+
+
+def date_group(timestamp: float, now: float) -> str:
+    """Which of GROUPS a chat last updated at `timestamp` falls in, in local time."""
+    days = (dt.date.fromtimestamp(now) - dt.date.fromtimestamp(timestamp)).days
+    if days <= 0:
+        return "Today"
+    if days == 1:
+        return "Yesterday"
+    return "Previous 7 days" if days <= 7 else "Older"
+
+
+class ChatList(QWidget):
+    chat_selected = Signal(int)
+    rename_requested = Signal(int, str)  # chat id, current title
+    delete_requested = Signal(int)
+    export_requested = Signal(int, str)  # chat id, "markdown" | "json"
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.search = QLineEdit(placeholderText="Search chats  (Ctrl+K)", clearButtonEnabled=True)
+        self.tree = QTreeWidget(headerHidden=True, rootIsDecorated=False, indentation=8)
+        self.tree.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.search)
+        layout.addWidget(self.tree)
+        self._chats: list[ChatInfo] = []
+        self._now: float | None = None
+        self._selected: int | None = None
+        self.search.textChanged.connect(self._rebuild)
+        self.tree.itemClicked.connect(self._clicked)
+        self.tree.customContextMenuRequested.connect(self._menu)
+
+    def set_chats(self, chats: list[ChatInfo], now: float | None = None) -> None:
+        self._chats, self._now = chats, now
+        self._rebuild()
+
+    def select(self, chat_id: int | None) -> None:
+        """Highlight `chat_id` (None: no chat) without emitting chat_selected."""
+        self._selected = chat_id
+        self.tree.clearSelection()
+        for item in self._chat_items():
+            if item.data(0, ID_ROLE) == chat_id:
+                item.setSelected(True)
+                self.tree.scrollToItem(item)
+
+    def visible_titles(self) -> dict[str, list[str]]:
+        """Group name -> chat titles, as displayed (for tests and accessibility checks)."""
+        return {self.tree.topLevelItem(i).text(0): [
+            self.tree.topLevelItem(i).child(j).text(0)
+            for j in range(self.tree.topLevelItem(i).childCount())]
+            for i in range(self.tree.topLevelItemCount())}
+
+    def _chat_items(self):
+        for i in range(self.tree.topLevelItemCount()):
+            group = self.tree.topLevelItem(i)
+            for j in range(group.childCount()):
+                yield group.child(j)
+
+    def _rebuild(self) -> None:
+        needle = self.search.text().strip().casefold()
+        now = self._now if self._now is not None else dt.datetime.now().timestamp()
+        self.tree.clear()
+        groups: dict[str, QTreeWidgetItem] = {}
+        for chat in self._chats:  # already most recent first
+            if needle and needle not in chat.title.casefold():
+                continue
+            name = date_group(chat.updated, now)
+            if name not in groups:
+                header = QTreeWidgetItem([name])
+                header.setFlags(Qt.ItemFlag.ItemIsEnabled)  # a heading: not selectable
+                font = header.font(0)
+                font.setBold(True)
+                font.setPointSizeF(font.pointSizeF() * 0.9)
+                header.setFont(0, font)
+                groups[name] = header
+            item = QTreeWidgetItem([chat.title])
+            item.setData(0, ID_ROLE, chat.chat_id)
+            item.setToolTip(0, f"{chat.title}\n{chat.messages} messages")
+            groups[name].addChild(item)
+        for name in GROUPS:
+            if name in groups:
+                self.tree.addTopLevelItem(groups[name])
+                groups[name].setExpanded(True)
+        self.select(self._selected)
+
+    def _clicked(self, item: QTreeWidgetItem) -> None:
+        chat_id = item.data(0, ID_ROLE)
+        if chat_id is not None:
+            self._selected = chat_id
+            self.chat_selected.emit(chat_id)
+
+    def _menu(self, pos) -> None:
+        item = self.tree.itemAt(pos)
+        chat_id = item.data(0, ID_ROLE) if item else None
+        if chat_id is None:
+            return
+        menu = QMenu(self)
+        menu.addAction("Rename…", lambda: self.rename_requested.emit(chat_id, item.text(0)))
+        menu.addAction("Export as Markdown…",
+                       lambda: self.export_requested.emit(chat_id, "markdown"))
+        menu.addAction("Export as JSON…", lambda: self.export_requested.emit(chat_id, "json"))
+        menu.addSeparator()
+        menu.addAction("Delete", lambda: self.delete_requested.emit(chat_id))
+        menu.exec(self.tree.viewport().mapToGlobal(pos))
+
+
+PHASE_WORDS = {"extract": "reading the file", "prefill": "computing the cache",
+               "encode": "compressing", "store": "saving", "restore": "restoring",
+               "recompute": "recomputing"}
+
+
+class AttachRow(QFrame):
+    """One document being attached: its phase and percent, and a cancel button; or why it
+    failed, with a button to dismiss the message."""
+
+    cancel_clicked = Signal()
+    dismissed = Signal()
+
+    def __init__(self, title: str, error_color: str, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setFrameShape(QFrame.Shape.StyledPanel)
+        self.title = QLabel(title)
+        self.title.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.phase = QLabel("waiting…")
+        self.phase.setWordWrap(True)
+        self.bar = QProgressBar(maximum=100, textVisible=False, maximumHeight=6)
+        self.button = QToolButton(text="✕", autoRaise=True, toolTip="Cancel")
+        self.button.clicked.connect(self.cancel_clicked)
+        self._error_color = error_color
+        top = QHBoxLayout()
+        top.addWidget(self.title, 1)
+        top.addWidget(self.button)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(6, 4, 6, 4)
+        layout.setSpacing(2)
+        layout.addLayout(top)
+        layout.addWidget(self.phase)
+        layout.addWidget(self.bar)
+
+    def show_progress(self, p: Progress) -> None:
+        percent = int(100 * p.done / p.total) if p.total else 0
+        self.phase.setText(f"{PHASE_WORDS.get(p.phase, p.phase)} {percent}%")
+        self.bar.setValue(percent)
+
+    def show_error(self, message: str) -> None:
+        self.bar.hide()
+        self.phase.setText(message)
+        self.phase.setStyleSheet(f"color: {self._error_color}")
+        self.button.setToolTip("Dismiss")
+        self.button.clicked.disconnect()
+        self.button.clicked.connect(self.dismissed)
+
+
+class DocumentList(QWidget):
+    """Attached documents; the checked ones go into the next new chat."""
+
+    attach_requested = Signal()
+    delete_requested = Signal(int, str)  # doc id, title
+    checked_changed = Signal()
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        heading = QLabel("<b>Documents</b>")
+        self.attach_button = QToolButton(toolTip="Attach documents…  (Ctrl+O)",
+                                         autoRaise=True)
+        self.attach_button.clicked.connect(self.attach_requested)
+        top = QHBoxLayout()
+        top.addWidget(heading, 1)
+        top.addWidget(self.attach_button)
+        self.rows = QVBoxLayout()
+        self.rows.setSpacing(4)
+        self.list = QListWidget()
+        self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        self.list.customContextMenuRequested.connect(self._menu)
+        self.list.itemChanged.connect(lambda _item: self.checked_changed.emit())
+        self.hint = QLabel("Attach files with the paperclip or drop them on the window.")
+        self.hint.setWordWrap(True)
+        self.hint.setEnabled(False)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addLayout(top)
+        layout.addLayout(self.rows)
+        layout.addWidget(self.list)
+        layout.addWidget(self.hint)
+
+    def set_documents(self, docs: list[DocumentInfo], checked: set[int]) -> None:
+        self.list.blockSignals(True)
+        self.list.clear()
+        for doc in docs:
+            size = sum(doc.cache_bytes.values())
+            status = {"ready": "ready", "stale": "cached for another model",
+                      "none": "not cached"}.get(doc.status, doc.status)
+            tokens = (f"{doc.tokens:,} tokens" if doc.kept_tokens == doc.tokens
+                      else f"{doc.kept_tokens:,} of {doc.tokens:,} tokens")
+            item = QListWidgetItem(f"{doc.title}\n{tokens} · {human_bytes(size)} · {status}")
+            item.setData(ID_ROLE, doc.doc_id)
+            item.setFlags(item.flags() | Qt.ItemFlag.ItemIsUserCheckable)
+            item.setCheckState(Qt.CheckState.Checked if doc.doc_id in checked
+                               else Qt.CheckState.Unchecked)
+            item.setToolTip("\n".join(
+                [doc.title, f"{doc.type}, {tokens}"]
+                + [f"{level}: {human_bytes(n)}" for level, n in doc.cache_bytes.items()]))
+            self.list.addItem(item)
+        self.list.blockSignals(False)
+        self.hint.setVisible(not docs)
+
+    def checked_ids(self) -> list[int]:
+        return [self.list.item(i).data(ID_ROLE) for i in range(self.list.count())
+                if self.list.item(i).checkState() == Qt.CheckState.Checked]
+
+    def set_checkable(self, enabled: bool) -> None:
+        """Checking documents only means something while a new chat is being started."""
+        for i in range(self.list.count()):
+            item = self.list.item(i)
+            flags = item.flags()
+            item.setFlags(flags | Qt.ItemFlag.ItemIsUserCheckable if enabled
+                          else flags & ~Qt.ItemFlag.ItemIsUserCheckable)
+
+    def add_row(self, title: str, error_color: str) -> AttachRow:
+        row = AttachRow(title, error_color, self)
+        self.rows.addWidget(row)
+        row.dismissed.connect(row.deleteLater)
+        return row
+
+    def _menu(self, pos) -> None:
+        item = self.list.itemAt(pos)
+        if item is None:
+            return
+        menu = QMenu(self)
+        menu.addAction("Delete document and its cache", lambda: self.delete_requested.emit(
+            item.data(ID_ROLE), item.text().split("\n")[0]))
+        menu.exec(self.list.viewport().mapToGlobal(pos))

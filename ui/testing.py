@@ -1,0 +1,269 @@
+"""A scripted stand-in for `desktop_app.engine.Engine`, for UI tests and screenshots.
+
+It implements the engine's API with canned data and realistic pauses (progress events, streamed
+tokens, cancellation, errors on demand), so the window can be exercised in seconds without a
+model. It never loads a model or opens the store, and the application never uses it: only
+tests and `ui.screenshots` do.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from desktop_app.documents import DocumentError
+from desktop_app.results import (
+    AskResult,
+    AttachResult,
+    ChatInfo,
+    DocumentInfo,
+    MessageInfo,
+    Progress,
+    RestoreEstimate,
+    RestoreReport,
+)
+from desktop_app.runtime import Cancelled
+
+DAY = 86400.0
+N_CTX = 8192
+CHUNK_TOKENS = 256
+# Bytes of KV per token at each level: the default model's fp16 KV, then the codec's ratios.
+BYTES_PER_TOKEN = {"lossless": 23040, "high": 5760, "balanced": 3600, "compact": 2160}
+READ_MBPS = {"lossless": 900.0, "high": 400.0, "balanced": 350.0, "compact": 300.0}
+BINARY_SUFFIXES = {".png": "a PNG image", ".jpg": "a JPEG image", ".zip": "a ZIP archive"}
+
+
+def fake_answer(question: str) -> str:
+    """A Markdown answer exercising what the chat view renders: emphasis, a list, code."""
+    return (
+        f"You asked: *{question.strip()}*.\n\n"
+        "The document says three things:\n\n"
+        "1. the cache is **compressed** per chunk;\n"
+        "2. chunks stream back in order;\n"
+        "3. the first token comes before the last chunk.\n\n"
+        "```python\n"
+        "def restore(chunks):\n"
+        "    # decode each chunk as it arrives\n"
+        "    return [decode(c) for c in chunks]  # 16 chunks\n"
+        "```\n"
+    )
+
+
+class FakeEngine:
+    levels = ("lossless", "high", "balanced", "compact")
+
+    def __init__(self, *, step_s: float = 0.01, token_s: float = 0.003, now: float | None = None):
+        self.step_s = step_s  # pause per progress step: the engine's blocking work
+        self.token_s = token_s  # pause per streamed word
+        self.now = now if now is not None else time.time()
+        self.calls: list[tuple] = []  # (method, args...) for tests to inspect
+        self.fail_next: dict[str, BaseException] = {}  # method -> exception raised once
+        self.hold: dict[str, threading.Event] = {}  # method -> event it waits for before working
+        self._lock = threading.Lock()
+        self._docs: dict[int, DocumentInfo] = {}
+        self._chats: dict[int, ChatInfo] = {}
+        self._messages: dict[int, list[MessageInfo]] = {}
+        self._next_id = 1
+
+    # -- canned data --------------------------------------------------------------------------
+
+    def seed(self) -> FakeEngine:
+        """Two documents and chats spread over today, yesterday, last week and last month."""
+        report = self._add_doc("Attention Is All You Need.pdf", "pdf", 6120)
+        notes = self._add_doc("release-notes.md", "markdown", 1480)
+        for title, docs, age in (
+            ("What is multi-head attention?", [report], 0.05),
+            ("Summarize the release notes", [notes], 1.2),
+            ("Compare the two documents", [report, notes], 4),
+            ("Positional encodings", [report], 40),
+        ):
+            chat = self._add_chat(title, docs, self.now - age * DAY)
+            self._add_message(chat, "user", title, chat.created)
+            self._add_message(chat, "assistant", fake_answer(title), chat.created + 3)
+        return self
+
+    def _new_id(self) -> int:
+        with self._lock:
+            self._next_id += 1
+            return self._next_id - 1
+
+    def _add_doc(self, title: str, kind: str, tokens: int) -> int:
+        doc_id = self._new_id()
+        kept = min(tokens, N_CTX)
+        self._docs[doc_id] = DocumentInfo(
+            doc_id=doc_id, title=title, type=kind, tokens=tokens, kept_tokens=kept,
+            cache_bytes={lv: kept * b for lv, b in BYTES_PER_TOKEN.items() if lv != "lossless"},
+            status="ready", created=self.now)
+        return doc_id
+
+    def _add_chat(self, title: str, doc_ids: list[int], when: float) -> ChatInfo:
+        chat = ChatInfo(chat_id=self._new_id(), title=title, doc_ids=list(doc_ids), messages=0,
+                        created=when, updated=when)
+        self._chats[chat.chat_id] = chat
+        self._messages[chat.chat_id] = []
+        return chat
+
+    def _add_message(self, chat: ChatInfo, role: str, text: str, when: float,
+                     stats: dict | None = None) -> None:
+        msgs = self._messages[chat.chat_id]
+        msgs.append(MessageInfo(message_id=self._new_id(), role=role, text=text, created=when,
+                                stats=stats))
+        self._chats[chat.chat_id] = replace(self._chats[chat.chat_id], messages=len(msgs),
+                                            updated=when)
+
+    # -- helpers for the blocking work ----------------------------------------------------------
+
+    def _enter(self, method: str, *args) -> None:
+        self.calls.append((method, *args))
+        held = self.hold.get(method)
+        if held is not None:
+            held.wait(10)
+        error = self.fail_next.pop(method, None)
+        if error is not None:
+            raise error
+
+    def _step(self, cancel: threading.Event | None, pause: float | None = None) -> None:
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("cancelled")
+        time.sleep(self.step_s if pause is None else pause)
+
+    def _prefix_tokens(self, doc_ids: list[int]) -> int:
+        return sum(self._docs[d].kept_tokens for d in doc_ids if d in self._docs)
+
+    def _restore(self, tokens: int, level: str, progress, cancel) -> RestoreReport:
+        chunks = max(1, -(-tokens // CHUNK_TOKENS))
+        best = "high" if level in ("auto", "lossless") else level
+        # A couple of chunks fall back to a cheaper level, as a time budget would make them.
+        chunk_levels = [best if i < chunks - 2 else "balanced" for i in range(chunks)]
+        t0 = time.perf_counter()
+        for i in range(chunks):
+            self._step(cancel, self.step_s / 4)
+            if progress:
+                progress(Progress("restore", i + 1, chunks))
+        return RestoreReport(tokens=tokens, restore_s=time.perf_counter() - t0,
+                             bytes_read=tokens * BYTES_PER_TOKEN[best],
+                             chunk_levels=chunk_levels, recomputed_tokens=0)
+
+    # -- the Engine API --------------------------------------------------------------------------
+
+    def attach(self, path, *, levels=None, progress=None, cancel=None) -> AttachResult:
+        path = Path(path)
+        self._enter("attach", path.name)
+        if path.suffix.lower() in BINARY_SUFFIXES:
+            raise DocumentError(f"{path.name}: this is {BINARY_SUFFIXES[path.suffix.lower()]}, "
+                                "not a document kvdesk can read")
+        words = len(path.read_text(errors="replace").split())
+        tokens = max(1, int(words * 1.3))
+        kept = min(tokens, N_CTX)
+        if progress:
+            progress(Progress("extract", 1, 1, path.name))
+        steps = 10
+        for phase in ("prefill", "encode", "store"):
+            for i in range(steps if phase != "store" else 2):
+                self._step(cancel)
+                if progress:
+                    progress(Progress(phase, i + 1, steps if phase != "store" else 2, path.name))
+        doc_id = self._add_doc(path.name, "text", tokens)
+        info = self._docs[doc_id]
+        return AttachResult(doc_id=doc_id, title=path.name, tokens=tokens, kept_tokens=kept,
+                            prefill_s=0.4, encode_s=0.1,
+                            raw_bytes=kept * BYTES_PER_TOKEN["lossless"],
+                            stored_bytes=info.cache_bytes)
+
+    def documents(self) -> list[DocumentInfo]:
+        self._enter("documents")
+        time.sleep(self.step_s)
+        return sorted(self._docs.values(), key=lambda d: d.created)
+
+    def chats(self) -> list[ChatInfo]:
+        self._enter("chats")
+        time.sleep(self.step_s)
+        return sorted(self._chats.values(), key=lambda c: c.updated, reverse=True)
+
+    def messages(self, chat_id) -> list[MessageInfo]:
+        self._enter("messages", chat_id)
+        time.sleep(self.step_s)
+        return list(self._messages[chat_id])
+
+    def new_chat(self, doc_ids, title=None) -> ChatInfo:
+        self._enter("new_chat", list(doc_ids))
+        return self._add_chat(title or "New chat", doc_ids, time.time())
+
+    def ask(self, question, *, chat_id=None, doc_id=None, level="auto", budget_ms=None,
+            bandwidth_MBps=None, no_cache=False, max_tokens=512, seed=None, temperature=0.0,
+            on_token=None, on_restore=None, progress=None, cancel=None) -> AskResult:
+        self._enter("ask", question, chat_id, doc_id, level)
+        if chat_id is None:
+            title = question.strip().splitlines()[0][:60]
+            chat = self._add_chat(title, [doc_id] if doc_id is not None else [], time.time())
+        else:
+            chat = self._chats[chat_id]
+        self._add_message(chat, "user", question, time.time())
+        return self._generate(chat, fake_answer(question), level, on_token, on_restore,
+                              progress, cancel)
+
+    def regenerate(self, chat_id, *, level="auto", on_token=None, on_restore=None,
+                   progress=None, cancel=None, **_options) -> AskResult:
+        self._enter("regenerate", chat_id, level)
+        msgs = self._messages[chat_id]
+        if msgs and msgs[-1].role == "assistant":
+            msgs.pop()
+        question = next(m.text for m in reversed(msgs) if m.role == "user")
+        return self._generate(self._chats[chat_id], fake_answer(question + " (again)"), level,
+                              on_token, on_restore, progress, cancel)
+
+    def _generate(self, chat, answer, level, on_token, on_restore, progress, cancel) -> AskResult:
+        t0 = time.perf_counter()
+        report = self._restore(self._prefix_tokens(chat.doc_ids), level, progress, cancel)
+        if on_restore:
+            on_restore(report)
+        ttft = None
+        pieces = answer.split(" ")
+        for i, word in enumerate(pieces):
+            self._step(cancel, self.token_s)
+            ttft = ttft or time.perf_counter() - t0
+            if on_token:
+                on_token(word if i == len(pieces) - 1 else word + " ")
+        stats = {"tokens": len(pieces), "ttft_s": ttft}
+        self._add_message(chat, "assistant", answer, time.time(), stats)
+        return AskResult(chat_id=chat.chat_id, answer=answer, ttft_s=ttft or 0.0,
+                         restore_s=report.restore_s, bytes_read=report.bytes_read,
+                         chunk_levels=report.chunk_levels, recomputed_tokens=0,
+                         tokens_generated=len(pieces))
+
+    def reopen(self, chat_id, *, level="auto", budget_ms=None, bandwidth_MBps=None,
+               progress=None, cancel=None) -> RestoreReport:
+        self._enter("reopen", chat_id, level)
+        chat = self._chats[chat_id]
+        history = sum(len(m.text.split()) for m in self._messages[chat_id])
+        return self._restore(self._prefix_tokens(chat.doc_ids) + history, level, progress, cancel)
+
+    def rename_chat(self, chat_id, title) -> None:
+        self._enter("rename_chat", chat_id, title)
+        self._chats[chat_id] = replace(self._chats[chat_id], title=title)
+
+    def delete_chat(self, chat_id) -> None:
+        self._enter("delete_chat", chat_id)
+        del self._chats[chat_id]
+        del self._messages[chat_id]
+
+    def delete_document(self, doc_id) -> None:
+        self._enter("delete_document", doc_id)
+        del self._docs[doc_id]
+
+    def estimate(self, *, chat_id=None, doc_ids=None) -> RestoreEstimate:
+        self._enter("estimate", chat_id, doc_ids)
+        if chat_id is not None:
+            doc_ids = self._chats[chat_id].doc_ids
+        tokens = self._prefix_tokens(doc_ids or [])
+        sizes = {lv: tokens * b for lv, b in BYTES_PER_TOKEN.items()}
+        return RestoreEstimate(tokens=tokens, bytes=sizes,
+                               seconds={lv: sizes[lv] / (READ_MBPS[lv] * 1e6) for lv in sizes})
+
+    def export_chat(self, chat_id, fmt="markdown") -> str:
+        self._enter("export_chat", chat_id, fmt)
+        chat = self._chats[chat_id]
+        return "\n\n".join([f"# {chat.title}"] + [f"**{m.role}**: {m.text}"
+                                                  for m in self._messages[chat_id]])

@@ -1,0 +1,103 @@
+"""Running engine calls off the GUI thread and bringing their results back through signals.
+
+Every engine method blocks (a model, the codec and the store work inside it), so the window
+never calls one directly: it wraps the call in a `Job`, which runs on a `QThreadPool` and
+reports through Qt signals, which Qt delivers on the GUI thread. Cancellation is the
+`threading.Event` that the engine polls.
+
+This module never touches widgets and never decides what a result means for the user.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import traceback
+from collections.abc import Callable
+
+from PySide6.QtCore import QObject, QRunnable, QThreadPool, Signal
+
+from desktop_app.documents import DocumentError
+from desktop_app.errors import USER_ERRORS
+from desktop_app.runtime import Cancelled
+
+log = logging.getLogger(__name__)
+
+# DocumentError is what attach raises for a file it cannot read; it is the user's to fix too.
+ACTIONABLE = (*USER_ERRORS, DocumentError)
+
+
+class JobSignals(QObject):
+    progress = Signal(object)  # desktop_app.results.Progress
+    token = Signal(str)  # a piece of the answer being generated
+    restored = Signal(object)  # desktop_app.results.RestoreReport, before the first token
+    finished = Signal(object)  # whatever the call returned
+    failed = Signal(str)  # a message for the user (a traceback only went to the log)
+    cancelled = Signal()
+    done = Signal()  # after finished, failed or cancelled: the job is over
+
+
+class Job(QRunnable):
+    """One blocking call, `work(job)`, which may use `job.cancel` and `job.signals`' emitters."""
+
+    def __init__(self, work: Callable[[Job], object]):
+        super().__init__()
+        self.work = work
+        self.cancel = threading.Event()
+        self.signals = JobSignals()
+
+    def run(self) -> None:
+        try:
+            if self.cancel.is_set():  # cancelled while it waited in the pool's queue
+                raise Cancelled("cancelled before it started")
+            result = self.work(self)
+        except Cancelled:
+            self.signals.cancelled.emit()
+        except ACTIONABLE as e:
+            self.signals.failed.emit(str(e))
+        except Exception as e:  # a bug: keep the traceback for the log, say it briefly
+            log.error("engine call failed:\n%s", traceback.format_exc())
+            self.signals.failed.emit(f"Unexpected error: {type(e).__name__}: {e}")
+        else:
+            self.signals.finished.emit(result)
+        self.signals.done.emit()
+
+
+class Runner(QObject):
+    """The window's thread pools; keeps each job alive until it is done.
+
+    `attach` has one thread (the engine computes one document at a time, on its own model
+    context); `chat` has one thread so that a reopen, the question typed meanwhile and a
+    regenerate run in the order the user asked for them; `misc` serves quick listings.
+    """
+
+    LANES = ("attach", "chat", "misc")
+
+    def __init__(self, parent: QObject | None = None):
+        super().__init__(parent)
+        self.pools = {lane: QThreadPool(self) for lane in self.LANES}
+        for lane in ("attach", "chat"):
+            self.pools[lane].setMaxThreadCount(1)
+        self.pools["misc"].setMaxThreadCount(2)
+        self.active: set[Job] = set()
+
+    def start(self, lane: str, work: Callable[[Job], object], *,
+              finished: Callable[[object], None] | None = None,
+              failed: Callable[[str], None] | None = None) -> Job:
+        job = Job(work)
+        job.setAutoDelete(False)  # Python owns it (self.active), not the pool
+        if finished is not None:
+            job.signals.finished.connect(finished)
+        if failed is not None:
+            job.signals.failed.connect(failed)
+        job.signals.done.connect(lambda: self.active.discard(job))
+        self.active.add(job)
+        self.pools[lane].start(job)
+        return job
+
+    def shutdown(self, timeout_ms: int = 10000) -> None:
+        """Cancel everything and wait for the running calls to notice."""
+        for job in list(self.active):
+            job.cancel.set()
+        for pool in self.pools.values():
+            pool.waitForDone(timeout_ms)
