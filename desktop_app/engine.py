@@ -385,9 +385,10 @@ class Engine:
                 "it is not used: recomputing from text"]
 
     def _bring_in(self, rt: Runtime, chat_id: int, tokens: list[int], *, options, no_cache,
-                  progress, cancel) -> RestoreReport:
+                  progress, cancel, reuse_loaded: bool = False) -> RestoreReport:
         t0 = time.perf_counter()
-        if not no_cache and options.level == "auto" and rt.tokens == tokens:
+        if reuse_loaded and not no_cache and options == streaming.Options() and \
+                rt.tokens == tokens:
             # Already in the context (the previous turn of this chat): nothing to restore.
             return RestoreReport(len(tokens), time.perf_counter() - t0, 0, [], 0,
                                  ["the chat was already loaded"])
@@ -474,7 +475,7 @@ class Engine:
             t0 = time.perf_counter()
             options = streaming.Options(level, budget_ms, bandwidth_MBps)
             report = self._bring_in(rt, chat_id, context, options=options, no_cache=no_cache,
-                                    progress=progress, cancel=cancel)
+                                    progress=progress, cancel=cancel, reuse_loaded=True)
             if on_restore:
                 on_restore(report)
             rt.prefill(q_tokens, cancel=cancel)

@@ -1,0 +1,194 @@
+"""The engine end to end on the real default model, with short documents and small chunks."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+
+import pytest
+
+from desktop_app.documents import DocumentError
+from desktop_app.engine import Engine, EngineError
+from desktop_app.runtime import Cancelled, Runtime
+from store import Store
+
+pytestmark = pytest.mark.model
+
+DOC = """The lighthouse at Cape Morrow was built in 1871 from granite quarried on the island.
+Its lamp burned whale oil until 1902, then kerosene, and it was electrified in 1938.
+The keeper's cottage became a museum in 1979. The tower is 31 metres tall and its light
+can be seen 40 kilometres out to sea. A storm in 1956 broke the lantern glass; it was
+replaced the following spring with glass made in Birmingham."""
+QUESTION = "When was the lighthouse electrified?"
+
+
+def make_engine(data_dir, model_path, model_hash, *, flash_attn=False, n_ctx=1024):
+    def factory():
+        return Runtime(model_path, model_hash=model_hash, n_ctx=n_ctx, flash_attn=flash_attn)
+
+    return Engine(Store(data_dir), factory, chunk_tokens=64)
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory, model_path, model_hash):
+    eng = make_engine(tmp_path_factory.mktemp("engine"), model_path, model_hash)
+    yield eng
+    eng.close()
+    eng.store.close()
+
+
+@pytest.fixture(scope="module")
+def doc_id(engine, tmp_path_factory):
+    path = tmp_path_factory.mktemp("docs") / "lighthouse.txt"
+    path.write_text(DOC)
+    return engine.attach(path).doc_id
+
+
+def test_attach_stores_every_level(engine, doc_id):
+    (info,) = [d for d in engine.documents() if d.doc_id == doc_id]
+    assert info.status == "ready" and info.tokens > 50
+    assert set(info.cache_bytes) == set(engine.levels)
+    raw = info.kept_tokens * engine.runtime.layout.kv_bytes_per_token
+    assert info.cache_bytes["compact"] < info.cache_bytes["high"] < info.cache_bytes["lossless"]
+    assert info.cache_bytes["lossless"] < raw
+
+
+def test_reattach_reuses_the_cache(engine, doc_id, tmp_path):
+    copy = tmp_path / "same-text.txt"
+    copy.write_text(DOC)
+    entries = len(engine.store.entries())
+    res = engine.attach(copy)
+    assert res.reused and res.doc_id == doc_id and res.prefill_s == 0
+    assert len(engine.store.entries()) == entries
+
+
+def test_lossless_answers_exactly_like_recomputing(engine, doc_id):
+    cached = engine.ask(QUESTION, doc_id=doc_id, level="lossless", max_tokens=24)
+    fresh = engine.ask(QUESTION, doc_id=doc_id, no_cache=True, max_tokens=24)
+    assert cached.recomputed_tokens == 0 and set(cached.chunk_levels) == {"lossless"}
+    assert fresh.recomputed_tokens > 0 and set(fresh.chunk_levels) == {"text"}
+    assert cached.answer == fresh.answer
+    assert "1938" in cached.answer
+
+
+def test_chat_turns_reuse_the_document_and_reopen(engine, doc_id):
+    first = engine.ask("What was the lamp burning before 1902?", doc_id=doc_id, max_tokens=16)
+    chat = first.chat_id
+    doc_entry = engine.store.document_entry(doc_id, engine.fingerprint)
+    chat_entries = [e for e in engine.store.entries() if e.chat_id == chat]
+    assert chat_entries and all(e.parent_id is not None for e in chat_entries)
+    assert chat_entries[0].parent_id == doc_entry.id  # document chunks reused, not copied
+
+    second = engine.ask("How tall is the tower?", chat_id=chat, max_tokens=16)
+    assert second.chat_id == chat and second.tokens_generated > 0
+    engine.runtime.reset()  # as after a restart: nothing in the context
+    report = engine.reopen(chat)
+    assert report.recomputed_tokens == 0
+    assert report.tokens == engine.runtime.n_tokens
+    assert [m.role for m in engine.messages(chat)] == ["user", "assistant"] * 2
+    third = engine.ask("And the museum?", chat_id=chat, max_tokens=12)
+    assert third.restore_s < 0.05  # the context was already loaded by reopen
+
+
+def test_forced_and_throttled_levels(engine, doc_id):
+    chat = engine.ask(QUESTION, doc_id=doc_id, max_tokens=4).chat_id
+    forced = engine.reopen(chat, level="compact")
+    assert set(forced.chunk_levels) == {"compact"}
+    # A slow link and a tight budget: the adaptive choice must step down from the best level.
+    slow = engine.reopen(chat, budget_ms=60, bandwidth_MBps=20)
+    assert "lossless" not in slow.chunk_levels
+    relaxed = engine.reopen(chat, budget_ms=60_000)
+    assert set(relaxed.chunk_levels) == {"lossless"}
+    with pytest.raises(EngineError, match="unknown level"):
+        engine.reopen(chat, level="nonsense")
+
+
+def test_corrupt_chunk_falls_back_and_still_answers(tmp_path, model_path, model_hash):
+    eng = make_engine(tmp_path / "data", model_path, model_hash)
+    try:
+        path = tmp_path / "doc.txt"
+        path.write_text(DOC)
+        doc_id = eng.attach(path, levels=["balanced"]).doc_id
+        entry = eng.store.document_entry(doc_id, eng.fingerprint)
+        with sqlite3.connect(eng.store.path) as db:
+            db.execute("UPDATE kv_chunks SET data = zeroblob(nbytes) "
+                       "WHERE entry_id = ? AND chunk_index = 1", (entry.id,))
+        res = eng.ask(QUESTION, doc_id=doc_id, max_tokens=12)
+        assert res.tokens_generated > 0
+        assert res.chunk_levels[0] == "balanced" and res.chunk_levels[1] == "text"
+        assert res.recomputed_tokens > 0
+        assert any("recomputing from token 64" in m for m in res.messages)
+        assert eng.store.verify()["corrupt"]
+    finally:
+        eng.close()
+        eng.store.close()
+
+
+def test_other_model_fingerprint_is_never_loaded(tmp_path, model_path, model_hash):
+    data = tmp_path / "data"
+    eng = make_engine(data, model_path, model_hash)
+    path = tmp_path / "doc.txt"
+    path.write_text(DOC)
+    doc_id = eng.attach(path, levels=["high"]).doc_id
+    eng.close()
+    eng.store.close()
+    # Same file, other KV layout (flash attention on: V not transposed): another fingerprint.
+    other = make_engine(data, model_path, model_hash, flash_attn=True)
+    try:
+        assert [d.status for d in other.documents()] == ["stale"]
+        res = other.ask(QUESTION, doc_id=doc_id, max_tokens=8)
+        assert set(res.chunk_levels) == {"text"} and res.bytes_read == 0
+        assert any("another model" in m for m in res.messages)
+    finally:
+        other.close()
+        other.store.close()
+
+
+def test_cancelled_attach_keeps_nothing(tmp_path, model_path, model_hash):
+    eng = make_engine(tmp_path / "data", model_path, model_hash)
+    try:
+        path = tmp_path / "long.txt"
+        path.write_text(DOC * 3)
+        stop = threading.Event()
+
+        def progress(p):
+            if p.phase == "prefill" and p.done >= 128:
+                stop.set()
+
+        with pytest.raises(Cancelled):
+            eng.attach(path, progress=progress, cancel=stop)
+        assert eng.store.documents() == [] and eng.store.entries() == []
+        assert eng.store.verify()["chunks"] == 0
+    finally:
+        eng.close()
+        eng.store.close()
+
+
+def test_too_long_document_keeps_what_fits(tmp_path, model_path, model_hash):
+    eng = make_engine(tmp_path / "data", model_path, model_hash, n_ctx=384)
+    try:
+        path = tmp_path / "long.txt"
+        path.write_text("\n".join(f"Line {i}: the quick brown fox jumps over the lazy dog."
+                                  for i in range(60)))
+        res = eng.attach(path, levels=["compact"])
+        assert res.kept_tokens < res.tokens
+        assert res.warnings and "fit the context" in res.warnings[0]
+        n_prefix = res.raw_bytes // eng.runtime.layout.kv_bytes_per_token
+        assert eng.runtime.n_ctx - eng.reserve_tokens(eng.runtime) - 8 <= n_prefix
+        assert n_prefix <= eng.runtime.n_ctx - eng.reserve_tokens(eng.runtime)
+        assert eng.ask("Which line comes first?", doc_id=res.doc_id, max_tokens=8).answer
+    finally:
+        eng.close()
+        eng.store.close()
+
+
+def test_bad_input(engine, tmp_path):
+    (tmp_path / "empty.txt").write_bytes(b"")
+    with pytest.raises(DocumentError):
+        engine.attach(tmp_path / "empty.txt")
+    with pytest.raises(EngineError, match="no chat"):
+        engine.ask("hi", chat_id=9999)
+    with pytest.raises(EngineError, match="empty"):
+        engine.ask("   ", doc_id=None)
+    with pytest.raises(EngineError, match="unknown level"):
+        engine.attach(tmp_path / "empty.txt", levels=["nope"])
