@@ -138,7 +138,9 @@ class Runtime:
 
     @property
     def n_ctx(self) -> int:
-        return self.llm.n_ctx()
+        # llama.cpp pads the context (to a multiple of 256); the Llama object's token buffer
+        # keeps the requested size, and that is the real limit.
+        return min(self.llm.n_ctx(), len(self.llm.input_ids))
 
     @property
     def fingerprint(self) -> str:
