@@ -49,3 +49,53 @@ def test_gui_without_display_explains_headless_use(monkeypatch):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0
     assert "No display found" in proc.stderr and "kvdesk info" in proc.stderr
+
+
+@pytest.mark.model
+def test_attach_ask_reopen_end_to_end(tmp_path):
+    good = tmp_path / "notes.md"
+    good.write_text("# Notes\n\nThe access code for the garden shed is 4417. "
+                    "The spare key is under the blue flowerpot.")
+    bad = tmp_path / "photo.png"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64))
+
+    # One bad file never stops the others; the exit status still says something failed.
+    proc = kvdesk("attach", str(bad), str(good), "--levels", "high,compact", "--json",
+                  check=False)
+    assert proc.returncode == 1
+    failure, attached = json.loads(proc.stdout)
+    assert failure["source"] == str(bad) and "PNG image" in failure["error"]
+    assert set(attached) >= {"doc_id", "title", "tokens", "kept_tokens", "prefill_s",
+                             "encode_s", "raw_bytes", "stored_bytes"}
+    assert set(attached["stored_bytes"]) == {"high", "compact"}
+    assert "Traceback" not in proc.stderr
+
+    doc = str(attached["doc_id"])
+    ans = json.loads(kvdesk("ask", doc, "What is the access code?", "--max-tokens", "16",
+                            "--json").stdout)
+    assert set(ans) == {"chat_id", "answer", "ttft_s", "restore_s", "bytes_read",
+                        "chunk_levels", "recomputed_tokens", "tokens_generated"}
+    assert ans["chunk_levels"] == ["high"] and ans["recomputed_tokens"] == 0
+    assert ans["bytes_read"] > 0 and ans["tokens_generated"] > 0
+
+    chat = str(ans["chat_id"])
+    more = json.loads(kvdesk("ask", "--chat", chat, "Where is the key?", "--max-tokens", "8",
+                             "--level", "compact", "--json").stdout)
+    assert more["chat_id"] == ans["chat_id"] and set(more["chunk_levels"]) == {"compact"}
+
+    rep = json.loads(kvdesk("reopen", chat, "--json").stdout)
+    assert set(rep) == {"chat_id", "tokens", "restore_s", "chunk_levels", "recomputed_tokens"}
+    assert rep["recomputed_tokens"] == 0 and len(rep["chunk_levels"]) >= 2
+
+    assert [d["doc_id"] for d in json.loads(kvdesk("docs", "--json").stdout)] == [
+        attached["doc_id"]]
+    assert json.loads(kvdesk("chats", "--json").stdout)[0]["messages"] == 4
+    verified = json.loads(kvdesk("verify", "--json").stdout)
+    assert set(verified) == {"entries", "chunks", "bytes", "corrupt"}
+    assert verified["entries"] >= 3 and verified["corrupt"] == []
+    freed = json.loads(kvdesk("gc", "--budget-gb", "0", "--json").stdout)
+    assert freed["freed_bytes"] == verified["bytes"]
+    assert json.loads(kvdesk("rm", "doc", doc, "--json").stdout)["deleted"] == "doc"
+    assert json.loads(kvdesk("docs", "--json").stdout) == []
+    missing = kvdesk("ask", "--chat", "999", "hello", "--json", check=False)
+    assert missing.returncode == 1 and "no chat 999" in json.loads(missing.stdout)["error"]
