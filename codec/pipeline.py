@@ -115,7 +115,7 @@ def encode(keys: np.ndarray, values: np.ndarray, level: str | CodecConfig | dict
     sinks = [np.ascontiguousarray(b[:, :n_sink]) for b in bits]
     if any(be.any_nonfinite(s) for s in sinks):
         raise CodecError("KV contains NaN or Inf; the codec refuses it")
-    coded = [_encode_kind(np.ascontiguousarray(b[:, n_sink:]), kind, cfg, be)
+    coded = [_encode_kind(b[:, n_sink:], kind, cfg, be)  # kernels take strided views
              for b, kind in ((bits[0], cfg.keys), (bits[1], cfg.values))]
     return container.pack(header, [c[2] for c in coded] + sinks + [c[0] for c in coded]
                           + [c[1] for c in coded] + [c[3] for c in coded])
@@ -139,12 +139,12 @@ def _encode_kind(bits: np.ndarray, kind: KindConfig, cfg: CodecConfig, be):
     plan = _Plan.of(kind, n_layer, n_tok, n_ch, cfg.anchor_group)
     if cfg.anchor_group:
         bits = _residuals(bits, plan, cfg.anchor_group, be)
-    sym, scales, bad = be.quantize(bits, plan.maxq, plan.akey, plan.bkey, plan.n_a, plan.n_b,
-                                   F16_TO_F32)
+    sym, scales, hist, bad = be.quantize(bits, plan.maxq, plan.akey, plan.bkey, plan.n_a,
+                                         plan.n_b, F16_TO_F32)
     if bad:
         raise CodecError("KV contains NaN or Inf; the codec refuses it")
     bank, cost, base = plan.bank()
-    ent = be.choose_entries(sym, plan.nsym, base, cost, tables.N_RHO)
+    ent = be.choose_entries(hist, plan.nsym, base, cost, tables.N_RHO)
     words, counts = be.encode(sym, ent + base[:, None], bank.freq, bank.cum, bank.recip,
                               cfg.lanes)
     return scales, ent.astype(np.uint16), counts, words
@@ -158,7 +158,8 @@ def _residuals(bits: np.ndarray, plan: _Plan, group: int, be) -> np.ndarray:
         akey, n_a = np.arange(n_anchor), n_anchor
     else:
         akey, n_a = np.zeros(n_anchor, np.int64), 1
-    sym, scales, bad = be.quantize(anchors, plan.maxq, akey, plan.bkey, n_a, plan.n_b, F16_TO_F32)
+    sym, scales, _, bad = be.quantize(anchors, plan.maxq, akey, plan.bkey, n_a, plan.n_b,
+                                      F16_TO_F32)
     if bad:
         raise CodecError("KV contains NaN or Inf; the codec refuses it")
     dq = plan.dequant(scales)

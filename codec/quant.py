@@ -36,23 +36,31 @@ def quantize(bits, maxq, akey, bkey, n_a, n_b, f32_of):
 
     scale = max |x| of the group (exact in fp16); symbol = clip(rint(x * maxq / scale)) + maxq
     with the reciprocal taken once per group; a zero scale (all-zero group) gives the middle
-    symbol. Returns symbols [L, T, C] uint8, scales [L, A, B] (fp16 bits) and whether any
-    input was Inf or NaN.
+    symbol. Returns symbols [L, T, C] uint8, scales [L, A, B] (fp16 bits), the histogram of
+    every (layer, channel) stream [L, C, 2 * max(maxq) + 1] (counted here to save the table
+    choice a pass over the symbols) and whether any input was Inf or NaN.
     """
     n_layer, n_tok, n_ch = bits.shape
     sym = np.empty((n_layer, n_tok, n_ch), np.uint8)
     scales = np.zeros((n_layer, n_a, n_b), np.uint16)
+    hist = np.zeros((n_layer, n_ch, 2 * maxq.max() + 1), np.int64)
     bad = np.zeros(n_layer, np.bool_)
     for layer in prange(n_layer):
         top = scales[layer]
         for t in range(n_tok):
             a = akey[t]
-            for c in range(n_ch):
-                mag = bits[layer, t, c] & 0x7FFF
-                if mag >= EXP_MASK:
+            if n_b == 1:  # one scale per row: reduce in a register, not through memory
+                row_top = 0
+                for c in range(n_ch):
+                    row_top = max(row_top, bits[layer, t, c] & 0x7FFF)
+                top[a, 0] = max(top[a, 0], row_top)
+            else:
+                for c in range(n_ch):
+                    top[a, bkey[c]] = max(top[a, bkey[c]], bits[layer, t, c] & 0x7FFF)
+        for a in range(n_a):
+            for b in range(n_b):
+                if top[a, b] >= EXP_MASK:
                     bad[layer] = True
-                if mag > top[a, bkey[c]]:
-                    top[a, bkey[c]] = mag
         mq = np.float32(maxq[layer])
         recip = np.zeros((n_a, n_b), np.float32)
         for a in range(n_a):
@@ -65,41 +73,55 @@ def quantize(bits, maxq, akey, bkey, n_a, n_b, f32_of):
             for c in range(n_ch):
                 q = np.rint(f32_of[bits[layer, t, c]] * recip[a, bkey[c]])
                 q = min(max(q, -mq), mq)
-                sym[layer, t, c] = np.uint8(np.int64(q) + maxq[layer])
-    return sym, scales, bad.any()
+                k = np.int64(q) + maxq[layer]
+                sym[layer, t, c] = k
+                hist[layer, c, k] += 1
+    return sym, scales, hist, bad.any()
 
 
 @njit(parallel=True, cache=True)
-def choose_entries(sym, nsym, base, cost, n_rho):
-    """Per (layer, channel) stream: the codebook entry with the fewest coded bits.
+def choose_entries(hist, nsym, base, cost, n_rho):
+    """Per (layer, channel) stream: a codebook entry with few coded bits, from its histogram.
 
-    Searches every ratio at the three half-integer centres around the stream's median;
-    ties go to the lowest entry id. Returns local entry ids [L, C].
+    Every ratio at the centre on the stream's median, then the two neighbouring half-symbol
+    centres at the best ratio and its two neighbours; the first strictly cheapest candidate
+    in that order wins. Returns local entry ids [L, C].
     """
-    n_layer, n_tok, n_ch = sym.shape
+    n_layer, n_ch = hist.shape[0], hist.shape[1]
     ent = np.empty((n_layer, n_ch), np.int64)
     for layer in prange(n_layer):
         n = nsym[layer]
-        hist = np.zeros((n_ch, n), np.int64)
-        for t in range(n_tok):
-            for c in range(n_ch):
-                hist[c, sym[layer, t, c]] += 1
         for c in range(n_ch):
-            acc, med = 0, n - 1
+            h = hist[layer, c]
+            total, acc, med = 0, 0, n - 1
             for s in range(n):
-                acc += hist[c, s]
-                if 2 * acc >= n_tok:
+                total += h[s]
+            for s in range(n):
+                acc += h[s]
+                if 2 * acc >= total:
                     med = s
                     break
-            best, best_cost = 0, np.iinfo(np.int64).max
-            for k in range(max(2 * med - 1, 0), min(2 * med + 1, 2 * n - 2) + 1):
-                for j in range(n_rho):
-                    row = base[layer] + k * n_rho + j
-                    total = 0
-                    for s in range(n):
-                        if hist[c, s]:
-                            total += hist[c, s] * cost[row, s]
-                    if total < best_cost:
-                        best, best_cost = k * n_rho + j, total
+            row = base[layer] + 2 * med * n_rho
+            best, best_cost = 2 * med * n_rho, stream_cost(h, cost[row], n)
+            for j in range(1, n_rho):
+                bits = stream_cost(h, cost[row + j], n)
+                if bits < best_cost:
+                    best, best_cost = 2 * med * n_rho + j, bits
+            j_best = best % n_rho
+            for k in (2 * med - 1, 2 * med + 1):
+                if 0 <= k <= 2 * n - 2:
+                    for j in range(max(j_best - 1, 0), min(j_best + 1, n_rho - 1) + 1):
+                        bits = stream_cost(h, cost[base[layer] + k * n_rho + j], n)
+                        if bits < best_cost:
+                            best, best_cost = k * n_rho + j, bits
             ent[layer, c] = best
     return ent
+
+
+@njit(cache=True)
+def stream_cost(h, cost_row, n):
+    bits = 0
+    for s in range(n):
+        if h[s]:
+            bits += h[s] * cost_row[s]
+    return bits

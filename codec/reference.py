@@ -32,21 +32,29 @@ def quantize(bits, maxq, akey, bkey, n_a, n_b, f32_of):
     q = np.rint(f32_of[bits] * recip[lidx, aidx, bidx])
     q = np.clip(q, -mq, mq)
     sym = (q.astype(np.int64) + maxq[:, None, None]).astype(np.uint8)
-    return sym, scales, any_nonfinite(bits)
+    width = 2 * int(maxq.max()) + 1
+    hist = np.zeros((n_layer, n_ch, width), np.int64)
+    for layer in range(n_layer):
+        for c in range(n_ch):
+            hist[layer, c] = np.bincount(sym[layer, :, c], minlength=width)
+    return sym, scales, hist, any_nonfinite(bits)
 
 
-def choose_entries(sym, nsym, base, cost, n_rho):
-    n_layer, n_tok, n_ch = sym.shape
+def choose_entries(hist, nsym, base, cost, n_rho):
+    n_layer, n_ch = hist.shape[:2]
     ent = np.empty((n_layer, n_ch), np.int64)
     for layer in range(n_layer):
         n = int(nsym[layer])
         for c in range(n_ch):
-            hist = np.bincount(sym[layer, :, c], minlength=n).astype(np.int64)
-            med = min(int(np.searchsorted(2 * np.cumsum(hist), n_tok)), n - 1)
-            centres = range(max(2 * med - 1, 0), min(2 * med + 1, 2 * n - 2) + 1)
-            ids = [k * n_rho + j for k in centres for j in range(n_rho)]
-            totals = cost[base[layer] + np.array(ids), :n] @ hist
-            ent[layer, c] = ids[int(np.argmin(totals))]
+            h = hist[layer, c, :n]
+            med = min(int(np.searchsorted(2 * np.cumsum(h), h.sum())), n - 1)
+            ids = [2 * med * n_rho + j for j in range(n_rho)]
+            first = ids[int(np.argmin(cost[base[layer] + np.array(ids), :n] @ h))]
+            j_best = first % n_rho
+            centres = [k for k in (2 * med - 1, 2 * med + 1) if 0 <= k <= 2 * n - 2]
+            ratios = range(max(j_best - 1, 0), min(j_best + 1, n_rho - 1) + 1)
+            ids = [first] + [k * n_rho + j for k in centres for j in ratios]
+            ent[layer, c] = ids[int(np.argmin(cost[base[layer] + np.array(ids), :n] @ h))]
     return ent
 
 

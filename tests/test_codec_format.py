@@ -32,10 +32,12 @@ def test_golden_blobs_still_decode_and_reencode(name, expected):
     blob = (GOLDEN / f"{name}.kvc").read_bytes()
     keys, values = codec.decode(blob)
     assert digest(keys, values) == expected["decoded_sha256"]
+    # Today's encoder may pick other tables (smaller blobs), but never other values.
     info = codec.peek(blob)
     src_k, src_v = real_kv(expected["n_tokens"])
     src_k, src_v = src_k[: expected["n_layer"]], src_v[: expected["n_layer"]]
-    assert codec.encode(src_k, src_v, info.config, first_token=info.first_token) == blob
+    again = codec.encode(src_k, src_v, info.config, first_token=info.first_token)
+    assert digest(*codec.decode(again)) == expected["decoded_sha256"]
 
 
 def test_every_level_has_a_golden_blob():
