@@ -1,1 +1,7 @@
-"""placeholder"""
+"""The PySide6 desktop GUI of kvdesk: presentation on top of desktop_app's engine.
+
+It never imports llama.cpp, SQLite or the codec (an import-linter contract): every model, store
+and codec operation goes through the engine, on worker threads.
+"""
+
+from . import compat  # noqa: F401  (must run before any PySide6 call; see its docstring)

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import html
 
-from PySide6.QtCore import Qt, QTimer, QUrl, Signal
-from PySide6.QtGui import QGuiApplication, QKeyEvent
+from PySide6.QtCore import QEvent, Qt, QTimer, QUrl, Signal
+from PySide6.QtGui import QGuiApplication, QKeyEvent, QKeySequence
 from PySide6.QtWidgets import QPlainTextEdit, QTextBrowser, QWidget
 
 from desktop_app.results import MessageInfo
@@ -178,12 +178,22 @@ class PromptEdit(QPlainTextEdit):
     """The input box: Enter sends, Shift+Enter adds a line."""
 
     submitted = Signal(str)
+    # Window shortcuts that a text edit would otherwise take for itself (Ctrl+K deletes to
+    # the end of the line in Qt's editing keys).
+    WINDOW_KEYS = (QKeySequence("Ctrl+K"), QKeySequence("Ctrl+N"))
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.setPlaceholderText("Ask about your documents…   Enter sends, Shift+Enter adds a line")
         self.setTabChangesFocus(True)
         self.setFixedHeight(72)
+
+    def event(self, event: QEvent) -> bool:
+        if event.type() == QEvent.Type.ShortcutOverride and QKeySequence(
+                event.keyCombination()) in self.WINDOW_KEYS:
+            event.ignore()
+            return True
+        return super().event(event)
 
     def keyPressEvent(self, event: QKeyEvent) -> None:
         enter = event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)

@@ -287,8 +287,12 @@ class MainWindow(QMainWindow):
             chat_id, level=level, progress=job.signals.progress.emit, cancel=job.cancel))
         job.signals.progress.connect(lambda p: self._show_progress(serial, p))
         job.signals.finished.connect(lambda report: self._reopened(serial, report))
-        job.signals.failed.connect(lambda msg: serial == self.serial and self._say(msg, True))
+        job.signals.failed.connect(lambda msg: self._failed_in_view(serial, msg))
         self.reopen_job = job
+
+    def _failed_in_view(self, serial: int, message: str) -> None:
+        if serial == self.serial:
+            self._say(message, True)
 
     def _show_messages(self, serial: int, messages) -> None:
         if serial == self.serial:

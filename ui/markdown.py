@@ -66,17 +66,20 @@ def _code_pattern(lang: str) -> re.Pattern[str]:
 
 def highlight(code: str, lang: str, colors: Colors) -> str:
     """`code` as escaped HTML with coloured spans for comments, strings, numbers and keywords."""
+    def escape(text: str) -> str:  # element text: quotes stay as typed
+        return html.escape(text, quote=False)
+
     out, pos = [], 0
     for m in _code_pattern(lang.lower()).finditer(code):
         kind = m.lastgroup
         if kind == "word" and m.group() not in KEYWORDS:
             continue
-        out.append(html.escape(code[pos:m.start()]))
+        out.append(escape(code[pos:m.start()]))
         color = colors.keyword if kind == "word" else getattr(colors, kind)
         style = f"color:{color}" + (";font-style:italic" if kind == "comment" else "")
-        out.append(f'<span style="{style}">{html.escape(m.group())}</span>')
+        out.append(f'<span style="{style}">{escape(m.group())}</span>')
         pos = m.end()
-    out.append(html.escape(code[pos:]))
+    out.append(escape(code[pos:]))
     return "".join(out)
 
 

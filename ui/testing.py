@@ -113,6 +113,9 @@ class FakeEngine:
         self._chats[chat.chat_id] = replace(self._chats[chat.chat_id], messages=len(msgs),
                                             updated=when)
 
+    def last_call(self, method: str) -> tuple:
+        return next(c for c in reversed(self.calls) if c[0] == method)
+
     # -- helpers for the blocking work ----------------------------------------------------------
 
     def _enter(self, method: str, *args) -> None:

@@ -1,0 +1,78 @@
+"""The window's pure helpers: Markdown rendering, report phrasing, date groups."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from desktop_app.results import AskResult, AttachResult, RestoreReport
+from ui.formatting import answer_stats, attach_notices, human_bytes, restore_line
+from ui.markdown import LIGHT, render
+from ui.sidebar import date_group
+
+
+def test_markdown_escapes_markup_from_the_text():
+    html = render("<script>alert(1)</script> **<b>x</b>** `<i>`").html
+    assert "<script>" not in html and "&lt;script&gt;" in html
+    assert "<b>&lt;b&gt;x&lt;/b&gt;</b>" in html
+    assert "&lt;i&gt;</code>" in html
+
+
+def test_markdown_blocks_and_inline():
+    html = render("# Title\n\nsome *it* and **bold** and [a link](https://x.org)\n\n"
+                  "- one\n- two\n\n3. three\n\n> quoted\n\n---").html
+    assert "<b>Title</b>" in html
+    assert "<i>it</i>" in html and "<b>bold</b>" in html
+    assert '<a href="https://x.org"' in html
+    assert html.count("<li>") == 3 and "<ul>" in html and '<ol start="3">' in html
+    assert "<blockquote" in html and "<hr>" in html
+
+
+def test_snake_case_is_not_italic():
+    assert "<i>" not in render("call my_long_name here").html
+
+
+def test_code_blocks_are_highlighted_and_kept_for_copying():
+    out = render("intro\n```python\ndef f(x):  # note\n    return 'a' + 1\n```\nafter",
+                 LIGHT, code_link=lambda j: f"kvdesk:code/0/{j}")
+    assert out.code_blocks == ["def f(x):  # note\n    return 'a' + 1"]
+    assert f'<span style="color:{LIGHT.keyword}">def</span>' in out.html
+    assert f'<span style="color:{LIGHT.comment};font-style:italic"># note</span>' in out.html
+    assert f"<span style=\"color:{LIGHT.string}\">'a'</span>" in out.html
+    assert 'href="kvdesk:code/0/0"' in out.html
+    assert "<p>after</p>" in out.html
+
+
+def test_an_unfinished_fence_renders_as_code_while_streaming():
+    out = render("look:\n```js\nlet x = 1")
+    assert out.code_blocks == ["let x = 1"] and "<pre" in out.html
+
+
+def test_restore_line_is_brief_and_counts_levels():
+    report = RestoreReport(tokens=4096, restore_s=0.12, bytes_read=1, recomputed_tokens=0,
+                           chunk_levels=["high"] * 14 + ["balanced"] * 2)
+    assert restore_line(report) == ("restored 4,096 tokens in 120 ms — "
+                                    "16 chunks: 14 high, 2 balanced")
+    fallback = RestoreReport(tokens=10, restore_s=0.5, bytes_read=0, recomputed_tokens=10,
+                             chunk_levels=["text"], messages=["the cache was stale"])
+    assert restore_line(fallback) == ("restored 10 tokens in 500 ms — 1 chunks: "
+                                      "1 recomputed from text; the cache was stale")
+
+
+def test_answer_stats_and_attach_notices():
+    result = AskResult(chat_id=1, answer="x", ttft_s=0.25, restore_s=0, bytes_read=0,
+                       chunk_levels=[], recomputed_tokens=0, tokens_generated=50)
+    assert answer_stats(result, 2.0) == "50 tokens · 25.0 tokens/s · first token after 0.25 s"
+    long = AttachResult(doc_id=1, title="big.txt", tokens=9000, kept_tokens=8192, prefill_s=1,
+                        encode_s=1, raw_bytes=1, stored_bytes={}, warnings=["odd bytes"])
+    assert attach_notices(long) == ["odd bytes", "big.txt: only the first 8,192 of 9,000 tokens "
+                                    "fit the context; the rest is left out"]
+    assert human_bytes(999) == "999 B" and human_bytes(70_500_000) == "70.5 MB"
+
+
+def test_date_groups_follow_calendar_days():
+    now = dt.datetime(2026, 3, 10, 0, 30).timestamp()
+    at = lambda *args: dt.datetime(*args).timestamp()  # noqa: E731
+    assert date_group(at(2026, 3, 10, 0, 5), now) == "Today"
+    assert date_group(at(2026, 3, 9, 23, 50), now) == "Yesterday"
+    assert date_group(at(2026, 3, 3, 12), now) == "Previous 7 days"
+    assert date_group(at(2026, 3, 2, 12), now) == "Older"

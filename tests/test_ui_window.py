@@ -1,0 +1,302 @@
+"""The main window on the scripted FakeEngine: chats, streaming answers, attach, reopen,
+settings. Every wait is on a signal or a condition, never a sleep."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from PySide6.QtCore import QMimeData, QPoint, Qt, QUrl
+from PySide6.QtGui import QDropEvent
+from PySide6.QtWidgets import QApplication, QMessageBox
+from ui_fixtures import open_window, text_file
+
+from desktop_app import settings as settings_mod
+from desktop_app.runtime import RuntimeStateError
+from desktop_app.settings import Settings
+from ui.main_window import MainWindow
+from ui.settings_dialog import SettingsDialog
+from ui.testing import FakeEngine
+
+
+@pytest.fixture
+def engine():
+    return FakeEngine(step_s=0.002, token_s=0.001).seed()
+
+
+@pytest.fixture
+def window(qtbot, engine):
+    return open_window(qtbot, engine)
+
+
+def activate(qtbot, window):
+    """Window shortcuts (Ctrl+K, Esc...) only reach the active window."""
+    with qtbot.waitActive(window):
+        window.show()
+        window.activateWindow()
+
+
+def ask(qtbot, window, text="What is attention?"):
+    with qtbot.waitSignal(window.answer_done, timeout=5000) as blocker:
+        window.send(text)
+    return blocker.args[0]
+
+
+def test_chats_are_grouped_by_date_and_searchable(qtbot, window):
+    assert window.chat_list.visible_titles() == {
+        "Today": ["What is multi-head attention?"],
+        "Yesterday": ["Summarize the release notes"],
+        "Previous 7 days": ["Compare the two documents"],
+        "Older": ["Positional encodings"],
+    }
+    activate(qtbot, window)
+    qtbot.keyClick(window, Qt.Key.Key_K, Qt.KeyboardModifier.ControlModifier)
+    qtbot.waitUntil(window.chat_list.search.hasFocus)
+    window.chat_list.search.setText("release")
+    assert window.chat_list.visible_titles() == {"Yesterday": ["Summarize the release notes"]}
+    assert window.doc_list.list.count() == 2
+    assert "6,120 tokens" in window.doc_list.list.item(0).text()
+
+
+def test_an_answer_streams_into_a_new_chat_about_the_ticked_document(qtbot, window, engine):
+    engine.token_s = 0.01  # slower than the view's redraw interval, so it redraws in between
+    window.doc_list.list.item(0).setCheckState(Qt.CheckState.Checked)
+    seen = []
+    window.chat_view.textChanged.connect(lambda: seen.append(window.chat_view.transcript()[-1]))
+    result = ask(qtbot, window, "What does it say?")
+    assert engine.last_call("ask")[:4] == ("ask", "What does it say?", None, 1)
+    assert result.answer.startswith("You asked: *What does it say?*")
+    # The answer grew on screen in pieces before it was complete.
+    partial = [text for role, text in seen if role == "assistant" and text != result.answer]
+    assert len({*partial}) > 2
+    assert window.chat_view.transcript()[-2:] == [("user", "What does it say?"),
+                                                  ("assistant", result.answer)]
+    assert window.chat_id == result.chat_id
+    assert "restored 6,120 tokens" in window.info.text()
+    qtbot.waitUntil(lambda: "What does it say?" in str(window.chat_list.visible_titles()))
+
+
+def test_a_new_chat_about_several_documents_goes_through_new_chat(qtbot, window, engine):
+    for i in range(2):
+        window.doc_list.list.item(i).setCheckState(Qt.CheckState.Checked)
+    ask(qtbot, window)
+    assert ("new_chat", [1, 2]) in engine.calls
+
+
+def test_enter_sends_and_shift_enter_adds_a_line(qtbot, window, engine):
+    qtbot.keyClicks(window.prompt, "first line")
+    qtbot.keyClick(window.prompt, Qt.Key.Key_Return, Qt.KeyboardModifier.ShiftModifier)
+    qtbot.keyClicks(window.prompt, "second")
+    assert window.prompt.toPlainText() == "first line\nsecond"
+    with qtbot.waitSignal(window.answer_done, timeout=5000):
+        qtbot.keyClick(window.prompt, Qt.Key.Key_Return)
+    assert window.prompt.toPlainText() == ""
+    assert engine.last_call("ask")[:4] == ("ask", "first line\nsecond", None, None)
+
+
+def test_escape_stops_a_streaming_answer(qtbot, window, engine):
+    activate(qtbot, window)
+    engine.token_s = 0.05
+    window.send("a slow one")
+    qtbot.waitUntil(lambda: len(window.chat_view.transcript()[-1][1]) > 10, timeout=5000)
+    assert window.send_button.text() == "Stop"
+    with qtbot.waitSignal(window.answer_done, timeout=5000) as blocker:
+        qtbot.keyClick(window, Qt.Key.Key_Escape)
+    assert blocker.args == [None]
+    role, text = window.chat_view.transcript()[-1]
+    assert role == "assistant" and text.startswith("You asked")
+    assert "stopped" in window.chat_view.toPlainText()
+    assert window.send_button.text() == "Send"
+
+
+def test_regenerate_replaces_the_last_answer(qtbot, window, engine):
+    first = ask(qtbot, window, "q")
+    with qtbot.waitSignal(window.answer_done, timeout=5000) as blocker:
+        window.chat_view.anchorClicked.emit(QUrl("kvdesk:regenerate"))
+    assert engine.last_call("regenerate")[:2] == ("regenerate", first.chat_id)
+    answers = [t for role, t in window.chat_view.transcript() if role == "assistant"]
+    assert answers == [blocker.args[0].answer] and "(again)" in answers[0]
+
+
+def test_copy_links_put_the_message_and_the_code_on_the_clipboard(qtbot, window):
+    result = ask(qtbot, window, "q")
+    window.chat_view.anchorClicked.emit(QUrl("kvdesk:copy/1"))
+    assert QApplication.clipboard().text() == result.answer
+    window.chat_view.anchorClicked.emit(QUrl("kvdesk:code/1/0"))
+    assert QApplication.clipboard().text().startswith("def restore(chunks):")
+
+
+def test_opening_a_past_chat_restores_it_at_the_slider_level(qtbot, window, engine):
+    chat = engine.chats()[2]  # "Compare the two documents"
+    window.quality.set_level("compact")
+    with qtbot.waitSignals([window.restored, window.messages_loaded], timeout=5000):
+        window.chat_list.chat_selected.emit(chat.chat_id)
+    assert ("reopen", chat.chat_id, "compact") in engine.calls
+    assert window.info.text().startswith("restored 7,")
+    assert "chunks:" in window.info.text() and "compact" in window.info.text()
+    assert [r for r, _ in window.chat_view.transcript()] == ["user", "assistant"]
+    assert "Attention Is All You Need.pdf, release-notes.md" in window.header.text()
+    # The next question goes to that chat, at the same level.
+    ask(qtbot, window, "and then?")
+    assert engine.last_call("ask")[:5] == ("ask", "and then?", chat.chat_id, None, "compact")
+
+
+def test_a_late_reply_never_lands_in_another_chat(qtbot, window, engine):
+    first, second = engine.chats()[0], engine.chats()[1]
+    engine.hold["messages"] = release = threading.Event()
+    loaded = []
+    window.messages_loaded.connect(lambda: loaded.append(window.chat_view.transcript()))
+    window.open_chat(first.chat_id)
+    window.open_chat(second.chat_id)
+    release.set()
+    qtbot.waitUntil(lambda: not window.runner.active, timeout=5000)
+    assert len(loaded) == 1 and loaded[0][0] == ("user", second.title)
+    assert ("reopen", second.chat_id, "high") in engine.calls
+
+
+def test_quality_tooltip_shows_the_estimate_for_the_chat(qtbot, window, engine):
+    with qtbot.waitSignal(window.restored, timeout=5000):
+        window.open_chat(engine.chats()[0].chat_id)
+    qtbot.waitUntil(lambda: "6,120 cached tokens" in window.quality.toolTip())
+    tip = window.quality.toolTip()
+    assert all(level in tip for level in engine.levels) and "ms" in tip and "MB" in tip
+
+
+def test_attaching_several_files_shows_progress_and_clear_errors(qtbot, window, engine,
+                                                                  tmp_path):
+    engine.step_s = 0.01
+    progress = []
+    paths = [text_file(tmp_path, "a.txt"), str(tmp_path / "pic.png"),
+             text_file(tmp_path, "long.txt", words=9000)]
+    (tmp_path / "pic.png").write_bytes(b"\x89PNG")
+    done = []
+    window.attach_done.connect(done.append)
+    window.attach_files(paths)
+    rows = [window.doc_list.rows.itemAt(i).widget() for i in range(3)]
+    rows[0].bar.valueChanged.connect(progress.append)
+    qtbot.waitUntil(lambda: len(done) == 3, timeout=10000)
+    assert progress and max(progress) == 100
+    assert "this is a PNG image" in rows[1].phase.text()  # the failed row stays, with why
+    assert "only the first 8,192 of 11,700 tokens fit" in window.info.text()
+    qtbot.waitUntil(lambda: window.doc_list.list.count() == 4)
+    # Documents attached while starting a chat are ticked for it.
+    titles = {d.doc_id: d.title for d in window.documents}
+    assert [titles[i] for i in window.doc_list.checked_ids()] == ["a.txt", "long.txt"]
+
+
+def test_cancelling_an_attach(qtbot, window, engine, tmp_path):
+    engine.step_s = 0.05
+    window.attach_files([text_file(tmp_path, "a.txt")])
+    row = window.doc_list.rows.itemAt(0).widget()
+    qtbot.waitUntil(lambda: row.bar.value() > 0, timeout=5000)
+    with qtbot.waitSignal(window.attach_done, timeout=5000) as blocker:
+        row.button.click()
+    assert blocker.args == ["cancelled"]
+    assert not any(c[0] == "attach" and c[1] != "a.txt" for c in engine.calls)
+
+
+def test_the_user_can_chat_while_a_document_computes(qtbot, window, engine, tmp_path):
+    engine.hold["attach"] = release = threading.Event()
+    attached = []
+    window.attach_done.connect(attached.append)
+    window.attach_files([text_file(tmp_path, "big.txt")])
+    result = ask(qtbot, window, "meanwhile?")
+    assert result is not None and not attached
+    with qtbot.waitSignal(window.attach_done, timeout=5000):
+        release.set()
+
+
+def test_dropped_files_are_attached(qtbot, window, engine, tmp_path):
+    data = QMimeData()
+    data.setUrls([QUrl.fromLocalFile(text_file(tmp_path, "dropped.md"))])
+    event = QDropEvent(QPoint(10, 10), Qt.DropAction.CopyAction, data,
+                       Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier)
+    with qtbot.waitSignal(window.attach_done, timeout=5000) as blocker:
+        window.dropEvent(event)
+    assert blocker.args[0].title == "dropped.md"
+
+
+def test_user_errors_show_their_message_and_bugs_a_short_one(qtbot, window, engine):
+    engine.fail_next["ask"] = RuntimeStateError("the context is full; start a new chat")
+    assert ask(qtbot, window) is None
+    assert window.info.text() == "the context is full; start a new chat"
+    engine.fail_next["ask"] = KeyError("oops")
+    assert ask(qtbot, window) is None
+    assert window.info.text() == "Unexpected error: KeyError: 'oops'"
+    assert "Traceback" not in window.chat_view.toPlainText()
+
+
+def test_a_model_that_cannot_load_is_explained(qtbot):
+    def broken():
+        raise RuntimeStateError("no model at /nowhere.gguf")
+
+    window = MainWindow(broken, Settings())
+    qtbot.addWidget(window)
+    with qtbot.waitSignal(window.engine_failed, timeout=5000):
+        pass
+    assert "no model at /nowhere.gguf" in window.info.text()
+    assert not window.prompt.isEnabled()
+
+
+def test_rename_delete_and_new_chat(qtbot, window, engine, monkeypatch):
+    chat = engine.chats()[0]
+    with qtbot.waitSignal(window.restored, timeout=5000):
+        window.open_chat(chat.chat_id)
+    monkeypatch.setattr("ui.main_window.QInputDialog.getText",
+                        lambda *a, **k: ("Renamed", True))
+    with qtbot.waitSignal(window.chats_changed, timeout=5000):
+        window.chat_list.rename_requested.emit(chat.chat_id, chat.title)
+    assert "Renamed" in window.header.text()
+    monkeypatch.setattr("ui.main_window.QMessageBox.question",
+                        lambda *a, **k: QMessageBox.StandardButton.Yes)
+    with qtbot.waitSignal(window.chats_changed, timeout=5000):
+        window.chat_list.delete_requested.emit(chat.chat_id)
+    assert window.chat_id is None and "Renamed" not in str(window.chat_list.visible_titles())
+    window.doc_list.list.item(0).setCheckState(Qt.CheckState.Checked)
+    ask(qtbot, window)
+    assert window.chat_id is not None
+    activate(qtbot, window)
+    qtbot.keyClick(window, Qt.Key.Key_N, Qt.KeyboardModifier.ControlModifier)
+    qtbot.waitUntil(lambda: window.chat_id is None)
+    assert "New chat" in window.header.text()
+
+
+def test_export_writes_the_engine_text(qtbot, window, engine, monkeypatch, tmp_path):
+    target = tmp_path / "out.md"
+    monkeypatch.setattr("ui.main_window.QFileDialog.getSaveFileName",
+                        lambda *a, **k: (str(target), ""))
+    chat = engine.chats()[0]
+    window.chat_list.export_requested.emit(chat.chat_id, "markdown")
+    qtbot.waitUntil(target.exists, timeout=5000)
+    assert target.read_text().startswith(f"# {chat.title}")
+
+
+def test_settings_persist_and_an_engine_change_asks_to_restart(qtbot, window, monkeypatch,
+                                                              tmp_path):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+
+    def edit(dialog: SettingsDialog) -> int:
+        dialog.theme.setCurrentIndex(dialog.theme.findData("dark"))
+        dialog.budget.setValue(3.5)
+        dialog.model.setText(str(model))
+        dialog.accept()
+        return dialog.result()
+
+    monkeypatch.setattr("ui.main_window.SettingsDialog.exec", edit)
+    monkeypatch.setattr("ui.main_window.QMessageBox.question",
+                        lambda *a, **k: QMessageBox.StandardButton.Yes)
+    with qtbot.waitSignal(window.restart_requested, timeout=2000) as blocker:
+        window.open_settings()
+    saved = settings_mod.load()
+    assert blocker.args[0].model == saved.model
+    assert (saved.theme, saved.storage_budget_gb, saved.model) == ("dark", 3.5, str(model))
+    assert window.colors.text == "#e6edf3"
+
+
+def test_the_settings_dialog_refuses_a_missing_model(qtbot):
+    dialog = SettingsDialog(Settings())
+    qtbot.addWidget(dialog)
+    dialog.model.setText("/no/such/model.gguf")
+    dialog.accept()
+    assert dialog.result() == 0 and "no such model file" in dialog.error.text()

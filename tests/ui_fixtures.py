@@ -1,0 +1,23 @@
+"""Helpers for the UI tests: a main window on the scripted FakeEngine, ready to use."""
+
+from __future__ import annotations
+
+from desktop_app.settings import Settings
+from ui.main_window import MainWindow
+from ui.testing import FakeEngine
+
+
+def open_window(qtbot, engine: FakeEngine, settings: Settings | None = None) -> MainWindow:
+    """A window whose engine, chats and documents have loaded (nothing else pending)."""
+    window = MainWindow(lambda: engine, settings or Settings())
+    qtbot.addWidget(window)
+    with qtbot.waitSignals([window.engine_ready, window.chats_changed,
+                            window.documents_changed], timeout=5000):
+        pass
+    return window
+
+
+def text_file(tmp_path, name: str, words: int = 50) -> str:
+    path = tmp_path / name
+    path.write_text("lorem ipsum " * (words // 2))
+    return str(path)
