@@ -19,7 +19,7 @@ endif
 WHEELHOUSE := $(HOME)/.cache/kvdesk/wheels/$(shell echo '$(LLAMA_VERSION) $(LLAMA_CMAKE_ARGS)' | cksum | cut -d' ' -f1)
 LLAMA_WHEEL_STAMP := $(WHEELHOUSE)/.built
 
-.PHONY: run test venv lint bench clean
+.PHONY: run test venv lint bench clean screenshots
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -53,3 +53,7 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# PNGs of the window's main states, on the scripted FakeEngine (no model needed).
+screenshots: $(STAMP)
+	$(BIN)/python -m ui.screenshots docs/screenshots

@@ -20,6 +20,7 @@ from PySide6.QtWidgets import QApplication, QWidget
 
 from desktop_app.settings import Settings
 
+from . import theme
 from .main_window import MainWindow
 from .settings_dialog import SettingsDialog
 from .testing import FakeEngine
@@ -48,8 +49,8 @@ def settle(seconds: float = 0.3) -> None:
         spin()
 
 
-def window(engine: FakeEngine, theme: str = "light") -> MainWindow:
-    w = MainWindow(lambda: engine, Settings(theme=theme))
+def window(engine: FakeEngine, look: str = "light") -> MainWindow:
+    w = MainWindow(lambda: engine, Settings(theme=look))
     w.resize(*SIZE)
     w.show()
     wait_until(lambda: w.engine is not None and bool(w.chats or not engine.chats()))
@@ -95,14 +96,15 @@ def main(argv: list[str]) -> int:
     save(w, out, "chatting")
     w.close()
 
-    for theme in ("light", "dark"):
+    for look in ("light", "dark"):
         engine = FakeEngine().seed()
-        w = window(engine, theme)
+        w = window(engine, look)
         w.open_chat(engine.chats()[2].chat_id)
         wait_until(lambda w=w: w.reopen_job is None and len(w.chat_view.transcript()) > 1)
-        save(w, out, "reopened" if theme == "light" else "reopened-dark")
+        save(w, out, "reopened" if look == "light" else "reopened-dark")
         w.close()
 
+    theme.apply(QApplication.instance(), "light")  # the dark window above repainted the app
     dialog = SettingsDialog(Settings())
     dialog.show()
     save(dialog, out, "settings")
