@@ -100,6 +100,10 @@ class Engine:
         self._attach_lock = threading.RLock()
         self._runtimes: dict[str, Runtime] = {}
         self._runtimes_lock = threading.Lock()
+        # Overlaps with loading the model: both mostly wait outside the GIL.
+        self._warm_up = threading.Thread(target=streaming.warm_up, args=(self.levels,),
+                                         name="codec-warm-up", daemon=True)
+        self._warm_up.start()
         saved = store.setting(SPEEDS_SETTING) or {}
         self.speeds = streaming.Speeds(
             decode_MBps=dict(saved.get("decode_MBps", {})),
@@ -129,6 +133,7 @@ class Engine:
         return rt.fingerprint
 
     def close(self) -> None:
+        self._warm_up.join()  # never leave numba working while the interpreter exits
         with self._runtimes_lock:
             for rt in self._runtimes.values():
                 rt.close()

@@ -88,6 +88,15 @@ class Throttle:
             time.sleep(delay)
 
 
+def warm_up(levels: Sequence[str]) -> None:
+    """Load the codec's compiled kernels (numba reads them from its on-disk cache on first
+    use, ~0.3 s) so the first restore of a session is not the one that pays for it."""
+    rng = np.random.default_rng(0)
+    k = rng.standard_normal((1, 8, 8)).astype(np.float16)
+    for level in levels:
+        codec.decode(codec.encode(k, k, level))
+
+
 def choose_level(
     *,
     levels: Sequence[str],
