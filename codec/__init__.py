@@ -15,6 +15,8 @@ API
         -> list[bytes]; decode_chunks(blobs) -> (keys, values) joins consecutive chunks.
     peek(blob) -> BlobInfo (level, config, n_layer, n_tokens, channels, first_token, nbytes,
         bits_per_element, format_version) from the header alone (no checksum, no decoding).
+    layout(blob) -> {part: bytes} for header, counts, sinks, scales, tables, streams: where
+        the bytes of a blob go (verifies the checksum, decodes nothing).
     levels() -> {name: CodecConfig}; CodecConfig.get_config() -> JSON-able dict with an "id";
         CodecConfig.from_config(dict) -> CodecConfig. `level` may be a name, a CodecConfig or
         such a dict.
@@ -31,7 +33,7 @@ store or the app.
 
 from .errors import CodecError
 from .levels import CodecConfig, KindConfig, levels
-from .pipeline import BlobInfo, decode, decode_chunks, encode, encode_chunks, peek
+from .pipeline import BlobInfo, decode, decode_chunks, encode, encode_chunks, layout, peek
 
 __all__ = ["BlobInfo", "CodecConfig", "CodecError", "KindConfig", "decode", "decode_chunks",
-           "encode", "encode_chunks", "levels", "peek"]
+           "encode", "encode_chunks", "layout", "levels", "peek"]

@@ -31,27 +31,29 @@ def available() -> bool:
 
 
 @cuda.jit
-def _kernel(words, off, ent, fc, lut, dq, akey, bkey, out, t0, lanes, n_grp, ok):
+def _kernel(words, off, ent, fc, lut, dq, akey, bkey, out, t0, lanes, states, n_grp, ok):
     item = cuda.grid(1)
     if item >= off.size - 1:
         return
     layer, g = item // n_grp, item % n_grp
     c0 = g * lanes
     nl = min(lanes, ent.shape[1] - c0)
+    ns = min(states, nl)
     p, end = off[item], off[item + 1]
-    if end - p < 2 * nl:
+    if end - p < 2 * ns:
         ok[item] = 0
         return
     x = cuda.local.array(MAX_LANES, np.int64)
-    for j in range(nl):
+    for j in range(ns):
         x[j] = (np.int64(words[p]) << 16) | words[p + 1]
         p += 2
     for t in range(akey.size):
         a = akey[t]
+        i = 0
         for j in range(nl):
             c = c0 + j
             e = ent[layer, c]
-            xj = x[j]
+            xj = x[i]
             slot = xj & SLOT_MASK
             s = lut[e, slot]
             v = fc[e, s]
@@ -62,16 +64,17 @@ def _kernel(words, off, ent, fc, lut, dq, akey, bkey, out, t0, lanes, n_grp, ok)
                     return
                 xj = (xj << 16) | words[p]
                 p += 1
-            x[j] = xj
+            x[i] = xj
             out[layer, t0 + t, c] = dq[layer, a, bkey[c], s]
+            i = 0 if i + 1 == ns else i + 1
     if p != end:
         ok[item] = 0
-    for j in range(nl):
+    for j in range(ns):
         if x[j] != RANS_LOW:
             ok[item] = 0
 
 
-def decode(words, counts, ent, fc, lut, dq, akey, bkey, out, t0, lanes):
+def decode(words, counts, ent, fc, lut, dq, akey, bkey, out, t0, lanes, states):
     """`rans.decode` on the GPU; copies in, decodes, copies `out` back."""
     n_items = counts.size
     off = np.zeros(n_items + 1, np.int64)
@@ -80,6 +83,6 @@ def decode(words, counts, ent, fc, lut, dq, akey, bkey, out, t0, lanes):
     dev = [cuda.to_device(np.ascontiguousarray(a)) for a in
            (words, off, ent, fc, lut, dq, akey, bkey, out, ok)]
     blocks = max(1, -(-n_items // THREADS))
-    _kernel[blocks, THREADS](*dev[:9], t0, lanes, counts.shape[1], dev[9])
+    _kernel[blocks, THREADS](*dev[:9], t0, lanes, states, counts.shape[1], dev[9])
     dev[8].copy_to_host(out)
     return bool(dev[9].copy_to_host().all())

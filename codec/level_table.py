@@ -12,10 +12,11 @@ code: `levels.py` validates and interprets it.
 """
 
 LEVELS = {
-    "lossless": {"mode": "lossless", "lanes": 16},
+    "lossless": {"mode": "lossless", "lanes": 32, "states": 4},
     "high": {
         "mode": "quantized",
-        "lanes": 16,
+        "lanes": 32,
+        "states": 4,
         "sink_tokens": 4,
         "anchor_group": 0,
         "keys": {"scale": "layer", "bins": [28, 24, 20], "layer_edges": [0.3333, 0.6667]},
@@ -23,7 +24,8 @@ LEVELS = {
     },
     "balanced": {
         "mode": "quantized",
-        "lanes": 16,
+        "lanes": 32,
+        "states": 4,
         "sink_tokens": 4,
         "anchor_group": 0,
         "keys": {"scale": "layer", "bins": [16, 14, 12], "layer_edges": [0.3333, 0.6667]},
@@ -31,7 +33,8 @@ LEVELS = {
     },
     "compact": {
         "mode": "quantized",
-        "lanes": 16,
+        "lanes": 32,
+        "states": 4,
         "sink_tokens": 4,
         "anchor_group": 0,
         "keys": {"scale": "layer", "bins": [12, 10, 8], "layer_edges": [0.3333, 0.6667]},
@@ -39,7 +42,8 @@ LEVELS = {
     },
     "cachegen-1": {
         "mode": "quantized",
-        "lanes": 16,
+        "lanes": 32,
+        "states": 4,
         "sink_tokens": 0,
         "anchor_group": 0,
         "keys": {"scale": "token", "bins": [16, 16, 12], "layer_edges": [0.3125, 0.625]},
@@ -47,7 +51,8 @@ LEVELS = {
     },
     "cachegen-2": {
         "mode": "quantized",
-        "lanes": 16,
+        "lanes": 32,
+        "states": 4,
         "sink_tokens": 0,
         "anchor_group": 0,
         "keys": {"scale": "token", "bins": [32, 16, 16], "layer_edges": [0.3125, 0.625]},
@@ -55,7 +60,8 @@ LEVELS = {
     },
     "cachegen-3": {
         "mode": "quantized",
-        "lanes": 16,
+        "lanes": 32,
+        "states": 4,
         "sink_tokens": 0,
         "anchor_group": 0,
         "keys": {"scale": "token", "bins": [32, 32, 32], "layer_edges": [0.3125, 0.625]},

@@ -63,7 +63,9 @@ class KindConfig:
 class CodecConfig:
     """One codec setting. mode "lossless" keeps fp16 bit-exact; "quantized" uses keys/values.
 
-    lanes: rANS streams interleaved in one word stream (a group of channels of one layer).
+    lanes: channels of one layer whose streams share one word stream (a group).
+    states: rANS states of a group; channel j of the group uses state j % states. Each state
+        costs 4 bytes of flush per group and chunk; several give the decoder parallel work.
     sink_tokens: the document's first tokens (attention sinks) are stored exact in fp16.
     anchor_group: 0 = plain; g > 0 = every g-th token is an anchor and the others are coded as
         deltas to their anchor's reconstruction (CacheGen paper style).
@@ -72,6 +74,7 @@ class CodecConfig:
     name: str
     mode: str
     lanes: int = 16
+    states: int = 4
     sink_tokens: int = 0
     anchor_group: int = 0
     keys: KindConfig | None = None
@@ -79,7 +82,7 @@ class CodecConfig:
 
     def get_config(self) -> dict[str, Any]:
         d: dict[str, Any] = {"id": CODEC_ID, "name": self.name, "mode": self.mode,
-                             "lanes": self.lanes}
+                             "lanes": self.lanes, "states": self.states}
         if self.mode == "quantized":
             d.update(sink_tokens=self.sink_tokens, anchor_group=self.anchor_group,
                      keys=self.keys.get_config(), values=self.values.get_config())
@@ -88,19 +91,21 @@ class CodecConfig:
     @classmethod
     def from_config(cls, d: Any) -> CodecConfig:
         _expect(isinstance(d, dict) and d.get("id") == CODEC_ID, d)
-        name, mode, lanes = d.get("name"), d.get("mode"), d.get("lanes")
+        name, mode = d.get("name"), d.get("mode")
+        lanes, states = d.get("lanes"), d.get("states")
         _expect(isinstance(name, str) and 0 < len(name) <= 64, name)
         _expect(_is_int(lanes) and 1 <= lanes <= MAX_LANES, lanes)
+        _expect(_is_int(states) and 1 <= states <= lanes, states)
+        common = {"id", "name", "mode", "lanes", "states"}
         if mode == "lossless":
-            _expect(set(d) == {"id", "name", "mode", "lanes"}, d)
-            return cls(name, mode, lanes)
+            _expect(set(d) == common, d)
+            return cls(name, mode, lanes, states)
         _expect(mode == "quantized", mode)
-        _expect(set(d) == {"id", "name", "mode", "lanes", "sink_tokens", "anchor_group",
-                           "keys", "values"}, d)
+        _expect(set(d) == common | {"sink_tokens", "anchor_group", "keys", "values"}, d)
         sink, anchor = d["sink_tokens"], d["anchor_group"]
         _expect(_is_int(sink) and 0 <= sink <= 1 << 20, sink)
         _expect(_is_int(anchor) and (anchor == 0 or 2 <= anchor <= 1 << 16), anchor)
-        return cls(name, mode, lanes, sink, anchor, KindConfig.from_config(d["keys"]),
+        return cls(name, mode, lanes, states, sink, anchor, KindConfig.from_config(d["keys"]),
                    KindConfig.from_config(d["values"]))
 
     def replace(self, **changes: Any) -> CodecConfig:

@@ -108,7 +108,7 @@ def encode(keys: np.ndarray, values: np.ndarray, level: str | CodecConfig | dict
         if any(be.any_nonfinite(b) for b in bits):
             raise CodecError("KV contains NaN or Inf; the codec refuses it")
         planes = [np.ascontiguousarray(p, np.uint8) for b in bits for p in (b >> 8, b & 0xFF)]
-        coded = [_encode_bytes(p, cfg.lanes, be) for p in planes]
+        coded = [_encode_bytes(p, cfg, be) for p in planes]
         return container.pack(header, [c[0] for c in coded] + [c[1] for c in coded]
                               + [c[2] for c in coded])
     n_sink = _n_sink(cfg, first_token, n_tok)
@@ -121,7 +121,7 @@ def encode(keys: np.ndarray, values: np.ndarray, level: str | CodecConfig | dict
                           + [c[1] for c in coded] + [c[3] for c in coded])
 
 
-def _encode_bytes(sym: np.ndarray, lanes: int, be):
+def _encode_bytes(sym: np.ndarray, cfg: CodecConfig, be):
     """One lossless byte plane -> (counts, freq tables [L, 256] uint16, words)."""
     n_layer, _, n_ch = sym.shape
     hist = np.bincount((sym + (np.arange(n_layer) * BYTE_SYMBOLS)[:, None, None].astype(
@@ -129,7 +129,8 @@ def _encode_bytes(sym: np.ndarray, lanes: int, be):
     freq = tables.explicit(hist)
     bank = tables.bank_of(freq)
     ent = np.repeat(np.arange(n_layer)[:, None], n_ch, axis=1)
-    words, counts = be.encode(sym, ent, bank.freq, bank.cum, bank.recip, lanes)
+    words, counts = be.encode(sym, ent, bank.freq, bank.cum, bank.recip, cfg.lanes,
+                              cfg.states)
     return counts, freq.astype(np.uint16), words
 
 
@@ -146,7 +147,7 @@ def _encode_kind(bits: np.ndarray, kind: KindConfig, cfg: CodecConfig, be):
     bank, cost, base = plan.bank()
     ent = be.choose_entries(hist, plan.nsym, base, cost, tables.N_RHO)
     words, counts = be.encode(sym, ent + base[:, None], bank.freq, bank.cum, bank.recip,
-                              cfg.lanes)
+                              cfg.lanes, cfg.states)
     return scales, ent.astype(np.uint16), counts, words
 
 
@@ -179,52 +180,83 @@ def _apply_anchors(seg: np.ndarray, group: int) -> None:
     seg[...] = full
 
 
-def decode(blob: bytes, *, backend=None) -> tuple[np.ndarray, np.ndarray]:
-    """Decode one chunk blob -> (keys, values) float16 [n_layer, n_tokens, channels]."""
+@dataclass(frozen=True)
+class _Parsed:
+    """A verified blob cut into its sections (per kind, or per lossless byte plane)."""
+
+    header: Header
+    counts: list[np.ndarray]
+    sinks: list[np.ndarray]
+    scales: list[np.ndarray]
+    tables: list[np.ndarray]  # codebook ids [L, C], or lossless frequencies [L, 256]
+    words: list[np.ndarray]
+
+
+def _parse(blob: bytes) -> _Parsed:
     header, reader = container.unpack(blob)
     cfg, n_layer, n_tok, n_ch = header.config, header.n_layer, header.n_tokens, header.channels
-    be = backend or active()
     n_grp = -(-n_ch // cfg.lanes)
-    out = [np.empty((n_layer, n_tok, n_ch), np.uint16) for _ in range(2)]
     if cfg.mode == "lossless":
         counts = [reader.take(np.uint32, (n_layer, n_grp)) for _ in range(4)]
         freqs = [reader.take(np.uint16, (n_layer, BYTE_SYMBOLS)) for _ in range(4)]
-        words = _take_words(reader, counts)
+        return _Parsed(header, counts, [], [], freqs, _take_words(reader, counts))
+    n_sink = _n_sink(cfg, header.first_token, n_tok)
+    plans = [_Plan.of(k, n_layer, n_tok - n_sink, n_ch, cfg.anchor_group)
+             for k in (cfg.keys, cfg.values)]
+    counts = [reader.take(np.uint32, (n_layer, n_grp)) for _ in range(2)]
+    sinks = [reader.take(np.uint16, (n_layer, n_sink, n_ch)) for _ in range(2)]
+    scales = [reader.take(np.uint16, (n_layer, p.n_a, p.n_b)) for p in plans]
+    ents = [reader.take(np.uint16, (n_layer, n_ch)) for _ in range(2)]
+    return _Parsed(header, counts, sinks, scales, ents, _take_words(reader, counts))
+
+
+def decode(blob: bytes, *, backend=None) -> tuple[np.ndarray, np.ndarray]:
+    """Decode one chunk blob -> (keys, values) float16 [n_layer, n_tokens, channels]."""
+    parts = _parse(blob)
+    header = parts.header
+    cfg, n_layer, n_tok, n_ch = header.config, header.n_layer, header.n_tokens, header.channels
+    be = backend or active()
+    out = [np.empty((n_layer, n_tok, n_ch), np.uint16) for _ in range(2)]
+    if cfg.mode == "lossless":
+        ent = np.repeat(np.arange(n_layer)[:, None], n_ch, axis=1)
         for k in range(2):
             low = np.empty_like(out[k])
             for i, target, shift in ((2 * k, out[k], 8), (2 * k + 1, low, 0)):
-                freq = freqs[i].astype(np.int64)
+                freq = parts.tables[i].astype(np.int64)
                 if np.any(freq.sum(axis=1) != tables.PROB_SCALE):
                     raise CodecError("codec blob has an invalid lossless frequency table")
-                ent = np.repeat(np.arange(n_layer)[:, None], n_ch, axis=1)
-                _run_decode(be, words[i], counts[i], ent, tables.bank_of(freq),
+                _run_decode(be, parts.words[i], parts.counts[i], ent, tables.bank_of(freq),
                             np.broadcast_to(_BYTE_DQ[shift], (n_layer, 1, 1, BYTE_SYMBOLS)),
                             np.zeros(n_tok, np.int64), np.zeros(n_ch, np.int64), target, 0,
-                            cfg.lanes)
+                            cfg)
             out[k] |= low
-    else:
-        n_sink = _n_sink(cfg, header.first_token, n_tok)
-        n_cod = n_tok - n_sink
-        plans = [_Plan.of(k, n_layer, n_cod, n_ch, cfg.anchor_group)
-                 for k in (cfg.keys, cfg.values)]
-        counts = [reader.take(np.uint32, (n_layer, n_grp)) for _ in range(2)]
-        for o in out:
-            o[:, :n_sink] = reader.take(np.uint16, (n_layer, n_sink, n_ch))
-        scales = [reader.take(np.uint16, (n_layer, p.n_a, p.n_b)) for p in plans]
-        ents = [reader.take(np.uint16, (n_layer, n_ch)).astype(np.int64) for _ in range(2)]
-        words = _take_words(reader, counts)
-        for i, plan in enumerate(plans):
-            if np.any((scales[i] & 0x8000) | (scales[i] >= 0x7C00)):
-                raise CodecError("codec blob has an invalid scale")
-            limit = np.array([tables.n_entries(n) for n in plan.nsym.tolist()])
-            if np.any(ents[i] >= limit[:, None]):
-                raise CodecError("codec blob names a table that does not exist")
-            bank, _, base = plan.bank()
-            _run_decode(be, words[i], counts[i], ents[i] + base[:, None], bank,
-                        plan.dequant(scales[i]), plan.akey, plan.bkey, out[i], n_sink, cfg.lanes)
-            if cfg.anchor_group:
-                _apply_anchors(out[i][:, n_sink:], cfg.anchor_group)
+        return out[0].view(np.float16), out[1].view(np.float16)
+    n_sink = _n_sink(cfg, header.first_token, n_tok)
+    for i, kind in enumerate((cfg.keys, cfg.values)):
+        plan = _Plan.of(kind, n_layer, n_tok - n_sink, n_ch, cfg.anchor_group)
+        scales, ents = parts.scales[i], parts.tables[i].astype(np.int64)
+        if np.any((scales & 0x8000) | (scales >= 0x7C00)):
+            raise CodecError("codec blob has an invalid scale")
+        limit = np.array([tables.n_entries(n) for n in plan.nsym.tolist()])
+        if np.any(ents >= limit[:, None]):
+            raise CodecError("codec blob names a table that does not exist")
+        out[i][:, :n_sink] = parts.sinks[i]
+        bank, _, base = plan.bank()
+        _run_decode(be, parts.words[i], parts.counts[i], ents + base[:, None], bank,
+                    plan.dequant(scales), plan.akey, plan.bkey, out[i], n_sink, cfg)
+        if cfg.anchor_group:
+            _apply_anchors(out[i][:, n_sink:], cfg.anchor_group)
     return out[0].view(np.float16), out[1].view(np.float16)
+
+
+def layout(blob: bytes) -> dict[str, int]:
+    """Bytes of each part of a verified blob: header (prelude, JSON, checksum), stream word
+    counts, sink tokens, scales, tables (codebook ids or lossless histograms) and streams."""
+    parts = _parse(blob)
+    sizes = {name: sum(a.nbytes for a in getattr(parts, attr)) for name, attr in (
+        ("counts", "counts"), ("sinks", "sinks"), ("scales", "scales"), ("tables", "tables"),
+        ("streams", "words"))}
+    return {"header": len(blob) - sum(sizes.values()), **sizes}
 
 
 def _take_words(reader: container.Reader, counts: list[np.ndarray]) -> list[np.ndarray]:
@@ -233,9 +265,9 @@ def _take_words(reader: container.Reader, counts: list[np.ndarray]) -> list[np.n
     return words
 
 
-def _run_decode(be, words, counts, ent, bank, dq, akey, bkey, out, t0, lanes) -> None:
+def _run_decode(be, words, counts, ent, bank, dq, akey, bkey, out, t0, cfg) -> None:
     if not be.decode(words, counts, ent, bank.fc, bank.lut, np.ascontiguousarray(dq), akey, bkey,
-                     out, t0, lanes):
+                     out, t0, cfg.lanes, cfg.states):
         raise CodecError("codec blob stream is corrupt (rANS check failed)")
 
 

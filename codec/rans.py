@@ -1,10 +1,13 @@
 """Numba CPU kernels of the rANS entropy coder (encode, and decode fused with dequantization).
 
 Format: 32-bit states kept in [2^16, 2^32), 16-bit words, PROB_BITS-bit probabilities. The
-channels of one layer are cut into groups of `lanes`; a group's lanes are independent rANS
-states interleaved in one word stream in (token, lane) order, which gives the CPU independent
-work per step and keeps the per-stream bookkeeping to one word count per group. Groups are
-independent: they are the unit of parallelism here and on the GPU.
+channels of one layer are cut into groups of `lanes`; each channel is a stream with its own
+table, and a group codes its streams in (token, lane) order with `states` interleaved rANS
+states (lane j uses state j % states) over one word stream. Several states give the CPU
+independent work per step; sharing them across lanes keeps the flush cost (4 bytes a state)
+and the bookkeeping (one word count per group) small. Groups are independent: they are the
+unit of parallelism here and on the GPU. A group's words are its states' final values
+(state 0 first, high word first) followed by the renormalization words in decode order.
 
 The decoder trusts nothing it reads from a stream: every word read is clamped to its group,
 and a group must end exactly at its last word with every state back at its initial
@@ -34,14 +37,14 @@ def group_offsets(counts):
 
 
 @njit(parallel=True, cache=True)
-def encode(sym, ent, freq, cum, recip, lanes):
+def encode(sym, ent, freq, cum, recip, lanes, states):
     """Symbols [L, T, C] with global entry ids [L, C] -> (words uint16, counts [L, G] uint32).
 
     recip = 1 / freq (0 where freq is 0): x // f becomes a float multiply and an exact fix-up.
     """
     n_layer, n_tok, n_ch = sym.shape
     n_grp = (n_ch + lanes - 1) // lanes
-    cap = lanes * n_tok + 2 * lanes  # at most one word per symbol plus the final states
+    cap = lanes * n_tok + 2 * states  # at most one word per symbol plus the final states
     buf = np.empty((n_layer * n_grp, cap), np.uint16)
     first = np.empty(n_layer * n_grp, np.int64)
     counts = np.empty((n_layer, n_grp), np.uint32)
@@ -49,15 +52,17 @@ def encode(sym, ent, freq, cum, recip, lanes):
         layer, g = item // n_grp, item % n_grp
         c0 = g * lanes
         nl = min(lanes, n_ch - c0)
-        x = np.full(nl, RANS_LOW, np.int64)
+        ns = min(states, nl)
+        x = np.full(ns, RANS_LOW, np.int64)
         e = ent[layer, c0:c0 + nl].copy()
+        sid = np.arange(nl) % ns  # a lookup, not a division per symbol
         pos = cap
         for t in range(n_tok - 1, -1, -1):
             for j in range(nl - 1, -1, -1):
                 ej = e[j]
                 s = sym[layer, t, c0 + j]
                 f = freq[ej, s]
-                xj = x[j]
+                xj = x[sid[j]]
                 # branch-free renormalization: always store, advance only when it is needed
                 emit = xj >= f << (32 - PROB_BITS)
                 buf[item, pos - 1] = xj & 0xFFFF
@@ -71,8 +76,8 @@ def encode(sym, ent, freq, cum, recip, lanes):
                 elif r >= f:
                     q += 1
                     r -= f
-                x[j] = (q << PROB_BITS) + r + cum[ej, s]
-        for j in range(nl - 1, -1, -1):
+                x[sid[j]] = (q << PROB_BITS) + r + cum[ej, s]
+        for j in range(ns - 1, -1, -1):
             buf[item, pos - 1] = x[j] & 0xFFFF
             buf[item, pos - 2] = x[j] >> 16
             pos -= 2
@@ -86,7 +91,7 @@ def encode(sym, ent, freq, cum, recip, lanes):
 
 
 @njit(parallel=True, cache=True)
-def decode(words, counts, ent, fc, lut, dq, akey, bkey, out, t0, lanes):
+def decode(words, counts, ent, fc, lut, dq, akey, bkey, out, t0, lanes, states):
     """Decode every group into out[:, t0:t0 + len(akey), :]; False when a group is inconsistent.
 
     fc[e, s] = freq | cum << 16 (one load instead of two); dq[L, A, B, S] (C-contiguous) holds
@@ -102,24 +107,27 @@ def decode(words, counts, ent, fc, lut, dq, akey, bkey, out, t0, lanes):
         layer, g = item // n_grp, item % n_grp
         c0 = g * lanes
         nl = min(lanes, n_ch - c0)
+        ns = min(states, nl)
         p, end = off[item], off[item + 1]
-        if end - p < 2 * nl:
+        if end - p < 2 * ns:
             ok[item] = False
             continue
-        x = np.empty(nl, np.int64)
+        x = np.empty(ns, np.int64)
+        for j in range(ns):
+            x[j] = (np.int64(words[p]) << 16) | words[p + 1]
+            p += 2
         e = np.empty(nl, np.int64)
         lane_dq = np.empty(nl, np.int64)
+        sid = np.arange(nl) % ns
         for j in range(nl):
-            x[j] = (np.int64(words[p]) << 16) | words[p + 1]
             e[j] = ent[layer, c0 + j]
             lane_dq[j] = bkey[c0 + j] * width
-            p += 2
         last = end - 1
         for t in range(akey.size):
             row_dq = (layer * n_a + akey[t]) * n_b * width
             row = out[layer, t0 + t]
             for j in range(nl):
-                xj = x[j]
+                xj = x[sid[j]]
                 ej = e[j]
                 slot = xj & SLOT_MASK
                 s = lut[ej, slot]
@@ -131,11 +139,11 @@ def decode(words, counts, ent, fc, lut, dq, akey, bkey, out, t0, lanes):
                 refill = xj < RANS_LOW
                 xj = (xj << (16 * refill)) | (w * refill)
                 p += refill
-                x[j] = xj
+                x[sid[j]] = xj
                 row[c0 + j] = flat[row_dq + lane_dq[j] + s]
         if p != end:
             ok[item] = False
-        for j in range(nl):
+        for j in range(ns):
             if x[j] != RANS_LOW:
                 ok[item] = False
     return ok.all()

@@ -58,57 +58,60 @@ def choose_entries(hist, nsym, base, cost, n_rho):
     return ent
 
 
-def encode(sym, ent, freq, cum, recip, lanes):  # recip: the kernel's speed-up, unused
+def encode(sym, ent, freq, cum, recip, lanes, states):  # recip: the kernel's speed-up
     n_layer, n_tok, n_ch = sym.shape
     n_grp = -(-n_ch // lanes)
     streams, counts = [], np.empty((n_layer, n_grp), np.uint32)
     for layer in range(n_layer):
         for g in range(n_grp):
             chans = range(g * lanes, min((g + 1) * lanes, n_ch))
-            x = {c: RANS_LOW for c in chans}
+            ns = min(states, len(chans))
+            x = [RANS_LOW] * ns
             out: list[int] = []  # written back to front
             for t in reversed(range(n_tok)):
-                for c in reversed(chans):
+                for j in reversed(range(len(chans))):
+                    c, i = chans[j], j % ns
                     e, s = ent[layer, c], sym[layer, t, c]
                     f = int(freq[e, s])
-                    if x[c] >= f << (32 - PROB_BITS):
-                        out.append(x[c] & 0xFFFF)
-                        x[c] >>= 16
-                    x[c] = ((x[c] // f) << PROB_BITS) + x[c] % f + int(cum[e, s])
-            for c in reversed(chans):
-                out += [x[c] & 0xFFFF, x[c] >> 16]
+                    if x[i] >= f << (32 - PROB_BITS):
+                        out.append(x[i] & 0xFFFF)
+                        x[i] >>= 16
+                    x[i] = ((x[i] // f) << PROB_BITS) + x[i] % f + int(cum[e, s])
+            for i in reversed(range(ns)):
+                out += [x[i] & 0xFFFF, x[i] >> 16]
             streams.append(np.array(out[::-1], np.uint16))
             counts[layer, g] = len(out)
     return np.concatenate(streams), counts
 
 
-def decode(words, counts, ent, fc, lut, dq, akey, bkey, out, t0, lanes):
+def decode(words, counts, ent, fc, lut, dq, akey, bkey, out, t0, lanes, states):
     n_layer, n_grp = counts.shape
     n_ch = ent.shape[1]
     p = 0
     for layer in range(n_layer):
         for g in range(n_grp):
             chans = range(g * lanes, min((g + 1) * lanes, n_ch))
+            ns = min(states, len(chans))
             end = p + int(counts[layer, g])
-            if end - p < 2 * len(chans):
+            if end - p < 2 * ns:
                 return False
-            x = {}
-            for c in chans:
-                x[c] = (int(words[p]) << 16) | int(words[p + 1])
+            x = []
+            for _ in range(ns):
+                x.append((int(words[p]) << 16) | int(words[p + 1]))
                 p += 2
             for t, a in enumerate(akey):
-                for c in chans:
-                    e = ent[layer, c]
-                    slot = x[c] & SLOT_MASK
+                for j, c in enumerate(chans):
+                    i, e = j % ns, ent[layer, c]
+                    slot = x[i] & SLOT_MASK
                     s = int(lut[e, slot])
                     freq, cum = int(fc[e, s]) & 0xFFFF, int(fc[e, s]) >> 16
-                    x[c] = freq * (x[c] >> PROB_BITS) + slot - cum
-                    if x[c] < RANS_LOW:
+                    x[i] = freq * (x[i] >> PROB_BITS) + slot - cum
+                    if x[i] < RANS_LOW:
                         if p >= end:
                             return False
-                        x[c] = (x[c] << 16) | int(words[p])
+                        x[i] = (x[i] << 16) | int(words[p])
                         p += 1
                     out[layer, t0 + t, c] = dq[layer, a, bkey[c], s]
-            if p != end or any(v != RANS_LOW for v in x.values()):
+            if p != end or any(v != RANS_LOW for v in x):
                 return False
     return True

@@ -70,7 +70,7 @@ def section_offsets(blob: bytes) -> dict[str, int]:
 
 def custom(name: str = "custom", **kw) -> CodecConfig:
     """A quantized config for tests, with overridable fields."""
-    base = {"id": "kvdesk.kv", "name": name, "mode": "quantized", "lanes": 4,
+    base = {"id": "kvdesk.kv", "name": name, "mode": "quantized", "lanes": 4, "states": 3,
             "sink_tokens": 0, "anchor_group": 0,
             "keys": {"scale": "channel", "bins": [16, 8], "layer_edges": [0.5]},
             "values": {"scale": "token", "bins": [12], "layer_edges": []}}

@@ -154,5 +154,5 @@ def test_rans_decoder_survives_garbage_streams():
         counts = rng.integers(0, 40, (2, 2)).astype(np.uint32)
         words = rng.integers(0, 1 << 16, int(counts.sum())).astype(np.uint16)
         ok = rans.decode(words, counts, ent, bank.fc, bank.lut, dq,
-                         np.zeros(50, np.int64), np.arange(6), out, 0, 4)
+                         np.zeros(50, np.int64), np.arange(6), out, 0, 4, 3)
         assert ok in (True, False)
