@@ -3,5 +3,3 @@
 It never imports llama.cpp, SQLite or the codec (an import-linter contract): every model, store
 and codec operation goes through the engine, on worker threads.
 """
-
-from . import compat  # noqa: F401  (must run before any PySide6 call; see its docstring)
