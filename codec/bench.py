@@ -55,10 +55,13 @@ def measure(keys: np.ndarray, values: np.ndarray, level: str, runs: int) -> dict
             decode(b)
         dec.append(time.perf_counter() - t)
     size = sum(len(b) for b in blobs)
+    # The best run shows what the kernels can do when the shared machine is quiet.
     return {"encode_MBps": round(mb / float(np.median(enc)), 1),
             "decode_MBps": round(mb / float(np.median(dec)), 1),
             "bits_per_element": round(size * 8 / (keys.size + values.size), 4),
-            "bytes": size}
+            "bytes": size,
+            "encode_MBps_best": round(mb / min(enc), 1),
+            "decode_MBps_best": round(mb / min(dec), 1)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -77,10 +80,11 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(result))
         return
     print(f"KV {keys.shape} from {source}; backend {result['backend']}; median of {args.runs}")
-    print(f"{'level':<12} {'encode MB/s':>12} {'decode MB/s':>12} {'bits/elem':>10}")
+    print(f"{'level':<12} {'encode MB/s':>12} {'decode MB/s':>12} {'bits/elem':>10}   "
+          f"(best run: encode, decode)")
     for name, r in result["levels"].items():
         print(f"{name:<12} {r['encode_MBps']:>12} {r['decode_MBps']:>12} "
-              f"{r['bits_per_element']:>10}")
+              f"{r['bits_per_element']:>10}   ({r['encode_MBps_best']}, {r['decode_MBps_best']})")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 high / balanced / compact: one uniform step per layer ("layer" scale: the per-layer uniform
 quantizer the quality notes measured best per bit, and the lowest MSE per bit measured here),
 more bins in early layers, the first 4 tokens kept exact (attention sinks); bins chosen for
-about 2.1 / 1.5 / 0.9 bits per element on the default model's KV (benchmarks/RESULTS.md).
+at most 2.1 / 1.5 / 1.0 bits per element on the default model's KV (benchmarks/RESULTS.md).
 cachegen-1/2/3: CacheGen's published per-token bins, for comparison with the paper.
 
 Each entry is a CodecConfig in its JSON form minus "id" and "name". A Python dict rather than a
@@ -19,7 +19,7 @@ LEVELS = {
         "states": 4,
         "sink_tokens": 4,
         "anchor_group": 0,
-        "keys": {"scale": "layer", "bins": [28, 24, 20], "layer_edges": [0.3333, 0.6667]},
+        "keys": {"scale": "layer", "bins": [32, 28, 24], "layer_edges": [0.3333, 0.6667]},
         "values": {"scale": "layer", "bins": [20, 16, 12], "layer_edges": [0.3333, 0.6667]},
     },
     "balanced": {
@@ -28,8 +28,8 @@ LEVELS = {
         "states": 4,
         "sink_tokens": 4,
         "anchor_group": 0,
-        "keys": {"scale": "layer", "bins": [16, 14, 12], "layer_edges": [0.3333, 0.6667]},
-        "values": {"scale": "layer", "bins": [12, 12, 10], "layer_edges": [0.3333, 0.6667]},
+        "keys": {"scale": "layer", "bins": [18, 16, 12], "layer_edges": [0.3333, 0.6667]},
+        "values": {"scale": "layer", "bins": [14, 12, 10], "layer_edges": [0.3333, 0.6667]},
     },
     "compact": {
         "mode": "quantized",
@@ -37,8 +37,8 @@ LEVELS = {
         "states": 4,
         "sink_tokens": 4,
         "anchor_group": 0,
-        "keys": {"scale": "layer", "bins": [12, 10, 8], "layer_edges": [0.3333, 0.6667]},
-        "values": {"scale": "layer", "bins": [8, 8, 6], "layer_edges": [0.3333, 0.6667]},
+        "keys": {"scale": "layer", "bins": [14, 12, 10], "layer_edges": [0.3333, 0.6667]},
+        "values": {"scale": "layer", "bins": [10, 8, 6], "layer_edges": [0.3333, 0.6667]},
     },
     "cachegen-1": {
         "mode": "quantized",
