@@ -15,11 +15,12 @@ application should import the codec early or set OMP_WAIT_POLICY itself.
 
 from __future__ import annotations
 
+import functools
 import os
+import threading
+from types import SimpleNamespace
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-from functools import cache
-from types import SimpleNamespace
 
 from . import quant, rans, reference
 from .errors import CodecError
@@ -27,13 +28,28 @@ from .errors import CodecError
 NAMES = ("cpu", "cuda", "reference")
 
 
+# One parallel kernel at a time: each already uses every core, and numba's fallback threading
+# layer (workqueue, where OpenMP and TBB are missing) aborts the process on concurrent use.
+_KERNEL_LOCK = threading.Lock()
+
+
+def _serialized(kernel):
+    @functools.wraps(kernel)
+    def run(*args):
+        with _KERNEL_LOCK:
+            return kernel(*args)
+
+    return run
+
+
 def _cpu() -> SimpleNamespace:
-    return SimpleNamespace(name="cpu", any_nonfinite=quant.any_nonfinite,
-                           quantize=quant.quantize, choose_entries=quant.choose_entries,
-                           encode=rans.encode, decode=rans.decode)
+    kernels = ((quant, "any_nonfinite"), (quant, "quantize"), (quant, "choose_entries"),
+               (rans, "encode"), (rans, "decode"))
+    return SimpleNamespace(name="cpu", **{name: _serialized(getattr(module, name))
+                                          for module, name in kernels})
 
 
-@cache
+@functools.cache
 def get(name: str) -> SimpleNamespace:
     """The backend called `name`."""
     if name == "cpu":
@@ -52,7 +68,7 @@ def get(name: str) -> SimpleNamespace:
     raise CodecError(f"unknown codec backend {name!r}; known: {', '.join(NAMES)}")
 
 
-@cache
+@functools.cache
 def active() -> SimpleNamespace:
     """The backend used when none is named: the environment's choice, else the fastest."""
     forced = os.environ.get("KVDESK_CODEC_BACKEND")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -228,3 +229,23 @@ def test_custom_config_dict_is_accepted_and_travels_in_the_blob():
     assert codec.peek(blob).level == "mine"
     assert codec.peek(blob).config == cfg.get_config()
     codec.decode(blob)
+
+
+def test_layout_accounts_for_every_byte():
+    keys, values = real_kv(40)
+    for level in codec.levels():
+        blob = codec.encode(keys, values, level)
+        parts = codec.layout(blob)
+        assert sum(parts.values()) == len(blob)
+        assert parts["streams"] > 0.5 * len(blob)
+
+
+def test_concurrent_threads_get_the_same_bytes():
+    keys, values = random_kv((3, 64, 40), seed=12)
+    want = codec.encode(keys, values, "balanced")
+    with ThreadPoolExecutor(4) as pool:
+        blobs = list(pool.map(lambda _: codec.encode(keys, values, "balanced"), range(8)))
+        decoded = list(pool.map(codec.decode, blobs))
+    assert all(b == want for b in blobs)
+    k0 = codec.decode(want)[0]
+    assert all(np.array_equal(k.view(np.uint16), k0.view(np.uint16)) for k, _ in decoded)
