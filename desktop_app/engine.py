@@ -50,6 +50,7 @@ DEFAULT_LEVELS = ("lossless", "high", "balanced", "compact")
 QUALITY_ORDER = ("lossless", "high", "cachegen-3", "balanced", "cachegen-2", "compact",
                  "cachegen-1")
 DEFAULT_CHUNK_TOKENS = 256
+UNTITLED = "New chat"  # until the first question names it
 SPEEDS_SETTING = "engine.speeds"
 
 ProgressFn = Callable[[Progress], None]
@@ -335,7 +336,7 @@ class Engine:
         docs = [self._document(d) for d in doc_ids]
         if len(docs) > 1:
             raise EngineError("a chat is about one document at a time")
-        chat = self.store.create_chat(title or (docs[0].title if docs else "New chat"),
+        chat = self.store.create_chat(title or UNTITLED,
                                       [d.id for d in docs])
         return ChatInfo(chat.id, chat.title, [d.id for d in docs], 0, chat.created, chat.updated)
 
@@ -462,8 +463,8 @@ class Engine:
         if chat_id is None:
             chat_id = self.new_chat([doc_id] if doc_id is not None else [],
                                     title=_title_of(question)).chat_id
-        else:
-            self._chat(chat_id)
+        elif self._chat(chat_id).title == UNTITLED and not self.store.messages(chat_id):
+            self.store.rename_chat(chat_id, _title_of(question))
         with self._chat_lock:
             rt = self.runtime
             _, msgs, context, _ = self._conversation(rt, chat_id)

@@ -222,31 +222,64 @@ def parse_seq_state(data: bytes | bytearray | memoryview) -> KVState:
     )
 
 
+class StateBuffer:
+    """The bytes of a sequence state, allocated once, with writable KV views into them.
+
+    `keys` and `values` are [n_layer, n_tokens, channels] numpy views of the exact places
+    llama.cpp will read (values as a transposed view when v_trans), so a streaming restore
+    decodes chunks straight into the state it hands to llama_state_seq_set_data — no
+    intermediate arrays, no concatenation, no copy of the whole cache.
+    """
+
+    def __init__(self, n_layer: int, n_tokens: int, channels: int, dtype, *, v_trans: bool,
+                 positions: np.ndarray | None = None, seq_id: int = 0):
+        dt = np.dtype(dtype).newbyteorder("<")
+        type_id = next((t for t, d in _FLOAT_TYPES.items() if d == dt), None)
+        if type_id is None:
+            raise KVStateError(f"unsupported KV dtype {dtype}")
+        head = struct.pack("<IiII", SEQ_STATE_MAGIC, seq_id, 1, n_tokens)
+        if n_tokens == 0:
+            self.data = bytearray(head)
+            self.keys = self.values = np.zeros((0, 0, 0), dt)
+            return
+        row = channels * dt.itemsize
+        layer = n_tokens * row
+        k_head = struct.pack("<iQ", type_id, row)
+        v_head = (struct.pack("<iII", type_id, dt.itemsize, channels) if v_trans
+                  else struct.pack("<iQ", type_id, row))
+        cells_at = len(head)
+        k_at = cells_at + 12 * n_tokens + 8
+        v_at = k_at + n_layer * (len(k_head) + layer)
+        self.data = bytearray(v_at + n_layer * (len(v_head) + layer))
+        mv = memoryview(self.data)
+        mv[:cells_at] = head
+        meta = np.frombuffer(mv[cells_at : cells_at + 12 * n_tokens], "<i4").reshape(-1, 3)
+        meta[:, 0] = np.arange(n_tokens) if positions is None else positions
+        meta[:, 1] = 1
+        meta[:, 2] = seq_id
+        mv[k_at - 8 : k_at] = struct.pack("<II", int(v_trans), n_layer)
+        for il in range(n_layer):
+            mv[k_at + il * (len(k_head) + layer) :][: len(k_head)] = k_head
+            mv[v_at + il * (len(v_head) + layer) :][: len(v_head)] = v_head
+        # Views over the per-layer payloads: strides skip each layer's small header.
+        self.keys = np.ndarray((n_layer, n_tokens, channels), dt, self.data,
+                               offset=k_at + len(k_head),
+                               strides=(len(k_head) + layer, row, dt.itemsize))
+        if v_trans:
+            self.values = np.ndarray((n_layer, n_tokens, channels), dt, self.data,
+                                     offset=v_at + len(v_head),
+                                     strides=(len(v_head) + layer, dt.itemsize,
+                                              n_tokens * dt.itemsize))
+        else:
+            self.values = np.ndarray((n_layer, n_tokens, channels), dt, self.data,
+                                     offset=v_at + len(v_head),
+                                     strides=(len(v_head) + layer, row, dt.itemsize))
+
+
 def build_seq_state(kv: KVState) -> bytes:
     """Build the exact state bytes for `kv`, ready for llama_state_seq_set_data."""
-    n_layer, n_cells, channels = kv.keys.shape
-    head = struct.pack("<IiI", SEQ_STATE_MAGIC, kv.seq_id, 1)
-    if n_cells == 0:
-        return head + struct.pack("<I", 0)
-
-    dt = kv.keys.dtype.newbyteorder("<")
-    type_id = next(t for t, d in _FLOAT_TYPES.items() if d == dt)
-    meta = np.empty((n_cells, 3), dtype="<i4")
-    meta[:, 0] = kv.positions
-    meta[:, 1] = 1
-    meta[:, 2] = kv.seq_id
-
-    parts = [head, struct.pack("<I", n_cells), meta.tobytes(),
-             struct.pack("<II", int(kv.v_trans), n_layer)]
-    k_head = struct.pack("<iQ", type_id, channels * dt.itemsize)
-    for il in range(n_layer):
-        parts += [k_head, np.ascontiguousarray(kv.keys[il], dtype=dt).tobytes()]
-    if kv.v_trans:
-        v_head = struct.pack("<iII", type_id, dt.itemsize, channels)
-        for il in range(n_layer):
-            parts += [v_head, np.ascontiguousarray(kv.values[il].T, dtype=dt).tobytes()]
-    else:
-        v_head = struct.pack("<iQ", type_id, channels * dt.itemsize)
-        for il in range(n_layer):
-            parts += [v_head, np.ascontiguousarray(kv.values[il], dtype=dt).tobytes()]
-    return b"".join(parts)
+    buf = StateBuffer(*kv.keys.shape, kv.keys.dtype, v_trans=kv.v_trans,
+                      positions=kv.positions, seq_id=kv.seq_id)
+    buf.keys[...] = kv.keys
+    buf.values[...] = kv.values
+    return bytes(buf.data)

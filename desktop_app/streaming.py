@@ -164,11 +164,10 @@ def restore(
     lay = runtime.layout
     bytes_per_token = lay.kv_bytes_per_token
 
-    keys = np.empty((lay.n_layer, match.n_tokens, lay.channels), np.float16)
-    values = np.empty_like(keys)
+    state = runtime.new_state_buffer(match.n_tokens)  # chunks are decoded into it in place
     fetched: queue.Queue[_Fetched | None] = queue.Queue(maxsize=3)
     stop = threading.Event()
-    state = {"read_bytes": 0, "read_s": 0.0}
+    io = {"read_bytes": 0, "read_s": 0.0}
     declared = options.bandwidth_MBps
     budget_s = options.budget_ms / 1000 if options.budget_ms is not None else None
 
@@ -182,8 +181,8 @@ def restore(
                 chunk_sizes = {lvl: sizes[(span.entry_id, span.chunk_index, lvl)]
                                for lvl in levels
                                if (span.entry_id, span.chunk_index, lvl) in sizes}
-                measured = (state["read_bytes"] / 1e6 / state["read_s"]
-                            if state["read_s"] > 0 else speeds.read_MBps)
+                measured = (io["read_bytes"] / 1e6 / io["read_s"]
+                            if io["read_s"] > 0 else speeds.read_MBps)
                 elapsed = time.perf_counter() - t0
                 choice = choose_level(
                     levels=levels, sizes=chunk_sizes, raw_bytes=n_tok * bytes_per_token,
@@ -204,8 +203,8 @@ def restore(
                     fetched.put(_Fetched(span, choice.level, None, str(e)))
                     return
                 throttle.wait(len(data))
-                state["read_s"] += time.perf_counter() - r0
-                state["read_bytes"] += len(data)
+                io["read_s"] += time.perf_counter() - r0
+                io["read_bytes"] += len(data)
                 fetched.put(_Fetched(span, choice.level, data))
         finally:
             fetched.put(None)
@@ -236,8 +235,8 @@ def restore(
                                 f"{item.span.chunk_index} of entry {item.span.entry_id} "
                                 f"cannot be decoded ({e})")
                 break
-            keys[:, item.span.token_start : item.span.token_end] = k
-            values[:, item.span.token_start : item.span.token_end] = v
+            state.keys[:, item.span.token_start : item.span.token_end] = k
+            state.values[:, item.span.token_start : item.span.token_end] = v
             speeds.observe_decode(item.level, k.nbytes + v.nbytes, time.perf_counter() - d0)
             n_restored = item.span.token_end
             chunk_levels.append(item.level)
@@ -250,11 +249,13 @@ def restore(
                 fetched.get_nowait()
             except queue.Empty:
                 thread.join(0.01)
-    if state["read_s"] > 0 and not declared:
-        speeds.read_MBps = state["read_bytes"] / 1e6 / state["read_s"]
+    if io["read_s"] > 0 and not declared:
+        speeds.read_MBps = io["read_bytes"] / 1e6 / io["read_s"]
 
-    if n_restored:
-        kv = KVState(keys[:, :n_restored], values[:, :n_restored],
+    if n_restored == match.n_tokens and n_restored:
+        runtime.restore_buffer(state, tokens[:n_restored])
+    elif n_restored:  # the stored part ended early: only its first chunks are usable
+        kv = KVState(state.keys[:, :n_restored], state.values[:, :n_restored],
                      np.arange(n_restored, dtype=np.int32), v_trans=lay.v_trans)
         runtime.restore(kv, tokens[:n_restored])
     else:
@@ -272,7 +273,7 @@ def restore(
     return RestoreReport(
         tokens=len(tokens),
         restore_s=time.perf_counter() - t0,
-        bytes_read=state["read_bytes"],
+        bytes_read=io["read_bytes"],
         chunk_levels=chunk_levels,
         recomputed_tokens=len(rest),
         messages=messages,

@@ -22,7 +22,7 @@ replaced the following spring with glass made in Birmingham."""
 QUESTION = "When was the lighthouse electrified?"
 
 
-def make_engine(data_dir, model_path, model_hash, *, flash_attn=False, n_ctx=1024):
+def make_engine(data_dir, model_path, model_hash, *, flash_attn=True, n_ctx=1024):
     def factory():
         return Runtime(model_path, model_hash=model_hash, n_ctx=n_ctx, flash_attn=flash_attn)
 
@@ -132,8 +132,8 @@ def test_other_model_fingerprint_is_never_loaded(tmp_path, model_path, model_has
     doc_id = eng.attach(path, levels=["high"]).doc_id
     eng.close()
     eng.store.close()
-    # Same file, other KV layout (flash attention on: V not transposed): another fingerprint.
-    other = make_engine(data, model_path, model_hash, flash_attn=True)
+    # Same file, other KV layout (flash attention off: V transposed): another fingerprint.
+    other = make_engine(data, model_path, model_hash, flash_attn=False)
     try:
         assert [d.status for d in other.documents()] == ["stale"]
         res = other.ask(QUESTION, doc_id=doc_id, max_tokens=8)
