@@ -95,7 +95,7 @@ def test_forced_and_throttled_levels(engine, doc_id):
     forced = engine.reopen(chat, level="compact")
     assert set(forced.chunk_levels) == {"compact"}
     # A slow link and a tight budget: the adaptive choice must step down from the best level.
-    slow = engine.reopen(chat, budget_ms=60, bandwidth_MBps=20)
+    slow = engine.reopen(chat, budget_ms=30, bandwidth_MBps=5)
     assert "lossless" not in slow.chunk_levels
     relaxed = engine.reopen(chat, budget_ms=60_000)
     assert set(relaxed.chunk_levels) == {"lossless"}
