@@ -74,14 +74,30 @@ def _kernel(words, off, ent, fc, lut, dq, akey, bkey, out, t0, lanes, states, n_
             ok[item] = 0
 
 
+_TABLES: dict[int, tuple[np.ndarray, object]] = {}
+MAX_CACHED_TABLES = 16
+
+
+def _on_device(table: np.ndarray):
+    """Device copy of a codebook table, kept across calls: codebooks are cached host objects
+    of up to a few MB that every chunk of a level uses."""
+    hit = _TABLES.get(id(table))
+    if hit is None or hit[0] is not table:
+        if len(_TABLES) >= MAX_CACHED_TABLES:
+            _TABLES.pop(next(iter(_TABLES)))
+        hit = _TABLES[id(table)] = (table, cuda.to_device(np.ascontiguousarray(table)))
+    return hit[1]
+
+
 def decode(words, counts, ent, fc, lut, dq, akey, bkey, out, t0, lanes, states):
     """`rans.decode` on the GPU; copies in, decodes, copies `out` back."""
     n_items = counts.size
     off = np.zeros(n_items + 1, np.int64)
     np.cumsum(counts.ravel(), out=off[1:])
     ok = np.ones(n_items, np.uint8)
-    dev = [cuda.to_device(np.ascontiguousarray(a)) for a in
-           (words, off, ent, fc, lut, dq, akey, bkey, out, ok)]
+    dev = [cuda.to_device(np.ascontiguousarray(a)) for a in (words, off, ent)]
+    dev += [_on_device(fc), _on_device(lut)]
+    dev += [cuda.to_device(np.ascontiguousarray(a)) for a in (dq, akey, bkey, out, ok)]
     blocks = max(1, -(-n_items // THREADS))
     _kernel[blocks, THREADS](*dev[:9], t0, lanes, states, counts.shape[1], dev[9])
     dev[8].copy_to_host(out)
