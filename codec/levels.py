@@ -29,7 +29,8 @@ class KindConfig:
 
     scale: which elements share one symmetric scale (max |x|): "token" = one per (layer,
         token) like CacheGen, "channel" = one per (layer, channel) over the chunk, "layer" = one
-        per layer. bins: CacheGen-style bin counts per layer group (symbols = bins - 1, odd).
+        per layer. bins: CacheGen-style bin counts per layer group: maxq = bins // 2 - 1 and
+        2 * maxq + 1 symbols (bins - 1 for even bins), x -> rint(x * maxq / scale).
     layer_edges: fractions of depth where the next group starts (len(bins) - 1 of them).
     """
 

@@ -4,6 +4,11 @@ A chunk is the KV of consecutive tokens, all layers: keys and values [L, T, C] f
 blob decodes on its own (tables are codebook ids, scales and sink tokens travel inside).
 Here the stages are wired together: sink split, (delta), quantization, table choice, rANS,
 container. Kernels come from `backend`; this module must never hold per-element loops.
+
+Payload sections, in order (u32 ones first so that every section is aligned):
+    quantized: word counts K, V | sink tokens K, V | scales K, V | table ids K, V | words K, V
+    lossless:  word counts | frequency tables | words, each for K-high, K-low, V-high, V-low
+Every size follows from the header, except the words, whose sizes are the counts' sums.
 """
 
 from __future__ import annotations
@@ -94,6 +99,11 @@ def _n_sink(cfg: CodecConfig, first_token: int, n_tok: int) -> int:
     return min(max(cfg.sink_tokens - first_token, 0), n_tok)
 
 
+def _refuse_nonfinite(found: bool) -> None:
+    if found:
+        raise CodecError("KV contains NaN or Inf; the codec refuses it")
+
+
 def encode(keys: np.ndarray, values: np.ndarray, level: str | CodecConfig | dict = "balanced",
            *, first_token: int = 0, backend=None) -> bytes:
     """Encode one chunk (any token count >= 1) into an independently decodable blob."""
@@ -105,20 +115,17 @@ def encode(keys: np.ndarray, values: np.ndarray, level: str | CodecConfig | dict
     header = Header(cfg, n_layer, n_tok, n_ch, first_token)
     bits = [a.view(np.uint16) for a in (keys, values)]
     if cfg.mode == "lossless":
-        if any(be.any_nonfinite(b) for b in bits):
-            raise CodecError("KV contains NaN or Inf; the codec refuses it")
+        _refuse_nonfinite(any(be.any_nonfinite(b) for b in bits))
         planes = [np.ascontiguousarray(p, np.uint8) for b in bits for p in (b >> 8, b & 0xFF)]
-        coded = [_encode_bytes(p, cfg, be) for p in planes]
-        return container.pack(header, [c[0] for c in coded] + [c[1] for c in coded]
-                              + [c[2] for c in coded])
+        counts, freqs, words = zip(*(_encode_bytes(p, cfg, be) for p in planes), strict=True)
+        return container.pack(header, [*counts, *freqs, *words])
     n_sink = _n_sink(cfg, first_token, n_tok)
     sinks = [np.ascontiguousarray(b[:, :n_sink]) for b in bits]
-    if any(be.any_nonfinite(s) for s in sinks):
-        raise CodecError("KV contains NaN or Inf; the codec refuses it")
-    coded = [_encode_kind(b[:, n_sink:], kind, cfg, be)  # kernels take strided views
-             for b, kind in ((bits[0], cfg.keys), (bits[1], cfg.values))]
-    return container.pack(header, [c[2] for c in coded] + sinks + [c[0] for c in coded]
-                          + [c[1] for c in coded] + [c[3] for c in coded])
+    _refuse_nonfinite(any(be.any_nonfinite(s) for s in sinks))
+    scales, ids, counts, words = zip(*(
+        _encode_kind(b[:, n_sink:], kind, cfg, be)  # kernels take strided views: no copy
+        for b, kind in ((bits[0], cfg.keys), (bits[1], cfg.values))), strict=True)
+    return container.pack(header, [*counts, *sinks, *scales, *ids, *words])
 
 
 def _encode_bytes(sym: np.ndarray, cfg: CodecConfig, be):
@@ -142,8 +149,7 @@ def _encode_kind(bits: np.ndarray, kind: KindConfig, cfg: CodecConfig, be):
         bits = _residuals(bits, plan, cfg.anchor_group, be)
     sym, scales, hist, bad = be.quantize(bits, plan.maxq, plan.akey, plan.bkey, plan.n_a,
                                          plan.n_b, F16_TO_F32)
-    if bad:
-        raise CodecError("KV contains NaN or Inf; the codec refuses it")
+    _refuse_nonfinite(bad)
     bank, cost, base = plan.bank()
     ent = be.choose_entries(hist, plan.nsym, base, cost, tables.N_RHO)
     words, counts = be.encode(sym, ent + base[:, None], bank.freq, bank.cum, bank.recip,
@@ -152,7 +158,10 @@ def _encode_kind(bits: np.ndarray, kind: KindConfig, cfg: CodecConfig, be):
 
 
 def _residuals(bits: np.ndarray, plan: _Plan, group: int, be) -> np.ndarray:
-    """Anchors as they are; other tokens as fp16(x - reconstruction of their anchor)."""
+    """Anchors as they are; other tokens as fp16(x - reconstruction of their anchor).
+
+    A difference beyond the fp16 range (|x| near 65504 with the opposite anchor) becomes Inf
+    and is refused like a non-finite input; real KV is orders of magnitude smaller."""
     anchors = np.ascontiguousarray(bits[:, ::group])
     n_anchor = anchors.shape[1]
     if plan.scale == "token":
@@ -161,8 +170,7 @@ def _residuals(bits: np.ndarray, plan: _Plan, group: int, be) -> np.ndarray:
         akey, n_a = np.zeros(n_anchor, np.int64), 1
     sym, scales, _, bad = be.quantize(anchors, plan.maxq, akey, plan.bkey, n_a, plan.n_b,
                                       F16_TO_F32)
-    if bad:
-        raise CodecError("KV contains NaN or Inf; the codec refuses it")
+    _refuse_nonfinite(bad)
     dq = plan.dequant(scales)
     rec = dq[np.arange(bits.shape[0])[:, None, None], akey[None, :, None],
              plan.bkey[None, None, :], sym]
