@@ -9,8 +9,9 @@ API
         One chunk (any token count >= 1) -> blob. first_token is the position of the chunk's
         first token in the document: the document's first `sink_tokens` tokens (attention
         sinks) are kept exact, so pass it when encoding later chunks.
-    decode(blob) -> (keys, values)
-        float16 arrays [n_layer, n_tokens, channels].
+    decode(blob, *, out=None) -> (keys, values)
+        float16 arrays [n_layer, n_tokens, channels]; with out=(keys, values) it decodes into
+        those (e.g. views of a whole document's buffer) instead of allocating.
     encode_chunks(keys, values, level="balanced", *, chunk_tokens=256, first_token=0)
         -> list[bytes]; decode_chunks(blobs) -> (keys, values) joins consecutive chunks.
     peek(blob) -> BlobInfo (level, config, n_layer, n_tokens, channels, first_token, nbytes,

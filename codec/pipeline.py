@@ -218,13 +218,19 @@ def _parse(blob: bytes) -> _Parsed:
     return _Parsed(header, counts, sinks, scales, ents, _take_words(reader, counts))
 
 
-def decode(blob: bytes, *, backend=None) -> tuple[np.ndarray, np.ndarray]:
-    """Decode one chunk blob -> (keys, values) float16 [n_layer, n_tokens, channels]."""
+def decode(blob: bytes, *, out: tuple[np.ndarray, np.ndarray] | None = None,
+           backend=None) -> tuple[np.ndarray, np.ndarray]:
+    """Decode one chunk blob -> (keys, values) float16 [n_layer, n_tokens, channels].
+
+    out: optional (keys, values) float16 arrays of that shape to decode into, e.g. views of a
+    whole document's buffer (big[:, t0:t0 + n]); float16 views of them are returned. On error
+    their contents are undefined.
+    """
     parts = _parse(blob)
     header = parts.header
     cfg, n_layer, n_tok, n_ch = header.config, header.n_layer, header.n_tokens, header.channels
     be = backend or active()
-    out = [np.empty((n_layer, n_tok, n_ch), np.uint16) for _ in range(2)]
+    out = _outputs(out, (n_layer, n_tok, n_ch))
     if cfg.mode == "lossless":
         ent = np.repeat(np.arange(n_layer)[:, None], n_ch, axis=1)
         for k in range(2):
@@ -255,6 +261,17 @@ def decode(blob: bytes, *, backend=None) -> tuple[np.ndarray, np.ndarray]:
         if cfg.anchor_group:
             _apply_anchors(out[i][:, n_sink:], cfg.anchor_group)
     return out[0].view(np.float16), out[1].view(np.float16)
+
+
+def _outputs(out, shape: tuple[int, int, int]) -> list[np.ndarray]:
+    """The uint16 views the kernels write: fresh arrays, or the caller's validated ones."""
+    if out is None:
+        return [np.empty(shape, np.uint16) for _ in range(2)]
+    if not (isinstance(out, tuple | list) and len(out) == 2 and all(
+            isinstance(a, np.ndarray) and a.dtype == np.float16 and a.shape == shape
+            and a.flags.writeable for a in out)):
+        raise CodecError(f"out must be two writable float16 arrays of shape {shape}")
+    return [a.view(np.uint16) for a in out]
 
 
 def layout(blob: bytes) -> dict[str, int]:
@@ -302,11 +319,18 @@ def decode_chunks(blobs: list[bytes], *, backend=None) -> tuple[np.ndarray, np.n
     """Decode consecutive chunk blobs and join them along the token axis."""
     if not blobs:
         raise CodecError("no chunk blobs to decode")
-    parts = [decode(b, backend=backend) for b in blobs]
     infos = [peek(b) for b in blobs]
     for prev, cur in zip(infos, infos[1:], strict=False):
         if cur.first_token != prev.first_token + prev.n_tokens or (
                 cur.n_layer, cur.channels) != (prev.n_layer, prev.channels):
             raise CodecError("chunk blobs are not consecutive chunks of one KV")
-    return (np.concatenate([p[0] for p in parts], axis=1),
-            np.concatenate([p[1] for p in parts], axis=1))
+    shape = (infos[0].n_layer, sum(i.n_tokens for i in infos), infos[0].channels)
+    if shape[0] * shape[1] * shape[2] > container.MAX_ELEMENTS:
+        raise CodecError(f"chunk blobs describe an implausibly large KV {shape}")
+    keys, values = np.empty(shape, np.float16), np.empty(shape, np.float16)
+    at = 0
+    for blob, info in zip(blobs, infos, strict=True):
+        span = slice(at, at + info.n_tokens)
+        decode(blob, out=(keys[:, span], values[:, span]), backend=backend)
+        at += info.n_tokens
+    return keys, values

@@ -253,3 +253,27 @@ def test_concurrent_threads_get_the_same_bytes():
     assert all(b == want for b in blobs)
     k0 = codec.decode(want)[0]
     assert all(np.array_equal(k.view(np.uint16), k0.view(np.uint16)) for k, _ in decoded)
+
+
+@pytest.mark.parametrize("level", ["lossless", "balanced"])
+def test_decode_into_views_of_a_document_buffer(level):
+    keys, values = random_kv((2, 30, 12), seed=13)
+    blob = codec.encode(keys, values, level, first_token=100)
+    big_k = np.full((2, 50, 12), np.float16(7))
+    big_v = np.full((2, 50, 12), np.float16(7))
+    codec.decode(blob, out=(big_k[:, 10:40], big_v[:, 10:40]))
+    k2, v2 = codec.decode(blob)
+    assert np.array_equal(big_k[:, 10:40].view(np.uint16), k2.view(np.uint16))
+    assert np.array_equal(big_v[:, 10:40].view(np.uint16), v2.view(np.uint16))
+    assert np.all(big_k[:, :10] == 7) and np.all(big_v[:, 40:] == 7)
+
+
+@pytest.mark.parametrize("out", [
+    (np.zeros((2, 30, 12), np.float32), np.zeros((2, 30, 12), np.float16)),
+    (np.zeros((2, 31, 12), np.float16), np.zeros((2, 31, 12), np.float16)),
+    (np.zeros((2, 30, 12), np.float16),),
+])
+def test_decode_refuses_bad_out(out):
+    keys, values = random_kv((2, 30, 12))
+    with pytest.raises(CodecError, match="out must be"):
+        codec.decode(codec.encode(keys, values), out=out)
