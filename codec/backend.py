@@ -2,7 +2,7 @@
 
 A backend is a plain namespace of six functions with the signatures of `quant.py` and
 `rans.py`. All backends produce identical bytes, so the choice is only about speed: CUDA when
-a GPU is present (decode on the device, the rest on the CPU kernels), else the CPU kernels.
+a GPU is present (rANS on the device, quantization on the CPU kernels), else the CPU kernels.
 KVDESK_CODEC_BACKEND=cpu|cuda|reference forces one. This module must never change what a
 blob contains.
 
@@ -64,7 +64,8 @@ def get(name: str) -> SimpleNamespace:
 
         if not cuda.available():
             raise CodecError("the cuda codec backend was requested but no CUDA device is usable")
-        return SimpleNamespace(**{**vars(_cpu()), "name": "cuda", "decode": cuda.decode})
+        return SimpleNamespace(**{**vars(_cpu()), "name": "cuda", "encode": cuda.encode,
+                                  "decode": cuda.decode})
     raise CodecError(f"unknown codec backend {name!r}; known: {', '.join(NAMES)}")
 
 

@@ -1,10 +1,11 @@
-"""numba.cuda decode of the rANS format (one GPU thread per group of interleaved lanes).
+"""numba.cuda rANS encode and decode of the format (one GPU thread per group of lanes).
 
-Same inputs, outputs and checks as `rans.decode`, so the backend can swap it in; tests run it
-under numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1) and require bit-identical output. Only
-integer arithmetic and table lookups happen on the device, so results cannot drift from the
-CPU. Importing it touches no driver (numba compiles and binds lazily); only `available()`
-and `decode()` do. It must never change the bytes of the format.
+Same inputs, outputs and checks as `rans.encode` / `rans.decode`, so the backend can swap them
+in; tests run them under numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1) and require
+bit-identical output. Only integer arithmetic and table lookups happen on the device, so
+results cannot drift from the CPU. Quantization and table choice stay on the CPU kernels.
+Importing it touches no driver (numba compiles and binds lazily); only `available()`,
+`encode()` and `decode()` do. It must never change the bytes of the format.
 """
 
 from __future__ import annotations
@@ -72,6 +73,57 @@ def _kernel(words, off, ent, fc, lut, dq, akey, bkey, out, t0, lanes, states, n_
     for j in range(ns):
         if x[j] != RANS_LOW:
             ok[item] = 0
+
+
+@cuda.jit
+def _encode_kernel(sym, ent, freq, cum, lanes, states, n_grp, buf, first):
+    item = cuda.grid(1)
+    if item >= first.size:
+        return
+    layer, g = item // n_grp, item % n_grp
+    c0 = g * lanes
+    nl = min(lanes, sym.shape[2] - c0)
+    ns = min(states, nl)
+    x = cuda.local.array(MAX_LANES, np.int64)
+    for i in range(ns):
+        x[i] = RANS_LOW
+    pos = buf.shape[1]
+    for t in range(sym.shape[1] - 1, -1, -1):
+        for j in range(nl - 1, -1, -1):
+            i = j % ns
+            e = ent[layer, c0 + j]
+            s = sym[layer, t, c0 + j]
+            f = freq[e, s]
+            xi = x[i]
+            if xi >= f << (32 - PROB_BITS):
+                pos -= 1
+                buf[item, pos] = xi & 0xFFFF
+                xi >>= 16
+            x[i] = ((xi // f) << PROB_BITS) + xi % f + cum[e, s]
+    for i in range(ns - 1, -1, -1):
+        buf[item, pos - 1] = x[i] & 0xFFFF
+        buf[item, pos - 2] = x[i] >> 16
+        pos -= 2
+    first[item] = pos
+
+
+def encode(sym, ent, freq, cum, recip, lanes, states):
+    """`rans.encode` on the GPU (recip is the CPU kernel's speed-up; the GPU divides)."""
+    n_layer, n_tok, n_ch = sym.shape
+    n_grp = -(-n_ch // lanes)
+    n_items = n_layer * n_grp
+    cap = lanes * n_tok + 2 * states
+    buf = cuda.device_array((n_items, cap), np.uint16)
+    first = cuda.device_array(n_items, np.int64)
+    blocks = max(1, -(-n_items // THREADS))
+    _encode_kernel[blocks, THREADS](cuda.to_device(np.ascontiguousarray(sym)),
+                                    cuda.to_device(np.ascontiguousarray(ent)),
+                                    _on_device(freq), _on_device(cum), lanes, states, n_grp,
+                                    buf, first)
+    host, starts = buf.copy_to_host(), first.copy_to_host()
+    counts = (cap - starts).astype(np.uint32).reshape(n_layer, n_grp)
+    words = np.concatenate([host[i, starts[i]:] for i in range(n_items)])
+    return words, counts
 
 
 _TABLES: dict[int, tuple[np.ndarray, object]] = {}

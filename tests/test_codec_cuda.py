@@ -1,4 +1,4 @@
-"""The CUDA decoder under numba's simulator: bit-identical to the CPU path on tiny inputs.
+"""The CUDA rANS kernels under numba's simulator: bit-identical to the CPU path on tiny inputs.
 
 The simulator must be switched on before numba.cuda is first imported, so the check runs in a
 subprocess with NUMBA_ENABLE_CUDASIM=1. It interprets kernels in Python: inputs stay tiny.
@@ -26,6 +26,7 @@ SCRIPT = textwrap.dedent("""
                     sink_tokens=2, anchor_group=3)]
     for level in cases:
         blob = codec.encode(keys, values, level, backend=cpu)
+        assert codec.encode(keys, values, level, backend=cuda) == blob, level
         got = codec.decode(blob, backend=cuda)
         want = codec.decode(blob, backend=cpu)
         for g, w in zip(got, want):
@@ -41,7 +42,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_cuda_simulator_decodes_bit_identically():
+def test_cuda_simulator_codes_bit_identically():
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "KVDESK_CODEC_BACKEND": ""}
     here = Path(__file__).parent
     env["PYTHONPATH"] = os.pathsep.join([str(here), str(here.parent), env.get("PYTHONPATH", "")])
