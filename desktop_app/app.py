@@ -53,7 +53,8 @@ class App:
 
     @cached_property
     def engine(self) -> Engine:
-        return Engine(self.store, self.new_runtime, model_path=str(self.model_path))
+        return Engine(self.store, self.new_runtime, model_path=str(self.model_path),
+                      default_budget_ms=self.settings.restore_budget_ms)
 
     def info(self) -> dict:
         rt = self.engine.runtime

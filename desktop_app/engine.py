@@ -16,6 +16,7 @@ threading.Event. It never prints, never parses arguments and never imports Qt.
 from __future__ import annotations
 
 import json
+import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -86,6 +87,7 @@ class Engine:
         levels: Sequence[str] = DEFAULT_LEVELS,
         chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
         reserve_tokens: int | None = None,
+        default_budget_ms: float | None = None,
     ):
         unknown = set(levels) - set(codec.levels())
         if unknown:
@@ -97,6 +99,8 @@ class Engine:
         self.levels = tuple(quality_order(levels))
         self.chunk_tokens = chunk_tokens
         self._reserve = reserve_tokens
+        # The budget of an "auto" restore when the caller gives none (None: best quality).
+        self.default_budget_ms = default_budget_ms
         self._chat_lock = threading.RLock()
         self._attach_lock = threading.RLock()
         self._runtimes: dict[str, Runtime] = {}
@@ -277,17 +281,39 @@ class Engine:
         writer = self.store.write_entry(
             rt.fingerprint, tokens, levels=levels, parent_id=parent.id if parent else None,
             chunk_size=self.chunk_tokens, document_id=document_id, chat_id=chat_id)
+        # Encoding is CPU work, storing mostly waits on fsync: a writer thread overlaps them.
+        pending: queue.Queue = queue.Queue(maxsize=2 * len(levels))
+        failure: list[BaseException] = []
+
+        def store_chunks() -> None:
+            while (item := pending.get()) is not None:
+                if not failure:
+                    try:
+                        writer.put_chunk(*item)
+                    except BaseException as e:  # handed to the encoding thread
+                        failure.append(e)
+
         with writer:
-            for n, span in enumerate(writer.spans):
-                if cancel is not None and cancel.is_set():
-                    raise Cancelled("stopped while encoding")
-                k = kv.keys[:, span.token_start : span.token_end]
-                v = kv.values[:, span.token_start : span.token_end]
-                for level in levels:
-                    writer.put_chunk(span.chunk_index, level,
-                                     codec.encode(k, v, level, first_token=span.token_start))
-                if progress:
-                    progress(Progress("encode", n + 1, len(writer.spans), title))
+            thread = threading.Thread(target=store_chunks, name="kv-writer")
+            thread.start()
+            try:
+                for n, span in enumerate(writer.spans):
+                    if cancel is not None and cancel.is_set():
+                        raise Cancelled("stopped while encoding")
+                    if failure:
+                        raise failure[0]
+                    k = kv.keys[:, span.token_start : span.token_end]
+                    v = kv.values[:, span.token_start : span.token_end]
+                    for level in levels:
+                        blob = codec.encode(k, v, level, first_token=span.token_start)
+                        pending.put((span.chunk_index, level, blob))
+                    if progress:
+                        progress(Progress("encode", n + 1, len(writer.spans), title))
+            finally:
+                pending.put(None)
+                thread.join()
+            if failure:
+                raise failure[0]
         return writer.entry_id
 
     # -- listings ------------------------------------------------------------------------
@@ -407,6 +433,8 @@ class Engine:
                                  [streaming.TEXT] * n_chunks, len(tokens), [])
         if options.level != "auto":
             self._check_levels([options.level])
+        elif options.budget_ms is None and self.default_budget_ms is not None:
+            options = streaming.Options("auto", self.default_budget_ms, options.bandwidth_MBps)
         report = streaming.restore(
             rt, self.store, rt.fingerprint, tokens, levels=self.levels, options=options,
             speeds=self.speeds, progress=progress, cancel=cancel)
@@ -485,7 +513,6 @@ class Engine:
             if on_restore:
                 on_restore(report)
             rt.prefill(q_tokens, cancel=cancel)
-            self.store.add_message(chat_id, "user", question, stats={"tokens": q_tokens})
 
             generated: list[int] = []
             pieces: list[str] = []
@@ -516,6 +543,9 @@ class Engine:
                 chunk_levels=report.chunk_levels, recomputed_tokens=report.recomputed_tokens,
                 tokens_generated=len(generated), messages=report.messages)
             stats = {k: v for k, v in result.as_dict().items() if k not in ("answer", "chat_id")}
+            # Both messages are stored after the answer: a durable write (fsync) before the
+            # first token would only delay it. A failure before here stores neither.
+            self.store.add_message(chat_id, "user", question, stats={"tokens": q_tokens})
             self.store.add_message(chat_id, "assistant", result.answer,
                                    stats={**stats, "tokens": generated + suffix_tokens})
             self._store_kv(rt, context + q_tokens + generated + suffix_tokens, self.levels,

@@ -41,6 +41,9 @@ class Settings:
     # restore). Measured with benchmarks/bench_engine.py.
     flash_attn: bool = True
     storage_budget_gb: float = 10.0
+    # How long bringing a chat back may take when the level is "auto" (the quality slider):
+    # the restore picks, chunk by chunk, the best stored level that fits.
+    restore_budget_ms: float = 250.0
     theme: str = "system"  # system | light | dark
 
     @property
@@ -52,6 +55,8 @@ class Settings:
             raise SettingsError(f"context size {self.n_ctx} is outside 256..1048576")
         if self.storage_budget_gb <= 0:
             raise SettingsError("the storage budget must be positive")
+        if self.restore_budget_ms <= 0:
+            raise SettingsError("the restore time budget must be positive")
         if self.theme not in ("system", "light", "dark"):
             raise SettingsError(f"unknown theme {self.theme!r}")
         return self
