@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import codec
-from store import Document, Message, NotFoundError, Store
+from store import Document, NotFoundError, Store
 
 from . import documents, streaming
 from .kvstate import in_position_order
@@ -162,26 +162,44 @@ class Engine:
 
     def _prefix(self, rt: Runtime, doc: tuple[str, str] | None) -> Prefix:
         """The system prompt and the document (cut to fit the context) through the template."""
-        def build(body: str | None) -> tuple[list[dict], str, list[int]]:
-            content = SYSTEM_PROMPT_NO_DOCUMENT if body is None else (
-                f"{SYSTEM_PROMPT}\n\nDocument: {doc[0]}\n\n{body}")
-            msgs = [{"role": "system", "content": content}]
+        if doc is None:
+            msgs = [{"role": "system", "content": SYSTEM_PROMPT_NO_DOCUMENT}]
+            text = rt.render_chat(msgs, add_generation_prompt=False)
+            return Prefix(msgs, text, rt.tokenize(text, add_bos=rt.adds_bos), 0, 0)
+
+        def build(body: str) -> tuple[list[dict], str, list[int]]:
+            msgs = [{"role": "system",
+                     "content": f"{SYSTEM_PROMPT}\n\nDocument: {doc[0]}\n\n{body}"}]
             text = rt.render_chat(msgs, add_generation_prompt=False)
             return msgs, text, rt.tokenize(text, add_bos=rt.adds_bos)
 
-        if doc is None:
-            msgs, text, toks = build(None)
-            return Prefix(msgs, text, toks, 0, 0)
-        doc_tokens = rt.tokenize(doc[1])
+        (msgs, text, toks), total, kept = _fit(rt, doc[1], build,
+                                               rt.n_ctx - self.reserve_tokens(rt))
+        return Prefix(msgs, text, toks, total, kept)
+
+    def chat_prefix(self, rt: Runtime, docs: Sequence[Document]) -> tuple[list[dict], list[int]]:
+        """A chat's template messages and tokens before its first question.
+
+        The first document's prefix is the one attach cached; each further document follows
+        as a system message of its own, so the first document's cache stays a true prefix and
+        only the others are computed for the chat (positions differ, so their own caches
+        cannot be reused). Documents that do not fit are cut; ones that cannot fit are left out.
+        """
+        prefix = self.prefix(rt, docs[0] if docs else None)
+        msgs, tokens = list(prefix.messages), list(prefix.tokens)
         limit = rt.n_ctx - self.reserve_tokens(rt)
-        msgs, text, toks = build(doc[1])
-        kept = len(doc_tokens)
-        while len(toks) > limit and kept > 0:
-            # Cut the document's tokens by the overflow; re-tokenizing the cut text can shift
-            # a token or two, so loop until the rendered prefix fits.
-            kept = max(0, kept - (len(toks) - limit))
-            msgs, text, toks = build(rt.detokenize(doc_tokens[:kept]))
-        return Prefix(msgs, text, toks, len(doc_tokens), kept)
+        for doc in docs[1:]:
+            before = rt.render_chat(msgs, add_generation_prompt=False)
+
+            def build(body: str, doc=doc, before=before, msgs=msgs) -> tuple[list, list[int]]:
+                more = [*msgs, {"role": "system", "content": f"Document: {doc.title}\n\n{body}"}]
+                return more, rt.tokenize(rt.render_chat(more, add_generation_prompt=False)
+                                         [len(before):])
+
+            (more, delta), _, kept = _fit(rt, doc.text, build, limit - len(tokens))
+            if kept:
+                msgs, tokens = more, tokens + delta
+        return msgs, tokens
 
     # -- attach --------------------------------------------------------------------------
 
@@ -360,8 +378,6 @@ class Engine:
 
     def new_chat(self, doc_ids: Sequence[int], title: str | None = None) -> ChatInfo:
         docs = [self._document(d) for d in doc_ids]
-        if len(docs) > 1:
-            raise EngineError("a chat is about one document at a time")
         chat = self.store.create_chat(title or UNTITLED,
                                       [d.id for d in docs])
         return ChatInfo(chat.id, chat.title, [d.id for d in docs], 0, chat.created, chat.updated)
@@ -393,18 +409,14 @@ class Engine:
 
     # -- chats ---------------------------------------------------------------------------
 
-    def _conversation(self, rt: Runtime, chat_id: int) -> tuple[Prefix, list[dict], list[int],
-                                                                 list[Message]]:
+    def _conversation(self, rt: Runtime, chat_id: int) -> tuple[list[dict], list[int]]:
         """The chat's template messages and the exact tokens its context holds."""
-        docs = self.store.chat_documents(chat_id)
-        prefix = self.prefix(rt, docs[0] if docs else None)
+        msgs, tokens = self.chat_prefix(rt, self.store.chat_documents(chat_id))
         history = self.store.messages(chat_id)
-        msgs = list(prefix.messages)
-        tokens = list(prefix.tokens)
         for m in history:
             msgs.append({"role": m.role, "content": m.text})
             tokens += (m.stats or {}).get("tokens", [])
-        return prefix, msgs, tokens, history
+        return msgs, tokens
 
     def _stale_message(self, chat_id: int, fp: str) -> list[str]:
         docs = {d.id for d in self.store.chat_documents(chat_id)}
@@ -458,7 +470,7 @@ class Engine:
         self._chat(chat_id)
         with self._chat_lock:
             rt = self.runtime
-            _, _, tokens, _ = self._conversation(rt, chat_id)
+            _, tokens = self._conversation(rt, chat_id)
             options = streaming.Options(level, budget_ms, bandwidth_MBps)
             report = self._bring_in(rt, chat_id, tokens, options=options, no_cache=no_cache,
                                     progress=progress, cancel=cancel)
@@ -495,7 +507,7 @@ class Engine:
             self.store.rename_chat(chat_id, _title_of(question))
         with self._chat_lock:
             rt = self.runtime
-            _, msgs, context, _ = self._conversation(rt, chat_id)
+            msgs, context = self._conversation(rt, chat_id)
             before = rt.render_chat(msgs, add_generation_prompt=False)
             msgs.append({"role": "user", "content": question})
             with_question = rt.render_chat(msgs, add_generation_prompt=True)
@@ -573,10 +585,9 @@ class Engine:
         rt = self.runtime
         if chat_id is not None:
             self._chat(chat_id)
-            _, _, tokens, _ = self._conversation(rt, chat_id)
+            _, tokens = self._conversation(rt, chat_id)
         else:
-            ids = list(doc_ids or [])
-            tokens = self.prefix(rt, self._document(ids[0]) if ids else None).tokens
+            _, tokens = self.chat_prefix(rt, [self._document(i) for i in doc_ids or []])
         match = self.store.longest_prefix(rt.fingerprint, tokens, touch=False)
         sizes = self.store.chunk_sizes({s.entry_id for s in match.spans})
         raw = match.n_tokens * rt.layout.kv_bytes_per_token
@@ -593,6 +604,21 @@ class Engine:
             for lvl, n in per_level.items()}
         seconds[streaming.TEXT] = round(len(tokens) / self.speeds.prefill_tps, 3)
         return RestoreEstimate(tokens=len(tokens), bytes=per_level, seconds=seconds)
+
+
+def _fit(rt: Runtime, text: str, build: Callable[[str], tuple], room: int):
+    """build(text cut to fit) whose last item, a token list, holds at most `room` tokens.
+
+    Returns (what build returned, the text's token count, how many of them were kept).
+    """
+    text_tokens = rt.tokenize(text)
+    built, kept = build(text), len(text_tokens)
+    while len(built[-1]) > room and kept > 0:
+        # Cut the text's tokens by the overflow; re-tokenizing the cut text can shift a token
+        # or two, so loop until it fits.
+        kept = max(0, kept - (len(built[-1]) - room))
+        built = build(rt.detokenize(text_tokens[:kept]))
+    return built, len(text_tokens), kept
 
 
 def _title_of(question: str) -> str:

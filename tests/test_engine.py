@@ -90,6 +90,22 @@ def test_chat_turns_reuse_the_document_and_reopen(engine, doc_id):
     assert third.restore_s < 0.05  # the context was already loaded by reopen
 
 
+def test_a_chat_about_two_documents_reuses_the_first_ones_cache(engine, doc_id, tmp_path):
+    other = tmp_path / "ferry.txt"
+    other.write_text("The ferry to Cape Morrow leaves at 07:15 and 16:40 every weekday.")
+    other_id = engine.attach(other, levels=["high"]).doc_id
+    chat = engine.new_chat([doc_id, other_id])
+    assert chat.title == "New chat"
+    res = engine.ask("When does the ferry leave?", chat_id=chat.chat_id, max_tokens=20)
+    assert "07:15" in res.answer or "16:40" in res.answer
+    assert res.chunk_levels[0] != "text"  # the lighthouse document came from its cache
+    (entry,) = [e for e in engine.store.entries() if e.chat_id == chat.chat_id]
+    assert entry.parent_id == engine.store.document_entry(doc_id, engine.fingerprint).id
+    assert engine.chats()[0].title == "When does the ferry leave?"
+    est = engine.estimate(doc_ids=[doc_id, other_id])
+    assert est.tokens > engine.estimate(doc_ids=[doc_id]).tokens
+
+
 def test_forced_and_throttled_levels(engine, doc_id):
     chat = engine.ask(QUESTION, doc_id=doc_id, max_tokens=4).chat_id
     forced = engine.reopen(chat, level="compact")
