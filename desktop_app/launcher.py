@@ -16,8 +16,11 @@ from .app import App
 HEADLESS_HELP = """\
 No display found, so the kvdesk window cannot open here. Everything works headless too:
 
-  kvdesk info                  the model and its KV cache layout
-  kvdesk --help                every command
+  kvdesk attach FILE...        attach documents (their KV cache is computed once, kept)
+  kvdesk ask DOC_ID "..."      ask about a document (a new chat)
+  kvdesk ask --chat ID "..."   continue a chat; kvdesk chats lists them
+  kvdesk reopen CHAT_ID        restore a chat and say how long it took
+  kvdesk --help                every command (.venv/bin/kvdesk from a checkout)
 
 Set DISPLAY (X11) or WAYLAND_DISPLAY, or QT_QPA_PLATFORM=offscreen for a window nobody sees."""
 
