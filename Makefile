@@ -19,7 +19,7 @@ endif
 WHEELHOUSE := $(HOME)/.cache/kvdesk/wheels/$(shell echo '$(LLAMA_VERSION) $(LLAMA_CMAKE_ARGS)' | cksum | cut -d' ' -f1)
 LLAMA_WHEEL_STAMP := $(WHEELHOUSE)/.built
 
-.PHONY: run test venv lint bench clean screenshots
+.PHONY: run test venv lint bench clean screenshots package package-test
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -57,3 +57,21 @@ clean:
 # PNGs of the window's main states, on the scripted FakeEngine (no model needed).
 screenshots: $(STAMP)
 	$(BIN)/python -m ui.screenshots docs/screenshots
+
+# A one-folder desktop bundle with the default model: dist/kvdesk/ (packaging/README.md).
+# PyInstaller comes from the `package` extra, installed here only, never by `make test`.
+PACKAGE_STAMP := $(VENV)/.package-installed
+$(PACKAGE_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet -e '.[gui,package]'
+	touch $@
+
+package: $(PACKAGE_STAMP)
+	rm -rf dist/kvdesk
+	$(BIN)/pyinstaller --noconfirm --clean --log-level WARN \
+		--distpath dist --workpath build/pyinstaller packaging/kvdesk.spec
+	dist/kvdesk/kvdesk --version
+	@du -sh dist/kvdesk
+
+# The bundle, copied elsewhere and run with a bare environment (not part of `make test`).
+package-test: package
+	packaging/package_test.sh dist/kvdesk

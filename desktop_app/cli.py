@@ -23,6 +23,7 @@ from .app import App
 from .errors import USER_ERRORS
 from .results import AttachFailure, Progress
 from .runtime import Cancelled
+from .selfcheck import run as run_selfcheck
 from .settings import load as load_settings
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
@@ -307,6 +308,24 @@ def gc(app: App, budget_gb: float | None, as_json: bool):
     emit(report, as_json, [f"freed {report['freed_bytes'] / 1e6:.1f} MB; "
                            f"{report['bytes_after'] / 1e6:.1f} MB of "
                            f"{report['budget_bytes'] / 1e9:.1f} GB used"])
+
+
+@cli.command()
+@json_option
+@click.pass_obj
+def selfcheck(app: App, as_json: bool):
+    """Check this installation end to end on a sample text (in a temporary data folder)."""
+    report = run_selfcheck(app.settings)
+    if report["ok"]:
+        emit(report, as_json, [
+            f"ok: first token after {report['ttft_s'] * 1000:.0f} ms; reopened "
+            f"{report['tokens']:,} tokens through {report['level']} in "
+            f"{report['restore_s'] * 1000:.0f} ms ({report['seconds']:.1f} s in all)"])
+        return
+    emit(report, as_json, [])
+    if not as_json:
+        click.echo(f"selfcheck FAILED: {report['error']}\n{report['traceback']}", err=True)
+    sys.exit(1)
 
 
 @cli.command()
