@@ -27,9 +27,16 @@ API
 Levels (data in level_table.py): lossless (bit-exact fp16), high, balanced, compact, and
 CacheGen's published bins cachegen-1/2/3 (per-token scale, bins by layer thirds).
 
+Blob format (container.py, pipeline.py): magic, format version, a JSON header holding the
+full codec config and the shapes, aligned payload sections (sink tokens, scales, table ids,
+stream word counts, rANS streams), CRC-32 of everything. Every stream's table is a 2-byte id
+into a frozen codebook (tables.py), so a chunk carries its own tables for ~0.06 bits per
+element and there is no shared per-document table blob to lose or mismatch.
+
 Kernels run on numba (CPU, parallel), or CUDA when a GPU is present; every backend writes
-identical bytes (see backend.py). The package must never import llama.cpp, SQLite, Qt, the
-store or the app.
+identical bytes; encode, decode and the chunk helpers take backend=codec.backend.get("cpu" |
+"cuda" | "reference") to force one (see backend.py). The package must never import
+llama.cpp, SQLite, Qt, the store or the app.
 """
 
 from .errors import CodecError
