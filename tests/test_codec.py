@@ -277,3 +277,17 @@ def test_decode_refuses_bad_out(out):
     keys, values = random_kv((2, 30, 12))
     with pytest.raises(CodecError, match="out must be"):
         codec.decode(codec.encode(keys, values), out=out)
+
+
+def test_bench_prints_the_promised_json(tmp_path, capsys):
+    from codec import bench
+
+    keys, values = real_kv(300)
+    np.savez(tmp_path / "kv.npz", keys=keys, values=values)
+    bench.main(["--json", "--kv", str(tmp_path / "kv.npz"), "--levels", "compact,lossless",
+                "--runs", "1"])
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["levels"]) == {"compact", "lossless"}
+    for row in out["levels"].values():
+        assert row["encode_MBps"] > 0 and row["decode_MBps"] > 0
+        assert 0 < row["bits_per_element"] < 16
