@@ -1,8 +1,8 @@
 """The blob layout: prelude, JSON header, payload sections, checksum.
 
     magic b"KVDC" | u16 format version | u16 flags (0) | u32 header length
-    header: UTF-8 JSON {config, n_layer, n_tokens, channels, first_token}, space-padded so
-            the payload starts 8-byte aligned
+    header: UTF-8 JSON {config, dtype, n_layer, n_tokens, channels, first_token}, space-padded
+            so the payload starts 8-byte aligned
     payload: the sections the pipeline lists, little-endian, u32 sections before u16 ones so
              every section is naturally aligned
     u32 CRC-32 of everything before it
@@ -31,6 +31,7 @@ CRC = struct.Struct("<I")
 MAX_HEADER = 1 << 16
 MAX_LAYERS, MAX_CHANNELS, MAX_TOKENS = 4096, 1 << 16, 1 << 20
 MAX_ELEMENTS = 1 << 31
+DTYPE = "float16"  # of the decoded keys and values; the only one so far
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class Header:
 
 
 def pack(header: Header, sections: list[np.ndarray]) -> bytes:
-    meta = {"config": header.config.get_config(), "n_layer": header.n_layer,
+    meta = {"config": header.config.get_config(), "dtype": DTYPE, "n_layer": header.n_layer,
             "n_tokens": header.n_tokens, "channels": header.channels,
             "first_token": header.first_token}
     text = json.dumps(meta, separators=(",", ":"), sort_keys=True).encode()
@@ -84,9 +85,11 @@ def _header(blob: bytes, hlen: int) -> Header:
         meta = json.loads(bytes(blob[PRELUDE.size:PRELUDE.size + hlen]).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise CodecError("codec blob header is not valid JSON") from err
-    fields = {"config", "n_layer", "n_tokens", "channels", "first_token"}
+    fields = {"config", "dtype", "n_layer", "n_tokens", "channels", "first_token"}
     if not isinstance(meta, dict) or set(meta) != fields:
         raise CodecError("codec blob header has unexpected fields")
+    if meta["dtype"] != DTYPE:
+        raise CodecError(f"codec blob holds {meta['dtype']!r} KV; this build decodes {DTYPE}")
     limits = {"n_layer": (1, MAX_LAYERS), "n_tokens": (1, MAX_TOKENS),
               "channels": (1, MAX_CHANNELS), "first_token": (0, 1 << 48)}
     for name, (lo, hi) in limits.items():

@@ -119,8 +119,8 @@ def make_blob(meta: dict, payload: bytes = b"", version: int = 1) -> bytes:
     return body + struct.pack("<I", zlib.crc32(body))
 
 
-GOOD_META = {"config": codec.levels()["balanced"].get_config(), "n_layer": 2, "n_tokens": 4,
-             "channels": 3, "first_token": 0}
+GOOD_META = {"config": codec.levels()["balanced"].get_config(), "dtype": "float16",
+             "n_layer": 2, "n_tokens": 4, "channels": 3, "first_token": 0}
 
 
 @pytest.mark.parametrize("meta", [
@@ -130,6 +130,7 @@ GOOD_META = {"config": codec.levels()["balanced"].get_config(), "n_layer": 2, "n
     {**GOOD_META, "channels": "3"},
     {**GOOD_META, "config": {"id": "kvdesk.kv"}},
     {**GOOD_META, "extra": True},
+    {**GOOD_META, "dtype": "bfloat16"},
     [1, 2, 3],
     GOOD_META,  # well-formed header, empty payload
 ])
