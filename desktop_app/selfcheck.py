@@ -87,6 +87,8 @@ def run(settings: Settings) -> dict:
                 try:
                     app.close()
                 except Exception as e:  # noqa: BLE001 - a failing close fails the check too
-                    report.update(ok=False, error=report.get("error") or f"closing: {e}")
+                    if report["ok"]:
+                        report.update(ok=False, error=f"closing: {type(e).__name__}: {e}",
+                                      traceback=traceback.format_exc(limit=-3))
     report["seconds"] = round(time.perf_counter() - t0, 2)
     return report

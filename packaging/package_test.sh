@@ -2,8 +2,9 @@
 # `make package-test`: run a built bundle the way a user would, far from the build.
 #
 # Copies dist/kvdesk to a fresh folder, then runs it with a bare environment (no venv on PATH,
-# no PYTHONPATH, a new empty HOME): `--version`, then `selfcheck --json` twice, cold (numba
-# compiles the codec's kernels into HOME's cache) and warm (they load from that cache). It
+# no PYTHONPATH, a new empty HOME): `--version`; `selfcheck --json` twice, cold (numba
+# compiles the codec's kernels into HOME's cache) and warm (they load from that cache); a
+# selfcheck that must fail (a missing model); and the window, offscreen, for 10 seconds. It
 # fails if the model was not the bundled one or if anything was written inside the bundle.
 # It never modifies dist/ and deletes its scratch folder on exit.
 set -euo pipefail
@@ -36,6 +37,20 @@ for run in cold warm; do
     grep -q "\"model\": \"$SCRATCH/kvdesk/" <<<"$out" \
         || { echo "the model did not come from the bundle" >&2; exit 1; }
 done
+
+if out=$(bare "$APP" --model "$SCRATCH/missing.gguf" selfcheck --json); then
+    echo "selfcheck passed without a model" >&2; exit 1
+fi
+grep -q '"ok": false' <<<"$out" || { echo "a failed selfcheck printed no report" >&2; exit 1; }
+echo "selfcheck without a model: exit 1, $(grep '"error"' <<<"$out" | sed 's/^ *//')"
+
+# The window must still be up after 10 s: a missing Qt plugin or library aborts at once.
+set +e
+bare QT_QPA_PLATFORM=offscreen timeout 10 "$APP" gui >"$SCRATCH/gui.log" 2>&1
+status=$?
+set -e
+[ "$status" = 124 ] || { echo "the window did not stay up:"; cat "$SCRATCH/gui.log"; exit 1; } >&2
+echo "gui: the window stayed up offscreen for 10 s"
 
 ls "$SCRATCH/home/.cache/kvdesk/numba" >/dev/null 2>&1 \
     || { echo "numba cached nothing under HOME/.cache/kvdesk/numba" >&2; exit 1; }
