@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -72,14 +73,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--runs", type=int, default=5)
     args = ap.parse_args(argv)
     keys, values, source = load_kv(args.kv)
+    load_before = os.getloadavg()[0]
     result = {"levels": {name: measure(keys, values, name, args.runs)
                          for name in args.levels.split(",")},
               "kv": {"shape": list(keys.shape), "source": source},
-              "backend": active().name, "runs": args.runs}
+              "backend": active().name, "runs": args.runs,
+              # other work on the machine shows here, and in MB/s far below the kernels'
+              "loadavg_1min": {"before": round(load_before, 2),
+                               "after": round(os.getloadavg()[0], 2), "cpus": os.cpu_count()}}
     if args.json:
         print(json.dumps(result))
         return
-    print(f"KV {keys.shape} from {source}; backend {result['backend']}; median of {args.runs}")
+    load = result["loadavg_1min"]
+    print(f"KV {keys.shape} from {source}; backend {result['backend']}; median of {args.runs}; "
+          f"load average {load['before']} -> {load['after']} on {load['cpus']} CPUs")
     print(f"{'level':<12} {'encode MB/s':>12} {'decode MB/s':>12} {'bits/elem':>10}   "
           f"(best run: encode, decode)")
     for name, r in result["levels"].items():
