@@ -48,7 +48,7 @@ def test_gui_without_display_explains_headless_use(monkeypatch):
     proc = subprocess.run([sys.executable, "-m", "desktop_app", "gui"], env=env,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0
-    assert "No display found" in proc.stderr and "kvdesk info" in proc.stderr
+    assert "No display found" in proc.stderr and "kvdesk attach" in proc.stderr
 
 
 @pytest.mark.model
