@@ -334,6 +334,16 @@ class Engine:
                 raise failure[0]
         return writer.entry_id
 
+    def _store_chat_kv(self, rt: Runtime, chat_id: int, tokens: list[int]) -> None:
+        """Store a chat's KV after a turn or a recompute, as an extension of its first
+        document's entry — which is stored first if it was not (evicted, or made under
+        another model), so the next chat about the document starts from it too."""
+        docs = self.store.chat_documents(chat_id)
+        if docs and self.store.document_entry(docs[0].id, rt.fingerprint) is None:
+            self._store_kv(rt, self.prefix(rt, docs[0]).tokens, self.levels,
+                           document_id=docs[0].id)
+        self._store_kv(rt, tokens, self.levels, chat_id=chat_id)
+
     # -- listings ------------------------------------------------------------------------
 
     def documents(self) -> list[DocumentInfo]:
@@ -475,7 +485,7 @@ class Engine:
             report = self._bring_in(rt, chat_id, tokens, options=options, no_cache=no_cache,
                                     progress=progress, cancel=cancel)
             if report.recomputed_tokens:
-                self._store_kv(rt, tokens, self.levels, chat_id=chat_id)
+                self._store_chat_kv(rt, chat_id, tokens)
             return report
 
     def ask(
@@ -560,8 +570,7 @@ class Engine:
             self.store.add_message(chat_id, "user", question, stats={"tokens": q_tokens})
             self.store.add_message(chat_id, "assistant", result.answer,
                                    stats={**stats, "tokens": generated + suffix_tokens})
-            self._store_kv(rt, context + q_tokens + generated + suffix_tokens, self.levels,
-                           chat_id=chat_id)
+            self._store_chat_kv(rt, chat_id, context + q_tokens + generated + suffix_tokens)
             return result
 
     def regenerate(self, chat_id: int, **options) -> AskResult:

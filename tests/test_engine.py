@@ -155,6 +155,10 @@ def test_other_model_fingerprint_is_never_loaded(tmp_path, model_path, model_has
         res = other.ask(QUESTION, doc_id=doc_id, max_tokens=8)
         assert set(res.chunk_levels) == {"text"} and res.bytes_read == 0
         assert any("another model" in m for m in res.messages)
+        # Recomputed once under this model, the document is cached for the next chat too.
+        assert [d.status for d in other.documents()] == ["ready"]
+        again = other.ask("How tall is the tower?", doc_id=doc_id, max_tokens=8)
+        assert again.recomputed_tokens == 0 and "text" not in again.chunk_levels
     finally:
         other.close()
         other.store.close()
