@@ -68,6 +68,7 @@ def quantize(bits, maxq, akey, bkey, n_a, n_b, f32_of):
                 s = f32_of[top[a, b]]
                 if s > 0:
                     recip[a, b] = mq / s
+        counts = np.zeros((n_ch, hist.shape[2]), np.int32)  # per layer, stays in L1
         for t in range(n_tok):
             a = akey[t]
             for c in range(n_ch):
@@ -75,7 +76,8 @@ def quantize(bits, maxq, akey, bkey, n_a, n_b, f32_of):
                 q = min(max(q, -mq), mq)
                 k = np.int64(q) + maxq[layer]
                 sym[layer, t, c] = k
-                hist[layer, c, k] += 1
+                counts[c, k] += 1
+        hist[layer] = counts
     return sym, scales, hist, bad.any()
 
 
