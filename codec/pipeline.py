@@ -13,6 +13,7 @@ Every size follows from the header, except the words, whose sizes are the counts
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,6 +62,7 @@ class _Plan:
     n_b: int
 
     @classmethod
+    @functools.lru_cache(maxsize=256)  # chunks of a document share plans; callers never write
     def of(cls, kind: KindConfig, n_layer: int, n_tok: int, n_ch: int, group: int) -> _Plan:
         maxq = kind.layer_bins(n_layer) // 2 - 1
         resid = (np.arange(n_tok) % group != 0) if group else np.zeros(n_tok, bool)
@@ -74,7 +76,9 @@ class _Plan:
             bkey, n_b = np.zeros(n_ch, np.int64), 1
         return cls(kind.scale, maxq, 2 * maxq + 1, akey, bkey, n_a, n_b)
 
+    @functools.cached_property
     def bank(self) -> tuple[tables.Bank, np.ndarray, np.ndarray]:
+        """The codebooks of this kind's alphabets, code lengths, first id of each layer's."""
         bank, cost, base = tables.kind_bank(tuple(self.nsym.tolist()))
         return bank, cost, np.array([base[n] for n in self.nsym.tolist()], np.int64)
 
@@ -150,7 +154,7 @@ def _encode_kind(bits: np.ndarray, kind: KindConfig, cfg: CodecConfig, be):
     sym, scales, hist, bad = be.quantize(bits, plan.maxq, plan.akey, plan.bkey, plan.n_a,
                                          plan.n_b, F16_TO_F32)
     _refuse_nonfinite(bad)
-    bank, cost, base = plan.bank()
+    bank, cost, base = plan.bank
     ent = be.choose_entries(hist, plan.nsym, base, cost, tables.N_RHO)
     words, counts = be.encode(sym, ent + base[:, None], bank.freq, bank.cum, bank.recip,
                               cfg.lanes, cfg.states)
@@ -255,7 +259,7 @@ def decode(blob: bytes, *, out: tuple[np.ndarray, np.ndarray] | None = None,
         if np.any(ents >= limit[:, None]):
             raise CodecError("codec blob names a table that does not exist")
         out[i][:, :n_sink] = parts.sinks[i]
-        bank, _, base = plan.bank()
+        bank, _, base = plan.bank
         _run_decode(be, parts.words[i], parts.counts[i], ents + base[:, None], bank,
                     plan.dequant(scales), plan.akey, plan.bkey, out[i], n_sink, cfg)
         if cfg.anchor_group:
