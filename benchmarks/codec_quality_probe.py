@@ -6,8 +6,7 @@ Prefills a prefix of the pydoc topics text, reads the sequence state, and for ea
 restores the decoded KV (256-token chunks, as the engine stores them) into the same context,
 then evaluates the next tokens one by one and compares every next-token distribution with the
 exact restore: mean KL(exact || level) and top-1 agreement. A probe with few positions (noisy,
-see /work/shared/notes/quality-baselines.md), not the quality evaluation itself. Uses
-n_batch=1: multi-token batches crash this llama-cpp-python build here.
+see /work/shared/notes/quality-baselines.md), not the quality evaluation itself.
 """
 
 from __future__ import annotations
@@ -32,8 +31,8 @@ def main() -> None:
     ap.add_argument("--extra", default="{}", help="JSON {name: config dict} to probe as well")
     args = ap.parse_args()
     p, m = args.prefix, args.next
-    llm = llama_cpp.Llama(model_path=model_path(), n_ctx=p + m + 16, n_batch=1, n_ubatch=1,
-                          logits_all=True, verbose=False)
+    llm = llama_cpp.Llama(model_path=model_path(), n_ctx=p + m + 16, logits_all=True,
+                          verbose=False)
     ctx = llm._ctx.ctx
     tokens = llm.tokenize(text().encode())[:p + m]
     llm.eval(tokens[:p])

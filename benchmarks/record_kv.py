@@ -77,9 +77,7 @@ def parse_state(buf: bytes) -> tuple[np.ndarray, np.ndarray]:
 def record(n_tokens: int) -> tuple[np.ndarray, np.ndarray]:
     import llama_cpp
 
-    # n_batch=1: this llama-cpp-python build (0.3.36, here) segfaults on multi-token batches.
-    llm = llama_cpp.Llama(model_path=model_path(), n_ctx=n_tokens + 16, n_batch=1, n_ubatch=1,
-                          verbose=False)
+    llm = llama_cpp.Llama(model_path=model_path(), n_ctx=n_tokens + 16, verbose=False)
     tokens = llm.tokenize(text().encode())[:n_tokens]
     assert len(tokens) == n_tokens
     llm.eval(tokens)
