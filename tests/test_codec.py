@@ -100,7 +100,7 @@ def test_levels_order_by_size_on_real_kv():
 
 def test_sink_tokens_only_in_the_documents_first_chunk():
     keys, values = random_kv((2, 10, 8))
-    cfg = codec.levels()["balanced"]
+    cfg = codec.levels()["balanced"].replace(sink_tokens=4)
     k_first, _ = codec.decode(codec.encode(keys, values, cfg))
     assert np.array_equal(k_first[:, :4], keys[:, :4])
     k_late, _ = codec.decode(codec.encode(keys, values, cfg, first_token=2))
