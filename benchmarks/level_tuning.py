@@ -4,6 +4,12 @@
     .venv/bin/python benchmarks/level_tuning.py sens --k-bins 8 --v-bins 4 --out sens.json
     # score codec config variants (JSON {name: config dict}) against one exact run:
     .venv/bin/python benchmarks/level_tuning.py rows --variants variants.json
+    # estimated bits per element of every layer and maxq, from the recorded KV (no model):
+    .venv/bin/python benchmarks/level_tuning.py rates --out rates.json
+    # per-layer bins for target sizes from the sensitivity runs and the rates (no model):
+    .venv/bin/python benchmarks/level_tuning.py alloc --sens sens1.jsonl sens2.jsonl \
+        --rates rates.json --sink-tokens 1 --target-bits 2.05 1.45 0.955 --gamma-min 1.0 \
+        --min-k-bins 12 --min-v-bins 6 --out alloc.json
 
 Both share --model/--text/--prefix-tokens/--cont-tokens with bench_quality.py; --greedy-tokens
 defaults to 0 here (teacher-forced KLD and top-1 only, much faster on 2 cores). Prints one
