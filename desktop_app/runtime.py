@@ -136,6 +136,7 @@ class Runtime:
             llama_cpp_version=llama_cpp.__version__,
         )
         self._vocab = self.llm._model.vocab
+        self._spare: bytearray | None = None  # the last state buffer, reused when it fits
         self._formatter = self._chat_formatter()
 
     # -- facts ---------------------------------------------------------------------------
@@ -200,7 +201,9 @@ class Runtime:
         """Forget every token: an empty cache and empty bookkeeping."""
         with self._lock:
             self.llm.reset()
-            self.llm._ctx.kv_cache_clear()
+            # Metadata only: zeroing the whole cache's data (~190 MB at n_ctx 8192) costs
+            # ~25 ms per restore and nothing reads cells that are not in use.
+            llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self.llm._ctx.ctx), False)
 
     def truncate(self, n: int) -> None:
         """Keep only the first n tokens of the sequence."""
@@ -350,10 +353,16 @@ class Runtime:
         return np.dtype(np.float16 if self.layout.cache_type == "f16" else np.float32)
 
     def new_state_buffer(self, n_tokens: int) -> kvstate.StateBuffer:
-        """An empty state of n_tokens for this model, to fill in place and `restore_buffer`."""
+        """A state of n_tokens for this model, to fill in place and `restore_buffer`.
+
+        Its bytes may be those of the previous buffer of the same size (llama.cpp copies a
+        state in when it is set), so fill every token before restoring it.
+        """
         lay = self.layout
-        return kvstate.StateBuffer(lay.n_layer, n_tokens, lay.channels, self.cache_dtype,
-                                   v_trans=lay.v_trans)
+        buf = kvstate.StateBuffer(lay.n_layer, n_tokens, lay.channels, self.cache_dtype,
+                                  v_trans=lay.v_trans, reuse=self._spare)
+        self._spare = buf.data
+        return buf
 
     def restore_buffer(self, buf: kvstate.StateBuffer, tokens: Sequence[int]) -> None:
         """Load a filled StateBuffer without copying it."""
