@@ -106,10 +106,7 @@ class Engine:
         self._runtimes: dict[str, Runtime] = {}
         self._prefixes: dict[tuple, Prefix] = {}
         self._runtimes_lock = threading.Lock()
-        # Overlaps with loading the model: both mostly wait outside the GIL.
-        self._warm_up = threading.Thread(target=streaming.warm_up, args=(self.levels,),
-                                         name="codec-warm-up", daemon=True)
-        self._warm_up.start()
+        self._warm_up: threading.Thread | None = None
         saved = store.setting(SPEEDS_SETTING) or {}
         self.speeds = streaming.Speeds(
             decode_MBps=dict(saved.get("decode_MBps", {})),
@@ -128,6 +125,18 @@ class Engine:
                                           {**rt.layout.__dict__, "n_ctx": rt.n_ctx})
             return self._runtimes[role]
 
+    def warm_up(self, rt: Runtime | None = None) -> None:
+        """Ready the codec in the background (once): the flows that encode or decode call it
+        first thing, a GUI may call it at start-up."""
+        lay = (rt or self.runtime).layout
+        with self._runtimes_lock:
+            if self._warm_up is not None:
+                return
+            self._warm_up = threading.Thread(
+                target=streaming.warm_up, name="codec-warm-up", daemon=True,
+                args=(self.levels, (lay.n_layer, self.chunk_tokens, lay.channels)))
+            self._warm_up.start()
+
     @property
     def runtime(self) -> Runtime:
         """The chat context (loaded on first use)."""
@@ -139,7 +148,8 @@ class Engine:
         return rt.fingerprint
 
     def close(self) -> None:
-        self._warm_up.join()  # never leave numba working while the interpreter exits
+        if self._warm_up is not None:
+            self._warm_up.join()  # never leave numba working while the interpreter exits
         with self._runtimes_lock:
             for rt in self._runtimes.values():
                 rt.close()
@@ -227,6 +237,7 @@ class Engine:
             progress(Progress("extract", 1, 1, title))
         with self._attach_lock:
             rt = self._runtime("attach")
+            self.warm_up(rt)
             known = {d.content_hash: d for d in self.store.documents()}
             existing = known.get(extracted.content_hash)
             prefix = self._prefix(rt, (existing.title if existing else title, extracted.text))
@@ -487,6 +498,7 @@ class Engine:
         self._chat(chat_id)
         with self._chat_lock:
             rt = self.runtime
+            self.warm_up(rt)
             _, tokens = self._conversation(rt, chat_id)
             options = streaming.Options(level, budget_ms, bandwidth_MBps)
             report = self._bring_in(rt, chat_id, tokens, options=options, no_cache=no_cache,
@@ -525,6 +537,7 @@ class Engine:
             self.store.rename_chat(chat_id, _title_of(question))
         with self._chat_lock:
             rt = self.runtime
+            self.warm_up(rt)
             msgs, context = self._conversation(rt, chat_id)
             before = rt.render_chat(msgs, add_generation_prompt=False)
             msgs.append({"role": "user", "content": question})

@@ -88,11 +88,14 @@ class Throttle:
             time.sleep(delay)
 
 
-def warm_up(levels: Sequence[str]) -> None:
-    """Load the codec's compiled kernels (numba reads them from its on-disk cache on first
-    use, ~0.3 s) so the first restore of a session is not the one that pays for it."""
-    rng = np.random.default_rng(0)
-    k = rng.standard_normal((1, 8, 8)).astype(np.float16)
+def warm_up(levels: Sequence[str], shape: tuple[int, int, int]) -> None:
+    """Ready the codec for chunks of `shape` ([n_layer, chunk tokens, channels]) at `levels`.
+
+    The first use of each level costs up to a second: numba loads its compiled kernels from
+    its cache and the codec builds its per-shape plans and tables. Done in the background
+    when a model loads, the user's first attach or restore does not pay for it.
+    """
+    k = np.random.default_rng(0).standard_normal(shape).astype(np.float16)
     for level in levels:
         codec.decode(codec.encode(k, k, level))
 

@@ -19,12 +19,19 @@ from desktop_app.app import App
 from .main_window import MainWindow
 
 
+def _ready_engine(app: App):
+    """The engine, with its codec readied in the background (runs on the window's worker)."""
+    engine = app.engine
+    engine.warm_up()
+    return engine
+
+
 def run(app: App) -> int:
     qapp = QApplication.instance() or QApplication(sys.argv)
     qapp.setApplicationName("kvdesk")
     while True:
         restart = []
-        window = MainWindow(lambda app=app: app.engine, app.settings)
+        window = MainWindow(lambda app=app: _ready_engine(app), app.settings)
         window.restart_requested.connect(restart.append)
         window.show()
         code = qapp.exec()
