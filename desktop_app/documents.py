@@ -58,6 +58,8 @@ CODE_SUFFIXES = {
 def extract(path: str | Path) -> Extracted:
     """Read `path` and return its text, or raise DocumentError saying why not."""
     path = Path(path)
+    if path.is_dir():
+        raise DocumentError(f"{path}: a folder, not a file (attach the files in it)")
     if not path.is_file():
         raise DocumentError(f"{path}: no such file")
     size = path.stat().st_size

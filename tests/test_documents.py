@@ -90,9 +90,11 @@ def test_bad_files_say_why(tmp_path, name, data, message):
         extract(tmp_path / name)
 
 
-def test_missing_file(tmp_path):
+def test_missing_file_and_folder(tmp_path):
     with pytest.raises(DocumentError, match="no such file"):
         extract(tmp_path / "nope.txt")
+    with pytest.raises(DocumentError, match="a folder, not a file"):
+        extract(tmp_path)
 
 
 def test_pdf_without_text_layer(tmp_path):
