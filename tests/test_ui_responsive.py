@@ -39,6 +39,9 @@ def test_the_gui_thread_stays_responsive(qtbot, tmp_path):
     window = open_window(qtbot, engine)
     with qtbot.waitExposed(window):
         window.show()  # the first paint is not measured: it happens once, before any work
+    # Asked before the probe starts: the fake engine's calls sleep like real ones, and this
+    # one would run on the GUI thread, where the window itself never calls the engine.
+    oldest_chat = engine.chats()[-1].chat_id
     probe = GapProbe()
     probe.start()
 
@@ -49,7 +52,7 @@ def test_the_gui_thread_stays_responsive(qtbot, tmp_path):
     with qtbot.waitSignal(window.answer_done, timeout=10000):
         window.send("What does the paper say?")
     with qtbot.waitSignal(window.restored, timeout=10000):
-        window.open_chat(engine.chats()[-1].chat_id)
+        window.open_chat(oldest_chat)
     with qtbot.waitSignal(window.answer_done, timeout=10000):
         window.send("And in more detail?")
     qtbot.waitUntil(lambda: len(attached) == 2, timeout=20000)
