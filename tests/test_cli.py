@@ -99,3 +99,22 @@ def test_attach_ask_reopen_end_to_end(tmp_path):
     assert json.loads(kvdesk("docs", "--json").stdout) == []
     missing = kvdesk("ask", "--chat", "999", "hello", "--json", check=False)
     assert missing.returncode == 1 and "no chat 999" in json.loads(missing.stdout)["error"]
+
+
+@pytest.mark.model
+def test_ctrl_c_during_attach_stores_nothing(tmp_path):
+    import signal
+
+    doc = tmp_path / "long.txt"
+    doc.write_text("The quick brown fox jumps over the lazy dog. " * 300)
+    proc = subprocess.Popen([sys.executable, "-m", "desktop_app", "attach", str(doc)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stderr:  # wait until the prefill is under way
+        if "prefill" in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1
+    assert "cancelled; nothing was stored" in err and "Traceback" not in err
+    assert json.loads(kvdesk("docs", "--json").stdout) == []
+    assert json.loads(kvdesk("verify", "--json").stdout)["chunks"] == 0
