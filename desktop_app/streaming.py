@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import codec
-from store import CorruptChunkError, NotFoundError, Span, Store
+from store import Span, Store, StoreError
 
 from .kvstate import KVState
 from .results import Progress, RestoreReport
@@ -171,6 +171,7 @@ def restore(
     fetched: queue.Queue[_Fetched | None] = queue.Queue(maxsize=3)
     stop = threading.Event()
     io = {"read_bytes": 0, "read_s": 0.0}
+    crashed: list[BaseException] = []
     declared = options.bandwidth_MBps
     budget_s = options.budget_ms / 1000 if options.budget_ms is not None else None
 
@@ -202,13 +203,15 @@ def restore(
                 r0 = time.perf_counter()
                 try:
                     data = store.read_chunk(span.entry_id, span.chunk_index, choice.level)
-                except (CorruptChunkError, NotFoundError) as e:
+                except StoreError as e:  # corrupt, evicted meanwhile, unreadable...
                     fetched.put(_Fetched(span, choice.level, None, str(e)))
                     return
                 throttle.wait(len(data))
                 io["read_s"] += time.perf_counter() - r0
                 io["read_bytes"] += len(data)
                 fetched.put(_Fetched(span, choice.level, data))
+        except BaseException as e:  # a bug: handed to the restoring thread, never swallowed
+            crashed.append(e)
         finally:
             fetched.put(None)
 
@@ -248,6 +251,8 @@ def restore(
                 fetched.get_nowait()
             except queue.Empty:
                 thread.join(0.01)
+    if crashed:
+        raise crashed[0]
     if io["read_s"] > 0 and not declared:
         speeds.read_MBps = io["read_bytes"] / 1e6 / io["read_s"]
 
