@@ -89,10 +89,7 @@ class Engine:
         reserve_tokens: int | None = None,
         default_budget_ms: float | None = None,
     ):
-        unknown = set(levels) - set(codec.levels())
-        if unknown:
-            raise EngineError(f"unknown codec level(s) {sorted(unknown)}; "
-                              f"known: {sorted(codec.levels())}")
+        self._check_levels(levels)
         self.store = store
         self._factory = runtime_factory
         self._model_path = model_path

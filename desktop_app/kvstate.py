@@ -298,6 +298,7 @@ class StateBuffer:
         type_id = next((t for t, d in _FLOAT_TYPES.items() if d == dt), None)
         if type_id is None:
             raise KVStateError(f"unsupported KV dtype {dtype}")
+        self.v_trans = v_trans
         head = struct.pack("<IiII", SEQ_STATE_MAGIC, seq_id, 1, n_tokens)
         if n_tokens == 0:
             self.data = bytearray(head)

@@ -336,7 +336,7 @@ class Runtime:
         would load any state of the right shapes, from whatever model it came.
         """
         kv = kvstate.parse_seq_state(data)
-        self._check_fits(kv, tokens)
+        self._check_fits(kv.keys.shape, kv.dtype, kv.v_trans, tokens)
         self._set_state(data, tokens)
 
     def restore(self, kv: kvstate.KVState, tokens: Sequence[int]) -> None:
@@ -366,25 +366,21 @@ class Runtime:
 
     def restore_buffer(self, buf: kvstate.StateBuffer, tokens: Sequence[int]) -> None:
         """Load a filled StateBuffer without copying it."""
-        lay = self.layout
-        expected = (lay.n_layer, len(tokens), lay.channels)
-        if len(tokens) and buf.keys.shape != expected:
-            raise RuntimeStateError(
-                f"KV of shape {buf.keys.shape} does not fit this model: expected {expected}")
-        if buf.keys.dtype != self.cache_dtype.newbyteorder("<"):
-            raise RuntimeStateError(f"KV of {buf.keys.dtype} for a {lay.cache_type} cache")
+        self._check_fits(buf.keys.shape, buf.keys.dtype, buf.v_trans, tokens)
         self._set_state(buf.data, tokens)
 
-    def _check_fits(self, kv: kvstate.KVState, tokens: Sequence[int]) -> None:
+    def _check_fits(self, shape: tuple, dtype: np.dtype, v_trans: bool,
+                    tokens: Sequence[int]) -> None:
+        """Refuse KV that this context would load but that was not made for it."""
         lay = self.layout
         expected = (lay.n_layer, len(tokens), lay.channels)
-        if kv.keys.shape != expected:
+        if tokens and shape != expected:
             raise RuntimeStateError(
-                f"KV of shape {kv.keys.shape} does not fit this model: expected {expected}")
-        if kv.v_trans != lay.v_trans:
+                f"KV of shape {shape} does not fit this model: expected {expected}")
+        if v_trans != lay.v_trans:
             raise RuntimeStateError("the state's V layout does not match this context")
-        if kv.dtype != self.cache_dtype:
-            raise RuntimeStateError(f"KV of {kv.dtype} for a {lay.cache_type} cache")
+        if dtype != self.cache_dtype:
+            raise RuntimeStateError(f"KV of {dtype} for a {lay.cache_type} cache")
 
     def _set_state(self, data: bytes | bytearray, tokens: Sequence[int]) -> None:
         tokens = list(tokens)
