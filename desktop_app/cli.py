@@ -21,7 +21,7 @@ import click
 from . import __version__, documents, quality
 from .app import App
 from .errors import USER_ERRORS
-from .results import AttachFailure, Progress
+from .results import AttachFailure, Progress, levels_summary
 from .runtime import Cancelled
 from .selfcheck import run as run_selfcheck
 from .settings import load as load_settings
@@ -218,12 +218,7 @@ def ask(app: App, args, chat_id, level, budget_ms, bandwidth_MBps, no_cache,
 
 
 def _levels_summary(levels: list[str]) -> str:
-    if not levels:
-        return "nothing to restore"
-    counts: dict[str, int] = {}
-    for lvl in levels:
-        counts[lvl] = counts.get(lvl, 0) + 1
-    return f"{len(levels)} chunks: " + ", ".join(f"{n} {k}" for k, n in counts.items())
+    return levels_summary(levels) if levels else "nothing to restore"
 
 
 @cli.command()

@@ -1,11 +1,12 @@
 """The plain records the engine hands to its callers (CLI, GUI): progress, results, listings.
 
 They are JSON-able through `as_dict()` and carry no live resources, so a GUI worker thread can
-pass them through a Qt signal as they are. This module holds no logic.
+pass them through a Qt signal as they are. Its only logic is the wording both front ends share.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 
@@ -54,6 +55,13 @@ class RestoreReport(Record):
     chunk_levels: list[str]  # per chunk: a codec level, or "text" (recomputed)
     recomputed_tokens: int
     messages: list[str] = field(default_factory=list)  # fallbacks, said to the user
+
+
+def levels_summary(chunk_levels: list[str]) -> str:
+    """E.g. "16 chunks: 14 high, 2 balanced" — how a restore brought its chunks back."""
+    parts = [f"{n} {'recomputed from text' if level == 'text' else level}"
+             for level, n in Counter(chunk_levels).most_common()]
+    return f"{len(chunk_levels)} chunks: {', '.join(parts)}"
 
 
 @dataclass(frozen=True)

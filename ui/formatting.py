@@ -5,9 +5,7 @@ Pure functions over `desktop_app.results` records: no Qt, no engine calls.
 
 from __future__ import annotations
 
-from collections import Counter
-
-from desktop_app.results import AskResult, AttachResult, RestoreReport
+from desktop_app.results import AskResult, AttachResult, RestoreReport, levels_summary
 
 
 def human_bytes(n: float) -> str:
@@ -22,10 +20,7 @@ def restore_line(report: RestoreReport) -> str:
     """E.g. "restored 4,096 tokens in 120 ms — 16 chunks: 14 high, 2 balanced"."""
     line = f"restored {report.tokens:,} tokens in {report.restore_s * 1000:,.0f} ms"
     if report.chunk_levels:
-        counts = Counter(report.chunk_levels)
-        parts = [f"{n} {'recomputed from text' if level == 'text' else level}"
-                 for level, n in counts.most_common()]
-        line += f" — {len(report.chunk_levels)} chunks: {', '.join(parts)}"
+        line += f" — {levels_summary(report.chunk_levels)}"
     elif report.recomputed_tokens:
         line += f" — {report.recomputed_tokens:,} tokens recomputed"
     return "; ".join([line, *report.messages])
