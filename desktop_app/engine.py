@@ -52,6 +52,7 @@ QUALITY_ORDER = ("lossless", "high", "cachegen-3", "balanced", "cachegen-2", "co
                  "cachegen-1")
 DEFAULT_CHUNK_TOKENS = 256
 UNTITLED = "New chat"  # until the first question names it
+DRAFT_END = "\ue000"  # a private-use character marking where a draft question ends
 SPEEDS_SETTING = "engine.speeds"
 
 ProgressFn = Callable[[Progress], None]
@@ -104,6 +105,9 @@ class Engine:
         self._prefixes: dict[tuple, Prefix] = {}
         self._runtimes_lock = threading.Lock()
         self._warm_up: threading.Thread | None = None
+        # How the chat context's current content was restored (None: not by a restore), so
+        # a question asked the same way keeps it instead of restoring it again.
+        self._loaded_options: streaming.Options | None = None
         saved = store.setting(SPEEDS_SETTING) or {}
         self.speeds = streaming.Speeds(
             decode_MBps=dict(saved.get("decode_MBps", {})),
@@ -453,31 +457,52 @@ class Engine:
                 f"(fingerprint {', '.join(sorted(o[:12] for o in others))}, now {fp[:12]}); "
                 "it is not used: recomputing from text"]
 
-    def _bring_in(self, rt: Runtime, chat_id: int, tokens: list[int], *, options, no_cache,
-                  progress, cancel, reuse_loaded: bool = False) -> RestoreReport:
+    def _bring_in(self, rt: Runtime, chat_id: int | None, tokens: list[int], *, options, no_cache,
+                  progress, cancel, question: Sequence[int] = (),
+                  reuse: bool = True) -> RestoreReport:
+        """Make the context hold exactly `tokens` + `question`, with fresh logits when a
+        question is given.
+
+        What the context already holds is kept when it starts with `tokens` and was loaded
+        the way this call asks for (the previous turn of this chat, a reopen just done, or a
+        question typed ahead by `prepare`); only the question tokens it lacks are computed.
+        """
         t0 = time.perf_counter()
-        if reuse_loaded and not no_cache and options == streaming.Options() and \
-                rt.tokens == tokens:
-            # Already in the context (the previous turn of this chat): nothing to restore.
-            return RestoreReport(len(tokens), time.perf_counter() - t0, 0, [], 0,
-                                 ["the chat was already loaded"])
+        full = [*tokens, *question]
+        if reuse and not no_cache and options in (streaming.Options(), self._loaded_options):
+            held = rt.tokens
+            keep = _common_prefix(held, full)
+            if keep >= len(tokens):
+                # A question needs logits after its last token: compute that one at least.
+                keep = min(keep, len(full) - 1) if question else keep
+                rt.truncate(keep)
+                report = RestoreReport(len(tokens), time.perf_counter() - t0, 0, [], 0,
+                                       ["the chat was already loaded"])
+                rt.prefill(full[keep:], cancel=cancel)
+                return report
+        self._loaded_options = None  # until the context holds a finished load again
         if no_cache:
             rt.reset()
             rt.prefill(tokens, cancel=cancel, progress=None if progress is None else (
                 lambda done, total: progress(Progress("recompute", done, total))))
             n_chunks = -(-len(tokens) // self.chunk_tokens)
-            return RestoreReport(len(tokens), time.perf_counter() - t0, 0,
-                                 [streaming.TEXT] * n_chunks, len(tokens), [])
-        if options.level != "auto":
-            self._check_levels([options.level])
-        elif options.budget_ms is None and self.default_budget_ms is not None:
-            options = streaming.Options("auto", self.default_budget_ms, options.bandwidth_MBps)
-        report = streaming.restore(
-            rt, self.store, rt.fingerprint, tokens, levels=self.levels, options=options,
-            speeds=self.speeds, progress=progress, cancel=cancel)
-        if report.recomputed_tokens == len(tokens):
-            report.messages.extend(self._stale_message(chat_id, rt.fingerprint))
-        self._save_speeds()
+            report = RestoreReport(len(tokens), time.perf_counter() - t0, 0,
+                                   [streaming.TEXT] * n_chunks, len(tokens), [])
+        else:
+            asked = options
+            if options.level != "auto":
+                self._check_levels([options.level])
+            elif options.budget_ms is None and self.default_budget_ms is not None:
+                options = streaming.Options("auto", self.default_budget_ms,
+                                            options.bandwidth_MBps)
+            report = streaming.restore(
+                rt, self.store, rt.fingerprint, tokens, levels=self.levels, options=options,
+                speeds=self.speeds, progress=progress, cancel=cancel)
+            if report.recomputed_tokens == len(tokens) and chat_id is not None:
+                report.messages.extend(self._stale_message(chat_id, rt.fingerprint))
+            self._save_speeds()
+            self._loaded_options = asked
+        rt.prefill(question, cancel=cancel)
         return report
 
     def reopen(
@@ -498,11 +523,58 @@ class Engine:
             self.warm_up(rt)
             _, tokens = self._conversation(rt, chat_id)
             options = streaming.Options(level, budget_ms, bandwidth_MBps)
+            # An explicit reopen always restores: it is how a restore is asked for and timed.
             report = self._bring_in(rt, chat_id, tokens, options=options, no_cache=no_cache,
-                                    progress=progress, cancel=cancel)
+                                    progress=progress, cancel=cancel, reuse=False)
             if report.recomputed_tokens:
                 self._store_chat_kv(rt, chat_id, tokens)
             return report
+
+    def prepare(
+        self,
+        draft: str,
+        *,
+        chat_id: int | None = None,
+        doc_ids: Sequence[int] = (),
+        level: str = "auto",
+        cancel: threading.Event | None = None,
+    ) -> RestoreReport | None:
+        """Get ready for a question still being typed (`draft`, in `chat_id`, or in a chat
+        about `doc_ids` not created yet): bring its context into the model and compute the
+        draft's finished words, so that when the question is sent only its last words and
+        the template's closing tokens are left to compute.
+
+        Nothing is stored, and `ask` keeps only what matches the question finally sent.
+        Returns the restore's report when this call restored the context, else None (also
+        when cancelled: a newer draft supersedes it).
+        """
+        with self._chat_lock:
+            if cancel is not None and cancel.is_set():
+                return None
+            rt = self.runtime
+            self.warm_up(rt)
+            if chat_id is not None:
+                msgs, context = self._conversation(rt, chat_id)
+            else:
+                msgs, context = self.chat_prefix(rt, [self._document(d) for d in doc_ids])
+            draft = draft.lstrip()
+            # Only whole words: the one being typed may still merge with what follows.
+            head = draft[: max(draft.rfind(" "), draft.rfind("\n")) + 1]
+            _, q_text = _question_turn(rt, msgs, head + DRAFT_END)
+            if DRAFT_END not in q_text:
+                return None  # a template that rewrites content: nothing safe to compute
+            # The last token may still merge with the next word's first letters.
+            q_tokens = rt.tokenize(q_text[: q_text.index(DRAFT_END)])[:-1]
+            if rt.tokens == context + q_tokens or \
+                    len(context) + len(q_tokens) + 1 >= rt.n_ctx:
+                return None
+            try:
+                report = self._bring_in(
+                    rt, chat_id, context, options=streaming.Options(level), no_cache=False,
+                    progress=None, cancel=cancel, question=q_tokens)
+            except Cancelled:
+                return None
+            return report if report.chunk_levels else None
 
     def ask(
         self,
@@ -536,22 +608,16 @@ class Engine:
             rt = self.runtime
             self.warm_up(rt)
             msgs, context = self._conversation(rt, chat_id)
-            before = rt.render_chat(msgs, add_generation_prompt=False)
-            msgs.append({"role": "user", "content": question})
-            with_question = rt.render_chat(msgs, add_generation_prompt=True)
-            if not with_question.startswith(before):
-                raise EngineError("this model's chat template rewrites earlier turns; "
-                                  "kvdesk needs an append-only template")
-            q_tokens = rt.tokenize(with_question[len(before):])
+            with_question, q_text = _question_turn(rt, msgs, question)
+            q_tokens = rt.tokenize(q_text)
             if len(context) + len(q_tokens) + 1 >= rt.n_ctx:
                 raise EngineError(f"the chat is full: {len(context) + len(q_tokens):,} tokens "
                                   f"of a {rt.n_ctx:,}-token context; start a new chat")
             options = streaming.Options(level, budget_ms, bandwidth_MBps)
             report = self._bring_in(rt, chat_id, context, options=options, no_cache=no_cache,
-                                    progress=progress, cancel=cancel, reuse_loaded=True)
+                                    progress=progress, cancel=cancel, question=q_tokens)
             if on_restore:
                 on_restore(report)
-            rt.prefill(q_tokens, cancel=cancel)
 
             generated: list[int] = []
             pieces: list[str] = []
@@ -645,6 +711,23 @@ def _fit(rt: Runtime, text: str, build: Callable[[str], tuple], room: int):
         kept = max(0, kept - (len(built[-1]) - room))
         built = build(rt.detokenize(text_tokens[:kept]))
     return built, len(text_tokens), kept
+
+
+def _question_turn(rt: Runtime, msgs: list[dict], question: str) -> tuple[str, str]:
+    """The whole template text with `question` appended as the user's turn (msgs gets the
+    turn), and the part of it after the conversation so far."""
+    before = rt.render_chat(msgs, add_generation_prompt=False)
+    msgs.append({"role": "user", "content": question})
+    with_question = rt.render_chat(msgs, add_generation_prompt=True)
+    if not with_question.startswith(before):
+        raise EngineError("this model's chat template rewrites earlier turns; "
+                          "kvdesk needs an append-only template")
+    return with_question, with_question[len(before):]
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
 
 
 def _title_of(question: str) -> str:

@@ -63,6 +63,7 @@ def test_reattach_reuses_the_cache(engine, doc_id, tmp_path):
 
 
 def test_lossless_answers_exactly_like_recomputing(engine, doc_id):
+    engine.runtime.reset()
     cached = engine.ask(QUESTION, doc_id=doc_id, level="lossless", max_tokens=24)
     fresh = engine.ask(QUESTION, doc_id=doc_id, no_cache=True, max_tokens=24)
     assert cached.recomputed_tokens == 0 and set(cached.chunk_levels) == {"lossless"}
@@ -87,7 +88,45 @@ def test_chat_turns_reuse_the_document_and_reopen(engine, doc_id):
     assert report.tokens == engine.runtime.n_tokens
     assert [m.role for m in engine.messages(chat)] == ["user", "assistant"] * 2
     third = engine.ask("And the museum?", chat_id=chat, max_tokens=12)
-    assert third.restore_s < 0.05  # the context was already loaded by reopen
+    # The context was already loaded by reopen: nothing read, nothing recomputed.
+    assert third.bytes_read == 0 and third.chunk_levels == [] and third.recomputed_tokens == 0
+
+
+def test_a_question_typed_ahead_is_computed_before_it_is_sent(engine, doc_id):
+    question = "How tall is the tower?"
+    rt = engine.runtime
+    plain_chat = engine.new_chat([doc_id]).chat_id
+    rt.reset()
+    plain = engine.ask(question, chat_id=plain_chat, max_tokens=12)
+
+    chat = engine.new_chat([doc_id]).chat_id
+    rt.reset()
+    context = engine.chat_prefix(rt, [engine.store.document(doc_id)])[1]
+    # Drafting brings the chat's context in, then only its finished words.
+    report = engine.prepare("How tall is the to", chat_id=chat)
+    assert report is not None and report.recomputed_tokens == 0
+    ahead = rt.tokens[len(context):]
+    assert rt.tokens[: len(context)] == context and ahead
+    assert "How tall" in rt.detokenize(ahead)
+    assert engine.prepare("How tall is the to", chat_id=chat) is None  # nothing new
+    assert rt.tokens[len(context):] == ahead
+    # An edited draft: what no longer matches is dropped, not kept.
+    engine.prepare("What was the lamp burning before", chat_id=chat)
+    sent = engine.ask(question, chat_id=chat, max_tokens=12)
+    assert sent.bytes_read == 0 and sent.chunk_levels == []
+    assert sent.answer == plain.answer
+
+
+def test_a_draft_for_a_chat_not_yet_created(engine, doc_id):
+    engine.runtime.reset()
+    cancel = threading.Event()
+    cancel.set()
+    assert engine.prepare("When was", doc_ids=[doc_id], cancel=cancel) is None
+    assert engine.runtime.n_tokens == 0  # a superseded draft does nothing
+    report = engine.prepare("When was the lamp", doc_ids=[doc_id])
+    assert report is not None and report.chunk_levels
+    res = engine.ask("When was the lamp electrified?", doc_id=doc_id, max_tokens=8)
+    assert res.bytes_read == 0 and res.chunk_levels == []
 
 
 def test_a_chat_about_two_documents_reuses_the_first_ones_cache(engine, doc_id, tmp_path):

@@ -94,6 +94,22 @@ def test_enter_sends_and_shift_enter_adds_a_line(qtbot, window, engine):
     assert engine.last_call("ask")[:4] == ("ask", "first line\nsecond", None, None)
 
 
+def test_a_question_is_prepared_while_it_is_typed(qtbot, window, engine):
+    window.doc_list.list.item(0).setCheckState(Qt.CheckState.Checked)
+    window.quality.set_level("balanced")
+    qtbot.keyClicks(window.prompt, "What is multi")
+    qtbot.waitUntil(lambda: any(c[0] == "prepare" for c in engine.calls), timeout=3000)
+    assert engine.last_call("prepare") == ("prepare", "What is multi", None, [1], "balanced")
+    # Another pause, another draft; sending stops the next one from starting.
+    qtbot.keyClicks(window.prompt, "-head attention?")
+    qtbot.waitUntil(lambda: engine.last_call("prepare")[1] == "What is multi-head attention?",
+                    timeout=3000)
+    ask(qtbot, window, window.prompt.toPlainText())
+    drafts = sum(c[0] == "prepare" for c in engine.calls)
+    qtbot.wait(2 * 300)
+    assert sum(c[0] == "prepare" for c in engine.calls) == drafts
+
+
 def test_escape_stops_a_streaming_answer(qtbot, window, engine):
     activate(qtbot, window)
     engine.token_s = 0.05

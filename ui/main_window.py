@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QDragEnterEvent, QDropEvent, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QApplication,
@@ -43,6 +43,8 @@ from .settings_dialog import SettingsDialog, needs_restart
 from .sidebar import PHASE_WORDS, ChatList, DocumentList
 from .workers import Job, Runner
 
+DRAFT_PAUSE_MS = 300  # typing pause after which the draft question is computed
+
 
 class MainWindow(QMainWindow):
     # For the launcher and for tests: each fires once the GUI has drawn the outcome.
@@ -67,6 +69,7 @@ class MainWindow(QMainWindow):
         self.serial = 0  # bumped whenever the conversation shown changes
         self.generation: Job | None = None
         self.reopen_job: Job | None = None
+        self.draft_job: Job | None = None
         self.documents: list[DocumentInfo] = []
         self.chats: list[ChatInfo] = []
         self._check_next: set[int] = set()  # attached documents to tick once listed
@@ -146,6 +149,11 @@ class MainWindow(QMainWindow):
         self.attach_button.clicked.connect(self.choose_files)
         self.send_button.clicked.connect(self._send_clicked)
         self.prompt.submitted.connect(self.send)
+        # The question is computed while it is typed, after each short pause, so the answer
+        # starts as soon as it is sent (engine.prepare).
+        self.draft_timer = QTimer(self, singleShot=True, interval=DRAFT_PAUSE_MS)
+        self.draft_timer.timeout.connect(self._prepare_draft)
+        self.prompt.textChanged.connect(self.draft_timer.start)
         self.chat_list.chat_selected.connect(self.open_chat)
         self.chat_list.rename_requested.connect(self.rename_chat)
         self.chat_list.delete_requested.connect(self.delete_chat)
@@ -311,6 +319,19 @@ class MainWindow(QMainWindow):
 
     # -- asking -----------------------------------------------------------------------------
 
+    def _prepare_draft(self) -> None:
+        text = self.prompt.toPlainText()
+        if self.engine is None or self.generation is not None or not text.strip():
+            return
+        if self.draft_job is not None:
+            self.draft_job.cancel.set()  # superseded: it stops if it has not finished
+        chat_id, doc_ids, level = self.chat_id, self.doc_list.checked_ids(), self.quality.level()
+        engine, serial = self.engine, self.serial
+        # Failures are left for the question itself to report, when it is sent.
+        self.draft_job = self.runner.start("chat", lambda job: engine.prepare(
+            text, chat_id=chat_id, doc_ids=doc_ids, level=level, cancel=job.cancel),
+            finished=lambda report: report is None or self._reopened(serial, report))
+
     def _send_clicked(self) -> None:
         if self.generation is not None:
             self.stop()
@@ -324,6 +345,7 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage("An answer is still coming: wait, or press Esc", 3000)
             return
         self.prompt.clear()
+        self.draft_timer.stop()
         self.chat_view.add_user_message(text)
         chat_id, doc_ids, level = self.chat_id, self.doc_list.checked_ids(), self.quality.level()
         engine = self.engine

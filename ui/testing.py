@@ -236,6 +236,11 @@ class FakeEngine:
                          chunk_levels=report.chunk_levels, recomputed_tokens=0,
                          tokens_generated=len(pieces))
 
+    def prepare(self, draft, *, chat_id=None, doc_ids=(), level="auto",
+                cancel=None) -> RestoreReport | None:
+        self._enter("prepare", draft, chat_id, list(doc_ids), level)
+        return None
+
     def reopen(self, chat_id, *, level="auto", budget_ms=None, bandwidth_MBps=None,
                progress=None, cancel=None) -> RestoreReport:
         self._enter("reopen", chat_id, level)
