@@ -13,7 +13,8 @@ ships with every CPython) is attached in a temporary data directory, then asked 
   model (goal: 1.8x faster). The q8_0 side is a lower bound: its bytes are read through the
   same store path and throttle, but no dequantization is charged;
 - the GUI's flows: the first token of a question sent in a chat restored when it was opened,
-  and of one computed while it was typed (all its words but the last, by engine.prepare).
+  and of one computed while it was typed (by engine.prepare: all of it, or all but its last
+  word).
 
 Timings are in-process, after one warm-up restore (numba loads its compiled kernels on first
 use, about 0.3 s once per process). Medians of --repeat runs.
@@ -102,22 +103,25 @@ def main() -> None:
             print(f"{level:>9}: TTFT {ttft[level]['ttft_s'] * 1000:.0f} ms", file=sys.stderr)
         out["ttft_local"] = ttft
 
-        # The GUI's flows: the chat was restored when it was opened, or the question was
-        # computed while it was typed (engine.prepare after each pause; here: all words but
-        # the last), so only the rest of the question is left when it is sent.
+        # The GUI's flows: the chat was restored when it was opened; or the question was
+        # computed while it was typed (engine.prepare after each pause), either as sent (the
+        # user paused before pressing Enter) or with its last word typed after the pause.
         def after_reopen():
             chat = eng.new_chat([res.doc_id]).chat_id
             rt.reset()
             eng.reopen(chat)
             return eng.ask(QUESTION, chat_id=chat, max_tokens=1)
 
-        def typed_ahead():
+        def typed_ahead(draft):
             chat = eng.new_chat([res.doc_id]).chat_id
             rt.reset()
-            eng.prepare(QUESTION.rsplit(" ", 1)[0], chat_id=chat)
+            eng.prepare(draft, chat_id=chat)
             return eng.ask(QUESTION, chat_id=chat, max_tokens=1)
 
-        for name, flow in (("after_reopen", after_reopen), ("typed_ahead", typed_ahead)):
+        flows = {"after_reopen": after_reopen,
+                 "typed_ahead_paused": lambda: typed_ahead(QUESTION),
+                 "typed_ahead_last_word": lambda: typed_ahead(QUESTION.rsplit(" ", 1)[0])}
+        for name, flow in flows.items():
             runs = [flow() for _ in range(args.repeat)]
             t = statistics.median(r.ttft_s for r in runs)
             out[f"ttft_{name}_s"] = round(t, 4)

@@ -52,7 +52,6 @@ QUALITY_ORDER = ("lossless", "high", "cachegen-3", "balanced", "cachegen-2", "co
                  "cachegen-1")
 DEFAULT_CHUNK_TOKENS = 256
 UNTITLED = "New chat"  # until the first question names it
-DRAFT_END = "\ue000"  # a private-use character marking where a draft question ends
 SPEEDS_SETTING = "engine.speeds"
 
 ProgressFn = Callable[[Progress], None]
@@ -473,8 +472,10 @@ class Engine:
             held = rt.tokens
             keep = _common_prefix(held, full)
             if keep >= len(tokens):
-                # A question needs logits after its last token: compute that one at least.
-                keep = min(keep, len(full) - 1) if question else keep
+                # A question needs the logits after its last token: unless the context holds
+                # exactly it, freshly evaluated (a draft sent as it was), compute that token.
+                if question and not (keep == len(held) == len(full) and rt.has_logits):
+                    keep = min(keep, len(full) - 1)
                 rt.truncate(keep)
                 report = RestoreReport(len(tokens), time.perf_counter() - t0, 0, [], 0,
                                        ["the chat was already loaded"])
@@ -541,8 +542,8 @@ class Engine:
     ) -> RestoreReport | None:
         """Get ready for a question still being typed (`draft`, in `chat_id`, or in a chat
         about `doc_ids` not created yet): bring its context into the model and compute the
-        draft's finished words, so that when the question is sent only its last words and
-        the template's closing tokens are left to compute.
+        draft as the question's turn, so that when the question is sent only what changed
+        since is left to compute (nothing, if the user paused before sending).
 
         Nothing is stored, and `ask` keeps only what matches the question finally sent.
         Returns the restore's report when this call restored the context, else None (also
@@ -557,14 +558,11 @@ class Engine:
                 msgs, context = self._conversation(rt, chat_id)
             else:
                 msgs, context = self.chat_prefix(rt, [self._document(d) for d in doc_ids])
-            draft = draft.lstrip()
-            # Only whole words: the one being typed may still merge with what follows.
-            head = draft[: max(draft.rfind(" "), draft.rfind("\n")) + 1]
-            _, q_text = _question_turn(rt, msgs, head + DRAFT_END)
-            if DRAFT_END not in q_text:
-                return None  # a template that rewrites content: nothing safe to compute
-            # The last token may still merge with the next word's first letters.
-            q_tokens = rt.tokenize(q_text[: q_text.index(DRAFT_END)])[:-1]
+            # The draft is computed as if it were sent now, template tokens included: sent
+            # unchanged, its first token comes at once; edited, the context is cut back to
+            # what still matches, which costs nothing.
+            _, q_text = _question_turn(rt, msgs, draft.strip())
+            q_tokens = rt.tokenize(q_text)
             if rt.tokens == context + q_tokens or \
                     len(context) + len(q_tokens) + 1 >= rt.n_ctx:
                 return None

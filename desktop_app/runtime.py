@@ -137,6 +137,9 @@ class Runtime:
         )
         self._vocab = self.llm._model.vocab
         self._spare: bytearray | None = None  # the last state buffer, reused when it fits
+        # The token count after the last evaluation, while the logits it left belong to the
+        # sequence's last token (None once a reset, restore or truncation makes them stale).
+        self._logits_at: int | None = None
         self._formatter = self._chat_formatter()
 
     # -- facts ---------------------------------------------------------------------------
@@ -201,6 +204,7 @@ class Runtime:
         """Forget every token: an empty cache and empty bookkeeping."""
         with self._lock:
             self.llm.reset()
+            self._logits_at = None
             # Metadata only: zeroing the whole cache's data (~190 MB at n_ctx 8192) costs
             # ~25 ms per restore and nothing reads cells that are not in use.
             llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self.llm._ctx.ctx), False)
@@ -210,8 +214,19 @@ class Runtime:
         with self._lock:
             if not 0 <= n <= self.llm.n_tokens:
                 raise ValueError(f"cannot truncate {self.llm.n_tokens} tokens to {n}")
-            self.llm._ctx.kv_cache_seq_rm(0, n, -1)
+            if n < self.llm.n_tokens:
+                self.llm._ctx.kv_cache_seq_rm(0, n, -1)
+                self._logits_at = None
             self.llm.n_tokens = n
+
+    @property
+    def has_logits(self) -> bool:
+        """Whether the next-token logits after the sequence's last token are at hand."""
+        return self.llm.n_tokens > 0 and self._logits_at == self.llm.n_tokens
+
+    def _eval(self, tokens: Sequence[int]) -> None:
+        self.llm.eval(tokens)
+        self._logits_at = self.llm.n_tokens
 
     def prefill(
         self,
@@ -237,7 +252,7 @@ class Runtime:
                 if cancel is not None and cancel.is_set():
                     raise Cancelled(f"stopped after {done} of {len(tokens)} tokens")
                 piece = tokens[start : start + PREFILL_SLICE]
-                self.llm.eval(piece)
+                self._eval(piece)
                 done += len(piece)
                 if progress is not None:
                     progress(done, len(tokens))
@@ -248,9 +263,11 @@ class Runtime:
             n = self.llm.n_tokens
             if n == 0:
                 raise RuntimeStateError("no tokens to continue from")
+            if self.has_logits:
+                return
             last = int(self.llm.input_ids[n - 1])
             self.truncate(n - 1)
-            self.llm.eval([last])
+            self._eval([last])
 
     def logits(self) -> np.ndarray:
         """A copy of the next-token logits after the last evaluated token."""
@@ -290,7 +307,7 @@ class Runtime:
             with self._lock:
                 for _ in range(max_tokens):
                     if pending is not None:
-                        self.llm.eval([pending])
+                        self._eval([pending])
                         pending = None
                     if cancel is not None and cancel.is_set():
                         return
@@ -309,7 +326,7 @@ class Runtime:
         finally:
             if pending is not None:
                 with self._lock:
-                    self.llm.eval([pending])
+                    self._eval([pending])
             sampler.close()
 
     # -- KV state ------------------------------------------------------------------------

@@ -117,6 +117,22 @@ def test_a_question_typed_ahead_is_computed_before_it_is_sent(engine, doc_id):
     assert sent.answer == plain.answer
 
 
+def test_a_draft_sent_unchanged_answers_without_computing_anything(engine, doc_id, monkeypatch):
+    question = "How tall is the tower?"
+    plain_chat = engine.new_chat([doc_id]).chat_id
+    engine.runtime.reset()
+    plain = engine.ask(question, chat_id=plain_chat, max_tokens=12)
+    chat = engine.new_chat([doc_id]).chat_id
+    engine.prepare(question + "  ", chat_id=chat)
+    evaluated, before_first = [], []
+    monkeypatch.setattr(engine.runtime.llm, "eval", lambda toks, f=engine.runtime.llm.eval: (
+        evaluated.extend(toks), f(toks)))
+    sent = engine.ask(question, chat_id=chat, max_tokens=12,
+                      on_token=lambda _: before_first.append(len(evaluated)))
+    assert before_first[0] == 0  # the first token came from the draft's logits
+    assert sent.answer == plain.answer
+
+
 def test_a_draft_for_a_chat_not_yet_created(engine, doc_id):
     engine.runtime.reset()
     cancel = threading.Event()
