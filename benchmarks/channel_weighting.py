@@ -26,14 +26,23 @@ import codec
 from desktop_app import calibration, kvstate, quality
 
 
-def calibration_tokens(model: Path, n: int) -> list[int]:
-    """The second half of the pydoc topics (the `pydoc` evaluation uses its first tokens)."""
+def calibration_tokens(model: Path, n: int, mix: bool = False) -> list[int]:
+    """The second half of the pydoc topics (the `pydoc` evaluation uses its first tokens);
+    with mix, half of it and half the source of the standard library's `collections` (the
+    `code` evaluation reads `argparse`)."""
+    import collections
+    import inspect
     import pydoc_data.topics
 
     text = "\n\n".join(pydoc_data.topics.topics.values())
     llm = llama_cpp.Llama(model_path=str(model), n_ctx=8, vocab_only=True, verbose=False)
     try:
-        return llm.tokenize(text[len(text) // 2 :].encode(), add_bos=True)[:n]
+        prose = llm.tokenize(text[len(text) // 2 :].encode(), add_bos=True)
+        if not mix:
+            return prose[:n]
+        code = llm.tokenize(Path(inspect.getsourcefile(collections)).read_text().encode(),
+                            add_bos=False)
+        return prose[: n // 2] + code[: n - n // 2]
     finally:
         llm.close()
 
