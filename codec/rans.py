@@ -13,6 +13,12 @@ The decoder trusts nothing it reads from a stream: every word read is clamped to
 and a group must end exactly at its last word with every state back at its initial
 value, so a corrupt stream can neither read out of bounds nor pass silently. Callers validate
 table ids and word counts before calling. These kernels must never allocate per symbol.
+
+Speed (measured in benchmarks/RESULTS.md, "Codec"): one coding step is an inlined function
+shared by two loops over a group's symbols, one for 4 states held in registers (every named
+level) and one for any other count, with the states in a small array (slower: they go
+through memory). Tables are indexed flat with unsigned indices, which spares numba's
+negative-index wraparound on every lookup; the renormalization is branch-free.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from .tables import PROB_BITS
 
 RANS_LOW = 1 << 16
 SLOT_MASK = (1 << PROB_BITS) - 1
+FAST_STATES = 4  # the state count with register-held loops
+_U = np.uint64  # index type: numba adds no negative-index wraparound to unsigned indices
 
 
 @njit(cache=True)
@@ -34,6 +42,62 @@ def group_offsets(counts):
     for i in range(flat.size):
         off[i + 1] = off[i] + flat[i]
     return off
+
+
+@njit(inline="always")
+def _encode_step(x, f, cum, recip, buf, pos):
+    """Push one symbol (frequency f, cumulative cum) onto state x; words go down buf from
+    pos. x // f is a float multiply by recip = 1 / f and an exact fix-up."""
+    # branch-free renormalization: always store, advance only when it is needed
+    emit = x >= f << (32 - PROB_BITS)
+    buf[_U(pos - 1)] = x & 0xFFFF
+    pos -= emit
+    x >>= 16 * emit
+    q = np.int64(x * recip)
+    r = x - q * f
+    if r < 0:
+        q -= 1
+        r += f
+    elif r >= f:
+        q += 1
+        r -= f
+    return (q << PROB_BITS) + r + cum, pos
+
+
+@njit(cache=True)
+def _encode_rows(x, rows, at, freq, cum, recip, buf):
+    """Encode a group's symbols rows [T, lanes] (last first) with the states x, which it
+    updates; at[j] = where lane j's table row starts. Returns where the words start in buf."""
+    ns = x.size
+    pos = buf.size
+    for t in range(rows.shape[0] - 1, -1, -1):
+        row = rows[t]
+        i = (rows.shape[1] - 1) % ns
+        for j in range(rows.shape[1] - 1, -1, -1):
+            k = _U(at[j] + row[j])
+            x[i], pos = _encode_step(x[i], freq[k], cum[k], recip[k], buf, pos)
+            i = ns - 1 if i == 0 else i - 1
+    return pos
+
+
+@njit(cache=True)
+def _encode_rows4(x, rows, at, freq, cum, recip, buf):
+    """`_encode_rows` for 4 states and a multiple of 4 lanes, with the states in registers."""
+    x0, x1, x2, x3 = x[0], x[1], x[2], x[3]
+    pos = buf.size
+    for t in range(rows.shape[0] - 1, -1, -1):
+        row = rows[t]
+        for j in range(rows.shape[1] - 4, -1, -4):
+            k = _U(at[j + 3] + row[j + 3])
+            x3, pos = _encode_step(x3, freq[k], cum[k], recip[k], buf, pos)
+            k = _U(at[j + 2] + row[j + 2])
+            x2, pos = _encode_step(x2, freq[k], cum[k], recip[k], buf, pos)
+            k = _U(at[j + 1] + row[j + 1])
+            x1, pos = _encode_step(x1, freq[k], cum[k], recip[k], buf, pos)
+            k = _U(at[j] + row[j])
+            x0, pos = _encode_step(x0, freq[k], cum[k], recip[k], buf, pos)
+    x[0], x[1], x[2], x[3] = x0, x1, x2, x3
+    return pos
 
 
 @njit(parallel=True, cache=True)
@@ -48,35 +112,20 @@ def encode(sym, ent, freq, cum, recip, lanes, states):
     buf = np.empty((n_layer * n_grp, cap), np.uint16)
     first = np.empty(n_layer * n_grp, np.int64)
     counts = np.empty((n_layer, n_grp), np.uint32)
+    width = freq.shape[1]
+    freq, cum, recip = freq.reshape(-1), cum.reshape(-1), recip.reshape(-1)
     for item in prange(n_layer * n_grp):
         layer, g = item // n_grp, item % n_grp
         c0 = g * lanes
         nl = min(lanes, n_ch - c0)
         ns = min(states, nl)
         x = np.full(ns, RANS_LOW, np.int64)
-        e = ent[layer, c0:c0 + nl].copy()
-        sid = np.arange(nl) % ns  # a lookup, not a division per symbol
-        pos = cap
-        for t in range(n_tok - 1, -1, -1):
-            for j in range(nl - 1, -1, -1):
-                ej = e[j]
-                s = sym[layer, t, c0 + j]
-                f = freq[ej, s]
-                xj = x[sid[j]]
-                # branch-free renormalization: always store, advance only when it is needed
-                emit = xj >= f << (32 - PROB_BITS)
-                buf[item, pos - 1] = xj & 0xFFFF
-                pos -= emit
-                xj >>= 16 * emit
-                q = np.int64(xj * recip[ej, s])
-                r = xj - q * f
-                if r < 0:
-                    q -= 1
-                    r += f
-                elif r >= f:
-                    q += 1
-                    r -= f
-                x[sid[j]] = (q << PROB_BITS) + r + cum[ej, s]
+        at = ent[layer, c0:c0 + nl] * width
+        rows = sym[layer, :, c0:c0 + nl]
+        if ns == FAST_STATES and nl % FAST_STATES == 0:
+            pos = _encode_rows4(x, rows, at, freq, cum, recip, buf[item])
+        else:
+            pos = _encode_rows(x, rows, at, freq, cum, recip, buf[item])
         for j in range(ns - 1, -1, -1):
             buf[item, pos - 1] = x[j] & 0xFFFF
             buf[item, pos - 2] = x[j] >> 16
@@ -90,17 +139,75 @@ def encode(sym, ent, freq, cum, recip, lanes, states):
     return words, counts
 
 
+@njit(inline="always")
+def _decode_step(x, lut_at, fc_at, lut, fc, words, p, last):
+    """Pop one symbol from state x: (new x, new word position p, symbol)."""
+    slot = x & SLOT_MASK
+    s = lut[_U(lut_at + slot)]
+    v = fc[_U(fc_at + s)]
+    x = (v & 0xFFFF) * (x >> PROB_BITS) + slot - (v >> 16)
+    # branch-free: always load a word (clamped to this group), use it if needed;
+    # overrunning the group shows as p > end in the caller
+    refill = x < RANS_LOW
+    w = words[_U(min(p, last))]
+    x = (x << (16 * refill)) | (w * refill)
+    return x, p + refill, s
+
+
+@njit(cache=True)
+def _decode_rows(x, p, last, at, words, lut, fc, dq, tok_dq, out, layer, t0, c0, nl):
+    """Decode one group into out[layer, t0:t0 + T, c0:c0 + nl] (fp16 bits) from words[p:]
+    (clamped to last) with the states x, which it updates. at[3j:3j + 3] = where lane j's lut,
+    fc and dq rows start in the flat tables, tok_dq[t] = the offset of token t's dq row.
+    Returns the position after the last word read."""
+    ns = x.size
+    for t in range(tok_dq.size):
+        row = out[layer, t0 + t, c0:c0 + nl]  # contiguous when out is: known to the compiler
+        d = tok_dq[t]
+        i = 0
+        for j in range(nl):
+            a = 3 * j
+            x[i], p, s = _decode_step(x[i], at[_U(a)], at[_U(a + 1)], lut, fc, words, p, last)
+            row[_U(j)] = dq[_U(d + at[_U(a + 2)] + s)]
+            i = 0 if i + 1 == ns else i + 1
+    return p
+
+
+@njit(cache=True)
+def _decode_rows4(x, p, last, at, words, lut, fc, dq, tok_dq, out, layer, t0, c0, nl):
+    """`_decode_rows` for 4 states and a multiple of 4 lanes, with the states in registers."""
+    x0, x1, x2, x3 = x[0], x[1], x[2], x[3]
+    for t in range(tok_dq.size):
+        row = out[layer, t0 + t, c0:c0 + nl]  # contiguous when out is: known to the compiler
+        d = tok_dq[t]
+        for j in range(0, nl, 4):
+            a = 3 * j
+            x0, p, s = _decode_step(x0, at[_U(a)], at[_U(a + 1)], lut, fc, words, p, last)
+            row[_U(j)] = dq[_U(d + at[_U(a + 2)] + s)]
+            x1, p, s = _decode_step(x1, at[_U(a + 3)], at[_U(a + 4)], lut, fc, words, p, last)
+            row[_U(j + 1)] = dq[_U(d + at[_U(a + 5)] + s)]
+            x2, p, s = _decode_step(x2, at[_U(a + 6)], at[_U(a + 7)], lut, fc, words, p, last)
+            row[_U(j + 2)] = dq[_U(d + at[_U(a + 8)] + s)]
+            x3, p, s = _decode_step(x3, at[_U(a + 9)], at[_U(a + 10)], lut, fc, words, p, last)
+            row[_U(j + 3)] = dq[_U(d + at[_U(a + 11)] + s)]
+    x[0], x[1], x[2], x[3] = x0, x1, x2, x3
+    return p
+
+
 @njit(parallel=True, cache=True)
 def decode(words, counts, ent, fc, lut, dq, akey, bkey, out, t0, lanes, states):
     """Decode every group into out[:, t0:t0 + len(akey), :]; False when a group is inconsistent.
 
     fc[e, s] = freq | cum << 16 (one load instead of two); dq[L, A, B, S] (C-contiguous) holds
-    the fp16 bits of each symbol's reconstruction for scale group (akey[t], bkey[c]).
+    the fp16 bits of each symbol's reconstruction for scale group (akey[t], bkey[c]). The
+    tables must be C-contiguous (they are read flat).
     """
     n_layer, n_grp = counts.shape
     n_ch = ent.shape[1]
     n_a, n_b, width = dq.shape[1], dq.shape[2], dq.shape[3]
-    flat = dq.reshape(-1)
+    lut_w, fc_w = lut.shape[1], fc.shape[1]
+    dq, lut, fc = dq.reshape(-1), lut.reshape(-1), fc.reshape(-1)
+    tok_dq = akey * (n_b * width)
     off = group_offsets(counts)
     ok = np.ones(n_layer * n_grp, np.bool_)
     for item in prange(n_layer * n_grp):
@@ -116,31 +223,16 @@ def decode(words, counts, ent, fc, lut, dq, akey, bkey, out, t0, lanes, states):
         for j in range(ns):
             x[j] = (np.int64(words[p]) << 16) | words[p + 1]
             p += 2
-        e = np.empty(nl, np.int64)
-        lane_dq = np.empty(nl, np.int64)
-        sid = np.arange(nl) % ns
+        at = np.empty(3 * nl, np.int64)
         for j in range(nl):
-            e[j] = ent[layer, c0 + j]
-            lane_dq[j] = bkey[c0 + j] * width
-        last = end - 1
-        for t in range(akey.size):
-            row_dq = (layer * n_a + akey[t]) * n_b * width
-            row = out[layer, t0 + t]
-            for j in range(nl):
-                xj = x[sid[j]]
-                ej = e[j]
-                slot = xj & SLOT_MASK
-                s = lut[ej, slot]
-                v = fc[ej, s]
-                xj = (v & 0xFFFF) * (xj >> PROB_BITS) + slot - (v >> 16)
-                # branch-free: always load a word (clamped to this group), use it if needed;
-                # overrunning the group shows as p > end below
-                w = words[min(p, last)]
-                refill = xj < RANS_LOW
-                xj = (xj << (16 * refill)) | (w * refill)
-                p += refill
-                x[sid[j]] = xj
-                row[c0 + j] = flat[row_dq + lane_dq[j] + s]
+            at[3 * j] = ent[layer, c0 + j] * lut_w
+            at[3 * j + 1] = ent[layer, c0 + j] * fc_w
+            at[3 * j + 2] = (layer * n_a * n_b + bkey[c0 + j]) * width
+        args = (at, words, lut, fc, dq, tok_dq, out, layer, t0, c0, nl)
+        if ns == FAST_STATES and nl % FAST_STATES == 0:
+            p = _decode_rows4(x, p, end - 1, *args)
+        else:
+            p = _decode_rows(x, p, end - 1, *args)
         if p != end:
             ok[item] = False
         for j in range(ns):
