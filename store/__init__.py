@@ -2,24 +2,30 @@
 
 One data directory, one SQLite database (WAL) driven through sqlite-utils; KV chunks are stored as
 BLOBs in it (the measured choice: see store.blobs and benchmarks/RESULTS.md). `Store` is the whole
-public API; the engine and the CLI wrap it thinly. The store must never import llama.cpp, Qt, the
-codec or the app: chunks are opaque bytes at named quality levels.
+public API of the local store; the engine and the CLI wrap it thinly. An optional remote tier
+(store.remote, store.manifest, store.sync) shares document entries through S3-compatible
+object storage; the local store stays the index and the cache. The store must never import
+llama.cpp, Qt, the codec or the app: chunks are opaque bytes at named quality levels.
 """
 
 from .errors import (
     CorruptChunkError,
+    CorruptObjectError,
     IncompleteEntryError,
     NotFoundError,
+    RemoteError,
     SchemaVersionError,
     StoreError,
 )
 from .kv import EntryWriter
 from .records import Chat, Document, Entry, Message, Model, PrefixMatch, Span
+from .remote import RemoteConfig, RemoteTier
 from .store import Store
 
 __all__ = [
     "Chat",
     "CorruptChunkError",
+    "CorruptObjectError",
     "Document",
     "Entry",
     "EntryWriter",
@@ -28,6 +34,9 @@ __all__ = [
     "Model",
     "NotFoundError",
     "PrefixMatch",
+    "RemoteConfig",
+    "RemoteError",
+    "RemoteTier",
     "SchemaVersionError",
     "Span",
     "Store",

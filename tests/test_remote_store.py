@@ -1,0 +1,318 @@
+"""The remote tier against a real S3 server (SeaweedFS on loopback): layout, push and pull,
+manifests written last, idempotence, isolation, faults and credentials. No model."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from test_store_helpers import FP, LEVELS, count, open_store, payload
+
+from store import (
+    CorruptObjectError,
+    NotFoundError,
+    RemoteConfig,
+    RemoteError,
+    RemoteTier,
+    sync,
+)
+from store.manifest import ChunkObject, Manifest, RemoteDocument
+
+TOKENS = list(range(600))  # three chunks of 256
+
+
+def attached(store, tokens=TOKENS, *, title="notes.md", fingerprint=FP, salt=b""):
+    """A document with its root entry, as attach leaves it; `salt` varies the chunk bytes."""
+    doc = store.add_document(f"hash-of-{title}", title, f"the text of {title}", type="markdown",
+                             n_tokens=len(tokens))
+    with store.write_entry(fingerprint, tokens, levels=LEVELS, document_id=doc.id) as writer:
+        for span in writer.spans:
+            for level in LEVELS:
+                writer.put_chunk(span.chunk_index, level,
+                                 salt + payload(span.token_start, span.token_end, level))
+    return writer.entry
+
+
+def recorded_puts(monkeypatch, tier: RemoteTier) -> list[str]:
+    keys: list[str] = []
+    put = tier.put
+
+    def recording(key, data):
+        keys.append(key)
+        put(key, data)
+
+    monkeypatch.setattr(tier, "put", recording)
+    return keys
+
+
+def bucket_keys(s3_server, tier: RemoteTier) -> set[str]:
+    pages = s3_server.client().get_paginator("list_objects_v2").paginate(
+        Bucket=tier.config.bucket, Prefix=tier.prefix + "/")
+    return {o["Key"] for page in pages for o in page.get("Contents", ())}
+
+
+@pytest.fixture
+def a(tmp_path):
+    with open_store(tmp_path / "a") as store:
+        yield store
+
+
+@pytest.fixture
+def b(tmp_path):
+    with open_store(tmp_path / "b") as store:
+        yield store
+
+
+def test_layout_is_content_addressed_under_prefix_and_fingerprint():
+    tier = RemoteTier(RemoteConfig(bucket="team-bucket", prefix="/team-a/"))
+    digest = "ab" * 32
+    assert tier.chunk_key("fp1", bytes(range(16)), "high", 3, digest) == \
+        f"team-a/kv/fp1/{bytes(range(16)).hex()}/high/00003-{digest}"
+    key = tier.manifest_key("fp1", 4096, bytes(range(16)))
+    assert key == f"team-a/manifests/fp1/00004096-{bytes(range(16)).hex()}.json"
+    assert key.startswith(tier.manifest_folder("fp1"))
+    assert tier.parse_manifest_key(key) == (4096, bytes(range(16)))
+    assert tier.parse_manifest_key("team-a/manifests/fp1/notes.txt") is None
+    for bad in ("../x", "a/b", ""):
+        with pytest.raises(ValueError):
+            tier.chunk_key("fp1", bytes(16), bad, 0, digest)
+        with pytest.raises(ValueError):
+            tier.manifest_folder(bad)
+
+
+def test_manifest_round_trip_and_every_check():
+    manifest = Manifest(
+        fingerprint=FP, tokens=tuple(range(300)), chunk_size=256, levels=("high",),
+        chunks={"high": (ChunkObject(10, "a" * 64), ChunkObject(5, "b" * 64))},
+        document=RemoteDocument("h", "T", "text", 300, "text"), created=1.0)
+    data = manifest.to_json()
+    key = "p/manifests/x.json"
+    assert Manifest.from_json(data, key=key, fingerprint=FP,
+                              prefix_hash=manifest.prefix_hash) == manifest
+    with pytest.raises(CorruptObjectError, match="made under model"):
+        Manifest.from_json(data, key=key, fingerprint="another-model")
+    with pytest.raises(CorruptObjectError, match="do not hash to its key"):
+        Manifest.from_json(data, key=key, fingerprint=FP, prefix_hash=bytes(16))
+    with pytest.raises(CorruptObjectError, match="checksum"):
+        Manifest.from_json(data.replace(b'"T"', b'"U"'), key=key, fingerprint=FP)
+    with pytest.raises(CorruptObjectError, match="malformed"):
+        Manifest.from_json(data[:-10], key=key, fingerprint=FP)
+    with pytest.raises(CorruptObjectError, match="newer"):
+        Manifest.from_json(data.replace(b'"version": 1', b'"version": 99'), key=key,
+                           fingerprint=FP)
+    short = replace(manifest, chunks={"high": (ChunkObject(10, "a" * 64),)})
+    with pytest.raises(CorruptObjectError, match="2 chunks"):
+        Manifest.from_json(short.to_json(), key=key, fingerprint=FP)
+
+
+def test_push_then_pull_on_another_machine(a, b, remote_tier, s3_server):
+    entry = attached(a)
+    report = sync.push_all(a, remote_tier, FP)
+    assert [(t["tokens"], t["objects"]) for t in report["pushed"]] == [(600, 6)]
+    keys = bucket_keys(s3_server, remote_tier)
+    assert len([k for k in keys if "/kv/model-a/" in k]) == 6
+    assert len([k for k in keys if "/manifests/model-a/" in k]) == 1
+    assert sync.status(b, remote_tier, FP) == {
+        "reachable": True, "local_entries": 0, "remote_entries": 1, "only_local": 0,
+        "only_remote": 1}
+
+    pulled = sync.pull_all(b, remote_tier, FP)
+    assert [t["tokens"] for t in pulled["pulled"]] == [600] and pulled["failed"] == []
+    (doc,) = b.documents()
+    assert (doc.title, doc.text, doc.source_path) == ("notes.md", "the text of notes.md", None)
+    match = b.longest_prefix(FP, [*TOKENS, 7, 8])
+    assert match.n_tokens == 600 and match.entries[0].document_id == doc.id
+    for span in match.spans:
+        for level in LEVELS:
+            assert b.read_chunk(span.entry_id, span.chunk_index, level) == \
+                a.read_chunk(entry.id, span.chunk_index, level)
+    assert sync.pull_all(b, remote_tier, FP) == {"pulled": [], "already_local": 1, "failed": []}
+
+
+def test_a_second_push_uploads_nothing(a, remote_tier, monkeypatch):
+    attached(a)
+    sync.push_all(a, remote_tier, FP)
+    puts = recorded_puts(monkeypatch, remote_tier)
+    assert sync.push_all(a, remote_tier, FP) == {"pushed": [], "already_remote": 1,
+                                                  "failed": []}
+    assert puts == []
+
+
+def test_an_interrupted_push_is_invisible_and_resumes(a, b, remote_tier, monkeypatch):
+    attached(a)
+    put = remote_tier.put
+
+    def dies_before_the_manifest(key, data):
+        if key.endswith(".json"):
+            raise RemoteError("the laptop lid closed")
+        put(key, data)
+
+    monkeypatch.setattr(remote_tier, "put", dies_before_the_manifest)
+    with pytest.raises(RemoteError):
+        sync.push_all(a, remote_tier, FP)
+    monkeypatch.setattr(remote_tier, "put", put)
+    assert sync.find(remote_tier, FP, TOKENS) is None
+    assert sync.pull_all(b, remote_tier, FP)["pulled"] == [] and b.entries() == []
+
+    puts = recorded_puts(monkeypatch, remote_tier)
+    assert sync.push_all(a, remote_tier, FP)["pushed"][0]["objects"] == 0
+    assert len(puts) == 1 and puts[0].endswith(".json")  # the chunks were already there
+    assert sync.find(remote_tier, FP, TOKENS).token_end == 600
+
+
+def test_concurrent_pushes_of_one_entry_leave_one_whole_manifest(tmp_path, b, remote_tier):
+    # Two machines prefilled the same document; their bytes differ (other threads, other
+    # rounding): each writes its own chunk objects and a complete manifest, the last wins.
+    stores = [open_store(tmp_path / name) for name in ("x", "y")]
+    for store, salt in zip(stores, (b"x", b"y"), strict=True):
+        attached(store, salt=salt)
+    threads = [threading.Thread(target=sync.push_all, args=(s, remote_tier, FP)) for s in stores]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for store in stores:
+        store.close()
+    sync.pull_all(b, remote_tier, FP)
+    match = b.longest_prefix(FP, TOKENS)
+    chunks = [b.read_chunk(s.entry_id, s.chunk_index, lv) for s in match.spans for lv in LEVELS]
+    assert {chunk[:1] for chunk in chunks} in ({b"x"}, {b"y"})  # one machine's, never mixed
+
+
+def test_fingerprints_and_prefixes_isolate(a, b, remote_tier, s3_server):
+    attached(a)
+    sync.push_all(a, remote_tier, FP)
+    b.register_model("model-b", "/models/b.gguf", {})
+    assert sync.find(remote_tier, "model-b", TOKENS) is None
+    assert sync.pull_all(b, remote_tier, "model-b")["pulled"] == []
+    # A manifest planted under another model's folder is refused, never loaded.
+    (key,) = [k for k in bucket_keys(s3_server, remote_tier) if k.endswith(".json")]
+    planted = key.replace("/manifests/model-a/", "/manifests/model-b/")
+    s3_server.client().copy_object(Bucket=remote_tier.config.bucket, Key=planted,
+                                   CopySource={"Bucket": remote_tier.config.bucket, "Key": key})
+    report = sync.pull_all(b, remote_tier, "model-b")
+    assert report["pulled"] == [] and "made under model" in report["failed"][0]["error"]
+    assert b.entries() == []
+
+    other_team = RemoteTier(RemoteConfig(bucket=remote_tier.config.bucket,
+                                         prefix=remote_tier.prefix + "-other",
+                                         endpoint_url=s3_server.endpoint_url))
+    assert sync.status(b, other_team, FP)["remote_entries"] == 0
+    assert sync.find(other_team, FP, TOKENS) is None
+
+
+def test_corrupt_and_missing_objects_fail_that_entry_only(a, b, remote_tier, s3_server):
+    attached(a)
+    attached(a, list(range(1000, 1300)), title="other.md")
+    sync.push_all(a, remote_tier, FP)
+    client, bucket = s3_server.client(), remote_tier.config.bucket
+    manifest = sync.find(remote_tier, FP, TOKENS)
+    key = remote_tier.chunk_key(FP, manifest.prefix_hash, "compact", 1,
+                                manifest.chunks["compact"][1].sha256)
+    client.put_object(Bucket=bucket, Key=key, Body=b"rot" * 100)
+    with pytest.raises(CorruptObjectError, match="bytes where|SHA-256"):
+        sync.read_chunk(remote_tier, manifest, 1, "compact")
+    report = sync.pull_all(b, remote_tier, FP)
+    assert [t["title"] for t in report["pulled"]] == ["other.md"]
+    assert len(report["failed"]) == 1 and key in report["failed"][0]["error"]
+
+    client.delete_object(Bucket=bucket, Key=key)
+    with pytest.raises(NotFoundError, match="does not exist"):
+        sync.read_chunk(remote_tier, manifest, 1, "compact")
+    assert len(sync.pull_all(b, remote_tier, FP)["failed"]) == 1
+    # Nothing half-copied stays behind, visible or not.
+    assert [e.token_end for e in b.entries()] == [300]
+    assert count(b, "kv_entries") == 1 and count(b, "kv_chunks") == 2 * len(LEVELS)
+
+
+def test_a_local_copy_is_invisible_until_complete(a, b, remote_tier):
+    attached(a)
+    sync.push_all(a, remote_tier, FP)
+    copy = sync.LocalCopy(b, sync.find(remote_tier, FP, TOKENS))
+    copy.add(0, "compact", sync.read_chunk(remote_tier, copy.manifest, 0, "compact"))
+    assert len(copy.missing()) == 5
+    assert b.longest_prefix(FP, TOKENS).n_tokens == 0 and b.entries() == []
+    entry, fetched = sync.complete(remote_tier, copy)
+    assert entry.token_end == 600 and fetched == entry.nbytes - len(payload(0, 256, "compact"))
+    assert b.longest_prefix(FP, TOKENS).n_tokens == 600
+
+
+class _SlowDown(BaseHTTPRequestHandler):
+    """An S3 endpoint that only ever says "slow down" (HTTP 503)."""
+
+    hits = 0
+
+    def do_GET(self):  # noqa: N802 - http.server's naming
+        type(self).hits += 1
+        body = b"<Error><Code>SlowDown</Code><Message>Reduce your rate</Message></Error>"
+        self.send_response(503)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_PUT = do_HEAD = do_GET
+
+    def log_message(self, *args):
+        pass
+
+
+def _tier(endpoint: str) -> RemoteTier:
+    return RemoteTier(RemoteConfig(bucket="kvdesk-tests", endpoint_url=endpoint,
+                                   connect_timeout_s=0.5, read_timeout_s=0.5, max_attempts=2))
+
+
+def test_throttling_and_5xx_are_retried_a_bounded_number_of_times(aws_env):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _SlowDown)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(RemoteError, match=r"SlowDown \(HTTP 503\)"):
+            _tier(f"http://127.0.0.1:{server.server_port}").get("kvdesk/x")
+        assert _SlowDown.hits == 2
+    finally:
+        server.shutdown()
+
+
+def test_timeouts_and_refused_connections_fail_in_bounded_time(aws_env):
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(8)  # accepts connections, never answers
+    endpoint = f"http://127.0.0.1:{hole.getsockname()[1]}"
+    try:
+        t0 = time.perf_counter()
+        with pytest.raises(RemoteError, match="ReadTimeoutError"):
+            _tier(endpoint).get("kvdesk/x")
+        assert time.perf_counter() - t0 < 10
+    finally:
+        hole.close()
+    with pytest.raises(RemoteError, match="EndpointConnectionError"):
+        _tier(endpoint).get("kvdesk/x")
+
+
+def test_credentials_are_never_shown_nor_stored(a, remote_tier, s3_server, monkeypatch, tmp_path):
+    attached(a)
+    sync.push_all(a, remote_tier, FP)
+    with open_store(tmp_path / "c") as c:
+        sync.pull_all(c, remote_tier, FP)
+    for path in tmp_path.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            assert s3_server.secret_key.encode() not in data, path
+            assert s3_server.access_key.encode() not in data, path
+
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret-0123456789")
+    with pytest.raises(RemoteError, match="refused access") as refused:
+        RemoteTier(remote_tier.config).check()
+    assert "wrong-secret" not in str(refused.value)
+    assert s3_server.access_key not in str(refused.value)
+
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with pytest.raises(RemoteError, match="no usable AWS credentials"):
+        RemoteTier(remote_tier.config).check()
+
