@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import llama_cpp
@@ -55,31 +56,23 @@ def scaled_bins(config: dict, mult: float) -> dict:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def common_args(doc: str) -> argparse.ArgumentParser:
+    """The options this script shares with kv_transforms.py."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--model", default="default")
     ap.add_argument("--text", default="pydoc")
     ap.add_argument("--level", default="high")
     ap.add_argument("--mults", type=float, nargs="*", default=[1.0])
-    ap.add_argument("--powers", type=float, nargs="*", default=[0.5])
-    ap.add_argument("--kinds", default="K,KV", help="which kinds to weight, comma-separated")
-    ap.add_argument("--calib-tokens", type=int, default=1024)
-    ap.add_argument("--importance", type=Path, help="cache of the importance arrays (.npz)")
     ap.add_argument("--prefix-tokens", type=int, default=2048)
     ap.add_argument("--cont-tokens", type=int, default=256)
     ap.add_argument("--cache-dir", type=Path, default=Path("/tmp/kvdesk-models"))
-    ap.add_argument("--out", type=Path)
-    args = ap.parse_args()
+    ap.add_argument("--out", type=Path, help="also append the JSON lines here")
+    return ap
+
+
+def row_printer(args: argparse.Namespace) -> Callable[[dict], None]:
+    """Print a row as a JSON line (and append it to --out)."""
     t0 = time.monotonic()
-    model = model_of(args.model, args.cache_dir)
-    if args.importance and args.importance.exists():
-        d = np.load(args.importance)
-        imp_k, imp_v = d["keys"], d["values"]
-    else:
-        imp = calibration.importance(model, calibration_tokens(model, args.calib_tokens))
-        imp_k, imp_v = imp.keys, imp.values
-        if args.importance:
-            np.savez(args.importance, keys=imp_k, values=imp_v, spread=imp.head_spread)
     out = args.out.open("a") if args.out else None
 
     def show(row: dict) -> None:
@@ -90,6 +83,36 @@ def main() -> None:
             out.write(line + "\n")
             out.flush()
 
+    return show
+
+
+def score(ev: quality.Evaluator, kv: kvstate.KVState, keys: np.ndarray, values: np.ndarray,
+          nbytes: int, name: str, show: Callable[[dict], None]) -> None:
+    """Measure decoded keys and values in place of kv's, the first (sink) token put back exact."""
+    first = np.argsort(kv.positions, kind="stable")[:1]
+    keys[:, first], values[:, first] = kv.keys[:, first], kv.values[:, first]
+    state = ev.state_with([kvstate.KVState(keys, values, kv.positions, kv.v_trans, kv.seq_id)])
+    row = ev.measure_state(name, state, nbytes * 8 / (2 * kv.keys.size))
+    show({k: row[k] for k in ("config", "bits_per_element", "kld", "top1", "ppl")})
+
+
+def main() -> None:
+    ap = common_args(__doc__)
+    ap.add_argument("--powers", type=float, nargs="*", default=[0.5])
+    ap.add_argument("--kinds", default="K,KV", help="which kinds to weight, comma-separated")
+    ap.add_argument("--calib-tokens", type=int, default=1024)
+    ap.add_argument("--importance", type=Path, help="cache of the importance arrays (.npz)")
+    args = ap.parse_args()
+    show = row_printer(args)
+    model = model_of(args.model, args.cache_dir)
+    if args.importance and args.importance.exists():
+        d = np.load(args.importance)
+        imp_k, imp_v = d["keys"], d["values"]
+    else:
+        imp = calibration.importance(model, calibration_tokens(model, args.calib_tokens))
+        imp_k, imp_v = imp.keys, imp.values
+        if args.importance:
+            np.savez(args.importance, keys=imp_k, values=imp_v, spread=imp.head_spread)
     base = codec.levels()[args.level].get_config()
     with quality.Evaluator(model, text_of(args.text), prefix_tokens=args.prefix_tokens,
                            cont_tokens=args.cont_tokens, greedy_tokens=0) as ev:
@@ -113,17 +136,9 @@ def main() -> None:
                     kvstate.KVState(keys, values, kv.positions, kv.v_trans, kv.seq_id), cfg)
                 if a_k is not None:
                     back_k = (back_k.astype(np.float32) / a_k[:, None, :]).astype(np.float16)
-                    back_k[:, np.argsort(kv.positions)[:1]] = kv.keys[:, np.argsort(
-                        kv.positions)[:1]]  # the exact sink stays exact
                 if a_v is not None:
                     back_v = (back_v.astype(np.float32) / a_v[:, None, :]).astype(np.float16)
-                    back_v[:, np.argsort(kv.positions)[:1]] = kv.values[:, np.argsort(
-                        kv.positions)[:1]]
-                state = ev.state_with([kvstate.KVState(back_k, back_v, kv.positions,
-                                                       kv.v_trans, kv.seq_id)])
-                bits = nbytes * 8 / (2 * kv.keys.size)
-                row = ev.measure_state(f"{args.level}x{mult}-{name}", state, bits)
-                show({k: row[k] for k in ("config", "bits_per_element", "kld", "top1", "ppl")})
+                score(ev, kv, back_k, back_v, nbytes, f"{args.level}x{mult}-{name}", show)
 
 
 if __name__ == "__main__":

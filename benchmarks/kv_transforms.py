@@ -21,14 +21,11 @@ the curves at equal bits. Single-section models with "norm" RoPE (SmolLM2) only.
 
 from __future__ import annotations
 
-import argparse
-import json
-import time
 from pathlib import Path
 
 import numpy as np
 from bench_quality import model_of, text_of
-from channel_weighting import calibration_tokens, scaled_bins
+from channel_weighting import calibration_tokens, common_args, row_printer, scaled_bins, score
 from level_tuning import roundtrip
 
 import codec
@@ -73,35 +70,18 @@ def calibration_kv(model: Path, n: int, mix: bool) -> kvstate.KVState:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="default")
-    ap.add_argument("--text", default="pydoc")
-    ap.add_argument("--level", default="high")
-    ap.add_argument("--mults", type=float, nargs="*", default=[1.0])
+    ap = common_args(__doc__)
     ap.add_argument("--variants", nargs="*", default=["plain", "klt-KV"])
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--rope-base", type=float, default=100000.0)
     ap.add_argument("--calib-tokens", type=int, default=2048)
     ap.add_argument("--calib-mix", action="store_true",
                     help="calibrate on pydoc's second half + collections' source, not pydoc's only")
-    ap.add_argument("--prefix-tokens", type=int, default=2048)
-    ap.add_argument("--cont-tokens", type=int, default=256)
     ap.add_argument("--importance", type=Path, default=Path("/tmp/imp_default.npz"),
                     help="channel_weighting.py's cache of the importance arrays")
-    ap.add_argument("--cache-dir", type=Path, default=Path("/tmp/kvdesk-models"))
-    ap.add_argument("--out", type=Path)
     args = ap.parse_args()
-    t0 = time.monotonic()
+    show = row_printer(args)
     model = model_of(args.model, args.cache_dir)
-    out = args.out.open("a") if args.out else None
-
-    def show(row: dict) -> None:
-        line = json.dumps({**row, "model": args.model, "text": args.text,
-                           "t": round(time.monotonic() - t0, 1)})
-        print(line, flush=True)
-        if out:
-            out.write(line + "\n")
-            out.flush()
 
     cal = calibration_kv(model, args.calib_tokens, args.calib_mix)
     cal_ang = rope_angles(cal.positions, args.head_dim, args.rope_base)
@@ -148,12 +128,7 @@ def main() -> None:
                 if bv:
                     back_v = np.stack([back_v[layer].astype(np.float64) @ bv[layer].T
                                        for layer in range(kv.n_layer)]).astype(np.float16)
-                back_k[:, :1], back_v[:, :1] = kv.keys[:, :1], kv.values[:, :1]
-                state = ev.state_with([kvstate.KVState(back_k, back_v, kv.positions,
-                                                       kv.v_trans, kv.seq_id)])
-                bits = nbytes * 8 / (2 * kv.keys.size)
-                row = ev.measure_state(f"{args.level}x{mult}-{variant}", state, bits)
-                show({k: row[k] for k in ("config", "bits_per_element", "kld", "top1", "ppl")})
+                score(ev, kv, back_k, back_v, nbytes, f"{args.level}x{mult}-{variant}", show)
 
 
 if __name__ == "__main__":
