@@ -126,8 +126,10 @@ def encode(keys: np.ndarray, values: np.ndarray, level: str | CodecConfig | dict
     n_sink = _n_sink(cfg, first_token, n_tok)
     sinks = [np.ascontiguousarray(b[:, :n_sink]) for b in bits]
     _refuse_nonfinite(any(be.any_nonfinite(s) for s in sinks))
+    # A contiguous copy (~0.3 ms a 256-token kind) lets the quantizer's loops vectorize:
+    # on a strided view of a document they ran 2.5x slower.
     scales, ids, counts, words = zip(*(
-        _encode_kind(b[:, n_sink:], kind, cfg, be)  # kernels take strided views: no copy
+        _encode_kind(np.ascontiguousarray(b[:, n_sink:]), kind, cfg, be)
         for b, kind in ((bits[0], cfg.keys), (bits[1], cfg.values))), strict=True)
     return container.pack(header, [*counts, *sinks, *scales, *ids, *words])
 
