@@ -49,18 +49,12 @@ def pack(header: Header, sections: list[np.ndarray]) -> bytes:
             "first_token": header.first_token}
     text = json.dumps(meta, separators=(",", ":"), sort_keys=True).encode()
     text += b" " * (-(len(text) + PRELUDE.size) % 8)
-    arrays = [np.ascontiguousarray(s).view(np.uint8).ravel() for s in sections]
-    size = PRELUDE.size + len(text) + sum(a.size for a in arrays)
-    out = bytearray(size + CRC.size)
-    PRELUDE.pack_into(out, 0, MAGIC, FORMAT_VERSION, 0, len(text))
-    at = PRELUDE.size
-    out[at:at + len(text)] = text
-    at += len(text)
-    for a in arrays:
-        out[at:at + a.size] = a.data
-        at += a.size
-    CRC.pack_into(out, size, zlib.crc32(memoryview(out)[:size]))
-    return bytes(out)
+    parts = [PRELUDE.pack(MAGIC, FORMAT_VERSION, 0, len(text)) + text]
+    parts += [np.ascontiguousarray(s).view(np.uint8).ravel() for s in sections]
+    crc = 0
+    for part in parts:  # the checksum as the parts go, so that the blob is copied only once
+        crc = zlib.crc32(part, crc)
+    return b"".join([*parts, CRC.pack(crc)])
 
 
 def _prelude(blob: bytes) -> tuple[int, int]:

@@ -24,6 +24,7 @@ from .container import Header
 from .errors import CodecError
 from .levels import CodecConfig, KindConfig, resolve
 from .quant import F16_TO_F32
+from .workspace import scratch
 
 BYTE_SYMBOLS = 256
 # Lossless planes decode straight into their place in the fp16 bit pattern (high | low).
@@ -126,10 +127,8 @@ def encode(keys: np.ndarray, values: np.ndarray, level: str | CodecConfig | dict
     n_sink = _n_sink(cfg, first_token, n_tok)
     sinks = [np.ascontiguousarray(b[:, :n_sink]) for b in bits]
     _refuse_nonfinite(any(be.any_nonfinite(s) for s in sinks))
-    # A contiguous copy (~0.3 ms a 256-token kind) lets the quantizer's loops vectorize:
-    # on a strided view of a document they ran 2.5x slower.
     scales, ids, counts, words = zip(*(
-        _encode_kind(np.ascontiguousarray(b[:, n_sink:]), kind, cfg, be)
+        _encode_kind(b[:, n_sink:], kind, cfg, be)
         for b, kind in ((bits[0], cfg.keys), (bits[1], cfg.values))), strict=True)
     return container.pack(header, [*counts, *sinks, *scales, *ids, *words])
 
@@ -148,13 +147,23 @@ def _encode_bytes(sym: np.ndarray, cfg: CodecConfig, be):
 
 
 def _encode_kind(bits: np.ndarray, kind: KindConfig, cfg: CodecConfig, be):
-    """One quantized kind -> (scales fp16 bits, local entry ids uint16, counts, words)."""
+    """One quantized kind -> (scales fp16 bits, local entry ids uint16, counts, words).
+
+    Its temporaries are per-thread scratch arrays (workspace.py), and a contiguous copy of a
+    strided input (~0.3 ms a 256-token kind) lets the quantizer's loops vectorize: on a view
+    of a document they ran 2.5x slower."""
     n_layer, n_tok, n_ch = bits.shape
     plan = _Plan.of(kind, n_layer, n_tok, n_ch, cfg.anchor_group)
     if cfg.anchor_group:
         bits = _residuals(bits, plan, cfg.anchor_group, be)
-    sym, scales, hist, bad = be.quantize(bits, plan.maxq, plan.akey, plan.bkey, plan.n_a,
-                                         plan.n_b, F16_TO_F32)
+    elif not bits.flags.c_contiguous:
+        copy = scratch("encode.bits", bits.shape, np.uint16)
+        np.copyto(copy, bits)
+        bits = copy
+    sym, scales, hist, bad = be.quantize(
+        bits, plan.maxq, plan.akey, plan.bkey, plan.n_a, plan.n_b, F16_TO_F32,
+        scratch("encode.sym", bits.shape, np.uint8),
+        scratch("encode.hist", (n_layer, n_ch, int(plan.nsym.max())), np.int64))
     _refuse_nonfinite(bad)
     bank, cost, base = plan.bank
     ent = be.choose_entries(hist, plan.nsym, base, cost, tables.N_RHO)
@@ -230,7 +239,8 @@ def decode(blob: bytes, *, out: tuple[np.ndarray, np.ndarray] | None = None,
 
     out: optional (keys, values) float16 arrays of that shape to decode into, e.g. views of a
     whole document's buffer (big[:, t0:t0 + n]); float16 views of them are returned. On error
-    their contents are undefined.
+    their contents are undefined. Without out, keys and values are the two halves of one new
+    array (one allocation: fewer page faults).
     """
     parts = _parse(blob)
     header = parts.header
@@ -271,8 +281,8 @@ def decode(blob: bytes, *, out: tuple[np.ndarray, np.ndarray] | None = None,
 
 def _outputs(out, shape: tuple[int, int, int]) -> list[np.ndarray]:
     """The uint16 views the kernels write: fresh arrays, or the caller's validated ones."""
-    if out is None:
-        return [np.empty(shape, np.uint16) for _ in range(2)]
+    if out is None:  # one block: at >= 4 MB numpy asks the kernel for huge pages
+        return list(np.empty((2, *shape), np.uint16))
     if not (isinstance(out, tuple | list) and len(out) == 2 and all(
             isinstance(a, np.ndarray) and a.dtype == np.float16 and a.shape == shape
             and a.flags.writeable for a in out)):

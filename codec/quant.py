@@ -42,8 +42,7 @@ def _f32(h):
     return -f if h & 0x8000 else f
 
 
-@njit(parallel=True, cache=True)
-def quantize(bits, maxq, akey, bkey, n_a, n_b, f32_of):
+def quantize(bits, maxq, akey, bkey, n_a, n_b, f32_of, sym=None, hist=None):
     """Symmetric quantization with one scale per (layer, akey[t], bkey[c]) group.
 
     scale = max |x| of the group (exact in fp16); symbol = clip(rint(x * maxq / scale)) + maxq
@@ -52,13 +51,24 @@ def quantize(bits, maxq, akey, bkey, n_a, n_b, f32_of):
     every (layer, channel) stream [L, C, 2 * max(maxq) + 1] (counted here to save the table
     choice a pass over the symbols) and whether any input was Inf or NaN.
 
-    Fastest on C-contiguous bits: the scale and symbol loops then vectorize.
+    sym and hist, when given, are written instead of new arrays (uint8 [L, T, C] and int64
+    [L, C, 2 * max(maxq) + 1], C-contiguous). Fastest on C-contiguous bits: the scale and
+    symbol loops then vectorize.
     """
     n_layer, n_tok, n_ch = bits.shape
-    width = 2 * maxq.max() + 1
-    sym = np.empty((n_layer, n_tok, n_ch), np.uint8)
+    if sym is None:
+        sym = np.empty((n_layer, n_tok, n_ch), np.uint8)
+    if hist is None:
+        hist = np.empty((n_layer, n_ch, 2 * int(maxq.max()) + 1), np.int64)
+    scales, bad = _quantize(bits, maxq, akey, bkey, n_a, n_b, f32_of, sym, hist)
+    return sym, scales, hist, bad
+
+
+@njit(parallel=True, cache=True)
+def _quantize(bits, maxq, akey, bkey, n_a, n_b, f32_of, sym, hist):
+    n_layer, n_tok, n_ch = bits.shape
+    width = hist.shape[2]
     scales = np.zeros((n_layer, n_a, n_b), np.uint16)
-    hist = np.zeros((n_layer, n_ch, width), np.int64)
     bad = np.zeros(n_layer, np.bool_)
     for layer in prange(n_layer):
         top = scales[layer]
@@ -101,7 +111,7 @@ def quantize(bits, maxq, akey, bkey, n_a, n_b, f32_of):
         for c in range(n_ch):
             for k in range(width):
                 hist[layer, c, k] = counts[c * width + k]
-    return sym, scales, hist, bad.any()
+    return scales, bad.any()
 
 
 @njit(parallel=True, cache=True)

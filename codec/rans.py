@@ -27,6 +27,7 @@ import numpy as np
 from numba import njit, prange
 
 from .tables import PROB_BITS
+from .workspace import scratch
 
 RANS_LOW = 1 << 16
 SLOT_MASK = (1 << PROB_BITS) - 1
@@ -100,16 +101,24 @@ def _encode_rows4(x, rows, at, freq, cum, recip, buf):
     return pos
 
 
-@njit(parallel=True, cache=True)
 def encode(sym, ent, freq, cum, recip, lanes, states):
     """Symbols [L, T, C] with global entry ids [L, C] -> (words uint16, counts [L, G] uint32).
 
     recip = 1 / freq (0 where freq is 0): x // f becomes a float multiply and an exact fix-up.
     """
     n_layer, n_tok, n_ch = sym.shape
+    n_grp = -(-n_ch // lanes)
+    # every group writes its words down from the end of its row: at most one per symbol
+    # plus the final states
+    buf = scratch("rans.encode", (n_layer * n_grp, lanes * n_tok + 2 * states), np.uint16)
+    return _encode(sym, ent, freq, cum, recip, lanes, states, buf)
+
+
+@njit(parallel=True, cache=True)
+def _encode(sym, ent, freq, cum, recip, lanes, states, buf):
+    n_layer, n_tok, n_ch = sym.shape
     n_grp = (n_ch + lanes - 1) // lanes
-    cap = lanes * n_tok + 2 * states  # at most one word per symbol plus the final states
-    buf = np.empty((n_layer * n_grp, cap), np.uint16)
+    cap = buf.shape[1]
     first = np.empty(n_layer * n_grp, np.int64)
     counts = np.empty((n_layer, n_grp), np.uint32)
     width = freq.shape[1]

@@ -20,7 +20,7 @@ def any_nonfinite(bits: np.ndarray) -> bool:
     return bool(np.any(bits & 0x7C00 == 0x7C00))
 
 
-def quantize(bits, maxq, akey, bkey, n_a, n_b, f32_of):
+def quantize(bits, maxq, akey, bkey, n_a, n_b, f32_of, sym=None, hist=None):
     n_layer, n_tok, n_ch = bits.shape
     scales = np.zeros((n_layer, n_a, n_b), np.uint16)
     lidx = np.arange(n_layer)[:, None, None]
@@ -31,13 +31,18 @@ def quantize(bits, maxq, akey, bkey, n_a, n_b, f32_of):
     recip = np.divide(mq, s, out=np.zeros_like(s), where=s > 0)
     q = np.rint(f32_of[bits] * recip[lidx, aidx, bidx])
     q = np.clip(q, -mq, mq)
-    sym = (q.astype(np.int64) + maxq[:, None, None]).astype(np.uint8)
+    symbols = (q.astype(np.int64) + maxq[:, None, None]).astype(np.uint8)
     width = 2 * int(maxq.max()) + 1
-    hist = np.zeros((n_layer, n_ch, width), np.int64)
+    counts = np.zeros((n_layer, n_ch, width), np.int64)
     for layer in range(n_layer):
         for c in range(n_ch):
-            hist[layer, c] = np.bincount(sym[layer, :, c], minlength=width)
-    return sym, scales, hist, any_nonfinite(bits)
+            counts[layer, c] = np.bincount(symbols[layer, :, c], minlength=width)
+    if sym is not None:  # optional outputs, as in the kernel
+        sym[...] = symbols
+    if hist is not None:
+        hist[...] = counts
+    return (symbols if sym is None else sym), scales, (counts if hist is None else hist), \
+        any_nonfinite(bits)
 
 
 def choose_entries(hist, nsym, base, cost, n_rho):

@@ -291,3 +291,26 @@ def test_bench_prints_the_promised_json(tmp_path, capsys):
     for row in out["levels"].values():
         assert row["encode_MBps"] > 0 and row["decode_MBps"] > 0
         assert 0 < row["bits_per_element"] < 16
+
+
+def test_reused_scratch_never_leaks_between_chunks():
+    """Encoding reuses per-thread temporaries (codec.workspace): the bytes of a chunk must
+    not depend on what was encoded before it, whatever its shape or level."""
+    keys, values = real_kv(300)
+    first = codec.encode(keys[:, :256], values[:, :256], "balanced", first_token=256)
+    codec.encode(keys[:, :44], values[:, :44], "high")  # smaller: a view of the same memory
+    codec.encode(random_kv((3, 300, 40))[0], random_kv((3, 300, 40))[1], "compact")
+    again = codec.encode(keys[:, :256], values[:, :256], "balanced", first_token=256)
+    assert again == first
+
+
+def test_scratch_arrays_are_reused_up_to_a_size():
+    from codec import workspace
+
+    a = workspace.scratch("test", (4, 5), np.int64)
+    b = workspace.scratch("test", (2, 3), np.uint16)
+    assert a.shape == (4, 5) and b.shape == (2, 3) and b.dtype == np.uint16
+    assert np.shares_memory(a, b) and b.flags.c_contiguous
+    big = (workspace.MAX_BYTES + 1,)
+    assert not np.shares_memory(workspace.scratch("test", big, np.uint8),
+                                workspace.scratch("test", big, np.uint8))
