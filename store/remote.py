@@ -104,6 +104,12 @@ class RemoteTier:
         match = re.search(r"/(\d{8})-([0-9a-f]{32})\.json$", key)
         return (int(match[1]), bytes.fromhex(match[2])) if match else None
 
+    def _own(self, key: str) -> str:
+        # Another team's prefix is another namespace: never read, written or listed from here.
+        if self.prefix and not key.startswith(self.prefix + "/"):
+            raise ValueError(f"{key!r} is outside this tier's prefix {self.prefix!r}")
+        return key
+
     # -- requests --------------------------------------------------------------------------
 
     @property
@@ -114,19 +120,21 @@ class RemoteTier:
             return self._client
 
     def put(self, key: str, data: bytes | memoryview) -> None:
-        self._call("put_object", key, Bucket=self.config.bucket, Key=key, Body=bytes(data))
+        self._call("put_object", key, Bucket=self.config.bucket, Key=self._own(key),
+                   Body=bytes(data))
 
     def exists(self, key: str) -> bool:
         try:
-            self._call("head_object", key, Bucket=self.config.bucket, Key=key)
+            self._call("head_object", key, Bucket=self.config.bucket, Key=self._own(key))
         except NotFoundError:
             return False
         return True
 
     def list_folder(self, folder: str) -> dict[str, int]:
         """{key: size} of every object under `folder` (one of the folders above)."""
-        if not (folder.startswith(self.prefix) and folder.endswith("/")):
-            raise ValueError(f"{folder!r} is not a folder of this tier")
+        if not folder.endswith("/"):
+            raise ValueError(f"{folder!r} is not a folder")
+        self._own(folder)
         found: dict[str, int] = {}
         token = None
         while True:
@@ -154,7 +162,8 @@ class RemoteTier:
 
         broken: Exception | None = None
         for _ in range(self.config.max_attempts):
-            response = self._call("get_object", key, Bucket=self.config.bucket, Key=key)
+            response = self._call("get_object", key, Bucket=self.config.bucket,
+                                  Key=self._own(key))
             try:
                 data = response["Body"].read()
                 break

@@ -77,6 +77,8 @@ def test_layout_is_content_addressed_under_prefix_and_fingerprint():
     assert key.startswith(tier.manifest_folder("fp1"))
     assert tier.parse_manifest_key(key) == (4096, bytes(range(16)))
     assert tier.parse_manifest_key("team-a/manifests/fp1/notes.txt") is None
+    with pytest.raises(ValueError, match="outside"):
+        tier.get("team-b/kv/fp1/x")
     for bad in ("../x", "a/b", ""):
         with pytest.raises(ValueError):
             tier.chunk_key("fp1", bytes(16), bad, 0, digest)
