@@ -12,7 +12,7 @@ from __future__ import annotations
 from functools import cached_property
 from pathlib import Path
 
-from store import Store
+from store import RemoteConfig, RemoteTier, Store
 
 from . import models
 from .engine import Engine
@@ -52,9 +52,20 @@ class App:
         return store
 
     @cached_property
+    def remote(self) -> RemoteTier | None:
+        """The shared cache tier, if a bucket is set (boto3 loads on its first request)."""
+        s = self.settings
+        if not s.remote_bucket:
+            return None
+        return RemoteTier(RemoteConfig(bucket=s.remote_bucket, prefix=s.remote_prefix,
+                                       endpoint_url=s.remote_endpoint_url, region=s.remote_region))
+
+    @cached_property
     def engine(self) -> Engine:
+        s = self.settings
         return Engine(self.store, self.new_runtime, model_path=str(self.model_path),
-                      default_budget_ms=self.settings.restore_budget_ms)
+                      default_budget_ms=s.restore_budget_ms, remote=self.remote,
+                      auto_push=s.remote_auto_push, auto_pull=s.remote_auto_pull)
 
     def info(self) -> dict:
         rt = self.engine.runtime

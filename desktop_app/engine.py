@@ -20,11 +20,11 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import codec
-from store import Document, NotFoundError, Store
+from store import Document, NotFoundError, RemoteTier, Store
 
 from . import documents, streaming
 from .kvstate import in_position_order
@@ -39,6 +39,7 @@ from .results import (
     RestoreReport,
 )
 from .runtime import Cancelled, Runtime
+from .sharing import Sharing
 
 SYSTEM_PROMPT = (
     "You are kvdesk, a careful assistant. Answer questions about the document below "
@@ -88,9 +89,15 @@ class Engine:
         chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
         reserve_tokens: int | None = None,
         default_budget_ms: float | None = None,
+        remote: RemoteTier | None = None,
+        auto_push: bool = False,
+        auto_pull: bool = True,
     ):
         self._check_levels(levels)
         self.store = store
+        # The shared cache tier (off without `remote`): where restores look on a local miss,
+        # and where attach looks before prefilling and shares what it computed.
+        self.sharing = Sharing(store, remote, auto_push=auto_push, auto_pull=auto_pull)
         self._factory = runtime_factory
         self._model_path = model_path
         self.levels = tuple(quality_order(levels))
@@ -112,6 +119,7 @@ class Engine:
             decode_MBps=dict(saved.get("decode_MBps", {})),
             read_MBps=saved.get("read_MBps", streaming.DEFAULT_READ_MBPS),
             prefill_tps=saved.get("prefill_tps", streaming.DEFAULT_PREFILL_TPS),
+            remote_MBps=saved.get("remote_MBps", streaming.DEFAULT_REMOTE_MBPS),
         )
 
     # -- model contexts ------------------------------------------------------------------
@@ -148,6 +156,7 @@ class Engine:
         return rt.fingerprint
 
     def close(self) -> None:
+        self.sharing.abandon()
         if self._warm_up is not None:
             self._warm_up.join()  # never leave numba working while the interpreter exits
         with self._runtimes_lock:
@@ -160,6 +169,7 @@ class Engine:
             "decode_MBps": self.speeds.decode_MBps,
             "read_MBps": self.speeds.read_MBps,
             "prefill_tps": self.speeds.prefill_tps,
+            "remote_MBps": self.speeds.remote_MBps,
         })
 
     # -- prompts -------------------------------------------------------------------------
@@ -228,7 +238,19 @@ class Engine:
         progress: ProgressFn | None = None,
         cancel: threading.Event | None = None,
     ) -> AttachResult:
-        """Extract, prefill, encode and store one document. Raises DocumentError, Cancelled."""
+        """Extract, prefill (or take from the shared cache), encode and store one document,
+        then share it if automatic pushing is on. Raises DocumentError, Cancelled."""
+        result = self._attach(path, levels=levels, progress=progress, cancel=cancel)
+        if result.pulled:
+            return result
+        # Outside the attach lock: an upload must not hold up the next document's prefill.
+        entry = self.store.document_entry(result.doc_id, self._runtime("attach").fingerprint)
+        pushed, notes = self.sharing.push_after_attach(entry.id, progress=None if progress is None
+                                                       else self._phase(progress, "push",
+                                                                        result.title))
+        return replace(result, pushed=pushed, warnings=[*result.warnings, *notes])
+
+    def _attach(self, path, *, levels, progress, cancel) -> AttachResult:
         levels = quality_order(levels or self.levels)
         self._check_levels(levels)
         extracted = documents.extract(path)
@@ -256,6 +278,15 @@ class Engine:
                                            warnings)
             try:
                 t0 = time.perf_counter()
+                pulled, notes = self.sharing.pull_for_attach(
+                    rt.fingerprint, prefix.tokens, levels, doc.id,
+                    progress=None if progress is None else self._phase(progress, "pull", title))
+                warnings += notes
+                if pulled:
+                    entry = self.store.document_entry(doc.id, rt.fingerprint)
+                    return replace(self._attach_result(
+                        doc, prefix, entry.id, levels, 0.0, time.perf_counter() - t0, False,
+                        warnings), pulled=True)
                 rt.reset()
                 rt.prefill(prefix.tokens, cancel=cancel, progress=None if progress is None else (
                     lambda done, total: progress(Progress("prefill", done, total, title))))
@@ -275,6 +306,10 @@ class Engine:
             self._save_speeds()
             return self._attach_result(doc, prefix, entry_id, levels, prefill_s, encode_s,
                                        False, warnings)
+
+    @staticmethod
+    def _phase(progress: ProgressFn, phase: str, title: str) -> Callable[[int, int], None]:
+        return lambda done, total: progress(Progress(phase, done, total, title))
 
     def _attach_result(self, doc, prefix, entry_id, levels, prefill_s, encode_s, reused,
                        warnings) -> AttachResult:
@@ -496,9 +531,11 @@ class Engine:
             elif options.budget_ms is None and self.default_budget_ms is not None:
                 options = streaming.Options("auto", self.default_budget_ms,
                                             options.bandwidth_MBps)
+            source, notes = self.sharing.source(rt.fingerprint, tokens)
             report = streaming.restore(
-                rt, self.store, rt.fingerprint, tokens, levels=self.levels, options=options,
+                rt, source, tokens, levels=self.levels, options=options,
                 speeds=self.speeds, progress=progress, cancel=cancel)
+            report.messages[:0] = notes
             if report.recomputed_tokens == len(tokens) and chat_id is not None:
                 report.messages.extend(self._stale_message(chat_id, rt.fingerprint))
             self._save_speeds()
@@ -527,7 +564,9 @@ class Engine:
             # An explicit reopen always restores: it is how a restore is asked for and timed.
             report = self._bring_in(rt, chat_id, tokens, options=options, no_cache=no_cache,
                                     progress=progress, cancel=cancel, reuse=False)
-            if report.recomputed_tokens:
+            kept, notes = self.sharing.keep()
+            report.messages.extend(notes)
+            if report.recomputed_tokens and kept:
                 self._store_chat_kv(rt, chat_id, tokens)
             return report
 
@@ -639,19 +678,29 @@ class Engine:
                 rt.prefill(suffix_tokens)
             else:
                 suffix_tokens = []
+            # After the answer, not before the first token: what streamed from the shared
+            # cache becomes a local entry, the one this chat's own entry will extend.
+            kept, notes = self.sharing.keep()
+            report.messages.extend(notes)
             result = AskResult(
                 chat_id=chat_id, answer=answer.strip(),
                 ttft_s=round(ttft if ttft is not None else time.perf_counter() - t0, 4),
                 restore_s=round(report.restore_s, 4), bytes_read=report.bytes_read,
                 chunk_levels=report.chunk_levels, recomputed_tokens=report.recomputed_tokens,
-                tokens_generated=len(generated), messages=report.messages)
+                tokens_generated=len(generated), messages=report.messages,
+                source=report.source)
             stats = {k: v for k, v in result.as_dict().items() if k not in ("answer", "chat_id")}
             # Both messages are stored after the answer: a durable write (fsync) before the
             # first token would only delay it. A failure before here stores neither.
             self.store.add_message(chat_id, "user", question, stats={"tokens": q_tokens})
             self.store.add_message(chat_id, "assistant", result.answer,
                                    stats={**stats, "tokens": generated + suffix_tokens})
-            self._store_chat_kv(rt, chat_id, context + q_tokens + generated + suffix_tokens)
+            if kept:
+                self._store_chat_kv(rt, chat_id, context + q_tokens + generated + suffix_tokens)
+            else:
+                # The context holds the shared entry's chunks, possibly lossy, that could not
+                # be kept: stored again here they would pass for a fresh prefill of the document.
+                result.messages.append("this turn's cache is not stored")
             return result
 
     def regenerate(self, chat_id: int, **options) -> AskResult:

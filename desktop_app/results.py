@@ -17,7 +17,8 @@ class Record:
 
 @dataclass(frozen=True)
 class Progress(Record):
-    """Work under way: phase is extract | prefill | encode | store | restore | recompute."""
+    """Work under way: phase is extract | prefill | encode | store | restore | recompute |
+    pull | push (from and to the shared cache tier)."""
 
     phase: str
     done: int
@@ -37,6 +38,8 @@ class AttachResult(Record):
     stored_bytes: dict[str, int]  # per codec level
     reused: bool = False  # the same document was already cached under this model
     warnings: list[str] = field(default_factory=list)
+    pulled: bool = False  # its cache came from the shared cache tier, not from a prefill
+    pushed: bool = False  # its cache is on the shared cache tier (pushed, or already there)
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ class RestoreReport(Record):
     chunk_levels: list[str]  # per chunk: a codec level, or "text" (recomputed)
     recomputed_tokens: int
     messages: list[str] = field(default_factory=list)  # fallbacks, said to the user
+    source: str = "local"  # where the stored chunks came from: "local" or "remote"
 
 
 def levels_summary(chunk_levels: list[str]) -> str:
@@ -75,6 +79,7 @@ class AskResult(Record):
     recomputed_tokens: int
     tokens_generated: int
     messages: list[str] = field(default_factory=list)
+    source: str = "local"  # where the stored chunks came from: "local" or "remote"
 
 
 @dataclass(frozen=True)

@@ -1,43 +1,52 @@
 """Streaming restore: stored KV chunks back into the model, a level chosen per chunk.
 
 CacheGen's adaptation, on a desktop: the prefix to restore is a chain of stored chunks, each
-kept at several codec levels. A reader thread fetches chunk after chunk (optionally throttled
-to a declared bandwidth, to stand for a slow disk, a network share or a remote store) while the
-calling thread verifies and decodes the previous one into the assembled KV arrays, so reading
-and decoding overlap. For every chunk the reader picks the best-quality level whose expected
-cost — bytes over the bandwidth measured on earlier chunks (or declared), plus bytes of output
-over the decode speed measured so far — fits the share of the time budget left to it. If no
-level fits, the cheapest wins, unless recomputing the rest from text would be cheaper still.
+kept at several codec levels, read from a source (`sources`: the local store, or the remote
+tier). A reader thread keeps the source's number of reads in flight (one for the local store,
+several for the network; optionally throttled to a declared bandwidth, to stand for a slow
+link) while the calling thread verifies and decodes the chunks in order into the assembled KV
+arrays, so reading and decoding overlap. For every chunk the reader picks, as its read starts,
+the best-quality level whose expected cost — bytes over the bandwidth measured on the reads
+finished so far (or declared), plus bytes of output over the decode speed measured so far —
+fits the share of the time budget left to it. If no level fits, the cheapest wins, unless
+recomputing the rest from text would be cheaper still.
 
-A missing or corrupt chunk, or a chunk the codec refuses, ends the stored part: everything
-from that chunk on is recomputed from text, and the caller is told why. Nothing decoded from a
-bad chunk ever reaches the model.
+A missing or corrupt chunk is read at another level; with none left, or when the source fails
+(an unreachable remote tier), or for a chunk the codec refuses, the stored part ends: from
+that chunk on everything is recomputed from text, and the caller is told why. Nothing decoded
+from a bad chunk ever reaches the model.
 
 This module knows the store's and codec's APIs but owns no policy about what gets cached.
 """
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass, field
 
 import numpy as np
 
 import codec
-from store import Span, Store, StoreError
+from store import CorruptChunkError, CorruptObjectError, NotFoundError, Span, StoreError
 
 from .kvstate import KVState
 from .results import Progress, RestoreReport
 from .runtime import Cancelled, Runtime
+from .sources import ChunkSource
 
 TEXT = "text"  # the chunk_levels name of a chunk recomputed from its tokens
 
 # Priors until the first measurement of a session (the engine keeps measured values).
 DEFAULT_DECODE_MBPS = 1000.0  # fp16 output per second
 DEFAULT_READ_MBPS = 2000.0  # a local SSD with a warm page cache
+DEFAULT_REMOTE_MBPS = 50.0  # an object store over a LAN or a good internet link
 DEFAULT_PREFILL_TPS = 140.0  # tokens per second: the default model on 2 cores
 
 
@@ -48,6 +57,7 @@ class Speeds:
     decode_MBps: dict[str, float] = field(default_factory=dict)  # per level, fp16 output MB/s
     read_MBps: float = DEFAULT_READ_MBPS
     prefill_tps: float = DEFAULT_PREFILL_TPS
+    remote_MBps: float = DEFAULT_REMOTE_MBPS
 
     def decode(self, level: str) -> float:
         return self.decode_MBps.get(level, DEFAULT_DECODE_MBPS)
@@ -57,6 +67,13 @@ class Speeds:
             now = out_bytes / 1e6 / seconds
             old = self.decode_MBps.get(level)
             self.decode_MBps[level] = now if old is None else 0.5 * old + 0.5 * now
+
+    def observe_read(self, kind: str, MBps: float) -> None:
+        """The bandwidth a whole restore measured, from the local store or the remote tier."""
+        if kind == "remote":
+            self.remote_MBps = MBps
+        else:
+            self.read_MBps = MBps
 
 
 @dataclass(frozen=True)
@@ -72,18 +89,21 @@ class Choice:
 
 
 class Throttle:
-    """Paces reads to `MBps` on average, as a slow link would."""
+    """Paces reads to `MBps` on average, as a slow link would (reads in parallel share it)."""
 
     def __init__(self, MBps: float | None):
         self.rate = MBps * 1e6 if MBps else None
         self.start = time.perf_counter()
         self.sent = 0
+        self._lock = threading.Lock()
 
     def wait(self, nbytes: int) -> None:
         if self.rate is None:
             return
-        self.sent += nbytes
-        delay = self.start + self.sent / self.rate - time.perf_counter()
+        with self._lock:
+            self.sent += nbytes
+            sent = self.sent
+        delay = self.start + sent / self.rate - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
 
@@ -137,13 +157,163 @@ class _Fetched:
     span: Span
     level: str
     data: bytes | None
-    error: str | None = None
+    error: str | None = None  # why the stored part ends here (data is None)
+    note: str | None = None  # a fallback to another level, said to the user
+
+
+class Meter:
+    """Bytes over busy time of reads that may overlap: the bandwidth the link really gave."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.bytes = 0
+        self.busy_s = 0.0
+        self._active = 0
+        self._since = 0.0
+
+    def start(self) -> None:
+        with self._lock:
+            if self._active == 0:
+                self._since = time.perf_counter()
+            self._active += 1
+
+    def stop(self, nbytes: int) -> None:
+        with self._lock:
+            self._active -= 1
+            self.bytes += nbytes
+            if self._active == 0:
+                self.busy_s += time.perf_counter() - self._since
+
+    def MBps(self) -> float | None:
+        with self._lock:
+            busy = self.busy_s + (time.perf_counter() - self._since if self._active else 0.0)
+            return self.bytes / 1e6 / busy if self.bytes and busy > 0 else None
+
+
+# A missing or corrupt chunk is that object's problem: another level of it may be sound.
+_BAD_OBJECT = (NotFoundError, CorruptChunkError, CorruptObjectError)
+
+
+class ChunkReader:
+    """Plans and reads chunks ahead of decoding, `source.parallel` in flight, in order.
+
+    Each chunk's level is chosen when its read starts, from the bandwidth measured on the
+    reads finished so far; a chunk whose object is missing or corrupt is read at another
+    level, and if none is left, or the source fails outright, the stored part ends there.
+    """
+
+    def __init__(self, source: ChunkSource, tokens: list[int], levels: Sequence[str],
+                 options: Options, speeds: Speeds, bytes_per_token: int, t0: float):
+        self.source = source
+        self.spans = list(source.spans)
+        self.tokens = tokens
+        self.levels = levels
+        self.speeds = speeds
+        self.bytes_per_token = bytes_per_token
+        self.t0 = t0
+        self.declared = options.bandwidth_MBps
+        self.budget_s = options.budget_ms / 1000 if options.budget_ms is not None else None
+        self.meter = Meter()
+        self.throttle = Throttle(self.declared)
+        self.fetched: queue.Queue[_Fetched | None] = queue.Queue(maxsize=3)
+        self.stop = threading.Event()
+        self.crashed: list[BaseException] = []
+
+    def prior_MBps(self) -> float:
+        return self.speeds.remote_MBps if self.source.kind == "remote" else self.speeds.read_MBps
+
+    def plan(self, i: int, sizes: dict[str, int]) -> str:
+        span = self.spans[i]
+        return choose_level(
+            levels=self.levels, sizes=sizes,
+            raw_bytes=(span.token_end - span.token_start) * self.bytes_per_token,
+            remaining_tokens=len(self.tokens) - span.token_start,
+            remaining_chunks=len(self.spans) - i,
+            time_left_s=None if self.budget_s is None
+            else self.budget_s - (time.perf_counter() - self.t0),
+            read_MBps=self.declared or self.meter.MBps() or self.prior_MBps(),
+            speeds=self.speeds,
+        ).level
+
+    def read(self, span: Span, level: str) -> bytes:
+        self.meter.start()
+        data = b""
+        try:
+            data = self.source.read(span, level)
+            self.throttle.wait(len(data))
+            return data
+        finally:
+            self.meter.stop(len(data))
+
+    def run(self) -> None:
+        pool = ThreadPoolExecutor(self.source.parallel, thread_name_prefix="kv-read")
+        window: deque[tuple[int, str, dict[str, int], Future | None]] = deque()
+        planned = 0
+        try:
+            while not self.stop.is_set():
+                while planned < len(self.spans) and len(window) < self.source.parallel:
+                    sizes = {lvl: n for lvl, n in self.source.sizes(self.spans[planned]).items()
+                             if lvl in self.levels}
+                    level = self.plan(planned, sizes)
+                    future = None if level == TEXT else \
+                        pool.submit(self.read, self.spans[planned], level)
+                    window.append((planned, level, sizes, future))
+                    # Recomputing is all-or-nothing from there on: plan nothing after it.
+                    planned = planned + 1 if future is not None else len(self.spans)
+                if not window:
+                    return
+                item = self.settle(*window.popleft())
+                if item is None:
+                    return
+                self.fetched.put(item)
+                if item.data is None:
+                    return
+        except BaseException as e:  # a bug: handed to the restoring thread, never swallowed
+            self.crashed.append(e)
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+            self.fetched.put(None)
+
+    def settle(self, i: int, level: str, sizes: dict[str, int],
+               future: Future | None) -> _Fetched | None:
+        """The chunk read (or the reason it could not be); None once stopped."""
+        span = self.spans[i]
+        if future is None:
+            return _Fetched(span, TEXT, None, None if sizes else
+                            f"chunk {i} is stored at none of {list(self.levels)}")
+        errors: list[str] = []
+        attempt = functools.partial(self._result, future)
+        while True:
+            try:
+                data = attempt()
+            except _BAD_OBJECT as e:
+                errors.append(str(e))
+            except StoreError as e:  # the source itself failed: no other level would do
+                return _Fetched(span, level, None, "; ".join([*errors, str(e)]))
+            else:
+                if data is None:
+                    return None
+                note = f"{'; '.join(errors)}: read at {level!r} instead" if errors else None
+                return _Fetched(span, level, data, note=note)
+            sizes = {lvl: n for lvl, n in sizes.items() if lvl != level}
+            level = self.plan(i, sizes)
+            if level == TEXT:
+                return _Fetched(span, level, None, "; ".join(errors))
+            attempt = functools.partial(self.read, span, level)
+
+    def _result(self, future: Future) -> bytes | None:
+        # Wait in short slices: a stopped restore must not wait out a slow remote read.
+        while not self.stop.is_set():
+            try:
+                return future.result(timeout=0.05)
+            except FuturesTimeout:
+                continue
+        return None
 
 
 def restore(
     runtime: Runtime,
-    store: Store,
-    fingerprint: str,
+    source: ChunkSource,
     tokens: Sequence[int],
     *,
     levels: Sequence[str],
@@ -152,70 +322,22 @@ def restore(
     progress: Callable[[Progress], None] | None = None,
     cancel: threading.Event | None = None,
 ) -> RestoreReport:
-    """Bring `tokens` into the runtime's context: stored chunks first, then text for the rest.
+    """Bring `tokens` into the runtime's context: `source`'s chunks first, then text for the
+    rest (`source` covers a prefix of `tokens`).
 
     `levels` are the codec levels in quality order (best first). Raises runtime.Cancelled.
     """
     t0 = time.perf_counter()
     tokens = list(tokens)
     messages: list[str] = []
-    match = store.longest_prefix(fingerprint, tokens)
-    spans = list(match.spans)
+    spans = list(source.spans)
     if options.level != "auto":
         levels = [options.level]
-    sizes = store.chunk_sizes({s.entry_id for s in spans})
     lay = runtime.layout
-    bytes_per_token = lay.kv_bytes_per_token
-
-    state = runtime.new_state_buffer(match.n_tokens)  # chunks are decoded into it in place
-    fetched: queue.Queue[_Fetched | None] = queue.Queue(maxsize=3)
-    stop = threading.Event()
-    io = {"read_bytes": 0, "read_s": 0.0}
-    crashed: list[BaseException] = []
-    declared = options.bandwidth_MBps
-    budget_s = options.budget_ms / 1000 if options.budget_ms is not None else None
-
-    def reader() -> None:
-        throttle = Throttle(declared)
-        try:
-            for i, span in enumerate(spans):
-                if stop.is_set():
-                    return
-                n_tok = span.token_end - span.token_start
-                chunk_sizes = {lvl: sizes[(span.entry_id, span.chunk_index, lvl)]
-                               for lvl in levels
-                               if (span.entry_id, span.chunk_index, lvl) in sizes}
-                measured = (io["read_bytes"] / 1e6 / io["read_s"]
-                            if io["read_s"] > 0 else speeds.read_MBps)
-                elapsed = time.perf_counter() - t0
-                choice = choose_level(
-                    levels=levels, sizes=chunk_sizes, raw_bytes=n_tok * bytes_per_token,
-                    remaining_tokens=len(tokens) - span.token_start,
-                    remaining_chunks=len(spans) - i,
-                    time_left_s=None if budget_s is None else budget_s - elapsed,
-                    read_MBps=declared or measured, speeds=speeds,
-                )
-                if choice.level == TEXT:
-                    fetched.put(_Fetched(span, TEXT, None,
-                                         None if chunk_sizes else
-                                         f"chunk {i} is stored at none of {list(levels)}"))
-                    return
-                r0 = time.perf_counter()
-                try:
-                    data = store.read_chunk(span.entry_id, span.chunk_index, choice.level)
-                except StoreError as e:  # corrupt, evicted meanwhile, unreadable...
-                    fetched.put(_Fetched(span, choice.level, None, str(e)))
-                    return
-                throttle.wait(len(data))
-                io["read_s"] += time.perf_counter() - r0
-                io["read_bytes"] += len(data)
-                fetched.put(_Fetched(span, choice.level, data))
-        except BaseException as e:  # a bug: handed to the restoring thread, never swallowed
-            crashed.append(e)
-        finally:
-            fetched.put(None)
-
-    thread = threading.Thread(target=reader, name="kv-reader", daemon=True)
+    state = runtime.new_state_buffer(source.n_tokens)  # chunks are decoded into it in place
+    reader = ChunkReader(source, tokens, levels, options, speeds, lay.kv_bytes_per_token, t0)
+    fetched = reader.fetched
+    thread = threading.Thread(target=reader.run, name="kv-reader", daemon=True)
     thread.start()
     chunk_levels: list[str] = []
     n_restored = 0
@@ -223,6 +345,8 @@ def restore(
         while (item := fetched.get()) is not None:
             if cancel is not None and cancel.is_set():
                 raise Cancelled("restore cancelled")
+            if item.note:
+                messages.append(f"chunk {item.span.chunk_index}: {item.note}")
             if item.data is None:
                 if item.error:
                     messages.append(f"recomputing from token {item.span.token_start}: "
@@ -245,18 +369,19 @@ def restore(
             if progress is not None:
                 progress(Progress("restore", n_restored, len(tokens)))
     finally:
-        stop.set()
+        reader.stop.set()
         while thread.is_alive():  # unblock a reader waiting on a full queue
             try:
                 fetched.get_nowait()
             except queue.Empty:
                 thread.join(0.01)
-    if crashed:
-        raise crashed[0]
-    if io["read_s"] > 0 and not declared:
-        speeds.read_MBps = io["read_bytes"] / 1e6 / io["read_s"]
+    if reader.crashed:
+        raise reader.crashed[0]
+    measured = reader.meter.MBps()
+    if measured and not options.bandwidth_MBps:
+        speeds.observe_read(source.kind, measured)
 
-    if n_restored == match.n_tokens and n_restored:
+    if n_restored == source.n_tokens and n_restored:
         runtime.restore_buffer(state, tokens[:n_restored])
     elif n_restored:  # the stored part ended early: only its first chunks are usable
         kv = KVState(state.keys[:, :n_restored], state.values[:, :n_restored],
@@ -277,8 +402,9 @@ def restore(
     return RestoreReport(
         tokens=len(tokens),
         restore_s=time.perf_counter() - t0,
-        bytes_read=io["read_bytes"],
+        bytes_read=reader.meter.bytes,
         chunk_levels=chunk_levels,
         recomputed_tokens=len(rest),
         messages=messages,
+        source=source.kind,
     )

@@ -74,12 +74,7 @@ def s3_server(tmp_path_factory):
 @pytest.fixture
 def aws_env(s3_server, monkeypatch, tmp_path):
     """The server's credentials in the standard AWS variables, and no real AWS configuration."""
-    for name in [k for k in os.environ if k.startswith("AWS_")]:
-        monkeypatch.delenv(name)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_server.access_key)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_server.secret_key)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    s3_server.use_credentials(monkeypatch, tmp_path)
 
 
 @pytest.fixture(scope="session")

@@ -91,6 +91,16 @@ class S3Server:
         self.stop()
         raise TimeoutError(f"weed server did not answer on {self.endpoint_url}")
 
+    def use_credentials(self, monkeypatch, folder: Path) -> None:
+        """Put the server's credentials in the standard AWS variables (boto3 reads them
+        there) and point the AWS configuration files at nothing: no real account is used."""
+        for name in [k for k in os.environ if k.startswith("AWS_")]:
+            monkeypatch.delenv(name)
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", self.access_key)
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", self.secret_key)
+        monkeypatch.setenv("AWS_CONFIG_FILE", str(folder / "no-aws-config"))
+        monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(folder / "no-aws-credentials"))
+
     def client(self):
         """A boto3 client with the server's credentials, for tests to set up and tamper."""
         import boto3

@@ -74,8 +74,9 @@ def test_attach_ask_reopen_end_to_end(tmp_path):
     ans = json.loads(kvdesk("ask", doc, "What is the access code?", "--max-tokens", "16",
                             "--json").stdout)
     assert set(ans) == {"chat_id", "answer", "ttft_s", "restore_s", "bytes_read",
-                        "chunk_levels", "recomputed_tokens", "tokens_generated"}
+                        "chunk_levels", "recomputed_tokens", "tokens_generated", "source"}
     assert ans["chunk_levels"] == ["high"] and ans["recomputed_tokens"] == 0
+    assert ans["source"] == "local"
     assert ans["bytes_read"] > 0 and ans["tokens_generated"] > 0
 
     chat = str(ans["chat_id"])

@@ -1,0 +1,147 @@
+"""The engine's use of the shared cache tier (store.remote): what it reads, keeps and shares.
+
+With a bucket configured, a restore whose tokens the local store does not cover looks for a
+longer document entry on the remote tier and, if there is one, streams it (`source`) through
+the same adaptive pipeline as local chunks, keeping what it reads in a pending local copy;
+`keep` completes that copy after the answer, so the next restore is local. Attach looks there
+before prefilling (`pull_for_attach`) and shares what it computed (`push_after_attach`) when
+automatic pushing is on. `status`, `push` and `pull` are the `kvdesk remote` commands.
+
+A tier that fails is reported in a message and skipped for a minute, never in the way of an
+answer: every path falls back to the local store or to recomputing. Nothing here ever sees a
+credential (boto3 reads them) nor writes one anywhere.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from store import RemoteError, RemoteTier, Store, StoreError, sync
+
+from .sources import ChunkSource, LocalSource, RemoteSource
+
+# After a failure the tier is left alone this long: each try costs its timeouts and retries.
+RETRY_AFTER_S = 60.0
+
+
+class Sharing:
+    def __init__(self, store: Store, tier: RemoteTier | None, *, auto_push: bool = False,
+                 auto_pull: bool = True):
+        self.store = store
+        self.tier = tier
+        self.auto_push = auto_push and tier is not None
+        self.auto_pull = auto_pull and tier is not None
+        self._lock = threading.Lock()
+        self._streamed: list[RemoteSource] = []  # copies not yet kept
+        self._down_until = 0.0
+
+    # -- automatic mode --------------------------------------------------------------------
+
+    def source(self, fingerprint: str, tokens: Sequence[int]) -> tuple[ChunkSource, list[str]]:
+        """Where a restore of `tokens` reads: the remote tier when it covers more of them."""
+        local = LocalSource(self.store, fingerprint, tokens)
+        if not self.auto_pull or local.n_tokens == len(tokens):
+            return local, []
+        found, notes = self._try(lambda: self._stream(fingerprint, tokens, local.n_tokens))
+        if found is None:
+            return local, notes
+        return found, [f"streaming {found.n_tokens:,} cached tokens from the shared cache "
+                       f"({self.tier.config.where}, bucket {self.tier.config.bucket!r})"]
+
+    def keep(self) -> tuple[bool, list[str]]:
+        """Complete the local copies of what restores streamed in; (all kept?, messages)."""
+        with self._lock:
+            streamed, self._streamed = self._streamed, []
+        ok, notes = True, []
+        for source in streamed:
+            try:
+                entry, fetched = sync.complete(source.tier, source.copy)
+            except StoreError as e:
+                ok = False
+                notes.append(f"the shared cache's entry could not be kept here: {e}")
+                continue
+            notes.append(f"kept the shared cache's {entry.token_end:,} tokens here "
+                         f"({fetched / 1e6:.1f} MB fetched after the answer)")
+        return ok, notes
+
+    def pull_for_attach(self, fingerprint: str, tokens: Sequence[int], levels: Sequence[str],
+                        document_id: int, progress: Callable[[int, int], None] | None = None
+                        ) -> tuple[bool, list[str]]:
+        """Take a document's entry from the tier instead of prefilling it: (done?, notes)."""
+        if not self.auto_pull:
+            return False, []
+
+        def pull() -> bool:
+            manifest = sync.find(self.tier, fingerprint, list(tokens),
+                                 longer_than=len(tokens) - 1)
+            if manifest is None or not set(levels) <= set(manifest.levels):
+                return False
+            sync.pull(self.store, self.tier, manifest, levels=levels, document_id=document_id,
+                      progress=progress)
+            return True
+
+        done, notes = self._try(pull)
+        return bool(done), [f"{n}; computing it here instead" for n in notes]
+
+    def push_after_attach(self, entry_id: int, progress: Callable[[int, int], None] | None = None
+                          ) -> tuple[bool, list[str]]:
+        """Share a document's entry when automatic pushing is on: (pushed?, warnings)."""
+        if not self.auto_push:
+            return False, []
+        done, notes = self._try(lambda: sync.push(self.store, self.tier,
+                                                  self.store.entry(entry_id), progress=progress))
+        return done is not None, [f"{n}; it stays on this machine" for n in notes]
+
+    def abandon(self) -> None:
+        """Drop copies never kept (the engine is closing)."""
+        with self._lock:
+            streamed, self._streamed = self._streamed, []
+        for source in streamed:
+            source.copy.abort()
+
+    def _stream(self, fingerprint: str, tokens: Sequence[int], local: int) -> RemoteSource | None:
+        manifest = sync.find(self.tier, fingerprint, list(tokens), longer_than=local)
+        if manifest is None:
+            return None
+        source = RemoteSource(self.tier, sync.LocalCopy(self.store, manifest))
+        with self._lock:
+            self._streamed.append(source)
+        return source
+
+    def _try(self, work: Callable[[], object]) -> tuple[object | None, list[str]]:
+        if time.monotonic() < self._down_until:
+            return None, ["the shared cache failed less than a minute ago: not tried"]
+        try:
+            return work(), []
+        except RemoteError as e:
+            self._down_until = time.monotonic() + RETRY_AFTER_S
+            return None, [f"the shared cache is unavailable ({e})"]
+        except StoreError as e:  # a corrupt or vanished object: that entry only
+            return None, [f"the shared cache's entry is unusable ({e})"]
+
+    # -- commands --------------------------------------------------------------------------
+
+    def status(self, fingerprint: str) -> dict:
+        """The tier's configuration, whether it answers, and the entries on each side."""
+        config = self._configured().config
+        return {"configured": True, "endpoint": config.where, "bucket": config.bucket,
+                "prefix": self.tier.prefix, "auto_push": self.auto_push,
+                "auto_pull": self.auto_pull, "fingerprint": fingerprint,
+                **sync.status(self.store, self.tier, fingerprint)}
+
+    def push(self, fingerprint: str, progress: Callable[[int, int], None] | None = None) -> dict:
+        return sync.push_all(self.store, self._configured(), fingerprint, progress=progress)
+
+    def pull(self, fingerprint: str, *, lazy: bool = False,
+             progress: Callable[[int, int], None] | None = None) -> dict:
+        return sync.pull_all(self.store, self._configured(), fingerprint, lazy=lazy,
+                             progress=progress)
+
+    def _configured(self) -> RemoteTier:
+        if self.tier is None:
+            raise RemoteError("no shared cache is configured: set remote_bucket (and "
+                              "remote_endpoint_url for a server other than AWS S3) in the "
+                              "settings, or KVDESK_REMOTE_BUCKET")
+        return self.tier

@@ -1,0 +1,77 @@
+"""Where a streaming restore reads its chunks: the local store, or the remote tier.
+
+A source is the chain of chunks covering the longest stored prefix of the tokens asked for,
+with each chunk's size at each level (what the adaptive choice plans with) and a `read` that
+returns one chunk's checked bytes or raises a StoreError. `streaming.restore` runs the same
+pipeline over either, `parallel` reads in flight at once.
+
+A remote source keeps what it reads: every chunk goes into a pending local copy of the entry
+(store.sync.LocalCopy) that the engine completes after the answer, so the next restore is
+local; until then the copy is invisible to every reader of the store.
+
+This module picks nothing: the engine decides which source a restore reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from store import Span, Store
+from store.remote import RemoteTier
+from store.sync import LocalCopy, read_chunk
+
+
+class ChunkSource(Protocol):
+    kind: str  # "local" or "remote": which measured bandwidth plans its reads
+    parallel: int  # reads in flight at once
+    spans: Sequence[Span]  # the chunks covering tokens [0, n_tokens), in order
+    n_tokens: int
+
+    def sizes(self, span: Span) -> dict[str, int]:
+        """{level: bytes} of the levels this chunk can be read at."""
+        ...
+
+    def read(self, span: Span, level: str) -> bytes:
+        """The chunk's bytes at `level`, checksum verified; raises StoreError."""
+        ...
+
+
+class LocalSource:
+    kind = "local"
+    parallel = 1  # one SSD read at a time already outruns decoding
+
+    def __init__(self, store: Store, fingerprint: str, tokens: Sequence[int]):
+        match = store.longest_prefix(fingerprint, tokens)
+        self.spans = match.spans
+        self.n_tokens = match.n_tokens
+        self._store = store
+        self._sizes: dict[tuple[int, int], dict[str, int]] = {}
+        for (entry, chunk, level), n in store.chunk_sizes({s.entry_id for s in self.spans}).items():
+            self._sizes.setdefault((entry, chunk), {})[level] = n
+
+    def sizes(self, span: Span) -> dict[str, int]:
+        return self._sizes.get((span.entry_id, span.chunk_index), {})
+
+    def read(self, span: Span, level: str) -> bytes:
+        return self._store.read_chunk(span.entry_id, span.chunk_index, level)
+
+
+class RemoteSource:
+    kind = "remote"
+
+    def __init__(self, tier: RemoteTier, copy: LocalCopy):
+        self.tier = tier
+        self.copy = copy
+        self.parallel = tier.config.parallel
+        self.spans = copy.spans
+        self.n_tokens = copy.manifest.token_end
+
+    def sizes(self, span: Span) -> dict[str, int]:
+        chunks = self.copy.manifest.chunks
+        return {level: chunks[level][span.chunk_index].nbytes for level in self.copy.levels}
+
+    def read(self, span: Span, level: str) -> bytes:
+        data = read_chunk(self.tier, self.copy.manifest, span.chunk_index, level)
+        self.copy.add(span.chunk_index, level, data)
+        return data

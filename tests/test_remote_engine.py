@@ -1,0 +1,226 @@
+"""The shared cache end to end on the real default model: two data directories playing two
+machines on one bucket of a real S3 server, the adaptive stream from it, its faults, the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+
+import pytest
+from s3_server import S3Server
+
+from desktop_app.engine import Engine
+from desktop_app.runtime import Runtime
+from store import RemoteConfig, RemoteTier, Store, sync
+from store.manifest import Manifest
+
+pytestmark = pytest.mark.model
+
+DOC = """The Halden ferry crosses the fjord six times a day, the first crossing at 06:40 and
+the last at 21:10. The crossing takes 25 minutes. The ferry, the Solveig, was built in 1987
+in Bergen and carries 40 cars and 290 passengers. In winter the 13:00 crossing is cancelled
+when ice covers the inner harbour. Tickets are sold on board; bicycles travel free. The
+ferry's bell came from the older boat it replaced, the Marta, which sank at her moorings
+in the storm of 1986 and was raised the following summer."""
+QUESTION = "How long does the crossing take?"
+
+
+def tier_on(server: S3Server, bucket: str, **config) -> RemoteTier:
+    return RemoteTier(RemoteConfig(bucket=bucket, prefix=f"e2e/{uuid.uuid4().hex[:12]}",
+                                   endpoint_url=server.endpoint_url, connect_timeout_s=1,
+                                   read_timeout_s=5, max_attempts=2, **config))
+
+
+def engine_on(data_dir, model_path, model_hash, tier, **kwargs) -> Engine:
+    def factory():
+        return Runtime(model_path, model_hash=model_hash, n_ctx=1024, flash_attn=True)
+
+    return Engine(Store(data_dir), factory, chunk_tokens=32, remote=tier, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def machine_a(s3_server, s3_bucket, tmp_path_factory, model_path, model_hash):
+    """Machine A attached the document with automatic pushing on."""
+    folder = tmp_path_factory.mktemp("machine-a")
+    with pytest.MonkeyPatch.context() as mp:
+        s3_server.use_credentials(mp, folder)
+        engine = engine_on(folder / "data", model_path, model_hash,
+                           tier_on(s3_server, s3_bucket), auto_push=True)
+        path = folder / "ferry.txt"
+        path.write_text(DOC)
+        engine.attached = engine.attach(path)
+        engine.document = path
+        yield engine
+        engine.close()
+        engine.store.close()
+
+
+@pytest.fixture
+def open_engines():
+    engines: list[Engine] = []
+    yield engines
+    for engine in engines:
+        engine.close()
+        engine.store.close()
+
+
+@pytest.fixture
+def machine(tmp_path, model_path, model_hash, aws_env, open_engines):
+    """Another machine: a fresh data directory on the tier given (machine A's by default)."""
+    def make(tier, name="b", **kwargs) -> Engine:
+        engine = engine_on(tmp_path / name, model_path, model_hash, tier, **kwargs)
+        open_engines.append(engine)
+        return engine
+
+    return make
+
+
+def lazily_pulled(engine: Engine) -> int:
+    """The documents added from the tier, their caches left there: the one document's id."""
+    report = engine.sharing.pull(engine.fingerprint, lazy=True)
+    assert len(report["pulled"]) == 1 and engine.store.entries() == []
+    (doc,) = engine.store.documents()
+    return doc.id
+
+
+def test_a_document_attached_on_one_machine_is_asked_about_on_another(machine_a, machine):
+    assert machine_a.attached.pushed and not machine_a.attached.pulled
+    b = machine(machine_a.sharing.tier)
+    doc_id = lazily_pulled(b)
+    res = b.ask(QUESTION, doc_id=doc_id, level="lossless", max_tokens=16)
+    assert res.source == "remote" and res.recomputed_tokens == 0 and res.bytes_read > 0
+    assert set(res.chunk_levels) == {"lossless"}
+    assert any("kept the shared cache's" in m for m in res.messages)
+    # Lossless is exact: the same answer as on the machine that prefilled it.
+    machine_a.runtime.reset()
+    assert res.answer == machine_a.ask(QUESTION, doc_id=machine_a.attached.doc_id,
+                                       level="lossless", max_tokens=16).answer
+    entry = b.store.document_entry(doc_id, b.fingerprint)
+    assert set(entry.levels) == set(b.levels) and b.store.verify()["corrupt"] == []
+    # The chat's own entry extends the kept copy, and the next restore is local.
+    assert [e.parent_id for e in b.store.entries() if e.chat_id == res.chat_id] == [entry.id]
+    b.runtime.reset()
+    again = b.ask("Which ship did it replace?", doc_id=doc_id, max_tokens=8)
+    assert again.source == "local" and again.recomputed_tokens == 0 and again.bytes_read > 0
+
+
+def test_attach_takes_the_shared_cache_instead_of_prefilling(machine_a, machine):
+    c = machine(machine_a.sharing.tier, "c")
+    res = c.attach(machine_a.document)
+    assert res.pulled and res.prefill_s == 0 and res.kept_tokens == machine_a.attached.kept_tokens
+    assert res.stored_bytes == machine_a.attached.stored_bytes
+    c.runtime.reset()
+    assert c.ask(QUESTION, doc_id=res.doc_id, max_tokens=8).recomputed_tokens == 0
+
+
+def test_without_automatic_pull_the_tier_is_not_read(machine_a, machine):
+    b = machine(machine_a.sharing.tier, auto_pull=False)
+    res = b.ask(QUESTION, doc_id=lazily_pulled(b), max_tokens=4)
+    assert res.source == "local" and set(res.chunk_levels) == {"text"}
+
+
+def fault_tier(machine_a, server, bucket) -> tuple[RemoteTier, Manifest]:
+    """A prefix of its own holding machine A's document entry, to damage at will."""
+    tier = tier_on(server, bucket, parallel=2)
+    sync.push_all(machine_a.store, tier, machine_a.fingerprint)
+    return tier, sync.find(tier, machine_a.fingerprint, machine_a.store.tokens(
+        machine_a.store.document_entry(machine_a.attached.doc_id, machine_a.fingerprint).id))
+
+
+def chunk_key(tier, manifest, chunk, level) -> str:
+    return tier.chunk_key(manifest.fingerprint, manifest.prefix_hash, level, chunk,
+                          manifest.chunks[level][chunk].sha256)
+
+
+def test_a_deleted_object_is_read_at_another_level(machine_a, machine, s3_server, s3_bucket):
+    tier, manifest = fault_tier(machine_a, s3_server, s3_bucket)
+    s3_server.client().delete_object(Bucket=s3_bucket, Key=chunk_key(tier, manifest, 1,
+                                                                        "lossless"))
+    b = machine(tier)
+    res = b.ask(QUESTION, doc_id=lazily_pulled(b), max_tokens=8)  # no budget: lossless
+    assert res.recomputed_tokens == 0 and res.tokens_generated > 0
+    assert res.chunk_levels[1] == "high" and set(res.chunk_levels) == {"lossless", "high"}
+    assert any("does not exist: read at 'high' instead" in m for m in res.messages)
+    # Its lossless level is gone: the copy cannot be completed, so nothing of it is kept.
+    assert any("could not be kept" in m for m in res.messages) and b.store.entries() == []
+
+
+def test_a_corrupt_object_falls_back_to_recomputing(machine_a, machine, s3_server, s3_bucket):
+    tier, manifest = fault_tier(machine_a, s3_server, s3_bucket)
+    for level in manifest.levels:
+        s3_server.client().put_object(Bucket=s3_bucket, Key=chunk_key(tier, manifest, 2, level),
+                                      Body=b"\0" * manifest.chunks[level][2].nbytes)
+    b = machine(tier)
+    res = b.ask(QUESTION, doc_id=lazily_pulled(b), max_tokens=8)
+    assert res.tokens_generated > 0 and res.chunk_levels[:2] == ["lossless"] * 2
+    assert res.chunk_levels[2:] == ["text"] * (len(res.chunk_levels) - 2)
+    assert any(m.startswith("recomputing from token 64:") and "SHA-256 mismatch" in m
+               for m in res.messages)
+
+
+def test_the_server_stopped_mid_stream(machine_a, machine, tmp_path, model_path, model_hash):
+    server = S3Server(tmp_path / "s3").start()
+    try:
+        bucket = server.make_bucket("kvdesk-stopped")
+        tier, _ = fault_tier(machine_a, server, bucket)
+        b = machine(tier)
+        doc_id = lazily_pulled(b)
+        get = tier.get
+
+        def stops_after_the_first_chunk(key, **kwargs):
+            data = get(key, **kwargs)
+            if "/kv/" in key:
+                server.stop()
+            return data
+
+        tier.get = stops_after_the_first_chunk
+        res = b.ask(QUESTION, doc_id=doc_id, max_tokens=8)
+    finally:
+        server.stop()
+    assert res.tokens_generated > 0 and res.source == "remote"
+    assert res.chunk_levels[0] == "lossless" and res.chunk_levels[-1] == "text"
+    assert 0 < res.recomputed_tokens < b.runtime.n_tokens
+    assert any("did not answer" in m for m in res.messages)
+    assert b.store.entries() == []  # neither the partial copy nor a re-encoding of it
+
+
+def kvdesk(*args, env):
+    proc = subprocess.run([sys.executable, "-m", "desktop_app", *args], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, **env})
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def test_cli_remote_status_push_pull(machine_a, aws_env, tmp_path, s3_server):
+    tier = machine_a.sharing.tier
+    shared = {"KVDESK_REMOTE_BUCKET": tier.config.bucket,
+              "KVDESK_REMOTE_ENDPOINT_URL": s3_server.endpoint_url,
+              "KVDESK_REMOTE_PREFIX": tier.prefix, "KVDESK_DATA_DIR": str(tmp_path / "cli")}
+    rc, out, err = kvdesk("remote", "pull", "--json", env=shared)
+    assert rc == 0, err
+    assert [t["title"] for t in json.loads(out)["pulled"]] == [machine_a.attached.title]
+    rc, out, err = kvdesk("remote", "status", "--json", env=shared)
+    status = json.loads(out)
+    assert rc == 0 and status["reachable"] and status["bucket"] == tier.config.bucket
+    assert status["local_entries"] >= 1 and status["only_local"] == 0
+    assert s3_server.secret_key not in out + err
+
+    rc, out, err = kvdesk("remote", "push", "--json",
+                          env={"KVDESK_DATA_DIR": str(tmp_path / "none")})
+    assert rc == 1 and "Traceback" not in err
+    assert json.loads(out)["kind"] == "RemoteError" and len(out.strip().splitlines()) == 1
+    down = {**shared, "KVDESK_REMOTE_ENDPOINT_URL": "http://127.0.0.1:9"}
+    rc, out, err = kvdesk("remote", "status", "--json", env=down)
+    assert rc == 1 and json.loads(out)["reachable"] is False
+
+
+def test_boto3_loads_only_when_the_tier_is_used():
+    code = ("import sys; from desktop_app.app import App; from desktop_app.settings import "
+            "Settings; from store import RemoteConfig, RemoteTier; "
+            "App(Settings()).remote; RemoteTier(RemoteConfig(bucket='abc')).chunk_key("
+            "'fp', bytes(16), 'high', 0, 'a' * 64); print('boto3' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    assert out.strip() == "False"
