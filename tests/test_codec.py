@@ -314,3 +314,17 @@ def test_scratch_arrays_are_reused_up_to_a_size():
     big = (workspace.MAX_BYTES + 1,)
     assert not np.shares_memory(workspace.scratch("test", big, np.uint8),
                                 workspace.scratch("test", big, np.uint8))
+
+
+@pytest.mark.parametrize("level", ["balanced", "lossless", "cachegen-2"])
+def test_decode_into_a_channel_major_buffer(level):
+    """llama.cpp keeps V transposed ([layer, channel, token]) without flash attention; the
+    engine decodes straight into such a view, which the kernel writes through a tile."""
+    keys, values = random_kv((2, 70, 40), seed=14)
+    blob = codec.encode(keys, values, level, first_token=0)
+    big = np.full((2, 40, 100), np.float16(7))  # [layer, channel, token]
+    view = big.transpose(0, 2, 1)[:, 20:90]
+    k2, v2 = codec.decode(blob, out=(np.empty_like(keys), view))
+    want = codec.decode(blob)[1]
+    assert np.array_equal(view.view(np.uint16), want.view(np.uint16))
+    assert np.all(big[:, :, :20] == 7) and np.all(big[:, :, 90:] == 7)
