@@ -15,6 +15,7 @@ eval, or allocate from an unvalidated size.
 from __future__ import annotations
 
 import json
+import math
 import struct
 import zlib
 from dataclasses import dataclass
@@ -120,7 +121,7 @@ class Reader:
         self._buf, self._at = payload, 0
 
     def take(self, dtype: type, shape: tuple[int, ...]) -> np.ndarray:
-        n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        n = math.prod(shape) * np.dtype(dtype).itemsize
         if self._at + n > self._buf.size:
             raise CodecError("codec blob is truncated (payload)")
         arr = self._buf[self._at:self._at + n].view(dtype).reshape(shape)

@@ -83,6 +83,11 @@ class _Plan:
         bank, cost, base = tables.kind_bank(tuple(self.nsym.tolist()))
         return bank, cost, np.array([base[n] for n in self.nsym.tolist()], np.int64)
 
+    @functools.cached_property
+    def n_entries(self) -> np.ndarray:
+        """How many codebook entries each layer's alphabet has."""
+        return np.array([tables.n_entries(n) for n in self.nsym.tolist()])
+
     def dequant(self, scales: np.ndarray) -> np.ndarray:
         return tables.dequant_lut(scales, self.maxq, int(self.nsym.max()))
 
@@ -264,11 +269,10 @@ def decode(blob: bytes, *, out: tuple[np.ndarray, np.ndarray] | None = None,
     n_sink = _n_sink(cfg, header.first_token, n_tok)
     for i, kind in enumerate((cfg.keys, cfg.values)):
         plan = _Plan.of(kind, n_layer, n_tok - n_sink, n_ch, cfg.anchor_group)
-        scales, ents = parts.scales[i], parts.tables[i].astype(np.int64)
-        if np.any((scales & 0x8000) | (scales >= 0x7C00)):
+        scales, ents = parts.scales[i], parts.tables[i]
+        if scales.size and scales.max() >= 0x7C00:  # negative (sign bit set), Inf or NaN
             raise CodecError("codec blob has an invalid scale")
-        limit = np.array([tables.n_entries(n) for n in plan.nsym.tolist()])
-        if np.any(ents >= limit[:, None]):
+        if np.any(ents >= plan.n_entries[:, None]):
             raise CodecError("codec blob names a table that does not exist")
         out[i][:, :n_sink] = parts.sinks[i]
         bank, _, base = plan.bank

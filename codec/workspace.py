@@ -14,6 +14,7 @@ must never import numba or anything else from the package.
 
 from __future__ import annotations
 
+import math
 import threading
 
 import numpy as np
@@ -27,7 +28,7 @@ def scratch(name: str, shape: tuple[int, ...], dtype: type) -> np.ndarray:
     """An uninitialized C-contiguous array of this shape and dtype; from the same thread, the
     same memory as the last call with this name whenever it fits."""
     dtype = np.dtype(dtype)
-    n = int(np.prod(shape, dtype=np.int64))
+    n = math.prod(shape)
     if n * dtype.itemsize > MAX_BYTES:
         return np.empty(shape, dtype)
     kept = _local.__dict__.setdefault("arrays", {})
