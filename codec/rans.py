@@ -48,54 +48,52 @@ def group_offsets(counts):
 @njit(inline="always")
 def _encode_step(x, f, cum, recip, buf, pos):
     """Push one symbol (frequency f, cumulative cum) onto state x; words go down buf from
-    pos. x // f is a float multiply by recip = 1 / f and an exact fix-up."""
+    pos. x // f is a multiply by recip = ceil(2^32 / f), a shift and an exact fix-up."""
     # branch-free renormalization: always store, advance only when it is needed
     emit = x >= f << (32 - PROB_BITS)
     buf[_U(pos - 1)] = x & 0xFFFF
     pos -= emit
     x >>= 16 * emit
-    q = np.int64(x * recip)
+    # x < f * 2^20 <= 2^32 here, so x * recip fits 64 unsigned bits and overshoots x / f by
+    # less than 1: the estimate is the quotient or one more (then the remainder is negative)
+    q = np.int64((np.uint64(x) * np.uint64(recip)) >> np.uint64(32))
     r = x - q * f
-    if r < 0:
-        q -= 1
-        r += f
-    elif r >= f:
-        q += 1
-        r -= f
-    return (q << PROB_BITS) + r + cum, pos
+    over = r >> 63  # -1 when the estimate was one too many, else 0
+    return ((q + over) << PROB_BITS) + r + (f & over) + cum, pos
 
 
 @njit(cache=True)
-def _encode_rows(x, rows, at, freq, cum, recip, buf):
-    """Encode a group's symbols rows [T, lanes] (last first) with the states x, which it
-    updates; at[j] = where lane j's table row starts. Returns where the words start in buf."""
+def _encode_rows(x, sym, layer, c0, nl, at, freq, cum, recip, buf):
+    """Encode one group, sym[layer, :, c0:c0 + nl] (last symbol first), with the states x,
+    which it updates; at[j] = where lane j's table row starts in the flat tables. Returns
+    where the words start in buf."""
     ns = x.size
     pos = buf.size
-    for t in range(rows.shape[0] - 1, -1, -1):
-        row = rows[t]
-        i = (rows.shape[1] - 1) % ns
-        for j in range(rows.shape[1] - 1, -1, -1):
-            k = _U(at[j] + row[j])
+    for t in range(sym.shape[1] - 1, -1, -1):
+        row = sym[layer, t, c0:c0 + nl]  # contiguous when sym is: known to the compiler
+        i = (nl - 1) % ns
+        for j in range(nl - 1, -1, -1):
+            k = _U(at[_U(j)] + row[_U(j)])
             x[i], pos = _encode_step(x[i], freq[k], cum[k], recip[k], buf, pos)
             i = ns - 1 if i == 0 else i - 1
     return pos
 
 
 @njit(cache=True)
-def _encode_rows4(x, rows, at, freq, cum, recip, buf):
+def _encode_rows4(x, sym, layer, c0, nl, at, freq, cum, recip, buf):
     """`_encode_rows` for 4 states and a multiple of 4 lanes, with the states in registers."""
     x0, x1, x2, x3 = x[0], x[1], x[2], x[3]
     pos = buf.size
-    for t in range(rows.shape[0] - 1, -1, -1):
-        row = rows[t]
-        for j in range(rows.shape[1] - 4, -1, -4):
-            k = _U(at[j + 3] + row[j + 3])
+    for t in range(sym.shape[1] - 1, -1, -1):
+        row = sym[layer, t, c0:c0 + nl]
+        for j in range(nl - 4, -1, -4):
+            k = _U(at[_U(j + 3)] + row[_U(j + 3)])
             x3, pos = _encode_step(x3, freq[k], cum[k], recip[k], buf, pos)
-            k = _U(at[j + 2] + row[j + 2])
+            k = _U(at[_U(j + 2)] + row[_U(j + 2)])
             x2, pos = _encode_step(x2, freq[k], cum[k], recip[k], buf, pos)
-            k = _U(at[j + 1] + row[j + 1])
+            k = _U(at[_U(j + 1)] + row[_U(j + 1)])
             x1, pos = _encode_step(x1, freq[k], cum[k], recip[k], buf, pos)
-            k = _U(at[j] + row[j])
+            k = _U(at[_U(j)] + row[_U(j)])
             x0, pos = _encode_step(x0, freq[k], cum[k], recip[k], buf, pos)
     x[0], x[1], x[2], x[3] = x0, x1, x2, x3
     return pos
@@ -104,7 +102,8 @@ def _encode_rows4(x, rows, at, freq, cum, recip, buf):
 def encode(sym, ent, freq, cum, recip, lanes, states):
     """Symbols [L, T, C] with global entry ids [L, C] -> (words uint16, counts [L, G] uint32).
 
-    recip = 1 / freq (0 where freq is 0): x // f becomes a float multiply and an exact fix-up.
+    recip = ceil(2^32 / freq) (0 where freq is 0): x // f becomes an integer multiply, a shift
+    and an exact fix-up.
     """
     n_layer, n_tok, n_ch = sym.shape
     n_grp = -(-n_ch // lanes)
@@ -130,11 +129,11 @@ def _encode(sym, ent, freq, cum, recip, lanes, states, buf):
         ns = min(states, nl)
         x = np.full(ns, RANS_LOW, np.int64)
         at = ent[layer, c0:c0 + nl] * width
-        rows = sym[layer, :, c0:c0 + nl]
+        group = (x, sym, layer, c0, nl, at, freq, cum, recip, buf[item])
         if ns == FAST_STATES and nl % FAST_STATES == 0:
-            pos = _encode_rows4(x, rows, at, freq, cum, recip, buf[item])
+            pos = _encode_rows4(*group)
         else:
-            pos = _encode_rows(x, rows, at, freq, cum, recip, buf[item])
+            pos = _encode_rows(*group)
         for j in range(ns - 1, -1, -1):
             buf[item, pos - 1] = x[j] & 0xFFFF
             buf[item, pos - 2] = x[j] >> 16

@@ -33,7 +33,7 @@ COST_FRAC_BITS = 8  # encoder-side code lengths in 1/256 bit; never stored
 @dataclass(frozen=True)
 class Bank:
     """Tables indexed by a global entry id: freq/cum [E, S] int64, lut [E, PROB_SCALE] uint8;
-    derived for speed: recip = 1 / freq (0 where freq is 0) for the encoder and
+    derived for speed: recip = ceil(2^32 / freq) (0 where freq is 0) for the encoder and
     fc = freq | cum << 16 for the decoder."""
 
     freq: np.ndarray
@@ -44,7 +44,7 @@ class Bank:
     fc: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:
-        recip = np.divide(1.0, self.freq, out=np.zeros(self.freq.shape), where=self.freq > 0)
+        recip = np.where(self.freq > 0, -(-(1 << 32) // np.maximum(self.freq, 1)), 0)
         object.__setattr__(self, "recip", recip)
         object.__setattr__(self, "fc", self.freq | (self.cum << 16))
 

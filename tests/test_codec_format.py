@@ -163,3 +163,18 @@ def test_rans_decoder_survives_garbage_streams():
         ok = rans.decode(words, counts, ent, bank.fc, bank.lut, dq,
                          np.zeros(50, np.int64), np.arange(6), out, 0, 4, 3)
         assert ok in (True, False)
+
+
+def test_encoder_reciprocals_divide_exactly():
+    """The rANS encoder divides x < f * 2^20 by f as (x * ceil(2^32 / f)) >> 32 and a fix-up
+    of at most one; check that identity for every frequency at the range's edges."""
+    f = np.arange(1, tables.PROB_SCALE + 1, dtype=np.int64)
+    bank = tables.Bank(f[None, :], np.zeros((1, f.size), np.int64), np.zeros((1, 1), np.uint8))
+    recip = bank.recip[0].astype(np.uint64)
+    rng = np.random.default_rng(3)
+    top = f << 20
+    for x in (np.zeros_like(f), f - 1, f, top // 2 + 1, top - 1, rng.integers(0, top)):
+        q = ((x.astype(np.uint64) * recip) >> np.uint64(32)).astype(np.int64)
+        assert np.all((q == x // f) | (q == x // f + 1))
+        q -= (x - q * f) < 0
+        assert np.array_equal(q, x // f)
