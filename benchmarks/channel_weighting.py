@@ -87,10 +87,12 @@ def row_printer(args: argparse.Namespace) -> Callable[[dict], None]:
 
 
 def score(ev: quality.Evaluator, kv: kvstate.KVState, keys: np.ndarray, values: np.ndarray,
-          nbytes: int, name: str, show: Callable[[dict], None]) -> None:
-    """Measure decoded keys and values in place of kv's, the first (sink) token put back exact."""
-    first = np.argsort(kv.positions, kind="stable")[:1]
-    keys[:, first], values[:, first] = kv.keys[:, first], kv.values[:, first]
+          nbytes: int, name: str, show: Callable[[dict], None], exact_first: bool = True) -> None:
+    """Measure decoded keys and values in place of kv's, the first (sink) token put back exact
+    (unless not exact_first)."""
+    if exact_first:
+        first = np.argsort(kv.positions, kind="stable")[:1]
+        keys[:, first], values[:, first] = kv.keys[:, first], kv.values[:, first]
     state = ev.state_with([kvstate.KVState(keys, values, kv.positions, kv.v_trans, kv.seq_id)])
     row = ev.measure_state(name, state, nbytes * 8 / (2 * kv.keys.size))
     show({k: row[k] for k in ("config", "bits_per_element", "kld", "top1", "ppl")})
