@@ -241,10 +241,10 @@ class Engine:
         """Extract, prefill (or take from the shared cache), encode and store one document,
         then share it if automatic pushing is on. Raises DocumentError, Cancelled."""
         result = self._attach(path, levels=levels, progress=progress, cancel=cancel)
-        if result.pulled:
+        entry = self.store.document_entry(result.doc_id, self._runtime("attach").fingerprint)
+        if result.pulled or entry is None:  # None: evicted at once by a tiny storage budget
             return result
         # Outside the attach lock: an upload must not hold up the next document's prefill.
-        entry = self.store.document_entry(result.doc_id, self._runtime("attach").fingerprint)
         pushed, notes = self.sharing.push_after_attach(entry.id, progress=None if progress is None
                                                        else self._phase(progress, "push",
                                                                         result.title))
@@ -282,10 +282,9 @@ class Engine:
                     rt.fingerprint, prefix.tokens, levels, doc.id,
                     progress=None if progress is None else self._phase(progress, "pull", title))
                 warnings += notes
-                if pulled:
-                    entry = self.store.document_entry(doc.id, rt.fingerprint)
+                if pulled is not None:
                     return replace(self._attach_result(
-                        doc, prefix, entry.id, levels, 0.0, time.perf_counter() - t0, False,
+                        doc, prefix, pulled, levels, 0.0, time.perf_counter() - t0, False,
                         warnings), pulled=True)
                 rt.reset()
                 rt.prefill(prefix.tokens, cancel=cancel, progress=None if progress is None else (

@@ -33,7 +33,7 @@ class AttachResult(Record):
     tokens: int  # the document's own token count
     kept_tokens: int  # how many of them fit the context and were cached
     prefill_s: float
-    encode_s: float
+    encode_s: float  # encoding and storing it (pulled: fetching and storing it)
     raw_bytes: int  # the fp16 KV of the cached prefix
     stored_bytes: dict[str, int]  # per codec level
     reused: bool = False  # the same document was already cached under this model

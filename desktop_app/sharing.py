@@ -68,22 +68,22 @@ class Sharing:
 
     def pull_for_attach(self, fingerprint: str, tokens: Sequence[int], levels: Sequence[str],
                         document_id: int, progress: Callable[[int, int], None] | None = None
-                        ) -> tuple[bool, list[str]]:
-        """Take a document's entry from the tier instead of prefilling it: (done?, notes)."""
+                        ) -> tuple[int | None, list[str]]:
+        """Take a document's entry from the tier instead of prefilling it: (its local id,
+        or None when the tier has no such entry at these levels; notes)."""
         if not self.auto_pull:
-            return False, []
+            return None, []
 
-        def pull() -> bool:
+        def pull() -> int | None:
             manifest = sync.find(self.tier, fingerprint, list(tokens),
                                  longer_than=len(tokens) - 1)
             if manifest is None or not set(levels) <= set(manifest.levels):
-                return False
-            sync.pull(self.store, self.tier, manifest, levels=levels, document_id=document_id,
-                      progress=progress)
-            return True
+                return None
+            return sync.pull(self.store, self.tier, manifest, levels=levels,
+                             document_id=document_id, progress=progress).id
 
-        done, notes = self._try(pull)
-        return bool(done), [f"{n}; computing it here instead" for n in notes]
+        entry_id, notes = self._try(pull)
+        return entry_id, [f"{n}; computing it here instead" for n in notes]
 
     def push_after_attach(self, entry_id: int, progress: Callable[[int, int], None] | None = None
                           ) -> tuple[bool, list[str]]:
