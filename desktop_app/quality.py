@@ -21,6 +21,13 @@ loss; without flash attention the two are bit-identical). So an exact restore gi
 bit-identical logits, and KLD 0 is the bridge's test; whether a restore continues like a plain
 prefill is tested apart.
 
+The `fp16-ulp` row is the measurement's noise floor: the exact state with a fixed, seeded
+0.01 % of its elements (never a sequence's first token) moved by one fp16 ulp, the smallest
+change there is. On models with quantized weights llama.cpp's CPU matmuls round activations to
+8 bits (q8_1 against Q4_1 weights), so any change of the KV flips some roundings and the logits
+move by a fixed amount: on SmolLM2-135M Q4_1 this floor is KLD ~0.003, most of q8_0's 0.0037
+(benchmarks/RESULTS.md, "The high-rate floor"). A configuration's loss is its KLD above it.
+
 Sliding-window (iSWA) models are handled section by section (`kvstate.parse_seq_sections`).
 This module measures only: it must never write files, touch the store, or change the codec.
 """
@@ -43,9 +50,11 @@ from . import kvstate
 from .engine import DEFAULT_CHUNK_TOKENS
 
 REFERENCE = "fp16"
+FLOOR = "fp16-ulp"
+FLOOR_FRACTION = 1e-4
 # llama.cpp's own KV cache types: (ggml type, bits per element: 32-value blocks + fp16 scale).
 NATIVE_TYPES = {"q8_0": (llama_cpp.GGML_TYPE_Q8_0, 8.5), "q4_0": (llama_cpp.GGML_TYPE_Q4_0, 4.5)}
-DEFAULT_CONFIGS = ("fp16", "q8_0", "q4_0", "cachegen-1", "cachegen-2", "cachegen-3", "high",
+DEFAULT_CONFIGS = ("fp16", FLOOR, "q8_0", "q4_0", "cachegen-1", "cachegen-2", "cachegen-3", "high",
                    "balanced", "compact")
 BATCH = 512
 # Rows of logits turned into log-probabilities at a time: Gemma's vocabulary is 262,144 wide.
@@ -94,9 +103,27 @@ def check_config(config: Config) -> None:
             codec.CodecConfig.from_config(config)
         except codec.CodecError as e:
             raise EvalError(str(e)) from e
-    elif config != REFERENCE and config not in NATIVE_TYPES and config not in codec.levels():
-        known = [REFERENCE, *NATIVE_TYPES, *codec.levels()]
+    elif config not in (REFERENCE, FLOOR) and config not in NATIVE_TYPES \
+            and config not in codec.levels():
+        known = [REFERENCE, FLOOR, *NATIVE_TYPES, *codec.levels()]
         raise EvalError(f"unknown configuration {config!r}; known: {', '.join(known)}")
+
+
+def nudge(a: np.ndarray, positions: np.ndarray, rng: np.random.Generator,
+          fraction: float = FLOOR_FRACTION) -> np.ndarray:
+    """A copy of a [L, T, C] float16 cache with a random `fraction` of its elements moved by
+    one ulp up or down (never at position 0, the attention sink; never to Inf or NaN)."""
+    if a.dtype != np.float16:
+        raise EvalError(f"the noise-floor row needs an f16 cache, not {a.dtype}")
+    out = a.copy()
+    bits = out.view(np.uint16)
+    hit = (rng.random(a.shape) < fraction) & (positions != 0)[None, :, None]
+    hit &= (bits & 0x7FFF) < 0x7BFF  # finite and not the largest finite magnitude
+    step = np.where(rng.random(a.shape) < 0.5, 1, -1)
+    # Moving the bit pattern by -1 from +0 / -0 would wrap: step those up instead.
+    step[(bits & 0x7FFF) == 0] = 1
+    bits[hit] = (bits[hit].astype(np.int32) + step[hit]).astype(np.uint16)
+    return out
 
 
 @dataclass
@@ -170,8 +197,14 @@ class Evaluator:
                 return self._measure(config, bits, ctx, ctx.state())
             finally:
                 ctx.close()
-        if config == REFERENCE:
-            state = kvstate.build_seq_sections(self.seq_state)
+        if config in (REFERENCE, FLOOR):
+            seq = self.seq_state
+            if config == FLOOR:
+                rng = np.random.default_rng(0)
+                seq = kvstate.SeqState([kvstate.KVState(
+                    nudge(kv.keys, kv.positions, rng), nudge(kv.values, kv.positions, rng),
+                    kv.positions, kv.v_trans, kv.seq_id) for kv in seq.sections], seq.seq_id)
+            state = kvstate.build_seq_sections(seq)
             bits = 16.0
         else:
             state, bits = self.compressed_state(config)

@@ -50,6 +50,32 @@ def test_q8_0_loses_a_little(q8_row):
     assert q8_row["top1"] >= 0.8
 
 
+def test_noise_floor_row_moves_the_logits(evaluator, q8_row):
+    """One ulp on 0.01 % of the elements: no codec loss, but the quantized model's 8-bit
+    activations turn it into a KLD of the same order as q8_0's."""
+    row = evaluator.row(quality.FLOOR)
+    assert row["config"] == "fp16-ulp" and row["bits_per_element"] == 16.0
+    assert 0 < row["kld"] < max(0.01, 5 * q8_row["kld"])
+
+
+def test_nudge_moves_few_elements_by_one_ulp():
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((3, 50, 64)).astype(np.float16)
+    a[:, :, 0] = 0.0
+    a[:, :, 1] = -0.0
+    a[:, :, 2] = 65504.0
+    positions = np.arange(50, dtype=np.int32)[::-1]  # cell order need not be position order
+    b = quality.nudge(a, positions, np.random.default_rng(0), fraction=0.2)
+    moved = a.view(np.uint16) != b.view(np.uint16)
+    diff = b.view(np.uint16).astype(np.int32) - a.view(np.uint16).astype(np.int32)
+    assert 0.15 < moved.mean() < 0.2 and set(np.unique(diff[moved])) == {-1, 1}
+    assert not moved[:, positions == 0].any() and not moved[..., 2].any()
+    assert np.isfinite(b.astype(np.float32)).all()
+    assert (np.abs(b[..., :2].astype(np.float32)) < 1e-7).all()
+    with pytest.raises(quality.EvalError):
+        quality.nudge(a.astype(np.float32), positions, rng)
+
+
 def test_crude_codec_config_loses_a_lot(evaluator, q8_row):
     row = evaluator.row(CRUDE)
     assert row["config"] == "crude" and row["bits_per_element"] < 1.0
