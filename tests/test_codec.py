@@ -290,7 +290,9 @@ def test_bench_prints_the_promised_json(tmp_path, capsys):
     assert set(out["levels"]) == {"compact", "lossless"}
     for row in out["levels"].values():
         assert row["encode_MBps"] > 0 and row["decode_MBps"] > 0
+        assert row["decode_engine_MBps"] > 0 and row["encode_cpu_s"] > 0
         assert 0 < row["bits_per_element"] < 16
+    assert out["threading"]["threads"] >= 1 and out["threading"]["layer"]
 
 
 def test_reused_scratch_never_leaks_between_chunks():
