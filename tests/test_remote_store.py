@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -172,11 +173,10 @@ def test_concurrent_pushes_of_one_entry_leave_one_whole_manifest(tmp_path, b, re
     stores = [open_store(tmp_path / name) for name in ("x", "y")]
     for store, salt in zip(stores, (b"x", b"y"), strict=True):
         attached(store, salt=salt)
-    threads = [threading.Thread(target=sync.push_all, args=(s, remote_tier, FP)) for s in stores]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    with ThreadPoolExecutor(2) as pool:
+        reports = list(pool.map(lambda store: sync.push_all(store, remote_tier, FP), stores))
+    assert all(r["failed"] == [] and len(r["pushed"]) + r["already_remote"] == 1
+               for r in reports)
     for store in stores:
         store.close()
     sync.pull_all(b, remote_tier, FP)
