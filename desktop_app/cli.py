@@ -331,8 +331,8 @@ def selfcheck(app: App, as_json: bool):
               help="Tokens of FILE whose KV each configuration restores.")
 @click.option("--cont-tokens", type=int, default=256, show_default=True,
               help="Following tokens, scored under teacher forcing.")
-@click.option("--configs", help="Comma-separated: fp16, q8_0, q4_0 and codec levels "
-              f"(default: {','.join(quality.DEFAULT_CONFIGS)}).")
+@click.option("--configs", help="Comma-separated: fp16, fp16-ulp (the noise floor), q8_0, q4_0 "
+              f"and codec levels (default: {','.join(quality.DEFAULT_CONFIGS)}).")
 @json_option
 @click.pass_obj
 def eval_(app: App, file: str, prefix_tokens: int, cont_tokens: int, configs: str | None,
