@@ -394,8 +394,9 @@ def remote_status(app: App, as_json: bool):
         sys.exit(1)
 
 
-def _transfer_lines(report: dict, verb: str, key: str, left: str) -> list[str]:
-    return ([f"{verb} {t['title']}: {t['tokens']:,} tokens, {t['objects']} objects, "
+def _transfer_lines(report: dict, key: str, left: str, lazy: bool = False) -> list[str]:
+    return ([f"added {t['title']} ({t['tokens']:,} tokens; its cache streams when first used)"
+             if lazy else f"{key} {t['title']}: {t['tokens']:,} tokens, {t['objects']} objects, "
              f"{t['bytes'] / 1e6:.1f} MB" for t in report[key]]
             + [f"{report[left]} {left.replace('_', ' ')}"]
             + [f"FAILED: {f['error']}" for f in report["failed"]])
@@ -410,7 +411,7 @@ def remote_push(app: App, as_json: bool):
     report = app.engine.sharing.push(app.engine.fingerprint,
                                      progress=lambda d, t: bar(Progress("push", d, t)))
     bar.done()
-    emit(report, as_json, _transfer_lines(report, "pushed", "pushed", "already_remote"))
+    emit(report, as_json, _transfer_lines(report, "pushed", "already_remote"))
     if report["failed"]:
         sys.exit(1)
 
@@ -426,8 +427,7 @@ def remote_pull(app: App, lazy: bool, as_json: bool):
     report = app.engine.sharing.pull(app.engine.fingerprint, lazy=lazy,
                                      progress=lambda d, t: bar(Progress("pull", d, t)))
     bar.done()
-    emit(report, as_json, _transfer_lines(report, "added" if lazy else "pulled", "pulled",
-                                          "already_local"))
+    emit(report, as_json, _transfer_lines(report, "pulled", "already_local", lazy))
     if report["failed"]:
         sys.exit(1)
 
