@@ -148,8 +148,9 @@ def _encode(sym, ent, freq, cum, recip, lanes, states, buf):
 
 
 @njit(inline="always")
-def _decode_step(x, lut_at, fc_at, lut, fc, words, p, last):
-    """Pop one symbol from state x: (new x, new word position p, symbol)."""
+def _decode_step(x, lut_at, fc_at, lut, fc, words, p, last, clamp):
+    """Pop one symbol from state x: (new x, new word position p, symbol). clamp: whether the
+    word read may need clamping to last (a constant: the check disappears where it is False)."""
     slot = x & SLOT_MASK
     s = lut[_U(lut_at + slot)]
     v = fc[_U(fc_at + s)]
@@ -157,7 +158,7 @@ def _decode_step(x, lut_at, fc_at, lut, fc, words, p, last):
     # branch-free: always load a word (clamped to this group), use it if needed;
     # overrunning the group shows as p > end in the caller
     refill = x < RANS_LOW
-    w = words[_U(min(p, last))]
+    w = words[_U(min(p, last) if clamp else p)]
     x = (x << (16 * refill)) | (w * refill)
     return x, p + refill, s
 
@@ -175,10 +176,27 @@ def _decode_rows(x, p, last, at, words, lut, fc, dq, tok_dq, out, layer, t0, c0,
         i = 0
         for j in range(nl):
             a = 3 * j
-            x[i], p, s = _decode_step(x[i], at[_U(a)], at[_U(a + 1)], lut, fc, words, p, last)
+            x[i], p, s = _decode_step(x[i], at[_U(a)], at[_U(a + 1)], lut, fc, words, p, last,
+                                      True)
             row[_U(j)] = dq[_U(d + at[_U(a + 2)] + s)]
             i = 0 if i + 1 == ns else i + 1
     return p
+
+
+@njit(inline="always")
+def _decode_row4(x0, x1, x2, x3, p, last, clamp, at, words, lut, fc, dq, d, row):
+    """One token's lanes with the 4 states in registers; see `_decode_rows`."""
+    for j in range(0, row.size, 4):
+        a = 3 * j
+        x0, p, s = _decode_step(x0, at[_U(a)], at[_U(a + 1)], lut, fc, words, p, last, clamp)
+        row[_U(j)] = dq[_U(d + at[_U(a + 2)] + s)]
+        x1, p, s = _decode_step(x1, at[_U(a + 3)], at[_U(a + 4)], lut, fc, words, p, last, clamp)
+        row[_U(j + 1)] = dq[_U(d + at[_U(a + 5)] + s)]
+        x2, p, s = _decode_step(x2, at[_U(a + 6)], at[_U(a + 7)], lut, fc, words, p, last, clamp)
+        row[_U(j + 2)] = dq[_U(d + at[_U(a + 8)] + s)]
+        x3, p, s = _decode_step(x3, at[_U(a + 9)], at[_U(a + 10)], lut, fc, words, p, last, clamp)
+        row[_U(j + 3)] = dq[_U(d + at[_U(a + 11)] + s)]
+    return x0, x1, x2, x3, p
 
 
 @njit(cache=True)
@@ -188,16 +206,12 @@ def _decode_rows4(x, p, last, at, words, lut, fc, dq, tok_dq, out, layer, t0, c0
     for t in range(tok_dq.size):
         row = out[layer, t0 + t, c0:c0 + nl]  # contiguous when out is: known to the compiler
         d = tok_dq[t]
-        for j in range(0, nl, 4):
-            a = 3 * j
-            x0, p, s = _decode_step(x0, at[_U(a)], at[_U(a + 1)], lut, fc, words, p, last)
-            row[_U(j)] = dq[_U(d + at[_U(a + 2)] + s)]
-            x1, p, s = _decode_step(x1, at[_U(a + 3)], at[_U(a + 4)], lut, fc, words, p, last)
-            row[_U(j + 1)] = dq[_U(d + at[_U(a + 5)] + s)]
-            x2, p, s = _decode_step(x2, at[_U(a + 6)], at[_U(a + 7)], lut, fc, words, p, last)
-            row[_U(j + 2)] = dq[_U(d + at[_U(a + 8)] + s)]
-            x3, p, s = _decode_step(x3, at[_U(a + 9)], at[_U(a + 10)], lut, fc, words, p, last)
-            row[_U(j + 3)] = dq[_U(d + at[_U(a + 11)] + s)]
+        if p + nl <= last:  # a row reads at most nl words: this one cannot leave the group
+            x0, x1, x2, x3, p = _decode_row4(x0, x1, x2, x3, p, last, False, at, words, lut,
+                                             fc, dq, d, row)
+        else:
+            x0, x1, x2, x3, p = _decode_row4(x0, x1, x2, x3, p, last, True, at, words, lut, fc,
+                                             dq, d, row)
     x[0], x[1], x[2], x[3] = x0, x1, x2, x3
     return p
 
