@@ -9,16 +9,19 @@ and the bookkeeping (one word count per group) small. Groups are independent: th
 unit of parallelism here and on the GPU. A group's words are its states' final values
 (state 0 first, high word first) followed by the renormalization words in decode order.
 
-The decoder trusts nothing it reads from a stream: every word read is clamped to its group,
-and a group must end exactly at its last word with every state back at its initial
-value, so a corrupt stream can neither read out of bounds nor pass silently. Callers validate
-table ids and word counts before calling. These kernels must never allocate per symbol.
+The decoder trusts nothing it reads from a stream: every word read stays inside its group
+(clamped on the rows that could leave it), and a group must end exactly at its last word with
+every state back at its initial value, so a corrupt stream can neither read out of bounds nor
+pass silently. Callers validate table ids and word counts before calling. These kernels must
+never allocate per symbol.
 
 Speed (measured in benchmarks/RESULTS.md, "Codec"): one coding step is an inlined function
 shared by two loops over a group's symbols, one for 4 states held in registers (every named
 level) and one for any other count, with the states in a small array (slower: they go
 through memory). Tables are indexed flat with unsigned indices, which spares numba's
-negative-index wraparound on every lookup; the renormalization is branch-free.
+negative-index wraparound on every lookup; renormalization is branch-free; the encoder
+divides with an integer reciprocal; the decoder writes a channel-major output through a
+per-group tile.
 """
 
 from __future__ import annotations
