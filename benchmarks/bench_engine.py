@@ -76,7 +76,9 @@ def main() -> None:
         n_prefix = res.raw_bytes // rt.layout.kv_bytes_per_token
         out["document_tokens"] = n_prefix
         out["attach"] = {"prefill_s": res.prefill_s, "encode_store_s": res.encode_s,
-                         "encode_share_of_prefill": round(res.encode_s / res.prefill_s, 3),
+                         # None for a cache hit (--data-dir reused): nothing was prefilled
+                         "encode_share_of_prefill": round(res.encode_s / res.prefill_s, 3)
+                         if res.prefill_s else None,
                          "raw_MB": round(res.raw_bytes / 1e6, 1),
                          "stored_MB": {k: round(v / 1e6, 2) for k, v in res.stored_bytes.items()},
                          "bits_per_element": {k: round(v * 16 / res.raw_bytes, 3)
