@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import uuid
 
 import pytest
@@ -170,11 +171,20 @@ def test_the_server_stopped_mid_stream(machine_a, machine, tmp_path, model_path,
         doc_id = lazily_pulled(b)
         get = tier.get
 
+        first_read = threading.Event()
+
         def stops_after_the_first_chunk(key, **kwargs):
-            data = get(key, **kwargs)
-            if "/kv/" in key:
+            # Reads run in parallel: the others wait for chunk 0's, which stops the server.
+            if "/kv/" not in key:
+                return get(key, **kwargs)
+            if not key.rsplit("/", 1)[1].startswith("00000-"):
+                first_read.wait(60)
+                return get(key, **kwargs)
+            try:
+                return get(key, **kwargs)
+            finally:
                 server.stop()
-            return data
+                first_read.set()
 
         tier.get = stops_after_the_first_chunk
         res = b.ask(QUESTION, doc_id=doc_id, max_tokens=8)
