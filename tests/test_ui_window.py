@@ -15,7 +15,7 @@ from desktop_app import settings as settings_mod
 from desktop_app.runtime import RuntimeStateError
 from desktop_app.settings import Settings
 from ui.main_window import MainWindow
-from ui.settings_dialog import SettingsDialog
+from ui.settings_dialog import SettingsDialog, needs_restart
 from ui.testing import FakeEngine
 
 
@@ -316,3 +316,22 @@ def test_the_settings_dialog_refuses_a_missing_model(qtbot):
     dialog.model.setText("/no/such/model.gguf")
     dialog.accept()
     assert dialog.result() == 0 and "no such model file" in dialog.error.text()
+
+
+def test_the_settings_dialog_edits_the_shared_cache(qtbot):
+    dialog = SettingsDialog(Settings())
+    qtbot.addWidget(dialog)
+    assert dialog.bucket.text() == "" and dialog.auto_pull.isChecked()
+    dialog.bucket.setText("Not A Bucket")
+    dialog.accept()
+    assert dialog.result() == 0 and "not a bucket name" in dialog.error.text()
+    dialog.bucket.setText("team-kv")
+    dialog.endpoint.setText("http://minio.lan:9000")
+    dialog.prefix.setText("team-a")
+    dialog.auto_push.setChecked(True)
+    dialog.accept()
+    new = dialog.result_settings()
+    assert dialog.result() == 1
+    assert (new.remote_bucket, new.remote_endpoint_url, new.remote_prefix,
+            new.remote_auto_push) == ("team-kv", "http://minio.lan:9000", "team-a", True)
+    assert needs_restart(Settings(), new)

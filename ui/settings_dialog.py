@@ -1,4 +1,5 @@
-"""The settings dialog: model file, context size, data folder, storage budget, theme.
+"""The settings dialog: model file, context size, data folder, storage budget, theme, and the
+shared cache (an S3-compatible bucket; credentials are never settings: boto3 reads them).
 
 It edits a `desktop_app.settings.Settings` and returns the new one; the main window saves it and
 decides what a change means (a new theme applies at once, a new model or data folder needs the
@@ -11,12 +12,14 @@ from dataclasses import replace
 from pathlib import Path
 
 from PySide6.QtWidgets import (
+    QCheckBox,
     QComboBox,
     QDialog,
     QDialogButtonBox,
     QDoubleSpinBox,
     QFileDialog,
     QFormLayout,
+    QGroupBox,
     QHBoxLayout,
     QLabel,
     QLineEdit,
@@ -30,7 +33,8 @@ from desktop_app.settings import Settings, SettingsError
 
 THEMES = {"system": "Follow the system", "light": "Light", "dark": "Dark"}
 # Settings that change which model or store the engine opens: changing them rebuilds it.
-ENGINE_FIELDS = ("model", "data_dir", "n_ctx", "flash_attn")
+ENGINE_FIELDS = ("model", "data_dir", "n_ctx", "flash_attn", "remote_bucket",
+                 "remote_endpoint_url", "remote_prefix", "remote_auto_push", "remote_auto_pull")
 
 
 def needs_restart(old: Settings, new: Settings) -> bool:
@@ -53,6 +57,14 @@ class SettingsDialog(QDialog):
         for key, label in THEMES.items():
             self.theme.addItem(label, key)
         self.theme.setCurrentIndex(list(THEMES).index(settings.theme))
+        self.bucket = QLineEdit(settings.remote_bucket or "", placeholderText="none: off")
+        self.endpoint = QLineEdit(settings.remote_endpoint_url or "",
+                                  placeholderText="AWS S3; or e.g. http://minio.lan:9000")
+        self.prefix = QLineEdit(settings.remote_prefix)
+        self.auto_push = QCheckBox("Share each attached document (its text travels too)",
+                                   checked=settings.remote_auto_push)
+        self.auto_pull = QCheckBox("Look there before computing a document",
+                                   checked=settings.remote_auto_pull)
         self.error = QLabel(wordWrap=True)
         self.error.hide()
 
@@ -62,8 +74,20 @@ class SettingsDialog(QDialog):
         form.addRow("Data folder", self._with_browse(self.data_dir, self._browse_data))
         form.addRow("Storage budget", self.budget)
         form.addRow("Theme", self.theme)
-        note = QLabel("Changing the model, context size or data folder restarts the engine.",
-                      wordWrap=True)
+        shared = QGroupBox("Shared cache (S3-compatible storage)")
+        remote = QFormLayout(shared)
+        remote.addRow("Bucket", self.bucket)
+        remote.addRow("Endpoint URL", self.endpoint)
+        remote.addRow("Prefix (a team's namespace)", self.prefix)
+        remote.addRow(self.auto_push)
+        remote.addRow(self.auto_pull)
+        credentials = QLabel("Credentials come from the standard AWS variables and files "
+                             "(AWS_PROFILE, ~/.aws/credentials); kvdesk never stores them.",
+                             wordWrap=True)
+        credentials.setEnabled(False)
+        remote.addRow(credentials)
+        note = QLabel("Changing the model, context size, data folder or shared cache restarts "
+                      "the engine.", wordWrap=True)
         note.setEnabled(False)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok
                                    | QDialogButtonBox.StandardButton.Cancel)
@@ -71,6 +95,7 @@ class SettingsDialog(QDialog):
         buttons.rejected.connect(self.reject)
         layout = QVBoxLayout(self)
         layout.addLayout(form)
+        layout.addWidget(shared)
         layout.addWidget(note)
         layout.addWidget(self.error)
         layout.addWidget(buttons)
@@ -105,7 +130,12 @@ class SettingsDialog(QDialog):
         return replace(self._settings, model=self.model.text().strip() or None,
                        n_ctx=self.n_ctx.value(), data_dir=self.data_dir.text().strip() or None,
                        storage_budget_gb=self.budget.value(),
-                       theme=self.theme.currentData()).validated()
+                       theme=self.theme.currentData(),
+                       remote_bucket=self.bucket.text().strip() or None,
+                       remote_endpoint_url=self.endpoint.text().strip() or None,
+                       remote_prefix=self.prefix.text().strip() or Settings.remote_prefix,
+                       remote_auto_push=self.auto_push.isChecked(),
+                       remote_auto_pull=self.auto_pull.isChecked()).validated()
 
     def accept(self) -> None:
         try:
