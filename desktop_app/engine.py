@@ -128,6 +128,12 @@ class Engine:
         with self._runtimes_lock:
             if role not in self._runtimes:
                 rt = self._factory()
+                if rt.sliding_window:
+                    rt.close()
+                    raise EngineError(
+                        f"{rt.model_path.name} uses sliding-window attention, whose KV cache "
+                        "kvdesk can measure (kvdesk eval) but not yet store and restore: "
+                        "choose another model (--model, or Settings)")
                 self._runtimes[role] = rt
                 self.store.register_model(rt.fingerprint, self._model_path or str(rt.model_path),
                                           {**rt.layout.__dict__, "n_ctx": rt.n_ctx})

@@ -220,6 +220,11 @@ class Runtime:
             self.llm.n_tokens = n
 
     @property
+    def sliding_window(self) -> int:
+        """The attention window of the model's sliding-window layers (0: none)."""
+        return int(llama_cpp.llama_model_n_swa(self.llm._model.model))
+
+    @property
     def has_logits(self) -> bool:
         """Whether the next-token logits after the sequence's last token are at hand."""
         return self.llm.n_tokens > 0 and self._logits_at == self.llm.n_tokens

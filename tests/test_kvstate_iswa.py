@@ -102,3 +102,21 @@ def test_gemma_state_round_trips_and_restores_like_a_prefill(gemma_path):
         assert ctx.greedy(tokens, 8) == after_prefill
     finally:
         ctx.close()
+
+
+@pytest.mark.model
+def test_the_engine_refuses_a_sliding_window_model_before_any_prefill(gemma_path, model_hash,
+                                                                      tmp_path):
+    from desktop_app.engine import Engine, EngineError
+    from desktop_app.runtime import Runtime
+    from store import Store
+
+    doc = tmp_path / "doc.txt"
+    doc.write_text("A short document.")
+    engine = Engine(Store(tmp_path / "data"),
+                    lambda: Runtime(gemma_path, model_hash=model_hash, n_ctx=512))
+    with pytest.raises(EngineError, match="sliding-window attention.*kvdesk eval"):
+        engine.attach(doc)
+    assert engine.store.entries() == [] and engine.store.documents() == []
+    engine.close()
+    engine.store.close()
