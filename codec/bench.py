@@ -7,9 +7,10 @@ that shape, and the output says so. Documents are encoded in 256-token chunks an
 chunk by chunk; MB/s are of fp16 KV (2 bytes per element), medians of several runs after a
 warm-up. Two decode figures: into fresh arrays (`decode_MBps`), and as the engine restores a
 document (`decode_engine_MBps`): with out= into one reused buffer laid out like llama.cpp's
-state, keys token-major and values channel-major (V is transposed without flash attention,
-the app's default). `cpu_s` is the process CPU time of a median run: on a shared machine
-wall time far above cpu_s / threads means the cores were busy with other work. Run as the
+state, keys token-major and values channel-major (V as llama.cpp keeps it without flash
+attention: the slower layout; the app's default, flash attention, keeps V token-major).
+`cpu_s` is the process CPU time of a median run: on a shared machine wall time far above
+cpu_s / threads means the cores were busy with other work. Run as the
 app runs: `codec` sets OMP_WAIT_POLICY=PASSIVE before numba loads, and the output names the
 threading layer and thread count. A benchmark, not a test: it must never assert speed.
 """
