@@ -607,8 +607,7 @@ class Engine:
             # what still matches, which costs nothing.
             _, q_text = _question_turn(rt, msgs, draft.strip())
             q_tokens = rt.tokenize(q_text)
-            if rt.tokens == context + q_tokens or \
-                    len(context) + len(q_tokens) + 1 >= rt.n_ctx:
+            if len(context) + len(q_tokens) + 1 >= rt.n_ctx:
                 return None
             try:
                 report = self._bring_in(
