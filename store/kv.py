@@ -13,7 +13,9 @@ This module must never let a reader see an incomplete entry, and never copy a pa
 from __future__ import annotations
 
 import json
+import queue
 import sqlite3
+import threading
 from collections.abc import Callable, Iterable
 
 from . import blobs
@@ -24,15 +26,16 @@ from .tokens import chunk_spans, encode, prefix_hashes
 
 ENTRY_COLUMNS = (
     "id, model, token_start, token_end, parent_id, chunk_size, levels, nbytes,"
-    " document_id, chat_id, last_used, created"
+    " document_id, chat_id, last_used, created, prefix_hash"
 )
 # Under SQLite's default limit of host parameters per statement, with room for the others.
 _BATCH = 500
 
 
 def entry_from_row(row: tuple) -> Entry:
-    *head, levels, nbytes, document_id, chat_id, last_used, created = row
-    return Entry(*head, tuple(json.loads(levels)), nbytes, document_id, chat_id, last_used, created)
+    *head, levels, nbytes, document_id, chat_id, last_used, created, prefix_hash = row
+    return Entry(*head, tuple(json.loads(levels)), nbytes, document_id, chat_id, last_used,
+                 created, prefix_hash)
 
 
 def get_entry(conn: sqlite3.Connection, entry_id: int) -> Entry:
@@ -227,6 +230,37 @@ def subtree(conn: sqlite3.Connection, entry_id: int) -> list[tuple[int, bool, in
     ).fetchall()
 
 
+def level_bytes(conn: sqlite3.Connection, chunks: list[tuple[int, int]]) -> dict[str, int]:
+    """{level: bytes} summed over (entry, chunk index) pairs."""
+    out: dict[str, int] = {}
+    step = _BATCH // 2
+    for offset in range(0, len(chunks), step):
+        batch = chunks[offset : offset + step]
+        rows = conn.execute(
+            "SELECT level, sum(nbytes) FROM kv_chunks WHERE (entry_id, chunk_index) IN"
+            f" (VALUES {','.join(['(?, ?)'] * len(batch))}) GROUP BY level",
+            [x for pair in batch for x in pair],
+        )
+        for level, nbytes in rows:
+            out[level] = out.get(level, 0) + nbytes
+    return out
+
+
+def entry_level_bytes(conn: sqlite3.Connection, entry_ids: list[int]) -> dict[int, dict[str, int]]:
+    """{entry id: {level: bytes}} of whole entries."""
+    out: dict[int, dict[str, int]] = {}
+    for offset in range(0, len(entry_ids), _BATCH):
+        batch = entry_ids[offset : offset + _BATCH]
+        rows = conn.execute(
+            "SELECT entry_id, level, sum(nbytes) FROM kv_chunks"
+            f" WHERE entry_id IN ({','.join('?' * len(batch))}) GROUP BY entry_id, level",
+            batch,
+        )
+        for entry_id, level, nbytes in rows:
+            out.setdefault(entry_id, {})[level] = nbytes
+    return out
+
+
 def touch(conn: sqlite3.Connection, entry_ids: Iterable[int], now: float) -> None:
     conn.executemany(
         "UPDATE kv_entries SET last_used = ? WHERE id = ?", [(now, i) for i in entry_ids]
@@ -294,3 +328,41 @@ class EntryWriter:
             self.abort()
         elif self.entry is None:
             self.finish()
+
+
+class BackgroundWriter:
+    """Puts an EntryWriter's chunks on a thread of its own, in the order given.
+
+    Encoding (CPU) or fetching (network) then never waits on a durable write (mostly fsync).
+    The first failure stops the writing; `put` raises it on the caller's thread, and so does
+    `close(raise_failure=True)`, which waits for every chunk put before it.
+    """
+
+    def __init__(self, writer: EntryWriter, maxsize: int = 0):
+        self.failure: BaseException | None = None
+        self._writer = writer
+        self._queue: queue.Queue = queue.Queue(maxsize)
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="kv-writer", daemon=True)
+        self._thread.start()
+
+    def put(self, chunk_index: int, level: str, data: bytes | memoryview) -> None:
+        if self.failure is not None:
+            raise self.failure
+        self._queue.put((chunk_index, level, data))
+
+    def close(self, *, raise_failure: bool = True) -> None:
+        if not self._closed:
+            self._closed = True
+            self._queue.put(None)
+            self._thread.join()
+        if raise_failure and self.failure is not None:
+            raise self.failure
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            if self.failure is None:
+                try:
+                    self._writer.put_chunk(*item)
+                except BaseException as e:  # handed to the caller's thread
+                    self.failure = e

@@ -64,6 +64,7 @@ class Entry:
     chat_id: int | None
     last_used: float
     created: float
+    prefix_hash: bytes  # store.tokens.prefix_hashes of tokens[0:token_end]: the entry's name
 
     @property
     def n_chunks(self) -> int:

@@ -13,11 +13,13 @@ the rest of its entry.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from collections.abc import Callable
 
 from .errors import SchemaVersionError
+from .tokens import encode as encode_tokens
 
 M001_INITIAL = """
 CREATE TABLE models (
@@ -54,7 +56,7 @@ CREATE TABLE messages (
     chat_id INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
     role TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant')),
     text TEXT NOT NULL,
-    stats TEXT,                         -- JSON, e.g. tokens/s, or NULL
+    stats TEXT,                         -- JSON: how the answer was made (time to first token...)
     created REAL NOT NULL,
     updated REAL NOT NULL
 );
@@ -116,8 +118,50 @@ def m001_initial(conn: sqlite3.Connection) -> None:
             conn.execute(statement)
 
 
+M002_MESSAGE_TOKENS = """
+CREATE TABLE message_tokens (
+    message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+    model TEXT NOT NULL REFERENCES models(fingerprint) ON DELETE CASCADE,
+    tokens BLOB NOT NULL,               -- the message's exact tokens under that model, uint32 LE
+    PRIMARY KEY (message_id, model)
+) WITHOUT ROWID
+"""
+
+
+def m002_message_tokens(conn: sqlite3.Connection) -> None:
+    """Message tokens move out of the stats JSON into a table keyed by model.
+
+    Tokens stored before were not labelled with their model: they are given the model of the
+    chat's newest KV entry (the one they were cached under), or the only model the store knows;
+    with neither, they are dropped, and the chat is tokenized again from its text when used.
+    """
+    conn.execute(M002_MESSAGE_TOKENS)
+    known = [row[0] for row in conn.execute("SELECT fingerprint FROM models")]
+    rows = conn.execute(
+        "SELECT id, chat_id, stats FROM messages WHERE stats LIKE '%\"tokens\"%'"
+    ).fetchall()
+    for message_id, chat_id, stats in rows:
+        data = json.loads(stats)
+        tokens = data.pop("tokens", None)
+        newest = conn.execute(
+            "SELECT model FROM kv_entries WHERE chat_id = ? ORDER BY created DESC LIMIT 1",
+            (chat_id,),
+        ).fetchone()
+        model = newest[0] if newest else (known[0] if len(known) == 1 else None)
+        if isinstance(tokens, list) and model is not None:
+            conn.execute(
+                "INSERT OR REPLACE INTO message_tokens VALUES (?, ?, ?)",
+                (message_id, model, encode_tokens(tokens)),
+            )
+        conn.execute(
+            "UPDATE messages SET stats = ? WHERE id = ?",
+            (json.dumps(data) if data else None, message_id),
+        )
+
+
 MIGRATIONS: list[tuple[str, Callable[[sqlite3.Connection], None]]] = [
     ("m001_initial", m001_initial),
+    ("m002_message_tokens", m002_message_tokens),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

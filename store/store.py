@@ -15,12 +15,10 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-import sqlite_utils
-
-from . import blobs, kv, quota
+from . import blobs, kv, library, quota
 from .db import Connections
 from .errors import NotFoundError
-from .records import Chat, Document, Entry, Message, Model, PrefixMatch
+from .records import Chat, Document, Entry, Message, Model, PrefixMatch, Span
 from .schema import migrate, schema_version
 from .tokens import decode
 
@@ -69,7 +67,7 @@ class Store:
         return self.model(fingerprint)
 
     def model(self, fingerprint: str) -> Model:
-        row = _get(self._db.get()["models"], fingerprint, "model")
+        row = library.get(self._db.get()["models"], fingerprint, "model")
         return Model(**{**row, "layout": json.loads(row["layout"])})
 
     # -- documents -----------------------------------------------------------------------------
@@ -85,27 +83,14 @@ class Store:
         n_tokens: int | None = None,
     ) -> Document:
         """Store a document, or return the one already stored with the same content hash."""
+        record = {"content_hash": content_hash, "title": title, "source_path": source_path,
+                  "type": type, "text": text, "n_tokens": n_tokens, "created": self._clock()}
         with self._db.write() as db:
-            existing = db.execute(
-                "SELECT id FROM documents WHERE content_hash = ?", (content_hash,)
-            ).fetchone()
-            if existing is None:
-                record = {
-                    "content_hash": content_hash,
-                    "title": title,
-                    "source_path": source_path,
-                    "type": type,
-                    "text": text,
-                    "n_tokens": n_tokens,
-                    "created": self._clock(),
-                }
-                document_id = db["documents"].insert(record).last_pk
-            else:
-                document_id = existing[0]
+            document_id = library.add_document(db, record)
         return self.document(document_id)
 
     def document(self, document_id: int) -> Document:
-        return Document(**_get(self._db.get()["documents"], document_id, "document"))
+        return library.document(self._db.get(), document_id)
 
     def documents(self) -> list[Document]:
         return [Document(**row) for row in self._db.get()["documents"].rows_where(order_by="id")]
@@ -121,20 +106,28 @@ class Store:
         with self._db.write() as db:
             chat_id = db["chats"].insert({"title": title, "created": now, "updated": now}).last_pk
             for document_id in document_ids:
-                _link(db, chat_id, document_id)
+                library.link(db, chat_id, document_id)
         return self.chat(chat_id)
 
     def chat(self, chat_id: int) -> Chat:
-        return Chat(**_get(self._db.get()["chats"], chat_id, "chat"))
+        return library.chat(self._db.get(), chat_id)
 
     def chats(self) -> list[Chat]:
         """All chats, the most recently updated first."""
         rows = self._db.get()["chats"].rows_where(order_by="updated DESC, id DESC")
         return [Chat(**row) for row in rows]
 
+    def message_counts(self) -> dict[int, int]:
+        """{chat id: number of messages}, for chats with any: one query, no message loaded."""
+        return library.message_counts(self._db.get())
+
+    def chat_document_ids(self) -> dict[int, list[int]]:
+        """{chat id: document ids in the order attached}, for chats with documents."""
+        return library.chat_document_ids(self._db.get())
+
     def rename_chat(self, chat_id: int, title: str) -> Chat:
         with self._db.write() as db:
-            _update(db, "chats", chat_id, "chat", title=title, updated=self._clock())
+            library.update(db, "chats", chat_id, "chat", title=title, updated=self._clock())
         return self.chat(chat_id)
 
     def delete_chat(self, chat_id: int) -> None:
@@ -143,7 +136,7 @@ class Store:
 
     def attach_document(self, chat_id: int, document_id: int) -> None:
         with self._db.write() as db:
-            _link(db, chat_id, document_id)
+            library.link(db, chat_id, document_id)
 
     def chat_documents(self, chat_id: int) -> list[Document]:
         """The documents attached to a chat, in the order they were attached."""
@@ -155,22 +148,32 @@ class Store:
         return [Document(**row) for row in rows]
 
     def add_message(
-        self, chat_id: int, role: str, text: str, stats: dict[str, Any] | None = None
+        self,
+        chat_id: int,
+        role: str,
+        text: str,
+        stats: dict[str, Any] | None = None,
+        *,
+        tokens: Sequence[int] | None = None,
+        model: str | None = None,
     ) -> Message:
-        now = self._clock()
+        """Add a message; `tokens`, if given, are its exact tokens under the `model` fingerprint."""
+        if (tokens is None) != (model is None):
+            raise ValueError("a message's tokens need the model they belong to, and only them")
         with self._db.write() as db:
-            _get(db["chats"], chat_id, "chat")
-            record = {
-                "chat_id": chat_id,
-                "role": role,
-                "text": text,
-                "stats": _json(stats),
-                "created": now,
-                "updated": now,
-            }
-            message_id = db["messages"].insert(record).last_pk
-            _update(db, "chats", chat_id, "chat", updated=now)
+            message_id = library.add_message(db, chat_id, role, text, stats, self._clock())
+            if tokens is not None:
+                library.set_tokens(db, message_id, model, tokens)
         return self.message(message_id)
+
+    def set_message_tokens(self, message_id: int, model: str, tokens: Sequence[int]) -> None:
+        """Record a message's exact tokens under a model (e.g. after tokenizing its text again)."""
+        with self._db.write() as db:
+            library.set_tokens(db, message_id, model, tokens)
+
+    def message_tokens(self, chat_id: int, model: str) -> dict[int, list[int]]:
+        """{message id: tokens} of a chat's messages whose tokens under `model` are known."""
+        return library.tokens_of_chat(self._db.get(), chat_id, model)
 
     def update_message(
         self, message_id: int, *, text: str | None = None, stats: dict[str, Any] | None = None
@@ -180,23 +183,22 @@ class Store:
         if text is not None:
             changes["text"] = text
         if stats is not None:
-            changes["stats"] = _json(stats)
+            changes["stats"] = json.dumps(stats)
         with self._db.write() as db:
-            _update(db, "messages", message_id, "message", **changes)
+            library.update(db, "messages", message_id, "message", **changes)
         return self.message(message_id)
 
     def delete_message(self, message_id: int) -> None:
         """Remove one message (e.g. an answer being regenerated)."""
         with self._db.write() as db:
-            if not db.execute("DELETE FROM messages WHERE id = ?", (message_id,)).rowcount:
-                raise NotFoundError(f"no message {message_id}")
+            library.delete(db, "messages", message_id, "message")
 
     def message(self, message_id: int) -> Message:
-        return _message(_get(self._db.get()["messages"], message_id, "message"))
+        return library.message(self._db.get(), message_id)
 
     def messages(self, chat_id: int) -> list[Message]:
         rows = self._db.get()["messages"].rows_where("chat_id = ?", [chat_id], order_by="id")
-        return [_message(row) for row in rows]
+        return [library.message_from_row(row) for row in rows]
 
     # -- settings ------------------------------------------------------------------------------
 
@@ -314,6 +316,16 @@ class Store:
             ).fetchall()
         return {(e, c, lvl): n for e, c, lvl, n in rows}
 
+    def level_bytes(self, spans: Iterable[Span]) -> dict[str, int]:
+        """{level: bytes} of these chunks in all (e.g. a prefix match's): sizes, not data."""
+        with self._db.read() as db:
+            return kv.level_bytes(db.conn, [(s.entry_id, s.chunk_index) for s in spans])
+
+    def entry_level_bytes(self, entry_ids: Iterable[int]) -> dict[int, dict[str, int]]:
+        """{entry id: {level: bytes}} of whole entries."""
+        with self._db.read() as db:
+            return kv.entry_level_bytes(db.conn, list(entry_ids))
+
     def read_chunk(self, entry_id: int, chunk_index: int, level: str) -> bytes:
         """One chunk's bytes, checksum verified (CorruptChunkError); reads nothing else."""
         with self._db.read() as db:
@@ -391,11 +403,8 @@ class Store:
             self.gc()
 
     def _delete(self, table: str, row_id: int, what: str) -> None:
-        # Foreign keys cascade: documents/chats -> their KV entries -> entries extending those
-        # -> spans -> chunks; chats -> messages; either -> chat_documents. Nothing is left over.
         with self._db.write() as db:
-            if not db.execute(f"DELETE FROM {table} WHERE id = ?", (row_id,)).rowcount:
-                raise NotFoundError(f"no {what} {row_id}")
+            library.delete(db, table, row_id, what)
         self._reclaim()
 
     def _reclaim(self) -> None:
@@ -403,32 +412,3 @@ class Store:
         # system. executescript() steps the pragma to the end; execute() frees a single page.
         self._db.get().conn.executescript("PRAGMA incremental_vacuum")
 
-
-def _get(table: sqlite_utils.db.Table, key: Any, what: str) -> dict:
-    try:
-        return table.get(key)
-    except sqlite_utils.db.NotFoundError:
-        raise NotFoundError(f"no {what} {key!r}") from None
-
-
-def _update(db: sqlite_utils.Database, table: str, row_id: int, what: str, **changes) -> None:
-    _get(db[table], row_id, what)
-    db[table].update(row_id, changes)
-
-
-def _link(db: sqlite_utils.Database, chat_id: int, document_id: int) -> None:
-    _get(db["documents"], document_id, "document")
-    (position,) = db.execute(
-        "SELECT count(*) FROM chat_documents WHERE chat_id = ?", (chat_id,)
-    ).fetchone()
-    db.execute(
-        "INSERT OR IGNORE INTO chat_documents VALUES (?, ?, ?)", (chat_id, document_id, position)
-    )
-
-
-def _json(value: Any) -> str | None:
-    return None if value is None else json.dumps(value)
-
-
-def _message(row: dict) -> Message:
-    return Message(**{**row, "stats": None if row["stats"] is None else json.loads(row["stats"])})

@@ -15,7 +15,6 @@ before every chunk object it names is stored.
 from __future__ import annotations
 
 import itertools
-import queue
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -23,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 from .errors import CorruptChunkError, CorruptObjectError, NotFoundError, RemoteError
+from .kv import BackgroundWriter
 from .manifest import ChunkObject, Manifest, RemoteDocument
 from .records import Document, Entry
 from .remote import RemoteTier, sha256
@@ -49,10 +49,9 @@ def document_entries(store: Store, fingerprint: str) -> list[Entry]:
             if e.model == fingerprint and e.parent_id is None and e.document_id is not None]
 
 
-def entry_id_of(store: Store, entry: Entry) -> tuple[int, bytes]:
+def entry_id_of(entry: Entry) -> tuple[int, bytes]:
     """(token_end, prefix hash): how the remote tier names an entry."""
-    encoded = encode(store.tokens(entry.id))
-    return entry.token_end, prefix_hashes(entry.model, encoded, [entry.token_end])[0]
+    return entry.token_end, entry.prefix_hash
 
 
 def remote_index(tier: RemoteTier, fingerprint: str) -> dict[tuple[int, bytes], str]:
@@ -103,7 +102,7 @@ def push(store: Store, tier: RemoteTier, entry: Entry, *,
          progress: ProgressFn | None = None) -> Transfer:
     """Upload a document entry: its missing chunk objects, then its manifest (idempotent)."""
     fingerprint = entry.model
-    token_end, prefix_hash = entry_id_of(store, entry)
+    token_end, prefix_hash = entry_id_of(entry)
     document = store.document(entry.document_id)
     if _has_manifest(tier, fingerprint, token_end, prefix_hash):
         return Transfer(document.title, token_end, 0, 0, skipped=True)
@@ -186,11 +185,7 @@ class LocalCopy:
         self._lock = threading.Lock()
         self._have: set[tuple[int, str]] = set()
         self._closed = False
-        self._failure: BaseException | None = None
-        self._queue: queue.Queue = queue.Queue()
-        self._thread = threading.Thread(target=self._store_chunks, name="kv-remote-copy",
-                                        daemon=True)
-        self._thread.start()
+        self._chunks = BackgroundWriter(self._writer)
 
     def add(self, chunk_index: int, level: str, data: bytes) -> None:
         """Keep a chunk read from the remote tier (already checked); ignored once closed."""
@@ -198,7 +193,7 @@ class LocalCopy:
             if self._closed or level not in self.levels or (chunk_index, level) in self._have:
                 return
             self._have.add((chunk_index, level))
-        self._queue.put((chunk_index, level, data))
+        self._chunks.put(chunk_index, level, data)
 
     def missing(self) -> list[tuple[int, str]]:
         with self._lock:
@@ -206,34 +201,21 @@ class LocalCopy:
                     if (span.chunk_index, level) not in self._have]
 
     def finish(self) -> Entry:
-        self._close()
         try:
-            if self._failure is not None:
-                raise self._failure
+            self._close(raise_failure=True)
             return self._writer.finish()
         except BaseException:
             self._writer.abort()
             raise
 
     def abort(self) -> None:
-        self._close()
+        self._close(raise_failure=False)
         self._writer.abort()
 
-    def _close(self) -> None:
+    def _close(self, *, raise_failure: bool) -> None:
         with self._lock:
-            if self._closed:
-                return
             self._closed = True
-        self._queue.put(None)
-        self._thread.join()
-
-    def _store_chunks(self) -> None:
-        while (item := self._queue.get()) is not None:
-            if self._failure is None:
-                try:
-                    self._writer.put_chunk(*item)
-                except BaseException as e:  # raised by finish(), on the caller's thread
-                    self._failure = e
+        self._chunks.close(raise_failure=raise_failure)
 
 
 def complete(tier: RemoteTier, copy: LocalCopy, *,
@@ -274,7 +256,7 @@ def pull(store: Store, tier: RemoteTier, manifest: Manifest, *,
 
 def status(store: Store, tier: RemoteTier, fingerprint: str) -> dict:
     """Whether the bucket answers, and this model's document entries on each side."""
-    local = {entry_id_of(store, e) for e in document_entries(store, fingerprint)}
+    local = {entry_id_of(e) for e in document_entries(store, fingerprint)}
     try:
         tier.check()
         remote = set(remote_index(tier, fingerprint))
@@ -311,7 +293,7 @@ def pull_all(store: Store, tier: RemoteTier, fingerprint: str, *, lazy: bool = F
     `lazy`: only add the documents, so that they can be asked about; their KV then streams
     from the tier on first use. A missing or corrupt object skips that entry.
     """
-    local = {entry_id_of(store, e) for e in document_entries(store, fingerprint)}
+    local = {entry_id_of(e) for e in document_entries(store, fingerprint)}
     pulled, failed, here = [], [], 0
     for (token_end, digest), key in sorted(remote_index(tier, fingerprint).items()):
         if (token_end, digest) in local:
