@@ -45,9 +45,9 @@ import numpy as np
 from llama_cpp import _internals
 
 import codec
+from store import DEFAULT_CHUNK_SIZE as DEFAULT_CHUNK_TOKENS
 
 from . import kvstate
-from .engine import DEFAULT_CHUNK_TOKENS
 
 REFERENCE = "fp16"
 FLOOR = "fp16-ulp"

@@ -29,8 +29,8 @@ from llama_cpp import _internals
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from . import kvstate
+from .errors import Cancelled, RuntimeStateError
 
-DEFAULT_N_CTX = 8192
 # Prefill slice: small enough that progress and cancellation react within about a second on
 # two cores (~144 tokens/s), large enough to keep llama.cpp's batched matmuls efficient.
 PREFILL_SLICE = 128
@@ -39,14 +39,6 @@ PREFILL_SLICE = 128
 CACHE_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "f32": llama_cpp.GGML_TYPE_F32}
 
 ProgressFn = Callable[[int, int], None]  # (tokens done, tokens total)
-
-
-class Cancelled(Exception):
-    """The caller asked to stop; the context holds only what was fully evaluated."""
-
-
-class RuntimeStateError(RuntimeError):
-    """llama.cpp refused a state, or the context cannot hold the request."""
 
 
 @dataclass(frozen=True)
@@ -92,7 +84,7 @@ class Runtime:
         model_path: str | Path,
         *,
         model_hash: str,
-        n_ctx: int = DEFAULT_N_CTX,
+        n_ctx: int,
         flash_attn: bool = False,
         cache_type: str = "f16",
         n_threads: int | None = None,
@@ -141,6 +133,7 @@ class Runtime:
         # sequence's last token (None once a reset, restore or truncation makes them stale).
         self._logits_at: int | None = None
         self._formatter = self._chat_formatter()
+        self._template_lock = threading.Lock()
 
     # -- facts ---------------------------------------------------------------------------
 
@@ -195,8 +188,9 @@ class Runtime:
 
     def render_chat(self, messages: Sequence[dict], *, add_generation_prompt: bool) -> str:
         """The chat template applied to `messages` ({"role", "content"} dicts)."""
-        self._formatter.add_generation_prompt = add_generation_prompt
-        return self._formatter(messages=list(messages)).prompt
+        with self._template_lock:  # the formatter holds the flag: one rendering at a time
+            self._formatter.add_generation_prompt = add_generation_prompt
+            return self._formatter(messages=list(messages)).prompt
 
     # -- evaluation ----------------------------------------------------------------------
 

@@ -23,9 +23,8 @@ from urllib.parse import urlsplit
 
 import platformdirs
 
-from .runtime import DEFAULT_N_CTX
-
 APP_NAME = "kvdesk"
+DEFAULT_N_CTX = 8192
 SETTINGS_VERSION = 1
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _PREFIX_PART = re.compile(r"^[A-Za-z0-9._-]+$")

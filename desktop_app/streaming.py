@@ -29,59 +29,22 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 import codec
 from store import CorruptChunkError, CorruptObjectError, NotFoundError, Span, StoreError
 
+from .errors import Cancelled
 from .kvstate import KVState
+from .options import RestoreOptions
 from .results import Progress, RestoreReport
-from .runtime import Cancelled, Runtime
+from .runtime import Runtime
 from .sources import ChunkSource
+from .speeds import Speeds
 
 TEXT = "text"  # the chunk_levels name of a chunk recomputed from its tokens
-
-# Priors until the first measurement of a session (the engine keeps measured values).
-DEFAULT_DECODE_MBPS = 1000.0  # fp16 output per second
-DEFAULT_READ_MBPS = 2000.0  # a local SSD with a warm page cache
-DEFAULT_REMOTE_MBPS = 50.0  # an object store over a LAN or a good internet link
-DEFAULT_PREFILL_TPS = 140.0  # tokens per second: the default model on 2 cores
-
-
-@dataclass
-class Speeds:
-    """Measured speeds, updated as chunks stream; persisted by the engine between runs."""
-
-    decode_MBps: dict[str, float] = field(default_factory=dict)  # per level, fp16 output MB/s
-    read_MBps: float = DEFAULT_READ_MBPS
-    prefill_tps: float = DEFAULT_PREFILL_TPS
-    remote_MBps: float = DEFAULT_REMOTE_MBPS
-
-    def decode(self, level: str) -> float:
-        return self.decode_MBps.get(level, DEFAULT_DECODE_MBPS)
-
-    def observe_decode(self, level: str, out_bytes: int, seconds: float) -> None:
-        if seconds > 0:
-            now = out_bytes / 1e6 / seconds
-            old = self.decode_MBps.get(level)
-            self.decode_MBps[level] = now if old is None else 0.5 * old + 0.5 * now
-
-    def observe_read(self, kind: str, MBps: float) -> None:
-        """The bandwidth a whole restore measured, from the local store or the remote tier."""
-        if kind == "remote":
-            self.remote_MBps = MBps
-        else:
-            self.read_MBps = MBps
-
-
-@dataclass(frozen=True)
-class Options:
-    level: str = "auto"  # "auto" or a codec level name to force
-    budget_ms: float | None = None  # for the whole restore; None: best quality stored
-    bandwidth_MBps: float | None = None  # declared (and enforced) read bandwidth
-
 
 @dataclass(frozen=True)
 class Choice:
@@ -203,7 +166,7 @@ class ChunkReader:
     """
 
     def __init__(self, source: ChunkSource, tokens: list[int], levels: Sequence[str],
-                 options: Options, speeds: Speeds, bytes_per_token: int, t0: float):
+                 options: RestoreOptions, speeds: Speeds, bytes_per_token: int, t0: float):
         self.source = source
         self.spans = list(source.spans)
         self.tokens = tokens
@@ -313,24 +276,58 @@ class ChunkReader:
 
 def restore(
     runtime: Runtime,
-    source: ChunkSource,
+    source: ChunkSource | None,
     tokens: Sequence[int],
     *,
     levels: Sequence[str],
-    options: Options,
+    options: RestoreOptions,
     speeds: Speeds,
+    chunk_tokens: int,
     progress: Callable[[Progress], None] | None = None,
     cancel: threading.Event | None = None,
 ) -> RestoreReport:
     """Bring `tokens` into the runtime's context: `source`'s chunks first, then text for the
-    rest (`source` covers a prefix of `tokens`).
+    rest (`source` covers a prefix of `tokens`; None: recompute them all, the baseline).
 
-    `levels` are the codec levels in quality order (best first). Raises runtime.Cancelled.
+    `levels` are the codec levels in quality order (best first); tokens recomputed are
+    reported as chunks of `chunk_tokens` named TEXT. Raises Cancelled.
     """
     t0 = time.perf_counter()
     tokens = list(tokens)
     messages: list[str] = []
-    spans = list(source.spans)
+    chunk_levels: list[str] = []
+    n_restored = 0
+    bytes_read = 0
+    if source is not None and source.n_tokens:
+        n_restored, bytes_read = _stream(runtime, source, tokens, levels, options, speeds,
+                                         progress, cancel, chunk_levels, messages)
+    else:
+        runtime.reset()
+    rest = tokens[n_restored:]
+    if rest:
+        chunk_levels += [TEXT] * -(-len(rest) // max(1, chunk_tokens))
+        r0 = time.perf_counter()
+        runtime.prefill(rest, cancel=cancel, progress=None if progress is None else (
+            lambda done, total: progress(Progress("recompute", n_restored + done, len(tokens)))))
+        if len(rest) >= 64:
+            speeds.prefill_tps = len(rest) / (time.perf_counter() - r0)
+    return RestoreReport(
+        tokens=len(tokens),
+        restore_s=time.perf_counter() - t0,
+        bytes_read=bytes_read,
+        chunk_levels=chunk_levels,
+        recomputed_tokens=len(rest),
+        messages=messages,
+        source=source.kind if source is not None else "local",
+    )
+
+
+def _stream(runtime: Runtime, source: ChunkSource, tokens: list[int], levels: Sequence[str],
+            options: RestoreOptions, speeds: Speeds, progress, cancel,
+            chunk_levels: list[str], messages: list[str]) -> tuple[int, int]:
+    """Decode `source`'s chunks into the context, in order, as the reader delivers them;
+    (tokens restored, bytes read). Appends each chunk's level and every fallback said."""
+    t0 = time.perf_counter()
     if options.level != "auto":
         levels = [options.level]
     lay = runtime.layout
@@ -339,7 +336,6 @@ def restore(
     fetched = reader.fetched
     thread = threading.Thread(target=reader.run, name="kv-reader", daemon=True)
     thread.start()
-    chunk_levels: list[str] = []
     n_restored = 0
     try:
         while (item := fetched.get()) is not None:
@@ -381,7 +377,7 @@ def restore(
     if measured and not options.bandwidth_MBps:
         speeds.observe_read(source.kind, measured)
 
-    if n_restored == source.n_tokens and n_restored:
+    if n_restored == source.n_tokens:
         runtime.restore_buffer(state, tokens[:n_restored])
     elif n_restored:  # the stored part ended early: only its first chunks are usable
         kv = KVState(state.keys[:, :n_restored], state.values[:, :n_restored],
@@ -389,22 +385,4 @@ def restore(
         runtime.restore(kv, tokens[:n_restored])
     else:
         runtime.reset()
-    rest = tokens[n_restored:]
-    if rest:
-        # Chunks not restored are recomputed, reported per stored chunk size (or 256).
-        chunk = spans[0].token_end - spans[0].token_start if spans else 256
-        chunk_levels += [TEXT] * -(-len(rest) // max(1, chunk))
-        r0 = time.perf_counter()
-        runtime.prefill(rest, cancel=cancel, progress=None if progress is None else (
-            lambda done, total: progress(Progress("recompute", n_restored + done, len(tokens)))))
-        if len(rest) >= 64:
-            speeds.prefill_tps = len(rest) / (time.perf_counter() - r0)
-    return RestoreReport(
-        tokens=len(tokens),
-        restore_s=time.perf_counter() - t0,
-        bytes_read=reader.meter.bytes,
-        chunk_levels=chunk_levels,
-        recomputed_tokens=len(rest),
-        messages=messages,
-        source=source.kind,
-    )
+    return n_restored, reader.meter.bytes

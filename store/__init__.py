@@ -17,12 +17,14 @@ from .errors import (
     SchemaVersionError,
     StoreError,
 )
-from .kv import EntryWriter
+from .kv import BackgroundWriter, EntryWriter
 from .records import Chat, Document, Entry, Message, Model, PrefixMatch, Span
 from .remote import RemoteConfig, RemoteTier
-from .store import Store
+from .store import DEFAULT_CHUNK_SIZE, Store
 
 __all__ = [
+    "DEFAULT_CHUNK_SIZE",
+    "BackgroundWriter",
     "Chat",
     "CorruptChunkError",
     "CorruptObjectError",

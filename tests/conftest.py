@@ -10,6 +10,17 @@ import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
+# The fixtures that load a real model: a test using any of them is a `model` test (slower),
+# whether or not it says so, so `-m "not model"` runs only the quick ones.
+MODEL_FIXTURES = {"model_path", "model_hash", "runtime", "runtime_fa", "any_runtime",
+                  "gemma_path"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.model)
+
 
 @pytest.fixture(autouse=True)
 def _isolated_user_dirs(tmp_path, monkeypatch):

@@ -107,7 +107,8 @@ def test_gemma_state_round_trips_and_restores_like_a_prefill(gemma_path):
 @pytest.mark.model
 def test_the_engine_refuses_a_sliding_window_model_before_any_prefill(gemma_path, model_hash,
                                                                       tmp_path):
-    from desktop_app.engine import Engine, EngineError
+    from desktop_app.engine import Engine
+    from desktop_app.errors import EngineError
     from desktop_app.runtime import Runtime
     from store import Store
 
