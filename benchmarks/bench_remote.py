@@ -132,7 +132,7 @@ def main() -> None:
             out["stored_MB"] = {k: round(v / 1e6, 2) for k, v in res.stored_bytes.items()}
             print(f"A attached and pushed {out['document_tokens']} tokens", file=sys.stderr)
             # The baselines' objects: the exact state (fp16), and q8_0-sized bytes.
-            eng.ask(QUESTION, doc_ids=[res.doc_id], restore=RestoreOptions("lossless"),
+            eng.ask(QUESTION, doc_ids=[res.doc_id], restore=RestoreOptions(level="lossless"),
                     generation=ONE_TOKEN)
             eng.runtime.truncate(len(eng.prefix_tokens([res.doc_id])))
             state = eng.runtime.state_bytes()

@@ -22,7 +22,7 @@ from .settings import Settings
 
 class App:
     def __init__(self, settings: Settings):
-        self.settings = settings.validated()
+        self.settings = settings
 
     @property
     def data_dir(self) -> Path:

@@ -18,6 +18,7 @@ from .documents import DocumentError
 from .kvstate import KVStateError
 from .models import ModelNotFoundError
 from .settings import SettingsError
+from .validation import InvalidValue
 
 
 class Cancelled(Exception):
@@ -35,6 +36,7 @@ class RuntimeStateError(RuntimeError):
 USER_ERRORS: tuple[type[BaseException], ...] = (
     ModelNotFoundError,
     SettingsError,
+    InvalidValue,
     KVStateError,
     RuntimeStateError,
     Cancelled,

@@ -1,30 +1,42 @@
-"""What a caller may ask of a restore: plain, immutable values passed down the engine's calls.
+"""What a caller may ask of a restore and of an answer: immutable values with their ranges.
 
-A leaf module: the CLI, the GUI and the engine's layers all build or read these without
-importing anything heavier.
+Declared once (pydantic, through `validation`), so the CLI's options, the local API's request
+fields and the engine's keyword arguments obey the same rules: a negative budget or token
+count is refused with the same message wherever it comes from. A leaf: every front end and
+every layer of the engine imports these without importing anything heavier.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import pydantic
+from pydantic import Field
+
+from .validation import STRICT
 
 AUTO = "auto"
 
 
-@dataclass(frozen=True)
-class RestoreOptions:
+class RestoreOptions(pydantic.BaseModel):
     """How a chat's or document's cached prefix comes back into the model."""
 
-    level: str = AUTO  # "auto" (the best level per chunk that fits the budget) or a level to force
-    budget_ms: float | None = None  # for the whole restore; None: the engine's default budget
-    bandwidth_MBps: float | None = None  # declared (and enforced) read bandwidth: a slow link
+    model_config = STRICT
+
+    # "auto" (the best level per chunk that fits the budget) or a codec level to force
+    level: str = Field(AUTO, min_length=1, max_length=64)
+    # for the whole restore; None: the engine's default budget
+    budget_ms: float | None = Field(None, gt=0, le=3_600_000)
+    # declared (and enforced) read bandwidth, in MB/s: a slow link
+    bandwidth_MBps: float | None = Field(None, gt=0, le=1e6)
     no_cache: bool = False  # recompute everything from text: the baseline
 
 
-@dataclass(frozen=True)
-class GenerationOptions:
+
+class GenerationOptions(pydantic.BaseModel):
     """How an answer is generated."""
 
-    max_tokens: int = 512
-    temperature: float = 0.0  # 0: greedy, the same answer every time
-    seed: int | None = None  # with a temperature above 0: the sampler's seed
+    model_config = STRICT
+
+    max_tokens: int = Field(512, ge=1, le=1 << 20)
+    temperature: float = Field(0.0, ge=0, le=10)  # 0: greedy, the same answer every time
+    seed: int | None = Field(None, ge=0, lt=1 << 32)  # with a temperature above 0
+

@@ -141,7 +141,7 @@ class ChatSession:
             if options.level != AUTO:
                 check_levels([options.level])
             elif options.budget_ms is None and self.default_budget_ms is not None:
-                effective = replace(options, budget_ms=self.default_budget_ms)
+                effective = options.model_copy(update={"budget_ms": self.default_budget_ms})
             source, notes = self.sharing.source(rt.fingerprint, tokens)
         report = streaming.restore(rt, source, tokens, levels=self.levels, options=effective,
                                    speeds=self.speeds, chunk_tokens=self.chunk_tokens,

@@ -28,7 +28,7 @@ class AskingMixin:
         engine, serial = self.engine, self.serial
         # Failures are left for the question itself to report, when it is sent.
         self.draft_job = self.runner.start("chat", lambda job: engine.prepare(
-            text, chat_id=chat_id, doc_ids=doc_ids, restore=RestoreOptions(level),
+            text, chat_id=chat_id, doc_ids=doc_ids, restore=RestoreOptions(level=level),
             cancel=job.cancel),
             finished=lambda report: report is None or self._reopened(serial, report))
 
@@ -52,7 +52,7 @@ class AskingMixin:
 
         self._generate(lambda job: engine.ask(
             text, chat_id=chat_id, doc_ids=[] if chat_id is not None else doc_ids,
-            restore=RestoreOptions(level), on_token=job.signals.token.emit,
+            restore=RestoreOptions(level=level), on_token=job.signals.token.emit,
             on_restore=job.signals.restored.emit, progress=job.signals.progress.emit,
             cancel=job.cancel))
 
@@ -62,7 +62,7 @@ class AskingMixin:
         self.chat_view.drop_last_answer()
         chat_id, level, engine = self.chat_id, self.quality.level(), self.engine
         self._generate(lambda job: engine.regenerate(
-            chat_id, restore=RestoreOptions(level), on_token=job.signals.token.emit,
+            chat_id, restore=RestoreOptions(level=level), on_token=job.signals.token.emit,
             on_restore=job.signals.restored.emit, progress=job.signals.progress.emit,
             cancel=job.cancel))
 

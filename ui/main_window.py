@@ -295,7 +295,7 @@ class MainWindow(AskingMixin, LibraryMixin, QMainWindow):
                           failed=lambda msg: self._say(msg, True))
         level = self.quality.level()
         job = self.runner.start("chat", lambda job: self.engine.reopen(
-            chat_id, restore=RestoreOptions(level), progress=job.signals.progress.emit,
+            chat_id, restore=RestoreOptions(level=level), progress=job.signals.progress.emit,
             cancel=job.cancel))
         job.signals.progress.connect(lambda p: self._show_progress(serial, p))
         job.signals.finished.connect(lambda report: self._reopened(serial, report))

@@ -8,7 +8,6 @@ engine rebuilt). It never saves, loads a model or touches the data folder itself
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 from PySide6.QtWidgets import (
@@ -30,6 +29,7 @@ from PySide6.QtWidgets import (
 )
 
 from desktop_app.settings import Settings, SettingsError
+from desktop_app.validation import InvalidValue
 
 THEMES = {"system": "Follow the system", "light": "Light", "dark": "Dark"}
 # Settings that change which model or store the engine opens: changing them rebuilds it.
@@ -125,24 +125,25 @@ class SettingsDialog(QDialog):
             self.data_dir.setText(path)
 
     def result_settings(self) -> Settings:
-        """The edited settings, validated (raises SettingsError)."""
-        # replace, not with_overrides: an emptied field must go back to its default (None).
-        return replace(self._settings, model=self.model.text().strip() or None,
-                       n_ctx=self.n_ctx.value(), data_dir=self.data_dir.text().strip() or None,
-                       storage_budget_gb=self.budget.value(),
-                       theme=self.theme.currentData(),
-                       remote_bucket=self.bucket.text().strip() or None,
-                       remote_endpoint_url=self.endpoint.text().strip() or None,
-                       remote_prefix=self.prefix.text().strip() or Settings.remote_prefix,
-                       remote_auto_push=self.auto_push.isChecked(),
-                       remote_auto_pull=self.auto_pull.isChecked()).validated()
+        """The edited settings, checked (raises InvalidValue naming the setting)."""
+        # with_values, not with_overrides: an emptied field goes back to its default (None).
+        default_prefix = Settings.model_fields["remote_prefix"].default
+        return self._settings.with_values(
+            model=self.model.text().strip() or None, n_ctx=self.n_ctx.value(),
+            data_dir=self.data_dir.text().strip() or None,
+            storage_budget_gb=self.budget.value(), theme=self.theme.currentData(),
+            remote_bucket=self.bucket.text().strip() or None,
+            remote_endpoint_url=self.endpoint.text().strip() or None,
+            remote_prefix=self.prefix.text().strip() or default_prefix,
+            remote_auto_push=self.auto_push.isChecked(),
+            remote_auto_pull=self.auto_pull.isChecked())
 
     def accept(self) -> None:
         try:
             new = self.result_settings()
             if new.model and not Path(new.model).expanduser().is_file():
                 raise SettingsError(f"{new.model}: no such model file")
-        except SettingsError as e:
+        except InvalidValue as e:
             self.error.setText(str(e))
             self.error.show()
             return

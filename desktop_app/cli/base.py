@@ -11,15 +11,41 @@ import json
 import signal
 import sys
 import threading
+from collections.abc import Callable
+from typing import TypeVar
 
 import click
+import pydantic
 
 from .. import __version__
 from ..app import App
 from ..results import Progress, levels_summary
 from ..settings import load as load_settings
+from ..validation import InvalidValue, parse
+
+T = TypeVar("T")
+M = TypeVar("M", bound=pydantic.BaseModel)
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+
+
+def option_name(field: str) -> str:
+    """The command-line spelling of a value's field: budget_ms -> --budget-ms."""
+    return "--" + field.replace("_", "-")
+
+
+def checked(build: Callable[..., T], **values) -> T:
+    """build(**values), its InvalidValue named as the user typed it (--budget-ms, not budget_ms)."""
+    try:
+        return build(**values)
+    except InvalidValue as e:
+        raise InvalidValue(option_name(e.key), e.reason) from None
+
+
+def values(model: type[M], **given) -> M:
+    """The command line's values for `model` (options not given keep their defaults)."""
+    return checked(lambda **v: parse(model, v),
+                   **{k: v for k, v in given.items() if v is not None})
 
 
 def emit(data: dict | list, as_json: bool, lines: list[str] | None = None) -> None:
@@ -43,7 +69,8 @@ def emit(data: dict | list, as_json: bool, lines: list[str] | None = None) -> No
 @click.pass_context
 def cli(ctx: click.Context, model: str | None, data_dir: str | None, n_ctx: int | None):
     """kvdesk: ask a local model about long documents, without re-reading them every time."""
-    settings = load_settings().with_overrides(model=model, data_dir=data_dir, n_ctx=n_ctx)
+    settings = checked(load_settings().with_overrides, model=model, data_dir=data_dir,
+                       n_ctx=n_ctx)
     app = App(settings)
     ctx.obj = app
     ctx.call_on_close(app.close)

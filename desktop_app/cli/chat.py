@@ -15,7 +15,17 @@ from ..app import App
 from ..errors import Cancelled, is_user_error
 from ..options import GenerationOptions, RestoreOptions
 from ..results import AttachFailure
-from .base import TerminalProgress, cli, emit, interruptible, json_option, level_list, say, summary
+from .base import (
+    TerminalProgress,
+    cli,
+    emit,
+    interruptible,
+    json_option,
+    level_list,
+    say,
+    summary,
+    values,
+)
 
 
 @cli.command()
@@ -77,8 +87,9 @@ def restore_options(f):
 
     @functools.wraps(f)
     def wrapper(*args, level, budget_ms, bandwidth_MBps, no_cache, **kwargs):
-        return f(*args, restore=RestoreOptions(level, budget_ms, bandwidth_MBps, no_cache),
-                 **kwargs)
+        restore = values(RestoreOptions, level=level, budget_ms=budget_ms,
+                         bandwidth_MBps=bandwidth_MBps, no_cache=no_cache)
+        return f(*args, restore=restore, **kwargs)
 
     return wrapper
 
@@ -103,6 +114,8 @@ def ask(app: App, args, chat_id, restore, max_tokens, seed, temperature, as_json
                                "CHAT_ID QUESTION (quote the question)")
     if temperature is None:
         temperature = 0.8 if seed is not None else 0.0
+    generation = values(GenerationOptions, max_tokens=max_tokens, temperature=temperature,
+                        seed=seed)
     bar = TerminalProgress()
     streamed = []
 
@@ -116,7 +129,7 @@ def ask(app: App, args, chat_id, restore, max_tokens, seed, temperature, as_json
     with interruptible() as cancel:
         res = app.engine.ask(
             question, chat_id=chat_id, doc_ids=doc_ids, restore=restore,
-            generation=GenerationOptions(max_tokens, temperature, seed), on_token=on_token,
+            generation=generation, on_token=on_token,
             on_restore=lambda r: say(r.messages), progress=bar, cancel=cancel)
     if as_json:
         click.echo(json.dumps({k: v for k, v in res.as_dict().items() if k != "messages"},
