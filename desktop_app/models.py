@@ -86,8 +86,11 @@ def content_hash(path: Path, memo_file: Path | None = None) -> str:
     digest = h.hexdigest()
     if memo_file is not None:
         memo[key] = digest
-        memo_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = memo_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(memo, indent=1))
-        os.replace(tmp, memo_file)
+        try:
+            memo_file.parent.mkdir(parents=True, exist_ok=True)
+            tmp = memo_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps(memo, indent=1))
+            os.replace(tmp, memo_file)
+        except OSError:
+            pass  # a memo that cannot be written (read-only data) only costs a re-hash
     return digest

@@ -237,8 +237,9 @@ def level_bytes(conn: sqlite3.Connection, chunks: list[tuple[int, int]]) -> dict
     for offset in range(0, len(chunks), step):
         batch = chunks[offset : offset + step]
         rows = conn.execute(
-            "SELECT level, sum(nbytes) FROM kv_chunks WHERE (entry_id, chunk_index) IN"
-            f" (VALUES {','.join(['(?, ?)'] * len(batch))}) GROUP BY level",
+            "SELECT level, sum(nbytes) FROM kv_chunks WHERE NOT quarantined AND"
+            f" (entry_id, chunk_index) IN (VALUES {','.join(['(?, ?)'] * len(batch))})"
+            " GROUP BY level",
             [x for pair in batch for x in pair],
         )
         for level, nbytes in rows:
@@ -252,8 +253,8 @@ def entry_level_bytes(conn: sqlite3.Connection, entry_ids: list[int]) -> dict[in
     for offset in range(0, len(entry_ids), _BATCH):
         batch = entry_ids[offset : offset + _BATCH]
         rows = conn.execute(
-            "SELECT entry_id, level, sum(nbytes) FROM kv_chunks"
-            f" WHERE entry_id IN ({','.join('?' * len(batch))}) GROUP BY entry_id, level",
+            "SELECT entry_id, level, sum(nbytes) FROM kv_chunks WHERE NOT quarantined"
+            f" AND entry_id IN ({','.join('?' * len(batch))}) GROUP BY entry_id, level",
             batch,
         )
         for entry_id, level, nbytes in rows:

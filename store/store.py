@@ -10,16 +10,17 @@ the codec: KV chunks are opaque bytes at named levels.
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import blobs, kv, library, quota
-from .db import Connections
-from .errors import NotFoundError
+from . import blobs, integrity, kv, library, quota
+from .db import Connections, prepare_data_dir
+from .errors import CorruptChunkError, DataDirError, NotFoundError
 from .records import Chat, Document, Entry, Message, Model, PrefixMatch, Span
-from .schema import migrate, schema_version
+from .schema import check_current, migrate, schema_version
 from .tokens import decode
 
 DB_NAME = "kvdesk.sqlite"
@@ -31,15 +32,30 @@ class Store:
 
     def __init__(self, data_dir: str | Path, *, clock: Callable[[], float] = time.time):
         self.data_dir = Path(data_dir)
-        self.data_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.data_dir / DB_NAME
         self._clock = clock
-        self._db = Connections(self.path)
+        self._db = Connections(self.path, read_only=prepare_data_dir(self.data_dir, self.path))
         try:
-            migrate(self._db.get().conn)
+            if self.read_only:
+                check_current(self._db.get().conn, self.data_dir)
+            else:
+                migrate(self._db.get().conn)
+        except sqlite3.DatabaseError as e:
+            self._db.close()
+            # Not a database, a damaged one, or one the file system will not let SQLite open;
+            # any other error (a bad statement) is a bug and keeps its traceback.
+            if isinstance(e, sqlite3.OperationalError) and not any(
+                    why in str(e) for why in ("unable to open", "readonly", "disk I/O")):
+                raise
+            raise DataDirError(f"{self.path} cannot be opened as a kvdesk store ({e})") from e
         except BaseException:
             self._db.close()
             raise
+
+    @property
+    def read_only(self) -> bool:
+        """True for a data directory this process cannot write: reads work, writes raise."""
+        return self._db.read_only
 
     def close(self) -> None:
         self._db.close()
@@ -56,8 +72,13 @@ class Store:
 
     # -- models --------------------------------------------------------------------------------
 
-    def register_model(self, fingerprint: str, path: str, layout: dict[str, Any]) -> Model:
-        """Record (or update the path and layout of) the model KV entries are keyed by."""
+    def register_model(self, fingerprint: str, path: str, layout: dict[str, Any]) -> Model | None:
+        """Record (or update the path and layout of) the model KV entries are keyed by.
+
+        A read-only store records nothing (nothing can be stored under the model either).
+        """
+        if self.read_only:
+            return None
         with self._db.write() as db:
             db.execute(
                 "INSERT INTO models VALUES (?, ?, ?, ?) ON CONFLICT (fingerprint)"
@@ -311,7 +332,7 @@ class Store:
         with self._db.read() as db:
             rows = db.execute(
                 "SELECT entry_id, chunk_index, level, nbytes FROM kv_chunks"
-                f" WHERE entry_id IN ({marks})",
+                f" WHERE entry_id IN ({marks}) AND NOT quarantined",
                 ids,
             ).fetchall()
         return {(e, c, lvl): n for e, c, lvl, n in rows}
@@ -327,12 +348,18 @@ class Store:
             return kv.entry_level_bytes(db.conn, list(entry_ids))
 
     def read_chunk(self, entry_id: int, chunk_index: int, level: str) -> bytes:
-        """One chunk's bytes, checksum verified (CorruptChunkError); reads nothing else."""
-        with self._db.read() as db:
-            return blobs.read(db.conn, entry_id, chunk_index, level)
+        """One chunk's bytes, checked; reads nothing else. A chunk that fails its check is
+        quarantined (never read again) and CorruptChunkError raised."""
+        try:
+            with self._db.read() as db:
+                return blobs.read(db.conn, entry_id, chunk_index, level)
+        except CorruptChunkError:
+            integrity.quarantine(self._db, entry_id, chunk_index, level)
+            raise
 
     def repair_chunk(self, entry_id: int, chunk_index: int, level: str, data: bytes) -> None:
-        """Replace a chunk's bytes, e.g. recomputed after a CorruptChunkError."""
+        """Replace a chunk's bytes, e.g. recomputed after a CorruptChunkError (its quarantine
+        ends)."""
         with self._db.write() as db:
             kv.get_entry(db.conn, entry_id)
             if not db.execute(
@@ -343,7 +370,9 @@ class Store:
             blobs.put(db.conn, entry_id, chunk_index, level, data)
 
     def touch(self, entry_ids: Iterable[int]) -> None:
-        """Mark entries used now (the LRU order eviction follows)."""
+        """Mark entries used now (the LRU order eviction follows); not in a read-only store."""
+        if self.read_only:
+            return
         with self._db.write() as db:
             kv.touch(db.conn, entry_ids, self._clock())
 
@@ -374,27 +403,27 @@ class Store:
         return report
 
     def verify(self) -> dict:
-        """Check every chunk of every complete entry against its checksum.
+        """Check every chunk of every complete entry; quarantine what fails (store.integrity).
 
         Returns {"entries": n, "chunks": n, "bytes": n,
-        "corrupt": [{"entry": id, "chunk": i, "level": name}]}.
+        "corrupt": [{"entry": id, "chunk": i, "level": name, "new": bool}]}.
         """
-        with self._db.read() as db:
-            rows = blobs.chunk_rows(db.conn)
-            (n_entries,) = db.execute("SELECT count(*) FROM kv_entries WHERE complete").fetchone()
-        n_chunks = n_bytes = 0
-        corrupt = []
-        for rowid, entry_id, chunk_index, level, nbytes in rows:
-            # One short read transaction per chunk: a scan of many GB must not pin the WAL.
-            with self._db.read() as db:
-                intact = blobs.is_intact(db.conn, rowid)
-            if intact is None:
-                continue
-            n_chunks += 1
-            n_bytes += nbytes
-            if not intact:
-                corrupt.append({"entry": entry_id, "chunk": chunk_index, "level": level})
-        return {"entries": n_entries, "chunks": n_chunks, "bytes": n_bytes, "corrupt": corrupt}
+        return integrity.verify(self._db)
+
+    def quarantined(self) -> list[tuple[int, int, str]]:
+        """(entry, chunk, level) of every chunk set aside after a failed check."""
+        return integrity.quarantined(self._db)
+
+    def damaged(self, entry_ids: Iterable[int]) -> dict[int, int]:
+        """{entry id: quarantined chunks}, for the entries that have any."""
+        return integrity.damaged(self._db, entry_ids)
+
+    def drop_chunk(self, entry_id: int, chunk_index: int, level: str) -> list[int]:
+        """Remove a chunk that cannot be repaired (an entry left without it at any level goes,
+        with the entries extending it); returns the ids of the entries deleted."""
+        deleted = integrity.drop(self._db, entry_id, chunk_index, level)
+        self._reclaim()
+        return deleted
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -411,4 +440,5 @@ class Store:
         # The database uses incremental auto-vacuum: hand freed chunk pages back to the file
         # system. executescript() steps the pragma to the end; execute() frees a single page.
         self._db.get().conn.executescript("PRAGMA incremental_vacuum")
+
 
