@@ -24,7 +24,7 @@ from pathlib import Path
 
 from store import DEFAULT_CHUNK_SIZE, RemoteTier, Store
 
-from . import speeds
+from . import repair, speeds
 from .attaching import Attacher
 from .contexts import CHAT, Contexts
 from .kvcache import KVCache
@@ -168,6 +168,13 @@ class Engine:
     def estimate(self, *, chat_id: int | None = None,
                  doc_ids: Sequence[int] = ()) -> RestoreEstimate:
         return self.session.estimate(chat_id=chat_id, doc_ids=doc_ids)
+
+    def repair(self, *, progress: ProgressFn | None = None,
+               cancel: threading.Event | None = None) -> dict:
+        """Recompute (or drop, for another model's) every chunk quarantined after a failed
+        check: `kvdesk verify --repair`."""
+        with self.attacher.lock:
+            return repair.repair(self.store, self.contexts, progress=progress, cancel=cancel)
 
     # -- for benchmarks and tests: what a chat about these documents starts with --------------
 

@@ -40,3 +40,11 @@ class GenerationOptions(pydantic.BaseModel):
     temperature: float = Field(0.0, ge=0, le=10)  # 0: greedy, the same answer every time
     seed: int | None = Field(None, ge=0, lt=1 << 32)  # with a temperature above 0
 
+
+
+class GcOptions(pydantic.BaseModel):
+    """An explicit eviction (`kvdesk gc`)."""
+
+    model_config = STRICT
+
+    budget_gb: float | None = Field(None, ge=0, le=1e6)  # 0: evict every cache; None: the setting

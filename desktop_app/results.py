@@ -92,6 +92,7 @@ class DocumentInfo(Record):
     cache_bytes: dict[str, int]  # per level, under the current model
     status: str  # ready | stale (cached only under another model) | none
     created: float
+    damaged_chunks: int = 0  # chunks set aside after a failed check (kvdesk verify --repair)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,9 @@ This module must never let a reader see an incomplete entry, and never copy a pa
 from __future__ import annotations
 
 import json
+import os
 import queue
+import socket
 import sqlite3
 import threading
 from collections.abc import Callable, Iterable
@@ -94,8 +96,8 @@ def create_pending(
             raise ValueError(f"the tokens do not start with parent entry {parent_id}'s tokens")
     entry_id = conn.execute(
         "INSERT INTO kv_entries (model, prefix_hash, token_start, token_end, parent_id,"
-        " chunk_size, levels, tokens, document_id, chat_id, last_used, created)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " chunk_size, levels, tokens, document_id, chat_id, last_used, created, writer_pid,"
+        " writer_host) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             fingerprint,
             hashes[-1],
@@ -109,6 +111,8 @@ def create_pending(
             chat_id,
             now,
             now,
+            os.getpid(),
+            socket.gethostname(),
         ),
     ).lastrowid
     conn.executemany(

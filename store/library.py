@@ -56,6 +56,20 @@ def document(db: sqlite_utils.Database, document_id: int) -> Document:
     return Document(**get(db["documents"], document_id, "document"))
 
 
+def set_document_tokens(db: sqlite_utils.Database, document_id: int, model: str, tokens: int,
+                        kept: int) -> None:
+    get(db["documents"], document_id, "document")
+    db.execute("INSERT OR REPLACE INTO document_tokens VALUES (?, ?, ?, ?)",
+               (document_id, model, tokens, kept))
+
+
+def document_tokens(db: sqlite_utils.Database, model: str) -> dict[int, tuple[int, int]]:
+    """{document id: (its tokens, how many fit its context)} under `model`."""
+    rows = db.execute("SELECT document_id, tokens, kept_tokens FROM document_tokens"
+                      " WHERE model = ?", (model,))
+    return {doc: (tokens, kept) for doc, tokens, kept in rows}
+
+
 # -- chats --------------------------------------------------------------------------------------
 
 

@@ -116,6 +116,15 @@ class Store:
     def documents(self) -> list[Document]:
         return [Document(**row) for row in self._db.get()["documents"].rows_where(order_by="id")]
 
+    def set_document_tokens(self, document_id: int, model: str, tokens: int, kept: int) -> None:
+        """Record a document's token count under a model, and how many fit its context."""
+        with self._db.write() as db:
+            library.set_document_tokens(db, document_id, model, tokens, kept)
+
+    def document_tokens(self, model: str) -> dict[int, tuple[int, int]]:
+        """{document id: (tokens, tokens kept)} under `model`."""
+        return library.document_tokens(self._db.get(), model)
+
     def delete_document(self, document_id: int) -> None:
         """Delete a document with its KV entries (and entries extending them) and chat links."""
         self._delete("documents", document_id, "document")
@@ -309,6 +318,11 @@ class Store:
             f"SELECT {kv.ENTRY_COLUMNS} FROM kv_entries WHERE complete ORDER BY last_used, id"
         )
         return [kv.entry_from_row(row) for row in rows]
+
+    def spans(self, entry_id: int) -> tuple[Span, ...]:
+        """An entry's chunks: which tokens each covers."""
+        with self._db.read() as db:
+            return kv.entry_spans(db.conn, entry_id)
 
     def tokens(self, entry_id: int) -> list[int]:
         """The whole token prefix an entry caches: its ancestors' tokens, then its own."""

@@ -74,7 +74,8 @@ def test_attach_ask_reopen_end_to_end(tmp_path):
     ans = json.loads(kvdesk("ask", doc, "What is the access code?", "--max-tokens", "16",
                             "--json").stdout)
     assert set(ans) == {"chat_id", "answer", "ttft_s", "restore_s", "bytes_read",
-                        "chunk_levels", "recomputed_tokens", "tokens_generated", "source"}
+                        "chunk_levels", "recomputed_tokens", "tokens_generated", "source",
+                        "messages"}
     assert ans["chunk_levels"] == ["high"] and ans["recomputed_tokens"] == 0
     assert ans["source"] == "local"
     assert ans["bytes_read"] > 0 and ans["tokens_generated"] > 0
@@ -85,7 +86,8 @@ def test_attach_ask_reopen_end_to_end(tmp_path):
     assert more["chat_id"] == ans["chat_id"] and set(more["chunk_levels"]) == {"compact"}
 
     rep = json.loads(kvdesk("reopen", chat, "--json").stdout)
-    assert set(rep) == {"chat_id", "tokens", "restore_s", "chunk_levels", "recomputed_tokens"}
+    assert set(rep) == {"chat_id", "tokens", "restore_s", "chunk_levels", "recomputed_tokens",
+                        "messages"}
     assert rep["recomputed_tokens"] == 0 and len(rep["chunk_levels"]) >= 2
 
     assert [d["doc_id"] for d in json.loads(kvdesk("docs", "--json").stdout)] == [

@@ -126,16 +126,23 @@ def ask(app: App, args, chat_id, restore, max_tokens, seed, temperature, as_json
             click.echo(text, nl=False)
         streamed.append(text)
 
+    said: list[str] = []
+
+    def on_restore(report) -> None:  # said before the answer streams: why it may be slow
+        say(report.messages)
+        said.extend(report.messages)
+
     with interruptible() as cancel:
         res = app.engine.ask(
             question, chat_id=chat_id, doc_ids=doc_ids, restore=restore,
-            generation=generation, on_token=on_token,
-            on_restore=lambda r: say(r.messages), progress=bar, cancel=cancel)
+            generation=generation, on_token=on_token, on_restore=on_restore, progress=bar,
+            cancel=cancel)
     if as_json:
-        click.echo(json.dumps({k: v for k, v in res.as_dict().items() if k != "messages"},
-                              indent=2))
+        say([m for m in res.messages if m not in said])
+        click.echo(json.dumps(res.as_dict(), indent=2))
     else:
         click.echo()
+        say([m for m in res.messages if m not in said])
         click.echo(f"[chat {res.chat_id}] first token after {res.ttft_s * 1000:.0f} ms "
                    f"(restore {res.restore_s * 1000:.0f} ms, {summary(res.chunk_levels)})",
                    err=True)
@@ -154,7 +161,8 @@ def reopen(app: App, chat_id, restore, as_json):
     bar.done()
     say(rep.messages)
     out = {"chat_id": chat_id, "tokens": rep.tokens, "restore_s": round(rep.restore_s, 4),
-           "chunk_levels": rep.chunk_levels, "recomputed_tokens": rep.recomputed_tokens}
+           "chunk_levels": rep.chunk_levels, "recomputed_tokens": rep.recomputed_tokens,
+           "messages": rep.messages}
     emit(out, as_json, [f"restored {rep.tokens:,} tokens in {rep.restore_s * 1000:.0f} ms "
                         f"({summary(rep.chunk_levels)}; "
                         f"{rep.recomputed_tokens:,} recomputed)"])
@@ -167,8 +175,12 @@ def docs(app: App, as_json: bool):
     """List attached documents and their caches."""
     rows = app.engine.documents()
     emit([d.as_dict() for d in rows], as_json, [
-        f"[{d.doc_id}] {d.title} — {d.tokens:,} tokens, {d.status}, "
-        f"{sum(d.cache_bytes.values()) / 1e6:.1f} MB cached" for d in rows])
+        f"[{d.doc_id}] {d.title} — {d.tokens:,} tokens"
+        + (f" ({d.kept_tokens:,} kept)" if d.status == "ready" and d.kept_tokens < d.tokens
+           else "")
+        + f", {d.status}, {sum(d.cache_bytes.values()) / 1e6:.1f} MB cached"
+        + (f", {d.damaged_chunks} damaged chunks (kvdesk verify --repair)"
+           if d.damaged_chunks else "") for d in rows])
 
 
 @cli.command()
