@@ -18,7 +18,8 @@ class Record:
 @dataclass(frozen=True)
 class Progress(Record):
     """Work under way: phase is extract | prefill | encode | store | restore | recompute |
-    pull | push (from and to the shared cache tier)."""
+    pull | push (from and to the shared cache tier) | repair | wait (for another process's turn
+    in the same chat)."""
 
     phase: str
     done: int

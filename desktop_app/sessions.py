@@ -9,18 +9,21 @@ the conversation's own KV (extending the document's entry) so the next question 
 starts at once; `prepare` computes a question while it is typed; `reopen` restores a chat and
 says how.
 
-One turn runs at a time in the context (a lock). This module never prints, never parses
-arguments and never imports Qt.
+One turn runs at a time in the context (a lock), and one turn at a time in a chat across
+processes sharing the data directory (the store's chat turn). This module never prints, never
+parses arguments and never imports Qt.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 
 from store import Store
+from store.locks import TurnCancelled
 
 from . import speeds as speeds_mod
 from . import streaming
@@ -233,7 +236,7 @@ class ChatSession:
             chat_id = self.library.new_chat(doc_ids, title=title_of(question)).chat_id
         else:
             self.library.name_untitled(chat_id, title_of(question))
-        with self._lock:
+        with self._lock, self._turn(chat_id, progress, cancel):
             rt = self.runtime
             self.contexts.warm_up(rt)
             msgs, context, notes = self.conversation(rt, chat_id)
@@ -282,7 +285,7 @@ class ChatSession:
     def regenerate(self, chat_id: int, **options) -> AskResult:
         """Drop the last answer (and its question) and ask the question again."""
         self.library.chat(chat_id)
-        with self._lock:
+        with self._lock, self._turn(chat_id, options.get("progress"), options.get("cancel")):
             history = self.library.history(chat_id)
             users = [m for m in history if m.role == "user"]
             if not users:
@@ -291,6 +294,20 @@ class ChatSession:
             for m in history[history.index(last_q):]:
                 self.store.delete_message(m.id)
             return self.ask(last_q.text, chat_id=chat_id, **options)
+
+    @contextlib.contextmanager
+    def _turn(self, chat_id: int, progress: ProgressFn | None,
+              cancel: threading.Event | None) -> Iterator[None]:
+        """The chat's turn, against another kvdesk process answering in it (said, if waited)."""
+        def waiting() -> None:
+            if progress is not None:
+                progress(Progress("wait", 0, 1))
+
+        try:
+            with self.store.chat_turn(chat_id, cancel=cancel, on_wait=waiting):
+                yield
+        except TurnCancelled as e:
+            raise Cancelled(str(e)) from None
 
     def _store_chat(self, rt: Runtime, chat_id: int, tokens: list[int]) -> None:
         docs = self.library.chat_documents(chat_id)

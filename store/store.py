@@ -9,8 +9,10 @@ the codec: KV chunks are opaque bytes at named levels.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -19,6 +21,7 @@ from typing import Any
 from . import blobs, integrity, kv, library, quota
 from .db import Connections, prepare_data_dir
 from .errors import CorruptChunkError, DataDirError, NotFoundError
+from .locks import ChatLocks
 from .records import Chat, Document, Entry, Message, Model, PrefixMatch, Span
 from .schema import check_current, migrate, schema_version
 from .tokens import decode
@@ -35,6 +38,7 @@ class Store:
         self.path = self.data_dir / DB_NAME
         self._clock = clock
         self._db = Connections(self.path, read_only=prepare_data_dir(self.data_dir, self.path))
+        self._chat_locks = ChatLocks(self.data_dir / "locks")
         try:
             if self.read_only:
                 check_current(self._db.get().conn, self.data_dir)
@@ -163,6 +167,14 @@ class Store:
     def delete_chat(self, chat_id: int) -> None:
         """Delete a chat with its messages, document links and KV entries."""
         self._delete("chats", chat_id, "chat")
+
+    def chat_turn(self, chat_id: int, *, cancel: threading.Event | None = None,
+                  on_wait: Callable[[], None] | None = None) -> contextlib.AbstractContextManager:
+        """Hold a chat's turn against other processes sharing this data directory (store.locks);
+        a read-only store, where no turn can be stored, takes none."""
+        if self.read_only:
+            return contextlib.nullcontext()
+        return self._chat_locks.turn(chat_id, cancel=cancel, on_wait=on_wait)
 
     def attach_document(self, chat_id: int, document_id: int) -> None:
         with self._db.write() as db:
