@@ -9,10 +9,8 @@ the codec: KV chunks are opaque bytes at named levels.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sqlite3
-import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -21,8 +19,9 @@ from typing import Any
 from . import blobs, integrity, kv, library, quota
 from .db import Connections, prepare_data_dir
 from .errors import CorruptChunkError, DataDirError, NotFoundError
+from .library import LibraryStore
 from .locks import ChatLocks
-from .records import Chat, Document, Entry, Message, Model, PrefixMatch, Span
+from .records import Entry, Model, PrefixMatch, Span
 from .schema import check_current, migrate, schema_version
 from .tokens import decode
 
@@ -30,8 +29,12 @@ DB_NAME = "kvdesk.sqlite"
 DEFAULT_CHUNK_SIZE = 256
 
 
-class Store:
-    """Persistent state of one data directory. Close it (or use `with`) when done."""
+class Store(LibraryStore):
+    """Persistent state of one data directory. Close it (or use `with`) when done.
+
+    Documents, chats and messages: `LibraryStore` (store.library); KV entries, integrity and
+    quota: here.
+    """
 
     def __init__(self, data_dir: str | Path, *, clock: Callable[[], float] = time.time):
         self.data_dir = Path(data_dir)
@@ -94,153 +97,6 @@ class Store:
     def model(self, fingerprint: str) -> Model:
         row = library.get(self._db.get()["models"], fingerprint, "model")
         return Model(**{**row, "layout": json.loads(row["layout"])})
-
-    # -- documents -----------------------------------------------------------------------------
-
-    def add_document(
-        self,
-        content_hash: str,
-        title: str,
-        text: str,
-        *,
-        type: str,
-        source_path: str | None = None,
-        n_tokens: int | None = None,
-    ) -> Document:
-        """Store a document, or return the one already stored with the same content hash."""
-        record = {"content_hash": content_hash, "title": title, "source_path": source_path,
-                  "type": type, "text": text, "n_tokens": n_tokens, "created": self._clock()}
-        with self._db.write() as db:
-            document_id = library.add_document(db, record)
-        return self.document(document_id)
-
-    def document(self, document_id: int) -> Document:
-        return library.document(self._db.get(), document_id)
-
-    def documents(self) -> list[Document]:
-        return [Document(**row) for row in self._db.get()["documents"].rows_where(order_by="id")]
-
-    def set_document_tokens(self, document_id: int, model: str, tokens: int, kept: int) -> None:
-        """Record a document's token count under a model, and how many fit its context."""
-        with self._db.write() as db:
-            library.set_document_tokens(db, document_id, model, tokens, kept)
-
-    def document_tokens(self, model: str) -> dict[int, tuple[int, int]]:
-        """{document id: (tokens, tokens kept)} under `model`."""
-        return library.document_tokens(self._db.get(), model)
-
-    def delete_document(self, document_id: int) -> None:
-        """Delete a document with its KV entries (and entries extending them) and chat links."""
-        self._delete("documents", document_id, "document")
-
-    # -- chats and messages --------------------------------------------------------------------
-
-    def create_chat(self, title: str, document_ids: Sequence[int] = ()) -> Chat:
-        now = self._clock()
-        with self._db.write() as db:
-            chat_id = db["chats"].insert({"title": title, "created": now, "updated": now}).last_pk
-            for document_id in document_ids:
-                library.link(db, chat_id, document_id)
-        return self.chat(chat_id)
-
-    def chat(self, chat_id: int) -> Chat:
-        return library.chat(self._db.get(), chat_id)
-
-    def chats(self) -> list[Chat]:
-        """All chats, the most recently updated first."""
-        rows = self._db.get()["chats"].rows_where(order_by="updated DESC, id DESC")
-        return [Chat(**row) for row in rows]
-
-    def message_counts(self) -> dict[int, int]:
-        """{chat id: number of messages}, for chats with any: one query, no message loaded."""
-        return library.message_counts(self._db.get())
-
-    def chat_document_ids(self) -> dict[int, list[int]]:
-        """{chat id: document ids in the order attached}, for chats with documents."""
-        return library.chat_document_ids(self._db.get())
-
-    def rename_chat(self, chat_id: int, title: str) -> Chat:
-        with self._db.write() as db:
-            library.update(db, "chats", chat_id, "chat", title=title, updated=self._clock())
-        return self.chat(chat_id)
-
-    def delete_chat(self, chat_id: int) -> None:
-        """Delete a chat with its messages, document links and KV entries."""
-        self._delete("chats", chat_id, "chat")
-
-    def chat_turn(self, chat_id: int, *, cancel: threading.Event | None = None,
-                  on_wait: Callable[[], None] | None = None) -> contextlib.AbstractContextManager:
-        """Hold a chat's turn against other processes sharing this data directory (store.locks);
-        a read-only store, where no turn can be stored, takes none."""
-        if self.read_only:
-            return contextlib.nullcontext()
-        return self._chat_locks.turn(chat_id, cancel=cancel, on_wait=on_wait)
-
-    def attach_document(self, chat_id: int, document_id: int) -> None:
-        with self._db.write() as db:
-            library.link(db, chat_id, document_id)
-
-    def chat_documents(self, chat_id: int) -> list[Document]:
-        """The documents attached to a chat, in the order they were attached."""
-        rows = self._db.get().query(
-            "SELECT d.* FROM documents d JOIN chat_documents l ON l.document_id = d.id"
-            " WHERE l.chat_id = ? ORDER BY l.position",
-            (chat_id,),
-        )
-        return [Document(**row) for row in rows]
-
-    def add_message(
-        self,
-        chat_id: int,
-        role: str,
-        text: str,
-        stats: dict[str, Any] | None = None,
-        *,
-        tokens: Sequence[int] | None = None,
-        model: str | None = None,
-    ) -> Message:
-        """Add a message; `tokens`, if given, are its exact tokens under the `model` fingerprint."""
-        if (tokens is None) != (model is None):
-            raise ValueError("a message's tokens need the model they belong to, and only them")
-        with self._db.write() as db:
-            message_id = library.add_message(db, chat_id, role, text, stats, self._clock())
-            if tokens is not None:
-                library.set_tokens(db, message_id, model, tokens)
-        return self.message(message_id)
-
-    def set_message_tokens(self, message_id: int, model: str, tokens: Sequence[int]) -> None:
-        """Record a message's exact tokens under a model (e.g. after tokenizing its text again)."""
-        with self._db.write() as db:
-            library.set_tokens(db, message_id, model, tokens)
-
-    def message_tokens(self, chat_id: int, model: str) -> dict[int, list[int]]:
-        """{message id: tokens} of a chat's messages whose tokens under `model` are known."""
-        return library.tokens_of_chat(self._db.get(), chat_id, model)
-
-    def update_message(
-        self, message_id: int, *, text: str | None = None, stats: dict[str, Any] | None = None
-    ) -> Message:
-        """Replace a message's text and/or stats (e.g. as an answer streams in)."""
-        changes: dict[str, Any] = {"updated": self._clock()}
-        if text is not None:
-            changes["text"] = text
-        if stats is not None:
-            changes["stats"] = json.dumps(stats)
-        with self._db.write() as db:
-            library.update(db, "messages", message_id, "message", **changes)
-        return self.message(message_id)
-
-    def delete_message(self, message_id: int) -> None:
-        """Remove one message (e.g. an answer being regenerated)."""
-        with self._db.write() as db:
-            library.delete(db, "messages", message_id, "message")
-
-    def message(self, message_id: int) -> Message:
-        return library.message(self._db.get(), message_id)
-
-    def messages(self, chat_id: int) -> list[Message]:
-        rows = self._db.get()["messages"].rows_where("chat_id = ?", [chat_id], order_by="id")
-        return [library.message_from_row(row) for row in rows]
 
     # -- settings ------------------------------------------------------------------------------
 
