@@ -271,13 +271,13 @@ class ChatSession:
                 chunk_levels=report.chunk_levels, recomputed_tokens=report.recomputed_tokens,
                 tokens_generated=len(generated), messages=messages, source=report.source)
             stats = {k: v for k, v in result.as_dict().items() if k not in ("answer", "chat_id")}
-            # Both messages are stored after the answer: a durable write (fsync) before the
-            # first token would only delay it. A failure before here stores neither.
-            fp = rt.fingerprint
-            self.store.add_message(chat_id, "user", question, tokens=turn.tokens, model=fp)
+            # Both messages are stored after the answer, in one transaction: a durable write
+            # (fsync) before the first token would only delay it, and whatever stops the
+            # turn before here stores neither.
             answer_tokens = generated + suffix_tokens
-            self.store.add_message(chat_id, "assistant", result.answer, stats,
-                                   tokens=answer_tokens, model=fp)
+            self.store.add_turn(chat_id, question, result.answer, stats=stats,
+                                model=rt.fingerprint, question_tokens=turn.tokens,
+                                answer_tokens=answer_tokens)
             if kept:
                 self._store_chat(rt, chat_id, context + turn.tokens + answer_tokens)
             return result

@@ -273,6 +273,18 @@ class LibraryStore:
                 _set_tokens(db, message_id, model, tokens)
         return self.message(message_id)
 
+    def add_turn(self, chat_id: int, question: str, answer: str, *,
+                 stats: dict[str, Any] | None = None, model: str,
+                 question_tokens: Sequence[int], answer_tokens: Sequence[int]) -> None:
+        """A question and its answer, with their tokens under `model`, in one transaction:
+        a chat never holds a question without its answer, whatever interrupts the write."""
+        now = self._clock()
+        with self._db.write() as db:
+            for role, text, tokens, extra in (("user", question, question_tokens, None),
+                                              ("assistant", answer, answer_tokens, stats)):
+                message_id = _add_message(db, chat_id, role, text, extra, now)
+                _set_tokens(db, message_id, model, tokens)
+
     def set_message_tokens(self, message_id: int, model: str, tokens: Sequence[int]) -> None:
         """Record a message's exact tokens under a model (e.g. after tokenizing its text again)."""
         with self._db.write() as db:
