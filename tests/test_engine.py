@@ -76,7 +76,9 @@ def test_attach_stores_every_level(engine, doc_id):
     (info,) = [d for d in engine.documents() if d.doc_id == doc_id]
     assert info.status == "ready" and info.tokens > 50
     assert set(info.cache_bytes) == set(engine.levels)
-    raw = info.kept_tokens * engine.runtime.layout.kv_bytes_per_token
+    assert info.kept_tokens == info.tokens  # a short document: all of it fits
+    entry = engine.store.document_entry(doc_id, engine.fingerprint)
+    raw = entry.token_end * engine.runtime.layout.kv_bytes_per_token  # its whole prefix, fp16
     assert info.cache_bytes["compact"] < info.cache_bytes["high"] < info.cache_bytes["lossless"]
     assert info.cache_bytes["lossless"] < raw
 
