@@ -65,6 +65,8 @@ def test_pdf(tmp_path):
 
 @pytest.mark.parametrize("text, encoding", [
     ("café au lait", "latin-1"),  # too short to detect: Windows-1252 is assumed
+    ("Le café est très apprécié. Où est la bibliothèque? Déjà vu.", "latin-1"),
+    ("Привет, как дела? Сегодня хорошая погода, и мы идём гулять в парк.", "cp1251"),
     ("Señor Müller paid 20€ for the naïve résumé.", "cp1252"),
     ("Příliš žluťoučký kůň úpěl ďábelské ódy. Večer jsme šli do kina a potom na "
      "večeři. Počasí bylo krásné a všichni byli spokojení.", "cp1250"),
