@@ -24,6 +24,8 @@ from pathlib import Path
 
 import charset_normalizer
 
+from .errors import DocumentError
+
 MAX_FILE_BYTES = 200 * 1024 * 1024  # far beyond any context; refuses accidental disk images
 FALLBACK_ENCODING = "cp1252"  # Windows-1252: a superset of Latin-1's letters
 
@@ -37,9 +39,6 @@ BINARY_MAGIC = {
     b"SQLite format 3": "a SQLite database", b"MZ": "a Windows executable",
 }
 
-
-class DocumentError(ValueError):
-    """This file cannot be attached; the message says why, for the user."""
 
 
 @dataclass

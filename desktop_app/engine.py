@@ -8,6 +8,7 @@ assembles the parts and hands each call to the one that owns it:
     contexts    the model contexts, one per role (chat, attach), loaded on first use
     attaching   extract, prefill once, encode and store a document's KV
     sessions    the chat context: bring a chat in, ask, prepare, reopen, regenerate
+    completions a client's whole conversation answered with the persistent prompt cache
     kvcache     a context's KV captured, encoded at every level and stored
     streaming   stored chunks back into the model, a level chosen per chunk
     sharing     the shared cache tier (S3), when one is configured
@@ -26,6 +27,7 @@ from store import DEFAULT_CHUNK_SIZE, RemoteTier, Store
 
 from . import repair, speeds
 from .attaching import Attacher
+from .completions import Completion, Completions
 from .contexts import CHAT, Contexts
 from .kvcache import KVCache
 from .levels import DEFAULT_LEVELS, check_levels, quality_order
@@ -61,6 +63,7 @@ class Engine:
         remote: RemoteTier | None = None,
         auto_push: bool = False,
         auto_pull: bool = True,
+        min_cache_tokens: int = 1024,
     ):
         check_levels(levels)
         self.store = store
@@ -81,6 +84,7 @@ class Engine:
                                    self.prompter, self.speeds, levels=self._levels,
                                    chunk_tokens=chunk_tokens,
                                    default_budget_ms=default_budget_ms)
+        self.completions = Completions(self.session, min_cache_tokens=min_cache_tokens)
 
     @property
     def levels(self) -> tuple[str, ...]:
@@ -168,6 +172,11 @@ class Engine:
     def estimate(self, *, chat_id: int | None = None,
                  doc_ids: Sequence[int] = ()) -> RestoreEstimate:
         return self.session.estimate(chat_id=chat_id, doc_ids=doc_ids)
+
+    def complete(self, messages: Sequence[dict], **options) -> Completion:
+        """Answer a client's whole conversation with the persistent prompt cache (the local
+        API's chat completions): see `completions.Completions.complete`."""
+        return self.completions.complete(messages, **options)
 
     def repair(self, *, progress: ProgressFn | None = None,
                cancel: threading.Event | None = None) -> dict:

@@ -27,6 +27,7 @@ DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_MAGIC = b"GGUF"
 
 
+
 class ModelNotFoundError(FileNotFoundError):
     """No usable model file: says where it looked and how to provide one."""
 

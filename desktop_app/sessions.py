@@ -29,6 +29,7 @@ from . import speeds as speeds_mod
 from . import streaming
 from .contexts import CHAT, Contexts
 from .errors import Cancelled, EngineError
+from .fairlock import FairLock
 from .kvcache import KVCache
 from .levels import check_levels
 from .library import Library
@@ -58,7 +59,7 @@ class ChatSession:
         self.chunk_tokens = chunk_tokens
         # The budget of an "auto" restore when the caller gives none (None: best quality).
         self.default_budget_ms = default_budget_ms
-        self._lock = threading.RLock()
+        self.lock = FairLock()  # the chat context: one turn at a time, first come first served
         # How the context's content was restored (None: not by a restore), so a question
         # asked the same way keeps it instead of restoring it again.
         self._loaded: RestoreOptions | None = None
@@ -162,7 +163,7 @@ class ChatSession:
                cancel: threading.Event | None = None) -> RestoreReport:
         """Restore a chat's whole context, ready for the next question."""
         self.library.chat(chat_id)
-        with self._lock:
+        with self.lock:
             rt = self.runtime
             self.contexts.warm_up(rt)
             _, tokens, notes = self.conversation(rt, chat_id)
@@ -186,7 +187,7 @@ class ChatSession:
         Returns the restore's report when this call restored the context, else None (also
         when cancelled: a newer draft supersedes it).
         """
-        with self._lock:
+        with self.lock:
             if cancel is not None and cancel.is_set():
                 return None
             rt = self.runtime
@@ -236,7 +237,7 @@ class ChatSession:
             chat_id = self.library.new_chat(doc_ids, title=title_of(question)).chat_id
         else:
             self.library.name_untitled(chat_id, title_of(question))
-        with self._lock, self._turn(chat_id, progress, cancel):
+        with self.lock, self._turn(chat_id, progress, cancel):
             rt = self.runtime
             self.contexts.warm_up(rt)
             msgs, context, notes = self.conversation(rt, chat_id)
@@ -249,7 +250,7 @@ class ChatSession:
             report = replace(report, messages=[*notes, *report.messages])
             if on_restore:
                 on_restore(report)
-            generated, answer, ttft = _answer(rt, generation, t0, on_token, cancel)
+            generated, answer, ttft = stream_answer(rt, generation, t0, on_token, cancel)
             # Close the turn as the template would, so the next turn appends to it exactly.
             suffix = closing_text(rt, turn, answer)
             suffix_tokens = rt.tokenize(suffix) if suffix else []
@@ -285,7 +286,7 @@ class ChatSession:
     def regenerate(self, chat_id: int, **options) -> AskResult:
         """Drop the last answer (and its question) and ask the question again."""
         self.library.chat(chat_id)
-        with self._lock, self._turn(chat_id, options.get("progress"), options.get("cancel")):
+        with self.lock, self._turn(chat_id, options.get("progress"), options.get("cancel")):
             history = self.library.history(chat_id)
             users = [m for m in history if m.role == "user"]
             if not users:
@@ -338,7 +339,7 @@ class ChatSession:
         return RestoreEstimate(tokens=len(tokens), bytes=per_level, seconds=seconds)
 
 
-def _answer(rt: Runtime, generation: GenerationOptions, t0: float,
+def stream_answer(rt: Runtime, generation: GenerationOptions, t0: float,
             on_token: Callable[[str], None] | None,
             cancel: threading.Event | None) -> tuple[list[int], str, float | None]:
     """Stream an answer: (its token ids, its text, seconds from t0 to its first token)."""

@@ -8,7 +8,6 @@ import sys
 
 import click
 
-from .. import documents, quality
 from ..app import App
 from ..options import GcOptions
 from ..selfcheck import run as run_selfcheck
@@ -90,12 +89,14 @@ def selfcheck(app: App, as_json: bool):
 @click.option("--cont-tokens", type=int, default=256, show_default=True,
               help="Following tokens, scored under teacher forcing.")
 @click.option("--configs", help="Comma-separated: fp16, fp16-ulp (the noise floor), q8_0, q4_0 "
-              f"and codec levels (default: {','.join(quality.DEFAULT_CONFIGS)}).")
+              "and codec levels (default: all of them but lossless).")
 @json_option
 @click.pass_obj
 def eval_(app: App, file: str, prefix_tokens: int, cont_tokens: int, configs: str | None,
           as_json: bool):
     """Measure how closely compressed KV caches answer like the exact one, on FILE."""
+    from .. import documents, quality
+
     names = level_list(configs) or list(quality.DEFAULT_CONFIGS)
     if not as_json:
         click.echo(f"{'config':<12} {'bits/elem':>9} {'KLD':>8} {'top-1':>6} {'ppl':>8}  greedy")
