@@ -29,6 +29,10 @@ class EngineError(ValueError):
     """A request the engine cannot serve: an unknown document or chat, a bad level..."""
 
 
+class MissingError(EngineError):
+    """The document or chat asked for does not exist (or no longer)."""
+
+
 class RuntimeStateError(RuntimeError):
     """llama.cpp refused a state, or the context cannot hold the request."""
 

@@ -16,7 +16,7 @@ from typing import TypeVar
 
 from store import Chat, Document, Message, NotFoundError, Store
 
-from .errors import EngineError
+from .errors import EngineError, MissingError
 from .prompts import UNTITLED
 from .results import ChatInfo, DocumentInfo, MessageInfo
 
@@ -27,7 +27,7 @@ def _found(get: Callable[[int], T], item_id: int, what: str) -> T:
     try:
         return get(item_id)
     except NotFoundError as e:
-        raise EngineError(f"no {what} {item_id}") from e
+        raise MissingError(f"no {what} {item_id}") from e
 
 
 class Library:

@@ -22,7 +22,9 @@ from .base import (
     interruptible,
     json_option,
     level_list,
+    no_server_option,
     say,
+    server_client,
     summary,
     values,
 )
@@ -31,17 +33,20 @@ from .base import (
 @cli.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path())
 @click.option("--levels", help="Comma-separated codec levels to store (default: every level).")
+@no_server_option
 @json_option
 @click.pass_obj
-def attach(app: App, files: tuple[str, ...], levels: str | None, as_json: bool):
+def attach(app: App, files: tuple[str, ...], levels: str | None, no_server: bool,
+           as_json: bool):
     """Attach documents: extract, prefill once, compress and store their KV cache."""
     results, failed = [], False
     bar = TerminalProgress()
+    engine = server_client(app, no_server) or app.engine
     with interruptible() as cancel:
         for path in files:
             try:
-                res = app.engine.attach(path, levels=level_list(levels), progress=bar,
-                                        cancel=cancel)
+                res = engine.attach(path, levels=level_list(levels), progress=bar,
+                                    cancel=cancel)
             except Cancelled:
                 bar.done()
                 click.echo(f"{path}: cancelled; nothing was stored", err=True)
@@ -101,9 +106,10 @@ def restore_options(f):
 @click.option("--max-tokens", type=int, default=512, show_default=True)
 @click.option("--seed", type=int, help="Sample with this seed (default: greedy).")
 @click.option("--temperature", type=float, help="Sampling temperature (default 0.8 with --seed).")
+@no_server_option
 @json_option
 @click.pass_obj
-def ask(app: App, args, chat_id, restore, max_tokens, seed, temperature, as_json):
+def ask(app: App, args, chat_id, restore, max_tokens, seed, temperature, no_server, as_json):
     """Ask about a document (a new chat), or continue a chat with --chat."""
     if chat_id is not None and len(args) == 1:
         doc_ids, question = [], args[0]
@@ -133,7 +139,7 @@ def ask(app: App, args, chat_id, restore, max_tokens, seed, temperature, as_json
         said.extend(report.messages)
 
     with interruptible() as cancel:
-        res = app.engine.ask(
+        res = (server_client(app, no_server) or app.engine).ask(
             question, chat_id=chat_id, doc_ids=doc_ids, restore=restore,
             generation=generation, on_token=on_token, on_restore=on_restore, progress=bar,
             cancel=cancel)
@@ -151,13 +157,15 @@ def ask(app: App, args, chat_id, restore, max_tokens, seed, temperature, as_json
 @cli.command()
 @click.argument("chat_id", type=int)
 @restore_options
+@no_server_option
 @json_option
 @click.pass_obj
-def reopen(app: App, chat_id, restore, as_json):
+def reopen(app: App, chat_id, restore, no_server, as_json):
     """Restore a chat's context into the model and report how."""
     bar = TerminalProgress()
     with interruptible() as cancel:
-        rep = app.engine.reopen(chat_id, restore=restore, progress=bar, cancel=cancel)
+        rep = (server_client(app, no_server) or app.engine).reopen(
+            chat_id, restore=restore, progress=bar, cancel=cancel)
     bar.done()
     say(rep.messages)
     out = {"chat_id": chat_id, "tokens": rep.tokens, "restore_s": round(rep.restore_s, 4),
