@@ -81,6 +81,13 @@ class App:
                       auto_push=s.remote_auto_push, auto_pull=s.remote_auto_pull,
                       min_cache_tokens=s.prompt_cache_min_tokens)
 
+    @cached_property
+    def local_api(self):
+        """The local API server, for a window to start and stop (desktop_app.server)."""
+        from .server import LocalAPI
+
+        return LocalAPI(self)
+
     def info(self) -> dict:
         rt = self.engine.runtime
         lay = rt.layout
@@ -95,6 +102,8 @@ class App:
         }
 
     def close(self) -> None:
+        if "local_api" in self.__dict__:
+            self.local_api.stop()
         if "engine" in self.__dict__:
             self.engine.close()
         if "store" in self.__dict__:
