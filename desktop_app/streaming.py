@@ -345,7 +345,8 @@ def _stream(runtime: Runtime, source: ChunkSource, tokens: list[int], levels: Se
     (tokens restored, bytes read). Appends each chunk's level and every fallback said."""
     t0 = time.perf_counter()
     lay = runtime.layout
-    state = runtime.new_state_buffer(source.n_tokens)  # chunks are decoded into it in place
+    held = [*tokens[:source.n_tokens], *source.beyond]  # what the chunks hold
+    state = runtime.new_state_buffer(len(held))  # chunks are decoded into it in place
     reader = ChunkReader(source, tokens, levels, options, speeds, lay.kv_bytes_per_token, t0)
     fetched = reader.fetched
     thread = threading.Thread(target=reader.run, name="kv-reader", daemon=True)
@@ -377,7 +378,7 @@ def _stream(runtime: Runtime, source: ChunkSource, tokens: list[int], levels: Se
             n_restored = item.span.token_end
             chunk_levels.append(item.level)
             if progress is not None:
-                progress(Progress("restore", n_restored, len(tokens)))
+                progress(Progress("restore", min(n_restored, len(tokens)), len(tokens)))
     finally:
         reader.stop.set()
         while thread.is_alive():  # unblock a reader waiting on a full queue
@@ -396,9 +397,12 @@ def _stream(runtime: Runtime, source: ChunkSource, tokens: list[int], levels: Se
     if measured and not options.bandwidth_MBps:
         speeds.observe_read(source.kind, measured)
 
-    if n_restored == source.n_tokens:
-        runtime.restore_buffer(state, tokens[:n_restored])
+    if n_restored == len(held):
+        runtime.restore_buffer(state, held)
+        runtime.truncate(source.n_tokens)  # a tail's tokens past the ones asked for go
+        n_restored = source.n_tokens
     elif n_restored:  # the stored part ended early: only its first chunks are usable
+        n_restored = min(n_restored, source.n_tokens)
         kv = KVState(state.keys[:, :n_restored], state.values[:, :n_restored],
                      np.arange(n_restored, dtype=np.int32), v_trans=lay.v_trans)
         runtime.restore(kv, tokens[:n_restored])

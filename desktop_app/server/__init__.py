@@ -86,7 +86,8 @@ class Server:
         if running:
             raise EngineError(f"a kvdesk server already serves this data directory at "
                               f"{running}: stop it first, or use it")
-        self.app.engine.warm_up()  # the model and the codec, before the first request
+        self.app.engine.warm_up()  # the model and the codec, before any request
+        self.app.engine.contexts.wait_warm()
         try:
             threading.Thread(target=self._announce, daemon=True).start()
             self.uvicorn.run()
