@@ -288,59 +288,87 @@ class StateBuffer:
     llama.cpp will read (values as a transposed view when v_trans), so a streaming restore
     decodes chunks straight into the state it hands to llama_state_seq_set_data — no
     intermediate arrays, no concatenation, no copy of the whole cache.
+
+    With `window` = (its layers, its positions), the state has the second section of an iSWA
+    cache after the first: `window_keys` and `window_values` are its views, [window layers,
+    len(positions), channels] (the sliding-window layers' cells, same width, type and V layout).
     """
 
     def __init__(self, n_layer: int, n_tokens: int, channels: int, dtype, *, v_trans: bool,
                  positions: np.ndarray | None = None, seq_id: int = 0,
-                 reuse: bytearray | None = None):
+                 reuse: bytearray | None = None,
+                 window: tuple[int, np.ndarray] | None = None):
         dt = np.dtype(dtype).newbyteorder("<")
         type_id = next((t for t, d in _FLOAT_TYPES.items() if d == dt), None)
         if type_id is None:
             raise KVStateError(f"unsupported KV dtype {dtype}")
         self.v_trans = v_trans
-        head = struct.pack("<IiII", SEQ_STATE_MAGIC, seq_id, 1, n_tokens)
-        if n_tokens == 0:
-            self.data = bytearray(head)
-            self.keys = self.values = np.zeros((0, 0, 0), dt)
-            return
-        row = channels * dt.itemsize
-        layer = n_tokens * row
-        k_head = struct.pack("<iQ", type_id, row)
-        v_head = (struct.pack("<iII", type_id, dt.itemsize, channels) if v_trans
-                  else struct.pack("<iQ", type_id, row))
-        cells_at = len(head)
-        k_at = cells_at + 12 * n_tokens + 8
-        v_at = k_at + n_layer * (len(k_head) + layer)
-        size = v_at + n_layer * (len(v_head) + layer)
+        first = np.arange(n_tokens) if positions is None else np.asarray(positions)
+        sections = [_Section(n_layer, first, channels, dt, type_id, v_trans)]
+        if window is not None:
+            sections.append(_Section(window[0], np.asarray(window[1]), channels, dt, type_id,
+                                     v_trans))
+        size = 8 + sum(s.size for s in sections)
         # Reusing the previous restore's buffer spares allocating and zero-filling ~100 MB
         # (page faults included) on every restore; every byte is rewritten below or decoded.
         if reuse is not None and len(reuse) == size:
             self.data = reuse
         else:
             self.data = bytearray(size)
-        mv = memoryview(self.data)
-        mv[:cells_at] = head
-        meta = np.frombuffer(mv[cells_at : cells_at + 12 * n_tokens], "<i4").reshape(-1, 3)
-        meta[:, 0] = np.arange(n_tokens) if positions is None else positions
+        memoryview(self.data)[:8] = struct.pack("<Ii", SEQ_STATE_MAGIC, seq_id)
+        at = 8
+        views = []
+        for section in sections:
+            views.append(section.lay_out(self.data, at, seq_id))
+            at += section.size
+        self.keys, self.values = views[0]
+        self.window_keys, self.window_values = views[1] if window is not None else (None, None)
+
+
+class _Section:
+    """Where one cache section's bytes go in a state, and its header and cell records."""
+
+    def __init__(self, n_layer: int, positions: np.ndarray, channels: int, dt: np.dtype,
+                 type_id: int, v_trans: bool):
+        self.n_layer, self.positions, self.channels = n_layer, positions, channels
+        self.dt, self.v_trans = dt, v_trans
+        n = len(positions)
+        self.row = channels * dt.itemsize
+        self.layer = n * self.row
+        self.k_head = struct.pack("<iQ", type_id, self.row)
+        self.v_head = (struct.pack("<iII", type_id, dt.itemsize, channels) if v_trans
+                       else struct.pack("<iQ", type_id, self.row))
+        # n_stream, cell_count; then (unless empty) cells, v_trans, n_layer, K and V layers.
+        self.k_at = 8 + 12 * n + 8
+        self.v_at = self.k_at + n_layer * (len(self.k_head) + self.layer)
+        self.size = 8 if n == 0 else self.v_at + n_layer * (len(self.v_head) + self.layer)
+
+    def lay_out(self, data: bytearray, at: int, seq_id: int) -> tuple[np.ndarray, np.ndarray]:
+        """Write the section's header and cells at `at`; its K and V views."""
+        n, n_layer, dt = len(self.positions), self.n_layer, self.dt
+        mv = memoryview(data)[at : at + self.size]
+        mv[:8] = struct.pack("<II", 1, n)
+        if n == 0:  # llama.cpp writes nothing after an empty stream's cell count
+            empty = np.zeros((0, 0, 0), dt)
+            return empty, empty
+        meta = np.frombuffer(mv[8 : 8 + 12 * n], "<i4").reshape(-1, 3)
+        meta[:, 0] = self.positions
         meta[:, 1] = 1
         meta[:, 2] = seq_id
-        mv[k_at - 8 : k_at] = struct.pack("<II", int(v_trans), n_layer)
+        mv[self.k_at - 8 : self.k_at] = struct.pack("<II", int(self.v_trans), n_layer)
+        k_step, v_step = len(self.k_head) + self.layer, len(self.v_head) + self.layer
         for il in range(n_layer):
-            mv[k_at + il * (len(k_head) + layer) :][: len(k_head)] = k_head
-            mv[v_at + il * (len(v_head) + layer) :][: len(v_head)] = v_head
+            mv[self.k_at + il * k_step :][: len(self.k_head)] = self.k_head
+            mv[self.v_at + il * v_step :][: len(self.v_head)] = self.v_head
         # Views over the per-layer payloads: strides skip each layer's small header.
-        self.keys = np.ndarray((n_layer, n_tokens, channels), dt, self.data,
-                               offset=k_at + len(k_head),
-                               strides=(len(k_head) + layer, row, dt.itemsize))
-        if v_trans:
-            self.values = np.ndarray((n_layer, n_tokens, channels), dt, self.data,
-                                     offset=v_at + len(v_head),
-                                     strides=(len(v_head) + layer, dt.itemsize,
-                                              n_tokens * dt.itemsize))
-        else:
-            self.values = np.ndarray((n_layer, n_tokens, channels), dt, self.data,
-                                     offset=v_at + len(v_head),
-                                     strides=(len(v_head) + layer, row, dt.itemsize))
+        keys = np.ndarray((n_layer, n, self.channels), dt, data,
+                          offset=at + self.k_at + len(self.k_head),
+                          strides=(k_step, self.row, dt.itemsize))
+        v_strides = ((v_step, dt.itemsize, n * dt.itemsize) if self.v_trans
+                     else (v_step, self.row, dt.itemsize))
+        values = np.ndarray((n_layer, n, self.channels), dt, data,
+                            offset=at + self.v_at + len(self.v_head), strides=v_strides)
+        return keys, values
 
 
 def build_seq_state(kv: KVState) -> bytes:

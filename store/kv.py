@@ -2,10 +2,15 @@
 
 An entry caches tokens [token_start, token_end) of one model; a chat's entry extends its
 document's entry (parent_id) and stores only its own tokens, so the document's chunks are reused,
-never copied. Entries are written incomplete (invisible to every reader), one short write
-transaction per chunk so the GUI and other writers are never blocked for a whole prefill, and
-become visible in the single transaction that checks every (chunk, level) is present and sets
-complete = 1. A writer that dies leaves an incomplete entry that store.quota removes later.
+never copied. An entry may also carry a window: the KV of a cache section that holds only the
+last positions at the entry's end (a sliding-window model's), stored as parts of chunk_size
+tokens of their own (kv_spans.window_part = 1, chunk indexes after the entry's chunks), at the
+entry's levels; what those bytes mean is the caller's. A window part is never a prefix key.
+
+Entries are written incomplete (invisible to every reader), one short write transaction per chunk
+so the GUI and other writers are never blocked for a whole prefill, and become visible in the
+single transaction that checks every (chunk, level) is present and sets complete = 1. A writer
+that dies leaves an incomplete entry that store.quota removes later.
 
 This module must never let a reader see an incomplete entry, and never copy a parent's chunks.
 """
@@ -51,13 +56,15 @@ def get_entry(conn: sqlite3.Connection, entry_id: int) -> Entry:
     return entry_from_row(row)
 
 
-def entry_spans(conn: sqlite3.Connection, entry_id: int) -> tuple[Span, ...]:
+def entry_spans(conn: sqlite3.Connection, entry_id: int, *, window: bool = False
+                ) -> tuple[Span, ...]:
+    """The chunks of an entry's own tokens, in order (`window`: the parts of its window)."""
     return tuple(
         Span(*row)
         for row in conn.execute(
             "SELECT entry_id, chunk_index, token_start, token_end FROM kv_spans"
-            " WHERE entry_id = ? ORDER BY chunk_index",
-            (entry_id,),
+            " WHERE entry_id = ? AND window_part = ? ORDER BY chunk_index",
+            (entry_id, int(window)),
         )
     )
 
@@ -73,8 +80,12 @@ def create_pending(
     document_id: int | None,
     chat_id: int | None,
     now: float,
+    window_start: int | None = None,
 ) -> int:
-    """Insert an incomplete entry and its spans for `tokens` (the whole prefix); return its id."""
+    """Insert an incomplete entry and its spans for `tokens` (the whole prefix); return its id.
+
+    `window_start`: the entry also has a window, the positions [window_start, len(tokens)).
+    """
     if chunk_size <= 0 or not levels or len(set(levels)) != len(levels):
         raise ValueError("an entry needs a positive chunk size and distinct level names")
     encoded = encode(tokens)
@@ -87,6 +98,8 @@ def create_pending(
         start = parent.token_end
     if n_tokens <= start:
         raise ValueError("nothing to store: the tokens do not extend past the parent entry")
+    if window_start is not None and not 0 <= window_start < n_tokens:
+        raise ValueError(f"a window from token {window_start} does not end at {n_tokens}")
     spans = chunk_spans(start, n_tokens, chunk_size)
     positions = ([start] if parent_id is not None else []) + [end for _, end in spans]
     hashes = prefix_hashes(fingerprint, encoded, positions)
@@ -117,13 +130,16 @@ def create_pending(
             socket.gethostname(),
         ),
     ).lastrowid
+    rows = [(entry_id, index, start, end, prefix_hash, 0)
+            for index, ((start, end), prefix_hash) in enumerate(zip(spans, hashes, strict=True))]
+    if window_start is not None:
+        # Keyed by the entry's own hash, but never looked up (window_part = 1).
+        parts = chunk_spans(window_start, n_tokens, chunk_size)
+        rows += [(entry_id, len(spans) + i, start, end, hashes[-1], 1)
+                 for i, (start, end) in enumerate(parts)]
     conn.executemany(
-        "INSERT INTO kv_spans VALUES (?, ?, ?, ?, ?)",
-        [
-            (entry_id, index, start, end, prefix_hash)
-            for index, ((start, end), prefix_hash) in enumerate(zip(spans, hashes, strict=True))
-        ],
-    )
+        "INSERT INTO kv_spans (entry_id, chunk_index, token_start, token_end, prefix_hash,"
+        " window_part) VALUES (?, ?, ?, ?, ?, ?)", rows)
     return entry_id
 
 
@@ -176,7 +192,8 @@ def longest_prefix(
         row[0]
         for row in conn.execute(
             "SELECT DISTINCT s.token_end FROM kv_spans s JOIN kv_entries e ON e.id = s.entry_id"
-            " WHERE e.model = ? AND e.complete AND s.token_end <= ? ORDER BY s.token_end",
+            " WHERE e.model = ? AND e.complete AND NOT s.window_part AND s.token_end <= ?"
+            " ORDER BY s.token_end",
             (fingerprint, len(encoded) // 4),
         )
     ]
@@ -186,7 +203,8 @@ def longest_prefix(
         hit = conn.execute(
             "SELECT s.entry_id, s.token_end FROM kv_spans s JOIN kv_entries e ON e.id = s.entry_id"
             f" WHERE s.prefix_hash IN ({','.join('?' * len(batch))}) AND e.complete"
-            " AND e.model = ? ORDER BY s.token_end DESC, e.last_used DESC, e.id LIMIT 1",
+            " AND NOT s.window_part AND e.model = ?"
+            " ORDER BY s.token_end DESC, e.last_used DESC, e.id LIMIT 1",
             (*batch, fingerprint),
         ).fetchone()
         if hit is not None:
@@ -216,7 +234,7 @@ def with_tail(conn: sqlite3.Connection, fingerprint: str, tokens: Iterable[int],
     for entry_id, start in candidates:
         span = conn.execute(
             "SELECT entry_id, chunk_index, token_start, token_end FROM kv_spans"
-            " WHERE entry_id = ? AND token_start = ?", (entry_id, n)).fetchone()
+            " WHERE entry_id = ? AND token_start = ? AND NOT window_part", (entry_id, n)).fetchone()
         (own,) = conn.execute("SELECT tokens FROM kv_entries WHERE id = ?",
                               (entry_id,)).fetchone()
         stored = own[(span[2] - start) * 4 : (span[3] - start) * 4]
@@ -314,7 +332,8 @@ class EntryWriter:
     """Writes one KV entry chunk by chunk; readers see it only once finish() has committed.
 
     Use as a context manager: leaving the block normally finishes the entry, an exception aborts
-    it (its chunks are deleted). `spans` says which tokens each chunk index covers.
+    it (its chunks are deleted). `spans` says which tokens each chunk index covers, `windows`
+    which positions each part of the entry's window does (chunk indexes after the spans').
     """
 
     def __init__(
@@ -333,10 +352,13 @@ class EntryWriter:
         self._on_finish = on_finish
         with db.read() as rdb:
             self.spans = entry_spans(rdb.conn, entry_id)
+            self.windows = entry_spans(rdb.conn, entry_id, window=True)
 
     def put_chunk(self, chunk_index: int, level: str, data: bytes | memoryview) -> None:
-        """Store the encoded bytes of one chunk at one level (again: replaces them)."""
-        if not 0 <= chunk_index < len(self.spans) or level not in self.levels:
+        """Store the encoded bytes of one chunk (or window part) at one level (again: replaces
+        them)."""
+        n_chunks = len(self.spans) + len(self.windows)
+        if not 0 <= chunk_index < n_chunks or level not in self.levels:
             raise ValueError(f"no chunk {chunk_index} at level {level!r} in this entry")
         with self._db.write() as wdb:
             conn = wdb.conn

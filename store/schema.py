@@ -6,9 +6,9 @@ opening a fresh store at once apply each migration once. Never edit or reorder a
 migration; append a new one. A database at a version this code does not know is refused, never
 "repaired".
 
-Token ranges live in kv_spans (one row per chunk boundary of an entry, shared by all of its levels);
-kv_chunks holds one row per (entry, chunk, level) with the bytes, so reading a chunk never loads
-the rest of its entry.
+Token ranges live in kv_spans (one row per chunk boundary of an entry, shared by all of its levels;
+since m004 also one per part of its window, if it has one); kv_chunks holds one row per (entry,
+chunk, level) with the bytes, so reading a chunk never loads the rest of its entry.
 """
 
 from __future__ import annotations
@@ -210,10 +210,24 @@ def m003_integrity(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
 
 
+# 1: a part of the entry's window (KV held only for the last positions at its end: a sliding-window
+# model's), not one of the chunks of its own tokens; never a prefix key. (No SQL comment: SQLite
+# keeps a new column's text inside the table's CREATE statement.)
+M004_WINDOWS = "ALTER TABLE kv_spans ADD COLUMN window_part INTEGER NOT NULL DEFAULT 0"
+
+
+def m004_windows(conn: sqlite3.Connection) -> None:
+    """Window parts: an entry may carry, beside the chunks of its own tokens, the KV of a
+    cache section that holds only the last positions at its end (the sliding-window layers of
+    an iSWA model), as chunks of its own at the entry's levels."""
+    conn.execute(M004_WINDOWS)
+
+
 MIGRATIONS: list[tuple[str, Callable[[sqlite3.Connection], None]]] = [
     ("m001_initial", m001_initial),
     ("m002_message_tokens", m002_message_tokens),
     ("m003_integrity", m003_integrity),
+    ("m004_windows", m004_windows),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

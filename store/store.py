@@ -129,12 +129,15 @@ class Store(LibraryStore):
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         document_id: int | None = None,
         chat_id: int | None = None,
+        window_start: int | None = None,
     ) -> kv.EntryWriter:
         """Start writing the KV entry for `tokens` (the whole prefix, parent's tokens included).
 
         The entry covers tokens [parent.token_end, len(tokens)), cut into chunks of chunk_size;
-        `writer.spans` says which. Put every chunk at every level, then leave the `with` block
-        (or call finish()). Deleting its document or chat deletes the entry.
+        `writer.spans` says which. With `window_start`, it also has a window of the positions
+        [window_start, len(tokens)), cut the same way (`writer.windows`). Put every chunk and
+        window part at every level, then leave the `with` block (or call finish()). Deleting
+        its document or chat deletes the entry.
         """
         levels = tuple(levels)
         with self._db.write() as db:
@@ -148,6 +151,7 @@ class Store(LibraryStore):
                 document_id=document_id,
                 chat_id=chat_id,
                 now=self._clock(),
+                window_start=window_start,
             )
         return kv.EntryWriter(self._db, entry_id, levels, self._clock, self._enforce_budget)
 
@@ -199,6 +203,12 @@ class Store(LibraryStore):
         """An entry's chunks: which tokens each covers."""
         with self._db.read() as db:
             return kv.entry_spans(db.conn, entry_id)
+
+    def windows(self, entry_ids: Iterable[int]) -> dict[int, tuple[Span, ...]]:
+        """{entry id: the parts of its window}, for those of the entries that have one."""
+        with self._db.read() as db:
+            found = {i: kv.entry_spans(db.conn, i, window=True) for i in set(entry_ids)}
+        return {i: parts for i, parts in found.items() if parts}
 
     def tokens(self, entry_id: int) -> list[int]:
         """The whole token prefix an entry caches: its ancestors' tokens, then its own."""

@@ -25,7 +25,7 @@ def payload(start: int, end: int, level: str) -> bytes:
 
 def put_entry(store: Store, tokens, *, levels=LEVELS, fingerprint=FP, **kwargs) -> Entry:
     with store.write_entry(fingerprint, tokens, levels=levels, **kwargs) as writer:
-        for span in writer.spans:
+        for span in writer.spans + writer.windows:
             for level in levels:
                 writer.put_chunk(
                     span.chunk_index, level, payload(span.token_start, span.token_end, level)

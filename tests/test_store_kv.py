@@ -172,3 +172,36 @@ def test_a_tail_chunk_continues_a_match_for_a_while(tmp_path):
         assert match.n_tokens == 0 and match.tail.entry_id == root.id
         assert match.tail_match == 100
         assert store.longest_prefix(FP, range(300)).tail is None  # only when asked for
+
+
+def test_a_window_is_stored_beside_the_chunks_and_never_matched(store):
+    tokens = list(range(700))
+    entry = put_entry(store, tokens, window_start=700 - 512)
+    # The chunks of its own tokens, then the window's parts, numbered after them.
+    assert [(s.chunk_index, s.token_start, s.token_end) for s in store.spans(entry.id)] == [
+        (0, 0, 256), (1, 256, 512), (2, 512, 700)]
+    windows = store.windows([entry.id, 999])
+    assert list(windows) == [entry.id]
+    assert [(s.chunk_index, s.token_start, s.token_end) for s in windows[entry.id]] == [
+        (3, 188, 444), (4, 444, 700)]
+    assert store.read_chunk(entry.id, 4, "compact") == payload(444, 700, "compact")
+    assert entry.n_chunks == 3
+    assert entry.nbytes == sum(len(payload(s, e, lv)) for s, e in
+                               [(0, 256), (256, 512), (512, 700), (188, 444), (444, 700)]
+                               for lv in LEVELS)
+    match = store.longest_prefix(FP, tokens + [5])
+    assert match.n_tokens == 700 and [s.chunk_index for s in match.spans] == [0, 1, 2]
+    # A query that ends inside the window matches the chunks, never a window part.
+    assert store.longest_prefix(FP, tokens[:444]).n_tokens == 256
+
+
+def test_an_entry_is_complete_only_with_its_window(store):
+    writer = store.write_entry(FP, range(300), levels=["raw"], window_start=100)
+    for span in writer.spans:
+        writer.put_chunk(span.chunk_index, "raw", b"kv")
+    with pytest.raises(IncompleteEntryError):
+        writer.finish()
+    writer.put_chunk(writer.windows[0].chunk_index, "raw", b"window")
+    assert writer.finish().token_end == 300
+    with pytest.raises(ValueError, match="window"):
+        store.write_entry(FP, range(10), levels=["raw"], window_start=10)
