@@ -7,6 +7,9 @@ It carries:
   longest-prefix lookup, and its local copy is an ordinary entry keyed by them (store.kv);
 - the chunk size, the levels, and the size and SHA-256 of every (level, chunk) object; the
   object keys follow from these, so a manifest cannot point outside its fingerprint's folder;
+- where the entry's window starts, if it has one (version 2; the window's parts are chunk
+  objects numbered after the entry's chunks, store.kv): version 1 readers refuse such a
+  manifest as newer rather than mistake its objects;
 - the document (content hash, title, type, token count and text), so that the other machine
   can ask about it without having the file;
 - a SHA-256 of everything above, checked on every read along with the rest.
@@ -28,7 +31,7 @@ from .errors import CorruptObjectError
 from .tokens import chunk_spans, decode, encode, prefix_hashes
 
 FORMAT = "kvdesk-kv-manifest"
-VERSION = 1
+VERSION = 2  # the newest this code reads; an entry without a window is still written as 1
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -56,6 +59,7 @@ class Manifest:
     chunks: dict[str, tuple[ChunkObject, ...]]  # per level, in chunk order
     document: RemoteDocument
     created: float
+    window_start: int | None = None  # the entry's window: positions [window_start, token_end)
 
     @property
     def token_end(self) -> int:
@@ -70,13 +74,20 @@ class Manifest:
         return chunk_spans(0, self.token_end, self.chunk_size)
 
     @property
+    def window_spans(self) -> list[tuple[int, int]]:
+        """The window's parts (chunk indexes len(spans) on), if the entry has a window."""
+        if self.window_start is None:
+            return []
+        return chunk_spans(self.window_start, self.token_end, self.chunk_size)
+
+    @property
     def nbytes(self) -> int:
         return sum(c.nbytes for objects in self.chunks.values() for c in objects)
 
     def to_json(self) -> bytes:
         body = {
             "format": FORMAT,
-            "version": VERSION,
+            "version": 1 if self.window_start is None else 2,
             "fingerprint": self.fingerprint,
             "tokens": base64.b64encode(encode(self.tokens)).decode(),
             "chunk_size": self.chunk_size,
@@ -85,6 +96,7 @@ class Manifest:
                        for level, objects in self.chunks.items()},
             "document": asdict(self.document),
             "created": self.created,
+            **({} if self.window_start is None else {"window_start": self.window_start}),
         }
         return json.dumps({**body, "checksum": _checksum(body)}, sort_keys=True).encode()
 
@@ -112,6 +124,8 @@ class Manifest:
                         for level, objects in body["chunks"].items()},
                 document=RemoteDocument(**body["document"]),
                 created=float(body["created"]),
+                window_start=None if body.get("window_start") is None
+                else int(body["window_start"]),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise CorruptObjectError(key, f"malformed manifest ({type(e).__name__})") from None
@@ -126,7 +140,10 @@ class Manifest:
             raise CorruptObjectError(key, "an empty entry")
         if prefix_hash is not None and prefix_hash != self.prefix_hash:
             raise CorruptObjectError(key, "its tokens do not hash to its key")
-        n_chunks = len(self.spans)
+        if self.window_start is not None and not 0 <= self.window_start < self.token_end:
+            raise CorruptObjectError(key, f"a window from token {self.window_start} does not "
+                                          f"end at {self.token_end}")
+        n_chunks = len(self.spans) + len(self.window_spans)
         if set(self.chunks) != set(self.levels) or any(
                 len(objects) != n_chunks or any(c.nbytes < 0 or not _DIGEST.match(c.sha256)
                                                 for c in objects)

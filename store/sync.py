@@ -7,7 +7,8 @@ copies it into a pending local entry (`LocalCopy`) that becomes an ordinary entr
 every chunk is in: a partial copy is never visible locally, whatever interrupts it. A
 streaming restore feeds the same LocalCopy with the chunks it reads, so what it read is kept.
 
-Only documents' root entries travel; chats never leave the machine. This module must never
+Only documents' root entries travel, with their windows (store.kv); chats never leave the
+machine. This module must never
 load an object under another fingerprint than the one asked for, and never write a manifest
 before every chunk object it names is stored.
 """
@@ -107,7 +108,9 @@ def push(store: Store, tier: RemoteTier, entry: Entry, *,
     if _has_manifest(tier, fingerprint, token_end, prefix_hash):
         return Transfer(document.title, token_end, 0, 0, skipped=True)
     present = tier.list_folder(tier.entry_folder(fingerprint, prefix_hash))
-    work = [(i, level) for i in range(entry.n_chunks) for level in entry.levels]
+    window = store.windows([entry.id]).get(entry.id, ())
+    n_chunks = entry.n_chunks + len(window)  # the window's parts are numbered after the chunks
+    work = [(i, level) for i in range(n_chunks) for level in entry.levels]
     done = itertools.count(1)
 
     def upload(item: tuple[int, str]) -> tuple[ChunkObject, int]:
@@ -130,11 +133,12 @@ def push(store: Store, tier: RemoteTier, entry: Entry, *,
         tokens=tuple(store.tokens(entry.id)),
         chunk_size=entry.chunk_size,
         levels=entry.levels,
-        chunks={level: tuple(uploaded[(i, level)][0] for i in range(entry.n_chunks))
+        chunks={level: tuple(uploaded[(i, level)][0] for i in range(n_chunks))
                 for level in entry.levels},
         document=RemoteDocument(document.content_hash, document.title, document.type,
                                 document.n_tokens, document.text),
         created=time.time(),
+        window_start=window[0].token_start if window else None,
     )
     # Last: until this object exists the entry is invisible to every other machine.
     tier.put(tier.manifest_key(fingerprint, token_end, prefix_hash), manifest.to_json())
@@ -180,8 +184,10 @@ class LocalCopy:
         self.document_id = document_id or add_document(store, manifest).id
         self._writer = store.write_entry(manifest.fingerprint, manifest.tokens,
                                          levels=self.levels, chunk_size=manifest.chunk_size,
-                                         document_id=self.document_id)
+                                         document_id=self.document_id,
+                                         window_start=manifest.window_start)
         self.spans = self._writer.spans
+        self.windows = self._writer.windows
         self._lock = threading.Lock()
         self._have: set[tuple[int, str]] = set()
         self._closed = False
@@ -197,8 +203,8 @@ class LocalCopy:
 
     def missing(self) -> list[tuple[int, str]]:
         with self._lock:
-            return [(span.chunk_index, level) for span in self.spans for level in self.levels
-                    if (span.chunk_index, level) not in self._have]
+            return [(span.chunk_index, level) for span in self.spans + self.windows
+                    for level in self.levels if (span.chunk_index, level) not in self._have]
 
     def finish(self) -> Entry:
         try:
@@ -306,8 +312,9 @@ def pull_all(store: Store, tier: RemoteTier, fingerprint: str, *, lazy: bool = F
                 pulled.append(asdict(Transfer(manifest.document.title, token_end, 1, 0)))
             else:
                 entry = pull(store, tier, manifest, progress=progress)
+                n_chunks = len(manifest.spans) + len(manifest.window_spans)
                 pulled.append(asdict(Transfer(manifest.document.title, token_end,
-                                              entry.n_chunks * len(entry.levels), entry.nbytes)))
+                                              n_chunks * len(entry.levels), entry.nbytes)))
         except (CorruptObjectError, NotFoundError) as e:
             failed.append({"key": key, "error": str(e)})
     return {"pulled": pulled, "already_local": here, "failed": failed}

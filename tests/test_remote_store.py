@@ -26,12 +26,14 @@ from store.manifest import ChunkObject, Manifest, RemoteDocument
 TOKENS = list(range(600))  # three chunks of 256
 
 
-def attached(store, tokens=TOKENS, *, title="notes.md", fingerprint=FP, salt=b""):
+def attached(store, tokens=TOKENS, *, title="notes.md", fingerprint=FP, salt=b"",
+             window_start=None):
     """A document with its root entry, as attach leaves it; `salt` varies the chunk bytes."""
     doc = store.add_document(f"hash-of-{title}", title, f"the text of {title}", type="markdown",
                              n_tokens=len(tokens))
-    with store.write_entry(fingerprint, tokens, levels=LEVELS, document_id=doc.id) as writer:
-        for span in writer.spans:
+    with store.write_entry(fingerprint, tokens, levels=LEVELS, document_id=doc.id,
+                           window_start=window_start) as writer:
+        for span in writer.spans + writer.windows:
             for level in LEVELS:
                 writer.put_chunk(span.chunk_index, level,
                                  salt + payload(span.token_start, span.token_end, level))
@@ -110,6 +112,16 @@ def test_manifest_round_trip_and_every_check():
     short = replace(manifest, chunks={"high": (ChunkObject(10, "a" * 64),)})
     with pytest.raises(CorruptObjectError, match="2 chunks"):
         Manifest.from_json(short.to_json(), key=key, fingerprint=FP)
+    # A window's parts are objects after the chunks: a manifest must name them all.
+    windowed = replace(manifest, window_start=44)
+    with pytest.raises(CorruptObjectError, match="3 chunks"):
+        Manifest.from_json(windowed.to_json(), key=key, fingerprint=FP)
+    objects = (*manifest.chunks["high"], ChunkObject(7, "c" * 64))
+    windowed = replace(windowed, chunks={"high": objects})
+    assert Manifest.from_json(windowed.to_json(), key=key, fingerprint=FP) == windowed
+    with pytest.raises(CorruptObjectError, match="window from token 300"):
+        Manifest.from_json(replace(windowed, window_start=300).to_json(), key=key,
+                           fingerprint=FP)
 
 
 def test_push_then_pull_on_another_machine(a, b, remote_tier, s3_server):
@@ -134,6 +146,26 @@ def test_push_then_pull_on_another_machine(a, b, remote_tier, s3_server):
             assert b.read_chunk(span.entry_id, span.chunk_index, level) == \
                 a.read_chunk(entry.id, span.chunk_index, level)
     assert sync.pull_all(b, remote_tier, FP) == {"pulled": [], "already_local": 1, "failed": []}
+
+
+def test_an_entry_travels_with_its_window(a, b, remote_tier, s3_server):
+    entry = attached(a, window_start=88)
+    report = sync.push_all(a, remote_tier, FP)
+    assert [(t["tokens"], t["objects"]) for t in report["pushed"]] == [(600, 10)]
+    (key,) = [k for k in bucket_keys(s3_server, remote_tier) if "/manifests/" in k]
+    manifest = sync.read_manifest(remote_tier, FP, 600, entry.prefix_hash)
+    assert manifest.window_start == 88 and manifest.window_spans == [(88, 344), (344, 600)]
+    assert b'"version": 2' in remote_tier.get(key)
+    pulled = sync.pull_all(b, remote_tier, FP)
+    (copy,) = b.entries()
+    assert pulled["pulled"][0]["objects"] == 10
+    window = b.windows([copy.id])[copy.id]
+    assert [(s.chunk_index, s.token_start, s.token_end) for s in window] == [
+        (3, 88, 344), (4, 344, 600)]
+    for part in window:
+        for level in LEVELS:
+            assert b.read_chunk(copy.id, part.chunk_index, level) == \
+                a.read_chunk(entry.id, part.chunk_index, level)
 
 
 def test_a_second_push_uploads_nothing(a, remote_tier, monkeypatch):
