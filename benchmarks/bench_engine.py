@@ -34,8 +34,8 @@ import numpy as np
 
 from desktop_app.app import App
 from desktop_app.options import GenerationOptions, RestoreOptions
+from desktop_app.reading import Throttle
 from desktop_app.settings import Settings
-from desktop_app.streaming import Throttle
 
 ONE_TOKEN = GenerationOptions(max_tokens=1)  # the time to the first token is what is measured
 

@@ -125,10 +125,10 @@ class Attacher:
                 warnings: list[str], *, prefill_s: float = 0.0, encode_s: float = 0.0,
                 reused: bool = False, pulled: bool = False) -> AttachResult:
         sizes = self.store.entry_level_bytes([entry_id]).get(entry_id, {})
-        bytes_per_token = self.contexts.get(ATTACH).layout.kv_bytes_per_token
+        layout = self.contexts.get(ATTACH).layout
         return AttachResult(
             doc_id=doc.id, title=doc.title, tokens=prefix.doc_tokens,
             kept_tokens=prefix.kept_tokens, prefill_s=round(prefill_s, 3),
-            encode_s=round(encode_s, 3), raw_bytes=len(prefix.tokens) * bytes_per_token,
+            encode_s=round(encode_s, 3), raw_bytes=layout.raw_bytes(len(prefix.tokens)),
             stored_bytes={lvl: sizes.get(lvl, 0) for lvl in levels}, reused=reused,
             warnings=warnings, pulled=pulled)

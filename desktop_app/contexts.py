@@ -2,9 +2,9 @@
 
 `chat` answers questions and restores chats; `attach` prefills documents, so a GUI can compute
 documents on one worker while the user chats on another. Loading a context registers its
-model's fingerprint in the store and refuses, with a message saying why, a model whose cache
-kvdesk cannot store and restore. `warm_up` readies the codec in the background once, so the
-first restore or attach does not pay for it.
+model's fingerprint in the store; a model whose cache kvdesk cannot store and restore is refused
+by the runtime as it loads, with a message saying why (`support`). `warm_up` readies the codec
+in the background once, so the first restore or attach does not pay for it.
 
 It owns the runtimes' lifetime and nothing else: what runs in a context is the sessions'.
 """
@@ -17,7 +17,6 @@ from collections.abc import Callable, Sequence
 from store import Store
 
 from . import streaming
-from .errors import EngineError
 from .runtime import Runtime
 
 CHAT = "chat"
@@ -39,13 +38,7 @@ class Contexts:
     def get(self, role: str) -> Runtime:
         with self._lock:
             if role not in self._runtimes:
-                rt = self._factory()
-                if rt.sliding_window:
-                    rt.close()
-                    raise EngineError(
-                        f"{rt.model_path.name} uses sliding-window attention, whose KV cache "
-                        "kvdesk can measure (kvdesk eval) but not yet store and restore: "
-                        "choose another model (--model, or Settings)")
+                rt = self._factory()  # refuses a model whose cache kvdesk cannot keep
                 self._runtimes[role] = rt
                 self.store.register_model(rt.fingerprint, self._model_path or str(rt.model_path),
                                           {**rt.layout.__dict__, "n_ctx": rt.n_ctx})
@@ -61,12 +54,16 @@ class Contexts:
         """Ready the codec in the background (once): the flows that encode or decode call it
         first thing, a GUI may call it at start-up."""
         lay = (rt or self.get(CHAT)).layout
+        # The shapes of the chunks encoded and decoded: the full-attention layers' chunks and,
+        # for a sliding-window model, its window's parts.
+        shapes = [(layers, self._chunk_tokens, lay.channels)
+                  for layers in (lay.full_layers, lay.swa_layers) if layers]
         with self._lock:
             if self._warm_up is not None:
                 return
             self._warm_up = threading.Thread(
                 target=streaming.warm_up, name="codec-warm-up", daemon=True,
-                args=(self._levels, (lay.n_layer, self._chunk_tokens, lay.channels)))
+                args=(self._levels, shapes))
             self._warm_up.start()
 
     def wait_warm(self) -> None:

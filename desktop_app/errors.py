@@ -33,6 +33,10 @@ class MissingError(EngineError):
     """The document or chat asked for does not exist (or no longer)."""
 
 
+class UnsupportedModelError(EngineError):
+    """A model whose cache kvdesk cannot keep: the message says what was found and what works."""
+
+
 class RuntimeStateError(RuntimeError):
     """llama.cpp refused a state, or the context cannot hold the request."""
 

@@ -1,11 +1,22 @@
 """KV persistence: a context's KV cache captured, encoded at every level and stored.
 
-`KVCache.store(runtime, tokens, ...)` stores the KV of the context's first `tokens` as an entry
-extending the longest prefix of them already stored (a chat's entry extends its document's,
-whose chunks are never copied): encoding runs on the calling thread while the store's
-background writer makes each chunk durable, and a cancel or failure leaves nothing of the
-entry behind. `store_chat` stores a chat's KV after a turn, storing its first document's
+`KVCache.store_prefix(runtime, tokens, ...)` stores the KV of the context's first `tokens` as
+an entry extending the longest prefix of them already stored (a chat's entry extends its
+document's, whose chunks are never copied): encoding runs on the calling thread while the
+store's background writer makes each chunk durable, and a cancel or failure leaves nothing of
+the entry behind. `store_chat` stores a chat's KV after a turn, storing its first document's
 entry first when it is missing, so the next chat about the document starts from it too.
+
+A sliding-window (iSWA) model's entry is two things. Its chunks: the full-attention layers' KV
+of its own tokens, [full layers, 256 tokens, channels], as for any model — a chat's entry shares
+its document's. And its window: the sliding-window layers' KV of the positions the entry's last
+token attends to (Gemma 3: the last 512), [window layers, tokens, channels], stored as window
+parts of 256 at the entry's levels (store.kv), because those layers' KV of a position depends
+on all that came before and only a state that ends exactly at the entry's end holds it. So a
+chat's entry carries its own window while reusing its document's chunks, and a restore can end
+only where some entry ends (`streaming`). The window is taken from the context when it ends
+exactly at the entry's end; when it does not (a document's entry stored from a chat's longer
+context), nothing is stored for that entry: without its window it could never end a restore.
 
 It decides nothing about when to store, and it never restores: that is `streaming`'s.
 """
@@ -15,10 +26,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 
+import numpy as np
+
 import codec
 from store import BackgroundWriter, Store
 
-from .errors import Cancelled
+from .errors import Cancelled, RuntimeStateError
 from .kvstate import in_position_order
 from .results import Progress
 from .runtime import Runtime
@@ -41,33 +54,49 @@ class KVCache:
         progress: Callable[[Progress], None] | None = None,
         cancel: threading.Event | None = None,
         title: str = "",
-    ) -> int:
+    ) -> int | None:
         """Encode and store the KV of `tokens` (the context's first tokens) beyond what is
-        already stored for them; returns the id of the entry that ends at len(tokens)."""
+        already stored for them; returns the id of the entry that ends at len(tokens), or
+        None when a sliding-window model's context does not end there (no window to store)."""
         levels = tuple(levels or self.levels)
         match = self.store.longest_prefix(rt.fingerprint, tokens, touch=False)
         if match.n_tokens == len(tokens) and match.entries:
             return match.entries[-1].id
         parent = match.parent
-        kv = in_position_order(rt.capture())
+        seq = rt.capture()
+        kv = in_position_order(seq.sections[0])
         if kv.n_tokens < len(tokens):
             raise Cancelled("the context no longer holds the tokens to store")
+        window = None
+        if rt.layout.swa_layers:
+            if rt.n_tokens != len(tokens):
+                return None
+            window = in_position_order(seq.sections[1])
+            expected = np.arange(rt.layout.window_start(len(tokens)), len(tokens))
+            if not np.array_equal(window.positions, expected):
+                raise RuntimeStateError(f"the sliding-window section holds positions "
+                                        f"{window.positions[:1]}..{window.positions[-1:]}, "
+                                        f"not the window of {len(tokens)} tokens")
         writer = self.store.write_entry(
             rt.fingerprint, tokens, levels=levels, parent_id=parent.id if parent else None,
-            chunk_size=self.chunk_tokens, document_id=document_id, chat_id=chat_id)
+            chunk_size=self.chunk_tokens, document_id=document_id, chat_id=chat_id,
+            window_start=None if window is None else int(window.positions[0]))
+        # Each chunk or window part: the KV it is cut from, and that KV's first position.
+        parts = [(span, kv, 0) for span in writer.spans]
+        parts += [(span, window, int(window.positions[0])) for span in writer.windows]
         with writer:
             chunks = BackgroundWriter(writer, maxsize=2 * len(levels))
             try:
-                for n, span in enumerate(writer.spans):
+                for n, (span, source, first) in enumerate(parts):
                     if cancel is not None and cancel.is_set():
                         raise Cancelled("stopped while encoding")
-                    k = kv.keys[:, span.token_start : span.token_end]
-                    v = kv.values[:, span.token_start : span.token_end]
+                    k = source.keys[:, span.token_start - first : span.token_end - first]
+                    v = source.values[:, span.token_start - first : span.token_end - first]
                     for level in levels:
                         chunks.put(span.chunk_index, level,
                                    codec.encode(k, v, level, first_token=span.token_start))
                     if progress:
-                        progress(Progress("encode", n + 1, len(writer.spans), title))
+                        progress(Progress("encode", n + 1, len(parts), title))
             finally:
                 chunks.close(raise_failure=False)
             chunks.close()  # raises the writer's failure, if any: the entry is aborted

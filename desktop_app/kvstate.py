@@ -18,9 +18,9 @@ This module must never guess. The byte layout changes between llama.cpp versions
 llama.cpp itself checks almost nothing of a state's origin, so every count read here is
 checked against the bytes that remain, and anything this bridge does not understand
 (quantized cache types, several streams, per-cell extensions, more than the two sections of
-an iSWA cache, hybrid/recurrent sections, layers of different widths) is refused with a
-`KVStateError` that says what was found. It knows nothing of models, files, the codec or the
-store.
+an iSWA cache, hybrid/recurrent sections — recognized and named as such —, layers of different
+widths) is refused with a `KVStateError` that says what was found. It knows nothing of models,
+files, the codec or the store.
 """
 
 from __future__ import annotations
@@ -142,8 +142,9 @@ def parse_seq_state(data: bytes | bytearray | memoryview) -> KVState:
     """
     r = _Reader(data)
     seq_id = _parse_header(r)
-    kv = _parse_section(r, seq_id)
+    kv = _next_section(r, seq_id, 0)
     if r.remaining():
+        _refuse_recurrent(r, 1)
         raise KVStateError(
             f"{r.remaining()} bytes follow the KV cache section: a second cache section "
             "(sliding-window/iSWA, hybrid or recurrent model) needs parse_seq_sections"
@@ -175,14 +176,15 @@ def parse_seq_sections(data: bytes | bytearray | memoryview) -> SeqState:
     """Parse a state of one KV cache section or of an iSWA cache's two sections exactly."""
     r = _Reader(data)
     seq_id = _parse_header(r)
-    sections = [_parse_section(r, seq_id)]
+    sections = [_next_section(r, seq_id, 0)]
     while r.remaining():
         if len(sections) == MAX_SECTIONS:
+            _refuse_recurrent(r, len(sections))
             raise KVStateError(
                 f"{r.remaining()} bytes follow {MAX_SECTIONS} cache sections: a hybrid or "
                 "recurrent state is not supported"
             )
-        sections.append(_parse_section(r, seq_id))
+        sections.append(_next_section(r, seq_id, len(sections)))
     if len(sections) == 2:
         full, swa = sections
         if swa.n_tokens and not np.isin(swa.positions, full.positions).all():
@@ -198,6 +200,41 @@ def _parse_header(r: _Reader) -> int:
     if magic != SEQ_STATE_MAGIC:
         raise KVStateError(f"not a llama.cpp sequence state (magic {magic:#010x})")
     return r.scalar("<i", "seq_id")
+
+
+def _next_section(r: _Reader, seq_id: int, index: int) -> KVState:
+    _refuse_recurrent(r, index)
+    return _parse_section(r, seq_id)
+
+
+def _refuse_recurrent(r: _Reader, index: int) -> None:
+    """Name a recurrent memory's section (Mamba, RWKV; the second part of a hybrid model's
+    state) when the remaining bytes are exactly one: llama_memory_recurrent writes u32 cells,
+    (i32 pos, u32 n_seq_id = 0) per cell, u32 s_trans = 0, u32 n_layer, then per layer an R and
+    an S block of (i32 type, u64 row size, rows). A KV section never reads as one (its first
+    cell's n_seq_id would be a layer count)."""
+    start = r.pos
+    try:
+        n_cells = r.scalar("<I", "cells")
+        cells = r.array(np.dtype("<i4"), 2 * n_cells, "cells").reshape(-1, 2)
+        s_trans, n_layer = r.scalar("<I", "s_trans"), r.scalar("<I", "n_layer")
+        blocks = 0
+        while r.remaining() and 0 < n_layer <= 4096 and blocks < 2 * n_layer:
+            if r.scalar("<i", "type") not in _GGML_TYPE_NAMES:
+                break
+            r.take(r.scalar("<Q", "row") * n_cells, "rows")
+            blocks += 1
+        recurrent = (n_cells and not cells[:, 1].any() and s_trans == 0 and not r.remaining()
+                     and blocks and blocks % 2 == 0)
+    except KVStateError:
+        recurrent = False
+    finally:
+        r.pos = start
+    if recurrent:
+        where = "the state" if index == 0 else f"after {index} KV cache section(s), the state"
+        raise KVStateError(
+            f"{where} holds a recurrent memory ({blocks // 2} layers of R and S state, as "
+            "Mamba- or RWKV-style layers keep): not a KV cache this bridge can represent")
 
 
 def _parse_section(r: _Reader, seq_id: int) -> KVState:
@@ -323,6 +360,7 @@ class StateBuffer:
             at += section.size
         self.keys, self.values = views[0]
         self.window_keys, self.window_values = views[1] if window is not None else (None, None)
+        self.window_positions = sections[1].positions if window is not None else None
 
 
 class _Section:

@@ -2,9 +2,10 @@
 
 A chunk quarantined after a failed check is recomputed when its entry belongs to the loaded
 model: the entry's tokens are prefilled once (in the attach context) up to its last damaged
-chunk, and each damaged chunk is encoded again at its level and stored in place. A chunk made
-under another model cannot be recomputed here: it is dropped, and an entry left with a chunk at
-no level is deleted with what extends it (`Store.drop_chunk`); the next question recomputes it.
+chunk (to its end, for a damaged part of its window: the window is the state there), and each
+damaged chunk is encoded again at its level and stored in place. A chunk made under another
+model cannot be recomputed here: it is dropped, and an entry left with a chunk at no level is
+deleted with what extends it (`Store.drop_chunk`); the next question recomputes it.
 
 It never touches chunks that passed their check.
 """
@@ -49,15 +50,20 @@ def repair(store: Store, contexts: Contexts, *,
                 report["deleted_entries"] += store.drop_chunk(entry_id, chunk_index, level)
         else:
             spans = {s.chunk_index: s for s in store.spans(entry_id)}
-            end = max(spans[c].token_end for c, _ in chunks)
+            windows = {s.chunk_index: s for s in store.windows([entry_id]).get(entry_id, ())}
+            # A window part is the state at the entry's very end: prefill all of it then.
+            end = entry.token_end if any(c in windows for c, _ in chunks) else \
+                max(spans[c].token_end for c, _ in chunks)
             rt.reset()
             rt.prefill(store.tokens(entry_id)[:end], cancel=cancel)
-            kv = in_position_order(rt.capture())
+            seq = rt.capture()
             for chunk_index, level in chunks:
-                span = spans[chunk_index]
-                blob = codec.encode(kv.keys[:, span.token_start:span.token_end],
-                                    kv.values[:, span.token_start:span.token_end], level,
-                                    first_token=span.token_start)
+                span = spans.get(chunk_index) or windows[chunk_index]
+                kv = in_position_order(seq.sections[chunk_index in windows])
+                first = int(kv.positions[0])
+                blob = codec.encode(kv.keys[:, span.token_start - first:span.token_end - first],
+                                    kv.values[:, span.token_start - first:span.token_end - first],
+                                    level, first_token=span.token_start)
                 store.repair_chunk(entry_id, chunk_index, level, blob)
                 report["repaired"].append({"entry": entry_id, "chunk": chunk_index,
                                            "level": level})

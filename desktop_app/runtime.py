@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import codecs
 import ctypes
-import hashlib
-import json
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp
@@ -28,44 +26,32 @@ import numpy as np
 from llama_cpp import _internals
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from . import kvstate
+from . import kvstate, support
 from .errors import Cancelled, RuntimeStateError
+from .layout import ModelLayout
 
 # Prefill slice: small enough that progress and cancellation react within about a second on
 # two cores (~144 tokens/s), large enough to keep llama.cpp's batched matmuls efficient.
 PREFILL_SLICE = 128
+
+# The slot alignment of a restored sliding-window section (llama.cpp pads caches to 256 cells).
+WINDOW_ALIGN = 256
 
 # The cache dtypes the exact bridge can represent (llama_cpp GGML_TYPE_* ids).
 CACHE_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "f32": llama_cpp.GGML_TYPE_F32}
 
 ProgressFn = Callable[[int, int], None]  # (tokens done, tokens total)
 
-
-@dataclass(frozen=True)
-class ModelLayout:
-    """The facts a KV cache depends on. Caches are only reused under an equal fingerprint."""
-
-    model_hash: str
-    n_layer: int
-    n_head_kv: int
-    head_dim: int
-    cache_type: str
-    v_trans: bool
-    llama_cpp_version: str
-
-    @property
-    def channels(self) -> int:
-        return self.n_head_kv * self.head_dim
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        itemsize = 2 if self.cache_type == "f16" else 4
-        return self.n_layer * 2 * self.channels * itemsize
-
-    @property
-    def fingerprint(self) -> str:
-        blob = json.dumps(asdict(self), sort_keys=True).encode()
-        return hashlib.blake2b(blob, digest_size=16).hexdigest()
+# For a GGUF without a chat template (the one it was tuned on; append-only, as kvdesk needs).
+# ChatML: what most small instruct models (SmolLM2 included) were tuned on.
+CHATML_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+# Gemma's turns (it has no system role: a system message is a turn of the user's).
+GEMMA_TEMPLATE = (
+    "{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else 'user' }}"
+    "\n{{ m['content'] }}<end_of_turn>\n{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
 
 
 @dataclass(frozen=True)
@@ -107,33 +93,57 @@ class Runtime:
                 type_k=CACHE_TYPES[cache_type],
                 type_v=CACHE_TYPES[cache_type],
                 logits_all=logits_all,
+                # A sliding-window cache of the window (and a batch), not of n_ctx cells: the
+                # point of such models (~5x less KV at long contexts), and a restore sets only
+                # the window anyway (RESULTS.md, "Gemma 3 end to end").
+                swa_full=False,
                 verbose=False,
             )
         except (ValueError, RuntimeError) as e:
             raise RuntimeStateError(f"could not load {self.model_path}: {e}") from e
-        model = self.llm._model.model
-        n_head = llama_cpp.llama_model_n_head(model)
-        arch = self.llm.metadata.get("general.architecture", "")
-        head_dim = int(self.llm.metadata.get(f"{arch}.attention.key_length", 0)) or (
-            llama_cpp.llama_model_n_embd(model) // n_head
-        )
-        self.layout = ModelLayout(
-            model_hash=model_hash,
-            n_layer=llama_cpp.llama_model_n_layer(model),
-            n_head_kv=llama_cpp.llama_model_n_head_kv(model),
-            head_dim=head_dim,
-            cache_type=cache_type,
-            # llama.cpp keeps V transposed exactly when flash attention is off.
-            v_trans=not flash_attn,
-            llama_cpp_version=llama_cpp.__version__,
-        )
         self._vocab = self.llm._model.vocab
+        try:
+            self.layout = self._probe_layout(model_hash, cache_type, flash_attn)
+        except BaseException:
+            self.llm.close()
+            raise
         self._spare: bytearray | None = None  # the last state buffer, reused when it fits
+        # The first position whose sliding-window KV the context really holds (a restore sets
+        # the window only; positions before it are absent or placeholders).
+        self._window_floor = 0
         # The token count after the last evaluation, while the logits it left belong to the
         # sequence's last token (None once a reset, restore or truncation makes them stale).
         self._logits_at: int | None = None
         self._formatter = self._chat_formatter()
         self._template_lock = threading.Lock()
+
+    def _probe_layout(self, model_hash: str, cache_type: str, flash_attn: bool) -> ModelLayout:
+        """The cache's layout, from the model and from the state of one evaluated token;
+        refuses (UnsupportedModelError) a cache kvdesk could not store and restore."""
+        model = self.llm._model.model
+        arch = self.llm.metadata.get("general.architecture", "")
+        name = self.model_path.name
+        support.check_arch(name, arch, recurrent=llama_cpp.llama_model_is_recurrent(model),
+                           hybrid=llama_cpp.llama_model_is_hybrid(model))
+        n_head = llama_cpp.llama_model_n_head(model)
+        head_dim = int(self.llm.metadata.get(f"{arch}.attention.key_length", 0)) or (
+            llama_cpp.llama_model_n_embd(model) // n_head
+        )
+        n_layer = llama_cpp.llama_model_n_layer(model)
+        n_head_kv = llama_cpp.llama_model_n_head_kv(model)
+        tok = self.llm.token_bos()
+        self.llm.eval([tok if tok >= 0 else 0])
+        facts = support.check_state(self.state_bytes(), name=name, n_layer=n_layer,
+                                    channels=n_head_kv * head_dim)
+        self.reset()
+        return ModelLayout(
+            model_hash=model_hash, n_layer=n_layer, n_head_kv=n_head_kv, head_dim=head_dim,
+            cache_type=cache_type,
+            # llama.cpp keeps V transposed exactly when flash attention is off.
+            v_trans=not flash_attn, llama_cpp_version=llama_cpp.__version__,
+            swa_layers=facts.swa_layers,
+            n_swa=int(llama_cpp.llama_model_n_swa(model)) if facts.swa_layers else 0,
+            swa_chunked=bool(facts.swa_layers) and arch in support.CHUNKED_SWA)
 
     # -- facts ---------------------------------------------------------------------------
 
@@ -170,12 +180,8 @@ class Runtime:
     def _chat_formatter(self) -> Jinja2ChatFormatter:
         template = self.llm.metadata.get("tokenizer.chat_template")
         if not template:
-            # ChatML: what most small instruct models (SmolLM2 included) were tuned on.
-            template = (
-                "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
-                "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
-                "{% endif %}"
-            )
+            arch = self.llm.metadata.get("general.architecture", "")
+            template = GEMMA_TEMPLATE if arch.startswith("gemma") else CHATML_TEMPLATE
 
         def piece(tok: int) -> str:
             return self.llm._model.token_get_text(tok) if tok >= 0 else ""
@@ -199,24 +205,36 @@ class Runtime:
         with self._lock:
             self.llm.reset()
             self._logits_at = None
+            self._window_floor = 0
             # Metadata only: zeroing the whole cache's data (~190 MB at n_ctx 8192) costs
             # ~25 ms per restore and nothing reads cells that are not in use.
             llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self.llm._ctx.ctx), False)
 
+    def can_truncate(self, n: int) -> bool:
+        """Whether the context can be cut back to its first n tokens and continue exactly.
+
+        Always, with a plain cache. A sliding-window section keeps only the positions the
+        latest tokens attend to (a restore sets just the window): cutting back is possible
+        while it still holds every position the token after the first n would attend to.
+        """
+        if not self.layout.swa_layers or n >= self.llm.n_tokens:
+            return True
+        held = llama_cpp.llama_memory_seq_pos_min(llama_cpp.llama_get_memory(self.llm._ctx.ctx), 0)
+        return 0 <= max(held, self._window_floor) <= self.layout.window_start(n + 1)
+
     def truncate(self, n: int) -> None:
-        """Keep only the first n tokens of the sequence."""
+        """Keep only the first n tokens of the sequence (`can_truncate` says whether)."""
         with self._lock:
             if not 0 <= n <= self.llm.n_tokens:
                 raise ValueError(f"cannot truncate {self.llm.n_tokens} tokens to {n}")
+            if not self.can_truncate(n):
+                raise RuntimeStateError(
+                    f"cannot cut {self.llm.n_tokens} tokens back to {n}: the sliding-window "
+                    "cache no longer holds the positions they would attend to")
             if n < self.llm.n_tokens:
                 self.llm._ctx.kv_cache_seq_rm(0, n, -1)
                 self._logits_at = None
             self.llm.n_tokens = n
-
-    @property
-    def sliding_window(self) -> int:
-        """The attention window of the model's sliding-window layers (0: none)."""
-        return int(llama_cpp.llama_model_n_swa(self.llm._model.model))
 
     @property
     def has_logits(self) -> bool:
@@ -330,20 +348,28 @@ class Runtime:
 
     # -- KV state ------------------------------------------------------------------------
 
-    def state_bytes(self) -> bytes:
-        """llama.cpp's exact per-sequence state of the context's sequence."""
+    def state_bytes(self, flags: int = 0) -> bytes:
+        """llama.cpp's exact per-sequence state of the context's sequence (flags 1: only
+        the sliding-window section of an iSWA cache)."""
         with self._lock:
             ctx = self.llm._ctx.ctx
-            size = llama_cpp.llama_state_seq_get_size(ctx, 0)
+            size = llama_cpp.llama_state_seq_get_size_ext(ctx, 0, flags)
             buf = (ctypes.c_uint8 * size)()
-            written = llama_cpp.llama_state_seq_get_data(ctx, buf, size, 0)
+            written = llama_cpp.llama_state_seq_get_data_ext(ctx, buf, size, 0, flags)
             if written != size:
                 raise RuntimeStateError(f"llama.cpp wrote {written} of {size} state bytes")
             return bytes(buf)
 
-    def capture(self) -> kvstate.KVState:
-        """The sequence's KV cache as numpy arrays."""
-        return kvstate.parse_seq_state(self.state_bytes())
+    def capture(self) -> kvstate.SeqState:
+        """The sequence's KV cache as numpy arrays: one section, or an iSWA cache's two (the
+        full-attention layers', then the window of the sliding-window layers')."""
+        return kvstate.parse_seq_sections(self.state_bytes())
+
+    def capture_window(self) -> kvstate.KVState:
+        """Only the sliding-window section (a few MB, however long the sequence)."""
+        if not self.layout.swa_layers:
+            raise RuntimeStateError("this model's cache has no sliding-window section")
+        return kvstate.parse_seq_state(self.state_bytes(llama_cpp.LLAMA_STATE_SEQ_FLAGS_SWA_ONLY))
 
     def restore_bytes(self, data: bytes, tokens: Sequence[int]) -> None:
         """Replace the context's sequence with state bytes and the tokens they were made from.
@@ -351,48 +377,83 @@ class Runtime:
         The bytes are parsed and checked against this model's layout first: llama.cpp itself
         would load any state of the right shapes, from whatever model it came.
         """
-        kv = kvstate.parse_seq_state(data)
-        self._check_fits(kv.keys.shape, kv.dtype, kv.v_trans, tokens)
+        seq = kvstate.parse_seq_sections(data)
+        self._check_fits([kv.keys.shape for kv in seq.sections], seq.sections[0].dtype,
+                         seq.sections[0].v_trans, tokens)
         self._set_state(data, tokens)
 
-    def restore(self, kv: kvstate.KVState, tokens: Sequence[int]) -> None:
-        """Load a KV cache (e.g. decoded from the codec) for `tokens` into the context."""
-        lay = self.layout
-        buf = kvstate.StateBuffer(*kv.keys.shape, self.cache_dtype, v_trans=lay.v_trans,
-                                  positions=kv.positions, seq_id=kv.seq_id)
-        buf.keys[...] = kv.keys
-        buf.values[...] = kv.values
+    def restore(self, seq: kvstate.SeqState, tokens: Sequence[int]) -> None:
+        """Load a KV cache (e.g. decoded from the codec) for `tokens` into the context: its
+        sections in position order, the window's ending with the last token."""
+        buf = self.new_state_buffer(len(tokens))
+        buf.keys[...] = seq.sections[0].keys
+        buf.values[...] = seq.sections[0].values
+        if buf.window_keys is not None:
+            n = len(tokens)
+            window = (self.layout.swa_layers, n - self.layout.window_start(n), self.layout.channels)
+            if len(seq.sections) != 2 or seq.sections[1].keys.shape != window:
+                raise RuntimeStateError(f"a restore of {n} tokens needs their window {window}")
+            buf.window_keys[:, -window[1]:] = seq.sections[1].keys
+            buf.window_values[:, -window[1]:] = seq.sections[1].values
         self.restore_buffer(buf, tokens)
 
     @property
     def cache_dtype(self) -> np.dtype:
         return np.dtype(np.float16 if self.layout.cache_type == "f16" else np.float32)
 
-    def new_state_buffer(self, n_tokens: int) -> kvstate.StateBuffer:
-        """A state of n_tokens for this model, to fill in place and `restore_buffer`.
+    def new_state_buffer(self, n_tokens: int, *, fresh: bool = False) -> kvstate.StateBuffer:
+        """A state of n_tokens for this model, to fill in place and `restore_buffer`: every
+        position of the full-attention layers, and for an iSWA model the window of the
+        sliding-window layers (positions window_start(n_tokens) to n_tokens - 1; fill
+        `window_keys[:, -window:]`, after the placeholders `window_positions` starts with).
 
         Its bytes may be those of the previous buffer of the same size (llama.cpp copies a
-        state in when it is set), so fill every token before restoring it.
+        state in when it is set), so fill every token before restoring it; `fresh`: never
+        (the previous buffer is still being read).
         """
         lay = self.layout
-        buf = kvstate.StateBuffer(lay.n_layer, n_tokens, lay.channels, self.cache_dtype,
-                                  v_trans=lay.v_trans, reuse=self._spare)
+        window = None
+        if lay.swa_layers and n_tokens:
+            start = lay.window_start(n_tokens)
+            # Placeholder cells (zero KV, positions the window masks) put each window cell in
+            # the slot of the same residue modulo WINDOW_ALIGN as a plain prefill gives it:
+            # llama.cpp's kernels sum a cell's terms in a lane fixed by its slot, so the
+            # restored window attends bit for bit as the prefilled one did.
+            pad = min(start, start % WINDOW_ALIGN)
+            window = (lay.swa_layers, np.arange(start - pad, n_tokens))
+        buf = kvstate.StateBuffer(lay.full_layers, n_tokens, lay.channels, self.cache_dtype,
+                                  v_trans=lay.v_trans, reuse=None if fresh else self._spare,
+                                  window=window)
+        if window is not None:
+            buf.window_keys[:, :pad] = 0
+            buf.window_values[:, :pad] = 0
         self._spare = buf.data
         return buf
 
     def restore_buffer(self, buf: kvstate.StateBuffer, tokens: Sequence[int]) -> None:
         """Load a filled StateBuffer without copying it."""
-        self._check_fits(buf.keys.shape, buf.keys.dtype, buf.v_trans, tokens)
+        n = len(tokens)
+        shapes = [buf.keys.shape]
+        if buf.window_keys is not None:  # besides placeholders, it must hold the window
+            pos, start = buf.window_positions, self.layout.window_start(n)
+            held = n - start if pos[-1] == n - 1 and pos[0] <= start else len(pos)
+            shapes.append((buf.window_keys.shape[0], held, buf.window_keys.shape[2]))
+        self._check_fits(shapes, buf.keys.dtype, buf.v_trans, tokens)
         self._set_state(buf.data, tokens)
+        self._window_floor = self.layout.window_start(n)
 
-    def _check_fits(self, shape: tuple, dtype: np.dtype, v_trans: bool,
+    def _check_fits(self, shapes: list[tuple], dtype: np.dtype, v_trans: bool,
                     tokens: Sequence[int]) -> None:
         """Refuse KV that this context would load but that was not made for it."""
         lay = self.layout
-        expected = (lay.n_layer, len(tokens), lay.channels)
-        if tokens and shape != expected:
+        n = len(tokens)
+        expected = [(lay.full_layers, n, lay.channels)]
+        if lay.swa_layers:
+            expected.append((lay.swa_layers, n - lay.window_start(n), lay.channels))
+        if tokens and shapes != expected:
             raise RuntimeStateError(
-                f"KV of shape {shape} does not fit this model: expected {expected}")
+                f"KV of shape {' + '.join(map(str, shapes))} does not fit this model: "
+                f"expected {' + '.join(map(str, expected))}")
         if v_trans != lay.v_trans:
             raise RuntimeStateError("the state's V layout does not match this context")
         if dtype != self.cache_dtype:

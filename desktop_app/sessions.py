@@ -39,6 +39,7 @@ from .prompts import closing as closing_text
 from .results import AskResult, Progress, RestoreEstimate, RestoreReport
 from .runtime import Runtime
 from .sharing import Sharing
+from .sources import LocalSource
 from .speeds import Speeds
 
 ProgressFn = Callable[[Progress], None]
@@ -128,11 +129,12 @@ class ChatSession:
         if reuse and not options.no_cache and options in (RestoreOptions(), self._loaded):
             held = rt.tokens
             keep = _common_prefix(held, full)
-            if keep >= len(tokens):
-                # A question needs the logits after its last token: unless the context holds
-                # exactly it, freshly evaluated (a draft sent as it was), compute that token.
-                if question and not (keep == len(held) == len(full) and rt.has_logits):
-                    keep = min(keep, len(full) - 1)
+            # A question needs the logits after its last token: unless the context holds
+            # exactly it, freshly evaluated (a draft sent as it was), compute that token.
+            if question and not (keep == len(held) == len(full) and rt.has_logits):
+                keep = min(keep, len(full) - 1)
+            # (A sliding-window cache may no longer hold what cutting back would need.)
+            if keep >= len(tokens) and rt.can_truncate(keep):
                 rt.truncate(keep)
                 report = RestoreReport(len(tokens), time.perf_counter() - t0, 0, [], 0,
                                        ["the chat was already loaded"])
@@ -326,10 +328,15 @@ class ChatSession:
             _, tokens, _ = self.conversation(rt, chat_id)
         else:
             _, tokens = self.prompter.chat(rt, [self.library.document(d) for d in doc_ids])
-        match = self.store.longest_prefix(rt.fingerprint, tokens, touch=False)
-        raw = match.n_tokens * rt.layout.kv_bytes_per_token
-        rest_s = (len(tokens) - match.n_tokens) / self.speeds.prefill_tps
-        per_level = {lvl: n for lvl, n in self.store.level_bytes(match.spans).items()
+        source = LocalSource(self.store, rt.fingerprint, tokens, touch=False)
+        n, spans = source.n_tokens, list(source.spans)
+        if rt.layout.swa_layers:  # up to the last entry end with a window, and that window
+            ends = streaming.resume_points(source, rt.layout)
+            n = ends[0] if ends else 0
+            spans = [s for s in spans if s.token_end <= n] + list(source.windows.get(n, ()))
+        raw = rt.layout.raw_bytes(n)
+        rest_s = (len(tokens) - n) / self.speeds.prefill_tps
+        per_level = {lvl: nbytes for lvl, nbytes in self.store.level_bytes(spans).items()
                      if lvl in self.levels}
         seconds = {
             lvl: round(n / 1e6 / self.speeds.read_MBps + raw / 1e6 / self.speeds.decode(lvl)

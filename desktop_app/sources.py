@@ -30,6 +30,9 @@ class ChunkSource(Protocol):
     # The tokens the chunks hold beyond n_tokens, when the last one goes on past the tokens
     # asked for (a tail): restored with them, then cut back to n_tokens.
     beyond: Sequence[int]
+    # {entry end: its window's parts} for the entries the chunks cover whole that have one
+    # (a sliding-window model's: streaming resumes only at such an end).
+    windows: dict[int, Sequence[Span]]
 
     def sizes(self, span: Span) -> dict[str, int]:
         """{level: bytes} of the levels this chunk can be read at."""
@@ -49,11 +52,14 @@ class LocalSource:
     kind = "local"
     parallel = 1  # one SSD read at a time already outruns decoding
 
-    def __init__(self, store: Store, fingerprint: str, tokens: Sequence[int]):
-        match = store.longest_prefix(fingerprint, tokens, tail_minimum=TAIL_MINIMUM)
+    def __init__(self, store: Store, fingerprint: str, tokens: Sequence[int], *,
+                 touch: bool = True):
+        match = store.longest_prefix(fingerprint, tokens, tail_minimum=TAIL_MINIMUM, touch=touch)
         self.spans = match.spans + ((match.tail,) if match.tail else ())
         self.n_tokens = match.n_tokens + match.tail_match
         self.beyond = match.tail_tokens[match.tail_match:]
+        whole = {e.id: e.token_end for e in match.entries if e.token_end <= match.n_tokens}
+        self.windows = {whole[i]: parts for i, parts in store.windows(whole).items()}
         self._store = store
         self._sizes: dict[tuple[int, int], dict[str, int]] = {}
         for (entry, chunk, level), n in store.chunk_sizes({s.entry_id for s in self.spans}).items():
@@ -76,6 +82,7 @@ class RemoteSource:
         self.spans = copy.spans
         self.n_tokens = copy.manifest.token_end
         self.beyond = ()
+        self.windows = {self.n_tokens: copy.windows} if copy.windows else {}
 
     def sizes(self, span: Span) -> dict[str, int]:
         chunks = self.copy.manifest.chunks

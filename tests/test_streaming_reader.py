@@ -9,8 +9,8 @@ import time
 import pytest
 
 from desktop_app.options import RestoreOptions as Options
+from desktop_app.reading import TEXT, ChunkReader, Meter
 from desktop_app.speeds import Speeds
-from desktop_app.streaming import TEXT, ChunkReader, Meter
 from store import CorruptObjectError, NotFoundError, RemoteError, Span
 
 LEVELS = ["lossless", "high"]
@@ -53,9 +53,10 @@ class FakeSource:
 
 
 def drain(source, options: Options | None = None):
-    reader = ChunkReader(source, list(range(source.n_tokens)), LEVELS, options or Options(),
-                         Speeds(),
-                         bytes_per_token=100, t0=time.perf_counter())
+    reader = ChunkReader(source, source.spans, list(range(source.n_tokens)), LEVELS,
+                         options or Options(), Speeds(),
+                         raw_bytes=lambda span: 100 * (span.token_end - span.token_start),
+                         t0=time.perf_counter())
     thread = threading.Thread(target=reader.run)
     thread.start()
     items = []

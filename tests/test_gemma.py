@@ -1,0 +1,202 @@
+"""Gemma 3 270M end to end: a sliding-window (iSWA) model's document and chats stored as
+full-attention chunks plus windows, restored exactly, falling back where they must.
+
+One engine for the module (short document, small context, 128-token chunks); flash attention
+off, the family's default (RESULTS.md, "Gemma 3 end to end")."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import numpy as np
+import pytest
+from codec_helpers import error_bound
+
+import codec
+from desktop_app.engine import Engine
+from desktop_app.errors import RuntimeStateError
+from desktop_app.kvstate import in_position_order
+from desktop_app.options import GenerationOptions, RestoreOptions
+from desktop_app.runtime import Runtime
+from store import Store, sync
+
+CHUNK = 128
+WINDOW = 512
+# ~600 tokens under Gemma's tokenizer: longer than the window, so that the window starts
+# inside the document.
+DOC = "\n".join(
+    f"Entry {i}: the lighthouse keeper logged {3 * i + 7} ships, {i % 5} storms and a "
+    f"lamp check at {i % 12 + 1} o'clock; the glass was cleaned {i % 3 + 1} times."
+    for i in range(24))
+QUESTION = "How many ships did the keeper log in entry 5?"
+
+
+def make_engine(data_dir, gemma_path, **options) -> Engine:
+    def factory():
+        return Runtime(gemma_path, model_hash="gemma3-270m", n_ctx=1536, flash_attn=False)
+
+    return Engine(Store(data_dir), factory, chunk_tokens=CHUNK, **options)
+
+
+def ask(eng: Engine, question: str, *, doc=None, chat=None, tokens=16, **restore):
+    return eng.ask(question, chat_id=chat, doc_ids=[doc] if doc is not None else [],
+                   restore=RestoreOptions(**restore),
+                   generation=GenerationOptions(max_tokens=tokens))
+
+
+def answer_tokens(eng: Engine, chat_id: int) -> list[int]:
+    """The exact token ids of the chat's last answer."""
+    last = eng.messages(chat_id)[-1]
+    return eng.store.message_tokens(chat_id, eng.fingerprint)[last.message_id]
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory, gemma_path):
+    eng = make_engine(tmp_path_factory.mktemp("gemma"), gemma_path)
+    yield eng
+    eng.close()
+    eng.store.close()
+
+
+@pytest.fixture(scope="module")
+def doc_id(engine, tmp_path_factory):
+    path = tmp_path_factory.mktemp("docs") / "log.txt"
+    path.write_text(DOC)
+    return engine.attach(path).doc_id
+
+
+def spans_of(eng: Engine, entry_id: int):
+    return ([(s.token_start, s.token_end) for s in eng.store.spans(entry_id)],
+            [(s.token_start, s.token_end) for s in eng.store.windows([entry_id])[entry_id]])
+
+
+def test_a_document_is_stored_as_chunks_and_its_window(engine, doc_id):
+    lay = engine.runtime.layout
+    assert (lay.full_layers, lay.swa_layers, lay.n_swa) == (3, 15, WINDOW)
+    entry = engine.store.document_entry(doc_id, engine.fingerprint)
+    end = entry.token_end
+    assert end > WINDOW + CHUNK
+    chunks, window = spans_of(engine, entry.id)
+    assert chunks[0] == (0, CHUNK) and chunks[-1][1] == end
+    assert window[0] == (end - WINDOW, end - WINDOW + CHUNK) and window[-1][1] == end
+    assert len(window) == WINDOW // CHUNK
+    (info,) = [d for d in engine.documents() if d.doc_id == doc_id]
+    assert info.status == "ready" and set(info.cache_bytes) == set(engine.levels)
+    assert info.cache_bytes["compact"] < info.cache_bytes["lossless"] < lay.raw_bytes(end)
+
+
+def test_lossless_answers_token_for_token_like_recomputing(engine, doc_id):
+    engine.runtime.reset()
+    cached = ask(engine, QUESTION, doc=doc_id, level="lossless", tokens=24)
+    fresh = ask(engine, QUESTION, doc=doc_id, no_cache=True, tokens=24)
+    entry = engine.store.document_entry(doc_id, engine.fingerprint)
+    n_parts = entry.n_chunks + WINDOW // CHUNK
+    assert cached.recomputed_tokens == 0 and cached.chunk_levels == ["lossless"] * n_parts
+    assert fresh.recomputed_tokens > 0 and set(fresh.chunk_levels) == {"text"}
+    assert answer_tokens(engine, cached.chat_id) == answer_tokens(engine, fresh.chat_id)
+    assert cached.tokens_generated > 3
+
+
+def test_a_chat_carries_its_own_window_and_reopens(engine, doc_id):
+    first = ask(engine, "Which entry had the most storms?", doc=doc_id, level="lossless")
+    chat = first.chat_id
+    doc_entry = engine.store.document_entry(doc_id, engine.fingerprint)
+    (turn1,) = [e for e in engine.store.entries() if e.chat_id == chat]
+    assert turn1.parent_id == doc_entry.id  # the document's chunks shared, not copied
+    _, window = spans_of(engine, turn1.id)
+    assert window[0][0] == turn1.token_end - WINDOW and window[-1][1] == turn1.token_end
+
+    second = ask(engine, "And how often was the glass cleaned in entry 4?", chat=chat,
+                 level="lossless")
+    assert second.recomputed_tokens == 0 and second.chunk_levels == []  # the context was kept
+    kept = answer_tokens(engine, chat)
+    engine.runtime.reset()  # as after a restart
+    report = engine.reopen(chat, restore=RestoreOptions(level="lossless"))
+    assert report.recomputed_tokens == 0 and report.tokens == engine.runtime.n_tokens
+    # The second turn asked again after a restart: the first turn's entry (its window) is
+    # restored exactly and the question computed as it was: the same answer, token for token.
+    # (Not the same as recomputing the whole chat from text: llama.cpp's one-token decodes,
+    # which wrote the first answer's KV, and its batched prefill round differently.)
+    engine.runtime.reset()
+    again = engine.regenerate(chat, restore=RestoreOptions(level="lossless"),
+                              generation=GenerationOptions(max_tokens=16))
+    assert again.recomputed_tokens == 0
+    assert again.answer == second.answer and answer_tokens(engine, chat) == kept
+    third = ask(engine, "Thank you.", chat=chat, tokens=8)
+    assert third.tokens_generated > 0
+
+
+def test_cutting_back_a_restored_window_is_refused_beyond_one_token(engine, doc_id):
+    rt = engine.runtime
+    engine.reopen(ask(engine, QUESTION, doc=doc_id, tokens=4).chat_id)
+    n = rt.n_tokens
+    assert rt.can_truncate(n - 1)  # what a restore's last token needs: its logits again
+    assert not rt.can_truncate(n - 2)
+    with pytest.raises(RuntimeStateError, match="sliding-window"):
+        rt.truncate(n - CHUNK)
+
+
+def test_a_lossy_level_stays_within_its_bound(engine, doc_id):
+    chat = ask(engine, QUESTION, doc=doc_id, tokens=4).chat_id
+    rt = engine.runtime
+    engine.reopen(chat, restore=RestoreOptions(level="lossless"))
+    exact = rt.capture()
+    engine.reopen(chat, restore=RestoreOptions(level="high"))
+    lossy = rt.capture()
+    # Chunk by chunk as stored: the chain's chunks, then the last entry's window parts.
+    match = engine.store.longest_prefix(engine.fingerprint, rt.tokens)
+    parts = engine.store.windows([match.entries[-1].id])[match.entries[-1].id]
+    cfg = codec.levels()["high"]
+    for section, spans in zip((0, 1), (match.spans, parts), strict=True):
+        ex = in_position_order(exact.sections[section])
+        lo = in_position_order(lossy.sections[section])
+        assert np.array_equal(ex.positions, lo.positions)
+        first = int(ex.positions[0])
+        for span in spans:
+            a, b = span.token_start - first, span.token_end - first
+            sink = min(cfg.sink_tokens, b - a) if span.token_start == 0 else 0
+            for x, xhat, kind in ((ex.keys, lo.keys, cfg.keys),
+                                  (ex.values, lo.values, cfg.values)):
+                x, xhat = x[:, a + sink:b], xhat[:, a + sink:b]
+                err = np.abs(x.astype(np.float32) - xhat.astype(np.float32))
+                assert np.all(err <= error_bound(x, xhat, kind)), (section, span)
+        assert not np.array_equal(ex.keys, lo.keys)
+
+
+def test_an_unreadable_window_falls_back_to_an_earlier_entry_end(engine, doc_id):
+    first = ask(engine, QUESTION, doc=doc_id, tokens=8, level="lossless")
+    (turn,) = [e for e in engine.store.entries() if e.chat_id == first.chat_id]
+    part = engine.store.windows([turn.id])[turn.id][-1]
+    with sqlite3.connect(engine.store.path) as db:  # damaged at every level
+        db.execute("UPDATE kv_chunks SET data = zeroblob(nbytes) WHERE entry_id = ? AND "
+                   "chunk_index = ?", (turn.id, part.chunk_index))
+    engine.runtime.reset()
+    report = engine.reopen(first.chat_id, restore=RestoreOptions(level="lossless"))
+    doc_end = engine.store.document_entry(doc_id, engine.fingerprint).token_end
+    # The document's entry ends with a window: the restore resumes there and recomputes the
+    # chat's own tokens.
+    assert report.tokens - report.recomputed_tokens == doc_end
+    assert report.chunk_levels.count("lossless") == len(spans_of(engine, turn.parent_id)[0]) \
+        + WINDOW // CHUNK
+    assert any("cannot be restored (its window" in m for m in report.messages)
+    assert any("earlier entry ends" in m for m in report.messages)
+    again = ask(engine, "And in entry 6?", chat=first.chat_id, tokens=8)
+    assert again.tokens_generated > 0
+
+
+def test_the_shared_cache_carries_windows(engine, doc_id, remote_tier, tmp_path, gemma_path):
+    entry = engine.store.document_entry(doc_id, engine.fingerprint)
+    sync.push(engine.store, remote_tier, entry)
+    exact = ask(engine, QUESTION, doc=doc_id, no_cache=True, tokens=16)
+    other = make_engine(tmp_path / "other", gemma_path, remote=remote_tier)
+    try:
+        sync.pull_all(other.store, remote_tier, other.fingerprint, lazy=True)
+        (doc,) = other.documents()
+        streamed = ask(other, QUESTION, doc=doc.doc_id, level="lossless", tokens=16)
+        assert streamed.source == "remote" and streamed.recomputed_tokens == 0
+        assert answer_tokens(other, streamed.chat_id) == answer_tokens(engine, exact.chat_id)
+        copy = other.store.document_entry(doc.doc_id, other.fingerprint)
+        assert spans_of(other, copy.id) == spans_of(engine, entry.id)
+    finally:
+        other.close()
+        other.store.close()
