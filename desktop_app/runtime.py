@@ -385,16 +385,16 @@ class Runtime:
     def restore(self, seq: kvstate.SeqState, tokens: Sequence[int]) -> None:
         """Load a KV cache (e.g. decoded from the codec) for `tokens` into the context: its
         sections in position order, the window's ending with the last token."""
+        # Any V layout: the buffer is laid out for this context.
+        self._check_fits([kv.keys.shape for kv in seq.sections], seq.sections[0].dtype, None,
+                         tokens)
         buf = self.new_state_buffer(len(tokens))
         buf.keys[...] = seq.sections[0].keys
         buf.values[...] = seq.sections[0].values
         if buf.window_keys is not None:
-            n = len(tokens)
-            window = (self.layout.swa_layers, n - self.layout.window_start(n), self.layout.channels)
-            if len(seq.sections) != 2 or seq.sections[1].keys.shape != window:
-                raise RuntimeStateError(f"a restore of {n} tokens needs their window {window}")
-            buf.window_keys[:, -window[1]:] = seq.sections[1].keys
-            buf.window_values[:, -window[1]:] = seq.sections[1].values
+            window = seq.sections[1].n_tokens
+            buf.window_keys[:, buf.window_keys.shape[1] - window:] = seq.sections[1].keys
+            buf.window_values[:, buf.window_values.shape[1] - window:] = seq.sections[1].values
         self.restore_buffer(buf, tokens)
 
     @property
@@ -442,7 +442,7 @@ class Runtime:
         self._set_state(buf.data, tokens)
         self._window_floor = self.layout.window_start(n)
 
-    def _check_fits(self, shapes: list[tuple], dtype: np.dtype, v_trans: bool,
+    def _check_fits(self, shapes: list[tuple], dtype: np.dtype, v_trans: bool | None,
                     tokens: Sequence[int]) -> None:
         """Refuse KV that this context would load but that was not made for it."""
         lay = self.layout
@@ -454,7 +454,7 @@ class Runtime:
             raise RuntimeStateError(
                 f"KV of shape {' + '.join(map(str, shapes))} does not fit this model: "
                 f"expected {' + '.join(map(str, expected))}")
-        if v_trans != lay.v_trans:
+        if v_trans is not None and v_trans != lay.v_trans:
             raise RuntimeStateError("the state's V layout does not match this context")
         if dtype != self.cache_dtype:
             raise RuntimeStateError(f"KV of {dtype} for a {lay.cache_type} cache")

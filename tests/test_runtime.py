@@ -8,7 +8,12 @@ import numpy as np
 import pytest
 
 from desktop_app.errors import Cancelled, RuntimeStateError
-from desktop_app.kvstate import KVStateError, build_seq_state, parse_seq_state
+from desktop_app.kvstate import (
+    KVStateError,
+    SeqState,
+    build_seq_state,
+    parse_seq_sections,
+)
 from desktop_app.runtime import Runtime
 
 SYSTEM = "You are a helpful assistant. Answer from the document."
@@ -48,7 +53,7 @@ def test_restored_state_generates_exactly_like_prefill(any_runtime, model_path, 
     fresh = Runtime(model_path, model_hash=model_hash, n_ctx=1024,
                     flash_attn=not rt.layout.v_trans)
     try:
-        fresh.restore(parse_seq_state(data), prefix)
+        fresh.restore(parse_seq_sections(data), prefix)
         assert fresh.tokens == prefix
         assert fresh.state_bytes() == data
         fresh.prefill(question)
@@ -62,7 +67,7 @@ def test_restore_from_rebuilt_bytes_into_same_context(runtime):
     runtime.reset()
     runtime.prefill(prefix + question)
     expected = greedy(runtime, 12)
-    kv = runtime.capture()
+    (kv,) = runtime.capture().sections
     runtime.reset()
     runtime.restore_bytes(build_seq_state(kv), prefix + question + expected)
     # The restore brings no logits: re-evaluating the last token makes them, then the sequence
@@ -130,12 +135,12 @@ def test_context_overflow_is_a_clear_error(runtime):
 def test_state_of_other_shape_is_refused(runtime):
     runtime.reset()
     runtime.prefill(runtime.tokenize("Hello"))
-    kv = runtime.capture()
+    (kv,) = runtime.capture().sections
     kv.keys = np.concatenate([kv.keys, kv.keys], axis=2)
     kv.values = np.concatenate([kv.values, kv.values], axis=2)
     tokens = runtime.tokens
     with pytest.raises(RuntimeStateError, match="does not fit this model"):
-        runtime.restore(kv, tokens)
+        runtime.restore(SeqState([kv]), tokens)
     with pytest.raises(RuntimeStateError, match="does not fit this model"):
         runtime.restore_bytes(build_seq_state(kv), tokens)
     with pytest.raises(KVStateError):
@@ -147,11 +152,12 @@ def test_state_of_other_shape_is_refused(runtime):
 def test_state_of_other_v_layout_is_converted(runtime, runtime_fa):
     runtime_fa.reset()
     runtime_fa.prefill(runtime_fa.tokenize("Hello there, general"))
-    kv = runtime_fa.capture()
-    assert not kv.v_trans
-    runtime.restore(kv, runtime_fa.tokens)
-    assert runtime.capture().v_trans
-    np.testing.assert_array_equal(runtime.capture().values, kv.values)
+    seq = runtime_fa.capture()
+    assert not seq.sections[0].v_trans
+    runtime.restore(seq, runtime_fa.tokens)
+    (back,) = runtime.capture().sections
+    assert back.v_trans
+    np.testing.assert_array_equal(back.values, seq.sections[0].values)
 
 
 def test_layout_facts(runtime):
