@@ -21,7 +21,10 @@ from .settings import Settings
 if TYPE_CHECKING:
     from store import RemoteTier, Store
 
+    from .catalog import ModelFile
+    from .contextsize import ContextChoice
     from .engine import Engine
+    from .gguf_header import HeaderFacts
     from .runtime import Runtime
 
 
@@ -35,11 +38,54 @@ class App:
 
     @cached_property
     def model_path(self) -> Path:
-        return models.resolve_model_path(self.settings.model)
+        return models.resolve_model_path(
+            self.settings.model, listed=lambda: [(m.name, m.path) for m in self.list_models()])
 
     @cached_property
     def model_hash(self) -> str:
         return models.content_hash(self.model_path, memo_file=self.data_dir / "model-hashes.json")
+
+    def list_models(self) -> list[ModelFile]:
+        """The GGUF models on this machine (headers only: nothing is loaded)."""
+        from .catalog import discover
+
+        try:
+            own = [("default", models.default_model_path())]
+        except models.ModelNotFoundError:
+            own = []
+        return discover(self.settings.model_folders, own=own, memo_dir=self.data_dir)
+
+    @cached_property
+    def model_facts(self) -> HeaderFacts | None:
+        """The model's header (None if it cannot be read as one: llama.cpp will say why)."""
+        from .gguf_header import HeaderError, read
+
+        try:
+            return read(self.model_path)
+        except (HeaderError, OSError):
+            return None
+
+    @cached_property
+    def flash_attn(self) -> tuple[bool, str]:
+        """Whether contexts use flash attention, and why."""
+        if self.settings.flash_attn is not None:
+            return self.settings.flash_attn, "set in the settings"
+        if self.model_facts is not None and self.model_facts.sliding_window:
+            return False, ("off: a sliding-window model, whose restored cache answers exactly "
+                           "as a recomputed one only without it")
+        return True, ("on: faster prefill, and a restored cache answers as a recomputed one "
+                      "on plain-cache models (tested on SmolLM2)")
+
+    @cached_property
+    def context(self) -> ContextChoice:
+        """The context size, and why (`kvdesk info` says it)."""
+        from .contextsize import ContextChoice, available_memory, choose
+
+        if self.settings.n_ctx is not None:
+            return ContextChoice(self.settings.n_ctx, "set in the settings, --n-ctx or "
+                                                      "KVDESK_N_CTX")
+        return choose(self.model_facts, model_bytes=self.model_path.stat().st_size,
+                      flash_attn=self.flash_attn[0], available=available_memory())
 
     def new_runtime(self) -> Runtime:
         """A fresh context on the configured model (the engine holds one per role)."""
@@ -48,8 +94,8 @@ class App:
         return Runtime(
             self.model_path,
             model_hash=self.model_hash,
-            n_ctx=self.settings.n_ctx,
-            flash_attn=self.settings.flash_attn,
+            n_ctx=self.context.n_ctx,
+            flash_attn=self.flash_attn[0],
         )
 
     @cached_property
@@ -98,7 +144,12 @@ class App:
             "n_head_kv": lay.n_head_kv,
             "head_dim": lay.head_dim,
             "n_ctx": rt.n_ctx,
+            "n_ctx_reason": self.context.why,
             "kv_bytes_per_token": lay.kv_bytes_per_token,
+            "sliding_window_layers": lay.swa_layers,
+            "sliding_window": lay.n_swa,
+            "flash_attn": self.flash_attn[0],
+            "flash_attn_reason": self.flash_attn[1],
         }
 
     def close(self) -> None:

@@ -38,7 +38,7 @@ class ModelFile:
 
     name: str  # what `--model NAME` accepts: an Ollama `name:tag`, or its path under its folder
     path: str
-    source: str  # lmstudio | ollama | gpt4all | jan | huggingface | folder
+    source: str  # kvdesk (its own) | lmstudio | ollama | gpt4all | jan | huggingface | folder
     size_bytes: int
     architecture: str | None
     parameters: int | None
@@ -71,7 +71,8 @@ def locations(home: Path, env: Mapping[str, str], platform: str = sys.platform
              ("lmstudio", cache / "lm-studio" / "models")]
     found += [("gpt4all", d / "nomic.ai" / "GPT4All") for d in data]
     found += [("jan", home / "jan" / "models")]
-    found += [("jan", d / "Jan" / "data" / sub) for d in data for sub in ("llamacpp", "models")]
+    found += [("jan", d / "Jan" / "data" / sub) for d in data
+              for sub in ("llamacpp/models", "models")]
     found += [("ollama", Path(env["OLLAMA_MODELS"]) if env.get("OLLAMA_MODELS")
                else home / ".ollama" / "models")]
     if platform.startswith("linux"):  # the system service's store
@@ -80,18 +81,22 @@ def locations(home: Path, env: Mapping[str, str], platform: str = sys.platform
     return found
 
 
-def discover(folders: Sequence[str | Path] = (), *, memo_dir: Path | None = None,
-             home: Path | None = None, env: Mapping[str, str] | None = None,
+def discover(folders: Sequence[str | Path] = (), *, own: Sequence[tuple[str, Path]] = (),
+             memo_dir: Path | None = None, home: Path | None = None,
+             env: Mapping[str, str] | None = None,
              platform: str = sys.platform) -> list[ModelFile]:
-    """Every model file found (each file once, in the order of `locations`, then `folders`)."""
+    """Every model file found, each once: kvdesk's `own` (name, path) first, then those of
+    `locations`, then those of `folders`."""
     env = os.environ if env is None else env
-    places = locations(home or Path.home(), env, platform)
+    places: list[tuple[str, Path | None]] = [("kvdesk", None)]
+    places += locations(home or Path.home(), env, platform)
     places += [("folder", Path(f).expanduser()) for f in folders]
     memo = _Memo(memo_dir / MEMO_FILE if memo_dir else None)
     seen: set[str] = set()
     out: list[ModelFile] = []
     for source, root in places:
-        found = _ollama(root) if source == "ollama" else _gguf_files(source, root)
+        found = ((name, path, None) for name, path in own) if root is None else \
+            _ollama(root) if source == "ollama" else _gguf_files(source, root)
         for name, path, problem in found:
             key = os.path.realpath(path)
             if key in seen:

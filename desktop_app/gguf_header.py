@@ -46,6 +46,7 @@ class HeaderFacts:
     quantization: str | None
     context_length: int | None
     n_layer: int | None
+    n_head: int | None
     n_vocab: int | None
     kv_bytes_per_token: int | None  # f16 KV of every position (the full-attention layers')
     sliding_window: int | None  # the window of its sliding-window layers, if any
@@ -183,6 +184,8 @@ def _facts(meta: dict, parameters: int | None, types: Counter) -> HeaderFacts:
         architecture=arch, name=meta.get(Keys.General.NAME) or None, parameters=parameters,
         quantization=_quantization(meta.get(Keys.General.FILE_TYPE), types),
         context_length=_int(get(Keys.LLM.CONTEXT_LENGTH)), n_layer=n_layer,
+        n_head=max(heads) if isinstance(heads := get(Keys.Attention.HEAD_COUNT), list) and heads
+        else _int(heads),
         n_vocab=tokens if isinstance(tokens, int) else _int(get(Keys.LLM.VOCAB_SIZE)),
         kv_bytes_per_token=kv, sliding_window=window, kv_window_bytes=kv_window,
         status=status, reason=reason,

@@ -68,10 +68,14 @@ def resolve_model_path(explicit: str | os.PathLike | None = None, *,
         return default_model_path()
     path = Path(chosen).expanduser()
     if not path.is_file():
-        found = find_named(str(chosen), list(listed()) if listed is not None else [])
+        name = str(chosen)
+        found = find_named(name, list(listed()) if listed is not None else [])
+        if found is None and (os.sep in name or "/" in name or name.endswith(".gguf")):
+            raise ModelNotFoundError(f"model file not found: {path} (nor a model of that name "
+                                     "among those `kvdesk models` lists)")
         if found is None:
-            raise ModelNotFoundError(f"no model file {path}, and no model named {chosen!r} "
-                                     "on this machine (`kvdesk models` lists them)")
+            raise ModelNotFoundError(f"no model named {name!r} on this machine (`kvdesk models` "
+                                     "lists them), and no such file")
         path = Path(found)
     with path.open("rb") as f:
         if f.read(4) != GGUF_MAGIC:

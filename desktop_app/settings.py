@@ -28,7 +28,6 @@ from pydantic import Field
 from .validation import STRICT, InvalidValue, changed, parse
 
 APP_NAME = "kvdesk"
-DEFAULT_N_CTX = 8192
 SETTINGS_VERSION = 1
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _PREFIX_PART = re.compile(r"^[A-Za-z0-9._-]+$")
@@ -55,12 +54,17 @@ def config_dir() -> Path:
 class Settings(pydantic.BaseModel):
     model_config = STRICT
 
-    model: str | None = None  # None: the default model shipped with kvdesk
+    # A GGUF path, or the name of a model `kvdesk models` lists; None: the shipped default.
+    model: str | None = None
+    # Folders of GGUF files to list besides the other apps' (LM Studio, Ollama...).
+    model_folders: tuple[str, ...] = ()
     data_dir: str | None = None  # None: the platform's user data directory
-    n_ctx: int = Field(DEFAULT_N_CTX, ge=256, le=1 << 20)
+    # None: the model's trained context, capped by the memory it needs (contextsize).
+    n_ctx: int | None = Field(None, ge=256, le=1 << 20)
     # Flash attention: ~1.9x faster prefill here, and V rows stored token-major (cheaper to
-    # restore). Measured with benchmarks/bench_engine.py.
-    flash_attn: bool = True
+    # restore); but on sliding-window models (Gemma) llama.cpp's CPU kernel makes a restored
+    # cache answer differently from a recomputed one (RESULTS.md). None: on, except for those.
+    flash_attn: bool | None = None
     storage_budget_gb: float = Field(10.0, gt=0, le=1e6)
     # How long bringing a chat back may take when the level is "auto" (the quality slider):
     # the restore picks, chunk by chunk, the best stored level that fits.

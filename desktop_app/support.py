@@ -28,7 +28,8 @@ from .errors import KVStateError, UnsupportedModelError
 SUPPORTED, UNTESTED, REFUSED = "supported", "untested", "refused"
 
 # Tested end to end here: attach, ask, reopen, lossless == recompute (tests/, RESULTS.md).
-TESTED = {"llama": "SmolLM2-135M: plain KV cache", "gemma3": "Gemma 3 270M: iSWA cache"}
+TESTED = {"llama": "tested: a plain KV cache (on SmolLM2-135M)",
+          "gemma3": "tested: a sliding-window (iSWA) cache (on Gemma 3 270M)"}
 RECURRENT = {"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"}
 HYBRID = {"jamba", "falcon-h1", "granitehybrid", "plamo2", "lfm2", "lfm2moe", "nemotron_h",
           "qwen3next"}

@@ -29,7 +29,9 @@ def test_info_json(model_path):
     info = json.loads(kvdesk("info", "--json").stdout)
     assert info["model"] == str(model_path.resolve())
     assert (info["n_layer"], info["n_head_kv"], info["head_dim"]) == (30, 3, 64)
-    assert info["n_ctx"] == 8192
+    # The model's trained context (this machine has the memory), and said so.
+    assert info["n_ctx"] == 8192 and "trained context" in info["n_ctx_reason"]
+    assert info["flash_attn"] is True and info["sliding_window_layers"] == 0
     assert info["kv_bytes_per_token"] == 23_040
     assert len(info["fingerprint"]) == 32
 

@@ -46,7 +46,7 @@ def test_content_hash_is_remembered_until_the_file_changes(tmp_path):
 
 def test_settings_precedence(monkeypatch, tmp_path):
     s = settings.load()
-    assert s.n_ctx == 8192 and s.data_path == tmp_path / "data"
+    assert s.n_ctx is None and s.data_path == tmp_path / "data"  # None: per model
     s.with_overrides(n_ctx=2048).save()
     assert settings.load().n_ctx == 2048
     monkeypatch.setenv("KVDESK_N_CTX", "4096")

@@ -61,11 +61,13 @@ def emit(data: dict | list, as_json: bool, lines: list[str] | None = None) -> No
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="kvdesk")
-@click.option("--model", metavar="PATH", help="A GGUF model file (default: SmolLM2-135M, "
-              "shipped with kvdesk; env KVDESK_MODEL).")
+@click.option("--model", metavar="PATH|NAME", help="A GGUF model file, or the name of one "
+              "`kvdesk models` lists, e.g. llama3.2:3b (default: SmolLM2-135M, shipped with "
+              "kvdesk; env KVDESK_MODEL).")
 @click.option("--data-dir", metavar="DIR", help="Where documents, chats and caches live "
               "(env KVDESK_DATA_DIR; default: the platform's user data directory).")
-@click.option("--n-ctx", type=int, help="Context size in tokens (default 8192).")
+@click.option("--n-ctx", type=int, help="Context size in tokens (default: the model's "
+              "trained context, capped by the memory it needs; kvdesk info says which).")
 @click.pass_context
 def cli(ctx: click.Context, model: str | None, data_dir: str | None, n_ctx: int | None):
     """kvdesk: ask a local model about long documents, without re-reading them every time."""

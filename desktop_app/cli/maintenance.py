@@ -1,5 +1,6 @@
 """Commands about the installation and the store rather than a conversation: the model's
-facts, integrity checks, eviction, the self-check, the quality evaluation and the window.
+facts, the models on this machine, integrity checks, eviction, the self-check, the quality
+evaluation and the window.
 """
 
 from __future__ import annotations
@@ -20,6 +21,27 @@ from .base import TerminalProgress, cli, emit, interruptible, json_option, level
 def info(app: App, as_json: bool):
     """Show the model, its KV layout and its cache fingerprint."""
     emit(app.info(), as_json)
+
+
+@cli.command()
+@json_option
+@click.pass_obj
+def models(app: App, as_json: bool):
+    """List the GGUF models on this machine (LM Studio, Ollama, GPT4All, Jan, the Hugging Face
+    cache, the model_folders setting) and whether kvdesk supports them; --model takes a NAME."""
+    found = app.list_models()
+    lines = [f"{'NAME':<40} {'SOURCE':<11} {'ARCH':<10} {'PARAMS':>7} {'QUANT':<8} "
+             f"{'CONTEXT':>7} {'KV/TOKEN':>9}  STATUS"]
+    for m in found:
+        params = f"{m.parameters / 1e9:.1f}B" if m.parameters else "?"
+        kv = f"{m.kv_bytes_per_token / 1024:.0f} KiB" if m.kv_bytes_per_token else "?"
+        lines.append(f"{m.name[:40]:<40} {m.source:<11} {m.architecture or '?':<10} "
+                     f"{params:>7} {m.quantization or '?':<8} {m.context_length or '?':>7} "
+                     f"{kv:>9}  {m.status}: {m.reason}")
+    if not found:
+        lines = ["no GGUF models found (kvdesk looks in LM Studio's, Ollama's, GPT4All's, "
+                 "Jan's and the Hugging Face cache's folders, and the model_folders setting)"]
+    emit([m.as_dict() for m in found], as_json, lines)
 
 
 @cli.command()

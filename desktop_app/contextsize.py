@@ -1,0 +1,107 @@
+"""How large a context to give a model: its trained context, capped by the memory it needs.
+
+Each of the engine's contexts (chat and attach) holds a KV cache and llama.cpp's compute
+buffer, and a restore or a capture holds copies of the KV beside them; the weights are mapped
+once. Estimated from the GGUF header (`gguf_header`) as llama.cpp allocates them (measured with
+llama-cpp-python 0.3.36: benchmarks/RESULTS.md, "Context size per model"):
+
+    KV            f16, every position of the full-attention layers, plus a sliding-window
+                  model's window cache (its window and a batch, rounded to 256 cells)
+    compute       the larger of the logits of a 512-token batch (n_vocab x 512 x 4 bytes) and,
+                  without flash attention, one layer's attention scores (heads x n_ctx x 512 x 4)
+    copies        twice the KV (a restore's state buffer and a capture)
+
+The default context is the largest of the trained context, halved down to 2,048 tokens, whose
+estimate for both contexts and the weights fits in `MEMORY_SHARE` of the memory available now
+(/proc/meminfo's MemAvailable, a cgroup's limit, or sysconf); `choose` says which and why, and
+`kvdesk info` shows it. It reads no model and allocates nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .gguf_header import HeaderFacts
+
+MEMORY_SHARE = 0.6  # of the memory available: the rest stays the system's and the user's
+CONTEXTS = 2  # chat and attach
+FLOOR = 2048
+FALLBACK = 8192  # when the header says nothing of the trained context
+UBATCH = 512
+CELL_ROUND = 256
+
+
+@dataclass(frozen=True)
+class ContextChoice:
+    n_ctx: int
+    why: str
+    estimate_bytes: int | None = None  # both contexts and the weights, at n_ctx
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available now (None: this system does not say)."""
+    found = []
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:  # a container's limit (cgroup v2)
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+        if limit != "max":
+            found.append(int(limit) - used)
+    except (OSError, ValueError):
+        pass
+    if not found:
+        try:
+            found.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        except (ValueError, OSError, AttributeError):
+            return None
+    return max(0, min(found))
+
+
+def estimate(facts: HeaderFacts, n_ctx: int, *, flash_attn: bool) -> int | None:
+    """Bytes one context of n_ctx tokens needs beside the weights (None: not enough facts)."""
+    if facts.kv_bytes_per_token is None:
+        return None
+    kv = facts.kv_bytes_per_token * n_ctx
+    if facts.sliding_window and facts.kv_window_bytes:
+        cells = min(n_ctx, -(-(facts.sliding_window + UBATCH) // CELL_ROUND) * CELL_ROUND)
+        kv += facts.kv_window_bytes * cells // facts.sliding_window
+    compute = (facts.n_vocab or 0) * UBATCH * 4
+    if not flash_attn and facts.n_head:
+        compute = max(compute, facts.n_head * n_ctx * UBATCH * 4)
+    return 3 * kv + compute
+
+
+def choose(facts: HeaderFacts | None, *, model_bytes: int, flash_attn: bool,
+           available: int | None) -> ContextChoice:
+    """The context size to use, and why."""
+    trained = facts.context_length if facts is not None and facts.context_length else None
+    top = trained or FALLBACK
+    source = (f"the model's trained context ({trained:,} tokens)" if trained
+              else f"{FALLBACK:,} tokens (the header gives no trained context)")
+    if facts is None or available is None or estimate(facts, top, flash_attn=flash_attn) is None:
+        unknown = "the memory available is unknown" if available is None else \
+            "the header does not give the KV cache's size"
+        return ContextChoice(top, f"{source}; {unknown}, so not capped")
+    budget = int(available * MEMORY_SHARE)
+
+    def need(n: int) -> int:
+        return model_bytes + CONTEXTS * estimate(facts, n, flash_attn=flash_attn)
+
+    n = top
+    while n > min(FLOOR, top) and need(n) > budget:
+        n = max(min(FLOOR, top), n // 2 // CELL_ROUND * CELL_ROUND)
+    gb = f"{need(n) / 1e9:.1f} GB for the weights and {CONTEXTS} contexts (KV, compute " \
+         f"buffers, copies), of {available / 1e9:.1f} GB available"
+    if n == top:
+        return ContextChoice(n, f"{source}; it fits: {gb}", need(n))
+    if need(n) > budget:
+        return ContextChoice(n, f"{n:,} tokens, the smallest kvdesk gives a model: even this "
+                                f"may not fit ({gb})", need(n))
+    return ContextChoice(n, f"capped by memory below {source}: {gb}", need(n))
