@@ -55,7 +55,24 @@ class Attacher:
                cancel: threading.Event | None = None) -> AttachResult:
         """Extract, prefill (or take from the shared cache), encode and store one document,
         then share it if automatic pushing is on. Raises DocumentError, Cancelled."""
-        result = self._attach(path, levels, progress, cancel)
+        extracted = documents.extract(path)
+        if progress:
+            progress(Progress("extract", 1, 1, extracted.title))
+        return self._store(extracted, levels, progress, cancel)
+
+    def prefill(self, doc_id: int, *, levels: Sequence[str] | None = None,
+                progress: ProgressFn | None = None,
+                cancel: threading.Event | None = None) -> AttachResult:
+        """Compute a stored document's cache under the loaded model (after a model switch:
+        its text is the truth), as attaching its file again would."""
+        doc = self.store.document(doc_id)
+        return self._store(documents.Extracted(doc.text, doc.title, doc.type,
+                                               doc.source_path or ""),
+                           levels, progress, cancel)
+
+    def _store(self, extracted: documents.Extracted, levels: Sequence[str] | None,
+               progress: ProgressFn | None, cancel: threading.Event | None) -> AttachResult:
+        result = self._attach(extracted, levels, progress, cancel)
         entry = self.store.document_entry(result.doc_id, self.contexts.get(ATTACH).fingerprint)
         if result.pulled or entry is None:  # None: evicted at once by a tiny storage budget
             return result
@@ -64,13 +81,10 @@ class Attacher:
             entry.id, progress=_phase(progress, "push", result.title))
         return replace(result, pushed=pushed, warnings=[*result.warnings, *notes])
 
-    def _attach(self, path, levels, progress, cancel) -> AttachResult:
+    def _attach(self, extracted: documents.Extracted, levels, progress, cancel) -> AttachResult:
         levels = quality_order(levels or self.kv.levels)
         check_levels(levels)
-        extracted = documents.extract(path)
         title = extracted.title
-        if progress:
-            progress(Progress("extract", 1, 1, title))
         with self.lock:
             rt = self.contexts.get(ATTACH)
             self.contexts.warm_up(rt)

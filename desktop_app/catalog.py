@@ -20,38 +20,16 @@ import json
 import os
 import sys
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import gguf_header
+from .results import ModelFile
 
 UNREADABLE = "unreadable"
 MEMO_FILE = "model-headers.json"
 MAX_DEPTH = 6
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
 OLLAMA_REGISTRY, OLLAMA_LIBRARY = "registry.ollama.ai", "library"
-
-
-@dataclass(frozen=True)
-class ModelFile:
-    """One model file found on this machine, as `kvdesk models` lists it."""
-
-    name: str  # what `--model NAME` accepts: an Ollama `name:tag`, or its path under its folder
-    path: str
-    source: str  # kvdesk (its own) | lmstudio | ollama | gpt4all | jan | huggingface | folder
-    size_bytes: int
-    architecture: str | None
-    parameters: int | None
-    quantization: str | None
-    context_length: int | None
-    kv_bytes_per_token: int | None
-    sliding_window: int | None
-    kv_window_bytes: int | None
-    status: str  # supported | untested | refused | unreadable
-    reason: str
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def locations(home: Path, env: Mapping[str, str], platform: str = sys.platform

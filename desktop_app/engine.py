@@ -140,6 +140,14 @@ class Engine:
                cancel: threading.Event | None = None) -> AttachResult:
         return self.attacher.attach(path, levels=levels, progress=progress, cancel=cancel)
 
+    def prefill(self, doc_id: int, *, levels: Sequence[str] | None = None,
+                progress: ProgressFn | None = None,
+                cancel: threading.Event | None = None) -> AttachResult:
+        """A stored document's cache computed under the loaded model from its text (after a
+        model switch, or an eviction), as attaching its file again would."""
+        self.library.document(doc_id)
+        return self.attacher.prefill(doc_id, levels=levels, progress=progress, cancel=cancel)
+
     def ask(self, question: str, *, chat_id: int | None = None, doc_ids: Sequence[int] = (),
             restore: RestoreOptions = RestoreOptions(),
             generation: GenerationOptions = GenerationOptions(),

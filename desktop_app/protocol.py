@@ -21,6 +21,7 @@ from .results import (
     ChatInfo,
     DocumentInfo,
     MessageInfo,
+    ModelFile,
     Progress,
     RestoreEstimate,
     RestoreReport,
@@ -71,6 +72,12 @@ class EngineAPI(Protocol):
     def attach(self, path: str | Path, *, levels: Sequence[str] | None = None,
                progress: ProgressFn | None = None,
                cancel: threading.Event | None = None) -> AttachResult: ...
+
+    def prefill(self, doc_id: int, *, levels: Sequence[str] | None = None,
+                progress: ProgressFn | None = None,
+                cancel: threading.Event | None = None) -> AttachResult:
+        """Compute a stored document's cache under the loaded model (after a model switch)."""
+        ...
 
     def ask(self, question: str, *, chat_id: int | None = None, doc_ids: Sequence[int] = (),
             restore: RestoreOptions = RestoreOptions(),
@@ -129,6 +136,10 @@ class AppAPI(Protocol):
     @property
     def engine(self) -> EngineAPI:
         """Loads the model on first use: call it off the UI thread."""
+        ...
+
+    def list_models(self) -> list[ModelFile]:
+        """The GGUF models on this machine, from their headers (call it off the UI thread)."""
         ...
 
     def close(self) -> None: ...

@@ -137,3 +137,22 @@ class Completion(Record):
     cached_tokens: int  # of the prompt, restored or kept rather than computed
     stored: bool  # whether the conversation's KV is now in the store
     messages: list[str] = field(default_factory=list)  # notes for the user
+
+
+@dataclass(frozen=True)
+class ModelFile(Record):
+    """One model file found on this machine, as `kvdesk models` lists it."""
+
+    name: str  # what `--model NAME` accepts: an Ollama `name:tag`, or its path under its folder
+    path: str
+    source: str  # kvdesk (its own) | lmstudio | ollama | gpt4all | jan | huggingface | folder
+    size_bytes: int
+    architecture: str | None
+    parameters: int | None
+    quantization: str | None
+    context_length: int | None
+    kv_bytes_per_token: int | None
+    sliding_window: int | None
+    kv_window_bytes: int | None
+    status: str  # supported | untested | refused | unreadable
+    reason: str

@@ -297,7 +297,7 @@ def test_settings_persist_and_an_engine_change_asks_to_restart(qtbot, window, mo
     def edit(dialog: SettingsDialog) -> int:
         dialog.theme.setCurrentIndex(dialog.theme.findData("dark"))
         dialog.budget.setValue(3.5)
-        dialog.model.setText(str(model))
+        dialog.model.setEditText(str(model))
         dialog.accept()
         return dialog.result()
 
@@ -315,7 +315,7 @@ def test_settings_persist_and_an_engine_change_asks_to_restart(qtbot, window, mo
 def test_the_settings_dialog_refuses_a_missing_model(qtbot):
     dialog = SettingsDialog(Settings())
     qtbot.addWidget(dialog)
-    dialog.model.setText("/no/such/model.gguf")
+    dialog.model.setEditText("/no/such/model.gguf")
     dialog.accept()
     assert dialog.result() == 0 and "no such model file" in dialog.error.text()
 
@@ -358,3 +358,74 @@ def test_the_settings_start_and_stop_the_local_api(qtbot, engine, monkeypatch):
         window.open_settings()
     assert blocker.args == [None] and window.api_label.text() == ""
     assert api.calls[-1] == ("stop",) and not settings_mod.load().server_enabled
+
+
+def found_models(tmp_path):
+    from desktop_app.results import ModelFile
+
+    def model(name, source, status, arch, path=None):
+        return ModelFile(name, path or str(tmp_path / f"{name}.gguf"), source, 1, arch,
+                         270_000_000, "Q4_K_M", 32768, 3072, None, None, status,
+                         {"refused": "recurrent memory"}.get(status, "tested"))
+
+    return [model("default", "kvdesk", "supported", "llama"),
+            model("llama3.2:3b", "ollama", "supported", "llama"),
+            model("mamba:latest", "ollama", "refused", "mamba")]
+
+
+def test_the_settings_offer_the_models_found_and_say_why_some_cannot_be_used(qtbot, tmp_path):
+    dialog = SettingsDialog(Settings(), models=found_models(tmp_path))
+    qtbot.addWidget(dialog)
+    items = dialog.model.model()
+    assert [dialog.model.itemText(i) for i in range(dialog.model.count())] == [
+        "default (built in)", "llama3.2:3b", "mamba:latest"]
+    assert not items.item(2).isEnabled() and "refused: recurrent memory" in \
+        items.item(2).toolTip()
+    assert dialog.model.currentText() == ""  # the built-in default
+    assert "llama" in dialog.model_about.text() and "(kvdesk)" in dialog.model_about.text()
+    dialog.model.activated.emit(1)
+    assert dialog.model.currentText() == "llama3.2:3b"
+    assert "0.3B parameters, Q4_K_M, 32,768-token context" in dialog.model_about.text()
+    dialog.n_ctx.setValue(0)
+    dialog.folders.setText("/models/a; /models/b")
+    dialog.accept()
+    assert dialog.result() == 1
+    new = dialog.result_settings()
+    assert (new.model, new.n_ctx, new.model_folders) == ("llama3.2:3b", None,
+                                                         ("/models/a", "/models/b"))
+    dialog.model.activated.emit(0)
+    assert dialog.result_settings().model is None
+
+
+def test_settings_list_the_models_off_the_gui_thread(qtbot, engine, tmp_path, monkeypatch):
+    listed = []
+
+    def list_models():
+        listed.append(threading.current_thread() is threading.main_thread())
+        return found_models(tmp_path)
+
+    window = MainWindow(lambda: engine, Settings(), list_models=list_models)
+    qtbot.addWidget(window)
+    qtbot.waitSignal(window.engine_ready, timeout=5000)
+    shown = []
+    monkeypatch.setattr("ui.main_window.SettingsDialog.exec",
+                        lambda dialog: shown.append(dialog.model.count()) or 0)
+    window.open_settings()
+    qtbot.waitUntil(lambda: shown == [3], timeout=5000)
+    assert listed == [False]
+
+
+def test_documents_of_another_model_are_prefilled_in_the_background(qtbot, engine, window):
+    assert window.prefill_button.isHidden()
+    engine.switch_model()
+    with qtbot.waitSignal(window.documents_changed, timeout=5000):
+        window.refresh_documents()
+    assert not window.prefill_button.isHidden()
+    assert window.prefill_button.text() == "Prefill 2 documents for this model"
+    with qtbot.waitSignals([window.attach_done, window.attach_done], timeout=5000):
+        window.prefill_button.click()
+    assert sorted(c[1] for c in engine.calls if c[0] == "prefill") == sorted(
+        d.doc_id for d in engine.documents())
+    qtbot.waitUntil(lambda: all(d.status == "ready" for d in window.documents), timeout=5000)
+    assert window.prefill_button.isHidden()
+    assert window.doc_list.checked_ids() == []  # prefilled, not ticked for a new chat

@@ -1,5 +1,6 @@
 """The main window's library actions: attaching files (dialog, drop, progress rows,
-cancel), deleting documents, and renaming, deleting and exporting chats.
+cancel), computing documents' caches again under a new model, deleting documents, and
+renaming, deleting and exporting chats.
 
 A mixin of `MainWindow` (ui.main_window), which owns the widgets and the state it uses.
 Attach jobs run on the "attach" lane, one document at a time in their own model context,
@@ -36,10 +37,26 @@ class LibraryMixin:
             self._attach(Path(path))
 
     def _attach(self, path: Path) -> None:
-        row = self.doc_list.add_row(path.name, self.colors.error)
         engine = self.engine
-        job = self.runner.start("attach", lambda job: engine.attach(
-            str(path), progress=job.signals.progress.emit, cancel=job.cancel))
+        self._attach_job(path.name, lambda job: engine.attach(
+            str(path), progress=job.signals.progress.emit, cancel=job.cancel), joins=True)
+
+    def prefill_documents(self, doc_ids: list[int]) -> None:
+        """Compute the documents' caches under the loaded model, in the background (after a
+        model switch: their caches were made under another one)."""
+        titles = {d.doc_id: d.title for d in self.documents}
+        engine = self.engine
+        for doc_id in doc_ids:
+            self._attach_job(titles.get(doc_id, f"document {doc_id}"),
+                             lambda job, doc_id=doc_id: engine.prefill(
+                                 doc_id, progress=job.signals.progress.emit, cancel=job.cancel),
+                             joins=False)
+
+    def _attach_job(self, title: str, work, *, joins: bool) -> None:
+        """`work` on the attach lane, shown as a progress row that can be cancelled; `joins`:
+        the document joins the new chat being started."""
+        row = self.doc_list.add_row(title, self.colors.error)
+        job = self.runner.start("attach", work)
 
         def cancel() -> None:
             job.cancel.set()
@@ -52,7 +69,7 @@ class LibraryMixin:
                 "; ".join(notices) or f"{result.title}: {result.kept_tokens:,} tokens ready", 8000)
             if notices:
                 self._say("; ".join(notices))
-            if self.chat_id is None:  # a document attached while starting a chat joins it
+            if joins and self.chat_id is None:  # attached while starting a chat: it joins it
                 self._check_next.add(result.doc_id)
             self.refresh_documents()
             self.attach_done.emit(result)

@@ -36,7 +36,7 @@ def run(app: AppAPI, make_app: Callable[[Settings], AppAPI]) -> int:
     while True:
         restart = []
         window = MainWindow(lambda app=app: _ready_engine(app), app.settings,
-                            local_api=app.local_api)
+                            local_api=app.local_api, list_models=app.list_models)
         window.restart_requested.connect(restart.append)
         window.show()
         code = qapp.exec()

@@ -32,7 +32,7 @@ from PySide6.QtWidgets import (
 
 from desktop_app.options import RestoreOptions
 from desktop_app.protocol import EngineAPI, LocalAPIControl
-from desktop_app.results import ChatInfo, DocumentInfo, Progress
+from desktop_app.results import ChatInfo, DocumentInfo, ModelFile, Progress
 from desktop_app.settings import Settings
 
 from . import theme
@@ -64,10 +64,12 @@ class MainWindow(AskingMixin, LibraryMixin, QMainWindow):
 
     def __init__(self, engine_factory: Callable[[], EngineAPI], settings: Settings, *,
                  local_api: LocalAPIControl | None = None,
+                 list_models: Callable[[], list[ModelFile]] | None = None,
                  now: Callable[[], float] = time.time):
         super().__init__()
         self.settings = settings
         self.local_api = local_api  # the local API server the settings toggle (None: none)
+        self.list_models = list_models  # the models on this machine, for the settings
         self.engine: EngineAPI | None = None  # set once engine_factory has run on a worker
         self.now = now
         self.runner = Runner(self)
@@ -109,6 +111,13 @@ class MainWindow(AskingMixin, LibraryMixin, QMainWindow):
         self.api_label = QLabel()  # the local API's address while it serves
         self.api_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.statusBar().addPermanentWidget(self.api_label)
+        # Documents cached only under another model (it was switched): computed again, in
+        # the background, when the user says so.
+        self.prefill_button = QPushButton(visible=False)
+        self.prefill_button.setToolTip("These documents' caches were made under another model "
+                                       "(or evicted): computing them now makes their first "
+                                       "question quick")
+        self.statusBar().addPermanentWidget(self.prefill_button)
         self.info.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.chat_view = ChatView()
         self.prompt = PromptEdit()
@@ -155,6 +164,7 @@ class MainWindow(AskingMixin, LibraryMixin, QMainWindow):
         QShortcut(QKeySequence(Qt.Key.Key_Escape), self, self.stop)
 
         self.new_button.clicked.connect(self.new_chat)
+        self.prefill_button.clicked.connect(self._prefill_stale)
         self.attach_button.clicked.connect(self.choose_files)
         self.send_button.clicked.connect(self._send_clicked)
         self.prompt.submitted.connect(self.send)
@@ -234,10 +244,22 @@ class MainWindow(AskingMixin, LibraryMixin, QMainWindow):
         self._check_next.clear()
         self.documents = docs
         self.doc_list.set_documents(docs, checked)
+        stale = self._stale_documents()
+        self.prefill_button.setText(f"Prefill {len(stale)} document{'s' * (len(stale) != 1)} "
+                                    "for this model")
+        self.prefill_button.setVisible(bool(stale))
         self.doc_list.set_checkable(self.chat_id is None)
         self._update_header()
         self._update_estimate()
         self.documents_changed.emit()
+
+    def _stale_documents(self) -> list[int]:
+        """Documents with no cache under the loaded model but one under another."""
+        return [d.doc_id for d in self.documents if d.status == "stale"]
+
+    def _prefill_stale(self) -> None:
+        self.prefill_button.hide()
+        self.prefill_documents(self._stale_documents())
 
     def _current_chat(self) -> ChatInfo | None:
         return next((c for c in self.chats if c.chat_id == self.chat_id), None)
@@ -331,7 +353,19 @@ class MainWindow(AskingMixin, LibraryMixin, QMainWindow):
     # -- settings and closing -----------------------------------------------------------------
 
     def open_settings(self) -> None:
-        dialog = SettingsDialog(self.settings, self)
+        """The settings dialog, with the models on this machine to pick from (listed off the
+        GUI thread: the first listing reads every model's header)."""
+        if self.list_models is None:
+            self._show_settings([])
+            return
+        list_models = self.list_models
+        self.statusBar().showMessage("Looking for models on this computer…")
+        self.runner.start("misc", lambda job: list_models(), finished=self._show_settings,
+                          failed=lambda msg: self._show_settings([]))
+
+    def _show_settings(self, found: list[ModelFile]) -> None:
+        self.statusBar().clearMessage()
+        dialog = SettingsDialog(self.settings, self, models=found)
         if not dialog.exec():
             return
         old, new = self.settings, dialog.result_settings()

@@ -1,13 +1,16 @@
-"""The settings dialog: model file, context size, data folder, storage budget, theme, and the
-shared cache (an S3-compatible bucket; credentials are never settings: boto3 reads them).
+"""The settings dialog: the model (a file, or one of the models found on this computer),
+model folders, context size, data folder, storage budget, theme, and the shared cache (an
+S3-compatible bucket; credentials are never settings: boto3 reads them).
 
 It edits a `desktop_app.settings.Settings` and returns the new one; the main window saves it and
 decides what a change means (a new theme applies at once, a new model or data folder needs the
-engine rebuilt). It never saves, loads a model or touches the data folder itself.
+engine rebuilt). It never saves, loads a model, lists models or touches the data folder itself:
+the models found (`desktop_app.results.ModelFile`, from their headers) are given to it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from PySide6.QtWidgets import (
@@ -28,7 +31,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from desktop_app.results import ModelFile
 from desktop_app.settings import Settings, SettingsError
+from desktop_app.support import SUPPORTED, UNTESTED
 from desktop_app.validation import InvalidValue
 
 THEMES = {"system": "Follow the system", "light": "Light", "dark": "Dark"}
@@ -41,15 +46,48 @@ def needs_restart(old: Settings, new: Settings) -> bool:
     return any(getattr(old, f) != getattr(new, f) for f in ENGINE_FIELDS)
 
 
+def describe(m: ModelFile) -> str:
+    """One line about a model found: what its header says, and whether kvdesk supports it."""
+    facts = [m.architecture or "?",
+             f"{m.parameters / 1e9:.1f}B parameters" if m.parameters else "",
+             m.quantization or "",
+             f"{m.context_length:,}-token context" if m.context_length else "",
+             f"{m.kv_bytes_per_token / 1024:.0f} KiB of KV per token"
+             if m.kv_bytes_per_token else ""]
+    return f"{', '.join(f for f in facts if f)} ({m.source}) — {m.status}: {m.reason}"
+
+
 class SettingsDialog(QDialog):
-    def __init__(self, settings: Settings, parent: QWidget | None = None):
+    def __init__(self, settings: Settings, parent: QWidget | None = None, *,
+                 models: Sequence[ModelFile] = ()):
         super().__init__(parent)
         self.setWindowTitle("kvdesk settings")
         self._settings = settings
-        self.model = QLineEdit(settings.model or "", placeholderText="the built-in default model")
-        self.n_ctx = QSpinBox(minimum=256, maximum=1 << 20, singleStep=1024, suffix=" tokens",
+        self._models = list(models)
+        # A file path or the name of a model found; picking one fills in its name (the
+        # built-in default: nothing). Models kvdesk cannot use are listed, greyed, with why.
+        self.model = QComboBox(editable=True, insertPolicy=QComboBox.InsertPolicy.NoInsert)
+        self.model.lineEdit().setPlaceholderText("the built-in default model")
+        for m in self._models:
+            own = m.source == "kvdesk"
+            self.model.addItem(f"{m.name} (built in)" if own else m.name, "" if own else m.name)
+            item = self.model.model().item(self.model.count() - 1)
+            item.setToolTip(describe(m))
+            item.setEnabled(m.status in (SUPPORTED, UNTESTED))
+        self.model.setCurrentIndex(-1)
+        self.model.setEditText(settings.model or "")
+        self.model_about = QLabel(wordWrap=True)
+        self.model_about.setEnabled(False)
+        self.model.currentTextChanged.connect(self._show_model)
+        self.model.activated.connect(self._picked)
+        self._show_model(self.model.currentText())
+        self.folders = QLineEdit("; ".join(settings.model_folders),
+                                 placeholderText="more folders of GGUF files, separated by ;")
+        self.n_ctx = QSpinBox(minimum=0, maximum=1 << 20, singleStep=1024, suffix=" tokens",
                               groupSeparatorShown=True)
-        self.n_ctx.setValue(settings.n_ctx)
+        # 0: automatic, the model's trained context capped by the memory it needs.
+        self.n_ctx.setSpecialValueText("Automatic (the model's own, as memory allows)")
+        self.n_ctx.setValue(settings.n_ctx or 0)
         self.data_dir = QLineEdit(settings.data_dir or "", placeholderText=str(settings.data_path))
         self.budget = QDoubleSpinBox(minimum=0.1, maximum=100000, decimals=1, suffix=" GB")
         self.budget.setValue(settings.storage_budget_gb)
@@ -78,7 +116,10 @@ class SettingsDialog(QDialog):
         self.error.hide()
 
         form = QFormLayout()
-        form.addRow("Model file (GGUF)", self._with_browse(self.model, self._browse_model))
+        form.addRow("Model (GGUF file or name)", self._with_browse(self.model,
+                                                                   self._browse_model))
+        form.addRow("", self.model_about)
+        form.addRow("Model folders", self._with_browse(self.folders, self._browse_folder))
         form.addRow("Context size", self.n_ctx)
         form.addRow("Data folder", self._with_browse(self.data_dir, self._browse_data))
         form.addRow("Storage budget", self.budget)
@@ -128,10 +169,31 @@ class SettingsDialog(QDialog):
         return box
 
     def _browse_model(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Model file", self.model.text(),
+        path, _ = QFileDialog.getOpenFileName(self, "Model file", self.model.currentText(),
                                               "GGUF models (*.gguf);;All files (*)")
         if path:
-            self.model.setText(path)
+            self.model.setEditText(path)
+
+    def _browse_folder(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "A folder of models", str(Path.home()))
+        if path:
+            self.folders.setText("; ".join([*self._folders(), path]))
+
+    def _folders(self) -> list[str]:
+        return [f.strip() for f in self.folders.text().split(";") if f.strip()]
+
+    def _found(self, text: str) -> ModelFile | None:
+        text = text.strip()
+        if not text:
+            return next((m for m in self._models if m.source == "kvdesk"), None)
+        return next((m for m in self._models if text in (m.name, m.path)), None)
+
+    def _picked(self, index: int) -> None:
+        self.model.setEditText(self.model.itemData(index))
+
+    def _show_model(self, text: str) -> None:
+        found = self._found(text)
+        self.model_about.setText(describe(found) if found else "")
 
     def _browse_data(self) -> None:
         start = self.data_dir.text() or self.data_dir.placeholderText()
@@ -148,7 +210,8 @@ class SettingsDialog(QDialog):
         # with_values, not with_overrides: an emptied field goes back to its default (None).
         default_prefix = Settings.model_fields["remote_prefix"].default
         return self._settings.with_values(
-            model=self.model.text().strip() or None, n_ctx=self.n_ctx.value(),
+            model=self.model.currentText().strip() or None,
+            model_folders=tuple(self._folders()), n_ctx=self.n_ctx.value() or None,
             data_dir=self.data_dir.text().strip() or None,
             storage_budget_gb=self.budget.value(), theme=self.theme.currentData(),
             remote_bucket=self.bucket.text().strip() or None,
@@ -161,8 +224,10 @@ class SettingsDialog(QDialog):
     def accept(self) -> None:
         try:
             new = self.result_settings()
-            if new.model and not Path(new.model).expanduser().is_file():
-                raise SettingsError(f"{new.model}: no such model file")
+            if new.model and not Path(new.model).expanduser().is_file() and \
+                    self._found(new.model) is None:
+                raise SettingsError(f"{new.model}: no such model file, nor a model found on "
+                                    "this computer")
         except InvalidValue as e:
             self.error.setText(str(e))
             self.error.show()

@@ -99,9 +99,12 @@ class FakeEngine:
         kept = min(tokens, N_CTX)
         self._docs[doc_id] = DocumentInfo(
             doc_id=doc_id, title=title, type=kind, tokens=tokens, kept_tokens=kept,
-            cache_bytes={lv: kept * b for lv, b in BYTES_PER_TOKEN.items() if lv != "lossless"},
-            status="ready", created=self.now)
+            cache_bytes=self._sizes(kept), status="ready", created=self.now)
         return doc_id
+
+    @staticmethod
+    def _sizes(kept: int) -> dict[str, int]:
+        return {lv: kept * b for lv, b in BYTES_PER_TOKEN.items() if lv != "lossless"}
 
     def _add_chat(self, title: str, doc_ids: list[int], when: float) -> ChatInfo:
         chat = ChatInfo(chat_id=self._new_id(), title=title, doc_ids=list(doc_ids), messages=0,
@@ -189,6 +192,27 @@ class FakeEngine:
                             prefill_s=0.4, encode_s=0.1,
                             raw_bytes=kept * BYTES_PER_TOKEN["lossless"],
                             stored_bytes=info.cache_bytes)
+
+    def prefill(self, doc_id: int, *, levels: Sequence[str] | None = None,
+                progress: ProgressFn | None = None,
+                cancel: threading.Event | None = None) -> AttachResult:
+        self._enter("prefill", doc_id)
+        info = self._docs[doc_id]
+        for i in range(5):
+            self._step(cancel)
+            if progress:
+                progress(Progress("prefill", i + 1, 5, info.title))
+        self._docs[doc_id] = replace(info, status="ready",
+                                     cache_bytes=self._sizes(info.kept_tokens))
+        return AttachResult(doc_id=doc_id, title=info.title, tokens=info.tokens,
+                            kept_tokens=info.kept_tokens, prefill_s=0.2, encode_s=0.05,
+                            raw_bytes=info.kept_tokens * BYTES_PER_TOKEN["lossless"],
+                            stored_bytes=self._docs[doc_id].cache_bytes)
+
+    def switch_model(self) -> None:
+        """As after a switch to another model: every document's cache is another model's."""
+        for doc_id, info in self._docs.items():
+            self._docs[doc_id] = replace(info, status="stale", cache_bytes={})
 
     def documents(self) -> list[DocumentInfo]:
         self._enter("documents")
