@@ -22,8 +22,12 @@ from types import SimpleNamespace
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from . import quant, rans, reference
+from . import jitcache
 from .errors import CodecError
+
+jitcache.configure()  # which CPU target and cache the kernels use: before numba loads
+
+from . import quant, rans, reference  # noqa: E402
 
 NAMES = ("cpu", "cuda", "reference")
 

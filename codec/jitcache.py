@@ -1,0 +1,239 @@
+"""Where the codec's compiled kernels come from, and which CPU they are compiled for.
+
+numba compiles every `@njit(cache=True)` kernel on first use (~20 s for the codec on 2 cores)
+and keeps the machine code in a cache: the checkout's `__pycache__`, or the folder
+NUMBA_CACHE_DIR names (the bundle's runtime hook points it at the user's cache folder). A
+bundle also ships a cache of its own, compiled when it is built (`python -m codec.precompile
+build DIR`) for a portable CPU target instead of the build machine's, so that the first
+question after installing finds its kernels compiled. At run time `configure()` (called by
+`backend` before numba loads) uses that shipped cache when it fits — KVDESK_CODEC_CACHE
+names it, its manifest matches this numba, Python and machine, every file's SHA-256 and
+every codec source's matches, and this CPU has the target's instruction sets — by compiling
+for the same target in this process and handing numba the locator below. Anything else, or
+a kernel signature the shipped cache lacks, compiles as without it; nothing here may fail
+the codec.
+
+The shipped folder is never written: numba writes a cache entry next to the index it read,
+so the locator gives numba a private temporary folder holding links to the shipped files,
+and a compile for a missing signature lands there and is dropped at exit.
+
+This module must never import numba at module level (`configure` has to run first) and
+never change what a kernel computes: only where its machine code comes from.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+SHIPPED_ENV = "KVDESK_CODEC_CACHE"  # the shipped cache folder (set by the bundle's runtime hook)
+BUILD_ENV = "KVDESK_CODEC_CACHE_BUILD"  # while building one: the folder it is written to
+MANIFEST = "manifest.json"
+MANIFEST_FORMAT = 1
+PACKAGE_DIR = Path(__file__).resolve().parent
+LOCATOR = "codec.cachelocator.CodecCacheLocator"  # numba imports it when it needs it
+# numba's own locators, after ours: other packages' kernels (and ours, when we decline).
+NUMBA_LOCATORS = ("UserProvidedCacheLocator", "InTreeCacheLocator", "UserWideCacheLocator",
+                  "IPythonCacheLocator", "ZipCacheLocator")
+
+# Named CPU targets a shipped cache may be built for, with the LLVM features a CPU must have
+# to run their code. x86-64-v3 (AVX2, FMA, BMI2: Haswell, 2013, and later) is what the
+# bundle's llama.cpp already requires on x86-64; "generic" is the architecture's baseline.
+TARGET_FEATURES = {
+    "x86-64-v3": ("cx16", "sahf", "popcnt", "sse3", "sse4.1", "sse4.2", "ssse3", "avx", "avx2",
+                  "bmi", "bmi2", "f16c", "fma", "lzcnt", "movbe", "xsave"),
+    "generic": (),
+}
+PORTABLE = {"x86_64": ("x86-64-v3", "generic"), "AMD64": ("x86-64-v3", "generic")}
+
+
+def portable_targets() -> tuple[str, ...]:
+    """The portable targets for this machine's architecture, preferred first."""
+    return PORTABLE.get(platform.machine(), ("generic",))
+
+
+def target_env(target: str) -> dict[str, str]:
+    """The numba environment that compiles for `target` ("host": this CPU, numba's default).
+    A named CPU gets empty extra features: exactly the instruction sets the name implies."""
+    return {} if target == "host" else {"NUMBA_CPU_NAME": target, "NUMBA_CPU_FEATURES": ""}
+
+
+def host_cpu_name() -> str:
+    import llvmlite.binding as ll
+
+    return ll.get_host_cpu_name()
+
+
+def host_supports(target: str) -> bool:
+    """Whether this CPU runs code compiled for `target` (unknown targets: no)."""
+    if target not in TARGET_FEATURES:
+        return False
+    if not TARGET_FEATURES[target]:
+        return True
+    import llvmlite.binding as ll
+
+    have = ll.get_host_cpu_features()
+    return all(have.get(f, False) for f in TARGET_FEATURES[target])
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _sources() -> dict[str, str]:
+    """SHA-256 of every codec source file, by path relative to the package's parent."""
+    return {p.relative_to(PACKAGE_DIR.parent).as_posix(): _sha256(p)
+            for p in sorted(PACKAGE_DIR.rglob("*.py"))}
+
+
+def _runtime() -> dict[str, str]:
+    """What a cache's machine code and pickles depend on besides the CPU target."""
+    import numba
+
+    return {"numba": numba.__version__, "python": sys.implementation.cache_tag,
+            "machine": platform.machine(), "system": platform.system()}
+
+
+@dataclass(frozen=True)
+class Shipped:
+    """A verified shipped cache: its folder, CPU target and the private folder numba uses."""
+
+    root: Path
+    target: str
+    overlay: Path
+
+
+@dataclass
+class _State:
+    shipped: Shipped | None = None  # set by configure() when the shipped cache is used
+    build: Path | None = None  # set while building a shipped cache
+    reason: str = "not configured"  # why the shipped cache is or is not used
+
+
+_state = _State()
+
+
+def status() -> dict:
+    """Which cache serves the kernels in this process, and why (for diagnostics)."""
+    s = _state.shipped
+    return {"shipped_cache": str(s.root) if s else None, "target": s.target if s else "host",
+            "reason": _state.reason}
+
+
+def verify(root: Path) -> str | dict:
+    """The manifest of the shipped cache at `root` if it fits this installation, else why not."""
+    try:
+        manifest = json.loads((root / MANIFEST).read_text())
+        files, target = manifest["files"], manifest["target"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"no readable manifest ({type(e).__name__})"
+    if manifest.get("format") != MANIFEST_FORMAT or manifest.get("runtime") != _runtime():
+        return "built for another numba, Python or machine"
+    recorded = manifest.get("sources") or {}
+    # A bundle leaves out codec modules the app never imports (the benchmark): only the
+    # sources present here must be the ones the cache was built from.
+    if any(recorded.get(rel) != digest for rel, digest in _sources().items()):
+        return "stale: the codec's sources differ from the ones it was built from"
+    if not host_supports(target):
+        return f"this CPU cannot run code built for {target}"
+    for rel, digest in files.items():
+        path = root / rel
+        if not path.is_file() or path.is_symlink() or _sha256(path) != digest:
+            return f"corrupt: {rel} does not match its checksum"
+    return manifest
+
+
+def configure() -> None:
+    """Choose where kernels come from; call once, before numba is imported (`backend` does).
+
+    It only sets defaults: a NUMBA_CPU_NAME or NUMBA_CACHE_LOCATOR_CLASSES of the user's wins
+    (and then the shipped cache, built for one target, is not used)."""
+    if _state.reason != "not configured":
+        return
+    build, root = os.environ.get(BUILD_ENV), os.environ.get(SHIPPED_ENV)
+    if build:
+        _state.build, _state.reason = Path(build), "building a shipped cache"
+        _use_locator({})
+        return
+    if not root:
+        _state.reason = f"no shipped cache ({SHIPPED_ENV} is not set)"
+        return
+    if os.environ.get("NUMBA_CPU_NAME") or os.environ.get("NUMBA_CACHE_LOCATOR_CLASSES"):
+        _state.reason = "NUMBA_CPU_NAME or NUMBA_CACHE_LOCATOR_CLASSES is set by the user"
+        return
+    found = verify(Path(root))
+    if isinstance(found, str):
+        _state.reason = f"shipped cache at {root} not used: {found}"
+        return
+    try:
+        overlay = _link_overlay(Path(root), found["files"])
+    except OSError as e:
+        _state.reason = f"shipped cache at {root} not used: no temporary folder ({e})"
+        return
+    _state.shipped = Shipped(Path(root), found["target"], overlay)
+    _state.reason = f"shipped cache, built for {found['target']}"
+    _use_locator(target_env(found["target"]))
+
+
+def _use_locator(env: dict[str, str]) -> None:
+    os.environ.update(env, NUMBA_CACHE_LOCATOR_CLASSES=",".join((LOCATOR, *NUMBA_LOCATORS)))
+    if "numba" in sys.modules:  # numba rereads its environment when it changes
+        from numba.core import config
+
+        config.reload_config()
+
+
+def _link_overlay(root: Path, files: dict[str, str]) -> Path:
+    """A private folder of links to the shipped files (copies where links are not allowed),
+    removed at exit: numba may write there, never into the shipped folder."""
+    overlay = Path(tempfile.mkdtemp(prefix="kvdesk-codec-cache-"))
+    atexit.register(shutil.rmtree, overlay, ignore_errors=True)
+    for rel in files:
+        (overlay / rel).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.symlink(root / rel, overlay / rel)
+        except OSError:
+            shutil.copyfile(root / rel, overlay / rel)
+    return overlay
+
+
+def cache_folder() -> Path | None:
+    """Where the locator keeps the codec's kernels: the build's output folder, the private
+    folder of links to the shipped cache, or None (numba's own cache)."""
+    if _state.build is not None:
+        return _state.build
+    return _state.shipped.overlay if _state.shipped else None
+
+
+def build(out: Path, target: str) -> dict:
+    """Compile every kernel the app reaches (`precompile`) for `target` into `out`, in a child
+    process (the target must be set before numba loads), and write the manifest that
+    `verify` checks. Returns the manifest."""
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_")}
+    env.pop(SHIPPED_ENV, None)
+    env.update(target_env(target), **{BUILD_ENV: str(out)})
+    proc = subprocess.run([sys.executable, "-m", "codec.precompile", "--json"], env=env,
+                          cwd=PACKAGE_DIR.parent, capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"compiling the codec's kernels failed:\n{proc.stderr}")
+    files = {p.relative_to(out).as_posix(): _sha256(p)
+             for p in sorted(out.rglob("*")) if p.is_file()}
+    if not files:
+        raise RuntimeError("compiling the codec's kernels wrote no cache file")
+    manifest = {"format": MANIFEST_FORMAT, "target": target, "runtime": _runtime(),
+                "sources": _sources(), "files": files,
+                "precompile": json.loads(proc.stdout)}
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    return manifest
