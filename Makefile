@@ -65,8 +65,11 @@ $(PACKAGE_STAMP): $(STAMP)
 	$(BIN)/pip install --quiet -e '.[gui,package]'
 	touch $@
 
+# The codec's kernels are compiled first, for a portable CPU target, into a cache the bundle
+# ships (codec/jitcache.py): the first question after installing compiles nothing.
 package: $(PACKAGE_STAMP)
 	rm -rf dist/kvdesk
+	$(BIN)/python -m codec.precompile build build/codec-cache
 	$(BIN)/pyinstaller --noconfirm --clean --log-level WARN \
 		--distpath dist --workpath build/pyinstaller packaging/kvdesk.spec
 	dist/kvdesk/kvdesk --version

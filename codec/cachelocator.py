@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import sys
 from pathlib import Path
 
 from numba.core.caching import _CacheLocator
@@ -47,6 +48,10 @@ class CodecCacheLocator(_CacheLocator):
     @classmethod
     def from_function(cls, py_func, py_file: str):
         root = jitcache.cache_folder()
+        # The module's file, not the code's: a bundle's code objects carry a relative path
+        # (PyInstaller strips the build machine's), its modules where the .py file lies.
+        module = sys.modules.get(py_func.__module__)
+        py_file = getattr(module, "__file__", None) or py_file
         if root is None or not os.path.isfile(py_file):
             return None
         try:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import atexit
 import hashlib
+import importlib.util
 import json
 import os
 import platform
@@ -32,6 +33,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -185,6 +188,11 @@ def configure() -> None:
 
 
 def _use_locator(env: dict[str, str]) -> None:
+    # numba raises on every cached kernel if a listed locator cannot be imported
+    if importlib.util.find_spec(LOCATOR.rsplit(".", 1)[0]) is None:
+        _state.shipped, _state.build = None, None
+        _state.reason = f"{LOCATOR} cannot be imported: numba's own cache is used"
+        return
     os.environ.update(env, NUMBA_CACHE_LOCATOR_CLASSES=",".join((LOCATOR, *NUMBA_LOCATORS)))
     if "numba" in sys.modules:  # numba rereads its environment when it changes
         from numba.core import config
@@ -237,3 +245,50 @@ def build(out: Path, target: str) -> dict:
                 "precompile": json.loads(proc.stdout)}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
     return manifest
+
+
+@dataclass
+class _Compiles:
+    count: int = 0  # kernels numba compiled in this process (not loaded from a cache)
+    seconds: float = 0.0
+    watching: bool = False
+
+
+_compiles = _Compiles()
+_compiles_lock = threading.Lock()
+
+
+def compiles() -> tuple[int, float]:
+    """(kernels compiled, seconds spent compiling them) in this process so far, counting from
+    the first call: numba reports every compile (never a cache load) as an event."""
+    with _compiles_lock:
+        if not _compiles.watching:
+            from numba.core import event
+
+            event.register("numba:compile", _listener())
+            _compiles.watching = True
+        return _compiles.count, round(_compiles.seconds, 3)
+
+
+def _listener():
+    from numba.core import event
+
+    class Listener(event.Listener):
+        """Sums the outermost compiles: compiling a kernel compiles the kernels it calls."""
+
+        local = threading.local()
+
+        def on_start(self, ev):
+            depth = getattr(self.local, "depth", 0)
+            if depth == 0:
+                self.local.t0 = time.perf_counter()
+            self.local.depth = depth + 1
+
+        def on_end(self, ev):
+            self.local.depth -= 1
+            if self.local.depth == 0:
+                with _compiles_lock:
+                    _compiles.count += 1
+                    _compiles.seconds += time.perf_counter() - self.local.t0
+
+    return Listener()

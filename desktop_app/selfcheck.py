@@ -5,6 +5,9 @@ does), asks one question about it, then reopens the chat through the most compre
 and reports how long the first token and the restore took. It exercises what a bundle can
 get wrong: the model file being found, llama.cpp's shared libraries loading, the codec's
 numba kernels compiling (and caching somewhere writable), the store writing and reading.
+A cold start shows: `compiled_at_start` says whether any codec kernel had to be compiled
+during the check (none should: the bundle ships them compiled, `make venv` compiles them in
+a checkout), `compile_s` how long that took, `codec_cache` which cache served them and why.
 
 It works in a temporary data directory, deleted afterwards, so it never touches the user's
 documents, chats or caches; it never raises: every failure becomes `{"ok": false, "error"}`.
@@ -17,6 +20,8 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+
+from codec import jitcache
 
 from .app import App
 from .settings import Settings
@@ -59,6 +64,7 @@ for the green paint, which has to be renewed every spring because of the salt.
 def run(settings: Settings) -> dict:
     """Attach, ask, reopen compressed; `{"ok": True, "ttft_s", "restore_s", ...}` or an error."""
     t0 = time.perf_counter()
+    compiled_before, compile_s_before = jitcache.compiles()
     report: dict = {"ok": False, "frozen": bool(getattr(sys, "frozen", False))}
     with tempfile.TemporaryDirectory(prefix="kvdesk-selfcheck-") as tmp:
         app = None
@@ -90,5 +96,9 @@ def run(settings: Settings) -> dict:
                     if report["ok"]:
                         report.update(ok=False, error=f"closing: {type(e).__name__}: {e}",
                                       traceback=traceback.format_exc(limit=-3))
+    compiled, compile_s = jitcache.compiles()
+    report.update(compiled_at_start=compiled > compiled_before,
+                  compile_s=round(compile_s - compile_s_before, 2),
+                  codec_cache=jitcache.status()["reason"])
     report["seconds"] = round(time.perf_counter() - t0, 2)
     return report
