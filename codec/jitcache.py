@@ -223,26 +223,35 @@ def cache_folder() -> Path | None:
 
 
 def build(out: Path, target: str) -> dict:
-    """Compile every kernel the app reaches (`precompile`) for `target` into `out`, in a child
-    process (the target must be set before numba loads), and write the manifest that
-    `verify` checks. Returns the manifest."""
+    """Compile every kernel the app reaches (`precompile`) for `target` into `out` (replaced),
+    in a child process (the target must be set before numba loads), and write the manifest
+    that `verify` checks. Returns the manifest."""
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_")}
-    env.pop(SHIPPED_ENV, None)
-    env.update(target_env(target), **{BUILD_ENV: str(out)})
-    proc = subprocess.run([sys.executable, "-m", "codec.precompile", "--json"], env=env,
-                          cwd=PACKAGE_DIR.parent, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "codec.precompile", "--json"],
+                          env=build_env(out, target), cwd=PACKAGE_DIR.parent,
+                          capture_output=True, text=True)
     if proc.returncode:
         raise RuntimeError(f"compiling the codec's kernels failed:\n{proc.stderr}")
+    return write_manifest(out, target, precompile=json.loads(proc.stdout))
+
+
+def build_env(out: Path, target: str) -> dict[str, str]:
+    """The environment of a process that compiles the codec's kernels into `out` for `target`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_")}
+    env.pop(SHIPPED_ENV, None)
+    return {**env, **target_env(target), BUILD_ENV: str(out)}
+
+
+def write_manifest(out: Path, target: str, **extra) -> dict:
+    """Record what the cache in `out` was built for and every file's SHA-256."""
     files = {p.relative_to(out).as_posix(): _sha256(p)
-             for p in sorted(out.rglob("*")) if p.is_file()}
+             for p in sorted(out.rglob("*")) if p.is_file() and p.name != MANIFEST}
     if not files:
-        raise RuntimeError("compiling the codec's kernels wrote no cache file")
+        raise RuntimeError(f"no compiled kernel was written to {out}")
     manifest = {"format": MANIFEST_FORMAT, "target": target, "runtime": _runtime(),
-                "sources": _sources(), "files": files,
-                "precompile": json.loads(proc.stdout)}
+                "sources": _sources(), "files": files, **extra}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
     return manifest
 

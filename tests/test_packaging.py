@@ -36,18 +36,20 @@ def test_desktop_entry_launches_the_gui_with_the_icon():
 
 def test_runtime_hook_sets_defaults_and_respects_the_user(tmp_path):
     hook = PACKAGING / "rthook_kvdesk.py"
-    code = f"import os; exec(open({str(hook)!r}).read()); " \
-           "print(os.environ['NUMBA_CACHE_DIR']); print(os.environ['KVDESK_CODEC_BACKEND'])"
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("NUMBA_CACHE_DIR", "KVDESK_CODEC_BACKEND", "XDG_CACHE_HOME")}
+    names = ("NUMBA_CACHE_DIR", "KVDESK_CODEC_BACKEND", "KVDESK_CODEC_CACHE")
+    code = f"import os, sys; sys._MEIPASS = '/bundle'; exec(open({str(hook)!r}).read()); " \
+           f"print(*(os.environ[n] for n in {names!r}))"
+    env = {k: v for k, v in os.environ.items() if k not in (*names, "XDG_CACHE_HOME")}
     env["HOME"] = str(tmp_path)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, check=True).stdout.split()
-    assert out == [str(tmp_path / ".cache" / "kvdesk" / "numba"), "cpu"]
-    env.update(NUMBA_CACHE_DIR="/elsewhere", KVDESK_CODEC_BACKEND="reference")
+    assert out == [str(tmp_path / ".cache" / "kvdesk" / "numba"), "cpu",
+                   os.path.join("/bundle", "codec_cache")]
+    env.update(NUMBA_CACHE_DIR="/elsewhere", KVDESK_CODEC_BACKEND="reference",
+               KVDESK_CODEC_CACHE="/mine")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, check=True).stdout.split()
-    assert out == ["/elsewhere", "reference"]
+    assert out == ["/elsewhere", "reference", "/mine"]
 
 
 def test_default_model_found_as_a_bare_data_folder(tmp_path):
