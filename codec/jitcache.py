@@ -260,6 +260,7 @@ def write_manifest(out: Path, target: str, **extra) -> dict:
 class _Compiles:
     count: int = 0  # kernels numba compiled in this process (not loaded from a cache)
     seconds: float = 0.0
+    active: int = 0  # compiles in progress now
     watching: bool = False
 
 
@@ -279,6 +280,12 @@ def compiles() -> tuple[int, float]:
         return _compiles.count, round(_compiles.seconds, 3)
 
 
+def compiling() -> bool:
+    """Whether numba is compiling a kernel right now (watched from the first `compiles()`)."""
+    with _compiles_lock:
+        return _compiles.active > 0
+
+
 def _listener():
     from numba.core import event
 
@@ -291,12 +298,15 @@ def _listener():
             depth = getattr(self.local, "depth", 0)
             if depth == 0:
                 self.local.t0 = time.perf_counter()
+                with _compiles_lock:
+                    _compiles.active += 1
             self.local.depth = depth + 1
 
         def on_end(self, ev):
             self.local.depth -= 1
             if self.local.depth == 0:
                 with _compiles_lock:
+                    _compiles.active -= 1
                     _compiles.count += 1
                     _compiles.seconds += time.perf_counter() - self.local.t0
 

@@ -19,7 +19,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,9 +47,11 @@ def _document(n_layer: int, n_tok: int, n_ch: int, *, channel_major: bool) -> np
                       strides=(head + layer, *inner))
 
 
-def steps(shape: tuple[int, int, int] = SMALL_SHAPE) -> list[Step]:
-    """The calls that reach every kernel, one encode and one decode step per level, for chunks
-    of `shape` ([n_layer, chunk tokens, channels]; the first steps compile the most)."""
+def steps(shape: tuple[int, int, int] = SMALL_SHAPE,
+          level_names: Sequence[str] | None = None) -> list[Step]:
+    """The calls that reach every kernel, one encode and one decode step per level (default:
+    every level), for chunks of `shape` ([n_layer, chunk tokens, channels]). The first steps
+    compile the most; with the app's shape they also ready its per-shape plans and tables."""
     n_layer, n_tok, n_ch = shape
     rng = np.random.default_rng(0)
     keys, values = (rng.standard_normal((n_layer, 2 * n_tok, n_ch)).astype(np.float16)
@@ -71,17 +73,22 @@ def steps(shape: tuple[int, int, int] = SMALL_SHAPE) -> list[Step]:
         decode(later, out=(doc_k[:, n_tok:], doc_v[:, n_tok:]))
 
     out = []
-    for level in levels():
+    for level in levels() if level_names is None else level_names:
         out.append(Step(f"encode {level}", lambda level=level: encode_level(level)))
         out.append(Step(f"decode {level}", lambda level=level: decode_level(level)))
     return out
 
 
-def run(shape: tuple[int, int, int] = SMALL_SHAPE,
+def run(shape: tuple[int, int, int] = SMALL_SHAPE, level_names: Sequence[str] | None = None,
         progress: Callable[[int, int, str], None] | None = None) -> dict[str, float]:
     """Run every step; `progress(done, total, next step)` before each and at the end.
     Returns the seconds each step took."""
-    todo = steps(shape)
+    return run_steps(steps(shape, level_names), progress)
+
+
+def run_steps(todo: list[Step],
+              progress: Callable[[int, int, str], None] | None = None) -> dict[str, float]:
+    """`run`, on steps made by `steps()`."""
     took: dict[str, float] = {}
     for i, step in enumerate(todo):
         if progress:
