@@ -40,6 +40,7 @@ from pathlib import Path
 
 SHIPPED_ENV = "KVDESK_CODEC_CACHE"  # the shipped cache folder (set by the bundle's runtime hook)
 BUILD_ENV = "KVDESK_CODEC_CACHE_BUILD"  # while building one: the folder it is written to
+SET_ENV = "KVDESK_CODEC_NUMBA_ENV"  # the numba settings configure() made, seen by children
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = 1
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -170,7 +171,9 @@ def configure() -> None:
     if not root:
         _state.reason = f"no shipped cache ({SHIPPED_ENV} is not set)"
         return
-    if os.environ.get("NUMBA_CPU_NAME") or os.environ.get("NUMBA_CACHE_LOCATOR_CLASSES"):
+    ours = os.environ.get(SET_ENV) == _numba_env()  # inherited from a parent kvdesk, not the user's
+    if not ours and (os.environ.get("NUMBA_CPU_NAME")
+                     or os.environ.get("NUMBA_CACHE_LOCATOR_CLASSES")):
         _state.reason = "NUMBA_CPU_NAME or NUMBA_CACHE_LOCATOR_CLASSES is set by the user"
         return
     found = verify(Path(root))
@@ -194,10 +197,17 @@ def _use_locator(env: dict[str, str]) -> None:
         _state.reason = f"{LOCATOR} cannot be imported: numba's own cache is used"
         return
     os.environ.update(env, NUMBA_CACHE_LOCATOR_CLASSES=",".join((LOCATOR, *NUMBA_LOCATORS)))
+    os.environ[SET_ENV] = _numba_env()
     if "numba" in sys.modules:  # numba rereads its environment when it changes
         from numba.core import config
 
         config.reload_config()
+
+
+def _numba_env() -> str:
+    """The numba settings configure() makes, as one string (to recognise them in a child)."""
+    return ",".join(os.environ.get(k, "") for k in
+                    ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "NUMBA_CACHE_LOCATOR_CLASSES"))
 
 
 def _link_overlay(root: Path, files: dict[str, str]) -> Path:

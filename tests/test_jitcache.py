@@ -24,14 +24,18 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Run in a child: a kernel with the signature the cache is built with, then one it lacks.
 CHILD = """
-import json, numpy as np
+import json, subprocess, sys, numpy as np
 from codec import jitcache, quant
 before = jitcache.compiles()[0]
 quant.any_nonfinite(np.zeros((1, 2, 3), np.uint16))
 shipped_sig = jitcache.compiles()[0] - before
 found = quant.any_nonfinite(np.full((1, 4, 3), 0x7C00, np.uint16)[:, ::2])
+grandchild = subprocess.run([sys.executable, "-c", "import codec, json; from codec import "
+                             "jitcache; print(json.dumps(jitcache.status()))"],
+                            capture_output=True, text=True, check=True).stdout
 print(json.dumps({"compiled_shipped_signature": shipped_sig, "found_inf": bool(found),
-                  "compiled": jitcache.compiles()[0] - before, **jitcache.status()}))
+                  "compiled": jitcache.compiles()[0] - before, **jitcache.status(),
+                  "grandchild": json.loads(grandchild)}))
 """
 
 
@@ -82,6 +86,8 @@ def test_shipped_cache_is_used_and_never_written(shipped, tmp_path):
     user = tmp_path / "user-cache"
     report = _run(CHILD, _child_env(KVDESK_CODEC_CACHE=str(cache), NUMBA_CACHE_DIR=str(user)))
     assert report["target"] == "generic" and report["shipped_cache"] == str(cache)
+    # a kvdesk process it starts inherits its numba settings, and still uses the cache
+    assert report["grandchild"]["shipped_cache"] == str(cache)
     assert report["compiled_shipped_signature"] == 0  # loaded from the shipped cache
     # a signature the shipped cache lacks compiles (into the private folder) and works
     assert report["compiled"] >= 1 and report["found_inf"] is True
@@ -160,3 +166,9 @@ def test_compiles_counts_compiles_not_cache_loads():
     assert twice(np.float64(21)) == 42
     after, after_s = jitcache.compiles()
     assert after == count + 1 and after_s > seconds
+
+
+def test_the_users_own_numba_target_wins(shipped):
+    code = "import json, codec; from codec import jitcache; print(json.dumps(jitcache.status()))"
+    report = _run(code, _child_env(KVDESK_CODEC_CACHE=str(shipped), NUMBA_CPU_NAME="generic"))
+    assert report["shipped_cache"] is None and "set by the user" in report["reason"]
