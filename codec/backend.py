@@ -25,7 +25,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from . import jitcache
 from .errors import CodecError
 
-jitcache.configure()  # which CPU target and cache the kernels use: before numba loads
+jitcache.configure()  # which CPU target and cache the kernels use: before they are defined
 
 from . import quant, rans, reference  # noqa: E402
 

@@ -6,7 +6,7 @@ NUMBA_CACHE_DIR names (the bundle's runtime hook points it at the user's cache f
 bundle also ships a cache of its own, compiled when it is built (`python -m codec.precompile
 build DIR`) for a portable CPU target instead of the build machine's, so that the first
 question after installing finds its kernels compiled. At run time `configure()` (called by
-`backend` before numba loads) uses that shipped cache when it fits — KVDESK_CODEC_CACHE
+`backend` before any kernel is defined) uses that shipped cache when it fits — KVDESK_CODEC_CACHE
 names it, its manifest matches this numba, Python and machine, every file's SHA-256 and
 every codec source's matches, and this CPU has the target's instruction sets — by compiling
 for the same target in this process and handing numba the locator below. Anything else, or
@@ -17,8 +17,9 @@ The shipped folder is never written: numba writes a cache entry next to the inde
 so the locator gives numba a private temporary folder holding links to the shipped files,
 and a compile for a missing signature lands there and is dropped at exit.
 
-This module must never import numba at module level (`configure` has to run first) and
-never change what a kernel computes: only where its machine code comes from.
+numba fixes its CPU target when it first compiles or loads a kernel, so `configure` must run
+before that: this module never makes numba do either, and imports it only inside functions.
+It must never change what a kernel computes: only where its machine code comes from.
 """
 
 from __future__ import annotations
@@ -151,13 +152,15 @@ def verify(root: Path) -> str | dict:
         return f"this CPU cannot run code built for {target}"
     for rel, digest in files.items():
         path = root / rel
-        if not path.is_file() or path.is_symlink() or _sha256(path) != digest:
+        if (Path(rel).is_absolute() or ".." in Path(rel).parts or not path.is_file()
+                or path.is_symlink() or _sha256(path) != digest):
             return f"corrupt: {rel} does not match its checksum"
     return manifest
 
 
 def configure() -> None:
-    """Choose where kernels come from; call once, before numba is imported (`backend` does).
+    """Choose where kernels come from; call once, before any kernel is defined (`backend`
+    does, before it imports them).
 
     It only sets defaults: a NUMBA_CPU_NAME or NUMBA_CACHE_LOCATOR_CLASSES of the user's wins
     (and then the shipped cache, built for one target, is not used)."""
