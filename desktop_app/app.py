@@ -79,7 +79,8 @@ class App:
         return Engine(self.store, self.new_runtime, model_path=str(self.model_path),
                       default_budget_ms=s.restore_budget_ms, remote=self.remote,
                       auto_push=s.remote_auto_push, auto_pull=s.remote_auto_pull,
-                      min_cache_tokens=s.prompt_cache_min_tokens)
+                      min_cache_tokens=s.prompt_cache_min_tokens,
+                      blend_fraction=s.blend_recompute)
 
     @cached_property
     def local_api(self):

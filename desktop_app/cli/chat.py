@@ -102,6 +102,8 @@ def restore_options(f):
 @cli.command(context_settings={"ignore_unknown_options": False})
 @click.argument("args", nargs=-1, required=True, metavar="[DOC_ID] QUESTION")
 @click.option("--chat", "chat_id", type=int, help="Continue this chat instead of a new one.")
+@click.option("--doc", "docs", type=int, multiple=True, help="A document of a new chat; "
+              "repeat it for a chat over several (their caches are blended).")
 @restore_options
 @click.option("--max-tokens", type=int, default=512, show_default=True)
 @click.option("--seed", type=int, help="Sample with this seed (default: greedy).")
@@ -109,15 +111,20 @@ def restore_options(f):
 @no_server_option
 @json_option
 @click.pass_obj
-def ask(app: App, args, chat_id, restore, max_tokens, seed, temperature, no_server, as_json):
-    """Ask about a document (a new chat), or continue a chat with --chat."""
-    if chat_id is not None and len(args) == 1:
+def ask(app: App, args, chat_id, docs, restore, max_tokens, seed, temperature, no_server,
+        as_json):
+    """Ask about a document (a new chat; --doc ID --doc ID for several), or continue a chat
+    with --chat."""
+    if chat_id is not None and len(args) == 1 and not docs:
         doc_ids, question = [], args[0]
-    elif chat_id is None and len(args) == 2 and args[0].isdigit():
+    elif chat_id is None and len(args) == 2 and args[0].isdigit() and not docs:
         doc_ids, question = [int(args[0])], args[1]
+    elif chat_id is None and len(args) == 1 and docs:
+        doc_ids, question = list(docs), args[0]
     else:
-        raise click.UsageError("usage: kvdesk ask DOC_ID QUESTION, or kvdesk ask --chat "
-                               "CHAT_ID QUESTION (quote the question)")
+        raise click.UsageError("usage: kvdesk ask DOC_ID QUESTION, kvdesk ask --doc ID --doc "
+                               "ID QUESTION, or kvdesk ask --chat CHAT_ID QUESTION (quote the "
+                               "question)")
     if temperature is None:
         temperature = 0.8 if seed is not None else 0.0
     generation = values(GenerationOptions, max_tokens=max_tokens, temperature=temperature,
