@@ -25,8 +25,12 @@ from .fairlock import FairLock
 from .kvcache import KVCache
 from .library import Library
 from .prompts import Prompter
+from .runtime import PREFILL_SLICE
 
-SLICE = 32  # tokens computed between checks for a waiting question (~0.2 s on 2 cores)
+# Tokens computed between checks for a waiting question: a plain prefill's slice, since
+# llama.cpp's results depend on how tokens are batched and the stored context must equal what
+# a prefill of the same tokens computes, bit for bit (~1 s on 2 cores).
+SLICE = PREFILL_SLICE
 log = logging.getLogger(__name__)
 
 
