@@ -4,10 +4,12 @@ A chat's context is its documents' prefix and its turns, as exact tokens under t
 model (`conversation`). `bring_in` makes the context hold them: it keeps what the context
 already holds when it matches (the previous turn, a reopen just done, a question typed ahead),
 and otherwise restores the longest stored prefix through the adaptive streaming restore and
-recomputes the rest. `ask` brings the chat in, streams the answer, stores both messages and
-the conversation's own KV (extending the document's entry) so the next question or reopen
-starts at once; `prepare` computes a question while it is typed; `reopen` restores a chat and
-says how.
+recomputes the rest; a chat over several documents whose exact prefix is not stored yet comes
+back blended from the documents' own caches (`blending`), is never stored so, and is made exact
+in the background (`exactness`). `ask` brings the chat in, streams the answer, stores both
+messages and the conversation's own KV (extending the document's entry) so the next question
+or reopen starts at once; `prepare` computes a question while it is typed; `reopen` restores a
+chat and says how.
 
 One turn runs at a time in the context (a lock), and one turn at a time in a chat across
 processes sharing the data directory (the store's chat turn). This module never prints, never
