@@ -9,6 +9,8 @@ warm-up. Two decode figures: into fresh arrays (`decode_MBps`), and as the engin
 document (`decode_engine_MBps`): with out= into one reused buffer laid out like llama.cpp's
 state, keys token-major and values channel-major (V as llama.cpp keeps it without flash
 attention: the slower layout; the app's default, flash attention, keeps V token-major).
+`--cold` measures instead what a fresh process (every `kvdesk ask`) pays for tables: each
+level's first decode of one 256-token chunk against the same decode again.
 `cpu_s` is the process CPU time of a median run: on a shared machine wall time far above
 cpu_s / threads means the cores were busy with other work. Run as the
 app runs: `codec` sets OMP_WAIT_POLICY=PASSIVE before numba loads, and the output names the
@@ -89,14 +91,56 @@ def measure(keys: np.ndarray, values: np.ndarray, level: str, runs: int) -> dict
     return result
 
 
+_COLD = """
+import json, sys, time
+import numpy as np
+import codec
+blobs = dict(np.load(sys.argv[1]))
+# numba's compiled kernels load from its cache on first use: not the tables' cost
+tiny = np.ones((1, 2, 8), np.float16)
+kind = {"scale": "token", "bins": [5], "layer_edges": []}
+codec.decode(codec.encode(tiny, tiny, {**codec.levels()["compact"].get_config(), "name": "warm",
+                                       "keys": kind, "values": kind}))
+out = {}
+for name, blob in blobs.items():
+    t0 = time.perf_counter(); codec.decode(blob.tobytes()); t1 = time.perf_counter()
+    codec.decode(blob.tobytes()); t2 = time.perf_counter()
+    out[name] = {"first_ms": round((t1 - t0) * 1e3, 1), "again_ms": round((t2 - t1) * 1e3, 1)}
+print(json.dumps(out))
+"""
+
+
+def cold_start(keys: np.ndarray, values: np.ndarray, names: list[str]) -> dict:
+    """In a fresh process: the first decode of one 256-token chunk per level, against the
+    same decode again (the difference is what its tables cost a new `kvdesk ask`)."""
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "blobs.npz"
+        np.savez(path, **{n: np.frombuffer(encode_chunks(keys[:, :256], values[:, :256], n)[0],
+                                           np.uint8) for n in names})
+        run = subprocess.run([sys.executable, "-c", _COLD, str(path)], capture_output=True,
+                             text=True, check=True, cwd=ROOT)
+    return json.loads(run.stdout)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m codec.bench", description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--kv", type=Path, help="an .npz with keys and values [L, T, C] float16")
     ap.add_argument("--levels", default=",".join(levels()), help="comma-separated level names")
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--cold", action="store_true",
+                    help="only the cold start: each level's first decode in a fresh process")
     args = ap.parse_args(argv)
     keys, values, source = load_kv(args.kv)
+    if args.cold:
+        print(json.dumps({"cold_start": cold_start(keys, values, args.levels.split(",")),
+                          "kv": {"shape": list(keys.shape), "source": source},
+                          "loadavg_1min": round(os.getloadavg()[0], 2)}))
+        return
     load_before = os.getloadavg()[0]
     result = {"levels": {name: measure(keys, values, name, args.runs)
                          for name in args.levels.split(",")},

@@ -78,10 +78,10 @@ class _Plan:
         return cls(kind.scale, maxq, 2 * maxq + 1, akey, bkey, n_a, n_b)
 
     @functools.cached_property
-    def bank(self) -> tuple[tables.Bank, np.ndarray, np.ndarray]:
-        """The codebooks of this kind's alphabets, code lengths, first id of each layer's."""
-        bank, cost, base = tables.kind_bank(tuple(self.nsym.tolist()))
-        return bank, cost, np.array([base[n] for n in self.nsym.tolist()], np.int64)
+    def bank(self) -> tuple[tables.Bank, np.ndarray]:
+        """The codebooks of this kind's alphabets and the first entry id of each layer's."""
+        bank, base = tables.kind_bank(tuple(self.nsym.tolist()))
+        return bank, np.array([base[n] for n in self.nsym.tolist()], np.int64)
 
     @functools.cached_property
     def n_entries(self) -> np.ndarray:
@@ -170,8 +170,8 @@ def _encode_kind(bits: np.ndarray, kind: KindConfig, cfg: CodecConfig, be):
         scratch("encode.sym", bits.shape, np.uint8),
         scratch("encode.hist", (n_layer, n_ch, int(plan.nsym.max())), np.int64))
     _refuse_nonfinite(bad)
-    bank, cost, base = plan.bank
-    ent = be.choose_entries(hist, plan.nsym, base, cost, tables.N_RHO)
+    bank, base = plan.bank
+    ent = be.choose_entries(hist, plan.nsym, base, bank.cost, tables.N_RHO)
     words, counts = be.encode(sym, ent + base[:, None], bank.freq, bank.cum, bank.recip,
                               cfg.lanes, cfg.states)
     return scales, ent.astype(np.uint16), counts, words
@@ -275,7 +275,7 @@ def decode(blob: bytes, *, out: tuple[np.ndarray, np.ndarray] | None = None,
         if np.any(ents >= plan.n_entries[:, None]):
             raise CodecError("codec blob names a table that does not exist")
         out[i][:, :n_sink] = parts.sinks[i]
-        bank, _, base = plan.bank
+        bank, base = plan.bank
         _run_decode(be, parts.words[i], parts.counts[i], ents + base[:, None], bank,
                     plan.dequant(scales), plan.akey, plan.bkey, out[i], n_sink, cfg)
         if cfg.anchor_group:
@@ -311,7 +311,9 @@ def _take_words(reader: container.Reader, counts: list[np.ndarray]) -> list[np.n
 
 
 def _run_decode(be, words, counts, ent, bank, dq, akey, bkey, out, t0, cfg) -> None:
-    if not be.decode(words, counts, ent, bank.fc, bank.lut, np.ascontiguousarray(dq), akey, bkey,
+    # A GPU backend copies the tables once and keeps them: it gets every row.
+    ent, fc, lut = (ent, bank.fc, bank.lut) if be.name == "cuda" else bank.decoder_tables(ent)
+    if not be.decode(words, counts, ent, fc, lut, np.ascontiguousarray(dq), akey, bkey,
                      out, t0, cfg.lanes, cfg.states):
         raise CodecError("codec blob stream is corrupt (rANS check failed)")
 
