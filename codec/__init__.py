@@ -39,9 +39,12 @@ identical bytes; encode, decode and the chunk helpers take backend=codec.backend
 llama.cpp, SQLite, Qt, the store or the app.
 """
 
-from .errors import CodecError
+from .calibration import Calibration, Part
+from .errors import CalibrationMissing, CodecError
 from .levels import CodecConfig, KindConfig, levels
 from .pipeline import BlobInfo, decode, decode_chunks, encode, encode_chunks, layout, peek
+from .transform import KindTransform
 
-__all__ = ["BlobInfo", "CodecConfig", "CodecError", "KindConfig", "decode", "decode_chunks",
-           "encode", "encode_chunks", "layout", "levels", "peek"]
+__all__ = ["BlobInfo", "Calibration", "CalibrationMissing", "CodecConfig", "CodecError",
+           "KindConfig", "KindTransform", "Part", "decode", "decode_chunks", "encode",
+           "encode_chunks", "layout", "levels", "peek"]
