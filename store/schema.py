@@ -116,8 +116,29 @@ def m001_initial(conn: sqlite3.Connection) -> None:
             conn.execute(statement)
 
 
+M_CALIBRATIONS = """
+CREATE TABLE calibrations (
+    id TEXT PRIMARY KEY,                -- SHA-256 (hex) of data: content-addressed, immutable
+    model TEXT NOT NULL,                -- the model fingerprint it was made for
+    data BLOB NOT NULL,                 -- opaque here (the codec's calibration bytes)
+    meta TEXT NOT NULL,                 -- JSON summary for listings, or {}
+    created REAL NOT NULL
+);
+CREATE INDEX calibrations_model ON calibrations(model, created);
+ALTER TABLE kv_entries ADD COLUMN calibration TEXT;  -- the calibration its chunks need, or NULL
+"""
+
+
+def m_calibrations(conn: sqlite3.Connection) -> None:
+    """Per-model codec calibrations, and the one each KV entry's chunks were encoded with."""
+    for statement in M_CALIBRATIONS.split(";"):
+        if statement.strip():
+            conn.execute(statement)
+
+
 MIGRATIONS: list[tuple[str, Callable[[sqlite3.Connection], None]]] = [
     ("m001_initial", m001_initial),
+    ("m_calibrations", m_calibrations),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -17,10 +17,10 @@ from typing import Any
 
 import sqlite_utils
 
-from . import blobs, kv, quota
+from . import blobs, calibrations, kv, quota
 from .db import Connections
 from .errors import NotFoundError
-from .records import Chat, Document, Entry, Message, Model, PrefixMatch
+from .records import CalibrationRecord, Chat, Document, Entry, Message, Model, PrefixMatch
 from .schema import migrate, schema_version
 from .tokens import decode
 
@@ -229,12 +229,14 @@ class Store:
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         document_id: int | None = None,
         chat_id: int | None = None,
+        calibration: str | None = None,
     ) -> kv.EntryWriter:
         """Start writing the KV entry for `tokens` (the whole prefix, parent's tokens included).
 
         The entry covers tokens [parent.token_end, len(tokens)), cut into chunks of chunk_size;
         `writer.spans` says which. Put every chunk at every level, then leave the `with` block
-        (or call finish()). Deleting its document or chat deletes the entry.
+        (or call finish()). Deleting its document or chat deletes the entry. `calibration`:
+        the id of the stored codec calibration its chunks need (put_calibration), if any.
         """
         levels = tuple(levels)
         with self._db.write() as db:
@@ -248,6 +250,7 @@ class Store:
                 document_id=document_id,
                 chat_id=chat_id,
                 now=self._clock(),
+                calibration=calibration,
             )
         return kv.EntryWriter(self._db, entry_id, levels, self._clock, self._enforce_budget)
 
@@ -342,6 +345,28 @@ class Store:
             db.execute("DELETE FROM kv_entries WHERE id = ?", (entry_id,))
         self._reclaim()
         return [deleted for deleted, _, _ in tree]
+
+    # -- codec calibrations ----------------------------------------------------------------------
+
+    def put_calibration(self, model: str, data: bytes, meta: dict | None = None) -> str:
+        """Keep a codec calibration made for `model` (content-addressed); returns its id."""
+        with self._db.write() as db:
+            return calibrations.put(db.conn, model, data, meta or {}, self._clock())
+
+    def calibration(self, cal_id: str) -> bytes:
+        """A calibration's bytes, checked against its id (NotFoundError, CorruptObjectError)."""
+        with self._db.read() as db:
+            return calibrations.read(db.conn, cal_id)
+
+    def calibrations(self, model: str | None = None) -> list[CalibrationRecord]:
+        """Stored calibrations (of one model), the newest first."""
+        with self._db.read() as db:
+            return calibrations.records(db.conn, model)
+
+    def delete_calibration(self, cal_id: str) -> None:
+        """Remove a calibration that no KV entry needs."""
+        with self._db.write() as db:
+            calibrations.delete(db.conn, cal_id)
 
     # -- quota and integrity -------------------------------------------------------------------
 

@@ -61,7 +61,7 @@ def test_a_newer_schema_is_refused_untouched(tmp_path):
 def test_a_foreign_migration_history_is_refused(tmp_path):
     Store(tmp_path).close()
     conn = sqlite3.connect(tmp_path / "kvdesk.sqlite")
-    conn.execute("UPDATE migrations SET name = 'm001_someone_elses'")
+    conn.execute("UPDATE migrations SET name = 'm001_someone_elses' WHERE name = 'm001_initial'")
     conn.commit()
     conn.close()
     with pytest.raises(SchemaVersionError, match="history"):
