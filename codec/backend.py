@@ -45,9 +45,8 @@ def _serialized(kernel):
 
 
 def _untransform_cpu(out, tf, cos, sin) -> None:
-    a, b = tf.pairs()
     with _KERNEL_LOCK:
-        tkernel.untransform(out, tf.basis_t, tf.mean, a, b, cos, sin, tf.head_dim)
+        tkernel.untransform(out, tf.basis_t, tf.mean, tf.rope, cos, sin, tf.head_dim)
 
 
 def _untransform_reference(out, tf, cos, sin) -> None:

@@ -1,14 +1,16 @@
 """`python -m codec.bench [--json]`: encode/decode speed and size of every level on real KV.
 
 The KV is the default model's (SmolLM2-135M, 30 layers x 192 channels) over 4,096 tokens, as
-recorded by `benchmarks/record_kv.py` into benchmarks/data/kv4096.npz. Without that file the
-committed test fixture (a few layers, a few hundred tokens of the same model) is tiled up to
-that shape, and the output says so. Documents are encoded in 256-token chunks and decoded
+recorded by `python -m benchmarks.record_kv` into benchmarks/data/kv4096.npz. Without that file
+the repository's test fixture (a few layers, a few hundred tokens of the same model) is tiled up
+to that shape; run from an installed wheel, which has neither, it codes synthetic KV of that
+shape (Gaussian, with per-channel offsets and scales like real keys: speeds are indicative,
+sizes are not). The output says which. Documents are encoded in 256-token chunks and decoded
 chunk by chunk; MB/s are of fp16 KV (2 bytes per element), medians of several runs after a
-warm-up. Two decode figures: into fresh arrays (`decode_MBps`), and as the engine restores a
-document (`decode_engine_MBps`): with out= into one reused buffer laid out like llama.cpp's
-state, keys token-major and values channel-major (V as llama.cpp keeps it without flash
-attention: the slower layout; the app's default, flash attention, keeps V token-major).
+warm-up. Two decode figures: into fresh arrays (`decode_MBps`), and as the engine restores a document
+(`decode_engine_MBps`): with out= into one reused buffer laid out like llama.cpp's state, keys
+token-major and values channel-major (V as llama.cpp keeps it without flash attention: the
+slower layout; the app's default, flash attention, keeps V token-major).
 `--cold` measures instead what a fresh process (every `kvdesk ask`) pays for tables: each
 level's first decode of one 256-token chunk against the same decode again.
 `cpu_s` is the process CPU time of a median run: on a shared machine wall time far above
@@ -43,12 +45,27 @@ def load_kv(path: Path | None) -> tuple[np.ndarray, np.ndarray, str]:
         if candidate.exists():
             with np.load(candidate) as z:
                 return z["keys"], z["values"], f"recorded KV {candidate.name}"
+    if path is None and not FIXTURE.exists():
+        return (*synthetic_kv(), f"synthetic KV {SHAPE} (no recorded KV or test fixture here: "
+                                 "speeds are indicative, bits per element are not real KV's)")
     with np.load(FIXTURE) as z:
         k, v = z["keys"], z["values"]
     reps = (-(-SHAPE[0] // k.shape[0]), -(-SHAPE[1] // k.shape[1]), 1)
     tile = [np.ascontiguousarray(np.tile(a, reps)[:, :SHAPE[1]][:SHAPE[0]]) for a in (k, v)]
     return tile[0], tile[1], (f"fixture {FIXTURE.name} {k.shape} tiled to {SHAPE} "
                               f"(run benchmarks/record_kv.py for a real 4,096-token KV)")
+
+
+def synthetic_kv(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Deterministic stand-in KV of SHAPE: keys with per-channel offsets and scales, values
+    plain Gaussian."""
+    rng = np.random.default_rng(seed)
+    n_layer, _, n_ch = SHAPE
+    offset = rng.standard_normal((n_layer, 1, n_ch)) * 2
+    scale = np.exp(rng.standard_normal((n_layer, 1, n_ch)) * 0.5)
+    keys = (rng.standard_normal(SHAPE, np.float32) * scale + offset).astype(np.float16)
+    values = (rng.standard_normal(SHAPE, np.float32) * 0.5).astype(np.float16)
+    return keys, values
 
 
 def measure(keys: np.ndarray, values: np.ndarray, level: str, runs: int) -> dict:

@@ -41,55 +41,105 @@ def f16_bits(f):
     return np.uint16(sign + h_exp + (sig >> np.uint32(13)))
 
 
+_NORMAL_LO = np.uint32(0x38800000)  # float32 |x| from which fp16 is normal ...
+_NORMAL_SPAN = np.uint32(0x47800000 - 0x38800000)  # ... up to its overflow
+
+
+@njit(inline="always")
+def _store_row(v, row):
+    """row[c] = f16_bits(v[c]): a vectorized fast path for fp16's normal range (round to
+    nearest even by adding 0xFFF and the kept part's last bit), then `f16_bits` for the rare
+    elements outside it (zeros, subnormals, overflow)."""
+    odd = False
+    for c in range(v.size):
+        x = np.uint32(np.float32(v[c]).view(np.uint32))
+        a = x & np.uint32(0x7FFFFFFF)
+        h = (a - np.uint32(0x38000000) + np.uint32(0xFFF) + ((a >> np.uint32(13)) & np.uint32(1))
+             ) >> np.uint32(13)
+        row[c] = np.uint16(h | ((x >> np.uint32(16)) & np.uint32(0x8000)))
+        odd |= (a - _NORMAL_LO) >= _NORMAL_SPAN
+    if odd:
+        for c in range(v.size):
+            a = np.uint32(np.float32(v[c]).view(np.uint32)) & np.uint32(0x7FFFFFFF)
+            if (a - _NORMAL_LO) >= _NORMAL_SPAN:
+                row[c] = f16_bits(v[c])
+
+
+@njit(inline="always")
+def _rotate(u, b_t, v, base, d):
+    """v[base:base + d] = b_t^T u[base:base + d] (v_i = sum_j b[i, j] u_j, j ascending), four
+    terms per pass over v; a zero u_j is skipped (exact: a sum of nonzero terms is never
+    -0, and adding +-0 to anything else changes nothing)."""
+    for i in range(d):
+        v[base + i] = np.float32(0.0)
+    j = 0
+    while j + 4 <= d:
+        y0, y1, y2, y3 = u[base + j], u[base + j + 1], u[base + j + 2], u[base + j + 3]
+        if y0 != 0 or y1 != 0 or y2 != 0 or y3 != 0:
+            c0, c1, c2, c3 = b_t[j], b_t[j + 1], b_t[j + 2], b_t[j + 3]
+            for i in range(d):
+                v[base + i] = (((v[base + i] + c0[i] * y0) + c1[i] * y1) + c2[i] * y2) + \
+                    c3[i] * y3
+        j += 4
+    while j < d:
+        y = u[base + j]
+        if y != 0:
+            col = b_t[j]
+            for i in range(d):
+                v[base + i] = v[base + i] + col[i] * y
+        j += 1
+
+
 @njit(parallel=True, cache=True)
-def _untransform(out, basis_t, mean, pa, pb, cos, sin, head_dim, use_basis, use_mean):
+def _untransform(out, basis_t, mean, cos, sin, head_dim, n_rot, neox, use_basis, use_mean):
     n_layer, n_tok, n_ch = out.shape
     n_head = n_ch // head_dim
-    n_pair = pa.size
+    half = n_rot // 2
     for layer in prange(n_layer):
         u = np.empty(n_ch, np.float32)
         v = np.empty(n_ch, np.float32)
+        m = mean[layer]
         for t in range(n_tok):
             row = out[layer, t]
             for c in range(n_ch):
                 u[c] = _f32(row[c])
-            if use_basis:  # v_i = sum_j basis[i, j] * u_j, j ascending, vectorized over i
+            if use_basis:
                 for h in range(n_head):
-                    base = h * head_dim
-                    for i in range(head_dim):
-                        v[base + i] = np.float32(0.0)
-                    for j in range(head_dim):
-                        y = u[base + j]
-                        col = basis_t[layer, h, j]
-                        for i in range(head_dim):
-                            v[base + i] = v[base + i] + col[i] * y
-                for c in range(n_ch):
-                    u[c] = v[c]
+                    _rotate(u, basis_t[layer, h], v, h * head_dim, head_dim)
+                u, v = v, u
             if use_mean:
-                m = mean[layer]
                 for c in range(n_ch):
                     u[c] = u[c] + m[c]
-            for c in range(n_ch):
-                v[c] = u[c]
-            for h in range(n_head):
-                base = h * head_dim
-                for k in range(n_pair):
-                    a, b = base + pa[k], base + pb[k]
-                    co, si = cos[t, k], sin[t, k]
-                    v[a] = u[a] * co - u[b] * si
-                    v[b] = u[a] * si + u[b] * co
-            for c in range(n_ch):
-                row[c] = f16_bits(v[c])
+            if half:
+                co, si = cos[t], sin[t]
+                for c in range(n_ch):
+                    v[c] = u[c]
+                for h in range(n_head):
+                    base = h * head_dim
+                    if neox:  # pairs (k, k + half): contiguous runs
+                        for k in range(half):
+                            a, b = base + k, base + k + half
+                            v[a] = u[a] * co[k] - u[b] * si[k]
+                            v[b] = u[a] * si[k] + u[b] * co[k]
+                    else:  # pairs (2k, 2k + 1)
+                        for k in range(half):
+                            a = base + 2 * k
+                            v[a] = u[a] * co[k] - u[a + 1] * si[k]
+                            v[a + 1] = u[a] * si[k] + u[a + 1] * co[k]
+                u, v = v, u
+            _store_row(u, row)
 
 
-def untransform(out, basis_t, mean, pa, pb, cos, sin, head_dim):
+def untransform(out, basis_t, mean, rope, cos, sin, head_dim):
     """Turn fp16 coefficient bits out [L, T, C] (any strides) into KV bits, in place.
 
     basis_t: float32 [L, H, d, d] with basis_t[l, h, j, i] = basis[l, h, i, j], or None;
-    mean: float32 [L, C] or None; pa, pb: int64 channel pairs within a head rotated by the
-    float32 cos/sin [T, n_pairs] (empty for no RoPE)."""
+    mean: float32 [L, C] or None; rope: "none", "norm" or "neox", the pairs of each head's
+    first 2 * n_pairs channels turned by the float32 cos/sin [T, n_pairs]."""
     n_layer, _, n_ch = out.shape
     use_basis, use_mean = basis_t is not None, mean is not None
     basis_t = basis_t if use_basis else np.zeros((n_layer, 1, 1, 1), np.float32)
     mean = mean if use_mean else np.zeros((n_layer, n_ch), np.float32)
-    _untransform(out, basis_t, mean, pa, pb, cos, sin, head_dim, use_basis, use_mean)
+    n_rot = 2 * cos.shape[1] if rope != "none" else 0
+    _untransform(out, basis_t, mean, cos, sin, head_dim, n_rot, rope == "neox", use_basis,
+                 use_mean)
