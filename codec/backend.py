@@ -1,7 +1,7 @@
 """Choosing the kernels that run the format: numba CPU, numba CUDA, or the pure reference.
 
 A backend is a plain namespace of the functions of `quant.py` and `rans.py` and an
-`untransform(out, KindTransform, cos, sin)` (the inverse transform, in place: on CPU and GPU
+`untransform(coef, out, KindTransform, cos, sin)` (the inverse transform: on CPU and GPU
 the same numba CPU kernel, whose float bytes are pinned to the reference's there). All
 backends produce identical bytes, so the choice is only about speed: CUDA when a GPU is
 present (rANS on the device, quantization on the CPU kernels), else the CPU kernels.
@@ -44,13 +44,13 @@ def _serialized(kernel):
     return run
 
 
-def _untransform_cpu(out, tf, cos, sin) -> None:
+def _untransform_cpu(coef, out, tf, cos, sin) -> None:
     with _KERNEL_LOCK:
-        tkernel.untransform(out, tf.basis_t, tf.mean, tf.rope, cos, sin, tf.head_dim)
+        tkernel.untransform(coef, out, tf.basis_t, tf.mean, tf.rope, cos, sin, tf.head_dim)
 
 
-def _untransform_reference(out, tf, cos, sin) -> None:
-    out[...] = transform.inverse(out, tf, cos, sin)
+def _untransform_reference(coef, out, tf, cos, sin) -> None:
+    out[...] = transform.inverse(coef, tf, cos, sin)
 
 
 def _cpu() -> SimpleNamespace:

@@ -344,12 +344,20 @@ def decode(blob: bytes, *, out: tuple[np.ndarray, np.ndarray] | None = None,
             raise CodecError("codec blob names a table that does not exist")
         out[i][:, :n_sink] = parts.sinks[i]
         bank, base = plan.bank
-        _run_decode(be, parts.words[i], parts.counts[i], ents + base[:, None], bank,
-                    plan.dequant(scales), plan.akey, plan.bkey, out[i], n_sink, cfg)
+        dq = plan.dequant(scales)
         if kind.transform and n_tok > n_sink:
+            # coefficients as float32 (their fp16 values) into scratch, then the inverse
+            # transform writes the KV: no fp16 pass over out in between
+            coef = scratch("decode.coef", (n_layer, n_tok - n_sink, n_ch), np.float32)
+            _run_decode(be, parts.words[i], parts.counts[i], ents + base[:, None], bank,
+                        dq.view(np.float16).astype(np.float32), plan.akey, plan.bkey, coef, 0,
+                        cfg)
             tf = cal_part.transform(("keys", "values")[i])
-            be.untransform(out[i][:, n_sink:], tf,
+            be.untransform(coef, out[i][:, n_sink:], tf,
                            *transform.angles(tf, header.first_token + n_sink, n_tok - n_sink))
+        else:
+            _run_decode(be, parts.words[i], parts.counts[i], ents + base[:, None], bank, dq,
+                        plan.akey, plan.bkey, out[i], n_sink, cfg)
         if cfg.anchor_group:
             _apply_anchors(out[i][:, n_sink:], cfg.anchor_group)
     return out[0].view(np.float16), out[1].view(np.float16)

@@ -1,4 +1,4 @@
-"""Numba CPU kernel of the inverse transform: decoded coefficients back to KV, in place.
+"""Numba CPU kernel of the inverse transform: decoded coefficients back to KV.
 
 `untransform` does what `transform.inverse` defines, operation for operation in float32
 (numba fuses no multiply-adds without fastmath), and rounds to fp16 as numpy does (round to
@@ -91,55 +91,56 @@ def _rotate(u, b_t, v, base, d):
 
 
 @njit(parallel=True, cache=True)
-def _untransform(out, basis_t, mean, cos, sin, head_dim, n_rot, neox, use_basis, use_mean):
-    n_layer, n_tok, n_ch = out.shape
+def _untransform(coef, out, basis_t, mean, cos, sin, head_dim, n_rot, neox, use_basis,
+                 use_mean):
+    n_layer, n_tok, n_ch = coef.shape
     n_head = n_ch // head_dim
     half = n_rot // 2
     for layer in prange(n_layer):
-        u = np.empty(n_ch, np.float32)
         v = np.empty(n_ch, np.float32)
+        x = np.empty(n_ch, np.float32)
         m = mean[layer]
         for t in range(n_tok):
-            row = out[layer, t]
-            for c in range(n_ch):
-                u[c] = _f32(row[c])
+            u = coef[layer, t]  # the decoder's scratch: free to overwrite
             if use_basis:
                 for h in range(n_head):
                     _rotate(u, basis_t[layer, h], v, h * head_dim, head_dim)
-                u, v = v, u
+                u = v
             if use_mean:
                 for c in range(n_ch):
                     u[c] = u[c] + m[c]
             if half:
                 co, si = cos[t], sin[t]
-                for c in range(n_ch):
-                    v[c] = u[c]
+                if n_rot < head_dim:
+                    for c in range(n_ch):
+                        x[c] = u[c]
                 for h in range(n_head):
                     base = h * head_dim
                     if neox:  # pairs (k, k + half): contiguous runs
                         for k in range(half):
                             a, b = base + k, base + k + half
-                            v[a] = u[a] * co[k] - u[b] * si[k]
-                            v[b] = u[a] * si[k] + u[b] * co[k]
+                            x[a] = u[a] * co[k] - u[b] * si[k]
+                            x[b] = u[a] * si[k] + u[b] * co[k]
                     else:  # pairs (2k, 2k + 1)
                         for k in range(half):
                             a = base + 2 * k
-                            v[a] = u[a] * co[k] - u[a + 1] * si[k]
-                            v[a + 1] = u[a] * si[k] + u[a + 1] * co[k]
-                u, v = v, u
-            _store_row(u, row)
+                            x[a] = u[a] * co[k] - u[a + 1] * si[k]
+                            x[a + 1] = u[a] * si[k] + u[a + 1] * co[k]
+                u = x
+            _store_row(u, out[layer, t])
 
 
-def untransform(out, basis_t, mean, rope, cos, sin, head_dim):
-    """Turn fp16 coefficient bits out [L, T, C] (any strides) into KV bits, in place.
+def untransform(coef, out, basis_t, mean, rope, cos, sin, head_dim):
+    """KV fp16 bits into out [L, T, C] (any strides) from the decoded coefficients coef
+    (float32 [L, T, C], C-contiguous; overwritten).
 
     basis_t: float32 [L, H, d, d] with basis_t[l, h, j, i] = basis[l, h, i, j], or None;
     mean: float32 [L, C] or None; rope: "none", "norm" or "neox", the pairs of each head's
     first 2 * n_pairs channels turned by the float32 cos/sin [T, n_pairs]."""
-    n_layer, _, n_ch = out.shape
+    n_layer, _, n_ch = coef.shape
     use_basis, use_mean = basis_t is not None, mean is not None
     basis_t = basis_t if use_basis else np.zeros((n_layer, 1, 1, 1), np.float32)
     mean = mean if use_mean else np.zeros((n_layer, n_ch), np.float32)
     n_rot = 2 * cos.shape[1] if rope != "none" else 0
-    _untransform(out, basis_t, mean, cos, sin, head_dim, n_rot, rope == "neox", use_basis,
-                 use_mean)
+    _untransform(coef, out, basis_t, mean, cos, sin, head_dim, n_rot, rope == "neox",
+                 use_basis, use_mean)

@@ -148,13 +148,14 @@ def forward(x: np.ndarray, tf: KindTransform, cos: np.ndarray, sin: np.ndarray) 
 
 
 def inverse(y: np.ndarray, tf: KindTransform, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    """The format's inverse: fp16 bits [L, T, C] of coefficients -> fp16 bits of the KV.
+    """The format's inverse: coefficients [L, T, C] (float32 holding fp16 values, as decoded)
+    -> fp16 bits of the KV.
 
     Float32 throughout, each product and sum rounded on its own, in this order (the kernel in
     tkernel.py does exactly the same)."""
     n_layer, n_tok, n_ch = y.shape
     d = tf.head_dim
-    u = y.view(np.float16).astype(np.float32)
+    u = y.astype(np.float32)
     if tf.basis is not None:
         heads = u.reshape(n_layer, n_tok, n_ch // d, d)
         acc = np.zeros_like(heads)

@@ -65,7 +65,9 @@ class Settings:
     top1_kld_safety: float = 0.5
     min_gain: float = 0.03  # a costlier transform must save this fraction of the bits
     iterations: int = 7  # bisection steps per level
-    variants: tuple[str, ...] = ("none", "centred", "klt")
+    # "klt" (per-head bases for the keys) saved 7 % of the bits on SmolLM2 but costs 2.5x the
+    # decode CPU (benchmarks/RESULTS.md, "Calibrated levels"): not a default
+    variants: tuple[str, ...] = ("none", "centred")
 
 
 def calibration_text() -> str:
