@@ -2,15 +2,15 @@
 
 The KV is the default model's (SmolLM2-135M, 30 layers x 192 channels) over 4,096 tokens, as
 recorded by `python -m benchmarks.record_kv` into benchmarks/data/kv4096.npz. Without that file
-the repository's test fixture (a few layers, a few hundred tokens of the same model) is tiled up
-to that shape; run from an installed wheel, which has neither, it codes synthetic KV of that
+the repository's test fixture (a few layers, a few hundred tokens of the same model) is tiled
+up to that shape; run from an installed wheel, which has neither, it codes synthetic KV of that
 shape (Gaussian, with per-channel offsets and scales like real keys: speeds are indicative,
 sizes are not). The output says which. Documents are encoded in 256-token chunks and decoded
 chunk by chunk; MB/s are of fp16 KV (2 bytes per element), medians of several runs after a
-warm-up. Two decode figures: into fresh arrays (`decode_MBps`), and as the engine restores a document
-(`decode_engine_MBps`): with out= into one reused buffer laid out like llama.cpp's state, keys
-token-major and values channel-major (V as llama.cpp keeps it without flash attention: the
-slower layout; the app's default, flash attention, keeps V token-major).
+warm-up. Two decode figures: into fresh arrays (`decode_MBps`), and as the engine restores a
+document (`decode_engine_MBps`): with out= into one reused buffer laid out like llama.cpp's
+state, keys token-major and values channel-major (V as llama.cpp keeps it without flash
+attention: the slower layout; the app's default, flash attention, keeps V token-major).
 `--cold` measures instead what a fresh process (every `kvdesk ask`) pays for tables: each
 level's first decode of one 256-token chunk against the same decode again.
 `cpu_s` is the process CPU time of a median run: on a shared machine wall time far above
@@ -30,7 +30,7 @@ from pathlib import Path
 import numba  # after the package: codec/backend.py sets OMP_WAIT_POLICY first
 import numpy as np
 
-from . import decode, encode_chunks, levels, peek
+from . import Calibration, decode, encode_chunks, levels, peek
 from .backend import active
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,27 +68,32 @@ def synthetic_kv(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return keys, values
 
 
-def measure(keys: np.ndarray, values: np.ndarray, level: str, runs: int) -> dict:
+def measure(keys: np.ndarray, values: np.ndarray, level: str, runs: int,
+            calibration: Calibration | None = None) -> dict:
     mb = (keys.nbytes + values.nbytes) / 1e6
+    resolver = {calibration.id: calibration} if calibration else None
     n_layer, n_tok, n_ch = keys.shape
     doc_k = np.empty_like(keys)
     doc_v = np.empty((n_layer, n_ch, n_tok), values.dtype).transpose(0, 2, 1)
 
     def decode_fresh(blobs: list[bytes]) -> None:
         for b in blobs:
-            decode(b)
+            decode(b, calibrations=resolver)
 
     def decode_engine(blobs: list[bytes]) -> None:
         at = 0
         for b in blobs:
             n = peek(b).n_tokens
-            decode(b, out=(doc_k[:, at:at + n], doc_v[:, at:at + n]))
+            decode(b, out=(doc_k[:, at:at + n], doc_v[:, at:at + n]), calibrations=resolver)
             at += n
 
-    blobs = encode_chunks(keys, values, level)  # warm-up: JIT caches, codebooks, buffers
+    def encode(_) -> list[bytes]:
+        return encode_chunks(keys, values, level, calibration=calibration)
+
+    blobs = encode(None)  # warm-up: JIT caches, codebooks, buffers
     decode_fresh(blobs)
     decode_engine(blobs)
-    steps = {"encode": lambda _: encode_chunks(keys, values, level), "decode": decode_fresh,
+    steps = {"encode": encode, "decode": decode_fresh,
              "decode_engine": decode_engine}
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in steps}
     for _ in range(runs):
@@ -149,6 +154,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--kv", type=Path, help="an .npz with keys and values [L, T, C] float16")
     ap.add_argument("--levels", default=",".join(levels()), help="comma-separated level names")
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--calibration", type=Path,
+                    help="a model calibration (.kvcl) for this KV: its levels are measured too, "
+                         "as NAME@calibrated, in the same run")
     ap.add_argument("--cold", action="store_true",
                     help="only the cold start: each level's first decode in a fresh process")
     args = ap.parse_args(argv)
@@ -159,8 +167,11 @@ def main(argv: list[str] | None = None) -> None:
                           "loadavg_1min": round(os.getloadavg()[0], 2)}))
         return
     load_before = os.getloadavg()[0]
-    result = {"levels": {name: measure(keys, values, name, args.runs)
-                         for name in args.levels.split(",")},
+    cal = Calibration.from_bytes(args.calibration.read_bytes()) if args.calibration else None
+    measured = {name: measure(keys, values, name, args.runs) for name in args.levels.split(",")}
+    for name in cal.level_names if cal else ():
+        measured[f"{name}@calibrated"] = measure(keys, values, name, args.runs, cal)
+    result = {"levels": measured,
               "kv": {"shape": list(keys.shape), "source": source},
               "backend": active().name, "runs": args.runs,
               "threading": {"layer": numba.threading_layer(), "threads": numba.get_num_threads(),

@@ -12,8 +12,6 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .quant import _f32
-
 
 @njit(inline="always")
 def f16_bits(f):
