@@ -206,6 +206,9 @@ def kind_bank(nsyms: tuple[int, ...]) -> tuple[Bank, dict[int, int]]:
 
     def make_rows(ids: np.ndarray) -> np.ndarray:
         rows = np.zeros((len(ids), width), np.int64)
+        largest = max(n for n, lo, hi in zip(sizes, starts, starts[1:], strict=False)
+                      if ((ids >= lo) & (ids < hi)).any())
+        _powers((2 * largest - 2) ** 2)  # grown once, for the largest alphabet asked for
         for n, lo, hi in zip(sizes, starts, starts[1:], strict=False):
             pick = (ids >= lo) & (ids < hi)
             if pick.any():
