@@ -73,16 +73,17 @@ class Bank:
             wanted = np.zeros(len(self._slot), bool)
             wanted[np.asarray(ids).ravel()] = True
             need = np.flatnonzero(wanted & (self._slot < 0))
-            at = slice(self._n, self._n + need.size)
-            freq = self._make(need)
-            cum = np.zeros_like(freq)
-            np.cumsum(freq[:, :-1], axis=1, out=cum[:, 1:])
-            self._fc[at] = freq | (cum << 16)
-            symbols = np.arange(self.width, dtype=np.uint8)
-            for row, f in zip(range(at.start, at.stop), freq, strict=True):
-                self._lut[row] = np.repeat(symbols, f)
-            self._slot[need] = np.arange(at.start, at.stop)
-            self._n = at.stop
+            if need.size:
+                at = slice(self._n, self._n + need.size)
+                freq = self._make(need)
+                cum = np.zeros_like(freq)
+                np.cumsum(freq[:, :-1], axis=1, out=cum[:, 1:])
+                self._fc[at] = freq | (cum << 16)
+                symbols = np.arange(self.width, dtype=np.uint8)
+                for row, f in zip(range(at.start, at.stop), freq, strict=True):
+                    self._lut[row] = np.repeat(symbols, f)
+                self._slot[need] = np.arange(at.start, at.stop)
+                self._n = at.stop
         return self._slot[ids], self._fc, self._lut
 
     @cached_property
