@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import container, tables, transform
+from . import container, tables, tkernel, transform
 from .backend import active
 from .calibration import Calibration, Part
 from .container import Header
@@ -183,8 +183,12 @@ def _transformed(bits: np.ndarray, kind: KindConfig, part: Part | None, name: st
     tf = part.transform(name)
     cos, sin = transform.angles(tf, first_position, bits.shape[1])
     with np.errstate(over="ignore", invalid="ignore"):  # non-finite input is refused after
-        y = transform.forward(bits.view(np.float16), tf, cos, sin).astype(np.float16)
-    return y.view(np.uint16)
+        if tf.basis is None:  # one numba pass (the encoder's only float step: every backend)
+            y = tkernel.forward_fast(np.ascontiguousarray(bits), tf.mean, tf.rope, cos, sin,
+                                     tf.head_dim)
+        else:
+            y = transform.forward(bits.view(np.float16), tf, cos, sin)
+        return y.astype(np.float16).view(np.uint16)
 
 
 def _encode_bytes(sym: np.ndarray, cfg: CodecConfig, be):

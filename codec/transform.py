@@ -131,20 +131,30 @@ def forward(x: np.ndarray, tf: KindTransform, cos: np.ndarray, sin: np.ndarray) 
     """Coefficients float32 [L, T, C] of x [L, T, C] (any float dtype); the encoder's side."""
     n_layer, n_tok, n_ch = x.shape
     d = tf.head_dim
-    u = x.astype(np.float32).reshape(n_layer, n_tok, n_ch // d, d)
+    u = x.astype(np.float32)
     if tf.rope != "none":
-        a, b = tf.pairs()
-        ua, ub = u[..., a].copy(), u[..., b].copy()
+        heads = u.reshape(n_layer, n_tok, n_ch // d, d)
+        ua, ub = _pair_views(heads, tf)
         c, s = cos[None, :, None, :], sin[None, :, None, :]
-        u[..., a] = ua * c + ub * s  # turned back by the position's angle
-        u[..., b] = ub * c - ua * s
-    u = u.reshape(n_layer, n_tok, n_ch)
+        turned_a = ua * c + ub * s  # turned back by the position's angle
+        ub *= c
+        ub -= ua * s
+        ua[...] = turned_a
     if tf.mean is not None:
         u -= tf.mean[:, None, :]
     if tf.basis is not None:
         heads = u.reshape(n_layer, n_tok, n_ch // d, d)
         u = np.einsum("lthi,lhij->lthj", heads, tf.basis).reshape(n_layer, n_tok, n_ch)
     return np.ascontiguousarray(u, dtype=np.float32)
+
+
+def _pair_views(heads: np.ndarray, tf: KindTransform) -> tuple[np.ndarray, np.ndarray]:
+    """Views [L, T, H, n_pairs] of the first and second channel of every rotated pair."""
+    half = len(tf.theta)
+    if tf.rope == "norm":
+        pairs = heads[..., :2 * half].reshape(*heads.shape[:3], half, 2)
+        return pairs[..., 0], pairs[..., 1]
+    return heads[..., :half], heads[..., half:2 * half]
 
 
 def inverse(y: np.ndarray, tf: KindTransform, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:

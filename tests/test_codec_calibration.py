@@ -13,7 +13,15 @@ from codec_helpers import FIXTURES, calibration_of, real_kv, refresh_crc
 from numba import njit
 
 import codec
-from codec import Calibration, CalibrationMissing, CodecError, KindTransform, backend, transform
+from codec import (
+    Calibration,
+    CalibrationMissing,
+    CodecError,
+    KindTransform,
+    backend,
+    tkernel,
+    transform,
+)
 from codec.tkernel import f16_bits, untransform
 
 CPU, REF = backend.get("cpu"), backend.get("reference")
@@ -65,6 +73,17 @@ def test_kernel_writes_the_reference_bytes_in_any_layout(rope):
     cols = np.empty((3, 16, 40), np.uint16).transpose(0, 2, 1)  # channel-major
     untransform(y.copy(), cols, tf.basis_t, tf.mean, tf.rope, cos, sin, tf.head_dim)
     assert np.array_equal(rows, want) and np.array_equal(cols, want)
+
+
+@pytest.mark.parametrize("rope", ["none", "norm", "neox"])
+def test_fast_forward_equals_the_definition(rope):
+    rng = np.random.default_rng(4)
+    tf = random_transform(rng, rope=rope) if rope != "none" else random_transform(rng)
+    tf = KindTransform(tf.head_dim, rope, tf.theta if rope != "none" else np.zeros(0), tf.mean)
+    x = (rng.standard_normal((3, 30, 16)) * 3).astype(np.float16)
+    cos, sin = transform.angles(tf, 11, 30)
+    fast = tkernel.forward_fast(x.view(np.uint16), tf.mean, tf.rope, cos, sin, tf.head_dim)
+    assert np.array_equal(fast, transform.forward(x, tf, cos, sin))
 
 
 def test_f16_rounding_matches_numpy():
