@@ -96,7 +96,7 @@ def calibrate(model_path: str | Path, *, fingerprint: str, settings: Settings = 
         steps = [{k: w ** -0.5 for k, w in part.items()} for part in weights]
         norm = np.exp(np.mean([np.log(s).mean() for part in steps for s in part.values()]))
         steps = [{k: s / norm for k, s in part.items()} for part in steps]
-        variant, bits_by_variant = _choose(fits, sections, steps, settings)
+        variant, bits_by_variant = _choose(fits, sections, steps, weights, settings)
         parts = fits[variant]
         draft = codec.Calibration(tuple(parts))
         ev.calibration = draft
@@ -284,20 +284,42 @@ def _bits(sections, blobs: list[list[bytes]]) -> float:
     return nbytes * 8 / sum(2 * kv.keys.size for kv in sections)
 
 
-def _choose(fits, sections, steps, settings: Settings) -> tuple[str, dict]:
-    """The variant with the fewest bits at one mid-rate scale; a costlier one only if it
-    saves at least settings.min_gain of the bits."""
-    bits = {}
+def _choose(fits, sections, steps, weights, settings: Settings) -> tuple[str, dict]:
+    """The variant with the fewest bits at equal KLD-weighted error: for each, bits + 0.5 *
+    log2(sum of w * squared error) (the high-rate rate-distortion trade: half a bit per halving
+    of the error), summed over a mid and a fine scale (where a layer's alphabet can run out:
+    a variant whose keys keep large offsets then cannot reach the step it is given). A
+    costlier variant (settings.variants is cheapest first) must win by settings.min_gain of
+    the cheapest's bits."""
+    scores, bits = {}, {}
     for variant, parts in fits.items():
         cal = codec.Calibration(tuple(parts))
-        scale = _mid_scale(cal, sections, steps)
-        configs = _configs(cal, sections, steps, scale, "probe")
-        bits[variant] = round(_bits(sections, _blobs(cal, sections, configs)), 4)
+        mid = _mid_scale(cal, sections, steps)
+        scores[variant] = 0.0
+        for scale in (mid, mid / 8):
+            configs = _configs(cal, sections, steps, scale, "probe")
+            blobs = _blobs(cal, sections, configs)
+            rate = _bits(sections, blobs)
+            bits.setdefault(variant, round(rate, 4))
+            scores[variant] += rate + 0.5 * np.log2(_weighted_error(cal, sections, blobs,
+                                                                    weights))
     best = settings.variants[0]
-    for variant in settings.variants[1:]:  # ordered cheapest first
-        if bits[variant] < bits[best] * (1 - settings.min_gain):
+    for variant in settings.variants[1:]:
+        if scores[variant] < scores[best] - settings.min_gain * bits[best]:
             best = variant
-    return best, bits
+    return best, {v: {"bits": bits[v], "score": round(scores[v], 4)} for v in fits}
+
+
+def _weighted_error(cal, sections, blobs, weights) -> float:
+    """sum over (kind, layer) of the KLD weight times the mean squared error of a round trip."""
+    total = 0.0
+    for s, (kv, part) in enumerate(zip(sections, blobs, strict=True)):
+        keys, values = codec.decode_chunks(part, calibrations={cal.id: cal})
+        for kind, got in (("keys", keys), ("values", values)):
+            err = (got.astype(np.float32) - getattr(kv, kind).astype(np.float32)) ** 2
+            mse = err.mean(axis=(1, 2))
+            total += sum(weights[s][(kind, layer)] * mse[layer] for layer in range(kv.n_layer))
+    return max(total, 1e-30)
 
 
 def _mid_scale(cal, sections, steps) -> float:
