@@ -301,8 +301,8 @@ def _choose(fits, sections, steps, weights, settings: Settings) -> tuple[str, di
             blobs = _blobs(cal, sections, configs)
             rate = _bits(sections, blobs)
             bits.setdefault(variant, round(rate, 4))
-            scores[variant] += rate + 0.5 * np.log2(_weighted_error(cal, sections, blobs,
-                                                                    weights))
+            scores[variant] += rate + 0.5 * float(np.log2(_weighted_error(cal, sections, blobs,
+                                                                          weights)))
     best = settings.variants[0]
     for variant in settings.variants[1:]:
         if scores[variant] < scores[best] - settings.min_gain * bits[best]:
@@ -319,7 +319,7 @@ def _weighted_error(cal, sections, blobs, weights) -> float:
             err = (got.astype(np.float32) - getattr(kv, kind).astype(np.float32)) ** 2
             mse = err.mean(axis=(1, 2))
             total += sum(weights[s][(kind, layer)] * mse[layer] for layer in range(kv.n_layer))
-    return max(total, 1e-30)
+    return max(float(total), 1e-30)
 
 
 def _mid_scale(cal, sections, steps) -> float:
