@@ -1,6 +1,6 @@
 """Chats over several documents: blending their caches against a full prefill, time and quality.
 
-    .venv/bin/python benchmarks/bench_blend.py [--model PATH] [--tokens 2000] [--sets code,prose]
+    .venv/bin/python -m benchmarks.bench_blend [--model PATH] [--tokens 2000] [--sets code,prose]
                                                [--fractions 0,0.05,0.15,0.3] [--plot FILE.png]
 
 For each set of three held-out texts of one kind (Python's standard library sources; Python's
