@@ -33,8 +33,11 @@ from pathlib import Path
 import numpy as np
 
 from desktop_app.app import App
+from desktop_app.options import GenerationOptions, RestoreOptions
 from desktop_app.settings import Settings
 from desktop_app.streaming import Throttle
+
+ONE_TOKEN = GenerationOptions(max_tokens=1)  # the time to the first token is what is measured
 
 QUESTION = "Summarize what this section of the reference says, in one sentence."
 
@@ -88,7 +91,8 @@ def main() -> None:
 
         def ask(**kw):
             rt.reset()  # a cold context, as after a restart: the whole prefix is restored
-            return eng.ask(QUESTION, doc_id=res.doc_id, max_tokens=1, **kw)
+            return eng.ask(QUESTION, doc_ids=[res.doc_id], restore=RestoreOptions(**kw),
+                           generation=ONE_TOKEN)
 
         ask(level="compact")  # warm-up: load numba's compiled kernels once
         nocache = ask(no_cache=True)
@@ -112,13 +116,13 @@ def main() -> None:
             chat = eng.new_chat([res.doc_id]).chat_id
             rt.reset()
             eng.reopen(chat)
-            return eng.ask(QUESTION, chat_id=chat, max_tokens=1)
+            return eng.ask(QUESTION, chat_id=chat, generation=ONE_TOKEN)
 
         def typed_ahead(draft):
             chat = eng.new_chat([res.doc_id]).chat_id
             rt.reset()
             eng.prepare(draft, chat_id=chat)
-            return eng.ask(QUESTION, chat_id=chat, max_tokens=1)
+            return eng.ask(QUESTION, chat_id=chat, generation=ONE_TOKEN)
 
         flows = {"after_reopen": after_reopen,
                  "typed_ahead_paused": lambda: typed_ahead(QUESTION),
@@ -143,7 +147,7 @@ def main() -> None:
                 writer.put_chunk(span.chunk_index, "q8_0", rng.bytes(n))
         # The same work after the bytes arrive as in an ask: set the document's state, prefill
         # the question, sample the first token.
-        prefix = eng.prefix(rt, eng.store.document(res.doc_id))
+        prefix = eng.prompter.prefix(rt, eng.store.document(res.doc_id))
         with_q = rt.render_chat([*prefix.messages, {"role": "user", "content": QUESTION}],
                                 add_generation_prompt=True)
         q_tokens = rt.tokenize(with_q[len(prefix.text):])

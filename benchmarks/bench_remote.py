@@ -39,14 +39,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from bench_engine import QUESTION, reference_text
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from s3_server import S3Server  # noqa: E402 - the tests' helper: one way to run the server
-
-from desktop_app.app import App  # noqa: E402
-from desktop_app.settings import Settings  # noqa: E402
-from store import RemoteConfig, RemoteTier  # noqa: E402
+from benchmarks.bench_engine import ONE_TOKEN, QUESTION, reference_text
+from benchmarks.s3_server import S3Server
+from desktop_app.app import App
+from desktop_app.options import RestoreOptions
+from desktop_app.settings import Settings
+from store import RemoteConfig, RemoteTier
 
 PARALLEL = 4  # the tier's default requests in flight
 
@@ -130,9 +129,9 @@ def main() -> None:
             out["stored_MB"] = {k: round(v / 1e6, 2) for k, v in res.stored_bytes.items()}
             print(f"A attached and pushed {out['document_tokens']} tokens", file=sys.stderr)
             # The baselines' objects: the exact state (fp16), and q8_0-sized bytes.
-            eng.ask(QUESTION, doc_id=res.doc_id, level="lossless", max_tokens=1)
-            eng.runtime.truncate(len(eng.prefix(eng.runtime, eng.store.document(res.doc_id))
-                                     .tokens))
+            eng.ask(QUESTION, doc_ids=[res.doc_id], restore=RestoreOptions(level="lossless"),
+                    generation=ONE_TOKEN)
+            eng.runtime.truncate(len(eng.prefix_tokens([res.doc_id])))
             state = eng.runtime.state_bytes()
             q8 = np.random.default_rng(0).bytes(int(res.raw_bytes * 8.5 / 16))
             n_chunks = -(-out["document_tokens"] // eng.chunk_tokens)
@@ -166,7 +165,7 @@ def run_rate(server: S3Server, bucket: str, folder: Path, rate: float, repeat: i
     b = App(Settings(data_dir=str(folder), n_ctx=8192, remote_bucket=bucket,
                      remote_endpoint_url=endpoint, remote_prefix="bench"))
     eng, rt = b.engine, b.engine.runtime
-    eng.warm_up(rt)
+    eng.warm_up()
     assert eng.sharing.pull(rt.fingerprint, lazy=True)["pulled"]
     (doc_id,) = [d.doc_id for d in eng.documents()]
 
@@ -175,7 +174,8 @@ def run_rate(server: S3Server, bucket: str, folder: Path, rate: float, repeat: i
             if entry.parent_id is None:
                 eng.store.delete_entry(entry.id)
         rt.reset()
-        return eng.ask(QUESTION, doc_id=doc_id, max_tokens=1, **kw)
+        return eng.ask(QUESTION, doc_ids=[doc_id], restore=RestoreOptions(**kw),
+                       generation=ONE_TOKEN)
 
     ask(level="compact")  # warm-up: numba's kernels, the connection pool
     row: dict = {}
@@ -190,7 +190,7 @@ def run_rate(server: S3Server, bucket: str, folder: Path, rate: float, repeat: i
     if "recompute_ttft_s" not in out:  # no link involved: once is enough
         out["recompute_ttft_s"] = round(ask(no_cache=True).ttft_s, 3)
 
-    prefix = eng.prefix(rt, eng.store.document(doc_id))
+    prefix = eng.prompter.prefix(rt, eng.store.document(doc_id))
     q_tokens = rt.tokenize(rt.render_chat(
         [*prefix.messages, {"role": "user", "content": QUESTION}],
         add_generation_prompt=True)[len(prefix.text):])

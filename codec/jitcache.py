@@ -5,13 +5,13 @@ and keeps the machine code in a cache: the checkout's `__pycache__`, or the fold
 NUMBA_CACHE_DIR names (the bundle's runtime hook points it at the user's cache folder). A
 bundle also ships a cache of its own, compiled when it is built (`python -m codec.precompile
 build DIR`) for a portable CPU target instead of the build machine's, so that the first
-question after installing finds its kernels compiled. At run time `configure()` (called by
-`backend` before any kernel is defined) uses that shipped cache when it fits — KVDESK_CODEC_CACHE
-names it, its manifest matches this numba, Python and machine, every file's SHA-256 and
-every codec source's matches, and this CPU has the target's instruction sets — by compiling
-for the same target in this process and handing numba the locator below. Anything else, or
-a kernel signature the shipped cache lacks, compiles as without it; nothing here may fail
-the codec.
+question after installing finds its kernels compiled. `configure()` runs as this module is
+imported (`codec/__init__.py` imports it before any module defines a kernel) and uses that
+shipped cache when it fits — KVDESK_CODEC_CACHE names it, its manifest matches this numba,
+Python and machine, every file's SHA-256 and every codec source's matches, and this CPU has
+the target's instruction sets — by compiling for the same target in this process and
+handing numba the locator of `cachelocator.py`. Anything else, or a kernel signature the
+shipped cache lacks, compiles as without it; nothing here may fail the codec.
 
 The shipped folder is never written: numba writes a cache entry next to the index it read,
 so the locator gives numba a private temporary folder holding links to the shipped files,
@@ -159,8 +159,8 @@ def verify(root: Path) -> str | dict:
 
 
 def configure() -> None:
-    """Choose where kernels come from; call once, before any kernel is defined (`backend`
-    does, before it imports them).
+    """Choose where kernels come from; once, before any kernel is defined (at this module's
+    import, below).
 
     It only sets defaults: a NUMBA_CPU_NAME or NUMBA_CACHE_LOCATOR_CLASSES of the user's wins
     (and then the shipped cache, built for one target, is not used)."""
@@ -324,3 +324,6 @@ def _listener():
                     _compiles.seconds += time.perf_counter() - self.local.t0
 
     return Listener()
+
+
+configure()  # at import: `codec/__init__.py` imports this module before any kernel module

@@ -18,7 +18,8 @@ class Record:
 @dataclass(frozen=True)
 class Progress(Record):
     """Work under way: phase is extract | prefill | encode | store | restore | recompute |
-    pull | push (from and to the shared cache tier)."""
+    pull | push (from and to the shared cache tier) | repair | wait (for another process's turn
+    in the same chat)."""
 
     phase: str
     done: int
@@ -59,6 +60,9 @@ class RestoreReport(Record):
     recomputed_tokens: int
     messages: list[str] = field(default_factory=list)  # fallbacks, said to the user
     source: str = "local"  # where the stored chunks came from: "local" or "remote"
+    # A chat over several documents: {"reused_tokens", "recomputed_tokens", "mode"}, mode
+    # "blended" (the documents' own caches moved into place: approximate) or "exact".
+    blended: dict | None = None
 
 
 def levels_summary(chunk_levels: list[str]) -> str:
@@ -80,6 +84,8 @@ class AskResult(Record):
     tokens_generated: int
     messages: list[str] = field(default_factory=list)
     source: str = "local"  # where the stored chunks came from: "local" or "remote"
+    documents: list[int] = field(default_factory=list)  # the chat's documents
+    blended: dict | None = None  # as RestoreReport.blended (None: one document or none)
 
 
 @dataclass(frozen=True)
@@ -92,6 +98,7 @@ class DocumentInfo(Record):
     cache_bytes: dict[str, int]  # per level, under the current model
     status: str  # ready | stale (cached only under another model) | none
     created: float
+    damaged_chunks: int = 0  # chunks set aside after a failed check (kvdesk verify --repair)
 
 
 @dataclass(frozen=True)
@@ -102,6 +109,8 @@ class ChatInfo(Record):
     messages: int
     created: float
     updated: float
+    # Over several documents: "blended" until the exact prefix is stored, then "exact".
+    kv_mode: str | None = None
 
 
 @dataclass(frozen=True)
@@ -120,3 +129,18 @@ class RestoreEstimate(Record):
     tokens: int
     bytes: dict[str, int]  # per level
     seconds: dict[str, float]  # per level, at the measured read and decode speeds
+
+
+@dataclass(frozen=True)
+class Completion(Record):
+    """A client's conversation answered (the local API's chat completions)."""
+
+    text: str
+    finish_reason: str  # "stop" (end of turn or a stop string) | "length" | "cancelled"
+    prompt_tokens: int
+    completion_tokens: int
+    ttft_s: float
+    report: RestoreReport  # how the prompt came into the model
+    cached_tokens: int  # of the prompt, restored or kept rather than computed
+    stored: bool  # whether the conversation's KV is now in the store
+    messages: list[str] = field(default_factory=list)  # notes for the user

@@ -24,6 +24,7 @@ from pathlib import Path
 from codec import jitcache
 
 from .app import App
+from .options import GenerationOptions, RestoreOptions
 from .settings import Settings
 
 # Small and fast on any model: the check is about the installation, not the user's setting.
@@ -74,10 +75,11 @@ def run(settings: Settings) -> dict:
             sample = Path(tmp) / "lighthouse.md"
             sample.write_text(SAMPLE_TEXT, encoding="utf-8")
             doc = app.engine.attach(sample, levels=[LEVEL])
-            answer = app.engine.ask(QUESTION, doc_id=doc.doc_id, max_tokens=MAX_TOKENS)
+            answer = app.engine.ask(QUESTION, doc_ids=[doc.doc_id],
+                                    generation=GenerationOptions(max_tokens=MAX_TOKENS))
             if not answer.tokens_generated:
                 raise RuntimeError("the model generated no token")
-            restored = app.engine.reopen(answer.chat_id, level=LEVEL)
+            restored = app.engine.reopen(answer.chat_id, restore=RestoreOptions(level=LEVEL))
             if restored.recomputed_tokens or set(restored.chunk_levels) != {LEVEL}:
                 raise RuntimeError(f"the chat did not come back through the {LEVEL} level: "
                                    f"chunks {restored.chunk_levels}, "

@@ -17,41 +17,67 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import platformdirs
+import pydantic
+from pydantic import Field
 
-from .runtime import DEFAULT_N_CTX
+from .validation import STRICT, InvalidValue, changed, parse
 
 APP_NAME = "kvdesk"
+DEFAULT_N_CTX = 8192
+# Chats over several documents: the share of each later document's tokens computed again in
+# place when their caches are blended (its first ones); 1 computes them all (no blending).
+# Chosen by benchmarks/bench_blend.py (RESULTS.md, "Chats over several documents").
+DEFAULT_BLEND_FRACTION = 0.15
 SETTINGS_VERSION = 1
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _PREFIX_PART = re.compile(r"^[A-Za-z0-9._-]+$")
+# Environment variables, each for the setting it overrides.
+ENVIRONMENT = {"KVDESK_MODEL": "model", "KVDESK_DATA_DIR": "data_dir", "KVDESK_N_CTX": "n_ctx",
+               "KVDESK_REMOTE_BUCKET": "remote_bucket",
+               "KVDESK_REMOTE_ENDPOINT_URL": "remote_endpoint_url",
+               "KVDESK_REMOTE_PREFIX": "remote_prefix"}
 
 
-class SettingsError(ValueError):
-    """The settings file or a setting's value is unusable."""
+class SettingsError(InvalidValue):
+    """The settings file, a setting or a setting's value is unusable; the message says which."""
+
+    def __init__(self, message: str, key: str = "settings"):
+        ValueError.__init__(self, message)
+        self.key = key
+        self.reason = message
 
 
 def config_dir() -> Path:
     return Path(os.environ.get("KVDESK_CONFIG_DIR") or platformdirs.user_config_dir(APP_NAME))
 
 
-@dataclass(frozen=True)
-class Settings:
+class Settings(pydantic.BaseModel):
+    model_config = STRICT
+
     model: str | None = None  # None: the default model shipped with kvdesk
     data_dir: str | None = None  # None: the platform's user data directory
-    n_ctx: int = DEFAULT_N_CTX
+    n_ctx: int = Field(DEFAULT_N_CTX, ge=256, le=1 << 20)
     # Flash attention: ~1.9x faster prefill here, and V rows stored token-major (cheaper to
     # restore). Measured with benchmarks/bench_engine.py.
     flash_attn: bool = True
-    storage_budget_gb: float = 10.0
+    storage_budget_gb: float = Field(10.0, gt=0, le=1e6)
     # How long bringing a chat back may take when the level is "auto" (the quality slider):
     # the restore picks, chunk by chunk, the best stored level that fits.
-    restore_budget_ms: float = 250.0
-    theme: str = "system"  # system | light | dark
+    restore_budget_ms: float = Field(250.0, gt=0, le=3_600_000)
+    theme: Literal["system", "light", "dark"] = "system"
+    # The local API (kvdesk serve): its port, the folders whose files a client may attach by
+    # path (none: uploads only), and from how many tokens a prompt with no cached prefix
+    # is kept in the prompt cache.
+    server_enabled: bool = False  # the window serves the local API while it is open
+    server_port: int = Field(8765, ge=0, le=65535)  # 0: any free port
+    server_attach_folders: tuple[str, ...] = ()
+    prompt_cache_min_tokens: int = Field(1024, ge=0, le=1 << 20)
+    blend_recompute: float = Field(DEFAULT_BLEND_FRACTION, ge=0, le=1)
     # The shared cache tier on S3-compatible storage: off until a bucket is set.
     remote_bucket: str | None = None
     remote_endpoint_url: str | None = None  # None: AWS S3; else MinIO, Ceph, SeaweedFS...
@@ -64,45 +90,49 @@ class Settings:
     def data_path(self) -> Path:
         return Path(self.data_dir or platformdirs.user_data_dir(APP_NAME)).expanduser()
 
-    def validated(self) -> Settings:
-        if not 256 <= self.n_ctx <= 1 << 20:
-            raise SettingsError(f"context size {self.n_ctx} is outside 256..1048576")
-        if self.storage_budget_gb <= 0:
-            raise SettingsError("the storage budget must be positive")
-        if self.restore_budget_ms <= 0:
-            raise SettingsError("the restore time budget must be positive")
-        if self.theme not in ("system", "light", "dark"):
-            raise SettingsError(f"unknown theme {self.theme!r}")
-        self._validate_remote()
-        return self
+    @pydantic.field_validator("remote_bucket")
+    @classmethod
+    def _bucket(cls, value: str | None) -> str | None:
+        if value is not None and not _BUCKET.match(value):
+            raise ValueError(f"{value!r} is not a bucket name (3-63 lower-case letters, "
+                             "digits, dots and hyphens)")
+        return value
 
-    def _validate_remote(self) -> None:
-        if self.remote_bucket is not None and not _BUCKET.match(self.remote_bucket):
-            raise SettingsError(f"{self.remote_bucket!r} is not a bucket name (3-63 lower-case "
-                                "letters, digits, dots and hyphens)")
-        if self.remote_endpoint_url:
-            url = urlsplit(self.remote_endpoint_url)
-            if url.scheme not in ("http", "https") or not url.hostname:
-                raise SettingsError(f"{self.remote_endpoint_url!r} is not an http(s) URL")
+    @pydantic.field_validator("remote_endpoint_url")
+    @classmethod
+    def _endpoint(cls, value: str | None) -> str | None:
+        if value:
+            url = urlsplit(value)
             if url.username or url.password or url.query:
                 # Not even echoed back: it may hold a secret.
-                raise SettingsError("the shared cache's endpoint URL must not carry "
-                                    "credentials; boto3 reads them from the AWS environment "
-                                    "variables or ~/.aws")
-        parts = self.remote_prefix.strip("/").split("/")
-        if not all(_PREFIX_PART.match(p) and p not in (".", "..") for p in parts):
-            raise SettingsError(f"{self.remote_prefix!r} is not a usable prefix (letters, "
-                                "digits, '.', '_', '-', separated by '/')")
+                raise ValueError("the shared cache's endpoint URL must not carry credentials; "
+                                 "boto3 reads them from the AWS environment variables or ~/.aws")
+            if url.scheme not in ("http", "https") or not url.hostname:
+                raise ValueError(f"{value!r} is not an http(s) URL")
+        return value
 
-    def with_overrides(self, **overrides) -> Settings:
-        """These settings with every non-None override applied."""
-        return replace(self, **{k: v for k, v in overrides.items() if v is not None}).validated()
+    @pydantic.field_validator("remote_prefix")
+    @classmethod
+    def _prefix(cls, value: str) -> str:
+        parts = value.strip("/").split("/")
+        if not all(_PREFIX_PART.match(p) and p not in (".", "..") for p in parts):
+            raise ValueError(f"{value!r} is not a usable prefix (letters, digits, '.', '_', "
+                             "'-', separated by '/')")
+        return value
+
+    def with_overrides(self, **overrides: Any) -> Settings:
+        """These settings with every non-None override applied (checked)."""
+        return changed(self, **{k: v for k, v in overrides.items() if v is not None})
+
+    def with_values(self, **values: Any) -> Settings:
+        """These settings with `values` set, None included (an emptied field), checked."""
+        return changed(self, **values)
 
     def save(self, path: Path | None = None) -> None:
         path = path or config_dir() / "settings.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"version": SETTINGS_VERSION, **asdict(self)}, indent=2))
+        tmp.write_text(json.dumps({"version": SETTINGS_VERSION, **self.model_dump()}, indent=2))
         os.replace(tmp, path)
 
 
@@ -112,23 +142,27 @@ def load(path: Path | None = None) -> Settings:
     saved: dict = {}
     if path.is_file():
         try:
-            saved = json.loads(path.read_text())
-        except ValueError as e:
+            saved = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, OSError) as e:
             raise SettingsError(f"{path} is not valid JSON ({e}); fix or delete it") from e
-        if not isinstance(saved, dict) or saved.get("version", 0) > SETTINGS_VERSION:
+        if not isinstance(saved, dict):
+            raise SettingsError(f"{path} holds a JSON {type(saved).__name__}, not the object "
+                                "of settings kvdesk writes; fix or delete it")
+        version = saved.pop("version", 0)
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise SettingsError(f"{path}: version {version!r} is not a settings version; "
+                                "fix or delete it")
+        if version > SETTINGS_VERSION:
             raise SettingsError(f"{path} was written by a newer kvdesk; fix or delete it")
-    known = {f.name for f in fields(Settings)}
-    base = Settings(**{k: v for k, v in saved.items() if k in known})
-    env_n_ctx = os.environ.get("KVDESK_N_CTX")
+    # Settings this version does not know (from a newer minor release) are left alone.
+    known = {k: v for k, v in saved.items() if k in Settings.model_fields}
     try:
-        n_ctx = int(env_n_ctx) if env_n_ctx else None
-    except ValueError as e:
-        raise SettingsError(f"KVDESK_N_CTX={env_n_ctx!r} is not an integer") from e
-    return base.with_overrides(
-        model=os.environ.get("KVDESK_MODEL") or None,
-        data_dir=os.environ.get("KVDESK_DATA_DIR") or None,
-        n_ctx=n_ctx,
-        remote_bucket=os.environ.get("KVDESK_REMOTE_BUCKET") or None,
-        remote_endpoint_url=os.environ.get("KVDESK_REMOTE_ENDPOINT_URL") or None,
-        remote_prefix=os.environ.get("KVDESK_REMOTE_PREFIX") or None,
-    )
+        base = parse(Settings, known)
+    except InvalidValue as e:
+        raise SettingsError(f"{path}: {e}", e.key) from None
+    env = {key: os.environ[var] for var, key in ENVIRONMENT.items() if os.environ.get(var)}
+    try:
+        return base.with_overrides(**env)
+    except InvalidValue as e:
+        var = next(v for v, k in ENVIRONMENT.items() if k == e.key)
+        raise SettingsError(f"{var}: {e.reason}", e.key) from None

@@ -11,10 +11,11 @@ finished so far (or declared), plus bytes of output over the decode speed measur
 fits the share of the time budget left to it. If no level fits, the cheapest wins, unless
 recomputing the rest from text would be cheaper still.
 
-A missing or corrupt chunk is read at another level; with none left, or when the source fails
-(an unreachable remote tier), or for a chunk the codec refuses, the stored part ends: from
-that chunk on everything is recomputed from text, and the caller is told why. Nothing decoded
-from a bad chunk ever reaches the model.
+A level the caller forces is read wherever it is stored; a chunk not stored at it, or missing or
+corrupt, is read at another level (or, when exact KV was asked for, recomputed: exact too). With
+no level left, or when the source fails (an unreachable remote tier), or for a chunk the codec
+refuses, the stored part ends: from that chunk on everything is recomputed from text, and the
+caller is told why. Nothing decoded from a bad chunk ever reaches the model.
 
 This module knows the store's and codec's APIs but owns no policy about what gets cached.
 """
@@ -29,59 +30,23 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 import codec
 from store import CorruptChunkError, CorruptObjectError, NotFoundError, Span, StoreError
 
+from .errors import Cancelled
 from .kvstate import KVState
+from .options import AUTO, RestoreOptions
 from .results import Progress, RestoreReport
-from .runtime import Cancelled, Runtime
+from .runtime import Runtime
 from .sources import ChunkSource
+from .speeds import Speeds
 
 TEXT = "text"  # the chunk_levels name of a chunk recomputed from its tokens
-
-# Priors until the first measurement of a session (the engine keeps measured values).
-DEFAULT_DECODE_MBPS = 1000.0  # fp16 output per second
-DEFAULT_READ_MBPS = 2000.0  # a local SSD with a warm page cache
-DEFAULT_REMOTE_MBPS = 50.0  # an object store over a LAN or a good internet link
-DEFAULT_PREFILL_TPS = 140.0  # tokens per second: the default model on 2 cores
-
-
-@dataclass
-class Speeds:
-    """Measured speeds, updated as chunks stream; persisted by the engine between runs."""
-
-    decode_MBps: dict[str, float] = field(default_factory=dict)  # per level, fp16 output MB/s
-    read_MBps: float = DEFAULT_READ_MBPS
-    prefill_tps: float = DEFAULT_PREFILL_TPS
-    remote_MBps: float = DEFAULT_REMOTE_MBPS
-
-    def decode(self, level: str) -> float:
-        return self.decode_MBps.get(level, DEFAULT_DECODE_MBPS)
-
-    def observe_decode(self, level: str, out_bytes: int, seconds: float) -> None:
-        if seconds > 0:
-            now = out_bytes / 1e6 / seconds
-            old = self.decode_MBps.get(level)
-            self.decode_MBps[level] = now if old is None else 0.5 * old + 0.5 * now
-
-    def observe_read(self, kind: str, MBps: float) -> None:
-        """The bandwidth a whole restore measured, from the local store or the remote tier."""
-        if kind == "remote":
-            self.remote_MBps = MBps
-        else:
-            self.read_MBps = MBps
-
-
-@dataclass(frozen=True)
-class Options:
-    level: str = "auto"  # "auto" or a codec level name to force
-    budget_ms: float | None = None  # for the whole restore; None: best quality stored
-    bandwidth_MBps: float | None = None  # declared (and enforced) read bandwidth
-
+EXACT = "lossless"  # the level whose every chunk is bit-exact
 
 @dataclass(frozen=True)
 class Choice:
@@ -203,11 +168,14 @@ class ChunkReader:
     """
 
     def __init__(self, source: ChunkSource, tokens: list[int], levels: Sequence[str],
-                 options: Options, speeds: Speeds, bytes_per_token: int, t0: float):
+                 options: RestoreOptions, speeds: Speeds, bytes_per_token: int, t0: float):
         self.source = source
         self.spans = list(source.spans)
         self.tokens = tokens
         self.levels = levels
+        # A level the caller forces: read wherever it is stored; where it is not (or is
+        # corrupt), another level is chosen as "auto" would, except for exact KV.
+        self.forced = options.level if options.level != AUTO else None
         self.speeds = speeds
         self.bytes_per_token = bytes_per_token
         self.t0 = t0
@@ -224,6 +192,11 @@ class ChunkReader:
 
     def plan(self, i: int, sizes: dict[str, int]) -> str:
         span = self.spans[i]
+        if self.forced is not None:
+            if self.forced in sizes:
+                return self.forced
+            if self.forced == EXACT:  # asked for exact KV: recomputing is the exact fallback
+                return TEXT
         return choose_level(
             levels=self.levels, sizes=sizes,
             raw_bytes=(span.token_end - span.token_start) * self.bytes_per_token,
@@ -279,8 +252,14 @@ class ChunkReader:
         """The chunk read (or the reason it could not be); None once stopped."""
         span = self.spans[i]
         if future is None:
-            return _Fetched(span, TEXT, None, None if sizes else
-                            f"chunk {i} is stored at none of {list(self.levels)}")
+            if not sizes:
+                why = f"chunk {i} is stored at none of {list(self.levels)}"
+            elif self.forced == EXACT:
+                why = (f"chunk {i} is not stored at {EXACT!r} (exact KV is opt-in): recomputing, "
+                       "which is exact too")
+            else:
+                why = None  # the budget chose recomputing over reading
+            return _Fetched(span, TEXT, None, why)
         errors: list[str] = []
         attempt = functools.partial(self._result, future)
         while True:
@@ -313,34 +292,94 @@ class ChunkReader:
 
 def restore(
     runtime: Runtime,
-    source: ChunkSource,
+    source: ChunkSource | None,
     tokens: Sequence[int],
     *,
     levels: Sequence[str],
-    options: Options,
+    options: RestoreOptions,
     speeds: Speeds,
+    chunk_tokens: int,
     progress: Callable[[Progress], None] | None = None,
     cancel: threading.Event | None = None,
 ) -> RestoreReport:
     """Bring `tokens` into the runtime's context: `source`'s chunks first, then text for the
-    rest (`source` covers a prefix of `tokens`).
+    rest (`source` covers a prefix of `tokens`; None: recompute them all, the baseline).
 
-    `levels` are the codec levels in quality order (best first). Raises runtime.Cancelled.
+    `levels` are the codec levels in quality order (best first); tokens recomputed are
+    reported as chunks of `chunk_tokens` named TEXT. Raises Cancelled.
     """
     t0 = time.perf_counter()
     tokens = list(tokens)
     messages: list[str] = []
-    spans = list(source.spans)
-    if options.level != "auto":
-        levels = [options.level]
+    chunk_levels: list[str] = []
+    n_restored = 0
+    bytes_read = 0
+    if source is not None and source.n_tokens:
+        n_restored, bytes_read = _stream(runtime, source, tokens, levels, options, speeds,
+                                         progress, cancel, chunk_levels, messages)
+    else:
+        runtime.reset()
+    rest = tokens[n_restored:]
+    if rest:
+        chunk_levels += [TEXT] * -(-len(rest) // max(1, chunk_tokens))
+        r0 = time.perf_counter()
+        runtime.prefill(rest, cancel=cancel, progress=None if progress is None else (
+            lambda done, total: progress(Progress("recompute", n_restored + done, len(tokens)))))
+        if len(rest) >= 64:
+            speeds.prefill_tps = len(rest) / (time.perf_counter() - r0)
+    return RestoreReport(
+        tokens=len(tokens),
+        restore_s=time.perf_counter() - t0,
+        bytes_read=bytes_read,
+        chunk_levels=chunk_levels,
+        recomputed_tokens=len(rest),
+        messages=messages,
+        source=source.kind if source is not None else "local",
+    )
+
+
+def _stream(runtime: Runtime, source: ChunkSource, tokens: list[int], levels: Sequence[str],
+            options: RestoreOptions, speeds: Speeds, progress, cancel,
+            chunk_levels: list[str], messages: list[str]) -> tuple[int, int]:
+    """Decode `source`'s chunks into the context, in order, as the reader delivers them;
+    (tokens restored, bytes read). Appends each chunk's level and every fallback said."""
     lay = runtime.layout
-    state = runtime.new_state_buffer(source.n_tokens)  # chunks are decoded into it in place
-    reader = ChunkReader(source, tokens, levels, options, speeds, lay.kv_bytes_per_token, t0)
+    held = [*tokens[:source.n_tokens], *source.beyond]  # what the chunks hold
+    state = runtime.new_state_buffer(len(held))  # chunks are decoded into it in place
+    n_restored, n_bytes = read_chunks(
+        source, tokens, state.keys, state.values, levels=levels, options=options,
+        speeds=speeds, bytes_per_token=lay.kv_bytes_per_token, progress=progress,
+        cancel=cancel, chunk_levels=chunk_levels, messages=messages)
+    if n_restored == len(held):
+        runtime.restore_buffer(state, held)
+        runtime.truncate(source.n_tokens)  # a tail's tokens past the ones asked for go
+        n_restored = source.n_tokens
+    elif n_restored:  # the stored part ended early: only its first chunks are usable
+        n_restored = min(n_restored, source.n_tokens)
+        kv = KVState(state.keys[:, :n_restored], state.values[:, :n_restored],
+                     np.arange(n_restored, dtype=np.int32), v_trans=lay.v_trans)
+        runtime.restore(kv, tokens[:n_restored])
+    else:
+        runtime.reset()
+    return n_restored, n_bytes
+
+
+def read_chunks(source: ChunkSource, tokens: Sequence[int], keys: np.ndarray,
+                values: np.ndarray, *, levels: Sequence[str], options: RestoreOptions,
+                speeds: Speeds, bytes_per_token: int, progress=None, cancel=None,
+                chunk_levels: list[str], messages: list[str]) -> tuple[int, int]:
+    """Decode `source`'s chunks in order into keys and values ([n_layer, tokens, channels]
+    arrays or views, indexed by the chunks' own token positions) as the reader delivers them.
+
+    Returns (the end of the run of chunks decoded from the first one, bytes read): a missing,
+    corrupt or undecodable chunk ends the run (said in `messages`). Appends each chunk's level.
+    """
+    t0 = time.perf_counter()
+    reader = ChunkReader(source, list(tokens), levels, options, speeds, bytes_per_token, t0)
     fetched = reader.fetched
     thread = threading.Thread(target=reader.run, name="kv-reader", daemon=True)
     thread.start()
-    chunk_levels: list[str] = []
-    n_restored = 0
+    n_read = 0
     try:
         while (item := fetched.get()) is not None:
             if cancel is not None and cancel.is_set():
@@ -355,19 +394,18 @@ def restore(
             d0 = time.perf_counter()
             t0_, t1_ = item.span.token_start, item.span.token_end
             try:
-                # Straight into the state bytes; the codec refuses a chunk of another shape.
-                k, v = codec.decode(item.data, out=(state.keys[:, t0_:t1_],
-                                                    state.values[:, t0_:t1_]))
+                # Straight into the caller's arrays; the codec refuses a chunk of another shape.
+                k, v = codec.decode(item.data, out=(keys[:, t0_:t1_], values[:, t0_:t1_]))
             except codec.CodecError as e:
                 messages.append(f"recomputing from token {item.span.token_start}: chunk "
                                 f"{item.span.chunk_index} of entry {item.span.entry_id} "
                                 f"cannot be decoded ({e})")
                 break
             speeds.observe_decode(item.level, k.nbytes + v.nbytes, time.perf_counter() - d0)
-            n_restored = item.span.token_end
+            n_read = item.span.token_end
             chunk_levels.append(item.level)
             if progress is not None:
-                progress(Progress("restore", n_restored, len(tokens)))
+                progress(Progress("restore", min(n_read, len(tokens)), len(tokens)))
     finally:
         reader.stop.set()
         while thread.is_alive():  # unblock a reader waiting on a full queue
@@ -377,34 +415,12 @@ def restore(
                 thread.join(0.01)
     if reader.crashed:
         raise reader.crashed[0]
+    others = [lvl for lvl in chunk_levels if lvl != options.level]
+    if options.level != AUTO and others:
+        messages.append(f"{len(others)} of {len(chunk_levels)} chunks are not stored at "
+                        f"{options.level!r} (or failed their check): read at "
+                        f"{', '.join(sorted(set(others)))} instead")
     measured = reader.meter.MBps()
     if measured and not options.bandwidth_MBps:
         speeds.observe_read(source.kind, measured)
-
-    if n_restored == source.n_tokens and n_restored:
-        runtime.restore_buffer(state, tokens[:n_restored])
-    elif n_restored:  # the stored part ended early: only its first chunks are usable
-        kv = KVState(state.keys[:, :n_restored], state.values[:, :n_restored],
-                     np.arange(n_restored, dtype=np.int32), v_trans=lay.v_trans)
-        runtime.restore(kv, tokens[:n_restored])
-    else:
-        runtime.reset()
-    rest = tokens[n_restored:]
-    if rest:
-        # Chunks not restored are recomputed, reported per stored chunk size (or 256).
-        chunk = spans[0].token_end - spans[0].token_start if spans else 256
-        chunk_levels += [TEXT] * -(-len(rest) // max(1, chunk))
-        r0 = time.perf_counter()
-        runtime.prefill(rest, cancel=cancel, progress=None if progress is None else (
-            lambda done, total: progress(Progress("recompute", n_restored + done, len(tokens)))))
-        if len(rest) >= 64:
-            speeds.prefill_tps = len(rest) / (time.perf_counter() - r0)
-    return RestoreReport(
-        tokens=len(tokens),
-        restore_s=time.perf_counter() - t0,
-        bytes_read=reader.meter.bytes,
-        chunk_levels=chunk_levels,
-        recomputed_tokens=len(rest),
-        messages=messages,
-        source=source.kind,
-    )
+    return n_read, reader.meter.bytes

@@ -17,12 +17,15 @@ from .errors import (
     SchemaVersionError,
     StoreError,
 )
-from .kv import EntryWriter
-from .records import Chat, Document, Entry, Message, Model, PrefixMatch, Span
+from .kv import BackgroundWriter, EntryWriter
+from .records import CalibrationRecord, Chat, Document, Entry, Message, Model, PrefixMatch, Span
 from .remote import RemoteConfig, RemoteTier
-from .store import Store
+from .store import DEFAULT_CHUNK_SIZE, Store
 
 __all__ = [
+    "DEFAULT_CHUNK_SIZE",
+    "BackgroundWriter",
+    "CalibrationRecord",
     "Chat",
     "CorruptChunkError",
     "CorruptObjectError",

@@ -12,27 +12,34 @@ This module must never let a reader see an incomplete entry, and never copy a pa
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
+import queue
+import socket
 import sqlite3
+import threading
 from collections.abc import Callable, Iterable
 
 from . import blobs
 from .db import Connections
 from .errors import IncompleteEntryError, NotFoundError
 from .records import Entry, PrefixMatch, Span
-from .tokens import chunk_spans, encode, prefix_hashes
+from .tokens import chunk_spans, decode, encode, prefix_hashes
 
 ENTRY_COLUMNS = (
     "id, model, token_start, token_end, parent_id, chunk_size, levels, nbytes,"
-    " document_id, chat_id, last_used, created"
+    " document_id, chat_id, last_used, created, prefix_hash, calibration"
 )
 # Under SQLite's default limit of host parameters per statement, with room for the others.
 _BATCH = 500
+MAX_TAIL_TOKENS = 4096  # longer than any chunk
 
 
 def entry_from_row(row: tuple) -> Entry:
-    *head, levels, nbytes, document_id, chat_id, last_used, created = row
-    return Entry(*head, tuple(json.loads(levels)), nbytes, document_id, chat_id, last_used, created)
+    *head, levels, nbytes, document_id, chat_id, last_used, created, prefix_hash, cal = row
+    return Entry(*head, tuple(json.loads(levels)), nbytes, document_id, chat_id, last_used,
+                 created, prefix_hash, cal)
 
 
 def get_entry(conn: sqlite3.Connection, entry_id: int) -> Entry:
@@ -66,6 +73,7 @@ def create_pending(
     document_id: int | None,
     chat_id: int | None,
     now: float,
+    calibration: str | None = None,
 ) -> int:
     """Insert an incomplete entry and its spans for `tokens` (the whole prefix); return its id."""
     if chunk_size <= 0 or not levels or len(set(levels)) != len(levels):
@@ -91,8 +99,8 @@ def create_pending(
             raise ValueError(f"the tokens do not start with parent entry {parent_id}'s tokens")
     entry_id = conn.execute(
         "INSERT INTO kv_entries (model, prefix_hash, token_start, token_end, parent_id,"
-        " chunk_size, levels, tokens, document_id, chat_id, last_used, created)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " chunk_size, levels, tokens, document_id, chat_id, last_used, created, writer_pid,"
+        " writer_host, calibration) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             fingerprint,
             hashes[-1],
@@ -106,6 +114,9 @@ def create_pending(
             chat_id,
             now,
             now,
+            os.getpid(),
+            socket.gethostname(),
+            calibration,
         ),
     ).lastrowid
     conn.executemany(
@@ -185,6 +196,42 @@ def longest_prefix(
     return PrefixMatch(entries=(), spans=(), n_tokens=0)
 
 
+def with_tail(conn: sqlite3.Connection, fingerprint: str, tokens: Iterable[int],
+              match: PrefixMatch, minimum: int) -> PrefixMatch:
+    """`match` with the stored chunk that continues it the furthest (at least `minimum`
+    tokens past the match) as its tail: the next chunk of its deepest entry, or the first chunk
+    of an entry extending it (of a root entry, when nothing matched)."""
+    encoded = encode(tokens)
+    n = match.n_tokens
+    query = encoded[n * 4 : (n + MAX_TAIL_TOKENS) * 4]
+    if len(query) < minimum * 4:
+        return match
+    last = match.entries[-1] if match.entries else None
+    if last is not None and last.token_end > n:  # the deepest entry goes on
+        candidates = [(last.id, last.token_start)]
+    else:
+        candidates = conn.execute(
+            "SELECT id, token_start FROM kv_entries WHERE complete AND model = ? AND"
+            " token_start = ? AND parent_id IS ?", (fingerprint, n, last.id if last else None)
+        ).fetchall()
+    best: tuple[int, Span, bytes] | None = None
+    for entry_id, start in candidates:
+        span = conn.execute(
+            "SELECT entry_id, chunk_index, token_start, token_end FROM kv_spans"
+            " WHERE entry_id = ? AND token_start = ?", (entry_id, n)).fetchone()
+        (own,) = conn.execute("SELECT tokens FROM kv_entries WHERE id = ?",
+                              (entry_id,)).fetchone()
+        stored = own[(span[2] - start) * 4 : (span[3] - start) * 4]
+        common = len(os.path.commonprefix([stored, query])) // 4
+        if common >= minimum and (best is None or common > best[0]):
+            best = (common, Span(*span), stored)
+    if best is None:
+        return match
+    common, span, stored = best
+    return dataclasses.replace(match, tail=span, tail_tokens=tuple(decode(stored)),
+                               tail_match=common)
+
+
 def _match(conn: sqlite3.Connection, entry_id: int, n_tokens: int) -> PrefixMatch:
     entries = chain(conn, entry_id)
     spans = tuple(
@@ -225,6 +272,38 @@ def subtree(conn: sqlite3.Connection, entry_id: int) -> list[tuple[int, bool, in
         " FROM sub JOIN kv_entries k ON k.id = sub.id ORDER BY sub.depth, k.id",
         (entry_id,),
     ).fetchall()
+
+
+def level_bytes(conn: sqlite3.Connection, chunks: list[tuple[int, int]]) -> dict[str, int]:
+    """{level: bytes} summed over (entry, chunk index) pairs."""
+    out: dict[str, int] = {}
+    step = _BATCH // 2
+    for offset in range(0, len(chunks), step):
+        batch = chunks[offset : offset + step]
+        rows = conn.execute(
+            "SELECT level, sum(nbytes) FROM kv_chunks WHERE NOT quarantined AND"
+            f" (entry_id, chunk_index) IN (VALUES {','.join(['(?, ?)'] * len(batch))})"
+            " GROUP BY level",
+            [x for pair in batch for x in pair],
+        )
+        for level, nbytes in rows:
+            out[level] = out.get(level, 0) + nbytes
+    return out
+
+
+def entry_level_bytes(conn: sqlite3.Connection, entry_ids: list[int]) -> dict[int, dict[str, int]]:
+    """{entry id: {level: bytes}} of whole entries."""
+    out: dict[int, dict[str, int]] = {}
+    for offset in range(0, len(entry_ids), _BATCH):
+        batch = entry_ids[offset : offset + _BATCH]
+        rows = conn.execute(
+            "SELECT entry_id, level, sum(nbytes) FROM kv_chunks WHERE NOT quarantined"
+            f" AND entry_id IN ({','.join('?' * len(batch))}) GROUP BY entry_id, level",
+            batch,
+        )
+        for entry_id, level, nbytes in rows:
+            out.setdefault(entry_id, {})[level] = nbytes
+    return out
 
 
 def touch(conn: sqlite3.Connection, entry_ids: Iterable[int], now: float) -> None:
@@ -294,3 +373,41 @@ class EntryWriter:
             self.abort()
         elif self.entry is None:
             self.finish()
+
+
+class BackgroundWriter:
+    """Puts an EntryWriter's chunks on a thread of its own, in the order given.
+
+    Encoding (CPU) or fetching (network) then never waits on a durable write (mostly fsync).
+    The first failure stops the writing; `put` raises it on the caller's thread, and so does
+    `close(raise_failure=True)`, which waits for every chunk put before it.
+    """
+
+    def __init__(self, writer: EntryWriter, maxsize: int = 0):
+        self.failure: BaseException | None = None
+        self._writer = writer
+        self._queue: queue.Queue = queue.Queue(maxsize)
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="kv-writer", daemon=True)
+        self._thread.start()
+
+    def put(self, chunk_index: int, level: str, data: bytes | memoryview) -> None:
+        if self.failure is not None:
+            raise self.failure
+        self._queue.put((chunk_index, level, data))
+
+    def close(self, *, raise_failure: bool = True) -> None:
+        if not self._closed:
+            self._closed = True
+            self._queue.put(None)
+            self._thread.join()
+        if raise_failure and self.failure is not None:
+            raise self.failure
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            if self.failure is None:
+                try:
+                    self._writer.put_chunk(*item)
+                except BaseException as e:  # handed to the caller's thread
+                    self.failure = e

@@ -64,6 +64,8 @@ class Entry:
     chat_id: int | None
     last_used: float
     created: float
+    prefix_hash: bytes  # store.tokens.prefix_hashes of tokens[0:token_end]: the entry's name
+    calibration: str | None = None  # id of the codec calibration its chunks need
 
     @property
     def n_chunks(self) -> int:
@@ -86,12 +88,18 @@ class PrefixMatch:
 
     `entries` runs from the root (a document's entry) to the deepest entry used; the last one may
     be covered only in part (its first few chunks). `spans` lists, in token order, exactly the
-    chunks covering tokens [0, n_tokens).
+    chunks covering tokens [0, n_tokens); `tail`, when set, is the chunk after them that
+    continues the query for a while (found only when lookups ask for it).
     """
 
     entries: tuple[Entry, ...]
     spans: tuple[Span, ...]
     n_tokens: int
+    # The stored chunk after the match whose first `tail_tokens` tokens continue it (a chunk
+    # is read whole, then the context is cut back: KV of a token depends only on those before).
+    tail: Span | None = None
+    tail_tokens: tuple[int, ...] = ()  # all of that chunk's stored tokens
+    tail_match: int = 0  # how many of them equal the query's
 
     @property
     def parent(self) -> Entry | None:
@@ -100,3 +108,14 @@ class PrefixMatch:
             if entry.token_end <= self.n_tokens:
                 return entry
         return None
+
+
+@dataclass(frozen=True)
+class CalibrationRecord:
+    """A stored codec calibration (its bytes: Store.calibration(id))."""
+
+    id: str
+    model: str
+    nbytes: int
+    meta: dict
+    created: float

@@ -13,11 +13,14 @@ the rest of its entry.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from collections.abc import Callable
+from pathlib import Path
 
-from .errors import SchemaVersionError
+from .errors import ReadOnlyError, SchemaVersionError
+from .tokens import encode as encode_tokens
 
 M001_INITIAL = """
 CREATE TABLE models (
@@ -54,7 +57,7 @@ CREATE TABLE messages (
     chat_id INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
     role TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant')),
     text TEXT NOT NULL,
-    stats TEXT,                         -- JSON, e.g. tokens/s, or NULL
+    stats TEXT,                         -- JSON: how the answer was made (time to first token...)
     created REAL NOT NULL,
     updated REAL NOT NULL
 );
@@ -110,14 +113,127 @@ CREATE TABLE settings (
 """
 
 
+def _statements(script: str) -> list[str]:
+    """The statements of a migration script (no semicolons inside its comments or strings)."""
+    return [s for s in script.split(";") if s.strip()]
+
+
 def m001_initial(conn: sqlite3.Connection) -> None:
-    for statement in M001_INITIAL.split(";"):
-        if statement.strip():
-            conn.execute(statement)
+    for statement in _statements(M001_INITIAL):
+        conn.execute(statement)
+
+
+M002_MESSAGE_TOKENS = """
+CREATE TABLE message_tokens (
+    message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+    model TEXT NOT NULL REFERENCES models(fingerprint) ON DELETE CASCADE,
+    tokens BLOB NOT NULL,               -- the message's exact tokens under that model, uint32 LE
+    PRIMARY KEY (message_id, model)
+) WITHOUT ROWID
+"""
+
+
+def m002_message_tokens(conn: sqlite3.Connection) -> None:
+    """Message tokens move out of the stats JSON into a table keyed by model.
+
+    Tokens stored before were not labelled with their model: they are given the model of the
+    chat's newest KV entry (the one they were cached under), or the only model the store knows;
+    with neither, they are dropped, and the chat is tokenized again from its text when used.
+    """
+    conn.execute(M002_MESSAGE_TOKENS)
+    known = [row[0] for row in conn.execute("SELECT fingerprint FROM models")]
+    rows = conn.execute(
+        "SELECT id, chat_id, stats FROM messages WHERE stats LIKE '%\"tokens\"%'"
+    ).fetchall()
+    for message_id, chat_id, stats in rows:
+        data = json.loads(stats)
+        tokens = data.pop("tokens", None)
+        newest = conn.execute(
+            "SELECT model FROM kv_entries WHERE chat_id = ? ORDER BY created DESC LIMIT 1",
+            (chat_id,),
+        ).fetchone()
+        model = newest[0] if newest else (known[0] if len(known) == 1 else None)
+        if isinstance(tokens, list) and model is not None:
+            conn.execute(
+                "INSERT OR REPLACE INTO message_tokens VALUES (?, ?, ?)",
+                (message_id, model, encode_tokens(tokens)),
+            )
+        conn.execute(
+            "UPDATE messages SET stats = ? WHERE id = ?",
+            (json.dumps(data) if data else None, message_id),
+        )
+
+
+M003_INTEGRITY = """
+ALTER TABLE kv_chunks ADD COLUMN sha256 BLOB;  -- of data, checked on every read (NULL: from
+                                               -- before m003, checked by its CRC only)
+ALTER TABLE kv_chunks ADD COLUMN quarantined INTEGER NOT NULL DEFAULT 0;  -- failed a check:
+                                               -- never read again, verify --repair fixes it
+ALTER TABLE kv_entries ADD COLUMN writer_host TEXT;  -- while incomplete, with writer_pid
+CREATE TABLE documents_new (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,      -- never reused: an id someone holds stays theirs
+    content_hash TEXT NOT NULL UNIQUE,
+    title TEXT NOT NULL,
+    source_path TEXT,
+    type TEXT NOT NULL,
+    text TEXT NOT NULL,
+    n_tokens INTEGER,
+    created REAL NOT NULL
+);
+INSERT INTO documents_new SELECT * FROM documents;
+DROP TABLE documents;
+ALTER TABLE documents_new RENAME TO documents;
+CREATE TABLE chats_new (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    title TEXT NOT NULL,
+    created REAL NOT NULL,
+    updated REAL NOT NULL
+);
+INSERT INTO chats_new SELECT * FROM chats;
+DROP TABLE chats;
+ALTER TABLE chats_new RENAME TO chats;
+CREATE TABLE document_tokens (
+    document_id INTEGER NOT NULL REFERENCES documents(id) ON DELETE CASCADE,
+    model TEXT NOT NULL REFERENCES models(fingerprint) ON DELETE CASCADE,
+    tokens INTEGER NOT NULL,            -- the document's own tokens under that model
+    kept_tokens INTEGER NOT NULL,       -- how many fit its context (the rest was left out)
+    PRIMARY KEY (document_id, model)
+) WITHOUT ROWID
+"""
+
+
+def m003_integrity(conn: sqlite3.Connection) -> None:
+    """Per-chunk SHA-256 and quarantine; the writer's host beside its pid; document and chat
+    ids never reused (AUTOINCREMENT: the tables are rebuilt, foreign keys off meanwhile);
+    each document's token counts per model."""
+    for statement in _statements(M003_INTEGRITY):
+        conn.execute(statement)
+
+
+M004_CALIBRATIONS = """
+CREATE TABLE calibrations (
+    id TEXT PRIMARY KEY,                -- SHA-256 (hex) of data: content-addressed, immutable
+    model TEXT NOT NULL,                -- the model fingerprint it was made for
+    data BLOB NOT NULL,                 -- opaque here (the codec's calibration bytes)
+    meta TEXT NOT NULL,                 -- JSON summary for listings, or {}
+    created REAL NOT NULL
+);
+CREATE INDEX calibrations_model ON calibrations(model, created);
+ALTER TABLE kv_entries ADD COLUMN calibration TEXT;  -- the calibration its chunks need, or NULL
+"""
+
+
+def m004_calibrations(conn: sqlite3.Connection) -> None:
+    """Per-model codec calibrations, and the one each KV entry's chunks were encoded with."""
+    for statement in _statements(M004_CALIBRATIONS):
+        conn.execute(statement)
 
 
 MIGRATIONS: list[tuple[str, Callable[[sqlite3.Connection], None]]] = [
     ("m001_initial", m001_initial),
+    ("m002_message_tokens", m002_message_tokens),
+    ("m003_integrity", m003_integrity),
+    ("m004_calibrations", m004_calibrations),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -129,25 +245,35 @@ def schema_version(conn: sqlite3.Connection) -> int:
 def migrate(conn: sqlite3.Connection, target: int = SCHEMA_VERSION) -> list[str]:
     """Bring the database up to `target` (default: the latest); return the names applied."""
     applied = []
-    while True:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            version = _check_known(conn)
-            if version >= target:
+    # Off while migrating (it can only change outside a transaction): rebuilding a table
+    # would otherwise cascade its DROP to every row referring to it. Each migration ends
+    # with a full foreign key check instead.
+    conn.execute("PRAGMA foreign_keys = OFF")
+    try:
+        while True:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                version = _check_known(conn)
+                if version >= target:
+                    conn.execute("COMMIT")
+                    return applied
+                name, apply = MIGRATIONS[version]
+                conn.execute(
+                    "CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied REAL)"
+                )
+                apply(conn)
+                broken = conn.execute("PRAGMA foreign_key_check").fetchall()
+                if broken:
+                    raise SchemaVersionError(f"migration {name} broke foreign keys: {broken[:3]}")
+                conn.execute("INSERT INTO migrations VALUES (?, ?)", (name, time.time()))
+                conn.execute(f"PRAGMA user_version = {version + 1}")
                 conn.execute("COMMIT")
-                return applied
-            name, apply = MIGRATIONS[version]
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied REAL)"
-            )
-            apply(conn)
-            conn.execute("INSERT INTO migrations VALUES (?, ?)", (name, time.time()))
-            conn.execute(f"PRAGMA user_version = {version + 1}")
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        applied.append(name)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            applied.append(name)
+    finally:
+        conn.execute("PRAGMA foreign_keys = ON")
 
 
 def _check_known(conn: sqlite3.Connection) -> int:
@@ -174,3 +300,10 @@ def _check_known(conn: sqlite3.Connection) -> int:
     if version == 0 and conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
         raise SchemaVersionError("the database is not an empty file nor a kvdesk store")
     return version
+
+
+def check_current(conn: sqlite3.Connection, data_dir: Path) -> None:
+    """A read-only store is read as it is: only at this version's schema."""
+    if schema_version(conn) != SCHEMA_VERSION:
+        raise ReadOnlyError(f"the data directory {data_dir} is read-only and its store needs an "
+                            "upgrade: open it once where it can be written")

@@ -10,38 +10,59 @@ the codec: KV chunks are opaque bytes at named levels.
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-import sqlite_utils
-
-from . import blobs, kv, quota
-from .db import Connections
-from .errors import NotFoundError
-from .records import Chat, Document, Entry, Message, Model, PrefixMatch
-from .schema import migrate, schema_version
+from . import blobs, calibrations, integrity, kv, library, quota
+from .db import Connections, prepare_data_dir
+from .errors import CorruptChunkError, DataDirError, NotFoundError
+from .library import LibraryStore
+from .locks import ChatLocks
+from .records import CalibrationRecord, Entry, Model, PrefixMatch, Span
+from .schema import check_current, migrate, schema_version
 from .tokens import decode
 
 DB_NAME = "kvdesk.sqlite"
 DEFAULT_CHUNK_SIZE = 256
 
 
-class Store:
-    """Persistent state of one data directory. Close it (or use `with`) when done."""
+class Store(LibraryStore):
+    """Persistent state of one data directory. Close it (or use `with`) when done.
+
+    Documents, chats and messages: `LibraryStore` (store.library); KV entries, integrity and
+    quota: here.
+    """
 
     def __init__(self, data_dir: str | Path, *, clock: Callable[[], float] = time.time):
         self.data_dir = Path(data_dir)
-        self.data_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.data_dir / DB_NAME
         self._clock = clock
-        self._db = Connections(self.path)
+        self._db = Connections(self.path, read_only=prepare_data_dir(self.data_dir, self.path))
+        self._chat_locks = ChatLocks(self.data_dir / "locks")
         try:
-            migrate(self._db.get().conn)
+            if self.read_only:
+                check_current(self._db.get().conn, self.data_dir)
+            else:
+                migrate(self._db.get().conn)
+        except sqlite3.DatabaseError as e:
+            self._db.close()
+            # Not a database, a damaged one, or one the file system will not let SQLite open;
+            # any other error (a bad statement) is a bug and keeps its traceback.
+            if isinstance(e, sqlite3.OperationalError) and not any(
+                    why in str(e) for why in ("unable to open", "readonly", "disk I/O")):
+                raise
+            raise DataDirError(f"{self.path} cannot be opened as a kvdesk store ({e})") from e
         except BaseException:
             self._db.close()
             raise
+
+    @property
+    def read_only(self) -> bool:
+        """True for a data directory this process cannot write: reads work, writes raise."""
+        return self._db.read_only
 
     def close(self) -> None:
         self._db.close()
@@ -58,8 +79,13 @@ class Store:
 
     # -- models --------------------------------------------------------------------------------
 
-    def register_model(self, fingerprint: str, path: str, layout: dict[str, Any]) -> Model:
-        """Record (or update the path and layout of) the model KV entries are keyed by."""
+    def register_model(self, fingerprint: str, path: str, layout: dict[str, Any]) -> Model | None:
+        """Record (or update the path and layout of) the model KV entries are keyed by.
+
+        A read-only store records nothing (nothing can be stored under the model either).
+        """
+        if self.read_only:
+            return None
         with self._db.write() as db:
             db.execute(
                 "INSERT INTO models VALUES (?, ?, ?, ?) ON CONFLICT (fingerprint)"
@@ -69,134 +95,8 @@ class Store:
         return self.model(fingerprint)
 
     def model(self, fingerprint: str) -> Model:
-        row = _get(self._db.get()["models"], fingerprint, "model")
+        row = library.get(self._db.get()["models"], fingerprint, "model")
         return Model(**{**row, "layout": json.loads(row["layout"])})
-
-    # -- documents -----------------------------------------------------------------------------
-
-    def add_document(
-        self,
-        content_hash: str,
-        title: str,
-        text: str,
-        *,
-        type: str,
-        source_path: str | None = None,
-        n_tokens: int | None = None,
-    ) -> Document:
-        """Store a document, or return the one already stored with the same content hash."""
-        with self._db.write() as db:
-            existing = db.execute(
-                "SELECT id FROM documents WHERE content_hash = ?", (content_hash,)
-            ).fetchone()
-            if existing is None:
-                record = {
-                    "content_hash": content_hash,
-                    "title": title,
-                    "source_path": source_path,
-                    "type": type,
-                    "text": text,
-                    "n_tokens": n_tokens,
-                    "created": self._clock(),
-                }
-                document_id = db["documents"].insert(record).last_pk
-            else:
-                document_id = existing[0]
-        return self.document(document_id)
-
-    def document(self, document_id: int) -> Document:
-        return Document(**_get(self._db.get()["documents"], document_id, "document"))
-
-    def documents(self) -> list[Document]:
-        return [Document(**row) for row in self._db.get()["documents"].rows_where(order_by="id")]
-
-    def delete_document(self, document_id: int) -> None:
-        """Delete a document with its KV entries (and entries extending them) and chat links."""
-        self._delete("documents", document_id, "document")
-
-    # -- chats and messages --------------------------------------------------------------------
-
-    def create_chat(self, title: str, document_ids: Sequence[int] = ()) -> Chat:
-        now = self._clock()
-        with self._db.write() as db:
-            chat_id = db["chats"].insert({"title": title, "created": now, "updated": now}).last_pk
-            for document_id in document_ids:
-                _link(db, chat_id, document_id)
-        return self.chat(chat_id)
-
-    def chat(self, chat_id: int) -> Chat:
-        return Chat(**_get(self._db.get()["chats"], chat_id, "chat"))
-
-    def chats(self) -> list[Chat]:
-        """All chats, the most recently updated first."""
-        rows = self._db.get()["chats"].rows_where(order_by="updated DESC, id DESC")
-        return [Chat(**row) for row in rows]
-
-    def rename_chat(self, chat_id: int, title: str) -> Chat:
-        with self._db.write() as db:
-            _update(db, "chats", chat_id, "chat", title=title, updated=self._clock())
-        return self.chat(chat_id)
-
-    def delete_chat(self, chat_id: int) -> None:
-        """Delete a chat with its messages, document links and KV entries."""
-        self._delete("chats", chat_id, "chat")
-
-    def attach_document(self, chat_id: int, document_id: int) -> None:
-        with self._db.write() as db:
-            _link(db, chat_id, document_id)
-
-    def chat_documents(self, chat_id: int) -> list[Document]:
-        """The documents attached to a chat, in the order they were attached."""
-        rows = self._db.get().query(
-            "SELECT d.* FROM documents d JOIN chat_documents l ON l.document_id = d.id"
-            " WHERE l.chat_id = ? ORDER BY l.position",
-            (chat_id,),
-        )
-        return [Document(**row) for row in rows]
-
-    def add_message(
-        self, chat_id: int, role: str, text: str, stats: dict[str, Any] | None = None
-    ) -> Message:
-        now = self._clock()
-        with self._db.write() as db:
-            _get(db["chats"], chat_id, "chat")
-            record = {
-                "chat_id": chat_id,
-                "role": role,
-                "text": text,
-                "stats": _json(stats),
-                "created": now,
-                "updated": now,
-            }
-            message_id = db["messages"].insert(record).last_pk
-            _update(db, "chats", chat_id, "chat", updated=now)
-        return self.message(message_id)
-
-    def update_message(
-        self, message_id: int, *, text: str | None = None, stats: dict[str, Any] | None = None
-    ) -> Message:
-        """Replace a message's text and/or stats (e.g. as an answer streams in)."""
-        changes: dict[str, Any] = {"updated": self._clock()}
-        if text is not None:
-            changes["text"] = text
-        if stats is not None:
-            changes["stats"] = _json(stats)
-        with self._db.write() as db:
-            _update(db, "messages", message_id, "message", **changes)
-        return self.message(message_id)
-
-    def delete_message(self, message_id: int) -> None:
-        """Remove one message (e.g. an answer being regenerated)."""
-        with self._db.write() as db:
-            if not db.execute("DELETE FROM messages WHERE id = ?", (message_id,)).rowcount:
-                raise NotFoundError(f"no message {message_id}")
-
-    def message(self, message_id: int) -> Message:
-        return _message(_get(self._db.get()["messages"], message_id, "message"))
-
-    def messages(self, chat_id: int) -> list[Message]:
-        rows = self._db.get()["messages"].rows_where("chat_id = ?", [chat_id], order_by="id")
-        return [_message(row) for row in rows]
 
     # -- settings ------------------------------------------------------------------------------
 
@@ -229,12 +129,14 @@ class Store:
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         document_id: int | None = None,
         chat_id: int | None = None,
+        calibration: str | None = None,
     ) -> kv.EntryWriter:
         """Start writing the KV entry for `tokens` (the whole prefix, parent's tokens included).
 
         The entry covers tokens [parent.token_end, len(tokens)), cut into chunks of chunk_size;
         `writer.spans` says which. Put every chunk at every level, then leave the `with` block
-        (or call finish()). Deleting its document or chat deletes the entry.
+        (or call finish()). Deleting its document or chat deletes the entry. `calibration`:
+        the id of the stored codec calibration its chunks need (put_calibration), if any.
         """
         levels = tuple(levels)
         with self._db.write() as db:
@@ -248,15 +150,24 @@ class Store:
                 document_id=document_id,
                 chat_id=chat_id,
                 now=self._clock(),
+                calibration=calibration,
             )
         return kv.EntryWriter(self._db, entry_id, levels, self._clock, self._enforce_budget)
 
     def longest_prefix(
-        self, fingerprint: str, tokens: Iterable[int], *, touch: bool = True
+        self, fingerprint: str, tokens: Iterable[int], *, touch: bool = True,
+        tail_minimum: int | None = None,
     ) -> PrefixMatch:
-        """The stored chain covering the longest prefix of `tokens`; marks its entries used."""
+        """The stored chain covering the longest prefix of `tokens`; marks its entries used.
+
+        With `tail_minimum`, also the chunk that continues the match for at least that many
+        more tokens, if one does (PrefixMatch.tail): a restore reads it and cuts it back.
+        """
+        tokens = list(tokens)
         with self._db.read() as db:
             match = kv.longest_prefix(db.conn, fingerprint, tokens)
+            if tail_minimum is not None:
+                match = kv.with_tail(db.conn, fingerprint, tokens, match, tail_minimum)
         if touch and match.entries:
             self.touch(entry.id for entry in match.entries)
         return match
@@ -287,6 +198,11 @@ class Store:
         )
         return [kv.entry_from_row(row) for row in rows]
 
+    def spans(self, entry_id: int) -> tuple[Span, ...]:
+        """An entry's chunks: which tokens each covers."""
+        with self._db.read() as db:
+            return kv.entry_spans(db.conn, entry_id)
+
     def tokens(self, entry_id: int) -> list[int]:
         """The whole token prefix an entry caches: its ancestors' tokens, then its own."""
         with self._db.read() as db:
@@ -309,18 +225,34 @@ class Store:
         with self._db.read() as db:
             rows = db.execute(
                 "SELECT entry_id, chunk_index, level, nbytes FROM kv_chunks"
-                f" WHERE entry_id IN ({marks})",
+                f" WHERE entry_id IN ({marks}) AND NOT quarantined",
                 ids,
             ).fetchall()
         return {(e, c, lvl): n for e, c, lvl, n in rows}
 
-    def read_chunk(self, entry_id: int, chunk_index: int, level: str) -> bytes:
-        """One chunk's bytes, checksum verified (CorruptChunkError); reads nothing else."""
+    def level_bytes(self, spans: Iterable[Span]) -> dict[str, int]:
+        """{level: bytes} of these chunks in all (e.g. a prefix match's): sizes, not data."""
         with self._db.read() as db:
-            return blobs.read(db.conn, entry_id, chunk_index, level)
+            return kv.level_bytes(db.conn, [(s.entry_id, s.chunk_index) for s in spans])
+
+    def entry_level_bytes(self, entry_ids: Iterable[int]) -> dict[int, dict[str, int]]:
+        """{entry id: {level: bytes}} of whole entries."""
+        with self._db.read() as db:
+            return kv.entry_level_bytes(db.conn, list(entry_ids))
+
+    def read_chunk(self, entry_id: int, chunk_index: int, level: str) -> bytes:
+        """One chunk's bytes, checked; reads nothing else. A chunk that fails its check is
+        quarantined (never read again) and CorruptChunkError raised."""
+        try:
+            with self._db.read() as db:
+                return blobs.read(db.conn, entry_id, chunk_index, level)
+        except CorruptChunkError:
+            integrity.quarantine(self._db, entry_id, chunk_index, level)
+            raise
 
     def repair_chunk(self, entry_id: int, chunk_index: int, level: str, data: bytes) -> None:
-        """Replace a chunk's bytes, e.g. recomputed after a CorruptChunkError."""
+        """Replace a chunk's bytes, e.g. recomputed after a CorruptChunkError (its quarantine
+        ends)."""
         with self._db.write() as db:
             kv.get_entry(db.conn, entry_id)
             if not db.execute(
@@ -331,7 +263,9 @@ class Store:
             blobs.put(db.conn, entry_id, chunk_index, level, data)
 
     def touch(self, entry_ids: Iterable[int]) -> None:
-        """Mark entries used now (the LRU order eviction follows)."""
+        """Mark entries used now (the LRU order eviction follows); not in a read-only store."""
+        if self.read_only:
+            return
         with self._db.write() as db:
             kv.touch(db.conn, entry_ids, self._clock())
 
@@ -342,6 +276,28 @@ class Store:
             db.execute("DELETE FROM kv_entries WHERE id = ?", (entry_id,))
         self._reclaim()
         return [deleted for deleted, _, _ in tree]
+
+    # -- codec calibrations ----------------------------------------------------------------------
+
+    def put_calibration(self, model: str, data: bytes, meta: dict | None = None) -> str:
+        """Keep a codec calibration made for `model` (content-addressed); returns its id."""
+        with self._db.write() as db:
+            return calibrations.put(db.conn, model, data, meta or {}, self._clock())
+
+    def calibration(self, cal_id: str) -> bytes:
+        """A calibration's bytes, checked against its id (NotFoundError, CorruptObjectError)."""
+        with self._db.read() as db:
+            return calibrations.read(db.conn, cal_id)
+
+    def calibrations(self, model: str | None = None) -> list[CalibrationRecord]:
+        """Stored calibrations (of one model), the newest first."""
+        with self._db.read() as db:
+            return calibrations.records(db.conn, model)
+
+    def delete_calibration(self, cal_id: str) -> None:
+        """Remove a calibration that no KV entry needs."""
+        with self._db.write() as db:
+            calibrations.delete(db.conn, cal_id)
 
     # -- quota and integrity -------------------------------------------------------------------
 
@@ -362,27 +318,27 @@ class Store:
         return report
 
     def verify(self) -> dict:
-        """Check every chunk of every complete entry against its checksum.
+        """Check every chunk of every complete entry; quarantine what fails (store.integrity).
 
         Returns {"entries": n, "chunks": n, "bytes": n,
-        "corrupt": [{"entry": id, "chunk": i, "level": name}]}.
+        "corrupt": [{"entry": id, "chunk": i, "level": name, "new": bool}]}.
         """
-        with self._db.read() as db:
-            rows = blobs.chunk_rows(db.conn)
-            (n_entries,) = db.execute("SELECT count(*) FROM kv_entries WHERE complete").fetchone()
-        n_chunks = n_bytes = 0
-        corrupt = []
-        for rowid, entry_id, chunk_index, level, nbytes in rows:
-            # One short read transaction per chunk: a scan of many GB must not pin the WAL.
-            with self._db.read() as db:
-                intact = blobs.is_intact(db.conn, rowid)
-            if intact is None:
-                continue
-            n_chunks += 1
-            n_bytes += nbytes
-            if not intact:
-                corrupt.append({"entry": entry_id, "chunk": chunk_index, "level": level})
-        return {"entries": n_entries, "chunks": n_chunks, "bytes": n_bytes, "corrupt": corrupt}
+        return integrity.verify(self._db)
+
+    def quarantined(self) -> list[tuple[int, int, str]]:
+        """(entry, chunk, level) of every chunk set aside after a failed check."""
+        return integrity.quarantined(self._db)
+
+    def damaged(self, entry_ids: Iterable[int]) -> dict[int, int]:
+        """{entry id: quarantined chunks}, for the entries that have any."""
+        return integrity.damaged(self._db, entry_ids)
+
+    def drop_chunk(self, entry_id: int, chunk_index: int, level: str) -> list[int]:
+        """Remove a chunk that cannot be repaired (an entry left without it at any level goes,
+        with the entries extending it); returns the ids of the entries deleted."""
+        deleted = integrity.drop(self._db, entry_id, chunk_index, level)
+        self._reclaim()
+        return deleted
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -391,11 +347,8 @@ class Store:
             self.gc()
 
     def _delete(self, table: str, row_id: int, what: str) -> None:
-        # Foreign keys cascade: documents/chats -> their KV entries -> entries extending those
-        # -> spans -> chunks; chats -> messages; either -> chat_documents. Nothing is left over.
         with self._db.write() as db:
-            if not db.execute(f"DELETE FROM {table} WHERE id = ?", (row_id,)).rowcount:
-                raise NotFoundError(f"no {what} {row_id}")
+            library.delete(db, table, row_id, what)
         self._reclaim()
 
     def _reclaim(self) -> None:
@@ -404,31 +357,3 @@ class Store:
         self._db.get().conn.executescript("PRAGMA incremental_vacuum")
 
 
-def _get(table: sqlite_utils.db.Table, key: Any, what: str) -> dict:
-    try:
-        return table.get(key)
-    except sqlite_utils.db.NotFoundError:
-        raise NotFoundError(f"no {what} {key!r}") from None
-
-
-def _update(db: sqlite_utils.Database, table: str, row_id: int, what: str, **changes) -> None:
-    _get(db[table], row_id, what)
-    db[table].update(row_id, changes)
-
-
-def _link(db: sqlite_utils.Database, chat_id: int, document_id: int) -> None:
-    _get(db["documents"], document_id, "document")
-    (position,) = db.execute(
-        "SELECT count(*) FROM chat_documents WHERE chat_id = ?", (chat_id,)
-    ).fetchone()
-    db.execute(
-        "INSERT OR IGNORE INTO chat_documents VALUES (?, ?, ?)", (chat_id, document_id, position)
-    )
-
-
-def _json(value: Any) -> str | None:
-    return None if value is None else json.dumps(value)
-
-
-def _message(row: dict) -> Message:
-    return Message(**{**row, "stats": None if row["stats"] is None else json.loads(row["stats"])})

@@ -7,15 +7,18 @@ copies it into a pending local entry (`LocalCopy`) that becomes an ordinary entr
 every chunk is in: a partial copy is never visible locally, whatever interrupts it. A
 streaming restore feeds the same LocalCopy with the chunks it reads, so what it read is kept.
 
+An entry whose chunks need a codec calibration takes it along: push uploads the calibration
+object (content-addressed, immutable) before the manifest, and a pull or a streaming copy
+fetches it (`fetch_calibration`) into the local store before anything decodes.
+
 Only documents' root entries travel; chats never leave the machine. This module must never
 load an object under another fingerprint than the one asked for, and never write a manifest
-before every chunk object it names is stored.
+before every object it names (chunks, calibration) is stored.
 """
 
 from __future__ import annotations
 
 import itertools
-import queue
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -23,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 from .errors import CorruptChunkError, CorruptObjectError, NotFoundError, RemoteError
+from .kv import BackgroundWriter
 from .manifest import ChunkObject, Manifest, RemoteDocument
 from .records import Document, Entry
 from .remote import RemoteTier, sha256
@@ -49,10 +53,9 @@ def document_entries(store: Store, fingerprint: str) -> list[Entry]:
             if e.model == fingerprint and e.parent_id is None and e.document_id is not None]
 
 
-def entry_id_of(store: Store, entry: Entry) -> tuple[int, bytes]:
+def entry_id_of(entry: Entry) -> tuple[int, bytes]:
     """(token_end, prefix hash): how the remote tier names an entry."""
-    encoded = encode(store.tokens(entry.id))
-    return entry.token_end, prefix_hashes(entry.model, encoded, [entry.token_end])[0]
+    return entry.token_end, entry.prefix_hash
 
 
 def remote_index(tier: RemoteTier, fingerprint: str) -> dict[tuple[int, bytes], str]:
@@ -103,11 +106,15 @@ def push(store: Store, tier: RemoteTier, entry: Entry, *,
          progress: ProgressFn | None = None) -> Transfer:
     """Upload a document entry: its missing chunk objects, then its manifest (idempotent)."""
     fingerprint = entry.model
-    token_end, prefix_hash = entry_id_of(store, entry)
+    token_end, prefix_hash = entry_id_of(entry)
     document = store.document(entry.document_id)
     if _has_manifest(tier, fingerprint, token_end, prefix_hash):
         return Transfer(document.title, token_end, 0, 0, skipped=True)
     present = tier.list_folder(tier.entry_folder(fingerprint, prefix_hash))
+    if entry.calibration is not None:
+        key = tier.calibration_key(fingerprint, entry.calibration)
+        if not tier.exists(key):  # content-addressed: one already there is the same
+            tier.put(key, store.calibration(entry.calibration))
     work = [(i, level) for i in range(entry.n_chunks) for level in entry.levels]
     done = itertools.count(1)
 
@@ -136,6 +143,7 @@ def push(store: Store, tier: RemoteTier, entry: Entry, *,
         document=RemoteDocument(document.content_hash, document.title, document.type,
                                 document.n_tokens, document.text),
         created=time.time(),
+        calibration=entry.calibration,
     )
     # Last: until this object exists the entry is invisible to every other machine.
     tier.put(tier.manifest_key(fingerprint, token_end, prefix_hash), manifest.to_json())
@@ -153,6 +161,20 @@ def _has_manifest(tier: RemoteTier, fingerprint: str, token_end: int, prefix_has
 
 
 # -- pull ------------------------------------------------------------------------------------
+
+
+def fetch_calibration(store: Store, tier: RemoteTier, manifest: Manifest) -> str | None:
+    """Make the calibration a manifest's chunks need a local one (fetched, checked against
+    its SHA-256, stored) and return its id; None if they need none."""
+    cal_id = manifest.calibration
+    if cal_id is None:
+        return None
+    try:
+        store.calibration(cal_id)
+    except NotFoundError:
+        data = tier.get(tier.calibration_key(manifest.fingerprint, cal_id), digest=cal_id)
+        store.put_calibration(manifest.fingerprint, data, {"from": "remote"})
+    return cal_id
 
 
 def add_document(store: Store, manifest: Manifest) -> Document:
@@ -181,16 +203,13 @@ class LocalCopy:
         self.document_id = document_id or add_document(store, manifest).id
         self._writer = store.write_entry(manifest.fingerprint, manifest.tokens,
                                          levels=self.levels, chunk_size=manifest.chunk_size,
-                                         document_id=self.document_id)
+                                         document_id=self.document_id,
+                                         calibration=manifest.calibration)
         self.spans = self._writer.spans
         self._lock = threading.Lock()
         self._have: set[tuple[int, str]] = set()
         self._closed = False
-        self._failure: BaseException | None = None
-        self._queue: queue.Queue = queue.Queue()
-        self._thread = threading.Thread(target=self._store_chunks, name="kv-remote-copy",
-                                        daemon=True)
-        self._thread.start()
+        self._chunks = BackgroundWriter(self._writer)
 
     def add(self, chunk_index: int, level: str, data: bytes) -> None:
         """Keep a chunk read from the remote tier (already checked); ignored once closed."""
@@ -198,7 +217,7 @@ class LocalCopy:
             if self._closed or level not in self.levels or (chunk_index, level) in self._have:
                 return
             self._have.add((chunk_index, level))
-        self._queue.put((chunk_index, level, data))
+        self._chunks.put(chunk_index, level, data)
 
     def missing(self) -> list[tuple[int, str]]:
         with self._lock:
@@ -206,34 +225,21 @@ class LocalCopy:
                     if (span.chunk_index, level) not in self._have]
 
     def finish(self) -> Entry:
-        self._close()
         try:
-            if self._failure is not None:
-                raise self._failure
+            self._close(raise_failure=True)
             return self._writer.finish()
         except BaseException:
             self._writer.abort()
             raise
 
     def abort(self) -> None:
-        self._close()
+        self._close(raise_failure=False)
         self._writer.abort()
 
-    def _close(self) -> None:
+    def _close(self, *, raise_failure: bool) -> None:
         with self._lock:
-            if self._closed:
-                return
             self._closed = True
-        self._queue.put(None)
-        self._thread.join()
-
-    def _store_chunks(self) -> None:
-        while (item := self._queue.get()) is not None:
-            if self._failure is None:
-                try:
-                    self._writer.put_chunk(*item)
-                except BaseException as e:  # raised by finish(), on the caller's thread
-                    self._failure = e
+        self._chunks.close(raise_failure=raise_failure)
 
 
 def complete(tier: RemoteTier, copy: LocalCopy, *,
@@ -264,7 +270,9 @@ def complete(tier: RemoteTier, copy: LocalCopy, *,
 def pull(store: Store, tier: RemoteTier, manifest: Manifest, *,
          levels: Iterable[str] | None = None, document_id: int | None = None,
          progress: ProgressFn | None = None) -> Entry:
-    """Copy a remote entry (at `levels`, default all of its levels) into the local store."""
+    """Copy a remote entry (at `levels`, default all of its levels) into the local store,
+    with the calibration its chunks need."""
+    fetch_calibration(store, tier, manifest)
     copy = LocalCopy(store, manifest, levels, document_id=document_id)
     return complete(tier, copy, progress=progress)[0]
 
@@ -274,7 +282,7 @@ def pull(store: Store, tier: RemoteTier, manifest: Manifest, *,
 
 def status(store: Store, tier: RemoteTier, fingerprint: str) -> dict:
     """Whether the bucket answers, and this model's document entries on each side."""
-    local = {entry_id_of(store, e) for e in document_entries(store, fingerprint)}
+    local = {entry_id_of(e) for e in document_entries(store, fingerprint)}
     try:
         tier.check()
         remote = set(remote_index(tier, fingerprint))
@@ -311,7 +319,7 @@ def pull_all(store: Store, tier: RemoteTier, fingerprint: str, *, lazy: bool = F
     `lazy`: only add the documents, so that they can be asked about; their KV then streams
     from the tier on first use. A missing or corrupt object skips that entry.
     """
-    local = {entry_id_of(store, e) for e in document_entries(store, fingerprint)}
+    local = {entry_id_of(e) for e in document_entries(store, fingerprint)}
     pulled, failed, here = [], [], 0
     for (token_end, digest), key in sorted(remote_index(tier, fingerprint).items()):
         if (token_end, digest) in local:

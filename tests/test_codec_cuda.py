@@ -16,7 +16,7 @@ SCRIPT = textwrap.dedent("""
     import numpy as np
     import codec
     from codec import backend
-    from codec_helpers import custom, random_kv
+    from codec_helpers import calibration_of, custom, random_kv
 
     cuda, cpu = backend.get("cuda"), backend.get("cpu")
     assert backend.active().name == "cuda"
@@ -31,14 +31,30 @@ SCRIPT = textwrap.dedent("""
         want = codec.decode(blob, backend=cpu)
         for g, w in zip(got, want):
             assert np.array_equal(g.view(np.uint16), w.view(np.uint16)), level
+    big_k, big_v = random_kv((2, 12, 128), seed=12)
+    cal = calibration_of(big_k, big_v)
+    blob = codec.encode(big_k, big_v, "high", calibration=cal, backend=cpu)
+    assert codec.encode(big_k, big_v, "high", calibration=cal, backend=cuda) == blob
+    got = codec.decode(blob, backend=cuda, calibrations={cal.id: cal})
+    want = codec.decode(blob, backend=cpu, calibrations={cal.id: cal})
+    for g, w in zip(got, want):
+        assert np.array_equal(g.view(np.uint16), w.view(np.uint16)), "calibrated"
+    # A corrupt stream word under a valid checksum: both backends must agree on what it
+    # gives, the same refusal or the same values, never garbage of their own.
     bad = bytearray(codec.encode(keys, values, "balanced", backend=cpu))
     bad[-40] ^= 0xFF  # a stream word
     from codec_helpers import refresh_crc
-    try:
-        codec.decode(refresh_crc(bad), backend=cuda)
-    except codec.CodecError:
-        pass
-    print("cuda-sim ok")
+    bad = refresh_crc(bad)
+
+    def outcome(b):
+        try:
+            return tuple(a.view(np.uint16).tobytes() for a in codec.decode(bad, backend=b))
+        except codec.CodecError as e:
+            return ("refused", str(e))
+
+    got, want = outcome(cuda), outcome(cpu)
+    assert got == want, (got[:1], want[:1])
+    print("cuda-sim ok", "refused" if want[0] == "refused" else "decoded")
 """)
 
 

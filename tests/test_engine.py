@@ -8,8 +8,10 @@ import threading
 import pytest
 
 from desktop_app.documents import DocumentError
-from desktop_app.engine import Engine, EngineError
-from desktop_app.runtime import Cancelled, Runtime
+from desktop_app.engine import Engine
+from desktop_app.errors import Cancelled, EngineError
+from desktop_app.options import GenerationOptions, RestoreOptions
+from desktop_app.runtime import Runtime
 from store import Store
 
 pytestmark = pytest.mark.model
@@ -29,12 +31,38 @@ def make_engine(data_dir, model_path, model_hash, *, flash_attn=True, n_ctx=1024
     return Engine(Store(data_dir), factory, chunk_tokens=64)
 
 
+def close(eng: Engine) -> None:
+    eng.close()
+    eng.store.close()
+
+
+def ask(eng: Engine, question: str, *, doc: int | None = None, chat: int | None = None,
+        tokens: int = 16, **restore):
+    """One turn, in chat `chat` or a new chat about `doc`; keyword arguments of RestoreOptions."""
+    return eng.ask(question, chat_id=chat, doc_ids=[doc] if doc is not None else [],
+                   restore=RestoreOptions(**restore),
+                   generation=GenerationOptions(max_tokens=tokens))
+
+
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory, model_path, model_hash):
     eng = make_engine(tmp_path_factory.mktemp("engine"), model_path, model_hash)
     yield eng
-    eng.close()
-    eng.store.close()
+    close(eng)
+
+
+@pytest.fixture
+def new_engine(tmp_path, model_path, model_hash):
+    """make_engine(**options) on a data directory of this test's own; closed afterwards."""
+    made = []
+
+    def make(data_dir=tmp_path / "data", **options):
+        made.append(make_engine(data_dir, model_path, model_hash, **options))
+        return made[-1]
+
+    yield make
+    for eng in made:
+        close(eng)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +76,9 @@ def test_attach_stores_every_level(engine, doc_id):
     (info,) = [d for d in engine.documents() if d.doc_id == doc_id]
     assert info.status == "ready" and info.tokens > 50
     assert set(info.cache_bytes) == set(engine.levels)
-    raw = info.kept_tokens * engine.runtime.layout.kv_bytes_per_token
+    assert info.kept_tokens == info.tokens  # a short document: all of it fits
+    entry = engine.store.document_entry(doc_id, engine.fingerprint)
+    raw = entry.token_end * engine.runtime.layout.kv_bytes_per_token  # its whole prefix, fp16
     assert info.cache_bytes["compact"] < info.cache_bytes["high"] < info.cache_bytes["lossless"]
     assert info.cache_bytes["lossless"] < raw
 
@@ -64,8 +94,8 @@ def test_reattach_reuses_the_cache(engine, doc_id, tmp_path):
 
 def test_lossless_answers_exactly_like_recomputing(engine, doc_id):
     engine.runtime.reset()
-    cached = engine.ask(QUESTION, doc_id=doc_id, level="lossless", max_tokens=24)
-    fresh = engine.ask(QUESTION, doc_id=doc_id, no_cache=True, max_tokens=24)
+    cached = ask(engine, QUESTION, doc=doc_id, level="lossless", tokens=24)
+    fresh = ask(engine, QUESTION, doc=doc_id, no_cache=True, tokens=24)
     assert cached.recomputed_tokens == 0 and set(cached.chunk_levels) == {"lossless"}
     assert fresh.recomputed_tokens > 0 and set(fresh.chunk_levels) == {"text"}
     assert cached.answer == fresh.answer
@@ -73,21 +103,21 @@ def test_lossless_answers_exactly_like_recomputing(engine, doc_id):
 
 
 def test_chat_turns_reuse_the_document_and_reopen(engine, doc_id):
-    first = engine.ask("What was the lamp burning before 1902?", doc_id=doc_id, max_tokens=16)
+    first = ask(engine, "What was the lamp burning before 1902?", doc=doc_id, tokens=16)
     chat = first.chat_id
     doc_entry = engine.store.document_entry(doc_id, engine.fingerprint)
     chat_entries = [e for e in engine.store.entries() if e.chat_id == chat]
     assert chat_entries and all(e.parent_id is not None for e in chat_entries)
     assert chat_entries[0].parent_id == doc_entry.id  # document chunks reused, not copied
 
-    second = engine.ask("How tall is the tower?", chat_id=chat, max_tokens=16)
+    second = ask(engine, "How tall is the tower?", chat=chat, tokens=16)
     assert second.chat_id == chat and second.tokens_generated > 0
     engine.runtime.reset()  # as after a restart: nothing in the context
     report = engine.reopen(chat)
     assert report.recomputed_tokens == 0
     assert report.tokens == engine.runtime.n_tokens
     assert [m.role for m in engine.messages(chat)] == ["user", "assistant"] * 2
-    third = engine.ask("And the museum?", chat_id=chat, max_tokens=12)
+    third = ask(engine, "And the museum?", chat=chat, tokens=12)
     # The context was already loaded by reopen: nothing read, nothing recomputed.
     assert third.bytes_read == 0 and third.chunk_levels == [] and third.recomputed_tokens == 0
 
@@ -97,11 +127,11 @@ def test_a_question_typed_ahead_is_computed_before_it_is_sent(engine, doc_id):
     rt = engine.runtime
     plain_chat = engine.new_chat([doc_id]).chat_id
     rt.reset()
-    plain = engine.ask(question, chat_id=plain_chat, max_tokens=12)
+    plain = ask(engine, question, chat=plain_chat, tokens=12)
 
     chat = engine.new_chat([doc_id]).chat_id
     rt.reset()
-    context = engine.chat_prefix(rt, [engine.store.document(doc_id)])[1]
+    context = engine.prefix_tokens([doc_id])
     # Drafting brings the chat's context in, then only its finished words.
     report = engine.prepare("How tall is the to", chat_id=chat)
     assert report is not None and report.recomputed_tokens == 0
@@ -112,7 +142,7 @@ def test_a_question_typed_ahead_is_computed_before_it_is_sent(engine, doc_id):
     assert rt.tokens[len(context):] == ahead
     # An edited draft: what no longer matches is dropped, not kept.
     engine.prepare("What was the lamp burning before", chat_id=chat)
-    sent = engine.ask(question, chat_id=chat, max_tokens=12)
+    sent = ask(engine, question, chat=chat, tokens=12)
     assert sent.bytes_read == 0 and sent.chunk_levels == []
     assert sent.answer == plain.answer
 
@@ -121,13 +151,13 @@ def test_a_draft_sent_unchanged_answers_without_computing_anything(engine, doc_i
     question = "How tall is the tower?"
     plain_chat = engine.new_chat([doc_id]).chat_id
     engine.runtime.reset()
-    plain = engine.ask(question, chat_id=plain_chat, max_tokens=12)
+    plain = ask(engine, question, chat=plain_chat, tokens=12)
     chat = engine.new_chat([doc_id]).chat_id
     engine.prepare(question + "  ", chat_id=chat)
     evaluated, before_first = [], []
     monkeypatch.setattr(engine.runtime.llm, "eval", lambda toks, f=engine.runtime.llm.eval: (
         evaluated.extend(toks), f(toks)))
-    sent = engine.ask(question, chat_id=chat, max_tokens=12,
+    sent = engine.ask(question, chat_id=chat, generation=GenerationOptions(max_tokens=12),
                       on_token=lambda _: before_first.append(len(evaluated)))
     assert before_first[0] == 0  # the first token came from the draft's logits
     assert sent.answer == plain.answer
@@ -141,7 +171,7 @@ def test_a_draft_for_a_chat_not_yet_created(engine, doc_id):
     assert engine.runtime.n_tokens == 0  # a superseded draft does nothing
     report = engine.prepare("When was the lamp", doc_ids=[doc_id])
     assert report is not None and report.chunk_levels
-    res = engine.ask("When was the lamp electrified?", doc_id=doc_id, max_tokens=8)
+    res = ask(engine, "When was the lamp electrified?", doc=doc_id, tokens=8)
     assert res.bytes_read == 0 and res.chunk_levels == []
 
 
@@ -151,9 +181,11 @@ def test_a_chat_about_two_documents_reuses_the_first_ones_cache(engine, doc_id, 
     other_id = engine.attach(other, levels=["high"]).doc_id
     chat = engine.new_chat([doc_id, other_id])
     assert chat.title == "New chat"
-    res = engine.ask("When does the ferry leave?", chat_id=chat.chat_id, max_tokens=20)
+    res = ask(engine, "When does the ferry leave?", chat=chat.chat_id, tokens=20)
     assert "07:15" in res.answer or "16:40" in res.answer
     assert res.chunk_levels[0] != "text"  # the lighthouse document came from its cache
+    assert res.blended["mode"] == "blended" and res.blended["reused_tokens"] > 0
+    assert engine.exactness.idle.wait(300)  # the exact context, computed in the background
     (entry,) = [e for e in engine.store.entries() if e.chat_id == chat.chat_id]
     assert entry.parent_id == engine.store.document_entry(doc_id, engine.fingerprint).id
     assert engine.chats()[0].title == "When does the ferry leave?"
@@ -162,99 +194,87 @@ def test_a_chat_about_two_documents_reuses_the_first_ones_cache(engine, doc_id, 
 
 
 def test_forced_and_throttled_levels(engine, doc_id):
-    chat = engine.ask(QUESTION, doc_id=doc_id, max_tokens=4).chat_id
-    forced = engine.reopen(chat, level="compact")
-    assert set(forced.chunk_levels) == {"compact"}
+    chat = ask(engine, QUESTION, doc=doc_id, tokens=4).chat_id
+    forced = engine.reopen(chat, restore=RestoreOptions(level="compact"))
+    assert set(forced.chunk_levels) == {"compact"}, (forced.chunk_levels, forced.messages)
     # A slow link and a tight budget: the adaptive choice must step down from the best level.
-    slow = engine.reopen(chat, budget_ms=30, bandwidth_MBps=5)
+    slow = engine.reopen(chat, restore=RestoreOptions(budget_ms=30, bandwidth_MBps=5))
     assert "lossless" not in slow.chunk_levels
-    relaxed = engine.reopen(chat, budget_ms=60_000)
+    relaxed = engine.reopen(chat, restore=RestoreOptions(budget_ms=60_000))
     assert set(relaxed.chunk_levels) == {"lossless"}
     with pytest.raises(EngineError, match="unknown level"):
-        engine.reopen(chat, level="nonsense")
+        engine.reopen(chat, restore=RestoreOptions(level="nonsense"))
 
 
-def test_corrupt_chunk_falls_back_and_still_answers(tmp_path, model_path, model_hash):
-    eng = make_engine(tmp_path / "data", model_path, model_hash)
-    try:
-        path = tmp_path / "doc.txt"
-        path.write_text(DOC)
-        doc_id = eng.attach(path, levels=["balanced"]).doc_id
-        entry = eng.store.document_entry(doc_id, eng.fingerprint)
-        with sqlite3.connect(eng.store.path) as db:
-            db.execute("UPDATE kv_chunks SET data = zeroblob(nbytes) "
-                       "WHERE entry_id = ? AND chunk_index = 1", (entry.id,))
-        res = eng.ask(QUESTION, doc_id=doc_id, max_tokens=12)
-        assert res.tokens_generated > 0
-        assert res.chunk_levels[0] == "balanced" and res.chunk_levels[1] == "text"
-        assert res.recomputed_tokens > 0
-        assert any("recomputing from token 64" in m for m in res.messages)
-        assert eng.store.verify()["corrupt"]
-    finally:
-        eng.close()
-        eng.store.close()
+def test_corrupt_chunk_falls_back_and_still_answers(new_engine, tmp_path):
+    eng = new_engine()
+    path = tmp_path / "doc.txt"
+    path.write_text(DOC)
+    doc_id = eng.attach(path, levels=["balanced"]).doc_id
+    entry = eng.store.document_entry(doc_id, eng.fingerprint)
+    with sqlite3.connect(eng.store.path) as db:
+        db.execute("UPDATE kv_chunks SET data = zeroblob(nbytes) "
+                   "WHERE entry_id = ? AND chunk_index = 1", (entry.id,))
+    res = ask(eng, QUESTION, doc=doc_id, tokens=12)
+    assert res.tokens_generated > 0
+    assert res.chunk_levels[0] == "balanced" and res.chunk_levels[1] == "text"
+    assert res.recomputed_tokens > 0
+    assert any("recomputing from token 64" in m for m in res.messages)
+    assert eng.store.verify()["corrupt"]
 
 
-def test_other_model_fingerprint_is_never_loaded(tmp_path, model_path, model_hash):
-    data = tmp_path / "data"
-    eng = make_engine(data, model_path, model_hash)
+def test_other_model_fingerprint_is_never_loaded(new_engine, tmp_path):
+    eng = new_engine()
     path = tmp_path / "doc.txt"
     path.write_text(DOC)
     doc_id = eng.attach(path, levels=["high"]).doc_id
-    eng.close()
-    eng.store.close()
+    chat = ask(eng, QUESTION, doc=doc_id, tokens=8).chat_id
+    close(eng)
     # Same file, other KV layout (flash attention off: V transposed): another fingerprint.
-    other = make_engine(data, model_path, model_hash, flash_attn=False)
-    try:
-        assert [d.status for d in other.documents()] == ["stale"]
-        res = other.ask(QUESTION, doc_id=doc_id, max_tokens=8)
-        assert set(res.chunk_levels) == {"text"} and res.bytes_read == 0
-        assert any("another model" in m for m in res.messages)
-        # Recomputed once under this model, the document is cached for the next chat too.
-        assert [d.status for d in other.documents()] == ["ready"]
-        again = other.ask("How tall is the tower?", doc_id=doc_id, max_tokens=8)
-        assert again.recomputed_tokens == 0 and "text" not in again.chunk_levels
-    finally:
-        other.close()
-        other.store.close()
+    other = new_engine(flash_attn=False)
+    assert [d.status for d in other.documents()] == ["stale"]
+    res = ask(other, QUESTION, doc=doc_id, tokens=8)
+    assert set(res.chunk_levels) == {"text"} and res.bytes_read == 0
+    assert any("another model" in m for m in res.messages)
+    # Recomputed once under this model, the document is cached for the next chat too.
+    assert [d.status for d in other.documents()] == ["ready"]
+    again = ask(other, "How tall is the tower?", doc=doc_id, tokens=8)
+    assert again.recomputed_tokens == 0 and "text" not in again.chunk_levels
+    # The first chat's messages were tokenized under the first model only: this one
+    # tokenizes them again from their text, says so, and answers (never reusing ids).
+    more = ask(other, "And the museum?", chat=chat, tokens=8)
+    assert any("tokenized again" in m for m in more.messages)
+    assert other.store.message_tokens(chat, other.fingerprint)
 
 
-def test_cancelled_attach_keeps_nothing(tmp_path, model_path, model_hash):
-    eng = make_engine(tmp_path / "data", model_path, model_hash)
-    try:
-        path = tmp_path / "long.txt"
-        path.write_text(DOC * 3)
-        stop = threading.Event()
+def test_cancelled_attach_keeps_nothing(new_engine, tmp_path):
+    eng = new_engine()
+    path = tmp_path / "long.txt"
+    path.write_text(DOC * 3)
+    stop = threading.Event()
 
-        def progress(p):
-            if p.phase == "prefill" and p.done >= 128:
-                stop.set()
+    def progress(p):
+        if p.phase == "prefill" and p.done >= 128:
+            stop.set()
 
-        with pytest.raises(Cancelled):
-            eng.attach(path, progress=progress, cancel=stop)
-        assert eng.store.documents() == [] and eng.store.entries() == []
-        assert eng.store.verify()["chunks"] == 0
-    finally:
-        eng.close()
-        eng.store.close()
+    with pytest.raises(Cancelled):
+        eng.attach(path, progress=progress, cancel=stop)
+    assert eng.store.documents() == [] and eng.store.entries() == []
+    assert eng.store.verify()["chunks"] == 0
 
 
-def test_too_long_document_keeps_what_fits(tmp_path, model_path, model_hash):
-    eng = make_engine(tmp_path / "data", model_path, model_hash, n_ctx=384)
-    try:
-        path = tmp_path / "long.txt"
-        path.write_text("\n".join(f"Line {i}: the quick brown fox jumps over the lazy dog."
-                                  for i in range(60)))
-        res = eng.attach(path, levels=["compact"])
-        assert res.kept_tokens < res.tokens
-        assert res.warnings and "fit the context" in res.warnings[0]
-        n_prefix = res.raw_bytes // eng.runtime.layout.kv_bytes_per_token
-        assert eng.runtime.n_ctx - eng.reserve_tokens(eng.runtime) - 8 <= n_prefix
-        assert n_prefix <= eng.runtime.n_ctx - eng.reserve_tokens(eng.runtime)
-        assert eng.ask("Which line comes first?", doc_id=res.doc_id, max_tokens=8).answer
-    finally:
-        eng.close()
-        eng.store.close()
+def test_too_long_document_keeps_what_fits(new_engine, tmp_path):
+    eng = new_engine(n_ctx=384)
+    path = tmp_path / "long.txt"
+    path.write_text("\n".join(f"Line {i}: the quick brown fox jumps over the lazy dog."
+                              for i in range(60)))
+    res = eng.attach(path, levels=["compact"])
+    assert res.kept_tokens < res.tokens
+    assert res.warnings and "fit the context" in res.warnings[0]
+    n_prefix = res.raw_bytes // eng.runtime.layout.kv_bytes_per_token
+    room = eng.prompter.room(eng.runtime)
+    assert room - 8 <= n_prefix <= room
+    assert ask(eng, "Which line comes first?", doc=res.doc_id, tokens=8).answer
 
 
 def test_bad_input(engine, tmp_path):
@@ -262,8 +282,54 @@ def test_bad_input(engine, tmp_path):
     with pytest.raises(DocumentError):
         engine.attach(tmp_path / "empty.txt")
     with pytest.raises(EngineError, match="no chat"):
-        engine.ask("hi", chat_id=9999)
+        ask(engine, "hi", chat=9999)
     with pytest.raises(EngineError, match="empty"):
-        engine.ask("   ", doc_id=None)
+        ask(engine, "   ")
     with pytest.raises(EngineError, match="unknown level"):
         engine.attach(tmp_path / "empty.txt", levels=["nope"])
+    chats = len(engine.chats())
+    with pytest.raises(EngineError, match="unknown level"):
+        ask(engine, "hi", doc=None, level="bogus")
+    assert len(engine.chats()) == chats  # no empty chat left behind
+
+
+def test_a_corrupt_chunk_at_a_forced_level_is_read_at_another_and_set_aside(new_engine,
+                                                                            tmp_path):
+    eng = new_engine()
+    path = tmp_path / "doc.txt"
+    path.write_text(DOC)
+    doc_id = eng.attach(path, levels=["balanced", "compact"]).doc_id
+    entry = eng.store.document_entry(doc_id, eng.fingerprint)
+    with sqlite3.connect(eng.store.path) as db:
+        db.execute("UPDATE kv_chunks SET data = zeroblob(nbytes) WHERE entry_id = ? AND "
+                   "chunk_index = 1 AND level = 'balanced'", (entry.id,))
+    first = ask(eng, QUESTION, doc=doc_id, tokens=4, level="balanced")
+    assert first.chunk_levels[1] == "compact" and first.recomputed_tokens == 0
+    assert any("checksum" in m and "read at 'compact' instead" in m for m in first.messages)
+    # Set aside: the next restore does not try it again, and docs says it is damaged.
+    eng.runtime.reset()
+    again = ask(eng, QUESTION, doc=doc_id, tokens=4, level="balanced")
+    assert again.chunk_levels[1] == "compact" and not any("checksum" in m
+                                                          for m in again.messages)
+    (info,) = eng.documents()
+    assert info.damaged_chunks == 1 and info.kept_tokens <= info.tokens
+    report = eng.repair()
+    assert report["repaired"] == [{"entry": entry.id, "chunk": 1, "level": "balanced"}]
+    assert eng.store.verify()["corrupt"] == [] and eng.documents()[0].damaged_chunks == 0
+    eng.runtime.reset()
+    fixed = ask(eng, QUESTION, doc=doc_id, tokens=4, level="balanced")
+    assert set(fixed.chunk_levels) == {"balanced"}
+
+
+def test_a_forced_level_not_stored_is_said_and_lossless_stays_exact(new_engine, tmp_path):
+    eng = new_engine()
+    path = tmp_path / "doc.txt"
+    path.write_text(DOC)
+    doc_id = eng.attach(path, levels=["high"]).doc_id
+    lossy = ask(eng, QUESTION, doc=doc_id, tokens=4, level="compact")
+    assert set(lossy.chunk_levels) == {"high"}
+    assert any("not stored at 'compact'" in m for m in lossy.messages)
+    exact = ask(eng, QUESTION, doc=doc_id, tokens=8, level="lossless")
+    assert set(exact.chunk_levels) == {"text"} and exact.recomputed_tokens > 0
+    assert any("exact KV is opt-in" in m for m in exact.messages)
+    assert exact.answer == ask(eng, QUESTION, doc=doc_id, tokens=8, no_cache=True).answer

@@ -9,6 +9,7 @@ import pytest
 
 from desktop_app import models, settings
 from desktop_app.models import ModelNotFoundError
+from desktop_app.validation import InvalidValue
 
 
 def test_default_model_is_shipped(model_path):
@@ -62,9 +63,32 @@ def test_bad_settings_are_clear_errors(monkeypatch):
     path.write_text(json.dumps({"version": 99}))
     with pytest.raises(settings.SettingsError, match="newer kvdesk"):
         settings.load()
+    path.write_text(json.dumps([1, 2]))
+    with pytest.raises(settings.SettingsError, match="holds a JSON list"):
+        settings.load()
+    path.write_text(json.dumps({"n_ctx": "big"}))
+    with pytest.raises(settings.SettingsError, match=r"settings.json: n_ctx: .*integer.*'big'"):
+        settings.load()
+    path.write_text(json.dumps({"storage_budget_gb": -1, "theme": "dark"}))
+    with pytest.raises(settings.SettingsError, match="storage_budget_gb: .*greater than 0"):
+        settings.load()
+    path.write_text(json.dumps({"theme": "mauve"}))
+    with pytest.raises(settings.SettingsError, match="theme"):
+        settings.load()
     path.unlink()
     monkeypatch.setenv("KVDESK_N_CTX", "lots")
-    with pytest.raises(settings.SettingsError, match="not an integer"):
+    with pytest.raises(settings.SettingsError, match="KVDESK_N_CTX: .*integer"):
         settings.load()
-    with pytest.raises(settings.SettingsError, match="context size"):
-        settings.Settings(n_ctx=3).validated()
+    monkeypatch.setenv("KVDESK_N_CTX", "3")
+    with pytest.raises(settings.SettingsError, match="KVDESK_N_CTX: .*greater than or equal"):
+        settings.load()
+    monkeypatch.delenv("KVDESK_N_CTX")
+    with pytest.raises(InvalidValue, match="n_ctx"):
+        settings.load().with_overrides(n_ctx=3)
+
+
+def test_unknown_keys_of_a_newer_minor_release_are_ignored():
+    path = settings.config_dir() / "settings.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"version": 1, "n_ctx": 2048, "some_future_key": True}))
+    assert settings.load().n_ctx == 2048

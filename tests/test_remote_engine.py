@@ -11,9 +11,10 @@ import threading
 import uuid
 
 import pytest
-from s3_server import S3Server
 
+from benchmarks.s3_server import S3Server
 from desktop_app.engine import Engine
+from desktop_app.options import GenerationOptions, RestoreOptions
 from desktop_app.runtime import Runtime
 from store import RemoteConfig, RemoteTier, Store, sync
 from store.manifest import Manifest
@@ -26,6 +27,11 @@ in Bergen and carries 40 cars and 290 passengers. In winter the 13:00 crossing i
 when ice covers the inner harbour. Tickets are sold on board; bicycles travel free. The
 ferry's bell came from the older boat it replaced, the Marta, which sank at her moorings
 in the storm of 1986 and was raised the following summer."""
+def ask(eng: Engine, question: str, *, doc: int, tokens: int, **restore):
+    return eng.ask(question, doc_ids=[doc], restore=RestoreOptions(**restore),
+                   generation=GenerationOptions(max_tokens=tokens))
+
+
 QUESTION = "How long does the crossing take?"
 
 
@@ -91,20 +97,20 @@ def test_a_document_attached_on_one_machine_is_asked_about_on_another(machine_a,
     assert machine_a.attached.pushed and not machine_a.attached.pulled
     b = machine(machine_a.sharing.tier)
     doc_id = lazily_pulled(b)
-    res = b.ask(QUESTION, doc_id=doc_id, level="lossless", max_tokens=16)
+    res = ask(b, QUESTION, doc=doc_id, tokens=16, level="lossless")
     assert res.source == "remote" and res.recomputed_tokens == 0 and res.bytes_read > 0
     assert set(res.chunk_levels) == {"lossless"}
     assert any("kept the shared cache's" in m for m in res.messages)
     # Lossless is exact: the same answer as on the machine that prefilled it.
     machine_a.runtime.reset()
-    assert res.answer == machine_a.ask(QUESTION, doc_id=machine_a.attached.doc_id,
-                                       level="lossless", max_tokens=16).answer
+    assert res.answer == ask(machine_a, QUESTION, doc=machine_a.attached.doc_id, tokens=16,
+                             level="lossless").answer
     entry = b.store.document_entry(doc_id, b.fingerprint)
     assert set(entry.levels) == set(b.levels) and b.store.verify()["corrupt"] == []
     # The chat's own entry extends the kept copy, and the next restore is local.
     assert [e.parent_id for e in b.store.entries() if e.chat_id == res.chat_id] == [entry.id]
     b.runtime.reset()
-    again = b.ask("Which ship did it replace?", doc_id=doc_id, max_tokens=8)
+    again = ask(b, "Which ship did it replace?", doc=doc_id, tokens=8)
     assert again.source == "local" and again.recomputed_tokens == 0 and again.bytes_read > 0
 
 
@@ -114,12 +120,12 @@ def test_attach_takes_the_shared_cache_instead_of_prefilling(machine_a, machine)
     assert res.pulled and res.prefill_s == 0 and res.kept_tokens == machine_a.attached.kept_tokens
     assert res.stored_bytes == machine_a.attached.stored_bytes
     c.runtime.reset()
-    assert c.ask(QUESTION, doc_id=res.doc_id, max_tokens=8).recomputed_tokens == 0
+    assert ask(c, QUESTION, doc=res.doc_id, tokens=8).recomputed_tokens == 0
 
 
 def test_without_automatic_pull_the_tier_is_not_read(machine_a, machine):
     b = machine(machine_a.sharing.tier, auto_pull=False)
-    res = b.ask(QUESTION, doc_id=lazily_pulled(b), max_tokens=4)
+    res = ask(b, QUESTION, doc=lazily_pulled(b), tokens=4)
     assert res.source == "local" and set(res.chunk_levels) == {"text"}
 
 
@@ -141,7 +147,7 @@ def test_a_deleted_object_is_read_at_another_level(machine_a, machine, s3_server
     s3_server.client().delete_object(Bucket=s3_bucket, Key=chunk_key(tier, manifest, 1,
                                                                         "lossless"))
     b = machine(tier)
-    res = b.ask(QUESTION, doc_id=lazily_pulled(b), max_tokens=8)  # no budget: lossless
+    res = ask(b, QUESTION, doc=lazily_pulled(b), tokens=8)  # no budget: lossless
     assert res.recomputed_tokens == 0 and res.tokens_generated > 0
     assert res.chunk_levels[1] == "high" and set(res.chunk_levels) == {"lossless", "high"}
     assert any("does not exist: read at 'high' instead" in m for m in res.messages)
@@ -155,7 +161,7 @@ def test_a_corrupt_object_falls_back_to_recomputing(machine_a, machine, s3_serve
         s3_server.client().put_object(Bucket=s3_bucket, Key=chunk_key(tier, manifest, 2, level),
                                       Body=b"\0" * manifest.chunks[level][2].nbytes)
     b = machine(tier)
-    res = b.ask(QUESTION, doc_id=lazily_pulled(b), max_tokens=8)
+    res = ask(b, QUESTION, doc=lazily_pulled(b), tokens=8)
     assert res.tokens_generated > 0 and res.chunk_levels[:2] == ["lossless"] * 2
     assert res.chunk_levels[2:] == ["text"] * (len(res.chunk_levels) - 2)
     assert any(m.startswith("recomputing from token 64:") and "SHA-256 mismatch" in m
@@ -187,7 +193,7 @@ def test_the_server_stopped_mid_stream(machine_a, machine, tmp_path, model_path,
                 first_read.set()
 
         tier.get = stops_after_the_first_chunk
-        res = b.ask(QUESTION, doc_id=doc_id, max_tokens=8)
+        res = ask(b, QUESTION, doc=doc_id, tokens=8)
     finally:
         server.stop()
     assert res.tokens_generated > 0 and res.source == "remote"

@@ -7,8 +7,9 @@ import threading
 import numpy as np
 import pytest
 
+from desktop_app.errors import Cancelled, RuntimeStateError
 from desktop_app.kvstate import KVStateError, build_seq_state, parse_seq_state
-from desktop_app.runtime import Cancelled, Runtime, RuntimeStateError
+from desktop_app.runtime import Runtime
 
 SYSTEM = "You are a helpful assistant. Answer from the document."
 DOCUMENT = (

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from test_store_helpers import count, open_store, orphans, put_entry
+from test_store_helpers import count, open_store, orphans, payload, put_entry
 
 from store import NotFoundError
 
@@ -106,3 +106,49 @@ def test_deletes_hand_space_back_to_the_file_system(store):
     store.delete_document(document.id)
     store._db.get().conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     assert store.path.stat().st_size < full - 3_500_000
+
+
+def test_message_tokens_are_kept_per_model(store):
+    store.register_model("model-b", "/models/b.gguf", {})
+    chat = store.create_chat("c")
+    q = store.add_message(chat.id, "user", "hi", tokens=[1, 2, 3], model="model-a")
+    a = store.add_message(chat.id, "assistant", "hello")
+    assert store.message_tokens(chat.id, "model-a") == {q.id: [1, 2, 3]}
+    assert store.message_tokens(chat.id, "model-b") == {}
+    store.set_message_tokens(a.id, "model-b", [9])
+    store.set_message_tokens(q.id, "model-b", [7, 8])
+    assert store.message_tokens(chat.id, "model-b") == {q.id: [7, 8], a.id: [9]}
+    with pytest.raises(NotFoundError):
+        store.set_message_tokens(a.id, "no-such-model", [1])
+    with pytest.raises(ValueError, match="model"):
+        store.add_message(chat.id, "user", "x", tokens=[1])
+    store.delete_message(q.id)
+    assert store.message_tokens(chat.id, "model-b") == {a.id: [9]}
+    store.delete_chat(chat.id)
+    assert count(store, "message_tokens") == 0
+
+
+def test_listing_aggregates(store):
+    a = store.add_document("a", "A", "alpha", type="txt")
+    b = store.add_document("b", "B", "beta", type="txt")
+    one = store.create_chat("one", [b.id, a.id])
+    two = store.create_chat("two")
+    for text in ("q", "a", "q2"):
+        store.add_message(one.id, "user", text)
+    assert store.message_counts() == {one.id: 3}
+    assert store.chat_document_ids() == {one.id: [b.id, a.id]}
+    assert two.id not in store.chat_document_ids()
+
+
+def test_level_bytes_of_entries_and_spans(store):
+    entry = put_entry(store, range(600), chunk_size=256)
+    per_entry = store.entry_level_bytes([entry.id])[entry.id]
+    spans = store.longest_prefix("model-a", range(600)).spans
+    assert len(spans) == 3
+    assert store.level_bytes(spans) == per_entry
+    assert per_entry == {lvl: sum(len(payload(s.token_start, s.token_end, lvl)) for s in spans)
+                         for lvl in ("lossless", "compact")}
+    first_two = store.level_bytes(spans[:2])
+    assert first_two["compact"] == sum(len(payload(s.token_start, s.token_end, "compact"))
+                                       for s in spans[:2])
+    assert store.level_bytes([]) == {} and store.entry_level_bytes([]) == {}

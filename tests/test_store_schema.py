@@ -61,7 +61,7 @@ def test_a_newer_schema_is_refused_untouched(tmp_path):
 def test_a_foreign_migration_history_is_refused(tmp_path):
     Store(tmp_path).close()
     conn = sqlite3.connect(tmp_path / "kvdesk.sqlite")
-    conn.execute("UPDATE migrations SET name = 'm001_someone_elses'")
+    conn.execute("UPDATE migrations SET name = 'm001_someone_elses' WHERE name = 'm001_initial'")
     conn.commit()
     conn.close()
     with pytest.raises(SchemaVersionError, match="history"):
@@ -74,3 +74,81 @@ def test_a_database_that_is_not_a_store_is_refused(tmp_path):
     conn.close()
     with pytest.raises(SchemaVersionError, match="not an empty file"):
         Store(tmp_path)
+
+
+def test_message_tokens_move_out_of_the_stats(tmp_path):
+    """m002: tokens kept in a message's stats JSON go to message_tokens under the model of the
+    chat's newest entry, else the store's only model; with neither they are dropped."""
+    conn = open_connection(tmp_path / "kvdesk.sqlite")
+    migrate(conn, target=1)
+    conn.execute("INSERT INTO models VALUES ('fp-a', '/a.gguf', '{}', 0)")
+    for chat_id in (1, 2):
+        conn.execute("INSERT INTO chats VALUES (?, 'c', 0, 0)", (chat_id,))
+    conn.execute("INSERT INTO messages VALUES (1, 1, 'user', 'q', ?, 0, 0)",
+                 ('{"tokens": [5, 6]}',))
+    conn.execute("INSERT INTO messages VALUES (2, 1, 'assistant', 'a', ?, 0, 0)",
+                 ('{"ttft_s": 0.5, "tokens": [7]}',))
+    conn.execute("INSERT INTO messages VALUES (3, 2, 'user', 'q', NULL, 0, 0)")
+    conn.commit()
+    conn.close()
+    with Store(tmp_path) as store:
+        assert store.message_tokens(1, "fp-a") == {1: [5, 6], 2: [7]}
+        assert [m.stats for m in store.messages(1)] == [None, {"ttft_s": 0.5}]
+
+    # Two models: chat 1 has no entry naming one, so its tokens go; chat 2's entry names one.
+    conn = open_connection(tmp_path / "other.sqlite")
+    migrate(conn, target=1)
+    conn.execute("INSERT INTO models VALUES ('fp-a', '/a.gguf', '{}', 0)")
+    conn.execute("INSERT INTO models VALUES ('fp-b', '/b.gguf', '{}', 0)")
+    conn.execute("INSERT INTO chats VALUES (1, 'c', 0, 0)")
+    conn.execute("INSERT INTO messages VALUES (1, 1, 'user', 'q', ?, 0, 0)",
+                 ('{"tokens": [5]}',))
+    conn.execute("INSERT INTO chats VALUES (2, 'c', 0, 0)")
+    conn.execute("INSERT INTO messages VALUES (2, 2, 'user', 'q', ?, 0, 0)",
+                 ('{"tokens": [8]}',))
+    conn.execute("INSERT INTO kv_entries (model, prefix_hash, token_start, token_end,"
+                 " chunk_size, levels, tokens, chat_id, complete, last_used, created)"
+                 " VALUES ('fp-b', x'00', 0, 1, 256, '[]', x'08000000', 2, 1, 0, 0)")
+    conn.commit()
+    migrate(conn)
+    assert conn.execute("SELECT message_id, model FROM message_tokens").fetchall() == [
+        (2, "fp-b")]
+    assert conn.execute("SELECT stats FROM messages WHERE id = 1").fetchone()[0] is None
+    conn.close()
+
+
+def test_document_and_chat_ids_are_never_reused(tmp_path):
+    with open_store(tmp_path) as store:
+        docs = [store.add_document(f"h{i}", f"D{i}", "t", type="txt").id for i in range(2)]
+        chats = [store.create_chat(f"c{i}", [docs[0]]).id for i in range(2)]
+        store.delete_document(docs[1])
+        store.delete_chat(chats[1])
+        assert store.add_document("h9", "D9", "t", type="txt").id == docs[1] + 1
+        assert store.create_chat("c9").id == chats[1] + 1
+
+
+def test_m003_keeps_every_row_and_what_refers_to_it(tmp_path):
+    """The documents and chats tables are rebuilt; rows pointing at them survive, and the
+    cascades still work afterwards."""
+    conn = open_connection(tmp_path / "old.sqlite")
+    migrate(conn, target=2)
+    conn.execute("INSERT INTO models VALUES ('model-a', '/a.gguf', '{}', 0)")
+    conn.execute("INSERT INTO documents VALUES (5, 'h', 'Doc', NULL, 'txt', 'text', 3, 0)")
+    conn.execute("INSERT INTO chats VALUES (7, 'c', 0, 0)")
+    conn.execute("INSERT INTO chat_documents VALUES (7, 5, 0)")
+    conn.execute("INSERT INTO messages VALUES (1, 7, 'user', 'q', NULL, 0, 0)")
+    conn.execute("INSERT INTO kv_entries (model, prefix_hash, token_start, token_end,"
+                 " chunk_size, levels, tokens, document_id, complete, last_used, created)"
+                 " VALUES ('model-a', x'00', 0, 1, 256, '[]', x'01000000', 5, 1, 0, 0)")
+    conn.commit()
+    migrate(conn)
+    assert conn.execute("SELECT id, title FROM documents").fetchall() == [(5, "Doc")]
+    assert conn.execute("SELECT count(*) FROM chat_documents").fetchone()[0] == 1
+    assert conn.execute("SELECT count(*) FROM messages").fetchone()[0] == 1
+    assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+    conn.execute("DELETE FROM documents WHERE id = 5")
+    assert conn.execute("SELECT count(*) FROM kv_entries").fetchone()[0] == 0
+    assert conn.execute("SELECT count(*) FROM chat_documents").fetchone()[0] == 0
+    conn.execute("DELETE FROM chats WHERE id = 7")
+    assert conn.execute("SELECT count(*) FROM messages").fetchone()[0] == 0
+    conn.close()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 
-from desktop_app.streaming import TEXT, Speeds, Throttle, choose_level
+from desktop_app.speeds import Speeds
+from desktop_app.streaming import TEXT, Throttle, choose_level
 
 LEVELS = ["lossless", "high", "balanced", "compact"]
 SIZES = {"lossless": 4_000_000, "high": 800_000, "balanced": 550_000, "compact": 380_000}

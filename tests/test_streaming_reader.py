@@ -8,7 +8,9 @@ import time
 
 import pytest
 
-from desktop_app.streaming import TEXT, ChunkReader, Meter, Options, Speeds
+from desktop_app.options import RestoreOptions as Options
+from desktop_app.speeds import Speeds
+from desktop_app.streaming import TEXT, ChunkReader, Meter
 from store import CorruptObjectError, NotFoundError, RemoteError, Span
 
 LEVELS = ["lossless", "high"]

@@ -9,8 +9,6 @@ from desktop_app import settings as settings_mod
 from desktop_app.app import App
 from ui.main_window import MainWindow
 
-pytest.importorskip("desktop_app.engine", reason="desktop_app.engine is not written yet")
-
 pytestmark = pytest.mark.model
 SLOW_MS = 300_000  # the real model on two CPU cores
 

@@ -12,7 +12,7 @@ from PySide6.QtWidgets import QApplication, QMessageBox
 from ui_fixtures import open_window, text_file
 
 from desktop_app import settings as settings_mod
-from desktop_app.runtime import RuntimeStateError
+from desktop_app.errors import RuntimeStateError
 from desktop_app.settings import Settings
 from ui.main_window import MainWindow
 from ui.settings_dialog import SettingsDialog, needs_restart
@@ -64,7 +64,7 @@ def test_an_answer_streams_into_a_new_chat_about_the_ticked_document(qtbot, wind
     seen = []
     window.chat_view.textChanged.connect(lambda: seen.append(window.chat_view.transcript()[-1]))
     result = ask(qtbot, window, "What does it say?")
-    assert engine.last_call("ask")[:4] == ("ask", "What does it say?", None, 1)
+    assert engine.last_call("ask")[:4] == ("ask", "What does it say?", None, [1])
     assert result.answer.startswith("You asked: *What does it say?*")
     # The answer grew on screen in pieces before it was complete.
     partial = [text for role, text in seen if role == "assistant" and text != result.answer]
@@ -76,11 +76,13 @@ def test_an_answer_streams_into_a_new_chat_about_the_ticked_document(qtbot, wind
     qtbot.waitUntil(lambda: "What does it say?" in str(window.chat_list.visible_titles()))
 
 
-def test_a_new_chat_about_several_documents_goes_through_new_chat(qtbot, window, engine):
+def test_a_new_chat_about_several_documents_is_one_ask(qtbot, window, engine):
     for i in range(2):
         window.doc_list.list.item(i).setCheckState(Qt.CheckState.Checked)
-    ask(qtbot, window)
-    assert ("new_chat", [1, 2]) in engine.calls
+    result = ask(qtbot, window)
+    assert engine.last_call("ask")[2:4] == (None, [1, 2])
+    assert not any(c[0] == "new_chat" for c in engine.calls)  # the engine creates the chat
+    assert window.chat_id == result.chat_id
 
 
 def test_enter_sends_and_shift_enter_adds_a_line(qtbot, window, engine):
@@ -91,7 +93,7 @@ def test_enter_sends_and_shift_enter_adds_a_line(qtbot, window, engine):
     with qtbot.waitSignal(window.answer_done, timeout=5000):
         qtbot.keyClick(window.prompt, Qt.Key.Key_Return)
     assert window.prompt.toPlainText() == ""
-    assert engine.last_call("ask")[:4] == ("ask", "first line\nsecond", None, None)
+    assert engine.last_call("ask")[:4] == ("ask", "first line\nsecond", None, [])
 
 
 def test_a_question_is_prepared_while_it_is_typed(qtbot, window, engine):
@@ -154,7 +156,7 @@ def test_opening_a_past_chat_restores_it_at_the_slider_level(qtbot, window, engi
     assert "Attention Is All You Need.pdf, release-notes.md" in window.header.text()
     # The next question goes to that chat, at the same level.
     ask(qtbot, window, "and then?")
-    assert engine.last_call("ask")[:5] == ("ask", "and then?", chat.chat_id, None, "compact")
+    assert engine.last_call("ask")[:5] == ("ask", "and then?", chat.chat_id, [], "compact")
 
 
 def test_a_late_reply_never_lands_in_another_chat(qtbot, window, engine):
@@ -258,12 +260,12 @@ def test_rename_delete_and_new_chat(qtbot, window, engine, monkeypatch):
     chat = engine.chats()[0]
     with qtbot.waitSignal(window.restored, timeout=5000):
         window.open_chat(chat.chat_id)
-    monkeypatch.setattr("ui.main_window.QInputDialog.getText",
+    monkeypatch.setattr("ui.library_actions.QInputDialog.getText",
                         lambda *a, **k: ("Renamed", True))
     with qtbot.waitSignal(window.chats_changed, timeout=5000):
         window.chat_list.rename_requested.emit(chat.chat_id, chat.title)
     assert "Renamed" in window.header.text()
-    monkeypatch.setattr("ui.main_window.QMessageBox.question",
+    monkeypatch.setattr("ui.library_actions.QMessageBox.question",
                         lambda *a, **k: QMessageBox.StandardButton.Yes)
     with qtbot.waitSignal(window.chats_changed, timeout=5000):
         window.chat_list.delete_requested.emit(chat.chat_id)
@@ -279,7 +281,7 @@ def test_rename_delete_and_new_chat(qtbot, window, engine, monkeypatch):
 
 def test_export_writes_the_engine_text(qtbot, window, engine, monkeypatch, tmp_path):
     target = tmp_path / "out.md"
-    monkeypatch.setattr("ui.main_window.QFileDialog.getSaveFileName",
+    monkeypatch.setattr("ui.library_actions.QFileDialog.getSaveFileName",
                         lambda *a, **k: (str(target), ""))
     chat = engine.chats()[0]
     window.chat_list.export_requested.emit(chat.chat_id, "markdown")
@@ -335,3 +337,24 @@ def test_the_settings_dialog_edits_the_shared_cache(qtbot):
     assert (new.remote_bucket, new.remote_endpoint_url, new.remote_prefix,
             new.remote_auto_push) == ("team-kv", "http://minio.lan:9000", "team-a", True)
     assert needs_restart(Settings(), new)
+
+
+def test_the_settings_start_and_stop_the_local_api(qtbot, engine, monkeypatch):
+    from ui.testing import FakeLocalAPI
+
+    api = FakeLocalAPI()
+    window = open_window(qtbot, engine, Settings(server_enabled=True, server_port=8777),
+                         local_api=api)
+    qtbot.waitUntil(lambda: "8777" in window.api_label.text(), timeout=3000)
+    assert api.calls == [("start", 8777)]
+
+    def edit(dialog: SettingsDialog) -> int:
+        dialog.serve.setChecked(False)
+        dialog.accept()
+        return dialog.result()
+
+    monkeypatch.setattr("ui.main_window.SettingsDialog.exec", edit)
+    with qtbot.waitSignal(window.local_api_changed, timeout=3000) as blocker:
+        window.open_settings()
+    assert blocker.args == [None] and window.api_label.text() == ""
+    assert api.calls[-1] == ("stop",) and not settings_mod.load().server_enabled

@@ -1,8 +1,9 @@
-"""The GUI's entry point: `run(app)` opens the main window on an `App` and returns the exit code.
+"""The GUI's entry point: `run(app, make_app)` opens the main window and returns the exit code.
 
-`desktop_app.launcher` calls it for `kvdesk gui` and `make run`. When the user changes the
-model, context size or data folder and asks for a restart, the window closes and `run` builds a
-new `App` from the new settings and opens a new window, in the same process.
+`desktop_app.launcher` calls it for `kvdesk gui` and `make run`, with the `App` and how to
+build another. When the user changes the model, context size or data folder and asks for a
+restart, the window closes and `run` builds a new app from the new settings (`make_app`) and
+opens a new window, in the same process; `ui` itself never imports the model runtime.
 
 It never touches the engine itself: the window asks for it on a worker thread, because loading
 a model takes seconds.
@@ -11,31 +12,35 @@ a model takes seconds.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 from PySide6.QtWidgets import QApplication
 
-from desktop_app.app import App
+from desktop_app.protocol import AppAPI, EngineAPI
+from desktop_app.settings import Settings
 
 from .main_window import MainWindow
 
 
-def _ready_engine(app: App):
+def _ready_engine(app: AppAPI) -> EngineAPI:
     """The engine, with its codec readied in the background (runs on the window's worker)."""
     engine = app.engine
     engine.warm_up()
     return engine
 
 
-def run(app: App) -> int:
+def run(app: AppAPI, make_app: Callable[[Settings], AppAPI]) -> int:
+    """The window on `app`; after a restart asked for in the settings, on make_app(settings)."""
     qapp = QApplication.instance() or QApplication(sys.argv)
     qapp.setApplicationName("kvdesk")
     while True:
         restart = []
-        window = MainWindow(lambda app=app: _ready_engine(app), app.settings)
+        window = MainWindow(lambda app=app: _ready_engine(app), app.settings,
+                            local_api=app.local_api)
         window.restart_requested.connect(restart.append)
         window.show()
         code = qapp.exec()
         app.close()
         if not restart:
             return code
-        app = App(restart[-1])
+        app = make_app(restart[-1])

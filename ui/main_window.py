@@ -6,22 +6,21 @@ on the GUI thread (even `documents()` may take seconds on a cold disk), never im
 model runtime, codec or store, and never shows a traceback: user errors arrive as messages.
 
 A view serial number guards against late results: a reply that arrives after the user has
-moved to another chat is not drawn into the wrong conversation.
+moved to another chat is not drawn into the wrong conversation. Asking lives in
+`ui.asking`, the library's actions (attach, delete, rename, export) in `ui.library_actions`:
+mixins of this window.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtGui import QAction, QDragEnterEvent, QDropEvent, QKeySequence, QShortcut
+from PySide6.QtGui import QAction, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QApplication,
-    QFileDialog,
     QHBoxLayout,
-    QInputDialog,
     QLabel,
     QMainWindow,
     QMessageBox,
@@ -31,22 +30,27 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from desktop_app.results import AskResult, AttachResult, ChatInfo, DocumentInfo, Progress
+from desktop_app.options import RestoreOptions
+from desktop_app.protocol import EngineAPI, LocalAPIControl
+from desktop_app.results import ChatInfo, DocumentInfo, Progress
 from desktop_app.settings import Settings
 
 from . import theme
+from .asking import AskingMixin
 from .chat_view import ChatView, PromptEdit
-from .formatting import answer_stats, attach_notices, restore_line
+from .formatting import restore_line
 from .icons import paperclip
+from .library_actions import LibraryMixin
 from .quality import QualitySlider
 from .settings_dialog import SettingsDialog, needs_restart
 from .sidebar import PHASE_WORDS, ChatList, DocumentList
 from .workers import Job, Runner
 
 DRAFT_PAUSE_MS = 300  # typing pause after which the draft question is computed
+BLENDED_POLL_MS = 5000  # how often the chat list looks again while a chat is being made exact
 
 
-class MainWindow(QMainWindow):
+class MainWindow(AskingMixin, LibraryMixin, QMainWindow):
     # For the launcher and for tests: each fires once the GUI has drawn the outcome.
     engine_ready = Signal()
     engine_failed = Signal(str)
@@ -57,12 +61,15 @@ class MainWindow(QMainWindow):
     answer_done = Signal(object)  # AskResult, or None when stopped or failed
     messages_loaded = Signal()
     restart_requested = Signal(object)  # the new Settings; the launcher rebuilds the App
+    local_api_changed = Signal(object)  # its URL while it serves, else None
 
-    def __init__(self, engine_factory: Callable[[], object], settings: Settings, *,
+    def __init__(self, engine_factory: Callable[[], EngineAPI], settings: Settings, *,
+                 local_api: LocalAPIControl | None = None,
                  now: Callable[[], float] = time.time):
         super().__init__()
         self.settings = settings
-        self.engine = None  # set once engine_factory has run on a worker
+        self.local_api = local_api  # the local API server the settings toggle (None: none)
+        self.engine: EngineAPI | None = None  # set once engine_factory has run on a worker
         self.now = now
         self.runner = Runner(self)
         self.chat_id: int | None = None  # None: a new chat, not yet asked anything
@@ -100,6 +107,9 @@ class MainWindow(QMainWindow):
         self.header = QLabel()
         self.header.setTextFormat(Qt.TextFormat.RichText)
         self.info = QLabel(wordWrap=True)
+        self.api_label = QLabel()  # the local API's address while it serves
+        self.api_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.statusBar().addPermanentWidget(self.api_label)
         self.info.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.chat_view = ChatView()
         self.prompt = PromptEdit()
@@ -188,7 +198,7 @@ class MainWindow(QMainWindow):
 
     # -- engine and listings ----------------------------------------------------------------
 
-    def _engine_loaded(self, engine) -> None:
+    def _engine_loaded(self, engine: EngineAPI) -> None:
         self.engine = engine
         self.quality.set_levels(tuple(engine.levels))
         self._set_ready(True)
@@ -196,6 +206,7 @@ class MainWindow(QMainWindow):
         self.new_chat()
         self.refresh_chats()
         self.refresh_documents()
+        self._apply_local_api(self.settings)
         self.engine_ready.emit()
 
     def _engine_failed(self, message: str) -> None:
@@ -209,6 +220,9 @@ class MainWindow(QMainWindow):
     def _show_chats(self, chats: list[ChatInfo]) -> None:
         self.chats = chats
         self.chat_list.set_chats(chats, now=self.now())
+        if any(c.kv_mode == "blended" for c in chats):
+            # The engine makes a blended chat exact in the background: show it when it is.
+            QTimer.singleShot(BLENDED_POLL_MS, self.refresh_chats)
         self.chat_list.select(self.chat_id)
         self._update_header()
         self.chats_changed.emit()
@@ -250,7 +264,7 @@ class MainWindow(QMainWindow):
             return
         chat_id, doc_ids = self.chat_id, self.doc_list.checked_ids()
         self.runner.start("misc", lambda job: self.engine.estimate(
-            chat_id=chat_id, doc_ids=None if chat_id is not None else doc_ids),
+            chat_id=chat_id, doc_ids=() if chat_id is not None else doc_ids),
             finished=self.quality.set_estimate)
 
     # -- switching conversations ------------------------------------------------------------
@@ -292,7 +306,8 @@ class MainWindow(QMainWindow):
                           failed=lambda msg: self._say(msg, True))
         level = self.quality.level()
         job = self.runner.start("chat", lambda job: self.engine.reopen(
-            chat_id, level=level, progress=job.signals.progress.emit, cancel=job.cancel))
+            chat_id, restore=RestoreOptions(level=level), progress=job.signals.progress.emit,
+            cancel=job.cancel))
         job.signals.progress.connect(lambda p: self._show_progress(serial, p))
         job.signals.finished.connect(lambda report: self._reopened(serial, report))
         job.signals.failed.connect(lambda msg: self._failed_in_view(serial, msg))
@@ -317,219 +332,6 @@ class MainWindow(QMainWindow):
             self.reopen_job = None
             self.restored.emit(report)
 
-    # -- asking -----------------------------------------------------------------------------
-
-    def _prepare_draft(self) -> None:
-        text = self.prompt.toPlainText()
-        if self.engine is None or self.generation is not None or not text.strip():
-            return
-        if self.draft_job is not None:
-            self.draft_job.cancel.set()  # superseded: it stops if it has not finished
-        chat_id, doc_ids, level = self.chat_id, self.doc_list.checked_ids(), self.quality.level()
-        engine, serial = self.engine, self.serial
-        # Failures are left for the question itself to report, when it is sent.
-        self.draft_job = self.runner.start("chat", lambda job: engine.prepare(
-            text, chat_id=chat_id, doc_ids=doc_ids, level=level, cancel=job.cancel),
-            finished=lambda report: report is None or self._reopened(serial, report))
-
-    def _send_clicked(self) -> None:
-        if self.generation is not None:
-            self.stop()
-        else:
-            self.send(self.prompt.toPlainText().strip())
-
-    def send(self, text: str) -> None:
-        if not text or self.engine is None:
-            return
-        if self.generation is not None:
-            self.statusBar().showMessage("An answer is still coming: wait, or press Esc", 3000)
-            return
-        self.prompt.clear()
-        self.draft_timer.stop()
-        self.chat_view.add_user_message(text)
-        chat_id, doc_ids, level = self.chat_id, self.doc_list.checked_ids(), self.quality.level()
-        engine = self.engine
-
-        def work(job: Job) -> AskResult:
-            target = chat_id
-            if target is None and len(doc_ids) > 1:
-                target = engine.new_chat(doc_ids).chat_id
-            return engine.ask(
-                text, chat_id=target,
-                doc_id=doc_ids[0] if target is None and doc_ids else None, level=level,
-                on_token=job.signals.token.emit, on_restore=job.signals.restored.emit,
-                progress=job.signals.progress.emit, cancel=job.cancel)
-
-        self._generate(work)
-
-    def regenerate(self) -> None:
-        if self.engine is None or self.chat_id is None or self.generation is not None:
-            return
-        self.chat_view.drop_last_answer()
-        chat_id, level, engine = self.chat_id, self.quality.level(), self.engine
-        self._generate(lambda job: engine.regenerate(
-            chat_id, level=level, on_token=job.signals.token.emit,
-            on_restore=job.signals.restored.emit, progress=job.signals.progress.emit,
-            cancel=job.cancel))
-
-    def stop(self) -> None:
-        if self.generation is not None:
-            self.generation.cancel.set()
-            self.statusBar().showMessage("Stopping…", 2000)
-
-    def _generate(self, work: Callable[[Job], AskResult]) -> None:
-        serial = self.serial
-        started = time.perf_counter()
-        first_token: list[float] = []
-
-        def token(piece: str) -> None:
-            if not first_token:
-                first_token.append(time.perf_counter())
-            if serial == self.serial:
-                self.chat_view.append_token(piece)
-
-        def finished(result: AskResult) -> None:
-            generation_s = time.perf_counter() - (first_token or [started])[0]
-            if serial == self.serial:
-                if self.chat_id is None:  # the engine created the chat for this question
-                    self.chat_id = result.chat_id
-                    self.doc_list.set_checkable(False)
-                self.chat_view.end_answer(result.answer, answer_stats(result, generation_s))
-                if result.messages:
-                    self._say("; ".join(result.messages))
-            self.refresh_chats()
-            self._generation_over(result)
-
-        def ended(note: str, error: bool = False) -> None:
-            if serial == self.serial:
-                self.chat_view.end_answer(None, note)
-                if error:
-                    self._say(note, True)
-            self.refresh_chats()
-            self._generation_over(None)
-
-        self.chat_view.begin_answer()
-        job = self.runner.start("chat", work, finished=finished,
-                                failed=lambda msg: ended(msg, error=True))
-        job.signals.token.connect(token)
-        job.signals.restored.connect(lambda report: self._reopened(serial, report))
-        job.signals.progress.connect(lambda p: self._show_progress(serial, p))
-        job.signals.cancelled.connect(lambda: ended("stopped"))
-        self.generation = job
-        self.send_button.setText("Stop")
-        self.send_button.setToolTip("Stop the answer  (Esc)")
-
-    def _generation_over(self, result: AskResult | None) -> None:
-        self.generation = None
-        self.send_button.setText("Send")
-        self.send_button.setToolTip("")
-        self.answer_done.emit(result)
-
-    # -- documents ----------------------------------------------------------------------------
-
-    def choose_files(self) -> None:
-        if self.engine is None:
-            return
-        paths, _ = QFileDialog.getOpenFileNames(
-            self, "Attach documents", str(Path.home()),
-            "Documents (*.txt *.md *.pdf *.html *.htm *.rst *.py *.json *.csv);;All files (*)")
-        self.attach_files(paths)
-
-    def attach_files(self, paths: list[str]) -> None:
-        """Compute each document's cache on the attach thread, one after the other; the chat
-        stays usable meanwhile (the engine gives attach its own model context)."""
-        if self.engine is None:
-            return
-        for path in paths:
-            self._attach(Path(path))
-
-    def _attach(self, path: Path) -> None:
-        row = self.doc_list.add_row(path.name, self.colors.error)
-        engine = self.engine
-        job = self.runner.start("attach", lambda job: engine.attach(
-            str(path), progress=job.signals.progress.emit, cancel=job.cancel))
-
-        def cancel() -> None:
-            job.cancel.set()
-            row.phase.setText("cancelling…")
-
-        def finished(result: AttachResult) -> None:
-            row.deleteLater()
-            notices = attach_notices(result)
-            self.statusBar().showMessage(
-                "; ".join(notices) or f"{result.title}: {result.kept_tokens:,} tokens ready", 8000)
-            if notices:
-                self._say("; ".join(notices))
-            if self.chat_id is None:  # a document attached while starting a chat joins it
-                self._check_next.add(result.doc_id)
-            self.refresh_documents()
-            self.attach_done.emit(result)
-
-        def failed(message: str) -> None:
-            row.show_error(message)
-            self.attach_done.emit(message)
-
-        def cancelled() -> None:
-            row.deleteLater()
-            self.attach_done.emit("cancelled")
-
-        row.cancel_clicked.connect(cancel)
-        job.signals.progress.connect(row.show_progress)
-        job.signals.finished.connect(finished)
-        job.signals.failed.connect(failed)
-        job.signals.cancelled.connect(cancelled)
-
-    def dragEnterEvent(self, event: QDragEnterEvent) -> None:
-        if self.engine is not None and any(u.isLocalFile() for u in event.mimeData().urls()):
-            event.acceptProposedAction()
-
-    def dropEvent(self, event: QDropEvent) -> None:
-        paths = [u.toLocalFile() for u in event.mimeData().urls() if u.isLocalFile()]
-        if paths:
-            event.acceptProposedAction()
-            self.attach_files(paths)
-
-    def delete_document(self, doc_id: int, title: str) -> None:
-        if self._confirm(f"Delete “{title}” and its cache? Chats about it keep their text."):
-            self.runner.start("misc", lambda job: self.engine.delete_document(doc_id),
-                              finished=lambda _: self.refresh_documents(),
-                              failed=lambda msg: self._say(msg, True))
-
-    # -- chat management ------------------------------------------------------------------------
-
-    def rename_chat(self, chat_id: int, title: str) -> None:
-        new, ok = QInputDialog.getText(self, "Rename chat", "Title:", text=title)
-        if ok and new.strip():
-            self.runner.start("misc", lambda job: self.engine.rename_chat(chat_id, new.strip()),
-                              finished=lambda _: self.refresh_chats(),
-                              failed=lambda msg: self._say(msg, True))
-
-    def delete_chat(self, chat_id: int) -> None:
-        if not self._confirm("Delete this chat and its cache?"):
-            return
-        if chat_id == self.chat_id:
-            self.new_chat()
-        self.runner.start("misc", lambda job: self.engine.delete_chat(chat_id),
-                          finished=lambda _: self.refresh_chats(),
-                          failed=lambda msg: self._say(msg, True))
-
-    def export_chat(self, chat_id: int, fmt: str) -> None:
-        self.runner.start("misc", lambda job: self.engine.export_chat(chat_id, fmt),
-                          finished=lambda text: self._save_export(text, fmt),
-                          failed=lambda msg: self._say(msg, True))
-
-    def _save_export(self, text: str, fmt: str) -> None:
-        suffix = ".md" if fmt == "markdown" else ".json"
-        path, _ = QFileDialog.getSaveFileName(self, "Export chat", f"chat{suffix}",
-                                              f"{fmt.title()} (*{suffix})")
-        if path:
-            Path(path).write_text(text, encoding="utf-8")
-            self.statusBar().showMessage(f"Exported to {path}", 5000)
-
-    def _confirm(self, question: str) -> bool:
-        answer = QMessageBox.question(self, "kvdesk", question)
-        return answer == QMessageBox.StandardButton.Yes
-
     # -- settings and closing -----------------------------------------------------------------
 
     def open_settings(self) -> None:
@@ -541,6 +343,8 @@ class MainWindow(QMainWindow):
         self.settings = new
         if new.theme != old.theme:
             self._apply_theme(new.theme)
+        if (new.server_enabled, new.server_port) != (old.server_enabled, old.server_port):
+            self._apply_local_api(new)
         if needs_restart(old, new):
             restart = QMessageBox.question(
                 self, "kvdesk", "The new model, context size or data folder takes effect when "
@@ -551,6 +355,24 @@ class MainWindow(QMainWindow):
             else:
                 self.statusBar().showMessage("The change applies the next time kvdesk starts")
 
+    def _apply_local_api(self, settings: Settings) -> None:
+        """Serve the local API, or stop serving it, as the settings say (off the GUI thread)."""
+        if self.local_api is None or self.engine is None:
+            return
+        control, port = self.local_api, settings.server_port
+
+        def shown(url: str | None) -> None:
+            self.api_label.setText(f"Local API: {url}" if url else "")
+            self.local_api_changed.emit(url)
+
+        work = (lambda job: control.start(port)) if settings.server_enabled else (
+            lambda job: control.stop())
+        self.runner.start("misc", work, finished=lambda _: shown(control.url),
+                          failed=lambda msg: (shown(None), self._say(
+                              f"The local API could not start: {msg}", True)))
+
     def closeEvent(self, event) -> None:
         self.runner.shutdown()
+        if self.local_api is not None:
+            self.local_api.stop()
         super().closeEvent(event)

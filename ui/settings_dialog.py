@@ -8,7 +8,6 @@ engine rebuilt). It never saves, loads a model or touches the data folder itself
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 from PySide6.QtWidgets import (
@@ -30,6 +29,7 @@ from PySide6.QtWidgets import (
 )
 
 from desktop_app.settings import Settings, SettingsError
+from desktop_app.validation import InvalidValue
 
 THEMES = {"system": "Follow the system", "light": "Light", "dark": "Dark"}
 # Settings that change which model or store the engine opens: changing them rebuilds it.
@@ -65,6 +65,15 @@ class SettingsDialog(QDialog):
                                    checked=settings.remote_auto_push)
         self.auto_pull = QCheckBox("Look there before computing a document",
                                    checked=settings.remote_auto_pull)
+        self.serve = QCheckBox("Serve the local API while kvdesk is open (OpenAI-compatible: "
+                               "other tools can use the same models and caches)",
+                               checked=settings.server_enabled)
+        self.port = QSpinBox(minimum=1, maximum=65535)
+        self.port.setValue(settings.server_port or 8765)
+        self.address = QLabel(wordWrap=True)
+        self.address.setEnabled(False)
+        self.port.valueChanged.connect(self._show_address)
+        self._show_address()
         self.error = QLabel(wordWrap=True)
         self.error.hide()
 
@@ -86,6 +95,11 @@ class SettingsDialog(QDialog):
                              wordWrap=True)
         credentials.setEnabled(False)
         remote.addRow(credentials)
+        local_api = QGroupBox("Local API")
+        served = QFormLayout(local_api)
+        served.addRow(self.serve)
+        served.addRow("Port", self.port)
+        served.addRow(self.address)
         note = QLabel("Changing the model, context size, data folder or shared cache restarts "
                       "the engine.", wordWrap=True)
         note.setEnabled(False)
@@ -96,6 +110,7 @@ class SettingsDialog(QDialog):
         layout = QVBoxLayout(self)
         layout.addLayout(form)
         layout.addWidget(shared)
+        layout.addWidget(local_api)
         layout.addWidget(note)
         layout.addWidget(self.error)
         layout.addWidget(buttons)
@@ -124,25 +139,31 @@ class SettingsDialog(QDialog):
         if path:
             self.data_dir.setText(path)
 
+    def _show_address(self) -> None:
+        self.address.setText(f"http://127.0.0.1:{self.port.value()}/v1 — this computer only "
+                             "(`kvdesk serve --host ... --api-key ...` serves a network)")
+
     def result_settings(self) -> Settings:
-        """The edited settings, validated (raises SettingsError)."""
-        # replace, not with_overrides: an emptied field must go back to its default (None).
-        return replace(self._settings, model=self.model.text().strip() or None,
-                       n_ctx=self.n_ctx.value(), data_dir=self.data_dir.text().strip() or None,
-                       storage_budget_gb=self.budget.value(),
-                       theme=self.theme.currentData(),
-                       remote_bucket=self.bucket.text().strip() or None,
-                       remote_endpoint_url=self.endpoint.text().strip() or None,
-                       remote_prefix=self.prefix.text().strip() or Settings.remote_prefix,
-                       remote_auto_push=self.auto_push.isChecked(),
-                       remote_auto_pull=self.auto_pull.isChecked()).validated()
+        """The edited settings, checked (raises InvalidValue naming the setting)."""
+        # with_values, not with_overrides: an emptied field goes back to its default (None).
+        default_prefix = Settings.model_fields["remote_prefix"].default
+        return self._settings.with_values(
+            model=self.model.text().strip() or None, n_ctx=self.n_ctx.value(),
+            data_dir=self.data_dir.text().strip() or None,
+            storage_budget_gb=self.budget.value(), theme=self.theme.currentData(),
+            remote_bucket=self.bucket.text().strip() or None,
+            remote_endpoint_url=self.endpoint.text().strip() or None,
+            remote_prefix=self.prefix.text().strip() or default_prefix,
+            remote_auto_push=self.auto_push.isChecked(),
+            remote_auto_pull=self.auto_pull.isChecked(),
+            server_enabled=self.serve.isChecked(), server_port=self.port.value())
 
     def accept(self) -> None:
         try:
             new = self.result_settings()
             if new.model and not Path(new.model).expanduser().is_file():
                 raise SettingsError(f"{new.model}: no such model file")
-        except SettingsError as e:
+        except InvalidValue as e:
             self.error.setText(str(e))
             self.error.show()
             return

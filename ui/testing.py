@@ -1,5 +1,7 @@
 """A scripted stand-in for `desktop_app.engine.Engine`, for UI tests and screenshots.
 
+It implements `desktop_app.protocol.EngineAPI` with exactly its signatures (a test checks).
+
 It implements the engine's API with canned data and realistic pauses (progress events, streamed
 tokens, cancellation, errors on demand), so the window can be exercised in seconds without a
 model. It never loads a model or opens the store, and the application never uses it: only
@@ -10,10 +12,14 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
 from desktop_app.documents import DocumentError
+from desktop_app.errors import Cancelled, EngineError
+from desktop_app.options import GenerationOptions, RestoreOptions
+from desktop_app.protocol import ProgressFn, RestoreFn, TokenFn
 from desktop_app.results import (
     AskResult,
     AttachResult,
@@ -24,11 +30,10 @@ from desktop_app.results import (
     RestoreEstimate,
     RestoreReport,
 )
-from desktop_app.runtime import Cancelled
 
 DAY = 86400.0
 N_CTX = 8192
-CHUNK_TOKENS = 256
+CHUNK_TOKENS = 256  # the fake's chunk size, for the chunk counts of its restore reports
 # Bytes of KV per token at each level: the default model's fp16 KV, then the codec's ratios.
 BYTES_PER_TOKEN = {"lossless": 23040, "high": 5760, "balanced": 3600, "compact": 2160}
 READ_MBPS = {"lossless": 900.0, "high": 400.0, "balanced": 350.0, "compact": 300.0}
@@ -52,7 +57,7 @@ def fake_answer(question: str) -> str:
 
 
 class FakeEngine:
-    levels = ("lossless", "high", "balanced", "compact")
+    levels = ("lossless", "high", "balanced", "compact")  # a class attribute: read-only as used
 
     def __init__(self, *, step_s: float = 0.01, token_s: float = 0.003, now: float | None = None):
         self.step_s = step_s  # pause per progress step: the engine's blocking work
@@ -136,6 +141,8 @@ class FakeEngine:
         return sum(self._docs[d].kept_tokens for d in doc_ids if d in self._docs)
 
     def _restore(self, tokens: int, level: str, progress, cancel) -> RestoreReport:
+        if level not in ("auto", *self.levels):  # as the engine refuses it
+            raise EngineError(f"unknown level(s) [{level!r}]; known: {list(self.levels)}")
         chunks = max(1, -(-tokens // CHUNK_TOKENS))
         best = "high" if level in ("auto", "lossless") else level
         # A couple of chunks fall back to a cheaper level, as a time budget would make them.
@@ -151,7 +158,15 @@ class FakeEngine:
 
     # -- the Engine API --------------------------------------------------------------------------
 
-    def attach(self, path, *, levels=None, progress=None, cancel=None) -> AttachResult:
+    def warm_up(self) -> None:
+        self._enter("warm_up")
+
+    def close(self) -> None:
+        self._enter("close")
+
+    def attach(self, path: str | Path, *, levels: Sequence[str] | None = None,
+               progress: ProgressFn | None = None,
+               cancel: threading.Event | None = None) -> AttachResult:
         path = Path(path)
         self._enter("attach", path.name)
         if path.suffix.lower() in BINARY_SUFFIXES:
@@ -185,37 +200,43 @@ class FakeEngine:
         time.sleep(self.step_s)
         return sorted(self._chats.values(), key=lambda c: c.updated, reverse=True)
 
-    def messages(self, chat_id) -> list[MessageInfo]:
+    def messages(self, chat_id: int) -> list[MessageInfo]:
         self._enter("messages", chat_id)
         time.sleep(self.step_s)
         return list(self._messages[chat_id])
 
-    def new_chat(self, doc_ids, title=None) -> ChatInfo:
+    def new_chat(self, doc_ids: Sequence[int], title: str | None = None) -> ChatInfo:
         self._enter("new_chat", list(doc_ids))
-        return self._add_chat(title or "New chat", doc_ids, time.time())
+        return self._add_chat(title or "New chat", list(doc_ids), time.time())
 
-    def ask(self, question, *, chat_id=None, doc_id=None, level="auto", budget_ms=None,
-            bandwidth_MBps=None, no_cache=False, max_tokens=512, seed=None, temperature=0.0,
-            on_token=None, on_restore=None, progress=None, cancel=None) -> AskResult:
-        self._enter("ask", question, chat_id, doc_id, level)
+    def ask(self, question: str, *, chat_id: int | None = None, doc_ids: Sequence[int] = (),
+            restore: RestoreOptions = RestoreOptions(),
+            generation: GenerationOptions = GenerationOptions(),
+            on_token: TokenFn | None = None, on_restore: RestoreFn | None = None,
+            progress: ProgressFn | None = None,
+            cancel: threading.Event | None = None) -> AskResult:
+        self._enter("ask", question, chat_id, list(doc_ids), restore.level)
         if chat_id is None:
             title = question.strip().splitlines()[0][:60]
-            chat = self._add_chat(title, [doc_id] if doc_id is not None else [], time.time())
+            chat = self._add_chat(title, list(doc_ids), time.time())
         else:
             chat = self._chats[chat_id]
         self._add_message(chat, "user", question, time.time())
-        return self._generate(chat, fake_answer(question), level, on_token, on_restore,
+        return self._generate(chat, fake_answer(question), restore.level, on_token, on_restore,
                               progress, cancel)
 
-    def regenerate(self, chat_id, *, level="auto", on_token=None, on_restore=None,
-                   progress=None, cancel=None, **_options) -> AskResult:
-        self._enter("regenerate", chat_id, level)
+    def regenerate(self, chat_id: int, *, restore: RestoreOptions = RestoreOptions(),
+                   generation: GenerationOptions = GenerationOptions(),
+                   on_token: TokenFn | None = None, on_restore: RestoreFn | None = None,
+                   progress: ProgressFn | None = None,
+                   cancel: threading.Event | None = None) -> AskResult:
+        self._enter("regenerate", chat_id, restore.level)
         msgs = self._messages[chat_id]
         if msgs and msgs[-1].role == "assistant":
             msgs.pop()
         question = next(m.text for m in reversed(msgs) if m.role == "user")
-        return self._generate(self._chats[chat_id], fake_answer(question + " (again)"), level,
-                              on_token, on_restore, progress, cancel)
+        return self._generate(self._chats[chat_id], fake_answer(question + " (again)"),
+                              restore.level, on_token, on_restore, progress, cancel)
 
     def _generate(self, chat, answer, level, on_token, on_restore, progress, cancel) -> AskResult:
         t0 = time.perf_counter()
@@ -229,49 +250,70 @@ class FakeEngine:
             ttft = ttft or time.perf_counter() - t0
             if on_token:
                 on_token(word if i == len(pieces) - 1 else word + " ")
-        stats = {"tokens": len(pieces), "ttft_s": ttft}
+        stats = {"tokens_generated": len(pieces), "ttft_s": ttft}
         self._add_message(chat, "assistant", answer, time.time(), stats)
         return AskResult(chat_id=chat.chat_id, answer=answer, ttft_s=ttft or 0.0,
                          restore_s=report.restore_s, bytes_read=report.bytes_read,
                          chunk_levels=report.chunk_levels, recomputed_tokens=0,
                          tokens_generated=len(pieces))
 
-    def prepare(self, draft, *, chat_id=None, doc_ids=(), level="auto",
-                cancel=None) -> RestoreReport | None:
-        self._enter("prepare", draft, chat_id, list(doc_ids), level)
+    def prepare(self, draft: str, *, chat_id: int | None = None, doc_ids: Sequence[int] = (),
+                restore: RestoreOptions = RestoreOptions(),
+                cancel: threading.Event | None = None) -> RestoreReport | None:
+        self._enter("prepare", draft, chat_id, list(doc_ids), restore.level)
         return None
 
-    def reopen(self, chat_id, *, level="auto", budget_ms=None, bandwidth_MBps=None,
-               progress=None, cancel=None) -> RestoreReport:
-        self._enter("reopen", chat_id, level)
+    def reopen(self, chat_id: int, *, restore: RestoreOptions = RestoreOptions(),
+               progress: ProgressFn | None = None,
+               cancel: threading.Event | None = None) -> RestoreReport:
+        self._enter("reopen", chat_id, restore.level)
         chat = self._chats[chat_id]
         history = sum(len(m.text.split()) for m in self._messages[chat_id])
-        return self._restore(self._prefix_tokens(chat.doc_ids) + history, level, progress, cancel)
+        return self._restore(self._prefix_tokens(chat.doc_ids) + history, restore.level,
+                             progress, cancel)
 
-    def rename_chat(self, chat_id, title) -> None:
+    def rename_chat(self, chat_id: int, title: str) -> None:
         self._enter("rename_chat", chat_id, title)
         self._chats[chat_id] = replace(self._chats[chat_id], title=title)
 
-    def delete_chat(self, chat_id) -> None:
+    def delete_chat(self, chat_id: int) -> None:
         self._enter("delete_chat", chat_id)
         del self._chats[chat_id]
         del self._messages[chat_id]
 
-    def delete_document(self, doc_id) -> None:
+    def delete_document(self, doc_id: int) -> None:
         self._enter("delete_document", doc_id)
         del self._docs[doc_id]
 
-    def estimate(self, *, chat_id=None, doc_ids=None) -> RestoreEstimate:
-        self._enter("estimate", chat_id, doc_ids)
+    def estimate(self, *, chat_id: int | None = None,
+                 doc_ids: Sequence[int] = ()) -> RestoreEstimate:
+        self._enter("estimate", chat_id, list(doc_ids))
         if chat_id is not None:
             doc_ids = self._chats[chat_id].doc_ids
-        tokens = self._prefix_tokens(doc_ids or [])
+        tokens = self._prefix_tokens(list(doc_ids))
         sizes = {lv: tokens * b for lv, b in BYTES_PER_TOKEN.items()}
         return RestoreEstimate(tokens=tokens, bytes=sizes,
                                seconds={lv: sizes[lv] / (READ_MBPS[lv] * 1e6) for lv in sizes})
 
-    def export_chat(self, chat_id, fmt="markdown") -> str:
+    def export_chat(self, chat_id: int, fmt: str = "markdown") -> str:
         self._enter("export_chat", chat_id, fmt)
         chat = self._chats[chat_id]
         return "\n\n".join([f"# {chat.title}"] + [f"**{m.role}**: {m.text}"
                                                   for m in self._messages[chat_id]])
+
+
+class FakeLocalAPI:
+    """A stand-in for the local API server the settings toggle (desktop_app.server.LocalAPI)."""
+
+    def __init__(self):
+        self.url: str | None = None
+        self.calls: list[tuple] = []
+
+    def start(self, port: int) -> str:
+        self.calls.append(("start", port))
+        self.url = f"http://127.0.0.1:{port}/v1"
+        return self.url
+
+    def stop(self) -> None:
+        self.calls.append(("stop",))
+        self.url = None

@@ -17,14 +17,9 @@ from collections.abc import Callable
 
 from PySide6.QtCore import QObject, QRunnable, QThreadPool, Signal
 
-from desktop_app.documents import DocumentError
-from desktop_app.errors import USER_ERRORS
-from desktop_app.runtime import Cancelled
+from desktop_app.errors import Cancelled, is_user_error
 
 log = logging.getLogger(__name__)
-
-# DocumentError is what attach raises for a file it cannot read; it is the user's to fix too.
-ACTIONABLE = (*USER_ERRORS, DocumentError)
 
 
 class JobSignals(QObject):
@@ -53,11 +48,12 @@ class Job(QRunnable):
             result = self.work(self)
         except Cancelled:
             self.signals.cancelled.emit()
-        except ACTIONABLE as e:
-            self.signals.failed.emit(str(e))
-        except Exception as e:  # a bug: keep the traceback for the log, say it briefly
-            log.error("engine call failed:\n%s", traceback.format_exc())
-            self.signals.failed.emit(f"Unexpected error: {type(e).__name__}: {e}")
+        except Exception as e:
+            if is_user_error(e):
+                self.signals.failed.emit(str(e))
+            else:  # a bug: keep the traceback for the log, say it briefly
+                log.error("engine call failed:\n%s", traceback.format_exc())
+                self.signals.failed.emit(f"Unexpected error: {type(e).__name__}: {e}")
         else:
             self.signals.finished.emit(result)
         self.signals.done.emit()

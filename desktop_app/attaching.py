@@ -1,0 +1,134 @@
+"""Attaching a document: extract its text, prefill its prefix once, encode and store its KV.
+
+The prefix is what every chat about the document starts with (the system prompt and the
+document, cut to fit the context). A document attached before under this model is not
+computed again; with a shared cache configured, its entry is taken from the bucket instead of
+prefilled when it is there, and shared after the attach when automatic pushing is on.
+A cancel or failure stores nothing of a new document and leaves a known one as it was.
+
+Attach runs in its own model context, so documents compute while the user chats.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from store import Document, Store
+
+from . import documents
+from . import speeds as speeds_mod
+from .contexts import ATTACH, Contexts
+from .kvcache import KVCache
+from .levels import check_levels, quality_order
+from .prompts import Prefix, Prompter, document_prefix
+from .results import AttachResult, Progress
+from .sharing import Sharing
+from .speeds import Speeds
+
+ProgressFn = Callable[[Progress], None]
+
+
+def _phase(progress: ProgressFn | None, phase: str,
+           title: str) -> Callable[[int, int], None] | None:
+    if progress is None:
+        return None
+    return lambda done, total: progress(Progress(phase, done, total, title))
+
+
+class Attacher:
+    def __init__(self, store: Store, contexts: Contexts, kv: KVCache, sharing: Sharing,
+                 prompter: Prompter, speeds: Speeds):
+        self.store = store
+        self.contexts = contexts
+        self.kv = kv
+        self.sharing = sharing
+        self.prompter = prompter
+        self.speeds = speeds
+        self.lock = threading.RLock()  # one job at a time in the attach context
+
+    def attach(self, path: str | Path, *, levels: Sequence[str] | None = None,
+               progress: ProgressFn | None = None,
+               cancel: threading.Event | None = None) -> AttachResult:
+        """Extract, prefill (or take from the shared cache), encode and store one document,
+        then share it if automatic pushing is on. Raises DocumentError, Cancelled."""
+        result = self._attach(path, levels, progress, cancel)
+        entry = self.store.document_entry(result.doc_id, self.contexts.get(ATTACH).fingerprint)
+        if result.pulled or entry is None:  # None: evicted at once by a tiny storage budget
+            return result
+        # Outside the attach lock: an upload must not hold up the next document's prefill.
+        pushed, notes = self.sharing.push_after_attach(
+            entry.id, progress=_phase(progress, "push", result.title))
+        return replace(result, pushed=pushed, warnings=[*result.warnings, *notes])
+
+    def _attach(self, path, levels, progress, cancel) -> AttachResult:
+        levels = quality_order(levels or self.kv.levels)
+        check_levels(levels)
+        extracted = documents.extract(path)
+        title = extracted.title
+        if progress:
+            progress(Progress("extract", 1, 1, title))
+        with self.lock:
+            rt = self.contexts.get(ATTACH)
+            self.contexts.warm_up(rt)
+            known = {d.content_hash: d for d in self.store.documents()}
+            existing = known.get(extracted.content_hash)
+            prefix = document_prefix(rt, (existing.title if existing else title, extracted.text),
+                                     self.prompter.room(rt))
+            doc = existing or self.store.add_document(
+                extracted.content_hash, title, extracted.text, type=extracted.kind,
+                source_path=extracted.source, n_tokens=prefix.doc_tokens)
+            self.store.set_document_tokens(doc.id, rt.fingerprint, prefix.doc_tokens,
+                                           prefix.kept_tokens)
+            warnings = list(extracted.warnings)
+            if prefix.kept_tokens < prefix.doc_tokens:
+                warnings.append(
+                    f"{title}: the document has {prefix.doc_tokens:,} tokens but only "
+                    f"{prefix.kept_tokens:,} fit the context of {rt.n_ctx:,} (with room for "
+                    "questions and answers); the rest is left out")
+            entry = self.store.document_entry(doc.id, rt.fingerprint)
+            if entry is not None and set(levels) <= set(entry.levels):
+                return self._result(doc, prefix, entry.id, levels, warnings, reused=True)
+            try:
+                t0 = time.perf_counter()
+                pulled, notes = self.sharing.pull_for_attach(
+                    rt.fingerprint, prefix.tokens, levels, doc.id,
+                    progress=_phase(progress, "pull", title))
+                warnings += notes
+                if pulled is not None:
+                    return self._result(doc, prefix, pulled, levels, warnings,
+                                        encode_s=time.perf_counter() - t0, pulled=True)
+                rt.reset()
+                rt.prefill(prefix.tokens, cancel=cancel,
+                           progress=_phase(progress, "prefill", title))
+                prefill_s = time.perf_counter() - t0
+                self.speeds.prefill_tps = len(prefix.tokens) / max(prefill_s, 1e-6)
+                t1 = time.perf_counter()
+                entry_id = self.kv.store_prefix(rt, prefix.tokens, levels, document_id=doc.id,
+                                                progress=progress, cancel=cancel, title=title)
+                encode_s = time.perf_counter() - t1
+            except BaseException:
+                # Nothing half-stored: a new document leaves no trace, a known one keeps
+                # what it had (the entry writer aborts its own chunks).
+                if existing is None:
+                    self.store.delete_document(doc.id)
+                rt.reset()
+                raise
+            speeds_mod.save(self.store, self.speeds)
+            return self._result(doc, prefix, entry_id, levels, warnings,
+                                prefill_s=prefill_s, encode_s=encode_s)
+
+    def _result(self, doc: Document, prefix: Prefix, entry_id: int, levels: Sequence[str],
+                warnings: list[str], *, prefill_s: float = 0.0, encode_s: float = 0.0,
+                reused: bool = False, pulled: bool = False) -> AttachResult:
+        sizes = self.store.entry_level_bytes([entry_id]).get(entry_id, {})
+        bytes_per_token = self.contexts.get(ATTACH).layout.kv_bytes_per_token
+        return AttachResult(
+            doc_id=doc.id, title=doc.title, tokens=prefix.doc_tokens,
+            kept_tokens=prefix.kept_tokens, prefill_s=round(prefill_s, 3),
+            encode_s=round(encode_s, 3), raw_bytes=len(prefix.tokens) * bytes_per_token,
+            stored_bytes={lvl: sizes.get(lvl, 0) for lvl in levels}, reused=reused,
+            warnings=warnings, pulled=pulled)

@@ -1,0 +1,49 @@
+"""The `kvdesk` command line: a thin click layer over `App`.
+
+Every command accepts `--json` and then prints exactly one JSON document on stdout; progress
+and logs go to stderr. Errors the user can act on (a missing model, a bad setting, a corrupt
+cache) are printed as one clear line (or `{"error": ...}` with --json) and exit with status 1:
+never a traceback.
+
+    base          the group, output, progress and Ctrl-C handling every command shares
+    chat          attach, ask, reopen, docs, chats, rm
+    maintenance   info, verify, gc, selfcheck, eval, gui
+    remote        the shared cache: remote status, push, pull
+    serve         the local OpenAI-compatible API
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from ..errors import is_user_error
+from . import chat, maintenance, remote, serve  # noqa: F401 - each registers its commands
+from .base import cli
+
+__all__ = ["cli", "main"]
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        cli.main(args=args, prog_name="kvdesk", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        sys.exit(130)
+    except click.UsageError as e:  # a malformed command line: one Error line, and where to look
+        hint = f"Try '{e.ctx.command_path} -h' for help." if e.ctx is not None else ""
+        click.echo(f"Error: {e.format_message()}" + (f"\n{hint}" if hint else ""), err=True)
+        sys.exit(1)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except Exception as e:
+        if not is_user_error(e):
+            raise
+        if "--json" in args:
+            click.echo(json.dumps({"error": str(e), "kind": type(e).__name__}))
+        click.echo(f"Error: {e}", err=True)
+        sys.exit(1)

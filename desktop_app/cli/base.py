@@ -1,0 +1,154 @@
+"""What every `kvdesk` command shares: the group and its options, JSON or text output,
+progress on stderr, Ctrl-C as a cancel, and the notes a command passes on to the user.
+
+No logic lives here that the GUI would need too: that belongs in `App` and the engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+import click
+import pydantic
+
+from .. import __version__
+from ..app import App
+from ..results import Progress, levels_summary
+from ..settings import load as load_settings
+from ..validation import InvalidValue, parse
+
+T = TypeVar("T")
+M = TypeVar("M", bound=pydantic.BaseModel)
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+
+
+def option_name(field: str) -> str:
+    """The command-line spelling of a value's field: budget_ms -> --budget-ms."""
+    return "--" + field.replace("_", "-")
+
+
+def checked(build: Callable[..., T], **values) -> T:
+    """build(**values), its InvalidValue named as the user typed it (--budget-ms, not budget_ms)."""
+    try:
+        return build(**values)
+    except InvalidValue as e:
+        raise InvalidValue(option_name(e.key), e.reason) from None
+
+
+def values(model: type[M], **given) -> M:
+    """The command line's values for `model` (options not given keep their defaults)."""
+    return checked(lambda **v: parse(model, v),
+                   **{k: v for k, v in given.items() if v is not None})
+
+
+def emit(data: dict | list, as_json: bool, lines: list[str] | None = None) -> None:
+    """Print `data` as JSON, or the human-readable `lines` (default: key: value)."""
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    if lines is None:
+        lines = [f"{k}: {v}" for k, v in data.items()] if isinstance(data, dict) else []
+    for line in lines:
+        click.echo(line)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="kvdesk")
+@click.option("--model", metavar="PATH", help="A GGUF model file (default: SmolLM2-135M, "
+              "shipped with kvdesk; env KVDESK_MODEL).")
+@click.option("--data-dir", metavar="DIR", help="Where documents, chats and caches live "
+              "(env KVDESK_DATA_DIR; default: the platform's user data directory).")
+@click.option("--n-ctx", type=int, help="Context size in tokens (default 8192).")
+@click.pass_context
+def cli(ctx: click.Context, model: str | None, data_dir: str | None, n_ctx: int | None):
+    """kvdesk: ask a local model about long documents, without re-reading them every time."""
+    settings = checked(load_settings().with_overrides, model=model, data_dir=data_dir,
+                       n_ctx=n_ctx)
+    app = App(settings)
+    ctx.obj = app
+    ctx.call_on_close(app.close)
+
+
+class TerminalProgress:
+    """A one-line progress display on stderr, redrawn in place on a terminal."""
+
+    def __init__(self):
+        self.tty = sys.stderr.isatty()
+        self.last = None
+
+    def __call__(self, p: Progress) -> None:
+        pct = 100 * p.done // max(1, p.total)
+        key = (p.title, p.phase, pct if self.tty else pct // 25)
+        if key == self.last:
+            return
+        self.last = key
+        line = f"{p.title + ': ' if p.title else ''}{p.phase} {pct:3d}% ({p.done:,}/{p.total:,})"
+        if self.tty:
+            click.echo(f"\r\033[K{line}", nl=False, err=True)
+        else:
+            click.echo(line, err=True)
+
+    def done(self) -> None:
+        if self.tty and self.last is not None:
+            click.echo("\r\033[K", nl=False, err=True)
+        self.last = None
+
+
+@contextlib.contextmanager
+def interruptible():
+    """Ctrl-C sets a cancel event the engine checks between slices, so it stops cleanly."""
+    cancel = threading.Event()
+
+    def on_sigint(signum, frame):
+        if cancel.is_set():  # a second Ctrl-C: the user really means it
+            raise KeyboardInterrupt
+        click.echo("\nStopping...", err=True)
+        cancel.set()
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield cancel
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def level_list(value: str | None) -> list[str] | None:
+    return [v.strip() for v in value.split(",") if v.strip()] if value else None
+
+
+
+
+def say(messages: list[str]) -> None:
+    for m in messages:
+        click.echo(f"Note: {m}", err=True)
+
+
+def summary(levels: list[str]) -> str:
+    return levels_summary(levels) if levels else "nothing to restore"
+
+
+no_server_option = click.option("--no-server", is_flag=True, help="Work in this process even "
+                                "when a kvdesk server runs on the data directory.")
+
+
+def server_client(app: App, no_server: bool):
+    """A client of the kvdesk server running on this data directory, model and context, if
+    there is one (and the user did not say --no-server): it answers without loading anything."""
+    if no_server:
+        return None
+    from ..server import discovery
+
+    found = discovery.find(app.data_dir, model=app.model_path, n_ctx=app.settings.n_ctx)
+    if found is None:
+        return None
+    from ..server.client import Client
+
+    say([f"answered by the kvdesk server at {found[0]} (--no-server: in this process)"])
+    return Client(*found)

@@ -1,0 +1,224 @@
+"""The everyday commands: attach documents, ask about them, reopen chats, list and delete.
+
+Each is a thin layer over `App.engine`; what a flow does is the engine's.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+
+import click
+
+from ..app import App
+from ..errors import Cancelled, is_user_error
+from ..options import GenerationOptions, RestoreOptions
+from ..results import AttachFailure
+from .base import (
+    TerminalProgress,
+    cli,
+    emit,
+    interruptible,
+    json_option,
+    level_list,
+    no_server_option,
+    say,
+    server_client,
+    summary,
+    values,
+)
+
+
+@cli.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path())
+@click.option("--levels", help="Comma-separated codec levels to store (default: every level).")
+@no_server_option
+@json_option
+@click.pass_obj
+def attach(app: App, files: tuple[str, ...], levels: str | None, no_server: bool,
+           as_json: bool):
+    """Attach documents: extract, prefill once, compress and store their KV cache."""
+    results, failed = [], False
+    bar = TerminalProgress()
+    engine = server_client(app, no_server) or app.engine
+    with interruptible() as cancel:
+        for path in files:
+            try:
+                res = engine.attach(path, levels=level_list(levels), progress=bar,
+                                    cancel=cancel)
+            except Cancelled:
+                bar.done()
+                click.echo(f"{path}: cancelled; nothing was stored", err=True)
+                failed = True
+                break
+            except Exception as e:
+                if not is_user_error(e):
+                    raise
+                bar.done()
+                click.echo(f"Error: {e}", err=True)
+                results.append(AttachFailure(path, str(e)).as_dict())
+                failed = True
+                continue
+            bar.done()
+            for w in res.warnings:
+                click.echo(f"Warning: {w}", err=True)
+            results.append(res.as_dict())
+            if not as_json:
+                sizes = ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in res.stored_bytes.items())
+                how = "already cached" if res.reused else (
+                    f"from the shared cache in {res.encode_s:.1f} s" if res.pulled else
+                    f"prefill {res.prefill_s:.1f} s, encode {res.encode_s:.1f} s")
+                how += "; shared" if res.pushed else ""
+                click.echo(f"[{res.doc_id}] {res.title}: {res.kept_tokens:,} tokens ({how}); "
+                           f"raw {res.raw_bytes / 1e6:.1f} MB -> {sizes}")
+    if as_json:
+        click.echo(json.dumps(results, indent=2))
+    if failed:
+        sys.exit(1)
+
+
+def restore_options(f):
+    """--level, --budget-ms, --bandwidth-MBps and --no-cache, passed on as one `restore`."""
+    for opt in reversed([
+        click.option("--level", default="auto", show_default=True,
+                     help="auto (adaptive per chunk) or a codec level to force."),
+        click.option("--budget-ms", type=float, help="Time budget for the restore."),
+        click.option("--bandwidth-MBps", "bandwidth_MBps", type=float,
+                     help="Read bandwidth to plan for and throttle to (a slow link)."),
+        click.option("--no-cache", is_flag=True, help="Recompute from text (the baseline)."),
+    ]):
+        f = opt(f)
+
+    @functools.wraps(f)
+    def wrapper(*args, level, budget_ms, bandwidth_MBps, no_cache, **kwargs):
+        restore = values(RestoreOptions, level=level, budget_ms=budget_ms,
+                         bandwidth_MBps=bandwidth_MBps, no_cache=no_cache)
+        return f(*args, restore=restore, **kwargs)
+
+    return wrapper
+
+
+@cli.command(context_settings={"ignore_unknown_options": False})
+@click.argument("args", nargs=-1, required=True, metavar="[DOC_ID] QUESTION")
+@click.option("--chat", "chat_id", type=int, help="Continue this chat instead of a new one.")
+@click.option("--doc", "docs", type=int, multiple=True, help="A document of a new chat; "
+              "repeat it for a chat over several (their caches are blended).")
+@restore_options
+@click.option("--max-tokens", type=int, default=512, show_default=True)
+@click.option("--seed", type=int, help="Sample with this seed (default: greedy).")
+@click.option("--temperature", type=float, help="Sampling temperature (default 0.8 with --seed).")
+@no_server_option
+@json_option
+@click.pass_obj
+def ask(app: App, args, chat_id, docs, restore, max_tokens, seed, temperature, no_server,
+        as_json):
+    """Ask about a document (a new chat; --doc ID --doc ID for several), or continue a chat
+    with --chat."""
+    if chat_id is not None and len(args) == 1 and not docs:
+        doc_ids, question = [], args[0]
+    elif chat_id is None and len(args) == 2 and args[0].isdigit() and not docs:
+        doc_ids, question = [int(args[0])], args[1]
+    elif chat_id is None and len(args) == 1 and docs:
+        doc_ids, question = list(docs), args[0]
+    else:
+        raise click.UsageError("usage: kvdesk ask DOC_ID QUESTION, kvdesk ask --doc ID --doc "
+                               "ID QUESTION, or kvdesk ask --chat CHAT_ID QUESTION (quote the "
+                               "question)")
+    if temperature is None:
+        temperature = 0.8 if seed is not None else 0.0
+    generation = values(GenerationOptions, max_tokens=max_tokens, temperature=temperature,
+                        seed=seed)
+    bar = TerminalProgress()
+    streamed = []
+
+    def on_token(text: str) -> None:
+        if not as_json:
+            if not streamed:
+                bar.done()
+            click.echo(text, nl=False)
+        streamed.append(text)
+
+    said: list[str] = []
+
+    def on_restore(report) -> None:  # said before the answer streams: why it may be slow
+        say(report.messages)
+        said.extend(report.messages)
+
+    with interruptible() as cancel:
+        res = (server_client(app, no_server) or app.engine).ask(
+            question, chat_id=chat_id, doc_ids=doc_ids, restore=restore,
+            generation=generation, on_token=on_token, on_restore=on_restore, progress=bar,
+            cancel=cancel)
+    if as_json:
+        say([m for m in res.messages if m not in said])
+        click.echo(json.dumps(res.as_dict(), indent=2))
+    else:
+        click.echo()
+        say([m for m in res.messages if m not in said])
+        click.echo(f"[chat {res.chat_id}] first token after {res.ttft_s * 1000:.0f} ms "
+                   f"(restore {res.restore_s * 1000:.0f} ms, {summary(res.chunk_levels)})",
+                   err=True)
+
+
+@cli.command()
+@click.argument("chat_id", type=int)
+@restore_options
+@no_server_option
+@json_option
+@click.pass_obj
+def reopen(app: App, chat_id, restore, no_server, as_json):
+    """Restore a chat's context into the model and report how."""
+    bar = TerminalProgress()
+    with interruptible() as cancel:
+        rep = (server_client(app, no_server) or app.engine).reopen(
+            chat_id, restore=restore, progress=bar, cancel=cancel)
+    bar.done()
+    say(rep.messages)
+    out = {"chat_id": chat_id, "tokens": rep.tokens, "restore_s": round(rep.restore_s, 4),
+           "chunk_levels": rep.chunk_levels, "recomputed_tokens": rep.recomputed_tokens,
+           "messages": rep.messages}
+    emit(out, as_json, [f"restored {rep.tokens:,} tokens in {rep.restore_s * 1000:.0f} ms "
+                        f"({summary(rep.chunk_levels)}; "
+                        f"{rep.recomputed_tokens:,} recomputed)"])
+
+
+@cli.command()
+@json_option
+@click.pass_obj
+def docs(app: App, as_json: bool):
+    """List attached documents and their caches."""
+    rows = app.engine.documents()
+    emit([d.as_dict() for d in rows], as_json, [
+        f"[{d.doc_id}] {d.title} — {d.tokens:,} tokens"
+        + (f" ({d.kept_tokens:,} kept)" if d.status == "ready" and d.kept_tokens < d.tokens
+           else "")
+        + f", {d.status}, {sum(d.cache_bytes.values()) / 1e6:.1f} MB cached"
+        + (f", {d.damaged_chunks} damaged chunks (kvdesk verify --repair)"
+           if d.damaged_chunks else "") for d in rows])
+
+
+@cli.command()
+@json_option
+@click.pass_obj
+def chats(app: App, as_json: bool):
+    """List chats, most recent first."""
+    rows = app.engine.chats()
+    emit([c.as_dict() for c in rows], as_json, [
+        f"[{c.chat_id}] {c.title} — {c.messages} messages" for c in rows])
+
+
+@cli.command()
+@click.argument("kind", type=click.Choice(["doc", "chat"]))
+@click.argument("item_id", type=int)
+@json_option
+@click.pass_obj
+def rm(app: App, kind: str, item_id: int, as_json: bool):
+    """Delete a document or a chat, with its caches."""
+    if kind == "doc":
+        app.engine.delete_document(item_id)
+    else:
+        app.engine.delete_chat(item_id)
+    emit({"deleted": kind, "id": item_id}, as_json, [f"deleted {kind} {item_id}"])
+
+

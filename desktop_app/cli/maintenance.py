@@ -1,0 +1,130 @@
+"""Commands about the installation and the store rather than a conversation: the model's
+facts, integrity checks, eviction, the self-check, the quality evaluation and the window.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ..app import App
+from ..options import GcOptions
+from ..selfcheck import run as run_selfcheck
+from .base import TerminalProgress, cli, emit, interruptible, json_option, level_list, values
+
+
+@cli.command()
+@json_option
+@click.pass_obj
+def info(app: App, as_json: bool):
+    """Show the model, its KV layout and its cache fingerprint."""
+    emit(app.info(), as_json)
+
+
+@cli.command()
+@click.option("--repair", is_flag=True, help="Recompute damaged chunks under this model (or "
+              "drop those of other models).")
+@json_option
+@click.pass_obj
+def verify(app: App, repair: bool, as_json: bool):
+    """Check every stored KV chunk; set aside (and with --repair, fix) those that fail."""
+    report = app.store.verify()
+    if repair and report["corrupt"]:
+        bar = TerminalProgress()
+        with interruptible() as cancel:
+            report["repair"] = app.engine.repair(progress=bar, cancel=cancel)
+        bar.done()
+    lines = [f"{report['entries']} entries, {report['chunks']} chunks, "
+             f"{report['bytes'] / 1e6:.1f} MB: "
+             + (f"{len(report['corrupt'])} damaged" if report["corrupt"] else "all intact")]
+    lines += [f"  damaged: entry {c['entry']} chunk {c['chunk']} level {c['level']}"
+              + ("" if c["new"] else " (set aside before)") for c in report["corrupt"]]
+    if "repair" in report:
+        fixed = report["repair"]
+        lines += [f"repaired {len(fixed['repaired'])}, dropped {len(fixed['dropped'])} "
+                  f"(of other models; {len(fixed['deleted_entries'])} entries deleted)"]
+    elif report["corrupt"]:
+        lines += ["run `kvdesk verify --repair` to recompute them (they are not read meanwhile)"]
+    emit(report, as_json, lines)
+    if report["corrupt"] and "repair" not in report:
+        sys.exit(1)
+
+
+@cli.command()
+@click.option("--budget-gb", type=float, help="Evict down to this (default: the setting).")
+@json_option
+@click.pass_obj
+def gc(app: App, budget_gb: float | None, as_json: bool):
+    """Evict least-recently-used caches beyond the storage budget."""
+    budget = values(GcOptions, budget_gb=budget_gb).budget_gb
+    report = app.store.gc(None if budget is None else int(budget * 1e9))
+    emit(report, as_json, [f"freed {report['freed_bytes'] / 1e6:.1f} MB; "
+                           f"{report['bytes_after'] / 1e6:.1f} MB of "
+                           f"{report['budget_bytes'] / 1e9:.1f} GB used"])
+
+
+@cli.command()
+@json_option
+@click.pass_obj
+def selfcheck(app: App, as_json: bool):
+    """Check this installation end to end on a sample text (in a temporary data folder)."""
+    report = run_selfcheck(app.settings)
+    if report["ok"]:
+        emit(report, as_json, [
+            f"ok: first token after {report['ttft_s'] * 1000:.0f} ms; reopened "
+            f"{report['tokens']:,} tokens through {report['level']} in "
+            f"{report['restore_s'] * 1000:.0f} ms ({report['seconds']:.1f} s in all)"])
+        return
+    emit(report, as_json, [])
+    if not as_json:
+        click.echo(f"selfcheck FAILED: {report['error']}\n{report['traceback']}", err=True)
+    sys.exit(1)
+
+
+@cli.command("eval")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--prefix-tokens", type=int, default=2048, show_default=True,
+              help="Tokens of FILE whose KV each configuration restores.")
+@click.option("--cont-tokens", type=int, default=256, show_default=True,
+              help="Following tokens, scored under teacher forcing.")
+@click.option("--configs", help="Comma-separated: fp16, fp16-ulp (the noise floor), q8_0, q4_0 "
+              "and codec levels (default: all of them but lossless).")
+@json_option
+@click.pass_obj
+def eval_(app: App, file: str, prefix_tokens: int, cont_tokens: int, configs: str | None,
+          as_json: bool):
+    """Measure how closely compressed KV caches answer like the exact one, on FILE."""
+    from .. import documents, quality
+
+    names = level_list(configs) or list(quality.DEFAULT_CONFIGS)
+    if not as_json:
+        click.echo(f"{'config':<12} {'bits/elem':>9} {'KLD':>8} {'top-1':>6} {'ppl':>8}  greedy")
+
+    def show(row: dict) -> None:
+        if not as_json:  # rows as they finish: a full run takes minutes
+            click.echo(f"{row['config']:<12} {row['bits_per_element']:>9.3f} {row['kld']:>8.4f} "
+                       f"{row['top1']:>6.3f} {row['ppl']:>8.3f}  "
+                       f"{'same' if row['greedy_match'] else 'differs'}")
+
+    try:
+        report = quality.evaluate(app.model_path, documents.extract(file).text,
+                                  prefix_tokens=prefix_tokens, cont_tokens=cont_tokens,
+                                  configs=names, on_row=show)
+    except quality.EvalError as e:
+        emit({"error": str(e), "kind": "EvalError"}, as_json, [])
+        click.echo(f"Error: {e}", err=True)
+        sys.exit(1)
+    if as_json:
+        emit(report, True)
+
+
+@cli.command()
+@click.pass_obj
+def gui(app: App):
+    """Open the desktop window (needs a display)."""
+    from ..launcher import launch
+
+    sys.exit(launch(app))
+
+

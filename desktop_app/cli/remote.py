@@ -1,0 +1,85 @@
+"""`kvdesk remote`: the shared cache on S3-compatible storage (status, push, pull)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ..app import App
+from ..results import Progress
+from .base import TerminalProgress, cli, emit, json_option
+
+
+@cli.group()
+def remote():
+    """The shared cache: KV caches on S3-compatible storage, for a team or several machines.
+
+    Set remote_bucket (and remote_endpoint_url, remote_prefix) in the settings or the
+    KVDESK_REMOTE_* variables; credentials come from the AWS environment or ~/.aws.
+    """
+
+
+@remote.command("status")
+@json_option
+@click.pass_obj
+def remote_status(app: App, as_json: bool):
+    """Whether the bucket answers, and the documents cached here and there for this model."""
+    # Not configured: said without loading the model or opening the store.
+    report = app.engine.sharing.status(app.engine.fingerprint) if app.remote else \
+        {"configured": False}
+    if not report["configured"]:
+        lines = ["no shared cache configured (settings remote_bucket, remote_endpoint_url)"]
+    else:
+        lines = [f"{report['endpoint']} bucket {report['bucket']!r} prefix "
+                 f"{report['prefix']!r}: "
+                 + ("reachable" if report["reachable"] else f"UNREACHABLE: {report['error']}"),
+                 f"documents cached here: {report['local_entries']}"]
+        if report["reachable"]:
+            lines += [f"documents shared there: {report['remote_entries']} "
+                      f"({report['only_local']} only here, {report['only_remote']} only there)"]
+        lines += [f"automatic push: {'on' if report['auto_push'] else 'off'}, "
+                  f"automatic pull: {'on' if report['auto_pull'] else 'off'}"]
+    emit(report, as_json, lines)
+    if report["configured"] and not report["reachable"]:
+        sys.exit(1)
+
+
+def _transfer_lines(report: dict, key: str, left: str, lazy: bool = False) -> list[str]:
+    return ([f"added {t['title']} ({t['tokens']:,} tokens; its cache streams when first used)"
+             if lazy else f"{key} {t['title']}: {t['tokens']:,} tokens, {t['objects']} objects, "
+             f"{t['bytes'] / 1e6:.1f} MB" for t in report[key]]
+            + [f"{report[left]} {left.replace('_', ' ')}"]
+            + [f"FAILED: {f['error']}" for f in report["failed"]])
+
+
+@remote.command("push")
+@json_option
+@click.pass_obj
+def remote_push(app: App, as_json: bool):
+    """Upload this model's document caches the shared cache lacks."""
+    bar = TerminalProgress()
+    report = app.engine.sharing.push(app.engine.fingerprint,
+                                     progress=lambda d, t: bar(Progress("push", d, t)))
+    bar.done()
+    emit(report, as_json, _transfer_lines(report, "pushed", "already_remote"))
+    if report["failed"]:
+        sys.exit(1)
+
+
+@remote.command("pull")
+@click.option("--lazy", is_flag=True, help="Only add the documents; their caches stream from "
+              "the shared cache when first asked about.")
+@json_option
+@click.pass_obj
+def remote_pull(app: App, lazy: bool, as_json: bool):
+    """Download this model's document caches from the shared cache (with their documents)."""
+    bar = TerminalProgress()
+    report = app.engine.sharing.pull(app.engine.fingerprint, lazy=lazy,
+                                     progress=lambda d, t: bar(Progress("pull", d, t)))
+    bar.done()
+    emit(report, as_json, _transfer_lines(report, "pulled", "already_local", lazy))
+    if report["failed"]:
+        sys.exit(1)
+
+

@@ -1,0 +1,32 @@
+"""The codec levels as the app offers them: which are stored, in what order of quality.
+
+Every named level a document is stored at lets the streaming restore choose per chunk;
+CacheGen's published bins (cachegen-1..3) exist for comparisons (`attach --levels`, `eval`).
+
+It never encodes or decodes: the codec does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import codec
+
+from .errors import EngineError
+
+DEFAULT_LEVELS = ("lossless", "high", "balanced", "compact")
+QUALITY_ORDER = ("lossless", "high", "cachegen-3", "balanced", "cachegen-2", "compact",
+                 "cachegen-1")
+
+
+def quality_order(levels: Sequence[str]) -> list[str]:
+    """The distinct `levels`, best quality first (unknown names last, by name)."""
+    rank = {name: i for i, name in enumerate(QUALITY_ORDER)}
+    return sorted(dict.fromkeys(levels), key=lambda lvl: (rank.get(lvl, len(rank)), lvl))
+
+
+def check_levels(levels: Sequence[str]) -> None:
+    unknown = set(levels) - set(codec.levels())
+    if unknown:
+        raise EngineError(f"unknown level(s) {sorted(unknown)}; known: "
+                          f"{quality_order(codec.levels())}")

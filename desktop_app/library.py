@@ -1,0 +1,138 @@
+"""The library: documents, chats and messages as the user sees them, over the store.
+
+A thin facade that turns store records into the engine's result records (`results`), names
+what is missing in the engine's terms (`EngineError`: "no chat 7"), and aggregates listings in
+the store (message counts, cache sizes per level) rather than loading rows to count them.
+
+It never touches a model context or the codec: what a chat's tokens are under a model is the
+sessions' business.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from store import Chat, Document, Message, NotFoundError, Store
+
+from .errors import EngineError, MissingError
+from .prompts import UNTITLED
+from .results import ChatInfo, DocumentInfo, MessageInfo
+
+T = TypeVar("T")
+
+
+def _found(get: Callable[[int], T], item_id: int, what: str) -> T:
+    try:
+        return get(item_id)
+    except NotFoundError as e:
+        raise MissingError(f"no {what} {item_id}") from e
+
+
+class Library:
+    def __init__(self, store: Store):
+        self.store = store
+
+    # -- one item --------------------------------------------------------------------------
+
+    def document(self, doc_id: int) -> Document:
+        return _found(self.store.document, doc_id, "document")
+
+    def chat(self, chat_id: int) -> Chat:
+        return _found(self.store.chat, chat_id, "chat")
+
+    def chat_documents(self, chat_id: int) -> list[Document]:
+        return self.store.chat_documents(chat_id)
+
+    def history(self, chat_id: int) -> list[Message]:
+        """The chat's messages, oldest first."""
+        return self.store.messages(chat_id)
+
+    # -- listings --------------------------------------------------------------------------
+
+    def documents(self, fingerprint: str) -> list[DocumentInfo]:
+        """Every document, with its cache under the model `fingerprint` (status "ready"),
+        only under others ("stale") or none."""
+        roots: dict[int, list] = {}
+        for entry in self.store.entries():  # least recently used first
+            if entry.parent_id is None and entry.document_id is not None:
+                roots.setdefault(entry.document_id, []).append(entry)
+        current = {doc_id: [e for e in entries if e.model == fingerprint][-1]
+                   for doc_id, entries in roots.items()
+                   if any(e.model == fingerprint for e in entries)}
+        sizes = self.store.entry_level_bytes(e.id for e in current.values())
+        damaged = self.store.damaged(e.id for e in current.values())
+        counts = self.store.document_tokens(fingerprint)
+        out = []
+        for doc in self.store.documents():
+            entry = current.get(doc.id)
+            status = "ready" if entry else ("stale" if doc.id in roots else "none")
+            # Counted by attach under this model; a document attached by an older kvdesk has
+            # its first model's count, and its prefix's tokens bound what was kept.
+            tokens, kept = counts.get(doc.id, (doc.n_tokens or 0, 0))
+            if doc.id not in counts and entry:
+                kept = min(tokens, entry.token_end)
+            out.append(DocumentInfo(
+                doc.id, doc.title, doc.type, tokens, kept if entry else 0,
+                sizes.get(entry.id, {}) if entry else {}, status, doc.created,
+                damaged.get(entry.id, 0) if entry else 0))
+        return out
+
+    def chats(self) -> list[ChatInfo]:
+        """Every chat, the most recently updated first. A chat over several documents that
+        has answered is "exact" once its own cache is stored (blended answers never are: the
+        exact context is computed in the background), "blended" until then."""
+        counts = self.store.message_counts()
+        docs = self.store.chat_document_ids()
+        cached = {e.chat_id for e in self.store.entries() if e.chat_id is not None}
+
+        def mode(chat_id: int) -> str | None:
+            if len(docs.get(chat_id, [])) < 2 or not counts.get(chat_id):
+                return None
+            return "exact" if chat_id in cached else "blended"
+
+        return [ChatInfo(c.id, c.title, docs.get(c.id, []), counts.get(c.id, 0), c.created,
+                         c.updated, mode(c.id)) for c in self.store.chats()]
+
+    def messages(self, chat_id: int) -> list[MessageInfo]:
+        self.chat(chat_id)
+        return [MessageInfo(m.id, m.role, m.text, m.created, m.stats)
+                for m in self.store.messages(chat_id)]
+
+    # -- changes ---------------------------------------------------------------------------
+
+    def new_chat(self, doc_ids: Sequence[int], title: str | None = None) -> ChatInfo:
+        docs = [self.document(d) for d in doc_ids]
+        chat = self.store.create_chat(title or UNTITLED, [d.id for d in docs])
+        return ChatInfo(chat.id, chat.title, [d.id for d in docs], 0, chat.created, chat.updated)
+
+    def name_untitled(self, chat_id: int, title: str) -> None:
+        """Give a chat still untitled and empty its first question's title."""
+        if self.chat(chat_id).title == UNTITLED and not self.store.message_counts().get(chat_id):
+            self.store.rename_chat(chat_id, title)
+
+    def rename_chat(self, chat_id: int, title: str) -> None:
+        self.chat(chat_id)
+        self.store.rename_chat(chat_id, title)
+
+    def delete_chat(self, chat_id: int) -> None:
+        self.chat(chat_id)
+        self.store.delete_chat(chat_id)
+
+    def delete_document(self, doc_id: int) -> None:
+        self.document(doc_id)
+        self.store.delete_document(doc_id)
+
+    def export_chat(self, chat_id: int, fmt: str = "markdown") -> str:
+        chat = self.chat(chat_id)
+        msgs = self.messages(chat_id)
+        if fmt == "json":
+            return json.dumps({"chat_id": chat.id, "title": chat.title,
+                               "messages": [m.as_dict() for m in msgs]}, indent=2)
+        if fmt != "markdown":
+            raise EngineError(f"unknown export format {fmt!r}: markdown or json")
+        parts = [f"# {chat.title}\n"]
+        for m in msgs:
+            parts.append(f"**{'You' if m.role == 'user' else 'kvdesk'}:**\n\n{m.text}\n")
+        return "\n".join(parts)

@@ -1,0 +1,192 @@
+"""What the model reads: the system prompt, documents and questions through the chat template.
+
+Pure functions over a `Template` (the model's tokenizer and chat template; `Runtime` is one):
+a document's prefix, cut to fit the context (`document_prefix`), the prefix of a chat over
+several documents (`chat_prefix`), a question's turn (`question_turn`) and what the template
+appends after an answer (`closing`). Every chat about a document starts with exactly the
+document's prefix, which is what makes its stored KV cache reusable.
+
+They never evaluate anything and never touch the store: the sessions decide what to compute.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from store import Document
+
+from .errors import EngineError
+
+SYSTEM_PROMPT = (
+    "You are kvdesk, a careful assistant. Answer questions about the document below "
+    "accurately and concisely, quoting it where it helps."
+)
+SYSTEM_PROMPT_NO_DOCUMENT = "You are kvdesk, a careful and concise assistant."
+UNTITLED = "New chat"  # a chat's title until its first question names it
+
+
+class Template(Protocol):
+    @property
+    def n_ctx(self) -> int: ...
+
+    @property
+    def fingerprint(self) -> str: ...
+
+    @property
+    def adds_bos(self) -> bool: ...
+
+    def render_chat(self, messages: Sequence[dict], *, add_generation_prompt: bool) -> str: ...
+
+    def tokenize(self, text: str, *, add_bos: bool = False,
+                 special: bool = True) -> list[int]: ...
+
+    def detokenize(self, tokens: Sequence[int]) -> str: ...
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """What every chat about a document starts with."""
+
+    messages: tuple[dict, ...]  # the system message, for the chat template
+    text: str  # the rendered template
+    tokens: tuple[int, ...]
+    doc_tokens: int  # the document's own token count (all of it)
+    kept_tokens: int  # how many of them are in the prefix
+
+
+@dataclass(frozen=True)
+class Turn:
+    """A conversation with a question appended as the user's turn."""
+
+    messages: tuple[dict, ...]  # the conversation's messages and the question
+    text: str  # the whole template text, ending with the generation prompt
+    tokens: list[int]  # the tokens of the part added by the question's turn
+
+
+class Prompter:
+    """One engine's prompts: the room it keeps for questions and answers, and a memo of
+    document prefixes (tokenizing a 4,000-token document costs ~15 ms, on every question)."""
+
+    def __init__(self, reserve_tokens: int | None = None):
+        self._reserve = reserve_tokens
+        self._prefixes: dict[tuple, Prefix] = {}
+
+    def reserve(self, tpl: Template) -> int:
+        """Context kept free for questions and answers when documents are too long."""
+        return self._reserve if self._reserve is not None else min(1024, tpl.n_ctx // 4)
+
+    def room(self, tpl: Template) -> int:
+        return tpl.n_ctx - self.reserve(tpl)
+
+    def prefix(self, tpl: Template, doc: Document | None) -> Prefix:
+        """A document's prefix (the system prompt alone for None)."""
+        if doc is None:
+            return document_prefix(tpl, None, self.room(tpl))
+        key = (doc.id, doc.content_hash, tpl.fingerprint, tpl.n_ctx, self.reserve(tpl))
+        if key not in self._prefixes:
+            self._prefixes[key] = document_prefix(tpl, (doc.title, doc.text), self.room(tpl))
+        return self._prefixes[key]
+
+    def chat(self, tpl: Template, docs: Sequence[Document]) -> tuple[list[dict], list[int]]:
+        """A chat's messages and tokens before its first question."""
+        layout = self.layout(tpl, docs)
+        return list(layout.messages), list(layout.tokens)
+
+    def layout(self, tpl: Template, docs: Sequence[Document]) -> Layout:
+        """A chat's prefix, with each document's part of it."""
+        first = self.prefix(tpl, docs[0] if docs else None)
+        return chat_prefix(tpl, first, [(d.title, d.text) for d in docs[1:]], self.room(tpl))
+
+
+def document_prefix(tpl: Template, document: tuple[str, str] | None, room: int) -> Prefix:
+    """The system prompt and a (title, text) document, cut to fit `room` tokens."""
+    if document is None:
+        msgs = ({"role": "system", "content": SYSTEM_PROMPT_NO_DOCUMENT},)
+        text = tpl.render_chat(msgs, add_generation_prompt=False)
+        return Prefix(msgs, text, tuple(tpl.tokenize(text, add_bos=tpl.adds_bos)), 0, 0)
+    title, body = document
+
+    def build(cut: str) -> tuple[tuple[dict, ...], str, list[int]]:
+        msgs = ({"role": "system", "content": f"{SYSTEM_PROMPT}\n\nDocument: {title}\n\n{cut}"},)
+        text = tpl.render_chat(msgs, add_generation_prompt=False)
+        return msgs, text, tpl.tokenize(text, add_bos=tpl.adds_bos)
+
+    (msgs, text, tokens), total, kept = fit(tpl, body, build, room)
+    return Prefix(msgs, text, tuple(tokens), total, kept)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A chat's prefix: its messages and tokens, and which tokens are which document's."""
+
+    messages: tuple[dict, ...]
+    tokens: tuple[int, ...]
+    parts: tuple[tuple[int, int], ...]  # per document kept: its [start, end) in `tokens`
+    left_out: int = 0  # documents that did not fit at all
+
+
+def chat_prefix(tpl: Template, first: Prefix, more: Sequence[tuple[str, str]],
+                room: int) -> Layout:
+    """A chat's prefix before its first question: `first` (the first document's prefix, the
+    one attach cached), then each further (title, text) document as a system message of its
+    own, cut to fit `room` tokens in all; one that cannot fit is left out."""
+    msgs, tokens = list(first.messages), list(first.tokens)
+    parts, left_out = [(0, len(tokens))], 0
+    for title, body in more:
+        before = tpl.render_chat(msgs, add_generation_prompt=False)
+
+        def build(cut: str, title=title, before=before, msgs=msgs) -> tuple[list, list[int]]:
+            added = [*msgs, {"role": "system", "content": f"Document: {title}\n\n{cut}"}]
+            rendered = tpl.render_chat(added, add_generation_prompt=False)
+            return added, tpl.tokenize(rendered[len(before):])
+
+        (added, delta), _, kept = fit(tpl, body, build, room - len(tokens))
+        if kept:
+            parts.append((len(tokens), len(tokens) + len(delta)))
+            msgs, tokens = added, tokens + delta
+        else:
+            left_out += 1
+    return Layout(tuple(msgs), tuple(tokens), tuple(parts), left_out)
+
+
+def question_turn(tpl: Template, messages: Sequence[dict], question: str) -> Turn:
+    """`messages` with `question` appended as the user's turn, and that turn's tokens."""
+    before = tpl.render_chat(messages, add_generation_prompt=False)
+    msgs = (*messages, {"role": "user", "content": question})
+    text = tpl.render_chat(msgs, add_generation_prompt=True)
+    if not text.startswith(before):
+        raise EngineError("this model's chat template rewrites earlier turns; "
+                          "kvdesk needs an append-only template")
+    return Turn(msgs, text, tpl.tokenize(text[len(before):]))
+
+
+def closing(tpl: Template, turn: Turn, answer: str) -> str:
+    """The text the template puts after `answer` to close the turn (e.g. an end-of-turn tag),
+    so the next turn appends to the conversation exactly as the template renders it."""
+    closed = tpl.render_chat([*turn.messages, {"role": "assistant", "content": answer}],
+                             add_generation_prompt=False)
+    tail = closed[len(turn.text):]
+    return tail[len(answer):] if tail.startswith(answer) else ""
+
+
+def fit(tpl: Template, text: str, build: Callable[[str], tuple], room: int):
+    """build(text cut to fit) whose last item, a token list, holds at most `room` tokens.
+
+    Returns (what build returned, the text's token count, how many of them were kept).
+    """
+    text_tokens = tpl.tokenize(text)
+    built, kept = build(text), len(text_tokens)
+    while len(built[-1]) > room and kept > 0:
+        # Cut the text's tokens by the overflow; re-tokenizing the cut text can shift a token
+        # or two, so loop until it fits.
+        kept = max(0, kept - (len(built[-1]) - room))
+        built = build(tpl.detokenize(text_tokens[:kept]))
+    return built, len(text_tokens), kept
+
+
+def title_of(question: str) -> str:
+    """A chat's title from its first question: its first 60 characters, on one line."""
+    line = " ".join(question.split())
+    return line if len(line) <= 60 else line[:57].rstrip() + "..."

@@ -1,0 +1,134 @@
+"""The engine as its front ends see it: `EngineAPI`, a typing.Protocol.
+
+The GUI is typed against it, and both the real engine (`desktop_app.engine.Engine`) and the
+GUI tests' scripted `ui.testing.FakeEngine` implement it; a test checks that every method of
+both has exactly the signature declared here, so the fake cannot drift from the real one.
+
+A leaf: records and options only, so the GUI can import it without loading a model runtime.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Protocol
+
+from .options import GenerationOptions, RestoreOptions
+from .results import (
+    AskResult,
+    AttachResult,
+    ChatInfo,
+    DocumentInfo,
+    MessageInfo,
+    Progress,
+    RestoreEstimate,
+    RestoreReport,
+)
+from .settings import Settings
+
+ProgressFn = Callable[[Progress], None]
+TokenFn = Callable[[str], None]
+RestoreFn = Callable[[RestoreReport], None]
+
+
+class EngineAPI(Protocol):
+    """Every method blocks: front ends call them off their UI thread. Progress, tokens and
+    cancellation go through callbacks and a threading.Event; errors a user can act on are
+    those `desktop_app.errors.is_user_error` recognizes."""
+
+    @property
+    def levels(self) -> tuple[str, ...]:
+        """The codec levels documents are stored at, best quality first."""
+        ...
+
+    def warm_up(self) -> None:
+        """Ready the codec in the background (a GUI calls it at start-up)."""
+        ...
+
+    def close(self) -> None: ...
+
+    # -- the library ---------------------------------------------------------------------
+
+    def documents(self) -> list[DocumentInfo]: ...
+
+    def chats(self) -> list[ChatInfo]: ...
+
+    def messages(self, chat_id: int) -> list[MessageInfo]: ...
+
+    def new_chat(self, doc_ids: Sequence[int], title: str | None = None) -> ChatInfo: ...
+
+    def rename_chat(self, chat_id: int, title: str) -> None: ...
+
+    def delete_chat(self, chat_id: int) -> None: ...
+
+    def delete_document(self, doc_id: int) -> None: ...
+
+    def export_chat(self, chat_id: int, fmt: str = "markdown") -> str: ...
+
+    # -- the flows -----------------------------------------------------------------------
+
+    def attach(self, path: str | Path, *, levels: Sequence[str] | None = None,
+               progress: ProgressFn | None = None,
+               cancel: threading.Event | None = None) -> AttachResult: ...
+
+    def ask(self, question: str, *, chat_id: int | None = None, doc_ids: Sequence[int] = (),
+            restore: RestoreOptions = RestoreOptions(),
+            generation: GenerationOptions = GenerationOptions(),
+            on_token: TokenFn | None = None, on_restore: RestoreFn | None = None,
+            progress: ProgressFn | None = None,
+            cancel: threading.Event | None = None) -> AskResult:
+        """One turn in chat `chat_id`, or in a new chat about `doc_ids`."""
+        ...
+
+    def regenerate(self, chat_id: int, *, restore: RestoreOptions = RestoreOptions(),
+                   generation: GenerationOptions = GenerationOptions(),
+                   on_token: TokenFn | None = None, on_restore: RestoreFn | None = None,
+                   progress: ProgressFn | None = None,
+                   cancel: threading.Event | None = None) -> AskResult:
+        """The last question asked again, its previous answer dropped."""
+        ...
+
+    def prepare(self, draft: str, *, chat_id: int | None = None, doc_ids: Sequence[int] = (),
+                restore: RestoreOptions = RestoreOptions(),
+                cancel: threading.Event | None = None) -> RestoreReport | None:
+        """Compute a question while it is typed; the report when a restore happened."""
+        ...
+
+    def reopen(self, chat_id: int, *, restore: RestoreOptions = RestoreOptions(),
+               progress: ProgressFn | None = None,
+               cancel: threading.Event | None = None) -> RestoreReport: ...
+
+    def estimate(self, *, chat_id: int | None = None,
+                 doc_ids: Sequence[int] = ()) -> RestoreEstimate: ...
+
+
+class LocalAPIControl(Protocol):
+    """The local API server as a window toggles it (`desktop_app.server.LocalAPI`)."""
+
+    @property
+    def url(self) -> str | None:
+        """Its base URL while it serves (http://127.0.0.1:PORT/v1), else None."""
+        ...
+
+    def start(self, port: int) -> str:
+        """Serve on loopback at `port` (blocks until it serves; raises if it cannot)."""
+        ...
+
+    def stop(self) -> None: ...
+
+
+class AppAPI(Protocol):
+    """The application object (`desktop_app.app.App`) as the GUI uses it."""
+
+    settings: Settings
+
+    @property
+    def local_api(self) -> LocalAPIControl: ...
+
+    @property
+    def engine(self) -> EngineAPI:
+        """Loads the model on first use: call it off the UI thread."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,439 @@
+"""The chat session: what the chat context holds, and the turns asked in it.
+
+A chat's context is its documents' prefix and its turns, as exact tokens under the loaded
+model (`conversation`). `bring_in` makes the context hold them: it keeps what the context
+already holds when it matches (the previous turn, a reopen just done, a question typed ahead),
+and otherwise restores the longest stored prefix through the adaptive streaming restore and
+recomputes the rest; a chat over several documents whose exact prefix is not stored yet comes
+back blended from the documents' own caches (`blending`), is never stored so, and is made exact
+in the background (`exactness`). `ask` brings the chat in, streams the answer, stores both
+messages and the conversation's own KV (extending the document's entry) so the next question
+or reopen starts at once; `prepare` computes a question while it is typed; `reopen` restores a
+chat and says how.
+
+One turn runs at a time in the context (a lock), and one turn at a time in a chat across
+processes sharing the data directory (the store's chat turn). This module never prints, never
+parses arguments and never imports Qt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
+
+from store import Document, Store
+from store.locks import TurnCancelled
+
+from . import speeds as speeds_mod
+from . import streaming
+from .blending import Blend, Blender, leading
+from .contexts import CHAT, Contexts
+from .errors import Cancelled, EngineError
+from .fairlock import FairLock
+from .kvcache import KVCache
+from .levels import check_levels
+from .library import Library
+from .options import AUTO, GenerationOptions, RestoreOptions
+from .prompts import Prompter, question_turn, title_of
+from .prompts import closing as closing_text
+from .results import AskResult, Progress, RestoreEstimate, RestoreReport
+from .runtime import Runtime
+from .sharing import Sharing
+from .speeds import Speeds
+
+ProgressFn = Callable[[Progress], None]
+
+
+class ChatSession:
+    def __init__(self, store: Store, contexts: Contexts, library: Library, kv: KVCache,
+                 sharing: Sharing, prompter: Prompter, speeds: Speeds, *,
+                 levels: Sequence[str], chunk_tokens: int, default_budget_ms: float | None,
+                 blend_fraction: float = 1.0):
+        self.store = store
+        self.contexts = contexts
+        self.library = library
+        self.kv = kv
+        self.sharing = sharing
+        self.prompter = prompter
+        self.speeds = speeds
+        self.levels = tuple(levels)
+        self.chunk_tokens = chunk_tokens
+        # The budget of an "auto" restore when the caller gives none (None: best quality).
+        self.default_budget_ms = default_budget_ms
+        self.lock = FairLock()  # the chat context: one turn at a time, first come first served
+        # How the context's content was restored (None: not by a restore), so a question
+        # asked the same way keeps it instead of restoring it again.
+        self._loaded: RestoreOptions | None = None
+        # Chats over several documents: the share of each later document recomputed in
+        # place when blending (1: never blend), and the blender; whether the context holds a
+        # blended (approximate) prefix; who computes the exact one (set by the engine).
+        self.blend_fraction = blend_fraction
+        self.blender = Blender(store, levels, chunk_tokens)
+        self._blended_at: int | None = None  # where the context's blended KV begins
+        self.request_exact: Callable[[int], None] = lambda chat_id: None
+
+    @property
+    def runtime(self) -> Runtime:
+        return self.contexts.get(CHAT)
+
+    # -- what a chat is --------------------------------------------------------------------
+
+    def conversation(self, rt: Runtime, chat_id: int) -> tuple[list[dict], list[int], list[str]]:
+        """The chat's template messages, the exact tokens its context holds under this model,
+        and what the user should know about them.
+
+        A message's text is the truth; its tokens are those it was computed with under this
+        model. Messages this model has never seen (the chat was written under another one, or
+        before tokens were kept per model) are tokenized from their text as the template
+        renders their turn, and remembered.
+        """
+        msgs, tokens = self.prompter.chat(rt, self.library.chat_documents(chat_id))
+        known = self.store.message_tokens(chat_id, rt.fingerprint)
+        fresh = 0
+        for m in self.library.history(chat_id):
+            before = rt.render_chat(msgs, add_generation_prompt=False)
+            msgs.append({"role": m.role, "content": m.text})
+            if m.id not in known:
+                # A question's turn ends with the generation prompt; an answer's turn is what
+                # follows it, closing included: the split `ask` stores.
+                if m.role == "user":
+                    turn = rt.render_chat(msgs, add_generation_prompt=True)[len(before):]
+                else:
+                    asked = rt.render_chat(msgs[:-1], add_generation_prompt=True)
+                    turn = rt.render_chat(msgs, add_generation_prompt=False)[len(asked):]
+                known[m.id] = rt.tokenize(turn)
+                self.store.set_message_tokens(m.id, rt.fingerprint, known[m.id])
+                fresh += 1
+            tokens += known[m.id]
+        notes = [f"{fresh} message(s) of this chat were written under another model or an "
+                 "older kvdesk: tokenized again for this model and recomputed"] if fresh else []
+        return msgs, tokens, notes
+
+    def _stale_message(self, chat_id: int, fp: str) -> list[str]:
+        docs = {d.id for d in self.library.chat_documents(chat_id)}
+        others = {e.model for e in self.store.entries()
+                  if (e.document_id in docs or e.chat_id == chat_id) and e.model != fp}
+        if not others:
+            return []
+        return [f"the cache of this chat was made under another model or KV layout "
+                f"(fingerprint {', '.join(sorted(o[:12] for o in others))}, now {fp[:12]}); "
+                "it is not used: recomputing from text"]
+
+    # -- bringing a chat into the context --------------------------------------------------
+
+    def bring_in(self, rt: Runtime, chat_id: int | None, tokens: list[int], *,
+                 options: RestoreOptions, progress: ProgressFn | None,
+                 cancel: threading.Event | None, question: Sequence[int] = (),
+                 reuse: bool = True, docs: Sequence[Document] = ()) -> RestoreReport:
+        """Make the context hold exactly `tokens` + `question`, with fresh logits when a
+        question is given.
+
+        What the context already holds is kept when it starts with `tokens` and was loaded
+        the way this call asks for; only the question tokens it lacks are computed. Tokens
+        that begin with the prefix of a chat over several documents `docs`, of which no exact
+        copy is stored, come back blended from the documents' own caches (`blending`).
+        """
+        t0 = time.perf_counter()
+        full = [*tokens, *question]
+        if reuse and not options.no_cache and options in (RestoreOptions(), self._loaded):
+            held = rt.tokens
+            keep = _common_prefix(held, full)
+            if keep >= len(tokens):
+                # A question needs the logits after its last token: unless the context holds
+                # exactly it, freshly evaluated (a draft sent as it was), compute that token.
+                if question and not (keep == len(held) == len(full) and rt.has_logits):
+                    keep = min(keep, len(full) - 1)
+                rt.truncate(keep)
+                if self._blended_at is not None and keep <= self._blended_at:
+                    self._blended_at = None  # what is kept came back exact
+                report = RestoreReport(len(tokens), time.perf_counter() - t0, 0, [], 0,
+                                       ["the chat was already loaded"],
+                                       blended=self._mode_of(docs, 0, 0))
+                rt.prefill(full[keep:], cancel=cancel)
+                return report
+        self._loaded = None  # until the context holds a finished load again
+        source, notes = None, []
+        effective = options
+        if not options.no_cache:
+            if options.level != AUTO:
+                check_levels([options.level])
+            elif options.budget_ms is None and self.default_budget_ms is not None:
+                effective = options.model_copy(update={"budget_ms": self.default_budget_ms})
+            layout = self._blendable(rt, tokens, docs)
+            if layout is not None:
+                report = self._blend(rt, layout, tokens, docs, effective, progress, cancel)
+                self._loaded = options
+                rt.prefill(question, cancel=cancel)
+                return report
+            source, notes = self.sharing.source(rt.fingerprint, tokens)
+        report = streaming.restore(rt, source, tokens, levels=self.levels, options=effective,
+                                   speeds=self.speeds, chunk_tokens=self.chunk_tokens,
+                                   progress=progress, cancel=cancel)
+        if source is not None and report.recomputed_tokens == len(tokens) and chat_id is not None:
+            notes += self._stale_message(chat_id, rt.fingerprint)
+        speeds_mod.save(self.store, self.speeds)
+        self._blended_at = None
+        if not options.no_cache:
+            self._loaded = options
+        rt.prefill(question, cancel=cancel)
+        return replace(report, messages=[*notes, *report.messages],
+                       blended=self._mode_of(docs, 0, 0))
+
+    def _blendable(self, rt: Runtime, tokens: list[int], docs: Sequence[Document]):
+        """The chat prefix's layout, if `tokens` start with one worth blending."""
+        if len(docs) < 2 or self.blend_fraction >= 1:
+            return None
+        layout = self.prompter.layout(rt, docs)
+        n = len(layout.tokens)
+        if len(layout.parts) < 2 or tuple(tokens[:n]) != layout.tokens:
+            return None
+        stored = self.store.longest_prefix(rt.fingerprint, tokens, touch=False, tail_minimum=1)
+        if stored.n_tokens + stored.tail_match >= n:
+            return None  # the exact prefix is stored (a chat's own entry, or a prompt's)
+        return layout if self.blender.usable(rt, layout, [d.id for d in docs]) else None
+
+    def _blend(self, rt, layout, tokens, docs, options, progress, cancel) -> RestoreReport:
+        first_end = layout.parts[0][1]
+        source, notes = self.sharing.source(rt.fingerprint, list(layout.tokens[:first_end]))
+        report, blend = self.blender.restore(
+            rt, layout, [d.id for d in docs], source, options=options, speeds=self.speeds,
+            select=leading(self.blend_fraction), progress=progress, cancel=cancel)
+        rest = tokens[len(layout.tokens):]
+        rt.prefill(rest, cancel=cancel)
+        speeds_mod.save(self.store, self.speeds)
+        self._blended_at = blend.exact_until
+        notes.append(f"{len(docs)} documents blended from their own caches ({blend.reused_tokens:,}"
+                     f" tokens reused, {blend.recomputed_tokens:,} computed in place): the "
+                     "answer is approximate; the exact context is computed in the background")
+        return replace(report, tokens=len(tokens),
+                       recomputed_tokens=report.recomputed_tokens + len(rest),
+                       messages=[*notes, *report.messages], blended=blend.as_dict())
+
+    def _mode_of(self, docs: Sequence[Document], reused: int, recomputed: int) -> dict | None:
+        """The `blended` field of a report on a chat over several documents (else None)."""
+        mode = "exact" if self._blended_at is None else "blended"
+        return Blend(reused, recomputed, mode).as_dict() if len(docs) > 1 \
+            else None
+
+    def exact_stored(self, chat_id: int) -> None:
+        """The background pass stored chat `chat_id`'s exact context: a blended context loaded
+        now is not kept for the next question."""
+        if self._blended_at is not None:
+            self._loaded = None
+
+    def reopen(self, chat_id: int, *, restore: RestoreOptions = RestoreOptions(),
+               progress: ProgressFn | None = None,
+               cancel: threading.Event | None = None) -> RestoreReport:
+        """Restore a chat's whole context, ready for the next question."""
+        self.library.chat(chat_id)
+        with self.lock:
+            rt = self.runtime
+            self.contexts.warm_up(rt)
+            _, tokens, notes = self.conversation(rt, chat_id)
+            # An explicit reopen always restores: it is how a restore is asked for and timed.
+            report = self.bring_in(rt, chat_id, tokens, options=restore, progress=progress,
+                                   cancel=cancel, reuse=False,
+                                   docs=self.library.chat_documents(chat_id))
+            kept, kept_notes = self.sharing.keep()
+            self._keep(rt, chat_id, tokens, kept and report.recomputed_tokens > 0)
+            return replace(report, messages=[*notes, *report.messages, *kept_notes])
+
+    def prepare(self, draft: str, *, chat_id: int | None = None, doc_ids: Sequence[int] = (),
+                restore: RestoreOptions = RestoreOptions(),
+                cancel: threading.Event | None = None) -> RestoreReport | None:
+        """Get ready for a question still being typed (`draft`, in `chat_id`, or in a chat
+        about `doc_ids` not created yet): bring its context into the model and compute the
+        draft as the question's turn, so that when the question is sent only what changed
+        since is left to compute (nothing, if the user paused before sending).
+
+        Nothing is stored, and `ask` keeps only what matches the question finally sent.
+        Returns the restore's report when this call restored the context, else None (also
+        when cancelled: a newer draft supersedes it).
+        """
+        with self.lock:
+            if cancel is not None and cancel.is_set():
+                return None
+            rt = self.runtime
+            self.contexts.warm_up(rt)
+            if chat_id is not None:
+                docs = self.library.chat_documents(chat_id)
+                msgs, context, _ = self.conversation(rt, chat_id)
+            else:
+                docs = [self.library.document(d) for d in doc_ids]
+                msgs, context = self.prompter.chat(rt, docs)
+            # The draft is computed as if it were sent now, template tokens included: sent
+            # unchanged, its first token comes at once; edited, the context is cut back to
+            # what still matches, which costs nothing.
+            turn = question_turn(rt, msgs, draft.strip())
+            if len(context) + len(turn.tokens) + 1 >= rt.n_ctx:
+                return None
+            try:
+                report = self.bring_in(rt, chat_id, context, options=restore, progress=None,
+                                       cancel=cancel, question=turn.tokens, docs=docs)
+            except Cancelled:
+                return None
+            return report if report.chunk_levels else None
+
+    # -- asking ----------------------------------------------------------------------------
+
+    def ask(
+        self,
+        question: str,
+        *,
+        chat_id: int | None = None,
+        doc_ids: Sequence[int] = (),
+        restore: RestoreOptions = RestoreOptions(),
+        generation: GenerationOptions = GenerationOptions(),
+        on_token: Callable[[str], None] | None = None,
+        on_restore: Callable[[RestoreReport], None] | None = None,
+        progress: ProgressFn | None = None,
+        cancel: threading.Event | None = None,
+    ) -> AskResult:
+        """One turn: restore the chat (a new one about `doc_ids` if chat_id is None), ask,
+        stream the answer, store it."""
+        t0 = time.perf_counter()  # the time to first token counts from here
+        question = question.strip()
+        if not question:
+            raise EngineError("the question is empty")
+        if restore.level != AUTO and not restore.no_cache:
+            check_levels([restore.level])  # before a new chat is created for nothing
+        if chat_id is None:
+            chat_id = self.library.new_chat(doc_ids, title=title_of(question)).chat_id
+        else:
+            self.library.name_untitled(chat_id, title_of(question))
+        with self.lock, self._turn(chat_id, progress, cancel):
+            rt = self.runtime
+            self.contexts.warm_up(rt)
+            msgs, context, notes = self.conversation(rt, chat_id)
+            docs = self.library.chat_documents(chat_id)
+            turn = question_turn(rt, msgs, question)
+            if len(context) + len(turn.tokens) + 1 >= rt.n_ctx:
+                raise EngineError(f"the chat is full: {len(context) + len(turn.tokens):,} tokens "
+                                  f"of a {rt.n_ctx:,}-token context; start a new chat")
+            report = self.bring_in(rt, chat_id, context, options=restore, progress=progress,
+                                   cancel=cancel, question=turn.tokens, docs=docs)
+            report = replace(report, messages=[*notes, *report.messages])
+            if on_restore:
+                on_restore(report)
+            generated, answer, ttft = stream_answer(rt, generation, t0, on_token, cancel)
+            # Close the turn as the template would, so the next turn appends to it exactly.
+            suffix = closing_text(rt, turn, answer)
+            suffix_tokens = rt.tokenize(suffix) if suffix else []
+            if suffix_tokens and rt.n_tokens + len(suffix_tokens) <= rt.n_ctx:
+                rt.prefill(suffix_tokens)
+            else:
+                suffix_tokens = []
+            # After the answer, not before the first token: what streamed from the shared
+            # cache becomes a local entry, the one this chat's own entry will extend.
+            kept, kept_notes = self.sharing.keep()
+            # Not kept, the context holds the shared entry's chunks, possibly lossy: stored
+            # again they would pass for a fresh prefill of the document.
+            messages = [*report.messages, *kept_notes,
+                        *([] if kept else ["this turn's cache is not stored"])]
+            result = AskResult(
+                chat_id=chat_id, answer=answer.strip(),
+                ttft_s=round(ttft if ttft is not None else time.perf_counter() - t0, 4),
+                restore_s=round(report.restore_s, 4), bytes_read=report.bytes_read,
+                chunk_levels=report.chunk_levels, recomputed_tokens=report.recomputed_tokens,
+                tokens_generated=len(generated), messages=messages, source=report.source,
+                documents=[d.id for d in docs], blended=report.blended)
+            stats = {k: v for k, v in result.as_dict().items() if k not in ("answer", "chat_id")}
+            # Both messages are stored after the answer, in one transaction: a durable write
+            # (fsync) before the first token would only delay it, and whatever stops the
+            # turn before here stores neither.
+            answer_tokens = generated + suffix_tokens
+            self.store.add_turn(chat_id, question, result.answer, stats=stats,
+                                model=rt.fingerprint, question_tokens=turn.tokens,
+                                answer_tokens=answer_tokens)
+            self._keep(rt, chat_id, context + turn.tokens + answer_tokens, kept)
+            return result
+
+    def regenerate(self, chat_id: int, **options) -> AskResult:
+        """Drop the last answer (and its question) and ask the question again."""
+        self.library.chat(chat_id)
+        with self.lock, self._turn(chat_id, options.get("progress"), options.get("cancel")):
+            history = self.library.history(chat_id)
+            users = [m for m in history if m.role == "user"]
+            if not users:
+                raise EngineError("nothing to regenerate: the chat has no question yet")
+            last_q = users[-1]
+            for m in history[history.index(last_q):]:
+                self.store.delete_message(m.id)
+            return self.ask(last_q.text, chat_id=chat_id, **options)
+
+    @contextlib.contextmanager
+    def _turn(self, chat_id: int, progress: ProgressFn | None,
+              cancel: threading.Event | None) -> Iterator[None]:
+        """The chat's turn, against another kvdesk process answering in it (said, if waited)."""
+        def waiting() -> None:
+            if progress is not None:
+                progress(Progress("wait", 0, 1))
+
+        try:
+            with self.store.chat_turn(chat_id, cancel=cancel, on_wait=waiting):
+                yield
+        except TurnCancelled as e:
+            raise Cancelled(str(e)) from None
+
+    def _keep(self, rt: Runtime, chat_id: int, tokens: list[int], store: bool) -> None:
+        """Store the chat's KV, when asked to and the context holds it exactly; a blended
+        context is never stored: the exact one is computed in the background instead."""
+        if self._blended_at is not None:
+            self.request_exact(chat_id)
+        elif store:
+            self._store_chat(rt, chat_id, tokens)
+
+    def _store_chat(self, rt: Runtime, chat_id: int, tokens: list[int]) -> None:
+        docs = self.library.chat_documents(chat_id)
+        first = (docs[0].id, self.prompter.prefix(rt, docs[0]).tokens) if docs else None
+        self.kv.store_chat(rt, chat_id, tokens, first)
+
+    # -- estimates -------------------------------------------------------------------------
+
+    def estimate(self, *, chat_id: int | None = None,
+                 doc_ids: Sequence[int] = ()) -> RestoreEstimate:
+        """Bytes and seconds a restore would take at each level (the slider's tooltip)."""
+        rt = self.runtime
+        if chat_id is not None:
+            self.library.chat(chat_id)
+            _, tokens, _ = self.conversation(rt, chat_id)
+        else:
+            _, tokens = self.prompter.chat(rt, [self.library.document(d) for d in doc_ids])
+        match = self.store.longest_prefix(rt.fingerprint, tokens, touch=False)
+        raw = match.n_tokens * rt.layout.kv_bytes_per_token
+        rest_s = (len(tokens) - match.n_tokens) / self.speeds.prefill_tps
+        per_level = {lvl: n for lvl, n in self.store.level_bytes(match.spans).items()
+                     if lvl in self.levels}
+        seconds = {
+            lvl: round(n / 1e6 / self.speeds.read_MBps + raw / 1e6 / self.speeds.decode(lvl)
+                       + rest_s, 4)
+            for lvl, n in per_level.items()}
+        seconds[streaming.TEXT] = round(len(tokens) / self.speeds.prefill_tps, 3)
+        return RestoreEstimate(tokens=len(tokens), bytes=per_level, seconds=seconds)
+
+
+def stream_answer(rt: Runtime, generation: GenerationOptions, t0: float,
+            on_token: Callable[[str], None] | None,
+            cancel: threading.Event | None) -> tuple[list[int], str, float | None]:
+    """Stream an answer: (its token ids, its text, seconds from t0 to its first token)."""
+    generated: list[int] = []
+    pieces: list[str] = []
+    ttft = None
+    max_new = min(generation.max_tokens, rt.n_ctx - rt.n_tokens - 8)
+    for tok in rt.generate(max_new, temperature=generation.temperature, seed=generation.seed,
+                           cancel=cancel):
+        if ttft is None:
+            ttft = time.perf_counter() - t0
+        generated.append(tok.id)
+        pieces.append(tok.text)
+        if on_token and tok.text:
+            on_token(tok.text)
+    return generated, "".join(pieces), ttft
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
