@@ -65,7 +65,8 @@ class App:
         s = self.settings
         return Engine(self.store, self.new_runtime, model_path=str(self.model_path),
                       default_budget_ms=s.restore_budget_ms, remote=self.remote,
-                      auto_push=s.remote_auto_push, auto_pull=s.remote_auto_pull)
+                      auto_push=s.remote_auto_push, auto_pull=s.remote_auto_pull,
+                      generation_defaults=s.generation)
 
     def info(self) -> dict:
         rt = self.engine.runtime
@@ -78,6 +79,10 @@ class App:
             "head_dim": lay.head_dim,
             "n_ctx": rt.n_ctx,
             "kv_bytes_per_token": lay.kv_bytes_per_token,
+            # What an answer is sampled with unless asked otherwise, and where each value is
+            # from; then what in the model file's recommendation was unusable.
+            "sampling": self.engine.sampling().as_dict(),
+            "sampling_notes": rt.model_sampling_notes,
         }
 
     def close(self) -> None:

@@ -43,6 +43,7 @@ from .results import (
     RestoreReport,
 )
 from .runtime import Runtime
+from .sampling import Sampling
 from .sessions import ChatSession
 from .sharing import Sharing
 
@@ -61,6 +62,7 @@ class Engine:
         remote: RemoteTier | None = None,
         auto_push: bool = False,
         auto_pull: bool = True,
+        generation_defaults: GenerationOptions = GenerationOptions(),
     ):
         check_levels(levels)
         self.store = store
@@ -80,7 +82,8 @@ class Engine:
         self.session = ChatSession(store, self.contexts, self.library, kv, self.sharing,
                                    self.prompter, self.speeds, levels=self._levels,
                                    chunk_tokens=chunk_tokens,
-                                   default_budget_ms=default_budget_ms)
+                                   default_budget_ms=default_budget_ms,
+                                   generation_defaults=generation_defaults)
 
     @property
     def levels(self) -> tuple[str, ...]:
@@ -168,6 +171,9 @@ class Engine:
     def estimate(self, *, chat_id: int | None = None,
                  doc_ids: Sequence[int] = ()) -> RestoreEstimate:
         return self.session.estimate(chat_id=chat_id, doc_ids=doc_ids)
+
+    def sampling(self, generation: GenerationOptions = GenerationOptions()) -> Sampling:
+        return self.session.sampling(generation)
 
     # -- for benchmarks and tests: what a chat about these documents starts with --------------
 

@@ -25,6 +25,7 @@ from .results import (
     RestoreEstimate,
     RestoreReport,
 )
+from .sampling import Sampling
 from .settings import Settings
 
 ProgressFn = Callable[[Progress], None]
@@ -101,6 +102,11 @@ class EngineAPI(Protocol):
 
     def estimate(self, *, chat_id: int | None = None,
                  doc_ids: Sequence[int] = ()) -> RestoreEstimate: ...
+
+    def sampling(self, generation: GenerationOptions = GenerationOptions()) -> Sampling:
+        """What an answer asked with `generation` would be sampled with, each value with the
+        layer it comes from (the request, the settings file, the model file, kvdesk)."""
+        ...
 
 
 class AppAPI(Protocol):

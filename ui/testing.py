@@ -30,6 +30,7 @@ from desktop_app.results import (
     RestoreEstimate,
     RestoreReport,
 )
+from desktop_app.sampling import Sampling, resolve
 
 DAY = 86400.0
 N_CTX = 8192
@@ -292,6 +293,10 @@ class FakeEngine:
         sizes = {lv: tokens * b for lv, b in BYTES_PER_TOKEN.items()}
         return RestoreEstimate(tokens=tokens, bytes=sizes,
                                seconds={lv: sizes[lv] / (READ_MBPS[lv] * 1e6) for lv in sizes})
+
+    def sampling(self, generation: GenerationOptions = GenerationOptions()) -> Sampling:
+        self._enter("sampling", generation)
+        return resolve(generation)  # no settings file and a model file that recommends nothing
 
     def export_chat(self, chat_id: int, fmt: str = "markdown") -> str:
         self._enter("export_chat", chat_id, fmt)
