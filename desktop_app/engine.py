@@ -90,6 +90,14 @@ class Engine:
         return self._levels
 
     @property
+    def generation_defaults(self) -> GenerationOptions:
+        return self.session.generation_defaults
+
+    @generation_defaults.setter
+    def generation_defaults(self, values: GenerationOptions) -> None:
+        self.session.generation_defaults = values  # the next answer uses them
+
+    @property
     def runtime(self) -> Runtime:
         """The chat context (loaded on first use)."""
         return self.contexts.get(CHAT)
@@ -173,6 +181,8 @@ class Engine:
         return self.session.estimate(chat_id=chat_id, doc_ids=doc_ids)
 
     def sampling(self, generation: GenerationOptions = GenerationOptions()) -> Sampling:
+        """What an answer asked with `generation` is sampled with, each value with the layer
+        it comes from (`kvdesk info` shows it)."""
         return self.session.sampling(generation)
 
     # -- for benchmarks and tests: what a chat about these documents starts with --------------

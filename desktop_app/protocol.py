@@ -25,7 +25,6 @@ from .results import (
     RestoreEstimate,
     RestoreReport,
 )
-from .sampling import Sampling
 from .settings import Settings
 
 ProgressFn = Callable[[Progress], None]
@@ -37,6 +36,10 @@ class EngineAPI(Protocol):
     """Every method blocks: front ends call them off their UI thread. Progress, tokens and
     cancellation go through callbacks and a threading.Event; errors a user can act on are
     those `desktop_app.errors.is_user_error` recognizes."""
+
+    # The settings file's generation values: what an ask's `generation` leaves unset comes
+    # from them, then from the model file and kvdesk's defaults. Set it when they change.
+    generation_defaults: GenerationOptions
 
     @property
     def levels(self) -> tuple[str, ...]:
@@ -102,11 +105,6 @@ class EngineAPI(Protocol):
 
     def estimate(self, *, chat_id: int | None = None,
                  doc_ids: Sequence[int] = ()) -> RestoreEstimate: ...
-
-    def sampling(self, generation: GenerationOptions = GenerationOptions()) -> Sampling:
-        """What an answer asked with `generation` would be sampled with, each value with the
-        layer it comes from (the request, the settings file, the model file, kvdesk)."""
-        ...
 
 
 class AppAPI(Protocol):

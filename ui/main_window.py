@@ -330,6 +330,8 @@ class MainWindow(AskingMixin, LibraryMixin, QMainWindow):
         old, new = self.settings, dialog.result_settings()
         new.save()
         self.settings = new
+        if self.engine is not None:
+            self.engine.generation_defaults = new.generation  # from the next answer on
         if new.theme != old.theme:
             self._apply_theme(new.theme)
         if needs_restart(old, new):

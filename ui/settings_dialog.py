@@ -1,5 +1,6 @@
-"""The settings dialog: model file, context size, data folder, storage budget, theme, and the
-shared cache (an S3-compatible bucket; credentials are never settings: boto3 reads them).
+"""The settings dialog: model file, context size, data folder, storage budget, theme, the
+shared cache (an S3-compatible bucket; credentials are never settings: boto3 reads them) and
+how answers are generated (`generation_settings`).
 
 It edits a `desktop_app.settings.Settings` and returns the new one; the main window saves it and
 decides what a change means (a new theme applies at once, a new model or data folder needs the
@@ -30,6 +31,8 @@ from PySide6.QtWidgets import (
 
 from desktop_app.settings import Settings, SettingsError
 from desktop_app.validation import InvalidValue
+
+from .generation_settings import GenerationBox
 
 THEMES = {"system": "Follow the system", "light": "Light", "dark": "Dark"}
 # Settings that change which model or store the engine opens: changing them rebuilds it.
@@ -65,6 +68,7 @@ class SettingsDialog(QDialog):
                                    checked=settings.remote_auto_push)
         self.auto_pull = QCheckBox("Look there before computing a document",
                                    checked=settings.remote_auto_pull)
+        self.generation = GenerationBox(settings.generation)
         self.error = QLabel(wordWrap=True)
         self.error.hide()
 
@@ -95,6 +99,7 @@ class SettingsDialog(QDialog):
         buttons.rejected.connect(self.reject)
         layout = QVBoxLayout(self)
         layout.addLayout(form)
+        layout.addWidget(self.generation)
         layout.addWidget(shared)
         layout.addWidget(note)
         layout.addWidget(self.error)
@@ -136,7 +141,7 @@ class SettingsDialog(QDialog):
             remote_endpoint_url=self.endpoint.text().strip() or None,
             remote_prefix=self.prefix.text().strip() or default_prefix,
             remote_auto_push=self.auto_push.isChecked(),
-            remote_auto_pull=self.auto_pull.isChecked())
+            remote_auto_pull=self.auto_pull.isChecked(), generation=self.generation.values())
 
     def accept(self) -> None:
         try:

@@ -30,7 +30,6 @@ from desktop_app.results import (
     RestoreEstimate,
     RestoreReport,
 )
-from desktop_app.sampling import Sampling, resolve
 
 DAY = 86400.0
 N_CTX = 8192
@@ -59,6 +58,7 @@ def fake_answer(question: str) -> str:
 
 class FakeEngine:
     levels = ("lossless", "high", "balanced", "compact")  # a class attribute: read-only as used
+    generation_defaults = GenerationOptions()  # what the window last set (frozen: shareable)
 
     def __init__(self, *, step_s: float = 0.01, token_s: float = 0.003, now: float | None = None):
         self.step_s = step_s  # pause per progress step: the engine's blocking work
@@ -293,10 +293,6 @@ class FakeEngine:
         sizes = {lv: tokens * b for lv, b in BYTES_PER_TOKEN.items()}
         return RestoreEstimate(tokens=tokens, bytes=sizes,
                                seconds={lv: sizes[lv] / (READ_MBPS[lv] * 1e6) for lv in sizes})
-
-    def sampling(self, generation: GenerationOptions = GenerationOptions()) -> Sampling:
-        self._enter("sampling", generation)
-        return resolve(generation)  # no settings file and a model file that recommends nothing
 
     def export_chat(self, chat_id: int, fmt: str = "markdown") -> str:
         self._enter("export_chat", chat_id, fmt)
