@@ -155,6 +155,10 @@ CONFIGS = {
     "t0.4-rp1.2": GenerationOptions(**COMMON, temperature=0.4, repeat_penalty=1.2, top_p=0.9,
                                     min_p=0.05),
 }
+# The same penalty over the last 256 tokens: a loop of two sentences outruns 64.
+for name in ("greedy-rp1.1", "t0.7", "lmstudio"):
+    CONFIGS[f"{name}-w256"] = CONFIGS[name].model_copy(update={"repeat_last_n": 256})
+CONFIGS["t0.5-w256"] = CONFIGS["t0.7-w256"].model_copy(update={"temperature": 0.5})
 
 
 def load_figures() -> dict:

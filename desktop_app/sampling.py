@@ -52,11 +52,6 @@ class Sampling:
     options: GenerationOptions
     sources: Mapping[str, str]
 
-    @property
-    def deterministic(self) -> bool:
-        """The same context gives the same answer: greedy, or sampled with a fixed seed."""
-        return self.options.temperature == 0 or self.options.seed is not None
-
     def as_dict(self) -> dict:
         return {name: {"value": getattr(self.options, name), "from": self.sources[name]}
                 for name in GenerationOptions.model_fields}

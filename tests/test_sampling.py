@@ -25,7 +25,7 @@ def test_each_field_comes_from_the_highest_layer_that_sets_it():
     assert (s.options.min_p, s.sources["min_p"]) == (DEFAULTS.min_p, KVDESK)
     assert (s.options.repeat_penalty, s.sources["repeat_penalty"]) == (
         DEFAULTS.repeat_penalty, KVDESK)
-    assert s.options.seed is None and not s.deterministic  # sampled, a new seed each time
+    assert s.options.seed is None  # sampled, a new seed each time
     assert s.as_dict()["top_k"] == {"value": 12, "from": SETTINGS}
 
 
@@ -34,7 +34,7 @@ def test_an_explicit_zero_is_a_choice_not_an_absence():
                 model=GenerationOptions(temperature=1.0, min_p=0.1))
     assert s.options.temperature == 0 and s.options.min_p == 0.0
     assert s.sources["temperature"] == s.sources["min_p"] == REQUEST
-    assert s.deterministic  # greedy, the penalties kept
+    assert s.options.seed is None  # greedy: deterministic without one; penalties kept
     assert s.options.repeat_penalty == DEFAULTS.repeat_penalty
 
 
