@@ -344,10 +344,9 @@ class Runtime:
                 sampler.add_min_p(o.min_p, 1)
             sampler.add_temp(o.temperature)
             sampler.add_dist(llama_cpp.LLAMA_DEFAULT_SEED if o.seed is None else o.seed)
-        # The penalties look at the context's last tokens, the question's included, as in
-        # llama.cpp's own server: the same context, the same answer, however it was loaded.
-        for tok in self.tokens[-last_n:] if penalized else ():
-            sampler.accept(tok)
+        # The penalties look at the answer's own tokens only (the chain sees each token it
+        # draws): an answer should be free to use the question's and the document's words,
+        # and to end as the question's turn did (measured: benchmarks/RESULTS.md).
         return sampler
 
     # -- KV state ------------------------------------------------------------------------
