@@ -1,7 +1,9 @@
 """The application object: settings turned into live resources, shared by CLI and GUI.
 
 `App` is the one place that turns settings into the store, the model contexts and the
-engine. Loading a model takes a second or more, so nothing is loaded until a command needs it.
+engine. Loading a model takes a second or more, so nothing is loaded until a command needs it
+— not even the modules: a command a running server answers never imports llama.cpp, the codec
+or the store.
 `App.engine` is the Python API the CLI and the GUI wrap.
 
 It never parses command lines and never imports Qt.
@@ -11,13 +13,16 @@ from __future__ import annotations
 
 from functools import cached_property
 from pathlib import Path
-
-from store import RemoteConfig, RemoteTier, Store
+from typing import TYPE_CHECKING
 
 from . import models
-from .engine import Engine
-from .runtime import Runtime
 from .settings import Settings
+
+if TYPE_CHECKING:
+    from store import RemoteTier, Store
+
+    from .engine import Engine
+    from .runtime import Runtime
 
 
 class App:
@@ -38,6 +43,8 @@ class App:
 
     def new_runtime(self) -> Runtime:
         """A fresh context on the configured model (the engine holds one per role)."""
+        from .runtime import Runtime
+
         return Runtime(
             self.model_path,
             model_hash=self.model_hash,
@@ -47,6 +54,8 @@ class App:
 
     @cached_property
     def store(self) -> Store:
+        from store import Store
+
         store = Store(self.data_dir)
         store.budget_bytes = int(self.settings.storage_budget_gb * 1e9)
         return store
@@ -57,15 +66,20 @@ class App:
         s = self.settings
         if not s.remote_bucket:
             return None
+        from store import RemoteConfig, RemoteTier
+
         return RemoteTier(RemoteConfig(bucket=s.remote_bucket, prefix=s.remote_prefix,
                                        endpoint_url=s.remote_endpoint_url, region=s.remote_region))
 
     @cached_property
     def engine(self) -> Engine:
+        from .engine import Engine
+
         s = self.settings
         return Engine(self.store, self.new_runtime, model_path=str(self.model_path),
                       default_budget_ms=s.restore_budget_ms, remote=self.remote,
                       auto_push=s.remote_auto_push, auto_pull=s.remote_auto_pull,
+                      min_cache_tokens=s.prompt_cache_min_tokens,
                       generation_defaults=s.generation)
 
     def info(self) -> dict:

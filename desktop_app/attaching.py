@@ -48,7 +48,7 @@ class Attacher:
         self.sharing = sharing
         self.prompter = prompter
         self.speeds = speeds
-        self._lock = threading.RLock()  # one document at a time in the attach context
+        self.lock = threading.RLock()  # one job at a time in the attach context
 
     def attach(self, path: str | Path, *, levels: Sequence[str] | None = None,
                progress: ProgressFn | None = None,
@@ -71,7 +71,7 @@ class Attacher:
         title = extracted.title
         if progress:
             progress(Progress("extract", 1, 1, title))
-        with self._lock:
+        with self.lock:
             rt = self.contexts.get(ATTACH)
             self.contexts.warm_up(rt)
             known = {d.content_hash: d for d in self.store.documents()}
@@ -81,6 +81,8 @@ class Attacher:
             doc = existing or self.store.add_document(
                 extracted.content_hash, title, extracted.text, type=extracted.kind,
                 source_path=extracted.source, n_tokens=prefix.doc_tokens)
+            self.store.set_document_tokens(doc.id, rt.fingerprint, prefix.doc_tokens,
+                                           prefix.kept_tokens)
             warnings = list(extracted.warnings)
             if prefix.kept_tokens < prefix.doc_tokens:
                 warnings.append(

@@ -3,22 +3,31 @@
 Supported: plain text, Markdown and source code (anything that is text, whatever its
 extension), HTML (the visible text: no scripts, styles or markup), and PDF (through pypdf).
 Each problem is a `DocumentError` with a message meant for the user — a binary or unknown
-file, an empty document, a PDF without a text layer — and text that is not valid UTF-8 is
-decoded with replacement characters and *said so* in `Extracted.warnings`, never silently.
+file, an empty document, a PDF without a text layer — and text that is not UTF-8 is decoded
+in the encoding charset-normalizer detects (or Windows-1252) and *said so* in
+`Extracted.warnings`, never silently; so are a PDF reader's complaints, which never reach the
+terminal on their own.
 
 This module only reads files: it never tokenizes, never touches the model or the store.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import html.parser
 import io
+import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import charset_normalizer
+
+from .errors import DocumentError
+
 MAX_FILE_BYTES = 200 * 1024 * 1024  # far beyond any context; refuses accidental disk images
+FALLBACK_ENCODING = "cp1252"  # Windows-1252: a superset of Latin-1's letters
 
 HTML_SUFFIXES = {".html", ".htm", ".xhtml"}
 PDF_SUFFIXES = {".pdf"}
@@ -30,9 +39,6 @@ BINARY_MAGIC = {
     b"SQLite format 3": "a SQLite database", b"MZ": "a Windows executable",
 }
 
-
-class DocumentError(ValueError):
-    """This file cannot be attached; the message says why, for the user."""
 
 
 @dataclass
@@ -71,7 +77,7 @@ def extract(path: str | Path) -> Extracted:
     suffix = path.suffix.lower()
     warnings: list[str] = []
     if suffix in PDF_SUFFIXES or data.startswith(b"%PDF"):
-        text, title, kind = _pdf_text(data, path), None, "pdf"
+        text, title, kind = _pdf_text(data, path, warnings), None, "pdf"
     else:
         raw = _decode(data, path.name, warnings)
         if suffix in HTML_SUFFIXES or _looks_like_html(raw):
@@ -102,11 +108,32 @@ def _decode(data: bytes, name: str, warnings: list[str]) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
-        text = data.decode("utf-8", errors="replace")
-        bad = text.count("\ufffd")
-        warnings.append(f"{name}: {bad} byte sequence(s) were not valid UTF-8 and were "
-                        "replaced with \ufffd")
-        return text
+        pass
+    # A legacy 8-bit encoding: detected when the text says enough about its language, else
+    # Windows-1252, the most common one for Western text (a superset of Latin-1's letters).
+    encoding, how = _legacy_encoding(data)
+    text = data.decode(encoding, errors="replace")
+    bad = text.count("\ufffd")
+    warnings.append(f"{name}: not UTF-8; read as {encoding} ({how})"
+                    + (f", {bad} byte(s) of it not valid there (replaced with \ufffd)"
+                       if bad else "")
+                    + "; if letters look wrong, save the file as UTF-8")
+    return text
+
+
+def _legacy_encoding(data: bytes) -> tuple[str, str]:
+    """(encoding, "detected" or "assumed") of text that is not UTF-8.
+
+    Windows-1252 is by far the most common legacy encoding of the texts people attach, and
+    for a few accented letters charset-normalizer cannot tell it from a neighbour (measured:
+    French and English samples ranked cp1257 or cp775 first). So it is kept whenever the
+    detector finds it plausible at all, and the detector's choice wins only when it rules
+    Windows-1252 out (Czech in cp1250, Russian in cp1251, Greek in cp1253...).
+    """
+    matches = charset_normalizer.from_bytes(data)
+    if not matches or any(FALLBACK_ENCODING in m.could_be_from_charset for m in matches):
+        return FALLBACK_ENCODING, "assumed"
+    return matches.best().encoding, "detected"
 
 
 def _looks_like_html(text: str) -> bool:
@@ -159,15 +186,41 @@ def _html_text(raw: str) -> tuple[str, str | None]:
     return text, title
 
 
-def _pdf_text(data: bytes, path: Path) -> str:
+class _Collect(logging.Handler):
+    def __init__(self, name: str, warnings: list[str]):
+        super().__init__(logging.WARNING)
+        self.name_, self.warnings = name, warnings
+
+    def emit(self, record: logging.LogRecord) -> None:
+        note = f"{self.name_}: the PDF reader says: {record.getMessage()}"
+        if note not in self.warnings and len(self.warnings) < 5:
+            self.warnings.append(note)
+
+
+@contextlib.contextmanager
+def _pdf_log(name: str, warnings: list[str]):
+    """pypdf's log records become the document's warnings instead of stray terminal lines."""
+    log = logging.getLogger("pypdf")
+    handler, propagate = _Collect(name, warnings), log.propagate
+    log.addHandler(handler)
+    log.propagate = False
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.propagate = propagate
+
+
+def _pdf_text(data: bytes, path: Path, warnings: list[str]) -> str:
     from pypdf import PdfReader
     from pypdf.errors import PdfReadError
 
     try:
-        reader = PdfReader(io.BytesIO(data))
-        if reader.is_encrypted:
-            raise DocumentError(f"{path.name}: the PDF is encrypted")
-        pages = [page.extract_text() or "" for page in reader.pages]
+        with _pdf_log(path.name, warnings):
+            reader = PdfReader(io.BytesIO(data))
+            if reader.is_encrypted:
+                raise DocumentError(f"{path.name}: the PDF is encrypted")
+            pages = [page.extract_text() or "" for page in reader.pages]
     except DocumentError:
         raise
     except (PdfReadError, ValueError, KeyError, TypeError, OSError) as e:

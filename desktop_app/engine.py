@@ -8,6 +8,7 @@ assembles the parts and hands each call to the one that owns it:
     contexts    the model contexts, one per role (chat, attach), loaded on first use
     attaching   extract, prefill once, encode and store a document's KV
     sessions    the chat context: bring a chat in, ask, prepare, reopen, regenerate
+    completions a client's whole conversation answered with the persistent prompt cache
     kvcache     a context's KV captured, encoded at every level and stored
     streaming   stored chunks back into the model, a level chosen per chunk
     sharing     the shared cache tier (S3), when one is configured
@@ -24,8 +25,9 @@ from pathlib import Path
 
 from store import DEFAULT_CHUNK_SIZE, RemoteTier, Store
 
-from . import speeds
+from . import repair, speeds
 from .attaching import Attacher
+from .completions import Completion, Completions
 from .contexts import CHAT, Contexts
 from .kvcache import KVCache
 from .levels import DEFAULT_LEVELS, check_levels, quality_order
@@ -62,6 +64,7 @@ class Engine:
         remote: RemoteTier | None = None,
         auto_push: bool = False,
         auto_pull: bool = True,
+        min_cache_tokens: int = 1024,
         generation_defaults: GenerationOptions = GenerationOptions(),
     ):
         check_levels(levels)
@@ -84,6 +87,7 @@ class Engine:
                                    chunk_tokens=chunk_tokens,
                                    default_budget_ms=default_budget_ms,
                                    generation_defaults=generation_defaults)
+        self.completions = Completions(self.session, min_cache_tokens=min_cache_tokens)
 
     @property
     def levels(self) -> tuple[str, ...]:
@@ -184,6 +188,18 @@ class Engine:
         """What an answer asked with `generation` is sampled with, each value with the layer
         it comes from (`kvdesk info` shows it)."""
         return self.session.sampling(generation)
+
+    def complete(self, messages: Sequence[dict], **options) -> Completion:
+        """Answer a client's whole conversation with the persistent prompt cache (the local
+        API's chat completions): see `completions.Completions.complete`."""
+        return self.completions.complete(messages, **options)
+
+    def repair(self, *, progress: ProgressFn | None = None,
+               cancel: threading.Event | None = None) -> dict:
+        """Recompute (or drop, for another model's) every chunk quarantined after a failed
+        check: `kvdesk verify --repair`."""
+        with self.attacher.lock:
+            return repair.repair(self.store, self.contexts, progress=progress, cancel=cancel)
 
     # -- for benchmarks and tests: what a chat about these documents starts with --------------
 

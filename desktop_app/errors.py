@@ -2,22 +2,22 @@
 
 `is_user_error(e)` says whether an exception is shown to the user as one clear message (a
 missing model, a bad setting, an unreadable document, a corrupt cache...); anything else is a
-bug and keeps its traceback. The CLI and the GUI both decide with it, so they agree.
+bug and keeps its traceback. The CLI, the GUI and the local API all decide with it, so they
+agree.
 
-It imports no model runtime and no codec: the GUI imports it, and must not load llama.cpp or
-numba by doing so.
+The app's own errors are defined here, and their modules raise them from here (but for
+`models`, which must load on its own). It imports no
+model runtime, codec or store: the GUI imports it and must not load llama.cpp or numba by
+doing so, and a command that hands its work to a running server loads only what it needs.
+The store's and the codec's errors are recognized once those packages are loaded (an
+exception of their classes cannot exist before).
 """
 
 from __future__ import annotations
 
 import sys
 
-from store.errors import StoreError
-
-from .documents import DocumentError
-from .kvstate import KVStateError
-from .models import ModelNotFoundError
-from .settings import SettingsError
+from .models import ModelNotFoundError  # standard library only: the bundle loads it alone
 from .validation import InvalidValue
 
 
@@ -29,31 +29,39 @@ class EngineError(ValueError):
     """A request the engine cannot serve: an unknown document or chat, a bad level..."""
 
 
+class MissingError(EngineError):
+    """The document or chat asked for does not exist (or no longer)."""
+
+
 class RuntimeStateError(RuntimeError):
     """llama.cpp refused a state, or the context cannot hold the request."""
 
 
+class KVStateError(ValueError):
+    """The bytes are not a sequence state this bridge can represent exactly."""
+
+
+class DocumentError(ValueError):
+    """This file cannot be attached; the message says why, for the user."""
+
+
 USER_ERRORS: tuple[type[BaseException], ...] = (
     ModelNotFoundError,
-    SettingsError,
-    InvalidValue,
+    InvalidValue,  # SettingsError among them
     KVStateError,
     RuntimeStateError,
     Cancelled,
     DocumentError,
     EngineError,
-    StoreError,
 )
+# Recognized once loaded: (module, class).
+_ELSEWHERE = (("store.errors", "StoreError"), ("codec.errors", "CodecError"))
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
-    """USER_ERRORS, with the codec's CodecError once the codec is loaded.
-
-    An exception of that class cannot exist before its module is imported, and importing it
-    here would load numba into every process that only wants to report errors.
-    """
-    codec_errors = sys.modules.get("codec.errors")
-    return USER_ERRORS if codec_errors is None else (*USER_ERRORS, codec_errors.CodecError)
+    """USER_ERRORS, with the store's and the codec's errors once they are loaded."""
+    loaded = [getattr(sys.modules[m], name) for m, name in _ELSEWHERE if m in sys.modules]
+    return (*USER_ERRORS, *loaded)
 
 
 def is_user_error(error: BaseException) -> bool:

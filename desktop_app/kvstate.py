@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .errors import KVStateError
+
 SEQ_STATE_MAGIC = 0xAF143CD8
 
 # ggml type ids of the float cache types this bridge understands (ggml.h).
@@ -39,9 +41,6 @@ _FLOAT_TYPES = {GGML_TYPE_F32: np.dtype("<f4"), GGML_TYPE_F16: np.dtype("<f2")}
 _GGML_TYPE_NAMES = {0: "f32", 1: "f16", 2: "q4_0", 3: "q4_1", 6: "q5_0", 7: "q5_1", 8: "q8_0",
                     30: "bf16"}
 
-
-class KVStateError(ValueError):
-    """The bytes are not a sequence state this bridge can represent exactly."""
 
 
 @dataclass(eq=False)

@@ -16,7 +16,7 @@ from typing import TypeVar
 
 from store import Chat, Document, Message, NotFoundError, Store
 
-from .errors import EngineError
+from .errors import EngineError, MissingError
 from .prompts import UNTITLED
 from .results import ChatInfo, DocumentInfo, MessageInfo
 
@@ -27,7 +27,7 @@ def _found(get: Callable[[int], T], item_id: int, what: str) -> T:
     try:
         return get(item_id)
     except NotFoundError as e:
-        raise EngineError(f"no {what} {item_id}") from e
+        raise MissingError(f"no {what} {item_id}") from e
 
 
 class Library:
@@ -62,14 +62,21 @@ class Library:
                    for doc_id, entries in roots.items()
                    if any(e.model == fingerprint for e in entries)}
         sizes = self.store.entry_level_bytes(e.id for e in current.values())
+        damaged = self.store.damaged(e.id for e in current.values())
+        counts = self.store.document_tokens(fingerprint)
         out = []
         for doc in self.store.documents():
             entry = current.get(doc.id)
             status = "ready" if entry else ("stale" if doc.id in roots else "none")
+            # Counted by attach under this model; a document attached by an older kvdesk has
+            # its first model's count, and its prefix's tokens bound what was kept.
+            tokens, kept = counts.get(doc.id, (doc.n_tokens or 0, 0))
+            if doc.id not in counts and entry:
+                kept = min(tokens, entry.token_end)
             out.append(DocumentInfo(
-                doc.id, doc.title, doc.type, doc.n_tokens or 0,
-                entry.token_end if entry else 0, sizes.get(entry.id, {}) if entry else {},
-                status, doc.created))
+                doc.id, doc.title, doc.type, tokens, kept if entry else 0,
+                sizes.get(entry.id, {}) if entry else {}, status, doc.created,
+                damaged.get(entry.id, 0) if entry else 0))
         return out
 
     def chats(self) -> list[ChatInfo]:

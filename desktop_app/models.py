@@ -27,6 +27,7 @@ DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_MAGIC = b"GGUF"
 
 
+
 class ModelNotFoundError(FileNotFoundError):
     """No usable model file: says where it looked and how to provide one."""
 
@@ -86,8 +87,11 @@ def content_hash(path: Path, memo_file: Path | None = None) -> str:
     digest = h.hexdigest()
     if memo_file is not None:
         memo[key] = digest
-        memo_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = memo_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(memo, indent=1))
-        os.replace(tmp, memo_file)
+        try:
+            memo_file.parent.mkdir(parents=True, exist_ok=True)
+            tmp = memo_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps(memo, indent=1))
+            os.replace(tmp, memo_file)
+        except OSError:
+            pass  # a memo that cannot be written (read-only data) only costs a re-hash
     return digest

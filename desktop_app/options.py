@@ -63,3 +63,11 @@ class GenerationOptions(pydantic.BaseModel):
         "Subtracted once per occurrence of a token in that window; 0: off."))
     seed: int | None = Field(None, ge=0, lt=1 << 32, description=(
         "Seed of the sampler: the same answer every time (default: a new one each time)."))
+
+
+class GcOptions(pydantic.BaseModel):
+    """An explicit eviction (`kvdesk gc`)."""
+
+    model_config = STRICT
+
+    budget_gb: float | None = Field(None, ge=0, le=1e6)  # 0: evict every cache; None: the setting

@@ -18,7 +18,8 @@ class Record:
 @dataclass(frozen=True)
 class Progress(Record):
     """Work under way: phase is extract | prefill | encode | store | restore | recompute |
-    pull | push (from and to the shared cache tier)."""
+    pull | push (from and to the shared cache tier) | repair | wait (for another process's turn
+    in the same chat)."""
 
     phase: str
     done: int
@@ -92,6 +93,7 @@ class DocumentInfo(Record):
     cache_bytes: dict[str, int]  # per level, under the current model
     status: str  # ready | stale (cached only under another model) | none
     created: float
+    damaged_chunks: int = 0  # chunks set aside after a failed check (kvdesk verify --repair)
 
 
 @dataclass(frozen=True)

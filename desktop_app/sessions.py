@@ -11,8 +11,9 @@ says how. An answer is sampled as `sampling.resolve` says (the caller's options 
 settings file's over the model file's over kvdesk's defaults) and stopped if it loops
 (`repetition.LoopGuard`).
 
-One turn runs at a time in the context (a lock). This module never prints, never parses
-arguments and never imports Qt.
+One turn runs at a time in the context (a lock), and one turn at a time in a chat across
+processes sharing the data directory (the store's chat turn). This module never prints, never
+parses arguments and never imports Qt.
 """
 
 from __future__ import annotations
@@ -20,15 +21,17 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from store import Store
+from store.locks import TurnCancelled
 
 from . import speeds as speeds_mod
 from . import streaming
 from .contexts import CHAT, Contexts
 from .errors import Cancelled, EngineError
+from .fairlock import FairLock
 from .kvcache import KVCache
 from .levels import check_levels
 from .library import Library
@@ -63,7 +66,7 @@ class ChatSession:
         self.default_budget_ms = default_budget_ms
         # The settings file's generation values (a field it does not set is None).
         self.generation_defaults = generation_defaults
-        self._lock = threading.RLock()
+        self.lock = FairLock()  # the chat context: one turn at a time, first come first served
         # How the context's content was restored (None: not by a restore), so a question
         # asked the same way keeps it instead of restoring it again.
         self._loaded: RestoreOptions | None = None
@@ -172,7 +175,7 @@ class ChatSession:
                cancel: threading.Event | None = None) -> RestoreReport:
         """Restore a chat's whole context, ready for the next question."""
         self.library.chat(chat_id)
-        with self._lock:
+        with self.lock:
             rt = self.runtime
             self.contexts.warm_up(rt)
             _, tokens, notes = self.conversation(rt, chat_id)
@@ -196,7 +199,7 @@ class ChatSession:
         Returns the restore's report when this call restored the context, else None (also
         when cancelled: a newer draft supersedes it).
         """
-        with self._lock:
+        with self.lock:
             if cancel is not None and cancel.is_set():
                 return None
             rt = self.runtime
@@ -246,7 +249,7 @@ class ChatSession:
             chat_id = self.library.new_chat(doc_ids, title=title_of(question)).chat_id
         else:
             self.library.name_untitled(chat_id, title_of(question))
-        with self._lock:
+        with self.lock, self._turn(chat_id, progress, cancel):
             rt = self.runtime
             self.contexts.warm_up(rt)
             msgs, context, notes = self.conversation(rt, chat_id)
@@ -259,7 +262,7 @@ class ChatSession:
             report = replace(report, messages=[*notes, *report.messages])
             if on_restore:
                 on_restore(report)
-            out = _answer(rt, self.sampling(generation).options, t0, on_token, cancel)
+            out = stream_answer(rt, self.sampling(generation).options, t0, on_token, cancel)
             generated, answer, ttft = out.tokens, out.text, out.ttft
             # Close the turn as the template would, so the next turn appends to it exactly.
             suffix = closing_text(rt, turn, answer)
@@ -282,13 +285,13 @@ class ChatSession:
                 chunk_levels=report.chunk_levels, recomputed_tokens=report.recomputed_tokens,
                 tokens_generated=len(generated), messages=messages, source=report.source)
             stats = {k: v for k, v in result.as_dict().items() if k not in ("answer", "chat_id")}
-            # Both messages are stored after the answer: a durable write (fsync) before the
-            # first token would only delay it. A failure before here stores neither.
-            fp = rt.fingerprint
-            self.store.add_message(chat_id, "user", question, tokens=turn.tokens, model=fp)
+            # Both messages are stored after the answer, in one transaction: a durable write
+            # (fsync) before the first token would only delay it, and whatever stops the
+            # turn before here stores neither.
             answer_tokens = generated + suffix_tokens
-            self.store.add_message(chat_id, "assistant", result.answer, stats,
-                                   tokens=answer_tokens, model=fp)
+            self.store.add_turn(chat_id, question, result.answer, stats=stats,
+                                model=rt.fingerprint, question_tokens=turn.tokens,
+                                answer_tokens=answer_tokens)
             if kept:
                 self._store_chat(rt, chat_id, context + turn.tokens + answer_tokens)
             return result
@@ -296,7 +299,7 @@ class ChatSession:
     def regenerate(self, chat_id: int, **options) -> AskResult:
         """Drop the last answer (and its question) and ask the question again."""
         self.library.chat(chat_id)
-        with self._lock:
+        with self.lock, self._turn(chat_id, options.get("progress"), options.get("cancel")):
             history = self.library.history(chat_id)
             users = [m for m in history if m.role == "user"]
             if not users:
@@ -305,6 +308,20 @@ class ChatSession:
             for m in history[history.index(last_q):]:
                 self.store.delete_message(m.id)
             return self.ask(last_q.text, chat_id=chat_id, **options)
+
+    @contextlib.contextmanager
+    def _turn(self, chat_id: int, progress: ProgressFn | None,
+              cancel: threading.Event | None) -> Iterator[None]:
+        """The chat's turn, against another kvdesk process answering in it (said, if waited)."""
+        def waiting() -> None:
+            if progress is not None:
+                progress(Progress("wait", 0, 1))
+
+        try:
+            with self.store.chat_turn(chat_id, cancel=cancel, on_wait=waiting):
+                yield
+        except TurnCancelled as e:
+            raise Cancelled(str(e)) from None
 
     def _store_chat(self, rt: Runtime, chat_id: int, tokens: list[int]) -> None:
         docs = self.library.chat_documents(chat_id)
@@ -343,9 +360,9 @@ class Answer:
     notes: list[str]  # why it stopped early, when it did
 
 
-def _answer(rt: Runtime, generation: GenerationOptions, t0: float,
-            on_token: Callable[[str], None] | None,
-            cancel: threading.Event | None) -> Answer:
+def stream_answer(rt: Runtime, generation: GenerationOptions, t0: float,
+                  on_token: Callable[[str], None] | None,
+                  cancel: threading.Event | None) -> Answer:
     """Stream an answer sampled with `generation` (resolved: every field set), stopping it if
     it loops."""
     generated: list[int] = []

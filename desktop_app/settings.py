@@ -73,6 +73,12 @@ class Settings(pydantic.BaseModel):
     # the restore picks, chunk by chunk, the best stored level that fits.
     restore_budget_ms: float = Field(250.0, gt=0, le=3_600_000)
     theme: Literal["system", "light", "dark"] = "system"
+    # The local API (kvdesk serve): its port, the folders whose files a client may attach by
+    # path (none: uploads only), and from how many tokens a prompt with no cached prefix
+    # is kept in the prompt cache.
+    server_port: int = Field(8765, ge=0, le=65535)  # 0: any free port
+    server_attach_folders: tuple[str, ...] = ()
+    prompt_cache_min_tokens: int = Field(1024, ge=0, le=1 << 20)
     # The shared cache tier on S3-compatible storage: off until a bucket is set.
     remote_bucket: str | None = None
     remote_endpoint_url: str | None = None  # None: AWS S3; else MinIO, Ceph, SeaweedFS...

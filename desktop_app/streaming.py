@@ -11,10 +11,11 @@ finished so far (or declared), plus bytes of output over the decode speed measur
 fits the share of the time budget left to it. If no level fits, the cheapest wins, unless
 recomputing the rest from text would be cheaper still.
 
-A missing or corrupt chunk is read at another level; with none left, or when the source fails
-(an unreachable remote tier), or for a chunk the codec refuses, the stored part ends: from
-that chunk on everything is recomputed from text, and the caller is told why. Nothing decoded
-from a bad chunk ever reaches the model.
+A level the caller forces is read wherever it is stored; a chunk not stored at it, or missing or
+corrupt, is read at another level (or, when exact KV was asked for, recomputed: exact too). With
+no level left, or when the source fails (an unreachable remote tier), or for a chunk the codec
+refuses, the stored part ends: from that chunk on everything is recomputed from text, and the
+caller is told why. Nothing decoded from a bad chunk ever reaches the model.
 
 This module knows the store's and codec's APIs but owns no policy about what gets cached.
 """
@@ -38,13 +39,14 @@ from store import CorruptChunkError, CorruptObjectError, NotFoundError, Span, St
 
 from .errors import Cancelled
 from .kvstate import KVState
-from .options import RestoreOptions
+from .options import AUTO, RestoreOptions
 from .results import Progress, RestoreReport
 from .runtime import Runtime
 from .sources import ChunkSource
 from .speeds import Speeds
 
 TEXT = "text"  # the chunk_levels name of a chunk recomputed from its tokens
+EXACT = "lossless"  # the level whose every chunk is bit-exact
 
 @dataclass(frozen=True)
 class Choice:
@@ -171,6 +173,9 @@ class ChunkReader:
         self.spans = list(source.spans)
         self.tokens = tokens
         self.levels = levels
+        # A level the caller forces: read wherever it is stored; where it is not (or is
+        # corrupt), another level is chosen as "auto" would, except for exact KV.
+        self.forced = options.level if options.level != AUTO else None
         self.speeds = speeds
         self.bytes_per_token = bytes_per_token
         self.t0 = t0
@@ -187,6 +192,11 @@ class ChunkReader:
 
     def plan(self, i: int, sizes: dict[str, int]) -> str:
         span = self.spans[i]
+        if self.forced is not None:
+            if self.forced in sizes:
+                return self.forced
+            if self.forced == EXACT:  # asked for exact KV: recomputing is the exact fallback
+                return TEXT
         return choose_level(
             levels=self.levels, sizes=sizes,
             raw_bytes=(span.token_end - span.token_start) * self.bytes_per_token,
@@ -242,8 +252,14 @@ class ChunkReader:
         """The chunk read (or the reason it could not be); None once stopped."""
         span = self.spans[i]
         if future is None:
-            return _Fetched(span, TEXT, None, None if sizes else
-                            f"chunk {i} is stored at none of {list(self.levels)}")
+            if not sizes:
+                why = f"chunk {i} is stored at none of {list(self.levels)}"
+            elif self.forced == EXACT:
+                why = (f"chunk {i} is not stored at {EXACT!r} (exact KV is opt-in): recomputing, "
+                       "which is exact too")
+            else:
+                why = None  # the budget chose recomputing over reading
+            return _Fetched(span, TEXT, None, why)
         errors: list[str] = []
         attempt = functools.partial(self._result, future)
         while True:
@@ -328,8 +344,6 @@ def _stream(runtime: Runtime, source: ChunkSource, tokens: list[int], levels: Se
     """Decode `source`'s chunks into the context, in order, as the reader delivers them;
     (tokens restored, bytes read). Appends each chunk's level and every fallback said."""
     t0 = time.perf_counter()
-    if options.level != "auto":
-        levels = [options.level]
     lay = runtime.layout
     state = runtime.new_state_buffer(source.n_tokens)  # chunks are decoded into it in place
     reader = ChunkReader(source, tokens, levels, options, speeds, lay.kv_bytes_per_token, t0)
@@ -373,6 +387,11 @@ def _stream(runtime: Runtime, source: ChunkSource, tokens: list[int], levels: Se
                 thread.join(0.01)
     if reader.crashed:
         raise reader.crashed[0]
+    others = [lvl for lvl in chunk_levels if lvl != options.level]
+    if options.level != AUTO and others:
+        messages.append(f"{len(others)} of {len(chunk_levels)} chunks are not stored at "
+                        f"{options.level!r} (or failed their check): read at "
+                        f"{', '.join(sorted(set(others)))} instead")
     measured = reader.meter.MBps()
     if measured and not options.bandwidth_MBps:
         speeds.observe_read(source.kind, measured)

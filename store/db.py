@@ -10,12 +10,15 @@ transaction open when a call returns.
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import sqlite_utils
+
+from .errors import DataDirError, ReadOnlyError
 
 # Long enough to outlast any single write the store makes (the largest is one chunk of ~6 MB, or
 # one eviction), short enough that a wedged process surfaces as an error instead of a hang.
@@ -28,8 +31,19 @@ BUSY_TIMEOUT_MS = 60_000
 MMAP_SIZE = 1 << 36
 
 
-def open_connection(path: Path) -> sqlite3.Connection:
-    """A connection in autocommit mode (transactions are explicit) with the store's pragmas."""
+def open_connection(path: Path, *, read_only: bool = False) -> sqlite3.Connection:
+    """A connection in autocommit mode (transactions are explicit) with the store's pragmas.
+
+    read_only: for a data directory nobody can write to (a read-only mount, another user's
+    files): the database is opened immutable, since WAL readers otherwise need to create the
+    shared-memory file beside it, and nothing can change it while this process reads.
+    """
+    if read_only:
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?immutable=1", uri=True,
+                               isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA foreign_keys = ON")
+        conn.execute(f"PRAGMA mmap_size = {MMAP_SIZE}")
+        return conn
     conn = sqlite3.connect(
         path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000
     )
@@ -53,8 +67,9 @@ class Connections:
     transactions opened here (as savepoints), so a read or write block stays one transaction.
     """
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, *, read_only: bool = False):
         self.path = path
+        self.read_only = read_only
         self._local = threading.local()
         self._lock = threading.Lock()
         self._open: dict[threading.Thread, sqlite3.Connection] = {}
@@ -62,7 +77,7 @@ class Connections:
     def get(self) -> sqlite_utils.Database:
         db = getattr(self._local, "db", None)
         if db is None:
-            conn = open_connection(self.path)
+            conn = open_connection(self.path, read_only=self.read_only)
             with self._lock:
                 # Workers come and go; close what finished threads left behind, so a long session
                 # does not accumulate file handles.
@@ -75,6 +90,9 @@ class Connections:
     @contextlib.contextmanager
     def write(self) -> Iterator[sqlite_utils.Database]:
         """A write transaction: takes the write lock first, commits on success, else rolls back."""
+        if self.read_only:
+            raise ReadOnlyError(f"the data directory {self.path.parent} is read-only: kvdesk "
+                                "can list and verify what it holds, not change it")
         db = self.get()
         db.conn.execute("BEGIN IMMEDIATE")
         try:
@@ -100,3 +118,27 @@ class Connections:
                 conn.close()
             self._open.clear()
         self._local = threading.local()
+
+
+def prepare_data_dir(data_dir: Path, path: Path) -> bool:
+    """Create the data directory if needed; whether it can only be read (DataDirError if it
+    cannot be used at all)."""
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise DataDirError(f"the data directory {data_dir} is a file, not a folder: choose "
+                           "another (--data-dir, KVDESK_DATA_DIR or Settings)") from None
+    except NotADirectoryError:
+        raise DataDirError(f"the data directory {data_dir} cannot be created: part of its "
+                           "path is a file") from None
+    except PermissionError:
+        raise DataDirError(f"the data directory {data_dir} cannot be created: permission "
+                           "denied") from None
+    if not data_dir.is_dir():
+        raise DataDirError(f"the data directory {data_dir} is not a folder")
+    writable = os.access(data_dir, os.W_OK | os.X_OK) and (
+        not path.exists() or os.access(path, os.W_OK))
+    if not writable and not path.exists():
+        raise DataDirError(f"the data directory {data_dir} is read-only and holds no kvdesk "
+                           "data yet")
+    return not writable

@@ -42,3 +42,11 @@ class CorruptObjectError(StoreError):
     def __init__(self, key: str, why: str):
         super().__init__(f"remote object {key}: {why}")
         self.key = key
+
+
+class ReadOnlyError(StoreError):
+    """The data directory cannot be written: reading works, changing anything does not."""
+
+
+class DataDirError(StoreError):
+    """The data directory cannot be used at all (a file in its place, no permission...)."""

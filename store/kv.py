@@ -13,7 +13,9 @@ This module must never let a reader see an incomplete entry, and never copy a pa
 from __future__ import annotations
 
 import json
+import os
 import queue
+import socket
 import sqlite3
 import threading
 from collections.abc import Callable, Iterable
@@ -94,8 +96,8 @@ def create_pending(
             raise ValueError(f"the tokens do not start with parent entry {parent_id}'s tokens")
     entry_id = conn.execute(
         "INSERT INTO kv_entries (model, prefix_hash, token_start, token_end, parent_id,"
-        " chunk_size, levels, tokens, document_id, chat_id, last_used, created)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " chunk_size, levels, tokens, document_id, chat_id, last_used, created, writer_pid,"
+        " writer_host) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             fingerprint,
             hashes[-1],
@@ -109,6 +111,8 @@ def create_pending(
             chat_id,
             now,
             now,
+            os.getpid(),
+            socket.gethostname(),
         ),
     ).lastrowid
     conn.executemany(
@@ -237,8 +241,9 @@ def level_bytes(conn: sqlite3.Connection, chunks: list[tuple[int, int]]) -> dict
     for offset in range(0, len(chunks), step):
         batch = chunks[offset : offset + step]
         rows = conn.execute(
-            "SELECT level, sum(nbytes) FROM kv_chunks WHERE (entry_id, chunk_index) IN"
-            f" (VALUES {','.join(['(?, ?)'] * len(batch))}) GROUP BY level",
+            "SELECT level, sum(nbytes) FROM kv_chunks WHERE NOT quarantined AND"
+            f" (entry_id, chunk_index) IN (VALUES {','.join(['(?, ?)'] * len(batch))})"
+            " GROUP BY level",
             [x for pair in batch for x in pair],
         )
         for level, nbytes in rows:
@@ -252,8 +257,8 @@ def entry_level_bytes(conn: sqlite3.Connection, entry_ids: list[int]) -> dict[in
     for offset in range(0, len(entry_ids), _BATCH):
         batch = entry_ids[offset : offset + _BATCH]
         rows = conn.execute(
-            "SELECT entry_id, level, sum(nbytes) FROM kv_chunks"
-            f" WHERE entry_id IN ({','.join('?' * len(batch))}) GROUP BY entry_id, level",
+            "SELECT entry_id, level, sum(nbytes) FROM kv_chunks WHERE NOT quarantined"
+            f" AND entry_id IN ({','.join('?' * len(batch))}) GROUP BY entry_id, level",
             batch,
         )
         for entry_id, level, nbytes in rows:

@@ -11,13 +11,17 @@ This module never touches KV entries or chunks beyond the cascades the schema de
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import sqlite_utils
 
+from .db import Connections
 from .errors import NotFoundError
+from .locks import ChatLocks
 from .records import Chat, Document, Message
 from .tokens import decode, encode
 
@@ -29,7 +33,7 @@ def get(table: sqlite_utils.db.Table, key: Any, what: str) -> dict:
         raise NotFoundError(f"no {what} {key!r}") from None
 
 
-def update(db: sqlite_utils.Database, table: str, row_id: int, what: str, **changes) -> None:
+def _update(db: sqlite_utils.Database, table: str, row_id: int, what: str, **changes) -> None:
     get(db[table], row_id, what)
     db[table].update(row_id, changes)
 
@@ -44,7 +48,7 @@ def delete(db: sqlite_utils.Database, table: str, row_id: int, what: str) -> Non
 # -- documents ----------------------------------------------------------------------------------
 
 
-def add_document(db: sqlite_utils.Database, record: dict) -> int:
+def _add_document(db: sqlite_utils.Database, record: dict) -> int:
     """The id of the document with record's content hash: the stored one, or `record` added."""
     existing = db.execute(
         "SELECT id FROM documents WHERE content_hash = ?", (record["content_hash"],)
@@ -52,14 +56,28 @@ def add_document(db: sqlite_utils.Database, record: dict) -> int:
     return existing[0] if existing is not None else db["documents"].insert(record).last_pk
 
 
-def document(db: sqlite_utils.Database, document_id: int) -> Document:
+def _document(db: sqlite_utils.Database, document_id: int) -> Document:
     return Document(**get(db["documents"], document_id, "document"))
+
+
+def _set_document_tokens(db: sqlite_utils.Database, document_id: int, model: str, tokens: int,
+                        kept: int) -> None:
+    get(db["documents"], document_id, "document")
+    db.execute("INSERT OR REPLACE INTO document_tokens VALUES (?, ?, ?, ?)",
+               (document_id, model, tokens, kept))
+
+
+def _document_tokens(db: sqlite_utils.Database, model: str) -> dict[int, tuple[int, int]]:
+    """{document id: (its tokens, how many fit its context)} under `model`."""
+    rows = db.execute("SELECT document_id, tokens, kept_tokens FROM document_tokens"
+                      " WHERE model = ?", (model,))
+    return {doc: (tokens, kept) for doc, tokens, kept in rows}
 
 
 # -- chats --------------------------------------------------------------------------------------
 
 
-def link(db: sqlite_utils.Database, chat_id: int, document_id: int) -> None:
+def _link(db: sqlite_utils.Database, chat_id: int, document_id: int) -> None:
     get(db["documents"], document_id, "document")
     (position,) = db.execute(
         "SELECT count(*) FROM chat_documents WHERE chat_id = ?", (chat_id,)
@@ -69,16 +87,16 @@ def link(db: sqlite_utils.Database, chat_id: int, document_id: int) -> None:
     )
 
 
-def chat(db: sqlite_utils.Database, chat_id: int) -> Chat:
+def _chat(db: sqlite_utils.Database, chat_id: int) -> Chat:
     return Chat(**get(db["chats"], chat_id, "chat"))
 
 
-def message_counts(db: sqlite_utils.Database) -> dict[int, int]:
+def _message_counts(db: sqlite_utils.Database) -> dict[int, int]:
     """{chat id: number of messages} of every chat that has any."""
     return dict(db.execute("SELECT chat_id, count(*) FROM messages GROUP BY chat_id").fetchall())
 
 
-def chat_document_ids(db: sqlite_utils.Database) -> dict[int, list[int]]:
+def _chat_document_ids(db: sqlite_utils.Database) -> dict[int, list[int]]:
     """{chat id: its documents' ids in the order attached} of every chat that has any."""
     out: dict[int, list[int]] = {}
     for chat_id, document_id in db.execute(
@@ -91,17 +109,17 @@ def chat_document_ids(db: sqlite_utils.Database) -> dict[int, list[int]]:
 # -- messages -----------------------------------------------------------------------------------
 
 
-def add_message(db: sqlite_utils.Database, chat_id: int, role: str, text: str,
+def _add_message(db: sqlite_utils.Database, chat_id: int, role: str, text: str,
                 stats: dict[str, Any] | None, now: float) -> int:
     get(db["chats"], chat_id, "chat")
     record = {"chat_id": chat_id, "role": role, "text": text, "stats": _json(stats),
               "created": now, "updated": now}
     message_id = db["messages"].insert(record).last_pk
-    update(db, "chats", chat_id, "chat", updated=now)
+    _update(db, "chats", chat_id, "chat", updated=now)
     return message_id
 
 
-def set_tokens(db: sqlite_utils.Database, message_id: int, model: str,
+def _set_tokens(db: sqlite_utils.Database, message_id: int, model: str,
                tokens: Sequence[int]) -> None:
     get(db["messages"], message_id, "message")
     get(db["models"], model, "model")
@@ -109,7 +127,7 @@ def set_tokens(db: sqlite_utils.Database, message_id: int, model: str,
                (message_id, model, encode(tokens)))
 
 
-def tokens_of_chat(db: sqlite_utils.Database, chat_id: int, model: str) -> dict[int, list[int]]:
+def _tokens_of_chat(db: sqlite_utils.Database, chat_id: int, model: str) -> dict[int, list[int]]:
     """{message id: tokens} of a chat's messages whose tokens under `model` are known."""
     rows = db.execute(
         "SELECT t.message_id, t.tokens FROM message_tokens t JOIN messages m"
@@ -119,13 +137,185 @@ def tokens_of_chat(db: sqlite_utils.Database, chat_id: int, model: str) -> dict[
     return {message_id: decode(data) for message_id, data in rows}
 
 
-def message(db: sqlite_utils.Database, message_id: int) -> Message:
-    return message_from_row(get(db["messages"], message_id, "message"))
+def _message(db: sqlite_utils.Database, message_id: int) -> Message:
+    return _message_from_row(get(db["messages"], message_id, "message"))
 
 
-def message_from_row(row: dict) -> Message:
+def _message_from_row(row: dict) -> Message:
     return Message(**{**row, "stats": None if row["stats"] is None else json.loads(row["stats"])})
 
 
 def _json(value: Any) -> str | None:
     return None if value is None else json.dumps(value)
+
+
+class LibraryStore:
+    """The Store's documents, chats and messages (a base class of `store.Store`, which owns
+    the connections `_db`, the clock `_clock`, the chat locks and `_delete`)."""
+
+    _db: Connections
+    _clock: Callable[[], float]
+    _chat_locks: ChatLocks
+    read_only: bool
+
+    def _delete(self, table: str, row_id: int, what: str) -> None: ...
+
+    # -- documents -----------------------------------------------------------------------------
+
+    def add_document(
+        self,
+        content_hash: str,
+        title: str,
+        text: str,
+        *,
+        type: str,
+        source_path: str | None = None,
+        n_tokens: int | None = None,
+    ) -> Document:
+        """Store a document, or return the one already stored with the same content hash."""
+        record = {"content_hash": content_hash, "title": title, "source_path": source_path,
+                  "type": type, "text": text, "n_tokens": n_tokens, "created": self._clock()}
+        with self._db.write() as db:
+            document_id = _add_document(db, record)
+        return self.document(document_id)
+
+    def document(self, document_id: int) -> Document:
+        return _document(self._db.get(), document_id)
+
+    def documents(self) -> list[Document]:
+        return [Document(**row) for row in self._db.get()["documents"].rows_where(order_by="id")]
+
+    def set_document_tokens(self, document_id: int, model: str, tokens: int, kept: int) -> None:
+        """Record a document's token count under a model, and how many fit its context."""
+        with self._db.write() as db:
+            _set_document_tokens(db, document_id, model, tokens, kept)
+
+    def document_tokens(self, model: str) -> dict[int, tuple[int, int]]:
+        """{document id: (tokens, tokens kept)} under `model`."""
+        return _document_tokens(self._db.get(), model)
+
+    def delete_document(self, document_id: int) -> None:
+        """Delete a document with its KV entries (and entries extending them) and chat links."""
+        self._delete("documents", document_id, "document")
+
+    # -- chats and messages --------------------------------------------------------------------
+
+    def create_chat(self, title: str, document_ids: Sequence[int] = ()) -> Chat:
+        now = self._clock()
+        with self._db.write() as db:
+            chat_id = db["chats"].insert({"title": title, "created": now, "updated": now}).last_pk
+            for document_id in document_ids:
+                _link(db, chat_id, document_id)
+        return self.chat(chat_id)
+
+    def chat(self, chat_id: int) -> Chat:
+        return _chat(self._db.get(), chat_id)
+
+    def chats(self) -> list[Chat]:
+        """All chats, the most recently updated first."""
+        rows = self._db.get()["chats"].rows_where(order_by="updated DESC, id DESC")
+        return [Chat(**row) for row in rows]
+
+    def message_counts(self) -> dict[int, int]:
+        """{chat id: number of messages}, for chats with any: one query, no message loaded."""
+        return _message_counts(self._db.get())
+
+    def chat_document_ids(self) -> dict[int, list[int]]:
+        """{chat id: document ids in the order attached}, for chats with documents."""
+        return _chat_document_ids(self._db.get())
+
+    def rename_chat(self, chat_id: int, title: str) -> Chat:
+        with self._db.write() as db:
+            _update(db, "chats", chat_id, "chat", title=title, updated=self._clock())
+        return self.chat(chat_id)
+
+    def delete_chat(self, chat_id: int) -> None:
+        """Delete a chat with its messages, document links and KV entries."""
+        self._delete("chats", chat_id, "chat")
+
+    def chat_turn(self, chat_id: int, *, cancel: threading.Event | None = None,
+                  on_wait: Callable[[], None] | None = None) -> contextlib.AbstractContextManager:
+        """Hold a chat's turn against other processes sharing this data directory (store.locks);
+        a read-only store, where no turn can be stored, takes none."""
+        if self.read_only:
+            return contextlib.nullcontext()
+        return self._chat_locks.turn(chat_id, cancel=cancel, on_wait=on_wait)
+
+    def attach_document(self, chat_id: int, document_id: int) -> None:
+        with self._db.write() as db:
+            _link(db, chat_id, document_id)
+
+    def chat_documents(self, chat_id: int) -> list[Document]:
+        """The documents attached to a chat, in the order they were attached."""
+        rows = self._db.get().query(
+            "SELECT d.* FROM documents d JOIN chat_documents l ON l.document_id = d.id"
+            " WHERE l.chat_id = ? ORDER BY l.position",
+            (chat_id,),
+        )
+        return [Document(**row) for row in rows]
+
+    def add_message(
+        self,
+        chat_id: int,
+        role: str,
+        text: str,
+        stats: dict[str, Any] | None = None,
+        *,
+        tokens: Sequence[int] | None = None,
+        model: str | None = None,
+    ) -> Message:
+        """Add a message; `tokens`, if given, are its exact tokens under the `model` fingerprint."""
+        if (tokens is None) != (model is None):
+            raise ValueError("a message's tokens need the model they belong to, and only them")
+        with self._db.write() as db:
+            message_id = _add_message(db, chat_id, role, text, stats, self._clock())
+            if tokens is not None:
+                _set_tokens(db, message_id, model, tokens)
+        return self.message(message_id)
+
+    def add_turn(self, chat_id: int, question: str, answer: str, *,
+                 stats: dict[str, Any] | None = None, model: str,
+                 question_tokens: Sequence[int], answer_tokens: Sequence[int]) -> None:
+        """A question and its answer, with their tokens under `model`, in one transaction:
+        a chat never holds a question without its answer, whatever interrupts the write."""
+        now = self._clock()
+        with self._db.write() as db:
+            for role, text, tokens, extra in (("user", question, question_tokens, None),
+                                              ("assistant", answer, answer_tokens, stats)):
+                message_id = _add_message(db, chat_id, role, text, extra, now)
+                _set_tokens(db, message_id, model, tokens)
+
+    def set_message_tokens(self, message_id: int, model: str, tokens: Sequence[int]) -> None:
+        """Record a message's exact tokens under a model (e.g. after tokenizing its text again)."""
+        with self._db.write() as db:
+            _set_tokens(db, message_id, model, tokens)
+
+    def message_tokens(self, chat_id: int, model: str) -> dict[int, list[int]]:
+        """{message id: tokens} of a chat's messages whose tokens under `model` are known."""
+        return _tokens_of_chat(self._db.get(), chat_id, model)
+
+    def update_message(
+        self, message_id: int, *, text: str | None = None, stats: dict[str, Any] | None = None
+    ) -> Message:
+        """Replace a message's text and/or stats (e.g. as an answer streams in)."""
+        changes: dict[str, Any] = {"updated": self._clock()}
+        if text is not None:
+            changes["text"] = text
+        if stats is not None:
+            changes["stats"] = json.dumps(stats)
+        with self._db.write() as db:
+            _update(db, "messages", message_id, "message", **changes)
+        return self.message(message_id)
+
+    def delete_message(self, message_id: int) -> None:
+        """Remove one message (e.g. an answer being regenerated)."""
+        with self._db.write() as db:
+            delete(db, "messages", message_id, "message")
+
+    def message(self, message_id: int) -> Message:
+        return _message(self._db.get(), message_id)
+
+    def messages(self, chat_id: int) -> list[Message]:
+        rows = self._db.get()["messages"].rows_where("chat_id = ?", [chat_id], order_by="id")
+        return [_message_from_row(row) for row in rows]
+

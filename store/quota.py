@@ -4,11 +4,15 @@ Only KV entries are ever evicted; documents, chats, messages and settings never 
 evicted together with every entry extending it (a chat's entry is useless without its document's).
 Since reading a chain marks all of its entries used, parents are at least as recent as their
 children and LRU order reaches leaves first anyway. Entries being written are never evicted, nor
-any entry that one extends; an incomplete entry whose writer stopped refreshing it for
-ABANDON_AFTER_S (the writer crashed) is removed.
+any entry that one extends; an incomplete entry is removed once its writer is known to be gone:
+a process of this host that no longer exists, or one that stopped refreshing the entry for
+ABANDON_AFTER_S (a writer on another host sharing the directory, or a hung one).
 """
 
 from __future__ import annotations
+
+import os
+import socket
 
 from .db import Connections
 from .kv import subtree
@@ -20,6 +24,19 @@ BUDGET_SETTING = "store.budget_bytes"
 ABANDON_AFTER_S = 15 * 60
 
 
+def _gone(pid: int | None, host: str | None) -> bool:
+    """Whether the writer was a process of this host that has exited."""
+    if pid is None or host != socket.gethostname() or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # it exists, as another user's process
+        return False
+    return False
+
+
 def usage(db: Connections) -> int:
     """Bytes of every stored chunk, complete entries and entries being written alike."""
     return db.get().conn.execute("SELECT coalesce(sum(nbytes), 0) FROM kv_chunks").fetchone()[0]
@@ -28,11 +45,12 @@ def usage(db: Connections) -> int:
 def collect(db: Connections, budget_bytes: int, now: float) -> dict:
     """Drop abandoned writes, then evict LRU entries until usage fits the budget; report it."""
     with db.write() as wdb:
-        abandoned = wdb.conn.execute(
-            "SELECT id, (SELECT coalesce(sum(nbytes), 0) FROM kv_chunks WHERE entry_id = e.id)"
-            " FROM kv_entries e WHERE NOT complete AND last_used < ?",
-            (now - ABANDON_AFTER_S,),
+        pending = wdb.conn.execute(
+            "SELECT id, (SELECT coalesce(sum(nbytes), 0) FROM kv_chunks WHERE entry_id = e.id),"
+            " last_used, writer_pid, writer_host FROM kv_entries e WHERE NOT complete"
         ).fetchall()
+        abandoned = [(entry_id, nbytes) for entry_id, nbytes, last_used, pid, host in pending
+                     if last_used < now - ABANDON_AFTER_S or _gone(pid, host)]
         wdb.conn.executemany("DELETE FROM kv_entries WHERE id = ?", [(i,) for i, _ in abandoned])
     freed = sum(nbytes for _, nbytes in abandoned)
     used = usage(db)

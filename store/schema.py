@@ -17,8 +17,9 @@ import json
 import sqlite3
 import time
 from collections.abc import Callable
+from pathlib import Path
 
-from .errors import SchemaVersionError
+from .errors import ReadOnlyError, SchemaVersionError
 from .tokens import encode as encode_tokens
 
 M001_INITIAL = """
@@ -112,10 +113,14 @@ CREATE TABLE settings (
 """
 
 
+def _statements(script: str) -> list[str]:
+    """The statements of a migration script (no semicolons inside its comments or strings)."""
+    return [s for s in script.split(";") if s.strip()]
+
+
 def m001_initial(conn: sqlite3.Connection) -> None:
-    for statement in M001_INITIAL.split(";"):
-        if statement.strip():
-            conn.execute(statement)
+    for statement in _statements(M001_INITIAL):
+        conn.execute(statement)
 
 
 M002_MESSAGE_TOKENS = """
@@ -159,9 +164,56 @@ def m002_message_tokens(conn: sqlite3.Connection) -> None:
         )
 
 
+M003_INTEGRITY = """
+ALTER TABLE kv_chunks ADD COLUMN sha256 BLOB;  -- of data, checked on every read (NULL: from
+                                               -- before m003, checked by its CRC only)
+ALTER TABLE kv_chunks ADD COLUMN quarantined INTEGER NOT NULL DEFAULT 0;  -- failed a check:
+                                               -- never read again, verify --repair fixes it
+ALTER TABLE kv_entries ADD COLUMN writer_host TEXT;  -- while incomplete, with writer_pid
+CREATE TABLE documents_new (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,      -- never reused: an id someone holds stays theirs
+    content_hash TEXT NOT NULL UNIQUE,
+    title TEXT NOT NULL,
+    source_path TEXT,
+    type TEXT NOT NULL,
+    text TEXT NOT NULL,
+    n_tokens INTEGER,
+    created REAL NOT NULL
+);
+INSERT INTO documents_new SELECT * FROM documents;
+DROP TABLE documents;
+ALTER TABLE documents_new RENAME TO documents;
+CREATE TABLE chats_new (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    title TEXT NOT NULL,
+    created REAL NOT NULL,
+    updated REAL NOT NULL
+);
+INSERT INTO chats_new SELECT * FROM chats;
+DROP TABLE chats;
+ALTER TABLE chats_new RENAME TO chats;
+CREATE TABLE document_tokens (
+    document_id INTEGER NOT NULL REFERENCES documents(id) ON DELETE CASCADE,
+    model TEXT NOT NULL REFERENCES models(fingerprint) ON DELETE CASCADE,
+    tokens INTEGER NOT NULL,            -- the document's own tokens under that model
+    kept_tokens INTEGER NOT NULL,       -- how many fit its context (the rest was left out)
+    PRIMARY KEY (document_id, model)
+) WITHOUT ROWID
+"""
+
+
+def m003_integrity(conn: sqlite3.Connection) -> None:
+    """Per-chunk SHA-256 and quarantine; the writer's host beside its pid; document and chat
+    ids never reused (AUTOINCREMENT: the tables are rebuilt, foreign keys off meanwhile);
+    each document's token counts per model."""
+    for statement in _statements(M003_INTEGRITY):
+        conn.execute(statement)
+
+
 MIGRATIONS: list[tuple[str, Callable[[sqlite3.Connection], None]]] = [
     ("m001_initial", m001_initial),
     ("m002_message_tokens", m002_message_tokens),
+    ("m003_integrity", m003_integrity),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -173,25 +225,35 @@ def schema_version(conn: sqlite3.Connection) -> int:
 def migrate(conn: sqlite3.Connection, target: int = SCHEMA_VERSION) -> list[str]:
     """Bring the database up to `target` (default: the latest); return the names applied."""
     applied = []
-    while True:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            version = _check_known(conn)
-            if version >= target:
+    # Off while migrating (it can only change outside a transaction): rebuilding a table
+    # would otherwise cascade its DROP to every row referring to it. Each migration ends
+    # with a full foreign key check instead.
+    conn.execute("PRAGMA foreign_keys = OFF")
+    try:
+        while True:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                version = _check_known(conn)
+                if version >= target:
+                    conn.execute("COMMIT")
+                    return applied
+                name, apply = MIGRATIONS[version]
+                conn.execute(
+                    "CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied REAL)"
+                )
+                apply(conn)
+                broken = conn.execute("PRAGMA foreign_key_check").fetchall()
+                if broken:
+                    raise SchemaVersionError(f"migration {name} broke foreign keys: {broken[:3]}")
+                conn.execute("INSERT INTO migrations VALUES (?, ?)", (name, time.time()))
+                conn.execute(f"PRAGMA user_version = {version + 1}")
                 conn.execute("COMMIT")
-                return applied
-            name, apply = MIGRATIONS[version]
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied REAL)"
-            )
-            apply(conn)
-            conn.execute("INSERT INTO migrations VALUES (?, ?)", (name, time.time()))
-            conn.execute(f"PRAGMA user_version = {version + 1}")
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        applied.append(name)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            applied.append(name)
+    finally:
+        conn.execute("PRAGMA foreign_keys = ON")
 
 
 def _check_known(conn: sqlite3.Connection) -> int:
@@ -218,3 +280,10 @@ def _check_known(conn: sqlite3.Connection) -> int:
     if version == 0 and conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
         raise SchemaVersionError("the database is not an empty file nor a kvdesk store")
     return version
+
+
+def check_current(conn: sqlite3.Connection, data_dir: Path) -> None:
+    """A read-only store is read as it is: only at this version's schema."""
+    if schema_version(conn) != SCHEMA_VERSION:
+        raise ReadOnlyError(f"the data directory {data_dir} is read-only and its store needs an "
+                            "upgrade: open it once where it can be written")

@@ -10,36 +10,59 @@ the codec: KV chunks are opaque bytes at named levels.
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import blobs, kv, library, quota
-from .db import Connections
-from .errors import NotFoundError
-from .records import Chat, Document, Entry, Message, Model, PrefixMatch, Span
-from .schema import migrate, schema_version
+from . import blobs, integrity, kv, library, quota
+from .db import Connections, prepare_data_dir
+from .errors import CorruptChunkError, DataDirError, NotFoundError
+from .library import LibraryStore
+from .locks import ChatLocks
+from .records import Entry, Model, PrefixMatch, Span
+from .schema import check_current, migrate, schema_version
 from .tokens import decode
 
 DB_NAME = "kvdesk.sqlite"
 DEFAULT_CHUNK_SIZE = 256
 
 
-class Store:
-    """Persistent state of one data directory. Close it (or use `with`) when done."""
+class Store(LibraryStore):
+    """Persistent state of one data directory. Close it (or use `with`) when done.
+
+    Documents, chats and messages: `LibraryStore` (store.library); KV entries, integrity and
+    quota: here.
+    """
 
     def __init__(self, data_dir: str | Path, *, clock: Callable[[], float] = time.time):
         self.data_dir = Path(data_dir)
-        self.data_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.data_dir / DB_NAME
         self._clock = clock
-        self._db = Connections(self.path)
+        self._db = Connections(self.path, read_only=prepare_data_dir(self.data_dir, self.path))
+        self._chat_locks = ChatLocks(self.data_dir / "locks")
         try:
-            migrate(self._db.get().conn)
+            if self.read_only:
+                check_current(self._db.get().conn, self.data_dir)
+            else:
+                migrate(self._db.get().conn)
+        except sqlite3.DatabaseError as e:
+            self._db.close()
+            # Not a database, a damaged one, or one the file system will not let SQLite open;
+            # any other error (a bad statement) is a bug and keeps its traceback.
+            if isinstance(e, sqlite3.OperationalError) and not any(
+                    why in str(e) for why in ("unable to open", "readonly", "disk I/O")):
+                raise
+            raise DataDirError(f"{self.path} cannot be opened as a kvdesk store ({e})") from e
         except BaseException:
             self._db.close()
             raise
+
+    @property
+    def read_only(self) -> bool:
+        """True for a data directory this process cannot write: reads work, writes raise."""
+        return self._db.read_only
 
     def close(self) -> None:
         self._db.close()
@@ -56,8 +79,13 @@ class Store:
 
     # -- models --------------------------------------------------------------------------------
 
-    def register_model(self, fingerprint: str, path: str, layout: dict[str, Any]) -> Model:
-        """Record (or update the path and layout of) the model KV entries are keyed by."""
+    def register_model(self, fingerprint: str, path: str, layout: dict[str, Any]) -> Model | None:
+        """Record (or update the path and layout of) the model KV entries are keyed by.
+
+        A read-only store records nothing (nothing can be stored under the model either).
+        """
+        if self.read_only:
+            return None
         with self._db.write() as db:
             db.execute(
                 "INSERT INTO models VALUES (?, ?, ?, ?) ON CONFLICT (fingerprint)"
@@ -69,136 +97,6 @@ class Store:
     def model(self, fingerprint: str) -> Model:
         row = library.get(self._db.get()["models"], fingerprint, "model")
         return Model(**{**row, "layout": json.loads(row["layout"])})
-
-    # -- documents -----------------------------------------------------------------------------
-
-    def add_document(
-        self,
-        content_hash: str,
-        title: str,
-        text: str,
-        *,
-        type: str,
-        source_path: str | None = None,
-        n_tokens: int | None = None,
-    ) -> Document:
-        """Store a document, or return the one already stored with the same content hash."""
-        record = {"content_hash": content_hash, "title": title, "source_path": source_path,
-                  "type": type, "text": text, "n_tokens": n_tokens, "created": self._clock()}
-        with self._db.write() as db:
-            document_id = library.add_document(db, record)
-        return self.document(document_id)
-
-    def document(self, document_id: int) -> Document:
-        return library.document(self._db.get(), document_id)
-
-    def documents(self) -> list[Document]:
-        return [Document(**row) for row in self._db.get()["documents"].rows_where(order_by="id")]
-
-    def delete_document(self, document_id: int) -> None:
-        """Delete a document with its KV entries (and entries extending them) and chat links."""
-        self._delete("documents", document_id, "document")
-
-    # -- chats and messages --------------------------------------------------------------------
-
-    def create_chat(self, title: str, document_ids: Sequence[int] = ()) -> Chat:
-        now = self._clock()
-        with self._db.write() as db:
-            chat_id = db["chats"].insert({"title": title, "created": now, "updated": now}).last_pk
-            for document_id in document_ids:
-                library.link(db, chat_id, document_id)
-        return self.chat(chat_id)
-
-    def chat(self, chat_id: int) -> Chat:
-        return library.chat(self._db.get(), chat_id)
-
-    def chats(self) -> list[Chat]:
-        """All chats, the most recently updated first."""
-        rows = self._db.get()["chats"].rows_where(order_by="updated DESC, id DESC")
-        return [Chat(**row) for row in rows]
-
-    def message_counts(self) -> dict[int, int]:
-        """{chat id: number of messages}, for chats with any: one query, no message loaded."""
-        return library.message_counts(self._db.get())
-
-    def chat_document_ids(self) -> dict[int, list[int]]:
-        """{chat id: document ids in the order attached}, for chats with documents."""
-        return library.chat_document_ids(self._db.get())
-
-    def rename_chat(self, chat_id: int, title: str) -> Chat:
-        with self._db.write() as db:
-            library.update(db, "chats", chat_id, "chat", title=title, updated=self._clock())
-        return self.chat(chat_id)
-
-    def delete_chat(self, chat_id: int) -> None:
-        """Delete a chat with its messages, document links and KV entries."""
-        self._delete("chats", chat_id, "chat")
-
-    def attach_document(self, chat_id: int, document_id: int) -> None:
-        with self._db.write() as db:
-            library.link(db, chat_id, document_id)
-
-    def chat_documents(self, chat_id: int) -> list[Document]:
-        """The documents attached to a chat, in the order they were attached."""
-        rows = self._db.get().query(
-            "SELECT d.* FROM documents d JOIN chat_documents l ON l.document_id = d.id"
-            " WHERE l.chat_id = ? ORDER BY l.position",
-            (chat_id,),
-        )
-        return [Document(**row) for row in rows]
-
-    def add_message(
-        self,
-        chat_id: int,
-        role: str,
-        text: str,
-        stats: dict[str, Any] | None = None,
-        *,
-        tokens: Sequence[int] | None = None,
-        model: str | None = None,
-    ) -> Message:
-        """Add a message; `tokens`, if given, are its exact tokens under the `model` fingerprint."""
-        if (tokens is None) != (model is None):
-            raise ValueError("a message's tokens need the model they belong to, and only them")
-        with self._db.write() as db:
-            message_id = library.add_message(db, chat_id, role, text, stats, self._clock())
-            if tokens is not None:
-                library.set_tokens(db, message_id, model, tokens)
-        return self.message(message_id)
-
-    def set_message_tokens(self, message_id: int, model: str, tokens: Sequence[int]) -> None:
-        """Record a message's exact tokens under a model (e.g. after tokenizing its text again)."""
-        with self._db.write() as db:
-            library.set_tokens(db, message_id, model, tokens)
-
-    def message_tokens(self, chat_id: int, model: str) -> dict[int, list[int]]:
-        """{message id: tokens} of a chat's messages whose tokens under `model` are known."""
-        return library.tokens_of_chat(self._db.get(), chat_id, model)
-
-    def update_message(
-        self, message_id: int, *, text: str | None = None, stats: dict[str, Any] | None = None
-    ) -> Message:
-        """Replace a message's text and/or stats (e.g. as an answer streams in)."""
-        changes: dict[str, Any] = {"updated": self._clock()}
-        if text is not None:
-            changes["text"] = text
-        if stats is not None:
-            changes["stats"] = json.dumps(stats)
-        with self._db.write() as db:
-            library.update(db, "messages", message_id, "message", **changes)
-        return self.message(message_id)
-
-    def delete_message(self, message_id: int) -> None:
-        """Remove one message (e.g. an answer being regenerated)."""
-        with self._db.write() as db:
-            library.delete(db, "messages", message_id, "message")
-
-    def message(self, message_id: int) -> Message:
-        return library.message(self._db.get(), message_id)
-
-    def messages(self, chat_id: int) -> list[Message]:
-        rows = self._db.get()["messages"].rows_where("chat_id = ?", [chat_id], order_by="id")
-        return [library.message_from_row(row) for row in rows]
 
     # -- settings ------------------------------------------------------------------------------
 
@@ -289,6 +187,11 @@ class Store:
         )
         return [kv.entry_from_row(row) for row in rows]
 
+    def spans(self, entry_id: int) -> tuple[Span, ...]:
+        """An entry's chunks: which tokens each covers."""
+        with self._db.read() as db:
+            return kv.entry_spans(db.conn, entry_id)
+
     def tokens(self, entry_id: int) -> list[int]:
         """The whole token prefix an entry caches: its ancestors' tokens, then its own."""
         with self._db.read() as db:
@@ -311,7 +214,7 @@ class Store:
         with self._db.read() as db:
             rows = db.execute(
                 "SELECT entry_id, chunk_index, level, nbytes FROM kv_chunks"
-                f" WHERE entry_id IN ({marks})",
+                f" WHERE entry_id IN ({marks}) AND NOT quarantined",
                 ids,
             ).fetchall()
         return {(e, c, lvl): n for e, c, lvl, n in rows}
@@ -327,12 +230,18 @@ class Store:
             return kv.entry_level_bytes(db.conn, list(entry_ids))
 
     def read_chunk(self, entry_id: int, chunk_index: int, level: str) -> bytes:
-        """One chunk's bytes, checksum verified (CorruptChunkError); reads nothing else."""
-        with self._db.read() as db:
-            return blobs.read(db.conn, entry_id, chunk_index, level)
+        """One chunk's bytes, checked; reads nothing else. A chunk that fails its check is
+        quarantined (never read again) and CorruptChunkError raised."""
+        try:
+            with self._db.read() as db:
+                return blobs.read(db.conn, entry_id, chunk_index, level)
+        except CorruptChunkError:
+            integrity.quarantine(self._db, entry_id, chunk_index, level)
+            raise
 
     def repair_chunk(self, entry_id: int, chunk_index: int, level: str, data: bytes) -> None:
-        """Replace a chunk's bytes, e.g. recomputed after a CorruptChunkError."""
+        """Replace a chunk's bytes, e.g. recomputed after a CorruptChunkError (its quarantine
+        ends)."""
         with self._db.write() as db:
             kv.get_entry(db.conn, entry_id)
             if not db.execute(
@@ -343,7 +252,9 @@ class Store:
             blobs.put(db.conn, entry_id, chunk_index, level, data)
 
     def touch(self, entry_ids: Iterable[int]) -> None:
-        """Mark entries used now (the LRU order eviction follows)."""
+        """Mark entries used now (the LRU order eviction follows); not in a read-only store."""
+        if self.read_only:
+            return
         with self._db.write() as db:
             kv.touch(db.conn, entry_ids, self._clock())
 
@@ -374,27 +285,27 @@ class Store:
         return report
 
     def verify(self) -> dict:
-        """Check every chunk of every complete entry against its checksum.
+        """Check every chunk of every complete entry; quarantine what fails (store.integrity).
 
         Returns {"entries": n, "chunks": n, "bytes": n,
-        "corrupt": [{"entry": id, "chunk": i, "level": name}]}.
+        "corrupt": [{"entry": id, "chunk": i, "level": name, "new": bool}]}.
         """
-        with self._db.read() as db:
-            rows = blobs.chunk_rows(db.conn)
-            (n_entries,) = db.execute("SELECT count(*) FROM kv_entries WHERE complete").fetchone()
-        n_chunks = n_bytes = 0
-        corrupt = []
-        for rowid, entry_id, chunk_index, level, nbytes in rows:
-            # One short read transaction per chunk: a scan of many GB must not pin the WAL.
-            with self._db.read() as db:
-                intact = blobs.is_intact(db.conn, rowid)
-            if intact is None:
-                continue
-            n_chunks += 1
-            n_bytes += nbytes
-            if not intact:
-                corrupt.append({"entry": entry_id, "chunk": chunk_index, "level": level})
-        return {"entries": n_entries, "chunks": n_chunks, "bytes": n_bytes, "corrupt": corrupt}
+        return integrity.verify(self._db)
+
+    def quarantined(self) -> list[tuple[int, int, str]]:
+        """(entry, chunk, level) of every chunk set aside after a failed check."""
+        return integrity.quarantined(self._db)
+
+    def damaged(self, entry_ids: Iterable[int]) -> dict[int, int]:
+        """{entry id: quarantined chunks}, for the entries that have any."""
+        return integrity.damaged(self._db, entry_ids)
+
+    def drop_chunk(self, entry_id: int, chunk_index: int, level: str) -> list[int]:
+        """Remove a chunk that cannot be repaired (an entry left without it at any level goes,
+        with the entries extending it); returns the ids of the entries deleted."""
+        deleted = integrity.drop(self._db, entry_id, chunk_index, level)
+        self._reclaim()
+        return deleted
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -411,4 +322,5 @@ class Store:
         # The database uses incremental auto-vacuum: hand freed chunk pages back to the file
         # system. executescript() steps the pragma to the end; execute() frees a single page.
         self._db.get().conn.executescript("PRAGMA incremental_vacuum")
+
 

@@ -74,7 +74,8 @@ def test_attach_ask_reopen_end_to_end(tmp_path):
     ans = json.loads(kvdesk("ask", doc, "What is the access code?", "--max-tokens", "16",
                             "--json").stdout)
     assert set(ans) == {"chat_id", "answer", "ttft_s", "restore_s", "bytes_read",
-                        "chunk_levels", "recomputed_tokens", "tokens_generated", "source"}
+                        "chunk_levels", "recomputed_tokens", "tokens_generated", "source",
+                        "messages"}
     assert ans["chunk_levels"] == ["high"] and ans["recomputed_tokens"] == 0
     assert ans["source"] == "local"
     assert ans["bytes_read"] > 0 and ans["tokens_generated"] > 0
@@ -85,7 +86,8 @@ def test_attach_ask_reopen_end_to_end(tmp_path):
     assert more["chat_id"] == ans["chat_id"] and set(more["chunk_levels"]) == {"compact"}
 
     rep = json.loads(kvdesk("reopen", chat, "--json").stdout)
-    assert set(rep) == {"chat_id", "tokens", "restore_s", "chunk_levels", "recomputed_tokens"}
+    assert set(rep) == {"chat_id", "tokens", "restore_s", "chunk_levels", "recomputed_tokens",
+                        "messages"}
     assert rep["recomputed_tokens"] == 0 and len(rep["chunk_levels"]) >= 2
 
     assert [d["doc_id"] for d in json.loads(kvdesk("docs", "--json").stdout)] == [
@@ -119,3 +121,36 @@ def test_ctrl_c_during_attach_stores_nothing(tmp_path):
     assert "cancelled; nothing was stored" in err and "Traceback" not in err
     assert json.loads(kvdesk("docs", "--json").stdout) == []
     assert json.loads(kvdesk("verify", "--json").stdout)["chunks"] == 0
+
+
+@pytest.mark.model
+def test_two_processes_asking_in_one_chat_take_turns(tmp_path):
+    """Each answer is computed with every earlier turn in its context: the chat's stored KV
+    then covers the whole conversation as the history shows it."""
+    from desktop_app.app import App
+    from desktop_app.settings import load
+
+    doc = tmp_path / "d.txt"
+    doc.write_text("The museum opens at nine and closes at five. Entry is free on Sundays.")
+    doc_id = json.loads(kvdesk("--n-ctx", "1024", "attach", str(doc), "--levels", "compact",
+                               "--json").stdout)[0]["doc_id"]
+    chat = json.loads(kvdesk("--n-ctx", "1024", "ask", str(doc_id), "When does it open?",
+                             "--max-tokens", "8", "--json").stdout)["chat_id"]
+    procs = [subprocess.Popen([sys.executable, "-m", "desktop_app", "--n-ctx", "1024", "ask",
+                               "--chat", str(chat), question, "--max-tokens", "8", "--json"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for question in ("When does it close?", "Is it ever free?")]
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+    app = App(load().with_overrides(n_ctx=1024))
+    try:
+        roles = [m.role for m in app.engine.messages(chat)]
+        assert roles == ["user", "assistant"] * 3
+        session = app.engine.session
+        _, tokens, notes = session.conversation(app.engine.runtime, chat)
+        assert not notes  # every message's tokens were recorded under this model
+        match = app.store.longest_prefix(app.engine.fingerprint, tokens, touch=False)
+        assert match.n_tokens == len(tokens)
+    finally:
+        app.close()

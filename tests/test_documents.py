@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from desktop_app.documents import DocumentError, extract
@@ -61,11 +63,33 @@ def test_pdf(tmp_path):
     assert doc.kind == "pdf" and "Attention sinks matter." in doc.text
 
 
-def test_undecodable_text_is_replaced_and_said(tmp_path):
-    (tmp_path / "latin1.txt").write_bytes("café au lait".encode("latin-1"))
-    doc = extract(tmp_path / "latin1.txt")
-    assert "caf\ufffd au lait" == doc.text
-    assert len(doc.warnings) == 1 and "not valid UTF-8" in doc.warnings[0]
+@pytest.mark.parametrize("text, encoding", [
+    ("café au lait", "latin-1"),  # too short to detect: Windows-1252 is assumed
+    ("Le café est très apprécié. Où est la bibliothèque? Déjà vu.", "latin-1"),
+    ("Привет, как дела? Сегодня хорошая погода, и мы идём гулять в парк.", "cp1251"),
+    ("Señor Müller paid 20€ for the naïve résumé.", "cp1252"),
+    ("Příliš žluťoučký kůň úpěl ďábelské ódy. Večer jsme šli do kina a potom na "
+     "večeři. Počasí bylo krásné a všichni byli spokojení.", "cp1250"),
+])
+def test_legacy_encodings_keep_their_accents_and_say_so(tmp_path, text, encoding):
+    (tmp_path / "legacy.txt").write_bytes(text.encode(encoding))
+    doc = extract(tmp_path / "legacy.txt")
+    assert doc.text == text
+    assert len(doc.warnings) == 1 and "not UTF-8; read as" in doc.warnings[0]
+
+
+def test_pdf_reader_complaints_become_warnings(tmp_path, capsys):
+    pdf = make_pdf(tmp_path / "d.pdf", ["Attention sinks matter."])
+    data = pdf.read_bytes()
+    at = re.search(rb"startxref\s+(\d+)", data)
+    # A wrong cross-reference offset: the reader repairs it, and complains.
+    (tmp_path / "damaged.pdf").write_bytes(
+        data[:at.start(1)] + str(int(at.group(1)) + 7).encode() + data[at.end(1):])
+    doc = extract(tmp_path / "damaged.pdf")
+    assert "Attention sinks matter." in doc.text
+    assert capsys.readouterr().err == ""
+    assert doc.warnings and all(w.startswith("damaged.pdf: the PDF reader says")
+                                for w in doc.warnings)
 
 
 def test_utf16_with_bom(tmp_path):

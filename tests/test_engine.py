@@ -84,7 +84,9 @@ def test_attach_stores_every_level(engine, doc_id):
     (info,) = [d for d in engine.documents() if d.doc_id == doc_id]
     assert info.status == "ready" and info.tokens > 50
     assert set(info.cache_bytes) == set(engine.levels)
-    raw = info.kept_tokens * engine.runtime.layout.kv_bytes_per_token
+    assert info.kept_tokens == info.tokens  # a short document: all of it fits
+    entry = engine.store.document_entry(doc_id, engine.fingerprint)
+    raw = entry.token_end * engine.runtime.layout.kv_bytes_per_token  # its whole prefix, fp16
     assert info.cache_bytes["compact"] < info.cache_bytes["high"] < info.cache_bytes["lossless"]
     assert info.cache_bytes["lossless"] < raw
 
@@ -305,3 +307,45 @@ def test_bad_input(engine, tmp_path):
     with pytest.raises(EngineError, match="unknown level"):
         ask(engine, "hi", doc=None, level="bogus")
     assert len(engine.chats()) == chats  # no empty chat left behind
+
+
+def test_a_corrupt_chunk_at_a_forced_level_is_read_at_another_and_set_aside(new_engine,
+                                                                            tmp_path):
+    eng = new_engine()
+    path = tmp_path / "doc.txt"
+    path.write_text(DOC)
+    doc_id = eng.attach(path, levels=["balanced", "compact"]).doc_id
+    entry = eng.store.document_entry(doc_id, eng.fingerprint)
+    with sqlite3.connect(eng.store.path) as db:
+        db.execute("UPDATE kv_chunks SET data = zeroblob(nbytes) WHERE entry_id = ? AND "
+                   "chunk_index = 1 AND level = 'balanced'", (entry.id,))
+    first = ask(eng, QUESTION, doc=doc_id, tokens=4, level="balanced")
+    assert first.chunk_levels[1] == "compact" and first.recomputed_tokens == 0
+    assert any("checksum" in m and "read at 'compact' instead" in m for m in first.messages)
+    # Set aside: the next restore does not try it again, and docs says it is damaged.
+    eng.runtime.reset()
+    again = ask(eng, QUESTION, doc=doc_id, tokens=4, level="balanced")
+    assert again.chunk_levels[1] == "compact" and not any("checksum" in m
+                                                          for m in again.messages)
+    (info,) = eng.documents()
+    assert info.damaged_chunks == 1 and info.kept_tokens <= info.tokens
+    report = eng.repair()
+    assert report["repaired"] == [{"entry": entry.id, "chunk": 1, "level": "balanced"}]
+    assert eng.store.verify()["corrupt"] == [] and eng.documents()[0].damaged_chunks == 0
+    eng.runtime.reset()
+    fixed = ask(eng, QUESTION, doc=doc_id, tokens=4, level="balanced")
+    assert set(fixed.chunk_levels) == {"balanced"}
+
+
+def test_a_forced_level_not_stored_is_said_and_lossless_stays_exact(new_engine, tmp_path):
+    eng = new_engine()
+    path = tmp_path / "doc.txt"
+    path.write_text(DOC)
+    doc_id = eng.attach(path, levels=["high"]).doc_id
+    lossy = ask(eng, QUESTION, doc=doc_id, tokens=4, level="compact")
+    assert set(lossy.chunk_levels) == {"high"}
+    assert any("not stored at 'compact'" in m for m in lossy.messages)
+    exact = ask(eng, QUESTION, doc=doc_id, tokens=8, level="lossless")
+    assert set(exact.chunk_levels) == {"text"} and exact.recomputed_tokens > 0
+    assert any("exact KV is opt-in" in m for m in exact.messages)
+    assert exact.answer == ask(eng, QUESTION, doc=doc_id, tokens=8, no_cache=True).answer

@@ -8,8 +8,8 @@ import os
 import pytest
 
 from desktop_app import models, settings
-from desktop_app.validation import InvalidValue
 from desktop_app.models import ModelNotFoundError
+from desktop_app.validation import InvalidValue
 
 
 def test_default_model_is_shipped(model_path):

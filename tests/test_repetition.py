@@ -10,7 +10,7 @@ import time
 from desktop_app.options import GenerationOptions
 from desktop_app.repetition import MIN_SPAN, LoopGuard, repeated_sentence
 from desktop_app.runtime import Token
-from desktop_app.sessions import _answer
+from desktop_app.sessions import stream_answer
 
 LOOP = ("You can charge money for copies of the Program. You can charge money for the use of "
         "the Program. ") * 13
@@ -91,7 +91,7 @@ class ScriptedRuntime:
 def test_a_looping_answer_is_stopped_and_the_user_told():
     rt = ScriptedRuntime(words(LOOP))
     streamed = []
-    out = _answer(rt, GenerationOptions(max_tokens=512), time.perf_counter(), streamed.append,
+    out = stream_answer(rt, GenerationOptions(max_tokens=512), time.perf_counter(), streamed.append,
                   None)
     assert rt.closed and len(out.tokens) < 60 < len(rt.pieces)
     assert out.text == "".join(streamed)  # what was shown is what is kept
@@ -101,6 +101,6 @@ def test_a_looping_answer_is_stopped_and_the_user_told():
 
 def test_a_good_answer_runs_to_its_end():
     rt = ScriptedRuntime(words(FINE))
-    out = _answer(rt, GenerationOptions(max_tokens=8), time.perf_counter(), None, None)
+    out = stream_answer(rt, GenerationOptions(max_tokens=8), time.perf_counter(), None, None)
     assert len(out.tokens) == 8 and out.notes == [] and out.ttft is not None
     assert rt.options.max_tokens == 8

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import threading
 
+import pytest
+
 from store import Store
 
 FP = "model-c"
@@ -107,3 +109,26 @@ def test_processes_share_one_data_directory(tmp_path):
 if __name__ == "__main__":
     with Store(sys.argv[1]) as store:
         work(store, int(sys.argv[2]), int(sys.argv[3]))
+
+
+def test_a_chat_turn_waits_for_another_holder_and_can_be_cancelled(tmp_path):
+    from store.locks import TurnCancelled
+
+    with Store(tmp_path) as one, Store(tmp_path) as two:  # as two processes would
+        chat = one.create_chat("c").id
+        order, waited = [], threading.Event()
+        held = two.chat_turn(chat, on_wait=waited.set)  # kept: dropping it would release it
+        with one.chat_turn(chat):
+            worker = threading.Thread(target=lambda: (held.__enter__(), order.append("two")))
+            worker.start()
+            assert waited.wait(5)  # told that another holder has the turn
+            order.append("one")
+        worker.join(5)
+        assert order == ["one", "two"]
+        stop = threading.Event()
+        stop.set()
+        with pytest.raises(TurnCancelled):  # `two` still holds it: waiting is cancellable
+            with one.chat_turn(chat, cancel=stop):
+                pass
+        with one.chat_turn(chat + 1):  # other chats are not held up
+            pass

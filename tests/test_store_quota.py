@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import sqlite3
+import subprocess
+import sys
+
 import pytest
 from test_store_helpers import FP, open_store
 
@@ -90,6 +94,19 @@ def test_entries_being_written_are_kept_until_abandoned(store, clock):
     assert report["freed_bytes"] == 500 and report["bytes_after"] == 1000
     with pytest.raises(LookupError):
         writer.put_chunk(0, "raw", bytes(500))
+
+
+def test_an_entry_whose_writer_process_died_is_removed_at_once(store, clock):
+    writer = store.write_entry(FP, range(100), levels=["raw"])
+    writer.put_chunk(0, "raw", bytes(500))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    conn = sqlite3.connect(store.path)
+    with conn:
+        conn.execute("UPDATE kv_entries SET writer_pid = ? WHERE id = ?",
+                     (int(dead), writer.entry_id))
+    conn.close()
+    assert store.gc()["abandoned_entries"] == [writer.entry_id]  # no 15 minutes' wait
 
 
 def test_the_budget_defaults_to_ten_gigabytes(store, clock):

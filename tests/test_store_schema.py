@@ -115,3 +115,40 @@ def test_message_tokens_move_out_of_the_stats(tmp_path):
         (2, "fp-b")]
     assert conn.execute("SELECT stats FROM messages WHERE id = 1").fetchone()[0] is None
     conn.close()
+
+
+def test_document_and_chat_ids_are_never_reused(tmp_path):
+    with open_store(tmp_path) as store:
+        docs = [store.add_document(f"h{i}", f"D{i}", "t", type="txt").id for i in range(2)]
+        chats = [store.create_chat(f"c{i}", [docs[0]]).id for i in range(2)]
+        store.delete_document(docs[1])
+        store.delete_chat(chats[1])
+        assert store.add_document("h9", "D9", "t", type="txt").id == docs[1] + 1
+        assert store.create_chat("c9").id == chats[1] + 1
+
+
+def test_m003_keeps_every_row_and_what_refers_to_it(tmp_path):
+    """The documents and chats tables are rebuilt; rows pointing at them survive, and the
+    cascades still work afterwards."""
+    conn = open_connection(tmp_path / "old.sqlite")
+    migrate(conn, target=2)
+    conn.execute("INSERT INTO models VALUES ('model-a', '/a.gguf', '{}', 0)")
+    conn.execute("INSERT INTO documents VALUES (5, 'h', 'Doc', NULL, 'txt', 'text', 3, 0)")
+    conn.execute("INSERT INTO chats VALUES (7, 'c', 0, 0)")
+    conn.execute("INSERT INTO chat_documents VALUES (7, 5, 0)")
+    conn.execute("INSERT INTO messages VALUES (1, 7, 'user', 'q', NULL, 0, 0)")
+    conn.execute("INSERT INTO kv_entries (model, prefix_hash, token_start, token_end,"
+                 " chunk_size, levels, tokens, document_id, complete, last_used, created)"
+                 " VALUES ('model-a', x'00', 0, 1, 256, '[]', x'01000000', 5, 1, 0, 0)")
+    conn.commit()
+    migrate(conn)
+    assert conn.execute("SELECT id, title FROM documents").fetchall() == [(5, "Doc")]
+    assert conn.execute("SELECT count(*) FROM chat_documents").fetchone()[0] == 1
+    assert conn.execute("SELECT count(*) FROM messages").fetchone()[0] == 1
+    assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+    conn.execute("DELETE FROM documents WHERE id = 5")
+    assert conn.execute("SELECT count(*) FROM kv_entries").fetchone()[0] == 0
+    assert conn.execute("SELECT count(*) FROM chat_documents").fetchone()[0] == 0
+    conn.execute("DELETE FROM chats WHERE id = 7")
+    assert conn.execute("SELECT count(*) FROM messages").fetchone()[0] == 0
+    conn.close()

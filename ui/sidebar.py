@@ -142,7 +142,9 @@ class ChatList(QWidget):
 
 PHASE_WORDS = {"extract": "reading the file", "prefill": "computing the cache",
                "encode": "compressing", "store": "saving", "restore": "restoring",
-               "recompute": "recomputing"}
+               "recompute": "recomputing", "pull": "fetching from the shared cache",
+               "push": "sharing", "wait": "waiting for another kvdesk window's answer",
+               "repair": "repairing"}
 
 
 class AttachRow(QFrame):

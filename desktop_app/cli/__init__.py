@@ -9,6 +9,7 @@ never a traceback.
     chat          attach, ask, reopen, docs, chats, rm
     maintenance   info, verify, gc, selfcheck, eval, gui
     remote        the shared cache: remote status, push, pull
+    serve         the local OpenAI-compatible API
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import sys
 import click
 
 from ..errors import is_user_error
-from . import chat, maintenance, remote  # noqa: F401 - each registers its commands
+from . import chat, maintenance, remote, serve  # noqa: F401 - each registers its commands
 from .base import cli
 
 __all__ = ["cli", "main"]

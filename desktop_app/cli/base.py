@@ -132,3 +132,23 @@ def say(messages: list[str]) -> None:
 
 def summary(levels: list[str]) -> str:
     return levels_summary(levels) if levels else "nothing to restore"
+
+
+no_server_option = click.option("--no-server", is_flag=True, help="Work in this process even "
+                                "when a kvdesk server runs on the data directory.")
+
+
+def server_client(app: App, no_server: bool):
+    """A client of the kvdesk server running on this data directory, model and context, if
+    there is one (and the user did not say --no-server): it answers without loading anything."""
+    if no_server:
+        return None
+    from ..server import discovery
+
+    found = discovery.find(app.data_dir, model=app.model_path, n_ctx=app.settings.n_ctx)
+    if found is None:
+        return None
+    from ..server.client import Client
+
+    say([f"answered by the kvdesk server at {found[0]} (--no-server: in this process)"])
+    return Client(*found)

@@ -22,8 +22,10 @@ from .base import (
     interruptible,
     json_option,
     level_list,
+    no_server_option,
     option_name,
     say,
+    server_client,
     summary,
     values,
 )
@@ -32,17 +34,20 @@ from .base import (
 @cli.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path())
 @click.option("--levels", help="Comma-separated codec levels to store (default: every level).")
+@no_server_option
 @json_option
 @click.pass_obj
-def attach(app: App, files: tuple[str, ...], levels: str | None, as_json: bool):
+def attach(app: App, files: tuple[str, ...], levels: str | None, no_server: bool,
+           as_json: bool):
     """Attach documents: extract, prefill once, compress and store their KV cache."""
     results, failed = [], False
     bar = TerminalProgress()
+    engine = server_client(app, no_server) or app.engine
     with interruptible() as cancel:
         for path in files:
             try:
-                res = app.engine.attach(path, levels=level_list(levels), progress=bar,
-                                        cancel=cancel)
+                res = engine.attach(path, levels=level_list(levels), progress=bar,
+                                    cancel=cancel)
             except Cancelled:
                 bar.done()
                 click.echo(f"{path}: cancelled; nothing was stored", err=True)
@@ -117,9 +122,10 @@ def generation_options(f):
 @click.option("--chat", "chat_id", type=int, help="Continue this chat instead of a new one.")
 @restore_options
 @generation_options
+@no_server_option
 @json_option
 @click.pass_obj
-def ask(app: App, args, chat_id, restore, generation, as_json):
+def ask(app: App, args, chat_id, restore, generation, no_server, as_json):
     """Ask about a document (a new chat), or continue a chat with --chat.
 
     Generation flags not given come from the settings file, else the model file's
@@ -143,16 +149,23 @@ def ask(app: App, args, chat_id, restore, generation, as_json):
             click.echo(text, nl=False)
         streamed.append(text)
 
+    said: list[str] = []
+
+    def on_restore(report) -> None:  # said before the answer streams: why it may be slow
+        say(report.messages)
+        said.extend(report.messages)
+
     with interruptible() as cancel:
-        res = app.engine.ask(
+        res = (server_client(app, no_server) or app.engine).ask(
             question, chat_id=chat_id, doc_ids=doc_ids, restore=restore,
-            generation=generation, on_token=on_token,
-            on_restore=lambda r: say(r.messages), progress=bar, cancel=cancel)
+            generation=generation, on_token=on_token, on_restore=on_restore, progress=bar,
+            cancel=cancel)
     if as_json:
-        click.echo(json.dumps({k: v for k, v in res.as_dict().items() if k != "messages"},
-                              indent=2))
+        say([m for m in res.messages if m not in said])
+        click.echo(json.dumps(res.as_dict(), indent=2))
     else:
         click.echo()
+        say([m for m in res.messages if m not in said])
         click.echo(f"[chat {res.chat_id}] first token after {res.ttft_s * 1000:.0f} ms "
                    f"(restore {res.restore_s * 1000:.0f} ms, {summary(res.chunk_levels)})",
                    err=True)
@@ -161,17 +174,20 @@ def ask(app: App, args, chat_id, restore, generation, as_json):
 @cli.command()
 @click.argument("chat_id", type=int)
 @restore_options
+@no_server_option
 @json_option
 @click.pass_obj
-def reopen(app: App, chat_id, restore, as_json):
+def reopen(app: App, chat_id, restore, no_server, as_json):
     """Restore a chat's context into the model and report how."""
     bar = TerminalProgress()
     with interruptible() as cancel:
-        rep = app.engine.reopen(chat_id, restore=restore, progress=bar, cancel=cancel)
+        rep = (server_client(app, no_server) or app.engine).reopen(
+            chat_id, restore=restore, progress=bar, cancel=cancel)
     bar.done()
     say(rep.messages)
     out = {"chat_id": chat_id, "tokens": rep.tokens, "restore_s": round(rep.restore_s, 4),
-           "chunk_levels": rep.chunk_levels, "recomputed_tokens": rep.recomputed_tokens}
+           "chunk_levels": rep.chunk_levels, "recomputed_tokens": rep.recomputed_tokens,
+           "messages": rep.messages}
     emit(out, as_json, [f"restored {rep.tokens:,} tokens in {rep.restore_s * 1000:.0f} ms "
                         f"({summary(rep.chunk_levels)}; "
                         f"{rep.recomputed_tokens:,} recomputed)"])
@@ -184,8 +200,12 @@ def docs(app: App, as_json: bool):
     """List attached documents and their caches."""
     rows = app.engine.documents()
     emit([d.as_dict() for d in rows], as_json, [
-        f"[{d.doc_id}] {d.title} — {d.tokens:,} tokens, {d.status}, "
-        f"{sum(d.cache_bytes.values()) / 1e6:.1f} MB cached" for d in rows])
+        f"[{d.doc_id}] {d.title} — {d.tokens:,} tokens"
+        + (f" ({d.kept_tokens:,} kept)" if d.status == "ready" and d.kept_tokens < d.tokens
+           else "")
+        + f", {d.status}, {sum(d.cache_bytes.values()) / 1e6:.1f} MB cached"
+        + (f", {d.damaged_chunks} damaged chunks (kvdesk verify --repair)"
+           if d.damaged_chunks else "") for d in rows])
 
 
 @cli.command()

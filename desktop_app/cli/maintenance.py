@@ -8,10 +8,10 @@ import sys
 
 import click
 
-from .. import documents, quality
 from ..app import App
+from ..options import GcOptions
 from ..selfcheck import run as run_selfcheck
-from .base import cli, emit, json_option, level_list
+from .base import TerminalProgress, cli, emit, interruptible, json_option, level_list, values
 
 
 @cli.command()
@@ -28,18 +28,31 @@ def info(app: App, as_json: bool):
 
 
 @cli.command()
+@click.option("--repair", is_flag=True, help="Recompute damaged chunks under this model (or "
+              "drop those of other models).")
 @json_option
 @click.pass_obj
-def verify(app: App, as_json: bool):
-    """Check every stored KV chunk against its checksum."""
+def verify(app: App, repair: bool, as_json: bool):
+    """Check every stored KV chunk; set aside (and with --repair, fix) those that fail."""
     report = app.store.verify()
-    emit(report, as_json, [
-        f"{report['entries']} entries, {report['chunks']} chunks, "
-        f"{report['bytes'] / 1e6:.1f} MB: "
-        + (f"{len(report['corrupt'])} corrupt" if report["corrupt"] else "all intact")]
-        + [f"  corrupt: entry {c['entry']} chunk {c['chunk']} level {c['level']}"
-           for c in report["corrupt"]])
-    if report["corrupt"]:
+    if repair and report["corrupt"]:
+        bar = TerminalProgress()
+        with interruptible() as cancel:
+            report["repair"] = app.engine.repair(progress=bar, cancel=cancel)
+        bar.done()
+    lines = [f"{report['entries']} entries, {report['chunks']} chunks, "
+             f"{report['bytes'] / 1e6:.1f} MB: "
+             + (f"{len(report['corrupt'])} damaged" if report["corrupt"] else "all intact")]
+    lines += [f"  damaged: entry {c['entry']} chunk {c['chunk']} level {c['level']}"
+              + ("" if c["new"] else " (set aside before)") for c in report["corrupt"]]
+    if "repair" in report:
+        fixed = report["repair"]
+        lines += [f"repaired {len(fixed['repaired'])}, dropped {len(fixed['dropped'])} "
+                  f"(of other models; {len(fixed['deleted_entries'])} entries deleted)"]
+    elif report["corrupt"]:
+        lines += ["run `kvdesk verify --repair` to recompute them (they are not read meanwhile)"]
+    emit(report, as_json, lines)
+    if report["corrupt"] and "repair" not in report:
         sys.exit(1)
 
 
@@ -49,7 +62,8 @@ def verify(app: App, as_json: bool):
 @click.pass_obj
 def gc(app: App, budget_gb: float | None, as_json: bool):
     """Evict least-recently-used caches beyond the storage budget."""
-    report = app.store.gc(None if budget_gb is None else int(budget_gb * 1e9))
+    budget = values(GcOptions, budget_gb=budget_gb).budget_gb
+    report = app.store.gc(None if budget is None else int(budget * 1e9))
     emit(report, as_json, [f"freed {report['freed_bytes'] / 1e6:.1f} MB; "
                            f"{report['bytes_after'] / 1e6:.1f} MB of "
                            f"{report['budget_bytes'] / 1e9:.1f} GB used"])
@@ -80,12 +94,14 @@ def selfcheck(app: App, as_json: bool):
 @click.option("--cont-tokens", type=int, default=256, show_default=True,
               help="Following tokens, scored under teacher forcing.")
 @click.option("--configs", help="Comma-separated: fp16, fp16-ulp (the noise floor), q8_0, q4_0 "
-              f"and codec levels (default: {','.join(quality.DEFAULT_CONFIGS)}).")
+              "and codec levels (default: all of them but lossless).")
 @json_option
 @click.pass_obj
 def eval_(app: App, file: str, prefix_tokens: int, cont_tokens: int, configs: str | None,
           as_json: bool):
     """Measure how closely compressed KV caches answer like the exact one, on FILE."""
+    from .. import documents, quality
+
     names = level_list(configs) or list(quality.DEFAULT_CONFIGS)
     if not as_json:
         click.echo(f"{'config':<12} {'bits/elem':>9} {'KLD':>8} {'top-1':>6} {'ppl':>8}  greedy")

@@ -1,0 +1,39 @@
+"""`kvdesk serve`: the local OpenAI-compatible API (desktop_app.server), in the foreground."""
+
+from __future__ import annotations
+
+import threading
+
+import click
+
+from ..app import App
+from .base import checked, cli
+
+
+@cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on; anything but loopback needs --api-key.")
+@click.option("--port", type=int, help="Port (default: the setting server_port, 8765; 0: any "
+              "free port).")
+@click.option("--api-key", envvar="KVDESK_API_KEY", help="A key every client must send "
+              "(Authorization: Bearer KEY); env KVDESK_API_KEY.")
+@click.pass_obj
+def serve(app: App, host: str, port: int | None, api_key: str | None):
+    """Serve the local API: OpenAI's chat completions with a prompt cache that survives
+    restarts, and kvdesk's own documents and chats. Ctrl-C stops it."""
+    from ..server import Server
+
+    if port is not None:
+        checked(app.settings.with_values, server_port=port)
+    server = Server(app, host=host, port=app.settings.server_port if port is None else port,
+                    api_key=api_key)
+    click.echo(f"Loading {app.model_path.name}...", err=True)
+
+    def announce() -> None:
+        server.started.wait()
+        click.echo(f"kvdesk serves {server.url}/v1 (OpenAI-compatible; model ids "
+                   f"{app.model_path.stem!r} and 'default'); Ctrl-C stops it", err=True)
+
+    threading.Thread(target=announce, daemon=True).start()
+    server.run()
+    click.echo("Stopped.", err=True)

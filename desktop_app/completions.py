@@ -1,0 +1,195 @@
+"""Completions for any client: a conversation given whole, answered with a persistent prompt
+cache (what the local OpenAI-compatible API serves).
+
+A client sends every message each time. They are rendered with the model's chat template
+(after the kvdesk documents the request names, as a kvdesk chat would start), the longest
+prefix of the tokens that the store holds — a document's entry, an earlier turn of the same
+conversation, a long shared system prompt — comes back through the adaptive streaming
+restore, only the rest is computed, and the conversation's KV (the answer included) is stored
+as an entry extending that prefix. So the next request of the conversation, after a restart
+too, starts at once. A prompt with no stored prefix at all is kept only from
+`min_cache_tokens` tokens on: short one-off prompts cost little to compute and would only
+churn the cache. The store's quota and eviction apply as to every entry.
+
+It runs in the chat context, one turn at a time in arrival order, beside the window's chats.
+It never touches chats or messages: a client's conversation lives in the client.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+from .errors import EngineError
+from .options import GenerationOptions, RestoreOptions
+from .prompts import Turn, closing
+from .results import RestoreReport
+from .sessions import ChatSession, stream_answer
+
+ROLES = ("system", "user", "assistant")
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    finish_reason: str  # "stop" (end of turn or a stop string) | "length" | "cancelled"
+    prompt_tokens: int
+    completion_tokens: int
+    ttft_s: float
+    report: RestoreReport  # how the prompt came into the model
+    cached_tokens: int  # of the prompt, restored or kept rather than computed
+    stored: bool  # whether the conversation's KV is now in the store
+    messages: list[str] = field(default_factory=list)  # notes for the user
+
+
+class _Either:
+    """Set when either event is (a client's cancel, or a stop string seen)."""
+
+    def __init__(self, *events: threading.Event | None):
+        self.events = [e for e in events if e is not None]
+
+    def is_set(self) -> bool:
+        return any(e.is_set() for e in self.events)
+
+
+class Completions:
+    def __init__(self, session: ChatSession, *, min_cache_tokens: int = 1024):
+        self.session = session
+        self.min_cache_tokens = min_cache_tokens
+
+    def prompt(self, messages: Sequence[dict], documents: Sequence[int] = ()) -> Turn:
+        """The request's messages after its documents' prefix, rendered and tokenized."""
+        for m in messages:
+            if m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+                raise EngineError("each message needs a role (system, user or assistant) and "
+                                  "text content")
+        if not messages or messages[-1]["role"] == "assistant":
+            raise EngineError("the conversation must end with a user (or system) message")
+        s = self.session
+        rt = s.runtime
+        if documents:
+            head, head_tokens = s.prompter.chat(rt, [s.library.document(d) for d in documents])
+        else:
+            head, head_tokens = [], []
+        before = rt.render_chat(head, add_generation_prompt=False) if head else ""
+        msgs = (*head, *({"role": m["role"], "content": m["content"]} for m in messages))
+        text = rt.render_chat(msgs, add_generation_prompt=True)
+        if not text.startswith(before):
+            raise EngineError("this model's chat template rewrites earlier messages; kvdesk "
+                              "needs an append-only template")
+        rest = text[len(before):]
+        tokens = head_tokens + rt.tokenize(rest, add_bos=rt.adds_bos and not head)
+        return Turn(msgs, text, tokens)
+
+    def complete(
+        self,
+        messages: Sequence[dict],
+        *,
+        documents: Sequence[int] = (),
+        restore: RestoreOptions = RestoreOptions(),
+        generation: GenerationOptions = GenerationOptions(),
+        stop: Sequence[str] = (),
+        on_token: Callable[[str], None] | None = None,
+        on_restore: Callable[[RestoreReport], None] | None = None,
+        on_answered: Callable[[Completion], None] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Completion:
+        """Answer the conversation; `on_answered` hears the completion as soon as it is known,
+        before its KV is stored (the call returns after)."""
+        t0 = time.perf_counter()
+        s = self.session
+        with s.lock:
+            rt = s.runtime
+            s.contexts.warm_up(rt)
+            turn = self.prompt(messages, documents)
+            prompt = turn.tokens
+            if len(prompt) + 1 >= rt.n_ctx:
+                raise EngineError(f"the prompt has {len(prompt):,} tokens; the context holds "
+                                  f"{rt.n_ctx:,} with room to answer")
+            report = s.bring_in(rt, None, prompt[:-1], options=restore, progress=None,
+                                cancel=cancel, question=prompt[-1:])
+            if on_restore:
+                on_restore(report)
+            stops = StopStrings(stop, on_token)
+            stopped = threading.Event()
+
+            def token(text: str) -> None:
+                if stops.feed(text):
+                    stopped.set()  # the generation ends after this token
+
+            sampling = s.sampling(generation).options
+            out = stream_answer(rt, sampling, t0, token, _Either(cancel, stopped))
+            generated, ttft = out.tokens, out.ttft
+            text = stops.finish()
+            if stopped.is_set():
+                finish = "stop"
+            elif cancel is not None and cancel.is_set():
+                finish = "cancelled"
+            else:  # ended, ran to max_tokens, or stopped going round in circles (said)
+                finish = "length" if len(generated) >= sampling.max_tokens else "stop"
+            cached = report.tokens - report.recomputed_tokens
+            kept, notes = s.sharing.keep()
+            result = Completion(text, finish, len(prompt), len(generated),
+                                round(ttft if ttft is not None else time.perf_counter() - t0, 4),
+                                report, cached, False, [*report.messages, *notes, *out.notes])
+            if on_answered:
+                on_answered(result)
+            stored = kept and self._store(rt, turn, text)
+            return replace(result, stored=stored)
+
+    def _store(self, rt, turn: Turn, text: str) -> bool:
+        """Keep the conversation's KV (answer and the template's closing of it included),
+        when it extends a stored prefix or is long enough to be worth it on its own."""
+        s = self.session
+        prefix = s.store.longest_prefix(rt.fingerprint, turn.tokens, touch=False)
+        if prefix.n_tokens == 0 and len(turn.tokens) < self.min_cache_tokens:
+            return False
+        suffix = closing(rt, turn, text)
+        suffix_tokens = rt.tokenize(suffix) if suffix else []
+        if suffix_tokens and rt.n_tokens + len(suffix_tokens) <= rt.n_ctx:
+            rt.prefill(suffix_tokens)
+        s.kv.store_prefix(rt, rt.tokens)
+        return True
+
+
+class StopStrings:
+    """Streams an answer's text while watching for stop strings: nothing that may turn out to
+    be the start of one is passed on until the next pieces decide, and the text is cut where
+    the first one begins."""
+
+    def __init__(self, stop: Sequence[str], on_token: Callable[[str], None] | None):
+        self.stop = [x for x in stop if x]
+        self.on_token = on_token
+        self.text = ""
+        self.sent = 0
+        self.cut: int | None = None
+
+    def feed(self, piece: str) -> bool:
+        """Take the next piece; True once a stop string has appeared."""
+        if self.cut is not None:
+            return True
+        self.text += piece
+        found = [i for i in (self.text.find(x) for x in self.stop) if i >= 0]
+        if found:
+            self.cut = min(found)
+            self._send(self.cut)
+            return True
+        held = max((k for x in self.stop for k in range(1, len(x))
+                    if self.text.endswith(x[:k])), default=0)
+        self._send(len(self.text) - held)
+        return False
+
+    def finish(self) -> str:
+        """The answer: cut at its stop string, or all of it (then sent in full)."""
+        if self.cut is None:
+            self._send(len(self.text))
+            return self.text
+        return self.text[:self.cut]
+
+    def _send(self, upto: int) -> None:
+        if upto > self.sent:
+            if self.on_token:
+                self.on_token(self.text[self.sent:upto])
+            self.sent = upto

@@ -1,0 +1,107 @@
+"""`kvdesk serve`: a local OpenAI-compatible API whose prompt cache survives restarts.
+
+    api         the ASGI application (FastAPI): OpenAI's routes, and kvdesk's own
+    schemas     what requests may carry and the OpenAI shapes answered
+    bridge      blocking engine calls driven from the event loop, cancelled when a client leaves
+    discovery   the server file by which `kvdesk ask` finds a server on its data directory
+    client      the command line's side of a running server
+
+`Server` runs uvicorn over one `App` (the same engine a window may be using): requests are
+answered on worker threads; turns in the chat context run one at a time, first come first
+served, while documents attach in their own context meanwhile. Loopback only unless an API key
+is given. Ctrl-C or SIGTERM stops it: answers in flight are stopped within a token, nothing is
+half-written (entries become visible only once complete), the server file is removed.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+import threading
+
+import uvicorn
+
+from ..app import App
+from ..errors import EngineError
+from . import bridge, discovery
+from .api import create_api
+
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+class _Uvicorn(uvicorn.Server):
+    """Stops the answers in flight at the first signal, before uvicorn waits for them."""
+
+    def __init__(self, config: uvicorn.Config, stopping: bridge.Stopping):
+        super().__init__(config)
+        self.stopping = stopping
+
+    def handle_exit(self, sig, frame) -> None:
+        self.stopping.stop()
+        super().handle_exit(sig, frame)
+
+
+def check_bind(host: str, api_key: str | None) -> None:
+    """Any address but loopback needs an API key: the API reads documents and chats."""
+    try:
+        loopback = host in LOOPBACK or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback and not api_key:
+        raise EngineError(f"serving on {host} would open kvdesk to the network: give an API "
+                          "key (--api-key) that every client must send, or bind 127.0.0.1")
+
+
+class Server:
+    def __init__(self, app: App, *, host: str = "127.0.0.1", port: int = 8765,
+                 api_key: str | None = None):
+        check_bind(host, api_key)
+        self.app, self.host, self.port, self.api_key = app, host, port, api_key
+        self.stopping = bridge.Stopping()
+        config = uvicorn.Config(create_api(app, api_key=api_key, stopping=self.stopping),
+                                host=host, port=port, log_level="warning", lifespan="off",
+                                timeout_graceful_shutdown=10)
+        self.uvicorn = _Uvicorn(config, self.stopping)
+        self.started = threading.Event()
+
+    @property
+    def url(self) -> str:
+        host = self.host if ":" not in self.host else f"[{self.host}]"
+        return f"http://{host}:{self.port}"
+
+    def run(self) -> None:
+        """Serve until stopped (a signal in the main thread, or stop()); blocks."""
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        with socket.socket(family) as probe:  # a clear error now, not uvicorn's exit later
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((self.host, self.port))
+            except OSError as e:
+                raise EngineError(f"cannot serve on {self.host}:{self.port} ({e.strerror}): "
+                                  "choose another --port or --host") from None
+            self.port = probe.getsockname()[1]  # port 0: a free one, named in the server file
+        self.uvicorn.config.port = self.port
+        running = discovery.live(self.app.data_dir)
+        if running:
+            raise EngineError(f"a kvdesk server already serves this data directory at "
+                              f"{running}: stop it first, or use it")
+        self.app.engine.warm_up()  # the model and the codec, before the first request
+        try:
+            threading.Thread(target=self._announce, daemon=True).start()
+            self.uvicorn.run()
+        finally:
+            self.stopping.stop()
+            discovery.remove(self.app.data_dir)
+
+    def stop(self) -> None:
+        self.stopping.stop()
+        self.uvicorn.should_exit = True
+
+    def _announce(self) -> None:
+        while not self.uvicorn.started and not self.uvicorn.should_exit:
+            threading.Event().wait(0.02)
+        if self.uvicorn.started:
+            discovery.write(self.app.data_dir, self.url, self.api_key)
+            logging.getLogger("kvdesk.server").info("serving on %s", self.url)
+            self.started.set()

@@ -1,0 +1,329 @@
+"""The local API as an ASGI application (FastAPI): OpenAI's routes, and kvdesk's own.
+
+    GET  /v1/models                           the loaded model (and "default")
+    POST /v1/chat/completions                 OpenAI chat completions, streamed or not, with a
+                                              persistent prompt cache and a `kvdesk` field
+    GET  /v1/kvdesk/health                    liveness, for `kvdesk ask` to find the server
+    GET  /v1/kvdesk/documents                 attached documents (POST: attach one; DELETE)
+    GET  /v1/kvdesk/chats                     chats (GET .../messages, POST .../reopen, DELETE)
+    POST /v1/kvdesk/ask                       a turn in a stored chat, as `kvdesk ask` asks it
+
+Errors are OpenAI's JSON (`{"error": {"message", "type", "code", "param"}}`) with the right
+status, never a traceback. With an API key, every request needs `Authorization: Bearer KEY`.
+Request bodies are limited in size; a client may attach a file by path only inside the
+folders the settings allow (else it uploads it).
+
+Routes only translate: the engine does the work, on worker threads (`bridge`).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sse_starlette.sse import EventSourceResponse
+from starlette.exceptions import HTTPException
+
+from .. import __version__
+from ..app import App
+from ..errors import MissingError, is_user_error
+from ..options import GenerationOptions, RestoreOptions
+from ..results import Progress
+from ..validation import InvalidValue, parse
+from . import bridge
+from . import schemas as s
+
+log = logging.getLogger("kvdesk.server")
+MAX_BODY = 16 << 20  # a prompt of millions of characters; uploads have their own limit
+MAX_UPLOAD = 210 << 20  # a document (documents.MAX_FILE_BYTES) and its form's framing
+PING_S = 1.0  # streamed responses stay alive, and a client's stop is noticed within this
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error",
+                 code: str | None = None, param: str | None = None):
+        super().__init__(message)
+        self.status, self.body = status, s.error(message, kind, code, param)
+
+
+class BodyLimit:
+    """Refuses a request body over its route's limit with 413, whether it says its length up
+    front or arrives in chunks (counted as it is read)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        limit = MAX_UPLOAD if scope["path"] == "/v1/kvdesk/documents" else MAX_BODY
+        size = dict(scope["headers"]).get(b"content-length")
+        if size is not None and (not size.isdigit() or int(size) > limit):
+            return await _json(413, _too_large(limit))(scope, receive, send)
+        seen = 0
+
+        async def counted():
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > limit:
+                raise ApiError(413, _too_large(limit)["error"]["message"],
+                               code="request_too_large")
+            return message
+
+        return await self.app(scope, counted, send)
+
+
+def _too_large(limit: int) -> dict:
+    return s.error(f"the request body is over {limit >> 20} MB", code="request_too_large")
+
+
+def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping) -> FastAPI:
+    api = FastAPI(title="kvdesk", version=__version__)
+    model_id = Path(app.model_path).stem
+
+    def engine():
+        return app.engine
+
+    @api.middleware("http")
+    async def guard(request: Request, call_next):
+        if api_key is not None:
+            given = request.headers.get("authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+                return _json(401, s.error("a valid API key is needed: Authorization: Bearer "
+                                          "KEY", "invalid_request_error", "invalid_api_key"))
+        return await call_next(request)
+
+    api.add_middleware(BodyLimit)
+
+    @api.exception_handler(RequestValidationError)
+    async def invalid(request: Request, e: RequestValidationError):
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"] if p != "body") or "body"
+        return _json(400, s.error(f"{where}: {first['msg']}", param=where))
+
+    @api.exception_handler(HTTPException)
+    async def http_error(request: Request, e: HTTPException):
+        return _json(e.status_code, s.error(str(e.detail), code=str(e.status_code)))
+
+    @api.exception_handler(ApiError)
+    async def api_error(request: Request, e: ApiError):
+        return _json(e.status, e.body)
+
+    @api.exception_handler(ValueError)
+    async def refused(request: Request, e: ValueError):
+        # Bad values and the engine's refusals (InvalidValue, EngineError...) get a handler of
+        # their own: the catch-all below answers too, but Starlette then re-raises, and the
+        # client's kept-alive connection is dropped under its next request.
+        return _json(*_error_of(e))
+
+    @api.exception_handler(Exception)
+    async def failure(request: Request, e: Exception):
+        status, body = _error_of(e)
+        return _json(status, body)
+
+    # -- OpenAI --------------------------------------------------------------------------------
+
+    @api.get("/v1/models")
+    async def models():
+        created = int(Path(app.model_path).stat().st_mtime)
+        return {"object": "list", "data": [
+            {"id": name, "object": "model", "created": created, "owned_by": "kvdesk"}
+            for name in (model_id, "default")]}
+
+    @api.post("/v1/chat/completions")
+    async def chat_completions(body: s.ChatRequest, request: Request):
+        if body.model not in (model_id, "default"):
+            raise ApiError(404, f"model {body.model!r} is not served here: {model_id!r} or "
+                           "'default'", code="model_not_found", param="model")
+        body.check_supported()
+        options = {"documents": body.kvdesk.documents, "restore": body.kvdesk.restore(),
+                   "generation": body.generation(), "stop": body.stops()}
+        messages = [m.flat() for m in body.messages]
+        cid = s.completion_id()
+        if not body.stream:
+            done = await bridge.call(request, stopping, lambda cancel: engine().complete(
+                messages, cancel=cancel, **options))
+            return s.completion(done, cid=cid, model=body.model)
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
+
+        def work(emit, cancel):
+            return engine().complete(messages, cancel=cancel, on_token=emit, **options)
+
+        async def chunks():
+            yield _data(s.chunk(cid=cid, model=body.model,
+                                delta={"role": "assistant", "content": ""}))
+            async for kind, item in bridge.events(stopping, work):
+                if kind == "event":
+                    yield _data(s.chunk(cid=cid, model=body.model, delta={"content": item}))
+                elif kind == "error":
+                    yield _data(_error_of(item)[1])
+                else:
+                    yield _data(s.chunk(cid=cid, model=body.model, delta={},
+                                        finish_reason=item.finish_reason,
+                                        kvdesk=s.restore_info(item)))
+                    if include_usage:
+                        yield _data({**s.chunk(cid=cid, model=body.model, delta={}),
+                                     "choices": [], "usage": s.usage(item)})
+            yield {"data": "[DONE]"}
+
+        return EventSourceResponse(chunks(), ping=PING_S)
+
+    # -- kvdesk's own --------------------------------------------------------------------------
+
+    @api.get("/v1/kvdesk/health")
+    async def health():
+        return {"status": "ok", "version": __version__, "pid": os.getpid(),
+                "data_dir": str(app.data_dir.resolve()), "model": str(app.model_path),
+                "n_ctx": app.settings.n_ctx}
+
+    @api.get("/v1/kvdesk/documents")
+    async def documents(request: Request):
+        return [d.as_dict() for d in await bridge.call(request, stopping,
+                                                       lambda _: engine().documents())]
+
+    @api.delete("/v1/kvdesk/documents/{doc_id}")
+    async def delete_document(doc_id: int, request: Request):
+        await bridge.call(request, stopping, lambda _: engine().delete_document(doc_id))
+        return {"deleted": "document", "id": doc_id}
+
+    @api.post("/v1/kvdesk/documents")
+    async def attach(request: Request, stream: bool = False):
+        path, levels, cleanup = await _attachment(request, app.settings.server_attach_folders)
+
+        def work(emit, cancel):
+            try:
+                return engine().attach(path, levels=levels, progress=emit, cancel=cancel)
+            finally:
+                cleanup()
+
+        return await _respond(request, stopping, work, stream)
+
+    @api.get("/v1/kvdesk/chats")
+    async def chats(request: Request):
+        return [c.as_dict() for c in await bridge.call(request, stopping,
+                                                       lambda _: engine().chats())]
+
+    @api.get("/v1/kvdesk/chats/{chat_id}/messages")
+    async def messages(chat_id: int, request: Request):
+        return [m.as_dict() for m in await bridge.call(
+            request, stopping, lambda _: engine().messages(chat_id))]
+
+    @api.delete("/v1/kvdesk/chats/{chat_id}")
+    async def delete_chat(chat_id: int, request: Request):
+        await bridge.call(request, stopping, lambda _: engine().delete_chat(chat_id))
+        return {"deleted": "chat", "id": chat_id}
+
+    @api.post("/v1/kvdesk/chats/{chat_id}/reopen")
+    async def reopen(chat_id: int, body: s.ReopenRequest, request: Request):
+        restore = parse(RestoreOptions, body.restore)
+        return await _respond(request, stopping, lambda emit, cancel: engine().reopen(
+            chat_id, restore=restore, progress=emit, cancel=cancel), body.stream)
+
+    @api.post("/v1/kvdesk/ask")
+    async def ask(body: s.AskRequest, request: Request):
+        restore = parse(RestoreOptions, body.restore)
+        generation = parse(GenerationOptions, body.generation)
+
+        def work(emit, cancel):
+            return engine().ask(body.question, chat_id=body.chat_id, doc_ids=body.doc_ids,
+                                restore=restore, generation=generation, progress=emit,
+                                on_token=lambda text: emit({"token": text}),
+                                on_restore=emit, cancel=cancel)
+
+        return await _respond(request, stopping, work, body.stream)
+
+    return api
+
+
+async def _respond(request: Request, stopping: bridge.Stopping,
+                   work: Callable[[Callable[[Any], None], Any], Any], stream: bool):
+    """A kvdesk call's result as JSON, or streamed as events: progress, restore, token, then
+    result (or error)."""
+    if not stream:
+        return (await bridge.call(request, stopping, lambda cancel: work(
+            lambda _: None, cancel))).as_dict()
+
+    async def events():
+        async for kind, item in bridge.events(stopping, work):
+            if kind == "error":
+                yield _data(_error_of(item)[1])
+            elif kind == "done":
+                yield _data({"result": item.as_dict()})
+            elif isinstance(item, Progress):
+                yield _data({"progress": item.as_dict()})
+            elif isinstance(item, dict):
+                yield _data(item)
+            else:  # the restore's report
+                yield _data({"restore": item.as_dict()})
+        yield {"data": "[DONE]"}
+
+    return EventSourceResponse(events(), ping=PING_S)
+
+
+async def _attachment(request: Request, allowed: tuple[str, ...]):
+    """(file to attach, levels, cleanup) from an upload, or from a path inside an allowed
+    folder."""
+    if request.headers.get("content-type", "").startswith("multipart/form-data"):
+        form = await request.form(max_part_size=MAX_UPLOAD)
+        upload = form.get("file")
+        if upload is None or isinstance(upload, str):
+            raise ApiError(400, "file: a document to attach is needed", param="file")
+        levels = _levels(form.get("levels"))
+        folder = Path(tempfile.mkdtemp(prefix="kvdesk-upload-"))
+        path = folder / (Path(upload.filename or "document.txt").name or "document.txt")
+        path.write_bytes(await upload.read())
+
+        def cleanup() -> None:
+            path.unlink(missing_ok=True)
+            folder.rmdir()
+
+        return path, levels, cleanup
+    try:
+        body = s.AttachByPath.model_validate(json.loads(await request.body()))
+    except (ValueError, TypeError) as e:
+        raise ApiError(400, f"a JSON body {{\"path\", \"levels\"}} or a file upload is "
+                       f"needed ({e})") from None
+    path = Path(body.path).expanduser().resolve()
+    if not any(path.is_relative_to(Path(f).expanduser().resolve()) for f in allowed):
+        raise ApiError(403, f"attaching {path} by path is not allowed: upload the file, or "
+                       "add its folder to server_attach_folders in the settings",
+                       "permission_error", "path_not_allowed", "path")
+    return path, body.levels, lambda: None
+
+
+def _levels(value) -> list[str] | None:
+    return [v.strip() for v in value.split(",") if v.strip()] if isinstance(value, str) and \
+        value.strip() else None
+
+
+def _data(obj: dict) -> dict:
+    return {"data": json.dumps(obj)}
+
+
+def _json(status: int, body: dict) -> JSONResponse:
+    return JSONResponse(body, status_code=status)
+
+
+def _error_of(e: BaseException) -> tuple[int, dict]:
+    """(status, OpenAI error body) of an exception; a bug's traceback goes to the log only."""
+    if isinstance(e, ApiError):
+        return e.status, e.body
+    if isinstance(e, MissingError):
+        return 404, s.error(str(e), code="not_found")
+    if isinstance(e, InvalidValue):
+        return 400, s.error(str(e), param=e.key)
+    if is_user_error(e):
+        return 400, s.error(str(e))
+    log.error("request failed", exc_info=e)
+    return 500, s.error(f"internal error ({type(e).__name__}); the server's log has the details",
+                        "server_error")

@@ -1,0 +1,74 @@
+"""How a kvdesk command finds a server running on its data directory.
+
+A running server writes `server.json` into the data directory (its address, its pid and, when
+it has one, its API key; readable by the user only). A command reads it and asks the server's
+health route, within half a second: it uses the server only if it answers for this very data
+directory, model and context size. A file left by a server that died is ignored, and removed
+by the next server to start.
+
+It starts nothing and never loads a model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+FILE = "server.json"
+TIMEOUT_S = 0.5
+
+
+def write(data_dir: Path, url: str, api_key: str | None) -> None:
+    path = data_dir / FILE
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"url": url, "pid": os.getpid(), "api_key": api_key}, f)
+    os.replace(tmp, path)
+
+
+def remove(data_dir: Path) -> None:
+    """Remove the server file if this process wrote it."""
+    path = data_dir / FILE
+    try:
+        if json.loads(path.read_text()).get("pid") == os.getpid():
+            path.unlink()
+    except (OSError, ValueError):
+        pass
+
+
+def _probe(data_dir: Path) -> tuple[dict, dict] | None:
+    """(the server file, its server's health) if a server answers for it."""
+    if not (data_dir / FILE).is_file():
+        return None
+    import httpx  # only once there is a server to ask: it costs a command ~0.1 s to load
+
+    try:
+        info = json.loads((data_dir / FILE).read_text())
+        key = info.get("api_key")
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        health = httpx.get(f"{info['url']}/v1/kvdesk/health", headers=headers,
+                           timeout=TIMEOUT_S, trust_env=False).json()
+    except (OSError, ValueError, KeyError, TypeError, httpx.HTTPError):
+        return None
+    if health.get("pid") != info.get("pid") or health.get("data_dir") != str(data_dir.resolve()):
+        return None
+    return info, health
+
+
+def live(data_dir: Path) -> str | None:
+    """The address of a server answering for this data directory, if one does."""
+    found = _probe(data_dir)
+    return found[0]["url"] if found else None
+
+
+def find(data_dir: Path, *, model: str, n_ctx: int) -> tuple[str, str | None] | None:
+    """(url, api key) of a live server for this data directory, model and context, or None."""
+    found = _probe(data_dir)
+    if found is None:
+        return None
+    info, health = found
+    if health.get("model") != str(model) or health.get("n_ctx") != n_ctx:
+        return None
+    return str(info["url"]), info.get("api_key")

@@ -1,0 +1,188 @@
+"""What the local API's requests may carry, and the OpenAI shapes it answers with.
+
+Requests are pydantic models; the values they pass on to the engine are built through the one
+validation layer (`options`, `validation`), so a negative `max_tokens` is refused here with
+the same rule as `kvdesk ask --max-tokens -3`. Fields of OpenAI's API that kvdesk does not
+implement and that would change the answer's meaning (tools, several choices, log
+probabilities, structured output) are refused by name; others (user, metadata...) are ignored,
+as OpenAI-compatible servers do. Responses follow OpenAI's chat completion objects, with a
+`kvdesk` field saying how the prompt came back into the model.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+import pydantic
+from pydantic import Field
+
+from ..completions import Completion
+from ..errors import EngineError
+from ..options import GenerationOptions, RestoreOptions
+from ..validation import parse
+
+MAX_STOP = 4  # as OpenAI
+
+
+class TextPart(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="ignore")
+    type: Literal["text"]
+    text: str
+
+
+class Message(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+
+    def flat(self) -> dict:
+        """{"role", "content"} as the chat template takes it (a developer message is a
+        system message; text parts joined)."""
+        text = self.content if isinstance(self.content, str) else \
+            "".join(p.text for p in self.content or [])
+        return {"role": "system" if self.role == "developer" else self.role, "content": text}
+
+
+class KvdeskOptions(pydantic.BaseModel):
+    """kvdesk's own request field: documents to answer from, and how to restore."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+    documents: list[int] = Field(default_factory=list, max_length=64)
+    level: str = "auto"
+    budget_ms: float | None = None
+    bandwidth_MBps: float | None = None
+
+    def restore(self) -> RestoreOptions:
+        return parse(RestoreOptions, {"level": self.level, "budget_ms": self.budget_ms,
+                                      "bandwidth_MBps": self.bandwidth_MBps},
+                     names={"level": "kvdesk.level", "budget_ms": "kvdesk.budget_ms",
+                            "bandwidth_MBps": "kvdesk.bandwidth_MBps"})
+
+
+class StreamOptions(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
+UNSUPPORTED = {"tools": "tool calls", "functions": "function calls",
+               "tool_choice": "tool calls", "function_call": "function calls",
+               "audio": "audio", "prediction": "predicted outputs"}
+
+
+class ChatRequest(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="allow")
+    model: str = Field(min_length=1)
+    messages: list[Message] = Field(min_length=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    # GenerationOptions' fields by their names (OpenAI's, and llama.cpp server's for top_k,
+    # min_p, repeat_penalty and repeat_last_n); one not given comes from the settings file,
+    # the model file or kvdesk's defaults, as for `kvdesk ask`.
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
+    repeat_last_n: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int = 1
+    logprobs: bool | None = None
+    response_format: dict | None = None
+    kvdesk: KvdeskOptions = Field(default_factory=KvdeskOptions)
+
+    def check_supported(self) -> None:
+        for name, what in UNSUPPORTED.items():
+            if (self.model_extra or {}).get(name):
+                raise EngineError(f"{name}: kvdesk answers text only; {what} are not supported")
+        if self.n != 1:
+            raise EngineError("n: kvdesk answers with one choice")
+        if self.logprobs:
+            raise EngineError("logprobs: not supported")
+        if self.response_format and self.response_format.get("type") not in (None, "text"):
+            raise EngineError("response_format: only text is supported")
+
+    def generation(self) -> GenerationOptions:
+        given = {name: getattr(self, name) for name in GenerationOptions.model_fields}
+        newer = self.max_completion_tokens is not None  # OpenAI's newer name wins
+        given["max_tokens"] = self.max_completion_tokens if newer else self.max_tokens
+        return parse(GenerationOptions, given,
+                     names={"max_tokens": "max_completion_tokens" if newer else "max_tokens"})
+
+    def stops(self) -> list[str]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if len(stops) > MAX_STOP:
+            raise EngineError(f"stop: at most {MAX_STOP} sequences")
+        return [s for s in stops if s]
+
+
+class AskRequest(pydantic.BaseModel):
+    """kvdesk's own turn in a stored chat (what `kvdesk ask` sends to a running server)."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+    question: str
+    chat_id: int | None = None
+    doc_ids: list[int] = Field(default_factory=list)
+    restore: dict[str, Any] = Field(default_factory=dict)
+    generation: dict[str, Any] = Field(default_factory=dict)
+    stream: bool = False
+
+
+class ReopenRequest(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+    restore: dict[str, Any] = Field(default_factory=dict)
+    stream: bool = False
+
+
+class AttachByPath(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+    path: str
+    levels: list[str] | None = None
+
+
+# -- answers ------------------------------------------------------------------------------------
+
+
+def completion_id() -> str:
+    return f"chatcmpl-{uuid.uuid4().hex[:24]}"
+
+
+def restore_info(c: Completion) -> dict:
+    """How the prompt came back into the model: kvdesk's field on a completion."""
+    r = c.report
+    return {"restored_tokens": c.cached_tokens,
+            "recomputed_tokens": c.prompt_tokens - c.cached_tokens,
+            "chunk_levels": r.chunk_levels,
+            "restore_s": round(r.restore_s, 4), "source": r.source, "stored": c.stored,
+            "ttft_s": c.ttft_s, "messages": c.messages}
+
+
+def usage(c: Completion) -> dict:
+    return {"prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens,
+            "total_tokens": c.prompt_tokens + c.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": c.cached_tokens}}
+
+
+def completion(c: Completion, *, cid: str, model: str) -> dict:
+    return {"id": cid, "object": "chat.completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": c.text},
+                         "logprobs": None, "finish_reason": c.finish_reason}],
+            "usage": usage(c), "kvdesk": restore_info(c)}
+
+
+def chunk(*, cid: str, model: str, delta: dict, finish_reason: str | None = None,
+          **extra) -> dict:
+    return {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()),
+            "model": model, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                         "finish_reason": finish_reason}], **extra}
+
+
+def error(message: str, kind: str = "invalid_request_error", code: str | None = None,
+          param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": kind, "code": code, "param": param}}

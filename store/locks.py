@@ -1,0 +1,65 @@
+"""Locks between processes that share a data directory: one turn at a time per chat.
+
+A turn reads the conversation, answers and stores both messages (and the chat's KV). Two
+kvdesk processes asking in the same chat at once (two terminals, the CLI beside the GUI)
+would otherwise both answer from the conversation as it was before either turn, while the
+history shows them in sequence. `ChatLocks.turn` holds a file lock (filelock: fcntl or
+msvcrt) in the data directory's `locks/` folder for the whole turn, so the second waits and
+then answers with the first turn in its context. Within one process the lock is re-entrant
+per thread.
+
+Lock files are tiny and kept (removing one another process may be waiting on would let two
+processes hold "the" lock at once). Nothing here reads or writes the database.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import filelock
+
+from .errors import StoreError
+
+POLL_S = 0.1  # how often a waiting turn checks whether it was cancelled
+
+
+class TurnCancelled(StoreError):
+    """The caller stopped waiting for another process's turn in the same chat."""
+
+
+class ChatLocks:
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self._locks: dict[int, filelock.FileLock] = {}
+        self._guard = threading.Lock()
+
+    @contextlib.contextmanager
+    def turn(self, chat_id: int, *, cancel: threading.Event | None = None,
+             on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+        """Hold chat `chat_id`'s turn; `on_wait` is called once if another process has it."""
+        lock = self._lock(chat_id)
+        waited = False
+        while True:
+            try:
+                lock.acquire(timeout=0 if not waited else POLL_S)
+                break
+            except filelock.Timeout:
+                if cancel is not None and cancel.is_set():
+                    raise TurnCancelled(f"stopped waiting for chat {chat_id}'s turn") from None
+                if not waited and on_wait is not None:
+                    on_wait()
+                waited = True
+        try:
+            yield
+        finally:
+            lock.release()
+
+    def _lock(self, chat_id: int) -> filelock.FileLock:
+        with self._guard:
+            if chat_id not in self._locks:
+                self.folder.mkdir(exist_ok=True)
+                self._locks[chat_id] = filelock.FileLock(self.folder / f"chat-{chat_id}.lock")
+            return self._locks[chat_id]

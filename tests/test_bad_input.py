@@ -1,0 +1,109 @@
+"""Property-based: every settings file and every value given to the command line's options
+gives exit 0 with a correct result, or exit 1 with exactly one `Error:` line: never a
+traceback, never a value accepted against its rule.
+
+The engine behind the CLI is the scripted fake (ui.testing.FakeEngine), so thousands of
+invocations take seconds; what the real engine does with good values is tested elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from desktop_app import settings as settings_mod
+from desktop_app.app import App
+from desktop_app.cli import main
+from desktop_app.options import GenerationOptions, RestoreOptions
+from ui.testing import FakeEngine
+
+SETTING_KEYS = [*settings_mod.Settings.model_fields, "version", "nonsense", ""]
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=30),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner,
+                                                                max_size=3),
+    max_leaves=5)
+# What a user types: numbers of every size and sign, words, unicode, nothing.
+TYPED = (st.integers(-(10**12), 10**12).map(str) | st.floats().map(repr)
+         | st.text(min_size=0, max_size=12) | st.sampled_from(
+             ["0", "-0", "1e400", "nan", "inf", "-5", "3.5", "auto", "compact", "lossless",
+              "bogus", "٣", "１２"]))
+PROFILE = settings(max_examples=120, deadline=None,
+                   suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@pytest.fixture
+def fake_engine(monkeypatch):
+    engine = FakeEngine(step_s=0, token_s=0).seed()
+    monkeypatch.setattr(App, "engine", property(lambda self: engine))
+    return engine
+
+
+def run(capsys, argv: list[str]) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+        raise SystemExit(0)
+    out, err = capsys.readouterr()
+    return exited.value.code or 0, out, err
+
+
+def check_outcome(code: int, out: str, err: str, as_json: bool) -> None:
+    assert "Traceback" not in err and "Traceback" not in out
+    if code == 0:
+        if as_json:
+            json.loads(out)
+    else:
+        assert code == 1, (code, err)
+        assert sum(line.startswith("Error:") for line in err.splitlines()) == 1, err
+
+
+@PROFILE
+@given(st.dictionaries(st.sampled_from(SETTING_KEYS), JSON_VALUES, max_size=4)
+       | JSON_VALUES)
+def test_any_settings_file_loads_or_says_what_is_wrong(content):
+    path = settings_mod.config_dir() / "settings.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(content))
+    try:
+        loaded = settings_mod.load()
+    except settings_mod.SettingsError as e:
+        assert str(e)
+        return
+    assert 256 <= loaded.n_ctx <= 1 << 20 and loaded.storage_budget_gb > 0
+    assert math.isfinite(loaded.restore_budget_ms) and loaded.restore_budget_ms > 0
+
+
+@PROFILE
+@given(budget=TYPED, bandwidth=TYPED, max_tokens=TYPED, level=TYPED, seed=TYPED,
+       temperature=TYPED, json_out=st.booleans())
+@example(budget="100", bandwidth="50", max_tokens="8", level="compact", seed="7",
+         temperature="0.5", json_out=True)
+def test_any_ask_options(capsys, fake_engine, budget, bandwidth, max_tokens, level, seed,
+                         temperature, json_out):
+    argv = ["ask", "1", "what?", "--budget-ms", budget, "--bandwidth-MBps", bandwidth,
+            "--max-tokens", max_tokens, "--level", level, "--seed", seed,
+            "--temperature", temperature] + (["--json"] if json_out else [])
+    code, out, err = run(capsys, argv)
+    check_outcome(code, out, err, json_out)
+    if code == 0:  # accepted: then every value obeyed its rule when it reached the engine
+        restore = RestoreOptions(level=level, budget_ms=float(budget),
+                                 bandwidth_MBps=float(bandwidth))
+        generation = GenerationOptions(max_tokens=int(max_tokens),
+                                       temperature=float(temperature), seed=int(seed))
+        assert fake_engine.last_call("ask")[4] == restore.level
+        assert generation.max_tokens >= 1 and restore.budget_ms > 0
+
+
+@PROFILE
+@given(n_ctx=TYPED, budget_gb=TYPED)
+@example(n_ctx="2048", budget_gb="0")
+def test_any_global_and_gc_options(capsys, fake_engine, tmp_path, n_ctx, budget_gb):
+    code, out, err = run(capsys, ["--n-ctx", n_ctx, "gc", "--budget-gb", budget_gb, "--json"])
+    check_outcome(code, out, err, True)
+    if code == 0:
+        assert 256 <= int(n_ctx) <= 1 << 20 and 0 <= float(budget_gb) <= 1e6

@@ -1,0 +1,35 @@
+"""Stop strings as an answer streams: never a piece of one sent, the answer cut where the first
+begins, whatever the token boundaries."""
+
+from __future__ import annotations
+
+import pytest
+
+from desktop_app.completions import StopStrings
+
+
+def run(pieces, stop):
+    sent = []
+    stops = StopStrings(stop, sent.append)
+    stopped_at = next((i for i, p in enumerate(pieces) if stops.feed(p)), None)
+    return "".join(sent), stops.finish(), stopped_at
+
+
+@pytest.mark.parametrize("pieces, stop, sent, text, at", [
+    (["Hello", " wor", "ld"], [], "Hello world", "Hello world", None),
+    (["Hello", " wor", "ld"], ["END"], "Hello world", "Hello world", None),
+    (["One. ", "Two", ". Thr", "ee"], [". Th"], "One. Two", "One. Two", 2),
+    (["ab", "c<", "|e", "nd|>", "more"], ["<|end|>"], "abc", "abc", 3),
+    (["a<", "b"], ["<|end|>"], "a<b", "a<b", None),  # held back, then released
+    (["xSTOPy"], ["STOP", "xS"], "", "", 0),  # the earliest stop string wins
+    (["ab", "cd"], ["d", "bc"], "a", "a", 1),
+])
+def test_stop_strings(pieces, stop, sent, text, at):
+    assert run(pieces, stop) == (sent, text, at)
+
+
+def test_nothing_after_a_stop_is_sent():
+    sent = []
+    stops = StopStrings(["!"], sent.append)
+    assert stops.feed("hi!") and stops.feed("more")
+    assert "".join(sent) == "hi" and stops.finish() == "hi"

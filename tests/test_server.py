@@ -1,0 +1,242 @@
+"""The local API with the official `openai` client and plain HTTP, on the real default model:
+answers streamed and not, the prompt cache across requests and across a server restart,
+exactness, bad requests, a client leaving mid-stream, two clients at once."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from desktop_app.app import App
+from desktop_app.server import Server
+from desktop_app.settings import Settings
+
+pytestmark = pytest.mark.model
+
+DOC = ("The ferry to Cape Morrow leaves the harbour at 07:15 and at 16:40 on weekdays. "
+       "On Saturdays there is one crossing, at 10:00; on Sundays none. The crossing takes "
+       "fifty minutes, and bicycles travel free. ") * 6
+SYSTEM = "You answer questions about the ferry timetable below.\n\n" + DOC
+
+
+class Running:
+    """A server on a free port over its own App, in a thread of this process."""
+
+    def __init__(self, data_dir, api_key=None):
+        self.app = App(Settings(data_dir=str(data_dir), n_ctx=1024, prompt_cache_min_tokens=64))
+        self.server = Server(self.app, port=0, api_key=api_key)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        assert self.server.started.wait(120)
+        self.url = self.server.url
+        self.client = openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key or "none",
+                                    max_retries=0)
+
+    def stop(self):
+        self.server.stop()
+        self.thread.join(60)
+        self.app.close()
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("served")
+
+
+@pytest.fixture(scope="module")
+def served(data_dir):
+    running = Running(data_dir)
+    yield running
+    running.stop()
+
+
+def ask(client, messages, **extra):
+    return client.chat.completions.create(model="default", messages=messages, max_tokens=12,
+                                          temperature=0, **extra)
+
+
+def conversation(question="When does the first ferry leave?"):
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+
+
+def test_models_and_a_plain_answer(served):
+    ids = [m.id for m in served.client.models.list().data]
+    assert ids == [served.app.model_path.stem, "default"]
+    done = ask(served.client, [{"role": "user", "content": "Say hello."}])
+    assert done.choices[0].message.content and done.choices[0].finish_reason in ("stop", "length")
+    assert done.usage.completion_tokens > 0 and done.usage.prompt_tokens > 5
+    assert done.model_extra["kvdesk"]["stored"] is False  # short, nothing cached: not kept
+
+
+def test_streamed_answer_equals_the_plain_one(served):
+    plain = ask(served.client, conversation()).choices[0].message.content
+    pieces, final = [], None
+    for chunk in ask(served.client, conversation(), stream=True,
+                     stream_options={"include_usage": True}):
+        if chunk.choices:
+            pieces.append(chunk.choices[0].delta.content or "")
+            final = chunk.choices[0].finish_reason or final
+        else:
+            assert chunk.usage.completion_tokens > 0
+    assert "".join(pieces) == plain and final in ("stop", "length")
+
+
+def test_the_next_turn_restores_the_first_and_a_restart_keeps_it(tmp_path):
+    served = Running(tmp_path)
+    try:
+        first = ask(served.client, conversation("When does the Saturday ferry leave?"))
+        assert first.model_extra["kvdesk"]["stored"] is True  # long enough to keep
+        turn2 = [*conversation("When does the Saturday ferry leave?"),
+                 {"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": "And how long is the crossing?"}]
+        second = ask(served.client, turn2)
+        assert second.model_extra["kvdesk"]["restored_tokens"] >= first.usage.prompt_tokens - 1
+        assert second.usage.prompt_tokens_details.cached_tokens > 0
+    finally:
+        served.stop()  # a restart: the next server starts with an empty context
+    again = Running(tmp_path)
+    try:
+        third = ask(again.client, turn2, extra_body={"kvdesk": {"level": "lossless"}})
+        info = third.model_extra["kvdesk"]
+        assert info["restored_tokens"] >= first.usage.prompt_tokens - 1
+        assert "lossless" in info["chunk_levels"] and info["source"] == "local"
+        # Exact: the same answer as when the whole prompt was computed from text.
+        assert third.choices[0].message.content == second.choices[0].message.content
+    finally:
+        again.stop()
+
+
+def test_kvdesk_ask_uses_the_running_server(served, data_dir, tmp_path):
+    doc = tmp_path / "ferry.txt"
+    doc.write_text(DOC)
+
+    def kvdesk(*args):
+        proc = subprocess.run([sys.executable, "-m", "desktop_app", "--data-dir", str(data_dir),
+                               "--n-ctx", "1024", *args], capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        return proc
+
+    attached = kvdesk("attach", str(doc), "--levels", "compact", "--json")
+    assert "answered by the kvdesk server" in attached.stderr
+    doc_id = json.loads(attached.stdout)[0]["doc_id"]
+    asked = kvdesk("ask", str(doc_id), "When is the Sunday ferry?", "--max-tokens", "8",
+                   "--json")
+    assert "answered by the kvdesk server" in asked.stderr
+    result = json.loads(asked.stdout)
+    assert result["chunk_levels"] == ["compact"] * len(result["chunk_levels"])
+    assert result["recomputed_tokens"] == 0 and result["answer"]
+    local = kvdesk("ask", "--chat", str(result["chat_id"]), "And on Saturdays?", "--max-tokens",
+                   "4", "--no-server", "--json")
+    assert "answered by the kvdesk server" not in local.stderr
+    assert [c["chat_id"] for c in served.client.get("/kvdesk/chats", cast_to=object)] \
+        == [result["chat_id"]]
+
+
+def test_bad_requests_get_openai_errors(served):
+    url = f"{served.url}/v1/chat/completions"
+    cases = [
+        (b"{not json", 400, None),
+        (json.dumps({"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]}), 404,
+         "model_not_found"),
+        (json.dumps({"model": "default", "messages": [{"role": "user", "content": "hi"}],
+                     "max_tokens": -3}), 400, None),
+        (json.dumps({"model": "default", "messages": []}), 400, None),
+        (json.dumps({"model": "default", "messages": [{"role": "user", "content": "hi"}],
+                     "tools": [{"type": "function"}]}), 400, None),
+        (json.dumps({"model": "default", "messages": [{"role": "user", "content": "hi"}],
+                     "kvdesk": {"documents": [999]}}), 404, None),
+    ]
+    for body, status, code in cases:
+        r = httpx.post(url, content=body, headers={"content-type": "application/json"},
+                       trust_env=False)
+        assert r.status_code == status, (body, r.text)
+        error = r.json()["error"]
+        assert error["message"] and error["type"] and "Traceback" not in r.text
+        if code:
+            assert error["code"] == code
+    huge = "x" * (17 << 20)
+    r = httpx.post(url, content=huge, headers={"content-type": "application/json"},
+                   trust_env=False)
+    assert r.status_code == 413 and "over" in r.json()["error"]["message"]
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        served.client.chat.completions.create(model="default", max_tokens=-1,
+                                              messages=[{"role": "user", "content": "hi"}])
+
+
+def test_sampling_fields_are_checked_and_a_seed_makes_the_answer_repeatable(served):
+    def sampled(**extra):
+        return served.client.chat.completions.create(
+            model="default", max_tokens=12, messages=conversation(), **extra
+        ).choices[0].message.content
+
+    # temperature, top-p, min-p, penalties from kvdesk's defaults (no settings, no model
+    # recommendation), seeded: the same answer twice
+    assert sampled(seed=5) == sampled(seed=5)
+    # top_k reaches the sampler: keeping one token, even a wild temperature answers greedily
+    greedy = ask(served.client, conversation()).choices[0].message.content
+    assert sampled(temperature=5, extra_body={"top_k": 1}) == greedy
+    with pytest.raises(openai.BadRequestError, match="top_p"):
+        sampled(top_p=0)
+    with pytest.raises(openai.BadRequestError, match="repeat_penalty"):
+        sampled(extra_body={"repeat_penalty": -1})
+
+
+def test_a_client_leaving_mid_stream_stops_the_answer(served):
+    seen = []
+    original = served.app.engine.completions.complete
+
+    def recording(*args, **kwargs):
+        seen.append(original(*args, **kwargs))
+        return seen[-1]
+
+    served.app.engine.completions.complete = recording
+    try:
+        stream = served.client.chat.completions.create(
+            model="default", max_tokens=400, temperature=0, stream=True,
+            messages=[{"role": "user", "content": "Write a long story about a lighthouse."}])
+        for i, _ in enumerate(stream):
+            if i == 3:
+                break
+        stream.close()
+        deadline = time.time() + 30
+        while not seen and time.time() < deadline:
+            time.sleep(0.05)
+        assert seen and seen[0].finish_reason == "cancelled"
+        assert seen[0].completion_tokens < 50
+    finally:
+        served.app.engine.completions.complete = original
+
+
+def test_two_clients_at_once_both_complete(served):
+    answers = {}
+
+    def one(name, question):
+        answers[name] = ask(served.client, conversation(question)).choices[0].message.content
+
+    threads = [threading.Thread(target=one, args=(n, q)) for n, q in
+               (("a", "When is the Sunday ferry?"), ("b", "Do bicycles pay?"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert set(answers) == {"a", "b"} and all(answers.values())
+
+
+def test_a_key_is_required_off_loopback_and_checked(tmp_path):
+    with pytest.raises(Exception, match="API key"):
+        Server(App(Settings(data_dir=str(tmp_path))), host="0.0.0.0")
+    running = Running(tmp_path / "keyed", api_key="s3cret")
+    try:
+        r = httpx.get(f"{running.url}/v1/models", trust_env=False)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        assert running.client.models.list().data
+    finally:
+        running.stop()
