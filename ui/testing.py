@@ -214,7 +214,7 @@ class FakeEngine:
             on_token: TokenFn | None = None, on_restore: RestoreFn | None = None,
             progress: ProgressFn | None = None,
             cancel: threading.Event | None = None) -> AskResult:
-        self._enter("ask", question, chat_id, list(doc_ids), restore.level)
+        self._enter("ask", question, chat_id, list(doc_ids), restore.level, generation)
         if chat_id is None:
             title = question.strip().splitlines()[0][:60]
             chat = self._add_chat(title, list(doc_ids), time.time())
