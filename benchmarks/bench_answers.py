@@ -1,7 +1,7 @@
 """Answers that read well: how often answers loop, under the old and the new sampling.
 
     .venv/bin/python benchmarks/bench_answers.py [--split heldout] [--configs old,new]
-                                                 [--seeds 1] [--out answers.json]
+                                                 [--seeds 1] [--out answers.json] [--model F]
 
 Fixed questions about documents that are already on this machine and that no test uses, read
 at run time (nothing is copied into the repository), each asked in a new chat through
@@ -176,6 +176,7 @@ def main() -> None:
                     help=f"comma-separated: new (kvdesk's defaults), {', '.join(CONFIGS)}")
     ap.add_argument("--seeds", type=int, default=1, help="repeats of each sampled configuration")
     ap.add_argument("--out", help="write every answer here (JSON)")
+    ap.add_argument("--model", help="a GGUF file (default: the default model)")
     args = ap.parse_args()
     questions = SPLITS[args.split]
     names = [c.strip() for c in args.configs.split(",") if c.strip()]
@@ -187,7 +188,9 @@ def main() -> None:
                     "documents": {}, "configs": {}}
     answers: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
-        app = App(Settings(data_dir=tmp))  # no settings file: nothing but the defaults
+        # no settings file: nothing but the defaults (and the model file's recommendation)
+        app = App(Settings(data_dir=tmp, model=args.model))
+        report["model"] = app.model_path.name
         eng = app.engine
         doc_ids = {}
         for name in dict.fromkeys(d for d, _, _ in questions):
