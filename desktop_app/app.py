@@ -82,6 +82,13 @@ class App:
                       min_cache_tokens=s.prompt_cache_min_tokens,
                       generation_defaults=s.generation)
 
+    @cached_property
+    def local_api(self):
+        """The local API server, for a window to start and stop (desktop_app.server)."""
+        from .server import LocalAPI
+
+        return LocalAPI(self)
+
     def info(self) -> dict:
         rt = self.engine.runtime
         lay = rt.layout
@@ -100,6 +107,8 @@ class App:
         }
 
     def close(self) -> None:
+        if "local_api" in self.__dict__:
+            self.local_api.stop()
         if "engine" in self.__dict__:
             self.engine.close()
         if "store" in self.__dict__:

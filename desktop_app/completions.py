@@ -20,28 +20,15 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from .errors import EngineError
 from .options import GenerationOptions, RestoreOptions
 from .prompts import Turn, closing
-from .results import RestoreReport
+from .results import Completion, RestoreReport
 from .sessions import ChatSession, stream_answer
 
 ROLES = ("system", "user", "assistant")
-
-
-@dataclass(frozen=True)
-class Completion:
-    text: str
-    finish_reason: str  # "stop" (end of turn or a stop string) | "length" | "cancelled"
-    prompt_tokens: int
-    completion_tokens: int
-    ttft_s: float
-    report: RestoreReport  # how the prompt came into the model
-    cached_tokens: int  # of the prompt, restored or kept rather than computed
-    stored: bool  # whether the conversation's KV is now in the store
-    messages: list[str] = field(default_factory=list)  # notes for the user
 
 
 class _Either:

@@ -69,6 +69,11 @@ class Contexts:
                 args=(self._levels, (lay.n_layer, self._chunk_tokens, lay.channels)))
             self._warm_up.start()
 
+    def wait_warm(self) -> None:
+        """Block until the codec is ready (a server says it serves only then)."""
+        if self._warm_up is not None:
+            self._warm_up.join()
+
     def close(self) -> None:
         if self._warm_up is not None:
             self._warm_up.join()  # never leave numba working while the interpreter exits

@@ -27,7 +27,7 @@ from store import DEFAULT_CHUNK_SIZE, RemoteTier, Store
 
 from . import repair, speeds
 from .attaching import Attacher
-from .completions import Completion, Completions
+from .completions import Completions
 from .contexts import CHAT, Contexts
 from .kvcache import KVCache
 from .levels import DEFAULT_LEVELS, check_levels, quality_order
@@ -39,6 +39,7 @@ from .results import (
     AskResult,
     AttachResult,
     ChatInfo,
+    Completion,
     DocumentInfo,
     MessageInfo,
     RestoreEstimate,

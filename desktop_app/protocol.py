@@ -107,10 +107,28 @@ class EngineAPI(Protocol):
                  doc_ids: Sequence[int] = ()) -> RestoreEstimate: ...
 
 
+class LocalAPIControl(Protocol):
+    """The local API server as a window toggles it (`desktop_app.server.LocalAPI`)."""
+
+    @property
+    def url(self) -> str | None:
+        """Its base URL while it serves (http://127.0.0.1:PORT/v1), else None."""
+        ...
+
+    def start(self, port: int) -> str:
+        """Serve on loopback at `port` (blocks until it serves; raises if it cannot)."""
+        ...
+
+    def stop(self) -> None: ...
+
+
 class AppAPI(Protocol):
     """The application object (`desktop_app.app.App`) as the GUI uses it."""
 
     settings: Settings
+
+    @property
+    def local_api(self) -> LocalAPIControl: ...
 
     @property
     def engine(self) -> EngineAPI:

@@ -122,3 +122,18 @@ class RestoreEstimate(Record):
     tokens: int
     bytes: dict[str, int]  # per level
     seconds: dict[str, float]  # per level, at the measured read and decode speeds
+
+
+@dataclass(frozen=True)
+class Completion(Record):
+    """A client's conversation answered (the local API's chat completions)."""
+
+    text: str
+    finish_reason: str  # "stop" (end of turn or a stop string) | "length" | "cancelled"
+    prompt_tokens: int
+    completion_tokens: int
+    ttft_s: float
+    report: RestoreReport  # how the prompt came into the model
+    cached_tokens: int  # of the prompt, restored or kept rather than computed
+    stored: bool  # whether the conversation's KV is now in the store
+    messages: list[str] = field(default_factory=list)  # notes for the user

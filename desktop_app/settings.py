@@ -76,6 +76,7 @@ class Settings(pydantic.BaseModel):
     # The local API (kvdesk serve): its port, the folders whose files a client may attach by
     # path (none: uploads only), and from how many tokens a prompt with no cached prefix
     # is kept in the prompt cache.
+    server_enabled: bool = False  # the window serves the local API while it is open
     server_port: int = Field(8765, ge=0, le=65535)  # 0: any free port
     server_attach_folders: tuple[str, ...] = ()
     prompt_cache_min_tokens: int = Field(1024, ge=0, le=1 << 20)

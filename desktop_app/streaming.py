@@ -343,14 +343,43 @@ def _stream(runtime: Runtime, source: ChunkSource, tokens: list[int], levels: Se
             chunk_levels: list[str], messages: list[str]) -> tuple[int, int]:
     """Decode `source`'s chunks into the context, in order, as the reader delivers them;
     (tokens restored, bytes read). Appends each chunk's level and every fallback said."""
-    t0 = time.perf_counter()
     lay = runtime.layout
-    state = runtime.new_state_buffer(source.n_tokens)  # chunks are decoded into it in place
-    reader = ChunkReader(source, tokens, levels, options, speeds, lay.kv_bytes_per_token, t0)
+    held = [*tokens[:source.n_tokens], *source.beyond]  # what the chunks hold
+    state = runtime.new_state_buffer(len(held))  # chunks are decoded into it in place
+    n_restored, n_bytes = read_chunks(
+        source, tokens, state.keys, state.values, levels=levels, options=options,
+        speeds=speeds, bytes_per_token=lay.kv_bytes_per_token, progress=progress,
+        cancel=cancel, chunk_levels=chunk_levels, messages=messages)
+    if n_restored == len(held):
+        runtime.restore_buffer(state, held)
+        runtime.truncate(source.n_tokens)  # a tail's tokens past the ones asked for go
+        n_restored = source.n_tokens
+    elif n_restored:  # the stored part ended early: only its first chunks are usable
+        n_restored = min(n_restored, source.n_tokens)
+        kv = KVState(state.keys[:, :n_restored], state.values[:, :n_restored],
+                     np.arange(n_restored, dtype=np.int32), v_trans=lay.v_trans)
+        runtime.restore(kv, tokens[:n_restored])
+    else:
+        runtime.reset()
+    return n_restored, n_bytes
+
+
+def read_chunks(source: ChunkSource, tokens: Sequence[int], keys: np.ndarray,
+                values: np.ndarray, *, levels: Sequence[str], options: RestoreOptions,
+                speeds: Speeds, bytes_per_token: int, progress=None, cancel=None,
+                chunk_levels: list[str], messages: list[str]) -> tuple[int, int]:
+    """Decode `source`'s chunks in order into keys and values ([n_layer, tokens, channels]
+    arrays or views, indexed by the chunks' own token positions) as the reader delivers them.
+
+    Returns (the end of the run of chunks decoded from the first one, bytes read): a missing,
+    corrupt or undecodable chunk ends the run (said in `messages`). Appends each chunk's level.
+    """
+    t0 = time.perf_counter()
+    reader = ChunkReader(source, list(tokens), levels, options, speeds, bytes_per_token, t0)
     fetched = reader.fetched
     thread = threading.Thread(target=reader.run, name="kv-reader", daemon=True)
     thread.start()
-    n_restored = 0
+    n_read = 0
     try:
         while (item := fetched.get()) is not None:
             if cancel is not None and cancel.is_set():
@@ -365,19 +394,18 @@ def _stream(runtime: Runtime, source: ChunkSource, tokens: list[int], levels: Se
             d0 = time.perf_counter()
             t0_, t1_ = item.span.token_start, item.span.token_end
             try:
-                # Straight into the state bytes; the codec refuses a chunk of another shape.
-                k, v = codec.decode(item.data, out=(state.keys[:, t0_:t1_],
-                                                    state.values[:, t0_:t1_]))
+                # Straight into the caller's arrays; the codec refuses a chunk of another shape.
+                k, v = codec.decode(item.data, out=(keys[:, t0_:t1_], values[:, t0_:t1_]))
             except codec.CodecError as e:
                 messages.append(f"recomputing from token {item.span.token_start}: chunk "
                                 f"{item.span.chunk_index} of entry {item.span.entry_id} "
                                 f"cannot be decoded ({e})")
                 break
             speeds.observe_decode(item.level, k.nbytes + v.nbytes, time.perf_counter() - d0)
-            n_restored = item.span.token_end
+            n_read = item.span.token_end
             chunk_levels.append(item.level)
             if progress is not None:
-                progress(Progress("restore", n_restored, len(tokens)))
+                progress(Progress("restore", min(n_read, len(tokens)), len(tokens)))
     finally:
         reader.stop.set()
         while thread.is_alive():  # unblock a reader waiting on a full queue
@@ -395,13 +423,4 @@ def _stream(runtime: Runtime, source: ChunkSource, tokens: list[int], levels: Se
     measured = reader.meter.MBps()
     if measured and not options.bandwidth_MBps:
         speeds.observe_read(source.kind, measured)
-
-    if n_restored == source.n_tokens:
-        runtime.restore_buffer(state, tokens[:n_restored])
-    elif n_restored:  # the stored part ended early: only its first chunks are usable
-        kv = KVState(state.keys[:, :n_restored], state.values[:, :n_restored],
-                     np.arange(n_restored, dtype=np.int32), v_trans=lay.v_trans)
-        runtime.restore(kv, tokens[:n_restored])
-    else:
-        runtime.reset()
-    return n_restored, reader.meter.bytes
+    return n_read, reader.meter.bytes

@@ -12,6 +12,7 @@ This module must never let a reader see an incomplete entry, and never copy a pa
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import queue
@@ -24,7 +25,7 @@ from . import blobs
 from .db import Connections
 from .errors import IncompleteEntryError, NotFoundError
 from .records import Entry, PrefixMatch, Span
-from .tokens import chunk_spans, encode, prefix_hashes
+from .tokens import chunk_spans, decode, encode, prefix_hashes
 
 ENTRY_COLUMNS = (
     "id, model, token_start, token_end, parent_id, chunk_size, levels, nbytes,"
@@ -32,6 +33,7 @@ ENTRY_COLUMNS = (
 )
 # Under SQLite's default limit of host parameters per statement, with room for the others.
 _BATCH = 500
+MAX_TAIL_TOKENS = 4096  # longer than any chunk
 
 
 def entry_from_row(row: tuple) -> Entry:
@@ -190,6 +192,42 @@ def longest_prefix(
         if hit is not None:
             return _match(conn, *hit)
     return PrefixMatch(entries=(), spans=(), n_tokens=0)
+
+
+def with_tail(conn: sqlite3.Connection, fingerprint: str, tokens: Iterable[int],
+              match: PrefixMatch, minimum: int) -> PrefixMatch:
+    """`match` with the stored chunk that continues it the furthest (at least `minimum`
+    tokens past the match) as its tail: the next chunk of its deepest entry, or the first chunk
+    of an entry extending it (of a root entry, when nothing matched)."""
+    encoded = encode(tokens)
+    n = match.n_tokens
+    query = encoded[n * 4 : (n + MAX_TAIL_TOKENS) * 4]
+    if len(query) < minimum * 4:
+        return match
+    last = match.entries[-1] if match.entries else None
+    if last is not None and last.token_end > n:  # the deepest entry goes on
+        candidates = [(last.id, last.token_start)]
+    else:
+        candidates = conn.execute(
+            "SELECT id, token_start FROM kv_entries WHERE complete AND model = ? AND"
+            " token_start = ? AND parent_id IS ?", (fingerprint, n, last.id if last else None)
+        ).fetchall()
+    best: tuple[int, Span, bytes] | None = None
+    for entry_id, start in candidates:
+        span = conn.execute(
+            "SELECT entry_id, chunk_index, token_start, token_end FROM kv_spans"
+            " WHERE entry_id = ? AND token_start = ?", (entry_id, n)).fetchone()
+        (own,) = conn.execute("SELECT tokens FROM kv_entries WHERE id = ?",
+                              (entry_id,)).fetchone()
+        stored = own[(span[2] - start) * 4 : (span[3] - start) * 4]
+        common = len(os.path.commonprefix([stored, query])) // 4
+        if common >= minimum and (best is None or common > best[0]):
+            best = (common, Span(*span), stored)
+    if best is None:
+        return match
+    common, span, stored = best
+    return dataclasses.replace(match, tail=span, tail_tokens=tuple(decode(stored)),
+                               tail_match=common)
 
 
 def _match(conn: sqlite3.Connection, entry_id: int, n_tokens: int) -> PrefixMatch:

@@ -87,12 +87,18 @@ class PrefixMatch:
 
     `entries` runs from the root (a document's entry) to the deepest entry used; the last one may
     be covered only in part (its first few chunks). `spans` lists, in token order, exactly the
-    chunks covering tokens [0, n_tokens).
+    chunks covering tokens [0, n_tokens); `tail`, when set, is the chunk after them that
+    continues the query for a while (found only when lookups ask for it).
     """
 
     entries: tuple[Entry, ...]
     spans: tuple[Span, ...]
     n_tokens: int
+    # The stored chunk after the match whose first `tail_tokens` tokens continue it (a chunk
+    # is read whole, then the context is cut back: KV of a token depends only on those before).
+    tail: Span | None = None
+    tail_tokens: tuple[int, ...] = ()  # all of that chunk's stored tokens
+    tail_match: int = 0  # how many of them equal the query's
 
     @property
     def parent(self) -> Entry | None:

@@ -152,11 +152,19 @@ class Store(LibraryStore):
         return kv.EntryWriter(self._db, entry_id, levels, self._clock, self._enforce_budget)
 
     def longest_prefix(
-        self, fingerprint: str, tokens: Iterable[int], *, touch: bool = True
+        self, fingerprint: str, tokens: Iterable[int], *, touch: bool = True,
+        tail_minimum: int | None = None,
     ) -> PrefixMatch:
-        """The stored chain covering the longest prefix of `tokens`; marks its entries used."""
+        """The stored chain covering the longest prefix of `tokens`; marks its entries used.
+
+        With `tail_minimum`, also the chunk that continues the match for at least that many
+        more tokens, if one does (PrefixMatch.tail): a restore reads it and cuts it back.
+        """
+        tokens = list(tokens)
         with self._db.read() as db:
             match = kv.longest_prefix(db.conn, fingerprint, tokens)
+            if tail_minimum is not None:
+                match = kv.with_tail(db.conn, fingerprint, tokens, match, tail_minimum)
         if touch and match.entries:
             self.touch(entry.id for entry in match.entries)
         return match

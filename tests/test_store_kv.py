@@ -150,3 +150,25 @@ def test_deleting_an_entry_deletes_the_entries_extending_it(store):
     assert [e.id for e in store.entries()] == [root.id, other.id]
     assert store.longest_prefix(FP, range(700)).n_tokens == 300
     assert orphans(store) == {}
+
+
+def test_a_tail_chunk_continues_a_match_for_a_while(tmp_path):
+    with open_store(tmp_path) as store:
+        root = put_entry(store, range(600))
+        child = put_entry(store, [*range(600), *range(1000, 1100)], parent_id=root.id)
+        # The query stops inside chunk 1 of the root: it is the tail, 44 tokens into it.
+        match = store.longest_prefix(FP, range(300), tail_minimum=32)
+        assert match.n_tokens == 256 and match.tail.chunk_index == 1
+        assert match.tail_match == 44 and match.tail_tokens == tuple(range(256, 512))
+        # Diverging sooner than the minimum: no tail.
+        assert store.longest_prefix(FP, [*range(270), *[7] * 50], tail_minimum=32).tail is None
+        # Past the root's end, the tail is the first chunk of an entry extending it.
+        match = store.longest_prefix(FP, [*range(600), *range(1000, 1050), 5],
+                                     tail_minimum=32)
+        assert match.n_tokens == 600 and match.tail.entry_id == child.id
+        assert match.tail_match == 50
+        # Nothing matched at all: a root entry's first chunk can still be the tail.
+        match = store.longest_prefix(FP, [*range(100), 9], tail_minimum=32)
+        assert match.n_tokens == 0 and match.tail.entry_id == root.id
+        assert match.tail_match == 100
+        assert store.longest_prefix(FP, range(300)).tail is None  # only when asked for

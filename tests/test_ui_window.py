@@ -366,3 +366,24 @@ def test_the_settings_dialog_edits_the_shared_cache(qtbot):
     assert (new.remote_bucket, new.remote_endpoint_url, new.remote_prefix,
             new.remote_auto_push) == ("team-kv", "http://minio.lan:9000", "team-a", True)
     assert needs_restart(Settings(), new)
+
+
+def test_the_settings_start_and_stop_the_local_api(qtbot, engine, monkeypatch):
+    from ui.testing import FakeLocalAPI
+
+    api = FakeLocalAPI()
+    window = open_window(qtbot, engine, Settings(server_enabled=True, server_port=8777),
+                         local_api=api)
+    qtbot.waitUntil(lambda: "8777" in window.api_label.text(), timeout=3000)
+    assert api.calls == [("start", 8777)]
+
+    def edit(dialog: SettingsDialog) -> int:
+        dialog.serve.setChecked(False)
+        dialog.accept()
+        return dialog.result()
+
+    monkeypatch.setattr("ui.main_window.SettingsDialog.exec", edit)
+    with qtbot.waitSignal(window.local_api_changed, timeout=3000) as blocker:
+        window.open_settings()
+    assert blocker.args == [None] and window.api_label.text() == ""
+    assert api.calls[-1] == ("stop",) and not settings_mod.load().server_enabled

@@ -7,9 +7,10 @@ from ui.main_window import MainWindow
 from ui.testing import FakeEngine
 
 
-def open_window(qtbot, engine: FakeEngine, settings: Settings | None = None) -> MainWindow:
+def open_window(qtbot, engine: FakeEngine, settings: Settings | None = None,
+                local_api=None) -> MainWindow:
     """A window whose engine, chats and documents have loaded (nothing else pending)."""
-    window = MainWindow(lambda: engine, settings or Settings())
+    window = MainWindow(lambda: engine, settings or Settings(), local_api=local_api)
     qtbot.addWidget(window)
     with qtbot.waitSignals([window.engine_ready, window.chats_changed,
                             window.documents_changed], timeout=5000):

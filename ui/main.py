@@ -35,7 +35,8 @@ def run(app: AppAPI, make_app: Callable[[Settings], AppAPI]) -> int:
     qapp.setApplicationName("kvdesk")
     while True:
         restart = []
-        window = MainWindow(lambda app=app: _ready_engine(app), app.settings)
+        window = MainWindow(lambda app=app: _ready_engine(app), app.settings,
+                            local_api=app.local_api)
         window.restart_requested.connect(restart.append)
         window.show()
         code = qapp.exec()

@@ -31,7 +31,7 @@ from PySide6.QtWidgets import (
 )
 
 from desktop_app.options import RestoreOptions
-from desktop_app.protocol import EngineAPI
+from desktop_app.protocol import EngineAPI, LocalAPIControl
 from desktop_app.results import ChatInfo, DocumentInfo, Progress
 from desktop_app.settings import Settings
 
@@ -60,11 +60,14 @@ class MainWindow(AskingMixin, LibraryMixin, QMainWindow):
     answer_done = Signal(object)  # AskResult, or None when stopped or failed
     messages_loaded = Signal()
     restart_requested = Signal(object)  # the new Settings; the launcher rebuilds the App
+    local_api_changed = Signal(object)  # its URL while it serves, else None
 
     def __init__(self, engine_factory: Callable[[], EngineAPI], settings: Settings, *,
+                 local_api: LocalAPIControl | None = None,
                  now: Callable[[], float] = time.time):
         super().__init__()
         self.settings = settings
+        self.local_api = local_api  # the local API server the settings toggle (None: none)
         self.engine: EngineAPI | None = None  # set once engine_factory has run on a worker
         self.now = now
         self.runner = Runner(self)
@@ -103,6 +106,9 @@ class MainWindow(AskingMixin, LibraryMixin, QMainWindow):
         self.header = QLabel()
         self.header.setTextFormat(Qt.TextFormat.RichText)
         self.info = QLabel(wordWrap=True)
+        self.api_label = QLabel()  # the local API's address while it serves
+        self.api_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.statusBar().addPermanentWidget(self.api_label)
         self.info.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.chat_view = ChatView()
         self.prompt = PromptEdit()
@@ -199,6 +205,7 @@ class MainWindow(AskingMixin, LibraryMixin, QMainWindow):
         self.new_chat()
         self.refresh_chats()
         self.refresh_documents()
+        self._apply_local_api(self.settings)
         self.engine_ready.emit()
 
     def _engine_failed(self, message: str) -> None:
@@ -334,6 +341,8 @@ class MainWindow(AskingMixin, LibraryMixin, QMainWindow):
             self.engine.generation_defaults = new.generation  # from the next answer on
         if new.theme != old.theme:
             self._apply_theme(new.theme)
+        if (new.server_enabled, new.server_port) != (old.server_enabled, old.server_port):
+            self._apply_local_api(new)
         if needs_restart(old, new):
             restart = QMessageBox.question(
                 self, "kvdesk", "The new model, context size or data folder takes effect when "
@@ -344,6 +353,24 @@ class MainWindow(AskingMixin, LibraryMixin, QMainWindow):
             else:
                 self.statusBar().showMessage("The change applies the next time kvdesk starts")
 
+    def _apply_local_api(self, settings: Settings) -> None:
+        """Serve the local API, or stop serving it, as the settings say (off the GUI thread)."""
+        if self.local_api is None or self.engine is None:
+            return
+        control, port = self.local_api, settings.server_port
+
+        def shown(url: str | None) -> None:
+            self.api_label.setText(f"Local API: {url}" if url else "")
+            self.local_api_changed.emit(url)
+
+        work = (lambda job: control.start(port)) if settings.server_enabled else (
+            lambda job: control.stop())
+        self.runner.start("misc", work, finished=lambda _: shown(control.url),
+                          failed=lambda msg: (shown(None), self._say(
+                              f"The local API could not start: {msg}", True)))
+
     def closeEvent(self, event) -> None:
         self.runner.shutdown()
+        if self.local_api is not None:
+            self.local_api.stop()
         super().closeEvent(event)

@@ -69,6 +69,15 @@ class SettingsDialog(QDialog):
         self.auto_pull = QCheckBox("Look there before computing a document",
                                    checked=settings.remote_auto_pull)
         self.generation = GenerationBox(settings.generation)
+        self.serve = QCheckBox("Serve the local API while kvdesk is open (OpenAI-compatible: "
+                               "other tools can use the same models and caches)",
+                               checked=settings.server_enabled)
+        self.port = QSpinBox(minimum=1, maximum=65535)
+        self.port.setValue(settings.server_port or 8765)
+        self.address = QLabel(wordWrap=True)
+        self.address.setEnabled(False)
+        self.port.valueChanged.connect(self._show_address)
+        self._show_address()
         self.error = QLabel(wordWrap=True)
         self.error.hide()
 
@@ -90,6 +99,11 @@ class SettingsDialog(QDialog):
                              wordWrap=True)
         credentials.setEnabled(False)
         remote.addRow(credentials)
+        local_api = QGroupBox("Local API")
+        served = QFormLayout(local_api)
+        served.addRow(self.serve)
+        served.addRow("Port", self.port)
+        served.addRow(self.address)
         note = QLabel("Changing the model, context size, data folder or shared cache restarts "
                       "the engine.", wordWrap=True)
         note.setEnabled(False)
@@ -101,6 +115,7 @@ class SettingsDialog(QDialog):
         layout.addLayout(form)
         layout.addWidget(self.generation)
         layout.addWidget(shared)
+        layout.addWidget(local_api)
         layout.addWidget(note)
         layout.addWidget(self.error)
         layout.addWidget(buttons)
@@ -129,6 +144,10 @@ class SettingsDialog(QDialog):
         if path:
             self.data_dir.setText(path)
 
+    def _show_address(self) -> None:
+        self.address.setText(f"http://127.0.0.1:{self.port.value()}/v1 — this computer only "
+                             "(`kvdesk serve --host ... --api-key ...` serves a network)")
+
     def result_settings(self) -> Settings:
         """The edited settings, checked (raises InvalidValue naming the setting)."""
         # with_values, not with_overrides: an emptied field goes back to its default (None).
@@ -141,7 +160,9 @@ class SettingsDialog(QDialog):
             remote_endpoint_url=self.endpoint.text().strip() or None,
             remote_prefix=self.prefix.text().strip() or default_prefix,
             remote_auto_push=self.auto_push.isChecked(),
-            remote_auto_pull=self.auto_pull.isChecked(), generation=self.generation.values())
+            remote_auto_pull=self.auto_pull.isChecked(),
+            server_enabled=self.serve.isChecked(), server_port=self.port.value(),
+            generation=self.generation.values())
 
     def accept(self) -> None:
         try:

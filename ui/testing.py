@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from desktop_app.documents import DocumentError
-from desktop_app.errors import Cancelled
+from desktop_app.errors import Cancelled, EngineError
 from desktop_app.options import GenerationOptions, RestoreOptions
 from desktop_app.protocol import ProgressFn, RestoreFn, TokenFn
 from desktop_app.results import (
@@ -142,6 +142,8 @@ class FakeEngine:
         return sum(self._docs[d].kept_tokens for d in doc_ids if d in self._docs)
 
     def _restore(self, tokens: int, level: str, progress, cancel) -> RestoreReport:
+        if level not in ("auto", *self.levels):  # as the engine refuses it
+            raise EngineError(f"unknown level(s) [{level!r}]; known: {list(self.levels)}")
         chunks = max(1, -(-tokens // CHUNK_TOKENS))
         best = "high" if level in ("auto", "lossless") else level
         # A couple of chunks fall back to a cheaper level, as a time budget would make them.
@@ -299,3 +301,20 @@ class FakeEngine:
         chat = self._chats[chat_id]
         return "\n\n".join([f"# {chat.title}"] + [f"**{m.role}**: {m.text}"
                                                   for m in self._messages[chat_id]])
+
+
+class FakeLocalAPI:
+    """A stand-in for the local API server the settings toggle (desktop_app.server.LocalAPI)."""
+
+    def __init__(self):
+        self.url: str | None = None
+        self.calls: list[tuple] = []
+
+    def start(self, port: int) -> str:
+        self.calls.append(("start", port))
+        self.url = f"http://127.0.0.1:{port}/v1"
+        return self.url
+
+    def stop(self) -> None:
+        self.calls.append(("stop",))
+        self.url = None

@@ -86,7 +86,8 @@ class Server:
         if running:
             raise EngineError(f"a kvdesk server already serves this data directory at "
                               f"{running}: stop it first, or use it")
-        self.app.engine.warm_up()  # the model and the codec, before the first request
+        self.app.engine.warm_up()  # the model and the codec, before any request
+        self.app.engine.contexts.wait_warm()
         try:
             threading.Thread(target=self._announce, daemon=True).start()
             self.uvicorn.run()
@@ -105,3 +106,44 @@ class Server:
             discovery.write(self.app.data_dir, self.url, self.api_key)
             logging.getLogger("kvdesk.server").info("serving on %s", self.url)
             self.started.set()
+
+
+class LocalAPI:
+    """The local API as a window runs it: started and stopped at will (the settings' toggle),
+    in a thread of the app's own process, over the app's own engine."""
+
+    def __init__(self, app: App):
+        self.app = app
+        self._server: Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str | None:
+        return self._server.url + "/v1" if self._server is not None else None
+
+    def start(self, port: int) -> str:
+        """Serve on 127.0.0.1:port (blocks until it serves); its base URL."""
+        self.stop()
+        server = Server(self.app, port=port)
+        failed: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                server.run()
+            except BaseException as e:  # noqa: BLE001 - reported to the caller below
+                failed.append(e)
+                server.started.set()
+
+        self._thread = threading.Thread(target=run, name="kvdesk-local-api", daemon=True)
+        self._thread.start()
+        server.started.wait()
+        if failed:
+            raise failed[0]
+        self._server = server
+        return self.url
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._thread.join(30)
+            self._server = self._thread = None

@@ -18,9 +18,9 @@ from typing import Any, Literal
 import pydantic
 from pydantic import Field
 
-from ..completions import Completion
 from ..errors import EngineError
 from ..options import GenerationOptions, RestoreOptions
+from ..results import Completion
 from ..validation import parse
 
 MAX_STOP = 4  # as OpenAI
