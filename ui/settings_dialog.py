@@ -111,15 +111,22 @@ class SettingsDialog(QDialog):
                                    | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
+        general = QVBoxLayout()
+        general.addLayout(form)
+        general.addWidget(shared)
+        general.addWidget(local_api)
+        answers = QVBoxLayout()  # beside the rest: the dialog stays as tall as it was
+        answers.addWidget(self.generation)
+        answers.addStretch(1)
+        columns = QHBoxLayout()
+        columns.addLayout(general, 3)
+        columns.addLayout(answers, 2)
         layout = QVBoxLayout(self)
-        layout.addLayout(form)
-        layout.addWidget(self.generation)
-        layout.addWidget(shared)
-        layout.addWidget(local_api)
+        layout.addLayout(columns)
         layout.addWidget(note)
         layout.addWidget(self.error)
         layout.addWidget(buttons)
-        self.setMinimumWidth(520)
+        self.setMinimumWidth(880)
 
     @staticmethod
     def _with_browse(edit: QLineEdit, browse) -> QWidget:
