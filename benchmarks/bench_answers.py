@@ -1,7 +1,7 @@
 """Answers that read well: how often answers loop, under the old and the new sampling.
 
-    .venv/bin/python benchmarks/bench_answers.py [--split heldout] [--configs old,new]
-                                                 [--seeds 1] [--out answers.json] [--model F]
+    .venv/bin/python -m benchmarks.bench_answers [--split heldout] [--configs old,new]
+                                                [--seeds 1] [--out answers.json] [--model F]
 
 Fixed questions about documents that are already on this machine and that no test uses, read
 at run time (nothing is copied into the repository), each asked in a new chat through

@@ -1,6 +1,6 @@
 """Time to first token through the local API, as users meet it.
 
-    .venv/bin/python benchmarks/bench_server.py [--tokens 4000] [--repeat 3] [--port 8791]
+    .venv/bin/python -m benchmarks.bench_server [--tokens 4000] [--repeat 3] [--port 8791]
 
 A 4,000-token document (Python's reference, pydoc_data) is the system message of a chat
 completion; every figure is measured from the client (a streamed request: time to the first

@@ -80,7 +80,7 @@ class App:
                       default_budget_ms=s.restore_budget_ms, remote=self.remote,
                       auto_push=s.remote_auto_push, auto_pull=s.remote_auto_pull,
                       min_cache_tokens=s.prompt_cache_min_tokens,
-                      generation_defaults=s.generation)
+                      blend_fraction=s.blend_recompute, generation_defaults=s.generation)
 
     @cached_property
     def local_api(self):

@@ -8,6 +8,8 @@ assembles the parts and hands each call to the one that owns it:
     contexts    the model contexts, one per role (chat, attach), loaded on first use
     attaching   extract, prefill once, encode and store a document's KV
     sessions    the chat context: bring a chat in, ask, prepare, reopen, regenerate
+    blending    a chat over several documents from their own caches, moved into place
+    exactness   the exact context of a blended chat, computed in the background
     completions a client's whole conversation answered with the persistent prompt cache
     kvcache     a context's KV captured, encoded at every level and stored
     streaming   stored chunks back into the model, a level chosen per chunk
@@ -29,6 +31,7 @@ from . import repair, speeds
 from .attaching import Attacher
 from .completions import Completions
 from .contexts import CHAT, Contexts
+from .exactness import Exactness
 from .kvcache import KVCache
 from .levels import DEFAULT_LEVELS, check_levels, quality_order
 from .library import Library
@@ -48,6 +51,7 @@ from .results import (
 from .runtime import Runtime
 from .sampling import Sampling
 from .sessions import ChatSession
+from .settings import DEFAULT_BLEND_FRACTION
 from .sharing import Sharing
 
 
@@ -66,6 +70,7 @@ class Engine:
         auto_push: bool = False,
         auto_pull: bool = True,
         min_cache_tokens: int = 1024,
+        blend_fraction: float = DEFAULT_BLEND_FRACTION,
         generation_defaults: GenerationOptions = GenerationOptions(),
     ):
         check_levels(levels)
@@ -87,8 +92,14 @@ class Engine:
                                    self.prompter, self.speeds, levels=self._levels,
                                    chunk_tokens=chunk_tokens,
                                    default_budget_ms=default_budget_ms,
+                                   blend_fraction=blend_fraction,
                                    generation_defaults=generation_defaults)
         self.completions = Completions(self.session, min_cache_tokens=min_cache_tokens)
+        self.exactness = Exactness(
+            self.contexts, kv, self.library, self.prompter, chat_lock=self.session.lock,
+            attach_lock=self.attacher.lock, conversation=self.session.conversation,
+            on_exact=self.session.exact_stored)
+        self.session.request_exact = self.exactness.request
 
     @property
     def levels(self) -> tuple[str, ...]:
@@ -115,6 +126,7 @@ class Engine:
         self.contexts.warm_up()
 
     def close(self) -> None:
+        self.exactness.close()
         self.sharing.abandon()
         self.contexts.close()
 

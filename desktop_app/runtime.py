@@ -36,8 +36,13 @@ from .options import GenerationOptions
 # two cores (~144 tokens/s), large enough to keep llama.cpp's batched matmuls efficient.
 PREFILL_SLICE = 128
 
-# The cache dtypes the exact bridge can represent (llama_cpp GGML_TYPE_* ids).
-CACHE_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "f32": llama_cpp.GGML_TYPE_F32}
+# Cache types (llama_cpp GGML_TYPE_* ids): f16 and f32 are what the exact bridge represents
+# (capture, restore); llama.cpp's quantized q8_0 and q4_0 (flash attention only) are for
+# measuring against (quality.py): their states are refused by kvstate.
+CACHE_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "f32": llama_cpp.GGML_TYPE_F32,
+               "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q4_0": llama_cpp.GGML_TYPE_Q4_0}
+# Rows of logits turned into log-probabilities at a time (Gemma's vocabulary: 262,144 wide).
+SCORE_ROWS = 16
 
 ProgressFn = Callable[[int, int], None]  # (tokens done, tokens total)
 
@@ -276,6 +281,34 @@ class Runtime:
         ptr = llama_cpp.llama_get_logits_ith(self.llm._ctx.ctx, -1)
         return np.ctypeslib.as_array(ptr, shape=(self.llm.n_vocab(),)).copy()
 
+    def score(self, tokens: Sequence[int]) -> np.ndarray:
+        """Evaluate `tokens` after what the context holds, keeping every position's logits:
+        log-probabilities float32 [len(tokens), n_vocab] of the token after each of them
+        (teacher forcing). The tokens join the sequence."""
+        tokens = list(tokens)
+        n_vocab = self.llm.n_vocab()
+        out = np.empty((len(tokens), n_vocab), np.float32)
+        with self._lock:
+            if self.llm.n_tokens + len(tokens) > self.n_ctx:
+                raise RuntimeStateError(f"{len(tokens)} more tokens do not fit the context")
+            batch = self.llm._batch
+            for start in range(0, len(tokens), self.llm.n_batch):
+                piece = tokens[start : start + self.llm.n_batch]
+                n_past = self.llm.n_tokens
+                batch.set_batch(piece, n_past, True)
+                self.llm._ctx.decode(batch)
+                self.llm.input_ids[n_past : n_past + len(piece)] = piece
+                self.llm.n_tokens = n_past + len(piece)
+                ptr = llama_cpp.llama_get_logits(self.llm._ctx.ctx)
+                logits = np.ctypeslib.as_array(ptr, shape=(len(piece), n_vocab))
+                for i in range(0, len(piece), SCORE_ROWS):
+                    x = logits[i : i + SCORE_ROWS]
+                    x = x - x.max(1, keepdims=True)
+                    x -= np.log(np.exp(x).sum(1, keepdims=True))
+                    out[start + i : start + i + len(x)] = x
+            self._logits_at = self.llm.n_tokens
+        return out
+
     def is_end_of_generation(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
 
@@ -367,13 +400,19 @@ class Runtime:
         return kvstate.parse_seq_state(self.state_bytes())
 
     def restore_bytes(self, data: bytes, tokens: Sequence[int]) -> None:
-        """Replace the context's sequence with state bytes and the tokens they were made from.
+        """Replace the context's sequence with state bytes and the tokens they were made from
+        (one cache section, or the two of a sliding-window model).
 
         The bytes are parsed and checked against this model's layout first: llama.cpp itself
-        would load any state of the right shapes, from whatever model it came.
+        would load any state of the right shapes, from whatever model it came. A quantized
+        cache's state (q8_0, q4_0: the bridge cannot parse it) is only llama.cpp's to check:
+        give such a runtime back only states it wrote itself.
         """
-        kv = kvstate.parse_seq_state(data)
-        self._check_fits(kv.keys.shape, kv.dtype, kv.v_trans, tokens)
+        if self.layout.cache_type in ("f16", "f32"):
+            seq = kvstate.parse_seq_sections(data)
+            kv = seq.sections[0]
+            layers = sum(s.n_layer for s in seq.sections)
+            self._check_fits((layers, kv.n_tokens, kv.channels), kv.dtype, kv.v_trans, tokens)
         self._set_state(data, tokens)
 
     def restore(self, kv: kvstate.KVState, tokens: Sequence[int]) -> None:

@@ -4,12 +4,14 @@ A chat's context is its documents' prefix and its turns, as exact tokens under t
 model (`conversation`). `bring_in` makes the context hold them: it keeps what the context
 already holds when it matches (the previous turn, a reopen just done, a question typed ahead),
 and otherwise restores the longest stored prefix through the adaptive streaming restore and
-recomputes the rest. `ask` brings the chat in, streams the answer, stores both messages and
-the conversation's own KV (extending the document's entry) so the next question or reopen
-starts at once; `prepare` computes a question while it is typed; `reopen` restores a chat and
-says how. An answer is sampled as `sampling.resolve` says (the caller's options over the
-settings file's over the model file's over kvdesk's defaults) and stopped if it loops
-(`repetition.LoopGuard`).
+recomputes the rest; a chat over several documents whose exact prefix is not stored yet comes
+back blended from the documents' own caches (`blending`), is never stored so, and is made exact
+in the background (`exactness`). `ask` brings the chat in, streams the answer, stores both
+messages and the conversation's own KV (extending the document's entry) so the next question
+or reopen starts at once; `prepare` computes a question while it is typed; `reopen` restores a
+chat and says how. An answer is sampled as
+`sampling.resolve` says (the caller's options over the settings file's over the model file's
+over kvdesk's defaults) and stopped if it loops (`repetition.LoopGuard`).
 
 One turn runs at a time in the context (a lock), and one turn at a time in a chat across
 processes sharing the data directory (the store's chat turn). This module never prints, never
@@ -24,11 +26,12 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
-from store import Store
+from store import Document, Store
 from store.locks import TurnCancelled
 
 from . import speeds as speeds_mod
 from . import streaming
+from .blending import Blend, Blender, leading
 from .contexts import CHAT, Contexts
 from .errors import Cancelled, EngineError
 from .fairlock import FairLock
@@ -52,6 +55,7 @@ class ChatSession:
     def __init__(self, store: Store, contexts: Contexts, library: Library, kv: KVCache,
                  sharing: Sharing, prompter: Prompter, speeds: Speeds, *,
                  levels: Sequence[str], chunk_tokens: int, default_budget_ms: float | None,
+                 blend_fraction: float = 1.0,
                  generation_defaults: GenerationOptions = GenerationOptions()):
         self.store = store
         self.contexts = contexts
@@ -70,6 +74,13 @@ class ChatSession:
         # How the context's content was restored (None: not by a restore), so a question
         # asked the same way keeps it instead of restoring it again.
         self._loaded: RestoreOptions | None = None
+        # Chats over several documents: the share of each later document recomputed in
+        # place when blending (1: never blend), and the blender; whether the context holds a
+        # blended (approximate) prefix; who computes the exact one (set by the engine).
+        self.blend_fraction = blend_fraction
+        self.blender = Blender(store, levels, chunk_tokens)
+        self._mode: str | None = None
+        self.request_exact: Callable[[int], None] = lambda chat_id: None
 
     @property
     def runtime(self) -> Runtime:
@@ -128,12 +139,14 @@ class ChatSession:
     def bring_in(self, rt: Runtime, chat_id: int | None, tokens: list[int], *,
                  options: RestoreOptions, progress: ProgressFn | None,
                  cancel: threading.Event | None, question: Sequence[int] = (),
-                 reuse: bool = True) -> RestoreReport:
+                 reuse: bool = True, docs: Sequence[Document] = ()) -> RestoreReport:
         """Make the context hold exactly `tokens` + `question`, with fresh logits when a
         question is given.
 
         What the context already holds is kept when it starts with `tokens` and was loaded
-        the way this call asks for; only the question tokens it lacks are computed.
+        the way this call asks for; only the question tokens it lacks are computed. Tokens
+        that begin with the prefix of a chat over several documents `docs`, of which no exact
+        copy is stored, come back blended from the documents' own caches (`blending`).
         """
         t0 = time.perf_counter()
         full = [*tokens, *question]
@@ -147,7 +160,8 @@ class ChatSession:
                     keep = min(keep, len(full) - 1)
                 rt.truncate(keep)
                 report = RestoreReport(len(tokens), time.perf_counter() - t0, 0, [], 0,
-                                       ["the chat was already loaded"])
+                                       ["the chat was already loaded"],
+                                       blended=self._mode_of(docs, 0, 0))
                 rt.prefill(full[keep:], cancel=cancel)
                 return report
         self._loaded = None  # until the context holds a finished load again
@@ -158,6 +172,12 @@ class ChatSession:
                 check_levels([options.level])
             elif options.budget_ms is None and self.default_budget_ms is not None:
                 effective = options.model_copy(update={"budget_ms": self.default_budget_ms})
+            layout = self._blendable(rt, tokens, docs)
+            if layout is not None:
+                report = self._blend(rt, layout, tokens, docs, effective, progress, cancel)
+                self._loaded = options
+                rt.prefill(question, cancel=cancel)
+                return report
             source, notes = self.sharing.source(rt.fingerprint, tokens)
         report = streaming.restore(rt, source, tokens, levels=self.levels, options=effective,
                                    speeds=self.speeds, chunk_tokens=self.chunk_tokens,
@@ -165,10 +185,53 @@ class ChatSession:
         if source is not None and report.recomputed_tokens == len(tokens) and chat_id is not None:
             notes += self._stale_message(chat_id, rt.fingerprint)
         speeds_mod.save(self.store, self.speeds)
+        self._mode = "exact"
         if not options.no_cache:
             self._loaded = options
         rt.prefill(question, cancel=cancel)
-        return replace(report, messages=[*notes, *report.messages])
+        return replace(report, messages=[*notes, *report.messages],
+                       blended=self._mode_of(docs, 0, 0))
+
+    def _blendable(self, rt: Runtime, tokens: list[int], docs: Sequence[Document]):
+        """The chat prefix's layout, if `tokens` start with one worth blending."""
+        if len(docs) < 2 or self.blend_fraction >= 1:
+            return None
+        layout = self.prompter.layout(rt, docs)
+        n = len(layout.tokens)
+        if len(layout.parts) < 2 or tuple(tokens[:n]) != layout.tokens:
+            return None
+        stored = self.store.longest_prefix(rt.fingerprint, tokens, touch=False, tail_minimum=1)
+        if stored.n_tokens + stored.tail_match >= n:
+            return None  # the exact prefix is stored (a chat's own entry, or a prompt's)
+        return layout if self.blender.usable(rt, layout, [d.id for d in docs]) else None
+
+    def _blend(self, rt, layout, tokens, docs, options, progress, cancel) -> RestoreReport:
+        first_end = layout.parts[0][1]
+        source, notes = self.sharing.source(rt.fingerprint, list(layout.tokens[:first_end]))
+        report, blend = self.blender.restore(
+            rt, layout, [d.id for d in docs], source, options=options, speeds=self.speeds,
+            select=leading(self.blend_fraction), progress=progress, cancel=cancel)
+        rest = tokens[len(layout.tokens):]
+        rt.prefill(rest, cancel=cancel)
+        speeds_mod.save(self.store, self.speeds)
+        self._mode = "blended"
+        notes.append(f"{len(docs)} documents blended from their own caches ({blend.reused_tokens:,}"
+                     f" tokens reused, {blend.recomputed_tokens:,} computed in place): the "
+                     "answer is approximate; the exact context is computed in the background")
+        return replace(report, tokens=len(tokens),
+                       recomputed_tokens=report.recomputed_tokens + len(rest),
+                       messages=[*notes, *report.messages], blended=blend.as_dict())
+
+    def _mode_of(self, docs: Sequence[Document], reused: int, recomputed: int) -> dict | None:
+        """The `blended` field of a report on a chat over several documents (else None)."""
+        return Blend(reused, recomputed, self._mode or "exact").as_dict() if len(docs) > 1 \
+            else None
+
+    def exact_stored(self, chat_id: int) -> None:
+        """The background pass stored chat `chat_id`'s exact context: a blended context loaded
+        now is not kept for the next question."""
+        if self._mode == "blended":
+            self._loaded = None
 
     def reopen(self, chat_id: int, *, restore: RestoreOptions = RestoreOptions(),
                progress: ProgressFn | None = None,
@@ -181,10 +244,10 @@ class ChatSession:
             _, tokens, notes = self.conversation(rt, chat_id)
             # An explicit reopen always restores: it is how a restore is asked for and timed.
             report = self.bring_in(rt, chat_id, tokens, options=restore, progress=progress,
-                                   cancel=cancel, reuse=False)
+                                   cancel=cancel, reuse=False,
+                                   docs=self.library.chat_documents(chat_id))
             kept, kept_notes = self.sharing.keep()
-            if report.recomputed_tokens and kept:
-                self._store_chat(rt, chat_id, tokens)
+            self._keep(rt, chat_id, tokens, kept and report.recomputed_tokens > 0)
             return replace(report, messages=[*notes, *report.messages, *kept_notes])
 
     def prepare(self, draft: str, *, chat_id: int | None = None, doc_ids: Sequence[int] = (),
@@ -205,10 +268,11 @@ class ChatSession:
             rt = self.runtime
             self.contexts.warm_up(rt)
             if chat_id is not None:
+                docs = self.library.chat_documents(chat_id)
                 msgs, context, _ = self.conversation(rt, chat_id)
             else:
-                msgs, context = self.prompter.chat(
-                    rt, [self.library.document(d) for d in doc_ids])
+                docs = [self.library.document(d) for d in doc_ids]
+                msgs, context = self.prompter.chat(rt, docs)
             # The draft is computed as if it were sent now, template tokens included: sent
             # unchanged, its first token comes at once; edited, the context is cut back to
             # what still matches, which costs nothing.
@@ -217,7 +281,7 @@ class ChatSession:
                 return None
             try:
                 report = self.bring_in(rt, chat_id, context, options=restore, progress=None,
-                                       cancel=cancel, question=turn.tokens)
+                                       cancel=cancel, question=turn.tokens, docs=docs)
             except Cancelled:
                 return None
             return report if report.chunk_levels else None
@@ -253,12 +317,13 @@ class ChatSession:
             rt = self.runtime
             self.contexts.warm_up(rt)
             msgs, context, notes = self.conversation(rt, chat_id)
+            docs = self.library.chat_documents(chat_id)
             turn = question_turn(rt, msgs, question)
             if len(context) + len(turn.tokens) + 1 >= rt.n_ctx:
                 raise EngineError(f"the chat is full: {len(context) + len(turn.tokens):,} tokens "
                                   f"of a {rt.n_ctx:,}-token context; start a new chat")
             report = self.bring_in(rt, chat_id, context, options=restore, progress=progress,
-                                   cancel=cancel, question=turn.tokens)
+                                   cancel=cancel, question=turn.tokens, docs=docs)
             report = replace(report, messages=[*notes, *report.messages])
             if on_restore:
                 on_restore(report)
@@ -283,7 +348,8 @@ class ChatSession:
                 ttft_s=round(ttft if ttft is not None else time.perf_counter() - t0, 4),
                 restore_s=round(report.restore_s, 4), bytes_read=report.bytes_read,
                 chunk_levels=report.chunk_levels, recomputed_tokens=report.recomputed_tokens,
-                tokens_generated=len(generated), messages=messages, source=report.source)
+                tokens_generated=len(generated), messages=messages, source=report.source,
+                documents=[d.id for d in docs], blended=report.blended)
             stats = {k: v for k, v in result.as_dict().items() if k not in ("answer", "chat_id")}
             # Both messages are stored after the answer, in one transaction: a durable write
             # (fsync) before the first token would only delay it, and whatever stops the
@@ -292,8 +358,7 @@ class ChatSession:
             self.store.add_turn(chat_id, question, result.answer, stats=stats,
                                 model=rt.fingerprint, question_tokens=turn.tokens,
                                 answer_tokens=answer_tokens)
-            if kept:
-                self._store_chat(rt, chat_id, context + turn.tokens + answer_tokens)
+            self._keep(rt, chat_id, context + turn.tokens + answer_tokens, kept)
             return result
 
     def regenerate(self, chat_id: int, **options) -> AskResult:
@@ -322,6 +387,14 @@ class ChatSession:
                 yield
         except TurnCancelled as e:
             raise Cancelled(str(e)) from None
+
+    def _keep(self, rt: Runtime, chat_id: int, tokens: list[int], store: bool) -> None:
+        """Store the chat's KV, when asked to and the context holds it exactly; a blended
+        context is never stored: the exact one is computed in the background instead."""
+        if self._mode == "blended":
+            self.request_exact(chat_id)
+        elif store:
+            self._store_chat(rt, chat_id, tokens)
 
     def _store_chat(self, rt: Runtime, chat_id: int, tokens: list[int]) -> None:
         docs = self.library.chat_documents(chat_id)

@@ -36,6 +36,10 @@ from .validation import STRICT, InvalidValue, changed, parse
 
 APP_NAME = "kvdesk"
 DEFAULT_N_CTX = 8192
+# Chats over several documents: the share of each later document's tokens computed again in
+# place when their caches are blended (its first ones); 1 computes them all (no blending).
+# Chosen by benchmarks/bench_blend.py (RESULTS.md, "Chats over several documents").
+DEFAULT_BLEND_FRACTION = 0.15
 SETTINGS_VERSION = 1
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _PREFIX_PART = re.compile(r"^[A-Za-z0-9._-]+$")
@@ -80,6 +84,7 @@ class Settings(pydantic.BaseModel):
     server_port: int = Field(8765, ge=0, le=65535)  # 0: any free port
     server_attach_folders: tuple[str, ...] = ()
     prompt_cache_min_tokens: int = Field(1024, ge=0, le=1 << 20)
+    blend_recompute: float = Field(DEFAULT_BLEND_FRACTION, ge=0, le=1)
     # The shared cache tier on S3-compatible storage: off until a bucket is set.
     remote_bucket: str | None = None
     remote_endpoint_url: str | None = None  # None: AWS S3; else MinIO, Ceph, SeaweedFS...

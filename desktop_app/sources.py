@@ -51,9 +51,12 @@ class LocalSource:
 
     def __init__(self, store: Store, fingerprint: str, tokens: Sequence[int]):
         match = store.longest_prefix(fingerprint, tokens, tail_minimum=TAIL_MINIMUM)
-        self.spans = match.spans + ((match.tail,) if match.tail else ())
+        self._index(store, match.spans + ((match.tail,) if match.tail else ()))
         self.n_tokens = match.n_tokens + match.tail_match
         self.beyond = match.tail_tokens[match.tail_match:]
+
+    def _index(self, store: Store, spans: Sequence[Span]) -> None:
+        self.spans = tuple(spans)
         self._store = store
         self._sizes: dict[tuple[int, int], dict[str, int]] = {}
         for (entry, chunk, level), n in store.chunk_sizes({s.entry_id for s in self.spans}).items():
@@ -85,3 +88,14 @@ class RemoteSource:
         data = read_chunk(self.tier, self.copy.manifest, span.chunk_index, level)
         self.copy.add(span.chunk_index, level, data)
         return data
+
+
+
+class SpanSource(LocalSource):
+    """Chosen chunks of one stored entry (a document's cached prefix read for a blend): the
+    spans asked for, at their own positions."""
+
+    def __init__(self, store: Store, spans: Sequence[Span]):
+        self._index(store, spans)
+        self.n_tokens = self.spans[-1].token_end if self.spans else 0
+        self.beyond = ()

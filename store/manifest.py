@@ -9,6 +9,9 @@ It carries:
   object keys follow from these, so a manifest cannot point outside its fingerprint's folder;
 - the document (content hash, title, type, token count and text), so that the other machine
   can ask about it without having the file;
+- the codec calibration its chunks need (its SHA-256), if any: an object of its own
+  (store.remote), uploaded before the manifest, fetched with the chunks (version 2; a
+  version 1 manifest names none);
 - a SHA-256 of everything above, checked on every read along with the rest.
 
 Only document entries travel (a document's root entry); chats stay on the machine they were
@@ -28,7 +31,7 @@ from .errors import CorruptObjectError
 from .tokens import chunk_spans, decode, encode, prefix_hashes
 
 FORMAT = "kvdesk-kv-manifest"
-VERSION = 1
+VERSION = 2
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -56,6 +59,7 @@ class Manifest:
     chunks: dict[str, tuple[ChunkObject, ...]]  # per level, in chunk order
     document: RemoteDocument
     created: float
+    calibration: str | None = None
 
     @property
     def token_end(self) -> int:
@@ -86,6 +90,8 @@ class Manifest:
             "document": asdict(self.document),
             "created": self.created,
         }
+        if self.calibration is not None:
+            body["calibration"] = self.calibration
         return json.dumps({**body, "checksum": _checksum(body)}, sort_keys=True).encode()
 
     @classmethod
@@ -112,6 +118,7 @@ class Manifest:
                         for level, objects in body["chunks"].items()},
                 document=RemoteDocument(**body["document"]),
                 created=float(body["created"]),
+                calibration=body.get("calibration"),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise CorruptObjectError(key, f"malformed manifest ({type(e).__name__})") from None
@@ -124,6 +131,8 @@ class Manifest:
                                           f"found under {fingerprint[:12]}")
         if self.chunk_size <= 0 or not self.tokens or not self.levels:
             raise CorruptObjectError(key, "an empty entry")
+        if self.calibration is not None and not _DIGEST.match(str(self.calibration)):
+            raise CorruptObjectError(key, "it names a calibration that is not a SHA-256")
         if prefix_hash is not None and prefix_hash != self.prefix_hash:
             raise CorruptObjectError(key, "its tokens do not hash to its key")
         n_chunks = len(self.spans)

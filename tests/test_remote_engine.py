@@ -11,8 +11,8 @@ import threading
 import uuid
 
 import pytest
-from s3_server import S3Server
 
+from benchmarks.s3_server import S3Server
 from desktop_app.engine import Engine
 from desktop_app.options import GenerationOptions, RestoreOptions
 from desktop_app.runtime import Runtime

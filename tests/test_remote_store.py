@@ -105,7 +105,7 @@ def test_manifest_round_trip_and_every_check():
     with pytest.raises(CorruptObjectError, match="malformed"):
         Manifest.from_json(data[:-10], key=key, fingerprint=FP)
     with pytest.raises(CorruptObjectError, match="newer"):
-        Manifest.from_json(data.replace(b'"version": 1', b'"version": 99'), key=key,
+        Manifest.from_json(data.replace(b'"version": 2', b'"version": 99'), key=key,
                            fingerprint=FP)
     short = replace(manifest, chunks={"high": (ChunkObject(10, "a" * 64),)})
     with pytest.raises(CorruptObjectError, match="2 chunks"):

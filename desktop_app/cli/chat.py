@@ -120,25 +120,31 @@ def generation_options(f):
 @cli.command(context_settings={"ignore_unknown_options": False})
 @click.argument("args", nargs=-1, required=True, metavar="[DOC_ID] QUESTION")
 @click.option("--chat", "chat_id", type=int, help="Continue this chat instead of a new one.")
+@click.option("--doc", "docs", type=int, multiple=True, help="A document of a new chat; "
+              "repeat it for a chat over several (their caches are blended).")
 @restore_options
 @generation_options
 @no_server_option
 @json_option
 @click.pass_obj
-def ask(app: App, args, chat_id, restore, generation, no_server, as_json):
-    """Ask about a document (a new chat), or continue a chat with --chat.
+def ask(app: App, args, chat_id, docs, restore, generation, no_server, as_json):
+    """Ask about a document (a new chat; --doc ID --doc ID for several), or continue a chat
+    with --chat.
 
     Generation flags not given come from the settings file, else the model file's
     recommendation, else kvdesk's defaults (`kvdesk info` lists them). For the same answer
     every time, give a --seed, or --temperature 0 (greedy, penalties kept).
     """
-    if chat_id is not None and len(args) == 1:
+    if chat_id is not None and len(args) == 1 and not docs:
         doc_ids, question = [], args[0]
-    elif chat_id is None and len(args) == 2 and args[0].isdigit():
+    elif chat_id is None and len(args) == 2 and args[0].isdigit() and not docs:
         doc_ids, question = [int(args[0])], args[1]
+    elif chat_id is None and len(args) == 1 and docs:
+        doc_ids, question = list(docs), args[0]
     else:
-        raise click.UsageError("usage: kvdesk ask DOC_ID QUESTION, or kvdesk ask --chat "
-                               "CHAT_ID QUESTION (quote the question)")
+        raise click.UsageError("usage: kvdesk ask DOC_ID QUESTION, kvdesk ask --doc ID --doc "
+                               "ID QUESTION, or kvdesk ask --chat CHAT_ID QUESTION (quote the "
+                               "question)")
     bar = TerminalProgress()
     streamed = []
 
