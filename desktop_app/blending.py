@@ -61,6 +61,7 @@ class Blend:
     reused_tokens: int  # restored from the documents' own caches, moved into place
     recomputed_tokens: int  # computed in the combined context
     mode: str  # "blended" (approximate: reused KV) | "exact" (a stored or computed prefix)
+    exact_until: int = 0  # the prefix's first position whose KV is approximate
 
     def as_dict(self) -> dict:
         return {"reused_tokens": self.reused_tokens, "recomputed_tokens":
@@ -139,11 +140,14 @@ class Blender:
             for p in select(start, end - start):
                 known[p] = False
         reused = int(known[end0:].sum())
+        approximate = np.flatnonzero(known[end0:])
+        exact_until = end0 + int(approximate[0]) if len(approximate) else len(prefix)
         computed = self._compute(rt, prefix, keys, values, known, cancel)
         return RestoreReport(
             tokens=len(prefix), restore_s=time.perf_counter() - t0, bytes_read=n_bytes,
             chunk_levels=levels, recomputed_tokens=head.recomputed_tokens + computed,
-            messages=messages, source=head.source), Blend(reused, computed, "blended")
+            messages=messages, source=head.source), Blend(reused, computed, "blended",
+                                                          exact_until)
 
     def _reuse(self, rt, doc_id, part, ropes, options, speeds, cancel, messages, levels):
         """(keys, values, which tokens are held, bytes read) of a later document's part from

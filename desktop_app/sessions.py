@@ -79,7 +79,7 @@ class ChatSession:
         # blended (approximate) prefix; who computes the exact one (set by the engine).
         self.blend_fraction = blend_fraction
         self.blender = Blender(store, levels, chunk_tokens)
-        self._mode: str | None = None
+        self._blended_at: int | None = None  # where the context's blended KV begins
         self.request_exact: Callable[[int], None] = lambda chat_id: None
 
     @property
@@ -159,6 +159,8 @@ class ChatSession:
                 if question and not (keep == len(held) == len(full) and rt.has_logits):
                     keep = min(keep, len(full) - 1)
                 rt.truncate(keep)
+                if self._blended_at is not None and keep <= self._blended_at:
+                    self._blended_at = None  # what is kept came back exact
                 report = RestoreReport(len(tokens), time.perf_counter() - t0, 0, [], 0,
                                        ["the chat was already loaded"],
                                        blended=self._mode_of(docs, 0, 0))
@@ -185,7 +187,7 @@ class ChatSession:
         if source is not None and report.recomputed_tokens == len(tokens) and chat_id is not None:
             notes += self._stale_message(chat_id, rt.fingerprint)
         speeds_mod.save(self.store, self.speeds)
-        self._mode = "exact"
+        self._blended_at = None
         if not options.no_cache:
             self._loaded = options
         rt.prefill(question, cancel=cancel)
@@ -214,7 +216,7 @@ class ChatSession:
         rest = tokens[len(layout.tokens):]
         rt.prefill(rest, cancel=cancel)
         speeds_mod.save(self.store, self.speeds)
-        self._mode = "blended"
+        self._blended_at = blend.exact_until
         notes.append(f"{len(docs)} documents blended from their own caches ({blend.reused_tokens:,}"
                      f" tokens reused, {blend.recomputed_tokens:,} computed in place): the "
                      "answer is approximate; the exact context is computed in the background")
@@ -224,13 +226,14 @@ class ChatSession:
 
     def _mode_of(self, docs: Sequence[Document], reused: int, recomputed: int) -> dict | None:
         """The `blended` field of a report on a chat over several documents (else None)."""
-        return Blend(reused, recomputed, self._mode or "exact").as_dict() if len(docs) > 1 \
+        mode = "exact" if self._blended_at is None else "blended"
+        return Blend(reused, recomputed, mode).as_dict() if len(docs) > 1 \
             else None
 
     def exact_stored(self, chat_id: int) -> None:
         """The background pass stored chat `chat_id`'s exact context: a blended context loaded
         now is not kept for the next question."""
-        if self._mode == "blended":
+        if self._blended_at is not None:
             self._loaded = None
 
     def reopen(self, chat_id: int, *, restore: RestoreOptions = RestoreOptions(),
@@ -391,7 +394,7 @@ class ChatSession:
     def _keep(self, rt: Runtime, chat_id: int, tokens: list[int], store: bool) -> None:
         """Store the chat's KV, when asked to and the context holds it exactly; a blended
         context is never stored: the exact one is computed in the background instead."""
-        if self._mode == "blended":
+        if self._blended_at is not None:
             self.request_exact(chat_id)
         elif store:
             self._store_chat(rt, chat_id, tokens)

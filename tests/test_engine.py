@@ -202,6 +202,8 @@ def test_a_chat_about_two_documents_reuses_the_first_ones_cache(engine, doc_id, 
     res = ask(engine, "When does the ferry leave?", chat=chat.chat_id, tokens=20)
     assert "07:15" in res.answer or "16:40" in res.answer
     assert res.chunk_levels[0] != "text"  # the lighthouse document came from its cache
+    assert res.blended["mode"] == "blended" and res.blended["reused_tokens"] > 0
+    assert engine.exactness.idle.wait(300)  # the exact context, computed in the background
     (entry,) = [e for e in engine.store.entries() if e.chat_id == chat.chat_id]
     assert entry.parent_id == engine.store.document_entry(doc_id, engine.fingerprint).id
     assert engine.chats()[0].title == "When does the ferry leave?"
@@ -212,7 +214,7 @@ def test_a_chat_about_two_documents_reuses_the_first_ones_cache(engine, doc_id, 
 def test_forced_and_throttled_levels(engine, doc_id):
     chat = ask(engine, QUESTION, doc=doc_id, tokens=4).chat_id
     forced = engine.reopen(chat, restore=RestoreOptions(level="compact"))
-    assert set(forced.chunk_levels) == {"compact"}
+    assert set(forced.chunk_levels) == {"compact"}, (forced.chunk_levels, forced.messages)
     # A slow link and a tight budget: the adaptive choice must step down from the best level.
     slow = engine.reopen(chat, restore=RestoreOptions(budget_ms=30, bandwidth_MBps=5))
     assert "lossless" not in slow.chunk_levels
