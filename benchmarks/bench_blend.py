@@ -155,7 +155,7 @@ def run_set(eng: Engine, kind: str, n_tokens: int, fractions: list[float], folde
 
     answers = []
     for q in QUESTIONS[kind]:
-        gen = GenerationOptions(max_tokens=24)
+        gen = GenerationOptions(max_tokens=24, temperature=0)  # greedy: answers comparable
         rt.reset()
         b = eng.ask(q, doc_ids=ids, generation=gen)
         eng.exactness.idle.wait(600)  # its background pass must not share the cores below

@@ -97,7 +97,7 @@ def warm_in_process(data: Path, doc_id: int, repeat: int) -> list[float]:
 
     app = App(load().with_overrides(data_dir=str(data)))
     try:
-        one = GenerationOptions(max_tokens=8)
+        one = GenerationOptions(max_tokens=8, temperature=0)  # as the served requests
         app.engine.ask(QUESTION, doc_ids=[doc_id], generation=one)  # loads and warms it all
         return [app.engine.ask(QUESTION, doc_ids=[doc_id], generation=one).ttft_s
                 for _ in range(repeat)]

@@ -80,7 +80,7 @@ class App:
                       default_budget_ms=s.restore_budget_ms, remote=self.remote,
                       auto_push=s.remote_auto_push, auto_pull=s.remote_auto_pull,
                       min_cache_tokens=s.prompt_cache_min_tokens,
-                      blend_fraction=s.blend_recompute)
+                      blend_fraction=s.blend_recompute, generation_defaults=s.generation)
 
     @cached_property
     def local_api(self):
@@ -100,6 +100,10 @@ class App:
             "head_dim": lay.head_dim,
             "n_ctx": rt.n_ctx,
             "kv_bytes_per_token": lay.kv_bytes_per_token,
+            # What an answer is sampled with unless asked otherwise, and where each value is
+            # from; then what in the model file's recommendation was unusable.
+            "sampling": self.engine.sampling().as_dict(),
+            "sampling_notes": rt.model_sampling_notes,
         }
 
     def close(self) -> None:

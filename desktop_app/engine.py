@@ -49,6 +49,7 @@ from .results import (
     RestoreReport,
 )
 from .runtime import Runtime
+from .sampling import Sampling
 from .sessions import ChatSession
 from .settings import DEFAULT_BLEND_FRACTION
 from .sharing import Sharing
@@ -70,6 +71,7 @@ class Engine:
         auto_pull: bool = True,
         min_cache_tokens: int = 1024,
         blend_fraction: float = DEFAULT_BLEND_FRACTION,
+        generation_defaults: GenerationOptions = GenerationOptions(),
     ):
         check_levels(levels)
         self.store = store
@@ -90,7 +92,8 @@ class Engine:
                                    self.prompter, self.speeds, levels=self._levels,
                                    chunk_tokens=chunk_tokens,
                                    default_budget_ms=default_budget_ms,
-                                   blend_fraction=blend_fraction)
+                                   blend_fraction=blend_fraction,
+                                   generation_defaults=generation_defaults)
         self.completions = Completions(self.session, min_cache_tokens=min_cache_tokens)
         self.exactness = Exactness(
             self.contexts, kv, self.library, self.prompter, chat_lock=self.session.lock,
@@ -101,6 +104,14 @@ class Engine:
     @property
     def levels(self) -> tuple[str, ...]:
         return self._levels
+
+    @property
+    def generation_defaults(self) -> GenerationOptions:
+        return self.session.generation_defaults
+
+    @generation_defaults.setter
+    def generation_defaults(self, values: GenerationOptions) -> None:
+        self.session.generation_defaults = values  # the next answer uses them
 
     @property
     def runtime(self) -> Runtime:
@@ -185,6 +196,11 @@ class Engine:
     def estimate(self, *, chat_id: int | None = None,
                  doc_ids: Sequence[int] = ()) -> RestoreEstimate:
         return self.session.estimate(chat_id=chat_id, doc_ids=doc_ids)
+
+    def sampling(self, generation: GenerationOptions = GenerationOptions()) -> Sampling:
+        """What an answer asked with `generation` is sampled with, each value with the layer
+        it comes from (`kvdesk info` shows it)."""
+        return self.session.sampling(generation)
 
     def complete(self, messages: Sequence[dict], **options) -> Completion:
         """Answer a client's whole conversation with the persistent prompt cache (the local

@@ -2,7 +2,7 @@
 
 `Runtime` wraps `llama_cpp.Llama` for what kvdesk needs and nothing else: tokenize and render
 the model's chat template, prefill in batches with a progress callback and cancellation,
-stream generated tokens (greedy, or sampled with a seed), and capture or restore the exact KV
+stream generated tokens through llama.cpp's sampler chain, and capture or restore the exact KV
 cache of the one sequence it holds (through `kvstate`). It owns the agreement between
 llama.cpp's cache and the Llama object's own token bookkeeping, so that a restored context
 continues exactly as a freshly prefilled one would.
@@ -28,8 +28,9 @@ import numpy as np
 from llama_cpp import _internals
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from . import kvstate
+from . import kvstate, sampling
 from .errors import Cancelled, RuntimeStateError
+from .options import GenerationOptions
 
 # Prefill slice: small enough that progress and cancellation react within about a second on
 # two cores (~144 tokens/s), large enough to keep llama.cpp's batched matmuls efficient.
@@ -139,6 +140,8 @@ class Runtime:
         self._logits_at: int | None = None
         self._formatter = self._chat_formatter()
         self._template_lock = threading.Lock()
+        # What the model file recommends (general.sampling.*), and what in it is unusable.
+        self.model_sampling, self.model_sampling_notes = sampling.from_model(self.llm.metadata)
 
     # -- facts ---------------------------------------------------------------------------
 
@@ -313,26 +316,18 @@ class Runtime:
         self,
         max_tokens: int,
         *,
-        temperature: float = 0.0,
-        top_p: float = 0.95,
-        top_k: int = 40,
-        seed: int | None = None,
+        options: GenerationOptions = GenerationOptions(),
         cancel: threading.Event | None = None,
     ) -> Iterator[Token]:
         """Stream tokens continuing the sequence until end-of-generation, max_tokens or cancel.
 
-        The context must end with freshly evaluated logits (after `prefill` of at least one
-        token, or `ensure_logits`). Generated tokens join the sequence, except the final
+        `options` are run as they are: a stage whose field is None is off (greedy without
+        penalties by default); the engine resolves the layers of defaults first. The context
+        must end with freshly evaluated logits (after `prefill` of at least one token, or
+        `ensure_logits`). Generated tokens join the sequence, except the final
         end-of-generation token, which is sampled but not evaluated.
         """
-        sampler = _internals.LlamaSampler()
-        if temperature <= 0:
-            sampler.add_greedy()
-        else:
-            sampler.add_top_k(top_k)
-            sampler.add_top_p(top_p, 1)
-            sampler.add_temp(temperature)
-            sampler.add_dist(seed if seed is not None else llama_cpp.LLAMA_DEFAULT_SEED)
+        sampler = self._sampler(options)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         pending = None  # sampled and yielded, not yet evaluated
         try:
@@ -360,6 +355,32 @@ class Runtime:
                 with self._lock:
                     self._eval([pending])
             sampler.close()
+
+    def _sampler(self, o: GenerationOptions) -> _internals.LlamaSampler:
+        """llama.cpp's sampler chain for `o`, its stages in llama.cpp's own order: penalties,
+        top-k, top-p, min-p, temperature, then the draw (the most likely token at 0)."""
+        sampler = _internals.LlamaSampler()
+        last_n = self.n_ctx if o.repeat_last_n == -1 else o.repeat_last_n or 0
+        penalized = last_n and (o.repeat_penalty or 1.0, o.presence_penalty or 0.0,
+                                o.frequency_penalty or 0.0) != (1.0, 0.0, 0.0)
+        if penalized:
+            sampler.add_penalties(self.llm.n_vocab(), last_n, o.repeat_penalty or 1.0,
+                                  o.frequency_penalty or 0.0, o.presence_penalty or 0.0)
+        if not o.temperature:
+            sampler.add_greedy()
+        else:
+            if o.top_k:
+                sampler.add_top_k(o.top_k)
+            if o.top_p is not None and o.top_p < 1:
+                sampler.add_top_p(o.top_p, 1)
+            if o.min_p:
+                sampler.add_min_p(o.min_p, 1)
+            sampler.add_temp(o.temperature)
+            sampler.add_dist(llama_cpp.LLAMA_DEFAULT_SEED if o.seed is None else o.seed)
+        # The penalties look at the answer's own tokens only (the chain sees each token it
+        # draws): an answer should be free to use the question's and the document's words,
+        # and to end as the question's turn did (measured: benchmarks/RESULTS.md).
+        return sampler
 
     # -- KV state ------------------------------------------------------------------------
 

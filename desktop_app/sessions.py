@@ -9,7 +9,9 @@ back blended from the documents' own caches (`blending`), is never stored so, an
 in the background (`exactness`). `ask` brings the chat in, streams the answer, stores both
 messages and the conversation's own KV (extending the document's entry) so the next question
 or reopen starts at once; `prepare` computes a question while it is typed; `reopen` restores a
-chat and says how.
+chat and says how. An answer is sampled as
+`sampling.resolve` says (the caller's options over the settings file's over the model file's
+over kvdesk's defaults) and stopped if it loops (`repetition.LoopGuard`).
 
 One turn runs at a time in the context (a lock), and one turn at a time in a chat across
 processes sharing the data directory (the store's chat turn). This module never prints, never
@@ -22,7 +24,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from store import Document, Store
 from store.locks import TurnCancelled
@@ -39,8 +41,10 @@ from .library import Library
 from .options import AUTO, GenerationOptions, RestoreOptions
 from .prompts import Prompter, question_turn, title_of
 from .prompts import closing as closing_text
+from .repetition import LoopGuard
 from .results import AskResult, Progress, RestoreEstimate, RestoreReport
 from .runtime import Runtime
+from .sampling import Sampling, resolve
 from .sharing import Sharing
 from .speeds import Speeds
 
@@ -51,7 +55,8 @@ class ChatSession:
     def __init__(self, store: Store, contexts: Contexts, library: Library, kv: KVCache,
                  sharing: Sharing, prompter: Prompter, speeds: Speeds, *,
                  levels: Sequence[str], chunk_tokens: int, default_budget_ms: float | None,
-                 blend_fraction: float = 1.0):
+                 blend_fraction: float = 1.0,
+                 generation_defaults: GenerationOptions = GenerationOptions()):
         self.store = store
         self.contexts = contexts
         self.library = library
@@ -63,6 +68,8 @@ class ChatSession:
         self.chunk_tokens = chunk_tokens
         # The budget of an "auto" restore when the caller gives none (None: best quality).
         self.default_budget_ms = default_budget_ms
+        # The settings file's generation values (a field it does not set is None).
+        self.generation_defaults = generation_defaults
         self.lock = FairLock()  # the chat context: one turn at a time, first come first served
         # How the context's content was restored (None: not by a restore), so a question
         # asked the same way keeps it instead of restoring it again.
@@ -78,6 +85,11 @@ class ChatSession:
     @property
     def runtime(self) -> Runtime:
         return self.contexts.get(CHAT)
+
+    def sampling(self, generation: GenerationOptions = GenerationOptions()) -> Sampling:
+        """What an answer asked with `generation` is sampled with, and where each value is from."""
+        return resolve(generation, settings=self.generation_defaults,
+                       model=self.runtime.model_sampling)
 
     # -- what a chat is --------------------------------------------------------------------
 
@@ -318,7 +330,8 @@ class ChatSession:
             report = replace(report, messages=[*notes, *report.messages])
             if on_restore:
                 on_restore(report)
-            generated, answer, ttft = stream_answer(rt, generation, t0, on_token, cancel)
+            out = stream_answer(rt, self.sampling(generation).options, t0, on_token, cancel)
+            generated, answer, ttft = out.tokens, out.text, out.ttft
             # Close the turn as the template would, so the next turn appends to it exactly.
             suffix = closing_text(rt, turn, answer)
             suffix_tokens = rt.tokenize(suffix) if suffix else []
@@ -331,7 +344,7 @@ class ChatSession:
             kept, kept_notes = self.sharing.keep()
             # Not kept, the context holds the shared entry's chunks, possibly lossy: stored
             # again they would pass for a fresh prefill of the document.
-            messages = [*report.messages, *kept_notes,
+            messages = [*report.messages, *kept_notes, *out.notes,
                         *([] if kept else ["this turn's cache is not stored"])]
             result = AskResult(
                 chat_id=chat_id, answer=answer.strip(),
@@ -415,23 +428,39 @@ class ChatSession:
         return RestoreEstimate(tokens=len(tokens), bytes=per_level, seconds=seconds)
 
 
+@dataclass(frozen=True)
+class Answer:
+    tokens: list[int]
+    text: str
+    ttft: float | None  # seconds from t0 to the first token (None: no token)
+    notes: list[str]  # why it stopped early, when it did
+
+
 def stream_answer(rt: Runtime, generation: GenerationOptions, t0: float,
-            on_token: Callable[[str], None] | None,
-            cancel: threading.Event | None) -> tuple[list[int], str, float | None]:
-    """Stream an answer: (its token ids, its text, seconds from t0 to its first token)."""
+                  on_token: Callable[[str], None] | None,
+                  cancel: threading.Event | None) -> Answer:
+    """Stream an answer sampled with `generation` (resolved: every field set), stopping it if
+    it loops."""
     generated: list[int] = []
     pieces: list[str] = []
-    ttft = None
+    ttft, notes = None, []
+    guard = LoopGuard()
     max_new = min(generation.max_tokens, rt.n_ctx - rt.n_tokens - 8)
-    for tok in rt.generate(max_new, temperature=generation.temperature, seed=generation.seed,
-                           cancel=cancel):
-        if ttft is None:
-            ttft = time.perf_counter() - t0
-        generated.append(tok.id)
-        pieces.append(tok.text)
-        if on_token and tok.text:
-            on_token(tok.text)
-    return generated, "".join(pieces), ttft
+    # closing: a loop left early still evaluates its last token, so the context holds it.
+    with contextlib.closing(rt.generate(max_new, options=generation, cancel=cancel)) as stream:
+        for tok in stream:
+            if ttft is None:
+                ttft = time.perf_counter() - t0
+            generated.append(tok.id)
+            pieces.append(tok.text)
+            if on_token and tok.text:
+                on_token(tok.text)
+            loop = guard.feed(tok.id, tok.text)
+            if loop:
+                notes.append(f"the answer was stopped after {len(generated)} tokens because "
+                             f"it was going round in circles: {loop}")
+                break
+    return Answer(generated, "".join(pieces), ttft, notes)
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

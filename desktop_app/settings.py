@@ -1,4 +1,5 @@
-"""User settings: which model, how large a context, where the data lives, the shared cache.
+"""User settings: which model, how large a context, where the data lives, the shared cache,
+how answers are generated.
 
 Settings are resolved in one order everywhere (CLI, GUI, tests): explicit arguments, then
 environment variables (`KVDESK_MODEL`, `KVDESK_DATA_DIR`, `KVDESK_N_CTX`, and for the shared
@@ -8,6 +9,11 @@ reads them from the standard AWS environment variables and files, and an endpoin
 carries any is refused. The settings file lives in the platform's user config directory (not the
 data directory, since it names the data directory); `KVDESK_CONFIG_DIR` moves it, which tests
 use to stay away from the real one. Writes are atomic (temp file + rename).
+
+`generation` holds only the generation values the user set (`options.GenerationOptions`, the
+same fields and ranges as `kvdesk ask`'s flags); a value left unset (null) comes from the model
+file's recommendation or kvdesk's defaults (`sampling.resolve`), so a settings file written
+today does not pin tomorrow's defaults.
 
 This module never loads a model and never opens the store.
 """
@@ -25,6 +31,7 @@ import platformdirs
 import pydantic
 from pydantic import Field
 
+from .options import GenerationOptions
 from .validation import STRICT, InvalidValue, changed, parse
 
 APP_NAME = "kvdesk"
@@ -85,6 +92,8 @@ class Settings(pydantic.BaseModel):
     remote_region: str | None = None  # None: the AWS configuration's, or us-east-1
     remote_auto_push: bool = False  # share each attached document (its text travels too)
     remote_auto_pull: bool = True  # on a local miss, look there before recomputing
+    # How answers are generated: temperature, top-k, top-p, min-p, penalties, max_tokens.
+    generation: GenerationOptions = GenerationOptions()
 
     @property
     def data_path(self) -> Path:

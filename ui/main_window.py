@@ -341,6 +341,8 @@ class MainWindow(AskingMixin, LibraryMixin, QMainWindow):
         old, new = self.settings, dialog.result_settings()
         new.save()
         self.settings = new
+        if self.engine is not None:
+            self.engine.generation_defaults = new.generation  # from the next answer on
         if new.theme != old.theme:
             self._apply_theme(new.theme)
         if (new.server_enabled, new.server_port) != (old.server_enabled, old.server_port):
