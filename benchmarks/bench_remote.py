@@ -39,16 +39,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from bench_engine import ONE_TOKEN, QUESTION, reference_text
 
+from benchmarks.bench_engine import ONE_TOKEN, QUESTION, reference_text
+from benchmarks.s3_server import S3Server
+from desktop_app.app import App
 from desktop_app.options import RestoreOptions
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from s3_server import S3Server  # noqa: E402 - the tests' helper: one way to run the server
-
-from desktop_app.app import App  # noqa: E402
-from desktop_app.settings import Settings  # noqa: E402
-from store import RemoteConfig, RemoteTier  # noqa: E402
+from desktop_app.settings import Settings
+from store import RemoteConfig, RemoteTier
 
 PARALLEL = 4  # the tier's default requests in flight
 

@@ -1,6 +1,6 @@
 """Time to first token through the local API, as users meet it.
 
-    .venv/bin/python benchmarks/bench_server.py [--tokens 4000] [--repeat 3] [--port 8791]
+    .venv/bin/python -m benchmarks.bench_server [--tokens 4000] [--repeat 3] [--port 8791]
 
 A 4,000-token document (Python's reference, pydoc_data) is the system message of a chat
 completion; every figure is measured from the client (a streamed request: time to the first
@@ -97,7 +97,7 @@ def warm_in_process(data: Path, doc_id: int, repeat: int) -> list[float]:
 
     app = App(load().with_overrides(data_dir=str(data)))
     try:
-        one = GenerationOptions(max_tokens=8)
+        one = GenerationOptions(max_tokens=8, temperature=0)  # as the served requests
         app.engine.ask(QUESTION, doc_ids=[doc_id], generation=one)  # loads and warms it all
         return [app.engine.ask(QUESTION, doc_ids=[doc_id], generation=one).ttft_s
                 for _ in range(repeat)]

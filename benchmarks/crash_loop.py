@@ -1,7 +1,7 @@
 """Crash consistency: kill `attach`, `ask` and `gc` with SIGKILL at random points, many times,
 and check after each kill that the data directory is whole.
 
-    .venv/bin/python benchmarks/crash_loop.py [--iterations 50] [--seed 1] [--data-dir DIR]
+    .venv/bin/python -m benchmarks.crash_loop [--iterations 50] [--seed 1] [--data-dir DIR]
 
 After every kill: the store's verify finds nothing damaged, each chat's messages alternate
 question/answer (a turn is stored whole or not at all), `kvdesk docs` answers, and the next

@@ -1,8 +1,8 @@
 """Where does the high-rate KLD floor of the "layer" levels come from? Emulations.
 
-    .venv/bin/python benchmarks/kv_floor.py --text pydoc --level high --mults 2 3 \
+    .venv/bin/python -m benchmarks.kv_floor --text pydoc --level high --mults 2 3 \
         --variants plain K V lossless out99.9 center-KV --out floor.jsonl
-    .venv/bin/python benchmarks/kv_floor.py --text pydoc --stats --mults 3   # no model runs
+    .venv/bin/python -m benchmarks.kv_floor --text pydoc --stats --mults 3   # no model runs
 
 Variants (the codec runs unchanged; what it does not see is put back exact after decoding):
     plain        the level's bins scaled by each multiplier;
@@ -27,7 +27,7 @@ Variants (the codec runs unchanged; what it does not see is put back exact after
                  attention too.
 --no-flash runs every context without flash attention (llama.cpp's CPU flash-attention kernel
 accumulates the attention output over an f16 V cache in fp16).
-Rows are scored with channel_weighting.score against one exact run (N = 2,048, M = 256).
+Rows are scored with benchmarks.common.score against one exact run (N = 2,048, M = 256).
 --stats prints, without the model, facts about the recorded KV at the scaled bins: the layer
 step relative to the channels' spread, where the largest elements sit (tokens or channels),
 and the decoded error's bias per channel.
@@ -36,15 +36,19 @@ and the decoded error's bias per channel.
 from __future__ import annotations
 
 import numpy as np
-from bench_quality import model_of, text_of
-from channel_weighting import common_args, row_printer, scaled_bins, score
-from level_tuning import roundtrip
 
 import codec
+from benchmarks.common import (
+    CHUNK,
+    common_args,
+    model_of,
+    roundtrip,
+    row_printer,
+    scaled_bins,
+    score,
+    text_of,
+)
 from desktop_app import kvstate, quality
-from desktop_app.engine import DEFAULT_CHUNK_TOKENS
-
-CHUNK = DEFAULT_CHUNK_TOKENS
 
 
 def chunks(n_tok: int):
@@ -271,8 +275,6 @@ def main() -> None:
     ap.add_argument("--no-flash", action="store_true", help="contexts without flash attention")
     args = ap.parse_args()
     show = row_printer(args)
-    if args.no_flash:
-        quality._Context.__init__.__defaults__ = (False,)
     base = codec.levels()[args.level].get_config()
     if args.stats:
         d = np.load(args.kv_cache or f"/tmp/kvfloor_{args.text}.npz")
@@ -282,7 +284,8 @@ def main() -> None:
         return
     model = model_of(args.model, args.cache_dir)
     with quality.Evaluator(model, text_of(args.text), prefix_tokens=args.prefix_tokens,
-                           cont_tokens=args.cont_tokens, greedy_tokens=0) as ev:
+                           cont_tokens=args.cont_tokens, greedy_tokens=0,
+                           flash_attn=not args.no_flash) as ev:
         kv = kvstate.in_position_order(ev.seq_state.sections[0])
         np.savez(args.kv_cache or f"/tmp/kvfloor_{args.text}.npz", keys=kv.keys,
                  values=kv.values, positions=kv.positions, v_trans=kv.v_trans)

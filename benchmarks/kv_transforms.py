@@ -1,6 +1,6 @@
 """Does a decorrelating transform before the codec pay? An emulation on unchanged levels.
 
-    .venv/bin/python benchmarks/kv_transforms.py --text pydoc --level high \
+    .venv/bin/python -m benchmarks.kv_transforms --text pydoc --level high \
         --mults 0.7 1.0 1.4 --variants plain klt-KV --out kt.jsonl
 
 Variants (per layer, float64, the codec run unchanged on the transformed fp16 arrays, the
@@ -14,7 +14,7 @@ inverse applied after decoding, the exact sink token put back):
     unrope-K     keys un-RoPE'd only (no projection);
     klt-K-head   one basis per KV head (block-diagonal) instead of one per layer;
     wkltP-K      klt-K on pre-RoPE keys scaled per channel by w^P (w: query energy from
-                 `desktop_app.calibration`, geometric mean 1 per layer), unscaled after.
+                 `benchmarks.qk_importance`, geometric mean 1 per layer), unscaled after.
 Rows for the level's bins scaled by each multiplier, all scored against one exact run: compare
 the curves at equal bits. Single-section models with "norm" RoPE (SmolLM2) only.
 """
@@ -24,12 +24,20 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from bench_quality import model_of, text_of
-from channel_weighting import calibration_tokens, common_args, row_printer, scaled_bins, score
-from level_tuning import roundtrip
 
 import codec
-from desktop_app import calibration, kvstate, quality
+from benchmarks import qk_importance as calibration
+from benchmarks.common import (
+    calibration_kv,
+    common_args,
+    model_of,
+    roundtrip,
+    row_printer,
+    scaled_bins,
+    score,
+    text_of,
+)
+from desktop_app import kvstate, quality
 
 
 def rope_angles(positions: np.ndarray, head_dim: int, base: float) -> np.ndarray:
@@ -60,15 +68,6 @@ def basis(x: np.ndarray, block: int = 0) -> np.ndarray:
     return v[:, ::-1]
 
 
-def calibration_kv(model: Path, n: int, mix: bool) -> kvstate.KVState:
-    ctx = quality._Context(model, n + 8, quality.llama_cpp.GGML_TYPE_F16, 2)
-    try:
-        ctx.prefill(calibration_tokens(model, n, mix))
-        return kvstate.in_position_order(kvstate.parse_seq_state(ctx.state()))
-    finally:
-        ctx.close()
-
-
 def main() -> None:
     ap = common_args(__doc__)
     ap.add_argument("--variants", nargs="*", default=["plain", "klt-KV"])
@@ -78,7 +77,7 @@ def main() -> None:
     ap.add_argument("--calib-mix", action="store_true",
                     help="calibrate on pydoc's second half + collections' source, not pydoc's only")
     ap.add_argument("--importance", type=Path, default=Path("/tmp/imp_default.npz"),
-                    help="channel_weighting.py's cache of the importance arrays")
+                    help="benchmarks.channel_weighting's cache of the importance arrays")
     args = ap.parse_args()
     show = row_printer(args)
     model = model_of(args.model, args.cache_dir)

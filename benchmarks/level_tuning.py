@@ -1,19 +1,19 @@
 """Level tuning experiments on `desktop_app.quality.Evaluator` (results in RESULTS.md).
 
     # KLD when only one layer of one kind is quantized (everything else exact):
-    .venv/bin/python benchmarks/level_tuning.py sens --k-bins 8 --v-bins 4 --out sens.json
+    .venv/bin/python -m benchmarks.level_tuning sens --k-bins 8 --v-bins 4 --out sens.json
     # score codec config variants (JSON {name: config dict}) against one exact run:
-    .venv/bin/python benchmarks/level_tuning.py rows --variants variants.json
+    .venv/bin/python -m benchmarks.level_tuning rows --variants variants.json
     # estimated bits per element of every layer and maxq, from the recorded KV (no model):
-    .venv/bin/python benchmarks/level_tuning.py rates --out rates.json
+    .venv/bin/python -m benchmarks.level_tuning rates --out rates.json
     # per-layer bins for target sizes from the sensitivity runs and the rates (no model):
-    .venv/bin/python benchmarks/level_tuning.py alloc --sens sens1.jsonl sens2.jsonl \
+    .venv/bin/python -m benchmarks.level_tuning alloc --sens sens1.jsonl sens2.jsonl \
         --rates rates.json --sink-tokens 1 --target-bits 2.05 1.45 0.955 --gamma-min 1.0 \
         --min-k-bins 12 --min-v-bins 6 --out alloc.json
 
-Both share --model/--text/--prefix-tokens/--cont-tokens with bench_quality.py; --greedy-tokens
-defaults to 0 here (teacher-forced KLD and top-1 only, much faster on 2 cores). Prints one
-JSON line per measurement.
+Both share --model/--text/--prefix-tokens/--cont-tokens with benchmarks.bench_quality; --greedy-
+tokens defaults to 0 here (teacher-forced KLD and top-1 only, much faster on 2 cores). Prints
+one JSON line per measurement.
 """
 
 from __future__ import annotations
@@ -24,24 +24,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-from bench_quality import model_of, text_of
 
 import codec
+from benchmarks.common import CHUNK as DEFAULT_CHUNK_TOKENS
+from benchmarks.common import model_of, roundtrip, text_of
 from desktop_app import kvstate, quality
-from desktop_app.engine import DEFAULT_CHUNK_TOKENS
-
-
-def roundtrip(kv: kvstate.KVState, config: dict) -> tuple[np.ndarray, np.ndarray, int]:
-    """Keys and values of one section after the codec, in slot order, and the blob bytes."""
-    order = np.argsort(kv.positions, kind="stable")
-    blobs = codec.encode_chunks(np.ascontiguousarray(kv.keys[:, order]),
-                                np.ascontiguousarray(kv.values[:, order]), config,
-                                chunk_tokens=DEFAULT_CHUNK_TOKENS,
-                                first_token=int(kv.positions[order[0]]))
-    keys, values = codec.decode_chunks(blobs)
-    back_k, back_v = np.empty_like(kv.keys), np.empty_like(kv.values)
-    back_k[:, order], back_v[:, order] = keys, values
-    return back_k, back_v, sum(len(b) for b in blobs)
 
 
 def uniform(k_bins: int, v_bins: int, sink: int) -> dict:

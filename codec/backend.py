@@ -1,8 +1,10 @@
 """Choosing the kernels that run the format: numba CPU, numba CUDA, or the pure reference.
 
-A backend is a plain namespace of six functions with the signatures of `quant.py` and
-`rans.py`. All backends produce identical bytes, so the choice is only about speed: CUDA when
-a GPU is present (rANS on the device, quantization on the CPU kernels), else the CPU kernels.
+A backend is a plain namespace of the functions of `quant.py` and `rans.py` and an
+`untransform(coef, out, KindTransform, cos, sin)` (the inverse transform: on CPU and GPU
+the same numba CPU kernel, whose float bytes are pinned to the reference's there). All
+backends produce identical bytes, so the choice is only about speed: CUDA when a GPU is
+present (rANS on the device, quantization on the CPU kernels), else the CPU kernels.
 KVDESK_CODEC_BACKEND=cpu|cuda|reference forces one. This module must never change what a
 blob contains.
 
@@ -22,7 +24,7 @@ from types import SimpleNamespace
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from . import quant, rans, reference
+from . import quant, rans, reference, tkernel, transform
 from .errors import CodecError
 
 NAMES = ("cpu", "cuda", "reference")
@@ -42,11 +44,21 @@ def _serialized(kernel):
     return run
 
 
+def _untransform_cpu(coef, out, tf, cos, sin) -> None:
+    with _KERNEL_LOCK:
+        tkernel.untransform(coef, out, tf.basis_t, tf.mean, tf.rope, cos, sin, tf.head_dim)
+
+
+def _untransform_reference(coef, out, tf, cos, sin) -> None:
+    out[...] = transform.inverse(coef, tf, cos, sin)
+
+
 def _cpu() -> SimpleNamespace:
     kernels = ((quant, "any_nonfinite"), (quant, "quantize"), (quant, "choose_entries"),
                (rans, "encode"), (rans, "decode"))
-    return SimpleNamespace(name="cpu", **{name: _serialized(getattr(module, name))
-                                          for module, name in kernels})
+    return SimpleNamespace(name="cpu", untransform=_untransform_cpu,
+                           **{name: _serialized(getattr(module, name))
+                              for module, name in kernels})
 
 
 @functools.cache
@@ -58,7 +70,8 @@ def get(name: str) -> SimpleNamespace:
         return SimpleNamespace(name="reference", any_nonfinite=reference.any_nonfinite,
                                quantize=reference.quantize,
                                choose_entries=reference.choose_entries,
-                               encode=reference.encode, decode=reference.decode)
+                               encode=reference.encode, decode=reference.decode,
+                               untransform=_untransform_reference)
     if name == "cuda":
         from . import cuda
 

@@ -1,14 +1,18 @@
 """`python -m codec.bench [--json]`: encode/decode speed and size of every level on real KV.
 
 The KV is the default model's (SmolLM2-135M, 30 layers x 192 channels) over 4,096 tokens, as
-recorded by `benchmarks/record_kv.py` into benchmarks/data/kv4096.npz. Without that file the
-committed test fixture (a few layers, a few hundred tokens of the same model) is tiled up to
-that shape, and the output says so. Documents are encoded in 256-token chunks and decoded
+recorded by `python -m benchmarks.record_kv` into benchmarks/data/kv4096.npz. Without that file
+the repository's test fixture (a few layers, a few hundred tokens of the same model) is tiled
+up to that shape; run from an installed wheel, which has neither, it codes synthetic KV of that
+shape (Gaussian, with per-channel offsets and scales like real keys: speeds are indicative,
+sizes are not). The output says which. Documents are encoded in 256-token chunks and decoded
 chunk by chunk; MB/s are of fp16 KV (2 bytes per element), medians of several runs after a
 warm-up. Two decode figures: into fresh arrays (`decode_MBps`), and as the engine restores a
 document (`decode_engine_MBps`): with out= into one reused buffer laid out like llama.cpp's
 state, keys token-major and values channel-major (V as llama.cpp keeps it without flash
 attention: the slower layout; the app's default, flash attention, keeps V token-major).
+`--cold` measures instead what a fresh process (every `kvdesk ask`) pays for tables: each
+level's first decode of one 256-token chunk against the same decode again.
 `cpu_s` is the process CPU time of a median run: on a shared machine wall time far above
 cpu_s / threads means the cores were busy with other work. Run as the
 app runs: `codec` sets OMP_WAIT_POLICY=PASSIVE before numba loads, and the output names the
@@ -26,7 +30,7 @@ from pathlib import Path
 import numba  # after the package: codec/backend.py sets OMP_WAIT_POLICY first
 import numpy as np
 
-from . import decode, encode_chunks, levels, peek
+from . import Calibration, decode, encode_chunks, levels, peek
 from .backend import active
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,6 +45,9 @@ def load_kv(path: Path | None) -> tuple[np.ndarray, np.ndarray, str]:
         if candidate.exists():
             with np.load(candidate) as z:
                 return z["keys"], z["values"], f"recorded KV {candidate.name}"
+    if path is None and not FIXTURE.exists():
+        return (*synthetic_kv(), f"synthetic KV {SHAPE} (no recorded KV or test fixture here: "
+                                 "speeds are indicative, bits per element are not real KV's)")
     with np.load(FIXTURE) as z:
         k, v = z["keys"], z["values"]
     reps = (-(-SHAPE[0] // k.shape[0]), -(-SHAPE[1] // k.shape[1]), 1)
@@ -49,27 +56,44 @@ def load_kv(path: Path | None) -> tuple[np.ndarray, np.ndarray, str]:
                               f"(run benchmarks/record_kv.py for a real 4,096-token KV)")
 
 
-def measure(keys: np.ndarray, values: np.ndarray, level: str, runs: int) -> dict:
+def synthetic_kv(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Deterministic stand-in KV of SHAPE: keys with per-channel offsets and scales, values
+    plain Gaussian."""
+    rng = np.random.default_rng(seed)
+    n_layer, _, n_ch = SHAPE
+    offset = rng.standard_normal((n_layer, 1, n_ch)) * 2
+    scale = np.exp(rng.standard_normal((n_layer, 1, n_ch)) * 0.5)
+    keys = (rng.standard_normal(SHAPE, np.float32) * scale + offset).astype(np.float16)
+    values = (rng.standard_normal(SHAPE, np.float32) * 0.5).astype(np.float16)
+    return keys, values
+
+
+def measure(keys: np.ndarray, values: np.ndarray, level: str, runs: int,
+            calibration: Calibration | None = None) -> dict:
     mb = (keys.nbytes + values.nbytes) / 1e6
+    resolver = {calibration.id: calibration} if calibration else None
     n_layer, n_tok, n_ch = keys.shape
     doc_k = np.empty_like(keys)
     doc_v = np.empty((n_layer, n_ch, n_tok), values.dtype).transpose(0, 2, 1)
 
     def decode_fresh(blobs: list[bytes]) -> None:
         for b in blobs:
-            decode(b)
+            decode(b, calibrations=resolver)
 
     def decode_engine(blobs: list[bytes]) -> None:
         at = 0
         for b in blobs:
             n = peek(b).n_tokens
-            decode(b, out=(doc_k[:, at:at + n], doc_v[:, at:at + n]))
+            decode(b, out=(doc_k[:, at:at + n], doc_v[:, at:at + n]), calibrations=resolver)
             at += n
 
-    blobs = encode_chunks(keys, values, level)  # warm-up: JIT caches, codebooks, buffers
+    def encode(_) -> list[bytes]:
+        return encode_chunks(keys, values, level, calibration=calibration)
+
+    blobs = encode(None)  # warm-up: JIT caches, codebooks, buffers
     decode_fresh(blobs)
     decode_engine(blobs)
-    steps = {"encode": lambda _: encode_chunks(keys, values, level), "decode": decode_fresh,
+    steps = {"encode": encode, "decode": decode_fresh,
              "decode_engine": decode_engine}
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in steps}
     for _ in range(runs):
@@ -89,17 +113,65 @@ def measure(keys: np.ndarray, values: np.ndarray, level: str, runs: int) -> dict
     return result
 
 
+_COLD = """
+import json, sys, time
+import numpy as np
+import codec
+blobs = dict(np.load(sys.argv[1]))
+# numba's compiled kernels load from its cache on first use: not the tables' cost
+tiny = np.ones((1, 2, 8), np.float16)
+kind = {"scale": "token", "bins": [5], "layer_edges": []}
+codec.decode(codec.encode(tiny, tiny, {**codec.levels()["compact"].get_config(), "name": "warm",
+                                       "keys": kind, "values": kind}))
+out = {}
+for name, blob in blobs.items():
+    t0 = time.perf_counter(); codec.decode(blob.tobytes()); t1 = time.perf_counter()
+    codec.decode(blob.tobytes()); t2 = time.perf_counter()
+    out[name] = {"first_ms": round((t1 - t0) * 1e3, 1), "again_ms": round((t2 - t1) * 1e3, 1)}
+print(json.dumps(out))
+"""
+
+
+def cold_start(keys: np.ndarray, values: np.ndarray, names: list[str]) -> dict:
+    """In a fresh process: the first decode of one 256-token chunk per level, against the
+    same decode again (the difference is what its tables cost a new `kvdesk ask`)."""
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "blobs.npz"
+        np.savez(path, **{n: np.frombuffer(encode_chunks(keys[:, :256], values[:, :256], n)[0],
+                                           np.uint8) for n in names})
+        run = subprocess.run([sys.executable, "-c", _COLD, str(path)], capture_output=True,
+                             text=True, check=True, cwd=ROOT)
+    return json.loads(run.stdout)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m codec.bench", description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--kv", type=Path, help="an .npz with keys and values [L, T, C] float16")
     ap.add_argument("--levels", default=",".join(levels()), help="comma-separated level names")
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--calibration", type=Path,
+                    help="a model calibration (.kvcl) for this KV: its levels are measured too, "
+                         "as NAME@calibrated, in the same run")
+    ap.add_argument("--cold", action="store_true",
+                    help="only the cold start: each level's first decode in a fresh process")
     args = ap.parse_args(argv)
     keys, values, source = load_kv(args.kv)
+    if args.cold:
+        print(json.dumps({"cold_start": cold_start(keys, values, args.levels.split(",")),
+                          "kv": {"shape": list(keys.shape), "source": source},
+                          "loadavg_1min": round(os.getloadavg()[0], 2)}))
+        return
     load_before = os.getloadavg()[0]
-    result = {"levels": {name: measure(keys, values, name, args.runs)
-                         for name in args.levels.split(",")},
+    cal = Calibration.from_bytes(args.calibration.read_bytes()) if args.calibration else None
+    measured = {name: measure(keys, values, name, args.runs) for name in args.levels.split(",")}
+    for name in cal.level_names if cal else ():
+        measured[f"{name}@calibrated"] = measure(keys, values, name, args.runs, cal)
+    result = {"levels": measured,
               "kv": {"shape": list(keys.shape), "source": source},
               "backend": active().name, "runs": args.runs,
               "threading": {"layer": numba.threading_layer(), "threads": numba.get_num_threads(),

@@ -21,6 +21,8 @@ CODEC_ID = "kvdesk.kv"
 SCALE_MODES = ("token", "channel", "layer")
 MIN_BINS, MAX_BINS = 4, 128  # symbols must fit a byte and a quantizer needs levels on both sides
 MAX_LANES = 64
+MAX_GROUPS = 256  # layer groups of a kind: calibrated levels give every layer its own bins
+CALIBRATED = "calibrated"  # a kind's "transform": its calibration part's transform of the kind
 
 
 @dataclass(frozen=True)
@@ -32,11 +34,14 @@ class KindConfig:
         per layer. bins: CacheGen-style bin counts per layer group: maxq = bins // 2 - 1 and
         2 * maxq + 1 symbols (bins - 1 for even bins), x -> rint(x * maxq / scale).
     layer_edges: fractions of depth where the next group starts (len(bins) - 1 of them).
+    transform: the kind is coded through the transform of the calibration the config names
+        (transform.py); False: as it is.
     """
 
     scale: str
     bins: tuple[int, ...]
     layer_edges: tuple[float, ...]
+    transform: bool = False
 
     def layer_bins(self, n_layer: int) -> np.ndarray:
         """Bin count of every layer: layer l is in the group of edges with l >= round(e * n)."""
@@ -45,19 +50,22 @@ class KindConfig:
         return np.array([self.bins[g] for g in group], dtype=np.int64)
 
     def get_config(self) -> dict[str, Any]:
-        return {"scale": self.scale, "bins": list(self.bins), "layer_edges": list(self.layer_edges)}
+        d = {"scale": self.scale, "bins": list(self.bins), "layer_edges": list(self.layer_edges)}
+        return {**d, "transform": CALIBRATED} if self.transform else d
 
     @classmethod
     def from_config(cls, d: Any) -> KindConfig:
-        _expect(isinstance(d, dict) and set(d) == {"scale", "bins", "layer_edges"}, d)
+        keys = {"scale", "bins", "layer_edges"}
+        _expect(isinstance(d, dict) and set(d) in (keys, keys | {"transform"}), d)
+        _expect(d.get("transform", CALIBRATED) == CALIBRATED, d)
         scale, bins, edges = d["scale"], d["bins"], d["layer_edges"]
         _expect(scale in SCALE_MODES, scale)
-        _expect(isinstance(bins, list) and 1 <= len(bins) <= 16, bins)
+        _expect(isinstance(bins, list) and 1 <= len(bins) <= MAX_GROUPS, bins)
         _expect(all(_is_int(b) and MIN_BINS <= b <= MAX_BINS for b in bins), bins)
         _expect(isinstance(edges, list) and len(edges) == len(bins) - 1, edges)
         _expect(all(isinstance(e, int | float) and not isinstance(e, bool) for e in edges), edges)
         _expect(all(0.0 < e < 1.0 for e in edges) and edges == sorted(edges), edges)
-        return cls(scale, tuple(bins), tuple(float(e) for e in edges))
+        return cls(scale, tuple(bins), tuple(float(e) for e in edges), "transform" in d)
 
 
 @dataclass(frozen=True)
@@ -70,6 +78,9 @@ class CodecConfig:
     sink_tokens: the document's first tokens (attention sinks) are stored exact in fp16.
     anchor_group: 0 = plain; g > 0 = every g-th token is an anchor and the others are coded as
         deltas to their anchor's reconstruction (CacheGen paper style).
+    calibration: (SHA-256 hex, part) of the model calibration (calibration.py) whose
+        transforms the kinds marked `transform` go through, or None: then the blob decodes
+        with nothing but itself.
     """
 
     name: str
@@ -80,6 +91,7 @@ class CodecConfig:
     anchor_group: int = 0
     keys: KindConfig | None = None
     values: KindConfig | None = None
+    calibration: tuple[str, int] | None = None
 
     def get_config(self) -> dict[str, Any]:
         d: dict[str, Any] = {"id": CODEC_ID, "name": self.name, "mode": self.mode,
@@ -87,6 +99,8 @@ class CodecConfig:
         if self.mode == "quantized":
             d.update(sink_tokens=self.sink_tokens, anchor_group=self.anchor_group,
                      keys=self.keys.get_config(), values=self.values.get_config())
+        if self.calibration is not None:
+            d["calibration"] = {"id": self.calibration[0], "part": self.calibration[1]}
         return d
 
     @classmethod
@@ -102,12 +116,23 @@ class CodecConfig:
             _expect(set(d) == common, d)
             return cls(name, mode, lanes, states)
         _expect(mode == "quantized", mode)
-        _expect(set(d) == common | {"sink_tokens", "anchor_group", "keys", "values"}, d)
+        quantized = common | {"sink_tokens", "anchor_group", "keys", "values"}
+        _expect(set(d) in (quantized, quantized | {"calibration"}), d)
         sink, anchor = d["sink_tokens"], d["anchor_group"]
         _expect(_is_int(sink) and 0 <= sink <= 1 << 20, sink)
         _expect(_is_int(anchor) and (anchor == 0 or 2 <= anchor <= 1 << 16), anchor)
-        return cls(name, mode, lanes, states, sink, anchor, KindConfig.from_config(d["keys"]),
-                   KindConfig.from_config(d["values"]))
+        keys, values = KindConfig.from_config(d["keys"]), KindConfig.from_config(d["values"])
+        cal = d.get("calibration")
+        if cal is not None:
+            _expect(isinstance(cal, dict) and set(cal) == {"id", "part"}, cal)
+            _expect(isinstance(cal["id"], str) and len(cal["id"]) == 64
+                    and all(ch in "0123456789abcdef" for ch in cal["id"]), cal)
+            _expect(_is_int(cal["part"]) and 0 <= cal["part"] < 16, cal)
+            cal = (cal["id"], cal["part"])
+        # a transform needs the calibration that defines it; deltas are not taken through one
+        _expect(cal is not None or not (keys.transform or values.transform), d)
+        _expect(anchor == 0 or not (keys.transform or values.transform), d)
+        return cls(name, mode, lanes, states, sink, anchor, keys, values, cal)
 
     def replace(self, **changes: Any) -> CodecConfig:
         """A copy with some top-level fields changed (for tuning experiments)."""

@@ -14,14 +14,16 @@ Every size follows from the header, except the words, whose sizes are the counts
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
-from . import container, tables
+from . import container, tables, tkernel, transform
 from .backend import active
+from .calibration import Calibration, Part
 from .container import Header
-from .errors import CodecError
+from .errors import CalibrationMissing, CodecError
 from .levels import CodecConfig, KindConfig, resolve
 from .quant import F16_TO_F32
 from .workspace import scratch
@@ -44,6 +46,7 @@ class BlobInfo:
     first_token: int
     nbytes: int
     format_version: int
+    calibration: str | None = None  # SHA-256 of the model calibration it needs, if any
 
     @property
     def bits_per_element(self) -> float:
@@ -78,10 +81,10 @@ class _Plan:
         return cls(kind.scale, maxq, 2 * maxq + 1, akey, bkey, n_a, n_b)
 
     @functools.cached_property
-    def bank(self) -> tuple[tables.Bank, np.ndarray, np.ndarray]:
-        """The codebooks of this kind's alphabets, code lengths, first id of each layer's."""
-        bank, cost, base = tables.kind_bank(tuple(self.nsym.tolist()))
-        return bank, cost, np.array([base[n] for n in self.nsym.tolist()], np.int64)
+    def bank(self) -> tuple[tables.Bank, np.ndarray]:
+        """The codebooks of this kind's alphabets and the first entry id of each layer's."""
+        bank, base = tables.kind_bank(tuple(self.nsym.tolist()))
+        return bank, np.array([base[n] for n in self.nsym.tolist()], np.int64)
 
     @functools.cached_property
     def n_entries(self) -> np.ndarray:
@@ -114,11 +117,43 @@ def _refuse_nonfinite(found: bool) -> None:
         raise CodecError("KV contains NaN or Inf; the codec refuses it")
 
 
+Resolver = Callable[[str], Calibration | None] | Mapping[str, Calibration]
+
+
+def _level(level: str | CodecConfig | dict, calibration: Calibration | None,
+           part: int) -> CodecConfig:
+    if isinstance(level, str) and calibration is not None and level in calibration.level_names:
+        return calibration.config(level, part)
+    return resolve(level)
+
+
+def _part(cfg: CodecConfig, calibration: Calibration | None, n_layer: int,
+          n_ch: int) -> Part | None:
+    """The calibration part a config's transforms come from (None: it names none)."""
+    if cfg.calibration is None:
+        return None
+    cal_id, index = cfg.calibration
+    if calibration is None or calibration.id != cal_id:
+        raise CalibrationMissing(cal_id)
+    if index >= len(calibration.parts):
+        raise CodecError(f"codec calibration {cal_id[:12]} has no part {index}")
+    part = calibration.parts[index]
+    if (part.n_layer, part.channels) != (n_layer, n_ch):
+        raise CodecError(f"codec calibration {cal_id[:12]} part {index} is for KV of "
+                         f"{part.n_layer} layers x {part.channels} channels, not "
+                         f"{n_layer} x {n_ch}")
+    return part
+
+
 def encode(keys: np.ndarray, values: np.ndarray, level: str | CodecConfig | dict = "balanced",
-           *, first_token: int = 0, backend=None) -> bytes:
-    """Encode one chunk (any token count >= 1) into an independently decodable blob."""
-    cfg = resolve(level)
+           *, first_token: int = 0, backend=None, calibration: Calibration | None = None,
+           part: int = 0) -> bytes:
+    """Encode one chunk (any token count >= 1) into a blob that decodes on its own, or with
+    `calibration` when its level is calibrated (a level name of the calibration's `part`, or
+    a config naming it)."""
+    cfg = _level(level, calibration, part)
     n_layer, n_tok, n_ch = _check_input(keys, values)
+    cal_part = _part(cfg, calibration, n_layer, n_ch)
     if not (isinstance(first_token, int) and 0 <= first_token <= 1 << 48):
         raise CodecError(f"first_token must be a non-negative int, not {first_token!r}")
     be = backend or active()
@@ -132,10 +167,28 @@ def encode(keys: np.ndarray, values: np.ndarray, level: str | CodecConfig | dict
     n_sink = _n_sink(cfg, first_token, n_tok)
     sinks = [np.ascontiguousarray(b[:, :n_sink]) for b in bits]
     _refuse_nonfinite(any(be.any_nonfinite(s) for s in sinks if s.size))  # a launch: ~0.1 ms
+    coded = [_transformed(b[:, n_sink:], kind, cal_part, name, first_token + n_sink)
+             for b, kind, name in ((bits[0], cfg.keys, "keys"), (bits[1], cfg.values, "values"))]
     scales, ids, counts, words = zip(*(
-        _encode_kind(b[:, n_sink:], kind, cfg, be)
-        for b, kind in ((bits[0], cfg.keys), (bits[1], cfg.values))), strict=True)
+        _encode_kind(b, kind, cfg, be)
+        for b, kind in ((coded[0], cfg.keys), (coded[1], cfg.values))), strict=True)
     return container.pack(header, [*counts, *sinks, *scales, *ids, *words])
+
+
+def _transformed(bits: np.ndarray, kind: KindConfig, part: Part | None, name: str,
+                 first_position: int) -> np.ndarray:
+    """The fp16 bits the quantizer codes: the calibrated transform's coefficients, if any."""
+    if not kind.transform or bits.shape[1] == 0:
+        return bits
+    tf = part.transform(name)
+    cos, sin = transform.angles(tf, first_position, bits.shape[1])
+    with np.errstate(over="ignore", invalid="ignore"):  # non-finite input is refused after
+        if tf.basis is None:  # one numba pass (the encoder's only float step: every backend)
+            y = tkernel.forward_fast(np.ascontiguousarray(bits), tf.mean, tf.rope, cos, sin,
+                                     tf.head_dim)
+        else:
+            y = transform.forward(bits.view(np.float16), tf, cos, sin)
+        return y.astype(np.float16).view(np.uint16)
 
 
 def _encode_bytes(sym: np.ndarray, cfg: CodecConfig, be):
@@ -170,8 +223,8 @@ def _encode_kind(bits: np.ndarray, kind: KindConfig, cfg: CodecConfig, be):
         scratch("encode.sym", bits.shape, np.uint8),
         scratch("encode.hist", (n_layer, n_ch, int(plan.nsym.max())), np.int64))
     _refuse_nonfinite(bad)
-    bank, cost, base = plan.bank
-    ent = be.choose_entries(hist, plan.nsym, base, cost, tables.N_RHO)
+    bank, base = plan.bank
+    ent = be.choose_entries(hist, plan.nsym, base, bank.cost, tables.N_RHO)
     words, counts = be.encode(sym, ent + base[:, None], bank.freq, bank.cum, bank.recip,
                               cfg.lanes, cfg.states)
     return scales, ent.astype(np.uint16), counts, words
@@ -238,18 +291,37 @@ def _parse(blob: bytes) -> _Parsed:
     return _Parsed(header, counts, sinks, scales, ents, _take_words(reader, counts))
 
 
+def _resolve(cfg: CodecConfig, calibrations: Resolver | None) -> Calibration | None:
+    if cfg.calibration is None:
+        return None
+    cal_id = cfg.calibration[0]
+    if calibrations is None:
+        found = None
+    elif isinstance(calibrations, Mapping):
+        found = calibrations.get(cal_id)
+    else:
+        found = calibrations(cal_id)
+    if found is None:
+        raise CalibrationMissing(cal_id)
+    return found
+
+
 def decode(blob: bytes, *, out: tuple[np.ndarray, np.ndarray] | None = None,
-           backend=None) -> tuple[np.ndarray, np.ndarray]:
+           backend=None, calibrations: Resolver | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Decode one chunk blob -> (keys, values) float16 [n_layer, n_tokens, channels].
 
     out: optional (keys, values) float16 arrays of that shape to decode into, e.g. views of a
     whole document's buffer (big[:, t0:t0 + n]); float16 views of them are returned. On error
     their contents are undefined. Without out, keys and values are the two halves of one new
     array (one allocation: fewer page faults).
+    calibrations: where a blob of a calibrated level finds the calibration its header names:
+    a mapping or a function from the calibration's id (`peek(blob).calibration`) to it (or
+    None). Without it such a blob raises CalibrationMissing (a CodecError).
     """
     parts = _parse(blob)
     header = parts.header
     cfg, n_layer, n_tok, n_ch = header.config, header.n_layer, header.n_tokens, header.channels
+    cal_part = _part(cfg, _resolve(cfg, calibrations), n_layer, n_ch)
     be = backend or active()
     out = _outputs(out, (n_layer, n_tok, n_ch))
     if cfg.mode == "lossless":
@@ -275,9 +347,21 @@ def decode(blob: bytes, *, out: tuple[np.ndarray, np.ndarray] | None = None,
         if np.any(ents >= plan.n_entries[:, None]):
             raise CodecError("codec blob names a table that does not exist")
         out[i][:, :n_sink] = parts.sinks[i]
-        bank, _, base = plan.bank
-        _run_decode(be, parts.words[i], parts.counts[i], ents + base[:, None], bank,
-                    plan.dequant(scales), plan.akey, plan.bkey, out[i], n_sink, cfg)
+        bank, base = plan.bank
+        dq = plan.dequant(scales)
+        if kind.transform and n_tok > n_sink:
+            # coefficients as float32 (their fp16 values) into scratch, then the inverse
+            # transform writes the KV: no fp16 pass over out in between
+            coef = scratch("decode.coef", (n_layer, n_tok - n_sink, n_ch), np.float32)
+            _run_decode(be, parts.words[i], parts.counts[i], ents + base[:, None], bank,
+                        dq.view(np.float16).astype(np.float32), plan.akey, plan.bkey, coef, 0,
+                        cfg)
+            tf = cal_part.transform(("keys", "values")[i])
+            be.untransform(coef, out[i][:, n_sink:], tf,
+                           *transform.angles(tf, header.first_token + n_sink, n_tok - n_sink))
+        else:
+            _run_decode(be, parts.words[i], parts.counts[i], ents + base[:, None], bank, dq,
+                        plan.akey, plan.bkey, out[i], n_sink, cfg)
         if cfg.anchor_group:
             _apply_anchors(out[i][:, n_sink:], cfg.anchor_group)
     return out[0].view(np.float16), out[1].view(np.float16)
@@ -311,7 +395,9 @@ def _take_words(reader: container.Reader, counts: list[np.ndarray]) -> list[np.n
 
 
 def _run_decode(be, words, counts, ent, bank, dq, akey, bkey, out, t0, cfg) -> None:
-    if not be.decode(words, counts, ent, bank.fc, bank.lut, np.ascontiguousarray(dq), akey, bkey,
+    # A GPU backend copies the tables once and keeps them: it gets every row.
+    ent, fc, lut = (ent, bank.fc, bank.lut) if be.name == "cuda" else bank.decoder_tables(ent)
+    if not be.decode(words, counts, ent, fc, lut, np.ascontiguousarray(dq), akey, bkey,
                      out, t0, cfg.lanes, cfg.states):
         raise CodecError("codec blob stream is corrupt (rANS check failed)")
 
@@ -320,22 +406,26 @@ def peek(blob: bytes) -> BlobInfo:
     """Header facts of a blob (level, shapes, sizes) without decoding or checksumming it."""
     h = container.peek(blob)
     return BlobInfo(h.config.name, h.config.get_config(), h.n_layer, h.n_tokens, h.channels,
-                    h.first_token, len(blob), container.FORMAT_VERSION)
+                    h.first_token, len(blob), h.version,
+                    h.config.calibration[0] if h.config.calibration else None)
 
 
 def encode_chunks(keys: np.ndarray, values: np.ndarray,
                   level: str | CodecConfig | dict = "balanced", *, chunk_tokens: int = 256,
-                  first_token: int = 0, backend=None) -> list[bytes]:
+                  first_token: int = 0, backend=None, calibration: Calibration | None = None,
+                  part: int = 0) -> list[bytes]:
     """Split the tokens into chunks of chunk_tokens (the last may be shorter) and encode each."""
     _check_input(keys, values)
     if not (isinstance(chunk_tokens, int) and chunk_tokens >= 1):
         raise CodecError(f"chunk_tokens must be a positive int, not {chunk_tokens!r}")
     return [encode(keys[:, i:i + chunk_tokens], values[:, i:i + chunk_tokens], level,
-                   first_token=first_token + i, backend=backend)
+                   first_token=first_token + i, backend=backend, calibration=calibration,
+                   part=part)
             for i in range(0, keys.shape[1], chunk_tokens)]
 
 
-def decode_chunks(blobs: list[bytes], *, backend=None) -> tuple[np.ndarray, np.ndarray]:
+def decode_chunks(blobs: list[bytes], *, backend=None,
+                  calibrations: Resolver | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Decode consecutive chunk blobs and join them along the token axis."""
     if not blobs:
         raise CodecError("no chunk blobs to decode")
@@ -351,6 +441,7 @@ def decode_chunks(blobs: list[bytes], *, backend=None) -> tuple[np.ndarray, np.n
     at = 0
     for blob, info in zip(blobs, infos, strict=True):
         span = slice(at, at + info.n_tokens)
-        decode(blob, out=(keys[:, span], values[:, span]), backend=backend)
+        decode(blob, out=(keys[:, span], values[:, span]), backend=backend,
+               calibrations=calibrations)
         at += info.n_tokens
     return keys, values

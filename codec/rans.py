@@ -266,7 +266,7 @@ def decode(words, counts, ent, fc, lut, dq, akey, bkey, out, t0, lanes, states):
             at[3 * j + 2] = (layer * n_a * n_b + bkey[c0 + j]) * width
         tables = (at, words, lut, fc, dq, tok_dq)
         if channel_major:
-            tile = np.empty((1, tok_dq.size, nl), np.uint16)
+            tile = np.empty((1, tok_dq.size, nl), out.dtype)
             p = _decode_group(x, p, end - 1, tables, tile, 0, 0, 0, nl)
             dst = out[layer, t0:t0 + tok_dq.size, c0:c0 + nl]
             for j in range(nl):

@@ -10,10 +10,32 @@ from __future__ import annotations
 
 import numpy as np
 
-from .tables import PROB_BITS
+from .tables import PROB_BITS, RHO_2POW20, normalize
 
 RANS_LOW = 1 << 16
 SLOT_MASK = (1 << PROB_BITS) - 1
+
+
+def codebook_freq(nsym: int) -> np.ndarray:
+    """The codebook for an alphabet of nsym symbols, the format's definition: [E, nsym].
+
+    Entry k * N_RHO + j is centred at k / 2 with width RHO_2POW20[j]. Weights are powers of
+    an exact binary fraction computed by repeated multiplication (exactly rounded, so the
+    same on every machine), relative to the largest so that none underflows at the centre.
+    """
+    top = (2 * nsym) ** 2
+    powers = []
+    for num in RHO_2POW20:
+        rho, acc = num / (1 << 20), [1.0]
+        for _ in range(top):
+            acc.append(acc[-1] * rho)
+        powers.append(acc)
+    freqs = []
+    for k in range(2 * nsym - 1):
+        exps = [(2 * s - k) ** 2 - k % 2 for s in range(nsym)]
+        for acc in powers:
+            freqs.append(normalize([acc[e] for e in exps], every=True))
+    return np.stack(freqs)
 
 
 def any_nonfinite(bits: np.ndarray) -> bool:

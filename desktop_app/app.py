@@ -125,7 +125,8 @@ class App:
         return Engine(self.store, self.new_runtime, model_path=str(self.model_path),
                       default_budget_ms=s.restore_budget_ms, remote=self.remote,
                       auto_push=s.remote_auto_push, auto_pull=s.remote_auto_pull,
-                      min_cache_tokens=s.prompt_cache_min_tokens)
+                      min_cache_tokens=s.prompt_cache_min_tokens,
+                      blend_fraction=s.blend_recompute, generation_defaults=s.generation)
 
     @cached_property
     def local_api(self):
@@ -150,6 +151,10 @@ class App:
             "sliding_window": lay.n_swa,
             "flash_attn": self.flash_attn[0],
             "flash_attn_reason": self.flash_attn[1],
+            # What an answer is sampled with unless asked otherwise, and where each value is
+            # from; then what in the model file's recommendation was unusable.
+            "sampling": self.engine.sampling().as_dict(),
+            "sampling_notes": rt.model_sampling_notes,
         }
 
     def close(self) -> None:

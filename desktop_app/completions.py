@@ -106,20 +106,21 @@ class Completions:
                 if stops.feed(text):
                     stopped.set()  # the generation ends after this token
 
-            generated, _, ttft = stream_answer(rt, generation, t0, token,
-                                               _Either(cancel, stopped))
+            sampling = s.sampling(generation).options
+            out = stream_answer(rt, sampling, t0, token, _Either(cancel, stopped))
+            generated, ttft = out.tokens, out.ttft
             text = stops.finish()
             if stopped.is_set():
                 finish = "stop"
             elif cancel is not None and cancel.is_set():
                 finish = "cancelled"
-            else:
-                finish = "length" if len(generated) >= generation.max_tokens else "stop"
+            else:  # ended, ran to max_tokens, or stopped going round in circles (said)
+                finish = "length" if len(generated) >= sampling.max_tokens else "stop"
             cached = report.tokens - report.recomputed_tokens
             kept, notes = s.sharing.keep()
             result = Completion(text, finish, len(prompt), len(generated),
                                 round(ttft if ttft is not None else time.perf_counter() - t0, 4),
-                                report, cached, False, [*report.messages, *notes])
+                                report, cached, False, [*report.messages, *notes, *out.notes])
             if on_answered:
                 on_answered(result)
             stored = kept and self._store(rt, turn, text)

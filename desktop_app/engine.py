@@ -8,6 +8,8 @@ assembles the parts and hands each call to the one that owns it:
     contexts    the model contexts, one per role (chat, attach), loaded on first use
     attaching   extract, prefill once, encode and store a document's KV
     sessions    the chat context: bring a chat in, ask, prepare, reopen, regenerate
+    blending    a chat over several documents from their own caches, moved into place
+    exactness   the exact context of a blended chat, computed in the background
     completions a client's whole conversation answered with the persistent prompt cache
     kvcache     a context's KV captured, encoded at every level and stored
     streaming   stored chunks back into the model, a level chosen per chunk
@@ -29,6 +31,7 @@ from . import repair, speeds
 from .attaching import Attacher
 from .completions import Completions
 from .contexts import CHAT, Contexts
+from .exactness import Exactness
 from .kvcache import KVCache
 from .levels import DEFAULT_LEVELS, check_levels, quality_order
 from .library import Library
@@ -46,7 +49,9 @@ from .results import (
     RestoreReport,
 )
 from .runtime import Runtime
+from .sampling import Sampling
 from .sessions import ChatSession
+from .settings import DEFAULT_BLEND_FRACTION
 from .sharing import Sharing
 
 
@@ -65,6 +70,8 @@ class Engine:
         auto_push: bool = False,
         auto_pull: bool = True,
         min_cache_tokens: int = 1024,
+        blend_fraction: float = DEFAULT_BLEND_FRACTION,
+        generation_defaults: GenerationOptions = GenerationOptions(),
     ):
         check_levels(levels)
         self.store = store
@@ -84,12 +91,27 @@ class Engine:
         self.session = ChatSession(store, self.contexts, self.library, kv, self.sharing,
                                    self.prompter, self.speeds, levels=self._levels,
                                    chunk_tokens=chunk_tokens,
-                                   default_budget_ms=default_budget_ms)
+                                   default_budget_ms=default_budget_ms,
+                                   blend_fraction=blend_fraction,
+                                   generation_defaults=generation_defaults)
         self.completions = Completions(self.session, min_cache_tokens=min_cache_tokens)
+        self.exactness = Exactness(
+            self.contexts, kv, self.library, self.prompter, chat_lock=self.session.lock,
+            attach_lock=self.attacher.lock, conversation=self.session.conversation,
+            on_exact=self.session.exact_stored)
+        self.session.request_exact = self.exactness.request
 
     @property
     def levels(self) -> tuple[str, ...]:
         return self._levels
+
+    @property
+    def generation_defaults(self) -> GenerationOptions:
+        return self.session.generation_defaults
+
+    @generation_defaults.setter
+    def generation_defaults(self, values: GenerationOptions) -> None:
+        self.session.generation_defaults = values  # the next answer uses them
 
     @property
     def runtime(self) -> Runtime:
@@ -104,6 +126,7 @@ class Engine:
         self.contexts.warm_up()
 
     def close(self) -> None:
+        self.exactness.close()
         self.sharing.abandon()
         self.contexts.close()
 
@@ -181,6 +204,11 @@ class Engine:
     def estimate(self, *, chat_id: int | None = None,
                  doc_ids: Sequence[int] = ()) -> RestoreEstimate:
         return self.session.estimate(chat_id=chat_id, doc_ids=doc_ids)
+
+    def sampling(self, generation: GenerationOptions = GenerationOptions()) -> Sampling:
+        """What an answer asked with `generation` is sampled with, each value with the layer
+        it comes from (`kvdesk info` shows it)."""
+        return self.session.sampling(generation)
 
     def complete(self, messages: Sequence[dict], **options) -> Completion:
         """Answer a client's whole conversation with the persistent prompt cache (the local

@@ -25,6 +25,12 @@ class FairLock:
         with self._cond:
             return len(self._queue)
 
+    @property
+    def busy(self) -> bool:
+        """Held, or wanted: what a background job yields to."""
+        with self._cond:
+            return self._owner is not None or bool(self._queue)
+
     def acquire(self) -> bool:
         me = threading.get_ident()
         with self._cond:

@@ -80,11 +80,20 @@ class Library:
         return out
 
     def chats(self) -> list[ChatInfo]:
-        """Every chat, the most recently updated first."""
+        """Every chat, the most recently updated first. A chat over several documents that
+        has answered is "exact" once its own cache is stored (blended answers never are: the
+        exact context is computed in the background), "blended" until then."""
         counts = self.store.message_counts()
         docs = self.store.chat_document_ids()
+        cached = {e.chat_id for e in self.store.entries() if e.chat_id is not None}
+
+        def mode(chat_id: int) -> str | None:
+            if len(docs.get(chat_id, [])) < 2 or not counts.get(chat_id):
+                return None
+            return "exact" if chat_id in cached else "blended"
+
         return [ChatInfo(c.id, c.title, docs.get(c.id, []), counts.get(c.id, 0), c.created,
-                         c.updated) for c in self.store.chats()]
+                         c.updated, mode(c.id)) for c in self.store.chats()]
 
     def messages(self, chat_id: int) -> list[MessageInfo]:
         self.chat(chat_id)

@@ -1,9 +1,9 @@
 """What a caller may ask of a restore and of an answer: immutable values with their ranges.
 
-Declared once (pydantic, through `validation`), so the CLI's options, the local API's request
-fields and the engine's keyword arguments obey the same rules: a negative budget or token
-count is refused with the same message wherever it comes from. A leaf: every front end and
-every layer of the engine imports these without importing anything heavier.
+Declared once (pydantic, through `validation`), so the CLI's options, the settings file, the
+local API's request fields and the engine's keyword arguments obey the same rules: a negative
+budget or token count is refused with the same message wherever it comes from. A leaf: every
+front end and every layer of the engine imports these without importing anything heavier.
 """
 
 from __future__ import annotations
@@ -30,16 +30,39 @@ class RestoreOptions(pydantic.BaseModel):
     no_cache: bool = False  # recompute everything from text: the baseline
 
 
-
 class GenerationOptions(pydantic.BaseModel):
-    """How an answer is generated."""
+    """How an answer is generated: llama.cpp's sampler chain (penalties, top-k, top-p, min-p,
+    temperature) and the answer's length. Named as the OpenAI API and llama.cpp's server
+    name them, so a request maps onto these fields one to one.
+
+    A field left None is not set here: it comes from the next layer down, in the order
+    `sampling.resolve` applies (a request or flag, then the settings file, then the model
+    file's recommendation, then kvdesk's measured defaults). `description` is the help text
+    every front end shows.
+    """
 
     model_config = STRICT
 
-    max_tokens: int = Field(512, ge=1, le=1 << 20)
-    temperature: float = Field(0.0, ge=0, le=10)  # 0: greedy, the same answer every time
-    seed: int | None = Field(None, ge=0, lt=1 << 32)  # with a temperature above 0
-
+    max_tokens: int | None = Field(None, ge=1, le=1 << 20,
+                                   description="Longest answer, in tokens.")
+    temperature: float | None = Field(None, ge=0, le=10, description=(
+        "Sampling temperature; 0: greedy, the most likely token every time."))
+    top_k: int | None = Field(None, ge=0, le=1 << 20, description=(
+        "Sample among the k most likely tokens; 0: off."))
+    top_p: float | None = Field(None, gt=0, le=1, description=(
+        "Sample among the most likely tokens whose probabilities add up to p; 1: off."))
+    min_p: float | None = Field(None, ge=0, le=1, description=(
+        "Drop tokens less likely than min_p times the most likely one; 0: off."))
+    repeat_penalty: float | None = Field(None, gt=0, le=10, description=(
+        "Make tokens seen in the last repeat_last_n tokens this much less likely; 1: off."))
+    repeat_last_n: int | None = Field(None, ge=-1, le=1 << 20, description=(
+        "How many of the last tokens the penalties look at; 0: off, -1: the whole context."))
+    presence_penalty: float | None = Field(None, ge=-2, le=2, description=(
+        "Subtracted from the logit of every token seen in that window; 0: off."))
+    frequency_penalty: float | None = Field(None, ge=-2, le=2, description=(
+        "Subtracted once per occurrence of a token in that window; 0: off."))
+    seed: int | None = Field(None, ge=0, lt=1 << 32, description=(
+        "Seed of the sampler: the same answer every time (default: a new one each time)."))
 
 
 class GcOptions(pydantic.BaseModel):

@@ -91,6 +91,11 @@ class Prompter:
 
     def chat(self, tpl: Template, docs: Sequence[Document]) -> tuple[list[dict], list[int]]:
         """A chat's messages and tokens before its first question."""
+        layout = self.layout(tpl, docs)
+        return list(layout.messages), list(layout.tokens)
+
+    def layout(self, tpl: Template, docs: Sequence[Document]) -> Layout:
+        """A chat's prefix, with each document's part of it."""
         first = self.prefix(tpl, docs[0] if docs else None)
         return chat_prefix(tpl, first, [(d.title, d.text) for d in docs[1:]], self.room(tpl))
 
@@ -112,12 +117,23 @@ def document_prefix(tpl: Template, document: tuple[str, str] | None, room: int) 
     return Prefix(msgs, text, tuple(tokens), total, kept)
 
 
+@dataclass(frozen=True)
+class Layout:
+    """A chat's prefix: its messages and tokens, and which tokens are which document's."""
+
+    messages: tuple[dict, ...]
+    tokens: tuple[int, ...]
+    parts: tuple[tuple[int, int], ...]  # per document kept: its [start, end) in `tokens`
+    left_out: int = 0  # documents that did not fit at all
+
+
 def chat_prefix(tpl: Template, first: Prefix, more: Sequence[tuple[str, str]],
-                room: int) -> tuple[list[dict], list[int]]:
-    """A chat's messages and tokens before its first question: `first` (the first document's
-    prefix, the one attach cached), then each further (title, text) document as a system
-    message of its own, cut to fit `room` tokens in all; one that cannot fit is left out."""
+                room: int) -> Layout:
+    """A chat's prefix before its first question: `first` (the first document's prefix, the
+    one attach cached), then each further (title, text) document as a system message of its
+    own, cut to fit `room` tokens in all; one that cannot fit is left out."""
     msgs, tokens = list(first.messages), list(first.tokens)
+    parts, left_out = [(0, len(tokens))], 0
     for title, body in more:
         before = tpl.render_chat(msgs, add_generation_prompt=False)
 
@@ -128,8 +144,11 @@ def chat_prefix(tpl: Template, first: Prefix, more: Sequence[tuple[str, str]],
 
         (added, delta), _, kept = fit(tpl, body, build, room - len(tokens))
         if kept:
+            parts.append((len(tokens), len(tokens) + len(delta)))
             msgs, tokens = added, tokens + delta
-    return msgs, tokens
+        else:
+            left_out += 1
+    return Layout(tuple(msgs), tuple(tokens), tuple(parts), left_out)
 
 
 def question_turn(tpl: Template, messages: Sequence[dict], question: str) -> Turn:

@@ -38,6 +38,10 @@ class EngineAPI(Protocol):
     cancellation go through callbacks and a threading.Event; errors a user can act on are
     those `desktop_app.errors.is_user_error` recognizes."""
 
+    # The settings file's generation values: what an ask's `generation` leaves unset comes
+    # from them, then from the model file and kvdesk's defaults. Set it when they change.
+    generation_defaults: GenerationOptions
+
     @property
     def levels(self) -> tuple[str, ...]:
         """The codec levels documents are stored at, best quality first."""

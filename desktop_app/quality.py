@@ -1,6 +1,6 @@
 """How well a compressed KV cache answers like the exact one: `kvdesk eval` as a Python API.
 
-Method (../shared/notes/quality-baselines.md): prefill the first N tokens of a text exactly
+Method (benchmarks/RESULTS.md, "Quality"): prefill the first N tokens of a text exactly
 (f16 cache), keep the state; then for each configuration load that prefix's KV as the
 configuration would deliver it (codec levels: encoded in the engine's 256-token chunks and
 decoded; `fp16`: the exact state through the bridge; llama.cpp's `q8_0`/`q4_0`: the prefix
@@ -28,37 +28,50 @@ change there is. On models with quantized weights llama.cpp's CPU matmuls round 
 move by a fixed amount: on SmolLM2-135M Q4_1 this floor is KLD ~0.003, most of q8_0's 0.0037
 (benchmarks/RESULTS.md, "The high-rate floor"). A configuration's loss is its KLD above it.
 
+Codec levels are the model's calibrated ones when a `codec.Calibration` is given (its level
+names, e.g. "high"), else the model-independent defaults (`codec.levels()`, also reachable as
+"default-high" etc. beside a calibration). `contracts` says whether each calibrated level
+keeps its promise on the text: `high` KLD <= KLD(q8_0) + KLD(fp16-ulp), `balanced` top-1 >=
+top-1(q8_0) - 0.03, `compact` top-1 >= top-1(q8_0) - 0.08.
+
 Sliding-window (iSWA) models are handled section by section (`kvstate.parse_seq_sections`).
-This module measures only: it must never write files, touch the store, or change the codec.
+Every context is a `runtime.Runtime`. This module measures only: it must never write files,
+touch the store, or change the codec.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import llama_cpp
 import numpy as np
-from llama_cpp import _internals
 
 import codec
-from store import DEFAULT_CHUNK_SIZE as DEFAULT_CHUNK_TOKENS
+from store import DEFAULT_CHUNK_SIZE
 
 from . import kvstate
+from .runtime import Runtime
 
 REFERENCE = "fp16"
 FLOOR = "fp16-ulp"
 FLOOR_FRACTION = 1e-4
-# llama.cpp's own KV cache types: (ggml type, bits per element: 32-value blocks + fp16 scale).
-NATIVE_TYPES = {"q8_0": (llama_cpp.GGML_TYPE_Q8_0, 8.5), "q4_0": (llama_cpp.GGML_TYPE_Q4_0, 4.5)}
+# llama.cpp's own KV cache types, with their bits per element (32-value blocks + fp16 scale).
+NATIVE_TYPES = {"q8_0": 8.5, "q4_0": 4.5}
 DEFAULT_CONFIGS = ("fp16", FLOOR, "q8_0", "q4_0", "cachegen-1", "cachegen-2", "cachegen-3", "high",
                    "balanced", "compact")
-BATCH = 512
-# Rows of logits turned into log-probabilities at a time: Gemma's vocabulary is 262,144 wide.
-ROW_BLOCK = 16
+DEFAULT_PREFIX = "default-"  # "default-high": the uncalibrated level beside a calibrated one
+CHUNK_TOKENS = DEFAULT_CHUNK_SIZE  # the engine's chunks
+# A level's promise, relative to llama.cpp's q8_0 KV on the same model and text.
+CONTRACTS = {
+    "high": ("kld", "KLD <= KLD(q8_0) + KLD(fp16-ulp)",
+             lambda q8, floor: q8["kld"] + floor["kld"]),
+    "balanced": ("top1", "top-1 >= top-1(q8_0) - 0.03", lambda q8, floor: q8["top1"] - 0.03),
+    "compact": ("top1", "top-1 >= top-1(q8_0) - 0.08", lambda q8, floor: q8["top1"] - 0.08),
+}
+# What the evaluation's own runtimes are keyed by: they never store or load a cache.
+UNHASHED = "unhashed-evaluation"
 
 Config = str | dict
 
@@ -79,33 +92,61 @@ def evaluate(
     cont_tokens: int = 256,
     configs: Iterable[Config] = DEFAULT_CONFIGS,
     greedy_tokens: int = 64,
+    calibration: codec.Calibration | None = None,
     on_row: Callable[[dict], None] | None = None,
 ) -> dict:
-    """Measure every configuration on `text`; the `kvdesk eval --json` document."""
+    """Measure every configuration on `text`; the `kvdesk eval --json` document.
+
+    With the fp16-ulp and q8_0 rows and levels of `CONTRACTS` among the configs, "contracts"
+    says whether each level met its promise on this text."""
     configs = list(configs)
     for c in configs:
-        check_config(c)
+        check_config(c, calibration)
     with Evaluator(model_path, text, prefix_tokens=prefix_tokens, cont_tokens=cont_tokens,
-                   greedy_tokens=greedy_tokens) as ev:
+                   greedy_tokens=greedy_tokens, calibration=calibration) as ev:
         rows = []
         for c in configs:
             rows.append(ev.row(c))
             if on_row is not None:
                 on_row(rows[-1])
-    return {"model": Path(model_path).name, "prefix_tokens": prefix_tokens,
-            "cont_tokens": cont_tokens, "rows": rows}
+    report = {"model": Path(model_path).name, "prefix_tokens": prefix_tokens,
+              "cont_tokens": cont_tokens, "rows": rows}
+    if calibration is not None:
+        report["calibration"] = calibration.id
+    verdicts = contracts(rows)
+    if verdicts:
+        report["contracts"] = verdicts
+    return report
 
 
-def check_config(config: Config) -> None:
+def contracts(rows: Sequence[dict]) -> dict[str, dict]:
+    """{level: {"contract", "target", "value", "met"}} for the rows of contract levels, given
+    the q8_0 and fp16-ulp rows among `rows` ({} without them)."""
+    by = {r["config"]: r for r in rows}
+    if "q8_0" not in by or FLOOR not in by:
+        return {}
+    out = {}
+    for level, (metric, text, target) in CONTRACTS.items():
+        if level in by:
+            goal = target(by["q8_0"], by[FLOOR])
+            value = by[level][metric]
+            met = value <= goal if metric == "kld" else value >= goal
+            out[level] = {"contract": text, "target": goal, "value": value, "met": bool(met)}
+    return out
+
+
+def check_config(config: Config, calibration: codec.Calibration | None = None) -> None:
     """Refuse an unknown configuration before any model work starts."""
     if isinstance(config, dict):
         try:
             codec.CodecConfig.from_config(config)
         except codec.CodecError as e:
             raise EvalError(str(e)) from e
-    elif config not in (REFERENCE, FLOOR) and config not in NATIVE_TYPES \
-            and config not in codec.levels():
-        known = [REFERENCE, FLOOR, *NATIVE_TYPES, *codec.levels()]
+        return
+    known = [REFERENCE, FLOOR, *NATIVE_TYPES, *codec.levels()]
+    if calibration is not None:
+        known += calibration.level_names + [DEFAULT_PREFIX + n for n in codec.levels()]
+    if config not in known:
         raise EvalError(f"unknown configuration {config!r}; known: {', '.join(known)}")
 
 
@@ -126,6 +167,25 @@ def nudge(a: np.ndarray, positions: np.ndarray, rng: np.random.Generator,
     return out
 
 
+def floor_state(seq: kvstate.SeqState) -> kvstate.SeqState:
+    """The fp16-ulp row's state: `nudge` on every section, with a fixed seed."""
+    rng = np.random.default_rng(0)
+    return kvstate.SeqState([kvstate.KVState(
+        nudge(kv.keys, kv.positions, rng), nudge(kv.values, kv.positions, rng), kv.positions,
+        kv.v_trans, kv.seq_id) for kv in seq.sections], seq.seq_id)
+
+
+def greedy(rt: Runtime, n: int) -> list[int]:
+    """n argmax tokens after what the context holds (no stop at end of generation)."""
+    out: list[int] = []
+    if n:
+        rt.ensure_logits()
+    for _ in range(n):
+        out.append(int(np.argmax(rt.logits())))
+        rt.prefill(out[-1:])
+    return out
+
+
 @dataclass
 class _Reference:
     state: bytes
@@ -137,31 +197,41 @@ class _Reference:
 class Evaluator:
     """The exact run of one text, computed once, against which configurations are scored.
 
-    Keeps one f16 context for the reference and every codec configuration; natively quantized
-    caches get their own context (and their own prefill) when asked for.
+    Keeps one f16 runtime for the reference and every codec configuration; natively quantized
+    caches get their own runtime (and their own prefill) when asked for.
     """
 
-    def __init__(self, model_path: str | Path, text: str, *, prefix_tokens: int = 2048,
-                 cont_tokens: int = 256, greedy_tokens: int = 64, n_threads: int | None = None):
+    def __init__(self, model_path: str | Path, text: str | None = None, *,
+                 prefix_tokens: int = 2048, cont_tokens: int = 256, greedy_tokens: int = 64,
+                 n_threads: int | None = None, calibration: codec.Calibration | None = None,
+                 tokens: Sequence[int] | None = None, flash_attn: bool = True):
         self.model_path = Path(model_path)
         self.n_threads = n_threads or os.cpu_count() or 1
         self.prefix_tokens, self.cont_tokens = prefix_tokens, cont_tokens
         self.greedy_tokens = greedy_tokens
+        self.calibration = calibration
+        self.flash_attn = flash_attn
         self.n_ctx = prefix_tokens + max(cont_tokens, greedy_tokens) + 8
-        self.exact = _Context(self.model_path, self.n_ctx, llama_cpp.GGML_TYPE_F16,
-                              self.n_threads)
+        self.exact = self.runtime("f16")
         try:
-            tokens = self.exact.llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)
+            if tokens is None:
+                tokens = self.exact.tokenize(text, add_bos=True, special=False)
             need = prefix_tokens + cont_tokens + 1
             if prefix_tokens < 1 or cont_tokens < 1 or len(tokens) < need:
                 raise EvalError(f"the text has {len(tokens)} tokens; {need} are needed "
                                 f"({prefix_tokens} prefix + {cont_tokens} continuation + 1)")
-            self.prefix = tokens[:prefix_tokens]
-            self.cont = tokens[prefix_tokens : prefix_tokens + cont_tokens + 1]
+            self.prefix = list(tokens[:prefix_tokens])
+            self.cont = list(tokens[prefix_tokens : prefix_tokens + cont_tokens + 1])
             self.reference = self._reference()
+            self.seq_state = kvstate.parse_seq_sections(self.reference.state)
         except BaseException:
             self.close()
             raise
+
+    def runtime(self, cache_type: str) -> Runtime:
+        return Runtime(self.model_path, model_hash=UNHASHED, n_ctx=self.n_ctx,
+                       flash_attn=self.flash_attn, cache_type=cache_type,
+                       n_threads=self.n_threads)
 
     def __enter__(self) -> Evaluator:
         return self
@@ -172,57 +242,63 @@ class Evaluator:
     def close(self) -> None:
         self.exact.close()
 
-    @property
-    def seq_state(self) -> kvstate.SeqState:
-        return kvstate.parse_seq_sections(self.reference.state)
-
     def _reference(self) -> _Reference:
-        ctx = self.exact
-        ctx.prefill(self.prefix)
-        state = ctx.state()
-        ctx.load(state)
-        logprobs = ctx.score(self.cont[:-1], len(self.prefix))
-        ctx.load(state)
-        greedy = ctx.greedy(self.prefix, self.greedy_tokens)
-        return _Reference(state, logprobs, np.array(self.cont[1:]), greedy)
+        rt = self.exact
+        rt.reset()
+        rt.prefill(self.prefix)
+        state = rt.state_bytes()
+        logprobs, tokens = self._score(rt, state)
+        return _Reference(state, logprobs, np.array(self.cont[1:]), tokens)
+
+    def _score(self, rt: Runtime, state: bytes) -> tuple[np.ndarray, list[int]]:
+        """Load `state` into `rt` (a cleared cache: the same cell placement for every row),
+        score the continuation, then decode greedily from the prefix."""
+        rt.restore_bytes(state, self.prefix)
+        logprobs = rt.score(self.cont[:-1])
+        # Scoring moved the cache past the prefix; a sliding-window cache cannot be cut back.
+        rt.restore_bytes(state, self.prefix)
+        return logprobs, greedy(rt, self.greedy_tokens)
 
     def row(self, config: Config) -> dict:
         """One configuration's measurements: the row of `kvdesk eval --json`."""
-        check_config(config)
+        check_config(config, self.calibration)
         if isinstance(config, str) and config in NATIVE_TYPES:
-            ggml_type, bits = NATIVE_TYPES[config]
-            ctx = _Context(self.model_path, self.n_ctx, ggml_type, self.n_threads)
+            rt = self.runtime(config)
             try:
-                ctx.prefill(self.prefix)
-                return self._measure(config, bits, ctx, ctx.state())
+                rt.prefill(self.prefix)
+                return self._measure(config, NATIVE_TYPES[config], rt, rt.state_bytes())
             finally:
-                ctx.close()
+                rt.close()
         if config in (REFERENCE, FLOOR):
-            seq = self.seq_state
-            if config == FLOOR:
-                rng = np.random.default_rng(0)
-                seq = kvstate.SeqState([kvstate.KVState(
-                    nudge(kv.keys, kv.positions, rng), nudge(kv.values, kv.positions, rng),
-                    kv.positions, kv.v_trans, kv.seq_id) for kv in seq.sections], seq.seq_id)
-            state = kvstate.build_seq_sections(seq)
-            bits = 16.0
-        else:
-            state, bits = self.compressed_state(config)
-        return self._measure(config_name(config), bits, self.exact, state)
+            seq = floor_state(self.seq_state) if config == FLOOR else self.seq_state
+            return self.measure_state(config, kvstate.build_seq_sections(seq), 16.0)
+        state, bits = self.compressed_state(config)
+        return self.measure_state(config_name(config), state, bits)
+
+    def level(self, config: Config, part: int) -> codec.CodecConfig:
+        """The codec config a configuration names, for a part (section) of the KV."""
+        cal = self.calibration
+        if isinstance(config, str):
+            if cal is not None and config in cal.level_names:
+                return cal.config(config, part)
+            return codec.levels()[config.removeprefix(DEFAULT_PREFIX)]
+        return codec.CodecConfig.from_config(config)
 
     def compressed_state(self, config: Config) -> tuple[bytes, float]:
         """The exact state after a codec round trip, and the codec's bits per element."""
         seq = self.seq_state
         out, nbytes, elements = [], 0, 0
-        for kv in seq.sections:
+        for part, kv in enumerate(seq.sections):
             # Chunks are runs of consecutive positions, as the engine stores a document; the
             # sliding-window section of an iSWA cache starts mid-document (no sink tokens).
             order = np.argsort(kv.positions, kind="stable")
+            level = self.level(config, part)
             blobs = codec.encode_chunks(
                 np.ascontiguousarray(kv.keys[:, order]),
-                np.ascontiguousarray(kv.values[:, order]), config,
-                chunk_tokens=DEFAULT_CHUNK_TOKENS, first_token=int(kv.positions[order[0]]))
-            keys, values = codec.decode_chunks(blobs)
+                np.ascontiguousarray(kv.values[:, order]), level, chunk_tokens=CHUNK_TOKENS,
+                first_token=int(kv.positions[order[0]]), calibration=self.calibration)
+            resolver = {self.calibration.id: self.calibration} if self.calibration else None
+            keys, values = codec.decode_chunks(blobs, calibrations=resolver)
             back_k, back_v = np.empty_like(kv.keys), np.empty_like(kv.values)
             back_k[:, order], back_v[:, order] = keys, values
             out.append(kvstate.KVState(back_k, back_v, kv.positions, kv.v_trans, kv.seq_id))
@@ -239,101 +315,17 @@ class Evaluator:
         """Score any state of the prefix (e.g. KV altered by an experiment)."""
         return self._measure(name, bits, self.exact, state)
 
-    def _measure(self, name: str, bits: float, ctx: _Context, state: bytes) -> dict:
-        """Load `state` into `ctx`, score the continuation, then decode greedily."""
+    def _measure(self, name: str, bits: float, rt: Runtime, state: bytes) -> dict:
         ref = self.reference
-        ctx.load(state)
-        logprobs = ctx.score(self.cont[:-1], len(self.prefix))
+        logprobs, tokens = self._score(rt, state)
         kld = top1 = nll = 0.0
-        for i in range(0, len(logprobs), ROW_BLOCK):
-            p_ref = ref.logprobs[i : i + ROW_BLOCK].astype(np.float64)
-            p = logprobs[i : i + ROW_BLOCK].astype(np.float64)
+        for i in range(0, len(logprobs), 16):
+            p_ref = ref.logprobs[i : i + 16].astype(np.float64)
+            p = logprobs[i : i + 16].astype(np.float64)
             kld += float((np.exp(p_ref) * (p_ref - p)).sum())
             top1 += int((p_ref.argmax(1) == p.argmax(1)).sum())
-            nll -= float(p[np.arange(len(p)), ref.targets[i : i + ROW_BLOCK]].sum())
+            nll -= float(p[np.arange(len(p)), ref.targets[i : i + 16]].sum())
         n = len(logprobs)
-        # Scoring moved the cache past the prefix; a sliding-window cache cannot be cut back.
-        ctx.load(state)
-        greedy = ctx.greedy(self.prefix, self.greedy_tokens)
         return {"config": name, "bits_per_element": round(bits, 4), "kld": kld / n,
                 "top1": top1 / n, "ppl": float(np.exp(nll / n)),
-                "greedy_match": greedy == ref.greedy}
-
-
-class _Context:
-    """A llama.cpp context of one sequence, driven through the low-level API.
-
-    Positions and cache contents are managed here explicitly; the Llama object's own token
-    bookkeeping is not used.
-    """
-
-    def __init__(self, model_path: Path, n_ctx: int, cache_type: int, n_threads: int,
-                 flash_attn: bool = True):
-        self.llm = llama_cpp.Llama(
-            model_path=str(model_path), n_ctx=n_ctx, n_batch=BATCH, n_threads=n_threads,
-            n_threads_batch=n_threads, flash_attn=flash_attn, type_k=cache_type,
-            type_v=cache_type, verbose=False)
-        self.ctx = self.llm._ctx
-        self.n_vocab = self.llm.n_vocab()
-        self.batch = _internals.LlamaBatch(n_tokens=BATCH, embd=0, n_seq_max=1)
-        self.n_past = 0
-
-    def close(self) -> None:
-        self.batch.close()
-        self.llm.close()
-
-    def _decode(self, tokens: Sequence[int], all_logits: bool) -> None:
-        self.batch.set_batch(tokens, self.n_past, all_logits)
-        self.ctx.decode(self.batch)
-        self.n_past += len(tokens)
-
-    def _logits(self, n: int) -> np.ndarray:
-        ptr = llama_cpp.llama_get_logits(self.ctx.ctx)
-        return np.ctypeslib.as_array(ptr, shape=(n, self.n_vocab))
-
-    def prefill(self, tokens: Sequence[int]) -> None:
-        self.ctx.kv_cache_clear()
-        self.n_past = 0
-        for i in range(0, len(tokens), BATCH):
-            self._decode(tokens[i : i + BATCH], all_logits=False)
-
-    def state(self) -> bytes:
-        size = llama_cpp.llama_state_seq_get_size(self.ctx.ctx, 0)
-        buf = (ctypes.c_uint8 * size)()
-        if llama_cpp.llama_state_seq_get_data(self.ctx.ctx, buf, size, 0) != size:
-            raise RuntimeError("llama.cpp did not write the whole sequence state")
-        return bytes(buf)
-
-    def load(self, state: bytes) -> None:
-        self.ctx.kv_cache_clear()
-        buf = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
-        if llama_cpp.llama_state_seq_set_data(self.ctx.ctx, buf, len(state), 0) != len(state):
-            raise RuntimeError("llama.cpp refused the sequence state")
-
-    def score(self, tokens: Sequence[int], n_past: int) -> np.ndarray:
-        """Log-probabilities after each of `tokens`, evaluated after the first n_past."""
-        self.ctx.kv_cache_seq_rm(0, n_past, -1)
-        self.n_past = n_past
-        out = np.empty((len(tokens), self.n_vocab), np.float32)
-        for i in range(0, len(tokens), BATCH):
-            piece = tokens[i : i + BATCH]
-            self._decode(piece, all_logits=True)
-            logits = self._logits(len(piece))
-            for j in range(0, len(piece), ROW_BLOCK):
-                x = logits[j : j + ROW_BLOCK] - logits[j : j + ROW_BLOCK].max(1, keepdims=True)
-                out[i + j : i + j + len(x)] = x - np.log(np.exp(x).sum(1, keepdims=True))
-        return out
-
-    def greedy(self, prefix: Sequence[int], n: int) -> list[int]:
-        """n argmax tokens after the loaded prefix, its last token re-evaluated for logits."""
-        self.ctx.kv_cache_seq_rm(0, len(prefix) - 1, -1)
-        self.n_past = len(prefix) - 1
-        return self._greedy_from(prefix[-1], n)
-
-    def _greedy_from(self, token: int, n: int) -> list[int]:
-        out = []
-        for _ in range(n):
-            self._decode([token], all_logits=True)
-            token = int(self._logits(1)[0].argmax())
-            out.append(token)
-        return out
+                "greedy_match": tokens == ref.greedy}

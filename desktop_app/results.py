@@ -60,6 +60,9 @@ class RestoreReport(Record):
     recomputed_tokens: int
     messages: list[str] = field(default_factory=list)  # fallbacks, said to the user
     source: str = "local"  # where the stored chunks came from: "local" or "remote"
+    # A chat over several documents: {"reused_tokens", "recomputed_tokens", "mode"}, mode
+    # "blended" (the documents' own caches moved into place: approximate) or "exact".
+    blended: dict | None = None
 
 
 def levels_summary(chunk_levels: list[str]) -> str:
@@ -81,6 +84,8 @@ class AskResult(Record):
     tokens_generated: int
     messages: list[str] = field(default_factory=list)
     source: str = "local"  # where the stored chunks came from: "local" or "remote"
+    documents: list[int] = field(default_factory=list)  # the chat's documents
+    blended: dict | None = None  # as RestoreReport.blended (None: one document or none)
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,8 @@ class ChatInfo(Record):
     messages: int
     created: float
     updated: float
+    # Over several documents: "blended" until the exact prefix is stored, then "exact".
+    kv_mode: str | None = None
 
 
 @dataclass(frozen=True)

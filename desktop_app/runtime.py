@@ -2,7 +2,7 @@
 
 `Runtime` wraps `llama_cpp.Llama` for what kvdesk needs and nothing else: tokenize and render
 the model's chat template, prefill in batches with a progress callback and cancellation,
-stream generated tokens (greedy, or sampled with a seed), and capture or restore the exact KV
+stream generated tokens through llama.cpp's sampler chain, and capture or restore the exact KV
 cache of the one sequence it holds (through `kvstate`). It owns the agreement between
 llama.cpp's cache and the Llama object's own token bookkeeping, so that a restored context
 continues exactly as a freshly prefilled one would.
@@ -26,9 +26,10 @@ import numpy as np
 from llama_cpp import _internals
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from . import kvstate, support
+from . import kvstate, sampling, support
 from .errors import Cancelled, RuntimeStateError
 from .layout import ModelLayout
+from .options import GenerationOptions
 
 # Prefill slice: small enough that progress and cancellation react within about a second on
 # two cores (~144 tokens/s), large enough to keep llama.cpp's batched matmuls efficient.
@@ -37,8 +38,14 @@ PREFILL_SLICE = 128
 # The slot alignment of a restored sliding-window section (llama.cpp pads caches to 256 cells).
 WINDOW_ALIGN = 256
 
-# The cache dtypes the exact bridge can represent (llama_cpp GGML_TYPE_* ids).
-CACHE_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "f32": llama_cpp.GGML_TYPE_F32}
+# Cache types (llama_cpp GGML_TYPE_* ids): f16 and f32 are what the exact bridge represents
+# (capture, restore); llama.cpp's quantized q8_0 and q4_0 (flash attention only) are for
+# measuring against (quality.py): their states are refused by kvstate.
+CACHE_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "f32": llama_cpp.GGML_TYPE_F32,
+               "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q4_0": llama_cpp.GGML_TYPE_Q4_0}
+BRIDGED = ("f16", "f32")
+# Rows of logits turned into log-probabilities at a time (Gemma's vocabulary: 262,144 wide).
+SCORE_ROWS = 16
 
 ProgressFn = Callable[[int, int], None]  # (tokens done, tokens total)
 
@@ -116,6 +123,8 @@ class Runtime:
         self._logits_at: int | None = None
         self._formatter = self._chat_formatter()
         self._template_lock = threading.Lock()
+        # What the model file recommends (general.sampling.*), and what in it is unusable.
+        self.model_sampling, self.model_sampling_notes = sampling.from_model(self.llm.metadata)
 
     def _probe_layout(self, model_hash: str, cache_type: str, flash_attn: bool) -> ModelLayout:
         """The cache's layout, from the model and from the state of one evaluated token;
@@ -131,11 +140,14 @@ class Runtime:
         )
         n_layer = llama_cpp.llama_model_n_layer(model)
         n_head_kv = llama_cpp.llama_model_n_head_kv(model)
-        tok = self.llm.token_bos()
-        self.llm.eval([tok if tok >= 0 else 0])
-        facts = support.check_state(self.state_bytes(), name=name, n_layer=n_layer,
-                                    channels=n_head_kv * head_dim)
-        self.reset()
+        if cache_type in BRIDGED:
+            tok = self.llm.token_bos()
+            self.llm.eval([tok if tok >= 0 else 0])
+            facts = support.check_state(self.state_bytes(), name=name, n_layer=n_layer,
+                                        channels=n_head_kv * head_dim)
+            self.reset()
+        else:  # measuring only (quality.py): llama.cpp alone reads its quantized states
+            facts = support.CacheFacts(n_layer, 0, n_head_kv * head_dim)
         return ModelLayout(
             model_hash=model_hash, n_layer=n_layer, n_head_kv=n_head_kv, head_dim=head_dim,
             cache_type=cache_type,
@@ -291,6 +303,34 @@ class Runtime:
         ptr = llama_cpp.llama_get_logits_ith(self.llm._ctx.ctx, -1)
         return np.ctypeslib.as_array(ptr, shape=(self.llm.n_vocab(),)).copy()
 
+    def score(self, tokens: Sequence[int]) -> np.ndarray:
+        """Evaluate `tokens` after what the context holds, keeping every position's logits:
+        log-probabilities float32 [len(tokens), n_vocab] of the token after each of them
+        (teacher forcing). The tokens join the sequence."""
+        tokens = list(tokens)
+        n_vocab = self.llm.n_vocab()
+        out = np.empty((len(tokens), n_vocab), np.float32)
+        with self._lock:
+            if self.llm.n_tokens + len(tokens) > self.n_ctx:
+                raise RuntimeStateError(f"{len(tokens)} more tokens do not fit the context")
+            batch = self.llm._batch
+            for start in range(0, len(tokens), self.llm.n_batch):
+                piece = tokens[start : start + self.llm.n_batch]
+                n_past = self.llm.n_tokens
+                batch.set_batch(piece, n_past, True)
+                self.llm._ctx.decode(batch)
+                self.llm.input_ids[n_past : n_past + len(piece)] = piece
+                self.llm.n_tokens = n_past + len(piece)
+                ptr = llama_cpp.llama_get_logits(self.llm._ctx.ctx)
+                logits = np.ctypeslib.as_array(ptr, shape=(len(piece), n_vocab))
+                for i in range(0, len(piece), SCORE_ROWS):
+                    x = logits[i : i + SCORE_ROWS]
+                    x = x - x.max(1, keepdims=True)
+                    x -= np.log(np.exp(x).sum(1, keepdims=True))
+                    out[start + i : start + i + len(x)] = x
+            self._logits_at = self.llm.n_tokens
+        return out
+
     def is_end_of_generation(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
 
@@ -298,26 +338,18 @@ class Runtime:
         self,
         max_tokens: int,
         *,
-        temperature: float = 0.0,
-        top_p: float = 0.95,
-        top_k: int = 40,
-        seed: int | None = None,
+        options: GenerationOptions = GenerationOptions(),
         cancel: threading.Event | None = None,
     ) -> Iterator[Token]:
         """Stream tokens continuing the sequence until end-of-generation, max_tokens or cancel.
 
-        The context must end with freshly evaluated logits (after `prefill` of at least one
-        token, or `ensure_logits`). Generated tokens join the sequence, except the final
+        `options` are run as they are: a stage whose field is None is off (greedy without
+        penalties by default); the engine resolves the layers of defaults first. The context
+        must end with freshly evaluated logits (after `prefill` of at least one token, or
+        `ensure_logits`). Generated tokens join the sequence, except the final
         end-of-generation token, which is sampled but not evaluated.
         """
-        sampler = _internals.LlamaSampler()
-        if temperature <= 0:
-            sampler.add_greedy()
-        else:
-            sampler.add_top_k(top_k)
-            sampler.add_top_p(top_p, 1)
-            sampler.add_temp(temperature)
-            sampler.add_dist(seed if seed is not None else llama_cpp.LLAMA_DEFAULT_SEED)
+        sampler = self._sampler(options)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         pending = None  # sampled and yielded, not yet evaluated
         try:
@@ -346,6 +378,32 @@ class Runtime:
                     self._eval([pending])
             sampler.close()
 
+    def _sampler(self, o: GenerationOptions) -> _internals.LlamaSampler:
+        """llama.cpp's sampler chain for `o`, its stages in llama.cpp's own order: penalties,
+        top-k, top-p, min-p, temperature, then the draw (the most likely token at 0)."""
+        sampler = _internals.LlamaSampler()
+        last_n = self.n_ctx if o.repeat_last_n == -1 else o.repeat_last_n or 0
+        penalized = last_n and (o.repeat_penalty or 1.0, o.presence_penalty or 0.0,
+                                o.frequency_penalty or 0.0) != (1.0, 0.0, 0.0)
+        if penalized:
+            sampler.add_penalties(self.llm.n_vocab(), last_n, o.repeat_penalty or 1.0,
+                                  o.frequency_penalty or 0.0, o.presence_penalty or 0.0)
+        if not o.temperature:
+            sampler.add_greedy()
+        else:
+            if o.top_k:
+                sampler.add_top_k(o.top_k)
+            if o.top_p is not None and o.top_p < 1:
+                sampler.add_top_p(o.top_p, 1)
+            if o.min_p:
+                sampler.add_min_p(o.min_p, 1)
+            sampler.add_temp(o.temperature)
+            sampler.add_dist(llama_cpp.LLAMA_DEFAULT_SEED if o.seed is None else o.seed)
+        # The penalties look at the answer's own tokens only (the chain sees each token it
+        # draws): an answer should be free to use the question's and the document's words,
+        # and to end as the question's turn did (measured: benchmarks/RESULTS.md).
+        return sampler
+
     # -- KV state ------------------------------------------------------------------------
 
     def state_bytes(self, flags: int = 0) -> bytes:
@@ -372,14 +430,18 @@ class Runtime:
         return kvstate.parse_seq_state(self.state_bytes(llama_cpp.LLAMA_STATE_SEQ_FLAGS_SWA_ONLY))
 
     def restore_bytes(self, data: bytes, tokens: Sequence[int]) -> None:
-        """Replace the context's sequence with state bytes and the tokens they were made from.
+        """Replace the context's sequence with state bytes and the tokens they were made from
+        (one cache section, or the two of a sliding-window model).
 
         The bytes are parsed and checked against this model's layout first: llama.cpp itself
-        would load any state of the right shapes, from whatever model it came.
+        would load any state of the right shapes, from whatever model it came. A quantized
+        cache's state (q8_0, q4_0: the bridge cannot parse it) is only llama.cpp's to check:
+        give such a runtime back only states it wrote itself.
         """
-        seq = kvstate.parse_seq_sections(data)
-        self._check_fits([kv.keys.shape for kv in seq.sections], seq.sections[0].dtype,
-                         seq.sections[0].v_trans, tokens)
+        if self.layout.cache_type in BRIDGED:
+            seq = kvstate.parse_seq_sections(data)
+            self._check_fits([kv.keys.shape for kv in seq.sections], seq.sections[0].dtype,
+                             seq.sections[0].v_trans, tokens)
         self._set_state(data, tokens)
 
     def restore(self, seq: kvstate.SeqState, tokens: Sequence[int]) -> None:

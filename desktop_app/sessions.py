@@ -4,10 +4,14 @@ A chat's context is its documents' prefix and its turns, as exact tokens under t
 model (`conversation`). `bring_in` makes the context hold them: it keeps what the context
 already holds when it matches (the previous turn, a reopen just done, a question typed ahead),
 and otherwise restores the longest stored prefix through the adaptive streaming restore and
-recomputes the rest. `ask` brings the chat in, streams the answer, stores both messages and
-the conversation's own KV (extending the document's entry) so the next question or reopen
-starts at once; `prepare` computes a question while it is typed; `reopen` restores a chat and
-says how.
+recomputes the rest; a chat over several documents whose exact prefix is not stored yet comes
+back blended from the documents' own caches (`blending`), is never stored so, and is made exact
+in the background (`exactness`). `ask` brings the chat in, streams the answer, stores both
+messages and the conversation's own KV (extending the document's entry) so the next question
+or reopen starts at once; `prepare` computes a question while it is typed; `reopen` restores a
+chat and says how. An answer is sampled as
+`sampling.resolve` says (the caller's options over the settings file's over the model file's
+over kvdesk's defaults) and stopped if it loops (`repetition.LoopGuard`).
 
 One turn runs at a time in the context (a lock), and one turn at a time in a chat across
 processes sharing the data directory (the store's chat turn). This module never prints, never
@@ -20,13 +24,14 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
-from store import Store
+from store import Document, Store
 from store.locks import TurnCancelled
 
 from . import speeds as speeds_mod
 from . import streaming
+from .blending import Blend, Blender, leading
 from .contexts import CHAT, Contexts
 from .errors import Cancelled, EngineError
 from .fairlock import FairLock
@@ -36,8 +41,10 @@ from .library import Library
 from .options import AUTO, GenerationOptions, RestoreOptions
 from .prompts import Prompter, question_turn, title_of
 from .prompts import closing as closing_text
+from .repetition import LoopGuard
 from .results import AskResult, Progress, RestoreEstimate, RestoreReport
 from .runtime import Runtime
+from .sampling import Sampling, resolve
 from .sharing import Sharing
 from .sources import LocalSource
 from .speeds import Speeds
@@ -48,7 +55,9 @@ ProgressFn = Callable[[Progress], None]
 class ChatSession:
     def __init__(self, store: Store, contexts: Contexts, library: Library, kv: KVCache,
                  sharing: Sharing, prompter: Prompter, speeds: Speeds, *,
-                 levels: Sequence[str], chunk_tokens: int, default_budget_ms: float | None):
+                 levels: Sequence[str], chunk_tokens: int, default_budget_ms: float | None,
+                 blend_fraction: float = 1.0,
+                 generation_defaults: GenerationOptions = GenerationOptions()):
         self.store = store
         self.contexts = contexts
         self.library = library
@@ -60,14 +69,28 @@ class ChatSession:
         self.chunk_tokens = chunk_tokens
         # The budget of an "auto" restore when the caller gives none (None: best quality).
         self.default_budget_ms = default_budget_ms
+        # The settings file's generation values (a field it does not set is None).
+        self.generation_defaults = generation_defaults
         self.lock = FairLock()  # the chat context: one turn at a time, first come first served
         # How the context's content was restored (None: not by a restore), so a question
         # asked the same way keeps it instead of restoring it again.
         self._loaded: RestoreOptions | None = None
+        # Chats over several documents: the share of each later document recomputed in
+        # place when blending (1: never blend), and the blender; whether the context holds a
+        # blended (approximate) prefix; who computes the exact one (set by the engine).
+        self.blend_fraction = blend_fraction
+        self.blender = Blender(store, levels, chunk_tokens)
+        self._blended_at: int | None = None  # where the context's blended KV begins
+        self.request_exact: Callable[[int], None] = lambda chat_id: None
 
     @property
     def runtime(self) -> Runtime:
         return self.contexts.get(CHAT)
+
+    def sampling(self, generation: GenerationOptions = GenerationOptions()) -> Sampling:
+        """What an answer asked with `generation` is sampled with, and where each value is from."""
+        return resolve(generation, settings=self.generation_defaults,
+                       model=self.runtime.model_sampling)
 
     # -- what a chat is --------------------------------------------------------------------
 
@@ -117,12 +140,14 @@ class ChatSession:
     def bring_in(self, rt: Runtime, chat_id: int | None, tokens: list[int], *,
                  options: RestoreOptions, progress: ProgressFn | None,
                  cancel: threading.Event | None, question: Sequence[int] = (),
-                 reuse: bool = True) -> RestoreReport:
+                 reuse: bool = True, docs: Sequence[Document] = ()) -> RestoreReport:
         """Make the context hold exactly `tokens` + `question`, with fresh logits when a
         question is given.
 
         What the context already holds is kept when it starts with `tokens` and was loaded
-        the way this call asks for; only the question tokens it lacks are computed.
+        the way this call asks for; only the question tokens it lacks are computed. Tokens
+        that begin with the prefix of a chat over several documents `docs`, of which no exact
+        copy is stored, come back blended from the documents' own caches (`blending`).
         """
         t0 = time.perf_counter()
         full = [*tokens, *question]
@@ -136,8 +161,11 @@ class ChatSession:
             # (A sliding-window cache may no longer hold what cutting back would need.)
             if keep >= len(tokens) and rt.can_truncate(keep):
                 rt.truncate(keep)
+                if self._blended_at is not None and keep <= self._blended_at:
+                    self._blended_at = None  # what is kept came back exact
                 report = RestoreReport(len(tokens), time.perf_counter() - t0, 0, [], 0,
-                                       ["the chat was already loaded"])
+                                       ["the chat was already loaded"],
+                                       blended=self._mode_of(docs, 0, 0))
                 rt.prefill(full[keep:], cancel=cancel)
                 return report
         self._loaded = None  # until the context holds a finished load again
@@ -148,6 +176,12 @@ class ChatSession:
                 check_levels([options.level])
             elif options.budget_ms is None and self.default_budget_ms is not None:
                 effective = options.model_copy(update={"budget_ms": self.default_budget_ms})
+            layout = self._blendable(rt, tokens, docs)
+            if layout is not None:
+                report = self._blend(rt, layout, tokens, docs, effective, progress, cancel)
+                self._loaded = options
+                rt.prefill(question, cancel=cancel)
+                return report
             source, notes = self.sharing.source(rt.fingerprint, tokens)
         report = streaming.restore(rt, source, tokens, levels=self.levels, options=effective,
                                    speeds=self.speeds, chunk_tokens=self.chunk_tokens,
@@ -155,10 +189,56 @@ class ChatSession:
         if source is not None and report.recomputed_tokens == len(tokens) and chat_id is not None:
             notes += self._stale_message(chat_id, rt.fingerprint)
         speeds_mod.save(self.store, self.speeds)
+        self._blended_at = None
         if not options.no_cache:
             self._loaded = options
         rt.prefill(question, cancel=cancel)
-        return replace(report, messages=[*notes, *report.messages])
+        return replace(report, messages=[*notes, *report.messages],
+                       blended=self._mode_of(docs, 0, 0))
+
+    def _blendable(self, rt: Runtime, tokens: list[int], docs: Sequence[Document]):
+        """The chat prefix's layout, if `tokens` start with one worth blending."""
+        # A sliding-window model's later documents would need their windows recomputed in
+        # place: not blended yet, computed as before.
+        if len(docs) < 2 or self.blend_fraction >= 1 or rt.layout.swa_layers:
+            return None
+        layout = self.prompter.layout(rt, docs)
+        n = len(layout.tokens)
+        if len(layout.parts) < 2 or tuple(tokens[:n]) != layout.tokens:
+            return None
+        stored = self.store.longest_prefix(rt.fingerprint, tokens, touch=False, tail_minimum=1)
+        if stored.n_tokens + stored.tail_match >= n:
+            return None  # the exact prefix is stored (a chat's own entry, or a prompt's)
+        return layout if self.blender.usable(rt, layout, [d.id for d in docs]) else None
+
+    def _blend(self, rt, layout, tokens, docs, options, progress, cancel) -> RestoreReport:
+        first_end = layout.parts[0][1]
+        source, notes = self.sharing.source(rt.fingerprint, list(layout.tokens[:first_end]))
+        report, blend = self.blender.restore(
+            rt, layout, [d.id for d in docs], source, options=options, speeds=self.speeds,
+            select=leading(self.blend_fraction), progress=progress, cancel=cancel)
+        rest = tokens[len(layout.tokens):]
+        rt.prefill(rest, cancel=cancel)
+        speeds_mod.save(self.store, self.speeds)
+        self._blended_at = blend.exact_until
+        notes.append(f"{len(docs)} documents blended from their own caches ({blend.reused_tokens:,}"
+                     f" tokens reused, {blend.recomputed_tokens:,} computed in place): the "
+                     "answer is approximate; the exact context is computed in the background")
+        return replace(report, tokens=len(tokens),
+                       recomputed_tokens=report.recomputed_tokens + len(rest),
+                       messages=[*notes, *report.messages], blended=blend.as_dict())
+
+    def _mode_of(self, docs: Sequence[Document], reused: int, recomputed: int) -> dict | None:
+        """The `blended` field of a report on a chat over several documents (else None)."""
+        mode = "exact" if self._blended_at is None else "blended"
+        return Blend(reused, recomputed, mode).as_dict() if len(docs) > 1 \
+            else None
+
+    def exact_stored(self, chat_id: int) -> None:
+        """The background pass stored chat `chat_id`'s exact context: a blended context loaded
+        now is not kept for the next question."""
+        if self._blended_at is not None:
+            self._loaded = None
 
     def reopen(self, chat_id: int, *, restore: RestoreOptions = RestoreOptions(),
                progress: ProgressFn | None = None,
@@ -171,10 +251,10 @@ class ChatSession:
             _, tokens, notes = self.conversation(rt, chat_id)
             # An explicit reopen always restores: it is how a restore is asked for and timed.
             report = self.bring_in(rt, chat_id, tokens, options=restore, progress=progress,
-                                   cancel=cancel, reuse=False)
+                                   cancel=cancel, reuse=False,
+                                   docs=self.library.chat_documents(chat_id))
             kept, kept_notes = self.sharing.keep()
-            if report.recomputed_tokens and kept:
-                self._store_chat(rt, chat_id, tokens)
+            self._keep(rt, chat_id, tokens, kept and report.recomputed_tokens > 0)
             return replace(report, messages=[*notes, *report.messages, *kept_notes])
 
     def prepare(self, draft: str, *, chat_id: int | None = None, doc_ids: Sequence[int] = (),
@@ -195,10 +275,11 @@ class ChatSession:
             rt = self.runtime
             self.contexts.warm_up(rt)
             if chat_id is not None:
+                docs = self.library.chat_documents(chat_id)
                 msgs, context, _ = self.conversation(rt, chat_id)
             else:
-                msgs, context = self.prompter.chat(
-                    rt, [self.library.document(d) for d in doc_ids])
+                docs = [self.library.document(d) for d in doc_ids]
+                msgs, context = self.prompter.chat(rt, docs)
             # The draft is computed as if it were sent now, template tokens included: sent
             # unchanged, its first token comes at once; edited, the context is cut back to
             # what still matches, which costs nothing.
@@ -207,7 +288,7 @@ class ChatSession:
                 return None
             try:
                 report = self.bring_in(rt, chat_id, context, options=restore, progress=None,
-                                       cancel=cancel, question=turn.tokens)
+                                       cancel=cancel, question=turn.tokens, docs=docs)
             except Cancelled:
                 return None
             return report if report.chunk_levels else None
@@ -243,16 +324,18 @@ class ChatSession:
             rt = self.runtime
             self.contexts.warm_up(rt)
             msgs, context, notes = self.conversation(rt, chat_id)
+            docs = self.library.chat_documents(chat_id)
             turn = question_turn(rt, msgs, question)
             if len(context) + len(turn.tokens) + 1 >= rt.n_ctx:
                 raise EngineError(f"the chat is full: {len(context) + len(turn.tokens):,} tokens "
                                   f"of a {rt.n_ctx:,}-token context; start a new chat")
             report = self.bring_in(rt, chat_id, context, options=restore, progress=progress,
-                                   cancel=cancel, question=turn.tokens)
+                                   cancel=cancel, question=turn.tokens, docs=docs)
             report = replace(report, messages=[*notes, *report.messages])
             if on_restore:
                 on_restore(report)
-            generated, answer, ttft = stream_answer(rt, generation, t0, on_token, cancel)
+            out = stream_answer(rt, self.sampling(generation).options, t0, on_token, cancel)
+            generated, answer, ttft = out.tokens, out.text, out.ttft
             # Close the turn as the template would, so the next turn appends to it exactly.
             suffix = closing_text(rt, turn, answer)
             suffix_tokens = rt.tokenize(suffix) if suffix else []
@@ -265,14 +348,15 @@ class ChatSession:
             kept, kept_notes = self.sharing.keep()
             # Not kept, the context holds the shared entry's chunks, possibly lossy: stored
             # again they would pass for a fresh prefill of the document.
-            messages = [*report.messages, *kept_notes,
+            messages = [*report.messages, *kept_notes, *out.notes,
                         *([] if kept else ["this turn's cache is not stored"])]
             result = AskResult(
                 chat_id=chat_id, answer=answer.strip(),
                 ttft_s=round(ttft if ttft is not None else time.perf_counter() - t0, 4),
                 restore_s=round(report.restore_s, 4), bytes_read=report.bytes_read,
                 chunk_levels=report.chunk_levels, recomputed_tokens=report.recomputed_tokens,
-                tokens_generated=len(generated), messages=messages, source=report.source)
+                tokens_generated=len(generated), messages=messages, source=report.source,
+                documents=[d.id for d in docs], blended=report.blended)
             stats = {k: v for k, v in result.as_dict().items() if k not in ("answer", "chat_id")}
             # Both messages are stored after the answer, in one transaction: a durable write
             # (fsync) before the first token would only delay it, and whatever stops the
@@ -281,8 +365,7 @@ class ChatSession:
             self.store.add_turn(chat_id, question, result.answer, stats=stats,
                                 model=rt.fingerprint, question_tokens=turn.tokens,
                                 answer_tokens=answer_tokens)
-            if kept:
-                self._store_chat(rt, chat_id, context + turn.tokens + answer_tokens)
+            self._keep(rt, chat_id, context + turn.tokens + answer_tokens, kept)
             return result
 
     def regenerate(self, chat_id: int, **options) -> AskResult:
@@ -311,6 +394,14 @@ class ChatSession:
                 yield
         except TurnCancelled as e:
             raise Cancelled(str(e)) from None
+
+    def _keep(self, rt: Runtime, chat_id: int, tokens: list[int], store: bool) -> None:
+        """Store the chat's KV, when asked to and the context holds it exactly; a blended
+        context is never stored: the exact one is computed in the background instead."""
+        if self._blended_at is not None:
+            self.request_exact(chat_id)
+        elif store:
+            self._store_chat(rt, chat_id, tokens)
 
     def _store_chat(self, rt: Runtime, chat_id: int, tokens: list[int]) -> None:
         docs = self.library.chat_documents(chat_id)
@@ -346,23 +437,39 @@ class ChatSession:
         return RestoreEstimate(tokens=len(tokens), bytes=per_level, seconds=seconds)
 
 
+@dataclass(frozen=True)
+class Answer:
+    tokens: list[int]
+    text: str
+    ttft: float | None  # seconds from t0 to the first token (None: no token)
+    notes: list[str]  # why it stopped early, when it did
+
+
 def stream_answer(rt: Runtime, generation: GenerationOptions, t0: float,
-            on_token: Callable[[str], None] | None,
-            cancel: threading.Event | None) -> tuple[list[int], str, float | None]:
-    """Stream an answer: (its token ids, its text, seconds from t0 to its first token)."""
+                  on_token: Callable[[str], None] | None,
+                  cancel: threading.Event | None) -> Answer:
+    """Stream an answer sampled with `generation` (resolved: every field set), stopping it if
+    it loops."""
     generated: list[int] = []
     pieces: list[str] = []
-    ttft = None
+    ttft, notes = None, []
+    guard = LoopGuard()
     max_new = min(generation.max_tokens, rt.n_ctx - rt.n_tokens - 8)
-    for tok in rt.generate(max_new, temperature=generation.temperature, seed=generation.seed,
-                           cancel=cancel):
-        if ttft is None:
-            ttft = time.perf_counter() - t0
-        generated.append(tok.id)
-        pieces.append(tok.text)
-        if on_token and tok.text:
-            on_token(tok.text)
-    return generated, "".join(pieces), ttft
+    # closing: a loop left early still evaluates its last token, so the context holds it.
+    with contextlib.closing(rt.generate(max_new, options=generation, cancel=cancel)) as stream:
+        for tok in stream:
+            if ttft is None:
+                ttft = time.perf_counter() - t0
+            generated.append(tok.id)
+            pieces.append(tok.text)
+            if on_token and tok.text:
+                on_token(tok.text)
+            loop = guard.feed(tok.id, tok.text)
+            if loop:
+                notes.append(f"the answer was stopped after {len(generated)} tokens because "
+                             f"it was going round in circles: {loop}")
+                break
+    return Answer(generated, "".join(pieces), ttft, notes)
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -1,4 +1,5 @@
-"""User settings: which model, how large a context, where the data lives, the shared cache.
+"""User settings: which model, how large a context, where the data lives, the shared cache,
+how answers are generated.
 
 Settings are resolved in one order everywhere (CLI, GUI, tests): explicit arguments, then
 environment variables (`KVDESK_MODEL`, `KVDESK_DATA_DIR`, `KVDESK_N_CTX`, and for the shared
@@ -8,6 +9,11 @@ reads them from the standard AWS environment variables and files, and an endpoin
 carries any is refused. The settings file lives in the platform's user config directory (not the
 data directory, since it names the data directory); `KVDESK_CONFIG_DIR` moves it, which tests
 use to stay away from the real one. Writes are atomic (temp file + rename).
+
+`generation` holds only the generation values the user set (`options.GenerationOptions`, the
+same fields and ranges as `kvdesk ask`'s flags); a value left unset (null) comes from the model
+file's recommendation or kvdesk's defaults (`sampling.resolve`), so a settings file written
+today does not pin tomorrow's defaults.
 
 This module never loads a model and never opens the store.
 """
@@ -25,9 +31,14 @@ import platformdirs
 import pydantic
 from pydantic import Field
 
+from .options import GenerationOptions
 from .validation import STRICT, InvalidValue, changed, parse
 
 APP_NAME = "kvdesk"
+# Chats over several documents: the share of each later document's tokens computed again in
+# place when their caches are blended (its first ones); 1 computes them all (no blending).
+# Chosen by benchmarks/bench_blend.py (RESULTS.md, "Chats over several documents").
+DEFAULT_BLEND_FRACTION = 0.15
 SETTINGS_VERSION = 1
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _PREFIX_PART = re.compile(r"^[A-Za-z0-9._-]+$")
@@ -77,6 +88,7 @@ class Settings(pydantic.BaseModel):
     server_port: int = Field(8765, ge=0, le=65535)  # 0: any free port
     server_attach_folders: tuple[str, ...] = ()
     prompt_cache_min_tokens: int = Field(1024, ge=0, le=1 << 20)
+    blend_recompute: float = Field(DEFAULT_BLEND_FRACTION, ge=0, le=1)
     # The shared cache tier on S3-compatible storage: off until a bucket is set.
     remote_bucket: str | None = None
     remote_endpoint_url: str | None = None  # None: AWS S3; else MinIO, Ceph, SeaweedFS...
@@ -84,6 +96,8 @@ class Settings(pydantic.BaseModel):
     remote_region: str | None = None  # None: the AWS configuration's, or us-east-1
     remote_auto_push: bool = False  # share each attached document (its text travels too)
     remote_auto_pull: bool = True  # on a local miss, look there before recomputing
+    # How answers are generated: temperature, top-k, top-p, min-p, penalties, max_tokens.
+    generation: GenerationOptions = GenerationOptions()
 
     @property
     def data_path(self) -> Path:

@@ -55,11 +55,14 @@ class LocalSource:
     def __init__(self, store: Store, fingerprint: str, tokens: Sequence[int], *,
                  touch: bool = True):
         match = store.longest_prefix(fingerprint, tokens, tail_minimum=TAIL_MINIMUM, touch=touch)
-        self.spans = match.spans + ((match.tail,) if match.tail else ())
+        self._index(store, match.spans + ((match.tail,) if match.tail else ()))
         self.n_tokens = match.n_tokens + match.tail_match
         self.beyond = match.tail_tokens[match.tail_match:]
         whole = {e.id: e.token_end for e in match.entries if e.token_end <= match.n_tokens}
         self.windows = {whole[i]: parts for i, parts in store.windows(whole).items()}
+
+    def _index(self, store: Store, spans: Sequence[Span]) -> None:
+        self.spans = tuple(spans)
         self._store = store
         self._sizes: dict[tuple[int, int], dict[str, int]] = {}
         for (entry, chunk, level), n in store.chunk_sizes({s.entry_id for s in self.spans}).items():
@@ -92,3 +95,15 @@ class RemoteSource:
         data = read_chunk(self.tier, self.copy.manifest, span.chunk_index, level)
         self.copy.add(span.chunk_index, level, data)
         return data
+
+
+
+class SpanSource(LocalSource):
+    """Chosen chunks of one stored entry (a document's cached prefix read for a blend): the
+    spans asked for, at their own positions."""
+
+    def __init__(self, store: Store, spans: Sequence[Span]):
+        self._index(store, spans)
+        self.n_tokens = self.spans[-1].token_end if self.spans else 0
+        self.beyond = ()
+        self.windows = {}  # blending is for single-section caches (sessions._blendable)

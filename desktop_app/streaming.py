@@ -107,18 +107,86 @@ def restore(
     )
 
 
-class _Restore:
-    """One restore's reading passes: what they decoded, read and had to say."""
+class _Reading:
+    """Reading passes over stored chunks: what they decoded, read and had to say."""
 
-    def __init__(self, runtime: Runtime, tokens: list[int], levels: Sequence[str],
-                 options: RestoreOptions, speeds: Speeds, progress, cancel, t0: float):
-        self.runtime, self.tokens, self.levels = runtime, tokens, levels
+    def __init__(self, tokens: list[int], levels: Sequence[str], options: RestoreOptions,
+                 speeds: Speeds, progress, cancel, t0: float):
+        self.tokens, self.levels = tokens, levels
         self.options, self.speeds = options, speeds
         self.progress, self.cancel, self.t0 = progress, cancel, t0
         self.chunk_levels: list[str] = []
         self.messages: list[str] = []
         self.bytes_read = 0
         self.measured: list[float] = []
+
+    def _read(self, source: ChunkSource, spans: list[Span], dest: Callable[[Span], Views], *,
+              raw: Callable[[Span], int], restart: Callable[[Span], int] | None = None
+              ) -> tuple[list[str], tuple[Span, str] | None]:
+        """Decode `spans` in order into `dest(span)` as the reader delivers them; (the level
+        of each chunk decoded, in order; the chunk where it stopped and why, if it did and
+        it is worth saying). Fallbacks to another level are said in `messages`."""
+        reader = ChunkReader(source, spans, self.tokens, self.levels, self.options,
+                             self.speeds, raw_bytes=raw, t0=self.t0, restart=restart)
+        fetched = reader.fetched
+        thread = threading.Thread(target=reader.run, name="kv-reader", daemon=True)
+        thread.start()
+        got: list[str] = []
+        failed = None
+        try:
+            while (item := fetched.get()) is not None:
+                if self.cancel is not None and self.cancel.is_set():
+                    raise Cancelled("restore cancelled")
+                if item.note:
+                    self.messages.append(f"chunk {item.span.chunk_index}: {item.note}")
+                if item.data is None:
+                    failed = (item.span, item.error) if item.error else None
+                    break
+                d0 = time.perf_counter()
+                try:
+                    # Straight into the state bytes; the codec refuses a chunk of another shape.
+                    k, v = codec.decode(item.data, out=dest(item.span))
+                except codec.CodecError as e:
+                    failed = (item.span, f"chunk {item.span.chunk_index} of entry "
+                                         f"{item.span.entry_id} cannot be decoded ({e})")
+                    break
+                self.speeds.observe_decode(item.level, k.nbytes + v.nbytes,
+                                           time.perf_counter() - d0)
+                got.append(item.level)
+                if self.progress is not None:
+                    done = min(spans[len(got) - 1].token_end, len(self.tokens))
+                    self.progress(Progress("restore", done, len(self.tokens)))
+        finally:
+            reader.stop.set()
+            while thread.is_alive():  # unblock a reader waiting on a full queue
+                try:
+                    fetched.get_nowait()
+                except queue.Empty:
+                    thread.join(0.01)
+        if reader.crashed:
+            raise reader.crashed[0]
+        self.bytes_read += reader.meter.bytes
+        if (measured := reader.meter.MBps()) is not None:
+            self.measured.append(measured)
+        return got, failed
+
+    def finish(self, source: ChunkSource) -> None:
+        others = [lvl for lvl in self.chunk_levels if lvl != self.options.level]
+        if self.options.level != AUTO and others:
+            self.messages.append(
+                f"{len(others)} of {len(self.chunk_levels)} chunks are not stored at "
+                f"{self.options.level!r} (or failed their check): read at "
+                f"{', '.join(sorted(set(others)))} instead")
+        if self.measured and not self.options.bandwidth_MBps:
+            self.speeds.observe_read(source.kind, self.measured[0])
+
+
+class _Restore(_Reading):
+    """One restore's reading passes into the runtime's context."""
+
+    def __init__(self, runtime: Runtime, *args):
+        super().__init__(*args)
+        self.runtime = runtime
 
     def plain(self, source: ChunkSource) -> int:
         """Every position of every layer from the chunks; tokens restored."""
@@ -207,65 +275,30 @@ class _Restore:
         return lambda s: (s.token_end - s.token_start) * (
             lay.window_bytes_per_token if s in parts else lay.kv_bytes_per_token)
 
-    def _read(self, source: ChunkSource, spans: list[Span], dest: Callable[[Span], Views], *,
-              raw: Callable[[Span], int], restart: Callable[[Span], int] | None = None
-              ) -> tuple[list[str], tuple[Span, str] | None]:
-        """Decode `spans` in order into `dest(span)` as the reader delivers them; (the level
-        of each chunk decoded, in order; the chunk where it stopped and why, if it did and
-        it is worth saying). Fallbacks to another level are said in `messages`."""
-        reader = ChunkReader(source, spans, self.tokens, self.levels, self.options,
-                             self.speeds, raw_bytes=raw, t0=self.t0, restart=restart)
-        fetched = reader.fetched
-        thread = threading.Thread(target=reader.run, name="kv-reader", daemon=True)
-        thread.start()
-        got: list[str] = []
-        failed = None
-        try:
-            while (item := fetched.get()) is not None:
-                if self.cancel is not None and self.cancel.is_set():
-                    raise Cancelled("restore cancelled")
-                if item.note:
-                    self.messages.append(f"chunk {item.span.chunk_index}: {item.note}")
-                if item.data is None:
-                    failed = (item.span, item.error) if item.error else None
-                    break
-                d0 = time.perf_counter()
-                try:
-                    # Straight into the state bytes; the codec refuses a chunk of another shape.
-                    k, v = codec.decode(item.data, out=dest(item.span))
-                except codec.CodecError as e:
-                    failed = (item.span, f"chunk {item.span.chunk_index} of entry "
-                                         f"{item.span.entry_id} cannot be decoded ({e})")
-                    break
-                self.speeds.observe_decode(item.level, k.nbytes + v.nbytes,
-                                           time.perf_counter() - d0)
-                got.append(item.level)
-                if self.progress is not None:
-                    done = min(spans[len(got) - 1].token_end, len(self.tokens))
-                    self.progress(Progress("restore", done, len(self.tokens)))
-        finally:
-            reader.stop.set()
-            while thread.is_alive():  # unblock a reader waiting on a full queue
-                try:
-                    fetched.get_nowait()
-                except queue.Empty:
-                    thread.join(0.01)
-        if reader.crashed:
-            raise reader.crashed[0]
-        self.bytes_read += reader.meter.bytes
-        if (measured := reader.meter.MBps()) is not None:
-            self.measured.append(measured)
-        return got, failed
 
-    def finish(self, source: ChunkSource) -> None:
-        others = [lvl for lvl in self.chunk_levels if lvl != self.options.level]
-        if self.options.level != AUTO and others:
-            self.messages.append(
-                f"{len(others)} of {len(self.chunk_levels)} chunks are not stored at "
-                f"{self.options.level!r} (or failed their check): read at "
-                f"{', '.join(sorted(set(others)))} instead")
-        if self.measured and not self.options.bandwidth_MBps:
-            self.speeds.observe_read(source.kind, self.measured[0])
+def read_chunks(source: ChunkSource, tokens: Sequence[int], keys: np.ndarray,
+                values: np.ndarray, *, levels: Sequence[str], options: RestoreOptions,
+                speeds: Speeds, bytes_per_token: int, cancel=None,
+                chunk_levels: list[str], messages: list[str]) -> tuple[int, int]:
+    """Decode `source`'s chunks in order into keys and values ([n_layer, tokens, channels]
+    arrays or views, indexed by the chunks' own token positions) as the reader delivers them.
+
+    Returns (the end of the run of chunks decoded from the first one, bytes read): a missing,
+    corrupt or undecodable chunk ends the run (said in `messages`). Appends each chunk's level.
+    """
+    run = _Reading(list(tokens), levels, options, speeds, None, cancel, time.perf_counter())
+    spans = list(source.spans)
+    got, failed = run._read(
+        source, spans, lambda s: (keys[:, s.token_start:s.token_end],
+                                  values[:, s.token_start:s.token_end]),
+        raw=lambda s: (s.token_end - s.token_start) * bytes_per_token)
+    if failed is not None:
+        run.messages.append(f"recomputing from token {failed[0].token_start}: {failed[1]}")
+    run.chunk_levels += got
+    run.finish(source)
+    chunk_levels += run.chunk_levels
+    messages += run.messages
+    return (spans[len(got) - 1].token_end if got else 0), run.bytes_read
 
 
 def resume_points(source: ChunkSource, layout: ModelLayout) -> list[int]:

@@ -6,6 +6,7 @@ since the settings below only take effect if they are in place before those load
 """
 
 import os
+import sys
 
 import platformdirs
 
@@ -14,6 +15,11 @@ import platformdirs
 # the second start skips the ~seconds of compilation too.
 os.environ.setdefault(
     "NUMBA_CACHE_DIR", os.path.join(platformdirs.user_cache_dir("kvdesk"), "numba"))
+
+# The codec's kernels compiled at build time for a portable CPU target (`make package`): used
+# when they fit this CPU (codec/jitcache.py), so the first start compiles nothing; never
+# written, whatever happens.
+os.environ.setdefault("KVDESK_CODEC_CACHE", os.path.join(sys._MEIPASS, "codec_cache"))
 
 # The bundle ships no CUDA toolkit (numba's CUDA backend compiles through the system's NVVM),
 # so a machine with an NVIDIA driver but no toolkit would pick the CUDA codec and then fail

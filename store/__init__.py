@@ -18,13 +18,14 @@ from .errors import (
     StoreError,
 )
 from .kv import BackgroundWriter, EntryWriter
-from .records import Chat, Document, Entry, Message, Model, PrefixMatch, Span
+from .records import CalibrationRecord, Chat, Document, Entry, Message, Model, PrefixMatch, Span
 from .remote import RemoteConfig, RemoteTier
 from .store import DEFAULT_CHUNK_SIZE, Store
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
     "BackgroundWriter",
+    "CalibrationRecord",
     "Chat",
     "CorruptChunkError",
     "CorruptObjectError",

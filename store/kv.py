@@ -34,7 +34,7 @@ from .tokens import chunk_spans, decode, encode, prefix_hashes
 
 ENTRY_COLUMNS = (
     "id, model, token_start, token_end, parent_id, chunk_size, levels, nbytes,"
-    " document_id, chat_id, last_used, created, prefix_hash"
+    " document_id, chat_id, last_used, created, prefix_hash, calibration"
 )
 # Under SQLite's default limit of host parameters per statement, with room for the others.
 _BATCH = 500
@@ -42,9 +42,9 @@ MAX_TAIL_TOKENS = 4096  # longer than any chunk
 
 
 def entry_from_row(row: tuple) -> Entry:
-    *head, levels, nbytes, document_id, chat_id, last_used, created, prefix_hash = row
+    *head, levels, nbytes, document_id, chat_id, last_used, created, prefix_hash, cal = row
     return Entry(*head, tuple(json.loads(levels)), nbytes, document_id, chat_id, last_used,
-                 created, prefix_hash)
+                 created, prefix_hash, cal)
 
 
 def get_entry(conn: sqlite3.Connection, entry_id: int) -> Entry:
@@ -81,6 +81,7 @@ def create_pending(
     chat_id: int | None,
     now: float,
     window_start: int | None = None,
+    calibration: str | None = None,
 ) -> int:
     """Insert an incomplete entry and its spans for `tokens` (the whole prefix); return its id.
 
@@ -112,7 +113,7 @@ def create_pending(
     entry_id = conn.execute(
         "INSERT INTO kv_entries (model, prefix_hash, token_start, token_end, parent_id,"
         " chunk_size, levels, tokens, document_id, chat_id, last_used, created, writer_pid,"
-        " writer_host) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " writer_host, calibration) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             fingerprint,
             hashes[-1],
@@ -128,6 +129,7 @@ def create_pending(
             now,
             os.getpid(),
             socket.gethostname(),
+            calibration,
         ),
     ).lastrowid
     rows = [(entry_id, index, start, end, prefix_hash, 0)

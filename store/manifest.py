@@ -7,11 +7,14 @@ It carries:
   longest-prefix lookup, and its local copy is an ordinary entry keyed by them (store.kv);
 - the chunk size, the levels, and the size and SHA-256 of every (level, chunk) object; the
   object keys follow from these, so a manifest cannot point outside its fingerprint's folder;
-- where the entry's window starts, if it has one (version 2; the window's parts are chunk
-  objects numbered after the entry's chunks, store.kv): version 1 readers refuse such a
+- where the entry's window starts, if it has one (version 3; the window's parts are chunk
+  objects numbered after the entry's chunks, store.kv): older readers refuse such a
   manifest as newer rather than mistake its objects;
 - the document (content hash, title, type, token count and text), so that the other machine
   can ask about it without having the file;
+- the codec calibration its chunks need (its SHA-256), if any: an object of its own
+  (store.remote), uploaded before the manifest, fetched with the chunks (version 2; a
+  version 1 manifest names none);
 - a SHA-256 of everything above, checked on every read along with the rest.
 
 Only document entries travel (a document's root entry); chats stay on the machine they were
@@ -31,7 +34,7 @@ from .errors import CorruptObjectError
 from .tokens import chunk_spans, decode, encode, prefix_hashes
 
 FORMAT = "kvdesk-kv-manifest"
-VERSION = 2  # the newest this code reads; an entry without a window is still written as 1
+VERSION = 3  # the newest this code reads; an entry without a window is written as 2
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -60,6 +63,7 @@ class Manifest:
     document: RemoteDocument
     created: float
     window_start: int | None = None  # the entry's window: positions [window_start, token_end)
+    calibration: str | None = None
 
     @property
     def token_end(self) -> int:
@@ -87,7 +91,7 @@ class Manifest:
     def to_json(self) -> bytes:
         body = {
             "format": FORMAT,
-            "version": 1 if self.window_start is None else 2,
+            "version": 2 if self.window_start is None else 3,
             "fingerprint": self.fingerprint,
             "tokens": base64.b64encode(encode(self.tokens)).decode(),
             "chunk_size": self.chunk_size,
@@ -98,6 +102,8 @@ class Manifest:
             "created": self.created,
             **({} if self.window_start is None else {"window_start": self.window_start}),
         }
+        if self.calibration is not None:
+            body["calibration"] = self.calibration
         return json.dumps({**body, "checksum": _checksum(body)}, sort_keys=True).encode()
 
     @classmethod
@@ -126,6 +132,7 @@ class Manifest:
                 created=float(body["created"]),
                 window_start=None if body.get("window_start") is None
                 else int(body["window_start"]),
+                calibration=body.get("calibration"),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise CorruptObjectError(key, f"malformed manifest ({type(e).__name__})") from None
@@ -138,6 +145,8 @@ class Manifest:
                                           f"found under {fingerprint[:12]}")
         if self.chunk_size <= 0 or not self.tokens or not self.levels:
             raise CorruptObjectError(key, "an empty entry")
+        if self.calibration is not None and not _DIGEST.match(str(self.calibration)):
+            raise CorruptObjectError(key, "it names a calibration that is not a SHA-256")
         if prefix_hash is not None and prefix_hash != self.prefix_hash:
             raise CorruptObjectError(key, "its tokens do not hash to its key")
         if self.window_start is not None and not 0 <= self.window_start < self.token_end:

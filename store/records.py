@@ -65,6 +65,7 @@ class Entry:
     last_used: float
     created: float
     prefix_hash: bytes  # store.tokens.prefix_hashes of tokens[0:token_end]: the entry's name
+    calibration: str | None = None  # id of the codec calibration its chunks need
 
     @property
     def n_chunks(self) -> int:
@@ -107,3 +108,14 @@ class PrefixMatch:
             if entry.token_end <= self.n_tokens:
                 return entry
         return None
+
+
+@dataclass(frozen=True)
+class CalibrationRecord:
+    """A stored codec calibration (its bytes: Store.calibration(id))."""
+
+    id: str
+    model: str
+    nbytes: int
+    meta: dict
+    created: float

@@ -4,6 +4,7 @@ Bucket layout, under a prefix that is a team's namespace (two prefixes never see
 
     {prefix}/kv/{fingerprint}/{entry prefix hash}/{level}/{chunk:05d}-{sha256}   chunk bytes
     {prefix}/manifests/{fingerprint}/{token_end:08d}-{entry prefix hash}.json    one per entry
+    {prefix}/calibrations/{fingerprint}/{sha256}                                 codec calibrations
 
 Chunk objects are immutable and content-addressed: the key ends with the SHA-256 of the bytes,
 so writing one twice writes the same thing, and a reader checks what it got against its key.
@@ -94,6 +95,11 @@ class RemoteTier:
     def manifest_key(self, fingerprint: str, token_end: int, prefix_hash: bytes) -> str:
         return self._key("manifests", _safe(fingerprint),
                          f"{token_end:08d}-{prefix_hash.hex()}.json")
+
+    def calibration_key(self, fingerprint: str, digest: str) -> str:
+        if not re.match(r"^[0-9a-f]{64}$", digest):
+            raise ValueError(f"{digest!r} is not a SHA-256")
+        return self._key("calibrations", _safe(fingerprint), digest)
 
     def manifest_folder(self, fingerprint: str) -> str:
         return self._key("manifests", _safe(fingerprint)) + "/"

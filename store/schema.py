@@ -210,24 +210,44 @@ def m003_integrity(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
 
 
+M004_CALIBRATIONS = """
+CREATE TABLE calibrations (
+    id TEXT PRIMARY KEY,                -- SHA-256 (hex) of data: content-addressed, immutable
+    model TEXT NOT NULL,                -- the model fingerprint it was made for
+    data BLOB NOT NULL,                 -- opaque here (the codec's calibration bytes)
+    meta TEXT NOT NULL,                 -- JSON summary for listings, or {}
+    created REAL NOT NULL
+);
+CREATE INDEX calibrations_model ON calibrations(model, created);
+ALTER TABLE kv_entries ADD COLUMN calibration TEXT;  -- the calibration its chunks need, or NULL
+"""
+
+
+def m004_calibrations(conn: sqlite3.Connection) -> None:
+    """Per-model codec calibrations, and the one each KV entry's chunks were encoded with."""
+    for statement in _statements(M004_CALIBRATIONS):
+        conn.execute(statement)
+
+
 # 1: a part of the entry's window (KV held only for the last positions at its end: a sliding-window
 # model's), not one of the chunks of its own tokens; never a prefix key. (No SQL comment: SQLite
 # keeps a new column's text inside the table's CREATE statement.)
-M004_WINDOWS = "ALTER TABLE kv_spans ADD COLUMN window_part INTEGER NOT NULL DEFAULT 0"
+M005_WINDOWS = "ALTER TABLE kv_spans ADD COLUMN window_part INTEGER NOT NULL DEFAULT 0"
 
 
-def m004_windows(conn: sqlite3.Connection) -> None:
+def m005_windows(conn: sqlite3.Connection) -> None:
     """Window parts: an entry may carry, beside the chunks of its own tokens, the KV of a
     cache section that holds only the last positions at its end (the sliding-window layers of
     an iSWA model), as chunks of its own at the entry's levels."""
-    conn.execute(M004_WINDOWS)
+    conn.execute(M005_WINDOWS)
 
 
 MIGRATIONS: list[tuple[str, Callable[[sqlite3.Connection], None]]] = [
     ("m001_initial", m001_initial),
     ("m002_message_tokens", m002_message_tokens),
     ("m003_integrity", m003_integrity),
-    ("m004_windows", m004_windows),
+    ("m004_calibrations", m004_calibrations),
+    ("m005_windows", m005_windows),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -16,12 +16,12 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import blobs, integrity, kv, library, quota
+from . import blobs, calibrations, integrity, kv, library, quota
 from .db import Connections, prepare_data_dir
 from .errors import CorruptChunkError, DataDirError, NotFoundError
 from .library import LibraryStore
 from .locks import ChatLocks
-from .records import Entry, Model, PrefixMatch, Span
+from .records import CalibrationRecord, Entry, Model, PrefixMatch, Span
 from .schema import check_current, migrate, schema_version
 from .tokens import decode
 
@@ -130,6 +130,7 @@ class Store(LibraryStore):
         document_id: int | None = None,
         chat_id: int | None = None,
         window_start: int | None = None,
+        calibration: str | None = None,
     ) -> kv.EntryWriter:
         """Start writing the KV entry for `tokens` (the whole prefix, parent's tokens included).
 
@@ -137,7 +138,8 @@ class Store(LibraryStore):
         `writer.spans` says which. With `window_start`, it also has a window of the positions
         [window_start, len(tokens)), cut the same way (`writer.windows`). Put every chunk and
         window part at every level, then leave the `with` block (or call finish()). Deleting
-        its document or chat deletes the entry.
+        its document or chat deletes the entry. `calibration`: the id of the stored codec
+        calibration its chunks need (put_calibration), if any.
         """
         levels = tuple(levels)
         with self._db.write() as db:
@@ -152,6 +154,7 @@ class Store(LibraryStore):
                 chat_id=chat_id,
                 now=self._clock(),
                 window_start=window_start,
+                calibration=calibration,
             )
         return kv.EntryWriter(self._db, entry_id, levels, self._clock, self._enforce_budget)
 
@@ -283,6 +286,28 @@ class Store(LibraryStore):
             db.execute("DELETE FROM kv_entries WHERE id = ?", (entry_id,))
         self._reclaim()
         return [deleted for deleted, _, _ in tree]
+
+    # -- codec calibrations ----------------------------------------------------------------------
+
+    def put_calibration(self, model: str, data: bytes, meta: dict | None = None) -> str:
+        """Keep a codec calibration made for `model` (content-addressed); returns its id."""
+        with self._db.write() as db:
+            return calibrations.put(db.conn, model, data, meta or {}, self._clock())
+
+    def calibration(self, cal_id: str) -> bytes:
+        """A calibration's bytes, checked against its id (NotFoundError, CorruptObjectError)."""
+        with self._db.read() as db:
+            return calibrations.read(db.conn, cal_id)
+
+    def calibrations(self, model: str | None = None) -> list[CalibrationRecord]:
+        """Stored calibrations (of one model), the newest first."""
+        with self._db.read() as db:
+            return calibrations.records(db.conn, model)
+
+    def delete_calibration(self, cal_id: str) -> None:
+        """Remove a calibration that no KV entry needs."""
+        with self._db.write() as db:
+            calibrations.delete(db.conn, cal_id)
 
     # -- quota and integrity -------------------------------------------------------------------
 

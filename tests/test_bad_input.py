@@ -81,22 +81,24 @@ def test_any_settings_file_loads_or_says_what_is_wrong(content):
 
 @PROFILE
 @given(budget=TYPED, bandwidth=TYPED, max_tokens=TYPED, level=TYPED, seed=TYPED,
-       temperature=TYPED, json_out=st.booleans())
+       temperature=TYPED, top_p=TYPED, repeat_last_n=TYPED, json_out=st.booleans())
 @example(budget="100", bandwidth="50", max_tokens="8", level="compact", seed="7",
-         temperature="0.5", json_out=True)
+         temperature="0.5", top_p="0.9", repeat_last_n="-1", json_out=True)
 def test_any_ask_options(capsys, fake_engine, budget, bandwidth, max_tokens, level, seed,
-                         temperature, json_out):
+                         temperature, top_p, repeat_last_n, json_out):
     argv = ["ask", "1", "what?", "--budget-ms", budget, "--bandwidth-MBps", bandwidth,
             "--max-tokens", max_tokens, "--level", level, "--seed", seed,
-            "--temperature", temperature] + (["--json"] if json_out else [])
+            "--temperature", temperature, "--top-p", top_p, "--repeat-last-n", repeat_last_n,
+            ] + (["--json"] if json_out else [])
     code, out, err = run(capsys, argv)
     check_outcome(code, out, err, json_out)
     if code == 0:  # accepted: then every value obeyed its rule when it reached the engine
         restore = RestoreOptions(level=level, budget_ms=float(budget),
                                  bandwidth_MBps=float(bandwidth))
-        generation = GenerationOptions(max_tokens=int(max_tokens),
-                                       temperature=float(temperature), seed=int(seed))
-        assert fake_engine.last_call("ask")[4] == restore.level
+        generation = GenerationOptions(max_tokens=int(max_tokens), temperature=float(temperature),
+                                       top_p=float(top_p), repeat_last_n=int(repeat_last_n),
+                                       seed=int(seed))
+        assert fake_engine.last_call("ask")[4:] == (restore.level, generation)
         assert generation.max_tokens >= 1 and restore.budget_ms > 0
 
 

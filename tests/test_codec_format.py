@@ -24,7 +24,9 @@ def digest(keys, values) -> str:
 
 
 def golden_cases():
-    return sorted(json.loads((GOLDEN / "expected.json").read_text()).items())
+    """Format version 1 blobs (test_codec_calibration.py decodes the calibrated one)."""
+    return sorted((name, e) for name, e in json.loads((GOLDEN / "expected.json").read_text())
+                  .items() if "calibration" not in e)
 
 
 @pytest.mark.parametrize("name, expected", golden_cases())
@@ -146,14 +148,16 @@ def test_hostile_headers_are_refused(meta):
 
 
 def test_future_format_version_is_refused_clearly():
-    with pytest.raises(CodecError, match="format version 2"):
+    with pytest.raises(CodecError, match="format version 3"):
+        codec.decode(make_blob(GOOD_META, version=3))
+    with pytest.raises(CodecError, match="version 2 lacks a calibration"):
         codec.decode(make_blob(GOOD_META, version=2))
 
 
 def test_rans_decoder_survives_garbage_streams():
     """Kernel-level: random words with consistent counts must not read or write out of bounds."""
     rng = np.random.default_rng(1)
-    bank, _, base = tables.kind_bank((15,))
+    bank, _ = tables.kind_bank((15,))
     out = np.zeros((2, 50, 6), np.uint16)
     dq = np.zeros((2, 1, 6, 15), np.uint16)
     ent = rng.integers(0, tables.n_entries(15), (2, 6))
@@ -169,7 +173,7 @@ def test_encoder_reciprocals_divide_exactly():
     """The rANS encoder divides x < f * 2^20 by f as (x * ceil(2^32 / f)) >> 32 and a fix-up
     of at most one; check that identity for every frequency at the range's edges."""
     f = np.arange(1, tables.PROB_SCALE + 1, dtype=np.int64)
-    bank = tables.Bank(f[None, :], np.zeros((1, f.size), np.int64), np.zeros((1, 1), np.uint8))
+    bank = tables.bank_of(f[None, :])
     recip = bank.recip[0].astype(np.uint64)
     rng = np.random.default_rng(3)
     top = f << 20
@@ -178,3 +182,26 @@ def test_encoder_reciprocals_divide_exactly():
         assert np.all((q == x // f) | (q == x // f + 1))
         q -= (x - q * f) < 0
         assert np.array_equal(q, x // f)
+
+
+@pytest.mark.parametrize("nsym", [2, 3, 4, 7, 16, 31, 59, 63, 127])
+def test_vectorized_codebook_equals_the_reference(nsym):
+    """The fast codebook is the format's: entry for entry the pure-Python definition's."""
+    from codec import reference
+
+    assert np.array_equal(tables.codebook_freq(nsym), reference.codebook_freq(nsym))
+
+
+def test_decoder_rows_are_built_on_demand_and_match_the_codebooks():
+    bank, base = tables.kind_bank((7, 15))
+    ids = np.array([[base[7] + 3, base[15] + 100], [base[15] + 100, 5]])
+    rows, fc, lut = bank.decoder_tables(ids)
+    assert sorted(set(rows.ravel().tolist())) == [0, 1, 2]
+    books = {7: tables.codebook_freq(7), 15: tables.codebook_freq(15)}
+    for e, r in zip(ids.ravel().tolist(), rows.ravel().tolist(), strict=True):
+        n = 7 if e < base[15] else 15
+        want = books[n][e - base[n]]
+        assert np.array_equal(fc[r, :n] & 0xFFFF, want) and np.array_equal(fc[r], bank.fc[e])
+        assert np.array_equal(np.bincount(lut[r], minlength=n), want)
+        assert np.array_equal(lut[r], bank.lut[e])
+    assert np.array_equal(bank.freq[base[15]:, :15], books[15])  # the encoder's: every row

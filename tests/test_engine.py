@@ -37,11 +37,19 @@ def close(eng: Engine) -> None:
 
 
 def ask(eng: Engine, question: str, *, doc: int | None = None, chat: int | None = None,
-        tokens: int = 16, **restore):
-    """One turn, in chat `chat` or a new chat about `doc`; keyword arguments of RestoreOptions."""
+        tokens: int = 16, seed: int | None = None, **restore):
+    """One turn, in chat `chat` or a new chat about `doc`; keyword arguments of RestoreOptions.
+
+    Deterministic, so answers can be compared: greedy (with the default penalties), or the
+    default sampling under `seed`.
+    """
     return eng.ask(question, chat_id=chat, doc_ids=[doc] if doc is not None else [],
-                   restore=RestoreOptions(**restore),
-                   generation=GenerationOptions(max_tokens=tokens))
+                   restore=RestoreOptions(**restore), generation=deterministic(tokens, seed))
+
+
+def deterministic(tokens: int, seed: int | None = None) -> GenerationOptions:
+    return GenerationOptions(max_tokens=tokens, temperature=0 if seed is None else None,
+                             seed=seed)
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +110,16 @@ def test_lossless_answers_exactly_like_recomputing(engine, doc_id):
     assert "1938" in cached.answer
 
 
+def test_lossless_samples_exactly_like_recomputing_under_a_seed(engine, doc_id):
+    """The default sampling (temperature, top-k/p, min-p, penalties) seeded: token for token."""
+    assert engine.sampling().options.temperature > 0
+    engine.runtime.reset()
+    cached = ask(engine, QUESTION, doc=doc_id, level="lossless", tokens=24, seed=11)
+    fresh = ask(engine, QUESTION, doc=doc_id, no_cache=True, tokens=24, seed=11)
+    assert set(cached.chunk_levels) == {"lossless"} and set(fresh.chunk_levels) == {"text"}
+    assert cached.answer == fresh.answer
+
+
 def test_chat_turns_reuse_the_document_and_reopen(engine, doc_id):
     first = ask(engine, "What was the lamp burning before 1902?", doc=doc_id, tokens=16)
     chat = first.chat_id
@@ -157,7 +175,7 @@ def test_a_draft_sent_unchanged_answers_without_computing_anything(engine, doc_i
     evaluated, before_first = [], []
     monkeypatch.setattr(engine.runtime.llm, "eval", lambda toks, f=engine.runtime.llm.eval: (
         evaluated.extend(toks), f(toks)))
-    sent = engine.ask(question, chat_id=chat, generation=GenerationOptions(max_tokens=12),
+    sent = engine.ask(question, chat_id=chat, generation=deterministic(12),
                       on_token=lambda _: before_first.append(len(evaluated)))
     assert before_first[0] == 0  # the first token came from the draft's logits
     assert sent.answer == plain.answer
@@ -184,6 +202,8 @@ def test_a_chat_about_two_documents_reuses_the_first_ones_cache(engine, doc_id, 
     res = ask(engine, "When does the ferry leave?", chat=chat.chat_id, tokens=20)
     assert "07:15" in res.answer or "16:40" in res.answer
     assert res.chunk_levels[0] != "text"  # the lighthouse document came from its cache
+    assert res.blended["mode"] == "blended" and res.blended["reused_tokens"] > 0
+    assert engine.exactness.idle.wait(300)  # the exact context, computed in the background
     (entry,) = [e for e in engine.store.entries() if e.chat_id == chat.chat_id]
     assert entry.parent_id == engine.store.document_entry(doc_id, engine.fingerprint).id
     assert engine.chats()[0].title == "When does the ferry leave?"
@@ -194,7 +214,7 @@ def test_a_chat_about_two_documents_reuses_the_first_ones_cache(engine, doc_id, 
 def test_forced_and_throttled_levels(engine, doc_id):
     chat = ask(engine, QUESTION, doc=doc_id, tokens=4).chat_id
     forced = engine.reopen(chat, restore=RestoreOptions(level="compact"))
-    assert set(forced.chunk_levels) == {"compact"}
+    assert set(forced.chunk_levels) == {"compact"}, (forced.chunk_levels, forced.messages)
     # A slow link and a tight budget: the adaptive choice must step down from the best level.
     slow = engine.reopen(chat, restore=RestoreOptions(budget_ms=30, bandwidth_MBps=5))
     assert "lossless" not in slow.chunk_levels

@@ -35,6 +35,12 @@ def test_each_member_has_the_protocols_signature(impl, name):
         f"EngineAPI.{name}{inspect.signature(declared)}")
 
 
+@pytest.mark.parametrize("impl", [Engine, FakeEngine], ids=["Engine", "FakeEngine"])
+@pytest.mark.parametrize("name", sorted(EngineAPI.__annotations__))
+def test_each_declared_attribute_exists(impl, name):
+    assert inspect.getattr_static(impl, name, None) is not None, f"{impl.__name__} lacks {name}"
+
+
 def test_a_drifted_fake_would_be_caught():
     """The check above can fail: a signature with one keyword renamed differs."""
 

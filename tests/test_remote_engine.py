@@ -11,8 +11,8 @@ import threading
 import uuid
 
 import pytest
-from s3_server import S3Server
 
+from benchmarks.s3_server import S3Server
 from desktop_app.engine import Engine
 from desktop_app.options import GenerationOptions, RestoreOptions
 from desktop_app.runtime import Runtime
@@ -29,7 +29,7 @@ ferry's bell came from the older boat it replaced, the Marta, which sank at her 
 in the storm of 1986 and was raised the following summer."""
 def ask(eng: Engine, question: str, *, doc: int, tokens: int, **restore):
     return eng.ask(question, doc_ids=[doc], restore=RestoreOptions(**restore),
-                   generation=GenerationOptions(max_tokens=tokens))
+                   generation=GenerationOptions(max_tokens=tokens, temperature=0))
 
 
 QUESTION = "How long does the crossing take?"

@@ -14,7 +14,9 @@ from desktop_app.kvstate import (
     build_seq_state,
     parse_seq_sections,
 )
+from desktop_app.options import GenerationOptions
 from desktop_app.runtime import Runtime
+from desktop_app.sampling import DEFAULTS
 
 SYSTEM = "You are a helpful assistant. Answer from the document."
 DOCUMENT = (
@@ -80,11 +82,28 @@ def test_restore_from_rebuilt_bytes_into_same_context(runtime):
 def test_sampling_with_a_seed_is_reproducible(runtime):
     prefix, question = chat_prefix_and_question(runtime)
     runs = []
-    for _ in range(2):
+    for seed in (7, 7, 8):
         runtime.reset()
         runtime.prefill(prefix + question)
-        runs.append([t.id for t in runtime.generate(16, temperature=0.9, seed=7)])
-    assert runs[0] == runs[1]
+        options = DEFAULTS.model_copy(update={"temperature": 1.5, "seed": seed})
+        runs.append([t.id for t in runtime.generate(24, options=options)])
+    assert runs[0] == runs[1]  # the whole chain, penalties included, seeded
+    assert runs[2] != runs[0]  # and the seed is what decides: another one, another answer
+
+
+def test_the_repetition_penalty_is_in_the_chain_and_sees_the_answer_only(runtime):
+    def continuation(**options) -> list[int]:
+        runtime.reset()
+        runtime.prefill(runtime.tokenize("Count: 1, 2, 3,"))
+        return [t.id for t in runtime.generate(8, options=GenerationOptions(**options))]
+
+    plain = continuation()
+    assert runtime.detokenize(plain).startswith(" 4, 5, 6")  # greedy: counting on
+    penalized = continuation(repeat_penalty=1.5, repeat_last_n=64)
+    # The prompt's ", " and spaces are not penalized: the answer starts as greedy does; its
+    # own repeated " " is, and the counting breaks off.
+    assert penalized[:3] == plain[:3] and penalized != plain
+    assert continuation(repeat_penalty=1.5, repeat_last_n=0) == plain  # window off
 
 
 def test_generation_streams_text(runtime):

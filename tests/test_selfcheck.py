@@ -18,6 +18,10 @@ def test_selfcheck_round_trip_leaves_user_data_alone(tmp_path):
     assert report["ok"], report.get("traceback")
     assert report["ttft_s"] > 0 and report["restore_s"] > 0
     assert report["level"] == "compact" and report["chunks"] >= 2
+    # a cold start shows: whether codec kernels compiled during the check, and for how long
+    assert isinstance(report["compiled_at_start"], bool)
+    assert report["compiled_at_start"] == (report["compile_s"] > 0)
+    assert report["codec_cache"]
     assert not (tmp_path / "data").exists()  # the conftest's KVDESK_DATA_DIR: never touched
 
 

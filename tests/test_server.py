@@ -173,6 +173,24 @@ def test_bad_requests_get_openai_errors(served):
                                               messages=[{"role": "user", "content": "hi"}])
 
 
+def test_sampling_fields_are_checked_and_a_seed_makes_the_answer_repeatable(served):
+    def sampled(**extra):
+        return served.client.chat.completions.create(
+            model="default", max_tokens=12, messages=conversation(), **extra
+        ).choices[0].message.content
+
+    # temperature, top-p, min-p, penalties from kvdesk's defaults (no settings, no model
+    # recommendation), seeded: the same answer twice
+    assert sampled(seed=5) == sampled(seed=5)
+    # top_k reaches the sampler: keeping one token, even a wild temperature answers greedily
+    greedy = ask(served.client, conversation()).choices[0].message.content
+    assert sampled(temperature=5, extra_body={"top_k": 1}) == greedy
+    with pytest.raises(openai.BadRequestError, match="top_p"):
+        sampled(top_p=0)
+    with pytest.raises(openai.BadRequestError, match="repeat_penalty"):
+        sampled(extra_body={"repeat_penalty": -1})
+
+
 def test_a_client_leaving_mid_stream_stops_the_answer(served):
     seen = []
     original = served.app.engine.completions.complete

@@ -13,6 +13,7 @@ from ui_fixtures import open_window, text_file
 
 from desktop_app import settings as settings_mod
 from desktop_app.errors import RuntimeStateError
+from desktop_app.options import GenerationOptions
 from desktop_app.settings import Settings
 from ui.main_window import MainWindow
 from ui.settings_dialog import SettingsDialog, needs_restart
@@ -310,6 +311,34 @@ def test_settings_persist_and_an_engine_change_asks_to_restart(qtbot, window, mo
     assert blocker.args[0].model == saved.model
     assert (saved.theme, saved.storage_budget_gb, saved.model) == ("dark", 3.5, str(model))
     assert window.colors.text == "#e6edf3"
+
+
+def test_answer_settings_keep_only_what_the_user_set_and_reach_the_engine(
+        qtbot, window, engine, monkeypatch):
+    def edit(dialog: SettingsDialog) -> int:
+        spins = dialog.generation.spins
+        # Nothing set: every value reads "default" (the model's or kvdesk's applies).
+        assert all(s.text() == "default" for s in spins.values())
+        spins["temperature"].setValue(0.3)
+        spins["repeat_penalty"].setValue(1.15)
+        dialog.accept()
+        return dialog.result()
+
+    monkeypatch.setattr("ui.main_window.SettingsDialog.exec", edit)
+    window.open_settings()
+    expected = GenerationOptions(temperature=0.3, repeat_penalty=1.15)
+    assert settings_mod.load().generation == expected
+    assert engine.generation_defaults == expected  # the next answer uses them, no restart
+
+    before = settings_mod.load().with_values(
+        generation={"temperature": 0.3, "presence_penalty": 0.5})
+    dialog = SettingsDialog(before)
+    qtbot.addWidget(dialog)
+    assert dialog.generation.spins["temperature"].value() == 0.3
+    dialog.generation.spins["temperature"].setValue(-1)  # back to the lowest: "default"
+    # One not shown (the presence penalty) is kept; none of them restarts the engine.
+    assert dialog.result_settings().generation == GenerationOptions(presence_penalty=0.5)
+    assert not needs_restart(before, dialog.result_settings())
 
 
 def test_the_settings_dialog_refuses_a_missing_model(qtbot):

@@ -23,6 +23,11 @@ def restore_line(report: RestoreReport) -> str:
         line += f" — {levels_summary(report.chunk_levels)}"
     elif report.recomputed_tokens:
         line += f" — {report.recomputed_tokens:,} tokens recomputed"
+    blended = report.blended or {}
+    if blended.get("mode") == "exact":
+        line += " · exact context"
+    elif blended.get("mode") == "blended":
+        line += " · blended from the documents' caches (approximate; made exact in the background)"
     return "; ".join([line, *report.messages])
 
 

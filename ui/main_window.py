@@ -47,6 +47,7 @@ from .sidebar import PHASE_WORDS, ChatList, DocumentList
 from .workers import Job, Runner
 
 DRAFT_PAUSE_MS = 300  # typing pause after which the draft question is computed
+BLENDED_POLL_MS = 5000  # how often the chat list looks again while a chat is being made exact
 
 
 class MainWindow(AskingMixin, LibraryMixin, QMainWindow):
@@ -229,6 +230,9 @@ class MainWindow(AskingMixin, LibraryMixin, QMainWindow):
     def _show_chats(self, chats: list[ChatInfo]) -> None:
         self.chats = chats
         self.chat_list.set_chats(chats, now=self.now())
+        if any(c.kv_mode == "blended" for c in chats):
+            # The engine makes a blended chat exact in the background: show it when it is.
+            QTimer.singleShot(BLENDED_POLL_MS, self.refresh_chats)
         self.chat_list.select(self.chat_id)
         self._update_header()
         self.chats_changed.emit()
@@ -371,6 +375,8 @@ class MainWindow(AskingMixin, LibraryMixin, QMainWindow):
         old, new = self.settings, dialog.result_settings()
         new.save()
         self.settings = new
+        if self.engine is not None:
+            self.engine.generation_defaults = new.generation  # from the next answer on
         if new.theme != old.theme:
             self._apply_theme(new.theme)
         if (new.server_enabled, new.server_port) != (old.server_enabled, old.server_port):

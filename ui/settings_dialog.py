@@ -1,6 +1,7 @@
 """The settings dialog: the model (a file, or one of the models found on this computer),
-model folders, context size, data folder, storage budget, theme, and the shared cache (an
-S3-compatible bucket; credentials are never settings: boto3 reads them).
+model folders, context size, data folder, storage budget, theme, the shared cache (an
+S3-compatible bucket; credentials are never settings: boto3 reads them) and how answers are
+generated (`generation_settings`).
 
 It edits a `desktop_app.settings.Settings` and returns the new one; the main window saves it and
 decides what a change means (a new theme applies at once, a new model or data folder needs the
@@ -35,6 +36,8 @@ from desktop_app.results import ModelFile
 from desktop_app.settings import Settings, SettingsError
 from desktop_app.support import SUPPORTED, UNTESTED
 from desktop_app.validation import InvalidValue
+
+from .generation_settings import GenerationBox
 
 THEMES = {"system": "Follow the system", "light": "Light", "dark": "Dark"}
 # Settings that change which model or store the engine opens: changing them rebuilds it.
@@ -103,6 +106,7 @@ class SettingsDialog(QDialog):
                                    checked=settings.remote_auto_push)
         self.auto_pull = QCheckBox("Look there before computing a document",
                                    checked=settings.remote_auto_pull)
+        self.generation = GenerationBox(settings.generation)
         self.serve = QCheckBox("Serve the local API while kvdesk is open (OpenAI-compatible: "
                                "other tools can use the same models and caches)",
                                checked=settings.server_enabled)
@@ -148,14 +152,22 @@ class SettingsDialog(QDialog):
                                    | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
+        general = QVBoxLayout()
+        general.addLayout(form)
+        general.addWidget(shared)
+        general.addWidget(local_api)
+        answers = QVBoxLayout()  # beside the rest: the dialog stays as tall as it was
+        answers.addWidget(self.generation)
+        answers.addStretch(1)
+        columns = QHBoxLayout()
+        columns.addLayout(general, 3)
+        columns.addLayout(answers, 2)
         layout = QVBoxLayout(self)
-        layout.addLayout(form)
-        layout.addWidget(shared)
-        layout.addWidget(local_api)
+        layout.addLayout(columns)
         layout.addWidget(note)
         layout.addWidget(self.error)
         layout.addWidget(buttons)
-        self.setMinimumWidth(520)
+        self.setMinimumWidth(880)
 
     @staticmethod
     def _with_browse(edit: QLineEdit, browse) -> QWidget:
@@ -219,7 +231,8 @@ class SettingsDialog(QDialog):
             remote_prefix=self.prefix.text().strip() or default_prefix,
             remote_auto_push=self.auto_push.isChecked(),
             remote_auto_pull=self.auto_pull.isChecked(),
-            server_enabled=self.serve.isChecked(), server_port=self.port.value())
+            server_enabled=self.serve.isChecked(), server_port=self.port.value(),
+            generation=self.generation.values())
 
     def accept(self) -> None:
         try:

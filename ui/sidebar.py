@@ -111,7 +111,12 @@ class ChatList(QWidget):
                 groups[name] = header
             item = QTreeWidgetItem([chat.title])
             item.setData(0, ID_ROLE, chat.chat_id)
-            item.setToolTip(0, f"{chat.title}\n{chat.messages} messages")
+            mode = {"blended": "\nanswered from its documents' caches blended; the exact "
+                    "context is being computed", "exact": "\nexact context cached"}
+            item.setToolTip(0, f"{chat.title}\n{chat.messages} messages"
+                            + mode.get(chat.kv_mode or "", ""))
+            if chat.kv_mode == "blended":
+                item.setText(0, f"{chat.title}  ≈")
             groups[name].addChild(item)
         for name in GROUPS:
             if name in groups:

@@ -58,6 +58,7 @@ def fake_answer(question: str) -> str:
 
 class FakeEngine:
     levels = ("lossless", "high", "balanced", "compact")  # a class attribute: read-only as used
+    generation_defaults = GenerationOptions()  # what the window last set (frozen: shareable)
 
     def __init__(self, *, step_s: float = 0.01, token_s: float = 0.003, now: float | None = None):
         self.step_s = step_s  # pause per progress step: the engine's blocking work
@@ -239,7 +240,7 @@ class FakeEngine:
             on_token: TokenFn | None = None, on_restore: RestoreFn | None = None,
             progress: ProgressFn | None = None,
             cancel: threading.Event | None = None) -> AskResult:
-        self._enter("ask", question, chat_id, list(doc_ids), restore.level)
+        self._enter("ask", question, chat_id, list(doc_ids), restore.level, generation)
         if chat_id is None:
             title = question.strip().splitlines()[0][:60]
             chat = self._add_chat(title, list(doc_ids), time.time())

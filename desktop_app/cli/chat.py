@@ -23,6 +23,7 @@ from .base import (
     json_option,
     level_list,
     no_server_option,
+    option_name,
     say,
     server_client,
     summary,
@@ -99,29 +100,51 @@ def restore_options(f):
     return wrapper
 
 
+def generation_options(f):
+    """A flag for every field of GenerationOptions (--temperature, --top-k, --max-tokens...),
+    passed on as one `generation` holding only the flags given: the rest come from the
+    settings file, the model file or kvdesk's defaults (`kvdesk info` shows which)."""
+    fields = GenerationOptions.model_fields
+    for name, spec in reversed(fields.items()):
+        kind = int if spec.annotation == int | None else float
+        f = click.option(option_name(name), name, type=kind, help=spec.description)(f)
+
+    @functools.wraps(f)
+    def wrapper(*args, **kwargs):
+        given = {name: kwargs.pop(name) for name in fields}
+        return f(*args, generation=values(GenerationOptions, **given), **kwargs)
+
+    return wrapper
+
+
 @cli.command(context_settings={"ignore_unknown_options": False})
 @click.argument("args", nargs=-1, required=True, metavar="[DOC_ID] QUESTION")
 @click.option("--chat", "chat_id", type=int, help="Continue this chat instead of a new one.")
+@click.option("--doc", "docs", type=int, multiple=True, help="A document of a new chat; "
+              "repeat it for a chat over several (their caches are blended).")
 @restore_options
-@click.option("--max-tokens", type=int, default=512, show_default=True)
-@click.option("--seed", type=int, help="Sample with this seed (default: greedy).")
-@click.option("--temperature", type=float, help="Sampling temperature (default 0.8 with --seed).")
+@generation_options
 @no_server_option
 @json_option
 @click.pass_obj
-def ask(app: App, args, chat_id, restore, max_tokens, seed, temperature, no_server, as_json):
-    """Ask about a document (a new chat), or continue a chat with --chat."""
-    if chat_id is not None and len(args) == 1:
+def ask(app: App, args, chat_id, docs, restore, generation, no_server, as_json):
+    """Ask about a document (a new chat; --doc ID --doc ID for several), or continue a chat
+    with --chat.
+
+    Generation flags not given come from the settings file, else the model file's
+    recommendation, else kvdesk's defaults (`kvdesk info` lists them). For the same answer
+    every time, give a --seed, or --temperature 0 (greedy, penalties kept).
+    """
+    if chat_id is not None and len(args) == 1 and not docs:
         doc_ids, question = [], args[0]
-    elif chat_id is None and len(args) == 2 and args[0].isdigit():
+    elif chat_id is None and len(args) == 2 and args[0].isdigit() and not docs:
         doc_ids, question = [int(args[0])], args[1]
+    elif chat_id is None and len(args) == 1 and docs:
+        doc_ids, question = list(docs), args[0]
     else:
-        raise click.UsageError("usage: kvdesk ask DOC_ID QUESTION, or kvdesk ask --chat "
-                               "CHAT_ID QUESTION (quote the question)")
-    if temperature is None:
-        temperature = 0.8 if seed is not None else 0.0
-    generation = values(GenerationOptions, max_tokens=max_tokens, temperature=temperature,
-                        seed=seed)
+        raise click.UsageError("usage: kvdesk ask DOC_ID QUESTION, kvdesk ask --doc ID --doc "
+                               "ID QUESTION, or kvdesk ask --chat CHAT_ID QUESTION (quote the "
+                               "question)")
     bar = TerminalProgress()
     streamed = []
 

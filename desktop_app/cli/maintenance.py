@@ -19,8 +19,13 @@ from .base import TerminalProgress, cli, emit, interruptible, json_option, level
 @json_option
 @click.pass_obj
 def info(app: App, as_json: bool):
-    """Show the model, its KV layout and its cache fingerprint."""
-    emit(app.info(), as_json)
+    """Show the model, its KV layout, its cache fingerprint and the sampling in effect."""
+    info = app.info()
+    facts = {k: v for k, v in info.items() if k not in ("sampling", "sampling_notes")}
+    emit(info, as_json, [f"{k}: {v}" for k, v in facts.items()] + ["sampling:"] + [
+        f"  {name}: {'a new one each answer' if s['value'] is None else s['value']} "
+        f"({s['from']})" for name, s in info["sampling"].items()]
+        + [f"  note: {n}" for n in info["sampling_notes"]])
 
 
 @cli.command()

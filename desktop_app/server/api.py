@@ -45,7 +45,6 @@ from . import schemas as s
 log = logging.getLogger("kvdesk.server")
 MAX_BODY = 16 << 20  # a prompt of millions of characters; uploads have their own limit
 MAX_UPLOAD = 210 << 20  # a document (documents.MAX_FILE_BYTES) and its form's framing
-DEFAULT_MAX_TOKENS = 512
 PING_S = 1.0  # streamed responses stay alive, and a client's stop is noticed within this
 
 
@@ -120,6 +119,13 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping) -> F
     async def api_error(request: Request, e: ApiError):
         return _json(e.status, e.body)
 
+    @api.exception_handler(ValueError)
+    async def refused(request: Request, e: ValueError):
+        # Bad values and the engine's refusals (InvalidValue, EngineError...) get a handler of
+        # their own: the catch-all below answers too, but Starlette then re-raises, and the
+        # client's kept-alive connection is dropped under its next request.
+        return _json(*_error_of(e))
+
     @api.exception_handler(Exception)
     async def failure(request: Request, e: Exception):
         status, body = _error_of(e)
@@ -141,7 +147,7 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping) -> F
                            "'default'", code="model_not_found", param="model")
         body.check_supported()
         options = {"documents": body.kvdesk.documents, "restore": body.kvdesk.restore(),
-                   "generation": body.generation(DEFAULT_MAX_TOKENS), "stop": body.stops()}
+                   "generation": body.generation(), "stop": body.stops()}
         messages = [m.flat() for m in body.messages]
         cid = s.completion_id()
         if not body.stream:

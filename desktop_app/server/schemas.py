@@ -77,9 +77,19 @@ class ChatRequest(pydantic.BaseModel):
     messages: list[Message] = Field(min_length=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # GenerationOptions' fields by their names (OpenAI's, and llama.cpp server's for top_k,
+    # min_p, repeat_penalty and repeat_last_n); one not given comes from the settings file,
+    # the model file or kvdesk's defaults, as for `kvdesk ask`.
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
+    repeat_last_n: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
     n: int = 1
@@ -98,12 +108,12 @@ class ChatRequest(pydantic.BaseModel):
         if self.response_format and self.response_format.get("type") not in (None, "text"):
             raise EngineError("response_format: only text is supported")
 
-    def generation(self, default_max_tokens: int) -> GenerationOptions:
-        given = {"max_tokens": self.max_completion_tokens or self.max_tokens or
-                 default_max_tokens, "temperature": self.temperature, "seed": self.seed}
-        return parse(GenerationOptions, {k: v for k, v in given.items() if v is not None},
-                     names={"max_tokens": "max_tokens" if self.max_tokens else
-                            "max_completion_tokens"})
+    def generation(self) -> GenerationOptions:
+        given = {name: getattr(self, name) for name in GenerationOptions.model_fields}
+        newer = self.max_completion_tokens is not None  # OpenAI's newer name wins
+        given["max_tokens"] = self.max_completion_tokens if newer else self.max_tokens
+        return parse(GenerationOptions, given,
+                     names={"max_tokens": "max_completion_tokens" if newer else "max_tokens"})
 
     def stops(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

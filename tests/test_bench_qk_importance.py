@@ -1,16 +1,17 @@
-"""Calibration on the real default model: the graph callback captures the keys llama.cpp
-caches (so the ctypes view of ggml_tensor is right), W_o is read at the shape the model has,
-and step weights keep each layer's geometric mean."""
+"""benchmarks.qk_importance on the real default model: the graph callback captures the keys
+llama.cpp caches (so the ctypes view of ggml_tensor is right), W_o is read at the shape the
+model has, and step weights keep each layer's geometric mean."""
 
 from __future__ import annotations
 
 import pydoc_data.topics
 
-import llama_cpp
 import numpy as np
 import pytest
 
-from desktop_app import calibration, kvstate, quality
+from benchmarks import qk_importance as calibration
+from desktop_app import kvstate
+from desktop_app.runtime import Runtime
 
 pytestmark = pytest.mark.model
 
@@ -20,11 +21,11 @@ N = 96
 
 @pytest.fixture(scope="module")
 def tokens(model_path):
-    llm = llama_cpp.Llama(model_path=str(model_path), n_ctx=8, vocab_only=True, verbose=False)
+    rt = Runtime(model_path, model_hash="test", n_ctx=64)
     try:
-        return llm.tokenize(TEXT.encode(), add_bos=True)[:N]
+        return rt.tokenize(TEXT, add_bos=True, special=False)[:N]
     finally:
-        llm.close()
+        rt.close()
 
 
 @pytest.fixture(scope="module")
@@ -36,12 +37,12 @@ def test_captured_keys_are_the_cached_keys(model_path, tokens, captured):
     q, k, facts = captured
     assert facts["n_layer"] == 30 and facts["n_head"] == 9 and facts["n_head_kv"] == 3
     assert q[0].shape == (N, 9, 64) and k[29].shape == (N, 3, 64)
-    ctx = quality._Context(model_path, N + 8, llama_cpp.GGML_TYPE_F16, 2)
+    rt = Runtime(model_path, model_hash="test", n_ctx=N + 8, flash_attn=True)
     try:
-        ctx.prefill(tokens)
-        cached = kvstate.in_position_order(kvstate.parse_seq_state(ctx.state())).keys
+        rt.prefill(tokens)
+        cached = kvstate.in_position_order(rt.capture()).keys
     finally:
-        ctx.close()
+        rt.close()
     for layer in (0, 17, 29):
         got = k[layer].reshape(N, -1)
         # the cache holds the same float32 keys rounded to float16

@@ -1,0 +1,329 @@
+"""Where the codec's compiled kernels come from, and which CPU they are compiled for.
+
+numba compiles every `@njit(cache=True)` kernel on first use (~20 s for the codec on 2 cores)
+and keeps the machine code in a cache: the checkout's `__pycache__`, or the folder
+NUMBA_CACHE_DIR names (the bundle's runtime hook points it at the user's cache folder). A
+bundle also ships a cache of its own, compiled when it is built (`python -m codec.precompile
+build DIR`) for a portable CPU target instead of the build machine's, so that the first
+question after installing finds its kernels compiled. `configure()` runs as this module is
+imported (`codec/__init__.py` imports it before any module defines a kernel) and uses that
+shipped cache when it fits — KVDESK_CODEC_CACHE names it, its manifest matches this numba,
+Python and machine, every file's SHA-256 and every codec source's matches, and this CPU has
+the target's instruction sets — by compiling for the same target in this process and
+handing numba the locator of `cachelocator.py`. Anything else, or a kernel signature the
+shipped cache lacks, compiles as without it; nothing here may fail the codec.
+
+The shipped folder is never written: numba writes a cache entry next to the index it read,
+so the locator gives numba a private temporary folder holding links to the shipped files,
+and a compile for a missing signature lands there and is dropped at exit.
+
+numba fixes its CPU target when it first compiles or loads a kernel, so `configure` must run
+before that: this module never makes numba do either, and imports it only inside functions.
+It must never change what a kernel computes: only where its machine code comes from.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+SHIPPED_ENV = "KVDESK_CODEC_CACHE"  # the shipped cache folder (set by the bundle's runtime hook)
+BUILD_ENV = "KVDESK_CODEC_CACHE_BUILD"  # while building one: the folder it is written to
+SET_ENV = "KVDESK_CODEC_NUMBA_ENV"  # the numba settings configure() made, seen by children
+MANIFEST = "manifest.json"
+MANIFEST_FORMAT = 1
+PACKAGE_DIR = Path(__file__).resolve().parent
+LOCATOR = "codec.cachelocator.CodecCacheLocator"  # numba imports it when it needs it
+# numba's own locators, after ours: other packages' kernels (and ours, when we decline).
+NUMBA_LOCATORS = ("UserProvidedCacheLocator", "InTreeCacheLocator", "UserWideCacheLocator",
+                  "IPythonCacheLocator", "ZipCacheLocator")
+
+# Named CPU targets a shipped cache may be built for, with the LLVM features a CPU must have
+# to run their code. x86-64-v3 (AVX2, FMA, BMI2: Haswell, 2013, and later) is what the
+# bundle's llama.cpp already requires on x86-64; "generic" is the architecture's baseline.
+TARGET_FEATURES = {
+    "x86-64-v3": ("cx16", "sahf", "popcnt", "sse3", "sse4.1", "sse4.2", "ssse3", "avx", "avx2",
+                  "bmi", "bmi2", "f16c", "fma", "lzcnt", "movbe", "xsave"),
+    "generic": (),
+}
+PORTABLE = {"x86_64": ("x86-64-v3", "generic"), "AMD64": ("x86-64-v3", "generic")}
+
+
+def portable_targets() -> tuple[str, ...]:
+    """The portable targets for this machine's architecture, preferred first."""
+    return PORTABLE.get(platform.machine(), ("generic",))
+
+
+def target_env(target: str) -> dict[str, str]:
+    """The numba environment that compiles for `target` ("host": this CPU, numba's default).
+    A named CPU gets empty extra features: exactly the instruction sets the name implies."""
+    return {} if target == "host" else {"NUMBA_CPU_NAME": target, "NUMBA_CPU_FEATURES": ""}
+
+
+def host_cpu_name() -> str:
+    import llvmlite.binding as ll
+
+    return ll.get_host_cpu_name()
+
+
+def host_supports(target: str) -> bool:
+    """Whether this CPU runs code compiled for `target` (unknown targets: no)."""
+    if target not in TARGET_FEATURES:
+        return False
+    if not TARGET_FEATURES[target]:
+        return True
+    import llvmlite.binding as ll
+
+    have = ll.get_host_cpu_features()
+    return all(have.get(f, False) for f in TARGET_FEATURES[target])
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _sources() -> dict[str, str]:
+    """SHA-256 of every codec source file, by path relative to the package's parent."""
+    return {p.relative_to(PACKAGE_DIR.parent).as_posix(): _sha256(p)
+            for p in sorted(PACKAGE_DIR.rglob("*.py"))}
+
+
+def _runtime() -> dict[str, str]:
+    """What a cache's machine code and pickles depend on besides the CPU target."""
+    import numba
+
+    return {"numba": numba.__version__, "python": sys.implementation.cache_tag,
+            "machine": platform.machine(), "system": platform.system()}
+
+
+@dataclass(frozen=True)
+class Shipped:
+    """A verified shipped cache: its folder, CPU target and the private folder numba uses."""
+
+    root: Path
+    target: str
+    overlay: Path
+
+
+@dataclass
+class _State:
+    shipped: Shipped | None = None  # set by configure() when the shipped cache is used
+    build: Path | None = None  # set while building a shipped cache
+    reason: str = "not configured"  # why the shipped cache is or is not used
+
+
+_state = _State()
+
+
+def status() -> dict:
+    """Which cache serves the kernels in this process, and why (for diagnostics)."""
+    s = _state.shipped
+    return {"shipped_cache": str(s.root) if s else None, "target": s.target if s else "host",
+            "reason": _state.reason}
+
+
+def verify(root: Path) -> str | dict:
+    """The manifest of the shipped cache at `root` if it fits this installation, else why not."""
+    try:
+        manifest = json.loads((root / MANIFEST).read_text())
+        files, target = manifest["files"], manifest["target"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"no readable manifest ({type(e).__name__})"
+    if manifest.get("format") != MANIFEST_FORMAT or manifest.get("runtime") != _runtime():
+        return "built for another numba, Python or machine"
+    recorded = manifest.get("sources") or {}
+    # A bundle leaves out codec modules the app never imports (the benchmark): only the
+    # sources present here must be the ones the cache was built from.
+    if any(recorded.get(rel) != digest for rel, digest in _sources().items()):
+        return "stale: the codec's sources differ from the ones it was built from"
+    if not host_supports(target):
+        return f"this CPU cannot run code built for {target}"
+    for rel, digest in files.items():
+        path = root / rel
+        if (Path(rel).is_absolute() or ".." in Path(rel).parts or not path.is_file()
+                or path.is_symlink() or _sha256(path) != digest):
+            return f"corrupt: {rel} does not match its checksum"
+    return manifest
+
+
+def configure() -> None:
+    """Choose where kernels come from; once, before any kernel is defined (at this module's
+    import, below).
+
+    It only sets defaults: a NUMBA_CPU_NAME or NUMBA_CACHE_LOCATOR_CLASSES of the user's wins
+    (and then the shipped cache, built for one target, is not used)."""
+    if _state.reason != "not configured":
+        return
+    build, root = os.environ.get(BUILD_ENV), os.environ.get(SHIPPED_ENV)
+    if build:
+        _state.build, _state.reason = Path(build), "building a shipped cache"
+        _use_locator({})
+        return
+    if not root:
+        _state.reason = f"no shipped cache ({SHIPPED_ENV} is not set)"
+        return
+    ours = os.environ.get(SET_ENV) == _numba_env()  # inherited from a parent kvdesk, not the user's
+    if not ours and (os.environ.get("NUMBA_CPU_NAME")
+                     or os.environ.get("NUMBA_CACHE_LOCATOR_CLASSES")):
+        _state.reason = "NUMBA_CPU_NAME or NUMBA_CACHE_LOCATOR_CLASSES is set by the user"
+        return
+    found = verify(Path(root))
+    if isinstance(found, str):
+        _state.reason = f"shipped cache at {root} not used: {found}"
+        return
+    try:
+        overlay = _link_overlay(Path(root), found["files"])
+    except OSError as e:
+        _state.reason = f"shipped cache at {root} not used: no temporary folder ({e})"
+        return
+    _state.shipped = Shipped(Path(root), found["target"], overlay)
+    _state.reason = f"shipped cache, built for {found['target']}"
+    _use_locator(target_env(found["target"]))
+
+
+def _use_locator(env: dict[str, str]) -> None:
+    # numba raises on every cached kernel if a listed locator cannot be imported
+    if importlib.util.find_spec(LOCATOR.rsplit(".", 1)[0]) is None:
+        _state.shipped, _state.build = None, None
+        _state.reason = f"{LOCATOR} cannot be imported: numba's own cache is used"
+        return
+    os.environ.update(env, NUMBA_CACHE_LOCATOR_CLASSES=",".join((LOCATOR, *NUMBA_LOCATORS)))
+    os.environ[SET_ENV] = _numba_env()
+    if "numba" in sys.modules:  # numba rereads its environment when it changes
+        from numba.core import config
+
+        config.reload_config()
+
+
+def _numba_env() -> str:
+    """The numba settings configure() makes, as one string (to recognise them in a child)."""
+    return ",".join(os.environ.get(k, "") for k in
+                    ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "NUMBA_CACHE_LOCATOR_CLASSES"))
+
+
+def _link_overlay(root: Path, files: dict[str, str]) -> Path:
+    """A private folder of links to the shipped files (copies where links are not allowed),
+    removed at exit: numba may write there, never into the shipped folder."""
+    overlay = Path(tempfile.mkdtemp(prefix="kvdesk-codec-cache-"))
+    atexit.register(shutil.rmtree, overlay, ignore_errors=True)
+    for rel in files:
+        (overlay / rel).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.symlink(root / rel, overlay / rel)
+        except OSError:
+            shutil.copyfile(root / rel, overlay / rel)
+    return overlay
+
+
+def cache_folder() -> Path | None:
+    """Where the locator keeps the codec's kernels: the build's output folder, the private
+    folder of links to the shipped cache, or None (numba's own cache)."""
+    if _state.build is not None:
+        return _state.build
+    return _state.shipped.overlay if _state.shipped else None
+
+
+def build(out: Path, target: str) -> dict:
+    """Compile every kernel the app reaches (`precompile`) for `target` into `out` (replaced),
+    in a child process (the target must be set before numba loads), and write the manifest
+    that `verify` checks. Returns the manifest."""
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    proc = subprocess.run([sys.executable, "-m", "codec.precompile", "--json"],
+                          env=build_env(out, target), cwd=PACKAGE_DIR.parent,
+                          capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"compiling the codec's kernels failed:\n{proc.stderr}")
+    return write_manifest(out, target, precompile=json.loads(proc.stdout))
+
+
+def build_env(out: Path, target: str) -> dict[str, str]:
+    """The environment of a process that compiles the codec's kernels into `out` for `target`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_")}
+    env.pop(SHIPPED_ENV, None)
+    return {**env, **target_env(target), BUILD_ENV: str(out)}
+
+
+def write_manifest(out: Path, target: str, **extra) -> dict:
+    """Record what the cache in `out` was built for and every file's SHA-256."""
+    files = {p.relative_to(out).as_posix(): _sha256(p)
+             for p in sorted(out.rglob("*")) if p.is_file() and p.name != MANIFEST}
+    if not files:
+        raise RuntimeError(f"no compiled kernel was written to {out}")
+    manifest = {"format": MANIFEST_FORMAT, "target": target, "runtime": _runtime(),
+                "sources": _sources(), "files": files, **extra}
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    return manifest
+
+
+@dataclass
+class _Compiles:
+    count: int = 0  # kernels numba compiled in this process (not loaded from a cache)
+    seconds: float = 0.0
+    active: int = 0  # compiles in progress now
+    watching: bool = False
+
+
+_compiles = _Compiles()
+_compiles_lock = threading.Lock()
+
+
+def compiles() -> tuple[int, float]:
+    """(kernels compiled, seconds spent compiling them) in this process so far, counting from
+    the first call: numba reports every compile (never a cache load) as an event."""
+    with _compiles_lock:
+        if not _compiles.watching:
+            from numba.core import event
+
+            event.register("numba:compile", _listener())
+            _compiles.watching = True
+        return _compiles.count, round(_compiles.seconds, 3)
+
+
+def compiling() -> bool:
+    """Whether numba is compiling a kernel right now (watched from the first `compiles()`)."""
+    with _compiles_lock:
+        return _compiles.active > 0
+
+
+def _listener():
+    from numba.core import event
+
+    class Listener(event.Listener):
+        """Sums the outermost compiles: compiling a kernel compiles the kernels it calls."""
+
+        local = threading.local()
+
+        def on_start(self, ev):
+            depth = getattr(self.local, "depth", 0)
+            if depth == 0:
+                self.local.t0 = time.perf_counter()
+                with _compiles_lock:
+                    _compiles.active += 1
+            self.local.depth = depth + 1
+
+        def on_end(self, ev):
+            self.local.depth -= 1
+            if self.local.depth == 0:
+                with _compiles_lock:
+                    _compiles.active -= 1
+                    _compiles.count += 1
+                    _compiles.seconds += time.perf_counter() - self.local.t0
+
+    return Listener()
+
+
+configure()  # at import: `codec/__init__.py` imports this module before any kernel module

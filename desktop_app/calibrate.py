@@ -1,0 +1,389 @@
+"""Per-model codec calibration: levels that keep the same promise on every model.
+
+A level is a quality contract (quality.CONTRACTS), measured against llama.cpp's q8_0 KV on
+the same model and text. `calibrate` runs the model once on a built-in calibration text
+(desktop_app/data/calibration.txt, written for kvdesk, Apache-2.0 like the rest; never an
+evaluation text) and returns a `codec.Calibration` that makes the levels hold there:
+
+1. Reference runs (quality.Evaluator): the exact cache, llama.cpp's q8_0 cache and the
+   fp16-ulp noise floor; they set each contract's target.
+2. Transforms, fitted on the exact KV of every cache section (codec.transform.fit): keys
+   with RoPE removed (llama.cpp's RoPE type; of the candidate bases, the one that leaves the
+   keys' channels least variance), centred, and optionally turned onto per-head KLT bases;
+   values centred. Of the variants (none, centred, KLT) the one that codes the calibration KV
+   in the fewest bits at the same step is kept (all are orthogonal or shifts: equal steps,
+   equal error), unless it saves too little for what it costs a decode (`Settings`).
+3. Sensitivity: KLD per unit of error variance of every (kind, layer), from Gaussian noise
+   added to that layer alone. Steps go as w^-1/2 (the rate-distortion optimum of a weighted
+   squared error), one scale per level.
+4. Levels: for each, the coarsest scale whose row still meets its contract with a margin on
+   the calibration text (bisection), turned into per-layer bins (`codec` levels quantize with
+   one scale per layer and chunk: bins follow from the layer's usual maximum and the step).
+
+Progress goes to `progress(stage, fraction)`; `cancel` (a threading.Event) is checked between
+model runs and raises runtime.Cancelled. This module measures and returns a calibration: it
+must never touch the store, and knows the model only through Runtime and quality.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from importlib import resources
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+
+import codec
+from codec import transform
+from codec.levels import CALIBRATED, CODEC_ID
+
+from . import kvstate, quality
+from .runtime import Cancelled
+
+ProgressFn = Callable[[str, float], None]
+LEVELS = ("high", "balanced", "compact")
+MAX_MAXQ = 63  # codec.levels.MAX_BINS // 2 - 1
+TEXT_NAME = "calibration.txt"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How much the calibration measures (the defaults fit 10 minutes for a 0.5B model on 2
+    cores; tests use far fewer tokens)."""
+
+    prefix_tokens: int = 512
+    cont_tokens: int = 128
+    noise: float = 0.25  # probe noise, relative to a layer's RMS after centring
+    kld_margin: float = 0.8  # `high` aims at this fraction of its KLD budget
+    top1_margin: float = 0.5  # top-1 levels aim this many positions above their target
+    # Top-1 at a given KLD varies from text to text (pydoc: 0.93 where the calibration text
+    # has 0.95): a top-1 level then halves the KLD at which it met its target here
+    top1_kld_safety: float = 0.5
+    min_gain: float = 0.03  # a costlier transform must save this fraction of the bits
+    iterations: int = 7  # bisection steps per level
+    # "klt" (per-head bases for the keys) saved 7 % of the bits on SmolLM2 but costs 2.5x the
+    # decode CPU (benchmarks/RESULTS.md, "Calibrated levels"): not a default
+    variants: tuple[str, ...] = ("none", "centred")
+
+
+def calibration_text() -> str:
+    return resources.files("desktop_app").joinpath("data", TEXT_NAME).read_text("utf-8")
+
+
+def calibrate(model_path: str | Path, *, fingerprint: str, settings: Settings = Settings(),
+              progress: ProgressFn | None = None, cancel: threading.Event | None = None,
+              text: str | None = None) -> codec.Calibration:
+    """Calibrate the codec for one model (see the module docstring)."""
+    t0 = time.monotonic()
+    run = _Run(settings, progress, cancel)
+    run.say("reference", 0.0)
+    with quality.Evaluator(model_path, text or calibration_text(),
+                           prefix_tokens=settings.prefix_tokens,
+                           cont_tokens=settings.cont_tokens, greedy_tokens=0) as ev:
+        run.check()
+        q8 = ev.row("q8_0")
+        floor = ev.row(quality.FLOOR)
+        run.say("transforms", 0.05)
+        facts = {**_rope_facts(ev.exact.llm), "head_dim": ev.exact.layout.head_dim}
+        sections = [kvstate.in_position_order(kv) for kv in ev.seq_state.sections]
+        fits = {v: _fit(sections, facts, v) for v in settings.variants}
+        run.say("sensitivity", 0.1)
+        weights = _sensitivity(ev, sections, run, floor["kld"])
+        steps = [{k: w ** -0.5 for k, w in part.items()} for part in weights]
+        norm = np.exp(np.mean([np.log(s).mean() for part in steps for s in part.values()]))
+        steps = [{k: s / norm for k, s in part.items()} for part in steps]
+        variant, bits_by_variant = _choose(fits, sections, steps, weights, settings)
+        parts = fits[variant]
+        draft = codec.Calibration(tuple(parts))
+        ev.calibration = draft
+        targets = {name: quality.CONTRACTS[name][2](q8, floor) for name in LEVELS}
+        levels, rows = [{} for _ in parts], {}
+        # wide enough below: on Gemma 3 (no KLT) `high` was still short of its goal at 1/64
+        lo_scale = _mid_scale(draft, sections, steps) / 512
+        for i, name in enumerate(LEVELS):
+            run.say(name, 0.5 + 0.15 * i)
+            scale, row = _search(ev, draft, sections, steps, name, targets[name], lo_scale,
+                                 settings, run)
+            lo_scale = scale  # a cheaper level is never finer than a better one
+            rows[name] = row
+            for p, cfg in enumerate(_configs(draft, sections, steps, scale, name)):
+                levels[p][name] = cfg
+    meta = {"fingerprint": fingerprint, "model": Path(model_path).name,
+            "text": "built-in" if text is None else "given", "settings": asdict(settings),
+            "variant": variant, "bits_by_variant": bits_by_variant,
+            "q8_0": _short(q8), "fp16-ulp": _short(floor), "levels": rows,
+            "targets": targets, "rope": facts, "seconds": round(time.monotonic() - t0, 1),
+            "created": time.time()}
+    run.say("done", 1.0)
+    return codec.Calibration(tuple(codec.Part(p.n_layer, p.channels, p.keys, p.values,
+                                              levels[i]) for i, p in enumerate(parts)), meta)
+
+
+class _Run:
+    def __init__(self, settings, progress, cancel):
+        self.settings, self.progress, self.cancel = settings, progress, cancel
+
+    def check(self) -> None:
+        if self.cancel is not None and self.cancel.is_set():
+            raise Cancelled("calibration cancelled")
+
+    def say(self, stage: str, fraction: float) -> None:
+        self.check()
+        if self.progress is not None:
+            self.progress(stage, fraction)
+
+
+def _short(row: dict) -> dict:
+    return {k: row[k] for k in ("bits_per_element", "kld", "top1")}
+
+
+def _rope_facts(llm: llama_cpp.Llama) -> dict:
+    """The model's RoPE as llama.cpp applies it: type, rotated channels, candidate bases."""
+    model = llm._model.model
+    arch = llm.metadata.get("general.architecture", "")
+    kind = {llama_cpp.LLAMA_ROPE_TYPE_NORM: "norm",
+            llama_cpp.LLAMA_ROPE_TYPE_NEOX: "neox"}.get(llama_cpp.llama_model_rope_type(model))
+    base = float(llm.metadata.get(f"{arch}.rope.freq_base", 10000.0))
+    n_rot = int(llm.metadata.get(f"{arch}.rope.dimension_count", 0))
+    scale = float(llama_cpp.llama_model_rope_freq_scale_train(model)) or 1.0
+    # llama.cpp keeps some models' window layers at another base than the metadata's (Gemma
+    # 3: 10,000): the data decides between the candidates (`_fit`)
+    return {"type": kind or "none", "n_rot": n_rot, "freq_scale": scale,
+            "bases": sorted({base, 10000.0})}
+
+
+def _theta(facts: dict, base: float, head_dim: int) -> np.ndarray:
+    n_rot = facts["n_rot"] or head_dim
+    return facts["freq_scale"] * base ** (-np.arange(0, n_rot, 2) / n_rot)
+
+
+def _fit(sections: list[kvstate.KVState], facts: dict, variant: str) -> list[codec.Part]:
+    """One variant's transforms for every section (tokens after the sink)."""
+    parts = []
+    head_dim = facts["head_dim"]
+    for kv in sections:
+        first = int(kv.positions[0])
+        sink = 1 if first == 0 else 0
+        keys, values = kv.keys[:, sink:], kv.values[:, sink:]
+        if variant == "none":
+            kt = vt = codec.KindTransform(head_dim)
+        else:
+            kt = min((transform.fit(keys, first + sink, head_dim, facts["type"],
+                                    _theta(facts, b, head_dim)) for b in facts["bases"]),
+                     key=lambda tf: _spread(keys, tf, first + sink))
+            if facts["type"] == "none" or _spread(keys, kt, first + sink) > _spread(
+                    keys, transform.fit(keys, first + sink, head_dim), first + sink):
+                kt = transform.fit(keys, first + sink, head_dim)
+            if variant == "klt":
+                kt = transform.fit(keys, first + sink, head_dim, kt.rope, kt.theta, basis=True)
+            vt = transform.fit(values, first + sink, head_dim)
+        parts.append(codec.Part(kv.n_layer, kv.channels, kt, vt))
+    return parts
+
+
+def _spread(x: np.ndarray, tf: codec.KindTransform, first: int) -> float:
+    """Mean log-variance of the channels of x through tf: what a channel costs at one step."""
+    y = transform.forward(x, tf, *transform.angles(tf, first, x.shape[1]))
+    return float(np.log(y.var(axis=1) + 1e-12).mean())
+
+
+def _sensitivity(ev: quality.Evaluator, sections, run: _Run, floor_kld: float) -> list[dict]:
+    """[{("keys"|"values", layer): KLD per unit of noise variance}] per section."""
+    rng = np.random.default_rng(0)
+    out = []
+    total = sum(2 * kv.n_layer for kv in sections)
+    done = 0
+    for s, kv in enumerate(sections):
+        weights = {}
+        for kind in ("keys", "values"):
+            for layer in range(kv.n_layer):
+                run.say("sensitivity", 0.1 + 0.35 * done / total)
+                done += 1
+                x = getattr(kv, kind)[layer].astype(np.float32)
+                sigma = ev_noise(x, run.settings.noise)
+                noisy = (x + sigma * rng.standard_normal(x.shape)).astype(x.dtype)
+                noisy[kv.positions == 0] = getattr(kv, kind)[layer][kv.positions == 0]
+                changed = _with_layer(ev.seq_state, s, kv, kind, layer, noisy)
+                row = ev.measure_state("probe", kvstate.build_seq_sections(changed), 16.0)
+                weights[(kind, layer)] = max(row["kld"] - floor_kld, 0.1 * floor_kld) / sigma**2
+        out.append(weights)
+    return out
+
+
+def ev_noise(x: np.ndarray, relative: float) -> float:
+    """Probe noise: `relative` times the layer's RMS about its channel means."""
+    return relative * float(np.sqrt((x - x.mean(axis=0)).var(axis=0).mean()) + 1e-12)
+
+
+def _with_layer(seq: kvstate.SeqState, s: int, kv_sorted: kvstate.KVState, kind: str,
+                layer: int, data: np.ndarray) -> kvstate.SeqState:
+    """The exact state with one layer of one kind of section s replaced (data in position
+    order)."""
+    sections = list(seq.sections)
+    orig = sections[s]
+    order = np.argsort(orig.positions, kind="stable")
+    arrays = {"keys": orig.keys, "values": orig.values}
+    arr = arrays[kind].copy()
+    arr[layer, order] = data
+    arrays[kind] = arr
+    sections[s] = kvstate.KVState(arrays["keys"], arrays["values"], orig.positions,
+                                  orig.v_trans, orig.seq_id)
+    return kvstate.SeqState(sections, seq.seq_id)
+
+
+def _chunk_max(x: np.ndarray, tf: codec.KindTransform, first: int) -> np.ndarray:
+    """[L] median over 256-token chunks of the largest |coefficient| of each layer."""
+    y = transform.forward(x, tf, *transform.angles(tf, first, x.shape[1]))
+    tops = [np.abs(y[:, i:i + quality.CHUNK_TOKENS]).max(axis=(1, 2))
+            for i in range(0, y.shape[1], quality.CHUNK_TOKENS)]
+    return np.median(np.stack(tops), axis=0)
+
+
+def _bins(top: np.ndarray, step: np.ndarray) -> list[int]:
+    maxq = np.clip(np.rint(top / np.maximum(step, 1e-12)), 1, MAX_MAXQ).astype(int)
+    return [int(2 * q + 2) for q in maxq]
+
+
+def _configs(cal: codec.Calibration, sections, steps, scale: float, name: str) -> list[dict]:
+    """The level config of every part for one scale (steps = scale * per-unit steps)."""
+    out = []
+    for p, (part, kv) in enumerate(zip(cal.parts, sections, strict=True)):
+        first = int(kv.positions[0])
+        sink = 1 if first == 0 else 0
+        kinds = {}
+        for kind in ("keys", "values"):
+            tf = part.transform(kind)
+            top = _chunk_max(getattr(kv, kind)[:, sink:], tf, first + sink)
+            step = scale * np.array([steps[p][(kind, layer)] for layer in range(kv.n_layer)])
+            kinds[kind] = {"scale": "layer", "bins": _bins(top, step),
+                           "layer_edges": [round(i / kv.n_layer, 6) for i in range(1, kv.n_layer)]}
+            if not tf.identity:
+                kinds[kind]["transform"] = CALIBRATED
+        out.append({"id": CODEC_ID, "name": name, "mode": "quantized", "lanes": 32,
+                    "states": 4, "sink_tokens": 1, "anchor_group": 0, **kinds})
+    return out
+
+
+def _blobs(cal: codec.Calibration, sections, configs: list[dict]) -> list[list[bytes]]:
+    """Every part's KV (in position order) encoded at its config."""
+    out = []
+    for p, (kv, cfg) in enumerate(zip(sections, configs, strict=True)):
+        level = {**cfg, "calibration": {"id": cal.id, "part": p}} if any(
+            "transform" in cfg[k] for k in ("keys", "values")) else cfg
+        out.append(codec.encode_chunks(kv.keys, kv.values, level, calibration=cal,
+                                       first_token=int(kv.positions[0]),
+                                       chunk_tokens=quality.CHUNK_TOKENS))
+    return out
+
+
+def _bits(sections, blobs: list[list[bytes]]) -> float:
+    nbytes = sum(len(b) for part in blobs for b in part)
+    return nbytes * 8 / sum(2 * kv.keys.size for kv in sections)
+
+
+def _choose(fits, sections, steps, weights, settings: Settings) -> tuple[str, dict]:
+    """The variant with the fewest bits at equal KLD-weighted error: for each, bits + 0.5 *
+    log2(sum of w * squared error) (the high-rate rate-distortion trade: half a bit per halving
+    of the error), summed over a mid and a fine scale (where a layer's alphabet can run out:
+    a variant whose keys keep large offsets then cannot reach the step it is given). A
+    costlier variant (settings.variants is cheapest first) must win by settings.min_gain of
+    the cheapest's bits."""
+    scores, bits = {}, {}
+    for variant, parts in fits.items():
+        cal = codec.Calibration(tuple(parts))
+        mid = _mid_scale(cal, sections, steps)
+        scores[variant] = 0.0
+        for scale in (mid, mid / 8):
+            configs = _configs(cal, sections, steps, scale, "probe")
+            blobs = _blobs(cal, sections, configs)
+            rate = _bits(sections, blobs)
+            bits.setdefault(variant, round(rate, 4))
+            scores[variant] += rate + 0.5 * float(np.log2(_weighted_error(cal, sections, blobs,
+                                                                          weights)))
+    best = settings.variants[0]
+    for variant in settings.variants[1:]:
+        if scores[variant] < scores[best] - settings.min_gain * bits[best]:
+            best = variant
+    return best, {v: {"bits": bits[v], "score": round(scores[v], 4)} for v in fits}
+
+
+def _weighted_error(cal, sections, blobs, weights) -> float:
+    """sum over (kind, layer) of the KLD weight times the mean squared error of a round trip."""
+    total = 0.0
+    for s, (kv, part) in enumerate(zip(sections, blobs, strict=True)):
+        keys, values = codec.decode_chunks(part, calibrations={cal.id: cal})
+        for kind, got in (("keys", keys), ("values", values)):
+            err = (got.astype(np.float32) - getattr(kv, kind).astype(np.float32)) ** 2
+            mse = err.mean(axis=(1, 2))
+            total += sum(weights[s][(kind, layer)] * mse[layer] for layer in range(kv.n_layer))
+    return max(float(total), 1e-30)
+
+
+def _mid_scale(cal, sections, steps) -> float:
+    """A mid-rate scale: the median unit's step a third of its RMS about the channel means
+    (the same for every variant: error is what the transforms keep)."""
+    tops = []
+    for p, kv in enumerate(sections):
+        sink = 1 if int(kv.positions[0]) == 0 else 0
+        for kind in ("keys", "values"):
+            x = getattr(kv, kind)[:, sink:].astype(np.float32)
+            rms = np.sqrt((x - x.mean(axis=1, keepdims=True)).var(axis=1).mean(axis=1))
+            tops += list(rms / np.array([steps[p][(kind, layer)] for layer in range(kv.n_layer)]))
+    return float(np.median(tops)) / 3.0
+
+
+def _search(ev, cal, sections, steps, name, target, lo_scale, settings, run):
+    """The coarsest scale meeting `name`'s contract (with margin) on the calibration text."""
+    metric = quality.CONTRACTS[name][0]
+    if metric == "kld":
+        goal = target * settings.kld_margin
+        ok = lambda row: row["kld"] <= goal  # noqa: E731
+    else:
+        goal = target + settings.top1_margin / settings.cont_tokens
+        ok = lambda row: row["top1"] >= goal  # noqa: E731
+
+    def measure(scale):
+        run.check()
+        configs = _configs(cal, sections, steps, scale, name)
+        state, bits = _state(ev, cal, sections, configs)
+        return {**_short(ev.measure_state(name, state, bits)), "scale": scale}
+
+    def bisect(lo, hi, ok, iterations):
+        best = None
+        for _ in range(iterations):
+            mid = (lo + hi) / 2
+            row = measure(float(np.exp(mid)))
+            if ok(row):
+                lo, best = mid, row
+            else:
+                hi = mid
+        return best or measure(float(np.exp(lo)))  # even the finest misses: say so in rows
+
+    lo = np.log(lo_scale)
+    best = bisect(lo, np.log(_mid_scale(cal, sections, steps) * 8), ok, settings.iterations)
+    if metric == "top1":
+        kld_goal = best["kld"] * settings.top1_kld_safety
+        best = bisect(lo, np.log(best["scale"]), lambda row: row["kld"] <= kld_goal,
+                      settings.iterations - 2)
+        best["kld_goal"] = kld_goal
+    best["goal"] = goal
+    return best["scale"], best
+
+
+def _state(ev, cal, sections, configs) -> tuple[bytes, float]:
+    """The exact state after a round trip through a level's configs (one per part)."""
+    seq = ev.seq_state
+    blobs = _blobs(cal, sections, configs)
+    out = []
+    for orig, part in zip(seq.sections, blobs, strict=True):
+        keys, values = codec.decode_chunks(part, calibrations={cal.id: cal})
+        order = np.argsort(orig.positions, kind="stable")
+        back_k, back_v = np.empty_like(orig.keys), np.empty_like(orig.values)
+        back_k[:, order], back_v[:, order] = keys, values
+        out.append(kvstate.KVState(back_k, back_v, orig.positions, orig.v_trans, orig.seq_id))
+    state = kvstate.build_seq_sections(kvstate.SeqState(out, seq.seq_id))
+    return state, _bits(sections, blobs)

@@ -1,0 +1,104 @@
+"""Chats over several documents from their cached KV: alignment of a document inside its own
+prefix, a blended answer never stored, the exact context computed in the background (then
+answers equal a prefill's token for token), cancelling and deleting meanwhile."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from desktop_app.blending import _runs, align, leading
+from desktop_app.engine import Engine
+from desktop_app.errors import Cancelled
+from desktop_app.options import GenerationOptions, RestoreOptions
+from desktop_app.runtime import Runtime
+from store import Store
+
+DOCS = {
+    "ferry.txt": "The ferry to Cape Morrow leaves at 07:15 and 16:40 on weekdays. On "
+                 "Saturdays it sails once, at 10:00. The crossing takes fifty minutes. " * 4,
+    "museum.txt": "The keeper's cottage became a museum in 1979. It keeps the logbooks, a "
+                  "brass telescope and a barometer that still works. Entry is free. " * 4,
+    "tower.txt": "The tower is 31 metres tall and its light can be seen 40 kilometres out to "
+                 "sea. A storm in 1956 broke the lantern glass. " * 4,
+}
+QUESTION = "When does the Saturday ferry leave, and what does the museum keep?"
+
+
+def test_align_finds_the_header_and_the_document_after_the_system_prompt():
+    stored = [1, 2, 3, 50, 51, 52, 9, 9, *range(100, 120), 7]
+    part = [1, 2, 3, *range(100, 120), 8, 8]
+    assert align(part, stored) == [(0, 0, 3), (3, 8, 20)]
+    assert align([5, 6], stored) == []  # nothing in common: nothing reused
+    assert _runs(__import__("numpy").array([0, 1, 1, 0, 1], bool)) == [(1, 3), (4, 5)]
+    assert list(leading(0.1)(100, 50)) == list(range(100, 105))
+
+
+@pytest.fixture
+def engine(tmp_path, model_path, model_hash):
+    def factory():
+        return Runtime(model_path, model_hash=model_hash, n_ctx=2048, flash_attn=True)
+
+    eng = Engine(Store(tmp_path / "data"), factory, chunk_tokens=64, blend_fraction=0.15)
+    ids = []
+    for name, text in DOCS.items():
+        (tmp_path / name).write_text(text)
+        ids.append(eng.attach(tmp_path / name).doc_id)
+    eng.doc_ids = ids
+    yield eng
+    eng.close()
+    eng.store.close()
+
+
+# Greedy (with the default penalties): answers that can be compared token for token.
+GREEDY = GenerationOptions(max_tokens=16, temperature=0)
+
+
+def ask(eng, **kw):
+    return eng.ask(QUESTION, generation=GREEDY, **kw)
+
+
+def test_a_blended_chat_answers_then_becomes_exact(engine):
+    first = ask(engine, doc_ids=engine.doc_ids)
+    assert first.documents == engine.doc_ids
+    blended = first.blended
+    assert blended["mode"] == "blended" and blended["reused_tokens"] > 0
+    assert 0 < blended["recomputed_tokens"] < blended["reused_tokens"]
+    assert first.answer
+    chat = first.chat_id
+    # Until the background pass stores the exact context, nothing of this chat is stored.
+    assert engine.exactness.idle.wait(300)
+    entries = [e for e in engine.store.entries() if e.chat_id == chat]
+    assert entries, "the exact context was not stored"
+    assert {c.chat_id: c.kv_mode for c in engine.chats()}[chat] == "exact"
+    # Exact now: a lossless reopen and the next answer equal a prefill of the same prompt.
+    engine.runtime.reset()
+    report = engine.reopen(chat, restore=RestoreOptions(level="lossless"))
+    assert report.blended["mode"] == "exact" and report.recomputed_tokens == 0
+    exact = ask(engine, chat_id=chat, restore=RestoreOptions(level="lossless"))
+    assert exact.blended["mode"] == "exact"
+    # The same question asked again over the same history, every token computed from text.
+    redo = engine.regenerate(chat, restore=RestoreOptions(no_cache=True), generation=GREEDY)
+    assert redo.answer == exact.answer
+
+
+def test_one_document_chats_are_not_blended(engine):
+    one = ask(engine, doc_ids=engine.doc_ids[:1])
+    assert one.blended is None and one.documents == engine.doc_ids[:1]
+
+
+def test_cancelling_a_blend_keeps_nothing_and_a_deleted_document_is_computed(engine):
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(Cancelled):
+        ask(engine, doc_ids=engine.doc_ids, cancel=stop)
+    assert not [e for e in engine.store.entries() if e.chat_id is not None]
+    # A later document's cache gone (evicted): its part is computed, the rest still reused.
+    entry = engine.store.document_entry(engine.doc_ids[2], engine.fingerprint)
+    engine.store.delete_entry(entry.id)
+    res = ask(engine, doc_ids=engine.doc_ids)
+    assert res.blended["mode"] == "blended" and res.answer
+    engine.delete_document(engine.doc_ids[1])  # deleted while made exact: nothing half-written
+    assert engine.exactness.idle.wait(300)
+    assert engine.store.verify()["corrupt"] == []

@@ -1,0 +1,107 @@
+"""Per-model calibration on the real default model with tiny settings: three levels with their
+measurements, progress and cancellation, a stored calibration that round-trips and is refused
+under another model, and a contract check that catches a deliberately broken level."""
+
+from __future__ import annotations
+
+import pydoc_data.topics
+import threading
+
+import numpy as np
+import pytest
+
+import codec
+from desktop_app import calibrate, calibrations, quality
+from desktop_app.runtime import Cancelled
+from store import Store
+
+pytestmark = pytest.mark.model
+
+TINY = calibrate.Settings(prefix_tokens=96, cont_tokens=24, iterations=2)
+FP = "fp-of-the-default-model"
+TEXT = "\n\n".join(pydoc_data.topics.topics[k] for k in ("if", "while", "for", "try", "with"))
+
+
+@pytest.fixture(scope="module")
+def calibrated(model_path):
+    stages = []
+    cal = calibrate.calibrate(model_path, fingerprint=FP, settings=TINY,
+                              progress=lambda stage, f: stages.append((stage, f)))
+    return cal, stages
+
+
+def test_calibration_makes_every_level_and_says_how_far_it_is(calibrated):
+    cal, stages = calibrated
+    assert cal.level_names == list(calibrate.LEVELS)
+    fractions = [f for _, f in stages]
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0
+    assert {"reference", "sensitivity", "high", "compact", "done"} <= {s for s, _ in stages}
+    meta = cal.meta
+    assert meta["fingerprint"] == FP and meta["variant"] in TINY.variants
+    assert meta["q8_0"]["bits_per_element"] == 8.5 and meta["fp16-ulp"]["kld"] > 0
+    scales = [meta["levels"][name]["scale"] for name in calibrate.LEVELS]
+    assert 0 < scales[0] <= scales[1] <= scales[2]  # a better level never gets coarser steps
+    assert all(meta["levels"][name]["bits_per_element"] > 0 for name in calibrate.LEVELS)
+    for part in cal.parts:  # every layer has its own bins, within the codec's range
+        for name in calibrate.LEVELS:
+            bins = part.levels[name]["keys"]["bins"]
+            assert len(bins) == part.n_layer and all(4 <= b <= 128 for b in bins)
+
+
+def test_a_stored_calibration_round_trips_and_is_refused_under_another_model(calibrated,
+                                                                             tmp_path):
+    cal, _ = calibrated
+    with Store(tmp_path) as store:
+        assert calibrations.save(store, cal) == cal.id
+        again = calibrations.latest(store, FP)
+        assert again.id == cal.id and again.to_bytes() == cal.to_bytes()
+        assert calibrations.latest(store, "another-model") is None
+        part = again.parts[0]
+        rng = np.random.default_rng(0)
+        keys, values = (rng.standard_normal((part.n_layer, 40, part.channels)).astype(np.float16)
+                        for _ in range(2))
+        blob = codec.encode(keys, values, "high", calibration=again)
+        codec.decode(blob, calibrations=calibrations.Resolver(store, FP))
+        with pytest.raises(codec.CalibrationMissing, match=cal.id[:12]):
+            codec.decode(blob, calibrations=calibrations.Resolver(store, "another-model"))
+
+
+def test_calibration_stops_when_cancelled(model_path):
+    stop = threading.Event()
+
+    def progress(stage, _):
+        if stage == "sensitivity":
+            stop.set()
+
+    with pytest.raises(Cancelled):
+        calibrate.calibrate(model_path, fingerprint=FP, settings=TINY, progress=progress,
+                            cancel=stop)
+
+
+def test_the_contract_check_catches_a_broken_level(model_path, calibrated):
+    cal, _ = calibrated
+    crude = {"scale": "layer", "bins": [4], "layer_edges": []}
+    part = cal.parts[0]
+    broken_levels = {**part.levels, "high": {**part.levels["high"], "keys": crude,
+                                             "values": crude}}
+    broken = codec.Calibration((codec.Part(part.n_layer, part.channels, part.keys, part.values,
+                                           broken_levels),), cal.meta)
+    report = quality.evaluate(model_path, TEXT, prefix_tokens=96, cont_tokens=24,
+                              greedy_tokens=0, configs=[quality.FLOOR, "q8_0", "high"],
+                              calibration=broken)
+    verdict = report["contracts"]["high"]
+    assert report["calibration"] == broken.id and verdict["met"] is False
+    assert verdict["value"] > 5 * verdict["target"]
+
+
+def test_contract_verdicts_follow_the_q8_0_and_floor_rows():
+    rows = [{"config": "q8_0", "kld": 0.004, "top1": 0.97},
+            {"config": quality.FLOOR, "kld": 0.003, "top1": 0.97},
+            {"config": "high", "kld": 0.0069, "top1": 0.9},
+            {"config": "balanced", "kld": 0.05, "top1": 0.94},
+            {"config": "compact", "kld": 0.2, "top1": 0.88}]
+    verdicts = quality.contracts(rows)
+    assert {k: v["met"] for k, v in verdicts.items()} == {"high": True, "balanced": True,
+                                                           "compact": False}
+    assert verdicts["high"]["target"] == pytest.approx(0.007)
+    assert quality.contracts(rows[2:]) == {}  # no reference rows: no verdict

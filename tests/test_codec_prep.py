@@ -1,0 +1,91 @@
+"""The codec's background preparation: its observable state, its estimate of the time left,
+and the wait-or-recompute choice of a question asked meanwhile (desktop_app/codec_prep.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from desktop_app import codec_prep
+from desktop_app.codec_prep import CodecPrep, decide, estimate_left_s
+
+SHAPE = (2, 48, 64)
+
+
+@pytest.mark.parametrize("left, restore, recompute, action, expected", [
+    (0.0, 0.2, 9.0, "restore", 0.2),  # ready: restore as usual
+    (3.0, 0.5, 9.0, "wait", 3.5),  # the codec is nearly ready: waiting is sooner
+    (20.0, 0.5, 9.0, "recompute", 9.0),  # a long compile ahead: recompute from text
+    (8.5, 0.5, 9.0, "wait", 9.0),  # a tie waits: the stored KV is what the user kept
+    (8.6, 0.5, 9.0, "recompute", 9.0),
+])
+def test_decide_takes_whichever_is_sooner(left, restore, recompute, action, expected):
+    d = decide(prep_left_s=left, restore_s=restore, recompute_s=recompute)
+    assert (d.action, d.expected_s) == (action, pytest.approx(expected))
+    assert d.reason
+
+
+def test_decide_says_which_and_why():
+    assert "recomputing from text (about 9 s)" in decide(
+        prep_left_s=20, restore_s=0.5, recompute_s=9).reason
+    assert "waiting about 4 s" in decide(prep_left_s=3.5, restore_s=0.5, recompute_s=9).reason
+
+
+def test_estimate_while_loading_is_the_load_prior():
+    names = ["encode a", "decode a", "encode b", "decode b"]
+    assert estimate_left_s(names, 0, False, {}, {}, 0.0) == codec_prep.PRIOR_LOAD_S
+    assert estimate_left_s(names, 2, False, {}, {}, 0.0) == codec_prep.PRIOR_LOAD_S / 2
+    assert estimate_left_s([], 0, True, {}, {}, 0.0) == codec_prep.PRIOR_COMPILE_S
+
+
+def test_estimate_while_compiling_follows_the_profile_and_this_run():
+    names = ["encode a", "decode a", "encode b", "decode b"]
+    profile = {"encode a": 6.0, "decode a": 12.0, "encode b": 2.0, "decode b": 0.0}
+    # nothing done yet: the profile as it is, less the time the first step has run
+    assert estimate_left_s(names, 0, True, profile, {}, 1.0) == pytest.approx(19.0)
+    # the first step took twice its expectation: the rest is expected twice as long too
+    assert estimate_left_s(names, 1, True, profile, {"encode a": 12.0}, 4.0) == \
+        pytest.approx(2 * 12 - 4 + 2 * 2)
+    # a step running past its expectation counts as due now, not as negative time
+    assert estimate_left_s(names, 3, True, profile, {"encode a": 6, "decode a": 12,
+                                                     "encode b": 2}, 5.0) == 0.0
+    # without a profile: the compile prior spread over the steps
+    per = codec_prep.PRIOR_COMPILE_S / 4
+    assert estimate_left_s(names, 0, True, {}, {}, 0.0) == pytest.approx(4 * per)
+    assert estimate_left_s(names, 4, True, profile, {}, 0.0) == 0.0
+
+
+def test_preparation_reports_progress_then_ready(tmp_path):
+    seen = []
+    profile = tmp_path / "codec-prep.json"
+    prep = CodecPrep(SHAPE, ["balanced", "lossless"], profile_path=profile,
+                     on_change=seen.append)
+    assert prep.state().phase == "idle" and not prep.state().busy
+    prep.start()
+    prep.start()  # once
+    assert prep.wait(timeout=600)
+    prep.join()
+    state = prep.state()
+    assert state.phase == "ready" and not state.busy and state.error is None
+    assert (state.done, state.total, state.left_s, state.fraction) == (4, 4, 0.0, 1.0)
+    steps = [s.step for s in seen if s.busy]
+    assert steps[:4] == ["encode balanced", "decode balanced", "encode lossless",
+                         "decode lossless"]
+    assert [s.done for s in seen if s.busy] == sorted(s.done for s in seen if s.busy)
+    assert seen[-1].phase == "ready"
+    # a profile is written only when something had to be compiled
+    assert profile.exists() == (state.compiled > 0)
+    if profile.exists():
+        assert set(json.loads(profile.read_text())["steps"]) == set(steps[:4])
+
+
+def test_a_failing_preparation_is_reported_not_raised(tmp_path):
+    bad_profile = tmp_path / "profile.json"
+    bad_profile.write_text("{not json")
+    prep = CodecPrep((0, 0, 0), ["balanced"], profile_path=bad_profile)
+    prep.start()
+    assert prep.wait(timeout=60)
+    state = prep.state()
+    assert state.phase == "failed" and not state.busy and state.left_s == 0.0
+    assert "Error: " in state.error.splitlines()[0]

@@ -1,0 +1,106 @@
+"""Degenerate repetition: the benchmark's measure, and the guard that stops a looping answer,
+on scripted token streams (no model)."""
+
+from __future__ import annotations
+
+import itertools
+import re
+import time
+
+from desktop_app.options import GenerationOptions
+from desktop_app.repetition import MIN_SPAN, LoopGuard, repeated_sentence
+from desktop_app.runtime import Token
+from desktop_app.sessions import stream_answer
+
+LOOP = ("You can charge money for copies of the Program. You can charge money for the use of "
+        "the Program. ") * 13
+FINE = ("Yes. You may charge a fee for the physical act of transferring a copy. You may also "
+        "offer support or warranty protection for a fee. Yes. The licence itself stays free.")
+
+
+def test_a_repeated_sentence_is_found_and_a_varied_answer_passes():
+    assert repeated_sentence(LOOP) == "you can charge money for copies of the program"
+    assert repeated_sentence(FINE) is None  # "Yes." twice is too short to count
+    # List markers and case aside, a repeated item is the same sentence.
+    assert repeated_sentence("1. A copy of the License.\n2. a copy of the license") is not None
+    assert repeated_sentence("1. A copy of the License.\n2. A copy of the NOTICE file.") is None
+
+
+def feed_text(guard: LoopGuard, pieces) -> tuple[int, str | None]:
+    """Feed text pieces as tokens (ids from the text); how many went in, and the verdict."""
+    for n, piece in enumerate(pieces, 1):
+        verdict = guard.feed(hash(piece) % 50_000, piece)
+        if verdict:
+            return n, verdict
+    return n, None
+
+
+def words(text: str) -> list[str]:
+    return [w + " " for w in text.split()]
+
+
+def test_a_token_loop_stops_once_it_has_repeated_three_times():
+    cycle = words("the licence the licence covers")  # 5 tokens a cycle
+    n, verdict = feed_text(LoopGuard(), itertools.islice(itertools.cycle(cycle), 200))
+    # period 5: the run must reach MIN_SPAN tokens (32 > 2 x 5) after the first cycle
+    assert n == len(cycle) + MIN_SPAN and "repeat every 5" in verdict
+
+
+def test_a_long_period_loop_needs_three_whole_copies():
+    cycle = [f"w{i} " for i in range(40)]  # 40 distinct tokens, no sentence boundary
+    n, verdict = feed_text(LoopGuard(), cycle * 5)
+    assert n == 3 * 40 and "repeat every 40" in verdict
+
+
+def test_a_sentence_said_three_times_stops_even_when_its_tokens_differ():
+    # Numbered list items: the numbers differ, so the token stream is not periodic.
+    items = [f"{i}. A copy of the License (LSD)\n" for i in range(1, 10)]
+    n, verdict = feed_text(LoopGuard(), [w for item in items for w in re.findall(r"\S+\s*", item)])
+    assert verdict and "a copy of the license lsd" in verdict and "3 times" in verdict
+    assert n == 3 * 7  # at the line break that ends the third
+
+
+def test_ordinary_text_never_trips_the_guard():
+    text = (FINE + " ") * 1 + " ".join(f"Section {i} says something else entirely about item "
+                                       f"{i * 7}." for i in range(60))
+    assert feed_text(LoopGuard(), words(text))[1] is None
+    # A column of numbers is not a loop either, nor a short repeated word.
+    assert feed_text(LoopGuard(), [f"{i}, " for i in range(300)])[1] is None
+    assert feed_text(LoopGuard(), ["Yes. "] * 20)[1] is None
+
+
+class ScriptedRuntime:
+    """What `_answer` uses of a Runtime, streaming scripted tokens."""
+
+    n_ctx, n_tokens = 4096, 100
+
+    def __init__(self, pieces):
+        self.pieces = pieces
+        self.closed = False
+        self.options = None
+
+    def generate(self, max_tokens, *, options, cancel=None):
+        self.options = options
+        try:
+            for piece in self.pieces[:max_tokens]:
+                yield Token(hash(piece) % 50_000, piece)
+        finally:
+            self.closed = True  # the real runtime evaluates the last token here
+
+
+def test_a_looping_answer_is_stopped_and_the_user_told():
+    rt = ScriptedRuntime(words(LOOP))
+    streamed = []
+    out = stream_answer(rt, GenerationOptions(max_tokens=512), time.perf_counter(), streamed.append,
+                  None)
+    assert rt.closed and len(out.tokens) < 60 < len(rt.pieces)
+    assert out.text == "".join(streamed)  # what was shown is what is kept
+    (note,) = out.notes
+    assert "stopped after" in note and "going round in circles" in note
+
+
+def test_a_good_answer_runs_to_its_end():
+    rt = ScriptedRuntime(words(FINE))
+    out = stream_answer(rt, GenerationOptions(max_tokens=8), time.perf_counter(), None, None)
+    assert len(out.tokens) == 8 and out.notes == [] and out.ttft is not None
+    assert rt.options.max_tokens == 8
