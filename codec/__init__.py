@@ -56,9 +56,18 @@ from . import jitcache  # noqa: F401, I001 - configures numba as it is imported
 from .calibration import Calibration, Part
 from .errors import CalibrationMissing, CodecError
 from .levels import CodecConfig, KindConfig, levels
-from .pipeline import BlobInfo, decode, decode_chunks, encode, encode_chunks, layout, peek
+from .pipeline import (
+    BlobInfo,
+    Resolver,
+    decode,
+    decode_chunks,
+    encode,
+    encode_chunks,
+    layout,
+    peek,
+)
 from .transform import KindTransform
 
 __all__ = ["BlobInfo", "Calibration", "CalibrationMissing", "CodecConfig", "CodecError",
-           "KindConfig", "KindTransform", "Part", "decode", "decode_chunks", "encode",
+           "KindConfig", "KindTransform", "Part", "Resolver", "decode", "decode_chunks", "encode",
            "encode_chunks", "layout", "levels", "peek"]

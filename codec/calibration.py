@@ -27,7 +27,7 @@ import numpy as np
 
 from .errors import CodecError
 from .levels import CodecConfig
-from .transform import KindTransform
+from .transform import KindTransform, fit
 
 MAGIC = b"KVCL"
 VERSION = 1
@@ -162,3 +162,18 @@ def _unpack(data: bytes) -> Calibration:
         raise CodecError(f"malformed calibration ({type(e).__name__})") from None
     object.__setattr__(cal, "_cached", data)
     return cal
+
+
+def fitted(keys: np.ndarray, values: np.ndarray, level: CodecConfig, name: str,
+           head_dim: int = 64, meta: dict | None = None) -> Calibration:
+    """A calibration fitted on this KV [L, T, C] alone (RoPE as SmolLM2's: "norm", base
+    100,000; per-head bases for the keys, means for the values), with one level `name`:
+    `level`'s bins through the transforms. For tests and for compiling the transform kernels
+    ahead of use (`precompile`); a model's real calibration is measured (desktop_app)."""
+    theta = 100000.0 ** (-np.arange(0, head_dim, 2) / head_dim)
+    kt = fit(keys[:, 1:], 1, head_dim, "norm", theta, basis=True)
+    vt = fit(values[:, 1:], 1, head_dim)
+    cfg = level.get_config()
+    for kind in ("keys", "values"):
+        cfg[kind] = {**cfg[kind], "transform": "calibrated"}
+    return Calibration((Part(keys.shape[0], keys.shape[2], kt, vt, {name: cfg}),), meta or {})

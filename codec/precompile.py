@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from . import decode, encode, jitcache, levels
+from .calibration import fitted
 
 # Small, but with the app's structure: more than one 32-lane group, a sink token, views.
 SMALL_SHAPE = (2, 48, 64)
@@ -72,10 +73,22 @@ def steps(shape: tuple[int, int, int] = SMALL_SHAPE,
         decode(first)
         decode(later, out=(doc_k[:, n_tok:], doc_v[:, n_tok:]))
 
+    def calibrated() -> None:
+        # A model's calibrated levels code through transforms: their kernels too.
+        head_dim = 64 if n_ch % 64 == 0 else n_ch
+        cal = fitted(keys, values, levels()["balanced"], "calibrated", head_dim)
+        first = encode(np.ascontiguousarray(keys[:, :n_tok]),
+                       np.ascontiguousarray(values[:, :n_tok]), "calibrated", calibration=cal)
+        later = encode(doc_k[:, n_tok:], doc_v[:, n_tok:], "calibrated", first_token=n_tok,
+                       calibration=cal)
+        decode(first, calibrations={cal.id: cal})
+        decode(later, out=(doc_k[:, n_tok:], doc_v[:, n_tok:]), calibrations={cal.id: cal})
+
     out = []
     for level in levels() if level_names is None else level_names:
         out.append(Step(f"encode {level}", lambda level=level: encode_level(level)))
         out.append(Step(f"decode {level}", lambda level=level: decode_level(level)))
+    out.append(Step("calibrated levels", calibrated))
     return out
 
 

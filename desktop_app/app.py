@@ -147,6 +147,8 @@ class App:
             "n_ctx": rt.n_ctx,
             "n_ctx_reason": self.context.why,
             "kv_bytes_per_token": lay.kv_bytes_per_token,
+            # The codec calibration new caches are encoded with (None: model-independent).
+            "codec_calibration": (cal := self.engine.calibration()) and cal.id,
             "sliding_window_layers": lay.swa_layers,
             "sliding_window": lay.n_swa,
             "flash_attn": self.flash_attn[0],

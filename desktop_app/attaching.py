@@ -145,4 +145,5 @@ class Attacher:
             kept_tokens=prefix.kept_tokens, prefill_s=round(prefill_s, 3),
             encode_s=round(encode_s, 3), raw_bytes=layout.raw_bytes(len(prefix.tokens)),
             stored_bytes={lvl: sizes.get(lvl, 0) for lvl in levels}, reused=reused,
-            warnings=warnings, pulled=pulled)
+            warnings=warnings, pulled=pulled,
+            calibration=self.store.entry(entry_id).calibration)

@@ -34,6 +34,7 @@ import numpy as np
 from store import Store
 
 from . import rope, streaming
+from .calibrations import Calibrations
 from .kvstate import KVState, SeqState, in_position_order
 from .options import RestoreOptions
 from .prompts import Layout
@@ -83,8 +84,10 @@ def align(part: Sequence[int], stored: Sequence[int]) -> list[tuple[int, int, in
 
 
 class Blender:
-    def __init__(self, store: Store, levels: Sequence[str], chunk_tokens: int):
+    def __init__(self, store: Store, levels: Sequence[str], chunk_tokens: int,
+                 calibrations: Calibrations):
         self.store = store
+        self.calibrations = calibrations  # where stored chunks find their codec calibration
         self.levels = tuple(levels)
         self.chunk_tokens = chunk_tokens
         self._ropes: dict[str, list[rope.Rope] | None] = {}
@@ -119,7 +122,8 @@ class Blender:
         end0 = layout.parts[0][1]
         head = streaming.restore(rt, first, prefix[:end0], levels=self.levels, options=options,
                                  speeds=speeds, chunk_tokens=self.chunk_tokens,
-                                 progress=progress, cancel=cancel)
+                                 progress=progress, cancel=cancel,
+                                 calibrations=self.calibrations.resolver(rt.fingerprint))
         kv = in_position_order(rt.capture().sections[0])
         keys = np.empty((kv.n_layer, len(prefix), kv.channels), kv.dtype)
         values = np.empty_like(keys)
@@ -167,6 +171,7 @@ class Blender:
         read, n_bytes = streaming.read_chunks(
             SpanSource(self.store, spans), stored, k, v, levels=self.levels, options=options,
             speeds=speeds, bytes_per_token=lay.kv_bytes_per_token, cancel=cancel,
+            calibrations=self.calibrations.resolver(rt.fingerprint),
             chunk_levels=levels, messages=messages)
         if read < spans[-1].token_end:
             messages.append(f"document {doc_id}'s cache could not be read whole: computing it")

@@ -20,9 +20,11 @@ import store as store_mod
 
 def summary(cal: codec.Calibration) -> dict:
     """What the store lists about a calibration (its levels' bits and quality on the
-    calibration text, the transform variant, how long it took)."""
+    calibration text, the targets they were held to, the transform variant, how long it
+    took)."""
     meta = cal.meta
     return {"variant": meta.get("variant"), "seconds": meta.get("seconds"),
+            "model": meta.get("model"), "targets": meta.get("targets", {}),
             "levels": {name: {k: row.get(k) for k in ("bits_per_element", "kld", "top1")}
                        for name, row in meta.get("levels", {}).items()}}
 
@@ -68,3 +70,36 @@ class Resolver:
         with self._lock:
             self._cache[cal_id] = cal
         return cal
+
+
+class Calibrations:
+    """Per model: the calibration its new caches are encoded with (the newest stored, read
+    once), and the resolver its stored chunks are decoded through. A calibration adopted here
+    (a run just finished) is stored and used by the next encode; chunks encoded before keep
+    naming theirs, which stays stored while they need it."""
+
+    def __init__(self, store: store_mod.Store):
+        self.store = store
+        self._current: dict[str, codec.Calibration | None] = {}
+        self._resolvers: dict[str, Resolver] = {}
+        self._lock = threading.Lock()
+
+    def current(self, fingerprint: str) -> codec.Calibration | None:
+        """The calibration new caches of this model use; None: model-independent defaults."""
+        with self._lock:
+            if fingerprint not in self._current:
+                self._current[fingerprint] = latest(self.store, fingerprint)
+            return self._current[fingerprint]
+
+    def resolver(self, fingerprint: str) -> Resolver:
+        with self._lock:
+            if fingerprint not in self._resolvers:
+                self._resolvers[fingerprint] = Resolver(self.store, fingerprint)
+            return self._resolvers[fingerprint]
+
+    def adopt(self, cal: codec.Calibration) -> str:
+        """Store a new calibration and encode its model's new caches with it; its id."""
+        cal_id = save(self.store, cal)
+        with self._lock:
+            self._current[cal.meta["fingerprint"]] = cal
+        return cal_id

@@ -29,35 +29,13 @@ from pathlib import Path
 
 from codec import jitcache, precompile
 
+from .results import CHECKING, COMPILING, FAILED, READY, PrepState
+
 # Until this machine has compiled the codec once: the whole compile measured 15-30 s on the
 # 2-core reference machine (benchmarks/RESULTS.md, "Compiled kernels"), and a load from the
 # caches about a second.
 PRIOR_COMPILE_S = 25.0
 PRIOR_LOAD_S = 1.0
-
-CHECKING, COMPILING, READY, FAILED = "checking", "compiling", "ready", "failed"
-
-
-@dataclass(frozen=True)
-class PrepState:
-    phase: str  # CHECKING, COMPILING, READY or FAILED ("idle" before start)
-    done: int  # steps finished
-    total: int
-    step: str  # the step running now ("" when none)
-    elapsed_s: float
-    left_s: float  # expected seconds until READY (0 when ready or failed)
-    compiled: int  # kernels compiled by this preparation so far
-    error: str | None = None
-
-    @property
-    def busy(self) -> bool:
-        """Whether a codec call made now may have to wait for the preparation."""
-        return self.phase in (CHECKING, COMPILING)
-
-    @property
-    def fraction(self) -> float:
-        return 1.0 if not self.busy else self.done / max(1, self.total)
-
 
 @dataclass(frozen=True)
 class Decision:

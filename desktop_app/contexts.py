@@ -4,7 +4,10 @@
 documents on one worker while the user chats on another. Loading a context registers its
 model's fingerprint in the store; a model whose cache kvdesk cannot store and restore is refused
 by the runtime as it loads, with a message saying why (`support`). `warm_up` readies the codec
-in the background once, so the first restore or attach does not pay for it.
+in the background once, so the first restore or attach does not pay for it: its kernels loaded
+from numba's caches, or compiled where none has them (`codec_prep`: `codec_state()` says how
+far that is, for a GUI and for a question asked meanwhile), then its per-shape tables built
+for the model's chunks, with its calibration when it has one.
 
 It owns the runtimes' lifetime and nothing else: what runs in a context is the sessions'.
 """
@@ -16,7 +19,9 @@ from collections.abc import Callable, Sequence
 
 from store import Store
 
-from . import streaming
+from . import codec_prep, streaming
+from .calibrations import Calibrations
+from .results import PrepState
 from .runtime import Runtime
 
 CHAT = "chat"
@@ -25,8 +30,9 @@ ATTACH = "attach"
 
 class Contexts:
     def __init__(self, store: Store, factory: Callable[[], Runtime], *, model_path: str,
-                 levels: Sequence[str], chunk_tokens: int):
+                 levels: Sequence[str], chunk_tokens: int, calibrations: Calibrations):
         self.store = store
+        self._calibrations = calibrations
         self._factory = factory
         self._model_path = model_path
         self._levels = tuple(levels)
@@ -34,6 +40,7 @@ class Contexts:
         self._runtimes: dict[str, Runtime] = {}
         self._lock = threading.Lock()
         self._warm_up: threading.Thread | None = None
+        self._prep: codec_prep.CodecPrep | None = None
 
     def get(self, role: str) -> Runtime:
         with self._lock:
@@ -58,13 +65,32 @@ class Contexts:
         # for a sliding-window model, its window's parts.
         shapes = [(layers, self._chunk_tokens, lay.channels)
                   for layers in (lay.full_layers, lay.swa_layers) if layers]
+        cal = self._calibrations.current((rt or self.get(CHAT)).fingerprint)
         with self._lock:
             if self._warm_up is not None:
                 return
+            # numba compiles per argument type, not shape: one shape compiles every kernel
+            self._prep = codec_prep.CodecPrep(shapes[0], self._levels)
             self._warm_up = threading.Thread(
-                target=streaming.warm_up, name="codec-warm-up", daemon=True,
-                args=(self._levels, shapes))
+                target=self._prepare, name="codec-warm-up", daemon=True,
+                args=(self._prep, shapes, cal))
             self._warm_up.start()
+
+    def _prepare(self, prep: codec_prep.CodecPrep, shapes, cal) -> None:
+        prep.start()
+        prep.wait()
+        streaming.warm_up(self._levels, shapes, cal)
+
+    def codec_state(self) -> PrepState:
+        """How far readying the codec is (phase "idle" before `warm_up`)."""
+        prep = self._prep
+        return PrepState("idle", 0, 0, "", 0.0, 0.0, 0) if prep is None \
+            else prep.state()
+
+    def wait_codec(self) -> None:
+        """Block until the codec's kernels are ready (or their preparation failed)."""
+        if self._prep is not None:
+            self._prep.wait()
 
     def wait_warm(self) -> None:
         """Block until the codec is ready (a server says it serves only then)."""

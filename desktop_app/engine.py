@@ -6,6 +6,7 @@ assembles the parts and hands each call to the one that owns it:
     library     documents, chats and messages as the user sees them (over the store)
     prompts     the system prompt, documents and questions through the chat template
     contexts    the model contexts, one per role (chat, attach), loaded on first use
+    calibrations the codec calibration each model's caches are encoded with (calibrate runs one)
     attaching   extract, prefill once, encode and store a document's KV
     sessions    the chat context: bring a chat in, ask, prepare, reopen, regenerate
     blending    a chat over several documents from their own caches, moved into place
@@ -27,8 +28,9 @@ from pathlib import Path
 
 from store import DEFAULT_CHUNK_SIZE, RemoteTier, Store
 
-from . import repair, speeds
+from . import calibrate, repair, speeds
 from .attaching import Attacher
+from .calibrations import Calibrations, summary
 from .completions import Completions
 from .contexts import CHAT, Contexts
 from .exactness import Exactness
@@ -41,10 +43,13 @@ from .protocol import ProgressFn, RestoreFn, TokenFn
 from .results import (
     AskResult,
     AttachResult,
+    CalibrationInfo,
     ChatInfo,
     Completion,
     DocumentInfo,
     MessageInfo,
+    PrepState,
+    Progress,
     RestoreEstimate,
     RestoreReport,
 )
@@ -82,10 +87,13 @@ class Engine:
         self.sharing = Sharing(store, remote, auto_push=auto_push, auto_pull=auto_pull)
         self.library = Library(store)
         self.prompter = Prompter(reserve_tokens)
+        self.calibrations = Calibrations(store)
         self.contexts = Contexts(store, runtime_factory, model_path=model_path,
-                                 levels=self._levels, chunk_tokens=chunk_tokens)
+                                 levels=self._levels, chunk_tokens=chunk_tokens,
+                                 calibrations=self.calibrations)
         self.speeds = speeds.load(store)
-        kv = KVCache(store, self._levels, chunk_tokens)
+        self._calibrating = threading.Lock()
+        kv = KVCache(store, self._levels, chunk_tokens, self.calibrations)
         self.attacher = Attacher(store, self.contexts, kv, self.sharing, self.prompter,
                                  self.speeds)
         self.session = ChatSession(store, self.contexts, self.library, kv, self.sharing,
@@ -124,6 +132,33 @@ class Engine:
 
     def warm_up(self) -> None:
         self.contexts.warm_up()
+
+    def codec_state(self) -> PrepState:
+        """How far readying the codec's kernels is (the GUI's "preparing the codec")."""
+        return self.contexts.codec_state()
+
+    # -- the codec calibration ---------------------------------------------------------------
+
+    def calibration(self) -> CalibrationInfo | None:
+        """The loaded model's codec calibration, or None: its caches use model-independent
+        levels until `calibrate` runs."""
+        cal = self.calibrations.current(self.fingerprint)
+        return None if cal is None else _info(cal)
+
+    def calibrate(self, *, progress: ProgressFn | None = None,
+                  cancel: threading.Event | None = None) -> CalibrationInfo:
+        """Calibrate the codec for the loaded model (minutes: its own contexts measure every
+        level against llama.cpp's q8_0 KV on the built-in text), store it, and encode the
+        model's new caches with it. One at a time; raises Cancelled."""
+        rt = self.runtime
+        with self._calibrating:
+            cal = calibrate.calibrate(
+                rt.model_path, fingerprint=rt.fingerprint, cancel=cancel,
+                progress=None if progress is None else (
+                    lambda stage, f: progress(Progress("calibrate", round(f * 100), 100,
+                                                       stage))))
+            self.calibrations.adopt(cal)
+        return _info(cal)
 
     def close(self) -> None:
         self.exactness.close()
@@ -220,10 +255,18 @@ class Engine:
         """Recompute (or drop, for another model's) every chunk quarantined after a failed
         check: `kvdesk verify --repair`."""
         with self.attacher.lock:
-            return repair.repair(self.store, self.contexts, progress=progress, cancel=cancel)
+            return repair.repair(self.store, self.contexts, self.calibrations,
+                                 progress=progress, cancel=cancel)
 
     # -- for benchmarks and tests: what a chat about these documents starts with --------------
 
     def prefix_tokens(self, doc_ids: Sequence[int]) -> list[int]:
         rt = self.runtime
         return self.prompter.chat(rt, [self.library.document(d) for d in doc_ids])[1]
+
+
+def _info(cal) -> CalibrationInfo:
+    s = summary(cal)
+    return CalibrationInfo(id=cal.id, model=s["model"] or "", created=cal.meta.get("created", 0.0),
+                           seconds=s["seconds"], variant=s["variant"], levels=s["levels"],
+                           targets=s["targets"])

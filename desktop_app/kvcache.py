@@ -18,6 +18,10 @@ only where some entry ends (`streaming`). The window is taken from the context w
 exactly at the entry's end; when it does not (a document's entry stored from a chat's longer
 context), nothing is stored for that entry: without its window it could never end a restore.
 
+Chunks are encoded with the model's codec calibration when it has one (`calibrations`): its
+levels are then the model's calibrated ones, and the entry names the calibration they need;
+else with the model-independent levels.
+
 It decides nothing about when to store, and it never restores: that is `streaming`'s.
 """
 
@@ -31,6 +35,7 @@ import numpy as np
 import codec
 from store import BackgroundWriter, Store
 
+from .calibrations import Calibrations
 from .errors import Cancelled, RuntimeStateError
 from .kvstate import in_position_order
 from .results import Progress
@@ -38,8 +43,10 @@ from .runtime import Runtime
 
 
 class KVCache:
-    def __init__(self, store: Store, levels: Sequence[str], chunk_tokens: int):
+    def __init__(self, store: Store, levels: Sequence[str], chunk_tokens: int,
+                 calibrations: Calibrations):
         self.store = store
+        self.calibrations = calibrations
         self.levels = tuple(levels)  # stored by default, best quality first
         self.chunk_tokens = chunk_tokens
 
@@ -77,24 +84,28 @@ class KVCache:
                 raise RuntimeStateError(f"the sliding-window section holds positions "
                                         f"{window.positions[:1]}..{window.positions[-1:]}, "
                                         f"not the window of {len(tokens)} tokens")
+        cal = self.calibrations.current(rt.fingerprint)
         writer = self.store.write_entry(
             rt.fingerprint, tokens, levels=levels, parent_id=parent.id if parent else None,
             chunk_size=self.chunk_tokens, document_id=document_id, chat_id=chat_id,
-            window_start=None if window is None else int(window.positions[0]))
-        # Each chunk or window part: the KV it is cut from, and that KV's first position.
-        parts = [(span, kv, 0) for span in writer.spans]
-        parts += [(span, window, int(window.positions[0])) for span in writer.windows]
+            window_start=None if window is None else int(window.positions[0]),
+            calibration=None if cal is None else cal.id)
+        # Each chunk or window part: the KV it is cut from, that KV's first position, and its
+        # calibration part (the cache section it comes from).
+        parts = [(span, kv, 0, 0) for span in writer.spans]
+        parts += [(span, window, int(window.positions[0]), 1) for span in writer.windows]
         with writer:
             chunks = BackgroundWriter(writer, maxsize=2 * len(levels))
             try:
-                for n, (span, source, first) in enumerate(parts):
+                for n, (span, source, first, section) in enumerate(parts):
                     if cancel is not None and cancel.is_set():
                         raise Cancelled("stopped while encoding")
                     k = source.keys[:, span.token_start - first : span.token_end - first]
                     v = source.values[:, span.token_start - first : span.token_end - first]
                     for level in levels:
-                        chunks.put(span.chunk_index, level,
-                                   codec.encode(k, v, level, first_token=span.token_start))
+                        chunks.put(span.chunk_index, level, codec.encode(
+                            k, v, level, first_token=span.token_start, calibration=cal,
+                            part=section))
                     if progress:
                         progress(Progress("encode", n + 1, len(parts), title))
             finally:

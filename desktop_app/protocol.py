@@ -18,10 +18,12 @@ from .options import GenerationOptions, RestoreOptions
 from .results import (
     AskResult,
     AttachResult,
+    CalibrationInfo,
     ChatInfo,
     DocumentInfo,
     MessageInfo,
     ModelFile,
+    PrepState,
     Progress,
     RestoreEstimate,
     RestoreReport,
@@ -49,6 +51,19 @@ class EngineAPI(Protocol):
 
     def warm_up(self) -> None:
         """Ready the codec in the background (a GUI calls it at start-up)."""
+        ...
+
+    def codec_state(self) -> PrepState:
+        """How far readying the codec's kernels is ("preparing the codec (once)")."""
+        ...
+
+    def calibration(self) -> CalibrationInfo | None:
+        """The loaded model's codec calibration (None: model-independent levels)."""
+        ...
+
+    def calibrate(self, *, progress: ProgressFn | None = None,
+                  cancel: threading.Event | None = None) -> CalibrationInfo:
+        """Calibrate the codec for the loaded model (minutes; raises Cancelled)."""
         ...
 
     def close(self) -> None: ...

@@ -3,8 +3,9 @@
 A chunk quarantined after a failed check is recomputed when its entry belongs to the loaded
 model: the entry's tokens are prefilled once (in the attach context) up to its last damaged
 chunk (to its end, for a damaged part of its window: the window is the state there), and each
-damaged chunk is encoded again at its level and stored in place. A chunk made under another
-model cannot be recomputed here: it is dropped, and an entry left with a chunk at no level is
+damaged chunk is encoded again at its level (with the codec calibration its entry names) and
+stored in place. A chunk made under another model, or whose calibration is gone, cannot be
+recomputed here: it is dropped, and an entry left with a chunk at no level is
 deleted with what extends it (`Store.drop_chunk`); the next question recomputes it.
 
 It never touches chunks that passed their check.
@@ -19,13 +20,14 @@ from collections.abc import Callable
 import codec
 from store import Store
 
+from .calibrations import Calibrations
 from .contexts import ATTACH, Contexts
 from .errors import Cancelled
 from .kvstate import in_position_order
 from .results import Progress
 
 
-def repair(store: Store, contexts: Contexts, *,
+def repair(store: Store, contexts: Contexts, calibrations: Calibrations, *,
            progress: Callable[[Progress], None] | None = None,
            cancel: threading.Event | None = None) -> dict:
     """Recompute or drop every quarantined chunk; {"repaired": [...], "dropped": [...],
@@ -43,7 +45,10 @@ def repair(store: Store, contexts: Contexts, *,
         if cancel is not None and cancel.is_set():
             raise Cancelled("stopped while repairing")
         entry = store.entry(entry_id)
-        if entry.model != rt.fingerprint:
+        # A chunk is encoded again as its entry's others are: with the calibration they name.
+        cal = None if entry.calibration is None else \
+            calibrations.resolver(rt.fingerprint)(entry.calibration)
+        if entry.model != rt.fingerprint or (entry.calibration is not None and cal is None):
             for chunk_index, level in chunks:
                 report["dropped"].append({"entry": entry_id, "chunk": chunk_index,
                                           "level": level})
@@ -63,7 +68,8 @@ def repair(store: Store, contexts: Contexts, *,
                 first = int(kv.positions[0])
                 blob = codec.encode(kv.keys[:, span.token_start - first:span.token_end - first],
                                     kv.values[:, span.token_start - first:span.token_end - first],
-                                    level, first_token=span.token_start)
+                                    level, first_token=span.token_start, calibration=cal,
+                                    part=int(chunk_index in windows))
                 store.repair_chunk(entry_id, chunk_index, level, blob)
                 report["repaired"].append({"entry": entry_id, "chunk": chunk_index,
                                            "level": level})

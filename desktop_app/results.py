@@ -41,6 +41,21 @@ class AttachResult(Record):
     warnings: list[str] = field(default_factory=list)
     pulled: bool = False  # its cache came from the shared cache tier, not from a prefill
     pushed: bool = False  # its cache is on the shared cache tier (pushed, or already there)
+    # The codec calibration its chunks are encoded with (None: model-independent defaults).
+    calibration: str | None = None
+
+
+@dataclass(frozen=True)
+class CalibrationInfo(Record):
+    """A model's codec calibration: what its levels cost and kept on the calibration text."""
+
+    id: str
+    model: str  # the model file it was made with
+    created: float
+    seconds: float | None  # how long it took
+    variant: str | None  # the transform chosen ("none", "centred", "klt")
+    levels: dict[str, dict]  # {level: {"bits_per_element", "kld", "top1"}}
+    targets: dict[str, float]  # the contract each level was held to, on that text
 
 
 @dataclass(frozen=True)
@@ -163,3 +178,30 @@ class ModelFile(Record):
     kv_window_bytes: int | None
     status: str  # supported | untested | refused | unreadable
     reason: str
+
+
+# The phases of readying the codec (codec_prep), "idle" before it starts.
+CHECKING, COMPILING, READY, FAILED = "checking", "compiling", "ready", "failed"
+
+
+@dataclass(frozen=True)
+class PrepState:
+    """How far readying the codec's kernels is (desktop_app.codec_prep)."""
+
+    phase: str  # CHECKING, COMPILING, READY or FAILED ("idle" before start)
+    done: int  # steps finished
+    total: int
+    step: str  # the step running now ("" when none)
+    elapsed_s: float
+    left_s: float  # expected seconds until READY (0 when ready or failed)
+    compiled: int  # kernels compiled by this preparation so far
+    error: str | None = None
+
+    @property
+    def busy(self) -> bool:
+        """Whether a codec call made now may have to wait for the preparation."""
+        return self.phase in (CHECKING, COMPILING)
+
+    @property
+    def fraction(self) -> float:
+        return 1.0 if not self.busy else self.done / max(1, self.total)

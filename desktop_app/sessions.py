@@ -29,8 +29,8 @@ from dataclasses import dataclass, replace
 from store import Document, Store
 from store.locks import TurnCancelled
 
+from . import codec_prep, streaming
 from . import speeds as speeds_mod
-from . import streaming
 from .blending import Blend, Blender, leading
 from .contexts import CHAT, Contexts
 from .errors import Cancelled, EngineError
@@ -79,7 +79,7 @@ class ChatSession:
         # place when blending (1: never blend), and the blender; whether the context holds a
         # blended (approximate) prefix; who computes the exact one (set by the engine).
         self.blend_fraction = blend_fraction
-        self.blender = Blender(store, levels, chunk_tokens)
+        self.blender = Blender(store, levels, chunk_tokens, kv.calibrations)
         self._blended_at: int | None = None  # where the context's blended KV begins
         self.request_exact: Callable[[int], None] = lambda chat_id: None
 
@@ -183,9 +183,13 @@ class ChatSession:
                 rt.prefill(question, cancel=cancel)
                 return report
             source, notes = self.sharing.source(rt.fingerprint, tokens)
+            if source is not None and source.n_tokens and self._codec_not_ready(rt, source,
+                                                                               notes):
+                source = None
         report = streaming.restore(rt, source, tokens, levels=self.levels, options=effective,
                                    speeds=self.speeds, chunk_tokens=self.chunk_tokens,
-                                   progress=progress, cancel=cancel)
+                                   progress=progress, cancel=cancel,
+                                   calibrations=self.kv.calibrations.resolver(rt.fingerprint))
         if source is not None and report.recomputed_tokens == len(tokens) and chat_id is not None:
             notes += self._stale_message(chat_id, rt.fingerprint)
         speeds_mod.save(self.store, self.speeds)
@@ -195,6 +199,21 @@ class ChatSession:
         rt.prefill(question, cancel=cancel)
         return replace(report, messages=[*notes, *report.messages],
                        blended=self._mode_of(docs, 0, 0))
+
+    def _codec_not_ready(self, rt: Runtime, source, notes: list[str]) -> bool:
+        """While the codec's kernels are still being prepared: whether recomputing the
+        stored tokens is sooner than waiting for them (said in `notes` either way)."""
+        state = self.contexts.codec_state()
+        if not state.busy:
+            return False
+        decode_s = rt.layout.raw_bytes(source.n_tokens) / 1e6 / max(
+            self.speeds.decode(lvl) for lvl in self.levels)
+        choice = codec_prep.decide(prep_left_s=state.left_s, restore_s=decode_s,
+                                   recompute_s=source.n_tokens / self.speeds.prefill_tps)
+        notes.append(f"the codec is being prepared (once): {choice.reason}")
+        if choice.action == "wait":
+            self.contexts.wait_codec()
+        return choice.action == "recompute"
 
     def _blendable(self, rt: Runtime, tokens: list[int], docs: Sequence[Document]):
         """The chat prefix's layout, if `tokens` start with one worth blending."""

@@ -48,17 +48,21 @@ from .speeds import Speeds
 Views = tuple[np.ndarray, np.ndarray]
 
 
-def warm_up(levels: Sequence[str], shapes: Sequence[tuple[int, int, int]]) -> None:
-    """Ready the codec for chunks of `shapes` ([n_layer, chunk tokens, channels]) at `levels`.
+def warm_up(levels: Sequence[str], shapes: Sequence[tuple[int, int, int]],
+            calibration: codec.Calibration | None = None) -> None:
+    """Ready the codec for chunks of `shapes` ([n_layer, chunk tokens, channels]: a model's
+    cache sections, in order) at `levels`, calibrated by `calibration` when given.
 
-    The first use of each level costs up to a second: numba loads its compiled kernels from
-    its cache and the codec builds its per-shape plans and tables. Done in the background
-    when a model loads, the user's first attach or restore does not pay for it.
+    The first use of each level and shape costs up to a second: the codec builds its
+    per-shape plans and tables. Done in the background when a model loads, the user's first
+    attach or restore does not pay for it.
     """
-    for shape in shapes:
+    found = None if calibration is None else {calibration.id: calibration}
+    for part, shape in enumerate(shapes):
         k = np.random.default_rng(0).standard_normal(shape).astype(np.float16)
         for level in levels:
-            codec.decode(codec.encode(k, k, level))
+            codec.decode(codec.encode(k, k, level, calibration=calibration, part=part),
+                         calibrations=found)
 
 
 def restore(
@@ -72,16 +76,19 @@ def restore(
     chunk_tokens: int,
     progress: Callable[[Progress], None] | None = None,
     cancel: threading.Event | None = None,
+    calibrations: codec.Resolver | None = None,
 ) -> RestoreReport:
     """Bring `tokens` into the runtime's context: `source`'s chunks first, then text for the
     rest (`source` covers a prefix of `tokens`; None: recompute them all, the baseline).
 
     `levels` are the codec levels in quality order (best first); tokens recomputed are
-    reported as chunks of `chunk_tokens` named TEXT. Raises Cancelled.
+    reported as chunks of `chunk_tokens` named TEXT; `calibrations` finds the codec
+    calibration a chunk names (a chunk whose calibration it lacks is refused like a corrupt
+    one). Raises Cancelled.
     """
     t0 = time.perf_counter()
     tokens = list(tokens)
-    run = _Restore(runtime, tokens, levels, options, speeds, progress, cancel, t0)
+    run = _Restore(runtime, tokens, levels, options, speeds, progress, cancel, t0, calibrations)
     if source is not None and source.n_tokens:
         n_restored = run.windowed(source) if runtime.layout.swa_layers else run.plain(source)
         run.finish(source)
@@ -111,8 +118,10 @@ class _Reading:
     """Reading passes over stored chunks: what they decoded, read and had to say."""
 
     def __init__(self, tokens: list[int], levels: Sequence[str], options: RestoreOptions,
-                 speeds: Speeds, progress, cancel, t0: float):
+                 speeds: Speeds, progress, cancel, t0: float,
+                 calibrations: codec.Resolver | None):
         self.tokens, self.levels = tokens, levels
+        self.calibrations = calibrations
         self.options, self.speeds = options, speeds
         self.progress, self.cancel, self.t0 = progress, cancel, t0
         self.chunk_levels: list[str] = []
@@ -145,7 +154,8 @@ class _Reading:
                 d0 = time.perf_counter()
                 try:
                     # Straight into the state bytes; the codec refuses a chunk of another shape.
-                    k, v = codec.decode(item.data, out=dest(item.span))
+                    k, v = codec.decode(item.data, out=dest(item.span),
+                                        calibrations=self.calibrations)
                 except codec.CodecError as e:
                     failed = (item.span, f"chunk {item.span.chunk_index} of entry "
                                          f"{item.span.entry_id} cannot be decoded ({e})")
@@ -279,6 +289,7 @@ class _Restore(_Reading):
 def read_chunks(source: ChunkSource, tokens: Sequence[int], keys: np.ndarray,
                 values: np.ndarray, *, levels: Sequence[str], options: RestoreOptions,
                 speeds: Speeds, bytes_per_token: int, cancel=None,
+                calibrations: codec.Resolver | None = None,
                 chunk_levels: list[str], messages: list[str]) -> tuple[int, int]:
     """Decode `source`'s chunks in order into keys and values ([n_layer, tokens, channels]
     arrays or views, indexed by the chunks' own token positions) as the reader delivers them.
@@ -286,7 +297,8 @@ def read_chunks(source: ChunkSource, tokens: Sequence[int], keys: np.ndarray,
     Returns (the end of the run of chunks decoded from the first one, bytes read): a missing,
     corrupt or undecodable chunk ends the run (said in `messages`). Appends each chunk's level.
     """
-    run = _Reading(list(tokens), levels, options, speeds, None, cancel, time.perf_counter())
+    run = _Reading(list(tokens), levels, options, speeds, None, cancel, time.perf_counter(),
+                   calibrations)
     spans = list(source.spans)
     got, failed = run._read(
         source, spans, lambda s: (keys[:, s.token_start:s.token_end],

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from codec import Calibration, CodecConfig, Part, levels
+from codec import Calibration, CodecConfig, levels
+from codec.calibration import fitted
 from codec.levels import KindConfig
-from codec.transform import fit
 
 FIXTURES = Path(__file__).parent / "fixtures" / "codec"
 REAL_KV = FIXTURES / "real_kv.npz"
@@ -81,13 +81,6 @@ def custom(name: str = "custom", **kw) -> CodecConfig:
 
 def calibration_of(keys: np.ndarray, values: np.ndarray, head_dim: int = 64,
                    level: str = "high") -> Calibration:
-    """A calibration fitted on this KV (RoPE as SmolLM2's, per-head bases for the keys, means
-    for the values) with one calibrated level, `level`'s bins through the transforms."""
-    theta = 100000.0 ** (-np.arange(0, head_dim, 2) / head_dim)
-    kt = fit(keys[:, 1:], 1, head_dim, "norm", theta, basis=True)
-    vt = fit(values[:, 1:], 1, head_dim)
-    cfg = levels()[level].get_config()
-    for kind in ("keys", "values"):
-        cfg[kind] = {**cfg[kind], "transform": "calibrated"}
-    return Calibration((Part(keys.shape[0], keys.shape[2], kt, vt, {level: cfg}),),
-                       {"made_by": "tests"})
+    """A calibration fitted on this KV with one calibrated level, `level`'s bins through the
+    transforms (codec.calibration.fitted)."""
+    return fitted(keys, values, levels()[level], level, head_dim, {"made_by": "tests"})

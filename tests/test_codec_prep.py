@@ -68,10 +68,10 @@ def test_preparation_reports_progress_then_ready(tmp_path):
     prep.join()
     state = prep.state()
     assert state.phase == "ready" and not state.busy and state.error is None
-    assert (state.done, state.total, state.left_s, state.fraction) == (4, 4, 0.0, 1.0)
+    assert (state.done, state.total, state.left_s, state.fraction) == (5, 5, 0.0, 1.0)
     steps = [s.step for s in seen if s.busy]
-    assert steps[:4] == ["encode balanced", "decode balanced", "encode lossless",
-                         "decode lossless"]
+    assert steps[:5] == ["encode balanced", "decode balanced", "encode lossless",
+                         "decode lossless", "calibrated levels"]
     assert [s.done for s in seen if s.busy] == sorted(s.done for s in seen if s.busy)
     assert seen[-1].phase == "ready"
     # a profile is written only when something had to be compiled

@@ -21,11 +21,14 @@ from desktop_app.errors import Cancelled, EngineError
 from desktop_app.options import GenerationOptions, RestoreOptions
 from desktop_app.protocol import ProgressFn, RestoreFn, TokenFn
 from desktop_app.results import (
+    READY,
     AskResult,
     AttachResult,
+    CalibrationInfo,
     ChatInfo,
     DocumentInfo,
     MessageInfo,
+    PrepState,
     Progress,
     RestoreEstimate,
     RestoreReport,
@@ -62,6 +65,8 @@ class FakeEngine:
 
     def __init__(self, *, step_s: float = 0.01, token_s: float = 0.003, now: float | None = None):
         self.step_s = step_s  # pause per progress step: the engine's blocking work
+        self.codec = PrepState(READY, 1, 1, "", 0.0, 0.0, 0)  # what codec_state() says
+        self._calibration: CalibrationInfo | None = None
         self.token_s = token_s  # pause per streamed word
         self.now = now if now is not None else time.time()
         self.calls: list[tuple] = []  # (method, args...) for tests to inspect
@@ -164,6 +169,27 @@ class FakeEngine:
 
     def warm_up(self) -> None:
         self._enter("warm_up")
+
+    def codec_state(self) -> PrepState:
+        return self.codec
+
+    def calibration(self) -> CalibrationInfo | None:
+        return self._calibration
+
+    def calibrate(self, *, progress: ProgressFn | None = None,
+                  cancel: threading.Event | None = None) -> CalibrationInfo:
+        self._enter("calibrate")
+        stages = ("reference", "transforms", "sensitivity", "high", "balanced", "compact")
+        for i, stage in enumerate(stages):
+            self._step(cancel)
+            if progress:
+                progress(Progress("calibrate", round(100 * i / len(stages)), 100, stage))
+        self._calibration = CalibrationInfo(
+            id="c" * 64, model="fake.gguf", created=self.now, seconds=1.0, variant="centred",
+            levels={lv: {"bits_per_element": 8 * b / 2 ** 10, "kld": 0.01, "top1": 0.95}
+                    for lv, b in BYTES_PER_TOKEN.items() if lv != "lossless"},
+            targets={"high": 0.02})
+        return self._calibration
 
     def close(self) -> None:
         self._enter("close")

@@ -73,10 +73,25 @@ def attach(app: App, files: tuple[str, ...], levels: str | None, no_server: bool
                 how += "; shared" if res.pushed else ""
                 click.echo(f"[{res.doc_id}] {res.title}: {res.kept_tokens:,} tokens ({how}); "
                            f"raw {res.raw_bytes / 1e6:.1f} MB -> {sizes}")
+    if results and not as_json:
+        codecs = {r.get("calibration") for r in results if "doc_id" in r}
+        if codecs:
+            click.echo(codec_line(codecs))
     if as_json:
         click.echo(json.dumps(results, indent=2))
     if failed:
         sys.exit(1)
+
+
+def codec_line(calibrations: set[str | None]) -> str:
+    """Which codec levels an attach's caches were encoded with."""
+    calibrated = sorted(c[:12] for c in calibrations if c)
+    line = f"codec: calibrated for this model ({', '.join(calibrated)})" if calibrated else ""
+    if None in calibrations:
+        line += "; " if line else "codec: "
+        line += ("model-independent levels (this model is not calibrated yet: "
+                 "`kvdesk calibrate`, a few minutes once)")
+    return line
 
 
 def restore_options(f):

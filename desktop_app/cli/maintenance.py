@@ -1,6 +1,6 @@
 """Commands about the installation and the store rather than a conversation: the model's
-facts, the models on this machine, integrity checks, eviction, the self-check, the quality
-evaluation and the window.
+facts, the models on this machine, integrity checks, eviction, the self-check, the codec's
+calibration, the quality evaluation and the window.
 """
 
 from __future__ import annotations
@@ -109,6 +109,43 @@ def selfcheck(app: App, as_json: bool):
     sys.exit(1)
 
 
+def calibration_lines(cal) -> list[str]:
+    lines = [f"calibration {cal.id[:12]} for {cal.model}: transform {cal.variant}, made in "
+             f"{cal.seconds or 0:.0f} s", f"{'level':<10} {'bits/elem':>9} {'KLD':>8} "
+             f"{'top-1':>6}  target"]
+    for name, row in cal.levels.items():
+        target = cal.targets.get(name)
+        lines.append(f"{name:<10} {row['bits_per_element'] or 0:>9.3f} {row['kld'] or 0:>8.4f} "
+                     f"{row['top1'] or 0:>6.3f}  {'' if target is None else f'{target:.4f}'}")
+    return lines
+
+
+@cli.command()
+@click.option("--force", is_flag=True, help="Calibrate again even if the model is calibrated.")
+@json_option
+@click.pass_obj
+def calibrate(app: App, force: bool, as_json: bool):
+    """Calibrate the codec's levels for the model (once, a few minutes): new caches of it are
+    then encoded so that each level keeps its promise against llama.cpp's 8-bit KV."""
+    from ..errors import Cancelled
+
+    engine = app.engine
+    cal = None if force else engine.calibration()
+    if cal is None:
+        bar = TerminalProgress()
+        with interruptible() as cancel:
+            try:
+                cal = engine.calibrate(progress=bar, cancel=cancel)
+            except Cancelled:
+                bar.done()
+                click.echo("calibration cancelled; nothing was stored", err=True)
+                sys.exit(1)
+        bar.done()
+    elif not as_json:
+        click.echo("already calibrated (--force calibrates again)", err=True)
+    emit(cal.as_dict(), as_json, calibration_lines(cal))
+
+
 @cli.command("eval")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--prefix-tokens", type=int, default=2048, show_default=True,
@@ -116,15 +153,28 @@ def selfcheck(app: App, as_json: bool):
 @click.option("--cont-tokens", type=int, default=256, show_default=True,
               help="Following tokens, scored under teacher forcing.")
 @click.option("--configs", help="Comma-separated: fp16, fp16-ulp (the noise floor), q8_0, q4_0 "
-              "and codec levels (default: all of them but lossless).")
+              "and codec levels: the model's calibrated ones, default-LEVEL for the "
+              "model-independent ones (default: all of them but lossless).")
 @json_option
 @click.pass_obj
 def eval_(app: App, file: str, prefix_tokens: int, cont_tokens: int, configs: str | None,
           as_json: bool):
-    """Measure how closely compressed KV caches answer like the exact one, on FILE."""
+    """Measure how closely compressed KV caches answer like the exact one, on FILE, with the
+    model's codec calibration (made first, once, when it has none)."""
     from .. import documents, quality
 
-    names = level_list(configs) or list(quality.DEFAULT_CONFIGS)
+    engine = app.engine
+    cal = engine.calibrations.current(engine.fingerprint)
+    if cal is None:
+        click.echo("This model's codec is not calibrated yet: calibrating it first (a few "
+                   "minutes, once; `kvdesk calibrate`).", err=True)
+        bar = TerminalProgress()
+        with interruptible() as cancel:
+            engine.calibrate(progress=bar, cancel=cancel)
+        bar.done()
+        cal = engine.calibrations.current(engine.fingerprint)
+    names = level_list(configs) or [*quality.DEFAULT_CONFIGS, *(
+        quality.DEFAULT_PREFIX + lvl for lvl in ("high", "balanced", "compact"))]
     if not as_json:
         click.echo(f"{'config':<12} {'bits/elem':>9} {'KLD':>8} {'top-1':>6} {'ppl':>8}  greedy")
 
@@ -137,13 +187,17 @@ def eval_(app: App, file: str, prefix_tokens: int, cont_tokens: int, configs: st
     try:
         report = quality.evaluate(app.model_path, documents.extract(file).text,
                                   prefix_tokens=prefix_tokens, cont_tokens=cont_tokens,
-                                  configs=names, on_row=show)
+                                  configs=names, on_row=show, calibration=cal)
     except quality.EvalError as e:
         emit({"error": str(e), "kind": "EvalError"}, as_json, [])
         click.echo(f"Error: {e}", err=True)
         sys.exit(1)
     if as_json:
         emit(report, True)
+        return
+    for level, c in report.get("contracts", {}).items():
+        click.echo(f"{level}: {c['contract']}: {c['value']:.4f} against {c['target']:.4f}: "
+                   f"{'met' if c['met'] else 'NOT met'}")
 
 
 @cli.command()
