@@ -40,7 +40,7 @@ def test_captured_keys_are_the_cached_keys(model_path, tokens, captured):
     rt = Runtime(model_path, model_hash="test", n_ctx=N + 8, flash_attn=True)
     try:
         rt.prefill(tokens)
-        cached = kvstate.in_position_order(rt.capture()).keys
+        cached = kvstate.in_position_order(rt.capture().sections[0]).keys
     finally:
         rt.close()
     for layer in (0, 17, 29):
