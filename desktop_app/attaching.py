@@ -55,6 +55,8 @@ class Attacher:
                cancel: threading.Event | None = None) -> AttachResult:
         """Extract, prefill (or take from the shared cache), encode and store one document,
         then share it if automatic pushing is on. Raises DocumentError, Cancelled."""
+        if levels is not None:
+            check_levels(levels)  # a bad flag is refused before any work
         extracted = documents.extract(path)
         if progress:
             progress(Progress("extract", 1, 1, extracted.title))

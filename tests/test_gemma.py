@@ -41,7 +41,7 @@ def make_engine(data_dir, gemma_path, **options) -> Engine:
 def ask(eng: Engine, question: str, *, doc=None, chat=None, tokens=16, **restore):
     return eng.ask(question, chat_id=chat, doc_ids=[doc] if doc is not None else [],
                    restore=RestoreOptions(**restore),
-                   generation=GenerationOptions(max_tokens=tokens))
+                   generation=GenerationOptions(max_tokens=tokens, temperature=0))
 
 
 def answer_tokens(eng: Engine, chat_id: int) -> list[int]:
@@ -119,7 +119,7 @@ def test_a_chat_carries_its_own_window_and_reopens(engine, doc_id):
     # which wrote the first answer's KV, and its batched prefill round differently.)
     engine.runtime.reset()
     again = engine.regenerate(chat, restore=RestoreOptions(level="lossless"),
-                              generation=GenerationOptions(max_tokens=16))
+                              generation=GenerationOptions(max_tokens=16, temperature=0))
     assert again.recomputed_tokens == 0
     assert again.answer == second.answer and answer_tokens(engine, chat) == kept
     third = ask(engine, "Thank you.", chat=chat, tokens=8)
