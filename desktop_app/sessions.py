@@ -42,7 +42,7 @@ from .options import AUTO, GenerationOptions, RestoreOptions
 from .prompts import Prompter, question_turn, title_of
 from .prompts import closing as closing_text
 from .repetition import LoopGuard
-from .results import AskResult, Progress, RestoreEstimate, RestoreReport
+from .results import COMPILING, AskResult, Progress, RestoreEstimate, RestoreReport
 from .runtime import Runtime
 from .sampling import Sampling, resolve
 from .sharing import Sharing
@@ -201,10 +201,11 @@ class ChatSession:
                        blended=self._mode_of(docs, 0, 0))
 
     def _codec_not_ready(self, rt: Runtime, source, notes: list[str]) -> bool:
-        """While the codec's kernels are still being prepared: whether recomputing the
-        stored tokens is sooner than waiting for them (said in `notes` either way)."""
+        """While the codec's kernels are being compiled: whether recomputing the stored
+        tokens is sooner than waiting for them (said in `notes` either way). While they are
+        only loaded from numba's caches (a second or two), a restore goes ahead at once."""
         state = self.contexts.codec_state()
-        if not state.busy:
+        if state.phase != COMPILING:
             return False
         decode_s = rt.layout.raw_bytes(source.n_tokens) / 1e6 / max(
             self.speeds.decode(lvl) for lvl in self.levels)

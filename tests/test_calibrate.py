@@ -105,3 +105,63 @@ def test_contract_verdicts_follow_the_q8_0_and_floor_rows():
                                                            "compact": False}
     assert verdicts["high"]["target"] == pytest.approx(0.007)
     assert quality.contracts(rows[2:]) == {}  # no reference rows: no verdict
+
+
+def test_the_engine_encodes_new_caches_with_the_models_calibration(calibrated, model_path,
+                                                                   model_hash, tmp_path):
+    """Before a calibration: model-independent levels, said. After: new entries name it and
+    restore through it, also in a fresh engine (a restart); a chunk whose calibration is
+    damaged is refused and recomputed, never decoded with the wrong transforms."""
+    import sqlite3
+
+    from desktop_app.engine import Engine
+    from desktop_app.options import GenerationOptions, RestoreOptions
+    from desktop_app.runtime import Runtime
+
+    def engine():
+        return Engine(Store(tmp_path / "data"), lambda: Runtime(
+            model_path, model_hash=model_hash, n_ctx=1024), chunk_tokens=64)
+
+    (tmp_path / "a.txt").write_text(TEXT[:1500])
+    (tmp_path / "b.txt").write_text(TEXT[1500:3000])
+    eng = engine()
+    try:
+        assert eng.calibration() is None
+        assert eng.attach(tmp_path / "a.txt").calibration is None
+        cal, _ = calibrated  # the same model's, for this engine's fingerprint
+        cal = codec.Calibration(cal.parts, {**cal.meta, "fingerprint": eng.fingerprint})
+        assert eng.calibrations.adopt(cal) == cal.id
+        assert eng.calibration().id == cal.id and eng.calibration().levels["high"]["kld"] > 0
+        doc = eng.attach(tmp_path / "b.txt")
+        assert doc.calibration == cal.id
+        entry = eng.store.document_entry(doc.doc_id, eng.fingerprint)
+        assert entry.calibration == cal.id
+    finally:
+        eng.close()
+        eng.store.close()
+
+    def ask(eng, level):
+        return eng.ask("What does the text describe?", doc_ids=[doc.doc_id],
+                       restore=RestoreOptions(level=level),
+                       generation=GenerationOptions(max_tokens=4, temperature=0))
+
+    eng = engine()  # a restart: the calibration comes from the store
+    try:
+        assert eng.calibration().id == cal.id
+        res = ask(eng, "high")
+        assert res.recomputed_tokens == 0 and set(res.chunk_levels) == {"high"}
+    finally:
+        eng.close()
+        eng.store.close()
+    with sqlite3.connect(tmp_path / "data" / "kvdesk.sqlite") as db:
+        db.execute("UPDATE calibrations SET data = ? WHERE id = ?",
+                   (b"not a calibration", cal.id))
+    eng = engine()
+    try:
+        assert eng.calibration() is None  # the damaged one is never used
+        res = ask(eng, "high")
+        assert res.recomputed_tokens > 0 and set(res.chunk_levels) == {"text"}
+        assert any("calibration" in m and cal.id[:12] in m for m in res.messages)
+    finally:
+        eng.close()
+        eng.store.close()

@@ -224,6 +224,27 @@ def test_forced_and_throttled_levels(engine, doc_id):
         engine.reopen(chat, restore=RestoreOptions(level="nonsense"))
 
 
+def test_a_question_while_the_codec_compiles_recomputes_or_waits(engine, doc_id, monkeypatch):
+    """Kernels still compiling (a bundle on a CPU its cache does not fit): a question is
+    answered by recomputing or by waiting for them, whichever is expected sooner, and says so."""
+    from desktop_app.results import COMPILING, PrepState
+
+    def compiling(left_s):
+        return lambda: PrepState(COMPILING, 3, 10, "encode high", 5.0, left_s, 3)
+
+    monkeypatch.setattr(engine.contexts, "codec_state", compiling(1000.0))
+    res = ask(engine, "Who built the lighthouse?", doc=doc_id, level="high", tokens=2)
+    assert set(res.chunk_levels) == {"text"} and res.recomputed_tokens > 0
+    assert any("being prepared" in m and "recomputing from text" in m for m in res.messages)
+    waited = []
+    monkeypatch.setattr(engine.contexts, "codec_state", compiling(0.001))
+    monkeypatch.setattr(engine.contexts, "wait_codec", lambda: waited.append(True))
+    engine.runtime.reset()  # else the context already holds the document
+    res = ask(engine, "Who built the lighthouse?", doc=doc_id, level="high", tokens=2)
+    assert waited and set(res.chunk_levels) == {"high"} and res.recomputed_tokens == 0
+    assert any("being prepared" in m and "waiting" in m for m in res.messages)
+
+
 def test_corrupt_chunk_falls_back_and_still_answers(new_engine, tmp_path):
     eng = new_engine()
     path = tmp_path / "doc.txt"
