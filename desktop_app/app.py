@@ -120,9 +120,12 @@ class App:
     @cached_property
     def engine(self) -> Engine:
         from .engine import Engine
+        from .levels import DEFAULT_LEVELS, EXACT
 
         s = self.settings
+        levels = (*DEFAULT_LEVELS, EXACT) if s.keep_lossless else DEFAULT_LEVELS
         return Engine(self.store, self.new_runtime, model_path=str(self.model_path),
+                      levels=levels,
                       default_budget_ms=s.restore_budget_ms, remote=self.remote,
                       auto_push=s.remote_auto_push, auto_pull=s.remote_auto_pull,
                       min_cache_tokens=s.prompt_cache_min_tokens,

@@ -14,7 +14,11 @@ import codec
 
 from .errors import EngineError
 
-DEFAULT_LEVELS = ("lossless", "high", "balanced", "compact")
+# What a document is stored at unless asked otherwise: ~30-50 % of the raw fp16 KV together.
+# `lossless` (~14 bits per element: 85-90 % of raw on its own) is opt-in (the keep_lossless
+# setting, `attach --levels`): recomputing from text is the exact fallback without it.
+DEFAULT_LEVELS = ("high", "balanced", "compact")
+EXACT = "lossless"
 QUALITY_ORDER = ("lossless", "high", "cachegen-3", "balanced", "cachegen-2", "compact",
                  "cachegen-1")
 

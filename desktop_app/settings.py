@@ -80,6 +80,9 @@ class Settings(pydantic.BaseModel):
     # How long bringing a chat back may take when the level is "auto" (the quality slider):
     # the restore picks, chunk by chunk, the best stored level that fits.
     restore_budget_ms: float = Field(250.0, gt=0, le=3_600_000)
+    # Store every document at `lossless` too: exact reopens without recomputing, for about
+    # twice the disk (levels.DEFAULT_LEVELS).
+    keep_lossless: bool = False
     theme: Literal["system", "light", "dark"] = "system"
     # The local API (kvdesk serve): its port, the folders whose files a client may attach by
     # path (none: uploads only), and from how many tokens a prompt with no cached prefix

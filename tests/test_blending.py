@@ -11,9 +11,12 @@ import pytest
 from desktop_app.blending import _runs, align, leading
 from desktop_app.engine import Engine
 from desktop_app.errors import Cancelled
+from desktop_app.levels import DEFAULT_LEVELS, EXACT
 from desktop_app.options import GenerationOptions, RestoreOptions
 from desktop_app.runtime import Runtime
 from store import Store
+
+EVERY_LEVEL = (*DEFAULT_LEVELS, EXACT)
 
 DOCS = {
     "ferry.txt": "The ferry to Cape Morrow leaves at 07:15 and 16:40 on weekdays. On "
@@ -40,7 +43,8 @@ def engine(tmp_path, model_path, model_hash):
     def factory():
         return Runtime(model_path, model_hash=model_hash, n_ctx=2048, flash_attn=True)
 
-    eng = Engine(Store(tmp_path / "data"), factory, chunk_tokens=64, blend_fraction=0.15)
+    eng = Engine(Store(tmp_path / "data"), factory, chunk_tokens=64, blend_fraction=0.15,
+                 levels=EVERY_LEVEL)
     ids = []
     for name, text in DOCS.items():
         (tmp_path / name).write_text(text)

@@ -10,9 +10,12 @@ import pytest
 from desktop_app.documents import DocumentError
 from desktop_app.engine import Engine
 from desktop_app.errors import Cancelled, EngineError
+from desktop_app.levels import DEFAULT_LEVELS, EXACT
 from desktop_app.options import GenerationOptions, RestoreOptions
 from desktop_app.runtime import Runtime
 from store import Store
+
+EVERY_LEVEL = (*DEFAULT_LEVELS, EXACT)
 
 pytestmark = pytest.mark.model
 
@@ -28,7 +31,8 @@ def make_engine(data_dir, model_path, model_hash, *, flash_attn=True, n_ctx=1024
     def factory():
         return Runtime(model_path, model_hash=model_hash, n_ctx=n_ctx, flash_attn=flash_attn)
 
-    return Engine(Store(data_dir), factory, chunk_tokens=64)
+    # Every level, lossless included (opt-in in the app): the exactness tests read it.
+    return Engine(Store(data_dir), factory, chunk_tokens=64, levels=EVERY_LEVEL)
 
 
 def close(eng: Engine) -> None:

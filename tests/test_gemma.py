@@ -16,9 +16,12 @@ import codec
 from desktop_app.engine import Engine
 from desktop_app.errors import RuntimeStateError
 from desktop_app.kvstate import in_position_order
+from desktop_app.levels import DEFAULT_LEVELS, EXACT
 from desktop_app.options import GenerationOptions, RestoreOptions
 from desktop_app.runtime import Runtime
 from store import Store, sync
+
+EVERY_LEVEL = (*DEFAULT_LEVELS, EXACT)
 
 CHUNK = 128
 WINDOW = 512
@@ -35,7 +38,7 @@ def make_engine(data_dir, gemma_path, **options) -> Engine:
     def factory():
         return Runtime(gemma_path, model_hash="gemma3-270m", n_ctx=1536, flash_attn=False)
 
-    return Engine(Store(data_dir), factory, chunk_tokens=CHUNK, **options)
+    return Engine(Store(data_dir), factory, chunk_tokens=CHUNK, levels=EVERY_LEVEL, **options)
 
 
 def ask(eng: Engine, question: str, *, doc=None, chat=None, tokens=16, **restore):

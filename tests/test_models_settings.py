@@ -92,3 +92,15 @@ def test_unknown_keys_of_a_newer_minor_release_are_ignored():
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"version": 1, "n_ctx": 2048, "some_future_key": True}))
     assert settings.load().n_ctx == 2048
+
+
+def test_lossless_is_stored_only_when_the_setting_asks(tmp_path):
+    from desktop_app.app import App
+
+    for keep, levels in ((False, ("high", "balanced", "compact")),
+                         (True, ("lossless", "high", "balanced", "compact"))):
+        app = App(settings.Settings(data_dir=str(tmp_path / str(keep)), keep_lossless=keep))
+        try:
+            assert app.engine.levels == levels
+        finally:
+            app.close()

@@ -14,10 +14,13 @@ import pytest
 
 from benchmarks.s3_server import S3Server
 from desktop_app.engine import Engine
+from desktop_app.levels import DEFAULT_LEVELS, EXACT
 from desktop_app.options import GenerationOptions, RestoreOptions
 from desktop_app.runtime import Runtime
 from store import RemoteConfig, RemoteTier, Store, sync
 from store.manifest import Manifest
+
+EVERY_LEVEL = (*DEFAULT_LEVELS, EXACT)
 
 pytestmark = pytest.mark.model
 
@@ -45,7 +48,8 @@ def engine_on(data_dir, model_path, model_hash, tier, **kwargs) -> Engine:
     def factory():
         return Runtime(model_path, model_hash=model_hash, n_ctx=1024, flash_attn=True)
 
-    return Engine(Store(data_dir), factory, chunk_tokens=32, remote=tier, **kwargs)
+    return Engine(Store(data_dir), factory, chunk_tokens=32, remote=tier, levels=EVERY_LEVEL,
+                  **kwargs)
 
 
 @pytest.fixture(scope="module")

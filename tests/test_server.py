@@ -30,7 +30,8 @@ class Running:
     """A server on a free port over its own App, in a thread of this process."""
 
     def __init__(self, data_dir, api_key=None):
-        self.app = App(Settings(data_dir=str(data_dir), n_ctx=1024, prompt_cache_min_tokens=64))
+        self.app = App(Settings(data_dir=str(data_dir), n_ctx=1024, prompt_cache_min_tokens=64,
+                                keep_lossless=True))
         self.server = Server(self.app, port=0, api_key=api_key)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()

@@ -36,12 +36,13 @@ class QualitySlider(QWidget):
         self.set_levels(())
 
     def set_levels(self, levels_best_first: tuple[str, ...]) -> None:
-        """The engine's levels, best first; the slider starts one step below the best, since
+        """The engine's levels, best first; the slider starts at the best lossy one, since
         lossless caches are several times larger for a difference rarely seen in answers."""
         self._levels = tuple(reversed(levels_best_first))
+        start = len(self._levels) - 1 - (levels_best_first[:1] == ("lossless",))
         self.slider.blockSignals(True)
         self.slider.setRange(0, max(0, len(self._levels) - 1))
-        self.slider.setValue(max(0, len(self._levels) - 2))
+        self.slider.setValue(max(0, start))
         self.slider.blockSignals(False)
         self.setEnabled(bool(self._levels))
         self._moved()
