@@ -23,12 +23,9 @@ from pathlib import Path
 
 import llama_cpp
 import numpy as np
-from llama_cpp import _internals
-from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from . import kvstate, sampling, support
+from . import chat_templates, kvstate, probe, samplers, sampling
 from .errors import Cancelled, RuntimeStateError
-from .layout import ModelLayout
 from .options import GenerationOptions
 
 # Prefill slice: small enough that progress and cancellation react within about a second on
@@ -43,23 +40,10 @@ WINDOW_ALIGN = 256
 # measuring against (quality.py): their states are refused by kvstate.
 CACHE_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "f32": llama_cpp.GGML_TYPE_F32,
                "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q4_0": llama_cpp.GGML_TYPE_Q4_0}
-BRIDGED = ("f16", "f32")
 # Rows of logits turned into log-probabilities at a time (Gemma's vocabulary: 262,144 wide).
 SCORE_ROWS = 16
 
 ProgressFn = Callable[[int, int], None]  # (tokens done, tokens total)
-
-# For a GGUF without a chat template (the one it was tuned on; append-only, as kvdesk needs).
-# ChatML: what most small instruct models (SmolLM2 included) were tuned on.
-CHATML_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-# Gemma's turns (it has no system role: a system message is a turn of the user's).
-GEMMA_TEMPLATE = (
-    "{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else 'user' }}"
-    "\n{{ m['content'] }}<end_of_turn>\n{% endfor %}"
-    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
-
 
 @dataclass(frozen=True)
 class Token:
@@ -110,7 +94,7 @@ class Runtime:
             raise RuntimeStateError(f"could not load {self.model_path}: {e}") from e
         self._vocab = self.llm._model.vocab
         try:
-            self.layout = self._probe_layout(model_hash, cache_type, flash_attn)
+            self.layout = probe.layout(self, model_hash, cache_type, flash_attn)
         except BaseException:
             self.llm.close()
             raise
@@ -121,41 +105,10 @@ class Runtime:
         # The token count after the last evaluation, while the logits it left belong to the
         # sequence's last token (None once a reset, restore or truncation makes them stale).
         self._logits_at: int | None = None
-        self._formatter = self._chat_formatter()
+        self._formatter = chat_templates.formatter(self.llm)
         self._template_lock = threading.Lock()
         # What the model file recommends (general.sampling.*), and what in it is unusable.
         self.model_sampling, self.model_sampling_notes = sampling.from_model(self.llm.metadata)
-
-    def _probe_layout(self, model_hash: str, cache_type: str, flash_attn: bool) -> ModelLayout:
-        """The cache's layout, from the model and from the state of one evaluated token;
-        refuses (UnsupportedModelError) a cache kvdesk could not store and restore."""
-        model = self.llm._model.model
-        arch = self.llm.metadata.get("general.architecture", "")
-        name = self.model_path.name
-        support.check_arch(name, arch, recurrent=llama_cpp.llama_model_is_recurrent(model),
-                           hybrid=llama_cpp.llama_model_is_hybrid(model))
-        n_head = llama_cpp.llama_model_n_head(model)
-        head_dim = int(self.llm.metadata.get(f"{arch}.attention.key_length", 0)) or (
-            llama_cpp.llama_model_n_embd(model) // n_head
-        )
-        n_layer = llama_cpp.llama_model_n_layer(model)
-        n_head_kv = llama_cpp.llama_model_n_head_kv(model)
-        if cache_type in BRIDGED:
-            tok = self.llm.token_bos()
-            self.llm.eval([tok if tok >= 0 else 0])
-            facts = support.check_state(self.state_bytes(), name=name, n_layer=n_layer,
-                                        channels=n_head_kv * head_dim)
-            self.reset()
-        else:  # measuring only (quality.py): llama.cpp alone reads its quantized states
-            facts = support.CacheFacts(n_layer, 0, n_head_kv * head_dim)
-        return ModelLayout(
-            model_hash=model_hash, n_layer=n_layer, n_head_kv=n_head_kv, head_dim=head_dim,
-            cache_type=cache_type,
-            # llama.cpp keeps V transposed exactly when flash attention is off.
-            v_trans=not flash_attn, llama_cpp_version=llama_cpp.__version__,
-            swa_layers=facts.swa_layers,
-            n_swa=int(llama_cpp.llama_model_n_swa(model)) if facts.swa_layers else 0,
-            swa_chunked=bool(facts.swa_layers) and arch in support.CHUNKED_SWA)
 
     # -- facts ---------------------------------------------------------------------------
 
@@ -188,21 +141,6 @@ class Runtime:
     @property
     def adds_bos(self) -> bool:
         return bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
-
-    def _chat_formatter(self) -> Jinja2ChatFormatter:
-        template = self.llm.metadata.get("tokenizer.chat_template")
-        if not template:
-            arch = self.llm.metadata.get("general.architecture", "")
-            template = GEMMA_TEMPLATE if arch.startswith("gemma") else CHATML_TEMPLATE
-
-        def piece(tok: int) -> str:
-            return self.llm._model.token_get_text(tok) if tok >= 0 else ""
-
-        return Jinja2ChatFormatter(
-            template,
-            eos_token=piece(self.llm.token_eos()),
-            bos_token=piece(self.llm.token_bos()),
-        )
 
     def render_chat(self, messages: Sequence[dict], *, add_generation_prompt: bool) -> str:
         """The chat template applied to `messages` ({"role", "content"} dicts)."""
@@ -349,7 +287,7 @@ class Runtime:
         `ensure_logits`). Generated tokens join the sequence, except the final
         end-of-generation token, which is sampled but not evaluated.
         """
-        sampler = self._sampler(options)
+        sampler = samplers.chain(options, n_vocab=self.llm.n_vocab(), n_ctx=self.n_ctx)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         pending = None  # sampled and yielded, not yet evaluated
         try:
@@ -377,32 +315,6 @@ class Runtime:
                 with self._lock:
                     self._eval([pending])
             sampler.close()
-
-    def _sampler(self, o: GenerationOptions) -> _internals.LlamaSampler:
-        """llama.cpp's sampler chain for `o`, its stages in llama.cpp's own order: penalties,
-        top-k, top-p, min-p, temperature, then the draw (the most likely token at 0)."""
-        sampler = _internals.LlamaSampler()
-        last_n = self.n_ctx if o.repeat_last_n == -1 else o.repeat_last_n or 0
-        penalized = last_n and (o.repeat_penalty or 1.0, o.presence_penalty or 0.0,
-                                o.frequency_penalty or 0.0) != (1.0, 0.0, 0.0)
-        if penalized:
-            sampler.add_penalties(self.llm.n_vocab(), last_n, o.repeat_penalty or 1.0,
-                                  o.frequency_penalty or 0.0, o.presence_penalty or 0.0)
-        if not o.temperature:
-            sampler.add_greedy()
-        else:
-            if o.top_k:
-                sampler.add_top_k(o.top_k)
-            if o.top_p is not None and o.top_p < 1:
-                sampler.add_top_p(o.top_p, 1)
-            if o.min_p:
-                sampler.add_min_p(o.min_p, 1)
-            sampler.add_temp(o.temperature)
-            sampler.add_dist(llama_cpp.LLAMA_DEFAULT_SEED if o.seed is None else o.seed)
-        # The penalties look at the answer's own tokens only (the chain sees each token it
-        # draws): an answer should be free to use the question's and the document's words,
-        # and to end as the question's turn did (measured: benchmarks/RESULTS.md).
-        return sampler
 
     # -- KV state ------------------------------------------------------------------------
 
@@ -438,7 +350,7 @@ class Runtime:
         cache's state (q8_0, q4_0: the bridge cannot parse it) is only llama.cpp's to check:
         give such a runtime back only states it wrote itself.
         """
-        if self.layout.cache_type in BRIDGED:
+        if self.layout.cache_type in probe.BRIDGED:
             seq = kvstate.parse_seq_sections(data)
             self._check_fits([kv.keys.shape for kv in seq.sections], seq.sections[0].dtype,
                              seq.sections[0].v_trans, tokens)

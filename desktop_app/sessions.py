@@ -11,7 +11,7 @@ messages and the conversation's own KV (extending the document's entry) so the n
 or reopen starts at once; `prepare` computes a question while it is typed; `reopen` restores a
 chat and says how. An answer is sampled as
 `sampling.resolve` says (the caller's options over the settings file's over the model file's
-over kvdesk's defaults) and stopped if it loops (`repetition.LoopGuard`).
+over kvdesk's defaults) and stopped if it loops (`answers`).
 
 One turn runs at a time in the context (a lock), and one turn at a time in a chat across
 processes sharing the data directory (the store's chat turn). This module never prints, never
@@ -24,13 +24,14 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from store import Document, Store
 from store.locks import TurnCancelled
 
 from . import codec_prep, streaming
 from . import speeds as speeds_mod
+from .answers import stream_answer
 from .blending import Blend, Blender, leading
 from .contexts import CHAT, Contexts
 from .errors import Cancelled, EngineError
@@ -41,7 +42,6 @@ from .library import Library
 from .options import AUTO, GenerationOptions, RestoreOptions
 from .prompts import Prompter, question_turn, title_of
 from .prompts import closing as closing_text
-from .repetition import LoopGuard
 from .results import COMPILING, AskResult, Progress, RestoreEstimate, RestoreReport
 from .runtime import Runtime
 from .sampling import Sampling, resolve
@@ -455,41 +455,6 @@ class ChatSession:
             for lvl, n in per_level.items()}
         seconds[streaming.TEXT] = round(len(tokens) / self.speeds.prefill_tps, 3)
         return RestoreEstimate(tokens=len(tokens), bytes=per_level, seconds=seconds)
-
-
-@dataclass(frozen=True)
-class Answer:
-    tokens: list[int]
-    text: str
-    ttft: float | None  # seconds from t0 to the first token (None: no token)
-    notes: list[str]  # why it stopped early, when it did
-
-
-def stream_answer(rt: Runtime, generation: GenerationOptions, t0: float,
-                  on_token: Callable[[str], None] | None,
-                  cancel: threading.Event | None) -> Answer:
-    """Stream an answer sampled with `generation` (resolved: every field set), stopping it if
-    it loops."""
-    generated: list[int] = []
-    pieces: list[str] = []
-    ttft, notes = None, []
-    guard = LoopGuard()
-    max_new = min(generation.max_tokens, rt.n_ctx - rt.n_tokens - 8)
-    # closing: a loop left early still evaluates its last token, so the context holds it.
-    with contextlib.closing(rt.generate(max_new, options=generation, cancel=cancel)) as stream:
-        for tok in stream:
-            if ttft is None:
-                ttft = time.perf_counter() - t0
-            generated.append(tok.id)
-            pieces.append(tok.text)
-            if on_token and tok.text:
-                on_token(tok.text)
-            loop = guard.feed(tok.id, tok.text)
-            if loop:
-                notes.append(f"the answer was stopped after {len(generated)} tokens because "
-                             f"it was going round in circles: {loop}")
-                break
-    return Answer(generated, "".join(pieces), ttft, notes)
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
