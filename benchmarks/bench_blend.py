@@ -46,14 +46,14 @@ from store import Store
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 SETS = {
     "code": [STDLIB / n for n in ("textwrap.py", "shlex.py", "heapq.py")],
-    "prose": ["lexical", "compound", "execmodel"],  # pydoc_data topics
+    "prose": ["execmodel", "compound", "import"],  # pydoc_data topics
     "licence": [STDLIB / "LICENSE.txt"],  # cut in three parts
 }
 QUESTIONS = {
     "code": ["Which function wraps a paragraph?", "What does shlex.split do?",
              "How is a heap kept?"],
-    "prose": ["What is a keyword?", "What does a with statement do?",
-              "What is a code block?"],
+    "prose": ["What is a code block?", "What does a with statement do?",
+              "How does import find a module?"],
     "licence": ["Who may copy the software?", "Is there a warranty?",
                 "What must a redistribution keep?"],
 }
@@ -212,7 +212,8 @@ def main() -> None:
         for kind in args.sets.split(","):
             report["sets"][kind] = run_set(eng, kind, args.tokens,
                                            [float(f) for f in args.fractions.split(",")], folder)
-            print(f"{kind}: done", file=sys.stderr)
+            # each set as it is done: a run takes an hour on a busy machine
+            print(json.dumps({kind: report["sets"][kind]}), file=sys.stderr)
     finally:
         eng.close()
         eng.store.close()
