@@ -32,8 +32,13 @@ def _isolated_user_dirs(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="session")
 def model_path():
+    from codec import precompile
     from desktop_app.models import default_model_path
 
+    # The codec's kernels compiled (or loaded from numba's cache, which this also fills for
+    # the CLI's processes) before any engine starts: an engine whose kernels still compile
+    # answers by recomputing (codec_prep), which the tests of restores must not meet.
+    precompile.run()
     return default_model_path()
 
 
