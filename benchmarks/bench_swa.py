@@ -34,7 +34,7 @@ import numpy as np
 
 import codec
 from desktop_app import kvstate, runtime
-from desktop_app.levels import DEFAULT_LEVELS
+from desktop_app.levels import DEFAULT_LEVELS, EXACT
 from desktop_app.runtime import Runtime
 
 CHUNK = 256
@@ -137,7 +137,7 @@ def disk(path: Path, n_doc: int, n_chat: int) -> dict:
             for entry, parts in entries.items():
                 raw = sum(k.nbytes + v.nbytes for k, v, _ in parts)
                 row = {"raw_MB": round(raw / 1e6, 2)}
-                for level in DEFAULT_LEVELS:
+                for level in (EXACT, *DEFAULT_LEVELS):
                     nbytes, seconds = encoded(parts, level)
                     row[level] = {"MB": round(nbytes / 1e6, 2), "decode_s": round(seconds, 4)}
                 out.setdefault(design, {})[entry] = row
