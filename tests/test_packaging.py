@@ -51,6 +51,7 @@ def test_the_spec_collects_what_the_bundle_needs(tmp_path, monkeypatch):
     assert model.is_file()
     # the codec's kernels compiled when the bundle is built (codec/precompile.py)
     assert datas.pop("codec_cache") == cache
+    assert (datas.pop("desktop_app/data") / "calibration.txt").is_file()
     assert not datas
     assert Path(model).name == models.DEFAULT_MODEL_FILE
     libs = [Path(src) for src, into in options["binaries"]]
