@@ -108,11 +108,12 @@ class SettingsDialog(QDialog):
         self.auto_pull = QCheckBox("Look there before computing a document",
                                    checked=settings.remote_auto_pull)
         self.generation = GenerationBox(settings.generation)
-        self.calibrate = QCheckBox("Calibrate the codec for each model automatically (a few "
-                                   "minutes in the background, once)",
+        self.calibrate = QCheckBox("Calibrate it for each model automatically",
                                    checked=settings.calibrate_automatically)
-        self.calibrate.setToolTip("A calibrated model's new caches use levels measured on the "
-                                  "model itself, rather than model-independent ones")
+        calibrate_about = QLabel("Once per model, minutes in the background: its new caches "
+                                 "then use levels measured on the model itself.",
+                                 wordWrap=True)
+        calibrate_about.setEnabled(False)
         # The loaded model's levels (calibrated or not); none before the engine has said.
         self.codec_levels = QLabel(codec_levels, wordWrap=True)
         self.codec_levels.setEnabled(False)
@@ -172,6 +173,7 @@ class SettingsDialog(QDialog):
         codec = QGroupBox("Codec")
         codec_rows = QVBoxLayout(codec)
         codec_rows.addWidget(self.calibrate)
+        codec_rows.addWidget(calibrate_about)
         codec_rows.addWidget(self.codec_levels)
         answers.addWidget(codec)
         answers.addStretch(1)
