@@ -8,7 +8,7 @@ import re
 import threading
 
 import pytest
-from ui_fixtures import open_window, text_file
+from ui_fixtures import edit_settings, open_window, text_file
 
 from desktop_app import settings as settings_mod
 from desktop_app.errors import EngineError
@@ -192,16 +192,13 @@ def test_turning_the_setting_on_calibrates(qtbot, monkeypatch):
     qtbot.waitUntil(lambda: settled(window), timeout=3000)
     assert window.calibration_job is None
 
-    def edit(dialog: SettingsDialog) -> int:
-        assert dialog.codec_levels.text().startswith("Model-independent levels")
-        dialog.calibrate.setChecked(True)
-        dialog.accept()
-        return dialog.result()
-
-    monkeypatch.setattr("ui.main_window.SettingsDialog.exec", edit)
+    seen = []
+    edit_settings(monkeypatch, lambda dialog: (seen.append(dialog.codec_levels.text()),
+                                               dialog.calibrate.setChecked(True)))
     with qtbot.waitSignal(window.calibration_done, timeout=5000) as blocker:
         window.open_settings()
     assert isinstance(blocker.args[0], CalibrationInfo)
+    assert seen[0].startswith("Model-independent levels")
     assert settings_mod.load().calibrate_automatically
 
 
