@@ -1,5 +1,5 @@
 """User settings: which model, how large a context, where the data lives, the shared cache,
-how answers are generated.
+how answers are generated, whether the window calibrates the codec for a new model.
 
 Settings are resolved in one order everywhere (CLI, GUI, tests): explicit arguments, then
 environment variables (`KVDESK_MODEL`, `KVDESK_DATA_DIR`, `KVDESK_N_CTX`, and for the shared
@@ -92,6 +92,10 @@ class Settings(pydantic.BaseModel):
     server_attach_folders: tuple[str, ...] = ()
     prompt_cache_min_tokens: int = Field(1024, ge=0, le=1 << 20)
     blend_recompute: float = Field(DEFAULT_BLEND_FRACTION, ge=0, le=1)
+    # The window calibrates the codec for a model that has no calibration yet (minutes, in the
+    # background, once per model per session; `kvdesk calibrate` does it by hand), so that
+    # the model's new caches are encoded with its own levels.
+    calibrate_automatically: bool = True
     # The shared cache tier on S3-compatible storage: off until a bucket is set.
     remote_bucket: str | None = None
     remote_endpoint_url: str | None = None  # None: AWS S3; else MinIO, Ceph, SeaweedFS...

@@ -13,6 +13,11 @@ pytestmark = pytest.mark.model
 SLOW_MS = 300_000  # the real model on two CPU cores
 
 
+def e2e_settings() -> settings_mod.Settings:
+    # No calibration: it would run for minutes beside the answers this test waits for.
+    return settings_mod.load().with_overrides(n_ctx=2048, calibrate_automatically=False)
+
+
 def start(qtbot, app: App) -> MainWindow:
     window = MainWindow(lambda: app.engine, app.settings)
     qtbot.addWidget(window)
@@ -33,7 +38,7 @@ def ask(qtbot, window: MainWindow, question: str):
 
 
 def test_attach_ask_restart_reopen_ask(qtbot, tmp_path):
-    app = App(settings_mod.load().with_overrides(n_ctx=2048))
+    app = App(e2e_settings())
     window = start(qtbot, app)
     doc = tmp_path / "cats.txt"
     doc.write_text("Cats sleep for about sixteen hours a day. "
@@ -46,7 +51,7 @@ def test_attach_ask_restart_reopen_ask(qtbot, tmp_path):
     window.close()
     app.close()
 
-    app = App(settings_mod.load().with_overrides(n_ctx=2048))
+    app = App(e2e_settings())
     window = start(qtbot, app)
     assert first.chat_id in [c.chat_id for c in window.chats]
     with qtbot.waitSignals([window.restored, window.messages_loaded], timeout=SLOW_MS):

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import datetime as dt
 
-from desktop_app.results import AskResult, AttachResult, RestoreReport
-from ui.formatting import answer_stats, attach_notices, human_bytes, restore_line
+from desktop_app.results import AskResult, AttachResult, Progress, RestoreReport
+from ui.formatting import (
+    answer_stats,
+    attach_notices,
+    calibrating_line,
+    calibration_line,
+    human_bytes,
+    restore_line,
+)
 from ui.markdown import LIGHT, render
 from ui.sidebar import date_group
 
@@ -76,3 +83,13 @@ def test_date_groups_follow_calendar_days():
     assert date_group(at(2026, 3, 9, 23, 50), now) == "Yesterday"
     assert date_group(at(2026, 3, 3, 12), now) == "Previous 7 days"
     assert date_group(at(2026, 3, 2, 12), now) == "Older"
+
+
+def test_calibration_progress_in_words():
+    line = "Calibrating the codec for this model… "
+    assert calibrating_line(Progress("calibrate", 65, 100, "balanced")) == \
+        line + "fitting balanced 65%"
+    assert calibrating_line(Progress("calibrate", 12, 100, "sensitivity")) == \
+        line + "measuring each part's sensitivity 12%"
+    assert calibrating_line(Progress("calibrate", 0, 0)) == line + "0%"
+    assert calibration_line(None).startswith("Model-independent levels")

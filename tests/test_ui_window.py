@@ -9,7 +9,7 @@ import pytest
 from PySide6.QtCore import QMimeData, QPoint, Qt, QUrl
 from PySide6.QtGui import QDropEvent
 from PySide6.QtWidgets import QApplication, QMessageBox
-from ui_fixtures import open_window, text_file
+from ui_fixtures import edit_settings, open_window, text_file
 
 from desktop_app import settings as settings_mod
 from desktop_app.errors import RuntimeStateError
@@ -377,12 +377,7 @@ def test_the_settings_start_and_stop_the_local_api(qtbot, engine, monkeypatch):
     qtbot.waitUntil(lambda: "8777" in window.api_label.text(), timeout=3000)
     assert api.calls == [("start", 8777)]
 
-    def edit(dialog: SettingsDialog) -> int:
-        dialog.serve.setChecked(False)
-        dialog.accept()
-        return dialog.result()
-
-    monkeypatch.setattr("ui.main_window.SettingsDialog.exec", edit)
+    edit_settings(monkeypatch, lambda dialog: dialog.serve.setChecked(False))
     with qtbot.waitSignal(window.local_api_changed, timeout=3000) as blocker:
         window.open_settings()
     assert blocker.args == [None] and window.api_label.text() == ""

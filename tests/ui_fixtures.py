@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from desktop_app.settings import Settings
 from ui.main_window import MainWindow
+from ui.settings_dialog import SettingsDialog
 from ui.testing import FakeEngine
 
 
@@ -22,3 +25,13 @@ def text_file(tmp_path, name: str, words: int = 50) -> str:
     path = tmp_path / name
     path.write_text("lorem ipsum " * (words // 2))
     return str(path)
+
+
+def edit_settings(monkeypatch, change: Callable[[SettingsDialog], None]) -> None:
+    """The window's next settings dialog applies `change` and is accepted, without a modal loop."""
+    def edit(dialog: SettingsDialog) -> int:
+        change(dialog)
+        dialog.accept()
+        return dialog.result()
+
+    monkeypatch.setattr("ui.main_window.SettingsDialog.exec", edit)

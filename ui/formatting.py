@@ -5,7 +5,20 @@ Pure functions over `desktop_app.results` records: no Qt, no engine calls.
 
 from __future__ import annotations
 
-from desktop_app.results import AskResult, AttachResult, RestoreReport, levels_summary
+from desktop_app.results import (
+    AskResult,
+    AttachResult,
+    CalibrationInfo,
+    PrepState,
+    Progress,
+    RestoreReport,
+    levels_summary,
+)
+
+# The stages of a codec calibration (desktop_app.calibrate); the others are level names.
+CALIBRATION_STAGES = {"reference": "measuring the model's own cache",
+                      "transforms": "fitting the transforms",
+                      "sensitivity": "measuring each part's sensitivity", "done": "saving"}
 
 
 def human_bytes(n: float) -> str:
@@ -45,3 +58,28 @@ def attach_notices(result: AttachResult) -> list[str]:
         notices.append(f"{result.title}: only the first {result.kept_tokens:,} of "
                        f"{result.tokens:,} tokens fit the context; the rest is left out")
     return notices
+
+
+def prep_line(state: PrepState) -> str:
+    """E.g. "Preparing the codec (once)… 40%, about 12 s left"."""
+    return (f"Preparing the codec (once)… {state.fraction * 100:.0f}%, "
+            f"about {state.left_s:.0f} s left")
+
+
+def calibrating_line(p: Progress) -> str:
+    """E.g. "Calibrating the codec for this model… fitting balanced 65%"."""
+    stage = CALIBRATION_STAGES.get(p.title, f"fitting {p.title}" if p.title else "")
+    percent = 100 * p.done // p.total if p.total else 0
+    return f"Calibrating the codec for this model… {stage + ' ' if stage else ''}{percent}%"
+
+
+def calibration_line(info: CalibrationInfo | None) -> str:
+    """Which codec levels the model's new caches use, e.g. "Calibrated for this model
+    (3f9a2c1d): high 4.0, balanced 2.5, compact 1.5 bits per value"."""
+    if info is None:
+        return ("Model-independent levels: this model is not calibrated (Tools ▸ Calibrate "
+                "the codec for this model, or `kvdesk calibrate`)")
+    bits = ", ".join(f"{level} {facts['bits_per_element']:.1f}"
+                     for level, facts in info.levels.items() if "bits_per_element" in facts)
+    return (f"Calibrated for this model ({info.id[:8]})"
+            + (f": {bits} bits per value" if bits else ""))

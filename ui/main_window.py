@@ -7,8 +7,8 @@ model runtime, codec or store, and never shows a traceback: user errors arrive a
 
 A view serial number guards against late results: a reply that arrives after the user has
 moved to another chat is not drawn into the wrong conversation. Asking lives in
-`ui.asking`, the library's actions (attach, delete, rename, export) in `ui.library_actions`:
-mixins of this window.
+`ui.asking`, the library's actions (attach, delete, rename, export) in `ui.library_actions`,
+the codec's preparation and calibration in `ui.codec_status`: mixins of this window.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from desktop_app.settings import Settings
 from . import theme
 from .asking import AskingMixin
 from .chat_view import ChatView, PromptEdit
+from .codec_status import CodecMixin
 from .formatting import restore_line
 from .icons import paperclip
 from .library_actions import LibraryMixin
@@ -50,7 +51,7 @@ DRAFT_PAUSE_MS = 300  # typing pause after which the draft question is computed
 BLENDED_POLL_MS = 5000  # how often the chat list looks again while a chat is being made exact
 
 
-class MainWindow(AskingMixin, LibraryMixin, QMainWindow):
+class MainWindow(AskingMixin, LibraryMixin, CodecMixin, QMainWindow):
     # For the launcher and for tests: each fires once the GUI has drawn the outcome.
     engine_ready = Signal()
     engine_failed = Signal(str)
@@ -62,6 +63,8 @@ class MainWindow(AskingMixin, LibraryMixin, QMainWindow):
     messages_loaded = Signal()
     restart_requested = Signal(object)  # the new Settings; the launcher rebuilds the App
     local_api_changed = Signal(object)  # its URL while it serves, else None
+    # CalibrationInfo, "cancelled", or an error message (str)
+    calibration_done = Signal(object)
 
     def __init__(self, engine_factory: Callable[[], EngineAPI], settings: Settings, *,
                  local_api: LocalAPIControl | None = None,
@@ -160,6 +163,7 @@ class MainWindow(AskingMixin, LibraryMixin, QMainWindow):
             action.triggered.connect(slot)
             menu.addAction(action)
             self.addAction(action)  # shortcuts work even where the menu bar is hidden
+        self._build_codec_status()
         QShortcut(QKeySequence("Ctrl+K"), self, self._focus_search)
         QShortcut(QKeySequence("Ctrl+,"), self, self.open_settings)
         QShortcut(QKeySequence(Qt.Key.Key_Escape), self, self.stop)
@@ -217,6 +221,7 @@ class MainWindow(AskingMixin, LibraryMixin, QMainWindow):
         self.refresh_chats()
         self.refresh_documents()
         self._apply_local_api(self.settings)
+        self._watch_codec()
         self.engine_ready.emit()
 
     def _engine_failed(self, message: str) -> None:
@@ -255,6 +260,7 @@ class MainWindow(AskingMixin, LibraryMixin, QMainWindow):
         self.doc_list.set_checkable(self.chat_id is None)
         self._update_header()
         self._update_estimate()
+        self._maybe_calibrate()  # the first document attached, or those found at start
         self.documents_changed.emit()
 
     def _stale_documents(self) -> list[int]:
@@ -369,7 +375,8 @@ class MainWindow(AskingMixin, LibraryMixin, QMainWindow):
 
     def _show_settings(self, found: list[ModelFile]) -> None:
         self.statusBar().clearMessage()
-        dialog = SettingsDialog(self.settings, self, models=found)
+        dialog = SettingsDialog(self.settings, self, models=found,
+                                codec_levels=self.codec_levels_line())
         if not dialog.exec():
             return
         old, new = self.settings, dialog.result_settings()
@@ -388,8 +395,9 @@ class MainWindow(AskingMixin, LibraryMixin, QMainWindow):
             if restart == QMessageBox.StandardButton.Yes:
                 self.restart_requested.emit(new)
                 self.close()
-            else:
-                self.statusBar().showMessage("The change applies the next time kvdesk starts")
+                return
+            self.statusBar().showMessage("The change applies the next time kvdesk starts")
+        self._maybe_calibrate()  # calibrate_automatically may have been turned on
 
     def _apply_local_api(self, settings: Settings) -> None:
         """Serve the local API, or stop serving it, as the settings say (off the GUI thread)."""

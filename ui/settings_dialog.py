@@ -1,7 +1,8 @@
 """The settings dialog: the model (a file, or one of the models found on this computer),
 model folders, context size, data folder, storage budget, theme, the shared cache (an
-S3-compatible bucket; credentials are never settings: boto3 reads them) and how answers are
-generated (`generation_settings`).
+S3-compatible bucket; credentials are never settings: boto3 reads them), how answers are
+generated (`generation_settings`) and whether the codec is calibrated for each model
+automatically, with which codec levels the loaded model's new caches use (told by the window).
 
 It edits a `desktop_app.settings.Settings` and returns the new one; the main window saves it and
 decides what a change means (a new theme applies at once, a new model or data folder needs the
@@ -62,7 +63,7 @@ def describe(m: ModelFile) -> str:
 
 class SettingsDialog(QDialog):
     def __init__(self, settings: Settings, parent: QWidget | None = None, *,
-                 models: Sequence[ModelFile] = ()):
+                 models: Sequence[ModelFile] = (), codec_levels: str = ""):
         super().__init__(parent)
         self.setWindowTitle("kvdesk settings")
         self._settings = settings
@@ -107,6 +108,17 @@ class SettingsDialog(QDialog):
         self.auto_pull = QCheckBox("Look there before computing a document",
                                    checked=settings.remote_auto_pull)
         self.generation = GenerationBox(settings.generation)
+        self.calibrate = QCheckBox("Calibrate it for each model automatically",
+                                   checked=settings.calibrate_automatically)
+        calibrate_about = QLabel("Once per model, minutes in the background: its new caches "
+                                 "then use levels measured on the model itself.",
+                                 wordWrap=True)
+        calibrate_about.setEnabled(False)
+        # The loaded model's levels (calibrated or not); none before the engine has said.
+        self.codec_levels = QLabel(codec_levels, wordWrap=True)
+        self.codec_levels.setEnabled(False)
+        if not codec_levels:
+            self.codec_levels.hide()
         self.serve = QCheckBox("Serve the local API while kvdesk is open (OpenAI-compatible: "
                                "other tools can use the same models and caches)",
                                checked=settings.server_enabled)
@@ -158,6 +170,12 @@ class SettingsDialog(QDialog):
         general.addWidget(local_api)
         answers = QVBoxLayout()  # beside the rest: the dialog stays as tall as it was
         answers.addWidget(self.generation)
+        codec = QGroupBox("Codec")
+        codec_rows = QVBoxLayout(codec)
+        codec_rows.addWidget(self.calibrate)
+        codec_rows.addWidget(calibrate_about)
+        codec_rows.addWidget(self.codec_levels)
+        answers.addWidget(codec)
         answers.addStretch(1)
         columns = QHBoxLayout()
         columns.addLayout(general, 3)
@@ -232,6 +250,7 @@ class SettingsDialog(QDialog):
             remote_auto_push=self.auto_push.isChecked(),
             remote_auto_pull=self.auto_pull.isChecked(),
             server_enabled=self.serve.isChecked(), server_port=self.port.value(),
+            calibrate_automatically=self.calibrate.isChecked(),
             generation=self.generation.values())
 
     def accept(self) -> None:

@@ -186,7 +186,9 @@ class FakeEngine:
                 progress(Progress("calibrate", round(100 * i / len(stages)), 100, stage))
         self._calibration = CalibrationInfo(
             id="c" * 64, model="fake.gguf", created=self.now, seconds=1.0, variant="centred",
-            levels={lv: {"bits_per_element": 8 * b / 2 ** 10, "kld": 0.01, "top1": 0.95}
+            # Bits per value as the fake's sizes say: lossless is 16-bit.
+            levels={lv: {"bits_per_element": 16 * b / BYTES_PER_TOKEN["lossless"],
+                         "kld": 0.01, "top1": 0.95}
                     for lv, b in BYTES_PER_TOKEN.items() if lv != "lossless"},
             targets={"high": 0.02})
         return self._calibration

@@ -64,15 +64,17 @@ class Runner(QObject):
 
     `attach` has one thread (the engine computes one document at a time, on its own model
     context); `chat` has one thread so that a reopen, the question typed meanwhile and a
-    regenerate run in the order the user asked for them; `misc` serves quick listings.
+    regenerate run in the order the user asked for them; `misc` serves quick listings;
+    `calibrate` has one thread for the codec's calibration, which takes minutes and must hold
+    up neither a listing nor a question.
     """
 
-    LANES = ("attach", "chat", "misc")
+    LANES = ("attach", "chat", "misc", "calibrate")
 
     def __init__(self, parent: QObject | None = None):
         super().__init__(parent)
         self.pools = {lane: QThreadPool(self) for lane in self.LANES}
-        for lane in ("attach", "chat"):
+        for lane in ("attach", "chat", "calibrate"):
             self.pools[lane].setMaxThreadCount(1)
         self.pools["misc"].setMaxThreadCount(2)
         self.active: set[Job] = set()
