@@ -368,6 +368,15 @@ def test_the_settings_dialog_edits_the_shared_cache(qtbot):
     assert needs_restart(Settings(), new)
 
 
+def test_the_settings_dialog_keeps_lossless_only_when_asked(qtbot):
+    dialog = SettingsDialog(Settings())
+    qtbot.addWidget(dialog)
+    assert not dialog.keep_lossless.isChecked()
+    dialog.keep_lossless.setChecked(True)
+    new = dialog.result_settings()
+    assert new.keep_lossless and needs_restart(Settings(), new)  # the engine's levels change
+
+
 def test_the_settings_start_and_stop_the_local_api(qtbot, engine, monkeypatch):
     from ui.testing import FakeLocalAPI
 

@@ -43,7 +43,8 @@ from .generation_settings import GenerationBox
 THEMES = {"system": "Follow the system", "light": "Light", "dark": "Dark"}
 # Settings that change which model or store the engine opens: changing them rebuilds it.
 ENGINE_FIELDS = ("model", "data_dir", "n_ctx", "flash_attn", "remote_bucket",
-                 "remote_endpoint_url", "remote_prefix", "remote_auto_push", "remote_auto_pull")
+                 "remote_endpoint_url", "remote_prefix", "remote_auto_push", "remote_auto_pull",
+                 "keep_lossless")
 
 
 def needs_restart(old: Settings, new: Settings) -> bool:
@@ -114,6 +115,10 @@ class SettingsDialog(QDialog):
                                  "then use levels measured on the model itself.",
                                  wordWrap=True)
         calibrate_about.setEnabled(False)
+        self.keep_lossless = QCheckBox("Also keep an exact (lossless) copy of each document",
+                                       checked=settings.keep_lossless)
+        self.keep_lossless.setToolTip("About twice the disk: exact reopens without recomputing."
+                                      " Without it, the exact level recomputes from the text.")
         # The loaded model's levels (calibrated or not); none before the engine has said.
         self.codec_levels = QLabel(codec_levels, wordWrap=True)
         self.codec_levels.setEnabled(False)
@@ -175,6 +180,7 @@ class SettingsDialog(QDialog):
         codec_rows.addWidget(self.calibrate)
         codec_rows.addWidget(calibrate_about)
         codec_rows.addWidget(self.codec_levels)
+        codec_rows.addWidget(self.keep_lossless)
         answers.addWidget(codec)
         answers.addStretch(1)
         columns = QHBoxLayout()
@@ -251,6 +257,7 @@ class SettingsDialog(QDialog):
             remote_auto_pull=self.auto_pull.isChecked(),
             server_enabled=self.serve.isChecked(), server_port=self.port.value(),
             calibrate_automatically=self.calibrate.isChecked(),
+            keep_lossless=self.keep_lossless.isChecked(),
             generation=self.generation.values())
 
     def accept(self) -> None:
