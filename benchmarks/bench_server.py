@@ -46,7 +46,11 @@ def document(n_tokens: int) -> str:
 class Served:
     def __init__(self, data: Path, port: int):
         self.url = f"http://127.0.0.1:{port}"
-        env = {**os.environ, "KVDESK_DATA_DIR": str(data)}
+        # Its own settings: no background calibration competing with the requests timed.
+        config = data.parent / "config"
+        config.mkdir(exist_ok=True)
+        (config / "settings.json").write_text('{"calibrate_automatically": false}')
+        env = {**os.environ, "KVDESK_DATA_DIR": str(data), "KVDESK_CONFIG_DIR": str(config)}
         self.proc = subprocess.Popen([sys.executable, "-m", "desktop_app", "serve", "--port",
                                       str(port)], env=env, stderr=subprocess.PIPE, text=True)
         for line in self.proc.stderr:  # ready once it says it serves
@@ -80,7 +84,8 @@ def first_token(url: str, messages: list[dict]) -> tuple[float, dict]:
 
 def one_shot(data: Path, *args: str) -> float:
     """Seconds from spawning `kvdesk ...` to its first byte on stdout."""
-    env = {**os.environ, "KVDESK_DATA_DIR": str(data)}
+    env = {**os.environ, "KVDESK_DATA_DIR": str(data),
+           "KVDESK_CONFIG_DIR": str(data.parent / "config")}
     t0 = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "desktop_app", *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
@@ -137,7 +142,11 @@ def main() -> None:
     doc.write_text(text)
     served = Served(data, args.port)
     try:
-        env = {**os.environ, "KVDESK_DATA_DIR": str(data)}
+        # Its own settings: no background calibration competing with the requests timed.
+        config = data.parent / "config"
+        config.mkdir(exist_ok=True)
+        (config / "settings.json").write_text('{"calibrate_automatically": false}')
+        env = {**os.environ, "KVDESK_DATA_DIR": str(data), "KVDESK_CONFIG_DIR": str(config)}
         attached = subprocess.run([sys.executable, "-m", "desktop_app", "attach", str(doc),
                                    "--json"], env=env, capture_output=True, text=True, check=True)
         doc_id = json.loads(attached.stdout)[0]["doc_id"]

@@ -35,5 +35,39 @@ def serve(app: App, host: str, port: int | None, api_key: str | None):
                    f"{app.model_path.stem!r} and 'default'); Ctrl-C stops it", err=True)
 
     threading.Thread(target=announce, daemon=True).start()
-    server.run()
+    stop_calibrating = threading.Event()
+    calibrating = threading.Thread(target=calibrate_in_background,
+                                   args=(app, server, stop_calibrating), daemon=True)
+    calibrating.start()
+    try:
+        server.run()
+    finally:
+        stop_calibrating.set()
+        calibrating.join(30)
     click.echo("Stopped.", err=True)
+
+
+def calibrate_in_background(app: App, server, cancel: threading.Event) -> None:
+    """Once the server serves: calibrate the codec for the model if it is not yet (and the
+    setting calibrate_automatically is on), saying so on stderr; answers keep being served
+    meanwhile, with the model-independent levels until it is done."""
+    from ..errors import Cancelled
+
+    server.started.wait()
+    if cancel.is_set() or not app.settings.calibrate_automatically:
+        return
+    engine = app.engine
+    if engine.calibration() is not None:
+        return
+    click.echo("Calibrating the codec for this model in the background (minutes, once; "
+               "`calibrate_automatically` in the settings turns this off)...", err=True)
+    try:
+        cal = engine.calibrate(cancel=cancel)
+    except Cancelled:
+        return
+    except Exception as e:  # noqa: BLE001 - the server keeps serving with the default levels
+        click.echo(f"Warning: calibrating the codec failed ({e}); new caches keep the "
+                   "model-independent levels", err=True)
+        return
+    click.echo(f"Codec calibrated ({cal.id[:12]}): new caches use this model's own levels.",
+               err=True)
