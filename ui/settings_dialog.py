@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
     QGroupBox,
     QHBoxLayout,
     QLabel,
+    QLayout,
     QLineEdit,
     QPushButton,
     QSpinBox,
@@ -152,9 +153,9 @@ class SettingsDialog(QDialog):
         remote.addRow("Prefix (a team's namespace)", self.prefix)
         remote.addRow(self.auto_push)
         remote.addRow(self.auto_pull)
-        credentials = QLabel("Credentials come from the standard AWS variables and files "
-                             "(AWS_PROFILE, ~/.aws/credentials); kvdesk never stores them.",
-                             wordWrap=True)
+        # Two lines of its own: a wrapped label spanning a form's row gets one line's height.
+        credentials = QLabel("Credentials come from the standard AWS variables and files\n"
+                             "(AWS_PROFILE, ~/.aws/credentials); kvdesk never stores them.")
         credentials.setEnabled(False)
         remote.addRow(credentials)
         local_api = QGroupBox("Local API")
@@ -192,6 +193,9 @@ class SettingsDialog(QDialog):
         layout.addWidget(self.error)
         layout.addWidget(buttons)
         self.setMinimumWidth(880)
+        # Wrapped labels need the height their wrapped lines take at this width, which a
+        # layout's first size hint does not know: without this their lines overlap.
+        layout.setSizeConstraint(QLayout.SizeConstraint.SetMinimumSize)
 
     @staticmethod
     def _with_browse(edit: QLineEdit, browse) -> QWidget:
