@@ -34,14 +34,13 @@ from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
 
-import llama_cpp
 import numpy as np
 
 import codec
 from codec import transform
 from codec.levels import CALIBRATED, CODEC_ID
 
-from . import kvstate, quality
+from . import kvstate, quality, rope
 from .runtime import Cancelled
 
 ProgressFn = Callable[[str, float], None]
@@ -88,7 +87,11 @@ def calibrate(model_path: str | Path, *, fingerprint: str, settings: Settings = 
         q8 = ev.row("q8_0")
         floor = ev.row(quality.FLOOR)
         run.say("transforms", 0.05)
-        facts = {**_rope_facts(ev.exact.llm), "head_dim": ev.exact.layout.head_dim}
+        kind, n_rot, scale, bases = rope.candidates(ev.exact)
+        # the data decides between the bases (`_fit`): llama.cpp keeps some models' window
+        # layers at another base than the metadata's (Gemma 3: 10,000)
+        facts = {"type": kind or "none", "n_rot": n_rot, "freq_scale": scale,
+                 "bases": sorted(set(bases)), "head_dim": ev.exact.layout.head_dim}
         sections = [kvstate.in_position_order(kv) for kv in ev.seq_state.sections]
         fits = {v: _fit(sections, facts, v) for v in settings.variants}
         run.say("sensitivity", 0.1)
@@ -139,21 +142,6 @@ class _Run:
 
 def _short(row: dict) -> dict:
     return {k: row[k] for k in ("bits_per_element", "kld", "top1")}
-
-
-def _rope_facts(llm: llama_cpp.Llama) -> dict:
-    """The model's RoPE as llama.cpp applies it: type, rotated channels, candidate bases."""
-    model = llm._model.model
-    arch = llm.metadata.get("general.architecture", "")
-    kind = {llama_cpp.LLAMA_ROPE_TYPE_NORM: "norm",
-            llama_cpp.LLAMA_ROPE_TYPE_NEOX: "neox"}.get(llama_cpp.llama_model_rope_type(model))
-    base = float(llm.metadata.get(f"{arch}.rope.freq_base", 10000.0))
-    n_rot = int(llm.metadata.get(f"{arch}.rope.dimension_count", 0))
-    scale = float(llama_cpp.llama_model_rope_freq_scale_train(model)) or 1.0
-    # llama.cpp keeps some models' window layers at another base than the metadata's (Gemma
-    # 3: 10,000): the data decides between the candidates (`_fit`)
-    return {"type": kind or "none", "n_rot": n_rot, "freq_scale": scale,
-            "bases": sorted({base, 10000.0})}
 
 
 def _theta(facts: dict, base: float, head_dim: int) -> np.ndarray:

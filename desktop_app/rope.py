@@ -67,14 +67,14 @@ def rerotate(keys: np.ndarray, delta: np.ndarray, ropes: list[Rope]) -> np.ndarr
     return out.astype(keys.dtype)
 
 
-def candidates(rt: Runtime) -> tuple[str, int, float, list[float]]:
-    """(RoPE kind, rotated channels, frequency scale, candidate bases) from the model."""
+def candidates(rt: Runtime) -> tuple[str | None, int, float, list[float]]:
+    """(RoPE kind: "norm", "neox" or None for another, rotated channels, frequency scale,
+    candidate bases) from the model: what the data then decides between (`probe`, and the
+    codec's calibration)."""
     llm = rt.llm
     model = llm._model.model
     kind = {llama_cpp.LLAMA_ROPE_TYPE_NORM: "norm",
             llama_cpp.LLAMA_ROPE_TYPE_NEOX: "neox"}.get(llama_cpp.llama_model_rope_type(model))
-    if kind is None:
-        raise EngineError("this model's RoPE type cannot be moved between positions")
     arch = llm.metadata.get("general.architecture", "")
     n_rot = int(llm.metadata.get(f"{arch}.rope.dimension_count", 0)) or rt.layout.head_dim
     scale = float(llama_cpp.llama_model_rope_freq_scale_train(model)) or 1.0
@@ -87,6 +87,8 @@ def probe(rt: Runtime) -> list[Rope]:
     """Each layer's Rope, checked against llama.cpp's own shift of a probe text in `rt`
     (whose context it resets); EngineError if some layer matches no candidate."""
     kind, n_rot, scale, bases = candidates(rt)
+    if kind is None:
+        raise EngineError("this model's RoPE type cannot be moved between positions")
     head_dim = rt.layout.head_dim
     tokens = rt.tokenize(PROBE_TEXT, add_bos=rt.adds_bos)
     rt.reset()
