@@ -66,6 +66,15 @@ def available_memory() -> int | None:
 
 def estimate(facts: HeaderFacts, n_ctx: int, *, flash_attn: bool) -> int | None:
     """Bytes one context of n_ctx tokens needs beside the weights (None: not enough facts)."""
+    found = parts(facts, n_ctx, flash_attn=flash_attn)
+    if found is None:
+        return None
+    kv, compute = found
+    return 3 * kv + compute
+
+
+def parts(facts: HeaderFacts, n_ctx: int, *, flash_attn: bool) -> tuple[int, int] | None:
+    """(KV cache bytes, compute buffer bytes) of one context as llama.cpp allocates them."""
     if facts.kv_bytes_per_token is None:
         return None
     kv = facts.kv_bytes_per_token * n_ctx
@@ -75,7 +84,7 @@ def estimate(facts: HeaderFacts, n_ctx: int, *, flash_attn: bool) -> int | None:
     compute = (facts.n_vocab or 0) * UBATCH * 4
     if not flash_attn and facts.n_head:
         compute = max(compute, facts.n_head * n_ctx * UBATCH * 4)
-    return 3 * kv + compute
+    return kv, compute
 
 
 def choose(facts: HeaderFacts | None, *, model_bytes: int, flash_attn: bool,
