@@ -37,6 +37,7 @@ import numpy as np
 from desktop_app.blending import leading
 from desktop_app.engine import Engine
 from desktop_app.kvstate import in_position_order
+from desktop_app.levels import DEFAULT_LEVELS, EXACT
 from desktop_app.models import content_hash, resolve_model_path
 from desktop_app.options import GenerationOptions, RestoreOptions
 from desktop_app.runtime import Runtime
@@ -205,8 +206,10 @@ def main() -> None:
     model = resolve_model_path(args.model)
     folder = Path(tempfile.mkdtemp(prefix="kvdesk-bench-blend-"))
     digest = content_hash(model, folder / "hashes.json")
+    # Every level, lossless too: its rows measure the blend alone, without the codec's loss.
     eng = Engine(Store(folder / "data"),
-                 lambda: Runtime(model, model_hash=digest, n_ctx=8192, flash_attn=True))
+                 lambda: Runtime(model, model_hash=digest, n_ctx=8192, flash_attn=True),
+                 levels=(*DEFAULT_LEVELS, EXACT))
     report = {"model": model.name, "load_before": os.getloadavg(), "sets": {}}
     try:
         for kind in args.sets.split(","):
