@@ -65,9 +65,10 @@ from .pipeline import (
     encode_chunks,
     layout,
     peek,
+    release_tables,
 )
 from .transform import KindTransform
 
 __all__ = ["BlobInfo", "Calibration", "CalibrationMissing", "CodecConfig", "CodecError",
            "KindConfig", "KindTransform", "Part", "Resolver", "decode", "decode_chunks", "encode",
-           "encode_chunks", "layout", "levels", "peek"]
+           "encode_chunks", "layout", "levels", "peek", "release_tables"]

@@ -95,6 +95,14 @@ class _Plan:
         return tables.dequant_lut(scales, self.maxq, int(self.nsym.max()))
 
 
+def release_tables() -> None:
+    """Forget the per-config plans and codebook tables kept for reuse: a document's chunks
+    share a few, but a search over many configs (a calibration) would keep every one it
+    tried (tens of MB each)."""
+    _Plan.of.cache_clear()
+    tables.kind_bank.cache_clear()
+
+
 def _check_input(keys: np.ndarray, values: np.ndarray) -> tuple[int, int, int]:
     for name, a in (("keys", keys), ("values", values)):
         if not isinstance(a, np.ndarray) or a.dtype != np.float16 or a.ndim != 3:

@@ -374,4 +374,5 @@ def _state(ev, cal, sections, configs) -> tuple[bytes, float]:
         back_k[:, order], back_v[:, order] = keys, values
         out.append(kvstate.KVState(back_k, back_v, orig.positions, orig.v_trans, orig.seq_id))
     state = kvstate.build_seq_sections(kvstate.SeqState(out, seq.seq_id))
+    codec.release_tables()  # every step of the search has configs of its own
     return state, _bits(sections, blobs)
