@@ -14,7 +14,7 @@ import codec
 
 from .errors import EngineError
 
-# What a document is stored at unless asked otherwise: ~30-50 % of the raw fp16 KV together.
+# What a document is stored at unless asked otherwise: 30-60 % of the raw fp16 KV together.
 # `lossless` (~14 bits per element: 85-90 % of raw on its own) is opt-in (the keep_lossless
 # setting, `attach --levels`): recomputing from text is the exact fallback without it.
 DEFAULT_LEVELS = ("high", "balanced", "compact")
