@@ -13,8 +13,9 @@ alternative (a full-size cache: every position of every layer), and exactness.
    at every level as kvdesk stores them (256-token chunks of the 3 full-attention layers, plus
    each entry's window of the 15 sliding-window layers) and as a full-size cache would be (all
    18 layers, every position): bytes per level, and the seconds to decode them.
-4. exactness: documents of --lengths tokens and a question, a plain prefill against an exact
-   restore of the document then the question: the largest |logit difference| at the first
+4. exactness: documents of --lengths tokens and a question, a plain prefill (in one go, and
+   split where a restore splits it, as `--no-cache` does) against an exact restore of the
+   document then the question: the largest |logit difference| at the first
    answer token and whether 32 greedy tokens agree; flash attention off and on, and with the
    restored window placed at slot 0 instead of at a prefill's slot alignment.
 """
@@ -158,9 +159,15 @@ def exactness(path: Path, lengths: list[int]) -> list[dict]:
                 rt.reset()
                 rt.prefill(doc + question)
                 plain_logits, plain = rt.logits(), greedy(rt)
+                # The same prefill split where a restore splits it (what `--no-cache` does):
+                # llama.cpp's batches then round alike, so only the restore can differ.
                 rt.reset()
                 rt.prefill(doc)
                 seq = rt.capture()
+                rt.prefill(question)
+                split_logits, split = rt.logits(), greedy(rt)
+                rt.reset()
+                rt.prefill(doc)
                 seq = kvstate.SeqState([kvstate.in_position_order(s) for s in seq.sections])
                 for align in (runtime.WINDOW_ALIGN, 1):
                     saved, runtime.WINDOW_ALIGN = runtime.WINDOW_ALIGN, align
@@ -172,7 +179,9 @@ def exactness(path: Path, lengths: list[int]) -> list[dict]:
                     logits, tokens = rt.logits(), greedy(rt)
                     rows.append({"flash_attn": flash_attn, "tokens": n, "window_align": align,
                                  "max_dlogit": float(np.abs(logits - plain_logits).max()),
-                                 "greedy_32_same": tokens == plain})
+                                 "greedy_32_same": tokens == plain,
+                                 "max_dlogit_split": float(np.abs(logits - split_logits).max()),
+                                 "greedy_32_same_split": tokens == split})
                     print(json.dumps(rows[-1]), file=sys.stderr)
         finally:
             rt.close()
