@@ -11,7 +11,6 @@ import click
 
 from ..app import App
 from ..options import GcOptions
-from ..selfcheck import run as run_selfcheck
 from .base import TerminalProgress, cli, emit, interruptible, json_option, level_list, values
 
 
@@ -96,6 +95,8 @@ def gc(app: App, budget_gb: float | None, as_json: bool):
 @click.pass_obj
 def selfcheck(app: App, as_json: bool):
     """Check this installation end to end on a sample text (in a temporary data folder)."""
+    from ..selfcheck import run as run_selfcheck  # the codec: only for this command
+
     report = run_selfcheck(app.settings)
     if report["ok"]:
         emit(report, as_json, [
