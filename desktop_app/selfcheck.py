@@ -81,6 +81,9 @@ def run(settings: Settings) -> dict:
                                     generation=GENERATION)
             if not answer.tokens_generated:
                 raise RuntimeError("the model generated no token")
+            # The check is of the codec's path: while its kernels still compile (a bundle on a
+            # CPU its shipped cache does not fit), a question would rightly be recomputed.
+            app.engine.contexts.wait_codec()
             restored = app.engine.reopen(answer.chat_id, restore=RestoreOptions(level=LEVEL))
             if restored.recomputed_tokens or set(restored.chunk_levels) != {LEVEL}:
                 raise RuntimeError(f"the chat did not come back through the {LEVEL} level: "
