@@ -79,7 +79,9 @@ class Contexts:
     def _prepare(self, prep: codec_prep.CodecPrep, shapes, cal) -> None:
         prep.start()
         prep.wait()
-        streaming.warm_up(self._levels, shapes, cal)
+        # The preparation ran every level at the first shape already: without a calibration,
+        # only the other shapes (a sliding-window model's window parts) still need tables.
+        streaming.warm_up(self._levels, shapes if cal is not None else shapes[1:], cal)
 
     def codec_state(self) -> PrepState:
         """How far readying the codec is (phase "idle" before `warm_up`)."""
