@@ -10,6 +10,7 @@ tests and `ui.screenshots` do.
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 import time
 from collections.abc import Sequence
@@ -84,13 +85,15 @@ class FakeEngine:
         """Two documents and chats spread over today, yesterday, last week and last month."""
         report = self._add_doc("Attention Is All You Need.pdf", "pdf", 6120)
         notes = self._add_doc("release-notes.md", "markdown", 1480)
-        for title, docs, age in (
-            ("What is multi-head attention?", [report], 0.05),
-            ("Summarize the release notes", [notes], 1.2),
-            ("Compare the two documents", [report, notes], 4),
-            ("Positional encodings", [report], 40),
+        # By calendar day, as the chat list groups them: whatever the hour `now` is.
+        midnight = dt.datetime.combine(dt.date.fromtimestamp(self.now), dt.time()).timestamp()
+        for title, docs, when in (
+            ("What is multi-head attention?", [report], (midnight + self.now) / 2),
+            ("Summarize the release notes", [notes], midnight - 0.8 * DAY),
+            ("Compare the two documents", [report, notes], midnight - 3.5 * DAY),
+            ("Positional encodings", [report], midnight - 40 * DAY),
         ):
-            chat = self._add_chat(title, docs, self.now - age * DAY)
+            chat = self._add_chat(title, docs, when)
             self._add_message(chat, "user", title, chat.created)
             self._add_message(chat, "assistant", fake_answer(title), chat.created + 3)
         return self
