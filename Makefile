@@ -42,7 +42,7 @@ $(STAMP): $(BIN)/python $(LLAMA_WHEEL_STAMP) pyproject.toml
 # The codec's kernels compiled into the checkout's numba cache as part of setup (again when a
 # codec source changes), so that neither the first question nor the tests compile them. A
 # warm-up that cannot write its cache is not an error: the app then compiles in the
-# background at start (desktop_app/codec_prep.py).
+# background at start (desktop_app/calibration/codec_prep.py).
 CODEC_WARM := $(VENV)/.codec-warm
 $(CODEC_WARM): $(STAMP) $(wildcard codec/*.py)
 	@echo "Compiling the codec's kernels (about 20-30 seconds, once)..."

@@ -37,8 +37,8 @@ import time
 from pathlib import Path
 
 from desktop_app.app import App
+from desktop_app.chat.repetition import repeated_sentence
 from desktop_app.options import GenerationOptions, RestoreOptions
-from desktop_app.repetition import repeated_sentence
 from desktop_app.settings import Settings
 
 

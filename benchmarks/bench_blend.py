@@ -34,14 +34,14 @@ from pathlib import Path
 
 import numpy as np
 
-from desktop_app.blending import leading
 from desktop_app.engine import Engine
-from desktop_app.kvstate import in_position_order
-from desktop_app.levels import DEFAULT_LEVELS, EXACT
-from desktop_app.models import content_hash, resolve_model_path
+from desktop_app.kv.blending import leading
+from desktop_app.kv.levels import DEFAULT_LEVELS, EXACT
+from desktop_app.kv.sources import LocalSource
+from desktop_app.model.kvstate import in_position_order
+from desktop_app.model.models import content_hash, resolve_model_path
+from desktop_app.model.runtime import Runtime
 from desktop_app.options import GenerationOptions, RestoreOptions
-from desktop_app.runtime import Runtime
-from desktop_app.sources import LocalSource
 from store import Store
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])

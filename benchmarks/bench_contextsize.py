@@ -1,4 +1,4 @@
-"""The context size estimate (desktop_app.contextsize) against what llama.cpp allocates.
+"""The context size estimate (desktop_app.model.contextsize) against what llama.cpp allocates.
 
     .venv/bin/python -m benchmarks.bench_contextsize [--models default,gemma]
                                                       [--contexts 2048,8192,32768]
@@ -23,7 +23,7 @@ from pathlib import Path
 import llama_cpp
 
 from benchmarks.common import model_of
-from desktop_app import contextsize, gguf_header
+from desktop_app.model import contextsize, gguf_header
 
 KV = re.compile(r"llama_kv_cache: size = +([\d.]+) MiB")
 COMPUTE = re.compile(r"CPU compute buffer size = +([\d.]+) MiB")

@@ -37,8 +37,8 @@ from pathlib import Path
 import numpy as np
 
 from desktop_app.app import App
+from desktop_app.kv.reading import Throttle
 from desktop_app.options import GenerationOptions, RestoreOptions
-from desktop_app.reading import Throttle
 from desktop_app.settings import Settings
 
 # The time to the first token is what is measured; greedy, so every run does the same work.

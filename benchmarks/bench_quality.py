@@ -1,4 +1,5 @@
-"""Rate-distortion runs of `desktop_app.quality` on texts shipped with Python, for RESULTS.md.
+"""Rate-distortion runs of `desktop_app.calibration.quality` on texts shipped with Python, for
+RESULTS.md.
 
     .venv/bin/python -m benchmarks.bench_quality --model default --text pydoc
     .venv/bin/python -m benchmarks.bench_quality --model gemma --text code --configs fp16,q8_0
@@ -6,7 +7,8 @@
 
 --variants: a JSON object {name: codec config dict} measured after the named configs against the
 same exact reference (one prefill for all). --calibration FILE: the model's codec calibration
-(`kvdesk calibrate`'s, written to FILE by `desktop_app.calibrate` first if FILE does not exist):
+(`kvdesk calibrate`'s, written to FILE by `desktop_app.calibration.calibrate` first if FILE
+does not exist):
 high/balanced/compact are then the calibrated levels, default-high etc. the model-independent
 ones, and the output says which levels met their contracts. Prints one JSON line per row as it
 finishes and a Markdown table at the end. Texts: `pydoc` = the standard library's pydoc topics
@@ -24,7 +26,7 @@ from pathlib import Path
 
 import codec
 from benchmarks.common import model_of, text_of
-from desktop_app import calibrate, quality
+from desktop_app.calibration import calibrate, quality
 
 
 def main() -> None:

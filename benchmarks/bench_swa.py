@@ -34,9 +34,9 @@ import llama_cpp
 import numpy as np
 
 import codec
-from desktop_app import kvstate, runtime
-from desktop_app.levels import DEFAULT_LEVELS, EXACT
-from desktop_app.runtime import Runtime
+from desktop_app.kv.levels import DEFAULT_LEVELS, EXACT
+from desktop_app.model import kvstate, runtime
+from desktop_app.model.runtime import Runtime
 
 CHUNK = 256
 QUESTION = "\n\nQuestion: what does this section say about loops? Answer:"

@@ -14,9 +14,10 @@ from pathlib import Path
 import numpy as np
 
 import codec
-from desktop_app import kvstate, quality
-from desktop_app.models import default_model_path
-from desktop_app.runtime import Runtime
+from desktop_app.calibration import quality
+from desktop_app.model import kvstate
+from desktop_app.model.models import default_model_path
+from desktop_app.model.runtime import Runtime
 
 CHUNK = quality.CHUNK_TOKENS
 

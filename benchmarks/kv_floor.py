@@ -48,7 +48,8 @@ from benchmarks.common import (
     score,
     text_of,
 )
-from desktop_app import kvstate, quality
+from desktop_app.calibration import quality
+from desktop_app.model import kvstate
 
 
 def chunks(n_tok: int):

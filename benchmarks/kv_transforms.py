@@ -37,7 +37,8 @@ from benchmarks.common import (
     score,
     text_of,
 )
-from desktop_app import kvstate, quality
+from desktop_app.calibration import quality
+from desktop_app.model import kvstate
 
 
 def rope_angles(positions: np.ndarray, head_dim: int, base: float) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Level tuning experiments on `desktop_app.quality.Evaluator` (results in RESULTS.md).
+"""Level tuning experiments on `desktop_app.calibration.quality.Evaluator` (results in RESULTS.md).
 
     # KLD when only one layer of one kind is quantized (everything else exact):
     .venv/bin/python -m benchmarks.level_tuning sens --k-bins 8 --v-bins 4 --out sens.json
@@ -28,7 +28,8 @@ import numpy as np
 import codec
 from benchmarks.common import CHUNK as DEFAULT_CHUNK_TOKENS
 from benchmarks.common import model_of, roundtrip, text_of
-from desktop_app import kvstate, quality
+from desktop_app.calibration import quality
+from desktop_app.model import kvstate
 
 
 def uniform(k_bins: int, v_bins: int, sink: int) -> dict:

@@ -1,5 +1,5 @@
 """Per-channel importance of a model's KV cache (research: benchmarks.channel_weighting and
-kv_transforms use it; the product's calibration is desktop_app.calibrate).
+kv_transforms use it; the product's calibration is desktop_app.calibration.calibrate).
 
 An error e in key channel c of a cached token shifts that token's attention logit for a query
 q by q_c * e_c, so it costs in proportion to E[q_c^2] (post-RoPE queries; the two channels of

@@ -1,7 +1,8 @@
 """Record a real KV cache of the default model (SmolLM2-135M) for codec benchmarks and fixtures.
 
 Prefills the start of the standard library's pydoc topics text (all topics in sorted order)
-through `desktop_app.runtime.Runtime`, reads the sequence state through `desktop_app.kvstate`
+through `desktop_app.model.runtime.Runtime`, reads the sequence state through
+`desktop_app.model.kvstate`
 (f16 cache) and saves keys and values as float16 [n_layer, n_tokens, channels], position order.
 
     .venv/bin/python -m benchmarks.record_kv --tokens 4096 --out benchmarks/data/kv4096.npz
@@ -16,9 +17,9 @@ import os
 
 import numpy as np
 
-from desktop_app import kvstate
-from desktop_app.models import default_model_path
-from desktop_app.runtime import Runtime
+from desktop_app.model import kvstate
+from desktop_app.model.models import default_model_path
+from desktop_app.model.runtime import Runtime
 
 
 def text() -> str:

@@ -9,7 +9,8 @@ machine-code version per argument *type* (dtype, dimensions, layout, writability
 shape, so a small chunk compiles everything a large one needs.
 
 Used by the bundle build (into the shipped cache, see `jitcache`), `make venv` (the
-checkout's cache) and the app's background preparation (`desktop_app.codec_prep`). It must
+checkout's cache) and the app's background preparation
+(`desktop_app.calibration.codec_prep`). It must
 never change what a blob contains and never touch anything outside the codec.
 """
 

@@ -15,17 +15,17 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import models
+from .model import models
 from .settings import Settings
 
 if TYPE_CHECKING:
     from store import RemoteTier, Store
 
-    from .catalog import ModelFile
-    from .contextsize import ContextChoice
     from .engine import Engine
-    from .gguf_header import HeaderFacts
-    from .runtime import Runtime
+    from .model.catalog import ModelFile
+    from .model.contextsize import ContextChoice
+    from .model.gguf_header import HeaderFacts
+    from .model.runtime import Runtime
 
 
 class App:
@@ -47,7 +47,7 @@ class App:
 
     def list_models(self) -> list[ModelFile]:
         """The GGUF models on this machine (headers only: nothing is loaded)."""
-        from .catalog import discover
+        from .model.catalog import discover
 
         try:
             own = [("default", models.default_model_path())]
@@ -58,7 +58,7 @@ class App:
     @cached_property
     def model_facts(self) -> HeaderFacts | None:
         """The model's header (None if it cannot be read as one: llama.cpp will say why)."""
-        from .gguf_header import HeaderError, read
+        from .model.gguf_header import HeaderError, read
 
         try:
             return read(self.model_path)
@@ -79,7 +79,7 @@ class App:
     @cached_property
     def context(self) -> ContextChoice:
         """The context size, and why (`kvdesk info` says it)."""
-        from .contextsize import ContextChoice, available_memory, choose
+        from .model.contextsize import ContextChoice, available_memory, choose
 
         if self.settings.n_ctx is not None:
             return ContextChoice(self.settings.n_ctx, "set in the settings, --n-ctx or "
@@ -89,7 +89,7 @@ class App:
 
     def new_runtime(self) -> Runtime:
         """A fresh context on the configured model (the engine holds one per role)."""
-        from .runtime import Runtime
+        from .model.runtime import Runtime
 
         return Runtime(
             self.model_path,
@@ -120,7 +120,7 @@ class App:
     @cached_property
     def engine(self) -> Engine:
         from .engine import Engine
-        from .levels import DEFAULT_LEVELS, EXACT
+        from .kv.levels import DEFAULT_LEVELS, EXACT
 
         s = self.settings
         levels = (*DEFAULT_LEVELS, EXACT) if s.keep_lossless else DEFAULT_LEVELS

@@ -28,17 +28,22 @@ from pathlib import Path
 
 from store import DEFAULT_CHUNK_SIZE, RemoteTier, Store
 
-from . import calibrate, repair, speeds
-from .attaching import Attacher
-from .calibrations import Calibrations, summary
-from .completions import Completions
-from .contexts import CHAT, Contexts
-from .exactness import Exactness
-from .kvcache import KVCache
-from .levels import DEFAULT_LEVELS, check_levels, quality_order
-from .library import Library
+from .calibration import calibrate
+from .calibration.calibrations import Calibrations, summary
+from .chat.attaching import Attacher
+from .chat.completions import Completions
+from .chat.exactness import Exactness
+from .chat.library import Library
+from .chat.sessions import ChatSession
+from .kv import repair, speeds
+from .kv.contexts import CHAT, Contexts
+from .kv.kvcache import KVCache
+from .kv.levels import DEFAULT_LEVELS, check_levels, quality_order
+from .kv.sharing import Sharing
+from .model.prompts import Prompter
+from .model.runtime import Runtime
+from .model.sampling import Sampling
 from .options import GenerationOptions, RestoreOptions
-from .prompts import Prompter
 from .protocol import ProgressFn, RestoreFn, TokenFn
 from .results import (
     AskResult,
@@ -53,11 +58,7 @@ from .results import (
     RestoreEstimate,
     RestoreReport,
 )
-from .runtime import Runtime
-from .sampling import Sampling
-from .sessions import ChatSession
 from .settings import DEFAULT_BLEND_FRACTION
-from .sharing import Sharing
 
 
 class Engine:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sys
 
-from .models import ModelNotFoundError  # standard library only: the bundle loads it alone
+from .model.models import ModelNotFoundError  # standard library only: the bundle loads it alone
 from .validation import InvalidValue
 
 

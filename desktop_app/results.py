@@ -186,7 +186,7 @@ CHECKING, COMPILING, READY, FAILED = "checking", "compiling", "ready", "failed"
 
 @dataclass(frozen=True)
 class PrepState:
-    """How far readying the codec's kernels is (desktop_app.codec_prep)."""
+    """How far readying the codec's kernels is (desktop_app.calibration.codec_prep)."""
 
     phase: str  # CHECKING, COMPILING, READY or FAILED ("idle" before start)
     done: int  # steps finished

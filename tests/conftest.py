@@ -42,20 +42,20 @@ def codec_ready():
 
 @pytest.fixture(scope="session")
 def model_path(codec_ready):
-    from desktop_app.models import default_model_path
+    from desktop_app.model.models import default_model_path
 
     return default_model_path()
 
 
 @pytest.fixture(scope="session")
 def model_hash(model_path, tmp_path_factory):
-    from desktop_app.models import content_hash
+    from desktop_app.model.models import content_hash
 
     return content_hash(model_path, tmp_path_factory.mktemp("memo") / "hashes.json")
 
 
 def _runtime(model_path, model_hash, flash_attn):
-    from desktop_app.runtime import Runtime
+    from desktop_app.model.runtime import Runtime
 
     rt = Runtime(model_path, model_hash=model_hash, n_ctx=1024, flash_attn=flash_attn)
     yield rt

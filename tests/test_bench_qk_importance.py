@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from benchmarks import qk_importance as calibration
-from desktop_app import kvstate
-from desktop_app.runtime import Runtime
+from desktop_app.model import kvstate
+from desktop_app.model.runtime import Runtime
 
 pytestmark = pytest.mark.model
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import codec
-from desktop_app import calibrate, calibrations, quality
-from desktop_app.runtime import Cancelled
+from desktop_app.calibration import calibrate, calibrations, quality
+from desktop_app.model.runtime import Cancelled
 from store import Store
 
 pytestmark = pytest.mark.model
@@ -115,8 +115,8 @@ def test_the_engine_encodes_new_caches_with_the_models_calibration(calibrated, m
     import sqlite3
 
     from desktop_app.engine import Engine
+    from desktop_app.model.runtime import Runtime
     from desktop_app.options import GenerationOptions, RestoreOptions
-    from desktop_app.runtime import Runtime
 
     def engine():
         return Engine(Store(tmp_path / "data"), lambda: Runtime(

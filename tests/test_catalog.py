@@ -11,9 +11,9 @@ import gguf
 import numpy as np
 import pytest
 
-from desktop_app import catalog, gguf_header, models
 from desktop_app.app import App
 from desktop_app.cli import main
+from desktop_app.model import catalog, gguf_header, models
 from desktop_app.settings import Settings
 
 OLLAMA_DIGEST = "ab" * 32

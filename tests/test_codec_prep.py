@@ -1,5 +1,6 @@
 """The codec's background preparation: its observable state, its estimate of the time left,
-and the wait-or-recompute choice of a question asked meanwhile (desktop_app/codec_prep.py)."""
+and the wait-or-recompute choice of a question asked meanwhile
+(desktop_app/calibration/codec_prep.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import json
 
 import pytest
 
-from desktop_app import codec_prep
-from desktop_app.codec_prep import CodecPrep, decide, estimate_left_s
+from desktop_app.calibration import codec_prep
+from desktop_app.calibration.codec_prep import CodecPrep, decide, estimate_left_s
 
 SHAPE = (2, 48, 64)
 

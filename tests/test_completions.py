@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from desktop_app.completions import StopStrings
+from desktop_app.chat.completions import StopStrings
 
 
 def run(pieces, stop):

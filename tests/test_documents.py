@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from desktop_app.documents import DocumentError, extract
+from desktop_app.chat.documents import DocumentError, extract
 
 
 def make_pdf(path, lines):

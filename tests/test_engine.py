@@ -7,12 +7,12 @@ import threading
 
 import pytest
 
-from desktop_app.documents import DocumentError
+from desktop_app.chat.documents import DocumentError
 from desktop_app.engine import Engine
 from desktop_app.errors import Cancelled, EngineError
-from desktop_app.levels import DEFAULT_LEVELS, EXACT
+from desktop_app.kv.levels import DEFAULT_LEVELS, EXACT
+from desktop_app.model.runtime import Runtime
 from desktop_app.options import GenerationOptions, RestoreOptions
-from desktop_app.runtime import Runtime
 from store import Store
 
 EVERY_LEVEL = (*DEFAULT_LEVELS, EXACT)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from desktop_app.fairlock import FairLock
+from desktop_app.chat.fairlock import FairLock
 
 
 def test_waiters_are_served_in_arrival_order():

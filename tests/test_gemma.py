@@ -15,10 +15,10 @@ from codec_helpers import error_bound
 import codec
 from desktop_app.engine import Engine
 from desktop_app.errors import RuntimeStateError
-from desktop_app.kvstate import in_position_order
-from desktop_app.levels import DEFAULT_LEVELS, EXACT
+from desktop_app.kv.levels import DEFAULT_LEVELS, EXACT
+from desktop_app.model.kvstate import in_position_order
+from desktop_app.model.runtime import Runtime
 from desktop_app.options import GenerationOptions, RestoreOptions
-from desktop_app.runtime import Runtime
 from store import Store, sync
 
 EVERY_LEVEL = (*DEFAULT_LEVELS, EXACT)

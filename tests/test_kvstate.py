@@ -7,7 +7,7 @@ import struct
 import numpy as np
 import pytest
 
-from desktop_app.kvstate import (
+from desktop_app.model.kvstate import (
     SEQ_STATE_MAGIC,
     KVState,
     KVStateError,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from desktop_app.kvstate import (
+from desktop_app.model.kvstate import (
     KVState,
     KVStateError,
     SeqState,
@@ -68,8 +68,8 @@ def test_a_window_outside_the_full_section_is_refused():
 def test_gemma_state_round_trips_and_restores_like_a_prefill(gemma_path):
     import pydoc_data.topics
 
-    from desktop_app.quality import greedy
-    from desktop_app.runtime import Runtime
+    from desktop_app.calibration.quality import greedy
+    from desktop_app.model.runtime import Runtime
 
     text = "\n\n".join(pydoc_data.topics.topics[k] for k in ("if", "while", "for", "try"))
     n = GEMMA_WINDOW + 88  # past the window: the sliding section holds only its last 512

@@ -7,8 +7,9 @@ import os
 
 import pytest
 
-from desktop_app import models, settings
-from desktop_app.models import ModelNotFoundError
+from desktop_app import settings
+from desktop_app.model import models
+from desktop_app.model.models import ModelNotFoundError
 from desktop_app.validation import InvalidValue
 
 

@@ -10,7 +10,7 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from desktop_app import models
+from desktop_app.model import models
 
 PACKAGING = Path(__file__).resolve().parent.parent / "packaging"
 

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from desktop_app import quality
+from desktop_app.calibration import quality
 
 pytestmark = pytest.mark.model
 

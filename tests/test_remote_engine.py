@@ -14,9 +14,9 @@ import pytest
 
 from benchmarks.s3_server import S3Server
 from desktop_app.engine import Engine
-from desktop_app.levels import DEFAULT_LEVELS, EXACT
+from desktop_app.kv.levels import DEFAULT_LEVELS, EXACT
+from desktop_app.model.runtime import Runtime
 from desktop_app.options import GenerationOptions, RestoreOptions
-from desktop_app.runtime import Runtime
 from store import RemoteConfig, RemoteTier, Store, sync
 from store.manifest import Manifest
 

@@ -7,10 +7,10 @@ import itertools
 import re
 import time
 
-from desktop_app.answers import stream_answer
+from desktop_app.chat.answers import stream_answer
+from desktop_app.chat.repetition import MIN_SPAN, LoopGuard, repeated_sentence
+from desktop_app.model.runtime import Token
 from desktop_app.options import GenerationOptions
-from desktop_app.repetition import MIN_SPAN, LoopGuard, repeated_sentence
-from desktop_app.runtime import Token
 
 LOOP = ("You can charge money for copies of the Program. You can charge money for the use of "
         "the Program. ") * 13

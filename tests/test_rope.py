@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from desktop_app import rope
-from desktop_app.kvstate import in_position_order, parse_seq_sections
-from desktop_app.runtime import Runtime
+from desktop_app.model import rope
+from desktop_app.model.kvstate import in_position_order, parse_seq_sections
+from desktop_app.model.runtime import Runtime
 
 TEXT = "Granite from the island, carried on carts at low tide, built the lighthouse in 1871."
 

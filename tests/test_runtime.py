@@ -8,15 +8,10 @@ import numpy as np
 import pytest
 
 from desktop_app.errors import Cancelled, RuntimeStateError
-from desktop_app.kvstate import (
-    KVStateError,
-    SeqState,
-    build_seq_state,
-    parse_seq_sections,
-)
+from desktop_app.model.kvstate import KVStateError, SeqState, build_seq_state, parse_seq_sections
+from desktop_app.model.runtime import Runtime
+from desktop_app.model.sampling import DEFAULTS
 from desktop_app.options import GenerationOptions
-from desktop_app.runtime import Runtime
-from desktop_app.sampling import DEFAULTS
 
 SYSTEM = "You are a helpful assistant. Answer from the document."
 DOCUMENT = (

@@ -10,8 +10,16 @@ import sys
 import pytest
 
 from desktop_app import settings
+from desktop_app.model.sampling import (
+    DEFAULTS,
+    KVDESK,
+    MODEL,
+    REQUEST,
+    SETTINGS,
+    from_model,
+    resolve,
+)
 from desktop_app.options import GenerationOptions
-from desktop_app.sampling import DEFAULTS, KVDESK, MODEL, REQUEST, SETTINGS, from_model, resolve
 from desktop_app.validation import InvalidValue, parse
 
 

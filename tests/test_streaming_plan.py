@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from desktop_app.reading import TEXT, Throttle, choose_level
-from desktop_app.speeds import Speeds
+from desktop_app.kv.reading import TEXT, Throttle, choose_level
+from desktop_app.kv.speeds import Speeds
 
 LEVELS = ["lossless", "high", "balanced", "compact"]
 SIZES = {"lossless": 4_000_000, "high": 800_000, "balanced": 550_000, "compact": 380_000}

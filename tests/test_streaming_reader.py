@@ -8,9 +8,9 @@ import time
 
 import pytest
 
+from desktop_app.kv.reading import TEXT, ChunkReader, Meter
+from desktop_app.kv.speeds import Speeds
 from desktop_app.options import RestoreOptions as Options
-from desktop_app.reading import TEXT, ChunkReader, Meter
-from desktop_app.speeds import Speeds
 from store import CorruptObjectError, NotFoundError, RemoteError, Span
 
 LEVELS = ["lossless", "high"]

@@ -10,11 +10,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from desktop_app import contextsize, support
 from desktop_app.app import App
 from desktop_app.errors import KVStateError, UnsupportedModelError
-from desktop_app.gguf_header import HeaderFacts
-from desktop_app.kvstate import KVState, build_seq_state, parse_seq_sections
+from desktop_app.model import contextsize, support
+from desktop_app.model.gguf_header import HeaderFacts
+from desktop_app.model.kvstate import KVState, build_seq_state, parse_seq_sections
 from desktop_app.settings import Settings
 
 HEAD = struct.pack("<Ii", 0xAF143CD8, 0)

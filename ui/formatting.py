@@ -15,7 +15,7 @@ from desktop_app.results import (
     levels_summary,
 )
 
-# The stages of a codec calibration (desktop_app.calibrate); the others are level names.
+# The stages of a codec calibration (desktop_app.calibration.calibrate); the others are level names.
 CALIBRATION_STAGES = {"reference": "measuring the model's own cache",
                       "transforms": "fitting the transforms",
                       "sensitivity": "measuring each part's sensitivity", "done": "saving"}

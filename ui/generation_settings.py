@@ -20,8 +20,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from desktop_app.model.sampling import DEFAULTS
 from desktop_app.options import GenerationOptions
-from desktop_app.sampling import DEFAULTS
 from desktop_app.validation import parse
 
 DEFAULT_TEXT = "default"

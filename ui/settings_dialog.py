@@ -34,9 +34,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from desktop_app.model.support import SUPPORTED, UNTESTED
 from desktop_app.results import ModelFile
 from desktop_app.settings import Settings, SettingsError
-from desktop_app.support import SUPPORTED, UNTESTED
 from desktop_app.validation import InvalidValue
 
 from .generation_settings import GenerationBox

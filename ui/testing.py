@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from desktop_app.documents import DocumentError
+from desktop_app.chat.documents import DocumentError
 from desktop_app.errors import Cancelled, EngineError
 from desktop_app.options import GenerationOptions, RestoreOptions
 from desktop_app.protocol import ProgressFn, RestoreFn, TokenFn

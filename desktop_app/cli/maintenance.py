@@ -162,7 +162,8 @@ def eval_(app: App, file: str, prefix_tokens: int, cont_tokens: int, configs: st
           as_json: bool):
     """Measure how closely compressed KV caches answer like the exact one, on FILE, with the
     model's codec calibration (made first, once, when it has none)."""
-    from .. import documents, quality
+    from ..calibration import quality
+    from ..chat import documents
 
     engine = app.engine
     cal = engine.calibrations.current(engine.fingerprint)

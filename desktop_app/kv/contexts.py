@@ -19,10 +19,11 @@ from collections.abc import Callable, Sequence
 
 from store import Store
 
-from . import codec_prep, streaming
-from .calibrations import Calibrations
-from .results import PrepState
-from .runtime import Runtime
+from ..calibration import codec_prep
+from ..calibration.calibrations import Calibrations
+from ..model.runtime import Runtime
+from ..results import PrepState
+from . import streaming
 
 CHAT = "chat"
 ATTACH = "attach"

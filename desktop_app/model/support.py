@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import KVStateError, UnsupportedModelError
 from . import kvstate
-from .errors import KVStateError, UnsupportedModelError
 
 SUPPORTED, UNTESTED, REFUSED = "supported", "untested", "refused"
 

@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .options import GenerationOptions
+from ..model.runtime import Runtime
+from ..options import GenerationOptions
 from .repetition import LoopGuard
-from .runtime import Runtime
 
 
 @dataclass(frozen=True)

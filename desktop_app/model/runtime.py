@@ -24,9 +24,9 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
+from ..errors import Cancelled, RuntimeStateError
+from ..options import GenerationOptions
 from . import chat_templates, kvstate, probe, samplers, sampling
-from .errors import Cancelled, RuntimeStateError
-from .options import GenerationOptions
 
 # Prefill slice: small enough that progress and cancellation react within about a second on
 # two cores (~144 tokens/s), large enough to keep llama.cpp's batched matmuls efficient.

@@ -40,8 +40,9 @@ import codec
 from codec import transform
 from codec.levels import CALIBRATED, CODEC_ID
 
-from . import kvstate, quality, rope
-from .runtime import Cancelled
+from ..model import kvstate, rope
+from ..model.runtime import Cancelled
+from . import quality
 
 ProgressFn = Callable[[str, float], None]
 LEVELS = ("high", "balanced", "compact")

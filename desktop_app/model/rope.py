@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import llama_cpp
 import numpy as np
 
-from .errors import EngineError
+from ..errors import EngineError
 from .kvstate import in_position_order, parse_seq_sections
 from .runtime import Runtime
 

@@ -22,8 +22,8 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
+from ..results import ModelFile
 from . import gguf_header
-from .results import ModelFile
 
 UNREADABLE = "unreadable"
 MEMO_FILE = "model-headers.json"

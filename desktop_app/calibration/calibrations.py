@@ -1,7 +1,8 @@
 """The codec calibrations kvdesk keeps, per model: which one new caches of a model are encoded
 with, and the resolver through which the codec finds the one a stored chunk names.
 
-A calibration (desktop_app.calibrate) is stored in the store under the fingerprint of the
+A calibration (desktop_app.calibration.calibrate) is stored in the store under the fingerprint
+of the
 model it was made for (content-addressed: its bytes' SHA-256 is its id, which every chunk
 blob encoded with it names). `latest` gives the newest one of a model; `Resolver` turns an id
 into the parsed calibration for `codec.decode`, and only for the model it was made for: a

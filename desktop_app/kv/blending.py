@@ -33,13 +33,14 @@ import numpy as np
 
 from store import Store
 
-from . import rope, streaming
-from .calibrations import Calibrations
-from .kvstate import KVState, SeqState, in_position_order
-from .options import RestoreOptions
-from .prompts import Layout
-from .results import Progress, RestoreReport
-from .runtime import Runtime
+from ..calibration.calibrations import Calibrations
+from ..model import rope
+from ..model.kvstate import KVState, SeqState, in_position_order
+from ..model.prompts import Layout
+from ..model.runtime import Runtime
+from ..options import RestoreOptions
+from ..results import Progress, RestoreReport
+from . import streaming
 from .sources import ChunkSource, SpanSource
 from .speeds import Speeds
 

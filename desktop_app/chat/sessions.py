@@ -29,25 +29,26 @@ from dataclasses import replace
 from store import Document, Store
 from store.locks import TurnCancelled
 
-from . import codec_prep, streaming
-from . import speeds as speeds_mod
+from ..calibration import codec_prep
+from ..errors import Cancelled, EngineError
+from ..kv import speeds as speeds_mod
+from ..kv import streaming
+from ..kv.blending import Blend, Blender, leading
+from ..kv.contexts import CHAT, Contexts
+from ..kv.kvcache import KVCache
+from ..kv.levels import check_levels
+from ..kv.sharing import Sharing
+from ..kv.sources import LocalSource
+from ..kv.speeds import Speeds
+from ..model.prompts import Prompter, question_turn, title_of
+from ..model.prompts import closing as closing_text
+from ..model.runtime import Runtime
+from ..model.sampling import Sampling, resolve
+from ..options import AUTO, GenerationOptions, RestoreOptions
+from ..results import COMPILING, AskResult, Progress, RestoreEstimate, RestoreReport
 from .answers import stream_answer
-from .blending import Blend, Blender, leading
-from .contexts import CHAT, Contexts
-from .errors import Cancelled, EngineError
 from .fairlock import FairLock
-from .kvcache import KVCache
-from .levels import check_levels
 from .library import Library
-from .options import AUTO, GenerationOptions, RestoreOptions
-from .prompts import Prompter, question_turn, title_of
-from .prompts import closing as closing_text
-from .results import COMPILING, AskResult, Progress, RestoreEstimate, RestoreReport
-from .runtime import Runtime
-from .sampling import Sampling, resolve
-from .sharing import Sharing
-from .sources import LocalSource
-from .speeds import Speeds
 
 ProgressFn = Callable[[Progress], None]
 

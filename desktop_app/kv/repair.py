@@ -20,11 +20,11 @@ from collections.abc import Callable
 import codec
 from store import Store
 
-from .calibrations import Calibrations
+from ..calibration.calibrations import Calibrations
+from ..errors import Cancelled
+from ..model.kvstate import in_position_order
+from ..results import Progress
 from .contexts import ATTACH, Contexts
-from .errors import Cancelled
-from .kvstate import in_position_order
-from .results import Progress
 
 
 def repair(store: Store, contexts: Contexts, calibrations: Calibrations, *,

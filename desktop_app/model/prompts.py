@@ -17,7 +17,7 @@ from typing import Protocol
 
 from store import Document
 
-from .errors import EngineError
+from ..errors import EngineError
 
 SYSTEM_PROMPT = (
     "You are kvdesk, a careful assistant. Answer questions about the document below "

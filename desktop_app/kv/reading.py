@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from store import CorruptChunkError, CorruptObjectError, NotFoundError, Span, StoreError
 
-from .options import AUTO, RestoreOptions
+from ..options import AUTO, RestoreOptions
 from .sources import ChunkSource
 from .speeds import Speeds
 

@@ -19,13 +19,13 @@ import threading
 import time
 from collections.abc import Callable
 
-from .contexts import ATTACH, Contexts
-from .errors import Cancelled
+from ..errors import Cancelled
+from ..kv.contexts import ATTACH, Contexts
+from ..kv.kvcache import KVCache
+from ..model.prompts import Prompter
+from ..model.runtime import PREFILL_SLICE
 from .fairlock import FairLock
-from .kvcache import KVCache
 from .library import Library
-from .prompts import Prompter
-from .runtime import PREFILL_SLICE
 
 # Tokens computed between checks for a waiting question: a plain prefill's slice, since
 # llama.cpp's results depend on how tokens are batched and the stored context must equal what

@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .options import GenerationOptions
-from .validation import InvalidValue, parse
+from ..options import GenerationOptions
+from ..validation import InvalidValue, parse
 
 REQUEST, SETTINGS, MODEL, KVDESK = "request", "settings file", "model file", "kvdesk default"
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import charset_normalizer
 
-from .errors import DocumentError
+from ..errors import DocumentError
 
 MAX_FILE_BYTES = 200 * 1024 * 1024  # far beyond any context; refuses accidental disk images
 FALLBACK_ENCODING = "cp1252"  # Windows-1252: a superset of Latin-1's letters

@@ -35,13 +35,13 @@ import numpy as np
 import codec
 from store import Span
 
-from .errors import Cancelled
-from .kvstate import KVState, SeqState, StateBuffer
-from .layout import ModelLayout
-from .options import AUTO, RestoreOptions
+from ..errors import Cancelled
+from ..model.kvstate import KVState, SeqState, StateBuffer
+from ..model.layout import ModelLayout
+from ..model.runtime import Runtime
+from ..options import AUTO, RestoreOptions
+from ..results import Progress, RestoreReport
 from .reading import TEXT, ChunkReader
-from .results import Progress, RestoreReport
-from .runtime import Runtime
 from .sources import ChunkSource
 from .speeds import Speeds
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import llama_cpp
 from llama_cpp import _internals
 
-from .options import GenerationOptions
+from ..options import GenerationOptions
 
 
 def chain(o: GenerationOptions, *, n_vocab: int, n_ctx: int) -> _internals.LlamaSampler:

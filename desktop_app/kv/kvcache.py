@@ -35,11 +35,11 @@ import numpy as np
 import codec
 from store import BackgroundWriter, Store
 
-from .calibrations import Calibrations
-from .errors import Cancelled, RuntimeStateError
-from .kvstate import in_position_order
-from .results import Progress
-from .runtime import Runtime
+from ..calibration.calibrations import Calibrations
+from ..errors import Cancelled, RuntimeStateError
+from ..model.kvstate import in_position_order
+from ..model.runtime import Runtime
+from ..results import Progress
 
 
 class KVCache:

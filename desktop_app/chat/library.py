@@ -16,9 +16,9 @@ from typing import TypeVar
 
 from store import Chat, Document, Message, NotFoundError, Store
 
-from .errors import EngineError, MissingError
-from .prompts import UNTITLED
-from .results import ChatInfo, DocumentInfo, MessageInfo
+from ..errors import EngineError, MissingError
+from ..model.prompts import UNTITLED
+from ..results import ChatInfo, DocumentInfo, MessageInfo
 
 T = TypeVar("T")
 

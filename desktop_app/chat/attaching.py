@@ -19,15 +19,15 @@ from pathlib import Path
 
 from store import Document, Store
 
+from ..kv import speeds as speeds_mod
+from ..kv.contexts import ATTACH, Contexts
+from ..kv.kvcache import KVCache
+from ..kv.levels import check_levels, quality_order
+from ..kv.sharing import Sharing
+from ..kv.speeds import Speeds
+from ..model.prompts import Prefix, Prompter, document_prefix
+from ..results import AttachResult, Progress
 from . import documents
-from . import speeds as speeds_mod
-from .contexts import ATTACH, Contexts
-from .kvcache import KVCache
-from .levels import check_levels, quality_order
-from .prompts import Prefix, Prompter, document_prefix
-from .results import AttachResult, Progress
-from .sharing import Sharing
-from .speeds import Speeds
 
 ProgressFn = Callable[[Progress], None]
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import KVStateError
+from ..errors import KVStateError
 
 SEQ_STATE_MAGIC = 0xAF143CD8
 

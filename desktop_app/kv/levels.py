@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import codec
 
-from .errors import EngineError
+from ..errors import EngineError
 
 # What a document is stored at unless asked otherwise: 30-60 % of the raw fp16 KV together.
 # `lossless` (~14 bits per element: 85-90 % of raw on its own) is opt-in (the keep_lossless

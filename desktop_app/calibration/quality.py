@@ -51,8 +51,8 @@ import numpy as np
 import codec
 from store import DEFAULT_CHUNK_SIZE
 
-from . import kvstate
-from .runtime import Runtime
+from ..model import kvstate
+from ..model.runtime import Runtime
 
 REFERENCE = "fp16"
 FLOOR = "fp16-ulp"

@@ -22,11 +22,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
+from ..errors import EngineError
+from ..model.prompts import Turn, closing
+from ..options import GenerationOptions, RestoreOptions
+from ..results import Completion, RestoreReport
 from .answers import stream_answer
-from .errors import EngineError
-from .options import GenerationOptions, RestoreOptions
-from .prompts import Turn, closing
-from .results import Completion, RestoreReport
 from .sessions import ChatSession
 
 ROLES = ("system", "user", "assistant")

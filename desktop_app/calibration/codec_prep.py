@@ -29,7 +29,7 @@ from pathlib import Path
 
 from codec import jitcache, precompile
 
-from .results import CHECKING, COMPILING, FAILED, READY, PrepState
+from ..results import CHECKING, COMPILING, FAILED, READY, PrepState
 
 # Until this machine has compiled the codec once: the whole compile measured 15-30 s on the
 # 2-core reference machine (benchmarks/RESULTS.md, "Compiled kernels"), and a load from the

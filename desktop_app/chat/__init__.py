@@ -1,0 +1,11 @@
+"""The chat room: documents and chats as the user sees them, and the turns asked in them.
+
+`library` lists documents, chats and messages over the store; `attaching` and `documents`
+turn a file into a document whose KV is stored; `sessions` decides what the chat context
+holds and runs a turn (the room for "how does a chat over three documents come back");
+`answers` and `repetition` stream an answer and stop a loop; `exactness` computes a blended
+chat's exact prefix in the background; `fairlock` serves turns in arrival order.
+
+Its question is "what happens when the user asks?". It stands on the KV room; it never imports
+the engine facade, the server, the CLI or Qt.
+"""
