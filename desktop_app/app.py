@@ -131,13 +131,6 @@ class App:
                       min_cache_tokens=s.prompt_cache_min_tokens,
                       blend_fraction=s.blend_recompute, generation_defaults=s.generation)
 
-    @cached_property
-    def local_api(self):
-        """The local API server, for a window to start and stop (desktop_app.server)."""
-        from .server import LocalAPI
-
-        return LocalAPI(self)
-
     def info(self) -> dict:
         rt = self.engine.runtime
         lay = rt.layout
@@ -163,8 +156,6 @@ class App:
         }
 
     def close(self) -> None:
-        if "local_api" in self.__dict__:
-            self.local_api.stop()
         if "engine" in self.__dict__:
             self.engine.close()
         if "store" in self.__dict__:

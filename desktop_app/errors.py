@@ -5,8 +5,7 @@ missing model, a bad setting, an unreadable document, a corrupt cache...); anyth
 bug and keeps its traceback. The CLI, the GUI and the local API all decide with it, so they
 agree.
 
-The app's own errors are defined here, and their modules raise them from here (but for
-`models`, which must load on its own). It imports no
+The app's own errors are defined here, and their modules raise them from here. It imports no
 model runtime, codec or store: the GUI imports it and must not load llama.cpp or numba by
 doing so, and a command that hands its work to a running server loads only what it needs.
 The store's and the codec's errors are recognized once those packages are loaded (an
@@ -17,8 +16,11 @@ from __future__ import annotations
 
 import sys
 
-from .model.models import ModelNotFoundError  # standard library only: the bundle loads it alone
 from .validation import InvalidValue
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """No usable model file: says where it looked and how to provide one."""
 
 
 class Cancelled(Exception):

@@ -42,4 +42,6 @@ def launch(app: App) -> int:
         click.echo(f"The desktop window is not available in this installation ({e}).", err=True)
         click.echo(HEADLESS_HELP, err=True)
         return 1
-    return run(app, App)
+    from .server import LocalAPI
+
+    return run(app, App, serve=LocalAPI)

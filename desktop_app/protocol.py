@@ -150,9 +150,6 @@ class AppAPI(Protocol):
     settings: Settings
 
     @property
-    def local_api(self) -> LocalAPIControl: ...
-
-    @property
     def engine(self) -> EngineAPI:
         """Loads the model on first use: call it off the UI thread."""
         ...

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from PySide6.QtWidgets import QApplication
 
-from desktop_app.protocol import AppAPI, EngineAPI
+from desktop_app.protocol import AppAPI, EngineAPI, LocalAPIControl
 from desktop_app.settings import Settings
 
 from .main_window import MainWindow
@@ -29,17 +29,24 @@ def _ready_engine(app: AppAPI) -> EngineAPI:
     return engine
 
 
-def run(app: AppAPI, make_app: Callable[[Settings], AppAPI]) -> int:
-    """The window on `app`; after a restart asked for in the settings, on make_app(settings)."""
+def run(app: AppAPI, make_app: Callable[[Settings], AppAPI],
+        serve: Callable[[AppAPI], LocalAPIControl] | None = None) -> int:
+    """The window on `app`; after a restart asked for in the settings, on make_app(settings).
+
+    `serve(app)` makes the local API server the settings toggle (None: the window has none).
+    """
     qapp = QApplication.instance() or QApplication(sys.argv)
     qapp.setApplicationName("kvdesk")
     while True:
         restart = []
+        local_api = serve(app) if serve is not None else None
         window = MainWindow(lambda app=app: _ready_engine(app), app.settings,
-                            local_api=app.local_api, list_models=app.list_models)
+                            local_api=local_api, list_models=app.list_models)
         window.restart_requested.connect(restart.append)
         window.show()
         code = qapp.exec()
+        if local_api is not None:
+            local_api.stop()
         app.close()
         if not restart:
             return code
