@@ -56,17 +56,8 @@ from . import jitcache  # noqa: F401, I001 - configures numba as it is imported
 from .calibration import Calibration, Part
 from .errors import CalibrationMissing, CodecError
 from .levels import CodecConfig, KindConfig, levels
-from .pipeline import (
-    BlobInfo,
-    Resolver,
-    decode,
-    decode_chunks,
-    encode,
-    encode_chunks,
-    layout,
-    peek,
-    release_tables,
-)
+from .pipeline import BlobInfo, Resolver, decode, encode, layout, peek, release_tables
+from .chunks import decode_chunks, encode_chunks
 from .transform import KindTransform
 
 __all__ = ["BlobInfo", "Calibration", "CalibrationMissing", "CodecConfig", "CodecError",

@@ -1,4 +1,4 @@
-"""Encoding and decoding of one chunk blob, and the chunk-list helpers built on it.
+"""Encoding and decoding of one chunk blob (`chunks` builds the chunk-list helpers on it).
 
 A chunk is the KV of consecutive tokens, all layers: keys and values [L, T, C] float16. Its
 blob decodes on its own (tables are codebook ids, scales and sink tokens travel inside).
@@ -103,7 +103,7 @@ def release_tables() -> None:
     tables.kind_bank.cache_clear()
 
 
-def _check_input(keys: np.ndarray, values: np.ndarray) -> tuple[int, int, int]:
+def check_input(keys: np.ndarray, values: np.ndarray) -> tuple[int, int, int]:
     for name, a in (("keys", keys), ("values", values)):
         if not isinstance(a, np.ndarray) or a.dtype != np.float16 or a.ndim != 3:
             raise CodecError(f"{name} must be a float16 array [n_layer, n_tokens, channels]")
@@ -160,7 +160,7 @@ def encode(keys: np.ndarray, values: np.ndarray, level: str | CodecConfig | dict
     `calibration` when its level is calibrated (a level name of the calibration's `part`, or
     a config naming it)."""
     cfg = _level(level, calibration, part)
-    n_layer, n_tok, n_ch = _check_input(keys, values)
+    n_layer, n_tok, n_ch = check_input(keys, values)
     cal_part = _part(cfg, calibration, n_layer, n_ch)
     if not (isinstance(first_token, int) and 0 <= first_token <= 1 << 48):
         raise CodecError(f"first_token must be a non-negative int, not {first_token!r}")
@@ -416,40 +416,3 @@ def peek(blob: bytes) -> BlobInfo:
     return BlobInfo(h.config.name, h.config.get_config(), h.n_layer, h.n_tokens, h.channels,
                     h.first_token, len(blob), h.version,
                     h.config.calibration[0] if h.config.calibration else None)
-
-
-def encode_chunks(keys: np.ndarray, values: np.ndarray,
-                  level: str | CodecConfig | dict = "balanced", *, chunk_tokens: int = 256,
-                  first_token: int = 0, backend=None, calibration: Calibration | None = None,
-                  part: int = 0) -> list[bytes]:
-    """Split the tokens into chunks of chunk_tokens (the last may be shorter) and encode each."""
-    _check_input(keys, values)
-    if not (isinstance(chunk_tokens, int) and chunk_tokens >= 1):
-        raise CodecError(f"chunk_tokens must be a positive int, not {chunk_tokens!r}")
-    return [encode(keys[:, i:i + chunk_tokens], values[:, i:i + chunk_tokens], level,
-                   first_token=first_token + i, backend=backend, calibration=calibration,
-                   part=part)
-            for i in range(0, keys.shape[1], chunk_tokens)]
-
-
-def decode_chunks(blobs: list[bytes], *, backend=None,
-                  calibrations: Resolver | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Decode consecutive chunk blobs and join them along the token axis."""
-    if not blobs:
-        raise CodecError("no chunk blobs to decode")
-    infos = [peek(b) for b in blobs]
-    for prev, cur in zip(infos, infos[1:], strict=False):
-        if cur.first_token != prev.first_token + prev.n_tokens or (
-                cur.n_layer, cur.channels) != (prev.n_layer, prev.channels):
-            raise CodecError("chunk blobs are not consecutive chunks of one KV")
-    shape = (infos[0].n_layer, sum(i.n_tokens for i in infos), infos[0].channels)
-    if shape[0] * shape[1] * shape[2] > container.MAX_ELEMENTS:
-        raise CodecError(f"chunk blobs describe an implausibly large KV {shape}")
-    keys, values = np.empty(shape, np.float16), np.empty(shape, np.float16)
-    at = 0
-    for blob, info in zip(blobs, infos, strict=True):
-        span = slice(at, at + info.n_tokens)
-        decode(blob, out=(keys[:, span], values[:, span]), backend=backend,
-               calibrations=calibrations)
-        at += info.n_tokens
-    return keys, values

@@ -1,9 +1,12 @@
-"""kvdesk's application core: model runtime, exact KV bridge, engine, settings and CLI.
+"""kvdesk's application core, in rooms: each subpackage imports only those below it.
 
-Layers, bottom up: `kvstate` (llama.cpp state bytes <-> numpy KV), `models` (locating and
-identifying GGUF files), `runtime` (one model and context: prefill, generate, capture and
-restore KV), `settings`, `app` (settings turned into live resources; the Python API the CLI and
-the GUI share), `cli`. No Qt here: the GUI lives in `ui/`, reached only through `launcher`.
+Top down: `cli` (the command line), `launcher` and `server` (the GUI hand-over, the local
+API), `selfcheck`, `app` (settings turned into live resources), `engine` (the Python API the
+CLI, the GUI and the server share), `chat` (documents, chats and turns), `kv` (caches stored
+and streamed back), `calibration` (the codec readied and calibrated per model), `model` (one
+llama.cpp model: runtime, KV state, prompts, model files), then the leaf modules `settings`,
+`options`, `errors`, `results` and `validation`. pyproject.toml's layers contract states it.
+No Qt here: the GUI lives in `ui/`, reached only through `launcher`.
 """
 
 import os

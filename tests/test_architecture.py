@@ -29,3 +29,28 @@ def test_the_command_line_loads_no_model_code_until_a_command_needs_it():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()
     assert out == "[]"
+
+
+ROOMS = [p for p in (ROOT / "desktop_app").iterdir()
+         if p.is_dir() and (p / "__init__.py").exists()]
+
+
+def test_every_room_says_what_it_owns_and_what_it_never_imports():
+    import ast
+
+    assert {p.name for p in ROOMS} >= {"model", "calibration", "kv", "chat", "server", "cli"}
+    for room in ROOMS:
+        doc = ast.get_docstring(ast.parse((room / "__init__.py").read_text())) or ""
+        assert "never" in doc, f"desktop_app/{room.name}/__init__.py does not say what it " \
+                               "must never import"
+
+
+def test_modules_and_rooms_stay_small():
+    """The guide: no module much over ~450 lines, no room over ~15 modules."""
+    for package in ("desktop_app", "codec", "store", "ui"):
+        for path in (ROOT / package).rglob("*.py"):
+            n = len(path.read_text().splitlines())
+            assert n <= 450, f"{path.relative_to(ROOT)} has {n} lines"
+    for folder in [ROOT / "desktop_app", *ROOMS]:
+        modules = [p for p in folder.glob("*.py") if p.name not in ("__init__.py", "__main__.py")]
+        assert len(modules) <= 15, f"{folder.relative_to(ROOT)} holds {len(modules)} modules"

@@ -38,7 +38,6 @@ from ..kv.contexts import CHAT, Contexts
 from ..kv.kvcache import KVCache
 from ..kv.levels import check_levels
 from ..kv.sharing import Sharing
-from ..kv.sources import LocalSource
 from ..kv.speeds import Speeds
 from ..model.prompts import Prompter, question_turn, title_of
 from ..model.prompts import closing as closing_text
@@ -440,22 +439,7 @@ class ChatSession:
             _, tokens, _ = self.conversation(rt, chat_id)
         else:
             _, tokens = self.prompter.chat(rt, [self.library.document(d) for d in doc_ids])
-        source = LocalSource(self.store, rt.fingerprint, tokens, touch=False)
-        n, spans = source.n_tokens, list(source.spans)
-        if rt.layout.swa_layers:  # up to the last entry end with a window, and that window
-            ends = streaming.resume_points(source, rt.layout)
-            n = ends[0] if ends else 0
-            spans = [s for s in spans if s.token_end <= n] + list(source.windows.get(n, ()))
-        raw = rt.layout.raw_bytes(n)
-        rest_s = (len(tokens) - n) / self.speeds.prefill_tps
-        per_level = {lvl: nbytes for lvl, nbytes in self.store.level_bytes(spans).items()
-                     if lvl in self.levels}
-        seconds = {
-            lvl: round(n / 1e6 / self.speeds.read_MBps + raw / 1e6 / self.speeds.decode(lvl)
-                       + rest_s, 4)
-            for lvl, n in per_level.items()}
-        seconds[streaming.TEXT] = round(len(tokens) / self.speeds.prefill_tps, 3)
-        return RestoreEstimate(tokens=len(tokens), bytes=per_level, seconds=seconds)
+        return streaming.estimate(self.store, rt, tokens, self.levels, self.speeds)
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -10,6 +10,10 @@ never a traceback.
     maintenance   info, verify, gc, selfcheck, eval, gui
     remote        the shared cache: remote status, push, pull
     serve         the local OpenAI-compatible API
+
+The top of the stack: it may import every room, and none imports it. It never holds logic of
+its own beyond parsing and printing, and never imports llama.cpp or the codec at module level
+(a command answered by a running server loads neither).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ sliding-window model its window). A sliding-window (iSWA) model's state has two 
 full-attention layers hold every position, the sliding-window layers only the window that the
 last position attends to (`window_start`); what a stored entry holds of each is `kvcache`'s.
 
-Pure data: it loads nothing and knows no files.
+Pure data: it loads nothing and knows no files; `check_fits` refuses KV made for another layout.
 """
 
 from __future__ import annotations
@@ -14,6 +14,10 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from ..errors import RuntimeStateError
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,10 @@ class ModelLayout:
         return 2 if self.cache_type == "f16" else 4
 
     @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(np.float16 if self.cache_type == "f16" else np.float32)
+
+    @property
     def kv_bytes_per_token(self) -> int:
         """Bytes of every position's cache (the full-attention layers')."""
         return self.full_layers * 2 * self.channels * self.itemsize
@@ -65,6 +73,23 @@ class ModelLayout:
         if self.swa_chunked:
             return (n_tokens - 1) // self.n_swa * self.n_swa
         return max(0, n_tokens - self.n_swa)
+
+    def check_fits(self, shapes: list[tuple], dtype: np.dtype, v_trans: bool | None,
+                   n_tokens: int) -> None:
+        """Refuse KV of n_tokens that a context of this layout would load but that was not
+        made for it: sections of other shapes, another V layout (None: any) or dtype."""
+        n = n_tokens
+        expected = [(self.full_layers, n, self.channels)]
+        if self.swa_layers:
+            expected.append((self.swa_layers, n - self.window_start(n), self.channels))
+        if n and shapes != expected:
+            raise RuntimeStateError(
+                f"KV of shape {' + '.join(map(str, shapes))} does not fit this model: "
+                f"expected {' + '.join(map(str, expected))}")
+        if v_trans is not None and v_trans != self.v_trans:
+            raise RuntimeStateError("the state's V layout does not match this context")
+        if dtype != self.dtype:
+            raise RuntimeStateError(f"KV of {dtype} for a {self.cache_type} cache")
 
     def raw_bytes(self, n_tokens: int) -> int:
         """The fp16/fp32 bytes of a state of n_tokens (its window included)."""

@@ -352,16 +352,16 @@ class Runtime:
         """
         if self.layout.cache_type in probe.BRIDGED:
             seq = kvstate.parse_seq_sections(data)
-            self._check_fits([kv.keys.shape for kv in seq.sections], seq.sections[0].dtype,
-                             seq.sections[0].v_trans, tokens)
+            self.layout.check_fits([kv.keys.shape for kv in seq.sections],
+                                   seq.sections[0].dtype, seq.sections[0].v_trans, len(tokens))
         self._set_state(data, tokens)
 
     def restore(self, seq: kvstate.SeqState, tokens: Sequence[int]) -> None:
         """Load a KV cache (e.g. decoded from the codec) for `tokens` into the context: its
         sections in position order, the window's ending with the last token."""
         # Any V layout: the buffer is laid out for this context.
-        self._check_fits([kv.keys.shape for kv in seq.sections], seq.sections[0].dtype, None,
-                         tokens)
+        self.layout.check_fits([kv.keys.shape for kv in seq.sections], seq.sections[0].dtype,
+                               None, len(tokens))
         buf = self.new_state_buffer(len(tokens))
         buf.keys[...] = seq.sections[0].keys
         buf.values[...] = seq.sections[0].values
@@ -373,7 +373,7 @@ class Runtime:
 
     @property
     def cache_dtype(self) -> np.dtype:
-        return np.dtype(np.float16 if self.layout.cache_type == "f16" else np.float32)
+        return self.layout.dtype
 
     def new_state_buffer(self, n_tokens: int, *, fresh: bool = False) -> kvstate.StateBuffer:
         """A state of n_tokens for this model, to fill in place and `restore_buffer`: every
@@ -412,26 +412,9 @@ class Runtime:
             pos, start = buf.window_positions, self.layout.window_start(n)
             held = n - start if pos[-1] == n - 1 and pos[0] <= start else len(pos)
             shapes.append((buf.window_keys.shape[0], held, buf.window_keys.shape[2]))
-        self._check_fits(shapes, buf.keys.dtype, buf.v_trans, tokens)
+        self.layout.check_fits(shapes, buf.keys.dtype, buf.v_trans, n)
         self._set_state(buf.data, tokens)
         self._window_floor = self.layout.window_start(n)
-
-    def _check_fits(self, shapes: list[tuple], dtype: np.dtype, v_trans: bool | None,
-                    tokens: Sequence[int]) -> None:
-        """Refuse KV that this context would load but that was not made for it."""
-        lay = self.layout
-        n = len(tokens)
-        expected = [(lay.full_layers, n, lay.channels)]
-        if lay.swa_layers:
-            expected.append((lay.swa_layers, n - lay.window_start(n), lay.channels))
-        if tokens and shapes != expected:
-            raise RuntimeStateError(
-                f"KV of shape {' + '.join(map(str, shapes))} does not fit this model: "
-                f"expected {' + '.join(map(str, expected))}")
-        if v_trans is not None and v_trans != lay.v_trans:
-            raise RuntimeStateError("the state's V layout does not match this context")
-        if dtype != self.cache_dtype:
-            raise RuntimeStateError(f"KV of {dtype} for a {lay.cache_type} cache")
 
     def _set_state(self, data: bytes | bytearray, tokens: Sequence[int]) -> None:
         tokens = list(tokens)

@@ -11,6 +11,9 @@ answered on worker threads; turns in the chat context run one at a time, first c
 served, while documents attach in their own context meanwhile. Loopback only unless an API key
 is given. Ctrl-C or SIGTERM stops it: answers in flight are stopped within a token, nothing is
 half-written (entries become visible only once complete), the server file is removed.
+
+It stands on `app` and what lies below; it never imports the CLI, the launcher or Qt, and it
+holds no chat or cache logic: requests are translated into the engine's calls and back.
 """
 
 from __future__ import annotations
