@@ -5,7 +5,8 @@ missing model, a bad setting, an unreadable document, a corrupt cache...); anyth
 bug and keeps its traceback. The CLI, the GUI and the local API all decide with it, so they
 agree.
 
-The app's own errors are defined here, and their modules raise them from here. It imports no
+The app's own errors are defined here, and their modules raise them from here (but for
+`models`, which must load on its own). It imports no
 model runtime, codec or store: the GUI imports it and must not load llama.cpp or numba by
 doing so, and a command that hands its work to a running server loads only what it needs.
 The store's and the codec's errors are recognized once those packages are loaded (an
@@ -17,10 +18,6 @@ from __future__ import annotations
 import sys
 
 from .validation import InvalidValue
-
-
-class ModelNotFoundError(FileNotFoundError):
-    """No usable model file: says where it looked and how to provide one."""
 
 
 class Cancelled(Exception):
@@ -52,7 +49,6 @@ class DocumentError(ValueError):
 
 
 USER_ERRORS: tuple[type[BaseException], ...] = (
-    ModelNotFoundError,
     InvalidValue,  # SettingsError among them
     KVStateError,
     RuntimeStateError,
@@ -60,12 +56,14 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     DocumentError,
     EngineError,
 )
-# Recognized once loaded: (module, class).
-_ELSEWHERE = (("store.errors", "StoreError"), ("codec.errors", "CodecError"))
+# Recognized once loaded: (module, class). `models` loads on its own (the bundle finds the
+# default model with the standard library only), so its error is defined there.
+_ELSEWHERE = (("store.errors", "StoreError"), ("codec.errors", "CodecError"),
+              ("desktop_app.model.models", "ModelNotFoundError"))
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
-    """USER_ERRORS, with the store's and the codec's errors once they are loaded."""
+    """USER_ERRORS, with the store's, the codec's and `models`' errors once they are loaded."""
     loaded = [getattr(sys.modules[m], name) for m, name in _ELSEWHERE if m in sys.modules]
     return (*USER_ERRORS, *loaded)
 

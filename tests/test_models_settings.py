@@ -8,8 +8,8 @@ import os
 import pytest
 
 from desktop_app import settings
-from desktop_app.errors import ModelNotFoundError
 from desktop_app.model import models
+from desktop_app.model.models import ModelNotFoundError
 from desktop_app.validation import InvalidValue
 
 

