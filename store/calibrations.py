@@ -35,9 +35,15 @@ def read(conn: sqlite3.Connection, cal_id: str) -> bytes:
     row = conn.execute("SELECT data FROM calibrations WHERE id = ?", (cal_id,)).fetchone()
     if row is None:
         raise NotFoundError(f"no codec calibration {cal_id[:12]}")
-    if digest(row[0]) != cal_id:
+    if not intact(conn, cal_id):
         raise StoreError(f"stored codec calibration {cal_id[:12]} is corrupt (SHA-256 mismatch)")
     return row[0]
+
+
+def intact(conn: sqlite3.Connection, cal_id: str) -> bool:
+    """Whether a calibration is stored and its bytes still hash to its id."""
+    row = conn.execute("SELECT data FROM calibrations WHERE id = ?", (cal_id,)).fetchone()
+    return row is not None and digest(row[0]) == cal_id
 
 
 def records(conn: sqlite3.Connection, model: str | None = None) -> list[CalibrationRecord]:
