@@ -356,6 +356,11 @@ class Store(LibraryStore):
         """(entry, chunk, level) of every chunk a complete entry lists but no longer holds."""
         return integrity.missing(self._db)
 
+    def calibration_states(self) -> list[dict]:
+        """[{"id", "model", "state": "ok" | "damaged" | "missing", "entries"}] of every codec
+        calibration stored or needed by an entry."""
+        return integrity.calibration_states(self._db)
+
     def unusable_calibrations(self) -> set[str]:
         """Ids of the codec calibrations entries need that are missing or damaged."""
         return integrity.unusable_calibrations(self._db)
