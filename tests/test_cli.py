@@ -97,8 +97,8 @@ def test_attach_ask_reopen_end_to_end(tmp_path):
         attached["doc_id"]]
     assert json.loads(kvdesk("chats", "--json").stdout)[0]["messages"] == 4
     verified = json.loads(kvdesk("verify", "--json").stdout)
-    assert set(verified) == {"entries", "chunks", "bytes", "corrupt"}
-    assert verified["entries"] >= 3 and verified["corrupt"] == []
+    assert set(verified) == {"entries", "chunks", "bytes", "corrupt", "missing", "calibrations"}
+    assert verified["entries"] >= 3 and verified["corrupt"] == verified["missing"] == []
     freed = json.loads(kvdesk("gc", "--budget-gb", "0", "--json").stdout)
     assert freed["freed_bytes"] == verified["bytes"]
     assert json.loads(kvdesk("rm", "doc", doc, "--json").stdout)["deleted"] == "doc"
