@@ -21,7 +21,8 @@ from collections.abc import Iterable
 
 from . import blobs, calibrations
 from .db import Connections
-from .kv import subtree
+from .kv import get_entry, prefix_tokens, subtree
+from .tokens import chunk_spans, prefix_hashes
 
 Chunk = tuple[int, int, str]  # (entry, chunk index, level)
 
@@ -70,14 +71,40 @@ def verify(db: Connections) -> dict:
 
 
 def missing(db: Connections, entry_ids: Iterable[int] | None = None) -> list[Chunk]:
-    """(entry, chunk, level) of every chunk a complete entry lists but no longer holds (of
-    `entry_ids` only, if given)."""
+    """(entry, chunk, level) of every chunk a complete entry lists but no longer holds, its
+    row or its span's row gone (of `entry_ids` only, if given)."""
+    ids = None if entry_ids is None else list(entry_ids)
+    if ids == []:
+        return []
+    where, args = ("", []) if ids is None else (f"AND e.id IN ({','.join('?' * len(ids))})", ids)
     with db.read() as rdb:
-        if entry_ids is None:
-            return rdb.execute(_MISSING.format(where="")).fetchall()
-        ids = list(entry_ids)
-        return rdb.execute(_MISSING.format(
-            where=f"AND e.id IN ({','.join('?' * len(ids))})"), ids).fetchall() if ids else []
+        found = set(rdb.execute(_MISSING.format(where=where), args).fetchall())
+        for entry_id, start, end, size, levels, present in rdb.execute(
+                "SELECT id, token_start, token_end, chunk_size, levels, (SELECT"
+                " json_group_array(chunk_index) FROM kv_spans WHERE entry_id = e.id AND NOT"
+                f" window_part) FROM kv_entries e WHERE complete {where}", args):
+            lost = set(range(len(chunk_spans(start, end, size)))) - set(json.loads(present))
+            found |= {(entry_id, i, level) for i in lost for level in json.loads(levels)}
+    return sorted(found)
+
+
+def restore_spans(db: Connections, entry_id: int) -> list[int]:
+    """Put back the span rows of an entry's own chunks that are gone (each chunk's tokens and
+    prefix hash follow from the entry's); returns their chunk indexes."""
+    with db.write() as wdb:
+        entry = get_entry(wdb.conn, entry_id)
+        present = {i for (i,) in wdb.conn.execute(
+            "SELECT chunk_index FROM kv_spans WHERE entry_id = ?", (entry_id,))}
+        spans = chunk_spans(entry.token_start, entry.token_end, entry.chunk_size)
+        lost = [i for i in range(len(spans)) if i not in present]
+        if lost:
+            hashes = prefix_hashes(entry.model, prefix_tokens(wdb.conn, entry_id),
+                                   [spans[i][1] for i in lost])
+            wdb.conn.executemany(
+                "INSERT INTO kv_spans (entry_id, chunk_index, token_start, token_end,"
+                " prefix_hash, window_part) VALUES (?, ?, ?, ?, ?, 0)",
+                [(entry_id, i, *spans[i], h) for i, h in zip(lost, hashes, strict=True)])
+    return lost
 
 
 def calibration_states(db: Connections) -> list[dict]:

@@ -216,12 +216,7 @@ class Store(LibraryStore):
     def tokens(self, entry_id: int) -> list[int]:
         """The whole token prefix an entry caches: its ancestors' tokens, then its own."""
         with self._db.read() as db:
-            match = kv.chain(db.conn, entry_id)
-            parts = [
-                db.execute("SELECT tokens FROM kv_entries WHERE id = ?", (entry.id,)).fetchone()[0]
-                for entry in match
-            ]
-        return decode(b"".join(parts))
+            return decode(kv.prefix_tokens(db.conn, entry_id))
 
     def chunk_sizes(self, entry_ids: Iterable[int]) -> dict[tuple[int, int, str], int]:
         """{(entry, chunk, level): bytes} for the entries' chunks, without reading any of them.
@@ -355,6 +350,11 @@ class Store(LibraryStore):
     def missing(self) -> list[tuple[int, int, str]]:
         """(entry, chunk, level) of every chunk a complete entry lists but no longer holds."""
         return integrity.missing(self._db)
+
+    def restore_spans(self, entry_id: int) -> list[int]:
+        """Put back the span rows of an entry's own chunks that are gone (their token ranges
+        follow from the entry's), so its chunks can be stored again; their indexes."""
+        return integrity.restore_spans(self._db, entry_id)
 
     def calibration_states(self) -> list[dict]:
         """[{"id", "model", "state": "ok" | "damaged" | "missing", "entries"}] of every codec

@@ -1,6 +1,7 @@
-"""`verify --repair` on the real default model: chunks whose rows were deleted are recomputed,
-an entry whose codec calibration was damaged is encoded again, another model's chunks that
-cannot be recomputed are dropped; afterwards nothing is reported and questions read the cache."""
+"""`verify --repair` on the real default model: chunks whose rows (or span rows) were deleted are
+recomputed, an entry whose codec calibration was damaged is encoded again, another model's
+chunks that cannot be recomputed are dropped; afterwards nothing is reported and questions read
+the cache."""
 
 from __future__ import annotations
 
@@ -42,8 +43,10 @@ def ask(eng: Engine, doc_id: int, level: str):
 
 
 def sql(eng: Engine, statement: str, *args) -> None:
-    """Change the database behind the store's back (as a careless tool would)."""
+    """Change the database behind the store's back (as a careless tool would, but with
+    foreign keys on: a span's chunks go with it)."""
     with sqlite3.connect(eng.store.path) as db:
+        db.execute("PRAGMA foreign_keys = ON")
         db.execute(statement, args)
 
 
@@ -64,17 +67,21 @@ def test_deleted_chunk_rows_are_reported_and_recomputed(engine, tmp_path):
                                    (other.id, 1, "compact")]:
         sql(engine, "DELETE FROM kv_chunks WHERE entry_id = ? AND chunk_index = ? AND"
             " level = ?", entry_id, chunk, level)
+    # The last chunk's span row, and with it (foreign keys on) its chunks at every level.
+    last = entry.n_chunks - 1
+    sql(engine, "DELETE FROM kv_spans WHERE entry_id = ? AND chunk_index = ?", entry.id, last)
 
     report = engine.store.verify()
+    lost = [(entry.id, 0, "compact"), (entry.id, 1, "balanced"), (entry.id, last, "balanced"),
+            (entry.id, last, "compact")]
     assert report["corrupt"] == [] and report["missing"] == [
-        {"entry": entry.id, "chunk": 0, "level": "compact"},
-        {"entry": entry.id, "chunk": 1, "level": "balanced"},
-        {"entry": other.id, "chunk": 1, "level": "compact"}]
-    assert engine.documents()[0].damaged_chunks == 2
+        {"entry": e, "chunk": c, "level": lvl} for e, c, lvl in [*sorted(set(lost)),
+                                                                (other.id, 1, "compact")]]
+    assert engine.documents()[0].damaged_chunks == len(set(lost))
 
     fixed = engine.repair()
-    assert fixed["repaired"] == [{"entry": entry.id, "chunk": 0, "level": "compact"},
-                                 {"entry": entry.id, "chunk": 1, "level": "balanced"}]
+    assert fixed["repaired"] == [{"entry": e, "chunk": c, "level": lvl}
+                                 for e, c, lvl in sorted(set(lost))]
     assert fixed["dropped"] == [{"entry": other.id, "level": "compact"}]
     assert fixed["deleted_entries"] == [] and engine.store.entry(other.id).levels == (
         "balanced",)

@@ -164,6 +164,32 @@ def test_a_deleted_chunk_row_is_missing_damaged_and_can_be_put_back(tmp_path):
             store.repair_chunk(entry.id, 2, "high", b"x")
 
 
+@pytest.mark.parametrize("foreign_keys", [False, True], ids=["rows-left", "rows-cascaded"])
+def test_a_deleted_span_row_never_lets_the_next_chunk_stand_in_its_place(tmp_path,
+                                                                        foreign_keys):
+    with open_store(tmp_path) as store:
+        entry = put_entry(store, range(600))
+        conn = sqlite3.connect(store.path)
+        conn.execute(f"PRAGMA foreign_keys = {int(foreign_keys)}")
+        with conn:
+            conn.execute("DELETE FROM kv_spans WHERE entry_id = ? AND chunk_index = 1",
+                         (entry.id,))
+        conn.close()
+        # The match stops where the chunks stop following on: chunk 2 is not read as chunk 1.
+        match = store.longest_prefix(FP, range(700))
+        assert match.n_tokens == 256 and [s.chunk_index for s in match.spans] == [0]
+        assert store.missing() == [(entry.id, 1, "compact"), (entry.id, 1, "lossless")]
+        assert store.damaged([entry.id]) == {entry.id: 2}
+        assert store.restore_spans(entry.id) == [1] and store.restore_spans(entry.id) == []
+        if foreign_keys:  # its chunks went with it: they are missing until stored again
+            assert store.missing() == [(entry.id, 1, "compact"), (entry.id, 1, "lossless")]
+            for level in ("compact", "lossless"):
+                store.repair_chunk(entry.id, 1, level, payload(256, 512, level))
+        assert store.missing() == [] and store.verify()["corrupt"] == []
+        assert store.read_chunk(entry.id, 1, "compact") == payload(256, 512, "compact")
+        assert store.longest_prefix(FP, range(700)).n_tokens == 600
+
+
 def test_a_missing_or_damaged_calibration_is_reported_and_counted(tmp_path):
     with open_store(tmp_path) as store:
         cal = store.put_calibration(FP, b"calibration bytes")

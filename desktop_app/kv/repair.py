@@ -1,16 +1,17 @@
 """Repairing what `verify` found: damaged or missing chunks recomputed under the model, entries
 whose codec calibration is unusable encoded again, and what cannot be recomputed dropped.
 
-A chunk quarantined after a failed check, or whose row is gone, is recomputed when its entry
-belongs to the loaded model: the entry's tokens are prefilled once (in the attach context) up to
-its last such chunk (to its end, for a part of its window: the window is the state there), and
-each chunk is encoded again at its level (with the codec calibration its entry names) and
-stored in place. An entry of the loaded model whose calibration is missing or damaged is
-encoded again whole, with the calibration the model's new caches use (the model-independent
-levels if it has none left), and then names that one; a damaged calibration no entry needs any
-more is removed. Another model's chunks cannot be recomputed here: their level is dropped from
-the entry (every level, for an unusable calibration), and an entry left with none is deleted
-with what extends it (`Store.drop_level`); the next question under that model recomputes it.
+A chunk quarantined after a failed check, or whose row (or span row) is gone, is recomputed when
+its entry belongs to the loaded model (a span row is put back first): the entry's tokens are
+prefilled once (in the attach context) up to its last such chunk (to its end, for a part of its
+window: the window is the state there), and each chunk is encoded again at its level (with the
+codec calibration its entry names) and stored in place. An entry of the loaded model whose
+calibration is missing or damaged is encoded again whole, with the calibration the model's new
+caches use (the model-independent levels if it has none left), and then names that one; a
+damaged calibration no entry needs any more is removed. Another model's chunks cannot be
+recomputed here: their level is dropped from the entry (every level, for an unusable
+calibration), and an entry left with none is deleted with what extends it (`Store.drop_level`);
+the next question under that model recomputes it.
 
 It never touches chunks that passed their check, and never decodes with a calibration other than
 the one a chunk names.
@@ -74,6 +75,7 @@ def repair(store: Store, contexts: Contexts, calibrations: Calibrations, *,
                 report["dropped"].append({"entry": entry_id, "level": level})
                 report["deleted_entries"] += store.drop_level(entry_id, level)
         elif whole:
+            store.restore_spans(entry_id)  # a span row gone: put back before its chunks
             cal = calibrations.current(rt.fingerprint)
             cal = None if cal is None or cal.id in unusable else cal
             n_chunks = len(store.spans(entry_id)) + len(store.windows([entry_id]).get(entry_id, ()))
@@ -82,6 +84,7 @@ def repair(store: Store, contexts: Contexts, calibrations: Calibrations, *,
             store.set_entry_calibration(entry_id, cal and cal.id)
             report["reencoded"].append({"entry": entry_id, "calibration": cal and cal.id})
         else:
+            store.restore_spans(entry_id)
             _encode(store, rt, entry, chunks, cal, cancel)
             report["repaired"] += [{"entry": entry_id, "chunk": c, "level": lvl}
                                    for c, lvl in sorted(chunks)]
