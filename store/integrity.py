@@ -41,8 +41,8 @@ def verify(db: Connections) -> dict:
 
     Returns {"entries", "chunks", "bytes", "corrupt": [{"entry", "chunk", "level", "new"}],
     "missing": [{"entry", "chunk", "level"}], "calibrations": [...]}: every quarantined
-    chunk (`new` for those this scan found), every chunk whose row is gone, and the state of
-    every codec calibration stored or named (`calibration_states`).
+    chunk (`new` for those this scan found), every chunk whose row (or span row) is gone, and
+    the state of every codec calibration stored or named (`calibration_states`).
     """
     with db.read() as rdb:
         rows = blobs.chunk_rows(rdb.conn)
