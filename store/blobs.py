@@ -40,6 +40,8 @@ from .errors import CorruptChunkError, NotFoundError
 
 # Version 1 of the seal; a new one would need a migration sealing every row again.
 _SEAL_TAG = b"kvdesk chunk seal 1\0"
+# What a chunk's check needs, as `_sound` takes it: the row's size and seal, and its place.
+_CHECKED = "c.nbytes, c.sha256, e.prefix_hash, c.chunk_index, c.level"
 
 
 def digest(data: bytes | memoryview) -> bytes:
@@ -117,10 +119,6 @@ def check(conn: sqlite3.Connection, rowid: int) -> bool | None:
 def quarantine(conn: sqlite3.Connection, entry_id: int, chunk_index: int, level: str) -> None:
     conn.execute("UPDATE kv_chunks SET quarantined = 1 WHERE entry_id = ? AND chunk_index = ?"
                  " AND level = ?", (entry_id, chunk_index, level))
-
-
-# What a chunk's check needs, as `_sound` takes it: the row's size and seal, and its place.
-_CHECKED = "c.nbytes, c.sha256, e.prefix_hash, c.chunk_index, c.level"
 
 
 def _sound(data: bytes, nbytes: int, seal: bytes | None, prefix_hash: bytes, chunk_index: int,
