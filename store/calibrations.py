@@ -35,7 +35,7 @@ def read(conn: sqlite3.Connection, cal_id: str) -> bytes:
     row = conn.execute("SELECT data FROM calibrations WHERE id = ?", (cal_id,)).fetchone()
     if row is None:
         raise NotFoundError(f"no codec calibration {cal_id[:12]}")
-    if not intact(conn, cal_id):
+    if digest(row[0]) != cal_id:
         raise StoreError(f"stored codec calibration {cal_id[:12]} is corrupt (SHA-256 mismatch)")
     return row[0]
 
