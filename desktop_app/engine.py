@@ -258,7 +258,7 @@ class Engine:
         `kvdesk verify --repair` (kv.repair)."""
         with self.attacher.lock:
             return repair.repair(self.store, self.contexts, self.calibrations,
-                                 progress=progress, cancel=cancel)
+                                 sharing=self.sharing, progress=progress, cancel=cancel)
 
     # -- for benchmarks and tests: what a chat about these documents starts with --------------
 

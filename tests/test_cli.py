@@ -204,3 +204,18 @@ def test_verify_repair_drops_what_another_models_entry_cannot_have_back(tmp_path
     assert fixed["deleted_entries"] == [entry] and fixed["removed_calibrations"] == [cal]
     text = kvdesk("verify").stdout
     assert text.startswith("0 entries, 0 chunks, 0.0 MB, 0 codec calibrations: all intact")
+
+
+def test_verify_repair_removes_a_damaged_calibration_nothing_needs(tmp_path):
+    import sqlite3
+
+    from store import Store
+
+    with Store(tmp_path / "data") as store:
+        cal = store.put_calibration("another-model", b"a calibration")
+    with sqlite3.connect(tmp_path / "data" / "kvdesk.sqlite") as db:
+        db.execute("UPDATE calibrations SET data = x'00'")
+    assert kvdesk("verify", check=False).returncode == 1
+    fixed = json.loads(kvdesk("verify", "--repair", "--json").stdout)["repair"]
+    assert fixed["removed_calibrations"] == [cal] and fixed["reencoded"] == []
+    assert json.loads(kvdesk("verify", "--json").stdout)["calibrations"] == []

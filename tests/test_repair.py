@@ -27,11 +27,15 @@ OTHER = """The orchard behind the mill has forty apple trees and six pear trees.
 planted in 1952 by the miller's daughter, who kept bees among them until 1990."""
 
 
+def make_engine(data_dir, model_path, model_hash, **options) -> Engine:
+    return Engine(Store(data_dir), lambda: Runtime(model_path, model_hash=model_hash,
+                                                   n_ctx=1024),
+                  chunk_tokens=64, levels=("balanced", "compact"), **options)
+
+
 @pytest.fixture
 def engine(tmp_path, model_path, model_hash):
-    eng = Engine(Store(tmp_path / "data"), lambda: Runtime(
-        model_path, model_hash=model_hash, n_ctx=1024), chunk_tokens=64,
-        levels=("balanced", "compact"))
+    eng = make_engine(tmp_path / "data", model_path, model_hash)
     yield eng
     eng.close()
     eng.store.close()
@@ -94,9 +98,10 @@ def test_deleted_chunk_rows_are_reported_and_recomputed(engine, tmp_path):
         assert res.recomputed_tokens == 0 and set(res.chunk_levels) == {level}
 
 
-def test_an_entry_whose_calibration_was_damaged_is_encoded_again(engine, tmp_path):
-    # A calibration of this model with one level, fitted on a document's own KV (a real
-    # calibration takes minutes); the engine then encodes new caches with it.
+def calibrate_quickly(engine: Engine, tmp_path):
+    """A calibration of the engine's model with one level, fitted on a document's own KV (a
+    real calibration takes minutes), adopted: new caches are encoded with it. (The id of the
+    document attached for it, the calibration.)"""
     (tmp_path / "other.txt").write_text(OTHER)
     first = engine.attach(tmp_path / "other.txt", levels=["balanced"]).doc_id
     rt = engine.runtime
@@ -107,6 +112,11 @@ def test_an_entry_whose_calibration_was_damaged_is_encoded_again(engine, tmp_pat
     cal = fitted(kv.keys, kv.values, levels()["balanced"], "balanced", 64,
                  {"fingerprint": engine.fingerprint})
     engine.calibrations.adopt(cal)
+    return first, cal
+
+
+def test_an_entry_whose_calibration_was_damaged_is_encoded_again(engine, tmp_path):
+    first, cal = calibrate_quickly(engine, tmp_path)
     (tmp_path / "doc.txt").write_text(DOC)
     doc_id = engine.attach(tmp_path / "doc.txt", levels=["balanced"]).doc_id
     entry = engine.store.document_entry(doc_id, engine.fingerprint)
@@ -133,3 +143,30 @@ def test_an_entry_whose_calibration_was_damaged_is_encoded_again(engine, tmp_pat
     engine.runtime.reset()
     res = ask(engine, doc_id, "balanced")
     assert res.recomputed_tokens == 0 and set(res.chunk_levels) == {"balanced"}
+
+
+def test_a_calibration_the_shared_cache_holds_is_fetched_again(tmp_path, model_path,
+                                                               model_hash, remote_tier):
+    eng = make_engine(tmp_path / "data", model_path, model_hash, remote=remote_tier,
+                      auto_push=True)
+    try:
+        _, cal = calibrate_quickly(eng, tmp_path)
+        (tmp_path / "doc.txt").write_text(DOC)
+        res = eng.attach(tmp_path / "doc.txt", levels=["balanced"])
+        assert res.pushed  # with the calibration its chunks need
+        entry = eng.store.document_entry(res.doc_id, eng.fingerprint)
+        stored = {c: eng.store.read_chunk(entry.id, c, "balanced") for c in
+                  range(entry.n_chunks)}
+        sql(eng, "DELETE FROM calibrations WHERE id = ?", cal.id)
+        assert eng.store.unusable_calibrations() == {cal.id}
+        fixed = eng.repair()
+        assert fixed["recovered_calibrations"] == [cal.id] and fixed["reencoded"] == []
+        assert eng.store.verify()["calibrations"][0]["state"] == "ok"
+        # The very bytes that were there: nothing was encoded again.
+        assert {c: eng.store.read_chunk(entry.id, c, "balanced") for c in stored} == stored
+        eng.runtime.reset()
+        again = ask(eng, res.doc_id, "balanced")
+        assert again.recomputed_tokens == 0 and set(again.chunk_levels) == {"balanced"}
+    finally:
+        eng.close()
+        eng.store.close()

@@ -79,11 +79,12 @@ def verify(app: App, repair: bool, as_json: bool):
               for c in unusable]
     if "repair" in report:
         fixed = report["repair"]
-        lines += [f"repaired {len(fixed['repaired'])} chunks, encoded "
-                  f"{len(fixed['reencoded'])} entries again; dropped {len(fixed['dropped'])} "
-                  f"levels of other models' entries ({len(fixed['deleted_entries'])} entries "
-                  f"deleted); removed {len(fixed['removed_calibrations'])} damaged "
-                  "calibrations"]
+        lines += fixed["messages"] + [
+            f"repaired {len(fixed['repaired'])} chunks, encoded {len(fixed['reencoded'])} "
+            f"entries again, fetched {len(fixed['recovered_calibrations'])} calibrations again "
+            f"from the shared cache; dropped {len(fixed['dropped'])} levels of other models' "
+            f"entries ({len(fixed['deleted_entries'])} entries deleted); removed "
+            f"{len(fixed['removed_calibrations'])} damaged calibrations"]
         if any(r["calibration"] is None for r in fixed["reencoded"]):
             lines += ["this model has no usable codec calibration left: its caches use the "
                       "model-independent levels until `kvdesk calibrate`"]

@@ -7,11 +7,12 @@ prefilled once (in the attach context) up to its last such chunk (to its end, fo
 window: the window is the state there), and each chunk is encoded again at its level (with the
 codec calibration its entry names) and stored in place. An entry of the loaded model whose
 calibration is missing or damaged is encoded again whole, with the calibration the model's new
-caches use (the model-independent levels if it has none left), and then names that one; a
-damaged calibration no entry needs any more is removed. Another model's chunks cannot be
-recomputed here: their level is dropped from the entry (every level, for an unusable
-calibration), and an entry left with none is deleted with what extends it (`Store.drop_level`);
-the next question under that model recomputes it.
+caches use (the model-independent levels if it has none left), and then names that one, unless
+the shared cache holds the calibration (pushed with an entry that needs it): then it is fetched
+again and nothing is encoded. A damaged calibration no entry needs any more is removed.
+Another model's chunks cannot be recomputed here: their level is dropped from the entry (every
+level, for an unusable calibration), and an entry left with none is deleted with what extends
+it (`Store.drop_level`); the next question under that model recomputes it.
 
 It never touches chunks that passed their check, and never decodes with a calibration other than
 the one a chunk names.
@@ -32,32 +33,55 @@ from ..model.kvstate import in_position_order
 from ..model.runtime import Runtime
 from ..results import Progress
 from .contexts import ATTACH, Contexts
+from .sharing import Sharing
 
 
 def repair(store: Store, contexts: Contexts, calibrations: Calibrations, *,
-           progress: Callable[[Progress], None] | None = None,
+           sharing: Sharing | None = None, progress: Callable[[Progress], None] | None = None,
            cancel: threading.Event | None = None) -> dict:
     """Recompute, re-encode or drop everything `verify` reports.
 
     Returns {"repaired": [{"entry", "chunk", "level"}], "reencoded": [{"entry",
     "calibration"}], "dropped": [{"entry", "level"}], "deleted_entries": [ids],
-    "removed_calibrations": [ids]}.
+    "recovered_calibrations": [ids], "removed_calibrations": [ids], "messages": [...]}.
     """
+    report: dict = {"repaired": [], "reencoded": [], "dropped": [], "deleted_entries": [],
+                    "recovered_calibrations": [], "removed_calibrations": [], "messages": []}
     bad: dict[int, set[tuple[int, str]]] = defaultdict(set)
     for entry_id, chunk_index, level in store.quarantined() + store.missing():
         bad[entry_id].add((chunk_index, level))
     unusable = store.unusable_calibrations()
-    for entry in store.entries():
-        if entry.calibration in unusable:
-            bad.setdefault(entry.id, set())
-    report: dict = {"repaired": [], "reencoded": [], "dropped": [], "deleted_entries": [],
-                    "removed_calibrations": []}
-    if not bad:
-        return report
-    if store.read_only:  # said before a model is loaded for nothing
+    damaged = [c["id"] for c in store.calibration_states() if c["state"] == "damaged"]
+    if (bad or unusable or damaged) and store.read_only:  # before loading a model for nothing
         raise ReadOnlyError(f"the data directory {store.data_dir} is read-only: `verify` "
                             "lists what needs repairing, but nothing can be repaired there")
-    rt = contexts.get(ATTACH)
+    needing = {e.id: e for e in store.entries() if e.calibration in unusable}
+    # The same bytes from the shared cache, where a push left them, spare encoding again.
+    for cal_id in sorted(unusable):
+        model = next(e.model for e in needing.values() if e.calibration == cal_id)
+        recovered, notes = (False, []) if sharing is None else \
+            sharing.recover_calibration(model, cal_id)
+        report["messages"] += notes
+        if recovered:
+            report["recovered_calibrations"].append(cal_id)
+            unusable.discard(cal_id)
+    for entry in needing.values():
+        if entry.calibration in unusable:
+            bad.setdefault(entry.id, set())
+    if bad:
+        _fix(store, contexts.get(ATTACH), calibrations, bad, unusable, report, progress, cancel)
+    for state in store.calibration_states():  # what no entry needs now, whatever it was
+        if state["id"] in damaged and state["state"] == "damaged" and not state["entries"]:
+            store.delete_calibration(state["id"])
+            report["removed_calibrations"].append(state["id"])
+    return report
+
+
+def _fix(store: Store, rt: Runtime, calibrations: Calibrations,
+         bad: dict[int, set[tuple[int, str]]], unusable: set[str], report: dict,
+         progress: Callable[[Progress], None] | None, cancel: threading.Event | None) -> None:
+    """Recompute the `bad` chunks of each entry (all of them, for an unusable calibration) or
+    drop them, into `report`."""
     resolve = calibrations.resolver(rt.fingerprint)
     done, total = 0, sum(len(chunks) or 1 for chunks in bad.values())
     for entry_id, chunks in sorted(bad.items()):
@@ -91,11 +115,6 @@ def repair(store: Store, contexts: Contexts, calibrations: Calibrations, *,
         done += len(chunks) or 1
         if progress is not None:
             progress(Progress("repair", done, total))
-    for state in store.calibration_states():
-        if state["state"] == "damaged" and not state["entries"]:
-            store.delete_calibration(state["id"])
-            report["removed_calibrations"].append(state["id"])
-    return report
 
 
 def _encode(store: Store, rt: Runtime, entry: Entry, chunks: set[tuple[int, str]],
