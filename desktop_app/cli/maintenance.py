@@ -50,8 +50,9 @@ def models(app: App, as_json: bool):
 
 @cli.command()
 @click.option("--repair", is_flag=True, help="Recompute damaged and missing chunks under this "
-              "model, encode again the caches whose codec calibration is unusable (or drop "
-              "those of other models).")
+              "model; fetch again from the shared cache (or else encode again the caches "
+              "that need) a codec calibration that is unusable; drop what other models' "
+              "caches cannot have back.")
 @json_option
 @click.pass_obj
 def verify(app: App, repair: bool, as_json: bool):
