@@ -254,10 +254,11 @@ class Engine:
     def repair(self, *, progress: ProgressFn | None = None,
                cancel: threading.Event | None = None) -> dict:
         """Recompute (or drop, for another model's) every chunk quarantined after a failed
-        check: `kvdesk verify --repair`."""
+        check or missing, and encode again the entries whose calibration is unusable:
+        `kvdesk verify --repair` (kv.repair)."""
         with self.attacher.lock:
             return repair.repair(self.store, self.contexts, self.calibrations,
-                                 progress=progress, cancel=cancel)
+                                 sharing=self.sharing, progress=progress, cancel=cancel)
 
     # -- for benchmarks and tests: what a chat about these documents starts with --------------
 
