@@ -29,10 +29,10 @@ SYSTEM = "You answer questions about the ferry timetable below.\n\n" + DOC
 class Running:
     """A server on a free port over its own App, in a thread of this process."""
 
-    def __init__(self, data_dir, api_key=None):
+    def __init__(self, data_dir, api_key=None, ollama_port=None, **settings):
         self.app = App(Settings(data_dir=str(data_dir), n_ctx=1024, prompt_cache_min_tokens=64,
-                                keep_lossless=True))
-        self.server = Server(self.app, port=0, api_key=api_key)
+                                keep_lossless=True, **settings))
+        self.server = Server(self.app, port=0, api_key=api_key, ollama_port=ollama_port)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         assert self.server.started.wait(120)

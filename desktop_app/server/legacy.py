@@ -21,7 +21,7 @@ import time
 import uuid
 from pathlib import Path
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import FastAPI, Request
 from sse_starlette.sse import EventSourceResponse
 
 from ..app import App
@@ -59,7 +59,6 @@ class TextRequest(s.Sampled):
 
 
 def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
-    router = APIRouter()
     served = Served(app)
 
     def model_object(name: str) -> dict:
@@ -71,12 +70,12 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
             raise ApiError(404, served.refusal(name, ollama=False), code="model_not_found",
                            param="model")
 
-    @router.get("/v1/models/{model_id:path}")
+    @api.get("/v1/models/{model_id:path}")
     async def model(model_id: str):
         check_model(model_id)
         return model_object(model_id)
 
-    @router.post("/v1/completions")
+    @api.post("/v1/completions")
     async def completions(body: TextRequest, request: Request):
         check_model(body.model)
         prompt = body.text()
@@ -113,10 +112,9 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
 
         return EventSourceResponse(events(), ping=PING_S)
 
-    @router.post("/v1/responses")
+    @api.post("/v1/responses")
     async def responses():
         raise ApiError(501, "POST /v1/responses (OpenAI's Responses API) is not served by "
                        "kvdesk yet: use /v1/chat/completions, which keeps the conversation's "
                        "prompt cache across requests and restarts", code="not_implemented")
 
-    api.include_router(router)

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import FastAPI, Request
 
 from .. import __version__
 from ..app import App
@@ -45,7 +45,6 @@ NEVER = "9999-12-31T23:59:59Z"
 
 
 def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
-    router = APIRouter(prefix="/api")
     served = Served(app)
 
     def check_model(name: str) -> None:
@@ -68,21 +67,21 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
                 "parameter_size": _parameters(facts.parameters if facts else None),
                 "quantization_level": (facts.quantization if facts else None) or ""}
 
-    @router.get("/version")
+    @api.get("/api/version")
     async def version():
         return {"version": OLLAMA_API_VERSION, "kvdesk": __version__}
 
-    @router.get("/tags")
+    @api.get("/api/tags")
     async def tags():
         return {"models": [await asyncio.to_thread(listed)]}
 
-    @router.get("/ps")
+    @api.get("/api/ps")
     async def ps():
         running = await asyncio.to_thread(listed)
         return {"models": [{**running, "expires_at": NEVER, "size_vram": 0,
                             "context_length": app.engine.runtime.n_ctx}]}
 
-    @router.post("/show")
+    @api.post("/api/show")
     async def show(body: sh.ShowRequest):
         check_model(body.asked)
         return await asyncio.to_thread(shown)
@@ -103,7 +102,7 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
                                                  else [])],
                 "modified_at": sh.timestamp(Path(app.model_path).stat().st_mtime)}
 
-    @router.post("/chat")
+    @api.post("/api/chat")
     async def chat(body: sh.ChatRequest, request: Request):
         check_model(body.model)
         messages = body.conversation()
@@ -113,7 +112,7 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
         return await answer(request, body, lambda **kw: app.engine.complete(
             messages, generation=generation, stop=stop, **kw), sh.chat_piece)
 
-    @router.post("/generate")
+    @api.post("/api/generate")
     async def generate(body: sh.GenerateRequest, request: Request):
         check_model(body.model)
         body.check_supported()
@@ -141,13 +140,12 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
             done=lambda d: [{**piece(model, "", done=True), **sh.final(d, started)}],
             error=lambda e: sh.error(_error_of(e)[1]["error"]["message"])))
 
-    @router.post("/embed")
-    @router.post("/embeddings")
+    @api.post("/api/embed")
+    @api.post("/api/embeddings")
     async def embed():
         raise ApiError(501, "embeddings are not available yet: kvdesk has no embedding model "
                        "(POST /api/embed, /api/embeddings)", code="not_implemented")
 
-    api.include_router(router)
 
 
 def _parameters(n: int | None) -> str:
