@@ -243,8 +243,8 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping) -> F
 
         return await _respond(request, stopping, work, body.stream)
 
-    # The rest of OpenAI's surface, Ollama's API, and the edges (CORS, unknown routes: last,
-    # as its catch-all takes what no route above takes); they raise this module's errors.
+    # The rest of OpenAI's surface, Ollama's API, and the edges (CORS, unknown routes, Ollama's
+    # error JSON); imported here, as they use this module's errors.
     from . import edges, legacy, ollama
 
     legacy.install(api, app, stopping)

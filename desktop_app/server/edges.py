@@ -12,8 +12,6 @@ error dialect of Ollama's routes.
 - **Ollama's errors.** Under /api/ the server's errors (OpenAI's `{"error": {"message"...}}`,
   wherever they were raised: the API key, the body limit, validation) become Ollama's
   `{"error": "message"}`, which Ollama's clients read.
-
-`install` must come after every route, as its catch-all matches whatever the others do not.
 """
 
 from __future__ import annotations
@@ -21,14 +19,14 @@ from __future__ import annotations
 import json
 
 from fastapi import FastAPI, Request
-from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 
 from ..errors import EngineError
-from .api import ApiError
+from . import schemas as s
+from .api import _json
 
 OLLAMA_PREFIX = "/api/"
-METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 
 def install(api: FastAPI, *, origins: tuple[str, ...], api_key: str | None) -> None:
@@ -37,17 +35,20 @@ def install(api: FastAPI, *, origins: tuple[str, ...], api_key: str | None) -> N
                           "the API key; list the origins that may (such as "
                           "http://localhost:3000)")
 
-    @api.api_route("/{path:path}", methods=METHODS, include_in_schema=False)
-    async def unknown(path: str, request: Request):
+    async def unknown(request: Request, e: HTTPException):
         route = f"{request.method} {request.url.path}"
-        allowed = sorted({m for r in api.routes if isinstance(r, APIRoute) and r.endpoint is not
-                          unknown and r.path_regex.match(request.url.path) for m in r.methods})
-        if allowed:
-            raise ApiError(405, f"{route}: this route takes {', '.join(allowed)}",
-                           code="method_not_allowed")
-        raise ApiError(404, f"{route}: not served by kvdesk (OpenAI's routes are under /v1, "
-                       "Ollama's under /api; README lists them)", code="unknown_route")
+        if e.status_code == 405:  # the router says which methods the path takes
+            return _json(405, s.error(f"{route}: this route takes "
+                                      f"{(e.headers or {}).get('Allow', '')}",
+                                      code="method_not_allowed"))
+        return _json(404, s.error(f"{route}: not served by kvdesk (OpenAI's routes are under "
+                                  "/v1, Ollama's under /api; README lists them)",
+                                  code="unknown_route"))
 
+    # By status, so they take precedence over the API's handler of HTTP errors in general,
+    # whenever a route is added: no route raises these, only the router when none matches.
+    api.add_exception_handler(404, unknown)
+    api.add_exception_handler(405, unknown)
     api.add_middleware(OllamaErrors)
     if origins:  # added last: outermost, so preflights are answered before the key is checked
         api.add_middleware(CORSMiddleware, allow_origins=list(origins),
