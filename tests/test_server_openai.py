@@ -1,6 +1,7 @@
 """The rest of OpenAI's surface, with the official `openai` client and plain HTTP on the real
 default model: `models.retrieve`, text completions streamed and not through the persistent
-prompt cache, fill-in-the-middle refused where the model cannot, the Responses API's 501,
+prompt cache, fill-in-the-middle refused where the model cannot, the Responses API's text
+subset (a conversation continued by id, after a restart too, streamed as its typed events),
 error JSON naming unknown routes and unsupported fields, images refused in words."""
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def test_unsupported_fields_are_refused_by_name(served):
         assert e.value.body["param"] == "messages.0.content.1"
 
 
-def test_unknown_routes_and_the_responses_api_get_openais_error_json(served):
+def test_unknown_routes_get_openais_error_json(served):
     for method, path, status, words in (
             ("POST", "/v1/audio/speech", 404, "POST /v1/audio/speech: not served"),
             ("GET", "/v1/chat/completions", 405, "takes POST"),
@@ -116,7 +117,67 @@ def test_unknown_routes_and_the_responses_api_get_openais_error_json(served):
         error = r.json()["error"]
         assert r.status_code == status and words in error["message"], r.text
         assert error["type"] and error["code"]
-    with pytest.raises(openai.APIStatusError) as e:
-        served.client.responses.create(model="default", input="Hello")
-    assert e.value.status_code == 501 and e.value.body["code"] == "not_implemented"
-    assert "/v1/chat/completions" in e.value.message
+
+
+INSTRUCTIONS = "You answer about the ferry timetable below.\n\n" + DOC
+
+
+def test_responses_continue_a_conversation_through_the_prompt_cache_across_a_restart(tmp_path):
+    first = Running(tmp_path)
+    try:
+        one = first.client.responses.create(model="default", instructions=INSTRUCTIONS,
+                                            input="When is the Sunday ferry?",
+                                            max_output_tokens=8, temperature=0)
+        assert one.output_text and one.status in ("completed", "incomplete")
+        assert one.model_extra["kvdesk"]["stored"] is True
+    finally:
+        first.stop()
+    again = Running(tmp_path)  # the conversation is kept by id, its KV by the store
+    try:
+        two = again.client.responses.create(model="default", instructions=INSTRUCTIONS,
+                                            input=[{"role": "user", "content": [
+                                                {"type": "input_text",
+                                                 "text": "And on Saturdays?"}]}],
+                                            previous_response_id=one.id,
+                                            max_output_tokens=8, temperature=0)
+        assert two.previous_response_id == one.id and two.output_text
+        assert two.usage.input_tokens_details.cached_tokens > one.usage.input_tokens
+        assert again.client.responses.retrieve(one.id).output_text == one.output_text
+        again.client.responses.delete(one.id)
+        with pytest.raises(openai.NotFoundError, match="no stored response"):
+            again.client.responses.retrieve(one.id)
+    finally:
+        again.stop()
+
+
+def test_a_streamed_response_is_the_responses_apis_events(served):
+    events = list(served.client.responses.create(model="default", input="Say hi.",
+                                                 max_output_tokens=8, temperature=0,
+                                                 stream=True, store=False))
+    kinds = [e.type for e in events]
+    assert kinds[:3] == ["response.created", "response.output_item.added",
+                         "response.content_part.added"]
+    assert kinds[-4:-1] == ["response.output_text.done", "response.content_part.done",
+                            "response.output_item.done"]
+    assert kinds[-1] in ("response.completed", "response.incomplete")
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text and text == events[-1].response.output_text == events[-4].text
+    with pytest.raises(openai.NotFoundError):  # store: false keeps nothing
+        served.client.responses.retrieve(events[-1].response.id)
+
+
+def test_what_responses_refuse(served):
+    cases = [({"input": [{"role": "user", "content": [
+                {"type": "input_image", "image_url": "data:image/png;base64,AA=="}]}]},
+              400, "images are not supported by this model"),
+             ({"input": "x", "previous_response_id": "resp_gone"}, 404, "no stored response"),
+             ({"input": "x", "tools": [{"type": "function", "name": "f"}]}, 400, "tools"),
+             ({"input": [{"type": "function_call_output", "call_id": "c", "output": "1"}]},
+              400, "'function_call_output' items are not supported"),
+             ({"input": "x", "reasoning": {"effort": "high"}}, 400, "reasoning"),
+             ({"input": "x", "max_output_tokens": 0}, 400, "max_output_tokens")]
+    for fields, status, words in cases:
+        with pytest.raises(openai.APIStatusError, match=words) as e:
+            served.client.responses.create(model="default", **fields)
+        assert e.value.status_code == status

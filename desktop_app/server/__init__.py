@@ -4,6 +4,7 @@
     schemas     what requests may carry and the OpenAI shapes answered
     bridge      blocking engine calls driven from the event loop, cancelled when a client leaves
     legacy      OpenAI's text completions (with fill-in-the-middle), one model's object
+    responses   OpenAI's Responses API, its text subset, conversations kept by id
     ollama      Ollama's API (`ollama_shapes`: its requests, options and answers)
     edges       CORS for the origins allowed, unknown routes, Ollama's error JSON
     streams     an answer's reports as a stream's objects; served: the model's names

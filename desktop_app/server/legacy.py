@@ -1,11 +1,10 @@
-"""The rest of OpenAI's surface that local tools call: one model's object, the text completions
-editors use for completion and fill-in-the-middle, and the Responses API's answer.
+"""OpenAI's older surface that local tools still call: one model's object, and the text
+completions editors use for completion and fill-in-the-middle.
 
     GET  /v1/models/{id}        the served model (`client.models.retrieve`)
     POST /v1/completions        a prompt continued as it is (no chat template); with `suffix`,
                                 filled in between where the model has fill-in-the-middle
                                 tokens; streamed or not, through the persistent prompt cache
-    POST /v1/responses          501 in OpenAI's error JSON: not served yet
 
 A text completion goes through the same prompt cache as a chat completion: the longest stored
 prefix of its tokens comes back, only the rest is computed, and prompt and answer are kept as
@@ -111,10 +110,4 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
             yield {"data": "[DONE]"}
 
         return EventSourceResponse(events(), ping=PING_S)
-
-    @api.post("/v1/responses")
-    async def responses():
-        raise ApiError(501, "POST /v1/responses (OpenAI's Responses API) is not served by "
-                       "kvdesk yet: use /v1/chat/completions, which keeps the conversation's "
-                       "prompt cache across requests and restarts", code="not_implemented")
 
