@@ -96,6 +96,16 @@ def test_unsupported_fields_are_refused_by_name(served):
         r = httpx.post(f"{served.url}/v1/completions", json={"model": "default", **fields},
                        trust_env=False)
         assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
+    hi = [{"role": "user", "content": "hi"}]
+    for fields, words in (({"logit_bias": {"42": -100}}, "logit_bias"),
+                          ({"modalities": ["text", "audio"]}, "modalities"),
+                          ({"web_search_options": {}}, None), ({"modalities": ["text"]}, None)):
+        r = httpx.post(f"{served.url}/v1/chat/completions", trust_env=False, json={
+            "model": "default", "messages": hi, "max_tokens": 1, **fields})
+        if words is None:  # empty or text-only: nothing that changes the answer
+            assert r.status_code == 200, r.text
+        else:
+            assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
     parts = [({"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}},
               "images are not supported by this model"),
              ({"type": "input_audio", "input_audio": {"data": "AA==", "format": "wav"}},

@@ -86,7 +86,8 @@ class StreamOptions(pydantic.BaseModel):
 
 UNSUPPORTED = {"tools": "tool calls", "functions": "function calls",
                "tool_choice": "tool calls", "function_call": "function calls",
-               "audio": "audio", "prediction": "predicted outputs"}
+               "audio": "audio", "prediction": "predicted outputs",
+               "logit_bias": "logit biases", "web_search_options": "web searches"}
 
 
 class Sampled(pydantic.BaseModel):
@@ -123,6 +124,8 @@ class Sampled(pydantic.BaseModel):
             raise EngineError("n: kvdesk answers with one choice")
         if self.logprobs:
             raise EngineError("logprobs: not supported")
+        if any(m != "text" for m in (self.model_extra or {}).get("modalities") or []):
+            raise EngineError("modalities: kvdesk answers text only")
 
     def generation(self) -> GenerationOptions:
         given = {name: getattr(self, name) for name in GenerationOptions.model_fields}
