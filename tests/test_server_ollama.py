@@ -102,6 +102,13 @@ def test_the_stream_line_by_line(served):
         == last["prompt_eval_count"]
 
 
+def test_a_message_without_content_is_an_empty_one(served):
+    r = httpx.post(f"{served.url}/api/chat", trust_env=False, timeout=120, json={
+        "model": "default", "stream": False, "options": QUIET,
+        "messages": [{"role": "system", "content": None}, {"role": "user", "content": "Hi."}]})
+    assert r.status_code == 200 and r.json()["message"]["content"], r.text
+
+
 def test_options_go_through_kvdesks_validation(client):
     seeded = {"num_predict": 10, "seed": 7, "temperature": 0.9}
     asked = [{"role": "user", "content": "Name a colour."}]

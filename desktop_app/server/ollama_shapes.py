@@ -45,7 +45,7 @@ NO_IMAGES = "images are not supported by this model"
 class Message(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="ignore")
     role: Literal["system", "user", "assistant", "tool"]
-    content: str = ""
+    content: str | None = ""
     images: list[str] | None = None
     tool_calls: list[Any] | None = None
 
@@ -55,7 +55,7 @@ class Message(pydantic.BaseModel):
         if self.role == "tool" or self.tool_calls:
             raise InvalidValue(where, "tool messages are not supported: kvdesk answers text "
                                       "only")
-        return {"role": self.role, "content": self.content}
+        return {"role": self.role, "content": self.content or ""}
 
 
 class _Request(pydantic.BaseModel):
