@@ -47,8 +47,9 @@ NEVER = "9999-12-31T23:59:59Z"
 def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
     served = Served(app)
 
-    def check_model(name: str) -> None:
-        if not served.is_ollama_name(name):
+    async def check_model(name: str) -> None:
+        # On a thread: the first call may list the machine's models (headers, memoized).
+        if not await asyncio.to_thread(served.is_ollama_name, name):
             raise ApiError(404, served.refusal(name, ollama=True), code="model_not_found",
                            param="model")
 
@@ -83,7 +84,7 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
 
     @api.post("/api/show")
     async def show(body: sh.ShowRequest):
-        check_model(body.asked)
+        await check_model(body.asked)
         return await asyncio.to_thread(shown)
 
     def shown() -> dict:
@@ -104,7 +105,7 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
 
     @api.post("/api/chat")
     async def chat(body: sh.ChatRequest, request: Request):
-        check_model(body.model)
+        await check_model(body.model)
         messages = body.conversation()
         generation, stop = body.generation()
         if not messages:
@@ -114,7 +115,7 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
 
     @api.post("/api/generate")
     async def generate(body: sh.GenerateRequest, request: Request):
-        check_model(body.model)
+        await check_model(body.model)
         body.check_supported()
         generation, stop = body.generation()
         if not body.prompt and not body.suffix:
