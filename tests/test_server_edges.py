@@ -76,3 +76,22 @@ def test_the_new_settings_and_flags_are_checked(tmp_path, capsys):
         main(["--data-dir", str(tmp_path), "serve", "--ollama-port", "70000"])
     err = capsys.readouterr().err
     assert exited.value.code == 1 and "--ollama-port" in err and "Traceback" not in err
+
+
+def test_the_served_models_names(tmp_path):
+    from desktop_app.server.served import Served
+
+    shipped = Served(App(Settings(data_dir=str(tmp_path))))
+    assert shipped.ollama_name == "default:latest"
+    assert all(shipped.is_ollama_name(n) for n in ("default", "default:latest",
+                                                   f"{shipped.file_id}:latest"))
+    assert not shipped.is_ollama_name("llama3.2:3b") and not shipped.is_ollama_name("default:7b")
+    folder = tmp_path / "models"
+    (folder / "team").mkdir(parents=True)
+    path = folder / "team" / "tiny.gguf"
+    path.write_bytes(b"GGUF not really")  # listed (as unreadable) by its name all the same
+    by_path = Served(App(Settings(data_dir=str(tmp_path), model=str(path),
+                                  model_folders=(str(folder),))))
+    listed = {m.path: m.name for m in by_path.app.list_models()}
+    assert by_path.listed_name == listed[str(path)] and "tiny" in by_path.listed_name
+    assert by_path.is_ollama_name(by_path.listed_name)
