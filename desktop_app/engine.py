@@ -31,7 +31,7 @@ from store import DEFAULT_CHUNK_SIZE, RemoteTier, Store
 from .calibration import calibrate
 from .calibration.calibrations import Calibrations, summary
 from .chat.attaching import Attacher
-from .chat.completions import Completions
+from .chat.completions import Completions, RawPrompt
 from .chat.exactness import Exactness
 from .chat.library import Library
 from .chat.sessions import ChatSession
@@ -246,9 +246,10 @@ class Engine:
         it comes from (`kvdesk info` shows it)."""
         return self.session.sampling(generation)
 
-    def complete(self, messages: Sequence[dict], **options) -> Completion:
-        """Answer a client's whole conversation with the persistent prompt cache (the local
-        API's chat completions): see `completions.Completions.complete`."""
+    def complete(self, messages: Sequence[dict] | RawPrompt, **options) -> Completion:
+        """Answer a client's whole conversation (or continue a prompt given as it is) with the
+        persistent prompt cache (the local API's completions): see
+        `completions.Completions.complete`."""
         return self.completions.complete(messages, **options)
 
     def repair(self, *, progress: ProgressFn | None = None,
