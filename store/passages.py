@@ -20,7 +20,7 @@ import re
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any
 
 import numpy as np
 
@@ -84,19 +84,6 @@ def _statements(script: str) -> list[str]:
     return out
 
 
-class PassageLike(Protocol):
-    """What add_passages stores: desktop_app.passages.split.Passage is one."""
-
-    index: int
-    text: str
-    start: int
-    end: int
-    page: int | None
-    lines: tuple[int, int]
-    heading: tuple[str, ...]
-    tokens: int
-
-
 @dataclass(frozen=True)
 class StoredPassage:
     id: int
@@ -144,11 +131,13 @@ class PassageStore:
 
     def _reclaim(self) -> None: ...
 
-    def add_passages(self, document_id: int, passages: Sequence[PassageLike], *,
+    def add_passages(self, document_id: int, passages: Sequence[Any], *,
                      vectors: np.ndarray | None = None, embedder: str | None = None
                      ) -> list[int]:
         """Store a document's passages (replacing any it had) and, given, their vectors made
-        by `embedder` (one row per passage, float32); returns the new ids in order."""
+        by `embedder` (one row per passage, float32); returns the new ids in order. A passage
+        is anything with StoredPassage's attributes less id, document_id and content_hash
+        (desktop_app.passages.split.Passage)."""
         if (vectors is None) != (embedder is None):
             raise ValueError("passage vectors need the name of the model that made them")
         if vectors is not None and len(vectors) != len(passages):
