@@ -35,6 +35,8 @@ class Embedder(Protocol):
 
     def embed(self, texts: Sequence[str]) -> np.ndarray: ...  # float32 [n, dimension]
 
+    def count_tokens(self, texts: Sequence[str]) -> int: ...  # its own tokens, in all
+
 
 def normalise(vectors: np.ndarray) -> np.ndarray:
     """Rows scaled to unit length; an all-zero row (a text with no token) stays zero."""
@@ -66,6 +68,11 @@ class WordLlamaEmbedder:
         if not texts:
             return np.zeros((0, self.DIMENSION), dtype=np.float32)
         return normalise(self._loaded().embed(texts, norm=False))
+
+    def count_tokens(self, texts: Sequence[str]) -> int:
+        # The tokenizer pads a batch to its longest text: count the real tokens only.
+        return sum(sum(e.attention_mask) for e in self._loaded().tokenizer.encode_batch(
+            list(texts), add_special_tokens=False))
 
     def _loaded(self):
         with self._lock:
