@@ -244,3 +244,11 @@ def test_a_name_the_question_shares_with_its_passage_outweighs_repeated_common_w
         assert "Tenlisqui" in retriever.retrieve(doc.id, question, k=1)[0].text
         counts = store.passage_frequencies(doc.id, "Tenlisqui harbour time of day", 4)
         assert counts == {"tenlisqui": 1, "harbour": 1, "time": 4, "day": 4}  # "of": a stopword
+
+
+def test_missing_embedding_files_are_one_clear_error(monkeypatch, tmp_path):
+    import wordllama
+
+    monkeypatch.setattr(wordllama, "__file__", str(tmp_path / "wordllama" / "__init__.py"))
+    with pytest.raises(EngineError, match="embedding model's files cannot be read"):
+        WordLlamaEmbedder().embed(["text"])

@@ -86,7 +86,11 @@ class WordLlamaEmbedder:
                                       "package); reinstall kvdesk") from e
                 # The wheel's folder has the layout of wordllama's cache (weights/,
                 # tokenizers/): pointing the cache there finds both, with no download.
-                self._model = wordllama.WordLlama.load(
-                    config=self.CONFIG, dim=self.DIMENSION, disable_download=True,
-                    cache_dir=Path(wordllama.__file__).parent)
+                try:
+                    self._model = wordllama.WordLlama.load(
+                        config=self.CONFIG, dim=self.DIMENSION, disable_download=True,
+                        cache_dir=Path(wordllama.__file__).parent)
+                except OSError as e:  # FileNotFoundError: a damaged install or bundle
+                    raise EngineError(f"the embedding model's files cannot be read ({e}); "
+                                      "reinstall kvdesk") from e
             return self._model
