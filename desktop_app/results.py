@@ -19,12 +19,15 @@ class Record:
 class Progress(Record):
     """Work under way: phase is extract | prefill | encode | store | restore | recompute |
     pull | push (from and to the shared cache tier) | repair | wait (for another process's turn
-    in the same chat)."""
+    in the same chat) | split (a long document into passages, indexed)."""
 
     phase: str
     done: int
     total: int
     title: str = ""
+    # What the user should know now, not only with the result (a document longer than the
+    # context: said before it is split); front ends show it once.
+    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,9 @@ class AttachResult(Record):
     pushed: bool = False  # its cache is on the shared cache tier (pushed, or already there)
     # The codec calibration its chunks are encoded with (None: model-independent defaults).
     calibration: str | None = None
+    # A document longer than the context: how many passages it is kept as (questions are
+    # answered from those retrieved); 0 for a document whose prefix holds it whole.
+    passages: int = 0
 
 
 @dataclass(frozen=True)
@@ -116,6 +122,7 @@ class DocumentInfo(Record):
     # Chunks that cannot be read: set aside after a failed check, missing, or needing a codec
     # calibration that is missing or damaged (kvdesk verify --repair)
     damaged_chunks: int = 0
+    passages: int = 0  # longer than the context: kept as this many passages (else 0)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from . import blobs
 from .errors import ReadOnlyError, SchemaVersionError
+from .passages import m008_passages
 from .tokens import encode as encode_tokens
 
 M001_INITIAL = """
@@ -280,6 +281,7 @@ MIGRATIONS: list[tuple[str, Callable[[sqlite3.Connection], None]]] = [
     ("m004_calibrations", m004_calibrations),
     ("m005_windows", m005_windows),
     ("m006_chunk_seals", m006_chunk_seals),
+    ("m008_passages", m008_passages),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

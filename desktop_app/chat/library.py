@@ -64,6 +64,7 @@ class Library:
         sizes = self.store.entry_level_bytes(e.id for e in current.values())
         damaged = self.store.damaged(e.id for e in current.values())
         counts = self.store.document_tokens(fingerprint)
+        passages = self.store.passage_counts()
         out = []
         for doc in self.store.documents():
             entry = current.get(doc.id)
@@ -76,7 +77,7 @@ class Library:
             out.append(DocumentInfo(
                 doc.id, doc.title, doc.type, tokens, kept if entry else 0,
                 sizes.get(entry.id, {}) if entry else {}, status, doc.created,
-                damaged.get(entry.id, 0) if entry else 0))
+                damaged.get(entry.id, 0) if entry else 0, passages.get(doc.id, 0)))
         return out
 
     def chats(self) -> list[ChatInfo]:

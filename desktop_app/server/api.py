@@ -3,6 +3,8 @@
 API, Ollama's API, CORS).
 
     GET  /v1/models                           the loaded model (and "default")
+    POST /v1/embeddings                       OpenAI embeddings, from retrieval's model
+                                              (`embeddings`)
     POST /v1/chat/completions                 OpenAI chat completions, streamed or not, with a
                                               persistent prompt cache and a `kvdesk` field
     GET  /v1/kvdesk/health                    liveness, for `kvdesk ask` to find the server
@@ -41,7 +43,7 @@ from ..errors import MissingError, is_user_error
 from ..options import GenerationOptions, RestoreOptions
 from ..results import Progress
 from ..validation import InvalidValue, parse
-from . import bridge
+from . import bridge, embeddings
 from . import schemas as s
 
 log = logging.getLogger("kvdesk.server")
@@ -134,6 +136,11 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping) -> F
         return _json(status, body)
 
     # -- OpenAI --------------------------------------------------------------------------------
+
+    def refuse(status: int, message: str, code: str | None, param: str | None):
+        raise ApiError(status, message, code=code, param=param)
+
+    api.include_router(embeddings.router(engine, stopping, refuse))
 
     @api.get("/v1/models")
     async def models():
