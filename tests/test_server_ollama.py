@@ -142,8 +142,8 @@ def test_ollamas_errors(client, served):
               400, "tools"),
              (lambda: client.generate(model="default", prompt="def f(", suffix="  return 1"),
               400, "fill-in-the-middle"),
-             (lambda: client.embed(model="default", input="x"), 501, "not available yet"),
-             (lambda: client.embeddings(model="default", prompt="x"), 501, "not available yet")]
+             (lambda: client.embed(model="llama3:8b", input="x"), 404, "embeddings"),
+             (lambda: client.embed(model="default", input=[""]), 400, "empty text")]
     for call, status, words in cases:
         with pytest.raises(ollama.ResponseError, match=words) as e:
             call()
@@ -155,6 +155,24 @@ def test_ollamas_errors(client, served):
         assert r.status_code == status and isinstance(r.json()["error"], str), r.text
         assert "Traceback" not in r.text
     assert "POST /api/pull" in httpx.post(f"{served.url}/api/pull", trust_env=False).text
+
+
+def test_ollamas_embeddings_are_the_vectors_retrieval_uses(client, served):
+    """/api/embed (several texts) and the older /api/embeddings (one), through the official
+    client: the engine's own embedder, unit length, the same vector on both routes."""
+    import numpy as np
+
+    texts = ["The warranty covers two years.", "Bananas are yellow."]
+    out = client.embed(model="default", input=texts)
+    got = np.asarray(out.embeddings, dtype=np.float32)
+    want = served.app.engine.embed(texts)
+    assert got.shape == want.shape and np.allclose(got, want, atol=1e-6)
+    assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+    assert out.prompt_eval_count > 0 and out.total_duration > 0
+    one = client.embeddings(model="default", prompt=texts[0])
+    assert np.allclose(one.embedding, got[0], atol=1e-6)
+    cut = client.embed(model="default", input=texts[0], dimensions=64)
+    assert len(cut.embeddings[0]) == 64
 
 
 def test_one_prompt_cache_with_openais_chat_completions_across_a_restart(tmp_path):

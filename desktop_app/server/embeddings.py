@@ -47,27 +47,37 @@ def router(engine: Callable, stopping: bridge.Stopping, refuse: Callable) -> API
         if body.model not in (embedder.name, "default"):
             refuse(404, f"model {body.model!r} does not make embeddings here: "
                    f"{embedder.name!r} or 'default'", "model_not_found", "model")
-        texts = [body.input] if isinstance(body.input, str) else body.input
-        if not texts or len(texts) > MAX_INPUTS:
-            refuse(400, f"input: 1 to {MAX_INPUTS} texts, not {len(texts)}", None, "input")
-        if not all(isinstance(t, str) for t in texts):
-            refuse(400, "input: token arrays are not supported (the embedding model reads text "
-                   "with its own tokenizer): send the text", None, "input")
-        if not all(t.strip() for t in texts):
-            refuse(400, "input: an empty text has no embedding", None, "input")
-        if body.dimensions is not None and body.dimensions > embedder.dimension:
-            refuse(400, f"dimensions: at most {embedder.dimension} for {embedder.name}",
-                   None, "dimensions")
-        vectors, tokens = await bridge.call(request, stopping, lambda _: (
-            engine().embed(texts), embedder.count_tokens(texts)))
-        if body.dimensions is not None:
-            vectors = normalise(vectors[:, :body.dimensions])
+        vectors, tokens = await embedded(request, stopping, engine, body.input, body.dimensions,
+                                         refuse)
         return {"object": "list", "model": embedder.name,
                 "data": [{"object": "embedding", "index": i, "embedding": _encoded(v, body)}
                          for i, v in enumerate(vectors)],
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
     return routes
+
+
+async def embedded(request: Request, stopping: bridge.Stopping, engine: Callable, given,
+                   dimensions: int | None, refuse: Callable) -> tuple[np.ndarray, int]:
+    """(vectors, tokens read) of one text or a list of them, checked as every embeddings
+    route checks them (OpenAI's and Ollama's): `refuse(status, message, code, param)`."""
+    embedder = engine().embedder
+    texts = [given] if isinstance(given, str) else given
+    if not texts or len(texts) > MAX_INPUTS:
+        refuse(400, f"input: 1 to {MAX_INPUTS} texts, not {len(texts)}", None, "input")
+    if not all(isinstance(t, str) for t in texts):
+        refuse(400, "input: token arrays are not supported (the embedding model reads text "
+               "with its own tokenizer): send the text", None, "input")
+    if not all(t.strip() for t in texts):
+        refuse(400, "input: an empty text has no embedding", None, "input")
+    if dimensions is not None and dimensions > embedder.dimension:
+        refuse(400, f"dimensions: at most {embedder.dimension} for {embedder.name}",
+               None, "dimensions")
+    vectors, tokens = await bridge.call(request, stopping, lambda _: (
+        engine().embed(texts), embedder.count_tokens(texts)))
+    if dimensions is not None:
+        vectors = normalise(vectors[:, :dimensions])
+    return vectors, tokens
 
 
 def _encoded(vector: np.ndarray, body: EmbeddingsRequest) -> list[float] | str:

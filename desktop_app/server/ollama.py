@@ -9,7 +9,8 @@ JS clients, Open WebUI's Ollama mode, editor and notes plugins.
     POST /api/generate                        a prompt: through the chat template (with
                                               `system`), as it is (`raw`), or filled in
                                               between (`suffix`, where the model can)
-    POST /api/embed, /api/embeddings          501: kvdesk has no embedding model yet
+    POST /api/embed, /api/embeddings          vectors from the model kvdesk retrieves with
+                                              (`embeddings`: the same as /v1/embeddings)
 
 Answers go through the same engine call as OpenAI's chat completions, so a conversation has one
 persistent prompt cache whichever API it comes through: the next turn, after a restart too,
@@ -32,7 +33,7 @@ from .. import __version__
 from ..app import App
 from ..chat.completions import RawPrompt
 from ..results import Completion
-from . import bridge, streams
+from . import bridge, embeddings, streams
 from . import ollama_shapes as sh
 from .api import ApiError, _error_of
 from .served import Served
@@ -141,11 +142,37 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
             done=lambda d: [{**piece(model, "", done=True), **sh.final(d, started)}],
             error=lambda e: sh.error(_error_of(e)[1]["error"]["message"])))
 
+    def refuse(status: int, message: str, code: str | None, param: str | None):
+        raise ApiError(status, message, code=code, param=param)
+
+    async def vectors(request: Request, body: sh.EmbedRequest, given):
+        await check_embedding_model(body.model)
+        return await embeddings.embedded(request, stopping, lambda: app.engine, given,
+                                         body.dimensions, refuse)
+
+    async def check_embedding_model(name: str) -> None:
+        embedder = await asyncio.to_thread(lambda: app.engine.embedder)
+        if name not in (embedder.name, "default") and not await asyncio.to_thread(
+                served.is_ollama_name, name):
+            raise ApiError(404, f"model {name!r} does not make embeddings here: "
+                           f"{embedder.name!r}, or the model served", code="model_not_found",
+                           param="model")
+
     @api.post("/api/embed")
+    async def embed(body: sh.EmbedRequest, request: Request):
+        started = time.perf_counter()
+        found, tokens = await vectors(request, body, body.input)
+        return {"model": body.model, "embeddings": found.tolist(),
+                "total_duration": sh.nanoseconds(time.perf_counter() - started),
+                "load_duration": 0, "prompt_eval_count": tokens}
+
     @api.post("/api/embeddings")
-    async def embed():
-        raise ApiError(501, "embeddings are not available yet: kvdesk has no embedding model "
-                       "(POST /api/embed, /api/embeddings)", code="not_implemented")
+    async def embeddings_legacy(body: sh.EmbedRequest, request: Request):
+        """The older route: one `prompt`, one `embedding`."""
+        if body.prompt is None:
+            raise ApiError(400, "prompt: required (one text)", param="prompt")
+        found, _ = await vectors(request, body, body.prompt)
+        return {"embedding": found[0].tolist()}
 
 
 

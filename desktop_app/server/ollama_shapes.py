@@ -149,6 +149,20 @@ class ShowRequest(pydantic.BaseModel):
         return self.model or self.name
 
 
+class EmbedRequest(pydantic.BaseModel):
+    """/api/embed's `input` (one text or several), or the older /api/embeddings' `prompt`.
+    `truncate`, `options` and `keep_alive` are accepted: the embedder reads any length."""
+
+    model_config = pydantic.ConfigDict(extra="ignore")
+    model: str
+    input: str | list[str] | list[int] | list[list[int]] = pydantic.Field(default_factory=list)
+    prompt: str | None = None
+    dimensions: int | None = pydantic.Field(default=None, ge=1)
+    truncate: bool = True
+    options: dict[str, Any] | None = None
+    keep_alive: str | int | float | None = None
+
+
 # -- answers ------------------------------------------------------------------------------------
 
 
@@ -180,9 +194,10 @@ def final(c: Completion, started: float) -> dict:
     """The last object's counts and durations (ns), and how the prompt came back."""
     total = time.perf_counter() - started
     return {"done_reason": "length" if c.finish_reason == "length" else "stop",
-            "total_duration": _ns(total), "load_duration": 0,
-            "prompt_eval_count": c.prompt_tokens, "prompt_eval_duration": _ns(c.ttft_s),
-            "eval_count": c.completion_tokens, "eval_duration": _ns(max(0.0, total - c.ttft_s)),
+            "total_duration": nanoseconds(total), "load_duration": 0,
+            "prompt_eval_count": c.prompt_tokens, "prompt_eval_duration": nanoseconds(c.ttft_s),
+            "eval_count": c.completion_tokens,
+            "eval_duration": nanoseconds(max(0.0, total - c.ttft_s)),
             "kvdesk": s.restore_info(c)}
 
 
@@ -190,5 +205,5 @@ def error(message: str) -> dict:
     return {"error": message}
 
 
-def _ns(seconds: float) -> int:
+def nanoseconds(seconds: float) -> int:
     return int(seconds * 1e9)
