@@ -129,7 +129,8 @@ class App:
                       default_budget_ms=s.restore_budget_ms, remote=self.remote,
                       auto_push=s.remote_auto_push, auto_pull=s.remote_auto_pull,
                       min_cache_tokens=s.prompt_cache_min_tokens,
-                      blend_fraction=s.blend_recompute, generation_defaults=s.generation)
+                      blend_fraction=s.blend_recompute, generation_defaults=s.generation,
+                      passage_level=s.passage_level)
 
     def info(self) -> dict:
         rt = self.engine.runtime

@@ -34,11 +34,13 @@ from .chat.attaching import Attacher
 from .chat.completions import Completions
 from .chat.exactness import Exactness
 from .chat.library import Library
+from .chat.longdoc import LongDocs, PassageIndex
 from .chat.sessions import ChatSession
-from .kv import repair, speeds
+from .kv import repair, speeds, streaming
 from .kv.contexts import CHAT, Contexts
 from .kv.kvcache import KVCache
 from .kv.levels import DEFAULT_LEVELS, check_levels, quality_order
+from .kv.passagekv import DEFAULT_PASSAGE_LEVEL, PassageKV
 from .kv.sharing import Sharing
 from .model.prompts import Prompter
 from .model.runtime import Runtime
@@ -78,6 +80,8 @@ class Engine:
         min_cache_tokens: int = 1024,
         blend_fraction: float = DEFAULT_BLEND_FRACTION,
         generation_defaults: GenerationOptions = GenerationOptions(),
+        passage_level: str = DEFAULT_PASSAGE_LEVEL,
+        passages: PassageIndex | None = None,
     ):
         check_levels(levels)
         self.store = store
@@ -102,11 +106,14 @@ class Engine:
                                    chunk_tokens=chunk_tokens,
                                    default_budget_ms=default_budget_ms,
                                    blend_fraction=blend_fraction,
-                                   generation_defaults=generation_defaults)
+                                   generation_defaults=generation_defaults,
+                                   longdocs=LongDocs(store, self.library, self.prompter,
+                                                     PassageKV(store, kv, passage_level),
+                                                     passages))
         self.completions = Completions(self.session, min_cache_tokens=min_cache_tokens)
         self.exactness = Exactness(
-            self.contexts, kv, self.library, self.prompter, chat_lock=self.session.lock,
-            attach_lock=self.attacher.lock, conversation=self.session.conversation,
+            self.contexts, kv, chat_lock=self.session.lock, attach_lock=self.attacher.lock,
+            conversation=self.session.conversation, first_document=self.session.first_document,
             on_exact=self.session.exact_stored)
         self.session.request_exact = self.exactness.request
 
@@ -239,7 +246,14 @@ class Engine:
 
     def estimate(self, *, chat_id: int | None = None,
                  doc_ids: Sequence[int] = ()) -> RestoreEstimate:
-        return self.session.estimate(chat_id=chat_id, doc_ids=doc_ids)
+        """Bytes and seconds a restore would take at each level (the slider's tooltip)."""
+        rt = self.runtime
+        if chat_id is not None:
+            self.library.chat(chat_id)
+            tokens = self.session.conversation(rt, chat_id)[1]
+        else:
+            tokens = self.prefix_tokens(doc_ids)
+        return streaming.estimate(self.store, rt, tokens, self.levels, self.speeds)
 
     def sampling(self, generation: GenerationOptions = GenerationOptions()) -> Sampling:
         """What an answer asked with `generation` is sampled with, each value with the layer

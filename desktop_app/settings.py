@@ -93,6 +93,9 @@ class Settings(pydantic.BaseModel):
     server_attach_folders: tuple[str, ...] = ()
     prompt_cache_min_tokens: int = Field(1024, ge=0, le=1 << 20)
     blend_recompute: float = Field(DEFAULT_BLEND_FRACTION, ge=0, le=1)
+    # The one level a long document's passages keep their KV at (not every level: a book has
+    # thousands of passages; a question's passages come back at it, or are computed again).
+    passage_level: Literal["lossless", "high", "balanced", "compact"] = "balanced"
     # The window calibrates the codec for a model that has no calibration yet (minutes, in the
     # background, once per model per session; `kvdesk calibrate` does it by hand), so that
     # the model's new caches are encoded with its own levels.

@@ -49,9 +49,10 @@ class Transfer:
 
 
 def document_entries(store: Store, fingerprint: str) -> list[Entry]:
-    """The local entries that travel: documents' root entries under this model."""
-    return [e for e in store.entries()
-            if e.model == fingerprint and e.parent_id is None and e.document_id is not None]
+    """The local entries that travel: documents' root entries under this model (a passage's
+    entry names the document it came from, which is not its content)."""
+    return [e for e in store.entries() if e.model == fingerprint and e.parent_id is None
+            and e.document_id is not None and not e.passage]
 
 
 def entry_id_of(entry: Entry) -> tuple[int, bytes]:

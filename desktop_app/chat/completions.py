@@ -23,10 +23,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from ..errors import EngineError
-from ..model.prompts import Turn, closing
+from ..model.prompts import Turn, closing, passage_layout
 from ..options import GenerationOptions, RestoreOptions
-from ..results import Completion, RestoreReport
+from ..results import Completion, RestoreReport, Source
 from .answers import stream_answer
+from .longdoc import RECENT_MESSAGES
 from .sessions import ChatSession
 
 ROLES = ("system", "user", "assistant")
@@ -47,8 +48,11 @@ class Completions:
         self.session = session
         self.min_cache_tokens = min_cache_tokens
 
-    def prompt(self, messages: Sequence[dict], documents: Sequence[int] = ()) -> Turn:
-        """The request's messages after its documents' prefix, rendered and tokenized."""
+    def prompt(self, messages: Sequence[dict], documents: Sequence[int] = ()
+               ) -> tuple[Turn, list[Source], list[str]]:
+        """The request's messages after its documents' prefix, rendered and tokenized; the
+        passages that prefix is made of when a document is too long for the context (for
+        the messages, the last ones the query: `longdoc`); notes."""
         for m in messages:
             if m.get("role") not in ROLES or not isinstance(m.get("content"), str):
                 raise EngineError("each message needs a role (system, user or assistant) and "
@@ -57,10 +61,16 @@ class Completions:
             raise EngineError("the conversation must end with a user (or system) message")
         s = self.session
         rt = s.runtime
-        if documents:
-            head, head_tokens = s.prompter.chat(rt, [s.library.document(d) for d in documents])
-        else:
-            head, head_tokens = [], []
+        head, head_tokens, sources, notes = [], [], [], []
+        docs = [s.library.document(d) for d in documents]
+        if docs and s.longdocs.applies(docs):
+            texts = [m["content"] for m in messages]
+            sources, notes = s.longdocs.pick(rt, docs, texts[-RECENT_MESSAGES - 1:], len(
+                rt.tokenize("\n".join(texts))) + 8 * len(texts))  # (their template's tokens)
+            layout = passage_layout(rt, [x.text for x in sources])
+            head, head_tokens = list(layout.messages), list(layout.tokens)
+        elif docs:
+            head, head_tokens = s.prompter.chat(rt, docs)
         before = rt.render_chat(head, add_generation_prompt=False) if head else ""
         msgs = (*head, *({"role": m["role"], "content": m["content"]} for m in messages))
         text = rt.render_chat(msgs, add_generation_prompt=True)
@@ -69,7 +79,7 @@ class Completions:
                               "needs an append-only template")
         rest = text[len(before):]
         tokens = head_tokens + rt.tokenize(rest, add_bos=rt.adds_bos and not head)
-        return Turn(msgs, text, tokens)
+        return Turn(msgs, text, tokens), sources, notes
 
     def complete(
         self,
@@ -91,7 +101,8 @@ class Completions:
         with s.lock:
             rt = s.runtime
             s.contexts.warm_up(rt)
-            turn = self.prompt(messages, documents)
+            turn, sources, picked = self.prompt(messages, documents)
+            s.longdocs.offer(sources)
             prompt = turn.tokens
             if len(prompt) + 1 >= rt.n_ctx:
                 raise EngineError(f"the prompt has {len(prompt):,} tokens; the context holds "
@@ -121,7 +132,9 @@ class Completions:
             kept, notes = s.sharing.keep()
             result = Completion(text, finish, len(prompt), len(generated),
                                 round(ttft if ttft is not None else time.perf_counter() - t0, 4),
-                                report, cached, False, [*report.messages, *notes, *out.notes])
+                                report, cached, False,
+                                [*picked, *report.messages, *notes, *out.notes],
+                                [x.as_dict() for x in sources])
             if on_answered:
                 on_answered(result)
             stored = kept and self._store(rt, turn, text)

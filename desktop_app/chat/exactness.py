@@ -22,10 +22,8 @@ from collections.abc import Callable
 from ..errors import Cancelled
 from ..kv.contexts import ATTACH, Contexts
 from ..kv.kvcache import KVCache
-from ..model.prompts import Prompter
 from ..model.runtime import PREFILL_SLICE
 from .fairlock import FairLock
-from .library import Library
 
 # Tokens computed between checks for a waiting question: a plain prefill's slice, since
 # llama.cpp's results depend on how tokens are batched and the stored context must equal what
@@ -35,16 +33,15 @@ log = logging.getLogger(__name__)
 
 
 class Exactness:
-    def __init__(self, contexts: Contexts, kv: KVCache, library: Library, prompter: Prompter,
-                 *, chat_lock: FairLock, attach_lock: threading.RLock,
-                 conversation: Callable, on_exact: Callable[[int], None]):
+    def __init__(self, contexts: Contexts, kv: KVCache, *, chat_lock: FairLock,
+                 attach_lock: threading.RLock, conversation: Callable,
+                 first_document: Callable, on_exact: Callable[[int], None]):
         self.contexts = contexts
         self.kv = kv
-        self.library = library
-        self.prompter = prompter
         self.chat_lock = chat_lock  # busy: the user is being answered
         self.attach_lock = attach_lock  # the attach context is shared with attaching
         self.conversation = conversation  # (runtime, chat id) -> (messages, tokens, notes)
+        self.first_document = first_document  # (runtime, chat id) -> what its entry extends
         self.on_exact = on_exact
         self.pending: queue.Queue[int | None] = queue.Queue()
         self.cancel = threading.Event()
@@ -98,9 +95,7 @@ class Exactness:
                             raise Cancelled("closing")
                         time.sleep(0.05)
                     rt.prefill(tokens[start:start + SLICE], cancel=self.cancel)
-                docs = self.library.chat_documents(chat_id)
-                first = (docs[0].id, self.prompter.prefix(rt, docs[0]).tokens) if docs else None
-                self.kv.store_chat(rt, chat_id, tokens, first)
+                self.kv.store_chat(rt, chat_id, tokens, self.first_document(rt, chat_id))
             finally:
                 rt.reset()
         self.on_exact(chat_id)

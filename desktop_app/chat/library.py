@@ -49,6 +49,17 @@ class Library:
         """The chat's messages, oldest first."""
         return self.store.messages(chat_id)
 
+    def stale_note(self, chat_id: int, fp: str) -> list[str]:
+        """What to tell the user when a chat's cache exists only under other models."""
+        docs = {d.id for d in self.chat_documents(chat_id)}
+        others = {e.model for e in self.store.entries()
+                  if (e.document_id in docs or e.chat_id == chat_id) and e.model != fp}
+        if not others:
+            return []
+        return [f"the cache of this chat was made under another model or KV layout "
+                f"(fingerprint {', '.join(sorted(o[:12] for o in others))}, now {fp[:12]}); "
+                "it is not used: recomputing from text"]
+
     # -- listings --------------------------------------------------------------------------
 
     def documents(self, fingerprint: str) -> list[DocumentInfo]:
@@ -56,7 +67,7 @@ class Library:
         only under others ("stale") or none."""
         roots: dict[int, list] = {}
         for entry in self.store.entries():  # least recently used first
-            if entry.parent_id is None and entry.document_id is not None:
+            if entry.parent_id is None and entry.document_id is not None and not entry.passage:
                 roots.setdefault(entry.document_id, []).append(entry)
         current = {doc_id: [e for e in entries if e.model == fingerprint][-1]
                    for doc_id, entries in roots.items()
