@@ -15,6 +15,7 @@ assembles the parts and hands each call to the one that owns it:
     kvcache     a context's KV captured, encoded at every level and stored
     streaming   stored chunks back into the model, a level chosen per chunk
     sharing     the shared cache tier (S3), when one is configured
+    passages    a document longer than the context as passages: split, indexed, retrieved
 
 Every method blocks; progress, tokens and cancellation go through callbacks and a
 threading.Event. It never prints, never parses arguments and never imports Qt.
@@ -26,6 +27,8 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import numpy as np
+
 from store import DEFAULT_CHUNK_SIZE, RemoteTier, Store
 
 from .calibration import calibrate
@@ -34,7 +37,7 @@ from .chat.attaching import Attacher
 from .chat.completions import Completions
 from .chat.exactness import Exactness
 from .chat.library import Library
-from .chat.longdoc import LongDocs, PassageIndex
+from .chat.longdoc import LongDocs
 from .chat.sessions import ChatSession
 from .kv import repair, speeds, streaming
 from .kv.contexts import CHAT, Contexts
@@ -46,6 +49,8 @@ from .model.prompts import Prompter
 from .model.runtime import Runtime
 from .model.sampling import Sampling
 from .options import GenerationOptions, RestoreOptions
+from .passages.embed import Embedder, WordLlamaEmbedder
+from .passages.retrieve import DEFAULT_K, Hit, Retriever
 from .protocol import ProgressFn, RestoreFn, TokenFn
 from .results import (
     AskResult,
@@ -81,7 +86,6 @@ class Engine:
         blend_fraction: float = DEFAULT_BLEND_FRACTION,
         generation_defaults: GenerationOptions = GenerationOptions(),
         passage_level: str = DEFAULT_PASSAGE_LEVEL,
-        passages: PassageIndex | None = None,
     ):
         check_levels(levels)
         self.store = store
@@ -99,8 +103,11 @@ class Engine:
         self.speeds = speeds.load(store)
         self._calibrating = threading.Lock()
         kv = KVCache(store, self._levels, chunk_tokens, self.calibrations)
+        # Long documents' passages: the embedding model loads on first use (~0.5 s).
+        self.embedder: Embedder = WordLlamaEmbedder()
+        self.retriever = Retriever(store, self.embedder)
         self.attacher = Attacher(store, self.contexts, kv, self.sharing, self.prompter,
-                                 self.speeds)
+                                 self.speeds, self.retriever.index)
         self.session = ChatSession(store, self.contexts, self.library, kv, self.sharing,
                                    self.prompter, self.speeds, levels=self._levels,
                                    chunk_tokens=chunk_tokens,
@@ -109,7 +116,7 @@ class Engine:
                                    generation_defaults=generation_defaults,
                                    longdocs=LongDocs(store, self.library, self.prompter,
                                                      PassageKV(store, kv, passage_level),
-                                                     passages))
+                                                     self.retriever))
         self.completions = Completions(self.session, min_cache_tokens=min_cache_tokens)
         self.exactness = Exactness(
             self.contexts, kv, chat_lock=self.session.lock, attach_lock=self.attacher.lock,
@@ -264,6 +271,23 @@ class Engine:
         """Answer a client's whole conversation with the persistent prompt cache (the local
         API's chat completions): see `completions.Completions.complete`."""
         return self.completions.complete(messages, **options)
+
+    def passages(self, doc_id: int, *, query: str | None = None,
+                 k: int = DEFAULT_K) -> list[Hit]:
+        """A long document's passages in order (score 0), or with `query` the `k` retrieval
+        returns for it, best first (`kvdesk passages`). A document that fits the context has
+        none."""
+        self.library.document(doc_id)
+        if query is not None:
+            return self.retriever.retrieve(doc_id, query, k=k)
+        return [Hit(p.id, p.index, p.text, p.page, p.lines, p.heading, p.tokens, 0.0)
+                for p in self.store.passages(doc_id)]
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Texts as L2-normalised float32 vectors [n, d] of the embedding model retrieval
+        uses (the local API's /v1/embeddings); its name and size: `embedder.name`,
+        `embedder.dimension`."""
+        return self.embedder.embed(list(texts))
 
     def repair(self, *, progress: ProgressFn | None = None,
                cancel: threading.Event | None = None) -> dict:

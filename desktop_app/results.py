@@ -19,12 +19,15 @@ class Record:
 class Progress(Record):
     """Work under way: phase is extract | prefill | encode | store | restore | recompute |
     pull | push (from and to the shared cache tier) | repair | wait (for another process's turn
-    in the same chat)."""
+    in the same chat) | split (a long document into passages, indexed)."""
 
     phase: str
     done: int
     total: int
     title: str = ""
+    # What the user should know now, not only with the result (a document longer than the
+    # context: said before it is split); front ends show it once.
+    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,9 @@ class AttachResult(Record):
     pushed: bool = False  # its cache is on the shared cache tier (pushed, or already there)
     # The codec calibration its chunks are encoded with (None: model-independent defaults).
     calibration: str | None = None
+    # A document longer than the context: how many passages it is kept as (questions are
+    # answered from those retrieved); 0 for a document whose prefix holds it whole.
+    passages: int = 0
 
 
 @dataclass(frozen=True)
@@ -101,9 +107,9 @@ class Source(Record):
     heading: tuple[str, ...] = ()  # the headings it sits under
 
     @classmethod
-    def of(cls, hit) -> Source:
-        """From a retrieval hit (desktop_app.passages.retrieve's)."""
-        return cls(hit.passage_id, hit.document_id, hit.index, hit.text, float(hit.score),
+    def of(cls, hit, document_id: int) -> Source:
+        """From a retrieval hit in a document (desktop_app.passages.retrieve's)."""
+        return cls(hit.passage_id, document_id, hit.index, hit.text, float(hit.score),
                    hit.page, None if hit.page is not None else tuple(hit.lines),
                    tuple(hit.heading or ()))
 
@@ -154,7 +160,7 @@ class DocumentInfo(Record):
     status: str  # ready | stale (cached only under another model) | none
     created: float
     damaged_chunks: int = 0  # chunks set aside after a failed check (kvdesk verify --repair)
-    passages: int = 0  # a document too long for the context: its passages (0: read whole)
+    passages: int = 0  # longer than the context: kept as this many passages (else 0)
     passages_cached: int = 0  # how many of them have their KV stored under the current model
 
 

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .errors import ReadOnlyError, SchemaVersionError
+from .passages import m008_passages
 from .tokens import encode as encode_tokens
 
 M001_INITIAL = """
@@ -260,6 +261,7 @@ MIGRATIONS: list[tuple[str, Callable[[sqlite3.Connection], None]]] = [
     ("m003_integrity", m003_integrity),
     ("m004_calibrations", m004_calibrations),
     ("m005_windows", m005_windows),
+    ("m008_passages", m008_passages),
     ("m009_passage_kv", m009_passage_kv),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)

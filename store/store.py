@@ -21,6 +21,7 @@ from .db import Connections, prepare_data_dir
 from .errors import CorruptChunkError, DataDirError, NotFoundError
 from .library import LibraryStore
 from .locks import ChatLocks
+from .passages import PassageStore
 from .records import CalibrationRecord, Entry, Model, PrefixMatch, Span
 from .schema import check_current, migrate, schema_version
 from .tokens import decode
@@ -29,10 +30,11 @@ DB_NAME = "kvdesk.sqlite"
 DEFAULT_CHUNK_SIZE = 256
 
 
-class Store(LibraryStore):
+class Store(LibraryStore, PassageStore):
     """Persistent state of one data directory. Close it (or use `with`) when done.
 
-    Documents, chats and messages: `LibraryStore` (store.library); KV entries, integrity and
+    Documents, chats and messages: `LibraryStore` (store.library); long documents' passages,
+    their index and vectors: `PassageStore` (store.passages); KV entries, integrity and
     quota: here.
     """
 

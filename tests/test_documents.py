@@ -5,32 +5,14 @@ from __future__ import annotations
 import re
 
 import pytest
+from pdf_helpers import make_pdf as make_pdf_pages
 
 from desktop_app.chat.documents import DocumentError, extract
 
 
 def make_pdf(path, lines):
-    """A minimal, valid one-page PDF with a text layer (Helvetica), written by hand."""
-    text = " ".join(f"({s}) Tj 0 -14 Td" for s in lines)
-    stream = f"BT /F1 12 Tf 72 720 Td {text} ET".encode()
-    objs = [
-        b"<< /Type /Catalog /Pages 2 0 R >>",
-        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
-        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
-        b"/Resources << /Font << /F1 5 0 R >> >> >>",
-        b"<< /Length %d >>\nstream\n" % len(stream) + stream + b"\nendstream",
-        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
-    ]
-    out, offsets = bytearray(b"%PDF-1.4\n"), []
-    for i, body in enumerate(objs, 1):
-        offsets.append(len(out))
-        out += b"%d 0 obj\n" % i + body + b"\nendobj\n"
-    xref = len(out)
-    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objs) + 1)
-    out += b"".join(b"%010d 00000 n \n" % o for o in offsets)
-    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objs) + 1, xref)
-    path.write_bytes(bytes(out))
-    return path
+    """A minimal, valid one-page PDF with a text layer (Helvetica)."""
+    return make_pdf_pages(path, [lines])
 
 
 def test_text_markdown_and_code(tmp_path):

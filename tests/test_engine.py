@@ -306,20 +306,6 @@ def test_cancelled_attach_keeps_nothing(new_engine, tmp_path):
     assert eng.store.verify()["chunks"] == 0
 
 
-def test_too_long_document_keeps_what_fits(new_engine, tmp_path):
-    eng = new_engine(n_ctx=384)
-    path = tmp_path / "long.txt"
-    path.write_text("\n".join(f"Line {i}: the quick brown fox jumps over the lazy dog."
-                              for i in range(60)))
-    res = eng.attach(path, levels=["compact"])
-    assert res.kept_tokens < res.tokens
-    assert res.warnings and "fit the context" in res.warnings[0]
-    n_prefix = res.raw_bytes // eng.runtime.layout.kv_bytes_per_token
-    room = eng.prompter.room(eng.runtime)
-    assert room - 8 <= n_prefix <= room
-    assert ask(eng, "Which line comes first?", doc=res.doc_id, tokens=8).answer
-
-
 def test_bad_input(engine, tmp_path):
     (tmp_path / "empty.txt").write_bytes(b"")
     with pytest.raises(DocumentError):

@@ -2,12 +2,12 @@
 and reused (no recompute) the next time; answers name their sources; follow-ups keep the
 chat's passages while they fit; a reopen in another process lays out the same passages.
 
-The retrieval here is a scripted index (word overlap) over passages written by the test, so
-these tests check the KV and the context, not the ranking (tests/test_passages* do that)."""
+The passages are written by the test, one paragraph each, and retrieved by the real
+retrieval (tests/test_passages.py checks its ranking); these tests check the KV and the
+context."""
 
 from __future__ import annotations
 
-import re
 from types import SimpleNamespace
 
 import pytest
@@ -33,42 +33,30 @@ PASSAGES = [
 GREEDY = GenerationOptions(max_tokens=8, temperature=0)
 
 
-class ScriptedIndex:
-    """Passages of one document, ranked by the words they share with the query."""
-
-    def __init__(self, doc_id: int, texts: list[str], k: int = 2):
-        self.doc_id, self.k = doc_id, k
-        self.passages = [SimpleNamespace(passage_id=100 + i, document_id=doc_id, index=i,
-                                         text=t, page=None, lines=(3 * i + 1, 3 * i + 3),
-                                         heading=("Island guide",)) for i, t in enumerate(texts)]
-        self.queries: list[str] = []
-
-    def counts(self) -> dict[int, int]:
-        return {self.doc_id: len(self.passages)}
-
-    def retrieve(self, document_ids, query, k):
-        self.queries.append(query)
-        words = set(re.findall(r"\w+", query.lower()))
-        scored = [(len(words & set(re.findall(r"\w+", p.text.lower()))), p)
-                  for p in self.passages if p.document_id in document_ids]
-        best = sorted(scored, key=lambda sp: -sp[0])[:min(k, self.k)]
-        return [SimpleNamespace(**vars(p), score=float(s)) for s, p in best if s]
+def add_long_document(store: Store) -> int:
+    """A document kept as the passages above (as attach keeps one longer than the context),
+    each on lines of its own."""
+    doc = store.add_document("h" * 64, "Island guide", "\n\n".join(PASSAGES), type="text")
+    store.add_passages(doc.id, [
+        SimpleNamespace(index=i, text=t, start=0, end=len(t), page=None,
+                        lines=(2 * i + 1, 2 * i + 1), heading=("Island guide",), tokens=40)
+        for i, t in enumerate(PASSAGES)])
+    return doc.id
 
 
 @pytest.fixture
 def make_engine(tmp_path, model_path, model_hash):
     engines = []
 
-    def make(store=None, index=None):
+    def make(store=None):
         store = store or Store(tmp_path / "data")
-        if index is None:
-            doc = store.add_document("h" * 64, "Island guide", "\n\n".join(PASSAGES),
-                                     type="text")
-            index = ScriptedIndex(doc.id, PASSAGES)
         eng = Engine(store, lambda: Runtime(model_path, model_hash=model_hash, n_ctx=2048,
                                             flash_attn=True),
-                     chunk_tokens=64, blend_fraction=0.15, passages=index)
-        eng.index = index
+                     chunk_tokens=64, blend_fraction=0.15)
+        eng.session.longdocs.top_k = 2  # (all five would fit this context)
+        eng.doc = store.passage_counts() and next(iter(store.passage_counts())) \
+            or add_long_document(store)
+        eng.ids = {p.index: p.id for p in store.passages(eng.doc)}
         engines.append(eng)
         return eng
 
@@ -84,13 +72,13 @@ def passage_entries(eng):
 
 def test_passage_kv_is_computed_once_then_read_back(make_engine):
     eng = make_engine()
-    doc = eng.index.doc_id
+    doc = eng.doc
     q = "When does the Saturday ferry leave, and what does the museum keep?"
     first = eng.ask(q, doc_ids=[doc], generation=GREEDY)
     # The answer names its passages: the ferry's and the museum's, in document order.
-    assert [s["passage_id"] for s in first.sources] == [100, 101]
+    assert [s["passage_id"] for s in first.sources] == [eng.ids[0], eng.ids[1]]
     assert first.sources[0]["text"] == PASSAGES[0]
-    assert first.sources[0]["lines"] == [1, 3] and "page" not in first.sources[0]
+    assert first.sources[0]["lines"] == [1, 1] and "page" not in first.sources[0]
     assert any("2 passage(s) retrieved for the first time" in m for m in first.messages)
     stored = passage_entries(eng)
     assert len(stored) == 2
@@ -114,42 +102,56 @@ def test_passage_kv_is_computed_once_then_read_back(make_engine):
 
 def test_follow_ups_keep_the_chats_passages_and_a_reopen_lays_them_out(make_engine):
     eng = make_engine()
-    doc = eng.index.doc_id
+    doc = eng.doc
     first = eng.ask("What does the museum keep?", doc_ids=[doc], generation=GREEDY)
     chat = first.chat_id
-    assert 101 in [s["passage_id"] for s in first.sources]
+    assert eng.ids[1] in [s["passage_id"] for s in first.sources]
     follow = eng.ask("And when do puffins nest on the cliffs?", chat_id=chat,
                      generation=GREEDY)
     ids = [s["passage_id"] for s in follow.sources]
     # This question's passage joins; the museum's stays, room allowing; document order.
-    assert 103 in ids and 101 in ids and ids == sorted(ids)
-    # The query is the question and the chat's recent turns.
-    assert "What does the museum keep?" in eng.index.queries[-1]
+    assert eng.ids[3] in ids and eng.ids[1] in ids and ids == sorted(ids)
     _, tokens, _ = eng.session.conversation(eng.runtime, chat)
     layout = passage_layout(eng.runtime, [s["text"] for s in follow.sources])
     assert tuple(tokens[:len(layout.tokens)]) == layout.tokens
 
     # Another process (a fresh engine on the same store) remembers the chat's passages.
-    again = make_engine(store=eng.store, index=eng.index)
+    again = make_engine(store=eng.store)
     _, reopened, _ = again.session.conversation(again.runtime, chat)
     assert reopened == tokens
     report = again.reopen(chat)
     assert report.tokens == len(tokens)
 
 
-def test_a_question_nothing_matches_is_answered_from_the_system_prompt_alone(make_engine):
+def test_eviction_takes_passage_kv_and_keeps_text_and_index(make_engine):
     eng = make_engine()
-    out = eng.ask("Zyx?", doc_ids=[eng.index.doc_id], generation=GREEDY)
-    assert out.sources == [] and out.answer is not None
+    q = "What does the museum keep?"
+    eng.ask(q, doc_ids=[eng.doc], generation=GREEDY)
+    info = {d.doc_id: d for d in eng.documents()}[eng.doc]
+    assert (info.passages, info.passages_cached) == (5, 2)
+    assert info.status == "none"  # a passage's entry is not the document's cache
+    cached = set(passage_entries(eng))
+    report = eng.store.gc(budget_bytes=1)
+    assert cached and set(report["evicted_entries"]) >= cached
+    assert not passage_entries(eng)
+    # The text and the index stay: the passages are still there and still found.
+    assert len(eng.store.passages(eng.doc)) == 5
+    assert [p.index for p, _ in eng.store.search_passages(eng.doc, "museum")] == [1]
+    info = {d.doc_id: d for d in eng.documents()}[eng.doc]
+    assert (info.passages, info.passages_cached) == (5, 0)
+    eng.runtime.reset()
+    again = eng.ask(q, doc_ids=[eng.doc], generation=GREEDY)
+    assert any("for the first time" in m for m in again.messages)  # computed again, said
+    assert len(passage_entries(eng)) == 2
 
 
 def test_the_local_api_answers_from_passages_and_names_them(make_engine):
     eng = make_engine()
     messages = [{"role": "user", "content": "What does the museum keep?"}]
-    first = eng.complete(messages, documents=[eng.index.doc_id], generation=GREEDY)
-    assert 101 in [s["passage_id"] for s in first.sources]
+    first = eng.complete(messages, documents=[eng.doc], generation=GREEDY)
+    assert eng.ids[1] in [s["passage_id"] for s in first.sources]
     assert passage_entries(eng)  # computed on first retrieval, and kept
     eng.runtime.reset()
-    again = eng.complete(messages, documents=[eng.index.doc_id], generation=GREEDY)
+    again = eng.complete(messages, documents=[eng.doc], generation=GREEDY)
     assert again.sources == first.sources
     assert again.cached_tokens >= len(passage_prefix(eng.runtime, PASSAGES[1]).tokens)

@@ -73,6 +73,10 @@ def test_answer_stats_and_attach_notices():
                         encode_s=1, raw_bytes=1, stored_bytes={}, warnings=["odd bytes"])
     assert attach_notices(long) == ["odd bytes", "big.txt: only the first 8,192 of 9,000 tokens "
                                     "fit the context; the rest is left out"]
+    split = AttachResult(doc_id=2, title="book.txt", tokens=90_000, kept_tokens=0, prefill_s=0,
+                         encode_s=1, raw_bytes=0, stored_bytes={}, passages=300,
+                         warnings=["book.txt: longer than the context; kept as passages"])
+    assert attach_notices(split) == split.warnings  # nothing is left out of it
     assert human_bytes(999) == "999 B" and human_bytes(70_500_000) == "70.5 MB"
 
 

@@ -54,7 +54,7 @@ def answer_stats(result: AskResult, generation_s: float) -> str:
 def attach_notices(result: AttachResult) -> list[str]:
     """What the user should know about a document that was attached."""
     notices = list(result.warnings)
-    if result.kept_tokens < result.tokens:
+    if result.kept_tokens < result.tokens and not result.passages:
         notices.append(f"{result.title}: only the first {result.kept_tokens:,} of "
                        f"{result.tokens:,} tokens fit the context; the rest is left out")
     return notices

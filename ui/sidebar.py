@@ -149,7 +149,8 @@ PHASE_WORDS = {"extract": "reading the file", "prefill": "computing the cache",
                "encode": "compressing", "store": "saving", "restore": "restoring",
                "recompute": "recomputing", "pull": "fetching from the shared cache",
                "push": "sharing", "wait": "waiting for another kvdesk window's answer",
-               "repair": "repairing"}
+               "repair": "repairing",
+               "split": "longer than the context: splitting into passages"}
 
 
 class AttachRow(QFrame):

@@ -1,7 +1,10 @@
 """Attaching a document: extract its text, prefill its prefix once, encode and store its KV.
 
 The prefix is what every chat about the document starts with (the system prompt and the
-document, cut to fit the context). A document attached before under this model is not
+document). A document too long for the context is not prefilled at all: the user is told so
+at once (a progress note), and it is split into passages, indexed and embedded (seconds for
+a megabyte; `passages.index`), to be answered from the passages each question retrieves.
+A document attached before under this model is not
 computed again; with a shared cache configured, its entry is taken from the bucket instead of
 prefilled when it is there, and shared after the attach when automatic pushing is on.
 A cancel or failure stores nothing of a new document and leaves a known one as it was.
@@ -19,6 +22,7 @@ from pathlib import Path
 
 from store import Document, Store
 
+from ..errors import Cancelled
 from ..kv import speeds as speeds_mod
 from ..kv.contexts import ATTACH, Contexts
 from ..kv.kvcache import KVCache
@@ -26,6 +30,8 @@ from ..kv.levels import check_levels, quality_order
 from ..kv.sharing import Sharing
 from ..kv.speeds import Speeds
 from ..model.prompts import Prefix, Prompter, document_prefix
+from ..model.runtime import Runtime
+from ..passages.index import PassageIndex
 from ..results import AttachResult, Progress
 from . import documents
 
@@ -41,8 +47,9 @@ def _phase(progress: ProgressFn | None, phase: str,
 
 class Attacher:
     def __init__(self, store: Store, contexts: Contexts, kv: KVCache, sharing: Sharing,
-                 prompter: Prompter, speeds: Speeds):
+                 prompter: Prompter, speeds: Speeds, passages: PassageIndex):
         self.store = store
+        self.passages = passages
         self.contexts = contexts
         self.kv = kv
         self.sharing = sharing
@@ -92,19 +99,19 @@ class Attacher:
             self.contexts.warm_up(rt)
             known = {d.content_hash: d for d in self.store.documents()}
             existing = known.get(extracted.content_hash)
-            prefix = document_prefix(rt, (existing.title if existing else title, extracted.text),
-                                     self.prompter.room(rt))
+            doc_tokens = len(rt.tokenize(extracted.text))
+            prefix = None if doc_tokens > self.prompter.room(rt) else document_prefix(
+                rt, (existing.title if existing else title, extracted.text),
+                self.prompter.room(rt))
+            if prefix is None or prefix.kept_tokens < prefix.doc_tokens:
+                return self._attach_passages(rt, extracted, existing, doc_tokens, progress,
+                                             cancel)
             doc = existing or self.store.add_document(
                 extracted.content_hash, title, extracted.text, type=extracted.kind,
                 source_path=extracted.source, n_tokens=prefix.doc_tokens)
             self.store.set_document_tokens(doc.id, rt.fingerprint, prefix.doc_tokens,
                                            prefix.kept_tokens)
             warnings = list(extracted.warnings)
-            if prefix.kept_tokens < prefix.doc_tokens:
-                warnings.append(
-                    f"{title}: the document has {prefix.doc_tokens:,} tokens but only "
-                    f"{prefix.kept_tokens:,} fit the context of {rt.n_ctx:,} (with room for "
-                    "questions and answers); the rest is left out")
             entry = self.store.document_entry(doc.id, rt.fingerprint)
             if entry is not None and set(levels) <= set(entry.levels):
                 return self._result(doc, prefix, entry.id, levels, warnings, reused=True)
@@ -136,6 +143,43 @@ class Attacher:
             speeds_mod.save(self.store, self.speeds)
             return self._result(doc, prefix, entry_id, levels, warnings,
                                 prefill_s=prefill_s, encode_s=encode_s)
+
+    def _attach_passages(self, rt: Runtime, extracted: documents.Extracted,
+                         existing: Document | None, doc_tokens: int,
+                         progress: ProgressFn | None,
+                         cancel: threading.Event | None) -> AttachResult:
+        """A document longer than the context: said at once, then split, indexed and
+        embedded (no prefill); a document already kept as passages keeps them."""
+        title = existing.title if existing else extracted.title
+        note = (f"{title}: {doc_tokens:,} tokens, longer than the context of {rt.n_ctx:,}; "
+                "it is kept as passages, and each question is answered from the passages "
+                "retrieved for it")
+        if progress:
+            progress(Progress("split", 0, 1, title, note=note))
+        t0 = time.perf_counter()
+        doc = existing or self.store.add_document(
+            extracted.content_hash, title, extracted.text, type=extracted.kind,
+            source_path=extracted.source, n_tokens=doc_tokens)
+        kept = count = len(self.store.passages(doc.id)) if existing else 0
+        try:
+            if not count:
+                count = self.passages.add(doc.id, extracted.text, extracted.kind,
+                                          lambda text: len(rt.tokenize(text)),
+                                          pages=extracted.pages)
+            if cancel is not None and cancel.is_set():
+                raise Cancelled()
+            self.store.set_document_tokens(doc.id, rt.fingerprint, doc_tokens, 0)
+        except BaseException:
+            if existing is None:  # nothing half-stored of a new document
+                self.store.delete_document(doc.id)
+            raise
+        if progress:
+            progress(Progress("split", 1, 1, title))
+        return AttachResult(
+            doc_id=doc.id, title=title, tokens=doc_tokens, kept_tokens=0, prefill_s=0.0,
+            encode_s=round(time.perf_counter() - t0, 3), raw_bytes=0, stored_bytes={},
+            reused=bool(kept), warnings=[*extracted.warnings, note],
+            passages=count)
 
     def _result(self, doc: Document, prefix: Prefix, entry_id: int, levels: Sequence[str],
                 warnings: list[str], *, prefill_s: float = 0.0, encode_s: float = 0.0,

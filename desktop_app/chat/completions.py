@@ -65,8 +65,9 @@ class Completions:
         docs = [s.library.document(d) for d in documents]
         if docs and s.longdocs.applies(docs):
             texts = [m["content"] for m in messages]
-            sources, notes = s.longdocs.pick(rt, docs, texts[-RECENT_MESSAGES - 1:], len(
-                rt.tokenize("\n".join(texts))) + 8 * len(texts))  # (their template's tokens)
+            sources, notes = s.longdocs.pick(
+                rt, docs, texts[-1], texts[-RECENT_MESSAGES - 1:-1],
+                len(rt.tokenize("\n".join(texts))) + 8 * len(texts))  # (their template's)
             layout = passage_layout(rt, [x.text for x in sources])
             head, head_tokens = list(layout.messages), list(layout.tokens)
         elif docs:

@@ -48,6 +48,8 @@ class Extracted:
     kind: str  # text | markdown | code | html | pdf
     source: str
     warnings: list[str] = field(default_factory=list)
+    # A PDF's pages that have text: (page number from 1, the offset in `text` it starts at).
+    pages: tuple[tuple[int, int], ...] | None = None
 
     @property
     def content_hash(self) -> str:
@@ -76,8 +78,9 @@ def extract(path: str | Path) -> Extracted:
     data = path.read_bytes()
     suffix = path.suffix.lower()
     warnings: list[str] = []
+    pages = None
     if suffix in PDF_SUFFIXES or data.startswith(b"%PDF"):
-        text, title, kind = _pdf_text(data, path, warnings), None, "pdf"
+        (text, pages), title, kind = _pdf_text(data, path, warnings), None, "pdf"
     else:
         raw = _decode(data, path.name, warnings)
         if suffix in HTML_SUFFIXES or _looks_like_html(raw):
@@ -91,7 +94,7 @@ def extract(path: str | Path) -> Extracted:
     if not text.strip():
         raise DocumentError(f"{path.name}: the document has no text")
     return Extracted(text=text, title=title or path.name, kind=kind, source=str(path.resolve()),
-                     warnings=warnings)
+                     warnings=warnings, pages=pages)
 
 
 def _decode(data: bytes, name: str, warnings: list[str]) -> str:
@@ -211,7 +214,9 @@ def _pdf_log(name: str, warnings: list[str]):
         log.propagate = propagate
 
 
-def _pdf_text(data: bytes, path: Path, warnings: list[str]) -> str:
+def _pdf_text(data: bytes, path: Path,
+              warnings: list[str]) -> tuple[str, tuple[tuple[int, int], ...]]:
+    """The PDF's text and where each page with text starts in it."""
     from pypdf import PdfReader
     from pypdf.errors import PdfReadError
 
@@ -228,7 +233,17 @@ def _pdf_text(data: bytes, path: Path, warnings: list[str]) -> str:
     if not any(p.strip() for p in pages):
         raise DocumentError(f"{path.name}: the PDF has no text layer (a scan?); "
                             "kvdesk does not do OCR")
-    return "\n\n".join(pages)
+    # Each page normalized on its own and the pages joined by a blank line: the same text as
+    # normalizing them joined (a page's edges are blank lines or spaces either way), with
+    # each page's offset known.
+    parts, starts, offset = [], [], 0
+    for number, page in enumerate(pages, 1):
+        page = re.sub(r"[ \t]+$", "", _normalize(page))
+        if page.strip():
+            parts.append(page)
+            starts.append((number, offset))
+            offset += len(page) + 2
+    return "\n\n".join(parts), tuple(starts)
 
 
 def _normalize(text: str) -> str:

@@ -75,6 +75,7 @@ class Library:
         sizes = self.store.entry_level_bytes(e.id for e in current.values())
         damaged = self.store.damaged(e.id for e in current.values())
         counts = self.store.document_tokens(fingerprint)
+        passages, cached = self.store.passage_counts(), self.store.passage_entries(fingerprint)
         out = []
         for doc in self.store.documents():
             entry = current.get(doc.id)
@@ -87,7 +88,8 @@ class Library:
             out.append(DocumentInfo(
                 doc.id, doc.title, doc.type, tokens, kept if entry else 0,
                 sizes.get(entry.id, {}) if entry else {}, status, doc.created,
-                damaged.get(entry.id, 0) if entry else 0))
+                damaged.get(entry.id, 0) if entry else 0, passages.get(doc.id, 0),
+                min(cached.get(doc.id, 0), passages.get(doc.id, 0))))
         return out
 
     def chats(self) -> list[ChatInfo]:

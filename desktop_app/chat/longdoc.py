@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import Any, Protocol
 
 from store import Document, Store
 
@@ -35,34 +34,22 @@ from ..kv.blending import Parts
 from ..kv.passagekv import PassageKV
 from ..model.prompts import Layout, Prompter, passage_layout
 from ..model.runtime import Runtime
+from ..passages.retrieve import DEFAULT_K, Retriever
 from ..results import Source
 from .library import Library
 
-TOP_K = 8  # passages retrieved per question
 RECENT_MESSAGES = 2  # the chat's last question and answer join the query: follow-ups say "it"
 
-
-class PassageIndex(Protocol):
-    """The documents kept as passages, and retrieval over them (desktop_app.passages)."""
-
-    def counts(self) -> dict[int, int]:
-        """{document id: its passages} of the documents kept as passages."""
-        ...
-
-    def retrieve(self, document_ids: Sequence[int], query: str, k: int) -> Sequence[Any]:
-        """The k passages of these documents best for `query`, best first: hits with
-        passage_id, document_id, index, text, page, lines, heading and score."""
-        ...
 
 
 class LongDocs:
     def __init__(self, store: Store, library: Library, prompter: Prompter, kv: PassageKV,
-                 index: PassageIndex | None, *, top_k: int = TOP_K):
+                 retriever: Retriever | None, *, top_k: int = DEFAULT_K):
         self.store = store
         self.library = library
         self.prompter = prompter
         self.kv = kv
-        self.index = index
+        self.retriever = retriever
         self.top_k = top_k
         self._chosen: dict[int, list[Source]] = {}  # chat id -> the passages of its latest turn
         self._offered: list[Source] = []  # a client's conversation's (`offer`)
@@ -73,9 +60,9 @@ class LongDocs:
         return bool(self._split(docs))
 
     def _split(self, docs: Sequence[Document]) -> list[int]:
-        if self.index is None or not docs:
+        if self.retriever is None or not docs:
             return []
-        counts = self.index.counts()
+        counts = self.store.passage_counts()
         return [d.id for d in docs if counts.get(d.id)]
 
     # -- which passages ----------------------------------------------------------------------
@@ -88,7 +75,7 @@ class LongDocs:
             return []
         history = self.library.history(chat_id)
         recent = [m.text for m in history[-RECENT_MESSAGES:]]
-        chosen, notes = self.pick(rt, docs, [*recent, question],
+        chosen, notes = self.pick(rt, docs, question, recent,
                                   self._turns_tokens(rt, chat_id, history) + len(
                                       rt.tokenize(question)) + 16,  # its template's tokens
                                   self.sources(chat_id))
@@ -96,13 +83,15 @@ class LongDocs:
             self._chosen[chat_id] = chosen
         return notes
 
-    def pick(self, rt: Runtime, docs: Sequence[Document], query: Sequence[str], used: int,
-             kept: Sequence[Source] = ()) -> tuple[list[Source], list[str]]:
-        """The passages of `docs` for `query` (the question, after the turns before it) with
-        `used` tokens of the context taken by the conversation, keeping `kept` while room
-        remains; (passages in document order, notes)."""
+    def pick(self, rt: Runtime, docs: Sequence[Document], question: str, recent: Sequence[str],
+             used: int, kept: Sequence[Source] = ()) -> tuple[list[Source], list[str]]:
+        """The passages of `docs` for `question` asked after the `recent` turns, with `used`
+        tokens of the context taken by the conversation, keeping `kept` while room remains;
+        (passages in document order, notes)."""
         split = self._split(docs)
-        hits = [Source.of(h) for h in self.index.retrieve(split, "\n".join(query), self.top_k)]
+        # Each document's best, then the best of all (fused scores compare across them).
+        hits = sorted((Source.of(h, d) for d in split for h in self.retriever.retrieve(
+            d, question, recent=recent, k=self.top_k)), key=lambda s: -s.score)[:self.top_k]
         chosen = self._fit(rt, hits, list(kept), self.prompter.room(rt) - used,
                            [d.id for d in docs])
         notes = []

@@ -7,6 +7,7 @@ never a traceback.
 
     base          the group, output, progress and Ctrl-C handling every command shares
     chat          attach, ask, reopen, docs, chats, rm
+    passages      what retrieval returns from a long document
     maintenance   info, verify, gc, selfcheck, eval, gui
     remote        the shared cache: remote status, push, pull
     serve         the local OpenAI-compatible API
@@ -24,7 +25,7 @@ import sys
 import click
 
 from ..errors import is_user_error
-from . import chat, maintenance, remote, serve  # noqa: F401 - each registers its commands
+from . import chat, maintenance, passages, remote, serve  # noqa: F401 - each registers its commands
 from .base import cli
 
 __all__ = ["cli", "main"]

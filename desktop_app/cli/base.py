@@ -84,8 +84,13 @@ class TerminalProgress:
     def __init__(self):
         self.tty = sys.stderr.isatty()
         self.last = None
+        self.noted: list[str] = []  # the notes said, each once, as soon as they came
 
     def __call__(self, p: Progress) -> None:
+        if p.note and p.note not in self.noted:
+            self.noted.append(p.note)
+            click.echo(("\r\033[K" if self.tty else "") + f"Note: {p.note}", err=True)
+            self.last = None
         pct = 100 * p.done // max(1, p.total)
         key = (p.title, p.phase, pct if self.tty else pct // 25)
         if key == self.last:

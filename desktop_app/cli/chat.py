@@ -63,9 +63,15 @@ def attach(app: App, files: tuple[str, ...], levels: str | None, no_server: bool
                 continue
             bar.done()
             for w in res.warnings:
-                click.echo(f"Warning: {w}", err=True)
+                if w not in bar.noted:
+                    click.echo(f"Warning: {w}", err=True)
             results.append(res.as_dict())
-            if not as_json:
+            if not as_json and res.passages:
+                click.echo(f"[{res.doc_id}] {res.title}: {res.tokens:,} tokens as "
+                           f"{res.passages:,} passages ("
+                           + ("already kept" if res.reused else f"indexed in {res.encode_s:.1f} s")
+                           + "); `kvdesk passages` shows what a question retrieves")
+            elif not as_json:
                 sizes = ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in res.stored_bytes.items())
                 how = "already cached" if res.reused else (
                     f"from the shared cache in {res.encode_s:.1f} s" if res.pulled else
@@ -224,6 +230,7 @@ def docs(app: App, as_json: bool):
         f"[{d.doc_id}] {d.title} — {d.tokens:,} tokens"
         + (f" ({d.kept_tokens:,} kept)" if d.status == "ready" and d.kept_tokens < d.tokens
            else "")
+        + (f", {d.passages:,} passages" if d.passages else "")
         + f", {d.status}, {sum(d.cache_bytes.values()) / 1e6:.1f} MB cached"
         + (f", {d.damaged_chunks} damaged chunks (kvdesk verify --repair)"
            if d.damaged_chunks else "") for d in rows])

@@ -1,6 +1,8 @@
 """The local API as an ASGI application (FastAPI): OpenAI's routes, and kvdesk's own.
 
     GET  /v1/models                           the loaded model (and "default")
+    POST /v1/embeddings                       OpenAI embeddings, from retrieval's model
+                                              (`embeddings`)
     POST /v1/chat/completions                 OpenAI chat completions, streamed or not, with a
                                               persistent prompt cache and a `kvdesk` field
     GET  /v1/kvdesk/health                    liveness, for `kvdesk ask` to find the server
@@ -39,7 +41,7 @@ from ..errors import MissingError, is_user_error
 from ..options import GenerationOptions, RestoreOptions
 from ..results import Progress
 from ..validation import InvalidValue, parse
-from . import bridge
+from . import bridge, embeddings
 from . import schemas as s
 
 log = logging.getLogger("kvdesk.server")
@@ -132,6 +134,11 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping) -> F
         return _json(status, body)
 
     # -- OpenAI --------------------------------------------------------------------------------
+
+    def refuse(status: int, message: str, code: str | None, param: str | None):
+        raise ApiError(status, message, code=code, param=param)
+
+    api.include_router(embeddings.router(engine, stopping, refuse))
 
     @api.get("/v1/models")
     async def models():

@@ -1,0 +1,34 @@
+"""`kvdesk passages DOC [--query Q]`: a long document's passages, or what retrieval returns
+for a question about it; a thin layer over `Engine.passages`."""
+
+from __future__ import annotations
+
+import click
+
+from ..app import App
+from ..passages.retrieve import DEFAULT_K
+from .base import cli, emit, json_option
+
+PREVIEW_CHARS = 100
+
+
+@cli.command()
+@click.argument("doc_id", type=int)
+@click.option("--query", "-q", help="A question: show the passages retrieval returns for it, "
+              "best first, with their scores.")
+@click.option("-k", "k", type=click.IntRange(1, 100), default=DEFAULT_K, show_default=True,
+              help="How many passages to retrieve (with --query).")
+@json_option
+@click.pass_obj
+def passages(app: App, doc_id: int, query: str | None, k: int, as_json: bool):
+    """Show a long document's passages (where each is, its heading), or with --query what
+    retrieval returns for a question (BM25 and embeddings, fused)."""
+    hits = app.engine.passages(doc_id, query=query, k=k)
+    lines = [f"#{h.index} [{h.location}]" + (f" {' > '.join(h.heading)}" if h.heading else "")
+             + f" · {h.tokens} tokens" + (f" · score {h.score:.4f}" if query is not None else "")
+             + "\n    " + " ".join(h.text.split())[:PREVIEW_CHARS] for h in hits]
+    if not hits:
+        lines = [f"document {doc_id} fits the context: it is not kept as passages"
+                 if query is None or not app.engine.passages(doc_id) else
+                 "no passage matches the query"]
+    emit([{**h.as_dict(), "location": h.location} for h in hits], as_json, lines)

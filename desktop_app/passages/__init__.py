@@ -1,0 +1,15 @@
+"""The passages room: a document too long for the context, as passages that can be retrieved.
+
+`split` cuts a document's text into passages of a few hundred tokens on its own boundaries
+(paragraphs and headings of prose and Markdown, pages of a PDF, definitions in code), each
+with its location (characters, lines, page, heading path); `embed` turns texts into
+L2-normalised vectors with a static embedding model that ships inside its wheel (nothing is
+downloaded); `index` stores a document's passages, their full-text index and their vectors;
+`retrieve` answers a question with the passages most likely to hold its answer (BM25, dense,
+or both fused by reciprocal rank).
+
+Its question is "which parts of this long document does the question need?". It stands on the
+store and leaf modules only: tokens are counted through a callable the caller passes (the
+model's tokenizer), so it never imports the model, the KV room, the chat room, the engine,
+llama.cpp or Qt, and it never computes or reads any KV.
+"""

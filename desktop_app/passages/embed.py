@@ -1,0 +1,90 @@
+"""Texts as dense vectors, with an embedding model that ships inside its wheel.
+
+The default is WordLlama's `l2_supercat` model at 256 dimensions: static token embeddings
+(distilled from large models' embedding layers), averaged over a text's tokens. Its weights
+(16 MB) and tokenizer come in the `wordllama` wheel, so nothing is downloaded, ever: the
+files are read from the package's own folder with downloads disabled (wordllama's default
+lookup misses the tokenizer it ships and would fetch it from the Hugging Face hub). Why this
+one (model2vec ships no weights; the chat model's own token embeddings retrieve worse):
+benchmarks/RESULTS.md, "Retrieval in long documents".
+
+Vectors are float32, L2-normalised (a text with no token is the zero vector), so a dot
+product is the cosine. This module never touches the store or the model.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from ..errors import EngineError
+
+
+class Embedder(Protocol):
+    """What retrieval and the embeddings endpoint embed with."""
+
+    @property
+    def name(self) -> str: ...  # names the vectors it makes: stored beside them
+
+    @property
+    def dimension(self) -> int: ...
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray: ...  # float32 [n, dimension]
+
+    def count_tokens(self, texts: Sequence[str]) -> int: ...  # its own tokens, in all
+
+
+def normalise(vectors: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit length; an all-zero row (a text with no token) stays zero."""
+    vectors = np.asarray(vectors, dtype=np.float32)
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return np.divide(vectors, norms, out=np.zeros_like(vectors), where=norms > 0)
+
+
+class WordLlamaEmbedder:
+    """WordLlama's static embeddings, loaded from its wheel on first use (~0.5 s)."""
+
+    CONFIG = "l2_supercat"
+    DIMENSION = 256
+
+    def __init__(self):
+        self._model = None
+        self._lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        return f"wordllama-{self.CONFIG}-{self.DIMENSION}"
+
+    @property
+    def dimension(self) -> int:
+        return self.DIMENSION
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        texts = list(texts)
+        if not texts:
+            return np.zeros((0, self.DIMENSION), dtype=np.float32)
+        return normalise(self._loaded().embed(texts, norm=False))
+
+    def count_tokens(self, texts: Sequence[str]) -> int:
+        # The tokenizer pads a batch to its longest text: count the real tokens only.
+        return sum(sum(e.attention_mask) for e in self._loaded().tokenizer.encode_batch(
+            list(texts), add_special_tokens=False))
+
+    def _loaded(self):
+        with self._lock:
+            if self._model is None:
+                try:
+                    import wordllama
+                except ImportError as e:  # a broken install, said plainly
+                    raise EngineError("the embedding model is not installed (the wordllama "
+                                      "package); reinstall kvdesk") from e
+                # The wheel's folder has the layout of wordllama's cache (weights/,
+                # tokenizers/): pointing the cache there finds both, with no download.
+                self._model = wordllama.WordLlama.load(
+                    config=self.CONFIG, dim=self.DIMENSION, disable_download=True,
+                    cache_dir=Path(wordllama.__file__).parent)
+            return self._model

@@ -1,0 +1,118 @@
+"""The passages of a long document a question needs: BM25, dense, and the two fused.
+
+BM25 comes from the store's FTS5 index, dense similarity from the passages' stored vectors
+(a dot product with the query's, all in numpy: a 3 MB text has ~3,000 passages), and the
+fused ranking is reciprocal rank fusion (Cormack et al., 2009: score = sum of 1 / (60 +
+rank) over the rankings a passage is in), which needs no tuning of one score against the
+other. The query is the question and the chat's recent turns: the question's words first
+(the FTS5 query keeps the first 64 words), its vector weighed twice the turns'. Which mode
+is the default was measured: benchmarks/bench_retrieval.py, RESULTS.md "Retrieval in long
+documents".
+
+It never computes KV and never decides what the chat context holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from store import Store
+
+from ..errors import EngineError
+from ..results import Record
+from .embed import Embedder, normalise
+from .index import PassageIndex
+
+MODES = ("bm25", "dense", "fused")
+DEFAULT_MODE = "fused"
+DEFAULT_K = 8
+RRF_K = 60  # the constant of reciprocal rank fusion (the paper's, and common practice)
+CANDIDATES = 50  # from each ranking, before fusing
+RECENT_TURNS = 2  # the chat's last turns that join the question
+RECENT_CHARS = 400  # of each of them
+RECENT_WEIGHT = 0.5  # of their vector against the question's
+
+
+@dataclass(frozen=True)
+class Hit(Record):
+    """A retrieved passage, where it is, and how well it matched (higher is better)."""
+
+    passage_id: int
+    index: int
+    text: str
+    page: int | None
+    lines: tuple[int, int]
+    heading: tuple[str, ...]
+    tokens: int
+    score: float
+
+    @property
+    def location(self) -> str:
+        """"page 3" for a PDF, else "lines 120-141"."""
+        if self.page is not None:
+            return f"page {self.page}"
+        first, last = self.lines
+        return f"line {first}" if first == last else f"lines {first}-{last}"
+
+
+def recent_text(turns: Sequence[str]) -> list[str]:
+    """The chat's last turns as they join a query: the latest few, each cut short."""
+    return [t[:RECENT_CHARS] for t in list(turns)[-RECENT_TURNS:] if t.strip()]
+
+
+class Retriever:
+    def __init__(self, store: Store, embedder: Embedder, mode: str = DEFAULT_MODE):
+        check_mode(mode)
+        self.store = store
+        self.embedder = embedder
+        self.index = PassageIndex(store, embedder)
+        self.mode = mode
+
+    def retrieve(self, doc_id: int, question: str, *, recent: Sequence[str] = (),
+                 k: int = DEFAULT_K, mode: str | None = None) -> list[Hit]:
+        """The `k` passages of document `doc_id` that best answer `question` asked after the
+        chat's `recent` turns (oldest first), best first."""
+        mode = mode or self.mode
+        check_mode(mode)
+        if k < 1:
+            raise EngineError(f"the number of passages to retrieve must be at least 1, not {k}")
+        turns = recent_text(recent)
+        ranked: list[list[tuple[int, float]]] = []
+        if mode in ("bm25", "fused"):
+            found = self.store.search_passages(doc_id, " ".join([question, *turns]),
+                                               max(k, CANDIDATES))
+            ranked.append([(p.id, score) for p, score in found])
+        if mode in ("dense", "fused"):
+            ranked.append(self._dense(doc_id, question, turns, max(k, CANDIDATES)))
+        order = ranked[0] if len(ranked) == 1 else fuse(ranked)
+        passages = {p.id: p for p in self.store.passages(doc_id)} if order else {}
+        return [Hit(pid, p.index, p.text, p.page, p.lines, p.heading, p.tokens, round(score, 6))
+                for pid, score in order[:k] for p in [passages[pid]]]
+
+    def _dense(self, doc_id: int, question: str, turns: list[str],
+               n: int) -> list[tuple[int, float]]:
+        ids, matrix = self.index.vectors(doc_id)
+        if not ids:
+            return []
+        vectors = self.embedder.embed([question, " ".join(turns)] if turns else [question])
+        query = vectors[0] + RECENT_WEIGHT * vectors[1] if turns else vectors[0]
+        scores = matrix @ normalise(query[None, :])[0]
+        top = np.argsort(-scores, kind="stable")[:n]
+        return [(ids[i], float(scores[i])) for i in top]
+
+
+def fuse(rankings: Sequence[Sequence[tuple[int, float]]]) -> list[tuple[int, float]]:
+    """Reciprocal rank fusion of rankings of (id, score), best first."""
+    fused: dict[int, float] = {}
+    for ranking in rankings:
+        for rank, (pid, _) in enumerate(ranking, start=1):
+            fused[pid] = fused.get(pid, 0.0) + 1.0 / (RRF_K + rank)
+    return sorted(fused.items(), key=lambda item: (-item[1], item[0]))
+
+
+def check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise EngineError(f"unknown retrieval mode {mode!r}: use one of {', '.join(MODES)}")

@@ -1,0 +1,295 @@
+"""A long document cut into passages of a few hundred tokens, on the document's own boundaries.
+
+The text is first read as units: paragraphs (and fenced code blocks) of prose and Markdown,
+with the heading path they sit under; top-level definitions of code (a class's methods
+too), with the definition they belong to as heading; every page of a PDF starts a unit of its
+own. Units are then packed, in order, into passages of about `target` tokens: a unit that
+starts a section, a definition or a page starts a new passage (a page always; a section once
+the passage holds a quarter of the target, so a run of tiny sections is not a run of tiny
+passages), and a unit longer than `limit` tokens is cut at lines, then sentences, then
+words. A passage's text is exactly `text[start:end]` of the document.
+
+Tokens are counted with the caller's `count_tokens` (the model's tokenizer), once per unit;
+a passage's count is the sum over its units (within a token or two of tokenizing it whole).
+This module only reads text: it never touches the model, the store or any KV.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+TARGET_TOKENS = 320
+LIMIT_TOKENS = 512
+
+CountFn = Callable[[str], int]
+
+
+@dataclass(frozen=True)
+class Passage:
+    """One passage of a document, and where it is in it."""
+
+    index: int  # its order in the document, from 0
+    text: str  # = document text[start:end]
+    start: int  # character range in the document's text
+    end: int
+    page: int | None  # a PDF's page it is on (1-based), None for other documents
+    lines: tuple[int, int]  # its first and last line in the document's text (1-based)
+    heading: tuple[str, ...]  # the headings (or definitions) most of it sits under, outermost
+    # first
+    tokens: int  # its token count under the tokenizer it was split with
+
+
+@dataclass(frozen=True)
+class _Unit:
+    start: int
+    end: int
+    heading: tuple[str, ...]
+    page: int | None
+    opens: bool  # a section, definition or page starts here
+    new_page: bool = False
+
+
+_ATX = re.compile(r"^(#{1,6})[ \t]+(.+?)[ \t#]*$")
+_UNDERLINE = re.compile(r"^(=+|-+|~+|\^+|\*+)[ \t]*$")
+_FENCE = re.compile(r"^[ \t]*(```|~~~)")
+# The first line of a definition in the common languages (and decorators, which belong to it).
+_DEFINITION = re.compile(
+    r"^(?P<indent>[ \t]*)(?:@\w|(?:export\s+|pub(?:\([^)]*\))?\s+|public\s+|private\s+|"
+    r"protected\s+|static\s+|async\s+|abstract\s+|final\s+|inline\s+)*"
+    r"(?:def|class|function|func|fn|impl|struct|enum|trait|interface|module|type|"
+    r"typedef|template|namespace|sub|proc|procedure|macro_rules!|#define)\b)")
+
+
+def split(text: str, kind: str, count_tokens: CountFn, *,
+          pages: Sequence[tuple[int, int]] | None = None, target: int = TARGET_TOKENS,
+          limit: int = LIMIT_TOKENS) -> list[Passage]:
+    """`text` as passages. `kind` is the document's (text, markdown, html, code, pdf);
+    `pages`: (page number, character offset its text starts at) of a PDF's pages, in order."""
+    if not 0 < target <= limit:
+        raise ValueError(f"a passage's target ({target}) must be positive and at most its "
+                         f"limit ({limit})")
+    units = (_code_units(text) if kind == "code" else _prose_units(text, markdown=kind in (
+        "markdown", "text", "html")))
+    if pages:
+        units = _on_pages(units, pages)
+    lines = _Lines(text)
+    return _pack(text, units, count_tokens, target, limit, lines)
+
+
+class _Lines:
+    """Line numbers of character offsets."""
+
+    def __init__(self, text: str):
+        self._breaks = [m.start() for m in re.finditer("\n", text)]
+
+    def of(self, offset: int) -> int:
+        return bisect.bisect_left(self._breaks, offset) + 1
+
+
+def _line_spans(text: str):
+    """(start, end) of each line, without its newline."""
+    start = 0
+    for m in re.finditer("\n", text):
+        yield start, m.start()
+        start = m.end()
+    yield start, len(text)
+
+
+def _prose_units(text: str, *, markdown: bool) -> list[_Unit]:
+    """Paragraphs, fenced blocks whole, each under its heading path (Markdown's # headings
+    and underlined headings, reStructuredText's too)."""
+    units: list[_Unit] = []
+    heading: list[tuple[int, str]] = []  # (level, title)
+    # Underline characters by level: Markdown's = and -, then others in the order first seen.
+    underline_levels: list[str] = ["=", "-"]
+    para: list[tuple[int, int]] = []
+    fence: str | None = None
+    opens = True
+    titled = False  # the paragraph so far is a heading
+
+    def flush() -> None:
+        nonlocal para, opens
+        if para:
+            units.append(_Unit(para[0][0], para[-1][1], tuple(t for _, t in heading), None,
+                               opens))
+            opens = False
+        para = []
+
+    def enter(level: int, title: str) -> None:
+        nonlocal opens
+        while heading and heading[-1][0] >= level:
+            heading.pop()
+        heading.append((level, title))
+        opens = True
+
+    for start, end in _line_spans(text):
+        line = text[start:end]
+        if fence is not None:
+            para.append((start, end))
+            if line.strip().startswith(fence):
+                fence = None
+            continue
+        if markdown and _FENCE.match(line):
+            fence = _FENCE.match(line).group(1)
+            para.append((start, end))
+            continue
+        if not line.strip():
+            if not titled:  # a heading on its own stays with the paragraph under it
+                flush()
+            continue
+        titled = False
+        atx = _ATX.match(line) if markdown else None
+        under = _UNDERLINE.match(line) if markdown else None
+        if atx:
+            flush()
+            enter(len(atx.group(1)), atx.group(2).strip())
+            para, titled = [(start, end)], True
+        elif under and len(para) == 1 and len(line.strip()) >= 3 and \
+                len(text[para[0][0]:para[0][1]].strip()) <= 120:
+            mark = line.strip()[0]
+            if mark not in underline_levels:
+                underline_levels.append(mark)
+            title_span = para[0]
+            para = []
+            flush()
+            enter(underline_levels.index(mark) + 1, text[title_span[0]:title_span[1]].strip())
+            para, titled = [title_span, (start, end)], True
+        else:
+            para.append((start, end))
+    flush()
+    return units
+
+
+def _code_units(text: str) -> list[_Unit]:
+    """Runs of lines between blank lines, a definition (with the comments and decorators
+    just above it) opening a unit of its own, under the definitions enclosing it."""
+    units: list[_Unit] = []
+    stack: list[tuple[int, str]] = []  # (indent, first line) of the enclosing definitions
+    run: list[tuple[int, int]] = []
+    run_opens = True
+    lead: list[tuple[int, int]] = []  # comment or decorator lines waiting for a definition
+
+    def flush(spans: list[tuple[int, int]], opens: bool) -> None:
+        if spans:
+            units.append(_Unit(spans[0][0], spans[-1][1], tuple(t for _, t in stack), None,
+                               opens))
+
+    for start, end in _line_spans(text):
+        line = text[start:end]
+        stripped = line.strip()
+        if not stripped:
+            flush(run + lead, run_opens)
+            run, lead, run_opens = [], [], False
+            continue
+        indent = len(line) - len(line.lstrip())
+        decorator = stripped.startswith("@")
+        if _DEFINITION.match(line) and not decorator:
+            flush(run, run_opens)
+            while stack and stack[-1][0] >= indent:
+                stack.pop()
+            stack.append((indent, stripped[:80]))
+            run, run_opens = lead + [(start, end)], True
+            lead = []
+        elif decorator or lead or (stripped.startswith(("#", "//", "/*", "*", "--"))
+                                   and not run):
+            lead.append((start, end))
+        else:
+            if indent == 0 and stack and not stripped.startswith((")", "}", "]", "{")):
+                stack.clear()  # back at the top level, outside any definition
+            run.append((start, end))
+    flush(run + lead, run_opens)
+    return units
+
+
+def _on_pages(units: list[_Unit], pages: Sequence[tuple[int, int]]) -> list[_Unit]:
+    """Each unit given its page; a unit that crosses into the next page is cut there."""
+    starts = [offset for _, offset in pages]
+    out: list[_Unit] = []
+    page_of = None
+    for unit in units:
+        start = unit.start
+        while start < unit.end:
+            i = max(0, bisect.bisect_right(starts, start) - 1)
+            end = min(unit.end, starts[i + 1]) if i + 1 < len(starts) else unit.end
+            number = pages[i][0]
+            new_page = number != page_of
+            out.append(_Unit(start, end, unit.heading, number,
+                             unit.opens or new_page, new_page))
+            page_of, start = number, end
+    return [u for u in out if u.start < u.end]
+
+
+def _pack(text: str, units: list[_Unit], count: CountFn, target: int, limit: int,
+          lines: _Lines) -> list[Passage]:
+    passages: list[Passage] = []
+    group: list[tuple[_Unit, int, int, int]] = []  # (unit, start, end, tokens)
+    size = 0
+
+    def flush() -> None:
+        nonlocal group, size
+        start, end = group[0][1] if group else 0, group[-1][2] if group else 0
+        body = text[start:end]
+        if body.strip():
+            start += len(body) - len(body.lstrip())
+            end -= len(body) - len(body.rstrip())
+            under: dict[tuple[str, ...], int] = {}
+            for unit, _, _, tokens in group:
+                under[unit.heading] = under.get(unit.heading, 0) + tokens
+            passages.append(Passage(len(passages), text[start:end], start, end,
+                                    group[0][0].page, (lines.of(start), lines.of(end - 1)),
+                                    max(under, key=under.get), size))
+        group, size = [], 0
+
+    for unit in units:
+        for start, end, tokens in _pieces(text, unit.start, unit.end, count, target, limit):
+            if group and (unit.new_page or size + tokens > target or
+                          (unit.opens and start == unit.start and size >= target // 4)):
+                flush()
+            group.append((unit, start, end, tokens))
+            size += tokens
+    flush()
+    return passages
+
+
+_SEPARATORS = ("\n", ". ", " ")
+
+
+def _pieces(text: str, start: int, end: int, count: CountFn, target: int, limit: int,
+            depth: int = 0) -> list[tuple[int, int, int]]:
+    """[start, end) as (start, end, tokens) pieces of at most `limit` tokens: whole if it
+    fits, else cut at lines, then sentences, then words, then characters."""
+    tokens = count(text[start:end])
+    if tokens <= limit:
+        return [(start, end, tokens)]
+    if depth == len(_SEPARATORS):
+        step = max(1, (end - start) * target // tokens)
+        return [piece for s in range(start, end, step)
+                for piece in _pieces(text, s, min(end, s + step), count, target, limit, depth)
+                ] if step < end - start else [(start, end, tokens)]
+    sep = _SEPARATORS[depth]
+    cuts = [start] + [start + m.end() for m in re.finditer(re.escape(sep), text[start:end])
+                      if start + m.end() < end]
+    if len(cuts) == 1:
+        return _pieces(text, start, end, count, target, limit, depth + 1)
+    out: list[tuple[int, int, int]] = []
+    for a, b in zip(cuts, [*cuts[1:], end], strict=True):
+        out += _pieces(text, a, b, count, target, limit, depth + 1)
+    return _merge(out, target, limit)
+
+
+def _merge(pieces: list[tuple[int, int, int]], target: int,
+           limit: int) -> list[tuple[int, int, int]]:
+    """Neighbouring small pieces joined back up to `target` tokens; a piece much smaller
+    than that (a heading line) joins the next up to `limit`."""
+    out: list[tuple[int, int, int]] = []
+    for start, end, tokens in pieces:
+        if out and (out[-1][2] + tokens <= target or
+                    (out[-1][2] < target // 4 and out[-1][2] + tokens <= limit)):
+            s, _, t = out[-1]
+            out[-1] = (s, end, t + tokens)
+        else:
+            out.append((start, end, tokens))
+    return out

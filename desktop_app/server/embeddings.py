@@ -1,0 +1,76 @@
+"""`POST /v1/embeddings`: OpenAI's embeddings route, from the model kvdesk retrieves with.
+
+RAG tools that speak OpenAI's API get the vectors kvdesk's own retrieval uses (the static
+model of `passages.embed`: no download, no model context, milliseconds a text). `model` is
+the embedder's name or "default"; `input` one text or up to 2,048; `encoding_format` float or
+base64 (float32 little-endian, what the official client asks for by default); `dimensions`
+keeps the first N of them, scaled back to unit length (the model is trained to be cut so).
+Token arrays are refused: the embedder reads text with its own tokenizer, not the chat
+model's. Errors are the API's usual OpenAI JSON (the handlers of `api`).
+
+Routes only translate: `Engine.embed` does the work, on a worker thread (`bridge`).
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable
+from typing import Literal
+
+import numpy as np
+import pydantic
+from fastapi import APIRouter, Request
+from pydantic import Field
+
+from ..passages.embed import normalise
+from . import bridge
+
+MAX_INPUTS = 2048  # as OpenAI
+
+
+class EmbeddingsRequest(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="ignore")  # user... as OpenAI-compatible servers
+    model: str
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(default=None, ge=1)
+
+
+def router(engine: Callable, stopping: bridge.Stopping, refuse: Callable) -> APIRouter:
+    """The route, over `engine()` (the app's, loaded on first use); `refuse(status, message,
+    code, param)` raises the API's error."""
+    routes = APIRouter()
+
+    @routes.post("/v1/embeddings")
+    async def embeddings(body: EmbeddingsRequest, request: Request):
+        embedder = engine().embedder
+        if body.model not in (embedder.name, "default"):
+            refuse(404, f"model {body.model!r} does not make embeddings here: "
+                   f"{embedder.name!r} or 'default'", "model_not_found", "model")
+        texts = [body.input] if isinstance(body.input, str) else body.input
+        if not texts or len(texts) > MAX_INPUTS:
+            refuse(400, f"input: 1 to {MAX_INPUTS} texts, not {len(texts)}", None, "input")
+        if not all(isinstance(t, str) for t in texts):
+            refuse(400, "input: token arrays are not supported (the embedding model reads text "
+                   "with its own tokenizer): send the text", None, "input")
+        if not all(t.strip() for t in texts):
+            refuse(400, "input: an empty text has no embedding", None, "input")
+        if body.dimensions is not None and body.dimensions > embedder.dimension:
+            refuse(400, f"dimensions: at most {embedder.dimension} for {embedder.name}",
+                   None, "dimensions")
+        vectors, tokens = await bridge.call(request, stopping, lambda _: (
+            engine().embed(texts), embedder.count_tokens(texts)))
+        if body.dimensions is not None:
+            vectors = normalise(vectors[:, :body.dimensions])
+        return {"object": "list", "model": embedder.name,
+                "data": [{"object": "embedding", "index": i, "embedding": _encoded(v, body)}
+                         for i, v in enumerate(vectors)],
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+    return routes
+
+
+def _encoded(vector: np.ndarray, body: EmbeddingsRequest) -> list[float] | str:
+    if body.encoding_format == "base64":
+        return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
+    return vector.tolist()

@@ -1,0 +1,226 @@
+"""Passages of long documents: their text and locations, a full-text index, and their vectors.
+
+A document too long for a model's context is kept as passages (rows of `passages`, in
+document order), indexed by SQLite's FTS5 (`passages_fts`, an external-content index kept in
+step by triggers, ranked by BM25) and by dense vectors (`passage_vectors`: one float32 row
+per passage and embedding model, L2-normalised by whoever made them; compared with numpy).
+Text, index and vectors are the document's: they are never evicted (they are not KV and the
+storage budget does not count them), and deleting the document deletes them.
+
+Each passage has a `content_hash` (SHA-256 of its text): the key its KV is stored under, so
+the same text is one cache whichever document holds it. This module never touches KV entries
+or chunks, and never embeds or splits anything: it stores what it is given.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .db import Connections
+from .errors import NotFoundError
+
+M008_PASSAGES = """
+CREATE TABLE passages (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    document_id INTEGER NOT NULL REFERENCES documents(id) ON DELETE CASCADE,
+    idx INTEGER NOT NULL,               -- its order in the document, from 0
+    text TEXT NOT NULL,
+    char_start INTEGER NOT NULL,        -- [char_start, char_end) of the document's text
+    char_end INTEGER NOT NULL,
+    page INTEGER,                       -- a PDF's page (1-based), else NULL
+    line_start INTEGER NOT NULL,        -- first and last line (1-based)
+    line_end INTEGER NOT NULL,
+    heading TEXT NOT NULL,              -- JSON list: the headings it sits under
+    n_tokens INTEGER NOT NULL,          -- under the tokenizer it was split with
+    content_hash TEXT NOT NULL,         -- SHA-256 (hex) of text: the key of its KV
+    UNIQUE (document_id, idx)
+);
+CREATE INDEX passages_content ON passages(content_hash);
+CREATE VIRTUAL TABLE passages_fts USING fts5(
+    text, heading, content='passages', content_rowid='id', tokenize='porter unicode61'
+);
+CREATE TRIGGER passages_fts_insert AFTER INSERT ON passages BEGIN
+    INSERT INTO passages_fts(rowid, text, heading) VALUES (new.id, new.text, new.heading);
+END;
+CREATE TRIGGER passages_fts_delete AFTER DELETE ON passages BEGIN
+    INSERT INTO passages_fts(passages_fts, rowid, text, heading)
+        VALUES ('delete', old.id, old.text, old.heading);
+END;
+CREATE TABLE passage_vectors (
+    passage_id INTEGER NOT NULL REFERENCES passages(id) ON DELETE CASCADE,
+    embedder TEXT NOT NULL,             -- the embedding model's name
+    vector BLOB NOT NULL,               -- float32 little-endian
+    PRIMARY KEY (passage_id, embedder)
+) WITHOUT ROWID
+"""
+
+
+def m008_passages(conn: sqlite3.Connection) -> None:
+    """Passages of documents too long for the context: text, locations, FTS5 index, vectors."""
+    for statement in _statements(M008_PASSAGES):
+        conn.execute(statement)
+
+
+def _statements(script: str) -> list[str]:
+    """The statements of the script: split on the semicolons that end one (a trigger's body
+    holds statements of its own, closed by END;)."""
+    out, current = [], []
+    for part in script.split(";"):
+        current.append(part)
+        text = ";".join(current)
+        if "BEGIN" in text and not text.rstrip().endswith("END"):
+            continue
+        if text.strip():
+            out.append(text)
+        current = []
+    return out
+
+
+@dataclass(frozen=True)
+class StoredPassage:
+    id: int
+    document_id: int
+    index: int
+    text: str
+    start: int
+    end: int
+    page: int | None
+    lines: tuple[int, int]
+    heading: tuple[str, ...]
+    tokens: int
+    content_hash: str
+
+
+COLUMNS = ("id, document_id, idx, text, char_start, char_end, page, line_start, line_end,"
+           " heading, n_tokens, content_hash")
+
+
+def _record(row: Sequence) -> StoredPassage:
+    (pid, doc, idx, text, start, end, page, first, last, heading, tokens, digest) = row
+    return StoredPassage(pid, doc, idx, text, start, end, page, (first, last),
+                         tuple(json.loads(heading)), tokens, digest)
+
+
+# Words too common to tell passages apart; BM25 would weigh them near zero anyway, but each
+# one more OR term makes FTS5 walk its long posting list.
+_STOPWORDS = frozenset(
+    "a an and are as at be by did do does for from had has have how i in is it its of on or "
+    "that the this to was were what when where which who whom why will with you your".split())
+
+
+def match_expression(query: str) -> str | None:
+    """An FTS5 query matching any of the query's words (each quoted: no FTS5 syntax of the
+    user's can break it), or None for a query with no word worth searching for."""
+    words = [w for w in re.findall(r"\w+", query.lower()) if w not in _STOPWORDS]
+    unique = list(dict.fromkeys(words))[:64]
+    return " OR ".join(f'"{w}"' for w in unique) or None
+
+
+class PassageStore:
+    """The Store's passages (a base class of `store.Store`, which owns `_db` and `_reclaim`)."""
+
+    _db: Connections
+
+    def _reclaim(self) -> None: ...
+
+    def add_passages(self, document_id: int, passages: Sequence[Any], *,
+                     vectors: np.ndarray | None = None, embedder: str | None = None
+                     ) -> list[int]:
+        """Store a document's passages (replacing any it had) and, given, their vectors made
+        by `embedder` (one row per passage, float32); returns the new ids in order. A passage
+        is anything with StoredPassage's attributes less id, document_id and content_hash
+        (desktop_app.passages.split.Passage)."""
+        if (vectors is None) != (embedder is None):
+            raise ValueError("passage vectors need the name of the model that made them")
+        if vectors is not None and len(vectors) != len(passages):
+            raise ValueError(f"{len(vectors)} vectors for {len(passages)} passages")
+        rows = [(document_id, p.index, p.text, p.start, p.end, p.page, p.lines[0], p.lines[1],
+                 json.dumps(list(p.heading)), p.tokens,
+                 hashlib.sha256(p.text.encode("utf-8")).hexdigest()) for p in passages]
+        with self._db.write() as db:
+            if not db.execute("SELECT 1 FROM documents WHERE id = ?", (document_id,)).fetchone():
+                raise NotFoundError(f"no document {document_id}")
+            db.execute("DELETE FROM passages WHERE document_id = ?", (document_id,))
+            ids = [db.execute(
+                "INSERT INTO passages (document_id, idx, text, char_start, char_end, page,"
+                " line_start, line_end, heading, n_tokens, content_hash)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row).lastrowid for row in rows]
+            if vectors is not None:
+                _put_vectors(db.conn, ids, embedder, vectors)
+        self._reclaim()
+        return ids
+
+    def set_passage_vectors(self, passage_ids: Sequence[int], embedder: str,
+                            vectors: np.ndarray) -> None:
+        """Store (or replace) the vectors `embedder` made for these passages."""
+        if len(vectors) != len(passage_ids):
+            raise ValueError(f"{len(vectors)} vectors for {len(passage_ids)} passages")
+        with self._db.write() as db:
+            _put_vectors(db.conn, list(passage_ids), embedder, vectors)
+
+    def passages(self, document_id: int) -> list[StoredPassage]:
+        """A document's passages in document order (none: it fits the context, or is new)."""
+        rows = self._db.get().execute(
+            f"SELECT {COLUMNS} FROM passages WHERE document_id = ? ORDER BY idx", (document_id,))
+        return [_record(row) for row in rows]
+
+    def passage_counts(self) -> dict[int, int]:
+        """{document id: passages} of the documents kept as passages."""
+        return dict(self._db.get().execute(
+            "SELECT document_id, count(*) FROM passages GROUP BY document_id").fetchall())
+
+    def passage(self, passage_id: int) -> StoredPassage:
+        row = self._db.get().execute(f"SELECT {COLUMNS} FROM passages WHERE id = ?",
+                                     (passage_id,)).fetchone()
+        if row is None:
+            raise NotFoundError(f"no passage {passage_id}")
+        return _record(row)
+
+    def search_passages(self, document_id: int, query: str,
+                        k: int = 10) -> list[tuple[StoredPassage, float]]:
+        """The `k` passages of a document that best match `query` by BM25, best first, with
+        their scores (higher is better). Any text is a valid query: it is searched word by
+        word, never parsed as FTS5 syntax."""
+        expression = match_expression(query)
+        if expression is None or k <= 0:
+            return []
+        cols = ", ".join(f"p.{c.strip()}" for c in COLUMNS.split(","))
+        rows = self._db.get().execute(
+            f"SELECT {cols}, bm25(passages_fts, 1.0, 0.5) AS rank FROM passages_fts"
+            " JOIN passages p ON p.id = passages_fts.rowid"
+            " WHERE passages_fts MATCH ? AND p.document_id = ? ORDER BY rank LIMIT ?",
+            (expression, document_id, k)).fetchall()
+        # FTS5's bm25() is negative, more negative for better matches.
+        return [(_record(row[:-1]), -row[-1]) for row in rows]
+
+    def passage_vectors(self, document_id: int,
+                        embedder: str) -> tuple[list[int], np.ndarray | None]:
+        """(passage ids in document order, their vectors [n, d]) by `embedder`; (ids, None)
+        when any passage of the document lacks one."""
+        rows = self._db.get().execute(
+            "SELECT p.id, v.vector FROM passages p LEFT JOIN passage_vectors v"
+            " ON v.passage_id = p.id AND v.embedder = ? WHERE p.document_id = ? ORDER BY p.idx",
+            (embedder, document_id)).fetchall()
+        ids = [pid for pid, _ in rows]
+        if not rows or any(blob is None for _, blob in rows):
+            return ids, None
+        matrix = np.frombuffer(b"".join(blob for _, blob in rows), dtype="<f4")
+        return ids, matrix.reshape(len(rows), -1)
+
+
+def _put_vectors(conn: sqlite3.Connection, ids: Sequence[int], embedder: str,
+                 vectors: np.ndarray) -> None:
+    data = np.ascontiguousarray(vectors, dtype="<f4")
+    if data.ndim != 2:
+        raise ValueError(f"passage vectors must be a [n, d] matrix, not {data.shape}")
+    conn.executemany("INSERT OR REPLACE INTO passage_vectors VALUES (?, ?, ?)",
+                     [(pid, embedder, row.tobytes()) for pid, row in zip(ids, data, strict=True)])
+

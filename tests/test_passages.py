@@ -1,0 +1,223 @@
+"""Long documents as passages: splitting keeps locations, the store keeps text, index and
+vectors across reopen and drops them with the document, retrieval finds planted facts."""
+
+from __future__ import annotations
+
+import re
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pdf_helpers import make_pdf
+
+from desktop_app.chat.documents import _normalize, extract
+from desktop_app.errors import EngineError
+from desktop_app.passages.embed import WordLlamaEmbedder
+from desktop_app.passages.retrieve import Retriever, fuse
+from desktop_app.passages.split import split
+from store import Store
+
+
+def words(text: str) -> int:
+    """A stand-in tokenizer: one token per word (the real one is the model's)."""
+    return len(text.split())
+
+
+# -- splitting ----------------------------------------------------------------------------------
+
+
+def check_locations(text: str, passages) -> None:
+    assert [p.index for p in passages] == list(range(len(passages)))
+    for p in passages:
+        assert text[p.start:p.end] == p.text and p.text.strip()
+        assert p.lines == (text.count("\n", 0, p.start) + 1, text.count("\n", 0, p.end - 1) + 1)
+    assert all(a.end <= b.start for a, b in zip(passages, passages[1:], strict=False))
+
+
+def test_markdown_passages_follow_headings_and_stay_under_the_limit():
+    body = " ".join(f"word{i}" for i in range(900))
+    text = (f"# Guide\n\nIntro.\n\n## Install\n\n{body}\n\nAfter.\n\n## Use\n\n"
+            + "Run it. " * 15 + "\n\n```\ncode\n\nstill code\n```\n\nSetext title\n------------\n\n"
+            + "Under it. " * 30)
+    passages = split(text, "markdown", words, target=100, limit=200)
+    check_locations(text, passages)
+    assert all(p.tokens <= 200 for p in passages)
+    assert any(p.heading == ("Guide", "Install") and "word500" in p.text for p in passages)
+    use = next(p for p in passages if "## Use" in p.text)
+    assert use.heading == ("Guide", "Use") and "still code" in use.text  # a fence stays whole
+    assert passages[-1].heading == ("Guide", "Setext title")
+    # No passage but the last is tiny: small sections join the next.
+    assert sum(p.tokens for p in passages) == words(text)
+
+
+def test_code_passages_start_at_definitions_and_name_them():
+    source = Path(sysconfig.get_paths()["stdlib"], "textwrap.py").read_text()
+    passages = split(source, "code", words, target=150, limit=300)
+    check_locations(source, passages)
+    wrap = next(p for p in passages if p.text.lstrip().startswith("def _split(self, text)"))
+    assert wrap.heading == ("class TextWrapper:", "def _split(self, text):")
+    dedent = next(p for p in passages if p.text.startswith("def dedent(text):"))
+    assert dedent.heading == ("def dedent(text):",)
+
+
+def test_pdf_passages_carry_their_pages(tmp_path):
+    pages = [["Chapter one opens here.", "It rains in Lisbon."],
+             [],  # a page with no text: numbering goes on past it
+             ["The harbour master keeps the keys."],
+             ["Last page."]]
+    doc = extract(make_pdf(tmp_path / "book.pdf", pages))
+    raw = ["\n".join(lines) for lines in pages]
+    assert doc.text == _normalize("\n\n".join(raw))  # the same text as before pages were kept
+    assert [n for n, _ in doc.pages] == [1, 3, 4]
+    passages = split(doc.text, doc.kind, words, pages=doc.pages, target=6, limit=12)
+    check_locations(doc.text, passages)
+    harbour = next(p for p in passages if "harbour master" in p.text)
+    assert harbour.page == 3 and "Lisbon" not in harbour.text and "Last" not in harbour.text
+    assert {p.page for p in passages} == {1, 3, 4}
+
+
+def test_a_paragraph_longer_than_the_limit_is_cut_at_sentences_then_words():
+    text = "Alpha beta gamma. " * 200 + "\n" + "x" * 5 + " y" * 700
+    passages = split(text.strip(), "text", words, target=50, limit=80)
+    check_locations(text.strip(), passages)
+    assert all(p.tokens <= 80 for p in passages)
+    with pytest.raises(ValueError, match="target"):
+        split(text, "text", words, target=100, limit=50)
+
+
+# -- the store ----------------------------------------------------------------------------------
+
+
+HAYSTACK = Path(sysconfig.get_paths()["stdlib"], "pydoc_data", "topics.py")
+FACTS = [
+    ("The access code of the Zelmar vault is 4417.",
+     "What is the access code of the Zelmar vault?"),
+    ("Captain Orsolya Brandt named her sloop the Wandering Heron.",
+     "What did Captain Orsolya Brandt call her sloop?"),
+    ("The Quillfeather conference of 2031 met in the town of Tarrow.",
+     "Where did the Quillfeather conference of 2031 take place?"),
+]
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    return WordLlamaEmbedder()
+
+
+@pytest.fixture
+def indexed(tmp_path, embedder):
+    """A 60 kB slice of Python's own documentation with three facts planted at 10, 50 and 90 %."""
+    text = HAYSTACK.read_text()[20_000:80_000]
+    paragraphs = text.split("\n\n")
+    for (fact, _), depth in zip(FACTS, (0.1, 0.5, 0.9), strict=True):
+        paragraphs.insert(int(depth * len(paragraphs)), fact)
+    text = "\n\n".join(paragraphs)
+    store = Store(tmp_path / "data")
+    doc = store.add_document("h", "topics", text, type="text")
+    retriever = Retriever(store, embedder)
+    n = retriever.index.add(doc.id, text, "text", words)
+    yield store, doc, retriever, n
+    store.close()
+
+
+def test_passages_index_and_vectors_survive_reopen_and_go_with_the_document(indexed, tmp_path,
+                                                                            embedder):
+    store, doc, retriever, n = indexed
+    before = store.passages(doc.id)
+    assert len(before) == n >= 20 and store.passage_counts() == {doc.id: n}
+    store.close()
+    with Store(tmp_path / "data") as again:
+        assert again.passages(doc.id) == before
+        assert again.passage(before[3].id) == before[3]
+        (best, score), *_ = again.search_passages(doc.id, "Zelmar vault access code", 3)
+        assert "Zelmar" in best.text and score > 0
+        ids, vectors = again.passage_vectors(doc.id, embedder.name)
+        assert ids == [p.id for p in before] and vectors.shape == (n, embedder.dimension)
+        assert np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5)
+        again.delete_document(doc.id)
+        assert again.passages(doc.id) == [] and again.passage_counts() == {}
+        assert again.search_passages(doc.id, "Zelmar", 3) == []
+        db = again._db.get()
+        assert db.execute("SELECT count(*) FROM passage_vectors").fetchone() == (0,)
+        # The full-text index itself holds nothing of the deleted passages.
+        db.execute("INSERT INTO passages_fts(passages_fts, rank) VALUES ('integrity-check', 1)")
+        assert db.execute("SELECT count(*) FROM passages_fts_docsize").fetchone() == (0,)
+
+
+def test_any_query_text_is_searched_as_words(indexed):
+    store, doc, _, _ = indexed
+    for query in ['"AND (NOT', "NEAR(x y) OR *", "", "the of and", "Zelmar's vault?"]:
+        store.search_passages(doc.id, query, 5)  # never an FTS5 syntax error
+    assert "Zelmar" in store.search_passages(doc.id, "Zelmar's vault?", 1)[0][0].text
+
+
+def test_add_passages_refuses_what_does_not_match(indexed):
+    store, doc, _, _ = indexed
+    passages = split("One.\n\nTwo.", "text", words, target=1, limit=1)
+    assert len(passages) == 2
+    with pytest.raises(ValueError, match="vectors"):
+        store.add_passages(doc.id, passages, vectors=np.zeros((1, 4)), embedder="e")
+    with pytest.raises(ValueError, match="name"):
+        store.add_passages(doc.id, passages, vectors=np.zeros((2, 4)))
+
+
+# -- retrieval ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["bm25", "fused"])
+def test_retrieval_finds_planted_facts(indexed, mode):
+    _, doc, retriever, _ = indexed
+    for fact, question in FACTS:
+        hits = retriever.retrieve(doc.id, question, k=3, mode=mode)
+        assert any(fact in h.text for h in hits), (mode, question, [h.text[:60] for h in hits])
+        assert hits == sorted(hits, key=lambda h: -h.score)
+
+
+def test_dense_retrieval_ranks_by_meaning(indexed):
+    _, doc, retriever, _ = indexed
+    hits = retriever.retrieve(doc.id, "The access code of the Zelmar vault is 4417.", k=1,
+                              mode="dense")
+    assert "Zelmar" in hits[0].text and hits[0].score > 0.5
+
+
+def test_recent_turns_join_the_query(indexed):
+    _, doc, retriever, _ = indexed
+    alone = retriever.retrieve(doc.id, "And what was it called?", k=3, mode="bm25")
+    assert not any("Wandering Heron" in h.text for h in alone)
+    hits = retriever.retrieve(doc.id, "And what was it called?", k=3, mode="bm25",
+                              recent=["Tell me about Captain Orsolya Brandt's sloop.",
+                                      "She sailed it for years."])
+    assert any("Wandering Heron" in h.text for h in hits)
+    assert re.fullmatch(r"lines? \d+(-\d+)?", hits[0].location)
+
+
+def test_reciprocal_rank_fusion_rewards_agreement():
+    fused = fuse([[(1, 9.0), (2, 5.0), (3, 1.0)], [(2, 0.9), (4, 0.8), (1, 0.1)]])
+    assert [pid for pid, _ in fused] == [2, 1, 4, 3]  # in both lists beats first in one
+
+
+def test_bad_retrieval_requests_are_refused(indexed):
+    _, doc, retriever, _ = indexed
+    with pytest.raises(EngineError, match="mode"):
+        retriever.retrieve(doc.id, "q", mode="magic")
+    with pytest.raises(EngineError, match="at least 1"):
+        retriever.retrieve(doc.id, "q", k=0)
+    assert retriever.retrieve(doc.id + 99, "Zelmar") == []  # a document with no passages
+
+
+def test_the_embedder_loads_from_its_wheel_with_no_network(monkeypatch, embedder):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import socket
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("the embedder tried to reach the network")
+
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    fresh = WordLlamaEmbedder()
+    vectors = fresh.embed(["A cat sat on the mat.", "A feline rested on a rug.", "", "Tax law."])
+    assert vectors.dtype == np.float32 and vectors.shape == (4, fresh.dimension)
+    assert np.allclose(np.linalg.norm(vectors[[0, 1, 3]], axis=1), 1, atol=1e-5)
+    assert not vectors[2].any()  # no token, no direction (not NaN)
+    assert vectors[0] @ vectors[1] > vectors[0] @ vectors[3]
+    assert fresh.embed([]).shape == (0, fresh.dimension)
