@@ -155,3 +155,39 @@ def test_the_local_api_answers_from_passages_and_names_them(make_engine):
     again = eng.complete(messages, documents=[eng.doc], generation=GREEDY)
     assert again.sources == first.sources
     assert again.cached_tokens >= len(passage_prefix(eng.runtime, PASSAGES[1]).tokens)
+
+
+def test_ask_json_names_the_sources_of_an_answer_over_a_long_document(tmp_path, monkeypatch,
+                                                                       model_path):
+    import json
+    import subprocess
+    import sys
+
+    def kvdesk(*args):
+        proc = subprocess.run([sys.executable, "-m", "desktop_app", *args, "--json"],
+                              capture_output=True, text=True, timeout=180)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+        return json.loads(proc.stdout)
+
+    monkeypatch.setenv("KVDESK_N_CTX", "1024")  # so that a few pages are a long document
+    topics = ["tides", "harbour", "lanterns", "gulls", "charts", "ropes", "storms", "fog"]
+    paragraphs = [f"Chapter {i + 1} is about the {t} of the island. " * 12 for i, t in
+                  enumerate(topics * 2)]
+    paragraphs[11] += "The lighthouse keeper's cat is called Admiral Whiskers."
+    book = tmp_path / "book.txt"
+    book.write_text("\n\n".join(paragraphs))
+    doc = kvdesk("attach", str(book))[0]
+    assert doc["passages"] > 1
+    question = "What is the lighthouse keeper's cat called?"
+    first = kvdesk("ask", str(doc["doc_id"]), question, "--max-tokens", "8")
+    assert first["sources"], first
+    assert {"passage_id", "text", "lines", "score"} <= set(first["sources"][0])
+    assert any("Admiral Whiskers" in s["text"] for s in first["sources"])
+    listed = kvdesk("docs")[0]
+    assert listed["passages"] == doc["passages"]
+    assert listed["passages_cached"] == len(first["sources"])
+    # The next process finds every passage's KV stored: none is computed again.
+    second = kvdesk("ask", str(doc["doc_id"]), question, "--max-tokens", "8")
+    assert not any("for the first time" in m for m in second["messages"])
+    assert [s["passage_id"] for s in second["sources"]] == \
+        [s["passage_id"] for s in first["sources"]]
