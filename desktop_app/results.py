@@ -119,6 +119,14 @@ class Source(Record):
                    d.get("page"), tuple(d["lines"]) if d.get("lines") else None,
                    tuple(d.get("heading", ())))
 
+    @property
+    def location(self) -> str:
+        """"page 3" for a PDF's passage, else "lines 120-141": where a user finds it."""
+        if self.page is not None:
+            return f"page {self.page}"
+        first, last = self.lines or (0, 0)
+        return f"line {first}" if first == last else f"lines {first}-{last}"
+
     def as_dict(self) -> dict:
         """`page` for a PDF's passage, else `lines`: the location a user can find it by."""
         out = {"passage_id": self.passage_id, "document_id": self.document_id,
