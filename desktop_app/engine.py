@@ -115,7 +115,8 @@ class Engine:
                                    blend_fraction=blend_fraction,
                                    generation_defaults=generation_defaults,
                                    longdocs=LongDocs(store, self.library, self.prompter,
-                                                     PassageKV(store, kv, passage_level),
+                                                     PassageKV(store, kv, self.sharing,
+                                                               passage_level),
                                                      self.retriever))
         self.completions = Completions(self.session, min_cache_tokens=min_cache_tokens)
         self.exactness = Exactness(

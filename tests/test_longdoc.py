@@ -16,7 +16,7 @@ from desktop_app.engine import Engine
 from desktop_app.model.prompts import passage_layout, passage_prefix
 from desktop_app.model.runtime import Runtime
 from desktop_app.options import GenerationOptions
-from store import Store
+from store import Store, sync
 
 PASSAGES = [
     "The ferry to Cape Morrow leaves at 07:15 and 16:40 on weekdays. On Saturdays it sails "
@@ -191,3 +191,37 @@ def test_ask_json_names_the_sources_of_an_answer_over_a_long_document(tmp_path, 
     assert not any("for the first time" in m for m in second["messages"])
     assert [s["passage_id"] for s in second["sources"]] == \
         [s["passage_id"] for s in first["sources"]]
+
+
+def test_passage_kv_travels_through_the_shared_cache(tmp_path, remote_tier, model_path,
+                                                     model_hash):
+    def on(folder, **kw):
+        store = Store(folder)
+        eng = Engine(store, lambda: Runtime(model_path, model_hash=model_hash, n_ctx=2048,
+                                            flash_attn=True),
+                     chunk_tokens=64, blend_fraction=0.15, remote=remote_tier, **kw)
+        eng.session.longdocs.top_k = 2
+        eng.doc = add_long_document(store)
+        return eng
+
+    q = "When does the Saturday ferry leave, and what does the museum keep?"
+    a = on(tmp_path / "a", auto_push=True)
+    b = on(tmp_path / "b")
+    try:
+        first = a.ask(q, doc_ids=[a.doc], generation=GREEDY)
+        assert any("for the first time" in m for m in first.messages)
+        index = sync.remote_index(remote_tier, a.fingerprint)
+        assert len(index) == 2  # each passage's entry shared as it was computed
+        # Machine B has the same document: it takes the passages' KV from the bucket.
+        other = b.ask(q, doc_ids=[b.doc], generation=GREEDY)
+        assert [s["text"] for s in other.sources] == [s["text"] for s in first.sources]
+        assert any("2 passage(s) taken from the shared cache" in m for m in other.messages)
+        assert not any("for the first time" in m for m in other.messages)
+        assert len(passage_entries(b)) == 2
+        # A whole-store pull never takes a passage for a document.
+        assert sync.pull_all(b.store, remote_tier, b.fingerprint)["pulled"] == []
+        assert [d.title for d in b.store.documents()] == ["Island guide"]
+    finally:
+        for eng in (a, b):
+            eng.close()
+            eng.store.close()

@@ -171,8 +171,12 @@ class LongDocs:
         stored = self.store.longest_prefix(rt.fingerprint, tokens, touch=False, tail_minimum=1)
         if stored.n_tokens + stored.tail_match >= len(layout.tokens):
             return None
-        entries, computed, computed_tokens = self.kv.ensure(
-            rt, [(s.document_id, s.text) for s in sources], cancel=cancel)
-        notes = [f"{computed} passage(s) retrieved for the first time: their KV computed "
-                 f"({computed_tokens:,} tokens) and stored"] if computed else []
-        return Parts(layout, entries[1:], notes, computed_tokens) if len(sources) > 1 else None
+        ready = self.kv.ensure(rt, [(s.document_id, s.text) for s in sources], cancel=cancel)
+        notes = list(ready.notes)
+        if ready.computed:
+            notes.append(f"{ready.computed} passage(s) retrieved for the first time: their KV "
+                         f"computed ({ready.computed_tokens:,} tokens) and stored")
+        if ready.pulled:
+            notes.append(f"{ready.pulled} passage(s) taken from the shared cache")
+        return Parts(layout, ready.entries[1:], notes, ready.computed_tokens) \
+            if len(sources) > 1 else None

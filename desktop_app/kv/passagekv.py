@@ -9,30 +9,47 @@ document holds it. It is stored at one level (the setting `passage_level`, `bala
 default), not every level: a book has thousands of passages.
 
 `ensure` computes the missing ones (the first time they are retrieved) in the context it is
-given and stores each before the next, so a one-shot command keeps what it computed and an
-interrupted question keeps the passages finished before it; the others are found, marked used
-(the storage budget evicts passage KV least recently used first, like any entry) and read back
-by `blending`. It never decides which passages a chat uses: `chat.longdoc` does.
+given — unless the shared cache (S3 tier) has them: they travel like documents' entries, and
+are shared after computing when automatic pushing is on — and stores each before the next,
+so a one-shot command keeps what it computed and an interrupted question keeps the passages
+finished before it; the others are found, marked used (the storage budget evicts passage KV
+least recently used first, like any entry) and read back by `blending`. It never decides
+which passages a chat uses: `chat.longdoc` does.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from store import Entry, Store
 
 from ..model.prompts import passage_prefix
 from ..model.runtime import Runtime
 from .kvcache import KVCache
+from .sharing import Sharing
 
 DEFAULT_PASSAGE_LEVEL = "balanced"
 
 
+@dataclass
+class Ready:
+    """A question's passages made ready: each one's entry, and what that took."""
+
+    entries: list[Entry | None]  # None only where a sliding-window context could not store it
+    computed: int = 0  # passages computed here
+    computed_tokens: int = 0
+    pulled: int = 0  # passages taken from the shared cache
+    notes: list[str] = field(default_factory=list)
+
+
 class PassageKV:
-    def __init__(self, store: Store, kv: KVCache, level: str = DEFAULT_PASSAGE_LEVEL):
+    def __init__(self, store: Store, kv: KVCache, sharing: Sharing,
+                 level: str = DEFAULT_PASSAGE_LEVEL):
         self.store = store
         self.kv = kv
+        self.sharing = sharing  # the shared cache: looked at before computing, fed after
         self.level = level
         self._tokens: dict[tuple[str, str], tuple[int, ...]] = {}  # (model, text): its prefix
 
@@ -53,20 +70,34 @@ class PassageKV:
         return last if last.parent_id is None and last.token_end == len(tokens) else None
 
     def ensure(self, rt: Runtime, passages: Sequence[tuple[int, str]], *,
-               cancel: threading.Event | None = None) -> tuple[list[Entry | None], int, int]:
-        """The entry of each (document id, text) passage, computing and storing the missing
-        ones in `rt` (whose content is replaced); (entries, passages computed, their tokens).
-        An entry is None only where a sliding-window model's context could not store it."""
-        entries, n_computed, computed = [], 0, 0
+               cancel: threading.Event | None = None) -> Ready:
+        """The entry of each (document id, text) passage: stored here, else taken from the
+        shared cache, else computed in `rt` (whose content is replaced) and stored (and
+        shared, when automatic pushing is on)."""
+        ready = Ready([])
         for document_id, text in passages:
             found = self.entry(rt, text, touch=True)
+            if found is None:
+                found = self._pull(rt, text, document_id, ready)
             if found is None:
                 tokens = self.tokens(rt, text)
                 rt.reset()
                 rt.prefill(list(tokens), cancel=cancel)
-                n_computed, computed = n_computed + 1, computed + len(tokens)
+                ready.computed += 1
+                ready.computed_tokens += len(tokens)
                 entry_id = self.kv.store_prefix(rt, tokens, (self.level,), document_id=document_id,
                                                 cancel=cancel, passage=True)
-                found = None if entry_id is None else self.store.entry(entry_id)
-            entries.append(found)
-        return entries, n_computed, computed
+                if entry_id is not None:
+                    found = self.store.entry(entry_id)
+                    ready.notes.extend(self.sharing.push_after_attach(entry_id)[1])
+            ready.entries.append(found)
+        return ready
+
+    def _pull(self, rt: Runtime, text: str, document_id: int, ready: Ready) -> Entry | None:
+        entry_id, notes = self.sharing.pull_passage(rt.fingerprint, self.tokens(rt, text),
+                                                    self.level, document_id)
+        ready.notes.extend(notes)
+        if entry_id is None:
+            return None
+        ready.pulled += 1
+        return self.store.entry(entry_id)
