@@ -66,7 +66,8 @@ def main() -> None:
         folder = Path(tmp)
         digest = content_hash(model, folder / "hashes.json")
         store = Store(folder / "data")
-        eng = Engine(store, lambda: Runtime(model, model_hash=digest, n_ctx=args.n_ctx))
+        eng = Engine(store, lambda: Runtime(model, model_hash=digest, n_ctx=args.n_ctx),
+                     fill_passages=False)  # (the first ask must find no passage computed)
         eng.session.longdocs.top_k = args.k
         text = text_of("pydoc")[:args.chars]
         path = folder / "reference.txt"

@@ -130,7 +130,8 @@ class App:
                       auto_push=s.remote_auto_push, auto_pull=s.remote_auto_pull,
                       min_cache_tokens=s.prompt_cache_min_tokens,
                       blend_fraction=s.blend_recompute, generation_defaults=s.generation,
-                      passage_level=s.passage_level)
+                      passage_level=s.passage_level,
+                      fill_passages=s.passages_in_background)
 
     def info(self) -> dict:
         rt = self.engine.runtime

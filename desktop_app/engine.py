@@ -38,6 +38,7 @@ from .chat.completions import Completions
 from .chat.exactness import Exactness
 from .chat.library import Library
 from .chat.longdoc import LongDocs
+from .chat.passagefill import PassageFill
 from .chat.sessions import ChatSession
 from .kv import repair, speeds, streaming
 from .kv.contexts import CHAT, Contexts
@@ -86,6 +87,7 @@ class Engine:
         blend_fraction: float = DEFAULT_BLEND_FRACTION,
         generation_defaults: GenerationOptions = GenerationOptions(),
         passage_level: str = DEFAULT_PASSAGE_LEVEL,
+        fill_passages: bool = True,
     ):
         check_levels(levels)
         self.store = store
@@ -108,6 +110,7 @@ class Engine:
         self.retriever = Retriever(store, self.embedder)
         self.attacher = Attacher(store, self.contexts, kv, self.sharing, self.prompter,
                                  self.speeds, self.retriever.index)
+        passage_kv = PassageKV(store, kv, self.sharing, passage_level)
         self.session = ChatSession(store, self.contexts, self.library, kv, self.sharing,
                                    self.prompter, self.speeds, levels=self._levels,
                                    chunk_tokens=chunk_tokens,
@@ -115,13 +118,18 @@ class Engine:
                                    blend_fraction=blend_fraction,
                                    generation_defaults=generation_defaults,
                                    longdocs=LongDocs(store, self.library, self.prompter,
-                                                     PassageKV(store, kv, self.sharing,
-                                                               passage_level),
-                                                     self.retriever))
+                                                     passage_kv, self.retriever))
+        # Every long document's passages given their KV in the background (long-running
+        # engines only: warm_up).
+        self.fill_passages, self._long_running = fill_passages, False
+        self.passage_fill = PassageFill(store, self.contexts, passage_kv,
+                                        chat_lock=self.session.lock,
+                                        attach_lock=self.attacher.lock)
         self.completions = Completions(self.session, min_cache_tokens=min_cache_tokens)
         self.exactness = Exactness(
             self.contexts, kv, chat_lock=self.session.lock, attach_lock=self.attacher.lock,
-            conversation=self.session.conversation, first_document=self.session.first_document,
+            conversation=self.session.conversation,
+            first_document=self.session.longdocs.first_document,
             on_exact=self.session.exact_stored)
         self.session.request_exact = self.exactness.request
 
@@ -147,7 +155,13 @@ class Engine:
         return self.contexts.fingerprint
 
     def warm_up(self) -> None:
+        """Load the model and ready the codec before the first call (the window and `kvdesk
+        serve` do, at start): such a long-running engine also gives every passage of the
+        long documents its KV in the background, resuming where a restart left it."""
         self.contexts.warm_up()
+        if self.fill_passages:
+            self._long_running = True
+            self.passage_fill.resume()
 
     def codec_state(self) -> PrepState:
         """How far readying the codec's kernels is (the GUI's "preparing the codec")."""
@@ -177,6 +191,7 @@ class Engine:
         return _info(cal)
 
     def close(self) -> None:
+        self.passage_fill.close()
         self.exactness.close()
         self.sharing.abandon()
         self.contexts.close()
@@ -212,7 +227,10 @@ class Engine:
     def attach(self, path: str | Path, *, levels: Sequence[str] | None = None,
                progress: ProgressFn | None = None,
                cancel: threading.Event | None = None) -> AttachResult:
-        return self.attacher.attach(path, levels=levels, progress=progress, cancel=cancel)
+        result = self.attacher.attach(path, levels=levels, progress=progress, cancel=cancel)
+        if result.passages and self._long_running:  # (a one-shot command would not finish)
+            self.passage_fill.request(result.doc_id)
+        return result
 
     def prefill(self, doc_id: int, *, levels: Sequence[str] | None = None,
                 progress: ProgressFn | None = None,

@@ -111,6 +111,11 @@ def test_follow_ups_keep_the_chats_passages_and_a_reopen_lays_them_out(make_engi
     ids = [s["passage_id"] for s in follow.sources]
     # This question's passage joins; the museum's stays, room allowing; document order.
     assert eng.ids[3] in ids and eng.ids[1] in ids and ids == sorted(ids)
+    # Blended answers are never stored; the exact context is, in the background, as an entry
+    # extending the first passage's.
+    assert eng.exactness.idle.wait(300)
+    (own,) = [e for e in eng.store.entries() if e.chat_id == chat]
+    assert eng.store.entry(own.parent_id).passage
     _, tokens, _ = eng.session.conversation(eng.runtime, chat)
     layout = passage_layout(eng.runtime, [s["text"] for s in follow.sources])
     assert tuple(tokens[:len(layout.tokens)]) == layout.tokens
@@ -154,6 +159,8 @@ def test_the_local_api_answers_from_passages_and_names_them(make_engine):
     eng.runtime.reset()
     again = eng.complete(messages, documents=[eng.doc], generation=GREEDY)
     assert again.sources == first.sources
+    assert not first.stored and not again.stored  # blended: approximate, never stored
+    assert not [e for e in eng.store.entries() if not e.passage]
     assert again.cached_tokens >= len(passage_prefix(eng.runtime, PASSAGES[1]).tokens)
 
 
@@ -225,3 +232,36 @@ def test_passage_kv_travels_through_the_shared_cache(tmp_path, remote_tier, mode
         for eng in (a, b):
             eng.close()
             eng.store.close()
+
+
+def test_a_long_running_engine_gives_every_passage_its_kv_in_the_background(make_engine):
+    eng = make_engine()
+    eng.warm_up()  # the window and `kvdesk serve` do: it resumes the passage pass
+    assert eng.passage_fill.idle.wait(300)
+    assert eng.store.passage_entries(eng.fingerprint) == {eng.doc: 5}
+    info = {d.doc_id: d for d in eng.documents()}[eng.doc]
+    assert (info.passages, info.passages_cached) == (5, 5)
+    # Resumable: a restart finds what is stored and computes only the rest.
+    stored = passage_entries(eng)
+    dropped = next(iter(stored))
+    eng.store.delete_entry(dropped)
+    again = make_engine(store=eng.store)
+    again.warm_up()
+    assert again.passage_fill.idle.wait(300)
+    now = passage_entries(again)
+    assert len(now) == 5 and set(stored) - {dropped} <= set(now)
+    # A question meanwhile finds them all: nothing computed.
+    out = again.ask("What does the museum keep?", doc_ids=[again.doc], generation=GREEDY)
+    assert not any("for the first time" in m for m in out.messages)
+
+
+def test_the_background_pass_stops_at_the_storage_budget(make_engine):
+    eng = make_engine()
+    eng.store.budget_bytes = 1
+    calls = []
+    ensure = eng.passage_fill.kv.ensure
+    eng.passage_fill.kv.ensure = lambda *a, **kw: calls.append(1) or ensure(*a, **kw)
+    eng.warm_up()
+    assert eng.passage_fill.idle.wait(300)
+    assert len(calls) == 1  # the first one did not stay: no more are computed
+    assert not passage_entries(eng)

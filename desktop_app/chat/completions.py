@@ -138,7 +138,8 @@ class Completions:
                                 [x.as_dict() for x in sources])
             if on_answered:
                 on_answered(result)
-            stored = kept and self._store(rt, turn, text)
+            # A blended prompt (a long document's passages) is approximate: never stored.
+            stored = kept and not s.blended and self._store(rt, turn, text)
             return replace(result, stored=stored)
 
     def _store(self, rt, turn: Turn, text: str) -> bool:

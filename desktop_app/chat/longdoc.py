@@ -142,6 +142,14 @@ class LongDocs:
                 return [Source.from_dict(d) for d in m.stats["sources"]]
         return []
 
+    def first_document(self, rt: Runtime, chat_id: int) -> tuple[int, Sequence[int]] | None:
+        """(id, prefix) of the document whose entry a chat's extends (stored first when
+        missing); None for a chat over passages, whose entry extends its first passage's."""
+        docs = self.library.chat_documents(chat_id)
+        if not docs or self.applies(docs):
+            return None
+        return docs[0].id, self.prompter.prefix(rt, docs[0]).tokens
+
     # -- the chat's prefix -------------------------------------------------------------------
 
     def layout(self, rt: Runtime, chat_id: int | None) -> Layout | None:

@@ -256,11 +256,15 @@ class ChatSession:
                        messages=[*notes, *report.messages], blended=blend.as_dict())
 
     def _mode_of(self, docs: Sequence[Document], reused: int, recomputed: int) -> dict | None:
-        """The `blended` field of a report on a chat over several documents or passages
-        (else None)."""
+        """The `blended` field of a report on a chat over several documents or passages."""
         mode = "exact" if self._blended_at is None else "blended"
-        return Blend(reused, recomputed, mode).as_dict() \
-            if len(docs) > 1 or self.longdocs.applies(docs) else None
+        many = len(docs) > 1 or self.longdocs.applies(docs)
+        return Blend(reused, recomputed, mode).as_dict() if many else None
+
+    @property
+    def blended(self) -> bool:
+        """Whether the context holds blended (approximate) KV: never to be stored."""
+        return self._blended_at is not None
 
     def exact_stored(self, chat_id: int) -> None:
         """The background pass stored chat `chat_id`'s exact context: a blended context loaded
@@ -433,12 +437,4 @@ class ChatSession:
         if self._blended_at is not None:
             self.request_exact(chat_id)
         elif store:
-            self.kv.store_chat(rt, chat_id, tokens, self.first_document(rt, chat_id))
-
-    def first_document(self, rt: Runtime, chat_id: int) -> tuple[int, Sequence[int]] | None:
-        """(id, prefix) of the document whose entry a chat's extends (stored first when
-        missing); None for a chat over passages, whose entry extends its first passage's."""
-        docs = self.library.chat_documents(chat_id)
-        if not docs or self.longdocs.applies(docs):
-            return None
-        return docs[0].id, self.prompter.prefix(rt, docs[0]).tokens
+            self.kv.store_chat(rt, chat_id, tokens, self.longdocs.first_document(rt, chat_id))
