@@ -52,3 +52,15 @@ def test_an_answer_over_passages_lists_its_sources_and_a_click_shows_one(qtbot):
     view.begin_answer()
     view.end_answer("Not at all.", "1 token", sources[:1])
     assert view.toPlainText().count("Sources: [1] lines 12-14") == 2
+
+
+def test_a_long_document_says_how_many_passages_have_their_kv(qtbot):
+    from desktop_app.results import DocumentInfo
+    from ui.sidebar import DocumentList
+
+    docs = DocumentList()
+    qtbot.addWidget(docs)
+    docs.set_documents([DocumentInfo(1, "Book", "text", 291_532, 0, {}, "none", 0.0,
+                                     passages=1_204, passages_cached=310)], set())
+    assert "291,532 tokens" in docs.list.item(0).text()
+    assert "310 of 1,204 passages with KV" in docs.list.item(0).text()
