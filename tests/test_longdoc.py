@@ -265,3 +265,69 @@ def test_the_background_pass_stops_at_the_storage_budget(make_engine):
     assert eng.passage_fill.idle.wait(300)
     assert len(calls) == 1  # the first one did not stay: no more are computed
     assert not passage_entries(eng)
+
+
+def test_kill_9_during_the_background_pass_leaves_a_consistent_store_and_it_resumes(
+        tmp_path, make_engine):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    store = Store(tmp_path / "data")  # the data directory the autouse fixture names
+    texts = [f"Section {i}: the bell of tower {i} rings {i + 2} times at dawn and the keeper "
+             f"writes the hour in log book number {100 + i}." for i in range(12)]
+    doc = store.add_document("k" * 64, "Towers", "\n\n".join(texts), type="text")
+    store.add_passages(doc.id, [SimpleNamespace(index=i, text=t, start=0, end=len(t), page=None,
+                                                lines=(i + 1, i + 1), heading=(), tokens=30)
+                                for i, t in enumerate(texts)])
+    server = subprocess.Popen([sys.executable, "-m", "desktop_app", "--n-ctx", "2048", "serve",
+                               "--port", "0"], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240
+        while len(passage_entries_of(store)) < 2:
+            assert server.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        os.kill(server.pid, signal.SIGKILL)  # mid-pass: most passages are still to compute
+        server.wait(30)
+    finally:
+        if server.poll() is None:
+            server.kill()
+    done = passage_entries_of(store)
+    assert 2 <= len(done) < 12
+    assert store.verify()["corrupt"] == []
+    store.gc()  # removes what the killed writer left half-written (never visible)
+    eng = make_engine(store=store)
+    eng.warm_up()
+    assert eng.passage_fill.idle.wait(300)
+    assert eng.store.passage_entries(eng.fingerprint)[doc.id] == 12
+    assert set(done) <= set(passage_entries_of(store))
+
+
+def passage_entries_of(store):
+    return [e.id for e in store.entries() if e.passage]
+
+
+def test_a_pdfs_sources_carry_page_numbers(tmp_path, model_path, model_hash):
+    from pdf_helpers import make_pdf
+
+    filler = "The parish records of the island list its fishing boats and their crews"
+    pages = [[f"{filler}, page {n}, line {i}." for i in range(14)] for n in range(1, 9)]
+    pages[5][3] = "The lighthouse keeper's dog on the island is called Captain Biscuit."
+    pdf = make_pdf(tmp_path / "records.pdf", pages)
+    eng = Engine(Store(tmp_path / "data"), lambda: Runtime(model_path, model_hash=model_hash,
+                                                          n_ctx=1024, flash_attn=True),
+                 chunk_tokens=64)
+    try:
+        attached = eng.attach(pdf)
+        assert attached.passages > 1  # longer than this context: kept as passages
+        out = eng.ask("What is the lighthouse keeper's dog called?", doc_ids=[attached.doc_id],
+                      generation=GREEDY)
+        found = [s for s in out.sources if "Captain Biscuit" in s["text"]]
+        assert found and found[0]["page"] == 6 and "lines" not in found[0]
+        assert all(isinstance(s["page"], int) for s in out.sources)
+    finally:
+        eng.close()
+        eng.store.close()
