@@ -88,6 +88,7 @@ class Engine:
         generation_defaults: GenerationOptions = GenerationOptions(),
         passage_level: str = DEFAULT_PASSAGE_LEVEL,
         fill_passages: bool = True,
+        background: bool = True,
     ):
         check_levels(levels)
         self.store = store
@@ -131,7 +132,11 @@ class Engine:
             conversation=self.session.conversation,
             first_document=self.session.longdocs.first_document,
             on_exact=self.session.exact_stored)
-        self.session.request_exact = self.exactness.request
+        # Work after a call returns, in long-running processes only (`background`).
+        self.background = background
+        if background:
+            self.session.request_exact = self.exactness.request
+            self.session.exact_later = True
 
     @property
     def levels(self) -> tuple[str, ...]:
@@ -159,7 +164,7 @@ class Engine:
         serve` do, at start): such a long-running engine also gives every passage of the
         long documents its KV in the background, resuming where a restart left it."""
         self.contexts.warm_up()
-        if self.fill_passages:
+        if self.fill_passages and self.background:
             self._long_running = True
             self.passage_fill.resume()
 

@@ -17,82 +17,39 @@ It never touches the chat context and never decides what a chat holds.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
-import time
 
 from store import Store
 
-from ..errors import Cancelled
 from ..kv.contexts import ATTACH, Contexts
 from ..kv.passagekv import PassageKV
+from .background import Background
 from .fairlock import FairLock
 
 log = logging.getLogger(__name__)
 
 
-class PassageFill:
+class PassageFill(Background):
+    name = "kv-passages"
+    what = "passage pass of document"
+
     def __init__(self, store: Store, contexts: Contexts, kv: PassageKV, *,
                  chat_lock: FairLock, attach_lock: threading.RLock):
+        super().__init__(chat_lock)
         self.store = store
         self.contexts = contexts
         self.kv = kv
-        self.chat_lock = chat_lock  # busy: the user is being answered
         self.attach_lock = attach_lock  # the attach context is shared with attaching
-        self.cancel = threading.Event()
-        self.idle = threading.Event()
-        self.idle.set()
-        self._pending: queue.Queue[int | None] = queue.Queue()
-        self._queued: set[int] = set()
-        self._guard = threading.Lock()
-        self._thread: threading.Thread | None = None
-
-    def request(self, doc_id: int) -> None:
-        """Compute the KV of every passage of document `doc_id` that has none (once queued)."""
-        with self._guard:
-            if doc_id in self._queued or self.cancel.is_set():
-                return
-            self._queued.add(doc_id)
-            self.idle.clear()
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="kv-passages",
-                                                daemon=True)
-                self._thread.start()
-        self._pending.put(doc_id)
 
     def resume(self) -> None:
         """Queue every long document (what a pass stopped by a restart left undone)."""
         for doc_id in self.store.passage_counts():
             self.request(doc_id)
 
-    def close(self) -> None:
-        self.cancel.set()
-        self._pending.put(None)
-        if self._thread is not None:
-            self._thread.join()
-
-    def _run(self) -> None:
-        while (doc_id := self._pending.get()) is not None:
-            try:
-                self._fill(doc_id)
-            except Cancelled:
-                return
-            except Exception:  # noqa: BLE001 - a failed pass leaves what it stored
-                log.warning("the passage pass of document %s failed", doc_id, exc_info=True)
-            finally:
-                with self._guard:
-                    self._queued.discard(doc_id)
-                    if not self._queued:
-                        self.idle.set()
-
-    def _fill(self, doc_id: int) -> None:
+    def work(self, doc_id: int) -> None:
+        """Compute the KV of every passage of document `doc_id` that has none."""
         for passage in self.store.passages(doc_id):  # (a deleted document has none)
-            while self.chat_lock.busy:  # the user goes first
-                if self.cancel.is_set():
-                    raise Cancelled("closing")
-                time.sleep(0.05)
-            if self.cancel.is_set():
-                raise Cancelled("closing")
+            self.yield_to_turns()
             with self.attach_lock:
                 rt = self.contexts.get(ATTACH)
                 if self.kv.entry(rt, passage.text) is not None:

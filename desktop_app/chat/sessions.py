@@ -85,6 +85,7 @@ class ChatSession:
         self.blender = Blender(store, levels, chunk_tokens, kv.calibrations)
         self._blended_at: int | None = None  # where the context's blended KV begins
         self.request_exact: Callable[[int], None] = lambda chat_id: None
+        self.exact_later = False  # whether request_exact does (a long-running engine's)
         self.longdocs = longdocs  # chats over documents too long for the context: passages
 
     @property
@@ -248,8 +249,9 @@ class ChatSession:
         what = "passages" if self.longdocs.applies(docs) else "documents"
         notes.append(f"{len(layout.parts)} {what} blended from their own caches "
                      f"({blend.reused_tokens:,} tokens reused, {blend.recomputed_tokens:,} "
-                     "computed in place): the answer is approximate; the exact context is "
-                     "computed in the background")
+                     "computed in place): the answer is approximate"
+                     + ("; the exact context is computed in the background"
+                        if self.exact_later else ""))
         return replace(report, tokens=len(tokens),
                        recomputed_tokens=report.recomputed_tokens + len(rest)
                        + parts.computed_tokens,

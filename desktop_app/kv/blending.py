@@ -1,5 +1,9 @@
 """Chats over several documents from their cached KV, without reading them again (blending).
 
+The same serves a chat over a long document's passages (`prompts.passage_layout`): each
+passage's own prefix is the system prompt and the passage, as a document's is, so a later
+passage's part is found in, and moved from, its own entry (`Parts.later`) the same way.
+
 A chat over documents D1..Dn starts with D1's prefix (the system prompt and D1, as attach
 cached it), then each further document as a system message of its own (`prompts.Layout`).
 D1's prefix comes back as any cached prefix does. Each further document's part S holds the
