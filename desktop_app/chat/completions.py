@@ -27,7 +27,6 @@ from ..model.prompts import Turn, closing, passage_layout
 from ..options import GenerationOptions, RestoreOptions
 from ..results import Completion, RestoreReport, Source
 from .answers import stream_answer
-from .longdoc import RECENT_MESSAGES
 from .sessions import ChatSession
 
 ROLES = ("system", "user", "assistant")
@@ -66,7 +65,7 @@ class Completions:
         if docs and s.longdocs.applies(docs):
             texts = [m["content"] for m in messages]
             sources, notes = s.longdocs.pick(
-                rt, docs, texts[-1], texts[-RECENT_MESSAGES - 1:-1],
+                rt, docs, texts[-1], texts[:-1],
                 len(rt.tokenize("\n".join(texts))) + 8 * len(texts))  # (their template's)
             layout = passage_layout(rt, [x.text for x in sources])
             head, head_tokens = list(layout.messages), list(layout.tokens)

@@ -38,9 +38,6 @@ from ..passages.retrieve import DEFAULT_K, Retriever
 from ..results import Source
 from .library import Library
 
-RECENT_MESSAGES = 2  # the chat's last question and answer join the query: follow-ups say "it"
-
-
 
 class LongDocs:
     def __init__(self, store: Store, library: Library, prompter: Prompter, kv: PassageKV,
@@ -74,8 +71,8 @@ class LongDocs:
         if not self.applies(docs):
             return []
         history = self.library.history(chat_id)
-        recent = [m.text for m in history[-RECENT_MESSAGES:]]
-        chosen, notes = self.pick(rt, docs, question, recent,
+        # (Retrieval keeps the last turns of these: follow-ups say "it".)
+        chosen, notes = self.pick(rt, docs, question, [m.text for m in history],
                                   self._turns_tokens(rt, chat_id, history) + len(
                                       rt.tokenize(question)) + 16,  # its template's tokens
                                   self.sources(chat_id))
