@@ -3,8 +3,10 @@
 Top down: `cli` (the command line), `launcher` and `server` (the GUI hand-over, the local
 API), `selfcheck`, `app` (settings turned into live resources), `engine` (the Python API the
 CLI, the GUI and the server share), `chat` (documents, chats and turns), `kv` (caches stored
-and streamed back), `calibration` (the codec readied and calibrated per model), `model` (one
-llama.cpp model: runtime, KV state, prompts, model files), then the leaf modules `settings`,
+and streamed back), `calibration` (the codec readied and calibrated per model), `passages`
+(a document longer than the context as passages: split, indexed, embedded, retrieved),
+`model` (one llama.cpp model: runtime, KV state, prompts, model files), then the leaf
+modules `settings`,
 `options`, `errors`, `results` and `validation`. pyproject.toml's layers contract states it.
 No Qt here: the GUI lives in `ui/`, reached only through `launcher`.
 """

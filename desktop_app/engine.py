@@ -296,14 +296,14 @@ class Engine:
         API's chat completions): see `completions.Completions.complete`."""
         return self.completions.complete(messages, **options)
 
-    def passages(self, doc_id: int, *, query: str | None = None,
-                 k: int = DEFAULT_K) -> list[Hit]:
+    def passages(self, doc_id: int, *, query: str | None = None, k: int = DEFAULT_K,
+                 mode: str | None = None) -> list[Hit]:
         """A long document's passages in order (score 0), or with `query` the `k` retrieval
-        returns for it, best first (`kvdesk passages`). A document that fits the context has
-        none."""
+        returns for it, best first, by `mode` (bm25, dense or fused; default: the measured
+        best): `kvdesk passages`. A document that fits the context has none."""
         self.library.document(doc_id)
         if query is not None:
-            return self.retriever.retrieve(doc_id, query, k=k)
+            return self.retriever.retrieve(doc_id, query, k=k, mode=mode)
         return [Hit(p.id, p.index, p.text, p.page, p.lines, p.heading, p.tokens, 0.0)
                 for p in self.store.passages(doc_id)]
 

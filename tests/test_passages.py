@@ -195,6 +195,8 @@ def test_recent_turns_join_the_query(indexed):
 def test_reciprocal_rank_fusion_rewards_agreement():
     fused = fuse([[(1, 9.0), (2, 5.0), (3, 1.0)], [(2, 0.9), (4, 0.8), (1, 0.1)]])
     assert [pid for pid, _ in fused] == [2, 1, 4, 3]  # in both lists beats first in one
+    bm25_led = fuse([[(1, 9.0), (2, 5.0), (3, 1.0)], [(3, 0.9), (2, 0.8), (1, 0.1)]], [1, 0.1])
+    assert [pid for pid, _ in bm25_led] == [1, 2, 3]  # a small weight only breaks near-ties
 
 
 def test_bad_retrieval_requests_are_refused(indexed):
@@ -221,3 +223,24 @@ def test_the_embedder_loads_from_its_wheel_with_no_network(monkeypatch, embedder
     assert not vectors[2].any()  # no token, no direction (not NaN)
     assert vectors[0] @ vectors[1] > vectors[0] @ vectors[3]
     assert fresh.embed([]).shape == (0, fresh.dimension)
+
+
+def test_a_name_the_question_shares_with_its_passage_outweighs_repeated_common_words(
+        tmp_path, embedder):
+    filler = [f"Note {i}: the gardeners planted roses along the northern wall." * 3
+              for i in range(30)]
+    for i in range(0, 30, 6):  # a few long passages that repeat the question's common words
+        filler[i] = "Each day has its time, and each time its day: " * 6
+    filler.insert(12, "A ferry log.\n\nThe Tenlisqui ferry leaves the harbour every morning "
+                      "at 07:15, with the mail and the baker's bread for the island.")
+    text = "\n\n".join(filler)
+    with Store(tmp_path / "data") as store:
+        doc = store.add_document("n", "notes", text, type="text")
+        retriever = Retriever(store, embedder, "bm25")
+        store.add_passages(doc.id, split(text, "text", words, target=40, limit=80))
+        question = "At what time does the Tenlisqui boat depart each day?"
+        plain = Retriever(store, embedder, "bm25", rare_words=False)
+        assert "Tenlisqui" not in plain.retrieve(doc.id, question, k=1)[0].text
+        assert "Tenlisqui" in retriever.retrieve(doc.id, question, k=1)[0].text
+        counts = store.passage_frequencies(doc.id, "Tenlisqui harbour time of day", 4)
+        assert counts == {"tenlisqui": 1, "harbour": 1, "time": 4, "day": 4}  # "of": a stopword

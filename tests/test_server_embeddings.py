@@ -1,7 +1,10 @@
 """`/v1/embeddings` with the official `openai` client and plain HTTP: OpenAI's shapes, the
-same vectors as `Engine.embed`, and OpenAI's errors for what it cannot do."""
+same vectors as `Engine.embed`, and OpenAI's errors for what it cannot do; and a document
+longer than the context attached through the API, said at once as it is from the CLI."""
 
 from __future__ import annotations
+
+import json
 
 import httpx
 import numpy as np
@@ -54,3 +57,25 @@ def test_bad_requests_get_openai_errors(served, body, status, says):
             served.client.embeddings.create(model="gpt-4", input="x")
         else:
             served.client.embeddings.create(model="default", input=[[1, 2]])
+
+
+def test_a_long_upload_is_said_at_once_and_kept_as_passages(served):
+    text = "\n\n".join(f"## Part {i}\n\nThe quarry at Helmsby shipped {i * 13} tonnes of "
+                         f"slate in week {i}, by barge and by rail." for i in range(120))
+    events = []
+    with httpx.stream("POST", f"{served.url}/v1/kvdesk/documents?stream=true", timeout=300,
+                      files={"file": ("quarry.md", text.encode(), "text/markdown")}) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith("data:") and line[5:].strip() != "[DONE]":
+                events.append(json.loads(line[5:]))
+    notes = [e["progress"]["note"] for e in events if e.get("progress", {}).get("note")]
+    assert len(notes) == 1 and "longer than the context of 1,024" in notes[0]
+    first_note = next(i for i, e in enumerate(events) if e.get("progress", {}).get("note"))
+    assert not any(e.get("progress", {}).get("phase") == "prefill" for e in events)
+    (result,) = [e["result"] for e in events if "result" in e]
+    assert events.index({"result": result}) > first_note
+    assert result["passages"] > 3 and result["kept_tokens"] == 0
+    listed = httpx.get(f"{served.url}/v1/kvdesk/documents", timeout=30).json()
+    assert [d["passages"] for d in listed if d["doc_id"] == result["doc_id"]] == \
+        [result["passages"]]

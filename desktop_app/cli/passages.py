@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from ..app import App
-from ..passages.retrieve import DEFAULT_K
+from ..passages.retrieve import DEFAULT_K, DEFAULT_MODE, MODES
 from .base import cli, emit, json_option
 
 PREVIEW_CHARS = 100
@@ -18,12 +18,15 @@ PREVIEW_CHARS = 100
               "best first, with their scores.")
 @click.option("-k", "k", type=click.IntRange(1, 100), default=DEFAULT_K, show_default=True,
               help="How many passages to retrieve (with --query).")
+@click.option("--mode", type=click.Choice(MODES), help="How to rank (with --query; default: "
+              f"{DEFAULT_MODE}, the best measured).")
 @json_option
 @click.pass_obj
-def passages(app: App, doc_id: int, query: str | None, k: int, as_json: bool):
+def passages(app: App, doc_id: int, query: str | None, k: int, mode: str | None,
+             as_json: bool):
     """Show a long document's passages (where each is, its heading), or with --query what
-    retrieval returns for a question (BM25 and embeddings, fused)."""
-    hits = app.engine.passages(doc_id, query=query, k=k)
+    retrieval returns for a question."""
+    hits = app.engine.passages(doc_id, query=query, k=k, mode=mode)
     lines = [f"#{h.index} [{h.location}]" + (f" {' > '.join(h.heading)}" if h.heading else "")
              + f" · {h.tokens} tokens" + (f" · score {h.score:.4f}" if query is not None else "")
              + "\n    " + " ".join(h.text.split())[:PREVIEW_CHARS] for h in hits]
