@@ -93,6 +93,14 @@ def levels_summary(chunk_levels: list[str]) -> str:
     return f"{len(chunk_levels)} chunks: {', '.join(parts)}"
 
 
+def location(page: int | None, lines: tuple[int, int]) -> str:
+    """Where a passage is, as a user finds it: "page 3" in a PDF, else "lines 120-141"."""
+    if page is not None:
+        return f"page {page}"
+    first, last = lines
+    return f"line {first}" if first == last else f"lines {first}-{last}"
+
+
 @dataclass(frozen=True)
 class Source(Record):
     """A passage an answer over a long document was given: its text and where it is."""
@@ -121,11 +129,7 @@ class Source(Record):
 
     @property
     def location(self) -> str:
-        """"page 3" for a PDF's passage, else "lines 120-141": where a user finds it."""
-        if self.page is not None:
-            return f"page {self.page}"
-        first, last = self.lines or (0, 0)
-        return f"line {first}" if first == last else f"lines {first}-{last}"
+        return location(self.page, self.lines or (0, 0))
 
     def as_dict(self) -> dict:
         """`page` for a PDF's passage, else `lines`: the location a user can find it by."""
