@@ -31,6 +31,7 @@ from .kvcache import KVCache
 from .sharing import Sharing
 
 DEFAULT_PASSAGE_LEVEL = "balanced"
+MEMO = 8192  # passages' tokens kept (tokenizing one costs ~1 ms; a 3 MB text has ~4,000)
 
 
 @dataclass
@@ -57,6 +58,8 @@ class PassageKV:
         """The passage's own prefix: what its KV is computed after and keyed by."""
         key = (rt.fingerprint, text)
         if key not in self._tokens:
+            if len(self._tokens) >= MEMO:  # a long-running engine over many books
+                self._tokens.clear()
             self._tokens[key] = passage_prefix(rt, text).tokens
         return self._tokens[key]
 
