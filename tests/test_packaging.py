@@ -52,6 +52,9 @@ def test_the_spec_collects_what_the_bundle_needs(tmp_path, monkeypatch):
     # the codec's kernels compiled when the bundle is built (codec/precompile.py)
     assert datas.pop("codec_cache") == cache
     assert (datas.pop("desktop_app/data") / "calibration.txt").is_file()
+    # The passages' embedding model: its weights and tokenizer, where embed.py reads them.
+    assert datas.pop("wordllama/weights").name == "l2_supercat_256.safetensors"
+    assert datas.pop("wordllama/tokenizers").is_file()
     assert not datas
     assert Path(model).name == models.DEFAULT_MODEL_FILE
     libs = [Path(src) for src, into in options["binaries"]]

@@ -57,8 +57,16 @@ def test_code_passages_start_at_definitions_and_name_them():
     check_locations(source, passages)
     wrap = next(p for p in passages if p.text.lstrip().startswith("def _split(self, text)"))
     assert wrap.heading == ("class TextWrapper:", "def _split(self, text):")
-    dedent = next(p for p in passages if p.text.startswith("def dedent(text):"))
-    assert dedent.heading == ("def dedent(text):",)
+    dedent = next(p for p in passages if "\ndef dedent(text):" in p.text)
+    assert dedent.heading == ("def dedent(text):",)  # a small top-level statement joins it
+    # Comments and decorators just above a method go with it; code back at the top level
+    # leaves the class.
+    source = ("class A:\n    x = 1\n    # a helper\n    @property\n    def g(self):\n"
+              "        return 1\nTOP = 2\n")
+    parts = split(source, "code", words, target=1, limit=50)
+    assert [(p.heading, p.text.split("\n")[0]) for p in parts] == [
+        (("class A:",), "class A:"), (("class A:", "def g(self):"), "# a helper"),
+        ((), "TOP = 2")]
 
 
 def test_pdf_passages_carry_their_pages(tmp_path):
@@ -244,3 +252,11 @@ def test_a_name_the_question_shares_with_its_passage_outweighs_repeated_common_w
         assert "Tenlisqui" in retriever.retrieve(doc.id, question, k=1)[0].text
         counts = store.passage_frequencies(doc.id, "Tenlisqui harbour time of day", 4)
         assert counts == {"tenlisqui": 1, "harbour": 1, "time": 4, "day": 4}  # "of": a stopword
+
+
+def test_missing_embedding_files_are_one_clear_error(monkeypatch, tmp_path):
+    import wordllama
+
+    monkeypatch.setattr(wordllama, "__file__", str(tmp_path / "wordllama" / "__init__.py"))
+    with pytest.raises(EngineError, match="embedding model's files cannot be read"):
+        WordLlamaEmbedder().embed(["text"])

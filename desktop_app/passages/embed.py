@@ -7,8 +7,8 @@ files are read from the package's own folder with downloads disabled (wordllama'
 lookup misses the tokenizer it ships and would fetch it from the Hugging Face hub). Why this
 one: model2vec's wheel ships no weights (its models come from the Hugging Face hub, and with
 HF_HUB_OFFLINE=1 it cannot load one), and the chat model's own input token embeddings,
-averaged the same way, find a planted fact's passage among the first 8 for 10 % of questions
-against wordllama's 36 % (benchmarks/RESULTS.md, "Retrieval in long documents").
+averaged the same way, find a planted fact's passage among the first 8 for 12 % of questions
+against wordllama's 35 % (benchmarks/RESULTS.md, "Retrieval in long documents").
 
 Vectors are float32, L2-normalised (a text with no token is the zero vector), so a dot
 product is the cosine. This module never touches the store or the model.
@@ -86,7 +86,11 @@ class WordLlamaEmbedder:
                                       "package); reinstall kvdesk") from e
                 # The wheel's folder has the layout of wordllama's cache (weights/,
                 # tokenizers/): pointing the cache there finds both, with no download.
-                self._model = wordllama.WordLlama.load(
-                    config=self.CONFIG, dim=self.DIMENSION, disable_download=True,
-                    cache_dir=Path(wordllama.__file__).parent)
+                try:
+                    self._model = wordllama.WordLlama.load(
+                        config=self.CONFIG, dim=self.DIMENSION, disable_download=True,
+                        cache_dir=Path(wordllama.__file__).parent)
+                except OSError as e:  # FileNotFoundError: a damaged install or bundle
+                    raise EngineError(f"the embedding model's files cannot be read ({e}); "
+                                      "reinstall kvdesk") from e
             return self._model

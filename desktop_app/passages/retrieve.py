@@ -8,7 +8,7 @@ stored vectors (a dot product with the query's, in numpy: a 3 MB text has ~4,000
 rank)), the dense ranking weighed a tenth of BM25's. The query is the question and the
 chat's recent turns: the question's words first (the FTS5 query keeps the first 64 words),
 its vector weighed twice the turns'. BM25 is the default: on haystacks of three kinds with
-planted facts it finds the fact's passage first for 91 % of questions and among the first 5
+planted facts it finds the fact's passage first for 90 % of questions and among the first 5
 for all, where the static embeddings alone find it among the first 8 for about a third and
 every fusion ranks it lower (benchmarks/bench_retrieval.py; RESULTS.md "Retrieval in long
 documents").

@@ -55,12 +55,13 @@ class _Unit:
 _ATX = re.compile(r"^(#{1,6})[ \t]+(.+?)[ \t#]*$")
 _UNDERLINE = re.compile(r"^(=+|-+|~+|\^+|\*+)[ \t]*$")
 _FENCE = re.compile(r"^[ \t]*(```|~~~)")
-# The first line of a definition in the common languages (and decorators, which belong to it).
+# The first line of a definition in the common languages (decorators and comments just above
+# it join it: _code_units).
 _DEFINITION = re.compile(
-    r"^(?P<indent>[ \t]*)(?:@\w|(?:export\s+|pub(?:\([^)]*\))?\s+|public\s+|private\s+|"
-    r"protected\s+|static\s+|async\s+|abstract\s+|final\s+|inline\s+)*"
+    r"^[ \t]*(?:export\s+|pub(?:\([^)]*\))?\s+|public\s+|private\s+|protected\s+|"
+    r"static\s+|async\s+|abstract\s+|final\s+|inline\s+)*"
     r"(?:def|class|function|func|fn|impl|struct|enum|trait|interface|module|type|"
-    r"typedef|template|namespace|sub|proc|procedure|macro_rules!|#define)\b)")
+    r"typedef|template|namespace|sub|proc|procedure|macro_rules!|#define)\b")
 
 
 def split(text: str, kind: str, count_tokens: CountFn, *,
@@ -165,42 +166,48 @@ def _prose_units(text: str, *, markdown: bool) -> list[_Unit]:
 
 def _code_units(text: str) -> list[_Unit]:
     """Runs of lines between blank lines, a definition (with the comments and decorators
-    just above it) opening a unit of its own, under the definitions enclosing it."""
+    just above it) opening a unit of its own, under the definitions enclosing it; a
+    statement back at the top level ends them."""
     units: list[_Unit] = []
     stack: list[tuple[int, str]] = []  # (indent, first line) of the enclosing definitions
     run: list[tuple[int, int]] = []
-    run_opens = True
-    lead: list[tuple[int, int]] = []  # comment or decorator lines waiting for a definition
+    heading: tuple[str, ...] = ()  # the run's: the stack when it began
+    opens = True
+    lead: list[tuple[int, int]] = []  # comment or decorator lines waiting for what follows
 
-    def flush(spans: list[tuple[int, int]], opens: bool) -> None:
+    def flush() -> None:
+        nonlocal run, lead
+        spans = run + lead
         if spans:
-            units.append(_Unit(spans[0][0], spans[-1][1], tuple(t for _, t in stack), None,
-                               opens))
+            units.append(_Unit(spans[0][0], spans[-1][1], heading, None, opens))
+        run, lead = [], []
 
     for start, end in _line_spans(text):
         line = text[start:end]
         stripped = line.strip()
         if not stripped:
-            flush(run + lead, run_opens)
-            run, lead, run_opens = [], [], False
+            flush()
+            heading, opens = tuple(t for _, t in stack), False
             continue
         indent = len(line) - len(line.lstrip())
-        decorator = stripped.startswith("@")
-        if _DEFINITION.match(line) and not decorator:
-            flush(run, run_opens)
+        if _DEFINITION.match(line):
+            pending = lead
+            lead = []
+            flush()
             while stack and stack[-1][0] >= indent:
                 stack.pop()
             stack.append((indent, stripped[:80]))
-            run, run_opens = lead + [(start, end)], True
-            lead = []
-        elif decorator or lead or (stripped.startswith(("#", "//", "/*", "*", "--"))
-                                   and not run):
+            run, heading, opens = [*pending, (start, end)], tuple(t for _, t in stack), True
+        elif stripped.startswith(("@", "#", "//", "/*", "*", "--")):
             lead.append((start, end))
         else:
             if indent == 0 and stack and not stripped.startswith((")", "}", "]", "{")):
-                stack.clear()  # back at the top level, outside any definition
-            run.append((start, end))
-    flush(run + lead, run_opens)
+                flush()  # back at the top level, outside any definition
+                stack.clear()
+                heading, opens = (), True
+            run += [*lead, (start, end)]
+            lead = []
+    flush()
     return units
 
 
