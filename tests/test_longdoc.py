@@ -135,6 +135,8 @@ def test_eviction_takes_passage_kv_and_keeps_text_and_index(make_engine):
     info = {d.doc_id: d for d in eng.documents()}[eng.doc]
     assert (info.passages, info.passages_cached) == (5, 2)
     assert info.status == "none"  # a passage's entry is not the document's cache
+    assert set(info.cache_bytes) == {"balanced"} and info.cache_bytes["balanced"] == sum(
+        e.nbytes for e in passage_entries(eng).values())
     cached = set(passage_entries(eng))
     report = eng.store.gc(budget_bytes=1)
     assert cached and set(report["evicted_entries"]) >= cached
@@ -143,7 +145,7 @@ def test_eviction_takes_passage_kv_and_keeps_text_and_index(make_engine):
     assert len(eng.store.passages(eng.doc)) == 5
     assert [p.index for p, _ in eng.store.search_passages(eng.doc, "museum")] == [1]
     info = {d.doc_id: d for d in eng.documents()}[eng.doc]
-    assert (info.passages, info.passages_cached) == (5, 0)
+    assert (info.passages, info.passages_cached, info.cache_bytes) == (5, 0, {})
     eng.runtime.reset()
     again = eng.ask(q, doc_ids=[eng.doc], generation=GREEDY)
     assert any("for the first time" in m for m in again.messages)  # computed again, said

@@ -64,15 +64,21 @@ class Library:
 
     def documents(self, fingerprint: str) -> list[DocumentInfo]:
         """Every document, with its cache under the model `fingerprint` (status "ready"),
-        only under others ("stale") or none."""
+        only under others ("stale") or none; a long document's cache is its passages' KV."""
         roots: dict[int, list] = {}
+        passage_kv: dict[int, list[int]] = {}
         for entry in self.store.entries():  # least recently used first
-            if entry.parent_id is None and entry.document_id is not None and not entry.passage:
+            if entry.document_id is None or entry.parent_id is not None:
+                continue
+            if not entry.passage:
                 roots.setdefault(entry.document_id, []).append(entry)
+            elif entry.model == fingerprint:
+                passage_kv.setdefault(entry.document_id, []).append(entry.id)
         current = {doc_id: [e for e in entries if e.model == fingerprint][-1]
                    for doc_id, entries in roots.items()
                    if any(e.model == fingerprint for e in entries)}
-        sizes = self.store.entry_level_bytes(e.id for e in current.values())
+        sizes = self.store.entry_level_bytes(
+            [e.id for e in current.values()] + [i for ids in passage_kv.values() for i in ids])
         damaged = self.store.damaged(e.id for e in current.values())
         counts = self.store.document_tokens(fingerprint)
         passages, cached = self.store.passage_counts(), self.store.passage_entries(fingerprint)
@@ -87,7 +93,8 @@ class Library:
                 kept = min(tokens, entry.token_end)
             out.append(DocumentInfo(
                 doc.id, doc.title, doc.type, tokens, kept if entry else 0,
-                sizes.get(entry.id, {}) if entry else {}, status, doc.created,
+                sizes.get(entry.id, {}) if entry else _summed(
+                    sizes.get(i, {}) for i in passage_kv.get(doc.id, ())), status, doc.created,
                 damaged.get(entry.id, 0) if entry else 0, passages.get(doc.id, 0),
                 min(cached.get(doc.id, 0), passages.get(doc.id, 0))))
         return out
@@ -149,3 +156,12 @@ class Library:
         for m in msgs:
             parts.append(f"**{'You' if m.role == 'user' else 'kvdesk'}:**\n\n{m.text}\n")
         return "\n".join(parts)
+
+
+def _summed(per_entry) -> dict[str, int]:
+    """{level: bytes} of several entries together."""
+    out: dict[str, int] = {}
+    for sizes in per_entry:
+        for level, n in sizes.items():
+            out[level] = out.get(level, 0) + n
+    return out
