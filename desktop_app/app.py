@@ -29,8 +29,9 @@ if TYPE_CHECKING:
 
 
 class App:
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: Settings, *, background: bool = True):
         self.settings = settings
+        self.background = background  # a long-running process (the window, kvdesk serve)
 
     @property
     def data_dir(self) -> Path:
@@ -132,7 +133,9 @@ class App:
                       default_budget_ms=s.restore_budget_ms, remote=self.remote,
                       auto_push=s.remote_auto_push, auto_pull=s.remote_auto_pull,
                       min_cache_tokens=s.prompt_cache_min_tokens,
-                      blend_fraction=s.blend_recompute, generation_defaults=s.generation)
+                      blend_fraction=s.blend_recompute, generation_defaults=s.generation,
+                      passage_level=s.passage_level,
+                      fill_passages=s.passages_in_background, background=self.background)
 
     def info(self) -> dict:
         rt = self.engine.runtime

@@ -37,11 +37,14 @@ from .chat.attaching import Attacher
 from .chat.completions import Completions, RawPrompt
 from .chat.exactness import Exactness
 from .chat.library import Library
+from .chat.longdoc import LongDocs
+from .chat.passagefill import PassageFill
 from .chat.sessions import ChatSession
-from .kv import repair, speeds
+from .kv import repair, speeds, streaming
 from .kv.contexts import CHAT, Contexts
 from .kv.kvcache import KVCache
 from .kv.levels import DEFAULT_LEVELS, check_levels, quality_order
+from .kv.passagekv import DEFAULT_PASSAGE_LEVEL, PassageKV
 from .kv.sharing import Sharing
 from .model.prompts import Prompter
 from .model.runtime import Runtime
@@ -83,6 +86,9 @@ class Engine:
         min_cache_tokens: int = 1024,
         blend_fraction: float = DEFAULT_BLEND_FRACTION,
         generation_defaults: GenerationOptions = GenerationOptions(),
+        passage_level: str = DEFAULT_PASSAGE_LEVEL,
+        fill_passages: bool = True,
+        background: bool = True,
     ):
         check_levels(levels)
         self.store = store
@@ -105,18 +111,32 @@ class Engine:
         self.retriever = Retriever(store, self.embedder)
         self.attacher = Attacher(store, self.contexts, kv, self.sharing, self.prompter,
                                  self.speeds, self.retriever.index)
+        passage_kv = PassageKV(store, kv, self.sharing, passage_level)
         self.session = ChatSession(store, self.contexts, self.library, kv, self.sharing,
                                    self.prompter, self.speeds, levels=self._levels,
                                    chunk_tokens=chunk_tokens,
                                    default_budget_ms=default_budget_ms,
                                    blend_fraction=blend_fraction,
-                                   generation_defaults=generation_defaults)
+                                   generation_defaults=generation_defaults,
+                                   longdocs=LongDocs(store, self.library, self.prompter,
+                                                     passage_kv, self.retriever))
+        # Every long document's passages given their KV in the background (long-running
+        # engines only: warm_up).
+        self.fill_passages, self._long_running = fill_passages, False
+        self.passage_fill = PassageFill(store, self.contexts, passage_kv,
+                                        chat_lock=self.session.lock,
+                                        attach_lock=self.attacher.lock)
         self.completions = Completions(self.session, min_cache_tokens=min_cache_tokens)
         self.exactness = Exactness(
-            self.contexts, kv, self.library, self.prompter, chat_lock=self.session.lock,
-            attach_lock=self.attacher.lock, conversation=self.session.conversation,
+            self.contexts, kv, chat_lock=self.session.lock, attach_lock=self.attacher.lock,
+            conversation=self.session.conversation,
+            first_document=self.session.longdocs.first_document,
             on_exact=self.session.exact_stored)
-        self.session.request_exact = self.exactness.request
+        # Work after a call returns, in long-running processes only (`background`).
+        self.background = background
+        if background:
+            self.session.request_exact = self.exactness.request
+            self.session.exact_later = True
 
     @property
     def levels(self) -> tuple[str, ...]:
@@ -140,7 +160,13 @@ class Engine:
         return self.contexts.fingerprint
 
     def warm_up(self) -> None:
+        """Load the model and ready the codec before the first call (the window and `kvdesk
+        serve` do, at start): such a long-running engine also gives every passage of the
+        long documents its KV in the background, resuming where a restart left it."""
         self.contexts.warm_up()
+        if self.fill_passages and self.background:
+            self._long_running = True
+            self.passage_fill.resume()
 
     def codec_state(self) -> PrepState:
         """How far readying the codec's kernels is (the GUI's "preparing the codec")."""
@@ -170,6 +196,7 @@ class Engine:
         return _info(cal)
 
     def close(self) -> None:
+        self.passage_fill.close()
         self.exactness.close()
         self.sharing.abandon()
         self.contexts.close()
@@ -205,7 +232,10 @@ class Engine:
     def attach(self, path: str | Path, *, levels: Sequence[str] | None = None,
                progress: ProgressFn | None = None,
                cancel: threading.Event | None = None) -> AttachResult:
-        return self.attacher.attach(path, levels=levels, progress=progress, cancel=cancel)
+        result = self.attacher.attach(path, levels=levels, progress=progress, cancel=cancel)
+        if result.passages and self._long_running:  # (a one-shot command would not finish)
+            self.passage_fill.request(result.doc_id)
+        return result
 
     def prefill(self, doc_id: int, *, levels: Sequence[str] | None = None,
                 progress: ProgressFn | None = None,
@@ -247,7 +277,14 @@ class Engine:
 
     def estimate(self, *, chat_id: int | None = None,
                  doc_ids: Sequence[int] = ()) -> RestoreEstimate:
-        return self.session.estimate(chat_id=chat_id, doc_ids=doc_ids)
+        """Bytes and seconds a restore would take at each level (the slider's tooltip)."""
+        rt = self.runtime
+        if chat_id is not None:
+            self.library.chat(chat_id)
+            tokens = self.session.conversation(rt, chat_id)[1]
+        else:
+            tokens = self.prefix_tokens(doc_ids)
+        return streaming.estimate(self.store, rt, tokens, self.levels, self.speeds)
 
     def sampling(self, generation: GenerationOptions = GenerationOptions()) -> Sampling:
         """What an answer asked with `generation` is sampled with, each value with the layer

@@ -93,6 +93,56 @@ def levels_summary(chunk_levels: list[str]) -> str:
     return f"{len(chunk_levels)} chunks: {', '.join(parts)}"
 
 
+def location(page: int | None, lines: tuple[int, int]) -> str:
+    """Where a passage is, as a user finds it: "page 3" in a PDF, else "lines 120-141"."""
+    if page is not None:
+        return f"page {page}"
+    first, last = lines
+    return f"line {first}" if first == last else f"lines {first}-{last}"
+
+
+@dataclass(frozen=True)
+class Source(Record):
+    """A passage an answer over a long document was given: its text and where it is."""
+
+    passage_id: int
+    document_id: int
+    index: int  # its place in the document, from 0
+    text: str
+    score: float  # how relevant retrieval found it (higher: more)
+    page: int | None = None  # a PDF's page, 1-based
+    lines: tuple[int, int] | None = None  # else its first and last line, 1-based
+    heading: tuple[str, ...] = ()  # the headings it sits under
+
+    @classmethod
+    def of(cls, hit, document_id: int) -> Source:
+        """From a retrieval hit in a document (desktop_app.passages.retrieve's)."""
+        return cls(hit.passage_id, document_id, hit.index, hit.text, float(hit.score),
+                   hit.page, None if hit.page is not None else tuple(hit.lines),
+                   tuple(hit.heading or ()))
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Source:
+        return cls(d["passage_id"], d["document_id"], d["index"], d["text"], d["score"],
+                   d.get("page"), tuple(d["lines"]) if d.get("lines") else None,
+                   tuple(d.get("heading", ())))
+
+    @property
+    def location(self) -> str:
+        return location(self.page, self.lines or (0, 0))
+
+    def as_dict(self) -> dict:
+        """`page` for a PDF's passage, else `lines`: the location a user can find it by."""
+        out = {"passage_id": self.passage_id, "document_id": self.document_id,
+               "index": self.index, "text": self.text, "score": round(self.score, 6),
+               "heading": list(self.heading)}
+        if self.page is not None:
+            out["page"] = self.page
+        else:
+            out["lines"] = list(self.lines or ())
+        return out
+
+
 @dataclass(frozen=True)
 class AskResult(Record):
     chat_id: int
@@ -107,6 +157,8 @@ class AskResult(Record):
     source: str = "local"  # where the stored chunks came from: "local" or "remote"
     documents: list[int] = field(default_factory=list)  # the chat's documents
     blended: dict | None = None  # as RestoreReport.blended (None: one document or none)
+    # An answer over a long document: the passages it was given (Source.as_dict), else [].
+    sources: list[dict] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -123,6 +175,7 @@ class DocumentInfo(Record):
     # calibration that is missing or damaged (kvdesk verify --repair)
     damaged_chunks: int = 0
     passages: int = 0  # longer than the context: kept as this many passages (else 0)
+    passages_cached: int = 0  # how many of them have their KV stored under the current model
 
 
 @dataclass(frozen=True)
@@ -168,6 +221,8 @@ class Completion(Record):
     cached_tokens: int  # of the prompt, restored or kept rather than computed
     stored: bool  # whether the conversation's KV is now in the store
     messages: list[str] = field(default_factory=list)  # notes for the user
+    # Over a document too long for the context: the passages the prompt was given.
+    sources: list[dict] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

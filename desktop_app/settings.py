@@ -99,6 +99,12 @@ class Settings(pydantic.BaseModel):
     # "http://localhost:3000"); none by default. "*" (any page) is refused with an API key.
     cors_origins: tuple[str, ...] = ()
     blend_recompute: float = Field(DEFAULT_BLEND_FRACTION, ge=0, le=1)
+    # The one level a long document's passages keep their KV at (not every level: a book has
+    # thousands of passages; a question's passages come back at it, or are computed again).
+    passage_level: Literal["lossless", "high", "balanced", "compact"] = "balanced"
+    # The window and `kvdesk serve` give every passage its KV in the background (else only
+    # the passages questions retrieve get theirs, when first retrieved).
+    passages_in_background: bool = True
     # The window calibrates the codec for a model that has no calibration yet (minutes, in the
     # background, once per model per session; `kvdesk calibrate` does it by hand), so that
     # the model's new caches are encoded with its own levels.

@@ -34,7 +34,7 @@ from .tokens import chunk_spans, decode, encode, prefix_hashes
 
 ENTRY_COLUMNS = (
     "id, model, token_start, token_end, parent_id, chunk_size, levels, nbytes,"
-    " document_id, chat_id, last_used, created, prefix_hash, calibration"
+    " document_id, chat_id, last_used, created, prefix_hash, calibration, passage"
 )
 # Under SQLite's default limit of host parameters per statement, with room for the others.
 _BATCH = 500
@@ -42,9 +42,9 @@ MAX_TAIL_TOKENS = 4096  # longer than any chunk
 
 
 def entry_from_row(row: tuple) -> Entry:
-    *head, levels, nbytes, document_id, chat_id, last_used, created, prefix_hash, cal = row
+    *head, levels, nbytes, document_id, chat_id, last_used, created, prefix_hash, cal, psg = row
     return Entry(*head, tuple(json.loads(levels)), nbytes, document_id, chat_id, last_used,
-                 created, prefix_hash, cal)
+                 created, prefix_hash, cal, bool(psg))
 
 
 def get_entry(conn: sqlite3.Connection, entry_id: int) -> Entry:
@@ -82,10 +82,12 @@ def create_pending(
     now: float,
     window_start: int | None = None,
     calibration: str | None = None,
+    passage: bool = False,
 ) -> int:
     """Insert an incomplete entry and its spans for `tokens` (the whole prefix); return its id.
 
     `window_start`: the entry also has a window, the positions [window_start, len(tokens)).
+    `passage`: it is the KV of a passage of `document_id`, not that document's prefix.
     """
     if chunk_size <= 0 or not levels or len(set(levels)) != len(levels):
         raise ValueError("an entry needs a positive chunk size and distinct level names")
@@ -113,7 +115,8 @@ def create_pending(
     entry_id = conn.execute(
         "INSERT INTO kv_entries (model, prefix_hash, token_start, token_end, parent_id,"
         " chunk_size, levels, tokens, document_id, chat_id, last_used, created, writer_pid,"
-        " writer_host, calibration) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " writer_host, calibration, passage)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             fingerprint,
             hashes[-1],
@@ -130,6 +133,7 @@ def create_pending(
             os.getpid(),
             socket.gethostname(),
             calibration,
+            int(passage),
         ),
     ).lastrowid
     rows = [(entry_id, index, start, end, prefix_hash, 0)

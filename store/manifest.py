@@ -15,9 +15,13 @@ It carries:
 - the codec calibration its chunks need (its SHA-256), if any: an object of its own
   (store.remote), uploaded before the manifest, fetched with the chunks (version 2; a
   version 1 manifest names none);
+- whether it is a passage's entry (version 4): the KV of one passage of a long document,
+  keyed by its content; its `document` then names only the document it was computed for
+  (title, type "passage", no text), since a machine uses it only for a document of its own
+  that has the same passage; older readers refuse it rather than take it for a document;
 - a SHA-256 of everything above, checked on every read along with the rest.
 
-Only document entries travel (a document's root entry); chats stay on the machine they were
+Only document and passage entries travel (root entries); chats stay on the machine they were
 held on. Pure data: no I/O here, and never anything about credentials or local paths.
 """
 
@@ -34,7 +38,7 @@ from .errors import CorruptObjectError
 from .tokens import chunk_spans, decode, encode, prefix_hashes
 
 FORMAT = "kvdesk-kv-manifest"
-VERSION = 3  # the newest this code reads; an entry without a window is written as 2
+VERSION = 4  # the newest this code reads; an entry without a window is written as 2
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -64,6 +68,7 @@ class Manifest:
     created: float
     window_start: int | None = None  # the entry's window: positions [window_start, token_end)
     calibration: str | None = None
+    passage: bool = False  # a passage's entry (version 4), not a document's
 
     @property
     def token_end(self) -> int:
@@ -91,7 +96,7 @@ class Manifest:
     def to_json(self) -> bytes:
         body = {
             "format": FORMAT,
-            "version": 2 if self.window_start is None else 3,
+            "version": 4 if self.passage else 2 if self.window_start is None else 3,
             "fingerprint": self.fingerprint,
             "tokens": base64.b64encode(encode(self.tokens)).decode(),
             "chunk_size": self.chunk_size,
@@ -104,6 +109,8 @@ class Manifest:
         }
         if self.calibration is not None:
             body["calibration"] = self.calibration
+        if self.passage:
+            body["passage"] = True
         return json.dumps({**body, "checksum": _checksum(body)}, sort_keys=True).encode()
 
     @classmethod
@@ -133,6 +140,7 @@ class Manifest:
                 window_start=None if body.get("window_start") is None
                 else int(body["window_start"]),
                 calibration=body.get("calibration"),
+                passage=bool(body.get("passage", False)),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise CorruptObjectError(key, f"malformed manifest ({type(e).__name__})") from None

@@ -274,6 +274,18 @@ def m006_chunk_seals(conn: sqlite3.Connection) -> None:
             conn.execute("UPDATE kv_chunks SET quarantined = 1 WHERE id = ?", (rowid,))
 
 
+# 1: the KV of one passage of a long document (its text after the shared system prompt, keyed
+# by content like any prefix), not a document's prefix: a document's own entry is never one,
+# and passage KV is stored at one level and computed when first retrieved.
+M009_PASSAGE_KV = "ALTER TABLE kv_entries ADD COLUMN passage INTEGER NOT NULL DEFAULT 0"
+
+
+def m009_passage_kv(conn: sqlite3.Connection) -> None:
+    """Passage entries: a long document's passages each have a KV entry of their own, marked
+    so that they are never taken for the document's prefix."""
+    conn.execute(M009_PASSAGE_KV)
+
+
 MIGRATIONS: list[tuple[str, Callable[[sqlite3.Connection], None]]] = [
     ("m001_initial", m001_initial),
     ("m002_message_tokens", m002_message_tokens),
@@ -282,6 +294,7 @@ MIGRATIONS: list[tuple[str, Callable[[sqlite3.Connection], None]]] = [
     ("m005_windows", m005_windows),
     ("m006_chunk_seals", m006_chunk_seals),
     ("m008_passages", m008_passages),
+    ("m009_passage_kv", m009_passage_kv),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

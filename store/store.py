@@ -133,6 +133,7 @@ class Store(LibraryStore, PassageStore):
         chat_id: int | None = None,
         window_start: int | None = None,
         calibration: str | None = None,
+        passage: bool = False,
     ) -> kv.EntryWriter:
         """Start writing the KV entry for `tokens` (the whole prefix, parent's tokens included).
 
@@ -141,7 +142,8 @@ class Store(LibraryStore, PassageStore):
         [window_start, len(tokens)), cut the same way (`writer.windows`). Put every chunk and
         window part at every level, then leave the `with` block (or call finish()). Deleting
         its document or chat deletes the entry. `calibration`: the id of the stored codec
-        calibration its chunks need (put_calibration), if any.
+        calibration its chunks need (put_calibration), if any. `passage`: the KV of a passage
+        of `document_id` (never taken for the document's own entry).
         """
         levels = tuple(levels)
         with self._db.write() as db:
@@ -157,6 +159,7 @@ class Store(LibraryStore, PassageStore):
                 now=self._clock(),
                 window_start=window_start,
                 calibration=calibration,
+                passage=passage,
             )
         return kv.EntryWriter(self._db, entry_id, levels, self._clock, self._enforce_budget)
 
@@ -184,7 +187,7 @@ class Store(LibraryStore, PassageStore):
             self._db.get()
             .execute(
                 "SELECT id FROM kv_entries WHERE document_id = ? AND model = ? AND complete"
-                " AND parent_id IS NULL ORDER BY last_used DESC LIMIT 1",
+                " AND parent_id IS NULL AND NOT passage ORDER BY last_used DESC LIMIT 1",
                 (document_id, fingerprint),
             )
             .fetchone()
@@ -193,6 +196,13 @@ class Store(LibraryStore, PassageStore):
             return None
         self.touch([row[0]])
         return self.entry(row[0])
+
+    def passage_entries(self, fingerprint: str) -> dict[int, int]:
+        """{document id: how many of its passages have their KV stored under a model}."""
+        rows = self._db.get().execute(
+            "SELECT document_id, count(*) FROM kv_entries WHERE passage AND complete"
+            " AND model = ? AND document_id IS NOT NULL GROUP BY document_id", (fingerprint,))
+        return dict(rows.fetchall())
 
     def entry(self, entry_id: int) -> Entry:
         return kv.get_entry(self._db.get().conn, entry_id)

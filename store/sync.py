@@ -11,10 +11,11 @@ An entry whose chunks need a codec calibration takes it along: push uploads the 
 object (content-addressed, immutable) before the manifest, and a pull or a streaming copy
 fetches it (`fetch_calibration`) into the local store before anything decodes.
 
-Only documents' root entries travel, with their windows (store.kv); chats never leave the
-machine. This module must never
-load an object under another fingerprint than the one asked for, and never write a manifest
-before every object it names (chunks, calibration) is stored.
+Only documents' and passages' root entries travel, with their windows (store.kv); chats
+never leave the machine. A passage's entry is pulled only for a local document holding the
+same passage, when a question needs it (`pull` with its document id), never by `pull_all`.
+This module must never load an object under another fingerprint than the one asked for, and
+never write a manifest before every object it names (chunks, calibration) is stored.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class Transfer:
 
 
 def document_entries(store: Store, fingerprint: str) -> list[Entry]:
-    """The local entries that travel: documents' root entries under this model."""
+    """The local entries that travel: documents' and passages' root entries under this model."""
     return [e for e in store.entries()
             if e.model == fingerprint and e.parent_id is None and e.document_id is not None]
 
@@ -105,7 +106,8 @@ def read_chunk(tier: RemoteTier, manifest: Manifest, chunk_index: int, level: st
 
 def push(store: Store, tier: RemoteTier, entry: Entry, *,
          progress: ProgressFn | None = None) -> Transfer:
-    """Upload a document entry: its missing chunk objects, then its manifest (idempotent)."""
+    """Upload a document's or a passage's entry: its missing chunk objects, then its manifest
+    (idempotent)."""
     fingerprint = entry.model
     token_end, prefix_hash = entry_id_of(entry)
     document = store.document(entry.document_id)
@@ -143,11 +145,14 @@ def push(store: Store, tier: RemoteTier, entry: Entry, *,
         levels=entry.levels,
         chunks={level: tuple(uploaded[(i, level)][0] for i in range(n_chunks))
                 for level in entry.levels},
-        document=RemoteDocument(document.content_hash, document.title, document.type,
-                                document.n_tokens, document.text),
+        # A passage's names only its document: the text is the other machine's own.
+        document=RemoteDocument("", document.title, "passage", None, "") if entry.passage
+        else RemoteDocument(document.content_hash, document.title, document.type,
+                            document.n_tokens, document.text),
         created=time.time(),
         window_start=window[0].token_start if window else None,
         calibration=entry.calibration,
+        passage=entry.passage,
     )
     # Last: until this object exists the entry is invisible to every other machine.
     tier.put(tier.manifest_key(fingerprint, token_end, prefix_hash), manifest.to_json())
@@ -210,12 +215,15 @@ class LocalCopy:
         if not set(self.levels) <= set(manifest.levels):
             raise ValueError(f"the remote entry has no level(s) "
                              f"{sorted(set(self.levels) - set(manifest.levels))}")
+        if manifest.passage and document_id is None:
+            raise ValueError("a passage's entry is copied only for a document of this store")
         self.document_id = document_id or add_document(store, manifest).id
         self._writer = store.write_entry(manifest.fingerprint, manifest.tokens,
                                          levels=self.levels, chunk_size=manifest.chunk_size,
                                          document_id=self.document_id,
                                          window_start=manifest.window_start,
-                                         calibration=manifest.calibration)
+                                         calibration=manifest.calibration,
+                                         passage=manifest.passage)
         self.spans = self._writer.spans
         self.windows = self._writer.windows
         self._lock = threading.Lock()
@@ -339,6 +347,8 @@ def pull_all(store: Store, tier: RemoteTier, fingerprint: str, *, lazy: bool = F
             continue
         try:
             manifest = read_manifest(tier, fingerprint, token_end, digest)
+            if manifest.passage:  # pulled when a question retrieves it, for its document
+                continue
             if lazy:
                 add_document(store, manifest)
                 pulled.append(asdict(Transfer(manifest.document.title, token_end, 1, 0)))

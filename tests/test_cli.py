@@ -77,7 +77,7 @@ def test_attach_ask_reopen_end_to_end(tmp_path):
                             "--json").stdout)
     assert set(ans) == {"chat_id", "answer", "ttft_s", "restore_s", "bytes_read",
                         "chunk_levels", "recomputed_tokens", "tokens_generated", "source",
-                        "messages", "documents", "blended"}
+                        "messages", "documents", "blended", "sources"}
     assert ans["documents"] == [attached["doc_id"]] and ans["blended"] is None
     assert ans["chunk_levels"] == ["high"] and ans["recomputed_tokens"] == 0
     assert ans["source"] == "local"

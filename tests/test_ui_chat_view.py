@@ -23,3 +23,44 @@ def test_a_streamed_answer_is_redrawn_in_place(qtbot):
     view.end_answer()
     assert view.toPlainText().count("Streamed answer here") == 1
     assert not view.streaming
+
+
+def test_an_answer_over_passages_lists_its_sources_and_a_click_shows_one(qtbot):
+    from PySide6.QtCore import QUrl
+
+    view = ChatView()
+    qtbot.addWidget(view)
+    sources = [{"passage_id": 7, "document_id": 1, "index": 3, "text": "The ferry leaves at 10.",
+                "score": 0.03, "heading": ["Timetable"], "lines": [12, 14]},
+               {"passage_id": 9, "document_id": 1, "index": 5, "text": "Page two's passage.",
+                "score": 0.02, "heading": [], "page": 2}]
+    view.set_messages([MessageInfo(1, "user", "When?", 0.0),
+                       MessageInfo(2, "assistant", "At 10.", 0.0, {"sources": sources})])
+    text = view.toPlainText()
+    assert "Sources: [1] lines 12-14 · [2] page 2" in text
+    assert "The ferry leaves" not in text  # listed, not shown, until clicked
+    view._link(QUrl("kvdesk:source/1/0"))
+    assert "Timetable › lines 12-14" in view.toPlainText()
+    assert "The ferry leaves at 10." in view.toPlainText()
+    view._link(QUrl("kvdesk:source/1/1"))  # another one replaces it
+    assert "Page two's passage." in view.toPlainText()
+    assert "The ferry leaves" not in view.toPlainText()
+    view._link(QUrl("kvdesk:source/1/1"))  # clicked again: hidden
+    assert "Page two's passage." not in view.toPlainText()
+    # A streamed answer's sources come with its end.
+    view.add_user_message("And on Sundays?")
+    view.begin_answer()
+    view.end_answer("Not at all.", "1 token", sources[:1])
+    assert view.toPlainText().count("Sources: [1] lines 12-14") == 2
+
+
+def test_a_long_document_says_how_many_passages_have_their_kv(qtbot):
+    from desktop_app.results import DocumentInfo
+    from ui.sidebar import DocumentList
+
+    docs = DocumentList()
+    qtbot.addWidget(docs)
+    docs.set_documents([DocumentInfo(1, "Book", "text", 291_532, 0, {}, "none", 0.0,
+                                     passages=1_204, passages_cached=310)], set())
+    assert "291,532 tokens" in docs.list.item(0).text()
+    assert "310 of 1,204 passages with KV" in docs.list.item(0).text()

@@ -88,7 +88,8 @@ class AskingMixin:
                 if self.chat_id is None:  # the engine created the chat for this question
                     self.chat_id = result.chat_id
                     self.doc_list.set_checkable(False)
-                self.chat_view.end_answer(result.answer, answer_stats(result, generation_s))
+                self.chat_view.end_answer(result.answer, answer_stats(result, generation_s),
+                                          result.sources)
                 if result.messages:
                     self._say("; ".join(result.messages))
             self.refresh_chats()

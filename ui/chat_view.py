@@ -17,7 +17,7 @@ from PySide6.QtCore import QEvent, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import QGuiApplication, QKeyEvent, QKeySequence, QTextCursor
 from PySide6.QtWidgets import QPlainTextEdit, QTextBrowser, QWidget
 
-from desktop_app.results import MessageInfo
+from desktop_app.results import MessageInfo, Source
 
 from .markdown import LIGHT, Colors, render
 
@@ -49,6 +49,7 @@ class ChatView(QTextBrowser):
         self._timer = QTimer(self, singleShot=True, interval=RENDER_MS)
         self._timer.timeout.connect(self._render_streaming)
         self._stream_at = 0  # where the streaming answer starts in the document
+        self._open_source: tuple[int, int] | None = None  # (message, source) shown in full
         self._render()
 
     # -- what the window tells it -----------------------------------------------------------
@@ -81,15 +82,16 @@ class ChatView(QTextBrowser):
         if not self._timer.isActive():
             self._timer.start()
 
-    def end_answer(self, text: str | None = None, note: str = "") -> None:
-        """Finish the streamed answer: `text` is the final answer (None: what streamed so far)
-        and `note` a muted line under it."""
+    def end_answer(self, text: str | None = None, note: str = "",
+                   sources: list[dict] | None = None) -> None:
+        """Finish the streamed answer: `text` is the final answer (None: what streamed so far),
+        `note` a muted line under it, `sources` the passages it was given (Source.as_dict)."""
         final = text if text is not None else (self._streaming or "")
         self._streaming = None
         self._timer.stop()
         if final or note:
-            self._append(MessageInfo(message_id=-1, role="assistant", text=final, created=0.0),
-                         note)
+            self._append(MessageInfo(message_id=-1, role="assistant", text=final, created=0.0,
+                                     stats={"sources": sources} if sources else None), note)
         else:
             self._render()
 
@@ -131,12 +133,30 @@ class ChatView(QTextBrowser):
         note = self._notes.get(i, "")
         footer = (f'<p style="color:{c.muted};font-size:small">'
                   + (f"{html.escape(note)} · " if note else "") + " · ".join(links) + "</p>")
-        page = self._message_html(m.role, rendered.html, footer)
+        page = self._message_html(m.role, rendered.html, self._sources_html(i) + footer)
         if i < len(self._html):
             self._html[i], self._code[i] = page, rendered.code_blocks
         else:
             self._html.append(page)
             self._code.append(rendered.code_blocks)
+
+    def _sources_html(self, i: int) -> str:
+        """An answer over a long document's passages: a link to each; the one clicked shown
+        in full under them, with where it is in the document."""
+        sources = [Source.from_dict(d) for d in (self._messages[i].stats or {}).get("sources")
+                   or ()]
+        if not sources:
+            return ""
+        c = self.colors
+        links = [f'<a href="kvdesk:source/{i}/{j}" style="color:{c.muted}">[{j + 1}] '
+                 f"{html.escape(s.location)}</a>" for j, s in enumerate(sources)]
+        out = f'<p style="color:{c.muted};font-size:small">Sources: {" · ".join(links)}</p>'
+        if self._open_source is not None and self._open_source[0] == i:
+            s = sources[self._open_source[1]]
+            where = " › ".join([*s.heading, s.location])
+            out += (f'<blockquote style="color:{c.muted}"><b>{html.escape(where)}</b><br>'
+                    f'{html.escape(s.text).replace(chr(10), "<br>")}</blockquote>')
+        return out
 
     def _message_html(self, role: str, body: str, footer: str) -> str:
         c = self.colors
@@ -187,6 +207,13 @@ class ChatView(QTextBrowser):
         elif kind == "copy":
             QGuiApplication.clipboard().setText(self._messages[int(rest)].text)
             self.copied.emit("message")
+        elif kind == "source":  # a second click on the same source hides it
+            shown = tuple(map(int, rest.split("/")))
+            before = self._open_source
+            self._open_source = None if before == shown else shown
+            for i in {x[0] for x in (before, self._open_source) if x is not None}:
+                self._render_message(i)
+            self._render()
         elif kind == "code":
             i, j = map(int, rest.split("/"))
             QGuiApplication.clipboard().setText(self._code[i][j])

@@ -236,6 +236,9 @@ class DocumentList(QWidget):
                       "none": "not cached"}.get(doc.status, doc.status)
             tokens = (f"{doc.tokens:,} tokens" if doc.kept_tokens == doc.tokens
                       else f"{doc.kept_tokens:,} of {doc.tokens:,} tokens")
+            if doc.passages:  # too long for the context: answered from its passages' KV
+                tokens = f"{doc.tokens:,} tokens"
+                status = f"{doc.passages_cached:,} of {doc.passages:,} passages with KV"
             item = QListWidgetItem(f"{doc.title}\n{tokens} · {human_bytes(size)} · {status}")
             item.setData(ID_ROLE, doc.doc_id)
             item.setFlags(item.flags() | Qt.ItemFlag.ItemIsUserCheckable)

@@ -3,8 +3,10 @@
 `library` lists documents, chats and messages over the store; `attaching` and `documents`
 turn a file into a document whose KV is stored; `sessions` decides what the chat context
 holds and runs a turn (the room for "how does a chat over three documents come back");
-`answers` and `repetition` stream an answer and stop a loop; `exactness` computes a blended
-chat's exact prefix in the background; `fairlock` serves turns in arrival order.
+`longdoc` makes a chat over a document too long for the context out of the passages each
+question retrieves; `answers` and `repetition` stream an answer and stop a loop; `exactness`
+computes a blended chat's exact prefix in the background and `passagefill` every passage's
+KV, both on `background`'s low-priority thread; `fairlock` serves turns in arrival order.
 
 Its question is "what happens when the user asks?". It stands on the KV room; it never imports
 the engine facade, the server, the CLI or Qt.

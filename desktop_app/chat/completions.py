@@ -27,9 +27,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from ..errors import EngineError
-from ..model.prompts import Turn, closing, raw_prompt
+from ..model.prompts import Turn, closing, passage_layout, raw_prompt
 from ..options import GenerationOptions, RestoreOptions
-from ..results import Completion, RestoreReport
+from ..results import Completion, RestoreReport, Source
 from .answers import stream_answer
 from .sessions import ChatSession
 
@@ -59,8 +59,11 @@ class Completions:
         self.session = session
         self.min_cache_tokens = min_cache_tokens
 
-    def prompt(self, messages: Sequence[dict], documents: Sequence[int] = ()) -> Turn:
-        """The request's messages after its documents' prefix, rendered and tokenized."""
+    def prompt(self, messages: Sequence[dict], documents: Sequence[int] = ()
+               ) -> tuple[Turn, list[Source], list[str]]:
+        """The request's messages after its documents' prefix, rendered and tokenized; the
+        passages that prefix is made of when a document is too long for the context (for
+        the messages, the last ones the query: `longdoc`); notes."""
         for m in messages:
             if m.get("role") not in ROLES or not isinstance(m.get("content"), str):
                 raise EngineError("each message needs a role (system, user or assistant) and "
@@ -69,10 +72,17 @@ class Completions:
             raise EngineError("the conversation must end with a user (or system) message")
         s = self.session
         rt = s.runtime
-        if documents:
-            head, head_tokens = s.prompter.chat(rt, [s.library.document(d) for d in documents])
-        else:
-            head, head_tokens = [], []
+        head, head_tokens, sources, notes = [], [], [], []
+        docs = [s.library.document(d) for d in documents]
+        if docs and s.longdocs.applies(docs):
+            texts = [m["content"] for m in messages]
+            sources, notes = s.longdocs.pick(
+                rt, docs, texts[-1], texts[:-1],
+                len(rt.tokenize("\n".join(texts))) + 8 * len(texts))  # (their template's)
+            layout = passage_layout(rt, [x.text for x in sources])
+            head, head_tokens = list(layout.messages), list(layout.tokens)
+        elif docs:
+            head, head_tokens = s.prompter.chat(rt, docs)
         before = rt.render_chat(head, add_generation_prompt=False) if head else ""
         msgs = (*head, *({"role": m["role"], "content": m["content"]} for m in messages))
         text = rt.render_chat(msgs, add_generation_prompt=True)
@@ -81,7 +91,7 @@ class Completions:
                               "needs an append-only template")
         rest = text[len(before):]
         tokens = head_tokens + rt.tokenize(rest, add_bos=rt.adds_bos and not head)
-        return Turn(msgs, text, tokens)
+        return Turn(msgs, text, tokens), sources, notes
 
     def complete(
         self,
@@ -109,10 +119,12 @@ class Completions:
                                       "put them in; use chat completions for them")
                 turn = Turn((), messages.prompt,
                             raw_prompt(rt, messages.prompt, messages.suffix))
+                sources, picked = [], []
             else:
-                turn = self.prompt(messages, documents)
+                turn, sources, picked = self.prompt(messages, documents)
             if not turn.tokens:
                 raise EngineError("prompt: it is empty")
+            s.longdocs.offer(sources)
             prompt = turn.tokens
             if len(prompt) + 1 >= rt.n_ctx:
                 raise EngineError(f"the prompt has {len(prompt):,} tokens; the context holds "
@@ -142,10 +154,13 @@ class Completions:
             kept, notes = s.sharing.keep()
             result = Completion(text, finish, len(prompt), len(generated),
                                 round(ttft if ttft is not None else time.perf_counter() - t0, 4),
-                                report, cached, False, [*report.messages, *notes, *out.notes])
+                                report, cached, False,
+                                [*picked, *report.messages, *notes, *out.notes],
+                                [x.as_dict() for x in sources])
             if on_answered:
                 on_answered(result)
-            stored = kept and self._store(rt, turn, text)
+            # A blended prompt (a long document's passages) is approximate: never stored.
+            stored = kept and not s.blended and self._store(rt, turn, text)
             return replace(result, stored=stored)
 
     def _store(self, rt, turn: Turn, text: str) -> bool:

@@ -13,94 +13,47 @@ It never touches the chat context itself: it only tells the session when a chat 
 
 from __future__ import annotations
 
-import logging
-import queue
 import threading
-import time
 from collections.abc import Callable
 
-from ..errors import Cancelled
 from ..kv.contexts import ATTACH, Contexts
 from ..kv.kvcache import KVCache
-from ..model.prompts import Prompter
 from ..model.runtime import PREFILL_SLICE
+from .background import Background
 from .fairlock import FairLock
-from .library import Library
 
 # Tokens computed between checks for a waiting question: a plain prefill's slice, since
 # llama.cpp's results depend on how tokens are batched and the stored context must equal what
 # a prefill of the same tokens computes, bit for bit (~1 s on 2 cores).
 SLICE = PREFILL_SLICE
-log = logging.getLogger(__name__)
 
 
-class Exactness:
-    def __init__(self, contexts: Contexts, kv: KVCache, library: Library, prompter: Prompter,
-                 *, chat_lock: FairLock, attach_lock: threading.RLock,
-                 conversation: Callable, on_exact: Callable[[int], None]):
+class Exactness(Background):
+    name = "kv-exact"
+    what = "exact pass of chat"
+
+    def __init__(self, contexts: Contexts, kv: KVCache, *, chat_lock: FairLock,
+                 attach_lock: threading.RLock, conversation: Callable,
+                 first_document: Callable, on_exact: Callable[[int], None]):
+        super().__init__(chat_lock)
         self.contexts = contexts
         self.kv = kv
-        self.library = library
-        self.prompter = prompter
-        self.chat_lock = chat_lock  # busy: the user is being answered
         self.attach_lock = attach_lock  # the attach context is shared with attaching
         self.conversation = conversation  # (runtime, chat id) -> (messages, tokens, notes)
+        self.first_document = first_document  # (runtime, chat id) -> what its entry extends
         self.on_exact = on_exact
-        self.pending: queue.Queue[int | None] = queue.Queue()
-        self.cancel = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._queued: set[int] = set()
-        self._guard = threading.Lock()
-        self.idle = threading.Event()
-        self.idle.set()
 
-    def request(self, chat_id: int) -> None:
-        """Compute chat `chat_id`'s exact context when there is time (once, if asked twice)."""
-        with self._guard:
-            if chat_id in self._queued or self.cancel.is_set():
-                return
-            self._queued.add(chat_id)
-            self.idle.clear()
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="kv-exact", daemon=True)
-                self._thread.start()
-        self.pending.put(chat_id)
-
-    def close(self) -> None:
-        self.cancel.set()
-        self.pending.put(None)
-        if self._thread is not None:
-            self._thread.join()
-
-    def _run(self) -> None:
-        while (chat_id := self.pending.get()) is not None:
-            try:
-                self._exact(chat_id)
-            except Cancelled:
-                return
-            except Exception:  # noqa: BLE001 - a failed pass leaves the chat as it was
-                log.warning("the exact pass of chat %s failed", chat_id, exc_info=True)
-            finally:
-                with self._guard:
-                    self._queued.discard(chat_id)
-                    if not self._queued:
-                        self.idle.set()
-
-    def _exact(self, chat_id: int) -> None:
+    def work(self, chat_id: int) -> None:
+        """Compute chat `chat_id`'s exact context and store it."""
         with self.attach_lock:
             rt = self.contexts.get(ATTACH)
             _, tokens, _ = self.conversation(rt, chat_id)
             rt.reset()
             try:
                 for start in range(0, len(tokens), SLICE):
-                    while self.chat_lock.busy:  # the user goes first
-                        if self.cancel.is_set():
-                            raise Cancelled("closing")
-                        time.sleep(0.05)
+                    self.yield_to_turns()
                     rt.prefill(tokens[start:start + SLICE], cancel=self.cancel)
-                docs = self.library.chat_documents(chat_id)
-                first = (docs[0].id, self.prompter.prefix(rt, docs[0]).tokens) if docs else None
-                self.kv.store_chat(rt, chat_id, tokens, first)
+                self.kv.store_chat(rt, chat_id, tokens, self.first_document(rt, chat_id))
             finally:
                 rt.reset()
         self.on_exact(chat_id)

@@ -49,22 +49,39 @@ class Library:
         """The chat's messages, oldest first."""
         return self.store.messages(chat_id)
 
+    def stale_note(self, chat_id: int, fp: str) -> list[str]:
+        """What to tell the user when a chat's cache exists only under other models."""
+        docs = {d.id for d in self.chat_documents(chat_id)}
+        others = {e.model for e in self.store.entries()
+                  if (e.document_id in docs or e.chat_id == chat_id) and e.model != fp}
+        if not others:
+            return []
+        return [f"the cache of this chat was made under another model or KV layout "
+                f"(fingerprint {', '.join(sorted(o[:12] for o in others))}, now {fp[:12]}); "
+                "it is not used: recomputing from text"]
+
     # -- listings --------------------------------------------------------------------------
 
     def documents(self, fingerprint: str) -> list[DocumentInfo]:
         """Every document, with its cache under the model `fingerprint` (status "ready"),
-        only under others ("stale") or none."""
+        only under others ("stale") or none; a long document's cache is its passages' KV."""
         roots: dict[int, list] = {}
+        passage_kv: dict[int, list[int]] = {}
         for entry in self.store.entries():  # least recently used first
-            if entry.parent_id is None and entry.document_id is not None:
+            if entry.document_id is None or entry.parent_id is not None:
+                continue
+            if not entry.passage:
                 roots.setdefault(entry.document_id, []).append(entry)
+            elif entry.model == fingerprint:
+                passage_kv.setdefault(entry.document_id, []).append(entry.id)
         current = {doc_id: [e for e in entries if e.model == fingerprint][-1]
                    for doc_id, entries in roots.items()
                    if any(e.model == fingerprint for e in entries)}
-        sizes = self.store.entry_level_bytes(e.id for e in current.values())
+        sizes = self.store.entry_level_bytes(
+            [e.id for e in current.values()] + [i for ids in passage_kv.values() for i in ids])
         damaged = self.store.damaged(e.id for e in current.values())
         counts = self.store.document_tokens(fingerprint)
-        passages = self.store.passage_counts()
+        passages, cached = self.store.passage_counts(), self.store.passage_entries(fingerprint)
         out = []
         for doc in self.store.documents():
             entry = current.get(doc.id)
@@ -76,8 +93,10 @@ class Library:
                 kept = min(tokens, entry.token_end)
             out.append(DocumentInfo(
                 doc.id, doc.title, doc.type, tokens, kept if entry else 0,
-                sizes.get(entry.id, {}) if entry else {}, status, doc.created,
-                damaged.get(entry.id, 0) if entry else 0, passages.get(doc.id, 0)))
+                sizes.get(entry.id, {}) if entry else _summed(
+                    sizes.get(i, {}) for i in passage_kv.get(doc.id, ())), status, doc.created,
+                damaged.get(entry.id, 0) if entry else 0, passages.get(doc.id, 0),
+                min(cached.get(doc.id, 0), passages.get(doc.id, 0))))
         return out
 
     def chats(self) -> list[ChatInfo]:
@@ -137,3 +156,12 @@ class Library:
         for m in msgs:
             parts.append(f"**{'You' if m.role == 'user' else 'kvdesk'}:**\n\n{m.text}\n")
         return "\n".join(parts)
+
+
+def _summed(per_entry) -> dict[str, int]:
+    """{level: bytes} of several entries together."""
+    out: dict[str, int] = {}
+    for sizes in per_entry:
+        for level, n in sizes.items():
+            out[level] = out.get(level, 0) + n
+    return out

@@ -9,9 +9,10 @@ back blended from the documents' own caches (`blending`), is never stored so, an
 in the background (`exactness`). `ask` brings the chat in, streams the answer, stores both
 messages and the conversation's own KV (extending the document's entry) so the next question
 or reopen starts at once; `prepare` computes a question while it is typed; `reopen` restores a
-chat and says how. An answer is sampled as
-`sampling.resolve` says (the caller's options over the settings file's over the model file's
-over kvdesk's defaults) and stopped if it loops (`answers`).
+chat and says how. A chat over a document too long for the context is made of the passages
+retrieved for its questions instead (`longdoc`), blended from their own caches the same way.
+An answer is sampled as `sampling.resolve` says (the caller's options over the settings
+file's over the model file's over kvdesk's defaults) and stopped if it loops (`answers`).
 
 One turn runs at a time in the context (a lock), and one turn at a time in a chat across
 processes sharing the data directory (the store's chat turn). This module never prints, never
@@ -33,7 +34,7 @@ from ..calibration import codec_prep
 from ..errors import Cancelled, EngineError
 from ..kv import speeds as speeds_mod
 from ..kv import streaming
-from ..kv.blending import Blend, Blender, leading
+from ..kv.blending import Blend, Blender, Parts, common_prefix, leading
 from ..kv.contexts import CHAT, Contexts
 from ..kv.kvcache import KVCache
 from ..kv.levels import check_levels
@@ -44,10 +45,11 @@ from ..model.prompts import closing as closing_text
 from ..model.runtime import Runtime
 from ..model.sampling import Sampling, resolve
 from ..options import AUTO, GenerationOptions, RestoreOptions
-from ..results import COMPILING, AskResult, Progress, RestoreEstimate, RestoreReport
+from ..results import COMPILING, AskResult, Progress, RestoreReport
 from .answers import stream_answer
 from .fairlock import FairLock
 from .library import Library
+from .longdoc import LongDocs
 
 ProgressFn = Callable[[Progress], None]
 
@@ -57,7 +59,8 @@ class ChatSession:
                  sharing: Sharing, prompter: Prompter, speeds: Speeds, *,
                  levels: Sequence[str], chunk_tokens: int, default_budget_ms: float | None,
                  blend_fraction: float = 1.0,
-                 generation_defaults: GenerationOptions = GenerationOptions()):
+                 generation_defaults: GenerationOptions = GenerationOptions(),
+                 longdocs: LongDocs):
         self.store = store
         self.contexts = contexts
         self.library = library
@@ -82,6 +85,8 @@ class ChatSession:
         self.blender = Blender(store, levels, chunk_tokens, kv.calibrations)
         self._blended_at: int | None = None  # where the context's blended KV begins
         self.request_exact: Callable[[int], None] = lambda chat_id: None
+        self.exact_later = False  # whether request_exact does (a long-running engine's)
+        self.longdocs = longdocs  # chats over documents too long for the context: passages
 
     @property
     def runtime(self) -> Runtime:
@@ -103,7 +108,9 @@ class ChatSession:
         before tokens were kept per model) are tokenized from their text as the template
         renders their turn, and remembered.
         """
-        msgs, tokens = self.prompter.chat(rt, self.library.chat_documents(chat_id))
+        layout = self.longdocs.layout(rt, chat_id) or self.prompter.layout(
+            rt, self.library.chat_documents(chat_id))
+        msgs, tokens = list(layout.messages), list(layout.tokens)
         known = self.store.message_tokens(chat_id, rt.fingerprint)
         fresh = 0
         for m in self.library.history(chat_id):
@@ -125,16 +132,6 @@ class ChatSession:
                  "older kvdesk: tokenized again for this model and recomputed"] if fresh else []
         return msgs, tokens, notes
 
-    def _stale_message(self, chat_id: int, fp: str) -> list[str]:
-        docs = {d.id for d in self.library.chat_documents(chat_id)}
-        others = {e.model for e in self.store.entries()
-                  if (e.document_id in docs or e.chat_id == chat_id) and e.model != fp}
-        if not others:
-            return []
-        return [f"the cache of this chat was made under another model or KV layout "
-                f"(fingerprint {', '.join(sorted(o[:12] for o in others))}, now {fp[:12]}); "
-                "it is not used: recomputing from text"]
-
     # -- bringing a chat into the context --------------------------------------------------
 
     def bring_in(self, rt: Runtime, chat_id: int | None, tokens: list[int], *,
@@ -153,7 +150,7 @@ class ChatSession:
         full = [*tokens, *question]
         if reuse and not options.no_cache and options in (RestoreOptions(), self._loaded):
             held = rt.tokens
-            keep = _common_prefix(held, full)
+            keep = common_prefix(held, full)
             # A question needs the logits after its last token: unless the context holds
             # exactly it, freshly evaluated (a draft sent as it was), compute that token.
             if question and not (keep == len(held) == len(full) and rt.has_logits):
@@ -176,9 +173,9 @@ class ChatSession:
                 check_levels([options.level])
             elif options.budget_ms is None and self.default_budget_ms is not None:
                 effective = options.model_copy(update={"budget_ms": self.default_budget_ms})
-            layout = self._blendable(rt, tokens, docs)
-            if layout is not None:
-                report = self._blend(rt, layout, tokens, docs, effective, progress, cancel)
+            parts = self._blendable(rt, chat_id, tokens, docs, cancel)
+            if parts is not None:
+                report = self._blend(rt, parts, tokens, docs, effective, progress, cancel)
                 self._loaded = options
                 rt.prefill(question, cancel=cancel)
                 return report
@@ -191,7 +188,7 @@ class ChatSession:
                                    progress=progress, cancel=cancel,
                                    calibrations=self.kv.calibrations.resolver(rt.fingerprint))
         if source is not None and report.recomputed_tokens == len(tokens) and chat_id is not None:
-            notes += self._stale_message(chat_id, rt.fingerprint)
+            notes += self.library.stale_note(chat_id, rt.fingerprint)
         speeds_mod.save(self.store, self.speeds)
         self._blended_at = None
         if not options.no_cache:
@@ -216,12 +213,17 @@ class ChatSession:
             self.contexts.wait_codec()
         return choice.action == "recompute"
 
-    def _blendable(self, rt: Runtime, tokens: list[int], docs: Sequence[Document]):
-        """The chat prefix's layout, if `tokens` start with one worth blending."""
-        # A sliding-window model's later documents would need their windows recomputed in
-        # place: not blended yet, computed as before.
-        if len(docs) < 2 or self.blend_fraction >= 1 or rt.layout.swa_layers:
+    def _blendable(self, rt: Runtime, chat_id: int | None, tokens: list[int],
+                   docs: Sequence[Document], cancel: threading.Event | None):
+        """The chat prefix's layout and its later parts' own entries, if `tokens` start with
+        one worth blending: a chat over passages (`longdoc`) or over several documents."""
+        # A sliding-window model's later parts would need their windows recomputed in place:
+        # not blended yet, computed as before.
+        if self.blend_fraction >= 1 or rt.layout.swa_layers:
             return None
+        found = self.longdocs.blendable(rt, chat_id, tokens, cancel)
+        if found is not None or len(docs) < 2 or self.longdocs.applies(docs):
+            return found if found and self.blender.usable(rt, found.later) else None
         layout = self.prompter.layout(rt, docs)
         n = len(layout.tokens)
         if len(layout.parts) < 2 or tuple(tokens[:n]) != layout.tokens:
@@ -229,30 +231,42 @@ class ChatSession:
         stored = self.store.longest_prefix(rt.fingerprint, tokens, touch=False, tail_minimum=1)
         if stored.n_tokens + stored.tail_match >= n:
             return None  # the exact prefix is stored (a chat's own entry, or a prompt's)
-        return layout if self.blender.usable(rt, layout, [d.id for d in docs]) else None
+        later = [self.store.document_entry(d.id, rt.fingerprint) for d in docs[1:len(layout.parts)]]
+        return Parts(layout, later) if self.blender.usable(rt, later) else None
 
-    def _blend(self, rt, layout, tokens, docs, options, progress, cancel) -> RestoreReport:
+    def _blend(self, rt, parts, tokens, docs, options, progress, cancel) -> RestoreReport:
+        layout = parts.layout
         first_end = layout.parts[0][1]
         source, notes = self.sharing.source(rt.fingerprint, list(layout.tokens[:first_end]))
+        notes = [*parts.notes, *notes]
         report, blend = self.blender.restore(
-            rt, layout, [d.id for d in docs], source, options=options, speeds=self.speeds,
+            rt, layout, parts.later, source, options=options, speeds=self.speeds,
             select=leading(self.blend_fraction), progress=progress, cancel=cancel)
         rest = tokens[len(layout.tokens):]
         rt.prefill(rest, cancel=cancel)
         speeds_mod.save(self.store, self.speeds)
         self._blended_at = blend.exact_until
-        notes.append(f"{len(docs)} documents blended from their own caches ({blend.reused_tokens:,}"
-                     f" tokens reused, {blend.recomputed_tokens:,} computed in place): the "
-                     "answer is approximate; the exact context is computed in the background")
+        what = "passages" if self.longdocs.applies(docs) else "documents"
+        notes.append(f"{len(layout.parts)} {what} blended from their own caches "
+                     f"({blend.reused_tokens:,} tokens reused, {blend.recomputed_tokens:,} "
+                     "computed in place): the answer is approximate"
+                     + ("; the exact context is computed in the background"
+                        if self.exact_later else ""))
         return replace(report, tokens=len(tokens),
-                       recomputed_tokens=report.recomputed_tokens + len(rest),
+                       recomputed_tokens=report.recomputed_tokens + len(rest)
+                       + parts.computed_tokens,
                        messages=[*notes, *report.messages], blended=blend.as_dict())
 
     def _mode_of(self, docs: Sequence[Document], reused: int, recomputed: int) -> dict | None:
-        """The `blended` field of a report on a chat over several documents (else None)."""
+        """The `blended` field of a report on a chat over several documents or passages."""
         mode = "exact" if self._blended_at is None else "blended"
-        return Blend(reused, recomputed, mode).as_dict() if len(docs) > 1 \
-            else None
+        many = len(docs) > 1 or self.longdocs.applies(docs)
+        return Blend(reused, recomputed, mode).as_dict() if many else None
+
+    @property
+    def blended(self) -> bool:
+        """Whether the context holds blended (approximate) KV: never to be stored."""
+        return self._blended_at is not None
 
     def exact_stored(self, chat_id: int) -> None:
         """The background pass stored chat `chat_id`'s exact context: a blended context loaded
@@ -299,6 +313,8 @@ class ChatSession:
                 msgs, context, _ = self.conversation(rt, chat_id)
             else:
                 docs = [self.library.document(d) for d in doc_ids]
+                if self.longdocs.applies(docs):
+                    return None  # its passages are retrieved for the question it asks
                 msgs, context = self.prompter.chat(rt, docs)
             # The draft is computed as if it were sent now, template tokens included: sent
             # unchanged, its first token comes at once; edited, the context is cut back to
@@ -343,6 +359,7 @@ class ChatSession:
         with self.lock, self._turn(chat_id, progress, cancel):
             rt = self.runtime
             self.contexts.warm_up(rt)
+            picked = self.longdocs.choose(rt, chat_id, question)  # a long document's passages
             msgs, context, notes = self.conversation(rt, chat_id)
             docs = self.library.chat_documents(chat_id)
             turn = question_turn(rt, msgs, question)
@@ -351,7 +368,7 @@ class ChatSession:
                                   f"of a {rt.n_ctx:,}-token context; start a new chat")
             report = self.bring_in(rt, chat_id, context, options=restore, progress=progress,
                                    cancel=cancel, question=turn.tokens, docs=docs)
-            report = replace(report, messages=[*notes, *report.messages])
+            report = replace(report, messages=[*picked, *notes, *report.messages])
             if on_restore:
                 on_restore(report)
             out = stream_answer(rt, self.sampling(generation).options, t0, on_token, cancel)
@@ -376,7 +393,8 @@ class ChatSession:
                 restore_s=round(report.restore_s, 4), bytes_read=report.bytes_read,
                 chunk_levels=report.chunk_levels, recomputed_tokens=report.recomputed_tokens,
                 tokens_generated=len(generated), messages=messages, source=report.source,
-                documents=[d.id for d in docs], blended=report.blended)
+                documents=[d.id for d in docs], blended=report.blended,
+                sources=[s.as_dict() for s in self.longdocs.sources(chat_id)])
             stats = {k: v for k, v in result.as_dict().items() if k not in ("answer", "chat_id")}
             # Both messages are stored after the answer, in one transaction: a durable write
             # (fsync) before the first token would only delay it, and whatever stops the
@@ -421,27 +439,4 @@ class ChatSession:
         if self._blended_at is not None:
             self.request_exact(chat_id)
         elif store:
-            self._store_chat(rt, chat_id, tokens)
-
-    def _store_chat(self, rt: Runtime, chat_id: int, tokens: list[int]) -> None:
-        docs = self.library.chat_documents(chat_id)
-        first = (docs[0].id, self.prompter.prefix(rt, docs[0]).tokens) if docs else None
-        self.kv.store_chat(rt, chat_id, tokens, first)
-
-    # -- estimates -------------------------------------------------------------------------
-
-    def estimate(self, *, chat_id: int | None = None,
-                 doc_ids: Sequence[int] = ()) -> RestoreEstimate:
-        """Bytes and seconds a restore would take at each level (the slider's tooltip)."""
-        rt = self.runtime
-        if chat_id is not None:
-            self.library.chat(chat_id)
-            _, tokens, _ = self.conversation(rt, chat_id)
-        else:
-            _, tokens = self.prompter.chat(rt, [self.library.document(d) for d in doc_ids])
-        return streaming.estimate(self.store, rt, tokens, self.levels, self.speeds)
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    return next((i for i in range(n) if a[i] != b[i]), n)
+            self.kv.store_chat(rt, chat_id, tokens, self.longdocs.first_document(rt, chat_id))

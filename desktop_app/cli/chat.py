@@ -230,7 +230,8 @@ def docs(app: App, as_json: bool):
         f"[{d.doc_id}] {d.title} — {d.tokens:,} tokens"
         + (f" ({d.kept_tokens:,} kept)" if d.status == "ready" and d.kept_tokens < d.tokens
            else "")
-        + (f", {d.passages:,} passages" if d.passages else "")
+        + (f", {d.passages:,} passages ({d.passages_cached:,} with their KV)"
+           if d.passages else "")
         + f", {d.status}, {sum(d.cache_bytes.values()) / 1e6:.1f} MB cached"
         + (f", {d.damaged_chunks} damaged chunks (kvdesk verify --repair)"
            if d.damaged_chunks else "") for d in rows])

@@ -1,5 +1,9 @@
 """Chats over several documents from their cached KV, without reading them again (blending).
 
+The same serves a chat over a long document's passages (`prompts.passage_layout`): each
+passage's own prefix is the system prompt and the passage, as a document's is, so a later
+passage's part is found in, and moved from, its own entry (`Parts.later`) the same way.
+
 A chat over documents D1..Dn starts with D1's prefix (the system prompt and D1, as attach
 cached it), then each further document as a system message of its own (`prompts.Layout`).
 D1's prefix comes back as any cached prefix does. Each further document's part S holds the
@@ -31,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from store import Store
+from store import Entry, Store
 
 from ..calibration.calibrations import Calibrations
 from ..model import rope
@@ -70,17 +74,28 @@ class Blend:
                 self.recomputed_tokens, "mode": self.mode}
 
 
+@dataclass(frozen=True)
+class Parts:
+    """What a blend is asked to assemble: a prefix's layout and each later part's own entry
+    (None: not cached here), with what making them ready took (notes, tokens computed)."""
+
+    layout: Layout
+    later: Sequence[Entry | None]
+    notes: Sequence[str] = ()
+    computed_tokens: int = 0
+
+
 def align(part: Sequence[int], stored: Sequence[int]) -> list[tuple[int, int, int]]:
     """Runs (offset in part, position in stored, length) of `part` that `stored` holds: its
     opening (the message header), then its document after the stored copy of what precedes."""
-    m = _common(part, stored)
+    m = common_prefix(part, stored)
     runs = [(0, 0, m)] if m else []
     anchor = list(part[m : m + ANCHOR])
     if len(anchor) < ANCHOR:
         return runs
     h = _find(stored, anchor, m)
     if h is not None:
-        runs.append((m, h, _common(part[m:], stored[h:])))
+        runs.append((m, h, common_prefix(part[m:], stored[h:])))
     return runs
 
 
@@ -104,20 +119,18 @@ class Blender:
                     self._ropes[rt.fingerprint] = None
             return self._ropes[rt.fingerprint]
 
-    def usable(self, rt: Runtime, layout: Layout, doc_ids: Sequence[int]) -> bool:
-        """Whether a blend would reuse anything: a later document cached here, and a model
-        whose keys kvdesk can move."""
-        later = [d for d in doc_ids[1:len(layout.parts)]
-                 if self.store.document_entry(d, rt.fingerprint) is not None]
-        return bool(later) and self.ropes(rt) is not None
+    def usable(self, rt: Runtime, later: Sequence[Entry | None]) -> bool:
+        """Whether a blend would reuse anything: a later part's own entry (None: not cached
+        here), and a model whose keys kvdesk can move."""
+        return any(e is not None for e in later) and self.ropes(rt) is not None
 
-    def restore(self, rt: Runtime, layout: Layout, doc_ids: Sequence[int], first: ChunkSource,
-                *, options: RestoreOptions, speeds: Speeds, select: Select,
+    def restore(self, rt: Runtime, layout: Layout, later: Sequence[Entry | None],
+                first: ChunkSource, *, options: RestoreOptions, speeds: Speeds, select: Select,
                 progress: Callable[[Progress], None] | None = None,
                 cancel: threading.Event | None = None) -> tuple[RestoreReport, Blend]:
-        """Make `rt` hold the layout's prefix: the first document's cached prefix restored
-        from `first`, each later document's cache moved after it, the selected tokens and what
-        no cache holds computed in place."""
+        """Make `rt` hold the layout's prefix: its first part's cached prefix restored from
+        `first`, each later part's own entry (`later`: a document's, or a passage's) moved
+        after it, the selected tokens and what no cache holds computed in place."""
         t0 = time.perf_counter()
         prefix = list(layout.tokens)
         end0 = layout.parts[0][1]
@@ -133,8 +146,8 @@ class Blender:
         known[:end0] = True
         messages, levels, n_bytes = list(head.messages), list(head.chunk_levels), head.bytes_read
         ropes = self.ropes(rt)
-        for doc_id, (start, end) in zip(doc_ids[1:], layout.parts[1:], strict=False):
-            got = self._reuse(rt, doc_id, prefix[start:end], ropes, options, speeds, cancel,
+        for entry, (start, end) in zip(later, layout.parts[1:], strict=False):
+            got = self._reuse(rt, entry, prefix[start:end], ropes, options, speeds, cancel,
                               messages, levels)
             if got is None:
                 continue
@@ -154,10 +167,9 @@ class Blender:
             messages=messages, source=head.source), Blend(reused, computed, "blended",
                                                           exact_until)
 
-    def _reuse(self, rt, doc_id, part, ropes, options, speeds, cancel, messages, levels):
-        """(keys, values, which tokens are held, bytes read) of a later document's part from
-        its own cache, moved into place; None when there is nothing to reuse."""
-        entry = self.store.document_entry(doc_id, rt.fingerprint)
+    def _reuse(self, rt, entry, part, ropes, options, speeds, cancel, messages, levels):
+        """(keys, values, which tokens are held, bytes read) of a later part from its own
+        entry, moved into place; None when there is nothing to reuse."""
         if entry is None or entry.parent_id is not None:
             return None
         stored = self.store.tokens(entry.id)
@@ -175,7 +187,8 @@ class Blender:
             calibrations=self.calibrations.resolver(rt.fingerprint),
             chunk_levels=levels, messages=messages)
         if read < spans[-1].token_end:
-            messages.append(f"document {doc_id}'s cache could not be read whole: computing it")
+            what = f"document {entry.document_id}" if not entry.passage else "a passage"
+            messages.append(f"the cache of {what} could not be read whole: computing it")
             return None
         keys = np.empty((lay.n_layer, len(part), lay.channels), k.dtype)
         values = np.empty_like(keys)
@@ -212,7 +225,8 @@ def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
     return list(zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True))
 
 
-def _common(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many first items `a` and `b` share."""
     n = min(len(a), len(b))
     return next((i for i in range(n) if a[i] != b[i]), n)
 

@@ -61,15 +61,18 @@ class KVCache:
         progress: Callable[[Progress], None] | None = None,
         cancel: threading.Event | None = None,
         title: str = "",
+        passage: bool = False,
     ) -> int | None:
         """Encode and store the KV of `tokens` (the context's first tokens) beyond what is
         already stored for them; returns the id of the entry that ends at len(tokens), or
-        None when a sliding-window model's context does not end there (no window to store)."""
+        None when a sliding-window model's context does not end there (no window to store).
+        `passage`: the tokens are a passage of `document_id` (`passagekv`), not its prefix."""
         levels = tuple(levels or self.levels)
         match = self.store.longest_prefix(rt.fingerprint, tokens, touch=False)
         if match.n_tokens == len(tokens) and match.entries:
             return match.entries[-1].id
-        parent = match.parent
+        # A passage's entry is always a root: `blending` moves it into place whole.
+        parent = None if passage else match.parent
         seq = rt.capture()
         kv = in_position_order(seq.sections[0])
         if kv.n_tokens < len(tokens):
@@ -89,7 +92,7 @@ class KVCache:
             rt.fingerprint, tokens, levels=levels, parent_id=parent.id if parent else None,
             chunk_size=self.chunk_tokens, document_id=document_id, chat_id=chat_id,
             window_start=None if window is None else int(window.positions[0]),
-            calibration=None if cal is None else cal.id)
+            calibration=None if cal is None else cal.id, passage=passage)
         # Each chunk or window part: the KV it is cut from, that KV's first position, and its
         # calibration part (the cache section it comes from).
         parts = [(span, kv, 0, 0) for span in writer.spans]

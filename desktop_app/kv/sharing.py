@@ -5,7 +5,8 @@ longer document entry on the remote tier and, if there is one, streams it (`sour
 the same adaptive pipeline as local chunks, keeping what it reads in a pending local copy;
 `keep` completes that copy after the answer, so the next restore is local. Attach looks there
 before prefilling (`pull_for_attach`) and shares what it computed (`push_after_attach`) when
-automatic pushing is on. `status`, `push` and `pull` are the `kvdesk remote` commands.
+automatic pushing is on; so does a passage retrieved for the first time (`pull_passage`).
+`status`, `push` and `pull` are the `kvdesk remote` commands.
 
 A tier that fails is reported in a message and skipped for a minute, never in the way of an
 answer: every path falls back to the local store or to recomputing. Nothing here ever sees a
@@ -85,9 +86,28 @@ class Sharing:
         entry_id, notes = self._try(pull)
         return entry_id, [f"{n}; computing it here instead" for n in notes]
 
+    def pull_passage(self, fingerprint: str, tokens: Sequence[int], level: str,
+                     document_id: int) -> tuple[int | None, list[str]]:
+        """Take a passage's entry from the tier instead of computing it: (its local id, or
+        None when the tier has none at `level`; notes)."""
+        if not self.auto_pull:
+            return None, []
+
+        def pull() -> int | None:
+            manifest = sync.find(self.tier, fingerprint, list(tokens),
+                                 longer_than=len(tokens) - 1)
+            if manifest is None or not manifest.passage or level not in manifest.levels:
+                return None
+            return sync.pull(self.store, self.tier, manifest, levels=[level],
+                             document_id=document_id).id
+
+        entry_id, notes = self._try(pull)
+        return entry_id, [f"{n}; computing the passage here instead" for n in notes]
+
     def push_after_attach(self, entry_id: int, progress: Callable[[int, int], None] | None = None
                           ) -> tuple[bool, list[str]]:
-        """Share a document's entry when automatic pushing is on: (pushed?, warnings)."""
+        """Share a document's (or a passage's) entry when automatic pushing is on: (pushed?,
+        warnings)."""
         if not self.auto_push:
             return False, []
         done, notes = self._try(lambda: sync.push(self.store, self.tier,

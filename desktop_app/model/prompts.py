@@ -23,6 +23,12 @@ SYSTEM_PROMPT = (
     "You are kvdesk, a careful assistant. Answer questions about the document below "
     "accurately and concisely, quoting it where it helps."
 )
+# A chat over a long document's passages: what each passage's own KV is computed after.
+PASSAGE_SYSTEM_PROMPT = (
+    "You are kvdesk, a careful assistant. Answer questions from the passages of a document "
+    "below, accurately and concisely, quoting them where it helps; if they do not hold the "
+    "answer, say so."
+)
 SYSTEM_PROMPT_NO_DOCUMENT = "You are kvdesk, a careful and concise assistant."
 UNTITLED = "New chat"  # a chat's title until its first question names it
 
@@ -152,6 +158,41 @@ def chat_prefix(tpl: Template, first: Prefix, more: Sequence[tuple[str, str]],
         else:
             left_out += 1
     return Layout(tuple(msgs), tuple(tokens), tuple(parts), left_out)
+
+
+def passage_prefix(tpl: Template, text: str) -> Prefix:
+    """A passage's own prefix, the one its KV is computed and keyed by: the passages' system
+    prompt and the passage's text, nothing of where it is from, so the same text under the
+    same model is one stored entry whichever document holds it."""
+    msgs = ({"role": "system", "content": PASSAGE_SYSTEM_PROMPT}, _passage(text))
+    rendered = tpl.render_chat(msgs, add_generation_prompt=False)
+    n = len(tpl.tokenize(text))
+    return Prefix(msgs, rendered, tuple(tpl.tokenize(rendered, add_bos=tpl.adds_bos)), n, n)
+
+
+def passage_layout(tpl: Template, texts: Sequence[str]) -> Layout:
+    """A chat's prefix over passages: the first passage's own prefix, then each further one
+    as a system message of its own, which its own prefix holds after its copy of the system
+    prompt (what `blending` needs to move its cached KV into place)."""
+    if not texts:
+        msgs = ({"role": "system", "content": PASSAGE_SYSTEM_PROMPT},)
+        rendered = tpl.render_chat(msgs, add_generation_prompt=False)
+        tokens = tuple(tpl.tokenize(rendered, add_bos=tpl.adds_bos))
+        return Layout(msgs, tokens, ((0, len(tokens)),))
+    first = passage_prefix(tpl, texts[0])
+    msgs, tokens = list(first.messages), list(first.tokens)
+    parts = [(0, len(tokens))]
+    for text in texts[1:]:
+        before = tpl.render_chat(msgs, add_generation_prompt=False)
+        msgs.append(_passage(text))
+        delta = tpl.tokenize(tpl.render_chat(msgs, add_generation_prompt=False)[len(before):])
+        parts.append((len(tokens), len(tokens) + len(delta)))
+        tokens += delta
+    return Layout(tuple(msgs), tuple(tokens), tuple(parts))
+
+
+def _passage(text: str) -> dict:
+    return {"role": "system", "content": f"Passage:\n\n{text}"}
 
 
 def question_turn(tpl: Template, messages: Sequence[dict], question: str) -> Turn:

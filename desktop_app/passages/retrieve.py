@@ -26,7 +26,7 @@ import numpy as np
 from store import Store
 
 from ..errors import EngineError
-from ..results import Record
+from ..results import Record, location
 from .embed import Embedder, normalise
 from .index import PassageIndex
 
@@ -58,10 +58,7 @@ class Hit(Record):
     @property
     def location(self) -> str:
         """"page 3" for a PDF, else "lines 120-141"."""
-        if self.page is not None:
-            return f"page {self.page}"
-        first, last = self.lines
-        return f"line {first}" if first == last else f"lines {first}-{last}"
+        return location(self.page, self.lines)
 
 
 def recent_text(turns: Sequence[str]) -> list[str]:

@@ -1,0 +1,187 @@
+"""A chat over a document too long for the context: answered from its retrieved passages.
+
+A document split into passages (`desktop_app.passages`) is never read whole. Each question
+retrieves the passages most likely to hold its answer — the query is the question and the
+chat's recent turns — and the chat's context becomes: the passages, in document order, then
+the chat's turns, then the question (`prompts.passage_layout`). Each passage comes back from
+its own KV (`kv.passagekv`: computed on its own the first time it is retrieved, and stored),
+moved into place by `blending` with its first tokens recomputed among the passages before it;
+a context whose exact copy is stored (a turn's, made exact in the background) is restored as
+it is.
+
+How the context evolves (`choose`): the passages this question retrieves come first, best
+first; the chat's passages from earlier turns are kept after them, most relevant first, while
+the budget allows — the context less a reserve for the answer, the chat's turns and the
+question — and the least relevant are dropped once it does not. When a follow-up retrieves
+nothing new, the context is unchanged and the chat goes on exactly where it was (nothing
+restored or computed again); when it does change, it is blended again and the turns are
+computed after it. Each answer names its passages (`sources`, stored with the answer), which
+is also how the chat remembers them: a reopen, in this process or another, lays out the
+passages of the last answer, and the next question starts from them.
+
+It never reads the document's whole text into the model, never stores a blended context and
+never prints; the sessions call it where the chat's prefix is made.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+from store import Document, Store
+
+from ..kv.blending import Parts
+from ..kv.passagekv import PassageKV
+from ..model.prompts import Layout, Prompter, passage_layout
+from ..model.runtime import Runtime
+from ..passages.retrieve import DEFAULT_K, Retriever
+from ..results import Source
+from .library import Library
+
+
+class LongDocs:
+    def __init__(self, store: Store, library: Library, prompter: Prompter, kv: PassageKV,
+                 retriever: Retriever | None, *, top_k: int = DEFAULT_K):
+        self.store = store
+        self.library = library
+        self.prompter = prompter
+        self.kv = kv
+        self.retriever = retriever
+        self.top_k = top_k
+        self._chosen: dict[int, list[Source]] = {}  # chat id -> the passages of its latest turn
+        self._offered: list[Source] = []  # a client's conversation's (`offer`)
+        self._lock = threading.Lock()
+
+    def applies(self, docs: Sequence[Document]) -> bool:
+        """Whether a chat over `docs` is answered from passages (one of them is split)."""
+        return bool(self._split(docs))
+
+    def _split(self, docs: Sequence[Document]) -> list[int]:
+        if self.retriever is None or not docs:
+            return []
+        counts = self.store.passage_counts()
+        return [d.id for d in docs if counts.get(d.id)]
+
+    # -- which passages ----------------------------------------------------------------------
+
+    def choose(self, rt: Runtime, chat_id: int, question: str) -> list[str]:
+        """Retrieve the passages for `question` in chat `chat_id` and make them its context's
+        (see the module's docstring); notes for the user."""
+        docs = self.library.chat_documents(chat_id)
+        if not self.applies(docs):
+            return []
+        history = self.library.history(chat_id)
+        # (Retrieval keeps the last turns of these: follow-ups say "it".)
+        chosen, notes = self.pick(rt, docs, question, [m.text for m in history],
+                                  self._turns_tokens(rt, chat_id, history) + len(
+                                      rt.tokenize(question)) + 16,  # its template's tokens
+                                  self.sources(chat_id))
+        with self._lock:
+            self._chosen[chat_id] = chosen
+        return notes
+
+    def pick(self, rt: Runtime, docs: Sequence[Document], question: str, recent: Sequence[str],
+             used: int, kept: Sequence[Source] = ()) -> tuple[list[Source], list[str]]:
+        """The passages of `docs` for `question` asked after the `recent` turns, with `used`
+        tokens of the context taken by the conversation, keeping `kept` while room remains;
+        (passages in document order, notes)."""
+        split = self._split(docs)
+        # Each document's best, then the best of all (fused scores compare across them).
+        hits = sorted((Source.of(h, d) for d in split for h in self.retriever.retrieve(
+            d, question, recent=recent, k=self.top_k)), key=lambda s: -s.score)[:self.top_k]
+        chosen = self._fit(rt, hits, list(kept), self.prompter.room(rt) - used,
+                           [d.id for d in docs])
+        notes = []
+        if len(docs) > len(split):
+            notes.append(f"{len(docs) - len(split)} document(s) of this chat fit the context "
+                         "whole and are not among the passages searched")
+        if hits and not chosen:
+            notes.append("no retrieved passage fits what is left of the context: "
+                         "start a new chat")
+        return chosen, notes
+
+    def offer(self, sources: Sequence[Source]) -> None:
+        """The passages a conversation not kept as a chat (the local API's) is laid out with:
+        what the next restore of a prefix starting with them blends."""
+        with self._lock:
+            self._offered = list(sources)
+
+    def _fit(self, rt: Runtime, hits: list[Source], kept: list[Source], budget: int,
+             doc_order: list[int]) -> list[Source]:
+        """This question's hits, best first, then the chat's earlier passages, most relevant
+        first, while they fit `budget` tokens; in document order."""
+        fresh = {s.passage_id for s in hits}
+        ranked = sorted(hits, key=lambda s: -s.score) + sorted(
+            (s for s in kept if s.passage_id not in fresh), key=lambda s: -s.score)
+        overhead = len(passage_layout(rt, []).tokens)
+        used, chosen = overhead, []
+        for s in ranked:
+            cost = len(self.kv.tokens(rt, s.text)) - overhead
+            if used + cost <= budget:
+                chosen.append(s)
+                used += cost
+        position = {d: i for i, d in enumerate(doc_order)}
+        return sorted(chosen, key=lambda s: (position.get(s.document_id, 0), s.index))
+
+    def _turns_tokens(self, rt: Runtime, chat_id: int, history) -> int:
+        known = self.store.message_tokens(chat_id, rt.fingerprint)
+        return sum(len(known[m.id]) if m.id in known else len(rt.tokenize(m.text)) + 8
+                   for m in history)
+
+    def sources(self, chat_id: int) -> list[Source]:
+        """The passages chat `chat_id`'s context holds: those of its latest question, or, in
+        another process, those its last answer named."""
+        with self._lock:
+            if chat_id in self._chosen:
+                return list(self._chosen[chat_id])
+        for m in reversed(self.library.history(chat_id)):
+            if m.role == "assistant" and m.stats and m.stats.get("sources") is not None:
+                return [Source.from_dict(d) for d in m.stats["sources"]]
+        return []
+
+    def first_document(self, rt: Runtime, chat_id: int) -> tuple[int, Sequence[int]] | None:
+        """(id, prefix) of the document whose entry a chat's extends (stored first when
+        missing); None for a chat over passages, whose entry extends its first passage's."""
+        docs = self.library.chat_documents(chat_id)
+        if not docs or self.applies(docs):
+            return None
+        return docs[0].id, self.prompter.prefix(rt, docs[0]).tokens
+
+    # -- the chat's prefix -------------------------------------------------------------------
+
+    def layout(self, rt: Runtime, chat_id: int | None) -> Layout | None:
+        """The prefix of a chat over passages (None: not such a chat)."""
+        if chat_id is None or not self.applies(self.library.chat_documents(chat_id)):
+            return None
+        return passage_layout(rt, [s.text for s in self.sources(chat_id)])
+
+    def blendable(self, rt: Runtime, chat_id: int | None, tokens: Sequence[int],
+                  cancel: threading.Event | None) -> Parts | None:
+        """What to blend when `tokens` start with a passage chat's prefix that needs it. The
+        passages with no KV yet are computed first, each on its own, and stored (`rt` is left
+        to the restore that follows); None when the prefix is stored exactly (or is one
+        passage), which a plain restore reads."""
+        if chat_id is None:
+            with self._lock:
+                sources = list(self._offered)
+            if not sources:
+                return None
+        elif self.applies(self.library.chat_documents(chat_id)):
+            sources = self.sources(chat_id)
+        else:
+            return None
+        layout = passage_layout(rt, [s.text for s in sources])
+        if tuple(tokens[:len(layout.tokens)]) != layout.tokens:
+            return None
+        stored = self.store.longest_prefix(rt.fingerprint, tokens, touch=False, tail_minimum=1)
+        if stored.n_tokens + stored.tail_match >= len(layout.tokens):
+            return None
+        ready = self.kv.ensure(rt, [(s.document_id, s.text) for s in sources], cancel=cancel)
+        notes = list(ready.notes)
+        if ready.computed:
+            notes.append(f"{ready.computed} passage(s) retrieved for the first time: their KV "
+                         f"computed ({ready.computed_tokens:,} tokens) and stored")
+        if ready.pulled:
+            notes.append(f"{ready.pulled} passage(s) taken from the shared cache")
+        return Parts(layout, ready.entries[1:], notes, ready.computed_tokens) \
+            if len(sources) > 1 else None

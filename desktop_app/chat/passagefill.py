@@ -1,0 +1,68 @@
+"""Every passage of a long document given its KV in the background, so that no question waits.
+
+A question computes the passages it retrieves that have no KV yet (`longdoc`); this pass
+computes all the others, one passage at a time in document order, in the attach context,
+after a long document is attached and whenever a long-running kvdesk (the window, `kvdesk
+serve`) starts. It is resumable by construction: a passage's KV is an entry keyed by its
+content (`kv.passagekv`), stored whole or not at all, so after a restart (or a kill) the pass
+finds what is stored and goes on with the rest. It is low priority: before each passage it
+waits while the chat context is busy, so a question waits at most for the one passage being
+computed (~1 s on 2 cores), and it stops when the engine closes (that passage is not stored).
+It stops too when the storage budget would have to evict other KV to keep going: passage KV
+never pushes out what questions used. `kvdesk docs` shows its progress (passages with KV).
+
+It never touches the chat context and never decides what a chat holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from store import Store
+
+from ..kv.contexts import ATTACH, Contexts
+from ..kv.passagekv import PassageKV
+from .background import Background
+from .fairlock import FairLock
+
+log = logging.getLogger(__name__)
+
+
+class PassageFill(Background):
+    name = "kv-passages"
+    what = "passage pass of document"
+
+    def __init__(self, store: Store, contexts: Contexts, kv: PassageKV, *,
+                 chat_lock: FairLock, attach_lock: threading.RLock):
+        super().__init__(chat_lock)
+        self.store = store
+        self.contexts = contexts
+        self.kv = kv
+        self.attach_lock = attach_lock  # the attach context is shared with attaching
+
+    def resume(self) -> None:
+        """Queue every long document (what a pass stopped by a restart left undone)."""
+        for doc_id in self.store.passage_counts():
+            self.request(doc_id)
+
+    def work(self, doc_id: int) -> None:
+        """Compute the KV of every passage of document `doc_id` that has none."""
+        for passage in self.store.passages(doc_id):  # (a deleted document has none)
+            self.yield_to_turns()
+            with self.attach_lock:
+                rt = self.contexts.get(ATTACH)
+                if self.kv.entry(rt, passage.text) is not None:
+                    continue
+                full = self.store.usage_bytes() >= self.store.budget_bytes
+                try:
+                    if not full:
+                        ready = self.kv.ensure(rt, [(doc_id, passage.text)], cancel=self.cancel)
+                        # Evicted as soon as stored: it only pushed other KV out.
+                        full = bool(ready.computed) and self.kv.entry(rt, passage.text) is None
+                finally:
+                    rt.reset()
+                if full:
+                    log.info("the passage pass of document %s stopped: the storage budget is "
+                             "full", doc_id)
+                    return

@@ -1,0 +1,106 @@
+"""A long document's passages, each with a KV entry of its own, computed when first needed.
+
+A passage's KV is computed on its own, after the shared passage system prompt, as attach does
+for a document (`prompts.passage_prefix`), and stored as an ordinary root entry marked as a
+passage's (store: `passage`). Its tokens say nothing of the document it came from, so the
+entry is keyed by content through the store's prefix hashes: the same text under the same
+model is one entry, found by the same longest-prefix lookup a document's is, whichever
+document holds it. It is stored at one level (the setting `passage_level`, `balanced` by
+default), not every level: a book has thousands of passages.
+
+`ensure` computes the missing ones (the first time they are retrieved) in the context it is
+given — unless the shared cache (S3 tier) has them: they travel like documents' entries, and
+are shared after computing when automatic pushing is on — and stores each before the next,
+so a one-shot command keeps what it computed and an interrupted question keeps the passages
+finished before it; the others are found, marked used (the storage budget evicts passage KV
+least recently used first, like any entry) and read back by `blending`. It never decides
+which passages a chat uses: `chat.longdoc` does.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from store import Entry, Store
+
+from ..model.prompts import passage_prefix
+from ..model.runtime import Runtime
+from .kvcache import KVCache
+from .sharing import Sharing
+
+DEFAULT_PASSAGE_LEVEL = "balanced"
+MEMO = 8192  # passages' tokens kept (tokenizing one costs ~1 ms; a 3 MB text has ~4,000)
+
+
+@dataclass
+class Ready:
+    """A question's passages made ready: each one's entry, and what that took."""
+
+    entries: list[Entry | None]  # None only where a sliding-window context could not store it
+    computed: int = 0  # passages computed here
+    computed_tokens: int = 0
+    pulled: int = 0  # passages taken from the shared cache
+    notes: list[str] = field(default_factory=list)
+
+
+class PassageKV:
+    def __init__(self, store: Store, kv: KVCache, sharing: Sharing,
+                 level: str = DEFAULT_PASSAGE_LEVEL):
+        self.store = store
+        self.kv = kv
+        self.sharing = sharing  # the shared cache: looked at before computing, fed after
+        self.level = level
+        self._tokens: dict[tuple[str, str], tuple[int, ...]] = {}  # (model, text): its prefix
+
+    def tokens(self, rt: Runtime, text: str) -> tuple[int, ...]:
+        """The passage's own prefix: what its KV is computed after and keyed by."""
+        key = (rt.fingerprint, text)
+        if key not in self._tokens:
+            if len(self._tokens) >= MEMO:  # a long-running engine over many books
+                self._tokens.clear()
+            self._tokens[key] = passage_prefix(rt, text).tokens
+        return self._tokens[key]
+
+    def entry(self, rt: Runtime, text: str, *, touch: bool = False) -> Entry | None:
+        """The stored entry holding exactly this passage's prefix, if any."""
+        tokens = self.tokens(rt, text)
+        match = self.store.longest_prefix(rt.fingerprint, tokens, touch=touch)
+        if match.n_tokens != len(tokens) or not match.entries:
+            return None
+        last = match.entries[-1]
+        return last if last.parent_id is None and last.token_end == len(tokens) else None
+
+    def ensure(self, rt: Runtime, passages: Sequence[tuple[int, str]], *,
+               cancel: threading.Event | None = None) -> Ready:
+        """The entry of each (document id, text) passage: stored here, else taken from the
+        shared cache, else computed in `rt` (whose content is replaced) and stored (and
+        shared, when automatic pushing is on)."""
+        ready = Ready([])
+        for document_id, text in passages:
+            found = self.entry(rt, text, touch=True)
+            if found is None:
+                found = self._pull(rt, text, document_id, ready)
+            if found is None:
+                tokens = self.tokens(rt, text)
+                rt.reset()
+                rt.prefill(list(tokens), cancel=cancel)
+                ready.computed += 1
+                ready.computed_tokens += len(tokens)
+                entry_id = self.kv.store_prefix(rt, tokens, (self.level,), document_id=document_id,
+                                                cancel=cancel, passage=True)
+                if entry_id is not None:
+                    found = self.store.entry(entry_id)
+                    ready.notes.extend(self.sharing.push_after_attach(entry_id)[1])
+            ready.entries.append(found)
+        return ready
+
+    def _pull(self, rt: Runtime, text: str, document_id: int, ready: Ready) -> Entry | None:
+        entry_id, notes = self.sharing.pull_passage(rt.fingerprint, self.tokens(rt, text),
+                                                    self.level, document_id)
+        ready.notes.extend(notes)
+        if entry_id is None:
+            return None
+        ready.pulled += 1
+        return self.store.entry(entry_id)

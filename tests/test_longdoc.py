@@ -1,0 +1,335 @@
+"""Answering over a long document's passages: each passage's KV computed once, on its own,
+and reused (no recompute) the next time; answers name their sources; follow-ups keep the
+chat's passages while they fit; a reopen in another process lays out the same passages.
+
+The passages are written by the test, one paragraph each, and retrieved by the real
+retrieval (tests/test_passages.py checks its ranking); these tests check the KV and the
+context."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from desktop_app.engine import Engine
+from desktop_app.model.prompts import passage_layout, passage_prefix
+from desktop_app.model.runtime import Runtime
+from desktop_app.options import GenerationOptions
+from store import Store, sync
+
+PASSAGES = [
+    "The ferry to Cape Morrow leaves at 07:15 and 16:40 on weekdays. On Saturdays it sails "
+    "once, at 10:00. The crossing takes fifty minutes.",
+    "The keeper's cottage became a museum in 1979. It keeps the logbooks, a brass telescope "
+    "and a barometer that still works. Entry is free.",
+    "The tower is 31 metres tall and its light can be seen 40 kilometres out to sea. A storm "
+    "in 1956 broke the lantern glass.",
+    "Puffins nest on the western cliffs from April to August. Walkers must keep to the "
+    "marked path between the lighthouse and the bay.",
+    "The island's only shop sells bread, stamps and maps. It closes at noon on Sundays and "
+    "is run by the harbour master's family.",
+]
+GREEDY = GenerationOptions(max_tokens=8, temperature=0)
+
+
+def add_long_document(store: Store) -> int:
+    """A document kept as the passages above (as attach keeps one longer than the context),
+    each on lines of its own."""
+    doc = store.add_document("h" * 64, "Island guide", "\n\n".join(PASSAGES), type="text")
+    store.add_passages(doc.id, [
+        SimpleNamespace(index=i, text=t, start=0, end=len(t), page=None,
+                        lines=(2 * i + 1, 2 * i + 1), heading=("Island guide",), tokens=40)
+        for i, t in enumerate(PASSAGES)])
+    return doc.id
+
+
+@pytest.fixture
+def make_engine(tmp_path, model_path, model_hash):
+    engines = []
+
+    def make(store=None):
+        store = store or Store(tmp_path / "data")
+        eng = Engine(store, lambda: Runtime(model_path, model_hash=model_hash, n_ctx=2048,
+                                            flash_attn=True),
+                     chunk_tokens=64, blend_fraction=0.15)
+        eng.session.longdocs.top_k = 2  # (all five would fit this context)
+        eng.doc = store.passage_counts() and next(iter(store.passage_counts())) \
+            or add_long_document(store)
+        eng.ids = {p.index: p.id for p in store.passages(eng.doc)}
+        engines.append(eng)
+        return eng
+
+    yield make
+    for eng in engines:
+        eng.close()
+    engines[0].store.close()
+
+
+def passage_entries(eng):
+    return {e.id: e for e in eng.store.entries() if e.passage}
+
+
+def test_passage_kv_is_computed_once_then_read_back(make_engine):
+    eng = make_engine()
+    doc = eng.doc
+    q = "When does the Saturday ferry leave, and what does the museum keep?"
+    first = eng.ask(q, doc_ids=[doc], generation=GREEDY)
+    # The answer names its passages: the ferry's and the museum's, in document order.
+    assert [s["passage_id"] for s in first.sources] == [eng.ids[0], eng.ids[1]]
+    assert first.sources[0]["text"] == PASSAGES[0]
+    assert first.sources[0]["lines"] == [1, 1] and "page" not in first.sources[0]
+    assert any("2 passage(s) retrieved for the first time" in m for m in first.messages)
+    stored = passage_entries(eng)
+    assert len(stored) == 2
+    assert {e.levels for e in stored.values()} == {("balanced",)}  # one level, not every one
+    assert eng.store.passage_entries(eng.fingerprint) == {doc: 2}
+    rt = eng.runtime
+    own = [len(passage_prefix(rt, t).tokens) for t in PASSAGES[:2]]
+    assert first.recomputed_tokens >= sum(own)  # computed: each on its own, then the blend
+
+    # A new chat retrieving the same passages reads them back: nothing computed again but
+    # the blend's share of the second passage.
+    eng.runtime.reset()  # (else the context still holds them, and is kept)
+    second = eng.ask(q, doc_ids=[doc], generation=GREEDY)
+    assert second.chat_id != first.chat_id
+    assert passage_entries(eng).keys() == stored.keys()
+    assert not any("for the first time" in m for m in second.messages)
+    assert second.blended["mode"] == "blended" and second.blended["reused_tokens"] > 0
+    assert second.recomputed_tokens < 0.5 * own[1]
+    assert second.chunk_levels and "text" not in second.chunk_levels
+
+
+def test_follow_ups_keep_the_chats_passages_and_a_reopen_lays_them_out(make_engine):
+    eng = make_engine()
+    doc = eng.doc
+    first = eng.ask("What does the museum keep?", doc_ids=[doc], generation=GREEDY)
+    chat = first.chat_id
+    assert eng.ids[1] in [s["passage_id"] for s in first.sources]
+    follow = eng.ask("And when do puffins nest on the cliffs?", chat_id=chat,
+                     generation=GREEDY)
+    ids = [s["passage_id"] for s in follow.sources]
+    # This question's passage joins; the museum's stays, room allowing; document order.
+    assert eng.ids[3] in ids and eng.ids[1] in ids and ids == sorted(ids)
+    # Blended answers are never stored; the exact context is, in the background, as an entry
+    # extending the first passage's.
+    assert eng.exactness.idle.wait(300)
+    (own,) = [e for e in eng.store.entries() if e.chat_id == chat]
+    assert eng.store.entry(own.parent_id).passage
+    _, tokens, _ = eng.session.conversation(eng.runtime, chat)
+    layout = passage_layout(eng.runtime, [s["text"] for s in follow.sources])
+    assert tuple(tokens[:len(layout.tokens)]) == layout.tokens
+
+    # Another process (a fresh engine on the same store) remembers the chat's passages.
+    again = make_engine(store=eng.store)
+    _, reopened, _ = again.session.conversation(again.runtime, chat)
+    assert reopened == tokens
+    report = again.reopen(chat)
+    assert report.tokens == len(tokens)
+
+
+def test_eviction_takes_passage_kv_and_keeps_text_and_index(make_engine):
+    eng = make_engine()
+    q = "What does the museum keep?"
+    eng.ask(q, doc_ids=[eng.doc], generation=GREEDY)
+    info = {d.doc_id: d for d in eng.documents()}[eng.doc]
+    assert (info.passages, info.passages_cached) == (5, 2)
+    assert info.status == "none"  # a passage's entry is not the document's cache
+    assert set(info.cache_bytes) == {"balanced"} and info.cache_bytes["balanced"] == sum(
+        e.nbytes for e in passage_entries(eng).values())
+    cached = set(passage_entries(eng))
+    report = eng.store.gc(budget_bytes=1)
+    assert cached and set(report["evicted_entries"]) >= cached
+    assert not passage_entries(eng)
+    # The text and the index stay: the passages are still there and still found.
+    assert len(eng.store.passages(eng.doc)) == 5
+    assert [p.index for p, _ in eng.store.search_passages(eng.doc, "museum")] == [1]
+    info = {d.doc_id: d for d in eng.documents()}[eng.doc]
+    assert (info.passages, info.passages_cached, info.cache_bytes) == (5, 0, {})
+    eng.runtime.reset()
+    again = eng.ask(q, doc_ids=[eng.doc], generation=GREEDY)
+    assert any("for the first time" in m for m in again.messages)  # computed again, said
+    assert len(passage_entries(eng)) == 2
+
+
+def test_the_local_api_answers_from_passages_and_names_them(make_engine):
+    eng = make_engine()
+    messages = [{"role": "user", "content": "What does the museum keep?"}]
+    first = eng.complete(messages, documents=[eng.doc], generation=GREEDY)
+    assert eng.ids[1] in [s["passage_id"] for s in first.sources]
+    assert passage_entries(eng)  # computed on first retrieval, and kept
+    eng.runtime.reset()
+    again = eng.complete(messages, documents=[eng.doc], generation=GREEDY)
+    assert again.sources == first.sources
+    assert not first.stored and not again.stored  # blended: approximate, never stored
+    assert not [e for e in eng.store.entries() if not e.passage]
+    assert again.cached_tokens >= len(passage_prefix(eng.runtime, PASSAGES[1]).tokens)
+
+
+def test_ask_json_names_the_sources_of_an_answer_over_a_long_document(tmp_path, monkeypatch,
+                                                                       model_path):
+    import json
+    import subprocess
+    import sys
+
+    def kvdesk(*args):
+        proc = subprocess.run([sys.executable, "-m", "desktop_app", *args, "--json"],
+                              capture_output=True, text=True, timeout=180)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+        return json.loads(proc.stdout)
+
+    monkeypatch.setenv("KVDESK_N_CTX", "1024")  # so that a few pages are a long document
+    topics = ["tides", "harbour", "lanterns", "gulls", "charts", "ropes", "storms", "fog"]
+    paragraphs = [f"Chapter {i + 1} is about the {t} of the island. " * 12 for i, t in
+                  enumerate(topics * 2)]
+    paragraphs[11] += "The lighthouse keeper's cat is called Admiral Whiskers."
+    book = tmp_path / "book.txt"
+    book.write_text("\n\n".join(paragraphs))
+    doc = kvdesk("attach", str(book))[0]
+    assert doc["passages"] > 1
+    question = "What is the lighthouse keeper's cat called?"
+    first = kvdesk("ask", str(doc["doc_id"]), question, "--max-tokens", "8")
+    assert first["sources"], first
+    assert {"passage_id", "text", "lines", "score"} <= set(first["sources"][0])
+    assert any("Admiral Whiskers" in s["text"] for s in first["sources"])
+    listed = kvdesk("docs")[0]
+    assert listed["passages"] == doc["passages"]
+    assert listed["passages_cached"] == len(first["sources"])
+    # The next process finds every passage's KV stored: none is computed again.
+    second = kvdesk("ask", str(doc["doc_id"]), question, "--max-tokens", "8")
+    assert not any("for the first time" in m for m in second["messages"])
+    assert [s["passage_id"] for s in second["sources"]] == \
+        [s["passage_id"] for s in first["sources"]]
+
+
+def test_passage_kv_travels_through_the_shared_cache(tmp_path, remote_tier, model_path,
+                                                     model_hash):
+    def on(folder, **kw):
+        store = Store(folder)
+        eng = Engine(store, lambda: Runtime(model_path, model_hash=model_hash, n_ctx=2048,
+                                            flash_attn=True),
+                     chunk_tokens=64, blend_fraction=0.15, remote=remote_tier, **kw)
+        eng.session.longdocs.top_k = 2
+        eng.doc = add_long_document(store)
+        return eng
+
+    q = "When does the Saturday ferry leave, and what does the museum keep?"
+    a = on(tmp_path / "a", auto_push=True)
+    b = on(tmp_path / "b")
+    try:
+        first = a.ask(q, doc_ids=[a.doc], generation=GREEDY)
+        assert any("for the first time" in m for m in first.messages)
+        index = sync.remote_index(remote_tier, a.fingerprint)
+        assert len(index) == 2  # each passage's entry shared as it was computed
+        # Machine B has the same document: it takes the passages' KV from the bucket.
+        other = b.ask(q, doc_ids=[b.doc], generation=GREEDY)
+        assert [s["text"] for s in other.sources] == [s["text"] for s in first.sources]
+        assert any("2 passage(s) taken from the shared cache" in m for m in other.messages)
+        assert not any("for the first time" in m for m in other.messages)
+        assert len(passage_entries(b)) == 2
+        # A whole-store pull never takes a passage for a document.
+        assert sync.pull_all(b.store, remote_tier, b.fingerprint)["pulled"] == []
+        assert [d.title for d in b.store.documents()] == ["Island guide"]
+    finally:
+        for eng in (a, b):
+            eng.close()
+            eng.store.close()
+
+
+def test_a_long_running_engine_gives_every_passage_its_kv_in_the_background(make_engine):
+    eng = make_engine()
+    eng.warm_up()  # the window and `kvdesk serve` do: it resumes the passage pass
+    assert eng.passage_fill.idle.wait(300)
+    assert eng.store.passage_entries(eng.fingerprint) == {eng.doc: 5}
+    info = {d.doc_id: d for d in eng.documents()}[eng.doc]
+    assert (info.passages, info.passages_cached) == (5, 5)
+    # Resumable: a restart finds what is stored and computes only the rest.
+    stored = passage_entries(eng)
+    dropped = next(iter(stored))
+    eng.store.delete_entry(dropped)
+    again = make_engine(store=eng.store)
+    again.warm_up()
+    assert again.passage_fill.idle.wait(300)
+    now = passage_entries(again)
+    assert len(now) == 5 and set(stored) - {dropped} <= set(now)
+    # A question meanwhile finds them all: nothing computed.
+    out = again.ask("What does the museum keep?", doc_ids=[again.doc], generation=GREEDY)
+    assert not any("for the first time" in m for m in out.messages)
+
+
+def test_the_background_pass_stops_at_the_storage_budget(make_engine):
+    eng = make_engine()
+    eng.store.budget_bytes = 1
+    calls = []
+    ensure = eng.passage_fill.kv.ensure
+    eng.passage_fill.kv.ensure = lambda *a, **kw: calls.append(1) or ensure(*a, **kw)
+    eng.warm_up()
+    assert eng.passage_fill.idle.wait(300)
+    assert len(calls) == 1  # the first one did not stay: no more are computed
+    assert not passage_entries(eng)
+
+
+def test_kill_9_during_the_background_pass_leaves_a_consistent_store_and_it_resumes(
+        tmp_path, make_engine):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    store = Store(tmp_path / "data")  # the data directory the autouse fixture names
+    texts = [f"Section {i}: the bell of tower {i} rings {i + 2} times at dawn and the keeper "
+             f"writes the hour in log book number {100 + i}." for i in range(12)]
+    doc = store.add_document("k" * 64, "Towers", "\n\n".join(texts), type="text")
+    store.add_passages(doc.id, [SimpleNamespace(index=i, text=t, start=0, end=len(t), page=None,
+                                                lines=(i + 1, i + 1), heading=(), tokens=30)
+                                for i, t in enumerate(texts)])
+    server = subprocess.Popen([sys.executable, "-m", "desktop_app", "--n-ctx", "2048", "serve",
+                               "--port", "0"], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240
+        while len(passage_entries_of(store)) < 2:
+            assert server.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        os.kill(server.pid, signal.SIGKILL)  # mid-pass: most passages are still to compute
+        server.wait(30)
+    finally:
+        if server.poll() is None:
+            server.kill()
+    done = passage_entries_of(store)
+    assert 2 <= len(done) < 12
+    assert store.verify()["corrupt"] == []
+    store.gc()  # removes what the killed writer left half-written (never visible)
+    eng = make_engine(store=store)
+    eng.warm_up()
+    assert eng.passage_fill.idle.wait(300)
+    assert eng.store.passage_entries(eng.fingerprint)[doc.id] == 12
+    assert set(done) <= set(passage_entries_of(store))
+
+
+def passage_entries_of(store):
+    return [e.id for e in store.entries() if e.passage]
+
+
+def test_a_pdfs_sources_carry_page_numbers(tmp_path, model_path, model_hash):
+    from pdf_helpers import make_pdf
+
+    filler = "The parish records of the island list its fishing boats and their crews"
+    pages = [[f"{filler}, page {n}, line {i}." for i in range(14)] for n in range(1, 9)]
+    pages[5][3] = "The lighthouse keeper's dog on the island is called Captain Biscuit."
+    pdf = make_pdf(tmp_path / "records.pdf", pages)
+    eng = Engine(Store(tmp_path / "data"), lambda: Runtime(model_path, model_hash=model_hash,
+                                                          n_ctx=1024, flash_attn=True),
+                 chunk_tokens=64)
+    try:
+        attached = eng.attach(pdf)
+        assert attached.passages > 1  # longer than this context: kept as passages
+        out = eng.ask("What is the lighthouse keeper's dog called?", doc_ids=[attached.doc_id],
+                      generation=GREEDY)
+        found = [s for s in out.sources if "Captain Biscuit" in s["text"]]
+        assert found and found[0]["page"] == 6 and "lines" not in found[0]
+        assert all(isinstance(s["page"], int) for s in out.sources)
+    finally:
+        eng.close()
+        eng.store.close()
