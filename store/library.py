@@ -87,6 +87,14 @@ def _link(db: sqlite_utils.Database, chat_id: int, document_id: int) -> None:
     )
 
 
+def _new_chat(db: sqlite_utils.Database, title: str, document_ids: Sequence[int],
+              now: float) -> int:
+    chat_id = db["chats"].insert({"title": title, "created": now, "updated": now}).last_pk
+    for document_id in document_ids:
+        _link(db, chat_id, document_id)
+    return chat_id
+
+
 def _chat(db: sqlite_utils.Database, chat_id: int) -> Chat:
     return Chat(**get(db["chats"], chat_id, "chat"))
 
@@ -117,6 +125,16 @@ def _add_message(db: sqlite_utils.Database, chat_id: int, role: str, text: str,
     message_id = db["messages"].insert(record).last_pk
     _update(db, "chats", chat_id, "chat", updated=now)
     return message_id
+
+
+def _add_turn(db: sqlite_utils.Database, chat_id: int, texts: tuple[str, str],
+              stats: dict[str, Any] | None, model: str,
+              tokens: tuple[Sequence[int], Sequence[int]], now: float) -> None:
+    """A question and its answer (which carries the turn's stats), with their tokens."""
+    for role, text, turn_tokens, extra in zip(("user", "assistant"), texts, tokens,
+                                              (None, stats), strict=True):
+        message_id = _add_message(db, chat_id, role, text, extra, now)
+        _set_tokens(db, message_id, model, turn_tokens)
 
 
 def _set_tokens(db: sqlite_utils.Database, message_id: int, model: str,
@@ -201,11 +219,8 @@ class LibraryStore:
     # -- chats and messages --------------------------------------------------------------------
 
     def create_chat(self, title: str, document_ids: Sequence[int] = ()) -> Chat:
-        now = self._clock()
         with self._db.write() as db:
-            chat_id = db["chats"].insert({"title": title, "created": now, "updated": now}).last_pk
-            for document_id in document_ids:
-                _link(db, chat_id, document_id)
+            chat_id = _new_chat(db, title, document_ids, self._clock())
         return self.chat(chat_id)
 
     def chat(self, chat_id: int) -> Chat:
@@ -233,11 +248,12 @@ class LibraryStore:
         """Delete a chat with its messages, document links and KV entries."""
         self._delete("chats", chat_id, "chat")
 
-    def chat_turn(self, chat_id: int, *, cancel: threading.Event | None = None,
+    def chat_turn(self, chat_id: int | None, *, cancel: threading.Event | None = None,
                   on_wait: Callable[[], None] | None = None) -> contextlib.AbstractContextManager:
         """Hold a chat's turn against other processes sharing this data directory (store.locks);
-        a read-only store, where no turn can be stored, takes none."""
-        if self.read_only:
+        a read-only store, where no turn can be stored, takes none, nor does a chat not
+        created yet (None: no other process can know it)."""
+        if self.read_only or chat_id is None:
             return contextlib.nullcontext()
         return self._chat_locks.turn(chat_id, cancel=cancel, on_wait=on_wait)
 
@@ -278,12 +294,22 @@ class LibraryStore:
                  question_tokens: Sequence[int], answer_tokens: Sequence[int]) -> None:
         """A question and its answer, with their tokens under `model`, in one transaction:
         a chat never holds a question without its answer, whatever interrupts the write."""
+        with self._db.write() as db:
+            _add_turn(db, chat_id, (question, answer), stats, model,
+                      (question_tokens, answer_tokens), self._clock())
+
+    def start_chat(self, title: str, document_ids: Sequence[int], question: str, answer: str,
+                   *, stats: dict[str, Any] | None = None, model: str,
+                   question_tokens: Sequence[int], answer_tokens: Sequence[int]) -> Chat:
+        """A new chat about `document_ids` with its first turn, in one transaction: a chat is
+        stored with its first answer or not at all (a question refused, stopped or killed
+        before it was answered leaves no empty chat behind)."""
         now = self._clock()
         with self._db.write() as db:
-            for role, text, tokens, extra in (("user", question, question_tokens, None),
-                                              ("assistant", answer, answer_tokens, stats)):
-                message_id = _add_message(db, chat_id, role, text, extra, now)
-                _set_tokens(db, message_id, model, tokens)
+            chat_id = _new_chat(db, title, document_ids, now)
+            _add_turn(db, chat_id, (question, answer), stats, model,
+                      (question_tokens, answer_tokens), now)
+        return self.chat(chat_id)
 
     def set_message_tokens(self, message_id: int, model: str, tokens: Sequence[int]) -> None:
         """Record a message's exact tokens under a model (e.g. after tokenizing its text again)."""

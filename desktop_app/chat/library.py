@@ -17,7 +17,7 @@ from typing import TypeVar
 from store import Chat, Document, Message, NotFoundError, Store
 
 from ..errors import EngineError, MissingError
-from ..model.prompts import UNTITLED
+from ..model.prompts import UNTITLED, title_of
 from ..results import ChatInfo, DocumentInfo, MessageInfo
 
 T = TypeVar("T")
@@ -106,6 +106,16 @@ class Library:
         docs = [self.document(d) for d in doc_ids]
         chat = self.store.create_chat(title or UNTITLED, [d.id for d in docs])
         return ChatInfo(chat.id, chat.title, [d.id for d in docs], 0, chat.created, chat.updated)
+
+    def add_turn(self, chat_id: int | None, question: str, answer: str, *,
+                 doc_ids: Sequence[int], **record) -> int:
+        """Store a turn (`record`: Store.add_turn's stats and tokens) and return its chat's id;
+        a new chat (None) about `doc_ids` is created with it, so it never exists empty."""
+        if chat_id is None:
+            return self.store.start_chat(title_of(question), doc_ids, question, answer,
+                                         **record).id
+        self.store.add_turn(chat_id, question, answer, **record)
+        return chat_id
 
     def name_untitled(self, chat_id: int, title: str) -> None:
         """Give a chat still untitled and empty its first question's title."""

@@ -251,8 +251,7 @@ class ChatSession:
     def _mode_of(self, docs: Sequence[Document], reused: int, recomputed: int) -> dict | None:
         """The `blended` field of a report on a chat over several documents (else None)."""
         mode = "exact" if self._blended_at is None else "blended"
-        return Blend(reused, recomputed, mode).as_dict() if len(docs) > 1 \
-            else None
+        return Blend(reused, recomputed, mode).as_dict() if len(docs) > 1 else None
 
     def exact_stored(self, chat_id: int) -> None:
         """The background pass stored chat `chat_id`'s exact context: a blended context loaded
@@ -294,12 +293,7 @@ class ChatSession:
                 return None
             rt = self.runtime
             self.contexts.warm_up(rt)
-            if chat_id is not None:
-                docs = self.library.chat_documents(chat_id)
-                msgs, context, _ = self.conversation(rt, chat_id)
-            else:
-                docs = [self.library.document(d) for d in doc_ids]
-                msgs, context = self.prompter.chat(rt, docs)
+            docs, msgs, context, _ = self._context(rt, chat_id, doc_ids)
             # The draft is computed as if it were sent now, template tokens included: sent
             # unchanged, its first token comes at once; edited, the context is cut back to
             # what still matches, which costs nothing.
@@ -328,23 +322,23 @@ class ChatSession:
         progress: ProgressFn | None = None,
         cancel: threading.Event | None = None,
     ) -> AskResult:
-        """One turn: restore the chat (a new one about `doc_ids` if chat_id is None), ask,
+        """One turn: restore the chat (a new one about `doc_ids` if chat_id is None, stored
+        with its first answer: a refused or killed question leaves no empty chat), ask,
         stream the answer, store it."""
         t0 = time.perf_counter()  # the time to first token counts from here
         question = question.strip()
         if not question:
             raise EngineError("the question is empty")
         if restore.level != AUTO and not restore.no_cache:
-            check_levels([restore.level])  # before a new chat is created for nothing
-        if chat_id is None:
-            chat_id = self.library.new_chat(doc_ids, title=title_of(question)).chat_id
+            check_levels([restore.level])  # before any work
+        if chat_id is None:  # a new chat: stored with its first answer, or not at all
+            doc_ids = [self.library.document(d).id for d in dict.fromkeys(doc_ids)]
         else:
             self.library.name_untitled(chat_id, title_of(question))
         with self.lock, self._turn(chat_id, progress, cancel):
             rt = self.runtime
             self.contexts.warm_up(rt)
-            msgs, context, notes = self.conversation(rt, chat_id)
-            docs = self.library.chat_documents(chat_id)
+            docs, msgs, context, notes = self._context(rt, chat_id, doc_ids)
             turn = question_turn(rt, msgs, question)
             if len(context) + len(turn.tokens) + 1 >= rt.n_ctx:
                 raise EngineError(f"the chat is full: {len(context) + len(turn.tokens):,} tokens "
@@ -371,7 +365,7 @@ class ChatSession:
             messages = [*report.messages, *kept_notes, *out.notes,
                         *([] if kept else ["this turn's cache is not stored"])]
             result = AskResult(
-                chat_id=chat_id, answer=answer.strip(),
+                chat_id=chat_id or 0, answer=answer.strip(),  # a new chat's: once stored
                 ttft_s=round(ttft if ttft is not None else time.perf_counter() - t0, 4),
                 restore_s=round(report.restore_s, 4), bytes_read=report.bytes_read,
                 chunk_levels=report.chunk_levels, recomputed_tokens=report.recomputed_tokens,
@@ -382,9 +376,10 @@ class ChatSession:
             # (fsync) before the first token would only delay it, and whatever stops the
             # turn before here stores neither.
             answer_tokens = generated + suffix_tokens
-            self.store.add_turn(chat_id, question, result.answer, stats=stats,
-                                model=rt.fingerprint, question_tokens=turn.tokens,
-                                answer_tokens=answer_tokens)
+            chat_id = self.library.add_turn(
+                chat_id, question, result.answer, doc_ids=doc_ids, stats=stats,
+                model=rt.fingerprint, question_tokens=turn.tokens, answer_tokens=answer_tokens)
+            result = replace(result, chat_id=chat_id)
             self._keep(rt, chat_id, context + turn.tokens + answer_tokens, kept)
             return result
 
@@ -401,8 +396,17 @@ class ChatSession:
                 self.store.delete_message(m.id)
             return self.ask(last_q.text, chat_id=chat_id, **options)
 
+    def _context(self, rt: Runtime, chat_id: int | None, doc_ids: Sequence[int]
+                 ) -> tuple[list[Document], list[dict], list[int], list[str]]:
+        """A chat's documents, template messages, tokens and notes (`conversation`); a chat
+        not created yet (None) is its documents' prefix."""
+        if chat_id is None:
+            docs = [self.library.document(d) for d in doc_ids]
+            return docs, *self.prompter.chat(rt, docs), []
+        return self.library.chat_documents(chat_id), *self.conversation(rt, chat_id)
+
     @contextlib.contextmanager
-    def _turn(self, chat_id: int, progress: ProgressFn | None,
+    def _turn(self, chat_id: int | None, progress: ProgressFn | None,
               cancel: threading.Event | None) -> Iterator[None]:
         """The chat's turn, against another kvdesk process answering in it (said, if waited)."""
         def waiting() -> None:
@@ -436,9 +440,7 @@ class ChatSession:
         rt = self.runtime
         if chat_id is not None:
             self.library.chat(chat_id)
-            _, tokens, _ = self.conversation(rt, chat_id)
-        else:
-            _, tokens = self.prompter.chat(rt, [self.library.document(d) for d in doc_ids])
+        _, _, tokens, _ = self._context(rt, chat_id, doc_ids)
         return streaming.estimate(self.store, rt, tokens, self.levels, self.speeds)
 
 
