@@ -111,7 +111,7 @@ class DocumentInfo(Record):
     tokens: int
     kept_tokens: int
     cache_bytes: dict[str, int]  # per level, under the current model
-    status: str  # ready | stale (cached only under another model) | none
+    status: str  # ready | stale (cached only under another model) | none | attaching | unfinished
     created: float
     damaged_chunks: int = 0  # chunks set aside after a failed check (kvdesk verify --repair)
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import socket
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -189,10 +191,17 @@ class LibraryStore:
         type: str,
         source_path: str | None = None,
         n_tokens: int | None = None,
+        attaching: bool = False,
     ) -> Document:
-        """Store a document, or return the one already stored with the same content hash."""
+        """Store a document, or return the one already stored with the same content hash.
+
+        `attaching`: a new document is unfinished, attached by this process, until
+        finish_document(); killed before, `gc` removes it (store.quota).
+        """
         record = {"content_hash": content_hash, "title": title, "source_path": source_path,
                   "type": type, "text": text, "n_tokens": n_tokens, "created": self._clock()}
+        if attaching:
+            record.update(attach_pid=os.getpid(), attach_host=socket.gethostname())
         with self._db.write() as db:
             document_id = _add_document(db, record)
         return self.document(document_id)
@@ -202,6 +211,27 @@ class LibraryStore:
 
     def documents(self) -> list[Document]:
         return [Document(**row) for row in self._db.get()["documents"].rows_where(order_by="id")]
+
+    def claim_document(self, document_id: int) -> None:
+        """Take over an unfinished document (its attach was killed): attached by this process
+        now, until finish_document()."""
+        with self._db.write() as db:
+            _update(db, "documents", document_id, "document", attach_pid=os.getpid(),
+                    attach_host=socket.gethostname())
+
+    def finish_document(self, document_id: int) -> None:
+        """A document's attach is done: it is no longer unfinished."""
+        with self._db.write() as db:
+            _update(db, "documents", document_id, "document", attach_pid=None, attach_host=None)
+
+    def attach_turn(self, content_hash: str, *, cancel: threading.Event | None = None,
+                    on_wait: Callable[[], None] | None = None
+                    ) -> contextlib.AbstractContextManager:
+        """Hold the attach of the document with this content hash against other processes
+        (store.locks), as chat_turn does a chat's turn."""
+        if self.read_only:
+            return contextlib.nullcontext()
+        return self._chat_locks.attach(content_hash, cancel=cancel, on_wait=on_wait)
 
     def set_document_tokens(self, document_id: int, model: str, tokens: int, kept: int) -> None:
         """Record a document's token count under a model, and how many fit its context."""

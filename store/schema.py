@@ -242,12 +242,27 @@ def m005_windows(conn: sqlite3.Connection) -> None:
     conn.execute(M005_WINDOWS)
 
 
+# While a document's first attach is under way, or after one was killed before its cache was
+# stored: the attaching process (pid and host, as kv_entries' writer_pid); NULL once attached.
+M007_ATTACHING = ("ALTER TABLE documents ADD COLUMN attach_pid INTEGER",
+                  "ALTER TABLE documents ADD COLUMN attach_host TEXT")
+
+
+def m007_attaching(conn: sqlite3.Connection) -> None:
+    """Unfinished documents: a document row is written before its prefill, so that a killed
+    attach is known for what it is (`docs` says so; the next attach of the file or `gc`
+    finishes or removes it), never passed off as a document with no cache."""
+    for statement in M007_ATTACHING:
+        conn.execute(statement)
+
+
 MIGRATIONS: list[tuple[str, Callable[[sqlite3.Connection], None]]] = [
     ("m001_initial", m001_initial),
     ("m002_message_tokens", m002_message_tokens),
     ("m003_integrity", m003_integrity),
     ("m004_calibrations", m004_calibrations),
     ("m005_windows", m005_windows),
+    ("m007_attaching", m007_attaching),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

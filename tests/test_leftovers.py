@@ -78,3 +78,48 @@ def test_a_refused_question_in_a_new_chat_leaves_no_chat(document):
     assert refused.returncode == 1 and "the chat is full" in json.loads(refused.stdout)["error"]
     assert "Traceback" not in refused.stderr
     assert listed("chats") == []
+
+
+@pytest.mark.parametrize("stage", ["extract", "prefill", "encode"])
+def test_a_killed_attach_leaves_an_unfinished_document_that_gc_removes(tmp_path, stage):
+    path = tmp_path / "ferry.txt"
+    path.write_text(SENTENCE * 45)
+    err = killed_at(stage, "attach", str(path))
+    docs = listed("docs")  # killed right after extraction, it may not be there at all
+    assert [d["status"] for d in docs] in ([], ["unfinished"]), err
+    if stage != "extract":
+        assert docs, err
+        assert "attach the file again" in kvdesk("docs").stdout
+    report = json.loads(kvdesk("gc", "--json").stdout)
+    assert report["abandoned_documents"] == [d["doc_id"] for d in docs]
+    assert listed("docs") == []
+
+
+def test_the_next_attach_of_the_file_finishes_a_killed_one(tmp_path):
+    path = tmp_path / "ferry.txt"
+    path.write_text(SENTENCE * 45)
+    killed_at("encode", "attach", str(path))
+    (unfinished,) = listed("docs")
+    (done,) = json.loads(kvdesk("attach", str(path), "--json").stdout)
+    assert done["doc_id"] == unfinished["doc_id"] and not done["reused"]
+    (doc,) = listed("docs")
+    assert doc["status"] == "ready" and sum(doc["cache_bytes"].values()) > 0
+    assert json.loads(kvdesk("gc", "--json").stdout)["abandoned_documents"] == []
+    assert json.loads(kvdesk("verify", "--json").stdout)["corrupt"] == []
+
+
+def test_two_attaches_of_one_file_at_once_agree(tmp_path):
+    """The second waits for the first (a lock across processes) and takes its result."""
+    path = tmp_path / "ferry.txt"
+    path.write_text(SENTENCE * 45)
+    procs = [subprocess.Popen([sys.executable, "-m", "desktop_app", "--n-ctx", N_CTX, "attach",
+                               str(path), "--json"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        results += json.loads(out)
+    assert {r["doc_id"] for r in results} == {listed("docs")[0]["doc_id"]}
+    assert sorted(r["reused"] for r in results) == [False, True]
+    assert len(listed("docs")) == 1 and listed("docs")[0]["status"] == "ready"

@@ -4,13 +4,17 @@ The prefix is what every chat about the document starts with (the system prompt 
 document, cut to fit the context). A document attached before under this model is not
 computed again; with a shared cache configured, its entry is taken from the bucket instead of
 prefilled when it is there, and shared after the attach when automatic pushing is on.
-A cancel or failure stores nothing of a new document and leaves a known one as it was.
+A cancel or failure stores nothing of a new document and leaves a known one as it was; a
+kill leaves it unfinished (store.schema m007), listed so, until the next attach of the same
+file finishes it or `gc` removes it. Two attaches of one document wait for each other (a
+store lock, across processes): the second takes the first one's result.
 
 Attach runs in its own model context, so documents compute while the user chats.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -87,55 +91,81 @@ class Attacher:
         levels = quality_order(levels or self.kv.levels)
         check_levels(levels)
         title = extracted.title
-        with self.lock:
+        # One attach of a document at a time, across processes too: the second waits, then
+        # takes the first one's result, or finishes what a killed one left unfinished.
+        with self.lock, self._exclusive(extracted, progress, cancel):
             rt = self.contexts.get(ATTACH)
             self.contexts.warm_up(rt)
             known = {d.content_hash: d for d in self.store.documents()}
             existing = known.get(extracted.content_hash)
+            # A document whose attach was killed is new again: this attach finishes it.
+            new = existing is None or existing.attach_pid is not None
             prefix = document_prefix(rt, (existing.title if existing else title, extracted.text),
                                      self.prompter.room(rt))
+            if existing is not None and new:
+                self.store.claim_document(existing.id)
             doc = existing or self.store.add_document(
                 extracted.content_hash, title, extracted.text, type=extracted.kind,
-                source_path=extracted.source, n_tokens=prefix.doc_tokens)
-            self.store.set_document_tokens(doc.id, rt.fingerprint, prefix.doc_tokens,
-                                           prefix.kept_tokens)
-            warnings = list(extracted.warnings)
-            if prefix.kept_tokens < prefix.doc_tokens:
-                warnings.append(
-                    f"{title}: the document has {prefix.doc_tokens:,} tokens but only "
-                    f"{prefix.kept_tokens:,} fit the context of {rt.n_ctx:,} (with room for "
-                    "questions and answers); the rest is left out")
-            entry = self.store.document_entry(doc.id, rt.fingerprint)
-            if entry is not None and set(levels) <= set(entry.levels):
-                return self._result(doc, prefix, entry.id, levels, warnings, reused=True)
+                source_path=extracted.source, n_tokens=prefix.doc_tokens, attaching=True)
             try:
-                t0 = time.perf_counter()
-                pulled, notes = self.sharing.pull_for_attach(
-                    rt.fingerprint, prefix.tokens, levels, doc.id,
-                    progress=_phase(progress, "pull", title))
-                warnings += notes
-                if pulled is not None:
-                    return self._result(doc, prefix, pulled, levels, warnings,
-                                        encode_s=time.perf_counter() - t0, pulled=True)
-                rt.reset()
-                rt.prefill(prefix.tokens, cancel=cancel,
-                           progress=_phase(progress, "prefill", title))
-                prefill_s = time.perf_counter() - t0
-                self.speeds.prefill_tps = len(prefix.tokens) / max(prefill_s, 1e-6)
-                t1 = time.perf_counter()
-                entry_id = self.kv.store_prefix(rt, prefix.tokens, levels, document_id=doc.id,
-                                                progress=progress, cancel=cancel, title=title)
-                encode_s = time.perf_counter() - t1
+                result = self._compute(rt, doc, prefix, extracted, levels, progress, cancel)
             except BaseException:
                 # Nothing half-stored: a new document leaves no trace, a known one keeps
                 # what it had (the entry writer aborts its own chunks).
-                if existing is None:
+                if new:
                     self.store.delete_document(doc.id)
-                rt.reset()
                 raise
-            speeds_mod.save(self.store, self.speeds)
-            return self._result(doc, prefix, entry_id, levels, warnings,
-                                prefill_s=prefill_s, encode_s=encode_s)
+            if new:
+                self.store.finish_document(doc.id)
+            return result
+
+    def _exclusive(self, extracted: documents.Extracted, progress: ProgressFn | None,
+                   cancel: threading.Event | None) -> contextlib.AbstractContextManager:
+        def waiting() -> None:
+            if progress is not None:
+                progress(Progress("wait", 0, 1, extracted.title))
+
+        return self.store.attach_turn(extracted.content_hash, cancel=cancel, on_wait=waiting)
+
+    def _compute(self, rt, doc: Document, prefix: Prefix, extracted: documents.Extracted,
+                 levels: list[str], progress, cancel) -> AttachResult:
+        """The document's cache under the loaded model: the stored one, the shared cache's,
+        or prefilled, encoded and stored."""
+        title = extracted.title
+        self.store.set_document_tokens(doc.id, rt.fingerprint, prefix.doc_tokens,
+                                       prefix.kept_tokens)
+        warnings = list(extracted.warnings)
+        if prefix.kept_tokens < prefix.doc_tokens:
+            warnings.append(
+                f"{title}: the document has {prefix.doc_tokens:,} tokens but only "
+                f"{prefix.kept_tokens:,} fit the context of {rt.n_ctx:,} (with room for "
+                "questions and answers); the rest is left out")
+        entry = self.store.document_entry(doc.id, rt.fingerprint)
+        if entry is not None and set(levels) <= set(entry.levels):
+            return self._result(doc, prefix, entry.id, levels, warnings, reused=True)
+        try:
+            t0 = time.perf_counter()
+            pulled, notes = self.sharing.pull_for_attach(
+                rt.fingerprint, prefix.tokens, levels, doc.id,
+                progress=_phase(progress, "pull", title))
+            warnings += notes
+            if pulled is not None:
+                return self._result(doc, prefix, pulled, levels, warnings,
+                                    encode_s=time.perf_counter() - t0, pulled=True)
+            rt.reset()
+            rt.prefill(prefix.tokens, cancel=cancel, progress=_phase(progress, "prefill", title))
+            prefill_s = time.perf_counter() - t0
+            self.speeds.prefill_tps = len(prefix.tokens) / max(prefill_s, 1e-6)
+            t1 = time.perf_counter()
+            entry_id = self.kv.store_prefix(rt, prefix.tokens, levels, document_id=doc.id,
+                                            progress=progress, cancel=cancel, title=title)
+            encode_s = time.perf_counter() - t1
+        except BaseException:
+            rt.reset()
+            raise
+        speeds_mod.save(self.store, self.speeds)
+        return self._result(doc, prefix, entry_id, levels, warnings,
+                            prefill_s=prefill_s, encode_s=encode_s)
 
     def _result(self, doc: Document, prefix: Prefix, entry_id: int, levels: Sequence[str],
                 warnings: list[str], *, prefill_s: float = 0.0, encode_s: float = 0.0,

@@ -53,7 +53,9 @@ class Library:
 
     def documents(self, fingerprint: str) -> list[DocumentInfo]:
         """Every document, with its cache under the model `fingerprint` (status "ready"),
-        only under others ("stale") or none."""
+        only under others ("stale") or none; one whose first attach is under way has no cache
+        yet ("attaching"), nor one whose attach was killed ("unfinished": attaching the file
+        again finishes it, `gc` removes it)."""
         roots: dict[int, list] = {}
         for entry in self.store.entries():  # least recently used first
             if entry.parent_id is None and entry.document_id is not None:
@@ -64,10 +66,13 @@ class Library:
         sizes = self.store.entry_level_bytes(e.id for e in current.values())
         damaged = self.store.damaged(e.id for e in current.values())
         counts = self.store.document_tokens(fingerprint)
+        attaching = self.store.attaching()
         out = []
         for doc in self.store.documents():
             entry = current.get(doc.id)
             status = "ready" if entry else ("stale" if doc.id in roots else "none")
+            if doc.id in attaching and not entry:
+                status = "attaching" if attaching[doc.id] else "unfinished"
             # Counted by attach under this model; a document attached by an older kvdesk has
             # its first model's count, and its prefix's tokens bound what was kept.
             tokens, kept = counts.get(doc.id, (doc.n_tokens or 0, 0))

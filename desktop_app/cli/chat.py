@@ -226,7 +226,9 @@ def docs(app: App, as_json: bool):
            else "")
         + f", {d.status}, {sum(d.cache_bytes.values()) / 1e6:.1f} MB cached"
         + (f", {d.damaged_chunks} damaged chunks (kvdesk verify --repair)"
-           if d.damaged_chunks else "") for d in rows])
+           if d.damaged_chunks else "")
+        + (" (its attach was stopped: attach the file again, or kvdesk gc removes it)"
+           if d.status == "unfinished" else "") for d in rows])
 
 
 @cli.command()
