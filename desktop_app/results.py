@@ -69,7 +69,7 @@ class RestoreReport(Record):
     """How a chat's or document's prefix came back into the model."""
 
     tokens: int  # tokens in the context after the restore
-    restore_s: float
+    restore_s: float  # bringing stored chunks back (0 when none were)
     bytes_read: int
     chunk_levels: list[str]  # per chunk: a codec level, or "text" (recomputed)
     recomputed_tokens: int
@@ -78,6 +78,7 @@ class RestoreReport(Record):
     # A chat over several documents: {"reused_tokens", "recomputed_tokens", "mode"}, mode
     # "blended" (the documents' own caches moved into place: approximate) or "exact".
     blended: dict | None = None
+    recompute_s: float = 0.0  # computing the recomputed tokens from text
 
 
 def levels_summary(chunk_levels: list[str]) -> str:
@@ -101,6 +102,7 @@ class AskResult(Record):
     source: str = "local"  # where the stored chunks came from: "local" or "remote"
     documents: list[int] = field(default_factory=list)  # the chat's documents
     blended: dict | None = None  # as RestoreReport.blended (None: one document or none)
+    recompute_s: float = 0.0  # as RestoreReport's
 
 
 @dataclass(frozen=True)

@@ -165,7 +165,7 @@ class ChatSession:
                     self._blended_at = None  # what is kept came back exact
                 report = RestoreReport(len(tokens), time.perf_counter() - t0, 0, [], 0,
                                        ["the chat was already loaded"],
-                                       blended=self._mode_of(docs, 0, 0))
+                                       blended=self._mode_of(docs, len(tokens), 0))
                 rt.prefill(full[keep:], cancel=cancel)
                 return report
         self._loaded = None  # until the context holds a finished load again
@@ -197,8 +197,8 @@ class ChatSession:
         if not options.no_cache:
             self._loaded = options
         rt.prefill(question, cancel=cancel)
-        return replace(report, messages=[*notes, *report.messages],
-                       blended=self._mode_of(docs, 0, 0))
+        return replace(report, messages=[*notes, *report.messages], blended=self._mode_of(
+            docs, len(tokens) - report.recomputed_tokens, report.recomputed_tokens))
 
     def _codec_not_ready(self, rt: Runtime, source, notes: list[str]) -> bool:
         """While the codec's kernels are being compiled: whether recomputing the stored
@@ -368,6 +368,7 @@ class ChatSession:
                 chat_id=chat_id or 0, answer=answer.strip(),  # a new chat's: once stored
                 ttft_s=round(ttft if ttft is not None else time.perf_counter() - t0, 4),
                 restore_s=round(report.restore_s, 4), bytes_read=report.bytes_read,
+                recompute_s=round(report.recompute_s, 4),
                 chunk_levels=report.chunk_levels, recomputed_tokens=report.recomputed_tokens,
                 tokens_generated=len(generated), messages=messages, source=report.source,
                 documents=[d.id for d in docs], blended=report.blended)
