@@ -125,10 +125,10 @@ class ChatSession:
                  "older kvdesk: tokenized again for this model and recomputed"] if fresh else []
         return msgs, tokens, notes
 
-    def _stale_message(self, chat_id: int, fp: str) -> list[str]:
-        docs = {d.id for d in self.library.chat_documents(chat_id)}
-        others = {e.model for e in self.store.entries()
-                  if (e.document_id in docs or e.chat_id == chat_id) and e.model != fp}
+    def _stale_message(self, chat_id: int | None, docs: Sequence[Document], fp: str) -> list[str]:
+        ids = {d.id for d in docs}  # a new chat (None) has no entry of its own yet
+        others = {e.model for e in self.store.entries() if e.model != fp and (
+            e.document_id in ids or e.chat_id in {chat_id} - {None})}
         if not others:
             return []
         return [f"the cache of this chat was made under another model or KV layout "
@@ -190,8 +190,8 @@ class ChatSession:
                                    speeds=self.speeds, chunk_tokens=self.chunk_tokens,
                                    progress=progress, cancel=cancel,
                                    calibrations=self.kv.calibrations.resolver(rt.fingerprint))
-        if source is not None and report.recomputed_tokens == len(tokens) and chat_id is not None:
-            notes += self._stale_message(chat_id, rt.fingerprint)
+        if source is not None and report.recomputed_tokens == len(tokens):
+            notes += self._stale_message(chat_id, docs, rt.fingerprint)
         speeds_mod.save(self.store, self.speeds)
         self._blended_at = None
         if not options.no_cache:
