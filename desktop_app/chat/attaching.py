@@ -17,12 +17,14 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
 from store import Document, Store
+from store.locks import TurnCancelled
 
+from ..errors import Cancelled
 from ..kv import speeds as speeds_mod
 from ..kv.contexts import ATTACH, Contexts
 from ..kv.kvcache import KVCache
@@ -119,13 +121,21 @@ class Attacher:
                 self.store.finish_document(doc.id)
             return result
 
+    @contextlib.contextmanager
     def _exclusive(self, extracted: documents.Extracted, progress: ProgressFn | None,
-                   cancel: threading.Event | None) -> contextlib.AbstractContextManager:
+                   cancel: threading.Event | None) -> Iterator[None]:
+        """The document's attach, against another process attaching it (said, if waited;
+        a cancel while waiting is a cancelled attach)."""
         def waiting() -> None:
             if progress is not None:
                 progress(Progress("wait", 0, 1, extracted.title))
 
-        return self.store.attach_turn(extracted.content_hash, cancel=cancel, on_wait=waiting)
+        try:
+            with self.store.attach_turn(extracted.content_hash, cancel=cancel,
+                                        on_wait=waiting):
+                yield
+        except TurnCancelled as e:
+            raise Cancelled(str(e)) from None
 
     def _compute(self, rt, doc: Document, prefix: Prefix, extracted: documents.Extracted,
                  levels: list[str], progress, cancel) -> AttachResult:
