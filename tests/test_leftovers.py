@@ -11,6 +11,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -123,3 +124,35 @@ def test_two_attaches_of_one_file_at_once_agree(tmp_path):
     assert {r["doc_id"] for r in results} == {listed("docs")[0]["doc_id"]}
     assert sorted(r["reused"] for r in results) == [False, True]
     assert len(listed("docs")) == 1 and listed("docs")[0]["status"] == "ready"
+
+
+def test_a_client_whose_server_is_killed_mid_answer_gets_an_error(document, tmp_path):
+    from desktop_app.server import discovery
+
+    data = tmp_path / "data"
+    server = subprocess.Popen([sys.executable, "-m", "desktop_app", "--n-ctx", N_CTX, "serve",
+                               "--port", "0"], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(600):
+            if discovery.live(data) or server.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert discovery.live(data), "the server did not start"
+        client = subprocess.Popen(
+            [sys.executable, "-m", "desktop_app", "--n-ctx", N_CTX, "ask", str(document),
+             "When?", "--level", "compact", "--bandwidth-MBps", "0.05", "--max-tokens", "4"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        seen = []
+        for line in client.stderr:  # the server is restoring: kill it
+            seen.append(line)
+            if line.startswith("restore"):
+                server.send_signal(signal.SIGKILL)
+                break
+        _, err = client.communicate(timeout=120)
+        err = "".join(seen) + err
+    finally:
+        server.kill()
+        server.wait(timeout=60)
+    assert client.returncode == 1, err
+    assert "Error: the kvdesk server at" in err and "Traceback" not in err
