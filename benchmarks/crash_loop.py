@@ -8,7 +8,7 @@ A killed server dies with what it does in the background: its calibration of the
 calibrates an uncalibrated model once it serves) and a blended chat's exact pass (each serve
 iteration asks it, through the server, a question over two documents or in the running chat,
 then kills it while it answers or computes the exact context). After every kill: the store's
-verify finds nothing damaged, every stored calibration reads back whole, each chat's messages
+verify finds nothing damaged or missing and every calibration usable, each chat's messages
 alternate question/answer (a turn is stored whole or not at all; no chat is empty), `kvdesk
 docs` answers and, after `gc`, lists no unfinished document, a client whose server was killed
 gets an error, not a traceback, and the next question in the same chat works (no lock left
@@ -64,14 +64,13 @@ def check(data: Path) -> list[str]:
     """What is wrong with the data directory now (nothing: an empty list)."""
     problems = []
     with Store(data) as store:  # the store's own view, in this process: quick
-        corrupt = store.verify()["corrupt"]
-        if corrupt:
-            problems.append(f"verify found damaged chunks: {corrupt}")
-        for cal in store.calibrations():
-            try:
-                store.calibration(cal.id)
-            except Exception as e:  # noqa: BLE001 - any failure is the finding
-                problems.append(f"calibration {cal.id[:12]} does not read back: {e}")
+        report = store.verify()
+        for kind in ("corrupt", "missing"):
+            if report[kind]:
+                problems.append(f"verify found {kind} chunks: {report[kind]}")
+        unusable = [c for c in report["calibrations"] if c["state"] != "ok"]
+        if unusable:
+            problems.append(f"verify found unusable calibrations: {unusable}")
         counts = store.message_counts()
         for chat in store.chats():
             n = counts.get(chat.id, 0)
