@@ -73,3 +73,36 @@ def test_a_command_warns_of_an_unknown_setting_on_stderr(tmp_path):
     proc = kvdesk("docs", "--json")
     assert json.loads(proc.stdout) == []  # stdout stays one JSON document
     assert "unknown setting 'storage_budget' ignored" in proc.stderr
+
+
+@pytest.mark.model
+def test_a_stored_lossless_level_is_read_with_or_without_a_server(tmp_path):
+    """What is stored counts, not the keep_lossless setting (off here), on both paths."""
+    import time
+
+    from desktop_app.server import discovery
+
+    doc = tmp_path / "ferry.txt"
+    doc.write_text("The ferry to Grey Island leaves the harbour at seven. " * 12)
+    (attached,) = json.loads(kvdesk("--n-ctx", "1024", "attach", str(doc), "--levels",
+                                    "lossless,high", "--json").stdout)
+    ask = ("--n-ctx", "1024", "ask", str(attached["doc_id"]), "When?", "--level", "lossless",
+           "--max-tokens", "2", "--json")
+    local = json.loads(kvdesk(*ask, "--no-server").stdout)
+    server = subprocess.Popen([sys.executable, "-m", "desktop_app", "--n-ctx", "1024", "serve",
+                               "--port", "0"], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(600):
+            if discovery.live(tmp_path / "data") or server.poll() is not None:
+                break
+            time.sleep(0.1)
+        served = kvdesk(*ask)
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    assert "answered by the kvdesk server" in served.stderr
+    for answer in (local, json.loads(served.stdout)):
+        assert set(answer["chunk_levels"]) == {"lossless"}, answer
+        assert answer["recomputed_tokens"] == 0
+        assert not any("opt-in" in m for m in answer["messages"])
