@@ -11,6 +11,7 @@ It never parses command lines and never imports Qt.
 
 from __future__ import annotations
 
+import tempfile
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,10 +33,24 @@ class App:
     def __init__(self, settings: Settings, *, background: bool = True):
         self.settings = settings
         self.background = background  # a long-running process (the window, kvdesk serve)
+        # Set by commands that only read (`info`, `models`): a data directory that does not
+        # exist yet is then not created; memos and the store go to a temporary folder.
+        self.reads_only = False
+        self._scratch: tempfile.TemporaryDirectory | None = None
 
     @property
     def data_dir(self) -> Path:
         return self.settings.data_path
+
+    @property
+    def state_dir(self) -> Path:
+        """Where this run keeps what it writes: the data directory, except for a command
+        that only reads where there is none yet (then a folder removed at close)."""
+        if not self.reads_only or self.data_dir.exists():
+            return self.data_dir
+        if self._scratch is None:
+            self._scratch = tempfile.TemporaryDirectory(prefix="kvdesk-scratch-")
+        return Path(self._scratch.name)
 
     @cached_property
     def model_path(self) -> Path:
@@ -44,7 +59,7 @@ class App:
 
     @cached_property
     def model_hash(self) -> str:
-        return models.content_hash(self.model_path, memo_file=self.data_dir / "model-hashes.json")
+        return models.content_hash(self.model_path, memo_file=self.state_dir / "model-hashes.json")
 
     def list_models(self) -> list[ModelFile]:
         """The GGUF models on this machine (headers only: nothing is loaded)."""
@@ -54,7 +69,7 @@ class App:
             own = [("default", models.default_model_path())]
         except models.ModelNotFoundError:
             own = []
-        return discover(self.settings.model_folders, own=own, memo_dir=self.data_dir)
+        return discover(self.settings.model_folders, own=own, memo_dir=self.state_dir)
 
     @cached_property
     def model_facts(self) -> HeaderFacts | None:
@@ -103,7 +118,7 @@ class App:
     def store(self) -> Store:
         from store import Store
 
-        store = Store(self.data_dir)
+        store = Store(self.state_dir)
         budget = int(self.settings.storage_budget_gb * 1e9)
         # Kept in the store for every process's gc; a read-only one changes nothing anyway.
         if not store.read_only and store.budget_bytes != budget:
@@ -166,3 +181,5 @@ class App:
             self.engine.close()
         if "store" in self.__dict__:
             self.store.close()
+        if self._scratch is not None:
+            self._scratch.cleanup()

@@ -75,7 +75,7 @@ class RestoreReport(Record):
     """How a chat's or document's prefix came back into the model."""
 
     tokens: int  # tokens in the context after the restore
-    restore_s: float
+    restore_s: float  # bringing stored chunks back (0 when none were)
     bytes_read: int
     chunk_levels: list[str]  # per chunk: a codec level, or "text" (recomputed)
     recomputed_tokens: int
@@ -84,6 +84,7 @@ class RestoreReport(Record):
     # A chat over several documents: {"reused_tokens", "recomputed_tokens", "mode"}, mode
     # "blended" (the documents' own caches moved into place: approximate) or "exact".
     blended: dict | None = None
+    recompute_s: float = 0.0  # computing the recomputed tokens from text
 
 
 def levels_summary(chunk_levels: list[str]) -> str:
@@ -159,6 +160,7 @@ class AskResult(Record):
     blended: dict | None = None  # as RestoreReport.blended (None: one document or none)
     # An answer over a long document: the passages it was given (Source.as_dict), else [].
     sources: list[dict] = field(default_factory=list)
+    recompute_s: float = 0.0  # as RestoreReport's
 
 
 @dataclass(frozen=True)
@@ -169,7 +171,7 @@ class DocumentInfo(Record):
     tokens: int
     kept_tokens: int
     cache_bytes: dict[str, int]  # per level, under the current model
-    status: str  # ready | stale (cached only under another model) | none
+    status: str  # ready | stale (cached only under another model) | none | attaching | unfinished
     created: float
     # Chunks that cannot be read: set aside after a failed check, missing, or needing a codec
     # calibration that is missing or damaged (kvdesk verify --repair)

@@ -8,7 +8,8 @@ the settings file, then defaults. The shared cache's credentials are never setti
 reads them from the standard AWS environment variables and files, and an endpoint URL that
 carries any is refused. The settings file lives in the platform's user config directory (not the
 data directory, since it names the data directory); `KVDESK_CONFIG_DIR` moves it, which tests
-use to stay away from the real one. Writes are atomic (temp file + rename).
+use to stay away from the real one. Writes are atomic (temp file + rename). A key in the file,
+or a `KVDESK_` variable, that this version does not know is ignored with a warning naming it.
 
 `generation` holds only the generation values the user set (`options.GenerationOptions`, the
 same fields and ranges as `kvdesk ask`'s flags); a value left unset (null) comes from the model
@@ -20,7 +21,9 @@ This module never loads a model and never opens the store.
 
 from __future__ import annotations
 
+import difflib
 import json
+import logging
 import os
 import re
 from pathlib import Path
@@ -48,6 +51,11 @@ ENVIRONMENT = {"KVDESK_MODEL": "model", "KVDESK_DATA_DIR": "data_dir", "KVDESK_N
                "KVDESK_REMOTE_BUCKET": "remote_bucket",
                "KVDESK_REMOTE_ENDPOINT_URL": "remote_endpoint_url",
                "KVDESK_REMOTE_PREFIX": "remote_prefix"}
+# kvdesk's other variables, which are not settings: where the settings file is, the local
+# API's key; the codec's and the bundle's own (by prefix).
+OTHER_ENVIRONMENT = ("KVDESK_CONFIG_DIR", "KVDESK_API_KEY")
+OTHER_ENVIRONMENT_PREFIXES = ("KVDESK_CODEC_", "KVDESK_BUNDLE_")
+log = logging.getLogger("kvdesk.settings")
 
 
 class SettingsError(InvalidValue):
@@ -198,15 +206,28 @@ def load(path: Path | None = None) -> Settings:
                                 "fix or delete it")
         if version > SETTINGS_VERSION:
             raise SettingsError(f"{path} was written by a newer kvdesk; fix or delete it")
-    # Settings this version does not know (from a newer minor release) are left alone.
+    # Settings this version does not know (a typo, or a newer minor release's) are left
+    # alone, and said: a misspelt key silently ignored would look like a setting kept.
+    for key in saved.keys() - Settings.model_fields.keys():
+        _warn(f"{path}: unknown setting {key!r} ignored", key, Settings.model_fields)
     known = {k: v for k, v in saved.items() if k in Settings.model_fields}
     try:
         base = parse(Settings, known)
     except InvalidValue as e:
         raise SettingsError(f"{path}: {e}", e.key) from None
+    for var in sorted(v for v in os.environ if v.startswith("KVDESK_")):
+        if var not in ENVIRONMENT and var not in OTHER_ENVIRONMENT \
+                and not var.startswith(OTHER_ENVIRONMENT_PREFIXES):
+            _warn(f"unknown environment variable {var} ignored", var,
+                  [*ENVIRONMENT, *OTHER_ENVIRONMENT])
     env = {key: os.environ[var] for var, key in ENVIRONMENT.items() if os.environ.get(var)}
     try:
         return base.with_overrides(**env)
     except InvalidValue as e:
         var = next(v for v, k in ENVIRONMENT.items() if k == e.key)
         raise SettingsError(f"{var}: {e.reason}", e.key) from None
+
+
+def _warn(message: str, name: str, known) -> None:
+    close = difflib.get_close_matches(name, list(known), n=1)
+    log.warning("Warning: %s%s", message, f" (did you mean {close[0]!r}?)" if close else "")

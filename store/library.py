@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import socket
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -87,6 +89,14 @@ def _link(db: sqlite_utils.Database, chat_id: int, document_id: int) -> None:
     )
 
 
+def _new_chat(db: sqlite_utils.Database, title: str, document_ids: Sequence[int],
+              now: float) -> int:
+    chat_id = db["chats"].insert({"title": title, "created": now, "updated": now}).last_pk
+    for document_id in document_ids:
+        _link(db, chat_id, document_id)
+    return chat_id
+
+
 def _chat(db: sqlite_utils.Database, chat_id: int) -> Chat:
     return Chat(**get(db["chats"], chat_id, "chat"))
 
@@ -117,6 +127,16 @@ def _add_message(db: sqlite_utils.Database, chat_id: int, role: str, text: str,
     message_id = db["messages"].insert(record).last_pk
     _update(db, "chats", chat_id, "chat", updated=now)
     return message_id
+
+
+def _add_turn(db: sqlite_utils.Database, chat_id: int, texts: tuple[str, str],
+              stats: dict[str, Any] | None, model: str,
+              tokens: tuple[Sequence[int], Sequence[int]], now: float) -> None:
+    """A question and its answer (which carries the turn's stats), with their tokens."""
+    for role, text, turn_tokens, extra in zip(("user", "assistant"), texts, tokens,
+                                              (None, stats), strict=True):
+        message_id = _add_message(db, chat_id, role, text, extra, now)
+        _set_tokens(db, message_id, model, turn_tokens)
 
 
 def _set_tokens(db: sqlite_utils.Database, message_id: int, model: str,
@@ -171,10 +191,17 @@ class LibraryStore:
         type: str,
         source_path: str | None = None,
         n_tokens: int | None = None,
+        attaching: bool = False,
     ) -> Document:
-        """Store a document, or return the one already stored with the same content hash."""
+        """Store a document, or return the one already stored with the same content hash.
+
+        `attaching`: a new document is unfinished, attached by this process, until
+        finish_document(); killed before, `gc` removes it (store.quota).
+        """
         record = {"content_hash": content_hash, "title": title, "source_path": source_path,
                   "type": type, "text": text, "n_tokens": n_tokens, "created": self._clock()}
+        if attaching:
+            record.update(attach_pid=os.getpid(), attach_host=socket.gethostname())
         with self._db.write() as db:
             document_id = _add_document(db, record)
         return self.document(document_id)
@@ -184,6 +211,27 @@ class LibraryStore:
 
     def documents(self) -> list[Document]:
         return [Document(**row) for row in self._db.get()["documents"].rows_where(order_by="id")]
+
+    def claim_document(self, document_id: int) -> None:
+        """Take over an unfinished document (its attach was killed): attached by this process
+        now, until finish_document()."""
+        with self._db.write() as db:
+            _update(db, "documents", document_id, "document", attach_pid=os.getpid(),
+                    attach_host=socket.gethostname())
+
+    def finish_document(self, document_id: int) -> None:
+        """A document's attach is done: it is no longer unfinished."""
+        with self._db.write() as db:
+            _update(db, "documents", document_id, "document", attach_pid=None, attach_host=None)
+
+    def attach_turn(self, content_hash: str, *, cancel: threading.Event | None = None,
+                    on_wait: Callable[[], None] | None = None
+                    ) -> contextlib.AbstractContextManager:
+        """Hold the attach of the document with this content hash against other processes
+        (store.locks), as chat_turn does a chat's turn."""
+        if self.read_only:
+            return contextlib.nullcontext()
+        return self._chat_locks.attach(content_hash, cancel=cancel, on_wait=on_wait)
 
     def set_document_tokens(self, document_id: int, model: str, tokens: int, kept: int) -> None:
         """Record a document's token count under a model, and how many fit its context."""
@@ -201,11 +249,8 @@ class LibraryStore:
     # -- chats and messages --------------------------------------------------------------------
 
     def create_chat(self, title: str, document_ids: Sequence[int] = ()) -> Chat:
-        now = self._clock()
         with self._db.write() as db:
-            chat_id = db["chats"].insert({"title": title, "created": now, "updated": now}).last_pk
-            for document_id in document_ids:
-                _link(db, chat_id, document_id)
+            chat_id = _new_chat(db, title, document_ids, self._clock())
         return self.chat(chat_id)
 
     def chat(self, chat_id: int) -> Chat:
@@ -233,11 +278,12 @@ class LibraryStore:
         """Delete a chat with its messages, document links and KV entries."""
         self._delete("chats", chat_id, "chat")
 
-    def chat_turn(self, chat_id: int, *, cancel: threading.Event | None = None,
+    def chat_turn(self, chat_id: int | None, *, cancel: threading.Event | None = None,
                   on_wait: Callable[[], None] | None = None) -> contextlib.AbstractContextManager:
         """Hold a chat's turn against other processes sharing this data directory (store.locks);
-        a read-only store, where no turn can be stored, takes none."""
-        if self.read_only:
+        a read-only store, where no turn can be stored, takes none, nor does a chat not
+        created yet (None: no other process can know it)."""
+        if self.read_only or chat_id is None:
             return contextlib.nullcontext()
         return self._chat_locks.turn(chat_id, cancel=cancel, on_wait=on_wait)
 
@@ -278,12 +324,22 @@ class LibraryStore:
                  question_tokens: Sequence[int], answer_tokens: Sequence[int]) -> None:
         """A question and its answer, with their tokens under `model`, in one transaction:
         a chat never holds a question without its answer, whatever interrupts the write."""
+        with self._db.write() as db:
+            _add_turn(db, chat_id, (question, answer), stats, model,
+                      (question_tokens, answer_tokens), self._clock())
+
+    def start_chat(self, title: str, document_ids: Sequence[int], question: str, answer: str,
+                   *, stats: dict[str, Any] | None = None, model: str,
+                   question_tokens: Sequence[int], answer_tokens: Sequence[int]) -> Chat:
+        """A new chat about `document_ids` with its first turn, in one transaction: a chat is
+        stored with its first answer or not at all (a question refused, stopped or killed
+        before it was answered leaves no empty chat behind)."""
         now = self._clock()
         with self._db.write() as db:
-            for role, text, tokens, extra in (("user", question, question_tokens, None),
-                                              ("assistant", answer, answer_tokens, stats)):
-                message_id = _add_message(db, chat_id, role, text, extra, now)
-                _set_tokens(db, message_id, model, tokens)
+            chat_id = _new_chat(db, title, document_ids, now)
+            _add_turn(db, chat_id, (question, answer), stats, model,
+                      (question_tokens, answer_tokens), now)
+        return self.chat(chat_id)
 
     def set_message_tokens(self, message_id: int, model: str, tokens: Sequence[int]) -> None:
         """Record a message's exact tokens under a model (e.g. after tokenizing its text again)."""

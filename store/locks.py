@@ -1,4 +1,5 @@
-"""Locks between processes that share a data directory: one turn at a time per chat.
+"""Locks between processes that share a data directory: one turn at a time per chat, one
+attach at a time per document.
 
 A turn reads the conversation, answers and stores both messages (and the chat's KV). Two
 kvdesk processes asking in the same chat at once (two terminals, the CLI beside the GUI)
@@ -6,7 +7,9 @@ would otherwise both answer from the conversation as it was before either turn, 
 history shows them in sequence. `ChatLocks.turn` holds a file lock (filelock: fcntl or
 msvcrt) in the data directory's `locks/` folder for the whole turn, so the second waits and
 then answers with the first turn in its context. Within one process the lock is re-entrant
-per thread.
+per thread. `ChatLocks.attach` does the same for the attaches of one document (by content
+hash): the second waits, then takes the first one's result (or, if it was killed, finishes
+its work). A lock dies with its process, so a killed holder never blocks anyone.
 
 Lock files are tiny and kept (removing one another process may be waiting on would let two
 processes hold "the" lock at once). Nothing here reads or writes the database.
@@ -27,20 +30,33 @@ POLL_S = 0.1  # how often a waiting turn checks whether it was cancelled
 
 
 class TurnCancelled(StoreError):
-    """The caller stopped waiting for another process's turn in the same chat."""
+    """The caller stopped waiting for another process: its turn in the same chat, or its
+    attach of the same document."""
 
 
 class ChatLocks:
     def __init__(self, folder: Path):
         self.folder = folder
-        self._locks: dict[int, filelock.FileLock] = {}
+        self._locks: dict[str, filelock.FileLock] = {}
         self._guard = threading.Lock()
 
-    @contextlib.contextmanager
     def turn(self, chat_id: int, *, cancel: threading.Event | None = None,
-             on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+             on_wait: Callable[[], None] | None = None
+             ) -> contextlib.AbstractContextManager[None]:
         """Hold chat `chat_id`'s turn; `on_wait` is called once if another process has it."""
-        lock = self._lock(chat_id)
+        return self._hold(f"chat-{chat_id}", f"chat {chat_id}'s turn", cancel, on_wait)
+
+    def attach(self, content_hash: str, *, cancel: threading.Event | None = None,
+               on_wait: Callable[[], None] | None = None
+               ) -> contextlib.AbstractContextManager[None]:
+        """Hold the attach of the document with this content hash (as `turn`)."""
+        return self._hold(f"attach-{content_hash[:32]}", "another attach of the document",
+                          cancel, on_wait)
+
+    @contextlib.contextmanager
+    def _hold(self, name: str, what: str, cancel: threading.Event | None,
+              on_wait: Callable[[], None] | None) -> Iterator[None]:
+        lock = self._lock(name)
         waited = False
         while True:
             try:
@@ -48,7 +64,7 @@ class ChatLocks:
                 break
             except filelock.Timeout:
                 if cancel is not None and cancel.is_set():
-                    raise TurnCancelled(f"stopped waiting for chat {chat_id}'s turn") from None
+                    raise TurnCancelled(f"stopped waiting for {what}") from None
                 if not waited and on_wait is not None:
                     on_wait()
                 waited = True
@@ -57,9 +73,9 @@ class ChatLocks:
         finally:
             lock.release()
 
-    def _lock(self, chat_id: int) -> filelock.FileLock:
+    def _lock(self, name: str) -> filelock.FileLock:
         with self._guard:
-            if chat_id not in self._locks:
+            if name not in self._locks:
                 self.folder.mkdir(exist_ok=True)
-                self._locks[chat_id] = filelock.FileLock(self.folder / f"chat-{chat_id}.lock")
-            return self._locks[chat_id]
+                self._locks[name] = filelock.FileLock(self.folder / f"{name}.lock")
+            return self._locks[name]

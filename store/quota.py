@@ -6,7 +6,8 @@ Since reading a chain marks all of its entries used, parents are at least as rec
 children and LRU order reaches leaves first anyway. Entries being written are never evicted, nor
 any entry that one extends; an incomplete entry is removed once its writer is known to be gone:
 a process of this host that no longer exists, or one that stopped refreshing the entry for
-ABANDON_AFTER_S (a writer on another host sharing the directory, or a hung one).
+ABANDON_AFTER_S (a writer on another host sharing the directory, or a hung one). So is a
+document whose attach was killed before its cache was stored (`unfinished`).
 """
 
 from __future__ import annotations
@@ -22,9 +23,12 @@ BUDGET_SETTING = "store.budget_bytes"
 # A live writer refreshes its entry with every chunk, seconds apart; a quarter hour of silence
 # means it is gone.
 ABANDON_AFTER_S = 15 * 60
+# A document's attach refreshes nothing while it prefills (minutes for a long one): one
+# attached from another host is taken for abandoned only after a day.
+ABANDON_DOCUMENT_AFTER_S = 24 * 3600
 
 
-def _gone(pid: int | None, host: str | None) -> bool:
+def gone(pid: int | None, host: str | None) -> bool:
     """Whether the writer was a process of this host that has exited."""
     if pid is None or host != socket.gethostname() or pid == os.getpid():
         return False
@@ -50,8 +54,9 @@ def collect(db: Connections, budget_bytes: int, now: float) -> dict:
             " last_used, writer_pid, writer_host FROM kv_entries e WHERE NOT complete"
         ).fetchall()
         abandoned = [(entry_id, nbytes) for entry_id, nbytes, last_used, pid, host in pending
-                     if last_used < now - ABANDON_AFTER_S or _gone(pid, host)]
+                     if last_used < now - ABANDON_AFTER_S or gone(pid, host)]
         wdb.conn.executemany("DELETE FROM kv_entries WHERE id = ?", [(i,) for i, _ in abandoned])
+    documents = unfinished(db, now)
     freed = sum(nbytes for _, nbytes in abandoned)
     used = usage(db)
     evicted: list[int] = []
@@ -76,7 +81,41 @@ def collect(db: Connections, budget_bytes: int, now: float) -> dict:
     return {
         "evicted_entries": evicted,
         "abandoned_entries": [entry_id for entry_id, _ in abandoned],
+        "abandoned_documents": documents,
         "freed_bytes": freed,
         "bytes_after": used,
         "budget_bytes": budget_bytes,
     }
+
+
+def unfinished(db: Connections, now: float) -> list[int]:
+    """Settle the documents whose attach was killed; return the ids of those removed.
+
+    One whose cache was stored before the kill, or that a chat is about, is kept as attached
+    (with no cache, like an evicted one); any other is removed, as if never attached.
+    """
+    removed = []
+    with db.write() as wdb:
+        rows = wdb.conn.execute(
+            "SELECT id, attach_pid, attach_host, created, EXISTS (SELECT 1 FROM kv_entries"
+            " WHERE document_id = d.id AND complete) OR EXISTS (SELECT 1 FROM chat_documents"
+            " WHERE document_id = d.id) FROM documents d WHERE attach_pid IS NOT NULL"
+        ).fetchall()
+        for doc_id, pid, host, created, used in rows:
+            if not (gone(pid, host) or (host != socket.gethostname()
+                                        and created < now - ABANDON_DOCUMENT_AFTER_S)):
+                continue
+            if used:
+                wdb.conn.execute("UPDATE documents SET attach_pid = NULL, attach_host = NULL"
+                                 " WHERE id = ?", (doc_id,))
+            else:
+                wdb.conn.execute("DELETE FROM documents WHERE id = ?", (doc_id,))
+                removed.append(doc_id)
+    return removed
+
+
+def attaching(db: Connections) -> dict[int, bool]:
+    """{document id: whether its attach is still under way} of every unfinished document."""
+    rows = db.get().conn.execute(
+        "SELECT id, attach_pid, attach_host FROM documents WHERE attach_pid IS NOT NULL")
+    return {doc_id: not gone(pid, host) for doc_id, pid, host in rows}

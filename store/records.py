@@ -27,6 +27,9 @@ class Document:
     text: str
     n_tokens: int | None
     created: float
+    # While its first attach is under way or was killed (store.schema m007): who attached it.
+    attach_pid: int | None = None
+    attach_host: str | None = None
 
 
 @dataclass(frozen=True)

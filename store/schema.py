@@ -274,6 +274,20 @@ def m006_chunk_seals(conn: sqlite3.Connection) -> None:
             conn.execute("UPDATE kv_chunks SET quarantined = 1 WHERE id = ?", (rowid,))
 
 
+# While a document's first attach is under way, or after one was killed before its cache was
+# stored: the attaching process (pid and host, as kv_entries' writer_pid); NULL once attached.
+M007_ATTACHING = ("ALTER TABLE documents ADD COLUMN attach_pid INTEGER",
+                  "ALTER TABLE documents ADD COLUMN attach_host TEXT")
+
+
+def m007_attaching(conn: sqlite3.Connection) -> None:
+    """Unfinished documents: a document row is written before its prefill, so that a killed
+    attach is known for what it is (`docs` says so; the next attach of the file or `gc`
+    finishes or removes it), never passed off as a document with no cache."""
+    for statement in M007_ATTACHING:
+        conn.execute(statement)
+
+
 # 1: the KV of one passage of a long document (its text after the shared system prompt, keyed
 # by content like any prefix), not a document's prefix: a document's own entry is never one,
 # and passage KV is stored at one level and computed when first retrieved.
@@ -293,6 +307,7 @@ MIGRATIONS: list[tuple[str, Callable[[sqlite3.Connection], None]]] = [
     ("m004_calibrations", m004_calibrations),
     ("m005_windows", m005_windows),
     ("m006_chunk_seals", m006_chunk_seals),
+    ("m007_attaching", m007_attaching),
     ("m008_passages", m008_passages),
     ("m009_passage_kv", m009_passage_kv),
 ]

@@ -336,14 +336,20 @@ class Store(LibraryStore, PassageStore):
     def gc(self, budget_bytes: int | None = None) -> dict:
         """Evict least-recently-used KV entries until they fit the budget (default: the setting).
 
-        Returns {"evicted_entries": [ids], "abandoned_entries": [ids], "freed_bytes": n,
-        "bytes_after": n, "budget_bytes": n}.
+        Entries and documents whose writer was killed go first (store.quota).
+        Returns {"evicted_entries": [ids], "abandoned_entries": [ids], "abandoned_documents":
+        [ids], "freed_bytes": n, "bytes_after": n, "budget_bytes": n}.
         """
         budget = self.budget_bytes if budget_bytes is None else budget_bytes
         report = quota.collect(self._db, budget, self._clock())
-        if report["freed_bytes"]:
+        if report["freed_bytes"] or report["abandoned_documents"]:
             self._reclaim()
         return report
+
+    def attaching(self) -> dict[int, bool]:
+        """{document id: whether its attach is under way (else it was killed: unfinished)}
+        of the documents not attached whole yet."""
+        return quota.attaching(self._db)
 
     def verify(self) -> dict:
         """Check every chunk of every complete entry; quarantine what fails (store.integrity).

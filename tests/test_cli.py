@@ -77,7 +77,7 @@ def test_attach_ask_reopen_end_to_end(tmp_path):
                             "--json").stdout)
     assert set(ans) == {"chat_id", "answer", "ttft_s", "restore_s", "bytes_read",
                         "chunk_levels", "recomputed_tokens", "tokens_generated", "source",
-                        "messages", "documents", "blended", "sources"}
+                        "messages", "documents", "blended", "sources", "recompute_s"}
     assert ans["documents"] == [attached["doc_id"]] and ans["blended"] is None
     assert ans["chunk_levels"] == ["high"] and ans["recomputed_tokens"] == 0
     assert ans["source"] == "local"
@@ -90,7 +90,7 @@ def test_attach_ask_reopen_end_to_end(tmp_path):
 
     rep = json.loads(kvdesk("reopen", chat, "--json").stdout)
     assert set(rep) == {"chat_id", "tokens", "restore_s", "chunk_levels", "recomputed_tokens",
-                        "messages"}
+                        "recompute_s", "messages"}
     assert rep["recomputed_tokens"] == 0 and len(rep["chunk_levels"]) >= 2
 
     assert [d["doc_id"] for d in json.loads(kvdesk("docs", "--json").stdout)] == [

@@ -27,12 +27,13 @@ replaced the following spring with glass made in Birmingham."""
 QUESTION = "When was the lighthouse electrified?"
 
 
-def make_engine(data_dir, model_path, model_hash, *, flash_attn=True, n_ctx=1024):
+def make_engine(data_dir, model_path, model_hash, *, flash_attn=True, n_ctx=1024,
+                levels=EVERY_LEVEL):
     def factory():
         return Runtime(model_path, model_hash=model_hash, n_ctx=n_ctx, flash_attn=flash_attn)
 
     # Every level, lossless included (opt-in in the app): the exactness tests read it.
-    return Engine(Store(data_dir), factory, chunk_tokens=64, levels=EVERY_LEVEL)
+    return Engine(Store(data_dir), factory, chunk_tokens=64, levels=levels)
 
 
 def close(eng: Engine) -> None:
@@ -362,3 +363,20 @@ def test_a_forced_level_not_stored_is_said_and_lossless_stays_exact(new_engine, 
     assert set(exact.chunk_levels) == {"text"} and exact.recomputed_tokens > 0
     assert any("exact KV is opt-in" in m for m in exact.messages)
     assert exact.answer == ask(eng, QUESTION, doc=doc_id, tokens=8, no_cache=True).answer
+
+
+def test_a_stored_lossless_level_is_read_though_the_app_does_not_store_it(new_engine,
+                                                                           tmp_path):
+    """What is stored counts, not the keep_lossless setting: a document attached with
+    `--levels lossless,...` by an app storing the default levels is read at lossless."""
+    eng = new_engine(levels=DEFAULT_LEVELS)
+    path = tmp_path / "doc.txt"
+    path.write_text(DOC)
+    doc_id = eng.attach(path, levels=[EXACT, "high"]).doc_id
+    exact = ask(eng, QUESTION, doc=doc_id, tokens=8, level=EXACT)
+    assert set(exact.chunk_levels) == {EXACT} and exact.recomputed_tokens == 0
+    assert not any("opt-in" in m for m in exact.messages)
+    assert exact.answer == ask(eng, QUESTION, doc=doc_id, tokens=8, no_cache=True).answer
+    # "auto" still chooses among the app's own levels.
+    eng.runtime.reset()
+    assert set(ask(eng, QUESTION, doc=doc_id, tokens=4).chunk_levels) == {"high"}

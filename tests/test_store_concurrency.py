@@ -132,3 +132,30 @@ def test_a_chat_turn_waits_for_another_holder_and_can_be_cancelled(tmp_path):
                 pass
         with one.chat_turn(chat + 1):  # other chats are not held up
             pass
+
+
+def test_an_attach_waits_for_another_of_the_same_document_cancellably(tmp_path):
+    """Two stores on one data directory stand for two processes (the lock is a file lock)."""
+    from store.locks import TurnCancelled
+
+    first, second = Store(tmp_path), Store(tmp_path)
+    try:
+        doc = "ab" * 32
+        with first.attach_turn(doc):
+            with second.attach_turn("cd" * 32):  # another document: no wait
+                pass
+            stop, waited = threading.Event(), threading.Event()
+
+            def cancel_once_waiting():
+                waited.set()
+                stop.set()
+
+            with pytest.raises(TurnCancelled, match="another attach of the document"):
+                with second.attach_turn(doc, cancel=stop, on_wait=cancel_once_waiting):
+                    pass
+            assert waited.is_set()
+        with second.attach_turn(doc):  # released with the first's attach
+            pass
+    finally:
+        first.close()
+        second.close()

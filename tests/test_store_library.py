@@ -152,3 +152,18 @@ def test_level_bytes_of_entries_and_spans(store):
     assert first_two["compact"] == sum(len(payload(s.token_start, s.token_end, "compact"))
                                        for s in spans[:2])
     assert store.level_bytes([]) == {} and store.entry_level_bytes([]) == {}
+
+
+def test_a_new_chat_is_stored_with_its_first_turn_or_not_at_all(store):
+    doc = store.add_document("a", "A", "alpha", type="txt")
+    turn = dict(stats={"ttft_s": 0.1}, model="model-a", question_tokens=[1, 2],
+                answer_tokens=[3])
+    with pytest.raises(NotFoundError):  # a document gone meanwhile: nothing is stored
+        store.start_chat("Why?", [doc.id, 999], "Why?", "Because.", **turn)
+    assert store.chats() == [] and count(store, "messages") == 0
+    chat = store.start_chat("Why?", [doc.id], "Why?", "Because.", **turn)
+    assert [d.id for d in store.chat_documents(chat.id)] == [doc.id]
+    assert [(m.role, m.text) for m in store.messages(chat.id)] == [("user", "Why?"),
+                                                                  ("assistant", "Because.")]
+    assert store.messages(chat.id)[1].stats == {"ttft_s": 0.1}
+    assert sorted(store.message_tokens(chat.id, "model-a").values()) == [[1, 2], [3]]

@@ -51,7 +51,8 @@ def test_least_recently_used_entries_go_first(store, clock):
     store.longest_prefix(FP, range(0, 100))  # a is now the most recent
     report = store.gc(budget_bytes=1500)
     assert report == {
-        "evicted_entries": [b.id, c.id], "abandoned_entries": [], "freed_bytes": 2000,
+        "evicted_entries": [b.id, c.id], "abandoned_entries": [], "abandoned_documents": [],
+        "freed_bytes": 2000,
         "bytes_after": 1000, "budget_bytes": 1500,
     }  # fmt: skip
     assert [e.id for e in store.entries()] == [a.id]
@@ -113,3 +114,31 @@ def test_the_budget_defaults_to_ten_gigabytes(store, clock):
     raw_entry(store, clock, range(100))
     assert store.gc()["budget_bytes"] == 10 * 10**9
     assert store.gc()["evicted_entries"] == []
+
+
+def dead_pid() -> int:
+    return int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True, check=True).stdout)
+
+
+def test_a_document_whose_attach_was_killed_is_removed_unless_used(store, clock):
+    """A killed attach's document is not passed off as one with no cache: gc removes it,
+    or keeps it as attached when a chat is about it or its cache was stored."""
+    lone, talked, cached, live = (
+        store.add_document(name, name, name, type="text", attaching=True)
+        for name in ("lone", "talked", "cached", "live"))
+    store.create_chat("About it", [talked.id])
+    raw_entry(store, clock, range(100), document_id=cached.id)
+    assert store.attaching() == dict.fromkeys((lone.id, talked.id, cached.id, live.id), True)
+    conn = sqlite3.connect(store.path)
+    with conn:
+        conn.execute("UPDATE documents SET attach_pid = ? WHERE id != ?", (dead_pid(), live.id))
+    conn.close()
+    assert store.attaching() == {lone.id: False, talked.id: False, cached.id: False,
+                                 live.id: True}
+    assert store.gc()["abandoned_documents"] == [lone.id]
+    assert [d.id for d in store.documents()] == [talked.id, cached.id, live.id]
+    assert store.attaching() == {live.id: True}  # this process's attach is under way
+    store.finish_document(live.id)
+    assert store.attaching() == {} and store.gc()["abandoned_documents"] == []
+    assert store.document(live.id).attach_pid is None

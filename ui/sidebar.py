@@ -233,7 +233,9 @@ class DocumentList(QWidget):
         for doc in docs:
             size = sum(doc.cache_bytes.values())
             status = {"ready": "ready", "stale": "cached for another model",
-                      "none": "not cached"}.get(doc.status, doc.status)
+                      "none": "not cached", "attaching": "being attached",
+                      "unfinished": "attach stopped: attach it again"}.get(doc.status,
+                                                                           doc.status)
             tokens = (f"{doc.tokens:,} tokens" if doc.kept_tokens == doc.tokens
                       else f"{doc.kept_tokens:,} of {doc.tokens:,} tokens")
             if doc.passages:  # too long for the context: answered from its passages' KV

@@ -7,7 +7,10 @@ a megabyte; `passages.index`), to be answered from the passages each question re
 A document attached before under this model is not
 computed again; with a shared cache configured, its entry is taken from the bucket instead of
 prefilled when it is there, and shared after the attach when automatic pushing is on.
-A cancel or failure stores nothing of a new document and leaves a known one as it was.
+A cancel or failure stores nothing of a new document and leaves a known one as it was; a
+kill leaves it unfinished (store.schema m007), listed so, until the next attach of the same
+file finishes it or `gc` removes it. Two attaches of one document wait for each other (a
+store lock, across processes): the second takes the first one's result.
 
 Attach runs in its own model context, so documents compute while the user chats.
 """
@@ -34,6 +37,7 @@ from ..model.runtime import Runtime
 from ..passages.index import PassageIndex
 from ..results import AttachResult, Progress
 from . import documents
+from .turns import waited
 
 ProgressFn = Callable[[Progress], None]
 
@@ -94,62 +98,82 @@ class Attacher:
         levels = quality_order(levels or self.kv.levels)
         check_levels(levels)
         title = extracted.title
-        with self.lock:
+        # One attach of a document at a time, across processes too: the second waits, then
+        # takes the first one's result, or finishes what a killed one left unfinished.
+        with self.lock, waited(self.store.attach_turn, extracted.content_hash,
+                                  cancel=cancel, progress=progress, title=title):
             rt = self.contexts.get(ATTACH)
             self.contexts.warm_up(rt)
             known = {d.content_hash: d for d in self.store.documents()}
             existing = known.get(extracted.content_hash)
+            # A document whose attach was killed is new again: this attach finishes it.
+            new = existing is None or existing.attach_pid is not None
+            if existing is not None and new:
+                self.store.claim_document(existing.id)
             doc_tokens = len(rt.tokenize(extracted.text))
             prefix = None if doc_tokens > self.prompter.room(rt) else document_prefix(
                 rt, (existing.title if existing else title, extracted.text),
                 self.prompter.room(rt))
             if prefix is None or prefix.kept_tokens < prefix.doc_tokens:
-                return self._attach_passages(rt, extracted, existing, doc_tokens, progress,
-                                             cancel)
+                return self._attach_passages(rt, extracted, existing, new, doc_tokens,
+                                             progress, cancel)
             doc = existing or self.store.add_document(
                 extracted.content_hash, title, extracted.text, type=extracted.kind,
-                source_path=extracted.source, n_tokens=prefix.doc_tokens)
-            self.store.set_document_tokens(doc.id, rt.fingerprint, prefix.doc_tokens,
-                                           prefix.kept_tokens)
-            warnings = list(extracted.warnings)
-            entry = self.store.document_entry(doc.id, rt.fingerprint)
-            if entry is not None and set(levels) <= set(entry.levels):
-                return self._result(doc, prefix, entry.id, levels, warnings, reused=True)
+                source_path=extracted.source, n_tokens=prefix.doc_tokens, attaching=True)
             try:
-                t0 = time.perf_counter()
-                pulled, notes = self.sharing.pull_for_attach(
-                    rt.fingerprint, prefix.tokens, levels, doc.id,
-                    progress=_phase(progress, "pull", title))
-                warnings += notes
-                if pulled is not None:
-                    return self._result(doc, prefix, pulled, levels, warnings,
-                                        encode_s=time.perf_counter() - t0, pulled=True)
-                rt.reset()
-                rt.prefill(prefix.tokens, cancel=cancel,
-                           progress=_phase(progress, "prefill", title))
-                prefill_s = time.perf_counter() - t0
-                self.speeds.prefill_tps = len(prefix.tokens) / max(prefill_s, 1e-6)
-                t1 = time.perf_counter()
-                entry_id = self.kv.store_prefix(rt, prefix.tokens, levels, document_id=doc.id,
-                                                progress=progress, cancel=cancel, title=title)
-                encode_s = time.perf_counter() - t1
+                result = self._compute(rt, doc, prefix, extracted, levels, progress, cancel)
             except BaseException:
                 # Nothing half-stored: a new document leaves no trace, a known one keeps
                 # what it had (the entry writer aborts its own chunks).
-                if existing is None:
+                if new:
                     self.store.delete_document(doc.id)
-                rt.reset()
                 raise
-            speeds_mod.save(self.store, self.speeds)
-            return self._result(doc, prefix, entry_id, levels, warnings,
-                                prefill_s=prefill_s, encode_s=encode_s)
+            if new:
+                self.store.finish_document(doc.id)
+            return result
+
+    def _compute(self, rt, doc: Document, prefix: Prefix, extracted: documents.Extracted,
+                 levels: list[str], progress, cancel) -> AttachResult:
+        """The document's cache under the loaded model: the stored one, the shared cache's,
+        or prefilled, encoded and stored."""
+        title = extracted.title
+        self.store.set_document_tokens(doc.id, rt.fingerprint, prefix.doc_tokens,
+                                       prefix.kept_tokens)
+        warnings = list(extracted.warnings)
+        entry = self.store.document_entry(doc.id, rt.fingerprint)
+        if entry is not None and set(levels) <= set(entry.levels):
+            return self._result(doc, prefix, entry.id, levels, warnings, reused=True)
+        try:
+            t0 = time.perf_counter()
+            pulled, notes = self.sharing.pull_for_attach(
+                rt.fingerprint, prefix.tokens, levels, doc.id,
+                progress=_phase(progress, "pull", title))
+            warnings += notes
+            if pulled is not None:
+                return self._result(doc, prefix, pulled, levels, warnings,
+                                    encode_s=time.perf_counter() - t0, pulled=True)
+            rt.reset()
+            rt.prefill(prefix.tokens, cancel=cancel, progress=_phase(progress, "prefill", title))
+            prefill_s = time.perf_counter() - t0
+            self.speeds.prefill_tps = len(prefix.tokens) / max(prefill_s, 1e-6)
+            t1 = time.perf_counter()
+            entry_id = self.kv.store_prefix(rt, prefix.tokens, levels, document_id=doc.id,
+                                            progress=progress, cancel=cancel, title=title)
+            encode_s = time.perf_counter() - t1
+        except BaseException:
+            rt.reset()
+            raise
+        speeds_mod.save(self.store, self.speeds)
+        return self._result(doc, prefix, entry_id, levels, warnings,
+                            prefill_s=prefill_s, encode_s=encode_s)
 
     def _attach_passages(self, rt: Runtime, extracted: documents.Extracted,
-                         existing: Document | None, doc_tokens: int,
+                         existing: Document | None, new: bool, doc_tokens: int,
                          progress: ProgressFn | None,
                          cancel: threading.Event | None) -> AttachResult:
         """A document longer than the context: said at once, then split, indexed and
-        embedded (no prefill); a document already kept as passages keeps them."""
+        embedded (no prefill); a document already kept as passages keeps them (`new`: none
+        yet, or a killed attach's, which this one finishes)."""
         title = existing.title if existing else extracted.title
         note = (f"{title}: {doc_tokens:,} tokens, longer than the context of {rt.n_ctx:,}; "
                 "it is kept as passages, and each question is answered from the passages "
@@ -159,8 +183,8 @@ class Attacher:
         t0 = time.perf_counter()
         doc = existing or self.store.add_document(
             extracted.content_hash, title, extracted.text, type=extracted.kind,
-            source_path=extracted.source, n_tokens=doc_tokens)
-        kept = count = len(self.store.passages(doc.id)) if existing else 0
+            source_path=extracted.source, n_tokens=doc_tokens, attaching=True)
+        kept = count = 0 if new else len(self.store.passages(doc.id))
         try:
             if not count:
                 count = self.passages.add(doc.id, extracted.text, extracted.kind,
@@ -170,9 +194,11 @@ class Attacher:
                 raise Cancelled()
             self.store.set_document_tokens(doc.id, rt.fingerprint, doc_tokens, 0)
         except BaseException:
-            if existing is None:  # nothing half-stored of a new document
+            if new:  # nothing half-stored of a new document
                 self.store.delete_document(doc.id)
             raise
+        if new:
+            self.store.finish_document(doc.id)
         if progress:
             progress(Progress("split", 1, 1, title))
         return AttachResult(

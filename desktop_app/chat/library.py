@@ -17,7 +17,7 @@ from typing import TypeVar
 from store import Chat, Document, Message, NotFoundError, Store
 
 from ..errors import EngineError, MissingError
-from ..model.prompts import UNTITLED
+from ..model.prompts import UNTITLED, title_of
 from ..results import ChatInfo, DocumentInfo, MessageInfo
 
 T = TypeVar("T")
@@ -49,11 +49,12 @@ class Library:
         """The chat's messages, oldest first."""
         return self.store.messages(chat_id)
 
-    def stale_note(self, chat_id: int, fp: str) -> list[str]:
-        """What to tell the user when a chat's cache exists only under other models."""
-        docs = {d.id for d in self.chat_documents(chat_id)}
-        others = {e.model for e in self.store.entries()
-                  if (e.document_id in docs or e.chat_id == chat_id) and e.model != fp}
+    def stale_note(self, chat_id: int | None, docs: Sequence[Document], fp: str) -> list[str]:
+        """What to tell the user when the cache of a chat over `docs` exists only under other
+        models (a chat not created yet, None, has no entry of its own)."""
+        ids = {d.id for d in docs}
+        others = {e.model for e in self.store.entries() if e.model != fp and (
+            e.document_id in ids or e.chat_id in {chat_id} - {None})}
         if not others:
             return []
         return [f"the cache of this chat was made under another model or KV layout "
@@ -64,7 +65,9 @@ class Library:
 
     def documents(self, fingerprint: str) -> list[DocumentInfo]:
         """Every document, with its cache under the model `fingerprint` (status "ready"),
-        only under others ("stale") or none; a long document's cache is its passages' KV."""
+        only under others ("stale") or none; a long document's cache is its passages' KV. One
+        whose first attach is under way has no cache yet ("attaching"), nor one whose attach
+        was killed ("unfinished": attaching the file again finishes it, `gc` removes it)."""
         roots: dict[int, list] = {}
         passage_kv: dict[int, list[int]] = {}
         for entry in self.store.entries():  # least recently used first
@@ -82,10 +85,13 @@ class Library:
         damaged = self.store.damaged(e.id for e in current.values())
         counts = self.store.document_tokens(fingerprint)
         passages, cached = self.store.passage_counts(), self.store.passage_entries(fingerprint)
+        attaching = self.store.attaching()
         out = []
         for doc in self.store.documents():
             entry = current.get(doc.id)
             status = "ready" if entry else ("stale" if doc.id in roots else "none")
+            if doc.id in attaching and not entry:
+                status = "attaching" if attaching[doc.id] else "unfinished"
             # Counted by attach under this model; a document attached by an older kvdesk has
             # its first model's count, and its prefix's tokens bound what was kept.
             tokens, kept = counts.get(doc.id, (doc.n_tokens or 0, 0))
@@ -126,6 +132,16 @@ class Library:
         docs = [self.document(d) for d in doc_ids]
         chat = self.store.create_chat(title or UNTITLED, [d.id for d in docs])
         return ChatInfo(chat.id, chat.title, [d.id for d in docs], 0, chat.created, chat.updated)
+
+    def add_turn(self, chat_id: int | None, question: str, answer: str, *,
+                 doc_ids: Sequence[int], **record) -> int:
+        """Store a turn (`record`: Store.add_turn's stats and tokens) and return its chat's id;
+        a new chat (None) about `doc_ids` is created with it, so it never exists empty."""
+        if chat_id is None:
+            return self.store.start_chat(title_of(question), doc_ids, question, answer,
+                                         **record).id
+        self.store.add_turn(chat_id, question, answer, **record)
+        return chat_id
 
     def name_untitled(self, chat_id: int, title: str) -> None:
         """Give a chat still untitled and empty its first question's title."""

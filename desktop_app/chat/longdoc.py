@@ -64,21 +64,32 @@ class LongDocs:
 
     # -- which passages ----------------------------------------------------------------------
 
-    def choose(self, rt: Runtime, chat_id: int, question: str) -> list[str]:
-        """Retrieve the passages for `question` in chat `chat_id` and make them its context's
-        (see the module's docstring); notes for the user."""
-        docs = self.library.chat_documents(chat_id)
+    def choose(self, rt: Runtime, chat_id: int | None, question: str,
+               docs: Sequence[Document]) -> list[str]:
+        """Retrieve the passages for `question` in chat `chat_id` over `docs` and make them its
+        context's (see the module's docstring); notes for the user. A chat not created yet
+        (None: it is stored with its first answer) holds them as a conversation not kept as a
+        chat does (`offer`), until `adopt` gives them its id."""
         if not self.applies(docs):
             return []
-        history = self.library.history(chat_id)
+        history = self.library.history(chat_id) if chat_id is not None else []
         # (Retrieval keeps the last turns of these: follow-ups say "it".)
+        turns = self._turns_tokens(rt, chat_id, history) if history else 0
         chosen, notes = self.pick(rt, docs, question, [m.text for m in history],
-                                  self._turns_tokens(rt, chat_id, history) + len(
-                                      rt.tokenize(question)) + 16,  # its template's tokens
-                                  self.sources(chat_id))
-        with self._lock:
-            self._chosen[chat_id] = chosen
+                                  turns + len(rt.tokenize(question)) + 16,  # its template's
+                                  self.sources(chat_id) if chat_id is not None else ())
+        if chat_id is None:
+            self.offer(chosen)
+        else:
+            with self._lock:
+                self._chosen[chat_id] = chosen
         return notes
+
+    def adopt(self, chat_id: int) -> None:
+        """A new chat was stored as `chat_id`: the passages its first question was given are
+        its own from now on."""
+        with self._lock:
+            self._chosen[chat_id] = list(self._offered)
 
     def pick(self, rt: Runtime, docs: Sequence[Document], question: str, recent: Sequence[str],
              used: int, kept: Sequence[Source] = ()) -> tuple[list[Source], list[str]]:
@@ -128,10 +139,12 @@ class LongDocs:
         return sum(len(known[m.id]) if m.id in known else len(rt.tokenize(m.text)) + 8
                    for m in history)
 
-    def sources(self, chat_id: int) -> list[Source]:
+    def sources(self, chat_id: int | None) -> list[Source]:
         """The passages chat `chat_id`'s context holds: those of its latest question, or, in
-        another process, those its last answer named."""
+        another process, those its last answer named (a chat not created yet: those offered)."""
         with self._lock:
+            if chat_id is None:
+                return list(self._offered)
             if chat_id in self._chosen:
                 return list(self._chosen[chat_id])
         for m in reversed(self.library.history(chat_id)):
@@ -149,9 +162,13 @@ class LongDocs:
 
     # -- the chat's prefix -------------------------------------------------------------------
 
-    def layout(self, rt: Runtime, chat_id: int | None) -> Layout | None:
-        """The prefix of a chat over passages (None: not such a chat)."""
-        if chat_id is None or not self.applies(self.library.chat_documents(chat_id)):
+    def layout(self, rt: Runtime, chat_id: int | None,
+               docs: Sequence[Document] | None = None) -> Layout | None:
+        """The prefix of a chat over passages (None: not such a chat); a chat not created yet
+        (None) is over `docs`."""
+        if docs is None:
+            docs = self.library.chat_documents(chat_id) if chat_id is not None else ()
+        if not self.applies(docs):
             return None
         return passage_layout(rt, [s.text for s in self.sources(chat_id)])
 

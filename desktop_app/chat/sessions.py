@@ -21,14 +21,12 @@ parses arguments and never imports Qt.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from store import Document, Store
-from store.locks import TurnCancelled
 
 from ..calibration import codec_prep
 from ..errors import Cancelled, EngineError
@@ -50,6 +48,7 @@ from .answers import stream_answer
 from .fairlock import FairLock
 from .library import Library
 from .longdoc import LongDocs
+from .turns import waited
 
 ProgressFn = Callable[[Progress], None]
 
@@ -162,7 +161,7 @@ class ChatSession:
                     self._blended_at = None  # what is kept came back exact
                 report = RestoreReport(len(tokens), time.perf_counter() - t0, 0, [], 0,
                                        ["the chat was already loaded"],
-                                       blended=self._mode_of(docs, 0, 0))
+                                       blended=self._mode_of(docs, len(tokens), 0))
                 rt.prefill(full[keep:], cancel=cancel)
                 return report
         self._loaded = None  # until the context holds a finished load again
@@ -187,15 +186,15 @@ class ChatSession:
                                    speeds=self.speeds, chunk_tokens=self.chunk_tokens,
                                    progress=progress, cancel=cancel,
                                    calibrations=self.kv.calibrations.resolver(rt.fingerprint))
-        if source is not None and report.recomputed_tokens == len(tokens) and chat_id is not None:
-            notes += self.library.stale_note(chat_id, rt.fingerprint)
+        if source is not None and report.recomputed_tokens == len(tokens):
+            notes += self.library.stale_note(chat_id, docs, rt.fingerprint)
         speeds_mod.save(self.store, self.speeds)
         self._blended_at = None
         if not options.no_cache:
             self._loaded = options
         rt.prefill(question, cancel=cancel)
-        return replace(report, messages=[*notes, *report.messages],
-                       blended=self._mode_of(docs, 0, 0))
+        return replace(report, messages=[*notes, *report.messages], blended=self._mode_of(
+            docs, len(tokens) - report.recomputed_tokens, report.recomputed_tokens))
 
     def _codec_not_ready(self, rt: Runtime, source, notes: list[str]) -> bool:
         """While the codec's kernels are being compiled: whether recomputing the stored
@@ -308,14 +307,9 @@ class ChatSession:
                 return None
             rt = self.runtime
             self.contexts.warm_up(rt)
-            if chat_id is not None:
-                docs = self.library.chat_documents(chat_id)
-                msgs, context, _ = self.conversation(rt, chat_id)
-            else:
-                docs = [self.library.document(d) for d in doc_ids]
-                if self.longdocs.applies(docs):
-                    return None  # its passages are retrieved for the question it asks
-                msgs, context = self.prompter.chat(rt, docs)
+            if chat_id is None and self.longdocs.applies(self._documents(None, doc_ids)):
+                return None  # its passages are retrieved for the question it asks
+            docs, msgs, context, _ = self._context(rt, chat_id, doc_ids)
             # The draft is computed as if it were sent now, template tokens included: sent
             # unchanged, its first token comes at once; edited, the context is cut back to
             # what still matches, which costs nothing.
@@ -344,24 +338,27 @@ class ChatSession:
         progress: ProgressFn | None = None,
         cancel: threading.Event | None = None,
     ) -> AskResult:
-        """One turn: restore the chat (a new one about `doc_ids` if chat_id is None), ask,
+        """One turn: restore the chat (a new one about `doc_ids` if chat_id is None, stored
+        with its first answer: a refused or killed question leaves no empty chat), ask,
         stream the answer, store it."""
         t0 = time.perf_counter()  # the time to first token counts from here
         question = question.strip()
         if not question:
             raise EngineError("the question is empty")
         if restore.level != AUTO and not restore.no_cache:
-            check_levels([restore.level])  # before a new chat is created for nothing
-        if chat_id is None:
-            chat_id = self.library.new_chat(doc_ids, title=title_of(question)).chat_id
+            check_levels([restore.level])  # before any work
+        if chat_id is None:  # a new chat: stored with its first answer, or not at all
+            doc_ids = [self.library.document(d).id for d in dict.fromkeys(doc_ids)]
         else:
             self.library.name_untitled(chat_id, title_of(question))
-        with self.lock, self._turn(chat_id, progress, cancel):
+        with self.lock, waited(self.store.chat_turn, chat_id, cancel=cancel,
+                                  progress=progress):
             rt = self.runtime
             self.contexts.warm_up(rt)
-            picked = self.longdocs.choose(rt, chat_id, question)  # a long document's passages
-            msgs, context, notes = self.conversation(rt, chat_id)
-            docs = self.library.chat_documents(chat_id)
+            # A long document's passages for this question (a new chat's: its pending ones)
+            picked = self.longdocs.choose(rt, chat_id, question,
+                                          self._documents(chat_id, doc_ids))
+            docs, msgs, context, notes = self._context(rt, chat_id, doc_ids)
             turn = question_turn(rt, msgs, question)
             if len(context) + len(turn.tokens) + 1 >= rt.n_ctx:
                 raise EngineError(f"the chat is full: {len(context) + len(turn.tokens):,} tokens "
@@ -388,9 +385,10 @@ class ChatSession:
             messages = [*report.messages, *kept_notes, *out.notes,
                         *([] if kept else ["this turn's cache is not stored"])]
             result = AskResult(
-                chat_id=chat_id, answer=answer.strip(),
+                chat_id=chat_id or 0, answer=answer.strip(),  # a new chat's: once stored
                 ttft_s=round(ttft if ttft is not None else time.perf_counter() - t0, 4),
                 restore_s=round(report.restore_s, 4), bytes_read=report.bytes_read,
+                recompute_s=round(report.recompute_s, 4),
                 chunk_levels=report.chunk_levels, recomputed_tokens=report.recomputed_tokens,
                 tokens_generated=len(generated), messages=messages, source=report.source,
                 documents=[d.id for d in docs], blended=report.blended,
@@ -400,16 +398,21 @@ class ChatSession:
             # (fsync) before the first token would only delay it, and whatever stops the
             # turn before here stores neither.
             answer_tokens = generated + suffix_tokens
-            self.store.add_turn(chat_id, question, result.answer, stats=stats,
-                                model=rt.fingerprint, question_tokens=turn.tokens,
-                                answer_tokens=answer_tokens)
+            new = chat_id is None
+            chat_id = self.library.add_turn(
+                chat_id, question, result.answer, doc_ids=doc_ids, stats=stats,
+                model=rt.fingerprint, question_tokens=turn.tokens, answer_tokens=answer_tokens)
+            if new:
+                self.longdocs.adopt(chat_id)
+            result = replace(result, chat_id=chat_id)
             self._keep(rt, chat_id, context + turn.tokens + answer_tokens, kept)
             return result
 
     def regenerate(self, chat_id: int, **options) -> AskResult:
         """Drop the last answer (and its question) and ask the question again."""
         self.library.chat(chat_id)
-        with self.lock, self._turn(chat_id, options.get("progress"), options.get("cancel")):
+        with self.lock, waited(self.store.chat_turn, chat_id, cancel=options.get("cancel"),
+                                  progress=options.get("progress")):
             history = self.library.history(chat_id)
             users = [m for m in history if m.role == "user"]
             if not users:
@@ -419,19 +422,20 @@ class ChatSession:
                 self.store.delete_message(m.id)
             return self.ask(last_q.text, chat_id=chat_id, **options)
 
-    @contextlib.contextmanager
-    def _turn(self, chat_id: int, progress: ProgressFn | None,
-              cancel: threading.Event | None) -> Iterator[None]:
-        """The chat's turn, against another kvdesk process answering in it (said, if waited)."""
-        def waiting() -> None:
-            if progress is not None:
-                progress(Progress("wait", 0, 1))
+    def _context(self, rt: Runtime, chat_id: int | None, doc_ids: Sequence[int]
+                 ) -> tuple[list[Document], list[dict], list[int], list[str]]:
+        """A chat's documents, template messages, tokens and notes (`conversation`); a chat
+        not created yet (None) is its documents' prefix."""
+        if chat_id is None:
+            docs = self._documents(None, doc_ids)
+            layout = self.longdocs.layout(rt, None, docs) or self.prompter.layout(rt, docs)
+            return docs, list(layout.messages), list(layout.tokens), []
+        return self.library.chat_documents(chat_id), *self.conversation(rt, chat_id)
 
-        try:
-            with self.store.chat_turn(chat_id, cancel=cancel, on_wait=waiting):
-                yield
-        except TurnCancelled as e:
-            raise Cancelled(str(e)) from None
+    def _documents(self, chat_id: int | None, doc_ids: Sequence[int]) -> list[Document]:
+        if chat_id is None:
+            return [self.library.document(d) for d in doc_ids]
+        return self.library.chat_documents(chat_id)
 
     def _keep(self, rt: Runtime, chat_id: int, tokens: list[int], store: bool) -> None:
         """Store the chat's KV, when asked to and the context holds it exactly; a blended

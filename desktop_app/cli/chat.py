@@ -214,10 +214,10 @@ def reopen(app: App, chat_id, restore, no_server, as_json):
     say(rep.messages)
     out = {"chat_id": chat_id, "tokens": rep.tokens, "restore_s": round(rep.restore_s, 4),
            "chunk_levels": rep.chunk_levels, "recomputed_tokens": rep.recomputed_tokens,
-           "messages": rep.messages}
+           "recompute_s": round(rep.recompute_s, 4), "messages": rep.messages}
     emit(out, as_json, [f"restored {rep.tokens:,} tokens in {rep.restore_s * 1000:.0f} ms "
-                        f"({summary(rep.chunk_levels)}; "
-                        f"{rep.recomputed_tokens:,} recomputed)"])
+                        f"({summary(rep.chunk_levels)}; {rep.recomputed_tokens:,} recomputed"
+                        f" in {rep.recompute_s * 1000:.0f} ms)"])
 
 
 @cli.command()
@@ -234,7 +234,9 @@ def docs(app: App, as_json: bool):
            if d.passages else "")
         + f", {d.status}, {sum(d.cache_bytes.values()) / 1e6:.1f} MB cached"
         + (f", {d.damaged_chunks} damaged chunks (kvdesk verify --repair)"
-           if d.damaged_chunks else "") for d in rows])
+           if d.damaged_chunks else "")
+        + (" (its attach was stopped: attach the file again, or kvdesk gc removes it)"
+           if d.status == "unfinished" else "") for d in rows])
 
 
 @cli.command()

@@ -19,6 +19,7 @@ from .base import TerminalProgress, cli, emit, interruptible, json_option, level
 @click.pass_obj
 def info(app: App, as_json: bool):
     """Show the model, its KV layout, its cache fingerprint and the sampling in effect."""
+    app.reads_only = True
     info = app.info()
     facts = {k: v for k, v in info.items() if k not in ("sampling", "sampling_notes")}
     emit(info, as_json, [f"{k}: {v}" for k, v in facts.items()] + ["sampling:"] + [
@@ -33,6 +34,7 @@ def info(app: App, as_json: bool):
 def models(app: App, as_json: bool):
     """List the GGUF models on this machine (LM Studio, Ollama, GPT4All, Jan, the Hugging Face
     cache, the model_folders setting) and whether kvdesk supports them; --model takes a NAME."""
+    app.reads_only = True
     found = app.list_models()
     lines = [f"{'NAME':<40} {'SOURCE':<11} {'ARCH':<10} {'PARAMS':>7} {'QUANT':<8} "
              f"{'CONTEXT':>7} {'KV/TOKEN':>9}  STATUS"]

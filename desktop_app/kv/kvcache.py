@@ -114,7 +114,9 @@ class KVCache:
             finally:
                 chunks.close(raise_failure=False)
             chunks.close()  # raises the writer's failure, if any: the entry is aborted
-        return writer.entry_id
+        # Not writer.entry_id: an identical entry stored meanwhile (by another process) is
+        # adopted, and this one dropped.
+        return writer.entry.id
 
     def store_chat(self, rt: Runtime, chat_id: int, tokens: Sequence[int],
                    first_document: tuple[int, Sequence[int]] | None) -> None:

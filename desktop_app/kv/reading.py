@@ -209,8 +209,11 @@ class ChunkReader:
         try:
             while not self.stop.is_set():
                 while planned < len(self.spans) and len(window) < self.source.parallel:
+                    # What is stored counts: a forced level is read wherever it is, even
+                    # one the app does not store by default (lossless, stored by `attach
+                    # --levels`); "auto" chooses among the app's levels.
                     sizes = {lvl: n for lvl, n in self.source.sizes(self.spans[planned]).items()
-                             if lvl in self.levels}
+                             if lvl in self.levels or lvl == self.forced}
                     level = self.plan(planned, sizes)
                     future = None if level == TEXT else \
                         pool.submit(self.read, self.spans[planned], level)

@@ -84,23 +84,28 @@ class Client:
 
     def _stream(self, method: str, route: str, cancel: threading.Event,
                 **request: Any) -> Iterator[dict]:
-        with httpx.stream(method, self.url + route, headers=self.headers, timeout=TIMEOUT,
-                          trust_env=False, **request) as response:
-            if response.status_code != 200:
-                response.read()
-                _raise(response.status_code, _error(response.text))
-            for line in response.iter_lines():  # the server pings every second
-                if cancel.is_set():
-                    raise Cancelled("stopped")
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    return
-                event = json.loads(data)
-                if "error" in event:
-                    _raise(400, event["error"])
-                yield event
+        try:
+            with httpx.stream(method, self.url + route, headers=self.headers, timeout=TIMEOUT,
+                              trust_env=False, **request) as response:
+                if response.status_code != 200:
+                    response.read()
+                    _raise(response.status_code, _error(response.text))
+                for line in response.iter_lines():  # the server pings every second
+                    if cancel.is_set():
+                        raise Cancelled("stopped")
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        return
+                    event = json.loads(data)
+                    if "error" in event:
+                        _raise(400, event["error"])
+                    yield event
+        except httpx.TransportError as e:  # killed, or gone with its machine: said, no traceback
+            raise ServerError(f"the kvdesk server at {self.url} stopped before it answered in "
+                              f"full ({e}); ask again (--no-server works in this process)"
+                              ) from None
 
 
 def _given(options) -> dict:

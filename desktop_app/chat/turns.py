@@ -1,0 +1,35 @@
+"""Waiting for a turn another kvdesk process holds: a chat's, or a document's attach.
+
+The store's file locks (`store.locks`) serve one process at a time across a data directory.
+`waited(turn, key, ...)` holds one for the caller, says so through `progress` when it has to
+wait ("wait" 0 of 1), and turns a cancel while waiting into `Cancelled`, as every cancelled
+flow ends. It never holds a lock of its own and never decides what runs in the turn.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+
+from store.locks import TurnCancelled
+
+from ..errors import Cancelled
+from ..results import Progress
+
+
+@contextlib.contextmanager
+def waited(turn: Callable[..., contextlib.AbstractContextManager], key, *,
+           cancel: threading.Event | None, progress: Callable[[Progress], None] | None,
+           title: str = "") -> Iterator[None]:
+    """`turn(key, cancel=..., on_wait=...)` held for the caller (`Store.chat_turn`,
+    `Store.attach_turn`)."""
+    def waiting() -> None:
+        if progress is not None:
+            progress(Progress("wait", 0, 1, title))
+
+    try:
+        with turn(key, cancel=cancel, on_wait=waiting):
+            yield
+    except TurnCancelled as e:
+        raise Cancelled(str(e)) from None

@@ -1,0 +1,108 @@
+"""Smaller promises of the command line: read-only commands write nothing, the JSON's numbers
+agree with each other, and settings kvdesk does not know are named, not silently ignored."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+
+import pytest
+
+from desktop_app import settings
+
+
+def kvdesk(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "desktop_app", *args], capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def test_models_does_not_create_a_data_directory(tmp_path):
+    data = tmp_path / "nowhere"
+    json.loads(kvdesk("--data-dir", str(data), "models", "--json").stdout)
+    assert not data.exists()
+
+
+@pytest.mark.model
+def test_info_does_not_create_a_data_directory(tmp_path, model_path):
+    data = tmp_path / "nowhere"
+    info = json.loads(kvdesk("--data-dir", str(data), "info", "--json").stdout)
+    assert info["model"] == str(model_path.resolve()) and info["fingerprint"]
+    assert not data.exists()
+
+
+@pytest.mark.model
+def test_restore_s_counts_no_recomputing_and_blended_agrees(tmp_path):
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("The ferry leaves the harbour at seven. " * 30)
+    b.write_text("The museum opens at nine and closes at five. " * 30)
+    ids = [d["doc_id"] for d in json.loads(kvdesk("--n-ctx", "1024", "attach", str(a), str(b),
+                                                  "--json").stdout)]
+    asked = json.loads(kvdesk("--n-ctx", "1024", "ask", "--doc", str(ids[0]), "--doc",
+                              str(ids[1]), "When?", "--no-cache", "--max-tokens", "2",
+                              "--json").stdout)
+    assert set(asked["chunk_levels"]) == {"text"} and asked["bytes_read"] == 0
+    assert asked["restore_s"] < 0.05 < asked["recompute_s"]  # nothing was restored
+    assert asked["blended"]["mode"] == "exact"
+    assert asked["blended"]["recomputed_tokens"] == asked["recomputed_tokens"] > 0
+    assert asked["blended"]["reused_tokens"] == 0
+
+
+def test_unknown_settings_keys_and_variables_are_named(monkeypatch, caplog):
+    path = settings.config_dir() / "settings.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"version": 1, "n_ctxx": 2048, "theme": "dark"}))
+    monkeypatch.setenv("KVDESK_DATADIR", "/tmp/x")
+    monkeypatch.setenv("KVDESK_API_KEY", "secret")  # kvdesk's, not a setting: no warning
+    with caplog.at_level(logging.WARNING, logger="kvdesk.settings"):
+        loaded = settings.load()
+    assert loaded.theme == "dark" and loaded.n_ctx is None
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 2, warned
+    assert "unknown setting 'n_ctxx' ignored (did you mean 'n_ctx'?)" in warned[0]
+    assert "KVDESK_DATADIR" in warned[1] and "KVDESK_DATA_DIR" in warned[1]
+
+
+def test_a_command_warns_of_an_unknown_setting_on_stderr(tmp_path):
+    path = settings.config_dir() / "settings.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"version": 1, "storage_budget": 5}))
+    proc = kvdesk("docs", "--json")
+    assert json.loads(proc.stdout) == []  # stdout stays one JSON document
+    assert "unknown setting 'storage_budget' ignored" in proc.stderr
+
+
+@pytest.mark.model
+def test_a_stored_lossless_level_is_read_with_or_without_a_server(tmp_path):
+    """What is stored counts, not the keep_lossless setting (off here), on both paths."""
+    import time
+
+    from desktop_app.server import discovery
+
+    doc = tmp_path / "ferry.txt"
+    doc.write_text("The ferry to Grey Island leaves the harbour at seven. " * 12)
+    (attached,) = json.loads(kvdesk("--n-ctx", "1024", "attach", str(doc), "--levels",
+                                    "lossless,high", "--json").stdout)
+    ask = ("--n-ctx", "1024", "ask", str(attached["doc_id"]), "When?", "--level", "lossless",
+           "--max-tokens", "2", "--json")
+    local = json.loads(kvdesk(*ask, "--no-server").stdout)
+    server = subprocess.Popen([sys.executable, "-m", "desktop_app", "--n-ctx", "1024", "serve",
+                               "--port", "0"], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(600):
+            if discovery.live(tmp_path / "data") or server.poll() is not None:
+                break
+            time.sleep(0.1)
+        served = kvdesk(*ask)
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    assert "answered by the kvdesk server" in served.stderr
+    for answer in (local, json.loads(served.stdout)):
+        assert set(answer["chunk_levels"]) == {"lossless"}, answer
+        assert answer["recomputed_tokens"] == 0
+        assert not any("opt-in" in m for m in answer["messages"])
