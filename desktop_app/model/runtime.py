@@ -105,8 +105,7 @@ class Runtime:
         # The token count after the last evaluation, while the logits it left belong to the
         # sequence's last token (None once a reset, restore or truncation makes them stale).
         self._logits_at: int | None = None
-        self._formatter = chat_templates.formatter(self.llm)
-        self._template_lock = threading.Lock()
+        self.chat_template = chat_templates.ChatTemplate.of(self.llm, adds_bos=self.adds_bos)
         # What the model file recommends (general.sampling.*), and what in it is unusable.
         self.model_sampling, self.model_sampling_notes = sampling.from_model(self.llm.metadata)
 
@@ -143,10 +142,9 @@ class Runtime:
         return bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
 
     def render_chat(self, messages: Sequence[dict], *, add_generation_prompt: bool) -> str:
-        """The chat template applied to `messages` ({"role", "content"} dicts)."""
-        with self._template_lock:  # the formatter holds the flag: one rendering at a time
-            self._formatter.add_generation_prompt = add_generation_prompt
-            return self._formatter(messages=list(messages)).prompt
+        """The chat template applied to `messages` ({"role", "content"} dicts); ending with
+        system messages, up to where the next user turn's text begins."""
+        return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt)
 
     # -- evaluation ----------------------------------------------------------------------
 
@@ -270,7 +268,11 @@ class Runtime:
         return out
 
     def is_end_of_generation(self, token: int) -> bool:
-        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+        """The model's end-of-generation tokens, and what its chat template ends an answer
+        with (its line, for a base model asked in plain text)."""
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token)) or \
+            self.chat_template.ends_answer(self.llm._model.detokenize([token], special=False)
+                                           .decode("utf-8", errors="replace"))
 
     def generate(
         self,
