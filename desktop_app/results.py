@@ -19,7 +19,7 @@ class Record:
 class Progress(Record):
     """Work under way: phase is extract | prefill | encode | store | restore | recompute |
     pull | push (from and to the shared cache tier) | repair | wait (for another process's turn
-    in the same chat)."""
+    in the same chat) | exact (a blended chat's exact context)."""
 
     phase: str
     done: int

@@ -8,6 +8,10 @@ the chat context is busy, so the user's next question never waits for more than 
 can be cancelled (closing the engine) and stores nothing of a pass that does not finish; a
 chat or document deleted meanwhile makes the store refuse the entry, and that is all.
 
+A process about to exit (a one-shot `kvdesk ask`) would take the pass with it: it waits for
+the pass instead (`finish`), showing how far it got, and may stop waiting (Ctrl-C), which
+leaves the chat blended for its next turn.
+
 It never touches the chat context itself: it only tells the session when a chat became exact.
 """
 
@@ -24,6 +28,7 @@ from ..kv.contexts import ATTACH, Contexts
 from ..kv.kvcache import KVCache
 from ..model.prompts import Prompter
 from ..model.runtime import PREFILL_SLICE
+from ..results import Progress
 from .fairlock import FairLock
 from .library import Library
 
@@ -50,6 +55,8 @@ class Exactness:
         self.cancel = threading.Event()
         self._thread: threading.Thread | None = None
         self._queued: set[int] = set()
+        self._stored: set[int] = set()  # chats whose exact context a pass stored
+        self._progress: dict[int, tuple[int, int]] = {}  # chat id: (tokens done, of)
         self._guard = threading.Lock()
         self.idle = threading.Event()
         self.idle.set()
@@ -65,6 +72,22 @@ class Exactness:
                 self._thread = threading.Thread(target=self._run, name="kv-exact", daemon=True)
                 self._thread.start()
         self.pending.put(chat_id)
+
+    def finish(self, chat_id: int, *, progress: Callable[[Progress], None] | None = None,
+               cancel: threading.Event | None = None) -> bool:
+        """Wait for chat `chat_id`'s pass, queued or under way, reporting its progress; stop
+        waiting when `cancel` is set (the pass goes on). Whether its exact context is stored
+        (False: no pass was asked for, it failed, or the wait was cancelled)."""
+        while True:
+            with self._guard:
+                if chat_id not in self._queued:
+                    return chat_id in self._stored
+                done, total = self._progress.get(chat_id, (0, 0))
+            if cancel is not None and cancel.is_set():
+                return False
+            if progress is not None and total:
+                progress(Progress("exact", done, total))
+            time.sleep(0.1)
 
     def close(self) -> None:
         self.cancel.set()
@@ -83,6 +106,7 @@ class Exactness:
             finally:
                 with self._guard:
                     self._queued.discard(chat_id)
+                    self._progress.pop(chat_id, None)
                     if not self._queued:
                         self.idle.set()
 
@@ -98,9 +122,13 @@ class Exactness:
                             raise Cancelled("closing")
                         time.sleep(0.05)
                     rt.prefill(tokens[start:start + SLICE], cancel=self.cancel)
+                    with self._guard:
+                        self._progress[chat_id] = (min(start + SLICE, len(tokens)), len(tokens))
                 docs = self.library.chat_documents(chat_id)
                 first = (docs[0].id, self.prompter.prefix(rt, docs[0]).tokens) if docs else None
                 self.kv.store_chat(rt, chat_id, tokens, first)
             finally:
                 rt.reset()
+        with self._guard:
+            self._stored.add(chat_id)
         self.on_exact(chat_id)

@@ -243,7 +243,7 @@ class ChatSession:
         self._blended_at = blend.exact_until
         notes.append(f"{len(docs)} documents blended from their own caches ({blend.reused_tokens:,}"
                      f" tokens reused, {blend.recomputed_tokens:,} computed in place): the "
-                     "answer is approximate; the exact context is computed in the background")
+                     "answer is approximate; the exact context is computed after it and kept")
         return replace(report, tokens=len(tokens),
                        recomputed_tokens=report.recomputed_tokens + len(rest),
                        messages=[*notes, *report.messages], blended=blend.as_dict())

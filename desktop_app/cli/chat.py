@@ -176,8 +176,9 @@ def ask(app: App, args, chat_id, docs, restore, generation, no_server, as_json):
         say(report.messages)
         said.extend(report.messages)
 
+    client = server_client(app, no_server)
     with interruptible() as cancel:
-        res = (server_client(app, no_server) or app.engine).ask(
+        res = (client or app.engine).ask(
             question, chat_id=chat_id, doc_ids=doc_ids, restore=restore,
             generation=generation, on_token=on_token, on_restore=on_restore, progress=bar,
             cancel=cancel)
@@ -190,6 +191,32 @@ def ask(app: App, args, chat_id, docs, restore, generation, no_server, as_json):
         click.echo(f"[chat {res.chat_id}] first token after {res.ttft_s * 1000:.0f} ms "
                    f"(restore {res.restore_s * 1000:.0f} ms, {summary(res.chunk_levels)})",
                    err=True)
+    if client is None:
+        finish_exact(app, res.chat_id, res.blended)
+
+
+def finish_exact(app: App, chat_id: int, blended: dict | None) -> None:
+    """A blended chat's exact context, computed before this process exits (which would end
+    the engine's background pass, storing nothing), with progress; Ctrl-C skips it. A server
+    or the window computes it in the background instead: they keep running."""
+    if not blended or blended.get("mode") != "blended":
+        return
+    bar = TerminalProgress()
+    with interruptible() as cancel:  # before it is said: a Ctrl-C then only skips the pass
+        click.echo("Computing this chat's exact context, so that its next turns and reopens "
+                   "are exact (Ctrl-C skips it)...", err=True)
+        stored = app.engine.exactness.finish(chat_id, progress=bar, cancel=cancel)
+    bar.done()
+    if not stored:
+        # Stopped now, nothing of it stored; and said only then: a context still loading
+        # for the pass silences this process's stderr meanwhile (llama.cpp's loader).
+        app.engine.exactness.close()
+    say(["the exact context is stored: the next turns and reopens of this chat are exact"]
+        if stored else
+        ["skipped: the chat stays blended, and its next turn offers this again"]
+        if cancel.is_set() else
+        ["the exact context could not be computed (the log says why): the chat stays "
+         "blended"])
 
 
 @cli.command()
@@ -201,9 +228,10 @@ def ask(app: App, args, chat_id, docs, restore, generation, no_server, as_json):
 def reopen(app: App, chat_id, restore, no_server, as_json):
     """Restore a chat's context into the model and report how."""
     bar = TerminalProgress()
+    client = server_client(app, no_server)
     with interruptible() as cancel:
-        rep = (server_client(app, no_server) or app.engine).reopen(
-            chat_id, restore=restore, progress=bar, cancel=cancel)
+        rep = (client or app.engine).reopen(chat_id, restore=restore, progress=bar,
+                                            cancel=cancel)
     bar.done()
     say(rep.messages)
     out = {"chat_id": chat_id, "tokens": rep.tokens, "restore_s": round(rep.restore_s, 4),
@@ -212,6 +240,8 @@ def reopen(app: App, chat_id, restore, no_server, as_json):
     emit(out, as_json, [f"restored {rep.tokens:,} tokens in {rep.restore_s * 1000:.0f} ms "
                         f"({summary(rep.chunk_levels)}; "
                         f"{rep.recomputed_tokens:,} recomputed)"])
+    if client is None:
+        finish_exact(app, chat_id, rep.blended)
 
 
 @cli.command()
