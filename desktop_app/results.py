@@ -78,6 +78,9 @@ class RestoreReport(Record):
     # A chat over several documents: {"reused_tokens", "recomputed_tokens", "mode"}, mode
     # "blended" (the documents' own caches moved into place: approximate) or "exact".
     blended: dict | None = None
+    # Under "auto": chunks read below their best stored level, to fit the time budget at the
+    # speeds measured then (another run may read them otherwise).
+    adapted_chunks: int = 0
 
 
 def levels_summary(chunk_levels: list[str]) -> str:

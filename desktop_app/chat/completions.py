@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from ..errors import EngineError
+from ..kv.streaming import adaptation_note
 from ..model.prompts import Turn, closing
 from ..options import GenerationOptions, RestoreOptions
 from ..results import Completion, RestoreReport
@@ -121,7 +122,8 @@ class Completions:
             kept, notes = s.sharing.keep()
             result = Completion(text, finish, len(prompt), len(generated),
                                 round(ttft if ttft is not None else time.perf_counter() - t0, 4),
-                                report, cached, False, [*report.messages, *notes, *out.notes])
+                                report, cached, False, [*report.messages, *notes, *out.notes,
+                                                        *adaptation_note(report, sampling)])
             if on_answered:
                 on_answered(result)
             stored = kept and self._store(rt, turn, text)
