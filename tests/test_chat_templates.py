@@ -95,6 +95,14 @@ def test_chatml_is_llama_cpps():
     assert ours == llama_cpp_renders("chatml", CONVERSATION, True)
 
 
+def test_llama3s_own_template_is_llama_cpps_without_the_bos_the_tokenizer_adds():
+    from llama_cpp.llama_chat_format import LLAMA3_INSTRUCT_CHAT_TEMPLATE
+
+    ours = kvdesk(LLAMA3_INSTRUCT_CHAT_TEMPLATE, bos="<|begin_of_text|>").render(
+        CONVERSATION, add_generation_prompt=True)
+    assert ours == llama_cpp_renders("llama3", CONVERSATION, True)
+
+
 def test_a_template_that_writes_bos_is_rendered_without_it_when_the_tokenizer_adds_it():
     template = "{{ bos_token }}" + ct.CHATML_TEMPLATE
     assert not kvdesk(template, bos="<s>").render(CONVERSATION[:2], add_generation_prompt=True
