@@ -8,11 +8,11 @@ it echoes the question, so it is asked in plain text ("Question: ... / Answer:")
 continues with the answer, ended with its line (`ChatTemplate.ends_answer`: past it, such a
 model makes up the next question).
 
-A Gemma template, the model's own or not, is rendered as llama.cpp's own chat formatting renders it
-(`llama_chat_apply_template` recognizes it by its `<start_of_turn>` and applies its built-in
-format): Gemma has no system role, so the system prompt opens the first user turn. The
-model's own Jinja template would drop a system prompt with no user turn after it, the one
-message a document's prefix is, and refuses two system messages in a row.
+A Gemma template, the model's own or not, is rendered as llama.cpp's own chat formatting
+renders it (`llama_chat_apply_template` recognizes it by its `<start_of_turn>` and applies
+its built-in format): Gemma has no system role, so the system prompt opens the first user
+turn. The model's own Jinja template would drop a system prompt with no user turn after it,
+the one message a document's prefix is, and refuses two system messages in a row.
 
 kvdesk needs templates that only ever append (a chat's next turn extends the tokens of the
 last one), so a conversation that ends with system messages renders up to where the next
