@@ -1,6 +1,7 @@
-"""The local API at its edges, on a real server over the default model: bodies over the limit
-however they arrive, uploads with hostile names, paths outside the allowed folders, malformed
-JSON, the health route; and `kvdesk serve` stopped by SIGTERM with a stream in flight."""
+"""The local API at its limits and its stop, on a real server over the default model:
+bodies over the limit however they arrive, uploads with hostile names, paths outside the
+allowed folders, malformed JSON, the health route; and `kvdesk serve` stopped by SIGTERM
+with a stream in flight."""
 
 from __future__ import annotations
 
