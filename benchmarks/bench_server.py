@@ -49,7 +49,9 @@ class Served:
         # Its own settings: no background calibration competing with the requests timed.
         config = data.parent / "config"
         config.mkdir(exist_ok=True)
-        (config / "settings.json").write_text('{"calibrate_automatically": false}')
+        # Nor a second listener on Ollama's port, which a real Ollama may hold.
+        (config / "settings.json").write_text('{"calibrate_automatically": false, '
+                                              '"ollama_port": null}')
         env = {**os.environ, "KVDESK_DATA_DIR": str(data), "KVDESK_CONFIG_DIR": str(config)}
         self.proc = subprocess.Popen([sys.executable, "-m", "desktop_app", "serve", "--port",
                                       str(port)], env=env, stderr=subprocess.PIPE, text=True)

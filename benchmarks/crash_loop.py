@@ -54,9 +54,13 @@ def check(data: Path) -> list[str]:
     """What is wrong with the data directory now (nothing: an empty list)."""
     problems = []
     with Store(data) as store:  # the store's own view, in this process: quick
-        corrupt = store.verify()["corrupt"]
-        if corrupt:
-            problems.append(f"verify found damaged chunks: {corrupt}")
+        report = store.verify()
+        for kind in ("corrupt", "missing"):
+            if report[kind]:
+                problems.append(f"verify found {kind} chunks: {report[kind]}")
+        unusable = [c for c in report["calibrations"] if c["state"] != "ok"]
+        if unusable:
+            problems.append(f"verify found unusable calibrations: {unusable}")
         for chat_id, n in store.message_counts().items():
             roles = [m.role for m in store.messages(chat_id)]
             if n % 2 or roles != ["user", "assistant"] * (n // 2):

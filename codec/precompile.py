@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -101,10 +102,14 @@ def run(shape: tuple[int, int, int] = SMALL_SHAPE, level_names: Sequence[str] | 
 
 
 def run_steps(todo: list[Step],
-              progress: Callable[[int, int, str], None] | None = None) -> dict[str, float]:
-    """`run`, on steps made by `steps()`."""
+              progress: Callable[[int, int, str], None] | None = None,
+              cancel: threading.Event | None = None) -> dict[str, float]:
+    """`run`, on steps made by `steps()`; when `cancel` is set, stop before the next step (the
+    seconds of those done are returned: each compiled kernel is cached as it is done)."""
     took: dict[str, float] = {}
     for i, step in enumerate(todo):
+        if cancel is not None and cancel.is_set():
+            return took
         if progress:
             progress(i, len(todo), step.name)
         t0 = time.perf_counter()

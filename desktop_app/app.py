@@ -103,7 +103,10 @@ class App:
         from store import Store
 
         store = Store(self.data_dir)
-        store.budget_bytes = int(self.settings.storage_budget_gb * 1e9)
+        budget = int(self.settings.storage_budget_gb * 1e9)
+        # Kept in the store for every process's gc; a read-only one changes nothing anyway.
+        if not store.read_only and store.budget_bytes != budget:
+            store.budget_bytes = budget
         return store
 
     @cached_property

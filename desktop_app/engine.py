@@ -31,7 +31,7 @@ from store import DEFAULT_CHUNK_SIZE, RemoteTier, Store
 from .calibration import calibrate
 from .calibration.calibrations import Calibrations, summary
 from .chat.attaching import Attacher
-from .chat.completions import Completions
+from .chat.completions import Completions, RawPrompt
 from .chat.exactness import Exactness
 from .chat.library import Library
 from .chat.sessions import ChatSession
@@ -246,18 +246,20 @@ class Engine:
         it comes from (`kvdesk info` shows it)."""
         return self.session.sampling(generation)
 
-    def complete(self, messages: Sequence[dict], **options) -> Completion:
-        """Answer a client's whole conversation with the persistent prompt cache (the local
-        API's chat completions): see `completions.Completions.complete`."""
+    def complete(self, messages: Sequence[dict] | RawPrompt, **options) -> Completion:
+        """Answer a client's whole conversation (or continue a prompt given as it is) with the
+        persistent prompt cache (the local API's completions): see
+        `completions.Completions.complete`."""
         return self.completions.complete(messages, **options)
 
     def repair(self, *, progress: ProgressFn | None = None,
                cancel: threading.Event | None = None) -> dict:
         """Recompute (or drop, for another model's) every chunk quarantined after a failed
-        check: `kvdesk verify --repair`."""
+        check or missing, and encode again the entries whose calibration is unusable:
+        `kvdesk verify --repair` (kv.repair)."""
         with self.attacher.lock:
             return repair.repair(self.store, self.contexts, self.calibrations,
-                                 progress=progress, cancel=cancel)
+                                 sharing=self.sharing, progress=progress, cancel=cancel)
 
     # -- for benchmarks and tests: what a chat about these documents starts with --------------
 

@@ -116,7 +116,9 @@ class DocumentInfo(Record):
     cache_bytes: dict[str, int]  # per level, under the current model
     status: str  # ready | stale (cached only under another model) | none
     created: float
-    damaged_chunks: int = 0  # chunks set aside after a failed check (kvdesk verify --repair)
+    # Chunks that cannot be read: set aside after a failed check, missing, or needing a codec
+    # calibration that is missing or damaged (kvdesk verify --repair)
+    damaged_chunks: int = 0
 
 
 @dataclass(frozen=True)

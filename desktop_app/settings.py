@@ -92,6 +92,12 @@ class Settings(pydantic.BaseModel):
     server_port: int = Field(8765, ge=0, le=65535)  # 0: any free port
     server_attach_folders: tuple[str, ...] = ()
     prompt_cache_min_tokens: int = Field(1024, ge=0, le=1 << 20)
+    # Ollama's API is served under /api on the server's port and, where Ollama's own clients
+    # look by default, on this port too when it is free (no Ollama running); None: not.
+    ollama_port: int | None = Field(11434, ge=0, le=65535)
+    # Web pages allowed to call the local API from a browser (origins, such as
+    # "http://localhost:3000"); none by default. "*" (any page) is refused with an API key.
+    cors_origins: tuple[str, ...] = ()
     blend_recompute: float = Field(DEFAULT_BLEND_FRACTION, ge=0, le=1)
     # The window calibrates the codec for a model that has no calibration yet (minutes, in the
     # background, once per model per session; `kvdesk calibrate` does it by hand), so that
@@ -139,6 +145,17 @@ class Settings(pydantic.BaseModel):
         if not all(_PREFIX_PART.match(p) and p not in (".", "..") for p in parts):
             raise ValueError(f"{value!r} is not a usable prefix (letters, digits, '.', '_', "
                              "'-', separated by '/')")
+        return value
+
+    @pydantic.field_validator("cors_origins")
+    @classmethod
+    def _origins(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for origin in value:
+            url = urlsplit(origin)
+            if origin != "*" and (url.scheme not in ("http", "https") or not url.hostname
+                                  or url.path or url.query or url.fragment or url.username):
+                raise ValueError(f"{origin!r} is not an origin (scheme://host[:port], such "
+                                 "as http://localhost:3000, with no path), nor \"*\"")
         return value
 
     def with_overrides(self, **overrides: Any) -> Settings:

@@ -12,48 +12,66 @@ page cache, CRC-32 checked):
                            files 230-240 MB/s (temp file, fsync, rename, directory fsync)
     space overhead         0.34% of chunk bytes (4 KiB pages, all metadata included)
 
-Reads, the hot path, are on par with files and well above the 1 GB/s target; the CRC (1.7-2 GB/s)
-costs more than SQLite does. Writes are slower but a prefill of 4,096 tokens takes far longer
-than the ~1 s it costs to store it.
+Reads, the hot path, are on par with files and well above the 1 GB/s target. Writes are slower
+but a prefill of 4,096 tokens takes far longer than the ~1 s it costs to store it.
 
 Writes are atomic for free: a chunk row commits or does not, and an entry becomes visible only
 when the transaction marking it complete commits (store.kv). Files would need temp+fsync+rename,
 a directory fsync, and orphan sweeps that race with writers in other processes.
 
-Every chunk row records the SHA-256 of its bytes at write, checked on every read (~1.4 GB/s
-here, in the reader thread while the previous chunk decodes): it catches rot and torn writes, and
-also a valid chunk of another entry or level put in this one's place, which the codec's own CRC
-trailer cannot (rows from before schema m003 carry a CRC-32 only). A chunk that fails is
-quarantined: never read again, and listed by `verify` until repaired or dropped. This module must
-never return bytes that failed their check, and never read more than the one chunk asked for.
+Every chunk row records, at write, a seal: the SHA-256 of its place (its entry's prefix hash, its
+chunk index, its level) and of the SHA-256 of its bytes, checked on every read (~1.4 GB/s here,
+in the reader thread while the previous chunk decodes). It catches rot and torn writes, and also
+a valid chunk of another entry, chunk or level put in this one's place, hashes and all, which a
+hash of the bytes alone, or the codec's own CRC trailer, cannot. (The `checksum` column, a CRC-32
+of bytes that end with their own CRC, was the same number for every codec blob: nothing reads it
+since m006, and new rows hold 0.) A chunk that fails is quarantined: never read again, and listed
+by `verify` until repaired or dropped. This module must never return bytes that failed their
+check, and never read more than the one chunk asked for.
 """
 
 from __future__ import annotations
 
 import hashlib
 import sqlite3
-import zlib
+import struct
 
 from .errors import CorruptChunkError, NotFoundError
 
-
-def checksum(data: bytes | memoryview) -> int:
-    return zlib.crc32(data)
+# Version 1 of the seal; a new one would need a migration sealing every row again.
+_SEAL_TAG = b"kvdesk chunk seal 1\0"
+# What a chunk's check needs, as `_sound` takes it: the row's size and seal, and its place.
+_CHECKED = "c.nbytes, c.sha256, e.prefix_hash, c.chunk_index, c.level"
 
 
 def digest(data: bytes | memoryview) -> bytes:
     return hashlib.sha256(data).digest()
 
 
+def seal_digest(prefix_hash: bytes, chunk_index: int, level: str, content: bytes) -> bytes:
+    """The seal of a chunk whose bytes hash to `content` (their SHA-256), at its place.
+
+    Sealing the bytes' hash rather than the bytes lets migration m006 seal rows that already
+    had a hash without reading them; each field is length-prefixed, so no two places collide.
+    """
+    name = level.encode()
+    return hashlib.sha256(b"".join((
+        _SEAL_TAG, struct.pack("<H", len(prefix_hash)), prefix_hash,
+        struct.pack("<IH", chunk_index, len(name)), name, content))).digest()
+
+
 def put(conn: sqlite3.Connection, entry_id: int, chunk_index: int, level: str, data) -> None:
     """Store (or replace, clearing any quarantine) one chunk; call inside a write transaction."""
+    row = conn.execute("SELECT prefix_hash FROM kv_entries WHERE id = ?", (entry_id,)).fetchone()
+    if row is None:
+        raise NotFoundError(f"no KV entry {entry_id}")
     conn.execute(
         "INSERT INTO kv_chunks (entry_id, chunk_index, level, nbytes, checksum, sha256, data)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?)"
+        " VALUES (?, ?, ?, ?, 0, ?, ?)"
         " ON CONFLICT (entry_id, chunk_index, level) DO UPDATE SET nbytes = excluded.nbytes,"
-        " checksum = excluded.checksum, sha256 = excluded.sha256, data = excluded.data,"
-        " quarantined = 0",
-        (entry_id, chunk_index, level, len(data), checksum(data), digest(data), data),
+        " checksum = 0, sha256 = excluded.sha256, data = excluded.data, quarantined = 0",
+        (entry_id, chunk_index, level, len(data),
+         seal_digest(row[0], chunk_index, level, digest(data)), data),
     )
 
 
@@ -64,18 +82,17 @@ def read(conn: sqlite3.Connection, entry_id: int, chunk_index: int, level: str) 
     whose bytes fail their check (the caller quarantines it).
     """
     row = conn.execute(
-        "SELECT c.id, c.nbytes, c.checksum, c.sha256, c.quarantined FROM kv_chunks c"
+        f"SELECT c.id, c.quarantined, {_CHECKED} FROM kv_chunks c"
         " JOIN kv_entries e ON e.id = c.entry_id"
         " WHERE c.entry_id = ? AND c.chunk_index = ? AND c.level = ? AND e.complete",
         (entry_id, chunk_index, level),
     ).fetchone()
-    if row is None or row[4]:
+    if row is None or row[1]:
         why = "quarantined after a failed check" if row else "not stored"
         raise NotFoundError(f"chunk {chunk_index} at level {level!r} of KV entry {entry_id}: "
                             f"{why}")
-    rowid, nbytes, crc, sha, _ = row
-    data = _load(conn, rowid)
-    if not _sound(data, nbytes, crc, sha):
+    data = _load(conn, row[0])
+    if not _sound(data, *row[2:]):
         raise CorruptChunkError(entry_id, chunk_index, level)
     return data
 
@@ -90,16 +107,13 @@ def chunk_rows(conn: sqlite3.Connection) -> list[tuple[int, int, int, str, int, 
     ).fetchall()
 
 
-def check(conn: sqlite3.Connection, rowid: int) -> tuple[bool, bytes | None] | None:
-    """(whether a chunk row's bytes pass their check, their SHA-256 when the row has none yet
-    and they pass); None if the row is gone."""
-    row = conn.execute("SELECT nbytes, checksum, sha256 FROM kv_chunks WHERE id = ?",
-                       (rowid,)).fetchone()
+def check(conn: sqlite3.Connection, rowid: int) -> bool | None:
+    """Whether a chunk row's bytes pass their check at its place; None if the row is gone."""
+    row = conn.execute(f"SELECT {_CHECKED} FROM kv_chunks c JOIN kv_entries e"
+                       " ON e.id = c.entry_id WHERE c.id = ?", (rowid,)).fetchone()
     if row is None:
         return None
-    data = _load(conn, rowid)
-    sound = _sound(data, *row)
-    return sound, (digest(data) if sound and row[2] is None else None)
+    return _sound(_load(conn, rowid), *row)
 
 
 def quarantine(conn: sqlite3.Connection, entry_id: int, chunk_index: int, level: str) -> None:
@@ -107,10 +121,12 @@ def quarantine(conn: sqlite3.Connection, entry_id: int, chunk_index: int, level:
                  " AND level = ?", (entry_id, chunk_index, level))
 
 
-def _sound(data: bytes, nbytes: int, crc: int, sha: bytes | None) -> bool:
-    if len(data) != nbytes:
-        return False
-    return digest(data) == sha if sha is not None else checksum(data) == crc
+def _sound(data: bytes, nbytes: int, seal: bytes | None, prefix_hash: bytes, chunk_index: int,
+           level: str) -> bool:
+    # No seal at all: a row written behind the store's back (m006 sealed or quarantined
+    # every row before it).
+    return len(data) == nbytes and seal is not None and \
+        seal == seal_digest(prefix_hash, chunk_index, level, digest(data))
 
 
 def _load(conn: sqlite3.Connection, rowid: int) -> bytes:

@@ -24,9 +24,11 @@ def digest(data: bytes | memoryview) -> str:
 
 
 def put(conn: sqlite3.Connection, model: str, data: bytes, meta: dict, now: float) -> str:
-    """Store a calibration (a no-op if stored already); returns its id."""
+    """Store a calibration (a no-op if stored already, except that the bytes of a damaged copy
+    are replaced: they are named by their hash, so nothing else can take their place)."""
     cal_id = digest(data)
-    conn.execute("INSERT OR IGNORE INTO calibrations VALUES (?, ?, ?, ?, ?)",
+    conn.execute("INSERT INTO calibrations VALUES (?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE"
+                 " SET data = excluded.data WHERE data IS NOT excluded.data",
                  (cal_id, model, bytes(data), json.dumps(meta), now))
     return cal_id
 
@@ -38,6 +40,12 @@ def read(conn: sqlite3.Connection, cal_id: str) -> bytes:
     if digest(row[0]) != cal_id:
         raise StoreError(f"stored codec calibration {cal_id[:12]} is corrupt (SHA-256 mismatch)")
     return row[0]
+
+
+def intact(conn: sqlite3.Connection, cal_id: str) -> bool:
+    """Whether a calibration is stored and its bytes still hash to its id."""
+    row = conn.execute("SELECT data FROM calibrations WHERE id = ?", (cal_id,)).fetchone()
+    return row is not None and digest(row[0]) == cal_id
 
 
 def records(conn: sqlite3.Connection, model: str | None = None) -> list[CalibrationRecord]:

@@ -35,12 +35,23 @@ def open_connection(path: Path, *, read_only: bool = False) -> sqlite3.Connectio
     """A connection in autocommit mode (transactions are explicit) with the store's pragmas.
 
     read_only: for a data directory nobody can write to (a read-only mount, another user's
-    files): the database is opened immutable, since WAL readers otherwise need to create the
-    shared-memory file beside it, and nothing can change it while this process reads.
+    files); nothing is written, not even a journal or SQLite's shared-memory file. A database
+    whose write-ahead log holds commits (a copy taken while kvdesk ran, another user's store in
+    use) is read through the log and its shared-memory file, which must then exist (mode=ro);
+    any other is opened immutable, as SQLite otherwise creates the shared-memory file beside it.
     """
     if read_only:
-        conn = sqlite3.connect(f"{path.resolve().as_uri()}?immutable=1", uri=True,
-                               isolation_level=None, check_same_thread=False)
+        wal = path.with_name(path.name + "-wal")
+        in_log = wal.exists() and wal.stat().st_size > 0
+        if in_log and not path.with_name(path.name + "-shm").exists():
+            raise DataDirError(
+                f"the data directory {path.parent} is read-only and its store has changes "
+                f"still in {wal.name} that cannot be read without writing beside it: open "
+                "it once where it can be written")
+        mode = "mode=ro" if in_log else "immutable=1"
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?{mode}", uri=True,
+                               isolation_level=None, check_same_thread=False,
+                               timeout=BUSY_TIMEOUT_MS / 1000)
         conn.execute("PRAGMA foreign_keys = ON")
         conn.execute(f"PRAGMA mmap_size = {MMAP_SIZE}")
         return conn

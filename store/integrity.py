@@ -1,30 +1,48 @@
-"""Integrity: checking every stored chunk, quarantining what fails, dropping what cannot be
-repaired.
+"""Integrity: checking every stored chunk, quarantining what fails, finding what is missing,
+dropping what cannot be repaired.
 
 A chunk that fails its check on a read or in `verify` is quarantined: it stays in the database
 (counted, reported) but is never read again, so a restore reads that chunk at another stored
-level, or recomputes it. `verify` also gives rows written before per-chunk hashes existed their
-SHA-256 once their CRC passes. Repairing a chunk is re-encoding it (`Store.repair_chunk`, which
-needs the model: the engine does it); a chunk nothing can repair is dropped, and an entry left
-with a chunk at no level at all is deleted with every entry extending it.
+level, or recomputes it. A complete entry holds every chunk at every level it lists, and can be
+decoded only with the codec calibration it names: `verify` also reports the chunks whose rows
+are gone and the calibrations that are missing or fail their hash, and `damaged` counts all of
+these as chunks that cannot be read. Repairing is re-encoding (`Store.repair_chunk`, which needs
+the model: the engine does it); what nothing can repair is dropped a level at a time, so an
+entry keeps every chunk at each level it still lists, and one left with no level is deleted with
+every entry extending it.
 
 This module decides nothing about the engine's fallbacks; it only keeps the store honest.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 
-from . import blobs
+from . import blobs, calibrations
 from .db import Connections
-from .kv import subtree
+from .kv import get_entry, prefix_tokens, subtree
+from .tokens import chunk_spans, prefix_hashes
+
+Chunk = tuple[int, int, str]  # (entry, chunk index, level)
+
+# Every (chunk, level) a complete entry lists but holds no row for.
+_MISSING = (
+    "SELECT s.entry_id, s.chunk_index, l.value FROM kv_entries e"
+    " JOIN kv_spans s ON s.entry_id = e.id JOIN json_each(e.levels) l"
+    " WHERE e.complete {where} AND NOT EXISTS (SELECT 1 FROM kv_chunks c"
+    " WHERE c.entry_id = s.entry_id AND c.chunk_index = s.chunk_index AND c.level = l.value)"
+    " ORDER BY s.entry_id, s.chunk_index, l.value"
+)
 
 
 def verify(db: Connections) -> dict:
     """Check every chunk of every complete entry; quarantine what fails (unless read-only).
 
-    Returns {"entries", "chunks", "bytes", "corrupt": [{"entry", "chunk", "level", "new"}]}:
-    every quarantined chunk, `new` for those this scan found.
+    Returns {"entries", "chunks", "bytes", "corrupt": [{"entry", "chunk", "level", "new"}],
+    "missing": [{"entry", "chunk", "level"}], "calibrations": [...]}: every quarantined
+    chunk (`new` for those this scan found), every chunk whose row (or span row) is gone, and
+    the state of every codec calibration stored or named (`calibration_states`).
     """
     with db.read() as rdb:
         rows = blobs.chunk_rows(rdb.conn)
@@ -39,19 +57,75 @@ def verify(db: Connections) -> dict:
             continue
         # One short read transaction per chunk: a scan of many GB must not pin the WAL.
         with db.read() as rdb:
-            checked = blobs.check(rdb.conn, rowid)
-        if checked is None:  # evicted meanwhile
+            sound = blobs.check(rdb.conn, rowid)
+        if sound is None:  # evicted meanwhile
             continue
         n_chunks += 1
         n_bytes += nbytes
-        sound, sha = checked
         if not sound:
             corrupt.append({**where, "new": True})
             quarantine(db, entry_id, chunk_index, level)
-        elif sha is not None and not db.read_only:
-            with db.write() as wdb:
-                wdb.conn.execute("UPDATE kv_chunks SET sha256 = ? WHERE id = ?", (sha, rowid))
-    return {"entries": n_entries, "chunks": n_chunks, "bytes": n_bytes, "corrupt": corrupt}
+    return {"entries": n_entries, "chunks": n_chunks, "bytes": n_bytes, "corrupt": corrupt,
+            "missing": [{"entry": e, "chunk": c, "level": lvl} for e, c, lvl in missing(db)],
+            "calibrations": calibration_states(db)}
+
+
+def missing(db: Connections, entry_ids: Iterable[int] | None = None) -> list[Chunk]:
+    """(entry, chunk, level) of every chunk a complete entry lists but no longer holds, its
+    row or its span's row gone (of `entry_ids` only, if given)."""
+    ids = None if entry_ids is None else list(entry_ids)
+    if ids == []:
+        return []
+    where, args = ("", []) if ids is None else (f"AND e.id IN ({','.join('?' * len(ids))})", ids)
+    with db.read() as rdb:
+        found = set(rdb.execute(_MISSING.format(where=where), args).fetchall())
+        for entry_id, start, end, size, levels, present in rdb.execute(
+                "SELECT id, token_start, token_end, chunk_size, levels, (SELECT"
+                " json_group_array(chunk_index) FROM kv_spans WHERE entry_id = e.id AND NOT"
+                f" window_part) FROM kv_entries e WHERE complete {where}", args):
+            lost = set(range(len(chunk_spans(start, end, size)))) - set(json.loads(present))
+            found |= {(entry_id, i, level) for i in lost for level in json.loads(levels)}
+    return sorted(found)
+
+
+def restore_spans(db: Connections, entry_id: int) -> list[int]:
+    """Put back the span rows of an entry's own chunks that are gone (each chunk's tokens and
+    prefix hash follow from the entry's); returns their chunk indexes."""
+    with db.write() as wdb:
+        entry = get_entry(wdb.conn, entry_id)
+        present = {i for (i,) in wdb.conn.execute(
+            "SELECT chunk_index FROM kv_spans WHERE entry_id = ?", (entry_id,))}
+        spans = chunk_spans(entry.token_start, entry.token_end, entry.chunk_size)
+        lost = [i for i in range(len(spans)) if i not in present]
+        if lost:
+            hashes = prefix_hashes(entry.model, prefix_tokens(wdb.conn, entry_id),
+                                   [spans[i][1] for i in lost])
+            wdb.conn.executemany(
+                "INSERT INTO kv_spans (entry_id, chunk_index, token_start, token_end,"
+                " prefix_hash, window_part) VALUES (?, ?, ?, ?, ?, 0)",
+                [(entry_id, i, *spans[i], h) for i, h in zip(lost, hashes, strict=True)])
+    return lost
+
+
+def calibration_states(db: Connections) -> list[dict]:
+    """[{"id", "model", "state", "entries"}] for every codec calibration stored or named by a
+    complete entry: state "ok", "damaged" (its bytes fail their hash) or "missing" (named, not
+    stored); `entries`: how many complete entries need it. `model` is None for a missing one."""
+    with db.read() as rdb:
+        needed = dict(rdb.execute(
+            "SELECT calibration, count(*) FROM kv_entries WHERE complete AND calibration"
+            " IS NOT NULL GROUP BY calibration").fetchall())
+        stored = {r.id: r.model for r in calibrations.records(rdb.conn)}
+        sound = {cal_id: calibrations.intact(rdb.conn, cal_id) for cal_id in stored}
+    return [{"id": cal_id, "model": stored.get(cal_id),
+             "state": "missing" if cal_id not in stored else "ok" if sound[cal_id] else
+             "damaged", "entries": needed.get(cal_id, 0)}
+            for cal_id in sorted(set(stored) | set(needed))]
+
+
+def unusable_calibrations(db: Connections) -> set[str]:
+    """Ids of the calibrations complete entries name that are missing or damaged."""
+    return {c["id"] for c in calibration_states(db) if c["state"] != "ok" and c["entries"]}
 
 
 def quarantine(db: Connections, entry_id: int, chunk_index: int, level: str) -> None:
@@ -60,33 +134,55 @@ def quarantine(db: Connections, entry_id: int, chunk_index: int, level: str) -> 
             blobs.quarantine(wdb.conn, entry_id, chunk_index, level)
 
 
-def quarantined(db: Connections) -> list[tuple[int, int, str]]:
+def quarantined(db: Connections) -> list[Chunk]:
     """(entry, chunk, level) of every quarantined chunk of a complete entry."""
     with db.read() as rdb:
         return [(e, c, lvl) for _, e, c, lvl, _, q in blobs.chunk_rows(rdb.conn) if q]
 
 
 def damaged(db: Connections, entry_ids: Iterable[int]) -> dict[int, int]:
-    """{entry id: quarantined chunks} for those of `entry_ids` that have any."""
+    """{entry id: chunks that cannot be read} for those of `entry_ids` that have any: the
+    quarantined and the missing ones, and every chunk of an entry whose calibration is
+    unusable (each chunk counted once per level)."""
     ids = list(entry_ids)
     if not ids:
         return {}
+    marks = ",".join("?" * len(ids))
+    unusable = unusable_calibrations(db)
+    out: dict[int, int] = {}
+    whole: dict[int, int] = {}  # an unusable calibration: every chunk, whatever else
     with db.read() as rdb:
-        return dict(rdb.execute(
-            "SELECT entry_id, count(*) FROM kv_chunks WHERE quarantined AND entry_id IN"
-            f" ({','.join('?' * len(ids))}) GROUP BY entry_id", ids).fetchall())
+        for entry_id, calibration, levels, n_spans in rdb.execute(
+                "SELECT id, calibration, levels, (SELECT count(*) FROM kv_spans"
+                f" WHERE entry_id = e.id) FROM kv_entries e WHERE id IN ({marks})", ids):
+            if calibration in unusable:
+                whole[entry_id] = n_spans * len(json.loads(levels))
+        for entry_id, n in rdb.execute(
+                "SELECT entry_id, count(*) FROM kv_chunks WHERE quarantined AND entry_id IN"
+                f" ({marks}) GROUP BY entry_id", ids):
+            out[entry_id] = n
+    for entry_id, _, _ in missing(db, ids):
+        out[entry_id] = out.get(entry_id, 0) + 1
+    return {**out, **whole}
 
 
-def drop(db: Connections, entry_id: int, chunk_index: int, level: str) -> list[int]:
-    """Remove a chunk at one level; if no level of that chunk is left, delete its entry and
-    every entry extending it. Returns the ids of the entries deleted."""
+def drop_level(db: Connections, entry_id: int, level: str) -> list[int]:
+    """Remove every chunk of an entry at one level, and the level from the entry's list; an
+    entry left with no level is deleted with every entry extending it. Returns the ids of the
+    entries deleted."""
     with db.write() as wdb:
-        wdb.conn.execute("DELETE FROM kv_chunks WHERE entry_id = ? AND chunk_index = ?"
-                         " AND level = ?", (entry_id, chunk_index, level))
-        (left,) = wdb.conn.execute(
-            "SELECT count(*) FROM kv_chunks WHERE entry_id = ? AND chunk_index = ?"
-            " AND NOT quarantined", (entry_id, chunk_index)).fetchone()
+        (levels,) = wdb.conn.execute("SELECT levels FROM kv_entries WHERE id = ?",
+                                     (entry_id,)).fetchone() or (None,)
+        if levels is None:
+            return []
+        left = [name for name in json.loads(levels) if name != level]
+        wdb.conn.execute("DELETE FROM kv_chunks WHERE entry_id = ? AND level = ?",
+                         (entry_id, level))
         if left:
+            nbytes = wdb.conn.execute("SELECT coalesce(sum(nbytes), 0) FROM kv_chunks"
+                                      " WHERE entry_id = ?", (entry_id,)).fetchone()[0]
+            wdb.conn.execute("UPDATE kv_entries SET levels = ?, nbytes = ? WHERE id = ?",
+                             (json.dumps(left), nbytes, entry_id))
             return []
         tree = subtree(wdb.conn, entry_id)
         wdb.conn.execute("DELETE FROM kv_entries WHERE id = ?", (entry_id,))

@@ -252,13 +252,16 @@ def with_tail(conn: sqlite3.Connection, fingerprint: str, tokens: Iterable[int],
 
 def _match(conn: sqlite3.Connection, entry_id: int, n_tokens: int) -> PrefixMatch:
     entries = chain(conn, entry_id)
-    spans = tuple(
-        span
-        for entry in entries
-        for span in entry_spans(conn, entry.id)
-        if span.token_end <= n_tokens
-    )
-    return PrefixMatch(entries=entries, spans=spans, n_tokens=n_tokens)
+    spans = [span for entry in entries for span in entry_spans(conn, entry.id)
+             if span.token_end <= n_tokens]
+    # A chunk whose span row is gone must not let the next one stand in its place: the match
+    # ends where its chunks stop following on (verify reports the gap; a restore recomputes).
+    ends = [0] + [span.token_end for span in spans]
+    whole = next((i for i, span in enumerate(spans) if span.token_start != ends[i]), len(spans))
+    if whole < len(spans):
+        n_tokens = ends[whole]
+        entries = tuple(e for e in entries if e.token_start < n_tokens)
+    return PrefixMatch(entries=entries, spans=tuple(spans[:whole]), n_tokens=n_tokens)
 
 
 def chain(conn: sqlite3.Connection, entry_id: int) -> tuple[Entry, ...]:
@@ -278,6 +281,12 @@ def chain(conn: sqlite3.Connection, entry_id: int) -> tuple[Entry, ...]:
     if not entries:
         raise NotFoundError(f"no KV entry {entry_id}")
     return entries
+
+
+def prefix_tokens(conn: sqlite3.Connection, entry_id: int) -> bytes:
+    """The whole token prefix an entry caches, encoded: its ancestors' tokens, then its own."""
+    return b"".join(conn.execute("SELECT tokens FROM kv_entries WHERE id = ?",
+                                 (entry.id,)).fetchone()[0] for entry in chain(conn, entry_id))
 
 
 def subtree(conn: sqlite3.Connection, entry_id: int) -> list[tuple[int, bool, int]]:

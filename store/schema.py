@@ -8,7 +8,8 @@ migration; append a new one. A database at a version this code does not know is 
 
 Token ranges live in kv_spans (one row per chunk boundary of an entry, shared by all of its levels;
 since m004 also one per part of its window, if it has one); kv_chunks holds one row per (entry,
-chunk, level) with the bytes, so reading a chunk never loads the rest of its entry.
+chunk, level) with the bytes, so reading a chunk never loads the rest of its entry, and (since
+m006) a seal binding them to that place (store.blobs).
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
+from . import blobs
 from .errors import ReadOnlyError, SchemaVersionError
 from .tokens import encode as encode_tokens
 
@@ -242,12 +245,41 @@ def m005_windows(conn: sqlite3.Connection) -> None:
     conn.execute(M005_WINDOWS)
 
 
+def m006_chunk_seals(conn: sqlite3.Connection) -> None:
+    """Every chunk sealed to its place (store.blobs.seal_digest): a chunk moved to another
+    entry, chunk or level, hashes and all, no longer passes its check.
+
+    A row's SHA-256 of its bytes becomes its seal without reading the bytes; a row from before
+    m003 (a CRC-32 only) is read once, sealed if its CRC passes and quarantined if not. The CRC
+    column stays, since dropping it would rewrite every chunk of the store, but nothing reads it
+    any more. Rows whose entry is gone (only a tool with foreign keys off leaves them) are never
+    read, and stay as they are.
+    """
+    conn.create_function("kvdesk_seal", 4, blobs.seal_digest, deterministic=True)
+    conn.execute(
+        "UPDATE kv_chunks SET sha256 = kvdesk_seal((SELECT prefix_hash FROM kv_entries"
+        " WHERE id = kv_chunks.entry_id), chunk_index, level, sha256)"
+        " WHERE sha256 IS NOT NULL AND entry_id IN (SELECT id FROM kv_entries)")
+    legacy = conn.execute(
+        "SELECT c.id, c.checksum, e.prefix_hash, c.chunk_index, c.level FROM kv_chunks c"
+        " JOIN kv_entries e ON e.id = c.entry_id WHERE c.sha256 IS NULL").fetchall()
+    for rowid, crc, prefix_hash, chunk_index, level in legacy:
+        with conn.blobopen("kv_chunks", "data", rowid, readonly=True) as blob:
+            data = blob.read()
+        if zlib.crc32(data) == crc:
+            seal = blobs.seal_digest(prefix_hash, chunk_index, level, blobs.digest(data))
+            conn.execute("UPDATE kv_chunks SET sha256 = ? WHERE id = ?", (seal, rowid))
+        else:
+            conn.execute("UPDATE kv_chunks SET quarantined = 1 WHERE id = ?", (rowid,))
+
+
 MIGRATIONS: list[tuple[str, Callable[[sqlite3.Connection], None]]] = [
     ("m001_initial", m001_initial),
     ("m002_message_tokens", m002_message_tokens),
     ("m003_integrity", m003_integrity),
     ("m004_calibrations", m004_calibrations),
     ("m005_windows", m005_windows),
+    ("m006_chunk_seals", m006_chunk_seals),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -216,12 +216,7 @@ class Store(LibraryStore):
     def tokens(self, entry_id: int) -> list[int]:
         """The whole token prefix an entry caches: its ancestors' tokens, then its own."""
         with self._db.read() as db:
-            match = kv.chain(db.conn, entry_id)
-            parts = [
-                db.execute("SELECT tokens FROM kv_entries WHERE id = ?", (entry.id,)).fetchone()[0]
-                for entry in match
-            ]
-        return decode(b"".join(parts))
+            return decode(kv.prefix_tokens(db.conn, entry_id))
 
     def chunk_sizes(self, entry_ids: Iterable[int]) -> dict[tuple[int, int, str], int]:
         """{(entry, chunk, level): bytes} for the entries' chunks, without reading any of them.
@@ -261,16 +256,27 @@ class Store(LibraryStore):
             raise
 
     def repair_chunk(self, entry_id: int, chunk_index: int, level: str, data: bytes) -> None:
-        """Replace a chunk's bytes, e.g. recomputed after a CorruptChunkError (its quarantine
-        ends)."""
+        """Replace a chunk's bytes, or put back one whose row is gone, e.g. recomputed after a
+        CorruptChunkError or a `verify` that found it missing (its quarantine ends)."""
         with self._db.write() as db:
-            kv.get_entry(db.conn, entry_id)
-            if not db.execute(
-                "SELECT 1 FROM kv_chunks WHERE entry_id = ? AND chunk_index = ? AND level = ?",
-                (entry_id, chunk_index, level),
+            entry = kv.get_entry(db.conn, entry_id)
+            if level not in entry.levels or not db.execute(
+                "SELECT 1 FROM kv_spans WHERE entry_id = ? AND chunk_index = ?",
+                (entry_id, chunk_index),
             ).fetchone():
                 raise NotFoundError(f"no chunk {chunk_index} at level {level!r} in {entry_id}")
             blobs.put(db.conn, entry_id, chunk_index, level, data)
+            db.execute("UPDATE kv_entries SET nbytes = (SELECT sum(nbytes) FROM kv_chunks"
+                       " WHERE entry_id = ?) WHERE id = ?", (entry_id, entry_id))
+
+    def set_entry_calibration(self, entry_id: int, cal_id: str | None) -> None:
+        """Record that an entry's chunks are now all encoded with calibration `cal_id` (None:
+        the model-independent levels), once every one of them has been encoded again."""
+        with self._db.write() as db:
+            kv.get_entry(db.conn, entry_id)
+            if cal_id is not None:
+                calibrations.read(db.conn, cal_id)  # stored and sound, or NotFoundError
+            db.execute("UPDATE kv_entries SET calibration = ? WHERE id = ?", (cal_id, entry_id))
 
     def touch(self, entry_ids: Iterable[int]) -> None:
         """Mark entries used now (the LRU order eviction follows); not in a read-only store."""
@@ -331,7 +337,9 @@ class Store(LibraryStore):
         """Check every chunk of every complete entry; quarantine what fails (store.integrity).
 
         Returns {"entries": n, "chunks": n, "bytes": n,
-        "corrupt": [{"entry": id, "chunk": i, "level": name, "new": bool}]}.
+        "corrupt": [{"entry": id, "chunk": i, "level": name, "new": bool}],
+        "missing": [{"entry": id, "chunk": i, "level": name}],
+        "calibrations": [{"id", "model", "state": "ok" | "damaged" | "missing", "entries"}]}.
         """
         return integrity.verify(self._db)
 
@@ -339,14 +347,33 @@ class Store(LibraryStore):
         """(entry, chunk, level) of every chunk set aside after a failed check."""
         return integrity.quarantined(self._db)
 
+    def missing(self) -> list[tuple[int, int, str]]:
+        """(entry, chunk, level) of every chunk a complete entry lists but no longer holds."""
+        return integrity.missing(self._db)
+
+    def restore_spans(self, entry_id: int) -> list[int]:
+        """Put back the span rows of an entry's own chunks that are gone (their token ranges
+        follow from the entry's), so its chunks can be stored again; their indexes."""
+        return integrity.restore_spans(self._db, entry_id)
+
+    def calibration_states(self) -> list[dict]:
+        """[{"id", "model", "state": "ok" | "damaged" | "missing", "entries"}] of every codec
+        calibration stored or needed by an entry."""
+        return integrity.calibration_states(self._db)
+
+    def unusable_calibrations(self) -> set[str]:
+        """Ids of the codec calibrations entries need that are missing or damaged."""
+        return integrity.unusable_calibrations(self._db)
+
     def damaged(self, entry_ids: Iterable[int]) -> dict[int, int]:
-        """{entry id: quarantined chunks}, for the entries that have any."""
+        """{entry id: chunks that cannot be read (quarantined, missing, or needing an unusable
+        calibration)}, for the entries that have any."""
         return integrity.damaged(self._db, entry_ids)
 
-    def drop_chunk(self, entry_id: int, chunk_index: int, level: str) -> list[int]:
-        """Remove a chunk that cannot be repaired (an entry left without it at any level goes,
-        with the entries extending it); returns the ids of the entries deleted."""
-        deleted = integrity.drop(self._db, entry_id, chunk_index, level)
+    def drop_level(self, entry_id: int, level: str) -> list[int]:
+        """Remove an entry's chunks at a level that cannot be repaired (an entry left with no
+        level goes, with the entries extending it); returns the ids of the entries deleted."""
+        deleted = integrity.drop_level(self._db, entry_id, level)
         self._reclaim()
         return deleted
 

@@ -176,9 +176,15 @@ def fetch_calibration(store: Store, tier: RemoteTier, manifest: Manifest) -> str
     try:
         store.calibration(cal_id)
     except NotFoundError:
-        data = tier.get(tier.calibration_key(manifest.fingerprint, cal_id), digest=cal_id)
-        store.put_calibration(manifest.fingerprint, data, {"from": "remote"})
+        refetch_calibration(store, tier, manifest.fingerprint, cal_id)
     return cal_id
+
+
+def refetch_calibration(store: Store, tier: RemoteTier, fingerprint: str, cal_id: str) -> None:
+    """Fetch a calibration of `fingerprint` from the tier (checked against its SHA-256) and
+    store it, in place of a damaged local copy too; NotFoundError if the tier has none."""
+    data = tier.get(tier.calibration_key(fingerprint, cal_id), digest=cal_id)
+    store.put_calibration(fingerprint, data, {"from": "remote"})
 
 
 def add_document(store: Store, manifest: Manifest) -> Document:

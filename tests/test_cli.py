@@ -97,8 +97,8 @@ def test_attach_ask_reopen_end_to_end(tmp_path):
         attached["doc_id"]]
     assert json.loads(kvdesk("chats", "--json").stdout)[0]["messages"] == 4
     verified = json.loads(kvdesk("verify", "--json").stdout)
-    assert set(verified) == {"entries", "chunks", "bytes", "corrupt"}
-    assert verified["entries"] >= 3 and verified["corrupt"] == []
+    assert set(verified) == {"entries", "chunks", "bytes", "corrupt", "missing", "calibrations"}
+    assert verified["entries"] >= 3 and verified["corrupt"] == verified["missing"] == []
     freed = json.loads(kvdesk("gc", "--budget-gb", "0", "--json").stdout)
     assert freed["freed_bytes"] == verified["bytes"]
     assert json.loads(kvdesk("rm", "doc", doc, "--json").stdout)["deleted"] == "doc"
@@ -157,3 +157,65 @@ def test_two_processes_asking_in_one_chat_take_turns(tmp_path):
         assert match.n_tokens == len(tokens)
     finally:
         app.close()
+
+
+def damaged_store(data_dir) -> tuple[int, str]:
+    """A store (no model needed) whose entry, under a model not loaded here, lost a chunk row
+    and whose calibration was damaged; (the entry's id, the calibration's id)."""
+    import sqlite3
+
+    from store import Store
+
+    with Store(data_dir) as store:
+        store.register_model("another-model", "/other.gguf", {})
+        cal = store.put_calibration("another-model", b"a calibration")
+        with store.write_entry("another-model", range(300), levels=("high", "compact"),
+                               calibration=cal) as writer:
+            for span in writer.spans:
+                for level in ("high", "compact"):
+                    writer.put_chunk(span.chunk_index, level, b"bytes")
+    with sqlite3.connect(data_dir / "kvdesk.sqlite") as db:
+        db.execute("DELETE FROM kv_chunks WHERE chunk_index = 1 AND level = 'compact'")
+        db.execute("UPDATE calibrations SET data = x'00'")
+    return writer.entry.id, cal
+
+
+def test_verify_says_what_is_missing_and_which_calibration_is_unusable(tmp_path):
+    entry, cal = damaged_store(tmp_path / "data")
+    proc = kvdesk("verify", check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stdout.splitlines() == [
+        "1 entries, 3 chunks, 0.0 MB, 1 codec calibrations: 1 missing, 1 unusable "
+        "calibrations",
+        f"  missing: entry {entry} chunk 1 level compact",
+        f"  calibration {cal[:12]}: damaged, needed by 1 entries",
+        "run `kvdesk verify --repair` to recompute them (they are not read meanwhile)"]
+
+
+@pytest.mark.model
+def test_verify_repair_drops_what_another_models_entry_cannot_have_back(tmp_path):
+    entry, cal = damaged_store(tmp_path / "data")
+    proc = kvdesk("verify", "--repair", "--json")
+    fixed = json.loads(proc.stdout)["repair"]
+    # Its calibration is unusable: every level goes, and with them the entry; then the
+    # calibration, which nothing needs any more.
+    assert fixed["dropped"] == [{"entry": entry, "level": "high"},
+                                {"entry": entry, "level": "compact"}]
+    assert fixed["deleted_entries"] == [entry] and fixed["removed_calibrations"] == [cal]
+    text = kvdesk("verify").stdout
+    assert text.startswith("0 entries, 0 chunks, 0.0 MB, 0 codec calibrations: all intact")
+
+
+def test_verify_repair_removes_a_damaged_calibration_nothing_needs(tmp_path):
+    import sqlite3
+
+    from store import Store
+
+    with Store(tmp_path / "data") as store:
+        cal = store.put_calibration("another-model", b"a calibration")
+    with sqlite3.connect(tmp_path / "data" / "kvdesk.sqlite") as db:
+        db.execute("UPDATE calibrations SET data = x'00'")
+    assert kvdesk("verify", check=False).returncode == 1
+    fixed = json.loads(kvdesk("verify", "--repair", "--json").stdout)["repair"]
+    assert fixed["removed_calibrations"] == [cal] and fixed["reencoded"] == []
+    assert json.loads(kvdesk("verify", "--json").stdout)["calibrations"] == []

@@ -66,3 +66,17 @@ def test_cuda_simulator_codes_bit_identically():
                          text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "cuda-sim ok" in run.stdout
+
+
+def test_no_cuda_driver_means_the_cpu_backend_without_importing_numba_cuda():
+    """Every process chooses its backend at its first codec call: on a machine with no CUDA
+    driver that must not cost the import of numba.cuda."""
+    code = ("import sys; from codec import backend; name = backend.active().name; "
+            "print(name, 'numba.cuda' in sys.modules)")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("NUMBA_ENABLE_CUDASIM", "KVDESK_CODEC_BACKEND", "NUMBA_CUDA_DRIVER")}
+    env["NUMBA_CUDA_DRIVER"] = "/nonexistent/libcuda.so"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120, cwd=Path(__file__).parent.parent)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["cpu", "False"]

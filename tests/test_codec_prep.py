@@ -90,3 +90,40 @@ def test_a_failing_preparation_is_reported_not_raised(tmp_path):
     state = prep.state()
     assert state.phase == "failed" and not state.busy and state.left_s == 0.0
     assert "Error: " in state.error.splitlines()[0]
+
+
+def test_a_stopped_preparation_ends_at_its_next_step_and_says_so(tmp_path):
+    """A one-shot command closes as soon as it has answered: the steps it never needed are
+    not run while it waits to exit."""
+    seen, preps = [], []
+
+    def on_change(state):
+        seen.append(state.step)
+        if state.done == 1:
+            preps[0].stop()
+
+    prep = CodecPrep(SHAPE, ["balanced", "lossless"], profile_path=tmp_path / "p.json",
+                     on_change=on_change)
+    preps.append(prep)
+    prep.start()
+    assert prep.wait(timeout=600)
+    prep.join()
+    state = prep.state()
+    assert state.phase == "failed" and "closing" in state.error
+    assert state.done < state.total
+    assert "decode lossless" not in seen
+    assert not (tmp_path / "p.json").exists()  # a partial run is no profile
+
+
+def test_run_steps_stops_before_the_next_step_when_cancelled():
+    import threading
+
+    from codec import precompile
+
+    ran = []
+    cancel = threading.Event()
+    todo = [precompile.Step(name, lambda name=name: (ran.append(name),
+                                                     name == "b" and cancel.set()))
+            for name in "abc"]
+    took = precompile.run_steps(todo, cancel=cancel)
+    assert ran == ["a", "b"] and list(took) == ["a", "b"]

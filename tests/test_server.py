@@ -4,6 +4,7 @@ exactness, bad requests, a client leaving mid-stream, two clients at once."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -29,10 +30,10 @@ SYSTEM = "You answer questions about the ferry timetable below.\n\n" + DOC
 class Running:
     """A server on a free port over its own App, in a thread of this process."""
 
-    def __init__(self, data_dir, api_key=None):
+    def __init__(self, data_dir, api_key=None, ollama_port=None, **settings):
         self.app = App(Settings(data_dir=str(data_dir), n_ctx=1024, prompt_cache_min_tokens=64,
-                                keep_lossless=True))
-        self.server = Server(self.app, port=0, api_key=api_key)
+                                keep_lossless=True, **settings))
+        self.server = Server(self.app, port=0, api_key=api_key, ollama_port=ollama_port)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         assert self.server.started.wait(120)
@@ -192,16 +193,31 @@ def test_sampling_fields_are_checked_and_a_seed_makes_the_answer_repeatable(serv
         sampled(extra_body={"repeat_penalty": -1})
 
 
-def test_a_client_leaving_mid_stream_stops_the_answer(served):
+@contextlib.contextmanager
+def answer_stops(app):
+    """After the block (a client leaving a stream), the first answer the engine gave meanwhile
+    was cancelled, within a few tokens."""
     seen = []
-    original = served.app.engine.completions.complete
+    original = app.engine.completions.complete
 
     def recording(*args, **kwargs):
         seen.append(original(*args, **kwargs))
         return seen[-1]
 
-    served.app.engine.completions.complete = recording
+    app.engine.completions.complete = recording
     try:
+        yield
+        deadline = time.time() + 30
+        while not seen and time.time() < deadline:
+            time.sleep(0.05)
+        assert seen and seen[0].finish_reason == "cancelled"
+        assert seen[0].completion_tokens < 50
+    finally:
+        app.engine.completions.complete = original
+
+
+def test_a_client_leaving_mid_stream_stops_the_answer(served):
+    with answer_stops(served.app):
         stream = served.client.chat.completions.create(
             model="default", max_tokens=400, temperature=0, stream=True,
             messages=[{"role": "user", "content": "Write a long story about a lighthouse."}])
@@ -209,13 +225,6 @@ def test_a_client_leaving_mid_stream_stops_the_answer(served):
             if i == 3:
                 break
         stream.close()
-        deadline = time.time() + 30
-        while not seen and time.time() < deadline:
-            time.sleep(0.05)
-        assert seen and seen[0].finish_reason == "cancelled"
-        assert seen[0].completion_tokens < 50
-    finally:
-        served.app.engine.completions.complete = original
 
 
 def test_two_clients_at_once_both_complete(served):

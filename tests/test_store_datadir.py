@@ -1,10 +1,15 @@
 """A data directory kvdesk cannot use, or can only read: a clear StoreError, never a traceback,
-and reading still works where nothing needs to be written."""
+and reading (listing, verifying) still works where nothing can be written, writing nothing."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import sqlite3
 import stat
+import subprocess
+import sys
 
 import pytest
 from test_store_helpers import open_store, put_entry
@@ -73,3 +78,120 @@ def test_permission_bits_make_it_read_only(filled):
                 store.create_chat("x")
     finally:
         os.chmod(filled, mode)
+
+
+# Root passes permission bits by its capabilities: the command line is run without the ones
+# that override them, so a read-only directory is read-only to it as to anyone.
+SETPRIV = shutil.which("setpriv")
+WITHOUT_OVERRIDES = [SETPRIV, "--bounding-set=-dac_override,-dac_read_search,-fowner"]
+
+
+def as_user(args: list[str]) -> list[str]:
+    if os.geteuid() != 0:
+        return args
+    if SETPRIV is None:
+        pytest.skip("running as root without setpriv (util-linux): permission bits cannot "
+                    "be made to apply")
+    return WITHOUT_OVERRIDES + args
+
+
+def kvdesk(data_dir, *args) -> subprocess.CompletedProcess:
+    return subprocess.run(as_user([sys.executable, "-m", "desktop_app", "--data-dir",
+                                   str(data_dir), *args]),
+                          capture_output=True, text=True, timeout=300)
+
+
+def make_read_only(data_dir) -> dict[str, tuple[int, int]]:
+    """chmod a-w the directory and its files; what it holds (name: size, mtime) afterwards."""
+    for f in data_dir.iterdir():
+        os.chmod(f, stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+    os.chmod(data_dir, stat.S_IRUSR | stat.S_IXUSR)
+    probe = subprocess.run(as_user(["touch", str(data_dir / "probe")]), capture_output=True)
+    if probe.returncode == 0:
+        pytest.skip("the permission bits do not stop this user from writing")
+    return listing(data_dir)
+
+
+def listing(data_dir) -> dict[str, tuple[int, int]]:
+    return {f.name: (f.stat().st_size, f.stat().st_mtime_ns) for f in data_dir.iterdir()}
+
+
+@pytest.fixture
+def library(tmp_path):
+    """A data directory with a document, its cache (under some model) and a chat; made
+    writable again afterwards, so it can be cleaned up."""
+    data = tmp_path / "data"
+    with open_store(data) as store:
+        doc = store.add_document("h", "Doc", "text", type="txt")
+        put_entry(store, range(300), document_id=doc.id)
+        chat = store.create_chat("About the doc", [doc.id])
+        store.add_message(chat.id, "user", "hi")
+    yield data
+    os.chmod(data, stat.S_IRWXU)
+    for f in data.iterdir():
+        os.chmod(f, stat.S_IRUSR | stat.S_IWUSR)
+
+
+@pytest.mark.model  # `docs` loads the model: its fingerprint says which caches are current
+def test_a_read_only_directory_lists_and_verifies_writing_nothing(library):
+    before = make_read_only(library)
+    chats = kvdesk(library, "chats", "--json")
+    assert chats.returncode == 0, chats.stderr
+    assert [(c["title"], c["messages"]) for c in json.loads(chats.stdout)] == [
+        ("About the doc", 1)]
+    docs = kvdesk(library, "docs", "--json")
+    assert docs.returncode == 0, docs.stderr
+    assert [d["title"] for d in json.loads(docs.stdout)] == ["Doc"]
+    verified = kvdesk(library, "verify", "--json")
+    assert verified.returncode == 0, verified.stderr
+    report = json.loads(verified.stdout)
+    assert (report["entries"], report["corrupt"], report["missing"]) == (1, [], [])
+    # Writing is refused, saying why.
+    refused = kvdesk(library, "rm", "chat", "1")
+    assert refused.returncode == 1 and refused.stderr.startswith("Error: the data directory")
+    assert "read-only" in refused.stderr and "Traceback" not in refused.stderr
+    assert listing(library) == before  # no journal, no shared-memory file, nothing touched
+
+
+def test_a_read_only_directory_verifies_damage_it_cannot_repair(library):
+    conn = sqlite3.connect(library / "kvdesk.sqlite")
+    with conn:
+        conn.execute("DELETE FROM kv_chunks WHERE chunk_index = 1 AND level = 'compact'")
+    conn.close()
+    before = make_read_only(library)
+    verified = kvdesk(library, "verify", "--json")
+    assert verified.returncode == 1
+    assert json.loads(verified.stdout)["missing"] == [
+        {"entry": 1, "chunk": 1, "level": "compact"}]
+    repair = kvdesk(library, "verify", "--repair")
+    assert repair.returncode == 1 and "Traceback" not in repair.stderr
+    assert "read-only" in repair.stderr and "nothing can be repaired there" in repair.stderr
+    assert listing(library) == before
+
+
+def test_a_read_only_copy_of_a_store_in_use_reads_its_log(library, tmp_path):
+    """Commits still in the write-ahead log (a copy taken while kvdesk ran) are read through
+    it; without its shared-memory file they cannot be, and that is said."""
+    live = Store(library)  # holds the log open: nothing is checkpointed into the database
+    try:
+        live.create_chat("Only in the log")
+        copy = tmp_path / "copy"
+        copy.mkdir()
+        for f in library.iterdir():
+            if f.is_file():
+                shutil.copy(f, copy / f.name)
+    finally:
+        live.close()
+    assert (copy / "kvdesk.sqlite-wal").stat().st_size > 0
+    make_read_only(copy)
+    chats = kvdesk(copy, "chats", "--json")
+    assert chats.returncode == 0, chats.stderr
+    assert {c["title"] for c in json.loads(chats.stdout)} == {"About the doc", "Only in the log"}
+    os.chmod(copy, stat.S_IRWXU)
+    (copy / "kvdesk.sqlite-shm").unlink()
+    make_read_only(copy)
+    refused = kvdesk(copy, "chats")
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert "kvdesk.sqlite-wal" in refused.stderr and "open it once where it can be written" \
+        in refused.stderr
+    os.chmod(copy, stat.S_IRWXU)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
+import zlib
 
 import pytest
 from test_store_helpers import open_store, put_entry
 
-from store import SchemaVersionError, Store
+from store import CorruptChunkError, SchemaVersionError, Store
 from store.db import open_connection
 from store.schema import MIGRATIONS, SCHEMA_VERSION, migrate
 
@@ -152,3 +154,47 @@ def test_m003_keeps_every_row_and_what_refers_to_it(tmp_path):
     conn.execute("DELETE FROM chats WHERE id = 7")
     assert conn.execute("SELECT count(*) FROM messages").fetchone()[0] == 0
     conn.close()
+
+
+def test_m006_seals_every_chunk_to_its_place(tmp_path):
+    """Rows hashed by their bytes alone (m003 to m005) and rows with a CRC-32 only (before
+    m003) keep reading as they did, and can no longer be moved unnoticed; a CRC-only row that
+    fails its CRC is quarantined."""
+    conn = open_connection(tmp_path / "kvdesk.sqlite")
+    migrate(conn, target=5)
+    conn.execute("INSERT INTO models VALUES ('model-a', '/a.gguf', '{}', 0)")
+    data = {(e, c): f"entry {e} chunk {c};".encode() * 50 for e in (1, 2) for c in (0, 1)}
+    for e in (1, 2):
+        conn.execute("INSERT INTO kv_entries (id, model, prefix_hash, token_start, token_end,"
+                     " chunk_size, levels, tokens, complete, last_used, created) VALUES"
+                     " (?, 'model-a', ?, 0, 4, 2, '[\"x\"]', ?, 1, 0, 0)",
+                     (e, bytes([e]) * 16, bytes(16)))
+        for c in (0, 1):
+            conn.execute("INSERT INTO kv_spans VALUES (?, ?, ?, ?, ?, 0)",
+                         (e, c, 2 * c, 2 * c + 2, bytes([e, c]) * 8))
+            blob = data[e, c]
+            crc = zlib.crc32(blob) ^ (1 if (e, c) == (2, 1) else 0)  # (2, 1): rotten
+            sha = hashlib.sha256(blob).digest() if c == 0 else None  # chunk 1: before m003
+            conn.execute("INSERT INTO kv_chunks (entry_id, chunk_index, level, nbytes,"
+                         " checksum, data, sha256) VALUES (?, ?, 'x', ?, ?, ?, ?)",
+                         (e, c, len(blob), crc, blob, sha))
+    conn.close()
+    with Store(tmp_path) as store:
+        assert store.schema_version == SCHEMA_VERSION
+        for e, c in [(1, 0), (1, 1), (2, 0)]:
+            assert store.read_chunk(e, c, "x") == data[e, c]
+        assert store.quarantined() == [(2, 1, "x")]
+    conn = sqlite3.connect(tmp_path / "kvdesk.sqlite")
+    q = "SELECT nbytes, sha256, data FROM kv_chunks WHERE entry_id = ? AND chunk_index = ?"
+    first, second = conn.execute(q, (1, 0)).fetchone(), conn.execute(q, (2, 0)).fetchone()
+    u = "UPDATE kv_chunks SET nbytes = ?, sha256 = ?, data = ? WHERE entry_id = ? AND" \
+        " chunk_index = ?"
+    with conn:
+        conn.execute(u, (*second, 1, 0))
+        conn.execute(u, (*first, 2, 0))
+    conn.close()
+    with Store(tmp_path) as store:
+        for e in (1, 2):
+            with pytest.raises(CorruptChunkError):
+                store.read_chunk(e, 0, "x")
+        assert store.read_chunk(1, 1, "x") == data[1, 1]

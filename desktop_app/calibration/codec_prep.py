@@ -91,6 +91,7 @@ class CodecPrep:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._done_event = threading.Event()
+        self._cancel = threading.Event()
         self._started = 0.0
         self._step_started = 0.0
         self._took: dict[str, float] = {}
@@ -118,6 +119,11 @@ class CodecPrep:
         if self._thread is not None:
             self._thread.join()
 
+    def stop(self) -> None:
+        """Stop before the next step (a closing process needs no kernel it has not used yet:
+        what it used, it loaded itself; what was compiled so far stays cached)."""
+        self._cancel.set()
+
     def state(self) -> PrepState:
         with self._lock:
             s = self._state
@@ -136,8 +142,11 @@ class CodecPrep:
             todo = precompile.steps(self._shape, self._levels)
             with self._lock:
                 self._names = [step.name for step in todo]
-            took = precompile.run_steps(todo, progress=self._progress)
+            took = precompile.run_steps(todo, progress=self._progress, cancel=self._cancel)
             compiled = jitcache.compiles()[0] - self._compiled_before
+            if len(took) < len(todo):
+                self._finish(FAILED, compiled, "stopped before it finished: the app is closing")
+                return
             if compiled:
                 self._save_profile(took)
             self._finish(READY, compiled, None)

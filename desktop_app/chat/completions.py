@@ -11,6 +11,10 @@ too, starts at once. A prompt with no stored prefix at all is kept only from
 `min_cache_tokens` tokens on: short one-off prompts cost little to compute and would only
 churn the cache. The store's quota and eviction apply as to every entry.
 
+A prompt may also come as it is (`RawPrompt`: a legacy text completion, with no chat template;
+with a suffix, fill-in-the-middle where the model has the tokens for it): the same cache holds
+it, extended by its answer.
+
 It runs in the chat context, one turn at a time in arrival order, beside the window's chats.
 It never touches chats or messages: a client's conversation lives in the client.
 """
@@ -20,17 +24,25 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from ..errors import EngineError
 from ..kv.streaming import adaptation_note
-from ..model.prompts import Turn, closing
+from ..model.prompts import Turn, closing, raw_prompt
 from ..options import GenerationOptions, RestoreOptions
 from ..results import Completion, RestoreReport
 from .answers import stream_answer
 from .sessions import ChatSession
 
 ROLES = ("system", "user", "assistant")
+
+
+@dataclass(frozen=True)
+class RawPrompt:
+    """A prompt to continue as it is, no chat template; with `suffix`, the text between."""
+
+    prompt: str
+    suffix: str | None = None
 
 
 class _Either:
@@ -74,7 +86,7 @@ class Completions:
 
     def complete(
         self,
-        messages: Sequence[dict],
+        messages: Sequence[dict] | RawPrompt,
         *,
         documents: Sequence[int] = (),
         restore: RestoreOptions = RestoreOptions(),
@@ -92,7 +104,16 @@ class Completions:
         with s.lock:
             rt = s.runtime
             s.contexts.warm_up(rt)
-            turn = self.prompt(messages, documents)
+            if isinstance(messages, RawPrompt):
+                if documents:
+                    raise EngineError("documents: a prompt given as it is has no chat to "
+                                      "put them in; use chat completions for them")
+                turn = Turn((), messages.prompt,
+                            raw_prompt(rt, messages.prompt, messages.suffix))
+            else:
+                turn = self.prompt(messages, documents)
+            if not turn.tokens:
+                raise EngineError("prompt: it is empty")
             prompt = turn.tokens
             if len(prompt) + 1 >= rt.n_ctx:
                 raise EngineError(f"the prompt has {len(prompt):,} tokens; the context holds "
@@ -136,7 +157,7 @@ class Completions:
         prefix = s.store.longest_prefix(rt.fingerprint, turn.tokens, touch=False)
         if prefix.n_tokens == 0 and len(turn.tokens) < self.min_cache_tokens:
             return False
-        suffix = closing(rt, turn, text)
+        suffix = closing(rt, turn, text) if turn.messages else ""  # a raw prompt: as it is
         suffix_tokens = rt.tokenize(suffix) if suffix else []
         if suffix_tokens and rt.n_tokens + len(suffix_tokens) <= rt.n_ctx:
             rt.prefill(suffix_tokens)

@@ -49,31 +49,50 @@ def models(app: App, as_json: bool):
 
 
 @cli.command()
-@click.option("--repair", is_flag=True, help="Recompute damaged chunks under this model (or "
-              "drop those of other models).")
+@click.option("--repair", is_flag=True, help="Recompute damaged and missing chunks under this "
+              "model; fetch again from the shared cache (or else encode again the caches "
+              "that need) a codec calibration that is unusable; drop what other models' "
+              "caches cannot have back.")
 @json_option
 @click.pass_obj
 def verify(app: App, repair: bool, as_json: bool):
-    """Check every stored KV chunk; set aside (and with --repair, fix) those that fail."""
+    """Check every stored KV chunk and codec calibration; set aside (and with --repair, fix)
+    what fails or is missing."""
     report = app.store.verify()
-    if repair and report["corrupt"]:
+    unusable = [c for c in report["calibrations"] if c["state"] != "ok"]
+    found = bool(report["corrupt"] or report["missing"] or unusable)
+    if repair and found:
         bar = TerminalProgress()
         with interruptible() as cancel:
             report["repair"] = app.engine.repair(progress=bar, cancel=cancel)
         bar.done()
+    problems = [f"{len(report['corrupt'])} damaged"] if report["corrupt"] else []
+    problems += [f"{len(report['missing'])} missing"] if report["missing"] else []
+    problems += [f"{len(unusable)} unusable calibrations"] if unusable else []
     lines = [f"{report['entries']} entries, {report['chunks']} chunks, "
-             f"{report['bytes'] / 1e6:.1f} MB: "
-             + (f"{len(report['corrupt'])} damaged" if report["corrupt"] else "all intact")]
+             f"{report['bytes'] / 1e6:.1f} MB, {len(report['calibrations'])} codec "
+             f"calibrations: " + (", ".join(problems) or "all intact")]
     lines += [f"  damaged: entry {c['entry']} chunk {c['chunk']} level {c['level']}"
               + ("" if c["new"] else " (set aside before)") for c in report["corrupt"]]
+    lines += [f"  missing: entry {c['entry']} chunk {c['chunk']} level {c['level']}"
+              for c in report["missing"]]
+    lines += [f"  calibration {c['id'][:12]}: {c['state']}, needed by {c['entries']} entries"
+              for c in unusable]
     if "repair" in report:
         fixed = report["repair"]
-        lines += [f"repaired {len(fixed['repaired'])}, dropped {len(fixed['dropped'])} "
-                  f"(of other models; {len(fixed['deleted_entries'])} entries deleted)"]
-    elif report["corrupt"]:
+        lines += fixed["messages"] + [
+            f"repaired {len(fixed['repaired'])} chunks, encoded {len(fixed['reencoded'])} "
+            f"entries again, fetched {len(fixed['recovered_calibrations'])} calibrations again "
+            f"from the shared cache; dropped {len(fixed['dropped'])} levels of other models' "
+            f"entries ({len(fixed['deleted_entries'])} entries deleted); removed "
+            f"{len(fixed['removed_calibrations'])} damaged calibrations"]
+        if any(r["calibration"] is None for r in fixed["reencoded"]):
+            lines += ["this model has no usable codec calibration left: its caches use the "
+                      "model-independent levels until `kvdesk calibrate`"]
+    elif found:
         lines += ["run `kvdesk verify --repair` to recompute them (they are not read meanwhile)"]
     emit(report, as_json, lines)
-    if report["corrupt"] and "repair" not in report:
+    if found and "repair" not in report:
         sys.exit(1)
 
 

@@ -17,22 +17,30 @@ from .base import checked, cli
               "free port).")
 @click.option("--api-key", envvar="KVDESK_API_KEY", help="A key every client must send "
               "(Authorization: Bearer KEY); env KVDESK_API_KEY.")
+@click.option("--ollama-port", type=int, help="Also serve on this port when it is free, where "
+              "Ollama's clients look (default: the setting ollama_port, 11434).")
 @click.pass_obj
-def serve(app: App, host: str, port: int | None, api_key: str | None):
-    """Serve the local API: OpenAI's chat completions with a prompt cache that survives
-    restarts, and kvdesk's own documents and chats. Ctrl-C stops it."""
+def serve(app: App, host: str, port: int | None, api_key: str | None,
+          ollama_port: int | None):
+    """Serve the local API: OpenAI's chat and text completions and Ollama's API, with a
+    prompt cache that survives restarts, and kvdesk's own documents and chats. Ctrl-C stops
+    it."""
     from ..server import Server
 
     if port is not None:
         checked(app.settings.with_values, server_port=port)
+    if ollama_port is not None:
+        checked(app.settings.with_values, ollama_port=ollama_port)
     server = Server(app, host=host, port=app.settings.server_port if port is None else port,
-                    api_key=api_key)
+                    api_key=api_key, ollama_port=app.settings.ollama_port if ollama_port is None
+                    else ollama_port)
     click.echo(f"Loading {app.model_path.name}...", err=True)
 
     def announce() -> None:
         server.started.wait()
         click.echo(f"kvdesk serves {server.url}/v1 (OpenAI-compatible; model ids "
-                   f"{app.model_path.stem!r} and 'default'); Ctrl-C stops it", err=True)
+                   f"{app.model_path.stem!r} and 'default') and Ollama's API at "
+                   f"{server.ollama_url or server.url}; Ctrl-C stops it", err=True)
 
     threading.Thread(target=announce, daemon=True).start()
     stop_calibrating = threading.Event()

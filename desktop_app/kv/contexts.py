@@ -41,6 +41,7 @@ class Contexts:
         self._runtimes: dict[str, Runtime] = {}
         self._lock = threading.Lock()
         self._warm_up: threading.Thread | None = None
+        self._closing = threading.Event()
         self._prep: codec_prep.CodecPrep | None = None
 
     def get(self, role: str) -> Runtime:
@@ -82,7 +83,8 @@ class Contexts:
         prep.wait()
         # The preparation ran every level at the first shape already: without a calibration,
         # only the other shapes (a sliding-window model's window parts) still need tables.
-        streaming.warm_up(self._levels, shapes if cal is not None else shapes[1:], cal)
+        streaming.warm_up(self._levels, shapes if cal is not None else shapes[1:], cal,
+                          cancel=self._closing)
 
     def codec_state(self) -> PrepState:
         """How far readying the codec is (phase "idle" before `warm_up`)."""
@@ -101,8 +103,13 @@ class Contexts:
             self._warm_up.join()
 
     def close(self) -> None:
+        # What is left of the warm-up serves no one once the app closes: it stops at its next
+        # step. It is still joined: numba must never be working while the interpreter exits.
+        self._closing.set()
+        if self._prep is not None:
+            self._prep.stop()
         if self._warm_up is not None:
-            self._warm_up.join()  # never leave numba working while the interpreter exits
+            self._warm_up.join()
         with self._lock:
             for rt in self._runtimes.values():
                 rt.close()

@@ -121,6 +121,15 @@ class Sharing:
         except StoreError as e:  # a corrupt or vanished object: that entry only
             return None, [f"the shared cache's entry is unusable ({e})"]
 
+    def recover_calibration(self, fingerprint: str, cal_id: str) -> tuple[bool, list[str]]:
+        """Fetch again a calibration the local store lost or holds damaged, if the tier has
+        it (pushed with an entry that needs it); (recovered?, messages)."""
+        if self.tier is None:
+            return False, []
+        done, notes = self._try(lambda: sync.refetch_calibration(
+            self.store, self.tier, fingerprint, cal_id) or True)
+        return bool(done), notes
+
     # -- commands --------------------------------------------------------------------------
 
     def status(self, fingerprint: str) -> dict:

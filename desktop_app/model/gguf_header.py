@@ -30,6 +30,7 @@ _SCALARS = {GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.U
             GGUFValueType.INT16: "<h", GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i",
             GGUFValueType.FLOAT32: "<f", GGUFValueType.BOOL: "<?", GGUFValueType.UINT64: "<Q",
             GGUFValueType.INT64: "<q", GGUFValueType.FLOAT64: "<d"}
+_U64 = struct.Struct("<Q")
 # Numeric arrays kept (per-layer head counts, window patterns); longer ones are skipped.
 SMALL_ARRAY = 4096
 
@@ -103,6 +104,22 @@ class _Cursor:
         self._need(n)
         self.pos += n
 
+    def skip_strings(self, n: int) -> None:
+        """Skip an array of n strings. A vocabulary is 50-260 K of them, and its merges as
+        many: one local loop, not a method call per string (0.38 s for SmolLM2's otherwise)."""
+        length = _U64.unpack_from
+        pos = self.pos
+        for _ in range(n):
+            if pos + 8 > len(self.buf):
+                self.pos = pos
+                self._need(8)
+            size = length(self.buf, pos)[0]
+            if size > MAX_COUNT:
+                raise HeaderError(f"{size:,} bytes in a string: not a model header")
+            pos += 8 + size
+        self.pos = pos
+        self._need(0)
+
 
 def _value(c: _Cursor, vtype: int):
     """A value of `vtype`: scalars and strings as such, short numeric arrays as lists, other
@@ -118,8 +135,7 @@ def _value(c: _Cursor, vtype: int):
     item = c.unpack("<I")
     n = c.count("array items")
     if item == GGUFValueType.STRING:
-        for _ in range(n):
-            c.skip(c.count("bytes in a string"))
+        c.skip_strings(n)
         return n
     if item not in _SCALARS:
         raise HeaderError(f"an array of GGUF value type {item}: not supported in a header")

@@ -44,6 +44,9 @@ class Template(Protocol):
 
     def detokenize(self, tokens: Sequence[int]) -> str: ...
 
+    @property
+    def fim_tokens(self) -> tuple[int, int, int] | None: ...
+
 
 @dataclass(frozen=True)
 class Prefix:
@@ -160,6 +163,22 @@ def question_turn(tpl: Template, messages: Sequence[dict], question: str) -> Tur
         raise EngineError("this model's chat template rewrites earlier turns; "
                           "kvdesk needs an append-only template")
     return Turn(msgs, text, tpl.tokenize(text[len(before):]))
+
+
+def raw_prompt(tpl: Template, prompt: str, suffix: str | None = None) -> list[int]:
+    """A prompt read as it is, with no chat template (a legacy completion); with a suffix, the
+    fill-in-the-middle prompt of the model's own tokens (prefix, suffix, middle: the order
+    llama.cpp's infill uses), the texts' look-alikes of special tokens read as text."""
+    if suffix is None:
+        return tpl.tokenize(prompt, add_bos=tpl.adds_bos)
+    fim = tpl.fim_tokens
+    if fim is None:
+        raise EngineError("suffix: this model has no fill-in-the-middle tokens, so it cannot "
+                          "complete between a prompt and a suffix; leave the suffix out")
+    pre, suf, mid = fim
+    bos = tpl.tokenize("", add_bos=True) if tpl.adds_bos else []
+    return [*bos, pre, *tpl.tokenize(prompt, special=False), suf,
+            *tpl.tokenize(suffix, special=False), mid]
 
 
 def closing(tpl: Template, turn: Turn, answer: str) -> str:

@@ -141,6 +141,14 @@ class Runtime:
     def adds_bos(self) -> bool:
         return bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
 
+    @property
+    def fim_tokens(self) -> tuple[int, int, int] | None:
+        """The model's fill-in-the-middle tokens (prefix, suffix, middle), if it has them."""
+        v = self._vocab
+        ids = (llama_cpp.llama_vocab_fim_pre(v), llama_cpp.llama_vocab_fim_suf(v),
+               llama_cpp.llama_vocab_fim_mid(v))
+        return ids if min(ids) >= 0 else None
+
     def render_chat(self, messages: Sequence[dict], *, add_generation_prompt: bool) -> str:
         """The chat template applied to `messages` ({"role", "content"} dicts); ending with
         system messages, up to where the next user turn's text begins."""

@@ -3,6 +3,12 @@
     api         the ASGI application (FastAPI): OpenAI's routes, and kvdesk's own
     schemas     what requests may carry and the OpenAI shapes answered
     bridge      blocking engine calls driven from the event loop, cancelled when a client leaves
+    legacy      OpenAI's text completions (with fill-in-the-middle), one model's object
+    responses   OpenAI's Responses API, its text subset, conversations kept by id
+    ollama      Ollama's API (`ollama_shapes`: its requests, options and answers)
+    edges       CORS for the origins allowed, unknown routes, Ollama's error JSON
+    streams     an answer's reports as a stream's objects; served: the model's names
+    listeners   the sockets: the server's port, and Ollama's 11434 when free
     discovery   the server file by which `kvdesk ask` finds a server on its data directory
     client      the command line's side of a running server
 
@@ -22,7 +28,6 @@ import contextlib
 import ipaddress
 import logging
 import signal
-import socket
 import threading
 from collections.abc import Iterator
 
@@ -30,7 +35,7 @@ import uvicorn
 
 from ..app import App
 from ..errors import EngineError
-from . import bridge, discovery
+from . import bridge, discovery, listeners
 from .api import create_api
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
@@ -76,9 +81,11 @@ def check_bind(host: str, api_key: str | None) -> None:
 
 class Server:
     def __init__(self, app: App, *, host: str = "127.0.0.1", port: int = 8765,
-                 api_key: str | None = None):
+                 api_key: str | None = None, ollama_port: int | None = None):
         check_bind(host, api_key)
         self.app, self.host, self.port, self.api_key = app, host, port, api_key
+        self.ollama_port = ollama_port  # also listen there when free (None: not)
+        self.ollama_url: str | None = None  # where it does, once it serves
         self.stopping = bridge.Stopping()
         config = uvicorn.Config(create_api(app, api_key=api_key, stopping=self.stopping),
                                 host=host, port=port, log_level="warning", lifespan="off",
@@ -88,34 +95,37 @@ class Server:
 
     @property
     def url(self) -> str:
+        return self._url(self.port)
+
+    def _url(self, port: int) -> str:
         host = self.host if ":" not in self.host else f"[{self.host}]"
-        return f"http://{host}:{self.port}"
+        return f"http://{host}:{port}"
 
     def run(self) -> None:
         """Serve until stopped (a signal in the main thread, or stop()); blocks."""
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        with socket.socket(family) as probe:  # a clear error now, not uvicorn's exit later
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                probe.bind((self.host, self.port))
-            except OSError as e:
-                raise EngineError(f"cannot serve on {self.host}:{self.port} ({e.strerror}): "
-                                  "choose another --port or --host") from None
-            self.port = probe.getsockname()[1]  # port 0: a free one, named in the server file
+        sockets = [listeners.bind(self.host, self.port)]
+        self.port = sockets[0].getsockname()[1]  # port 0: a free one, named in the server file
         self.uvicorn.config.port = self.port
         running = discovery.live(self.app.data_dir)
         if running:
+            sockets[0].close()
             raise EngineError(f"a kvdesk server already serves this data directory at "
                               f"{running}: stop it first, or use it")
-        self.app.engine.warm_up()  # the model and the codec, before any request
-        self.app.engine.contexts.wait_warm()
         try:
+            self.app.engine.warm_up()  # the model and the codec, before any request
+            self.app.engine.contexts.wait_warm()
+            if self.ollama_port is not None and self.ollama_port != self.port:
+                sockets += filter(None, [listeners.spare(self.host, self.ollama_port)])
+            if len(sockets) > 1:
+                self.ollama_url = self._url(sockets[1].getsockname()[1])
             threading.Thread(target=self._announce, daemon=True).start()
             with _stop_signals_handled():
-                self.uvicorn.run()
+                self.uvicorn.run(sockets=sockets)
         finally:
             self.stopping.stop()
             discovery.remove(self.app.data_dir)
+            for sock in sockets:
+                sock.close()
 
     def stop(self) -> None:
         self.stopping.stop()
@@ -146,7 +156,7 @@ class LocalAPI:
     def start(self, port: int) -> str:
         """Serve on 127.0.0.1:port (blocks until it serves); its base URL."""
         self.stop()
-        server = Server(self.app, port=port)
+        server = Server(self.app, port=port, ollama_port=self.app.settings.ollama_port)
         failed: list[BaseException] = []
 
         def run() -> None:

@@ -1,4 +1,6 @@
-"""The local API as an ASGI application (FastAPI): OpenAI's routes, and kvdesk's own.
+"""The local API as an ASGI application (FastAPI): OpenAI's chat routes, and kvdesk's own
+(`legacy`, `responses`, `ollama` and `edges` add the rest: text completions, the Responses
+API, Ollama's API, CORS).
 
     GET  /v1/models                           the loaded model (and "default")
     POST /v1/chat/completions                 OpenAI chat completions, streamed or not, with a
@@ -265,6 +267,14 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping) -> F
 
         return await _respond(request, stopping, work, body.stream)
 
+    # The rest of OpenAI's surface, Ollama's API, and the edges (CORS, unknown routes, Ollama's
+    # error JSON); imported here, as they use this module's errors.
+    from . import edges, legacy, ollama, responses
+
+    legacy.install(api, app, stopping)
+    responses.install(api, app, stopping)
+    ollama.install(api, app, stopping)
+    edges.install(api, origins=app.settings.cors_origins, api_key=api_key)
     return api
 
 

@@ -21,27 +21,45 @@ from pydantic import Field
 from ..errors import EngineError
 from ..options import GenerationOptions, RestoreOptions
 from ..results import Completion
-from ..validation import parse
+from ..validation import InvalidValue, parse
 
 MAX_STOP = 4  # as OpenAI
 
 
-class TextPart(pydantic.BaseModel):
+# Content parts kvdesk's models cannot read, each refused in words the user can act on.
+UNREADABLE_PARTS = {"image_url": "images are not supported by this model",
+                    "input_image": "images are not supported by this model",
+                    "input_audio": "audio is not supported by this model",
+                    "file": "files in messages are not supported: attach documents through "
+                            "/v1/kvdesk/documents and name them in the kvdesk field"}
+
+
+class Part(pydantic.BaseModel):
+    """One part of a message's content; only text is read (`Message.check_parts`)."""
+
     model_config = pydantic.ConfigDict(extra="ignore")
-    type: Literal["text"]
-    text: str
+    type: str
+    text: str | None = None
 
 
 class Message(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="ignore")
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart] | None = None
+    content: str | list[Part] | None = None
+
+    def check_parts(self, where: str) -> None:
+        for i, part in enumerate(self.content if isinstance(self.content, list) else []):
+            if part.type != "text":
+                raise InvalidValue(f"{where}.content.{i}", UNREADABLE_PARTS.get(
+                    part.type, f"a {part.type!r} part is not supported: text only"))
+            if part.text is None:
+                raise InvalidValue(f"{where}.content.{i}.text", "a text part needs its text")
 
     def flat(self) -> dict:
         """{"role", "content"} as the chat template takes it (a developer message is a
         system message; text parts joined)."""
         text = self.content if isinstance(self.content, str) else \
-            "".join(p.text for p in self.content or [])
+            "".join(p.text or "" for p in self.content or [])
         return {"role": "system" if self.role == "developer" else self.role, "content": text}
 
 
@@ -68,13 +86,16 @@ class StreamOptions(pydantic.BaseModel):
 
 UNSUPPORTED = {"tools": "tool calls", "functions": "function calls",
                "tool_choice": "tool calls", "function_call": "function calls",
-               "audio": "audio", "prediction": "predicted outputs"}
+               "audio": "audio", "prediction": "predicted outputs",
+               "logit_bias": "logit biases", "web_search_options": "web searches"}
 
 
-class ChatRequest(pydantic.BaseModel):
+class Sampled(pydantic.BaseModel):
+    """What OpenAI's chat and text completions share: the model, streaming, how the answer is
+    sampled and where it stops."""
+
     model_config = pydantic.ConfigDict(extra="allow")
     model: str = Field(min_length=1)
-    messages: list[Message] = Field(min_length=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
     # GenerationOptions' fields by their names (OpenAI's, and llama.cpp server's for top_k,
@@ -93,9 +114,7 @@ class ChatRequest(pydantic.BaseModel):
     seed: int | None = None
     stop: str | list[str] | None = None
     n: int = 1
-    logprobs: bool | None = None
-    response_format: dict | None = None
-    kvdesk: KvdeskOptions = Field(default_factory=KvdeskOptions)
+    logprobs: bool | int | None = None
 
     def check_supported(self) -> None:
         for name, what in UNSUPPORTED.items():
@@ -105,8 +124,8 @@ class ChatRequest(pydantic.BaseModel):
             raise EngineError("n: kvdesk answers with one choice")
         if self.logprobs:
             raise EngineError("logprobs: not supported")
-        if self.response_format and self.response_format.get("type") not in (None, "text"):
-            raise EngineError("response_format: only text is supported")
+        if any(m != "text" for m in (self.model_extra or {}).get("modalities") or []):
+            raise EngineError("modalities: kvdesk answers text only")
 
     def generation(self) -> GenerationOptions:
         given = {name: getattr(self, name) for name in GenerationOptions.model_fields}
@@ -120,6 +139,19 @@ class ChatRequest(pydantic.BaseModel):
         if len(stops) > MAX_STOP:
             raise EngineError(f"stop: at most {MAX_STOP} sequences")
         return [s for s in stops if s]
+
+
+class ChatRequest(Sampled):
+    messages: list[Message] = Field(min_length=1)
+    response_format: dict | None = None
+    kvdesk: KvdeskOptions = Field(default_factory=KvdeskOptions)
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.response_format and self.response_format.get("type") not in (None, "text"):
+            raise EngineError("response_format: only text is supported")
+        for i, message in enumerate(self.messages):
+            message.check_parts(f"messages.{i}")
 
 
 class AskRequest(pydantic.BaseModel):

@@ -1,0 +1,97 @@
+"""What the local API answers at its edges: browsers (CORS), routes it does not serve, and the
+error dialect of Ollama's routes.
+
+- **CORS.** Web pages of the origins in the setting `cors_origins` (none by default) may call
+  the API from a browser: their preflights are answered, their responses carry the headers. Any
+  other origin gets no CORS header, so the browser keeps the response from the page. "*" (any
+  page) is refused when an API key is set: every page the user opens could then spend the key's
+  access. Preflights are answered before the API key is checked, as browsers send them bare.
+- **Unknown routes.** Every route kvdesk does not serve is answered in the API's error JSON
+  naming it (`POST /v1/embeddings: not served by kvdesk`), and a known route asked with the
+  wrong method says which methods it takes: never a bare "Not Found".
+- **Ollama's errors.** Under /api/ the server's errors (OpenAI's `{"error": {"message"...}}`,
+  wherever they were raised: the API key, the body limit, validation) become Ollama's
+  `{"error": "message"}`, which Ollama's clients read.
+"""
+
+from __future__ import annotations
+
+import json
+
+from fastapi import FastAPI, Request
+from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
+
+from ..errors import EngineError
+from . import schemas as s
+from .api import _json
+
+OLLAMA_PREFIX = "/api/"
+
+
+def install(api: FastAPI, *, origins: tuple[str, ...], api_key: str | None) -> None:
+    if "*" in origins and api_key is not None:
+        raise EngineError("cors_origins: \"*\" would let every web page the user opens use "
+                          "the API key; list the origins that may (such as "
+                          "http://localhost:3000)")
+
+    async def unknown(request: Request, e: HTTPException):
+        route = f"{request.method} {request.url.path}"
+        if e.status_code == 405:  # the router says which methods the path takes
+            return _json(405, s.error(f"{route}: this route takes "
+                                      f"{(e.headers or {}).get('Allow', '')}",
+                                      code="method_not_allowed"))
+        return _json(404, s.error(f"{route}: not served by kvdesk (OpenAI's routes are under "
+                                  "/v1, Ollama's under /api; README lists them)",
+                                  code="unknown_route"))
+
+    # By status, so they take precedence over the API's handler of HTTP errors in general,
+    # whenever a route is added: no route raises these, only the router when none matches.
+    api.add_exception_handler(404, unknown)
+    api.add_exception_handler(405, unknown)
+    api.add_middleware(OllamaErrors)
+    if origins:  # added last: outermost, so preflights are answered before the key is checked
+        api.add_middleware(CORSMiddleware, allow_origins=list(origins),
+                           allow_methods=["GET", "POST", "DELETE"], allow_headers=["*"],
+                           allow_credentials=False, max_age=600)
+
+
+class OllamaErrors:
+    """Error responses under /api/ in Ollama's shape: {"error": "message"}."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not scope["path"].startswith(OLLAMA_PREFIX):
+            return await self.app(scope, receive, send)
+        start: dict | None = None
+        body = bytearray()
+
+        async def reshaped(message):
+            nonlocal start
+            if message["type"] == "http.response.start" and message["status"] >= 400:
+                start = message  # held until the body is whole
+                return
+            if start is None or message["type"] != "http.response.body":
+                return await send(message)
+            body.extend(message.get("body", b""))
+            if message.get("more_body"):
+                return
+            out = _ollama_error(bytes(body))
+            headers = [(k, v) for k, v in start["headers"] if k.lower() != b"content-length"]
+            await send({**start, "headers": [*headers, (b"content-length",
+                                                        str(len(out)).encode())]})
+            await send({"type": "http.response.body", "body": out})
+
+        return await self.app(scope, receive, reshaped)
+
+
+def _ollama_error(body: bytes) -> bytes:
+    try:
+        error = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        return body
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return json.dumps({"error": error["message"]}).encode()
+    return body

@@ -1,0 +1,113 @@
+"""OpenAI's older surface that local tools still call: one model's object, and the text
+completions editors use for completion and fill-in-the-middle.
+
+    GET  /v1/models/{id}        the served model (`client.models.retrieve`)
+    POST /v1/completions        a prompt continued as it is (no chat template); with `suffix`,
+                                filled in between where the model has fill-in-the-middle
+                                tokens; streamed or not, through the persistent prompt cache
+
+A text completion goes through the same prompt cache as a chat completion: the longest stored
+prefix of its tokens comes back, only the rest is computed, and prompt and answer are kept as
+an entry (from `prompt_cache_min_tokens` on, or when it extends a stored one), so an editor's
+next completion in the same file starts from the cached file.
+
+Routes only translate, as in `api`: the engine does the work.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from sse_starlette.sse import EventSourceResponse
+
+from ..app import App
+from ..chat.completions import RawPrompt
+from ..errors import EngineError
+from ..results import Completion
+from . import bridge, streams
+from . import schemas as s
+from .api import PING_S, ApiError, _data, _error_of
+from .served import Served
+
+
+class TextRequest(s.Sampled):
+    """OpenAI's text completion request (its legacy `completions` endpoint)."""
+
+    prompt: str | list[str | int]
+    suffix: str | None = None
+    echo: bool = False
+    best_of: int | None = None
+
+    def text(self) -> RawPrompt:
+        self.check_supported()
+        if self.echo:
+            raise EngineError("echo: not supported; the answer is the completion only")
+        if self.best_of not in (None, 1):
+            raise EngineError("best_of: kvdesk answers with one completion")
+        prompt = self.prompt
+        if isinstance(prompt, list):
+            if prompt and not all(isinstance(p, str) for p in prompt):
+                raise EngineError("prompt: token ids are not supported; send the text")
+            if len(prompt) != 1:
+                raise EngineError(f"prompt: one prompt per request (got {len(prompt)})")
+            prompt = prompt[0]
+        return RawPrompt(prompt, self.suffix or None)
+
+
+def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
+    served = Served(app)
+
+    def model_object(name: str) -> dict:
+        created = int(Path(app.model_path).stat().st_mtime)
+        return {"id": name, "object": "model", "created": created, "owned_by": "kvdesk"}
+
+    def check_model(name: str) -> None:
+        if name not in served.openai_ids:
+            raise ApiError(404, served.refusal(name, ollama=False), code="model_not_found",
+                           param="model")
+
+    @api.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        check_model(model_id)
+        return model_object(model_id)
+
+    @api.post("/v1/completions")
+    async def completions(body: TextRequest, request: Request):
+        check_model(body.model)
+        prompt = body.text()
+        options = {"generation": body.generation(), "stop": body.stops()}
+        cid = f"cmpl-{uuid.uuid4().hex[:24]}"
+
+        def shaped(text: str, finish: str | None) -> dict:
+            return {"id": cid, "object": "text_completion", "created": int(time.time()),
+                    "model": body.model, "choices": [{"text": text, "index": 0,
+                                                      "logprobs": None,
+                                                      "finish_reason": finish}]}
+
+        if not body.stream:
+            done: Completion = await bridge.call(request, stopping, lambda cancel: app.engine
+                                                 .complete(prompt, cancel=cancel, **options))
+            return {**shaped(done.text, done.finish_reason), "usage": s.usage(done),
+                    "kvdesk": s.restore_info(done)}
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
+
+        def last(done: Completion) -> list[dict]:
+            final = [{**shaped("", done.finish_reason), "kvdesk": s.restore_info(done)}]
+            if include_usage:
+                final.append({**shaped("", None), "choices": [], "usage": s.usage(done)})
+            return final
+
+        async def events():
+            async for obj in streams.objects(
+                    stopping, lambda emit, cancel: app.engine.complete(
+                        prompt, cancel=cancel, on_token=emit, **options),
+                    piece=lambda text: shaped(text, None), done=last,
+                    error=lambda e: _error_of(e)[1]):
+                yield _data(obj)
+            yield {"data": "[DONE]"}
+
+        return EventSourceResponse(events(), ping=PING_S)
+

@@ -1,0 +1,156 @@
+"""Ollama's API on the local server, for the tools that speak only it: the `ollama` Python and
+JS clients, Open WebUI's Ollama mode, editor and notes plugins.
+
+    GET  /api/version, /api/tags, /api/ps     the server; the model it serves (and its context)
+    POST /api/show                            that model: details, parameters in effect,
+                                              capabilities
+    POST /api/chat                            a conversation answered, streamed as Ollama
+                                              streams (JSON lines) unless "stream": false
+    POST /api/generate                        a prompt: through the chat template (with
+                                              `system`), as it is (`raw`), or filled in
+                                              between (`suffix`, where the model can)
+    POST /api/embed, /api/embeddings          501: kvdesk has no embedding model yet
+
+Answers go through the same engine call as OpenAI's chat completions, so a conversation has one
+persistent prompt cache whichever API it comes through: the next turn, after a restart too,
+starts from the stored conversation. Model names are those of `kvdesk models` (`served`). Errors
+are Ollama's `{"error": "..."}` (`edges` reshapes the server's errors under /api/).
+
+Routes only translate: the engine does the work, on worker threads (`bridge`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+
+from .. import __version__
+from ..app import App
+from ..chat.completions import RawPrompt
+from ..results import Completion
+from . import bridge, streams
+from . import ollama_shapes as sh
+from .api import ApiError, _error_of
+from .served import Served
+
+# The Ollama release whose API this subset follows: clients that gate features on the
+# server's version (Open WebUI, the JS client) read it.
+OLLAMA_API_VERSION = "0.12.0"
+# When Ollama would unload the model: kvdesk keeps it for as long as it serves.
+NEVER = "9999-12-31T23:59:59Z"
+
+
+def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
+    served = Served(app)
+
+    async def check_model(name: str) -> None:
+        # On a thread: the first call may list the machine's models (headers, memoized).
+        if not await asyncio.to_thread(served.is_ollama_name, name):
+            raise ApiError(404, served.refusal(name, ollama=True), code="model_not_found",
+                           param="model")
+
+    def listed() -> dict:
+        path = Path(app.model_path)
+        st = path.stat()
+        return {"name": served.ollama_name, "model": served.ollama_name,
+                "modified_at": sh.timestamp(st.st_mtime), "size": st.st_size,
+                "digest": app.model_hash, "details": details()}
+
+    def details() -> dict:
+        facts = app.model_facts
+        arch = facts.architecture if facts else None
+        return {"parent_model": "", "format": "gguf", "family": arch or "",
+                "families": [arch] if arch else None,
+                "parameter_size": _parameters(facts.parameters if facts else None),
+                "quantization_level": (facts.quantization if facts else None) or ""}
+
+    @api.get("/api/version")
+    async def version():
+        return {"version": OLLAMA_API_VERSION, "kvdesk": __version__}
+
+    @api.get("/api/tags")
+    async def tags():
+        return {"models": [await asyncio.to_thread(listed)]}
+
+    @api.get("/api/ps")
+    async def ps():
+        running = await asyncio.to_thread(listed)
+        return {"models": [{**running, "expires_at": NEVER, "size_vram": 0,
+                            "context_length": app.engine.runtime.n_ctx}]}
+
+    @api.post("/api/show")
+    async def show(body: sh.ShowRequest):
+        await check_model(body.asked)
+        return await asyncio.to_thread(shown)
+
+    def shown() -> dict:
+        facts, engine = app.model_facts, app.engine
+        values = engine.sampling().options
+        ollama_names = {kvdesk: ollama for ollama, kvdesk in sh.SAMPLING.items()}
+        parameters = "\n".join(f"{ollama_names[name]} {value}" for name, value in
+                               values.model_dump().items() if value is not None)
+        info = {"general.architecture": facts.architecture, "general.name": facts.name,
+                "general.parameter_count": facts.parameters,
+                f"{facts.architecture}.context_length": facts.context_length} if facts else {}
+        return {"modelfile": f"# kvdesk serves this file as it is\nFROM {app.model_path}\n"
+                             + "".join(f"PARAMETER {line}\n" for line in parameters.splitlines()),
+                "parameters": parameters, "details": details(), "model_info": info,
+                "capabilities": ["completion", *(["insert"] if engine.runtime.fim_tokens
+                                                 else [])],
+                "modified_at": sh.timestamp(Path(app.model_path).stat().st_mtime)}
+
+    @api.post("/api/chat")
+    async def chat(body: sh.ChatRequest, request: Request):
+        await check_model(body.model)
+        messages = body.conversation()
+        generation, stop = body.generation()
+        if not messages:
+            return sh.loaded(body.model, True, body.unloading())
+        return await answer(request, body, lambda **kw: app.engine.complete(
+            messages, generation=generation, stop=stop, **kw), sh.chat_piece)
+
+    @api.post("/api/generate")
+    async def generate(body: sh.GenerateRequest, request: Request):
+        await check_model(body.model)
+        body.check_supported()
+        generation, stop = body.generation()
+        if not body.prompt and not body.suffix:
+            return sh.loaded(body.model, False, body.unloading())
+        if body.raw or body.suffix:
+            prompt = RawPrompt(body.prompt, body.suffix or None)
+        else:
+            prompt = [*([{"role": "system", "content": body.system}] if body.system else []),
+                      {"role": "user", "content": body.prompt}]
+        return await answer(request, body, lambda **kw: app.engine.complete(
+            prompt, generation=generation, stop=stop, **kw), sh.generate_piece)
+
+    async def answer(request: Request, body, call: Callable[..., Completion],
+                     piece: Callable[..., dict]):
+        """The answer as one object, or streamed as JSON lines ending with the counts."""
+        started, model = time.perf_counter(), body.model
+        if not body.stream:
+            done = await bridge.call(request, stopping, lambda cancel: call(cancel=cancel))
+            return {**piece(model, done.text, done=True), **sh.final(done, started)}
+        return streams.ndjson(streams.objects(
+            stopping, lambda emit, cancel: call(cancel=cancel, on_token=emit),
+            piece=lambda text: piece(model, text),
+            done=lambda d: [{**piece(model, "", done=True), **sh.final(d, started)}],
+            error=lambda e: sh.error(_error_of(e)[1]["error"]["message"])))
+
+    @api.post("/api/embed")
+    @api.post("/api/embeddings")
+    async def embed():
+        raise ApiError(501, "embeddings are not available yet: kvdesk has no embedding model "
+                       "(POST /api/embed, /api/embeddings)", code="not_implemented")
+
+
+
+def _parameters(n: int | None) -> str:
+    """Ollama's way of saying a model's size: "135M", "3.2B"."""
+    if not n:
+        return ""
+    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"

@@ -1,0 +1,194 @@
+"""What Ollama's API requests may carry, how their `options` map onto kvdesk's, and the
+objects Ollama answers with.
+
+Ollama's `options` go through kvdesk's one validation layer (`options.GenerationOptions`), each
+named as the client sent it: `options.num_predict: Input should be greater than or equal to 1`.
+Sampling options map onto kvdesk's by name (`num_predict` is the longest answer); options that
+tell Ollama's runner how to use the hardware (`num_gpu`, `num_thread`, `use_mmap`...) are
+accepted and have nothing to do here; `num_ctx` is accepted, the server's context size holding
+(`kvdesk serve --n-ctx`); a sampler kvdesk does not have (`mirostat`, `typical_p`, `tfs_z`) is
+accepted only at the value that turns it off, and any other option is refused by name, as are
+images, tools, structured output and thinking. Answers are Ollama's objects: a streamed answer
+is JSON lines, each piece `"done": false`, the last `"done": true` with `done_reason`, the
+durations in nanoseconds and the token counts, plus kvdesk's field saying how the prompt came
+back (`restored_tokens`...). It answers nothing itself: `ollama` routes the requests.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import pydantic
+
+from ..errors import EngineError
+from ..options import GenerationOptions
+from ..results import Completion
+from ..validation import InvalidValue, parse
+from . import schemas as s
+
+# Ollama's names of kvdesk's generation options.
+SAMPLING = {"num_predict": "max_tokens", "temperature": "temperature", "top_k": "top_k",
+            "top_p": "top_p", "min_p": "min_p", "repeat_penalty": "repeat_penalty",
+            "repeat_last_n": "repeat_last_n", "presence_penalty": "presence_penalty",
+            "frequency_penalty": "frequency_penalty", "seed": "seed"}
+# How Ollama's runner loads the model and uses the hardware: nothing to do with the answer.
+RUNNER = {"num_ctx", "num_keep", "num_batch", "num_gpu", "main_gpu", "use_mmap", "use_mlock",
+          "num_thread", "numa", "low_vram", "vocab_only", "f16_kv", "logits_all",
+          "penalize_newline", "mirostat_tau", "mirostat_eta"}
+# Samplers kvdesk does not have, at the value that turns each off.
+OFF = {"mirostat": 0, "typical_p": 1, "tfs_z": 1}
+NO_IMAGES = "images are not supported by this model"
+
+
+class Message(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="ignore")
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None = ""
+    images: list[str] | None = None
+    tool_calls: list[Any] | None = None
+
+    def checked(self, where: str) -> dict:
+        if self.images:
+            raise InvalidValue(f"{where}.images", NO_IMAGES)
+        if self.role == "tool" or self.tool_calls:
+            raise InvalidValue(where, "tool messages are not supported: kvdesk answers text "
+                                      "only")
+        return {"role": self.role, "content": self.content or ""}
+
+
+class _Request(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="ignore")
+    model: str = pydantic.Field(min_length=1)
+    options: dict[str, Any] = pydantic.Field(default_factory=dict)
+    stream: bool = True  # Ollama's default
+    format: str | dict | None = None
+    keep_alive: str | float | None = None  # accepted: kvdesk keeps the model while serving
+    think: bool | str | None = None
+
+    def check_supported(self) -> None:
+        if self.format:
+            raise EngineError("format: structured output (JSON or a schema) is not supported; "
+                              "kvdesk answers text")
+        if self.think:
+            raise EngineError(f"think: {self.model!r} does not support thinking")
+
+    def unloading(self) -> bool:
+        """keep_alive 0 asks Ollama to unload the model; kvdesk keeps it while serving."""
+        return self.keep_alive in (0, "0", "0s", "0m")
+
+    def generation(self) -> tuple[GenerationOptions, list[str]]:
+        """The options as kvdesk's generation options (checked), and the stop strings."""
+        given, names = {}, {}
+        for key, value in self.options.items():
+            if key in SAMPLING:
+                if value is not None and not (key == "seed" and value == -1) and not (
+                        key == "num_predict" and value in (-1, -2)):  # -1, -2: no limit
+                    given[SAMPLING[key]] = value
+                names[SAMPLING[key]] = f"options.{key}"
+            elif key in OFF:
+                if value not in (None, OFF[key]):
+                    raise InvalidValue(f"options.{key}", f"kvdesk has no {key} sampler; "
+                                       f"leave it out, or {OFF[key]} (off)")
+            elif key == "num_ctx":
+                if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                          or value < 1):
+                    raise InvalidValue("options.num_ctx", f"a positive whole number (got "
+                                       f"{value!r})")
+            elif key not in RUNNER and key != "stop":
+                raise InvalidValue(f"options.{key}", "not an option kvdesk knows")
+        stop = self.options.get("stop") or []
+        stops = [stop] if isinstance(stop, str) else stop
+        if not isinstance(stops, list) or not all(isinstance(x, str) for x in stops):
+            raise InvalidValue("options.stop", "a list of strings")
+        return parse(GenerationOptions, given, names=names), [x for x in stops if x]
+
+
+class ChatRequest(_Request):
+    messages: list[Message] = pydantic.Field(default_factory=list)
+    tools: list[Any] | None = None
+
+    def conversation(self) -> list[dict]:
+        self.check_supported()
+        if self.tools:
+            raise EngineError("tools: kvdesk answers text only; tool calls are not supported")
+        return [m.checked(f"messages.{i}") for i, m in enumerate(self.messages)]
+
+
+class GenerateRequest(_Request):
+    prompt: str = ""
+    suffix: str | None = None
+    system: str | None = None
+    template: str | None = None
+    context: list[int] | None = None
+    raw: bool = False
+    images: list[str] | None = None
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.images:
+            raise InvalidValue("images", NO_IMAGES)
+        if self.template:
+            raise EngineError("template: kvdesk renders prompts with the model's own chat "
+                              "template; leave it out, or send raw prompts (raw: true)")
+        if self.context:
+            raise EngineError("context: not supported; send the conversation to /api/chat, "
+                              "whose prompt cache keeps it across requests and restarts")
+
+
+class ShowRequest(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="ignore")
+    model: str | None = None
+    name: str | None = None  # older clients' name for it
+
+    @property
+    def asked(self) -> str:
+        if not (self.model or self.name):
+            raise InvalidValue("model", "the model to show is needed")
+        return self.model or self.name
+
+
+# -- answers ------------------------------------------------------------------------------------
+
+
+def timestamp(seconds: float | None = None) -> str:
+    """RFC 3339, as Ollama writes its times."""
+    return datetime.fromtimestamp(time.time() if seconds is None else seconds, UTC) \
+        .isoformat().replace("+00:00", "Z")
+
+
+def stamped(model: str, **fields) -> dict:
+    return {"model": model, "created_at": timestamp(), **fields}
+
+
+def chat_piece(model: str, text: str, *, done: bool = False) -> dict:
+    return stamped(model, message={"role": "assistant", "content": text}, done=done)
+
+
+def generate_piece(model: str, text: str, *, done: bool = False) -> dict:
+    return stamped(model, response=text, done=done)
+
+
+def loaded(model: str, chat: bool, unloading: bool) -> dict:
+    """The answer to an empty request: clients send one to load (or unload) the model."""
+    piece = chat_piece if chat else generate_piece
+    return {**piece(model, "", done=True), "done_reason": "unload" if unloading else "load"}
+
+
+def final(c: Completion, started: float) -> dict:
+    """The last object's counts and durations (ns), and how the prompt came back."""
+    total = time.perf_counter() - started
+    return {"done_reason": "length" if c.finish_reason == "length" else "stop",
+            "total_duration": _ns(total), "load_duration": 0,
+            "prompt_eval_count": c.prompt_tokens, "prompt_eval_duration": _ns(c.ttft_s),
+            "eval_count": c.completion_tokens, "eval_duration": _ns(max(0.0, total - c.ttft_s)),
+            "kvdesk": s.restore_info(c)}
+
+
+def error(message: str) -> dict:
+    return {"error": message}
+
+
+def _ns(seconds: float) -> int:
+    return int(seconds * 1e9)

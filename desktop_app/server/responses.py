@@ -1,0 +1,232 @@
+"""OpenAI's Responses API, its text subset: what `client.responses.create` sends for a
+conversation without tools.
+
+    POST   /v1/responses          `input` (a string, or message items of text parts),
+                                  `instructions`, `previous_response_id`, sampling; streamed as
+                                  the Responses API streams (typed events) or not
+    GET    /v1/responses/{id}     a stored response
+    DELETE /v1/responses/{id}     forget it
+
+A response continues the conversation `previous_response_id` names: the server keeps each
+stored response's conversation (its input items and answer; not its instructions, which, as
+OpenAI's, apply to one response only) in the data directory, so a conversation continues after
+a restart too, and through the same persistent prompt cache as chat completions: its stored KV
+comes back, only the new input is computed. `store: false` keeps nothing. The newest
+`KEEP` responses are kept. Tools, reasoning, images and files are refused by name.
+
+Routes only translate, as in `api`: the engine does the work.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Literal
+
+import pydantic
+from fastapi import FastAPI, Request
+from sse_starlette.sse import EventSourceResponse
+
+from ..app import App
+from ..errors import EngineError, MissingError
+from ..options import GenerationOptions
+from ..results import Completion
+from ..validation import InvalidValue, parse
+from . import bridge, streams
+from . import schemas as s
+from .api import PING_S, ApiError, _error_of
+from .served import Served
+
+KEEP = 2000  # stored responses; the oldest beyond are forgotten
+_ID = "resp_"
+
+
+class Item(pydantic.BaseModel):
+    """A message item of `input` (other item types are refused by name)."""
+
+    model_config = pydantic.ConfigDict(extra="ignore")
+    type: str = "message"
+    role: Literal["system", "developer", "user", "assistant"] | None = None
+    content: str | list[s.Part] | None = None
+
+    def message(self, where: str) -> dict:
+        if self.type != "message" or self.role is None:
+            raise InvalidValue(where, f"{self.type!r} items are not supported: kvdesk answers "
+                                      "text messages only")
+        parts = self.content if isinstance(self.content, list) else []
+        text = [p.model_copy(update={"type": "text"}) if p.type in ("input_text", "output_text")
+                else p for p in parts]  # the Responses API's names for text parts
+        msg = s.Message(role=self.role, content=text if isinstance(self.content, list)
+                        else self.content)
+        msg.check_parts(where)
+        return msg.flat()
+
+
+class ResponsesRequest(s.Sampled):
+    input: str | list[Item]
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    max_output_tokens: int | None = None
+    store: bool = True
+    text: dict | None = None
+    reasoning: dict | None = None
+
+    def conversation(self) -> list[dict]:
+        self.check_supported()
+        if self.reasoning and any(v for v in self.reasoning.values()):
+            raise EngineError("reasoning: kvdesk's models do not reason; leave it out")
+        fmt = (self.text or {}).get("format") or {}
+        if fmt.get("type") not in (None, "text"):
+            raise EngineError("text.format: only text is supported")
+        if isinstance(self.input, str):
+            return [{"role": "user", "content": self.input}]
+        return [item.message(f"input.{i}") for i, item in enumerate(self.input)]
+
+    def generation(self) -> GenerationOptions:
+        given = {name: getattr(self, name) for name in GenerationOptions.model_fields}
+        return parse(GenerationOptions, {**given, "max_tokens": self.max_output_tokens},
+                     names={"max_tokens": "max_output_tokens"})
+
+
+class Kept:
+    """Stored responses and their conversations: one JSON file each, written whole."""
+
+    def __init__(self, data_dir: Path):
+        self.folder = data_dir / "responses"
+
+    def path(self, rid: str) -> Path:
+        if not rid.startswith(_ID) or not rid[len(_ID):].isalnum():
+            raise MissingError(f"no stored response {rid!r}")
+        return self.folder / f"{rid}.json"
+
+    def load(self, rid: str) -> dict:
+        try:
+            return json.loads(self.path(rid).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise MissingError(f"no stored response {rid!r} (responses are kept when asked "
+                               f"with store: true, the newest {KEEP:,})") from None
+
+    def save(self, response: dict, conversation: list[dict]) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.path(response["id"])
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"response": response, "conversation": conversation}))
+        os.replace(tmp, path)
+        kept = sorted(self.folder.glob(f"{_ID}*.json"), key=lambda p: p.stat().st_mtime)
+        for old in kept[:-KEEP]:
+            old.unlink(missing_ok=True)
+
+    def delete(self, rid: str) -> None:
+        self.load(rid)  # a clear 404 for one never kept
+        self.path(rid).unlink(missing_ok=True)
+
+
+def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
+    served, kept = Served(app), Kept(app.data_dir)
+
+    @api.post("/v1/responses")
+    async def create(body: ResponsesRequest, request: Request):
+        if body.model not in served.openai_ids:
+            raise ApiError(404, served.refusal(body.model, ollama=False),
+                           code="model_not_found", param="model")
+        history = kept.load(body.previous_response_id)["conversation"] \
+            if body.previous_response_id else []
+        conversation = [*history, *body.conversation()]
+        system = [{"role": "system", "content": body.instructions}] if body.instructions else []
+        messages, generation = [*system, *conversation], body.generation()
+        rid, mid = f"{_ID}{uuid.uuid4().hex}", f"msg_{uuid.uuid4().hex}"
+        created = int(time.time())
+
+        def response(done: Completion | None) -> dict:
+            return shape(body, rid, mid, created, done)
+
+        def finish(done: Completion) -> dict:
+            answered = response(done)
+            if body.store:
+                kept.save(answered, [*conversation, {"role": "assistant", "content": done.text}])
+            return answered
+
+        if not body.stream:
+            done = await bridge.call(request, stopping, lambda cancel: app.engine.complete(
+                messages, generation=generation, cancel=cancel))
+            return finish(done)
+        at = {"item_id": mid, "output_index": 0}
+        part = {"type": "output_text", "text": "", "annotations": []}
+        opening = [("response.created", {"response": response(None)}),
+                   ("response.output_item.added", {"output_index": 0, "item": item(mid, None)}),
+                   ("response.content_part.added", {**at, "content_index": 0, "part": part})]
+
+        def closing(done: Completion) -> list[dict]:
+            answered = finish(done)
+            text = {**part, "text": done.text}
+            return [{"type": "response.output_text.done", **at, "content_index": 0,
+                     "text": done.text, "logprobs": []},
+                    {"type": "response.content_part.done", **at, "content_index": 0,
+                     "part": text},
+                    {"type": "response.output_item.done", "output_index": 0,
+                     "item": answered["output"][0]},
+                    {"type": f"response.{answered['status']}", "response": answered}]
+
+        async def events():
+            objects = streams.objects(
+                stopping, lambda emit, cancel: app.engine.complete(
+                    messages, generation=generation, cancel=cancel, on_token=emit),
+                piece=lambda text: {"type": "response.output_text.delta", **at,
+                                    "content_index": 0, "delta": text, "logprobs": []},
+                done=closing, error=lambda e: {"type": "error", **_error_of(e)[1]["error"]})
+            n = 0
+            for kind, obj in opening:
+                yield _event({"type": kind, **obj}, n)
+                n += 1
+            async for obj in objects:
+                yield _event(obj, n)
+                n += 1
+
+        return EventSourceResponse(events(), ping=PING_S)
+
+    @api.get("/v1/responses/{rid}")
+    async def retrieve(rid: str):
+        return kept.load(rid)["response"]
+
+    @api.delete("/v1/responses/{rid}")
+    async def delete(rid: str):
+        kept.delete(rid)
+        return {"id": rid, "object": "response.deleted", "deleted": True}
+
+
+def item(mid: str, done: Completion | None) -> dict:
+    return {"type": "message", "id": mid, "role": "assistant",
+            "status": "in_progress" if done is None else "completed",
+            "content": [] if done is None else [{"type": "output_text", "text": done.text,
+                                                 "annotations": []}]}
+
+
+def shape(body: ResponsesRequest, rid: str, mid: str, created: int,
+          done: Completion | None) -> dict[str, Any]:
+    """The response object: in progress (None), or answered."""
+    cut = done is not None and done.finish_reason == "length"
+    out = {"id": rid, "object": "response", "created_at": created, "model": body.model,
+           "status": "in_progress" if done is None else "incomplete" if cut else "completed",
+           "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
+           "error": None, "instructions": body.instructions,
+           "previous_response_id": body.previous_response_id,
+           "max_output_tokens": body.max_output_tokens, "temperature": body.temperature,
+           "top_p": body.top_p, "store": body.store, "parallel_tool_calls": False,
+           "tool_choice": "none", "tools": [], "text": {"format": {"type": "text"}},
+           "truncation": "disabled", "metadata": {},
+           "output": [] if done is None else [item(mid, done)], "usage": None}
+    if done is not None:
+        out["usage"] = {"input_tokens": done.prompt_tokens,
+                        "input_tokens_details": {"cached_tokens": done.cached_tokens},
+                        "output_tokens": done.completion_tokens,
+                        "output_tokens_details": {"reasoning_tokens": 0},
+                        "total_tokens": done.prompt_tokens + done.completion_tokens}
+        out["kvdesk"] = s.restore_info(done)
+    return out
+
+
+def _event(obj: dict, n: int) -> dict:
+    return {"event": obj["type"], "data": json.dumps({**obj, "sequence_number": n})}

@@ -1,0 +1,57 @@
+"""Which names the served model answers to, in each API the server speaks.
+
+A server serves the one model it loaded. OpenAI's routes know it by its file's name (its stem)
+and as "default"; Ollama's by the name `kvdesk models` gives it (an Ollama store's `name:tag`,
+another app's file by its path under that app's folder, "default" for the shipped model), and,
+as Ollama reads a name without a tag, with ":latest" added. A request for any other model is
+refused, saying which models are served and how to serve another.
+
+It never loads a model: names come from the settings, the file's path and its header.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+
+from ..app import App
+
+
+class Served:
+    def __init__(self, app: App):
+        self.app = app
+
+    @cached_property
+    def file_id(self) -> str:
+        return Path(self.app.model_path).stem
+
+    @property
+    def openai_ids(self) -> tuple[str, str]:
+        return self.file_id, "default"
+
+    @cached_property
+    def listed_name(self) -> str:
+        """The model's name as `kvdesk models` lists it."""
+        chosen = self.app.settings.model
+        if chosen is None:
+            return "default"
+        if not chosen.endswith(".gguf") and not Path(chosen).expanduser().is_file():
+            return chosen  # chosen by its listed name
+        path = str(Path(self.app.model_path).resolve())
+        # A path: its listed name if some app's folder holds it (headers only, memoized).
+        return next((m.name for m in self.app.list_models()
+                     if str(Path(m.path).resolve()) == path), self.file_id)
+
+    @property
+    def ollama_name(self) -> str:
+        return self.listed_name if ":" in self.listed_name else f"{self.listed_name}:latest"
+
+    def is_ollama_name(self, name: str) -> bool:
+        """Whether `name` (Ollama's way: a missing tag is ":latest") means the served model."""
+        full = name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
+        return full in (self.ollama_name, f"{self.file_id}:latest", "default:latest")
+
+    def refusal(self, name: str, *, ollama: bool) -> str:
+        served = repr(self.ollama_name) if ollama else " or ".join(map(repr, self.openai_ids))
+        return (f"model {name!r} is not served here: this server serves {served}; to use "
+                f"another, start `kvdesk --model NAME serve` (`kvdesk models` lists them)")

@@ -1,0 +1,97 @@
+"""The local API's edges without a model: the API key and CORS together (preflights answered
+bare, errors readable by the allowed page), each API's error dialect, routes that included
+routers serve, and the new settings' and flags' refusals."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi import APIRouter
+from starlette.testclient import TestClient
+
+from desktop_app.app import App
+from desktop_app.cli import main
+from desktop_app.server import bridge
+from desktop_app.server.api import create_api
+from desktop_app.settings import Settings
+
+ORIGIN = "http://localhost:3000"
+PREFLIGHT = {"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
+             "Access-Control-Request-Headers": "authorization, content-type"}
+
+
+def client(tmp_path, api_key=None, **settings) -> TestClient:
+    app = App(Settings(data_dir=str(tmp_path), **settings))
+    return TestClient(create_api(app, api_key=api_key, stopping=bridge.Stopping()))
+
+
+def test_a_keyed_server_answers_an_allowed_pages_preflight_and_lets_it_read_a_401(tmp_path):
+    c = client(tmp_path, api_key="s3cret", cors_origins=(ORIGIN,))
+    preflight = c.options("/v1/chat/completions", headers=PREFLIGHT)
+    assert preflight.status_code == 200  # browsers send preflights without the key
+    assert preflight.headers["access-control-allow-origin"] == ORIGIN
+    refused = c.post("/v1/chat/completions", json={}, headers={"Origin": ORIGIN})
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+    assert refused.headers["access-control-allow-origin"] == ORIGIN
+    # Under /api/ the same refusal is Ollama's error, which Ollama's clients read.
+    ollama = c.get("/api/tags")
+    assert ollama.status_code == 401 and "API key" in ollama.json()["error"]
+
+
+def test_any_origin_is_answered_as_any_only_without_a_key(tmp_path):
+    c = client(tmp_path, cors_origins=("*",))
+    r = c.get("/api/version", headers={"Origin": "http://anything.example"})
+    assert r.headers["access-control-allow-origin"] == "*"
+    none = client(tmp_path / "none").get("/api/version", headers={"Origin": ORIGIN})
+    assert "access-control-allow-origin" not in none.headers  # none listed: no page may
+
+
+def test_error_dialects_and_a_routers_route(tmp_path):
+    c = client(tmp_path)
+    router = APIRouter()
+
+    @router.post("/v1/kvdesk/elsewhere")
+    async def elsewhere():
+        return {}
+
+    c.app.include_router(router)  # a route added later, through a router
+    assert c.post("/v1/kvdesk/elsewhere").status_code == 200
+    wrong = c.get("/v1/kvdesk/elsewhere").json()["error"]
+    assert wrong["code"] == "method_not_allowed" and "takes POST" in wrong["message"]
+    assert c.get("/api/elsewhere").json() == {
+        "error": "GET /api/elsewhere: not served by kvdesk (OpenAI's routes are under /v1, "
+                 "Ollama's under /api; README lists them)"}
+    bad = c.post("/api/generate", content=b"{", headers={"content-type": "application/json"})
+    assert bad.status_code == 400 and isinstance(bad.json()["error"], str)
+    missing = c.post("/v1/completions", json={"model": "default"})
+    assert missing.status_code == 400 and missing.json()["error"]["param"] == "prompt"
+
+
+def test_the_new_settings_and_flags_are_checked(tmp_path, capsys):
+    with pytest.raises(ValueError, match="ollama_port"):
+        Settings(ollama_port=70000)
+    with pytest.raises(ValueError, match="not an origin"):
+        Settings(cors_origins=("localhost:3000",))
+    assert Settings(ollama_port=None, cors_origins=("https://a.example:8443",))
+    with pytest.raises(SystemExit) as exited:
+        main(["--data-dir", str(tmp_path), "serve", "--ollama-port", "70000"])
+    err = capsys.readouterr().err
+    assert exited.value.code == 1 and "--ollama-port" in err and "Traceback" not in err
+
+
+def test_the_served_models_names(tmp_path):
+    from desktop_app.server.served import Served
+
+    shipped = Served(App(Settings(data_dir=str(tmp_path))))
+    assert shipped.ollama_name == "default:latest"
+    assert all(shipped.is_ollama_name(n) for n in ("default", "default:latest",
+                                                   f"{shipped.file_id}:latest"))
+    assert not shipped.is_ollama_name("llama3.2:3b") and not shipped.is_ollama_name("default:7b")
+    folder = tmp_path / "models"
+    (folder / "team").mkdir(parents=True)
+    path = folder / "team" / "tiny.gguf"
+    path.write_bytes(b"GGUF not really")  # listed (as unreadable) by its name all the same
+    by_path = Served(App(Settings(data_dir=str(tmp_path), model=str(path),
+                                  model_folders=(str(folder),))))
+    listed = {m.path: m.name for m in by_path.app.list_models()}
+    assert by_path.listed_name == listed[str(path)] and "tiny" in by_path.listed_name
+    assert by_path.is_ollama_name(by_path.listed_name)

@@ -1,0 +1,237 @@
+"""Ollama's API on the local server, with the official `ollama` client and plain HTTP, on the
+real default model: list, show, ps, chat streamed and not, generate; the stream line by line;
+one prompt cache with OpenAI's chat completions, across a restart; Ollama's errors; the second
+listener; CORS for an allowed and a refused origin."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import httpx
+import ollama
+import pytest
+
+from desktop_app.app import App
+from desktop_app.errors import EngineError
+from desktop_app.server import Server, listeners
+from desktop_app.settings import Settings
+from tests.test_server import SYSTEM, Running, answer_stops
+
+pytestmark = pytest.mark.model
+
+ORIGIN = "http://localhost:5173"
+QUIET = {"num_predict": 8, "temperature": 0}
+FINAL_KEYS = {"done_reason", "total_duration", "load_duration", "prompt_eval_count",
+              "prompt_eval_duration", "eval_count", "eval_duration"}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    # Ollama's second port: any free one here (11434 may be a real Ollama's on this machine).
+    running = Running(tmp_path_factory.mktemp("ollama"), ollama_port=0, cors_origins=(ORIGIN,))
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return ollama.Client(host=served.server.ollama_url)
+
+
+def test_the_second_listener_serves_the_same_api(served):
+    assert served.server.ollama_url and served.server.ollama_url != served.url
+    for base in (served.url, served.server.ollama_url):
+        r = httpx.get(f"{base}/api/version", trust_env=False)
+        assert r.status_code == 200 and r.json()["version"]
+
+
+def test_list_show_and_ps_with_the_ollama_client(client, served):
+    (model,) = client.list().models
+    assert model.model == "default:latest" and model.size > 1_000_000
+    assert model.details.format == "gguf" and model.details.family == "llama"
+    assert model.details.parameter_size == "135M" and model.details.quantization_level
+    shown = client.show("default")
+    assert shown.capabilities == ["completion"]  # SmolLM2 has no fill-in-the-middle tokens
+    assert shown.modelinfo["llama.context_length"] == 8192
+    assert "temperature" in shown.parameters and "FROM " in shown.modelfile
+    (running,) = client.ps().models
+    assert running.context_length == 1024 and running.name == "default:latest"
+
+
+def test_chat_streamed_and_not_with_the_ollama_client(client):
+    messages = [{"role": "system", "content": SYSTEM},
+                {"role": "user", "content": "When is the Saturday crossing?"}]
+    whole = client.chat(model="default", messages=messages, options=QUIET)
+    assert whole.done and whole.done_reason in ("stop", "length")
+    assert whole.message.role == "assistant" and whole.message.content
+    assert whole.eval_count > 0 and whole.prompt_eval_count > 100
+    assert whole.total_duration >= whole.prompt_eval_duration > 0
+    parts = list(client.chat(model="default", messages=messages, options=QUIET, stream=True))
+    assert [p.done for p in parts] == [False] * (len(parts) - 1) + [True]
+    assert "".join(p.message.content for p in parts) == whole.message.content
+    assert parts[-1].eval_count == whole.eval_count
+
+
+def test_generate_through_the_template_and_raw(client):
+    templated = client.generate(model="default:latest", prompt="Say hello.", options=QUIET)
+    assert templated.done and templated.response
+    raw = client.generate(model="default", prompt="The capital of France is", raw=True,
+                          options=QUIET)
+    assert raw.response and raw.prompt_eval_count < 10  # no chat template around it
+    loaded = client.generate(model="default", prompt="")
+    assert loaded.done and loaded.done_reason == "load"
+
+
+def test_the_stream_line_by_line(served):
+    body = {"model": "default", "messages": [{"role": "user", "content": "Say hi."}],
+            "options": QUIET}
+    with httpx.stream("POST", f"{served.url}/api/chat", json=body, trust_env=False) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("application/x-ndjson")
+        lines = [json.loads(line) for line in r.iter_lines() if line]
+    *pieces, last = lines
+    assert pieces and all(p["done"] is False and p["message"]["role"] == "assistant"
+                          and p["message"]["content"] and p["model"] == "default"
+                          and p["created_at"].endswith("Z") for p in pieces)
+    assert last["done"] is True and last["message"]["content"] == ""
+    assert FINAL_KEYS <= set(last) and last["eval_count"] >= len(pieces)
+    assert all(isinstance(last[k], int) for k in FINAL_KEYS - {"done_reason"})
+    assert last["kvdesk"]["restored_tokens"] + last["kvdesk"]["recomputed_tokens"] \
+        == last["prompt_eval_count"]
+
+
+def test_a_message_without_content_is_an_empty_one(served):
+    r = httpx.post(f"{served.url}/api/chat", trust_env=False, timeout=120, json={
+        "model": "default", "stream": False, "options": QUIET,
+        "messages": [{"role": "system", "content": None}, {"role": "user", "content": "Hi."}]})
+    assert r.status_code == 200 and r.json()["message"]["content"], r.text
+
+
+def test_options_go_through_kvdesks_validation(client):
+    seeded = {"num_predict": 10, "seed": 7, "temperature": 0.9}
+    asked = [{"role": "user", "content": "Name a colour."}]
+    first = client.chat(model="default", messages=asked, options=seeded)
+    assert first.message.content == client.chat(model="default", messages=asked,
+                                                options=seeded).message.content
+    assert first.eval_count <= 10
+    # accepted: the runner's options, samplers at their "off" value, keep_alive, num_ctx
+    client.chat(model="default", messages=asked, keep_alive="5m",
+                options={**QUIET, "num_thread": 2, "num_gpu": 0, "mirostat": 0, "num_ctx": 4096})
+    refused = [({"num_predict": 0}, "options.num_predict"), ({"top_p": 3}, "options.top_p"),
+               ({"mirostat": 2}, "options.mirostat"), ({"wild": 1}, "options.wild"),
+               ({"stop": [1]}, "options.stop")]
+    for options, named in refused:
+        with pytest.raises(ollama.ResponseError, match=named) as e:
+            client.chat(model="default", messages=asked, options=options)
+        assert e.value.status_code == 400
+
+
+def test_ollamas_errors(client, served):
+    cases = [(lambda: client.chat(model="llama3:8b", messages=[{"role": "user", "content": "x"}]),
+              404, "not served here"),
+             (lambda: client.chat(model="default", messages=[
+                 {"role": "user", "content": "what is this?", "images": ["aGVsbG8="]}]),
+              400, "images are not supported by this model"),
+             (lambda: client.generate(model="default", prompt="x", images=["aGVsbG8="]),
+              400, "images are not supported by this model"),
+             (lambda: client.chat(model="default", messages=[{"role": "user", "content": "x"}],
+                                  format="json"), 400, "format"),
+             (lambda: client.chat(model="default", messages=[{"role": "user", "content": "x"}],
+                                  tools=[{"type": "function", "function": {"name": "f"}}]),
+              400, "tools"),
+             (lambda: client.generate(model="default", prompt="def f(", suffix="  return 1"),
+              400, "fill-in-the-middle"),
+             (lambda: client.embed(model="default", input="x"), 501, "not available yet"),
+             (lambda: client.embeddings(model="default", prompt="x"), 501, "not available yet")]
+    for call, status, words in cases:
+        with pytest.raises(ollama.ResponseError, match=words) as e:
+            call()
+        assert e.value.status_code == status
+    for method, path, status in (("POST", "/api/pull", 404), ("GET", "/api/chat", 405),
+                                 ("POST", "/api/chat", 400)):
+        r = httpx.request(method, f"{served.url}{path}", content=b"{oops",
+                          headers={"content-type": "application/json"}, trust_env=False)
+        assert r.status_code == status and isinstance(r.json()["error"], str), r.text
+        assert "Traceback" not in r.text
+    assert "POST /api/pull" in httpx.post(f"{served.url}/api/pull", trust_env=False).text
+
+
+def test_one_prompt_cache_with_openais_chat_completions_across_a_restart(tmp_path):
+    asked = [{"role": "system", "content": SYSTEM},
+             {"role": "user", "content": "How long is the crossing?"}]
+    def chat(running, messages) -> dict:  # plain HTTP: the client drops kvdesk's field
+        r = httpx.post(f"{running.url}/api/chat", trust_env=False, timeout=120, json={
+            "model": "default", "messages": messages, "options": QUIET, "stream": False})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    first = Running(tmp_path)
+    try:
+        answer = chat(first, asked)
+        assert answer["kvdesk"]["stored"] is True
+    finally:
+        first.stop()
+    again = Running(tmp_path)  # a restart: the next server starts with an empty context
+    try:
+        turn2 = [*asked, {"role": "assistant", "content": answer["message"]["content"]},
+                 {"role": "user", "content": "Do bicycles pay?"}]
+        via_openai = again.client.chat.completions.create(
+            model="default", messages=turn2, max_tokens=8, temperature=0)
+        # The Ollama turn's stored KV, its answer included, came back for OpenAI's request.
+        assert via_openai.model_extra["kvdesk"]["restored_tokens"] \
+            > answer["prompt_eval_count"]
+        turn3 = [*turn2, {"role": "assistant", "content": via_openai.choices[0].message.content},
+                 {"role": "user", "content": "Thanks."}]
+        assert chat(again, turn3)["kvdesk"]["restored_tokens"] > via_openai.usage.prompt_tokens
+    finally:
+        again.stop()
+
+
+def test_cors_preflight_for_an_allowed_and_a_refused_origin(served):
+    url = f"{served.url}/v1/chat/completions"
+    ask = {"Access-Control-Request-Method": "POST",
+           "Access-Control-Request-Headers": "authorization, content-type"}
+    allowed = httpx.options(url, headers={"Origin": ORIGIN, **ask}, trust_env=False)
+    assert allowed.status_code == 200
+    assert allowed.headers["access-control-allow-origin"] == ORIGIN
+    assert "POST" in allowed.headers["access-control-allow-methods"]
+    assert "authorization" in allowed.headers["access-control-allow-headers"].lower()
+    refused = httpx.options(url, headers={"Origin": "http://evil.example", **ask},
+                            trust_env=False)
+    assert refused.status_code == 400 and "access-control-allow-origin" not in refused.headers
+    simple = httpx.get(f"{served.url}/api/tags", headers={"Origin": ORIGIN}, trust_env=False)
+    assert simple.headers["access-control-allow-origin"] == ORIGIN
+    other = httpx.get(f"{served.url}/api/tags", headers={"Origin": "http://evil.example"},
+                      trust_env=False)
+    assert "access-control-allow-origin" not in other.headers
+
+
+def test_cors_never_any_origin_with_an_api_key(tmp_path):
+    settings = Settings(data_dir=str(tmp_path), cors_origins=("*",))
+    with pytest.raises(EngineError, match="every web page"):
+        Server(App(settings), api_key="s3cret")
+    Server(App(settings))  # without a key, the user may open it to every page
+    with pytest.raises(ValueError, match="not an origin"):
+        Settings(cors_origins=("http://localhost:3000/app",))
+
+
+def test_a_taken_ollama_port_is_left_alone(caplog):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        assert listeners.spare("127.0.0.1", taken.getsockname()[1]) is None
+    assert "not free" in caplog.text
+    free = listeners.spare("127.0.0.1", 0)
+    assert free is not None
+    free.close()
+
+
+def test_a_client_leaving_ollamas_stream_stops_the_answer(served):
+    body = {"model": "default", "options": {"num_predict": 400, "temperature": 0},
+            "messages": [{"role": "user", "content": "Write a long story about a ship."}]}
+    with answer_stops(served.app), httpx.stream("POST", f"{served.url}/api/chat", json=body,
+                                                trust_env=False) as r:
+        for i, _ in enumerate(r.iter_lines()):
+            if i == 3:
+                break
