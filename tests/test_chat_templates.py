@@ -190,3 +190,15 @@ def test_gemma_answers_a_plain_question_instead_of_echoing_its_prompt(gemma_engi
     for a in (first, answer, again):
         assert a.answer and "Question" not in a.answer and "kvdesk" not in a.answer, a.answer
     assert "1.7" in answer.answer
+
+
+def test_a_prompt_continued_as_it_is_is_not_cut_at_a_line_by_a_base_models_chat_format(
+        gemma_engine):
+    """Only chat answers end with their line: a legacy completion (or Ollama's raw generate)
+    of a base model writes on past it."""
+    from desktop_app.chat.completions import RawPrompt
+    from desktop_app.options import GenerationOptions
+
+    done = gemma_engine.complete(RawPrompt("Shopping list:\n- apples\n- pears\n-"),
+                                 generation=GenerationOptions(max_tokens=24, temperature=0))
+    assert "\n" in done.text.strip() and done.completion_tokens > 6, done

@@ -130,7 +130,8 @@ class Completions:
                     stopped.set()  # the generation ends after this token
 
             sampling = s.sampling(generation).options
-            out = stream_answer(rt, sampling, t0, token, _Either(cancel, stopped))
+            out = stream_answer(rt, sampling, t0, token, _Either(cancel, stopped),
+                                chat=not isinstance(messages, RawPrompt))
             generated, ttft = out.tokens, out.ttft
             text = stops.finish()
             if stopped.is_set():

@@ -275,10 +275,9 @@ class Runtime:
             self._logits_at = self.llm.n_tokens
         return out
 
-    def is_end_of_generation(self, token: int) -> bool:
-        """The model's end-of-generation tokens, and what its chat template ends an answer
-        with (its line, for a base model asked in plain text)."""
-        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token)) or \
+    def is_end_of_generation(self, token: int, *, chat: bool = True) -> bool:
+        """End of generation; in a chat, also where its template ends an answer (a line)."""
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token)) or chat and \
             self.chat_template.ends_answer(self.llm._model.detokenize([token], special=False)
                                            .decode("utf-8", errors="replace"))
 
@@ -288,8 +287,10 @@ class Runtime:
         *,
         options: GenerationOptions = GenerationOptions(),
         cancel: threading.Event | None = None,
+        chat: bool = True,
     ) -> Iterator[Token]:
-        """Stream tokens continuing the sequence until end-of-generation, max_tokens or cancel.
+        """Stream tokens continuing the sequence until end-of-generation, max_tokens or cancel;
+        in a `chat`, also where the chat template ends an answer (False: a prompt as it is).
 
         `options` are run as they are: a stage whose field is None is off (greedy without
         penalties by default); the engine resolves the layers of defaults first. The context
@@ -311,7 +312,7 @@ class Runtime:
                     if self.llm.n_tokens >= self.n_ctx:
                         raise RuntimeStateError(f"the context of {self.n_ctx} tokens is full")
                     tok = sampler.sample(self.llm._ctx, -1)
-                    if self.is_end_of_generation(tok):
+                    if self.is_end_of_generation(tok, chat=chat):
                         return
                     # (_model.token_to_piece returns its whole 32-byte buffer, NULs included.)
                     piece = self.llm._model.detokenize([tok], special=False)
