@@ -75,9 +75,10 @@ class Exactness:
 
     def finish(self, chat_id: int, *, progress: Callable[[Progress], None] | None = None,
                cancel: threading.Event | None = None) -> bool:
-        """Wait for chat `chat_id`'s pass, queued or under way, reporting its progress; stop
-        waiting when `cancel` is set (the pass goes on). Whether its exact context is stored
-        (False: no pass was asked for, it failed, or the wait was cancelled)."""
+        """Wait for chat `chat_id`'s pass, queued or under way, reporting its progress once its
+        context is loaded; stop waiting when `cancel` is set (the pass goes on). Whether its
+        exact context is stored (False: no pass was asked for, it failed, or the wait was
+        cancelled)."""
         while True:
             with self._guard:
                 if chat_id not in self._queued:
@@ -114,6 +115,8 @@ class Exactness:
         with self.attach_lock:
             rt = self.contexts.get(ATTACH)
             _, tokens, _ = self.conversation(rt, chat_id)
+            with self._guard:  # under way: its context is loaded (`finish` says so from now)
+                self._progress[chat_id] = (0, len(tokens))
             rt.reset()
             try:
                 for start in range(0, len(tokens), SLICE):

@@ -182,34 +182,42 @@ def ask(app: App, args, chat_id, docs, restore, generation, no_server, as_json):
             question, chat_id=chat_id, doc_ids=doc_ids, restore=restore,
             generation=generation, on_token=on_token, on_restore=on_restore, progress=bar,
             cancel=cancel)
+    if not as_json:
+        click.echo()
+    if client is None:
+        finish_exact(app, res.chat_id, res.blended)
     if as_json:
         say([m for m in res.messages if m not in said])
         click.echo(json.dumps(res.as_dict(), indent=2))
     else:
-        click.echo()
         say([m for m in res.messages if m not in said])
         click.echo(f"[chat {res.chat_id}] first token after {res.ttft_s * 1000:.0f} ms "
                    f"(restore {res.restore_s * 1000:.0f} ms, {summary(res.chunk_levels)})",
                    err=True)
-    if client is None:
-        finish_exact(app, res.chat_id, res.blended)
 
 
 def finish_exact(app: App, chat_id: int, blended: dict | None) -> None:
     """A blended chat's exact context, computed before this process exits (which would end
     the engine's background pass, storing nothing), with progress; Ctrl-C skips it. A server
-    or the window computes it in the background instead: they keep running."""
+    or the window computes it in the background instead: they keep running.
+
+    Nothing is printed while the pass's context loads: llama.cpp's loader points this
+    process's stdout and stderr at /dev/null meanwhile, whichever thread prints. So the
+    command's own output comes after this."""
     if not blended or blended.get("mode") != "blended":
         return
     bar = TerminalProgress()
-    with interruptible() as cancel:  # before it is said: a Ctrl-C then only skips the pass
-        click.echo("Computing this chat's exact context, so that its next turns and reopens "
-                   "are exact (Ctrl-C skips it)...", err=True)
-        stored = app.engine.exactness.finish(chat_id, progress=bar, cancel=cancel)
+
+    def progress(p) -> None:
+        if bar.last is None:
+            click.echo("Computing this chat's exact context, so that its next turns and "
+                       "reopens are exact (Ctrl-C skips it)...", err=True)
+        bar(p)
+
+    with interruptible() as cancel:
+        stored = app.engine.exactness.finish(chat_id, progress=progress, cancel=cancel)
     bar.done()
-    if not stored:
-        # Stopped now, nothing of it stored; and said only then: a context still loading
-        # for the pass silences this process's stderr meanwhile (llama.cpp's loader).
+    if not stored:  # stopped now, nothing of it stored (and no context left loading)
         app.engine.exactness.close()
     say(["the exact context is stored: the next turns and reopens of this chat are exact"]
         if stored else
@@ -233,6 +241,8 @@ def reopen(app: App, chat_id, restore, no_server, as_json):
         rep = (client or app.engine).reopen(chat_id, restore=restore, progress=bar,
                                             cancel=cancel)
     bar.done()
+    if client is None:
+        finish_exact(app, chat_id, rep.blended)
     say(rep.messages)
     out = {"chat_id": chat_id, "tokens": rep.tokens, "restore_s": round(rep.restore_s, 4),
            "chunk_levels": rep.chunk_levels, "recomputed_tokens": rep.recomputed_tokens,
@@ -240,8 +250,6 @@ def reopen(app: App, chat_id, restore, no_server, as_json):
     emit(out, as_json, [f"restored {rep.tokens:,} tokens in {rep.restore_s * 1000:.0f} ms "
                         f"({summary(rep.chunk_levels)}; "
                         f"{rep.recomputed_tokens:,} recomputed)"])
-    if client is None:
-        finish_exact(app, chat_id, rep.blended)
 
 
 @cli.command()
