@@ -19,7 +19,8 @@ class Record:
 class Progress(Record):
     """Work under way: phase is extract | prefill | encode | store | restore | recompute |
     pull | push (from and to the shared cache tier) | repair | wait (for another process's turn
-    in the same chat) | split (a long document into passages, indexed)."""
+    in the same chat) | split (a long document into passages, indexed) | exact (a blended
+    chat's exact context)."""
 
     phase: str
     done: int
@@ -85,6 +86,9 @@ class RestoreReport(Record):
     # "blended" (the documents' own caches moved into place: approximate) or "exact".
     blended: dict | None = None
     recompute_s: float = 0.0  # computing the recomputed tokens from text
+    # Under "auto": chunks read below their best stored level, to fit the time budget at the
+    # speeds measured then (another run may read them otherwise).
+    adapted_chunks: int = 0
 
 
 def levels_summary(chunk_levels: list[str]) -> str:

@@ -32,6 +32,8 @@ DOC = "\n".join(
     f"lamp check at {i % 12 + 1} o'clock; the glass was cleaned {i % 3 + 1} times."
     for i in range(24))
 QUESTION = "How many ships did the keeper log in entry 5?"
+# Answered at length (a base model answers the question above in a token or two).
+LONG_QUESTION = "Write out entry 5 word for word."
 
 
 def make_engine(data_dir, gemma_path, **options) -> Engine:
@@ -90,8 +92,8 @@ def test_a_document_is_stored_as_chunks_and_its_window(engine, doc_id):
 
 def test_lossless_answers_token_for_token_like_recomputing(engine, doc_id):
     engine.runtime.reset()
-    cached = ask(engine, QUESTION, doc=doc_id, level="lossless", tokens=24)
-    fresh = ask(engine, QUESTION, doc=doc_id, no_cache=True, tokens=24)
+    cached = ask(engine, LONG_QUESTION, doc=doc_id, level="lossless", tokens=24)
+    fresh = ask(engine, LONG_QUESTION, doc=doc_id, no_cache=True, tokens=24)
     entry = engine.store.document_entry(doc_id, engine.fingerprint)
     n_parts = entry.n_chunks + WINDOW // CHUNK
     assert cached.recomputed_tokens == 0 and cached.chunk_levels == ["lossless"] * n_parts
@@ -167,7 +169,9 @@ def test_a_lossy_level_stays_within_its_bound(engine, doc_id):
 
 
 def test_an_unreadable_window_falls_back_to_an_earlier_entry_end(engine, doc_id):
-    first = ask(engine, QUESTION, doc=doc_id, tokens=8, level="lossless")
+    # A question no other test asks: its chat's tokens are its own, stored as its entry.
+    first = ask(engine, "How many storms were logged in entry 7?", doc=doc_id, tokens=8,
+                level="lossless")
     (turn,) = [e for e in engine.store.entries() if e.chat_id == first.chat_id]
     part = engine.store.windows([turn.id])[turn.id][-1]
     with sqlite3.connect(engine.store.path) as db:  # damaged at every level

@@ -28,16 +28,17 @@ class Answer:
 
 def stream_answer(rt: Runtime, generation: GenerationOptions, t0: float,
                   on_token: Callable[[str], None] | None,
-                  cancel: threading.Event | None) -> Answer:
+                  cancel: threading.Event | None, *, chat: bool = True) -> Answer:
     """Stream an answer sampled with `generation` (resolved: every field set), stopping it if
-    it loops."""
+    it loops (`chat` False: a prompt continued as it is, see `Runtime.generate`)."""
     generated: list[int] = []
     pieces: list[str] = []
     ttft, notes = None, []
     guard = LoopGuard()
     max_new = min(generation.max_tokens, rt.n_ctx - rt.n_tokens - 8)
     # closing: a loop left early still evaluates its last token, so the context holds it.
-    with contextlib.closing(rt.generate(max_new, options=generation, cancel=cancel)) as stream:
+    with contextlib.closing(rt.generate(max_new, options=generation, cancel=cancel,
+                                        chat=chat)) as stream:
         for tok in stream:
             if ttft is None:
                 ttft = time.perf_counter() - t0

@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from ..errors import EngineError
+from ..kv.streaming import adaptation_note
 from ..model.prompts import Turn, closing, passage_layout, raw_prompt
 from ..options import GenerationOptions, RestoreOptions
 from ..results import Completion, RestoreReport, Source
@@ -141,7 +142,8 @@ class Completions:
                     stopped.set()  # the generation ends after this token
 
             sampling = s.sampling(generation).options
-            out = stream_answer(rt, sampling, t0, token, _Either(cancel, stopped))
+            out = stream_answer(rt, sampling, t0, token, _Either(cancel, stopped),
+                                chat=not isinstance(messages, RawPrompt))
             generated, ttft = out.tokens, out.ttft
             text = stops.finish()
             if stopped.is_set():
@@ -155,7 +157,8 @@ class Completions:
             result = Completion(text, finish, len(prompt), len(generated),
                                 round(ttft if ttft is not None else time.perf_counter() - t0, 4),
                                 report, cached, False,
-                                [*picked, *report.messages, *notes, *out.notes],
+                                [*picked, *report.messages, *notes, *out.notes,
+                                 *adaptation_note(report, sampling)],
                                 [x.as_dict() for x in sources])
             if on_answered:
                 on_answered(result)

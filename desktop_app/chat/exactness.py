@@ -8,17 +8,23 @@ the chat context is busy, so the user's next question never waits for more than 
 can be cancelled (closing the engine) and stores nothing of a pass that does not finish; a
 chat or document deleted meanwhile makes the store refuse the entry, and that is all.
 
+A process about to exit (a one-shot `kvdesk ask`) would take the pass with it: it waits for
+the pass instead (`finish`), showing how far it got, and may stop waiting (Ctrl-C), which
+leaves the chat blended for its next turn.
+
 It never touches the chat context itself: it only tells the session when a chat became exact.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 from ..kv.contexts import ATTACH, Contexts
 from ..kv.kvcache import KVCache
 from ..model.runtime import PREFILL_SLICE
+from ..results import Progress
 from .background import Background
 from .fairlock import FairLock
 
@@ -42,18 +48,45 @@ class Exactness(Background):
         self.conversation = conversation  # (runtime, chat id) -> (messages, tokens, notes)
         self.first_document = first_document  # (runtime, chat id) -> what its entry extends
         self.on_exact = on_exact
+        self._stored: set[int] = set()  # chats whose exact context a pass stored
+        self._progress: dict[int, tuple[int, int]] = {}  # chat id: (tokens done, of)
+
+    def finish(self, chat_id: int, *, progress: Callable[[Progress], None] | None = None,
+               cancel: threading.Event | None = None) -> bool:
+        """Wait for chat `chat_id`'s pass, queued or under way, reporting its progress once its
+        context is loaded; stop waiting when `cancel` is set (the pass goes on). Whether its
+        exact context is stored (False: no pass was asked for, it failed, or the wait was
+        cancelled)."""
+        while True:
+            with self._guard:
+                if chat_id not in self._queued:
+                    return chat_id in self._stored
+                done, total = self._progress.get(chat_id, (0, 0))
+            if cancel is not None and cancel.is_set():
+                return False
+            if progress is not None and total:
+                progress(Progress("exact", done, total))
+            time.sleep(0.1)
 
     def work(self, chat_id: int) -> None:
         """Compute chat `chat_id`'s exact context and store it."""
         with self.attach_lock:
             rt = self.contexts.get(ATTACH)
             _, tokens, _ = self.conversation(rt, chat_id)
+            with self._guard:  # under way: its context is loaded (`finish` says so from now)
+                self._progress[chat_id] = (0, len(tokens))
             rt.reset()
             try:
                 for start in range(0, len(tokens), SLICE):
                     self.yield_to_turns()
                     rt.prefill(tokens[start:start + SLICE], cancel=self.cancel)
+                    with self._guard:
+                        self._progress[chat_id] = (min(start + SLICE, len(tokens)), len(tokens))
                 self.kv.store_chat(rt, chat_id, tokens, self.first_document(rt, chat_id))
             finally:
                 rt.reset()
+                with self._guard:
+                    self._progress.pop(chat_id, None)
+        with self._guard:
+            self._stored.add(chat_id)
         self.on_exact(chat_id)

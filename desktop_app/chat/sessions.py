@@ -365,10 +365,12 @@ class ChatSession:
                                   f"of a {rt.n_ctx:,}-token context; start a new chat")
             report = self.bring_in(rt, chat_id, context, options=restore, progress=progress,
                                    cancel=cancel, question=turn.tokens, docs=docs)
+            sampling = self.sampling(generation).options
+            notes += streaming.adaptation_note(report, sampling)
             report = replace(report, messages=[*picked, *notes, *report.messages])
             if on_restore:
                 on_restore(report)
-            out = stream_answer(rt, self.sampling(generation).options, t0, on_token, cancel)
+            out = stream_answer(rt, sampling, t0, on_token, cancel)
             generated, answer, ttft = out.tokens, out.text, out.ttft
             # Close the turn as the template would, so the next turn appends to it exactly.
             suffix = closing_text(rt, turn, answer)

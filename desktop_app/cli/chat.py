@@ -182,20 +182,57 @@ def ask(app: App, args, chat_id, docs, restore, generation, no_server, as_json):
         say(report.messages)
         said.extend(report.messages)
 
+    client = server_client(app, no_server)
     with interruptible() as cancel:
-        res = (server_client(app, no_server) or app.engine).ask(
+        res = (client or app.engine).ask(
             question, chat_id=chat_id, doc_ids=doc_ids, restore=restore,
             generation=generation, on_token=on_token, on_restore=on_restore, progress=bar,
             cancel=cancel)
+    if not as_json:
+        click.echo()
+    if client is None:
+        finish_exact(app, res.chat_id, res.blended)
     if as_json:
         say([m for m in res.messages if m not in said])
         click.echo(json.dumps(res.as_dict(), indent=2))
     else:
-        click.echo()
         say([m for m in res.messages if m not in said])
         click.echo(f"[chat {res.chat_id}] first token after {res.ttft_s * 1000:.0f} ms "
                    f"(restore {res.restore_s * 1000:.0f} ms, {summary(res.chunk_levels)})",
                    err=True)
+
+
+def finish_exact(app: App, chat_id: int, blended: dict | None) -> None:
+    """A blended chat's exact context, computed before this process exits (which would end
+    the engine's background pass, storing nothing), with progress; Ctrl-C skips it. A server
+    or the window computes it in the background instead: they keep running.
+
+    Nothing is printed while the pass's context loads: llama.cpp's loader points this
+    process's stdout and stderr at /dev/null meanwhile, whichever thread prints. So the
+    command's own output comes after this."""
+    if not blended or blended.get("mode") != "blended":
+        return
+    bar = TerminalProgress()
+
+    def progress(p) -> None:
+        if bar.last is None:
+            click.echo("Computing this chat's exact context, so that its next turns and "
+                       "reopens are exact (Ctrl-C skips it)...", err=True)
+        bar(p)
+
+    # A one-shot engine starts no work its exit would cancel: the pass is asked for here.
+    app.engine.exactness.request(chat_id)
+    with interruptible() as cancel:
+        stored = app.engine.exactness.finish(chat_id, progress=progress, cancel=cancel)
+    bar.done()
+    if not stored:  # stopped now, nothing of it stored (and no context left loading)
+        app.engine.exactness.close()
+    say(["the exact context is stored: the next turns and reopens of this chat are exact"]
+        if stored else
+        ["skipped: the chat stays blended, and its next turn offers this again"]
+        if cancel.is_set() else
+        ["the exact context could not be computed (the log says why): the chat stays "
+         "blended"])
 
 
 @cli.command()
@@ -207,10 +244,13 @@ def ask(app: App, args, chat_id, docs, restore, generation, no_server, as_json):
 def reopen(app: App, chat_id, restore, no_server, as_json):
     """Restore a chat's context into the model and report how."""
     bar = TerminalProgress()
+    client = server_client(app, no_server)
     with interruptible() as cancel:
-        rep = (server_client(app, no_server) or app.engine).reopen(
-            chat_id, restore=restore, progress=bar, cancel=cancel)
+        rep = (client or app.engine).reopen(chat_id, restore=restore, progress=bar,
+                                            cancel=cancel)
     bar.done()
+    if client is None:
+        finish_exact(app, chat_id, rep.blended)
     say(rep.messages)
     out = {"chat_id": chat_id, "tokens": rep.tokens, "restore_s": round(rep.restore_s, 4),
            "chunk_levels": rep.chunk_levels, "recomputed_tokens": rep.recomputed_tokens,

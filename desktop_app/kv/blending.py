@@ -164,8 +164,8 @@ class Blender:
         return RestoreReport(
             tokens=len(prefix), restore_s=time.perf_counter() - t0, bytes_read=n_bytes,
             chunk_levels=levels, recomputed_tokens=head.recomputed_tokens + computed,
-            messages=messages, source=head.source), Blend(reused, computed, "blended",
-                                                          exact_until)
+            messages=messages, source=head.source, adapted_chunks=head.adapted_chunks), \
+            Blend(reused, computed, "blended", exact_until)
 
     def _reuse(self, rt, entry, part, ropes, options, speeds, cancel, messages, levels):
         """(keys, values, which tokens are held, bytes read) of a later part from its own

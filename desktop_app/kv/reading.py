@@ -159,6 +159,9 @@ class ChunkReader:
         # A level the caller forces: read wherever it is stored; where it is not (or is
         # corrupt), another level is chosen as "auto" would, except for exact KV.
         self.forced = options.level if options.level != AUTO else None
+        # Under "auto": chunks planned below their best stored level (to fit the budget at
+        # the speeds measured now, which another run may not see: `adaptation_note`).
+        self.adapted = 0
         self.speeds = speeds
         self.raw_bytes = raw_bytes
         self.restart = restart or (lambda span: span.token_start)
@@ -215,6 +218,9 @@ class ChunkReader:
                     sizes = {lvl: n for lvl, n in self.source.sizes(self.spans[planned]).items()
                              if lvl in self.levels or lvl == self.forced}
                     level = self.plan(planned, sizes)
+                    if self.forced is None and level != next(
+                            (lvl for lvl in self.levels if lvl in sizes), TEXT):
+                        self.adapted += 1
                     future = None if level == TEXT else \
                         pool.submit(self.read, self.spans[planned], level)
                     window.append((planned, level, sizes, future))
@@ -275,3 +281,4 @@ class ChunkReader:
             except FuturesTimeout:
                 continue
         return None
+

@@ -39,7 +39,7 @@ from ..errors import Cancelled
 from ..model.kvstate import KVState, SeqState, StateBuffer
 from ..model.layout import ModelLayout
 from ..model.runtime import Runtime
-from ..options import AUTO, RestoreOptions
+from ..options import AUTO, GenerationOptions, RestoreOptions
 from ..results import Progress, RestoreEstimate, RestoreReport
 from .reading import TEXT, ChunkReader
 from .sources import ChunkSource, LocalSource
@@ -115,6 +115,7 @@ def restore(
         recomputed_tokens=len(rest),
         messages=run.messages,
         source=source.kind if source is not None else "local",
+        adapted_chunks=run.adapted,
     )
 
 
@@ -131,6 +132,7 @@ class _Reading:
         self.chunk_levels: list[str] = []
         self.messages: list[str] = []
         self.bytes_read = 0
+        self.adapted = 0
         self.measured: list[float] = []
 
     def _read(self, source: ChunkSource, spans: list[Span], dest: Callable[[Span], Views], *,
@@ -180,6 +182,7 @@ class _Reading:
         if reader.crashed:
             raise reader.crashed[0]
         self.bytes_read += reader.meter.bytes
+        self.adapted += reader.adapted
         if (measured := reader.meter.MBps()) is not None:
             self.measured.append(measured)
         return got, failed
@@ -378,3 +381,17 @@ def _full(state: StateBuffer,
             state.values[:, span.token_start:span.token_end]
 
     return dest
+
+
+def adaptation_note(report: RestoreReport, sampling: GenerationOptions) -> list[str]:
+    """What a user who asked for one answer every time (temperature 0, or a seed) must know
+    when "auto" read chunks below their best stored level: the plan follows this machine's
+    speed at that moment, so another run may read other levels and answer otherwise. A
+    fixed level reads the same bytes every time (if they stay sound), hence one answer."""
+    if not report.adapted_chunks or not (sampling.temperature == 0 or
+                                         sampling.seed is not None):
+        return []
+    return [f"{report.adapted_chunks} chunk(s) were read below their best stored level to fit "
+            "the time budget at this machine's speed right now: under --level auto the same "
+            "request can answer differently another time; a fixed --level (e.g. high) gives "
+            "one answer for a given seed or temperature 0"]

@@ -105,8 +105,7 @@ class Runtime:
         # The token count after the last evaluation, while the logits it left belong to the
         # sequence's last token (None once a reset, restore or truncation makes them stale).
         self._logits_at: int | None = None
-        self._formatter = chat_templates.formatter(self.llm)
-        self._template_lock = threading.Lock()
+        self.chat_template = chat_templates.ChatTemplate.of(self.llm, adds_bos=self.adds_bos)
         # What the model file recommends (general.sampling.*), and what in it is unusable.
         self.model_sampling, self.model_sampling_notes = sampling.from_model(self.llm.metadata)
 
@@ -151,10 +150,9 @@ class Runtime:
         return ids if min(ids) >= 0 else None
 
     def render_chat(self, messages: Sequence[dict], *, add_generation_prompt: bool) -> str:
-        """The chat template applied to `messages` ({"role", "content"} dicts)."""
-        with self._template_lock:  # the formatter holds the flag: one rendering at a time
-            self._formatter.add_generation_prompt = add_generation_prompt
-            return self._formatter(messages=list(messages)).prompt
+        """The chat template applied to `messages` ({"role", "content"} dicts); ending with
+        system messages, up to where the next user turn's text begins."""
+        return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt)
 
     # -- evaluation ----------------------------------------------------------------------
 
@@ -277,8 +275,11 @@ class Runtime:
             self._logits_at = self.llm.n_tokens
         return out
 
-    def is_end_of_generation(self, token: int) -> bool:
-        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+    def is_end_of_generation(self, token: int, *, chat: bool = True) -> bool:
+        """End of generation; in a chat, also where its template ends an answer (a line)."""
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token)) or chat and \
+            self.chat_template.ends_answer(self.llm._model.detokenize([token], special=False)
+                                           .decode("utf-8", errors="replace"))
 
     def generate(
         self,
@@ -286,8 +287,10 @@ class Runtime:
         *,
         options: GenerationOptions = GenerationOptions(),
         cancel: threading.Event | None = None,
+        chat: bool = True,
     ) -> Iterator[Token]:
-        """Stream tokens continuing the sequence until end-of-generation, max_tokens or cancel.
+        """Stream tokens continuing the sequence until end-of-generation, max_tokens or cancel;
+        in a `chat`, also where the chat template ends an answer (False: a prompt as it is).
 
         `options` are run as they are: a stage whose field is None is off (greedy without
         penalties by default); the engine resolves the layers of defaults first. The context
@@ -309,7 +312,7 @@ class Runtime:
                     if self.llm.n_tokens >= self.n_ctx:
                         raise RuntimeStateError(f"the context of {self.n_ctx} tokens is full")
                     tok = sampler.sample(self.llm._ctx, -1)
-                    if self.is_end_of_generation(tok):
+                    if self.is_end_of_generation(tok, chat=chat):
                         return
                     # (_model.token_to_piece returns its whole 32-byte buffer, NULs included.)
                     piece = self.llm._model.detokenize([tok], special=False)

@@ -24,9 +24,12 @@ holds no chat or cache logic: requests are translated into the engine's calls an
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
+import signal
 import threading
+from collections.abc import Iterator
 
 import uvicorn
 
@@ -48,6 +51,21 @@ class _Uvicorn(uvicorn.Server):
     def handle_exit(self, sig, frame) -> None:
         self.stopping.stop()
         super().handle_exit(sig, frame)
+
+
+@contextlib.contextmanager
+def _stop_signals_handled() -> Iterator[None]:
+    """Once stopped by a signal, uvicorn raises it again, under the handler it found: for
+    SIGTERM the default one would kill the process there, before the server file is removed
+    and with status 143. The stop is done by then: under this, the server returns."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # uvicorn listens to signals only in the main thread
+        return
+    previous = signal.signal(signal.SIGTERM, lambda sig, frame: None)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def check_bind(host: str, api_key: str | None) -> None:
@@ -101,7 +119,8 @@ class Server:
             if len(sockets) > 1:
                 self.ollama_url = self._url(sockets[1].getsockname()[1])
             threading.Thread(target=self._announce, daemon=True).start()
-            self.uvicorn.run(sockets=sockets)
+            with _stop_signals_handled():
+                self.uvicorn.run(sockets=sockets)
         finally:
             self.stopping.stop()
             discovery.remove(self.app.data_dir)

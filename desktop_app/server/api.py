@@ -26,6 +26,7 @@ import hmac
 import json
 import logging
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +36,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 
 from .. import __version__
@@ -50,6 +52,9 @@ log = logging.getLogger("kvdesk.server")
 MAX_BODY = 16 << 20  # a prompt of millions of characters; uploads have their own limit
 MAX_UPLOAD = 210 << 20  # a document (documents.MAX_FILE_BYTES) and its form's framing
 PING_S = 1.0  # streamed responses stay alive, and a client's stop is noticed within this
+# A stream cut by the server's shutdown: the time its answer has to stop (within a token) and
+# send its last event, within uvicorn's graceful shutdown (10 s).
+SHUTDOWN_GRACE_S = 5.0
 
 
 class ApiError(Exception):
@@ -80,11 +85,31 @@ class BodyLimit:
             message = await receive()
             seen += len(message.get("body", b""))
             if seen > limit:
-                raise ApiError(413, _too_large(limit)["error"]["message"],
-                               code="request_too_large")
+                # An HTTPException, not an ApiError: FastAPI turns anything else raised
+                # while it reads a body into a 400.
+                raise HTTPException(413, _too_large(limit)["error"]["message"])
             return message
 
         return await self.app(scope, counted, send)
+
+
+class KeyGuard:
+    """With an API key, refuses a request without `Authorization: Bearer KEY` (401).
+
+    Plain ASGI, as `BodyLimit` is: a Starlette `BaseHTTPMiddleware` reads the body in a task
+    group, which would wrap BodyLimit's 413 in an exception group that FastAPI answers 400."""
+
+    def __init__(self, app, api_key: str | None):
+        self.app, self.api_key = app, api_key
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and self.api_key is not None:
+            given = Headers(scope=scope).get("authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
+                return await _json(401, s.error(
+                    "a valid API key is needed: Authorization: Bearer KEY",
+                    "invalid_request_error", "invalid_api_key"))(scope, receive, send)
+        return await self.app(scope, receive, send)
 
 
 def _too_large(limit: int) -> dict:
@@ -98,26 +123,23 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping) -> F
     def engine():
         return app.engine
 
-    @api.middleware("http")
-    async def guard(request: Request, call_next):
-        if api_key is not None:
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-                return _json(401, s.error("a valid API key is needed: Authorization: Bearer "
-                                          "KEY", "invalid_request_error", "invalid_api_key"))
-        return await call_next(request)
-
+    api.add_middleware(KeyGuard, api_key=api_key)
     api.add_middleware(BodyLimit)
 
     @api.exception_handler(RequestValidationError)
     async def invalid(request: Request, e: RequestValidationError):
         first = e.errors()[0]
+        if first["type"] == "json_invalid":  # its loc ends with a character offset, no field
+            why = first.get("ctx", {}).get("error", first["msg"])
+            return _json(400, s.error(f"the body is not valid JSON: {why} (at character "
+                                      f"{first['loc'][-1]})"))
         where = ".".join(str(p) for p in first["loc"] if p != "body") or "body"
         return _json(400, s.error(f"{where}: {first['msg']}", param=where))
 
     @api.exception_handler(HTTPException)
     async def http_error(request: Request, e: HTTPException):
-        return _json(e.status_code, s.error(str(e.detail), code=str(e.status_code)))
+        code = "request_too_large" if e.status_code == 413 else str(e.status_code)
+        return _json(e.status_code, s.error(str(e.detail), code=code))
 
     @api.exception_handler(ApiError)
     async def api_error(request: Request, e: ApiError):
@@ -185,7 +207,7 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping) -> F
                                      "choices": [], "usage": s.usage(item)})
             yield {"data": "[DONE]"}
 
-        return EventSourceResponse(chunks(), ping=PING_S)
+        return _stream(chunks())
 
     # -- kvdesk's own --------------------------------------------------------------------------
 
@@ -193,7 +215,8 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping) -> F
     async def health():
         return {"status": "ok", "version": __version__, "pid": os.getpid(),
                 "data_dir": str(app.data_dir.resolve()), "model": str(app.model_path),
-                "n_ctx": app.settings.n_ctx}
+                # the context size served, and whether it was chosen for the model (not set)
+                "n_ctx": app.context.n_ctx, "n_ctx_auto": app.settings.n_ctx is None}
 
     @api.get("/v1/kvdesk/documents")
     async def documents(request: Request):
@@ -284,7 +307,13 @@ async def _respond(request: Request, stopping: bridge.Stopping,
                 yield _data({"restore": item.as_dict()})
         yield {"data": "[DONE]"}
 
-    return EventSourceResponse(events(), ping=PING_S)
+    return _stream(events())
+
+
+def _stream(events) -> EventSourceResponse:
+    """Server-sent events; at the server's shutdown the work in flight is stopped (`bridge`),
+    and the stream ends with its last event (a finish_reason or an error), not cut."""
+    return EventSourceResponse(events, ping=PING_S, shutdown_grace_period=SHUTDOWN_GRACE_S)
 
 
 async def _attachment(request: Request, allowed: tuple[str, ...]):
@@ -297,13 +326,16 @@ async def _attachment(request: Request, allowed: tuple[str, ...]):
             raise ApiError(400, "file: a document to attach is needed", param="file")
         levels = _levels(form.get("levels"))
         folder = Path(tempfile.mkdtemp(prefix="kvdesk-upload-"))
-        path = folder / (Path(upload.filename or "document.txt").name or "document.txt")
-        path.write_bytes(await upload.read())
 
         def cleanup() -> None:
-            path.unlink(missing_ok=True)
-            folder.rmdir()
+            shutil.rmtree(folder, ignore_errors=True)
 
+        path = folder / upload_name(upload.filename)
+        try:
+            path.write_bytes(await upload.read())
+        except BaseException:
+            cleanup()
+            raise
         return path, levels, cleanup
     try:
         body = s.AttachByPath.model_validate(json.loads(await request.body()))
@@ -312,10 +344,25 @@ async def _attachment(request: Request, allowed: tuple[str, ...]):
                        f"needed ({e})") from None
     path = Path(body.path).expanduser().resolve()
     if not any(path.is_relative_to(Path(f).expanduser().resolve()) for f in allowed):
-        raise ApiError(403, f"attaching {path} by path is not allowed: upload the file, or "
+        # Never the resolved path: a link's target is not the client's to learn.
+        raise ApiError(403, "this path is outside the allowed folders: upload the file, or "
                        "add its folder to server_attach_folders in the settings",
                        "permission_error", "path_not_allowed", "path")
     return path, body.levels, lambda: None
+
+
+def upload_name(filename: str | None) -> str:
+    """The file name an upload is kept under while it is attached (the document's title; its
+    suffix tells the kind): the client's name without any folder or unprintable character,
+    short enough for any file system; "document.txt" when nothing of it is left (`..`)."""
+    name = "".join(c for c in Path(filename or "").name if c.isprintable())
+    if not name.strip(". "):
+        return "document.txt"
+    suffix = Path(name).suffix[:16]
+    stem = name[:len(name) - len(suffix)] if suffix else name
+    while len((stem + suffix).encode()) > 200:
+        stem = stem[:-1]
+    return stem + suffix
 
 
 def _levels(value) -> list[str] | None:

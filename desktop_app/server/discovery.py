@@ -63,12 +63,17 @@ def live(data_dir: Path) -> str | None:
     return found[0]["url"] if found else None
 
 
-def find(data_dir: Path, *, model: str, n_ctx: int) -> tuple[str, str | None] | None:
-    """(url, api key) of a live server for this data directory, model and context, or None."""
+def find(data_dir: Path, *, model: str, n_ctx: int | None) -> tuple[str, str | None] | None:
+    """(url, api key) of a live server for this data directory, model and context, or None.
+
+    `n_ctx` None (not set): a server whose context size was chosen for the model too; else a
+    server with that context size, however it came by it."""
     found = _probe(data_dir)
     if found is None:
         return None
     info, health = found
-    if health.get("model") != str(model) or health.get("n_ctx") != n_ctx:
+    same_context = health.get("n_ctx_auto") is True if n_ctx is None else \
+        health.get("n_ctx") == n_ctx
+    if health.get("model") != str(model) or not same_context:
         return None
     return str(info["url"]), info.get("api_key")
