@@ -82,7 +82,17 @@ def invented(rng: random.Random) -> str:
     return "".join(rng.choice(syllables) for _ in range(3)).capitalize()
 
 
+# What an answer must say to state each template's fact (its keys into the values).
+ANSWERS = [("n4",), ("place",), ("n3",), ("pname",), ("hh", "mm"), ("colour",), ("n4",),
+           ("dessert",), ("n3",), ("word", "word2"), ("colour", "year")]
+
+
 def facts(rng: random.Random) -> list[tuple[str, str]]:
+    return [(fact, question) for fact, question, _ in facts_with_answers(rng)]
+
+
+def facts_with_answers(rng: random.Random) -> list[tuple[str, str, list[str]]]:
+    """(fact, question, the strings an answer stating the fact contains), one per depth."""
     out = []
     for depth_index in range(len(DEPTHS)):
         fact, question = TEMPLATES[depth_index % len(TEMPLATES)]
@@ -93,7 +103,9 @@ def facts(rng: random.Random) -> list[tuple[str, str]]:
                   "dessert": rng.choice(DESSERTS), "fruit": rng.choice(FRUITS),
                   "thing": rng.choice(THINGS), "word": rng.choice(WORDS),
                   "word2": rng.choice(WORDS), "year": rng.randint(1890, 1990)}
-        out.append((fact.format(**values), question.format(**values)))
+        keys = ANSWERS[depth_index % len(TEMPLATES)]
+        out.append((fact.format(**values), question.format(**values),
+                    [str(values[k]) for k in keys]))
     return out
 
 

@@ -79,7 +79,7 @@ class ScriptedRuntime:
         self.closed = False
         self.options = None
 
-    def generate(self, max_tokens, *, options, cancel=None):
+    def generate(self, max_tokens, *, options, cancel=None, chat=True):
         self.options = options
         try:
             for piece in self.pieces[:max_tokens]:
