@@ -1,7 +1,7 @@
 """Whether answers over a long document state its planted facts, against the model's ceiling.
 
     .venv/bin/python -m benchmarks.bench_longdoc_answers [--model PATH] [--size 100000]
-        [--kinds docs,code,markdown] [--seed 0] [--n-ctx 4096] [--max-tokens 32]
+        [--kinds docs,code,markdown] [--seed 0] [--n-ctx 4096] [--max-tokens 32] [--k K]
 
 The haystacks and facts of `bench_retrieval` (a fact about invented names planted at each
 depth 0, 10 ... 100 %, asked for in other words). Each haystack is attached as a user attaches
@@ -47,6 +47,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--n-ctx", type=int, default=4096)
     p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--k", type=int, default=None, help="passages retrieved per question "
+                   "(default: the app's)")
     args = p.parse_args()
     model = resolve_model_path(args.model)
     greedy = GenerationOptions(max_tokens=args.max_tokens, temperature=0)
@@ -58,6 +60,8 @@ def main() -> None:
         store = Store(folder / "data")
         eng = Engine(store, lambda: Runtime(model, model_hash=digest, n_ctx=args.n_ctx),
                      fill_passages=False)
+        if args.k is not None:
+            eng.session.longdocs.top_k = args.k
         eng.warm_up()
         for kind in args.kinds.split(","):
             planted = facts_with_answers(random.Random(f"{args.seed}-{kind}-{args.size}"))
@@ -89,6 +93,7 @@ def main() -> None:
     capable = [r for r in rows if r["ceiling_states"]]
     report = {
         "model": str(model), "size": args.size, "n_ctx": args.n_ctx, "facts": len(rows),
+        "k": eng.session.longdocs.top_k,
         "sources_hit": round(sum(r["source_hit"] for r in rows) / max(1, len(rows)), 3),
         "ceiling_states": round(len(capable) / max(1, len(rows)), 3),
         "states": round(sum(r["states"] for r in rows) / max(1, len(rows)), 3),
