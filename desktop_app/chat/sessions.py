@@ -307,9 +307,10 @@ class ChatSession:
                 return None
             rt = self.runtime
             self.contexts.warm_up(rt)
-            if chat_id is None and self.longdocs.applies(self._documents(None, doc_ids)):
+            docs = self._documents(chat_id, doc_ids)
+            if chat_id is None and self.longdocs.applies(docs):
                 return None  # its passages are retrieved for the question it asks
-            docs, msgs, context, _ = self._context(rt, chat_id, doc_ids)
+            msgs, context, _ = self._context(rt, chat_id, docs)
             # The draft is computed as if it were sent now, template tokens included: sent
             # unchanged, its first token comes at once; edited, the context is cut back to
             # what still matches, which costs nothing.
@@ -356,9 +357,9 @@ class ChatSession:
             rt = self.runtime
             self.contexts.warm_up(rt)
             # A long document's passages for this question (a new chat's: its pending ones)
-            picked = self.longdocs.choose(rt, chat_id, question,
-                                          self._documents(chat_id, doc_ids))
-            docs, msgs, context, notes = self._context(rt, chat_id, doc_ids)
+            docs = self._documents(chat_id, doc_ids)
+            picked = self.longdocs.choose(rt, chat_id, question, docs)
+            msgs, context, notes = self._context(rt, chat_id, docs)
             turn = question_turn(rt, msgs, question)
             if len(context) + len(turn.tokens) + 1 >= rt.n_ctx:
                 raise EngineError(f"the chat is full: {len(context) + len(turn.tokens):,} tokens "
@@ -424,15 +425,14 @@ class ChatSession:
                 self.store.delete_message(m.id)
             return self.ask(last_q.text, chat_id=chat_id, **options)
 
-    def _context(self, rt: Runtime, chat_id: int | None, doc_ids: Sequence[int]
-                 ) -> tuple[list[Document], list[dict], list[int], list[str]]:
-        """A chat's documents, template messages, tokens and notes (`conversation`); a chat
-        not created yet (None) is its documents' prefix."""
+    def _context(self, rt: Runtime, chat_id: int | None, docs: Sequence[Document]
+                 ) -> tuple[list[dict], list[int], list[str]]:
+        """A chat's template messages, tokens and notes (`conversation`); a chat not created
+        yet (None) is the prefix of its documents `docs`."""
         if chat_id is None:
-            docs = self._documents(None, doc_ids)
             layout = self.longdocs.layout(rt, None, docs) or self.prompter.layout(rt, docs)
-            return docs, list(layout.messages), list(layout.tokens), []
-        return self.library.chat_documents(chat_id), *self.conversation(rt, chat_id)
+            return list(layout.messages), list(layout.tokens), []
+        return self.conversation(rt, chat_id)
 
     def _documents(self, chat_id: int | None, doc_ids: Sequence[int]) -> list[Document]:
         if chat_id is None:
