@@ -74,8 +74,7 @@ def cli(ctx: click.Context, model: str | None, data_dir: str | None, n_ctx: int 
     settings = checked(load_settings().with_overrides, model=model, data_dir=data_dir,
                        n_ctx=n_ctx)
     # Work that goes on after a call returns (an exact context, passages' KV) only where
-    # kvdesk keeps running: a one-shot command would cancel it at exit, and a model context
-    # loading on another thread (llama.cpp silences stdout meanwhile) could swallow its output.
+    # kvdesk keeps running: a one-shot command would cancel it at exit.
     app = App(settings, background=ctx.invoked_subcommand in ("serve", "gui"))
     ctx.obj = app
     ctx.call_on_close(app.close)

@@ -190,26 +190,22 @@ def ask(app: App, args, chat_id, docs, restore, generation, no_server, as_json):
             cancel=cancel)
     if not as_json:
         click.echo()
-    if client is None:
-        finish_exact(app, res.chat_id, res.blended)
+    say([m for m in res.messages if m not in said])
     if as_json:
-        say([m for m in res.messages if m not in said])
         click.echo(json.dumps(res.as_dict(), indent=2))
     else:
-        say([m for m in res.messages if m not in said])
         click.echo(f"[chat {res.chat_id}] first token after {res.ttft_s * 1000:.0f} ms "
                    f"(restore {res.restore_s * 1000:.0f} ms, {summary(res.chunk_levels)})",
                    err=True)
+    if client is None:
+        finish_exact(app, res.chat_id, res.blended)
 
 
 def finish_exact(app: App, chat_id: int, blended: dict | None) -> None:
     """A blended chat's exact context, computed before this process exits (which would end
     the engine's background pass, storing nothing), with progress; Ctrl-C skips it. A server
-    or the window computes it in the background instead: they keep running.
-
-    Nothing is printed while the pass's context loads: llama.cpp's loader points this
-    process's stdout and stderr at /dev/null meanwhile, whichever thread prints. So the
-    command's own output comes after this."""
+    or the window computes it in the background instead: they keep running. It comes after
+    the command's own output: the answer and its report do not wait on it."""
     if not blended or blended.get("mode") != "blended":
         return
     bar = TerminalProgress()
@@ -249,8 +245,6 @@ def reopen(app: App, chat_id, restore, no_server, as_json):
         rep = (client or app.engine).reopen(chat_id, restore=restore, progress=bar,
                                             cancel=cancel)
     bar.done()
-    if client is None:
-        finish_exact(app, chat_id, rep.blended)
     say(rep.messages)
     out = {"chat_id": chat_id, "tokens": rep.tokens, "restore_s": round(rep.restore_s, 4),
            "chunk_levels": rep.chunk_levels, "recomputed_tokens": rep.recomputed_tokens,
@@ -258,6 +252,8 @@ def reopen(app: App, chat_id, restore, no_server, as_json):
     emit(out, as_json, [f"restored {rep.tokens:,} tokens in {rep.restore_s * 1000:.0f} ms "
                         f"({summary(rep.chunk_levels)}; {rep.recomputed_tokens:,} recomputed"
                         f" in {rep.recompute_s * 1000:.0f} ms)"])
+    if client is None:
+        finish_exact(app, chat_id, rep.blended)
 
 
 @cli.command()

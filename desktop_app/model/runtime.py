@@ -26,7 +26,7 @@ import numpy as np
 
 from ..errors import Cancelled, RuntimeStateError
 from ..options import GenerationOptions
-from . import chat_templates, kvstate, probe, samplers, sampling
+from . import chat_templates, kvstate, llamalog, probe, samplers, sampling
 
 # Prefill slice: small enough that progress and cancellation react within about a second on
 # two cores (~144 tokens/s), large enough to keep llama.cpp's batched matmuls efficient.
@@ -75,24 +75,24 @@ class Runtime:
         self.model_path = Path(model_path)
         self._lock = threading.RLock()
         try:
-            self.llm = llama_cpp.Llama(
-                model_path=str(self.model_path),
-                n_ctx=n_ctx,
-                n_batch=512,
-                n_threads=n_threads,
-                flash_attn=flash_attn,
-                type_k=CACHE_TYPES[cache_type],
-                type_v=CACHE_TYPES[cache_type],
-                logits_all=logits_all,
-                # A sliding-window cache of the window (and a batch), not of n_ctx cells: the
-                # point of such models (~5x less KV at long contexts), and a restore sets only
-                # the window anyway (RESULTS.md, "Gemma 3 end to end").
-                swa_full=False,
-                verbose=False,
-            )
+            with llamalog.loading():
+                self.llm = llama_cpp.Llama(
+                    model_path=str(self.model_path),
+                    n_ctx=n_ctx,
+                    n_batch=512,
+                    n_threads=n_threads,
+                    flash_attn=flash_attn,
+                    type_k=CACHE_TYPES[cache_type],
+                    type_v=CACHE_TYPES[cache_type],
+                    logits_all=logits_all,
+                    # A sliding-window cache of the window, not of n_ctx cells: the point of
+                    # such models, and a restore sets only the window (RESULTS.md, Gemma 3).
+                    swa_full=False,
+                    verbose=True,  # quiet through llamalog: nothing else is silenced
+                )
         except (ValueError, RuntimeError) as e:
             raise RuntimeStateError(f"could not load {self.model_path}: {e}") from e
-        self._vocab = self.llm._model.vocab
+        self.llm.verbose, self._vocab = False, self.llm._model.vocab  # later calls print nothing
         try:
             self.layout = probe.layout(self, model_hash, cache_type, flash_attn)
         except BaseException:
