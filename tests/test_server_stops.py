@@ -152,3 +152,24 @@ def test_sigterm_stops_serve_cleanly_and_ends_the_stream_in_flight(tmp_path):
     assert proc.returncode == 0, err
     assert "Traceback" not in err and "Stopped." in err
     assert not info_file.exists()
+
+
+def test_ctrl_c_stops_serve_as_cleanly_as_sigterm(tmp_path):
+    env = {**os.environ, "KVDESK_DATA_DIR": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-m", "desktop_app", "--n-ctx", "1024", "serve",
+                             "--port", "0", "--ollama-port", "0"], env=env,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        info_file = tmp_path / "server.json"
+        deadline = time.time() + 120
+        while not info_file.exists() and time.time() < deadline:
+            time.sleep(0.1)
+        assert info_file.exists()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err and "Aborted" not in err and "Stopped." in err
+    assert not info_file.exists()

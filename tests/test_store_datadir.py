@@ -150,6 +150,10 @@ def test_a_read_only_directory_lists_and_verifies_writing_nothing(library):
     refused = kvdesk(library, "rm", "chat", "1")
     assert refused.returncode == 1 and refused.stderr.startswith("Error: the data directory")
     assert "read-only" in refused.stderr and "Traceback" not in refused.stderr
+    # A server, which stores every chat and cache it makes, is refused before it serves.
+    serve = kvdesk(library, "serve", "--port", "0", "--ollama-port", "0")
+    assert serve.returncode == 1 and "Traceback" not in serve.stderr, serve.stderr
+    assert "read-only: a server stores chats and caches there" in serve.stderr
     assert listing(library) == before  # no journal, no shared-memory file, nothing touched
 
 

@@ -57,15 +57,18 @@ class _Uvicorn(uvicorn.Server):
 def _stop_signals_handled() -> Iterator[None]:
     """Once stopped by a signal, uvicorn raises it again, under the handler it found: for
     SIGTERM the default one would kill the process there, before the server file is removed
-    and with status 143. The stop is done by then: under this, the server returns."""
+    and with status 143; for Ctrl-C (SIGINT) Python's raises KeyboardInterrupt ("Aborted.",
+    130). The stop is done by then, the same for both: under this, the server returns."""
     if threading.current_thread() is not threading.main_thread():
         yield  # uvicorn listens to signals only in the main thread
         return
-    previous = signal.signal(signal.SIGTERM, lambda sig, frame: None)
+    stops = (signal.SIGTERM, signal.SIGINT)
+    previous = {sig: signal.signal(sig, lambda sig, frame: None) for sig in stops}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def check_bind(host: str, api_key: str | None) -> None:
@@ -107,10 +110,13 @@ class Server:
         self.port = sockets[0].getsockname()[1]  # port 0: a free one, named in the server file
         self.uvicorn.config.port = self.port
         running = discovery.live(self.app.data_dir)
-        if running:
+        if running or self.app.store.read_only:
             sockets[0].close()
             raise EngineError(f"a kvdesk server already serves this data directory at "
-                              f"{running}: stop it first, or use it")
+                              f"{running}: stop it first, or use it" if running else
+                              f"the data directory {self.app.data_dir} is read-only: a "
+                              "server stores chats and caches there (`kvdesk docs`, `chats` "
+                              "and `verify` read it as it is)")
         try:
             self.app.engine.warm_up()  # the model and the codec, before any request
             self.app.engine.contexts.wait_warm()
@@ -135,8 +141,13 @@ class Server:
         while not self.uvicorn.started and not self.uvicorn.should_exit:
             threading.Event().wait(0.02)
         if self.uvicorn.started:
-            discovery.write(self.app.data_dir, self.url, self.api_key)
-            logging.getLogger("kvdesk.server").info("serving on %s", self.url)
+            log = logging.getLogger("kvdesk.server")
+            try:
+                discovery.write(self.app.data_dir, self.url, self.api_key)
+            except OSError as e:  # it serves all the same; commands just do not find it
+                log.warning("could not write %s (%s): kvdesk commands will not use this "
+                            "server", discovery.FILE, e.strerror or e)
+            log.info("serving on %s", self.url)
             self.started.set()
 
 
