@@ -137,8 +137,9 @@ class LocalAPIControl(Protocol):
         """Its base URL while it serves (http://127.0.0.1:PORT/v1), else None."""
         ...
 
-    def start(self, port: int) -> str:
-        """Serve on loopback at `port` (blocks until it serves; raises if it cannot)."""
+    def start(self, settings: Settings) -> str:
+        """Serve on loopback as the settings say: `server_port`, `ollama_port` and
+        `cors_origins` (blocks until it serves; raises if it cannot)."""
         ...
 
     def stop(self) -> None: ...

@@ -377,6 +377,19 @@ def test_the_settings_dialog_keeps_lossless_only_when_asked(qtbot):
     assert new.keep_lossless and needs_restart(Settings(), new)  # the engine's levels change
 
 
+def test_the_settings_dialog_edits_long_documents_passages(qtbot):
+    dialog = SettingsDialog(Settings())
+    qtbot.addWidget(dialog)
+    assert dialog.passage_level.currentData() == "balanced"
+    assert dialog.passages_background.isChecked()
+    assert dialog.result_settings() == Settings()  # shown as they are, nothing changed
+    dialog.passage_level.setCurrentIndex(dialog.passage_level.findData("compact"))
+    dialog.passages_background.setChecked(False)
+    new = dialog.result_settings()
+    assert (new.passage_level, new.passages_in_background) == ("compact", False)
+    assert needs_restart(Settings(), new)  # the engine keeps passages as it was built to
+
+
 def test_the_settings_start_and_stop_the_local_api(qtbot, engine, monkeypatch):
     from ui.testing import FakeLocalAPI
 
@@ -384,7 +397,17 @@ def test_the_settings_start_and_stop_the_local_api(qtbot, engine, monkeypatch):
     window = open_window(qtbot, engine, Settings(server_enabled=True, server_port=8777),
                          local_api=api)
     qtbot.waitUntil(lambda: "8777" in window.api_label.text(), timeout=3000)
-    assert api.calls == [("start", 8777)]
+    assert api.calls == [("start", 8777, 11434, ())]
+
+    def move_ollama(dialog):  # a server setting restarts the server with it, not the engine
+        dialog.ollama_port.setValue(0)
+        dialog.origins.setText("http://localhost:3000; http://127.0.0.1:5173")
+
+    edit_settings(monkeypatch, move_ollama)
+    with qtbot.waitSignal(window.local_api_changed, timeout=3000):
+        window.open_settings()
+    assert api.calls[-1] == ("start", 8777, None, ("http://localhost:3000",
+                                                   "http://127.0.0.1:5173"))
 
     edit_settings(monkeypatch, lambda dialog: dialog.serve.setChecked(False))
     with qtbot.waitSignal(window.local_api_changed, timeout=3000) as blocker:

@@ -43,7 +43,7 @@ from .formatting import restore_line
 from .icons import paperclip
 from .library_actions import LibraryMixin
 from .quality import QualitySlider
-from .settings_dialog import SettingsDialog, needs_restart
+from .settings_dialog import SERVER_FIELDS, SettingsDialog, needs_restart
 from .sidebar import PHASE_WORDS, ChatList, DocumentList
 from .workers import Job, Runner
 
@@ -386,7 +386,7 @@ class MainWindow(AskingMixin, LibraryMixin, CodecMixin, QMainWindow):
             self.engine.generation_defaults = new.generation  # from the next answer on
         if new.theme != old.theme:
             self._apply_theme(new.theme)
-        if (new.server_enabled, new.server_port) != (old.server_enabled, old.server_port):
+        if any(getattr(new, f) != getattr(old, f) for f in SERVER_FIELDS):
             self._apply_local_api(new)
         if needs_restart(old, new):
             restart = QMessageBox.question(
@@ -403,13 +403,13 @@ class MainWindow(AskingMixin, LibraryMixin, CodecMixin, QMainWindow):
         """Serve the local API, or stop serving it, as the settings say (off the GUI thread)."""
         if self.local_api is None or self.engine is None:
             return
-        control, port = self.local_api, settings.server_port
+        control = self.local_api
 
         def shown(url: str | None) -> None:
             self.api_label.setText(f"Local API: {url}" if url else "")
             self.local_api_changed.emit(url)
 
-        work = (lambda job: control.start(port)) if settings.server_enabled else (
+        work = (lambda job: control.start(settings)) if settings.server_enabled else (
             lambda job: control.stop())
         self.runner.start("misc", work, finished=lambda _: shown(control.url),
                           failed=lambda msg: (shown(None), self._say(

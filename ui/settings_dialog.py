@@ -2,7 +2,9 @@
 model folders, context size, data folder, storage budget, theme, the shared cache (an
 S3-compatible bucket; credentials are never settings: boto3 reads them), how answers are
 generated (`generation_settings`) and whether the codec is calibrated for each model
-automatically, with which codec levels the loaded model's new caches use (told by the window).
+automatically, with which codec levels the loaded model's new caches use (told by the window),
+the local API (its port, Ollama's port, the web pages allowed) and how documents longer than the
+context keep their passages' caches.
 
 It edits a `desktop_app.settings.Settings` and returns the new one; the main window saves it and
 decides what a change means (a new theme applies at once, a new model or data folder needs the
@@ -45,7 +47,12 @@ THEMES = {"system": "Follow the system", "light": "Light", "dark": "Dark"}
 # Settings that change which model or store the engine opens: changing them rebuilds it.
 ENGINE_FIELDS = ("model", "data_dir", "n_ctx", "flash_attn", "remote_bucket",
                  "remote_endpoint_url", "remote_prefix", "remote_auto_push", "remote_auto_pull",
-                 "keep_lossless")
+                 "keep_lossless", "passage_level", "passages_in_background")
+# Settings of the local API: changing them restarts it (not the engine).
+SERVER_FIELDS = ("server_enabled", "server_port", "ollama_port", "cors_origins")
+PASSAGE_LEVELS = {"high": "high (the most faithful lossy level)",
+                  "balanced": "balanced (the default)", "compact": "compact (the least disk)",
+                  "lossless": "lossless (exact; several times the disk)"}
 
 
 def needs_restart(old: Settings, new: Settings) -> bool:
@@ -130,6 +137,23 @@ class SettingsDialog(QDialog):
                                checked=settings.server_enabled)
         self.port = QSpinBox(minimum=1, maximum=65535)
         self.port.setValue(settings.server_port or 8765)
+        self.ollama_port = QSpinBox(minimum=0, maximum=65535, specialValueText="Off")
+        self.ollama_port.setValue(settings.ollama_port or 0)
+        self.ollama_port.setToolTip("Ollama's API is always served under /api on the port above;"
+                                    " on this one too, where Ollama's clients look, when free.")
+        self.origins = QLineEdit(" ".join(settings.cors_origins),
+                                 placeholderText="none; e.g. http://localhost:3000")
+        self.origins.setToolTip("Web pages (origins, separated by spaces) allowed to call the "
+                                "local API from a browser.")
+        self.passage_level = QComboBox()
+        for key, label in PASSAGE_LEVELS.items():
+            self.passage_level.addItem(label, key)
+        self.passage_level.setCurrentIndex(list(PASSAGE_LEVELS).index(settings.passage_level))
+        self.passages_background = QCheckBox(
+            "Compute every passage's cache in the background after attaching",
+            checked=settings.passages_in_background)
+        self.passages_background.setToolTip("Off: a passage's cache is computed the first "
+                                            "time a question retrieves it.")
         self.address = QLabel(wordWrap=True)
         self.address.setEnabled(False)
         self.port.valueChanged.connect(self._show_address)
@@ -163,8 +187,10 @@ class SettingsDialog(QDialog):
         served.addRow(self.serve)
         served.addRow("Port", self.port)
         served.addRow(self.address)
-        note = QLabel("Changing the model, context size, data folder or shared cache restarts "
-                      "the engine.", wordWrap=True)
+        served.addRow("Ollama's port", self.ollama_port)
+        served.addRow("Web pages allowed", self.origins)
+        note = QLabel("Changing the model, context size, data folder, shared cache or "
+                      "passages' caching restarts the engine.", wordWrap=True)
         note.setEnabled(False)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok
                                    | QDialogButtonBox.StandardButton.Cancel)
@@ -183,6 +209,11 @@ class SettingsDialog(QDialog):
         codec_rows.addWidget(self.codec_levels)
         codec_rows.addWidget(self.keep_lossless)
         answers.addWidget(codec)
+        long_docs = QGroupBox("Documents longer than the context")
+        passages = QFormLayout(long_docs)
+        passages.addRow("Passages' cache level", self.passage_level)
+        passages.addRow(self.passages_background)
+        answers.addWidget(long_docs)
         answers.addStretch(1)
         columns = QHBoxLayout()
         columns.addLayout(general, 3)
@@ -260,6 +291,10 @@ class SettingsDialog(QDialog):
             remote_auto_push=self.auto_push.isChecked(),
             remote_auto_pull=self.auto_pull.isChecked(),
             server_enabled=self.serve.isChecked(), server_port=self.port.value(),
+            ollama_port=self.ollama_port.value() or None,
+            cors_origins=tuple(self.origins.text().replace(";", " ").split()),
+            passage_level=self.passage_level.currentData(),
+            passages_in_background=self.passages_background.isChecked(),
             calibrate_automatically=self.calibrate.isChecked(),
             keep_lossless=self.keep_lossless.isChecked(),
             generation=self.generation.values())

@@ -365,8 +365,9 @@ class FakeLocalAPI:
         self.url: str | None = None
         self.calls: list[tuple] = []
 
-    def start(self, port: int) -> str:
-        self.calls.append(("start", port))
+    def start(self, settings) -> str:
+        port = settings.server_port
+        self.calls.append(("start", port, settings.ollama_port, settings.cors_origins))
         self.url = f"http://127.0.0.1:{port}/v1"
         return self.url
 

@@ -29,12 +29,13 @@ import ipaddress
 import logging
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import uvicorn
 
 from ..app import App
 from ..errors import EngineError
+from ..settings import Settings
 from . import bridge, discovery, listeners
 from .api import create_api
 
@@ -84,13 +85,15 @@ def check_bind(host: str, api_key: str | None) -> None:
 
 class Server:
     def __init__(self, app: App, *, host: str = "127.0.0.1", port: int = 8765,
-                 api_key: str | None = None, ollama_port: int | None = None):
+                 api_key: str | None = None, ollama_port: int | None = None,
+                 origins: Sequence[str] | None = None):
         check_bind(host, api_key)
         self.app, self.host, self.port, self.api_key = app, host, port, api_key
         self.ollama_port = ollama_port  # also listen there when free (None: not)
         self.ollama_url: str | None = None  # where it does, once it serves
         self.stopping = bridge.Stopping()
-        config = uvicorn.Config(create_api(app, api_key=api_key, stopping=self.stopping),
+        config = uvicorn.Config(create_api(app, api_key=api_key, stopping=self.stopping,
+                                           origins=origins),
                                 host=host, port=port, log_level="warning", lifespan="off",
                                 timeout_graceful_shutdown=10)
         self.uvicorn = _Uvicorn(config, self.stopping)
@@ -164,10 +167,13 @@ class LocalAPI:
     def url(self) -> str | None:
         return self._server.url + "/v1" if self._server is not None else None
 
-    def start(self, port: int) -> str:
-        """Serve on 127.0.0.1:port (blocks until it serves); its base URL."""
+    def start(self, settings: Settings) -> str:
+        """Serve on 127.0.0.1 as the settings say (their port, Ollama's port, the web pages
+        allowed: the window's settings, which may be newer than the engine's); blocks until it
+        serves; its base URL."""
         self.stop()
-        server = Server(self.app, port=port, ollama_port=self.app.settings.ollama_port)
+        server = Server(self.app, port=settings.server_port, ollama_port=settings.ollama_port,
+                        origins=settings.cors_origins)
         failed: list[BaseException] = []
 
         def run() -> None:

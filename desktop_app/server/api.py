@@ -28,7 +28,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -116,7 +116,10 @@ def _too_large(limit: int) -> dict:
     return s.error(f"the request body is over {limit >> 20} MB", code="request_too_large")
 
 
-def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping) -> FastAPI:
+def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
+               origins: Sequence[str] | None = None) -> FastAPI:
+    """The local API over `app`'s engine; `origins`: the web pages allowed (None: the
+    settings')."""
     api = FastAPI(title="kvdesk", version=__version__)
     model_id = Path(app.model_path).stem
 
@@ -281,7 +284,8 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping) -> F
     legacy.install(api, app, stopping)
     responses.install(api, app, stopping)
     ollama.install(api, app, stopping)
-    edges.install(api, origins=app.settings.cors_origins, api_key=api_key)
+    edges.install(api, origins=app.settings.cors_origins if origins is None else origins,
+                  api_key=api_key)
     return api
 
 
