@@ -1,4 +1,5 @@
-"""The facts a model's KV cache depends on: its layout, and the fingerprint caches are keyed by.
+"""The facts a model's KV cache depends on: its layout, probed once at load (`probe`), and the
+fingerprint caches are keyed by.
 
 A cache is reused only under an equal fingerprint: the model file's content hash and the layout
 facts (layers, KV heads, head size, cache type, V layout, llama.cpp version, and for a
@@ -6,7 +7,9 @@ sliding-window model its window). A sliding-window (iSWA) model's state has two 
 full-attention layers hold every position, the sliding-window layers only the window that the
 last position attends to (`window_start`); what a stored entry holds of each is `kvcache`'s.
 
-Pure data: it loads nothing and knows no files; `check_fits` refuses KV made for another layout.
+`ModelLayout` is pure data; `check_fits` refuses KV made for another layout. `probe` reads the
+layout from a loaded model's hyperparameters and from the state of one evaluated token; it
+loads nothing itself and knows no files.
 """
 
 from __future__ import annotations
@@ -14,10 +17,16 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
+import llama_cpp
 import numpy as np
 
 from ..errors import RuntimeStateError
+from . import support
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
 
 
 @dataclass(frozen=True)
@@ -104,3 +113,41 @@ class ModelLayout:
                 del facts[key]
         blob = json.dumps(facts, sort_keys=True).encode()
         return hashlib.blake2b(blob, digest_size=16).hexdigest()
+
+
+# The cache types whose states the exact bridge reads (f16, f32); others are for measuring.
+BRIDGED = ("f16", "f32")
+
+
+def probe(rt: Runtime, model_hash: str, cache_type: str, flash_attn: bool) -> ModelLayout:
+    """A freshly loaded model's cache layout, from its hyperparameters and the state of one
+    evaluated token (the context is reset after, the token not kept); raises
+    UnsupportedModelError for a cache kvdesk cannot keep (`support`), before any document is
+    prefilled."""
+    llm = rt.llm
+    model = llm._model.model
+    arch = llm.metadata.get("general.architecture", "")
+    name = rt.model_path.name
+    support.check_arch(name, arch, recurrent=llama_cpp.llama_model_is_recurrent(model),
+                       hybrid=llama_cpp.llama_model_is_hybrid(model))
+    n_head = llama_cpp.llama_model_n_head(model)
+    head_dim = int(llm.metadata.get(f"{arch}.attention.key_length", 0)) or (
+        llama_cpp.llama_model_n_embd(model) // n_head)
+    n_layer = llama_cpp.llama_model_n_layer(model)
+    n_head_kv = llama_cpp.llama_model_n_head_kv(model)
+    if cache_type in BRIDGED:
+        tok = llm.token_bos()
+        llm.eval([tok if tok >= 0 else 0])
+        facts = support.check_state(rt.state_bytes(), name=name, n_layer=n_layer,
+                                    channels=n_head_kv * head_dim)
+        rt.reset()
+    else:  # measuring only (quality.py): llama.cpp alone reads its quantized states
+        facts = support.CacheFacts(n_layer, 0, n_head_kv * head_dim)
+    return ModelLayout(
+        model_hash=model_hash, n_layer=n_layer, n_head_kv=n_head_kv, head_dim=head_dim,
+        cache_type=cache_type,
+        # llama.cpp keeps V transposed exactly when flash attention is off.
+        v_trans=not flash_attn, llama_cpp_version=llama_cpp.__version__,
+        swa_layers=facts.swa_layers,
+        n_swa=int(llama_cpp.llama_model_n_swa(model)) if facts.swa_layers else 0,
+        swa_chunked=bool(facts.swa_layers) and arch in support.CHUNKED_SWA)

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..errors import Cancelled, RuntimeStateError
 from ..options import GenerationOptions
-from . import chat_templates, kvstate, llamalog, probe, samplers, sampling
+from . import chat_templates, kvstate, layout, llamalog, samplers, sampling
 
 # Prefill slice: small enough that progress and cancellation react within about a second on
 # two cores (~144 tokens/s), large enough to keep llama.cpp's batched matmuls efficient.
@@ -94,7 +94,7 @@ class Runtime:
             raise RuntimeStateError(f"could not load {self.model_path}: {e}") from e
         self.llm.verbose, self._vocab = False, self.llm._model.vocab  # later calls print nothing
         try:
-            self.layout = probe.layout(self, model_hash, cache_type, flash_attn)
+            self.layout = layout.probe(self, model_hash, cache_type, flash_attn)
         except BaseException:
             self.llm.close()
             raise
@@ -361,7 +361,7 @@ class Runtime:
         cache's state (q8_0, q4_0: the bridge cannot parse it) is only llama.cpp's to check:
         give such a runtime back only states it wrote itself.
         """
-        if self.layout.cache_type in probe.BRIDGED:
+        if self.layout.cache_type in layout.BRIDGED:
             seq = kvstate.parse_seq_sections(data)
             self.layout.check_fits([kv.keys.shape for kv in seq.sections],
                                    seq.sections[0].dtype, seq.sections[0].v_trans, len(tokens))
