@@ -26,7 +26,7 @@ import numpy as np
 
 from ..errors import Cancelled, RuntimeStateError
 from ..options import GenerationOptions
-from . import chat_templates, kvstate, probe, samplers, sampling
+from . import chat_templates, inplace, kvstate, probe, samplers, sampling
 
 # Prefill slice: small enough that progress and cancellation react within about a second on
 # two cores (~144 tokens/s), large enough to keep llama.cpp's batched matmuls efficient.
@@ -54,7 +54,8 @@ class Token:
 
 
 class Runtime:
-    """A loaded model with one context holding one sequence (seq_id 0)."""
+    """A loaded model with one context holding one sequence (seq_id 0; `inplace` computes
+    tokens in a second one, gone when it returns)."""
 
     def __init__(
         self,
@@ -90,6 +91,7 @@ class Runtime:
                 swa_full=False,
                 verbose=False,
             )
+            inplace.add_scratch_sequence(self.llm)  # (tokens computed in place: blending)
         except (ValueError, RuntimeError) as e:
             raise RuntimeStateError(f"could not load {self.model_path}: {e}") from e
         self._vocab = self.llm._model.vocab
@@ -216,10 +218,8 @@ class Runtime:
         tokens = list(tokens)
         with self._lock:
             if self.llm.n_tokens + len(tokens) > self.n_ctx:
-                raise RuntimeStateError(
-                    f"{self.llm.n_tokens} + {len(tokens)} tokens do not fit the context "
-                    f"of {self.n_ctx}"
-                )
+                raise RuntimeStateError(f"{self.llm.n_tokens} + {len(tokens)} tokens do not "
+                                        f"fit the context of {self.n_ctx}")
             done = 0
             for start in range(0, len(tokens), PREFILL_SLICE):
                 if cancel is not None and cancel.is_set():
