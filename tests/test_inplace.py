@@ -1,7 +1,8 @@
 """Runs of tokens computed in place in the middle of a held sequence (`model.inplace`): the
 same KV and the same next-token logits as restoring the assembled prefix before each run and
-prefilling it (the way blending computed them before), with flash attention off and on; the
-scratch sequence gone afterwards; a cancelled or bad call leaves nothing half-done."""
+prefilling it (the way blending computed them before, kept as the reference in
+benchmarks/bench_blend_compute.py), with flash attention off and on; the scratch sequence gone
+afterwards; a cancelled or bad call leaves nothing half-done."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ import llama_cpp
 import numpy as np
 import pytest
 
+from benchmarks.bench_blend_compute import restore_per_run, state
 from desktop_app.errors import Cancelled
 from desktop_app.model import inplace
-from desktop_app.model.kvstate import KVState, SeqState, in_position_order
+from desktop_app.model.kvstate import in_position_order
 
 TEXT = ("The ferry to Cape Morrow leaves at 07:15 and 16:40 on weekdays. On Saturdays it sails "
         "once, at 10:00. The keeper's cottage became a museum in 1979; it keeps the logbooks, a "
@@ -33,23 +35,6 @@ def assembled(rt, tokens):
     keys = (kv.keys * (1 + 0.05 * rng.standard_normal(kv.keys.shape))).astype(kv.dtype)
     values = (kv.values * (1 + 0.05 * rng.standard_normal(kv.values.shape))).astype(kv.dtype)
     return keys, values
-
-
-def state(rt, keys, values):
-    return SeqState([KVState(keys, values, np.arange(keys.shape[1], dtype=np.int32),
-                             v_trans=rt.layout.v_trans)])
-
-
-def restore_per_run(rt, tokens, keys, values, runs):
-    """The reference: the assembled prefix before each run restored, the run prefilled after
-    it and captured; then the whole prefix restored."""
-    keys, values = keys.copy(), values.copy()
-    for a, b in runs:
-        rt.restore(state(rt, keys[:, :a], values[:, :a]), tokens[:a])
-        rt.prefill(tokens[a:b])
-        kv = in_position_order(rt.capture().sections[0])
-        keys[:, a:b], values[:, a:b] = kv.keys[:, a:b], kv.values[:, a:b]
-    rt.restore(state(rt, keys, values), tokens)
 
 
 def in_place(rt, tokens, keys, values, runs, cancel=None):
