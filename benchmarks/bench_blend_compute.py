@@ -64,8 +64,7 @@ def restore_per_run(rt: Runtime, tokens: list[int], keys: np.ndarray, values: np
 def restore_in_place(rt: Runtime, tokens: list[int], keys: np.ndarray, values: np.ndarray,
                      runs: list[tuple[int, int]]) -> int:
     """What blending does now: the whole prefix restored once, the runs computed in place."""
-    rt.restore(state(rt, keys, values), tokens)
-    inplace.compute(rt, runs)
+    inplace.restore(rt, state(rt, keys, values), tokens, runs)
     return len(tokens) * rt.layout.kv_bytes_per_token
 
 

@@ -41,8 +41,7 @@ def in_place(rt, tokens, keys, values, runs, cancel=None):
     keys, values = keys.copy(), values.copy()
     for a, b in runs:  # what a blend holds there: nothing computed yet
         keys[:, a:b], values[:, a:b] = 0, 0
-    rt.restore(state(rt, keys, values), tokens)
-    inplace.compute(rt, runs, cancel=cancel)
+    inplace.restore(rt, state(rt, keys, values), tokens, runs, cancel=cancel)
 
 
 def held(rt):
@@ -100,5 +99,5 @@ def test_a_cancelled_or_bad_call_leaves_nothing_half_done(runtime):
     assert rt.n_tokens == 0 and scratch_empty(rt)  # reset: no prefix with a hole in it
     rt.restore(state(rt, keys, values), tokens)
     with pytest.raises(ValueError, match="not inside"):
-        inplace.compute(rt, [(10, len(tokens) + 1)])
+        inplace.restore(rt, state(rt, keys, values), tokens, [(10, len(tokens) + 1)])
     assert rt.tokens == tokens and scratch_empty(rt)  # refused before anything changed

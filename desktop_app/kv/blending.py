@@ -121,8 +121,9 @@ class Blender:
 
     def usable(self, rt: Runtime, later: Sequence[Entry | None]) -> bool:
         """Whether a blend would reuse anything: a later part's own entry (None: not cached
-        here), and a model whose keys kvdesk can move."""
-        return any(e is not None for e in later) and self.ropes(rt) is not None
+        here), and a model whose keys kvdesk can move and compute between (`inplace`)."""
+        return any(e is not None for e in later) and inplace.can_compute(rt) \
+            and self.ropes(rt) is not None
 
     def restore(self, rt: Runtime, layout: Layout, later: Sequence[Entry | None],
                 first: ChunkSource, *, options: RestoreOptions, speeds: Speeds, select: Select,
@@ -205,12 +206,12 @@ class Blender:
         """Restore the assembled prefix once and compute every run of unknown tokens in place,
         in order (each attends to what is assembled before it); tokens computed."""
         runs = _runs(~known)
-        # The cells of tokens not computed yet must hold numbers: attention multiplies the
-        # masked cells it spans too (by zero weights), and np.empty may hold NaNs.
+        # The cells of tokens not computed yet must hold numbers (`inplace.restore`), and
+        # np.empty may hold NaNs.
         keys[:, ~known], values[:, ~known] = 0, 0
-        rt.restore(SeqState([KVState(keys, values, np.arange(len(prefix), dtype=np.int32),
-                                     v_trans=rt.layout.v_trans)]), prefix)
-        inplace.compute(rt, runs, cancel=cancel)
+        seq = SeqState([KVState(keys, values, np.arange(len(prefix), dtype=np.int32),
+                                v_trans=rt.layout.v_trans)])
+        inplace.restore(rt, seq, prefix, runs, cancel=cancel)
         return int(sum(b - a for a, b in runs))
 
 

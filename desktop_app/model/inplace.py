@@ -8,20 +8,22 @@ prefix's own (seq 0): in one unified cache (kv_unified) a copy between sequences
 only, and a cell belongs to the sequences listed in it (the attention of a token sees only its
 own sequence's cells, and none at later positions). For each run [a, b):
 
-    seq_rm(0, a, b)         the prefix's cells at the run are freed (the run's new KV goes there)
-    seq_cp(0, SCRATCH, 0, a)  the scratch sequence shares the prefix's cells before the run
+    seq_rm(0, a, b)            the prefix's cells at the run freed (its new KV goes there)
+    seq_cp(0, SCRATCH, 0, a)   the scratch sequence shares the prefix's cells before the run
     decode tokens[a:b] at positions a..b-1 as SCRATCH
-    seq_cp(SCRATCH, 0, a, b)  the run's new cells join the prefix
-    seq_rm(SCRATCH, -1, -1)  the scratch sequence is gone: every cell is seq 0's alone again
+    seq_cp(SCRATCH, 0, a, b)   the run's new cells join the prefix
+    seq_rm(SCRATCH, -1, -1)    the scratch sequence gone: every cell is seq 0's alone again
 
 So the assembled prefix is restored once, not once per run. Checked against llama.cpp's
 llama_kv_cache (seq_cp within one stream: "no data copy is necessary"; across streams, as
-without kv_unified, a whole-buffer copy only) and against the restore-per-run way it replaces
-(tests/test_inplace.py).
+without kv_unified, only whole buffers) and against the restore-per-run way it replaces
+(tests/test_inplace.py: the same KV, bit for bit here). llama_cpp.Llama makes its context with
+one sequence; the first `restore` makes it again with two (`_add_scratch_sequence`).
 
 It never leaves the scratch sequence behind (on failure or cancellation the context is reset)
-and never touches a model with sliding-window layers: their window cache would grow with the
-sequences (n_swa per sequence) and blending is off for them (`chat.sessions`).
+and never serves a model with sliding-window layers: a restored window holds only the last
+positions, not those before a run, its cache would grow with the sequences (n_swa each), and
+blending is off for them (`chat.sessions`).
 """
 
 from __future__ import annotations
@@ -38,40 +40,29 @@ from ..errors import Cancelled, RuntimeStateError
 if TYPE_CHECKING:
     import threading
 
+    from .kvstate import SeqState
     from .runtime import Runtime
 
 SCRATCH = 1  # the sequence runs are computed in; the context's own is 0
 
 
-def add_scratch_sequence(llm: llama_cpp.Llama) -> None:
-    """Give `llm` a context of two sequences in one unified cache (what `compute` needs),
-    unless its model has sliding-window layers. llama_cpp.Llama takes neither setting, so
-    its context is made again with them (the first one freed before: the cache's memory)."""
-    if llama_cpp.llama_model_n_swa(llm._model.model) > 0:
-        return
-    params = llm.context_params
-    params.n_seq_max, params.kv_unified = 2, True
-    llm._ctx.close()
-    llm._ctx = llm._stack.enter_context(contextlib.closing(
-        _internals.LlamaContext(model=llm._model, params=params, verbose=llm.verbose)))
-
-
 def can_compute(rt: Runtime) -> bool:
-    """Whether `rt`'s context has the scratch sequence `compute` needs."""
-    return llama_cpp.llama_n_seq_max(rt.llm._ctx.ctx) > SCRATCH
+    """Whether `restore` can compute in `rt`: a model without sliding-window layers."""
+    return llama_cpp.llama_model_n_swa(rt.llm._model.model) == 0
 
 
-def compute(rt: Runtime, runs: Sequence[tuple[int, int]], *,
-            cancel: threading.Event | None = None) -> None:
-    """Compute the tokens of each [start, end) run of the sequence `rt` holds again, in order,
-    each attending to every position before it (earlier runs already computed again) and to
-    nothing after; what the context held at the runs' positions is replaced. On failure or
-    cancellation (`Cancelled`) the context is reset."""
-    if not can_compute(rt):
-        raise RuntimeStateError("this context has no second sequence to compute tokens in")
-    tokens, ctx = rt.tokens, rt.llm._ctx.ctx
+def restore(rt: Runtime, state: SeqState, tokens: Sequence[int],
+            runs: Sequence[tuple[int, int]], *, cancel: threading.Event | None = None) -> None:
+    """Load `state` for `tokens` into `rt`, then compute the tokens of each [start, end) run
+    again, in order, each attending to every position before it (earlier runs already
+    computed again) and to nothing after; what `state` holds at the runs' positions is
+    replaced (it must be finite: attention multiplies the masked cells it spans by zero).
+    On failure or cancellation (`Cancelled`) the context is reset."""
     if any(not 0 <= a < b <= len(tokens) for a, b in runs):
-        raise ValueError(f"runs {list(runs)} are not inside the {len(tokens)} tokens held")
+        raise ValueError(f"runs {list(runs)} are not inside the {len(tokens)} tokens")
+    _add_scratch_sequence(rt)
+    rt.restore(state, tokens)
+    tokens, ctx = list(tokens), rt.llm._ctx.ctx
     memory = llama_cpp.llama_get_memory(ctx)
     piece = rt.llm.n_batch  # tokens one decode takes; a run is a few % of a part
     batch = llama_cpp.llama_batch_init(piece, 0, 1)
@@ -90,6 +81,29 @@ def compute(rt: Runtime, runs: Sequence[tuple[int, int]], *,
         raise
     finally:
         llama_cpp.llama_batch_free(batch)
+
+
+def _add_scratch_sequence(rt: Runtime) -> None:
+    """Make `rt`'s context again with two sequences in one unified cache, the first time it
+    is needed (its KV is lost: call before a restore). llama_cpp.Llama takes neither setting,
+    and a context made twice at every load would cost each process ~1 s at n_ctx 8192 on a
+    busy machine (the cache allocated and cleared again), so only a blend pays it, once."""
+    llm = rt.llm
+    if llama_cpp.llama_n_seq_max(llm._ctx.ctx) > SCRATCH:
+        return
+    if not can_compute(rt):
+        raise RuntimeStateError("a sliding-window model's cache cannot compute tokens in place")
+    params = llm.context_params
+    params.n_seq_max, params.kv_unified = 2, True
+    rt.reset()
+    llm._ctx.close()  # (its cache's memory back before the new one takes as much)
+    try:
+        llm._ctx = llm._stack.enter_context(contextlib.closing(
+            _internals.LlamaContext(model=llm._model, params=params, verbose=llm.verbose)))
+    except ValueError as e:
+        raise RuntimeStateError(f"llama.cpp could not make a context of two sequences: {e}; "
+                                "load the model again") from e
+    rt.reset()
 
 
 def _decode(ctx, batch, tokens: Sequence[int], start: int) -> None:

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..errors import Cancelled, RuntimeStateError
 from ..options import GenerationOptions
-from . import chat_templates, inplace, kvstate, probe, samplers, sampling
+from . import chat_templates, kvstate, probe, samplers, sampling
 
 # Prefill slice: small enough that progress and cancellation react within about a second on
 # two cores (~144 tokens/s), large enough to keep llama.cpp's batched matmuls efficient.
@@ -91,7 +91,6 @@ class Runtime:
                 swa_full=False,
                 verbose=False,
             )
-            inplace.add_scratch_sequence(self.llm)  # (tokens computed in place: blending)
         except (ValueError, RuntimeError) as e:
             raise RuntimeStateError(f"could not load {self.model_path}: {e}") from e
         self._vocab = self.llm._model.vocab
