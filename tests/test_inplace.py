@@ -2,7 +2,7 @@
 same KV and the same next-token logits as restoring the assembled prefix before each run and
 prefilling it (the way blending computed them before, kept as the reference in
 benchmarks/bench_blend_compute.py), with flash attention off and on; the scratch sequence gone
-afterwards; a cancelled or bad call leaves nothing half-done."""
+afterwards; a cancelled or bad call leaves nothing half-done; a sliding-window model refused."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 from benchmarks.bench_blend_compute import restore_per_run, state
-from desktop_app.errors import Cancelled
+from desktop_app.errors import Cancelled, RuntimeStateError
 from desktop_app.model import inplace
 from desktop_app.model.kvstate import in_position_order
+from desktop_app.model.runtime import Runtime
 
 TEXT = ("The ferry to Cape Morrow leaves at 07:15 and 16:40 on weekdays. On Saturdays it sails "
         "once, at 10:00. The keeper's cottage became a museum in 1979; it keeps the logbooks, a "
@@ -101,3 +102,16 @@ def test_a_cancelled_or_bad_call_leaves_nothing_half_done(runtime):
     with pytest.raises(ValueError, match="not inside"):
         inplace.restore(rt, state(rt, keys, values), tokens, [(10, len(tokens) + 1)])
     assert rt.tokens == tokens and scratch_empty(rt)  # refused before anything changed
+
+
+def test_a_sliding_window_model_is_refused_and_keeps_its_one_sequence(gemma_path):
+    rt = Runtime(gemma_path, model_hash="gemma3-270m", n_ctx=512)
+    try:
+        assert not inplace.can_compute(rt)
+        tokens = rt.tokenize(TEXT, add_bos=rt.adds_bos)[:64]
+        rt.prefill(tokens)
+        with pytest.raises(RuntimeStateError, match="sliding-window"):
+            inplace.restore(rt, rt.capture(), tokens, [(10, 20)])
+        assert llama_cpp.llama_n_seq_max(rt.llm._ctx.ctx) == 1 and rt.tokens == tokens
+    finally:
+        rt.close()
