@@ -18,9 +18,9 @@ What they cannot know is the documents before them: a token's KV in P was comput
 to the system prompt and its own document only. A selected share of each later document's
 tokens is recomputed in the combined context — its first tokens (EPIC: the document's
 opening, computed with almost nothing before it, deviates the most once other documents
-precede it) — together with whatever of S no cache holds. Computing runs of tokens in place is
-what llama.cpp allows (positions must follow on), so each run is computed after the assembled
-KV before it is restored: a few restores of the prefix, against a prefill of all of it.
+precede it) — together with whatever of S no cache holds. The assembled prefix is restored
+once and the runs are computed in place, in order (`model.inplace`: llama.cpp computes a
+sequence only after its last position, so each run goes through a second sequence).
 
 Blended KV is approximate and is never stored: the engine computes the exact prefix in the
 background (`exactness`) and stores that. This module never writes to the store.
@@ -38,7 +38,7 @@ import numpy as np
 from store import Entry, Store
 
 from ..calibration.calibrations import Calibrations
-from ..model import rope
+from ..model import inplace, rope
 from ..model.kvstate import KVState, SeqState, in_position_order
 from ..model.prompts import Layout
 from ..model.runtime import Runtime
@@ -121,8 +121,9 @@ class Blender:
 
     def usable(self, rt: Runtime, later: Sequence[Entry | None]) -> bool:
         """Whether a blend would reuse anything: a later part's own entry (None: not cached
-        here), and a model whose keys kvdesk can move."""
-        return any(e is not None for e in later) and self.ropes(rt) is not None
+        here), and a model whose keys kvdesk can move and compute between (`inplace`)."""
+        return any(e is not None for e in later) and inplace.can_compute(rt) \
+            and self.ropes(rt) is not None
 
     def restore(self, rt: Runtime, layout: Layout, later: Sequence[Entry | None],
                 first: ChunkSource, *, options: RestoreOptions, speeds: Speeds, select: Select,
@@ -202,20 +203,15 @@ class Blender:
 
     def _compute(self, rt: Runtime, prefix: list[int], keys: np.ndarray, values: np.ndarray,
                  known: np.ndarray, cancel) -> int:
-        """Compute every run of unknown tokens in place, in order (each attends to what is
-        assembled before it), and leave `rt` holding the whole prefix; tokens computed."""
+        """Restore the assembled prefix once and compute every run of unknown tokens in place,
+        in order (each attends to what is assembled before it); tokens computed."""
         runs = _runs(~known)
-        lay = rt.layout
-        for a, b in runs:
-            rt.restore(SeqState([KVState(keys[:, :a], values[:, :a],
-                                         np.arange(a, dtype=np.int32), v_trans=lay.v_trans)]),
-                       prefix[:a])
-            rt.prefill(prefix[a:b], cancel=cancel)
-            kv = in_position_order(rt.capture().sections[0])
-            keys[:, a:b], values[:, a:b] = kv.keys[:, a:b], kv.values[:, a:b]
-        if not runs or runs[-1][1] != len(prefix):
-            rt.restore(SeqState([KVState(keys, values, np.arange(len(prefix), dtype=np.int32),
-                                         v_trans=lay.v_trans)]), prefix)
+        # The cells of tokens not computed yet must hold numbers (`inplace.restore`), and
+        # np.empty may hold NaNs.
+        keys[:, ~known], values[:, ~known] = 0, 0
+        seq = SeqState([KVState(keys, values, np.arange(len(prefix), dtype=np.int32),
+                                v_trans=rt.layout.v_trans)])
+        inplace.restore(rt, seq, prefix, runs, cancel=cancel)
         return int(sum(b - a for a, b in runs))
 
 

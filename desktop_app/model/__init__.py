@@ -4,7 +4,8 @@ Where model files are and what their headers say (`models`, `catalog`, `gguf_hea
 `contextsize`), whether kvdesk can keep a model's cache (`support`, `layout`), the
 llama.cpp runtime that prefills and generates (`runtime`, `samplers`, `sampling`,
 `chat_templates`, `llamalog`), the text it is given (`prompts`), its state bytes as numpy KV
-(`kvstate`) and how its keys are rotated (`rope`).
+(`kvstate`), how its keys are rotated (`rope`) and tokens computed between others it holds
+(`inplace`).
 
 Its question is "what does this model compute?". It never imports the codec's levels, the
 store's chunks, calibration, chats or any front end: every room above stands on it, and it on

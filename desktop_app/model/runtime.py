@@ -54,7 +54,8 @@ class Token:
 
 
 class Runtime:
-    """A loaded model with one context holding one sequence (seq_id 0)."""
+    """A loaded model with one context holding one sequence (seq_id 0; `inplace` computes
+    tokens in a second one, gone when it returns)."""
 
     def __init__(
         self,
@@ -216,10 +217,8 @@ class Runtime:
         tokens = list(tokens)
         with self._lock:
             if self.llm.n_tokens + len(tokens) > self.n_ctx:
-                raise RuntimeStateError(
-                    f"{self.llm.n_tokens} + {len(tokens)} tokens do not fit the context "
-                    f"of {self.n_ctx}"
-                )
+                raise RuntimeStateError(f"{self.llm.n_tokens} + {len(tokens)} tokens do not "
+                                        f"fit the context of {self.n_ctx}")
             done = 0
             for start in range(0, len(tokens), PREFILL_SLICE):
                 if cancel is not None and cancel.is_set():
