@@ -226,6 +226,27 @@ def _decode_group(x, p, last, tables, out, layer, t0, c0, nl):
     return _decode_rows(x, p, last, *tables, out, layer, t0, c0, nl)
 
 
+@njit(inline="always")
+def _copy_columns(src, dst):
+    """dst[:, :] = src (both [T, n]) one column at a time: dst channel-major writes each
+    column contiguously, and src's columns (a tile) stay in cache."""
+    for j in range(src.shape[1]):
+        for t in range(src.shape[0]):
+            dst[_U(t), _U(j)] = src[_U(t), _U(j)]
+
+
+@njit(parallel=True, cache=True)
+def to_channel_major(src, dst, lanes):
+    """dst[...] = src for KV [L, T, C], src token-major, dst channel-major (strides[1] <
+    strides[2]): in blocks of `lanes` channels, as the decoder writes its tiles."""
+    n_layer, _, n_ch = src.shape
+    n_grp = (n_ch + lanes - 1) // lanes
+    for item in prange(n_layer * n_grp):
+        layer, c0 = item // n_grp, item % n_grp * lanes
+        c1 = min(c0 + lanes, n_ch)
+        _copy_columns(src[layer, :, c0:c1], dst[layer, :, c0:c1])
+
+
 @njit(parallel=True, cache=True)
 def decode(words, counts, ent, fc, lut, dq, akey, bkey, out, t0, lanes, states):
     """Decode every group into out[:, t0:t0 + len(akey), :]; False when a group is inconsistent.
@@ -268,10 +289,7 @@ def decode(words, counts, ent, fc, lut, dq, akey, bkey, out, t0, lanes, states):
         if channel_major:
             tile = np.empty((1, tok_dq.size, nl), out.dtype)
             p = _decode_group(x, p, end - 1, tables, tile, 0, 0, 0, nl)
-            dst = out[layer, t0:t0 + tok_dq.size, c0:c0 + nl]
-            for j in range(nl):
-                for t in range(tok_dq.size):
-                    dst[_U(t), _U(j)] = tile[0, _U(t), _U(j)]
+            _copy_columns(tile[0], out[layer, t0:t0 + tok_dq.size, c0:c0 + nl])
         else:
             p = _decode_group(x, p, end - 1, tables, out, layer, t0, c0, nl)
         if p != end:
