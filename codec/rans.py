@@ -21,7 +21,8 @@ level) and one for any other count, with the states in a small array (slower: th
 through memory). Tables are indexed flat with unsigned indices, which spares numba's
 negative-index wraparound on every lookup; renormalization is branch-free; the encoder
 divides with an integer reciprocal; the decoder writes a channel-major output through a
-per-group tile.
+per-group tile, and `to_channel_major` copies a token-major KV (the inverse transform's
+output) into such a view the same way.
 """
 
 from __future__ import annotations
