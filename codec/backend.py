@@ -57,7 +57,7 @@ def _untransform_reference(coef, out, tf, cos, sin) -> None:
 
 def _cpu() -> SimpleNamespace:
     kernels = ((quant, "any_nonfinite"), (quant, "quantize"), (quant, "choose_entries"),
-               (rans, "encode"), (rans, "decode"))
+               (rans, "encode"), (rans, "decode"), (rans, "to_channel_major"))
     return SimpleNamespace(name="cpu", untransform=_untransform_cpu,
                            **{name: _serialized(getattr(module, name))
                               for module, name in kernels})
@@ -73,7 +73,8 @@ def get(name: str) -> SimpleNamespace:
                                quantize=reference.quantize,
                                choose_entries=reference.choose_entries,
                                encode=reference.encode, decode=reference.decode,
-                               untransform=_untransform_reference)
+                               untransform=_untransform_reference,
+                               to_channel_major=reference.to_channel_major)
     if name == "cuda":
         from . import cuda
 

@@ -11,6 +11,12 @@ warm-up. Two decode figures: into fresh arrays (`decode_MBps`), and as the engin
 document (`decode_engine_MBps`): with out= into one reused buffer laid out like llama.cpp's
 state, keys token-major and values channel-major (V as llama.cpp keeps it without flash
 attention: the slower layout; the app's default, flash attention, keeps V token-major).
+Next to them, in the same runs, a plain numpy copy of the same number of bytes (`memcpy_MBps`,
+into a destination as large as the KV, so never in cache) with one thread and with as many
+threads as numba's decoder uses, and a decode with numba held to one thread: `decode_vs_memcpy`
+(both cores) and `decode_1thread_vs_memcpy` (one) are the ratios the decoder is judged by;
+`decode_1thread_vs_memcpy_cpu` is the one-thread ratio in process CPU seconds, which other
+work on the machine changes least.
 `--cold` measures instead what a fresh process (every `kvdesk ask`) pays for tables: each
 level's first decode of one 256-token chunk against the same decode again.
 `cpu_s` is the process CPU time of a median run: on a shared machine wall time far above
@@ -25,6 +31,7 @@ import argparse
 import json
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numba  # after the package: codec/backend.py sets OMP_WAIT_POLICY first
@@ -87,14 +94,24 @@ def measure(keys: np.ndarray, values: np.ndarray, level: str, runs: int,
             decode(b, out=(doc_k[:, at:at + n], doc_v[:, at:at + n]), calibrations=resolver)
             at += n
 
+    def decode_1thread(blobs: list[bytes]) -> None:
+        threads = numba.get_num_threads()
+        numba.set_num_threads(1)
+        try:
+            decode_fresh(blobs)
+        finally:
+            numba.set_num_threads(threads)
+
     def encode(_) -> list[bytes]:
         return encode_chunks(keys, values, level, calibration=calibration)
 
     blobs = encode(None)  # warm-up: JIT caches, codebooks, buffers
     decode_fresh(blobs)
     decode_engine(blobs)
-    steps = {"encode": encode, "decode": decode_fresh,
-             "decode_engine": decode_engine}
+    copy = Memcpy(keys.nbytes + values.nbytes)
+    steps = {"encode": encode, "decode": decode_fresh, "decode_engine": decode_engine,
+             "decode_1thread": decode_1thread, "memcpy": copy.all_threads,
+             "memcpy_1thread": copy.one_thread}
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in steps}
     for _ in range(runs):
         for name, step in steps.items():
@@ -110,7 +127,33 @@ def measure(keys: np.ndarray, values: np.ndarray, level: str, runs: int,
         # The best run shows what the kernels can do when the shared machine is quiet.
         result[f"{name}_MBps_best"] = round(mb / wall[0], 1)
         result[f"{name}_cpu_s"] = round(float(np.median([c for _, c in rows])), 3)
+    for name, base in (("decode", "memcpy"), ("decode_1thread", "memcpy_1thread")):
+        result[f"{name}_vs_memcpy"] = round(result[f"{name}_MBps"] / result[f"{base}_MBps"], 4)
+    # on a busy machine wall time is the other work's; one thread's CPU seconds are ours
+    cpu = {name: float(np.median([c for _, c in rows])) for name, rows in times.items()}
+    result["decode_1thread_vs_memcpy_cpu"] = round(
+        cpu["memcpy_1thread"] / max(cpu["decode_1thread"], 1e-9), 4)
     return result
+
+
+class Memcpy:
+    """A numpy copy of `nbytes` (the decoder's output) from one buffer into another, each as
+    large as the output, so the destination is never in cache; with every numba thread the
+    copy is cut in that many slices, copied at once (numpy lets the GIL go while it copies)."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.src = np.ones(nbytes // 2, np.uint16)
+        self.dst = np.zeros_like(self.src)  # faulted in now, not in the timed copies
+        self.threads = numba.get_num_threads()
+
+    def one_thread(self, _) -> None:
+        np.copyto(self.dst, self.src)
+
+    def all_threads(self, _) -> None:
+        cuts = np.linspace(0, self.src.size, self.threads + 1).astype(np.int64)
+        spans = [slice(a, b) for a, b in zip(cuts, cuts[1:], strict=False)]
+        with ThreadPoolExecutor(self.threads) as pool:
+            list(pool.map(lambda s: np.copyto(self.dst[s], self.src[s]), spans))
 
 
 _COLD = """
@@ -155,8 +198,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--levels", default=",".join(levels()), help="comma-separated level names")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--calibration", type=Path,
-                    help="a model calibration (.kvcl) for this KV: its levels are measured too, "
-                         "as NAME@calibrated, in the same run")
+                    help="a model calibration (.kvcl) for this KV: its levels among --levels are "
+                         "measured too, as NAME@calibrated, in the same run")
     ap.add_argument("--cold", action="store_true",
                     help="only the cold start: each level's first decode in a fresh process")
     args = ap.parse_args(argv)
@@ -168,8 +211,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     load_before = os.getloadavg()[0]
     cal = Calibration.from_bytes(args.calibration.read_bytes()) if args.calibration else None
-    measured = {name: measure(keys, values, name, args.runs) for name in args.levels.split(",")}
-    for name in cal.level_names if cal else ():
+    names = args.levels.split(",")
+    measured = {name: measure(keys, values, name, args.runs) for name in names}
+    for name in [n for n in cal.level_names if n in names] if cal else ():
         measured[f"{name}@calibrated"] = measure(keys, values, name, args.runs, cal)
     result = {"levels": measured,
               "kv": {"shape": list(keys.shape), "source": source},
@@ -187,13 +231,18 @@ def main(argv: list[str] | None = None) -> None:
     print(f"KV {keys.shape} from {source}; backend {result['backend']} ({th['layer']}, "
           f"{th['threads']} threads, OMP_WAIT_POLICY={th['OMP_WAIT_POLICY']}); median of "
           f"{args.runs}; load average {load['before']} -> {load['after']} on {load['cpus']} CPUs")
-    print(f"{'level':<12} {'encode MB/s':>12} {'decode MB/s':>12} {'engine MB/s':>12} "
-          f"{'bits/elem':>10}   (best run: encode, decode, engine)")
+    print(f"{'level':<20} {'encode MB/s':>12} {'decode MB/s':>12} {'engine MB/s':>12} "
+          f"{'bits/elem':>10} {'vs memcpy':>10} {'1 thread':>9}   (best run: encode, decode, "
+          "engine)")
     for name, r in result["levels"].items():
-        print(f"{name:<12} {r['encode_MBps']:>12} {r['decode_MBps']:>12} "
-              f"{r['decode_engine_MBps']:>12} {r['bits_per_element']:>10}   "
+        print(f"{name:<20} {r['encode_MBps']:>12} {r['decode_MBps']:>12} "
+              f"{r['decode_engine_MBps']:>12} {r['bits_per_element']:>10} "
+              f"{r['decode_vs_memcpy']:>10} {r['decode_1thread_vs_memcpy']:>9}   "
               f"({r['encode_MBps_best']}, {r['decode_MBps_best']}, "
               f"{r['decode_engine_MBps_best']})")
+        print(f"{'':<20} memcpy {r['memcpy_MBps']} MB/s ({th['threads']} threads), "
+              f"{r['memcpy_1thread_MBps']} MB/s (1); decode {r['decode_1thread_MBps']} MB/s "
+              f"(1 thread); 1-thread ratio in CPU seconds {r['decode_1thread_vs_memcpy_cpu']}")
 
 
 if __name__ == "__main__":

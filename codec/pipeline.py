@@ -365,8 +365,15 @@ def decode(blob: bytes, *, out: tuple[np.ndarray, np.ndarray] | None = None,
                         dq.view(np.float16).astype(np.float32), plan.akey, plan.bkey, coef, 0,
                         cfg)
             tf = cal_part.transform(("keys", "values")[i])
-            be.untransform(coef, out[i][:, n_sink:], tf,
+            kv = target = out[i][:, n_sink:]
+            if target.strides[1] < target.strides[2]:
+                # channel-major (llama.cpp's V without flash attention): written row by row,
+                # every element would land on another cache line and page (1.6x the decode)
+                kv = scratch("decode.kv", target.shape, np.uint16)
+            be.untransform(coef, kv, tf,
                            *transform.angles(tf, header.first_token + n_sink, n_tok - n_sink))
+            if kv is not target:
+                be.to_channel_major(kv, target, cfg.lanes)
         else:
             _run_decode(be, parts.words[i], parts.counts[i], ents + base[:, None], bank, dq,
                         plan.akey, plan.bkey, out[i], n_sink, cfg)

@@ -21,7 +21,8 @@ level) and one for any other count, with the states in a small array (slower: th
 through memory). Tables are indexed flat with unsigned indices, which spares numba's
 negative-index wraparound on every lookup; renormalization is branch-free; the encoder
 divides with an integer reciprocal; the decoder writes a channel-major output through a
-per-group tile.
+per-group tile, and `to_channel_major` copies a token-major KV (the inverse transform's
+output) into such a view the same way.
 """
 
 from __future__ import annotations
@@ -159,10 +160,12 @@ def _decode_step(x, lut_at, fc_at, lut, fc, words, p, last, clamp):
     v = fc[_U(fc_at + s)]
     x = (v & 0xFFFF) * (x >> PROB_BITS) + slot - (v >> 16)
     # branch-free: always load a word (clamped to this group), use it if needed;
-    # overrunning the group shows as p > end in the caller
+    # overrunning the group shows as p > end in the caller. Written as a select, LLVM makes
+    # it one cmov (a shift by 16 * refill and a multiply by it took 6 more instructions per
+    # 4 symbols and spilled 4 more registers: decode 1.06-1.27x slower).
     refill = x < RANS_LOW
     w = words[_U(min(p, last) if clamp else p)]
-    x = (x << (16 * refill)) | (w * refill)
+    x = ((x << 16) | w) if refill else x
     return x, p + refill, s
 
 
@@ -226,6 +229,27 @@ def _decode_group(x, p, last, tables, out, layer, t0, c0, nl):
     return _decode_rows(x, p, last, *tables, out, layer, t0, c0, nl)
 
 
+@njit(inline="always")
+def _copy_columns(src, dst):
+    """dst[:, :] = src (both [T, n]) one column at a time: dst channel-major writes each
+    column contiguously, and src's columns (a tile) stay in cache."""
+    for j in range(src.shape[1]):
+        for t in range(src.shape[0]):
+            dst[_U(t), _U(j)] = src[_U(t), _U(j)]
+
+
+@njit(parallel=True, cache=True)
+def to_channel_major(src, dst, lanes):
+    """dst[...] = src for KV [L, T, C], src token-major, dst channel-major (strides[1] <
+    strides[2]): in blocks of `lanes` channels, as the decoder writes its tiles."""
+    n_layer, _, n_ch = src.shape
+    n_grp = (n_ch + lanes - 1) // lanes
+    for item in prange(n_layer * n_grp):
+        layer, c0 = item // n_grp, item % n_grp * lanes
+        c1 = min(c0 + lanes, n_ch)
+        _copy_columns(src[layer, :, c0:c1], dst[layer, :, c0:c1])
+
+
 @njit(parallel=True, cache=True)
 def decode(words, counts, ent, fc, lut, dq, akey, bkey, out, t0, lanes, states):
     """Decode every group into out[:, t0:t0 + len(akey), :]; False when a group is inconsistent.
@@ -268,10 +292,7 @@ def decode(words, counts, ent, fc, lut, dq, akey, bkey, out, t0, lanes, states):
         if channel_major:
             tile = np.empty((1, tok_dq.size, nl), out.dtype)
             p = _decode_group(x, p, end - 1, tables, tile, 0, 0, 0, nl)
-            dst = out[layer, t0:t0 + tok_dq.size, c0:c0 + nl]
-            for j in range(nl):
-                for t in range(tok_dq.size):
-                    dst[_U(t), _U(j)] = tile[0, _U(t), _U(j)]
+            _copy_columns(tile[0], out[layer, t0:t0 + tok_dq.size, c0:c0 + nl])
         else:
             p = _decode_group(x, p, end - 1, tables, out, layer, t0, c0, nl)
         if p != end:

@@ -142,3 +142,7 @@ def decode(words, counts, ent, fc, lut, dq, akey, bkey, out, t0, lanes, states):
             if p != end or any(v != RANS_LOW for v in x):
                 return False
     return True
+
+
+def to_channel_major(src, dst, lanes):
+    dst[...] = src

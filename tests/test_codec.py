@@ -291,6 +291,9 @@ def test_bench_prints_the_promised_json(tmp_path, capsys):
     for row in out["levels"].values():
         assert row["encode_MBps"] > 0 and row["decode_MBps"] > 0
         assert row["decode_engine_MBps"] > 0 and row["encode_cpu_s"] > 0
+        assert row["memcpy_MBps"] > 0 and row["memcpy_1thread_MBps"] > 0
+        assert row["decode_vs_memcpy"] == round(row["decode_MBps"] / row["memcpy_MBps"], 4)
+        assert 0 < row["decode_1thread_vs_memcpy"] and 0 < row["decode_1thread_vs_memcpy_cpu"]
         assert 0 < row["bits_per_element"] < 16
     assert out["threading"]["threads"] >= 1 and out["threading"]["layer"]
 

@@ -165,6 +165,23 @@ def test_calibrated_blobs_are_identical_on_every_backend(kv, cal):
     assert (info.format_version, info.calibration) == (2, cal.id)
 
 
+@pytest.mark.parametrize("backend", [CPU, REF], ids=["cpu", "reference"])
+def test_calibrated_blob_decodes_into_a_channel_major_buffer(kv, cal, backend):
+    """llama.cpp's V without flash attention is [layer, channel, token]: the inverse
+    transform's output reaches such a view through a token-major scratch, bytes unchanged."""
+    keys, values = (a[:, :40] for a in kv)
+    blob = codec.encode(keys, values, "high", calibration=cal, first_token=0)
+    want = codec.decode(blob, calibrations={cal.id: cal}, backend=backend)
+    n_layer, n_tok, n_ch = keys.shape
+    big = np.full((n_layer, n_ch, n_tok + 30), np.float16(7))
+    view = big.transpose(0, 2, 1)[:, 10:10 + n_tok]
+    k, v = codec.decode(blob, out=(np.empty_like(keys), view), calibrations={cal.id: cal},
+                        backend=backend)
+    assert np.array_equal(k.view(np.uint16), want[0].view(np.uint16))
+    assert np.array_equal(view.view(np.uint16), want[1].view(np.uint16))
+    assert np.all(big[:, :, :10] == 7) and np.all(big[:, :, 10 + n_tok:] == 7)
+
+
 def test_calibrated_level_is_accurate_and_keeps_sinks_exact(kv, cal):
     keys, values = kv
     blob = codec.encode(keys, values, "high", calibration=cal)
