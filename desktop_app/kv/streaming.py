@@ -50,18 +50,22 @@ Views = tuple[np.ndarray, np.ndarray]
 
 def warm_up(levels: Sequence[str], shapes: Sequence[tuple[int, int, int]],
             calibration: codec.Calibration | None = None,
-            cancel: threading.Event | None = None) -> None:
+            cancel: threading.Event | None = None,
+            pause: Callable[[], None] | None = None) -> None:
     """Ready the codec for chunks of `shapes` ([n_layer, chunk tokens, channels]: a model's
     cache sections, in order) at `levels`, calibrated by `calibration` when given.
 
     The first use of each level and shape costs up to a second: the codec builds its
     per-shape plans and tables. Done in the background when a model loads, the user's first
-    attach or restore does not pay for it. `cancel` stops it between levels.
+    attach or restore does not pay for it. `cancel` stops it between levels; `pause()`,
+    called before each, returns when the next may run.
     """
     found = None if calibration is None else {calibration.id: calibration}
     for part, shape in enumerate(shapes):
         k = np.random.default_rng(0).standard_normal(shape).astype(np.float16)
         for level in levels:
+            if pause is not None:
+                pause()
             if cancel is not None and cancel.is_set():
                 return
             codec.decode(codec.encode(k, k, level, calibration=calibration, part=part),
