@@ -4,9 +4,10 @@
 documents on one worker while the user chats on another. Loading a context registers its
 model's fingerprint in the store; a model whose cache kvdesk cannot store and restore is refused
 by the runtime as it loads, with a message saying why (`support`). `warm_up` readies the codec
-in the background once, so the first restore or attach does not pay for it: first its kernels,
-which need nothing of the model, so they load from numba's caches (or compile where none has
-them) while the model loads (llama.cpp loads without holding the GIL); `codec_prep`:
+in the background once, so the first restore or attach does not pay for it: first a stored
+chunk per level is decoded (the kernels and tables a reopen needs first), then every kernel is
+loaded from numba's caches (or compiled where none has them); neither needs the model, so
+both run while it loads (llama.cpp loads without holding the GIL); `codec_prep`:
 `codec_state()` says how far that is, for a GUI and for a question asked meanwhile. Then, once a
 context is loaded, its per-shape tables for the model's chunks, with its calibration when it
 has one (in long-running processes: a one-shot command builds those it uses). The warm-up
@@ -82,9 +83,13 @@ class Contexts:
         with self._warm_lock:
             if self._warm_up is not None:
                 return
-            # numba compiles per argument type, not shape: a small chunk loads every kernel
+            # First what a reopen decodes first (a stored chunk per level: its kernels and
+            # tables), then every kernel: numba compiles per argument type, not shape, so a
+            # small chunk loads them all.
+            restore_first = precompile.Step("stored chunks", lambda: streaming.warm_up_restore(
+                self.store, self._levels, self._calibrations.resolver, cancel=self._closing))
             self._prep = codec_prep.CodecPrep(precompile.SMALL_SHAPE, self._levels,
-                                              pause=self._give_way)
+                                              pause=self._give_way, first=[restore_first])
             self._warm_up = threading.Thread(target=self._prepare, args=(self._prep,),
                                              name="codec-warm-up", daemon=True)
             self._warm_up.start()
