@@ -160,3 +160,28 @@ def test_the_warm_up_readies_every_kernel_a_restore_decodes_with(tmp_path):
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {}
+
+
+def test_a_one_shot_warm_up_stops_once_the_model_has_loaded(tmp_path, monkeypatch, tables):
+    """Past the model's load, a one-shot command's warm-up would only compete with the
+    restore that follows: it ends at its next step."""
+    from codec import precompile
+
+    ran, loaded = [], threading.Event()
+
+    def first():
+        ran.append("first")
+        loaded.wait(10)  # still running when the model has loaded
+
+    monkeypatch.setattr(precompile, "steps", lambda shape, levels: [
+        precompile.Step("first", first), precompile.Step("second", lambda: ran.append("x"))])
+
+    ctx = make(tmp_path, StubRuntime, background=False)
+    ctx.warm_up()
+    while not ran:
+        time.sleep(0.01)
+    ctx.get(CHAT)
+    loaded.set()
+    ctx.wait_codec()
+    assert ran == ["first"] and ctx.codec_state().phase == "failed"
+    ctx.close()

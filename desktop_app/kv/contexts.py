@@ -10,7 +10,8 @@ loaded from numba's caches (or compiled where none has them); neither needs the 
 both run while it loads (llama.cpp loads without holding the GIL); `codec_prep`:
 `codec_state()` says how far that is, for a GUI and for a question asked meanwhile. Then, once a
 context is loaded, its per-shape tables for the model's chunks, with its calibration when it
-has one (in long-running processes: a one-shot command builds those it uses). The warm-up
+has one (in long-running processes: a one-shot command's warm-up stops once its model has
+loaded, unless it is compiling, and its flow loads or builds the rest it uses). The warm-up
 gives way to restores (`restoring`): between its steps it waits while one runs, so a chat
 opened right after start-up is not slowed by work it does not need.
 
@@ -29,7 +30,7 @@ from store import Store
 from ..calibration import codec_prep
 from ..calibration.calibrations import Calibrations
 from ..model.runtime import Runtime
-from ..results import PrepState
+from ..results import CHECKING, PrepState
 from . import streaming
 
 CHAT = "chat"
@@ -69,7 +70,16 @@ class Contexts:
                 self.store.register_model(rt.fingerprint, self._model_path or str(rt.model_path),
                                           {**rt.layout.__dict__, "n_ctx": rt.n_ctx})
                 self._loaded.set()
+                self._one_shot_loaded()
             return self._runtimes[role]
+
+    def _one_shot_loaded(self) -> None:
+        """A one-shot command's model has loaded: from here its warm-up would only compete with
+        the restore or prefill that follows, which loads what it uses itself; it stops at its
+        next step. Unless it is compiling: what a question does meanwhile depends on it."""
+        prep = self._prep
+        if not self._tables_ahead and prep is not None and prep.state().phase == CHECKING:
+            prep.stop()
 
     @property
     def fingerprint(self) -> str:
