@@ -185,3 +185,20 @@ def test_a_one_shot_warm_up_stops_once_the_model_has_loaded(tmp_path, monkeypatc
     ctx.wait_codec()
     assert ran == ["first"] and ctx.codec_state().phase == "failed"
     ctx.close()
+
+
+def test_encodings_tables_wait_for_the_first_restore(tmp_path, steps, tables):
+    """No restore needs them: built right at start they would slow the first reopen."""
+    ctx = make(tmp_path, StubRuntime, background=True)
+    ctx.warm_up()
+    ctx.get(CHAT)
+    ctx.wait_codec()
+    time.sleep(0.3)
+    assert tables == []
+    with ctx.restoring():
+        pass
+    deadline = time.monotonic() + 10
+    while not tables and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert tables == [(("high", "compact"), [(2, 256, 64)], None)]
+    ctx.close()

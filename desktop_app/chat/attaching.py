@@ -103,6 +103,7 @@ class Attacher:
         with self.lock, waited(self.store.attach_turn, extracted.content_hash,
                                   cancel=cancel, progress=progress, title=title):
             self.contexts.warm_up()  # its kernels load while the model does
+            self.contexts.encoding_soon()
             rt = self.contexts.get(ATTACH)
             known = {d.content_hash: d for d in self.store.documents()}
             existing = known.get(extracted.content_hash)

@@ -9,11 +9,12 @@ chunk per level is decoded (the kernels and tables a reopen needs first), then e
 loaded from numba's caches (or compiled where none has them); neither needs the model, so
 both run while it loads (llama.cpp loads without holding the GIL); `codec_prep`:
 `codec_state()` says how far that is, for a GUI and for a question asked meanwhile. Then, once a
-context is loaded, its per-shape tables for the model's chunks, with its calibration when it
-has one (in long-running processes: a one-shot command's warm-up stops once its model has
-loaded, unless it is compiling, and its flow loads or builds the rest it uses). The warm-up
-gives way to restores (`restoring`): between its steps it waits while one runs, so a chat
-opened right after start-up is not slowed by work it does not need.
+context is loaded and the first restore is done (or an attach begins, or a server is about to
+serve), the per-shape tables encoding needs for the model's chunks, with its calibration when
+it has one: seconds of work that no restore needs, which would otherwise slow the first
+reopen. That is in long-running processes: a one-shot command's warm-up stops once its model
+has loaded, unless it is compiling, and its flow loads or builds the rest it uses. The warm-up
+gives way to restores (`restoring`): between its steps it waits while one runs.
 
 It owns the runtimes' lifetime and nothing else: what runs in a context is the sessions'.
 """
@@ -61,6 +62,9 @@ class Contexts:
         self._restores = 0
         self._no_restore = threading.Event()  # what the warm-up waits for between its steps
         self._no_restore.set()
+        # The encoding side waits for this: the first restore done, an attach begun, a server
+        # about to serve (`encoding_soon`).
+        self._encoding_soon = threading.Event()
 
     def get(self, role: str) -> Runtime:
         with self._lock:
@@ -109,9 +113,12 @@ class Contexts:
         prep.wait()
         if not self._tables_ahead:
             return
-        while not self._loaded.wait(0.05):  # the tables need the model's layout
-            if self._closing.is_set():
-                return
+        # The tables need the model's layout; and encoding's are needed at the earliest after
+        # the first answer: built before, they would compete with the first reopen.
+        for event in (self._loaded, self._encoding_soon):
+            while not event.wait(0.05):
+                if self._closing.is_set():
+                    return
         with self._lock:
             rt = next(iter(self._runtimes.values()), None)
         if rt is None:  # closed meanwhile
@@ -138,6 +145,12 @@ class Contexts:
                 self._restores -= 1
                 if not self._restores:
                     self._no_restore.set()
+            self._encoding_soon.set()
+
+    def encoding_soon(self) -> None:
+        """Something will encode soon (an attach begins): the warm-up builds encoding's tables
+        now rather than after the first restore."""
+        self._encoding_soon.set()
 
     def _give_way(self) -> None:
         while not self._no_restore.wait(0.05):
@@ -157,6 +170,7 @@ class Contexts:
 
     def wait_warm(self) -> None:
         """Block until the codec is ready (a server says it serves only then)."""
+        self._encoding_soon.set()
         if self._warm_up is not None:
             self._warm_up.join()
 
