@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from desktop_app.calibration.calibrations import Calibrations
@@ -202,3 +203,31 @@ def test_encodings_tables_wait_for_the_first_restore(tmp_path, steps, tables):
         time.sleep(0.01)
     assert tables == [(("high", "compact"), [(2, 256, 64)], None)]
     ctx.close()
+
+
+def test_the_first_step_decodes_the_newest_entrys_stored_chunks(tmp_path, monkeypatch):
+    """What a reopen decodes first, from what is stored: chunk 0 of the most recently used
+    entry at each warmed level it has, with its model's calibrations; unreadable ones are
+    skipped, never raised."""
+    import codec
+    from desktop_app.kv import streaming
+
+    store = Store(tmp_path / "data")
+    store.register_model("model-a", "/a.gguf", {})
+    kv = np.random.default_rng(0).standard_normal((2, 256, 64)).astype(np.float16)
+    for n, levels in ((1, ("high", "compact")), (2, ("compact", "balanced"))):
+        with store.write_entry("model-a", range(n * 1000, n * 1000 + 300),
+                               levels=levels) as writer:
+            for span in writer.spans:
+                for level in levels:
+                    writer.put_chunk(span.chunk_index, level,
+                                     codec.encode(kv, kv, level) if level != "balanced"
+                                     else b"not a blob")
+    decoded, asked = [], []
+    real = codec.decode
+    monkeypatch.setattr(codec, "decode", lambda blob, calibrations=None: (
+        decoded.append(real(blob, calibrations=calibrations)[0].shape)))
+    streaming.warm_up_restore(store, ["high", "balanced", "compact"],
+                              lambda fp: asked.append(fp))
+    # the second entry is the newest: its compact chunk decoded, its balanced one unreadable
+    assert decoded == [(2, 256, 64)] and asked == ["model-a"]
