@@ -17,8 +17,10 @@ threads as numba's decoder uses, and a decode with numba held to one thread: `de
 (both cores) and `decode_1thread_vs_memcpy` (one) are the ratios the decoder is judged by;
 `decode_1thread_vs_memcpy_cpu` is the one-thread ratio in process CPU seconds, which other
 work on the machine changes least.
-`--cold` measures instead what a fresh process (every `kvdesk ask`) pays for tables: each
-level's first decode of one 256-token chunk against the same decode again.
+`--cold` measures instead what the codec adds to a fresh process (every `kvdesk ask`):
+`import codec` and one decode of a 256-token chunk at each level (with --calibration, each
+calibrated level too), against `import numba` alone, in fresh processes (wall time, median of
+--runs interleaved pairs).
 `cpu_s` is the process CPU time of a median run: on a shared machine wall time far above
 cpu_s / threads means the cores were busy with other work. Run as the
 app runs: `codec` sets OMP_WAIT_POLICY=PASSIVE before numba loads, and the output names the
@@ -156,39 +158,70 @@ class Memcpy:
             list(pool.map(lambda s: np.copyto(self.dst[s], self.src[s]), spans))
 
 
+# Fresh processes, as a new `kvdesk` command starts: numba alone, against the codec imported
+# and each blob decoded once (the same numba import included, so the difference is the codec's).
+_NUMBA_ONLY = "import numba"
 _COLD = """
-import json, sys, time
-import numpy as np
+import sys
 import codec
-blobs = dict(np.load(sys.argv[1]))
-# numba's compiled kernels load from its cache on first use: not the tables' cost
-tiny = np.ones((1, 2, 8), np.float16)
-kind = {"scale": "token", "bins": [5], "layer_edges": []}
-codec.decode(codec.encode(tiny, tiny, {**codec.levels()["compact"].get_config(), "name": "warm",
-                                       "keys": kind, "values": kind}))
-out = {}
-for name, blob in blobs.items():
-    t0 = time.perf_counter(); codec.decode(blob.tobytes()); t1 = time.perf_counter()
-    codec.decode(blob.tobytes()); t2 = time.perf_counter()
-    out[name] = {"first_ms": round((t1 - t0) * 1e3, 1), "again_ms": round((t2 - t1) * 1e3, 1)}
-print(json.dumps(out))
+blobs = open(sys.argv[1], "rb").read()
+cal = codec.Calibration.from_bytes(open(sys.argv[2], "rb").read()) if len(sys.argv) > 2 else None
+found = {cal.id: cal} if cal else None
+at = 0
+while at < len(blobs):
+    n = int.from_bytes(blobs[at:at + 8], "little")
+    codec.decode(blobs[at + 8:at + 8 + n], calibrations=found)
+    at += 8 + n
 """
 
 
-def cold_start(keys: np.ndarray, values: np.ndarray, names: list[str]) -> dict:
-    """In a fresh process: the first decode of one 256-token chunk per level, against the
-    same decode again (the difference is what its tables cost a new `kvdesk ask`)."""
+def cold_blobs(keys: np.ndarray, values: np.ndarray, names: list[str],
+               calibration: Calibration | None = None) -> bytes:
+    """One 256-token chunk (tokens 256-512, no sink) per level, then per calibrated level,
+    each behind its length: what `_COLD` decodes."""
+    k, v = (np.ascontiguousarray(a[:, 256:512]) for a in (keys, values))
+    blobs = [encode_chunks(k, v, n, first_token=256)[0] for n in names]
+    blobs += [encode_chunks(k, v, n, first_token=256, calibration=calibration)[0]
+              for n in (calibration.level_names if calibration else ())]
+    return b"".join(len(b).to_bytes(8, "little") + b for b in blobs)
+
+
+def _wall(args: list[str], cwd: Path) -> float:
     import subprocess
     import sys
+
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, *args], check=True, cwd=cwd, capture_output=True)
+    return time.perf_counter() - t0
+
+
+def cold_start(keys: np.ndarray, values: np.ndarray, names: list[str],
+               calibration: Calibration | None = None, rounds: int = 5,
+               cwd: Path = ROOT) -> dict:
+    """Wall seconds of fresh processes, medians of `rounds` interleaved pairs: `import numba`
+    alone, and `import codec` + the first decode of one 256-token chunk at each level (and
+    each calibrated level). Their difference is what the codec adds to a new process's
+    first restore before its kernels run warm: loading them from numba's cache, numba's own
+    set-up on the first kernel, the codec's tables. The processes import the codec of the
+    checkout `cwd` (another one's, for a before/after)."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "blobs.npz"
-        np.savez(path, **{n: np.frombuffer(encode_chunks(keys[:, :256], values[:, :256], n)[0],
-                                           np.uint8) for n in names})
-        run = subprocess.run([sys.executable, "-c", _COLD, str(path)], capture_output=True,
-                             text=True, check=True, cwd=ROOT)
-    return json.loads(run.stdout)
+        path = Path(tmp) / "blobs.bin"
+        path.write_bytes(cold_blobs(keys, values, names, calibration))
+        args = ["-c", _COLD, str(path)]
+        if calibration is not None:
+            (cal_path := Path(tmp) / "cal.kvcl").write_bytes(calibration.to_bytes())
+            args.append(str(cal_path))
+        _wall(args, cwd)  # a first run fills the OS's file cache (and numba's, were it missing)
+        pairs = [(_wall(["-c", _NUMBA_ONLY], cwd), _wall(args, cwd)) for _ in range(rounds)]
+    numba_s = float(np.median([a for a, _ in pairs]))
+    codec_s = float(np.median([b for _, b in pairs]))
+    return {"levels": names + [f"{n}@calibrated" for n in
+                               (calibration.level_names if calibration else ())],
+            "import_numba_s": round(numba_s, 3), "codec_first_decodes_s": round(codec_s, 3),
+            "beyond_numba_s": round(float(np.median([b - a for a, b in pairs])), 3),
+            "rounds": rounds}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -201,16 +234,20 @@ def main(argv: list[str] | None = None) -> None:
                     help="a model calibration (.kvcl) for this KV: its levels among --levels are "
                          "measured too, as NAME@calibrated, in the same run")
     ap.add_argument("--cold", action="store_true",
-                    help="only the cold start: each level's first decode in a fresh process")
+                    help="only the cold start: fresh processes, import codec and decode each "
+                         "level once, against import numba alone (--runs rounds)")
     args = ap.parse_args(argv)
     keys, values, source = load_kv(args.kv)
+    cal = Calibration.from_bytes(args.calibration.read_bytes()) if args.calibration else None
     if args.cold:
-        print(json.dumps({"cold_start": cold_start(keys, values, args.levels.split(",")),
+        load_before = os.getloadavg()[0]
+        print(json.dumps({"cold_start": cold_start(keys, values, args.levels.split(","), cal,
+                                                   args.runs),
                           "kv": {"shape": list(keys.shape), "source": source},
-                          "loadavg_1min": round(os.getloadavg()[0], 2)}))
+                          "loadavg_1min": {"before": round(load_before, 2),
+                                           "after": round(os.getloadavg()[0], 2)}}))
         return
     load_before = os.getloadavg()[0]
-    cal = Calibration.from_bytes(args.calibration.read_bytes()) if args.calibration else None
     names = args.levels.split(",")
     measured = {name: measure(keys, values, name, args.runs) for name in names}
     for name in [n for n in cal.level_names if n in names] if cal else ():

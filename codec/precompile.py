@@ -103,11 +103,16 @@ def run(shape: tuple[int, int, int] = SMALL_SHAPE, level_names: Sequence[str] | 
 
 def run_steps(todo: list[Step],
               progress: Callable[[int, int, str], None] | None = None,
-              cancel: threading.Event | None = None) -> dict[str, float]:
+              cancel: threading.Event | None = None,
+              pause: Callable[[], None] | None = None) -> dict[str, float]:
     """`run`, on steps made by `steps()`; when `cancel` is set, stop before the next step (the
-    seconds of those done are returned: each compiled kernel is cached as it is done)."""
+    seconds of those done are returned: each compiled kernel is cached as it is done).
+    `pause()` is called before each step: it returns when the step may run (its wait is not
+    counted in the step's seconds)."""
     took: dict[str, float] = {}
     for i, step in enumerate(todo):
+        if pause is not None:
+            pause()
         if cancel is not None and cancel.is_set():
             return took
         if progress:

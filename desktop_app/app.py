@@ -12,6 +12,7 @@ It never parses command lines and never imports Qt.
 from __future__ import annotations
 
 import tempfile
+import threading
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -37,6 +38,7 @@ class App:
         # exist yet is then not created; memos and the store go to a temporary folder.
         self.reads_only = False
         self._scratch: tempfile.TemporaryDirectory | None = None
+        self._preload: _Preload | None = None
 
     @property
     def data_dir(self) -> Path:
@@ -103,8 +105,22 @@ class App:
         return choose(self.model_facts, model_bytes=self.model_path.stat().st_size,
                       flash_attn=self.flash_attn[0], available=available_memory())
 
+    def preload(self) -> None:
+        """Start loading the model now, on a thread of its own, for a command that will need
+        it: llama.cpp loads without holding the GIL, so the rest of kvdesk imports and opens
+        meanwhile. The engine's first context is that one; a failure to load is raised there,
+        as without this. llama.cpp silences the process's stdout and stderr while it loads:
+        only for a command that prints nothing before its engine takes the context."""
+        if self._preload is None:
+            self._preload = _Preload(self._load_runtime)
+
     def new_runtime(self) -> Runtime:
         """A fresh context on the configured model (the engine holds one per role)."""
+        if self._preload is not None and not self._preload.taken:
+            return self._preload.take()
+        return self._load_runtime()
+
+    def _load_runtime(self) -> Runtime:
         from .model.runtime import Runtime
 
         return Runtime(
@@ -177,9 +193,43 @@ class App:
         }
 
     def close(self) -> None:
+        if self._preload is not None:
+            self._preload.discard()  # never taken (the command failed before it needed it)
         if "engine" in self.__dict__:
             self.engine.close()
         if "store" in self.__dict__:
             self.store.close()
         if self._scratch is not None:
             self._scratch.cleanup()
+
+
+class _Preload:
+    """A runtime loading on its own thread until it is taken (once)."""
+
+    def __init__(self, load):
+        self.taken = False
+        self._result: Runtime | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(load,), name="model-preload",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self, load) -> None:
+        try:
+            self._result = load()
+        except BaseException as e:  # noqa: BLE001 - raised where the runtime is taken
+            self._error = e
+
+    def take(self) -> Runtime:
+        self.taken = True
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def discard(self) -> None:
+        if not self.taken:
+            self.taken = True
+            self._thread.join()
+            if self._result is not None:
+                self._result.close()

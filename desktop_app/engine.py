@@ -102,7 +102,7 @@ class Engine:
         self.calibrations = Calibrations(store)
         self.contexts = Contexts(store, runtime_factory, model_path=model_path,
                                  levels=self._levels, chunk_tokens=chunk_tokens,
-                                 calibrations=self.calibrations)
+                                 calibrations=self.calibrations, background=background)
         self.speeds = speeds.load(store)
         self._calibrating = threading.Lock()
         kv = KVCache(store, self._levels, chunk_tokens, self.calibrations)
@@ -164,6 +164,7 @@ class Engine:
         serve` do, at start): such a long-running engine also gives every passage of the
         long documents its KV in the background, resuming where a restart left it."""
         self.contexts.warm_up()
+        self.contexts.get(CHAT)
         if self.fill_passages and self.background:
             self._long_running = True
             self.passage_fill.resume()

@@ -298,6 +298,26 @@ def test_bench_prints_the_promised_json(tmp_path, capsys):
     assert out["threading"]["threads"] >= 1 and out["threading"]["layer"]
 
 
+def test_bench_cold_decodes_every_blob_in_fresh_processes(tmp_path, capsys):
+    """`--cold` times fresh processes that import the codec and decode each level's (and each
+    calibrated level's) chunk, against `import numba` alone: a blob that failed to decode
+    would fail its process, and the run."""
+    from codec import bench
+    from codec.calibration import fitted
+
+    keys, values = real_kv(512)
+    cal = fitted(keys, values, codec.levels()["balanced"], "calibrated", 64)
+    (tmp_path / "cal.kvcl").write_bytes(cal.to_bytes())
+    np.savez(tmp_path / "kv.npz", keys=keys, values=values)
+    bench.main(["--cold", "--kv", str(tmp_path / "kv.npz"), "--levels", "compact,high",
+                "--calibration", str(tmp_path / "cal.kvcl"), "--runs", "1"])
+    out = json.loads(capsys.readouterr().out)["cold_start"]
+    assert out["levels"] == ["compact", "high", *[f"{n}@calibrated" for n in cal.level_names]]
+    assert out["import_numba_s"] > 0 and out["codec_first_decodes_s"] > out["import_numba_s"]
+    assert out["beyond_numba_s"] == pytest.approx(
+        out["codec_first_decodes_s"] - out["import_numba_s"], abs=1e-3)
+
+
 def test_reused_scratch_never_leaks_between_chunks():
     """Encoding reuses per-thread temporaries (codec.workspace): the bytes of a chunk must
     not depend on what was encoded before it, whatever its shape or level."""

@@ -127,3 +127,22 @@ def test_run_steps_stops_before_the_next_step_when_cancelled():
             for name in "abc"]
     took = precompile.run_steps(todo, cancel=cancel)
     assert ran == ["a", "b"] and list(took) == ["a", "b"]
+
+
+def test_run_steps_asks_pause_before_each_step_and_stops_if_cancelled_meanwhile():
+    """The engine's restores go first: `pause` holds each step back until it returns, and a
+    cancel set while it waited stops the run there."""
+    import threading
+
+    from codec import precompile
+
+    events, cancel = [], threading.Event()
+
+    def pause():
+        events.append("pause")
+        if events.count("pause") == 3:
+            cancel.set()  # the app closed while the step waited
+
+    todo = [precompile.Step(name, lambda name=name: events.append(name)) for name in "abc"]
+    took = precompile.run_steps(todo, cancel=cancel, pause=pause)
+    assert events == ["pause", "a", "pause", "b", "pause"] and list(took) == ["a", "b"]

@@ -1,8 +1,9 @@
 """Readying the codec's kernels in the background at start, and what a question does meanwhile.
 
-`CodecPrep(shape, levels).start()` runs `codec.precompile` on a daemon thread: every kernel
-the app reaches is loaded from its cache, or compiled where no cache has it (a checkout whose
-`make venv` warm-up could not write, a bundle on a CPU its shipped cache does not fit, a
+`CodecPrep(shape, levels).start()` runs `codec.precompile` on a daemon thread, after the
+caller's `first` steps, each step when `pause` lets it (the engine's restores go first): every
+kernel the app reaches is loaded from its cache, or compiled where no cache has it (a checkout
+whose `make venv` warm-up could not write, a bundle on a CPU its shipped cache does not fit, a
 changed codec). `state()` says, at any moment, whether it is still checking (loading from the
 caches: about a second), compiling (the GUI's "preparing the codec (once)"), ready or failed,
 how far it is, and how many seconds are expected to be left. Those expectations come from a
@@ -83,8 +84,12 @@ class CodecPrep:
 
     def __init__(self, shape: tuple[int, int, int], levels: Sequence[str] | None = None, *,
                  profile_path: Path | None = None,
-                 on_change: Callable[[PrepState], None] | None = None):
+                 on_change: Callable[[PrepState], None] | None = None,
+                 pause: Callable[[], None] | None = None,
+                 first: Sequence[precompile.Step] = ()):
         self._shape, self._levels = shape, levels
+        self._first = list(first)  # the caller's steps, run before precompile's
+        self._pause = pause  # called before each step: returns when it may run
         self._profile_path = profile_path
         self._on_change = on_change  # called from the worker thread
         self._expected = self._load_profile()
@@ -139,10 +144,11 @@ class CodecPrep:
 
     def _run(self) -> None:
         try:
-            todo = precompile.steps(self._shape, self._levels)
+            todo = [*self._first, *precompile.steps(self._shape, self._levels)]
             with self._lock:
                 self._names = [step.name for step in todo]
-            took = precompile.run_steps(todo, progress=self._progress, cancel=self._cancel)
+            took = precompile.run_steps(todo, progress=self._progress, cancel=self._cancel,
+                                        pause=self._pause)
             compiled = jitcache.compiles()[0] - self._compiled_before
             if len(took) < len(todo):
                 self._finish(FAILED, compiled, "stopped before it finished: the app is closing")

@@ -102,8 +102,9 @@ class Attacher:
         # takes the first one's result, or finishes what a killed one left unfinished.
         with self.lock, waited(self.store.attach_turn, extracted.content_hash,
                                   cancel=cancel, progress=progress, title=title):
+            self.contexts.warm_up()  # its kernels load while the model does
+            self.contexts.encoding_soon()
             rt = self.contexts.get(ATTACH)
-            self.contexts.warm_up(rt)
             known = {d.content_hash: d for d in self.store.documents()}
             existing = known.get(extracted.content_hash)
             # A document whose attach was killed is new again: this attach finishes it.

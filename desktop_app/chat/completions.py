@@ -112,8 +112,8 @@ class Completions:
         t0 = time.perf_counter()
         s = self.session
         with s.lock:
+            s.contexts.warm_up()  # its kernels load while the model does
             rt = s.runtime
-            s.contexts.warm_up(rt)
             if isinstance(messages, RawPrompt):
                 if documents:
                     raise EngineError("documents: a prompt given as it is has no chat to "

@@ -174,7 +174,8 @@ class ChatSession:
                 effective = options.model_copy(update={"budget_ms": self.default_budget_ms})
             parts = self._blendable(rt, chat_id, tokens, docs, cancel)
             if parts is not None:
-                report = self._blend(rt, parts, tokens, docs, effective, progress, cancel)
+                with self.contexts.restoring():
+                    report = self._blend(rt, parts, tokens, docs, effective, progress, cancel)
                 self._loaded = options
                 rt.prefill(question, cancel=cancel)
                 return report
@@ -182,10 +183,11 @@ class ChatSession:
             if source is not None and source.n_tokens and self._codec_not_ready(rt, source,
                                                                                notes):
                 source = None
-        report = streaming.restore(rt, source, tokens, levels=self.levels, options=effective,
-                                   speeds=self.speeds, chunk_tokens=self.chunk_tokens,
-                                   progress=progress, cancel=cancel,
-                                   calibrations=self.kv.calibrations.resolver(rt.fingerprint))
+        with self.contexts.restoring():
+            report = streaming.restore(
+                rt, source, tokens, levels=self.levels, options=effective, speeds=self.speeds,
+                chunk_tokens=self.chunk_tokens, progress=progress, cancel=cancel,
+                calibrations=self.kv.calibrations.resolver(rt.fingerprint))
         if source is not None and report.recomputed_tokens == len(tokens):
             notes += self.library.stale_note(chat_id, docs, rt.fingerprint)
         speeds_mod.save(self.store, self.speeds)
@@ -279,8 +281,8 @@ class ChatSession:
         """Restore a chat's whole context, ready for the next question."""
         self.library.chat(chat_id)
         with self.lock:
+            self.contexts.warm_up()  # its kernels load while the model does
             rt = self.runtime
-            self.contexts.warm_up(rt)
             _, tokens, notes = self.conversation(rt, chat_id)
             # An explicit reopen always restores: it is how a restore is asked for and timed.
             report = self.bring_in(rt, chat_id, tokens, options=restore, progress=progress,
@@ -305,8 +307,8 @@ class ChatSession:
         with self.lock:
             if cancel is not None and cancel.is_set():
                 return None
+            self.contexts.warm_up()  # its kernels load while the model does
             rt = self.runtime
-            self.contexts.warm_up(rt)
             docs = self._documents(chat_id, doc_ids)
             if chat_id is None and self.longdocs.applies(docs):
                 return None  # its passages are retrieved for the question it asks
@@ -354,8 +356,8 @@ class ChatSession:
             self.library.name_untitled(chat_id, title_of(question))
         with self.lock, waited(self.store.chat_turn, chat_id, cancel=cancel,
                                   progress=progress):
+            self.contexts.warm_up()  # its kernels load while the model does
             rt = self.runtime
-            self.contexts.warm_up(rt)
             # A long document's passages for this question (a new chat's: its pending ones)
             docs = self._documents(chat_id, doc_ids)
             picked = self.longdocs.choose(rt, chat_id, question, docs)

@@ -241,6 +241,10 @@ def reopen(app: App, chat_id, restore, no_server, as_json):
     """Restore a chat's context into the model and report how."""
     bar = TerminalProgress()
     client = server_client(app, no_server)
+    if client is None:
+        # The model loads while the engine's modules import. (Only where nothing is printed
+        # before the engine takes it: llama.cpp silences the process's output as it loads.)
+        app.preload()
     with interruptible() as cancel:
         rep = (client or app.engine).reopen(chat_id, restore=restore, progress=bar,
                                             cancel=cancel)

@@ -4,25 +4,34 @@
 documents on one worker while the user chats on another. Loading a context registers its
 model's fingerprint in the store; a model whose cache kvdesk cannot store and restore is refused
 by the runtime as it loads, with a message saying why (`support`). `warm_up` readies the codec
-in the background once, so the first restore or attach does not pay for it: its kernels loaded
-from numba's caches, or compiled where none has them (`codec_prep`: `codec_state()` says how
-far that is, for a GUI and for a question asked meanwhile), then its per-shape tables built
-for the model's chunks, with its calibration when it has one.
+in the background once, so the first restore or attach does not pay for it: first a stored
+chunk per level is decoded (the kernels and tables a reopen needs first), then every kernel is
+loaded from numba's caches (or compiled where none has them); neither needs the model, so
+both run while it loads (llama.cpp loads without holding the GIL); `codec_prep`:
+`codec_state()` says how far that is, for a GUI and for a question asked meanwhile. Then, once a
+context is loaded and the first restore is done (or an attach begins, or a server is about to
+serve), the per-shape tables encoding needs for the model's chunks, with its calibration when
+it has one: seconds of work that no restore needs, which would otherwise slow the first
+reopen. That is in long-running processes: a one-shot command's warm-up stops once its model
+has loaded, unless it is compiling, and its flow loads or builds the rest it uses. The warm-up
+gives way to restores (`restoring`): between its steps it waits while one runs.
 
 It owns the runtimes' lifetime and nothing else: what runs in a context is the sessions'.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
+from codec import precompile
 from store import Store
 
 from ..calibration import codec_prep
 from ..calibration.calibrations import Calibrations
 from ..model.runtime import Runtime
-from ..results import PrepState
+from ..results import CHECKING, PrepState
 from . import streaming
 
 CHAT = "chat"
@@ -31,8 +40,13 @@ ATTACH = "attach"
 
 class Contexts:
     def __init__(self, store: Store, factory: Callable[[], Runtime], *, model_path: str,
-                 levels: Sequence[str], chunk_tokens: int, calibrations: Calibrations):
+                 levels: Sequence[str], chunk_tokens: int, calibrations: Calibrations,
+                 background: bool = True):
         self.store = store
+        # A long-running process (the window, a server) readies the per-shape tables ahead
+        # too; a one-shot command only the kernels, and builds the tables it uses itself: its
+        # exit would otherwise wait for a table it never needs (a second or more).
+        self._tables_ahead = background
         self._calibrations = calibrations
         self._factory = factory
         self._model_path = model_path
@@ -40,9 +54,17 @@ class Contexts:
         self._chunk_tokens = chunk_tokens
         self._runtimes: dict[str, Runtime] = {}
         self._lock = threading.Lock()
+        self._warm_lock = threading.Lock()  # not _lock: that one is held while a model loads
         self._warm_up: threading.Thread | None = None
         self._closing = threading.Event()
         self._prep: codec_prep.CodecPrep | None = None
+        self._loaded = threading.Event()  # some context is loaded: the model's layout is known
+        self._restores = 0
+        self._no_restore = threading.Event()  # what the warm-up waits for between its steps
+        self._no_restore.set()
+        # The encoding side waits for this: the first restore done, an attach begun, a server
+        # about to serve (`encoding_soon`).
+        self._encoding_soon = threading.Event()
 
     def get(self, role: str) -> Runtime:
         with self._lock:
@@ -51,7 +73,17 @@ class Contexts:
                 self._runtimes[role] = rt
                 self.store.register_model(rt.fingerprint, self._model_path or str(rt.model_path),
                                           {**rt.layout.__dict__, "n_ctx": rt.n_ctx})
+                self._loaded.set()
+                self._one_shot_loaded()
             return self._runtimes[role]
+
+    def _one_shot_loaded(self) -> None:
+        """A one-shot command's model has loaded: from here its warm-up would only compete with
+        the restore or prefill that follows, which loads what it uses itself; it stops at its
+        next step. Unless it is compiling: what a question does meanwhile depends on it."""
+        prep = self._prep
+        if not self._tables_ahead and prep is not None and prep.state().phase == CHECKING:
+            prep.stop()
 
     @property
     def fingerprint(self) -> str:
@@ -59,32 +91,71 @@ class Contexts:
         rt = self._runtimes.get(CHAT) or self._runtimes.get(ATTACH) or self.get(CHAT)
         return rt.fingerprint
 
-    def warm_up(self, rt: Runtime | None = None) -> None:
-        """Ready the codec in the background (once): the flows that encode or decode call it
-        first thing, a GUI may call it at start-up."""
-        lay = (rt or self.get(CHAT)).layout
+    def warm_up(self) -> None:
+        """Ready the codec in the background (once), starting now: the flows that encode or
+        decode call it before they load their context, a GUI at start-up."""
+        with self._warm_lock:
+            if self._warm_up is not None:
+                return
+            # First what a reopen decodes first (a stored chunk per level: its kernels and
+            # tables), then every kernel: numba compiles per argument type, not shape, so a
+            # small chunk loads them all.
+            restore_first = precompile.Step("stored chunks", lambda: streaming.warm_up_restore(
+                self.store, self._levels, self._calibrations.resolver, cancel=self._closing))
+            self._prep = codec_prep.CodecPrep(precompile.SMALL_SHAPE, self._levels,
+                                              pause=self._give_way, first=[restore_first])
+            self._warm_up = threading.Thread(target=self._prepare, args=(self._prep,),
+                                             name="codec-warm-up", daemon=True)
+            self._warm_up.start()
+
+    def _prepare(self, prep: codec_prep.CodecPrep) -> None:
+        prep.start()
+        prep.wait()
+        if not self._tables_ahead:
+            return
+        # The tables need the model's layout; and encoding's are needed at the earliest after
+        # the first answer: built before, they would compete with the first reopen.
+        for event in (self._loaded, self._encoding_soon):
+            while not event.wait(0.05):
+                if self._closing.is_set():
+                    return
+        with self._lock:
+            rt = next(iter(self._runtimes.values()), None)
+        if rt is None:  # closed meanwhile
+            return
+        lay = rt.layout
         # The shapes of the chunks encoded and decoded: the full-attention layers' chunks and,
         # for a sliding-window model, its window's parts.
         shapes = [(layers, self._chunk_tokens, lay.channels)
                   for layers in (lay.full_layers, lay.swa_layers) if layers]
-        cal = self._calibrations.current((rt or self.get(CHAT)).fingerprint)
-        with self._lock:
-            if self._warm_up is not None:
-                return
-            # numba compiles per argument type, not shape: one shape compiles every kernel
-            self._prep = codec_prep.CodecPrep(shapes[0], self._levels)
-            self._warm_up = threading.Thread(
-                target=self._prepare, name="codec-warm-up", daemon=True,
-                args=(self._prep, shapes, cal))
-            self._warm_up.start()
+        streaming.warm_up(self._levels, shapes, self._calibrations.current(rt.fingerprint),
+                          cancel=self._closing, pause=self._give_way)
 
-    def _prepare(self, prep: codec_prep.CodecPrep, shapes, cal) -> None:
-        prep.start()
-        prep.wait()
-        # The preparation ran every level at the first shape already: without a calibration,
-        # only the other shapes (a sliding-window model's window parts) still need tables.
-        streaming.warm_up(self._levels, shapes if cal is not None else shapes[1:], cal,
-                          cancel=self._closing)
+    @contextlib.contextmanager
+    def restoring(self) -> Iterator[None]:
+        """Around a restore: the warm-up waits at its next step until it is done (the user's
+        chat goes first; what the restore needs of the codec, it loads itself)."""
+        with self._warm_lock:
+            self._restores += 1
+            self._no_restore.clear()
+        try:
+            yield
+        finally:
+            with self._warm_lock:
+                self._restores -= 1
+                if not self._restores:
+                    self._no_restore.set()
+            self._encoding_soon.set()
+
+    def encoding_soon(self) -> None:
+        """Something will encode soon (an attach begins): the warm-up builds encoding's tables
+        now rather than after the first restore."""
+        self._encoding_soon.set()
+
+    def _give_way(self) -> None:
+        while not self._no_restore.wait(0.05):
+            if self._closing.is_set():
+                return
 
     def codec_state(self) -> PrepState:
         """How far readying the codec is (phase "idle" before `warm_up`)."""
@@ -99,6 +170,7 @@ class Contexts:
 
     def wait_warm(self) -> None:
         """Block until the codec is ready (a server says it serves only then)."""
+        self._encoding_soon.set()
         if self._warm_up is not None:
             self._warm_up.join()
 

@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 import codec
-from store import Span, Store
+from store import Span, Store, StoreError
 
 from ..errors import Cancelled
 from ..model.kvstate import KVState, SeqState, StateBuffer
@@ -50,22 +50,50 @@ Views = tuple[np.ndarray, np.ndarray]
 
 def warm_up(levels: Sequence[str], shapes: Sequence[tuple[int, int, int]],
             calibration: codec.Calibration | None = None,
-            cancel: threading.Event | None = None) -> None:
+            cancel: threading.Event | None = None,
+            pause: Callable[[], None] | None = None) -> None:
     """Ready the codec for chunks of `shapes` ([n_layer, chunk tokens, channels]: a model's
     cache sections, in order) at `levels`, calibrated by `calibration` when given.
 
     The first use of each level and shape costs up to a second: the codec builds its
     per-shape plans and tables. Done in the background when a model loads, the user's first
-    attach or restore does not pay for it. `cancel` stops it between levels.
+    attach or restore does not pay for it. `cancel` stops it between levels; `pause()`,
+    called before each, returns when the next may run.
     """
     found = None if calibration is None else {calibration.id: calibration}
     for part, shape in enumerate(shapes):
         k = np.random.default_rng(0).standard_normal(shape).astype(np.float16)
         for level in levels:
+            if pause is not None:
+                pause()
             if cancel is not None and cancel.is_set():
                 return
             codec.decode(codec.encode(k, k, level, calibration=calibration, part=part),
                          calibrations=found)
+
+
+def warm_up_restore(store: Store, levels: Sequence[str],
+                    resolver: Callable[[str], codec.Resolver],
+                    cancel: threading.Event | None = None) -> None:
+    """Decode one stored chunk of the most recently used entry at each of `levels` it has
+    (its model's calibrations found by `resolver(fingerprint)`): the kernels and tables a
+    restore's first chunks need (per shape and calibration, with rows for the codebook
+    entries real chunks name), from what the user is likely to restore next, without encoding
+    anything and without the model loaded. `cancel` stops it between levels; an unreadable
+    chunk is skipped (a restore will say what is wrong with it)."""
+    entries = [e for e in store.entries() if not e.passage]
+    if not entries:
+        return
+    newest = entries[-1]  # least recently used first
+    found = resolver(newest.model)
+    for level in levels:
+        if cancel is not None and cancel.is_set():
+            return
+        if level in newest.levels:
+            try:
+                codec.decode(store.read_chunk(newest.id, 0, level), calibrations=found)
+            except (StoreError, codec.CodecError):
+                continue
 
 
 def restore(

@@ -11,6 +11,7 @@
     listeners   the sockets: the server's port, and Ollama's 11434 when free
     discovery   the server file by which `kvdesk ask` finds a server on its data directory
     client      the command line's side of a running server
+    running     `Server` and `LocalAPI` themselves (uvicorn over the api)
 
 `Server` runs uvicorn over one `App` (the same engine a window may be using): requests are
 answered on worker threads; turns in the chat context run one at a time, first come first
@@ -18,181 +19,27 @@ served, while documents attach in their own context meanwhile. Loopback only unl
 is given. Ctrl-C or SIGTERM stops it: answers in flight are stopped within a token, nothing is
 half-written (entries become visible only once complete), the server file is removed.
 
+Importing the package imports none of them: `kvdesk ask` looks for a running server through
+`discovery` before anything else, and must not pay for FastAPI and uvicorn (a quarter of a
+second) to find none. `Server`, `LocalAPI` and `check_bind` are found here on first use.
+
 It stands on `app` and what lies below; it never imports the CLI, the launcher or Qt, and it
 holds no chat or cache logic: requests are translated into the engine's calls and back.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ipaddress
-import logging
-import signal
-import threading
-from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
-import uvicorn
+if TYPE_CHECKING:
+    from .running import LOOPBACK, LocalAPI, Server, check_bind
 
-from ..app import App
-from ..errors import EngineError
-from ..settings import Settings
-from . import bridge, discovery, listeners
-from .api import create_api
-
-LOOPBACK = ("127.0.0.1", "::1", "localhost")
+__all__ = ["LOOPBACK", "LocalAPI", "Server", "check_bind"]
 
 
-class _Uvicorn(uvicorn.Server):
-    """Stops the answers in flight at the first signal, before uvicorn waits for them."""
+def __getattr__(name: str):
+    if name in __all__:
+        from . import running
 
-    def __init__(self, config: uvicorn.Config, stopping: bridge.Stopping):
-        super().__init__(config)
-        self.stopping = stopping
-
-    def handle_exit(self, sig, frame) -> None:
-        self.stopping.stop()
-        super().handle_exit(sig, frame)
-
-
-@contextlib.contextmanager
-def _stop_signals_handled() -> Iterator[None]:
-    """Once stopped by a signal, uvicorn raises it again, under the handler it found: for
-    SIGTERM the default one would kill the process there, before the server file is removed
-    and with status 143; for Ctrl-C (SIGINT) Python's raises KeyboardInterrupt ("Aborted.",
-    130). The stop is done by then, the same for both: under this, the server returns."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # uvicorn listens to signals only in the main thread
-        return
-    stops = (signal.SIGTERM, signal.SIGINT)
-    previous = {sig: signal.signal(sig, lambda sig, frame: None) for sig in stops}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-def check_bind(host: str, api_key: str | None) -> None:
-    """Any address but loopback needs an API key: the API reads documents and chats."""
-    try:
-        loopback = host in LOOPBACK or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback and not api_key:
-        raise EngineError(f"serving on {host} would open kvdesk to the network: give an API "
-                          "key (--api-key) that every client must send, or bind 127.0.0.1")
-
-
-class Server:
-    def __init__(self, app: App, *, host: str = "127.0.0.1", port: int = 8765,
-                 api_key: str | None = None, ollama_port: int | None = None,
-                 origins: Sequence[str] | None = None):
-        check_bind(host, api_key)
-        self.app, self.host, self.port, self.api_key = app, host, port, api_key
-        self.ollama_port = ollama_port  # also listen there when free (None: not)
-        self.ollama_url: str | None = None  # where it does, once it serves
-        self.stopping = bridge.Stopping()
-        config = uvicorn.Config(create_api(app, api_key=api_key, stopping=self.stopping,
-                                           origins=origins),
-                                host=host, port=port, log_level="warning", lifespan="off",
-                                timeout_graceful_shutdown=10)
-        self.uvicorn = _Uvicorn(config, self.stopping)
-        self.started = threading.Event()
-
-    @property
-    def url(self) -> str:
-        return self._url(self.port)
-
-    def _url(self, port: int) -> str:
-        host = self.host if ":" not in self.host else f"[{self.host}]"
-        return f"http://{host}:{port}"
-
-    def run(self) -> None:
-        """Serve until stopped (a signal in the main thread, or stop()); blocks."""
-        sockets = [listeners.bind(self.host, self.port)]
-        self.port = sockets[0].getsockname()[1]  # port 0: a free one, named in the server file
-        self.uvicorn.config.port = self.port
-        running = discovery.live(self.app.data_dir)
-        if running or self.app.store.read_only:
-            sockets[0].close()
-            raise EngineError(f"a kvdesk server already serves this data directory at "
-                              f"{running}: stop it first, or use it" if running else
-                              f"the data directory {self.app.data_dir} is read-only: a "
-                              "server stores chats and caches there (`kvdesk docs`, `chats` "
-                              "and `verify` read it as it is)")
-        try:
-            self.app.engine.warm_up()  # the model and the codec, before any request
-            self.app.engine.contexts.wait_warm()
-            if self.ollama_port is not None and self.ollama_port != self.port:
-                sockets += filter(None, [listeners.spare(self.host, self.ollama_port)])
-            if len(sockets) > 1:
-                self.ollama_url = self._url(sockets[1].getsockname()[1])
-            threading.Thread(target=self._announce, daemon=True).start()
-            with _stop_signals_handled():
-                self.uvicorn.run(sockets=sockets)
-        finally:
-            self.stopping.stop()
-            discovery.remove(self.app.data_dir)
-            for sock in sockets:
-                sock.close()
-
-    def stop(self) -> None:
-        self.stopping.stop()
-        self.uvicorn.should_exit = True
-
-    def _announce(self) -> None:
-        while not self.uvicorn.started and not self.uvicorn.should_exit:
-            threading.Event().wait(0.02)
-        if self.uvicorn.started:
-            log = logging.getLogger("kvdesk.server")
-            try:
-                discovery.write(self.app.data_dir, self.url, self.api_key)
-            except OSError as e:  # it serves all the same; commands just do not find it
-                log.warning("could not write %s (%s): kvdesk commands will not use this "
-                            "server", discovery.FILE, e.strerror or e)
-            log.info("serving on %s", self.url)
-            self.started.set()
-
-
-class LocalAPI:
-    """The local API as a window runs it: started and stopped at will (the settings' toggle),
-    in a thread of the app's own process, over the app's own engine."""
-
-    def __init__(self, app: App):
-        self.app = app
-        self._server: Server | None = None
-        self._thread: threading.Thread | None = None
-
-    @property
-    def url(self) -> str | None:
-        return self._server.url + "/v1" if self._server is not None else None
-
-    def start(self, settings: Settings) -> str:
-        """Serve on 127.0.0.1 as the settings say (their port, Ollama's port, the web pages
-        allowed: the window's settings, which may be newer than the engine's); blocks until it
-        serves; its base URL."""
-        self.stop()
-        server = Server(self.app, port=settings.server_port, ollama_port=settings.ollama_port,
-                        origins=settings.cors_origins)
-        failed: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                server.run()
-            except BaseException as e:  # noqa: BLE001 - reported to the caller below
-                failed.append(e)
-                server.started.set()
-
-        self._thread = threading.Thread(target=run, name="kvdesk-local-api", daemon=True)
-        self._thread.start()
-        server.started.wait()
-        if failed:
-            raise failed[0]
-        self._server = server
-        return self.url
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.stop()
-            self._thread.join(30)
-            self._server = self._thread = None
+        return getattr(running, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
