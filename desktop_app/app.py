@@ -109,8 +109,7 @@ class App:
         """Start loading the model now, on a thread of its own, for a command that will need
         it: llama.cpp loads without holding the GIL, so the rest of kvdesk imports and opens
         meanwhile. The engine's first context is that one; a failure to load is raised there,
-        as without this. llama.cpp silences the process's stdout and stderr while it loads:
-        only for a command that prints nothing before its engine takes the context."""
+        as without this. (The load silences nothing meanwhile: `model.llamalog`.)"""
         if self._preload is None:
             self._preload = _Preload(self._load_runtime)
 

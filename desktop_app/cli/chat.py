@@ -183,6 +183,8 @@ def ask(app: App, args, chat_id, docs, restore, generation, no_server, as_json):
         said.extend(report.messages)
 
     client = server_client(app, no_server)
+    if client is None:
+        app.preload()  # the model loads while the engine's modules import
     with interruptible() as cancel:
         res = (client or app.engine).ask(
             question, chat_id=chat_id, doc_ids=doc_ids, restore=restore,
@@ -242,9 +244,7 @@ def reopen(app: App, chat_id, restore, no_server, as_json):
     bar = TerminalProgress()
     client = server_client(app, no_server)
     if client is None:
-        # The model loads while the engine's modules import. (Only where nothing is printed
-        # before the engine takes it: llama.cpp silences the process's output as it loads.)
-        app.preload()
+        app.preload()  # the model loads while the engine's modules import
     with interruptible() as cancel:
         rep = (client or app.engine).reopen(chat_id, restore=restore, progress=bar,
                                             cancel=cancel)
