@@ -2,7 +2,9 @@
 
 A document split into passages (`desktop_app.passages`) is never read whole. Each question
 retrieves the passages most likely to hold its answer — the query is the question and the
-chat's recent turns — and the chat's context becomes: the passages, in document order, then
+chat's recent turns; at most `top_k`, and only the head of a fused ranking
+(`retrieve.focused`: for a question naming something rare, the passages holding it) — and
+the chat's context becomes: the passages, in document order, then
 the chat's turns, then the question (`prompts.passage_layout`). Each passage comes back from
 its own KV (`kv.passagekv`: computed on its own the first time it is retrieved, and stored),
 moved into place by `blending` with its first tokens recomputed among the passages before it;
@@ -97,9 +99,11 @@ class LongDocs:
         tokens of the context taken by the conversation, keeping `kept` while room remains;
         (passages in document order, notes)."""
         split = self._split(docs)
-        # Each document's best, then the best of all (fused scores compare across them).
+        # Each document's best, focused (passages far below the best distract a small model),
+        # then the best of all (fused scores compare across them).
         hits = sorted((Source.of(h, d) for d in split for h in self.retriever.retrieve(
-            d, question, recent=recent, k=self.top_k)), key=lambda s: -s.score)[:self.top_k]
+            d, question, recent=recent, k=self.top_k, focus=True)),
+            key=lambda s: -s.score)[:self.top_k]
         chosen = self._fit(rt, hits, list(kept), self.prompter.room(rt) - used,
                            [d.id for d in docs])
         notes = []
