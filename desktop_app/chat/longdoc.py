@@ -43,13 +43,14 @@ from .library import Library
 
 class LongDocs:
     def __init__(self, store: Store, library: Library, prompter: Prompter, kv: PassageKV,
-                 retriever: Retriever | None, *, top_k: int = DEFAULT_K):
+                 retriever: Retriever | None, *, top_k: int = DEFAULT_K, focus: bool = True):
         self.store = store
         self.library = library
         self.prompter = prompter
         self.kv = kv
         self.retriever = retriever
         self.top_k = top_k
+        self.focus = focus  # False: always the `top_k` best (benchmarks compare the two)
         self._chosen: dict[int, list[Source]] = {}  # chat id -> the passages of its latest turn
         self._offered: list[Source] = []  # a client's conversation's (`offer`)
         self._lock = threading.Lock()
@@ -102,7 +103,7 @@ class LongDocs:
         # Each document's best, focused (passages far below the best distract a small model),
         # then the best of all (fused scores compare across them).
         hits = sorted((Source.of(h, d) for d in split for h in self.retriever.retrieve(
-            d, question, recent=recent, k=self.top_k, focus=True)),
+            d, question, recent=recent, k=self.top_k, focus=self.focus)),
             key=lambda s: -s.score)[:self.top_k]
         chosen = self._fit(rt, hits, list(kept), self.prompter.room(rt) - used,
                            [d.id for d in docs])
