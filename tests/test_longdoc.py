@@ -100,6 +100,21 @@ def test_passage_kv_is_computed_once_then_read_back(make_engine):
     assert second.chunk_levels and "text" not in second.chunk_levels
 
 
+def test_a_question_naming_something_rare_is_given_the_passages_that_hold_it(make_engine):
+    eng = make_engine()
+    longdocs, rt = eng.session.longdocs, eng.runtime
+    longdocs.top_k = 5  # all of them, were they not focused
+    docs = [eng.store.document(eng.doc)]
+    # "island" is in every passage, "shop", "sells" and "maps" in one: that one alone.
+    chosen, _ = longdocs.pick(rt, docs, "Which island shop sells maps?", [], 0)
+    assert [s.passage_id for s in chosen] == [eng.ids[4]]
+    # Every word of this one is rare here (in three passages at most): no fused ranking to
+    # cut, every passage sharing a word with it, in document order.
+    chosen, _ = longdocs.pick(rt, docs, "When does the Saturday ferry leave, and what does "
+                              "the museum keep?", [], 0)
+    assert [s.passage_id for s in chosen] == [eng.ids[0], eng.ids[1], eng.ids[3]]
+
+
 def test_follow_ups_keep_the_chats_passages_and_a_reopen_lays_them_out(make_engine):
     eng = make_engine()
     doc = eng.doc

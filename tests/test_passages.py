@@ -1,5 +1,6 @@
 """Long documents as passages: splitting keeps locations, the store keeps text, index and
-vectors across reopen and drops them with the document, retrieval finds planted facts."""
+vectors across reopen and drops them with the document, retrieval finds planted facts and,
+focused, keeps only the passages that hold a question's rare words."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pdf_helpers import make_pdf
 from desktop_app.chat.documents import _normalize, extract
 from desktop_app.errors import EngineError
 from desktop_app.passages.embed import WordLlamaEmbedder
-from desktop_app.passages.retrieve import Retriever, fuse
+from desktop_app.passages.retrieve import Retriever, focused, fuse
 from desktop_app.passages.split import split
 from store import Store
 
@@ -205,6 +206,34 @@ def test_reciprocal_rank_fusion_rewards_agreement():
     assert [pid for pid, _ in fused] == [2, 1, 4, 3]  # in both lists beats first in one
     bm25_led = fuse([[(1, 9.0), (2, 5.0), (3, 1.0)], [(3, 0.9), (2, 0.8), (1, 0.1)]], [1, 0.1])
     assert [pid for pid, _ in bm25_led] == [1, 2, 3]  # a small weight only breaks near-ties
+
+
+def test_a_focused_ranking_keeps_what_every_ranking_found():
+    # Rare-word fusion: 1 and 2 found by both rankings, 3 and 4 by one of them only.
+    fused = fuse([[(1, 9.0), (2, 5.0), (3, 4.0)], [(2, 0.9), (1, 0.8), (4, 0.1)]])
+    assert [pid for pid, _ in focused(fused)] == [1, 2]
+    assert [pid for pid, _ in focused(fused, share=0.25)] == [1, 2, 3, 4]
+    # One ranking's scores, fused with nothing: the first only is more than half ahead.
+    assert focused([(7, 0.02), (8, 0.0099)]) == [(7, 0.02)]
+    assert focused([]) == []
+
+
+def test_focused_retrieval_reads_the_passages_naming_the_questions_rare_words(indexed):
+    _, doc, retriever, _ = indexed
+    for fact, question in FACTS:
+        wide = retriever.retrieve(doc.id, question, k=8)
+        hits = retriever.retrieve(doc.id, question, k=8, focus=True)
+        assert fact in hits[0].text and hits == wide[:len(hits)]
+    # Of the eight, those holding the question's rare words (in at most three passages): the
+    # two with a name no other passage holds keep its passage alone.
+    for fact, question in FACTS[:2]:
+        assert len(retriever.retrieve(doc.id, question, k=8)) == 8
+        assert [fact in h.text for h in retriever.retrieve(doc.id, question, k=8,
+                                                            focus=True)] == [True]
+    # Scores with no fusion's scale (dense cosines, or the dense ranking fused at a tenth)
+    # are not cut.
+    for mode in ("dense", "fused"):
+        assert len(retriever.retrieve(doc.id, FACTS[0][1], k=8, mode=mode, focus=True)) == 8
 
 
 def test_bad_retrieval_requests_are_refused(indexed):

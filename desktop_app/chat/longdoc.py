@@ -2,7 +2,9 @@
 
 A document split into passages (`desktop_app.passages`) is never read whole. Each question
 retrieves the passages most likely to hold its answer — the query is the question and the
-chat's recent turns — and the chat's context becomes: the passages, in document order, then
+chat's recent turns; at most `top_k`, and only the head of a fused ranking
+(`retrieve.focused`: for a question naming something rare, the passages holding it) — and
+the chat's context becomes: the passages, in document order, then
 the chat's turns, then the question (`prompts.passage_layout`). Each passage comes back from
 its own KV (`kv.passagekv`: computed on its own the first time it is retrieved, and stored),
 moved into place by `blending` with its first tokens recomputed among the passages before it;
@@ -41,13 +43,14 @@ from .library import Library
 
 class LongDocs:
     def __init__(self, store: Store, library: Library, prompter: Prompter, kv: PassageKV,
-                 retriever: Retriever | None, *, top_k: int = DEFAULT_K):
+                 retriever: Retriever | None, *, top_k: int = DEFAULT_K, focus: bool = True):
         self.store = store
         self.library = library
         self.prompter = prompter
         self.kv = kv
         self.retriever = retriever
         self.top_k = top_k
+        self.focus = focus  # False: always the `top_k` best (benchmarks compare the two)
         self._chosen: dict[int, list[Source]] = {}  # chat id -> the passages of its latest turn
         self._offered: list[Source] = []  # a client's conversation's (`offer`)
         self._lock = threading.Lock()
@@ -97,9 +100,11 @@ class LongDocs:
         tokens of the context taken by the conversation, keeping `kept` while room remains;
         (passages in document order, notes)."""
         split = self._split(docs)
-        # Each document's best, then the best of all (fused scores compare across them).
+        # Each document's best, focused (passages far below the best distract a small model),
+        # then the best of all (fused scores compare across them).
         hits = sorted((Source.of(h, d) for d in split for h in self.retriever.retrieve(
-            d, question, recent=recent, k=self.top_k)), key=lambda s: -s.score)[:self.top_k]
+            d, question, recent=recent, k=self.top_k, focus=self.focus)),
+            key=lambda s: -s.score)[:self.top_k]
         chosen = self._fit(rt, hits, list(kept), self.prompter.room(rt) - used,
                            [d.id for d in docs])
         notes = []

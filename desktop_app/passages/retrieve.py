@@ -11,7 +11,9 @@ its vector weighed twice the turns'. BM25 is the default: on haystacks of three 
 planted facts it finds the fact's passage first for 90 % of questions and among the first 5
 for all, where the static embeddings alone find it among the first 8 for about a third and
 every fusion ranks it lower (benchmarks/bench_retrieval.py; RESULTS.md "Retrieval in long
-documents").
+documents"). A chat's retrieval is `focus`ed: when the question has rare words, it keeps
+the passages scoring above half the best (`focused`: those that hold them), which a small
+model reads far better than eight.
 
 It never computes KV and never decides what the chat context holds.
 """
@@ -40,6 +42,9 @@ CANDIDATES = 50  # from each ranking, before fusing
 RECENT_TURNS = 2  # the chat's last turns that join the question
 RECENT_CHARS = 400  # of each of them
 RECENT_WEIGHT = 0.5  # of their vector against the question's
+# A focused retrieval keeps the passages scoring above this share of the best one's fused
+# score: those found by every ranking, not by one of them alone (`focused`).
+FOCUS_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -78,38 +83,45 @@ class Retriever:
         self.rare_words = rare_words
 
     def retrieve(self, doc_id: int, question: str, *, recent: Sequence[str] = (),
-                 k: int = DEFAULT_K, mode: str | None = None) -> list[Hit]:
+                 k: int = DEFAULT_K, mode: str | None = None, focus: bool = False) -> list[Hit]:
         """The `k` passages of document `doc_id` that best answer `question` asked after the
-        chat's `recent` turns (oldest first), best first."""
+        chat's `recent` turns (oldest first), best first; with `focus`, when BM25 ranks them
+        fused with the question's rare words, only those scoring above half the best
+        (`focused`)."""
         mode = mode or self.mode
         check_mode(mode)
         if k < 1:
             raise EngineError(f"the number of passages to retrieve must be at least 1, not {k}")
         turns = recent_text(recent)
         ranked: list[list[tuple[int, float]]] = []
+        named = False  # whether BM25's ranking is fused with its rare words'
         if mode in ("bm25", "fused"):
-            ranked.append(self._bm25(doc_id, " ".join([question, *turns]), max(k, CANDIDATES)))
+            bm25, named = self._bm25(doc_id, " ".join([question, *turns]), max(k, CANDIDATES))
+            ranked.append(bm25)
         if mode in ("dense", "fused"):
             ranked.append(self._dense(doc_id, question, turns, max(k, CANDIDATES)))
         order = ranked[0] if len(ranked) == 1 else fuse(ranked, [1.0, self.dense_weight])
+        if focus and named and len(ranked) == 1:
+            order = focused(order)
         # Only the passages returned are read (a 3 MB document has ~4,000).
         return [Hit(pid, p.index, p.text, p.page, p.lines, p.heading, p.tokens, round(score, 6))
                 for pid, score in order[:k] for p in [self.store.passage(pid)]]
 
-    def _bm25(self, doc_id: int, query: str, n: int) -> list[tuple[int, float]]:
+    def _bm25(self, doc_id: int, query: str, n: int) -> tuple[list[tuple[int, float]], bool]:
         """BM25 over the whole query, fused with BM25 over its rare words (a name, an
-        identifier: in at most RARE_PASSAGES passages) when it has any. A paraphrased question
-        often shares only a name with the passage that answers it, and BM25 alone lets two
-        common words repeated in a long passage outweigh it (measured: RESULTS.md)."""
+        identifier: in at most RARE_PASSAGES passages) when it has any; (ranking, whether
+        fused). A paraphrased question often shares only a name with the passage that answers
+        it, and BM25 alone lets two common words repeated in a long passage outweigh it
+        (measured: RESULTS.md)."""
         whole = [(p.id, score) for p, score in self.store.search_passages(doc_id, query, n)]
         if not self.rare_words:
-            return whole
+            return whole, False
         counts = self.store.passage_frequencies(doc_id, query, RARE_PASSAGES + 1)
         rare = [word for word, count in counts.items() if 0 < count <= RARE_PASSAGES]
         if not rare or len(rare) == len(counts):  # none, or the same query again
-            return whole
+            return whole, False
         named = self.store.search_passages(doc_id, " ".join(rare), n)
-        return fuse([whole, [(p.id, score) for p, score in named]])
+        return fuse([whole, [(p.id, score) for p, score in named]]), True
 
     def _dense(self, doc_id: int, question: str, turns: list[str],
                n: int) -> list[tuple[int, float]]:
@@ -121,6 +133,20 @@ class Retriever:
         scores = matrix @ normalise(query[None, :])[0]
         top = np.argsort(-scores, kind="stable")[:n]
         return [(ids[i], float(scores[i])) for i in top]
+
+
+def focused(order: Sequence[tuple[int, float]],
+            share: float = FOCUS_SHARE) -> list[tuple[int, float]]:
+    """The head of a fused ranking of (id, score), best first, that is worth reading: the
+    entries scoring above `share` of the best (the best among them). Reciprocal rank fusion
+    scores an entry found by one of two rankings at most half of one ranked first by both:
+    for a question naming something rare, the passages that hold the name and match the rest
+    of the question, not those sharing a common word or two with it. Each passage more beside
+    the one that answers is a distraction a small model falls for (measured: RESULTS.md,
+    "Answers over a long document against the model's ceiling"). Raw BM25 or cosine scores
+    have no such scale, and a fusion with the dense ranking at a tenth of the weight leaves
+    every passage near the best: neither is cut."""
+    return [(pid, score) for pid, score in order if score > share * order[0][1]]
 
 
 def fuse(rankings: Sequence[Sequence[tuple[int, float]]],
