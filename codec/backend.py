@@ -1,8 +1,9 @@
 """Choosing the kernels that run the format: numba CPU, numba CUDA, or the pure reference.
 
 A backend is a plain namespace of the functions of `quant.py` and `rans.py` and an
-`untransform(coef, out, KindTransform, cos, sin)` (the inverse transform: on CPU and GPU
-the same numba CPU kernel, whose float bytes are pinned to the reference's there). All
+`untransform(coef, out, KindTransform, cos, sin, gain)` (the inverse transform: on CPU and
+GPU the same numba CPU kernel, whose float bytes are pinned to the reference's there; an
+exact transform's integer sums by BLAS there, by int64 einsum in the reference). All
 backends produce identical bytes, so the choice is only about speed: CUDA when a GPU is
 present (rANS on the device, quantization on the CPU kernels), else the CPU kernels.
 KVDESK_CODEC_BACKEND=cpu|cuda|reference forces one. This module must never change what a
@@ -26,8 +27,11 @@ from types import SimpleNamespace
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from . import quant, rans, reference, tkernel, transform
+import numpy as np
+
+from . import intinverse, quant, rans, reference, tkernel, transform
 from .errors import CodecError
+from .workspace import scratch
 
 NAMES = ("cpu", "cuda", "reference")
 
@@ -46,13 +50,19 @@ def _serialized(kernel):
     return run
 
 
-def _untransform_cpu(coef, out, tf, cos, sin) -> None:
+def _untransform_cpu(coef, out, tf, cos, sin, gain=None) -> None:
+    if tf.exact:  # the basis in exact integer sums: BLAS, the same bytes on every machine
+        coef = intinverse.sums(coef, tf.integer_basis[0], scratch("decode.sums", coef.shape,
+                                                                  np.float32))
     with _KERNEL_LOCK:
-        tkernel.untransform(coef, out, tf.basis_t, tf.mean, tf.rope, cos, sin, tf.head_dim)
+        tkernel.untransform(coef, out, tf.basis_t, tf.mean, tf.rope, cos, sin, tf.head_dim,
+                            gain)
 
 
-def _untransform_reference(coef, out, tf, cos, sin) -> None:
-    out[...] = transform.inverse(coef, tf, cos, sin)
+def _untransform_reference(coef, out, tf, cos, sin, gain=None) -> None:
+    if tf.exact:
+        coef = intinverse.reference_sums(coef, tf.integer_basis[0])
+    out[...] = transform.inverse(coef, tf, cos, sin, gain)
 
 
 def _cpu() -> SimpleNamespace:
