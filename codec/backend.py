@@ -50,8 +50,35 @@ def _serialized(kernel):
     return run
 
 
+@functools.cache
+def _blas_single_threaded() -> None:
+    """Ask numpy's OpenBLAS for one thread (unless the user chose a count). Its worker
+    threads spin while they wait, and beside numba's kernels on 2 loaded cores they made the
+    exact inverse's matmuls 30x slower than one thread (benchmarks/RESULTS.md, "Exact
+    transforms"). Only speed: the sums are exact, any thread count writes the same bytes. A
+    BLAS without this entry point (not OpenBLAS) is left as it is."""
+    if "OPENBLAS_NUM_THREADS" in os.environ:
+        return
+    root = os.path.dirname(os.path.dirname(np.__file__))
+    libs = [os.path.join(d, f) for d in (os.path.join(root, "numpy.libs"),
+                                         os.path.join(os.path.dirname(np.__file__), ".dylibs"))
+            if os.path.isdir(d) for f in sorted(os.listdir(d)) if "openblas" in f.lower()]
+    for path in libs:
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for name in ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
+                     "openblas_set_num_threads64_", "openblas_set_num_threads"):
+            setter = getattr(lib, name, None)
+            if setter is not None:
+                setter(ctypes.c_int(1))
+                return
+
+
 def _untransform_cpu(coef, out, tf, cos, sin, gain=None) -> None:
-    if tf.exact:  # the basis in exact integer sums: BLAS, the same bytes on every machine
+    if tf.exact:
+        _blas_single_threaded()  # the basis in exact integer sums: BLAS, the same bytes on every machine
         coef = intinverse.sums(coef, tf.integer_basis[0], scratch("decode.sums", coef.shape,
                                                                   np.float32))
     with _KERNEL_LOCK:

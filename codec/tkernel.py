@@ -190,3 +190,4 @@ def forward_fast(bits, mean, rope, cos, sin, head_dim):
     n_rot = 2 * cos.shape[1] if rope != "none" else 0
     _forward(bits, out, mean, cos, sin, head_dim, n_rot, rope == "neox", use_mean)
     return out
+

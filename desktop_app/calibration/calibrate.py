@@ -9,10 +9,11 @@ evaluation text) and returns a `codec.Calibration` that makes the levels hold th
    fp16-ulp noise floor; they set each contract's target.
 2. Transforms, fitted on the exact KV of every cache section (codec.transform.fit): keys
    with RoPE removed (llama.cpp's RoPE type; of the candidate bases, the one that leaves the
-   keys' channels least variance), centred, and optionally turned onto per-head KLT bases;
-   values centred. Of the variants (none, centred, KLT) the one that codes the calibration KV
-   in the fewest bits at the same step is kept (all are orthogonal or shifts: equal steps,
-   equal error), unless it saves too little for what it costs a decode (`Settings`).
+   keys' channels least variance), centred, and optionally turned onto exact bases (inverted
+   in integers at BLAS speed, codec.intinverse): per head (klt) or one over the whole layer
+   (pca, and pca-kv with the values' too); values centred. Of the variants the one that codes
+   the calibration KV in the fewest bits at equal KLD-weighted error is kept, unless it saves
+   too little for what it costs a decode (`Settings`).
 3. Sensitivity: KLD per unit of error variance of every (kind, layer), from Gaussian noise
    added to that layer alone. Steps go as w^-1/2 (the rate-distortion optimum of a weighted
    squared error), one scale per level.
@@ -65,9 +66,9 @@ class Settings:
     top1_kld_safety: float = 0.5
     min_gain: float = 0.03  # a costlier transform must save this fraction of the bits
     iterations: int = 7  # bisection steps per level
-    # "klt" (per-head bases for the keys) saved 7 % of the bits on SmolLM2 but costs 2.5x the
-    # decode CPU (benchmarks/RESULTS.md, "Calibrated levels"): not a default
-    variants: tuple[str, ...] = ("none", "centred")
+    # cheapest to decode first (benchmarks/RESULTS.md, "Exact transforms": centred 1.2x plain
+    # decoding, klt / pca ~1.5-2x on 2 cores)
+    variants: tuple[str, ...] = ("none", "centred", "klt", "pca", "pca-kv")
 
 
 def calibration_text() -> str:
@@ -167,9 +168,12 @@ def _fit(sections: list[kvstate.KVState], facts: dict, variant: str) -> list[cod
             if facts["type"] == "none" or _spread(keys, kt, first + sink) > _spread(
                     keys, transform.fit(keys, first + sink, head_dim), first + sink):
                 kt = transform.fit(keys, first + sink, head_dim)
-            if variant == "klt":
-                kt = transform.fit(keys, first + sink, head_dim, kt.rope, kt.theta, basis=True)
-            vt = transform.fit(values, first + sink, head_dim)
+            block = {"klt": head_dim, "pca": kv.channels, "pca-kv": kv.channels}.get(variant)
+            if block:
+                kt = transform.fit(keys, first + sink, head_dim, kt.rope, kt.theta, basis=True,
+                                   block=block, exact=True)
+            vt = transform.fit(values, first + sink, head_dim, basis=variant == "pca-kv",
+                               block=block, exact=variant == "pca-kv")
         parts.append(codec.Part(kv.n_layer, kv.channels, kt, vt))
     return parts
 
