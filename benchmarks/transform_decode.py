@@ -71,7 +71,8 @@ def main() -> None:
         print(json.dumps(rows[-1]), flush=True)
     base = rows[0]
     print(f"load average {os.getloadavg()[0]:.2f}")
-    print("| variant | bits | decode CPU s | x plain | wall s | x plain |\n|---|---|---|---|---|---|")
+    print("| variant | bits | decode CPU s | x plain | wall s | x plain |")
+    print("|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['variant']} | {r['bits']} | {r['cpu_s']} | {r['cpu_s'] / base['cpu_s']:.2f} |"
               f" {r['wall_s']} | {r['wall_s'] / base['wall_s']:.2f} |")

@@ -78,7 +78,7 @@ def _blas_single_threaded() -> None:
 
 def _untransform_cpu(coef, out, tf, cos, sin, gain=None) -> None:
     if tf.exact:
-        _blas_single_threaded()  # the basis in exact integer sums: BLAS, the same bytes on every machine
+        _blas_single_threaded()  # the basis in exact integer sums: BLAS, the same bytes anywhere
         coef = intinverse.sums(coef, tf.integer_basis[0], scratch("decode.sums", coef.shape,
                                                                   np.float32))
     with _KERNEL_LOCK:

@@ -69,15 +69,22 @@ def symbol_values(maxq: np.ndarray, width: int) -> np.ndarray:
 
 def sums(q: np.ndarray, mt: np.ndarray, out: np.ndarray) -> np.ndarray:
     """out [L, T, C] float32 = the integer sums of every block: q [L, T, C] float32 holding
-    the symbols' integers, one sgemm per (layer, block), strided (no copies)."""
+    the symbols' integers, one sgemm per (layer, block) over the coefficients that are not
+    zero throughout the chunk (at 1-2 bits per element a layer-wide basis' weakest 15-45 %
+    are: their terms are exact zeros, leaving them out changes no sum)."""
     n_layer, n_tok, n_ch = q.shape
     b = mt.shape[2]
     if mt.shape[:2] != (n_layer, n_ch // b) or n_ch % b:
         raise CodecError(f"an integer basis of shape {mt.shape} does not fit KV {q.shape}")
+    used = np.any(q != 0, axis=1)
     for layer in range(n_layer):
         for g in range(n_ch // b):
             cols = slice(g * b, (g + 1) * b)
-            np.matmul(q[layer, :, cols], mt[layer, g], out=out[layer, :, cols])
+            nz = np.flatnonzero(used[layer, cols])
+            if len(nz) == b:
+                np.matmul(q[layer, :, cols], mt[layer, g], out=out[layer, :, cols])
+            else:
+                np.matmul(q[layer][:, g * b + nz], mt[layer, g, nz], out=out[layer, :, cols])
     return out
 
 
