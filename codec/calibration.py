@@ -10,8 +10,9 @@ through a resolver (the codec knows nothing of where calibrations are kept).
 Bytes: magic b"KVCL" | u16 version (1, or 2 with an exact transform) | u16 0 | u32 JSON
 length | JSON (meta, levels, and for every array its part, kind, name, dtype, shape and
 offset) | the arrays, little-endian, 8-byte aligned | u32 CRC-32 of everything before.
-`meta` is the caller's JSON object (what was measured, on which model), opaque here. This module must never unpickle or eval, and never
-allocate from a size it has not checked against the bytes it has.
+`meta` is the caller's JSON object (what was measured, on which model), opaque here. This
+module must never unpickle or eval, and never allocate from a size it has not checked against
+the bytes it has.
 """
 
 from __future__ import annotations
