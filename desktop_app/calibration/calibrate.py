@@ -11,9 +11,10 @@ evaluation text) and returns a `codec.Calibration` that makes the levels hold th
    with RoPE removed (llama.cpp's RoPE type; of the candidate bases, the one that leaves the
    keys' channels least variance), centred, and optionally turned onto exact bases (inverted
    in integers at BLAS speed, codec.intinverse): per head (klt) or one over the whole layer
-   (pca, and pca-kv with the values' too); values centred. Of the variants the one that codes
-   the calibration KV in the fewest bits at equal KLD-weighted error is kept, unless it saves
-   too little for what it costs a decode (`Settings`).
+   (pca, and pca-kv with the values' too); values centred. Each variant is fitted on the
+   first two thirds of the calibration KV, and the one that codes the last third in the
+   fewest bits at equal KLD-weighted error is kept (then fitted on all of it), unless it
+   saves too little for what it costs a decode (`Settings`).
 3. Sensitivity: KLD per unit of error variance of every (kind, layer), from Gaussian noise
    added to that layer alone. Steps go as w^-1/2 (the rate-distortion optimum of a weighted
    squared error), one scale per level.
@@ -65,6 +66,10 @@ class Settings:
     # has 0.95): a top-1 level then halves the KLD at which it met its target here
     top1_kld_safety: float = 0.5
     min_gain: float = 0.03  # a costlier transform must save this fraction of the bits
+    # the variants are fitted on the rest and compared on this last fraction of the tokens:
+    # scored on their own fitting data, a layer-wide basis of the values won by 25 % and
+    # then cost bits on every other text (benchmarks/RESULTS.md, "Exact transforms")
+    held_out: float = 0.33
     iterations: int = 7  # bisection steps per level
     # cheapest to decode first (benchmarks/RESULTS.md, "Exact transforms": centred 1.2x plain
     # decoding, klt / pca ~1.5-2x on 2 cores)
@@ -95,14 +100,15 @@ def calibrate(model_path: str | Path, *, fingerprint: str, settings: Settings = 
         facts = {"type": kind or "none", "n_rot": n_rot, "freq_scale": scale,
                  "bases": sorted(set(bases)), "head_dim": ev.exact.layout.head_dim}
         sections = [kvstate.in_position_order(kv) for kv in ev.seq_state.sections]
-        fits = {v: _fit(sections, facts, v) for v in settings.variants}
+        fitting, held_out = zip(*(_split(kv, settings.held_out) for kv in sections), strict=True)
+        fits = {v: _fit(fitting, facts, v) for v in settings.variants}
         run.say("sensitivity", 0.1)
         weights = _sensitivity(ev, sections, run, floor["kld"])
         steps = [{k: w ** -0.5 for k, w in part.items()} for part in weights]
         norm = np.exp(np.mean([np.log(s).mean() for part in steps for s in part.values()]))
         steps = [{k: s / norm for k, s in part.items()} for part in steps]
-        variant, bits_by_variant = _choose(fits, sections, steps, weights, settings)
-        parts = fits[variant]
+        variant, bits_by_variant = _choose(fits, held_out, steps, weights, settings)
+        parts = _fit(sections, facts, variant)
         draft = codec.Calibration(tuple(parts))
         ev.calibration = draft
         targets = {name: quality.CONTRACTS[name][2](q8, floor) for name in LEVELS}
@@ -176,6 +182,14 @@ def _fit(sections: list[kvstate.KVState], facts: dict, variant: str) -> list[cod
                                block=block, exact=variant == "pca-kv")
         parts.append(codec.Part(kv.n_layer, kv.channels, kt, vt))
     return parts
+
+
+def _split(kv: kvstate.KVState, fraction: float) -> tuple[kvstate.KVState, kvstate.KVState]:
+    """kv (in position order) cut in two at 1 - fraction of its tokens."""
+    cut = max(1, min(kv.n_tokens - 1, round(kv.n_tokens * (1 - fraction))))
+    return tuple(kvstate.KVState(kv.keys[:, part], kv.values[:, part], kv.positions[part],
+                                 kv.v_trans, kv.seq_id) for part in (slice(None, cut),
+                                                                     slice(cut, None)))
 
 
 def _spread(x: np.ndarray, tf: codec.KindTransform, first: int) -> float:
