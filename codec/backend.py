@@ -54,7 +54,7 @@ def _serialized(kernel):
 def _blas_single_threaded() -> None:
     """Ask numpy's OpenBLAS for one thread (unless the user chose a count). Its worker
     threads spin while they wait, and beside numba's kernels on 2 loaded cores they made the
-    exact inverse's matmuls 30x slower than one thread (benchmarks/RESULTS.md, "Exact
+    exact inverse's matmuls ~50x slower than one thread (benchmarks/RESULTS.md, "Exact
     transforms"). Only speed: the sums are exact, any thread count writes the same bytes. A
     BLAS without this entry point (not OpenBLAS) is left as it is."""
     if "OPENBLAS_NUM_THREADS" in os.environ:
