@@ -5,9 +5,9 @@
 The recorded KV is encoded in 256-token chunks at one level's bins (the default `high` unless
 --level) with each transform variant (fitted on the KV's first half; SmolLM2's RoPE), then
 decoded --repeat times; the best process CPU and wall seconds of a whole-document decode are
-printed per variant with the ratio to plain decoding, and the bits per element (the variants
-quantize the same step: the bits show what the transform saves at that step, on its own
-fitting data for the second half's... only a sanity check: the calibration measures the pay).
+printed per variant with the ratio to plain decoding, and the bits per element at those bins
+(a sanity check only, half of it on the transforms' own fitting data: what a transform pays
+is measured by the calibration and benchmarks.bench_quality).
 Variants: plain (no calibration), centred (keys un-RoPE'd and centred, values centred),
 klt-float (the float32 per-head inverse of format version 1 calibrations), klt (per-head,
 exact), pca (one layer-wide basis for the keys, exact), pca-kv (the values' too).
