@@ -9,7 +9,8 @@ against top-1 agreement, one PNG per model, every text of that model in it.
 Each run's rows are its JSON lines ({"config", "bits_per_element", "kld", "top1", ...}). Points:
 the calibrated levels (high, balanced, compact), the model-independent ones (default-*),
 llama.cpp's q8_0 and q4_0, CacheGen's bins (cachegen-1..3); the fp16-ulp row (the noise floor)
-is a dashed line. Needs matplotlib (the dev extra).
+is a dashed line. --labels names the runs (e.g. two calibrations of one text). Needs
+matplotlib (the dev extra).
 """
 
 from __future__ import annotations
@@ -49,11 +50,15 @@ def main() -> None:
     ap.add_argument("runs", type=Path, nargs="+")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--title", default="")
+    ap.add_argument("--labels", default="", help="comma-separated names of the runs (default: "
+                    "their texts), e.g. to set two calibrations' runs of one text apart")
     args = ap.parse_args()
+    labels = args.labels.split(",") if args.labels else []
     fig, (ax_kld, ax_top) = plt.subplots(1, 2, figsize=(12, 4.8))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, path in enumerate(args.runs):
         text, rows = rows_of(path)
+        text = labels[i] if i < len(labels) else text
         color = colors[i % len(colors)]
         for label, (configs, marker) in GROUPS.items():
             got = [rows[c] for c in configs if c in rows]

@@ -1,8 +1,9 @@
 """Choosing the kernels that run the format: numba CPU, numba CUDA, or the pure reference.
 
 A backend is a plain namespace of the functions of `quant.py` and `rans.py` and an
-`untransform(coef, out, KindTransform, cos, sin)` (the inverse transform: on CPU and GPU
-the same numba CPU kernel, whose float bytes are pinned to the reference's there). All
+`untransform(coef, out, KindTransform, cos, sin, gain)` (the inverse transform: on CPU and
+GPU the same numba CPU kernel, whose float bytes are pinned to the reference's there; an
+exact transform's integer sums by BLAS there, by int64 einsum in the reference). All
 backends produce identical bytes, so the choice is only about speed: CUDA when a GPU is
 present (rANS on the device, quantization on the CPU kernels), else the CPU kernels.
 KVDESK_CODEC_BACKEND=cpu|cuda|reference forces one. This module must never change what a
@@ -26,8 +27,11 @@ from types import SimpleNamespace
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from . import quant, rans, reference, tkernel, transform
+import numpy as np
+
+from . import intinverse, quant, rans, reference, tkernel, transform
 from .errors import CodecError
+from .workspace import scratch
 
 NAMES = ("cpu", "cuda", "reference")
 
@@ -46,13 +50,46 @@ def _serialized(kernel):
     return run
 
 
-def _untransform_cpu(coef, out, tf, cos, sin) -> None:
+@functools.cache
+def _blas_single_threaded() -> None:
+    """Ask numpy's OpenBLAS for one thread (unless the user chose a count). Its worker
+    threads spin while they wait, and beside numba's kernels on 2 loaded cores they made the
+    exact inverse's matmuls ~50x slower than one thread (benchmarks/RESULTS.md, "Exact
+    transforms"). Only speed: the sums are exact, any thread count writes the same bytes. A
+    BLAS without this entry point (not OpenBLAS) is left as it is."""
+    if "OPENBLAS_NUM_THREADS" in os.environ:
+        return
+    root = os.path.dirname(os.path.dirname(np.__file__))
+    libs = [os.path.join(d, f) for d in (os.path.join(root, "numpy.libs"),
+                                         os.path.join(os.path.dirname(np.__file__), ".dylibs"))
+            if os.path.isdir(d) for f in sorted(os.listdir(d)) if "openblas" in f.lower()]
+    for path in libs:
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for name in ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
+                     "openblas_set_num_threads64_", "openblas_set_num_threads"):
+            setter = getattr(lib, name, None)
+            if setter is not None:
+                setter(ctypes.c_int(1))
+                return
+
+
+def _untransform_cpu(coef, out, tf, cos, sin, gain=None) -> None:
+    if tf.exact:
+        _blas_single_threaded()  # the basis in exact integer sums: BLAS, the same bytes anywhere
+        coef = intinverse.sums(coef, tf.integer_basis[0], scratch("decode.sums", coef.shape,
+                                                                  np.float32))
     with _KERNEL_LOCK:
-        tkernel.untransform(coef, out, tf.basis_t, tf.mean, tf.rope, cos, sin, tf.head_dim)
+        tkernel.untransform(coef, out, tf.basis_t, tf.mean, tf.rope, cos, sin, tf.head_dim,
+                            gain)
 
 
-def _untransform_reference(coef, out, tf, cos, sin) -> None:
-    out[...] = transform.inverse(coef, tf, cos, sin)
+def _untransform_reference(coef, out, tf, cos, sin, gain=None) -> None:
+    if tf.exact:
+        coef = intinverse.reference_sums(coef, tf.integer_basis[0])
+    out[...] = transform.inverse(coef, tf, cos, sin, gain)
 
 
 def _cpu() -> SimpleNamespace:

@@ -7,11 +7,12 @@ SHA-256 of its bytes (`id`): a blob encoded with a calibrated level names that i
 config, and decodes only with exactly that calibration, which the caller hands to `decode`
 through a resolver (the codec knows nothing of where calibrations are kept).
 
-Bytes: magic b"KVCL" | u16 version | u16 0 | u32 JSON length | JSON (meta, levels, and for
-every array its part, kind, name, dtype, shape and offset) | the arrays, little-endian, 8-byte
-aligned | u32 CRC-32 of everything before. `meta` is the caller's JSON object (what was
-measured, on which model), opaque here. This module must never unpickle or eval, and never
-allocate from a size it has not checked against the bytes it has.
+Bytes: magic b"KVCL" | u16 version (1, or 2 with an exact transform) | u16 0 | u32 JSON
+length | JSON (meta, levels, and for every array its part, kind, name, dtype, shape and
+offset) | the arrays, little-endian, 8-byte aligned | u32 CRC-32 of everything before.
+`meta` is the caller's JSON object (what was measured, on which model), opaque here. This
+module must never unpickle or eval, and never allocate from a size it has not checked against
+the bytes it has.
 """
 
 from __future__ import annotations
@@ -30,7 +31,11 @@ from .levels import CodecConfig
 from .transform import KindTransform, fit
 
 MAGIC = b"KVCL"
-VERSION = 1
+# 2: a kind may be "exact" (its basis inverted in integers, intinverse.py; blocks of any whole
+# heads). Written only by calibrations that use it, so version 1 readers refuse those clearly
+# and read the others; every version 1 file reads as it did.
+VERSION = 2
+VERSIONS = (1, 2)
 _PRELUDE = struct.Struct("<4sHHI")
 _CRC = struct.Struct("<I")
 _ARRAYS = ("theta", "mean", "basis")
@@ -99,6 +104,8 @@ def _pack(cal: Calibration) -> bytes:
         for kind in KINDS:
             tf = part.transform(kind)
             kinds[kind] = {"head_dim": tf.head_dim, "rope": tf.rope}
+            if tf.exact:
+                kinds[kind]["exact"] = True
             for name in _ARRAYS:
                 a = getattr(tf, name)
                 if a is None or (name == "theta" and a.size == 0):
@@ -113,7 +120,9 @@ def _pack(cal: Calibration) -> bytes:
     meta = {"meta": cal.meta, "parts": parts, "arrays": directory}
     text = json.dumps(meta, separators=(",", ":"), sort_keys=True).encode()
     text += b" " * (-(len(text) + _PRELUDE.size) % 8)
-    body = _PRELUDE.pack(MAGIC, VERSION, 0, len(text)) + text + b"".join(arrays)
+    version = VERSION if any(part.transform(k).exact for part in cal.parts for k in KINDS) \
+        else 1
+    body = _PRELUDE.pack(MAGIC, version, 0, len(text)) + text + b"".join(arrays)
     return body + _CRC.pack(zlib.crc32(body))
 
 
@@ -124,8 +133,9 @@ def _unpack(data: bytes) -> Calibration:
     magic, version, flags, hlen = _PRELUDE.unpack_from(data, 0)
     if magic != MAGIC:
         raise CodecError("not a kvdesk codec calibration (bad magic)")
-    if version != VERSION or flags:
-        raise CodecError(f"unsupported calibration version {version}; this build reads {VERSION}")
+    if version not in VERSIONS or flags:
+        raise CodecError(f"unsupported calibration version {version}; this build reads "
+                         f"{', '.join(map(str, VERSIONS))}")
     if zlib.crc32(data[:-4]) != _CRC.unpack_from(data, len(data) - 4)[0]:
         raise CodecError("calibration checksum mismatch: the calibration is corrupt")
     if hlen > MAX_JSON or _PRELUDE.size + hlen > len(data) - 4:
@@ -149,7 +159,8 @@ def _unpack(data: bytes) -> Calibration:
             tfs = {kind: KindTransform(
                 int(pd["kinds"][kind]["head_dim"]), pd["kinds"][kind]["rope"],
                 found.get((p, kind, "theta"), np.zeros(0)), found.get((p, kind, "mean")),
-                found.get((p, kind, "basis"))) for kind in KINDS}
+                found.get((p, kind, "basis")),
+                _exact(pd["kinds"][kind].get("exact", False), version)) for kind in KINDS}
             part = Part(int(pd["n_layer"]), int(pd["channels"]), tfs["keys"], tfs["values"],
                         dict(pd["levels"]))
             for kind in KINDS:
@@ -164,14 +175,23 @@ def _unpack(data: bytes) -> Calibration:
     return cal
 
 
+def _exact(flag: Any, version: int) -> bool:
+    if flag not in (True, False) or (flag and version < 2):
+        raise CodecError("malformed calibration (exact flag)")
+    return flag
+
+
 def fitted(keys: np.ndarray, values: np.ndarray, level: CodecConfig, name: str,
-           head_dim: int = 64, meta: dict | None = None) -> Calibration:
+           head_dim: int = 64, meta: dict | None = None, block: int | None = None) -> Calibration:
     """A calibration fitted on this KV [L, T, C] alone (RoPE as SmolLM2's: "norm", base
     100,000; per-head bases for the keys, means for the values), with one level `name`:
-    `level`'s bins through the transforms. For tests and for compiling the transform kernels
-    ahead of use (`precompile`); a model's real calibration is measured (desktop_app)."""
+    `level`'s bins through the transforms. block: the keys' basis is instead an exact one
+    over blocks of that many channels (intinverse.py; the level must have "layer" scales).
+    For tests and for compiling the transform kernels ahead of use (`precompile`); a model's
+    real calibration is measured (desktop_app)."""
     theta = 100000.0 ** (-np.arange(0, head_dim, 2) / head_dim)
-    kt = fit(keys[:, 1:], 1, head_dim, "norm", theta, basis=True)
+    kt = fit(keys[:, 1:], 1, head_dim, "norm", theta, basis=True, block=block,
+             exact=block is not None)
     vt = fit(values[:, 1:], 1, head_dim)
     cfg = level.get_config()
     for kind in ("keys", "values"):

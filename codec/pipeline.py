@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import container, tables, tkernel, transform
+from . import container, intinverse, tables, tkernel, transform
 from .backend import active
 from .calibration import Calibration, Part
 from .container import Header
@@ -189,6 +189,7 @@ def _transformed(bits: np.ndarray, kind: KindConfig, part: Part | None, name: st
     if not kind.transform or bits.shape[1] == 0:
         return bits
     tf = part.transform(name)
+    _check_exact(kind, tf)
     cos, sin = transform.angles(tf, first_position, bits.shape[1])
     with np.errstate(over="ignore", invalid="ignore"):  # non-finite input is refused after
         if tf.basis is None:  # one numba pass (the encoder's only float step: every backend)
@@ -197,6 +198,13 @@ def _transformed(bits: np.ndarray, kind: KindConfig, part: Part | None, name: st
         else:
             y = transform.forward(bits.view(np.float16), tf, cos, sin)
         return y.astype(np.float16).view(np.uint16)
+
+
+def _check_exact(kind: KindConfig, tf: transform.KindTransform) -> None:
+    # an exact transform's inverse takes one quantizer step per layer (intinverse.py)
+    if tf.exact and kind.scale != "layer":
+        raise CodecError(f"an exact calibrated transform needs \"layer\" scales, not "
+                         f"{kind.scale!r}")
 
 
 def _encode_bytes(sym: np.ndarray, cfg: CodecConfig, be):
@@ -356,27 +364,33 @@ def decode(blob: bytes, *, out: tuple[np.ndarray, np.ndarray] | None = None,
             raise CodecError("codec blob names a table that does not exist")
         out[i][:, :n_sink] = parts.sinks[i]
         bank, base = plan.bank
-        dq = plan.dequant(scales)
         if kind.transform and n_tok > n_sink:
-            # coefficients as float32 (their fp16 values) into scratch, then the inverse
-            # transform writes the KV: no fp16 pass over out in between
-            coef = scratch("decode.coef", (n_layer, n_tok - n_sink, n_ch), np.float32)
-            _run_decode(be, parts.words[i], parts.counts[i], ents + base[:, None], bank,
-                        dq.view(np.float16).astype(np.float32), plan.akey, plan.bkey, coef, 0,
-                        cfg)
+            # coefficients as float32 (their fp16 values, or an exact transform's integers)
+            # into scratch, then the inverse transform writes the KV: no fp16 pass over out
             tf = cal_part.transform(("keys", "values")[i])
+            _check_exact(kind, tf)
+            if tf.exact:
+                dq, gain = intinverse.symbol_values(plan.maxq, int(plan.nsym.max())), \
+                    intinverse.gains(scales.reshape(n_layer), plan.maxq, tf.integer_basis[1],
+                                     tf.block)
+            else:
+                dq, gain = plan.dequant(scales).view(np.float16).astype(np.float32), None
+            coef = scratch("decode.coef", (n_layer, n_tok - n_sink, n_ch), np.float32)
+            _run_decode(be, parts.words[i], parts.counts[i], ents + base[:, None], bank, dq,
+                        plan.akey, plan.bkey, coef, 0, cfg)
             kv = target = out[i][:, n_sink:]
             if target.strides[1] < target.strides[2]:
                 # channel-major (llama.cpp's V without flash attention): written row by row,
                 # every element would land on another cache line and page (1.6x the decode)
                 kv = scratch("decode.kv", target.shape, np.uint16)
             be.untransform(coef, kv, tf,
-                           *transform.angles(tf, header.first_token + n_sink, n_tok - n_sink))
+                           *transform.angles(tf, header.first_token + n_sink, n_tok - n_sink),
+                           gain)
             if kv is not target:
                 be.to_channel_major(kv, target, cfg.lanes)
         else:
-            _run_decode(be, parts.words[i], parts.counts[i], ents + base[:, None], bank, dq,
-                        plan.akey, plan.bkey, out[i], n_sink, cfg)
+            _run_decode(be, parts.words[i], parts.counts[i], ents + base[:, None], bank,
+                        plan.dequant(scales), plan.akey, plan.bkey, out[i], n_sink, cfg)
         if cfg.anchor_group:
             _apply_anchors(out[i][:, n_sink:], cfg.anchor_group)
     return out[0].view(np.float16), out[1].view(np.float16)

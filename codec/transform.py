@@ -6,7 +6,9 @@ into coefficients y that code in fewer bits at the same error, and back:
     forward:  u = unrope(x, positions); u -= mean[layer]; y_head = u_head @ basis[layer, head]
     inverse:  u_head = basis[layer, head] @ y_head; u += mean[layer]; x = rope(u, positions)
 
-Every step is optional (rope "none", no mean, no basis). RoPE removed from keys makes their
+Every step is optional (rope "none", no mean, no basis). A basis acts on blocks of whole heads:
+one head (a per-head KLT) or, for an `exact` transform, any multiple of heads up to the whole
+layer (a layer-wide PCA, KVTC-style). RoPE removed from keys makes their
 per-channel statistics position-independent: a calibrated mean then takes out what would
 otherwise rotate through the channels (per-channel key biases, the outlier channels that
 make llama.cpp's q4_0 cache collapse on some models), and a per-head orthonormal basis (KLT,
@@ -15,7 +17,10 @@ orthogonal or shifts, so the quantization error keeps its size through the inver
 
 The inverse is part of the format: `inverse` here is its definition (numpy, float32, one
 operation at a time in a fixed order, no fused multiply-adds) and the numba kernel
-(`tkernel.py`) repeats it operation for operation, so both write identical fp16 bytes. The
+(`tkernel.py`) repeats it operation for operation, so both write identical fp16 bytes. An
+`exact` transform's basis is instead inverted in integers (intinverse.py: a BLAS matmul
+whose sums are exact, then one gain per block), its kinds quantized with one step per layer;
+`inverse` then takes those sums and the gains. The
 rotation angles come from `cos_sin`, built from basic float64 arithmetic only, so every machine
 turns a position by the same angle. The forward transform runs once in the encoder, shared by
 every backend. This module must never import numba.
@@ -28,6 +33,7 @@ from functools import cached_property
 
 import numpy as np
 
+from . import intinverse
 from .errors import CodecError
 
 ROPE_TYPES = ("none", "norm", "neox")
@@ -46,7 +52,9 @@ class KindTransform:
         layout of each head's first n_rot = 2 * len(theta) channels;
     theta: float64 [n_rot / 2], the angle per position of each rotated pair;
     mean: float32 [L, C] or None, subtracted after RoPE is removed;
-    basis: float32 [L, H, d, d] or None, orthonormal columns: y_head = u_head @ basis.
+    basis: float32 [L, G, b, b] or None, orthonormal columns: y_block = u_block @ basis, for
+        blocks of b channels (b = head_dim, or for an exact transform any multiple of it);
+    exact: the basis is inverted in integers (intinverse.py), not in float32 sums.
     """
 
     head_dim: int
@@ -54,6 +62,7 @@ class KindTransform:
     theta: np.ndarray = field(default_factory=lambda: np.zeros(0))
     mean: np.ndarray | None = None
     basis: np.ndarray | None = None
+    exact: bool = False
 
     def __post_init__(self) -> None:
         if self.rope not in ROPE_TYPES:
@@ -66,9 +75,23 @@ class KindTransform:
         for name, a in (("mean", self.mean), ("basis", self.basis)):
             if a is not None and (a.dtype != np.float32 or not np.all(np.isfinite(a))):
                 raise CodecError(f"a transform's {name} must be finite float32")
-        if self.basis is not None and (self.basis.ndim != 4 or self.basis.shape[2:]
-                                       != (self.head_dim, self.head_dim)):
+        b = self.block
+        if self.basis is not None and (self.basis.ndim != 4 or self.basis.shape[3] != b
+                                       or b % self.head_dim or (b != self.head_dim
+                                                                and not self.exact)):
             raise CodecError(f"basis of shape {self.basis.shape} for heads of {self.head_dim}")
+        if self.exact and self.basis is None:
+            raise CodecError("an exact transform needs a basis")
+
+    @property
+    def block(self) -> int:
+        """Channels per basis block (a head without a basis)."""
+        return self.head_dim if self.basis is None or self.basis.ndim != 4 else self.basis.shape[2]
+
+    @cached_property
+    def integer_basis(self) -> tuple[np.ndarray, np.ndarray]:
+        """An exact transform's integer inverse (intinverse.integer_basis: matrices, shifts)."""
+        return intinverse.integer_basis(self.basis)
 
     @cached_property
     def basis_t(self) -> np.ndarray | None:
@@ -81,11 +104,11 @@ class KindTransform:
 
     def check_shape(self, n_layer: int, channels: int) -> None:
         """Refuse KV this transform was not calibrated for."""
-        ok = channels % self.head_dim == 0
+        ok = channels % self.block == 0
         if self.mean is not None:
             ok &= self.mean.shape == (n_layer, channels)
         if self.basis is not None:
-            ok &= self.basis.shape[:2] == (n_layer, channels // self.head_dim)
+            ok &= self.basis.shape[:2] == (n_layer, channels // self.block)
         if not ok:
             raise CodecError(f"the calibration's transform does not fit KV of {n_layer} layers "
                              f"x {channels} channels")
@@ -143,8 +166,9 @@ def forward(x: np.ndarray, tf: KindTransform, cos: np.ndarray, sin: np.ndarray) 
     if tf.mean is not None:
         u -= tf.mean[:, None, :]
     if tf.basis is not None:
-        heads = u.reshape(n_layer, n_tok, n_ch // d, d)
-        u = np.einsum("lthi,lhij->lthj", heads, tf.basis).reshape(n_layer, n_tok, n_ch)
+        b = tf.block
+        blocks = u.reshape(n_layer, n_tok, n_ch // b, b)
+        u = np.einsum("lthi,lhij->lthj", blocks, tf.basis).reshape(n_layer, n_tok, n_ch)
     return np.ascontiguousarray(u, dtype=np.float32)
 
 
@@ -157,16 +181,20 @@ def _pair_views(heads: np.ndarray, tf: KindTransform) -> tuple[np.ndarray, np.nd
     return heads[..., :half], heads[..., half:2 * half]
 
 
-def inverse(y: np.ndarray, tf: KindTransform, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+def inverse(y: np.ndarray, tf: KindTransform, cos: np.ndarray, sin: np.ndarray,
+            gain: np.ndarray | None = None) -> np.ndarray:
     """The format's inverse: coefficients [L, T, C] (float32 holding fp16 values, as decoded)
-    -> fp16 bits of the KV.
+    -> fp16 bits of the KV. For an exact transform y holds the basis' integer sums instead
+    (intinverse.sums) and gain [L, C] their factors (intinverse.gains): u = y * gain.
 
     Float32 throughout, each product and sum rounded on its own, in this order (the kernel in
     tkernel.py does exactly the same)."""
     n_layer, n_tok, n_ch = y.shape
     d = tf.head_dim
     u = y.astype(np.float32)
-    if tf.basis is not None:
+    if tf.exact:
+        u = u * gain[:, None, :]
+    elif tf.basis is not None:
         heads = u.reshape(n_layer, n_tok, n_ch // d, d)
         acc = np.zeros_like(heads)
         for j in range(d):  # u_i = sum_j basis[i, j] * y_j, j ascending
@@ -186,24 +214,25 @@ def inverse(y: np.ndarray, tf: KindTransform, cos: np.ndarray, sin: np.ndarray) 
 
 
 def fit(x: np.ndarray, first_position: int, head_dim: int, rope: str = "none",
-        theta: np.ndarray | None = None, *, mean: bool = True,
-        basis: bool = False) -> KindTransform:
+        theta: np.ndarray | None = None, *, mean: bool = True, basis: bool = False,
+        block: int | None = None, exact: bool = False) -> KindTransform:
     """A transform calibrated on KV x [L, T, C] of consecutive positions from first_position
     (leave the attention-sink tokens out: they are stored exact and would skew the mean):
-    RoPE as given, the mean of each channel after it, and per head the eigenvectors of the
-    covariance (largest variance first; signs fixed so that each column's largest entry is
-    positive, for a deterministic basis)."""
+    RoPE as given, the mean of each channel after it, and per block of `block` channels
+    (default: a head) the eigenvectors of the covariance (largest variance first; signs fixed
+    so that each column's largest entry is positive, for a deterministic basis)."""
     plain = KindTransform(head_dim, rope, np.zeros(0) if theta is None else np.asarray(theta))
     u = forward(x, plain, *angles(plain, first_position, x.shape[1])).astype(np.float64)
     n_layer, _, n_ch = u.shape
     m = u.mean(axis=1) if mean else np.zeros((n_layer, n_ch))
     vecs = None
+    b = block or head_dim
     if basis:
-        centred = (u - m[:, None, :]).reshape(n_layer, -1, n_ch // head_dim, head_dim)
+        centred = (u - m[:, None, :]).reshape(n_layer, -1, n_ch // b, b)
         cov = np.einsum("lthi,lthj->lhij", centred, centred) / max(u.shape[1], 1)
         _, vecs = np.linalg.eigh(cov)
         vecs = vecs[..., ::-1]
         flip = np.take_along_axis(vecs, np.abs(vecs).argmax(axis=2)[:, :, None, :], axis=2)
         vecs = (vecs * np.sign(flip + (flip == 0))).astype(np.float32)
     return KindTransform(head_dim, plain.rope, plain.theta,
-                         m.astype(np.float32) if mean else None, vecs)
+                         m.astype(np.float32) if mean else None, vecs, exact and basis)

@@ -80,7 +80,7 @@ def custom(name: str = "custom", **kw) -> CodecConfig:
 
 
 def calibration_of(keys: np.ndarray, values: np.ndarray, head_dim: int = 64,
-                   level: str = "high") -> Calibration:
+                   level: str = "high", block: int | None = None) -> Calibration:
     """A calibration fitted on this KV with one calibrated level, `level`'s bins through the
-    transforms (codec.calibration.fitted)."""
-    return fitted(keys, values, levels()[level], level, head_dim, {"made_by": "tests"})
+    transforms (codec.calibration.fitted; block: the keys' basis exact over such blocks)."""
+    return fitted(keys, values, levels()[level], level, head_dim, {"made_by": "tests"}, block)

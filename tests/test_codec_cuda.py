@@ -32,13 +32,14 @@ SCRIPT = textwrap.dedent("""
         for g, w in zip(got, want):
             assert np.array_equal(g.view(np.uint16), w.view(np.uint16)), level
     big_k, big_v = random_kv((2, 12, 128), seed=12)
-    cal = calibration_of(big_k, big_v)
-    blob = codec.encode(big_k, big_v, "high", calibration=cal, backend=cpu)
-    assert codec.encode(big_k, big_v, "high", calibration=cal, backend=cuda) == blob
-    got = codec.decode(blob, backend=cuda, calibrations={cal.id: cal})
-    want = codec.decode(blob, backend=cpu, calibrations={cal.id: cal})
-    for g, w in zip(got, want):
-        assert np.array_equal(g.view(np.uint16), w.view(np.uint16)), "calibrated"
+    for block in (None, 128):  # a float per-head basis; an exact layer-wide one
+        cal = calibration_of(big_k, big_v, block=block)
+        blob = codec.encode(big_k, big_v, "high", calibration=cal, backend=cpu)
+        assert codec.encode(big_k, big_v, "high", calibration=cal, backend=cuda) == blob
+        got = codec.decode(blob, backend=cuda, calibrations={cal.id: cal})
+        want = codec.decode(blob, backend=cpu, calibrations={cal.id: cal})
+        for g, w in zip(got, want):
+            assert np.array_equal(g.view(np.uint16), w.view(np.uint16)), ("calibrated", block)
     # A corrupt stream word under a valid checksum: both backends must agree on what it
     # gives, the same refusal or the same values, never garbage of their own.
     bad = bytearray(codec.encode(keys, values, "balanced", backend=cpu))
