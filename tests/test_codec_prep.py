@@ -77,8 +77,8 @@ def test_preparation_reports_progress_then_ready(tmp_path):
     assert seen[-1].phase == "ready"
     # a profile is written only when something had to be compiled
     assert profile.exists() == (state.compiled > 0)
-    if profile.exists():
-        assert set(json.loads(profile.read_text())["steps"]) == set(steps[:4])
+    if profile.exists():  # every step it ran, timed
+        assert set(json.loads(profile.read_text())["steps"]) == set(steps)
 
 
 def test_a_failing_preparation_is_reported_not_raised(tmp_path):
