@@ -1,8 +1,8 @@
 """What a new process pays before its first restore runs warm: the codec's cold start, the
 window's first reopen after start, and a one-shot `kvdesk reopen`, each in fresh processes.
 
-    .venv/bin/python -m benchmarks.bench_cold --calibration /work/art/cal-default.kvcl \
-        --kv /work/art/kv4096.npz [--rounds 5] [--data-dir DIR] [--repo CHECKOUT]
+    .venv/bin/python -m benchmarks.bench_cold --calibration cal-default.kvcl \
+        --kv benchmarks/data/kv4096.npz [--rounds 5] [--data-dir DIR] [--repo CHECKOUT]
 
 Set-up (once, in --data-dir, kept for later runs): the model's codec calibration adopted
 (--calibration: a `kvdesk calibrate` result for this model, its fingerprint rebound to this

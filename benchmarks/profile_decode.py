@@ -1,6 +1,6 @@
 """Where a level's decode spends its cycles, piece by piece, beside a copy of its output bytes.
 
-    .venv/bin/python -m benchmarks.profile_decode --kv /work/art/kv4096.npz \
+    .venv/bin/python -m benchmarks.profile_decode --kv benchmarks/data/kv4096.npz \
         [--calibration cal.kvcl] [--levels balanced] [--runs 5]
 
 Each piece of `codec.decode` runs alone on the same blobs (256-token chunks of the whole KV),

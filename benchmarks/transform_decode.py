@@ -1,6 +1,6 @@
 """Decode time of the calibrated transforms at equal bins: what each costs a restore.
 
-    .venv/bin/python -m benchmarks.transform_decode --kv /work/art/kv4096.npz --level high
+    .venv/bin/python -m benchmarks.transform_decode --kv benchmarks/data/kv4096.npz --level high
 
 The recorded KV is encoded in 256-token chunks at one level's bins (the default `high` unless
 --level) with each transform variant (fitted on the KV's first half; SmolLM2's RoPE), then
