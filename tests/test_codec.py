@@ -313,7 +313,9 @@ def test_bench_cold_decodes_every_blob_in_fresh_processes(tmp_path, capsys):
                 "--calibration", str(tmp_path / "cal.kvcl"), "--runs", "1"])
     out = json.loads(capsys.readouterr().out)["cold_start"]
     assert out["levels"] == ["compact", "high", *[f"{n}@calibrated" for n in cal.level_names]]
-    assert out["import_numba_s"] > 0 and out["codec_first_decodes_s"] > out["import_numba_s"]
+    # No order between the two times is asserted: one pair of processes on a busy machine
+    # can come out either way (what the codec adds is the benchmark's to measure).
+    assert out["import_numba_s"] > 0 and out["codec_first_decodes_s"] > 0
     assert out["beyond_numba_s"] == pytest.approx(
         out["codec_first_decodes_s"] - out["import_numba_s"], abs=1e-3)
 
