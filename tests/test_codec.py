@@ -316,8 +316,9 @@ def test_bench_cold_decodes_every_blob_in_fresh_processes(tmp_path, capsys):
     # No order between the two times is asserted: one pair of processes on a busy machine
     # can come out either way (what the codec adds is the benchmark's to measure).
     assert out["import_numba_s"] > 0 and out["codec_first_decodes_s"] > 0
+    # one pair: its difference, each of the three rounded to a millisecond
     assert out["beyond_numba_s"] == pytest.approx(
-        out["codec_first_decodes_s"] - out["import_numba_s"], abs=1e-3)
+        out["codec_first_decodes_s"] - out["import_numba_s"], abs=2e-3)
 
 
 def test_reused_scratch_never_leaks_between_chunks():
