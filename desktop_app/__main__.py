@@ -1,5 +1,5 @@
 """`python -m desktop_app` is the `kvdesk` command."""
 
-from .cli import main
+from .cli import run
 
-main()
+run()

@@ -4,6 +4,6 @@ It holds no logic of its own (a bundle must behave exactly like `pip install kvd
 only a frozen app needs is set up before this runs, in `rthook_kvdesk.py`.
 """
 
-from desktop_app.cli import main
+from desktop_app.cli import run
 
-main()
+run()

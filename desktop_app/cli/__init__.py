@@ -11,6 +11,7 @@ never a traceback.
     maintenance   info, verify, gc, selfcheck, eval, gui
     remote        the shared cache: remote status, push, pull
     serve         the local OpenAI-compatible API
+    process       `run`: the command as a whole process, ended without Python's teardown
 
 The top of the stack: it may import every room, and none imports it. It never holds logic of
 its own beyond parsing and printing, and never imports llama.cpp or the codec at module level
@@ -27,8 +28,9 @@ import click
 from ..errors import is_user_error
 from . import chat, maintenance, passages, remote, serve  # noqa: F401 - each registers its commands
 from .base import cli
+from .process import run
 
-__all__ = ["cli", "main"]
+__all__ = ["cli", "main", "run"]
 
 
 def main(argv: list[str] | None = None) -> None:
