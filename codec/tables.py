@@ -79,9 +79,7 @@ class Bank:
                 cum = np.zeros_like(freq)
                 np.cumsum(freq[:, :-1], axis=1, out=cum[:, 1:])
                 self._fc[at] = freq | (cum << 16)
-                symbols = np.arange(self.width, dtype=np.uint8)
-                for row, f in zip(range(at.start, at.stop), freq, strict=True):
-                    self._lut[row] = np.repeat(symbols, f)
+                self._lut[at] = _slots(freq)
                 self._slot[need] = np.arange(at.start, at.stop)
                 self._n = at.stop
         return self._slot[ids], self._fc, self._lut
@@ -111,8 +109,14 @@ class Bank:
 
     @cached_property
     def lut(self) -> np.ndarray:
-        symbols = np.tile(np.arange(self.width, dtype=np.uint8), len(self.freq))
-        return np.repeat(symbols, self.freq.ravel()).reshape(len(self.freq), PROB_SCALE)
+        return _slots(self.freq)
+
+
+def _slots(freq: np.ndarray) -> np.ndarray:
+    """The slot -> symbol lookup rows [n, PROB_SCALE] uint8 of frequency rows [n, width] (each
+    summing to PROB_SCALE): one repeat over all of them (a fresh process builds thousands)."""
+    symbols = np.tile(np.arange(freq.shape[1], dtype=np.uint8), len(freq))
+    return np.repeat(symbols, freq.ravel()).reshape(len(freq), PROB_SCALE)
 
 
 @cache
