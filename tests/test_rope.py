@@ -55,3 +55,34 @@ def test_gemma_3s_keys_move_exactly(gemma_path, model_hash):
         check(rt)
     finally:
         rt.close()
+
+
+def _turned(keys: np.ndarray, delta: np.ndarray, r: rope.Rope) -> np.ndarray:
+    """The definition: each channel pair of each head as a complex number, times
+    e^(i delta theta), in float64 (channels past the pairs unchanged)."""
+    n = len(r.theta)
+    heads = keys.astype(np.float64).reshape(keys.shape[0], -1, r.head_dim).copy()
+    a, b = (np.arange(0, 2 * n, 2), np.arange(1, 2 * n, 2)) if r.kind == "norm" else \
+        (np.arange(n), np.arange(n, 2 * n))
+    z = (heads[:, :, a] + 1j * heads[:, :, b]) * np.exp(1j * delta[:, None, None] * r.theta)
+    heads[:, :, a], heads[:, :, b] = z.real, z.imag
+    return heads.reshape(keys.shape)
+
+
+@pytest.mark.parametrize("kind", ["norm", "neox"])
+@pytest.mark.parametrize("constant", [False, True])
+def test_rerotate_turns_each_pair_by_its_angle(kind, constant):
+    """Against the complex-number definition, per layer (layers of two bases, as a
+    sliding-window model has; 24 of 32 channels of each head rotated), to fp16 rounding."""
+    rng = np.random.default_rng(1)
+    keys = rng.standard_normal((3, 50, 64)).astype(np.float16)
+    delta = np.full(50, 777) if constant else rng.integers(-3000, 3000, 50)
+    ropes = [rope.Rope(kind, 32, base ** (-np.arange(0, 24, 2) / 24))
+             for base in (10000.0, 1e6, 10000.0)]
+    out = rope.rerotate(keys, delta, ropes)
+    assert out.dtype == keys.dtype and out.shape == keys.shape
+    for layer, r in enumerate(ropes):
+        want = _turned(keys[layer], delta.astype(np.float64), r)
+        assert np.abs(out[layer].astype(np.float64) - want).max() <= 4e-3
+        untouched = np.arange(64) % 32 >= 24
+        assert np.array_equal(out[layer][:, untouched], keys[layer][:, untouched])

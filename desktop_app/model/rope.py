@@ -45,26 +45,36 @@ class Rope:
     head_dim: int
     theta: np.ndarray  # float64 [n_rot / 2]
 
-    def pairs(self) -> tuple[np.ndarray, np.ndarray]:
+    def pairs(self) -> tuple[slice, slice]:
+        """The channels of each head paired for rotation: (first of each pair, second)."""
         n = len(self.theta)
-        i = np.arange(n)
-        return (2 * i, 2 * i + 1) if self.kind == "norm" else (i, i + n)
+        return (slice(0, 2 * n, 2), slice(1, 2 * n, 2)) if self.kind == "norm" else \
+            (slice(0, n), slice(n, 2 * n))
 
 
 def rerotate(keys: np.ndarray, delta: np.ndarray, ropes: list[Rope]) -> np.ndarray:
     """Keys [n_layer, tokens, channels] turned by `delta` positions per token (layer l by
     ropes[l]); float32 arithmetic, returned in the keys' dtype."""
-    out = keys.astype(np.float32)
+    out = np.empty(keys.shape, keys.dtype)
     delta = np.asarray(delta, np.float64)
+    # A blend moves a whole run by one offset: its angles are one row, not one per token.
+    if len(delta) and (delta == delta[0]).all():
+        delta = delta[:1]
+    turns: dict[tuple[str, int, bytes], tuple[np.ndarray, np.ndarray]] = {}
     for layer, rope in enumerate(ropes):
         a, b = rope.pairs()
-        angle = delta[:, None] * rope.theta[None, :]  # [tokens, pairs]
-        cos, sin = np.cos(angle).astype(np.float32), np.sin(angle).astype(np.float32)
-        heads = out[layer].reshape(out.shape[1], -1, rope.head_dim)  # [tokens, heads, dim]
+        key = (rope.kind, rope.head_dim, rope.theta.tobytes())  # most layers share one
+        if key not in turns:
+            angle = delta[:, None] * rope.theta[None, :]  # [tokens or 1, pairs]
+            turns[key] = (np.cos(angle).astype(np.float32)[:, None, :],
+                          np.sin(angle).astype(np.float32)[:, None, :])
+        cos, sin = turns[key]
+        heads = keys[layer].astype(np.float32).reshape(keys.shape[1], -1, rope.head_dim)
         x0, x1 = heads[:, :, a].copy(), heads[:, :, b].copy()
-        heads[:, :, a] = x0 * cos[:, None, :] - x1 * sin[:, None, :]
-        heads[:, :, b] = x0 * sin[:, None, :] + x1 * cos[:, None, :]
-    return out.astype(keys.dtype)
+        heads[:, :, a] = x0 * cos - x1 * sin
+        heads[:, :, b] = x0 * sin + x1 * cos
+        out[layer] = heads.reshape(keys.shape[1], -1)
+    return out
 
 
 def candidates(rt: Runtime) -> tuple[str | None, int, float, list[float]]:
