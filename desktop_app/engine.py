@@ -299,13 +299,16 @@ class Engine:
         return self.completions.complete(messages, **options)
 
     def passages(self, doc_id: int, *, query: str | None = None, k: int = DEFAULT_K,
-                 mode: str | None = None) -> list[Hit]:
-        """A long document's passages in order (score 0), or with `query` the `k` retrieval
+                 mode: str | None = None, wide: bool = False) -> list[Hit]:
+        """A long document's passages in order (score 0), or with `query` those retrieval
         returns for it, best first, by `mode` (bm25, dense or fused; default: the measured
-        best): `kvdesk passages`. A document that fits the context has none."""
+        best): of its `k` best, the ones a chat reads (focused: for a question naming
+        something rare, those holding it), or with `wide` all `k`. `kvdesk passages`. A
+        document that fits the context has none."""
         self.library.document(doc_id)
         if query is not None:
-            return self.retriever.retrieve(doc_id, query, k=k, mode=mode)
+            return self.retriever.retrieve(doc_id, query, k=k, mode=mode,
+                                           focus=not wide and self.session.longdocs.focus)
         return [Hit(p.id, p.index, p.text, p.page, p.lines, p.heading, p.tokens, 0.0)
                 for p in self.store.passages(doc_id)]
 

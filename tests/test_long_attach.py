@@ -130,6 +130,13 @@ def test_the_command_line_says_it_and_shows_passages(tmp_path):
     hits = json.loads(found.stdout)
     # BM25 returns only passages holding a word of the query: here the fact's alone.
     assert len(hits) == 1 and FACT in hits[0]["text"] and hits[0]["location"].startswith("line")
+    # A rare word ("barometer") among common ones: a chat reads the passage holding it;
+    # --wide lists the k best, as the chat's retrieval ranks them.
+    asked = ["passages", "1", "-q", "Which tide and wind hang near the barometer?", "-k", "3"]
+    focused = json.loads(kvdesk(data, *asked, "--json").stdout)
+    assert [FACT in h["text"] for h in focused] == [True]
+    wide = json.loads(kvdesk(data, *asked, "--wide", "--json").stdout)
+    assert len(wide) == 3 and wide[0]["passage_id"] == focused[0]["passage_id"]
     dense = kvdesk(data, "passages", "1", "-q", "boathouse spare key", "--mode", "dense")
     assert dense.returncode == 0 and "score" in dense.stdout
     wrong = kvdesk(data, "passages", "1", "-q", "key", "--mode", "magic")

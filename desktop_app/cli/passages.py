@@ -14,19 +14,22 @@ PREVIEW_CHARS = 100
 
 @cli.command()
 @click.argument("doc_id", type=int)
-@click.option("--query", "-q", help="A question: show the passages retrieval returns for it, "
-              "best first, with their scores.")
+@click.option("--query", "-q", help="A question: show the passages a chat reads for it, best "
+              "first, with their scores.")
 @click.option("-k", "k", type=click.IntRange(1, 100), default=DEFAULT_K, show_default=True,
-              help="How many passages to retrieve (with --query).")
+              help="At most how many passages to retrieve (with --query).")
+@click.option("--wide", is_flag=True, help="All k best (with --query), not only those a chat "
+              "reads: for a question naming something rare, a chat reads the passages holding "
+              "it.")
 @click.option("--mode", type=click.Choice(MODES), help="How to rank (with --query; default: "
               f"{DEFAULT_MODE}, the best measured).")
 @json_option
 @click.pass_obj
-def passages(app: App, doc_id: int, query: str | None, k: int, mode: str | None,
+def passages(app: App, doc_id: int, query: str | None, k: int, wide: bool, mode: str | None,
              as_json: bool):
-    """Show a long document's passages (where each is, its heading), or with --query what
-    retrieval returns for a question."""
-    hits = app.engine.passages(doc_id, query=query, k=k, mode=mode)
+    """Show a long document's passages (where each is, its heading), or with --query those a
+    chat reads for a question."""
+    hits = app.engine.passages(doc_id, query=query, k=k, mode=mode, wide=wide)
     lines = [f"#{h.index} [{h.location}]" + (f" {' > '.join(h.heading)}" if h.heading else "")
              + f" · {h.tokens} tokens" + (f" · score {h.score:.4f}" if query is not None else "")
              + "\n    " + " ".join(h.text.split())[:PREVIEW_CHARS] for h in hits]
