@@ -56,7 +56,7 @@ run: $(STAMP) $(CODEC_WARM)
 
 test: $(STAMP) $(CODEC_WARM)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 bench: $(STAMP)
 	$(BIN)/python -m codec.bench
