@@ -38,6 +38,7 @@ from ..kv.kvcache import KVCache
 from ..kv.levels import check_levels
 from ..kv.sharing import Sharing
 from ..kv.speeds import Speeds
+from ..model import inplace
 from ..model.prompts import Prompter, question_turn, title_of
 from ..model.prompts import closing as closing_text
 from ..model.runtime import Runtime
@@ -173,13 +174,17 @@ class ChatSession:
             elif options.budget_ms is None and self.default_budget_ms is not None:
                 effective = options.model_copy(update={"budget_ms": self.default_budget_ms})
             parts = self._blendable(rt, chat_id, tokens, docs, cancel)
-            if parts is not None:
-                with self.contexts.restoring():
-                    report = self._blend(rt, parts, tokens, docs, effective, progress, cancel)
-                self._loaded = options
-                rt.prefill(question, cancel=cancel)
-                return report
-            source, notes = self.sharing.source(rt.fingerprint, tokens)
+            try:
+                if parts is not None:
+                    with self.contexts.restoring():
+                        report = self._blend(rt, parts, tokens, docs, effective, progress, cancel)
+                    self._loaded = options
+                    rt.prefill(question, cancel=cancel)
+                    return report
+            except inplace.Unavailable as e:  # the context is as before, empty
+                notes = [f"{e}: the context is computed exactly instead"]
+            source, found = self.sharing.source(rt.fingerprint, tokens)
+            notes += found
             if source is not None and source.n_tokens and self._codec_not_ready(rt, source,
                                                                                notes):
                 source = None
@@ -328,19 +333,13 @@ class ChatSession:
 
     # -- asking ----------------------------------------------------------------------------
 
-    def ask(
-        self,
-        question: str,
-        *,
-        chat_id: int | None = None,
-        doc_ids: Sequence[int] = (),
-        restore: RestoreOptions = RestoreOptions(),
-        generation: GenerationOptions = GenerationOptions(),
-        on_token: Callable[[str], None] | None = None,
-        on_restore: Callable[[RestoreReport], None] | None = None,
-        progress: ProgressFn | None = None,
-        cancel: threading.Event | None = None,
-    ) -> AskResult:
+    def ask(self, question: str, *, chat_id: int | None = None, doc_ids: Sequence[int] = (),
+            restore: RestoreOptions = RestoreOptions(),
+            generation: GenerationOptions = GenerationOptions(),
+            on_token: Callable[[str], None] | None = None,
+            on_restore: Callable[[RestoreReport], None] | None = None,
+            progress: ProgressFn | None = None,
+            cancel: threading.Event | None = None) -> AskResult:
         """One turn: restore the chat (a new one about `doc_ids` if chat_id is None, stored
         with its first answer: a refused or killed question leaves no empty chat), ask,
         stream the answer, store it."""

@@ -20,8 +20,9 @@ without kv_unified, only whole buffers) and against the restore-per-run way it r
 (tests/test_inplace.py: the same KV, bit for bit here). llama_cpp.Llama makes its context with
 one sequence; the first `restore` makes it again with two (`_add_scratch_sequence`).
 
-It never leaves the scratch sequence behind (on failure or cancellation the context is reset)
-and never serves a model with sliding-window layers: a restored window holds only the last
+It never leaves the scratch sequence behind (on failure or cancellation the context is reset),
+never leaves a runtime without a context (a second sequence llama.cpp cannot make: the
+one-sequence context made back, `Unavailable`, and the caller computes exactly), and never serves a model with sliding-window layers: a restored window holds only the last
 positions, not those before a run, its cache would grow with the sequences (n_swa each), and
 blending is off for them (`chat.sessions`).
 """
@@ -29,6 +30,7 @@ blending is off for them (`chat.sessions`).
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -46,9 +48,19 @@ if TYPE_CHECKING:
 SCRATCH = 1  # the sequence runs are computed in; the context's own is 0
 
 
+class Unavailable(RuntimeStateError):
+    """This context cannot compute in place (no second sequence could be made); it holds
+    nothing, and a caller computes exactly instead."""
+
+
+# Runtimes whose context could not be made with a second sequence: not asked again.
+_REFUSED: weakref.WeakSet[Runtime] = weakref.WeakSet()
+
+
 def can_compute(rt: Runtime) -> bool:
-    """Whether `restore` can compute in `rt`: a model without sliding-window layers."""
-    return llama_cpp.llama_model_n_swa(rt.llm._model.model) == 0
+    """Whether `restore` can compute in `rt`: a model without sliding-window layers, whose
+    context llama.cpp could make with two sequences (or has not been asked to yet)."""
+    return llama_cpp.llama_model_n_swa(rt.llm._model.model) == 0 and rt not in _REFUSED
 
 
 def restore(rt: Runtime, state: SeqState, tokens: Sequence[int],
@@ -91,19 +103,31 @@ def _add_scratch_sequence(rt: Runtime) -> None:
     llm = rt.llm
     if llama_cpp.llama_n_seq_max(llm._ctx.ctx) > SCRATCH:
         return
-    if not can_compute(rt):
+    if llama_cpp.llama_model_n_swa(llm._model.model) != 0:
         raise RuntimeStateError("a sliding-window model's cache cannot compute tokens in place")
+    if rt in _REFUSED:
+        raise Unavailable("llama.cpp could not make this context with two sequences")
     params = llm.context_params
-    params.n_seq_max, params.kv_unified = 2, True
+    before = params.n_seq_max, params.kv_unified
     rt.reset()
     llm._ctx.close()  # (its cache's memory back before the new one takes as much)
     try:
-        llm._ctx = llm._stack.enter_context(contextlib.closing(
-            _internals.LlamaContext(model=llm._model, params=params, verbose=llm.verbose)))
+        params.n_seq_max, params.kv_unified = 2, True
+        llm._ctx = _context(llm, params)
     except ValueError as e:
-        raise RuntimeStateError(f"llama.cpp could not make a context of two sequences: {e}; "
-                                "load the model again") from e
+        # The one-sequence context back, as it was: the runtime must never be left without
+        # one (its next call would use a freed context).
+        params.n_seq_max, params.kv_unified = before
+        llm._ctx = _context(llm, params)
+        rt.reset()
+        _REFUSED.add(rt)
+        raise Unavailable(f"llama.cpp could not make a context of two sequences ({e})") from e
     rt.reset()
+
+
+def _context(llm, params) -> _internals.LlamaContext:
+    return llm._stack.enter_context(contextlib.closing(
+        _internals.LlamaContext(model=llm._model, params=params, verbose=llm.verbose)))
 
 
 def _decode(ctx, batch, tokens: Sequence[int], start: int) -> None:
