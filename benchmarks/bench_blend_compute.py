@@ -18,6 +18,11 @@ Prints one JSON document: for each way the median wall and process CPU seconds o
 `--repeat` tries (the two ways taking turns), and the restores, captures and bytes restored;
 the largest difference between the two ways' KV after (0: bit-identical); the first in-place
 call's seconds apart (it makes the context again with two sequences, once per runtime).
+
+`move` times the step before: every later part's keys turned to its place (`rope.rerotate`,
+one offset a part, as a cached ask moves each passage's), against the way it was written
+before (angles per layer and per token, pairs gathered by index; kept here as the
+reference), with whether the two give the same bits.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ import numpy as np
 
 from benchmarks.common import text_of
 from desktop_app.kv.blending import _runs, leading
-from desktop_app.model import inplace
+from desktop_app.model import inplace, rope
 from desktop_app.model.kvstate import KVState, SeqState, in_position_order
 from desktop_app.model.models import content_hash, resolve_model_path
 from desktop_app.model.runtime import Runtime
@@ -67,6 +72,29 @@ def restore_in_place(rt: Runtime, tokens: list[int], keys: np.ndarray, values: n
     """What blending does now: the whole prefix restored once, the runs computed in place."""
     inplace.restore(rt, state(rt, keys, values), tokens, runs)
     return len(tokens) * rt.layout.kv_bytes_per_token
+
+
+def rerotate_reference(keys: np.ndarray, delta: np.ndarray, ropes: list) -> np.ndarray:
+    """`rope.rerotate` as it was first written: the reference `move` compares against."""
+    out = keys.astype(np.float32)
+    delta = np.asarray(delta, np.float64)
+    for layer, r in enumerate(ropes):
+        n = len(r.theta)
+        a, b = (2 * np.arange(n), 2 * np.arange(n) + 1) if r.kind == "norm" else \
+            (np.arange(n), np.arange(n) + n)
+        angle = delta[:, None] * r.theta[None, :]
+        cos, sin = np.cos(angle).astype(np.float32), np.sin(angle).astype(np.float32)
+        heads = out[layer].reshape(out.shape[1], -1, r.head_dim)
+        x0, x1 = heads[:, :, a].copy(), heads[:, :, b].copy()
+        heads[:, :, a] = x0 * cos[:, None, :] - x1 * sin[:, None, :]
+        heads[:, :, b] = x0 * sin[:, None, :] + x1 * cos[:, None, :]
+    return out.astype(keys.dtype)
+
+
+def move(keys: np.ndarray, part: int, ropes: list, turn) -> list[np.ndarray]:
+    """Each later part's keys turned by `turn` as if computed at position 0 (its offset)."""
+    return [turn(keys[:, at:at + part], np.full(part, at), ropes)
+            for at in range(part, keys.shape[1] - part + 1, part)]
 
 
 def timed(ways: dict, repeat: int) -> dict:
@@ -119,6 +147,12 @@ def main() -> None:
     after_new = in_position_order(rt.capture().sections[0])
     diff = max(float(np.abs(after_old.keys.astype(np.float32) - after_new.keys).max()),
                float(np.abs(after_old.values.astype(np.float32) - after_new.values).max()))
+    ropes = rope.probe(rt)
+    moves = timed({"reference": lambda: move(keys, part, ropes, rerotate_reference),
+                   "rerotate": lambda: move(keys, part, ropes, rope.rerotate)}, args.repeat)
+    same = all(np.array_equal(x, y) for x, y in zip(
+        moves["reference"].pop("bytes_restored"), moves["rerotate"].pop("bytes_restored"),
+        strict=True))
     print(json.dumps({
         "model": str(model), "tokens": len(tokens), "parts": args.parts,
         "runs": len(runs), "recomputed_tokens": int(recompute.sum()),
@@ -127,7 +161,10 @@ def main() -> None:
                      "first_s": round(first_in_place, 3)},
         "wall_ratio": round(old["wall_s"] / max(new["wall_s"], 1e-9), 2),
         "cpu_ratio": round(old["cpu_s"] / max(new["cpu_s"], 1e-9), 2),
-        "largest_kv_difference": diff}, indent=2))
+        "largest_kv_difference": diff,
+        "move": {**moves, "same_bits": same,
+                 "cpu_ratio": round(moves["reference"]["cpu_s"] / max(
+                     moves["rerotate"]["cpu_s"], 1e-9), 2)}}, indent=2))
     rt.close()
 
 
