@@ -118,3 +118,19 @@ def remote_tier(s3_server, s3_bucket, aws_env):
     return RemoteTier(RemoteConfig(bucket=s3_bucket, prefix=f"t/{uuid.uuid4().hex[:12]}",
                                    endpoint_url=s3_server.endpoint_url, connect_timeout_s=1,
                                    read_timeout_s=3, max_attempts=2))
+
+
+@pytest.fixture
+def no_second_sequence(monkeypatch):
+    """llama.cpp refusing every context of more than one sequence (as it would, short of
+    memory), as `model.inplace` asks for one."""
+    from llama_cpp import _internals
+
+    made = _internals.LlamaContext
+
+    def refuse(*, params, **kw):
+        if params.n_seq_max > 1:
+            raise ValueError("Failed to create llama_context")
+        return made(params=params, **kw)
+
+    monkeypatch.setattr(_internals, "LlamaContext", refuse)

@@ -108,19 +108,9 @@ def test_cancelling_a_blend_keeps_nothing_and_a_deleted_document_is_computed(eng
     assert engine.store.verify()["corrupt"] == []
 
 
-def test_a_context_that_cannot_blend_is_computed_exactly(engine, monkeypatch):
+def test_a_context_that_cannot_blend_is_computed_exactly(engine, no_second_sequence):
     """llama.cpp refusing the blend's two-sequence context: the chat is answered from an
     exact context, said so, and the engine keeps answering."""
-    from llama_cpp import _internals
-
-    made = _internals.LlamaContext
-
-    def refuse_two(*, params, **kw):
-        if params.n_seq_max > 1:
-            raise ValueError("Failed to create llama_context")
-        return made(params=params, **kw)
-
-    monkeypatch.setattr(_internals, "LlamaContext", refuse_two)
     first = ask(engine, doc_ids=engine.doc_ids)
     assert first.blended["mode"] == "exact" and first.answer
     assert any("two sequences" in m and "exactly instead" in m for m in first.messages)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import threading
 
 import llama_cpp
-from llama_cpp import _internals
 import numpy as np
 import pytest
 
@@ -118,7 +117,8 @@ def test_a_sliding_window_model_is_refused_and_keeps_its_one_sequence(gemma_path
         rt.close()
 
 
-def test_a_context_llama_cpp_cannot_make_again_leaves_the_old_one(model_path, monkeypatch):
+def test_a_context_llama_cpp_cannot_make_again_leaves_the_old_one(model_path,
+                                                                 no_second_sequence):
     """The two-sequence context refused (memory, say): the one-sequence context is made back,
     usable, and the runtime is not asked again; a caller computes exactly."""
     rt = Runtime(model_path, model_hash="refused", n_ctx=512)
@@ -126,14 +126,6 @@ def test_a_context_llama_cpp_cannot_make_again_leaves_the_old_one(model_path, mo
         tokens = rt.tokenize(TEXT, add_bos=rt.adds_bos)[:80]
         rt.prefill(tokens)
         kv = rt.capture()
-        made = _internals.LlamaContext
-
-        def refuse_two(*, params, **kw):
-            if params.n_seq_max > 1:
-                raise ValueError("Failed to create llama_context")
-            return made(params=params, **kw)
-
-        monkeypatch.setattr(_internals, "LlamaContext", refuse_two)
         with pytest.raises(inplace.Unavailable, match="two sequences"):
             inplace.restore(rt, kv, tokens, [(10, 20)])
         assert not inplace.can_compute(rt)
