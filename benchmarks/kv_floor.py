@@ -18,6 +18,11 @@ Variants (the codec runs unchanged; what it does not see is put back exact after
     sinkN        the config's sink_tokens = N, the first token NOT put back exact afterwards;
     center-K/V/KV per (layer, chunk, channel) mean removed before the codec (stored fp16:
                  16 bits per channel and chunk) and added back after;
+    centroid     decoded elements moved from their bin's centre to the mean of the elements
+                 coded to it: per (kind, layer, |symbol|), in units of the layer-chunk's step
+                 (Lloyd-Max reconstruction points at the codec's thresholds), fitted on the
+                 other parity of 256-token chunks (every chunk reconstructed with offsets it
+                 did not help fit); the offsets counted 16 bits each;
     ulpF[-K/-V]  no codec: a random fraction F of the (non-sink) elements moved by one fp16
                  ulp (the smallest possible change; bits shown as 16).
     emuq8, emuq4 no codec: llama.cpp's q8_0 / q4_0 block quantization (32 channels of one
@@ -133,6 +138,39 @@ def q4_0(x: np.ndarray) -> np.ndarray:
         np.float16)
 
 
+def centroids(x: np.ndarray, back: np.ndarray, sink: int) -> tuple[np.ndarray, int]:
+    """`back` (x through the codec) with every element moved to the centroid of its
+    (layer, |symbol|) bin fitted on the chunks of the other parity; and the offsets' count."""
+    out = back.astype(np.float32)
+    count = 0
+    for layer in range(x.shape[0]):
+        rows = []  # (parity, |q|, sign, |x| / step, slice) per chunk
+        for i, c in enumerate(chunks(x.shape[1])):
+            c = slice(max(c.start, sink), c.stop)
+            b = back[layer, c].astype(np.float64)
+            nonzero = np.abs(b[b != 0])
+            if nonzero.size:  # the step: the smallest nonzero magnitude (symbol +-1)
+                step = nonzero.min()
+                q = np.rint(b / step)
+                rows.append((i % 2, np.abs(q).astype(np.int64), np.sign(q),
+                             np.abs(x[layer, c].astype(np.float64)) / step, step, c))
+        top = max((int(r[1].max()) for r in rows), default=0)
+        for parity in (0, 1):
+            fit = [r for r in rows if r[0] != parity]
+            if not fit:
+                continue
+            a = np.concatenate([r[1].ravel() for r in fit])
+            mag = np.concatenate([r[3].ravel() for r in fit])
+            sums = np.bincount(a, mag, minlength=top + 1)
+            counts = np.bincount(a, minlength=top + 1)
+            offset = np.where(counts > 20, sums / np.maximum(counts, 1) - np.arange(top + 1), 0)
+            offset[0] = 0
+            count += int((counts[1:] > 20).sum())
+            for _, q, sign, _, step, c in (r for r in rows if r[0] == parity):
+                out[layer, c] = sign * (q + offset[q]) * step
+    return out.astype(back.dtype), count
+
+
 def layer_range(spec: str, n_layer: int) -> np.ndarray:
     if "@" not in spec:
         return np.arange(n_layer)
@@ -208,6 +246,10 @@ def run_variant(ev, kv: kvstate.KVState, cfg: dict, variant: str, show, name: st
         if m is not None:
             src, back = (kv.keys, back_k) if i == 0 else (kv.values, back_v)
             back[m] = src[m]
+    if variant == "centroid":
+        (back_k, n_k), (back_v, n_v) = (centroids(kv.keys, back_k, max(sink, 1)),
+                                        centroids(kv.values, back_v, max(sink, 1)))
+        extra_bits += 16 * (n_k + n_v)
     head = variant.split("@")[0]
     if head in ("K", "V", "KV") and variant != "KV":
         layers = layer_range(variant, kv.n_layer)
