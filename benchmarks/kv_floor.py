@@ -22,7 +22,8 @@ Variants (the codec runs unchanged; what it does not see is put back exact after
                  coded to it: per (kind, layer, |symbol|), in units of the layer-chunk's step
                  (Lloyd-Max reconstruction points at the codec's thresholds), fitted on the
                  other parity of 256-token chunks (every chunk reconstructed with offsets it
-                 did not help fit); the offsets counted 16 bits each;
+                 did not help fit); the offsets counted 16 bits each; centroid-energy: then
+                 scaled per (kind, layer) to the elements' own energy (fitted the same way);
     ulpF[-K/-V]  no codec: a random fraction F of the (non-sink) elements moved by one fp16
                  ulp (the smallest possible change; bits shown as 16).
     emuq8, emuq4 no codec: llama.cpp's q8_0 / q4_0 block quantization (32 channels of one
@@ -138,9 +139,11 @@ def q4_0(x: np.ndarray) -> np.ndarray:
         np.float16)
 
 
-def centroids(x: np.ndarray, back: np.ndarray, sink: int) -> tuple[np.ndarray, int]:
+def centroids(x: np.ndarray, back: np.ndarray, sink: int,
+              energy: bool = False) -> tuple[np.ndarray, int]:
     """`back` (x through the codec) with every element moved to the centroid of its
-    (layer, |symbol|) bin fitted on the chunks of the other parity; and the offsets' count."""
+    (layer, |symbol|) bin fitted on the chunks of the other parity (with `energy`, then
+    scaled to the layer's energy there); and the offsets' count."""
     out = back.astype(np.float32)
     count = 0
     for layer in range(x.shape[0]):
@@ -165,9 +168,14 @@ def centroids(x: np.ndarray, back: np.ndarray, sink: int) -> tuple[np.ndarray, i
             counts = np.bincount(a, minlength=top + 1)
             offset = np.where(counts > 20, sums / np.maximum(counts, 1) - np.arange(top + 1), 0)
             offset[0] = 0
-            count += int((counts[1:] > 20).sum())
+            count += int((counts[1:] > 20).sum()) + energy
+            gain = 1.0
+            if energy:  # the centroids' energy brought back to the elements' own
+                rec = np.concatenate([((r[1] + offset[r[1]]) * r[4]).ravel() for r in fit])
+                own = np.concatenate([(r[3] * r[4]).ravel() for r in fit])
+                gain = float(np.sqrt((own ** 2).sum() / max((rec ** 2).sum(), 1e-30)))
             for _, q, sign, _, step, c in (r for r in rows if r[0] == parity):
-                out[layer, c] = sign * (q + offset[q]) * step
+                out[layer, c] = sign * (q + offset[q]) * step * gain
     return out.astype(back.dtype), count
 
 
@@ -246,9 +254,10 @@ def run_variant(ev, kv: kvstate.KVState, cfg: dict, variant: str, show, name: st
         if m is not None:
             src, back = (kv.keys, back_k) if i == 0 else (kv.values, back_v)
             back[m] = src[m]
-    if variant == "centroid":
-        (back_k, n_k), (back_v, n_v) = (centroids(kv.keys, back_k, max(sink, 1)),
-                                        centroids(kv.values, back_v, max(sink, 1)))
+    if variant in ("centroid", "centroid-energy"):
+        energy = variant == "centroid-energy"
+        (back_k, n_k), (back_v, n_v) = (centroids(kv.keys, back_k, max(sink, 1), energy),
+                                        centroids(kv.values, back_v, max(sink, 1), energy))
         extra_bits += 16 * (n_k + n_v)
     head = variant.split("@")[0]
     if head in ("K", "V", "KV") and variant != "KV":
