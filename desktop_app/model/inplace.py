@@ -22,9 +22,10 @@ one sequence; the first `restore` makes it again with two (`_add_scratch_sequenc
 
 It never leaves the scratch sequence behind (on failure or cancellation the context is reset),
 never leaves a runtime without a context (a second sequence llama.cpp cannot make: the
-one-sequence context made back, `Unavailable`, and the caller computes exactly), and never serves a model with sliding-window layers: a restored window holds only the last
-positions, not those before a run, its cache would grow with the sequences (n_swa each), and
-blending is off for them (`chat.sessions`).
+one-sequence context made back, `Unavailable`, and the caller computes exactly), and never
+serves a model with sliding-window layers: a restored window holds only the last positions,
+not those before a run, its cache would grow with the sequences (n_swa each), and blending is
+off for them (`chat.sessions`).
 """
 
 from __future__ import annotations
