@@ -1,0 +1,214 @@
+"""Per-component quantizer steps under the alphabet limit: do they pay? An emulation.
+
+    .venv/bin/python -m benchmarks.component_steps --kv benchmarks/data/kv4096.npz \
+        --variants centred,pca,pca-kv --weights /tmp/weights.json --out steps.jsonl
+
+A calibrated level quantizes an exact transform's coefficients with one step per (layer,
+chunk), |q| <= 63 (codec.intinverse.MAX_Q), so the step is at least the layer's largest
+coefficient / 63. Scheme `layer` is that (the codec as it is). Scheme `comp` gives each
+component j of a layer its own step s * 2^m_j, m_j >= 0 the least power of two that fits the
+component's range in the chunk into the alphabet (reverse water-filling with the alphabet as
+its constraint: only the components that would overflow are coarsened). Both run the real
+codec for the bits (each chunk's coefficients, component j divided by 2^m_j, coded at the
+level's step asked for: maxq = rint(max / s), at most 63), and `comp` adds 2 bits of side
+information per (layer, chunk, component) (an upper bound: m_j <= 3 in every measured chunk).
+
+Everything the product measures comes from its own calibration pipeline
+(desktop_app.calibration.calibrate): the calibration text's exact KV, the KLD weights of every
+(kind, layer) (Gaussian noise in one layer at a time; cached in --weights, ~60 model runs),
+steps w^-1/2 and the transform variants fitted on the first two thirds. Rows, per variant,
+scheme and scale: bits per element and the KLD-weighted squared error (sum over (kind, layer)
+of weight x MSE, the calibration's `_weighted_error`: a prediction of the KLD the error adds)
+on (a) the calibration text's held-out last third and (b) with --kv, a recorded KV of another
+text (pydoc topics, 4,096 tokens), and with --kld the KLD and top-1 the model measures on the
+calibration text with the variants refitted on all of it (in-sample, as the level search
+sees it). SmolLM2-style single-section models only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+import codec
+from codec import intinverse, transform
+from desktop_app.calibration import calibrate, quality
+from desktop_app.model import kvstate, rope
+from desktop_app.model.models import default_model_path
+
+CHUNK = quality.CHUNK_TOKENS
+SIDE_BITS = 2  # per (layer, chunk, component) of the `comp` scheme: its m_j
+
+
+def coded(y: np.ndarray, step: np.ndarray, scheme: str) -> tuple[np.ndarray, np.ndarray, int]:
+    """One chunk's coefficients y [L, T, C] (float32) at per-layer steps [L]: the codec's
+    input z (fp16), the multipliers 2^m [L, C] and the per-layer maxq."""
+    top = np.abs(y).max(axis=1)  # [L, C]
+    if scheme == "comp":
+        room = intinverse.MAX_Q * step[:, None]
+        m = np.maximum(0, np.ceil(np.log2(np.maximum(top / room, 1e-30)))).astype(int)
+    else:
+        m = np.zeros(top.shape, int)
+    mult = np.ldexp(1.0, m).astype(np.float32)
+    z = (y / mult[:, None, :]).astype(np.float16)
+    ztop = np.abs(z.astype(np.float32)).max(axis=(1, 2))
+    maxq = np.clip(np.rint(ztop / step), 1, intinverse.MAX_Q).astype(int)
+    return z, mult, maxq
+
+
+def roundtrip_kind(x: np.ndarray, tf: codec.KindTransform, first: int, step: np.ndarray,
+                   scheme: str) -> tuple[np.ndarray, float]:
+    """x [L, T, C] fp16 -> (its reconstruction fp16, coded bits) through `scheme`."""
+    cos, sin = transform.angles(tf, first, x.shape[1])
+    y = transform.forward(x, tf, cos, sin).astype(np.float16).astype(np.float32)
+    back = np.empty_like(y)
+    bits = 0.0
+    for t0 in range(0, y.shape[1], CHUNK):
+        yc = y[:, t0:t0 + CHUNK]
+        z, mult, maxq = coded(yc, step, scheme)
+        cfg = {"id": codec.levels()["high"].get_config()["id"], "name": "emul",
+               "mode": "quantized", "lanes": 32, "states": 4, "sink_tokens": 0,
+               "anchor_group": 0}
+        kind = {"scale": "layer", "bins": [int(2 * q + 2) for q in maxq],
+                "layer_edges": [round(i / len(maxq), 6) for i in range(1, len(maxq))]}
+        blob = codec.encode(z, z, {**cfg, "keys": kind, "values": kind})
+        zk, _ = codec.decode(blob)
+        back[:, t0:t0 + CHUNK] = zk.astype(np.float32) * mult[:, None, :]
+        bits += len(blob) * 8 / 2  # the blob codes z twice (as keys and as values)
+        if scheme == "comp":
+            bits += SIDE_BITS * mult.size
+    u = back
+    if tf.basis is not None:
+        n_layer, n_tok, n_ch = u.shape
+        b = tf.block
+        blocks = u.reshape(n_layer, n_tok, n_ch // b, b).astype(np.float64)
+        u = np.einsum("lthj,lhij->lthi", blocks, tf.basis.astype(np.float64)).reshape(
+            n_layer, n_tok, n_ch).astype(np.float32)
+    plain = codec.KindTransform(tf.head_dim, tf.rope, tf.theta, tf.mean)
+    out = transform.inverse(u, plain, cos, sin).view(np.float16)
+    return out, bits
+
+
+def roundtrip(kv: kvstate.KVState, part: codec.Part, steps: dict, scale: float,
+              scheme: str) -> tuple[np.ndarray, np.ndarray, float]:
+    """A whole section (position order; its sink token kept exact) -> keys, values, bits per
+    element."""
+    first = int(kv.positions[0])
+    sink = 1 if first == 0 else 0
+    outs, bits = [], 0.0
+    for kind in ("keys", "values"):
+        x = getattr(kv, kind)
+        step = scale * np.array([steps[(kind, layer)] for layer in range(kv.n_layer)])
+        rec, b = roundtrip_kind(np.ascontiguousarray(x[:, sink:]), part.transform(kind),
+                                first + sink, step, scheme)
+        full = x.copy()
+        full[:, sink:] = rec
+        outs.append(full)
+        bits += b + 16 * x[:, :sink].size
+    return outs[0], outs[1], bits / (2 * kv.keys.size)
+
+
+def weighted_error(kv: kvstate.KVState, keys, values, weights: dict) -> float:
+    total = 0.0
+    for kind, got in (("keys", keys), ("values", values)):
+        err = (got.astype(np.float32) - getattr(kv, kind).astype(np.float32)) ** 2
+        mse = err.mean(axis=(1, 2))
+        total += sum(weights[(kind, layer)] * mse[layer] for layer in range(kv.n_layer))
+    return float(total)
+
+
+def load_weights(path: Path | None, ev, sections, settings) -> list[dict]:
+    if path and path.exists():
+        raw = json.loads(path.read_text())
+        return [{(k.split(":")[0], int(k.split(":")[1])): v for k, v in part.items()}
+                for part in raw]
+    run = calibrate._Run(settings, None, None)
+    weights = calibrate._sensitivity(ev, sections, run, ev.row(quality.FLOOR)["kld"])
+    if path:
+        path.write_text(json.dumps([{f"{k}:{layer}": v for (k, layer), v in part.items()}
+                                    for part in weights]))
+    return weights
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--variants", default="centred,pca,pca-kv")
+    ap.add_argument("--schemes", default="layer,comp")
+    ap.add_argument("--scales", default="1/32,1/16,1/8,1/4,1/2,1,2",
+                    help="multiples of the calibration's mid scale")
+    ap.add_argument("--weights", type=Path, help="cache of the KLD weights (JSON)")
+    ap.add_argument("--kv", type=Path, help="a recorded KV of another text (npz, position order)")
+    ap.add_argument("--kld", action="store_true", help="also measure KLD on the calibration text")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    settings = calibrate.Settings()
+    rows = []
+
+    def show(row):
+        row["load"] = round(os.getloadavg()[0], 2)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        if args.out:
+            with args.out.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+
+    with quality.Evaluator(default_model_path(), calibrate.calibration_text(),
+                           prefix_tokens=settings.prefix_tokens,
+                           cont_tokens=settings.cont_tokens, greedy_tokens=0) as ev:
+        kind, n_rot, fscale, bases = rope.candidates(ev.exact)
+        facts = {"type": kind or "none", "n_rot": n_rot, "freq_scale": fscale,
+                 "bases": sorted(set(bases)), "head_dim": ev.exact.layout.head_dim}
+        sections = [kvstate.in_position_order(kv) for kv in ev.seq_state.sections]
+        if len(sections) != 1:
+            raise SystemExit("single-section models only")
+        weights = load_weights(args.weights, ev, sections, settings)
+        steps = [{k: w ** -0.5 for k, w in part.items()} for part in weights]
+        norm = np.exp(np.mean([np.log(s).mean() for part in steps for s in part.values()]))
+        steps = [{k: s / norm for k, s in part.items()} for part in steps]
+        fitting, held = calibrate._split(sections[0], settings.held_out)
+        other = None
+        if args.kv:
+            with np.load(args.kv) as z:
+                n_tok = z["keys"].shape[1]
+                other = kvstate.KVState(z["keys"], z["values"], np.arange(n_tok), False, 0)
+        scales = [float(eval(s, {})) for s in args.scales.split(",")]  # noqa: S307 - fractions
+        for variant in args.variants.split(","):
+            fit_part = calibrate._fit([fitting], facts, variant)[0]
+            all_part = calibrate._fit(sections, facts, variant)[0] if (args.kld or other) else None
+            mid = calibrate._mid_scale(codec.Calibration((fit_part,)), sections, steps)
+            for scheme in args.schemes.split(","):
+                for mult in scales:
+                    scale = mid * mult
+                    k, v, bits = roundtrip(held, fit_part, steps[0], scale, scheme)
+                    row = {"variant": variant, "scheme": scheme, "scale_x_mid": mult,
+                           "held_bits": round(bits, 4),
+                           "held_werr": weighted_error(held, k, v, weights[0])}
+                    if other is not None:
+                        k, v, bits = roundtrip(other, all_part, steps[0], scale, scheme)
+                        row["kv_bits"] = round(bits, 4)
+                        row["kv_werr"] = weighted_error(other, k, v, weights[0])
+                    if args.kld:
+                        k, v, bits = roundtrip(sections[0], all_part, steps[0], scale, scheme)
+                        row.update(measure(ev, sections[0], k, v, bits))
+                    show(row)
+
+
+def measure(ev, kv: kvstate.KVState, keys, values, bits) -> dict:
+    """KLD and top-1 of the model with this section's KV replaced (keys/values in position
+    order), on the Evaluator's text."""
+    orig = ev.seq_state.sections[0]
+    order = np.argsort(orig.positions, kind="stable")
+    back_k, back_v = np.empty_like(orig.keys), np.empty_like(orig.values)
+    back_k[:, order], back_v[:, order] = keys, values
+    sec = kvstate.KVState(back_k, back_v, orig.positions, orig.v_trans, orig.seq_id)
+    state = kvstate.build_seq_sections(kvstate.SeqState([sec], ev.seq_state.seq_id))
+    row = ev.measure_state("emul", state, bits)
+    return {"cal_bits": round(bits, 4), "cal_kld": row["kld"], "cal_top1": row["top1"]}
+
+
+if __name__ == "__main__":
+    main()
