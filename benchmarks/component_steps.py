@@ -9,9 +9,11 @@ coefficient / 63. Scheme `layer` is that (the codec as it is). Scheme `comp` giv
 component j of a layer its own step s * 2^m_j, m_j >= 0 the least power of two that fits the
 component's range in the chunk into the alphabet (reverse water-filling with the alphabet as
 its constraint: only the components that would overflow are coarsened). Both run the real
-codec for the bits (each chunk's coefficients, component j divided by 2^m_j, coded at the
-level's step asked for: maxq = rint(max / s), at most 63), and `comp` adds 2 bits of side
-information per (layer, chunk, component) (an upper bound: m_j <= 3 in every measured chunk).
+codec for the bits, with the alphabet the calibration gives each layer (maxq = the calibration
+text's median chunk maximum / s, at most 63) and the step the codec then takes (the chunk's
+largest |coefficient| / maxq; in `comp` after component j is divided by 2^m_j, chosen so that
+no component exceeds maxq * s), and `comp` adds 2 bits of side information per (layer, chunk,
+component).
 
 Everything the product measures comes from its own calibration pipeline
 (desktop_app.calibration.calibrate): the calibration text's exact KV, the KLD weights of every
@@ -44,37 +46,45 @@ CHUNK = quality.CHUNK_TOKENS
 SIDE_BITS = 2  # per (layer, chunk, component) of the `comp` scheme: its m_j
 
 
-def coded(y: np.ndarray, step: np.ndarray, scheme: str) -> tuple[np.ndarray, np.ndarray, int]:
-    """One chunk's coefficients y [L, T, C] (float32) at per-layer steps [L]: the codec's
-    input z (fp16), the multipliers 2^m [L, C] and the per-layer maxq."""
+def coded(y: np.ndarray, step: np.ndarray, maxq: np.ndarray,
+          scheme: str) -> tuple[np.ndarray, np.ndarray]:
+    """One chunk's coefficients y [L, T, C] (float32) at per-layer steps and alphabets [L]:
+    the codec's input z (fp16) and the multipliers 2^m [L, C]. The codec then quantizes z
+    with the step max |z| / maxq, as the product does; `comp` first divides every component
+    whose range exceeds the alphabet at the asked step (maxq * step) by the least power of
+    two that fits it, so that step holds for the others."""
     top = np.abs(y).max(axis=1)  # [L, C]
     if scheme == "comp":
-        room = intinverse.MAX_Q * step[:, None]
-        m = np.maximum(0, np.ceil(np.log2(np.maximum(top / room, 1e-30)))).astype(int)
+        room = maxq * step
+        m = np.maximum(0, np.ceil(np.log2(np.maximum(top / room[:, None], 1e-30)))).astype(int)
     else:
         m = np.zeros(top.shape, int)
     mult = np.ldexp(1.0, m).astype(np.float32)
-    z = (y / mult[:, None, :]).astype(np.float16)
-    ztop = np.abs(z.astype(np.float32)).max(axis=(1, 2))
-    maxq = np.clip(np.rint(ztop / step), 1, intinverse.MAX_Q).astype(int)
-    return z, mult, maxq
+    return (y / mult[:, None, :]).astype(np.float16), mult
 
 
-def roundtrip_kind(x: np.ndarray, tf: codec.KindTransform, first: int, step: np.ndarray,
-                   scheme: str) -> tuple[np.ndarray, float]:
-    """x [L, T, C] fp16 -> (its reconstruction fp16, coded bits) through `scheme`."""
+def coefficients(x: np.ndarray, tf: codec.KindTransform, first: int) -> np.ndarray:
     cos, sin = transform.angles(tf, first, x.shape[1])
-    y = transform.forward(x, tf, cos, sin).astype(np.float16).astype(np.float32)
+    return transform.forward(x, tf, cos, sin).astype(np.float16).astype(np.float32)
+
+
+def alphabet(top: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """maxq per layer as the calibration sets it (calibrate._bins): the calibration text's
+    median chunk maximum over the step, at most 63."""
+    return np.clip(np.rint(top / np.maximum(step, 1e-12)), 1, intinverse.MAX_Q).astype(int)
+
+
+def roundtrip_kind(y: np.ndarray, x: np.ndarray, tf: codec.KindTransform, first: int,
+                   step: np.ndarray, maxq: np.ndarray, scheme: str) -> tuple[np.ndarray, float]:
+    """Coefficients y of x [L, T, C] -> (x's reconstruction fp16, coded bits) via `scheme`."""
     back = np.empty_like(y)
     bits = 0.0
+    cfg = {"id": codec.levels()["high"].get_config()["id"], "name": "emul",
+           "mode": "quantized", "lanes": 32, "states": 4, "sink_tokens": 0, "anchor_group": 0}
+    kind = {"scale": "layer", "bins": [int(2 * q + 2) for q in maxq],
+            "layer_edges": [round(i / len(maxq), 6) for i in range(1, len(maxq))]}
     for t0 in range(0, y.shape[1], CHUNK):
-        yc = y[:, t0:t0 + CHUNK]
-        z, mult, maxq = coded(yc, step, scheme)
-        cfg = {"id": codec.levels()["high"].get_config()["id"], "name": "emul",
-               "mode": "quantized", "lanes": 32, "states": 4, "sink_tokens": 0,
-               "anchor_group": 0}
-        kind = {"scale": "layer", "bins": [int(2 * q + 2) for q in maxq],
-                "layer_edges": [round(i / len(maxq), 6) for i in range(1, len(maxq))]}
+        z, mult = coded(y[:, t0:t0 + CHUNK], step, maxq, scheme)
         blob = codec.encode(z, z, {**cfg, "keys": kind, "values": kind})
         zk, _ = codec.decode(blob)
         back[:, t0:t0 + CHUNK] = zk.astype(np.float32) * mult[:, None, :]
@@ -85,31 +95,50 @@ def roundtrip_kind(x: np.ndarray, tf: codec.KindTransform, first: int, step: np.
     if tf.basis is not None:
         n_layer, n_tok, n_ch = u.shape
         b = tf.block
-        blocks = u.reshape(n_layer, n_tok, n_ch // b, b).astype(np.float64)
-        u = np.einsum("lthj,lhij->lthi", blocks, tf.basis.astype(np.float64)).reshape(
-            n_layer, n_tok, n_ch).astype(np.float32)
+        blocks = u.reshape(n_layer, n_tok, n_ch // b, b).swapaxes(1, 2)  # [L, G, T, b]
+        u = np.matmul(blocks, tf.basis.swapaxes(2, 3)).swapaxes(1, 2).reshape(
+            n_layer, n_tok, n_ch)
     plain = codec.KindTransform(tf.head_dim, tf.rope, tf.theta, tf.mean)
-    out = transform.inverse(u, plain, cos, sin).view(np.float16)
-    return out, bits
+    cos, sin = transform.angles(tf, first, x.shape[1])
+    return transform.inverse(np.ascontiguousarray(u), plain, cos, sin).view(np.float16), bits
 
 
-def roundtrip(kv: kvstate.KVState, part: codec.Part, steps: dict, scale: float,
-              scheme: str) -> tuple[np.ndarray, np.ndarray, float]:
-    """A whole section (position order; its sink token kept exact) -> keys, values, bits per
-    element."""
+class Coded:
+    """One section through one variant's transforms: its coefficients computed once, then
+    round trips at any scale and scheme (alphabets from the calibration text's `tops`)."""
+
+    def __init__(self, kv: kvstate.KVState, part: codec.Part, tops: dict):
+        self.kv, self.part, self.tops = kv, part, tops
+        first = int(kv.positions[0])
+        self.sink = 1 if first == 0 else 0
+        self.first = first + self.sink
+        self.y = {kind: coefficients(np.ascontiguousarray(getattr(kv, kind)[:, self.sink:]),
+                                     part.transform(kind), self.first)
+                  for kind in ("keys", "values")}
+
+    def roundtrip(self, steps: dict, scale: float,
+                  scheme: str) -> tuple[np.ndarray, np.ndarray, float]:
+        """keys, values (position order; the sink token exact) and bits per element."""
+        kv = self.kv
+        outs, bits = [], 0.0
+        for kind in ("keys", "values"):
+            x = getattr(kv, kind)
+            step = scale * np.array([steps[(kind, layer)] for layer in range(kv.n_layer)])
+            rec, b = roundtrip_kind(self.y[kind], x[:, self.sink:], self.part.transform(kind),
+                                    self.first, step, alphabet(self.tops[kind], step), scheme)
+            full = x.copy()
+            full[:, self.sink:] = rec
+            outs.append(full)
+            bits += b + 16 * x[:, :self.sink].size
+        return outs[0], outs[1], bits / (2 * kv.keys.size)
+
+
+def chunk_tops(kv: kvstate.KVState, part: codec.Part) -> dict:
+    """{kind: [L]} the median chunk maximum of the coefficients (calibrate._chunk_max)."""
     first = int(kv.positions[0])
     sink = 1 if first == 0 else 0
-    outs, bits = [], 0.0
-    for kind in ("keys", "values"):
-        x = getattr(kv, kind)
-        step = scale * np.array([steps[(kind, layer)] for layer in range(kv.n_layer)])
-        rec, b = roundtrip_kind(np.ascontiguousarray(x[:, sink:]), part.transform(kind),
-                                first + sink, step, scheme)
-        full = x.copy()
-        full[:, sink:] = rec
-        outs.append(full)
-        bits += b + 16 * x[:, :sink].size
-    return outs[0], outs[1], bits / (2 * kv.keys.size)
+    return {kind: calibrate._chunk_max(getattr(kv, kind)[:, sink:], part.transform(kind),
+                                       first + sink) for kind in ("keys", "values")}
 
 
 def weighted_error(kv: kvstate.KVState, keys, values, weights: dict) -> float:
@@ -144,7 +173,14 @@ def main() -> None:
     ap.add_argument("--kv", type=Path, help="a recorded KV of another text (npz, position order)")
     ap.add_argument("--kld", action="store_true", help="also measure KLD on the calibration text")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--summary", type=Path, help="only print the bits at equal error of these rows")
+    ap.add_argument("--targets", default="held=0.001,0.003,0.01;kv=0.001,0.003,0.01;"
+                    "cal=0.0045,0.01,0.02", help="the errors --summary compares bits at")
     args = ap.parse_args()
+    if args.summary:
+        summary(args.summary, {k: [float(t) for t in v.split(",")] for k, v in
+                               (item.split("=") for item in args.targets.split(";"))})
+        return
     settings = calibrate.Settings()
     rows = []
 
@@ -178,22 +214,23 @@ def main() -> None:
         scales = [float(eval(s, {})) for s in args.scales.split(",")]  # noqa: S307 - fractions
         for variant in args.variants.split(","):
             fit_part = calibrate._fit([fitting], facts, variant)[0]
-            all_part = calibrate._fit(sections, facts, variant)[0] if (args.kld or other) else None
+            all_part = calibrate._fit(sections, facts, variant)[0]
             mid = calibrate._mid_scale(codec.Calibration((fit_part,)), sections, steps)
+            runs = {"held": Coded(held, fit_part, chunk_tops(fitting, fit_part))}
+            tops = chunk_tops(sections[0], all_part)
+            if other is not None:
+                runs["kv"] = Coded(other, all_part, tops)
+            if args.kld:
+                runs["cal"] = Coded(sections[0], all_part, tops)
             for scheme in args.schemes.split(","):
                 for mult in scales:
-                    scale = mid * mult
-                    k, v, bits = roundtrip(held, fit_part, steps[0], scale, scheme)
-                    row = {"variant": variant, "scheme": scheme, "scale_x_mid": mult,
-                           "held_bits": round(bits, 4),
-                           "held_werr": weighted_error(held, k, v, weights[0])}
-                    if other is not None:
-                        k, v, bits = roundtrip(other, all_part, steps[0], scale, scheme)
-                        row["kv_bits"] = round(bits, 4)
-                        row["kv_werr"] = weighted_error(other, k, v, weights[0])
-                    if args.kld:
-                        k, v, bits = roundtrip(sections[0], all_part, steps[0], scale, scheme)
-                        row.update(measure(ev, sections[0], k, v, bits))
+                    row = {"variant": variant, "scheme": scheme, "scale_x_mid": mult}
+                    for name, run in runs.items():
+                        k, v, bits = run.roundtrip(steps[0], mid * mult, scheme)
+                        row[f"{name}_bits"] = round(bits, 4)
+                        row[f"{name}_werr"] = weighted_error(run.kv, k, v, weights[0])
+                        if name == "cal":
+                            row.update(measure(ev, run.kv, k, v, bits))
                     show(row)
 
 
@@ -208,6 +245,37 @@ def measure(ev, kv: kvstate.KVState, keys, values, bits) -> dict:
     state = kvstate.build_seq_sections(kvstate.SeqState([sec], ev.seq_state.seq_id))
     row = ev.measure_state("emul", state, bits)
     return {"cal_bits": round(bits, 4), "cal_kld": row["kld"], "cal_top1": row["top1"]}
+
+
+def bits_at(rows: list[dict], prefix: str, target: float, error: str = "werr") -> float | None:
+    """Bits per element of one curve at an error `target`, interpolated linearly in bits
+    against log error between its two nearest points (None outside the curve)."""
+    pts = sorted({(r[f"{prefix}_{error}"], r[f"{prefix}_bits"]) for r in rows})
+    for (e0, b0), (e1, b1) in zip(pts, pts[1:], strict=False):
+        if e0 <= target <= e1 and e1 > e0:
+            f = np.log(target / e0) / np.log(e1 / e0)
+            return float(b0 + f * (b1 - b0))
+    return None
+
+
+def summary(path: Path, targets: dict[str, float]) -> None:
+    """Bits of every (variant, scheme) at equal error, from the rows in `path`: per measure
+    (held-out weighted error, the other text's weighted error, the calibration text's KLD)."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    curves = {}
+    for r in rows:
+        curves.setdefault((r["variant"], r["scheme"]), []).append(r)
+    measures = [("held", "werr"), ("kv", "werr"), ("cal", "kld")]
+    print("| variant | scheme | " + " | ".join(
+        f"{p} bits at {e} {t:g}" for p, e in measures for t in targets[p]) + " |")
+    print("|---|---|" + "---|" * sum(len(targets[p]) for p, _ in measures))
+    for (variant, scheme), rs in curves.items():
+        cells = []
+        for p, e in measures:
+            for t in targets[p]:
+                b = bits_at(rs, p, t, e) if f"{p}_{e}" in rs[0] else None
+                cells.append("-" if b is None else f"{b:.3f}")
+        print(f"| {variant} | {scheme} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
