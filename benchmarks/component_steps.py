@@ -174,12 +174,15 @@ def main() -> None:
     ap.add_argument("--kld", action="store_true", help="also measure KLD on the calibration text")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--summary", type=Path, help="only print the bits at equal error of these rows")
+    ap.add_argument("--plot", type=Path, help="with --summary: their curves into this PNG")
     ap.add_argument("--targets", default="held=0.001,0.003,0.01;kv=0.001,0.003,0.01;"
                     "cal=0.0045,0.01,0.02", help="the errors --summary compares bits at")
     args = ap.parse_args()
     if args.summary:
         summary(args.summary, {k: [float(t) for t in v.split(",")] for k, v in
                                (item.split("=") for item in args.targets.split(";"))})
+        if args.plot:
+            plot(args.summary, args.plot)
         return
     settings = calibrate.Settings()
     rows = []
@@ -276,6 +279,39 @@ def summary(path: Path, targets: dict[str, float]) -> None:
                 b = bits_at(rs, p, t, e) if f"{p}_{e}" in rs[0] else None
                 cells.append("-" if b is None else f"{b:.3f}")
         print(f"| {variant} | {scheme} | " + " | ".join(cells) + " |")
+
+
+def plot(path: Path, out: Path) -> None:
+    """Bits against error of every (variant, scheme): one panel per measure (matplotlib, the
+    dev extra)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    panels = [("held", "werr", "calibration text, held-out third: KLD-weighted error"),
+              ("kv", "werr", "pydoc (4,096 tokens): KLD-weighted error"),
+              ("cal", "kld", "calibration text (in-sample): KLD")]
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    for ax, (p, e, title) in zip(axes, panels, strict=True):
+        for variant in dict.fromkeys(r["variant"] for r in rows):
+            for scheme, style in (("layer", "--"), ("comp", "-")):
+                pts = sorted((r[f"{p}_bits"], r[f"{p}_{e}"]) for r in rows
+                             if r["variant"] == variant and r["scheme"] == scheme
+                             and f"{p}_{e}" in r)
+                if pts:
+                    name = "per component" if scheme == "comp" else "per layer"
+                    ax.plot(*zip(*pts, strict=True), style, marker="o", ms=3,
+                            label=f"{variant}, {name}")
+        ax.set_yscale("log")
+        ax.set_xlabel("bits per element")
+        ax.set_title(title, fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle("SmolLM2-135M: one step per layer (dashed) vs per-component steps (solid)")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
 
 
 if __name__ == "__main__":
