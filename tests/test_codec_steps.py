@@ -175,3 +175,12 @@ def test_golden_ranged_blob_still_decodes():
         k, v = codec.decode(blob, calibrations={cal.id: cal}, backend=be)
         assert hashlib.sha256(k.tobytes() + v.tobytes()).hexdigest() == \
             expected["decoded_sha256"]
+
+
+def test_a_chunk_of_only_sink_tokens_codes_with_ranges(kv, cals):
+    keys, values = (np.ascontiguousarray(a[:, :1]) for a in kv)
+    _, cal = cals
+    blob = codec.encode(keys, values, "high", calibration=cal)
+    assert not pipeline._parse(blob).shifts[0].any()
+    k, v = codec.decode(blob, calibrations={cal.id: cal})
+    assert np.array_equal(k, keys) and np.array_equal(v, values)
