@@ -6,9 +6,7 @@
         --out cal-exact.kvcl
 
 `--variants`: the transforms the calibration may choose from (`calibrate.Settings.variants`;
-cheapest first), the product's default without it. `--no-component-steps`: the exact variants'
-levels without per-component steps (`Settings.component_steps`). Prints the calibration's
-record as JSON.
+cheapest first), the product's default without it. Prints the calibration's record as JSON.
 """
 
 from __future__ import annotations
@@ -29,12 +27,10 @@ def main() -> None:
     ap.add_argument("--cache-dir", type=Path, default=Path("benchmarks/data"),
                     help="where the Gemma model is assembled on first use")
     ap.add_argument("--variants", help="comma-separated transform variants to choose from")
-    ap.add_argument("--no-component-steps", action="store_true",
-                    help="one step per layer and chunk even where the alphabet binds")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     model = model_of(args.model, args.cache_dir)
-    settings = calibrate.Settings(component_steps=not args.no_component_steps)
+    settings = calibrate.Settings()
     if args.variants:
         settings = dataclasses.replace(settings, variants=tuple(args.variants.split(",")))
     t0 = time.monotonic()

@@ -10,9 +10,7 @@ printed per variant with the ratio to plain decoding, and the bits per element a
 is measured by the calibration and benchmarks.bench_quality).
 Variants: plain (no calibration), centred (keys un-RoPE'd and centred, values centred),
 klt-float (the float32 per-head inverse of format version 1 calibrations), klt (per-head,
-exact), pca (one layer-wide basis for the keys, exact), pca-kv (the values' too), pca-kv-steps
-(the same with per-component steps: ranges of half each layer's largest coefficient, so that
-its largest components take shifts; what the shifts and the wider integer sums cost).
+exact), pca (one layer-wide basis for the keys, exact), pca-kv (the values' too).
 """
 
 from __future__ import annotations
@@ -28,12 +26,10 @@ import codec
 from codec import transform
 from codec.calibration import Calibration, Part
 
-VARIANTS = ("plain", "centred", "klt-float", "klt", "pca", "pca-kv", "pca-kv-steps")
+VARIANTS = ("plain", "centred", "klt-float", "klt", "pca", "pca-kv")
 
 
 def calibration(keys, values, variant: str, level: str, head_dim: int = 64) -> Calibration:
-    steps = variant.endswith("-steps")
-    variant = variant.removesuffix("-steps")
     half = keys.shape[1] // 2
     theta = 100000.0 ** (-np.arange(0, head_dim, 2) / head_dim)
     n_ch = keys.shape[2]
@@ -43,15 +39,8 @@ def calibration(keys, values, variant: str, level: str, head_dim: int = 64) -> C
     vt = transform.fit(values[:, 1:half], 1, head_dim, basis=variant == "pca-kv", block=block,
                        exact=variant == "pca-kv")
     cfg = codec.levels()[level].get_config()
-    for kind, tf, x in (("keys", kt, keys), ("values", vt, values)):
+    for kind in ("keys", "values"):
         cfg[kind] = {**cfg[kind], "transform": "calibrated"}
-        if steps and tf.exact:
-            y = transform.forward(x[:, 1:half], tf, *transform.angles(tf, 1, half - 1))
-            n_layer = x.shape[0]
-            bins = getattr(codec.levels()[level], kind).layer_bins(n_layer)  # one per layer
-            cfg[kind] = {**cfg[kind], "bins": bins.tolist(),
-                         "layer_edges": [i / n_layer for i in range(1, n_layer)],
-                         "ranges": [float(r) for r in 0.5 * np.abs(y).max(axis=(1, 2))]}
     return Calibration((Part(keys.shape[0], n_ch, kt, vt, {level: cfg}),))
 
 

@@ -110,11 +110,10 @@ def _header(blob: bytes, hlen: int, version: int) -> Header:
     if meta["n_layer"] * meta["n_tokens"] * meta["channels"] > MAX_ELEMENTS:
         raise CodecError("codec blob header describes an implausibly large KV")
     config = CodecConfig.from_config(meta["config"])
-    want = _version(config)
-    if want != version:
-        what = ("a calibration" if 1 in (want, version) else "per-component steps")
-        raise CodecError(f"codec blob of format version {version} "
-                         f"{'names' if want > version else 'lacks'} {what}")
+    if _version(config) != version:
+        raise CodecError(f"codec blob of format version {version} has a config of version "
+                         f"{_version(config)} (a calibration, or per-component steps, where "
+                         f"its version has none, or none where it has)")
     return Header(config, meta["n_layer"], meta["n_tokens"], meta["channels"],
                   meta["first_token"], version)
 

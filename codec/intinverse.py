@@ -84,16 +84,6 @@ def component_shifts(coef: np.ndarray, ranges: np.ndarray) -> np.ndarray:
     return m
 
 
-def narrow(coef: np.ndarray, ranges: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
-    """(coef / 2^m, m): a chunk's coefficients [L, T, C] float32 with their components'
-    shifts divided out (exact: powers of two), and the shifts (`component_shifts`); without
-    ranges (a kind with one step per layer) coef as it is and None."""
-    if ranges is None:
-        return coef, None
-    m = component_shifts(coef, ranges)
-    return coef * np.ldexp(np.float32(1.0), -m.astype(np.int32))[:, None, :], m
-
-
 def pack_shifts(m: np.ndarray) -> np.ndarray:
     """uint8 [L, ceil(C / 4)]: four 2-bit shifts a byte, component 4i + r in bits 2r, 2r+1."""
     n_layer, n_ch = m.shape

@@ -7,7 +7,6 @@ container. Kernels come from `backend`; this module must never hold per-element 
 
 Payload sections, in order (u32 ones first so that every section is aligned):
     quantized: word counts K, V | sink tokens K, V | scales K, V | table ids K, V | words K, V
-               | shifts of each kind with "ranges" (2 bits a component; bytes last: aligned)
     lossless:  word counts | frequency tables | words, each for K-high, K-low, V-high, V-low
 Every size follows from the header, except the words, whose sizes are the counts' sums.
 """
@@ -176,31 +175,41 @@ def encode(keys: np.ndarray, values: np.ndarray, level: str | CodecConfig | dict
     n_sink = _n_sink(cfg, first_token, n_tok)
     sinks = [np.ascontiguousarray(b[:, :n_sink]) for b in bits]
     _refuse_nonfinite(any(be.any_nonfinite(s) for s in sinks if s.size))  # a launch: ~0.1 ms
-    coded, shifts = zip(*(_transformed(b[:, n_sink:], kind, cal_part, name, first_token + n_sink)
-                          for b, kind, name in ((bits[0], cfg.keys, "keys"),
-                                                (bits[1], cfg.values, "values"))), strict=True)
+    coded, shifts = zip(*(
+        _transformed(b[:, n_sink:], kind, cal_part, name, first_token + n_sink)
+        for b, kind, name in ((bits[0], cfg.keys, "keys"), (bits[1], cfg.values, "values"))),
+        strict=True)
     scales, ids, counts, words = zip(*(
         _encode_kind(b, kind, cfg, be)
         for b, kind in ((coded[0], cfg.keys), (coded[1], cfg.values))), strict=True)
+    # bytes last, after the u16 words, so that every earlier section stays aligned
     packed = [intinverse.pack_shifts(m) for m in shifts if m is not None]
     return container.pack(header, [*counts, *sinks, *scales, *ids, *words, *packed])
 
 
 def _transformed(bits: np.ndarray, kind: KindConfig, part: Part | None, name: str,
                  first_position: int) -> tuple[np.ndarray, np.ndarray | None]:
-    """The fp16 bits the quantizer codes (a transform's coefficients, if any) and shifts."""
+    """The fp16 bits the quantizer codes: the calibrated transform's coefficients, if any;
+    and for a kind with `ranges`, its components' shifts (uint8 [L, C]; the coefficients
+    divided by 2^m, exactly)."""
     if not kind.transform:
         return bits, None
     tf = part.transform(name)
     _check_exact(kind, tf)
-    cos, sin = transform.angles(tf, first_position, bits.shape[1])
+    n_layer, n_tok, n_ch = bits.shape
+    if n_tok == 0:
+        return bits, None if kind.ranges is None else np.zeros((n_layer, n_ch), np.uint8)
+    cos, sin = transform.angles(tf, first_position, n_tok)
     with np.errstate(over="ignore", invalid="ignore"):  # non-finite input is refused after
         if tf.basis is None:  # one numba pass (the encoder's only float step: every backend)
             y = tkernel.forward_fast(np.ascontiguousarray(bits), tf.mean, tf.rope, cos, sin,
                                      tf.head_dim)
         else:
             y = transform.forward(bits.view(np.float16), tf, cos, sin)
-        y, m = intinverse.narrow(y, kind.ranges and kind.layer_ranges(bits.shape[0]))
+        m = None
+        if kind.ranges is not None:
+            m = intinverse.component_shifts(y, kind.layer_ranges(n_layer))
+            y = y * np.ldexp(np.float32(1.0), -m.astype(np.int32))[:, None, :]
         return y.astype(np.float16).view(np.uint16), m
 
 
@@ -303,7 +312,9 @@ def _parse(blob: bytes) -> _Parsed:
     if cfg.mode == "lossless":
         counts = [reader.take(np.uint32, (n_layer, n_grp)) for _ in range(4)]
         freqs = [reader.take(np.uint16, (n_layer, BYTE_SYMBOLS)) for _ in range(4)]
-        return _Parsed(header, counts, [], [], freqs, *_take_rest(reader, counts, (), n_ch)[:1])
+        words = _take_words(reader, counts)
+        reader.finish()
+        return _Parsed(header, counts, [], [], freqs, words)
     n_sink = _n_sink(cfg, header.first_token, n_tok)
     plans = [_Plan.of(k, n_layer, n_tok - n_sink, n_ch, cfg.anchor_group)
              for k in (cfg.keys, cfg.values)]
@@ -311,8 +322,11 @@ def _parse(blob: bytes) -> _Parsed:
     sinks = [reader.take(np.uint16, (n_layer, n_sink, n_ch)) for _ in range(2)]
     scales = [reader.take(np.uint16, (n_layer, p.n_a, p.n_b)) for p in plans]
     ents = [reader.take(np.uint16, (n_layer, n_ch)) for _ in range(2)]
-    return _Parsed(header, counts, sinks, scales, ents,
-                   *_take_rest(reader, counts, (cfg.keys, cfg.values), n_ch))
+    words = _take_words(reader, counts)
+    shifts = tuple(None if k.ranges is None else intinverse.unpack_shifts(
+        reader.take(np.uint8, (n_layer, -(-n_ch // 4))), n_ch) for k in (cfg.keys, cfg.values))
+    reader.finish()
+    return _Parsed(header, counts, sinks, scales, ents, words, shifts)
 
 
 def _resolve(cfg: CodecConfig, calibrations: Resolver | None) -> Calibration | None:
@@ -377,8 +391,9 @@ def decode(blob: bytes, *, out: tuple[np.ndarray, np.ndarray] | None = None,
             # into scratch, then the inverse transform writes the KV: no fp16 pass over out
             tf = cal_part.transform(("keys", "values")[i])
             _check_exact(kind, tf)
+            shifts, mt = parts.shifts[i], None
             if tf.exact:
-                shift = tf.integers(wide=parts.shifts[i] is not None)[1]
+                mt, shift = tf.integer_basis if shifts is None else tf.wide_integer_basis
                 dq, gain = intinverse.symbol_values(plan.maxq, int(plan.nsym.max())), \
                     intinverse.gains(scales.reshape(n_layer), plan.maxq, shift, tf.block)
             else:
@@ -386,6 +401,8 @@ def decode(blob: bytes, *, out: tuple[np.ndarray, np.ndarray] | None = None,
             coef = scratch("decode.coef", (n_layer, n_tok - n_sink, n_ch), np.float32)
             _run_decode(be, parts.words[i], parts.counts[i], ents + base[:, None], bank, dq,
                         plan.akey, plan.bkey, coef, 0, cfg)
+            if shifts is not None:
+                intinverse.widen(coef, shifts)
             kv = target = out[i][:, n_sink:]
             if target.strides[1] < target.strides[2]:
                 # channel-major (llama.cpp's V without flash attention): written row by row,
@@ -393,7 +410,7 @@ def decode(blob: bytes, *, out: tuple[np.ndarray, np.ndarray] | None = None,
                 kv = scratch("decode.kv", target.shape, np.uint16)
             be.untransform(coef, kv, tf,
                            *transform.angles(tf, header.first_token + n_sink, n_tok - n_sink),
-                           gain, parts.shifts[i])
+                           gain, mt)
             if kv is not target:
                 be.to_channel_major(kv, target, cfg.lanes)
         else:
@@ -425,13 +442,8 @@ def layout(blob: bytes) -> dict[str, int]:
     return {"header": len(blob) - sum(sizes.values()), **sizes}
 
 
-def _take_rest(reader: container.Reader, counts: list[np.ndarray], kinds, n_ch: int):
-    """The stream words, then the shifts of every kind with ranges, then nothing."""
-    words = [reader.take(np.uint16, (int(c.sum(dtype=np.int64)),)) for c in counts]
-    shifts = tuple(None if k.ranges is None else intinverse.unpack_shifts(
-        reader.take(np.uint8, (len(counts[0]), -(-n_ch // 4))), n_ch) for k in kinds)
-    reader.finish()
-    return words, shifts
+def _take_words(reader: container.Reader, counts: list[np.ndarray]) -> list[np.ndarray]:
+    return [reader.take(np.uint16, (int(c.sum(dtype=np.int64)),)) for c in counts]
 
 
 def _run_decode(be, words, counts, ent, bank, dq, akey, bkey, out, t0, cfg) -> None:

@@ -98,10 +98,6 @@ class KindTransform:
         """The same for kinds with per-component steps (integers up to MAX_Q * 2^MAX_SHIFT)."""
         return intinverse.integer_basis(self.basis, intinverse.MAX_SHIFT)
 
-    def integers(self, wide: bool) -> tuple[np.ndarray, np.ndarray]:
-        """`wide_integer_basis` if wide (a blob with shifts), else `integer_basis`."""
-        return self.wide_integer_basis if wide else self.integer_basis
-
     @cached_property
     def basis_t(self) -> np.ndarray | None:
         """The basis with its last two axes swapped, contiguous (the kernel's layout)."""

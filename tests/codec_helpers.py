@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from codec import Calibration, CodecConfig, Part, levels
+from codec import Calibration, CodecConfig, levels
 from codec.calibration import fitted
 from codec.levels import KindConfig
 
@@ -84,17 +84,3 @@ def calibration_of(keys: np.ndarray, values: np.ndarray, head_dim: int = 64,
     """A calibration fitted on this KV with one calibrated level, `level`'s bins through the
     transforms (codec.calibration.fitted; block: the keys' basis exact over such blocks)."""
     return fitted(keys, values, levels()[level], level, head_dim, {"made_by": "tests"}, block)
-
-
-def ranged(cal: Calibration, ranges: float, level: str = "high") -> Calibration:
-    """`cal` with its level's exact kinds given per-component step ranges (codec KindConfig
-    "ranges"), `ranges` for every layer group: the calibration's levels where the alphabet
-    binds."""
-    parts = []
-    for part in cal.parts:
-        cfg = dict(part.levels[level])
-        for kind in ("keys", "values"):
-            if part.transform(kind).exact:
-                cfg[kind] = {**cfg[kind], "ranges": [ranges] * len(cfg[kind]["bins"])}
-        parts.append(Part(part.n_layer, part.channels, part.keys, part.values, {level: cfg}))
-    return Calibration(tuple(parts), cal.meta)

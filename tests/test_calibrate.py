@@ -165,11 +165,3 @@ def test_the_engine_encodes_new_caches_with_the_models_calibration(calibrated, m
     finally:
         eng.close()
         eng.store.close()
-
-
-def test_step_ranges_appear_only_where_the_alphabet_binds():
-    step = np.array([0.1, 0.1, 1.0])
-    assert calibrate._ranges(np.array([6.0, 6.3, 50.0]), step) is None  # 60, 63, 50 steps
-    ranges = calibrate._ranges(np.array([6.0, 20.0, 50.0]), step)  # the second needs 200
-    assert ranges == pytest.approx([6.0, 6.3, 50.0], rel=1e-6)
-    assert calibrate._bins(np.array([6.0, 20.0, 50.0]), step) == [122, 128, 102]

@@ -20,9 +20,7 @@ evaluation text) and returns a `codec.Calibration` that makes the levels hold th
    squared error), one scale per level.
 4. Levels: for each, the coarsest scale whose row still meets its contract with a margin on
    the calibration text (bisection), turned into per-layer bins (`codec` levels quantize with
-   one scale per layer and chunk: bins follow from the layer's usual maximum and the step,
-   at most 128; where that binds, an exact transform's kind also gets per-component step
-   ranges, so that only its largest components are coarsened).
+   one scale per layer and chunk: bins follow from the layer's usual maximum and the step).
 
 Progress goes to `progress(stage, fraction)`; `cancel` (a threading.Event) is checked between
 model runs and raises runtime.Cancelled. This module measures and returns a calibration: it
@@ -79,9 +77,6 @@ class Settings:
     # bits (its one step per layer runs out of alphabet) and decodes at 2.5x the CPU
     # (benchmarks/RESULTS.md, "Exact transforms"). Not defaults until it does.
     variants: tuple[str, ...] = ("none", "centred")
-    # exact variants: where a layer's alphabet binds at a level's step, its largest components
-    # take steps of their own (codec "ranges") instead of the whole layer a coarser one
-    component_steps: bool = True
 
 
 def calibration_text() -> str:
@@ -129,8 +124,7 @@ def calibrate(model_path: str | Path, *, fingerprint: str, settings: Settings = 
                                  settings, run)
             lo_scale = scale  # a cheaper level is never finer than a better one
             rows[name] = row
-            for p, cfg in enumerate(_configs(draft, sections, steps, scale, name,
-                                               settings.component_steps)):
+            for p, cfg in enumerate(_configs(draft, sections, steps, scale, name)):
                 levels[p][name] = cfg
     meta = {"fingerprint": fingerprint, "model": Path(model_path).name,
             "text": "built-in" if text is None else "given", "settings": asdict(settings),
@@ -260,26 +254,11 @@ def _chunk_max(x: np.ndarray, tf: codec.KindTransform, first: int) -> np.ndarray
 
 
 def _bins(top: np.ndarray, step: np.ndarray) -> list[int]:
-    return [int(2 * q + 2) for q in _maxq(top, step)]
+    maxq = np.clip(np.rint(top / np.maximum(step, 1e-12)), 1, MAX_MAXQ).astype(int)
+    return [int(2 * q + 2) for q in maxq]
 
 
-def _maxq(top: np.ndarray, step: np.ndarray) -> np.ndarray:
-    return np.clip(np.rint(top / np.maximum(step, 1e-12)), 1, MAX_MAXQ).astype(int)
-
-
-def _ranges(top: np.ndarray, step: np.ndarray) -> list[float] | None:
-    """An exact kind's per-component step ranges (codec KindConfig "ranges": maxq * step per
-    layer) where the alphabet binds, i.e. some layer's usual maximum needs more than MAX_MAXQ
-    steps: its few large components then take a coarser step of their own, and the rest the
-    step asked for (with one step per layer they would all be coarsened). None elsewhere:
-    the shifts' side information (2 bits per component and chunk) buys nothing there."""
-    if not np.any(top > (MAX_MAXQ + 0.5) * step):
-        return None
-    return [float(np.float32(q * s)) for q, s in zip(_maxq(top, step), step, strict=True)]
-
-
-def _configs(cal: codec.Calibration, sections, steps, scale: float, name: str,
-             ranged: bool) -> list[dict]:
+def _configs(cal: codec.Calibration, sections, steps, scale: float, name: str) -> list[dict]:
     """The level config of every part for one scale (steps = scale * per-unit steps)."""
     out = []
     for p, (part, kv) in enumerate(zip(cal.parts, sections, strict=True)):
@@ -294,9 +273,6 @@ def _configs(cal: codec.Calibration, sections, steps, scale: float, name: str,
                            "layer_edges": [round(i / kv.n_layer, 6) for i in range(1, kv.n_layer)]}
             if not tf.identity:
                 kinds[kind]["transform"] = CALIBRATED
-            ranges = _ranges(top, step) if tf.exact and ranged else None
-            if ranges is not None:
-                kinds[kind]["ranges"] = ranges
         out.append({"id": CODEC_ID, "name": name, "mode": "quantized", "lanes": 32,
                     "states": 4, "sink_tokens": 1, "anchor_group": 0, **kinds})
     return out
@@ -332,7 +308,7 @@ def _choose(fits, sections, steps, weights, settings: Settings) -> tuple[str, di
         mid = _mid_scale(cal, sections, steps)
         scores[variant] = 0.0
         for scale in (mid, mid / 8):
-            configs = _configs(cal, sections, steps, scale, "probe", settings.component_steps)
+            configs = _configs(cal, sections, steps, scale, "probe")
             blobs = _blobs(cal, sections, configs)
             rate = _bits(sections, blobs)
             bits.setdefault(variant, round(rate, 4))
@@ -382,7 +358,7 @@ def _search(ev, cal, sections, steps, name, target, lo_scale, settings, run):
 
     def measure(scale):
         run.check()
-        configs = _configs(cal, sections, steps, scale, name, settings.component_steps)
+        configs = _configs(cal, sections, steps, scale, name)
         state, bits = _state(ev, cal, sections, configs)
         return {**_short(ev.measure_state(name, state, bits)), "scale": scale}
 
