@@ -1,10 +1,9 @@
 """Choosing the kernels that run the format: numba CPU, numba CUDA, or the pure reference.
 
 A backend is a plain namespace of the functions of `quant.py` and `rans.py` and an
-`untransform(coef, out, KindTransform, cos, sin, gain, mt)` (the inverse transform: on CPU and
+`untransform(coef, out, KindTransform, cos, sin, gain)` (the inverse transform: on CPU and
 GPU the same numba CPU kernel, whose float bytes are pinned to the reference's there; an
-exact transform's integer sums by BLAS there, by int64 einsum in the reference, with the
-transform's integer basis or the wider one `mt` of per-component steps). All
+exact transform's integer sums by BLAS there, by int64 einsum in the reference). All
 backends produce identical bytes, so the choice is only about speed: CUDA when a GPU is
 present (rANS on the device, quantization on the CPU kernels), else the CPU kernels.
 KVDESK_CODEC_BACKEND=cpu|cuda|reference forces one. This module must never change what a
@@ -77,19 +76,19 @@ def _blas_single_threaded() -> None:
                 return
 
 
-def _untransform_cpu(coef, out, tf, cos, sin, gain=None, mt=None) -> None:
+def _untransform_cpu(coef, out, tf, cos, sin, gain=None) -> None:
     if tf.exact:
         _blas_single_threaded()  # the basis in exact integer sums: BLAS, the same bytes anywhere
-        coef = intinverse.sums(coef, tf.integer_basis[0] if mt is None else mt,
-                               scratch("decode.sums", coef.shape, np.float32))
+        coef = intinverse.sums(coef, tf.integer_basis[0], scratch("decode.sums", coef.shape,
+                                                                  np.float32))
     with _KERNEL_LOCK:
         tkernel.untransform(coef, out, tf.basis_t, tf.mean, tf.rope, cos, sin, tf.head_dim,
                             gain)
 
 
-def _untransform_reference(coef, out, tf, cos, sin, gain=None, mt=None) -> None:
+def _untransform_reference(coef, out, tf, cos, sin, gain=None) -> None:
     if tf.exact:
-        coef = intinverse.reference_sums(coef, tf.integer_basis[0] if mt is None else mt)
+        coef = intinverse.reference_sums(coef, tf.integer_basis[0])
     out[...] = transform.inverse(coef, tf, cos, sin, gain)
 
 

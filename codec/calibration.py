@@ -7,8 +7,7 @@ SHA-256 of its bytes (`id`): a blob encoded with a calibrated level names that i
 config, and decodes only with exactly that calibration, which the caller hands to `decode`
 through a resolver (the codec knows nothing of where calibrations are kept).
 
-Bytes: magic b"KVCL" | u16 version (1; 2 with an exact transform; 3 with levels that have
-per-component steps) | u16 0 | u32 JSON
+Bytes: magic b"KVCL" | u16 version (1, or 2 with an exact transform) | u16 0 | u32 JSON
 length | JSON (meta, levels, and for every array its part, kind, name, dtype, shape and
 offset) | the arrays, little-endian, 8-byte aligned | u32 CRC-32 of everything before.
 `meta` is the caller's JSON object (what was measured, on which model), opaque here. This
@@ -35,10 +34,8 @@ MAGIC = b"KVCL"
 # 2: a kind may be "exact" (its basis inverted in integers, intinverse.py; blocks of any whole
 # heads). Written only by calibrations that use it, so version 1 readers refuse those clearly
 # and read the others; every version 1 file reads as it did.
-# 3: a level's kinds may have per-component steps ("ranges", levels.KindConfig); written only
-# by calibrations whose levels have them.
-VERSION = 3
-VERSIONS = (1, 2, 3)
+VERSION = 2
+VERSIONS = (1, 2)
 _PRELUDE = struct.Struct("<4sHHI")
 _CRC = struct.Struct("<I")
 _ARRAYS = ("theta", "mean", "basis")
@@ -123,10 +120,8 @@ def _pack(cal: Calibration) -> bytes:
     meta = {"meta": cal.meta, "parts": parts, "arrays": directory}
     text = json.dumps(meta, separators=(",", ":"), sort_keys=True).encode()
     text += b" " * (-(len(text) + _PRELUDE.size) % 8)
-    ranged = any("ranges" in cfg.get(k, {}) for part in cal.parts for cfg in
-                 part.levels.values() for k in KINDS)
-    exact = any(part.transform(k).exact for part in cal.parts for k in KINDS)
-    version = VERSION if ranged else 2 if exact else 1
+    version = VERSION if any(part.transform(k).exact for part in cal.parts for k in KINDS) \
+        else 1
     body = _PRELUDE.pack(MAGIC, version, 0, len(text)) + text + b"".join(arrays)
     return body + _CRC.pack(zlib.crc32(body))
 
@@ -168,9 +163,6 @@ def _unpack(data: bytes) -> Calibration:
                 _exact(pd["kinds"][kind].get("exact", False), version)) for kind in KINDS}
             part = Part(int(pd["n_layer"]), int(pd["channels"]), tfs["keys"], tfs["values"],
                         dict(pd["levels"]))
-            if version < 3 and any("ranges" in cfg.get(k, {}) for cfg in part.levels.values()
-                                   for k in KINDS):
-                raise CodecError("malformed calibration (per-component steps before version 3)")
             for kind in KINDS:
                 part.transform(kind).check_shape(part.n_layer, part.channels)
             parts.append(part)

@@ -1,7 +1,6 @@
 """The blob layout: prelude, JSON header, payload sections, checksum.
 
-    magic b"KVDC" | u16 format version (1; 2 when the config names a calibration; 3 when a
-        kind also has per-component steps, "ranges", and the payload ends in their shifts) |
+    magic b"KVDC" | u16 format version (1, or 2 when the config names a calibration) |
     u16 flags (0) | u32 header length
     header: UTF-8 JSON {config, dtype, n_layer, n_tokens, channels, first_token}, space-padded
             so the payload starts 8-byte aligned
@@ -29,10 +28,9 @@ from .levels import CodecConfig
 
 MAGIC = b"KVDC"
 # 1: self-contained blobs; 2: a config that names the model calibration it needs (written
-# only then, so blobs of uncalibrated levels stay byte for byte what version 1 wrote); 3: a
-# kind with per-component steps (written only then: version 2 readers refuse it by number)
-FORMAT_VERSION = 3
-READS = (1, 2, 3)
+# only then, so blobs of uncalibrated levels stay byte for byte what version 1 wrote)
+FORMAT_VERSION = 2
+READS = (1, 2)
 PRELUDE = struct.Struct("<4sHHI")
 CRC = struct.Struct("<I")
 MAX_HEADER = 1 << 16
@@ -57,21 +55,13 @@ def pack(header: Header, sections: list[np.ndarray]) -> bytes:
             "first_token": header.first_token}
     text = json.dumps(meta, separators=(",", ":"), sort_keys=True).encode()
     text += b" " * (-(len(text) + PRELUDE.size) % 8)
-    version = _version(header.config)
+    version = 1 if header.config.calibration is None else 2
     parts = [PRELUDE.pack(MAGIC, version, 0, len(text)) + text]
     parts += [np.ascontiguousarray(s).view(np.uint8).ravel() for s in sections]
     crc = 0
     for part in parts:  # the checksum as the parts go, so that the blob is copied only once
         crc = zlib.crc32(part, crc)
     return b"".join([*parts, CRC.pack(crc)])
-
-
-def _version(config: CodecConfig) -> int:
-    """The format version a blob of this config is written in."""
-    if config.calibration is None:
-        return 1
-    kinds = (config.keys, config.values) if config.mode == "quantized" else ()
-    return 3 if any(k.ranges is not None for k in kinds) else 2
 
 
 def _prelude(blob: bytes) -> tuple[int, int, int]:
@@ -110,10 +100,9 @@ def _header(blob: bytes, hlen: int, version: int) -> Header:
     if meta["n_layer"] * meta["n_tokens"] * meta["channels"] > MAX_ELEMENTS:
         raise CodecError("codec blob header describes an implausibly large KV")
     config = CodecConfig.from_config(meta["config"])
-    if _version(config) != version:
-        raise CodecError(f"codec blob of format version {version} has a config of version "
-                         f"{_version(config)} (a calibration, or per-component steps, where "
-                         f"its version has none, or none where it has)")
+    if (config.calibration is not None) != (version == 2):
+        raise CodecError(f"codec blob of format version {version} "
+                         f"{'lacks' if version == 2 else 'names'} a calibration")
     return Header(config, meta["n_layer"], meta["n_tokens"], meta["channels"],
                   meta["first_token"], version)
 

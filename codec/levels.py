@@ -36,18 +36,12 @@ class KindConfig:
     layer_edges: fractions of depth where the next group starts (len(bins) - 1 of them).
     transform: the kind is coded through the transform of the calibration the config names
         (transform.py); False: as it is.
-    ranges: per layer group, the coefficient range the alphabet covers at the level's step
-        (maxq * step), or None. With them (an exact transform's "layer" scales only) a
-        component whose range in a chunk exceeds its layer's gets a step of its own, a power
-        of two times the layer's (intinverse.component_shifts), instead of the whole layer
-        taking a coarser one.
     """
 
     scale: str
     bins: tuple[int, ...]
     layer_edges: tuple[float, ...]
     transform: bool = False
-    ranges: tuple[float, ...] | None = None
 
     def layer_bins(self, n_layer: int) -> np.ndarray:
         """Bin count of every layer: layer l is in the group of edges with l >= round(e * n)."""
@@ -55,23 +49,14 @@ class KindConfig:
         group = [sum(1 for s in starts if layer >= s) for layer in range(n_layer)]
         return np.array([self.bins[g] for g in group], dtype=np.int64)
 
-    def layer_ranges(self, n_layer: int) -> np.ndarray:
-        """`ranges` of every layer (float64 [n_layer]), grouped as `layer_bins`."""
-        starts = [round(e * n_layer) for e in self.layer_edges]
-        group = [sum(1 for s in starts if layer >= s) for layer in range(n_layer)]
-        return np.array([self.ranges[g] for g in group], dtype=np.float64)
-
     def get_config(self) -> dict[str, Any]:
         d = {"scale": self.scale, "bins": list(self.bins), "layer_edges": list(self.layer_edges)}
-        if self.ranges is not None:
-            d["ranges"] = list(self.ranges)
         return {**d, "transform": CALIBRATED} if self.transform else d
 
     @classmethod
     def from_config(cls, d: Any) -> KindConfig:
         keys = {"scale", "bins", "layer_edges"}
-        _expect(isinstance(d, dict) and set(d) in (keys, keys | {"transform"},
-                                                   keys | {"transform", "ranges"}), d)
+        _expect(isinstance(d, dict) and set(d) in (keys, keys | {"transform"}), d)
         _expect(d.get("transform", CALIBRATED) == CALIBRATED, d)
         scale, bins, edges = d["scale"], d["bins"], d["layer_edges"]
         _expect(scale in SCALE_MODES, scale)
@@ -80,14 +65,7 @@ class KindConfig:
         _expect(isinstance(edges, list) and len(edges) == len(bins) - 1, edges)
         _expect(all(isinstance(e, int | float) and not isinstance(e, bool) for e in edges), edges)
         _expect(all(0.0 < e < 1.0 for e in edges) and edges == sorted(edges), edges)
-        ranges = d.get("ranges")
-        if ranges is not None:
-            _expect(scale == "layer" and "transform" in d and isinstance(ranges, list)
-                    and len(ranges) == len(bins), ranges)
-            _expect(all(isinstance(r, int | float) and not isinstance(r, bool)
-                        and 0.0 < r < 65504.0 for r in ranges), ranges)
-            ranges = tuple(float(r) for r in ranges)
-        return cls(scale, tuple(bins), tuple(float(e) for e in edges), "transform" in d, ranges)
+        return cls(scale, tuple(bins), tuple(float(e) for e in edges), "transform" in d)
 
 
 @dataclass(frozen=True)

@@ -175,42 +175,29 @@ def encode(keys: np.ndarray, values: np.ndarray, level: str | CodecConfig | dict
     n_sink = _n_sink(cfg, first_token, n_tok)
     sinks = [np.ascontiguousarray(b[:, :n_sink]) for b in bits]
     _refuse_nonfinite(any(be.any_nonfinite(s) for s in sinks if s.size))  # a launch: ~0.1 ms
-    coded, shifts = zip(*(
-        _transformed(b[:, n_sink:], kind, cal_part, name, first_token + n_sink)
-        for b, kind, name in ((bits[0], cfg.keys, "keys"), (bits[1], cfg.values, "values"))),
-        strict=True)
+    coded = [_transformed(b[:, n_sink:], kind, cal_part, name, first_token + n_sink)
+             for b, kind, name in ((bits[0], cfg.keys, "keys"), (bits[1], cfg.values, "values"))]
     scales, ids, counts, words = zip(*(
         _encode_kind(b, kind, cfg, be)
         for b, kind in ((coded[0], cfg.keys), (coded[1], cfg.values))), strict=True)
-    # bytes last, after the u16 words, so that every earlier section stays aligned
-    packed = [intinverse.pack_shifts(m) for m in shifts if m is not None]
-    return container.pack(header, [*counts, *sinks, *scales, *ids, *words, *packed])
+    return container.pack(header, [*counts, *sinks, *scales, *ids, *words])
 
 
 def _transformed(bits: np.ndarray, kind: KindConfig, part: Part | None, name: str,
-                 first_position: int) -> tuple[np.ndarray, np.ndarray | None]:
-    """The fp16 bits the quantizer codes: the calibrated transform's coefficients, if any;
-    and for a kind with `ranges`, its components' shifts (uint8 [L, C]; the coefficients
-    divided by 2^m, exactly)."""
-    if not kind.transform:
-        return bits, None
+                 first_position: int) -> np.ndarray:
+    """The fp16 bits the quantizer codes: the calibrated transform's coefficients, if any."""
+    if not kind.transform or bits.shape[1] == 0:
+        return bits
     tf = part.transform(name)
     _check_exact(kind, tf)
-    n_layer, n_tok, n_ch = bits.shape
-    if n_tok == 0:
-        return bits, None if kind.ranges is None else np.zeros((n_layer, n_ch), np.uint8)
-    cos, sin = transform.angles(tf, first_position, n_tok)
+    cos, sin = transform.angles(tf, first_position, bits.shape[1])
     with np.errstate(over="ignore", invalid="ignore"):  # non-finite input is refused after
         if tf.basis is None:  # one numba pass (the encoder's only float step: every backend)
             y = tkernel.forward_fast(np.ascontiguousarray(bits), tf.mean, tf.rope, cos, sin,
                                      tf.head_dim)
         else:
             y = transform.forward(bits.view(np.float16), tf, cos, sin)
-        m = None
-        if kind.ranges is not None:
-            m = intinverse.component_shifts(y, kind.layer_ranges(n_layer))
-            y = y * np.ldexp(np.float32(1.0), -m.astype(np.int32))[:, None, :]
-        return y.astype(np.float16).view(np.uint16), m
+        return y.astype(np.float16).view(np.uint16)
 
 
 def _check_exact(kind: KindConfig, tf: transform.KindTransform) -> None:
@@ -218,8 +205,6 @@ def _check_exact(kind: KindConfig, tf: transform.KindTransform) -> None:
     if tf.exact and kind.scale != "layer":
         raise CodecError(f"an exact calibrated transform needs \"layer\" scales, not "
                          f"{kind.scale!r}")
-    if kind.ranges is not None and not tf.exact:  # per-component steps: integer sums only
-        raise CodecError("per-component steps (\"ranges\") need an exact calibrated transform")
 
 
 def _encode_bytes(sym: np.ndarray, cfg: CodecConfig, be):
@@ -302,7 +287,6 @@ class _Parsed:
     scales: list[np.ndarray]
     tables: list[np.ndarray]  # codebook ids [L, C], or lossless frequencies [L, 256]
     words: list[np.ndarray]
-    shifts: tuple[np.ndarray | None, ...] = (None, None)  # per kind with "ranges": m [L, C]
 
 
 def _parse(blob: bytes) -> _Parsed:
@@ -312,9 +296,7 @@ def _parse(blob: bytes) -> _Parsed:
     if cfg.mode == "lossless":
         counts = [reader.take(np.uint32, (n_layer, n_grp)) for _ in range(4)]
         freqs = [reader.take(np.uint16, (n_layer, BYTE_SYMBOLS)) for _ in range(4)]
-        words = _take_words(reader, counts)
-        reader.finish()
-        return _Parsed(header, counts, [], [], freqs, words)
+        return _Parsed(header, counts, [], [], freqs, _take_words(reader, counts))
     n_sink = _n_sink(cfg, header.first_token, n_tok)
     plans = [_Plan.of(k, n_layer, n_tok - n_sink, n_ch, cfg.anchor_group)
              for k in (cfg.keys, cfg.values)]
@@ -322,11 +304,7 @@ def _parse(blob: bytes) -> _Parsed:
     sinks = [reader.take(np.uint16, (n_layer, n_sink, n_ch)) for _ in range(2)]
     scales = [reader.take(np.uint16, (n_layer, p.n_a, p.n_b)) for p in plans]
     ents = [reader.take(np.uint16, (n_layer, n_ch)) for _ in range(2)]
-    words = _take_words(reader, counts)
-    shifts = tuple(None if k.ranges is None else intinverse.unpack_shifts(
-        reader.take(np.uint8, (n_layer, -(-n_ch // 4))), n_ch) for k in (cfg.keys, cfg.values))
-    reader.finish()
-    return _Parsed(header, counts, sinks, scales, ents, words, shifts)
+    return _Parsed(header, counts, sinks, scales, ents, _take_words(reader, counts))
 
 
 def _resolve(cfg: CodecConfig, calibrations: Resolver | None) -> Calibration | None:
@@ -391,18 +369,15 @@ def decode(blob: bytes, *, out: tuple[np.ndarray, np.ndarray] | None = None,
             # into scratch, then the inverse transform writes the KV: no fp16 pass over out
             tf = cal_part.transform(("keys", "values")[i])
             _check_exact(kind, tf)
-            shifts, mt = parts.shifts[i], None
             if tf.exact:
-                mt, shift = tf.integer_basis if shifts is None else tf.wide_integer_basis
                 dq, gain = intinverse.symbol_values(plan.maxq, int(plan.nsym.max())), \
-                    intinverse.gains(scales.reshape(n_layer), plan.maxq, shift, tf.block)
+                    intinverse.gains(scales.reshape(n_layer), plan.maxq, tf.integer_basis[1],
+                                     tf.block)
             else:
                 dq, gain = plan.dequant(scales).view(np.float16).astype(np.float32), None
             coef = scratch("decode.coef", (n_layer, n_tok - n_sink, n_ch), np.float32)
             _run_decode(be, parts.words[i], parts.counts[i], ents + base[:, None], bank, dq,
                         plan.akey, plan.bkey, coef, 0, cfg)
-            if shifts is not None:
-                intinverse.widen(coef, shifts)
             kv = target = out[i][:, n_sink:]
             if target.strides[1] < target.strides[2]:
                 # channel-major (llama.cpp's V without flash attention): written row by row,
@@ -410,7 +385,7 @@ def decode(blob: bytes, *, out: tuple[np.ndarray, np.ndarray] | None = None,
                 kv = scratch("decode.kv", target.shape, np.uint16)
             be.untransform(coef, kv, tf,
                            *transform.angles(tf, header.first_token + n_sink, n_tok - n_sink),
-                           gain, mt)
+                           gain)
             if kv is not target:
                 be.to_channel_major(kv, target, cfg.lanes)
         else:
@@ -443,7 +418,9 @@ def layout(blob: bytes) -> dict[str, int]:
 
 
 def _take_words(reader: container.Reader, counts: list[np.ndarray]) -> list[np.ndarray]:
-    return [reader.take(np.uint16, (int(c.sum(dtype=np.int64)),)) for c in counts]
+    words = [reader.take(np.uint16, (int(c.sum(dtype=np.int64)),)) for c in counts]
+    reader.finish()
+    return words
 
 
 def _run_decode(be, words, counts, ent, bank, dq, akey, bkey, out, t0, cfg) -> None:

@@ -94,11 +94,6 @@ class KindTransform:
         return intinverse.integer_basis(self.basis)
 
     @cached_property
-    def wide_integer_basis(self) -> tuple[np.ndarray, np.ndarray]:
-        """The same for kinds with per-component steps (integers up to MAX_Q * 2^MAX_SHIFT)."""
-        return intinverse.integer_basis(self.basis, intinverse.MAX_SHIFT)
-
-    @cached_property
     def basis_t(self) -> np.ndarray | None:
         """The basis with its last two axes swapped, contiguous (the kernel's layout)."""
         return None if self.basis is None else np.ascontiguousarray(self.basis.swapaxes(2, 3))
