@@ -1,16 +1,18 @@
 """Per-component quantizer steps under the alphabet limit: do they pay? An emulation.
 
     .venv/bin/python -m benchmarks.component_steps --kv benchmarks/data/kv4096.npz \
-        --variants centred,pca,pca-kv --weights /tmp/weights.json --out steps.jsonl
+        --variants centred,pca,pca-kv --weights /tmp/weights.json --kld --out steps.jsonl
+    .venv/bin/python -m benchmarks.component_steps --summary steps.jsonl --plot rd.png
 
 A calibrated level quantizes an exact transform's coefficients with one step per (layer,
 chunk), |q| <= 63 (codec.intinverse.MAX_Q), so the step is at least the layer's largest
 coefficient / 63. Scheme `layer` is that (the codec as it is). Scheme `comp` gives each
 component j of a layer its own step s * 2^m_j, m_j >= 0 the least power of two that fits the
 component's range in the chunk into the alphabet (reverse water-filling with the alphabet as
-its constraint: only the components that would overflow are coarsened). Both run the real
-codec for the bits, with the alphabet the calibration gives each layer (maxq = the calibration
-text's median chunk maximum / s, at most 63) and the step the codec then takes (the chunk's
+its constraint: only the components that would overflow are coarsened; m_j uncapped here).
+Both run the real codec for the bits, with the alphabet the calibration gives each layer (maxq
+= the calibration text's median chunk maximum / s, at most 63) and the step the codec then
+takes (the chunk's
 largest |coefficient| / maxq; in `comp` after component j is divided by 2^m_j, chosen so that
 no component exceeds maxq * s), and `comp` adds 2 bits of side information per (layer, chunk,
 component).
@@ -24,7 +26,10 @@ of weight x MSE, the calibration's `_weighted_error`: a prediction of the KLD th
 on (a) the calibration text's held-out last third and (b) with --kv, a recorded KV of another
 text (pydoc topics, 4,096 tokens), and with --kld the KLD and top-1 the model measures on the
 calibration text with the variants refitted on all of it (in-sample, as the level search
-sees it). SmolLM2-style single-section models only.
+sees it). SmolLM2-style single-section models only. What it found, and the codec built on it
+and measured with the product's calibration (it did not pay: reverted): benchmarks/RESULTS.md,
+"Per-component steps under the alphabet limit". An experiment: it must never change the codec
+or a stored calibration, and writes only --out, --weights and --plot.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -214,7 +220,7 @@ def main() -> None:
             with np.load(args.kv) as z:
                 n_tok = z["keys"].shape[1]
                 other = kvstate.KVState(z["keys"], z["values"], np.arange(n_tok), False, 0)
-        scales = [float(eval(s, {})) for s in args.scales.split(",")]  # noqa: S307 - fractions
+        scales = [float(Fraction(s)) for s in args.scales.split(",")]
         for variant in args.variants.split(","):
             fit_part = calibrate._fit([fitting], facts, variant)[0]
             all_part = calibrate._fit(sections, facts, variant)[0]
