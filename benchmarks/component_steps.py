@@ -12,10 +12,9 @@ component's range in the chunk into the alphabet (reverse water-filling with the
 its constraint: only the components that would overflow are coarsened; m_j uncapped here).
 Both run the real codec for the bits, with the alphabet the calibration gives each layer (maxq
 = the calibration text's median chunk maximum / s, at most 63) and the step the codec then
-takes (the chunk's
-largest |coefficient| / maxq; in `comp` after component j is divided by 2^m_j, chosen so that
-no component exceeds maxq * s), and `comp` adds 2 bits of side information per (layer, chunk,
-component).
+takes (the chunk's largest |coefficient| / maxq; in `comp` after component j is divided by
+2^m_j, chosen so that no component exceeds maxq * s), and `comp` adds 2 bits of side
+information per (layer, chunk, component).
 
 Everything the product measures comes from its own calibration pipeline
 (desktop_app.calibration.calibrate): the calibration text's exact KV, the KLD weights of every
