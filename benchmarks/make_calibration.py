@@ -6,7 +6,9 @@
         --out cal-exact.kvcl
 
 `--variants`: the transforms the calibration may choose from (`calibrate.Settings.variants`;
-cheapest first), the product's default without it. Prints the calibration's record as JSON.
+cheapest first), the product's default without it. `--prefix-tokens`, `--cont-tokens`: more of
+the built-in calibration text (1,294 SmolLM2 tokens) than the product's 512 + 128. Prints the
+calibration's record as JSON.
 """
 
 from __future__ import annotations
@@ -27,12 +29,17 @@ def main() -> None:
     ap.add_argument("--cache-dir", type=Path, default=Path("benchmarks/data"),
                     help="where the Gemma model is assembled on first use")
     ap.add_argument("--variants", help="comma-separated transform variants to choose from")
+    ap.add_argument("--prefix-tokens", type=int, help="of the calibration text (default 512)")
+    ap.add_argument("--cont-tokens", type=int, help="scored after them (default 128)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     model = model_of(args.model, args.cache_dir)
     settings = calibrate.Settings()
     if args.variants:
         settings = dataclasses.replace(settings, variants=tuple(args.variants.split(",")))
+    for name in ("prefix_tokens", "cont_tokens"):
+        if getattr(args, name):
+            settings = dataclasses.replace(settings, **{name: getattr(args, name)})
     t0 = time.monotonic()
     cal = calibrate.calibrate(model, fingerprint=model.name, settings=settings)
     args.out.write_bytes(cal.to_bytes())
