@@ -34,6 +34,8 @@ import argparse
 import json
 import os
 import random
+import signal
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -70,20 +72,19 @@ def most_rare(hits: list[Hit], holders: dict[str, set[int]]) -> list[Hit]:
     return [h for h in hits if held[h.passage_id] == best] if best else hits
 
 
-def rarest(hits: list[Hit], holders: dict[str, set[int]]) -> list[Hit]:
-    """Of the focused hits, those holding the question's rarest word (in the fewest
-    passages: an invented name in one, where a word the question shares by chance is in
-    two or three)."""
-    if not holders:
-        return hits
-    fewest = min(len(ids) for ids in holders.values())
-    keep = set().union(*(ids for ids in holders.values() if len(ids) == fewest))
-    return [h for h in hits if h.passage_id in keep] or hits
+def weighted(hits: list[Hit], holders: dict[str, set[int]]) -> list[Hit]:
+    """Of the focused hits, those holding the most of the question's rare words, each word
+    counted 1/(the passages holding it): a word in one passage points at it alone, a word in
+    three at each a third (an invented name against a word the question shares by chance)."""
+    mass = {h.passage_id: sum(1 / len(ids) for ids in holders.values() if h.passage_id in ids)
+            for h in hits}
+    best = max(mass.values(), default=0)
+    return [h for h in hits if mass[h.passage_id] >= best - 1e-9] if best else hits
 
 
 # An experimental rule narrows the app's focused retrieval, given the rare words' passages.
 RULES: dict[str, Callable[[list[Hit], dict[str, set[int]]], list[Hit]] | None] = {
-    "focused": None, "wide": None, "most-rare": most_rare, "rarest": rarest}
+    "focused": None, "wide": None, "most-rare": most_rare, "weighted": weighted}
 
 
 class Narrowed:
@@ -173,6 +174,41 @@ class Size:
         self.store.close()
 
 
+def ask_all(runs: list[Size], cases, rules: list[str], args, greedy: GenerationOptions,
+            rows: list[dict]) -> None:
+    """Each case's facts asked at each size by each rule, a JSON line each (into `rows`)."""
+    for seed, kind in cases:
+        planted = facts_with_answers(random.Random(f"{seed}-{kind}-{args.size}"))
+        text = haystack(kind, args.size, [(f, q) for f, q, _ in planted])
+        if text is None:
+            continue
+        docs = [run.attach(f"{kind}-{seed}", text) for run in runs]
+        for i, (fact, question, values) in enumerate(planted):
+            row = {"kind": kind, "seed": seed, "depth": i / (len(planted) - 1),
+                   "question": question, "values": values}
+            out = runs[0].ask_over(f"{kind}-{seed}-fact-{i}", fact, question, greedy)
+            row["ceiling_states"], row["ceiling_answer"] = states(out.answer, values), \
+                out.answer
+            for run, doc in zip(runs, docs, strict=True):
+                sized = dict(row, target=run.target)
+                if args.alone:
+                    own = next(p.text for p in run.store.passages(doc) if fact in p.text)
+                    out = run.ask_over(f"{kind}-{seed}-passage-{i}", own, question, greedy)
+                    sized["alone_states"] = states(out.answer, values)
+                    sized["alone_answer"] = out.answer
+                for rule in rules:
+                    out = run.ask(doc, question, greedy, rule)
+                    one = dict(sized, rule=rule, states=states(out.answer, values),
+                               source_hit=any(fact in s["text"] for s in out.sources),
+                               passages=len(out.sources), answer=out.answer)
+                    if args.exact:
+                        exact = run.ask(doc, question, greedy, rule,
+                                        RestoreOptions(no_cache=True))
+                        one["exact_states"] = states(exact.answer, values)
+                    rows.append(one)
+                    print(json.dumps(one), flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="default",
@@ -200,6 +236,7 @@ def main() -> None:
     cases = [(seed, kind) for seed in map(int, args.seeds.split(","))
              for kind in args.kinds.split(",")]
     rows: list[dict] = []
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     load_before = os.getloadavg()
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
@@ -208,36 +245,10 @@ def main() -> None:
         # each fact is asked at every size in turn: a run cut short still compares them.
         runs = [Size(Path(tmp) / str(n), model, digest, args, target) for n, target in
                 enumerate(map(int, (args.targets or "0").split(",")))]
-        for seed, kind in cases:
-            planted = facts_with_answers(random.Random(f"{seed}-{kind}-{args.size}"))
-            text = haystack(kind, args.size, [(f, q) for f, q, _ in planted])
-            if text is None:
-                continue
-            docs = [run.attach(f"{kind}-{seed}", text) for run in runs]
-            for i, (fact, question, values) in enumerate(planted):
-                row = {"kind": kind, "seed": seed, "depth": i / (len(planted) - 1),
-                       "question": question, "values": values}
-                out = runs[0].ask_over(f"{kind}-{seed}-fact-{i}", fact, question, greedy)
-                row["ceiling_states"], row["ceiling_answer"] = states(out.answer, values), \
-                    out.answer
-                for run, doc in zip(runs, docs, strict=True):
-                    sized = dict(row, target=run.target)
-                    if args.alone:
-                        own = next(p.text for p in run.store.passages(doc) if fact in p.text)
-                        out = run.ask_over(f"{kind}-{seed}-passage-{i}", own, question, greedy)
-                        sized["alone_states"] = states(out.answer, values)
-                        sized["alone_answer"] = out.answer
-                    for rule in rules:
-                        out = run.ask(doc, question, greedy, rule)
-                        one = dict(sized, rule=rule, states=states(out.answer, values),
-                                   source_hit=any(fact in s["text"] for s in out.sources),
-                                   passages=len(out.sources), answer=out.answer)
-                        if args.exact:
-                            exact = run.ask(doc, question, greedy, rule,
-                                            RestoreOptions(no_cache=True))
-                            one["exact_states"] = states(exact.answer, values)
-                        rows.append(one)
-                        print(json.dumps(one), flush=True)
+        try:
+            ask_all(runs, cases, rules, args, greedy, rows)
+        except KeyboardInterrupt:  # (or SIGTERM) a run cut short reports what it asked
+            print("stopped: the report covers the questions asked so far", file=sys.stderr)
         sizes = {run.target: run.costs() for run in runs}
         for run in runs:
             run.close()
