@@ -1,7 +1,7 @@
 """Whether answers over a long document state its planted facts, against the model's ceiling.
 
     .venv/bin/python -m benchmarks.bench_longdoc_answers [--model default|gemma|PATH]
-        [--size 100000] [--kinds docs,code,markdown] [--seeds 0] [--targets 320]
+        [--size 100000] [--kinds docs,code,markdown] [--seeds 0] [--targets 160]
         [--rules focused] [--exact] [--alone] [--n-ctx 4096] [--max-tokens 32] [--k K]
 
 The haystacks and facts of `bench_retrieval` (a fact about invented names planted at each
@@ -10,7 +10,8 @@ places, so each seed is 11 more facts a kind). Each haystack is attached as a us
 a file (longer than the context: split into passages of about `--targets` tokens, indexed and
 embedded), and each fact's question asked in a new chat over it (temperature 0): its passages
 retrieved by each of `--rules` (`focused`: the app's, for a question naming something rare
-those holding it; `wide`: always the k best; the others are experiments, `RULES`), their KV
+the passages holding the most of its rare words; `wide`: always the k best; `any-rare`: the
+app's before, every passage holding one; `weighted`: each word counted 1/(its passages)); their KV
 computed or read back and blended (a sliding-window model's, Gemma 3's, computed exactly:
 not blended), the question computed. Beside it, the model's ceiling: the same question asked
 in a new chat over a document holding only the fact's paragraph (asked once a fact, whatever
@@ -48,7 +49,7 @@ from desktop_app.model.models import content_hash
 from desktop_app.model.prompts import passage_prefix
 from desktop_app.model.runtime import Runtime
 from desktop_app.options import GenerationOptions, RestoreOptions
-from desktop_app.passages.retrieve import RARE_PASSAGES, Hit, Retriever
+from desktop_app.passages.retrieve import RARE_PASSAGES, Hit, Retriever, focused
 from store import Store
 
 
@@ -65,39 +66,46 @@ def rare_holders(store: Store, doc_id: int, question: str) -> dict[str, set[int]
             for w, c in counts.items() if 0 < c <= RARE_PASSAGES}
 
 
-def most_rare(hits: list[Hit], holders: dict[str, set[int]]) -> list[Hit]:
-    """Of the focused hits, those holding the most of the question's rare words."""
-    held = {h.passage_id: sum(h.passage_id in ids for ids in holders.values()) for h in hits}
-    best = max(held.values(), default=0)
-    return [h for h in hits if held[h.passage_id] == best] if best else hits
+def any_rare(app: Retriever, doc_id: int, question: str, **kw) -> list[Hit]:
+    """The focus before `most_named`: every passage of the head of the fused ranking
+    (`focused`), each holding one rare word of the question or more."""
+    hits = app.retrieve(doc_id, question, **(kw | {"focus": False}))
+    counts = app.store.passage_frequencies(doc_id, question, RARE_PASSAGES + 1)
+    rare = [w for w, c in counts.items() if 0 < c <= RARE_PASSAGES]
+    if not kw.get("focus") or not rare or len(rare) == len(counts):  # (as `Retriever`)
+        return hits
+    keep = {pid for pid, _ in focused([(h.passage_id, h.score) for h in hits])}
+    return [h for h in hits if h.passage_id in keep]
 
 
-def weighted(hits: list[Hit], holders: dict[str, set[int]]) -> list[Hit]:
-    """Of the focused hits, those holding the most of the question's rare words, each word
-    counted 1/(the passages holding it): a word in one passage points at it alone, a word in
-    three at each a third (an invented name against a word the question shares by chance)."""
+def weighted(app: Retriever, doc_id: int, question: str, **kw) -> list[Hit]:
+    """Of the app's focused passages, those holding the most of the question's rare words,
+    each word counted 1/(the passages holding it): a word in one passage points at it alone,
+    a word in three at each a third (tried against `most_named`'s plain count)."""
+    hits = app.retrieve(doc_id, question, **kw)
+    holders = rare_holders(app.store, doc_id, question)
+    if not kw.get("focus") or not holders:
+        return hits
     mass = {h.passage_id: sum(1 / len(ids) for ids in holders.values() if h.passage_id in ids)
             for h in hits}
     best = max(mass.values(), default=0)
     return [h for h in hits if mass[h.passage_id] >= best - 1e-9] if best else hits
 
 
-# An experimental rule narrows the app's focused retrieval, given the rare words' passages.
-RULES: dict[str, Callable[[list[Hit], dict[str, set[int]]], list[Hit]] | None] = {
-    "focused": None, "wide": None, "most-rare": most_rare, "weighted": weighted}
+# The app's retrieval (`focused`, or `wide`: always the k best) and experiments beside it.
+RULES: dict[str, Callable[..., list[Hit]] | None] = {
+    "focused": None, "wide": None, "any-rare": any_rare, "weighted": weighted}
 
 
 class Narrowed:
-    """The app's retriever with an experimental rule applied after its focus."""
+    """The app's retriever, its focus replaced by an experimental rule."""
 
-    def __init__(self, inner: Retriever, rule):
+    def __init__(self, inner: Retriever, rule: Callable[..., list[Hit]]):
         self.inner = inner
         self.rule = rule
 
     def retrieve(self, doc_id: int, question: str, **kw) -> list[Hit]:
-        hits = self.inner.retrieve(doc_id, question, **kw)
-        return self.rule(hits, rare_holders(self.inner.store, doc_id, question)) \
-            if kw.get("focus") else hits
+        return self.rule(self.inner, doc_id, question, **kw)
 
 
 def rate(rows: Sequence[dict], key: str, where: str | None = None) -> dict:
