@@ -3,7 +3,7 @@
 BM25 comes from the store's FTS5 index, over the whole query and, fused with it, over the
 query's rare words (a name or an identifier, in at most three passages: a paraphrased
 question often shares only that with its answer); dense similarity from the passages'
-stored vectors (a dot product with the query's, in numpy: a 3 MB text has ~4,000 passages);
+stored vectors (a dot product with the query's, in numpy: a 3 MB text has ~7,000 passages);
 `fused` is reciprocal rank fusion (Cormack et al., 2009: score = sum of weight / (60 +
 rank)), the dense ranking weighed a tenth of BM25's. The query is the question and the
 chat's recent turns: the question's words first (the FTS5 query keeps the first 64 words),
@@ -106,7 +106,7 @@ class Retriever:
             order = most_named(focused(order), {
                 word: {p.id for p, _ in self.store.search_passages(doc_id, word, RARE_PASSAGES)}
                 for word in rare})
-        # Only the passages returned are read (a 3 MB document has ~4,000).
+        # Only the passages returned are read (a 3 MB document has ~7,000).
         return [Hit(pid, p.index, p.text, p.page, p.lines, p.heading, p.tokens, round(score, 6))
                 for pid, score in order[:k] for p in [self.store.passage(pid)]]
 
