@@ -133,8 +133,8 @@ class Size:
         self.chars = 0
         self.eng.warm_up()
 
-    def attach(self, name: str, text: str) -> int:
-        path = self.folder / f"{name}.txt"
+    def attach(self, name: str, text: str, suffix: str = ".txt") -> int:
+        path = self.folder / f"{name}{suffix}"
         path.write_text(text)
         self.docs.append(self.eng.attach(path).doc_id)
         self.chars += len(text)
@@ -190,7 +190,9 @@ def ask_all(runs: list[Size], cases, rules: list[str], args, greedy: GenerationO
         text = haystack(kind, args.size, [(f, q) for f, q, _ in planted])
         if text is None:
             continue
-        docs = [run.attach(f"{kind}-{seed}", text) for run in runs]
+        # (Source code as a user attaches it: a .py file, split at its definitions.)
+        docs = [run.attach(f"{kind}-{seed}", text, ".py" if kind == "code" else ".txt")
+                for run in runs]
         for i, (fact, question, values) in enumerate(planted):
             row = {"kind": kind, "seed": seed, "depth": i / (len(planted) - 1),
                    "question": question, "values": values}
