@@ -16,7 +16,7 @@ embedders: wordllama (the default) and the chat model's own input token embeddin
 over a text's tokens, centred). Prints one JSON object; `--markdown` also a table.
 
     .venv/bin/python -m benchmarks.bench_retrieval [--sizes 100000,1000000,3000000]
-        [--kinds docs,code,markdown] [--seed 0] [--markdown]
+        [--kinds docs,code,markdown] [--seed 0] [--target 320] [--markdown]
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ import numpy as np
 from desktop_app.model.models import default_model_path
 from desktop_app.passages.embed import WordLlamaEmbedder, normalise
 from desktop_app.passages.retrieve import Retriever
+from desktop_app.passages.split import TARGET_TOKENS
 from store import Store
 
 KS = (1, 3, 5, 8)
@@ -179,7 +180,8 @@ class ModelTokenEmbedder:
         return sum(len(self.llm.tokenize(t.encode(), add_bos=False)) for t in texts)
 
 
-def run_one(kind: str, size: int, seed: int, llm, embedder, model_embedder) -> dict | None:
+def run_one(kind: str, size: int, seed: int, llm, embedder, model_embedder,
+            target: int = TARGET_TOKENS) -> dict | None:
     planted = facts(random.Random(f"{seed}-{kind}-{size}"))
     text = haystack(kind, size, planted)
     if text is None:
@@ -188,6 +190,7 @@ def run_one(kind: str, size: int, seed: int, llm, embedder, model_embedder) -> d
     with tempfile.TemporaryDirectory() as tmp, Store(Path(tmp)) as store:
         doc = store.add_document(f"{kind}-{size}", kind, text, type=kind)
         default = Retriever(store, embedder)
+        default.index.target = target
         t0 = time.perf_counter()
         n = default.index.add(doc.id, text, "code" if kind == "code" else "markdown", count)
         index_s = time.perf_counter() - t0
@@ -240,6 +243,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sizes", default="100000,1000000,3000000")
     parser.add_argument("--kinds", default="docs,code,markdown")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--target", type=int, default=TARGET_TOKENS,
+                        help="a passage's size in tokens (default: the app's)")
     parser.add_argument("--markdown", action="store_true", help="also print a table")
     args = parser.parse_args(argv)
     model = default_model_path()
@@ -252,13 +257,15 @@ def main(argv: list[str] | None = None) -> None:
     results = []
     for kind in args.kinds.split(","):
         for size in (int(s) for s in args.sizes.split(",")):
-            result = run_one(kind, size, args.seed, llm, embedder, model_embedder)
+            result = run_one(kind, size, args.seed, llm, embedder, model_embedder,
+                              args.target)
             if result is not None:
                 results.append(result)
                 print(json.dumps(result), file=sys.stderr)
     totals = {m: {k: round(float(np.mean([r["recall"][m][k] for r in results])), 3)
                   for k in results[0]["recall"][m]} for m in results[0]["recall"]}
     print(json.dumps({"cpu": _cpu(), "load_average": os.getloadavg(), "seed": args.seed,
+                      "target": args.target,
                       "embedder_load_s": round(load_s, 2),
                       "results": results, "mean_recall": totals}, indent=2))
     if args.markdown:

@@ -3,13 +3,13 @@
 A document split into passages (`desktop_app.passages`) is never read whole. Each question
 retrieves the passages most likely to hold its answer — the query is the question and the
 chat's recent turns; at most `top_k`, and only the head of a fused ranking
-(`retrieve.focused`: for a question naming something rare, the passages holding it) — and
-the chat's context becomes: the passages, in document order, then
-the chat's turns, then the question (`prompts.passage_layout`). Each passage comes back from
-its own KV (`kv.passagekv`: computed on its own the first time it is retrieved, and stored),
-moved into place by `blending` with its first tokens recomputed among the passages before it;
-a context whose exact copy is stored (a turn's, made exact in the background) is restored as
-it is.
+(`retrieve.focused`, `retrieve.most_named`: for a question naming something rare, the
+passages holding the most of its rare words) — and the chat's context becomes: the
+passages, in document order, then the chat's turns, then the question
+(`prompts.passage_layout`). Each passage comes back from its own KV (`kv.passagekv`:
+computed on its own the first time it is retrieved, and stored), moved into place by
+`blending` with its first tokens recomputed among the passages before it; a context whose
+exact copy is stored (a turn's, made exact in the background) is restored as it is.
 
 How the context evolves (`choose`): the passages this question retrieves come first, best
 first; the chat's passages from earlier turns are kept after them, most relevant first, while

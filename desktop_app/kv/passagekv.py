@@ -31,7 +31,7 @@ from .kvcache import KVCache
 from .sharing import Sharing
 
 DEFAULT_PASSAGE_LEVEL = "balanced"
-MEMO = 8192  # passages' tokens kept (tokenizing one costs ~1 ms; a 3 MB text has ~4,000)
+MEMO = 8192  # passages' tokens kept (tokenizing one costs ~1 ms; a 3 MB text has ~7,000)
 
 
 @dataclass

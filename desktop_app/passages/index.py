@@ -17,7 +17,7 @@ import numpy as np
 from store import Store
 
 from .embed import Embedder
-from .split import CountFn, split
+from .split import TARGET_TOKENS, CountFn, split
 
 
 def embedding_text(heading: Sequence[str], text: str) -> str:
@@ -26,14 +26,15 @@ def embedding_text(heading: Sequence[str], text: str) -> str:
 
 
 class PassageIndex:
-    def __init__(self, store: Store, embedder: Embedder):
+    def __init__(self, store: Store, embedder: Embedder, *, target: int = TARGET_TOKENS):
         self.store = store
         self.embedder = embedder
+        self.target = target  # a passage's size in tokens (`split`; benchmarks compare sizes)
 
     def add(self, doc_id: int, text: str, kind: str, count_tokens: CountFn, *,
             pages: Sequence[tuple[int, int]] | None = None) -> int:
         """Split a document, embed and store its passages (replacing any); how many."""
-        passages = split(text, kind, count_tokens, pages=pages)
+        passages = split(text, kind, count_tokens, pages=pages, target=self.target)
         vectors = self.embedder.embed([embedding_text(p.heading, p.text) for p in passages])
         self.store.add_passages(doc_id, passages, vectors=vectors, embedder=self.embedder.name)
         return len(passages)

@@ -3,7 +3,7 @@
 BM25 comes from the store's FTS5 index, over the whole query and, fused with it, over the
 query's rare words (a name or an identifier, in at most three passages: a paraphrased
 question often shares only that with its answer); dense similarity from the passages'
-stored vectors (a dot product with the query's, in numpy: a 3 MB text has ~4,000 passages);
+stored vectors (a dot product with the query's, in numpy: a 3 MB text has ~7,000 passages);
 `fused` is reciprocal rank fusion (Cormack et al., 2009: score = sum of weight / (60 +
 rank)), the dense ranking weighed a tenth of BM25's. The query is the question and the
 chat's recent turns: the question's words first (the FTS5 query keeps the first 64 words),
@@ -12,15 +12,16 @@ planted facts it finds the fact's passage first for 90 % of questions and among 
 for all, where the static embeddings alone find it among the first 8 for about a third and
 every fusion ranks it lower (benchmarks/bench_retrieval.py; RESULTS.md "Retrieval in long
 documents"). A chat's retrieval is `focus`ed: when the question has rare words, it keeps
-the passages scoring above half the best (`focused`: those that hold them), which a small
-model reads far better than eight.
+the passages scoring above half the best (`focused`: those that hold them) and, of those,
+the ones holding the most of them (`most_named`), which a small model reads far better
+than eight.
 
 It never computes KV and never decides what the chat context holds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -87,41 +88,44 @@ class Retriever:
         """The `k` passages of document `doc_id` that best answer `question` asked after the
         chat's `recent` turns (oldest first), best first; with `focus`, when BM25 ranks them
         fused with the question's rare words, only those scoring above half the best
-        (`focused`)."""
+        (`focused`) that hold the most of those words (`most_named`)."""
         mode = mode or self.mode
         check_mode(mode)
         if k < 1:
             raise EngineError(f"the number of passages to retrieve must be at least 1, not {k}")
         turns = recent_text(recent)
         ranked: list[list[tuple[int, float]]] = []
-        named = False  # whether BM25's ranking is fused with its rare words'
+        rare: list[str] = []  # the rare words BM25's ranking is fused with (none: not fused)
         if mode in ("bm25", "fused"):
-            bm25, named = self._bm25(doc_id, " ".join([question, *turns]), max(k, CANDIDATES))
+            bm25, rare = self._bm25(doc_id, " ".join([question, *turns]), max(k, CANDIDATES))
             ranked.append(bm25)
         if mode in ("dense", "fused"):
             ranked.append(self._dense(doc_id, question, turns, max(k, CANDIDATES)))
         order = ranked[0] if len(ranked) == 1 else fuse(ranked, [1.0, self.dense_weight])
-        if focus and named and len(ranked) == 1:
-            order = focused(order)
-        # Only the passages returned are read (a 3 MB document has ~4,000).
+        if focus and rare and len(ranked) == 1:
+            order = most_named(focused(order), {
+                word: {p.id for p, _ in self.store.search_passages(doc_id, word, RARE_PASSAGES)}
+                for word in rare})
+        # Only the passages returned are read (a 3 MB document has ~7,000).
         return [Hit(pid, p.index, p.text, p.page, p.lines, p.heading, p.tokens, round(score, 6))
                 for pid, score in order[:k] for p in [self.store.passage(pid)]]
 
-    def _bm25(self, doc_id: int, query: str, n: int) -> tuple[list[tuple[int, float]], bool]:
+    def _bm25(self, doc_id: int, query: str,
+              n: int) -> tuple[list[tuple[int, float]], list[str]]:
         """BM25 over the whole query, fused with BM25 over its rare words (a name, an
-        identifier: in at most RARE_PASSAGES passages) when it has any; (ranking, whether
-        fused). A paraphrased question often shares only a name with the passage that answers
-        it, and BM25 alone lets two common words repeated in a long passage outweigh it
-        (measured: RESULTS.md)."""
+        identifier: in at most RARE_PASSAGES passages) when it has any; (ranking, the rare
+        words it was fused with). A paraphrased question often shares only a name with the
+        passage that answers it, and BM25 alone lets two common words repeated in a long
+        passage outweigh it (measured: RESULTS.md)."""
         whole = [(p.id, score) for p, score in self.store.search_passages(doc_id, query, n)]
         if not self.rare_words:
-            return whole, False
+            return whole, []
         counts = self.store.passage_frequencies(doc_id, query, RARE_PASSAGES + 1)
         rare = [word for word, count in counts.items() if 0 < count <= RARE_PASSAGES]
         if not rare or len(rare) == len(counts):  # none, or the same query again
-            return whole, False
+            return whole, []
         named = self.store.search_passages(doc_id, " ".join(rare), n)
-        return fuse([whole, [(p.id, score) for p, score in named]]), True
+        return fuse([whole, [(p.id, score) for p, score in named]]), rare
 
     def _dense(self, doc_id: int, question: str, turns: list[str],
                n: int) -> list[tuple[int, float]]:
@@ -147,6 +151,20 @@ def focused(order: Sequence[tuple[int, float]],
     have no such scale, and a fusion with the dense ranking at a tenth of the weight leaves
     every passage near the best: neither is cut."""
     return [(pid, score) for pid, score in order if score > share * order[0][1]]
+
+
+def most_named(order: Sequence[tuple[int, float]],
+               holders: Mapping[str, set[int]]) -> list[tuple[int, float]]:
+    """The entries of a focused ranking of (id, score) that hold the most of the question's
+    rare words (`holders`: each word's passages); in order, ties all kept. The focus keeps
+    every passage holding one of them, but the passage about what the question names holds
+    the name's words and whatever else of the question it shares, where another shares one
+    word by chance (a verb of the question found in two or three passages of a long text):
+    a distraction as much as a passage holding none (measured: RESULTS.md, "Passage size
+    and distraction"). A ranking none of whose entries holds one is returned as it is."""
+    held = {pid: sum(pid in ids for ids in holders.values()) for pid, _ in order}
+    most = max(held.values(), default=0)
+    return [(pid, score) for pid, score in order if held[pid] == most] if most else list(order)
 
 
 def fuse(rankings: Sequence[Sequence[tuple[int, float]]],
