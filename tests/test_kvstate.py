@@ -11,6 +11,7 @@ from desktop_app.model.kvstate import (
     SEQ_STATE_MAGIC,
     KVState,
     KVStateError,
+    StateBuffer,
     build_seq_state,
     parse_seq_state,
 )
@@ -41,6 +42,28 @@ def test_synthetic_round_trip(dtype, v_trans):
     np.testing.assert_array_equal(back.values, kv.values)
     np.testing.assert_array_equal(back.positions, kv.positions)
     assert build_seq_state(back) == data
+
+
+@pytest.mark.parametrize("v_trans", [False, True])
+@pytest.mark.parametrize("window", [None, (2, np.arange(3, 7))])
+def test_state_buffer_writes_every_byte(v_trans, window):
+    """A state buffer is not zero-filled (and may be the previous restore's): filled over any
+    old bytes, it must come out the same."""
+    kv = synthetic(v_trans=v_trans)
+
+    def filled(old: int) -> bytes:
+        size = len(StateBuffer(*kv.keys.shape, kv.keys.dtype, v_trans=v_trans,
+                               window=window).data)
+        buf = StateBuffer(*kv.keys.shape, kv.keys.dtype, v_trans=v_trans, window=window,
+                          reuse=np.full(size, old, np.uint8))
+        buf.keys[:], buf.values[:] = kv.keys, kv.values
+        if window is not None:
+            buf.window_keys[:] = buf.window_values[:] = 1.5
+        return bytes(buf.data)
+
+    assert filled(0x00) == filled(0xFF)
+    if window is None:
+        assert filled(0xAB) == build_seq_state(kv)
 
 
 def test_transposed_values_are_token_major():

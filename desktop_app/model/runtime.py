@@ -99,7 +99,7 @@ class Runtime:
         except BaseException:
             self.llm.close()
             raise
-        self._spare: bytearray | None = None  # the last state buffer, reused when it fits
+        self._spare: np.ndarray | None = None  # the last state buffer, reused when it fits
         # The first position whose sliding-window KV the context really holds (a restore sets
         # the window only; positions before it are absent or placeholders).
         self._window_floor = 0
@@ -426,13 +426,13 @@ class Runtime:
         self._set_state(buf.data, tokens)
         self._window_floor = self.layout.window_start(n)
 
-    def _set_state(self, data: bytes | bytearray, tokens: Sequence[int]) -> None:
+    def _set_state(self, data: bytes | np.ndarray, tokens: Sequence[int]) -> None:
         tokens = list(tokens)
         if len(tokens) > self.n_ctx:
             raise RuntimeStateError(f"{len(tokens)} tokens do not fit the context of {self.n_ctx}")
         with self._lock:
             self.reset()
-            if isinstance(data, bytearray):
+            if isinstance(data, np.ndarray):
                 buf = (ctypes.c_uint8 * len(data)).from_buffer(data)  # no copy
             else:
                 buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
