@@ -36,9 +36,9 @@ QUESTION = "How many ships did the keeper log in entry 5?"
 LONG_QUESTION = "Write out entry 5 word for word."
 
 
-def make_engine(data_dir, gemma_path, **options) -> Engine:
+def make_engine(data_dir, gemma_path, n_ctx=1536, **options) -> Engine:
     def factory():
-        return Runtime(gemma_path, model_hash="gemma3-270m", n_ctx=1536, flash_attn=False)
+        return Runtime(gemma_path, model_hash="gemma3-270m", n_ctx=n_ctx, flash_attn=False)
 
     return Engine(Store(data_dir), factory, chunk_tokens=CHUNK, levels=EVERY_LEVEL, **options)
 
@@ -207,3 +207,77 @@ def test_the_shared_cache_carries_windows(engine, doc_id, remote_tier, tmp_path,
     finally:
         other.close()
         other.store.close()
+
+
+# Three documents of ~330, ~820 and ~230 tokens: their chat outgrows the 512-token window,
+# and the second's own window starts inside it.
+BLEND_DOCS = {
+    "ferry.txt": "\n".join(f"Crossing {i}: the ferry to Cape Morrow left at {7 + i % 9}:"
+                           f"{15 + i % 40} with {20 + 3 * i} passengers." for i in range(14)),
+    "museum.txt": "\n".join(f"Room {i} of the keeper's museum keeps {i + 2} logbooks and a "
+                            f"brass telescope from {1900 + 7 * i}." for i in range(30)),
+    "tower.txt": "\n".join(f"Storey {i} of the tower is {3 + i % 4} metres tall; its window "
+                           f"faces {('north', 'east', 'south', 'west')[i % 4]}."
+                           for i in range(12)),
+}
+
+
+def test_a_blend_computing_every_later_token_equals_a_prefill_in_the_same_pieces(
+        tmp_path, gemma_path):
+    """The sliding-window blend's machinery (restored up to each run, the run computed, its
+    KV taken back, both sections assembled): with every token of the later documents
+    selected, the context is a prefill of the same tokens in the same pieces."""
+    eng = make_engine(tmp_path / "data", gemma_path, n_ctx=2048, blend_fraction=0.9999,
+                      background=False)
+    try:
+        ids = []
+        for name, text in BLEND_DOCS.items():
+            (tmp_path / name).write_text(text)
+            ids.append(eng.attach(tmp_path / name).doc_id)
+        res = eng.ask("When did crossing 3 leave, and what does room 4 keep?", doc_ids=ids,
+                      restore=RestoreOptions(level="lossless"),
+                      generation=GenerationOptions(max_tokens=1, temperature=0))
+        assert res.blended["mode"] == "blended" and res.blended["recomputed_tokens"] > WINDOW
+        rt = eng.runtime
+        got = [in_position_order(kv) for kv in rt.capture().sections]
+        parts = eng.prompter.layout(rt, [eng.library.document(i) for i in ids]).parts
+        assert len(parts) == 3 and parts[-1][1] > WINDOW
+        tokens = list(rt.llm.input_ids[:rt.n_tokens])
+        rt.reset()
+        for a, b in [(0, parts[0][1]), *parts[1:], (parts[-1][1], len(tokens))]:
+            rt.prefill(tokens[a:b])
+        want = [in_position_order(kv) for kv in rt.capture().sections]
+        assert [len(kv.positions) for kv in got] == [len(tokens), WINDOW]
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_array_equal(g.positions, w.positions)
+            inside = g.positions < parts[-1][1]  # the question and answer: batched otherwise
+            for kind in ("keys", "values"):
+                a, b = (getattr(kv, kind)[:, inside].astype(np.float32) for kv in (g, w))
+                assert np.abs(a - b).max() <= 1e-3 * np.abs(b).max()
+    finally:
+        eng.close()
+        eng.store.close()
+
+
+def test_a_long_documents_passages_are_blended_from_their_caches(tmp_path, gemma_path):
+    """A sliding-window model's chat over passages: the second ask reads them back."""
+    from test_longdoc import PASSAGES, add_long_document
+
+    eng = make_engine(tmp_path / "data", gemma_path, blend_fraction=0.15)
+    try:
+        eng.session.longdocs.top_k = 2
+        doc = add_long_document(eng.store)
+        q = "When does the Saturday ferry leave, and what does the museum keep?"
+        first = eng.ask(q, doc_ids=[doc], generation=GenerationOptions(max_tokens=8,
+                                                                       temperature=0))
+        assert [s["text"] for s in first.sources] == PASSAGES[:2]
+        eng.runtime.reset()
+        second = eng.ask(q, doc_ids=[doc], generation=GenerationOptions(max_tokens=8,
+                                                                        temperature=0))
+        assert not any("for the first time" in m for m in second.messages)
+        assert second.blended["mode"] == "blended" and second.blended["reused_tokens"] > 0
+        assert second.recomputed_tokens < first.recomputed_tokens / 2
+        assert second.answer
+    finally:
+        eng.close()
+        eng.store.close()

@@ -223,9 +223,8 @@ class ChatSession:
                    docs: Sequence[Document], cancel: threading.Event | None):
         """The chat prefix's layout and its later parts' own entries, if `tokens` start with
         one worth blending: a chat over passages (`longdoc`) or over several documents."""
-        # A sliding-window model's later parts would need their windows recomputed in place:
-        # not blended yet, computed as before.
-        if self.blend_fraction >= 1 or rt.layout.swa_layers:
+        # (A chunked-window model's runs cannot be computed between its parts: `blending`.)
+        if self.blend_fraction >= 1 or rt.layout.swa_chunked:
             return None
         found = self.longdocs.blendable(rt, chat_id, tokens, cancel)
         if found is not None or len(docs) < 2 or self.longdocs.applies(docs):

@@ -22,6 +22,14 @@ precede it) — together with whatever of S no cache holds. The assembled prefix
 once and the runs are computed in place, in order (`model.inplace`: llama.cpp computes a
 sequence only after its last position, so each run goes through a second sequence).
 
+A sliding-window (iSWA) model's window layers are assembled the same way, from each part's
+stored window (a passage's covers all of it; a document's, its last positions). llama.cpp
+keeps only the last window of those layers, so a run cannot be computed in the middle of the
+restored prefix (`inplace` refuses such models): the prefix is restored up to each run, the
+run computed after it as any prompt is, and its KV taken back (`_compute_windowed`). A
+position no cache holds the window layers' KV of is computed too, when the final window or a
+computed token attends to it there.
+
 Blended KV is approximate and is never stored: the engine computes the exact prefix in the
 background (`exactness`) and stores that. This module never writes to the store.
 """
@@ -38,6 +46,7 @@ import numpy as np
 from store import Entry, Store
 
 from ..calibration.calibrations import Calibrations
+from ..errors import Cancelled, RuntimeStateError
 from ..model import inplace, rope
 from ..model.kvstate import KVState, SeqState, in_position_order
 from ..model.prompts import Layout
@@ -121,9 +130,11 @@ class Blender:
 
     def usable(self, rt: Runtime, later: Sequence[Entry | None]) -> bool:
         """Whether a blend would reuse anything: a later part's own entry (None: not cached
-        here), and a model whose keys kvdesk can move and compute between (`inplace`)."""
-        return any(e is not None for e in later) and inplace.can_compute(rt) \
-            and self.ropes(rt) is not None
+        here), and a model whose keys kvdesk can move and compute between (`inplace`; a
+        sliding-window model's by restoring up to each run, unless its windows are chunked)."""
+        lay = rt.layout
+        between = not lay.swa_chunked if lay.swa_layers else inplace.can_compute(rt)
+        return any(e is not None for e in later) and between and self.ropes(rt) is not None
 
     def restore(self, rt: Runtime, layout: Layout, later: Sequence[Entry | None],
                 first: ChunkSource, *, options: RestoreOptions, speeds: Speeds, select: Select,
@@ -139,12 +150,13 @@ class Blender:
                                  speeds=speeds, chunk_tokens=self.chunk_tokens,
                                  progress=progress, cancel=cancel,
                                  calibrations=self.calibrations.resolver(rt.fingerprint))
-        kv = in_position_order(rt.capture().sections[0])
-        keys = np.empty((kv.n_layer, len(prefix), kv.channels), kv.dtype)
-        values = np.empty_like(keys)
-        keys[:, :end0], values[:, :end0] = kv.keys[:, :end0], kv.values[:, :end0]
-        known = np.zeros(len(prefix), bool)
-        known[:end0] = True
+        captured = [in_position_order(kv) for kv in rt.capture().sections]
+        # One Assembly per cache section: the full-attention layers', then a sliding-window
+        # model's window layers' (each position's KV, where some cache holds it).
+        built = [Assembly.of(kv, len(prefix)) for kv in captured]
+        built[0].take(captured[0], 0, end0)
+        if len(built) > 1:
+            built[1].take(captured[1], rt.layout.window_start(end0), end0)
         messages, levels, n_bytes = list(head.messages), list(head.chunk_levels), head.bytes_read
         ropes = self.ropes(rt)
         for entry, (start, end) in zip(later, layout.parts[1:], strict=False):
@@ -152,16 +164,21 @@ class Blender:
                               messages, levels)
             if got is None:
                 continue
-            part_keys, part_values, held, read = got
-            keys[:, start:end], values[:, start:end] = part_keys, part_values
-            known[start:end] = held
+            parts, read = got
+            for whole, (part_keys, part_values, held) in zip(built, parts, strict=True):
+                whole.keys[:, start:end], whole.values[:, start:end] = part_keys, part_values
+                whole.known[start:end] = held
             n_bytes += read
             for p in select(start, end - start):
-                known[p] = False
+                built[0].known[p] = False
+        known = built[0].known
         reused = int(known[end0:].sum())
         approximate = np.flatnonzero(known[end0:])
         exact_until = end0 + int(approximate[0]) if len(approximate) else len(prefix)
-        computed = self._compute(rt, prefix, keys, values, known, cancel)
+        if len(built) > 1:
+            computed = self._compute_windowed(rt, prefix, *built, end0, cancel)
+        else:
+            computed = self._compute(rt, prefix, built[0].keys, built[0].values, known, cancel)
         return RestoreReport(
             tokens=len(prefix), restore_s=time.perf_counter() - t0, bytes_read=n_bytes,
             chunk_levels=levels, recomputed_tokens=head.recomputed_tokens + computed,
@@ -169,37 +186,52 @@ class Blender:
             Blend(reused, computed, "blended", exact_until)
 
     def _reuse(self, rt, entry, part, ropes, options, speeds, cancel, messages, levels):
-        """(keys, values, which tokens are held, bytes read) of a later part from its own
-        entry, moved into place; None when there is nothing to reuse."""
+        """([(keys, values, which tokens are held) per cache section], bytes read) of a
+        later part from its own entry, moved into place; None when there is nothing to reuse."""
         if entry is None or entry.parent_id is not None:
             return None
         stored = self.store.tokens(entry.id)
         runs = [r for r in align(part, stored) if r[2] > 0]
         if not runs:
             return None
-        spans = [s for s in self.store.spans(entry.id)
-                 if any(s.token_start < ss + n and ss < s.token_end for _, ss, n in runs)]
         lay = rt.layout
-        k = np.empty((lay.n_layer, entry.token_end, lay.channels), rt.cache_dtype)
-        v = np.empty_like(k)
-        read, n_bytes = streaming.read_chunks(
-            SpanSource(self.store, spans), stored, k, v, levels=self.levels, options=options,
-            speeds=speeds, bytes_per_token=lay.kv_bytes_per_token, cancel=cancel,
-            calibrations=self.calibrations.resolver(rt.fingerprint),
-            chunk_levels=levels, messages=messages)
-        if read < spans[-1].token_end:
-            what = f"document {entry.document_id}" if not entry.passage else "a passage"
-            messages.append(f"the cache of {what} could not be read whole: computing it")
-            return None
-        keys = np.empty((lay.n_layer, len(part), lay.channels), k.dtype)
-        values = np.empty_like(keys)
-        held = np.zeros(len(part), bool)
-        for offset, at, n in runs:
-            delta = np.full(n, offset - at)
-            keys[:, offset:offset + n] = rope.rerotate(k[:, at:at + n], delta, ropes)
-            values[:, offset:offset + n] = v[:, at:at + n]
-            held[offset:offset + n] = True
-        return keys, values, held, n_bytes
+        # (its chunks or window parts, layers, bytes a token, the layers' ropes) per section
+        sections = [(self.store.spans(entry.id), lay.full_layers, lay.kv_bytes_per_token,
+                     ropes[:lay.full_layers])]
+        if lay.swa_layers:
+            sections.append((self.store.windows([entry.id]).get(entry.id, ()), lay.swa_layers,
+                             lay.window_bytes_per_token, ropes[lay.full_layers:]))
+        out, n_bytes = [], 0
+        for i, (all_spans, n_layer, per_token, layer_ropes) in enumerate(sections):
+            spans = [s for s in all_spans
+                     if any(s.token_start < ss + n and ss < s.token_end for _, ss, n in runs)]
+            k = np.empty((n_layer, entry.token_end, lay.channels), rt.cache_dtype)
+            v = np.empty_like(k)
+            read, got = (streaming.read_chunks(
+                SpanSource(self.store, spans), stored, k, v, levels=self.levels,
+                options=options, speeds=speeds, bytes_per_token=per_token, cancel=cancel,
+                calibrations=self.calibrations.resolver(rt.fingerprint),
+                chunk_levels=levels, messages=messages) if spans else (0, 0))
+            n_bytes += got
+            # Chunks cover the runs whole; a window may begin after a run does (then the
+            # window layers' KV before it is not known).
+            held_from = spans[0].token_start if spans else entry.token_end
+            if (spans and read < spans[-1].token_end) or (i == 0 and not spans):
+                what = f"document {entry.document_id}" if not entry.passage else "a passage"
+                messages.append(f"the cache of {what} could not be read whole: computing it")
+                return None
+            keys = np.zeros((n_layer, len(part), lay.channels), k.dtype)
+            values = np.zeros_like(keys)
+            held = np.zeros(len(part), bool)
+            for offset, at, n in runs:
+                skip = min(n, max(0, held_from - at))
+                at, offset, n = at + skip, offset + skip, n - skip
+                delta = np.full(n, offset - at)
+                keys[:, offset:offset + n] = rope.rerotate(k[:, at:at + n], delta, layer_ropes)
+                values[:, offset:offset + n] = v[:, at:at + n]
+                held[offset:offset + n] = True
+            out.append((keys, values, held))
+        return out, n_bytes
 
     def _compute(self, rt: Runtime, prefix: list[int], keys: np.ndarray, values: np.ndarray,
                  known: np.ndarray, cancel) -> int:
@@ -213,6 +245,77 @@ class Blender:
                                 v_trans=rt.layout.v_trans)])
         inplace.restore(rt, seq, prefix, runs, cancel=cancel)
         return int(sum(b - a for a, b in runs))
+
+
+    def _compute_windowed(self, rt: Runtime, prefix: list[int], full: Assembly,
+                          window: Assembly, end0: int, cancel) -> int:
+        """A sliding-window model's `_compute`: each run computed after the prefix restored
+        up to it, its KV taken back, then the whole prefix restored; tokens computed."""
+        lay, n = rt.layout, len(prefix)
+        todo = ~full.known
+        # From the end back: a position is computed when its full-attention KV is unknown, or
+        # its window KV is and a state restored (the final one, or one a token computed after
+        # it is computed in) holds it in its window.
+        reach = lay.window_start(n)
+        for p in range(n - 1, end0 - 1, -1):
+            if todo[p] or (p >= reach and not window.known[p]):
+                todo[p] = True
+                reach = min(reach, lay.window_start(p))
+        runs = _runs(todo)
+        try:
+            for a, b in runs:
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled("stopped while computing a blended prefix")
+                self._restore_up_to(rt, prefix, full, window, a)
+                rt.prefill(prefix[a:b], cancel=cancel)
+                back = [in_position_order(kv) for kv in rt.capture().sections]
+                full.take(back[0], a, b)
+                window.take(back[1], max(a, lay.window_start(b)), b)
+            if not runs or runs[-1][1] < n:  # (else the context holds the prefix already)
+                self._restore_up_to(rt, prefix, full, window, n)
+        except BaseException:
+            rt.reset()  # never a context holding part of an assembly
+            raise
+        return int(sum(b - a for a, b in runs))
+
+    @staticmethod
+    def _restore_up_to(rt: Runtime, prefix: list[int], full: Assembly, window: Assembly,
+                       end: int) -> None:
+        start = rt.layout.window_start(end)
+        if not (full.known[:end].all() and window.known[start:end].all()):
+            raise RuntimeStateError(f"a blended prefix of {end:,} tokens is not assembled whole")
+        buf = rt.new_state_buffer(end)
+        buf.keys[...], buf.values[...] = full.keys[:, :end], full.values[:, :end]
+        if end > start:
+            buf.window_keys[:, -(end - start):] = window.keys[:, start:end]
+            buf.window_values[:, -(end - start):] = window.values[:, start:end]
+        rt.restore_buffer(buf, prefix[:end])
+
+
+@dataclass
+class Assembly:
+    """One cache section of a prefix being assembled: each position's KV and whether it is
+    known (from a cache, or computed)."""
+
+    keys: np.ndarray  # [layers, prefix tokens, channels]
+    values: np.ndarray
+    known: np.ndarray  # bool [prefix tokens]
+
+    @classmethod
+    def of(cls, like: KVState, n_tokens: int) -> Assembly:
+        keys = np.empty((like.n_layer, n_tokens, like.channels), like.dtype)
+        return cls(keys, np.empty_like(keys), np.zeros(n_tokens, bool))
+
+    def take(self, kv: KVState, start: int, end: int) -> None:
+        """Positions [start, end) from `kv` (in position order, holding them)."""
+        if end <= start:
+            return
+        at = int(np.searchsorted(kv.positions, start))
+        if at + end - start > kv.n_tokens or kv.positions[at + end - start - 1] != end - 1:
+            raise RuntimeStateError(f"the context does not hold positions {start}..{end - 1}")
+        self.keys[:, start:end] = kv.keys[:, at:at + end - start]
+        self.values[:, start:end] = kv.values[:, at:at + end - start]
+        self.known[start:end] = True
 
 
 def _runs(mask: np.ndarray) -> list[tuple[int, int]]:

@@ -24,8 +24,8 @@ It never leaves the scratch sequence behind (on failure or cancellation the cont
 never leaves a runtime without a context (a second sequence llama.cpp cannot make: the
 one-sequence context made back, `Unavailable`, and the caller computes exactly), and never
 serves a model with sliding-window layers: a restored window holds only the last positions,
-not those before a run, its cache would grow with the sequences (n_swa each), and blending is
-off for them (`chat.sessions`).
+not those before a run, and its cache would grow with the sequences (n_swa each); `blending`
+restores such a model's prefix up to each run instead.
 """
 
 from __future__ import annotations

@@ -7,8 +7,10 @@ rotations compose, R(new) R(old)^-1 = R(new - old). Values carry no position.
 
 `probe(runtime)` finds the rotation of every layer of a loaded model and checks it against
 llama.cpp itself: a short text is prefilled, llama.cpp shifts its cells by a large offset
-(the K-shift it applies when a context slides), and each layer's shifted keys must equal the
-cached keys turned by `rerotate` within fp16 rounding. The angles per channel pair follow
+(the K-shift it applies when a context slides; a sliding-window cache, which it cannot
+shift, is probed in a small context of its own whose window layers keep every position), and
+each layer's shifted keys must equal the cached keys turned by `rerotate` within fp16
+rounding. The angles per channel pair follow
 llama.cpp's formula for the RoPE type (norm: pairs 2i, 2i+1; neox: pairs i, i + n_rot / 2) from
 the model's base frequency and scale; a layer whose keys match none of the candidate bases
 (the metadata's, the sliding-window layers' 10,000 that llama.cpp assumes for Gemma 3...)
@@ -20,10 +22,13 @@ It never changes what a runtime holds beyond the probe it runs in a context of i
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import llama_cpp
 import numpy as np
+from llama_cpp import _internals
 
 from ..errors import EngineError
 from .kvstate import in_position_order, parse_seq_sections
@@ -34,6 +39,7 @@ PROBE_TEXT = ("The quick brown fox jumps over the lazy dog while the keeper of t
 PROBE_SHIFT = 3001  # large: a wrong frequency shows, even on the slowest-turning pairs
 MATCH_TOLERANCE = 0.02  # of the keys' largest magnitude: fp16 rounding is ~1e-3
 EXTRA_BASES = (10000.0, 1000000.0)
+PROBE_CONTEXT = 128  # cells of the context a cache that cannot shift is probed in
 
 
 @dataclass(frozen=True)
@@ -102,7 +108,7 @@ def probe(rt: Runtime) -> list[Rope]:
     head_dim = rt.layout.head_dim
     tokens = rt.tokenize(PROBE_TEXT, add_bos=rt.adds_bos)
     rt.reset()
-    try:
+    with _shiftable(rt):
         rt.prefill(tokens)
         before = _layers(rt)
         memory = llama_cpp.llama_get_memory(rt.llm._ctx.ctx)
@@ -111,8 +117,6 @@ def probe(rt: Runtime) -> list[Rope]:
         llama_cpp.llama_memory_seq_add(memory, 0, 0, -1, PROBE_SHIFT)
         _eval_at(rt, tokens[-1], len(tokens) + PROBE_SHIFT)  # llama.cpp applies the shift
         after = _layers(rt)
-    finally:
-        rt.reset()
     ropes = []
     for layer in range(before.shape[0]):
         k0, k1 = before[layer : layer + 1, : len(tokens)], after[layer : layer + 1, : len(tokens)]
@@ -129,6 +133,35 @@ def probe(rt: Runtime) -> list[Rope]:
             raise EngineError(f"layer {layer}'s keys move in a way kvdesk does not reproduce "
                               "(a RoPE with per-dimension factors or YaRN scaling)")
     return ropes
+
+
+@contextlib.contextmanager
+def _shiftable(rt: Runtime) -> Iterator[None]:
+    """Around the probe: `rt`'s context, reset after; for a cache llama.cpp cannot shift (a
+    sliding-window one keeps only its window) a small context of the same model in its place,
+    whose window layers keep every position (swa_full), so that it can."""
+    llm = rt.llm
+    own = llm._ctx
+    if llama_cpp.llama_memory_can_shift(llama_cpp.llama_get_memory(own.ctx)):
+        try:
+            yield
+        finally:
+            rt.reset()
+        return
+    params = type(llm.context_params).from_buffer_copy(llm.context_params)
+    params.n_ctx = params.n_batch = params.n_ubatch = PROBE_CONTEXT
+    params.n_seq_max, params.swa_full = 1, True
+    try:
+        llm._ctx = _internals.LlamaContext(model=llm._model, params=params, verbose=llm.verbose)
+    except ValueError as e:
+        raise EngineError(f"llama.cpp could not make a context to probe RoPE in ({e})") from e
+    try:
+        rt.reset()
+        yield
+    finally:
+        probe, llm._ctx = llm._ctx, own
+        probe.close()
+        rt.reset()
 
 
 def _layers(rt: Runtime) -> np.ndarray:
