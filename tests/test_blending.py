@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 
 from desktop_app.engine import Engine
 from desktop_app.errors import Cancelled
 from desktop_app.kv.blending import _runs, align, leading
 from desktop_app.kv.levels import DEFAULT_LEVELS, EXACT
+from desktop_app.model.kvstate import in_position_order
 from desktop_app.model.runtime import Runtime
 from desktop_app.options import GenerationOptions, RestoreOptions
 from store import Store
@@ -34,7 +36,7 @@ def test_align_finds_the_header_and_the_document_after_the_system_prompt():
     part = [1, 2, 3, *range(100, 120), 8, 8]
     assert align(part, stored) == [(0, 0, 3), (3, 8, 20)]
     assert align([5, 6], stored) == []  # nothing in common: nothing reused
-    assert _runs(__import__("numpy").array([0, 1, 1, 0, 1], bool)) == [(1, 3), (4, 5)]
+    assert _runs(np.array([0, 1, 1, 0, 1], bool)) == [(1, 3), (4, 5)]
     assert list(leading(0.1)(100, 50)) == list(range(100, 105))
 
 
@@ -85,6 +87,29 @@ def test_a_blended_chat_answers_then_becomes_exact(engine):
     # The same question asked again over the same history, every token computed from text.
     redo = engine.regenerate(chat, restore=RestoreOptions(no_cache=True), generation=GREEDY)
     assert redo.answer == exact.answer
+
+
+def test_a_later_documents_keys_are_turned_to_their_place_in_the_chat(engine):
+    """The first layer's keys depend only on each token and its position: a blended prefix
+    read losslessly holds them as a prefill of the same tokens does, at every position (each
+    later document's reused keys turned from their place in its own entry to the chat's)."""
+    held = []
+
+    def capture(report):
+        rt = engine.runtime
+        held.append((rt.tokens, in_position_order(rt.capture().sections[0]).keys[0]))
+
+    first = ask(engine, doc_ids=engine.doc_ids, restore=RestoreOptions(level="lossless"),
+                on_restore=capture)
+    assert first.blended["mode"] == "blended" and first.blended["reused_tokens"] > 0
+    assert engine.exactness.idle.wait(300)
+    tokens, blended = held[0]
+    rt = engine.runtime
+    rt.reset()
+    rt.prefill(tokens)
+    exact = in_position_order(rt.capture().sections[0]).keys[0].astype(np.float32)
+    err = np.abs(blended.astype(np.float32) - exact).max(axis=1)  # per position
+    assert err.max() <= 0.02 * np.abs(exact).max(), int(np.argmax(err))
 
 
 def test_one_document_chats_are_not_blended(engine):

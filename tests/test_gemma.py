@@ -263,21 +263,39 @@ def test_a_long_documents_passages_are_blended_from_their_caches(tmp_path, gemma
     """A sliding-window model's chat over passages: the second ask reads them back."""
     from test_longdoc import PASSAGES, add_long_document
 
-    eng = make_engine(tmp_path / "data", gemma_path, blend_fraction=0.15)
+    eng = make_engine(tmp_path / "data", gemma_path, blend_fraction=0.15,
+                      passage_level="lossless")
     try:
         eng.session.longdocs.top_k = 2
         doc = add_long_document(eng.store)
         q = "When does the Saturday ferry leave, and what does the museum keep?"
-        first = eng.ask(q, doc_ids=[doc], generation=GenerationOptions(max_tokens=8,
-                                                                       temperature=0))
+        greedy = GenerationOptions(max_tokens=8, temperature=0)
+        first = eng.ask(q, doc_ids=[doc], generation=greedy)
         assert [s["text"] for s in first.sources] == PASSAGES[:2]
+        held = []
+
+        def capture(report):
+            rt = eng.runtime
+            held.append((rt.tokens, in_position_order(rt.capture().sections[1])))
+
         eng.runtime.reset()
-        second = eng.ask(q, doc_ids=[doc], generation=GenerationOptions(max_tokens=8,
-                                                                        temperature=0))
+        second = eng.ask(q, doc_ids=[doc], generation=greedy, on_restore=capture,
+                         restore=RestoreOptions(level="lossless"))
         assert not any("for the first time" in m for m in second.messages)
         assert second.blended["mode"] == "blended" and second.blended["reused_tokens"] > 0
         assert second.recomputed_tokens < first.recomputed_tokens / 2
         assert second.answer
+        # Gemma's first layer is a window layer, whose keys depend only on each token and
+        # its position: the reused passage's, turned to its place, are a prefill's.
+        tokens, window = held[0]
+        rt = eng.runtime
+        rt.reset()
+        rt.prefill(tokens)
+        exact = in_position_order(rt.capture().sections[1])
+        np.testing.assert_array_equal(window.positions, exact.positions)
+        want = exact.keys[0].astype(np.float32)
+        err = np.abs(window.keys[0].astype(np.float32) - want).max(axis=1)
+        assert err.max() <= 0.02 * np.abs(want).max(), int(np.argmax(err))
     finally:
         eng.close()
         eng.store.close()

@@ -160,8 +160,8 @@ class Blender:
         messages, levels, n_bytes = list(head.messages), list(head.chunk_levels), head.bytes_read
         ropes = self.ropes(rt)
         for entry, (start, end) in zip(later, layout.parts[1:], strict=False):
-            got = self._reuse(rt, entry, prefix[start:end], ropes, options, speeds, cancel,
-                              messages, levels)
+            got = self._reuse(rt, entry, prefix[start:end], start, ropes, options, speeds,
+                              cancel, messages, levels)
             if got is None:
                 continue
             parts, read = got
@@ -185,9 +185,10 @@ class Blender:
             messages=messages, source=head.source, adapted_chunks=head.adapted_chunks), \
             Blend(reused, computed, "blended", exact_until)
 
-    def _reuse(self, rt, entry, part, ropes, options, speeds, cancel, messages, levels):
+    def _reuse(self, rt, entry, part, start, ropes, options, speeds, cancel, messages, levels):
         """([(keys, values, which tokens are held) per cache section], bytes read) of a
-        later part from its own entry, moved into place; None when there is nothing to reuse."""
+        later part from its own entry, moved into place (the part begins at position `start`
+        of the prefix); None when there is nothing to reuse."""
         if entry is None or entry.parent_id is not None:
             return None
         stored = self.store.tokens(entry.id)
@@ -226,7 +227,7 @@ class Blender:
             for offset, at, n in runs:
                 skip = min(n, max(0, held_from - at))
                 at, offset, n = at + skip, offset + skip, n - skip
-                delta = np.full(n, offset - at)
+                delta = np.full(n, start + offset - at)  # from its place in the entry
                 keys[:, offset:offset + n] = rope.rerotate(k[:, at:at + n], delta, layer_ropes)
                 values[:, offset:offset + n] = v[:, at:at + n]
                 held[offset:offset + n] = True
