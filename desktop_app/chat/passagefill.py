@@ -52,6 +52,8 @@ class PassageFill(Background):
             self.yield_to_turns()
             with self.attach_lock:
                 rt = self.contexts.get(ATTACH)
+                if not self.kv.kept(rt):
+                    return
                 if self.kv.entry(rt, passage.text) is not None:
                     continue
                 full = self.store.usage_bytes() >= self.store.budget_bytes

@@ -28,6 +28,7 @@ from store import Entry, Store
 from ..model.prompts import passage_prefix
 from ..model.runtime import Runtime
 from .kvcache import KVCache
+from .levels import EXACT
 from .sharing import Sharing
 
 DEFAULT_PASSAGE_LEVEL = "balanced"
@@ -38,7 +39,8 @@ MEMO = 8192  # passages' tokens kept (tokenizing one costs ~1 ms; a 3 MB text ha
 class Ready:
     """A question's passages made ready: each one's entry, and what that took."""
 
-    entries: list[Entry | None]  # None only where a sliding-window context could not store it
+    entries: list[Entry | None]  # None where a sliding-window context could not store it, or
+    # the model keeps no passage KV (`PassageKV.kept`)
     computed: int = 0  # passages computed here
     computed_tokens: int = 0
     pulled: int = 0  # passages taken from the shared cache
@@ -72,11 +74,22 @@ class PassageKV:
         last = match.entries[-1]
         return last if last.parent_id is None and last.token_end == len(tokens) else None
 
+    def kept(self, rt: Runtime) -> bool:
+        """Whether `rt`'s model keeps passage KV. At a lossy level a sliding-window model
+        does only once its levels are calibrated: on Gemma 3 270M the model-independent levels
+        lost 18 of the 21 answers the model gives from the exact passages (RESULTS.md, "A
+        sliding-window model's passages blended"), so its passages are read as text until
+        then."""
+        return (self.level == EXACT or not rt.layout.swa_layers
+                or self.kv.calibrations.current(rt.fingerprint) is not None)
+
     def ensure(self, rt: Runtime, passages: Sequence[tuple[int, str]], *,
                cancel: threading.Event | None = None) -> Ready:
         """The entry of each (document id, text) passage: stored here, else taken from the
         shared cache, else computed in `rt` (whose content is replaced) and stored (and
-        shared, when automatic pushing is on)."""
+        shared, when automatic pushing is on); none where the model keeps none (`kept`)."""
+        if not self.kept(rt):
+            return Ready([None] * len(passages))
         ready = Ready([])
         for document_id, text in passages:
             found = self.entry(rt, text, touch=True)
