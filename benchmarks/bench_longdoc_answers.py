@@ -42,6 +42,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import codec
 from benchmarks.bench_retrieval import facts_with_answers, haystack
 from benchmarks.common import model_of
 from desktop_app.engine import Engine
@@ -132,6 +133,10 @@ class Size:
         self.docs: list[int] = []
         self.chars = 0
         self.eng.warm_up()
+        if args.calibration:  # the model's levels as `kvdesk calibrate` made them elsewhere
+            cal = codec.Calibration.from_bytes(Path(args.calibration).read_bytes())
+            self.eng.calibrations.adopt(codec.Calibration(
+                cal.parts, {**cal.meta, "fingerprint": self.eng.fingerprint}))
 
     def attach(self, name: str, text: str, suffix: str = ".txt") -> int:
         path = self.folder / f"{name}{suffix}"
@@ -232,6 +237,8 @@ def main() -> None:
                    help="comma-separated passage sizes in tokens (default: the app's)")
     p.add_argument("--rules", default="focused", help=f"comma-separated, of {', '.join(RULES)}")
     p.add_argument("--exact", action="store_true", help="also read the passages exactly")
+    p.add_argument("--calibration", default=None,
+                   help="a `kvdesk calibrate` result for this model, adopted (its levels)")
     p.add_argument("--alone", action="store_true", help="also ask over the fact's passage alone")
     p.add_argument("--n-ctx", type=int, default=4096)
     p.add_argument("--max-tokens", type=int, default=32)
