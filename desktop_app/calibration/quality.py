@@ -311,21 +311,30 @@ class Evaluator:
         """State bytes for KV sections shaped like the reference's (for experiments)."""
         return kvstate.build_seq_sections(kvstate.SeqState(list(sections), 0))
 
-    def measure_state(self, name: str, state: bytes, bits: float) -> dict:
-        """Score any state of the prefix (e.g. KV altered by an experiment)."""
-        return self._measure(name, bits, self.exact, state)
+    def measure_state(self, name: str, state: bytes, bits: float, *,
+                      noise: bool = False) -> dict:
+        """Score any state of the prefix (e.g. KV altered by an experiment). With `noise`, the
+        row also has the standard errors of its KLD and top-1 over the scored positions
+        ("kld_se", "top1_se"): how far the same configuration could land on another M tokens."""
+        return self._measure(name, bits, self.exact, state, noise)
 
-    def _measure(self, name: str, bits: float, rt: Runtime, state: bytes) -> dict:
+    def _measure(self, name: str, bits: float, rt: Runtime, state: bytes,
+                 noise: bool = False) -> dict:
         ref = self.reference
         logprobs, tokens = self._score(rt, state)
-        kld = top1 = nll = 0.0
+        kld, agree, nll = [], [], 0.0
         for i in range(0, len(logprobs), 16):
             p_ref = ref.logprobs[i : i + 16].astype(np.float64)
             p = logprobs[i : i + 16].astype(np.float64)
-            kld += float((np.exp(p_ref) * (p_ref - p)).sum())
-            top1 += int((p_ref.argmax(1) == p.argmax(1)).sum())
+            kld.append((np.exp(p_ref) * (p_ref - p)).sum(axis=1))
+            agree.append(p_ref.argmax(1) == p.argmax(1))
             nll -= float(p[np.arange(len(p)), ref.targets[i : i + 16]].sum())
         n = len(logprobs)
-        return {"config": name, "bits_per_element": round(bits, 4), "kld": kld / n,
-                "top1": top1 / n, "ppl": float(np.exp(nll / n)),
-                "greedy_match": tokens == ref.greedy}
+        kld, agree = np.concatenate(kld), np.concatenate(agree)
+        top1 = int(agree.sum()) / n
+        row = {"config": name, "bits_per_element": round(bits, 4), "kld": float(kld.sum()) / n,
+               "top1": top1, "ppl": float(np.exp(nll / n)), "greedy_match": tokens == ref.greedy}
+        if noise:
+            row["kld_se"] = float(kld.std(ddof=1) / np.sqrt(n)) if n > 1 else 0.0
+            row["top1_se"] = float(np.sqrt(top1 * (1 - top1) / n))
+        return row
