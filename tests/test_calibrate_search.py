@@ -3,7 +3,10 @@ the contract holds, and where when even its finest scale misses."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
+import pytest
 
 from desktop_app.calibration import calibrate
 
@@ -44,3 +47,17 @@ def test_when_every_scale_misses_it_keeps_the_cheapest_scale_within_the_noise():
     assert row["kld"] - 0.0047 <= 0.0005
     coarser = [s for s in list(seen) if s > scale]
     assert all(measure(s)["kld"] - 0.0047 > 0.0005 for s in coarser)
+def test_a_top1_level_aims_above_its_target_by_the_measurements_noise():
+    def measure(scale):
+        top1 = 0.99 - 0.01 * scale
+        return {"kld": 0.01 * scale, "kld_se": 0.001, "top1": top1,
+                "top1_se": np.sqrt(top1 * (1 - top1) / 256), "scale": scale}
+
+    no_kld = dataclasses.replace(SETTINGS, top1_kld_safety=1.0)
+    _, row = calibrate._place(measure, "top1", 0.94, 1 / 64, 64.0, no_kld)
+    noise = np.sqrt(0.94 * 0.06 / 256)
+    assert row["goal"] == pytest.approx(0.94 + noise)
+    assert row["met"] and row["top1"] >= 0.94 + noise
+    wider = dataclasses.replace(no_kld, top1_z=2.0)
+    _, strict = calibrate._place(measure, "top1", 0.94, 1 / 64, 64.0, wider)
+    assert strict["scale"] < row["scale"]

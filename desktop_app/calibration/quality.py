@@ -198,13 +198,15 @@ class Evaluator:
     """The exact run of one text, computed once, against which configurations are scored.
 
     Keeps one f16 runtime for the reference and every codec configuration; natively quantized
-    caches get their own runtime (and their own prefill) when asked for.
+    caches get their own runtime (and their own prefill) when asked for. With `fit`, a text
+    shorter than prefix + continuation tokens shrinks both in proportion instead of failing.
     """
 
     def __init__(self, model_path: str | Path, text: str | None = None, *,
                  prefix_tokens: int = 2048, cont_tokens: int = 256, greedy_tokens: int = 64,
                  n_threads: int | None = None, calibration: codec.Calibration | None = None,
-                 tokens: Sequence[int] | None = None, flash_attn: bool = True):
+                 tokens: Sequence[int] | None = None, flash_attn: bool = True,
+                 fit: bool = False):
         self.model_path = Path(model_path)
         self.n_threads = n_threads or os.cpu_count() or 1
         self.prefix_tokens, self.cont_tokens = prefix_tokens, cont_tokens
@@ -217,6 +219,11 @@ class Evaluator:
             if tokens is None:
                 tokens = self.exact.tokenize(text, add_bos=True, special=False)
             need = prefix_tokens + cont_tokens + 1
+            if fit and len(tokens) < need:  # a tokenizer that needs fewer tokens for the text
+                share = (len(tokens) - 1) / (prefix_tokens + cont_tokens)
+                prefix_tokens, cont_tokens = int(prefix_tokens * share), int(cont_tokens * share)
+                self.prefix_tokens, self.cont_tokens = prefix_tokens, cont_tokens
+                need = prefix_tokens + cont_tokens + 1
             if prefix_tokens < 1 or cont_tokens < 1 or len(tokens) < need:
                 raise EvalError(f"the text has {len(tokens)} tokens; {need} are needed "
                                 f"({prefix_tokens} prefix + {cont_tokens} continuation + 1)")
