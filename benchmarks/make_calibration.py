@@ -8,8 +8,8 @@
 `--variants`: the transforms the calibration may choose from (`calibrate.Settings.variants`;
 cheapest first), the product's default without it. `--prefix-tokens`, `--cont-tokens`: another
 share of the built-in calibration text (1,294 SmolLM2 tokens) than the product's 1,024 + 256;
-`--iterations`, `--top1-z`, `--top1-kld-safety`: the level search's `Settings`. Prints the calibration's record as JSON and the
-process's CPU seconds.
+`--iterations`, `--top1-z`, `--top1-kld-safety`: the level search's `Settings`. Prints the
+calibration's record as JSON, with the wall and process CPU seconds.
 """
 
 from __future__ import annotations
