@@ -11,7 +11,9 @@ import sys
 import numpy as np
 import pytest
 
-from desktop_app.calibration import quality
+from desktop_app.app import App
+from desktop_app.calibration import calibrate, quality
+from desktop_app.settings import Settings
 
 pytestmark = pytest.mark.model
 
@@ -116,7 +118,16 @@ def test_a_fitted_evaluator_shrinks_to_a_short_text_and_reports_its_noise(evalua
     assert 0 < noisy["kld_se"] < noisy["kld"]
 
 
-def test_cli_eval_json(tmp_path):
+def test_cli_eval_json(tmp_path, model_path):
+    # the model calibrated first with tiny settings (the product's own calibration takes
+    # minutes), in the data directory the command reads
+    app = App(Settings(data_dir=str(tmp_path / "data")))
+    try:
+        tiny = calibrate.Settings(prefix_tokens=96, cont_tokens=24, iterations=2)
+        app.engine.calibrations.adopt(calibrate.calibrate(
+            model_path, fingerprint=app.engine.fingerprint, settings=tiny))
+    finally:
+        app.close()
     doc = tmp_path / "doc.txt"
     doc.write_text(TEXT)
     out = subprocess.run(
