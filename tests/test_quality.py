@@ -11,7 +11,9 @@ import sys
 import numpy as np
 import pytest
 
-from desktop_app.calibration import quality
+from desktop_app.app import App
+from desktop_app.calibration import calibrate, quality
+from desktop_app.settings import Settings
 
 pytestmark = pytest.mark.model
 
@@ -101,7 +103,31 @@ def test_unknown_config_and_short_text_are_refused(model_path):
                          configs=["fp16"])
 
 
-def test_cli_eval_json(tmp_path):
+def test_a_fitted_evaluator_shrinks_to_a_short_text_and_reports_its_noise(evaluator,
+                                                                            model_path):
+    tokens = evaluator.prefix + evaluator.cont  # 225 tokens, for 300 + 100 asked
+    with quality.Evaluator(model_path, tokens=tokens, prefix_tokens=300, cont_tokens=100,
+                           greedy_tokens=0, fit=True) as ev:
+        assert (ev.prefix_tokens, ev.cont_tokens) == (168, 56)  # 224 in the same proportion
+        row = ev.measure_state("fp16", ev.reference.state, 16.0, noise=True)
+    assert row["kld"] == 0.0 and row["kld_se"] == 0.0 and row["top1_se"] == 0.0
+    noisy = evaluator.measure_state("crude", evaluator.compressed_state(CRUDE)[0], 1.0,
+                                    noise=True)
+    top1 = noisy["top1"]
+    assert noisy["top1_se"] == pytest.approx(np.sqrt(top1 * (1 - top1) / CONT))
+    assert 0 < noisy["kld_se"] < noisy["kld"]
+
+
+def test_cli_eval_json(tmp_path, model_path):
+    # the model calibrated first with tiny settings (the product's own calibration takes
+    # minutes), in the data directory the command reads
+    app = App(Settings(data_dir=str(tmp_path / "data")))
+    try:
+        tiny = calibrate.Settings(prefix_tokens=96, cont_tokens=24, iterations=2)
+        app.engine.calibrations.adopt(calibrate.calibrate(
+            model_path, fingerprint=app.engine.fingerprint, settings=tiny))
+    finally:
+        app.close()
     doc = tmp_path / "doc.txt"
     doc.write_text(TEXT)
     out = subprocess.run(

@@ -198,13 +198,15 @@ class Evaluator:
     """The exact run of one text, computed once, against which configurations are scored.
 
     Keeps one f16 runtime for the reference and every codec configuration; natively quantized
-    caches get their own runtime (and their own prefill) when asked for.
+    caches get their own runtime (and their own prefill) when asked for. With `fit`, a text
+    shorter than prefix + continuation tokens shrinks both in proportion instead of failing.
     """
 
     def __init__(self, model_path: str | Path, text: str | None = None, *,
                  prefix_tokens: int = 2048, cont_tokens: int = 256, greedy_tokens: int = 64,
                  n_threads: int | None = None, calibration: codec.Calibration | None = None,
-                 tokens: Sequence[int] | None = None, flash_attn: bool = True):
+                 tokens: Sequence[int] | None = None, flash_attn: bool = True,
+                 fit: bool = False):
         self.model_path = Path(model_path)
         self.n_threads = n_threads or os.cpu_count() or 1
         self.prefix_tokens, self.cont_tokens = prefix_tokens, cont_tokens
@@ -217,6 +219,11 @@ class Evaluator:
             if tokens is None:
                 tokens = self.exact.tokenize(text, add_bos=True, special=False)
             need = prefix_tokens + cont_tokens + 1
+            if fit and len(tokens) < need:  # a tokenizer that needs fewer tokens for the text
+                share = (len(tokens) - 1) / (prefix_tokens + cont_tokens)
+                prefix_tokens, cont_tokens = int(prefix_tokens * share), int(cont_tokens * share)
+                self.prefix_tokens, self.cont_tokens = prefix_tokens, cont_tokens
+                need = prefix_tokens + cont_tokens + 1
             if prefix_tokens < 1 or cont_tokens < 1 or len(tokens) < need:
                 raise EvalError(f"the text has {len(tokens)} tokens; {need} are needed "
                                 f"({prefix_tokens} prefix + {cont_tokens} continuation + 1)")
@@ -311,21 +318,30 @@ class Evaluator:
         """State bytes for KV sections shaped like the reference's (for experiments)."""
         return kvstate.build_seq_sections(kvstate.SeqState(list(sections), 0))
 
-    def measure_state(self, name: str, state: bytes, bits: float) -> dict:
-        """Score any state of the prefix (e.g. KV altered by an experiment)."""
-        return self._measure(name, bits, self.exact, state)
+    def measure_state(self, name: str, state: bytes, bits: float, *,
+                      noise: bool = False) -> dict:
+        """Score any state of the prefix (e.g. KV altered by an experiment). With `noise`, the
+        row also has the standard errors of its KLD and top-1 over the scored positions
+        ("kld_se", "top1_se"): how far the same configuration could land on another M tokens."""
+        return self._measure(name, bits, self.exact, state, noise)
 
-    def _measure(self, name: str, bits: float, rt: Runtime, state: bytes) -> dict:
+    def _measure(self, name: str, bits: float, rt: Runtime, state: bytes,
+                 noise: bool = False) -> dict:
         ref = self.reference
         logprobs, tokens = self._score(rt, state)
-        kld = top1 = nll = 0.0
+        kld, agree, nll = [], [], 0.0
         for i in range(0, len(logprobs), 16):
             p_ref = ref.logprobs[i : i + 16].astype(np.float64)
             p = logprobs[i : i + 16].astype(np.float64)
-            kld += float((np.exp(p_ref) * (p_ref - p)).sum())
-            top1 += int((p_ref.argmax(1) == p.argmax(1)).sum())
+            kld.append((np.exp(p_ref) * (p_ref - p)).sum(axis=1))
+            agree.append(p_ref.argmax(1) == p.argmax(1))
             nll -= float(p[np.arange(len(p)), ref.targets[i : i + 16]].sum())
         n = len(logprobs)
-        return {"config": name, "bits_per_element": round(bits, 4), "kld": kld / n,
-                "top1": top1 / n, "ppl": float(np.exp(nll / n)),
-                "greedy_match": tokens == ref.greedy}
+        kld, agree = np.concatenate(kld), np.concatenate(agree)
+        top1 = int(agree.sum()) / n
+        row = {"config": name, "bits_per_element": round(bits, 4), "kld": float(kld.sum()) / n,
+               "top1": top1, "ppl": float(np.exp(nll / n)), "greedy_match": tokens == ref.greedy}
+        if noise:
+            row["kld_se"] = float(kld.std(ddof=1) / np.sqrt(n)) if n > 1 else 0.0
+            row["top1_se"] = float(np.sqrt(top1 * (1 - top1) / n))
+        return row
