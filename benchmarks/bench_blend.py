@@ -131,11 +131,13 @@ def run_set(eng: Engine, kind: str, n_tokens: int, fractions: list[float], folde
     full_keys = in_position_order(rt.capture().sections[0]).keys
     full = scored(rt, cont)
 
+    later = [eng.store.document_entry(d, eng.fingerprint) for d in ids[1:]]
+
     def blended(select, level: str) -> tuple[np.ndarray, dict]:
         options = RestoreOptions(level=level)
         source = LocalSource(eng.store, eng.fingerprint, prefix[:layout.parts[0][1]])
         t = time.perf_counter()
-        _, blend = eng.session.blender.restore(rt, layout, ids, source, options=options,
+        _, blend = eng.session.blender.restore(rt, layout, later, source, options=options,
                                                speeds=eng.speeds, select=select)
         seconds = time.perf_counter() - t
         keys = in_position_order(rt.capture().sections[0]).keys
