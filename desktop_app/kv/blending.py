@@ -221,8 +221,8 @@ class Blender:
                 what = f"document {entry.document_id}" if not entry.passage else "a passage"
                 messages.append(f"the cache of {what} could not be read whole: computing it")
                 return None
-            keys = np.zeros((n_layer, len(part), lay.channels), k.dtype)
-            values = np.zeros_like(keys)
+            keys = np.empty((n_layer, len(part), lay.channels), k.dtype)
+            values = np.empty_like(keys)
             held = np.zeros(len(part), bool)
             for offset, at, n in runs:
                 skip = min(n, max(0, held_from - at))
