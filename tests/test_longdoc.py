@@ -48,11 +48,11 @@ def add_long_document(store: Store) -> int:
 def make_engine(tmp_path, model_path, model_hash):
     engines = []
 
-    def make(store=None):
+    def make(store=None, **options):
         store = store or Store(tmp_path / "data")
         eng = Engine(store, lambda: Runtime(model_path, model_hash=model_hash, n_ctx=2048,
                                             flash_attn=True),
-                     chunk_tokens=64, blend_fraction=0.15)
+                     chunk_tokens=64, blend_fraction=0.15, **options)
         eng.session.longdocs.top_k = 2  # (all five would fit this context)
         eng.doc = store.passage_counts() and next(iter(store.passage_counts())) \
             or add_long_document(store)
@@ -70,8 +70,10 @@ def passage_entries(eng):
     return {e.id: e for e in eng.store.entries() if e.passage}
 
 
-def test_passage_kv_is_computed_once_then_read_back(make_engine):
-    eng = make_engine()
+# lossless: a passage level the app does not store documents at is read back too.
+@pytest.mark.parametrize("level", ["balanced", "lossless"])
+def test_passage_kv_is_computed_once_then_read_back(make_engine, level):
+    eng = make_engine(passage_level=level)
     doc = eng.doc
     q = "When does the Saturday ferry leave, and what does the museum keep?"
     first = eng.ask(q, doc_ids=[doc], generation=GREEDY)
@@ -82,7 +84,7 @@ def test_passage_kv_is_computed_once_then_read_back(make_engine):
     assert any("2 passage(s) retrieved for the first time" in m for m in first.messages)
     stored = passage_entries(eng)
     assert len(stored) == 2
-    assert {e.levels for e in stored.values()} == {("balanced",)}  # one level, not every one
+    assert {e.levels for e in stored.values()} == {(level,)}  # one level, not every one
     assert eng.store.passage_entries(eng.fingerprint) == {doc: 2}
     rt = eng.runtime
     own = [len(passage_prefix(rt, t).tokens) for t in PASSAGES[:2]]
@@ -98,6 +100,7 @@ def test_passage_kv_is_computed_once_then_read_back(make_engine):
     assert second.blended["mode"] == "blended" and second.blended["reused_tokens"] > 0
     assert second.recomputed_tokens < 0.5 * own[1]
     assert second.chunk_levels and "text" not in second.chunk_levels
+    assert level in second.chunk_levels
 
 
 def test_a_question_naming_something_rare_is_given_the_passages_that_hold_it(make_engine):

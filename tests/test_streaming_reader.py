@@ -19,7 +19,9 @@ LEVELS = ["lossless", "high"]
 class FakeSource:
     kind = "remote"
 
-    def __init__(self, n_chunks: int, parallel: int, *, missing=(), down_at=None):
+    def __init__(self, n_chunks: int, parallel: int, *, missing=(), down_at=None,
+                 stored=None):
+        self.stored = {"lossless": 4000, "high": 1000} if stored is None else stored
         self.spans = [Span(7, i, 10 * i, 10 * i + 10) for i in range(n_chunks)]
         self.n_tokens = 10 * n_chunks
         self.parallel = parallel
@@ -30,7 +32,7 @@ class FakeSource:
         self._lock = threading.Lock()
 
     def sizes(self, span):
-        return {"lossless": 4000, "high": 1000}
+        return self.stored
 
     def read(self, span, level):
         with self._lock:
@@ -52,8 +54,8 @@ class FakeSource:
                 self.active -= 1
 
 
-def drain(source, options: Options | None = None):
-    reader = ChunkReader(source, source.spans, list(range(source.n_tokens)), LEVELS,
+def drain(source, options: Options | None = None, levels=LEVELS):
+    reader = ChunkReader(source, source.spans, list(range(source.n_tokens)), levels,
                          options or Options(), Speeds(),
                          raw_bytes=lambda span: 100 * (span.token_end - span.token_start),
                          t0=time.perf_counter())
@@ -80,6 +82,22 @@ def test_a_missing_object_is_read_at_another_level():
     items, _ = drain(source)
     assert [i.level for i in items] == ["lossless", "high", "lossless", "lossless"]
     assert "does not exist: read at 'high' instead" in items[1].note
+
+
+def test_auto_reads_the_apps_levels_else_what_the_chunk_is_stored_at():
+    """A passage stored at a level the app does not store documents at (`passage_level`), or a
+    document at `attach --levels lossless` only, is read at its own levels, never recomputed
+    for lack of the app's; where one of the app's is stored, "auto" keeps to those."""
+    app = ["high", "balanced", "compact"]
+    own = FakeSource(3, parallel=1, stored={"compact": 500, "lossless": 4000, "cachegen-2": 900})
+    items, _ = drain(own, levels=app)
+    assert [i.level for i in items] == ["compact"] * 3
+    only = FakeSource(3, parallel=1, stored={"cachegen-2": 900, "lossless": 4000})
+    items, _ = drain(only, levels=app)
+    assert [i.level for i in items] == ["lossless"] * 3
+    assert all(i.data is not None and i.error is None for i in items)
+    items, _ = drain(FakeSource(2, parallel=1, stored={}), levels=app)
+    assert items[0].level == TEXT and "not stored at any level" in items[0].error
 
 
 def test_with_every_level_corrupt_the_stored_part_ends_there():

@@ -9,10 +9,12 @@ bandwidth measured on the reads finished so far (or declared), plus bytes of out
 decode speed measured so far — fits the share of the time budget left to it (`choose_level`).
 If no level fits, the cheapest wins, unless recomputing from text would be cheaper still.
 
-A level the caller forces is read wherever it is stored; a chunk not stored at it, or missing
-or corrupt, is read at another level (or, when exact KV was asked for, not read: recomputing
-is exact too). With no level left, or when the source fails (an unreachable remote tier), the
-reading ends there and says why.
+"auto" chooses among the app's levels (what it stores by default), and among the levels a chunk
+is stored at when it has none of those (a passage level outside them, `attach --levels
+lossless`). A level the caller forces is read wherever it is stored; a chunk not stored at it,
+or missing or corrupt, is read at another level (or, when exact KV was asked for, not read:
+recomputing is exact too). With no level left, or when the source fails (an unreachable remote
+tier), the reading ends there and says why.
 
 It decodes nothing and touches no model: what the chunks become is `streaming`'s.
 """
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 from store import CorruptChunkError, CorruptObjectError, NotFoundError, Span, StoreError
 
 from ..options import AUTO, RestoreOptions
+from .levels import quality_order
 from .sources import ChunkSource
 from .speeds import Speeds
 
@@ -185,7 +188,7 @@ class ChunkReader:
             if self.forced == EXACT:  # asked for exact KV: recomputing is the exact fallback
                 return TEXT
         return choose_level(
-            levels=self.levels, sizes=sizes,
+            levels=quality_order(sizes), sizes=sizes,
             raw_bytes=self.raw_bytes(span),
             remaining_tokens=len(self.tokens) - self.restart(span),
             remaining_chunks=len(self.spans) - i,
@@ -213,13 +216,13 @@ class ChunkReader:
             while not self.stop.is_set():
                 while planned < len(self.spans) and len(window) < self.source.parallel:
                     # What is stored counts: a forced level is read wherever it is, even
-                    # one the app does not store by default (lossless, stored by `attach
-                    # --levels`); "auto" chooses among the app's levels.
-                    sizes = {lvl: n for lvl, n in self.source.sizes(self.spans[planned]).items()
-                             if lvl in self.levels or lvl == self.forced}
+                    # one the app does not store by default; "auto" chooses among the app's
+                    # levels, or among the chunk's own when it has none of them.
+                    stored = self.source.sizes(self.spans[planned])
+                    sizes = {lvl: n for lvl, n in stored.items()
+                             if lvl in self.levels or lvl == self.forced} or stored
                     level = self.plan(planned, sizes)
-                    if self.forced is None and level != next(
-                            (lvl for lvl in self.levels if lvl in sizes), TEXT):
+                    if self.forced is None and level != next(iter(quality_order(sizes)), TEXT):
                         self.adapted += 1
                     future = None if level == TEXT else \
                         pool.submit(self.read, self.spans[planned], level)
@@ -246,7 +249,7 @@ class ChunkReader:
         span = self.spans[i]
         if future is None:
             if not sizes:
-                why = f"chunk {i} is stored at none of {list(self.levels)}"
+                why = f"chunk {i} is not stored at any level"
             elif self.forced == EXACT:
                 why = (f"chunk {i} is not stored at {EXACT!r} (exact KV is opt-in): recomputing, "
                        "which is exact too")
