@@ -2,6 +2,7 @@
 
     .venv/bin/python -m benchmarks.bench_longdoc [--model PATH] [--chars 400000] [--n-ctx 4096]
                                                  [--questions 6] [--k 8]
+                                                 [--calibration FILE | --uncalibrated]
 
 The text is Python's reference manual (the standard library's pydoc topics), cut to `--chars`
 characters and attached (split into passages, indexed and embedded: no prefill). Each question
@@ -14,10 +15,14 @@ names a topic heading of the manual; for each one, a new chat asks it:
     as text    the same passages in the same layout computed from their text, as GPT4All's
                LocalDocs and LM Studio re-read retrieved snippets (`--no-cache`)
 
-The chat context is emptied before each ask, so nothing is kept from the one before. Prints
-one JSON document: per question the three times and the passages' tokens; their medians and
-ratios, per question too; the process's CPU seconds of each ask (every thread's); attach
-time; the bytes stored per MB of passage text at the passage level; the load average.
+The model's levels are calibrated first (minutes: what the window and `kvdesk serve` do after
+the first attach), or adopted from `--calibration`; until a model is calibrated its levels are
+unmeasured, and a sliding-window model keeps no passage KV (`PassageKV.kept`).
+`--uncalibrated` measures that path. The chat context is emptied before each ask, so nothing
+is kept from the one before. Prints one JSON document: per question the three times and the
+passages' tokens; their medians and ratios, per question too; the process's CPU seconds of
+each ask (every thread's); attach time; the bytes stored per MB of passage text at the passage
+level; the levels used; the load average.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import text_of
+from benchmarks.common import add_calibration_flags, text_of, use_calibration
 from desktop_app.engine import Engine
 from desktop_app.model.models import content_hash, resolve_model_path
 from desktop_app.model.runtime import Runtime
@@ -63,6 +68,7 @@ def main() -> None:
     p.add_argument("--n-ctx", type=int, default=4096)
     p.add_argument("--questions", type=int, default=6)
     p.add_argument("--k", type=int, default=8)
+    add_calibration_flags(p)
     args = p.parse_args()
     load_before = os.getloadavg()
     model = resolve_model_path(args.model)
@@ -77,6 +83,7 @@ def main() -> None:
         path = folder / "reference.txt"
         path.write_text(text)
         eng.warm_up()
+        levels = use_calibration(eng, args)
         t0 = time.perf_counter()
         attached = eng.attach(path)
         attach_s = time.perf_counter() - t0
@@ -100,7 +107,7 @@ def main() -> None:
         report = {
             "model": str(model), "n_ctx": args.n_ctx, "k": args.k, "chars": len(text),
             "passages": attached.passages, "attach_s": round(attach_s, 2),
-            "passage_level": eng.session.longdocs.kv.level,
+            "passage_level": eng.session.longdocs.kv.level, "levels": levels,
             "median_ttft_s": med,
             "first_over_cached": round(med["first"] / med["cached"], 2),
             "as_text_over_cached": round(med["as_text"] / med["cached"], 2),

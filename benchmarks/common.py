@@ -50,6 +50,32 @@ def model_of(name: str, cache_dir: Path) -> Path:
     return Path(name)
 
 
+def add_calibration_flags(p: argparse.ArgumentParser) -> None:
+    """`--calibration FILE` / `--uncalibrated`: which levels a benchmark's engine uses."""
+    p.add_argument("--calibration", type=Path, default=None,
+                   help="a `kvdesk calibrate` result for this model, adopted (its levels); "
+                        "without it the model is calibrated first, as the window and "
+                        "`kvdesk serve` do after the first attach")
+    p.add_argument("--uncalibrated", action="store_true",
+                   help="keep the model-independent levels (no calibration)")
+
+
+def use_calibration(eng, args: argparse.Namespace) -> dict:
+    """Give `eng`'s model the levels `add_calibration_flags` chose: a calibration file adopted
+    (its fingerprint rebound to this model file), else one made here; what was done, timed."""
+    t0 = time.perf_counter()
+    if args.uncalibrated:
+        return {"levels": "model-independent"}
+    if args.calibration:
+        cal = codec.Calibration.from_bytes(Path(args.calibration).read_bytes())
+        eng.calibrations.adopt(codec.Calibration(
+            cal.parts, {**cal.meta, "fingerprint": eng.fingerprint}))
+        return {"levels": "calibrated", "calibration": str(args.calibration)}
+    info = eng.calibrate()
+    return {"levels": "calibrated", "calibration": info.id,
+            "calibrate_s": round(time.perf_counter() - t0, 1)}
+
+
 def roundtrip(kv: kvstate.KVState, config: dict) -> tuple[np.ndarray, np.ndarray, int]:
     """Keys and values of one section after the codec, in slot order, and the blob bytes."""
     order = np.argsort(kv.positions, kind="stable")
