@@ -69,7 +69,8 @@ class Settings:
     # top-1 levels aim this many binomial standard errors (on the scored tokens) above target
     top1_z: float = 1.0
     # Top-1 at a given KLD varies from text to text (pydoc: 0.93 where the calibration text
-    # has 0.95): a top-1 level then halves the KLD at which it met its target here
+    # has 0.95): a top-1 level then halves the KLD at which it met its target here. Without
+    # it (1) SmolLM2 kept 3 of 6 contracts (RESULTS, "The second stage's cost")
     top1_kld_safety: float = 0.5
     min_gain: float = 0.03  # a costlier transform must save this fraction of the bits
     # the variants are fitted on the rest and compared on this last fraction of the tokens: a
@@ -78,10 +79,11 @@ class Settings:
     held_out: float = 0.33
     iterations: int = 6  # bisection steps per level (1/64 of the log-scale range)
     # cheapest to decode first. The exact bases ("klt", "pca", "pca-kv") move the
-    # rate-distortion curve but the level search does not place the levels well on them yet:
-    # on SmolLM2 "pca" kept 3 of 6 contracts on other texts, "pca-kv" cost `high` 13 % more
-    # bits (its one step per layer runs out of alphabet) and decodes at 2.5x the CPU
-    # (benchmarks/RESULTS.md, "Exact transforms"). Not defaults until it does.
+    # rate-distortion curve, but one step per layer runs out of alphabet on them: placed by
+    # this search, "pca-kv" kept SmolLM2's 6 contracts in fewer bits but `balanced`'s, and on
+    # Gemma 3 put 128 bins in every layer at every level (5 of 6 contracts, more bits); it
+    # decodes at 2.5x the CPU (benchmarks/RESULTS.md, "Exact transforms", "The second
+    # stage's cost"). Not defaults until the alphabet stops binding.
     variants: tuple[str, ...] = ("none", "centred")
 
 
