@@ -315,6 +315,7 @@ def test_an_uncalibrated_sliding_window_model_reads_its_passages_as_text(tmp_pat
         assert res.answer and len(res.sources) == 2
         assert not [e for e in eng.store.entries() if e.passage]
         assert not any("for the first time" in m for m in res.messages)
+        assert any("read as text until its codec is calibrated" in m for m in res.messages)
     finally:
         eng.close()
         eng.store.close()

@@ -174,6 +174,8 @@ class ChatSession:
             elif options.budget_ms is None and self.default_budget_ms is not None:
                 effective = options.model_copy(update={"budget_ms": self.default_budget_ms})
             parts = self._blendable(rt, chat_id, tokens, docs, cancel)
+            if parts is not None and not self.blender.usable(rt, parts.later):
+                notes, parts = list(parts.notes), None  # (what making them ready found)
             try:
                 if parts is not None:
                     with self.contexts.restoring():
@@ -182,7 +184,7 @@ class ChatSession:
                     rt.prefill(question, cancel=cancel)
                     return report
             except inplace.Unavailable as e:  # the context is as before, empty
-                notes = [f"{e}: the context is computed exactly instead"]
+                notes += [f"{e}: the context is computed exactly instead"]
             source, found = self.sharing.source(rt.fingerprint, tokens)
             notes += found
             if source is not None and source.n_tokens and self._codec_not_ready(rt, source,
@@ -221,14 +223,14 @@ class ChatSession:
 
     def _blendable(self, rt: Runtime, chat_id: int | None, tokens: list[int],
                    docs: Sequence[Document], cancel: threading.Event | None):
-        """The chat prefix's layout and its later parts' own entries, if `tokens` start with
-        one worth blending: a chat over passages (`longdoc`) or over several documents."""
+        """The layout and later parts' entries of a chat over passages (`longdoc`) or several
+        documents that `tokens` start with (whether the blender can use them: the caller's)."""
         # (A chunked-window model's runs cannot be computed between its parts: `blending`.)
         if self.blend_fraction >= 1 or rt.layout.swa_chunked:
             return None
         found = self.longdocs.blendable(rt, chat_id, tokens, cancel)
         if found is not None or len(docs) < 2 or self.longdocs.applies(docs):
-            return found if found and self.blender.usable(rt, found.later) else None
+            return found
         layout = self.prompter.layout(rt, docs)
         n = len(layout.tokens)
         if len(layout.parts) < 2 or tuple(tokens[:n]) != layout.tokens:
@@ -236,8 +238,8 @@ class ChatSession:
         stored = self.store.longest_prefix(rt.fingerprint, tokens, touch=False, tail_minimum=1)
         if stored.n_tokens + stored.tail_match >= n:
             return None  # the exact prefix is stored (a chat's own entry, or a prompt's)
-        later = [self.store.document_entry(d.id, rt.fingerprint) for d in docs[1:len(layout.parts)]]
-        return Parts(layout, later) if self.blender.usable(rt, later) else None
+        return Parts(layout, [self.store.document_entry(d.id, rt.fingerprint)
+                              for d in docs[1:len(layout.parts)]])
 
     def _blend(self, rt, parts, tokens, docs, options, progress, cancel) -> RestoreReport:
         layout = parts.layout

@@ -89,7 +89,10 @@ class PassageKV:
         shared cache, else computed in `rt` (whose content is replaced) and stored (and
         shared, when automatic pushing is on); none where the model keeps none (`kept`)."""
         if not self.kept(rt):
-            return Ready([None] * len(passages))
+            return Ready([None] * len(passages), notes=[
+                "this model's passages are read as text until its codec is calibrated "
+                "(`kvdesk calibrate`, or the window or `kvdesk serve` after an attach): its "
+                "model-independent levels lose answers"])
         ready = Ready([])
         for document_id, text in passages:
             found = self.entry(rt, text, touch=True)
