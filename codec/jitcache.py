@@ -20,6 +20,9 @@ and a compile for a missing signature lands there and is dropped at exit.
 numba fixes its CPU target when it first compiles or loads a kernel, so `configure` must run
 before that: this module never makes numba do either, and imports it only inside functions.
 It must never change what a kernel computes: only where its machine code comes from.
+
+It also says, from a stamp `precompile`'s last step writes, whether numba's cache holds every
+kernel (`kernels_cached`): a one-shot command then skips the app's warm-up.
 """
 
 from __future__ import annotations
