@@ -20,6 +20,9 @@ and a compile for a missing signature lands there and is dropped at exit.
 numba fixes its CPU target when it first compiles or loads a kernel, so `configure` must run
 before that: this module never makes numba do either, and imports it only inside functions.
 It must never change what a kernel computes: only where its machine code comes from.
+
+It also says, from a stamp `precompile`'s last step writes, whether numba's cache holds every
+kernel (`kernels_cached`): a one-shot command then skips the app's warm-up.
 """
 
 from __future__ import annotations
@@ -267,6 +270,107 @@ def write_manifest(out: Path, target: str, **extra) -> dict:
                 "sources": _sources(), "files": files, **extra}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
     return manifest
+
+
+# -- whether every kernel is already in numba's cache -------------------------------------
+#
+# A process that runs every step of `precompile.steps()` to the end has compiled or loaded
+# every kernel the app reaches; it then records a stamp of what numba's cache held: the index
+# file numba keeps per kernel and the data files beside it (one per signature), with their
+# sizes and modification times, keyed by numba, Python, this CPU as numba targets it and the
+# codec's sources' sizes and modification times (numba's own test: it drops a kernel's index
+# when its source's stat changes). While all of that still matches, a load from the cache
+# finds every kernel those steps reached, without compiling: `kernels_cached` checks it in a
+# few milliseconds, and nothing here loads or compiles a kernel.
+STAMP = "kvdesk-kernels-cached.json"
+STAMP_FORMAT = 1
+
+
+def stamp_path() -> Path | None:
+    """Where the stamp lives: beside numba's cache (NUMBA_CACHE_DIR, which the bundle sets),
+    else the checkout's `codec/__pycache__`; None while building a shipped cache."""
+    if _state.build is not None:
+        return None
+    from numba.core import config
+
+    return Path(config.CACHE_DIR or PACKAGE_DIR / "__pycache__") / STAMP
+
+
+def _cpu() -> dict:
+    """The CPU numba compiles for here, as its code generator names it (its cache key)."""
+    import llvmlite.binding as ll
+    from numba.core import config
+
+    features = config.CPU_FEATURES
+    return {"triple": ll.get_process_triple(), "name": config.CPU_NAME or ll.get_host_cpu_name(),
+            "features": ll.get_host_cpu_features().flatten() if features is None else features}
+
+
+def _stat(path: Path) -> list[int] | None:
+    try:
+        st = path.stat()  # (through the shipped cache's links: its files)
+    except OSError:
+        return None
+    return [st.st_mtime_ns, st.st_size]
+
+
+def _source_stats() -> dict[str, list[int] | None]:
+    return {p.relative_to(PACKAGE_DIR.parent).as_posix(): _stat(p)
+            for p in sorted(PACKAGE_DIR.rglob("*.py"))}
+
+
+def _cached_files() -> dict[str, list[int] | None]:
+    """The cache files of every codec kernel this process compiled or loaded: each one's
+    index and its data files."""
+    from numba.core.dispatcher import Dispatcher
+
+    files: dict[str, list[int] | None] = {}
+    for name, module in list(sys.modules.items()):
+        if name != "codec" and not name.startswith("codec."):
+            continue
+        for obj in list(vars(module).values()):
+            cache_file = getattr(getattr(obj, "_cache", None), "_cache_file", None)
+            if not isinstance(obj, Dispatcher) or not obj.signatures or cache_file is None:
+                continue
+            index = Path(os.path.realpath(cache_file._index_path))
+            for path in (index, *index.parent.glob(f"{index.stem}.*.nbc")):
+                files[str(path)] = _stat(path)
+    return files
+
+
+def _stamp(level_names: list[str]) -> dict:
+    return {"format": STAMP_FORMAT, "runtime": _runtime(), "cpu": _cpu(),
+            "levels": sorted(level_names), "sources": _source_stats()}
+
+
+def mark_cached(level_names: list[str]) -> None:
+    """After every step of `precompile.steps(level_names=...)` has run in this process:
+    record what numba's cache now holds. Nothing is recorded when a kernel's cache file is
+    missing (numba could not write it) or the stamp cannot be written."""
+    path, files = stamp_path(), _cached_files()
+    if path is None or not files or None in files.values():
+        return
+    try:
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({**_stamp(level_names), "files": files}))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # the next one-shot command warms up as it would without a stamp
+
+
+def kernels_cached(level_names: list[str]) -> bool:
+    """Whether every kernel `precompile.steps` reaches at these levels loads from numba's
+    cache without compiling, as far as the stamp `mark_cached` wrote says."""
+    path = stamp_path()
+    try:
+        stamp = json.loads(path.read_text()) if path is not None else None
+        files = stamp.pop("files")
+        if not isinstance(files, dict) or not set(level_names) <= set(stamp["levels"]):
+            return False
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+    return (stamp == _stamp(stamp["levels"])
+            and all(_stat(Path(p)) == st for p, st in files.items()))
 
 
 @dataclass

@@ -91,6 +91,10 @@ def steps(shape: tuple[int, int, int] = SMALL_SHAPE,
         out.append(Step(f"encode {level}", lambda level=level: encode_level(level)))
         out.append(Step(f"decode {level}", lambda level=level: decode_level(level)))
     out.append(Step("calibrated levels", calibrated))
+    # Every kernel these steps reach is now in numba's cache: a one-shot command may skip
+    # its warm-up while that holds (`jitcache.kernels_cached`).
+    covered = list(levels() if level_names is None else level_names)
+    out.append(Step("stamp", lambda: jitcache.mark_cached(covered)))
     return out
 
 

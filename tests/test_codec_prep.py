@@ -57,7 +57,8 @@ def test_estimate_while_compiling_follows_the_profile_and_this_run():
     assert estimate_left_s(names, 4, True, profile, {}, 0.0) == 0.0
 
 
-def test_preparation_reports_progress_then_ready(tmp_path):
+def test_preparation_reports_progress_then_ready(tmp_path, monkeypatch):
+    monkeypatch.setattr(codec_prep.jitcache, "stamp_path", lambda: tmp_path / "stamp.json")
     seen = []
     profile = tmp_path / "codec-prep.json"
     prep = CodecPrep(SHAPE, ["balanced", "lossless"], profile_path=profile,
@@ -69,10 +70,12 @@ def test_preparation_reports_progress_then_ready(tmp_path):
     prep.join()
     state = prep.state()
     assert state.phase == "ready" and not state.busy and state.error is None
-    assert (state.done, state.total, state.left_s, state.fraction) == (5, 5, 0.0, 1.0)
+    assert (state.done, state.total, state.left_s, state.fraction) == (6, 6, 0.0, 1.0)
     steps = [s.step for s in seen if s.busy]
-    assert steps[:5] == ["encode balanced", "decode balanced", "encode lossless",
-                         "decode lossless", "calibrated levels"]
+    assert steps[:6] == ["encode balanced", "decode balanced", "encode lossless",
+                         "decode lossless", "calibrated levels", "stamp"]
+    # its last step: every kernel of those levels is known to be cached
+    assert codec_prep.jitcache.kernels_cached(["balanced", "lossless"])
     assert [s.done for s in seen if s.busy] == sorted(s.done for s in seen if s.busy)
     assert seen[-1].phase == "ready"
     # a profile is written only when something had to be compiled

@@ -58,6 +58,12 @@ def tables(monkeypatch):
     return calls
 
 
+@pytest.fixture(autouse=True)
+def no_stamp(monkeypatch):
+    """Every test here starts as if no run had ever stamped numba's cache as complete."""
+    monkeypatch.setattr(contexts_mod.jitcache, "kernels_cached", lambda levels: False)
+
+
 def make(tmp_path, factory, background: bool) -> Contexts:
     store = Store(tmp_path / "data")
     return Contexts(store, factory, model_path="stub.gguf", levels=("high", "compact"),
@@ -108,6 +114,28 @@ def test_a_one_shot_process_builds_no_tables_ahead_and_closes_at_once(tmp_path, 
         held.close()  # the warm-up, waiting for the restore, stops
         assert time.perf_counter() - t0 < 1.0
     assert steps == ["kernels a", "kernels b"]  # nothing more ran
+
+
+def test_a_one_shot_runs_no_warm_up_when_every_kernel_is_cached(tmp_path, steps, tables,
+                                                                  monkeypatch):
+    """Its restore loads its kernels from the cache itself; a warm-up would only compete with
+    the imports. The window and a server warm up all the same."""
+    asked = []
+    monkeypatch.setattr(contexts_mod.jitcache, "kernels_cached",
+                        lambda levels: asked.append(levels) or True)
+    ctx = make(tmp_path, StubRuntime, background=False)
+    ctx.warm_up()
+    ctx.get(CHAT)
+    ctx.wait_warm()
+    assert steps == [] and asked == [["high", "compact"]]
+    assert ctx.codec_state().phase == "ready" and not ctx.codec_state().busy
+    ctx.close()
+
+    window = make(tmp_path / "window", StubRuntime, background=True)
+    window.warm_up()
+    window.wait_codec()
+    assert steps == ["kernels a", "kernels b"]
+    window.close()
 
 
 _COVERED = """

@@ -172,3 +172,47 @@ def test_the_users_own_numba_target_wins(shipped):
     code = "import json, codec; from codec import jitcache; print(json.dumps(jitcache.status()))"
     report = _run(code, _child_env(KVDESK_CODEC_CACHE=str(shipped), NUMBA_CPU_NAME="generic"))
     assert report["shipped_cache"] is None and "set by the user" in report["reason"]
+
+
+def test_the_stamp_says_every_kernel_is_cached_while_nothing_it_records_changed(
+        tmp_path, monkeypatch):
+    """After a full run of precompile's steps, the stamp records every kernel's cache files;
+    any difference in them, the CPU, numba or the codec's sources, or a level it did not
+    cover, says "not known to be cached"."""
+    from codec import precompile
+
+    path = tmp_path / jitcache.STAMP
+    monkeypatch.setattr(jitcache, "stamp_path", lambda: path)
+    assert not jitcache.kernels_cached(["high"])  # no stamp yet
+    precompile.run(level_names=["high"])  # its last step writes the stamp
+    stamp = json.loads(path.read_text())
+    decoders = [p for p in stamp["files"] if "rans.decode-" in p]
+    assert any(p.endswith(".nbi") for p in decoders) and any(p.endswith(".nbc") for p in decoders)
+    assert all(Path(p).is_file() for p in stamp["files"])
+    assert jitcache.kernels_cached(["high"])
+    assert not jitcache.kernels_cached(["high", "compact"])  # compact's steps never ran
+
+    def changed(edit) -> bool:
+        s = json.loads(json.dumps(stamp))
+        edit(s)
+        path.write_text(json.dumps(s))
+        return not jitcache.kernels_cached(["high"])
+
+    index = next(p for p in decoders if p.endswith(".nbi"))
+    assert changed(lambda s: s["files"].__setitem__(index, [1, s["files"][index][1]]))
+    assert changed(lambda s: s["files"].__setitem__(str(tmp_path / "gone.nbc"), [1, 1]))
+    assert changed(lambda s: s["sources"].__setitem__("codec/rans.py", [1, 1]))
+    assert changed(lambda s: s["cpu"].__setitem__("name", "another-cpu"))
+    assert changed(lambda s: s["runtime"].__setitem__("numba", "0.0"))
+    assert not changed(lambda s: None)
+    path.write_text("not json")
+    assert not jitcache.kernels_cached(["high"])
+
+
+def test_no_stamp_while_a_kernels_cache_file_is_missing(tmp_path, monkeypatch):
+    """numba could not write a kernel's cache (a read-only folder): nothing is vouched for."""
+    path = tmp_path / jitcache.STAMP
+    monkeypatch.setattr(jitcache, "stamp_path", lambda: path)
+    monkeypatch.setattr(jitcache, "_cached_files", lambda: {str(tmp_path / "a.nbi"): None})
+    jitcache.mark_cached(["high"])
+    assert not path.exists()

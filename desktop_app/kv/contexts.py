@@ -13,8 +13,12 @@ context is loaded and the first restore is done (or an attach begins, or a serve
 serve), the per-shape tables encoding needs for the model's chunks, with its calibration when
 it has one: seconds of work that no restore needs, which would otherwise slow the first
 reopen. That is in long-running processes: a one-shot command's warm-up stops once its model
-has loaded, unless it is compiling, and its flow loads or builds the rest it uses. The warm-up
-gives way to restores (`restoring`): between its steps it waits while one runs.
+has loaded, unless it is compiling, and its flow loads or builds the rest it uses; and when
+numba's cache already holds every kernel (`jitcache.kernels_cached`, a stamp the last full
+warm-up or `make venv` wrote), a one-shot command runs no warm-up at all: on two cores its
+decoding would only compete with the imports, and nothing would be compiling for a question
+to learn of. The warm-up gives way to restores (`restoring`): between its steps it waits
+while one runs.
 
 It owns the runtimes' lifetime and nothing else: what runs in a context is the sessions'.
 """
@@ -25,13 +29,13 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator, Sequence
 
-from codec import precompile
+from codec import jitcache, precompile
 from store import Store
 
 from ..calibration import codec_prep
 from ..calibration.calibrations import Calibrations
 from ..model.runtime import Runtime
-from ..results import CHECKING, PrepState
+from ..results import CHECKING, READY, PrepState
 from . import streaming
 
 CHAT = "chat"
@@ -56,6 +60,7 @@ class Contexts:
         self._lock = threading.Lock()
         self._warm_lock = threading.Lock()  # not _lock: that one is held while a model loads
         self._warm_up: threading.Thread | None = None
+        self._cached = False  # a one-shot command found every kernel cached: no warm-up
         self._closing = threading.Event()
         self._prep: codec_prep.CodecPrep | None = None
         self._loaded = threading.Event()  # some context is loaded: the model's layout is known
@@ -95,7 +100,10 @@ class Contexts:
         """Ready the codec in the background (once), starting now: the flows that encode or
         decode call it before they load their context, a GUI at start-up."""
         with self._warm_lock:
-            if self._warm_up is not None:
+            if self._warm_up is not None or self._cached:
+                return
+            if not self._tables_ahead and jitcache.kernels_cached(list(self._levels)):
+                self._cached = True
                 return
             # First what a reopen decodes first (a stored chunk per level: its kernels and
             # tables), then every kernel: numba compiles per argument type, not shape, so a
@@ -160,8 +168,9 @@ class Contexts:
     def codec_state(self) -> PrepState:
         """How far readying the codec is (phase "idle" before `warm_up`)."""
         prep = self._prep
-        return PrepState("idle", 0, 0, "", 0.0, 0.0, 0) if prep is None \
-            else prep.state()
+        if prep is None:
+            return PrepState(READY if self._cached else "idle", 0, 0, "", 0.0, 0.0, 0)
+        return prep.state()
 
     def wait_codec(self) -> None:
         """Block until the codec's kernels are ready (or their preparation failed)."""
