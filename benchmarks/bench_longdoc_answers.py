@@ -3,6 +3,7 @@
     .venv/bin/python -m benchmarks.bench_longdoc_answers [--model default|gemma|PATH]
         [--size 100000] [--kinds docs,code,markdown] [--seeds 0] [--targets 160]
         [--rules focused] [--exact] [--alone] [--n-ctx 4096] [--max-tokens 32] [--k K]
+        [--passage-level balanced] [--blend-fraction 0.05] [--calibration CAL.kvcl]
 
 The haystacks and facts of `bench_retrieval` (a fact about invented names planted at each
 depth 0, 10 ... 100 %, asked for in other words; `--seeds` draws other names, numbers and
@@ -46,11 +47,13 @@ import codec
 from benchmarks.bench_retrieval import facts_with_answers, haystack
 from benchmarks.common import model_of
 from desktop_app.engine import Engine
+from desktop_app.kv.passagekv import DEFAULT_PASSAGE_LEVEL
 from desktop_app.model.models import content_hash
 from desktop_app.model.prompts import passage_prefix
 from desktop_app.model.runtime import Runtime
 from desktop_app.options import GenerationOptions, RestoreOptions
 from desktop_app.passages.retrieve import RARE_PASSAGES, Hit, Retriever, focused
+from desktop_app.settings import DEFAULT_BLEND_FRACTION
 from store import Store
 
 
@@ -109,6 +112,32 @@ class Narrowed:
         return self.rule(self.inner, doc_id, question, **kw)
 
 
+def cause(row: dict) -> str | None:
+    """Why an answer misses (None: it states the fact): `not_read` (the fact's passage was
+    not among those read), `exact_misses` (read exactly from their text, the same passages
+    miss too: the context, its layout or the prompt, not the KV), `blend` (exact states it,
+    the blended or restored KV does not: the blend or the codec); `unknown` without
+    `--exact`."""
+    if row["states"]:
+        return None
+    if not row["source_hit"]:
+        return "not_read"
+    if "exact_states" not in row:
+        return "unknown"
+    return "blend" if row["exact_states"] else "exact_misses"
+
+
+def causes(rows: Sequence[dict]) -> dict:
+    """The misses where the ceiling states the fact, by cause, and by passages read."""
+    pool = [r for r in rows if r["ceiling_states"] and r["cause"]]
+    by: dict[str, dict] = {}
+    for r in pool:
+        at = by.setdefault(r["cause"], {"n": 0, "by_passages": {}})
+        at["n"] += 1
+        at["by_passages"][r["passages"]] = at["by_passages"].get(r["passages"], 0) + 1
+    return by
+
+
 def rate(rows: Sequence[dict], key: str, where: str | None = None) -> dict:
     pool = [r for r in rows if where is None or r[where]]
     k = sum(bool(r[key]) for r in pool)
@@ -123,7 +152,8 @@ class Size:
         self.folder = folder
         self.store = Store(folder / "data")
         self.eng = Engine(self.store, lambda: Runtime(model, model_hash=digest,
-                                                      n_ctx=args.n_ctx), fill_passages=False)
+                                                      n_ctx=args.n_ctx), fill_passages=False,
+                          passage_level=args.passage_level, blend_fraction=args.blend_fraction)
         if target:
             self.eng.retriever.index.target = target
         self.target = self.eng.retriever.index.target
@@ -211,15 +241,20 @@ def ask_all(runs: list[Size], cases, rules: list[str], args, greedy: GenerationO
                     out = run.ask_over(f"{kind}-{seed}-passage-{i}", own, question, greedy)
                     sized["alone_states"] = states(out.answer, values)
                     sized["alone_answer"] = out.answer
+                where = {p.text: p.index for p in run.store.passages(doc)}
                 for rule in rules:
                     out = run.ask(doc, question, greedy, rule)
                     one = dict(sized, rule=rule, states=states(out.answer, values),
                                source_hit=any(fact in s["text"] for s in out.sources),
-                               passages=len(out.sources), answer=out.answer)
+                               passages=len(out.sources), answer=out.answer,
+                               fact_passage=next(i for t, i in where.items() if fact in t),
+                               read=[where.get(s["text"]) for s in out.sources])
                     if args.exact:
                         exact = run.ask(doc, question, greedy, rule,
                                         RestoreOptions(no_cache=True))
                         one["exact_states"] = states(exact.answer, values)
+                        one["exact_answer"] = exact.answer
+                    one["cause"] = cause(one)
                     rows.append(one)
                     print(json.dumps(one), flush=True)
 
@@ -244,6 +279,11 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--k", type=int, default=None, help="passages retrieved per question "
                    "(default: the app's)")
+    p.add_argument("--passage-level", default=DEFAULT_PASSAGE_LEVEL,
+                   choices=["lossless", "high", "balanced", "compact"],
+                   help="the level passages' KV is stored at (lossless: the blend alone)")
+    p.add_argument("--blend-fraction", type=float, default=DEFAULT_BLEND_FRACTION,
+                   help="the share of each later passage's tokens recomputed")
     args = p.parse_args()
     rules = args.rules.split(",")
     if unknown := [r for r in rules if r not in RULES]:
@@ -270,6 +310,7 @@ def main() -> None:
         for run in runs:
             run.close()
     report = {"model": str(model), "size": args.size, "n_ctx": args.n_ctx,
+              "passage_level": args.passage_level, "blend_fraction": args.blend_fraction,
               "kinds": args.kinds, "seeds": args.seeds, "k": args.k or "the app's",
               "runs": []}
     for target in sizes:
@@ -281,7 +322,11 @@ def main() -> None:
                    "sources_hit": rate(mine, "source_hit"),
                    "ceiling_states": rate(mine, "ceiling_states"),
                    "states": rate(mine, "states"),
-                   "states_where_ceiling_does": rate(mine, "states", "ceiling_states")}
+                   "states_where_ceiling_does": rate(mine, "states", "ceiling_states"),
+                   "misses_by_cause": causes(mine),
+                   "by_passages": {n: rate([r for r in mine if r["passages"] == n], "states",
+                                           "ceiling_states")
+                                   for n in sorted({r["passages"] for r in mine})}}
             if args.alone:
                 run["alone_states"] = rate(mine, "alone_states")
                 run["states_where_alone_does"] = rate(mine, "states", "alone_states")
