@@ -96,9 +96,16 @@ def weighted(app: Retriever, doc_id: int, question: str, **kw) -> list[Hit]:
     return [h for h in hits if mass[h.passage_id] >= best - 1e-9] if best else hits
 
 
+def best(app: Retriever, doc_id: int, question: str, **kw) -> list[Hit]:
+    """Of the app's focused passages, the best-scored alone: its ties on rare words broken by
+    the fused score (tried against keeping every tie)."""
+    hits = app.retrieve(doc_id, question, **kw)
+    return hits[:1] if kw.get("focus") and rare_holders(app.store, doc_id, question) else hits
+
+
 # The app's retrieval (`focused`, or `wide`: always the k best) and experiments beside it.
 RULES: dict[str, Callable[..., list[Hit]] | None] = {
-    "focused": None, "wide": None, "any-rare": any_rare, "weighted": weighted}
+    "focused": None, "wide": None, "any-rare": any_rare, "weighted": weighted, "best": best}
 
 
 class Narrowed:
