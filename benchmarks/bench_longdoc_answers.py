@@ -4,6 +4,7 @@
         [--size 100000] [--kinds docs,code,markdown] [--seeds 0] [--targets 160]
         [--rules focused] [--exact] [--alone] [--n-ctx 4096] [--max-tokens 32] [--k K]
         [--passage-level balanced] [--blend-fraction 0.05] [--calibration CAL.kvcl]
+        [--frame '{question}']
 
 The haystacks and facts of `bench_retrieval` (a fact about invented names planted at each
 depth 0, 10 ... 100 %, asked for in other words; `--seeds` draws other names, numbers and
@@ -190,13 +191,15 @@ class Size:
                             generation=generation)
 
     def ask(self, doc_id: int, question: str, generation: GenerationOptions, rule: str,
-            restore: RestoreOptions = RestoreOptions()):
+            restore: RestoreOptions = RestoreOptions(), asked: str | None = None):
+        """`question` asked over document `doc_id` (worded as `asked`, retrieved as itself)."""
         longdocs = self.eng.session.longdocs
         longdocs.focus = rule != "wide"
-        longdocs.retriever = self.app if RULES[rule] is None else Narrowed(self.app,
-                                                                           RULES[rule])
+        rule_of = RULES[rule] or (lambda app, doc, q, **kw: app.retrieve(doc, q, **kw))
+        longdocs.retriever = Narrowed(self.app, lambda app, doc, q, **kw: rule_of(
+            app, doc, question if q == asked else q, **kw))
         try:
-            return self.eng.ask(question, doc_ids=[doc_id], generation=generation,
+            return self.eng.ask(asked or question, doc_ids=[doc_id], generation=generation,
                                 restore=restore)
         finally:
             longdocs.retriever = self.app
@@ -249,8 +252,9 @@ def ask_all(runs: list[Size], cases, rules: list[str], args, greedy: GenerationO
                     sized["alone_states"] = states(out.answer, values)
                     sized["alone_answer"] = out.answer
                 where = {p.text: p.index for p in run.store.passages(doc)}
+                asked = args.frame.format(question=question)
                 for rule in rules:
-                    out = run.ask(doc, question, greedy, rule)
+                    out = run.ask(doc, question, greedy, rule, asked=asked)
                     one = dict(sized, rule=rule, states=states(out.answer, values),
                                source_hit=any(fact in s["text"] for s in out.sources),
                                passages=len(out.sources), answer=out.answer,
@@ -258,7 +262,7 @@ def ask_all(runs: list[Size], cases, rules: list[str], args, greedy: GenerationO
                                read=[where.get(s["text"]) for s in out.sources])
                     if args.exact:
                         exact = run.ask(doc, question, greedy, rule,
-                                        RestoreOptions(no_cache=True))
+                                        RestoreOptions(no_cache=True), asked)
                         one["exact_states"] = states(exact.answer, values)
                         one["exact_answer"] = exact.answer
                     one["cause"] = cause(one)
@@ -289,6 +293,10 @@ def main() -> None:
     p.add_argument("--passage-level", default=DEFAULT_PASSAGE_LEVEL,
                    choices=["lossless", "high", "balanced", "compact"],
                    help="the level passages' KV is stored at (lossless: the blend alone)")
+    p.add_argument("--frame", default="{question}",
+                   help="the question as the long document's chat asks it (the ceiling's "
+                   "and --alone's stay plain): a product wording to try, e.g. "
+                   "'{question} Answer from the passages.'")
     p.add_argument("--blend-fraction", type=float, default=DEFAULT_BLEND_FRACTION,
                    help="the share of each later passage's tokens recomputed")
     args = p.parse_args()
@@ -318,6 +326,7 @@ def main() -> None:
             run.close()
     report = {"model": str(model), "size": args.size, "n_ctx": args.n_ctx,
               "passage_level": args.passage_level, "blend_fraction": args.blend_fraction,
+              "frame": args.frame,
               "kinds": args.kinds, "seeds": args.seeds, "k": args.k or "the app's",
               "runs": []}
     for target in sizes:
