@@ -4,7 +4,7 @@
         [--size 100000] [--kinds docs,code,markdown] [--seeds 0] [--targets 160]
         [--rules focused] [--exact] [--alone] [--n-ctx 4096] [--max-tokens 32] [--k K]
         [--passage-level balanced] [--blend-fraction 0.05] [--calibration CAL.kvcl]
-        [--frame '{question}']
+        [--frame '{question}'] [--quote]
 
 The haystacks and facts of `bench_retrieval` (a fact about invented names planted at each
 depth 0, 10 ... 100 %, asked for in other words; `--seeds` draws other names, numbers and
@@ -37,6 +37,7 @@ import argparse
 import json
 import os
 import random
+import re
 import signal
 import sys
 import tempfile
@@ -146,6 +147,26 @@ def causes(rows: Sequence[dict]) -> dict:
     return by
 
 
+SENTENCE = re.compile(r"(?<=[.!?])\s+|\n\s*\n")
+
+
+def naming_sentences(app: Retriever, doc_id: int, question: str, hits: Sequence[Hit],
+                     most: int = 3) -> list[str]:
+    """The sentences of the passages read (`hits`) that hold one of the question's rare words
+    (a name), at most `most`, each cut to 300 characters: what `--quote` repeats beside the
+    question, nearest the answer (a word matched on its first letters, as a stem)."""
+    words = [w for w, c in app.store.passage_frequencies(doc_id, question,
+                                                          RARE_PASSAGES + 1).items()
+             if 0 < c <= RARE_PASSAGES]
+    if not words:
+        return []
+    stems = re.compile(r"\b(" + "|".join(re.escape(w[:max(4, len(w) - 3)]) for w in words)
+                       + r")", re.IGNORECASE)
+    found = [" ".join(t.split())[:300] for h in sorted(hits, key=lambda h: h.index)
+             for t in SENTENCE.split(h.text) if stems.search(t)]
+    return found[:most]
+
+
 def rate(rows: Sequence[dict], key: str, where: str | None = None) -> dict:
     pool = [r for r in rows if where is None or r[where]]
     k = sum(bool(r[key]) for r in pool)
@@ -204,6 +225,13 @@ class Size:
         finally:
             longdocs.retriever = self.app
 
+    def retrieve(self, doc_id: int, question: str, rule: str) -> list[Hit]:
+        """What `ask` reads by `rule` for `question` in a new chat."""
+        longdocs = self.eng.session.longdocs
+        kw = {"k": longdocs.top_k, "focus": rule != "wide"}
+        return (RULES[rule] or (lambda app, d, q, **k: app.retrieve(d, q, **k)))(
+            self.app, doc_id, question, **kw)
+
     def costs(self) -> dict:
         """What this size's passages cost per MB of text: passages, KV tokens (the passage's
         own and its copy of the system prompt) and, at the bytes a KV token of the passages
@@ -252,8 +280,14 @@ def ask_all(runs: list[Size], cases, rules: list[str], args, greedy: GenerationO
                     sized["alone_states"] = states(out.answer, values)
                     sized["alone_answer"] = out.answer
                 where = {p.text: p.index for p in run.store.passages(doc)}
-                asked = args.frame.format(question=question)
                 for rule in rules:
+                    asked = args.frame.format(question=question)
+                    if args.quote:  # (the passages the ask reads: the same retrieval)
+                        hits = run.retrieve(doc, question, rule)
+                        quoted = naming_sentences(run.app, doc, question, hits)
+                        if quoted:
+                            asked += "\n\nThe passages say: " + " ".join(
+                                f'"{t}"' for t in quoted)
                     out = run.ask(doc, question, greedy, rule, asked=asked)
                     one = dict(sized, rule=rule, states=states(out.answer, values),
                                source_hit=any(fact in s["text"] for s in out.sources),
@@ -265,6 +299,10 @@ def ask_all(runs: list[Size], cases, rules: list[str], args, greedy: GenerationO
                                         RestoreOptions(no_cache=True), asked)
                         one["exact_states"] = states(exact.answer, values)
                         one["exact_answer"] = exact.answer
+                    if asked != question:
+                        tokenize = run.eng.runtime.tokenize
+                        one["asked"] = asked
+                        one["added_tokens"] = len(tokenize(asked)) - len(tokenize(question))
                     one["cause"] = cause(one)
                     rows.append(one)
                     print(json.dumps(one), flush=True)
@@ -297,6 +335,9 @@ def main() -> None:
                    help="the question as the long document's chat asks it (the ceiling's "
                    "and --alone's stay plain): a product wording to try, e.g. "
                    "'{question} Answer from the passages.'")
+    p.add_argument("--quote", action="store_true",
+                   help="append to the question the read passages' sentences that hold its "
+                   "rare words (an experiment: the evidence nearest the answer)")
     p.add_argument("--blend-fraction", type=float, default=DEFAULT_BLEND_FRACTION,
                    help="the share of each later passage's tokens recomputed")
     args = p.parse_args()
@@ -326,7 +367,7 @@ def main() -> None:
             run.close()
     report = {"model": str(model), "size": args.size, "n_ctx": args.n_ctx,
               "passage_level": args.passage_level, "blend_fraction": args.blend_fraction,
-              "frame": args.frame,
+              "frame": args.frame, "quote": args.quote,
               "kinds": args.kinds, "seeds": args.seeds, "k": args.k or "the app's",
               "runs": []}
     for target in sizes:
