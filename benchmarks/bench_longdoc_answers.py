@@ -4,7 +4,7 @@
         [--size 100000] [--kinds docs,code,markdown] [--seeds 0] [--targets 160]
         [--rules focused] [--exact] [--alone] [--n-ctx 4096] [--max-tokens 32] [--k K]
         [--passage-level balanced] [--blend-fraction 0.05] [--calibration CAL.kvcl]
-        [--frame '{question}'] [--quote]
+        [--frame '{question}'] [--quote before|after]
 
 The haystacks and facts of `bench_retrieval` (a fact about invented names planted at each
 depth 0, 10 ... 100 %, asked for in other words; `--seeds` draws other names, numbers and
@@ -285,9 +285,11 @@ def ask_all(runs: list[Size], cases, rules: list[str], args, greedy: GenerationO
                     if args.quote:  # (the passages the ask reads: the same retrieval)
                         hits = run.retrieve(doc, question, rule)
                         quoted = naming_sentences(run.app, doc, question, hits)
-                        if quoted:
-                            asked += "\n\nThe passages say: " + " ".join(
-                                f'"{t}"' for t in quoted)
+                        said = " ".join(f'"{t}"' for t in quoted)
+                        if quoted and args.quote == "after":
+                            asked += f"\n\nThe passages say: {said}"
+                        elif quoted:
+                            asked = f"From the passages: {said}\n\n{asked}"
                     out = run.ask(doc, question, greedy, rule, asked=asked)
                     one = dict(sized, rule=rule, states=states(out.answer, values),
                                source_hit=any(fact in s["text"] for s in out.sources),
@@ -335,9 +337,10 @@ def main() -> None:
                    help="the question as the long document's chat asks it (the ceiling's "
                    "and --alone's stay plain): a product wording to try, e.g. "
                    "'{question} Answer from the passages.'")
-    p.add_argument("--quote", action="store_true",
-                   help="append to the question the read passages' sentences that hold its "
-                   "rare words (an experiment: the evidence nearest the answer)")
+    p.add_argument("--quote", choices=["before", "after"], default=None,
+                   help="put the read passages' sentences that hold the question's rare words "
+                   "before or after it in its turn (an experiment: the evidence nearest the "
+                   "answer)")
     p.add_argument("--blend-fraction", type=float, default=DEFAULT_BLEND_FRACTION,
                    help="the share of each later passage's tokens recomputed")
     args = p.parse_args()
