@@ -4,28 +4,34 @@
         [--size 100000] [--kinds docs,code,markdown] [--seeds 0] [--targets 160]
         [--rules focused] [--exact] [--alone] [--n-ctx 4096] [--max-tokens 32] [--k K]
         [--passage-level balanced] [--blend-fraction 0.05] [--calibration CAL.kvcl]
-        [--frame '{question}'] [--quote before|after]
+        [--quote before|after]
 
 The haystacks and facts of `bench_retrieval` (a fact about invented names planted at each
 depth 0, 10 ... 100 %, asked for in other words; `--seeds` draws other names, numbers and
 places, so each seed is 11 more facts a kind). Each haystack is attached as a user attaches
-a file (longer than the context: split into passages of about `--targets` tokens, indexed and
-embedded), and each fact's question asked in a new chat over it (temperature 0): its passages
-retrieved by each of `--rules` (`focused`: the app's, for a question naming something rare
-the passages holding the most of its rare words; `wide`: always the k best; `any-rare`: the
-app's before, every passage holding one; `weighted`: each word counted 1/(its passages)); their KV
-computed or read back and blended (a sliding-window model's, Gemma 3's, computed exactly:
-not blended), the question computed. Beside it, the model's ceiling: the same question asked
-in a new chat over a document holding only the fact's paragraph (asked once a fact, whatever
-the size or rule); with `--alone`, over a document holding only the fact's passage (at each
-size: what the ceiling would be if the passage, not the sentence, were the yardstick); with
-`--exact`, the same passages computed exactly from their text (`--no-cache`), to tell the
-blend's approximation from the model's reading of many passages. Per fact: whether the fact's
-passage is among the answer's sources, whether the answer states the fact (contains every
-value the fact gives: a number, a name, a time), and whether the others do.
+a file (longer than the context: split into passages of about `--targets` tokens, indexed
+and embedded), and each fact's question asked in a new chat over it (temperature 0): its
+passages retrieved by each of `--rules` (`focused`: the app's, for a question naming
+something rare the passages holding the most of its rare words; `wide`: always the k best;
+`any-rare`: the app's before, every passage holding one; `weighted`: each word counted
+1/(its passages); `best`: the focused passages' best-scored alone); their KV computed or
+read back (stored at `--passage-level`) and blended (`--blend-fraction` of each later
+passage recomputed), the question computed (with `--quote`, the read passages' sentences
+that hold the question's rare words put before or after it, in its turn: an experiment).
+Beside it, the model's ceiling: the same question asked in a new chat over a document
+holding only the fact's paragraph (asked once a fact, whatever the size or rule); with
+`--alone`, over a document holding only the fact's passage (at each size: what the ceiling
+would be if the passage, not the sentence, were the yardstick); with `--exact`, the same
+passages computed exactly from their text (`--no-cache`), to tell the blend's approximation
+from the model's reading of many passages. Per fact: whether the fact's passage is among the
+answer's sources, whether the answer states the fact (contains every value the fact gives: a
+number, a name, a time), and whether the others do; the passages read and the fact's (by
+index), and a miss's cause (`cause`: not read, missed by the exact reading too, or by the
+restored KV alone).
 
 Prints a JSON line per question, then one JSON document with, per size and rule, each rate as
-k of n: `sources_hit` (goal >= 0.95) and `states_where_ceiling_does` (goal >= 0.90); and per
+k of n: `sources_hit` (goal >= 0.95) and `states_where_ceiling_does` (goal >= 0.90), the
+latter by passages read and its misses by cause; and per
 size what the passages cost: passages and KV tokens per MB of text (each passage's KV holds
 its own copy of the system prompt) and the stored bytes per MB that makes at the passage
 level (from the bytes a KV token of this run's stored passages took).
@@ -281,7 +287,7 @@ def ask_all(runs: list[Size], cases, rules: list[str], args, greedy: GenerationO
                     sized["alone_answer"] = out.answer
                 where = {p.text: p.index for p in run.store.passages(doc)}
                 for rule in rules:
-                    asked = args.frame.format(question=question)
+                    asked = question
                     if args.quote:  # (the passages the ask reads: the same retrieval)
                         hits = run.retrieve(doc, question, rule)
                         quoted = naming_sentences(run.app, doc, question, hits)
@@ -333,10 +339,6 @@ def main() -> None:
     p.add_argument("--passage-level", default=DEFAULT_PASSAGE_LEVEL,
                    choices=["lossless", "high", "balanced", "compact"],
                    help="the level passages' KV is stored at (lossless: the blend alone)")
-    p.add_argument("--frame", default="{question}",
-                   help="the question as the long document's chat asks it (the ceiling's "
-                   "and --alone's stay plain): a product wording to try, e.g. "
-                   "'{question} Answer from the passages.'")
     p.add_argument("--quote", choices=["before", "after"], default=None,
                    help="put the read passages' sentences that hold the question's rare words "
                    "before or after it in its turn (an experiment: the evidence nearest the "
@@ -370,7 +372,7 @@ def main() -> None:
             run.close()
     report = {"model": str(model), "size": args.size, "n_ctx": args.n_ctx,
               "passage_level": args.passage_level, "blend_fraction": args.blend_fraction,
-              "frame": args.frame, "quote": args.quote,
+              "quote": args.quote,
               "kinds": args.kinds, "seeds": args.seeds, "k": args.k or "the app's",
               "runs": []}
     for target in sizes:
