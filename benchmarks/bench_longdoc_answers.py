@@ -4,7 +4,7 @@
         [--size 100000] [--kinds docs,code,markdown] [--seeds 0] [--targets 160]
         [--rules focused] [--exact] [--alone] [--n-ctx 4096] [--max-tokens 32] [--k K]
         [--passage-level balanced] [--blend-fraction 0.05] [--calibration CAL.kvcl]
-        [--quote before|after]
+        [--quote before|after] [--quote-rarest]
 
 The haystacks and facts of `bench_retrieval` (a fact about invented names planted at each
 depth 0, 10 ... 100 %, asked for in other words; `--seeds` draws other names, numbers and
@@ -157,15 +157,17 @@ SENTENCE = re.compile(r"(?<=[.!?])\s+|\n\s*\n")
 
 
 def naming_sentences(app: Retriever, doc_id: int, question: str, hits: Sequence[Hit],
-                     most: int = 3) -> list[str]:
+                     most: int = 3, rarest: bool = False) -> list[str]:
     """The sentences of the passages read (`hits`) that hold one of the question's rare words
-    (a name), at most `most`, each cut to 300 characters: what `--quote` repeats beside the
-    question, nearest the answer (a word matched on its first letters, as a stem)."""
-    words = [w for w, c in app.store.passage_frequencies(doc_id, question,
-                                                          RARE_PASSAGES + 1).items()
-             if 0 < c <= RARE_PASSAGES]
-    if not words:
+    (a name; with `rarest`, one of those in the fewest passages), at most `most`, each cut to
+    300 characters: what `--quote` repeats beside the question, nearest the answer (a word
+    matched on its first letters, as a stem)."""
+    counts = {w: c for w, c in app.store.passage_frequencies(doc_id, question,
+                                                             RARE_PASSAGES + 1).items()
+              if 0 < c <= RARE_PASSAGES}
+    if not counts:
         return []
+    words = [w for w, c in counts.items() if not rarest or c == min(counts.values())]
     stems = re.compile(r"\b(" + "|".join(re.escape(w[:max(4, len(w) - 3)]) for w in words)
                        + r")", re.IGNORECASE)
     found = [" ".join(t.split())[:300] for h in sorted(hits, key=lambda h: h.index)
@@ -290,7 +292,8 @@ def ask_all(runs: list[Size], cases, rules: list[str], args, greedy: GenerationO
                     asked = question
                     if args.quote:  # (the passages the ask reads: the same retrieval)
                         hits = run.retrieve(doc, question, rule)
-                        quoted = naming_sentences(run.app, doc, question, hits)
+                        quoted = naming_sentences(run.app, doc, question, hits,
+                                                  rarest=args.quote_rarest)
                         said = " ".join(f'"{t}"' for t in quoted)
                         if quoted and args.quote == "after":
                             asked += f"\n\nThe passages say: {said}"
@@ -343,6 +346,9 @@ def main() -> None:
                    help="put the read passages' sentences that hold the question's rare words "
                    "before or after it in its turn (an experiment: the evidence nearest the "
                    "answer)")
+    p.add_argument("--quote-rarest", action="store_true",
+                   help="quote only the sentences holding the question's rarest words (those "
+                   "in the fewest passages)")
     p.add_argument("--blend-fraction", type=float, default=DEFAULT_BLEND_FRACTION,
                    help="the share of each later passage's tokens recomputed")
     args = p.parse_args()
@@ -372,7 +378,7 @@ def main() -> None:
             run.close()
     report = {"model": str(model), "size": args.size, "n_ctx": args.n_ctx,
               "passage_level": args.passage_level, "blend_fraction": args.blend_fraction,
-              "quote": args.quote,
+              "quote": args.quote, "quote_rarest": args.quote_rarest,
               "kinds": args.kinds, "seeds": args.seeds, "k": args.k or "the app's",
               "runs": []}
     for target in sizes:

@@ -47,3 +47,16 @@ def test_naming_sentences_are_those_holding_a_rare_word():
     counts.clear()
     counts["the"] = 40  # a question with no rare word: nothing to quote
     assert naming_sentences(app, 1, "What is the?", hits) == []
+
+
+def test_rarest_quotes_only_the_words_in_fewest_passages():
+    counts = {"kept": 3, "vokmarune": 1, "the": 40}
+    app = SimpleNamespace(store=SimpleNamespace(
+        passage_frequencies=lambda doc, question, at_most: counts))
+    hits = [SimpleNamespace(index=1, text="Many are kept here. The warehouse in Vokmarune "
+                                          "stores exactly 817 crates.")]
+    q = "How many boxes are kept at the Vokmarune depot?"
+    assert naming_sentences(app, 1, q, hits) == [
+        "Many are kept here.", "The warehouse in Vokmarune stores exactly 817 crates."]
+    assert naming_sentences(app, 1, q, hits, rarest=True) == [
+        "The warehouse in Vokmarune stores exactly 817 crates."]
