@@ -3,27 +3,35 @@
     .venv/bin/python -m benchmarks.bench_longdoc_answers [--model default|gemma|PATH]
         [--size 100000] [--kinds docs,code,markdown] [--seeds 0] [--targets 160]
         [--rules focused] [--exact] [--alone] [--n-ctx 4096] [--max-tokens 32] [--k K]
+        [--passage-level balanced] [--blend-fraction 0.05] [--calibration CAL.kvcl]
+        [--quote before|after] [--quote-rarest]
 
 The haystacks and facts of `bench_retrieval` (a fact about invented names planted at each
 depth 0, 10 ... 100 %, asked for in other words; `--seeds` draws other names, numbers and
 places, so each seed is 11 more facts a kind). Each haystack is attached as a user attaches
-a file (longer than the context: split into passages of about `--targets` tokens, indexed and
-embedded), and each fact's question asked in a new chat over it (temperature 0): its passages
-retrieved by each of `--rules` (`focused`: the app's, for a question naming something rare
-the passages holding the most of its rare words; `wide`: always the k best; `any-rare`: the
-app's before, every passage holding one; `weighted`: each word counted 1/(its passages)); their KV
-computed or read back and blended (a sliding-window model's, Gemma 3's, computed exactly:
-not blended), the question computed. Beside it, the model's ceiling: the same question asked
-in a new chat over a document holding only the fact's paragraph (asked once a fact, whatever
-the size or rule); with `--alone`, over a document holding only the fact's passage (at each
-size: what the ceiling would be if the passage, not the sentence, were the yardstick); with
-`--exact`, the same passages computed exactly from their text (`--no-cache`), to tell the
-blend's approximation from the model's reading of many passages. Per fact: whether the fact's
-passage is among the answer's sources, whether the answer states the fact (contains every
-value the fact gives: a number, a name, a time), and whether the others do.
+a file (longer than the context: split into passages of about `--targets` tokens, indexed
+and embedded), and each fact's question asked in a new chat over it (temperature 0): its
+passages retrieved by each of `--rules` (`focused`: the app's, for a question naming
+something rare the passages holding the most of its rare words; `wide`: always the k best;
+`any-rare`: the app's before, every passage holding one; `weighted`: each word counted
+1/(its passages); `best`: the focused passages' best-scored alone); their KV computed or
+read back (stored at `--passage-level`) and blended (`--blend-fraction` of each later
+passage recomputed), the question computed (with `--quote`, the read passages' sentences
+that hold the question's rare words put before or after it, in its turn: an experiment).
+Beside it, the model's ceiling: the same question asked in a new chat over a document
+holding only the fact's paragraph (asked once a fact, whatever the size or rule); with
+`--alone`, over a document holding only the fact's passage (at each size: what the ceiling
+would be if the passage, not the sentence, were the yardstick); with `--exact`, the same
+passages computed exactly from their text (`--no-cache`), to tell the blend's approximation
+from the model's reading of many passages. Per fact: whether the fact's passage is among the
+answer's sources, whether the answer states the fact (contains every value the fact gives: a
+number, a name, a time), and whether the others do; the passages read and the fact's (by
+index), and a miss's cause (`cause`: not read, missed by the exact reading too, or by the
+restored KV alone).
 
 Prints a JSON line per question, then one JSON document with, per size and rule, each rate as
-k of n: `sources_hit` (goal >= 0.95) and `states_where_ceiling_does` (goal >= 0.90); and per
+k of n: `sources_hit` (goal >= 0.95) and `states_where_ceiling_does` (goal >= 0.90), the
+latter by passages read and its misses by cause; and per
 size what the passages cost: passages and KV tokens per MB of text (each passage's KV holds
 its own copy of the system prompt) and the stored bytes per MB that makes at the passage
 level (from the bytes a KV token of this run's stored passages took).
@@ -35,6 +43,7 @@ import argparse
 import json
 import os
 import random
+import re
 import signal
 import sys
 import tempfile
@@ -46,11 +55,13 @@ import codec
 from benchmarks.bench_retrieval import facts_with_answers, haystack
 from benchmarks.common import model_of
 from desktop_app.engine import Engine
+from desktop_app.kv.passagekv import DEFAULT_PASSAGE_LEVEL
 from desktop_app.model.models import content_hash
 from desktop_app.model.prompts import passage_prefix
 from desktop_app.model.runtime import Runtime
 from desktop_app.options import GenerationOptions, RestoreOptions
 from desktop_app.passages.retrieve import RARE_PASSAGES, Hit, Retriever, focused
+from desktop_app.settings import DEFAULT_BLEND_FRACTION
 from store import Store
 
 
@@ -93,9 +104,16 @@ def weighted(app: Retriever, doc_id: int, question: str, **kw) -> list[Hit]:
     return [h for h in hits if mass[h.passage_id] >= best - 1e-9] if best else hits
 
 
+def best(app: Retriever, doc_id: int, question: str, **kw) -> list[Hit]:
+    """Of the app's focused passages, the best-scored alone: its ties on rare words broken by
+    the fused score (tried against keeping every tie)."""
+    hits = app.retrieve(doc_id, question, **kw)
+    return hits[:1] if kw.get("focus") and rare_holders(app.store, doc_id, question) else hits
+
+
 # The app's retrieval (`focused`, or `wide`: always the k best) and experiments beside it.
 RULES: dict[str, Callable[..., list[Hit]] | None] = {
-    "focused": None, "wide": None, "any-rare": any_rare, "weighted": weighted}
+    "focused": None, "wide": None, "any-rare": any_rare, "weighted": weighted, "best": best}
 
 
 class Narrowed:
@@ -107,6 +125,54 @@ class Narrowed:
 
     def retrieve(self, doc_id: int, question: str, **kw) -> list[Hit]:
         return self.rule(self.inner, doc_id, question, **kw)
+
+
+def cause(row: dict) -> str | None:
+    """Why an answer misses (None: it states the fact): `not_read` (the fact's passage was
+    not among those read), `exact_misses` (read exactly from their text, the same passages
+    miss too: the context, its layout or the prompt, not the KV), `blend` (exact states it,
+    the blended or restored KV does not: the blend or the codec); `unknown` without
+    `--exact`."""
+    if row["states"]:
+        return None
+    if not row["source_hit"]:
+        return "not_read"
+    if "exact_states" not in row:
+        return "unknown"
+    return "blend" if row["exact_states"] else "exact_misses"
+
+
+def causes(rows: Sequence[dict]) -> dict:
+    """The misses where the ceiling states the fact, by cause, and by passages read."""
+    pool = [r for r in rows if r["ceiling_states"] and r["cause"]]
+    by: dict[str, dict] = {}
+    for r in pool:
+        at = by.setdefault(r["cause"], {"n": 0, "by_passages": {}})
+        at["n"] += 1
+        at["by_passages"][r["passages"]] = at["by_passages"].get(r["passages"], 0) + 1
+    return by
+
+
+SENTENCE = re.compile(r"(?<=[.!?])\s+|\n\s*\n")
+
+
+def naming_sentences(app: Retriever, doc_id: int, question: str, hits: Sequence[Hit],
+                     most: int = 3, rarest: bool = False) -> list[str]:
+    """The sentences of the passages read (`hits`) that hold one of the question's rare words
+    (a name; with `rarest`, one of those in the fewest passages), at most `most`, each cut to
+    300 characters: what `--quote` repeats beside the question, nearest the answer (a word
+    matched on its first letters, as a stem)."""
+    counts = {w: c for w, c in app.store.passage_frequencies(doc_id, question,
+                                                             RARE_PASSAGES + 1).items()
+              if 0 < c <= RARE_PASSAGES}
+    if not counts:
+        return []
+    words = [w for w, c in counts.items() if not rarest or c == min(counts.values())]
+    stems = re.compile(r"\b(" + "|".join(re.escape(w[:max(4, len(w) - 3)]) for w in words)
+                       + r")", re.IGNORECASE)
+    found = [" ".join(t.split())[:300] for h in sorted(hits, key=lambda h: h.index)
+             for t in SENTENCE.split(h.text) if stems.search(t)]
+    return found[:most]
 
 
 def rate(rows: Sequence[dict], key: str, where: str | None = None) -> dict:
@@ -123,7 +189,8 @@ class Size:
         self.folder = folder
         self.store = Store(folder / "data")
         self.eng = Engine(self.store, lambda: Runtime(model, model_hash=digest,
-                                                      n_ctx=args.n_ctx), fill_passages=False)
+                                                      n_ctx=args.n_ctx), fill_passages=False,
+                          passage_level=args.passage_level, blend_fraction=args.blend_fraction)
         if target:
             self.eng.retriever.index.target = target
         self.target = self.eng.retriever.index.target
@@ -153,16 +220,25 @@ class Size:
                             generation=generation)
 
     def ask(self, doc_id: int, question: str, generation: GenerationOptions, rule: str,
-            restore: RestoreOptions = RestoreOptions()):
+            restore: RestoreOptions = RestoreOptions(), asked: str | None = None):
+        """`question` asked over document `doc_id` (worded as `asked`, retrieved as itself)."""
         longdocs = self.eng.session.longdocs
         longdocs.focus = rule != "wide"
-        longdocs.retriever = self.app if RULES[rule] is None else Narrowed(self.app,
-                                                                           RULES[rule])
+        rule_of = RULES[rule] or (lambda app, doc, q, **kw: app.retrieve(doc, q, **kw))
+        longdocs.retriever = Narrowed(self.app, lambda app, doc, q, **kw: rule_of(
+            app, doc, question if q == asked else q, **kw))
         try:
-            return self.eng.ask(question, doc_ids=[doc_id], generation=generation,
+            return self.eng.ask(asked or question, doc_ids=[doc_id], generation=generation,
                                 restore=restore)
         finally:
             longdocs.retriever = self.app
+
+    def retrieve(self, doc_id: int, question: str, rule: str) -> list[Hit]:
+        """What `ask` reads by `rule` for `question` in a new chat."""
+        longdocs = self.eng.session.longdocs
+        kw = {"k": longdocs.top_k, "focus": rule != "wide"}
+        return (RULES[rule] or (lambda app, d, q, **k: app.retrieve(d, q, **k)))(
+            self.app, doc_id, question, **kw)
 
     def costs(self) -> dict:
         """What this size's passages cost per MB of text: passages, KV tokens (the passage's
@@ -211,15 +287,34 @@ def ask_all(runs: list[Size], cases, rules: list[str], args, greedy: GenerationO
                     out = run.ask_over(f"{kind}-{seed}-passage-{i}", own, question, greedy)
                     sized["alone_states"] = states(out.answer, values)
                     sized["alone_answer"] = out.answer
+                where = {p.text: p.index for p in run.store.passages(doc)}
                 for rule in rules:
-                    out = run.ask(doc, question, greedy, rule)
+                    asked = question
+                    if args.quote:  # (the passages the ask reads: the same retrieval)
+                        hits = run.retrieve(doc, question, rule)
+                        quoted = naming_sentences(run.app, doc, question, hits,
+                                                  rarest=args.quote_rarest)
+                        said = " ".join(f'"{t}"' for t in quoted)
+                        if quoted and args.quote == "after":
+                            asked += f"\n\nThe passages say: {said}"
+                        elif quoted:
+                            asked = f"From the passages: {said}\n\n{asked}"
+                    out = run.ask(doc, question, greedy, rule, asked=asked)
                     one = dict(sized, rule=rule, states=states(out.answer, values),
                                source_hit=any(fact in s["text"] for s in out.sources),
-                               passages=len(out.sources), answer=out.answer)
+                               passages=len(out.sources), answer=out.answer,
+                               fact_passage=next(i for t, i in where.items() if fact in t),
+                               read=[where.get(s["text"]) for s in out.sources])
                     if args.exact:
                         exact = run.ask(doc, question, greedy, rule,
-                                        RestoreOptions(no_cache=True))
+                                        RestoreOptions(no_cache=True), asked)
                         one["exact_states"] = states(exact.answer, values)
+                        one["exact_answer"] = exact.answer
+                    if asked != question:
+                        tokenize = run.eng.runtime.tokenize
+                        one["asked"] = asked
+                        one["added_tokens"] = len(tokenize(asked)) - len(tokenize(question))
+                    one["cause"] = cause(one)
                     rows.append(one)
                     print(json.dumps(one), flush=True)
 
@@ -244,6 +339,18 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--k", type=int, default=None, help="passages retrieved per question "
                    "(default: the app's)")
+    p.add_argument("--passage-level", default=DEFAULT_PASSAGE_LEVEL,
+                   choices=["lossless", "high", "balanced", "compact"],
+                   help="the level passages' KV is stored at (lossless: the blend alone)")
+    p.add_argument("--quote", choices=["before", "after"], default=None,
+                   help="put the read passages' sentences that hold the question's rare words "
+                   "before or after it in its turn (an experiment: the evidence nearest the "
+                   "answer)")
+    p.add_argument("--quote-rarest", action="store_true",
+                   help="quote only the sentences holding the question's rarest words (those "
+                   "in the fewest passages)")
+    p.add_argument("--blend-fraction", type=float, default=DEFAULT_BLEND_FRACTION,
+                   help="the share of each later passage's tokens recomputed")
     args = p.parse_args()
     rules = args.rules.split(",")
     if unknown := [r for r in rules if r not in RULES]:
@@ -270,6 +377,8 @@ def main() -> None:
         for run in runs:
             run.close()
     report = {"model": str(model), "size": args.size, "n_ctx": args.n_ctx,
+              "passage_level": args.passage_level, "blend_fraction": args.blend_fraction,
+              "quote": args.quote, "quote_rarest": args.quote_rarest,
               "kinds": args.kinds, "seeds": args.seeds, "k": args.k or "the app's",
               "runs": []}
     for target in sizes:
@@ -281,7 +390,11 @@ def main() -> None:
                    "sources_hit": rate(mine, "source_hit"),
                    "ceiling_states": rate(mine, "ceiling_states"),
                    "states": rate(mine, "states"),
-                   "states_where_ceiling_does": rate(mine, "states", "ceiling_states")}
+                   "states_where_ceiling_does": rate(mine, "states", "ceiling_states"),
+                   "misses_by_cause": causes(mine),
+                   "by_passages": {n: rate([r for r in mine if r["passages"] == n], "states",
+                                           "ceiling_states")
+                                   for n in sorted({r["passages"] for r in mine})}}
             if args.alone:
                 run["alone_states"] = rate(mine, "alone_states")
                 run["states_where_alone_does"] = rate(mine, "states", "alone_states")
