@@ -51,9 +51,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import codec
 from benchmarks.bench_retrieval import facts_with_answers, haystack
-from benchmarks.common import model_of
+from benchmarks.common import adopt_calibration, model_of
 from desktop_app.engine import Engine
 from desktop_app.kv.passagekv import DEFAULT_PASSAGE_LEVEL
 from desktop_app.model.models import content_hash
@@ -201,9 +200,7 @@ class Size:
         self.chars = 0
         self.eng.warm_up()
         if args.calibration:  # the model's levels as `kvdesk calibrate` made them elsewhere
-            cal = codec.Calibration.from_bytes(Path(args.calibration).read_bytes())
-            self.eng.calibrations.adopt(codec.Calibration(
-                cal.parts, {**cal.meta, "fingerprint": self.eng.fingerprint}))
+            adopt_calibration(self.eng, args.calibration)
 
     def attach(self, name: str, text: str, suffix: str = ".txt") -> int:
         path = self.folder / f"{name}{suffix}"

@@ -60,6 +60,14 @@ def add_calibration_flags(p: argparse.ArgumentParser) -> None:
                    help="keep the model-independent levels (no calibration)")
 
 
+def adopt_calibration(eng, path: str | Path) -> None:
+    """A `kvdesk calibrate` result (a .kvcl file) made the levels of `eng`'s model, its
+    fingerprint rebound to this model file (a copy of the model has another)."""
+    cal = codec.Calibration.from_bytes(Path(path).read_bytes())
+    eng.calibrations.adopt(codec.Calibration(cal.parts, {**cal.meta,
+                                                         "fingerprint": eng.fingerprint}))
+
+
 def use_calibration(eng, args: argparse.Namespace) -> dict:
     """Give `eng`'s model the levels `add_calibration_flags` chose: a calibration file adopted
     (its fingerprint rebound to this model file), else one made here; what was done, timed."""
@@ -67,9 +75,7 @@ def use_calibration(eng, args: argparse.Namespace) -> dict:
     if args.uncalibrated:
         return {"levels": "model-independent"}
     if args.calibration:
-        cal = codec.Calibration.from_bytes(Path(args.calibration).read_bytes())
-        eng.calibrations.adopt(codec.Calibration(
-            cal.parts, {**cal.meta, "fingerprint": eng.fingerprint}))
+        adopt_calibration(eng, args.calibration)
         return {"levels": "calibrated", "calibration": str(args.calibration)}
     info = eng.calibrate()
     return {"levels": "calibrated", "calibration": info.id,
