@@ -34,12 +34,11 @@ from dataclasses import dataclass
 from store import CorruptChunkError, CorruptObjectError, NotFoundError, Span, StoreError
 
 from ..options import AUTO, RestoreOptions
-from .levels import quality_order
+from .levels import EXACT, quality_order
 from .sources import ChunkSource
 from .speeds import Speeds
 
 TEXT = "text"  # the chunk_levels name of a chunk recomputed from its tokens
-EXACT = "lossless"  # the level whose every chunk is bit-exact
 
 
 @dataclass(frozen=True)
