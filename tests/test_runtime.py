@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+import llama_cpp
 import numpy as np
 import pytest
 
@@ -185,3 +186,19 @@ def test_fingerprint_depends_on_kv_layout(runtime, runtime_fa):
     # Same model file, other V layout: a cache of one must never load into the other.
     assert runtime.layout.model_hash == runtime_fa.layout.model_hash
     assert runtime.fingerprint != runtime_fa.fingerprint
+
+
+def test_a_prefill_for_its_kv_alone_leaves_the_same_kv_and_no_logits(any_runtime):
+    rt = any_runtime
+    prefix, question = chat_prefix_and_question(rt)
+    rt.reset()
+    rt.prefill(prefix + question)
+    state, expected = rt.state_bytes(), greedy(rt, 8)
+    rt.reset()
+    rt.prefill(prefix + question, logits=False)
+    assert rt.tokens == prefix + question and rt.state_bytes() == state
+    # llama.cpp computed no output row (no logits to read), and the runtime knows it.
+    assert not rt.has_logits
+    assert not llama_cpp.llama_get_logits_ith(rt.llm._ctx.ctx, -1)
+    rt.ensure_logits()
+    assert greedy(rt, 8) == expected

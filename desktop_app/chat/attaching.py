@@ -154,7 +154,8 @@ class Attacher:
                 return self._result(doc, prefix, pulled, levels, warnings,
                                     encode_s=time.perf_counter() - t0, pulled=True)
             rt.reset()
-            rt.prefill(prefix.tokens, cancel=cancel, progress=_phase(progress, "prefill", title))
+            rt.prefill(prefix.tokens, cancel=cancel, progress=_phase(progress, "prefill", title),
+                       logits=False)
             prefill_s = time.perf_counter() - t0
             self.speeds.prefill_tps = len(prefix.tokens) / max(prefill_s, 1e-6)
             t1 = time.perf_counter()

@@ -79,7 +79,7 @@ class Exactness(Background):
             try:
                 for start in range(0, len(tokens), SLICE):
                     self.yield_to_turns()
-                    rt.prefill(tokens[start:start + SLICE], cancel=self.cancel)
+                    rt.prefill(tokens[start:start + SLICE], cancel=self.cancel, logits=False)
                     with self._guard:
                         self._progress[chat_id] = (min(start + SLICE, len(tokens)), len(tokens))
                 self.kv.store_chat(rt, chat_id, tokens, self.first_document(rt, chat_id))

@@ -268,7 +268,7 @@ class Blender:
                 if cancel is not None and cancel.is_set():
                     raise Cancelled("stopped while computing a blended prefix")
                 self._restore_up_to(rt, prefix, full, window, a)
-                rt.prefill(prefix[a:b], cancel=cancel)
+                rt.prefill(prefix[a:b], cancel=cancel, logits=False)
                 back = [in_position_order(kv) for kv in rt.capture().sections]
                 full.take(back[0], a, b)
                 window.take(back[1], max(a, lay.window_start(b)), b)

@@ -101,7 +101,7 @@ class PassageKV:
             if found is None:
                 tokens = self.tokens(rt, text)
                 rt.reset()
-                rt.prefill(list(tokens), cancel=cancel)
+                rt.prefill(list(tokens), cancel=cancel, logits=False)
                 ready.computed += 1
                 ready.computed_tokens += len(tokens)
                 entry_id = self.kv.store_prefix(rt, tokens, (self.level,), document_id=document_id,

@@ -2,7 +2,7 @@
 
 Where model files are and what their headers say (`models`, `catalog`, `gguf_header`,
 `contextsize`), whether kvdesk can keep a model's cache (`support`, `layout`), the
-llama.cpp runtime that prefills and generates (`runtime`, `samplers`, `sampling`,
+llama.cpp runtime that prefills and generates (`runtime`, `llamacalls`, `sampling`,
 `chat_templates`, `llamalog`), the text it is given (`prompts`), its state bytes as numpy KV
 (`kvstate`), how its keys are rotated (`rope`) and tokens computed between others it holds
 (`inplace`).

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..errors import Cancelled, RuntimeStateError
 from ..options import GenerationOptions
-from . import chat_templates, kvstate, layout, llamalog, samplers, sampling
+from . import chat_templates, kvstate, layout, llamacalls, llamalog, sampling
 
 # Prefill slice: small enough that progress and cancellation react within about a second on
 # two cores (~144 tokens/s), large enough to keep llama.cpp's batched matmuls efficient.
@@ -198,9 +198,12 @@ class Runtime:
         """Whether the next-token logits after the sequence's last token are at hand."""
         return self.llm.n_tokens > 0 and self._logits_at == self.llm.n_tokens
 
-    def _eval(self, tokens: Sequence[int]) -> None:
-        self.llm.eval(tokens)
-        self._logits_at = self.llm.n_tokens
+    def _eval(self, tokens: Sequence[int], *, logits: bool = True) -> None:
+        if logits:
+            self.llm.eval(tokens)
+        else:
+            llamacalls.kv_only(self.llm, tokens)
+        self._logits_at = self.llm.n_tokens if logits else None
 
     def prefill(
         self,
@@ -208,8 +211,10 @@ class Runtime:
         *,
         progress: ProgressFn | None = None,
         cancel: threading.Event | None = None,
+        logits: bool = True,
     ) -> None:
-        """Evaluate `tokens` after what the context holds, slice by slice.
+        """Evaluate `tokens` after what the context holds, slice by slice; `logits` False
+        when only their KV is wanted (then no next-token logits are left: `ensure_logits`).
 
         On cancellation the context keeps the slices already evaluated (callers that must not
         keep a partial prefix truncate back) and `Cancelled` is raised.
@@ -224,7 +229,7 @@ class Runtime:
                 if cancel is not None and cancel.is_set():
                     raise Cancelled(f"stopped after {done} of {len(tokens)} tokens")
                 piece = tokens[start : start + PREFILL_SLICE]
-                self._eval(piece)
+                self._eval(piece, logits=logits)
                 done += len(piece)
                 if progress is not None:
                     progress(done, len(tokens))
@@ -256,17 +261,10 @@ class Runtime:
         with self._lock:
             if self.llm.n_tokens + len(tokens) > self.n_ctx:
                 raise RuntimeStateError(f"{len(tokens)} more tokens do not fit the context")
-            batch = self.llm._batch
-            for start in range(0, len(tokens), self.llm.n_batch):
-                piece = tokens[start : start + self.llm.n_batch]
-                n_past = self.llm.n_tokens
-                batch.set_batch(piece, n_past, True)
-                self.llm._ctx.decode(batch)
-                self.llm.input_ids[n_past : n_past + len(piece)] = piece
-                self.llm.n_tokens = n_past + len(piece)
+            for start, n in llamacalls.decode(self.llm, tokens, logits=True):
                 ptr = llama_cpp.llama_get_logits(self.llm._ctx.ctx)
-                logits = np.ctypeslib.as_array(ptr, shape=(len(piece), n_vocab))
-                for i in range(0, len(piece), SCORE_ROWS):
+                logits = np.ctypeslib.as_array(ptr, shape=(n, n_vocab))
+                for i in range(0, n, SCORE_ROWS):
                     x = logits[i : i + SCORE_ROWS]
                     x = x - x.max(1, keepdims=True)
                     x -= np.log(np.exp(x).sum(1, keepdims=True))
@@ -297,7 +295,7 @@ class Runtime:
         `ensure_logits`). Generated tokens join the sequence, except the final
         end-of-generation token, which is sampled but not evaluated.
         """
-        sampler = samplers.chain(options, n_vocab=self.llm.n_vocab(), n_ctx=self.n_ctx)
+        sampler = llamacalls.chain(options, n_vocab=self.llm.n_vocab(), n_ctx=self.n_ctx)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         pending = None  # sampled and yielded, not yet evaluated
         try:

@@ -1,0 +1,72 @@
+"""What `Runtime` asks of llama.cpp below `llama_cpp.Llama`: a sampler chain, and batches
+that ask for only the logits a caller reads.
+
+`chain`: the stages of a set of resolved generation options (`sampling.resolve`) in llama.cpp's
+own order: penalties, top-k, top-p, min-p, temperature, then the draw (the most likely token at
+temperature 0). It only builds the chain: `Runtime.generate` runs it, `sampling` decides the
+values.
+
+`decode`, `kv_only`: `Llama.eval` asks llama.cpp for the last token's logits of every batch,
+which runs the output layer over the whole vocabulary (~8 ms a batch on two cores with Gemma
+3's 262,144 words, as much as 2-3 more tokens). A prefill whose KV is all that is wanted (a
+passage's, a blend's run, a chat's exact context, an attach) skips it; a score keeps every
+row. They keep the Llama object's bookkeeping (`input_ids`, `n_tokens`) as its `eval` does,
+and nothing else: `Runtime` owns the lock and what its logits belong to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import llama_cpp
+from llama_cpp import _internals
+
+from ..options import GenerationOptions
+
+
+def chain(o: GenerationOptions, *, n_vocab: int, n_ctx: int) -> _internals.LlamaSampler:
+    """A new sampler chain for `o` (every field resolved); the caller closes it."""
+    sampler = _internals.LlamaSampler()
+    last_n = n_ctx if o.repeat_last_n == -1 else o.repeat_last_n or 0
+    penalized = last_n and (o.repeat_penalty or 1.0, o.presence_penalty or 0.0,
+                            o.frequency_penalty or 0.0) != (1.0, 0.0, 0.0)
+    if penalized:
+        sampler.add_penalties(n_vocab, last_n, o.repeat_penalty or 1.0,
+                              o.frequency_penalty or 0.0, o.presence_penalty or 0.0)
+    if not o.temperature:
+        sampler.add_greedy()
+    else:
+        if o.top_k:
+            sampler.add_top_k(o.top_k)
+        if o.top_p is not None and o.top_p < 1:
+            sampler.add_top_p(o.top_p, 1)
+        if o.min_p:
+            sampler.add_min_p(o.min_p, 1)
+        sampler.add_temp(o.temperature)
+        sampler.add_dist(llama_cpp.LLAMA_DEFAULT_SEED if o.seed is None else o.seed)
+    # The penalties look at the answer's own tokens only (the chain sees each token it
+    # draws): an answer should be free to use the question's and the document's words,
+    # and to end as the question's turn did (measured: benchmarks/RESULTS.md).
+    return sampler
+
+
+def decode(llm: llama_cpp.Llama, tokens: Sequence[int], *,
+           logits: bool) -> Iterator[tuple[int, int]]:
+    """Evaluate `tokens` after what `llm` holds, n_batch at a time, yielding each piece's
+    (start in tokens, length) once it is in; with the logits of every row, or of none."""
+    batch = llm._batch
+    for start in range(0, len(tokens), llm.n_batch):
+        piece = list(tokens[start : start + llm.n_batch])
+        batch.set_batch(piece, llm.n_tokens, logits)
+        batch.batch.logits[len(piece) - 1] = logits  # (set_batch always asks for the last)
+        llm._ctx.decode(batch)
+        llm.input_ids[llm.n_tokens : llm.n_tokens + len(piece)] = piece
+        llm.n_tokens += len(piece)
+        yield start, len(piece)
+
+
+def kv_only(llm: llama_cpp.Llama, tokens: Sequence[int]) -> None:
+    """Evaluate `tokens` after what `llm` holds for their KV alone: no logits are left."""
+    llm._ctx.kv_cache_seq_rm(-1, llm.n_tokens, -1)  # (cells past n_tokens, as Llama.eval)
+    for _ in decode(llm, tokens, logits=False):
+        pass
