@@ -112,6 +112,19 @@ def test_rotation_angles_are_accurate():
         transform.cos_sin(np.array([2e6]))
 
 
+def test_a_chunks_angles_are_kept_for_the_next_at_its_positions_and_never_shared():
+    tf = transform.KindTransform(head_dim=64, rope="neox", theta=10000.0 ** (-np.arange(32) / 32))
+    expected = transform.cos_sin(np.arange(30, 190, dtype=np.float64)[:, None] * tf.theta)
+    first = transform.angles(tf, 30, 160)
+    for got, want in zip(first, expected, strict=True):
+        assert np.array_equal(got, want)
+    first[0][...] = 7  # a caller writing into its rows changes nobody else's
+    again = transform.angles(tf, 30, 160)
+    assert np.array_equal(again[0], expected[0]) and again[0] is not first[0]
+    moved = transform.angles(tf, 31, 160)  # other positions, other rows
+    assert np.array_equal(moved[0][:-1], expected[0][1:])
+
+
 def test_fitted_basis_is_orthonormal_and_decorrelates(kv):
     keys = kv[0][:, 1:]
     tf = calibration_of(*kv).parts[0].keys
