@@ -301,18 +301,20 @@ def test_a_long_documents_passages_are_blended_from_their_caches(tmp_path, gemma
         eng.store.close()
 
 
-def test_an_uncalibrated_sliding_window_model_reads_its_passages_as_text(tmp_path, gemma_path):
+@pytest.mark.parametrize("top_k", [1, 2])  # (one passage: nothing to blend, still said)
+def test_an_uncalibrated_sliding_window_model_reads_its_passages_as_text(tmp_path, gemma_path,
+                                                                         top_k):
     """Lossy passage KV waits for the model's calibration (`PassageKV.kept`): nothing stored,
-    the passages computed from their text, an answer all the same."""
+    the passages computed from their text, an answer all the same, and the answer says why."""
     from test_longdoc import add_long_document
 
     eng = make_engine(tmp_path / "data", gemma_path)  # passages at `balanced`, no calibration
     try:
-        eng.session.longdocs.top_k = 2
+        eng.session.longdocs.top_k = top_k
         doc = add_long_document(eng.store)
         res = eng.ask("When does the Saturday ferry leave, and what does the museum keep?",
                       doc_ids=[doc], generation=GenerationOptions(max_tokens=8, temperature=0))
-        assert res.answer and len(res.sources) == 2
+        assert res.answer and len(res.sources) == top_k
         assert not [e for e in eng.store.entries() if e.passage]
         assert not any("for the first time" in m for m in res.messages)
         assert any("read as text until its codec is calibrated" in m for m in res.messages)

@@ -181,8 +181,9 @@ class LongDocs:
                   cancel: threading.Event | None) -> Parts | None:
         """What to blend when `tokens` start with a passage chat's prefix that needs it. The
         passages with no KV yet are computed first, each on its own, and stored (`rt` is left
-        to the restore that follows); None when the prefix is stored exactly (or is one
-        passage), which a plain restore reads."""
+        to the restore that follows); None when the prefix is stored exactly, which a plain
+        restore reads. One passage has no later parts: a plain restore reads it too, and its
+        Parts carry only what making it ready found (`notes`)."""
         if chat_id is None:
             with self._lock:
                 sources = list(self._offered)
@@ -205,5 +206,4 @@ class LongDocs:
                          f"computed ({ready.computed_tokens:,} tokens) and stored")
         if ready.pulled:
             notes.append(f"{ready.pulled} passage(s) taken from the shared cache")
-        return Parts(layout, ready.entries[1:], notes, ready.computed_tokens) \
-            if len(sources) > 1 else None
+        return Parts(layout, ready.entries[1:], notes, ready.computed_tokens)

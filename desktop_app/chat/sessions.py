@@ -174,7 +174,7 @@ class ChatSession:
             elif options.budget_ms is None and self.default_budget_ms is not None:
                 effective = options.model_copy(update={"budget_ms": self.default_budget_ms})
             parts = self._blendable(rt, chat_id, tokens, docs, cancel)
-            if parts is not None and not self.blender.usable(rt, parts.later):
+            if parts is not None and not (parts.later and self.blender.usable(rt, parts.later)):
                 notes, parts = list(parts.notes), None  # (what making them ready found)
             try:
                 if parts is not None:
