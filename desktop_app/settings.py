@@ -211,6 +211,13 @@ def load(path: Path | None = None) -> Settings:
     for key in saved.keys() - Settings.model_fields.keys():
         _warn(f"{path}: unknown setting {key!r} ignored", key, Settings.model_fields)
     known = {k: v for k, v in saved.items() if k in Settings.model_fields}
+    generation = known.get("generation")
+    if isinstance(generation, dict):  # its keys are settings too: the same rule
+        for key in generation.keys() - GenerationOptions.model_fields.keys():
+            _warn(f"{path}: unknown setting 'generation.{key}' ignored", key,
+                  GenerationOptions.model_fields)
+        known["generation"] = {k: v for k, v in generation.items()
+                               if k in GenerationOptions.model_fields}
     try:
         base = parse(Settings, known)
     except InvalidValue as e:

@@ -66,6 +66,20 @@ def test_unknown_settings_keys_and_variables_are_named(monkeypatch, caplog):
     assert "KVDESK_DATADIR" in warned[1] and "KVDESK_DATA_DIR" in warned[1]
 
 
+def test_an_unknown_generation_key_is_named_and_ignored_like_any_setting(caplog):
+    """README: an unknown settings key is named in a warning, not refused; the generation
+    values are settings too (a typo there once stopped every command)."""
+    path = settings.config_dir() / "settings.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"version": 1, "generation": {"temperatur": 0.3, "top_k": 7}}))
+    with caplog.at_level(logging.WARNING, logger="kvdesk.settings"):
+        loaded = settings.load()
+    assert loaded.generation.top_k == 7 and loaded.generation.temperature is None
+    (warned,) = [r.getMessage() for r in caplog.records]
+    assert "unknown setting 'generation.temperatur' ignored (did you mean 'temperature'?)" \
+        in warned
+
+
 def test_a_command_warns_of_an_unknown_setting_on_stderr(tmp_path):
     path = settings.config_dir() / "settings.json"
     path.parent.mkdir(parents=True)

@@ -118,6 +118,17 @@ def test_a_fitted_evaluator_shrinks_to_a_short_text_and_reports_its_noise(evalua
     assert 0 < noisy["kld_se"] < noisy["kld"]
 
 
+def test_cli_eval_refuses_a_bad_file_before_calibrating(tmp_path, model_path):
+    """An uncalibrated model: an empty file is refused at once, not after the minutes of
+    calibration the command would otherwise start with."""
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    out = subprocess.run([sys.executable, "-m", "desktop_app", "eval", str(empty)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "the file is empty" in out.stderr, out.stderr
+    assert "calibrating" not in out.stderr, out.stderr
+
+
 def test_cli_eval_json(tmp_path, model_path):
     # the model calibrated first with tiny settings (the product's own calibration takes
     # minutes), in the data directory the command reads

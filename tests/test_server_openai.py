@@ -96,6 +96,9 @@ def test_unsupported_fields_are_refused_by_name(served):
         r = httpx.post(f"{served.url}/v1/completions", json={"model": "default", **fields},
                        trust_env=False)
         assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
+        if words not in ("empty",):  # refused by name: `param` names the field (README)
+            assert r.json()["error"]["param"] == [k for k in fields if k != "prompt"
+                                                  or len(fields) == 1][-1], r.text
     hi = [{"role": "user", "content": "hi"}]
     for fields, words in (({"logit_bias": {"42": -100}}, "logit_bias"),
                           ({"modalities": ["text", "audio"]}, "modalities"),

@@ -186,6 +186,10 @@ def eval_(app: App, file: str, prefix_tokens: int, cont_tokens: int, configs: st
     from ..calibration import quality
     from ..chat import documents
 
+    # The file and the configs checked first: a bad one is refused before minutes of work.
+    text = documents.extract(file).text
+    names = level_list(configs) or [*quality.DEFAULT_CONFIGS, *(
+        quality.DEFAULT_PREFIX + lvl for lvl in ("high", "balanced", "compact"))]
     engine = app.engine
     cal = engine.calibrations.current(engine.fingerprint)
     if cal is None:
@@ -196,8 +200,6 @@ def eval_(app: App, file: str, prefix_tokens: int, cont_tokens: int, configs: st
             engine.calibrate(progress=bar, cancel=cancel)
         bar.done()
         cal = engine.calibrations.current(engine.fingerprint)
-    names = level_list(configs) or [*quality.DEFAULT_CONFIGS, *(
-        quality.DEFAULT_PREFIX + lvl for lvl in ("high", "balanced", "compact"))]
     if not as_json:
         click.echo(f"{'config':<12} {'bits/elem':>9} {'KLD':>8} {'top-1':>6} {'ppl':>8}  greedy")
 
@@ -208,7 +210,7 @@ def eval_(app: App, file: str, prefix_tokens: int, cont_tokens: int, configs: st
                        f"{'same' if row['greedy_match'] else 'differs'}")
 
     try:
-        report = quality.evaluate(app.model_path, documents.extract(file).text,
+        report = quality.evaluate(app.model_path, text,
                                   prefix_tokens=prefix_tokens, cont_tokens=cont_tokens,
                                   configs=names, on_row=show, calibration=cal)
     except quality.EvalError as e:

@@ -25,8 +25,8 @@ from sse_starlette.sse import EventSourceResponse
 
 from ..app import App
 from ..chat.completions import RawPrompt
-from ..errors import EngineError
 from ..results import Completion
+from ..validation import InvalidValue
 from . import bridge, streams
 from . import schemas as s
 from .api import PING_S, ApiError, _data, _error_of
@@ -44,15 +44,15 @@ class TextRequest(s.Sampled):
     def text(self) -> RawPrompt:
         self.check_supported()
         if self.echo:
-            raise EngineError("echo: not supported; the answer is the completion only")
+            raise InvalidValue("echo", "not supported; the answer is the completion only")
         if self.best_of not in (None, 1):
-            raise EngineError("best_of: kvdesk answers with one completion")
+            raise InvalidValue("best_of", "kvdesk answers with one completion")
         prompt = self.prompt
         if isinstance(prompt, list):
             if prompt and not all(isinstance(p, str) for p in prompt):
-                raise EngineError("prompt: token ids are not supported; send the text")
+                raise InvalidValue("prompt", "token ids are not supported; send the text")
             if len(prompt) != 1:
-                raise EngineError(f"prompt: one prompt per request (got {len(prompt)})")
+                raise InvalidValue("prompt", f"one prompt per request (got {len(prompt)})")
             prompt = prompt[0]
         return RawPrompt(prompt, self.suffix or None)
 

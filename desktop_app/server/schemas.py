@@ -18,7 +18,6 @@ from typing import Any, Literal
 import pydantic
 from pydantic import Field
 
-from ..errors import EngineError
 from ..options import GenerationOptions, RestoreOptions
 from ..results import Completion
 from ..validation import InvalidValue, parse
@@ -119,13 +118,13 @@ class Sampled(pydantic.BaseModel):
     def check_supported(self) -> None:
         for name, what in UNSUPPORTED.items():
             if (self.model_extra or {}).get(name):
-                raise EngineError(f"{name}: kvdesk answers text only; {what} are not supported")
+                raise InvalidValue(name, f"kvdesk answers text only; {what} are not supported")
         if self.n != 1:
-            raise EngineError("n: kvdesk answers with one choice")
+            raise InvalidValue("n", "kvdesk answers with one choice")
         if self.logprobs:
-            raise EngineError("logprobs: not supported")
+            raise InvalidValue("logprobs", "not supported")
         if any(m != "text" for m in (self.model_extra or {}).get("modalities") or []):
-            raise EngineError("modalities: kvdesk answers text only")
+            raise InvalidValue("modalities", "kvdesk answers text only")
 
     def generation(self) -> GenerationOptions:
         given = {name: getattr(self, name) for name in GenerationOptions.model_fields}
@@ -137,7 +136,7 @@ class Sampled(pydantic.BaseModel):
     def stops(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if len(stops) > MAX_STOP:
-            raise EngineError(f"stop: at most {MAX_STOP} sequences")
+            raise InvalidValue("stop", f"at most {MAX_STOP} sequences")
         return [s for s in stops if s]
 
 
@@ -149,7 +148,7 @@ class ChatRequest(Sampled):
     def check_supported(self) -> None:
         super().check_supported()
         if self.response_format and self.response_format.get("type") not in (None, "text"):
-            raise EngineError("response_format: only text is supported")
+            raise InvalidValue("response_format", "only text is supported")
         for i, message in enumerate(self.messages):
             message.check_parts(f"messages.{i}")
 
