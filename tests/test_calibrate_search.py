@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from desktop_app.calibration import calibrate
+from desktop_app.calibration import calibrate, search
 
 SETTINGS = calibrate.Settings(iterations=7, cont_tokens=256)
 
@@ -30,7 +30,7 @@ def curve(floor: float, se: float = 0.0005):
 
 def test_a_level_that_keeps_its_contract_gets_the_coarsest_scale_that_does():
     measure, seen = curve(floor=0.001)
-    scale, row = calibrate._place(measure, "kld", 0.01, 1 / 64, 64.0, SETTINGS)
+    scale, row = search.place(measure, "kld", 0.01, 1 / 64, 64.0, SETTINGS)
     assert row["met"] and row["kld"] <= 0.01 * SETTINGS.kld_margin
     # the next scale tried above it missed
     assert all(measure(s)["kld"] > 0.008 for s in list(seen) if s > scale)
@@ -39,7 +39,7 @@ def test_a_level_that_keeps_its_contract_gets_the_coarsest_scale_that_does():
 def test_when_every_scale_misses_it_keeps_the_cheapest_scale_within_the_noise():
     # the goal (0.8 x 0.0056 = 0.00448) lies below what any scale reaches (0.0047)
     measure, seen = curve(floor=0.0047)
-    scale, row = calibrate._place(measure, "kld", 0.0056, 1 / 512, 64.0, SETTINGS)
+    scale, row = search.place(measure, "kld", 0.0056, 1 / 512, 64.0, SETTINGS)
     assert row["met"] is False
     # not the finest scale (which buys bits and no measurable quality) ...
     assert scale > min(seen) * 100
@@ -54,10 +54,10 @@ def test_a_top1_level_aims_above_its_target_by_the_measurements_noise():
                 "top1_se": np.sqrt(top1 * (1 - top1) / 256), "scale": scale}
 
     no_kld = dataclasses.replace(SETTINGS, top1_kld_safety=1.0)
-    _, row = calibrate._place(measure, "top1", 0.94, 1 / 64, 64.0, no_kld)
+    _, row = search.place(measure, "top1", 0.94, 1 / 64, 64.0, no_kld)
     noise = np.sqrt(0.94 * 0.06 / 256)
     assert row["goal"] == pytest.approx(0.94 + noise)
     assert row["met"] and row["top1"] >= 0.94 + noise
     wider = dataclasses.replace(no_kld, top1_z=2.0)
-    _, strict = calibrate._place(measure, "top1", 0.94, 1 / 64, 64.0, wider)
+    _, strict = search.place(measure, "top1", 0.94, 1 / 64, 64.0, wider)
     assert strict["scale"] < row["scale"]
