@@ -61,3 +61,45 @@ def test_a_top1_level_aims_above_its_target_by_the_measurements_noise():
     wider = dataclasses.replace(no_kld, top1_z=2.0)
     _, strict = search.place(measure, "top1", 0.94, 1 / 64, 64.0, wider)
     assert strict["scale"] < row["scale"]
+
+
+def two_registers(main_drop: float, other_drop: float):
+    """Top-1 falling with the scale on the calibration text and, faster, on another register
+    (KLD twice as high there and in proportion to the scale, on the calibration text in
+    proportion to its square)."""
+
+    def row(scale, drop, kld):
+        top1 = 0.99 - drop * scale
+        return {"kld": kld, "kld_se": 0.001, "top1": top1,
+                "top1_se": np.sqrt(top1 * (1 - top1) / 256)}
+
+    def measure(scale):
+        return {**row(scale, main_drop, 0.01 * scale**2), "scale": scale,
+                "registers": {"other": row(scale, other_drop, 0.02 * scale)}}
+
+    return measure
+
+
+def test_a_level_holds_on_every_register_the_worst_one_deciding():
+    measure = two_registers(0.01, 0.03)
+    no_kld = dataclasses.replace(SETTINGS, top1_kld_safety=1.0)
+    alone, _ = search.place(lambda s: {k: v for k, v in measure(s).items() if k != "registers"},
+                            "top1", 0.94, 1 / 64, 64.0, no_kld)
+    scale, row = search.place(measure, "top1", 0.94, 1 / 64, 64.0, no_kld,
+                              {"other": (0.93, 256)})
+    goal = 0.93 + np.sqrt(0.93 * 0.07 / 256)
+    assert row["met"] and row["registers"]["other"]["top1"] >= goal
+    assert row["register_goals"]["other"] == pytest.approx(goal)
+    assert scale < alone / 2  # the other register's top-1 falls three times as fast
+
+
+def test_the_second_stage_halves_every_registers_kld():
+    measure = two_registers(0.01, 0.03)
+    first, _ = search.place(measure, "top1", 0.94, 1 / 64, 64.0,
+                            dataclasses.replace(SETTINGS, top1_kld_safety=1.0),
+                            {"other": (0.93, 256)})
+    scale, row = search.place(measure, "top1", 0.94, 1 / 64, 64.0, SETTINGS,
+                              {"other": (0.93, 256)})
+    # halving the calibration text's KLD alone would stop at first / sqrt(2)
+    assert row["kld_goal_met"] and scale <= first / 2 * 1.001
+    assert row["registers"]["other"]["kld"] <= 0.02 * first / 2 * 1.001
