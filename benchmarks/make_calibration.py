@@ -8,7 +8,9 @@
 `--variants`: the transforms the calibration may choose from (`calibrate.Settings.variants`;
 cheapest first), the product's default without it. `--prefix-tokens`, `--cont-tokens`: another
 share of the built-in calibration text (1,294 SmolLM2 tokens) than the product's 1,024 + 256;
-`--iterations`, `--top1-z`, `--top1-kld-safety`: the level search's `Settings`. Prints the
+`--iterations`, `--top1-z`, `--top1-kld-safety`: the level search's `Settings`; `--registers
+calibration-structured.txt` (with `--register-prefix-tokens`): every level must hold on that
+built-in text too. Prints the
 calibration's record as JSON, with the wall and process CPU seconds.
 """
 
@@ -36,13 +38,19 @@ def main() -> None:
     ap.add_argument("--top1-z", type=float, help="top-1 levels' margin in standard errors")
     ap.add_argument("--top1-kld-safety", type=float,
                     help="fraction of the KLD at which top-1 held (1: that scale itself)")
+    ap.add_argument("--registers", help="comma-separated further built-in texts every level "
+                    "must hold on (desktop_app/data; calibrate.Settings.registers)")
+    ap.add_argument("--register-prefix-tokens", type=int, help="of each further register")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     model = model_of(args.model, args.cache_dir)
     settings = calibrate.Settings()
     if args.variants:
         settings = dataclasses.replace(settings, variants=tuple(args.variants.split(",")))
-    for name in ("prefix_tokens", "cont_tokens", "iterations", "top1_z", "top1_kld_safety"):
+    if args.registers:
+        settings = dataclasses.replace(settings, registers=tuple(args.registers.split(",")))
+    for name in ("prefix_tokens", "cont_tokens", "iterations", "top1_z", "top1_kld_safety",
+                 "register_prefix_tokens"):
         if getattr(args, name) is not None:
             settings = dataclasses.replace(settings, **{name: getattr(args, name)})
     t0, c0 = time.monotonic(), time.process_time()

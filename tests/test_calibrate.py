@@ -165,3 +165,21 @@ def test_the_engine_encodes_new_caches_with_the_models_calibration(calibrated, m
     finally:
         eng.close()
         eng.store.close()
+
+
+def test_a_calibration_on_two_registers_holds_each_level_on_both(model_path):
+    settings = calibrate.Settings(prefix_tokens=96, cont_tokens=24, iterations=3,
+                                  registers=("calibration-structured.txt",),
+                                  register_prefix_tokens=64)
+    cal = calibrate.calibrate(model_path, fingerprint=FP, settings=settings)
+    other = cal.meta["registers"]["calibration-structured.txt"]
+    assert other["tokens"] == [64, 24] and set(other["targets"]) == set(calibrate.LEVELS)
+    for name in calibrate.LEVELS:
+        row = cal.meta["levels"][name]
+        got = row["registers"]["calibration-structured.txt"]
+        if row["met"] and "kld_goal" not in row:
+            goal = row["register_goals"]["calibration-structured.txt"]
+            assert got["kld"] <= goal if name == "high" else got["top1"] >= goal
+    # the stored summary reads as before
+    assert set(calibrations.summary(cal)["levels"]["high"]) == {"bits_per_element", "kld",
+                                                                "top1"}

@@ -34,6 +34,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, replace
 from importlib import resources
 from pathlib import Path
@@ -46,7 +47,7 @@ from codec.levels import CALIBRATED, CODEC_ID
 
 from ..model import kvstate, rope
 from ..model.runtime import Cancelled
-from . import quality
+from . import quality, registers, search
 
 ProgressFn = Callable[[str, float], None]
 LEVELS = ("high", "balanced", "compact")
@@ -85,6 +86,11 @@ class Settings:
     # decodes at 2.5x the CPU (benchmarks/RESULTS.md, "Exact transforms", "The second
     # stage's cost"). Not defaults until the alphabet stops binding.
     variants: tuple[str, ...] = ("none", "centred")
+    # further built-in texts (registers.py) on which every level must hold too, each with
+    # its own targets and top-1 noise (the worst decides), on `register_prefix_tokens` +
+    # cont_tokens tokens. Not the default: see RESULTS, "Two calibration registers"
+    registers: tuple[str, ...] = ()
+    register_prefix_tokens: int = 768
 
 
 def calibration_text() -> str:
@@ -98,12 +104,15 @@ def calibrate(model_path: str | Path, *, fingerprint: str, settings: Settings = 
     t0 = time.monotonic()
     run = _Run(settings, progress, cancel)
     run.say("reference", 0.0)
-    with quality.Evaluator(model_path, text or calibration_text(),
-                           prefix_tokens=settings.prefix_tokens,
-                           cont_tokens=settings.cont_tokens, greedy_tokens=0, fit=True) as ev:
+    with ExitStack() as stack:
+        ev = stack.enter_context(quality.Evaluator(
+            model_path, text or calibration_text(), prefix_tokens=settings.prefix_tokens,
+            cont_tokens=settings.cont_tokens, greedy_tokens=0, fit=True))
         # another tokenizer may need fewer tokens for the built-in text: the top-1 margin is
         # the noise of the positions actually scored
         settings = replace(settings, prefix_tokens=ev.prefix_tokens, cont_tokens=ev.cont_tokens)
+        others = registers.open_all(stack, model_path, settings.registers,
+                                    settings.register_prefix_tokens, settings.cont_tokens)
         run.check()
         q8 = ev.row("q8_0")
         floor = ev.row(quality.FLOOR)
@@ -132,7 +141,7 @@ def calibrate(model_path: str | Path, *, fingerprint: str, settings: Settings = 
         for i, name in enumerate(LEVELS):
             run.say(name, 0.5 + 0.15 * i)
             scale, row = _search(ev, draft, sections, steps, name, targets[name], lo_scale,
-                                 settings, run)
+                                 settings, run, others)
             lo_scale = scale  # a cheaper level is never finer than a better one
             rows[name] = row
             for p, cfg in enumerate(_configs(draft, sections, steps, scale, name)):
@@ -141,7 +150,10 @@ def calibrate(model_path: str | Path, *, fingerprint: str, settings: Settings = 
             "text": "built-in" if text is None else "given", "settings": asdict(settings),
             "variant": variant, "bits_by_variant": bits_by_variant,
             "q8_0": _short(q8), "fp16-ulp": _short(floor), "levels": rows,
-            "targets": targets, "rope": facts, "seconds": round(time.monotonic() - t0, 1),
+            "targets": targets, "rope": facts,
+            "registers": {r.name: {"tokens": [r.ev.prefix_tokens, r.ev.cont_tokens],
+                                   "targets": r.targets} for r in others},
+            "seconds": round(time.monotonic() - t0, 1),
             "created": time.time()}
     run.say("done", 1.0)
     return codec.Calibration(tuple(codec.Part(p.n_layer, p.channels, p.keys, p.values,
@@ -357,72 +369,28 @@ def _mid_scale(cal, sections, steps) -> float:
     return float(np.median(tops)) / 3.0
 
 
-def _search(ev, cal, sections, steps, name, target, lo_scale, settings, run):
-    """The coarsest scale meeting `name`'s contract (with margin) on the calibration text."""
+def _search(ev, cal, sections, steps, name, target, lo_scale, settings, run, others=()):
+    """The coarsest scale meeting `name`'s contract (with margin) on the calibration text
+    and on every further register in `others` (registers.Register)."""
 
     def measure(scale):
         run.check()
         configs = _configs(cal, sections, steps, scale, name)
-        state, bits = _state(ev, cal, sections, configs)
-        row = ev.measure_state(name, state, bits, noise=True)
-        return {**_short(row), "kld_se": row["kld_se"], "top1_se": row["top1_se"],
-                "scale": scale}
+        row = {**_noisy(ev, cal, sections, configs, name), "scale": scale}
+        if others:  # the same configs, as the product stores them, on each register's KV
+            row["registers"] = {r.name: _noisy(r.ev, cal, r.sections, configs, name)
+                                for r in others}
+        return row
 
-    return _place(measure, quality.CONTRACTS[name][0], target, lo_scale,
-                  _mid_scale(cal, sections, steps) * 8, settings)
-
-
-def _place(measure, metric: str, target: float, lo_scale: float, hi_scale: float,
-           settings: Settings) -> tuple[float, dict]:
-    """Bisect log(scale) in [lo_scale, hi_scale] for the coarsest scale whose row keeps the
-    contract's target with margin: `high` at settings.kld_margin of its KLD budget; a top-1
-    level settings.top1_z binomial standard errors above its target on the scored tokens (the
-    measurement's own noise: a level placed on its target exactly misses on half the texts),
-    then at settings.top1_kld_safety of the KLD at which that held."""
-    if metric == "kld":
-        goal = target * settings.kld_margin
-        best = _bisect(measure, lo_scale, hi_scale, lambda r: r["kld"] <= goal, "kld",
-                       settings.iterations)
-    else:
-        noise = np.sqrt(max(target * (1 - target), 0.0) / settings.cont_tokens)
-        goal = target + settings.top1_z * noise
-        best = _bisect(measure, lo_scale, hi_scale, lambda r: r["top1"] >= goal, "top1",
-                       settings.iterations)
-        if best["met"] and settings.top1_kld_safety < 1 and settings.iterations > 2:
-            kld_goal = best["kld"] * settings.top1_kld_safety
-            safe = _bisect(measure, lo_scale, best["scale"], lambda r: r["kld"] <= kld_goal,
-                           "kld", settings.iterations - 2)
-            # top-1 held at a coarser scale already
-            best = {**safe, "met": True, "kld_goal": kld_goal, "kld_goal_met": safe["met"]}
-    best["goal"] = goal
-    return best["scale"], best
+    return search.place(measure, quality.CONTRACTS[name][0], target, lo_scale,
+                  _mid_scale(cal, sections, steps) * 8, settings,
+                  {r.name: (r.targets[name], r.ev.cont_tokens) for r in others})
 
 
-def _bisect(measure, lo_scale: float, hi_scale: float, ok, metric: str,
-            iterations: int) -> dict:
-    """The coarsest measured row that is ok (bisecting log(scale)), marked "met". When every
-    row misses (the finest tried too), finer scales buy bits that the measurement cannot tell
-    apart: a layer whose alphabet is full codes the same at any finer step (RESULTS, "Per-
-    component steps": pca-kv's `high` missed by 0.0002 at every scale, and the finest put 128
-    bins everywhere for 4.1-4.2 bits, where a 4x coarser scale kept the contract on both
-    held-out texts at 3.3-3.4). Then the coarsest row within one standard error of the best
-    measured value, marked "met": False."""
-    lo, hi = np.log(lo_scale), np.log(hi_scale)
-    rows, best = [], None
-    for _ in range(iterations):
-        mid = (lo + hi) / 2
-        row = measure(float(np.exp(mid)))
-        rows.append(row)
-        if ok(row):
-            lo, best = mid, row
-        else:
-            hi = mid
-    if best is not None:
-        return {**best, "met": True}
-    sign = 1.0 if metric == "kld" else -1.0  # lower KLD, higher top-1 is better
-    top = min(rows, key=lambda r: sign * r[metric])
-    near = [r for r in rows if sign * (r[metric] - top[metric]) <= top[f"{metric}_se"]]
-    return {**max(near, key=lambda r: r["scale"]), "met": False}
+def _noisy(ev, cal, sections, configs, name) -> dict:
+    state, bits = _state(ev, cal, sections, configs)
+    row = ev.measure_state(name, state, bits, noise=True)
+    return {**_short(row), "kld_se": row["kld_se"], "top1_se": row["top1_se"]}
 
 
 def _state(ev, cal, sections, configs) -> tuple[bytes, float]:
