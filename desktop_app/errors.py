@@ -32,6 +32,15 @@ class MissingError(EngineError):
     """The document or chat asked for does not exist (or no longer)."""
 
 
+class ContextFullError(EngineError):
+    """A prompt longer than the model's context, leaving no room to answer; `field` is the
+    request's field that holds it (an API's "messages" or "prompt")."""
+
+    def __init__(self, message: str, field: str = "messages"):
+        super().__init__(message)
+        self.field = field
+
+
 class UnsupportedModelError(EngineError):
     """A model whose cache kvdesk cannot keep: the message says what was found and what works."""
 

@@ -194,3 +194,16 @@ def test_what_responses_refuse(served):
         with pytest.raises(openai.APIStatusError, match=words) as e:
             served.client.responses.create(model="default", **fields)
         assert e.value.status_code == status
+
+
+def test_a_prompt_too_long_for_the_context_says_so_in_openais_code(served):
+    # Clients trim their history on `context_length_exceeded`; the field is the prompt's own.
+    long = "ferry " * 1200  # (the served context: 1,024 tokens)
+    with pytest.raises(openai.BadRequestError) as e:
+        served.client.chat.completions.create(model="default", max_tokens=1,
+                                              messages=[{"role": "user", "content": long}])
+    assert e.value.body["code"] == "context_length_exceeded"
+    assert e.value.body["param"] == "messages" and "with room to answer" in e.value.message
+    with pytest.raises(openai.BadRequestError) as e:
+        complete(served.client, long)
+    assert e.value.body["code"] == "context_length_exceeded" and e.value.body["param"] == "prompt"

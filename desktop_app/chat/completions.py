@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from ..errors import EngineError
+from ..errors import ContextFullError, EngineError
 from ..kv.streaming import adaptation_note
 from ..model.prompts import Turn, closing, passage_layout, raw_prompt
 from ..options import GenerationOptions, RestoreOptions
@@ -128,8 +128,9 @@ class Completions:
             s.longdocs.offer(sources)
             prompt = turn.tokens
             if len(prompt) + 1 >= rt.n_ctx:
-                raise EngineError(f"the prompt has {len(prompt):,} tokens; the context holds "
-                                  f"{rt.n_ctx:,} with room to answer")
+                raise ContextFullError(f"the prompt has {len(prompt):,} tokens; the context "
+                                       f"holds {rt.n_ctx:,} with room to answer",
+                                       "prompt" if isinstance(messages, RawPrompt) else "messages")
             report = s.bring_in(rt, None, prompt[:-1], options=restore, progress=None,
                                 cancel=cancel, question=prompt[-1:])
             if on_restore:

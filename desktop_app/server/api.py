@@ -41,7 +41,7 @@ from starlette.exceptions import HTTPException
 
 from .. import __version__
 from ..app import App
-from ..errors import MissingError, is_user_error
+from ..errors import ContextFullError, MissingError, is_user_error
 from ..options import GenerationOptions, RestoreOptions
 from ..results import Progress
 from ..validation import InvalidValue, parse
@@ -388,6 +388,8 @@ def _error_of(e: BaseException) -> tuple[int, dict]:
         return e.status, e.body
     if isinstance(e, MissingError):
         return 404, s.error(str(e), code="not_found")
+    if isinstance(e, ContextFullError):  # OpenAI's code: clients trim their history on it
+        return 400, s.error(str(e), code="context_length_exceeded", param=e.field)
     if isinstance(e, InvalidValue):
         return 400, s.error(str(e), param=e.key)
     if is_user_error(e):
