@@ -36,7 +36,6 @@ import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, replace
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -94,7 +93,7 @@ class Settings:
 
 
 def calibration_text() -> str:
-    return resources.files("desktop_app").joinpath("data", TEXT_NAME).read_text("utf-8")
+    return registers.text(TEXT_NAME)
 
 
 def calibrate(model_path: str | Path, *, fingerprint: str, settings: Settings = Settings(),
@@ -134,7 +133,7 @@ def calibrate(model_path: str | Path, *, fingerprint: str, settings: Settings = 
         parts = _fit(sections, facts, variant)
         draft = codec.Calibration(tuple(parts))
         ev.calibration = draft
-        targets = {name: quality.CONTRACTS[name][2](q8, floor) for name in LEVELS}
+        targets = quality.targets(q8, floor)
         levels, rows = [{} for _ in parts], {}
         # wide enough below: on Gemma 3 (no KLT) `high` was still short of its goal at 1/64
         lo_scale = _mid_scale(draft, sections, steps) / 512
@@ -383,8 +382,8 @@ def _search(ev, cal, sections, steps, name, target, lo_scale, settings, run, oth
         return row
 
     return search.place(measure, quality.CONTRACTS[name][0], target, lo_scale,
-                  _mid_scale(cal, sections, steps) * 8, settings,
-                  {r.name: (r.targets[name], r.ev.cont_tokens) for r in others})
+                        _mid_scale(cal, sections, steps) * 8, settings,
+                        {r.name: (r.targets[name], r.ev.cont_tokens) for r in others})
 
 
 def _noisy(ev, cal, sections, configs, name) -> dict:

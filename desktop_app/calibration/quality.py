@@ -70,6 +70,13 @@ CONTRACTS = {
     "balanced": ("top1", "top-1 >= top-1(q8_0) - 0.03", lambda q8, floor: q8["top1"] - 0.03),
     "compact": ("top1", "top-1 >= top-1(q8_0) - 0.08", lambda q8, floor: q8["top1"] - 0.08),
 }
+
+
+def targets(q8: dict, floor: dict) -> dict[str, float]:
+    """Each level's contract target on one text, from its q8_0 and fp16-ulp rows there."""
+    return {level: contract[2](q8, floor) for level, contract in CONTRACTS.items()}
+
+
 # What the evaluation's own runtimes are keyed by: they never store or load a cache.
 UNHASHED = "unhashed-evaluation"
 

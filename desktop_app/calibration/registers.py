@@ -23,8 +23,6 @@ from pathlib import Path
 from ..model import kvstate
 from . import quality
 
-LEVELS = tuple(quality.CONTRACTS)
-
 
 def text(name: str) -> str:
     """A built-in calibration text of desktop_app/data, by file name."""
@@ -53,5 +51,5 @@ def open_all(stack: ExitStack, model_path: str | Path, names, prefix_tokens: int
         q8, floor = ev.row("q8_0"), ev.row(quality.FLOOR)
         out.append(Register(name, ev, [kvstate.in_position_order(kv)
                                        for kv in ev.seq_state.sections],
-                            {lv: quality.CONTRACTS[lv][2](q8, floor) for lv in LEVELS}))
+                            quality.targets(q8, floor)))
     return out
