@@ -31,7 +31,7 @@ from fastapi import FastAPI, Request
 from sse_starlette.sse import EventSourceResponse
 
 from ..app import App
-from ..errors import EngineError, MissingError
+from ..errors import ContextFullError, EngineError, MissingError
 from ..options import GenerationOptions
 from ..results import Completion
 from ..validation import InvalidValue, parse
@@ -150,8 +150,11 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
             return answered
 
         if not body.stream:
-            done = await bridge.call(request, stopping, lambda cancel: app.engine.complete(
-                messages, generation=generation, cancel=cancel))
+            try:
+                done = await bridge.call(request, stopping, lambda cancel: app.engine.complete(
+                    messages, generation=generation, cancel=cancel))
+            except ContextFullError as e:
+                raise _in_input(e) from None
             return finish(done)
         at = {"item_id": mid, "output_index": 0}
         part = {"type": "output_text", "text": "", "annotations": []}
@@ -176,7 +179,7 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
                     messages, generation=generation, cancel=cancel, on_token=emit),
                 piece=lambda text: {"type": "response.output_text.delta", **at,
                                     "content_index": 0, "delta": text, "logprobs": []},
-                done=closing, error=lambda e: {"type": "error", **_error_of(e)[1]["error"]})
+                done=closing, error=lambda e: {**_error_of(_in_input(e))[1]["error"], "type": "error"})
             n = 0
             for kind, obj in opening:
                 yield _event({"type": kind, **obj}, n)
@@ -195,6 +198,11 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
     async def delete(rid: str):
         kept.delete(rid)
         return {"id": rid, "object": "response.deleted", "deleted": True}
+
+
+def _in_input(e: BaseException) -> BaseException:
+    """A prompt too long for the context is this API's `input` (chat's is `messages`)."""
+    return ContextFullError(str(e), "input") if isinstance(e, ContextFullError) else e
 
 
 def item(mid: str, done: Completion | None) -> dict:
