@@ -175,7 +175,9 @@ class DocumentInfo(Record):
     tokens: int
     kept_tokens: int
     cache_bytes: dict[str, int]  # per level, under the current model
-    status: str  # ready | stale (cached only under another model) | none | attaching | unfinished
+    # ready | passages (too long for the context: answered from its passages) | stale (cached
+    # only under another model) | none | attaching | unfinished
+    status: str
     created: float
     # Chunks that cannot be read: set aside after a failed check, missing, or needing a codec
     # calibration that is missing or damaged (kvdesk verify --repair)

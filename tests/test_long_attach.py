@@ -59,6 +59,7 @@ def test_a_long_document_is_said_at_once_split_and_never_prefilled(engine, tmp_p
     assert engine.store.entries() == []  # no KV computed at attach
     (info,) = engine.documents()
     assert info.passages == res.passages and info.tokens == res.tokens
+    assert info.status == "passages"  # ready for questions, not "none"
 
     listed = engine.passages(res.doc_id)
     assert [h.index for h in listed] == list(range(res.passages))
@@ -125,6 +126,8 @@ def test_the_command_line_says_it_and_shows_passages(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.count("longer than the context") == 1  # a note, said once
     assert "passages" in proc.stdout and "Traceback" not in proc.stderr
+    listed = kvdesk(data, "docs").stdout
+    assert "passages (0 with their KV)" in listed and "none" not in listed
     found = kvdesk(data, "passages", "1", "--query", "boathouse spare key", "-k", "3", "--json")
     assert found.returncode == 0, found.stderr
     hits = json.loads(found.stdout)

@@ -152,7 +152,7 @@ def test_eviction_takes_passage_kv_and_keeps_text_and_index(make_engine):
     eng.ask(q, doc_ids=[eng.doc], generation=GREEDY)
     info = {d.doc_id: d for d in eng.documents()}[eng.doc]
     assert (info.passages, info.passages_cached) == (5, 2)
-    assert info.status == "none"  # a passage's entry is not the document's cache
+    assert info.status == "passages"  # ready for questions, with no whole-document cache
     assert set(info.cache_bytes) == {"balanced"} and info.cache_bytes["balanced"] == sum(
         e.nbytes for e in passage_entries(eng).values())
     cached = set(passage_entries(eng))

@@ -65,7 +65,8 @@ class Library:
 
     def documents(self, fingerprint: str) -> list[DocumentInfo]:
         """Every document, with its cache under the model `fingerprint` (status "ready"),
-        only under others ("stale") or none; a long document's cache is its passages' KV. One
+        only under others ("stale") or none; a long document ("passages") is answered from its
+        passages, and its cache is their KV. One
         whose first attach is under way has no cache yet ("attaching"), nor one whose attach
         was killed ("unfinished": attaching the file again finishes it, `gc` removes it)."""
         roots: dict[int, list] = {}
@@ -89,7 +90,8 @@ class Library:
         out = []
         for doc in self.store.documents():
             entry = current.get(doc.id)
-            status = "ready" if entry else ("stale" if doc.id in roots else "none")
+            status = "ready" if entry else "passages" if passages.get(doc.id) else (
+                "stale" if doc.id in roots else "none")
             if doc.id in attaching and not entry:
                 status = "attaching" if attaching[doc.id] else "unfinished"
             # Counted by attach under this model; a document attached by an older kvdesk has

@@ -272,7 +272,8 @@ def docs(app: App, as_json: bool):
            else "")
         + (f", {d.passages:,} passages ({d.passages_cached:,} with their KV)"
            if d.passages else "")
-        + f", {d.status}, {sum(d.cache_bytes.values()) / 1e6:.1f} MB cached"
+        + ("" if d.status == "passages" else f", {d.status}")
+        + f", {sum(d.cache_bytes.values()) / 1e6:.1f} MB cached"
         + (f", {d.damaged_chunks} damaged chunks (kvdesk verify --repair)"
            if d.damaged_chunks else "")
         + (" (its attach was stopped: attach the file again, or kvdesk gc removes it)"
