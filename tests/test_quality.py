@@ -127,6 +127,13 @@ def test_cli_eval_refuses_a_bad_file_before_calibrating(tmp_path, model_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and "the file is empty" in out.stderr, out.stderr
     assert "calibrating" not in out.stderr, out.stderr
+    doc = tmp_path / "doc.txt"
+    doc.write_text(TEXT)
+    out = subprocess.run([sys.executable, "-m", "desktop_app", "eval", str(doc), "--configs",
+                          "fp16,default-balanced,superb", "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "unknown configuration 'superb'" in out.stderr, out.stderr
+    assert "calibrating" not in out.stderr and json.loads(out.stdout)["kind"] == "EvalError"
 
 
 def test_cli_eval_json(tmp_path, model_path):

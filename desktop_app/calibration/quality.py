@@ -142,8 +142,10 @@ def contracts(rows: Sequence[dict]) -> dict[str, dict]:
     return out
 
 
-def check_config(config: Config, calibration: codec.Calibration | None = None) -> None:
-    """Refuse an unknown configuration before any model work starts."""
+def check_config(config: Config, calibration: codec.Calibration | None = None, *,
+                 calibrating: bool = False) -> None:
+    """Refuse an unknown configuration before any model work starts; `calibrating`: the
+    model's calibration is still to be made (its level names are the codec's)."""
     if isinstance(config, dict):
         try:
             codec.CodecConfig.from_config(config)
@@ -151,8 +153,10 @@ def check_config(config: Config, calibration: codec.Calibration | None = None) -
             raise EvalError(str(e)) from e
         return
     known = [REFERENCE, FLOOR, *NATIVE_TYPES, *codec.levels()]
+    if calibration is not None or calibrating:
+        known += [DEFAULT_PREFIX + n for n in codec.levels()]
     if calibration is not None:
-        known += calibration.level_names + [DEFAULT_PREFIX + n for n in codec.levels()]
+        known += [n for n in calibration.level_names if n not in known]
     if config not in known:
         raise EvalError(f"unknown configuration {config!r}; known: {', '.join(known)}")
 

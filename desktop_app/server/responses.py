@@ -179,7 +179,8 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
                     messages, generation=generation, cancel=cancel, on_token=emit),
                 piece=lambda text: {"type": "response.output_text.delta", **at,
                                     "content_index": 0, "delta": text, "logprobs": []},
-                done=closing, error=lambda e: {**_error_of(_in_input(e))[1]["error"], "type": "error"})
+                done=closing,
+                error=lambda e: {**_error_of(_in_input(e))[1]["error"], "type": "error"})
             n = 0
             for kind, obj in opening:
                 yield _event({"type": kind, **obj}, n)
