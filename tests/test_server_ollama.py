@@ -108,6 +108,20 @@ def test_a_message_without_content_is_an_empty_one(served):
     assert r.status_code == 200 and r.json()["message"]["content"], r.text
 
 
+@pytest.mark.parametrize("kind", [None, "application/x-www-form-urlencoded"])
+def test_a_body_sent_as_ollamas_curl_examples_send_it_is_read_as_json(served, kind):
+    # `curl URL -d '{...}'`, as Ollama's documentation has it: form-encoded, or no type at all
+    body = json.dumps({"model": "default", "stream": False, "options": QUIET,
+                       "messages": [{"role": "user", "content": "Hi."}]})
+    headers = {"content-type": kind} if kind else {}
+    r = httpx.post(f"{served.url}/api/chat", trust_env=False, timeout=120, content=body,
+                   headers=headers)
+    assert r.status_code == 200 and r.json()["message"]["content"], r.text
+    r = httpx.post(f"{served.url}/api/embed", trust_env=False, timeout=120, headers=headers,
+                   content=json.dumps({"model": "default", "input": "a ferry"}))
+    assert r.status_code == 200 and len(r.json()["embeddings"]) == 1, r.text
+
+
 def test_options_go_through_kvdesks_validation(client):
     seeded = {"num_predict": 10, "seed": 7, "temperature": 0.9}
     asked = [{"role": "user", "content": "Name a colour."}]

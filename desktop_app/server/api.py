@@ -93,6 +93,23 @@ class BodyLimit:
         return await self.app(scope, counted, send)
 
 
+class JsonBody:
+    """Reads a body sent with no content type, or curl's `-d` default (form-encoded), as the
+    JSON it is: Ollama's documented examples send it so, and every body here is JSON but an
+    upload's (multipart, kept as it is)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["method"] in ("POST", "PUT", "PATCH"):
+            kind = Headers(scope=scope).get("content-type", "").split(";")[0].strip().lower()
+            if kind in ("", "application/x-www-form-urlencoded"):
+                headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-type"]
+                scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+        return await self.app(scope, receive, send)
+
+
 class KeyGuard:
     """With an API key, refuses a request without `Authorization: Bearer KEY` (401).
 
@@ -128,6 +145,7 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
 
     api.add_middleware(KeyGuard, api_key=api_key)
     api.add_middleware(BodyLimit)
+    api.add_middleware(JsonBody)
 
     @api.exception_handler(RequestValidationError)
     async def invalid(request: Request, e: RequestValidationError):
