@@ -78,6 +78,15 @@ def test_calibration_stops_when_cancelled(model_path):
                             cancel=stop)
 
 
+def test_a_cancel_reaches_the_reference_prefill(model_path):
+    # The reference stage prefills the text twice (f16, q8_0): a server stopping during it
+    # must not wait for both (~25 s on two cores with the product's settings).
+    stop = threading.Event()
+    with pytest.raises(Cancelled, match="stopped after 0 of"):
+        calibrate.calibrate(model_path, fingerprint=FP, settings=TINY, cancel=stop,
+                            progress=lambda stage, _: stop.set())
+
+
 def test_the_contract_check_catches_a_broken_level(model_path, calibrated):
     cal, _ = calibrated
     crude = {"scale": "layer", "bins": [4], "layer_edges": []}

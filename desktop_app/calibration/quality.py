@@ -42,6 +42,7 @@ touch the store, or change the codec.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -217,13 +218,14 @@ class Evaluator:
                  prefix_tokens: int = 2048, cont_tokens: int = 256, greedy_tokens: int = 64,
                  n_threads: int | None = None, calibration: codec.Calibration | None = None,
                  tokens: Sequence[int] | None = None, flash_attn: bool = True,
-                 fit: bool = False):
+                 fit: bool = False, cancel: threading.Event | None = None):
         self.model_path = Path(model_path)
         self.n_threads = n_threads or os.cpu_count() or 1
         self.prefix_tokens, self.cont_tokens = prefix_tokens, cont_tokens
         self.greedy_tokens = greedy_tokens
         self.calibration = calibration
         self.flash_attn = flash_attn
+        self.cancel = cancel  # stops the reference's prefill (runtime.Cancelled)
         self.n_ctx = prefix_tokens + max(cont_tokens, greedy_tokens) + 8
         self.exact = self.runtime("f16")
         try:
@@ -263,7 +265,7 @@ class Evaluator:
     def _reference(self) -> _Reference:
         rt = self.exact
         rt.reset()
-        rt.prefill(self.prefix)
+        rt.prefill(self.prefix, cancel=self.cancel)
         state = rt.state_bytes()
         logprobs, tokens = self._score(rt, state)
         return _Reference(state, logprobs, np.array(self.cont[1:]), tokens)
@@ -283,7 +285,7 @@ class Evaluator:
         if isinstance(config, str) and config in NATIVE_TYPES:
             rt = self.runtime(config)
             try:
-                rt.prefill(self.prefix)
+                rt.prefill(self.prefix, cancel=self.cancel)
                 return self._measure(config, NATIVE_TYPES[config], rt, rt.state_bytes())
             finally:
                 rt.close()
