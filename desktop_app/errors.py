@@ -68,11 +68,12 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
 # Recognized once loaded: (module, class). `models` loads on its own (the bundle finds the
 # default model with the standard library only), so its error is defined there.
 _ELSEWHERE = (("store.errors", "StoreError"), ("codec.errors", "CodecError"),
-              ("desktop_app.model.models", "ModelNotFoundError"))
+              ("desktop_app.model.models", "ModelNotFoundError"),
+              ("desktop_app.calibration.quality", "EvalError"))
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
-    """USER_ERRORS, with the store's, the codec's and `models`' errors once they are loaded."""
+    """USER_ERRORS, with the store's, the codec's, `models`' and `eval`'s errors once loaded."""
     loaded = [getattr(sys.modules[m], name) for m, name in _ELSEWHERE if m in sys.modules]
     return (*USER_ERRORS, *loaded)
 
