@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from codec import jitcache  # noqa: E402 - after the path: run as a script from the checkout
+from codec.jit import jitcache  # noqa: E402 - after the path: run as a script from the checkout
 
 FIGURES = ("encode", "decode", "decode_engine")
 

@@ -19,8 +19,8 @@ import numpy as np
 import codec
 from codec import CodecConfig
 from codec.bench import load_kv
+from codec.kernels.quant import F16_TO_F32, quantize
 from codec.pipeline import _Plan
-from codec.quant import F16_TO_F32, quantize
 
 
 def config(scale: str, kbins: int, vbins: int, group: int = 0) -> CodecConfig:

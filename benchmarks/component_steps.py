@@ -5,8 +5,8 @@
     .venv/bin/python -m benchmarks.component_steps --summary steps.jsonl --plot rd.png
 
 A calibrated level quantizes an exact transform's coefficients with one step per (layer,
-chunk), |q| <= 63 (codec.intinverse.MAX_Q), so the step is at least the layer's largest
-coefficient / 63. Scheme `layer` is that (the codec as it is). Scheme `comp` gives each
+chunk), |q| <= 63 (codec.calibrated.intinverse.MAX_Q), so the step is at least the layer's
+largest coefficient / 63. Scheme `layer` is that (the codec as it is). Scheme `comp` gives each
 component j of a layer its own step s * 2^m_j, m_j >= 0 the least power of two that fits the
 component's range in the chunk into the alphabet (reverse water-filling with the alphabet as
 its constraint: only the components that would overflow are coarsened; m_j uncapped here).
@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 import codec
-from codec import intinverse, transform
+from codec.calibrated import intinverse, transform
 from desktop_app.calibration import calibrate, quality
 from desktop_app.model import kvstate, rope
 from desktop_app.model.models import default_model_path

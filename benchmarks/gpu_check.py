@@ -26,7 +26,8 @@ from pathlib import Path
 import numpy as np
 
 import codec
-from codec import Calibration, Part, backend, transform
+from codec import Calibration, Part, backend
+from codec.calibrated import transform
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "codec" / "real_kv.npz"
 LEVELS = ("high", "balanced", "compact")
@@ -63,7 +64,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=30)
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args()
-    from codec import cuda
+    from codec.backend import cuda
 
     if not cuda.available():
         print(json.dumps({"error": "no CUDA device (or NUMBA_ENABLE_CUDASIM=1) here"}))

@@ -26,8 +26,10 @@ import numba
 import numpy as np
 
 import codec
-from codec import pipeline, rans, tkernel, transform
+from codec import pipeline
 from codec.bench import load_kv
+from codec.calibrated import transform
+from codec.kernels import rans, tkernel
 
 
 def best_ms(step, runs: int) -> float:

@@ -23,8 +23,8 @@ import time
 import numpy as np
 
 import codec
-from codec import transform
-from codec.calibration import Calibration, Part
+from codec.calibrated import transform
+from codec.calibrated.calibration import Calibration, Part
 
 VARIANTS = ("plain", "centred", "klt-float", "klt", "pca", "pca-kv")
 

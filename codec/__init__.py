@@ -52,13 +52,13 @@ llama.cpp, SQLite, Qt, the store or the app.
 """
 
 # First, before any module defines a kernel: which CPU target and cache the kernels use.
-from . import jitcache  # noqa: F401, I001 - configures numba as it is imported
-from .calibration import Calibration, Part
+from .jit import jitcache  # noqa: F401, I001 - configures numba as it is imported
+from .calibrated.calibration import Calibration, Part
 from .errors import CalibrationMissing, CodecError
-from .levels import CodecConfig, KindConfig, levels
+from .format.levels import CodecConfig, KindConfig, levels
 from .pipeline import BlobInfo, Resolver, decode, encode, layout, peek, release_tables
 from .chunks import decode_chunks, encode_chunks
-from .transform import KindTransform
+from .calibrated.transform import KindTransform
 
 __all__ = ["BlobInfo", "Calibration", "CalibrationMissing", "CodecConfig", "CodecError",
            "KindConfig", "KindTransform", "Part", "Resolver", "decode", "decode_chunks", "encode",

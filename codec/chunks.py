@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import container
-from .calibration import Calibration
+from .calibrated.calibration import Calibration
 from .errors import CodecError
-from .levels import CodecConfig
+from .format import container
+from .format.levels import CodecConfig
 from .pipeline import Resolver, check_input, decode, encode, peek
 
 

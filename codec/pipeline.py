@@ -19,14 +19,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import container, intinverse, tables, tkernel, transform
 from .backend import active
-from .calibration import Calibration, Part
-from .container import Header
+from .calibrated import intinverse, transform
+from .calibrated.calibration import Calibration, Part
 from .errors import CalibrationMissing, CodecError
-from .levels import CodecConfig, KindConfig, resolve
-from .quant import F16_TO_F32
-from .workspace import scratch
+from .format import container
+from .format.container import Header
+from .format.levels import CodecConfig, KindConfig, resolve
+from .kernels import tables, tkernel
+from .kernels.quant import F16_TO_F32
+from .kernels.workspace import scratch
 
 BYTE_SYMBOLS = 256
 # Lossless planes decode straight into their place in the fp16 bit pattern (high | low).

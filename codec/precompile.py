@@ -27,8 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import decode, encode, jitcache, levels
-from .calibration import fitted
+from . import decode, encode, levels
+from .calibrated.calibration import fitted
+from .jit import jitcache
 
 # Small, but with the app's structure: more than one 32-lane group, a sink token, views.
 SMALL_SHAPE = (2, 48, 64)

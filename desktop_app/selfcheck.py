@@ -21,7 +21,7 @@ import time
 import traceback
 from pathlib import Path
 
-from codec import jitcache
+from codec.jit import jitcache
 
 from .app import App
 from .options import GenerationOptions, RestoreOptions

@@ -71,8 +71,10 @@ awk -v c="$WALL_cold" -v w="$WALL_warm" -v ct="$(field ttft_s "$OUT_cold")" \
 cp -a "$SHIPPED" "$SCRATCH/corrupt" && chmod -R u+w "$SCRATCH/corrupt"
 nbc=$(find "$SCRATCH/corrupt" -name '*.nbc' | head -1)
 printf 'garbage' | dd of="$nbc" bs=1 seek=100 conv=notrunc status=none
-cp -a "$SCRATCH/corrupt" "$SCRATCH/stale" && cp "$SHIPPED"/codec/*.nbc "$SCRATCH/stale/codec/"
-sed -i 's/"codec\/quant.py": "[0-9a-f]*"/"codec\/quant.py": "0000"/' "$SCRATCH/stale/manifest.json"
+cp -a "$SCRATCH/corrupt" "$SCRATCH/stale" \
+    && cp "$SHIPPED"/codec/kernels/*.nbc "$SCRATCH/stale/codec/kernels/"
+sed -i 's/"codec\/kernels\/quant.py": "[0-9a-f]*"/"codec\/kernels\/quant.py": "0000"/' \
+    "$SCRATCH/stale/manifest.json"
 for damage in corrupt stale; do
     selfcheck "$damage" HOME="$SCRATCH/home2" KVDESK_CODEC_CACHE="$SCRATCH/$damage"
     out="OUT_$damage"

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from codec import Calibration, CodecConfig, levels
-from codec.calibration import fitted
-from codec.levels import KindConfig
+from codec.calibrated.calibration import fitted
+from codec.format.levels import KindConfig
 
 FIXTURES = Path(__file__).parent / "fixtures" / "codec"
 REAL_KV = FIXTURES / "real_kv.npz"
@@ -82,5 +82,6 @@ def custom(name: str = "custom", **kw) -> CodecConfig:
 def calibration_of(keys: np.ndarray, values: np.ndarray, head_dim: int = 64,
                    level: str = "high", block: int | None = None) -> Calibration:
     """A calibration fitted on this KV with one calibrated level, `level`'s bins through the
-    transforms (codec.calibration.fitted; block: the keys' basis exact over such blocks)."""
+    transforms (codec.calibrated.calibration.fitted; block: the keys' basis exact over such
+    blocks)."""
     return fitted(keys, values, levels()[level], level, head_dim, {"made_by": "tests"}, block)

@@ -303,7 +303,7 @@ def test_bench_cold_decodes_every_blob_in_fresh_processes(tmp_path, capsys):
     calibrated level's) chunk, against `import numba` alone: a blob that failed to decode
     would fail its process, and the run."""
     from codec import bench
-    from codec.calibration import fitted
+    from codec.calibrated.calibration import fitted
 
     keys, values = real_kv(512)
     cal = fitted(keys, values, codec.levels()["balanced"], "calibrated", 64)
@@ -322,7 +322,7 @@ def test_bench_cold_decodes_every_blob_in_fresh_processes(tmp_path, capsys):
 
 
 def test_reused_scratch_never_leaks_between_chunks():
-    """Encoding reuses per-thread temporaries (codec.workspace): the bytes of a chunk must
+    """Encoding reuses per-thread temporaries (codec.kernels.workspace): the bytes of a chunk must
     not depend on what was encoded before it, whatever its shape or level."""
     keys, values = real_kv(300)
     first = codec.encode(keys[:, :256], values[:, :256], "balanced", first_token=256)
@@ -333,7 +333,7 @@ def test_reused_scratch_never_leaks_between_chunks():
 
 
 def test_scratch_arrays_are_reused_up_to_a_size():
-    from codec import workspace
+    from codec.kernels import workspace
 
     a = workspace.scratch("test", (4, 5), np.int64)
     b = workspace.scratch("test", (2, 3), np.uint16)

@@ -13,16 +13,10 @@ from codec_helpers import FIXTURES, calibration_of, real_kv, refresh_crc
 from numba import njit
 
 import codec
-from codec import (
-    Calibration,
-    CalibrationMissing,
-    CodecError,
-    KindTransform,
-    backend,
-    tkernel,
-    transform,
-)
-from codec.tkernel import f16_bits, untransform
+from codec import Calibration, CalibrationMissing, CodecError, KindTransform, backend
+from codec.calibrated import transform
+from codec.kernels import tkernel
+from codec.kernels.tkernel import f16_bits, untransform
 
 CPU, REF = backend.get("cpu"), backend.get("reference")
 GOLDEN = FIXTURES / "golden"

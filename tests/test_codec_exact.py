@@ -12,7 +12,8 @@ import pytest
 from codec_helpers import FIXTURES, calibration_of, real_kv, refresh_crc
 
 import codec
-from codec import Calibration, CodecError, KindTransform, backend, intinverse, transform
+from codec import Calibration, CodecError, KindTransform, backend
+from codec.calibrated import intinverse, transform
 
 CPU, REF = backend.get("cpu"), backend.get("reference")
 GOLDEN = FIXTURES / "golden"

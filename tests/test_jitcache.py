@@ -1,5 +1,5 @@
 """The shipped cache of compiled codec kernels: found, verified, used, never written; anything
-wrong with it falls back to compiling (codec/jitcache.py, codec/cachelocator.py).
+wrong with it falls back to compiling (codec/jit/jitcache.py, codec/jit/cachelocator.py).
 
 The end-to-end tests build a real shipped cache of one small kernel in a child process (a
 compile of a second or two) rather than the whole codec; `make package-test` checks the
@@ -18,19 +18,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from codec import jitcache
+from codec.jit import jitcache
 
 ROOT = Path(__file__).resolve().parent.parent
 
 # Run in a child: a kernel with the signature the cache is built with, then one it lacks.
 CHILD = """
 import json, subprocess, sys, numpy as np
-from codec import jitcache, quant
+from codec.jit import jitcache
+from codec.kernels import quant
 before = jitcache.compiles()[0]
 quant.any_nonfinite(np.zeros((1, 2, 3), np.uint16))
 shipped_sig = jitcache.compiles()[0] - before
 found = quant.any_nonfinite(np.full((1, 4, 3), 0x7C00, np.uint16)[:, ::2])
-grandchild = subprocess.run([sys.executable, "-c", "import codec, json; from codec import "
+grandchild = subprocess.run([sys.executable, "-c", "import codec, json; from codec.jit import "
                              "jitcache; print(json.dumps(jitcache.status()))"],
                             capture_output=True, text=True, check=True).stdout
 print(json.dumps({"compiled_shipped_signature": shipped_sig, "found_inf": bool(found),
@@ -61,7 +62,7 @@ def _files(folder: Path) -> dict[str, bytes]:
 def shipped(tmp_path_factory) -> Path:
     """A shipped cache for the generic target holding one kernel, one signature."""
     out = tmp_path_factory.mktemp("shipped")
-    code = "import numpy as np; from codec import quant; " \
+    code = "import numpy as np; from codec.kernels import quant; " \
            "quant.any_nonfinite(np.zeros((1, 2, 3), np.uint16)); print('{}')"
     _run(code, {**jitcache.build_env(out, "generic"), "PYTHONPATH": str(ROOT)})
     jitcache.write_manifest(out, "generic")
@@ -169,7 +170,8 @@ def test_compiles_counts_compiles_not_cache_loads():
 
 
 def test_the_users_own_numba_target_wins(shipped):
-    code = "import json, codec; from codec import jitcache; print(json.dumps(jitcache.status()))"
+    code = ("import json, codec; from codec.jit import jitcache; "
+            "print(json.dumps(jitcache.status()))")
     report = _run(code, _child_env(KVDESK_CODEC_CACHE=str(shipped), NUMBA_CPU_NAME="generic"))
     assert report["shipped_cache"] is None and "set by the user" in report["reason"]
 
@@ -201,7 +203,7 @@ def test_the_stamp_says_every_kernel_is_cached_while_nothing_it_records_changed(
     index = next(p for p in decoders if p.endswith(".nbi"))
     assert changed(lambda s: s["files"].__setitem__(index, [1, s["files"][index][1]]))
     assert changed(lambda s: s["files"].__setitem__(str(tmp_path / "gone.nbc"), [1, 1]))
-    assert changed(lambda s: s["sources"].__setitem__("codec/rans.py", [1, 1]))
+    assert changed(lambda s: s["sources"].__setitem__("codec/kernels/rans.py", [1, 1]))
     assert changed(lambda s: s["cpu"].__setitem__("name", "another-cpu"))
     assert changed(lambda s: s["runtime"].__setitem__("numba", "0.0"))
     assert not changed(lambda s: None)

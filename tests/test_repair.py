@@ -9,8 +9,8 @@ import sqlite3
 
 import pytest
 
-from codec.calibration import fitted
-from codec.levels import levels
+from codec.calibrated.calibration import fitted
+from codec.format.levels import levels
 from desktop_app.engine import Engine
 from desktop_app.model.kvstate import in_position_order
 from desktop_app.model.runtime import Runtime

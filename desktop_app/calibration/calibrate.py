@@ -7,14 +7,14 @@ evaluation text) and returns a `codec.Calibration` that makes the levels hold th
 
 1. Reference runs (quality.Evaluator): the exact cache, llama.cpp's q8_0 cache and the
    fp16-ulp noise floor; they set each contract's target.
-2. Transforms, fitted on the exact KV of every cache section (codec.transform.fit): keys
-   with RoPE removed (llama.cpp's RoPE type; of the candidate bases, the one that leaves the
-   keys' channels least variance), centred, and optionally turned onto exact bases (inverted
-   in integers at BLAS speed, codec.intinverse): per head (klt) or one over the whole layer
-   (pca, and pca-kv with the values' too); values centred. Each variant is fitted on the
-   first two thirds of the calibration KV, and the one that codes the last third in the
-   fewest bits at equal KLD-weighted error is kept (then fitted on all of it), unless it
-   saves too little for what it costs a decode (`Settings`).
+2. Transforms, fitted on the exact KV of every cache section (codec.calibrated.transform.fit):
+   keys with RoPE removed (llama.cpp's RoPE type; of the candidate bases, the one that leaves
+   the keys' channels least variance), centred, and optionally turned onto exact bases
+   (inverted in integers at BLAS speed, codec.calibrated.intinverse): per head (klt) or one
+   over the whole layer (pca, and pca-kv with the values' too); values centred. Each variant
+   is fitted on the first two thirds of the calibration KV, and the one that codes the last
+   third in the fewest bits at equal KLD-weighted error is kept (then fitted on all of it),
+   unless it saves too little for what it costs a decode (`Settings`).
 3. Sensitivity: KLD per unit of error variance of every (kind, layer), from Gaussian noise
    added to that layer alone. Steps go as w^-1/2 (the rate-distortion optimum of a weighted
    squared error), one scale per level.
@@ -41,8 +41,8 @@ from pathlib import Path
 import numpy as np
 
 import codec
-from codec import transform
-from codec.levels import CALIBRATED, CODEC_ID
+from codec.calibrated import transform
+from codec.format.levels import CALIBRATED, CODEC_ID
 
 from ..model import kvstate, rope
 from ..model.runtime import Cancelled
@@ -50,7 +50,7 @@ from . import quality, registers, search
 
 ProgressFn = Callable[[str, float], None]
 LEVELS = ("high", "balanced", "compact")
-MAX_MAXQ = 63  # codec.levels.MAX_BINS // 2 - 1
+MAX_MAXQ = 63  # codec.format.levels.MAX_BINS // 2 - 1
 TEXT_NAME = "calibration.txt"
 
 

@@ -28,7 +28,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from codec import jitcache, precompile
+from codec import precompile
+from codec.jit import jitcache
 
 from ..results import CHECKING, COMPILING, FAILED, READY, PrepState
 

@@ -29,7 +29,8 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator, Sequence
 
-from codec import jitcache, precompile
+from codec import precompile
+from codec.jit import jitcache
 from store import Store
 
 from ..calibration import codec_prep

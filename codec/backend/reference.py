@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .tables import PROB_BITS, RHO_2POW20, normalize
+from ..kernels.tables import PROB_BITS, RHO_2POW20, normalize
 
 RANS_LOW = 1 << 16
 SLOT_MASK = (1 << PROB_BITS) - 1

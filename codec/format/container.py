@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import CodecError
+from ..errors import CodecError
 from .levels import CodecConfig
 
 MAGIC = b"KVDC"

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import CodecError
+from ..errors import CodecError
 from .level_table import LEVELS
 
 CODEC_ID = "kvdesk.kv"

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import CodecError
+from ..errors import CodecError
 
 MAX_Q = 63  # levels.MAX_BINS // 2 - 1: the largest |symbol - middle| a quantized kind has
 _LIMIT = 1 << 24  # float32 holds every integer up to here exactly

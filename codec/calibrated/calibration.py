@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import CodecError
-from .levels import CodecConfig
+from ..errors import CodecError
+from ..format.levels import CodecConfig
 from .transform import KindTransform, fit
 
 MAGIC = b"KVCL"

@@ -47,8 +47,8 @@ BUILD_ENV = "KVDESK_CODEC_CACHE_BUILD"  # while building one: the folder it is w
 SET_ENV = "KVDESK_CODEC_NUMBA_ENV"  # the numba settings configure() made, seen by children
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = 1
-PACKAGE_DIR = Path(__file__).resolve().parent
-LOCATOR = "codec.cachelocator.CodecCacheLocator"  # numba imports it when it needs it
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # codec/, whose sources and kernels are all here
+LOCATOR = "codec.jit.cachelocator.CodecCacheLocator"  # numba imports it when it needs it
 # numba's own locators, after ours: other packages' kernels (and ours, when we decline).
 NUMBA_LOCATORS = ("UserProvidedCacheLocator", "InTreeCacheLocator", "UserWideCacheLocator",
                   "IPythonCacheLocator", "ZipCacheLocator")

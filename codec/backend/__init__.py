@@ -1,13 +1,20 @@
-"""Choosing the kernels that run the format: numba CPU, numba CUDA, or the pure reference.
+"""The backend room: the kernels that run the format, numba CPU, numba CUDA or the pure
+reference, and the choice between them (here: `get(name)`, `active()`).
 
-A backend is a plain namespace of the functions of `quant.py` and `rans.py` and an
-`untransform(coef, out, KindTransform, cos, sin, gain)` (the inverse transform: on CPU and
-GPU the same numba CPU kernel, whose float bytes are pinned to the reference's there; an
+    cuda        numba.cuda rANS encode and decode, bit-identical to the CPU kernels
+    reference   the pure-NumPy reference of the quantization and rANS kernels: the bytes'
+                definition the others are tested against
+
+A backend is a plain namespace of the functions of `kernels/quant.py` and `kernels/rans.py`
+and an `untransform(coef, out, KindTransform, cos, sin, gain)` (the inverse transform: on CPU
+and GPU the same numba CPU kernel, whose float bytes are pinned to the reference's there; an
 exact transform's integer sums by BLAS there, by int64 einsum in the reference). All
 backends produce identical bytes, so the choice is only about speed: CUDA when a GPU is
 present (rANS on the device, quantization on the CPU kernels), else the CPU kernels.
-KVDESK_CODEC_BACKEND=cpu|cuda|reference forces one. This module must never change what a
-blob contains.
+KVDESK_CODEC_BACKEND=cpu|cuda|reference forces one. A backend must never change what a
+blob contains. The room stands on the kernels, the calibrated transforms (their inverse) and
+`format`'s lane limit; it never imports the container, the pipeline or the chunk helpers: it
+runs kernels, it never decides what a blob holds.
 
 It also asks OpenMP for a passive wait policy (unless the user chose one): numba's default
 OpenMP layer otherwise leaves its worker spinning after every kernel, and on a 2-core machine
@@ -29,9 +36,11 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np
 
-from . import intinverse, quant, rans, reference, tkernel, transform
-from .errors import CodecError
-from .workspace import scratch
+from ..calibrated import intinverse, transform
+from ..errors import CodecError
+from ..kernels import quant, rans, tkernel
+from ..kernels.workspace import scratch
+from . import reference
 
 NAMES = ("cpu", "cuda", "reference")
 

@@ -33,8 +33,8 @@ from functools import cached_property, lru_cache
 
 import numpy as np
 
+from ..errors import CodecError
 from . import intinverse
-from .errors import CodecError
 
 ROPE_TYPES = ("none", "norm", "neox")
 # pi / 2 in three parts of 33, 33 and 53 bits: n * P1 and n * P2 are exact for |n| < 2^20.

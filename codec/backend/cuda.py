@@ -15,9 +15,9 @@ from functools import cache
 import numpy as np
 from numba import cuda
 
-from .levels import MAX_LANES
-from .rans import RANS_LOW, SLOT_MASK
-from .tables import PROB_BITS
+from ..format.levels import MAX_LANES
+from ..kernels.rans import RANS_LOW, SLOT_MASK
+from ..kernels.tables import PROB_BITS
 
 THREADS = 64
 
