@@ -44,7 +44,7 @@ $(STAMP): $(BIN)/python $(LLAMA_WHEEL_STAMP) pyproject.toml
 # warm-up that cannot write its cache is not an error: the app then compiles in the
 # background at start (desktop_app/calibration/codec_prep.py).
 CODEC_WARM := $(VENV)/.codec-warm
-$(CODEC_WARM): $(STAMP) $(wildcard codec/*.py)
+$(CODEC_WARM): $(STAMP) $(shell find codec -name "*.py")
 	@echo "Compiling the codec's kernels (about 20-30 seconds, once)..."
 	$(BIN)/python -m codec.precompile || echo "warning: the codec's kernels were not cached; the app compiles them at start"
 	touch $@
@@ -76,7 +76,7 @@ $(PACKAGE_STAMP): $(STAMP)
 	touch $@
 
 # The codec's kernels are compiled first, for a portable CPU target, into a cache the bundle
-# ships (codec/jitcache.py): the first question after installing compiles nothing.
+# ships (codec/jit/jitcache.py): the first question after installing compiles nothing.
 package: $(PACKAGE_STAMP)
 	rm -rf dist/kvdesk
 	$(BIN)/python -m codec.precompile build build/codec-cache
