@@ -144,6 +144,17 @@ def test_verify_says_why_a_cache_does_not_fit(shipped, tmp_path):
     assert "corrupt" in jitcache.verify(tmp_path)
 
 
+def test_every_codec_source_in_every_room_is_checked_and_its_kernels_found_by_their_path(
+        shipped):
+    """A shipped cache is stale when any codec module changed, those of the rooms too; its
+    kernels are kept under their module's path inside the package (codec/kernels/...)."""
+    assert set(jitcache._sources()) == {p.relative_to(ROOT).as_posix()
+                                        for p in (ROOT / "codec").rglob("*.py")}
+    assert "codec/kernels/quant.py" in jitcache._sources()
+    files = json.loads((shipped / jitcache.MANIFEST).read_text())["files"]
+    assert files and all(rel.startswith("codec/kernels/quant.") for rel in files)
+
+
 def test_targets_and_the_cpu():
     assert jitcache.host_supports("generic") and not jitcache.host_supports("pentium-9")
     assert jitcache.target_env("host") == {}
