@@ -4,7 +4,7 @@
 
 numba normally compiles for the host CPU (every instruction-set extension it has). A cache
 that ships inside the bundle must run on other CPUs, so it is compiled for a named baseline
-instead (NUMBA_CPU_NAME / NUMBA_CPU_FEATURES; see codec/jitcache.py). For each target this
+instead (NUMBA_CPU_NAME / NUMBA_CPU_FEATURES; see codec/jit/jitcache.py). For each target this
 compiles the kernels into a fresh cache (`python -m codec.precompile`: the compile time),
 then runs `python -m codec.bench` on them, the targets interleaved round by round so that
 other work on a shared machine falls on all of them alike. Speeds are MB/s of fp16 KV, wall

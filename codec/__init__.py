@@ -25,30 +25,42 @@ API
         truncated or foreign blobs; CalibrationMissing (a CodecError): a blob (or config) of
         a calibrated level without the calibration it names.
 
-Calibrated levels (calibration.py, transform.py): a model's `Calibration` (made by the app's
-calibration, stored by the app, identified by the SHA-256 of its bytes) holds per KV part
-the keys' and values' transforms (RoPE removed, centred, optionally per-head KLT) and the
-level configs calibrated for that model (per-layer bins). encode(..., level="high",
-calibration=cal, part=p) encodes through them; the blob names the calibration, and
-decode(blob, calibrations=resolver) gets it from the caller's resolver (a mapping or a
-function id -> Calibration | None). transform.fit fits a transform on KV (no model needed).
+Calibrated levels (calibrated/calibration.py, calibrated/transform.py): a model's
+`Calibration` (made by the app's calibration, stored by the app, identified by the SHA-256 of
+its bytes) holds per KV part the keys' and values' transforms (RoPE removed, centred,
+optionally per-head KLT) and the level configs calibrated for that model (per-layer bins).
+encode(..., level="high", calibration=cal, part=p) encodes through them; the blob names the
+calibration, and decode(blob, calibrations=resolver) gets it from the caller's resolver (a
+mapping or a function id -> Calibration | None). calibrated.transform.fit fits a transform on
+KV (no model needed).
 
-Levels (data in level_table.py): lossless (bit-exact fp16), high, balanced, compact (the
+Levels (data in format/level_table.py): lossless (bit-exact fp16), high, balanced, compact (the
 model-independent defaults, tuned on SmolLM2), and CacheGen's published bins cachegen-1/2/3
 (per-token scale, bins by layer thirds).
 
-Blob format (container.py, pipeline.py): magic, format version (1; 2 when the config names a
+Blob format (format/container.py, pipeline.py): magic, format version (1; 2 when the config names a
 calibration), a JSON header holding the full codec config and the shapes, aligned payload
 sections (sink tokens, scales, table ids, stream word counts, rANS streams), CRC-32 of
-everything. Every stream's table is a 2-byte id into a frozen codebook (tables.py), so a chunk
-carries its own tables for ~0.06 bits per element and there is no shared per-document table
-blob to lose or mismatch.
+everything. Every stream's table is a 2-byte id into a frozen codebook (kernels/tables.py), so
+a chunk carries its own tables for ~0.06 bits per element and there is no shared per-document
+table blob to lose or mismatch.
 
 Kernels run on numba (CPU, parallel), or CUDA when a GPU is present; every backend writes
 identical bytes; encode, decode and the chunk helpers take backend=codec.backend.get("cpu" |
-"cuda" | "reference") to force one (see backend.py). Their machine code comes from numba's
-cache, or from one shipped with a bundle (jitcache.py). The package must never import
-llama.cpp, SQLite, Qt, the store or the app.
+"cuda" | "reference") to force one (see backend/). Their machine code comes from numba's
+cache, or from one shipped with a bundle (jit/jitcache.py).
+
+Modules and rooms, top to bottom, each importing only those below it (the import-linter
+contract in pyproject.toml; `|`: side by side, neither importing the other):
+    bench | precompile  the benchmark | every kernel compiled ahead of use
+    chunks              chunk lists cut and joined
+    pipeline            one blob's stages wired together
+    backend/            the kernels that run them: numba CPU, CUDA, the pure reference
+    calibrated/         a model's calibration and its transforms
+    format/ | kernels/  the container and the level configs | the numba kernels and tables
+    jit/                where the kernels' machine code comes from
+    errors              CodecError, CalibrationMissing
+The package must never import llama.cpp, SQLite, Qt, the store or the app.
 """
 
 # First, before any module defines a kernel: which CPU target and cache the kernels use.

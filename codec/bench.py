@@ -36,7 +36,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numba  # after the package: codec/backend.py sets OMP_WAIT_POLICY first
+import numba  # after the package: codec/backend/ sets OMP_WAIT_POLICY first
 import numpy as np
 
 from . import Calibration, decode, encode_chunks, levels, peek

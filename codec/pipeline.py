@@ -203,7 +203,7 @@ def _transformed(bits: np.ndarray, kind: KindConfig, part: Part | None, name: st
 
 
 def _check_exact(kind: KindConfig, tf: transform.KindTransform) -> None:
-    # an exact transform's inverse takes one quantizer step per layer (intinverse.py)
+    # an exact transform's inverse takes one quantizer step per layer (calibrated/intinverse.py)
     if tf.exact and kind.scale != "layer":
         raise CodecError(f"an exact calibrated transform needs \"layer\" scales, not "
                          f"{kind.scale!r}")
@@ -225,7 +225,7 @@ def _encode_bytes(sym: np.ndarray, cfg: CodecConfig, be):
 def _encode_kind(bits: np.ndarray, kind: KindConfig, cfg: CodecConfig, be):
     """One quantized kind -> (scales fp16 bits, local entry ids uint16, counts, words).
 
-    Its temporaries are per-thread scratch arrays (workspace.py), and a contiguous copy of a
+    Its temporaries are per-thread scratch arrays (kernels/workspace.py), and a contiguous copy of a
     strided input (~0.3 ms a 256-token kind) lets the quantizer's loops vectorize: on a view
     of a document they ran 2.5x slower."""
     n_layer, n_tok, n_ch = bits.shape

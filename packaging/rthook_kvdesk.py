@@ -17,7 +17,7 @@ os.environ.setdefault(
     "NUMBA_CACHE_DIR", os.path.join(platformdirs.user_cache_dir("kvdesk"), "numba"))
 
 # The codec's kernels compiled at build time for a portable CPU target (`make package`): used
-# when they fit this CPU (codec/jitcache.py), so the first start compiles nothing; never
+# when they fit this CPU (codec/jit/jitcache.py), so the first start compiles nothing; never
 # written, whatever happens.
 os.environ.setdefault("KVDESK_CODEC_CACHE", os.path.join(sys._MEIPASS, "codec_cache"))
 

@@ -1,6 +1,6 @@
-"""Exact transforms (codec/intinverse.py): a basis inverted in integer sums, the same bytes by
-BLAS, by int64 arithmetic and on every backend, within a stated distance of the float64
-inverse, and refused cleanly where the format cannot carry them."""
+"""Exact transforms (codec/calibrated/intinverse.py): a basis inverted in integer sums, the
+same bytes by BLAS, by int64 arithmetic and on every backend, within a stated distance of the
+float64 inverse, and refused cleanly where the format cannot carry them."""
 
 from __future__ import annotations
 

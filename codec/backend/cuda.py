@@ -1,7 +1,7 @@
 """numba.cuda rANS encode and decode of the format (one GPU thread per group of lanes).
 
-Same inputs, outputs and checks as `rans.encode` / `rans.decode`, so the backend can swap them
-in; tests run them under numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1) and require
+Same inputs, outputs and checks as `kernels.rans.encode` / `kernels.rans.decode`, so the backend
+can swap them in; tests run them under numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1) and require
 bit-identical output. Only integer arithmetic and table lookups happen on the device, so
 results cannot drift from the CPU. Quantization and table choice stay on the CPU kernels.
 Importing it touches no driver (numba compiles and binds lazily); only `available()`,

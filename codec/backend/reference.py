@@ -2,8 +2,8 @@
 
 It defines the format by being obviously correct rather than fast: tests check that the
 numba (and CUDA) kernels produce byte-identical output to it on small inputs. Same signatures
-as the kernels in `quant.py` and `rans.py`. It must never be used on real-sized data (pure
-Python loops) and must never import numba.
+as the kernels in `kernels/quant.py` and `kernels/rans.py`. It must never be used on
+real-sized data (pure Python loops) and must never import numba.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ orthogonal or shifts, so the quantization error keeps its size through the inver
 
 The inverse is part of the format: `inverse` here is its definition (numpy, float32, one
 operation at a time in a fixed order, no fused multiply-adds) and the numba kernel
-(`tkernel.py`) repeats it operation for operation, so both write identical fp16 bytes. An
+(`kernels/tkernel.py`) repeats it operation for operation, so both write identical fp16 bytes. An
 `exact` transform's basis is instead inverted in integers (intinverse.py: a BLAS matmul
 whose sums are exact, then one gain per block), its kinds quantized with one step per layer;
 `inverse` then takes those sums and the gains. The
@@ -198,7 +198,7 @@ def inverse(y: np.ndarray, tf: KindTransform, cos: np.ndarray, sin: np.ndarray,
     (intinverse.sums) and gain [L, C] their factors (intinverse.gains): u = y * gain.
 
     Float32 throughout, each product and sum rounded on its own, in this order (the kernel in
-    tkernel.py does exactly the same)."""
+    kernels/tkernel.py does exactly the same)."""
     n_layer, n_tok, n_ch = y.shape
     d = tf.head_dim
     u = y.astype(np.float32)

@@ -35,7 +35,7 @@ class KindConfig:
         2 * maxq + 1 symbols (bins - 1 for even bins), x -> rint(x * maxq / scale).
     layer_edges: fractions of depth where the next group starts (len(bins) - 1 of them).
     transform: the kind is coded through the transform of the calibration the config names
-        (transform.py); False: as it is.
+        (calibrated/transform.py); False: as it is.
     """
 
     scale: str
@@ -78,7 +78,7 @@ class CodecConfig:
     sink_tokens: the document's first tokens (attention sinks) are stored exact in fp16.
     anchor_group: 0 = plain; g > 0 = every g-th token is an anchor and the others are coded as
         deltas to their anchor's reconstruction (CacheGen paper style).
-    calibration: (SHA-256 hex, part) of the model calibration (calibration.py) whose
+    calibration: (SHA-256 hex, part) of the model calibration (calibrated/calibration.py) whose
         transforms the kinds marked `transform` go through, or None: then the blob decodes
         with nothing but itself.
     """

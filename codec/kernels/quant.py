@@ -3,7 +3,7 @@
 Inputs are fp16 bit patterns (uint16) because numba has no CPU float16 arithmetic; a 64K
 float32 lookup (`F16_TO_F32`, the reference's) or a few bit operations (`_f32`) convert them
 exactly. Every float operation here is mirrored operation for
-operation in `reference.py`, so both produce identical symbols. These kernels must never
+operation in `backend/reference.py`, so both produce identical symbols. These kernels must never
 allocate per element or read outside the arrays they are given.
 """
 

@@ -4,7 +4,7 @@ Quantized streams do not store histograms: each (layer, channel) stream names on
 fixed codebook of discretized Gaussians (centre on the half-symbol grid, 24 widths), so its
 table costs 2 bytes instead of the ~66 bytes of a CacheGen histogram. On the default model's
 KV, Gaussians code 3-5% smaller than two-sided geometric (Laplace) shapes. The codebook is
-part of the format: `reference.codebook_freq` defines it with integer and exactly rounded
+part of the format: `backend.reference.codebook_freq` defines it with integer and exactly rounded
 float64 arithmetic only (no transcendental functions, whose last bits vary between libms), so
 every machine builds the same tables. Lossless planes use explicit per-layer histograms.
 
@@ -151,7 +151,7 @@ def codebook_freq(nsym: int) -> np.ndarray:
 
 def codebook_rows(nsym: int, ids: np.ndarray) -> np.ndarray:
     """Frequencies [len(ids), nsym] of entries `ids` of the codebook for nsym symbols: those
-    of `reference.codebook_freq`, entry k * N_RHO + j centred at k / 2 with width
+    of `backend.reference.codebook_freq`, entry k * N_RHO + j centred at k / 2 with width
     RHO_2POW20[j].
 
     The weights are the same exactly rounded powers (a running product is the reference's

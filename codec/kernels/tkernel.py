@@ -1,6 +1,6 @@
 """Numba CPU kernel of the inverse transform: decoded coefficients back to KV.
 
-`untransform` does what `transform.inverse` defines, operation for operation in float32
+`untransform` does what `calibrated.transform.inverse` defines, operation for operation in float32
 (numba fuses no multiply-adds without fastmath), and rounds to fp16 as numpy does (round to
 nearest even, `f16_bits`), so both write identical bytes. It runs after the rANS decoder on
 every backend (the GPU decodes symbols; this float step stays on the CPU, where its bytes
@@ -140,7 +140,7 @@ def untransform(coef, out, basis_t, mean, rope, cos, sin, head_dim, gain=None):
 
     basis_t: float32 [L, H, d, d] with basis_t[l, h, j, i] = basis[l, h, i, j], or None;
     gain: float32 [L, C] or None: coef holds an exact transform's integer sums, multiplied by
-    gain in place of a basis (intinverse.py);
+    gain in place of a basis (calibrated/intinverse.py);
     mean: float32 [L, C] or None; rope: "none", "norm" or "neox", the pairs of each head's
     first 2 * n_pairs channels turned by the float32 cos/sin [T, n_pairs]."""
     n_layer, _, n_ch = coef.shape
@@ -181,8 +181,9 @@ def _forward(bits, out, mean, cos, sin, head_dim, n_rot, neox, use_mean):
 
 
 def forward_fast(bits, mean, rope, cos, sin, head_dim):
-    """`transform.forward` without a basis, for fp16 bits [L, T, C]: RoPE turned back and the
-    mean taken off in one pass (the same float32 operations, so the same values)."""
+    """`calibrated.transform.forward` without a basis, for fp16 bits [L, T, C]: RoPE turned
+    back and the mean taken off in one pass (the same float32 operations, so the same
+    values)."""
     n_layer, n_tok, n_ch = bits.shape
     out = np.empty((n_layer, n_tok, n_ch), np.float32)
     use_mean = mean is not None
