@@ -12,6 +12,7 @@ A leaf: it knows no model, store or front end.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
@@ -37,6 +38,48 @@ def _describe(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+# pydantic names each member of a union in an error's location ("input", "list[str]", 0); the
+# user wrote no such key, so members are spoken of as the JSON types they stand for.
+_JSON_TYPES = {"str": "string", "int": "integer", "float": "number", "bool": "boolean",
+               "dict": "object", "list": "array", "none": "null"}
+
+
+def _is_member(part: Any) -> bool:
+    """A union member's tag in an error's location: a type ('str', 'list[int]', 'Part'), not
+    a key (kvdesk's models name theirs in lower case) nor a list's index."""
+    return (isinstance(part, str) and re.fullmatch(r"[A-Za-z_]\w*(\[.*\])?", part) is not None
+            and ("[" in part or part in _JSON_TYPES or part[:1].isupper()))
+
+
+def _json_type(member: str) -> str:
+    """'list[list[int]]' -> 'array of arrays of integers'; a model's name -> 'object'."""
+    outer, _, inner = member.partition("[")
+    if outer == "list" and inner:
+        of = _json_type(inner[:-1])
+        return "array of " + (of.replace("array", "arrays", 1) if of.startswith("array")
+                              else of + "s")
+    return _JSON_TYPES.get(outer, "object" if outer[:1].isupper() else outer)
+
+
+def first_problem(errors: list[dict]) -> dict:
+    """The error to tell the user of pydantic's `errors`, its `loc` free of union members'
+    tags: the first error; or, when its value matched no member of a union, the error of the
+    one member it came closest to, else one saying which types the key takes."""
+    loc = tuple(errors[0]["loc"])
+    at = next((i for i, p in enumerate(loc) if _is_member(p)), None)
+    if at is None:
+        return errors[0]
+    tried = [e for e in errors if tuple(e["loc"][:at]) == loc[:at] and len(e["loc"]) > at
+             and _is_member(e["loc"][at])]
+    depth = {e["loc"][at]: len(e["loc"]) for e in tried}
+    deepest = max(depth.values())
+    if deepest > at + 2 and list(depth.values()).count(deepest) == 1:  # past the member's shape
+        e = next(e for e in tried if len(e["loc"]) == deepest)
+        return {**e, "loc": tuple(p for p in e["loc"] if not _is_member(p))}
+    kinds = ", ".join(dict.fromkeys(_json_type(m) for m in depth))
+    return {**errors[0], "loc": loc[:at], "type": "union", "msg": f"should be one of: {kinds}"}
+
+
 def parse(model: type[M], data: Mapping[str, Any], *, names: Mapping[str, str] | None = None) -> M:
     """`model` built from `data`, or InvalidValue for the first problem found.
 
@@ -45,7 +88,7 @@ def parse(model: type[M], data: Mapping[str, Any], *, names: Mapping[str, str] |
     try:
         return model.model_validate(dict(data))
     except pydantic.ValidationError as e:
-        error = e.errors(include_url=False)[0]
+        error = first_problem(e.errors(include_url=False))
         field = ".".join(str(p) for p in error["loc"]) or model.__name__
         key = (names or {}).get(field, field)
         if error["type"] == "extra_forbidden":

@@ -4,9 +4,11 @@ defaults), the model file's general.sampling.* keys, and the one validation of e
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
+import pydantic
 import pytest
 
 from desktop_app import settings
@@ -127,3 +129,17 @@ def test_info_says_which_sampling_is_in_effect_and_where_it_comes_from(model_pat
     assert info["sampling_notes"] == []  # the default model recommends nothing
     text = kvdesk("info").stdout
     assert "  top_k: 12 (settings file)" in text
+
+
+@pytest.mark.parametrize("value,key,says", [
+    (5, "input", "should be one of: string, array of strings, array of integers, "
+                 "array of arrays of integers (got 5)"),
+    ([["a"]], "input.0.0", "valid integer"),  # past its member's shape: that member's error
+    (["a", 2], "input", "should be one of: string, array of strings")])  # a mixed list
+def test_a_union_is_told_as_the_json_types_it_takes(value, key, says):
+    """pydantic's names for a union's members ('list[int]') are no key the user wrote."""
+    class Request(pydantic.BaseModel):
+        input: str | list[str] | list[int] | list[list[int]]
+    with pytest.raises(InvalidValue, match=re.escape(says)) as e:
+        parse(Request, {"input": value})
+    assert e.value.key == key

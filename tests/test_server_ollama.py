@@ -168,6 +168,12 @@ def test_ollamas_errors(client, served):
                           headers={"content-type": "application/json"}, trust_env=False)
         assert r.status_code == status and isinstance(r.json()["error"], str), r.text
         assert "Traceback" not in r.text
+    # A union's members are the JSON types the field takes, not pydantic's names for them.
+    r = httpx.post(f"{served.url}/api/embed", json={"model": "default", "input": 5},
+                   trust_env=False)
+    assert r.status_code == 400 and r.json()["error"] == (
+        "input: should be one of: string, array of strings, array of integers, "
+        "array of arrays of integers"), r.text
     assert "POST /api/pull" in httpx.post(f"{served.url}/api/pull", trust_env=False).text
 
 

@@ -44,7 +44,7 @@ from ..app import App
 from ..errors import ContextFullError, MissingError, is_user_error
 from ..options import GenerationOptions, RestoreOptions
 from ..results import Progress
-from ..validation import InvalidValue, parse
+from ..validation import InvalidValue, first_problem, parse
 from . import bridge, embeddings
 from . import schemas as s
 
@@ -154,8 +154,10 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
             why = first.get("ctx", {}).get("error", first["msg"])
             return _json(400, s.error(f"the body is not valid JSON: {why} (at character "
                                       f"{first['loc'][-1]})"))
-        where = ".".join(str(p) for p in first["loc"] if p != "body") or "body"
-        return _json(400, s.error(f"{where}: {first['msg']}", param=where))
+        error = first_problem([{**x, "loc": [p for p in x["loc"] if p != "body"]}
+                               for x in e.errors()])
+        where = ".".join(str(p) for p in error["loc"]) or "body"
+        return _json(400, s.error(f"{where}: {error['msg']}", param=where))
 
     @api.exception_handler(HTTPException)
     async def http_error(request: Request, e: HTTPException):
