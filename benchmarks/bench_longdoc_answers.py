@@ -4,7 +4,7 @@
         [--size 100000] [--kinds docs,code,markdown] [--seeds 0] [--targets 160]
         [--rules focused] [--exact] [--alone] [--n-ctx 4096] [--max-tokens 32] [--k K]
         [--passage-level balanced] [--blend-fraction 0.05] [--calibration CAL.kvcl]
-        [--quote before|after] [--quote-rarest]
+        [--no-quote]
 
 The haystacks and facts of `bench_retrieval` (a fact about invented names planted at each
 depth 0, 10 ... 100 %, asked for in other words; `--seeds` draws other names, numbers and
@@ -16,8 +16,8 @@ something rare the passages holding the most of its rare words; `wide`: always t
 `any-rare`: the app's before, every passage holding one; `weighted`: each word counted
 1/(its passages); `best`: the focused passages' best-scored alone); their KV computed or
 read back (stored at `--passage-level`) and blended (`--blend-fraction` of each later
-passage recomputed), the question computed (with `--quote`, the read passages' sentences
-that hold the question's rare words put before or after it, in its turn: an experiment).
+passage recomputed), the question computed (its turn quoting the sentences of those
+passages that name what it asks about, as the app's does; `--no-quote`: without them).
 Beside it, the model's ceiling: the same question asked in a new chat over a document
 holding only the fact's paragraph (asked once a fact, whatever the size or rule); with
 `--alone`, over a document holding only the fact's passage (at each size: what the ceiling
@@ -43,7 +43,6 @@ import argparse
 import json
 import os
 import random
-import re
 import signal
 import sys
 import tempfile
@@ -152,28 +151,6 @@ def causes(rows: Sequence[dict]) -> dict:
     return by
 
 
-SENTENCE = re.compile(r"(?<=[.!?])\s+|\n\s*\n")
-
-
-def naming_sentences(app: Retriever, doc_id: int, question: str, hits: Sequence[Hit],
-                     most: int = 3, rarest: bool = False) -> list[str]:
-    """The sentences of the passages read (`hits`) that hold one of the question's rare words
-    (a name; with `rarest`, one of those in the fewest passages), at most `most`, each cut to
-    300 characters: what `--quote` repeats beside the question, nearest the answer (a word
-    matched on its first letters, as a stem)."""
-    counts = {w: c for w, c in app.store.passage_frequencies(doc_id, question,
-                                                             RARE_PASSAGES + 1).items()
-              if 0 < c <= RARE_PASSAGES}
-    if not counts:
-        return []
-    words = [w for w, c in counts.items() if not rarest or c == min(counts.values())]
-    stems = re.compile(r"\b(" + "|".join(re.escape(w[:max(4, len(w) - 3)]) for w in words)
-                       + r")", re.IGNORECASE)
-    found = [" ".join(t.split())[:300] for h in sorted(hits, key=lambda h: h.index)
-             for t in SENTENCE.split(h.text) if stems.search(t)]
-    return found[:most]
-
-
 def rate(rows: Sequence[dict], key: str, where: str | None = None) -> dict:
     pool = [r for r in rows if where is None or r[where]]
     k = sum(bool(r[key]) for r in pool)
@@ -195,6 +172,7 @@ class Size:
         self.target = self.eng.retriever.index.target
         if args.k is not None:
             self.eng.session.longdocs.top_k = args.k
+        self.eng.session.longdocs.quote = not args.no_quote
         self.app = self.eng.session.longdocs.retriever
         self.docs: list[int] = []
         self.chars = 0
@@ -217,25 +195,22 @@ class Size:
                             generation=generation)
 
     def ask(self, doc_id: int, question: str, generation: GenerationOptions, rule: str,
-            restore: RestoreOptions = RestoreOptions(), asked: str | None = None):
-        """`question` asked over document `doc_id` (worded as `asked`, retrieved as itself)."""
+            restore: RestoreOptions = RestoreOptions()):
+        """`question` asked over document `doc_id`, its passages retrieved by `rule`."""
         longdocs = self.eng.session.longdocs
         longdocs.focus = rule != "wide"
-        rule_of = RULES[rule] or (lambda app, doc, q, **kw: app.retrieve(doc, q, **kw))
-        longdocs.retriever = Narrowed(self.app, lambda app, doc, q, **kw: rule_of(
-            app, doc, question if q == asked else q, **kw))
+        longdocs.retriever = Narrowed(self.app, RULES[rule] or (
+            lambda app, doc, q, **kw: app.retrieve(doc, q, **kw)))
         try:
-            return self.eng.ask(asked or question, doc_ids=[doc_id], generation=generation,
+            return self.eng.ask(question, doc_ids=[doc_id], generation=generation,
                                 restore=restore)
         finally:
             longdocs.retriever = self.app
 
-    def retrieve(self, doc_id: int, question: str, rule: str) -> list[Hit]:
-        """What `ask` reads by `rule` for `question` in a new chat."""
+    def worded(self, out, question: str) -> str:
+        """How the question's turn said `question` in the chat `out` answered."""
         longdocs = self.eng.session.longdocs
-        kw = {"k": longdocs.top_k, "focus": rule != "wide"}
-        return (RULES[rule] or (lambda app, d, q, **k: app.retrieve(d, q, **k)))(
-            self.app, doc_id, question, **kw)
+        return longdocs.worded(longdocs.sources(out.chat_id), question)
 
     def costs(self) -> dict:
         """What this size's passages cost per MB of text: passages, KV tokens (the passage's
@@ -286,17 +261,7 @@ def ask_all(runs: list[Size], cases, rules: list[str], args, greedy: GenerationO
                     sized["alone_answer"] = out.answer
                 where = {p.text: p.index for p in run.store.passages(doc)}
                 for rule in rules:
-                    asked = question
-                    if args.quote:  # (the passages the ask reads: the same retrieval)
-                        hits = run.retrieve(doc, question, rule)
-                        quoted = naming_sentences(run.app, doc, question, hits,
-                                                  rarest=args.quote_rarest)
-                        said = " ".join(f'"{t}"' for t in quoted)
-                        if quoted and args.quote == "after":
-                            asked += f"\n\nThe passages say: {said}"
-                        elif quoted:
-                            asked = f"From the passages: {said}\n\n{asked}"
-                    out = run.ask(doc, question, greedy, rule, asked=asked)
+                    out = run.ask(doc, question, greedy, rule)
                     one = dict(sized, rule=rule, states=states(out.answer, values),
                                source_hit=any(fact in s["text"] for s in out.sources),
                                passages=len(out.sources), answer=out.answer,
@@ -304,10 +269,11 @@ def ask_all(runs: list[Size], cases, rules: list[str], args, greedy: GenerationO
                                read=[where.get(s["text"]) for s in out.sources])
                     if args.exact:
                         exact = run.ask(doc, question, greedy, rule,
-                                        RestoreOptions(no_cache=True), asked)
+                                        RestoreOptions(no_cache=True))
                         one["exact_states"] = states(exact.answer, values)
                         one["exact_answer"] = exact.answer
-                    if asked != question:
+                    asked = run.worded(out, question)
+                    if asked != question:  # the turn's evidence (`passages.evidence`)
                         tokenize = run.eng.runtime.tokenize
                         one["asked"] = asked
                         one["added_tokens"] = len(tokenize(asked)) - len(tokenize(question))
@@ -339,13 +305,9 @@ def main() -> None:
     p.add_argument("--passage-level", default=DEFAULT_PASSAGE_LEVEL,
                    choices=["lossless", "high", "balanced", "compact"],
                    help="the level passages' KV is stored at (lossless: the blend alone)")
-    p.add_argument("--quote", choices=["before", "after"], default=None,
-                   help="put the read passages' sentences that hold the question's rare words "
-                   "before or after it in its turn (an experiment: the evidence nearest the "
-                   "answer)")
-    p.add_argument("--quote-rarest", action="store_true",
-                   help="quote only the sentences holding the question's rarest words (those "
-                   "in the fewest passages)")
+    p.add_argument("--no-quote", action="store_true",
+                   help="the question's turn without its evidence (the sentences of its "
+                   "passages that name what it asks about), as before it had any")
     p.add_argument("--blend-fraction", type=float, default=DEFAULT_BLEND_FRACTION,
                    help="the share of each later passage's tokens recomputed")
     args = p.parse_args()
@@ -375,7 +337,7 @@ def main() -> None:
             run.close()
     report = {"model": str(model), "size": args.size, "n_ctx": args.n_ctx,
               "passage_level": args.passage_level, "blend_fraction": args.blend_fraction,
-              "quote": args.quote, "quote_rarest": args.quote_rarest,
+              "quote": not args.no_quote,
               "kinds": args.kinds, "seeds": args.seeds, "k": args.k or "the app's",
               "runs": []}
     for target in sizes:

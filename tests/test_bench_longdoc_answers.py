@@ -1,11 +1,9 @@
-"""benchmarks.bench_longdoc_answers' bookkeeping: each miss's cause, the causes' counts, and
-the sentences `--quote` repeats (no model: the rows and passages are written here)."""
+"""benchmarks.bench_longdoc_answers' bookkeeping: each miss's cause and the causes' counts
+(no model: the rows are written here)."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
-from benchmarks.bench_longdoc_answers import cause, causes, naming_sentences
+from benchmarks.bench_longdoc_answers import cause, causes
 
 
 def row(states, source_hit=True, exact=None, ceiling=True, passages=1):
@@ -31,32 +29,3 @@ def test_causes_count_only_where_the_ceiling_states_it():
         r["cause"] = cause(r)
     assert causes(rows) == {"exact_misses": {"n": 2, "by_passages": {2: 1, 1: 1}},
                             "blend": {"n": 1, "by_passages": {1: 1}}}
-
-
-def test_naming_sentences_are_those_holding_a_rare_word():
-    counts = {"clue": 0, "the": 40, "martenmar": 1, "login": 0}
-    app = SimpleNamespace(store=SimpleNamespace(
-        passage_frequencies=lambda doc, question, at_most: counts))
-    hits = [SimpleNamespace(index=7, text="Other text. The password hint for the Martenmar "
-                                          "account is 'falcon falcon'. More text."),
-            SimpleNamespace(index=2, text="Nothing here.\n\nMartenmar's logs are kept.")]
-    assert naming_sentences(app, 1, "What is the clue for the Martenmar login?", hits) == [
-        "Martenmar's logs are kept.",  # (in document order)
-        "The password hint for the Martenmar account is 'falcon falcon'."]
-    assert naming_sentences(app, 1, "q", hits, most=1) == ["Martenmar's logs are kept."]
-    counts.clear()
-    counts["the"] = 40  # a question with no rare word: nothing to quote
-    assert naming_sentences(app, 1, "What is the?", hits) == []
-
-
-def test_rarest_quotes_only_the_words_in_fewest_passages():
-    counts = {"kept": 3, "vokmarune": 1, "the": 40}
-    app = SimpleNamespace(store=SimpleNamespace(
-        passage_frequencies=lambda doc, question, at_most: counts))
-    hits = [SimpleNamespace(index=1, text="Many are kept here. The warehouse in Vokmarune "
-                                          "stores exactly 817 crates.")]
-    q = "How many boxes are kept at the Vokmarune depot?"
-    assert naming_sentences(app, 1, q, hits) == [
-        "Many are kept here.", "The warehouse in Vokmarune stores exactly 817 crates."]
-    assert naming_sentences(app, 1, q, hits, rarest=True) == [
-        "The warehouse in Vokmarune stores exactly 817 crates."]

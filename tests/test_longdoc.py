@@ -124,6 +124,14 @@ def test_follow_ups_keep_the_chats_passages_and_a_reopen_lays_them_out(make_engi
     first = eng.ask("What does the museum keep?", doc_ids=[doc], generation=GREEDY)
     chat = first.chat_id
     assert eng.ids[1] in [s["passage_id"] for s in first.sources]
+    # The turn computed quotes the sentence naming what it asks about; the message stored
+    # is the question as asked.
+    asked = eng.library.history(chat)[0]
+    assert asked.text == "What does the museum keep?"
+    turn = eng.runtime.detokenize(eng.store.message_tokens(chat, eng.runtime.fingerprint)[
+        asked.id])
+    assert ("What does the museum keep?\nAnswer from these lines of the document: "
+            '"The keeper\'s cottage became a museum in 1979."') in turn
     follow = eng.ask("And when do puffins nest on the cliffs?", chat_id=chat,
                      generation=GREEDY)
     ids = [s["passage_id"] for s in follow.sources]
@@ -182,6 +190,9 @@ def test_the_local_api_answers_from_passages_and_names_them(make_engine):
     assert not first.stored and not again.stored  # blended: approximate, never stored
     assert not [e for e in eng.store.entries() if not e.passage]
     assert again.cached_tokens >= len(passage_prefix(eng.runtime, PASSAGES[1]).tokens)
+    # The last user message's turn quotes its evidence, as a chat's question does.
+    turn, _, _ = eng.completions.prompt(messages, [eng.doc])
+    assert 'museum keep?\nAnswer from these lines of the document: "The keeper' in turn.text
 
 
 def test_ask_json_names_the_sources_of_an_answer_over_a_long_document(tmp_path, monkeypatch,

@@ -82,6 +82,9 @@ class Completions:
                 len(rt.tokenize("\n".join(texts))) + 8 * len(texts))  # (their template's)
             layout = passage_layout(rt, [x.text for x in sources])
             head, head_tokens = list(layout.messages), list(layout.tokens)
+            if messages[-1]["role"] == "user":  # its evidence, as a chat's question has
+                messages = [*messages[:-1], {**messages[-1], "content": s.longdocs.worded(
+                    sources, messages[-1]["content"])}]
         elif docs:
             head, head_tokens = s.prompter.chat(rt, docs)
         before = rt.render_chat(head, add_generation_prompt=False) if head else ""

@@ -6,7 +6,9 @@ chat's recent turns; at most `top_k`, and only the head of a fused ranking
 (`retrieve.focused`, `retrieve.most_named`: for a question naming something rare, the
 passages holding the most of its rare words) — and the chat's context becomes: the
 passages, in document order, then the chat's turns, then the question
-(`prompts.passage_layout`). Each passage comes back from its own KV (`kv.passagekv`:
+(`prompts.passage_layout`); the question's turn quotes the sentences of those passages that
+name what it asks about (`worded`: `passages.evidence`), the stored message staying the
+question as asked. Each passage comes back from its own KV (`kv.passagekv`:
 computed on its own the first time it is retrieved, and stored), moved into place by
 `blending` with its first tokens recomputed among the passages before it; a context whose
 exact copy is stored (a turn's, made exact in the background) is restored as it is.
@@ -34,8 +36,9 @@ from store import Document, Store
 
 from ..kv.blending import Parts
 from ..kv.passagekv import PassageKV
-from ..model.prompts import Layout, Prompter, passage_layout
+from ..model.prompts import Layout, Prompter, passage_layout, with_evidence
 from ..model.runtime import Runtime
+from ..passages import evidence
 from ..passages.retrieve import DEFAULT_K, Retriever
 from ..results import Source
 from .library import Library
@@ -43,7 +46,8 @@ from .library import Library
 
 class LongDocs:
     def __init__(self, store: Store, library: Library, prompter: Prompter, kv: PassageKV,
-                 retriever: Retriever | None, *, top_k: int = DEFAULT_K, focus: bool = True):
+                 retriever: Retriever | None, *, top_k: int = DEFAULT_K, focus: bool = True,
+                 quote: bool = True):
         self.store = store
         self.library = library
         self.prompter = prompter
@@ -51,6 +55,7 @@ class LongDocs:
         self.retriever = retriever
         self.top_k = top_k
         self.focus = focus  # False: always the `top_k` best (benchmarks compare the two)
+        self.quote = quote  # False: the question's turn without its evidence (the same)
         self._chosen: dict[int, list[Source]] = {}  # chat id -> the passages of its latest turn
         self._offered: list[Source] = []  # a client's conversation's (`offer`)
         self._lock = threading.Lock()
@@ -87,6 +92,19 @@ class LongDocs:
             with self._lock:
                 self._chosen[chat_id] = chosen
         return notes
+
+    def worded(self, sources: Sequence[Source], question: str) -> str:
+        """`question` as its turn says it over `sources` (the passages its context holds, in
+        document order): with the sentences of each document's that name what it asks
+        about, when there are any."""
+        if not self.quote or not sources:
+            return question
+        by_doc: dict[int, list[str]] = {}
+        for s in sources:
+            by_doc.setdefault(s.document_id, []).append(s.text)
+        found = [line for doc_id, texts in by_doc.items()
+                 for line in evidence.naming(self.store, doc_id, question, texts)]
+        return with_evidence(question, found[:evidence.MOST])
 
     def adopt(self, chat_id: int) -> None:
         """A new chat was stored as `chat_id`: the passages its first question was given are

@@ -206,6 +206,17 @@ def question_turn(tpl: Template, messages: Sequence[dict], question: str) -> Tur
     return Turn(msgs, text, tpl.tokenize(text[len(before):]))
 
 
+def with_evidence(question: str, evidence: Sequence[str]) -> str:
+    """What the user's turn says when the passages read hold sentences that name what the
+    question asks about (`passages.evidence`): the question, then those sentences as where
+    the answer is to come from. Worded for the models measured (RESULTS.md, "Evidence in
+    the question's turn"): before the question, some answered nothing at all."""
+    if not evidence:
+        return question
+    quoted = " ".join(f'"{s}"' for s in evidence)
+    return f"{question}\nAnswer from these lines of the document: {quoted}"
+
+
 def raw_prompt(tpl: Template, prompt: str, suffix: str | None = None) -> list[int]:
     """A prompt read as it is, with no chat template (a legacy completion); with a suffix, the
     fill-in-the-middle prompt of the model's own tokens (prefix, suffix, middle: the order

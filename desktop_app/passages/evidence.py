@@ -1,0 +1,58 @@
+"""The sentences of a question's passages that name what it asks about: its evidence.
+
+A small model given a few passages often answers from the wrong one, copying text that sits
+near the fact (measured: RESULTS.md, "Why the answers over a long document miss"). The
+sentences of the passages read that hold the question's rarest words (a name, an identifier:
+those in the fewest of the document's passages) are what the answer rests on; the chat room
+quotes them in the question's own turn, nearest the answer.
+
+Words and text only: it never reads a model, a tokenizer or any KV, and it never decides
+which passages are read (`retrieve` does).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from store import Store
+
+from .retrieve import RARE_PASSAGES
+
+MOST = 3  # sentences quoted at most: past a few, the quote is a passage again
+LONGEST = 300  # characters kept of each
+
+_BREAK = re.compile(r"(?<=[.!?])\s+|\n\s*\n")
+# A title or an initial before a name ends no sentence ("Dr. Voktenvok ...", "J. R. Smith").
+_TITLE = re.compile(r"(?:\b(?:Dr|Mr|Mrs|Ms|Prof|St|Mt|No|vs|e\.g|i\.e)|\b[A-Z])\.$")
+
+
+def sentences(text: str) -> list[str]:
+    """`text`'s sentences (and paragraphs, which end one too), whitespace as written."""
+    out: list[str] = []
+    for piece in _BREAK.split(text):
+        if out and _TITLE.search(out[-1]):
+            out[-1] += " " + piece
+        elif piece.strip():
+            out.append(piece)
+    return out
+
+
+def naming(store: Store, doc_id: int, question: str, texts: Sequence[str],
+           most: int = MOST) -> list[str]:
+    """The sentences of `texts` (document `doc_id`'s passages, in the order read) holding the
+    question's rarest words, at most `most`, each on one line and cut to LONGEST characters;
+    none when the question names nothing rare. A word is matched on its first letters, as a
+    stem ("remembering" finds "remember"), the way the full-text index matches it."""
+    counts = {w: c for w, c in store.passage_frequencies(doc_id, question,
+                                                         RARE_PASSAGES + 1).items()
+              if 0 < c <= RARE_PASSAGES}
+    if not counts:
+        return []
+    fewest = min(counts.values())
+    stems = re.compile(r"\b(?:" + "|".join(re.escape(w[:max(4, len(w) - 3)])
+                                           for w, c in counts.items() if c == fewest) + ")",
+                       re.IGNORECASE)
+    found = [" ".join(s.split())[:LONGEST] for t in texts for s in sentences(t)
+             if stems.search(s)]
+    return list(dict.fromkeys(found))[:most]

@@ -1,0 +1,49 @@
+"""The evidence a question's turn quotes (`passages.evidence`, `prompts.with_evidence`): the
+sentences of the passages read that hold its rarest words (no model: the counts the store
+would give are written here)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from desktop_app.model.prompts import with_evidence
+from desktop_app.passages.evidence import LONGEST, naming, sentences
+
+
+def counted(counts: dict[str, int]):
+    return SimpleNamespace(passage_frequencies=lambda doc, question, at_most: counts)
+
+
+def test_the_sentences_naming_the_rarest_words_are_quoted_in_the_order_read():
+    store = counted({"clue": 0, "the": 40, "martenmar": 1, "login": 0, "remembering": 3})
+    texts = ["Nothing here.\n\nMartenmar's logs are kept. Remember the milk.",
+             "Other text. The password hint for the Martenmar account is 'falcon falcon'."]
+    q = "What is the clue for remembering the Martenmar login?"
+    # "remembering" (in 3 passages) is rare too, but the name is rarer: only its sentences.
+    assert naming(store, 1, q, texts) == [
+        "Martenmar's logs are kept.",
+        "The password hint for the Martenmar account is 'falcon falcon'."]
+    assert naming(store, 1, q, texts, most=1) == ["Martenmar's logs are kept."]
+    assert naming(counted({"the": 40, "what": 0}), 1, "What is the?", texts) == []
+
+
+def test_a_word_is_matched_as_a_stem_and_each_sentence_once_on_one_line():
+    store = counted({"remembering": 1})
+    texts = ["How to remember\n it: say it twice. Unrelated.", "How to remember\n it: say it "
+             "twice."]
+    assert naming(store, 1, "Any tips for remembering it?", texts) == [
+        "How to remember it: say it twice."]
+    long = "Martenmar " + "x" * 500 + "."
+    assert naming(counted({"martenmar": 1}), 1, "Martenmar?", [long]) == [long[:LONGEST]]
+
+
+def test_a_title_or_an_initial_ends_no_sentence():
+    assert sentences("Hello. Dr. Voktenvok Quidrobra keeps the key. J. R. Smith left.\n\n"
+                     "New paragraph") == ["Hello.", "Dr. Voktenvok Quidrobra keeps the key.",
+                                          "J. R. Smith left.", "New paragraph"]
+
+
+def test_the_evidence_follows_the_question_as_where_its_answer_comes_from():
+    assert with_evidence("Who?", []) == "Who?"
+    assert with_evidence("Who?", ["A did it.", 'B said "no".']) == (
+        'Who?\nAnswer from these lines of the document: "A did it." "B said "no"."')
