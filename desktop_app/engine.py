@@ -50,6 +50,7 @@ from .model.prompts import Prompter
 from .model.runtime import Runtime
 from .model.sampling import Sampling
 from .options import GenerationOptions, RestoreOptions
+from .passages import evidence
 from .passages.embed import Embedder, WordLlamaEmbedder
 from .passages.retrieve import DEFAULT_K, Hit, Retriever
 from .protocol import ProgressFn, RestoreFn, TokenFn
@@ -311,6 +312,12 @@ class Engine:
                                            focus=not wide and self.session.longdocs.focus)
         return [Hit(p.id, p.index, p.text, p.page, p.lines, p.heading, p.tokens, 0.0)
                 for p in self.store.passages(doc_id)]
+
+    def evidence(self, doc_id: int, query: str, hits: Sequence[Hit]) -> list[str]:
+        """The sentences of `hits` (document `doc_id`'s) a chat's turn quotes with `query`
+        (`passages.evidence`: those naming its rarest words)."""
+        return evidence.naming(self.store, doc_id, query,
+                               [h.text for h in sorted(hits, key=lambda h: h.index)])
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Texts as L2-normalised float32 vectors [n, d] of the embedding model retrieval

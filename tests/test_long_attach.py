@@ -138,6 +138,9 @@ def test_the_command_line_says_it_and_shows_passages(tmp_path):
     asked = ["passages", "1", "-q", "Which tide and wind hang near the barometer?", "-k", "3"]
     focused = json.loads(kvdesk(data, *asked, "--json").stdout)
     assert [FACT in h["text"] for h in focused] == [True]
+    # The sentence naming "barometer" is the one the question's turn quotes.
+    assert [FACT in e for e in focused[0]["evidence"]] == [True]
+    assert 'quoted with the question: "' in kvdesk(data, *asked).stdout
     wide = json.loads(kvdesk(data, *asked, "--wide", "--json").stdout)
     assert len(wide) == 3 and wide[0]["passage_id"] == focused[0]["passage_id"]
     dense = kvdesk(data, "passages", "1", "-q", "boathouse spare key", "--mode", "dense")

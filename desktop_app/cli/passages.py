@@ -15,7 +15,7 @@ PREVIEW_CHARS = 100
 @cli.command()
 @click.argument("doc_id", type=int)
 @click.option("--query", "-q", help="A question: show the passages a chat reads for it, best "
-              "first, with their scores.")
+              "first, with their scores, and the sentences its turn quotes from them.")
 @click.option("-k", "k", type=click.IntRange(1, 100), default=DEFAULT_K, show_default=True,
               help="At most how many passages to retrieve (with --query).")
 @click.option("--wide", is_flag=True, help="All k best (with --query), not only those a chat "
@@ -28,13 +28,17 @@ PREVIEW_CHARS = 100
 def passages(app: App, doc_id: int, query: str | None, k: int, wide: bool, mode: str | None,
              as_json: bool):
     """Show a long document's passages (where each is, its heading), or with --query those a
-    chat reads for a question."""
+    chat reads for a question and the sentences of theirs its turn quotes."""
     hits = app.engine.passages(doc_id, query=query, k=k, mode=mode, wide=wide)
     lines = [f"#{h.index} [{h.location}]" + (f" {' > '.join(h.heading)}" if h.heading else "")
              + f" · {h.tokens} tokens" + (f" · score {h.score:.4f}" if query is not None else "")
              + "\n    " + " ".join(h.text.split())[:PREVIEW_CHARS] for h in hits]
+    quoted = app.engine.evidence(doc_id, query, hits) if query is not None and hits else []
+    lines += [f'quoted with the question: "{q}"' for q in quoted]
     if not hits:
         lines = [f"document {doc_id} fits the context: it is not kept as passages"
                  if query is None or not app.engine.passages(doc_id) else
                  "no passage matches the query"]
-    emit([{**h.as_dict(), "location": h.location} for h in hits], as_json, lines)
+    emit([{**h.as_dict(), "location": h.location,
+           **({"evidence": [q for q in quoted if q in " ".join(h.text.split())]}
+              if query is not None else {})} for h in hits], as_json, lines)
