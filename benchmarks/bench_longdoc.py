@@ -3,6 +3,7 @@
     .venv/bin/python -m benchmarks.bench_longdoc [--model PATH] [--chars 400000] [--n-ctx 4096]
                                                  [--questions 6] [--k 8]
                                                  [--calibration FILE | --uncalibrated]
+                                                 [--no-quote]
 
 The text is Python's reference manual (the standard library's pydoc topics), cut to `--chars`
 characters and attached (split into passages, indexed and embedded: no prefill). Each question
@@ -56,7 +57,11 @@ def ask(eng: Engine, doc_id: int, question: str, **restore) -> dict:
     t0, c0 = time.perf_counter(), time.process_time()
     out = eng.ask(question, doc_ids=[doc_id], generation=ONE_TOKEN,
                   restore=RestoreOptions(**restore))
+    longdocs = eng.session.longdocs
+    turn = longdocs.worded(longdocs.sources(out.chat_id), question)
     return {"ttft_s": out.ttft_s, "wall_s": round(time.perf_counter() - t0, 3),
+            "evidence_tokens": len(eng.runtime.tokenize(turn)) - len(eng.runtime.tokenize(
+                question)),  # what the turn's quote added (`passages.evidence`)
             "cpu_s": round(time.process_time() - c0, 3),  # the process's, every thread's
             "recomputed_tokens": out.recomputed_tokens, "passages": len(out.sources)}
 
@@ -68,6 +73,8 @@ def main() -> None:
     p.add_argument("--n-ctx", type=int, default=4096)
     p.add_argument("--questions", type=int, default=6)
     p.add_argument("--k", type=int, default=8)
+    p.add_argument("--no-quote", action="store_true",
+                   help="the question's turn without its evidence (as before it had any)")
     add_calibration_flags(p)
     args = p.parse_args()
     load_before = os.getloadavg()
@@ -79,6 +86,7 @@ def main() -> None:
         eng = Engine(store, lambda: Runtime(model, model_hash=digest, n_ctx=args.n_ctx),
                      fill_passages=False)  # (the first ask must find no passage computed)
         eng.session.longdocs.top_k = args.k
+        eng.session.longdocs.quote = not args.no_quote
         text = text_of("pydoc")[:args.chars]
         path = folder / "reference.txt"
         path.write_text(text)

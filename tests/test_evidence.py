@@ -47,3 +47,13 @@ def test_the_evidence_follows_the_question_as_where_its_answer_comes_from():
     assert with_evidence("Who?", []) == "Who?"
     assert with_evidence("Who?", ["A did it.", 'B said "no".']) == (
         'Who?\nAnswer from these lines of the document: "A did it." "B said "no"."')
+
+
+def test_a_name_the_question_writes_outranks_a_common_word_as_rare():
+    store = counted({"boxes": 0, "kept": 1, "vokunevok": 1, "depot": 0})
+    texts = ["- Kept single-byte candidates in consideration.",
+             "The warehouse in Vokunevok stores exactly 578 crates of copper wire."]
+    assert naming(store, 1, "How many boxes are kept at the Vokunevok depot?", texts) == [
+        "The warehouse in Vokunevok stores exactly 578 crates of copper wire."]
+    # No name written: the rarest words decide, whatever they are.
+    assert naming(store, 1, "how many boxes are kept at the vokunevok depot?", texts) == texts

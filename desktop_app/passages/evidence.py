@@ -38,15 +38,26 @@ def sentences(text: str) -> list[str]:
     return out
 
 
+def _names(question: str) -> set[str]:
+    """The question's words written with a capital past its first word, case folded."""
+    return {w.lower() for w in re.findall(r"\w+", question)[1:] if w[:1].isupper()}
+
+
 def naming(store: Store, doc_id: int, question: str, texts: Sequence[str],
            most: int = MOST) -> list[str]:
     """The sentences of `texts` (document `doc_id`'s passages, in the order read) holding the
-    question's rarest words, at most `most`, each on one line and cut to LONGEST characters;
-    none when the question names nothing rare. A word is matched on its first letters, as a
+    question's rarest words (of its names, when it writes any), at most `most`, each on one
+    line and cut to LONGEST characters; none when the question names nothing rare. A word is matched on its first letters, as a
     stem ("remembering" finds "remember"), the way the full-text index matches it."""
     counts = {w: c for w, c in store.passage_frequencies(doc_id, question,
                                                          RARE_PASSAGES + 1).items()
               if 0 < c <= RARE_PASSAGES}
+    # A name the question writes (capitalised past its first word, or an identifier) says
+    # what it is about; a common word that happens to be rare in this document does not
+    # ("kept" in "How many boxes are kept at the Vokunevok depot?").
+    names = {w for w in counts if w in _names(question) or re.search(r"[\d_]", w)}
+    if names:
+        counts = {w: c for w, c in counts.items() if w in names}
     if not counts:
         return []
     fewest = min(counts.values())
