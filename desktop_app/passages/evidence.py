@@ -47,8 +47,9 @@ def naming(store: Store, doc_id: int, question: str, texts: Sequence[str],
            most: int = MOST) -> list[str]:
     """The sentences of `texts` (document `doc_id`'s passages, in the order read) holding the
     question's rarest words (of its names, when it writes any), at most `most`, each on one
-    line and cut to LONGEST characters; none when the question names nothing rare. A word is matched on its first letters, as a
-    stem ("remembering" finds "remember"), the way the full-text index matches it."""
+    line and cut to LONGEST characters; none when the question names nothing rare. A word is
+    matched on its first letters, as a stem ("remembering" finds "remember"), the way the
+    full-text index matches it."""
     counts = {w: c for w, c in store.passage_frequencies(doc_id, question,
                                                          RARE_PASSAGES + 1).items()
               if 0 < c <= RARE_PASSAGES}
