@@ -106,6 +106,11 @@ class LongDocs:
                  for line in evidence.naming(self.store, doc_id, question, texts)]
         return with_evidence(question, found[:evidence.MOST])
 
+    def asked(self, chat_id: int | None, docs: Sequence[Document], question: str) -> str:
+        """`question` as chat `chat_id`'s turn over `docs` says it: `worded` over the passages
+        its context holds when it is a chat over passages, else as it is."""
+        return self.worded(self.sources(chat_id) if self.applies(docs) else (), question)
+
     def adopt(self, chat_id: int) -> None:
         """A new chat was stored as `chat_id`: the passages its first question was given are
         its own from now on."""

@@ -362,8 +362,7 @@ class ChatSession:
             docs = self._documents(chat_id, doc_ids)
             picked = self.longdocs.choose(rt, chat_id, question, docs)
             msgs, context, notes = self._context(rt, chat_id, docs)
-            read = self.longdocs.sources(chat_id) if self.longdocs.applies(docs) else ()
-            turn = question_turn(rt, msgs, self.longdocs.worded(read, question))
+            turn = question_turn(rt, msgs, self.longdocs.asked(chat_id, docs, question))
             if len(context) + len(turn.tokens) + 1 >= rt.n_ctx:
                 raise EngineError(f"the chat is full: {len(context) + len(turn.tokens):,} tokens "
                                   f"of a {rt.n_ctx:,}-token context; start a new chat")
