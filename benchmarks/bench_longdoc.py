@@ -3,7 +3,7 @@
     .venv/bin/python -m benchmarks.bench_longdoc [--model PATH] [--chars 400000] [--n-ctx 4096]
                                                  [--questions 6] [--k 8]
                                                  [--calibration FILE | --uncalibrated]
-                                                 [--no-quote]
+                                                 [--named] [--no-quote]
 
 The text is Python's reference manual (the standard library's pydoc topics), cut to `--chars`
 characters and attached (split into passages, indexed and embedded: no prefill). Each question
@@ -51,6 +51,16 @@ QUESTIONS = [
     "What does the global statement mean?", "How does a for loop iterate?",
 ]
 
+# Questions naming something rare in the manual (an identifier, an environment variable): the
+# ones whose turn quotes its evidence (`passages.evidence`), ~30 tokens more to compute.
+NAMED = [
+    "What does the PYTHONHASHSEED environment variable control?",
+    "When is __missing__ called by dict subclasses?",
+    "What does the __aenter__ method of an asynchronous context manager return?",
+    "What is the value of __debug__?",
+    "What does the __prepare__ method of a metaclass return?",
+    "What must __index__ return?",
+]
 
 def ask(eng: Engine, doc_id: int, question: str, **restore) -> dict:
     eng.runtime.reset()  # nothing kept from the ask before
@@ -73,6 +83,8 @@ def main() -> None:
     p.add_argument("--n-ctx", type=int, default=4096)
     p.add_argument("--questions", type=int, default=6)
     p.add_argument("--k", type=int, default=8)
+    p.add_argument("--named", action="store_true",
+                   help="ask the questions naming something rare (their turns quote evidence)")
     p.add_argument("--no-quote", action="store_true",
                    help="the question's turn without its evidence (as before it had any)")
     add_calibration_flags(p)
@@ -97,7 +109,7 @@ def main() -> None:
         attach_s = time.perf_counter() - t0
         ask(eng, attached.doc_id, "Warm-up: what is Python?")  # loads the embedder, kernels
         rows = []
-        for question in QUESTIONS[:args.questions]:
+        for question in (NAMED if args.named else QUESTIONS)[:args.questions]:
             store.gc(budget_bytes=1)  # no passage KV stored: the first ask computes it
             first = ask(eng, attached.doc_id, question)
             cached = ask(eng, attached.doc_id, question)
