@@ -62,6 +62,7 @@ NAMED = [
     "What must __index__ return?",
 ]
 
+
 def ask(eng: Engine, doc_id: int, question: str, **restore) -> dict:
     eng.runtime.reset()  # nothing kept from the ask before
     t0, c0 = time.perf_counter(), time.process_time()

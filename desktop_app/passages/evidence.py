@@ -56,7 +56,8 @@ def naming(store: Store, doc_id: int, question: str, texts: Sequence[str],
     # A name the question writes (capitalised past its first word, or an identifier) says
     # what it is about; a common word that happens to be rare in this document does not
     # ("kept" in "How many boxes are kept at the Vokunevok depot?").
-    names = {w for w in counts if w in _names(question) or re.search(r"[\d_]", w)}
+    written = _names(question)
+    names = {w for w in counts if w in written or re.search(r"[\d_]", w)}
     if names:
         counts = {w: c for w, c in counts.items() if w in names}
     if not counts:
