@@ -208,16 +208,26 @@ class PassageStore:
     def passage_frequencies(self, document_id: int, query: str,
                             at_most: int) -> dict[str, int]:
         """{word: how many of the document's passages hold it, counted up to `at_most`} for
-        each word of `query` searched for (as the index reads it: stemmed, case folded).
-        Counting stops there: a common word's thousands of passages are never walked."""
-        db = self._db.get()
-        return {word: db.execute(
+        each word of `query` searched for (as `passages_holding` finds it). Counting stops
+        there: a common word's thousands of passages are never walked."""
+        return {word: len(self.passages_holding(document_id, word, at_most))
+                for word in query_words(query)}
+
+    def passages_holding(self, document_id: int, word: str, at_most: int) -> list[int]:
+        """The ids of at most `at_most` of the document's passages holding `word`, as the index
+        reads it (stemmed, case folded), or, for an identifier written with an underscore, as
+        it is written (case folded): the index splits it at its underscores, so `__missing__`
+        would be any passage saying "missing"."""
+        literal = "_" in word
+        return [pid for (pid,) in self._db.get().execute(
             # CROSS JOIN: the index is walked first (and stops at the limit), never once per
             # passage of the document, which is the plan SQLite picks for a plain JOIN.
-            "SELECT count(*) FROM (SELECT 1 FROM passages_fts CROSS JOIN passages p"
-            " ON p.id = passages_fts.rowid WHERE passages_fts MATCH ? AND p.document_id = ?"
-            " LIMIT ?)", (f'"{word}"', document_id, at_most)).fetchone()[0]
-            for word in query_words(query)}
+            "SELECT p.id FROM passages_fts CROSS JOIN passages p ON p.id = passages_fts.rowid"
+            " WHERE passages_fts MATCH ? AND p.document_id = ?"
+            + (" AND instr(lower(p.text || ' ' || p.heading), ?) > 0" if literal else "")
+            + " LIMIT ?",
+            ('"' + word.replace('"', '""') + '"', document_id,
+             *([word.lower()] if literal else []), at_most))]
 
     def passage_vectors(self, document_id: int,
                         embedder: str) -> tuple[list[int], np.ndarray | None]:

@@ -57,3 +57,10 @@ def test_a_name_the_question_writes_outranks_a_common_word_as_rare():
         "The warehouse in Vokunevok stores exactly 578 crates of copper wire."]
     # No name written: the rarest words decide, whatever they are.
     assert naming(store, 1, "how many boxes are kept at the vokunevok depot?", texts) == texts
+
+
+def test_an_identifier_with_an_underscore_is_matched_as_written():
+    texts = ["A missing key raises KeyError. Missing values are skipped.",
+             "Subclasses of dict may define __missing__(self, key), called for absent keys."]
+    assert naming(counted({"__missing__": 1, "called": 9}), 1,
+                  "When is __missing__ called?", texts) == [texts[1]]

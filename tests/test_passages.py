@@ -306,6 +306,25 @@ def test_a_name_the_question_shares_with_its_passage_outweighs_repeated_common_w
         assert counts == {"tenlisqui": 1, "harbour": 1, "time": 4, "day": 4}  # "of": a stopword
 
 
+def test_an_identifier_with_underscores_is_found_as_written(tmp_path, embedder):
+    # The index reads `__missing__` as "missing", which most of these passages say.
+    filler = [f"Section {i}: a missing value is reported when the key is missing." * 2
+              for i in range(30)]
+    filler.insert(17, "Mapping hooks.\n\nA dict subclass may define __missing__; a lookup "
+                      "of an absent key calls it with the key.")
+    text = "\n\n".join(filler)
+    with Store(tmp_path / "data") as store:
+        doc = store.add_document("n", "notes", text, type="text")
+        store.add_passages(doc.id, split(text, "text", words, target=40, limit=80))
+        holder = next(p.id for p in store.passages(doc.id) if "__missing__" in p.text)
+        question = "When is __missing__ called for a missing key?"
+        assert store.passages_holding(doc.id, "__missing__", 4) == [holder]
+        assert store.passage_frequencies(doc.id, question, 4)["__missing__"] == 1
+        assert len(store.passages_holding(doc.id, "missing", 4)) == 4  # the word itself
+        hits = Retriever(store, embedder, "bm25").retrieve(doc.id, question, k=3, focus=True)
+        assert [h.passage_id for h in hits] == [holder]
+
+
 def test_missing_embedding_files_are_one_clear_error(monkeypatch, tmp_path):
     import wordllama
 

@@ -43,13 +43,17 @@ def _names(question: str) -> set[str]:
     return {w.lower() for w in re.findall(r"\w+", question)[1:] if w[:1].isupper()}
 
 
+def _stem(word: str) -> str:
+    return word if "_" in word else word[:max(4, len(word) - 3)]
+
+
 def naming(store: Store, doc_id: int, question: str, texts: Sequence[str],
            most: int = MOST) -> list[str]:
     """The sentences of `texts` (document `doc_id`'s passages, in the order read) holding the
     question's rarest words (of its names, when it writes any), at most `most`, each on one
     line and cut to LONGEST characters; none when the question names nothing rare. A word is
     matched on its first letters, as a stem ("remembering" finds "remember"), the way the
-    full-text index matches it."""
+    full-text index matches it; an identifier with an underscore, as it is written."""
     counts = {w: c for w, c in store.passage_frequencies(doc_id, question,
                                                          RARE_PASSAGES + 1).items()
               if 0 < c <= RARE_PASSAGES}
@@ -63,7 +67,7 @@ def naming(store: Store, doc_id: int, question: str, texts: Sequence[str],
     if not counts:
         return []
     fewest = min(counts.values())
-    stems = re.compile(r"\b(?:" + "|".join(re.escape(w[:max(4, len(w) - 3)])
+    stems = re.compile(r"\b(?:" + "|".join(re.escape(_stem(w))
                                            for w, c in counts.items() if c == fewest) + ")",
                        re.IGNORECASE)
     found = [" ".join(s.split())[:LONGEST] for t in texts for s in sentences(t)

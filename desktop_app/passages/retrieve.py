@@ -2,7 +2,8 @@
 
 BM25 comes from the store's FTS5 index, over the whole query and, fused with it, over the
 query's rare words (a name or an identifier, in at most three passages: a paraphrased
-question often shares only that with its answer); dense similarity from the passages'
+question often shares only that with its answer; an identifier with an underscore counts as
+written, `named`); dense similarity from the passages'
 stored vectors (a dot product with the query's, in numpy: a 3 MB text has ~7,000 passages);
 `fused` is reciprocal rank fusion (Cormack et al., 2009: score = sum of weight / (60 +
 rank)), the dense ranking weighed a tenth of BM25's. The query is the question and the
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -95,37 +97,36 @@ class Retriever:
             raise EngineError(f"the number of passages to retrieve must be at least 1, not {k}")
         turns = recent_text(recent)
         ranked: list[list[tuple[int, float]]] = []
-        rare: list[str] = []  # the rare words BM25's ranking is fused with (none: not fused)
+        holders: dict[str, set[int]] = {}  # the rare words BM25 was fused with: their passages
         if mode in ("bm25", "fused"):
-            bm25, rare = self._bm25(doc_id, " ".join([question, *turns]), max(k, CANDIDATES))
+            bm25, holders = self._bm25(doc_id, " ".join([question, *turns]), max(k, CANDIDATES))
             ranked.append(bm25)
         if mode in ("dense", "fused"):
             ranked.append(self._dense(doc_id, question, turns, max(k, CANDIDATES)))
         order = ranked[0] if len(ranked) == 1 else fuse(ranked, [1.0, self.dense_weight])
-        if focus and rare and len(ranked) == 1:
-            order = most_named(focused(order), {
-                word: {p.id for p, _ in self.store.search_passages(doc_id, word, RARE_PASSAGES)}
-                for word in rare})
+        if focus and holders and len(ranked) == 1:
+            order = most_named(focused(order), holders)
         # Only the passages returned are read (a 3 MB document has ~7,000).
         return [Hit(pid, p.index, p.text, p.page, p.lines, p.heading, p.tokens, round(score, 6))
                 for pid, score in order[:k] for p in [self.store.passage(pid)]]
 
     def _bm25(self, doc_id: int, query: str,
-              n: int) -> tuple[list[tuple[int, float]], list[str]]:
-        """BM25 over the whole query, fused with BM25 over its rare words (a name, an
-        identifier: in at most RARE_PASSAGES passages) when it has any; (ranking, the rare
-        words it was fused with). A paraphrased question often shares only a name with the
-        passage that answers it, and BM25 alone lets two common words repeated in a long
-        passage outweigh it (measured: RESULTS.md)."""
+              n: int) -> tuple[list[tuple[int, float]], dict[str, set[int]]]:
+        """BM25 over the whole query, fused with a ranking of the passages holding its rare
+        words (a name, an identifier: in at most RARE_PASSAGES passages) when it has any;
+        (ranking, {rare word: the passages holding it}, empty when not fused). A paraphrased
+        question often shares only a name with the passage that answers it, and BM25 alone
+        lets two common words repeated in a long passage outweigh it (measured: RESULTS.md)."""
         whole = [(p.id, score) for p, score in self.store.search_passages(doc_id, query, n)]
         if not self.rare_words:
-            return whole, []
+            return whole, {}
         counts = self.store.passage_frequencies(doc_id, query, RARE_PASSAGES + 1)
         rare = [word for word, count in counts.items() if 0 < count <= RARE_PASSAGES]
         if not rare or len(rare) == len(counts):  # none, or the same query again
-            return whole, []
-        named = self.store.search_passages(doc_id, " ".join(rare), n)
-        return fuse([whole, [(p.id, score) for p, score in named]]), rare
+            return whole, {}
+        holders = {w: set(self.store.passages_holding(doc_id, w, RARE_PASSAGES)) for w in rare}
+        return fuse([whole, named(self.store.search_passages(doc_id, " ".join(rare), n),
+                                  holders)]), holders
 
     def _dense(self, doc_id: int, question: str, turns: list[str],
                n: int) -> list[tuple[int, float]]:
@@ -137,6 +138,20 @@ class Retriever:
         scores = matrix @ normalise(query[None, :])[0]
         top = np.argsort(-scores, kind="stable")[:n]
         return [(ids[i], float(scores[i])) for i in top]
+
+
+def named(ranked: Sequence[tuple[Any, float]],
+          holders: Mapping[str, set[int]]) -> list[tuple[int, float]]:
+    """The passages holding the rare words (`holders`), as BM25 over those words `ranked`
+    them (passage, score), then any it did not rank, those holding the most first. The index
+    reads an identifier by its parts (`store.passages_holding`): BM25 over `__missing__`
+    ranks every passage saying "missing", and may rank the ones holding it low."""
+    held = set().union(*holders.values())
+    first = [(p.id, score) for p, score in ranked if p.id in held]
+    seen = {pid for pid, _ in first}
+    rest = sorted(held - seen, key=lambda pid: (-sum(pid in ids for ids in holders.values()),
+                                                pid))
+    return first + [(pid, 0.0) for pid in rest]
 
 
 def focused(order: Sequence[tuple[int, float]],
