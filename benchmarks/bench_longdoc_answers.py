@@ -55,7 +55,7 @@ from benchmarks.common import adopt_calibration, model_of
 from desktop_app.engine import Engine
 from desktop_app.kv.passagekv import DEFAULT_PASSAGE_LEVEL
 from desktop_app.model.models import content_hash
-from desktop_app.model.prompts import passage_prefix
+from desktop_app.model.prompts import passage_prefix, with_evidence
 from desktop_app.model.runtime import Runtime
 from desktop_app.options import GenerationOptions, RestoreOptions
 from desktop_app.passages.retrieve import RARE_PASSAGES, Hit, Retriever, focused
@@ -207,11 +207,6 @@ class Size:
         finally:
             longdocs.retriever = self.app
 
-    def worded(self, out, question: str) -> str:
-        """How the question's turn said `question` in the chat `out` answered."""
-        longdocs = self.eng.session.longdocs
-        return longdocs.worded(longdocs.sources(out.chat_id), question)
-
     def costs(self) -> dict:
         """What this size's passages cost per MB of text: passages, KV tokens (the passage's
         own and its copy of the system prompt) and, at the bytes a KV token of the passages
@@ -272,8 +267,8 @@ def ask_all(runs: list[Size], cases, rules: list[str], args, greedy: GenerationO
                                         RestoreOptions(no_cache=True))
                         one["exact_states"] = states(exact.answer, values)
                         one["exact_answer"] = exact.answer
-                    asked = run.worded(out, question)
-                    if asked != question:  # the turn's evidence (`passages.evidence`)
+                    if out.evidence:  # the turn quoted its evidence (`passages.evidence`)
+                        asked = with_evidence(question, out.evidence)
                         tokenize = run.eng.runtime.tokenize
                         one["asked"] = asked
                         one["added_tokens"] = len(tokenize(asked)) - len(tokenize(question))

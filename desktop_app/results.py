@@ -165,6 +165,8 @@ class AskResult(Record):
     # An answer over a long document: the passages it was given (Source.as_dict), else [].
     sources: list[dict] = field(default_factory=list)
     recompute_s: float = 0.0  # as RestoreReport's
+    # The lines of those passages its question's turn quoted (`passages.evidence`), else [].
+    evidence: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,8 @@ def test_attach_ask_reopen_end_to_end(tmp_path):
                             "--json").stdout)
     assert set(ans) == {"chat_id", "answer", "ttft_s", "restore_s", "bytes_read",
                         "chunk_levels", "recomputed_tokens", "tokens_generated", "source",
-                        "messages", "documents", "blended", "sources", "recompute_s"}
+                        "messages", "documents", "blended", "sources", "recompute_s",
+                        "evidence"}
     assert ans["documents"] == [attached["doc_id"]] and ans["blended"] is None
     assert ans["chunk_levels"] == ["high"] and ans["recomputed_tokens"] == 0
     assert ans["source"] == "local"
@@ -219,3 +220,16 @@ def test_verify_repair_removes_a_damaged_calibration_nothing_needs(tmp_path):
     fixed = json.loads(kvdesk("verify", "--repair", "--json").stdout)["repair"]
     assert fixed["removed_calibrations"] == [cal] and fixed["reencoded"] == []
     assert json.loads(kvdesk("verify", "--json").stdout)["calibrations"] == []
+
+
+def test_a_plain_answer_over_passages_names_its_sources_and_its_quote():
+    from desktop_app.cli.chat import sources_read
+    from desktop_app.results import Source
+
+    one = Source(7, 1, 12, "text", 0.5, lines=(120, 141), heading=("Manual", "Setup"))
+    pdf = Source(9, 2, 3, "text", 0.4, page=4)
+    assert sources_read([one.as_dict()], ["It is 7."]) == [
+        "source: #12 [lines 120-141] Manual > Setup", 'quoted with the question: "It is 7."']
+    assert sources_read([one.as_dict(), pdf.as_dict()], []) == [
+        "source: document 1 #12 [lines 120-141] Manual > Setup", "source: document 2 #3 [page 4]"]
+    assert sources_read([], []) == []

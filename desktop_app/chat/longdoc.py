@@ -7,7 +7,7 @@ chat's recent turns; at most `top_k`, and only the head of a fused ranking
 passages holding the most of its rare words) — and the chat's context becomes: the
 passages, in document order, then the chat's turns, then the question
 (`prompts.passage_layout`); the question's turn quotes the sentences of those passages that
-name what it asks about (`worded`: `passages.evidence`), the stored message staying the
+name what it asks about (`evidence`: `passages.evidence`), the stored message staying the
 question as asked. Each passage comes back from its own KV (`kv.passagekv`:
 computed on its own the first time it is retrieved, and stored), moved into place by
 `blending` with its first tokens recomputed among the passages before it; a context whose
@@ -93,23 +93,27 @@ class LongDocs:
                 self._chosen[chat_id] = chosen
         return notes
 
-    def worded(self, sources: Sequence[Source], question: str) -> str:
-        """`question` as its turn says it over `sources` (the passages its context holds, in
-        document order): with the sentences of each document's that name what it asks
-        about, when there are any."""
+    def evidence(self, sources: Sequence[Source], question: str) -> list[str]:
+        """The lines `question`'s turn quotes over `sources` (the passages its context holds, in
+        document order): the sentences of each document's that name what it asks about, at
+        most `evidence.MOST`; none when quoting is off or nothing rare is named."""
         if not self.quote or not sources:
-            return question
+            return []
         by_doc: dict[int, list[str]] = {}
         for s in sources:
             by_doc.setdefault(s.document_id, []).append(s.text)
         found = [line for doc_id, texts in by_doc.items()
                  for line in evidence.naming(self.store, doc_id, question, texts)]
-        return with_evidence(question, found[:evidence.MOST])
+        return found[:evidence.MOST]
 
-    def asked(self, chat_id: int | None, docs: Sequence[Document], question: str) -> str:
-        """`question` as chat `chat_id`'s turn over `docs` says it: `worded` over the passages
-        its context holds when it is a chat over passages, else as it is."""
-        return self.worded(self.sources(chat_id) if self.applies(docs) else (), question)
+    def worded(self, sources: Sequence[Source], question: str) -> str:
+        """`question` as its turn says it over `sources`: with its `evidence`, when any."""
+        return with_evidence(question, self.evidence(sources, question))
+
+    def quoted(self, chat_id: int | None, docs: Sequence[Document], question: str) -> list[str]:
+        """The `evidence` of `question` in chat `chat_id` over `docs`: over the passages its
+        context holds when it is a chat over passages, else none."""
+        return self.evidence(self.sources(chat_id) if self.applies(docs) else (), question)
 
     def adopt(self, chat_id: int) -> None:
         """A new chat was stored as `chat_id`: the passages its first question was given are

@@ -39,7 +39,7 @@ from ..kv.levels import check_levels
 from ..kv.sharing import Sharing
 from ..kv.speeds import Speeds
 from ..model import inplace
-from ..model.prompts import Prompter, question_turn, title_of
+from ..model.prompts import Prompter, question_turn, title_of, with_evidence
 from ..model.prompts import closing as closing_text
 from ..model.runtime import Runtime
 from ..model.sampling import Sampling, resolve
@@ -362,7 +362,8 @@ class ChatSession:
             docs = self._documents(chat_id, doc_ids)
             picked = self.longdocs.choose(rt, chat_id, question, docs)
             msgs, context, notes = self._context(rt, chat_id, docs)
-            turn = question_turn(rt, msgs, self.longdocs.asked(chat_id, docs, question))
+            quoted = self.longdocs.quoted(chat_id, docs, question)
+            turn = question_turn(rt, msgs, with_evidence(question, quoted))
             if len(context) + len(turn.tokens) + 1 >= rt.n_ctx:
                 raise EngineError(f"the chat is full: {len(context) + len(turn.tokens):,} tokens "
                                   f"of a {rt.n_ctx:,}-token context; start a new chat")
@@ -397,11 +398,10 @@ class ChatSession:
                 chunk_levels=report.chunk_levels, recomputed_tokens=report.recomputed_tokens,
                 tokens_generated=len(generated), messages=messages, source=report.source,
                 documents=[d.id for d in docs], blended=report.blended,
-                sources=[s.as_dict() for s in self.longdocs.sources(chat_id)])
+                sources=[s.as_dict() for s in self.longdocs.sources(chat_id)], evidence=quoted)
             stats = {k: v for k, v in result.as_dict().items() if k not in ("answer", "chat_id")}
             # Both messages are stored after the answer, in one transaction: a durable write
-            # (fsync) before the first token would only delay it, and whatever stops the
-            # turn before here stores neither.
+            # (fsync) before the first token would only delay it; a turn stopped earlier: neither.
             answer_tokens = generated + suffix_tokens
             new = chat_id is None
             chat_id = self.library.add_turn(
