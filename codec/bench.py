@@ -23,8 +23,9 @@ calibrated level too), against `import numba` alone, in fresh processes (wall ti
 --runs interleaved pairs).
 `cpu_s` is the process CPU time of a median run: on a shared machine wall time far above
 cpu_s / threads means the cores were busy with other work. Run as the
-app runs: `codec` sets OMP_WAIT_POLICY=PASSIVE before numba loads, and the output names the
-threading layer and thread count. A benchmark, not a test: it must never assert speed.
+app runs: `codec` sets OpenMP's short spin (GOMP_SPINCOUNT) before numba loads, and the output
+names the threading layer, thread count and wait settings. A benchmark, not a test: it must
+never assert speed.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numba  # after the package: codec/backend/ sets OMP_WAIT_POLICY first
+import numba  # after the package: codec/backend/ sets GOMP_SPINCOUNT first
 import numpy as np
 
 from . import Calibration, decode, encode_chunks, levels, peek
@@ -256,7 +257,8 @@ def main(argv: list[str] | None = None) -> None:
               "kv": {"shape": list(keys.shape), "source": source},
               "backend": active().name, "runs": args.runs,
               "threading": {"layer": numba.threading_layer(), "threads": numba.get_num_threads(),
-                            "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY")},
+                            "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY"),
+                            "GOMP_SPINCOUNT": os.environ.get("GOMP_SPINCOUNT")},
               # other work on the machine shows here, and in MB/s far below the kernels'
               "loadavg_1min": {"before": round(load_before, 2),
                                "after": round(os.getloadavg()[0], 2), "cpus": os.cpu_count()}}
@@ -266,7 +268,8 @@ def main(argv: list[str] | None = None) -> None:
     load = result["loadavg_1min"]
     th = result["threading"]
     print(f"KV {keys.shape} from {source}; backend {result['backend']} ({th['layer']}, "
-          f"{th['threads']} threads, OMP_WAIT_POLICY={th['OMP_WAIT_POLICY']}); median of "
+          f"{th['threads']} threads, OMP_WAIT_POLICY={th['OMP_WAIT_POLICY']}, "
+          f"GOMP_SPINCOUNT={th['GOMP_SPINCOUNT']}); median of "
           f"{args.runs}; load average {load['before']} -> {load['after']} on {load['cpus']} CPUs")
     print(f"{'level':<20} {'encode MB/s':>12} {'decode MB/s':>12} {'engine MB/s':>12} "
           f"{'bits/elem':>10} {'vs memcpy':>10} {'1 thread':>9}   (best run: encode, decode, "

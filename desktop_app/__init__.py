@@ -13,10 +13,14 @@ No Qt here: the GUI lives in `ui/`, reached only through `launcher`.
 
 import os
 
-# llama.cpp (ggml) and numba both run on OpenMP. Its default lets idle workers spin, and on a
-# 2-core machine a spinning pool starves the other one: measured here, prefill of 2,000 tokens
-# ran at 117 tokens/s with PASSIVE against 59 with ACTIVE, and numba's encode 4x slower.
-# libgomp reads this once, when it is loaded, so it is set before either library is imported.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
+# llama.cpp (ggml) and numba both run on OpenMP (libgomp), which reads its settings once, when
+# it is loaded: so they are set here, before either library is imported. Its default lets an
+# idle worker spin ~300,000 times before it sleeps, and on a 2-core machine a spinning pool
+# starves the other one (a 2,000-token prefill at 47 tokens/s beside two busy processes,
+# against 109); a passive policy (no spin) makes every one of llama.cpp's per-operation
+# barriers a sleep and a wake, and generation 2.7x slower on a quiet machine (33 ms a token
+# against 12). A short spin keeps both: benchmarks/RESULTS.md, "OpenMP's wait". A user's own
+# policy or spin count is left as it is.
+if "OMP_WAIT_POLICY" not in os.environ:
+    os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 __version__ = "0.1.0"

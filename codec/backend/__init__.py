@@ -16,11 +16,12 @@ blob contains. The room stands on the kernels, the calibrated transforms (their 
 `format`'s lane limit; it never imports the container, the pipeline or the chunk helpers: it
 runs kernels, it never decides what a blob holds.
 
-It also asks OpenMP for a passive wait policy (unless the user chose one): numba's default
-OpenMP layer otherwise leaves its worker spinning after every kernel, and on a 2-core machine
-that spinning starves the main thread: the codec measured 3-4x slower end to end. This only
-takes effect if nothing in the process has started OpenMP yet (llama.cpp also uses it), so an
-application should import the codec early or set OMP_WAIT_POLICY itself.
+It also asks OpenMP for a short spin (unless the user chose a wait policy or a spin count):
+numba's default OpenMP layer otherwise leaves its worker spinning ~300,000 times after every
+kernel, and on a 2-core machine that spinning starves the main thread (the codec measured
+3-4x slower end to end); no spin at all makes every wait a sleep and a wake. This only takes
+effect if nothing in the process has started OpenMP yet (llama.cpp also uses it), so an
+application should import the codec early or set GOMP_SPINCOUNT itself.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ import sys
 import threading
 from types import SimpleNamespace
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+if "OMP_WAIT_POLICY" not in os.environ:
+    os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 
 import numpy as np
 
