@@ -40,13 +40,16 @@ $(STAMP): $(BIN)/python $(LLAMA_WHEEL_STAMP) pyproject.toml
 	touch $(STAMP)
 
 # The codec's kernels compiled into the checkout's numba cache as part of setup (again when a
-# codec source changes), so that neither the first question nor the tests compile them. A
-# warm-up that cannot write its cache is not an error: the app then compiles in the
-# background at start (desktop_app/calibration/codec_prep.py).
+# codec source changes), so that neither the first question nor the tests compile them; then
+# the restore's kernels ahead of time (codec/backend/aot.py: a one-shot reopen imports no
+# numba). A warm-up that cannot write its cache is not an error: the app then compiles in
+# the background at start (desktop_app/calibration/codec_prep.py); nor is a missing C
+# compiler for the second step: numba's kernels then serve every restore.
 CODEC_WARM := $(VENV)/.codec-warm
 $(CODEC_WARM): $(STAMP) $(shell find codec -name "*.py")
 	@echo "Compiling the codec's kernels (about 20-30 seconds, once)..."
 	$(BIN)/python -m codec.precompile || echo "warning: the codec's kernels were not cached; the app compiles them at start"
+	$(BIN)/python -m codec.precompile aot || echo "warning: the restore's kernels were not compiled ahead of time (no C compiler?); a fresh process loads numba's instead"
 	touch $@
 
 venv: $(STAMP) $(CODEC_WARM)

@@ -19,7 +19,8 @@ import numpy as np
 import codec
 from codec import CodecConfig
 from codec.bench import load_kv
-from codec.kernels.quant import F16_TO_F32, quantize
+from codec.kernels.quant import quantize
+from codec.kernels.tables import F16_TO_F32
 from codec.pipeline import _Plan
 
 

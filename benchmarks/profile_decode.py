@@ -26,10 +26,10 @@ import numba
 import numpy as np
 
 import codec
-from codec import pipeline
+from codec import backend, pipeline
 from codec.bench import load_kv
 from codec.calibrated import transform
-from codec.kernels import rans, tkernel
+from codec.kernels import rans
 
 
 def best_ms(step, runs: int) -> float:
@@ -110,7 +110,7 @@ def profile(keys, values, level: str, cal, runs: int) -> dict:
             np.copyto(coef, c["args"][8])  # the kernel overwrites its input: not timed
             tf = c["tf"]
             t = time.process_time()
-            tkernel.untransform(coef, out, tf.basis_t, tf.mean, tf.rope, cos, sin, tf.head_dim)
+            backend.jit().untransform(coef, out, tf, cos, sin)
             spent += time.process_time() - t
         return spent
 

@@ -48,7 +48,9 @@ table blob to lose or mismatch.
 Kernels run on numba (CPU, parallel), or CUDA when a GPU is present; every backend writes
 identical bytes; encode, decode and the chunk helpers take backend=codec.backend.get("cpu" |
 "cuda" | "reference") to force one (see backend/). Their machine code comes from numba's
-cache, or from one shipped with a bundle (jit/jitcache.py).
+cache, or from one shipped with a bundle (jit/jitcache.py); a fresh process's first restores
+run the decoder's kernels compiled ahead of time instead, without importing numba
+(backend/aot.py), until its warm-up has loaded numba's.
 
 Modules and rooms, top to bottom, each importing only those below it (the import-linter
 contract in pyproject.toml; `|`: side by side, neither importing the other):

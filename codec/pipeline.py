@@ -26,8 +26,8 @@ from .errors import CalibrationMissing, CodecError
 from .format import container
 from .format.container import Header
 from .format.levels import CodecConfig, KindConfig, resolve
-from .kernels import tables, tkernel
-from .kernels.quant import F16_TO_F32
+from .kernels import tables
+from .kernels.tables import F16_TO_F32
 from .kernels.workspace import scratch
 
 BYTE_SYMBOLS = 256
@@ -195,6 +195,8 @@ def _transformed(bits: np.ndarray, kind: KindConfig, part: Part | None, name: st
     cos, sin = transform.angles(tf, first_position, bits.shape[1])
     with np.errstate(over="ignore", invalid="ignore"):  # non-finite input is refused after
         if tf.basis is None:  # one numba pass (the encoder's only float step: every backend)
+            from .kernels import tkernel  # here: decoding must not import numba (backend/aot)
+
             y = tkernel.forward_fast(np.ascontiguousarray(bits), tf.mean, tf.rope, cos, sin,
                                      tf.head_dim)
         else:

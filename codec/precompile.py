@@ -8,10 +8,12 @@ or a level added to the codec is compiled as soon as the API uses it. numba comp
 machine-code version per argument *type* (dtype, dimensions, layout, writability), never per
 shape, so a small chunk compiles everything a large one needs.
 
-Used by the bundle build (into the shipped cache, see `jitcache`), `make venv` (the
-checkout's cache) and the app's background preparation
-(`desktop_app.calibration.codec_prep`). It must
-never change what a blob contains and never touch anything outside the codec.
+The steps run numba's JIT kernels (`backend.jit()`), and once all have run the CPU backend
+prefers them to those compiled ahead of time. Used by the bundle build (into the shipped
+cache, see `jitcache`), `make venv` (the checkout's cache; then `aot`, the restore's kernels
+compiled ahead of time: `backend/aot.py`) and the app's background preparation
+(`desktop_app.calibration.codec_prep`). It must never change what a blob contains and never
+touch anything outside the codec.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from . import decode, encode, levels
+from .backend import aot, jit, prefer_jit
 from .calibrated.calibration import fitted
 from .jit import jitcache
 
@@ -64,38 +67,47 @@ def steps(shape: tuple[int, int, int] = SMALL_SHAPE,
     doc_v = _document(n_layer, 2 * n_tok, n_ch, channel_major=True)
     doc_k[...], doc_v[...] = keys, values
     blobs: dict[str, list] = {}
+    be = jit()  # numba's kernels, not those compiled ahead of time: these steps load them
 
     def encode_level(level: str) -> None:
         first = encode(np.ascontiguousarray(keys[:, :n_tok]),
-                       np.ascontiguousarray(values[:, :n_tok]), level)
-        later = encode(doc_k[:, n_tok:], doc_v[:, n_tok:], level, first_token=n_tok)
+                       np.ascontiguousarray(values[:, :n_tok]), level, backend=be)
+        later = encode(doc_k[:, n_tok:], doc_v[:, n_tok:], level, first_token=n_tok, backend=be)
         blobs[level] = [first, later]
 
     def decode_level(level: str) -> None:
         first, later = blobs.pop(level)
-        decode(first)
-        decode(later, out=(doc_k[:, n_tok:], doc_v[:, n_tok:]))
+        decode(first, backend=be)
+        decode(later, out=(doc_k[:, n_tok:], doc_v[:, n_tok:]), backend=be)
 
     def calibrated() -> None:
         # A model's calibrated levels code through transforms: their kernels too.
         head_dim = 64 if n_ch % 64 == 0 else n_ch
         cal = fitted(keys, values, levels()["balanced"], "calibrated", head_dim)
         first = encode(np.ascontiguousarray(keys[:, :n_tok]),
-                       np.ascontiguousarray(values[:, :n_tok]), "calibrated", calibration=cal)
+                       np.ascontiguousarray(values[:, :n_tok]), "calibrated", calibration=cal,
+                       backend=be)
         later = encode(doc_k[:, n_tok:], doc_v[:, n_tok:], "calibrated", first_token=n_tok,
-                       calibration=cal)
-        decode(first, calibrations={cal.id: cal})
-        decode(later, out=(doc_k[:, n_tok:], doc_v[:, n_tok:]), calibrations={cal.id: cal})
+                       calibration=cal, backend=be)
+        decode(first, calibrations={cal.id: cal}, backend=be)
+        decode(later, out=(doc_k[:, n_tok:], doc_v[:, n_tok:]), calibrations={cal.id: cal},
+               backend=be)
 
     out = []
     for level in levels() if level_names is None else level_names:
         out.append(Step(f"encode {level}", lambda level=level: encode_level(level)))
         out.append(Step(f"decode {level}", lambda level=level: decode_level(level)))
     out.append(Step("calibrated levels", calibrated))
-    # Every kernel these steps reach is now in numba's cache: a one-shot command may skip
-    # its warm-up while that holds (`jitcache.kernels_cached`).
+    # Every kernel these steps reach is now in numba's cache (a one-shot command may skip
+    # its warm-up while that holds: `jitcache.kernels_cached`) and loaded in this process:
+    # from here the CPU backend runs them, on every core.
     covered = list(levels() if level_names is None else level_names)
-    out.append(Step("stamp", lambda: jitcache.mark_cached(covered)))
+
+    def stamp() -> None:
+        jitcache.mark_cached(covered)
+        prefer_jit()
+
+    out.append(Step("stamp", stamp))
     return out
 
 
@@ -143,11 +155,18 @@ def main(argv: list[str] | None = None) -> None:
                    help=f"default here: {jitcache.portable_targets()[0]}")
     c = sub.add_parser("check", help="say whether the shipped cache in DIR fits this machine")
     c.add_argument("dir", type=Path)
+    sub.add_parser("aot", help="compile the restore's kernels ahead of time into the checkout "
+                               "(codec/backend/aot.py: a fresh process decodes without numba)")
     args = ap.parse_args(argv)
     if args.command == "build":
         m = jitcache.build(args.dir, args.target)
         print(f"{len(m['files'])} cache files for {args.target} in {args.dir} "
               f"(compiled in {m['precompile']['seconds']} s)")
+    elif args.command == "aot":
+        t0 = time.perf_counter()
+        path = aot.build()
+        print(f"{path.name}: the restore's kernels, compiled ahead of time in "
+              f"{time.perf_counter() - t0:.1f} s")
     elif args.command == "check":
         found = jitcache.verify(args.dir)
         print(f"usable, built for {found['target']}" if isinstance(found, dict) else found)

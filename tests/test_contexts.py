@@ -259,3 +259,35 @@ def test_the_first_step_decodes_the_newest_entrys_stored_chunks(tmp_path, monkey
                               lambda fp: asked.append(fp))
     # the second entry is the newest: its compact chunk decoded, its balanced one unreadable
     assert decoded == [(2, 256, 64)] and asked == ["model-a"]
+
+
+def test_numba_waits_for_the_first_restore_where_the_restore_needs_none(tmp_path, monkeypatch,
+                                                                        steps, tables):
+    """With the restore's kernels compiled ahead of time and numba's all cached, loading
+    numba's (a second of imports) would only slow the first reopen: it waits for one to end
+    (or an encode, or a few idle seconds)."""
+    monkeypatch.setattr(contexts_mod.jitcache, "kernels_cached", lambda levels: True)
+    monkeypatch.setattr(contexts_mod.aot, "load", lambda: object())
+    ctx = make(tmp_path, StubRuntime, background=True)
+    ctx.warm_up()
+    ctx.get(CHAT)
+    time.sleep(0.3)
+    assert steps == []
+    with ctx.restoring():
+        pass
+    deadline = time.monotonic() + 10
+    while len(steps) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert steps == ["kernels a", "kernels b"]
+    ctx.close()
+
+
+def test_closing_ends_the_wait_for_a_first_restore_at_once(tmp_path, monkeypatch, steps):
+    monkeypatch.setattr(contexts_mod.jitcache, "kernels_cached", lambda levels: True)
+    monkeypatch.setattr(contexts_mod.aot, "load", lambda: object())
+    ctx = make(tmp_path, StubRuntime, background=True)
+    ctx.warm_up()
+    time.sleep(0.1)
+    t0 = time.monotonic()
+    ctx.close()
+    assert time.monotonic() - t0 < contexts_mod.JIT_IDLE_S / 2 and steps == []

@@ -1,13 +1,16 @@
 """The backend room: the kernels that run the format, numba CPU, numba CUDA or the pure
 reference, and the choice between them (here: `get(name)`, `active()`).
 
+    aot         the restore's CPU kernels compiled ahead of time: a fresh process decodes
+                without importing numba (until `prefer_jit()`; `jit()` never uses them)
     cuda        numba.cuda rANS encode and decode, bit-identical to the CPU kernels
     reference   the pure-NumPy reference of the quantization and rANS kernels: the bytes'
                 definition the others are tested against
 
 A backend is a plain namespace of the functions of `kernels/quant.py` and `kernels/rans.py`
-and an `untransform(coef, out, KindTransform, cos, sin, gain)` (the inverse transform: on CPU
-and GPU the same numba CPU kernel, whose float bytes are pinned to the reference's there; an
+(on the CPU each imported, with numba, on its first call) and an
+`untransform(coef, out, KindTransform, cos, sin, gain)` (the inverse transform: on CPU and
+GPU the same numba CPU kernel, whose float bytes are pinned to the reference's there; an
 exact transform's integer sums by BLAS there, by int64 einsum in the reference). All
 backends produce identical bytes, so the choice is only about speed: CUDA when a GPU is
 present (rANS on the device, quantization on the CPU kernels), else the CPU kernels.
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import importlib
 import os
 import sys
 import threading
@@ -40,9 +44,8 @@ import numpy as np
 
 from ..calibrated import intinverse, transform
 from ..errors import CodecError
-from ..kernels import quant, rans, tkernel
 from ..kernels.workspace import scratch
-from . import reference
+from . import aot, reference
 
 NAMES = ("cpu", "cuda", "reference")
 
@@ -50,14 +53,38 @@ NAMES = ("cpu", "cuda", "reference")
 # One parallel kernel at a time: each already uses every core, and numba's fallback threading
 # layer (workqueue, where OpenMP and TBB are missing) aborts the process on concurrent use.
 _KERNEL_LOCK = threading.Lock()
+# Set once the process has loaded numba's kernels: until then the kernels `aot` compiled
+# ahead of time serve the restore (one core, but no numba to import and ready first).
+_JIT_PREFERRED = threading.Event()
+
+# kernel name -> (module of kernels/, its numba function)
+_JIT = {"any_nonfinite": ("quant", "any_nonfinite"), "quantize": ("quant", "quantize"),
+        "choose_entries": ("quant", "choose_entries"), "encode": ("rans", "encode"),
+        "decode": ("rans", "decode"), "to_channel_major": ("rans", "to_channel_major"),
+        "untransform": ("tkernel", "_untransform")}
 
 
-def _serialized(kernel):
-    @functools.wraps(kernel)
+def prefer_jit() -> None:
+    """From now on the CPU backend runs numba's JIT kernels (parallel), loading or compiling
+    each on first use: `precompile` calls it once its steps have loaded them all, a benchmark
+    of steady-state speed at its start."""
+    _JIT_PREFERRED.set()
+
+
+def _kernel(name: str, ahead: bool):
+    """The CPU kernel `name`, serialized; its module (and numba) imported on first use. With
+    `ahead`, the ahead-of-time compiled one where it exists and the arguments match it, until
+    `prefer_jit()`."""
+    module, attr = _JIT[name]
+
     def run(*args):
+        fn = aot.kernel(name, args) if ahead and not _JIT_PREFERRED.is_set() else None
+        if fn is None:
+            fn = getattr(importlib.import_module(f"..kernels.{module}", __package__), attr)
         with _KERNEL_LOCK:
-            return kernel(*args)
+            return fn(*args)
 
+    run.__name__ = run.__qualname__ = name
     return run
 
 
@@ -87,14 +114,23 @@ def _blas_single_threaded() -> None:
                 return
 
 
-def _untransform_cpu(coef, out, tf, cos, sin, gain=None) -> None:
+def _untransform_cpu(kernel, coef, out, tf, cos, sin, gain=None) -> None:
+    """`transform.inverse` into out [L, T, C] (fp16 bits, any strides) from the decoded
+    coefficients coef (float32 [L, T, C], C-contiguous; overwritten); gain: float32 [L, C] or
+    None: coef holds an exact transform's integers, multiplied by gain in place of a basis."""
     if tf.exact:
         _blas_single_threaded()  # the basis in exact integer sums: BLAS, the same bytes anywhere
         coef = intinverse.sums(coef, tf.integer_basis[0], scratch("decode.sums", coef.shape,
                                                                   np.float32))
-    with _KERNEL_LOCK:
-        tkernel.untransform(coef, out, tf.basis_t, tf.mean, tf.rope, cos, sin, tf.head_dim,
-                            gain)
+    n_layer, _, n_ch = coef.shape
+    use_gain, use_mean = gain is not None, tf.mean is not None
+    use_basis = tf.basis_t is not None and not use_gain
+    basis_t = tf.basis_t if use_basis else np.zeros((n_layer, 1, 1, 1), np.float32)
+    mean = tf.mean if use_mean else np.zeros((n_layer, n_ch), np.float32)
+    gain = gain if use_gain else np.zeros((n_layer, n_ch), np.float32)
+    n_rot = 2 * cos.shape[1] if tf.rope != "none" else 0
+    kernel(coef, out, basis_t, mean, gain, cos, sin, tf.head_dim, n_rot, tf.rope == "neox",
+           use_basis, use_mean, use_gain)
 
 
 def _untransform_reference(coef, out, tf, cos, sin, gain=None) -> None:
@@ -103,12 +139,16 @@ def _untransform_reference(coef, out, tf, cos, sin, gain=None) -> None:
     out[...] = transform.inverse(coef, tf, cos, sin, gain)
 
 
-def _cpu() -> SimpleNamespace:
-    kernels = ((quant, "any_nonfinite"), (quant, "quantize"), (quant, "choose_entries"),
-               (rans, "encode"), (rans, "decode"), (rans, "to_channel_major"))
-    return SimpleNamespace(name="cpu", untransform=_untransform_cpu,
-                           **{name: _serialized(getattr(module, name))
-                              for module, name in kernels})
+@functools.cache
+def _cpu(ahead: bool = True) -> SimpleNamespace:
+    kernels = {name: _kernel(name, ahead) for name in _JIT}
+    return SimpleNamespace(name="cpu", untransform=functools.partial(
+        _untransform_cpu, kernels.pop("untransform")), **kernels)
+
+
+def jit() -> SimpleNamespace:
+    """The CPU backend on numba's JIT kernels only: what `precompile` loads them through."""
+    return _cpu(ahead=False)
 
 
 @functools.cache

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import atexit
 import hashlib
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -104,10 +105,15 @@ def _sources() -> dict[str, str]:
 
 
 def _runtime() -> dict[str, str]:
-    """What a cache's machine code and pickles depend on besides the CPU target."""
-    import numba
+    """What a cache's machine code and pickles depend on besides the CPU target (numba's
+    version from its metadata: importing numba costs a fresh process 0.2 s)."""
+    try:
+        version = importlib.metadata.version("numba")
+    except importlib.metadata.PackageNotFoundError:  # a bundle without numba's metadata
+        import numba
 
-    return {"numba": numba.__version__, "python": sys.implementation.cache_tag,
+        version = numba.__version__
+    return {"numba": version, "python": sys.implementation.cache_tag,
             "machine": platform.machine(), "system": platform.system()}
 
 
@@ -291,18 +297,19 @@ def stamp_path() -> Path | None:
     else the checkout's `codec/__pycache__`; None while building a shipped cache."""
     if _state.build is not None:
         return None
-    from numba.core import config
-
-    return Path(config.CACHE_DIR or PACKAGE_DIR / "__pycache__") / STAMP
+    # numba.core.config's reading of it (`configure` sets it there): importing numba costs 0.2 s
+    return Path(os.environ.get("NUMBA_CACHE_DIR") or PACKAGE_DIR / "__pycache__") / STAMP
 
 
 def _cpu() -> dict:
-    """The CPU numba compiles for here, as its code generator names it (its cache key)."""
+    """The CPU numba compiles for here, as its code generator names it (its cache key), from
+    its settings as numba reads them from the environment, without importing numba."""
     import llvmlite.binding as ll
-    from numba.core import config
 
-    features = config.CPU_FEATURES
-    return {"triple": ll.get_process_triple(), "name": config.CPU_NAME or ll.get_host_cpu_name(),
+    name = os.environ.get("NUMBA_CPU_NAME")  # read as numba.core.config reads them
+    features = os.environ.get("NUMBA_CPU_FEATURES",
+                              "" if str(name).lower() == "generic" else None)
+    return {"triple": ll.get_process_triple(), "name": name or ll.get_host_cpu_name(),
             "features": ll.get_host_cpu_features().flatten() if features is None else features}
 
 
@@ -351,6 +358,8 @@ def mark_cached(level_names: list[str]) -> None:
     if path is None or not files or None in files.values():
         return
     try:
+        # (under PYTHONDONTWRITEBYTECODE there is no __pycache__ yet)
+        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps({**_stamp(level_names), "files": files}))
         os.replace(tmp, path)

@@ -1,7 +1,7 @@
 """Numba CPU kernels of the quantization stage: scales, symbols, and table choice.
 
 Inputs are fp16 bit patterns (uint16) because numba has no CPU float16 arithmetic; a 64K
-float32 lookup (`F16_TO_F32`, the reference's) or a few bit operations (`_f32`) convert them
+float32 lookup (`tables.F16_TO_F32`, the reference's) or a few bit operations (`_f32`) convert them
 exactly. Every float operation here is mirrored operation for
 operation in `backend/reference.py`, so both produce identical symbols. These kernels must never
 allocate per element or read outside the arrays they are given.
@@ -12,8 +12,6 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-F16_TO_F32 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(
-    np.float32)
 EXP_MASK = 0x7C00  # an fp16 with all exponent bits set is Inf or NaN
 _TWO_POW_112 = np.float32(2.0**112)
 _U = np.uint64  # index type: numba adds no negative-index wraparound to unsigned indices

@@ -25,6 +25,10 @@ from functools import cache, cached_property
 
 import numpy as np
 
+# Every fp16 bit pattern's float32 value: numba has no CPU float16 arithmetic, and numpy's
+# conversion of a whole array is slower than this lookup.
+F16_TO_F32 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(
+    np.float32)
 PROB_BITS = 12
 PROB_SCALE = 1 << PROB_BITS
 # Widths: weight(d) = rho ** d^2 at d half-symbols from the centre, rho = RHO / 2^20 =

@@ -93,6 +93,11 @@ def _rotate(u, b_t, v, base, d):
 @njit(parallel=True, cache=True)
 def _untransform(coef, out, basis_t, mean, gain, cos, sin, head_dim, n_rot, neox, use_basis,
                  use_mean, use_gain):
+    """KV fp16 bits into out [L, T, C] (any strides) from coef (float32 [L, T, C],
+    C-contiguous; overwritten): times basis_t [L, H, d, d] (basis_t[l, h, j, i] =
+    basis[l, h, i, j]) if use_basis, or times gain [L, C] if use_gain (an exact transform's
+    integer sums); plus mean [L, C] if use_mean; then each head's first n_rot channels turned
+    in pairs (neox: half apart, else adjacent) by the float32 cos/sin [T, n_rot / 2]."""
     n_layer, n_tok, n_ch = coef.shape
     n_head = n_ch // head_dim
     half = n_rot // 2
@@ -132,26 +137,6 @@ def _untransform(coef, out, basis_t, mean, gain, cos, sin, head_dim, n_rot, neox
                             x[a + 1] = u[a] * si[k] + u[a + 1] * co[k]
                 u = x
             _store_row(u, out[layer, t])
-
-
-def untransform(coef, out, basis_t, mean, rope, cos, sin, head_dim, gain=None):
-    """KV fp16 bits into out [L, T, C] (any strides) from the decoded coefficients coef
-    (float32 [L, T, C], C-contiguous; overwritten).
-
-    basis_t: float32 [L, H, d, d] with basis_t[l, h, j, i] = basis[l, h, i, j], or None;
-    gain: float32 [L, C] or None: coef holds an exact transform's integer sums, multiplied by
-    gain in place of a basis (calibrated/intinverse.py);
-    mean: float32 [L, C] or None; rope: "none", "norm" or "neox", the pairs of each head's
-    first 2 * n_pairs channels turned by the float32 cos/sin [T, n_pairs]."""
-    n_layer, _, n_ch = coef.shape
-    use_gain = gain is not None
-    use_basis, use_mean = basis_t is not None and not use_gain, mean is not None
-    basis_t = basis_t if use_basis else np.zeros((n_layer, 1, 1, 1), np.float32)
-    mean = mean if use_mean else np.zeros((n_layer, n_ch), np.float32)
-    gain = gain if use_gain else np.zeros((n_layer, n_ch), np.float32)
-    n_rot = 2 * cos.shape[1] if rope != "none" else 0
-    _untransform(coef, out, basis_t, mean, gain, cos, sin, head_dim, n_rot, rope == "neox",
-                 use_basis, use_mean, use_gain)
 
 
 @njit(parallel=True, cache=True)

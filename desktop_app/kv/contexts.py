@@ -18,7 +18,9 @@ numba's cache already holds every kernel (`jitcache.kernels_cached`, a stamp the
 warm-up or `make venv` wrote), a one-shot command runs no warm-up at all: on two cores its
 decoding would only compete with the imports, and nothing would be compiling for a question
 to learn of. The warm-up gives way to restores (`restoring`): between its steps it waits
-while one runs.
+while one runs. Where the restore's kernels are compiled ahead of time (`codec.backend.aot`)
+and numba's are cached, a reopen needs none of numba's, so loading them waits for the first
+restore to finish (or an encode, or a few idle seconds).
 
 It owns the runtimes' lifetime and nothing else: what runs in a context is the sessions'.
 """
@@ -30,6 +32,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 
 from codec import precompile
+from codec.backend import aot
 from codec.jit import jitcache
 from store import Store
 
@@ -41,6 +44,9 @@ from . import streaming
 
 CHAT = "chat"
 ATTACH = "attach"
+# With the restore's kernels compiled ahead of time, how long a long-running process's warm-up
+# waits for a first restore or encode before it loads numba's kernels all the same.
+JIT_IDLE_S = 3.0
 
 
 class Contexts:
@@ -71,6 +77,9 @@ class Contexts:
         # The encoding side waits for this: the first restore done, an attach begun, a server
         # about to serve (`encoding_soon`).
         self._encoding_soon = threading.Event()
+        # Loading numba's kernels waits for this (`_until_needed`): the first restore done,
+        # something about to encode, or someone waiting for the codec.
+        self._jit_needed = threading.Event()
 
     def get(self, role: str) -> Runtime:
         with self._lock:
@@ -109,10 +118,15 @@ class Contexts:
             # First what a reopen decodes first (a stored chunk per level: its kernels and
             # tables), then every kernel: numba compiles per argument type, not shape, so a
             # small chunk loads them all.
-            restore_first = precompile.Step("stored chunks", lambda: streaming.warm_up_restore(
-                self.store, self._levels, self._calibrations.resolver, cancel=self._closing))
+            first = [precompile.Step("stored chunks", lambda: streaming.warm_up_restore(
+                self.store, self._levels, self._calibrations.resolver, cancel=self._closing))]
+            if aot.load() is not None and jitcache.kernels_cached(list(self._levels)):
+                # Restores run the kernels compiled ahead of time: loading numba's (a second
+                # of imports holding the GIL) would only slow the first reopen down; it waits
+                # until one is done, something encodes, or nothing has come for a while.
+                first.append(precompile.Step("until first needed", self._until_needed))
             self._prep = codec_prep.CodecPrep(precompile.SMALL_SHAPE, self._levels,
-                                              pause=self._give_way, first=[restore_first])
+                                              pause=self._give_way, first=first)
             self._warm_up = threading.Thread(target=self._prepare, args=(self._prep,),
                                              name="codec-warm-up", daemon=True)
             self._warm_up.start()
@@ -155,11 +169,16 @@ class Contexts:
                 if not self._restores:
                     self._no_restore.set()
             self._encoding_soon.set()
+            self._jit_needed.set()
 
     def encoding_soon(self) -> None:
         """Something will encode soon (an attach begins): the warm-up builds encoding's tables
         now rather than after the first restore."""
         self._encoding_soon.set()
+        self._jit_needed.set()
+
+    def _until_needed(self) -> None:
+        self._jit_needed.wait(JIT_IDLE_S)
 
     def _give_way(self) -> None:
         while not self._no_restore.wait(0.05):
@@ -175,12 +194,14 @@ class Contexts:
 
     def wait_codec(self) -> None:
         """Block until the codec's kernels are ready (or their preparation failed)."""
+        self._jit_needed.set()
         if self._prep is not None:
             self._prep.wait()
 
     def wait_warm(self) -> None:
         """Block until the codec is ready (a server says it serves only then)."""
         self._encoding_soon.set()
+        self._jit_needed.set()
         if self._warm_up is not None:
             self._warm_up.join()
 
@@ -188,6 +209,7 @@ class Contexts:
         # What is left of the warm-up serves no one once the app closes: it stops at its next
         # step. It is still joined: numba must never be working while the interpreter exits.
         self._closing.set()
+        self._jit_needed.set()  # ends a wait in `_until_needed`; no step runs after it
         if self._prep is not None:
             self._prep.stop()
         if self._warm_up is not None:
