@@ -112,7 +112,8 @@ class Contexts:
         with self._warm_lock:
             if self._warm_up is not None or self._cached:
                 return
-            if not self._tables_ahead and jitcache.kernels_cached(list(self._levels)):
+            cached = jitcache.kernels_cached(list(self._levels))
+            if not self._tables_ahead and cached:
                 self._cached = True
                 return
             # First what a reopen decodes first (a stored chunk per level: its kernels and
@@ -120,7 +121,7 @@ class Contexts:
             # small chunk loads them all.
             first = [precompile.Step("stored chunks", lambda: streaming.warm_up_restore(
                 self.store, self._levels, self._calibrations.resolver, cancel=self._closing))]
-            if aot.load() is not None and jitcache.kernels_cached(list(self._levels)):
+            if cached and aot.load() is not None:
                 # Restores run the kernels compiled ahead of time: loading numba's (a second
                 # of imports holding the GIL) would only slow the first reopen down; it waits
                 # until one is done, something encodes, or nothing has come for a while.
