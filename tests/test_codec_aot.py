@@ -177,3 +177,19 @@ def test_a_fresh_process_decodes_every_level_without_numba(built, blobs, tmp_pat
         want.append([int(k.view(np.uint16).sum(dtype=np.int64)),
                      int(v.view(np.uint16).sum(dtype=np.int64))])
     assert got == {"numba": False, "digests": want}
+
+
+def test_building_leaves_numbas_cache_of_the_jit_kernels_as_it_was():
+    """pycc compiles an export's callees through their JIT dispatchers: saved to numba's cache,
+    they would change the files the kernels-cached stamp lists, and one-shot commands would
+    warm the codec up again (`jitcache.kernels_cached`)."""
+    from codec.kernels import rans
+
+    index = Path(rans.group_offsets._cache._cache_file._index_path)
+    before = index.stat().st_mtime_ns if index.exists() else None
+    with aot._jit_cache_untouched():
+        # a signature no step compiles: without the guard it would be saved to the index
+        rans.group_offsets(np.ones((2, 3), np.int16))
+    after = index.stat().st_mtime_ns if index.exists() else None
+    assert after == before
+    assert type(rans.group_offsets._cache).__name__ == "FunctionCache"  # put back

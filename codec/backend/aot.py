@@ -25,6 +25,7 @@ contains: its bytes are tested equal to the JIT kernels'.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib
@@ -129,6 +130,29 @@ def _numba_type(spec):
     return types.Array(getattr(types, dtype), ndim, layout, readonly=readonly)
 
 
+@contextlib.contextmanager
+def _jit_cache_untouched():
+    """pycc types an export's callees (`_decode_group`, ...) through their JIT dispatchers,
+    which would save the signatures it needs to numba's cache: its index files would change
+    after `precompile` stamped them, and every one-shot command would then warm the codec up
+    (import numba beside its restore) until a window ran again. Those compiles stay in memory."""
+    from numba.core.caching import NullCache
+    from numba.core.dispatcher import Dispatcher
+
+    saved = []
+    for path in sorted(KERNELS.glob("*.py")):
+        module = importlib.import_module(f"codec.kernels.{path.stem}")
+        for obj in vars(module).values():
+            if isinstance(obj, Dispatcher):
+                saved.append((obj, obj._cache))
+                obj._cache = NullCache()
+    try:
+        yield
+    finally:
+        for obj, cache in saved:
+            obj._cache = cache
+
+
 def build(folder: Path = HERE) -> Path:
     """Compile every export into `folder` (its older builds removed); returns the module's
     path. Needs numba and a C compiler (setuptools finds it)."""
@@ -143,7 +167,7 @@ def build(folder: Path = HERE) -> Path:
         for i, specs in enumerate(variants):
             sig = _numba_type(result)(*map(_numba_type, specs))
             cc.export(f"{kname}_{i}", sig)(py_func)
-    with tempfile.TemporaryDirectory(dir=folder) as tmp:
+    with tempfile.TemporaryDirectory(dir=folder) as tmp, _jit_cache_untouched():
         cc.output_dir = tmp
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # pycc's pending-deprecation notice
