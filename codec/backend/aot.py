@@ -73,7 +73,8 @@ EXPORTS = {
 def module_name() -> str:
     """The extension module's name for these kernel sources, this spec and this Python."""
     h = hashlib.sha256(sys.implementation.cache_tag.encode())
-    for path in [Path(__file__).resolve(), *sorted(KERNELS.glob("*.py"))]:
+    # this file by name: in the bundle __file__ names the archived bytecode beside it
+    for path in [HERE / "aot.py", *sorted(KERNELS.glob("*.py"))]:
         h.update(path.name.encode() + b"\0" + path.read_bytes())
     return PREFIX + h.hexdigest()[:16]
 

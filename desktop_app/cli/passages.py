@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from ..app import App
-from ..passages.retrieve import DEFAULT_K, DEFAULT_MODE, MODES
+from ..passages import DEFAULT_K, DEFAULT_MODE, MODES
 from .base import cli, emit, json_option
 
 PREVIEW_CHARS = 100

@@ -13,4 +13,12 @@ Its question is "which parts of this long document does the question need?". It 
 store and leaf modules only: tokens are counted through a callable the caller passes (the
 model's tokenizer), so it never imports the model, the KV room, the chat room, the engine,
 llama.cpp or Qt, and it never computes or reads any KV.
+
+The ranking's choices and defaults are declared here rather than in `retrieve`, so that the
+command line names them without importing numpy and the store before a one-shot command has
+started loading its model.
 """
+
+MODES = ("bm25", "dense", "fused")
+DEFAULT_MODE = "bm25"  # measured: benchmarks/bench_retrieval.py, RESULTS.md
+DEFAULT_K = 8

@@ -32,12 +32,10 @@ from store import Store
 
 from ..errors import EngineError
 from ..results import Record, location
+from . import DEFAULT_K, DEFAULT_MODE, MODES
 from .embed import Embedder, normalise
 from .index import PassageIndex
 
-MODES = ("bm25", "dense", "fused")
-DEFAULT_MODE = "bm25"  # measured: benchmarks/bench_retrieval.py, RESULTS.md
-DEFAULT_K = 8
 RRF_K = 60  # the constant of reciprocal rank fusion (the paper's, and common practice)
 DENSE_WEIGHT = 0.1  # the dense ranking's share in the fusion, against BM25's 1 (measured)
 RARE_PASSAGES = 3  # a query word in at most this many passages is a rare one (a name)
