@@ -175,7 +175,8 @@ def main(argv: list[str] | None = None) -> None:
         t0 = time.perf_counter()
         took = run()
         total = round(time.perf_counter() - t0, 2)
-        print(json.dumps({"seconds": total, "steps": took, **jitcache.status()}) if args.json
+        print(json.dumps({"seconds": total, "steps": took, "levels": sorted(levels()),
+                          **jitcache.status()}) if args.json
               else f"codec kernels ready in {total} s ({jitcache.status()['reason']})")
 
 

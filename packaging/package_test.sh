@@ -28,7 +28,9 @@ bare() { env -i PATH=/usr/bin:/bin HOME="$SCRATCH/home" "$@"; }
 seconds() { local t0 t1; t0=$(date +%s.%N); "$@" >/dev/null; t1=$(date +%s.%N)
             awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }'; }
 field() { sed -n "s/^ *\"$1\": \(.*\),\?$/\1/p" <<<"$2" | sed 's/,$//'; }
-cache_files() { find "$1" -path '*numba*' -type f 2>/dev/null | wc -l; }
+# numba's own cache files (index and data), not kvdesk's kernels-cached stamp beside them
+cache_files() { find "$1" -path '*numba*' -type f \( -name '*.nbi' -o -name '*.nbc' \) 2>/dev/null \
+                | wc -l; }
 
 echo "bundle: $BUNDLE ($(du -sh "$BUNDLE" | cut -f1)), copied read-only to $SCRATCH/kvdesk"
 echo "version: $(bare "$APP" --version)  (start-up $(seconds bare "$APP" --version) s)"

@@ -96,6 +96,30 @@ def test_shipped_cache_is_used_and_never_written(shipped, tmp_path):
     assert not [p for p in user.rglob("*") if p.is_file()]
 
 
+_CACHED = """
+import json
+from codec.jit import jitcache
+print(json.dumps([jitcache.kernels_cached(["high"]), jitcache.kernels_cached(["high", "compact"])]))
+"""
+
+
+def test_a_shipped_cache_built_at_every_level_needs_no_warm_up(shipped, tmp_path):
+    """A bundle's one-shot command skips the codec's warm-up on its first start: the shipped
+    cache it verified holds every kernel of the levels its build ran, with no stamp in the
+    user's cache yet. A manifest that records no levels (an older build) says nothing."""
+    cache = tmp_path / "codec_cache"
+    for rel, data in _files(shipped).items():
+        (cache / rel).parent.mkdir(parents=True, exist_ok=True)
+        (cache / rel).write_bytes(data)
+    env = _child_env(KVDESK_CODEC_CACHE=str(cache), NUMBA_CACHE_DIR=str(tmp_path / "user"))
+    assert _run(_CACHED, env) == [False, False]
+    manifest = json.loads((cache / jitcache.MANIFEST).read_text())
+    manifest["precompile"] = {"levels": ["high", "lossless"]}
+    (cache / jitcache.MANIFEST).write_text(json.dumps(manifest))
+    assert _run(_CACHED, env) == [True, False]  # compact's kernels were not built
+    assert not (tmp_path / "user").exists()
+
+
 def _damaged(shipped: Path, folder: Path, damage: str) -> Path:
     """A copy of the shipped cache with one kind of damage."""
     for rel, data in _files(shipped).items():

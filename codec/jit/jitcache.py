@@ -124,6 +124,7 @@ class Shipped:
     root: Path
     target: str
     overlay: Path
+    levels: frozenset[str]  # every kernel `precompile` reaches at these levels is in it
 
 
 @dataclass
@@ -197,7 +198,10 @@ def configure() -> None:
     except OSError as e:
         _state.reason = f"shipped cache at {root} not used: no temporary folder ({e})"
         return
-    _state.shipped = Shipped(Path(root), found["target"], overlay)
+    built = found.get("precompile")
+    levels = built.get("levels") if isinstance(built, dict) else None
+    _state.shipped = Shipped(Path(root), found["target"], overlay,
+                             frozenset(levels) if isinstance(levels, list) else frozenset())
     _state.reason = f"shipped cache, built for {found['target']}"
     _use_locator(target_env(found["target"]))
 
@@ -369,7 +373,11 @@ def mark_cached(level_names: list[str]) -> None:
 
 def kernels_cached(level_names: list[str]) -> bool:
     """Whether every kernel `precompile.steps` reaches at these levels loads from numba's
-    cache without compiling, as far as the stamp `mark_cached` wrote says."""
+    cache without compiling: the shipped cache in use was built by running them (`configure`
+    verified it at import), or the stamp `mark_cached` wrote says so."""
+    shipped = _state.shipped
+    if shipped is not None and set(level_names) <= shipped.levels:
+        return True
     path = stamp_path()
     try:
         stamp = json.loads(path.read_text()) if path is not None else None
