@@ -10,6 +10,8 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
+
 from codec.backend import aot
 from desktop_app.model import models
 
@@ -37,7 +39,10 @@ class Recorded:
 def test_the_spec_collects_what_the_bundle_needs(tmp_path, monkeypatch):
     """The spec run as PyInstaller runs it, with its build classes recorded instead."""
     if aot.load() is None:  # `make venv` builds it where a C compiler is found
-        aot.build()
+        try:
+            aot.build()
+        except Exception as e:  # noqa: BLE001 - pycc's compiler errors have no common type
+            pytest.skip(f"the restore's kernels cannot be compiled here: {e}")
     cache = tmp_path / "codec-cache"
     cache.mkdir()
     (cache / "manifest.json").write_text("{}")

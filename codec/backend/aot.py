@@ -95,7 +95,10 @@ def load(folder: Path = HERE):
     """The compiled module for these sources in `folder`, or None (not built, stale, off)."""
     if os.environ.get(ENV, "1") == "0":
         return None
-    name = module_name()
+    try:
+        name = module_name()
+    except OSError:  # a kernel's source missing beside its bytecode: the JIT serves
+        return None
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
         path = folder / f"{name}{suffix}"
         if path.is_file():
@@ -140,17 +143,19 @@ def _jit_cache_untouched():
     from numba.core.caching import NullCache
     from numba.core.dispatcher import Dispatcher
 
-    saved = []
-    for path in sorted(KERNELS.glob("*.py")):
-        module = importlib.import_module(f"codec.kernels.{path.stem}")
-        for obj in vars(module).values():
-            if isinstance(obj, Dispatcher):
-                saved.append((obj, obj._cache))
-                obj._cache = NullCache()
+    saved: dict[int, tuple] = {}  # a kernel one module imports from another is seen twice
     try:
+        for path in sorted(KERNELS.glob("*.py")):
+            if path.stem == "__init__":
+                continue
+            module = importlib.import_module(f"codec.kernels.{path.stem}")
+            for obj in vars(module).values():
+                if isinstance(obj, Dispatcher) and id(obj) not in saved:
+                    saved[id(obj)] = (obj, obj._cache)
+                    obj._cache = NullCache()
         yield
     finally:
-        for obj, cache in saved:
+        for obj, cache in saved.values():
             obj._cache = cache
 
 

@@ -200,8 +200,8 @@ def configure() -> None:
         return
     built = found.get("precompile")
     levels = built.get("levels") if isinstance(built, dict) else None
-    _state.shipped = Shipped(Path(root), found["target"], overlay,
-                             frozenset(levels) if isinstance(levels, list) else frozenset())
+    levels = [n for n in levels if isinstance(n, str)] if isinstance(levels, list) else []
+    _state.shipped = Shipped(Path(root), found["target"], overlay, frozenset(levels))
     _state.reason = f"shipped cache, built for {found['target']}"
     _use_locator(target_env(found["target"]))
 
