@@ -137,7 +137,8 @@ def prepare_data_dir(data_dir: Path, path: Path) -> bool:
     try:
         data_dir.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
-        raise DataDirError(f"the data directory {data_dir} is a file, not a folder: choose "
+        what = "a link that leads to no folder" if data_dir.is_symlink() else "a file"
+        raise DataDirError(f"the data directory {data_dir} is {what}, not a folder: choose "
                            "another (--data-dir, KVDESK_DATA_DIR or Settings)") from None
     except NotADirectoryError:
         raise DataDirError(f"the data directory {data_dir} cannot be created: part of its "
@@ -145,6 +146,9 @@ def prepare_data_dir(data_dir: Path, path: Path) -> bool:
     except PermissionError:
         raise DataDirError(f"the data directory {data_dir} cannot be created: permission "
                            "denied") from None
+    except OSError as e:  # a read-only or virtual file system, a name too long, a link loop
+        raise DataDirError(f"the data directory {data_dir} cannot be created: "
+                           f"{e.strerror or e}") from None
     if not data_dir.is_dir():
         raise DataDirError(f"the data directory {data_dir} is not a folder")
     writable = os.access(data_dir, os.W_OK | os.X_OK) and (

@@ -44,6 +44,18 @@ def test_missing_model_is_one_clear_line(tmp_path):
     assert proc.stderr.startswith("Error: model file not found")
 
 
+def test_a_malformed_command_line_is_one_error_line_and_json_with_json(tmp_path):
+    proc = kvdesk("--data-dir", str(tmp_path), "passages", "1", "-k", "0", "--json",
+                  check=False)
+    assert proc.returncode == 1
+    assert json.loads(proc.stdout) == {"error": json.loads(proc.stdout)["error"],
+                                       "kind": "UsageError"}
+    assert "-k" in json.loads(proc.stdout)["error"]
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("Error: ") and "`kvdesk passages -h` for help" in line
+    assert not kvdesk("ask", "--bogus", check=False).stdout  # no --json: nothing on stdout
+
+
 def test_gui_without_display_explains_headless_use(monkeypatch):
     env = {k: v for k, v in __import__("os").environ.items()
            if k not in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM")}

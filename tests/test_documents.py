@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -101,6 +102,24 @@ def test_missing_file_and_folder(tmp_path):
         extract(tmp_path / "nope.txt")
     with pytest.raises(DocumentError, match="a folder, not a file"):
         extract(tmp_path)
+
+
+def test_paths_that_are_no_readable_file_say_why(tmp_path):
+    os.mkfifo(tmp_path / "pipe")
+    with pytest.raises(DocumentError, match="not a regular file"):
+        extract(tmp_path / "pipe")  # never opened: reading a pipe would wait for a writer
+    with pytest.raises(DocumentError, match="not a regular file"):
+        extract("/dev/null")
+    with pytest.raises(DocumentError, match="cannot be read .File name too long"):
+        extract(tmp_path / ("a" * 300 + ".txt"))
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    with pytest.raises(DocumentError, match="cannot be read|no such file"):
+        extract(tmp_path / "loop")
+
+
+def test_a_file_whose_size_says_zero_is_read_all_the_same():
+    # /proc's files report a size of 0 and hold text
+    assert "Name:" in extract("/proc/self/status").text
 
 
 def test_pdf_without_text_layer(tmp_path):

@@ -26,6 +26,16 @@ def test_a_file_in_place_of_the_data_directory(tmp_path):
         Store(tmp_path / "f" / "sub")
 
 
+def test_a_data_directory_the_system_cannot_create_is_one_clear_error(tmp_path):
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    with pytest.raises(DataDirError, match="a link that leads to no folder"):
+        Store(tmp_path / "loop")
+    with pytest.raises(DataDirError, match="cannot be created: Too many levels of symbolic"):
+        Store(tmp_path / "loop" / "sub")
+    with pytest.raises(DataDirError, match="cannot be created: File name too long"):
+        Store(tmp_path / ("a" * 300))
+
+
 def test_a_file_that_is_not_a_database(tmp_path):
     (tmp_path / "kvdesk.sqlite").write_bytes(b"not sqlite at all" * 100)
     with pytest.raises(DataDirError, match="cannot be opened as a kvdesk store"):

@@ -66,16 +66,22 @@ CODE_SUFFIXES = {
 def extract(path: str | Path) -> Extracted:
     """Read `path` and return its text, or raise DocumentError saying why not."""
     path = Path(path)
-    if path.is_dir():
-        raise DocumentError(f"{path}: a folder, not a file (attach the files in it)")
-    if not path.is_file():
-        raise DocumentError(f"{path}: no such file")
-    size = path.stat().st_size
-    if size == 0:
+    try:
+        if path.is_dir():
+            raise DocumentError(f"{path}: a folder, not a file (attach the files in it)")
+        if not path.exists():
+            raise DocumentError(f"{path}: no such file")
+        if not path.is_file():
+            raise DocumentError(f"{path}: not a regular file (a device, a pipe or a socket)")
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise DocumentError(f"{path.name}: {size / 1e6:.0f} MB is too large to attach")
+        # read even when its size says 0: files of /proc and the like have text all the same
+        data = path.read_bytes()
+    except OSError as e:  # a name too long, a link loop, unreadable
+        raise DocumentError(f"{path}: cannot be read ({e.strerror or e})") from None
+    if not data:
         raise DocumentError(f"{path.name}: the file is empty")
-    if size > MAX_FILE_BYTES:
-        raise DocumentError(f"{path.name}: {size / 1e6:.0f} MB is too large to attach")
-    data = path.read_bytes()
     suffix = path.suffix.lower()
     warnings: list[str] = []
     pages = None

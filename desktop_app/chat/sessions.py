@@ -170,7 +170,7 @@ class ChatSession:
         effective = options
         if not options.no_cache:
             if options.level != AUTO:
-                check_levels([options.level])
+                check_levels([options.level], restoring=True)
             elif options.budget_ms is None and self.default_budget_ms is not None:
                 effective = options.model_copy(update={"budget_ms": self.default_budget_ms})
             parts = self._blendable(rt, chat_id, tokens, docs, cancel)
@@ -349,7 +349,7 @@ class ChatSession:
         if not question:
             raise EngineError("the question is empty")
         if restore.level != AUTO and not restore.no_cache:
-            check_levels([restore.level])  # before any work
+            check_levels([restore.level], restoring=True)  # before any work
         if chat_id is None:  # a new chat: stored with its first answer, or not at all
             doc_ids = [self.library.document(d).id for d in dict.fromkeys(doc_ids)]
         else:

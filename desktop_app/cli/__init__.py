@@ -41,8 +41,10 @@ def main(argv: list[str] | None = None) -> None:
         click.echo("Aborted.", err=True)
         sys.exit(130)
     except click.UsageError as e:  # a malformed command line: one Error line, and where to look
-        hint = f"Try '{e.ctx.command_path} -h' for help." if e.ctx is not None else ""
-        click.echo(f"Error: {e.format_message()}" + (f"\n{hint}" if hint else ""), err=True)
+        hint = f" (`{e.ctx.command_path} -h` for help)" if e.ctx is not None else ""
+        if "--json" in args:
+            click.echo(json.dumps({"error": e.format_message(), "kind": "UsageError"}))
+        click.echo(f"Error: {e.format_message()}{hint}", err=True)
         sys.exit(1)
     except click.ClickException as e:
         e.show()

@@ -29,8 +29,10 @@ def quality_order(levels: Sequence[str]) -> list[str]:
     return sorted(dict.fromkeys(levels), key=lambda lvl: (rank.get(lvl, len(rank)), lvl))
 
 
-def check_levels(levels: Sequence[str]) -> None:
+def check_levels(levels: Sequence[str], *, restoring: bool = False) -> None:
+    """Refuse names that are no codec level, saying which are (`auto` too, for a restore)."""
     unknown = set(levels) - set(codec.levels())
     if unknown:
-        raise EngineError(f"unknown level(s) {sorted(unknown)}; known: "
-                          f"{quality_order(codec.levels())}")
+        auto = "auto (the best level per chunk that fits the time budget), " if restoring else ""
+        raise EngineError(f"unknown level(s) {', '.join(sorted(unknown))}; known: {auto}"
+                          f"{', '.join(quality_order(codec.levels()))}")
