@@ -71,6 +71,8 @@ def test_a_blended_chat_answers_then_becomes_exact(engine):
     blended = first.blended
     assert blended["mode"] == "blended" and blended["reused_tokens"] > 0
     assert 0 < blended["recomputed_tokens"] < blended["reused_tokens"]
+    # what was computed in place (and the question's tokens) is timed apart from the reading
+    assert first.recompute_s > 0 and first.restore_s > 0
     assert first.answer
     chat = first.chat_id
     # Until the background pass stores the exact context, nothing of this chat is stored.

@@ -250,7 +250,9 @@ class ChatSession:
             rt, layout, parts.later, source, options=options, speeds=self.speeds,
             select=leading(self.blend_fraction), progress=progress, cancel=cancel)
         rest = tokens[len(layout.tokens):]
+        r0 = time.perf_counter()
         rt.prefill(rest, cancel=cancel)
+        report = replace(report, recompute_s=report.recompute_s + time.perf_counter() - r0)
         speeds_mod.save(self.store, self.speeds)
         self._blended_at = blend.exact_until
         what = "passages" if self.longdocs.applies(docs) else "documents"

@@ -175,14 +175,16 @@ class Blender:
         reused = int(known[end0:].sum())
         approximate = np.flatnonzero(known[end0:])
         exact_until = end0 + int(approximate[0]) if len(approximate) else len(prefix)
+        c0 = time.perf_counter()  # reading and moving ends here: computing is reported apart
         if len(built) > 1:
             computed = self._compute_windowed(rt, prefix, *built, end0, cancel)
         else:
             computed = self._compute(rt, prefix, built[0].keys, built[0].values, known, cancel)
         return RestoreReport(
-            tokens=len(prefix), restore_s=time.perf_counter() - t0, bytes_read=n_bytes,
+            tokens=len(prefix), restore_s=c0 - t0 - head.recompute_s, bytes_read=n_bytes,
             chunk_levels=levels, recomputed_tokens=head.recomputed_tokens + computed,
-            messages=messages, source=head.source, adapted_chunks=head.adapted_chunks), \
+            messages=messages, source=head.source, adapted_chunks=head.adapted_chunks,
+            recompute_s=head.recompute_s + time.perf_counter() - c0), \
             Blend(reused, computed, "blended", exact_until)
 
     def _reuse(self, rt, entry, part, start, ropes, options, speeds, cancel, messages, levels):
