@@ -81,7 +81,7 @@ def test_passage_kv_is_computed_once_then_read_back(make_engine, level):
     assert [s["passage_id"] for s in first.sources] == [eng.ids[0], eng.ids[1]]
     assert first.sources[0]["text"] == PASSAGES[0]
     assert first.sources[0]["lines"] == [1, 1] and "page" not in first.sources[0]
-    assert any("2 passage(s) retrieved for the first time" in m for m in first.messages)
+    assert any("2 passage(s) with no stored KV" in m for m in first.messages)
     stored = passage_entries(eng)
     assert len(stored) == 2
     assert {e.levels for e in stored.values()} == {(level,)}  # one level, not every one
@@ -96,7 +96,7 @@ def test_passage_kv_is_computed_once_then_read_back(make_engine, level):
     second = eng.ask(q, doc_ids=[doc], generation=GREEDY)
     assert second.chat_id != first.chat_id
     assert passage_entries(eng).keys() == stored.keys()
-    assert not any("for the first time" in m for m in second.messages)
+    assert not any("with no stored KV" in m for m in second.messages)
     assert second.blended["mode"] == "blended" and second.blended["reused_tokens"] > 0
     assert second.recomputed_tokens < 0.5 * own[1]
     assert second.chunk_levels and "text" not in second.chunk_levels
@@ -175,7 +175,7 @@ def test_eviction_takes_passage_kv_and_keeps_text_and_index(make_engine):
     assert (info.passages, info.passages_cached, info.cache_bytes) == (5, 0, {})
     eng.runtime.reset()
     again = eng.ask(q, doc_ids=[eng.doc], generation=GREEDY)
-    assert any("for the first time" in m for m in again.messages)  # computed again, said
+    assert any("with no stored KV" in m for m in again.messages)  # computed again, said
     assert len(passage_entries(eng)) == 2
 
 
@@ -227,7 +227,7 @@ def test_ask_json_names_the_sources_of_an_answer_over_a_long_document(tmp_path, 
     assert listed["passages_cached"] == len(first["sources"])
     # The next process finds every passage's KV stored: none is computed again.
     second = kvdesk("ask", str(doc["doc_id"]), question, "--max-tokens", "8")
-    assert not any("for the first time" in m for m in second["messages"])
+    assert not any("with no stored KV" in m for m in second["messages"])
     assert [s["passage_id"] for s in second["sources"]] == \
         [s["passage_id"] for s in first["sources"]]
 
@@ -248,14 +248,14 @@ def test_passage_kv_travels_through_the_shared_cache(tmp_path, remote_tier, mode
     b = on(tmp_path / "b")
     try:
         first = a.ask(q, doc_ids=[a.doc], generation=GREEDY)
-        assert any("for the first time" in m for m in first.messages)
+        assert any("with no stored KV" in m for m in first.messages)
         index = sync.remote_index(remote_tier, a.fingerprint)
         assert len(index) == 2  # each passage's entry shared as it was computed
         # Machine B has the same document: it takes the passages' KV from the bucket.
         other = b.ask(q, doc_ids=[b.doc], generation=GREEDY)
         assert [s["text"] for s in other.sources] == [s["text"] for s in first.sources]
         assert any("2 passage(s) taken from the shared cache" in m for m in other.messages)
-        assert not any("for the first time" in m for m in other.messages)
+        assert not any("with no stored KV" in m for m in other.messages)
         assert len(passage_entries(b)) == 2
         # A whole-store pull never takes a passage for a document.
         assert sync.pull_all(b.store, remote_tier, b.fingerprint)["pulled"] == []
@@ -284,7 +284,7 @@ def test_a_long_running_engine_gives_every_passage_its_kv_in_the_background(make
     assert len(now) == 5 and set(stored) - {dropped} <= set(now)
     # A question meanwhile finds them all: nothing computed.
     out = again.ask("What does the museum keep?", doc_ids=[again.doc], generation=GREEDY)
-    assert not any("for the first time" in m for m in out.messages)
+    assert not any("with no stored KV" in m for m in out.messages)
 
 
 def test_the_background_pass_stops_at_the_storage_budget(make_engine):

@@ -229,8 +229,9 @@ class LongDocs:
         ready = self.kv.ensure(rt, [(s.document_id, s.text) for s in sources], cancel=cancel)
         notes = list(ready.notes)
         if ready.computed:
-            notes.append(f"{ready.computed} passage(s) retrieved for the first time: their KV "
-                         f"computed ({ready.computed_tokens:,} tokens) and stored")
+            notes.append(f"{ready.computed} passage(s) with no stored KV (never retrieved, or "
+                         f"evicted under the storage budget): their KV computed "
+                         f"({ready.computed_tokens:,} tokens) and stored")
         if ready.pulled:
             notes.append(f"{ready.pulled} passage(s) taken from the shared cache")
         return Parts(layout, ready.entries[1:], notes, ready.computed_tokens)
