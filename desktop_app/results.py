@@ -167,6 +167,9 @@ class AskResult(Record):
     recompute_s: float = 0.0  # as RestoreReport's
     # The lines of those passages its question's turn quoted (`passages.evidence`), else [].
     evidence: list[str] = field(default_factory=list)
+    # "length": the answer ran to its limit (max_tokens, or the room left in the context) and
+    # may be cut short; "stop": the model ended it, or it was stopped (messages say why).
+    finish_reason: str = "stop"
 
 
 @dataclass(frozen=True)

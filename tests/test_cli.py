@@ -90,16 +90,22 @@ def test_attach_ask_reopen_end_to_end(tmp_path):
     assert set(ans) == {"chat_id", "answer", "ttft_s", "restore_s", "bytes_read",
                         "chunk_levels", "recomputed_tokens", "tokens_generated", "source",
                         "messages", "documents", "blended", "sources", "recompute_s",
-                        "evidence"}
+                        "evidence", "finish_reason"}
     assert ans["documents"] == [attached["doc_id"]] and ans["blended"] is None
     assert ans["chunk_levels"] == ["high"] and ans["recomputed_tokens"] == 0
     assert ans["source"] == "local"
     assert ans["bytes_read"] > 0 and ans["tokens_generated"] > 0
 
+    assert ans["finish_reason"] == ("length" if ans["tokens_generated"] == 16 else "stop")
+
     chat = str(ans["chat_id"])
-    more = json.loads(kvdesk("ask", "--chat", chat, "Where is the key?", "--max-tokens", "8",
-                             "--level", "compact", "--json").stdout)
+    proc = kvdesk("ask", "--chat", chat, "Where is the key? Say it in a long sentence.",
+                  "--max-tokens", "3", "--level", "compact", "--json")
+    more = json.loads(proc.stdout)
     assert more["chat_id"] == ans["chat_id"] and set(more["chunk_levels"]) == {"compact"}
+    # three tokens cannot hold that answer: cut at the limit, and the user told so
+    assert more["tokens_generated"] == 3 and more["finish_reason"] == "length"
+    assert "Note: the answer stopped at its limit of 3 tokens" in proc.stderr
 
     rep = json.loads(kvdesk("reopen", chat, "--json").stdout)
     assert set(rep) == {"chat_id", "tokens", "restore_s", "chunk_levels", "recomputed_tokens",

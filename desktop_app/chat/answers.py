@@ -24,6 +24,7 @@ class Answer:
     text: str
     ttft: float | None  # seconds from t0 to the first token (None: no token)
     notes: list[str]  # why it stopped early, when it did
+    cut: bool  # it ran to its limit: max_tokens, or the room left in the context
 
 
 def stream_answer(rt: Runtime, generation: GenerationOptions, t0: float,
@@ -51,4 +52,5 @@ def stream_answer(rt: Runtime, generation: GenerationOptions, t0: float,
                 notes.append(f"the answer was stopped after {len(generated)} tokens because "
                              f"it was going round in circles: {loop}")
                 break
-    return Answer(generated, "".join(pieces), ttft, notes)
+    return Answer(generated, "".join(pieces), ttft, notes,
+                  cut=not notes and len(generated) >= max_new)

@@ -154,8 +154,8 @@ class Completions:
                 finish = "stop"
             elif cancel is not None and cancel.is_set():
                 finish = "cancelled"
-            else:  # ended, ran to max_tokens, or stopped going round in circles (said)
-                finish = "length" if len(generated) >= sampling.max_tokens else "stop"
+            else:  # ended, ran to its limit, or stopped going round in circles (said)
+                finish = "length" if out.cut else "stop"
             cached = report.tokens - report.recomputed_tokens
             kept, notes = s.sharing.keep()
             result = Completion(text, finish, len(prompt), len(generated),

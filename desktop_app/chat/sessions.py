@@ -400,7 +400,8 @@ class ChatSession:
                 chunk_levels=report.chunk_levels, recomputed_tokens=report.recomputed_tokens,
                 tokens_generated=len(generated), messages=messages, source=report.source,
                 documents=[d.id for d in docs], blended=report.blended,
-                sources=[s.as_dict() for s in self.longdocs.sources(chat_id)], evidence=quoted)
+                sources=[s.as_dict() for s in self.longdocs.sources(chat_id)], evidence=quoted,
+                finish_reason="length" if out.cut else "stop")
             stats = {k: v for k, v in result.as_dict().items() if k not in ("answer", "chat_id")}
             # Both messages are stored after the answer, in one transaction: a durable write
             # (fsync) before the first token would only delay it; a turn stopped earlier: neither.
