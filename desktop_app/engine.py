@@ -40,6 +40,7 @@ from .chat.library import Library
 from .chat.longdoc import LongDocs
 from .chat.passagefill import PassageFill
 from .chat.sessions import ChatSession
+from .errors import EngineError
 from .kv import repair, speeds, streaming
 from .kv.contexts import CHAT, Contexts
 from .kv.kvcache import KVCache
@@ -308,6 +309,8 @@ class Engine:
         document that fits the context has none."""
         self.library.document(doc_id)
         if query is not None:
+            if not query.strip():
+                raise EngineError("the query is empty")
             return self.retriever.retrieve(doc_id, query, k=k, mode=mode,
                                            focus=not wide and self.session.longdocs.focus)
         return [Hit(p.id, p.index, p.text, p.page, p.lines, p.heading, p.tokens, 0.0)

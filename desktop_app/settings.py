@@ -192,6 +192,9 @@ def load(path: Path | None = None) -> Settings:
     """Saved settings with the environment applied on top."""
     path = path or config_dir() / "settings.json"
     saved: dict = {}
+    if path.exists() and not path.is_file():
+        raise SettingsError(f"{path} is not a file (a folder?): move it away, and kvdesk "
+                            "writes its settings there again")
     if path.is_file():
         try:
             saved = json.loads(path.read_text(encoding="utf-8"))

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from desktop_app.engine import Engine
+from desktop_app.errors import EngineError
 from desktop_app.model.prompts import passage_layout, passage_prefix
 from desktop_app.model.runtime import Runtime
 from desktop_app.options import GenerationOptions
@@ -116,6 +117,8 @@ def test_a_question_naming_something_rare_is_given_the_passages_that_hold_it(mak
     chosen, _ = longdocs.pick(rt, docs, "When does the Saturday ferry leave, and what does "
                               "the museum keep?", [], 0)
     assert [s.passage_id for s in chosen] == [eng.ids[0], eng.ids[1], eng.ids[3]]
+    with pytest.raises(EngineError, match="the query is empty"):  # not "no passage matches"
+        eng.passages(eng.doc, query="  ")
 
 
 def test_follow_ups_keep_the_chats_passages_and_a_reopen_lays_them_out(make_engine):

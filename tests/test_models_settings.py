@@ -77,6 +77,10 @@ def test_bad_settings_are_clear_errors(monkeypatch):
     with pytest.raises(settings.SettingsError, match="theme"):
         settings.load()
     path.unlink()
+    path.mkdir()  # a folder in its place is said, not ignored with every setting in it
+    with pytest.raises(settings.SettingsError, match="is not a file"):
+        settings.load()
+    path.rmdir()
     monkeypatch.setenv("KVDESK_N_CTX", "lots")
     with pytest.raises(settings.SettingsError, match="KVDESK_N_CTX: .*integer"):
         settings.load()
