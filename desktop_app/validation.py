@@ -93,7 +93,9 @@ def parse(model: type[M], data: Mapping[str, Any], *, names: Mapping[str, str] |
         key = (names or {}).get(field, field)
         if error["type"] == "extra_forbidden":
             raise InvalidValue(key, "not a known setting") from None
-        message = error["msg"]
+        # a nested model's own name (GenerationOptions) means nothing to the user
+        message = ("should be a JSON object of its keys" if error["type"] == "model_type"
+                   else error["msg"])
         if error["type"] not in ("missing",) and "input" in error:
             message += f" (got {_describe(error['input'])})"
         raise InvalidValue(key, message) from None

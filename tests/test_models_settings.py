@@ -76,6 +76,9 @@ def test_bad_settings_are_clear_errors(monkeypatch):
     path.write_text(json.dumps({"theme": "mauve"}))
     with pytest.raises(settings.SettingsError, match="theme"):
         settings.load()
+    path.write_text(json.dumps({"generation": 5}))  # said in JSON's words, not pydantic's
+    with pytest.raises(settings.SettingsError, match="generation: should be a JSON object"):
+        settings.load()
     path.unlink()
     path.mkdir()  # a folder in its place is said, not ignored with every setting in it
     with pytest.raises(settings.SettingsError, match="is not a file"):
