@@ -77,7 +77,13 @@ def test_pdf_reader_complaints_become_warnings(tmp_path, capsys):
 
 def test_utf16_with_bom(tmp_path):
     (tmp_path / "w.txt").write_bytes("\ufeffWindows text".encode("utf-16-le"))
-    assert extract(tmp_path / "w.txt").text == "Windows text"
+    got = extract(tmp_path / "w.txt")
+    assert got.text == "Windows text" and not got.warnings  # the BOM says it: nothing guessed
+    # a lone surrogate at the end: replaced, and said
+    (tmp_path / "w.txt").write_bytes("\ufeffWindows text".encode("utf-16-le") + b"\x00\xd8")
+    got = extract(tmp_path / "w.txt")
+    assert got.text == "Windows text\ufffd"
+    assert got.warnings == ["w.txt: 1 byte sequence(s) not valid UTF-16 (replaced with \ufffd)"]
 
 
 @pytest.mark.parametrize(

@@ -106,8 +106,12 @@ def extract(path: str | Path) -> Extracted:
 def _decode(data: bytes, name: str, warnings: list[str]) -> str:
     for bom, enc in ((b"\xef\xbb\xbf", "utf-8-sig"), (b"\xff\xfe", "utf-16"),
                      (b"\xfe\xff", "utf-16")):
-        if data.startswith(bom):
-            return data.decode(enc, errors="replace")
+        if data.startswith(bom):  # says its encoding: nothing is guessed
+            text = data.decode(enc, errors="replace")
+            if bad := text.count("\ufffd") - data.decode(enc, errors="ignore").count("\ufffd"):
+                warnings.append(f"{name}: {bad} byte sequence(s) not valid {enc.upper()} "
+                                "(replaced with \ufffd)")
+            return text
     head = data[:8192]
     for magic, what in BINARY_MAGIC.items():
         if head.startswith(magic):
