@@ -395,13 +395,12 @@ class ChatSession:
             result = AskResult(
                 chat_id=chat_id or 0, answer=answer.strip(),  # a new chat's: once stored
                 ttft_s=round(ttft if ttft is not None else time.perf_counter() - t0, 4),
-                restore_s=round(report.restore_s, 4), bytes_read=report.bytes_read,
-                recompute_s=round(report.recompute_s, 4),
-                chunk_levels=report.chunk_levels, recomputed_tokens=report.recomputed_tokens,
-                tokens_generated=len(generated), messages=messages, source=report.source,
-                documents=[d.id for d in docs], blended=report.blended,
-                sources=[s.as_dict() for s in self.longdocs.sources(chat_id)], evidence=quoted,
-                finish_reason="length" if out.cut else "stop")
+                restore_s=round(report.restore_s, 4), recompute_s=round(report.recompute_s, 4),
+                bytes_read=report.bytes_read, chunk_levels=report.chunk_levels,
+                recomputed_tokens=report.recomputed_tokens, tokens_generated=len(generated),
+                messages=messages, source=report.source, documents=[d.id for d in docs],
+                blended=report.blended, finish_reason="length" if out.cut else "stop",
+                sources=[s.as_dict() for s in self.longdocs.sources(chat_id)], evidence=quoted)
             stats = {k: v for k, v in result.as_dict().items() if k not in ("answer", "chat_id")}
             # Both messages are stored after the answer, in one transaction: a durable write
             # (fsync) before the first token would only delay it; a turn stopped earlier: neither.
@@ -425,10 +424,9 @@ class ChatSession:
             users = [m for m in history if m.role == "user"]
             if not users:
                 raise EngineError("nothing to regenerate: the chat has no question yet")
-            last_q = users[-1]
-            for m in history[history.index(last_q):]:
+            for m in history[history.index(users[-1]):]:
                 self.store.delete_message(m.id)
-            return self.ask(last_q.text, chat_id=chat_id, **options)
+            return self.ask(users[-1].text, chat_id=chat_id, **options)
 
     def _context(self, rt: Runtime, chat_id: int | None, docs: Sequence[Document]
                  ) -> tuple[list[dict], list[int], list[str]]:
@@ -440,9 +438,8 @@ class ChatSession:
         return self.conversation(rt, chat_id)
 
     def _documents(self, chat_id: int | None, doc_ids: Sequence[int]) -> list[Document]:
-        if chat_id is None:
-            return [self.library.document(d) for d in doc_ids]
-        return self.library.chat_documents(chat_id)
+        return ([self.library.document(d) for d in doc_ids] if chat_id is None
+                else self.library.chat_documents(chat_id))
 
     def _keep(self, rt: Runtime, chat_id: int, tokens: list[int], store: bool) -> None:
         """Store the chat's KV, when asked to and the context holds it exactly; a blended
