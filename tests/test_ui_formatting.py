@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import replace
 
 from desktop_app.results import AskResult, AttachResult, Progress, RestoreReport
 from ui.formatting import (
@@ -69,6 +70,8 @@ def test_answer_stats_and_attach_notices():
     result = AskResult(chat_id=1, answer="x", ttft_s=0.25, restore_s=0, bytes_read=0,
                        chunk_levels=[], recomputed_tokens=0, tokens_generated=50)
     assert answer_stats(result, 2.0) == "50 tokens · 25.0 tokens/s · first token after 0.25 s"
+    cut = replace(result, finish_reason="length")
+    assert answer_stats(cut, 2.0).endswith(" · stopped at the token limit: it may be cut short")
     long = AttachResult(doc_id=1, title="big.txt", tokens=9000, kept_tokens=8192, prefill_s=1,
                         encode_s=1, raw_bytes=1, stored_bytes={}, warnings=["odd bytes"])
     assert attach_notices(long) == ["odd bytes", "big.txt: only the first 8,192 of 9,000 tokens "

@@ -45,10 +45,13 @@ def restore_line(report: RestoreReport) -> str:
 
 
 def answer_stats(result: AskResult, generation_s: float) -> str:
-    """E.g. "48 tokens · 31.2 tokens/s · first token after 0.12 s"."""
+    """E.g. "48 tokens · 31.2 tokens/s · first token after 0.12 s" (and "· stopped at the
+    token limit: it may be cut short" when it ran to max_tokens or the context's end)."""
     rate = result.tokens_generated / generation_s if generation_s > 0 else 0.0
     return (f"{result.tokens_generated:,} tokens · {rate:.1f} tokens/s · "
-            f"first token after {result.ttft_s:.2f} s")
+            f"first token after {result.ttft_s:.2f} s"
+            + (" · stopped at the token limit: it may be cut short"
+               if result.finish_reason == "length" else ""))
 
 
 def attach_notices(result: AttachResult) -> list[str]:
