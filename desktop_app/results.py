@@ -98,6 +98,22 @@ def levels_summary(chunk_levels: list[str]) -> str:
     return f"{len(chunk_levels)} chunks: {', '.join(parts)}"
 
 
+def restore_phrase(report: RestoreReport) -> str:
+    """How a context came back, e.g. "restored 4,096 tokens in 120 ms — 16 chunks: 14 high, 2
+    balanced", with the tokens computed from text apart: "restored 203 of 1,973 tokens in 90
+    ms — 1 chunks: 1 balanced; 1,770 computed in 850 ms" (the CLI and the window say it so)."""
+    restored = report.tokens - report.recomputed_tokens
+    computed = f"{report.recomputed_tokens:,} computed in {report.recompute_s * 1000:,.0f} ms"
+    if restored <= 0:
+        return f"nothing restored; {computed}"
+    line = (f"restored {restored:,}" + (f" of {report.tokens:,}" if report.recomputed_tokens
+                                       else "") + f" tokens in {report.restore_s * 1000:,.0f} ms")
+    levels = [lvl for lvl in report.chunk_levels if lvl != "text"]
+    if levels:
+        line += f" — {levels_summary(levels)}"
+    return f"{line}; {computed}" if report.recomputed_tokens else line
+
+
 def location(page: int | None, lines: tuple[int, int]) -> str:
     """Where a passage is, as a user finds it: "page 3" in a PDF, else "lines 120-141"."""
     if page is not None:

@@ -60,10 +60,16 @@ def test_restore_line_is_brief_and_counts_levels():
                            chunk_levels=["high"] * 14 + ["balanced"] * 2)
     assert restore_line(report) == ("restored 4,096 tokens in 120 ms — "
                                     "16 chunks: 14 high, 2 balanced")
-    fallback = RestoreReport(tokens=10, restore_s=0.5, bytes_read=0, recomputed_tokens=10,
-                             chunk_levels=["text"], messages=["the cache was stale"])
-    assert restore_line(fallback) == ("restored 10 tokens in 500 ms — 1 chunks: "
-                                      "1 recomputed from text; the cache was stale")
+    fallback = RestoreReport(tokens=10, restore_s=0.01, bytes_read=0, recomputed_tokens=10,
+                             chunk_levels=["text"], messages=["the cache was stale"],
+                             recompute_s=0.5)
+    assert restore_line(fallback) == ("nothing restored; 10 computed in 500 ms; "
+                                      "the cache was stale")
+    # a context partly restored: what came from the cache and what was computed, each timed
+    partly = RestoreReport(tokens=1973, restore_s=0.09, bytes_read=1, recomputed_tokens=1770,
+                           chunk_levels=["balanced"], recompute_s=0.85)
+    assert restore_line(partly) == ("restored 203 of 1,973 tokens in 90 ms — 1 chunks: "
+                                    "1 balanced; 1,770 computed in 850 ms")
 
 
 def test_answer_stats_and_attach_notices():

@@ -12,7 +12,7 @@ from desktop_app.results import (
     PrepState,
     Progress,
     RestoreReport,
-    levels_summary,
+    restore_phrase,
 )
 
 # The stages of a codec calibration (desktop_app.calibration.calibrate); the others are level names.
@@ -30,12 +30,9 @@ def human_bytes(n: float) -> str:
 
 
 def restore_line(report: RestoreReport) -> str:
-    """E.g. "restored 4,096 tokens in 120 ms — 16 chunks: 14 high, 2 balanced"."""
-    line = f"restored {report.tokens:,} tokens in {report.restore_s * 1000:,.0f} ms"
-    if report.chunk_levels:
-        line += f" — {levels_summary(report.chunk_levels)}"
-    elif report.recomputed_tokens:
-        line += f" — {report.recomputed_tokens:,} tokens recomputed"
+    """E.g. "restored 4,096 tokens in 120 ms — 16 chunks: 14 high, 2 balanced" (`restore_phrase`),
+    whether the context is exact or blended, and the restore's notes."""
+    line = restore_phrase(report)
     blended = report.blended or {}
     if blended.get("mode") == "exact":
         line += " · exact context"

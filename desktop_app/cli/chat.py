@@ -14,7 +14,7 @@ import click
 from ..app import App
 from ..errors import Cancelled, is_user_error
 from ..options import GenerationOptions, RestoreOptions
-from ..results import AttachFailure, Source
+from ..results import AttachFailure, Source, restore_phrase
 from .base import (
     TerminalProgress,
     cli,
@@ -268,9 +268,7 @@ def reopen(app: App, chat_id, restore, no_server, as_json):
     out = {"chat_id": chat_id, "tokens": rep.tokens, "restore_s": round(rep.restore_s, 4),
            "chunk_levels": rep.chunk_levels, "recomputed_tokens": rep.recomputed_tokens,
            "recompute_s": round(rep.recompute_s, 4), "messages": rep.messages}
-    emit(out, as_json, [f"restored {rep.tokens:,} tokens in {rep.restore_s * 1000:.0f} ms "
-                        f"({summary(rep.chunk_levels)}; {rep.recomputed_tokens:,} recomputed"
-                        f" in {rep.recompute_s * 1000:.0f} ms)"])
+    emit(out, as_json, [restore_phrase(rep)])
     if client is None:
         finish_exact(app, chat_id, rep.blended)
 
