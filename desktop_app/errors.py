@@ -29,7 +29,12 @@ class EngineError(ValueError):
 
 
 class MissingError(EngineError):
-    """The document or chat asked for does not exist (or no longer)."""
+    """The document or chat asked for does not exist (or no longer); `field` is the request's
+    field that named it, when a request did (an API's "kvdesk.documents")."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
 
 
 class ContextFullError(EngineError):

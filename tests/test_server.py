@@ -121,12 +121,17 @@ def test_kvdesk_ask_uses_the_running_server(served, data_dir, tmp_path):
     doc = tmp_path / "ferry.txt"
     doc.write_text(DOC)
 
-    def kvdesk(*args):
+    def kvdesk(*args, rc=0):
         proc = subprocess.run([sys.executable, "-m", "desktop_app", "--data-dir", str(data_dir),
                                "--n-ctx", "1024", *args], capture_output=True, text=True,
                               timeout=300)
-        assert proc.returncode == 0, proc.stderr
+        assert proc.returncode == rc, proc.stderr
         return proc
+
+    # a question the server refuses says why, not that the server answered it
+    refused = kvdesk("ask", "999", "When is the Sunday ferry?", rc=1)
+    assert "no document 999" in refused.stderr
+    assert "answered by the kvdesk server" not in refused.stderr
 
     attached = kvdesk("attach", str(doc), "--levels", "compact", "--json")
     assert "answered by the kvdesk server" in attached.stderr
@@ -156,7 +161,7 @@ def test_bad_requests_get_openai_errors(served):
         (json.dumps({"model": "default", "messages": [{"role": "user", "content": "hi"}],
                      "tools": [{"type": "function"}]}), 400, None),
         (json.dumps({"model": "default", "messages": [{"role": "user", "content": "hi"}],
-                     "kvdesk": {"documents": [999]}}), 404, None),
+                     "kvdesk": {"documents": [999]}}), 404, "not_found"),
     ]
     for body, status, code in cases:
         r = httpx.post(url, content=body, headers={"content-type": "application/json"},
@@ -166,6 +171,8 @@ def test_bad_requests_get_openai_errors(served):
         assert error["message"] and error["type"] and "Traceback" not in r.text
         if code:
             assert error["code"] == code
+        if code == "not_found":  # a client can tell which of its fields named nothing
+            assert error["param"] == "kvdesk.documents"
     huge = "x" * (17 << 20)
     r = httpx.post(url, content=huge, headers={"content-type": "application/json"},
                    trust_env=False)

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from ..errors import ContextFullError, EngineError
+from ..errors import ContextFullError, EngineError, MissingError
 from ..kv.streaming import adaptation_note
 from ..model.prompts import Turn, closing, passage_layout, raw_prompt
 from ..options import GenerationOptions, RestoreOptions
@@ -74,7 +74,10 @@ class Completions:
         s = self.session
         rt = s.runtime
         head, head_tokens, sources, notes = [], [], [], []
-        docs = [s.library.document(d) for d in documents]
+        try:
+            docs = [s.library.document(d) for d in documents]
+        except MissingError as e:
+            raise MissingError(str(e), field="kvdesk.documents") from None
         if docs and s.longdocs.applies(docs):
             texts = [m["content"] for m in messages]
             sources, notes = s.longdocs.pick(

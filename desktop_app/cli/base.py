@@ -149,7 +149,8 @@ no_server_option = click.option("--no-server", is_flag=True, help="Work in this 
 
 def server_client(app: App, no_server: bool):
     """A client of the kvdesk server running on this data directory, model and context, if
-    there is one (and the user did not say --no-server): it answers without loading anything."""
+    there is one (and the user did not say --no-server): it answers without loading anything.
+    `say_served` tells the user once the server has answered (a refusal says only why)."""
     if no_server:
         return None
     from ..server import discovery
@@ -159,5 +160,9 @@ def server_client(app: App, no_server: bool):
         return None
     from ..server.client import Client
 
-    say([f"answered by the kvdesk server at {found[0]} (--no-server: in this process)"])
     return Client(*found)
+
+
+def say_served(client) -> None:
+    if client is not None:
+        say([f"answered by the kvdesk server at {client.url} (--no-server: in this process)"])

@@ -25,6 +25,7 @@ from .base import (
     no_server_option,
     option_name,
     say,
+    say_served,
     server_client,
     summary,
     values,
@@ -40,9 +41,10 @@ from .base import (
 def attach(app: App, files: tuple[str, ...], levels: str | None, no_server: bool,
            as_json: bool):
     """Attach documents: extract, prefill once, compress and store their KV cache."""
-    results, failed = [], False
+    results, failed, attached = [], False, 0
     bar = TerminalProgress()
-    engine = server_client(app, no_server) or app.engine
+    client = server_client(app, no_server)
+    engine = client or app.engine
     with interruptible() as cancel:
         for path in files:
             try:
@@ -62,6 +64,9 @@ def attach(app: App, files: tuple[str, ...], levels: str | None, no_server: bool
                 failed = True
                 continue
             bar.done()
+            if not attached:
+                say_served(client)
+            attached += 1
             for w in res.warnings:
                 if w not in bar.noted:
                     click.echo(f"Warning: {w}", err=True)
@@ -179,6 +184,7 @@ def ask(app: App, args, chat_id, docs, restore, generation, no_server, as_json):
     said: list[str] = []
 
     def on_restore(report) -> None:  # said before the answer streams: why it may be slow
+        say_served(client)
         say(report.messages)
         said.extend(report.messages)
 
@@ -264,6 +270,7 @@ def reopen(app: App, chat_id, restore, no_server, as_json):
         rep = (client or app.engine).reopen(chat_id, restore=restore, progress=bar,
                                             cancel=cancel)
     bar.done()
+    say_served(client)
     say(rep.messages)
     out = {"chat_id": chat_id, "tokens": rep.tokens, "restore_s": round(rep.restore_s, 4),
            "chunk_levels": rep.chunk_levels, "recomputed_tokens": rep.recomputed_tokens,

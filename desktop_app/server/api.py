@@ -407,7 +407,7 @@ def _error_of(e: BaseException) -> tuple[int, dict]:
     if isinstance(e, ApiError):
         return e.status, e.body
     if isinstance(e, MissingError):
-        return 404, s.error(str(e), code="not_found")
+        return 404, s.error(str(e), code="not_found", param=e.field)
     if isinstance(e, ContextFullError):  # OpenAI's code: clients trim their history on it
         return 400, s.error(str(e), code="context_length_exceeded", param=e.field)
     if isinstance(e, InvalidValue):
