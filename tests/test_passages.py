@@ -78,6 +78,28 @@ def test_code_passages_start_at_definitions_and_name_them():
         ((), "TOP = 2")]
 
 
+@pytest.mark.parametrize("name, kind", [("notes.txt", "text"), ("tool.py", "code")])
+def test_a_passages_lines_are_the_files_though_its_blank_runs_are_collapsed(tmp_path, name,
+                                                                             kind):
+    # Two blank lines between definitions (PEP 8), leading blank lines, trailing spaces and
+    # CRLF: the text collapses them, the lines a source cites must still be the file's.
+    blocks = [f"def f{i}(x):  \r\n" + "".join(f"    y{j} = x + {j}\r\n" for j in range(i % 4))
+              + "    return x\r\n" for i in range(60)]
+    path = tmp_path / name
+    path.write_bytes(("\r\n\r\n\r\n" + "\r\n\r\n".join(blocks)).encode())
+    ex = extract(path)
+    assert ex.kind == kind and "\n\n\n" not in ex.text
+    file_lines = path.read_bytes().decode().split("\r\n")
+    passages = split(ex.text, ex.kind, words, line_numbers=ex.lines, target=20, limit=40)
+    assert len(passages) > 10
+    for p in passages:
+        first, last = p.lines
+        cited = [line.rstrip() for line in file_lines[first - 1:last] if line.strip()]
+        assert cited == [line for line in p.text.split("\n") if line.strip()], p.lines
+    with pytest.raises(ValueError, match="line numbers"):
+        split(ex.text, ex.kind, words, line_numbers=ex.lines[:-1])
+
+
 def test_pdf_passages_carry_their_pages(tmp_path):
     pages = [["Chapter one opens here.", "It rains in Lisbon."],
              [],  # a page with no text: numbering goes on past it

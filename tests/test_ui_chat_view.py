@@ -54,6 +54,25 @@ def test_an_answer_over_passages_lists_its_sources_and_a_click_shows_one(qtbot):
     assert view.toPlainText().count("Sources: [1] lines 12-14") == 2
 
 
+def test_a_source_shown_keeps_its_indentation_and_stays_with_its_chat(qtbot):
+    from PySide6.QtCore import QUrl
+
+    view = ChatView()
+    qtbot.addWidget(view)
+    code = {"passage_id": 1, "document_id": 1, "index": 0, "text": "def f(x):\n    return x",
+            "score": 1.0, "lines": [3, 4]}
+    other = {**code, "passage_id": 2, "index": 1, "text": "Plain prose.", "lines": [9, 9]}
+    view.set_messages([MessageInfo(1, "user", "What is f?", 0.0),
+                       MessageInfo(2, "assistant", "A function.", 0.0,
+                                   {"sources": [other, code]})])
+    view._link(QUrl("kvdesk:source/1/1"))
+    assert "\n    return x" in view.toPlainText()
+    # Another chat, whose answer has fewer sources, opens with none shown.
+    view.set_messages([MessageInfo(5, "user", "Again?", 0.0),
+                       MessageInfo(6, "assistant", "Yes.", 0.0, {"sources": [other]})])
+    assert "Yes." in view.toPlainText() and "Plain prose." not in view.toPlainText()
+
+
 def test_a_long_document_says_how_many_passages_have_their_kv(qtbot):
     from desktop_app.results import DocumentInfo
     from ui.sidebar import DocumentList

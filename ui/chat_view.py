@@ -63,6 +63,7 @@ class ChatView(QTextBrowser):
         self._messages = list(messages)
         self._notes = dict(notes or {})
         self._streaming = None
+        self._open_source = None  # a source shown belongs to the chat it was opened in
         self._html, self._code = [], []
         for i in range(len(self._messages)):
             self._render_message(i)
@@ -151,11 +152,14 @@ class ChatView(QTextBrowser):
         links = [f'<a href="kvdesk:source/{i}/{j}" style="color:{c.muted}">[{j + 1}] '
                  f"{html.escape(s.location)}</a>" for j, s in enumerate(sources)]
         out = f'<p style="color:{c.muted};font-size:small">Sources: {" · ".join(links)}</p>'
-        if self._open_source is not None and self._open_source[0] == i:
+        if self._open_source is not None and self._open_source[0] == i \
+                and self._open_source[1] < len(sources):
             s = sources[self._open_source[1]]
             where = " › ".join([*s.heading, s.location])
-            out += (f'<blockquote style="color:{c.muted}"><b>{html.escape(where)}</b><br>'
-                    f'{html.escape(s.text).replace(chr(10), "<br>")}</blockquote>')
+            # pre-wrap: a passage of code keeps its indentation, long lines still wrap
+            out += (f'<blockquote style="color:{c.muted}"><b>{html.escape(where)}</b>'
+                    f'<div style="white-space:pre-wrap">{html.escape(s.text)}</div>'
+                    '</blockquote>')
         return out
 
     def _message_html(self, role: str, body: str, footer: str) -> str:

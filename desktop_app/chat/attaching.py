@@ -191,7 +191,8 @@ class Attacher:
             if not count:
                 count = self.passages.add(doc.id, extracted.text, extracted.kind,
                                           lambda text: len(rt.tokenize(text)),
-                                          pages=extracted.pages)
+                                          pages=extracted.pages,
+                                          line_numbers=extracted.lines)
             if cancel is not None and cancel.is_set():
                 raise Cancelled()
             self.store.set_document_tokens(doc.id, rt.fingerprint, doc_tokens, 0)

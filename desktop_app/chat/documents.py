@@ -50,6 +50,9 @@ class Extracted:
     warnings: list[str] = field(default_factory=list)
     # A PDF's pages that have text: (page number from 1, the offset in `text` it starts at).
     pages: tuple[tuple[int, int], ...] | None = None
+    # The file's line number of each line of `text` (blank runs are collapsed in `text`),
+    # where the text's lines are the file's: none for a PDF's or a web page's extracted text.
+    lines: tuple[int, ...] | None = None
 
     @property
     def content_hash(self) -> str:
@@ -96,11 +99,12 @@ def extract(path: str | Path) -> Extracted:
             text, title = raw, None
             kind = "markdown" if suffix in {".md", ".markdown", ".rst"} else (
                 "code" if suffix in CODE_SUFFIXES else "text")
-    text = _normalize(text)
-    if not text.strip():
+    normalized = _normalize(text)
+    if not normalized.strip():
         raise DocumentError(f"{path.name}: the document has no text")
-    return Extracted(text=text, title=title or path.name, kind=kind, source=str(path.resolve()),
-                     warnings=warnings, pages=pages)
+    lines = None if kind in ("pdf", "html") else _file_lines(text, normalized)
+    return Extracted(text=normalized, title=title or path.name, kind=kind,
+                     source=str(path.resolve()), warnings=warnings, pages=pages, lines=lines)
 
 
 def _decode(data: bytes, name: str, warnings: list[str]) -> str:
@@ -257,6 +261,24 @@ def _pdf_text(data: bytes, path: Path,
 
 
 def _normalize(text: str) -> str:
-    text = text.replace("\r\n", "\n").replace("\r", "\n")
-    text = re.sub(r"[ \t]+\n", "\n", text)
+    text = _line_ends(text)
     return re.sub(r"\n{3,}", "\n\n", text).strip("\n")
+
+
+def _line_ends(text: str) -> str:
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return re.sub(r"[ \t]+\n", "\n", text)
+
+
+def _file_lines(raw: str, normalized: str) -> tuple[int, ...]:
+    """The line number in `raw` of each line of `_normalize(raw)`: normalizing only drops
+    whole blank lines (leading, trailing, and all but one of a run), so the normalized lines
+    are the raw ones in order, each found at the next raw line equal to it."""
+    source = _line_ends(raw).split("\n")
+    out, at = [], 0
+    for line in normalized.split("\n"):
+        while source[at] != line:
+            at += 1
+        at += 1
+        out.append(at)
+    return tuple(out)

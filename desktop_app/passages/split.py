@@ -69,10 +69,13 @@ _DEFINITION = re.compile(
 
 
 def split(text: str, kind: str, count_tokens: CountFn, *,
-          pages: Sequence[tuple[int, int]] | None = None, target: int = TARGET_TOKENS,
+          pages: Sequence[tuple[int, int]] | None = None,
+          line_numbers: Sequence[int] | None = None, target: int = TARGET_TOKENS,
           limit: int = LIMIT_TOKENS) -> list[Passage]:
     """`text` as passages. `kind` is the document's (text, markdown, html, code, pdf);
-    `pages`: (page number, character offset its text starts at) of a PDF's pages, in order."""
+    `pages`: (page number, character offset its text starts at) of a PDF's pages, in order;
+    `line_numbers`: the file's number of each of `text`'s lines, where they differ (a file
+    whose blank runs the text collapsed), so that a passage's lines are the file's."""
     if not 0 < target <= limit:
         raise ValueError(f"a passage's target ({target}) must be positive and at most its "
                          f"limit ({limit})")
@@ -80,18 +83,22 @@ def split(text: str, kind: str, count_tokens: CountFn, *,
         "markdown", "text", "html")))
     if pages:
         units = _on_pages(units, pages)
-    lines = _Lines(text)
+    lines = _Lines(text, line_numbers)
     return _pack(text, units, count_tokens, target, limit, lines)
 
 
 class _Lines:
-    """Line numbers of character offsets."""
+    """Line numbers of character offsets (through `numbers`, the file's, when given)."""
 
-    def __init__(self, text: str):
+    def __init__(self, text: str, numbers: Sequence[int] | None = None):
         self._breaks = [m.start() for m in re.finditer("\n", text)]
+        if numbers is not None and len(numbers) != len(self._breaks) + 1:
+            raise ValueError(f"{len(numbers)} line numbers for {len(self._breaks) + 1} lines")
+        self._numbers = numbers
 
     def of(self, offset: int) -> int:
-        return bisect.bisect_left(self._breaks, offset) + 1
+        line = bisect.bisect_left(self._breaks, offset) + 1
+        return line if self._numbers is None else self._numbers[line - 1]
 
 
 def _line_spans(text: str):
