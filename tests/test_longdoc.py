@@ -89,7 +89,10 @@ def test_passage_kv_is_computed_once_then_read_back(make_engine, level):
     assert eng.store.passage_entries(eng.fingerprint) == {doc: 2}
     rt = eng.runtime
     own = [len(passage_prefix(rt, t).tokens) for t in PASSAGES[:2]]
-    assert first.recomputed_tokens >= sum(own)  # computed: each on its own, then the blend
+    # Both passages computed for this question: every token of its prefix was computed (each
+    # passage on its own, then the blend's share and the question); the local API's test
+    # below checks that nothing is counted twice (cached tokens 0, not below).
+    assert first.recomputed_tokens >= len(passage_layout(rt, PASSAGES[:2]).tokens)
 
     # A new chat retrieving the same passages reads them back: nothing computed again but
     # the blend's share of the second passage.
@@ -119,6 +122,18 @@ def test_a_question_naming_something_rare_is_given_the_passages_that_hold_it(mak
     assert [s.passage_id for s in chosen] == [eng.ids[0], eng.ids[1], eng.ids[3]]
     with pytest.raises(EngineError, match="the query is empty"):  # not "no passage matches"
         eng.passages(eng.doc, query="  ")
+
+
+def test_a_new_chat_over_a_short_document_holds_no_passages_of_an_earlier_one(make_engine):
+    eng = make_engine()
+    over_passages = eng.ask("What does the museum keep?", doc_ids=[eng.doc], generation=GREEDY)
+    assert over_passages.sources
+    short = eng.store.add_document("s" * 64, "Note", "The bakery opens at six.", type="text")
+    for doc_ids in ([short.id], []):
+        other = eng.ask("When does the bakery open?", doc_ids=doc_ids, generation=GREEDY)
+        assert other.sources == [] and not other.evidence
+        later = eng.ask("And on Sundays?", chat_id=other.chat_id, generation=GREEDY)
+        assert later.sources == []
 
 
 def test_follow_ups_keep_the_chats_passages_and_a_reopen_lays_them_out(make_engine):
@@ -187,6 +202,7 @@ def test_the_local_api_answers_from_passages_and_names_them(make_engine):
     messages = [{"role": "user", "content": "What does the museum keep?"}]
     first = eng.complete(messages, documents=[eng.doc], generation=GREEDY)
     assert eng.ids[1] in [s["passage_id"] for s in first.sources]
+    assert first.cached_tokens == 0  # its passages' KV computed for it: nothing was cached
     assert passage_entries(eng)  # computed on first retrieval, and kept
     eng.runtime.reset()
     again = eng.complete(messages, documents=[eng.doc], generation=GREEDY)

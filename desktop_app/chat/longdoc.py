@@ -79,6 +79,8 @@ class LongDocs:
         (None: it is stored with its first answer) holds them as a conversation not kept as a
         chat does (`offer`), until `adopt` gives them its id."""
         if not self.applies(docs):
+            if chat_id is None:  # a new chat's context holds no passages of an earlier one
+                self.offer(())
             return []
         history = self.library.history(chat_id) if chat_id is not None else []
         # (Retrieval keeps the last turns of these: follow-ups say "it".)
@@ -234,4 +236,5 @@ class LongDocs:
                          f"({ready.computed_tokens:,} tokens) and stored")
         if ready.pulled:
             notes.append(f"{ready.pulled} passage(s) taken from the shared cache")
-        return Parts(layout, ready.entries[1:], notes, ready.computed_tokens)
+        return Parts(layout, ready.entries[1:], notes,
+                     sum(layout.parts[i][1] - layout.parts[i][0] for i in ready.computed_at))

@@ -261,9 +261,9 @@ class ChatSession:
                      "computed in place): the answer is approximate"
                      + ("; the exact context is computed in the background"
                         if self.exact_later else ""))
-        return replace(report, tokens=len(tokens),
-                       recomputed_tokens=report.recomputed_tokens + len(rest)
-                       + parts.computed_tokens,
+        # (a passage computed for this prefix may also be among those recomputed in place)
+        computed = report.recomputed_tokens + len(rest) + parts.computed_tokens
+        return replace(report, tokens=len(tokens), recomputed_tokens=min(computed, len(tokens)),
                        messages=[*notes, *report.messages], blended=blend.as_dict())
 
     def _mode_of(self, docs: Sequence[Document], reused: int, recomputed: int) -> dict | None:

@@ -86,7 +86,8 @@ class Blend:
 @dataclass(frozen=True)
 class Parts:
     """What a blend is asked to assemble: a prefix's layout and each later part's own entry
-    (None: not cached here), with what making them ready took (notes, tokens computed)."""
+    (None: not cached here), with what making them ready took: notes, and the tokens of the
+    prefix whose KV was computed for it (a passage with none stored yet: its part)."""
 
     layout: Layout
     later: Sequence[Entry | None]

@@ -43,6 +43,7 @@ class Ready:
     # the model keeps no passage KV (`PassageKV.kept`)
     computed: int = 0  # passages computed here
     computed_tokens: int = 0
+    computed_at: list[int] = field(default_factory=list)  # which, by their place in the list
     pulled: int = 0  # passages taken from the shared cache
     notes: list[str] = field(default_factory=list)
 
@@ -94,7 +95,7 @@ class PassageKV:
                 "(`kvdesk calibrate`, or the window or `kvdesk serve` after an attach): its "
                 "model-independent levels lose answers"])
         ready = Ready([])
-        for document_id, text in passages:
+        for i, (document_id, text) in enumerate(passages):
             found = self.entry(rt, text, touch=True)
             if found is None:
                 found = self._pull(rt, text, document_id, ready)
@@ -104,6 +105,7 @@ class PassageKV:
                 rt.prefill(list(tokens), cancel=cancel, logits=False)
                 ready.computed += 1
                 ready.computed_tokens += len(tokens)
+                ready.computed_at.append(i)
                 entry_id = self.kv.store_prefix(rt, tokens, (self.level,), document_id=document_id,
                                                 cancel=cancel, passage=True)
                 if entry_id is not None:
