@@ -202,3 +202,25 @@ def test_a_prompt_continued_as_it_is_is_not_cut_at_a_line_by_a_base_models_chat_
     done = gemma_engine.complete(RawPrompt("Shopping list:\n- apples\n- pears\n-"),
                                  generation=GenerationOptions(max_tokens=24, temperature=0))
     assert "\n" in done.text.strip() and done.completion_tokens > 6, done
+
+
+def test_a_plain_answer_is_ended_by_a_line_break_only_after_its_text(runtime, monkeypatch):
+    # A base model often opens its answer with a line break; ending there answered nothing.
+    from desktop_app.model import llamacalls
+
+    newline, word = runtime.tokenize("\n")[-1], runtime.tokenize(" Sunday")[-1]
+    script = iter([newline, word, newline, word])
+
+    class Scripted:
+        def sample(self, ctx, idx):
+            return next(script)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(llamacalls, "chain", lambda *a, **k: Scripted())
+    monkeypatch.setattr(runtime, "chat_template", kvdesk(ct.PLAIN_TEMPLATE))
+    runtime.reset()
+    runtime.prefill(runtime.tokenize("Question: When?\nAnswer:"))
+    assert [t.text for t in runtime.generate(8)] == ["\n", " Sunday"]
+    runtime.reset()

@@ -21,7 +21,31 @@ PREFLIGHT = {"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
 
 def client(tmp_path, api_key=None, **settings) -> TestClient:
     app = App(Settings(data_dir=str(tmp_path), **settings))
-    return TestClient(create_api(app, api_key=api_key, stopping=bridge.Stopping()))
+    return TestClient(create_api(app, api_key=api_key, stopping=bridge.Stopping()),
+                      base_url="http://127.0.0.1:8765")
+
+
+def test_a_page_not_allowed_and_a_host_name_not_this_machines_are_refused(tmp_path):
+    c = client(tmp_path, cors_origins=(ORIGIN,))
+    # A form's POST from another site (no preflight): refused before anything runs.
+    form = c.post("/v1/kvdesk/ask", content=b'{"question": "hi"}',
+                  headers={"Origin": "http://evil.example",
+                           "content-type": "application/x-www-form-urlencoded"})
+    assert form.status_code == 403 and "cors_origins" in form.json()["error"]["message"]
+    assert c.get("/api/tags", headers={"Origin": "null"}).json() == {"error": (
+        "requests from the web page null are not allowed: list it in the setting "
+        "cors_origins to let it use kvdesk")}
+    assert c.get("/v1/models", headers={"Origin": ORIGIN}).status_code == 200
+    # A page that rebound its own name to 127.0.0.1 still sends that name.
+    rebound = c.get("/v1/kvdesk/documents", headers={"Host": "attacker.example:8765"})
+    assert rebound.status_code == 403 and "API key" in rebound.json()["error"]["message"]
+    for host in ("localhost:8765", "127.0.0.1", "[::1]:8765", "::1", "127.0.0.2:1",
+                 "LOCALHOST"):
+        assert c.get("/v1/models", headers={"Host": host}).status_code == 200, host
+    # With a key (a server that may listen on the network) the key decides, not the name.
+    keyed = client(tmp_path / "k", api_key="s3cret")
+    assert keyed.get("/v1/models", headers={"Host": "box.lan:8765",
+                                            "Authorization": "Bearer s3cret"}).status_code == 200
 
 
 def test_a_keyed_server_answers_an_allowed_pages_preflight_and_lets_it_read_a_401(tmp_path):

@@ -287,7 +287,8 @@ class Runtime:
         chat: bool = True,
     ) -> Iterator[Token]:
         """Stream tokens continuing the sequence until end-of-generation, max_tokens or cancel;
-        in a `chat`, also where the chat template ends an answer (False: a prompt as it is).
+        in a `chat`, also where the chat template ends an answer, once it has said something
+        (False: a prompt as it is).
 
         `options` are run as they are: a stage whose field is None is off (greedy without
         penalties by default); the engine resolves the layers of defaults first. The context
@@ -298,6 +299,7 @@ class Runtime:
         sampler = llamacalls.chain(options, n_vocab=self.llm.n_vocab(), n_ctx=self.n_ctx)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         pending = None  # sampled and yielded, not yet evaluated
+        said = False  # any text yet: a plain template's line break before it ends nothing
         try:
             with self._lock:
                 for _ in range(max_tokens):
@@ -309,7 +311,7 @@ class Runtime:
                     if self.llm.n_tokens >= self.n_ctx:
                         raise RuntimeStateError(f"the context of {self.n_ctx} tokens is full")
                     tok = sampler.sample(self.llm._ctx, -1)
-                    if self.is_end_of_generation(tok, chat=chat):
+                    if self.is_end_of_generation(tok, chat=chat and said):
                         return
                     # (_model.token_to_piece returns its whole 32-byte buffer, NULs included.)
                     piece = self.llm._model.detokenize([tok], special=False)
@@ -317,7 +319,9 @@ class Runtime:
                     # latency is one decode shorter. It is evaluated before the next sample,
                     # or when the caller stops iterating, so every yielded token is in context.
                     pending = tok
-                    yield Token(tok, decoder.decode(piece))
+                    text = decoder.decode(piece)
+                    said = said or bool(text.strip())
+                    yield Token(tok, text)
         finally:
             if pending is not None:
                 with self._lock:

@@ -6,6 +6,12 @@ error dialect of Ollama's routes.
   other origin gets no CORS header, so the browser keeps the response from the page. "*" (any
   page) is refused when an API key is set: every page the user opens could then spend the key's
   access. Preflights are answered before the API key is checked, as browsers send them bare.
+- **Pages the user did not allow.** A browser sends some requests across sites without asking
+  first (a form's POST), and a page can rebind its own name to 127.0.0.1. So a request that
+  says it comes from a page (`Origin`) not in `cors_origins` is refused (403), whatever its
+  method, and without an API key (the server then listens on this machine only) so is one
+  addressed to any host name but this machine's (`Host`: localhost, 127.0.0.1, [::1]).
+  Clients that are not browsers send no `Origin` and address the host they connect to.
 - **Unknown routes.** Every route kvdesk does not serve is answered in the API's error JSON
   naming it (`POST /v1/embeddings: not served by kvdesk`), and a known route asked with the
   wrong method says which methods it takes: never a bare "Not Found".
@@ -16,9 +22,11 @@ error dialect of Ollama's routes.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 
 from fastapi import FastAPI, Request
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 
@@ -49,11 +57,51 @@ def install(api: FastAPI, *, origins: tuple[str, ...], api_key: str | None) -> N
     # whenever a route is added: no route raises these, only the router when none matches.
     api.add_exception_handler(404, unknown)
     api.add_exception_handler(405, unknown)
-    api.add_middleware(OllamaErrors)
+    api.add_middleware(PageGuard, origins=origins, api_key=api_key)
+    api.add_middleware(OllamaErrors)  # outside the guard: its refusals in Ollama's shape too
     if origins:  # added last: outermost, so preflights are answered before the key is checked
         api.add_middleware(CORSMiddleware, allow_origins=list(origins),
                            allow_methods=["GET", "POST", "DELETE"], allow_headers=["*"],
                            allow_credentials=False, max_age=600)
+
+
+class PageGuard:
+    """Refuses a web page's request it was not allowed to make (the module's docstring)."""
+
+    def __init__(self, app, origins: tuple[str, ...], api_key: str | None):
+        self.app, self.origins, self.api_key = app, tuple(origins), api_key
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            headers = Headers(scope=scope)
+            origin, host = headers.get("origin"), headers.get("host")
+            why = None
+            if origin is not None and origin not in self.origins and "*" not in self.origins:
+                why = (f"requests from the web page {origin} are not allowed: list it in the "
+                       "setting cors_origins to let it use kvdesk")
+            elif self.api_key is None and host is not None and not _loopback(host):
+                why = (f"requests addressed to {host} are not answered: without an API key "
+                       "kvdesk answers only requests to this machine (localhost, 127.0.0.1)")
+            if why:
+                return await _json(403, s.error(why, code="forbidden"))(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
+def _loopback(host: str) -> bool:
+    """Whether a Host header names this machine: localhost, a loopback address; any port."""
+    if host.startswith("["):  # [::1], [::1]:8765
+        name = host[1:].split("]", 1)[0]
+    elif host.count(":") == 1:  # name:port
+        name = host.split(":", 1)[0]
+    else:  # a name alone, or an IPv6 address unbracketed
+        name = host
+    name = name.rstrip(".").lower()
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 class OllamaErrors:
