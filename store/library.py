@@ -31,7 +31,7 @@ from .tokens import decode, encode
 def get(table: sqlite_utils.db.Table, key: Any, what: str) -> dict:
     try:
         return table.get(key)
-    except sqlite_utils.db.NotFoundError:
+    except (sqlite_utils.db.NotFoundError, OverflowError):  # (no row id is past 64 bits)
         raise NotFoundError(f"no {what} {key!r}") from None
 
 
@@ -43,7 +43,11 @@ def _update(db: sqlite_utils.Database, table: str, row_id: int, what: str, **cha
 def delete(db: sqlite_utils.Database, table: str, row_id: int, what: str) -> None:
     # Foreign keys cascade: documents/chats -> their KV entries -> entries extending those
     # -> spans -> chunks; chats -> messages -> their tokens; either -> chat_documents.
-    if not db.execute(f"DELETE FROM {table} WHERE id = ?", (row_id,)).rowcount:
+    try:
+        deleted = db.execute(f"DELETE FROM {table} WHERE id = ?", (row_id,)).rowcount
+    except OverflowError:
+        deleted = 0
+    if not deleted:
         raise NotFoundError(f"no {what} {row_id}")
 
 

@@ -119,3 +119,31 @@ def test_the_served_models_names(tmp_path):
     listed = {m.path: m.name for m in by_path.app.list_models()}
     assert by_path.listed_name == listed[str(path)] and "tiny" in by_path.listed_name
     assert by_path.is_ollama_name(by_path.listed_name)
+
+
+def test_bad_text_ids_and_paths_are_the_clients_errors_not_the_servers(tmp_path):
+    c = client(tmp_path, server_attach_folders=(str(tmp_path),))
+    lone = b'{"model": "default", "messages": [{"role": "user", "content": "hi \\ud800 x"}]}'
+    r = c.post("/v1/chat/completions", content=lone,
+               headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages.0.content"
+    assert "surrogate" in r.json()["error"]["message"]
+    r = c.post("/api/generate", content=b'{"model": "m", "prompt": "\\udc00"}')
+    assert r.status_code == 400 and "surrogate" in r.json()["error"]
+    # A whole pair (an emoji as json.dumps writes it) is text: the route decides.
+    pair = b'{"model": "gpt-9", "messages": [{"role": "user", "content": "\\ud83d\\ude00"}]}'
+    r = c.post("/v1/chat/completions", content=pair,
+               headers={"content-type": "application/json"})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    huge = 10 ** 30
+    for method, url in (("GET", f"/v1/kvdesk/chats/{huge}/messages"),
+                        ("DELETE", f"/v1/kvdesk/documents/{huge}"),
+                        ("DELETE", f"/v1/kvdesk/chats/{huge}")):
+        r = c.request(method, url)
+        assert r.status_code == 404 and f"no {url.split('/')[3][:-1]} {huge}" in \
+            r.json()["error"]["message"], (url, r.text)
+    nul = c.post("/v1/kvdesk/documents", json={"path": str(tmp_path / "a\x00.pdf")})
+    assert nul.status_code == 400 and nul.json()["error"]["param"] == "path"
+    typed = c.post("/v1/kvdesk/documents", json={"path": 5})
+    assert typed.status_code == 400 and typed.json()["error"]["param"] == "path"
+    assert "pydantic" not in typed.text and "\n" not in typed.json()["error"]["message"]

@@ -143,7 +143,10 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
     def engine():
         return app.engine
 
+    from . import edges  # (it answers in this module's errors)
+
     api.add_middleware(KeyGuard, api_key=api_key)
+    api.add_middleware(edges.TextCheck)
     api.add_middleware(BodyLimit)
     api.add_middleware(JsonBody)
 
@@ -299,7 +302,7 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
 
     # The rest of OpenAI's surface, Ollama's API, and the edges (CORS, unknown routes, Ollama's
     # error JSON); imported here, as they use this module's errors.
-    from . import edges, legacy, ollama, responses
+    from . import legacy, ollama, responses
 
     legacy.install(api, app, stopping)
     responses.install(api, app, stopping)
@@ -362,11 +365,19 @@ async def _attachment(request: Request, allowed: tuple[str, ...]):
             raise
         return path, levels, cleanup
     try:
-        body = s.AttachByPath.model_validate(json.loads(await request.body()))
-    except (ValueError, TypeError) as e:
+        data = json.loads(await request.body())
+    except ValueError as e:
         raise ApiError(400, f"a JSON body {{\"path\", \"levels\"}} or a file upload is "
-                       f"needed ({e})") from None
-    path = Path(body.path).expanduser().resolve()
+                       f"needed (the body is not JSON: {e})") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "a JSON object {\"path\", \"levels\"} or a file upload is needed")
+    body = parse(s.AttachByPath, data)
+    if "\0" in body.path:
+        raise ApiError(400, "path: a file name holds no NUL character", param="path")
+    try:
+        path = Path(body.path).expanduser().resolve()
+    except (OSError, RuntimeError) as e:  # a name too long, a link loop
+        raise ApiError(400, f"path: cannot be resolved ({e})", param="path") from None
     if not any(path.is_relative_to(Path(f).expanduser().resolve()) for f in allowed):
         # Never the resolved path: a link's target is not the client's to learn.
         raise ApiError(403, "this path is outside the allowed folders: upload the file, or "

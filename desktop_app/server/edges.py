@@ -12,6 +12,8 @@ error dialect of Ollama's routes.
   method, and without an API key (the server then listens on this machine only) so is one
   addressed to any host name but this machine's (`Host`: localhost, 127.0.0.1, [::1]).
   Clients that are not browsers send no `Origin` and address the host they connect to.
+- **Text that is not Unicode.** JSON may write half of a UTF-16 surrogate pair (`"\\ud800"`),
+  which no tokenizer takes: such a body is refused (400) before any route reads it.
 - **Unknown routes.** Every route kvdesk does not serve is answered in the API's error JSON
   naming it (`POST /v1/embeddings: not served by kvdesk`), and a known route asked with the
   wrong method says which methods it takes: never a bare "Not Found".
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 
 from fastapi import FastAPI, Request
 from starlette.datastructures import Headers
@@ -63,6 +66,65 @@ def install(api: FastAPI, *, origins: tuple[str, ...], api_key: str | None) -> N
         api.add_middleware(CORSMiddleware, allow_origins=list(origins),
                            allow_methods=["GET", "POST", "DELETE"], allow_headers=["*"],
                            allow_credentials=False, max_age=600)
+
+
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+class TextCheck:
+    """Refuses a JSON body whose strings hold a lone surrogate (the module's docstring). Inside
+    the body limit: the body it reads whole is at most the route's limit."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH") or \
+                not Headers(scope=scope).get("content-type", "").startswith("application/json"):
+            return await self.app(scope, receive, send)
+        messages, body = [], bytearray()
+        while True:
+            try:
+                message = await receive()
+            except HTTPException as e:  # the body limit's 413, raised as the body is read
+                return await _json(e.status_code, s.error(
+                    e.detail, code="request_too_large" if e.status_code == 413 else None)
+                )(scope, receive, send)
+            messages.append(message)
+            body.extend(message.get("body", b""))
+            if message["type"] != "http.request" or not message.get("more_body"):
+                break
+        if _SURROGATE.search(body) and (where := _lone_surrogate(bytes(body))):
+            return await _json(400, s.error(f"{where}: the text holds half of a UTF-16 "
+                                            "surrogate pair, which is not Unicode", param=where)
+                               )(scope, receive, send)
+        replay = iter(messages)
+
+        async def replayed():
+            return next(replay, None) or await receive()
+
+        return await self.app(scope, replayed, send)
+
+
+def _lone_surrogate(body: bytes) -> str | None:
+    """The place ("messages.0.content") of the first string in a JSON body that is not valid
+    Unicode; None when there is none (or the body is not JSON: the route says so)."""
+    try:
+        stack = [((), json.loads(body))]
+    except ValueError:
+        return None
+    while stack:
+        at, value = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return ".".join(map(str, at)) or "body"
+        elif isinstance(value, dict):
+            stack.extend(((*at, k), v) for k, v in reversed(value.items()))
+        elif isinstance(value, list):
+            stack.extend(((*at, i), v) for i, v in reversed(list(enumerate(value))))
+    return None
 
 
 class PageGuard:
