@@ -163,7 +163,18 @@ def test_bad_requests_get_openai_errors(served):
         (json.dumps({"model": "default", "messages": [{"role": "user", "content": "hi"}],
                      "kvdesk": {"documents": [999]}}), 404, "not_found"),
     ]
-    for body, status, code in cases:
+    # Streamed, a request refused before its answer begins gets the same status, not a 200
+    # stream carrying the error (clients trim their history on context_length_exceeded).
+    long = [{"role": "user", "content": "ferry " * 3000}]
+    for stream_url, extra in (("/v1/chat/completions", {"messages": long}),
+                              ("/v1/completions", {"prompt": "ferry " * 3000}),
+                              ("/v1/responses", {"input": "ferry " * 3000})):
+        cases.append((json.dumps({"model": "default", "stream": True, **extra}), 400,
+                      "context_length_exceeded", stream_url))
+    cases.append((json.dumps({"model": "default", "stream": True, "messages": conversation(),
+                              "kvdesk": {"documents": [999]}}), 404, "not_found"))
+    for body, status, code, *where in cases:
+        url = f"{served.url}{where[0]}" if where else f"{served.url}/v1/chat/completions"
         r = httpx.post(url, content=body, headers={"content-type": "application/json"},
                        trust_env=False)
         assert r.status_code == status, (body, r.text)
@@ -173,6 +184,9 @@ def test_bad_requests_get_openai_errors(served):
             assert error["code"] == code
         if code == "not_found":  # a client can tell which of its fields named nothing
             assert error["param"] == "kvdesk.documents"
+    ollama = httpx.post(f"{served.url}/api/chat", trust_env=False, timeout=120,
+                        json={"model": "default", "messages": long, "stream": True})
+    assert ollama.status_code == 400 and "context" in ollama.json()["error"]
     huge = "x" * (17 << 20)
     r = httpx.post(url, content=huge, headers={"content-type": "application/json"},
                    trust_env=False)

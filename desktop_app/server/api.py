@@ -164,8 +164,10 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
 
     @api.exception_handler(HTTPException)
     async def http_error(request: Request, e: HTTPException):
-        code = "request_too_large" if e.status_code == 413 else str(e.status_code)
-        return _json(e.status_code, s.error(str(e.detail), code=code))
+        message = ("the body is not valid JSON in UTF-8"
+                   if e.detail == "There was an error parsing the body" else str(e.detail))
+        code = "request_too_large" if e.status_code == 413 else None
+        return _json(e.status_code, s.error(message, code=code))
 
     @api.exception_handler(ApiError)
     async def api_error(request: Request, e: ApiError):
@@ -216,10 +218,12 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
         def work(emit, cancel):
             return engine().complete(messages, cancel=cancel, on_token=emit, **options)
 
+        reports = await bridge.opened(request, stopping, work)
+
         async def chunks():
             yield _data(s.chunk(cid=cid, model=body.model,
                                 delta={"role": "assistant", "content": ""}))
-            async for kind, item in bridge.events(stopping, work):
+            async for kind, item in reports:
                 if kind == "event":
                     yield _data(s.chunk(cid=cid, model=body.model, delta={"content": item}))
                 elif kind == "error":
@@ -320,8 +324,10 @@ async def _respond(request: Request, stopping: bridge.Stopping,
         return (await bridge.call(request, stopping, lambda cancel: work(
             lambda _: None, cancel))).as_dict()
 
+    reports = await bridge.opened(request, stopping, work)
+
     async def events():
-        async for kind, item in bridge.events(stopping, work):
+        async for kind, item in reports:
             if kind == "error":
                 yield _data(_error_of(item)[1])
             elif kind == "done":

@@ -5,7 +5,10 @@ worker thread with a `threading.Event` as its cancel. `call` waits for it while 
 client: a client that goes away, or a server shutting down, sets the cancel, which the engine
 polls between tokens and chunks. `events` runs a call that reports as it goes (restore, tokens,
 progress) and yields each report to an async generator: the server-sent events of a streamed
-response, cancelled the same way when the client disconnects mid-stream.
+response, cancelled the same way when the client disconnects mid-stream. `opened` starts such
+a stream and waits for its first report, so that a call refused before it reports anything
+(an unknown document, a prompt over the context) raises, and the route answers with the
+error's status instead of a stream that opened with 200 and carries the error inside.
 
 It knows nothing of OpenAI's shapes or of which engine method is called.
 """
@@ -100,3 +103,33 @@ async def events(stopping: Stopping,
     finally:
         cancel.set()  # a client gone mid-stream: the engine stops within a token
         stopping.unregister(cancel)
+
+
+async def opened(request: Request, stopping: Stopping,
+                 work: Callable[[Callable[[Any], None], threading.Event], T]
+                 ) -> AsyncIterator[tuple[str, Any]]:
+    """`events(stopping, work)` once it has its first report; the exception of a call that
+    failed before reporting anything is raised here. A client gone while it waits gets an
+    empty stream (the call is cancelled)."""
+    stream = events(stopping, work)
+    first = asyncio.ensure_future(anext(stream))
+    while not (await asyncio.wait({first}, timeout=POLL_S))[0]:
+        if await request.is_disconnected():
+            first.cancel()  # the generator's own cleanup cancels the call
+            await asyncio.gather(first, return_exceptions=True)
+            return _chained(None, stream)
+    kind, item = first.result()
+    if kind == "error":
+        await stream.aclose()
+        raise item
+    return _chained((kind, item), stream)
+
+
+async def _chained(first, stream):
+    try:
+        if first is not None:
+            yield first
+            async for report in stream:
+                yield report
+    finally:
+        await stream.aclose()

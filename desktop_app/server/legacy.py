@@ -100,12 +100,13 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
                 final.append({**shaped("", None), "choices": [], "usage": s.usage(done)})
             return final
 
+        objects = await streams.objects(
+            request, stopping, lambda emit, cancel: app.engine.complete(
+                prompt, cancel=cancel, on_token=emit, **options),
+            piece=lambda text: shaped(text, None), done=last, error=lambda e: _error_of(e)[1])
+
         async def events():
-            async for obj in streams.objects(
-                    stopping, lambda emit, cancel: app.engine.complete(
-                        prompt, cancel=cancel, on_token=emit, **options),
-                    piece=lambda text: shaped(text, None), done=last,
-                    error=lambda e: _error_of(e)[1]):
+            async for obj in objects:
                 yield _data(obj)
             yield {"data": "[DONE]"}
 

@@ -173,14 +173,18 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
                      "item": answered["output"][0]},
                     {"type": f"response.{answered['status']}", "response": answered}]
 
-        async def events():
-            objects = streams.objects(
-                stopping, lambda emit, cancel: app.engine.complete(
+        try:
+            objects = await streams.objects(
+                request, stopping, lambda emit, cancel: app.engine.complete(
                     messages, generation=generation, cancel=cancel, on_token=emit),
                 piece=lambda text: {"type": "response.output_text.delta", **at,
                                     "content_index": 0, "delta": text, "logprobs": []},
                 done=closing,
                 error=lambda e: {**_error_of(_in_input(e))[1]["error"], "type": "error"})
+        except ContextFullError as e:  # refused before it began: the status says so
+            raise _in_input(e) from None
+
+        async def events():
             n = 0
             for kind, obj in opening:
                 yield _event({"type": kind, **obj}, n)

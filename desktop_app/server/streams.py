@@ -2,9 +2,10 @@
 
 OpenAI's text completions stream server-sent events, Ollama's API JSON lines; both carry, in
 order, one object per piece of text, then the answer's last object(s), or one error object if
-the answer failed. `objects` runs the engine call (through `bridge.events`, so a client that
-leaves stops it within a token) and maps each report with the dialect's three functions;
-`ndjson` frames them as Ollama's lines.
+the answer failed once it had begun (a call refused before its first piece raises, for its
+route to answer with the error's status: `bridge.opened`). `objects` runs the engine call
+(through `bridge`, so a client that leaves stops it within a token) and maps each report with
+the dialect's three functions; `ndjson` frames them as Ollama's lines.
 
 It knows neither dialect's shapes nor which engine call it runs.
 """
@@ -15,26 +16,32 @@ import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from . import bridge
 
 
-async def objects(stopping: bridge.Stopping,
+async def objects(request: Request, stopping: bridge.Stopping,
                   work: Callable[[Callable[[Any], None], Any], Any], *,
                   piece: Callable[[str], dict], done: Callable[[Any], list[dict]],
                   error: Callable[[BaseException], dict]) -> AsyncIterator[dict]:
     """work(emit, cancel)'s emitted text as piece(text) objects, then done(result)'s objects,
-    or error(exception)'s."""
-    async for kind, item in bridge.events(stopping, work):
-        if kind == "event":
-            if item:
-                yield piece(item)
-        elif kind == "error":
-            yield error(item)
-        else:
-            for obj in done(item):
-                yield obj
+    or error(exception)'s; raises what the call raised before its first piece."""
+    reports = await bridge.opened(request, stopping, work)
+
+    async def mapped():
+        async for kind, item in reports:
+            if kind == "event":
+                if item:
+                    yield piece(item)
+            elif kind == "error":
+                yield error(item)
+            else:
+                for obj in done(item):
+                    yield obj
+
+    return mapped()
 
 
 def ndjson(stream: AsyncIterator[dict]) -> StreamingResponse:
