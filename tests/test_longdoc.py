@@ -199,8 +199,12 @@ def test_eviction_takes_passage_kv_and_keeps_text_and_index(make_engine):
 
 def test_the_local_api_answers_from_passages_and_names_them(make_engine):
     eng = make_engine()
+    eng.session.exact_later = True  # (a long-running engine's, which makes a chat's exact)
     messages = [{"role": "user", "content": "What does the museum keep?"}]
     first = eng.complete(messages, documents=[eng.doc], generation=GREEDY)
+    # A prompt is no chat: nothing makes its blended context exact, and no note says so.
+    assert any("blended" in m for m in first.messages)
+    assert not any("in the background" in m for m in first.messages)
     assert eng.ids[1] in [s["passage_id"] for s in first.sources]
     assert first.cached_tokens == 0  # its passages' KV computed for it: nothing was cached
     assert passage_entries(eng)  # computed on first retrieval, and kept

@@ -137,7 +137,7 @@ class Completions:
                 raise ContextFullError(f"the prompt has {len(prompt):,} tokens; the context "
                                        f"holds {rt.n_ctx:,} with room to answer",
                                        "prompt" if isinstance(messages, RawPrompt) else "messages")
-            report = s.bring_in(rt, None, prompt[:-1], options=restore, progress=None,
+            report = s.bring_in(rt, None, prompt[:-1], options=restore, progress=None, chat=False,
                                 cancel=cancel, question=prompt[-1:])
             if on_restore:
                 on_restore(report)

@@ -137,15 +137,15 @@ class ChatSession:
     def bring_in(self, rt: Runtime, chat_id: int | None, tokens: list[int], *,
                  options: RestoreOptions, progress: ProgressFn | None,
                  cancel: threading.Event | None, question: Sequence[int] = (),
-                 reuse: bool = True, docs: Sequence[Document] = ()) -> RestoreReport:
+                 reuse=True, docs: Sequence[Document] = (), chat=True) -> RestoreReport:
         """Make the context hold exactly `tokens` + `question`, with fresh logits when a
         question is given.
 
         What the context already holds is kept when it starts with `tokens` and was loaded
         the way this call asks for; only the question tokens it lacks are computed. Tokens
         that begin with the prefix of a chat over several documents `docs`, of which no exact
-        copy is stored, come back blended from the documents' own caches (`blending`).
-        """
+        copy is stored, come back blended from the documents' own caches (`blending`), made
+        exact in the background only for a `chat` (not a local API's prompt)."""
         t0 = time.perf_counter()
         full = [*tokens, *question]
         if reuse and not options.no_cache and options in (RestoreOptions(), self._loaded):
@@ -179,7 +179,8 @@ class ChatSession:
             try:
                 if parts is not None:
                     with self.contexts.restoring():
-                        report = self._blend(rt, parts, tokens, docs, effective, progress, cancel)
+                        report = self._blend(rt, parts, tokens, docs, effective, progress,
+                                             cancel, chat)
                     self._loaded = options
                     rt.prefill(question, cancel=cancel)
                     return report
@@ -241,7 +242,7 @@ class ChatSession:
         return Parts(layout, [self.store.document_entry(d.id, rt.fingerprint)
                               for d in docs[1:len(layout.parts)]])
 
-    def _blend(self, rt, parts, tokens, docs, options, progress, cancel) -> RestoreReport:
+    def _blend(self, rt, parts, tokens, docs, options, progress, cancel, chat) -> RestoreReport:
         layout = parts.layout
         first_end = layout.parts[0][1]
         source, notes = self.sharing.source(rt.fingerprint, list(layout.tokens[:first_end]))
@@ -260,7 +261,7 @@ class ChatSession:
                      f"({blend.reused_tokens:,} tokens reused, {blend.recomputed_tokens:,} "
                      "computed in place): the answer is approximate"
                      + ("; the exact context is computed in the background"
-                        if self.exact_later else ""))
+                        if self.exact_later and chat else ""))
         # (a passage computed for this prefix may also be among those recomputed in place)
         computed = report.recomputed_tokens + len(rest) + parts.computed_tokens
         return replace(report, tokens=len(tokens), recomputed_tokens=min(computed, len(tokens)),
@@ -284,8 +285,7 @@ class ChatSession:
             self._loaded = None
 
     def reopen(self, chat_id: int, *, restore: RestoreOptions = RestoreOptions(),
-               progress: ProgressFn | None = None,
-               cancel: threading.Event | None = None) -> RestoreReport:
+               progress: ProgressFn | None = None, cancel=None) -> RestoreReport:
         """Restore a chat's whole context, ready for the next question."""
         self.library.chat(chat_id)
         with self.lock:
