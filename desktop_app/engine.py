@@ -224,8 +224,8 @@ class Engine:
     def delete_chat(self, chat_id: int) -> None:
         self.library.delete_chat(chat_id)
 
-    def delete_document(self, doc_id: int) -> None:
-        self.library.delete_document(doc_id)
+    def delete_document(self, doc_id: int) -> list[int]:
+        return self.library.delete_document(doc_id)
 
     def export_chat(self, chat_id: int, fmt: str = "markdown") -> str:
         return self.library.export_chat(chat_id, fmt)

@@ -129,11 +129,26 @@ def test_a_new_chat_over_a_short_document_holds_no_passages_of_an_earlier_one(ma
     over_passages = eng.ask("What does the museum keep?", doc_ids=[eng.doc], generation=GREEDY)
     assert over_passages.sources
     short = eng.store.add_document("s" * 64, "Note", "The bakery opens at six.", type="text")
+    mixed = eng.ask("When does the bakery open?", doc_ids=[eng.doc, short.id],
+                    generation=GREEDY)
+    assert any(m.startswith("Note not read in this chat") and "a chat of its own" in m
+               for m in mixed.messages), mixed.messages
     for doc_ids in ([short.id], []):
         other = eng.ask("When does the bakery open?", doc_ids=doc_ids, generation=GREEDY)
         assert other.sources == [] and not other.evidence
         later = eng.ask("And on Sundays?", chat_id=other.chat_id, generation=GREEDY)
         assert later.sources == []
+
+
+def test_a_chat_whose_document_is_deleted_says_so_and_reads_none_of_its_passages(
+        make_engine):
+    eng = make_engine()
+    first = eng.ask("What does the museum keep?", doc_ids=[eng.doc], generation=GREEDY)
+    assert eng.delete_document(eng.doc) == [first.chat_id]
+    later = eng.ask("And the tower?", chat_id=first.chat_id, generation=GREEDY)
+    assert later.sources == [] and later.documents == []
+    assert f"document {eng.doc} of this chat was deleted: the chat goes on without it" \
+        in later.messages
 
 
 def test_follow_ups_keep_the_chats_passages_and_a_reopen_lays_them_out(make_engine):

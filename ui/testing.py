@@ -337,9 +337,10 @@ class FakeEngine:
         del self._chats[chat_id]
         del self._messages[chat_id]
 
-    def delete_document(self, doc_id: int) -> None:
+    def delete_document(self, doc_id: int) -> list[int]:
         self._enter("delete_document", doc_id)
         del self._docs[doc_id]
+        return []
 
     def estimate(self, *, chat_id: int | None = None,
                  doc_ids: Sequence[int] = ()) -> RestoreEstimate:

@@ -158,9 +158,25 @@ class Library:
         self.chat(chat_id)
         self.store.delete_chat(chat_id)
 
-    def delete_document(self, doc_id: int) -> None:
+    def delete_document(self, doc_id: int) -> list[int]:
+        """Delete a document and its caches; the chats that were about it (they keep their
+        messages and go on without it: `removed`)."""
         self.document(doc_id)
+        chats = sorted(c for c, docs in self.store.chat_document_ids().items() if doc_id in docs)
         self.store.delete_document(doc_id)
+        return chats
+
+    def removed(self, chat_id: int) -> list[str]:
+        """A note when documents that answers of this chat were given are gone since."""
+        now = {d.id for d in self.chat_documents(chat_id)}
+        gone = sorted({d for m in self.history(chat_id) if m.role == "assistant" and m.stats
+                       for d in m.stats.get("documents") or ()} - now)
+        if not gone:
+            return []
+        which = ", ".join(map(str, gone))
+        return [f"document {which} of this chat was deleted: the chat goes on without it"
+                if len(gone) == 1 else
+                f"documents {which} of this chat were deleted: the chat goes on without them"]
 
     def export_chat(self, chat_id: int, fmt: str = "markdown") -> str:
         chat = self.chat(chat_id)

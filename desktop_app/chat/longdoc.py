@@ -137,9 +137,11 @@ class LongDocs:
         chosen = self._fit(rt, hits, list(kept), self.prompter.room(rt) - used,
                            [d.id for d in docs])
         notes = []
-        if len(docs) > len(split):
-            notes.append(f"{len(docs) - len(split)} document(s) of this chat fit the context "
-                         "whole and are not among the passages searched")
+        if whole := [d.title for d in docs if d.id not in split]:
+            names = ", ".join(whole)
+            notes.append(f"{names} not read in this chat: a chat over a document longer than "
+                         "the context reads only the passages retrieved from it (ask about "
+                         f"{names} in a chat of its own)")
         if hits and not chosen:
             notes.append("no retrieved passage fits what is left of the context: "
                          "start a new chat")
@@ -176,6 +178,8 @@ class LongDocs:
     def sources(self, chat_id: int | None) -> list[Source]:
         """The passages chat `chat_id`'s context holds: those of its latest question, or, in
         another process, those its last answer named (a chat not created yet: those offered)."""
+        if chat_id is not None and not self.applies(self.library.chat_documents(chat_id)):
+            return []  # (no longer: its document was deleted)
         with self._lock:
             if chat_id is None:
                 return list(self._offered)

@@ -318,9 +318,15 @@ def chats(app: App, as_json: bool):
 def rm(app: App, kind: str, item_id: int, as_json: bool):
     """Delete a document or a chat, with its caches."""
     if kind == "doc":
-        app.engine.delete_document(item_id)
-    else:
-        app.engine.delete_chat(item_id)
+        chats = app.engine.delete_document(item_id)
+        emit({"deleted": kind, "id": item_id, "chats": chats}, as_json,
+             [f"deleted doc {item_id}" + (
+                 f"; chat {chats[0]}, which was about it, keeps its messages and goes on "
+                 "without it" if len(chats) == 1 else
+                 f"; chats {', '.join(map(str, chats))}, which were about it, keep their "
+                 "messages and go on without it" if chats else "")])
+        return
+    app.engine.delete_chat(item_id)
     emit({"deleted": kind, "id": item_id}, as_json, [f"deleted {kind} {item_id}"])
 
 

@@ -255,8 +255,8 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
 
     @api.delete("/v1/kvdesk/documents/{doc_id}")
     async def delete_document(doc_id: int, request: Request):
-        await bridge.call(request, stopping, lambda _: engine().delete_document(doc_id))
-        return {"deleted": "document", "id": doc_id}
+        chats = await bridge.call(request, stopping, lambda _: engine().delete_document(doc_id))
+        return {"deleted": "document", "id": doc_id, "chats": chats}
 
     @api.post("/v1/kvdesk/documents")
     async def attach(request: Request, stream: bool = False):
