@@ -336,6 +336,8 @@ def test_a_corrupt_chunk_at_a_forced_level_is_read_at_another_and_set_aside(new_
     first = ask(eng, QUESTION, doc=doc_id, tokens=4, level="balanced")
     assert first.chunk_levels[1] == "compact" and first.recomputed_tokens == 0
     assert any("checksum" in m and "read at 'compact' instead" in m for m in first.messages)
+    assert any(m.startswith("1 of ") and "failed their check at 'balanced'" in m
+               for m in first.messages), first.messages
     # Set aside: the next restore does not try it again, and docs says it is damaged.
     eng.runtime.reset()
     again = ask(eng, QUESTION, doc=doc_id, tokens=4, level="balanced")
@@ -359,6 +361,7 @@ def test_a_forced_level_not_stored_is_said_and_lossless_stays_exact(new_engine, 
     lossy = ask(eng, QUESTION, doc=doc_id, tokens=4, level="compact")
     assert set(lossy.chunk_levels) == {"high"}
     assert any("not stored at 'compact'" in m for m in lossy.messages)
+    assert not any("failed their check" in m for m in lossy.messages)  # none was damaged
     exact = ask(eng, QUESTION, doc=doc_id, tokens=8, level="lossless")
     assert set(exact.chunk_levels) == {"text"} and exact.recomputed_tokens > 0
     assert any("exact KV is opt-in" in m for m in exact.messages)

@@ -216,12 +216,19 @@ class _Reading:
         return got, failed
 
     def finish(self, source: ChunkSource) -> None:
-        others = [lvl for lvl in self.chunk_levels if lvl != self.options.level]
-        if self.options.level != AUTO and others:
-            self.messages.append(
-                f"{len(others)} of {len(self.chunk_levels)} chunks are not stored at "
-                f"{self.options.level!r} (or failed their check): read at "
-                f"{', '.join(sorted(set(others)))} instead")
+        level = self.options.level
+        others = [lvl for lvl in self.chunk_levels if lvl != level]
+        if level != AUTO and others:
+            # (a chunk stored at the level asked for and read at another failed its check)
+            missing = min(len(others), sum(level not in source.sizes(s) for s in source.spans))
+            read = ", ".join(sorted(set(others)))
+            n = len(self.chunk_levels)
+            if missing:
+                self.messages.append(f"{missing} of {n} {_chunks(n)} not stored at {level!r}: "
+                                     f"read at {read} instead")
+            if len(others) > missing:
+                self.messages.append(f"{len(others) - missing} of {n} {_chunks(n)} failed "
+                                     f"their check at {level!r}: read at {read} instead")
         if self.measured and not self.options.bandwidth_MBps:
             self.speeds.observe_read(source.kind, self.measured[0])
 
@@ -423,3 +430,7 @@ def adaptation_note(report: RestoreReport, sampling: GenerationOptions) -> list[
             "the time budget at this machine's speed right now: under --level auto the same "
             "request can answer differently another time; a fixed --level (e.g. high) gives "
             "one answer for a given seed or temperature 0"]
+
+
+def _chunks(n: int) -> str:
+    return "chunk is" if n == 1 else "chunks are"
