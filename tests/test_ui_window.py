@@ -485,3 +485,16 @@ def test_documents_of_another_model_are_prefilled_in_the_background(qtbot, engin
     qtbot.waitUntil(lambda: all(d.status == "ready" for d in window.documents), timeout=5000)
     assert window.prefill_button.isHidden()
     assert window.doc_list.checked_ids() == []  # prefilled, not ticked for a new chat
+
+
+def test_the_document_list_follows_passages_getting_their_kv(qtbot, window, engine):
+    from dataclasses import replace
+
+    (doc_id, info), *_ = engine._docs.items()
+    engine._docs[doc_id] = replace(info, passages=40, passages_cached=3)
+    window.doc_poll.setInterval(20)
+    window.refresh_documents()
+    qtbot.waitUntil(lambda: "3 of 40 passages cached" in window.doc_list.list.item(0).text())
+    engine._docs[doc_id] = replace(info, passages=40, passages_cached=40)  # the pass goes on
+    qtbot.waitUntil(lambda: "40 of 40 passages cached" in window.doc_list.list.item(0).text())
+    assert not window.doc_poll.isActive()  # all cached: nothing left to follow

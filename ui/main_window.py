@@ -175,6 +175,8 @@ class MainWindow(AskingMixin, LibraryMixin, CodecMixin, QMainWindow):
         self.prompt.submitted.connect(self.send)
         # The question is computed while it is typed, after each short pause, so the answer
         # starts as soon as it is sent (engine.prepare).
+        self.doc_poll = QTimer(self, singleShot=True, interval=BLENDED_POLL_MS)
+        self.doc_poll.timeout.connect(self.refresh_documents)
         self.draft_timer = QTimer(self, singleShot=True, interval=DRAFT_PAUSE_MS)
         self.draft_timer.timeout.connect(self._prepare_draft)
         self.prompt.textChanged.connect(self.draft_timer.start)
@@ -260,6 +262,10 @@ class MainWindow(AskingMixin, LibraryMixin, CodecMixin, QMainWindow):
         self.doc_list.set_checkable(self.chat_id is None)
         self._update_header()
         self._update_estimate()
+        if any(d.passages_cached < d.passages for d in docs):
+            # Passages get their KV in the background and as questions read them: show it
+            # (one timer: a refresh meanwhile restarts it, never a second one).
+            self.doc_poll.start()
         self._maybe_calibrate()  # the first document attached, or those found at start
         self.documents_changed.emit()
 

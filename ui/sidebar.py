@@ -215,6 +215,9 @@ class DocumentList(QWidget):
         self.rows.setSpacing(4)
         self.list = QListWidget()
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        # A row's facts wrap under its title: a narrow sidebar cuts none of them off.
+        self.list.setWordWrap(True)
+        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.list.customContextMenuRequested.connect(self._menu)
         self.list.itemChanged.connect(lambda _item: self.checked_changed.emit())
         self.hint = QLabel("Attach files with the paperclip or drop them on the window.")
@@ -240,7 +243,7 @@ class DocumentList(QWidget):
                       else f"{doc.kept_tokens:,} of {doc.tokens:,} tokens")
             if doc.passages:  # too long for the context: answered from its passages' KV
                 tokens = f"{doc.tokens:,} tokens"
-                status = f"{doc.passages_cached:,} of {doc.passages:,} passages with KV"
+                status = f"{doc.passages_cached:,} of {doc.passages:,} passages cached"
             item = QListWidgetItem(f"{doc.title}\n{tokens} · {human_bytes(size)} · {status}")
             item.setData(ID_ROLE, doc.doc_id)
             item.setFlags(item.flags() | Qt.ItemFlag.ItemIsUserCheckable)
