@@ -52,6 +52,15 @@ def test_markdown_passages_follow_headings_and_stay_under_the_limit():
     assert sum(p.tokens for p in passages) == words(text)
 
 
+def test_plain_text_takes_no_hash_line_for_a_heading_but_underlined_ones():
+    text = ("Install\n=======\n\nRun the script.\n\n# copy the defaults first\n"
+            "cp a b\n\n" + "More words here. " * 30)
+    passages = split(text, "text", words, target=20, limit=40)
+    assert {p.heading for p in passages} == {("Install",)}
+    as_markdown = split(text, "markdown", words, target=20, limit=40)
+    assert ("copy the defaults first",) in {p.heading for p in as_markdown}
+
+
 def test_passages_are_about_160_tokens_by_default():
     # The size measured to read best (RESULTS.md, "Passage size and distraction"): a
     # paragraph-by-paragraph text packs into passages under the target, most near it.

@@ -79,8 +79,10 @@ def split(text: str, kind: str, count_tokens: CountFn, *,
     if not 0 < target <= limit:
         raise ValueError(f"a passage's target ({target}) must be positive and at most its "
                          f"limit ({limit})")
-    units = (_code_units(text) if kind == "code" else _prose_units(text, markdown=kind in (
-        "markdown", "text", "html")))
+    # Plain text keeps underlined headings but not "# " ones: there a "#" line is as often a
+    # comment of a script or a configuration quoted in it as a title.
+    units = (_code_units(text) if kind == "code" else _prose_units(
+        text, markdown=kind in ("markdown", "text", "html"), hashes=kind != "text"))
     if pages:
         units = _on_pages(units, pages)
     lines = _Lines(text, line_numbers)
@@ -110,9 +112,9 @@ def _line_spans(text: str):
     yield start, len(text)
 
 
-def _prose_units(text: str, *, markdown: bool) -> list[_Unit]:
-    """Paragraphs, fenced blocks whole, each under its heading path (Markdown's # headings
-    and underlined headings, reStructuredText's too)."""
+def _prose_units(text: str, *, markdown: bool, hashes: bool = True) -> list[_Unit]:
+    """Paragraphs, fenced blocks whole, each under its heading path (Markdown's # headings,
+    unless not `hashes`, and underlined headings, reStructuredText's too)."""
     units: list[_Unit] = []
     heading: list[tuple[int, str]] = []  # (level, title)
     # Underline characters by level: Markdown's = and -, then others in the order first seen.
@@ -153,7 +155,7 @@ def _prose_units(text: str, *, markdown: bool) -> list[_Unit]:
                 flush()
             continue
         titled = False
-        atx = _ATX.match(line) if markdown else None
+        atx = _ATX.match(line) if markdown and hashes else None
         under = _UNDERLINE.match(line) if markdown else None
         if atx:
             flush()
