@@ -210,7 +210,11 @@ def ask(app: App, args, chat_id, docs, restore, generation, no_server, as_json):
         click.echo(f"[chat {res.chat_id}] first token after {res.ttft_s * 1000:.0f} ms "
                    f"(restore {res.restore_s * 1000:.0f} ms, {summary(res.chunk_levels)})",
                    err=True)
-    if client is None:
+    if client is None and cancel.is_set():  # the Ctrl-C that stopped the answer skips it too
+        if res.blended and res.blended.get("mode") == "blended":
+            say(["this chat's exact context was not computed (the answer was stopped): its "
+                 "next turn offers it again"])
+    elif client is None:
         finish_exact(app, res.chat_id, res.blended)
 
 
