@@ -95,13 +95,14 @@ def levels_summary(chunk_levels: list[str]) -> str:
     """E.g. "16 chunks: 14 high, 2 balanced" — how a restore brought its chunks back."""
     parts = [f"{n} {'recomputed from text' if level == 'text' else level}"
              for level, n in Counter(chunk_levels).most_common()]
-    return f"{len(chunk_levels)} chunks: {', '.join(parts)}"
+    n = len(chunk_levels)
+    return f"{n} chunk{'s' * (n != 1)}: {', '.join(parts)}"
 
 
 def restore_phrase(report: RestoreReport) -> str:
     """How a context came back, e.g. "restored 4,096 tokens in 120 ms — 16 chunks: 14 high, 2
     balanced", with the tokens computed from text apart: "restored 203 of 1,973 tokens in 90
-    ms — 1 chunks: 1 balanced; 1,770 computed in 850 ms" (the CLI and the window say it so)."""
+    ms — 1 chunk: 1 balanced; 1,770 computed in 850 ms" (the CLI and the window say it so)."""
     restored = report.tokens - report.recomputed_tokens
     computed = f"{report.recomputed_tokens:,} computed in {report.recompute_s * 1000:,.0f} ms"
     if restored <= 0:

@@ -68,7 +68,7 @@ def test_restore_line_is_brief_and_counts_levels():
     # a context partly restored: what came from the cache and what was computed, each timed
     partly = RestoreReport(tokens=1973, restore_s=0.09, bytes_read=1, recomputed_tokens=1770,
                            chunk_levels=["balanced"], recompute_s=0.85)
-    assert restore_line(partly) == ("restored 203 of 1,973 tokens in 90 ms — 1 chunks: "
+    assert restore_line(partly) == ("restored 203 of 1,973 tokens in 90 ms — 1 chunk: "
                                     "1 balanced; 1,770 computed in 850 ms")
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 
 import click
@@ -71,8 +72,11 @@ def attach(app: App, files: tuple[str, ...], levels: str | None, no_server: bool
                 if w not in bar.noted:
                     click.echo(f"Warning: {w}", err=True)
             results.append(res.as_dict())
+            title = res.title  # (a file holding a document's text again adds none)
+            if res.reused and os.path.basename(path) != res.title:
+                title += f" (the same text as {os.path.basename(path)})"
             if not as_json and res.passages:
-                click.echo(f"[{res.doc_id}] {res.title}: {res.tokens:,} tokens as "
+                click.echo(f"[{res.doc_id}] {title}: {res.tokens:,} tokens as "
                            f"{res.passages:,} passages ("
                            + ("already kept" if res.reused else f"indexed in {res.encode_s:.1f} s")
                            + "); `kvdesk passages` shows what a question retrieves")
@@ -82,10 +86,11 @@ def attach(app: App, files: tuple[str, ...], levels: str | None, no_server: bool
                     f"from the shared cache in {res.encode_s:.1f} s" if res.pulled else
                     f"prefill {res.prefill_s:.1f} s, encode {res.encode_s:.1f} s")
                 how += "; shared" if res.pushed else ""
-                click.echo(f"[{res.doc_id}] {res.title}: {res.kept_tokens:,} tokens ({how}); "
+                click.echo(f"[{res.doc_id}] {title}: {res.kept_tokens:,} tokens ({how}); "
                            f"raw {res.raw_bytes / 1e6:.1f} MB -> {sizes}")
     if results and not as_json:
-        codecs = {r.get("calibration") for r in results if "doc_id" in r}
+        # (a document kept as passages encodes nothing when it is attached)
+        codecs = {r.get("calibration") for r in results if "doc_id" in r and not r["passages"]}
         if codecs:
             click.echo(codec_line(codecs))
     if as_json:
