@@ -277,6 +277,11 @@ def test_other_model_fingerprint_is_never_loaded(new_engine, tmp_path):
     # Same file, other KV layout (flash attention off: V transposed): another fingerprint.
     other = new_engine(flash_attn=False)
     assert [d.status for d in other.documents()] == ["stale"]
+    # The local API's prompt over it is recomputed too, and says why.
+    prompt = other.complete([{"role": "user", "content": QUESTION}], documents=[doc_id],
+                            generation=GenerationOptions(max_tokens=2))
+    assert prompt.cached_tokens == 0 and any("another model" in m for m in prompt.messages)
+    other.runtime.reset()
     res = ask(other, QUESTION, doc=doc_id, tokens=8)
     assert set(res.chunk_levels) == {"text"} and res.bytes_read == 0
     assert any("another model" in m for m in res.messages)

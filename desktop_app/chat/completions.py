@@ -139,6 +139,9 @@ class Completions:
                                        "prompt" if isinstance(messages, RawPrompt) else "messages")
             report = s.bring_in(rt, None, prompt[:-1], options=restore, progress=None, chat=False,
                                 cancel=cancel, question=prompt[-1:])
+            if documents and report.recomputed_tokens >= report.tokens:  # (why: said)
+                report = replace(report, messages=[*report.messages, *s.library.stale_note(
+                    None, [s.library.document(d) for d in documents], rt.fingerprint)])
             if on_restore:
                 on_restore(report)
             stops = StopStrings(stop, on_token)
