@@ -218,7 +218,7 @@ def test_the_local_api_answers_from_passages_and_names_them(make_engine):
     messages = [{"role": "user", "content": "What does the museum keep?"}]
     first = eng.complete(messages, documents=[eng.doc], generation=GREEDY)
     # A prompt is no chat: nothing makes its blended context exact, and no note says so.
-    assert any("blended" in m for m in first.messages)
+    assert any("2 passages blended" in m for m in first.messages), first.messages
     assert not any("in the background" in m for m in first.messages)
     assert eng.ids[1] in [s["passage_id"] for s in first.sources]
     assert first.cached_tokens == 0  # its passages' KV computed for it: nothing was cached

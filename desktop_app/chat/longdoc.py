@@ -241,4 +241,5 @@ class LongDocs:
         if ready.pulled:
             notes.append(f"{ready.pulled} passage(s) taken from the shared cache")
         return Parts(layout, ready.entries[1:], notes,
-                     sum(layout.parts[i][1] - layout.parts[i][0] for i in ready.computed_at))
+                     sum(layout.parts[i][1] - layout.parts[i][0] for i in ready.computed_at),
+                     "passages")

@@ -256,8 +256,7 @@ class ChatSession:
         report = replace(report, recompute_s=report.recompute_s + time.perf_counter() - r0)
         speeds_mod.save(self.store, self.speeds)
         self._blended_at = blend.exact_until
-        what = "passages" if self.longdocs.applies(docs) else "documents"
-        notes.append(f"{len(layout.parts)} {what} blended from their own caches "
+        notes.append(f"{len(layout.parts)} {parts.what} blended from their own caches "
                      f"({blend.reused_tokens:,} tokens reused, {blend.recomputed_tokens:,} "
                      "computed in place): the answer is approximate"
                      + ("; the exact context is computed in the background"

@@ -93,6 +93,7 @@ class Parts:
     later: Sequence[Entry | None]
     notes: Sequence[str] = ()
     computed_tokens: int = 0
+    what: str = "documents"  # what the parts are, as the user is told: or "passages"
 
 
 def align(part: Sequence[int], stored: Sequence[int]) -> list[tuple[int, int, int]]:
