@@ -147,3 +147,24 @@ def test_bad_text_ids_and_paths_are_the_clients_errors_not_the_servers(tmp_path)
     typed = c.post("/v1/kvdesk/documents", json={"path": 5})
     assert typed.status_code == 400 and typed.json()["error"]["param"] == "path"
     assert "pydantic" not in typed.text and "\n" not in typed.json()["error"]["message"]
+
+
+def test_what_clients_send_by_default_is_taken(tmp_path):
+    keyed = client(tmp_path, api_key="s3cret")
+    for header in ("Bearer s3cret", "bearer s3cret", "BEARER  s3cret"):
+        assert keyed.get("/v1/models", headers={"Authorization": header}).status_code == 200
+    for header in ("Bearer s3cre", "Basic s3cret", "s3cret", ""):
+        assert keyed.get("/v1/models", headers={"Authorization": header}).status_code == 401
+    c = client(tmp_path / "open")
+    # Ollama's name for the model on OpenAI's routes (as Ollama's own /v1 takes it), and a
+    # tool_choice that asks for no tool: both refused before, now past those checks (to the
+    # next one, n: this client is to load no model).
+    for extra in ({"model": "default:latest"}, {"model": "default", "tool_choice": "none"},
+                  {"model": "default", "tool_choice": "auto"}):
+        r = c.post("/v1/chat/completions", json={
+            **extra, "messages": [{"role": "user", "content": "hi"}], "n": 2})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "n", r.text
+    tools = c.post("/v1/chat/completions", json={
+        "model": "default", "messages": [{"role": "user", "content": "hi"}],
+        "tool_choice": "none", "tools": [{"type": "function"}]})
+    assert tools.status_code == 400 and tools.json()["error"]["param"] == "tools"

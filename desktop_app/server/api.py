@@ -47,6 +47,7 @@ from ..results import Progress
 from ..validation import InvalidValue, first_problem, parse
 from . import bridge, embeddings
 from . import schemas as s
+from .served import Served
 
 log = logging.getLogger("kvdesk.server")
 MAX_BODY = 16 << 20  # a prompt of millions of characters; uploads have their own limit
@@ -121,8 +122,10 @@ class KeyGuard:
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and self.api_key is not None:
-            given = Headers(scope=scope).get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
+            scheme, _, given = Headers(scope=scope).get("authorization", "").partition(" ")
+            # (the scheme's name is case-insensitive: RFC 9110)
+            if scheme.lower() != "bearer" or not hmac.compare_digest(
+                    given.strip().encode(), self.api_key.encode()):
                 return await _json(401, s.error(
                     "a valid API key is needed: Authorization: Bearer KEY",
                     "invalid_request_error", "invalid_api_key"))(scope, receive, send)
@@ -139,6 +142,7 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
     settings')."""
     api = FastAPI(title="kvdesk", version=__version__)
     model_id = Path(app.model_path).stem
+    served = Served(app)
 
     def engine():
         return app.engine
@@ -201,9 +205,9 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
 
     @api.post("/v1/chat/completions")
     async def chat_completions(body: s.ChatRequest, request: Request):
-        if body.model not in (model_id, "default"):
-            raise ApiError(404, f"model {body.model!r} is not served here: {model_id!r} or "
-                           "'default'", code="model_not_found", param="model")
+        if not served.is_openai_name(body.model):
+            raise ApiError(404, served.refusal(body.model, ollama=False),
+                           code="model_not_found", param="model")
         body.check_supported()
         options = {"documents": body.kvdesk.documents, "restore": body.kvdesk.restore(),
                    "generation": body.generation(), "stop": body.stops()}

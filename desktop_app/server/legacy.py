@@ -65,7 +65,7 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
         return {"id": name, "object": "model", "created": created, "owned_by": "kvdesk"}
 
     def check_model(name: str) -> None:
-        if name not in served.openai_ids:
+        if not served.is_openai_name(name):
             raise ApiError(404, served.refusal(name, ollama=False), code="model_not_found",
                            param="model")
 

@@ -129,7 +129,7 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
 
     @api.post("/v1/responses")
     async def create(body: ResponsesRequest, request: Request):
-        if body.model not in served.openai_ids:
+        if not served.is_openai_name(body.model):
             raise ApiError(404, served.refusal(body.model, ollama=False),
                            code="model_not_found", param="model")
         history = kept.load(body.previous_response_id)["conversation"] \

@@ -116,14 +116,17 @@ class Sampled(pydantic.BaseModel):
     logprobs: bool | int | None = None
 
     def check_supported(self) -> None:
+        extra = self.model_extra or {}
         for name, what in UNSUPPORTED.items():
-            if (self.model_extra or {}).get(name):
+            # ("none" or "auto" with no tools asks for none: clients send it as a default)
+            if extra.get(name) and not (name == "tool_choice" and not extra.get("tools")
+                                        and extra[name] in ("none", "auto")):
                 raise InvalidValue(name, f"kvdesk answers text only; {what} are not supported")
         if self.n != 1:
             raise InvalidValue("n", "kvdesk answers with one choice")
         if self.logprobs:
             raise InvalidValue("logprobs", "not supported")
-        if any(m != "text" for m in (self.model_extra or {}).get("modalities") or []):
+        if any(m != "text" for m in extra.get("modalities") or []):
             raise InvalidValue("modalities", "kvdesk answers text only")
 
     def generation(self) -> GenerationOptions:

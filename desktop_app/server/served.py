@@ -1,7 +1,7 @@
 """Which names the served model answers to, in each API the server speaks.
 
 A server serves the one model it loaded. OpenAI's routes know it by its file's name (its stem)
-and as "default"; Ollama's by the name `kvdesk models` gives it (an Ollama store's `name:tag`,
+and as "default" (and take Ollama's names for it too, as Ollama's OpenAI routes do); Ollama's by the name `kvdesk models` gives it (an Ollama store's `name:tag`,
 another app's file by its path under that app's folder, "default" for the shipped model), and,
 as Ollama reads a name without a tag, with ":latest" added. A request for any other model is
 refused, saying which models are served and how to serve another.
@@ -50,6 +50,12 @@ class Served:
         """Whether `name` (Ollama's way: a missing tag is ":latest") means the served model."""
         full = name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
         return full in (self.ollama_name, f"{self.file_id}:latest", "default:latest")
+
+    def is_openai_name(self, name: str) -> bool:
+        """Whether `name` means the served model on OpenAI's routes: its ids, or any name
+        Ollama's routes take (Ollama's own OpenAI routes take those: clients set up for it
+        send them)."""
+        return name in self.openai_ids or self.is_ollama_name(name)
 
     def refusal(self, name: str, *, ollama: bool) -> str:
         served = repr(self.ollama_name) if ollama else " or ".join(map(repr, self.openai_ids))
