@@ -232,6 +232,7 @@ def test_the_local_api_answers_from_passages_and_names_them(make_engine):
     # The last user message's turn quotes its evidence, as a chat's question does.
     turn, _, _ = eng.completions.prompt(messages, [eng.doc])
     assert 'museum keep?\nAnswer from these lines of the document: "The keeper' in turn.text
+    assert eng.completions.prompt(messages, [eng.doc, eng.doc])[0] == turn  # read once
 
 
 def test_ask_json_names_the_sources_of_an_answer_over_a_long_document(tmp_path, monkeypatch,

@@ -273,3 +273,15 @@ def test_a_key_is_required_off_loopback_and_checked(tmp_path):
         assert running.client.models.list().data
     finally:
         running.stop()
+
+
+def test_a_second_server_on_the_data_directory_is_refused_at_once(served, data_dir):
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "desktop_app", "--data-dir", str(data_dir),
+                           "--n-ctx", "1024", "serve", "--port", "0"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 1 and "already serves this data directory" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    # It waited on nothing: not on the background calibration of a server that never started
+    # (30 s before).
+    assert time.monotonic() - started < 25

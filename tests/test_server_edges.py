@@ -168,3 +168,9 @@ def test_what_clients_send_by_default_is_taken(tmp_path):
         "model": "default", "messages": [{"role": "user", "content": "hi"}],
         "tool_choice": "none", "tools": [{"type": "function"}]})
     assert tools.status_code == 400 and tools.json()["error"]["param"] == "tools"
+
+
+def test_a_turn_in_a_chat_cannot_name_documents_too(tmp_path):
+    r = client(tmp_path).post("/v1/kvdesk/ask", json={"question": "hi", "chat_id": 1,
+                                                      "doc_ids": [2]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "doc_ids"

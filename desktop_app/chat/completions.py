@@ -74,8 +74,8 @@ class Completions:
         s = self.session
         rt = s.runtime
         head, head_tokens, sources, notes = [], [], [], []
-        try:
-            docs = [s.library.document(d) for d in documents]
+        try:  # (a document named twice is read once)
+            docs = [s.library.document(d) for d in dict.fromkeys(documents)]
         except MissingError as e:
             raise MissingError(str(e), field="kvdesk.documents") from None
         if docs and s.longdocs.applies(docs):

@@ -61,7 +61,9 @@ def calibrate_in_background(app: App, server, cancel: threading.Event) -> None:
     meanwhile, with the model-independent levels until it is done."""
     from ..errors import Cancelled
 
-    server.started.wait()
+    while not server.started.wait(0.1):  # (a server that never starts: stop waiting)
+        if cancel.is_set():
+            return
     if cancel.is_set() or not app.settings.calibrate_automatically:
         return
     engine = app.engine

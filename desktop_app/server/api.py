@@ -297,6 +297,10 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
 
     @api.post("/v1/kvdesk/ask")
     async def ask(body: s.AskRequest, request: Request):
+        if body.chat_id is not None and body.doc_ids:
+            raise ApiError(400, "doc_ids: a chat keeps the documents it began with; give "
+                           "chat_id (a turn in it) or doc_ids (a new chat), not both",
+                           param="doc_ids")
         restore = parse(RestoreOptions, body.restore)
         generation = parse(GenerationOptions, body.generation)
 
