@@ -1,9 +1,10 @@
 """Which names the served model answers to, in each API the server speaks.
 
 A server serves the one model it loaded. OpenAI's routes know it by its file's name (its stem)
-and as "default" (and take Ollama's names for it too, as Ollama's OpenAI routes do); Ollama's by the name `kvdesk models` gives it (an Ollama store's `name:tag`,
-another app's file by its path under that app's folder, "default" for the shipped model), and,
-as Ollama reads a name without a tag, with ":latest" added. A request for any other model is
+and as "default", and take Ollama's names for it too, as Ollama's own OpenAI routes do.
+Ollama's know it by the name `kvdesk models` gives it (an Ollama store's `name:tag`, another
+app's file by its path under that app's folder, "default" for the shipped model), and, as
+Ollama reads a name without a tag, with ":latest" added. A request for any other model is
 refused, saying which models are served and how to serve another.
 
 It never loads a model: names come from the settings, the file's path and its header.
