@@ -50,6 +50,7 @@ class ChatView(QTextBrowser):
         self._timer.timeout.connect(self._render_streaming)
         self._stream_at = 0  # where the streaming answer starts in the document
         self._open_source: tuple[int, int] | None = None  # (message, source) shown in full
+        self.doc_titles: dict[int, str] = {}  # names a source's document among several
         self._render()
 
     # -- what the window tells it -----------------------------------------------------------
@@ -149,15 +150,21 @@ class ChatView(QTextBrowser):
         if not sources:
             return ""
         c = self.colors
+        several = len({s.document_id for s in sources}) > 1
+
+        def where(s: Source) -> str:
+            title = self.doc_titles.get(s.document_id, f"document {s.document_id}")
+            return f"{title}, {s.location}" if several else s.location
+
         links = [f'<a href="kvdesk:source/{i}/{j}" style="color:{c.muted}">[{j + 1}] '
-                 f"{html.escape(s.location)}</a>" for j, s in enumerate(sources)]
+                 f"{html.escape(where(s))}</a>" for j, s in enumerate(sources)]
         out = f'<p style="color:{c.muted};font-size:small">Sources: {" · ".join(links)}</p>'
         if self._open_source is not None and self._open_source[0] == i \
                 and self._open_source[1] < len(sources):
             s = sources[self._open_source[1]]
-            where = " › ".join([*s.heading, s.location])
+            place = " › ".join([*s.heading, where(s)])
             # pre-wrap: a passage of code keeps its indentation, long lines still wrap
-            out += (f'<blockquote style="color:{c.muted}"><b>{html.escape(where)}</b>'
+            out += (f'<blockquote style="color:{c.muted}"><b>{html.escape(place)}</b>'
                     f'<div style="white-space:pre-wrap">{html.escape(s.text)}</div>'
                     '</blockquote>')
         return out

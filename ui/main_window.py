@@ -254,6 +254,7 @@ class MainWindow(AskingMixin, LibraryMixin, CodecMixin, QMainWindow):
             checked = {*self.doc_list.checked_ids(), *self._check_next}
         self._check_next.clear()
         self.documents = docs
+        self.chat_view.doc_titles = {d.doc_id: d.title for d in docs}
         self.doc_list.set_documents(docs, checked)
         stale = self._stale_documents()
         self.prefill_button.setText(f"Prefill {len(stale)} document{'s' * (len(stale) != 1)} "
