@@ -54,6 +54,9 @@ def test_a_malformed_command_line_is_one_error_line_and_json_with_json(tmp_path)
     (line,) = proc.stderr.splitlines()
     assert line.startswith("Error: ") and "`kvdesk passages -h` for help" in line
     assert not kvdesk("ask", "--bogus", check=False).stdout  # no --json: nothing on stdout
+    # How to retrieve, without anything to retrieve for: said, not ignored.
+    wide = kvdesk("--data-dir", str(tmp_path), "passages", "1", "--wide", check=False)
+    assert wide.returncode == 1 and "give --query too" in wide.stderr
 
 
 def test_gui_without_display_explains_headless_use(monkeypatch):

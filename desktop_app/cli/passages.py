@@ -29,6 +29,8 @@ def passages(app: App, doc_id: int, query: str | None, k: int, wide: bool, mode:
              as_json: bool):
     """Show a long document's passages (where each is, its heading), or with --query those a
     chat reads for a question and the sentences of theirs its turn quotes."""
+    if query is None and (wide or mode is not None or k != DEFAULT_K):
+        raise click.UsageError("-k, --wide and --mode say how to retrieve: give --query too")
     hits = app.engine.passages(doc_id, query=query, k=k, mode=mode, wide=wide)
     lines = [f"#{h.index} [{h.location}]" + (f" {' > '.join(h.heading)}" if h.heading else "")
              + f" · {h.tokens} tokens" + (f" · score {h.score:.4f}" if query is not None else "")
