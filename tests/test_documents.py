@@ -86,6 +86,16 @@ def test_utf16_with_bom(tmp_path):
     assert got.warnings == ["w.txt: 1 byte sequence(s) not valid UTF-16 (replaced with \ufffd)"]
 
 
+@pytest.mark.parametrize("enc", ["utf-16-le", "utf-16-be"])
+def test_utf16_without_bom_is_read_and_said(tmp_path, enc):
+    text = "Caf\u00e9 notes.\nThe ferry leaves at 07:15 on weekdays.\n" * 3
+    (tmp_path / "n.txt").write_bytes(text.encode(enc))
+    got = extract(tmp_path / "n.txt")
+    assert got.text == text.strip()
+    assert got.warnings == [f"n.txt: no byte order mark; read as {enc.upper()}, which its "
+                            "bytes are"]
+
+
 @pytest.mark.parametrize(
     "name, data, message",
     [

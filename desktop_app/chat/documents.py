@@ -121,6 +121,10 @@ def _decode(data: bytes, name: str, warnings: list[str]) -> str:
         if head.startswith(magic):
             raise DocumentError(f"{name}: this is {what}, not a document kvdesk can read")
     if b"\x00" in head:
+        if (enc := _bomless_utf16(head)) is not None:
+            warnings.append(f"{name}: no byte order mark; read as {enc.upper()}, which its "
+                            "bytes are")
+            return data.decode(enc, errors="replace")
         raise DocumentError(f"{name}: this is a binary file, not a text document")
     try:
         return data.decode("utf-8")
@@ -136,6 +140,22 @@ def _decode(data: bytes, name: str, warnings: list[str]) -> str:
                        if bad else "")
                     + "; if letters look wrong, save the file as UTF-8")
     return text
+
+
+def _bomless_utf16(head: bytes) -> str | None:
+    """"utf-16-le" or "-be" for text saved so without a byte order mark: mostly Latin
+    letters, so nearly every other byte is zero, on one side, and it decodes cleanly; else
+    None (a binary file)."""
+    even = head[:len(head) // 2 * 2]
+    for enc, zeros in (("utf-16-le", even[1::2]), ("utf-16-be", even[0::2])):
+        if len(zeros) >= 16 and zeros.count(0) >= 0.9 * len(zeros):
+            try:
+                text = even.decode(enc)
+            except UnicodeDecodeError:
+                continue
+            if sum(c.isprintable() or c.isspace() for c in text) >= 0.98 * len(text):
+                return enc
+    return None
 
 
 def _legacy_encoding(data: bytes) -> tuple[str, str]:
