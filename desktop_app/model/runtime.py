@@ -319,8 +319,7 @@ class Runtime:
                     # latency is one decode shorter. It is evaluated before the next sample,
                     # or when the caller stops iterating, so every yielded token is in context.
                     pending = tok
-                    text = decoder.decode(piece)
-                    said = said or bool(text.strip())
+                    said = said or bool((text := decoder.decode(piece)).strip())
                     yield Token(tok, text)
         finally:
             if pending is not None:
