@@ -164,13 +164,23 @@ class Settings(pydantic.BaseModel):
     @pydantic.field_validator("cors_origins")
     @classmethod
     def _origins(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        """As browsers send them: scheme and host in lower case, no default port (an
+        extension's or an app's scheme, chrome-extension:// or app://, is an origin too)."""
+        out = []
         for origin in value:
             url = urlsplit(origin)
-            if origin != "*" and (url.scheme not in ("http", "https") or not url.hostname
-                                  or url.path or url.query or url.fragment or url.username):
+            try:
+                port = url.port
+            except ValueError:
+                port = -1
+            if origin != "*" and (not url.scheme or not url.hostname or port == -1 or
+                                  url.path or url.query or url.fragment or url.username):
                 raise ValueError(f"{origin!r} is not an origin (scheme://host[:port], such "
                                  "as http://localhost:3000, with no path), nor \"*\"")
-        return value
+            default = {"http": 80, "https": 443}.get(url.scheme.lower())
+            out.append(origin if origin == "*" else f"{url.scheme.lower()}://{url.hostname}"
+                       + (f":{port}" if port is not None and port != default else ""))
+        return tuple(out)
 
     def with_overrides(self, **overrides: Any) -> Settings:
         """These settings with every non-None override applied (checked)."""

@@ -40,8 +40,14 @@ def test_a_page_not_allowed_and_a_host_name_not_this_machines_are_refused(tmp_pa
     rebound = c.get("/v1/kvdesk/documents", headers={"Host": "attacker.example:8765"})
     assert rebound.status_code == 403 and "API key" in rebound.json()["error"]["message"]
     for host in ("localhost:8765", "127.0.0.1", "[::1]:8765", "::1", "127.0.0.2:1",
-                 "LOCALHOST"):
+                 "LOCALHOST", "0.0.0.0:11434"):
         assert c.get("/v1/models", headers={"Host": host}).status_code == 200, host
+    for host in ("127.0.0.1.evil.example", "localhost.evil.example:8765", "evil.example"):
+        assert c.get("/v1/models", headers={"Host": host}).status_code == 403, host
+    # A page of this server's own (FastAPI's /docs) is of its origin: taken.
+    own = {"Origin": "http://127.0.0.1:8765", "Host": "127.0.0.1:8765"}
+    assert c.get("/v1/models", headers=own).status_code == 200
+    assert c.get("/v1/models", headers={**own, "Host": "127.0.0.1:9999"}).status_code == 403
     # With a key (a server that may listen on the network) the key decides, not the name.
     keyed = client(tmp_path / "k", api_key="s3cret")
     assert keyed.get("/v1/models", headers={"Host": "box.lan:8765",
@@ -124,10 +130,14 @@ def test_the_served_models_names(tmp_path):
 def test_bad_text_ids_and_paths_are_the_clients_errors_not_the_servers(tmp_path):
     c = client(tmp_path, server_attach_folders=(str(tmp_path),))
     lone = b'{"model": "default", "messages": [{"role": "user", "content": "hi \\ud800 x"}]}'
-    r = c.post("/v1/chat/completions", content=lone,
-               headers={"content-type": "application/json"})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "messages.0.content"
-    assert "surrogate" in r.json()["error"]["message"]
+    for kind in ("application/json", "Application/JSON; charset=utf-8", "text/x+json"):
+        r = c.post("/v1/chat/completions", content=lone, headers={"content-type": kind})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "messages.0.content"
+        assert "surrogate" in r.json()["error"]["message"]
+    # With a key, a client without it is refused before its body is read at all.
+    keyed = client(tmp_path / "k", api_key="s3cret")
+    assert keyed.post("/v1/chat/completions", content=lone,
+                      headers={"content-type": "application/json"}).status_code == 401
     r = c.post("/api/generate", content=b'{"model": "m", "prompt": "\\udc00"}')
     assert r.status_code == 400 and "surrogate" in r.json()["error"]
     # A whole pair (an emoji as json.dumps writes it) is text: the route decides.
@@ -174,3 +184,34 @@ def test_a_turn_in_a_chat_cannot_name_documents_too(tmp_path):
     r = client(tmp_path).post("/v1/kvdesk/ask", json={"question": "hi", "chat_id": 1,
                                                       "doc_ids": [2]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "doc_ids"
+
+
+def test_a_stream_opens_once_its_call_is_past_its_checks():
+    import asyncio
+    import threading
+
+    class Here:  # a client that stays
+        async def is_disconnected(self):
+            return False
+
+    go = threading.Event()
+
+    def work(emit, cancel):
+        emit(bridge.READY)  # past its checks: the stream opens before the long part
+        go.wait(10)
+        emit("token")
+        raise ValueError("failed later")
+
+    def refused(emit, cancel):
+        raise ValueError("no document 9")
+
+    async def run():
+        stream = await bridge.opened(Here(), bridge.Stopping(), work)
+        go.set()  # (only now: opened did not wait for the first token)
+        got = [report async for report in stream]
+        with pytest.raises(ValueError, match="no document 9"):
+            await bridge.opened(Here(), bridge.Stopping(), refused)
+        return got
+
+    got = asyncio.run(run())
+    assert got[0] == ("event", "token") and got[1][0] == "error"

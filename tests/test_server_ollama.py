@@ -252,6 +252,10 @@ def test_cors_never_any_origin_with_an_api_key(tmp_path):
     Server(App(settings))  # without a key, the user may open it to every page
     with pytest.raises(ValueError, match="not an origin"):
         Settings(cors_origins=("http://localhost:3000/app",))
+    # Kept as browsers send them (so that they match), an extension's scheme included.
+    assert Settings(cors_origins=("HTTP://LocalHost:80", "https://ui.example:443",
+                                  "chrome-extension://abcdef")).cors_origins == (
+        "http://localhost", "https://ui.example", "chrome-extension://abcdef")
 
 
 def test_a_taken_ollama_port_is_left_alone(caplog):

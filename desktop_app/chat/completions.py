@@ -111,10 +111,12 @@ class Completions:
         on_token: Callable[[str], None] | None = None,
         on_restore: Callable[[RestoreReport], None] | None = None,
         on_answered: Callable[[Completion], None] | None = None,
+        on_start: Callable[[], None] | None = None,
         cancel: threading.Event | None = None,
     ) -> Completion:
-        """Answer the conversation; `on_answered` hears the completion as soon as it is known,
-        before its KV is stored (the call returns after)."""
+        """Answer the conversation; `on_start` hears that the request is taken (its documents
+        found, its prompt within the context), before the restore; `on_answered` hears the
+        completion as soon as it is known, before its KV is stored (the call returns after)."""
         t0 = time.perf_counter()
         s = self.session
         with s.lock:
@@ -137,6 +139,8 @@ class Completions:
                 raise ContextFullError(f"the prompt has {len(prompt):,} tokens; the context "
                                        f"holds {rt.n_ctx:,} with room to answer",
                                        "prompt" if isinstance(messages, RawPrompt) else "messages")
+            if on_start:
+                on_start()
             report = s.bring_in(rt, None, prompt[:-1], options=restore, progress=None, chat=False,
                                 cancel=cancel, question=prompt[-1:])
             if documents and report.recomputed_tokens >= report.tokens:  # (why: said)

@@ -75,7 +75,9 @@ class BodyLimit:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        limit = MAX_UPLOAD if scope["path"] == "/v1/kvdesk/documents" else MAX_BODY
+        upload = scope["path"] == "/v1/kvdesk/documents" and Headers(scope=scope).get(
+            "content-type", "").lower().startswith("multipart/form-data")
+        limit = MAX_UPLOAD if upload else MAX_BODY
         size = dict(scope["headers"]).get(b"content-length")
         if size is not None and (not size.isdigit() or int(size) > limit):
             return await _json(413, _too_large(limit))(scope, receive, send)
@@ -149,8 +151,8 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
 
     from . import edges  # (it answers in this module's errors)
 
+    api.add_middleware(edges.TextCheck)  # (added first: innermost, past the key and the limit)
     api.add_middleware(KeyGuard, api_key=api_key)
-    api.add_middleware(edges.TextCheck)
     api.add_middleware(BodyLimit)
     api.add_middleware(JsonBody)
 
@@ -220,7 +222,8 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
         include_usage = body.stream_options is not None and body.stream_options.include_usage
 
         def work(emit, cancel):
-            return engine().complete(messages, cancel=cancel, on_token=emit, **options)
+            return engine().complete(messages, cancel=cancel, on_token=emit,
+                                     on_start=lambda: emit(bridge.READY), **options)
 
         reports = await bridge.opened(request, stopping, work)
 
@@ -437,6 +440,9 @@ def _error_of(e: BaseException) -> tuple[int, dict]:
         return 400, s.error(str(e), code="context_length_exceeded", param=e.field)
     if isinstance(e, InvalidValue):
         return 400, s.error(str(e), param=e.key)
+    if isinstance(e, UnicodeEncodeError):  # (a body TextCheck could not read as JSON text)
+        return 400, s.error("the request's text holds half of a UTF-16 surrogate pair, "
+                            "which is not Unicode")
     if is_user_error(e):
         return 400, s.error(str(e))
     log.error("request failed", exc_info=e)

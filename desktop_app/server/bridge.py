@@ -6,9 +6,10 @@ client: a client that goes away, or a server shutting down, sets the cancel, whi
 polls between tokens and chunks. `events` runs a call that reports as it goes (restore, tokens,
 progress) and yields each report to an async generator: the server-sent events of a streamed
 response, cancelled the same way when the client disconnects mid-stream. `opened` starts such
-a stream and waits for its first report, so that a call refused before it reports anything
-(an unknown document, a prompt over the context) raises, and the route answers with the
-error's status instead of a stream that opened with 200 and carries the error inside.
+a stream and waits for its first report (or `READY`, which a call emits once it is past its
+checks, so that the client is not kept waiting through a long restore), so that a call refused
+before then (an unknown document, a prompt over the context) raises, and the route answers
+with the error's status instead of a stream that opened with 200 and carries the error.
 
 It knows nothing of OpenAI's shapes or of which engine method is called.
 """
@@ -25,6 +26,7 @@ from starlette.requests import Request
 T = TypeVar("T")
 POLL_S = 0.1
 DONE, FAILED = object(), object()
+READY = object()  # emitted by a call once it is past its checks: `opened` returns on it
 
 
 class Stopping:
@@ -108,28 +110,30 @@ async def events(stopping: Stopping,
 async def opened(request: Request, stopping: Stopping,
                  work: Callable[[Callable[[Any], None], threading.Event], T]
                  ) -> AsyncIterator[tuple[str, Any]]:
-    """`events(stopping, work)` once it has its first report; the exception of a call that
-    failed before reporting anything is raised here. A client gone while it waits gets an
-    empty stream (the call is cancelled)."""
+    """`events(stopping, work)` once it has its first report (`READY` is not passed on); the
+    exception of a call that failed before reporting anything is raised here. A client gone
+    while it waits gets an empty stream (the call is cancelled)."""
     stream = events(stopping, work)
     first = asyncio.ensure_future(anext(stream))
     while not (await asyncio.wait({first}, timeout=POLL_S))[0]:
         if await request.is_disconnected():
-            first.cancel()  # the generator's own cleanup cancels the call
+            first.cancel()
             await asyncio.gather(first, return_exceptions=True)
+            await stream.aclose()  # (its cleanup cancels the call, had `first` just finished)
             return _chained(None, stream)
     kind, item = first.result()
     if kind == "error":
         await stream.aclose()
         raise item
-    return _chained((kind, item), stream)
+    return _chained(None if kind == "event" and item is READY else (kind, item), stream)
 
 
 async def _chained(first, stream):
     try:
         if first is not None:
             yield first
-            async for report in stream:
+        async for report in stream:
+            if not (report[0] == "event" and report[1] is READY):
                 yield report
     finally:
         await stream.aclose()

@@ -9,8 +9,9 @@ error dialect of Ollama's routes.
 - **Pages the user did not allow.** A browser sends some requests across sites without asking
   first (a form's POST), and a page can rebind its own name to 127.0.0.1. So a request that
   says it comes from a page (`Origin`) not in `cors_origins` is refused (403), whatever its
-  method, and without an API key (the server then listens on this machine only) so is one
-  addressed to any host name but this machine's (`Host`: localhost, 127.0.0.1, [::1]).
+  method (but a page of this server's own, FastAPI's), and without an API key (the server then
+  listens on this machine only) so is one addressed to any host name but this machine's
+  (`Host`: localhost, a loopback address, 0.0.0.0).
   Clients that are not browsers send no `Origin` and address the host they connect to.
 - **Text that is not Unicode.** JSON may write half of a UTF-16 surrogate pair (`"\\ud800"`),
   which no tokenizer takes: such a body is refused (400) before any route reads it.
@@ -27,6 +28,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
+from urllib.parse import urlsplit
 
 from fastapi import FastAPI, Request
 from starlette.datastructures import Headers
@@ -73,14 +75,16 @@ _SURROGATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 class TextCheck:
     """Refuses a JSON body whose strings hold a lone surrogate (the module's docstring). Inside
-    the body limit: the body it reads whole is at most the route's limit."""
+    the body limit and the API key: it reads whole only a body within the route's limit, from
+    a client allowed to send one."""
 
     def __init__(self, app):
         self.app = app
 
     async def __call__(self, scope, receive, send):
+        kind = Headers(scope=scope).get("content-type", "").split(";")[0].strip().lower()
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH") or \
-                not Headers(scope=scope).get("content-type", "").startswith("application/json"):
+                not (kind == "application/json" or kind.endswith("+json")):
             return await self.app(scope, receive, send)
         messages, body = [], bytearray()
         while True:
@@ -138,7 +142,8 @@ class PageGuard:
             headers = Headers(scope=scope)
             origin, host = headers.get("origin"), headers.get("host")
             why = None
-            if origin is not None and origin not in self.origins and "*" not in self.origins:
+            if origin is not None and origin not in self.origins and "*" not in self.origins \
+                    and not _same_origin(origin, host):
                 why = (f"requests from the web page {origin} are not allowed: list it in the "
                        "setting cors_origins to let it use kvdesk")
             elif self.api_key is None and host is not None and not _loopback(host):
@@ -149,8 +154,18 @@ class PageGuard:
         return await self.app(scope, receive, send)
 
 
+def _same_origin(origin: str, host: str | None) -> bool:
+    """Whether a page's origin is this server itself, on this machine (FastAPI's own pages):
+    its host and port are the request's own loopback Host."""
+    where = urlsplit(origin)
+    return host is not None and where.scheme in ("http", "https") and _loopback(host) \
+        and where.netloc.lower() == host.lower()
+
+
 def _loopback(host: str) -> bool:
-    """Whether a Host header names this machine: localhost, a loopback address; any port."""
+    """Whether a Host header names this machine: localhost, a loopback address, or the
+    address that means any of this machine's (0.0.0.0, as clients of a server bound there
+    write it); any port."""
     if host.startswith("["):  # [::1], [::1]:8765
         name = host[1:].split("]", 1)[0]
     elif host.count(":") == 1:  # name:port
@@ -161,9 +176,10 @@ def _loopback(host: str) -> bool:
     if name == "localhost" or name.endswith(".localhost"):
         return True
     try:
-        return ipaddress.ip_address(name).is_loopback
+        address = ipaddress.ip_address(name)
     except ValueError:
         return False
+    return address.is_loopback or address.is_unspecified
 
 
 class OllamaErrors:

@@ -102,7 +102,8 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
 
         objects = await streams.objects(
             request, stopping, lambda emit, cancel: app.engine.complete(
-                prompt, cancel=cancel, on_token=emit, **options),
+                prompt, cancel=cancel, on_token=emit, on_start=lambda: emit(bridge.READY),
+                **options),
             piece=lambda text: shaped(text, None), done=last, error=lambda e: _error_of(e)[1])
 
         async def events():

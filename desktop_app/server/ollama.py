@@ -137,7 +137,8 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
             done = await bridge.call(request, stopping, lambda cancel: call(cancel=cancel))
             return {**piece(model, done.text, done=True), **sh.final(done, started)}
         return streams.ndjson(await streams.objects(
-            request, stopping, lambda emit, cancel: call(cancel=cancel, on_token=emit),
+            request, stopping, lambda emit, cancel: call(
+                cancel=cancel, on_token=emit, on_start=lambda: emit(bridge.READY)),
             piece=lambda text: piece(model, text),
             done=lambda d: [{**piece(model, "", done=True), **sh.final(d, started)}],
             error=lambda e: sh.error(_error_of(e)[1]["error"]["message"])))

@@ -176,7 +176,8 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
         try:
             objects = await streams.objects(
                 request, stopping, lambda emit, cancel: app.engine.complete(
-                    messages, generation=generation, cancel=cancel, on_token=emit),
+                    messages, generation=generation, cancel=cancel, on_token=emit,
+                    on_start=lambda: emit(bridge.READY)),
                 piece=lambda text: {"type": "response.output_text.delta", **at,
                                     "content_index": 0, "delta": text, "logprobs": []},
                 done=closing,
