@@ -149,6 +149,8 @@ def test_a_chat_whose_document_is_deleted_says_so_and_reads_none_of_its_passages
     assert later.sources == [] and later.documents == []
     assert f"document {eng.doc} of this chat was deleted: the chat goes on without it" \
         in later.messages
+    again = eng.ask("And the shop?", chat_id=first.chat_id, generation=GREEDY)
+    assert not any("deleted" in m for m in again.messages)  # said once
 
 
 def test_follow_ups_keep_the_chats_passages_and_a_reopen_lays_them_out(make_engine):

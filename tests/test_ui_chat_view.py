@@ -72,10 +72,11 @@ def test_a_source_shown_keeps_its_indentation_and_stays_with_its_chat(qtbot):
                        MessageInfo(6, "assistant", "Yes.", 0.0, {"sources": [other]})])
     assert "Yes." in view.toPlainText() and "Plain prose." not in view.toPlainText()
     # Over several documents, a source says which one it is in.
-    view.doc_titles = {1: "manual.pdf", 2: "notes.md"}
     view.set_messages([MessageInfo(7, "user", "Both?", 0.0),
                        MessageInfo(8, "assistant", "Both.", 0.0, {"sources": [
                            other, {**code, "document_id": 2}]})])
+    assert "[1] document 1, line 9" in view.toPlainText()  # (before the list has loaded)
+    view.set_doc_titles({1: "manual.pdf", 2: "notes.md"})
     assert "[1] manual.pdf, line 9 · [2] notes.md, lines 3-4" in view.toPlainText()
 
 

@@ -491,10 +491,23 @@ def test_the_document_list_follows_passages_getting_their_kv(qtbot, window, engi
     from dataclasses import replace
 
     (doc_id, info), *_ = engine._docs.items()
+
+    def shows(n):
+        return f"{n} of 40 passages cached" in window.doc_list.list.item(0).text()
+
+    def polled(n):  # the timer fires (by hand: no test waits on its 5 s)
+        engine._docs[doc_id] = replace(info, passages=40, passages_cached=n)
+        window._poll_documents()
+        qtbot.waitUntil(lambda: shows(n))
+
     engine._docs[doc_id] = replace(info, passages=40, passages_cached=3)
-    window.doc_poll.setInterval(20)
     window.refresh_documents()
-    qtbot.waitUntil(lambda: "3 of 40 passages cached" in window.doc_list.list.item(0).text())
-    engine._docs[doc_id] = replace(info, passages=40, passages_cached=40)  # the pass goes on
-    qtbot.waitUntil(lambda: "40 of 40 passages cached" in window.doc_list.list.item(0).text())
+    qtbot.waitUntil(lambda: shows(3) and window.doc_poll.isActive())
+    polled(10)  # the background pass moves: followed on
+    assert window.doc_poll.isActive()
+    polled(10)  # it stopped (off, or no passage KV for this model): no endless polling
+    assert not window.doc_poll.isActive()
+    window.refresh_documents()  # a refresh (after an answer...) looks again
+    qtbot.waitUntil(window.doc_poll.isActive)
+    polled(40)
     assert not window.doc_poll.isActive()  # all cached: nothing left to follow

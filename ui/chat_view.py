@@ -55,6 +55,14 @@ class ChatView(QTextBrowser):
 
     # -- what the window tells it -----------------------------------------------------------
 
+    def set_doc_titles(self, titles: dict[int, str]) -> None:
+        """The attached documents' titles, which sources over several documents name."""
+        if titles != self.doc_titles:
+            self.doc_titles = titles
+            if self._streaming is None and any((m.stats or {}).get("sources")
+                                                for m in self._messages):
+                self.set_messages(self._messages, dict(self._notes))
+
     def set_colors(self, colors: Colors) -> None:
         self.colors = colors
         self.set_messages(self._messages, dict(self._notes))

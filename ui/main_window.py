@@ -176,7 +176,8 @@ class MainWindow(AskingMixin, LibraryMixin, CodecMixin, QMainWindow):
         # The question is computed while it is typed, after each short pause, so the answer
         # starts as soon as it is sent (engine.prepare).
         self.doc_poll = QTimer(self, singleShot=True, interval=BLENDED_POLL_MS)
-        self.doc_poll.timeout.connect(self.refresh_documents)
+        self._doc_polled = False  # whether the refresh under way is the timer's
+        self.doc_poll.timeout.connect(self._poll_documents)
         self.draft_timer = QTimer(self, singleShot=True, interval=DRAFT_PAUSE_MS)
         self.draft_timer.timeout.connect(self._prepare_draft)
         self.prompt.textChanged.connect(self.draft_timer.start)
@@ -244,6 +245,11 @@ class MainWindow(AskingMixin, LibraryMixin, CodecMixin, QMainWindow):
         self._update_header()
         self.chats_changed.emit()
 
+    def _poll_documents(self) -> None:
+        self.doc_poll.stop()  # (fired: its next start is decided by what this refresh shows)
+        self._doc_polled = True
+        self.refresh_documents()
+
     def refresh_documents(self) -> None:
         self.runner.start("misc", lambda job: self.engine.documents(),
                           finished=self._show_documents, failed=lambda msg: self._say(msg, True))
@@ -253,8 +259,9 @@ class MainWindow(AskingMixin, LibraryMixin, CodecMixin, QMainWindow):
         if self.chat_id is None:
             checked = {*self.doc_list.checked_ids(), *self._check_next}
         self._check_next.clear()
+        before = {d.doc_id: d.passages_cached for d in self.documents}
         self.documents = docs
-        self.chat_view.doc_titles = {d.doc_id: d.title for d in docs}
+        self.chat_view.set_doc_titles({d.doc_id: d.title for d in docs})
         self.doc_list.set_documents(docs, checked)
         stale = self._stale_documents()
         self.prefill_button.setText(f"Prefill {len(stale)} document{'s' * (len(stale) != 1)} "
@@ -263,10 +270,13 @@ class MainWindow(AskingMixin, LibraryMixin, CodecMixin, QMainWindow):
         self.doc_list.set_checkable(self.chat_id is None)
         self._update_header()
         self._update_estimate()
-        if any(d.passages_cached < d.passages for d in docs):
-            # Passages get their KV in the background and as questions read them: show it
-            # (one timer: a refresh meanwhile restarts it, never a second one).
+        pending = {d.doc_id: d.passages_cached for d in docs if d.passages_cached < d.passages}
+        if pending and (not self._doc_polled or any(before.get(d) != n
+                                                    for d, n in pending.items())):
+            # Passages get their KV in the background and as questions read them: followed
+            # while their counts move (one timer, restarted by any refresh meanwhile).
             self.doc_poll.start()
+        self._doc_polled = False
         self._maybe_calibrate()  # the first document attached, or those found at start
         self.documents_changed.emit()
 

@@ -231,6 +231,7 @@ class DocumentList(QWidget):
         layout.addWidget(self.hint)
 
     def set_documents(self, docs: list[DocumentInfo], checked: set[int]) -> None:
+        scrolled, current = self.list.verticalScrollBar().value(), self.list.currentRow()
         self.list.blockSignals(True)
         self.list.clear()
         for doc in docs:
@@ -253,6 +254,8 @@ class DocumentList(QWidget):
                 [doc.title, f"{doc.type}, {tokens}"]
                 + [f"{level}: {human_bytes(n)}" for level, n in doc.cache_bytes.items()]))
             self.list.addItem(item)
+        self.list.setCurrentRow(current)  # a refresh moves neither the selection nor the view
+        self.list.verticalScrollBar().setValue(scrolled)
         self.list.blockSignals(False)
         self.hint.setVisible(not docs)
 

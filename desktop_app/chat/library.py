@@ -167,10 +167,12 @@ class Library:
         return chats
 
     def removed(self, chat_id: int) -> list[str]:
-        """A note when documents that answers of this chat were given are gone since."""
+        """A note when documents its last answer was given are gone since (said once: the
+        next answer is given none of them)."""
         now = {d.id for d in self.chat_documents(chat_id)}
-        gone = sorted({d for m in self.history(chat_id) if m.role == "assistant" and m.stats
-                       for d in m.stats.get("documents") or ()} - now)
+        last = next((m.stats for m in reversed(self.history(chat_id))
+                     if m.role == "assistant" and m.stats), None) or {}
+        gone = sorted(set(last.get("documents") or ()) - now)
         if not gone:
             return []
         which = ", ".join(map(str, gone))

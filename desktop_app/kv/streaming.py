@@ -161,6 +161,7 @@ class _Reading:
         self.messages: list[str] = []
         self.bytes_read = 0
         self.adapted = 0
+        self.not_stored = 0  # chunks read at another level as none is stored at the one asked
         self.measured: list[float] = []
 
     def _read(self, source: ChunkSource, spans: list[Span], dest: Callable[[Span], Views], *,
@@ -197,6 +198,8 @@ class _Reading:
                 self.speeds.observe_decode(item.level, k.nbytes + v.nbytes,
                                            time.perf_counter() - d0)
                 got.append(item.level)
+                level = self.options.level
+                self.not_stored += item.level != level and level not in source.sizes(item.span)
                 if self.progress is not None:
                     done = min(spans[len(got) - 1].token_end, len(self.tokens))
                     self.progress(Progress("restore", done, len(self.tokens)))
@@ -220,7 +223,7 @@ class _Reading:
         others = [lvl for lvl in self.chunk_levels if lvl != level]
         if level != AUTO and others:
             # (a chunk stored at the level asked for and read at another failed its check)
-            missing = min(len(others), sum(level not in source.sizes(s) for s in source.spans))
+            missing = min(len(others), self.not_stored)
             read = ", ".join(sorted(set(others)))
             n = len(self.chunk_levels)
             if missing:
