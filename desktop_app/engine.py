@@ -67,6 +67,7 @@ from .results import (
     Progress,
     RestoreEstimate,
     RestoreReport,
+    Source,
 )
 from .settings import DEFAULT_BLEND_FRACTION
 
@@ -315,6 +316,14 @@ class Engine:
                                            focus=not wide and self.session.longdocs.focus)
         return [Hit(p.id, p.index, p.text, p.page, p.lines, p.heading, p.tokens, 0.0)
                 for p in self.store.passages(doc_id)]
+
+    def passages_around(self, doc_id: int, index: int, around: int = 30) -> list[Source]:
+        """A long document's passages around its `index`-th, `around` either side, in order:
+        a source shown in its document (the window's)."""
+        self.library.document(doc_id)
+        return [Source(p.id, doc_id, p.index, p.text, 0.0, p.page,
+                       None if p.page is not None else p.lines, p.heading)
+                for p in self.store.passages(doc_id)[max(0, index - around):index + around + 1]]
 
     def evidence(self, doc_id: int, query: str, hits: Sequence[Hit]) -> list[str]:
         """The sentences of `hits` (document `doc_id`'s) a chat's turn quotes with `query`

@@ -27,6 +27,7 @@ from .results import (
     Progress,
     RestoreEstimate,
     RestoreReport,
+    Source,
 )
 from .settings import Settings
 
@@ -71,6 +72,8 @@ class EngineAPI(Protocol):
     # -- the library ---------------------------------------------------------------------
 
     def documents(self) -> list[DocumentInfo]: ...
+
+    def passages_around(self, doc_id: int, index: int, around: int = 30) -> list[Source]: ...
 
     def chats(self) -> list[ChatInfo]: ...
 

@@ -235,6 +235,10 @@ def test_the_local_api_answers_from_passages_and_names_them(make_engine):
     turn, _, _ = eng.completions.prompt(messages, [eng.doc])
     assert 'museum keep?\nAnswer from these lines of the document: "The keeper' in turn.text
     assert eng.completions.prompt(messages, [eng.doc, eng.doc])[0] == turn  # read once
+    # The window shows a source among its neighbours in the document.
+    near = eng.passages_around(eng.doc, 1, around=1)
+    assert [(s.index, s.text, s.lines) for s in near] == [
+        (i, PASSAGES[i], (2 * i + 1, 2 * i + 1)) for i in (0, 1, 2)]
 
 
 def test_ask_json_names_the_sources_of_an_answer_over_a_long_document(tmp_path, monkeypatch,

@@ -511,3 +511,30 @@ def test_the_document_list_follows_passages_getting_their_kv(qtbot, window, engi
     qtbot.waitUntil(window.doc_poll.isActive)
     polled(40)
     assert not window.doc_poll.isActive()  # all cached: nothing left to follow
+
+
+def test_a_source_is_shown_in_its_document(qtbot, window, engine):
+    from dataclasses import replace
+
+    from PySide6.QtCore import QUrl
+
+    from desktop_app.results import MessageInfo
+
+    (doc_id, info), *_ = engine._docs.items()
+    engine._docs[doc_id] = replace(info, passages=200, passages_cached=200)
+    window.refresh_documents()
+    qtbot.waitUntil(lambda: "200 of 200" in window.doc_list.list.item(0).text())
+    source = {"passage_id": 150, "document_id": doc_id, "index": 50, "score": 1.0,
+              "text": "Passage 50 of the document.", "lines": [501, 509], "heading": ["Part"]}
+    window.chat_view.set_messages([MessageInfo(1, "user", "Where?", 0.0),
+                                   MessageInfo(2, "assistant", "There.", 0.0,
+                                               {"sources": [source]})])
+    window.chat_view._link(QUrl("kvdesk:source/1/0"))
+    assert "Show it in its document" in window.chat_view.toPlainText()
+    window.chat_view._link(QUrl("kvdesk:document/1/0"))
+    qtbot.waitUntil(lambda: getattr(window, "document_view", None) is not None)
+    view = window.document_view
+    assert "passages 21-81 of 200, around lines 501-509" in view.span.text()
+    assert "Passage 50 of the document." in view.text.toPlainText()
+    assert view.text.verticalScrollBar().value() > 0  # scrolled to it, not left at the top
+    view.close()

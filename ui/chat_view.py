@@ -35,6 +35,7 @@ Ctrl+K searches chats.</p>
 class ChatView(QTextBrowser):
     regenerate_requested = Signal()
     copied = Signal(str)  # what was put on the clipboard: "message" | "code"
+    in_document = Signal(object)  # a Source to show in its document
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -172,8 +173,10 @@ class ChatView(QTextBrowser):
             s = sources[self._open_source[1]]
             place = " › ".join([*s.heading, where(s)])
             # pre-wrap: a passage of code keeps its indentation, long lines still wrap
+            link = f"kvdesk:document/{i}/{self._open_source[1]}"
             out += (f'<blockquote style="color:{c.muted}"><b>{html.escape(place)}</b>'
                     f'<div style="white-space:pre-wrap">{html.escape(s.text)}</div>'
+                    f'<a href="{link}" style="color:{c.link}">Show it in its document</a>'
                     '</blockquote>')
         return out
 
@@ -233,6 +236,9 @@ class ChatView(QTextBrowser):
             for i in {x[0] for x in (before, self._open_source) if x is not None}:
                 self._render_message(i)
             self._render()
+        elif kind == "document":
+            i, j = map(int, rest.split("/"))
+            self.in_document.emit(Source.from_dict(self._messages[i].stats["sources"][j]))
         elif kind == "code":
             i, j = map(int, rest.split("/"))
             QGuiApplication.clipboard().setText(self._code[i][j])

@@ -1,6 +1,6 @@
 """The main window's library actions: attaching files (dialog, drop, progress rows,
-cancel), computing documents' caches again under a new model, deleting documents, and
-renaming, deleting and exporting chats.
+cancel), computing documents' caches again under a new model, deleting documents, showing
+a source in its document, and renaming, deleting and exporting chats.
 
 A mixin of `MainWindow` (ui.main_window), which owns the widgets and the state it uses.
 Attach jobs run on the "attach" lane, one document at a time in their own model context,
@@ -14,8 +14,9 @@ from pathlib import Path
 from PySide6.QtGui import QDragEnterEvent, QDropEvent
 from PySide6.QtWidgets import QFileDialog, QInputDialog, QMessageBox
 
-from desktop_app.results import AttachResult
+from desktop_app.results import AttachResult, Source
 
+from .document_view import DocumentView
 from .formatting import attach_notices
 
 
@@ -103,6 +104,22 @@ class LibraryMixin:
             self.runner.start("misc", lambda job: self.engine.delete_document(doc_id),
                               finished=lambda _: self.refresh_documents(),
                               failed=lambda msg: self._say(msg, True))
+
+    def show_in_document(self, source: Source) -> None:
+        """A source's passage among those around it in its document, in a dialog."""
+        doc = next((d for d in self.documents if d.doc_id == source.document_id), None)
+        if doc is None:
+            self._say("That document is no longer attached.", True)
+            return
+
+        def show(passages) -> None:
+            self.document_view = DocumentView(doc.title, doc.passages, passages, source,
+                                              self.chat_view.colors, self)
+            self.document_view.show()
+
+        self.runner.start("misc", lambda job: self.engine.passages_around(
+            source.document_id, source.index), finished=show,
+            failed=lambda msg: self._say(msg, True))
 
     # -- chat management ------------------------------------------------------------------------
 

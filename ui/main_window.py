@@ -189,6 +189,7 @@ class MainWindow(AskingMixin, LibraryMixin, CodecMixin, QMainWindow):
         self.doc_list.delete_requested.connect(self.delete_document)
         self.doc_list.checked_changed.connect(self._new_chat_docs_changed)
         self.chat_view.regenerate_requested.connect(self.regenerate)
+        self.chat_view.in_document.connect(self.show_in_document)
         self.chat_view.copied.connect(lambda what: self.statusBar().showMessage(
             f"Copied the {what} to the clipboard", 3000))
 

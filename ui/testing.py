@@ -33,6 +33,7 @@ from desktop_app.results import (
     Progress,
     RestoreEstimate,
     RestoreReport,
+    Source,
 )
 
 DAY = 86400.0
@@ -250,6 +251,13 @@ class FakeEngine:
         self._enter("documents")
         time.sleep(self.step_s)
         return sorted(self._docs.values(), key=lambda d: d.created)
+
+    def passages_around(self, doc_id: int, index: int, around: int = 30) -> list[Source]:
+        self._enter("passages_around", doc_id, index)
+        total = self._docs[doc_id].passages
+        return [Source(100 + i, doc_id, i, f"Passage {i} of the document.", 0.0,
+                       lines=(10 * i + 1, 10 * i + 9), heading=("Part",))
+                for i in range(max(0, index - around), min(total, index + around + 1))]
 
     def chats(self) -> list[ChatInfo]:
         self._enter("chats")
