@@ -28,9 +28,11 @@ class DocumentView(QDialog):
         blocks = []
         for p in passages:
             where = html.escape(" › ".join([*p.heading, p.location]))
-            style = f"background:{colors.user_bg};" if p.index == shown.index else ""
+            it = p.index == shown.index
+            style = f"background:{colors.user_bg};" if it else ""
+            label = (f'<b style="color:{colors.link}">{where} — the source</b>' if it else where)
             blocks.append(f'<a name="p{p.index}"></a><p style="color:{colors.muted};'
-                          f'font-size:small">{where}</p><div style="white-space:pre-wrap;'
+                          f'font-size:small">{label}</p><div style="white-space:pre-wrap;'
                           f'{style}">{html.escape(p.text)}</div>')
         self.text.setHtml("".join(blocks))
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
