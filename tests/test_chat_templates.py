@@ -208,8 +208,8 @@ def test_a_plain_answer_is_ended_by_a_line_break_only_after_its_text(runtime, mo
     # A base model often opens its answer with a line break; ending there answered nothing.
     from desktop_app.model import llamacalls
 
-    newline, word = runtime.tokenize("\n")[-1], runtime.tokenize(" Sunday")[-1]
-    script = iter([newline, word, newline, word])
+    newline, word, other = (runtime.tokenize(t)[-1] for t in ("\n", " Sunday", " noon"))
+    script = iter([newline, word, other, newline, word])
 
     class Scripted:
         def sample(self, ctx, idx):
@@ -222,5 +222,5 @@ def test_a_plain_answer_is_ended_by_a_line_break_only_after_its_text(runtime, mo
     monkeypatch.setattr(runtime, "chat_template", kvdesk(ct.PLAIN_TEMPLATE))
     runtime.reset()
     runtime.prefill(runtime.tokenize("Question: When?\nAnswer:"))
-    assert [t.text for t in runtime.generate(8)] == ["\n", " Sunday"]
+    assert [t.text for t in runtime.generate(8)] == ["\n", " Sunday", " noon"]
     runtime.reset()

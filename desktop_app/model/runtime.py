@@ -287,8 +287,7 @@ class Runtime:
         chat: bool = True,
     ) -> Iterator[Token]:
         """Stream tokens continuing the sequence until end-of-generation, max_tokens or cancel;
-        in a `chat`, also where the chat template ends an answer, once it has said something
-        (False: a prompt as it is).
+        in a `chat` (not a prompt as it is), also where its template ends a begun answer.
 
         `options` are run as they are: a stage whose field is None is off (greedy without
         penalties by default); the engine resolves the layers of defaults first. The context
@@ -319,8 +318,9 @@ class Runtime:
                     # latency is one decode shorter. It is evaluated before the next sample,
                     # or when the caller stops iterating, so every yielded token is in context.
                     pending = tok
-                    said = said or bool((text := decoder.decode(piece)).strip())
+                    text = decoder.decode(piece)
                     yield Token(tok, text)
+                    said = said or bool(text.strip())
         finally:
             if pending is not None:
                 with self._lock:
