@@ -153,6 +153,28 @@ def test_a_chat_whose_document_is_deleted_says_so_and_reads_none_of_its_passages
     assert not any("deleted" in m for m in again.messages)  # said once
 
 
+def test_a_chat_over_two_long_documents_goes_on_with_the_one_left(make_engine):
+    eng = make_engine()
+    harbour = ["The harbour office opens at 06:30 and sells ferry tickets.",
+               "Fishing boats land their catch at the north quay before dawn."]
+    other = eng.store.add_document("o" * 64, "Harbour guide", "\n\n".join(harbour),
+                                   type="text")
+    eng.store.add_passages(other.id, [
+        SimpleNamespace(index=i, text=t, start=0, end=len(t), page=None, lines=(i + 1, i + 1),
+                        heading=(), tokens=12) for i, t in enumerate(harbour)])
+    first = eng.ask("When does the harbour office open, and what does the museum keep?",
+                    doc_ids=[eng.doc, other.id], generation=GREEDY)
+    assert {s["document_id"] for s in first.sources} == {eng.doc, other.id}
+    eng.delete_document(other.id)
+    for _ in range(2):  # in this process, and as another would read it (from its answer)
+        later = eng.ask("And the museum's telescope?", chat_id=first.chat_id,
+                        generation=GREEDY)
+        assert later.sources and {s["document_id"] for s in later.sources} == {eng.doc}
+        eng.session.longdocs._chosen.clear()
+    eng.runtime.reset()
+    assert eng.reopen(first.chat_id).tokens
+
+
 def test_follow_ups_keep_the_chats_passages_and_a_reopen_lays_them_out(make_engine):
     eng = make_engine()
     doc = eng.doc

@@ -177,18 +177,23 @@ class LongDocs:
 
     def sources(self, chat_id: int | None) -> list[Source]:
         """The passages chat `chat_id`'s context holds: those of its latest question, or, in
-        another process, those its last answer named (a chat not created yet: those offered)."""
-        if chat_id is not None and not self.applies(self.library.chat_documents(chat_id)):
-            return []  # (no longer: its document was deleted)
-        with self._lock:
-            if chat_id is None:
+        another process, those its last answer named (a chat not created yet: those offered);
+        none of a document deleted since."""
+        if chat_id is None:
+            with self._lock:
                 return list(self._offered)
-            if chat_id in self._chosen:
-                return list(self._chosen[chat_id])
-        for m in reversed(self.library.history(chat_id)):
-            if m.role == "assistant" and m.stats and m.stats.get("sources") is not None:
-                return [Source.from_dict(d) for d in m.stats["sources"]]
-        return []
+        docs = self.library.chat_documents(chat_id)
+        if not self.applies(docs):
+            return []
+        with self._lock:
+            chosen = self._chosen.get(chat_id)
+        if chosen is None:
+            last = next((m.stats["sources"] for m in reversed(self.library.history(chat_id))
+                         if m.role == "assistant" and m.stats
+                         and m.stats.get("sources") is not None), [])
+            chosen = [Source.from_dict(d) for d in last]
+        kept = {d.id for d in docs}
+        return [s for s in chosen if s.document_id in kept]
 
     def first_document(self, rt: Runtime, chat_id: int) -> tuple[int, Sequence[int]] | None:
         """(id, prefix) of the document whose entry a chat's extends (stored first when
