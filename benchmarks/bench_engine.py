@@ -31,6 +31,7 @@ import json
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -170,10 +171,10 @@ def main() -> None:
         state = rt.state_bytes()
 
         def q8_load():
-            throttle = Throttle(bw)
+            throttle, running = Throttle(bw), threading.Event()
             for span in writer.spans:
                 throttle.wait(len(eng.store.read_chunk(writer.entry_id, span.chunk_index,
-                                                       "q8_0")))
+                                                       "q8_0")), running)
             rt.restore_bytes(state, prefix.tokens)
             rt.prefill(q_tokens)
             next(iter(rt.generate(1)))

@@ -149,6 +149,29 @@ def test_ctrl_c_during_attach_stores_nothing(tmp_path):
 
 
 @pytest.mark.model
+def test_ctrl_c_stops_a_restore_paced_to_a_slow_link(tmp_path):
+    import signal
+    import time
+
+    doc = tmp_path / "d.txt"
+    doc.write_text("The museum opens at nine and closes at five. " * 60)
+    doc_id = json.loads(kvdesk("--n-ctx", "1024", "attach", str(doc), "--levels", "high",
+                               "--json").stdout)[0]["doc_id"]
+    chat = json.loads(kvdesk("--n-ctx", "1024", "ask", str(doc_id), "When?", "--max-tokens",
+                             "2", "--json").stdout)["chat_id"]
+    # At 1 kB/s the chunks take minutes: the Ctrl-C must not wait for them.
+    proc = subprocess.Popen([sys.executable, "-m", "desktop_app", "--n-ctx", "1024", "reopen",
+                             str(chat), "--level", "high", "--bandwidth-MBps", "0.001"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(5)  # the restore under way (the model loads in ~1 s)
+    proc.send_signal(signal.SIGINT)
+    stopped = time.monotonic()
+    _, err = proc.communicate(timeout=60)
+    assert time.monotonic() - stopped < 20, "the restore waited out its slow link"
+    assert proc.returncode == 1 and "Traceback" not in err
+
+
+@pytest.mark.model
 def test_two_processes_asking_in_one_chat_take_turns(tmp_path):
     """Each answer is computed with every earlier turn in its context: the chat's stored KV
     then covers the whole conversation as the history shows it."""

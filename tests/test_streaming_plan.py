@@ -51,13 +51,22 @@ def test_measured_decode_speed_counts():
     assert choose(1.6, 2000, speeds=slow_lossless) == "high"
 
 
-def test_throttle_paces_reads():
+def test_throttle_paces_reads_until_stopped():
+    import threading
+
+    running = threading.Event()
     t = Throttle(100.0)  # 100 MB/s
     start = time.perf_counter()
     for _ in range(5):
-        t.wait(2_000_000)
+        t.wait(2_000_000, running)
     assert time.perf_counter() - start >= 0.09
     unthrottled = Throttle(None)
     start = time.perf_counter()
-    unthrottled.wait(10**12)
+    unthrottled.wait(10**12, running)
     assert time.perf_counter() - start < 0.05
+    # A restore that ends meanwhile (cancelled, or done) never waits out a slow link's hours.
+    stopped = threading.Event()
+    threading.Timer(0.05, stopped.set).start()
+    start = time.perf_counter()
+    Throttle(0.001).wait(10**9, stopped)  # 11 days at 1 kB/s
+    assert time.perf_counter() - start < 5

@@ -55,7 +55,9 @@ class Throttle:
         self.sent = 0
         self._lock = threading.Lock()
 
-    def wait(self, nbytes: int) -> None:
+    def wait(self, nbytes: int, stop: threading.Event) -> None:
+        """Until `nbytes` more are due at the rate, or `stop` (a restore ended meanwhile: a
+        slow link's wait may be hours, and is never waited out)."""
         if self.rate is None:
             return
         with self._lock:
@@ -63,7 +65,7 @@ class Throttle:
             sent = self.sent
         delay = self.start + sent / self.rate - time.perf_counter()
         if delay > 0:
-            time.sleep(delay)
+            stop.wait(delay)
 
 
 def choose_level(
@@ -202,7 +204,7 @@ class ChunkReader:
         data = b""
         try:
             data = self.source.read(span, level)
-            self.throttle.wait(len(data))
+            self.throttle.wait(len(data), self.stop)
             return data
         finally:
             self.meter.stop(len(data))

@@ -178,9 +178,7 @@ class _Reading:
         got: list[str] = []
         failed = None
         try:
-            while (item := fetched.get()) is not None:
-                if self.cancel is not None and self.cancel.is_set():
-                    raise Cancelled("restore cancelled")
+            while (item := self._next(fetched)) is not None:
                 if item.note:
                     self.messages.append(f"chunk {item.span.chunk_index}: {item.note}")
                 if item.data is None:
@@ -217,6 +215,17 @@ class _Reading:
         if (measured := reader.meter.MBps()) is not None:
             self.measured.append(measured)
         return got, failed
+
+    def _next(self, fetched: queue.Queue):
+        """The reader's next chunk, or Cancelled as soon as the restore is (a chunk on a slow
+        link may take long to come)."""
+        while True:
+            if self.cancel is not None and self.cancel.is_set():
+                raise Cancelled("restore cancelled")
+            try:
+                return fetched.get(timeout=0.05)
+            except queue.Empty:
+                pass
 
     def finish(self, source: ChunkSource) -> None:
         level = self.options.level
