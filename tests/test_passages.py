@@ -193,6 +193,15 @@ def test_passages_index_and_vectors_survive_reopen_and_go_with_the_document(inde
         assert db.execute("SELECT count(*) FROM passages_fts_docsize").fetchone() == (0,)
 
 
+def test_a_question_sharing_no_word_with_the_document_still_gets_passages(indexed):
+    store, doc, retriever, _ = indexed
+    question = "Qwxyz zzyq frobtastic?"  # no word of it anywhere in the document
+    assert store.search_passages(doc.id, question, 5) == []
+    for mode in ("bm25", "fused", "dense"):
+        hits = retriever.retrieve(doc.id, question, k=4, mode=mode)
+        assert len(hits) == 4, mode  # the nearest in meaning: never nothing to read
+
+
 def test_any_query_text_is_searched_as_words(indexed):
     store, doc, _, _ = indexed
     for query in ['"AND (NOT', "NEAR(x y) OR *", "", "the of and", "Zelmar's vault?"]:

@@ -99,7 +99,9 @@ class Retriever:
         if mode in ("bm25", "fused"):
             bm25, holders = self._bm25(doc_id, " ".join([question, *turns]), max(k, CANDIDATES))
             ranked.append(bm25)
-        if mode in ("dense", "fused"):
+        # A question sharing no word with the document ("Summarize this.") still gets the
+        # passages nearest to it in meaning, never none.
+        if mode in ("dense", "fused") or not ranked[0]:
             ranked.append(self._dense(doc_id, question, turns, max(k, CANDIDATES)))
         order = ranked[0] if len(ranked) == 1 else fuse(ranked, [1.0, self.dense_weight])
         if focus and holders and len(ranked) == 1:
