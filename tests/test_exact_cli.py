@@ -86,4 +86,5 @@ def test_the_ctrl_c_that_stops_an_answer_skips_the_exact_pass_too(tmp_path):
     proc.wait(timeout=120)
     assert "Computing this chat's exact context" not in err, err
     assert "exact context was not computed (the answer was stopped)" in err, err
+    assert "stopped (Ctrl-C): the answer so far is kept" in err
     assert "Traceback" not in err

@@ -49,7 +49,7 @@ from .answers import stream_answer
 from .fairlock import FairLock
 from .library import Library
 from .longdoc import LongDocs
-from .turns import waited
+from .turns import room_left, waited
 
 ProgressFn = Callable[[Progress], None]
 
@@ -366,8 +366,7 @@ class ChatSession:
             quoted = self.longdocs.quoted(chat_id, docs, question)
             turn = question_turn(rt, msgs, with_evidence(question, quoted))
             if len(context) + len(turn.tokens) + 1 >= rt.n_ctx:
-                raise EngineError(f"the chat is full: {len(context) + len(turn.tokens):,} tokens "
-                                  f"of a {rt.n_ctx:,}-token context; start a new chat")
+                raise EngineError(room_left(rt.n_ctx, len(context), len(turn.tokens), chat_id))
             report = self.bring_in(rt, chat_id, context, options=restore, progress=progress,
                                    cancel=cancel, question=turn.tokens, docs=docs)
             sampling = self.sampling(generation).options

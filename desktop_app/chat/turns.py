@@ -1,4 +1,5 @@
-"""Waiting for a turn another kvdesk process holds: a chat's, or a document's attach.
+"""A chat's turn: waiting for it while another kvdesk process holds it (or a document's
+attach), and what to say when it does not fit the context.
 
 The store's file locks (`store.locks`) serve one process at a time across a data directory.
 `waited(turn, key, ...)` holds one for the caller, says so through `progress` when it has to
@@ -33,3 +34,12 @@ def waited(turn: Callable[..., contextlib.AbstractContextManager], key, *,
             yield
     except TurnCancelled as e:
         raise Cancelled(str(e)) from None
+
+
+def room_left(n_ctx: int, context: int, question: int, chat_id: int | None) -> str:
+    """Why a question (`question` tokens, its turn) does not fit after `context` tokens."""
+    if chat_id is None and question >= n_ctx // 2:  # no chat to start anew: the question
+        return (f"the question is {question:,} tokens, too long for the {n_ctx:,}-token "
+                "context: shorten it")
+    return (f"the chat is full: {context + question:,} tokens of a {n_ctx:,}-token context; "
+            "start a new chat")

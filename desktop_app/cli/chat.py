@@ -204,7 +204,9 @@ def ask(app: App, args, chat_id, docs, restore, generation, no_server, as_json):
     if not as_json:
         click.echo()
     say([m for m in res.messages if m not in said])
-    if res.finish_reason == "length":
+    if cancel.is_set():
+        say(["stopped (Ctrl-C): the answer so far is kept"])
+    elif res.finish_reason == "length":
         say([f"the answer stopped at its limit of {res.tokens_generated:,} tokens "
              "(--max-tokens, or the room left in the context): it may be cut short"])
     if as_json:
