@@ -134,6 +134,18 @@ def test_cli_eval_refuses_a_bad_file_before_calibrating(tmp_path, model_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and "unknown configuration 'superb'" in out.stderr, out.stderr
     assert "calibrating" not in out.stderr and json.loads(out.stdout)["kind"] == "EvalError"
+    # A text too short for the tokens asked for, too, and a run of configurations none of
+    # which is calibrated needs no calibration at all.
+    out = subprocess.run([sys.executable, "-m", "desktop_app", "eval", str(doc),
+                          "--prefix-tokens", "100000"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 1 and "100257 are needed" in out.stderr, out.stderr
+    assert "calibrating" not in out.stderr
+    out = subprocess.run([sys.executable, "-m", "desktop_app", "eval", str(doc), "--configs",
+                          "fp16,q8_0", "--prefix-tokens", "96", "--cont-tokens", "16",
+                          "--json"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "calibrating" not in out.stderr, out.stderr
+    assert [r["config"] for r in json.loads(out.stdout)["rows"]] == ["fp16", "q8_0"]
 
 
 def test_cli_eval_json(tmp_path, model_path):

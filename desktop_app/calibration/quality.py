@@ -88,6 +88,14 @@ class EvalError(ValueError):
     """The text is too short, or a configuration is unknown."""
 
 
+def check_length(n_tokens: int, prefix_tokens: int, cont_tokens: int) -> None:
+    """Refuse a text of `n_tokens` too short for the prefix and the scored continuation."""
+    need = prefix_tokens + cont_tokens + 1
+    if prefix_tokens < 1 or cont_tokens < 1 or n_tokens < need:
+        raise EvalError(f"the text has {n_tokens} tokens; {need} are needed "
+                        f"({prefix_tokens} prefix + {cont_tokens} continuation + 1)")
+
+
 def config_name(config: Config) -> str:
     return config.get("name", "custom") if isinstance(config, dict) else config
 
@@ -237,9 +245,7 @@ class Evaluator:
                 prefix_tokens, cont_tokens = int(prefix_tokens * share), int(cont_tokens * share)
                 self.prefix_tokens, self.cont_tokens = prefix_tokens, cont_tokens
                 need = prefix_tokens + cont_tokens + 1
-            if prefix_tokens < 1 or cont_tokens < 1 or len(tokens) < need:
-                raise EvalError(f"the text has {len(tokens)} tokens; {need} are needed "
-                                f"({prefix_tokens} prefix + {cont_tokens} continuation + 1)")
+            check_length(len(tokens), prefix_tokens, cont_tokens)
             self.prefix = list(tokens[:prefix_tokens])
             self.cont = list(tokens[prefix_tokens : prefix_tokens + cont_tokens + 1])
             self.reference = self._reference()

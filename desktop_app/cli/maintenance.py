@@ -170,9 +170,9 @@ def calibrate(app: App, force: bool, as_json: bool):
 
 @cli.command("eval")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
-@click.option("--prefix-tokens", type=int, default=2048, show_default=True,
+@click.option("--prefix-tokens", type=click.IntRange(1), default=2048, show_default=True,
               help="Tokens of FILE whose KV each configuration restores.")
-@click.option("--cont-tokens", type=int, default=256, show_default=True,
+@click.option("--cont-tokens", type=click.IntRange(1), default=256, show_default=True,
               help="Following tokens, scored under teacher forcing.")
 @click.option("--configs", help="Comma-separated: fp16, fp16-ulp (the noise floor), q8_0, q4_0 "
               "and codec levels: the model's calibrated ones, default-LEVEL for the "
@@ -194,7 +194,11 @@ def eval_(app: App, file: str, prefix_tokens: int, cont_tokens: int, configs: st
     cal = engine.calibrations.current(engine.fingerprint)
     for name in names:
         quality.check_config(name, cal, calibrating=cal is None)
-    if cal is None:
+    quality.check_length(len(engine.runtime.tokenize(text, add_bos=True, special=False)),
+                         prefix_tokens, cont_tokens)
+    # (the calibrated levels, and the model-independent ones beside them, need the calibration)
+    if cal is None and any(n in quality.CONTRACTS or n.startswith(quality.DEFAULT_PREFIX)
+                           for n in names):
         click.echo("This model's codec is not calibrated yet: calibrating it first (a few "
                    "minutes, once; `kvdesk calibrate`).", err=True)
         bar = TerminalProgress()
