@@ -8,18 +8,16 @@ front end and every layer of the engine imports these without importing anything
 
 from __future__ import annotations
 
-import pydantic
 from pydantic import Field
 
-from .validation import STRICT
+from .validation import UserValues
 
 AUTO = "auto"
 
 
-class RestoreOptions(pydantic.BaseModel):
+class RestoreOptions(UserValues):
     """How a chat's or document's cached prefix comes back into the model."""
 
-    model_config = STRICT
 
     # "auto" (the best level per chunk that fits the budget) or a codec level to force
     level: str = Field(AUTO, min_length=1, max_length=64)
@@ -30,7 +28,7 @@ class RestoreOptions(pydantic.BaseModel):
     no_cache: bool = False  # recompute everything from text: the baseline
 
 
-class GenerationOptions(pydantic.BaseModel):
+class GenerationOptions(UserValues):
     """How an answer is generated: llama.cpp's sampler chain (penalties, top-k, top-p, min-p,
     temperature) and the answer's length. Named as the OpenAI API and llama.cpp's server
     name them, so a request maps onto these fields one to one.
@@ -41,7 +39,6 @@ class GenerationOptions(pydantic.BaseModel):
     every front end shows.
     """
 
-    model_config = STRICT
 
     max_tokens: int | None = Field(None, ge=1, le=1 << 20,
                                    description="Longest answer, in tokens.")
@@ -65,9 +62,8 @@ class GenerationOptions(pydantic.BaseModel):
         "Seed of the sampler: the same answer every time (default: a new one each time)."))
 
 
-class GcOptions(pydantic.BaseModel):
+class GcOptions(UserValues):
     """An explicit eviction (`kvdesk gc`)."""
 
-    model_config = STRICT
 
     budget_gb: float | None = Field(None, ge=0, le=1e6)  # 0: evict every cache; None: the setting

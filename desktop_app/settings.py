@@ -35,7 +35,7 @@ import pydantic
 from pydantic import Field
 
 from .options import GenerationOptions
-from .validation import STRICT, InvalidValue, changed, parse
+from .validation import InvalidValue, UserValues, changed, parse
 
 APP_NAME = "kvdesk"
 # Chats over several documents: the share of each later document's tokens computed again in
@@ -71,8 +71,7 @@ def config_dir() -> Path:
     return Path(os.environ.get("KVDESK_CONFIG_DIR") or platformdirs.user_config_dir(APP_NAME))
 
 
-class Settings(pydantic.BaseModel):
-    model_config = STRICT
+class Settings(UserValues):
 
     # A GGUF path, or the name of a model `kvdesk models` lists; None: the shipped default.
     model: str | None = None
@@ -211,7 +210,9 @@ def load(path: Path | None = None) -> Settings:
         except (ValueError, OSError) as e:
             raise SettingsError(f"{path} is not valid JSON ({e}); fix or delete it") from e
         if not isinstance(saved, dict):
-            raise SettingsError(f"{path} holds a JSON {type(saved).__name__}, not the object "
+            what = {list: "list", str: "string", int: "number", float: "number", bool:
+                    "true or false", type(None): "null"}.get(type(saved), "value")
+            raise SettingsError(f"{path} holds a JSON {what}, not the object "
                                 "of settings kvdesk writes; fix or delete it")
         version = saved.pop("version", 0)
         if not isinstance(version, int) or isinstance(version, bool):

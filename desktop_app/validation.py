@@ -24,6 +24,31 @@ M = TypeVar("M", bound=pydantic.BaseModel)
 STRICT = pydantic.ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
+class Exact(pydantic.BaseModel):
+    """Values taken as the user wrote them, where true or false is not a number nor a number
+    or a word true or false: pydantic would read `"temperature": true` as 1.0 and `"yes"` as
+    true, and a value the user did not mean would be used without a word."""
+
+    @pydantic.field_validator("*", mode="before")
+    @classmethod
+    def _true_is_no_number(cls, value: Any, info: pydantic.ValidationInfo) -> Any:
+        annotation = cls.model_fields[info.field_name].annotation
+        types = {a for a in getattr(annotation, "__args__", (annotation,)) if a is not None
+                 and a is not type(None)}
+        if types == {bool} and value is not None and not isinstance(value, bool):
+            raise ValueError("should be true or false")
+        if isinstance(value, bool) and bool not in types:
+            raise ValueError("should be a number" if types & {int, float} else
+                             "should not be true or false")
+        return value
+
+
+class UserValues(Exact):
+    """A model of user values: STRICT, and `Exact`."""
+
+    model_config = STRICT
+
+
 class InvalidValue(ValueError):
     """A user-supplied value of the wrong type or out of range; `key` names it."""
 
@@ -95,7 +120,7 @@ def parse(model: type[M], data: Mapping[str, Any], *, names: Mapping[str, str] |
             raise InvalidValue(key, "not a known setting") from None
         # a nested model's own name (GenerationOptions) means nothing to the user
         message = ("should be a JSON object of its keys" if error["type"] == "model_type"
-                   else error["msg"])
+                   else error["msg"].removeprefix("Value error, "))  # (pydantic's own words)
         if error["type"] not in ("missing",) and "input" in error:
             message += f" (got {_describe(error['input'])})"
         raise InvalidValue(key, message) from None

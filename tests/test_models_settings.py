@@ -76,6 +76,16 @@ def test_bad_settings_are_clear_errors(monkeypatch):
     path.write_text(json.dumps({"theme": "mauve"}))
     with pytest.raises(settings.SettingsError, match="theme"):
         settings.load()
+    path.write_text("null")
+    with pytest.raises(settings.SettingsError, match="holds a JSON null"):
+        settings.load()
+    # true or false is no number, nor a word a true or false (pydantic would take both)
+    for saved, said in (({"generation": {"temperature": True}}, "temperature: should be a number"),
+                        ({"keep_lossless": "yes"}, "keep_lossless: should be true or false"),
+                        ({"n_ctx": True}, "n_ctx: should be a number")):
+        path.write_text(json.dumps(saved))
+        with pytest.raises(settings.SettingsError, match=said):
+            settings.load()
     path.write_text(json.dumps({"generation": 5}))  # said in JSON's words, not pydantic's
     with pytest.raises(settings.SettingsError, match="generation: should be a JSON object"):
         settings.load()

@@ -154,6 +154,10 @@ def test_bad_text_ids_and_paths_are_the_clients_errors_not_the_servers(tmp_path)
             r.json()["error"]["message"], (url, r.text)
     nul = c.post("/v1/kvdesk/documents", json={"path": str(tmp_path / "a\x00.pdf")})
     assert nul.status_code == 400 and nul.json()["error"]["param"] == "path"
+    true = c.post("/v1/chat/completions", json={
+        "model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": True})
+    assert true.status_code == 400 and true.json()["error"]["param"] == "max_tokens"
+    assert "should be a number" in true.json()["error"]["message"]  # not one token
     typed = c.post("/v1/kvdesk/documents", json={"path": 5})
     assert typed.status_code == 400 and typed.json()["error"]["param"] == "path"
     assert "pydantic" not in typed.text and "\n" not in typed.json()["error"]["message"]

@@ -20,7 +20,7 @@ from pydantic import Field
 
 from ..options import GenerationOptions, RestoreOptions
 from ..results import Completion
-from ..validation import InvalidValue, parse
+from ..validation import Exact, InvalidValue, parse
 
 MAX_STOP = 4  # as OpenAI
 
@@ -62,7 +62,7 @@ class Message(pydantic.BaseModel):
         return {"role": "system" if self.role == "developer" else self.role, "content": text}
 
 
-class KvdeskOptions(pydantic.BaseModel):
+class KvdeskOptions(Exact):
     """kvdesk's own request field: documents to answer from, and how to restore."""
 
     model_config = pydantic.ConfigDict(extra="forbid")
@@ -78,7 +78,7 @@ class KvdeskOptions(pydantic.BaseModel):
                             "bandwidth_MBps": "kvdesk.bandwidth_MBps"})
 
 
-class StreamOptions(pydantic.BaseModel):
+class StreamOptions(Exact):
     model_config = pydantic.ConfigDict(extra="ignore")
     include_usage: bool = False
 
@@ -89,7 +89,7 @@ UNSUPPORTED = {"tools": "tool calls", "functions": "function calls",
                "logit_bias": "logit biases", "web_search_options": "web searches"}
 
 
-class Sampled(pydantic.BaseModel):
+class Sampled(Exact):
     """What OpenAI's chat and text completions share: the model, streaming, how the answer is
     sampled and where it stops."""
 
@@ -156,7 +156,7 @@ class ChatRequest(Sampled):
             message.check_parts(f"messages.{i}")
 
 
-class AskRequest(pydantic.BaseModel):
+class AskRequest(Exact):
     """kvdesk's own turn in a stored chat (what `kvdesk ask` sends to a running server)."""
 
     model_config = pydantic.ConfigDict(extra="forbid")
@@ -168,7 +168,7 @@ class AskRequest(pydantic.BaseModel):
     stream: bool = False
 
 
-class ReopenRequest(pydantic.BaseModel):
+class ReopenRequest(Exact):
     model_config = pydantic.ConfigDict(extra="forbid")
     restore: dict[str, Any] = Field(default_factory=dict)
     stream: bool = False
