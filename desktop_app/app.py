@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .model import models
-from .settings import Settings
+from .settings import Settings, config_dir
 
 if TYPE_CHECKING:
     from store import RemoteTier, Store
@@ -172,6 +172,9 @@ class App:
         lay = rt.layout
         return {
             "model": str(self.model_path),
+            # Where kvdesk keeps what it stores, and the settings file it reads (may not exist)
+            "data_dir": str(self.data_dir.resolve()),
+            "settings_file": str(config_dir() / "settings.json"),
             "fingerprint": rt.fingerprint,
             "n_layer": lay.n_layer,
             "n_head_kv": lay.n_head_kv,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -34,6 +35,10 @@ def test_info_json(model_path):
     assert info["flash_attn"] is True and info["sliding_window_layers"] == 0
     assert info["kv_bytes_per_token"] == 23_040
     assert len(info["fingerprint"]) == 32
+    import os  # where it keeps its data and reads its settings (the test's own folders)
+    assert info["data_dir"] == str(Path(os.environ["KVDESK_DATA_DIR"]).resolve())
+    assert info["settings_file"] == os.path.join(os.environ["KVDESK_CONFIG_DIR"],
+                                                 "settings.json")
 
 
 def test_missing_model_is_one_clear_line(tmp_path):
