@@ -170,6 +170,12 @@ class PassageStore:
         with self._db.write() as db:
             _put_vectors(db.conn, list(passage_ids), embedder, vectors)
 
+    def set_passage_lines(self, lines: Sequence[tuple[int, tuple[int, int]]]) -> None:
+        """(passage id, (first, last line)) for passages whose lines were numbered otherwise."""
+        with self._db.write() as db:
+            db.conn.executemany("UPDATE passages SET line_start = ?, line_end = ? WHERE id = ?",
+                                [(a, b, pid) for pid, (a, b) in lines])
+
     def passages(self, document_id: int) -> list[StoredPassage]:
         """A document's passages in document order (none: it fits the context, or is new)."""
         rows = self._db.get().execute(

@@ -175,6 +175,19 @@ def test_a_chat_over_two_long_documents_goes_on_with_the_one_left(make_engine):
     assert eng.reopen(first.chat_id).tokens
 
 
+def test_attaching_a_file_again_numbers_its_passages_by_the_file(make_engine, tmp_path):
+    eng = make_engine()
+    path = tmp_path / "tool.py"
+    path.write_text("\n\n\n".join(f"def f{i}(x):\n    return x + {i}  # {'pad ' * 20}"
+                                   for i in range(300)))
+    doc = eng.attach(path).doc_id
+    right = {p.id: p.lines for p in eng.store.passages(doc)}
+    assert len(right) > 10 and max(b for _, b in right.values()) > 1000  # the file's lines
+    eng.store.set_passage_lines([(pid, (1, 1)) for pid in right])  # as an older kvdesk did
+    assert eng.attach(path).reused
+    assert {p.id: p.lines for p in eng.store.passages(doc)} == right
+
+
 def test_follow_ups_keep_the_chats_passages_and_a_reopen_lays_them_out(make_engine):
     eng = make_engine()
     doc = eng.doc

@@ -193,6 +193,8 @@ class Attacher:
                                           lambda text: len(rt.tokenize(text)),
                                           pages=extracted.pages,
                                           line_numbers=extracted.lines)
+            elif extracted.lines:  # attached again: its lines as the file numbers them
+                self.passages.renumber(doc.id, extracted.text, extracted.lines)
             if cancel is not None and cancel.is_set():
                 raise Cancelled()
             self.store.set_document_tokens(doc.id, rt.fingerprint, doc_tokens, 0)

@@ -17,7 +17,7 @@ import numpy as np
 from store import Store
 
 from .embed import Embedder
-from .split import TARGET_TOKENS, CountFn, split
+from .split import TARGET_TOKENS, CountFn, file_lines, split
 
 
 def embedding_text(heading: Sequence[str], text: str) -> str:
@@ -41,6 +41,15 @@ class PassageIndex:
         vectors = self.embedder.embed([embedding_text(p.heading, p.text) for p in passages])
         self.store.add_passages(doc_id, passages, vectors=vectors, embedder=self.embedder.name)
         return len(passages)
+
+    def renumber(self, doc_id: int, text: str, line_numbers: Sequence[int]) -> None:
+        """Number a document's stored passages by its file's lines (`split`), where a kvdesk
+        that collapsed its blank runs numbered them by its text's."""
+        passages = self.store.passages(doc_id)
+        lines = file_lines(text, line_numbers, [(p.start, p.end) for p in passages])
+        self.store.set_passage_lines([(p.id, new) for p, new in zip(passages, lines,
+                                                                     strict=True)
+                                      if tuple(p.lines) != new])
 
     def vectors(self, doc_id: int) -> tuple[list[int], np.ndarray]:
         """(passage ids in order, their vectors) under this embedder, made now if missing."""

@@ -89,6 +89,14 @@ def split(text: str, kind: str, count_tokens: CountFn, *,
     return _pack(text, units, count_tokens, target, limit, lines)
 
 
+def file_lines(text: str, line_numbers: Sequence[int],
+               spans: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The file's (first, last) line of each [start, end) span of `text` (`split`'s
+    `line_numbers`): the lines of passages split before they were numbered so."""
+    lines = _Lines(text, line_numbers)
+    return [(lines.of(start), lines.of(end - 1)) for start, end in spans]
+
+
 class _Lines:
     """Line numbers of character offsets (through `numbers`, the file's, when given)."""
 
