@@ -59,6 +59,14 @@ def test_a_malformed_command_line_is_one_error_line_and_json_with_json(tmp_path)
     (line,) = proc.stderr.splitlines()
     assert line.startswith("Error: ") and "`kvdesk passages -h` for help" in line
     assert not kvdesk("ask", "--bogus", check=False).stdout  # no --json: nothing on stdout
+    # A level's name in capitals is the level (the names are lower case); an unknown one is
+    # still refused.
+    upper = kvdesk("--data-dir", str(tmp_path), "ask", "1", "Why?", "--level", "COMPACT",
+                   "--json", check=False)  # (the level is checked before the document)
+    assert json.loads(upper.stdout)["error"] == "no document 1"
+    bad = kvdesk("--data-dir", str(tmp_path), "ask", "1", "Why?", "--level", "SUPERB",
+                 check=False)
+    assert "unknown level(s) superb" in bad.stderr and "auto" in bad.stderr
     # How to retrieve, without anything to retrieve for: said, not ignored.
     wide = kvdesk("--data-dir", str(tmp_path), "passages", "1", "--wide", check=False)
     assert wide.returncode == 1 and "give --query too" in wide.stderr

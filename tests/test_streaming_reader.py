@@ -97,7 +97,7 @@ def test_auto_reads_the_apps_levels_else_what_the_chunk_is_stored_at():
     assert [i.level for i in items] == ["lossless"] * 3
     assert all(i.data is not None and i.error is None for i in items)
     items, _ = drain(FakeSource(2, parallel=1, stored={}), levels=app)
-    assert items[0].level == TEXT and "not stored at any level" in items[0].error
+    assert items[0].level == TEXT and "no readable level left" in items[0].error
 
 
 def test_with_every_level_corrupt_the_stored_part_ends_there():

@@ -114,6 +114,7 @@ def restore_options(f):
     """--level, --budget-ms, --bandwidth-MBps and --no-cache, passed on as one `restore`."""
     for opt in reversed([
         click.option("--level", default="auto", show_default=True,
+                     callback=lambda ctx, param, value: value.lower(),  # (names: lower case)
                      help="auto (adaptive per chunk) or a codec level to force."),
         click.option("--budget-ms", type=float, help="Time budget for the restore."),
         click.option("--bandwidth-MBps", "bandwidth_MBps", type=float,

@@ -250,7 +250,8 @@ class ChunkReader:
         span = self.spans[i]
         if future is None:
             if not sizes:
-                why = f"chunk {i} is not stored at any level"
+                why = (f"chunk {i} has no readable level left (damaged and set aside, or "
+                       "missing: `kvdesk verify --repair` computes it again)")
             elif self.forced == EXACT:
                 why = (f"chunk {i} is not stored at {EXACT!r} (exact KV is opt-in): recomputing, "
                        "which is exact too")
