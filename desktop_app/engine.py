@@ -323,7 +323,7 @@ class Engine:
         self.library.document(doc_id)
         return [Source(p.id, doc_id, p.index, p.text, 0.0, p.page,
                        None if p.page is not None else p.lines, p.heading)
-                for p in self.store.passages(doc_id)[max(0, index - around):index + around + 1]]
+                for p in self.store.passages(doc_id, index - around, index + around)]
 
     def evidence(self, doc_id: int, query: str, hits: Sequence[Hit]) -> list[str]:
         """The sentences of `hits` (document `doc_id`'s) a chat's turn quotes with `query`

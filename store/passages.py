@@ -176,10 +176,13 @@ class PassageStore:
             db.conn.executemany("UPDATE passages SET line_start = ?, line_end = ? WHERE id = ?",
                                 [(a, b, pid) for pid, (a, b) in lines])
 
-    def passages(self, document_id: int) -> list[StoredPassage]:
-        """A document's passages in document order (none: it fits the context, or is new)."""
+    def passages(self, document_id: int, first: int = 0,
+                 last: int | None = None) -> list[StoredPassage]:
+        """A document's passages in document order (none: it fits the context, or is new),
+        those from its `first`-th to its `last`-th when given."""
         rows = self._db.get().execute(
-            f"SELECT {COLUMNS} FROM passages WHERE document_id = ? ORDER BY idx", (document_id,))
+            f"SELECT {COLUMNS} FROM passages WHERE document_id = ? AND idx >= ? AND idx <= ? "
+            "ORDER BY idx", (document_id, first, (1 << 62) if last is None else last))
         return [_record(row) for row in rows]
 
     def passage_counts(self) -> dict[int, int]:
