@@ -3,7 +3,8 @@
     .venv/bin/python -m benchmarks.bench_longdoc [--model PATH] [--chars 400000] [--n-ctx 4096]
                                                  [--questions 6] [--k 8]
                                                  [--calibration FILE | --uncalibrated]
-                                                 [--named] [--no-quote] [--exact-passes]
+                                                 [--named] [--no-quote] [--no-quote-kv]
+                                                 [--exact-passes]
 
 The text is Python's reference manual (the standard library's pydoc topics), cut to `--chars`
 characters and attached (split into passages, indexed and embedded: no prefill). Each question
@@ -78,7 +79,8 @@ def ask(eng: Engine, doc_id: int, question: str, **restore) -> dict:
             "evidence_tokens": len(eng.runtime.tokenize(turn)) - len(eng.runtime.tokenize(
                 question)),  # what the turn's quote added (`passages.evidence`)
             "cpu_s": round(time.process_time() - c0, 3),  # the process's, every thread's
-            "recomputed_tokens": out.recomputed_tokens, "passages": len(out.sources)}
+            "recomputed_tokens": out.recomputed_tokens, "passages": len(out.sources),
+            "quoted_tokens_reused": (out.blended or {}).get("quoted_tokens_reused", 0)}
 
 
 def main() -> None:
@@ -92,6 +94,8 @@ def main() -> None:
                    help="ask the questions naming something rare (their turns quote evidence)")
     p.add_argument("--no-quote", action="store_true",
                    help="the question's turn without its evidence (as before it had any)")
+    p.add_argument("--no-quote-kv", action="store_true",
+                   help="compute the quote's tokens instead of taking them from the passages' KV")
     p.add_argument("--exact-passes", action="store_true",
                    help="a long-running engine's exact passes on, beside the asks after")
     add_calibration_flags(p)
@@ -107,6 +111,7 @@ def main() -> None:
                      background=args.exact_passes)
         eng.session.longdocs.top_k = args.k
         eng.session.longdocs.quote = not args.no_quote
+        eng.session.blender.repeat = not args.no_quote_kv
         text = text_of("pydoc")[:args.chars]
         path = folder / "reference.txt"
         path.write_text(text)
@@ -135,7 +140,7 @@ def main() -> None:
         report = {
             "model": str(model), "n_ctx": args.n_ctx, "k": args.k, "chars": len(text),
             "passages": attached.passages, "attach_s": round(attach_s, 2),
-            "exact_passes": args.exact_passes,
+            "exact_passes": args.exact_passes, "quote_kv": not args.no_quote_kv,
             "passage_level": eng.session.longdocs.kv.level, "levels": levels,
             "median_ttft_s": med,
             "first_over_cached": round(med["first"] / med["cached"], 2),

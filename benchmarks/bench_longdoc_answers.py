@@ -4,7 +4,7 @@
         [--size 100000] [--kinds docs,code,markdown] [--seeds 0] [--targets 160]
         [--rules focused] [--exact] [--alone] [--n-ctx 4096] [--max-tokens 32] [--k K]
         [--passage-level balanced] [--blend-fraction 0.05] [--calibration CAL.kvcl]
-        [--no-quote]
+        [--no-quote] [--no-quote-kv]
 
 The haystacks and facts of `bench_retrieval` (a fact about invented names planted at each
 depth 0, 10 ... 100 %, asked for in other words; `--seeds` draws other names, numbers and
@@ -173,6 +173,7 @@ class Size:
         if args.k is not None:
             self.eng.session.longdocs.top_k = args.k
         self.eng.session.longdocs.quote = not args.no_quote
+        self.eng.session.blender.repeat = not args.no_quote_kv
         self.app = self.eng.session.longdocs.retriever
         self.docs: list[int] = []
         self.chars = 0
@@ -303,6 +304,8 @@ def main() -> None:
     p.add_argument("--no-quote", action="store_true",
                    help="the question's turn without its evidence (the sentences of its "
                    "passages that name what it asks about), as before it had any")
+    p.add_argument("--no-quote-kv", action="store_true",
+                   help="compute the quote's tokens instead of taking them from the passages' KV")
     p.add_argument("--blend-fraction", type=float, default=DEFAULT_BLEND_FRACTION,
                    help="the share of each later passage's tokens recomputed")
     args = p.parse_args()
@@ -332,7 +335,7 @@ def main() -> None:
             run.close()
     report = {"model": str(model), "size": args.size, "n_ctx": args.n_ctx,
               "passage_level": args.passage_level, "blend_fraction": args.blend_fraction,
-              "quote": not args.no_quote,
+              "quote": not args.no_quote, "quote_kv": not args.no_quote_kv,
               "kinds": args.kinds, "seeds": args.seeds, "k": args.k or "the app's",
               "runs": []}
     for target in sizes:

@@ -27,12 +27,13 @@ def test_the_sentences_naming_the_rarest_words_are_quoted_in_the_order_read():
     assert naming(counted({"the": 40, "what": 0}), 1, "What is the?", texts) == []
 
 
-def test_a_word_is_matched_as_a_stem_and_each_sentence_once_on_one_line():
+def test_a_word_is_matched_as_a_stem_and_each_sentence_once_as_written():
     store = counted({"remembering": 1})
     texts = ["How to remember\n it: say it twice. Unrelated.", "How to remember\n it: say it "
-             "twice."]
+             "twice.\n"]
+    # Line breaks kept (the quote repeats the passage's tokens), each sentence quoted once.
     assert naming(store, 1, "Any tips for remembering it?", texts) == [
-        "How to remember it: say it twice."]
+        "How to remember\n it: say it twice."]
     long = "Martenmar " + "x" * 500 + "."
     assert naming(counted({"martenmar": 1}), 1, "Martenmar?", [long]) == [long[:LONGEST]]
 

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from desktop_app.engine import Engine
 from desktop_app.errors import EngineError
+from desktop_app.kv.blending import repeats
+from desktop_app.model.kvstate import in_position_order
 from desktop_app.model.prompts import passage_layout, passage_prefix
 from desktop_app.model.runtime import Runtime
 from desktop_app.options import GenerationOptions
@@ -105,6 +108,48 @@ def test_passage_kv_is_computed_once_then_read_back(make_engine, level):
     assert second.recomputed_tokens < 0.5 * own[1]
     assert second.chunk_levels and "text" not in second.chunk_levels
     assert level in second.chunk_levels
+
+
+def test_the_sentence_a_question_quotes_comes_from_its_passages_kv(make_engine):
+    """A blend takes the KV of what the question's turn quotes from where the passages hold
+    it, keys turned to the quote's place: read losslessly, the first layer's keys (which
+    depend only on each token and its position) are a prefill's at every position."""
+    eng = make_engine(passage_level="lossless")
+    q = "When does the Saturday ferry leave, and what does the museum keep?"
+    first = eng.ask(q, doc_ids=[eng.doc], generation=GREEDY)
+    assert len(first.sources) == 2 and first.evidence, first.evidence
+    held = []
+
+    def capture(report):
+        rt = eng.runtime
+        held.append((rt.tokens, in_position_order(rt.capture().sections[0]).keys[0]))
+
+    counts = {}
+    for repeat in (False, True):
+        eng.session.blender.repeat = repeat
+        eng.runtime.reset()
+        again = eng.ask(q, doc_ids=[eng.doc], generation=GREEDY, on_restore=capture)
+        assert again.evidence == first.evidence and again.blended["mode"] == "blended"
+        counts[repeat] = again.blended["quoted_tokens_reused"], again.recomputed_tokens
+    assert any("quoted tokens taken from the passages' KV" in m for m in again.messages)
+    # The quote's tokens but its first are not computed; the context's count is the same.
+    assert counts[False][0] == 0 and counts[True][0] >= 8, counts
+    assert counts[False][1] == counts[True][1], counts
+    tokens, blended = held[-1]
+    rt = eng.runtime
+    rt.reset()
+    rt.prefill(tokens)
+    exact = in_position_order(rt.capture().sections[0]).keys[0].astype(np.float32)
+    err = np.abs(blended.astype(np.float32) - exact).max(axis=1)
+    assert err.max() <= 0.02 * np.abs(exact).max(), int(np.argmax(err))
+
+
+def test_repeats_finds_the_runs_a_turn_copies_from_the_layout():
+    layout = [*range(100, 140)]
+    after = [1, 2, *range(105, 117), 3, *range(120, 126), 4]  # 12 repeated, then only 6
+    assert repeats(layout, after) == [(2, 5, 12)]
+    assert repeats(layout, after, minimum=6) == [(2, 5, 12), (15, 20, 6)]
+    assert repeats(layout, [1, 2, 3]) == []
 
 
 def test_a_question_naming_something_rare_is_given_the_passages_that_hold_it(make_engine):

@@ -78,12 +78,12 @@ class ChatSession:
         # How the context's content was restored (None: not by a restore), so a question
         # asked the same way keeps it instead of restoring it again.
         self._loaded: RestoreOptions | None = None
-        # Chats over several documents: the share of each later document recomputed in
-        # place when blending (1: never blend), and the blender; whether the context holds a
-        # blended (approximate) prefix; who computes the exact one (set by the engine).
+        # Chats over several documents: the share of each later document recomputed in place
+        # when blending (1: never blend), the blender, where the context's blended KV begins,
+        # who computes the exact one (set by the engine).
         self.blend_fraction = blend_fraction
         self.blender = Blender(store, levels, chunk_tokens, kv.calibrations)
-        self._blended_at: int | None = None  # where the context's blended KV begins
+        self._blended_at: int | None = None
         self.request_exact: Callable[[int], None] = lambda chat_id: None
         self.exact_later = False  # whether request_exact does (a long-running engine's)
         self.longdocs = longdocs  # chats over documents too long for the context: passages
@@ -179,10 +179,10 @@ class ChatSession:
             try:
                 if parts is not None:
                     with self.contexts.restoring():
-                        report = self._blend(rt, parts, tokens, docs, effective, progress,
-                                             cancel, chat)
+                        report, done = self._blend(rt, parts, tokens, question, docs,
+                                                   effective, progress, cancel, chat)
                     self._loaded = options
-                    rt.prefill(question, cancel=cancel)
+                    rt.prefill(question[done:], cancel=cancel)
                     return report
             except inplace.Unavailable as e:  # the context is as before, empty
                 notes += [f"{e}: the context is computed exactly instead"]
@@ -242,29 +242,31 @@ class ChatSession:
         return Parts(layout, [self.store.document_entry(d.id, rt.fingerprint)
                               for d in docs[1:len(layout.parts)]])
 
-    def _blend(self, rt, parts, tokens, docs, options, progress, cancel, chat) -> RestoreReport:
+    def _blend(self, rt, parts, tokens, question, docs, options, progress, cancel, chat
+               ) -> tuple[RestoreReport, int]:
+        """(The report, how many of `question`'s tokens the context holds after the blend.)"""
         layout = parts.layout
-        first_end = layout.parts[0][1]
-        source, notes = self.sharing.source(rt.fingerprint, list(layout.tokens[:first_end]))
-        notes = [*parts.notes, *notes]
+        source, found = self.sharing.source(rt.fingerprint, layout.tokens[:layout.parts[0][1]])
+        notes = [*parts.notes, *found]
+        full = [*tokens, *question]  # (its last token is computed after: the answer's logits)
         report, blend = self.blender.restore(
             rt, layout, parts.later, source, options=options, speeds=self.speeds,
-            select=leading(self.blend_fraction), progress=progress, cancel=cancel)
-        rest = tokens[len(layout.tokens):]
+            select=leading(self.blend_fraction), after=full[len(layout.tokens):-1],
+            progress=progress, cancel=cancel)
+        rest, done = tokens[blend.assembled:], max(0, blend.assembled - len(tokens))
         r0 = time.perf_counter()
         rt.prefill(rest, cancel=cancel)
         report = replace(report, recompute_s=report.recompute_s + time.perf_counter() - r0)
         speeds_mod.save(self.store, self.speeds)
         self._blended_at = blend.exact_until
-        notes.append(f"{len(layout.parts)} {parts.what} blended from their own caches "
-                     f"({blend.reused_tokens:,} tokens reused, {blend.recomputed_tokens:,} "
-                     "computed in place): the answer is approximate"
-                     + ("; the exact context is computed in the background"
-                        if self.exact_later and chat else ""))
-        # (a passage computed for this prefix may also be among those recomputed in place)
-        computed = report.recomputed_tokens + len(rest) + parts.computed_tokens
+        notes.append(blend.note(len(layout.parts), parts.what, self.exact_later and chat))
+        # (passages computed for it count, and quotes taken from them; the question does not)
+        computed = (report.recomputed_tokens + len(rest) + parts.computed_tokens
+                    - blend.computed_in(len(tokens), blend.assembled)
+                    + (blend.assembled_in(len(layout.tokens), len(tokens))
+                       if parts.computed_tokens else 0))
         return replace(report, tokens=len(tokens), recomputed_tokens=min(computed, len(tokens)),
-                       messages=[*notes, *report.messages], blended=blend.as_dict())
+                       messages=[*notes, *report.messages], blended=blend.as_dict()), done
 
     def _mode_of(self, docs: Sequence[Document], reused: int, recomputed: int) -> dict | None:
         """The `blended` field of a report on a chat over several documents or passages."""

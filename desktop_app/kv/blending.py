@@ -30,6 +30,11 @@ run computed after it as any prompt is, and its KV taken back (`_compute_windowe
 position no cache holds the window layers' KV of is computed too, when the final window or a
 computed token attends to it there.
 
+What follows the layout (the chat's turns, the question's turn) is computed, but for runs that
+repeat a passage verbatim: the sentences a question's turn quotes from its passages
+(`passages.evidence`) are taken from the KV the prefix already holds for them, keys turned
+to their new positions (the assembly goes on to the end of the last such run; `repeats`).
+
 Blended KV is approximate and is never stored: the engine computes the exact prefix in the
 background (`exactness`) and stores that. This module never writes to the store.
 """
@@ -39,7 +44,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -58,6 +63,9 @@ from .sources import ChunkSource, SpanSource
 from .speeds import Speeds
 
 ANCHOR = 8  # tokens of a document's opening that must match to find it inside its prefix
+# The shortest run after the layout taken from the layout's KV: a quoted sentence, not a
+# common phrase that happens to recur.
+REPEAT = 8
 
 Select = Callable[[int, int], Sequence[int]]  # (part start, part length) -> positions
 
@@ -74,13 +82,35 @@ class Blend:
     """How a chat prefix over several documents came into the model."""
 
     reused_tokens: int  # restored from the documents' own caches, moved into place
-    recomputed_tokens: int  # computed in the combined context
+    recomputed_tokens: int  # of theirs, computed in the combined context
     mode: str  # "blended" (approximate: reused KV) | "exact" (a stored or computed prefix)
     exact_until: int = 0  # the prefix's first position whose KV is approximate
+    assembled: int = 0  # tokens the context holds after it: the layout's, and a quote's
+    repeated: int = 0  # of those after the layout, taken from the layout's KV (`repeats`)
+    # Which assembled positions came from a cache (the rest were computed in place).
+    held: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     def as_dict(self) -> dict:
         return {"reused_tokens": self.reused_tokens, "recomputed_tokens":
-                self.recomputed_tokens, "mode": self.mode}
+                self.recomputed_tokens, "quoted_tokens_reused": self.repeated, "mode": self.mode}
+
+    def computed_in(self, start: int, end: int) -> int:
+        """Positions in [start, end) of the assembled prefix computed in place."""
+        return int((~self.held[start:end]).sum())
+
+    def assembled_in(self, start: int, end: int) -> int:
+        """Positions in [start, end) of the assembled prefix taken from KV."""
+        return int(self.held[start:end].sum())
+
+    def note(self, parts: int, what: str, exact_later: bool) -> str:
+        """What the user is told of this blend of `parts` documents or passages (`what`),
+        whose exact context is computed in the background when `exact_later`."""
+        quoted = (f"; {self.repeated:,} quoted tokens taken from the passages' KV"
+                  if self.repeated else "")
+        return (f"{parts} {what} blended from their own caches ({self.reused_tokens:,} tokens "
+                f"reused, {self.recomputed_tokens:,} computed in place{quoted}): the answer "
+                "is approximate" + ("; the exact context is computed in the background"
+                                    if exact_later else ""))
 
 
 @dataclass(frozen=True)
@@ -94,6 +124,25 @@ class Parts:
     notes: Sequence[str] = ()
     computed_tokens: int = 0
     what: str = "documents"  # what the parts are, as the user is told: or "passages"
+
+
+def repeats(layout: Sequence[int], after: Sequence[int],
+            minimum: int = REPEAT) -> list[tuple[int, int, int]]:
+    """Runs (offset in `after`, position in `layout`, length) of at least `minimum` tokens of
+    `after` that `layout` holds verbatim, left to right, each at its first occurrence."""
+    first: dict[tuple[int, ...], int] = {}
+    for p in range(len(layout) - minimum + 1):
+        first.setdefault(tuple(layout[p:p + minimum]), p)
+    runs, i = [], 0
+    while i + minimum <= len(after):
+        at = first.get(tuple(after[i:i + minimum]))
+        if at is None:
+            i += 1
+            continue
+        n = minimum + common_prefix(after[i + minimum:], layout[at + minimum:])
+        runs.append((i, at, n))
+        i += n
+    return runs
 
 
 def align(part: Sequence[int], stored: Sequence[int]) -> list[tuple[int, int, int]]:
@@ -118,6 +167,7 @@ class Blender:
         self.levels = tuple(levels)
         self.chunk_tokens = chunk_tokens
         self._ropes: dict[str, list[rope.Rope] | None] = {}
+        self.repeat = True  # False: all after the layout computed (benchmarks compare the two)
         self._lock = threading.Lock()
 
     def ropes(self, rt: Runtime) -> list[rope.Rope] | None:
@@ -140,13 +190,18 @@ class Blender:
 
     def restore(self, rt: Runtime, layout: Layout, later: Sequence[Entry | None],
                 first: ChunkSource, *, options: RestoreOptions, speeds: Speeds, select: Select,
-                progress: Callable[[Progress], None] | None = None,
+                after: Sequence[int] = (), progress: Callable[[Progress], None] | None = None,
                 cancel: threading.Event | None = None) -> tuple[RestoreReport, Blend]:
         """Make `rt` hold the layout's prefix: its first part's cached prefix restored from
         `first`, each later part's own entry (`later`: a document's, or a passage's) moved
-        after it, the selected tokens and what no cache holds computed in place."""
+        after it, the selected tokens and what no cache holds computed in place; then the
+        tokens `after` it up to the end of the last run that repeats the layout (none when
+        no run does: `Blend.assembled` says how far)."""
         t0 = time.perf_counter()
         prefix = list(layout.tokens)
+        copies = repeats(prefix, after) if self.repeat else []
+        if copies:
+            prefix += after[:copies[-1][0] + copies[-1][2]]
         end0 = layout.parts[0][1]
         head = streaming.restore(rt, first, prefix[:end0], levels=self.levels, options=options,
                                  speeds=speeds, chunk_tokens=self.chunk_tokens,
@@ -173,8 +228,9 @@ class Blender:
             n_bytes += read
             for p in select(start, end - start):
                 built[0].known[p] = False
-        known = built[0].known
-        reused = int(known[end0:].sum())
+        repeated = self._repeat(rt, built, copies, len(layout.tokens), ropes)
+        known = built[0].known.copy()  # (computing a windowed model's runs marks them known)
+        reused = int(known[end0:len(layout.tokens)].sum())
         approximate = np.flatnonzero(known[end0:])
         exact_until = end0 + int(approximate[0]) if len(approximate) else len(prefix)
         c0 = time.perf_counter()  # reading and moving ends here: computing is reported apart
@@ -187,7 +243,25 @@ class Blender:
             chunk_levels=levels, recomputed_tokens=head.recomputed_tokens + computed,
             messages=messages, source=head.source, adapted_chunks=head.adapted_chunks,
             recompute_s=head.recompute_s + time.perf_counter() - c0), \
-            Blend(reused, computed, "blended", exact_until)
+            Blend(reused, computed - (len(prefix) - len(layout.tokens) - repeated), "blended",
+                  exact_until, len(prefix), repeated, known)
+
+    def _repeat(self, rt, built, copies, start, ropes) -> int:
+        """Each run after the layout (which ends at `start`) that repeats it: its KV where the
+        layout holds it, keys turned to the run's place; tokens taken. (Its first tokens are
+        not computed again as a moved part's are: they were computed after the text before
+        them, not at a part's opening, and the tokens around a quote, which never match, are
+        computed anyway.)"""
+        lay = rt.layout
+        section_ropes = [ropes[:lay.full_layers], ropes[lay.full_layers:]]
+        for offset, at, n in copies:
+            to = start + offset
+            for whole, layer_ropes in zip(built, section_ropes, strict=False):
+                whole.keys[:, to:to + n] = rope.rerotate(whole.keys[:, at:at + n],
+                                                         np.full(n, to - at), layer_ropes)
+                whole.values[:, to:to + n] = whole.values[:, at:at + n]
+                whole.known[to:to + n] = whole.known[at:at + n]
+        return int(built[0].known[start:].sum())
 
     def _reuse(self, rt, entry, part, start, ropes, options, speeds, cancel, messages, levels):
         """([(keys, values, which tokens are held) per cache section], bytes read) of a

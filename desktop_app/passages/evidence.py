@@ -50,8 +50,10 @@ def _stem(word: str) -> str:
 def naming(store: Store, doc_id: int, question: str, texts: Sequence[str],
            most: int = MOST) -> list[str]:
     """The sentences of `texts` (document `doc_id`'s passages, in the order read) holding the
-    question's rarest words (of its names, when it writes any), at most `most`, each on one
-    line and cut to LONGEST characters; none when the question names nothing rare. A word is
+    question's rarest words (of its names, when it writes any), at most `most`, each as the
+    passage writes it (line breaks kept: a turn quoting it repeats the passage's tokens, whose
+    KV a blend reuses) and cut to LONGEST characters; none when the question names nothing
+    rare. A word is
     matched on its first letters, as a stem ("remembering" finds "remember"), the way the
     full-text index matches it; an identifier with an underscore, as it is written."""
     counts = {w: c for w, c in store.passage_frequencies(doc_id, question,
@@ -70,6 +72,6 @@ def naming(store: Store, doc_id: int, question: str, texts: Sequence[str],
     stems = re.compile(r"\b(?:" + "|".join(re.escape(_stem(w))
                                            for w, c in counts.items() if c == fewest) + ")",
                        re.IGNORECASE)
-    found = [" ".join(s.split())[:LONGEST] for t in texts for s in sentences(t)
+    found = [s.strip()[:LONGEST] for t in texts for s in sentences(t)
              if stems.search(s)]
     return list(dict.fromkeys(found))[:most]
