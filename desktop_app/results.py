@@ -82,8 +82,9 @@ class RestoreReport(Record):
     recomputed_tokens: int
     messages: list[str] = field(default_factory=list)  # fallbacks, said to the user
     source: str = "local"  # where the stored chunks came from: "local" or "remote"
-    # A chat over several documents: {"reused_tokens", "recomputed_tokens", "mode"}, mode
-    # "blended" (the documents' own caches moved into place: approximate) or "exact".
+    # A chat over several documents or passages: {"reused_tokens", "recomputed_tokens",
+    # "quoted_tokens_reused", "mode"}, mode "blended" (the documents' own caches moved into
+    # place: approximate) or "exact".
     blended: dict | None = None
     recompute_s: float = 0.0  # computing the recomputed tokens from text
     # Under "auto": chunks read below their best stored level, to fit the time budget at the

@@ -36,12 +36,17 @@ def test_a_word_is_matched_as_a_stem_and_each_sentence_once_as_written():
         "How to remember\n it: say it twice."]
     long = "Martenmar " + "x" * 500 + "."
     assert naming(counted({"martenmar": 1}), 1, "Martenmar?", [long]) == [long[:LONGEST]]
+    # Indentation is kept, and does not count against the length.
+    code = "Martenmar\n" + "".join(f"        word{i:03d}\n" for i in range(60)) + "."
+    (cut,) = naming(counted({"martenmar": 1}), 1, "Martenmar?", [code])
+    assert code.startswith(cut) and len(" ".join(cut.split())) == LONGEST
 
 
 def test_a_title_or_an_initial_ends_no_sentence():
     assert sentences("Hello. Dr. Voktenvok Quidrobra keeps the key. J. R. Smith left.\n\n"
                      "New paragraph") == ["Hello.", "Dr. Voktenvok Quidrobra keeps the key.",
                                           "J. R. Smith left.", "New paragraph"]
+    assert sentences("Hello. Dr.\n  Voktenvok left.") == ["Hello.", "Dr.\n  Voktenvok left."]
 
 
 def test_the_evidence_follows_the_question_as_where_its_answer_comes_from():

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.model
 
 N_CTX = 512
 FACT = "The spare key of the boathouse hangs behind the barometer."
+WRAPPED = FACT.replace(" hangs ", " hangs\n")  # as a hard-wrapped text holds it
 
 
 def long_text() -> str:
@@ -31,7 +32,7 @@ def long_text() -> str:
                      f"{i % 12 + 1} o'clock, gulls counted {i * 7}, wind from the "
                      f"{'north' if i % 2 else 'south'} at {i % 9} knots.")
         if i == 27:
-            parts.append(FACT)
+            parts.append(WRAPPED)
     return "# Harbour log\n\n" + "\n\n".join(parts)
 
 
@@ -67,7 +68,7 @@ def test_a_long_document_is_said_at_once_split_and_never_prefilled(engine, tmp_p
     assert "".join(h.text for h in listed).replace("\n", "") in \
         long_text().replace("\n", "")  # nothing invented, nothing reordered
     hits = engine.passages(res.doc_id, query="Where is the spare key of the boathouse?", k=2)
-    assert FACT in hits[0].text and hits[0].heading[-1] in ("Section 27", "Section 28")
+    assert WRAPPED in hits[0].text and hits[0].heading[-1] in ("Section 27", "Section 28")
     assert hits[0].location.startswith("line")
 
     again = engine.attach(path)
@@ -132,15 +133,16 @@ def test_the_command_line_says_it_and_shows_passages(tmp_path):
     assert found.returncode == 0, found.stderr
     hits = json.loads(found.stdout)
     # BM25 returns only passages holding a word of the query: here the fact's alone.
-    assert len(hits) == 1 and FACT in hits[0]["text"] and hits[0]["location"].startswith("line")
+    assert len(hits) == 1 and WRAPPED in hits[0]["text"] and hits[0]["location"].startswith("line")
     # A rare word ("barometer") among common ones: a chat reads the passage holding it;
     # --wide lists the k best, as the chat's retrieval ranks them.
     asked = ["passages", "1", "-q", "Which tide and wind hang near the barometer?", "-k", "3"]
     focused = json.loads(kvdesk(data, *asked, "--json").stdout)
-    assert [FACT in h["text"] for h in focused] == [True]
-    # The sentence naming "barometer" is the one the question's turn quotes.
-    assert [FACT in e for e in focused[0]["evidence"]] == [True]
-    assert 'quoted with the question: "' in kvdesk(data, *asked).stdout
+    assert [WRAPPED in h["text"] for h in focused] == [True]
+    # The sentence naming "barometer" is the one the question's turn quotes, as written
+    # (its tokens are the passage's); shown on one line.
+    assert focused[0]["evidence"] == [WRAPPED]
+    assert f'quoted with the question: "{FACT}"' in kvdesk(data, *asked).stdout
     wide = json.loads(kvdesk(data, *asked, "--wide", "--json").stdout)
     assert len(wide) == 3 and wide[0]["passage_id"] == focused[0]["passage_id"]
     dense = kvdesk(data, "passages", "1", "-q", "boathouse spare key", "--mode", "dense")

@@ -122,7 +122,8 @@ def test_the_sentence_a_question_quotes_comes_from_its_passages_kv(make_engine):
 
     def capture(report):
         rt = eng.runtime
-        held.append((rt.tokens, in_position_order(rt.capture().sections[0]).keys[0]))
+        kv = in_position_order(rt.capture().sections[0])
+        held.append((rt.tokens, kv.keys[0], kv.values[0]))
 
     counts = {}
     for repeat in (False, True):
@@ -135,13 +136,15 @@ def test_the_sentence_a_question_quotes_comes_from_its_passages_kv(make_engine):
     # The quote's tokens but its first are not computed; the context's count is the same.
     assert counts[False][0] == 0 and counts[True][0] >= 8, counts
     assert counts[False][1] == counts[True][1], counts
-    tokens, blended = held[-1]
+    tokens, *blended = held[-1]
     rt = eng.runtime
     rt.reset()
     rt.prefill(tokens)
-    exact = in_position_order(rt.capture().sections[0]).keys[0].astype(np.float32)
-    err = np.abs(blended.astype(np.float32) - exact).max(axis=1)
-    assert err.max() <= 0.02 * np.abs(exact).max(), int(np.argmax(err))
+    kv = in_position_order(rt.capture().sections[0])
+    for got, exact in zip(blended, (kv.keys[0], kv.values[0]), strict=True):  # values: per token
+        exact = exact.astype(np.float32)
+        err = np.abs(got.astype(np.float32) - exact).max(axis=1)
+        assert err.max() <= 0.02 * np.abs(exact).max(), int(np.argmax(err))
 
 
 def test_repeats_finds_the_runs_a_turn_copies_from_the_layout():

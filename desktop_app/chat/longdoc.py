@@ -10,8 +10,8 @@ passages, in document order, then the chat's turns, then the question
 name what it asks about (`evidence`: `passages.evidence`), the stored message staying the
 question as asked. Each passage comes back from its own KV (`kv.passagekv`:
 computed on its own the first time it is retrieved, and stored), moved into place by
-`blending` with its first tokens recomputed among the passages before it, and so is what the
-question's turn quotes of them (its KV taken from theirs: `blending.repeats`); a context
+`blending` with its first tokens recomputed among the passages before it; what the
+question's turn quotes of them is taken from their KV too (`blending.repeats`); a context
 whose exact copy is stored (a turn's, made exact in the background) is restored as it is.
 
 How the context evolves (`choose`): the passages this question retrieves come first, best

@@ -233,7 +233,8 @@ def sources_read(sources: list[dict], evidence: list[str]) -> list[str]:
     several = len({s.document_id for s in read}) > 1
     return [f"source: {f'document {s.document_id} ' if several else ''}#{s.index} "
             f"[{s.location}]" + (f" {' > '.join(s.heading)}" if s.heading else "")
-            for s in read] + [f'quoted with the question: "{q}"' for q in evidence]
+            for s in read] + [f'quoted with the question: "{" ".join(q.split())}"'
+                              for q in evidence]
 
 
 def finish_exact(app: App, chat_id: int, blended: dict | None) -> None:

@@ -36,11 +36,11 @@ def passages(app: App, doc_id: int, query: str | None, k: int, wide: bool, mode:
              + f" · {h.tokens} tokens" + (f" · score {h.score:.4f}" if query is not None else "")
              + "\n    " + " ".join(h.text.split())[:PREVIEW_CHARS] for h in hits]
     quoted = app.engine.evidence(doc_id, query, hits) if query is not None and hits else []
-    lines += [f'quoted with the question: "{q}"' for q in quoted]
+    lines += [f'quoted with the question: "{" ".join(q.split())}"' for q in quoted]
     if not hits:
         lines = [f"document {doc_id} fits the context: it is not kept as passages"
                  if query is None or not app.engine.passages(doc_id) else
                  "no passage matches the query"]
     emit([{**h.as_dict(), "location": h.location,
-           **({"evidence": [q for q in quoted if q in " ".join(h.text.split())]}
+           **({"evidence": [q for q in quoted if q in h.text]}
               if query is not None else {})} for h in hits], as_json, lines)

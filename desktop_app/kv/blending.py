@@ -256,11 +256,14 @@ class Blender:
         section_ropes = [ropes[:lay.full_layers], ropes[lay.full_layers:]]
         for offset, at, n in copies:
             to = start + offset
-            for whole, layer_ropes in zip(built, section_ropes, strict=False):
-                whole.keys[:, to:to + n] = rope.rerotate(whole.keys[:, at:at + n],
-                                                         np.full(n, to - at), layer_ropes)
-                whole.values[:, to:to + n] = whole.values[:, at:at + n]
-                whole.known[to:to + n] = whole.known[at:at + n]
+            # Where every section holds the source (a window may not): else it is computed.
+            held = np.logical_and.reduce([whole.known[at:at + n] for whole in built])
+            for a, b in _runs(held):
+                for whole, layer_ropes in zip(built, section_ropes, strict=False):
+                    whole.keys[:, to + a:to + b] = rope.rerotate(
+                        whole.keys[:, at + a:at + b], np.full(b - a, to - at), layer_ropes)
+                    whole.values[:, to + a:to + b] = whole.values[:, at + a:at + b]
+                    whole.known[to + a:to + b] = True
         return int(built[0].known[start:].sum())
 
     def _reuse(self, rt, entry, part, start, ropes, options, speeds, cancel, messages, levels):

@@ -29,13 +29,27 @@ _TITLE = re.compile(r"(?:\b(?:Dr|Mr|Mrs|Ms|Prof|St|Mt|No|vs|e\.g|i\.e)|\b[A-Z])\
 
 def sentences(text: str) -> list[str]:
     """`text`'s sentences (and paragraphs, which end one too), whitespace as written."""
-    out: list[str] = []
-    for piece in _BREAK.split(text):
-        if out and _TITLE.search(out[-1]):
-            out[-1] += " " + piece
-        elif piece.strip():
-            out.append(piece)
-    return out
+    spans: list[tuple[int, int]] = []
+    start = 0
+    for end, after in [*((m.start(), m.end()) for m in _BREAK.finditer(text)),
+                       (len(text), len(text))]:
+        if spans and _TITLE.search(text[slice(*spans[-1])]):
+            spans[-1] = (spans[-1][0], end)
+        elif text[start:end].strip():
+            spans.append((start, end))
+        start = after
+    return [text[a:b] for a, b in spans]
+
+
+def _cut(sentence: str) -> str:
+    """`sentence` cut where, its whitespace runs counted as one space, it reaches LONGEST
+    characters (indentation does not shorten a quote)."""
+    n = -1
+    for word in re.finditer(r"\S+", sentence):
+        n += 1 + len(word.group())
+        if n >= LONGEST:
+            return sentence[:word.end() - (n - LONGEST)]
+    return sentence
 
 
 def _names(question: str) -> set[str]:
@@ -72,6 +86,6 @@ def naming(store: Store, doc_id: int, question: str, texts: Sequence[str],
     stems = re.compile(r"\b(?:" + "|".join(re.escape(_stem(w))
                                            for w, c in counts.items() if c == fewest) + ")",
                        re.IGNORECASE)
-    found = [s.strip()[:LONGEST] for t in texts for s in sentences(t)
-             if stems.search(s)]
-    return list(dict.fromkeys(found))[:most]
+    found = {" ".join(s.split()): _cut(s.strip()) for t in texts for s in sentences(t)
+             if stems.search(s)}  # (each once, however its lines are wrapped)
+    return list(found.values())[:most]
