@@ -154,6 +154,21 @@ class Source(Record):
     def location(self) -> str:
         return location(self.page, self.lines or (0, 0))
 
+    def label(self, several: bool = False) -> str:
+        """How a user is told of it: "#12 [lines 120-141] Setup" (with its document's id when
+        an answer's sources span `several` documents)."""
+        return (f"{f'document {self.document_id} ' if several else ''}#{self.index} "
+                f"[{self.location}]" + (f" {' > '.join(self.heading)}" if self.heading else ""))
+
+    @staticmethod
+    def read(sources: list[dict], evidence: list[str]) -> list[str]:
+        """The lines saying which passages an answer was given and what its question's turn
+        quoted of them (each on one line)."""
+        read = [Source.from_dict(d) for d in sources]
+        several = len({s.document_id for s in read}) > 1
+        return [f"source: {s.label(several)}" for s in read] + [
+            f'quoted with the question: "{" ".join(q.split())}"' for q in evidence]
+
     def as_dict(self) -> dict:
         """`page` for a PDF's passage, else `lines`: the location a user can find it by."""
         out = {"passage_id": self.passage_id, "document_id": self.document_id,

@@ -280,13 +280,12 @@ def test_verify_repair_removes_a_damaged_calibration_nothing_needs(tmp_path):
 
 
 def test_a_plain_answer_over_passages_names_its_sources_and_its_quote():
-    from desktop_app.cli.chat import sources_read
     from desktop_app.results import Source
 
     one = Source(7, 1, 12, "text", 0.5, lines=(120, 141), heading=("Manual", "Setup"))
     pdf = Source(9, 2, 3, "text", 0.4, page=4)
-    assert sources_read([one.as_dict()], ["It is 7."]) == [
+    assert Source.read([one.as_dict()], ["It is\n  7."]) == [  # a wrapped quote: one line
         "source: #12 [lines 120-141] Manual > Setup", 'quoted with the question: "It is 7."']
-    assert sources_read([one.as_dict(), pdf.as_dict()], []) == [
+    assert Source.read([one.as_dict(), pdf.as_dict()], []) == [
         "source: document 1 #12 [lines 120-141] Manual > Setup", "source: document 2 #3 [page 4]"]
-    assert sources_read([], []) == []
+    assert Source.read([], []) == []

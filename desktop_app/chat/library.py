@@ -18,7 +18,7 @@ from store import Chat, Document, Message, NotFoundError, Store
 
 from ..errors import EngineError, MissingError
 from ..model.prompts import UNTITLED, title_of
-from ..results import ChatInfo, DocumentInfo, MessageInfo
+from ..results import ChatInfo, DocumentInfo, MessageInfo, Source
 
 T = TypeVar("T")
 
@@ -191,6 +191,9 @@ class Library:
         parts = [f"# {chat.title}\n"]
         for m in msgs:
             parts.append(f"**{'You' if m.role == 'user' else 'kvdesk'}:**\n\n{m.text}\n")
+            if read := Source.read((m.stats or {}).get("sources") or [],
+                                   (m.stats or {}).get("evidence") or []):
+                parts.append("".join(f"> {line}  \n" for line in read))
         return "\n".join(parts)
 
 

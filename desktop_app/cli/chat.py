@@ -213,7 +213,7 @@ def ask(app: App, args, chat_id, docs, restore, generation, no_server, as_json):
     if as_json:
         click.echo(json.dumps(res.as_dict(), indent=2))
     else:
-        for line in sources_read(res.sources, res.evidence):
+        for line in Source.read(res.sources, res.evidence):  # (`kvdesk passages` shows them)
             click.echo(line, err=True)
         click.echo(f"[chat {res.chat_id}] first token after {res.ttft_s * 1000:.0f} ms "
                    f"(restore {res.restore_s * 1000:.0f} ms, {summary(res.chunk_levels)})",
@@ -224,17 +224,6 @@ def ask(app: App, args, chat_id, docs, restore, generation, no_server, as_json):
                  "next turn offers it again"])
     elif client is None:
         finish_exact(app, res.chat_id, res.blended)
-
-
-def sources_read(sources: list[dict], evidence: list[str]) -> list[str]:
-    """The passages an answer over a long document was given, where each is, and the lines its
-    question's turn quoted (`kvdesk passages DOC` shows any of them whole)."""
-    read = [Source.from_dict(d) for d in sources]
-    several = len({s.document_id for s in read}) > 1
-    return [f"source: {f'document {s.document_id} ' if several else ''}#{s.index} "
-            f"[{s.location}]" + (f" {' > '.join(s.heading)}" if s.heading else "")
-            for s in read] + [f'quoted with the question: "{" ".join(q.split())}"'
-                              for q in evidence]
 
 
 def finish_exact(app: App, chat_id: int, blended: dict | None) -> None:
