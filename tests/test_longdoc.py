@@ -328,6 +328,26 @@ def test_the_local_api_answers_from_passages_and_names_them(make_engine):
         (i, PASSAGES[i], (2 * i + 1, 2 * i + 1)) for i in (0, 1, 2)]
 
 
+def test_one_passage_computed_for_a_request_is_not_counted_as_cached(make_engine):
+    """A single passage is not blended but restored from the entry just stored for it: the
+    tokens computed for it are still the request's, not the cache's."""
+    eng = make_engine()
+    eng.session.longdocs.top_k = 1
+    messages = [{"role": "user", "content": "Which island shop sells maps?"}]
+    first = eng.complete(messages, documents=[eng.doc], generation=GREEDY)
+    assert [s["passage_id"] for s in first.sources] == [eng.ids[4]]
+    assert first.cached_tokens == 0, first.messages
+    eng.runtime.reset()
+    again = eng.complete(messages, documents=[eng.doc], generation=GREEDY)
+    assert again.cached_tokens >= len(passage_prefix(eng.runtime, PASSAGES[4]).tokens) - 1
+    asked = eng.ask("Which island shop sells maps?", doc_ids=[eng.doc], generation=GREEDY)
+    assert asked.recomputed_tokens == 0  # (the same passage, read back)
+    eng.store.gc(budget_bytes=1)  # no passage KV left: the next ask computes it again
+    eng.runtime.reset()
+    computed = eng.ask("Which island shop sells maps?", doc_ids=[eng.doc], generation=GREEDY)
+    assert computed.recomputed_tokens >= len(passage_prefix(eng.runtime, PASSAGES[4]).tokens)
+
+
 def test_ask_json_names_the_sources_of_an_answer_over_a_long_document(tmp_path, monkeypatch,
                                                                        model_path):
     import json

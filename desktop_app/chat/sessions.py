@@ -138,8 +138,7 @@ class ChatSession:
                  options: RestoreOptions, progress: ProgressFn | None,
                  cancel: threading.Event | None, question: Sequence[int] = (),
                  reuse=True, docs: Sequence[Document] = (), chat=True) -> RestoreReport:
-        """Make the context hold exactly `tokens` + `question`, with fresh logits when a
-        question is given.
+        """Make the context hold exactly `tokens` + `question` (fresh logits after a question).
 
         What the context already holds is kept when it starts with `tokens` and was loaded
         the way this call asks for; only the question tokens it lacks are computed. Tokens
@@ -166,7 +165,7 @@ class ChatSession:
                 rt.prefill(full[keep:], cancel=cancel)
                 return report
         self._loaded = None  # until the context holds a finished load again
-        source, notes = None, []
+        source, notes, fresh = None, [], 0  # fresh: tokens of passages computed for this
         effective = options
         if not options.no_cache:
             if options.level != AUTO:
@@ -175,7 +174,7 @@ class ChatSession:
                 effective = options.model_copy(update={"budget_ms": self.default_budget_ms})
             parts = self._blendable(rt, chat_id, tokens, docs, cancel)
             if parts is not None and not (parts.later and self.blender.usable(rt, parts.later)):
-                notes, parts = list(parts.notes), None  # (what making them ready found)
+                notes, fresh, parts = list(parts.notes), parts.computed_tokens, None
             try:
                 if parts is not None:
                     with self.contexts.restoring():
@@ -203,8 +202,9 @@ class ChatSession:
         if not options.no_cache:
             self._loaded = options
         rt.prefill(question, cancel=cancel)
-        return replace(report, messages=[*notes, *report.messages], blended=self._mode_of(
-            docs, len(tokens) - report.recomputed_tokens, report.recomputed_tokens))
+        n = min(len(tokens), report.recomputed_tokens + fresh)  # (a passage computed for it counts)
+        return replace(report, recomputed_tokens=n, messages=[*notes, *report.messages],
+                       blended=self._mode_of(docs, len(tokens) - n, n))
 
     def _codec_not_ready(self, rt: Runtime, source, notes: list[str]) -> bool:
         """While the codec's kernels are being compiled: whether recomputing the stored
