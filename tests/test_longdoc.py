@@ -328,6 +328,17 @@ def test_the_local_api_answers_from_passages_and_names_them(make_engine):
         (i, PASSAGES[i], (2 * i + 1, 2 * i + 1)) for i in (0, 1, 2)]
 
 
+def test_a_text_the_document_repeats_is_read_once(make_engine):
+    from desktop_app.results import Source
+
+    eng = make_engine()
+    best = Source(1, eng.doc, 0, PASSAGES[0], 0.9, lines=(1, 1))
+    again = Source(2, eng.doc, 3, PASSAGES[0], 0.8, lines=(7, 7))  # the same text elsewhere
+    other = Source(3, eng.doc, 1, PASSAGES[1], 0.7, lines=(3, 3))
+    chosen = eng.session.longdocs._fit(eng.runtime, [best, again, other], [], 10_000, [eng.doc])
+    assert [s.passage_id for s in chosen] == [1, 3]
+
+
 def test_one_passage_computed_for_a_request_is_not_counted_as_cached(make_engine):
     """A single passage is not blended but restored from the entry just stored for it: the
     tokens computed for it are still the request's, not the cache's."""

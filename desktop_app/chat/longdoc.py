@@ -157,17 +157,18 @@ class LongDocs:
     def _fit(self, rt: Runtime, hits: list[Source], kept: list[Source], budget: int,
              doc_order: list[int]) -> list[Source]:
         """This question's hits, best first, then the chat's earlier passages, most relevant
-        first, while they fit `budget` tokens; in document order."""
+        first, while they fit `budget` tokens, each text once; in document order."""
         fresh = {s.passage_id for s in hits}
         ranked = sorted(hits, key=lambda s: -s.score) + sorted(
             (s for s in kept if s.passage_id not in fresh), key=lambda s: -s.score)
         overhead = len(passage_layout(rt, []).tokens)
-        used, chosen = overhead, []
+        used, chosen, texts = overhead, [], set()
         for s in ranked:
             cost = len(self.kv.tokens(rt, s.text)) - overhead
-            if used + cost <= budget:
+            if used + cost <= budget and s.text not in texts:  # (a text repeated: read once)
                 chosen.append(s)
                 used += cost
+                texts.add(s.text)
         position = {d: i for i, d in enumerate(doc_order)}
         return sorted(chosen, key=lambda s: (position.get(s.document_id, 0), s.index))
 
