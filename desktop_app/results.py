@@ -267,8 +267,10 @@ class Completion(Record):
     cached_tokens: int  # of the prompt, restored or kept rather than computed
     stored: bool  # whether the conversation's KV is now in the store
     messages: list[str] = field(default_factory=list)  # notes for the user
-    # Over a document too long for the context: the passages the prompt was given.
+    # Over a document too long for the context: the passages the prompt was given, and what
+    # the last user message's turn quoted of them.
     sources: list[dict] = field(default_factory=list)
+    evidence: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

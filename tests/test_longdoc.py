@@ -319,7 +319,8 @@ def test_the_local_api_answers_from_passages_and_names_them(make_engine):
     assert not [e for e in eng.store.entries() if not e.passage]
     assert again.cached_tokens >= len(passage_prefix(eng.runtime, PASSAGES[1]).tokens)
     # The last user message's turn quotes its evidence, as a chat's question does.
-    turn, _, _ = eng.completions.prompt(messages, [eng.doc])
+    turn, _, quoted, _ = eng.completions.prompt(messages, [eng.doc])
+    assert again.evidence == quoted == ["The keeper's cottage became a museum in 1979."]
     assert 'museum keep?\nAnswer from these lines of the document: "The keeper' in turn.text
     assert eng.completions.prompt(messages, [eng.doc, eng.doc])[0] == turn  # read once
     # The window shows a source among its neighbours in the document.

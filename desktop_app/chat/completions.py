@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 
 from ..errors import ContextFullError, EngineError, MissingError
 from ..kv.streaming import adaptation_note
-from ..model.prompts import Turn, closing, passage_layout, raw_prompt
+from ..model.prompts import Turn, closing, passage_layout, raw_prompt, with_evidence
 from ..options import GenerationOptions, RestoreOptions
 from ..results import Completion, RestoreReport, Source
 from .answers import stream_answer
@@ -61,10 +61,11 @@ class Completions:
         self.min_cache_tokens = min_cache_tokens
 
     def prompt(self, messages: Sequence[dict], documents: Sequence[int] = ()
-               ) -> tuple[Turn, list[Source], list[str]]:
+               ) -> tuple[Turn, list[Source], list[str], list[str]]:
         """The request's messages after its documents' prefix, rendered and tokenized; the
         passages that prefix is made of when a document is too long for the context (for
-        the messages, the last ones the query: `longdoc`); notes."""
+        the messages, the last ones the query: `longdoc`); what the last user message's turn
+        quotes of them (`longdoc.evidence`); notes."""
         for m in messages:
             if m.get("role") not in ROLES or not isinstance(m.get("content"), str):
                 raise EngineError("each message needs a role (system, user or assistant) and "
@@ -73,7 +74,7 @@ class Completions:
             raise EngineError("the conversation must end with a user (or system) message")
         s = self.session
         rt = s.runtime
-        head, head_tokens, sources, notes = [], [], [], []
+        head, head_tokens, sources, quoted, notes = [], [], [], [], []
         try:  # (a document named twice is read once)
             docs = [s.library.document(d) for d in dict.fromkeys(documents)]
         except MissingError as e:
@@ -86,8 +87,9 @@ class Completions:
             layout = passage_layout(rt, [x.text for x in sources])
             head, head_tokens = list(layout.messages), list(layout.tokens)
             if messages[-1]["role"] == "user":  # its evidence, as a chat's question has
-                messages = [*messages[:-1], {**messages[-1], "content": s.longdocs.worded(
-                    sources, messages[-1]["content"])}]
+                quoted = s.longdocs.evidence(sources, messages[-1]["content"])
+                messages = [*messages[:-1], {**messages[-1], "content": with_evidence(
+                    messages[-1]["content"], quoted)}]
         elif docs:
             head, head_tokens = s.prompter.chat(rt, docs)
         before = rt.render_chat(head, add_generation_prompt=False) if head else ""
@@ -98,7 +100,7 @@ class Completions:
                               "needs an append-only template")
         rest = text[len(before):]
         tokens = head_tokens + rt.tokenize(rest, add_bos=rt.adds_bos and not head)
-        return Turn(msgs, text, tokens), sources, notes
+        return Turn(msgs, text, tokens), sources, quoted, notes
 
     def complete(
         self,
@@ -128,9 +130,9 @@ class Completions:
                                       "put them in; use chat completions for them")
                 turn = Turn((), messages.prompt,
                             raw_prompt(rt, messages.prompt, messages.suffix))
-                sources, picked = [], []
+                sources, quoted, picked = [], [], []
             else:
-                turn, sources, picked = self.prompt(messages, documents)
+                turn, sources, quoted, picked = self.prompt(messages, documents)
             if not turn.tokens:
                 raise EngineError("prompt: it is empty")
             s.longdocs.offer(sources)
@@ -173,7 +175,7 @@ class Completions:
                                 report, cached, False,
                                 [*picked, *report.messages, *notes, *out.notes,
                                  *adaptation_note(report, sampling)],
-                                [x.as_dict() for x in sources])
+                                [x.as_dict() for x in sources], quoted)
             if on_answered:
                 on_answered(result)
             # A blended prompt (a long document's passages) is approximate: never stored.

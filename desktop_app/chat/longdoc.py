@@ -37,7 +37,7 @@ from store import Document, Store
 
 from ..kv.blending import Parts
 from ..kv.passagekv import PassageKV
-from ..model.prompts import Layout, Prompter, passage_layout, with_evidence
+from ..model.prompts import Layout, Prompter, passage_layout
 from ..model.runtime import Runtime
 from ..passages import evidence
 from ..passages.retrieve import DEFAULT_K, Retriever
@@ -108,10 +108,6 @@ class LongDocs:
         found = [line for doc_id, texts in by_doc.items()
                  for line in evidence.naming(self.store, doc_id, question, texts)]
         return found[:evidence.MOST]
-
-    def worded(self, sources: Sequence[Source], question: str) -> str:
-        """`question` as its turn says it over `sources`: with its `evidence`, when any."""
-        return with_evidence(question, self.evidence(sources, question))
 
     def quoted(self, chat_id: int | None, docs: Sequence[Document], question: str) -> list[str]:
         """The `evidence` of `question` in chat `chat_id` over `docs`: over the passages its

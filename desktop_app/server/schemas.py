@@ -194,7 +194,8 @@ def restore_info(c: Completion) -> dict:
             "recomputed_tokens": c.prompt_tokens - c.cached_tokens,
             "chunk_levels": r.chunk_levels,
             "restore_s": round(r.restore_s, 4), "source": r.source, "stored": c.stored,
-            "ttft_s": c.ttft_s, "messages": c.messages, "sources": c.sources}
+            "ttft_s": c.ttft_s, "messages": c.messages, "sources": c.sources,
+            "evidence": c.evidence}
 
 
 def usage(c: Completion) -> dict:
