@@ -15,7 +15,7 @@ from pdf_helpers import make_pdf
 from desktop_app.chat.documents import _normalize, extract
 from desktop_app.errors import EngineError
 from desktop_app.passages.embed import WordLlamaEmbedder
-from desktop_app.passages.retrieve import Retriever, focused, fuse, most_named
+from desktop_app.passages.retrieve import Retriever, focused, fuse, most_named, written_names
 from desktop_app.passages.split import split
 from store import Store
 
@@ -274,6 +274,15 @@ def test_of_the_focused_passages_those_holding_the_most_rare_words_are_kept():
     assert most_named(order, {"zelmar": {1}, "heron": {3}}) == [(1, 0.032), (3, 0.030)]
     assert most_named(order, {"elsewhere": {9}}) == order  # none holds one: as it is
     assert most_named([], {}) == []
+    # A question about two named things: the passage on each, though one holds more words.
+    q = "What is the port of the Vexmoor sync service, and how do I reset the Quillfeather relay?"
+    holders = {"port": {1}, "vexmoor": {1}, "sync": {1}, "quillfeather": {3}, "relay": {3, 4}}
+    assert most_named(order, holders) == [(1, 0.032)]
+    assert written_names(q, holders) == {"vexmoor", "quillfeather"}
+    assert most_named(order, holders, written_names(q, holders)) == [(1, 0.032), (3, 0.030)]
+    assert written_names("What does __missing__ return in py3?", {"__missing__", "py3",
+                                                                   "return"}) == {
+        "__missing__", "py3"}
 
 
 def test_focused_retrieval_reads_the_passages_naming_the_questions_rare_words(indexed):

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from store import Store
 
-from .retrieve import RARE_PASSAGES
+from .retrieve import RARE_PASSAGES, written_names
 
 MOST = 3  # sentences quoted at most: past a few, the quote is a passage again
 LONGEST = 300  # characters kept of each
@@ -52,11 +52,6 @@ def _cut(sentence: str) -> str:
     return sentence
 
 
-def _names(question: str) -> set[str]:
-    """The question's words written with a capital past its first word, case folded."""
-    return {w.lower() for w in re.findall(r"\w+", question)[1:] if w[:1].isupper()}
-
-
 def _stem(word: str) -> str:
     return word if "_" in word else word[:max(4, len(word) - 3)]
 
@@ -67,17 +62,16 @@ def naming(store: Store, doc_id: int, question: str, texts: Sequence[str],
     question's rarest words (of its names, when it writes any), at most `most`, each as the
     passage writes it (line breaks kept: a turn quoting it repeats the passage's tokens, whose
     KV a blend reuses) and cut to LONGEST characters; none when the question names nothing
-    rare. A word is
-    matched on its first letters, as a stem ("remembering" finds "remember"), the way the
-    full-text index matches it; an identifier with an underscore, as it is written."""
+    rare. A word is matched on its first letters, as a stem ("remembering" finds
+    "remember"), the way the full-text index matches it; an identifier with an underscore,
+    as it is written."""
     counts = {w: c for w, c in store.passage_frequencies(doc_id, question,
                                                          RARE_PASSAGES + 1).items()
               if 0 < c <= RARE_PASSAGES}
     # A name the question writes (capitalised past its first word, or an identifier) says
     # what it is about; a common word that happens to be rare in this document does not
     # ("kept" in "How many boxes are kept at the Vokunevok depot?").
-    written = _names(question)
-    names = {w for w in counts if w in written or re.search(r"[\d_]", w)}
+    names = written_names(question, counts)
     if names:
         counts = {w: c for w, c in counts.items() if w in names}
     if not counts:

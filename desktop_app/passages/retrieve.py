@@ -22,7 +22,8 @@ It never computes KV and never decides what the chat context holds.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,7 +106,7 @@ class Retriever:
             ranked.append(self._dense(doc_id, question, turns, max(k, CANDIDATES)))
         order = ranked[0] if len(ranked) == 1 else fuse(ranked, [1.0, self.dense_weight])
         if focus and holders and len(ranked) == 1:
-            order = most_named(focused(order), holders)
+            order = most_named(focused(order), holders, written_names(question, holders))
         # Only the passages returned are read (a 3 MB document has ~7,000).
         return [Hit(pid, p.index, p.text, p.page, p.lines, p.heading, p.tokens, round(score, 6))
                 for pid, score in order[:k] for p in [self.store.passage(pid)]]
@@ -168,18 +169,34 @@ def focused(order: Sequence[tuple[int, float]],
     return [(pid, score) for pid, score in order if score > share * order[0][1]]
 
 
-def most_named(order: Sequence[tuple[int, float]],
-               holders: Mapping[str, set[int]]) -> list[tuple[int, float]]:
+def most_named(order: Sequence[tuple[int, float]], holders: Mapping[str, set[int]],
+               names: Iterable[str] = ()) -> list[tuple[int, float]]:
     """The entries of a focused ranking of (id, score) that hold the most of the question's
     rare words (`holders`: each word's passages); in order, ties all kept. The focus keeps
     every passage holding one of them, but the passage about what the question names holds
     the name's words and whatever else of the question it shares, where another shares one
     word by chance (a verb of the question found in two or three passages of a long text):
     a distraction as much as a passage holding none (measured: RESULTS.md, "Passage size
-    and distraction"). A ranking none of whose entries holds one is returned as it is."""
+    and distraction"). A name the question writes (`names`: `written_names`) that none of
+    those holds keeps the best entry holding it too: a question about two things reads a
+    passage on each. A ranking none of whose entries holds one is returned as it is."""
     held = {pid: sum(pid in ids for ids in holders.values()) for pid, _ in order}
     most = max(held.values(), default=0)
-    return [(pid, score) for pid, score in order if held[pid] == most] if most else list(order)
+    if not most:
+        return list(order)
+    kept = {pid for pid, _ in order if held[pid] == most}
+    for name in sorted(set(names) & holders.keys()):
+        best = next((pid for pid, _ in order if pid in holders[name]), None)
+        if best is not None and not holders[name] & kept:
+            kept.add(best)
+    return [(pid, score) for pid, score in order if pid in kept]
+
+
+def written_names(question: str, words: Iterable[str]) -> set[str]:
+    """Of `words` (case folded), the names `question` writes: capitalised past its first word,
+    or an identifier (a digit or an underscore in it)."""
+    capitalised = {w.lower() for w in re.findall(r"\w+", question)[1:] if w[:1].isupper()}
+    return {w for w in words if w in capitalised or re.search(r"[\d_]", w)}
 
 
 def fuse(rankings: Sequence[Sequence[tuple[int, float]]],
