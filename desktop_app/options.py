@@ -18,7 +18,6 @@ AUTO = "auto"
 class RestoreOptions(UserValues):
     """How a chat's or document's cached prefix comes back into the model."""
 
-
     # "auto" (the best level per chunk that fits the budget) or a codec level to force
     level: str = Field(AUTO, min_length=1, max_length=64)
     # for the whole restore; None: the engine's default budget
@@ -38,7 +37,6 @@ class GenerationOptions(UserValues):
     file's recommendation, then kvdesk's measured defaults). `description` is the help text
     every front end shows.
     """
-
 
     max_tokens: int | None = Field(None, ge=1, le=1 << 20,
                                    description="Longest answer, in tokens.")
@@ -64,6 +62,5 @@ class GenerationOptions(UserValues):
 
 class GcOptions(UserValues):
     """An explicit eviction (`kvdesk gc`)."""
-
 
     budget_gb: float | None = Field(None, ge=0, le=1e6)  # 0: evict every cache; None: the setting

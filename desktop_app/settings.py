@@ -72,7 +72,6 @@ def config_dir() -> Path:
 
 
 class Settings(UserValues):
-
     # A GGUF path, or the name of a model `kvdesk models` lists; None: the shipped default.
     model: str | None = None
     # Folders of GGUF files to list besides the other apps' (LM Studio, Ollama...).

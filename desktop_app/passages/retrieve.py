@@ -186,9 +186,8 @@ def most_named(order: Sequence[tuple[int, float]], holders: Mapping[str, set[int
         return list(order)
     kept = {pid for pid, _ in order if held[pid] == most}
     for name in sorted(set(names) & holders.keys()):
-        best = next((pid for pid, _ in order if pid in holders[name]), None)
-        if best is not None and not holders[name] & kept:
-            kept.add(best)
+        if not holders[name] & kept:
+            kept.update(next(([pid] for pid, _ in order if pid in holders[name]), []))
     return [(pid, score) for pid, score in order if pid in kept]
 
 
