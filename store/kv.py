@@ -34,7 +34,7 @@ from .tokens import chunk_spans, decode, encode, prefix_hashes
 
 ENTRY_COLUMNS = (
     "id, model, token_start, token_end, parent_id, chunk_size, levels, nbytes,"
-    " document_id, chat_id, last_used, created, prefix_hash, calibration, passage"
+    " document_id, chat_id, last_used, created, prefix_hash, calibration, passage, passage_hash"
 )
 # Under SQLite's default limit of host parameters per statement, with room for the others.
 _BATCH = 500
@@ -42,9 +42,9 @@ MAX_TAIL_TOKENS = 4096  # longer than any chunk
 
 
 def entry_from_row(row: tuple) -> Entry:
-    *head, levels, nbytes, document_id, chat_id, last_used, created, prefix_hash, cal, psg = row
+    *head, levels, nbytes, document_id, chat_id, last_used, created, prefix_hash, cal, psg, ph = row
     return Entry(*head, tuple(json.loads(levels)), nbytes, document_id, chat_id, last_used,
-                 created, prefix_hash, cal, bool(psg))
+                 created, prefix_hash, cal, bool(psg), ph)
 
 
 def get_entry(conn: sqlite3.Connection, entry_id: int) -> Entry:

@@ -116,6 +116,11 @@ _STOPWORDS = frozenset(
     "that the this to was were what when where which who whom why will with you your".split())
 
 
+def text_hash(text: str) -> str:
+    """A passage's `content_hash`: the name of its text, and of its KV entries'."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
 def query_words(query: str) -> list[str]:
     """The words of a query worth searching for, each once, in order (at most 64)."""
     words = [w for w in re.findall(r"\w+", query.lower()) if w not in _STOPWORDS]
@@ -147,8 +152,7 @@ class PassageStore:
         if vectors is not None and len(vectors) != len(passages):
             raise ValueError(f"{len(vectors)} vectors for {len(passages)} passages")
         rows = [(document_id, p.index, p.text, p.start, p.end, p.page, p.lines[0], p.lines[1],
-                 json.dumps(list(p.heading)), p.tokens,
-                 hashlib.sha256(p.text.encode("utf-8")).hexdigest()) for p in passages]
+                 json.dumps(list(p.heading)), p.tokens, text_hash(p.text)) for p in passages]
         with self._db.write() as db:
             if not db.execute("SELECT 1 FROM documents WHERE id = ?", (document_id,)).fetchone():
                 raise NotFoundError(f"no document {document_id}")

@@ -70,6 +70,7 @@ class Entry:
     prefix_hash: bytes  # store.tokens.prefix_hashes of tokens[0:token_end]: the entry's name
     calibration: str | None = None  # id of the codec calibration its chunks need
     passage: bool = False  # the KV of a long document's passage, not of a prefix it starts
+    passage_hash: str | None = None  # a passage's: its text's content_hash, once known
 
     @property
     def n_chunks(self) -> int:

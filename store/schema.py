@@ -300,6 +300,22 @@ def m009_passage_kv(conn: sqlite3.Connection) -> None:
     conn.execute(M009_PASSAGE_KV)
 
 
+# The SHA-256 of the text whose KV a passage entry holds (store.passages' `content_hash`), so
+# that a document's passages with KV are counted by content, whichever document's question or
+# pass stored them. Set when the entry is stored, or when one stored before this column is
+# next found for its text.
+M010_PASSAGE_HASH = (
+    "ALTER TABLE kv_entries ADD COLUMN passage_hash TEXT",
+    "CREATE INDEX kv_entries_passage_hash ON kv_entries(passage_hash)"
+    " WHERE passage_hash IS NOT NULL")
+
+
+def m010_passage_hash(conn: sqlite3.Connection) -> None:
+    """Passage entries named by their text's hash: a document's cached passages counted."""
+    for statement in M010_PASSAGE_HASH:
+        conn.execute(statement)
+
+
 MIGRATIONS: list[tuple[str, Callable[[sqlite3.Connection], None]]] = [
     ("m001_initial", m001_initial),
     ("m002_message_tokens", m002_message_tokens),
@@ -310,6 +326,7 @@ MIGRATIONS: list[tuple[str, Callable[[sqlite3.Connection], None]]] = [
     ("m007_attaching", m007_attaching),
     ("m008_passages", m008_passages),
     ("m009_passage_kv", m009_passage_kv),
+    ("m010_passage_hash", m010_passage_hash),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

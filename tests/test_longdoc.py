@@ -8,6 +8,7 @@ context."""
 
 from __future__ import annotations
 
+import sqlite3
 from types import SimpleNamespace
 
 import numpy as np
@@ -437,15 +438,20 @@ def test_a_long_running_engine_gives_every_passage_its_kv_in_the_background(make
     assert eng.store.passage_entries(eng.fingerprint) == {eng.doc: 5}
     info = {d.doc_id: d for d in eng.documents()}[eng.doc]
     assert (info.passages, info.passages_cached) == (5, 5)
-    # Resumable: a restart finds what is stored and computes only the rest.
+    # Resumable: a restart finds what is stored and computes only the rest. Entries stored
+    # by a kvdesk that did not name them by their text are named as the pass finds them.
     stored = passage_entries(eng)
     dropped = next(iter(stored))
     eng.store.delete_entry(dropped)
+    with sqlite3.connect(eng.store.path) as conn:
+        conn.execute("UPDATE kv_entries SET passage_hash = NULL")
+    assert eng.store.passage_entries(eng.fingerprint) == {}
     again = make_engine(store=eng.store)
     again.warm_up()
     assert again.passage_fill.idle.wait(300)
     now = passage_entries(again)
     assert len(now) == 5 and set(stored) - {dropped} <= set(now)
+    assert again.store.passage_entries(again.fingerprint) == {again.doc: 5}
     # A question meanwhile finds them all: nothing computed.
     out = again.ask("What does the museum keep?", doc_ids=[again.doc], generation=GREEDY)
     assert not any("with no stored KV" in m for m in out.messages)

@@ -205,3 +205,30 @@ def test_an_entry_is_complete_only_with_its_window(store):
     assert writer.finish().token_end == 300
     with pytest.raises(ValueError, match="window"):
         store.write_entry(FP, range(10), levels=["raw"], window_start=10)
+
+
+def test_passages_with_kv_are_counted_by_their_text(store):
+    """A passage whose text another passage (or document) shares has the same KV: a document
+    counts every passage whose text has a named passage entry, whichever document stored it."""
+    from types import SimpleNamespace
+
+    def passages(*texts):
+        return [SimpleNamespace(index=i, text=t, start=0, end=len(t), page=None, lines=(1, 1),
+                                heading=(), tokens=3) for i, t in enumerate(texts)]
+
+    a = store.add_document("a", "A", "x y x", type="text")
+    b = store.add_document("b", "B", "y z", type="text")
+    store.add_passages(a.id, passages("x", "y", "x"))
+    store.add_passages(b.id, passages("y", "z"))
+    y = put_entry(store, range(10), document_id=a.id, passage=True)
+    assert store.passage_entries(FP) == {}  # unnamed: stored by an older kvdesk
+    y = store.name_passage(y, "y")
+    assert store.name_passage(y, "y") == y
+    assert store.passage_entries(FP) == {a.id: 1, b.id: 1}
+    store.name_passage(put_entry(store, range(20, 30), document_id=b.id, passage=True), "x")
+    assert store.passage_entries(FP) == {a.id: 3, b.id: 1}
+    assert store.passage_entries("model-b") == {}
+    # A document's own entry is never named as a passage's.
+    doc_entry = put_entry(store, range(40, 50), document_id=b.id)
+    assert store.name_passage(doc_entry, "z").passage_hash is None
+    assert store.passage_entries(FP) == {a.id: 3, b.id: 1}

@@ -104,7 +104,7 @@ class Library:
                 sizes.get(entry.id, {}) if entry else _summed(
                     sizes.get(i, {}) for i in passage_kv.get(doc.id, ())), status, doc.created,
                 damaged.get(entry.id, 0) if entry else 0, passages.get(doc.id, 0),
-                min(cached.get(doc.id, 0), passages.get(doc.id, 0))))
+                cached.get(doc.id, 0)))
         return out
 
     def chats(self) -> list[ChatInfo]:

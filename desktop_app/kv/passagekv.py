@@ -73,7 +73,9 @@ class PassageKV:
         if match.n_tokens != len(tokens) or not match.entries:
             return None
         last = match.entries[-1]
-        return last if last.parent_id is None and last.token_end == len(tokens) else None
+        if last.parent_id is not None or last.token_end != len(tokens):
+            return None
+        return self.store.name_passage(last, text)
 
     def kept(self, rt: Runtime) -> bool:
         """Whether `rt`'s model keeps passage KV. At a lossy level a sliding-window model
@@ -109,7 +111,7 @@ class PassageKV:
                 entry_id = self.kv.store_prefix(rt, tokens, (self.level,), document_id=document_id,
                                                 cancel=cancel, passage=True)
                 if entry_id is not None:
-                    found = self.store.entry(entry_id)
+                    found = self.store.name_passage(self.store.entry(entry_id), text)
                     ready.notes.extend(self.sharing.push_after_attach(entry_id)[1])
             ready.entries.append(found)
         return ready
@@ -121,4 +123,4 @@ class PassageKV:
         if entry_id is None:
             return None
         ready.pulled += 1
-        return self.store.entry(entry_id)
+        return self.store.name_passage(self.store.entry(entry_id), text)
