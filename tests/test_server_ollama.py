@@ -177,6 +177,29 @@ def test_ollamas_errors(client, served):
     assert "POST /api/pull" in httpx.post(f"{served.url}/api/pull", trust_env=False).text
 
 
+def test_kvdesks_own_field_names_the_documents_as_on_openais_routes(served):
+    text = "The ferry to Kelmar leaves at 6:40 from pier 3. Tickets cost 12 crowns."
+    r = httpx.post(f"{served.url}/v1/kvdesk/documents", timeout=300, trust_env=False,
+                   files={"file": ("ferry.txt", text.encode(), "text/plain")})
+    assert r.status_code == 200, r.text
+    doc = r.json()["doc_id"]
+    asked = [{"role": "user", "content": "When does the ferry leave?"}]
+    for route, body in (("/api/chat", {"messages": asked}),
+                        ("/api/generate", {"prompt": "When does the ferry leave?"})):
+        r = httpx.post(f"{served.url}{route}", trust_env=False, timeout=120, json={
+            "model": "default", "stream": False, "options": QUIET, **body,
+            "kvdesk": {"documents": [doc], "level": "high"}})
+        assert r.status_code == 200, r.text
+        # The document's cache came back: more of the prompt restored than the turn alone.
+        assert r.json()["kvdesk"]["restored_tokens"] > 20, r.text
+    for kvdesk, status, words in (({"documents": [999]}, 404, "999"),
+                                  ({"level": "finest"}, 400, "unknown level(s) finest"),
+                                  ({"docs": [doc]}, 400, "kvdesk.docs")):
+        r = httpx.post(f"{served.url}/api/chat", trust_env=False, timeout=120, json={
+            "model": "default", "stream": False, "messages": asked, "kvdesk": kvdesk})
+        assert r.status_code == status and words in r.json()["error"], r.text
+
+
 def test_ollamas_embeddings_are_the_vectors_retrieval_uses(client, served):
     """/api/embed (several texts) and the older /api/embeddings (one), through the official
     client: the engine's own embedder, unit length, the same vector on both routes."""

@@ -108,17 +108,17 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
     async def chat(body: sh.ChatRequest, request: Request):
         await check_model(body.model)
         messages = body.conversation()
-        generation, stop = body.generation()
+        options = body.engine_options()
         if not messages:
             return sh.loaded(body.model, True, body.unloading())
         return await answer(request, body, lambda **kw: app.engine.complete(
-            messages, generation=generation, stop=stop, **kw), sh.chat_piece)
+            messages, **options, **kw), sh.chat_piece)
 
     @api.post("/api/generate")
     async def generate(body: sh.GenerateRequest, request: Request):
         await check_model(body.model)
         body.check_supported()
-        generation, stop = body.generation()
+        options = body.engine_options()
         if not body.prompt and not body.suffix:
             return sh.loaded(body.model, False, body.unloading())
         if body.raw or body.suffix:
@@ -127,7 +127,7 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
             prompt = [*([{"role": "system", "content": body.system}] if body.system else []),
                       {"role": "user", "content": body.prompt}]
         return await answer(request, body, lambda **kw: app.engine.complete(
-            prompt, generation=generation, stop=stop, **kw), sh.generate_piece)
+            prompt, **options, **kw), sh.generate_piece)
 
     async def answer(request: Request, body, call: Callable[..., Completion],
                      piece: Callable[..., dict]):

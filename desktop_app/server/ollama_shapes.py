@@ -8,10 +8,12 @@ tell Ollama's runner how to use the hardware (`num_gpu`, `num_thread`, `use_mmap
 accepted and have nothing to do here; `num_ctx` is accepted, the server's context size holding
 (`kvdesk serve --n-ctx`); a sampler kvdesk does not have (`mirostat`, `typical_p`, `tfs_z`) is
 accepted only at the value that turns it off, and any other option is refused by name, as are
-images, tools, structured output and thinking. Answers are Ollama's objects: a streamed answer
-is JSON lines, each piece `"done": false`, the last `"done": true` with `done_reason`, the
-durations in nanoseconds and the token counts, plus kvdesk's field saying how the prompt came
-back (`restored_tokens`...). It answers nothing itself: `ollama` routes the requests.
+images, tools, structured output and thinking. kvdesk's own `kvdesk` field (documents to answer
+from, the restore level and budget) is read as on OpenAI's routes. Answers are Ollama's
+objects: a streamed answer is JSON lines, each piece `"done": false`, the last `"done": true`
+with `done_reason`, the durations in nanoseconds and the token counts, plus kvdesk's field
+saying how the prompt came back (`restored_tokens`...). It answers nothing itself: `ollama`
+routes the requests.
 """
 
 from __future__ import annotations
@@ -66,6 +68,15 @@ class _Request(pydantic.BaseModel):
     format: str | dict | None = None
     keep_alive: str | float | None = None  # accepted: kvdesk keeps the model while serving
     think: bool | str | None = None
+    # kvdesk's own field, as on OpenAI's routes: documents to answer from, how to restore.
+    kvdesk: s.KvdeskOptions = pydantic.Field(default_factory=s.KvdeskOptions)
+
+    def engine_options(self) -> dict:
+        """What the engine's `complete` takes besides the prompt: documents, how to restore,
+        the generation options and the stop strings (all checked)."""
+        generation, stop = self.generation()
+        return {"documents": self.kvdesk.documents, "restore": self.kvdesk.restore(),
+                "generation": generation, "stop": stop}
 
     def check_supported(self) -> None:
         if self.format:
