@@ -47,6 +47,9 @@ def test_a_title_or_an_initial_ends_no_sentence():
                      "New paragraph") == ["Hello.", "Dr. Voktenvok Quidrobra keeps the key.",
                                           "J. R. Smith left.", "New paragraph"]
     assert sentences("Hello. Dr.\n  Voktenvok left.") == ["Hello.", "Dr.\n  Voktenvok left."]
+    # nor a unit's or an abbreviation's full stop before a word in lower case
+    assert sentences("It waits 90 s. before the gate opens. Then it rings.\n\nnext one") == [
+        "It waits 90 s. before the gate opens.", "Then it rings.", "next one"]
 
 
 def test_the_evidence_follows_the_question_as_where_its_answer_comes_from():

@@ -22,7 +22,8 @@ from .retrieve import RARE_PASSAGES, written_names
 MOST = 3  # sentences quoted at most: past a few, the quote is a passage again
 LONGEST = 300  # characters kept of each
 
-_BREAK = re.compile(r"(?<=[.!?])\s+|\n\s*\n")
+# A full stop before a word in lower case ends no sentence either ("waits 90 s. before").
+_BREAK = re.compile(r"(?<=[.!?])\s+(?![\sa-z])|\n\s*\n")
 # A title or an initial before a name ends no sentence ("Dr. Voktenvok ...", "J. R. Smith").
 _TITLE = re.compile(r"(?:\b(?:Dr|Mr|Mrs|Ms|Prof|St|Mt|No|vs|e\.g|i\.e)|\b[A-Z])\.$")
 
