@@ -11,6 +11,7 @@ sessions' business.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -188,13 +189,22 @@ class Library:
                                "messages": [m.as_dict() for m in msgs]}, indent=2)
         if fmt != "markdown":
             raise EngineError(f"unknown export format {fmt!r}: markdown or json")
-        parts = [f"# {chat.title}\n"]
-        for m in msgs:
+        parts = [f"# {_literal(chat.title)}\n"]
+        for m in msgs:  # a message is Markdown already (models answer in it)
             parts.append(f"**{'You' if m.role == 'user' else 'kvdesk'}:**\n\n{m.text}\n")
             if read := Source.read((m.stats or {}).get("sources") or [],
                                    (m.stats or {}).get("evidence") or []):
-                parts.append("".join(f"> {line}  \n" for line in read))
+                parts.append("".join(f"> {_literal(line)}  \n" for line in read))
         return "\n".join(parts)
+
+
+def _literal(text: str) -> str:
+    """`text` as Markdown shows it, as written: `__init__` in a heading or a quote stays
+    itself, not "init" in bold."""
+    return _MARKUP.sub(r"\\\g<0>", text)
+
+
+_MARKUP = re.compile(r"[\\`*_<|~]")  # what would turn text into markup or HTML inline
 
 
 def _summed(per_entry) -> dict[str, int]:
