@@ -165,9 +165,8 @@ def complete(conn: sqlite3.Connection, entry_id: int, now: float) -> int:
         (entry_id,),
     ).fetchone()
     if count != n_chunks * len(json.loads(levels)):
-        raise IncompleteEntryError(
-            f"KV entry {entry_id} has {count} of {n_chunks} chunks x {levels} levels"
-        )
+        raise IncompleteEntryError(f"KV entry {entry_id} has {count} of {n_chunks} chunks x "
+                                   f"{levels} levels")
     # Two workers may prefill the same prefix at once; the first to finish wins, the second's copy
     # is dropped rather than kept as a duplicate nobody would ever look up.
     same = conn.execute(
@@ -178,10 +177,8 @@ def complete(conn: sqlite3.Connection, entry_id: int, now: float) -> int:
     if same is not None:
         conn.execute("DELETE FROM kv_entries WHERE id = ?", (entry_id,))
         return same[0]
-    conn.execute(
-        "UPDATE kv_entries SET complete = 1, nbytes = ?, last_used = ? WHERE id = ?",
-        (nbytes, now, entry_id),
-    )
+    conn.execute("UPDATE kv_entries SET complete = 1, nbytes = ?, last_used = ? WHERE id = ?",
+                 (nbytes, now, entry_id))
     return entry_id
 
 
@@ -357,11 +354,12 @@ class EntryWriter:
         entry_id: int,
         levels: tuple[str, ...],
         clock: Callable[[], float],
-        on_finish: Callable[[], object],
+        on_finish: Callable[[Entry], bool],
     ):
         self.entry_id = entry_id
         self.levels = levels
         self.entry: Entry | None = None
+        self.finished = False
         self._db = db
         self._clock = clock
         self._on_finish = on_finish
@@ -386,12 +384,15 @@ class EntryWriter:
                 raise NotFoundError(f"KV entry {self.entry_id} was removed while being written")
             blobs.put(conn, self.entry_id, chunk_index, level, data)
 
-    def finish(self) -> Entry:
-        """Make the entry visible (or adopt an identical one stored meanwhile) and return it."""
+    def finish(self) -> Entry | None:
+        """Make the entry visible (or adopt an identical one stored meanwhile) and return it;
+        None when the store took it out again (written not to evict: `Store.write_entry`)."""
         with self._db.write() as wdb:
             entry_id = complete(wdb.conn, self.entry_id, self._clock())
             self.entry = get_entry(wdb.conn, entry_id)
-        self._on_finish()
+        self.finished = True
+        if not self._on_finish(self.entry):
+            self.entry = None
         return self.entry
 
     def abort(self) -> None:
@@ -406,7 +407,7 @@ class EntryWriter:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
             self.abort()
-        elif self.entry is None:
+        elif not self.finished:
             self.finish()
 
 

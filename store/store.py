@@ -135,6 +135,7 @@ class Store(LibraryStore, PassageStore):
         window_start: int | None = None,
         calibration: str | None = None,
         passage: bool = False,
+        evict: bool = True,
     ) -> kv.EntryWriter:
         """Start writing the KV entry for `tokens` (the whole prefix, parent's tokens included).
 
@@ -144,7 +145,10 @@ class Store(LibraryStore, PassageStore):
         window part at every level, then leave the `with` block (or call finish()). Deleting
         its document or chat deletes the entry. `calibration`: the id of the stored codec
         calibration its chunks need (put_calibration), if any. `passage`: the KV of a passage
-        of `document_id` (never taken for the document's own entry).
+        of `document_id` (never taken for the document's own entry). A finished entry that
+        takes the store past its storage budget evicts the least recently used others; with
+        `evict=False` it is removed itself instead (`finish` returns None): work done ahead of
+        need never pushes out what was used.
         """
         levels = tuple(levels)
         with self._db.write() as db:
@@ -162,7 +166,9 @@ class Store(LibraryStore, PassageStore):
                 calibration=calibration,
                 passage=passage,
             )
-        return kv.EntryWriter(self._db, entry_id, levels, self._clock, self._enforce_budget)
+        return kv.EntryWriter(self._db, entry_id, levels, self._clock,
+                              self._enforce_budget if evict else
+                              lambda entry: self._fits(entry, entry_id))
 
     def longest_prefix(
         self, fingerprint: str, tokens: Iterable[int], *, touch: bool = True,
@@ -411,9 +417,21 @@ class Store(LibraryStore, PassageStore):
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _enforce_budget(self) -> None:
+    def _enforce_budget(self, entry: Entry) -> bool:
         if self.usage_bytes() > self.budget_bytes:
             self.gc()
+        return True
+
+    def _fits(self, entry: Entry, written: int) -> bool:
+        """Whether entry `written`, just finished, fits the budget; if not, it is removed. An
+        identical entry another writer stored first (adopted in its place) stays: this write
+        added nothing."""
+        if entry.id != written or self.usage_bytes() <= self.budget_bytes:
+            return True
+        with self._db.write() as db:
+            db.execute("DELETE FROM kv_entries WHERE id = ?", (written,))
+        self._reclaim()
+        return False
 
     def _delete(self, table: str, row_id: int, what: str) -> None:
         with self._db.write() as db:

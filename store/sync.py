@@ -209,7 +209,7 @@ class LocalCopy:
     """
 
     def __init__(self, store: Store, manifest: Manifest, levels: Iterable[str] | None = None,
-                 *, document_id: int | None = None):
+                 *, document_id: int | None = None, evict: bool = True):
         self.manifest = manifest
         self.levels = tuple(levels or manifest.levels)
         if not set(self.levels) <= set(manifest.levels):
@@ -223,7 +223,7 @@ class LocalCopy:
                                          document_id=self.document_id,
                                          window_start=manifest.window_start,
                                          calibration=manifest.calibration,
-                                         passage=manifest.passage)
+                                         passage=manifest.passage, evict=evict)
         self.spans = self._writer.spans
         self.windows = self._writer.windows
         self._lock = threading.Lock()
@@ -244,7 +244,8 @@ class LocalCopy:
             return [(span.chunk_index, level) for span in self.spans + self.windows
                     for level in self.levels if (span.chunk_index, level) not in self._have]
 
-    def finish(self) -> Entry:
+    def finish(self) -> Entry | None:
+        """The local entry (None: copied not to evict, it did not fit the storage budget)."""
         try:
             self._close(raise_failure=True)
             return self._writer.finish()
@@ -263,7 +264,7 @@ class LocalCopy:
 
 
 def complete(tier: RemoteTier, copy: LocalCopy, *,
-             progress: ProgressFn | None = None) -> tuple[Entry, int]:
+             progress: ProgressFn | None = None) -> tuple[Entry | None, int]:
     """Fetch every chunk the copy lacks, in parallel, and finish it; abort it on any failure.
 
     Returns the local entry and the bytes fetched here.
@@ -289,11 +290,12 @@ def complete(tier: RemoteTier, copy: LocalCopy, *,
 
 def pull(store: Store, tier: RemoteTier, manifest: Manifest, *,
          levels: Iterable[str] | None = None, document_id: int | None = None,
-         progress: ProgressFn | None = None) -> Entry:
+         progress: ProgressFn | None = None, evict: bool = True) -> Entry | None:
     """Copy a remote entry (at `levels`, default all of its levels) into the local store,
-    with the calibration its chunks need."""
+    with the calibration its chunks need. Not to `evict` other KV, a copy that does not fit
+    the storage budget is dropped (None)."""
     fetch_calibration(store, tier, manifest)
-    copy = LocalCopy(store, manifest, levels, document_id=document_id)
+    copy = LocalCopy(store, manifest, levels, document_id=document_id, evict=evict)
     return complete(tier, copy, progress=progress)[0]
 
 

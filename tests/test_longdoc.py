@@ -469,6 +469,35 @@ def test_the_background_pass_stops_at_the_storage_budget(make_engine):
     assert not passage_entries(eng)
 
 
+def test_a_document_deleted_during_its_background_pass_ends_it_quietly(make_engine, caplog):
+    eng = make_engine()
+    ensure = eng.passage_fill.kv.ensure
+
+    def deleted_meanwhile(*a, **kw):
+        eng.store.delete_document(eng.doc)  # as `kvdesk rm doc` from another process
+        return ensure(*a, **kw)
+
+    eng.passage_fill.kv.ensure = deleted_meanwhile
+    eng.warm_up()
+    assert eng.passage_fill.idle.wait(300)
+    assert not [r for r in caplog.records if "failed" in r.getMessage()]
+    assert not passage_entries(eng)
+
+
+def test_the_background_pass_never_evicts_what_questions_used(make_engine):
+    eng = make_engine(fill_passages=False)
+    eng.ask("What does the museum keep?", doc_ids=[eng.doc], generation=GREEDY)
+    used = set(passage_entries(eng))
+    assert used and len(used) < 5
+    # Room for less than one more passage: the pass stores one, finds it does not fit, drops
+    # it and stops; the question's KV stays.
+    again = make_engine(store=eng.store)
+    again.store.budget_bytes = again.store.usage_bytes() + 100
+    again.warm_up()
+    assert again.passage_fill.idle.wait(300)
+    assert set(passage_entries(again)) == used
+
+
 def test_kill_9_during_the_background_pass_leaves_a_consistent_store_and_it_resumes(
         tmp_path, make_engine):
     import os

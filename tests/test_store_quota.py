@@ -83,6 +83,20 @@ def test_finishing_an_entry_enforces_the_stored_budget(store, clock):
     assert store.usage_bytes() == 2000
 
 
+def test_an_entry_written_not_to_evict_is_dropped_itself_when_it_does_not_fit(store, clock):
+    store.budget_bytes = 2500
+    kept = [raw_entry(store, clock, range(0, 100)), raw_entry(store, clock, range(100, 200))]
+    assert raw_entry(store, clock, range(200, 300), evict=False) is None
+    assert [e.id for e in store.entries()] == [e.id for e in kept]
+    assert store.usage_bytes() == 2000
+    # It fits: kept. An identical entry adopted in its place stays whatever the budget.
+    fits = raw_entry(store, clock, range(300, 400), size=400, evict=False)
+    assert fits is not None and store.usage_bytes() == 2400
+    store.budget_bytes = 1
+    assert raw_entry(store, clock, range(300, 400), size=400, evict=False) == fits
+    assert [e.id for e in store.entries()] == [e.id for e in kept] + [fits.id]
+
+
 def test_entries_being_written_are_kept_until_abandoned(store, clock):
     root = raw_entry(store, clock, range(100))
     writer = store.write_entry(FP, range(200), levels=["raw"], parent_id=root.id)

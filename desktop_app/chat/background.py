@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 class Background:
     name = "kv-background"  # the thread's name
-    what = "background work"  # for the log: "the {what} of {item} failed"
+    what = "background work on"  # for the log: "the {what} {item} failed"
 
     def __init__(self, chat_lock: FairLock):
         self.chat_lock = chat_lock  # busy: the user is being answered
@@ -75,7 +75,7 @@ class Background:
             except Cancelled:
                 return
             except Exception:  # noqa: BLE001 - a failed item leaves what it stored
-                log.warning("the %s of %s failed", self.what, item, exc_info=True)
+                log.warning("the %s %s failed", self.what, item, exc_info=True)
             finally:
                 with self._guard:
                     self._queued.discard(item)

@@ -59,9 +59,14 @@ class PassageFill(Background):
                 full = self.store.usage_bytes() >= self.store.budget_bytes
                 try:
                     if not full:
-                        ready = self.kv.ensure(rt, [(doc_id, passage.text)], cancel=self.cancel)
-                        # Evicted as soon as stored: it only pushed other KV out.
-                        full = bool(ready.computed) and self.kv.entry(rt, passage.text) is None
+                        ready = self.kv.ensure(rt, [(doc_id, passage.text)], cancel=self.cancel,
+                                               evict=False)
+                        # Taken out again as soon as stored: it did not fit beside the rest.
+                        full = bool(ready.computed) and ready.entries[0] is None
+                except Exception:
+                    if doc_id not in self.store.passage_counts():
+                        return  # deleted meanwhile: its entry could not name it
+                    raise
                 finally:
                     rt.reset()
                 if full:

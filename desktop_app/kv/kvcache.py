@@ -62,10 +62,12 @@ class KVCache:
         cancel: threading.Event | None = None,
         title: str = "",
         passage: bool = False,
+        evict: bool = True,
     ) -> int | None:
         """Encode and store the KV of `tokens` (the context's first tokens) beyond what is
         already stored for them; returns the id of the entry that ends at len(tokens), or
-        None when a sliding-window model's context does not end there (no window to store).
+        None when a sliding-window model's context does not end there (no window to store),
+        or when it was written not to `evict` and did not fit the storage budget.
         `passage`: the tokens are a passage of `document_id` (`passagekv`), not its prefix."""
         levels = tuple(levels or self.levels)
         match = self.store.longest_prefix(rt.fingerprint, tokens, touch=False)
@@ -92,7 +94,7 @@ class KVCache:
             rt.fingerprint, tokens, levels=levels, parent_id=parent.id if parent else None,
             chunk_size=self.chunk_tokens, document_id=document_id, chat_id=chat_id,
             window_start=None if window is None else int(window.positions[0]),
-            calibration=None if cal is None else cal.id, passage=passage)
+            calibration=None if cal is None else cal.id, passage=passage, evict=evict)
         # Each chunk or window part: the KV it is cut from, that KV's first position, and its
         # calibration part (the cache section it comes from).
         parts = [(span, kv, 0, 0) for span in writer.spans]
@@ -116,7 +118,7 @@ class KVCache:
             chunks.close()  # raises the writer's failure, if any: the entry is aborted
         # Not writer.entry_id: an identical entry stored meanwhile (by another process) is
         # adopted, and this one dropped.
-        return writer.entry.id
+        return None if writer.entry is None else writer.entry.id
 
     def store_chat(self, rt: Runtime, chat_id: int, tokens: Sequence[int],
                    first_document: tuple[int, Sequence[int]] | None) -> None:

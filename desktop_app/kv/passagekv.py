@@ -87,10 +87,11 @@ class PassageKV:
                 or self.kv.calibrations.current(rt.fingerprint) is not None)
 
     def ensure(self, rt: Runtime, passages: Sequence[tuple[int, str]], *,
-               cancel: threading.Event | None = None) -> Ready:
+               cancel: threading.Event | None = None, evict: bool = True) -> Ready:
         """The entry of each (document id, text) passage: stored here, else taken from the
         shared cache, else computed in `rt` (whose content is replaced) and stored (and
-        shared, when automatic pushing is on); none where the model keeps none (`kept`)."""
+        shared, when automatic pushing is on); none where the model keeps none (`kept`), or
+        where one computed not to `evict` other KV did not fit the storage budget."""
         if not self.kept(rt):
             return Ready([None] * len(passages), notes=[
                 "this model's passages are read as text until its codec is calibrated "
@@ -100,7 +101,7 @@ class PassageKV:
         for i, (document_id, text) in enumerate(passages):
             found = self.entry(rt, text, touch=True)
             if found is None:
-                found = self._pull(rt, text, document_id, ready)
+                found = self._pull(rt, text, document_id, ready, evict)
             if found is None:
                 tokens = self.tokens(rt, text)
                 rt.reset()
@@ -109,16 +110,17 @@ class PassageKV:
                 ready.computed_tokens += len(tokens)
                 ready.computed_at.append(i)
                 entry_id = self.kv.store_prefix(rt, tokens, (self.level,), document_id=document_id,
-                                                cancel=cancel, passage=True)
+                                                cancel=cancel, passage=True, evict=evict)
                 if entry_id is not None:
                     found = self.store.name_passage(self.store.entry(entry_id), text)
                     ready.notes.extend(self.sharing.push_after_attach(entry_id)[1])
             ready.entries.append(found)
         return ready
 
-    def _pull(self, rt: Runtime, text: str, document_id: int, ready: Ready) -> Entry | None:
+    def _pull(self, rt: Runtime, text: str, document_id: int, ready: Ready,
+              evict: bool) -> Entry | None:
         entry_id, notes = self.sharing.pull_passage(rt.fingerprint, self.tokens(rt, text),
-                                                    self.level, document_id)
+                                                    self.level, document_id, evict)
         ready.notes.extend(notes)
         if entry_id is None:
             return None

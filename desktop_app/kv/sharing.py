@@ -87,9 +87,9 @@ class Sharing:
         return entry_id, [f"{n}; computing it here instead" for n in notes]
 
     def pull_passage(self, fingerprint: str, tokens: Sequence[int], level: str,
-                     document_id: int) -> tuple[int | None, list[str]]:
+                     document_id: int, evict: bool = True) -> tuple[int | None, list[str]]:
         """Take a passage's entry from the tier instead of computing it: (its local id, or
-        None when the tier has none at `level`; notes)."""
+        None when the tier has none at `level`, or not to `evict`, it did not fit; notes)."""
         if not self.auto_pull:
             return None, []
 
@@ -98,8 +98,9 @@ class Sharing:
                                  longer_than=len(tokens) - 1)
             if manifest is None or not manifest.passage or level not in manifest.levels:
                 return None
-            return sync.pull(self.store, self.tier, manifest, levels=[level],
-                             document_id=document_id).id
+            entry = sync.pull(self.store, self.tier, manifest, levels=[level],
+                              document_id=document_id, evict=evict)
+            return None if entry is None else entry.id
 
         entry_id, notes = self._try(pull)
         return entry_id, [f"{n}; computing the passage here instead" for n in notes]
