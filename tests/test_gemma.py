@@ -234,10 +234,13 @@ def test_a_blend_computing_every_later_token_equals_a_prefill_in_the_same_pieces
         for name, text in BLEND_DOCS.items():
             (tmp_path / name).write_text(text)
             ids.append(eng.attach(tmp_path / name).doc_id)
+        # (a budget that leaves time to read every lossless copy: `lossless` asked is never
+        # blended)
         res = eng.ask("When did crossing 3 leave, and what does room 4 keep?", doc_ids=ids,
-                      restore=RestoreOptions(level="lossless"),
+                      restore=RestoreOptions(budget_ms=600_000),
                       generation=GenerationOptions(max_tokens=1, temperature=0))
         assert res.blended["mode"] == "blended" and res.blended["recomputed_tokens"] > WINDOW
+        assert set(res.chunk_levels) == {EXACT}
         rt = eng.runtime
         got = [in_position_order(kv) for kv in rt.capture().sections]
         parts = eng.prompter.layout(rt, [eng.library.document(i) for i in ids]).parts
@@ -279,8 +282,7 @@ def test_a_long_documents_passages_are_blended_from_their_caches(tmp_path, gemma
             held.append((rt.tokens, in_position_order(rt.capture().sections[1])))
 
         eng.runtime.reset()
-        second = eng.ask(q, doc_ids=[doc], generation=greedy, on_restore=capture,
-                         restore=RestoreOptions(level="lossless"))
+        second = eng.ask(q, doc_ids=[doc], generation=greedy, on_restore=capture)
         assert not any("with no stored KV" in m for m in second.messages)
         assert second.blended["mode"] == "blended" and second.blended["reused_tokens"] > 0
         assert second.recomputed_tokens < first.recomputed_tokens / 2

@@ -20,7 +20,7 @@ from desktop_app.kv.blending import repeats
 from desktop_app.model.kvstate import in_position_order
 from desktop_app.model.prompts import passage_layout, passage_prefix
 from desktop_app.model.runtime import Runtime
-from desktop_app.options import GenerationOptions
+from desktop_app.options import GenerationOptions, RestoreOptions
 from store import Store, sync
 
 PASSAGES = [
@@ -482,6 +482,21 @@ def test_a_document_deleted_during_its_background_pass_ends_it_quietly(make_engi
     assert eng.passage_fill.idle.wait(300)
     assert not [r for r in caplog.records if "failed" in r.getMessage()]
     assert not passage_entries(eng)
+
+
+def test_an_exact_ask_over_passages_answers_as_no_cache_does(make_engine):
+    """Blended KV is approximate at any level (keys moved, a quote's KV copied): asked at
+    `lossless`, the passages are computed as `--no-cache` does, answer for answer."""
+    eng = make_engine(fill_passages=False)
+    greedy = GenerationOptions(max_tokens=24, temperature=0)
+    q = "When does the Saturday ferry leave, and what does the museum keep?"
+    warm = eng.ask(q, doc_ids=[eng.doc], generation=greedy)  # passages get their KV
+    assert warm.blended["mode"] == "blended"
+    for ask in (lambda **kw: eng.ask(q, doc_ids=[eng.doc], generation=greedy, **kw),
+                lambda **kw: eng.ask(q, chat_id=warm.chat_id, generation=greedy, **kw)):
+        exact = ask(restore=RestoreOptions(level="lossless"))
+        plain = ask(restore=RestoreOptions(no_cache=True))
+        assert exact.answer == plain.answer and exact.blended["mode"] == "exact"
 
 
 def test_the_background_pass_never_evicts_what_questions_used(make_engine):

@@ -35,7 +35,7 @@ from ..kv import streaming
 from ..kv.blending import Blend, Blender, Parts, common_prefix, leading
 from ..kv.contexts import CHAT, Contexts
 from ..kv.kvcache import KVCache
-from ..kv.levels import check_levels
+from ..kv.levels import EXACT, check_levels
 from ..kv.sharing import Sharing
 from ..kv.speeds import Speeds
 from ..model import inplace
@@ -172,7 +172,8 @@ class ChatSession:
                 check_levels([options.level], restoring=True)
             elif options.budget_ms is None and self.default_budget_ms is not None:
                 effective = options.model_copy(update={"budget_ms": self.default_budget_ms})
-            parts = self._blendable(rt, chat_id, tokens, docs, cancel)
+            parts = (None if options.level == EXACT  # blended KV is never exact
+                     else self._blendable(rt, chat_id, tokens, docs, cancel))
             if parts is not None and not (parts.later and self.blender.usable(rt, parts.later)):
                 notes, fresh, parts = list(parts.notes), parts.computed_tokens, None
             try:
@@ -199,8 +200,7 @@ class ChatSession:
             notes += self.library.stale_note(chat_id, docs, rt.fingerprint)
         speeds_mod.save(self.store, self.speeds)
         self._blended_at = None
-        if not options.no_cache:
-            self._loaded = options
+        self._loaded = None if options.no_cache else options
         rt.prefill(question, cancel=cancel)
         n = min(len(tokens), report.recomputed_tokens + fresh)  # (a passage computed for it counts)
         return replace(report, recomputed_tokens=n, messages=[*notes, *report.messages],
