@@ -9,7 +9,6 @@ the codec: KV chunks are opaque bytes at named levels.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sqlite3
 import time
@@ -22,7 +21,8 @@ from .db import Connections, prepare_data_dir
 from .errors import CorruptChunkError, DataDirError, NotFoundError
 from .library import LibraryStore
 from .locks import ChatLocks
-from .passages import PassageStore, text_hash
+from .passagekv import PassageKVStore
+from .passages import PassageStore
 from .records import CalibrationRecord, Entry, Model, PrefixMatch, Span
 from .schema import check_current, migrate, schema_version
 from .tokens import decode
@@ -31,12 +31,12 @@ DB_NAME = "kvdesk.sqlite"
 DEFAULT_CHUNK_SIZE = 256
 
 
-class Store(LibraryStore, PassageStore):
+class Store(LibraryStore, PassageStore, PassageKVStore):
     """Persistent state of one data directory. Close it (or use `with`) when done.
 
     Documents, chats and messages: `LibraryStore` (store.library); long documents' passages,
-    their index and vectors: `PassageStore` (store.passages); KV entries, integrity and
-    quota: here.
+    their index and vectors: `PassageStore` (store.passages); which passage entries hold their
+    KV: `PassageKVStore` (store.passagekv); KV entries, integrity and quota: here.
     """
 
     def __init__(self, data_dir: str | Path, *, clock: Callable[[], float] = time.time):
@@ -203,26 +203,6 @@ class Store(LibraryStore, PassageStore):
             return None
         self.touch([row[0]])
         return self.entry(row[0])
-
-    def passage_entries(self, fingerprint: str) -> dict[int, int]:
-        """{document id: how many of its passages have their KV stored under a model}, counted
-        by content: a passage whose text another document's passage shares has the same KV."""
-        rows = self._db.get().execute(
-            "SELECT p.document_id, count(*) FROM passages p WHERE EXISTS (SELECT 1 FROM"
-            " kv_entries e WHERE e.passage_hash = p.content_hash AND e.passage AND e.complete"
-            " AND e.model = ?) GROUP BY p.document_id", (fingerprint,))
-        return dict(rows.fetchall())
-
-    def name_passage(self, entry: Entry, text: str) -> Entry:
-        """Passage entry `entry` holding the KV of `text`, named by the text's hash (what
-        `passage_entries` counts by) if it is not yet: an entry stored by an older kvdesk, or
-        pulled from the shared cache."""
-        name = text_hash(text)
-        if not entry.passage or entry.passage_hash == name:
-            return entry
-        with self._db.write() as db:
-            db.execute("UPDATE kv_entries SET passage_hash = ? WHERE id = ?", (name, entry.id))
-        return dataclasses.replace(entry, passage_hash=name)
 
     def entry(self, entry_id: int) -> Entry:
         return kv.get_entry(self._db.get().conn, entry_id)

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_store_helpers import FP, LEVELS, open_store, orphans, payload, put_entry
 
 from store import IncompleteEntryError, NotFoundError, Span
+
+
+def passages(*texts):
+    """Passages of these texts, as store.add_passages takes them."""
+    return [SimpleNamespace(index=i, text=t, start=0, end=len(t), page=None, lines=(1, 1),
+                            heading=(), tokens=3) for i, t in enumerate(texts)]
 
 
 @pytest.fixture
@@ -210,12 +218,6 @@ def test_an_entry_is_complete_only_with_its_window(store):
 def test_passages_with_kv_are_counted_by_their_text(store):
     """A passage whose text another passage (or document) shares has the same KV: a document
     counts every passage whose text has a named passage entry, whichever document stored it."""
-    from types import SimpleNamespace
-
-    def passages(*texts):
-        return [SimpleNamespace(index=i, text=t, start=0, end=len(t), page=None, lines=(1, 1),
-                                heading=(), tokens=3) for i, t in enumerate(texts)]
-
     a = store.add_document("a", "A", "x y x", type="text")
     b = store.add_document("b", "B", "y z", type="text")
     store.add_passages(a.id, passages("x", "y", "x"))
@@ -225,10 +227,25 @@ def test_passages_with_kv_are_counted_by_their_text(store):
     y = store.name_passage(y, "y")
     assert store.name_passage(y, "y") == y
     assert store.passage_entries(FP) == {a.id: 1, b.id: 1}
-    store.name_passage(put_entry(store, range(20, 30), document_id=b.id, passage=True), "x")
+    x = store.name_passage(put_entry(store, range(20, 30), document_id=b.id, passage=True), "x")
     assert store.passage_entries(FP) == {a.id: 3, b.id: 1}
+    assert store.passage_entry_ids(FP) == {a.id: [y.id, x.id], b.id: [y.id]}
     assert store.passage_entries("model-b") == {}
     # A document's own entry is never named as a passage's.
     doc_entry = put_entry(store, range(40, 50), document_id=b.id)
     assert store.name_passage(doc_entry, "z").passage_hash is None
     assert store.passage_entries(FP) == {a.id: 3, b.id: 1}
+
+
+def test_deleting_a_document_hands_its_shared_passage_kv_to_another(store):
+    a = store.add_document("a", "A", "x y", type="text")
+    b = store.add_document("b", "B", "y z", type="text")
+    store.add_passages(a.id, passages("x", "y"))
+    store.add_passages(b.id, passages("y", "z"))
+    x = store.name_passage(put_entry(store, range(10), document_id=a.id, passage=True), "x")
+    y = store.name_passage(put_entry(store, range(20, 30), document_id=a.id, passage=True), "y")
+    store.delete_document(a.id)
+    # x was A's alone: gone with it; y is B's too: kept, now B's
+    assert [(e.id, e.document_id) for e in store.entries()] == [(y.id, b.id)]
+    assert store.passage_entries(FP) == {b.id: 1}
+    assert x.id not in [e.id for e in store.entries()]

@@ -71,14 +71,11 @@ class Library:
         whose first attach is under way has no cache yet ("attaching"), nor one whose attach
         was killed ("unfinished": attaching the file again finishes it, `gc` removes it)."""
         roots: dict[int, list] = {}
-        passage_kv: dict[int, list[int]] = {}
         for entry in self.store.entries():  # least recently used first
-            if entry.document_id is None or entry.parent_id is not None:
-                continue
-            if not entry.passage:
+            if entry.document_id is not None and entry.parent_id is None and not entry.passage:
                 roots.setdefault(entry.document_id, []).append(entry)
-            elif entry.model == fingerprint:
-                passage_kv.setdefault(entry.document_id, []).append(entry.id)
+        # (a passage's KV is its document's whichever document's passage stored it)
+        passage_kv = self.store.passage_entry_ids(fingerprint)
         current = {doc_id: [e for e in entries if e.model == fingerprint][-1]
                    for doc_id, entries in roots.items()
                    if any(e.model == fingerprint for e in entries)}
