@@ -45,6 +45,8 @@ APP_NAME = "kvdesk"
 DEFAULT_BLEND_FRACTION = 0.05
 SETTINGS_VERSION = 1
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_ORIGIN = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://"
+                     r"(?P<host>\[[0-9A-Fa-f:.]+\]|[^/:?#@\s\[\]]+)(?::(?P<port>\d{1,5}|\*))?")
 _PREFIX_PART = re.compile(r"^[A-Za-z0-9._-]+$")
 # Environment variables, each for the setting it overrides.
 ENVIRONMENT = {"KVDESK_MODEL": "model", "KVDESK_DATA_DIR": "data_dir", "KVDESK_N_CTX": "n_ctx",
@@ -163,21 +165,23 @@ class Settings(UserValues):
     @classmethod
     def _origins(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         """As browsers send them: scheme and host in lower case, no default port (an
-        extension's or an app's scheme, chrome-extension:// or app://, is an origin too)."""
+        extension's or an app's scheme, chrome-extension:// or app://, is an origin too); a
+        "*" may stand for the host or the port (http://localhost:*)."""
         out = []
         for origin in value:
-            url = urlsplit(origin)
-            try:
-                port = url.port
-            except ValueError:
-                port = -1
-            if origin != "*" and (not url.scheme or not url.hostname or port == -1 or
-                                  url.path or url.query or url.fragment or url.username):
+            m = _ORIGIN.fullmatch(origin)
+            if origin != "*" and (not m or (m["port"] not in (None, "*")
+                                            and not 0 < int(m["port"]) < 65536)):
                 raise ValueError(f"{origin!r} is not an origin (scheme://host[:port], such "
-                                 "as http://localhost:3000, with no path), nor \"*\"")
-            default = {"http": 80, "https": 443}.get(url.scheme.lower())
-            out.append(origin if origin == "*" else f"{url.scheme.lower()}://{url.hostname}"
-                       + (f":{port}" if port is not None and port != default else ""))
+                                 "as http://localhost:3000, with no path; a \"*\" for the host "
+                                 "or the port), nor \"*\"")
+            if origin == "*":
+                out.append(origin)
+                continue
+            scheme, port = m["scheme"].lower(), m["port"]
+            if port not in (None, "*"):
+                port = None if int(port) == {"http": 80, "https": 443}.get(scheme) else int(port)
+            out.append(f"{scheme}://{m['host'].lower()}" + (f":{port}" if port else ""))
         return tuple(out)
 
     def with_overrides(self, **overrides: Any) -> Settings:

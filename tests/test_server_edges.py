@@ -75,6 +75,34 @@ def test_any_origin_is_answered_as_any_only_without_a_key(tmp_path):
     assert "access-control-allow-origin" not in none.headers  # none listed: no page may
 
 
+def test_desktop_apps_pages_are_let_in_as_ollama_lets_them_and_patterns_match(tmp_path):
+    none = client(tmp_path)
+    for app_page in ("app://obsidian.md", "vscode-webview://1f2e3d", "tauri://localhost"):
+        r = none.get("/api/tags", headers={"Origin": app_page})
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == app_page
+    assert none.get("/api/tags", headers={"Origin": ORIGIN}).status_code == 403
+    assert none.get("/api/tags", headers={"Origin": "https://app.example"}).status_code == 403
+    ports = client(tmp_path / "p", cors_origins=("http://localhost:*", "https://*.example"))
+    for page in ("http://localhost:5173", "http://localhost:3000", "https://ui.example"):
+        preflight = ports.options("/v1/chat/completions", headers={**PREFLIGHT, "Origin": page})
+        assert preflight.headers["access-control-allow-origin"] == page, page
+    for page in ("http://localhost", "http://localhost.evil.example:3000", "https://example",
+                 "https://a.example.evil"):
+        assert ports.get("/api/tags", headers={"Origin": page}).status_code == 403, page
+    assert Settings(cors_origins=("HTTP://LocalHost:*", "http://[::1]:80")).cors_origins == (
+        "http://localhost:*", "http://[::1]")
+    for bad in ("http://localhost:70000", "http://a:*/x", "*://a"):
+        with pytest.raises(ValueError, match="not an origin"):
+            Settings(cors_origins=(bad,))
+
+
+def test_ollamas_health_check_is_answered(tmp_path):
+    c = client(tmp_path)
+    r = c.get("/")
+    assert r.status_code == 200 and r.text == "Ollama is running"
+    assert c.head("/").status_code == 200
+
+
 def test_error_dialects_and_a_routers_route(tmp_path):
     c = client(tmp_path)
     router = APIRouter()

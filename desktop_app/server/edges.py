@@ -1,11 +1,14 @@
 """What the local API answers at its edges: browsers (CORS), routes it does not serve, and the
 error dialect of Ollama's routes.
 
-- **CORS.** Web pages of the origins in the setting `cors_origins` (none by default) may call
-  the API from a browser: their preflights are answered, their responses carry the headers. Any
-  other origin gets no CORS header, so the browser keeps the response from the page. "*" (any
-  page) is refused when an API key is set: every page the user opens could then spend the key's
-  access. Preflights are answered before the API key is checked, as browsers send them bare.
+- **CORS.** Web pages of the origins in the setting `cors_origins` (none by default; a "*"
+  stands for any host or any port: `http://localhost:*`) may call the API from a browser: their
+  preflights are answered, their responses carry the headers. So may desktop apps' own pages,
+  as Ollama lets them and its plugins expect (`APP_ORIGINS`: Obsidian's app://obsidian.md, VS
+  Code's webviews, Tauri apps), which are not web sites. Any other origin gets no CORS header,
+  so the browser keeps the response from the page. "*" (any page) is refused when an API key is
+  set: every page the user opens could then spend the key's access. Preflights are answered
+  before the API key is checked, as browsers send them bare.
 - **Pages the user did not allow.** A browser sends some requests across sites without asking
   first (a form's POST), and a page can rebind its own name to 127.0.0.1. So a request that
   says it comes from a page (`Origin`) not in `cors_origins` is refused (403), whatever its
@@ -40,6 +43,19 @@ from . import schemas as s
 from .api import _json
 
 OLLAMA_PREFIX = "/api/"
+# The schemes of desktop apps' own pages (Electron's app://, Tauri's, VS Code's webviews and
+# files), allowed as Ollama allows them by default: Obsidian's and editors' plugins call from
+# them. A web site's page is never of these.
+APP_ORIGINS = ("app://*", "file://*", "tauri://*", "vscode-webview://*", "vscode-file://*")
+
+
+def allowed_origins(origins: tuple[str, ...]) -> re.Pattern:
+    """The origins a page may call from: `origins` (`cors_origins`, each "*" in one standing
+    for a host or a port) and the apps' (APP_ORIGINS); "*" alone, any."""
+    if "*" in origins:
+        return re.compile(r".*")
+    return re.compile("|".join(re.escape(o).replace(r"\*", "[^/:]*")
+                               for o in (*origins, *APP_ORIGINS)))
 
 
 def install(api: FastAPI, *, origins: tuple[str, ...], api_key: str | None) -> None:
@@ -62,12 +78,13 @@ def install(api: FastAPI, *, origins: tuple[str, ...], api_key: str | None) -> N
     # whenever a route is added: no route raises these, only the router when none matches.
     api.add_exception_handler(404, unknown)
     api.add_exception_handler(405, unknown)
-    api.add_middleware(PageGuard, origins=origins, api_key=api_key)
+    pages = allowed_origins(origins)
+    api.add_middleware(PageGuard, pages=pages, api_key=api_key)
     api.add_middleware(OllamaErrors)  # outside the guard: its refusals in Ollama's shape too
-    if origins:  # added last: outermost, so preflights are answered before the key is checked
-        api.add_middleware(CORSMiddleware, allow_origins=list(origins),
-                           allow_methods=["GET", "POST", "DELETE"], allow_headers=["*"],
-                           allow_credentials=False, max_age=600)
+    # Added last: outermost, so preflights are answered before the key is checked.
+    api.add_middleware(CORSMiddleware, allow_origins=["*"] if "*" in origins else [],
+                       allow_origin_regex=pages.pattern, allow_methods=["GET", "POST", "DELETE"],
+                       allow_headers=["*"], allow_credentials=False, max_age=600)
 
 
 _SURROGATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
@@ -134,15 +151,15 @@ def _lone_surrogate(body: bytes) -> str | None:
 class PageGuard:
     """Refuses a web page's request it was not allowed to make (the module's docstring)."""
 
-    def __init__(self, app, origins: tuple[str, ...], api_key: str | None):
-        self.app, self.origins, self.api_key = app, tuple(origins), api_key
+    def __init__(self, app, pages: re.Pattern, api_key: str | None):
+        self.app, self.pages, self.api_key = app, pages, api_key
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http":
             headers = Headers(scope=scope)
             origin, host = headers.get("origin"), headers.get("host")
             why = None
-            if origin is not None and origin not in self.origins and "*" not in self.origins \
+            if origin is not None and not self.pages.fullmatch(origin) \
                     and not _same_origin(origin, host):
                 why = (f"requests from the web page {origin} are not allowed: list it in the "
                        "setting cors_origins to let it use kvdesk")

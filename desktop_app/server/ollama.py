@@ -1,6 +1,7 @@
 """Ollama's API on the local server, for the tools that speak only it: the `ollama` Python and
 JS clients, Open WebUI's Ollama mode, editor and notes plugins.
 
+    GET  /                                    "Ollama is running" (tools' health check)
     GET  /api/version, /api/tags, /api/ps     the server; the model it serves (and its context)
     POST /api/show                            that model: details, parameters in effect,
                                               capabilities
@@ -28,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fastapi import FastAPI, Request
+from fastapi.responses import PlainTextResponse
 
 from .. import __version__
 from ..app import App
@@ -68,6 +70,11 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
                 "families": [arch] if arch else None,
                 "parameter_size": _parameters(facts.parameters if facts else None),
                 "quantization_level": (facts.quantization if facts else None) or ""}
+
+    @api.api_route("/", methods=["GET", "HEAD"], response_class=PlainTextResponse)
+    async def running():
+        """Ollama's health check: tools test for this answer before they call the API."""
+        return "Ollama is running"
 
     @api.get("/api/version")
     async def version():
