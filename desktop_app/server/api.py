@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import hmac
 import json
-import logging
 import os
 import shutil
 import tempfile
@@ -34,35 +33,26 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 
 from .. import __version__
 from ..app import App
-from ..errors import ContextFullError, MissingError, is_user_error
 from ..options import GenerationOptions, RestoreOptions
 from ..results import Progress
-from ..validation import InvalidValue, first_problem, parse
+from ..validation import first_problem, parse
 from . import bridge, embeddings
 from . import schemas as s
+from .failures import ApiError, error_of, json_response
 from .served import Served
 
-log = logging.getLogger("kvdesk.server")
 MAX_BODY = 16 << 20  # a prompt of millions of characters; uploads have their own limit
 MAX_UPLOAD = 210 << 20  # a document (documents.MAX_FILE_BYTES) and its form's framing
 PING_S = 1.0  # streamed responses stay alive, and a client's stop is noticed within this
 # A stream cut by the server's shutdown: the time its answer has to stop (within a token) and
 # send its last event, within uvicorn's graceful shutdown (10 s).
 SHUTDOWN_GRACE_S = 5.0
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error",
-                 code: str | None = None, param: str | None = None):
-        super().__init__(message)
-        self.status, self.body = status, s.error(message, kind, code, param)
 
 
 class BodyLimit:
@@ -80,7 +70,7 @@ class BodyLimit:
         limit = MAX_UPLOAD if upload else MAX_BODY
         size = dict(scope["headers"]).get(b"content-length")
         if size is not None and (not size.isdigit() or int(size) > limit):
-            return await _json(413, _too_large(limit))(scope, receive, send)
+            return await json_response(413, _too_large(limit))(scope, receive, send)
         seen = 0
 
         async def counted():
@@ -128,7 +118,7 @@ class KeyGuard:
             # (the scheme's name is case-insensitive: RFC 9110)
             if scheme.lower() != "bearer" or not hmac.compare_digest(
                     given.strip().encode(), self.api_key.encode()):
-                return await _json(401, s.error(
+                return await json_response(401, s.error(
                     "a valid API key is needed: Authorization: Bearer KEY",
                     "invalid_request_error", "invalid_api_key"))(scope, receive, send)
         return await self.app(scope, receive, send)
@@ -161,35 +151,35 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
         first = e.errors()[0]
         if first["type"] == "json_invalid":  # its loc ends with a character offset, no field
             why = first.get("ctx", {}).get("error", first["msg"])
-            return _json(400, s.error(f"the body is not valid JSON: {why} (at character "
+            return json_response(400, s.error(f"the body is not valid JSON: {why} (at character "
                                       f"{first['loc'][-1]})"))
         error = first_problem([{**x, "loc": [p for p in x["loc"] if p != "body"]}
                                for x in e.errors()])
         where = ".".join(str(p) for p in error["loc"]) or "body"
-        return _json(400, s.error(f"{where}: {error['msg']}", param=where))
+        return json_response(400, s.error(f"{where}: {error['msg']}", param=where))
 
     @api.exception_handler(HTTPException)
     async def http_error(request: Request, e: HTTPException):
         message = ("the body is not valid JSON in UTF-8"
                    if e.detail == "There was an error parsing the body" else str(e.detail))
         code = "request_too_large" if e.status_code == 413 else None
-        return _json(e.status_code, s.error(message, code=code))
+        return json_response(e.status_code, s.error(message, code=code))
 
     @api.exception_handler(ApiError)
     async def api_error(request: Request, e: ApiError):
-        return _json(e.status, e.body)
+        return json_response(e.status, e.body)
 
     @api.exception_handler(ValueError)
     async def refused(request: Request, e: ValueError):
         # Bad values and the engine's refusals (InvalidValue, EngineError...) get a handler of
         # their own: the catch-all below answers too, but Starlette then re-raises, and the
         # client's kept-alive connection is dropped under its next request.
-        return _json(*_error_of(e))
+        return json_response(*error_of(e))
 
     @api.exception_handler(Exception)
     async def failure(request: Request, e: Exception):
-        status, body = _error_of(e)
-        return _json(status, body)
+        status, body = error_of(e)
+        return json_response(status, body)
 
     # -- OpenAI --------------------------------------------------------------------------------
 
@@ -234,7 +224,7 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
                 if kind == "event":
                     yield _data(s.chunk(cid=cid, model=body.model, delta={"content": item}))
                 elif kind == "error":
-                    yield _data(_error_of(item)[1])
+                    yield _data(error_of(item)[1])
                 else:
                     yield _data(s.chunk(cid=cid, model=body.model, delta={},
                                         finish_reason=item.finish_reason,
@@ -340,7 +330,7 @@ async def _respond(request: Request, stopping: bridge.Stopping,
     async def events():
         async for kind, item in reports:
             if kind == "error":
-                yield _data(_error_of(item)[1])
+                yield _data(error_of(item)[1])
             elif kind == "done":
                 yield _data({"result": item.as_dict()})
             elif isinstance(item, Progress):
@@ -424,27 +414,3 @@ def _levels(value) -> list[str] | None:
 
 def _data(obj: dict) -> dict:
     return {"data": json.dumps(obj)}
-
-
-def _json(status: int, body: dict) -> JSONResponse:
-    return JSONResponse(body, status_code=status)
-
-
-def _error_of(e: BaseException) -> tuple[int, dict]:
-    """(status, OpenAI error body) of an exception; a bug's traceback goes to the log only."""
-    if isinstance(e, ApiError):
-        return e.status, e.body
-    if isinstance(e, MissingError):
-        return 404, s.error(str(e), code="not_found", param=e.field)
-    if isinstance(e, ContextFullError):  # OpenAI's code: clients trim their history on it
-        return 400, s.error(str(e), code="context_length_exceeded", param=e.field)
-    if isinstance(e, InvalidValue):
-        return 400, s.error(str(e), param=e.key)
-    if isinstance(e, UnicodeEncodeError):  # (a body TextCheck could not read as JSON text)
-        return 400, s.error("the request's text holds half of a UTF-16 surrogate pair, "
-                            "which is not Unicode")
-    if is_user_error(e):
-        return 400, s.error(str(e))
-    log.error("request failed", exc_info=e)
-    return 500, s.error(f"internal error ({type(e).__name__}); the server's log has the details",
-                        "server_error")

@@ -40,7 +40,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from ..errors import EngineError
 from . import schemas as s
-from .api import _json
+from .failures import json_response
 
 OLLAMA_PREFIX = "/api/"
 # The schemes of desktop apps' own pages (Electron's app://, Tauri's, VS Code's webviews and
@@ -67,12 +67,12 @@ def install(api: FastAPI, *, origins: tuple[str, ...], api_key: str | None) -> N
     async def unknown(request: Request, e: HTTPException):
         route = f"{request.method} {request.url.path}"
         if e.status_code == 405:  # the router says which methods the path takes
-            return _json(405, s.error(f"{route}: this route takes "
-                                      f"{(e.headers or {}).get('Allow', '')}",
-                                      code="method_not_allowed"))
-        return _json(404, s.error(f"{route}: not served by kvdesk (OpenAI's routes are under "
-                                  "/v1, Ollama's under /api; README lists them)",
-                                  code="unknown_route"))
+            return json_response(405, s.error(f"{route}: this route takes "
+                                              f"{(e.headers or {}).get('Allow', '')}",
+                                              code="method_not_allowed"))
+        return json_response(404, s.error(f"{route}: not served by kvdesk (OpenAI's routes are "
+                                          "under /v1, Ollama's under /api; README lists them)",
+                                          code="unknown_route"))
 
     # By status, so they take precedence over the API's handler of HTTP errors in general,
     # whenever a route is added: no route raises these, only the router when none matches.
@@ -108,7 +108,7 @@ class TextCheck:
             try:
                 message = await receive()
             except HTTPException as e:  # the body limit's 413, raised as the body is read
-                return await _json(e.status_code, s.error(
+                return await json_response(e.status_code, s.error(
                     e.detail, code="request_too_large" if e.status_code == 413 else None)
                 )(scope, receive, send)
             messages.append(message)
@@ -116,7 +116,7 @@ class TextCheck:
             if message["type"] != "http.request" or not message.get("more_body"):
                 break
         if _SURROGATE.search(body) and (where := _lone_surrogate(bytes(body))):
-            return await _json(400, s.error(f"{where}: the text holds half of a UTF-16 "
+            return await json_response(400, s.error(f"{where}: the text holds half of a UTF-16 "
                                             "surrogate pair, which is not Unicode", param=where)
                                )(scope, receive, send)
         replay = iter(messages)
@@ -167,7 +167,8 @@ class PageGuard:
                 why = (f"requests addressed to {host} are not answered: without an API key "
                        "kvdesk answers only requests to this machine (localhost, 127.0.0.1)")
             if why:
-                return await _json(403, s.error(why, code="forbidden"))(scope, receive, send)
+                refused = json_response(403, s.error(why, code="forbidden"))
+                return await refused(scope, receive, send)
         return await self.app(scope, receive, send)
 
 

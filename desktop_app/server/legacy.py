@@ -29,7 +29,8 @@ from ..results import Completion
 from ..validation import InvalidValue
 from . import bridge, streams
 from . import schemas as s
-from .api import PING_S, ApiError, _data, _error_of
+from .api import PING_S, _data
+from .failures import ApiError, error_of
 from .served import Served
 
 
@@ -104,7 +105,7 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
             request, stopping, lambda emit, cancel: app.engine.complete(
                 prompt, cancel=cancel, on_token=emit, on_start=lambda: emit(bridge.READY),
                 **options),
-            piece=lambda text: shaped(text, None), done=last, error=lambda e: _error_of(e)[1])
+            piece=lambda text: shaped(text, None), done=last, error=lambda e: error_of(e)[1])
 
         async def events():
             async for obj in objects:

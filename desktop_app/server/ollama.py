@@ -34,10 +34,11 @@ from fastapi.responses import PlainTextResponse
 from .. import __version__
 from ..app import App
 from ..chat.completions import RawPrompt
+from ..errors import Cancelled
 from ..results import Completion
 from . import bridge, embeddings, streams
 from . import ollama_shapes as sh
-from .api import ApiError, _error_of
+from .failures import ApiError, error_of
 from .served import Served
 
 # The Ollama release whose API this subset follows: clients that gate features on the
@@ -142,13 +143,23 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
         started, model = time.perf_counter(), body.model
         if not body.stream:
             done = await bridge.call(request, stopping, lambda cancel: call(cancel=cancel))
+            if done.finish_reason == "cancelled":
+                raise Cancelled("the answer was cut short")
             return {**piece(model, done.text, done=True), **sh.final(done, started)}
+
+        def last(d: Completion) -> list[dict]:
+            # Ollama has no done_reason for an answer cut short: an error line, so that a
+            # client does not keep it as a finished answer.
+            if d.finish_reason == "cancelled":
+                return [sh.error(error_of(Cancelled("the answer was cut short"))[1]["error"]
+                                 ["message"])]
+            return [{**piece(model, "", done=True), **sh.final(d, started)}]
+
         return streams.ndjson(await streams.objects(
             request, stopping, lambda emit, cancel: call(
                 cancel=cancel, on_token=emit, on_start=lambda: emit(bridge.READY)),
-            piece=lambda text: piece(model, text),
-            done=lambda d: [{**piece(model, "", done=True), **sh.final(d, started)}],
-            error=lambda e: sh.error(_error_of(e)[1]["error"]["message"])))
+            piece=lambda text: piece(model, text), done=last,
+            error=lambda e: sh.error(error_of(e)[1]["error"]["message"])))
 
     def refuse(status: int, message: str, code: str | None, param: str | None):
         raise ApiError(status, message, code=code, param=param)

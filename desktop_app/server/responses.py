@@ -37,7 +37,8 @@ from ..results import Completion
 from ..validation import InvalidValue, parse
 from . import bridge, streams
 from . import schemas as s
-from .api import PING_S, ApiError, _error_of
+from .api import PING_S
+from .failures import ApiError, error_of
 from .served import Served
 
 KEEP = 2000  # stored responses; the oldest beyond are forgotten
@@ -181,7 +182,7 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
                 piece=lambda text: {"type": "response.output_text.delta", **at,
                                     "content_index": 0, "delta": text, "logprobs": []},
                 done=closing,
-                error=lambda e: {**_error_of(_in_input(e))[1]["error"], "type": "error"})
+                error=lambda e: {**error_of(_in_input(e))[1]["error"], "type": "error"})
         except ContextFullError as e:  # refused before it began: the status says so
             raise _in_input(e) from None
 

@@ -1,0 +1,54 @@
+"""What a failed request answers: the API's error, and the status and body an exception
+becomes (OpenAI's error JSON; `edges` reshapes it for Ollama's routes).
+
+A user's mistake (a bad field, a missing document, a full context) is a 4xx naming it; a
+request stopped before its answer (the server stopping, the client gone) is a 503 that says
+so; anything else is a bug: a 500 whose traceback goes to the server's log, never to the
+client. It never decides what is refused: the routes and the engine do.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi.responses import JSONResponse
+
+from ..errors import Cancelled, ContextFullError, MissingError, is_user_error
+from ..validation import InvalidValue
+from . import schemas as s
+
+log = logging.getLogger("kvdesk.server")
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error",
+                 code: str | None = None, param: str | None = None):
+        super().__init__(message)
+        self.status, self.body = status, s.error(message, kind, code, param)
+
+
+def json_response(status: int, body: dict) -> JSONResponse:
+    return JSONResponse(body, status_code=status)
+
+
+def error_of(e: BaseException) -> tuple[int, dict]:
+    """(status, OpenAI error body) of an exception; a bug's traceback goes to the log only."""
+    if isinstance(e, ApiError):
+        return e.status, e.body
+    if isinstance(e, MissingError):
+        return 404, s.error(str(e), code="not_found", param=e.field)
+    if isinstance(e, ContextFullError):  # OpenAI's code: clients trim their history on it
+        return 400, s.error(str(e), code="context_length_exceeded", param=e.field)
+    if isinstance(e, InvalidValue):
+        return 400, s.error(str(e), param=e.key)
+    if isinstance(e, Cancelled):  # not the client's mistake: asking again may answer
+        return 503, s.error(f"{e}: the request was stopped before it was answered (the server "
+                            "is stopping)", "server_error", code="cancelled")
+    if isinstance(e, UnicodeEncodeError):  # (a body TextCheck could not read as JSON text)
+        return 400, s.error("the request's text holds half of a UTF-16 surrogate pair, "
+                            "which is not Unicode")
+    if is_user_error(e):
+        return 400, s.error(str(e))
+    log.error("request failed", exc_info=e)
+    return 500, s.error(f"internal error ({type(e).__name__}); the server's log has the details",
+                        "server_error")
