@@ -43,6 +43,15 @@ class Exact(pydantic.BaseModel):
         return value
 
 
+def null_is_default(*fields: str):
+    """A model's validator giving `fields` their defaults when a client sends them as null,
+    as some write every field they leave out (`_nulls = null_is_default("stream")`)."""
+    def default(cls, value: Any, info: pydantic.ValidationInfo) -> Any:
+        field = cls.model_fields[info.field_name]
+        return field.get_default(call_default_factory=True) if value is None else value
+    return pydantic.field_validator(*fields, mode="before")(classmethod(default))
+
+
 class UserValues(Exact):
     """A model of user values: STRICT, and `Exact`."""
 

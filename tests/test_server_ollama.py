@@ -216,6 +216,22 @@ def test_ollamas_embeddings_are_the_vectors_retrieval_uses(client, served):
     assert np.allclose(one.embedding, got[0], atol=1e-6)
     cut = client.embed(model="default", input=texts[0], dimensions=64)
     assert len(cut.embeddings[0]) == 64
+    # No input: Ollama's request to load the model, answered with no vectors.
+    for body in ({"model": "default"}, {"model": "default", "input": ""}):
+        r = httpx.post(f"{served.url}/api/embed", json=body, trust_env=False, timeout=60)
+        assert r.status_code == 200 and r.json()["embeddings"] == [], r.text
+
+
+def test_a_null_is_a_field_left_out(served):
+    r = httpx.post(f"{served.url}/api/chat", trust_env=False, timeout=120, json={
+        "model": "default", "options": None, "stream": None,
+        "messages": [{"role": "user", "content": "Hi."}]})
+    lines = [json.loads(line) for line in r.text.splitlines()]
+    assert r.status_code == 200 and len(lines) > 1 and lines[-1]["done"] is True, r.text
+    r = httpx.post(f"{served.url}/v1/chat/completions", trust_env=False, timeout=120, json={
+        "model": "default", "n": None, "stream": None, "max_tokens": 4,
+        "messages": [{"role": "user", "content": "Hi."}]})
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"], r.text
 
 
 def test_one_prompt_cache_with_openais_chat_completions_across_a_restart(tmp_path):

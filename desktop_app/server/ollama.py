@@ -180,6 +180,9 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
     @api.post("/api/embed")
     async def embed(body: sh.EmbedRequest, request: Request):
         started = time.perf_counter()
+        if body.input in ("", []):  # Ollama's request to load the model: no vectors
+            await check_embedding_model(body.model)
+            return {"model": body.model, "embeddings": []}
         found, tokens = await vectors(request, body, body.input)
         return {"model": body.model, "embeddings": found.tolist(),
                 "total_duration": sh.nanoseconds(time.perf_counter() - started),

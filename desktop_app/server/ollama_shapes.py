@@ -27,7 +27,7 @@ import pydantic
 from ..errors import EngineError
 from ..options import GenerationOptions
 from ..results import Completion
-from ..validation import InvalidValue, parse
+from ..validation import InvalidValue, null_is_default, parse
 from . import schemas as s
 
 # Ollama's names of kvdesk's generation options.
@@ -68,6 +68,7 @@ class _Request(pydantic.BaseModel):
     format: str | dict | None = None
     keep_alive: str | float | None = None  # accepted: kvdesk keeps the model while serving
     think: bool | str | None = None
+    _nulls = null_is_default("stream", "options")
     # kvdesk's own field, as on OpenAI's routes: documents to answer from, how to restore.
     kvdesk: s.KvdeskOptions = pydantic.Field(default_factory=s.KvdeskOptions)
 

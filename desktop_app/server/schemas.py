@@ -20,7 +20,7 @@ from pydantic import Field
 
 from ..options import GenerationOptions, RestoreOptions
 from ..results import Completion
-from ..validation import Exact, InvalidValue, parse
+from ..validation import Exact, InvalidValue, null_is_default, parse
 
 MAX_STOP = 4  # as OpenAI
 
@@ -114,6 +114,7 @@ class Sampled(Exact):
     stop: str | list[str] | None = None
     n: int = 1
     logprobs: bool | int | None = None
+    _nulls = null_is_default("stream", "n")
 
     def check_supported(self) -> None:
         extra = self.model_extra or {}
