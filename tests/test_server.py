@@ -147,6 +147,10 @@ def test_kvdesk_ask_uses_the_running_server(served, data_dir, tmp_path):
     assert "answered by the kvdesk server" not in local.stderr
     assert [c["chat_id"] for c in served.client.get("/kvdesk/chats", cast_to=object)] \
         == [result["chat_id"]]
+    # A reopen with nothing to say needs no body.
+    reopened = httpx.post(f"{served.url}/v1/kvdesk/chats/{result['chat_id']}/reopen",
+                          trust_env=False, timeout=120)
+    assert reopened.status_code == 200 and reopened.json()["tokens"] > 0, reopened.text
 
 
 def test_bad_requests_get_openai_errors(served):

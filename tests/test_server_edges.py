@@ -134,6 +134,10 @@ def test_the_new_settings_and_flags_are_checked(tmp_path, capsys):
         main(["--data-dir", str(tmp_path), "serve", "--ollama-port", "70000"])
     err = capsys.readouterr().err
     assert exited.value.code == 1 and "--ollama-port" in err and "Traceback" not in err
+    with pytest.raises(SystemExit) as exited:
+        main(["--data-dir", str(tmp_path), "serve", "--port", "70000"])
+    err = capsys.readouterr().err
+    assert exited.value.code == 1 and "Error: --port: " in err and "--server-port" not in err
 
 
 def test_the_served_models_names(tmp_path):

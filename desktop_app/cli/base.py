@@ -34,12 +34,13 @@ def option_name(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
-def checked(build: Callable[..., T], **values) -> T:
-    """build(**values), its InvalidValue named as the user typed it (--budget-ms, not budget_ms)."""
+def checked(build: Callable[..., T], *, flags: dict[str, str] | None = None, **values) -> T:
+    """build(**values), its InvalidValue named as the user typed it (--budget-ms, not budget_ms;
+    `flags`: a value's option where it is not named after it, {"server_port": "--port"})."""
     try:
         return build(**values)
     except InvalidValue as e:
-        raise InvalidValue(option_name(e.key), e.reason) from None
+        raise InvalidValue((flags or {}).get(e.key) or option_name(e.key), e.reason) from None
 
 
 def values(model: type[M], **given) -> M:

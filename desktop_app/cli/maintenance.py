@@ -108,7 +108,7 @@ def gc(app: App, budget_gb: float | None, as_json: bool):
     report = app.store.gc(None if budget is None else int(budget * 1e9))
     emit(report, as_json, [f"freed {report['freed_bytes'] / 1e6:.1f} MB; "
                            f"{report['bytes_after'] / 1e6:.1f} MB of "
-                           f"{report['budget_bytes'] / 1e9:.1f} GB used"])
+                           f"{report['budget_bytes'] / 1e9:.3g} GB used"])
 
 
 @cli.command()

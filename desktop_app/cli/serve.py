@@ -28,7 +28,7 @@ def serve(app: App, host: str, port: int | None, api_key: str | None,
     from ..server import Server
 
     if port is not None:
-        checked(app.settings.with_values, server_port=port)
+        checked(app.settings.with_values, flags={"server_port": "--port"}, server_port=port)
     if ollama_port is not None:
         checked(app.settings.with_values, ollama_port=ollama_port)
     server = Server(app, host=host, port=app.settings.server_port if port is None else port,

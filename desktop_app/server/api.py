@@ -283,7 +283,8 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
         return {"deleted": "chat", "id": chat_id}
 
     @api.post("/v1/kvdesk/chats/{chat_id}/reopen")
-    async def reopen(chat_id: int, body: s.ReopenRequest, request: Request):
+    async def reopen(chat_id: int, request: Request, body: s.ReopenRequest | None = None):
+        body = body or s.ReopenRequest()  # (nothing to say: restore as the settings say)
         restore = parse(RestoreOptions, body.restore)
         return await _respond(request, stopping, lambda emit, cancel: engine().reopen(
             chat_id, restore=restore, progress=emit, cancel=cancel), body.stream)
