@@ -52,6 +52,21 @@ def test_markdown_passages_follow_headings_and_stay_under_the_limit():
     assert sum(p.tokens for p in passages) == words(text)
 
 
+def test_a_passage_that_begins_with_a_heading_is_cited_under_it():
+    # A small section joins the next one's text: the passage is still the small one's.
+    text = ("## Lexical analysis\n\n" + "Tokens are read one by one. " * 40 + "\n\n"
+            "## Vexmoor service\n\nThe Vexmoor service listens on port 7311.\n\n"
+            "## Identifiers\n\n" + "Identifiers are names of things. " * 20)
+    passages = split(text, "markdown", words, target=200, limit=400)
+    vexmoor = next(p for p in passages if "Vexmoor" in p.text)
+    assert vexmoor.text.startswith("## Vexmoor service") and "Identifiers are" in vexmoor.text
+    assert vexmoor.heading == ("Vexmoor service",)
+    # One that begins inside a section is cited under the one most of it sits under.
+    inside = split("Words before any heading. " * 3 + "\n\n" + text[text.index("## Vex"):],
+                   "markdown", words, target=200, limit=400)[0]
+    assert inside.heading == ("Identifiers",)
+
+
 def test_plain_text_takes_no_hash_line_for_a_heading_but_underlined_ones():
     text = ("Install\n=======\n\nRun the script.\n\n# copy the defaults first\n"
             "cp a b\n\n" + "More words here. " * 30)

@@ -266,9 +266,14 @@ def _pack(text: str, units: list[_Unit], count: CountFn, target: int, limit: int
             under: dict[tuple[str, ...], int] = {}
             for unit, _, _, tokens in group:
                 under[unit.heading] = under.get(unit.heading, 0) + tokens
+            # A passage that begins with a section's heading is cited under it, however much
+            # of the next section joined it; else under the one most of it sits under.
+            first, at = group[0][0], group[0][1]
+            heading = first.heading if first.opens and at == first.start and first.heading \
+                else max(under, key=under.get)
             passages.append(Passage(len(passages), text[start:end], start, end,
-                                    group[0][0].page, (lines.of(start), lines.of(end - 1)),
-                                    max(under, key=under.get), size))
+                                    first.page, (lines.of(start), lines.of(end - 1)),
+                                    heading, size))
         group, size = [], 0
 
     for unit in units:
