@@ -18,7 +18,9 @@ from typing import Any, Literal
 import pydantic
 from pydantic import Field
 
-from ..options import GenerationOptions, RestoreOptions
+from ..errors import EngineError
+from ..kv.levels import check_levels
+from ..options import AUTO, GenerationOptions, RestoreOptions
 from ..results import Completion
 from ..validation import Exact, InvalidValue, null_is_default, parse
 
@@ -72,6 +74,11 @@ class KvdeskOptions(Exact):
     bandwidth_MBps: float | None = None
 
     def restore(self) -> RestoreOptions:
+        if self.level != AUTO:
+            try:
+                check_levels([self.level], restoring=True)
+            except EngineError as e:
+                raise InvalidValue("kvdesk.level", str(e)) from None
         return parse(RestoreOptions, {"level": self.level, "budget_ms": self.budget_ms,
                                       "bandwidth_MBps": self.bandwidth_MBps},
                      names={"level": "kvdesk.level", "budget_ms": "kvdesk.budget_ms",
