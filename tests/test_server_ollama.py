@@ -193,7 +193,7 @@ def test_kvdesks_own_field_names_the_documents_as_on_openais_routes(served):
         # The document's cache came back: more of the prompt restored than the turn alone.
         assert r.json()["kvdesk"]["restored_tokens"] > 20, r.text
     for kvdesk, status, words in (({"documents": [999]}, 404, "999"),
-                                  ({"level": "finest"}, 400, "kvdesk.level: unknown level(s) finest"),
+                                  ({"level": "finest"}, 400, "kvdesk.level: unknown level"),
                                   ({"docs": [doc]}, 400, "kvdesk.docs")):
         r = httpx.post(f"{served.url}/api/chat", trust_env=False, timeout=120, json={
             "model": "default", "stream": False, "messages": asked, "kvdesk": kvdesk})
