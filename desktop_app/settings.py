@@ -165,23 +165,27 @@ class Settings(UserValues):
     @classmethod
     def _origins(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         """As browsers send them: scheme and host in lower case, no default port (an
-        extension's or an app's scheme, chrome-extension:// or app://, is an origin too); a
-        "*" may stand for the host or the port (http://localhost:*)."""
+        extension's or an app's scheme, chrome-extension:// or app://, is an origin too). A
+        "*" may stand for the port (http://localhost:*) or for the first labels of a domain
+        (https://*.example.com), never for a whole host: that is any page, "*"."""
         out = []
         for origin in value:
-            m = _ORIGIN.fullmatch(origin)
-            if origin != "*" and (not m or (m["port"] not in (None, "*")
-                                            and not 0 < int(m["port"]) < 65536)):
-                raise ValueError(f"{origin!r} is not an origin (scheme://host[:port], such "
-                                 "as http://localhost:3000, with no path; a \"*\" for the host "
-                                 "or the port), nor \"*\"")
             if origin == "*":
                 out.append(origin)
                 continue
+            m = _ORIGIN.fullmatch(origin)
+            host = m["host"] if m else ""
+            wild = host.startswith("*.") and "*" not in host[2:] and "." in host[2:]
+            if not m or ("*" in host and not wild) or (
+                    m["port"] not in (None, "*") and not 0 < int(m["port"]) < 65536):
+                raise ValueError(f"{origin!r} is not an origin (scheme://host[:port], such "
+                                 "as http://localhost:3000, with no path; a \"*\" for the port "
+                                 "or the first labels of a domain: https://*.example.com), "
+                                 "nor \"*\"")
             scheme, port = m["scheme"].lower(), m["port"]
             if port not in (None, "*"):
                 port = None if int(port) == {"http": 80, "https": 443}.get(scheme) else int(port)
-            out.append(f"{scheme}://{m['host'].lower()}" + (f":{port}" if port else ""))
+            out.append(f"{scheme}://{host.lower()}" + (f":{port}" if port else ""))
         return tuple(out)
 
     def with_overrides(self, **overrides: Any) -> Settings:

@@ -82,16 +82,19 @@ def test_desktop_apps_pages_are_let_in_as_ollama_lets_them_and_patterns_match(tm
         assert r.status_code == 200 and r.headers["access-control-allow-origin"] == app_page
     assert none.get("/api/tags", headers={"Origin": ORIGIN}).status_code == 403
     assert none.get("/api/tags", headers={"Origin": "https://app.example"}).status_code == 403
-    ports = client(tmp_path / "p", cors_origins=("http://localhost:*", "https://*.example"))
-    for page in ("http://localhost:5173", "http://localhost:3000", "https://ui.example"):
+    ports = client(tmp_path / "p", api_key="k",
+                   cors_origins=("http://localhost:*", "https://*.example.com"))
+    for page in ("http://localhost:5173", "http://localhost:3000", "https://ui.example.com"):
         preflight = ports.options("/v1/chat/completions", headers={**PREFLIGHT, "Origin": page})
         assert preflight.headers["access-control-allow-origin"] == page, page
-    for page in ("http://localhost", "http://localhost.evil.example:3000", "https://example",
-                 "https://a.example.evil"):
+    for page in ("http://localhost", "http://localhost.evil.example:3000", "https://example.com",
+                 "https://a.example.com.evil", "https://evilexample.com"):
         assert ports.get("/api/tags", headers={"Origin": page}).status_code == 403, page
     assert Settings(cors_origins=("HTTP://LocalHost:*", "http://[::1]:80")).cors_origins == (
         "http://localhost:*", "http://[::1]")
-    for bad in ("http://localhost:70000", "http://a:*/x", "*://a"):
+    # Never a whole host: that is any page, "*", which an API key refuses.
+    for bad in ("http://localhost:70000", "http://a:*/x", "*://a", "https://*", "http://*:80",
+                "http://localhost*", "https://*.com", "http://a*.example.com"):
         with pytest.raises(ValueError, match="not an origin"):
             Settings(cors_origins=(bad,))
 

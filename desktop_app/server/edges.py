@@ -2,7 +2,8 @@
 error dialect of Ollama's routes.
 
 - **CORS.** Web pages of the origins in the setting `cors_origins` (none by default; a "*"
-  stands for any host or any port: `http://localhost:*`) may call the API from a browser: their
+  stands for any port, `http://localhost:*`, or for a domain's first labels,
+  `https://*.example.com`) may call the API from a browser: their
   preflights are answered, their responses carry the headers. So may desktop apps' own pages,
   as Ollama lets them and its plugins expect (`APP_ORIGINS`: Obsidian's app://obsidian.md, VS
   Code's webviews, Tauri apps), which are not web sites. Any other origin gets no CORS header,
@@ -11,7 +12,7 @@ error dialect of Ollama's routes.
   before the API key is checked, as browsers send them bare.
 - **Pages the user did not allow.** A browser sends some requests across sites without asking
   first (a form's POST), and a page can rebind its own name to 127.0.0.1. So a request that
-  says it comes from a page (`Origin`) not in `cors_origins` is refused (403), whatever its
+  says it comes from a page (`Origin`) not allowed above is refused (403), whatever its
   method (but a page of this server's own, FastAPI's), and without an API key (the server then
   listens on this machine only) so is one addressed to any host name but this machine's
   (`Host`: localhost, a loopback address, 0.0.0.0).
@@ -43,6 +44,7 @@ from . import schemas as s
 from .failures import json_response
 
 OLLAMA_PREFIX = "/api/"
+_PARTS = re.compile(r"([^:]+)://(\[[^\]]*\]|[^:]*)(?::(.+))?")  # scheme, host, port
 # The schemes of desktop apps' own pages (Electron's app://, Tauri's, VS Code's webviews and
 # files), allowed as Ollama allows them by default: Obsidian's and editors' plugins call from
 # them. A web site's page is never of these.
@@ -50,12 +52,20 @@ APP_ORIGINS = ("app://*", "file://*", "tauri://*", "vscode-webview://*", "vscode
 
 
 def allowed_origins(origins: tuple[str, ...]) -> re.Pattern:
-    """The origins a page may call from: `origins` (`cors_origins`, each "*" in one standing
-    for a host or a port) and the apps' (APP_ORIGINS); "*" alone, any."""
+    """The origins a page may call from: `origins` (`cors_origins`, as settings checked them:
+    a "*" for the port, or for the first labels of a domain) and the apps' (APP_ORIGINS, a
+    "*" for the host); "*" alone, any."""
     if "*" in origins:
         return re.compile(r".*")
-    return re.compile("|".join(re.escape(o).replace(r"\*", "[^/:]*")
-                               for o in (*origins, *APP_ORIGINS)))
+
+    def pattern(origin: str) -> str:
+        scheme, host, port = _PARTS.fullmatch(origin).groups()
+        host = ("[^/:]*" if host == "*" else r"(?:[^/:.]+\.)+" + re.escape(host[2:])
+                if host.startswith("*.") else re.escape(host))
+        return re.escape(scheme) + "://" + host + (
+            "" if not port else r":\d+" if port == "*" else ":" + re.escape(port))
+
+    return re.compile("|".join(f"(?:{pattern(o)})" for o in (*origins, *APP_ORIGINS)))
 
 
 def install(api: FastAPI, *, origins: tuple[str, ...], api_key: str | None) -> None:
