@@ -10,6 +10,7 @@ from starlette.testclient import TestClient
 
 from desktop_app.app import App
 from desktop_app.cli import main
+from desktop_app.errors import Cancelled
 from desktop_app.server import bridge
 from desktop_app.server.api import create_api
 from desktop_app.settings import Settings
@@ -114,8 +115,16 @@ def test_error_dialects_and_a_routers_route(tmp_path):
     async def elsewhere():
         return {}
 
+    @router.post("/v1/kvdesk/stopped")
+    async def stopped():
+        raise Cancelled("restore cancelled")
+
     c.app.include_router(router)  # a route added later, through a router
     assert c.post("/v1/kvdesk/elsewhere").status_code == 200
+    # A request stopped is the server's (503), answered without the error raised again (the
+    # test client would raise it here).
+    cut = c.post("/v1/kvdesk/stopped")
+    assert cut.status_code == 503 and cut.json()["error"]["code"] == "cancelled"
     wrong = c.get("/v1/kvdesk/elsewhere").json()["error"]
     assert wrong["code"] == "method_not_allowed" and "takes POST" in wrong["message"]
     assert c.get("/api/elsewhere").json() == {

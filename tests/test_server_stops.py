@@ -152,7 +152,7 @@ def test_sigterm_stops_serve_cleanly_and_ends_the_stream_in_flight(tmp_path, rou
             proc.kill()
     if route == "/api/chat":  # Ollama has no done_reason for it: an error line, not done
         last = json.loads(events[-1])
-        assert "stopped before it was answered" in last["error"], events[-3:]
+        assert "stopped before its answer was complete" in last["error"], events[-3:]
     else:
         assert len(events) >= 3 and events[-1] == "[DONE]", events[-3:]
         last = json.loads(events[-2])

@@ -39,10 +39,11 @@ from starlette.exceptions import HTTPException
 
 from .. import __version__
 from ..app import App
+from ..errors import Cancelled
 from ..options import GenerationOptions, RestoreOptions
 from ..results import Progress
 from ..validation import first_problem, parse
-from . import bridge, embeddings
+from . import bridge, edges, embeddings
 from . import schemas as s
 from .failures import ApiError, error_of, json_response
 from .served import Served
@@ -139,8 +140,6 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
     def engine():
         return app.engine
 
-    from . import edges  # (it answers in this module's errors)
-
     api.add_middleware(edges.TextCheck)  # (added first: innermost, past the key and the limit)
     api.add_middleware(KeyGuard, api_key=api_key)
     api.add_middleware(BodyLimit)
@@ -170,10 +169,12 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
         return json_response(e.status, e.body)
 
     @api.exception_handler(ValueError)
-    async def refused(request: Request, e: ValueError):
-        # Bad values and the engine's refusals (InvalidValue, EngineError...) get a handler of
-        # their own: the catch-all below answers too, but Starlette then re-raises, and the
-        # client's kept-alive connection is dropped under its next request.
+    @api.exception_handler(Cancelled)
+    async def refused(request: Request, e: Exception):
+        # Bad values, the engine's refusals (InvalidValue, EngineError...) and a request
+        # stopped get a handler of their own: the catch-all below answers too, but Starlette
+        # then re-raises, and the client's kept-alive connection is dropped under its next
+        # request.
         return json_response(*error_of(e))
 
     @api.exception_handler(Exception)
@@ -307,7 +308,7 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
         return await _respond(request, stopping, work, body.stream)
 
     # The rest of OpenAI's surface, Ollama's API, and the edges (CORS, unknown routes, Ollama's
-    # error JSON); imported here, as they use this module's errors.
+    # error JSON); imported here, as the first three use this module's streaming framing.
     from . import legacy, ollama, responses
 
     legacy.install(api, app, stopping)

@@ -27,6 +27,11 @@ class ApiError(Exception):
         self.status, self.body = status, s.error(message, kind, code, param)
 
 
+def cut_short() -> str:
+    """What an answer stopped after it began says, where the API has no field for it."""
+    return error_of(Cancelled("the answer was cut short"))[1]["error"]["message"]
+
+
 def json_response(status: int, body: dict) -> JSONResponse:
     return JSONResponse(body, status_code=status)
 
@@ -42,8 +47,8 @@ def error_of(e: BaseException) -> tuple[int, dict]:
     if isinstance(e, InvalidValue):
         return 400, s.error(str(e), param=e.key)
     if isinstance(e, Cancelled):  # not the client's mistake: asking again may answer
-        return 503, s.error(f"{e}: the request was stopped before it was answered (the server "
-                            "is stopping)", "server_error", code="cancelled")
+        return 503, s.error(f"{e}: the request was stopped before its answer was complete",
+                            "server_error", code="cancelled")
     if isinstance(e, UnicodeEncodeError):  # (a body TextCheck could not read as JSON text)
         return 400, s.error("the request's text holds half of a UTF-16 surrogate pair, "
                             "which is not Unicode")

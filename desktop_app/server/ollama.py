@@ -38,7 +38,7 @@ from ..errors import Cancelled
 from ..results import Completion
 from . import bridge, embeddings, streams
 from . import ollama_shapes as sh
-from .failures import ApiError, error_of
+from .failures import ApiError, cut_short, error_of
 from .served import Served
 
 # The Ollama release whose API this subset follows: clients that gate features on the
@@ -151,8 +151,7 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
             # Ollama has no done_reason for an answer cut short: an error line, so that a
             # client does not keep it as a finished answer.
             if d.finish_reason == "cancelled":
-                return [sh.error(error_of(Cancelled("the answer was cut short"))[1]["error"]
-                                 ["message"])]
+                return [sh.error(cut_short())]
             return [{**piece(model, "", done=True), **sh.final(d, started)}]
 
         return streams.ndjson(await streams.objects(
