@@ -9,6 +9,7 @@ llama.cpp, Qt, the codec or the app: chunks are opaque bytes at named quality le
 """
 
 from .errors import (
+    BudgetFullError,
     CorruptChunkError,
     CorruptObjectError,
     IncompleteEntryError,
@@ -19,11 +20,13 @@ from .errors import (
     StoreError,
 )
 from .kv import BackgroundWriter, EntryWriter
+from .passages import text_hash
 from .records import CalibrationRecord, Chat, Document, Entry, Message, Model, PrefixMatch, Span
 from .remote import RemoteConfig, RemoteTier
 from .store import DEFAULT_CHUNK_SIZE, Store
 
 __all__ = [
+    "BudgetFullError",
     "DEFAULT_CHUNK_SIZE",
     "BackgroundWriter",
     "CalibrationRecord",
@@ -46,4 +49,5 @@ __all__ = [
     "Span",
     "Store",
     "StoreError",
+    "text_hash",
 ]

@@ -31,6 +31,11 @@ class IncompleteEntryError(StoreError):
     """An entry writer finished without every (chunk, level) it declared."""
 
 
+class BudgetFullError(StoreError):
+    """An entry written not to evict others (`Store.write_entry(evict=False)`) did not fit the
+    storage budget: it was removed again, and nothing else was."""
+
+
 class RemoteError(StoreError):
     """The remote tier could not serve a request (unreachable, timed out, throttled, refused)
     after its bounded retries. The message names the endpoint and the failure, never a secret."""

@@ -83,11 +83,13 @@ def create_pending(
     window_start: int | None = None,
     calibration: str | None = None,
     passage: bool = False,
+    passage_hash: str | None = None,
 ) -> int:
     """Insert an incomplete entry and its spans for `tokens` (the whole prefix); return its id.
 
     `window_start`: the entry also has a window, the positions [window_start, len(tokens)).
-    `passage`: it is the KV of a passage of `document_id`, not that document's prefix.
+    `passage`: it is the KV of a passage of `document_id`, not that document's prefix, whose
+    text has the `passage_hash` (store.passagekv).
     """
     if chunk_size <= 0 or not levels or len(set(levels)) != len(levels):
         raise ValueError("an entry needs a positive chunk size and distinct level names")
@@ -115,26 +117,12 @@ def create_pending(
     entry_id = conn.execute(
         "INSERT INTO kv_entries (model, prefix_hash, token_start, token_end, parent_id,"
         " chunk_size, levels, tokens, document_id, chat_id, last_used, created, writer_pid,"
-        " writer_host, calibration, passage)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (
-            fingerprint,
-            hashes[-1],
-            start,
-            n_tokens,
-            parent_id,
-            chunk_size,
-            json.dumps(list(levels)),
-            encoded[start * 4 :],
-            document_id,
-            chat_id,
-            now,
-            now,
-            os.getpid(),
-            socket.gethostname(),
-            calibration,
-            int(passage),
-        ),
+        " writer_host, calibration, passage, passage_hash)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (fingerprint, hashes[-1], start, n_tokens, parent_id, chunk_size,
+         json.dumps(list(levels)), encoded[start * 4 :], document_id, chat_id, now, now,
+         os.getpid(), socket.gethostname(), calibration, int(passage),
+         passage_hash if passage else None),
     ).lastrowid
     rows = [(entry_id, index, start, end, prefix_hash, 0)
             for index, ((start, end), prefix_hash) in enumerate(zip(spans, hashes, strict=True))]
@@ -354,7 +342,7 @@ class EntryWriter:
         entry_id: int,
         levels: tuple[str, ...],
         clock: Callable[[], float],
-        on_finish: Callable[[Entry], bool],
+        on_finish: Callable[[Entry], object],
     ):
         self.entry_id = entry_id
         self.levels = levels
@@ -384,15 +372,15 @@ class EntryWriter:
                 raise NotFoundError(f"KV entry {self.entry_id} was removed while being written")
             blobs.put(conn, self.entry_id, chunk_index, level, data)
 
-    def finish(self) -> Entry | None:
-        """Make the entry visible (or adopt an identical one stored meanwhile) and return it;
-        None when the store took it out again (written not to evict: `Store.write_entry`)."""
+    def finish(self) -> Entry:
+        """Make the entry visible (or adopt an identical one stored meanwhile) and return it.
+        Written not to evict (`Store.write_entry`), one that does not fit the storage budget
+        is removed again: BudgetFullError."""
         with self._db.write() as wdb:
             entry_id = complete(wdb.conn, self.entry_id, self._clock())
             self.entry = get_entry(wdb.conn, entry_id)
         self.finished = True
-        if not self._on_finish(self.entry):
-            self.entry = None
+        self._on_finish(self.entry)
         return self.entry
 
     def abort(self) -> None:

@@ -6,7 +6,8 @@ chat continued under another model is tokenized again from its text, never fed a
 model's ids. Listings aggregate in SQL (message counts, document ids per chat), so listing
 chats never loads their messages.
 
-This module never touches KV entries or chunks beyond the cascades the schema declares.
+This module never touches KV entries or chunks beyond the cascades the schema declares (and a
+passage entry shared with another document, which `passagekv.hand_over` keeps).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 import sqlite_utils
 
+from . import passagekv
 from .db import Connections
 from .errors import NotFoundError
 from .locks import ChatLocks
@@ -45,23 +47,12 @@ def delete(db: sqlite_utils.Database, table: str, row_id: int, what: str) -> Non
     # -> spans -> chunks; chats -> messages -> their tokens; either -> chat_documents.
     try:
         if table == "documents":
-            _hand_over_passage_kv(db, row_id)
+            passagekv.hand_over(db, row_id)
         deleted = db.execute(f"DELETE FROM {table} WHERE id = ?", (row_id,)).rowcount
     except OverflowError:
         deleted = 0
     if not deleted:
         raise NotFoundError(f"no {what} {row_id}")
-
-
-def _hand_over_passage_kv(db: sqlite_utils.Database, document_id: int) -> None:
-    """A passage's KV is one entry whichever document holds its text (`passage_hash`), owned
-    by the document that stored it: deleting that one hands the entry to another document
-    holding the same text instead of deleting it with the document."""
-    db.execute(
-        "UPDATE kv_entries SET document_id = (SELECT min(p.document_id) FROM passages p"
-        " WHERE p.content_hash = kv_entries.passage_hash AND p.document_id != :doc)"
-        " WHERE document_id = :doc AND passage AND passage_hash IN"
-        " (SELECT content_hash FROM passages WHERE document_id != :doc)", {"doc": document_id})
 
 
 # -- documents ----------------------------------------------------------------------------------

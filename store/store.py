@@ -18,7 +18,7 @@ from typing import Any
 
 from . import blobs, calibrations, integrity, kv, library, quota
 from .db import Connections, prepare_data_dir
-from .errors import CorruptChunkError, DataDirError, NotFoundError
+from .errors import BudgetFullError, CorruptChunkError, DataDirError, NotFoundError
 from .library import LibraryStore
 from .locks import ChatLocks
 from .passagekv import PassageKVStore
@@ -135,6 +135,7 @@ class Store(LibraryStore, PassageStore, PassageKVStore):
         window_start: int | None = None,
         calibration: str | None = None,
         passage: bool = False,
+        passage_hash: str | None = None,
         evict: bool = True,
     ) -> kv.EntryWriter:
         """Start writing the KV entry for `tokens` (the whole prefix, parent's tokens included).
@@ -145,10 +146,11 @@ class Store(LibraryStore, PassageStore, PassageKVStore):
         window part at every level, then leave the `with` block (or call finish()). Deleting
         its document or chat deletes the entry. `calibration`: the id of the stored codec
         calibration its chunks need (put_calibration), if any. `passage`: the KV of a passage
-        of `document_id` (never taken for the document's own entry). A finished entry that
+        of `document_id` (never taken for the document's own entry), whose text has the
+        `passage_hash` (`text_hash`: what its document's count finds it by). A finished entry that
         takes the store past its storage budget evicts the least recently used others; with
-        `evict=False` it is removed itself instead (`finish` returns None): work done ahead of
-        need never pushes out what was used.
+        `evict=False` it is removed itself instead (`finish` raises BudgetFullError): work done
+        ahead of need never pushes out what was used.
         """
         levels = tuple(levels)
         with self._db.write() as db:
@@ -165,6 +167,7 @@ class Store(LibraryStore, PassageStore, PassageKVStore):
                 window_start=window_start,
                 calibration=calibration,
                 passage=passage,
+                passage_hash=passage_hash,
             )
         return kv.EntryWriter(self._db, entry_id, levels, self._clock,
                               self._enforce_budget if evict else
@@ -397,21 +400,21 @@ class Store(LibraryStore, PassageStore, PassageKVStore):
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _enforce_budget(self, entry: Entry) -> bool:
+    def _enforce_budget(self, entry: Entry) -> None:
         if self.usage_bytes() > self.budget_bytes:
             self.gc()
-        return True
 
-    def _fits(self, entry: Entry, written: int) -> bool:
-        """Whether entry `written`, just finished, fits the budget; if not, it is removed. An
-        identical entry another writer stored first (adopted in its place) stays: this write
-        added nothing."""
+    def _fits(self, entry: Entry, written: int) -> None:
+        """Entry `written`, just finished, removed again if it does not fit the budget
+        (BudgetFullError). An identical entry another writer stored first (adopted in its
+        place) stays: this write added nothing."""
         if entry.id != written or self.usage_bytes() <= self.budget_bytes:
-            return True
+            return
         with self._db.write() as db:
             db.execute("DELETE FROM kv_entries WHERE id = ?", (written,))
         self._reclaim()
-        return False
+        raise BudgetFullError(f"{self.usage_bytes() + entry.nbytes:,} bytes would not fit the "
+                              f"storage budget of {self.budget_bytes:,}")
 
     def _delete(self, table: str, row_id: int, what: str) -> None:
         with self._db.write() as db:

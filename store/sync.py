@@ -209,7 +209,8 @@ class LocalCopy:
     """
 
     def __init__(self, store: Store, manifest: Manifest, levels: Iterable[str] | None = None,
-                 *, document_id: int | None = None, evict: bool = True):
+                 *, document_id: int | None = None, passage_hash: str | None = None,
+                 evict: bool = True):
         self.manifest = manifest
         self.levels = tuple(levels or manifest.levels)
         if not set(self.levels) <= set(manifest.levels):
@@ -223,7 +224,8 @@ class LocalCopy:
                                          document_id=self.document_id,
                                          window_start=manifest.window_start,
                                          calibration=manifest.calibration,
-                                         passage=manifest.passage, evict=evict)
+                                         passage=manifest.passage,
+                                         passage_hash=passage_hash, evict=evict)
         self.spans = self._writer.spans
         self.windows = self._writer.windows
         self._lock = threading.Lock()
@@ -244,8 +246,7 @@ class LocalCopy:
             return [(span.chunk_index, level) for span in self.spans + self.windows
                     for level in self.levels if (span.chunk_index, level) not in self._have]
 
-    def finish(self) -> Entry | None:
-        """The local entry (None: copied not to evict, it did not fit the storage budget)."""
+    def finish(self) -> Entry:
         try:
             self._close(raise_failure=True)
             return self._writer.finish()
@@ -264,7 +265,7 @@ class LocalCopy:
 
 
 def complete(tier: RemoteTier, copy: LocalCopy, *,
-             progress: ProgressFn | None = None) -> tuple[Entry | None, int]:
+             progress: ProgressFn | None = None) -> tuple[Entry, int]:
     """Fetch every chunk the copy lacks, in parallel, and finish it; abort it on any failure.
 
     Returns the local entry and the bytes fetched here.
@@ -290,12 +291,15 @@ def complete(tier: RemoteTier, copy: LocalCopy, *,
 
 def pull(store: Store, tier: RemoteTier, manifest: Manifest, *,
          levels: Iterable[str] | None = None, document_id: int | None = None,
-         progress: ProgressFn | None = None, evict: bool = True) -> Entry | None:
+         passage_hash: str | None = None, progress: ProgressFn | None = None,
+         evict: bool = True) -> Entry:
     """Copy a remote entry (at `levels`, default all of its levels) into the local store,
-    with the calibration its chunks need. Not to `evict` other KV, a copy that does not fit
-    the storage budget is dropped (None)."""
+    with the calibration its chunks need (a passage's: of `document_id`, named by the local
+    text's `passage_hash`). Not to `evict` other KV, a copy that does not fit the storage
+    budget is dropped (BudgetFullError)."""
     fetch_calibration(store, tier, manifest)
-    copy = LocalCopy(store, manifest, levels, document_id=document_id, evict=evict)
+    copy = LocalCopy(store, manifest, levels, document_id=document_id,
+                     passage_hash=passage_hash, evict=evict)
     return complete(tier, copy, progress=progress)[0]
 
 

@@ -21,7 +21,7 @@ from desktop_app.model.kvstate import in_position_order
 from desktop_app.model.prompts import passage_layout, passage_prefix
 from desktop_app.model.runtime import Runtime
 from desktop_app.options import GenerationOptions, RestoreOptions
-from store import Store, sync
+from store import BudgetFullError, Store, sync
 
 PASSAGES = [
     "The ferry to Cape Morrow leaves at 07:15 and 16:40 on weekdays. On Saturdays it sails "
@@ -467,6 +467,23 @@ def test_the_background_pass_stops_at_the_storage_budget(make_engine):
     assert eng.passage_fill.idle.wait(300)
     assert len(calls) == 1  # the first one did not stay: no more are computed
     assert not passage_entries(eng)
+
+
+def test_a_passage_pulled_that_does_not_fit_is_not_computed_either(make_engine):
+    eng = make_engine(fill_passages=False)
+    kv = eng.passage_fill.kv
+
+    def no_room(*args, **kwargs):
+        raise BudgetFullError("the shared cache's copy did not fit")
+
+    kv.sharing.pull_passage = no_room
+    prefills = []
+    rt = eng.runtime
+    prefill = rt.prefill
+    rt.prefill = lambda *a, **kw: prefills.append(1) or prefill(*a, **kw)
+    with pytest.raises(BudgetFullError):
+        kv.ensure(rt, [(eng.doc, PASSAGES[0])], evict=False)
+    assert not prefills and not passage_entries(eng)
 
 
 def test_a_document_deleted_during_its_background_pass_ends_it_quietly(make_engine, caplog):

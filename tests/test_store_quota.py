@@ -9,6 +9,7 @@ import sys
 import pytest
 from test_store_helpers import FP, open_store
 
+from store import BudgetFullError
 from store.quota import ABANDON_AFTER_S
 
 
@@ -86,7 +87,8 @@ def test_finishing_an_entry_enforces_the_stored_budget(store, clock):
 def test_an_entry_written_not_to_evict_is_dropped_itself_when_it_does_not_fit(store, clock):
     store.budget_bytes = 2500
     kept = [raw_entry(store, clock, range(0, 100)), raw_entry(store, clock, range(100, 200))]
-    assert raw_entry(store, clock, range(200, 300), evict=False) is None
+    with pytest.raises(BudgetFullError):
+        raw_entry(store, clock, range(200, 300), evict=False)
     assert [e.id for e in store.entries()] == [e.id for e in kept]
     assert store.usage_bytes() == 2000
     # It fits: kept. An identical entry adopted in its place stays whatever the budget.

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from store import Store
+from store import BudgetFullError, Store
 
 from ..kv.contexts import ATTACH, Contexts
 from ..kv.passagekv import PassageKV
@@ -59,13 +59,13 @@ class PassageFill(Background):
                 full = self.store.usage_bytes() >= self.store.budget_bytes
                 try:
                     if not full:
-                        ready = self.kv.ensure(rt, [(doc_id, passage.text)], cancel=self.cancel,
-                                               evict=False)
-                        # Taken out again as soon as stored: it did not fit beside the rest.
-                        full = bool(ready.computed) and ready.entries[0] is None
+                        self.kv.ensure(rt, [(doc_id, passage.text)], cancel=self.cancel,
+                                       evict=False)
+                except BudgetFullError:  # taken out again as soon as stored: it did not fit
+                    full = True
                 except Exception:
                     if doc_id not in self.store.passage_counts():
-                        return  # deleted meanwhile: its entry could not name it
+                        return  # deleted meanwhile: its entry could not be stored for it
                     raise
                 finally:
                     rt.reset()

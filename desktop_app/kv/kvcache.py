@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 import codec
-from store import BackgroundWriter, Store
+from store import BackgroundWriter, Store, text_hash
 
 from ..calibration.calibrations import Calibrations
 from ..errors import Cancelled, RuntimeStateError
@@ -61,20 +61,22 @@ class KVCache:
         progress: Callable[[Progress], None] | None = None,
         cancel: threading.Event | None = None,
         title: str = "",
-        passage: bool = False,
+        passage: str | None = None,
         evict: bool = True,
     ) -> int | None:
         """Encode and store the KV of `tokens` (the context's first tokens) beyond what is
         already stored for them; returns the id of the entry that ends at len(tokens), or
-        None when a sliding-window model's context does not end there (no window to store),
-        or when it was written not to `evict` and did not fit the storage budget.
-        `passage`: the tokens are a passage of `document_id` (`passagekv`), not its prefix."""
+        None when a sliding-window model's context does not end there (no window to store).
+        Not to `evict` other KV, one that does not fit the storage budget is not kept
+        (store.BudgetFullError).
+        `passage`: the text of the passage of `document_id` the tokens are (`passagekv`), not
+        its prefix."""
         levels = tuple(levels or self.levels)
         match = self.store.longest_prefix(rt.fingerprint, tokens, touch=False)
         if match.n_tokens == len(tokens) and match.entries:
             return match.entries[-1].id
         # A passage's entry is always a root: `blending` moves it into place whole.
-        parent = None if passage else match.parent
+        parent = None if passage is not None else match.parent
         seq = rt.capture()
         kv = in_position_order(seq.sections[0])
         if kv.n_tokens < len(tokens):
@@ -94,7 +96,8 @@ class KVCache:
             rt.fingerprint, tokens, levels=levels, parent_id=parent.id if parent else None,
             chunk_size=self.chunk_tokens, document_id=document_id, chat_id=chat_id,
             window_start=None if window is None else int(window.positions[0]),
-            calibration=None if cal is None else cal.id, passage=passage, evict=evict)
+            calibration=None if cal is None else cal.id, passage=passage is not None,
+            passage_hash=None if passage is None else text_hash(passage), evict=evict)
         # Each chunk or window part: the KV it is cut from, that KV's first position, and its
         # calibration part (the cache section it comes from).
         parts = [(span, kv, 0, 0) for span in writer.spans]
@@ -118,7 +121,7 @@ class KVCache:
             chunks.close()  # raises the writer's failure, if any: the entry is aborted
         # Not writer.entry_id: an identical entry stored meanwhile (by another process) is
         # adopted, and this one dropped.
-        return None if writer.entry is None else writer.entry.id
+        return writer.entry.id
 
     def store_chat(self, rt: Runtime, chat_id: int, tokens: Sequence[int],
                    first_document: tuple[int, Sequence[int]] | None) -> None:

@@ -75,7 +75,7 @@ class PassageKV:
         last = match.entries[-1]
         if last.parent_id is not None or last.token_end != len(tokens):
             return None
-        return self.store.name_passage(last, text)
+        return self.store.name_passage(last, text)  # (one stored by a kvdesk before names)
 
     def kept(self, rt: Runtime) -> bool:
         """Whether `rt`'s model keeps passage KV. At a lossy level a sliding-window model
@@ -90,8 +90,9 @@ class PassageKV:
                cancel: threading.Event | None = None, evict: bool = True) -> Ready:
         """The entry of each (document id, text) passage: stored here, else taken from the
         shared cache, else computed in `rt` (whose content is replaced) and stored (and
-        shared, when automatic pushing is on); none where the model keeps none (`kept`), or
-        where one computed not to `evict` other KV did not fit the storage budget."""
+        shared, when automatic pushing is on); none where the model keeps none (`kept`). Not
+        to `evict` other KV, a passage that does not fit the storage budget (pulled or
+        computed) is not kept, and stops it: store.BudgetFullError."""
         if not self.kept(rt):
             return Ready([None] * len(passages), notes=[
                 "this model's passages are read as text until its codec is calibrated "
@@ -110,9 +111,9 @@ class PassageKV:
                 ready.computed_tokens += len(tokens)
                 ready.computed_at.append(i)
                 entry_id = self.kv.store_prefix(rt, tokens, (self.level,), document_id=document_id,
-                                                cancel=cancel, passage=True, evict=evict)
+                                                cancel=cancel, passage=text, evict=evict)
                 if entry_id is not None:
-                    found = self.store.name_passage(self.store.entry(entry_id), text)
+                    found = self.store.entry(entry_id)
                     ready.notes.extend(self.sharing.push_after_attach(entry_id)[1])
             ready.entries.append(found)
         return ready
@@ -120,9 +121,9 @@ class PassageKV:
     def _pull(self, rt: Runtime, text: str, document_id: int, ready: Ready,
               evict: bool) -> Entry | None:
         entry_id, notes = self.sharing.pull_passage(rt.fingerprint, self.tokens(rt, text),
-                                                    self.level, document_id, evict)
+                                                    self.level, document_id, text, evict)
         ready.notes.extend(notes)
         if entry_id is None:
             return None
         ready.pulled += 1
-        return self.store.name_passage(self.store.entry(entry_id), text)
+        return self.store.entry(entry_id)

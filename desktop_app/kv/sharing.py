@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from store import RemoteError, RemoteTier, Store, StoreError, sync
+from store import BudgetFullError, RemoteError, RemoteTier, Store, StoreError, sync, text_hash
 
 from .sources import ChunkSource, LocalSource, RemoteSource
 
@@ -87,9 +87,11 @@ class Sharing:
         return entry_id, [f"{n}; computing it here instead" for n in notes]
 
     def pull_passage(self, fingerprint: str, tokens: Sequence[int], level: str,
-                     document_id: int, evict: bool = True) -> tuple[int | None, list[str]]:
-        """Take a passage's entry from the tier instead of computing it: (its local id, or
-        None when the tier has none at `level`, or not to `evict`, it did not fit; notes)."""
+                     document_id: int, text: str, evict: bool = True
+                     ) -> tuple[int | None, list[str]]:
+        """Take the entry of passage `text` from the tier instead of computing it: (its local
+        id, or None when the tier has none at `level`; notes). Not to `evict` other KV, one
+        that does not fit the storage budget is not kept (store.BudgetFullError)."""
         if not self.auto_pull:
             return None, []
 
@@ -98,9 +100,9 @@ class Sharing:
                                  longer_than=len(tokens) - 1)
             if manifest is None or not manifest.passage or level not in manifest.levels:
                 return None
-            entry = sync.pull(self.store, self.tier, manifest, levels=[level],
-                              document_id=document_id, evict=evict)
-            return None if entry is None else entry.id
+            return sync.pull(self.store, self.tier, manifest, levels=[level],
+                             document_id=document_id, passage_hash=text_hash(text),
+                             evict=evict).id
 
         entry_id, notes = self._try(pull)
         return entry_id, [f"{n}; computing the passage here instead" for n in notes]
@@ -136,6 +138,8 @@ class Sharing:
             return None, ["the shared cache failed less than a minute ago: not tried"]
         try:
             return work(), []
+        except BudgetFullError:  # not the tier's failure: the caller's to handle
+            raise
         except RemoteError as e:
             self._down_until = time.monotonic() + RETRY_AFTER_S
             return None, [f"the shared cache is unavailable ({e})"]
