@@ -1,6 +1,6 @@
 """The evidence a question's turn quotes (`passages.evidence`, `prompts.with_evidence`): the
 sentences of the passages read that hold its rarest words (no model: the counts the store
-would give are written here), and how an exported chat shows sources and quotes."""
+would give are written here)."""
 
 from __future__ import annotations
 
@@ -74,21 +74,3 @@ def test_an_identifier_with_an_underscore_is_matched_as_written():
     assert naming(counted({"__missing__": 1, "called": 9}), 1,
                   "When is __missing__ called?", texts) == [texts[1]]
 
-
-def test_an_exported_chat_shows_its_title_sources_and_quotes_as_written(tmp_path):
-    from desktop_app.chat.library import Library
-    from store import Store
-
-    with Store(tmp_path / "data") as store:
-        chat = store.create_chat("notes on __init__ | *args")
-        store.add_message(chat.id, "user", "What does `__init__` do?")
-        source = {"passage_id": 7, "document_id": 1, "index": 3, "text": "x", "score": 1.0,
-                  "lines": [10, 12], "heading": ["Data model", "object.__init__"]}
-        store.add_message(chat.id, "assistant", "It **initialises** the instance.",
-                          {"sources": [source], "evidence": ["Called by <new>, after\n  *it*."]})
-        exported = Library(store).export_chat(chat.id)
-    assert exported.startswith("# notes on \\_\\_init\\_\\_ \\| \\*args\n")
-    assert "What does `__init__` do?" in exported  # messages are Markdown already
-    assert "It **initialises** the instance." in exported
-    assert "> source: #3 [lines 10-12] Data model > object.\\_\\_init\\_\\_  \n" in exported
-    assert '> quoted with the question: "Called by \\<new>, after \\*it\\*."  \n' in exported

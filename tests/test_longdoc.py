@@ -254,7 +254,7 @@ def test_follow_ups_keep_the_chats_passages_and_a_reopen_lays_them_out(make_engi
     assert first.evidence == ["The keeper's cottage became a museum in 1979."]  # said so
     # An exported chat names them too.
     exported = eng.export_chat(chat)
-    assert "> source: #1 [line 3] Island guide" in exported
+    assert "> source: #1 \\[line 3\\] Island guide" in exported
     assert "> quoted with the question: \"The keeper's cottage" in exported
     follow = eng.ask("And when do puffins nest on the cliffs?", chat_id=chat,
                      generation=GREEDY)

@@ -201,7 +201,7 @@ def _literal(text: str) -> str:
     return _MARKUP.sub(r"\\\g<0>", text)
 
 
-_MARKUP = re.compile(r"[\\`*_<|~]")  # what would turn text into markup or HTML inline
+_MARKUP = re.compile(r"[\\`*_<|~\[\]!]")  # what would turn text into markup, a link or HTML
 
 
 def _summed(per_entry) -> dict[str, int]:

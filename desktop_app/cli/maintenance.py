@@ -106,9 +106,9 @@ def gc(app: App, budget_gb: float | None, as_json: bool):
     """Evict least-recently-used caches beyond the storage budget."""
     budget = values(GcOptions, budget_gb=budget_gb).budget_gb
     report = app.store.gc(None if budget is None else int(budget * 1e9))
+    gb = f"{report['budget_bytes'] / 1e9:,.3f}".rstrip("0").rstrip(".")  # 0.01, 10, 1,500
     emit(report, as_json, [f"freed {report['freed_bytes'] / 1e6:.1f} MB; "
-                           f"{report['bytes_after'] / 1e6:.1f} MB of "
-                           f"{report['budget_bytes'] / 1e9:.3g} GB used"])
+                           f"{report['bytes_after'] / 1e6:.1f} MB of {gb} GB used"])
 
 
 @cli.command()

@@ -202,8 +202,7 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
             raise ApiError(404, served.refusal(body.model, ollama=False),
                            code="model_not_found", param="model")
         body.check_supported()
-        options = {"documents": body.kvdesk.documents, "restore": body.kvdesk.restore(),
-                   "generation": body.generation(), "stop": body.stops()}
+        options = body.kvdesk.engine_options(body.generation(), body.stops())
         messages = [m.flat() for m in body.messages]
         cid = s.completion_id()
         if not body.stream:

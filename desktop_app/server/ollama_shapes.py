@@ -73,11 +73,8 @@ class _Request(pydantic.BaseModel):
     kvdesk: s.KvdeskOptions = pydantic.Field(default_factory=s.KvdeskOptions)
 
     def engine_options(self) -> dict:
-        """What the engine's `complete` takes besides the prompt: documents, how to restore,
-        the generation options and the stop strings (all checked)."""
-        generation, stop = self.generation()
-        return {"documents": self.kvdesk.documents, "restore": self.kvdesk.restore(),
-                "generation": generation, "stop": stop}
+        """What the engine's `complete` takes besides the prompt (`KvdeskOptions`)."""
+        return self.kvdesk.engine_options(*self.generation())
 
     def check_supported(self) -> None:
         if self.format:

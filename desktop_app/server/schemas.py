@@ -69,9 +69,15 @@ class KvdeskOptions(Exact):
 
     model_config = pydantic.ConfigDict(extra="forbid")
     documents: list[int] = Field(default_factory=list, max_length=64)
-    level: str = "auto"
+    level: str = AUTO
     budget_ms: float | None = None
     bandwidth_MBps: float | None = None
+
+    def engine_options(self, generation: GenerationOptions, stop: list[str]) -> dict:
+        """What the engine's `complete` takes besides the prompt: these documents and how to
+        restore (checked), with the request's generation options and stop strings."""
+        return {"documents": self.documents, "restore": self.restore(),
+                "generation": generation, "stop": stop}
 
     def restore(self) -> RestoreOptions:
         if self.level != AUTO:
