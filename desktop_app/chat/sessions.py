@@ -1,18 +1,19 @@
 """The chat session: what the chat context holds, and the turns asked in it.
 
-A chat's context is its documents' prefix and its turns, as exact tokens under the loaded
-model (`conversation`). `bring_in` makes the context hold them: it keeps what the context
-already holds when it matches (the previous turn, a reopen just done, a question typed ahead),
-and otherwise restores the longest stored prefix through the adaptive streaming restore and
+A chat's context is its documents' prefix and its turns, as exact tokens under the loaded model
+(`conversation`). `bring_in` makes the context hold them: it keeps what the context already
+holds when it matches (the previous turn, a reopen just done, a question typed ahead), and
+otherwise restores the longest stored prefix through the adaptive streaming restore and
 recomputes the rest; a chat over several documents whose exact prefix is not stored yet comes
-back blended from the documents' own caches (`blending`), is never stored so, and is made exact
-in the background (`exactness`). `ask` brings the chat in, streams the answer, stores both
-messages and the conversation's own KV (extending the document's entry) so the next question
-or reopen starts at once; `prepare` computes a question while it is typed; `reopen` restores a
-chat and says how. A chat over a document too long for the context is made of the passages
-retrieved for its questions instead (`longdoc`), blended from their own caches the same way.
-An answer is sampled as `sampling.resolve` says (the caller's options over the settings
-file's over the model file's over kvdesk's defaults) and stopped if it loops (`answers`).
+back blended from the documents' own caches (`blending`; never at `lossless`), is never stored
+so, and is made exact in the background (`exactness`). `ask` brings the chat in, streams the
+answer, stores both messages and the conversation's own KV (extending the document's entry) so
+the next question or reopen starts at once; `prepare` computes a question while it is typed;
+`reopen` restores a chat and says how. A chat over a document too long for the context is made
+of the passages retrieved for its questions instead (`longdoc`), blended from their own caches
+the same way. An answer is sampled as `sampling.resolve` says (the caller's options over the
+settings file's over the model file's over kvdesk's defaults) and stopped if it loops
+(`answers`).
 
 One turn runs at a time in the context (a lock), and one turn at a time in a chat across
 processes sharing the data directory (the store's chat turn). This module never prints, never
