@@ -431,8 +431,7 @@ class ChatSession:
 
     def _context(self, rt: Runtime, chat_id: int | None, docs: Sequence[Document]
                  ) -> tuple[list[dict], list[int], list[str]]:
-        """A chat's template messages, tokens and notes (`conversation`); a chat not created
-        yet (None) is the prefix of its documents `docs`."""
+        """A chat's messages, tokens and notes (`conversation`); of none yet, its `docs`'."""
         if chat_id is None:
             layout = self.longdocs.layout(rt, None, docs) or self.prompter.layout(rt, docs)
             return list(layout.messages), list(layout.tokens), []
