@@ -14,7 +14,7 @@ import pytest
 
 from desktop_app.app import App
 from desktop_app.errors import EngineError
-from desktop_app.server import Server, listeners
+from desktop_app.server import Server, running
 from desktop_app.settings import Settings
 from tests.test_server import SYSTEM, Running, answer_stops
 
@@ -301,9 +301,9 @@ def test_a_taken_ollama_port_is_left_alone(caplog):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        assert listeners.spare("127.0.0.1", taken.getsockname()[1]) is None
+        assert running.spare("127.0.0.1", taken.getsockname()[1]) is None
     assert "not free" in caplog.text
-    free = listeners.spare("127.0.0.1", 0)
+    free = running.spare("127.0.0.1", 0)
     assert free is not None
     free.close()
 

@@ -7,11 +7,12 @@
     responses   OpenAI's Responses API, its text subset, conversations kept by id
     ollama      Ollama's API (`ollama_shapes`: its requests, options and answers)
     edges       CORS for the origins allowed, unknown routes, Ollama's error JSON
+    failures    what a failed request answers: the API's errors, an exception's status
     streams     an answer's reports as a stream's objects; served: the model's names
-    listeners   the sockets: the server's port, and Ollama's 11434 when free
     discovery   the server file by which `kvdesk ask` finds a server on its data directory
     client      the command line's side of a running server
-    running     `Server` and `LocalAPI` themselves (uvicorn over the api)
+    running     `Server` and `LocalAPI` themselves (uvicorn over the api), and the sockets:
+                the server's port, and Ollama's 11434 when free
 
 `Server` runs uvicorn over one `App` (the same engine a window may be using): requests are
 answered on worker threads; turns in the chat context run one at a time, first come first

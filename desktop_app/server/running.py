@@ -1,5 +1,6 @@
-"""`Server`: uvicorn over one `App`'s API until stopped; `LocalAPI`: the same, as a window
-toggles it. See the package's docstring for what a server does and never does."""
+"""`Server`: uvicorn over one `App`'s API until stopped, on the sockets it binds first;
+`LocalAPI`: the same, as a window toggles it. See the package's docstring for what a server
+does and never does."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import contextlib
 import ipaddress
 import logging
 import signal
+import socket
 import threading
 from collections.abc import Iterator, Sequence
 
@@ -15,10 +17,11 @@ import uvicorn
 from ..app import App
 from ..errors import EngineError
 from ..settings import Settings
-from . import bridge, discovery, listeners
+from . import bridge, discovery
 from .api import create_api
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
+log = logging.getLogger("kvdesk.server")
 
 
 class _Uvicorn(uvicorn.Server):
@@ -88,7 +91,7 @@ class Server:
 
     def run(self) -> None:
         """Serve until stopped (a signal in the main thread, or stop()); blocks."""
-        sockets = [listeners.bind(self.host, self.port)]
+        sockets = [bind(self.host, self.port)]
         self.port = sockets[0].getsockname()[1]  # port 0: a free one, named in the server file
         self.uvicorn.config.port = self.port
         running = discovery.live(self.app.data_dir)
@@ -103,7 +106,7 @@ class Server:
             self.app.engine.warm_up()  # the model and the codec, before any request
             self.app.engine.contexts.wait_warm()
             if self.ollama_port is not None and self.ollama_port != self.port:
-                sockets += filter(None, [listeners.spare(self.host, self.ollama_port)])
+                sockets += filter(None, [spare(self.host, self.ollama_port)])
             if len(sockets) > 1:
                 self.ollama_url = self._url(sockets[1].getsockname()[1])
             threading.Thread(target=self._announce, daemon=True).start()
@@ -123,7 +126,6 @@ class Server:
         while not self.uvicorn.started and not self.uvicorn.should_exit:
             threading.Event().wait(0.02)
         if self.uvicorn.started:
-            log = logging.getLogger("kvdesk.server")
             try:
                 discovery.write(self.app.data_dir, self.url, self.api_key)
             except OSError as e:  # it serves all the same; commands just do not find it
@@ -175,3 +177,41 @@ class LocalAPI:
             self._server.stop()
             self._thread.join(30)
             self._server = self._thread = None
+
+
+# The sockets: binding them before uvicorn starts gives a clear error for a port in use (not
+# uvicorn's exit later) and lets port 0 pick a free port that the server file can name.
+# Ollama's clients look for it on port 11434 (the setting `ollama_port`): when that port is
+# free, the server listens there too, the same API on both; when it is taken (by Ollama
+# itself, most likely), the server runs without it and says so, and Ollama's API stays on the
+# server's own port under /api.
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port; EngineError naming the port if it cannot be."""
+    try:
+        return _bound(host, port)
+    except OSError as e:
+        raise EngineError(f"cannot serve on {host}:{port} ({e.strerror}): choose another "
+                          "--port or --host") from None
+
+
+def spare(host: str, port: int) -> socket.socket | None:
+    """A socket bound to host:port if it is free, else None (said in the log)."""
+    try:
+        return _bound(host, port)
+    except OSError as e:
+        log.warning("Ollama's port %s is not free (%s; Ollama itself?): Ollama's clients can "
+                    "use this server's own port", port, e.strerror)
+        return None
+
+
+def _bound(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
