@@ -131,6 +131,11 @@ def test_attach_ask_reopen_end_to_end(tmp_path):
     assert [d["doc_id"] for d in json.loads(kvdesk("docs", "--json").stdout)] == [
         attached["doc_id"]]
     assert json.loads(kvdesk("chats", "--json").stdout)[0]["messages"] == 4
+    exported = kvdesk("export", chat).stdout
+    assert exported.startswith("# What is the access code?\n") and "**kvdesk:**" in exported
+    assert len(json.loads(kvdesk("export", chat, "--format", "json").stdout)["messages"]) == 4
+    gone = kvdesk("export", "999", check=False)
+    assert gone.returncode == 1 and "no chat 999" in gone.stderr and not gone.stdout
     verified = json.loads(kvdesk("verify", "--json").stdout)
     assert set(verified) == {"entries", "chunks", "bytes", "corrupt", "missing", "calibrations"}
     assert verified["entries"] >= 3 and verified["corrupt"] == verified["missing"] == []

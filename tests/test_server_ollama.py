@@ -217,7 +217,8 @@ def test_ollamas_embeddings_are_the_vectors_retrieval_uses(client, served):
     cut = client.embed(model="default", input=texts[0], dimensions=64)
     assert len(cut.embeddings[0]) == 64
     # No input: Ollama's request to load the model, answered with no vectors.
-    for body in ({"model": "default"}, {"model": "default", "input": ""}):
+    for body in ({"model": "default"}, {"model": "default", "input": ""},
+                 {"model": "default", "input": None}):
         r = httpx.post(f"{served.url}/api/embed", json=body, trust_env=False, timeout=60)
         assert r.status_code == 200 and r.json()["embeddings"] == [], r.text
 

@@ -313,6 +313,18 @@ def chats(app: App, as_json: bool):
 
 
 @cli.command()
+@click.argument("chat_id", type=int)
+@click.option("--format", "fmt", type=click.Choice(["markdown", "json"]), default="markdown",
+              show_default=True, help="Markdown (each answer's sources and quotes under it) "
+              "or JSON (the messages with their stats).")
+@click.pass_obj
+def export(app: App, chat_id: int, fmt: str):
+    """Print a chat, to save or share it (as the window's chat list exports it)."""
+    text = app.engine.export_chat(chat_id, fmt)
+    click.echo(text, nl=not text.endswith("\n"))
+
+
+@cli.command()
 @click.argument("kind", type=click.Choice(["doc", "chat"]))
 @click.argument("item_id", type=int)
 @json_option

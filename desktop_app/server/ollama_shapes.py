@@ -170,6 +170,7 @@ class EmbedRequest(pydantic.BaseModel):
     truncate: bool = True
     options: dict[str, Any] | None = None
     keep_alive: str | int | float | None = None
+    _nulls = null_is_default("input")
 
 
 # -- answers ------------------------------------------------------------------------------------
