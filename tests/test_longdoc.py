@@ -519,6 +519,7 @@ def test_an_exact_ask_over_passages_answers_as_no_cache_does(make_engine):
 def test_the_background_pass_never_evicts_what_questions_used(make_engine):
     eng = make_engine(fill_passages=False)
     eng.ask("What does the museum keep?", doc_ids=[eng.doc], generation=GREEDY)
+    assert eng.exactness.idle.wait(300)  # (a blended chat's exact context stored after it)
     used = set(passage_entries(eng))
     assert used and len(used) < 5
     # Room for less than one more passage: the pass stores one, finds it does not fit, drops
