@@ -35,7 +35,7 @@ from collections.abc import Sequence
 
 from store import Document, Store
 
-from ..kv.blending import Parts, repeats
+from ..kv.blending import Parts
 from ..kv.passagekv import PassageKV
 from ..model.prompts import Layout, Prompter, passage_layout
 from ..model.runtime import Runtime
@@ -214,13 +214,12 @@ class LongDocs:
         return passage_layout(rt, [s.text for s in self.sources(chat_id)])
 
     def blendable(self, rt: Runtime, chat_id: int | None, tokens: Sequence[int],
-                  cancel: threading.Event | None, question: Sequence[int] = ()) -> Parts | None:
+                  cancel: threading.Event | None) -> Parts | None:
         """What to blend when `tokens` start with a passage chat's prefix that needs it. The
         passages with no KV yet are computed first, each on its own, and stored (`rt` is left
         to the restore that follows); None when the prefix is stored exactly, which a plain
-        restore reads. One passage has no later parts: a plain restore reads it too (its Parts
-        carry only what making it ready found, `notes`), unless a new chat's `question`
-        quotes it (`quoted`: a blend takes the quote's KV from the passage's)."""
+        restore reads. One passage has no later parts: a plain restore reads it too, and its
+        Parts carry only what making it ready found (`notes`)."""
         if chat_id is None:
             with self._lock:
                 sources = list(self._offered)
@@ -233,10 +232,8 @@ class LongDocs:
         layout = passage_layout(rt, [s.text for s in sources])
         if tuple(tokens[:len(layout.tokens)]) != layout.tokens:
             return None
-        quoted = len(layout.parts) == 1 and len(tokens) == len(layout.tokens) and bool(
-            repeats(layout.tokens, question[:-1]))
         stored = self.store.longest_prefix(rt.fingerprint, tokens, touch=False, tail_minimum=1)
-        if stored.n_tokens + stored.tail_match >= len(layout.tokens) and not quoted:
+        if stored.n_tokens + stored.tail_match >= len(layout.tokens):
             return None
         ready = self.kv.ensure(rt, [(s.document_id, s.text) for s in sources], cancel=cancel)
         notes = list(ready.notes)
@@ -248,4 +245,4 @@ class LongDocs:
             notes.append(f"{ready.pulled} passage(s) taken from the shared cache")
         return Parts(layout, ready.entries[1:], notes,
                      sum(layout.parts[i][1] - layout.parts[i][0] for i in ready.computed_at),
-                     "passages", quoted)
+                     "passages")

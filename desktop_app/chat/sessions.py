@@ -174,8 +174,8 @@ class ChatSession:
             elif options.budget_ms is None and self.default_budget_ms is not None:
                 effective = options.model_copy(update={"budget_ms": self.default_budget_ms})
             parts = (None if options.level == EXACT  # blended KV is never exact
-                     else self._blendable(rt, chat_id, tokens, docs, cancel, question))
-            if parts is not None and not self.blender.usable(rt, parts):
+                     else self._blendable(rt, chat_id, tokens, docs, cancel))
+            if parts is not None and not (parts.later and self.blender.usable(rt, parts.later)):
                 notes, fresh, parts = list(parts.notes), parts.computed_tokens, None
             try:
                 if parts is not None:
@@ -224,13 +224,13 @@ class ChatSession:
         return choice.action == "recompute"
 
     def _blendable(self, rt: Runtime, chat_id: int | None, tokens: list[int],
-                   docs: Sequence[Document], cancel: threading.Event | None, question=()):
+                   docs: Sequence[Document], cancel: threading.Event | None):
         """The layout and later parts' entries of a chat over passages (`longdoc`) or several
         documents that `tokens` start with (whether the blender can use them: the caller's)."""
         # (A chunked-window model's runs cannot be computed between its parts: `blending`.)
         if self.blend_fraction >= 1 or rt.layout.swa_chunked:
             return None
-        found = self.longdocs.blendable(rt, chat_id, tokens, cancel, question)
+        found = self.longdocs.blendable(rt, chat_id, tokens, cancel)
         if found is not None or len(docs) < 2 or self.longdocs.applies(docs):
             return found
         layout = self.prompter.layout(rt, docs)

@@ -124,7 +124,6 @@ class Parts:
     notes: Sequence[str] = ()
     computed_tokens: int = 0
     what: str = "documents"  # what the parts are, as the user is told: or "passages"
-    quoted: bool = False  # the question repeats the layout: a blend takes those runs' KV
 
 
 def repeats(layout: Sequence[int], after: Sequence[int],
@@ -181,15 +180,13 @@ class Blender:
                     self._ropes[rt.fingerprint] = None
             return self._ropes[rt.fingerprint]
 
-    def usable(self, rt: Runtime, parts: Parts) -> bool:
+    def usable(self, rt: Runtime, later: Sequence[Entry | None]) -> bool:
         """Whether a blend would reuse anything: a later part's own entry (None: not cached
-        here), or runs of the question that repeat the layout (`quoted`, when `repeat`); and a
-        model whose keys kvdesk can move and compute between (`inplace`; a sliding-window
-        model's by restoring up to each run, unless its windows are chunked)."""
+        here), and a model whose keys kvdesk can move and compute between (`inplace`; a
+        sliding-window model's by restoring up to each run, unless its windows are chunked)."""
         lay = rt.layout
         between = not lay.swa_chunked if lay.swa_layers else inplace.can_compute(rt)
-        reuses = any(e is not None for e in parts.later) or (parts.quoted and self.repeat)
-        return reuses and between and self.ropes(rt) is not None
+        return any(e is not None for e in later) and between and self.ropes(rt) is not None
 
     def restore(self, rt: Runtime, layout: Layout, later: Sequence[Entry | None],
                 first: ChunkSource, *, options: RestoreOptions, speeds: Speeds, select: Select,
