@@ -38,16 +38,11 @@ class PassageKVStore:
     def passage_entries(self, fingerprint: str) -> dict[int, int]:
         """{document id: how many of its passages have their KV stored under a model}, counted
         by content: a passage whose text another document's passage shares has the same KV."""
-        return {doc: len(passages) for doc, passages in self._held(fingerprint).items()}
+        return {doc: len(held) for doc, held in self.passage_kv(fingerprint).items()}
 
-    def passage_entry_ids(self, fingerprint: str) -> dict[int, list[int]]:
-        """{document id: the passage entries holding its passages' KV under a model}, found by
-        content as `passage_entries` counts them (an entry shared by two documents is each's)."""
-        return {doc: sorted(set(passages.values()))
-                for doc, passages in self._held(fingerprint).items()}
-
-    def _held(self, fingerprint: str) -> dict[int, dict[int, int]]:
-        """{document id: {passage id: the entry holding its KV}} under a model."""
+    def passage_kv(self, fingerprint: str) -> dict[int, dict[int, int]]:
+        """{document id: {passage id: the entry holding its KV}} under a model, found by
+        content (an entry shared by two documents, or two passages, is each's)."""
         out: dict[int, dict[int, int]] = {}
         for doc_id, passage_id, entry_id in self._db.get().execute(
                 "SELECT p.document_id, p.id, min(e.id) FROM passages p JOIN kv_entries e ON"

@@ -75,7 +75,8 @@ class Library:
             if entry.document_id is not None and entry.parent_id is None and not entry.passage:
                 roots.setdefault(entry.document_id, []).append(entry)
         # (a passage's KV is its document's whichever document's passage stored it)
-        passage_kv = self.store.passage_entry_ids(fingerprint)
+        held = self.store.passage_kv(fingerprint)
+        passage_kv = {doc_id: set(by_passage.values()) for doc_id, by_passage in held.items()}
         current = {doc_id: [e for e in entries if e.model == fingerprint][-1]
                    for doc_id, entries in roots.items()
                    if any(e.model == fingerprint for e in entries)}
@@ -83,7 +84,7 @@ class Library:
             [e.id for e in current.values()] + [i for ids in passage_kv.values() for i in ids])
         damaged = self.store.damaged(e.id for e in current.values())
         counts = self.store.document_tokens(fingerprint)
-        passages, cached = self.store.passage_counts(), self.store.passage_entries(fingerprint)
+        passages = self.store.passage_counts()
         attaching = self.store.attaching()
         out = []
         for doc in self.store.documents():
@@ -102,7 +103,7 @@ class Library:
                 sizes.get(entry.id, {}) if entry else _summed(
                     sizes.get(i, {}) for i in passage_kv.get(doc.id, ())), status, doc.created,
                 damaged.get(entry.id, 0) if entry else 0, passages.get(doc.id, 0),
-                cached.get(doc.id, 0)))
+                len(held.get(doc.id, {}))))
         return out
 
     def chats(self) -> list[ChatInfo]:
