@@ -45,7 +45,8 @@ APP_NAME = "kvdesk"
 DEFAULT_BLEND_FRACTION = 0.05
 SETTINGS_VERSION = 1
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
-_ORIGIN = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://"
+# An origin's parts (a "*" allowed where `_origins` says); `server.edges` matches by them.
+ORIGIN = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://"
                      r"(?P<host>\[[0-9A-Fa-f:.]+\]|[^/:?#@\s\[\]]+)(?::(?P<port>\d{1,5}|\*))?")
 _PREFIX_PART = re.compile(r"^[A-Za-z0-9._-]+$")
 # Environment variables, each for the setting it overrides.
@@ -173,7 +174,7 @@ class Settings(UserValues):
             if origin == "*":
                 out.append(origin)
                 continue
-            m = _ORIGIN.fullmatch(origin)
+            m = ORIGIN.fullmatch(origin)
             host = m["host"] if m else ""
             wild = host.startswith("*.") and "*" not in host[2:] and "." in host[2:]
             if not m or ("*" in host and not wild) or (

@@ -40,11 +40,11 @@ from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 
 from ..errors import EngineError
+from ..settings import ORIGIN
 from . import schemas as s
 from .failures import json_response
 
 OLLAMA_PREFIX = "/api/"
-_PARTS = re.compile(r"([^:]+)://(\[[^\]]*\]|[^:]*)(?::(.+))?")  # scheme, host, port
 # The schemes of desktop apps' own pages (Electron's app://, Tauri's, VS Code's webviews and
 # files), allowed as Ollama allows them by default: Obsidian's and editors' plugins call from
 # them. A web site's page is never of these.
@@ -59,7 +59,7 @@ def allowed_origins(origins: tuple[str, ...]) -> re.Pattern:
         return re.compile(r".*")
 
     def pattern(origin: str) -> str:
-        scheme, host, port = _PARTS.fullmatch(origin).groups()
+        scheme, host, port = ORIGIN.fullmatch(origin).group("scheme", "host", "port")
         host = ("[^/:]*" if host == "*" else r"(?:[^/:.]+\.)+" + re.escape(host[2:])
                 if host.startswith("*.") else re.escape(host))
         return re.escape(scheme) + "://" + host + (

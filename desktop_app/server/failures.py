@@ -27,9 +27,12 @@ class ApiError(Exception):
         self.status, self.body = status, s.error(message, kind, code, param)
 
 
+CUT_SHORT = "the answer was cut short"
+
+
 def cut_short() -> str:
     """What an answer stopped after it began says, where the API has no field for it."""
-    return error_of(Cancelled("the answer was cut short"))[1]["error"]["message"]
+    return error_of(Cancelled(CUT_SHORT))[1]["error"]["message"]
 
 
 def json_response(status: int, body: dict) -> JSONResponse:

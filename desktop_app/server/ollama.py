@@ -38,7 +38,7 @@ from ..errors import Cancelled
 from ..results import Completion
 from . import bridge, embeddings, streams
 from . import ollama_shapes as sh
-from .failures import ApiError, cut_short, error_of
+from .failures import CUT_SHORT, ApiError, cut_short, error_of
 from .served import Served
 
 # The Ollama release whose API this subset follows: clients that gate features on the
@@ -144,7 +144,7 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
         if not body.stream:
             done = await bridge.call(request, stopping, lambda cancel: call(cancel=cancel))
             if done.finish_reason == "cancelled":
-                raise Cancelled("the answer was cut short")
+                raise Cancelled(CUT_SHORT)
             return {**piece(model, done.text, done=True), **sh.final(done, started)}
 
         def last(d: Completion) -> list[dict]:
