@@ -13,8 +13,9 @@ import llama_cpp
 import pytest
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
+from desktop_app.errors import EngineError
 from desktop_app.model import chat_templates as ct
-from desktop_app.model.prompts import Prompter, question_turn
+from desktop_app.model.prompts import Prompter, Turn, answer_text, closing, question_turn
 
 CONVERSATION = [
     {"role": "system", "content": "You answer questions about the timetable."},
@@ -224,3 +225,38 @@ def test_a_plain_answer_is_ended_by_a_line_break_only_after_its_text(runtime, mo
     runtime.prefill(runtime.tokenize("Question: When?\nAnswer:"))
     assert [t.text for t in runtime.generate(8)] == ["\n", " Sunday", " noon"]
     runtime.reset()
+
+
+class _Rendering:
+    """A `Template` as far as rendering goes."""
+
+    def __init__(self, tpl: ct.ChatTemplate):
+        self.render_chat = tpl.render
+
+
+@pytest.mark.parametrize("template", [ct.CHATML_TEMPLATE, ct.GEMMA_TEMPLATE, GEMMA3_OWN])
+def test_a_conversation_ending_with_the_assistant_is_answered_by_continuing_it(template):
+    """A prefill, as llama.cpp's server and Ollama take it: the answer continues the
+    assistant's words (which Gemma's template trims), and closes as the template closes
+    the whole message."""
+    tpl = _Rendering(kvdesk(template, bos=""))
+    asked = CONVERSATION[:2]
+    text, words = answer_text(tpl, [*asked, {"role": "assistant", "content": " At 07"}])
+    assert words == ("At 07" if template == GEMMA3_OWN else " At 07")
+    assert text == tpl.render_chat(asked, add_generation_prompt=True) + words
+    closed = tpl.render_chat([*asked, {"role": "assistant", "content": " At 07:15."}],
+                             add_generation_prompt=False)
+    turn = Turn((*asked, {"role": "assistant", "content": " At 07"}), text, [], words)
+    assert text + ":15." + closing(tpl, turn, ":15.") == closed
+    # Empty words are the generation prompt, as if the message were not there.
+    assert answer_text(tpl, [*asked, {"role": "assistant", "content": " "}]) == (
+        tpl.render_chat(asked, add_generation_prompt=True), "")
+
+
+def test_an_assistant_message_the_template_rewrites_cannot_be_continued():
+    shouting = ct.CHATML_TEMPLATE.replace("m['content']", "m['content'] | upper")
+    tpl = _Rendering(kvdesk(shouting))
+    assert "At 07" not in tpl.render_chat([{"role": "assistant", "content": "At 07"}],
+                                          add_generation_prompt=False)
+    with pytest.raises(EngineError, match="rewrites the assistant's last message"):
+        answer_text(tpl, [*CONVERSATION[:2], {"role": "assistant", "content": "At 07"}])

@@ -108,6 +108,27 @@ def test_a_message_without_content_is_an_empty_one(served):
     assert r.status_code == 200 and r.json()["message"]["content"], r.text
 
 
+def test_a_conversation_ending_with_the_assistant_is_continued(served):
+    """A prefill, as Ollama and llama.cpp's server take it: the answer goes on from the
+    assistant's words, as the same answer went on from them when asked without them."""
+    asked = [{"role": "system", "content": SYSTEM},
+             {"role": "user", "content": "When is the Saturday crossing?"}]
+
+    def chat(messages, n) -> str:  # exact: the same tokens computed the same way each time
+        r = httpx.post(f"{served.url}/api/chat", trust_env=False, timeout=120, json={
+            "model": "default", "messages": messages, "stream": False,
+            "options": {"num_predict": n, "temperature": 0}, "kvdesk": {"level": "lossless"}})
+        assert r.status_code == 200, r.text
+        return r.json()["message"]["content"]
+
+    whole = chat(asked, 12)
+    assert " " in whole.strip(), whole
+    start = whole[:whole.index(" ", 1)]  # its first word: a token boundary
+    rest = chat([*asked, {"role": "assistant", "content": start}], 12)
+    assert rest and whole.startswith(start) and (start + rest).startswith(whole[:24]), (
+        whole, start, rest)
+
+
 @pytest.mark.parametrize("kind", [None, "application/x-www-form-urlencoded"])
 def test_a_body_sent_as_ollamas_curl_examples_send_it_is_read_as_json(served, kind):
     # `curl URL -d '{...}'`, as Ollama's documentation has it: form-encoded, or no type at all

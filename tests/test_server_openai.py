@@ -163,6 +163,26 @@ def test_responses_continue_a_conversation_through_the_prompt_cache_across_a_res
         again.stop()
 
 
+def test_the_assistants_own_words_are_continued_and_kept_as_one_message(served):
+    """A prefill on both routes; a stored response keeps the words and their continuation as
+    the one message they are, so the next turn finds the stored KV to its end."""
+    asked = [{"role": "system", "content": INSTRUCTIONS},
+             {"role": "user", "content": "When is the Sunday ferry?"}]
+    chat = served.client.chat.completions.create(
+        model="default", messages=[*asked, {"role": "assistant", "content": "The Sunday"}],
+        max_tokens=8, temperature=0)
+    assert chat.choices[0].message.content.strip()
+    one = served.client.responses.create(
+        model="default", instructions=INSTRUCTIONS, max_output_tokens=8, temperature=0,
+        input=[{"role": "user", "content": "When is the Sunday ferry?"},
+               {"role": "assistant", "content": "The Sunday"}])
+    assert one.output_text.strip()
+    two = served.client.responses.create(
+        model="default", instructions=INSTRUCTIONS, input="And on Saturdays?",
+        previous_response_id=one.id, max_output_tokens=8, temperature=0)
+    assert two.usage.input_tokens_details.cached_tokens > one.usage.input_tokens
+
+
 def test_a_streamed_response_is_the_responses_apis_events(served):
     events = list(served.client.responses.create(model="default", input="Say hi.",
                                                  max_output_tokens=8, temperature=0,

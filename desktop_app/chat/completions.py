@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 
 from ..errors import ContextFullError, EngineError, MissingError
 from ..kv.streaming import adaptation_note
-from ..model.prompts import Turn, closing, passage_layout, raw_prompt, with_evidence
+from ..model.prompts import Turn, answer_text, closing, passage_layout, raw_prompt, with_evidence
 from ..options import GenerationOptions, RestoreOptions
 from ..results import Completion, RestoreReport, Source
 from .answers import stream_answer
@@ -70,8 +70,8 @@ class Completions:
             if m.get("role") not in ROLES or not isinstance(m.get("content"), str):
                 raise EngineError("each message needs a role (system, user or assistant) and "
                                   "text content")
-        if not messages or messages[-1]["role"] == "assistant":
-            raise EngineError("the conversation must end with a user (or system) message")
+        if not messages:
+            raise EngineError("the conversation has no messages")
         s = self.session
         rt = s.runtime
         head, head_tokens, sources, quoted, notes = [], [], [], [], []
@@ -81,26 +81,28 @@ class Completions:
             raise MissingError(str(e), field="kvdesk.documents") from None
         if docs and s.longdocs.applies(docs):
             texts = [m["content"] for m in messages]
+            ask = max((i for i, m in enumerate(messages) if m["role"] != "assistant"),
+                      default=len(texts) - 1)  # the question a given answer start follows
             sources, notes = s.longdocs.pick(
-                rt, docs, texts[-1], texts[:-1],
+                rt, docs, texts[ask], texts[:ask] + texts[ask + 1:],
                 len(rt.tokenize("\n".join(texts))) + 8 * len(texts))  # (their template's)
             layout = passage_layout(rt, [x.text for x in sources])
             head, head_tokens = list(layout.messages), list(layout.tokens)
-            if messages[-1]["role"] == "user":  # its evidence, as a chat's question has
-                quoted = s.longdocs.evidence(sources, messages[-1]["content"])
-                messages = [*messages[:-1], {**messages[-1], "content": with_evidence(
-                    messages[-1]["content"], quoted)}]
+            if messages[ask]["role"] == "user":  # its evidence, as a chat's question has
+                quoted = s.longdocs.evidence(sources, messages[ask]["content"])
+                messages = [*messages[:ask], {**messages[ask], "content": with_evidence(
+                    messages[ask]["content"], quoted)}, *messages[ask + 1:]]
         elif docs:
             head, head_tokens = s.prompter.chat(rt, docs)
         before = rt.render_chat(head, add_generation_prompt=False) if head else ""
         msgs = (*head, *({"role": m["role"], "content": m["content"]} for m in messages))
-        text = rt.render_chat(msgs, add_generation_prompt=True)
+        text, prefill = answer_text(rt, msgs)
         if not text.startswith(before):
             raise EngineError("this model's chat template rewrites earlier messages; kvdesk "
                               "needs an append-only template")
         rest = text[len(before):]
         tokens = head_tokens + rt.tokenize(rest, add_bos=rt.adds_bos and not head)
-        return Turn(msgs, text, tokens), sources, quoted, notes
+        return Turn(msgs, text, tokens, prefill), sources, quoted, notes
 
     def complete(
         self,

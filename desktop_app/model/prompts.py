@@ -2,8 +2,9 @@
 
 Pure functions over a `Template` (the model's tokenizer and chat template; `Runtime` is one):
 a document's prefix, cut to fit the context (`document_prefix`), the prefix of a chat over
-several documents (`chat_prefix`), a question's turn (`question_turn`) and what the template
-appends after an answer (`closing`). Every chat about a document starts with exactly the
+several documents (`chat_prefix`), a question's turn (`question_turn`), the text a client's
+conversation is answered after (`answer_text`) and what the template appends after an answer
+(`closing`). Every chat about a document starts with exactly the
 document's prefix, which is what makes its stored KV cache reusable.
 
 They never evaluate anything and never touch the store: the sessions decide what to compute.
@@ -72,6 +73,9 @@ class Turn:
     messages: tuple[dict, ...]  # the conversation's messages and the question
     text: str  # the whole template text, ending with the generation prompt
     tokens: list[int]  # the tokens of the part added by the question's turn
+    # The start of the answer, where the conversation ends with the assistant's own message
+    # (the answer continues it; `messages` ends with it and `text` with its words).
+    prefill: str = ""
 
 
 class Prompter:
@@ -233,13 +237,38 @@ def raw_prompt(tpl: Template, prompt: str, suffix: str | None = None) -> list[in
             *tpl.tokenize(suffix, special=False), mid]
 
 
+def answer_text(tpl: Template, messages: Sequence[dict]) -> tuple[str, str]:
+    """The template text a conversation is answered after, and the answer's given start.
+
+    Ending with a user (or system) message: the template with its generation prompt, and "".
+    Ending with the assistant's message: the template up to the end of that message's words,
+    which the answer continues (a prefill, as llama.cpp's server and Ollama take it), and
+    those words as the template wrote them (an empty one is the generation prompt).
+    """
+    if messages[-1]["role"] != "assistant":
+        return tpl.render_chat(messages, add_generation_prompt=True), ""
+    head = tpl.render_chat(messages[:-1], add_generation_prompt=True)
+    given = messages[-1]["content"]
+    if not given.strip():
+        return head, ""
+    whole = tpl.render_chat(messages, add_generation_prompt=False)
+    for words in (given, given.strip()):  # (some templates trim a message)
+        at = whole.find(words, len(head)) if whole.startswith(head) else -1
+        if at >= 0:
+            return whole[:at + len(words)], words
+    raise EngineError("this model's chat template rewrites the assistant's last message, so "
+                      "the answer cannot continue it; end the conversation with a user message")
+
+
 def closing(tpl: Template, turn: Turn, answer: str) -> str:
     """The text the template puts after `answer` to close the turn (e.g. an end-of-turn tag),
     so the next turn appends to the conversation exactly as the template renders it."""
-    closed = tpl.render_chat([*turn.messages, {"role": "assistant", "content": answer}],
+    whole = turn.prefill + answer
+    before = turn.messages[:-1] if turn.prefill else turn.messages
+    closed = tpl.render_chat([*before, {"role": "assistant", "content": whole}],
                              add_generation_prompt=False)
-    tail = closed[len(turn.text):]
-    return tail[len(answer):] if tail.startswith(answer) else ""
+    tail = closed[len(turn.text) - len(turn.prefill):]
+    return tail[len(whole):] if tail.startswith(whole) else ""
 
 
 def fit(tpl: Template, text: str, build: Callable[[str], tuple], room: int):

@@ -146,8 +146,12 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
 
         def finish(done: Completion) -> dict:
             answered = response(done)
-            if body.store:
-                kept.save(answered, [*conversation, {"role": "assistant", "content": done.text}])
+            if body.store:  # (an input ending with the assistant's words: the answer goes on)
+                given = conversation[-1:] if conversation[-1:] and \
+                    conversation[-1]["role"] == "assistant" else []
+                said = "".join(m["content"] for m in given) + done.text
+                kept.save(answered, [*conversation[:len(conversation) - len(given)],
+                                     {"role": "assistant", "content": said}])
             return answered
 
         if not body.stream:
