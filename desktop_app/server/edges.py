@@ -12,10 +12,11 @@ error dialect of Ollama's routes.
   before the API key is checked, as browsers send them bare.
 - **Pages the user did not allow.** A browser sends some requests across sites without asking
   first (a form's POST), and a page can rebind its own name to 127.0.0.1. So a request that
-  says it comes from a page (`Origin`) not allowed above is refused (403), whatever its
-  method (but a page of this server's own, FastAPI's), and without an API key (the server then
-  listens on this machine only) so is one addressed to any host name but this machine's
-  (`Host`: localhost, a loopback address, 0.0.0.0).
+  says it comes from a page (`Origin`) not allowed above is refused (403, with the API's
+  error saying how to allow it), its preflight included, whatever its method (but a page of
+  this server's own, FastAPI's), and without an API key (the server then listens on this
+  machine only) so is one addressed to any host name but this machine's (`Host`: localhost,
+  a loopback address, 0.0.0.0).
   Clients that are not browsers send no `Origin` and address the host they connect to.
 - **Text that is not Unicode.** JSON may write half of a UTF-16 surrogate pair (`"\\ud800"`),
   which no tokenizer takes: such a body is refused (400) before any route reads it.
@@ -89,12 +90,13 @@ def install(api: FastAPI, *, origins: tuple[str, ...], api_key: str | None) -> N
     api.add_exception_handler(404, unknown)
     api.add_exception_handler(405, unknown)
     pages = allowed_origins(origins)
-    api.add_middleware(PageGuard, pages=pages, api_key=api_key)
-    api.add_middleware(OllamaErrors)  # outside the guard: its refusals in Ollama's shape too
-    # Added last: outermost, so preflights are answered before the key is checked.
+    # Outside the key's check, so an allowed page's preflights (sent without it) are answered.
     api.add_middleware(CORSMiddleware, allow_origins=["*"] if "*" in origins else [],
                        allow_origin_regex=pages.pattern, allow_methods=["GET", "POST", "DELETE"],
                        allow_headers=["*"], allow_credentials=False, max_age=600)
+    # Outside CORS: a refused page's preflight gets the same 403 and error as its request.
+    api.add_middleware(PageGuard, pages=pages, api_key=api_key)
+    api.add_middleware(OllamaErrors)  # outermost: the guard's refusals in Ollama's shape too
 
 
 _SURROGATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
