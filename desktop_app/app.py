@@ -11,6 +11,7 @@ It never parses command lines and never imports Qt.
 
 from __future__ import annotations
 
+import logging
 import tempfile
 import threading
 from functools import cached_property
@@ -19,6 +20,8 @@ from typing import TYPE_CHECKING
 
 from .model import models
 from .settings import Settings, config_dir
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from store import RemoteTier, Store
@@ -134,6 +137,8 @@ class App:
         from store import Store
 
         store = Store(self.state_dir)
+        if store.damage:
+            log.warning("Warning: %s", store.damage_error())
         budget = int(self.settings.storage_budget_gb * 1e9)
         # Kept in the store for every process's gc; a read-only one changes nothing anyway.
         if not store.read_only and store.budget_bytes != budget:

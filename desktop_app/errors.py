@@ -85,3 +85,10 @@ def user_errors() -> tuple[type[BaseException], ...]:
 
 def is_user_error(error: BaseException) -> bool:
     return isinstance(error, user_errors())
+
+
+def is_storage_fault(error: BaseException) -> bool:
+    """Whether the data directory cannot take the work (read-only, or its database damaged):
+    the user's to act on, never a request's fault."""
+    errors = sys.modules.get("store.errors")
+    return errors is not None and isinstance(error, errors.ReadOnlyError)

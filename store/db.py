@@ -5,6 +5,10 @@ run while one writer commits; every write starts with BEGIN IMMEDIATE so it wait
 for the write lock up front instead of failing with "database is locked" when a read transaction
 tries to upgrade. This module must never hand a connection to another thread, and never leave a
 transaction open when a call returns.
+
+A damaged file (a rotten page) is found by SQLite's own check when the store opens
+(`Connections.check`) or by the first statement that meets it, which raises DamagedError, never
+a raw sqlite3 error; from then on nothing is written to the file (`Connections.damage`).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from pathlib import Path
 
 import sqlite_utils
 
-from .errors import DataDirError, ReadOnlyError
+from .errors import DamagedError, DataDirError, ReadOnlyError
 
 # Long enough to outlast any single write the store makes (the largest is one chunk of ~6 MB, or
 # one eviction), short enough that a wedged process surfaces as an error instead of a hang.
@@ -29,6 +33,60 @@ BUSY_TIMEOUT_MS = 60_000
 # store.blobs). SQLite clamps it to its compile-time maximum (2 GiB in common builds); pages past
 # that are read with pread(), still above 1 GB/s.
 MMAP_SIZE = 1 << 36
+
+
+def is_damage(error: sqlite3.DatabaseError) -> bool:
+    """Whether SQLite raised this because the file is damaged (a malformed page, a full-text
+    index whose own tables are), not for a statement or a lock."""
+    code = (getattr(error, "sqlite_errorcode", None) or 0) & 0xFF
+    return code in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB) or \
+        "vtable constructor failed" in str(error)
+
+
+def _translating(name: str):
+    """sqlite3.Cursor's method `name`, its damage errors made DamagedError (`_Cursor`)."""
+    method = getattr(sqlite3.Cursor, name)
+
+    def call(self, *args):
+        try:
+            return method(self, *args)
+        except sqlite3.DatabaseError as e:
+            owner = getattr(self.connection, "owner", None)
+            if owner is None or not is_damage(e):
+                raise
+            raise owner.found_damage(str(e)) from e
+
+    return call
+
+
+class _Cursor(sqlite3.Cursor):
+    """A cursor whose damage errors become DamagedError, marking its store damaged."""
+
+    execute = _translating("execute")
+    executemany = _translating("executemany")
+    executescript = _translating("executescript")
+    __next__ = _translating("__next__")
+    fetchone = _translating("fetchone")
+    fetchmany = _translating("fetchmany")
+    fetchall = _translating("fetchall")
+
+
+class _Connection(sqlite3.Connection):
+    """Every statement through a `_Cursor` (sqlite3's own `execute` would bypass it)."""
+
+    owner: Connections | None = None
+
+    def cursor(self, factory=None):
+        return super().cursor(factory or _Cursor)
+
+    def execute(self, sql, parameters=(), /):
+        return self.cursor().execute(sql, parameters)
+
+    def executemany(self, sql, parameters, /):
+        return self.cursor().executemany(sql, parameters)
+
+    def executescript(self, script, /):
+        return self.cursor().executescript(script)
 
 
 def open_connection(path: Path, *, read_only: bool = False) -> sqlite3.Connection:
@@ -51,13 +109,13 @@ def open_connection(path: Path, *, read_only: bool = False) -> sqlite3.Connectio
         mode = "mode=ro" if in_log else "immutable=1"
         conn = sqlite3.connect(f"{path.resolve().as_uri()}?{mode}", uri=True,
                                isolation_level=None, check_same_thread=False,
-                               timeout=BUSY_TIMEOUT_MS / 1000)
+                               timeout=BUSY_TIMEOUT_MS / 1000, factory=_Connection)
         conn.execute("PRAGMA foreign_keys = ON")
         conn.execute(f"PRAGMA mmap_size = {MMAP_SIZE}")
         return conn
     conn = sqlite3.connect(
-        path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000
-    )
+        path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000,
+        factory=_Connection)
     conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
     # Only takes effect on a new, empty database (before the first table); lets gc() hand freed
     # chunk pages back to the file system with PRAGMA incremental_vacuum.
@@ -80,15 +138,42 @@ class Connections:
 
     def __init__(self, path: Path, *, read_only: bool = False):
         self.path = path
-        self.read_only = read_only
+        self.cannot_write = read_only
+        self.damage: str | None = None  # what SQLite found damaged, once it has
         self._local = threading.local()
         self._lock = threading.Lock()
         self._open: dict[threading.Thread, sqlite3.Connection] = {}
 
+    @property
+    def read_only(self) -> bool:
+        return self.cannot_write or self.damage is not None
+
+    def found_damage(self, why: str) -> DamagedError:
+        """Mark the file damaged (nothing is written to it any more); the error to raise."""
+        self.damage = self.damage or why
+        return DamagedError(
+            f"the store {self.path} is damaged ({self.damage}): kvdesk reads what it still can "
+            "and writes nothing more to it. `kvdesk verify` says where; `kvdesk export` saves a "
+            "chat while it can be read; to start afresh, move the file out of the data "
+            "directory (or put back a backup of it)")
+
+    def check(self) -> None:
+        """SQLite's own check of every table but the chunks' bytes (milliseconds: `verify`
+        checks those); damage found marks the file damaged."""
+        conn = self.get().conn
+        tables = [t for (t,) in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name != 'kv_chunks'")]
+        for table in tables:
+            problems = quick_check(conn, table)
+            if problems:
+                self.found_damage(f"table {table}: {problems[0]}")
+                return
+
     def get(self) -> sqlite_utils.Database:
         db = getattr(self._local, "db", None)
         if db is None:
-            conn = open_connection(self.path, read_only=self.read_only)
+            conn = open_connection(self.path, read_only=self.cannot_write)
+            conn.owner = self
             with self._lock:
                 # Workers come and go; close what finished threads left behind, so a long session
                 # does not accumulate file handles.
@@ -101,6 +186,8 @@ class Connections:
     @contextlib.contextmanager
     def write(self) -> Iterator[sqlite_utils.Database]:
         """A write transaction: takes the write lock first, commits on success, else rolls back."""
+        if self.damage is not None:
+            raise self.found_damage(self.damage)
         if self.read_only:
             raise ReadOnlyError(f"the data directory {self.path.parent} is read-only: kvdesk "
                                 "can list and verify what it holds, not change it")
@@ -129,6 +216,18 @@ class Connections:
                 conn.close()
             self._open.clear()
         self._local = threading.local()
+
+
+def quick_check(conn: sqlite3.Connection, table: str | None = None) -> list[str]:
+    """What SQLite's quick_check finds wrong in the file (or in one table and its indexes);
+    empty where nothing is."""
+    pragma = "PRAGMA quick_check" + (f'("{table}")' if table else "")
+    try:
+        lines = [line for (row,) in conn.execute(pragma) for line in row.splitlines()]
+    except DamagedError as e:  # too damaged to check
+        return [str(e.__cause__)]
+    lines = [x for x in lines if x not in ("ok", "*** in database main ***")]
+    return lines
 
 
 def prepare_data_dir(data_dir: Path, path: Path) -> bool:

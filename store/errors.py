@@ -53,5 +53,10 @@ class ReadOnlyError(StoreError):
     """The data directory cannot be written: reading works, changing anything does not."""
 
 
+class DamagedError(ReadOnlyError):
+    """The database file itself is damaged (SQLite found a malformed page): what can still be
+    read is, and nothing is written to it any more (a write could spread the damage)."""
+
+
 class DataDirError(StoreError):
     """The data directory cannot be used at all (a file in its place, no permission...)."""

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from . import blobs, calibrations, integrity, kv, library, quota
-from .db import Connections, prepare_data_dir
-from .errors import BudgetFullError, CorruptChunkError, DataDirError, NotFoundError
+from .db import Connections, prepare_data_dir, quick_check
+from .errors import BudgetFullError, CorruptChunkError, DamagedError, DataDirError, NotFoundError
 from .library import LibraryStore
 from .locks import ChatLocks
 from .passagekv import PassageKVStore
@@ -46,26 +46,39 @@ class Store(LibraryStore, PassageStore, PassageKVStore):
         self._db = Connections(self.path, read_only=prepare_data_dir(self.data_dir, self.path))
         self._chat_locks = ChatLocks(self.data_dir / "locks")
         try:
+            self._db.check()  # a damaged file is read, never written (`Connections.damage`)
             if self.read_only:
                 check_current(self._db.get().conn, self.data_dir)
             else:
                 migrate(self._db.get().conn)
-        except sqlite3.DatabaseError as e:
+        except (sqlite3.DatabaseError, DamagedError) as e:
             self._db.close()
             # Not a database, a damaged one, or one the file system will not let SQLite open;
             # any other error (a bad statement) is a bug and keeps its traceback.
             if isinstance(e, sqlite3.OperationalError) and not any(
                     why in str(e) for why in ("unable to open", "readonly", "disk I/O")):
                 raise
-            raise DataDirError(f"{self.path} cannot be opened as a kvdesk store ({e})") from e
+            raise DataDirError(f"{self.path} cannot be opened as a kvdesk store "
+                               f"({e.__cause__ if isinstance(e, DamagedError) else e})") from e
         except BaseException:
             self._db.close()
             raise
 
     @property
     def read_only(self) -> bool:
-        """True for a data directory this process cannot write: reads work, writes raise."""
+        """True for a data directory this process cannot write, or a damaged database file
+        (`damage`): reads work, writes raise."""
         return self._db.read_only
+
+    @property
+    def damage(self) -> str | None:
+        """What SQLite found damaged in the database file (when opened, or by a later read),
+        or None."""
+        return self._db.damage
+
+    def damage_error(self) -> DamagedError:
+        """What a damaged file means for the user, and what to do (`damage` set)."""
+        return self._db.found_damage(self.damage or "")
 
     def close(self) -> None:
         self._db.close()
@@ -355,14 +368,24 @@ class Store(LibraryStore, PassageStore, PassageKVStore):
         return quota.attaching(self._db)
 
     def verify(self) -> dict:
-        """Check every chunk of every complete entry; quarantine what fails (store.integrity).
+        """Check the database file (SQLite's quick_check), then every chunk of every complete
+        entry; quarantine what fails (store.integrity), in a file that is not damaged.
 
-        Returns {"entries": n, "chunks": n, "bytes": n,
+        Returns {"database": [what SQLite found wrong; empty: nothing], "entries": n,
+        "chunks": n, "bytes": n,
         "corrupt": [{"entry": id, "chunk": i, "level": name, "new": bool}],
         "missing": [{"entry": id, "chunk": i, "level": name}],
         "calibrations": [{"id", "model", "state": "ok" | "damaged" | "missing", "entries"}]}.
         """
-        return integrity.verify(self._db)
+        found = quick_check(self._db.get().conn)
+        if found:
+            self._db.found_damage(found[0])
+        try:
+            chunks = integrity.verify(self._db)
+        except DamagedError:  # too damaged to list its chunks
+            chunks = {"entries": 0, "chunks": 0, "bytes": 0, "corrupt": [], "missing": [],
+                      "calibrations": []}
+        return {"database": found or ([self.damage] if self.damage else []), **chunks}
 
     def quarantined(self) -> list[tuple[int, int, str]]:
         """(entry, chunk, level) of every chunk set aside after a failed check."""

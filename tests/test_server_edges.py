@@ -263,3 +263,13 @@ def test_a_stream_opens_once_its_call_is_past_its_checks():
 
     got = asyncio.run(run())
     assert got[0] == ("event", "token") and got[1][0] == "error"
+
+
+def test_a_data_directory_that_cannot_take_the_work_is_the_servers_fault_said_plainly():
+    from desktop_app.server.failures import error_of
+    from store.errors import DamagedError, ReadOnlyError
+
+    for error in (DamagedError("the store X is damaged (...)"), ReadOnlyError("read-only")):
+        status, body = error_of(error)
+        assert status == 500 and body["error"]["message"] == str(error)
+        assert body["error"]["code"] == "storage_unavailable"

@@ -15,7 +15,7 @@ import pytest
 from test_store_helpers import open_store, put_entry
 
 from store import Store, StoreError
-from store.errors import DataDirError, ReadOnlyError
+from store.errors import DamagedError, DataDirError, ReadOnlyError
 
 
 def test_a_file_in_place_of_the_data_directory(tmp_path):
@@ -209,3 +209,57 @@ def test_a_read_only_copy_of_a_store_in_use_reads_its_log(library, tmp_path):
     assert "kvdesk.sqlite-wal" in refused.stderr and "open it once where it can be written" \
         in refused.stderr
     os.chmod(copy, stat.S_IRWXU)
+
+
+def _damage(data_dir, table: str) -> None:
+    """Overwrite the cells of a table's root page, as a rotting sector would."""
+    path = data_dir / "kvdesk.sqlite"
+    conn = sqlite3.connect(path)
+    (root,) = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = ?",
+                           (table,)).fetchone()
+    (page_size,) = conn.execute("PRAGMA page_size").fetchone()
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    with open(path, "r+b") as f:
+        f.seek((root - 1) * page_size + 8)
+        f.write(b"\xff" * 200)
+
+
+def test_a_damaged_table_is_found_at_open_and_nothing_more_is_written(filled):
+    with open_store(filled) as store:
+        store.create_chat("About the doc", [1])
+    _damage(filled, "chats")
+    with Store(filled) as store:
+        # SQLite would list rows of nonsense from that page; the store says it is damaged.
+        assert store.damage and "table chats" in store.damage and store.read_only
+        assert [d.title for d in store.documents()] == ["Doc"]  # what is intact still reads
+        with pytest.raises(DamagedError, match="is damaged .*writes nothing more to it"):
+            store.add_document("h2", "Other", "text", type="txt")
+        report = store.verify()
+        assert report["database"] and report["corrupt"] == [] and report["chunks"] > 0
+
+
+def test_damage_a_read_runs_into_is_a_store_error_and_stops_every_write(filled, monkeypatch):
+    _damage(filled, "kv_entries")
+    monkeypatch.setattr("store.db.Connections.check", lambda self: None)  # (damage after open)
+    with Store(filled) as store:
+        assert store.damage is None
+        with pytest.raises(DamagedError, match="malformed"):
+            store.longest_prefix("model-a", range(400))
+        assert store.damage and store.read_only
+        with pytest.raises(DamagedError):
+            store.add_document("h2", "Other", "text", type="txt")
+        assert store.verify()["database"]
+
+
+def test_the_command_line_on_a_damaged_store_says_so_once_without_a_traceback(filled):
+    _damage(filled, "documents")
+    listed = kvdesk(filled, "chats", "--json")
+    assert listed.returncode == 0 and json.loads(listed.stdout) == []
+    assert listed.stderr.startswith("Warning: the store ") and "is damaged" in listed.stderr
+    collected = kvdesk(filled, "gc", "--json")  # it would write
+    assert collected.returncode == 1 and "Traceback" not in collected.stderr
+    assert json.loads(collected.stdout)["kind"] == "DamagedError"
+    verified = kvdesk(filled, "verify")
+    assert verified.returncode == 1 and "the database file is damaged" in verified.stdout
+    assert "Traceback" not in verified.stderr

@@ -13,7 +13,7 @@ import logging
 
 from fastapi.responses import JSONResponse
 
-from ..errors import Cancelled, ContextFullError, MissingError, is_user_error
+from ..errors import Cancelled, ContextFullError, MissingError, is_storage_fault, is_user_error
 from ..validation import InvalidValue
 from . import schemas as s
 
@@ -55,6 +55,8 @@ def error_of(e: BaseException) -> tuple[int, dict]:
     if isinstance(e, UnicodeEncodeError):  # (a body TextCheck could not read as JSON text)
         return 400, s.error("the request's text holds half of a UTF-16 surrogate pair, "
                             "which is not Unicode")
+    if is_storage_fault(e):  # (the server's data directory, not the request)
+        return 500, s.error(str(e), "server_error", code="storage_unavailable")
     if is_user_error(e):
         return 400, s.error(str(e))
     log.error("request failed", exc_info=e)

@@ -97,6 +97,8 @@ class Server:
         running = discovery.live(self.app.data_dir)
         if running or self.app.store.read_only:
             sockets[0].close()
+            if self.app.store.damage and not running:
+                raise self.app.store.damage_error()
             raise EngineError(f"a kvdesk server already serves this data directory at "
                               f"{running}: stop it first, or use it" if running else
                               f"the data directory {self.app.data_dir} is read-only: a "
