@@ -341,7 +341,7 @@ def test_a_corrupt_chunk_at_a_forced_level_is_read_at_another_and_set_aside(new_
     first = ask(eng, QUESTION, doc=doc_id, tokens=4, level="balanced")
     assert first.chunk_levels[1] == "compact" and first.recomputed_tokens == 0
     assert any("checksum" in m and "read at 'compact' instead" in m for m in first.messages)
-    assert any(m.startswith("1 of ") and "failed their check at 'balanced'" in m
+    assert any(m.startswith("1 of ") and "failed its check at 'balanced'" in m
                for m in first.messages), first.messages
     # Set aside: the next restore does not try it again, and docs says it is damaged.
     eng.runtime.reset()

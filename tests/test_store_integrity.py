@@ -32,8 +32,8 @@ def test_a_flipped_byte_raises_corrupt_chunk_and_verify_lists_it(tmp_path):
         entry = put_entry(store, range(600))
         other = put_entry(store, range(9000, 9100))
         assert store.verify() == {
-            "database": [], "entries": 2, "chunks": 8, "bytes": entry.nbytes + other.nbytes, "corrupt": [],
-            "missing": [], "calibrations": [],
+            "database": [], "entries": 2, "chunks": 8, "bytes": entry.nbytes + other.nbytes,
+            "corrupt": [], "missing": [], "calibrations": [],
         }  # fmt: skip
         flip_byte(store, entry.id, 1, "compact")
         with pytest.raises(CorruptChunkError) as caught:

@@ -59,6 +59,7 @@ from ..model.runtime import Runtime
 from ..options import RestoreOptions
 from ..results import Progress, RestoreReport
 from . import streaming
+from .levels import merged_level_notes
 from .sources import ChunkSource, SpanSource
 from .speeds import Speeds
 
@@ -241,7 +242,8 @@ class Blender:
         return RestoreReport(
             tokens=len(prefix), restore_s=c0 - t0 - head.recompute_s, bytes_read=n_bytes,
             chunk_levels=levels, recomputed_tokens=head.recomputed_tokens + computed,
-            messages=messages, source=head.source, adapted_chunks=head.adapted_chunks,
+            messages=merged_level_notes(messages), source=head.source,
+            adapted_chunks=head.adapted_chunks,
             recompute_s=head.recompute_s + time.perf_counter() - c0), \
             Blend(reused, computed - (len(prefix) - len(layout.tokens) - repeated), "blended",
                   exact_until, len(prefix), repeated, known)

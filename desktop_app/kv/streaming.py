@@ -41,6 +41,7 @@ from ..model.layout import ModelLayout
 from ..model.runtime import Runtime
 from ..options import AUTO, GenerationOptions, RestoreOptions
 from ..results import Progress, RestoreEstimate, RestoreReport
+from .levels import level_notes
 from .reading import TEXT, ChunkReader
 from .sources import ChunkSource, LocalSource
 from .speeds import Speeds
@@ -228,19 +229,9 @@ class _Reading:
                 pass
 
     def finish(self, source: ChunkSource) -> None:
-        level = self.options.level
-        others = [lvl for lvl in self.chunk_levels if lvl != level]
-        if level != AUTO and others:
-            # (a chunk stored at the level asked for and read at another failed its check)
-            missing = min(len(others), self.not_stored)
-            read = ", ".join(sorted(set(others)))
-            n = len(self.chunk_levels)
-            if missing:
-                self.messages.append(f"{missing} of {n} {_chunks(n)} not stored at {level!r}: "
-                                     f"read at {read} instead")
-            if len(others) > missing:
-                self.messages.append(f"{len(others) - missing} of {n} {_chunks(n)} failed "
-                                     f"their check at {level!r}: read at {read} instead")
+        if self.options.level != AUTO:
+            self.messages += level_notes(self.options.level, self.chunk_levels,
+                                         self.not_stored)
         if self.measured and not self.options.bandwidth_MBps:
             self.speeds.observe_read(source.kind, self.measured[0])
 
@@ -442,7 +433,3 @@ def adaptation_note(report: RestoreReport, sampling: GenerationOptions) -> list[
             "the time budget at this machine's speed right now: under --level auto the same "
             "request can answer differently another time; a fixed --level (e.g. high) gives "
             "one answer for a given seed or temperature 0"]
-
-
-def _chunks(n: int) -> str:
-    return "chunk is" if n == 1 else "chunks are"
