@@ -120,3 +120,13 @@ def test_a_stored_lossless_level_is_read_with_or_without_a_server(tmp_path):
         assert set(answer["chunk_levels"]) == {"lossless"}, answer
         assert answer["recomputed_tokens"] == 0
         assert not any("opt-in" in m for m in answer["messages"])
+
+
+def test_every_command_that_ends_takes_json():
+    from desktop_app.cli import cli
+
+    commands = [(f"{name} {sub}", c) for name, group in cli.commands.items()
+                for sub, c in getattr(group, "commands", {"": group}).items()]
+    lacking = [name.strip() for name, c in commands
+               if not any("--json" in getattr(p, "opts", ()) for p in c.params)]
+    assert sorted(lacking) == ["gui", "serve"]  # they keep running

@@ -317,10 +317,11 @@ def chats(app: App, as_json: bool):
 @click.option("--format", "fmt", type=click.Choice(["markdown", "json"]), default="markdown",
               show_default=True, help="Markdown (each answer's sources and quotes under it) "
               "or JSON (the messages with their stats).")
+@click.option("--json", "as_json", is_flag=True, help="The same as --format json.")
 @click.pass_obj
-def export(app: App, chat_id: int, fmt: str):
+def export(app: App, chat_id: int, fmt: str, as_json: bool):
     """Print a chat, to save or share it (as the window's chat list exports it)."""
-    text = app.engine.export_chat(chat_id, fmt)
+    text = app.engine.export_chat(chat_id, "json" if as_json else fmt)
     click.echo(text, nl=not text.endswith("\n"))
 
 
