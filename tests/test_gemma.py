@@ -323,3 +323,9 @@ def test_an_uncalibrated_sliding_window_model_reads_its_passages_as_text(tmp_pat
     finally:
         eng.close()
         eng.store.close()
+
+
+def test_gemmas_tokenizer_counts_a_long_text_in_pieces_exactly(engine):
+    from tests.test_longdoc import count_in_pieces_is_whole_count
+
+    count_in_pieces_is_whole_count(engine.runtime)

@@ -9,13 +9,15 @@ context."""
 from __future__ import annotations
 
 import sqlite3
+import threading
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+from desktop_app.chat.attaching import _count
 from desktop_app.engine import Engine
-from desktop_app.errors import EngineError
+from desktop_app.errors import Cancelled, EngineError
 from desktop_app.kv.blending import repeats
 from desktop_app.model.kvstate import in_position_order
 from desktop_app.model.prompts import passage_layout, passage_prefix
@@ -602,3 +604,21 @@ def test_a_pdfs_sources_carry_page_numbers(tmp_path, model_path, model_hash):
     finally:
         eng.close()
         eng.store.close()
+
+
+# Line breaks in runs, before indentation and before words: a piece may end only where every
+# tokenizer splits anyway.
+PIECES = "".join(f"Section {i}\n\n  item {i}:\n\n\n{PASSAGES[i % len(PASSAGES)]}\n"
+                 f"    code({i})\n\t\nend\n" for i in range(60))
+
+
+def count_in_pieces_is_whole_count(runtime) -> None:
+    assert _count(runtime, PIECES, None, piece=97) == len(runtime.tokenize(PIECES))
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(Cancelled):
+        _count(runtime, PIECES, stop)
+
+
+def test_a_long_text_is_counted_in_pieces_exactly_and_a_cancel_stops_it(runtime):
+    count_in_pieces_is_whole_count(runtime)

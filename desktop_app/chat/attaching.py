@@ -49,6 +49,27 @@ def _phase(progress: ProgressFn | None, phase: str,
     return lambda done, total: progress(Progress(phase, done, total, title))
 
 
+def _count(rt: Runtime, text: str, cancel: threading.Event | None,
+           piece: int = 1 << 16) -> int:
+    """`text`'s tokens, counted a piece at a time: as many as counted whole, and Ctrl-C
+    within (a book's count takes seconds; llama.cpp's SentencePiece tokenizer, Gemma's,
+    slows down with the length of what it is given, to minutes). A piece ends with a line
+    break between two words, where every tokenizer splits (a run of breaks can be one
+    token)."""
+    n = start = 0
+    while start < len(text):
+        if cancel is not None and cancel.is_set():
+            raise Cancelled()
+        end = start + piece
+        while 0 < end < len(text) and not (text[end - 1] == "\n" and not text[end].isspace()
+                                            and not text[end - 2].isspace()):
+            end = text.find("\n", end) + 1
+        end = end or len(text)
+        n += len(rt.tokenize(text[start:end]))
+        start = end
+    return n
+
+
 class Attacher:
     def __init__(self, store: Store, contexts: Contexts, kv: KVCache, sharing: Sharing,
                  prompter: Prompter, speeds: Speeds, passages: PassageIndex):
@@ -111,7 +132,7 @@ class Attacher:
             new = existing is None or existing.attach_pid is not None
             if existing is not None and new:
                 self.store.claim_document(existing.id)
-            doc_tokens = len(rt.tokenize(extracted.text))
+            doc_tokens = _count(rt, extracted.text, cancel)
             prefix = None if doc_tokens > self.prompter.room(rt) else document_prefix(
                 rt, (existing.title if existing else title, extracted.text),
                 self.prompter.room(rt))
@@ -190,7 +211,7 @@ class Attacher:
         try:
             if not count:
                 count = self.passages.add(doc.id, extracted.text, extracted.kind,
-                                          lambda text: len(rt.tokenize(text)),
+                                          lambda text: _count(rt, text, cancel),
                                           pages=extracted.pages,
                                           line_numbers=extracted.lines)
             elif extracted.lines:  # attached again: its lines as the file numbers them
