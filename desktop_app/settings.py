@@ -214,7 +214,7 @@ def load(path: Path | None = None) -> Settings:
                             "writes its settings there again")
     if path.is_file():
         try:
-            saved = json.loads(path.read_text(encoding="utf-8"))
+            saved = json.loads(path.read_text(encoding="utf-8-sig"))
         except (ValueError, OSError) as e:
             raise SettingsError(f"{path} is not valid JSON ({e}); fix or delete it") from e
         if not isinstance(saved, dict):

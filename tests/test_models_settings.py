@@ -55,6 +55,13 @@ def test_settings_precedence(monkeypatch, tmp_path):
     assert settings.load().with_overrides(n_ctx=1024).n_ctx == 1024
 
 
+def test_a_settings_file_saved_with_a_byte_order_mark_is_read(tmp_path):
+    # (Windows' Notepad writes one to every UTF-8 file it saves)
+    path = tmp_path / "settings.json"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps({"n_ctx": 2048}).encode())
+    assert settings.load(path).n_ctx == 2048
+
+
 def test_bad_settings_are_clear_errors(monkeypatch):
     path = settings.config_dir() / "settings.json"
     path.parent.mkdir(parents=True)
