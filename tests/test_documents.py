@@ -61,6 +61,18 @@ def test_legacy_encodings_keep_their_accents_and_say_so(tmp_path, text, encoding
     assert len(doc.warnings) == 1 and "not UTF-8; read as" in doc.warnings[0]
 
 
+def test_utf8_with_a_stray_byte_stays_utf8_and_the_byte_is_read_as_windows_1252(tmp_path):
+    """A line pasted from an older file must not turn the whole document into mojibake."""
+    text = "Die Zürcher Straßenbahn fährt um 08:30 ab. 東京 — naïve.\n" * 40
+    half = len(text.encode()) // 2
+    (tmp_path / "mixed.txt").write_bytes(text.encode()[:half] + "Café\n".encode("latin-1")
+                                         + text.encode()[half:])
+    doc = extract(tmp_path / "mixed.txt")
+    assert doc.text.startswith(text[:200]) and "Café" in doc.text and "\ufffd" not in doc.text
+    assert doc.warnings == ["mixed.txt: UTF-8 but for 1 stray byte sequence(s), each byte "
+                            "read as cp1252"]
+
+
 def test_pdf_reader_complaints_become_warnings(tmp_path, capsys):
     pdf = make_pdf(tmp_path / "d.pdf", ["Attention sinks matter."])
     data = pdf.read_bytes()

@@ -4,7 +4,8 @@ Supported: plain text, Markdown and source code (anything that is text, whatever
 extension), HTML (the visible text: no scripts, styles or markup), and PDF (through pypdf).
 Each problem is a `DocumentError` with a message meant for the user — a binary or unknown
 file, an empty document, a PDF without a text layer — and text that is not UTF-8 is decoded
-in the encoding charset-normalizer detects (or Windows-1252) and *said so* in
+in the encoding charset-normalizer detects (or Windows-1252; UTF-8 with a few stray bytes
+stays UTF-8, each stray byte read as Windows-1252) and *said so* in
 `Extracted.warnings`, never silently; so are a PDF reader's complaints, which never reach the
 terminal on their own.
 
@@ -13,6 +14,7 @@ This module only reads files: it never tokenizes, never touches the model or the
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import hashlib
 import html.parser
@@ -130,6 +132,16 @@ def _decode(data: bytes, name: str, warnings: list[str]) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError:
         pass
+    # UTF-8 with a few stray bytes (a line pasted from an older file): more characters in
+    # UTF-8's multi-byte sequences than bytes outside them, which text in an 8-bit encoding
+    # never has. Each stray byte is read as Windows-1252, the rest as the UTF-8 it is.
+    strays = data.decode("utf-8", errors="replace").count("\ufffd") - data.count(
+        "\ufffd".encode())
+    text = data.decode("utf-8", errors=_STRAY)
+    if sum(not c.isascii() for c in text) > 2 * strays:
+        warnings.append(f"{name}: UTF-8 but for {strays} stray byte sequence(s), each byte "
+                        f"read as {FALLBACK_ENCODING}")
+        return text
     # A legacy 8-bit encoding: detected when the text says enough about its language, else
     # Windows-1252, the most common one for Western text (a superset of Latin-1's letters).
     encoding, how = _legacy_encoding(data)
@@ -140,6 +152,16 @@ def _decode(data: bytes, name: str, warnings: list[str]) -> str:
                        if bad else "")
                     + "; if letters look wrong, save the file as UTF-8")
     return text
+
+
+def _stray(e: UnicodeDecodeError) -> tuple[str, int]:
+    """A byte that is not UTF-8, read as Windows-1252 (a codec error handler)."""
+    return e.object[e.start:e.start + 1].decode(FALLBACK_ENCODING, errors="replace"), \
+        e.start + 1
+
+
+_STRAY = "kvdesk-stray-cp1252"
+codecs.register_error(_STRAY, _stray)
 
 
 def _bomless_utf16(head: bytes) -> str | None:
