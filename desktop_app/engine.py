@@ -146,6 +146,15 @@ class Engine:
         return self._levels
 
     @property
+    def storage_problem(self) -> str | None:
+        return str(self.store.damage_error()) if self.store.damage else None
+
+    def _writable(self) -> None:
+        """A damaged store refuses new work before it is computed, not after."""
+        if self.store.damage:
+            raise self.store.damage_error()
+
+    @property
     def generation_defaults(self) -> GenerationOptions:
         return self.session.generation_defaults
 
@@ -236,6 +245,7 @@ class Engine:
     def attach(self, path: str | Path, *, levels: Sequence[str] | None = None,
                progress: ProgressFn | None = None,
                cancel: threading.Event | None = None) -> AttachResult:
+        self._writable()
         result = self.attacher.attach(path, levels=levels, progress=progress, cancel=cancel)
         if result.passages and self._long_running:  # (a one-shot command would not finish)
             self.passage_fill.request(result.doc_id)
@@ -255,6 +265,7 @@ class Engine:
             on_token: TokenFn | None = None, on_restore: RestoreFn | None = None,
             progress: ProgressFn | None = None,
             cancel: threading.Event | None = None) -> AskResult:
+        self._writable()
         return self.session.ask(question, chat_id=chat_id, doc_ids=doc_ids, restore=restore,
                                 generation=generation, on_token=on_token,
                                 on_restore=on_restore, progress=progress, cancel=cancel)

@@ -50,6 +50,11 @@ class EngineAPI(Protocol):
         """The codec levels documents are stored at, best quality first."""
         ...
 
+    @property
+    def storage_problem(self) -> str | None:
+        """Why the data directory takes no new work (its database damaged), or None."""
+        ...
+
     def warm_up(self) -> None:
         """Ready the codec in the background (a GUI calls it at start-up)."""
         ...

@@ -106,7 +106,10 @@ def _new_chat(db: sqlite_utils.Database, title: str, document_ids: Sequence[int]
 
 
 def _chat(db: sqlite_utils.Database, chat_id: int) -> Chat:
-    return Chat(**get(db["chats"], chat_id, "chat"))
+    row = get(db["chats"], chat_id, "chat")
+    if row["title"] is None or row["updated"] is None:  # (`chats`: a damaged page's)
+        raise NotFoundError(f"no chat {chat_id!r}")
+    return Chat(**row)
 
 
 def _message_counts(db: sqlite_utils.Database) -> dict[int, int]:
@@ -218,7 +221,8 @@ class LibraryStore:
         return _document(self._db.get(), document_id)
 
     def documents(self) -> list[Document]:
-        return [Document(**row) for row in self._db.get()["documents"].rows_where(order_by="id")]
+        return [Document(**row) for row in self._db.get()["documents"].rows_where(order_by="id")
+                if row["title"] is not None and row["text"] is not None]  # (as `chats`)
 
     def claim_document(self, document_id: int) -> None:
         """Take over an unfinished document (its attach was killed): attached by this process
@@ -267,7 +271,10 @@ class LibraryStore:
     def chats(self) -> list[Chat]:
         """All chats, the most recently updated first."""
         rows = self._db.get()["chats"].rows_where(order_by="updated DESC, id DESC")
-        return [Chat(**row) for row in rows]
+        # (NOT NULL columns read as null: the rows of nonsense a damaged page gives, which
+        # SQLite's own WHERE does not always see)
+        return [Chat(**row) for row in rows if row["title"] is not None
+                and row["updated"] is not None]
 
     def message_counts(self) -> dict[int, int]:
         """{chat id: number of messages}, for chats with any: one query, no message loaded."""

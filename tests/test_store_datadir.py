@@ -233,6 +233,7 @@ def test_a_damaged_table_is_found_at_open_and_nothing_more_is_written(filled):
         # SQLite would list rows of nonsense from that page; the store says it is damaged.
         assert store.damage and "table chats" in store.damage and store.read_only
         assert [d.title for d in store.documents()] == ["Doc"]  # what is intact still reads
+        assert all(c.title is not None for c in store.chats())
         with pytest.raises(DamagedError, match="is damaged .*writes nothing more to it"):
             store.add_document("h2", "Other", "text", type="txt")
         report = store.verify()
@@ -263,3 +264,7 @@ def test_the_command_line_on_a_damaged_store_says_so_once_without_a_traceback(fi
     verified = kvdesk(filled, "verify")
     assert verified.returncode == 1 and "the database file is damaged" in verified.stdout
     assert "Traceback" not in verified.stderr
+    # Refused before anything is computed (its answer could not be stored).
+    asked = kvdesk(filled, "ask", "1", "hi", "--no-server")
+    assert asked.returncode == 1 and "is damaged" in asked.stderr
+    assert "restore" not in asked.stderr and "Traceback" not in asked.stderr

@@ -538,3 +538,10 @@ def test_a_source_is_shown_in_its_document(qtbot, window, engine):
     assert "Passage 50 of the document." in view.text.toPlainText()
     assert view.text.verticalScrollBar().value() > 0  # scrolled to it, not left at the top
     view.close()
+
+
+def test_a_damaged_store_is_said_as_soon_as_the_window_opens(qtbot):
+    damaged = FakeEngine(step_s=0.002, token_s=0.001).seed()
+    damaged.storage_problem = "the store X is damaged (table chats: ...)"
+    window = open_window(qtbot, damaged)
+    assert window.info.text() == damaged.storage_problem

@@ -210,7 +210,10 @@ class MainWindow(AskingMixin, LibraryMixin, CodecMixin, QMainWindow):
         self.chat_list.search.selectAll()
 
     def _say(self, text: str, error: bool = False) -> None:
-        """The line above the conversation: restore reports, notices, errors."""
+        """The line above the conversation: restore reports, notices, errors; when there is
+        nothing to say, why the data directory takes no new work, if it does not."""
+        if not text and self.engine is not None and self.engine.storage_problem:
+            text, error = self.engine.storage_problem, True
         self.info.setStyleSheet(f"color: {self.colors.error}" if error else "")
         self.info.setText(text)
 
