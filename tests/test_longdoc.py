@@ -287,6 +287,26 @@ def test_follow_ups_keep_the_chats_passages_and_a_reopen_lays_them_out(make_engi
     assert report.tokens == len(tokens)
 
 
+def test_a_passage_evicted_between_being_found_and_read_is_computed(make_engine, monkeypatch):
+    """Under a small storage budget, the passages a question computes can evict those it
+    found stored a moment before: those are computed too, never an error."""
+    eng = make_engine()
+    q = "When does the Saturday ferry leave, and what does the museum keep?"
+    eng.ask(q, doc_ids=[eng.doc], generation=GREEDY)  # both passages get their KV
+    found = passage_entries(eng)
+    real = eng.store.tokens
+
+    def evicted_meanwhile(entry_id):
+        if entry_id in found:
+            eng.store.gc(budget_bytes=1)
+        return real(entry_id)
+
+    monkeypatch.setattr(eng.store, "tokens", evicted_meanwhile)
+    eng.runtime.reset()
+    again = eng.ask(q, doc_ids=[eng.doc], generation=GREEDY)
+    assert again.answer and again.recomputed_tokens > 0
+
+
 def test_eviction_takes_passage_kv_and_keeps_text_and_index(make_engine):
     eng = make_engine()
     q = "What does the museum keep?"

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from store import Entry, Store
+from store import Entry, NotFoundError, Store
 
 from ..calibration.calibrations import Calibrations
 from ..errors import Cancelled, RuntimeStateError
@@ -274,7 +274,10 @@ class Blender:
         of the prefix); None when there is nothing to reuse."""
         if entry is None or entry.parent_id is not None:
             return None
-        stored = self.store.tokens(entry.id)
+        try:
+            stored = self.store.tokens(entry.id)
+        except NotFoundError:  # evicted since it was found (by a passage stored meanwhile)
+            return None
         runs = [r for r in align(part, stored) if r[2] > 0]
         if not runs:
             return None
