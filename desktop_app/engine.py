@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -266,9 +267,29 @@ class Engine:
             progress: ProgressFn | None = None,
             cancel: threading.Event | None = None) -> AskResult:
         self._writable()
-        return self.session.ask(question, chat_id=chat_id, doc_ids=doc_ids, restore=restore,
-                                generation=generation, on_token=on_token,
-                                on_restore=on_restore, progress=progress, cancel=cancel)
+        notes = [] if chat_id is not None or restore.no_cache else self._cache_stale(
+            doc_ids, progress, cancel)
+        result = self.session.ask(question, chat_id=chat_id, doc_ids=doc_ids, restore=restore,
+                                  generation=generation, on_token=on_token,
+                                  on_restore=on_restore, progress=progress, cancel=cancel)
+        return replace(result, messages=[*notes, *result.messages]) if notes else result
+
+    def _cache_stale(self, doc_ids: Sequence[int], progress: ProgressFn | None,
+                     cancel: threading.Event | None) -> list[str]:
+        """A new chat's documents cached only under another model (the user switched) get
+        their cache under this one first, once, as the window offers after a switch: else
+        every new chat about them would compute them again. What was done, said."""
+        fp, notes = self.fingerprint, []
+        roots = {e.document_id for e in self.store.entries()
+                 if e.document_id is not None and e.parent_id is None and not e.passage}
+        passages = self.store.passage_counts()
+        for doc_id in dict.fromkeys(doc_ids):
+            if doc_id in roots and doc_id not in passages and \
+                    self.store.document_entry(doc_id, fp) is None:
+                self.prefill(doc_id, progress=progress, cancel=cancel)
+                notes.append(f"document {doc_id} was cached under another model: its cache "
+                             "for this one is computed and stored now, once")
+        return notes
 
     def regenerate(self, chat_id: int, *, restore: RestoreOptions = RestoreOptions(),
                    generation: GenerationOptions = GenerationOptions(),
