@@ -74,3 +74,18 @@ def test_an_identifier_with_an_underscore_is_matched_as_written():
     assert naming(counted({"__missing__": 1, "called": 9}), 1,
                   "When is __missing__ called?", texts) == [texts[1]]
 
+
+
+def test_a_list_with_no_full_stops_is_quoted_from_the_line_naming_the_word():
+    """A bullet list or a table runs on as one "sentence": cut from its start, the quote
+    would leave out the line the question asks about."""
+    bullets = "".join(f"- lease set to {i * 37} for the backoff stage\n" for i in range(12))
+    text = bullets + "- the Quasarline relay listens on port 7731 for its peers\n- end\n"
+    (quote,) = naming(counted({"quasarline": 1}), 1, "Which port does the Quasarline relay "
+                      "listen on?", [text])
+    assert quote.startswith("- the Quasarline relay listens on port 7731") and quote in text
+    # In a line longer than a quote, from a few words before the name.
+    line = "word " * 200 + "the Quasarline relay listens on port 7731 " + "more " * 100
+    (quote,) = naming(counted({"quasarline": 1}), 1, "Quasarline?", [line])
+    assert quote.startswith("word word word word word the Quasarline") and quote in line
+    assert len(" ".join(quote.split())) <= LONGEST

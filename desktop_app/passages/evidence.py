@@ -81,6 +81,21 @@ def naming(store: Store, doc_id: int, question: str, texts: Sequence[str],
     stems = re.compile(r"\b(?:" + "|".join(re.escape(_stem(w))
                                            for w, c in counts.items() if c == fewest) + ")",
                        re.IGNORECASE)
-    found = {" ".join(s.split()): _cut(s.strip()) for t in texts for s in sentences(t)
-             if stems.search(s)}  # (each once, however its lines are wrapped)
+    found = {" ".join(s.split()): _quote(s.strip(), stems) for t in texts
+             for s in sentences(t) if stems.search(s)}  # (each once, however it is wrapped)
     return list(found.values())[:most]
+
+
+def _quote(sentence: str, stems: re.Pattern) -> str:
+    """`sentence` cut to LONGEST characters, from its start if the cut still names a stem;
+    else (a list or a table with no full stops runs on past it) from the start of the line
+    that does, or, in a line longer than that, from a few words before the name."""
+    cut = _cut(sentence)
+    if stems.search(cut):
+        return cut
+    at = stems.search(sentence).start()
+    line = sentence.rfind("\n", 0, at) + 1
+    if len(" ".join(sentence[line:at].split())) > LONGEST // 2:
+        words = [m.start() for m in re.finditer(r"\S+", sentence[line:at])]
+        line += words[max(0, len(words) - 6)]
+    return _cut(sentence[line:])
