@@ -3,6 +3,8 @@ settings. Every wait is on a signal or a condition, never a sleep."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 
 import pytest
@@ -545,3 +547,16 @@ def test_a_damaged_store_is_said_as_soon_as_the_window_opens(qtbot):
     damaged.storage_problem = "the store X is damaged (table chats: ...)"
     window = open_window(qtbot, damaged)
     assert window.info.text() == damaged.storage_problem
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_and_sigterm_close_the_window_as_its_close_button_does(qtbot, engine, signum):
+    from ui.main import _closing_on_signals
+
+    window = open_window(qtbot, engine)
+    window.show()
+    before = signal.getsignal(signum)
+    with _closing_on_signals(window):
+        os.kill(os.getpid(), signum)
+        qtbot.waitUntil(lambda: not window.isVisible(), timeout=3000)
+    assert signal.getsignal(signum) is before

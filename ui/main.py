@@ -11,15 +11,37 @@ a model takes seconds.
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
 from collections.abc import Callable
 
+from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication
 
 from desktop_app.protocol import AppAPI, EngineAPI, LocalAPIControl
 from desktop_app.settings import Settings
 
 from .main_window import MainWindow
+
+
+@contextlib.contextmanager
+def _closing_on_signals(window: MainWindow):
+    """Ctrl-C in the terminal (SIGINT) and SIGTERM (a logout, a service manager) close the
+    window as its close button does: answers in flight stop, the local API it serves stops
+    cleanly. (Python runs a signal handler only between its own instructions, which Qt's
+    event loop never reaches when idle: a timer brings it back often enough to see one.)"""
+    previous = {s: signal.signal(s, lambda *_: window.close())
+                for s in (signal.SIGINT, signal.SIGTERM)}
+    tick = QTimer(interval=200)
+    tick.timeout.connect(lambda: None)
+    tick.start()
+    try:
+        yield
+    finally:
+        tick.stop()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def _ready_engine(app: AppAPI) -> EngineAPI:
@@ -44,7 +66,8 @@ def run(app: AppAPI, make_app: Callable[[Settings], AppAPI],
                             local_api=local_api, list_models=app.list_models)
         window.restart_requested.connect(restart.append)
         window.show()
-        code = qapp.exec()
+        with _closing_on_signals(window):
+            code = qapp.exec()
         if local_api is not None:
             local_api.stop()
         app.close()
