@@ -359,6 +359,17 @@ def test_the_local_api_answers_from_passages_and_names_them(make_engine):
         (i, PASSAGES[i], (2 * i + 1, 2 * i + 1)) for i in (0, 1, 2)]
 
 
+def test_an_api_conversation_keeps_its_earlier_questions_passages_as_a_chat_does(make_engine):
+    eng = make_engine()
+    messages = [{"role": "user", "content": "When does the Saturday ferry leave?"},
+                {"role": "assistant", "content": "At 10:00."},
+                {"role": "user", "content": "And what does the museum keep?"},
+                {"role": "assistant", "content": "Logbooks and a telescope."},
+                {"role": "user", "content": "Which of them is older?"}]
+    _, sources, _, _ = eng.completions.prompt(messages, [eng.doc])
+    assert {eng.ids[0], eng.ids[1]} <= {s.passage_id for s in sources}
+
+
 def test_a_text_the_document_repeats_is_read_once(make_engine):
     from desktop_app.results import Source
 

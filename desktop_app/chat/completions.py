@@ -83,9 +83,11 @@ class Completions:
             texts = [m["content"] for m in messages]
             ask = max((i for i, m in enumerate(messages) if m["role"] != "assistant"),
                       default=len(texts) - 1)  # the question a given answer start follows
+            asked = [m["content"] for m in messages[:ask] if m["role"] == "user"]
             sources, notes = s.longdocs.pick(
                 rt, docs, texts[ask], texts[:ask] + texts[ask + 1:],
-                len(rt.tokenize("\n".join(texts))) + 8 * len(texts))  # (their template's)
+                len(rt.tokenize("\n".join(texts))) + 8 * len(texts),  # (their template's)
+                kept=s.longdocs.asked_before(docs, asked))  # as a chat keeps its turns'
             layout = passage_layout(rt, [x.text for x in sources])
             head, head_tokens = list(layout.messages), list(layout.tokens)
             if messages[ask]["role"] == "user":  # its evidence, as a chat's question has

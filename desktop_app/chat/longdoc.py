@@ -126,11 +126,7 @@ class LongDocs:
         tokens of the context taken by the conversation, keeping `kept` while room remains;
         (passages in document order, notes)."""
         split = self._split(docs)
-        # Each document's best, focused (passages far below the best distract a small model),
-        # then the best of all (fused scores compare across them).
-        hits = sorted((Source.of(h, d) for d in split for h in self.retriever.retrieve(
-            d, question, recent=recent, k=self.top_k, focus=self.focus)),
-            key=lambda s: -s.score)[:self.top_k]
+        hits = self._hits(split, question, recent)
         chosen = self._fit(rt, hits, list(kept), self.prompter.room(rt) - used,
                            [d.id for d in docs])
         notes = []
@@ -143,6 +139,26 @@ class LongDocs:
             notes.append("no retrieved passage fits what is left of the context: "
                          "start a new chat")
         return chosen, notes
+
+    def asked_before(self, docs: Sequence[Document], questions: Sequence[str]
+                     ) -> list[Source]:
+        """The passages a conversation's earlier `questions` were given, each after those
+        before it: what a chat keeps of its turns (`pick`'s `kept`), for a conversation a
+        client sends as text (the local API's)."""
+        split, given = self._split(docs), {}
+        for i, question in enumerate(questions):
+            for s in self._hits(split, question, questions[:i]):
+                given.setdefault(s.passage_id, s)
+        return list(given.values())
+
+    def _hits(self, split: Sequence[Document], question: str, recent: Sequence[str]
+              ) -> list[Source]:
+        """Each document's best passages for `question`, focused (passages far below the
+        best distract a small model), then the best of all (fused scores compare across
+        them)."""
+        return sorted((Source.of(h, d) for d in split for h in self.retriever.retrieve(
+            d, question, recent=recent, k=self.top_k, focus=self.focus)),
+            key=lambda s: -s.score)[:self.top_k]
 
     def offer(self, sources: Sequence[Source]) -> None:
         """The passages a conversation not kept as a chat (the local API's) is laid out with:
