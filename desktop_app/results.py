@@ -201,7 +201,8 @@ class AskResult(Record):
     # The lines of those passages its question's turn quoted (`passages.evidence`), else [].
     evidence: list[str] = field(default_factory=list)
     # "length": the answer ran to its limit (max_tokens, or the room left in the context) and
-    # may be cut short; "stop": the model ended it, or it was stopped (messages say why).
+    # may be cut short; "cancelled": it was stopped (Ctrl-C, the window's stop button); "stop":
+    # the model ended it, or it stopped going round in circles (messages say why).
     finish_reason: str = "stop"
 
 
