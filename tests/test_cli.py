@@ -153,15 +153,17 @@ def test_ctrl_c_during_attach_stores_nothing(tmp_path):
 
     doc = tmp_path / "long.txt"
     doc.write_text("The quick brown fox jumps over the lazy dog. " * 300)
-    proc = subprocess.Popen([sys.executable, "-m", "desktop_app", "attach", str(doc)],
+    proc = subprocess.Popen([sys.executable, "-m", "desktop_app", "attach", str(doc),
+                             "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for line in proc.stderr:  # wait until the prefill is under way
         if "prefill" in line:
             break
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    out, err = proc.communicate(timeout=120)
     assert proc.returncode == 1
     assert "cancelled; nothing was stored" in err and "Traceback" not in err
+    assert json.loads(out) == [{"source": str(doc), "error": "cancelled; nothing was stored"}]
     assert json.loads(kvdesk("docs", "--json").stdout) == []
     assert json.loads(kvdesk("verify", "--json").stdout)["chunks"] == 0
 

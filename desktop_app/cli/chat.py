@@ -54,6 +54,7 @@ def attach(app: App, files: tuple[str, ...], levels: str | None, no_server: bool
             except Cancelled:
                 bar.done()
                 click.echo(f"{path}: cancelled; nothing was stored", err=True)
+                results.append(AttachFailure(path, "cancelled; nothing was stored").as_dict())
                 failed = True
                 break
             except Exception as e:
