@@ -169,6 +169,22 @@ def test_ctrl_c_during_attach_stores_nothing(tmp_path):
 
 
 @pytest.mark.model
+def test_ctrl_c_during_calibrate_json_prints_one_json_document():
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-m", "desktop_app", "calibrate", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stderr:  # wait until it is under way
+        if "%" in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in err
+    assert json.loads(out) == {"error": "calibration cancelled; nothing was stored",
+                               "kind": "Cancelled"}
+
+
+@pytest.mark.model
 def test_ctrl_c_stops_a_restore_paced_to_a_slow_link(tmp_path):
     import signal
     import time

@@ -5,6 +5,7 @@ calibration, the quality evaluation and the window.
 
 from __future__ import annotations
 
+import json
 import sys
 
 import click
@@ -166,7 +167,10 @@ def calibrate(app: App, force: bool, as_json: bool):
                 cal = engine.calibrate(progress=bar, cancel=cancel)
             except Cancelled:
                 bar.done()
-                click.echo("calibration cancelled; nothing was stored", err=True)
+                said = "calibration cancelled; nothing was stored"
+                if as_json:  # (one JSON document, as every refusal prints one)
+                    click.echo(json.dumps({"error": said, "kind": "Cancelled"}))
+                click.echo(said, err=True)
                 sys.exit(1)
         bar.done()
     elif not as_json:
