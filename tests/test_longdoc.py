@@ -20,6 +20,7 @@ from desktop_app.engine import Engine
 from desktop_app.errors import Cancelled, EngineError
 from desktop_app.kv.blending import repeats
 from desktop_app.model.kvstate import in_position_order
+from desktop_app.model.llamacalls import pieces
 from desktop_app.model.prompts import passage_layout, passage_prefix
 from desktop_app.model.runtime import Runtime
 from desktop_app.options import GenerationOptions, RestoreOptions
@@ -644,7 +645,16 @@ PIECES = "".join(f"Section {i}\n\n  item {i}:\n\n\n{PASSAGES[i % len(PASSAGES)]}
 
 
 def count_in_pieces_is_whole_count(runtime) -> None:
-    assert _count(runtime, PIECES, None, piece=97) == len(runtime.tokenize(PIECES))
+    """`llamacalls.pieces`: a long text and a long conversation (special tokens), tokenized a
+    piece at a time, are the same tokens as in one call."""
+    chat = runtime.render_chat([{"role": "user" if i % 2 else "assistant", "content": f"x {i}"}
+                                for i in range(300)], add_generation_prompt=True)
+    for text in (PIECES, chat):
+        whole = runtime.llm.tokenize(text.encode(), add_bos=True, special=True)
+        assert [t for i, p in enumerate(pieces(text, 97)) for t in runtime.llm.tokenize(
+            p.encode(), add_bos=not i, special=True)] == whole
+        assert runtime.tokenize(text, add_bos=True) == whole
+    assert _count(runtime, PIECES, None) == len(runtime.tokenize(PIECES))
     stop = threading.Event()
     stop.set()
     with pytest.raises(Cancelled):

@@ -32,6 +32,7 @@ from ..kv.kvcache import KVCache
 from ..kv.levels import check_levels, quality_order
 from ..kv.sharing import Sharing
 from ..kv.speeds import Speeds
+from ..model.llamacalls import pieces
 from ..model.prompts import Prefix, Prompter, document_prefix
 from ..model.runtime import Runtime
 from ..passages.index import PassageIndex
@@ -49,24 +50,14 @@ def _phase(progress: ProgressFn | None, phase: str,
     return lambda done, total: progress(Progress(phase, done, total, title))
 
 
-def _count(rt: Runtime, text: str, cancel: threading.Event | None,
-           piece: int = 1 << 16) -> int:
-    """`text`'s tokens, counted a piece at a time: as many as counted whole, and Ctrl-C
-    within (a book's count takes seconds; llama.cpp's SentencePiece tokenizer, Gemma's,
-    slows down with the length of what it is given, to minutes). A piece ends with a line
-    break between two words, where every tokenizer splits (a run of breaks can be one
-    token)."""
-    n = start = 0
-    while start < len(text):
+def _count(rt: Runtime, text: str, cancel: threading.Event | None) -> int:
+    """`text`'s tokens, counted a piece at a time (`llamacalls.pieces`: as many as counted
+    whole): a book's count takes seconds, and Ctrl-C stops it within one piece."""
+    n = 0
+    for piece in pieces(text):
         if cancel is not None and cancel.is_set():
             raise Cancelled()
-        end = start + piece
-        while 0 < end < len(text) and not (text[end - 1] == "\n" and not text[end].isspace()
-                                            and not text[end - 2].isspace()):
-            end = text.find("\n", end) + 1
-        end = end or len(text)
-        n += len(rt.tokenize(text[start:end]))
-        start = end
+        n += len(rt.tokenize(piece))
     return n
 
 

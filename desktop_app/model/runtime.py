@@ -35,9 +35,8 @@ PREFILL_SLICE = 128
 # The slot alignment of a restored sliding-window section (llama.cpp pads caches to 256 cells).
 WINDOW_ALIGN = 256
 
-# Cache types (llama_cpp GGML_TYPE_* ids): f16 and f32 are what the exact bridge represents
-# (capture, restore); llama.cpp's quantized q8_0 and q4_0 (flash attention only) are for
-# measuring against (quality.py): their states are refused by kvstate.
+# Cache types (llama_cpp GGML_TYPE_* ids): f16 and f32 are what the exact bridge represents;
+# q8_0 and q4_0 (flash attention only) are for measuring against, their states refused.
 CACHE_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "f32": llama_cpp.GGML_TYPE_F32,
                "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q4_0": llama_cpp.GGML_TYPE_Q4_0}
 # Rows of logits turned into log-probabilities at a time (Gemma's vocabulary: 262,144 wide).
@@ -133,7 +132,8 @@ class Runtime:
     # -- text ----------------------------------------------------------------------------
 
     def tokenize(self, text: str, *, add_bos: bool = False, special: bool = True) -> list[int]:
-        return self.llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special)
+        return [t for i, piece in enumerate(llamacalls.pieces(text)) for t in self.llm.tokenize(
+            piece.encode("utf-8"), add_bos=add_bos and not i, special=special)]
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return self.llm.detokenize(list(tokens)).decode("utf-8", errors="replace")
