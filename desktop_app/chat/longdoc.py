@@ -44,6 +44,8 @@ from ..passages.retrieve import DEFAULT_K, Retriever
 from ..results import Source
 from .library import Library
 
+ASKED_BEFORE = 8  # a client's earlier questions whose passages a conversation keeps
+
 
 class LongDocs:
     def __init__(self, store: Store, library: Library, prompter: Prompter, kv: PassageKV,
@@ -146,8 +148,9 @@ class LongDocs:
         before it: what a chat keeps of its turns (`pick`'s `kept`), for a conversation a
         client sends as text (the local API's)."""
         split, given = self._split(docs), {}
-        for i, question in enumerate(questions):
-            for s in self._hits(split, question, questions[:i]):
+        # (the last few: more passages than theirs never fit the context beside this turn's)
+        for i in range(max(0, len(questions) - ASKED_BEFORE), len(questions)):
+            for s in self._hits(split, questions[i], questions[:i]):
                 given.setdefault(s.passage_id, s)
         return list(given.values())
 
