@@ -36,6 +36,7 @@ import hashlib
 import sqlite3
 import struct
 
+from .db import is_damage
 from .errors import CorruptChunkError, NotFoundError
 
 # Version 1 of the seal; a new one would need a migration sealing every row again.
@@ -132,5 +133,12 @@ def _sound(data: bytes, nbytes: int, seal: bytes | None, prefix_hash: bytes, chu
 def _load(conn: sqlite3.Connection, rowid: int) -> bytes:
     # Incremental blob I/O copies the value straight from the (mmapped) pages into one bytes
     # object; a SELECT of the column is 2-5x slower on multi-MB values (see the module docstring).
-    with conn.blobopen("kv_chunks", "data", rowid, readonly=True) as blob:
-        return blob.read()
+    try:
+        with conn.blobopen("kv_chunks", "data", rowid, readonly=True) as blob:
+            return blob.read()
+    except sqlite3.DatabaseError as e:  # (around the cursors that translate it: `db`)
+        owner = getattr(conn, "owner", None)
+        if owner is None or not is_damage(e):
+            raise
+        owner.found_damage(str(e))  # the file's pages, not only this chunk's bytes
+        return b""  # fails its check: the chunk is damaged, as rotten bytes are

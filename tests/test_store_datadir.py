@@ -268,3 +268,30 @@ def test_the_command_line_on_a_damaged_store_says_so_once_without_a_traceback(li
     asked = kvdesk(library, "ask", "1", "hi", "--no-server")
     assert asked.returncode == 1 and "Error: the store" in asked.stderr
     assert "recompute" not in asked.stderr and "Traceback" not in asked.stderr
+
+
+def test_damage_in_a_chunks_pages_is_a_damaged_chunk_and_a_damaged_file(tmp_path):
+    with open_store(tmp_path) as store:
+        with store.write_entry("model-a", range(256), levels=["high"]) as writer:
+            writer.put_chunk(0, "high", bytes(range(256)) * 64)  # 16 KB: overflow pages
+    path = tmp_path / "kvdesk.sqlite"
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    try:
+        pages = [p for (p,) in conn.execute(
+            "SELECT pageno FROM dbstat WHERE name = 'kv_chunks' AND pagetype = 'overflow' "
+            "ORDER BY pageno")]
+    except sqlite3.OperationalError:
+        pytest.skip("this SQLite has no dbstat table to find a chunk's pages with")
+    (page_size,) = conn.execute("PRAGMA page_size").fetchone()
+    conn.close()
+    with open(path, "r+b") as f:  # the overflow chain's next-page pointer, past the file
+        f.seek((pages[0] - 1) * page_size)
+        f.write(b"\x7f\xff\xff\xff")
+    with Store(tmp_path) as store:
+        with pytest.raises(StoreError):  # never a raw sqlite3 error
+            store.read_chunk(1, 0, "high")
+        assert store.damage and store.read_only
+        report = store.verify()
+        assert report["database"] and report["corrupt"] == [
+            {"entry": 1, "chunk": 0, "level": "high", "new": True}]
