@@ -19,6 +19,7 @@ from desktop_app.chat.attaching import _count
 from desktop_app.engine import Engine
 from desktop_app.errors import Cancelled, EngineError
 from desktop_app.kv.blending import repeats
+from desktop_app.model import llamacalls
 from desktop_app.model.kvstate import in_position_order
 from desktop_app.model.llamacalls import pieces
 from desktop_app.model.prompts import passage_layout, passage_prefix
@@ -649,7 +650,8 @@ def count_in_pieces_is_whole_count(runtime) -> None:
     piece at a time, are the same tokens as in one call."""
     chat = runtime.render_chat([{"role": "user" if i % 2 else "assistant", "content": f"x {i}"}
                                 for i in range(300)], add_generation_prompt=True)
-    for text in (PIECES, chat):
+    paragraphs = "\n\n".join(" ".join(PASSAGES) for _ in range(20))  # lines of 600 characters
+    for text in (PIECES, chat, paragraphs):
         whole = runtime.llm.tokenize(text.encode(), add_bos=True, special=True)
         assert [t for i, p in enumerate(pieces(text, 97)) for t in runtime.llm.tokenize(
             p.encode(), add_bos=not i, special=True)] == whole
@@ -662,4 +664,22 @@ def count_in_pieces_is_whole_count(runtime) -> None:
 
 
 def test_a_long_text_is_counted_in_pieces_exactly_and_a_cancel_stops_it(runtime):
+    assert runtime.pieces_exact
     count_in_pieces_is_whole_count(runtime)
+
+
+def test_a_tokenizer_that_puts_a_space_before_each_call_is_asked_once():
+    """SentencePiece vocabularies with add_space_prefix (Llama 2, Mistral) begin every call's
+    tokens with one: pieces would add one at each cut."""
+    calls = []
+
+    class SpacePrefixed:
+        def tokenize(self, data, add_bos, special):
+            calls.append(data)
+            return [0, *data]
+
+    llm = SpacePrefixed()
+    assert not llamacalls.splits_exactly(llm)
+    calls.clear()
+    assert llamacalls.tokenize(llm, PIECES, False, True, in_pieces=False) == [
+        0, *PIECES.encode()] and len(calls) == 1

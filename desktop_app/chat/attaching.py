@@ -54,7 +54,7 @@ def _count(rt: Runtime, text: str, cancel: threading.Event | None) -> int:
     """`text`'s tokens, counted a piece at a time (`llamacalls.pieces`: as many as counted
     whole): a book's count takes seconds, and Ctrl-C stops it within one piece."""
     n = 0
-    for piece in pieces(text):
+    for piece in pieces(text) if rt.pieces_exact else [text]:
         if cancel is not None and cancel.is_set():
             raise Cancelled()
         n += len(rt.tokenize(piece))

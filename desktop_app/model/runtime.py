@@ -93,6 +93,7 @@ class Runtime:
         except (ValueError, RuntimeError) as e:
             raise RuntimeStateError(f"could not load {self.model_path}: {e}") from e
         self.llm.verbose, self._vocab = False, self.llm._model.vocab  # later calls print nothing
+        self.pieces_exact = llamacalls.splits_exactly(self.llm)  # (`tokenize` a piece at a time)
         try:
             self.layout = layout.probe(self, model_hash, cache_type, flash_attn)
         except BaseException:
@@ -132,8 +133,7 @@ class Runtime:
     # -- text ----------------------------------------------------------------------------
 
     def tokenize(self, text: str, *, add_bos: bool = False, special: bool = True) -> list[int]:
-        return [t for i, piece in enumerate(llamacalls.pieces(text)) for t in self.llm.tokenize(
-            piece.encode("utf-8"), add_bos=add_bos and not i, special=special)]
+        return llamacalls.tokenize(self.llm, text, add_bos, special, self.pieces_exact)
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return self.llm.detokenize(list(tokens)).decode("utf-8", errors="replace")
