@@ -260,3 +260,21 @@ def test_an_assistant_message_the_template_rewrites_cannot_be_continued():
                                           add_generation_prompt=False)
     with pytest.raises(EngineError, match="rewrites the assistant's last message"):
         answer_text(tpl, [*CONVERSATION[:2], {"role": "assistant", "content": "At 07"}])
+
+
+def test_the_answers_start_is_found_where_the_template_writes_it_not_in_its_own_markup():
+    # (Qwen3-style: an empty reasoning block before each of the assistant's messages)
+    thinking = ct.CHATML_TEMPLATE.replace(
+        "\n{{ m['content'] }}", "\n{% if m['role'] == 'assistant' %}<think>\n\n</think>\n\n"
+        "{% endif %}{{ m['content'] }}")
+    assert thinking != ct.CHATML_TEMPLATE
+    tpl = _Rendering(kvdesk(thinking, bos=""))
+    asked = CONVERSATION[:2]
+    text, words = answer_text(tpl, [*asked, {"role": "assistant", "content": "think"}])
+    assert words == "think" and text.endswith("<think>\n\n</think>\n\nthink")
+
+
+def test_a_conversation_the_template_refuses_is_a_clear_error():
+    strict = "{{ raise_exception('Conversation roles must alternate') }}"
+    with pytest.raises(EngineError, match="refuses the conversation: Conversation roles"):
+        kvdesk(strict).render(CONVERSATION[:2], add_generation_prompt=True)

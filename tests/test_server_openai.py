@@ -181,6 +181,9 @@ def test_the_assistants_own_words_are_continued_and_kept_as_one_message(served):
         model="default", instructions=INSTRUCTIONS, input="And on Saturdays?",
         previous_response_id=one.id, max_output_tokens=8, temperature=0)
     assert two.usage.input_tokens_details.cached_tokens > one.usage.input_tokens
+    with pytest.raises(openai.BadRequestError, match="needs a user"):
+        served.client.chat.completions.create(
+            model="default", messages=[{"role": "assistant", "content": "Hello"}])
 
 
 def test_a_streamed_response_is_the_responses_apis_events(served):

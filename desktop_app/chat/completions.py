@@ -70,8 +70,11 @@ class Completions:
             if m.get("role") not in ROLES or not isinstance(m.get("content"), str):
                 raise EngineError("each message needs a role (system, user or assistant) and "
                                   "text content")
-        if not messages:
-            raise EngineError("the conversation has no messages")
+        if messages and messages[-1]["role"] == "assistant" and \
+                not messages[-1]["content"].strip():
+            messages = messages[:-1]  # an empty start of the answer: none given
+        if not any(m["role"] != "assistant" for m in messages):
+            raise EngineError("the conversation needs a user (or system) message")
         s = self.session
         rt = s.runtime
         head, head_tokens, sources, quoted, notes = [], [], [], [], []

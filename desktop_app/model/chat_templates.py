@@ -30,8 +30,11 @@ import re
 import threading
 from collections.abc import Sequence
 
+import jinja2
 import llama_cpp
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+from ..errors import EngineError
 
 CHATML_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
@@ -121,7 +124,11 @@ class ChatTemplate:
     def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
         with self._lock:
             self._formatter.add_generation_prompt = add_generation_prompt
-            text = self._formatter(messages=messages).prompt
+            try:
+                text = self._formatter(messages=messages).prompt
+            except (jinja2.TemplateError, ValueError) as e:  # (its raise_exception's, a field)
+                raise EngineError(f"this model's chat template refuses the conversation: "
+                                  f"{e}") from None
         return text[len(self._strip):] if self._strip and text.startswith(self._strip) \
             else text
 

@@ -237,6 +237,9 @@ def raw_prompt(tpl: Template, prompt: str, suffix: str | None = None) -> list[in
             *tpl.tokenize(suffix, special=False), mid]
 
 
+_ANSWER = "\x00kvdesk-answer\x00"  # where a template writes an assistant message's text
+
+
 def answer_text(tpl: Template, messages: Sequence[dict]) -> tuple[str, str]:
     """The template text a conversation is answered after, and the answer's given start.
 
@@ -247,15 +250,19 @@ def answer_text(tpl: Template, messages: Sequence[dict]) -> tuple[str, str]:
     """
     if messages[-1]["role"] != "assistant":
         return tpl.render_chat(messages, add_generation_prompt=True), ""
-    head = tpl.render_chat(messages[:-1], add_generation_prompt=True)
     given = messages[-1]["content"]
     if not given.strip():
-        return head, ""
+        return tpl.render_chat(messages[:-1], add_generation_prompt=True), ""
+    # Where its words begin, found by a marker in their place (the words themselves might
+    # also be written by the template around them: "think" in "<think>").
+    marked = tpl.render_chat([*messages[:-1], {"role": "assistant", "content": _ANSWER}],
+                             add_generation_prompt=False)
     whole = tpl.render_chat(messages, add_generation_prompt=False)
-    for words in (given, given.strip()):  # (some templates trim a message)
-        at = whole.find(words, len(head)) if whole.startswith(head) else -1
-        if at >= 0:
-            return whole[:at + len(words)], words
+    if _ANSWER in marked:
+        opening = marked[:marked.index(_ANSWER)]
+        for words in (given, given.strip()):  # (some templates trim a message)
+            if whole.startswith(opening + words):
+                return opening + words, words
     raise EngineError("this model's chat template rewrites the assistant's last message, so "
                       "the answer cannot continue it; end the conversation with a user message")
 
