@@ -560,3 +560,21 @@ def test_ctrl_c_and_sigterm_close_the_window_as_its_close_button_does(qtbot, eng
         os.kill(os.getpid(), signum)
         qtbot.waitUntil(lambda: not window.isVisible(), timeout=3000)
     assert signal.getsignal(signum) is before
+
+
+def test_a_signal_closes_the_window_while_a_dialog_is_open_over_it(qtbot, engine):
+    from PySide6.QtCore import QTimer
+    from PySide6.QtWidgets import QDialog
+
+    from ui.main import _closing_on_signals
+
+    window = open_window(qtbot, engine)
+    window.show()
+    dialog = QDialog(window)
+    guard = []  # (so that a regression fails instead of waiting forever)
+    with _closing_on_signals(window):
+        QTimer.singleShot(300, lambda: os.kill(os.getpid(), signal.SIGTERM))
+        QTimer.singleShot(10_000, lambda: (guard.append(True), dialog.reject()))
+        dialog.exec()  # (its own event loop: returns once the signal closed it)
+        qtbot.waitUntil(lambda: not window.isVisible(), timeout=3000)
+    assert not guard

@@ -31,8 +31,13 @@ def _closing_on_signals(window: MainWindow):
     window as its close button does: answers in flight stop, the local API it serves stops
     cleanly. (Python runs a signal handler only between its own instructions, which Qt's
     event loop never reaches when idle: a timer brings it back often enough to see one.)"""
-    previous = {s: signal.signal(s, lambda *_: window.close())
-                for s in (signal.SIGINT, signal.SIGTERM)}
+    def close(*_) -> None:  # a dialog open over it first: its own event loop runs meanwhile
+        for widget in QApplication.topLevelWidgets():
+            if widget is not window and widget.isVisible():
+                widget.close()
+        window.close()
+
+    previous = {s: signal.signal(s, close) for s in (signal.SIGINT, signal.SIGTERM)}
     tick = QTimer(interval=200)
     tick.timeout.connect(lambda: None)
     tick.start()
