@@ -242,7 +242,7 @@ class Blender:
         return RestoreReport(
             tokens=len(prefix), restore_s=c0 - t0 - head.recompute_s, bytes_read=n_bytes,
             chunk_levels=levels, recomputed_tokens=head.recomputed_tokens + computed,
-            messages=merged_level_notes(messages), source=head.source,
+            messages=merged_level_notes(messages, len(levels)), source=head.source,
             adapted_chunks=head.adapted_chunks,
             recompute_s=head.recompute_s + time.perf_counter() - c0), \
             Blend(reused, computed - (len(prefix) - len(layout.tokens) - repeated), "blended",

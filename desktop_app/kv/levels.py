@@ -62,9 +62,9 @@ def level_notes(asked: str, read: Sequence[str], not_stored: int) -> list[str]:
             for kind, k in (("not stored", missing), ("failed", len(others) - missing)) if k]
 
 
-def merged_level_notes(messages: Sequence[str]) -> list[str]:
-    """`messages` with the level notes of several reads (a blend's parts) summed into one
-    per kind and level, where the first of them was."""
+def merged_level_notes(messages: Sequence[str], chunks: int) -> list[str]:
+    """`messages` with the level notes of several reads (a blend's parts, `chunks` chunks in
+    all) summed into one per kind and level, where the first of them was."""
     out: list = []
     totals: dict[tuple[str, str], list] = {}
     for message in messages:
@@ -72,10 +72,10 @@ def merged_level_notes(messages: Sequence[str]) -> list[str]:
         if found is None:
             out.append(message)
             continue
-        k, n, kind, asked, read = found.groups()
+        k, _, kind, asked, read = found.groups()
         if (kind, asked) not in totals:
             out.append(totals.setdefault((kind, asked), [kind, 0, 0, asked, []]))
         total = totals[(kind, asked)]
-        total[1], total[2] = total[1] + int(k), total[2] + int(n)
+        total[1], total[2] = total[1] + int(k), chunks
         total[4] += read.split(", ")
     return [x if isinstance(x, str) else _note(*x) for x in out]
