@@ -32,6 +32,13 @@ import numpy as np
 
 from ..errors import KVStateError
 
+# numpy asks the kernel for 2 MB pages for every large array (madvise). A process's first state
+# buffers (75 MB for 3,200 SmolLM2 tokens) then fault in whole huge pages: measured on the
+# 2-core VM, 0.58-0.74 s for the first buffer against 0.3 ms with 4 KB pages, which made a
+# server's first restore after a restart 3.5x its next (RESULTS.md, "Cold paths"); the warm
+# restores ran as fast either way. So this process's arrays get plain pages.
+getattr(np._core.multiarray, "_set_madvise_hugepage", lambda enabled: None)(False)
+
 SEQ_STATE_MAGIC = 0xAF143CD8
 
 # ggml type ids of the float cache types this bridge understands (ggml.h).
