@@ -72,8 +72,7 @@ class Store(LibraryStore, PassageStore, PassageKVStore):
 
     @property
     def damage(self) -> str | None:
-        """What SQLite found damaged in the database file (when opened, or by a later read),
-        or None."""
+        """What SQLite found damaged in the file (when opened, or by a later read), or None."""
         return self._db.damage
 
     def damage_error(self) -> DamagedError:
@@ -371,8 +370,7 @@ class Store(LibraryStore, PassageStore, PassageKVStore):
         """Check the database file (SQLite's quick_check), then every chunk of every complete
         entry; quarantine what fails (store.integrity), in a file that is not damaged.
 
-        Returns {"database": [what SQLite found wrong; empty: nothing], "entries": n,
-        "chunks": n, "bytes": n,
+        Returns {"database": [what SQLite found wrong], "entries": n, "chunks": n, "bytes": n,
         "corrupt": [{"entry": id, "chunk": i, "level": name, "new": bool}],
         "missing": [{"entry": id, "chunk": i, "level": name}],
         "calibrations": [{"id", "model", "state": "ok" | "damaged" | "missing", "entries"}]}.
