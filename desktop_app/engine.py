@@ -151,7 +151,8 @@ class Engine:
         return str(self.store.damage_error()) if self.store.damage else None
 
     def _writable(self) -> None:
-        """A damaged store refuses new work before it is computed, not after."""
+        """A damaged store refuses new work (ask, regenerate, attach, prefill) before it is
+        computed, not after."""
         if self.store.damage:
             raise self.store.damage_error()
 
@@ -257,6 +258,7 @@ class Engine:
                 cancel: threading.Event | None = None) -> AttachResult:
         """A stored document's cache computed under the loaded model from its text (after a
         model switch, or an eviction), as attaching its file again would."""
+        self._writable()
         self.library.document(doc_id)
         return self.attacher.prefill(doc_id, levels=levels, progress=progress, cancel=cancel)
 
@@ -302,6 +304,7 @@ class Engine:
                    on_token: TokenFn | None = None, on_restore: RestoreFn | None = None,
                    progress: ProgressFn | None = None,
                    cancel: threading.Event | None = None) -> AskResult:
+        self._writable()
         return self.session.regenerate(chat_id, restore=restore, generation=generation,
                                        on_token=on_token, on_restore=on_restore,
                                        progress=progress, cancel=cancel)

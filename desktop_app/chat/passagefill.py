@@ -52,7 +52,7 @@ class PassageFill(Background):
             self.yield_to_turns()
             with self.attach_lock:
                 rt = self.contexts.get(ATTACH)
-                if not self.kv.kept(rt):
+                if not self.kv.kept(rt) or self.store.damage:  # (nothing can be stored)
                     return
                 if self.kv.entry(rt, passage.text) is not None:
                     continue
