@@ -657,6 +657,8 @@ def count_in_pieces_is_whole_count(runtime) -> None:
             p.encode(), add_bos=not i, special=True)] == whole
         assert runtime.tokenize(text, add_bos=True) == whole
     assert _count(runtime, PIECES, None) == len(runtime.tokenize(PIECES))
+    assert runtime.tokenize("", add_bos=True) == runtime.llm.tokenize(b"", add_bos=True,
+                                                                     special=True)
     stop = threading.Event()
     stop.set()
     with pytest.raises(Cancelled):

@@ -111,6 +111,6 @@ def splits_exactly(llm: llama_cpp.Llama) -> bool:
 def tokenize(llm: llama_cpp.Llama, text: str, add_bos: bool, special: bool,
              in_pieces: bool) -> list[int]:
     """`text`'s tokens, asked for a piece at a time `in_pieces` (`splits_exactly`)."""
-    return [t for i, piece in enumerate(pieces(text) if in_pieces else [text])
+    return [t for i, piece in enumerate(list(pieces(text)) if in_pieces and text else [text])
             for t in llm.tokenize(piece.encode("utf-8"), add_bos=add_bos and not i,
                                   special=special)]
