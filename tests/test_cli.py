@@ -137,8 +137,10 @@ def test_attach_ask_reopen_end_to_end(tmp_path):
     gone = kvdesk("export", "999", check=False)
     assert gone.returncode == 1 and "no chat 999" in gone.stderr and not gone.stdout
     verified = json.loads(kvdesk("verify", "--json").stdout)
-    assert set(verified) == {"entries", "chunks", "bytes", "corrupt", "missing", "calibrations"}
+    assert set(verified) == {"database", "entries", "chunks", "bytes", "corrupt", "missing",
+                             "calibrations"}
     assert verified["entries"] >= 3 and verified["corrupt"] == verified["missing"] == []
+    assert verified["database"] == []  # SQLite's own check found nothing
     freed = json.loads(kvdesk("gc", "--budget-gb", "0", "--json").stdout)
     assert freed["freed_bytes"] == verified["bytes"]
     assert json.loads(kvdesk("rm", "doc", doc, "--json").stdout)["deleted"] == "doc"

@@ -544,9 +544,9 @@ def test_a_source_is_shown_in_its_document(qtbot, window, engine):
 
 def test_a_damaged_store_is_said_as_soon_as_the_window_opens(qtbot):
     damaged = FakeEngine(step_s=0.002, token_s=0.001).seed()
-    damaged.storage_problem = "the store X is damaged (table chats: ...)"
+    damaged.damage = "the store X is damaged (table chats: ...)"
     window = open_window(qtbot, damaged)
-    assert window.info.text() == damaged.storage_problem
+    assert window.info.text() == damaged.damage
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])

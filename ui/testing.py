@@ -64,7 +64,6 @@ def fake_answer(question: str) -> str:
 class FakeEngine:
     levels = ("lossless", "high", "balanced", "compact")  # a class attribute: read-only as used
     generation_defaults = GenerationOptions()  # what the window last set (frozen: shareable)
-    storage_problem: str | None = None  # what a test sets to stand for a damaged store
 
     def __init__(self, *, step_s: float = 0.01, token_s: float = 0.003, now: float | None = None):
         self.step_s = step_s  # pause per progress step: the engine's blocking work
@@ -74,12 +73,17 @@ class FakeEngine:
         self.now = now if now is not None else time.time()
         self.calls: list[tuple] = []  # (method, args...) for tests to inspect
         self.fail_next: dict[str, BaseException] = {}  # method -> exception raised once
+        self.damage: str | None = None  # a test's stand-in for a damaged store
         self.hold: dict[str, threading.Event] = {}  # method -> event it waits for before working
         self._lock = threading.Lock()
         self._docs: dict[int, DocumentInfo] = {}
         self._chats: dict[int, ChatInfo] = {}
         self._messages: dict[int, list[MessageInfo]] = {}
         self._next_id = 1
+
+    @property
+    def storage_problem(self) -> str | None:
+        return self.damage
 
     # -- canned data --------------------------------------------------------------------------
 
