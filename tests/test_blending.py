@@ -147,3 +147,13 @@ def test_a_context_that_cannot_blend_is_computed_exactly(engine, no_second_seque
     assert any("two sequences" in m and "exactly instead" in m for m in first.messages)
     again = ask(engine, chat_id=first.chat_id)  # not tried again: no note, an answer
     assert again.answer and not any("two sequences" in m for m in again.messages)
+
+
+def test_an_exact_context_larger_than_the_storage_budget_is_never_said_stored(engine):
+    engine.store.budget_bytes = 1  # (smaller than any entry: the next write evicts all)
+    first = ask(engine, doc_ids=engine.doc_ids)
+    assert first.blended["mode"] == "blended"
+    engine.exactness.request(first.chat_id)
+    assert not engine.exactness.finish(first.chat_id)
+    assert engine.exactness.too_big(first.chat_id)
+    assert {c.chat_id: c.kv_mode for c in engine.chats()}[first.chat_id] == "blended"

@@ -49,6 +49,7 @@ class Exactness(Background):
         self.first_document = first_document  # (runtime, chat id) -> what its entry extends
         self.on_exact = on_exact
         self._stored: set[int] = set()  # chats whose exact context a pass stored
+        self._too_big: set[int] = set()  # ... computed, and evicted by the budget at once
         self._progress: dict[int, tuple[int, int]] = {}  # chat id: (tokens done, of)
 
     def finish(self, chat_id: int, *, progress: Callable[[Progress], None] | None = None,
@@ -82,11 +83,18 @@ class Exactness(Background):
                     rt.prefill(tokens[start:start + SLICE], cancel=self.cancel, logits=False)
                     with self._guard:
                         self._progress[chat_id] = (min(start + SLICE, len(tokens)), len(tokens))
-                self.kv.store_chat(rt, chat_id, tokens, self.first_document(rt, chat_id))
+                kept = self.kv.store_chat(rt, chat_id, tokens, self.first_document(rt, chat_id))
             finally:
                 rt.reset()
                 with self._guard:
                     self._progress.pop(chat_id, None)
         with self._guard:
-            self._stored.add(chat_id)
-        self.on_exact(chat_id)
+            (self._stored if kept else self._too_big).add(chat_id)
+        if kept:
+            self.on_exact(chat_id)
+
+    def too_big(self, chat_id: int) -> bool:
+        """Whether chat `chat_id`'s exact context was computed but is larger than the storage
+        budget, which evicted it at once (the chat stays blended)."""
+        with self._guard:
+            return chat_id in self._too_big

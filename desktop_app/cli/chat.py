@@ -253,6 +253,9 @@ def finish_exact(app: App, chat_id: int, blended: dict | None) -> None:
         if stored else
         ["skipped: the chat stays blended, and its next turn offers this again"]
         if cancel.is_set() else
+        ["the exact context is larger than the storage budget (storage_budget_gb), which "
+         "evicted it at once: the chat stays blended"]
+        if app.engine.exactness.too_big(chat_id) else
         ["the exact context could not be computed (the log says why): the chat stays "
          "blended"])
 

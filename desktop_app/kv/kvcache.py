@@ -124,12 +124,15 @@ class KVCache:
         return writer.entry.id
 
     def store_chat(self, rt: Runtime, chat_id: int, tokens: Sequence[int],
-                   first_document: tuple[int, Sequence[int]] | None) -> None:
+                   first_document: tuple[int, Sequence[int]] | None) -> bool:
         """Store a chat's KV after a turn or a recompute, as an extension of its first
         document's entry: (document id, its prefix tokens), stored first if it is not
-        (evicted, or made under another model)."""
+        (evicted, or made under another model). Whether it is kept: the storage budget evicts
+        even the entry just written when it alone is larger."""
         if first_document is not None:
             doc_id, prefix = first_document
             if self.store.document_entry(doc_id, rt.fingerprint) is None:
                 self.store_prefix(rt, prefix, document_id=doc_id)
         self.store_prefix(rt, tokens, chat_id=chat_id)
+        return self.store.longest_prefix(rt.fingerprint, tokens, touch=False).n_tokens == len(
+            tokens)
