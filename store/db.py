@@ -151,6 +151,10 @@ class Connections:
     def found_damage(self, why: str) -> DamagedError:
         """Mark the file damaged (nothing is written to it any more); the error to raise."""
         self.damage = self.damage or why
+        return self.damaged_error()
+
+    def damaged_error(self) -> DamagedError:
+        """What the damage found (`damage`) means for the user, and what to do."""
         return DamagedError(
             f"the store {self.path} is damaged ({self.damage}): kvdesk reads what it still can "
             "and writes nothing more to it. `kvdesk verify` says where; `kvdesk export` saves a "
@@ -187,7 +191,7 @@ class Connections:
     def write(self) -> Iterator[sqlite_utils.Database]:
         """A write transaction: takes the write lock first, commits on success, else rolls back."""
         if self.damage is not None:
-            raise self.found_damage(self.damage)
+            raise self.damaged_error()
         if self.read_only:
             raise ReadOnlyError(f"the data directory {self.path.parent} is read-only: kvdesk "
                                 "can list and verify what it holds, not change it")

@@ -77,7 +77,7 @@ class Store(LibraryStore, PassageStore, PassageKVStore):
 
     def damage_error(self) -> DamagedError:
         """What a damaged file means for the user, and what to do (`damage` set)."""
-        return self._db.found_damage(self.damage or "")
+        return self._db.damaged_error()
 
     def close(self) -> None:
         self._db.close()

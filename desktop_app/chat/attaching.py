@@ -32,7 +32,7 @@ from ..kv.kvcache import KVCache
 from ..kv.levels import check_levels, quality_order
 from ..kv.sharing import Sharing
 from ..kv.speeds import Speeds
-from ..model.llamacalls import pieces
+from ..model.llamacalls import parts
 from ..model.prompts import Prefix, Prompter, document_prefix
 from ..model.runtime import Runtime
 from ..passages.index import PassageIndex
@@ -51,10 +51,10 @@ def _phase(progress: ProgressFn | None, phase: str,
 
 
 def _count(rt: Runtime, text: str, cancel: threading.Event | None) -> int:
-    """`text`'s tokens, counted a piece at a time (`llamacalls.pieces`: as many as counted
+    """`text`'s tokens, counted a piece at a time (`llamacalls.parts`: as many as counted
     whole): a book's count takes seconds, and Ctrl-C stops it within one piece."""
     n = 0
-    for piece in pieces(text) if rt.pieces_exact else [text]:
+    for piece in parts(text, rt.pieces_exact):
         if cancel is not None and cancel.is_set():
             raise Cancelled()
         n += len(rt.tokenize(piece))

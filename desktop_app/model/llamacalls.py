@@ -108,9 +108,15 @@ def splits_exactly(llm: llama_cpp.Llama) -> bool:
                                                            special=True)]
 
 
+def parts(text: str, in_pieces: bool) -> list[str]:
+    """What to ask the tokenizer for, in order: `pieces`, where the model's tokenizer
+    `splits_exactly`, else (and for an empty text, which a BOS-adding model answers) the text."""
+    return list(pieces(text)) if in_pieces and text else [text]
+
+
 def tokenize(llm: llama_cpp.Llama, text: str, add_bos: bool, special: bool,
              in_pieces: bool) -> list[int]:
-    """`text`'s tokens, asked for a piece at a time `in_pieces` (`splits_exactly`)."""
-    return [t for i, piece in enumerate(list(pieces(text)) if in_pieces and text else [text])
+    """`text`'s tokens, asked for a piece at a time `in_pieces` (`parts`)."""
+    return [t for i, piece in enumerate(parts(text, in_pieces))
             for t in llm.tokenize(piece.encode("utf-8"), add_bos=add_bos and not i,
                                   special=special)]
