@@ -21,7 +21,7 @@ from codec import CodecConfig
 from codec.bench import load_kv
 from codec.kernels.quant import quantize
 from codec.kernels.tables import F16_TO_F32
-from codec.pipeline import _Plan
+from codec.plan import Plan as _Plan
 
 
 def config(scale: str, kbins: int, vbins: int, group: int = 0) -> CodecConfig:

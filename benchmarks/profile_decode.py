@@ -30,6 +30,7 @@ from codec import backend, pipeline
 from codec.bench import load_kv
 from codec.calibrated import transform
 from codec.kernels import rans
+from codec.plan import Plan
 
 
 def best_ms(step, runs: int) -> float:
@@ -52,8 +53,8 @@ def kernel_calls(blobs: list[bytes], cal: codec.Calibration | None) -> list[dict
         n_sink = pipeline._n_sink(cfg, h.first_token, h.n_tokens)
         cal_part = pipeline._part(cfg, cal, h.n_layer, h.channels)
         for i, kind in enumerate((cfg.keys, cfg.values)):
-            plan = pipeline._Plan.of(kind, h.n_layer, h.n_tokens - n_sink, h.channels,
-                                     cfg.anchor_group)
+            plan = Plan.of(kind, h.n_layer, h.n_tokens - n_sink, h.channels,
+                           cfg.anchor_group)
             bank, base = plan.bank
             ent = parts.tables[i] + base[:, None]
             rows, fc, lut = bank.decoder_tables(ent)

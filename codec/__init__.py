@@ -57,6 +57,7 @@ contract in pyproject.toml; `|`: side by side, neither importing the other):
     bench | precompile  the benchmark | every kernel compiled ahead of use
     chunks              chunk lists cut and joined
     pipeline            one blob's stages wired together
+    plan                one quantized kind's layout, dequantization tables and anchors
     backend/            the kernels that run them: numba CPU, CUDA, the pure reference
     calibrated/         a model's calibration and its transforms
     format/ | kernels/  the container and the level configs | the numba kernels and tables
@@ -70,7 +71,8 @@ from .jit import jitcache  # noqa: F401, I001 - configures numba as it is import
 from .calibrated.calibration import Calibration, Part
 from .errors import CalibrationMissing, CodecError
 from .format.levels import CodecConfig, KindConfig, levels
-from .pipeline import BlobInfo, Resolver, decode, encode, layout, peek, release_tables
+from .pipeline import BlobInfo, Resolver, decode, encode, layout, peek
+from .plan import release_tables
 from .chunks import decode_chunks, encode_chunks
 from .calibrated.transform import KindTransform
 

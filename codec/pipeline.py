@@ -13,7 +13,6 @@ Every size follows from the header, except the words, whose sizes are the counts
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -29,6 +28,7 @@ from .format.levels import CodecConfig, KindConfig, resolve
 from .kernels import tables
 from .kernels.tables import F16_TO_F32
 from .kernels.workspace import scratch
+from .plan import Plan, apply_anchors, residuals
 
 BYTE_SYMBOLS = 256
 # Lossless planes decode straight into their place in the fp16 bit pattern (high | low).
@@ -53,56 +53,6 @@ class BlobInfo:
     @property
     def bits_per_element(self) -> float:
         return self.nbytes * 8 / (2 * self.n_layer * self.n_tokens * self.channels)
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """Derived layout of one quantized kind: scale groups and alphabet per layer."""
-
-    scale: str
-    maxq: np.ndarray
-    nsym: np.ndarray
-    akey: np.ndarray
-    bkey: np.ndarray
-    n_a: int
-    n_b: int
-
-    @classmethod
-    @functools.lru_cache(maxsize=256)  # chunks of a document share plans; callers never write
-    def of(cls, kind: KindConfig, n_layer: int, n_tok: int, n_ch: int, group: int) -> _Plan:
-        maxq = kind.layer_bins(n_layer) // 2 - 1
-        resid = (np.arange(n_tok) % group != 0) if group else np.zeros(n_tok, bool)
-        if kind.scale == "token":
-            akey, n_a = np.arange(n_tok), n_tok
-        else:  # anchors and deltas never share a scale
-            akey, n_a = resid.astype(np.int64), 2 if group else 1
-        if kind.scale == "channel":
-            bkey, n_b = np.arange(n_ch), n_ch
-        else:
-            bkey, n_b = np.zeros(n_ch, np.int64), 1
-        return cls(kind.scale, maxq, 2 * maxq + 1, akey, bkey, n_a, n_b)
-
-    @functools.cached_property
-    def bank(self) -> tuple[tables.Bank, np.ndarray]:
-        """The codebooks of this kind's alphabets and the first entry id of each layer's."""
-        bank, base = tables.kind_bank(tuple(self.nsym.tolist()))
-        return bank, np.array([base[n] for n in self.nsym.tolist()], np.int64)
-
-    @functools.cached_property
-    def n_entries(self) -> np.ndarray:
-        """How many codebook entries each layer's alphabet has."""
-        return np.array([tables.n_entries(n) for n in self.nsym.tolist()])
-
-    def dequant(self, scales: np.ndarray) -> np.ndarray:
-        return tables.dequant_lut(scales, self.maxq, int(self.nsym.max()))
-
-
-def release_tables() -> None:
-    """Forget the per-config plans and codebook tables kept for reuse: a document's chunks
-    share a few, but a search over many configs (a calibration) would keep every one it
-    tried (tens of MB each)."""
-    _Plan.of.cache_clear()
-    tables.kind_bank.cache_clear()
 
 
 def check_input(keys: np.ndarray, values: np.ndarray) -> tuple[int, int, int]:
@@ -231,9 +181,10 @@ def _encode_kind(bits: np.ndarray, kind: KindConfig, cfg: CodecConfig, be):
     strided input (~0.3 ms a 256-token kind) lets the quantizer's loops vectorize: on a view
     of a document they ran 2.5x slower."""
     n_layer, n_tok, n_ch = bits.shape
-    plan = _Plan.of(kind, n_layer, n_tok, n_ch, cfg.anchor_group)
+    plan = Plan.of(kind, n_layer, n_tok, n_ch, cfg.anchor_group)
     if cfg.anchor_group:
-        bits = _residuals(bits, plan, cfg.anchor_group, be)
+        bits, bad = residuals(bits, plan, cfg.anchor_group, be)
+        _refuse_nonfinite(bad)
     elif not bits.flags.c_contiguous:
         copy = scratch("encode.bits", bits.shape, np.uint16)
         np.copyto(copy, bits)
@@ -248,37 +199,6 @@ def _encode_kind(bits: np.ndarray, kind: KindConfig, cfg: CodecConfig, be):
     words, counts = be.encode(sym, ent + base[:, None], bank.freq, bank.cum, bank.recip,
                               cfg.lanes, cfg.states)
     return scales, ent.astype(np.uint16), counts, words
-
-
-def _residuals(bits: np.ndarray, plan: _Plan, group: int, be) -> np.ndarray:
-    """Anchors as they are; other tokens as fp16(x - reconstruction of their anchor).
-
-    A difference beyond the fp16 range (|x| near 65504 with the opposite anchor) becomes Inf
-    and is refused like a non-finite input; real KV is orders of magnitude smaller."""
-    anchors = np.ascontiguousarray(bits[:, ::group])
-    n_anchor = anchors.shape[1]
-    if plan.scale == "token":
-        akey, n_a = np.arange(n_anchor), n_anchor
-    else:
-        akey, n_a = np.zeros(n_anchor, np.int64), 1
-    sym, scales, _, bad = be.quantize(anchors, plan.maxq, akey, plan.bkey, n_a, plan.n_b,
-                                      F16_TO_F32)
-    _refuse_nonfinite(bad)
-    dq = plan.dequant(scales)
-    rec = dq[np.arange(bits.shape[0])[:, None, None], akey[None, :, None],
-             plan.bkey[None, None, :], sym]
-    ref = np.repeat(rec, group, axis=1)[:, :bits.shape[1]]
-    out = (F16_TO_F32[bits] - F16_TO_F32[ref]).astype(np.float16).view(np.uint16)
-    out[:, ::group] = anchors
-    return out
-
-
-def _apply_anchors(seg: np.ndarray, group: int) -> None:
-    """Inverse of `_residuals` on decoded fp16 bits, in place."""
-    ref = np.repeat(seg[:, ::group], group, axis=1)[:, :seg.shape[1]]
-    full = (F16_TO_F32[ref] + F16_TO_F32[seg]).astype(np.float16).view(np.uint16)
-    full[:, ::group] = seg[:, ::group]
-    seg[...] = full
 
 
 @dataclass(frozen=True)
@@ -302,7 +222,7 @@ def _parse(blob: bytes) -> _Parsed:
         freqs = [reader.take(np.uint16, (n_layer, BYTE_SYMBOLS)) for _ in range(4)]
         return _Parsed(header, counts, [], [], freqs, _take_words(reader, counts))
     n_sink = _n_sink(cfg, header.first_token, n_tok)
-    plans = [_Plan.of(k, n_layer, n_tok - n_sink, n_ch, cfg.anchor_group)
+    plans = [Plan.of(k, n_layer, n_tok - n_sink, n_ch, cfg.anchor_group)
              for k in (cfg.keys, cfg.values)]
     counts = [reader.take(np.uint32, (n_layer, n_grp)) for _ in range(2)]
     sinks = [reader.take(np.uint16, (n_layer, n_sink, n_ch)) for _ in range(2)]
@@ -360,7 +280,7 @@ def decode(blob: bytes, *, out: tuple[np.ndarray, np.ndarray] | None = None,
         return out[0].view(np.float16), out[1].view(np.float16)
     n_sink = _n_sink(cfg, header.first_token, n_tok)
     for i, kind in enumerate((cfg.keys, cfg.values)):
-        plan = _Plan.of(kind, n_layer, n_tok - n_sink, n_ch, cfg.anchor_group)
+        plan = Plan.of(kind, n_layer, n_tok - n_sink, n_ch, cfg.anchor_group)
         scales, ents = parts.scales[i], parts.tables[i]
         if scales.size and scales.max() >= 0x7C00:  # negative (sign bit set), Inf or NaN
             raise CodecError("codec blob has an invalid scale")
@@ -396,7 +316,7 @@ def decode(blob: bytes, *, out: tuple[np.ndarray, np.ndarray] | None = None,
             _run_decode(be, parts.words[i], parts.counts[i], ents + base[:, None], bank,
                         plan.dequant(scales), plan.akey, plan.bkey, out[i], n_sink, cfg)
         if cfg.anchor_group:
-            _apply_anchors(out[i][:, n_sink:], cfg.anchor_group)
+            apply_anchors(out[i][:, n_sink:], cfg.anchor_group)
     return out[0].view(np.float16), out[1].view(np.float16)
 
 

@@ -9,15 +9,15 @@ def test_released_tables_are_built_again_and_decode_the_same():
     from codec_helpers import random_kv
 
     import codec
-    from codec import pipeline
+    from codec import plan
     from codec.kernels import tables
 
     keys, values = random_kv((2, 40, 64))
     blob = codec.encode(keys, values, "balanced")
     before = codec.decode(blob)
-    assert pipeline._Plan.of.cache_info().currsize and tables.kind_bank.cache_info().currsize
+    assert plan.Plan.of.cache_info().currsize and tables.kind_bank.cache_info().currsize
     codec.release_tables()
-    assert pipeline._Plan.of.cache_info().currsize == 0
+    assert plan.Plan.of.cache_info().currsize == 0
     assert tables.kind_bank.cache_info().currsize == 0
     after = codec.decode(blob)
     assert all((a == b).all() for a, b in zip(before, after, strict=True))
