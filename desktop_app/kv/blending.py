@@ -59,7 +59,7 @@ from ..model.runtime import Runtime
 from ..options import RestoreOptions
 from ..results import Progress, RestoreReport
 from . import streaming
-from .levels import merged_level_notes
+from .levels import Message, merged_level_notes, said
 from .sources import ChunkSource, SpanSource
 from .speeds import Speeds
 
@@ -204,9 +204,10 @@ class Blender:
         if copies:
             prefix += after[:copies[-1][0] + copies[-1][2]]
         end0 = layout.parts[0][1]
+        messages: list[Message] = []  # the head's and the parts', level notes summed at the end
         head = streaming.restore(rt, first, prefix[:end0], levels=self.levels, options=options,
                                  speeds=speeds, chunk_tokens=self.chunk_tokens,
-                                 progress=progress, cancel=cancel,
+                                 progress=progress, cancel=cancel, messages=messages,
                                  calibrations=self.calibrations.resolver(rt.fingerprint))
         captured = [in_position_order(kv) for kv in rt.capture().sections]
         # One Assembly per cache section: the full-attention layers', then a sliding-window
@@ -215,7 +216,7 @@ class Blender:
         built[0].take(captured[0], 0, end0)
         if len(built) > 1:
             built[1].take(captured[1], rt.layout.window_start(end0), end0)
-        messages, levels, n_bytes = list(head.messages), list(head.chunk_levels), head.bytes_read
+        levels, n_bytes = list(head.chunk_levels), head.bytes_read
         ropes = self.ropes(rt)
         for entry, (start, end) in zip(later, layout.parts[1:], strict=False):
             got = self._reuse(rt, entry, prefix[start:end], start, ropes, options, speeds,
@@ -242,7 +243,7 @@ class Blender:
         return RestoreReport(
             tokens=len(prefix), restore_s=c0 - t0 - head.recompute_s, bytes_read=n_bytes,
             chunk_levels=levels, recomputed_tokens=head.recomputed_tokens + computed,
-            messages=merged_level_notes(messages, len(levels)), source=head.source,
+            messages=said(merged_level_notes(messages, len(levels))), source=head.source,
             adapted_chunks=head.adapted_chunks,
             recompute_s=head.recompute_s + time.perf_counter() - c0), \
             Blend(reused, computed - (len(prefix) - len(layout.tokens) - repeated), "blended",

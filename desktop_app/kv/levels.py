@@ -8,8 +8,8 @@ It never encodes or decodes: the codec does.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import codec
 
@@ -39,43 +39,67 @@ def check_levels(levels: Sequence[str], *, restoring: bool = False) -> None:
                           f"{', '.join(quality_order(codec.levels()))}")
 
 
+@dataclass(frozen=True)
+class LevelNote:
+    """Chunks a restore at the level `asked` read at other levels instead: `count` of the
+    `chunks` it read, because none is stored at it (`kind` "not stored") or the one stored
+    failed its check ("failed"); `read`, the levels they were read at, by name.
 
-_NOTE = re.compile(r"(\d+) of (\d+) chunks? (?:is |are )?(not stored|failed) (?:its |their )?"
-                   r"(?:check )?at '([^']+)': read at (.+) instead")
+    Kept as data until it is shown (`str`: the sentence the user reads), so that the notes
+    of several reads (a blend's parts) add up into one (`+`)."""
+
+    kind: str
+    count: int
+    chunks: int
+    asked: str
+    read: tuple[str, ...]
+
+    def __add__(self, other: LevelNote) -> LevelNote:
+        if (other.kind, other.asked) != (self.kind, self.asked):
+            raise ValueError(f"a note on {other.kind!r} at {other.asked!r} does not add to "
+                             f"one on {self.kind!r} at {self.asked!r}")
+        return LevelNote(self.kind, self.count + other.count, self.chunks + other.chunks,
+                         self.asked, tuple(sorted({*self.read, *other.read})))
+
+    def __str__(self) -> str:
+        k = self.count
+        chunks = f"{k} of {self.chunks} chunk" + ("" if self.chunks == 1 else "s")
+        at = f"{self.asked!r}: read at {', '.join(self.read)} instead"
+        if self.kind == "not stored":
+            return f"{chunks} {'is' if k == 1 else 'are'} not stored at {at}"
+        return f"{chunks} failed {'its' if k == 1 else 'their'} check at {at}"
 
 
-def _note(kind: str, k: int, n: int, asked: str, read: Sequence[str]) -> str:
-    chunks = f"{k} of {n} chunk" + ("" if n == 1 else "s")
-    at = f"{asked!r}: read at {', '.join(sorted(set(read)))} instead"
-    if kind == "not stored":
-        return f"{chunks} {'is' if k == 1 else 'are'} not stored at {at}"
-    return f"{chunks} failed {'its' if k == 1 else 'their'} check at {at}"
+# What a restore says: a sentence, or a level note not yet made one.
+Message = str | LevelNote
 
 
-def level_notes(asked: str, read: Sequence[str], not_stored: int) -> list[str]:
+def level_notes(asked: str, read: Sequence[str], not_stored: int) -> list[LevelNote]:
     """What a restore at the level `asked` says of the chunks it read at another (the levels
     it read, `read`): `not_stored` of them because none is stored at it, the rest after the
     one stored failed its check."""
     others = [lvl for lvl in read if lvl != asked]
     missing = min(len(others), not_stored)
-    return [_note(kind, k, len(read), asked, others)
+    return [LevelNote(kind, k, len(read), asked, tuple(sorted(set(others))))
             for kind, k in (("not stored", missing), ("failed", len(others) - missing)) if k]
 
 
-def merged_level_notes(messages: Sequence[str], chunks: int) -> list[str]:
+def merged_level_notes(messages: Sequence[Message], chunks: int) -> list[Message]:
     """`messages` with the level notes of several reads (a blend's parts, `chunks` chunks in
     all) summed into one per kind and level, where the first of them was."""
-    out: list = []
-    totals: dict[tuple[str, str], list] = {}
+    out: list[Message | tuple[str, str]] = []
+    totals: dict[tuple[str, str], LevelNote] = {}
     for message in messages:
-        found = _NOTE.fullmatch(message)
-        if found is None:
+        if isinstance(message, str):
             out.append(message)
             continue
-        k, _, kind, asked, read = found.groups()
-        if (kind, asked) not in totals:
-            out.append(totals.setdefault((kind, asked), [kind, 0, 0, asked, []]))
-        total = totals[(kind, asked)]
-        total[1], total[2] = total[1] + int(k), chunks
-        total[4] += read.split(", ")
-    return [x if isinstance(x, str) else _note(*x) for x in out]
+        key = (message.kind, message.asked)
+        if key not in totals:
+            out.append(key)
+        totals[key] = totals[key] + message if key in totals else message
+    return [replace(totals[x], chunks=chunks) if isinstance(x, tuple) else x for x in out]
+
+
+def said(messages: Sequence[Message]) -> list[str]:
+    """`messages` as the user reads them: each level note made its sentence."""
+    return [str(m) for m in messages]

@@ -41,7 +41,7 @@ from ..model.layout import ModelLayout
 from ..model.runtime import Runtime
 from ..options import AUTO, GenerationOptions, RestoreOptions
 from ..results import Progress, RestoreEstimate, RestoreReport
-from .levels import level_notes
+from .levels import Message, level_notes, said
 from .reading import TEXT, ChunkReader
 from .sources import ChunkSource, LocalSource
 from .speeds import Speeds
@@ -109,6 +109,7 @@ def restore(
     progress: Callable[[Progress], None] | None = None,
     cancel: threading.Event | None = None,
     calibrations: codec.Resolver | None = None,
+    messages: list[Message] | None = None,
 ) -> RestoreReport:
     """Bring `tokens` into the runtime's context: `source`'s chunks first, then text for the
     rest (`source` covers a prefix of `tokens`; None: recompute them all, the baseline).
@@ -116,7 +117,8 @@ def restore(
     `levels` are the codec levels in quality order (best first); tokens recomputed are
     reported as chunks of `chunk_tokens` named TEXT; `calibrations` finds the codec
     calibration a chunk names (a chunk whose calibration it lacks is refused like a corrupt
-    one). Raises Cancelled.
+    one); `messages`, when given, takes what the report would say, its level notes as data (a
+    blend adds its parts' to them). Raises Cancelled.
     """
     t0 = time.perf_counter()
     tokens = list(tokens)
@@ -135,6 +137,8 @@ def restore(
             lambda done, total: progress(Progress("recompute", n_restored + done, len(tokens)))))
         if len(rest) >= 64:
             speeds.prefill_tps = len(rest) / (time.perf_counter() - r0)
+    if messages is not None:
+        messages += run.messages
     return RestoreReport(
         tokens=len(tokens),
         restore_s=r0 - t0,
@@ -142,7 +146,7 @@ def restore(
         bytes_read=run.bytes_read,
         chunk_levels=run.chunk_levels,
         recomputed_tokens=len(rest),
-        messages=run.messages,
+        messages=said(run.messages) if messages is None else [],
         source=source.kind if source is not None else "local",
         adapted_chunks=run.adapted,
     )
@@ -159,7 +163,7 @@ class _Reading:
         self.options, self.speeds = options, speeds
         self.progress, self.cancel, self.t0 = progress, cancel, t0
         self.chunk_levels: list[str] = []
-        self.messages: list[str] = []
+        self.messages: list[Message] = []
         self.bytes_read = 0
         self.adapted = 0
         self.not_stored = 0  # chunks read at another level as none is stored at the one asked
@@ -335,7 +339,7 @@ def read_chunks(source: ChunkSource, tokens: Sequence[int], keys: np.ndarray,
                 values: np.ndarray, *, levels: Sequence[str], options: RestoreOptions,
                 speeds: Speeds, bytes_per_token: int, cancel=None,
                 calibrations: codec.Resolver | None = None,
-                chunk_levels: list[str], messages: list[str]) -> tuple[int, int]:
+                chunk_levels: list[str], messages: list[Message]) -> tuple[int, int]:
     """Decode `source`'s chunks in order into keys and values ([n_layer, tokens, channels]
     arrays or views, indexed by the chunks' own token positions) as the reader delivers them.
 

@@ -1,0 +1,61 @@
+"""What a restore says of chunks read at another level than the one asked (`kv.levels`), without
+a model: notes kept as data, a blend's summed by adding, the sentences made only when shown."""
+
+from __future__ import annotations
+
+import pytest
+
+from desktop_app.kv.levels import LevelNote, level_notes, merged_level_notes, said
+
+
+def test_a_read_notes_the_chunks_not_stored_and_those_that_failed_apart():
+    read = ["high", "compact", "balanced", "compact", "high"]
+    assert level_notes("high", read, not_stored=3) == [
+        LevelNote("not stored", 3, 5, "high", ("balanced", "compact"))]
+    assert level_notes("high", read, not_stored=1) == [
+        LevelNote("not stored", 1, 5, "high", ("balanced", "compact")),
+        LevelNote("failed", 2, 5, "high", ("balanced", "compact"))]
+    assert level_notes("high", ["high", "high"], not_stored=0) == []
+
+
+def test_the_sentences_are_made_when_shown():
+    assert said(["recomputing from token 64: it failed",
+                 LevelNote("not stored", 1, 1, "high", ("compact",)),
+                 LevelNote("not stored", 3, 4, "high", ("balanced", "compact")),
+                 LevelNote("failed", 1, 4, "balanced", ("compact",)),
+                 LevelNote("failed", 2, 4, "lossless", ("high",))]) == [
+        "recomputing from token 64: it failed",
+        "1 of 1 chunk is not stored at 'high': read at compact instead",
+        "3 of 4 chunks are not stored at 'high': read at balanced, compact instead",
+        "1 of 4 chunks failed its check at 'balanced': read at compact instead",
+        "2 of 4 chunks failed their check at 'lossless': read at high instead"]
+
+
+def test_notes_add_up_per_kind_and_level_asked():
+    a = LevelNote("not stored", 2, 5, "high", ("compact",))
+    b = LevelNote("not stored", 1, 3, "high", ("balanced", "compact"))
+    assert a + b == LevelNote("not stored", 3, 8, "high", ("balanced", "compact"))
+    with pytest.raises(ValueError):
+        a + LevelNote("failed", 1, 3, "high", ("compact",))
+    with pytest.raises(ValueError):
+        a + LevelNote("not stored", 1, 3, "balanced", ("compact",))
+
+
+def test_a_blend_says_each_note_once_where_the_first_was_over_all_its_chunks():
+    head = ["chunk 3: checksum mismatch: read at 'compact' instead",
+            *level_notes("high", ["high", "compact", "compact"], not_stored=1)]
+    part = [*level_notes("high", ["balanced", "balanced"], not_stored=2),
+            "the cache of a passage could not be read whole: computing it"]
+    merged = merged_level_notes([*head, *part], chunks=9)
+    assert merged == [
+        "chunk 3: checksum mismatch: read at 'compact' instead",
+        LevelNote("not stored", 3, 9, "high", ("balanced", "compact")),
+        LevelNote("failed", 1, 9, "high", ("compact",)),
+        "the cache of a passage could not be read whole: computing it"]
+    assert said(merged)[1:3] == [
+        "3 of 9 chunks are not stored at 'high': read at balanced, compact instead",
+        "1 of 9 chunks failed its check at 'high': read at compact instead"]
+    # A lone note counts the blend's chunks too; text that reads like a note stays text.
+    lone = "1 of 2 chunks is not stored at 'high': read at compact instead"
+    assert merged_level_notes([lone, LevelNote("failed", 1, 2, "high", ("compact",))], 6) == [
+        lone, LevelNote("failed", 1, 6, "high", ("compact",))]
