@@ -285,18 +285,13 @@ class Engine:
         every new chat about them would compute them again. What was done, said."""
         if not doc_ids:
             return []
-        fp, notes = self.fingerprint, []
-        roots = {e.document_id for e in self.store.entries()
-                 if e.document_id is not None and e.parent_id is None and not e.passage}
-        passages = self.store.passage_counts()
-        for doc_id in dict.fromkeys(doc_ids):
-            if doc_id in roots and doc_id not in passages and \
-                    self.store.document_entry(doc_id, fp) is None:
-                done = self.prefill(doc_id, progress=progress, cancel=cancel)
-                notes.append(f"document {doc_id} was cached under another model: " + (
-                    "longer than this one's context, it is kept as passages now" if
-                    done.passages else "its cache for this one is computed and stored now, "
-                    "once"))
+        notes = []
+        for doc_id in self.library.stale_documents(doc_ids, self.fingerprint):
+            done = self.prefill(doc_id, progress=progress, cancel=cancel)
+            notes.append(f"document {doc_id} was cached under another model: " + (
+                "longer than this one's context, it is kept as passages now" if
+                done.passages else "its cache for this one is computed and stored now, "
+                "once"))
         return notes
 
     def regenerate(self, chat_id: int, *, restore: RestoreOptions = RestoreOptions(),

@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from store import Chat, Document, Message, NotFoundError, Store
+from store import Chat, Document, Entry, Message, NotFoundError, Store
 
 from ..errors import EngineError, MissingError
 from ..model.prompts import UNTITLED, title_of
@@ -29,6 +29,28 @@ def _found(get: Callable[[int], T], item_id: int, what: str) -> T:
         return get(item_id)
     except NotFoundError as e:
         raise MissingError(f"no {what} {item_id}") from e
+
+
+class DocumentCaches:
+    """Where each document's own cache is (its whole text's KV: not a passage's, nor a chat's)
+    as seen from the model `fingerprint`: the one rule of what is ready and what is stale."""
+
+    def __init__(self, store: Store, fingerprint: str):
+        self.roots: dict[int, list[Entry]] = {}  # least recently used first
+        for entry in store.entries():
+            if entry.document_id is not None and entry.parent_id is None and not entry.passage:
+                self.roots.setdefault(entry.document_id, []).append(entry)
+        # Each document's most recently used cache under this model.
+        self.current = {doc_id: [e for e in entries if e.model == fingerprint][-1]
+                        for doc_id, entries in self.roots.items()
+                        if any(e.model == fingerprint for e in entries)}
+        self.passages = store.passage_counts()  # a long document's cache is its passages' KV
+
+    def stale(self, doc_id: int) -> bool:
+        """Whether the document is cached only under other models (computing it under this
+        one is worth it: a document kept as passages is not)."""
+        return doc_id in self.roots and doc_id not in self.current and \
+            not self.passages.get(doc_id)
 
 
 class Library:
@@ -62,6 +84,12 @@ class Library:
                 f"(fingerprint {', '.join(sorted(o[:12] for o in others))}, now {fp[:12]}); "
                 "it is not used: recomputing from text"]
 
+    def stale_documents(self, doc_ids: Sequence[int], fingerprint: str) -> list[int]:
+        """Those of `doc_ids` cached only under other models than `fingerprint` ("stale" in
+        the listing), each once, in order."""
+        caches = DocumentCaches(self.store, fingerprint)
+        return [doc_id for doc_id in dict.fromkeys(doc_ids) if caches.stale(doc_id)]
+
     # -- listings --------------------------------------------------------------------------
 
     def documents(self, fingerprint: str) -> list[DocumentInfo]:
@@ -70,27 +98,21 @@ class Library:
         passages, and its cache is their KV. One
         whose first attach is under way has no cache yet ("attaching"), nor one whose attach
         was killed ("unfinished": attaching the file again finishes it, `gc` removes it)."""
-        roots: dict[int, list] = {}
-        for entry in self.store.entries():  # least recently used first
-            if entry.document_id is not None and entry.parent_id is None and not entry.passage:
-                roots.setdefault(entry.document_id, []).append(entry)
+        caches = DocumentCaches(self.store, fingerprint)
+        current, passages = caches.current, caches.passages
         # (a passage's KV is its document's whichever document's passage stored it)
         held = self.store.passage_kv(fingerprint)
         passage_kv = {doc_id: set(by_passage.values()) for doc_id, by_passage in held.items()}
-        current = {doc_id: [e for e in entries if e.model == fingerprint][-1]
-                   for doc_id, entries in roots.items()
-                   if any(e.model == fingerprint for e in entries)}
         sizes = self.store.entry_level_bytes(
             [e.id for e in current.values()] + [i for ids in passage_kv.values() for i in ids])
         damaged = self.store.damaged(e.id for e in current.values())
         counts = self.store.document_tokens(fingerprint)
-        passages = self.store.passage_counts()
         attaching = self.store.attaching()
         out = []
         for doc in self.store.documents():
             entry = current.get(doc.id)
             status = "ready" if entry else "passages" if passages.get(doc.id) else (
-                "stale" if doc.id in roots else "none")
+                "stale" if caches.stale(doc.id) else "none")
             if doc.id in attaching and not entry:
                 status = "attaching" if attaching[doc.id] else "unfinished"
             # Counted by attach under this model; a document attached by an older kvdesk has
