@@ -8,21 +8,27 @@ transaction open when a call returns.
 
 A damaged file (a rotten page) is found by SQLite's own check when the store opens
 (`Connections.check`) or by the first statement that meets it, which raises DamagedError, never
-a raw sqlite3 error; from then on nothing is written to the file (`Connections.damage`).
+a raw sqlite3 error; from then on nothing is written to the file (`Connections.damage`). A full
+disk raises DiskFullError, its transaction rolled back whole.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import sqlite_utils
 
-from .errors import DamagedError, DataDirError, ReadOnlyError
+from .errors import DamagedError, DataDirError, DiskFullError, ReadOnlyError
+from .reserve import Reserve
+
+T = TypeVar("T")
 
 # Long enough to outlast any single write the store makes (the largest is one chunk of ~6 MB, or
 # one eviction), short enough that a wedged process surfaces as an error instead of a hang.
@@ -34,6 +40,9 @@ BUSY_TIMEOUT_MS = 60_000
 # that are read with pread(), still above 1 GB/s.
 MMAP_SIZE = 1 << 36
 
+# Pages moved at once by a reclaim on a nearly full disk (4 KiB pages: 1 MiB)
+MIN_VACUUM_STEP = 256
+
 
 def is_damage(error: sqlite3.DatabaseError) -> bool:
     """Whether SQLite raised this because the file is damaged (a malformed page, a full-text
@@ -43,14 +52,35 @@ def is_damage(error: sqlite3.DatabaseError) -> bool:
         "vtable constructor failed" in str(error)
 
 
+def is_full(error: sqlite3.DatabaseError) -> bool:
+    """Whether SQLite raised this because the disk (or the file's page limit) is full."""
+    return (getattr(error, "sqlite_errorcode", None) or 0) & 0xFF == sqlite3.SQLITE_FULL
+
+
+def disk_full(path: Path) -> DiskFullError:
+    """What a full disk under the store `path` means for the user, and what to do."""
+    try:
+        free = f"{shutil.disk_usage(path.parent).free / 1e6:,.1f} MB free"
+    except OSError:
+        free = "its free space unknown"
+    return DiskFullError(
+        f"the disk holding the data directory {path.parent} is full ({free}): kvdesk could "
+        "not write there, and nothing was half-written. Free space on that disk, or make room "
+        "in kvdesk: `kvdesk gc --budget-gb N` drops least recently used caches down to N GB "
+        "(documents and chats are kept), `kvdesk rm` deletes a document or chat")
+
+
 def _translating(name: str):
-    """sqlite3.Cursor's method `name`, its damage errors made DamagedError (`_Cursor`)."""
+    """sqlite3.Cursor's method `name`, its damage errors made DamagedError and a full disk
+    DiskFullError (`_Cursor`)."""
     method = getattr(sqlite3.Cursor, name)
 
     def call(self, *args):
         try:
             return method(self, *args)
         except sqlite3.DatabaseError as e:
+            if is_full(e):
+                raise disk_full(self.connection.path) from e
             owner = getattr(self.connection, "owner", None)
             if owner is None or not is_damage(e):
                 raise
@@ -60,7 +90,8 @@ def _translating(name: str):
 
 
 class _Cursor(sqlite3.Cursor):
-    """A cursor whose damage errors become DamagedError, marking its store damaged."""
+    """A cursor whose damage errors become DamagedError, marking its store damaged, and a
+    full disk DiskFullError."""
 
     execute = _translating("execute")
     executemany = _translating("executemany")
@@ -75,6 +106,7 @@ class _Connection(sqlite3.Connection):
     """Every statement through a `_Cursor` (sqlite3's own `execute` would bypass it)."""
 
     owner: Connections | None = None
+    path: Path = Path("store.db")  # the database file's (open_connection sets it)
 
     def cursor(self, factory=None):
         return super().cursor(factory or _Cursor)
@@ -110,16 +142,24 @@ def open_connection(path: Path, *, read_only: bool = False) -> sqlite3.Connectio
         conn = sqlite3.connect(f"{path.resolve().as_uri()}?{mode}", uri=True,
                                isolation_level=None, check_same_thread=False,
                                timeout=BUSY_TIMEOUT_MS / 1000, factory=_Connection)
+        conn.path = path
         conn.execute("PRAGMA foreign_keys = ON")
         conn.execute(f"PRAGMA mmap_size = {MMAP_SIZE}")
         return conn
     conn = sqlite3.connect(
         path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000,
         factory=_Connection)
+    conn.path = path
     conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-    # Only takes effect on a new, empty database (before the first table); lets gc() hand freed
-    # chunk pages back to the file system with PRAGMA incremental_vacuum.
-    conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
+    # Freed pages are not overwritten with zeros (SQLite's FAST: only where it costs no I/O;
+    # some builds default to ON): evicting or deleting a cache would otherwise write as much
+    # as it frees, and on a full disk `rm` and `gc` could not free anything.
+    conn.execute("PRAGMA secure_delete = FAST")
+    # Lets gc() hand freed chunk pages back to the file system (PRAGMA incremental_vacuum).
+    # Set on a new, empty database only, where it takes effect: on another it would still
+    # write the file's header, and fail on a full disk where reading works.
+    if conn.execute("PRAGMA page_count").fetchone()[0] == 0:
+        conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
     conn.execute("PRAGMA journal_mode = WAL")
     # FULL: a commit survives power loss, not only a process crash; documents and chats are user
     # data, and commits are few (one per chunk or message), so the fsync cost is small.
@@ -140,6 +180,7 @@ class Connections:
         self.path = path
         self.cannot_write = read_only
         self.damage: str | None = None  # what SQLite found damaged, once it has
+        self.reserve = Reserve(path.parent)
         self._local = threading.local()
         self._lock = threading.Lock()
         self._open: dict[threading.Thread, sqlite3.Connection] = {}
@@ -199,10 +240,50 @@ class Connections:
         db.conn.execute("BEGIN IMMEDIATE")
         try:
             yield db
+            db.conn.execute("COMMIT")
         except BaseException:
-            db.conn.execute("ROLLBACK")
+            # SQLite has rolled back already after some errors (a full disk): ROLLBACK would
+            # raise over the error that says why
+            if db.conn.in_transaction:
+                db.conn.execute("ROLLBACK")
             raise
-        db.conn.execute("COMMIT")
+
+    def freeing(self, work: Callable[[], T]) -> T:
+        """Run `work`, a deletion, then hand back what it freed (`reclaim`). On a full disk
+        the reserve (store.reserve) is given back first and `work` runs once more."""
+        try:
+            done = work()
+        except DiskFullError:
+            if not self.reserve.release():
+                raise
+            done = work()
+        self.reclaim()
+        return done
+
+    def reclaim(self) -> None:
+        """Hand freed pages back to the file system (the database uses incremental
+        auto-vacuum), and take the reserve again where it was given. Moving the file's last
+        pages into the free ones writes them to the log first: on a disk without room for
+        all of them it goes a step at a time, the log emptied between steps, and on a disk
+        without room for a step the pages stay free inside the file for the next writes."""
+        conn = self.get().conn
+        page = conn.execute("PRAGMA page_size").fetchone()[0]
+        while pages := conn.execute("PRAGMA freelist_count").fetchone()[0]:
+            try:
+                room = shutil.disk_usage(self.path.parent).free // page
+            except OSError:
+                break
+            step = pages if room > 2 * pages else room // 4
+            if step < MIN_VACUUM_STEP:
+                break
+            try:
+                # executescript() steps the pragma to the end; execute() frees a single page
+                conn.executescript(f"PRAGMA incremental_vacuum({step})")
+                if step < pages:
+                    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except DiskFullError:  # others write to that disk too
+                break
+        self.reserve.make()
 
     @contextlib.contextmanager
     def read(self) -> Iterator[sqlite_utils.Database]:

@@ -58,5 +58,10 @@ class DamagedError(ReadOnlyError):
     read is, and nothing is written to it any more (a write could spread the damage)."""
 
 
+class DiskFullError(ReadOnlyError):
+    """The disk holding the data directory is full: reading works, a write failed (and was
+    rolled back whole). Unlike a read-only directory it passes when space is freed."""
+
+
 class DataDirError(StoreError):
     """The data directory cannot be used at all (a file in its place, no permission...)."""

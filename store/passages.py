@@ -134,7 +134,7 @@ def match_expression(query: str) -> str | None:
 
 
 class PassageStore:
-    """The Store's passages (a base class of `store.Store`, which owns `_db` and `_reclaim`)."""
+    """The Store's passages (a base class of `store.Store`, which owns `_db`)."""
 
     _db: Connections
 
@@ -163,7 +163,7 @@ class PassageStore:
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row).lastrowid for row in rows]
             if vectors is not None:
                 _put_vectors(db.conn, ids, embedder, vectors)
-        self._reclaim()
+        self._db.reclaim()
         return ids
 
     def set_passage_vectors(self, passage_ids: Sequence[int], embedder: str,

@@ -51,6 +51,7 @@ class Store(LibraryStore, PassageStore, PassageKVStore):
                 check_current(self._db.get().conn, self.data_dir)
             else:
                 migrate(self._db.get().conn)
+                self._db.reserve.make()
         except (sqlite3.DatabaseError, DamagedError) as e:
             self._db.close()
             # Not a database, a damaged one, or one the file system will not let SQLite open;
@@ -98,15 +99,16 @@ class Store(LibraryStore, PassageStore, PassageKVStore):
         """Record (or update the path and layout of) the model KV entries are keyed by.
 
         A read-only store records nothing (nothing can be stored under the model either).
+        Recorded as it is already, it is not written again (a full disk still reads).
         """
-        if self.read_only:
-            return None
+        known = self._db.get().execute("SELECT path, layout FROM models WHERE fingerprint = ?",
+                                       (fingerprint,)).fetchone()
+        if self.read_only or known == (path, json.dumps(layout)):
+            return None if self.read_only else self.model(fingerprint)
         with self._db.write() as db:
-            db.execute(
-                "INSERT INTO models VALUES (?, ?, ?, ?) ON CONFLICT (fingerprint)"
-                " DO UPDATE SET path = excluded.path, layout = excluded.layout",
-                (fingerprint, path, json.dumps(layout), self._clock()),
-            )
+            db.execute("INSERT INTO models VALUES (?, ?, ?, ?) ON CONFLICT (fingerprint)"
+                       " DO UPDATE SET path = excluded.path, layout = excluded.layout",
+                       (fingerprint, path, json.dumps(layout), self._clock()))
         return self.model(fingerprint)
 
     def model(self, fingerprint: str) -> Model:
@@ -314,11 +316,12 @@ class Store(LibraryStore, PassageStore, PassageKVStore):
 
     def delete_entry(self, entry_id: int) -> list[int]:
         """Delete an entry and every entry extending it; return their ids."""
-        with self._db.write() as db:
-            tree = kv.subtree(db.conn, entry_id)
-            db.execute("DELETE FROM kv_entries WHERE id = ?", (entry_id,))
-        self._reclaim()
-        return [deleted for deleted, _, _ in tree]
+        def work() -> list:
+            with self._db.write() as db:
+                tree = kv.subtree(db.conn, entry_id)
+                db.execute("DELETE FROM kv_entries WHERE id = ?", (entry_id,))
+            return tree
+        return [deleted for deleted, _, _ in self._db.freeing(work)]
 
     # -- codec calibrations ----------------------------------------------------------------------
 
@@ -356,10 +359,7 @@ class Store(LibraryStore, PassageStore, PassageKVStore):
         [ids], "freed_bytes": n, "bytes_after": n, "budget_bytes": n}.
         """
         budget = self.budget_bytes if budget_bytes is None else budget_bytes
-        report = quota.collect(self._db, budget, self._clock())
-        if report["freed_bytes"] or report["abandoned_documents"]:
-            self._reclaim()
-        return report
+        return self._db.freeing(lambda: quota.collect(self._db, budget, self._clock()))
 
     def attaching(self) -> dict[int, bool]:
         """{document id: whether its attach is under way (else it was killed: unfinished)}
@@ -416,7 +416,7 @@ class Store(LibraryStore, PassageStore, PassageKVStore):
         """Remove an entry's chunks at a level that cannot be repaired (an entry left with no
         level goes, with the entries extending it); returns the ids of the entries deleted."""
         deleted = integrity.drop_level(self._db, entry_id, level)
-        self._reclaim()
+        self._db.reclaim()
         return deleted
 
     # -- internals -----------------------------------------------------------------------------
@@ -433,18 +433,12 @@ class Store(LibraryStore, PassageStore, PassageKVStore):
             return
         with self._db.write() as db:
             db.execute("DELETE FROM kv_entries WHERE id = ?", (written,))
-        self._reclaim()
+        self._db.reclaim()
         raise BudgetFullError(f"{self.usage_bytes() + entry.nbytes:,} bytes would not fit the "
                               f"storage budget of {self.budget_bytes:,}")
 
     def _delete(self, table: str, row_id: int, what: str) -> None:
-        with self._db.write() as db:
-            library.delete(db, table, row_id, what)
-        self._reclaim()
-
-    def _reclaim(self) -> None:
-        # The database uses incremental auto-vacuum: hand freed chunk pages back to the file
-        # system. executescript() steps the pragma to the end; execute() frees a single page.
-        self._db.get().conn.executescript("PRAGMA incremental_vacuum")
-
-
+        def work() -> None:
+            with self._db.write() as db:
+                library.delete(db, table, row_id, what)
+        self._db.freeing(work)

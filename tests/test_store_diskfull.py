@@ -1,0 +1,118 @@
+"""A full disk: a write that runs out of room is refused whole with one clear error and the
+store stays usable; reading never needs room; freeing space (gc, deleting) works on a disk
+filled to the last byte, through the reserve the store keeps (store.reserve), and gives the
+space back to the file system."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import test_store_helpers
+from test_store_helpers import ORPHAN_QUERIES, open_store, put_entry
+
+from desktop_app.errors import is_storage_fault, is_user_error
+from store import DiskFullError
+from store.reserve import NAME, RESERVE_BYTES
+
+
+def pages_left(store, pages: int) -> None:
+    """Let this thread's connection grow the database by `pages` more pages at most: SQLite
+    then answers as a full disk does (SQLITE_FULL)."""
+    conn = store._db.get().conn
+    count = conn.execute("PRAGMA page_count").fetchone()[0]
+    conn.execute(f"PRAGMA max_page_count = {count + pages}")
+
+
+def big(start, end, level):
+    return os.urandom(100_000)
+
+
+def test_a_write_without_room_is_refused_whole_and_clearly(tmp_path, monkeypatch):
+    monkeypatch.setattr(test_store_helpers, "payload", big)
+    with open_store(tmp_path) as store:
+        kept = put_entry(store, range(100), chunk_size=50)
+        pages_left(store, 30)  # ~120 KB: not the 400 KB of the next entry
+        with pytest.raises(DiskFullError, match=f"disk holding the data directory {tmp_path} "
+                                                "is full .*kvdesk gc --budget-gb"):
+            put_entry(store, range(1000, 1100), chunk_size=50)
+        conn = store._db.get().conn
+        assert not conn.in_transaction  # rolled back, not left open
+        assert [e.id for e in store.entries()] == [kept.id]
+        for name, query in ORPHAN_QUERIES.items():
+            assert conn.execute(query).fetchone()[0] == 0, name
+        pages_left(store, 10_000)
+        again = put_entry(store, range(1000, 1100), chunk_size=50)  # usable again
+        assert [e.id for e in store.entries()] == [kept.id, again.id]
+    error = DiskFullError("full")
+    assert is_user_error(error) and is_storage_fault(error)
+
+
+def test_freed_pages_are_not_written_again_to_free_them(tmp_path):
+    with open_store(tmp_path) as store:
+        # SQLite's FAST: deleting a cache does not write zeros over its pages (builds that
+        # default to ON would write as much as they free)
+        assert store._db.get().conn.execute("PRAGMA secure_delete").fetchone()[0] == 2
+
+
+def test_the_reserve_is_taken_given_back_for_a_deletion_and_taken_again(tmp_path):
+    with open_store(tmp_path) as store:
+        reserve = tmp_path / NAME
+        assert reserve.stat().st_size == RESERVE_BYTES
+        tries = []
+
+        def deletion():
+            tries.append(reserve.exists())
+            if len(tries) == 1:
+                raise DiskFullError("full")
+            return "done"
+
+        assert store._db.freeing(deletion) == "done"
+        assert tries == [True, False]  # the second try ran with the reserve given back
+        assert reserve.stat().st_size == RESERVE_BYTES  # and it is taken again after
+
+        reserve.unlink()
+        with pytest.raises(DiskFullError):  # no reserve to give: the error stands
+            store._db.freeing(lambda: (_ for _ in ()).throw(DiskFullError("full")))
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 64 MB file system of its own (tmpfs: needs root)."""
+    where = tmp_path / "disk"
+    where.mkdir()
+    if os.geteuid() != 0 or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(where)],
+            capture_output=True).returncode != 0:
+        pytest.skip("mounting a small file system needs root")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def test_on_a_disk_filled_to_the_last_byte_reading_and_freeing_work(small_disk, monkeypatch):
+    monkeypatch.setattr(test_store_helpers, "payload",
+                        lambda start, end, level: os.urandom(200_000))
+    data = small_disk / "data"
+    with open_store(data) as store:
+        n = 0
+        with pytest.raises(DiskFullError):
+            while True:  # kvdesk's own caches fill the disk
+                put_entry(store, range(n * 1000, (n + 1) * 1000), chunk_size=500)
+                n += 1
+    assert shutil.disk_usage(small_disk).free < 1 << 20
+    with open_store(data) as store:  # opening and reading need no room
+        assert len(store.entries()) == n and store.documents() == []
+        report = store.gc(budget_bytes=5 << 20)
+        assert report["freed_bytes"] > 20 << 20
+        assert store.verify()["corrupt"] == []
+        # the space is the file system's again, and the reserve is taken again
+        assert shutil.disk_usage(small_disk).free > 20 << 20
+        assert (data / NAME).stat().st_size == RESERVE_BYTES
+        store.delete_entry(store.entries()[0].id)
+        assert store.usage_bytes() <= 5 << 20
+    assert Path(data / "kvdesk.sqlite").stat().st_size < 16 << 20
