@@ -13,7 +13,7 @@ from desktop_app.errors import Cancelled, EngineError
 from desktop_app.kv.levels import DEFAULT_LEVELS, EXACT
 from desktop_app.model.runtime import Runtime
 from desktop_app.options import GenerationOptions, RestoreOptions
-from store import Store
+from store import DiskFullError, Store
 
 EVERY_LEVEL = (*DEFAULT_LEVELS, EXACT)
 
@@ -396,3 +396,15 @@ def test_a_question_longer_than_the_context_says_so_not_that_a_new_chat_is_full(
     with pytest.raises(EngineError, match=r"the question is [\d,]+ tokens, too long for the"):
         eng.ask("zebra quantum lattice " * 1500, doc_ids=[],
                 generation=GenerationOptions(max_tokens=1))
+
+
+def test_a_full_disk_keeps_the_answer_and_says_its_cache_is_not_stored(engine, doc_id,
+                                                                      monkeypatch):
+    def full(*args, **kwargs):
+        raise DiskFullError("the disk holding the data directory D is full")
+
+    monkeypatch.setattr(engine.session.kv, "store_chat", full)
+    result = ask(engine, "What was the lamp burning before 1902?", doc=doc_id, tokens=8)
+    assert "this turn's cache is not stored: the disk holding the data directory D is full" \
+        in result.messages
+    assert [m.role for m in engine.messages(result.chat_id)] == ["user", "assistant"]

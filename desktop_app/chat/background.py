@@ -17,7 +17,7 @@ import queue
 import threading
 import time
 
-from ..errors import Cancelled
+from ..errors import Cancelled, is_user_error
 from .fairlock import FairLock
 
 log = logging.getLogger(__name__)
@@ -74,8 +74,10 @@ class Background:
                 self.work(item)
             except Cancelled:
                 return
-            except Exception:  # noqa: BLE001 - a failed item leaves what it stored
-                log.warning("the %s %s failed", self.what, item, exc_info=True)
+            except Exception as e:  # noqa: BLE001 - a failed item leaves what it stored
+                # a full disk, say, is the user's to act on and said so; a bug, with its trace
+                log.warning("the %s %s failed%s", self.what, item,
+                            f": {e}" if is_user_error(e) else "", exc_info=not is_user_error(e))
             finally:
                 with self._guard:
                     self._queued.discard(item)

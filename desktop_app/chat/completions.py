@@ -21,10 +21,13 @@ It never touches chats or messages: a client's conversation lives in the client.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+
+from store import DiskFullError
 
 from ..errors import ContextFullError, EngineError, MissingError
 from ..kv.streaming import adaptation_note
@@ -35,6 +38,7 @@ from .answers import stream_answer
 from .sessions import ChatSession
 
 ROLES = ("system", "user", "assistant")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -200,7 +204,11 @@ class Completions:
         suffix_tokens = rt.tokenize(suffix) if suffix else []
         if suffix_tokens and rt.n_tokens + len(suffix_tokens) <= rt.n_ctx:
             rt.prefill(suffix_tokens)
-        s.kv.store_prefix(rt, rt.tokens)
+        try:
+            s.kv.store_prefix(rt, rt.tokens)
+        except DiskFullError as e:  # the answer stands; its cache is not kept ("stored": false)
+            log.warning("a conversation's cache is not stored: %s", e)
+            return False
         return True
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from store import BudgetFullError, Store
+from store import BudgetFullError, DiskFullError, Store
 
 from ..kv.contexts import ATTACH, Contexts
 from ..kv.passagekv import PassageKV
@@ -63,6 +63,9 @@ class PassageFill(Background):
                                        evict=False)
                 except BudgetFullError:  # taken out again as soon as stored: it did not fit
                     full = True
+                except DiskFullError as e:  # the work waits for room: asked again at a restart
+                    log.warning("the passage pass of document %s stopped: %s", doc_id, e)
+                    return
                 except Exception:
                     if doc_id not in self.store.passage_counts():
                         return  # deleted meanwhile: its entry could not be stored for it

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from store import Document, Store
+from store import DiskFullError, Document, Store
 
 from ..calibration import codec_prep
 from ..errors import Cancelled, EngineError
@@ -71,17 +71,14 @@ class ChatSession:
         self.speeds = speeds
         self.levels = tuple(levels)
         self.chunk_tokens = chunk_tokens
-        # The budget of an "auto" restore when the caller gives none (None: best quality).
-        self.default_budget_ms = default_budget_ms
-        # The settings file's generation values (a field it does not set is None).
-        self.generation_defaults = generation_defaults
+        self.default_budget_ms = default_budget_ms  # an "auto" restore's (None: best quality)
+        self.generation_defaults = generation_defaults  # the settings file's (unset: None)
         self.lock = FairLock()  # the chat context: one turn at a time, first come first served
         # How the context's content was restored (None: not by a restore), so a question
         # asked the same way keeps it instead of restoring it again.
         self._loaded: RestoreOptions | None = None
         # Chats over several documents: the share of each later document recomputed in place
-        # when blending (1: never blend), the blender, where the context's blended KV begins,
-        # who computes the exact one (set by the engine).
+        # (1: never blend), the blender, where the blended KV begins, who makes it exact.
         self.blend_fraction = blend_fraction
         self.blender = Blender(store, levels, chunk_tokens, kv.calibrations)
         self._blended_at: int | None = None
@@ -299,7 +296,7 @@ class ChatSession:
                                    cancel=cancel, reuse=False,
                                    docs=self.library.chat_documents(chat_id))
             kept, kept_notes = self.sharing.keep()
-            self._keep(rt, chat_id, tokens, kept and report.recomputed_tokens > 0)
+            kept_notes += self._keep(rt, chat_id, tokens, kept and report.recomputed_tokens > 0)
             return replace(report, messages=[*notes, *report.messages, *kept_notes])
 
     def prepare(self, draft: str, *, chat_id: int | None = None, doc_ids: Sequence[int] = (),
@@ -412,9 +409,8 @@ class ChatSession:
                 model=rt.fingerprint, question_tokens=turn.tokens, answer_tokens=answer_tokens)
             if new:
                 self.longdocs.adopt(chat_id)
-            result = replace(result, chat_id=chat_id)
-            self._keep(rt, chat_id, context + turn.tokens + answer_tokens, kept)
-            return result
+            not_kept = self._keep(rt, chat_id, context + turn.tokens + answer_tokens, kept)
+            return replace(result, chat_id=chat_id, messages=[*result.messages, *not_kept])
 
     def regenerate(self, chat_id: int, **options) -> AskResult:
         """Drop the last answer (and its question) and ask the question again."""
@@ -441,10 +437,14 @@ class ChatSession:
         return ([self.library.document(d) for d in doc_ids] if chat_id is None
                 else self.library.chat_documents(chat_id))
 
-    def _keep(self, rt: Runtime, chat_id: int, tokens: list[int], store: bool) -> None:
-        """Store the chat's KV, when asked to and the context holds it exactly; a blended
-        context is never stored: the exact one is computed in the background instead."""
+    def _keep(self, rt: Runtime, chat_id: int, tokens: list[int], store: bool) -> list[str]:
+        """Store the chat's KV, when asked to and the context holds it exactly (a blended one:
+        the exact one is computed in the background). A full disk's refusal, said."""
         if self._blended_at is not None:
             self.request_exact(chat_id)
         elif store:
-            self.kv.store_chat(rt, chat_id, tokens, self.longdocs.first_document(rt, chat_id))
+            try:
+                self.kv.store_chat(rt, chat_id, tokens, self.longdocs.first_document(rt, chat_id))
+            except DiskFullError as e:
+                return [f"this turn's cache is not stored: {e}"]
+        return []
