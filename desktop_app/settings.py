@@ -35,7 +35,7 @@ import pydantic
 from pydantic import Field
 
 from .options import GenerationOptions
-from .validation import InvalidValue, UserValues, changed, parse
+from .validation import InvalidValue, UserValues, changed, parse, secret_error
 
 APP_NAME = "kvdesk"
 # Chats over several documents: the share of each later document's tokens computed again in
@@ -146,9 +146,9 @@ class Settings(UserValues):
         if value:
             url = urlsplit(value)
             if url.username or url.password or url.query:
-                # Not even echoed back: it may hold a secret.
-                raise ValueError("the shared cache's endpoint URL must not carry credentials; "
-                                 "boto3 reads them from the AWS environment variables or ~/.aws")
+                raise secret_error("the shared cache's endpoint URL must not carry credentials; "
+                                   "boto3 reads them from the AWS environment variables or "
+                                   "~/.aws")
             if url.scheme not in ("http", "https") or not url.hostname:
                 raise ValueError(f"{value!r} is not an http(s) URL")
         return value

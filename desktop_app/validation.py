@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any, TypeVar
 
 import pydantic
+import pydantic_core
 
 M = TypeVar("M", bound=pydantic.BaseModel)
 
@@ -68,7 +69,9 @@ class InvalidValue(ValueError):
 
 
 def _describe(value: Any) -> str:
-    text = repr(value)
+    """A value as the user wrote it: JSON's words for true, false and null."""
+    text = {True: "true", False: "false", None: "null"}.get(value, repr(value)) if (
+        value is None or isinstance(value, bool)) else repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
 
@@ -114,6 +117,14 @@ def first_problem(errors: list[dict]) -> dict:
     return {**errors[0], "loc": loc[:at], "type": "union", "msg": f"should be one of: {kinds}"}
 
 
+SECRET = "secret_value"
+
+
+def secret_error(message: str) -> pydantic_core.PydanticCustomError:
+    """A validator's refusal of a value that may hold a secret: never echoed back."""
+    return pydantic_core.PydanticCustomError(SECRET, message)
+
+
 def parse(model: type[M], data: Mapping[str, Any], *, names: Mapping[str, str] | None = None) -> M:
     """`model` built from `data`, or InvalidValue for the first problem found.
 
@@ -129,8 +140,9 @@ def parse(model: type[M], data: Mapping[str, Any], *, names: Mapping[str, str] |
             raise InvalidValue(key, "not a known setting") from None
         # a nested model's own name (GenerationOptions) means nothing to the user
         message = ("should be a JSON object of its keys" if error["type"] == "model_type"
+                   else "should be a JSON list" if error["type"] == "tuple_type"
                    else error["msg"].removeprefix("Value error, "))  # (pydantic's own words)
-        if error["type"] not in ("missing",) and "input" in error:
+        if error["type"] not in ("missing", SECRET) and "input" in error:
             message += f" (got {_describe(error['input'])})"
         raise InvalidValue(key, message) from None
 

@@ -96,6 +96,23 @@ def test_bad_settings_are_clear_errors(monkeypatch):
     path.write_text(json.dumps({"generation": 5}))  # said in JSON's words, not pydantic's
     with pytest.raises(settings.SettingsError, match="generation: should be a JSON object"):
         settings.load()
+    for saved, said in (({"model_folders": "a"}, "model_folders: should be a JSON list"),
+                        ({"n_ctx": True}, r"\(got true\)")):
+        path.write_text(json.dumps(saved))
+        with pytest.raises(settings.SettingsError, match=said):
+            settings.load()
+    # a URL that may hold a secret is refused without being echoed back
+    for url in ("http://AKIA:s3cr3t@localhost:9", "http://localhost:9/?X-Amz-Signature=s3cr3t"):
+        path.write_text(json.dumps({"remote_endpoint_url": url}))
+        with pytest.raises(settings.SettingsError, match="must not carry credentials") as e:
+            settings.load()
+        assert "s3cr3t" not in str(e.value)
+        monkeypatch.setenv("KVDESK_REMOTE_ENDPOINT_URL", url)
+        path.write_text("{}")
+        with pytest.raises(settings.SettingsError, match="KVDESK_REMOTE_ENDPOINT_URL") as e:
+            settings.load()
+        assert "s3cr3t" not in str(e.value)
+        monkeypatch.delenv("KVDESK_REMOTE_ENDPOINT_URL")
     path.unlink()
     path.mkdir()  # a folder in its place is said, not ignored with every setting in it
     with pytest.raises(settings.SettingsError, match="is not a file"):
