@@ -14,6 +14,7 @@ from desktop_app.errors import Cancelled
 from desktop_app.server import bridge
 from desktop_app.server.api import create_api
 from desktop_app.settings import Settings
+from store import DiskFullError, NotFoundError
 
 ORIGIN = "http://localhost:3000"
 PREFLIGHT = {"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
@@ -119,12 +120,24 @@ def test_error_dialects_and_a_routers_route(tmp_path):
     async def stopped():
         raise Cancelled("restore cancelled")
 
+    @router.post("/v1/kvdesk/deleted")
+    async def deleted():  # a chat deleted while its turn was answered
+        raise NotFoundError("no chat 4")
+
+    @router.post("/v1/kvdesk/full")
+    async def full():
+        raise DiskFullError("the disk holding the data directory D is full")
+
     c.app.include_router(router)  # a route added later, through a router
     assert c.post("/v1/kvdesk/elsewhere").status_code == 200
     # A request stopped is the server's (503), answered without the error raised again (the
     # test client would raise it here).
     cut = c.post("/v1/kvdesk/stopped")
     assert cut.status_code == 503 and cut.json()["error"]["code"] == "cancelled"
+    gone = c.post("/v1/kvdesk/deleted")  # the store's refusals too
+    assert gone.status_code == 404 and gone.json()["error"]["code"] == "not_found"
+    no_room = c.post("/v1/kvdesk/full")
+    assert no_room.status_code == 500 and no_room.json()["error"]["code"] == "storage_unavailable"
     wrong = c.get("/v1/kvdesk/elsewhere").json()["error"]
     assert wrong["code"] == "method_not_allowed" and "takes POST" in wrong["message"]
     assert c.get("/api/elsewhere").json() == {

@@ -37,6 +37,8 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 
+from store import StoreError
+
 from .. import __version__
 from ..app import App
 from ..errors import Cancelled
@@ -170,11 +172,13 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
 
     @api.exception_handler(ValueError)
     @api.exception_handler(Cancelled)
+    @api.exception_handler(StoreError)
     async def refused(request: Request, e: Exception):
-        # Bad values, the engine's refusals (InvalidValue, EngineError...) and a request
-        # stopped get a handler of their own: the catch-all below answers too, but Starlette
-        # then re-raises, and the client's kept-alive connection is dropped under its next
-        # request.
+        # Bad values, the engine's refusals (InvalidValue, EngineError...), the store's (a chat
+        # deleted while it was answered, a full disk) and a request stopped get a handler of
+        # their own: the catch-all below answers too, but Starlette then re-raises (a
+        # traceback in the log), and the client's kept-alive connection is dropped under its
+        # next request.
         return json_response(*error_of(e))
 
     @api.exception_handler(Exception)

@@ -13,6 +13,8 @@ import logging
 
 from fastapi.responses import JSONResponse
 
+from store import NotFoundError
+
 from ..errors import Cancelled, ContextFullError, MissingError, is_storage_fault, is_user_error
 from ..validation import InvalidValue
 from . import schemas as s
@@ -45,6 +47,8 @@ def error_of(e: BaseException) -> tuple[int, dict]:
         return e.status, e.body
     if isinstance(e, MissingError):
         return 404, s.error(str(e), code="not_found", param=e.field)
+    if isinstance(e, NotFoundError):  # deleted while the request ran
+        return 404, s.error(str(e), code="not_found")
     if isinstance(e, ContextFullError):  # OpenAI's code: clients trim their history on it
         return 400, s.error(str(e), code="context_length_exceeded", param=e.field)
     if isinstance(e, InvalidValue):
