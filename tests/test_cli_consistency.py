@@ -130,3 +130,15 @@ def test_every_command_that_ends_takes_json():
     lacking = [name.strip() for name, c in commands
                if not any("--json" in getattr(p, "opts", ()) for p in c.params)]
     assert sorted(lacking) == ["gui", "serve"]  # they keep running
+
+
+def test_a_flag_given_an_empty_list_of_levels_is_refused_not_taken_for_the_default():
+    import click
+
+    from desktop_app.cli.base import level_list
+
+    assert level_list(None) is None and level_list("high, compact") == ["high", "compact"]
+    for empty, flag in (("", "--levels"), (" , ", "--configs")):
+        with pytest.raises(click.BadParameter, match="names no level") as e:
+            level_list(empty, flag)
+        assert e.value.param_hint == flag

@@ -198,7 +198,7 @@ def eval_(app: App, file: str, prefix_tokens: int, cont_tokens: int, configs: st
 
     # The file and the configs checked first: a bad one is refused before minutes of work.
     text = documents.extract(file).text
-    names = level_list(configs) or [*quality.DEFAULT_CONFIGS, *(
+    names = level_list(configs, "--configs") or [*quality.DEFAULT_CONFIGS, *(
         quality.DEFAULT_PREFIX + lvl for lvl in ("high", "balanced", "compact"))]
     engine = app.engine
     cal = engine.calibrations.current(engine.fingerprint)
