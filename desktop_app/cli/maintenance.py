@@ -114,8 +114,12 @@ def gc(app: App, budget_gb: float | None, as_json: bool):
     budget = values(GcOptions, budget_gb=budget_gb).budget_gb
     report = app.store.gc(None if budget is None else int(budget * 1e9))
     gb = f"{report['budget_bytes'] / 1e9:,.3f}".rstrip("0").rstrip(".")  # 0.01, 10, 1,500
+    removed = report["abandoned_documents"]
     emit(report, as_json, [f"freed {report['freed_bytes'] / 1e6:.1f} MB; "
-                           f"{report['bytes_after'] / 1e6:.1f} MB of {gb} GB used"])
+                           f"{report['bytes_after'] / 1e6:.1f} MB of {gb} GB used", *(
+        [f"removed {len(removed)} document(s) whose attach was killed before it stored "
+         f"anything: {', '.join(map(str, removed))} (attach the file again to have it)"]
+        if removed else [])])
 
 
 @cli.command()
