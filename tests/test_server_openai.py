@@ -181,9 +181,10 @@ def test_the_assistants_own_words_are_continued_and_kept_as_one_message(served):
         model="default", instructions=INSTRUCTIONS, input="And on Saturdays?",
         previous_response_id=one.id, max_output_tokens=8, temperature=0)
     assert two.usage.input_tokens_details.cached_tokens > one.usage.input_tokens
-    with pytest.raises(openai.BadRequestError, match="needs a user"):
+    with pytest.raises(openai.BadRequestError, match="needs a user") as e:
         served.client.chat.completions.create(
             model="default", messages=[{"role": "assistant", "content": "Hello"}])
+    assert e.value.body["param"] == "messages"
 
 
 def test_a_streamed_response_is_the_responses_apis_events(served):
@@ -217,6 +218,16 @@ def test_what_responses_refuse(served):
         with pytest.raises(openai.APIStatusError, match=words) as e:
             served.client.responses.create(model="default", **fields)
         assert e.value.status_code == status
+    # a refusal of one field names it (`param`), in this API's words
+    for fields, param in (({"input": "x", "reasoning": {"effort": "high"}}, "reasoning"),
+                          ({"input": []}, "input")):
+        with pytest.raises(openai.BadRequestError) as e:
+            served.client.responses.create(model="default", **fields)
+        assert e.value.body["param"] == param
+    for fields, param in (({"prompt": ""}, "prompt"), ({"prompt": "x", "suffix": "y"}, "suffix")):
+        with pytest.raises(openai.BadRequestError) as e:
+            served.client.completions.create(model="default", max_tokens=4, **fields)
+        assert e.value.body["param"] == param
 
 
 def test_a_prompt_too_long_for_the_context_says_so_in_openais_code(served):

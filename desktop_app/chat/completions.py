@@ -34,6 +34,7 @@ from ..kv.streaming import adaptation_note
 from ..model.prompts import Turn, answer_text, closing, passage_layout, raw_prompt, with_evidence
 from ..options import GenerationOptions, RestoreOptions
 from ..results import Completion, RestoreReport, Source
+from ..validation import InvalidValue
 from .answers import stream_answer
 from .sessions import ChatSession
 
@@ -78,7 +79,7 @@ class Completions:
                 not messages[-1]["content"].strip():
             messages = messages[:-1]  # an empty start of the answer: none given
         if not any(m["role"] != "assistant" for m in messages):
-            raise EngineError("the conversation needs a user (or system) message")
+            raise InvalidValue("messages", "the conversation needs a user (or system) message")
         s = self.session
         rt = s.runtime
         head, head_tokens, sources, quoted, notes = [], [], [], [], []
@@ -137,15 +138,15 @@ class Completions:
             rt = s.runtime
             if isinstance(messages, RawPrompt):
                 if documents:
-                    raise EngineError("documents: a prompt given as it is has no chat to "
-                                      "put them in; use chat completions for them")
+                    raise InvalidValue("documents", "a prompt given as it is has no chat to "
+                                       "put them in; use chat completions for them")
                 turn = Turn((), messages.prompt,
                             raw_prompt(rt, messages.prompt, messages.suffix))
                 sources, quoted, picked = [], [], []
             else:
                 turn, sources, quoted, picked = self.prompt(messages, documents)
             if not turn.tokens:
-                raise EngineError("prompt: it is empty")
+                raise InvalidValue("prompt", "it is empty")
             s.longdocs.offer(sources)
             prompt = turn.tokens
             if len(prompt) + 1 >= rt.n_ctx:

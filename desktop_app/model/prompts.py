@@ -19,6 +19,7 @@ from typing import Protocol
 from store import Document
 
 from ..errors import EngineError
+from ..validation import InvalidValue
 
 SYSTEM_PROMPT = (
     "You are kvdesk, a careful assistant. Answer questions about the document below "
@@ -229,8 +230,8 @@ def raw_prompt(tpl: Template, prompt: str, suffix: str | None = None) -> list[in
         return tpl.tokenize(prompt, add_bos=tpl.adds_bos)
     fim = tpl.fim_tokens
     if fim is None:
-        raise EngineError("suffix: this model has no fill-in-the-middle tokens, so it cannot "
-                          "complete between a prompt and a suffix; leave the suffix out")
+        raise InvalidValue("suffix", "this model has no fill-in-the-middle tokens, so it cannot "
+                           "complete between a prompt and a suffix; leave the suffix out")
     pre, suf, mid = fim
     bos = tpl.tokenize("", add_bos=True) if tpl.adds_bos else []
     return [*bos, pre, *tpl.tokenize(prompt, special=False), suf,

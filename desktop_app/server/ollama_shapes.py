@@ -24,7 +24,6 @@ from typing import Any, Literal
 
 import pydantic
 
-from ..errors import EngineError
 from ..options import GenerationOptions
 from ..results import Completion
 from ..validation import InvalidValue, null_is_default, parse
@@ -78,10 +77,10 @@ class _Request(pydantic.BaseModel):
 
     def check_supported(self) -> None:
         if self.format:
-            raise EngineError("format: structured output (JSON or a schema) is not supported; "
-                              "kvdesk answers text")
+            raise InvalidValue("format", "structured output (JSON or a schema) is not supported; "
+                               "kvdesk answers text")
         if self.think:
-            raise EngineError(f"think: {self.model!r} does not support thinking")
+            raise InvalidValue("think", f"{self.model!r} does not support thinking")
 
     def unloading(self) -> bool:
         """keep_alive 0 asks Ollama to unload the model; kvdesk keeps it while serving."""
@@ -121,7 +120,7 @@ class ChatRequest(_Request):
     def conversation(self) -> list[dict]:
         self.check_supported()
         if self.tools:
-            raise EngineError("tools: kvdesk answers text only; tool calls are not supported")
+            raise InvalidValue("tools", "kvdesk answers text only; tool calls are not supported")
         return [m.checked(f"messages.{i}") for i, m in enumerate(self.messages)]
 
 
@@ -139,11 +138,11 @@ class GenerateRequest(_Request):
         if self.images:
             raise InvalidValue("images", NO_IMAGES)
         if self.template:
-            raise EngineError("template: kvdesk renders prompts with the model's own chat "
-                              "template; leave it out, or send raw prompts (raw: true)")
+            raise InvalidValue("template", "kvdesk renders prompts with the model's own chat "
+                               "template; leave it out, or send raw prompts (raw: true)")
         if self.context:
-            raise EngineError("context: not supported; send the conversation to /api/chat, "
-                              "whose prompt cache keeps it across requests and restarts")
+            raise InvalidValue("context", "not supported; send the conversation to /api/chat, "
+                               "whose prompt cache keeps it across requests and restarts")
 
 
 class ShowRequest(pydantic.BaseModel):

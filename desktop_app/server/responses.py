@@ -31,7 +31,7 @@ from fastapi import FastAPI, Request
 from sse_starlette.sse import EventSourceResponse
 
 from ..app import App
-from ..errors import ContextFullError, EngineError, MissingError
+from ..errors import ContextFullError, MissingError
 from ..options import GenerationOptions
 from ..results import Completion
 from ..validation import InvalidValue, parse
@@ -78,10 +78,10 @@ class ResponsesRequest(s.Sampled):
     def conversation(self) -> list[dict]:
         self.check_supported()
         if self.reasoning and any(v for v in self.reasoning.values()):
-            raise EngineError("reasoning: kvdesk's models do not reason; leave it out")
+            raise InvalidValue("reasoning", "kvdesk's models do not reason; leave it out")
         fmt = (self.text or {}).get("format") or {}
         if fmt.get("type") not in (None, "text"):
-            raise EngineError("text.format: only text is supported")
+            raise InvalidValue("text.format", "only text is supported")
         if isinstance(self.input, str):
             return [{"role": "user", "content": self.input}]
         return [item.message(f"input.{i}") for i, item in enumerate(self.input)]
@@ -158,7 +158,7 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
             try:
                 done = await bridge.call(request, stopping, lambda cancel: app.engine.complete(
                     messages, generation=generation, cancel=cancel))
-            except ContextFullError as e:
+            except (ContextFullError, InvalidValue) as e:
                 raise _in_input(e) from None
             return finish(done)
         at = {"item_id": mid, "output_index": 0}
@@ -187,7 +187,7 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
                                     "content_index": 0, "delta": text, "logprobs": []},
                 done=closing,
                 error=lambda e: {**error_of(_in_input(e))[1]["error"], "type": "error"})
-        except ContextFullError as e:  # refused before it began: the status says so
+        except (ContextFullError, InvalidValue) as e:  # refused before it began: the status
             raise _in_input(e) from None
 
         async def events():
@@ -212,8 +212,13 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
 
 
 def _in_input(e: BaseException) -> BaseException:
-    """A prompt too long for the context is this API's `input` (chat's is `messages`)."""
-    return ContextFullError(str(e), "input") if isinstance(e, ContextFullError) else e
+    """What chat names `messages` (a prompt too long for the context, a conversation with
+    no question) is this API's `input`."""
+    if isinstance(e, ContextFullError):
+        return ContextFullError(str(e), "input")
+    if isinstance(e, InvalidValue) and e.key == "messages":
+        return InvalidValue("input", e.reason)
+    return e
 
 
 def item(mid: str, done: Completion | None) -> dict:
