@@ -251,7 +251,8 @@ class Engine:
         result = self.attacher.attach(path, levels=levels, progress=progress, cancel=cancel)
         if result.passages and self._long_running:  # (a one-shot command would not finish)
             self.passage_fill.request(result.doc_id)
-        return result
+        return replace(result, warnings=[*result.warnings,
+                                         *self.library.earlier_versions(result.doc_id)])
 
     def prefill(self, doc_id: int, *, levels: Sequence[str] | None = None,
                 progress: ProgressFn | None = None,
@@ -271,6 +272,8 @@ class Engine:
         self._writable()
         notes = [] if chat_id is not None or restore.no_cache else self._cache_stale(
             doc_ids, progress, cancel)
+        notes += self.library.changed_files(self.library.chat_documents(chat_id) if chat_id
+                                            else [self.library.document(d) for d in doc_ids])
         result = self.session.ask(question, chat_id=chat_id, doc_ids=doc_ids, restore=restore,
                                   generation=generation, on_token=on_token,
                                   on_restore=on_restore, progress=progress, cancel=cancel)

@@ -223,6 +223,7 @@ class DocumentInfo(Record):
     damaged_chunks: int = 0
     passages: int = 0  # longer than the context: kept as this many passages (else 0)
     passages_cached: int = 0  # how many of them have their KV stored under the current model
+    file_changed: bool = False  # its file holds another text now (answers use this one)
 
 
 @dataclass(frozen=True)

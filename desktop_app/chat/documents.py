@@ -61,6 +61,29 @@ class Extracted:
         return hashlib.sha256(self.text.encode("utf-8")).hexdigest()
 
 
+# A file's text hash by (path, modification time, size): a changed file is read once.
+_HASHES: dict[tuple[str, int, int], str] = {}
+
+
+def changed_since(source: str | None, content_hash: str, attached: float) -> bool:
+    """Whether the file a document was attached from now holds another text. Read again only
+    when it was modified after the attach; a file gone or no longer readable as a document is
+    not "changed" (the attached text stands)."""
+    try:
+        st = Path(source).stat() if source else None
+    except OSError:
+        return False
+    if st is None or st.st_mtime <= attached:
+        return False
+    key = (source, st.st_mtime_ns, st.st_size)
+    if key not in _HASHES:
+        try:
+            _HASHES[key] = extract(source).content_hash
+        except DocumentError:
+            return False
+    return _HASHES[key] != content_hash
+
+
 CODE_SUFFIXES = {
     ".py", ".c", ".h", ".cc", ".cpp", ".hpp", ".rs", ".go", ".java", ".kt", ".js", ".ts",
     ".tsx", ".jsx", ".rb", ".php", ".cs", ".swift", ".sh", ".sql", ".toml", ".yaml", ".yml",

@@ -20,6 +20,7 @@ from store import Chat, Document, Entry, Message, NotFoundError, Store
 from ..errors import EngineError, MissingError
 from ..model.prompts import UNTITLED, title_of
 from ..results import ChatInfo, DocumentInfo, MessageInfo, Source
+from .documents import changed_since
 
 T = TypeVar("T")
 
@@ -125,8 +126,25 @@ class Library:
                 sizes.get(entry.id, {}) if entry else _summed(
                     sizes.get(i, {}) for i in passage_kv.get(doc.id, ())), status, doc.created,
                 damaged.get(entry.id, 0) if entry else 0, passages.get(doc.id, 0),
-                len(held.get(doc.id, {}))))
+                len(held.get(doc.id, {})), changed_since(doc.source_path, doc.content_hash,
+                                                         doc.created)))
         return out
+
+    def changed_files(self, docs: Sequence[Document]) -> list[str]:
+        """What a question about `docs` should say of those whose file changed after it was
+        attached: the answer uses the text attached then."""
+        return [f"the file of document {d.id} ({d.source_path}) changed after it was attached: "
+                "answers use the text attached then; attach the file again to use the new text"
+                for d in docs if changed_since(d.source_path, d.content_hash, d.created)]
+
+    def earlier_versions(self, doc_id: int) -> list[str]:
+        """What attaching a file should say of documents attached from the same file before,
+        with another text (each is kept: a chat may be about it)."""
+        doc = self.document(doc_id)
+        return [f"document {d.id} is an earlier version of this file, attached before it "
+                f"changed: `kvdesk rm doc {d.id}` removes it" for d in self.store.documents()
+                if d.source_path == doc.source_path and d.id < doc.id
+                and d.content_hash != doc.content_hash and d.source_path]
 
     def chats(self) -> list[ChatInfo]:
         """Every chat, the most recently updated first. A chat over several documents that

@@ -302,8 +302,10 @@ def docs(app: App, as_json: bool):
         + f", {sum(d.cache_bytes.values()) / 1e6:.1f} MB cached"
         + (f", {d.damaged_chunks} damaged chunks (kvdesk verify --repair)"
            if d.damaged_chunks else "")
-        + (" (its attach was stopped: attach the file again, or kvdesk gc removes it)"
-           if d.status == "unfinished" else "") for d in rows])
+        + (" (its attach did not finish: attach the file again, or kvdesk gc removes it)"
+           if d.status == "unfinished" else "")
+        + (" (its file has changed since: attach it again to use the new text)"
+           if d.file_changed else "") for d in rows])
 
 
 @cli.command()

@@ -1,0 +1,42 @@
+"""A document whose file changed after it was attached, without a model: the listing, a
+question and a new attach of the file say so (the answers use the text attached then)."""
+
+from __future__ import annotations
+
+import os
+
+from test_store_helpers import open_store
+
+from desktop_app.chat import documents
+from desktop_app.chat.library import Library
+
+
+def attached(store, path):
+    """A document as attach stores it: the extracted text's hash, the file's path."""
+    got = documents.extract(path)
+    return store.add_document(got.content_hash, got.title, got.text, type=got.kind,
+                              source_path=str(path))
+
+
+def test_a_changed_file_is_said_in_the_listing_a_question_and_the_next_attach(tmp_path):
+    path = tmp_path / "notes.md"
+    path.write_text("The gate code is 4417.\n")
+    with open_store(tmp_path / "data") as store:
+        library = Library(store)
+        old = attached(store, path)
+        later = old.created + 10
+        os.utime(path, (later, later))  # touched, the same text: not changed
+        assert library.changed_files([old]) == []
+        path.write_text("The gate code is 9020.\n")
+        os.utime(path, (later + 1, later + 1))
+        (listed,) = library.documents("model-a")
+        assert listed.file_changed
+        (note,) = library.changed_files([old])
+        assert f"document {old.id} ({path}) changed after it was attached" in note
+        new = attached(store, path)
+        assert library.earlier_versions(new.id) == [
+            f"document {old.id} is an earlier version of this file, attached before it "
+            f"changed: `kvdesk rm doc {old.id}` removes it"]
+        assert library.changed_files([new]) == [] and library.earlier_versions(old.id) == []
+        path.unlink()  # a file gone is not "changed": the attached text stands
+        assert library.changed_files([old, new]) == []
