@@ -342,12 +342,13 @@ class EntryWriter:
         entry_id: int,
         levels: tuple[str, ...],
         clock: Callable[[], float],
-        on_finish: Callable[[Entry], object],
+        on_finish: Callable[[Entry], list[dict]],
     ):
         self.entry_id = entry_id
         self.levels = levels
         self.entry: Entry | None = None
         self.finished = False
+        self.evicted: list[dict] = []  # the caches finishing it evicted (gc's evicted_caches)
         self._db = db
         self._clock = clock
         self._on_finish = on_finish
@@ -380,7 +381,7 @@ class EntryWriter:
             entry_id = complete(wdb.conn, self.entry_id, self._clock())
             self.entry = get_entry(wdb.conn, entry_id)
         self.finished = True
-        self._on_finish(self.entry)
+        self.evicted = self._on_finish(self.entry)
         return self.entry
 
     def abort(self) -> None:

@@ -60,6 +60,7 @@ def collect(db: Connections, budget_bytes: int, now: float) -> dict:
     freed = sum(nbytes for _, nbytes in abandoned)
     used = usage(db)
     evicted: list[int] = []
+    caches: list[dict] = []  # what each evicted entry was the cache of
     candidates = (
         db.get()
         .conn.execute("SELECT id FROM kv_entries WHERE complete ORDER BY last_used, id")
@@ -73,6 +74,12 @@ def collect(db: Connections, budget_bytes: int, now: float) -> dict:
             tree = subtree(wdb.conn, candidate)
             if not tree or not all(complete for _, complete, _ in tree):
                 continue
+            sizes = {entry_id: nbytes for entry_id, _, nbytes in tree}
+            caches += [{"entry": entry_id, "document_id": doc, "chat_id": chat,
+                        "passage": bool(passage), "bytes": sizes[entry_id]}
+                       for entry_id, doc, chat, passage in wdb.conn.execute(
+                           "SELECT id, document_id, chat_id, passage FROM kv_entries WHERE id IN"
+                           f" ({','.join('?' * len(sizes))})", list(sizes))]
             wdb.conn.execute("DELETE FROM kv_entries WHERE id = ?", (candidate,))
         evicted += [entry_id for entry_id, _, _ in tree]
         tree_bytes = sum(nbytes for _, _, nbytes in tree)
@@ -80,6 +87,7 @@ def collect(db: Connections, budget_bytes: int, now: float) -> dict:
         used -= tree_bytes
     return {
         "evicted_entries": evicted,
+        "evicted_caches": caches,
         "abandoned_entries": [entry_id for entry_id, _ in abandoned],
         "abandoned_documents": documents,
         "freed_bytes": freed,

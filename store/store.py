@@ -355,8 +355,9 @@ class Store(LibraryStore, PassageStore, PassageKVStore):
         """Evict least-recently-used KV entries until they fit the budget (default: the setting).
 
         Entries and documents whose writer was killed go first (store.quota).
-        Returns {"evicted_entries": [ids], "abandoned_entries": [ids], "abandoned_documents":
-        [ids], "freed_bytes": n, "bytes_after": n, "budget_bytes": n}.
+        Returns {"evicted_entries": [ids], "evicted_caches": [{"entry", "document_id",
+        "chat_id", "passage", "bytes"} of each], "abandoned_entries": [ids],
+        "abandoned_documents": [ids], "freed_bytes": n, "bytes_after": n, "budget_bytes": n}.
         """
         budget = self.budget_bytes if budget_bytes is None else budget_bytes
         return self._db.freeing(lambda: quota.collect(self._db, budget, self._clock()))
@@ -421,16 +422,15 @@ class Store(LibraryStore, PassageStore, PassageKVStore):
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _enforce_budget(self, entry: Entry) -> None:
-        if self.usage_bytes() > self.budget_bytes:
-            self.gc()
+    def _enforce_budget(self, entry: Entry) -> list[dict]:
+        return self.gc()["evicted_caches"] if self.usage_bytes() > self.budget_bytes else []
 
-    def _fits(self, entry: Entry, written: int) -> None:
+    def _fits(self, entry: Entry, written: int) -> list[dict]:
         """Entry `written`, just finished, removed again if it does not fit the budget
         (BudgetFullError). An identical entry another writer stored first (adopted in its
         place) stays: this write added nothing."""
         if entry.id != written or self.usage_bytes() <= self.budget_bytes:
-            return
+            return []
         with self._db.write() as db:
             db.execute("DELETE FROM kv_entries WHERE id = ?", (written,))
         self._db.reclaim()

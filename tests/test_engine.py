@@ -408,3 +408,24 @@ def test_a_full_disk_keeps_the_answer_and_says_its_cache_is_not_stored(engine, d
     assert "this turn's cache is not stored: the disk holding the data directory D is full" \
         in result.messages
     assert [m.role for m in engine.messages(result.chat_id)] == ["user", "assistant"]
+
+
+def test_storing_a_cache_that_evicts_others_says_which(new_engine, tmp_path):
+    eng = new_engine()
+    first, second = tmp_path / "first.txt", tmp_path / "second.txt"
+    first.write_text(DOC)
+    second.write_text(DOC.replace("lamp", "lantern"))
+    one = eng.attach(first, levels=["compact"])
+    assert not any("evicted" in w for w in one.warnings)
+    eng.store.budget_bytes = sum(one.stored_bytes.values()) + 1000  # room for one document
+    two = eng.attach(second, levels=["compact"])
+    (said,) = [w for w in two.warnings if "evicted" in w]
+    assert said.startswith("storing this evicted the least recently used caches to keep "
+                           "within the storage budget")
+    assert f"document {one.doc_id} (first.txt)" in said
+    assert said.endswith("they are computed again when next used")
+    assert eng.store.document_entry(one.doc_id, eng.fingerprint) is None
+    # a question whose chat cache evicts the other document's says so too
+    res = ask(eng, QUESTION, doc=one.doc_id, tokens=8)
+    assert any(f"document {two.doc_id} (second.txt)" in m
+               for m in res.messages if "evicted" in m), res.messages

@@ -53,6 +53,9 @@ def test_least_recently_used_entries_go_first(store, clock):
     report = store.gc(budget_bytes=1500)
     assert report == {
         "evicted_entries": [b.id, c.id], "abandoned_entries": [], "abandoned_documents": [],
+        "evicted_caches": [
+            {"entry": e.id, "document_id": None, "chat_id": None, "passage": False,
+             "bytes": 1000} for e in (b, c)],
         "freed_bytes": 2000,
         "bytes_after": 1000, "budget_bytes": 1500,
     }  # fmt: skip
@@ -70,6 +73,8 @@ def test_an_entry_is_evicted_with_the_entries_extending_it(store, clock):
     store.touch([child.id])  # a child more recent than its parent: it still cannot outlive it
     report = store.gc(budget_bytes=1000)
     assert report["evicted_entries"] == [root.id, child.id]
+    assert [(c["document_id"], c["chat_id"]) for c in report["evicted_caches"]] == [
+        (document.id, None), (None, chat.id)]
     assert [e.id for e in store.entries()] == [other.id]
     assert store.documents() == [document] and store.chats() == [chat]
     assert [m.text for m in store.messages(chat.id)] == ["hi"]
@@ -82,6 +87,18 @@ def test_finishing_an_entry_enforces_the_stored_budget(store, clock):
     raw_entry(store, clock, range(200, 300))
     assert first.id not in [e.id for e in store.entries()]
     assert store.usage_bytes() == 2000
+
+
+def test_a_finished_entry_says_which_caches_it_evicted(store, clock):
+    store.budget_bytes = 2500
+    document = store.add_document("h", "Doc", "text", type="txt")
+    old = raw_entry(store, clock, range(0, 100), document_id=document.id)
+    raw_entry(store, clock, range(100, 200))
+    clock.tick()
+    with store.write_entry(FP, range(200, 300), levels=["raw"]) as writer:
+        writer.put_chunk(0, "raw", bytes(1000))
+    assert writer.evicted == [{"entry": old.id, "document_id": document.id, "chat_id": None,
+                               "passage": False, "bytes": 1000}]
 
 
 def test_an_entry_written_not_to_evict_is_dropped_itself_when_it_does_not_fit(store, clock):

@@ -171,9 +171,12 @@ class Attacher:
             prefill_s = time.perf_counter() - t0
             self.speeds.prefill_tps = len(prefix.tokens) / max(prefill_s, 1e-6)
             t1 = time.perf_counter()
+            evicted: list[dict] = []
             entry_id = self.kv.store_prefix(rt, prefix.tokens, levels, document_id=doc.id,
-                                            progress=progress, cancel=cancel, title=title)
+                                            progress=progress, cancel=cancel, title=title,
+                                            evicted=evicted)
             encode_s = time.perf_counter() - t1
+            warnings += self.kv.eviction_notes(evicted)
         except BaseException:
             rt.reset()
             raise

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from store import DiskFullError, Document, Store
+from store import Document, Store
 
 from ..calibration import codec_prep
 from ..errors import Cancelled, EngineError
@@ -439,12 +439,10 @@ class ChatSession:
 
     def _keep(self, rt: Runtime, chat_id: int, tokens: list[int], store: bool) -> list[str]:
         """Store the chat's KV, when asked to and the context holds it exactly (a blended one:
-        the exact one is computed in the background). A full disk's refusal, said."""
+        the exact one is computed in the background). What it evicted or a full disk, said."""
         if self._blended_at is not None:
             self.request_exact(chat_id)
         elif store:
-            try:
-                self.kv.store_chat(rt, chat_id, tokens, self.longdocs.first_document(rt, chat_id))
-            except DiskFullError as e:
-                return [f"this turn's cache is not stored: {e}"]
+            return self.kv.keep_chat(rt, chat_id, tokens,
+                                     self.longdocs.first_document(rt, chat_id))
         return []

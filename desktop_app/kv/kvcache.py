@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 import codec
-from store import BackgroundWriter, Store, text_hash
+from store import BackgroundWriter, DiskFullError, NotFoundError, Store, text_hash
 
 from ..calibration.calibrations import Calibrations
 from ..errors import Cancelled, RuntimeStateError
@@ -63,12 +63,13 @@ class KVCache:
         title: str = "",
         passage: str | None = None,
         evict: bool = True,
+        evicted: list[dict] | None = None,
     ) -> int | None:
         """Encode and store the KV of `tokens` (the context's first tokens) beyond what is
         already stored for them; returns the id of the entry that ends at len(tokens), or
         None when a sliding-window model's context does not end there (no window to store).
         Not to `evict` other KV, one that does not fit the storage budget is not kept
-        (store.BudgetFullError).
+        (store.BudgetFullError); else the caches it evicted are added to `evicted`.
         `passage`: the text of the passage of `document_id` the tokens are (`passagekv`), not
         its prefix."""
         levels = tuple(levels or self.levels)
@@ -119,20 +120,59 @@ class KVCache:
             finally:
                 chunks.close(raise_failure=False)
             chunks.close()  # raises the writer's failure, if any: the entry is aborted
+        if evicted is not None:
+            evicted += writer.evicted
         # Not writer.entry_id: an identical entry stored meanwhile (by another process) is
         # adopted, and this one dropped.
         return writer.entry.id
 
     def store_chat(self, rt: Runtime, chat_id: int, tokens: Sequence[int],
-                   first_document: tuple[int, Sequence[int]] | None) -> bool:
+                   first_document: tuple[int, Sequence[int]] | None,
+                   evicted: list[dict] | None = None) -> bool:
         """Store a chat's KV after a turn or a recompute, as an extension of its first
         document's entry: (document id, its prefix tokens), stored first if it is not
         (evicted, or made under another model). Whether it is kept: the storage budget evicts
-        even the entry just written when it alone is larger."""
+        even the entry just written when it alone is larger. What it evicted: in `evicted`."""
         if first_document is not None:
             doc_id, prefix = first_document
             if self.store.document_entry(doc_id, rt.fingerprint) is None:
-                self.store_prefix(rt, prefix, document_id=doc_id)
-        self.store_prefix(rt, tokens, chat_id=chat_id)
+                self.store_prefix(rt, prefix, document_id=doc_id, evicted=evicted)
+        self.store_prefix(rt, tokens, chat_id=chat_id, evicted=evicted)
         return self.store.longest_prefix(rt.fingerprint, tokens, touch=False).n_tokens == len(
             tokens)
+
+    def keep_chat(self, rt: Runtime, chat_id: int, tokens: Sequence[int],
+                  first_document: tuple[int, Sequence[int]] | None) -> list[str]:
+        """`store_chat`, and what the user should know of it: the caches it evicted, or that
+        a full disk kept it from storing (the chat's messages are stored already)."""
+        evicted: list[dict] = []
+        try:
+            self.store_chat(rt, chat_id, tokens, first_document, evicted)
+        except DiskFullError as e:
+            return [f"this turn's cache is not stored: {e}"]
+        return self.eviction_notes(evicted)
+
+    def eviction_notes(self, evicted: Sequence[dict]) -> list[str]:
+        """What storing a cache says of those it evicted to keep within the storage budget
+        (store.gc's `evicted_caches`): nothing when it evicted none."""
+        if not evicted:
+            return []
+        docs = dict.fromkeys(c["document_id"] for c in evicted
+                             if c["document_id"] is not None and not c["passage"])
+        chats = {c["chat_id"] for c in evicted if c["chat_id"] is not None}
+        passages = sum(c["passage"] for c in evicted)
+        prompts = sum(c["document_id"] is None and c["chat_id"] is None and not c["passage"]
+                      for c in evicted)
+        said = [f"document {d} ({self._title(d)})" for d in docs] + [f"{n} {what}" for n, what in (
+            (len(chats), "chat cache(s)"), (passages, "passage(s)"),
+            (prompts, "API prompt cache(s)")) if n]
+        return [f"storing this evicted the least recently used caches to keep within the "
+                f"storage budget of {self.store.budget_bytes / 1e9:g} GB: {', '.join(said)} "
+                f"({sum(c['bytes'] for c in evicted) / 1e6:,.1f} MB); they are computed again "
+                "when next used"]
+
+    def _title(self, doc_id: int) -> str:
+        try:
+            return self.store.document(doc_id).title
+        except NotFoundError:  # deleted meanwhile
+            return "deleted"
