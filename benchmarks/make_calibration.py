@@ -41,8 +41,6 @@ def main() -> None:
     ap.add_argument("--registers", help="comma-separated further built-in texts every level "
                     "must hold on (desktop_app/data; calibrate.Settings.registers)")
     ap.add_argument("--register-prefix-tokens", type=int, help="of each further register")
-    ap.add_argument("--points", choices=("on", "off"),
-                    help="levels decode at fitted reconstruction points (Settings.points)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     model = model_of(args.model, args.cache_dir)
@@ -55,8 +53,6 @@ def main() -> None:
                  "register_prefix_tokens"):
         if getattr(args, name) is not None:
             settings = dataclasses.replace(settings, **{name: getattr(args, name)})
-    if args.points:
-        settings = dataclasses.replace(settings, points=args.points == "on")
     t0, c0 = time.monotonic(), time.process_time()
     cal = calibrate.calibrate(model, fingerprint=model.name, settings=settings)
     args.out.write_bytes(cal.to_bytes())

@@ -90,10 +90,6 @@ class Settings:
     # cont_tokens tokens. Not the default: see RESULTS, "Two calibration registers"
     registers: tuple[str, ...] = ()
     register_prefix_tokens: int = 768
-    # each level's symbols decode at points fitted on the calibration KV at its bins (the bins'
-    # means, scaled back to the coefficients' energy: codec.calibrated.points), not at the
-    # bins' centres; the search then places every level with its points
-    points: bool = False
 
 
 def calibration_text() -> str:
@@ -139,7 +135,7 @@ def calibrate(model_path: str | Path, *, fingerprint: str, settings: Settings = 
         draft = codec.Calibration(tuple(parts))
         ev.calibration = draft
         targets = quality.targets(q8, floor)
-        levels, rows, fitted = [{} for _ in parts], {}, draft
+        levels, rows = [{} for _ in parts], {}
         # wide enough below: on Gemma 3 (no KLT) `high` was still short of its goal at 1/64
         lo_scale = _mid_scale(draft, sections, steps) / 512
         for i, name in enumerate(LEVELS):
@@ -148,9 +144,7 @@ def calibrate(model_path: str | Path, *, fingerprint: str, settings: Settings = 
                                  settings, run, others)
             lo_scale = scale  # a cheaper level is never finer than a better one
             rows[name] = row
-            configs = _configs(draft, sections, steps, scale, name, settings.points)
-            fitted = _with_points(fitted, sections, configs, name)
-            for p, cfg in enumerate(configs):
+            for p, cfg in enumerate(_configs(draft, sections, steps, scale, name)):
                 levels[p][name] = cfg
     meta = {"fingerprint": fingerprint, "model": Path(model_path).name,
             "text": "built-in" if text is None else "given", "settings": asdict(settings),
@@ -163,8 +157,7 @@ def calibrate(model_path: str | Path, *, fingerprint: str, settings: Settings = 
             "created": time.time()}
     run.say("done", 1.0)
     return codec.Calibration(tuple(codec.Part(p.n_layer, p.channels, p.keys, p.values,
-                                              levels[i], p.points)
-                                   for i, p in enumerate(fitted.parts)), meta)
+                                              levels[i]) for i, p in enumerate(parts)), meta)
 
 
 class _Run:
@@ -288,10 +281,8 @@ def _bins(top: np.ndarray, step: np.ndarray) -> list[int]:
     return [int(2 * q + 2) for q in maxq]
 
 
-def _configs(cal: codec.Calibration, sections, steps, scale: float, name: str,
-             points: bool = False) -> list[dict]:
-    """The level config of every part for one scale (steps = scale * per-unit steps); with
-    `points`, every kind through a float transform decodes at its level's points."""
+def _configs(cal: codec.Calibration, sections, steps, scale: float, name: str) -> list[dict]:
+    """The level config of every part for one scale (steps = scale * per-unit steps)."""
     out = []
     for p, (part, kv) in enumerate(zip(cal.parts, sections, strict=True)):
         first = int(kv.positions[0])
@@ -305,38 +296,18 @@ def _configs(cal: codec.Calibration, sections, steps, scale: float, name: str,
                            "layer_edges": [round(i / kv.n_layer, 6) for i in range(1, kv.n_layer)]}
             if not tf.identity:
                 kinds[kind]["transform"] = CALIBRATED
-                if points and not tf.exact:
-                    kinds[kind]["points"] = CALIBRATED
         out.append({"id": CODEC_ID, "name": name, "mode": "quantized", "lanes": 32,
                     "states": 4, "sink_tokens": 1, "anchor_group": 0, **kinds})
     return out
-
-
-def _with_points(cal: codec.Calibration, sections, configs: list[dict],
-                 name: str) -> codec.Calibration:
-    """`cal` with level `name`'s reconstruction points fitted on each part's KV at `configs`
-    (the kinds whose config names points)."""
-    for p, (kv, cfg) in enumerate(zip(sections, configs, strict=True)):
-        kinds = [k for k in ("keys", "values") if "points" in cfg[k]]
-        if kinds:
-            found = codec.fit_points(kv.keys, kv.values, _named(cfg, cal, p), calibration=cal,
-                                     part=p, first_token=int(kv.positions[0]),
-                                     chunk_tokens=quality.CHUNK_TOKENS)
-            cal = cal.with_points(p, name, {k: found[k] for k in kinds})
-    return cal
-
-
-def _named(cfg: dict, cal: codec.Calibration, p: int) -> dict:
-    """A part's level config naming the calibration its transforms come from, if any."""
-    return {**cfg, "calibration": {"id": cal.id, "part": p}} if any(
-        "transform" in cfg[k] for k in ("keys", "values")) else cfg
 
 
 def _blobs(cal: codec.Calibration, sections, configs: list[dict]) -> list[list[bytes]]:
     """Every part's KV (in position order) encoded at its config."""
     out = []
     for p, (kv, cfg) in enumerate(zip(sections, configs, strict=True)):
-        out.append(codec.encode_chunks(kv.keys, kv.values, _named(cfg, cal, p), calibration=cal,
+        level = {**cfg, "calibration": {"id": cal.id, "part": p}} if any(
+            "transform" in cfg[k] for k in ("keys", "values")) else cfg
+        out.append(codec.encode_chunks(kv.keys, kv.values, level, calibration=cal,
                                        first_token=int(kv.positions[0]),
                                        chunk_tokens=quality.CHUNK_TOKENS))
     return out
@@ -404,11 +375,10 @@ def _search(ev, cal, sections, steps, name, target, lo_scale, settings, run, oth
 
     def measure(scale):
         run.check()
-        configs = _configs(cal, sections, steps, scale, name, settings.points)
-        with_points = _with_points(cal, sections, configs, name)
-        row = {**_noisy(ev, with_points, sections, configs, name), "scale": scale}
+        configs = _configs(cal, sections, steps, scale, name)
+        row = {**_noisy(ev, cal, sections, configs, name), "scale": scale}
         if others:  # the same configs, as the product stores them, on each register's KV
-            row["registers"] = {r.name: _noisy(r.ev, with_points, r.sections, configs, name)
+            row["registers"] = {r.name: _noisy(r.ev, cal, r.sections, configs, name)
                                 for r in others}
         return row
 
