@@ -32,10 +32,7 @@ optionally per-head KLT) and the level configs calibrated for that model (per-la
 encode(..., level="high", calibration=cal, part=p) encodes through them; the blob names the
 calibration, and decode(blob, calibrations=resolver) gets it from the caller's resolver (a
 mapping or a function id -> Calibration | None). calibrated.transform.fit fits a transform on
-KV (no model needed). A calibrated level may also decode its symbols at reconstruction points
-fitted on the model's KV (calibrated/points.py): fit_points(keys, values, level, calibration=)
-fits them over the chunks as encoded; quantized(keys, values, level) -> (Quantized keys,
-values) shows what the quantizer made of one chunk.
+KV (no model needed).
 
 Levels (data in format/level_table.py): lossless (bit-exact fp16), high, balanced, compact (the
 model-independent defaults, tuned on SmolLM2), and CacheGen's published bins cachegen-1/2/3
@@ -74,12 +71,11 @@ from .jit import jitcache  # noqa: F401, I001 - configures numba as it is import
 from .calibrated.calibration import Calibration, Part
 from .errors import CalibrationMissing, CodecError
 from .format.levels import CodecConfig, KindConfig, levels
-from .pipeline import BlobInfo, Quantized, Resolver, decode, encode, layout, peek, quantized
+from .pipeline import BlobInfo, Resolver, decode, encode, layout, peek
 from .plan import release_tables
-from .chunks import decode_chunks, encode_chunks, fit_points
+from .chunks import decode_chunks, encode_chunks
 from .calibrated.transform import KindTransform
 
 __all__ = ["BlobInfo", "Calibration", "CalibrationMissing", "CodecConfig", "CodecError",
-           "KindConfig", "KindTransform", "Part", "Quantized", "Resolver", "decode",
-           "decode_chunks", "encode", "encode_chunks", "fit_points", "layout", "levels", "peek",
-           "quantized", "release_tables"]
+           "KindConfig", "KindTransform", "Part", "Resolver", "decode", "decode_chunks", "encode",
+           "encode_chunks", "layout", "levels", "peek", "release_tables"]

@@ -1,8 +1,7 @@
 """Chunk lists: a KV cut into consecutive chunk blobs, and such blobs joined back into one KV.
 
 Built on `pipeline`'s one-blob encode and decode; it adds only the cutting, the check that the
-blobs are consecutive chunks of one KV, and the join; and a calibrated level's reconstruction
-points fitted over the chunks as they would be encoded. Like the pipeline, it holds no
+blobs are consecutive chunks of one KV, and the join. Like the pipeline, it holds no
 per-element loops.
 """
 
@@ -10,12 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .calibrated import points
 from .calibrated.calibration import Calibration
 from .errors import CodecError
 from .format import container
 from .format.levels import CodecConfig
-from .pipeline import Resolver, check_input, decode, encode, peek, quantized
+from .pipeline import Resolver, check_input, decode, encode, peek
 
 
 def encode_chunks(keys: np.ndarray, values: np.ndarray,
@@ -30,23 +28,6 @@ def encode_chunks(keys: np.ndarray, values: np.ndarray,
                    first_token=first_token + i, backend=backend, calibration=calibration,
                    part=part)
             for i in range(0, keys.shape[1], chunk_tokens)]
-
-
-def fit_points(keys: np.ndarray, values: np.ndarray, level: str | CodecConfig | dict, *,
-               chunk_tokens: int = 256, first_token: int = 0, backend=None,
-               calibration: Calibration | None = None,
-               part: int = 0) -> dict[str, np.ndarray]:
-    """The reconstruction points (calibrated/points.py) of keys and values at `level`, fitted
-    on the symbols `encode_chunks` would code: {"keys": [L, WIDTH], "values": ...}."""
-    n_layer = check_input(keys, values)[0]
-    tallies = {"keys": points.Tally(n_layer), "values": points.Tally(n_layer)}
-    for i in range(0, keys.shape[1], chunk_tokens):
-        kinds = quantized(keys[:, i:i + chunk_tokens], values[:, i:i + chunk_tokens], level,
-                          first_token=first_token + i, calibration=calibration, part=part,
-                          backend=backend)
-        for tally, q in zip(tallies.values(), kinds, strict=True):
-            tally.add(q.coefficients, q.q, q.step)
-    return {kind: points.fit(tally) for kind, tally in tallies.items()}
 
 
 def decode_chunks(blobs: list[bytes], *, backend=None,

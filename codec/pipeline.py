@@ -124,56 +124,15 @@ def encode(keys: np.ndarray, values: np.ndarray, level: str | CodecConfig | dict
         planes = [np.ascontiguousarray(p, np.uint8) for b in bits for p in (b >> 8, b & 0xFF)]
         counts, freqs, words = zip(*(_encode_bytes(p, cfg, be) for p in planes), strict=True)
         return container.pack(header, [*counts, *freqs, *words])
-    n_sink, sinks, coded = _prepared(bits, cfg, cal_part, first_token, be)
-    scales, ids, counts, words = zip(*(
-        _encode_kind(b, kind, cfg, be)
-        for b, kind in ((coded[0], cfg.keys), (coded[1], cfg.values))), strict=True)
-    return container.pack(header, [*counts, *sinks, *scales, *ids, *words])
-
-
-@dataclass(frozen=True)
-class Quantized:
-    """One kind of a chunk as the quantizer leaves it, past the sink tokens: the values it
-    quantized (the calibrated transform's coefficients, if any) [L, T, C] float32, their
-    signed symbols (centred on 0) and each one's step (broadcastable to [L, T, C])."""
-
-    coefficients: np.ndarray
-    q: np.ndarray
-    step: np.ndarray
-
-
-def quantized(keys: np.ndarray, values: np.ndarray, level: str | CodecConfig | dict,
-              *, first_token: int = 0, calibration: Calibration | None = None,
-              part: int = 0, backend=None) -> tuple[Quantized, Quantized]:
-    """What `encode` quantizes and which symbols it gets, for keys and values (a quantized
-    level without anchors): to fit a calibrated level's reconstruction points
-    (calibrated/points.py) and to study the symbols."""
-    cfg = _level(level, calibration, part)
-    n_layer, n_tok, n_ch = check_input(keys, values)
-    if cfg.mode != "quantized" or cfg.anchor_group:
-        raise CodecError("quantized() takes a quantized level without anchors")
-    be = backend or active()
-    bits = [a.view(np.uint16) for a in (keys, values)]
-    n_sink, _, coded = _prepared(bits, cfg, _part(cfg, calibration, n_layer, n_ch),
-                                 first_token, be)
-    out = []
-    for b, kind in ((coded[0], cfg.keys), (coded[1], cfg.values)):
-        plan, sym, scales, _ = _quantize_kind(b, kind, cfg, be)
-        steps = scales.view(np.float16).astype(np.float32) / plan.maxq[:, None, None]
-        out.append(Quantized(F16_TO_F32[b], sym.astype(np.int64) - plan.maxq[:, None, None],
-                             steps[:, plan.akey][:, :, plan.bkey]))
-    return out[0], out[1]
-
-
-def _prepared(bits: list[np.ndarray], cfg: CodecConfig, cal_part: Part | None,
-              first_token: int, be) -> tuple[int, list[np.ndarray], list[np.ndarray]]:
-    """The sink tokens split off (and checked), and the fp16 bits each kind quantizes."""
-    n_sink = _n_sink(cfg, first_token, bits[0].shape[1])
+    n_sink = _n_sink(cfg, first_token, n_tok)
     sinks = [np.ascontiguousarray(b[:, :n_sink]) for b in bits]
     _refuse_nonfinite(any(be.any_nonfinite(s) for s in sinks if s.size))  # a launch: ~0.1 ms
     coded = [_transformed(b[:, n_sink:], kind, cal_part, name, first_token + n_sink)
              for b, kind, name in ((bits[0], cfg.keys, "keys"), (bits[1], cfg.values, "values"))]
-    return n_sink, sinks, coded
+    scales, ids, counts, words = zip(*(
+        _encode_kind(b, kind, cfg, be)
+        for b, kind in ((coded[0], cfg.keys), (coded[1], cfg.values))), strict=True)
+    return container.pack(header, [*counts, *sinks, *scales, *ids, *words])
 
 
 def _transformed(bits: np.ndarray, kind: KindConfig, part: Part | None, name: str,
@@ -196,13 +155,10 @@ def _transformed(bits: np.ndarray, kind: KindConfig, part: Part | None, name: st
 
 
 def _check_exact(kind: KindConfig, tf: transform.KindTransform) -> None:
-    # an exact transform's inverse takes one quantizer step per layer and integer symbols
-    # (calibrated/intinverse.py)
+    # an exact transform's inverse takes one quantizer step per layer (calibrated/intinverse.py)
     if tf.exact and kind.scale != "layer":
         raise CodecError(f"an exact calibrated transform needs \"layer\" scales, not "
                          f"{kind.scale!r}")
-    if tf.exact and kind.points:
-        raise CodecError("an exact calibrated transform decodes no reconstruction points")
 
 
 def _encode_bytes(sym: np.ndarray, cfg: CodecConfig, be):
@@ -219,17 +175,7 @@ def _encode_bytes(sym: np.ndarray, cfg: CodecConfig, be):
 
 
 def _encode_kind(bits: np.ndarray, kind: KindConfig, cfg: CodecConfig, be):
-    """One quantized kind -> (scales fp16 bits, local entry ids uint16, counts, words)."""
-    plan, sym, scales, hist = _quantize_kind(bits, kind, cfg, be)
-    bank, base = plan.bank
-    ent = be.choose_entries(hist, plan.nsym, base, bank.cost, tables.N_RHO)
-    words, counts = be.encode(sym, ent + base[:, None], bank.freq, bank.cum, bank.recip,
-                              cfg.lanes, cfg.states)
-    return scales, ent.astype(np.uint16), counts, words
-
-
-def _quantize_kind(bits: np.ndarray, kind: KindConfig, cfg: CodecConfig, be):
-    """One kind's fp16 bits -> (plan, symbols, scales fp16 bits, per-stream histograms).
+    """One quantized kind -> (scales fp16 bits, local entry ids uint16, counts, words).
 
     Its temporaries are per-thread scratch arrays (kernels/workspace.py), and a contiguous copy of a
     strided input (~0.3 ms a 256-token kind) lets the quantizer's loops vectorize: on a view
@@ -248,7 +194,11 @@ def _quantize_kind(bits: np.ndarray, kind: KindConfig, cfg: CodecConfig, be):
         scratch("encode.sym", bits.shape, np.uint8),
         scratch("encode.hist", (n_layer, n_ch, int(plan.nsym.max())), np.int64))
     _refuse_nonfinite(bad)
-    return plan, sym, scales, hist
+    bank, base = plan.bank
+    ent = be.choose_entries(hist, plan.nsym, base, bank.cost, tables.N_RHO)
+    words, counts = be.encode(sym, ent + base[:, None], bank.freq, bank.cum, bank.recip,
+                              cfg.lanes, cfg.states)
+    return scales, ent.astype(np.uint16), counts, words
 
 
 @dataclass(frozen=True)
@@ -348,10 +298,7 @@ def decode(blob: bytes, *, out: tuple[np.ndarray, np.ndarray] | None = None,
                     intinverse.gains(scales.reshape(n_layer), plan.maxq, tf.integer_basis[1],
                                      tf.block)
             else:
-                points = cal_part.points_of(cfg.name, ("keys", "values")[i]) if kind.points \
-                    else None
-                dq = plan.dequant(scales, points).view(np.float16).astype(np.float32)
-                gain = None
+                dq, gain = plan.dequant(scales).view(np.float16).astype(np.float32), None
             coef = scratch("decode.coef", (n_layer, n_tok - n_sink, n_ch), np.float32)
             _run_decode(be, parts.words[i], parts.counts[i], ents + base[:, None], bank, dq,
                         plan.akey, plan.bkey, coef, 0, cfg)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from codec import Calibration, CodecConfig, Part, fit_points, levels
+from codec import Calibration, CodecConfig, levels
 from codec.calibrated.calibration import fitted
 from codec.format.levels import KindConfig
 
@@ -80,17 +80,8 @@ def custom(name: str = "custom", **kw) -> CodecConfig:
 
 
 def calibration_of(keys: np.ndarray, values: np.ndarray, head_dim: int = 64,
-                   level: str = "high", block: int | None = None,
-                   points: bool = False) -> Calibration:
+                   level: str = "high", block: int | None = None) -> Calibration:
     """A calibration fitted on this KV with one calibrated level, `level`'s bins through the
     transforms (codec.calibrated.calibration.fitted; block: the keys' basis exact over such
-    blocks; points: the level decodes at reconstruction points fitted on this KV)."""
-    cal = fitted(keys, values, levels()[level], level, head_dim, {"made_by": "tests"}, block)
-    if not points:
-        return cal
-    part = cal.parts[0]
-    cfg = {**part.levels[level], **{k: {**part.levels[level][k], "points": "calibrated"}
-                                    for k in ("keys", "values")}}
-    named = Calibration((Part(part.n_layer, part.channels, part.keys, part.values,
-                              {level: cfg}),), cal.meta)
-    return named.with_points(0, level, fit_points(keys, values, level, calibration=named))
+    blocks)."""
+    return fitted(keys, values, levels()[level], level, head_dim, {"made_by": "tests"}, block)

@@ -133,8 +133,8 @@ def test_calibration_version_follows_what_it_uses(kv):
     # a version 1 file claiming an exact transform is malformed, never read as a float one
     with pytest.raises(CodecError, match="exact"):
         Calibration.from_bytes(refresh_crc(exact[:4] + b"\x01\x00" + exact[6:]))
-    with pytest.raises(CodecError, match="version 4"):
-        Calibration.from_bytes(refresh_crc(exact[:4] + b"\x04\x00" + exact[6:]))
+    with pytest.raises(CodecError, match="version 3"):
+        Calibration.from_bytes(refresh_crc(exact[:4] + b"\x03\x00" + exact[6:]))
 
 
 def test_golden_exact_blob_still_decodes():

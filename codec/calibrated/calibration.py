@@ -7,12 +7,9 @@ SHA-256 of its bytes (`id`): a blob encoded with a calibrated level names that i
 config, and decodes only with exactly that calibration, which the caller hands to `decode`
 through a resolver (the codec knows nothing of where calibrations are kept).
 
-A level may also have reconstruction points for each kind (points.py), which its config names.
-
-Bytes: magic b"KVCL" | u16 version (1; 2 with an exact transform; 3 with reconstruction
-points) | u16 0 | u32 JSON length | JSON (meta, levels, and for every array its part, kind,
-name, level for points, dtype, shape and offset) | the arrays, little-endian, 8-byte aligned |
-u32 CRC-32 of everything before.
+Bytes: magic b"KVCL" | u16 version (1, or 2 with an exact transform) | u16 0 | u32 JSON
+length | JSON (meta, levels, and for every array its part, kind, name, dtype, shape and
+offset) | the arrays, little-endian, 8-byte aligned | u32 CRC-32 of everything before.
 `meta` is the caller's JSON object (what was measured, on which model), opaque here. This
 module must never unpickle or eval, and never allocate from a size it has not checked against
 the bytes it has.
@@ -31,45 +28,34 @@ import numpy as np
 
 from ..errors import CodecError
 from ..format.levels import CodecConfig
-from . import points as recon
 from .transform import KindTransform, fit
 
 MAGIC = b"KVCL"
 # 2: a kind may be "exact" (its basis inverted in integers, intinverse.py; blocks of any whole
-# heads). 3: a level may have reconstruction points. Each is written only by calibrations that
-# use it, so older readers refuse those clearly and read the others; every older file reads
-# as it did.
-VERSIONS = (1, 2, 3)
+# heads). Written only by calibrations that use it, so version 1 readers refuse those clearly
+# and read the others; every version 1 file reads as it did.
+VERSION = 2
+VERSIONS = (1, 2)
 _PRELUDE = struct.Struct("<4sHHI")
 _CRC = struct.Struct("<I")
 _ARRAYS = ("theta", "mean", "basis")
-_DTYPES = {"theta": "<f8", "mean": "<f4", "basis": "<f4", "points": "<f4"}
+_DTYPES = {"theta": "<f8", "mean": "<f4", "basis": "<f4"}
 MAX_JSON = 1 << 22
 KINDS = ("keys", "values")
 
 
 @dataclass(frozen=True, eq=False)
 class Part:
-    """One KV part: its shape, its two transforms, its calibrated levels, and their
-    reconstruction points ((level, kind) -> [n_layer, points.WIDTH] float32)."""
+    """One KV part: its shape, its two transforms, and its calibrated levels."""
 
     n_layer: int
     channels: int
     keys: KindTransform
     values: KindTransform
     levels: dict[str, dict] = field(default_factory=dict)
-    points: dict[tuple[str, str], np.ndarray] = field(default_factory=dict)
 
     def transform(self, kind: str) -> KindTransform:
         return self.keys if kind == "keys" else self.values
-
-    def points_of(self, level: str, kind: str) -> np.ndarray:
-        """The reconstruction points a config of `level` names for `kind`."""
-        try:
-            return self.points[(level, kind)]
-        except KeyError:
-            raise CodecError(f"the calibration has no reconstruction points for level "
-                             f"{level!r} ({kind})") from None
 
 
 @dataclass(frozen=True, eq=False)
@@ -92,16 +78,6 @@ class Calibration:
         except (IndexError, KeyError):
             raise CodecError(f"the calibration has no level {name!r} for part {part}") from None
         return CodecConfig.from_config({**d, "calibration": {"id": self.id, "part": part}})
-
-    def with_points(self, part: int, level: str, points: dict[str, np.ndarray]) -> Calibration:
-        """This calibration with a level's reconstruction points for some kinds of a part
-        ({kind: [n_layer, points.WIDTH]}; calibrated/points.py) added or replaced."""
-        old = self.parts[part]
-        for a in points.values():
-            recon.check(a, old.n_layer)
-        new = Part(old.n_layer, old.channels, old.keys, old.values, old.levels,
-                   {**old.points, **{(level, kind): a for kind, a in points.items()}})
-        return Calibration((*self.parts[:part], new, *self.parts[part + 1:]), self.meta)
 
     @property
     def level_names(self) -> list[str]:
@@ -139,19 +115,13 @@ def _pack(cal: Calibration) -> bytes:
                                   "shape": list(a.shape), "offset": at, "nbytes": len(raw)})
                 arrays.append(raw + b"\0" * (-len(raw) % 8))
                 at += len(arrays[-1])
-        for (level, kind), a in sorted(part.points.items()):
-            raw = np.ascontiguousarray(a, _DTYPES["points"]).tobytes()
-            directory.append({"part": p, "kind": kind, "name": "points", "level": level,
-                              "shape": list(a.shape), "offset": at, "nbytes": len(raw)})
-            arrays.append(raw + b"\0" * (-len(raw) % 8))
-            at += len(arrays[-1])
         parts.append({"n_layer": part.n_layer, "channels": part.channels, "kinds": kinds,
                       "levels": part.levels})
     meta = {"meta": cal.meta, "parts": parts, "arrays": directory}
     text = json.dumps(meta, separators=(",", ":"), sort_keys=True).encode()
     text += b" " * (-(len(text) + _PRELUDE.size) % 8)
-    version = 3 if any(part.points for part in cal.parts) else 2 if any(
-        part.transform(k).exact for part in cal.parts for k in KINDS) else 1
+    version = VERSION if any(part.transform(k).exact for part in cal.parts for k in KINDS) \
+        else 1
     body = _PRELUDE.pack(MAGIC, version, 0, len(text)) + text + b"".join(arrays)
     return body + _CRC.pack(zlib.crc32(body))
 
@@ -174,7 +144,7 @@ def _unpack(data: bytes) -> Calibration:
     payload = memoryview(data)[start:len(data) - 4]
     try:
         meta = json.loads(data[_PRELUDE.size:start].decode("utf-8"))
-        found: dict[tuple, np.ndarray] = {}
+        found: dict[tuple[int, str, str], np.ndarray] = {}
         for entry in meta["arrays"]:
             name, shape = entry["name"], tuple(int(n) for n in entry["shape"])
             dtype = np.dtype(_DTYPES[name])
@@ -183,25 +153,18 @@ def _unpack(data: bytes) -> Calibration:
                     0 <= off and off + nbytes <= len(payload)):
                 raise CodecError("calibration array outside its bytes")
             arr = np.frombuffer(payload[off:off + nbytes], dtype).reshape(shape)
-            key = (int(entry["part"]), entry["kind"], name, entry.get("level"))
-            found[key] = arr.astype(dtype.newbyteorder("="))
+            found[(int(entry["part"]), entry["kind"], name)] = arr.astype(dtype.newbyteorder("="))
         parts = []
         for p, pd in enumerate(meta["parts"]):
             tfs = {kind: KindTransform(
                 int(pd["kinds"][kind]["head_dim"]), pd["kinds"][kind]["rope"],
-                found.get((p, kind, "theta", None), np.zeros(0)),
-                found.get((p, kind, "mean", None)), found.get((p, kind, "basis", None)),
+                found.get((p, kind, "theta"), np.zeros(0)), found.get((p, kind, "mean")),
+                found.get((p, kind, "basis")),
                 _exact(pd["kinds"][kind].get("exact", False), version)) for kind in KINDS}
-            pts = {(str(key[3]), key[1]): a for key, a in found.items()
-                   if key[0] == p and key[2] == "points"}
-            if pts and version < 3:
-                raise CodecError("malformed calibration (points)")
             part = Part(int(pd["n_layer"]), int(pd["channels"]), tfs["keys"], tfs["values"],
-                        dict(pd["levels"]), pts)
+                        dict(pd["levels"]))
             for kind in KINDS:
                 part.transform(kind).check_shape(part.n_layer, part.channels)
-            for a in pts.values():
-                recon.check(a, part.n_layer)
             parts.append(part)
         cal = Calibration(tuple(parts), dict(meta["meta"]))
     except (KeyError, TypeError, ValueError, AttributeError) as e:
