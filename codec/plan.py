@@ -55,8 +55,8 @@ class Plan:
         """How many codebook entries each layer's alphabet has."""
         return np.array([tables.n_entries(n) for n in self.nsym.tolist()])
 
-    def dequant(self, scales: np.ndarray, points: np.ndarray | None = None) -> np.ndarray:
-        return tables.dequant_lut(scales, self.maxq, int(self.nsym.max()), points)
+    def dequant(self, scales: np.ndarray) -> np.ndarray:
+        return tables.dequant_lut(scales, self.maxq, int(self.nsym.max()))
 
 
 def release_tables() -> None:

@@ -36,16 +36,12 @@ class KindConfig:
     layer_edges: fractions of depth where the next group starts (len(bins) - 1 of them).
     transform: the kind is coded through the transform of the calibration the config names
         (calibrated/transform.py); False: as it is.
-    points: a symbol decodes to the reconstruction point the calibration fitted for the
-        config's level (calibrated/points.py) instead of its bin's centre; only with
-        `transform`. The encoder's symbols are the same either way.
     """
 
     scale: str
     bins: tuple[int, ...]
     layer_edges: tuple[float, ...]
     transform: bool = False
-    points: bool = False
 
     def layer_bins(self, n_layer: int) -> np.ndarray:
         """Bin count of every layer: layer l is in the group of edges with l >= round(e * n)."""
@@ -55,19 +51,13 @@ class KindConfig:
 
     def get_config(self) -> dict[str, Any]:
         d = {"scale": self.scale, "bins": list(self.bins), "layer_edges": list(self.layer_edges)}
-        if self.transform:
-            d["transform"] = CALIBRATED
-        if self.points:
-            d["points"] = CALIBRATED
-        return d
+        return {**d, "transform": CALIBRATED} if self.transform else d
 
     @classmethod
     def from_config(cls, d: Any) -> KindConfig:
         keys = {"scale", "bins", "layer_edges"}
-        _expect(isinstance(d, dict) and set(d) in (keys, keys | {"transform"},
-                                                   keys | {"transform", "points"}), d)
+        _expect(isinstance(d, dict) and set(d) in (keys, keys | {"transform"}), d)
         _expect(d.get("transform", CALIBRATED) == CALIBRATED, d)
-        _expect(d.get("points", CALIBRATED) == CALIBRATED, d)
         scale, bins, edges = d["scale"], d["bins"], d["layer_edges"]
         _expect(scale in SCALE_MODES, scale)
         _expect(isinstance(bins, list) and 1 <= len(bins) <= MAX_GROUPS, bins)
@@ -75,8 +65,7 @@ class KindConfig:
         _expect(isinstance(edges, list) and len(edges) == len(bins) - 1, edges)
         _expect(all(isinstance(e, int | float) and not isinstance(e, bool) for e in edges), edges)
         _expect(all(0.0 < e < 1.0 for e in edges) and edges == sorted(edges), edges)
-        return cls(scale, tuple(bins), tuple(float(e) for e in edges), "transform" in d,
-                   "points" in d)
+        return cls(scale, tuple(bins), tuple(float(e) for e in edges), "transform" in d)
 
 
 @dataclass(frozen=True)

@@ -227,20 +227,14 @@ def kind_bank(nsyms: tuple[int, ...]) -> tuple[Bank, dict[int, int]]:
     return Bank(starts[-1], width, make_rows), dict(zip(sizes, starts, strict=False))
 
 
-def dequant_lut(scales: np.ndarray, maxq: np.ndarray, width: int,
-                points: np.ndarray | None = None) -> np.ndarray:
+def dequant_lut(scales: np.ndarray, maxq: np.ndarray, width: int) -> np.ndarray:
     """fp16 bits of every reconstruction: [L, A, B, width] uint16.
 
-    Symbol s of layer l with scale d decodes to fp16(float32(s - maxq) * (d / maxq)), or with
-    `points` ([L, >= maxq + 1] float32, in steps) to fp16(sign(s - maxq) *
-    points[l, |s - maxq|] * (d / maxq)); symbols past 2 * maxq cannot occur and decode to 0.
+    Symbol s of layer l with scale d decodes to fp16(float32(s - maxq) * (d / maxq)); symbols
+    past 2 * maxq cannot occur and decode to 0.
     """
     d = scales.view(np.float16).astype(np.float32) / maxq.astype(np.float32)[:, None, None]
     q = np.arange(width, dtype=np.float32)[None, :] - maxq.astype(np.float32)[:, None]
-    past = q > maxq[:, None]
-    if points is not None:
-        mag = np.minimum(np.abs(q), maxq[:, None]).astype(np.int64)
-        q = np.sign(q) * np.take_along_axis(points.astype(np.float32), mag, axis=1)
     vals = (q[:, None, None, :] * d[..., None]).astype(np.float16).view(np.uint16)
-    vals[np.broadcast_to(past[:, None, None, :], vals.shape)] = 0
+    vals[np.broadcast_to(q[:, None, None, :] > maxq[:, None, None, None], vals.shape)] = 0
     return np.ascontiguousarray(vals)
