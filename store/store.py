@@ -162,9 +162,9 @@ class Store(LibraryStore, PassageStore, PassageKVStore):
         calibration its chunks need (put_calibration), if any. `passage`: the KV of a passage
         of `document_id` (never taken for the document's own entry), whose text has the
         `passage_hash` (`text_hash`: what its document's count finds it by). A finished entry that
-        takes the store past its storage budget evicts the least recently used others; with
-        `evict=False` it is removed itself instead (`finish` raises BudgetFullError): work done
-        ahead of need never pushes out what was used.
+        takes the store past its storage budget evicts the least recently used others (one
+        larger than the budget, itself alone); with `evict=False` it is removed itself instead
+        (`finish` raises BudgetFullError): work done ahead of need never pushes out what was used.
         """
         levels = tuple(levels)
         with self._db.write() as db:
@@ -423,7 +423,13 @@ class Store(LibraryStore, PassageStore, PassageKVStore):
     # -- internals -----------------------------------------------------------------------------
 
     def _enforce_budget(self, entry: Entry) -> list[dict]:
-        return self.gc()["evicted_caches"] if self.usage_bytes() > self.budget_bytes else []
+        if self.usage_bytes() <= self.budget_bytes:
+            return []
+        if entry.nbytes > self.budget_bytes:  # evicting others would not make room: it goes
+            self.delete_entry(entry.id)
+            return [{"entry": entry.id, "document_id": entry.document_id, "passage":
+                     entry.passage, "chat_id": entry.chat_id, "bytes": entry.nbytes}]
+        return self.gc()["evicted_caches"]
 
     def _fits(self, entry: Entry, written: int) -> list[dict]:
         """Entry `written`, just finished, removed again if it does not fit the budget

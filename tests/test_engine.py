@@ -425,7 +425,11 @@ def test_storing_a_cache_that_evicts_others_says_which(new_engine, tmp_path):
     assert f"document {one.doc_id} (first.txt)" in said
     assert said.endswith("they are computed again when next used")
     assert eng.store.document_entry(one.doc_id, eng.fingerprint) is None
-    # a question whose chat cache evicts the other document's says so too
-    res = ask(eng, QUESTION, doc=one.doc_id, tokens=8)
-    assert any(f"document {two.doc_id} (second.txt)" in m
-               for m in res.messages if "evicted" in m), res.messages
+    # a cache larger than the whole budget (the chat's, at every level) is not stored, and
+    # evicts nothing for nothing
+    before = {e.id for e in eng.store.entries()}
+    res = ask(eng, QUESTION, doc=two.doc_id, tokens=8)
+    assert any("is larger than the whole storage budget of 0.000" in m and "it is not stored, "
+               "and nothing else was evicted for it" in m for m in res.messages), res.messages
+    assert not any("storing this evicted" in m for m in res.messages)
+    assert {e.id for e in eng.store.entries()} == before

@@ -101,6 +101,17 @@ def test_a_finished_entry_says_which_caches_it_evicted(store, clock):
                                "passage": False, "bytes": 1000}]
 
 
+def test_an_entry_larger_than_the_whole_budget_goes_alone(store, clock):
+    store.budget_bytes = 2500
+    kept = [raw_entry(store, clock, range(0, 100)), raw_entry(store, clock, range(100, 200))]
+    clock.tick()
+    with store.write_entry(FP, range(200, 300), levels=["raw"]) as writer:
+        writer.put_chunk(0, "raw", bytes(3000))
+    # evicting the others could not make it fit: they stay, and it is removed itself
+    assert [c["entry"] for c in writer.evicted] == [writer.entry.id]
+    assert [e.id for e in store.entries()] == [e.id for e in kept]
+
+
 def test_an_entry_written_not_to_evict_is_dropped_itself_when_it_does_not_fit(store, clock):
     store.budget_bytes = 2500
     kept = [raw_entry(store, clock, range(0, 100)), raw_entry(store, clock, range(100, 200))]

@@ -120,8 +120,8 @@ class KVCache:
             finally:
                 chunks.close(raise_failure=False)
             chunks.close()  # raises the writer's failure, if any: the entry is aborted
-        if evicted is not None:
-            evicted += writer.evicted
+        if evicted is not None:  # (its own entry among them: larger than the whole budget)
+            evicted += [{**c, "itself": c["entry"] == writer.entry.id} for c in writer.evicted]
         # Not writer.entry_id: an identical entry stored meanwhile (by another process) is
         # adopted, and this one dropped.
         return writer.entry.id
@@ -155,19 +155,24 @@ class KVCache:
     def eviction_notes(self, evicted: Sequence[dict]) -> list[str]:
         """What storing a cache says of those it evicted to keep within the storage budget
         (store.gc's `evicted_caches`): nothing when it evicted none."""
+        too_big = [c for c in evicted if c.get("itself")]
+        evicted = [c for c in evicted if not c.get("itself")]
+        said = [f"this cache ({c['bytes'] / 1e6:,.1f} MB) is larger than the whole storage "
+                f"budget of {self.store.budget_bytes / 1e9:g} GB: it is not stored, and nothing "
+                "else was evicted for it (the setting storage_budget_gb)" for c in too_big]
         if not evicted:
-            return []
+            return said
         docs = dict.fromkeys(c["document_id"] for c in evicted
                              if c["document_id"] is not None and not c["passage"])
         chats = {c["chat_id"] for c in evicted if c["chat_id"] is not None}
         passages = sum(c["passage"] for c in evicted)
         prompts = sum(c["document_id"] is None and c["chat_id"] is None and not c["passage"]
                       for c in evicted)
-        said = [f"document {d} ({self._title(d)})" for d in docs] + [f"{n} {what}" for n, what in (
+        kinds = [f"document {d} ({self._title(d)})" for d in docs] + [f"{n} {what}" for n, what in (
             (len(chats), "chat cache(s)"), (passages, "passage(s)"),
             (prompts, "API prompt cache(s)")) if n]
-        return [f"storing this evicted the least recently used caches to keep within the "
-                f"storage budget of {self.store.budget_bytes / 1e9:g} GB: {', '.join(said)} "
+        return [*said, f"storing this evicted the least recently used caches to keep within the "
+                f"storage budget of {self.store.budget_bytes / 1e9:g} GB: {', '.join(kinds)} "
                 f"({sum(c['bytes'] for c in evicted) / 1e6:,.1f} MB); they are computed again "
                 "when next used"]
 
