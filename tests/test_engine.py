@@ -433,3 +433,10 @@ def test_storing_a_cache_that_evicts_others_says_which(new_engine, tmp_path):
                "and nothing else was evicted for it" in m for m in res.messages), res.messages
     assert not any("storing this evicted" in m for m in res.messages)
     assert {e.id for e in eng.store.entries()} == before
+    # the local API's prompt cache too: not stored, said, nothing evicted
+    eng.completions.min_cache_tokens = 0  # (this prompt is short)
+    done = eng.complete([{"role": "user", "content": DOC + QUESTION}],
+                        generation=GenerationOptions(max_tokens=2))
+    assert not done.stored and any("larger than the whole storage budget" in m
+                                   for m in done.messages), done.messages
+    assert {e.id for e in eng.store.entries()} == before

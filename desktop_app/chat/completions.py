@@ -191,26 +191,28 @@ class Completions:
             if on_answered:
                 on_answered(result)
             # A blended prompt (a long document's passages) is approximate: never stored.
-            stored = kept and not s.blended and self._store(rt, turn, text)
-            return replace(result, stored=stored)
+            stored, said = self._store(rt, turn, text) if kept and not s.blended else (False, [])
+            return replace(result, stored=stored, messages=[*result.messages, *said])
 
-    def _store(self, rt, turn: Turn, text: str) -> bool:
+    def _store(self, rt, turn: Turn, text: str) -> tuple[bool, list[str]]:
         """Keep the conversation's KV (answer and the template's closing of it included),
-        when it extends a stored prefix or is long enough to be worth it on its own."""
+        when it extends a stored prefix or is long enough to be worth it on its own; whether
+        it is kept, and what it evicted or a full disk, said."""
         s = self.session
         prefix = s.store.longest_prefix(rt.fingerprint, turn.tokens, touch=False)
         if prefix.n_tokens == 0 and len(turn.tokens) < self.min_cache_tokens:
-            return False
+            return False, []
         suffix = closing(rt, turn, text) if turn.messages else ""  # a raw prompt: as it is
         suffix_tokens = rt.tokenize(suffix) if suffix else []
         if suffix_tokens and rt.n_tokens + len(suffix_tokens) <= rt.n_ctx:
             rt.prefill(suffix_tokens)
+        evicted: list[dict] = []
         try:
-            s.kv.store_prefix(rt, rt.tokens)
-        except DiskFullError as e:  # the answer stands; its cache is not kept ("stored": false)
+            s.kv.store_prefix(rt, rt.tokens, evicted=evicted)
+        except DiskFullError as e:  # the answer stands; its cache is not kept
             log.warning("a conversation's cache is not stored: %s", e)
-            return False
-        return True
+            return False, [f"this conversation's cache is not stored: {e}"]
+        return not any(c["itself"] for c in evicted), s.kv.eviction_notes(evicted)
 
 
 class StopStrings:
