@@ -272,12 +272,11 @@ class Engine:
         self._writable()
         notes = [] if chat_id is not None or restore.no_cache else self._cache_stale(
             doc_ids, progress, cancel)
-        notes += self.library.changed_files(self.library.chat_documents(chat_id) if chat_id
-                                            else [self.library.document(d) for d in doc_ids])
         result = self.session.ask(question, chat_id=chat_id, doc_ids=doc_ids, restore=restore,
                                   generation=generation, on_token=on_token,
                                   on_restore=on_restore, progress=progress, cancel=cancel)
         stopped = cancel is not None and cancel.is_set() and result.finish_reason == "stop"
+        notes += self.library.changed_files([self.library.document(d) for d in result.documents])
         return replace(result, messages=[*notes, *result.messages],
                        finish_reason="cancelled" if stopped else result.finish_reason)
 
