@@ -40,8 +40,9 @@ BUSY_TIMEOUT_MS = 60_000
 # that are read with pread(), still above 1 GB/s.
 MMAP_SIZE = 1 << 36
 
-# Pages moved at once by a reclaim on a nearly full disk (4 KiB pages: 1 MiB)
+# Pages moved at once, at least, by a reclaim on a nearly full disk (4 KiB pages: 1 MiB)
 MIN_VACUUM_STEP = 256
+INCREMENTAL = 2  # PRAGMA auto_vacuum's value
 
 
 def is_damage(error: sqlite3.DatabaseError) -> bool:
@@ -60,14 +61,19 @@ def is_full(error: sqlite3.DatabaseError) -> bool:
 def disk_full(path: Path) -> DiskFullError:
     """What a full disk under the store `path` means for the user, and what to do."""
     try:
-        free = f"{shutil.disk_usage(path.parent).free / 1e6:,.1f} MB free"
+        free = shutil.disk_usage(path.parent).free
     except OSError:
-        free = "its free space unknown"
+        free = None
+    if free is not None and free > 64 << 20:  # not this disk: SQLite's temporary files' one
+        return DiskFullError(
+            f"SQLite ran out of room for a write to {path} ({free / 1e6:,.0f} MB are free on "
+            "its disk): the disk of the temporary folder (TMPDIR), or a file size limit, is full")
     return DiskFullError(
-        f"the disk holding the data directory {path.parent} is full ({free}): kvdesk could "
-        "not write there, and nothing was half-written. Free space on that disk, or make room "
-        "in kvdesk: `kvdesk gc --budget-gb N` drops least recently used caches down to N GB "
-        "(documents and chats are kept), `kvdesk rm` deletes a document or chat")
+        f"the disk holding the data directory {path.parent} is full "
+        f"({'its free space unknown' if free is None else f'{free / 1e6:,.1f} MB free'}): "
+        "kvdesk could not write there, and nothing was half-written. Free space on that disk, "
+        "or make room in kvdesk: `kvdesk gc --budget-gb N` drops least recently used caches "
+        "down to N GB (documents and chats are kept), `kvdesk rm` deletes a document or chat")
 
 
 def _translating(name: str):
@@ -159,7 +165,7 @@ def open_connection(path: Path, *, read_only: bool = False) -> sqlite3.Connectio
     # Set on a new, empty database only, where it takes effect: on another it would still
     # write the file's header, and fail on a full disk where reading works.
     if conn.execute("PRAGMA page_count").fetchone()[0] == 0:
-        conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
+        conn.execute(f"PRAGMA auto_vacuum = {INCREMENTAL}")
     conn.execute("PRAGMA journal_mode = WAL")
     # FULL: a commit survives power loss, not only a process crash; documents and chats are user
     # data, and commits are few (one per chunk or message), so the fsync cost is small.
@@ -267,14 +273,18 @@ class Connections:
         all of them it goes a step at a time, the log emptied between steps, and on a disk
         without room for a step the pages stay free inside the file for the next writes."""
         conn = self.get().conn
+        if conn.execute("PRAGMA auto_vacuum").fetchone()[0] != INCREMENTAL:
+            return  # (a file rebuilt by hand, say: its free pages stay inside it)
         page = conn.execute("PRAGMA page_size").fetchone()[0]
-        while pages := conn.execute("PRAGMA freelist_count").fetchone()[0]:
+        before = None
+        while (pages := conn.execute("PRAGMA freelist_count").fetchone()[0]) not in (0, before):
+            before = pages  # (a step that freed nothing ends it)
             try:
                 room = shutil.disk_usage(self.path.parent).free // page
             except OSError:
                 break
             step = pages if room > 2 * pages else room // 4
-            if step < MIN_VACUUM_STEP:
+            if step < min(pages, MIN_VACUUM_STEP):
                 break
             try:
                 # executescript() steps the pragma to the end; execute() frees a single page

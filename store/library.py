@@ -24,9 +24,9 @@ import sqlite_utils
 
 from . import passagekv
 from .db import Connections
-from .errors import NotFoundError
+from .errors import DiskFullError, NotFoundError
 from .locks import ChatLocks
-from .records import Chat, Document, Message
+from .records import Chat, Document, Message, Model
 from .tokens import decode, encode
 
 
@@ -187,9 +187,41 @@ class LibraryStore:
     _db: Connections
     _clock: Callable[[], float]
     _chat_locks: ChatLocks
+    _unrecorded: dict[str, tuple[str, dict]]  # models registered, not yet recorded
     read_only: bool
 
     def _delete(self, table: str, row_id: int, what: str) -> None: ...
+
+    # -- models --------------------------------------------------------------------------------
+
+    def register_model(self, fingerprint: str, path: str, layout: dict[str, Any]) -> Model | None:
+        """Record (or update the path and layout of) the model KV entries are keyed by.
+
+        A read-only store records nothing (nothing can be stored under the model either).
+        Recorded as it is already, it is not written again: a full disk still reads. On a
+        full disk it is recorded before the first entry under it (`record_models`)."""
+        known = self._db.get().execute("SELECT path, layout FROM models WHERE fingerprint = ?",
+                                       (fingerprint,)).fetchone()
+        if self.read_only or known == (path, json.dumps(layout)):
+            return None if self.read_only else self.model(fingerprint)
+        self._unrecorded[fingerprint] = (path, layout)
+        with contextlib.suppress(DiskFullError):
+            self.record_models()
+        return self.model(fingerprint) if fingerprint not in self._unrecorded else None
+
+    def record_models(self) -> None:
+        """Record the models registered while the disk was full (raises DiskFullError while
+        it still is)."""
+        for fingerprint, (path, layout) in list(self._unrecorded.items()):
+            with self._db.write() as db:
+                db.execute("INSERT INTO models VALUES (?, ?, ?, ?) ON CONFLICT (fingerprint)"
+                           " DO UPDATE SET path = excluded.path, layout = excluded.layout",
+                           (fingerprint, path, json.dumps(layout), self._clock()))
+            del self._unrecorded[fingerprint]
+
+    def model(self, fingerprint: str) -> Model:
+        row = get(self._db.get()["models"], fingerprint, "model")
+        return Model(**{**row, "layout": json.loads(row["layout"])})
 
     # -- documents -----------------------------------------------------------------------------
 

@@ -19,28 +19,28 @@ from pathlib import Path
 
 RESERVE_BYTES = 16 << 20  # a checkpoint of SQLite's default log (4 MB) and a chunk's write
 NAME = "reserve"
+_BLOCK = 1 << 20
 
 
 class Reserve:
-    def __init__(self, data_dir: Path, nbytes: int = RESERVE_BYTES):
+    """The reserve file of one data directory (`nbytes` None: RESERVE_BYTES when it is made)."""
+
+    def __init__(self, data_dir: Path, nbytes: int | None = None):
         self.path = data_dir / NAME
         self.nbytes = nbytes
 
     def make(self) -> None:
         """Take the reserve while the disk has room for it twice over (never the last of it)."""
+        size = RESERVE_BYTES if self.nbytes is None else self.nbytes
         with contextlib.suppress(OSError):  # a full or read-only disk: without one
-            if self.path.exists() and self.path.stat().st_size >= self.nbytes:
+            if self.path.exists() and self.path.stat().st_size >= size:
                 return
-            if shutil.disk_usage(self.path.parent).free < 2 * self.nbytes:
+            if shutil.disk_usage(self.path.parent).free < 2 * size:
                 return
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600)
             try:
-                os.posix_fallocate(fd, 0, self.nbytes)  # blocks taken, not a sparse file
+                _allocate(self.path, size)
             except OSError:
-                os.close(fd)
                 self.path.unlink(missing_ok=True)
-                return
-            os.close(fd)
 
     def release(self) -> bool:
         """Give the reserve back to the disk; whether there was one."""
@@ -49,3 +49,18 @@ class Reserve:
         except OSError:
             return False
         return True
+
+
+def _allocate(path: Path, size: int) -> None:
+    """A file of `size` bytes whose blocks are taken, not a sparse one."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        if hasattr(os, "posix_fallocate"):  # (not on macOS or Windows)
+            os.posix_fallocate(fd, 0, size)
+            return
+        zeros = bytes(_BLOCK)
+        for at in range(0, size, _BLOCK):
+            os.write(fd, zeros[:min(_BLOCK, size - at)])
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -23,7 +23,7 @@ from .library import LibraryStore
 from .locks import ChatLocks
 from .passagekv import PassageKVStore
 from .passages import PassageStore
-from .records import CalibrationRecord, Entry, Model, PrefixMatch, Span
+from .records import CalibrationRecord, Entry, PrefixMatch, Span
 from .schema import check_current, migrate, schema_version
 from .tokens import decode
 
@@ -45,6 +45,7 @@ class Store(LibraryStore, PassageStore, PassageKVStore):
         self._clock = clock
         self._db = Connections(self.path, read_only=prepare_data_dir(self.data_dir, self.path))
         self._chat_locks = ChatLocks(self.data_dir / "locks")
+        self._unrecorded: dict[str, tuple[str, dict]] = {}
         try:
             self._db.check()  # a damaged file is read, never written (`Connections.damage`)
             if self.read_only:
@@ -92,28 +93,6 @@ class Store(LibraryStore, PassageStore, PassageKVStore):
     @property
     def schema_version(self) -> int:
         return schema_version(self._db.get().conn)
-
-    # -- models --------------------------------------------------------------------------------
-
-    def register_model(self, fingerprint: str, path: str, layout: dict[str, Any]) -> Model | None:
-        """Record (or update the path and layout of) the model KV entries are keyed by.
-
-        A read-only store records nothing (nothing can be stored under the model either).
-        Recorded as it is already, it is not written again (a full disk still reads).
-        """
-        known = self._db.get().execute("SELECT path, layout FROM models WHERE fingerprint = ?",
-                                       (fingerprint,)).fetchone()
-        if self.read_only or known == (path, json.dumps(layout)):
-            return None if self.read_only else self.model(fingerprint)
-        with self._db.write() as db:
-            db.execute("INSERT INTO models VALUES (?, ?, ?, ?) ON CONFLICT (fingerprint)"
-                       " DO UPDATE SET path = excluded.path, layout = excluded.layout",
-                       (fingerprint, path, json.dumps(layout), self._clock()))
-        return self.model(fingerprint)
-
-    def model(self, fingerprint: str) -> Model:
-        row = library.get(self._db.get()["models"], fingerprint, "model")
-        return Model(**{**row, "layout": json.loads(row["layout"])})
 
     # -- settings ------------------------------------------------------------------------------
 
@@ -167,6 +146,7 @@ class Store(LibraryStore, PassageStore, PassageKVStore):
         (`finish` raises BudgetFullError): work done ahead of need never pushes out what was used.
         """
         levels = tuple(levels)
+        self.record_models()  # one a full disk kept from being recorded (DiskFullError)
         with self._db.write() as db:
             entry_id = kv.create_pending(
                 db.conn,

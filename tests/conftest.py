@@ -23,6 +23,14 @@ def pytest_collection_modifyitems(items):
 
 
 @pytest.fixture(autouse=True)
+def _small_reserve(request, monkeypatch):
+    """A test's stores keep 64 KB in reserve, not 16 MB each (store.reserve), but for the
+    tests of the reserve itself (marked real_reserve)."""
+    if "real_reserve" not in request.keywords:
+        monkeypatch.setattr("store.reserve.RESERVE_BYTES", 64 << 10)
+
+
+@pytest.fixture(autouse=True)
 def _isolated_user_dirs(tmp_path, monkeypatch):
     monkeypatch.setenv("KVDESK_CONFIG_DIR", str(tmp_path / "config"))
     monkeypatch.setenv("KVDESK_DATA_DIR", str(tmp_path / "data"))

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator, Sequence
 from codec import precompile
 from codec.backend import aot
 from codec.jit import jitcache
-from store import DiskFullError, Store
+from store import Store
 
 from ..calibration import codec_prep
 from ..calibration.calibrations import Calibrations
@@ -86,10 +86,8 @@ class Contexts:
             if role not in self._runtimes:
                 rt = self._factory()  # refuses a model whose cache kvdesk cannot keep
                 self._runtimes[role] = rt
-                with contextlib.suppress(DiskFullError):  # (nothing is stored, all is read)
-                    self.store.register_model(rt.fingerprint,
-                                              self._model_path or str(rt.model_path),
-                                              {**rt.layout.__dict__, "n_ctx": rt.n_ctx})
+                self.store.register_model(rt.fingerprint, self._model_path or str(rt.model_path),
+                                          {**rt.layout.__dict__, "n_ctx": rt.n_ctx})
                 self._loaded.set()
                 self._one_shot_loaded()
             return self._runtimes[role]
