@@ -276,7 +276,7 @@ class Engine:
                                   generation=generation, on_token=on_token,
                                   on_restore=on_restore, progress=progress, cancel=cancel)
         stopped = cancel is not None and cancel.is_set() and result.finish_reason == "stop"
-        notes += self.library.changed_files([self.library.document(d) for d in result.documents])
+        notes += self.library.changed_files(result.documents)
         return replace(result, messages=[*notes, *result.messages],
                        finish_reason="cancelled" if stopped else result.finish_reason)
 

@@ -15,6 +15,15 @@ class Record:
         return asdict(self)  # type: ignore[arg-type]
 
 
+def size_text(nbytes: float) -> str:
+    """A byte count as people read it: 12 KB, 4.2 MB, 10 GB."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if nbytes >= scale:
+            value = nbytes / scale
+            return f"{value:,.0f} {unit}" if value >= 1000 else f"{value:.3g} {unit}"
+    return f"{nbytes:,.0f} bytes"
+
+
 @dataclass(frozen=True)
 class Progress(Record):
     """Work under way: phase is extract | prefill | encode | store | restore | recompute |

@@ -142,8 +142,9 @@ class Store(LibraryStore, PassageStore, PassageKVStore):
         of `document_id` (never taken for the document's own entry), whose text has the
         `passage_hash` (`text_hash`: what its document's count finds it by). A finished entry that
         takes the store past its storage budget evicts the least recently used others (one
-        larger than the budget, itself alone); with `evict=False` it is removed itself instead
-        (`finish` raises BudgetFullError): work done ahead of need never pushes out what was used.
+        larger than the budget with its parents goes alone, `writer.evicted` says "too_large");
+        with `evict=False` it is removed itself instead (`finish` raises BudgetFullError): work
+        done ahead of need never pushes out what was used.
         """
         levels = tuple(levels)
         self.record_models()  # one a full disk kept from being recorded (DiskFullError)
@@ -405,10 +406,14 @@ class Store(LibraryStore, PassageStore, PassageKVStore):
     def _enforce_budget(self, entry: Entry) -> list[dict]:
         if self.usage_bytes() <= self.budget_bytes:
             return []
-        if entry.nbytes > self.budget_bytes:  # evicting others would not make room: it goes
+        chain, parent = entry.nbytes, entry.parent_id  # it is of no use without its parents
+        while parent is not None:
+            above = self.entry(parent)
+            chain, parent = chain + above.nbytes, above.parent_id
+        if chain > self.budget_bytes:  # evicting others would not make room: it goes alone
             self.delete_entry(entry.id)
-            return [{"entry": entry.id, "document_id": entry.document_id, "passage":
-                     entry.passage, "chat_id": entry.chat_id, "bytes": entry.nbytes}]
+            return [{"entry": entry.id, "document_id": entry.document_id, "chat_id":
+                     entry.chat_id, "passage": entry.passage, "bytes": chain, "too_large": True}]
         return self.gc()["evicted_caches"]
 
     def _fits(self, entry: Entry, written: int) -> list[dict]:

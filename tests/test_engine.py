@@ -13,6 +13,7 @@ from desktop_app.errors import Cancelled, EngineError
 from desktop_app.kv.levels import DEFAULT_LEVELS, EXACT
 from desktop_app.model.runtime import Runtime
 from desktop_app.options import GenerationOptions, RestoreOptions
+from desktop_app.results import size_text
 from store import DiskFullError, Store
 
 EVERY_LEVEL = (*DEFAULT_LEVELS, EXACT)
@@ -429,7 +430,8 @@ def test_storing_a_cache_that_evicts_others_says_which(new_engine, tmp_path):
     # evicts nothing for nothing
     before = {e.id for e in eng.store.entries()}
     res = ask(eng, QUESTION, doc=two.doc_id, tokens=8)
-    assert any("is larger than the whole storage budget of 0.000" in m and "it is not stored, "
+    budget = size_text(eng.store.budget_bytes)
+    assert any(f"is larger than the whole storage budget of {budget}" in m and "it is not stored, "
                "and nothing else was evicted for it" in m for m in res.messages), res.messages
     assert not any("storing this evicted" in m for m in res.messages)
     assert {e.id for e in eng.store.entries()} == before

@@ -26,17 +26,20 @@ def test_a_changed_file_is_said_in_the_listing_a_question_and_the_next_attach(tm
         old = attached(store, path)
         later = old.created + 10
         os.utime(path, (later, later))  # touched, the same text: not changed
-        assert library.changed_files([old]) == []
+        assert library.changed_files([old.id]) == []
         path.write_text("The gate code is 9020.\n")
         os.utime(path, (later + 1, later + 1))
         (listed,) = library.documents("model-a")
         assert listed.file_changed
-        (note,) = library.changed_files([old])
+        (note,) = library.changed_files([old.id])
         assert f"document {old.id} ({path}) changed after it was attached" in note
         new = attached(store, path)
         assert library.earlier_versions(new.id) == [
             f"document {old.id} is an earlier version of this file, attached before it "
             f"changed: `kvdesk rm doc {old.id}` removes it"]
-        assert library.changed_files([new]) == [] and library.earlier_versions(old.id) == []
+        assert library.changed_files([new.id]) == [] and library.earlier_versions(old.id) == []
+        (note,) = library.changed_files([old.id, 99])  # (99: deleted meanwhile, not said)
+        assert note.endswith(f"answers use the text attached then; document {new.id} holds "
+                             "its new text")
         path.unlink()  # a file gone is not "changed": the attached text stands
-        assert library.changed_files([old, new]) == []
+        assert library.changed_files([old.id, new.id]) == []

@@ -108,7 +108,13 @@ def test_an_entry_larger_than_the_whole_budget_goes_alone(store, clock):
     with store.write_entry(FP, range(200, 300), levels=["raw"]) as writer:
         writer.put_chunk(0, "raw", bytes(3000))
     # evicting the others could not make it fit: they stay, and it is removed itself
-    assert [c["entry"] for c in writer.evicted] == [writer.entry.id]
+    assert [(c["entry"], c["too_large"]) for c in writer.evicted] == [(writer.entry.id, True)]
+    assert [e.id for e in store.entries()] == [e.id for e in kept]
+    # nor one that fits alone, but not with the entry it extends (of no use without it)
+    clock.tick()
+    with store.write_entry(FP, range(200), levels=["raw"], parent_id=kept[0].id) as writer:
+        writer.put_chunk(0, "raw", bytes(2000))
+    assert writer.evicted[0]["too_large"] and writer.evicted[0]["bytes"] == 3000
     assert [e.id for e in store.entries()] == [e.id for e in kept]
 
 

@@ -212,7 +212,7 @@ class Completions:
         except DiskFullError as e:  # the answer stands; its cache is not kept
             log.warning("a conversation's cache is not stored: %s", e)
             return False, [f"this conversation's cache is not stored: {e}"]
-        return not any(c["itself"] for c in evicted), s.kv.eviction_notes(evicted)
+        return not any(c.get("too_large") for c in evicted), s.kv.eviction_notes(evicted)
 
 
 class StopStrings:

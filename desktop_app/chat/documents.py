@@ -70,18 +70,28 @@ def changed_since(source: str | None, content_hash: str, attached: float) -> boo
     when it was modified after the attach; a file gone or no longer readable as a document is
     not "changed" (the attached text stands)."""
     try:
-        st = Path(source).stat() if source else None
+        modified = Path(source).stat().st_mtime if source else 0.0
     except OSError:
         return False
-    if st is None or st.st_mtime <= attached:
-        return False
+    found = file_hash(source) if modified > attached else None
+    return found is not None and found != content_hash
+
+
+def file_hash(source: str | None) -> str | None:
+    """The content hash of the text a file holds now (None: gone, or not a document)."""
+    try:
+        st = Path(source).stat() if source else None
+    except OSError:
+        return None
+    if st is None:
+        return None
     key = (source, st.st_mtime_ns, st.st_size)
     if key not in _HASHES:
         try:
             _HASHES[key] = extract(source).content_hash
         except DocumentError:
-            return False
-    return _HASHES[key] != content_hash
+            return None
+    return _HASHES[key]
 
 
 CODE_SUFFIXES = {

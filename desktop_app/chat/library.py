@@ -10,6 +10,7 @@ sessions' business.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Callable, Sequence
@@ -20,7 +21,7 @@ from store import Chat, Document, Entry, Message, NotFoundError, Store
 from ..errors import EngineError, MissingError
 from ..model.prompts import UNTITLED, title_of
 from ..results import ChatInfo, DocumentInfo, MessageInfo, Source
-from .documents import changed_since
+from .documents import changed_since, file_hash
 
 T = TypeVar("T")
 
@@ -130,12 +131,21 @@ class Library:
                                                          doc.created)))
         return out
 
-    def changed_files(self, docs: Sequence[Document]) -> list[str]:
-        """What a question about `docs` should say of those whose file changed after it was
-        attached: the answer uses the text attached then."""
+    def changed_files(self, doc_ids: Sequence[int]) -> list[str]:
+        """What a question about documents `doc_ids` should say of those whose file changed
+        after it was attached: the answer uses the text attached then (a document deleted
+        meanwhile says nothing)."""
+        docs = []
+        for doc_id in doc_ids:
+            with contextlib.suppress(MissingError):
+                docs.append(self.document(doc_id))
+        docs = [d for d in docs if changed_since(d.source_path, d.content_hash, d.created)]
+        current = {d.content_hash: d.id for d in self.store.documents()} if docs else {}
         return [f"the file of document {d.id} ({d.source_path}) changed after it was attached: "
-                "answers use the text attached then; attach the file again to use the new text"
-                for d in docs if changed_since(d.source_path, d.content_hash, d.created)]
+                "answers use the text attached then; " + (
+                    f"document {current[new]} holds its new text" if new in current else
+                    "attach the file again to use the new text")
+                for d in docs for new in [file_hash(d.source_path)]]
 
     def earlier_versions(self, doc_id: int) -> list[str]:
         """What attaching a file should say of documents attached from the same file before,

@@ -304,7 +304,7 @@ def docs(app: App, as_json: bool):
            if d.damaged_chunks else "")
         + (" (its attach did not finish: attach the file again, or kvdesk gc removes it)"
            if d.status == "unfinished" else "")
-        + (" (its file has changed since: attach it again to use the new text)"
+        + (" (its file has changed since it was attached)"
            if d.file_changed else "") for d in rows])
 
 

@@ -39,7 +39,7 @@ from ..calibration.calibrations import Calibrations
 from ..errors import Cancelled, RuntimeStateError
 from ..model.kvstate import in_position_order
 from ..model.runtime import Runtime
-from ..results import Progress
+from ..results import Progress, size_text
 
 
 class KVCache:
@@ -120,8 +120,8 @@ class KVCache:
             finally:
                 chunks.close(raise_failure=False)
             chunks.close()  # raises the writer's failure, if any: the entry is aborted
-        if evicted is not None:  # (its own entry among them: larger than the whole budget)
-            evicted += [{**c, "itself": c["entry"] == writer.entry.id} for c in writer.evicted]
+        if evicted is not None:
+            evicted += writer.evicted
         # Not writer.entry_id: an identical entry stored meanwhile (by another process) is
         # adopted, and this one dropped.
         return writer.entry.id
@@ -155,11 +155,12 @@ class KVCache:
     def eviction_notes(self, evicted: Sequence[dict]) -> list[str]:
         """What storing a cache says of those it evicted to keep within the storage budget
         (store.gc's `evicted_caches`): nothing when it evicted none."""
-        too_big = [c for c in evicted if c.get("itself")]
-        evicted = [c for c in evicted if not c.get("itself")]
-        said = [f"this cache ({c['bytes'] / 1e6:,.1f} MB) is larger than the whole storage "
-                f"budget of {self.store.budget_bytes / 1e9:g} GB: it is not stored, and nothing "
-                "else was evicted for it (the setting storage_budget_gb)" for c in too_big]
+        budget = size_text(self.store.budget_bytes)
+        said = [f"this cache ({size_text(c['bytes'])} with the cache it extends) is larger than "
+                f"the whole storage budget of {budget}: it is not stored, and nothing else was "
+                "evicted for it (the setting storage_budget_gb)"
+                for c in evicted if c.get("too_large")]
+        evicted = [c for c in evicted if not c.get("too_large")]
         if not evicted:
             return said
         docs = dict.fromkeys(c["document_id"] for c in evicted
@@ -172,9 +173,9 @@ class KVCache:
             (len(chats), "chat cache(s)"), (passages, "passage(s)"),
             (prompts, "API prompt cache(s)")) if n]
         return [*said, f"storing this evicted the least recently used caches to keep within the "
-                f"storage budget of {self.store.budget_bytes / 1e9:g} GB: {', '.join(kinds)} "
-                f"({sum(c['bytes'] for c in evicted) / 1e6:,.1f} MB); they are computed again "
-                "when next used"]
+                f"storage budget of {budget}: {', '.join(kinds)} "
+                f"({size_text(sum(c['bytes'] for c in evicted))}); they are computed again when "
+                "next used"]
 
     def _title(self, doc_id: int) -> str:
         try:
