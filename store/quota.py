@@ -46,8 +46,14 @@ def usage(db: Connections) -> int:
     return db.get().conn.execute("SELECT coalesce(sum(nbytes), 0) FROM kv_chunks").fetchone()[0]
 
 
-def collect(db: Connections, budget_bytes: int, now: float) -> dict:
-    """Drop abandoned writes, then evict LRU entries until usage fits the budget; report it."""
+def collect(db: Connections, budget_bytes: int, now: float, report: dict | None = None) -> dict:
+    """Drop abandoned writes, then evict LRU entries until usage fits the budget; report it.
+    What each step did is added to `report` as it commits, so a caller that runs it again
+    after an error (store.db.Connections.freeing) reports both runs' work."""
+    report = report if report is not None else {}
+    for key in ("evicted_entries", "evicted_caches", "abandoned_entries", "abandoned_documents"):
+        report.setdefault(key, [])
+    report.setdefault("freed_bytes", 0)
     with db.write() as wdb:
         pending = wdb.conn.execute(
             "SELECT id, (SELECT coalesce(sum(nbytes), 0) FROM kv_chunks WHERE entry_id = e.id),"
@@ -56,11 +62,10 @@ def collect(db: Connections, budget_bytes: int, now: float) -> dict:
         abandoned = [(entry_id, nbytes) for entry_id, nbytes, last_used, pid, host in pending
                      if last_used < now - ABANDON_AFTER_S or gone(pid, host)]
         wdb.conn.executemany("DELETE FROM kv_entries WHERE id = ?", [(i,) for i, _ in abandoned])
-    documents = unfinished(db, now)
-    freed = sum(nbytes for _, nbytes in abandoned)
+    report["abandoned_entries"] += [entry_id for entry_id, _ in abandoned]
+    report["freed_bytes"] += sum(nbytes for _, nbytes in abandoned)
+    report["abandoned_documents"] += unfinished(db, now)
     used = usage(db)
-    evicted: list[int] = []
-    caches: list[dict] = []  # what each evicted entry was the cache of
     candidates = (
         db.get()
         .conn.execute("SELECT id FROM kv_entries WHERE complete ORDER BY last_used, id")
@@ -75,25 +80,17 @@ def collect(db: Connections, budget_bytes: int, now: float) -> dict:
             if not tree or not all(complete for _, complete, _ in tree):
                 continue
             sizes = {entry_id: nbytes for entry_id, _, nbytes in tree}
-            caches += [{"entry": entry_id, "document_id": doc, "chat_id": chat,
-                        "passage": bool(passage), "bytes": sizes[entry_id]}
-                       for entry_id, doc, chat, passage in wdb.conn.execute(
-                           "SELECT id, document_id, chat_id, passage FROM kv_entries WHERE id IN"
-                           f" ({','.join('?' * len(sizes))})", list(sizes))]
+            caches = [{"entry": entry_id, "document_id": doc, "chat_id": chat,
+                       "passage": bool(passage), "bytes": sizes[entry_id]}
+                      for entry_id, doc, chat, passage in wdb.conn.execute(
+                          "SELECT id, document_id, chat_id, passage FROM kv_entries WHERE id IN"
+                          f" ({','.join('?' * len(sizes))})", list(sizes))]
             wdb.conn.execute("DELETE FROM kv_entries WHERE id = ?", (candidate,))
-        evicted += [entry_id for entry_id, _, _ in tree]
-        tree_bytes = sum(nbytes for _, _, nbytes in tree)
-        freed += tree_bytes
-        used -= tree_bytes
-    return {
-        "evicted_entries": evicted,
-        "evicted_caches": caches,
-        "abandoned_entries": [entry_id for entry_id, _ in abandoned],
-        "abandoned_documents": documents,
-        "freed_bytes": freed,
-        "bytes_after": used,
-        "budget_bytes": budget_bytes,
-    }
+        report["evicted_entries"] += [entry_id for entry_id, _, _ in tree]
+        report["evicted_caches"] += caches
+        report["freed_bytes"] += sum(sizes.values())
+        used -= sum(sizes.values())
+    return {**report, "bytes_after": used, "budget_bytes": budget_bytes}
 
 
 def unfinished(db: Connections, now: float) -> list[int]:

@@ -341,7 +341,8 @@ class Store(LibraryStore, PassageStore, PassageKVStore):
         "abandoned_documents": [ids], "freed_bytes": n, "bytes_after": n, "budget_bytes": n}.
         """
         budget = self.budget_bytes if budget_bytes is None else budget_bytes
-        return self._db.freeing(lambda: quota.collect(self._db, budget, self._clock()))
+        done: dict = {}  # (a second run after a full disk adds to the first one's work)
+        return self._db.freeing(lambda: quota.collect(self._db, budget, self._clock(), done))
 
     def attaching(self) -> dict[int, bool]:
         """{document id: whether its attach is under way (else it was killed: unfinished)}

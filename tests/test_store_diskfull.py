@@ -166,3 +166,23 @@ def test_a_model_registered_on_a_full_disk_is_recorded_before_its_first_entry(tm
         full[0] = True  # recorded as it is already: nothing is written (a full disk reads)
         assert store.register_model("model-b", "/models/b.gguf", {"n_layer": 2}).layout == {
             "n_layer": 2}
+
+
+def test_a_gc_run_again_after_a_full_disk_reports_both_runs_work(tmp_path, monkeypatch):
+    with open_store(tmp_path) as store:
+        entries = [put_entry(store, range(n * 100, n * 100 + 100)) for n in range(3)]
+        writes, count = store._db.write, [0]
+
+        @contextlib.contextmanager
+        def write():  # the disk fills once, after the first eviction committed
+            count[0] += 1
+            if count[0] == 4:
+                raise DiskFullError("full")
+            with writes() as db:
+                yield db
+
+        monkeypatch.setattr(store._db, "write", write)
+        report = store.gc(budget_bytes=1)
+        assert report["evicted_entries"] == [e.id for e in entries]
+        assert [c["entry"] for c in report["evicted_caches"]] == [e.id for e in entries]
+        assert report["freed_bytes"] == sum(e.nbytes for e in entries)
