@@ -81,6 +81,8 @@ def residuals(bits: np.ndarray, plan: Plan, group: int, be) -> tuple[np.ndarray,
         akey, n_a = np.zeros(n_anchor, np.int64), 1
     sym, scales, _, bad = be.quantize(anchors, plan.maxq, akey, plan.bkey, n_a, plan.n_b,
                                       F16_TO_F32)
+    if bad:
+        return bits, True
     dq = plan.dequant(scales)
     rec = dq[np.arange(bits.shape[0])[:, None, None], akey[None, :, None],
              plan.bkey[None, None, :], sym]

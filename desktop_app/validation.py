@@ -12,6 +12,7 @@ A leaf: it knows no model, store or front end.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from typing import Any, TypeVar
@@ -69,9 +70,11 @@ class InvalidValue(ValueError):
 
 
 def _describe(value: Any) -> str:
-    """A value as the user wrote it: JSON's words for true, false and null."""
-    text = {True: "true", False: "false", None: "null"}.get(value, repr(value)) if (
-        value is None or isinstance(value, bool)) else repr(value)
+    """A value as the user wrote it: in JSON's words where it is JSON (true, null, "text")."""
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
 

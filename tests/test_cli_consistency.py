@@ -132,13 +132,13 @@ def test_every_command_that_ends_takes_json():
     assert sorted(lacking) == ["gui", "serve"]  # they keep running
 
 
-def test_a_flag_given_an_empty_list_of_levels_is_refused_not_taken_for_the_default():
-    import click
-
-    from desktop_app.cli.base import level_list
-
-    assert level_list(None) is None and level_list("high, compact") == ["high", "compact"]
-    for empty, flag in (("", "--levels"), (" , ", "--configs")):
-        with pytest.raises(click.BadParameter, match="names no level") as e:
-            level_list(empty, flag)
-        assert e.value.param_hint == flag
+def test_a_flag_given_an_empty_list_of_levels_is_refused_not_taken_for_the_default(tmp_path):
+    doc = tmp_path / "doc.txt"
+    doc.write_text("A line of text.")
+    for args, flag in ((["attach", str(doc), "--levels", ""], "--levels"),
+                       (["eval", str(doc), "--configs", " , "], "--configs")):
+        proc = subprocess.run([sys.executable, "-m", "desktop_app", *args], capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+        assert proc.stderr.startswith(f"Error: Invalid value for '{flag}': names no level")
+    assert not (tmp_path / "data").exists()  # refused as the command line is read

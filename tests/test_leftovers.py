@@ -94,8 +94,8 @@ def test_a_killed_attach_leaves_an_unfinished_document_that_gc_removes(tmp_path,
         assert "attach the file again" in kvdesk("docs").stdout
     said = kvdesk("gc").stdout  # said, with the ids the JSON form lists
     ids = ", ".join(str(d["doc_id"]) for d in docs)
-    assert (f"removed {len(docs)} document(s) whose attach was killed before it stored "
-            f"anything: {ids}" in said) == bool(docs), said
+    assert (f"removed {len(docs)} document(s) whose attach did not finish and stored "
+            f"nothing: {ids}" in said) == bool(docs), said
     assert listed("docs") == []
 
 

@@ -75,7 +75,7 @@ def test_bad_settings_are_clear_errors(monkeypatch):
     with pytest.raises(settings.SettingsError, match="holds a JSON list"):
         settings.load()
     path.write_text(json.dumps({"n_ctx": "big"}))
-    with pytest.raises(settings.SettingsError, match=r"settings.json: n_ctx: .*integer.*'big'"):
+    with pytest.raises(settings.SettingsError, match=r'settings.json: n_ctx: .*integer.*"big"'):
         settings.load()
     path.write_text(json.dumps({"storage_budget_gb": -1, "theme": "dark"}))
     with pytest.raises(settings.SettingsError, match="storage_budget_gb: .*greater than 0"):

@@ -129,14 +129,15 @@ def interruptible():
         signal.signal(signal.SIGINT, previous)
 
 
-def level_list(value: str | None, flag: str = "--levels") -> list[str] | None:
-    """A flag's comma-separated names (None: the flag not given); given empty, refused."""
+def level_list(ctx: click.Context, param: click.Parameter, value: str | None
+               ) -> list[str] | None:
+    """A comma-separated option's names, checked as the command line is read (None: not
+    given); given empty, refused."""
     if value is None:
         return None
     names = [v.strip() for v in value.split(",") if v.strip()]
     if not names:
-        raise click.BadParameter("names no level (leave the flag out for the default)",
-                                 param_hint=flag)
+        raise click.BadParameter("names no level (leave the option out for the default)")
     return names
 
 

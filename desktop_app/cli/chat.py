@@ -35,11 +35,12 @@ from .base import (
 
 @cli.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path())
-@click.option("--levels", help="Comma-separated codec levels to store (default: every level).")
+@click.option("--levels", callback=level_list,
+              help="Comma-separated codec levels to store (default: every level).")
 @no_server_option
 @json_option
 @click.pass_obj
-def attach(app: App, files: tuple[str, ...], levels: str | None, no_server: bool,
+def attach(app: App, files: tuple[str, ...], levels: list[str] | None, no_server: bool,
            as_json: bool):
     """Attach documents: extract, prefill once, compress and store their KV cache."""
     results, failed, attached = [], False, 0
@@ -49,7 +50,7 @@ def attach(app: App, files: tuple[str, ...], levels: str | None, no_server: bool
     with interruptible() as cancel:
         for path in files:
             try:
-                res = engine.attach(path, levels=level_list(levels), progress=bar,
+                res = engine.attach(path, levels=levels, progress=bar,
                                     cancel=cancel)
             except Cancelled:
                 bar.done()

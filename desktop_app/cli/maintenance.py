@@ -117,8 +117,8 @@ def gc(app: App, budget_gb: float | None, as_json: bool):
     removed = report["abandoned_documents"]
     emit(report, as_json, [f"freed {report['freed_bytes'] / 1e6:.1f} MB; "
                            f"{report['bytes_after'] / 1e6:.1f} MB of {gb} GB used", *(
-        [f"removed {len(removed)} document(s) whose attach was killed before it stored "
-         f"anything: {', '.join(map(str, removed))} (attach the file again to have it)"]
+        [f"removed {len(removed)} document(s) whose attach did not finish and stored "
+         f"nothing: {', '.join(map(str, removed))} (attach the file again to have it)"]
         if removed else [])])
 
 
@@ -188,12 +188,13 @@ def calibrate(app: App, force: bool, as_json: bool):
               help="Tokens of FILE whose KV each configuration restores.")
 @click.option("--cont-tokens", type=click.IntRange(1), default=256, show_default=True,
               help="Following tokens, scored under teacher forcing.")
-@click.option("--configs", help="Comma-separated: fp16, fp16-ulp (the noise floor), q8_0, q4_0 "
+@click.option("--configs", callback=level_list,
+              help="Comma-separated: fp16, fp16-ulp (the noise floor), q8_0, q4_0 "
               "and codec levels: the model's calibrated ones, default-LEVEL for the "
               "model-independent ones (default: all of them but lossless).")
 @json_option
 @click.pass_obj
-def eval_(app: App, file: str, prefix_tokens: int, cont_tokens: int, configs: str | None,
+def eval_(app: App, file: str, prefix_tokens: int, cont_tokens: int, configs: list[str] | None,
           as_json: bool):
     """Measure how closely compressed KV caches answer like the exact one, on FILE, with the
     model's codec calibration (made first, once, when it has none)."""
@@ -202,7 +203,7 @@ def eval_(app: App, file: str, prefix_tokens: int, cont_tokens: int, configs: st
 
     # The file and the configs checked first: a bad one is refused before minutes of work.
     text = documents.extract(file).text
-    names = level_list(configs, "--configs") or [*quality.DEFAULT_CONFIGS, *(
+    names = configs or [*quality.DEFAULT_CONFIGS, *(
         quality.DEFAULT_PREFIX + lvl for lvl in ("high", "balanced", "compact"))]
     engine = app.engine
     cal = engine.calibrations.current(engine.fingerprint)
