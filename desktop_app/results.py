@@ -16,12 +16,12 @@ class Record:
 
 
 def size_text(nbytes: float) -> str:
-    """A byte count as people read it: 12 KB, 4.2 MB, 10 GB."""
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if nbytes >= scale:
-            value = nbytes / scale
-            return f"{value:,.0f} {unit}" if value >= 1000 else f"{value:.3g} {unit}"
-    return f"{nbytes:,.0f} bytes"
+    """A byte count as people read it: 950 B, 12.3 KB, 4.2 MB, 10.0 GB (CLI and window)."""
+    for unit in ("B", "KB", "MB", "GB"):
+        if nbytes < 1000 or unit == "GB":
+            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:,.1f} {unit}"
+        nbytes /= 1000
+    raise AssertionError("unreachable")
 
 
 @dataclass(frozen=True)

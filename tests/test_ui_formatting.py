@@ -5,13 +5,12 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import replace
 
-from desktop_app.results import AskResult, AttachResult, Progress, RestoreReport
+from desktop_app.results import AskResult, AttachResult, Progress, RestoreReport, size_text
 from ui.formatting import (
     answer_stats,
     attach_notices,
     calibrating_line,
     calibration_line,
-    human_bytes,
     restore_line,
 )
 from ui.markdown import LIGHT, render
@@ -86,7 +85,7 @@ def test_answer_stats_and_attach_notices():
                          encode_s=1, raw_bytes=0, stored_bytes={}, passages=300,
                          warnings=["book.txt: longer than the context; kept as passages"])
     assert attach_notices(split) == split.warnings  # nothing is left out of it
-    assert human_bytes(999) == "999 B" and human_bytes(70_500_000) == "70.5 MB"
+    assert size_text(999) == "999 B" and size_text(70_500_000) == "70.5 MB"
 
 
 def test_date_groups_follow_calendar_days():

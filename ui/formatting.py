@@ -21,14 +21,6 @@ CALIBRATION_STAGES = {"reference": "measuring the model's own cache",
                       "sensitivity": "measuring each part's sensitivity", "done": "saving"}
 
 
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    raise AssertionError("unreachable")
-
-
 def restore_line(report: RestoreReport) -> str:
     """E.g. "restored 4,096 tokens in 120 ms — 16 chunks: 14 high, 2 balanced" (`restore_phrase`),
     whether the context is exact or blended, and the restore's notes."""

@@ -10,9 +10,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QSlider, QWidget
 
-from desktop_app.results import RestoreEstimate
-
-from .formatting import human_bytes
+from desktop_app.results import RestoreEstimate, size_text
 
 
 class QualitySlider(QWidget):
@@ -73,7 +71,7 @@ class QualitySlider(QWidget):
             for level in reversed(self._levels):
                 if level not in est.bytes:
                     continue
-                cells = (f"<td>{level}</td><td align=right>{human_bytes(est.bytes[level])}</td>"
+                cells = (f"<td>{level}</td><td align=right>{size_text(est.bytes[level])}</td>"
                          f"<td align=right>~{est.seconds.get(level, 0) * 1000:,.0f} ms</td>")
                 rows.append(f"<tr><td>{'▶' if level == self.level() else ''}</td>{cells}</tr>")
             tip = (f"<p>Loading this chat's {est.tokens:,} cached tokens:</p>"

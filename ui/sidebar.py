@@ -26,9 +26,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from desktop_app.results import ChatInfo, DocumentInfo, Progress
-
-from .formatting import human_bytes
+from desktop_app.results import ChatInfo, DocumentInfo, Progress, size_text
 
 GROUPS = ("Today", "Yesterday", "Previous 7 days", "Older")
 ID_ROLE = Qt.ItemDataRole.UserRole
@@ -238,21 +236,26 @@ class DocumentList(QWidget):
             size = sum(doc.cache_bytes.values())
             status = {"ready": "ready", "stale": "cached for another model",
                       "none": "not cached", "attaching": "being attached",
-                      "unfinished": "attach stopped: attach it again"}.get(doc.status,
+                      "unfinished": "attach did not finish: attach it again"}.get(doc.status,
                                                                            doc.status)
             tokens = (f"{doc.tokens:,} tokens" if doc.kept_tokens == doc.tokens
                       else f"{doc.kept_tokens:,} of {doc.tokens:,} tokens")
             if doc.passages:  # too long for the context: answered from its passages' KV
                 tokens = f"{doc.tokens:,} tokens"
                 status = f"{doc.passages_cached:,} of {doc.passages:,} passages cached"
-            item = QListWidgetItem(f"{doc.title}\n{tokens} · {human_bytes(size)} · {status}")
+            item = QListWidgetItem(f"{doc.title}\n{tokens} · {size_text(size)} · {status}")
             item.setData(ID_ROLE, doc.doc_id)
             item.setFlags(item.flags() | Qt.ItemFlag.ItemIsUserCheckable)
             item.setCheckState(Qt.CheckState.Checked if doc.doc_id in checked
                                else Qt.CheckState.Unchecked)
+            if doc.file_changed:  # answers use the text attached, not the file's new one
+                item.setText(f"{item.text()} · file changed since")
             item.setToolTip("\n".join(
                 [doc.title, f"{doc.type}, {tokens}"]
-                + [f"{level}: {human_bytes(n)}" for level, n in doc.cache_bytes.items()]))
+                + [f"{level}: {size_text(n)}" for level, n in doc.cache_bytes.items()]
+                + (["Its file has changed since it was attached: questions use the text "
+                    "attached then. Attach the file again to use the new text."]
+                   if doc.file_changed else [])))
             self.list.addItem(item)
         self.list.setCurrentRow(current)  # a refresh moves neither the selection nor the view
         self.list.verticalScrollBar().setValue(scrolled)
