@@ -218,6 +218,11 @@ def test_bad_text_ids_and_paths_are_the_clients_errors_not_the_servers(tmp_path)
     typed = c.post("/v1/kvdesk/documents", json={"path": 5})
     assert typed.status_code == 400 and typed.json()["error"]["param"] == "path"
     assert "pydantic" not in typed.text and "\n" not in typed.json()["error"]["message"]
+    # a question with no text (null content) is refused by name; an assistant's may be null
+    null = c.post("/v1/chat/completions", json={
+        "model": "default", "messages": [{"role": "user", "content": None}]})
+    assert null.status_code == 400 and null.json()["error"]["param"] == "messages.0.content"
+    assert null.json()["error"]["message"].endswith("a user message needs its text")
 
 
 def test_what_clients_send_by_default_is_taken(tmp_path):

@@ -49,6 +49,9 @@ class Message(pydantic.BaseModel):
     content: str | list[Part] | None = None
 
     def check_parts(self, where: str) -> None:
+        # (an assistant's may be null, as after a tool call; a question or instruction never)
+        if self.content is None and self.role != "assistant":
+            raise InvalidValue(f"{where}.content", f"a {self.role} message needs its text")
         for i, part in enumerate(self.content if isinstance(self.content, list) else []):
             if part.type != "text":
                 raise InvalidValue(f"{where}.content.{i}", UNREADABLE_PARTS.get(
