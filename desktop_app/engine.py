@@ -275,10 +275,8 @@ class Engine:
         result = self.session.ask(question, chat_id=chat_id, doc_ids=doc_ids, restore=restore,
                                   generation=generation, on_token=on_token,
                                   on_restore=on_restore, progress=progress, cancel=cancel)
-        stopped = cancel is not None and cancel.is_set() and result.finish_reason == "stop"
         notes += self.library.changed_files(result.documents)
-        return replace(result, messages=[*notes, *result.messages],
-                       finish_reason="cancelled" if stopped else result.finish_reason)
+        return replace(result, messages=[*notes, *result.messages])
 
     def _cache_stale(self, doc_ids: Sequence[int], progress: ProgressFn | None,
                      cancel: threading.Event | None) -> list[str]:

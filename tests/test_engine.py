@@ -442,3 +442,18 @@ def test_storing_a_cache_that_evicts_others_says_which(new_engine, tmp_path):
     assert not done.stored and any("larger than the whole storage budget" in m
                                    for m in done.messages), done.messages
     assert {e.id for e in eng.store.entries()} == before
+
+
+def test_an_answer_stopped_is_kept_and_stored_as_stopped(engine, doc_id):
+    cancel, seen = threading.Event(), []
+
+    def on_token(text):
+        seen.append(text)
+        if len(seen) == 3:
+            cancel.set()  # the user stops it (Esc, Ctrl-C)
+
+    res = engine.ask(QUESTION, doc_ids=[doc_id], generation=deterministic(40),
+                     on_token=on_token, cancel=cancel)
+    assert res.finish_reason == "cancelled" and res.answer
+    (_, answer) = engine.messages(res.chat_id)
+    assert answer.text == res.answer and answer.stats["finish_reason"] == "cancelled"

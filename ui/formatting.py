@@ -39,8 +39,8 @@ def answer_stats(result: AskResult, generation_s: float) -> str:
     rate = result.tokens_generated / generation_s if generation_s > 0 else 0.0
     return (f"{result.tokens_generated:,} tokens · {rate:.1f} tokens/s · "
             f"first token after {result.ttft_s:.2f} s"
-            + (" · stopped at the token limit: it may be cut short"
-               if result.finish_reason == "length" else ""))
+            + {"length": " · stopped at the token limit: it may be cut short",
+               "cancelled": " · stopped before its end"}.get(result.finish_reason, ""))
 
 
 def attach_notices(result: AttachResult) -> list[str]:

@@ -397,7 +397,8 @@ class ChatSession:
                 bytes_read=report.bytes_read, chunk_levels=report.chunk_levels,
                 recomputed_tokens=report.recomputed_tokens, tokens_generated=len(generated),
                 messages=messages, source=report.source, documents=[d.id for d in docs],
-                blended=report.blended, finish_reason="length" if out.cut else "stop",
+                blended=report.blended, finish_reason="length" if out.cut else "cancelled" if (
+                    cancel is not None and cancel.is_set()) else "stop",
                 sources=[s.as_dict() for s in self.longdocs.sources(chat_id)], evidence=quoted)
             stats = {k: v for k, v in result.as_dict().items() if k not in ("answer", "chat_id")}
             # Both messages are stored after the answer, in one transaction: a durable write
