@@ -218,6 +218,13 @@ class Engine:
 
     # -- the library -------------------------------------------------------------------------
 
+    def set_storage_budget(self, gb: float) -> dict:
+        """The caches' storage budget changed while running (the window's settings): kept for
+        every process, and the least recently used evicted down to it now; gc's report."""
+        self._writable()
+        self.store.budget_bytes = int(gb * 1e9)
+        return self.store.gc()
+
     def documents(self) -> list[DocumentInfo]:
         return self.library.documents(self.fingerprint)
 

@@ -207,6 +207,30 @@ class Settings(UserValues):
 
 def load(path: Path | None = None) -> Settings:
     """Saved settings with the environment applied on top."""
+    base = saved_settings(path)
+    for var in sorted(v for v in os.environ if v.startswith("KVDESK_")):
+        if var not in ENVIRONMENT and var not in OTHER_ENVIRONMENT \
+                and not var.startswith(OTHER_ENVIRONMENT_PREFIXES):
+            _warn(f"unknown environment variable {var} ignored", var,
+                  [*ENVIRONMENT, *OTHER_ENVIRONMENT])
+    env = {key: os.environ[var] for var, key in ENVIRONMENT.items() if os.environ.get(var)}
+    try:
+        return base.with_overrides(**env)
+    except InvalidValue as e:
+        var = next(v for v, k in ENVIRONMENT.items() if k == e.key)
+        raise SettingsError(f"{var}: {e.reason}", e.key) from None
+
+
+def save_edits(before: Settings, after: Settings, path: Path | None = None) -> None:
+    """Save what the user changed from `before` (as loaded) to `after` over the saved file's
+    values: a value that came from the environment (KVDESK_...) is written only if edited."""
+    edits = {name: getattr(after, name) for name in Settings.model_fields
+             if getattr(after, name) != getattr(before, name)}
+    saved_settings(path).with_values(**edits).save(path)
+
+
+def saved_settings(path: Path | None = None) -> Settings:
+    """The settings file's settings, without the environment's (checked)."""
     path = path or config_dir() / "settings.json"
     saved: dict = {}
     if path.exists() and not path.is_file():
@@ -241,20 +265,9 @@ def load(path: Path | None = None) -> Settings:
         known["generation"] = {k: v for k, v in generation.items()
                                if k in GenerationOptions.model_fields}
     try:
-        base = parse(Settings, known)
+        return parse(Settings, known)
     except InvalidValue as e:
         raise SettingsError(f"{path}: {e}", e.key) from None
-    for var in sorted(v for v in os.environ if v.startswith("KVDESK_")):
-        if var not in ENVIRONMENT and var not in OTHER_ENVIRONMENT \
-                and not var.startswith(OTHER_ENVIRONMENT_PREFIXES):
-            _warn(f"unknown environment variable {var} ignored", var,
-                  [*ENVIRONMENT, *OTHER_ENVIRONMENT])
-    env = {key: os.environ[var] for var, key in ENVIRONMENT.items() if os.environ.get(var)}
-    try:
-        return base.with_overrides(**env)
-    except InvalidValue as e:
-        var = next(v for v, k in ENVIRONMENT.items() if k == e.key)
-        raise SettingsError(f"{var}: {e.reason}", e.key) from None
 
 
 def _warn(message: str, name: str, known) -> None:

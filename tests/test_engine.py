@@ -442,6 +442,9 @@ def test_storing_a_cache_that_evicts_others_says_which(new_engine, tmp_path):
     assert not done.stored and any("larger than the whole storage budget" in m
                                    for m in done.messages), done.messages
     assert {e.id for e in eng.store.entries()} == before
+    # a budget changed while running (the window's settings) applies at once
+    assert eng.set_storage_budget(1e-6)["evicted_entries"] and eng.store.entries() == []
+    assert eng.store.budget_bytes == 1000
 
 
 def test_an_answer_stopped_is_kept_and_stored_as_stopped(engine, doc_id):

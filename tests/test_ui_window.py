@@ -315,6 +315,23 @@ def test_settings_persist_and_an_engine_change_asks_to_restart(qtbot, window, mo
     assert window.colors.text == "#e6edf3"
 
 
+def test_saved_settings_leave_the_environments_values_out_and_a_new_budget_applies_now(
+        qtbot, window, engine, monkeypatch):
+    monkeypatch.setenv("KVDESK_N_CTX", "2048")
+    window.settings = settings_mod.load()  # as a window started with it set
+
+    def edit(dialog: SettingsDialog) -> int:
+        dialog.budget.setValue(0.5)
+        dialog.accept()
+        return dialog.result()
+
+    monkeypatch.setattr("ui.main_window.SettingsDialog.exec", edit)
+    window.open_settings()
+    saved = settings_mod.saved_settings()
+    assert saved.storage_budget_gb == 0.5 and saved.n_ctx is None  # (was written: 2048)
+    qtbot.waitUntil(lambda: engine.budget_gb == 0.5, timeout=2000)  # (was at the next start)
+
+
 def test_answer_settings_keep_only_what_the_user_set_and_reach_the_engine(
         qtbot, window, engine, monkeypatch):
     def edit(dialog: SettingsDialog) -> int:

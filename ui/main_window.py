@@ -30,6 +30,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from desktop_app import settings as settings_mod
 from desktop_app.options import RestoreOptions
 from desktop_app.protocol import EngineAPI, LocalAPIControl
 from desktop_app.results import ChatInfo, DocumentInfo, ModelFile, Progress
@@ -401,10 +402,13 @@ class MainWindow(AskingMixin, LibraryMixin, CodecMixin, QMainWindow):
         if not dialog.exec():
             return
         old, new = self.settings, dialog.result_settings()
-        new.save()
+        settings_mod.save_edits(old, new)  # (what the environment set stays out of the file)
         self.settings = new
         if self.engine is not None:
             self.engine.generation_defaults = new.generation  # from the next answer on
+            if new.storage_budget_gb != old.storage_budget_gb:  # now, evicting down to it
+                engine, gb = self.engine, new.storage_budget_gb
+                self.runner.start("misc", lambda job: engine.set_storage_budget(gb))
         if new.theme != old.theme:
             self._apply_theme(new.theme)
         if any(getattr(new, f) != getattr(old, f) for f in SERVER_FIELDS):

@@ -74,6 +74,7 @@ class FakeEngine:
         self.calls: list[tuple] = []  # (method, args...) for tests to inspect
         self.fail_next: dict[str, BaseException] = {}  # method -> exception raised once
         self.damage: str | None = None  # a test's stand-in for a damaged store
+        self.budget_gb: float | None = None  # the storage budget set while running, if any
         self.hold: dict[str, threading.Event] = {}  # method -> event it waits for before working
         self._lock = threading.Lock()
         self._docs: dict[int, DocumentInfo] = {}
@@ -251,6 +252,11 @@ class FakeEngine:
         """As after a switch to another model: every document's cache is another model's."""
         for doc_id, info in self._docs.items():
             self._docs[doc_id] = replace(info, status="stale", cache_bytes={})
+
+    def set_storage_budget(self, gb: float) -> dict:
+        self._enter("set_storage_budget")
+        self.budget_gb = gb
+        return {"evicted_entries": [], "freed_bytes": 0}
 
     def documents(self) -> list[DocumentInfo]:
         self._enter("documents")
