@@ -3,6 +3,7 @@ settings. Every wait is on a signal or a condition, never a sleep."""
 
 from __future__ import annotations
 
+import html
 import os
 import signal
 import threading
@@ -257,6 +258,23 @@ def test_a_model_that_cannot_load_is_explained(qtbot):
         pass
     assert "no model at /nowhere.gguf" in window.info.text()
     assert not window.prompt.isEnabled()
+
+
+def test_a_long_or_marked_up_title_never_widens_the_window_nor_renders(qtbot, window, engine,
+                                                                       monkeypatch):
+    chat = engine.chats()[0]
+    with qtbot.waitSignal(window.restored, timeout=5000):
+        window.open_chat(chat.chat_id)
+    title = "<i>Ship</i> & " + "a very long title " * 200
+    monkeypatch.setattr("ui.library_actions.QInputDialog.getText", lambda *a, **k: (title, True))
+    with qtbot.waitSignal(window.chats_changed, timeout=5000):
+        window.chat_list.rename_requested.emit(chat.chat_id, chat.title)
+    assert "&lt;i&gt;Ship&lt;/i&gt; &amp; a very long" in window.header.text()
+    assert len(window.header.text()) < 600
+    assert window.header.toolTip().startswith(f"<p>{html.escape(title.strip())}</p>")
+    assert window.minimumSizeHint().width() < 1000  # (3,137 px: it could not be made smaller)
+    row = window.doc_list.add_row("x" * 400 + ".txt", "red")
+    assert row.minimumSizeHint().width() < 600 and row.title.toolTip().startswith("x" * 400)
 
 
 def test_rename_delete_and_new_chat(qtbot, window, engine, monkeypatch):

@@ -21,6 +21,12 @@ CALIBRATION_STAGES = {"reference": "measuring the model's own cache",
                       "sensitivity": "measuring each part's sensitivity", "done": "saving"}
 
 
+def shortened(text: str, limit: int = 100) -> str:
+    """A title or list cut to `limit` characters (… at the cut): a label's text never widens
+    the window beyond the screen (the whole text goes in its tooltip)."""
+    return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
+
+
 def restore_line(report: RestoreReport) -> str:
     """E.g. "restored 4,096 tokens in 120 ms — 16 chunks: 14 high, 2 balanced" (`restore_phrase`),
     whether the context is exact or blended, and the restore's notes."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from html import escape
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence, QShortcut
@@ -40,7 +41,7 @@ from . import theme
 from .asking import AskingMixin
 from .chat_view import ChatView, PromptEdit
 from .codec_status import CodecMixin
-from .formatting import restore_line
+from .formatting import restore_line, shortened
 from .icons import paperclip
 from .library_actions import LibraryMixin
 from .quality import QualitySlider
@@ -112,6 +113,7 @@ class MainWindow(AskingMixin, LibraryMixin, CodecMixin, QMainWindow):
 
         self.header = QLabel()
         self.header.setTextFormat(Qt.TextFormat.RichText)
+        self.header.setMinimumWidth(1)  # a long title is cut, never widens the window
         self.info = QLabel(wordWrap=True)
         self.api_label = QLabel()  # the local API's address while it serves
         self.api_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
@@ -303,11 +305,12 @@ class MainWindow(AskingMixin, LibraryMixin, CodecMixin, QMainWindow):
             title, doc_ids = "New chat", self.doc_list.checked_ids()
         else:
             title, doc_ids = (chat.title, chat.doc_ids) if chat else ("", [])
-        about = ", ".join(titles.get(d, f"document {d}") for d in doc_ids)
+        about = ", ".join(titles.get(d, f"document {d} (deleted)") for d in doc_ids)
         hint = (" — tick documents on the left to ask about them"
                 if self.chat_id is None and not doc_ids else "")
-        self.header.setText(f"<b style='font-size:large'>{title}</b>"
-                            + (f"<br><span>about {about}</span>" if about else hint))
+        self.header.setText(f"<b style='font-size:large'>{escape(shortened(title))}</b>" + (
+            f"<br><span>about {escape(shortened(about, 200))}</span>" if about else hint))
+        self.header.setToolTip("".join(f"<p>{escape(t)}</p>" for t in (title, about) if t))
 
     def _update_estimate(self) -> None:
         if self.engine is None:

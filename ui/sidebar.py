@@ -28,6 +28,8 @@ from PySide6.QtWidgets import (
 
 from desktop_app.results import ChatInfo, DocumentInfo, Progress, size_text
 
+from .formatting import shortened
+
 GROUPS = ("Today", "Yesterday", "Previous 7 days", "Older")
 ID_ROLE = Qt.ItemDataRole.UserRole
 
@@ -161,7 +163,7 @@ class AttachRow(QFrame):
     def __init__(self, title: str, error_color: str, parent: QWidget | None = None):
         super().__init__(parent)
         self.setFrameShape(QFrame.Shape.StyledPanel)
-        self.title = QLabel(title)
+        self.title = QLabel(shortened(title, 60), toolTip=title, minimumWidth=1)
         self.title.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.phase = QLabel("waiting…")
         self.phase.setWordWrap(True)
