@@ -17,6 +17,7 @@ from ui_fixtures import edit_settings, open_window, text_file
 from desktop_app import settings as settings_mod
 from desktop_app.errors import RuntimeStateError
 from desktop_app.options import GenerationOptions
+from desktop_app.results import Progress
 from desktop_app.settings import Settings
 from ui.main_window import MainWindow
 from ui.settings_dialog import SettingsDialog, needs_restart
@@ -613,3 +614,12 @@ def test_a_signal_closes_the_window_while_a_dialog_is_open_over_it(qtbot, engine
         dialog.exec()  # (its own event loop: returns once the signal closed it)
         qtbot.waitUntil(lambda: not window.isVisible(), timeout=3000)
     assert not guard
+
+
+def test_an_attachs_note_is_shown_at_once_and_kept_under_its_row(qtbot, window):
+    row = window.doc_list.add_row("book.txt", "red")
+    row.show_progress(Progress("split", 0, 10, "book.txt",
+                               note="book.txt: 291,532 tokens, longer than the context"))
+    assert "longer than the context" in row.phase.text()  # (shown only at the end before)
+    row.show_progress(Progress("split", 5, 10, "book.txt"))
+    assert "50%" in row.phase.text() and "longer than the context" in row.phase.text()

@@ -167,6 +167,7 @@ class AttachRow(QFrame):
         self.title.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.phase = QLabel("waiting…")
         self.phase.setWordWrap(True)
+        self._note = ""
         self.bar = QProgressBar(maximum=100, textVisible=False, maximumHeight=6)
         self.button = QToolButton(text="✕", autoRaise=True, toolTip="Cancel")
         self.button.clicked.connect(self.cancel_clicked)
@@ -183,7 +184,10 @@ class AttachRow(QFrame):
 
     def show_progress(self, p: Progress) -> None:
         percent = int(100 * p.done / p.total) if p.total else 0
-        self.phase.setText(f"{PHASE_WORDS.get(p.phase, p.phase)} {percent}%")
+        if p.note:  # said at once (a document longer than the context), kept under the row
+            self._note = p.note
+        self.phase.setText(f"{PHASE_WORDS.get(p.phase, p.phase)} {percent}%"
+                           + (f"\n{self._note}" if self._note else ""))
         self.bar.setValue(percent)
 
     def show_error(self, message: str) -> None:
