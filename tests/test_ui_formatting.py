@@ -105,3 +105,12 @@ def test_calibration_progress_in_words():
         line + "measuring each part's sensitivity 12%"
     assert calibrating_line(Progress("calibrate", 0, 0)) == line + "0%"
     assert calibration_line(None).startswith("Model-independent levels")
+
+
+def test_a_title_becomes_a_file_name_every_system_takes():
+    from ui.formatting import file_name
+
+    assert file_name("What is multi-head attention?") == "What is multi-head attention"
+    assert file_name('a/b\\c: "d" <e>|f*') == "a b c d e f"
+    assert file_name("..hidden\tfile\n") == "hidden file"
+    assert file_name("  ") == file_name("???") == "chat" and len(file_name("x" * 300)) == 80

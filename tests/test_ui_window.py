@@ -302,13 +302,18 @@ def test_rename_delete_and_new_chat(qtbot, window, engine, monkeypatch):
 
 
 def test_export_writes_the_engine_text(qtbot, window, engine, monkeypatch, tmp_path):
-    target = tmp_path / "out.md"
-    monkeypatch.setattr("ui.library_actions.QFileDialog.getSaveFileName",
-                        lambda *a, **k: (str(target), ""))
+    target, offered = tmp_path / "out.md", []
+
+    def save_as(parent, caption, name, filters):
+        offered.append(name)
+        return str(target), ""
+
+    monkeypatch.setattr("ui.library_actions.QFileDialog.getSaveFileName", save_as)
     chat = engine.chats()[0]
     window.chat_list.export_requested.emit(chat.chat_id, "markdown")
     qtbot.waitUntil(target.exists, timeout=5000)
     assert target.read_text().startswith(f"# {chat.title}")
+    assert offered == ["What is multi-head attention.md"]  # named after the chat (was chat.md)
 
 
 def test_settings_persist_and_an_engine_change_asks_to_restart(qtbot, window, monkeypatch,

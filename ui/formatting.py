@@ -5,6 +5,8 @@ Pure functions over `desktop_app.results` records: no Qt, no engine calls.
 
 from __future__ import annotations
 
+import re
+
 from desktop_app.results import (
     AskResult,
     AttachResult,
@@ -25,6 +27,14 @@ def shortened(text: str, limit: int = 100) -> str:
     """A title or list cut to `limit` characters (… at the cut): a label's text never widens
     the window beyond the screen (the whole text goes in its tooltip)."""
     return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
+
+
+def file_name(title: str, limit: int = 80) -> str:
+    """A title as a file name every system takes: no path separators, reserved or control
+    characters, no leading dot, at most `limit` characters; "chat" when nothing is left."""
+    name = re.sub(r'[<>:"/\\|?*\x00-\x1f]+', " ", title)
+    name = " ".join(name.split()).lstrip(".")[:limit].rstrip(" .")
+    return name or "chat"
 
 
 def restore_line(report: RestoreReport) -> str:

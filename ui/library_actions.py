@@ -17,7 +17,7 @@ from PySide6.QtWidgets import QFileDialog, QInputDialog, QMessageBox
 from desktop_app.results import AttachResult, Source
 
 from .document_view import DocumentView
-from .formatting import attach_notices
+from .formatting import attach_notices, file_name
 
 
 class LibraryMixin:
@@ -140,13 +140,14 @@ class LibraryMixin:
                           failed=lambda msg: self._say(msg, True))
 
     def export_chat(self, chat_id: int, fmt: str) -> None:
+        title = next((c.title for c in self.chats if c.chat_id == chat_id), "chat")
         self.runner.start("misc", lambda job: self.engine.export_chat(chat_id, fmt),
-                          finished=lambda text: self._save_export(text, fmt),
+                          finished=lambda text: self._save_export(text, fmt, title),
                           failed=lambda msg: self._say(msg, True))
 
-    def _save_export(self, text: str, fmt: str) -> None:
+    def _save_export(self, text: str, fmt: str, title: str) -> None:
         suffix = ".md" if fmt == "markdown" else ".json"
-        path, _ = QFileDialog.getSaveFileName(self, "Export chat", f"chat{suffix}",
+        path, _ = QFileDialog.getSaveFileName(self, "Export chat", file_name(title) + suffix,
                                               f"{fmt.title()} (*{suffix})")
         if path:
             Path(path).write_text(text, encoding="utf-8")

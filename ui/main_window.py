@@ -131,7 +131,7 @@ class MainWindow(AskingMixin, LibraryMixin, CodecMixin, QMainWindow):
         for widget in (self.chat_view, self.chat_view.viewport(), self.prompt,
                        self.prompt.viewport()):
             widget.setAcceptDrops(False)  # dropped files go to the window: they are attached
-        self.attach_button = QPushButton()
+        self.attach_button = QPushButton(accessibleName="Attach documents")
         self.attach_button.setToolTip("Attach documents…  (Ctrl+O)")
         self.attach_button.setFixedWidth(40)
         self.send_button = QPushButton("Send")

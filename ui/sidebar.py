@@ -210,7 +210,7 @@ class DocumentList(QWidget):
         super().__init__(parent)
         heading = QLabel("<b>Documents</b>")
         self.attach_button = QToolButton(toolTip="Attach documents…  (Ctrl+O)",
-                                         autoRaise=True)
+                                         accessibleName="Attach documents", autoRaise=True)
         self.attach_button.clicked.connect(self.attach_requested)
         top = QHBoxLayout()
         top.addWidget(heading, 1)
