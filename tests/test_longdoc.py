@@ -113,13 +113,12 @@ def test_passage_kv_is_computed_once_then_read_back(make_engine, level):
     assert second.recomputed_tokens < 0.5 * own[1]
     assert second.chunk_levels and "text" not in second.chunk_levels
     assert level in second.chunk_levels
-    # Asked at a level passages are not stored at: said once for all of them, not per passage.
+    # Asked at a level passages are not stored at (the window's slider at "high"): read at
+    # theirs, the setting's, with no note on every answer; the chunk levels say what it was.
     eng.runtime.reset()
     higher = eng.ask(q, doc_ids=[doc], generation=GREEDY, restore=RestoreOptions(level="high"))
-    said = [m for m in higher.messages if "not stored at 'high'" in m]
-    n = len(higher.chunk_levels)
-    assert n > 1 and said == [f"{n} of {n} chunks are not stored at 'high': read at {level} "
-                              "instead"]
+    assert not any("not stored at" in m for m in higher.messages), higher.messages
+    assert len(higher.chunk_levels) > 1 and set(higher.chunk_levels) == {level}
 
 
 def test_the_sentence_a_question_quotes_comes_from_its_passages_kv(make_engine):
