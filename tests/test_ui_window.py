@@ -392,6 +392,15 @@ def test_the_settings_dialog_refuses_a_missing_model(qtbot):
     assert dialog.result() == 0 and "no such model file" in dialog.error.text()
 
 
+def test_the_settings_dialog_refuses_a_file_as_the_data_folder(qtbot, tmp_path):
+    dialog = SettingsDialog(Settings())
+    qtbot.addWidget(dialog)
+    (tmp_path / "notes.txt").write_text("x")
+    dialog.data_dir.setText(str(tmp_path / "notes.txt"))
+    dialog.accept()  # (the next start blamed the model)
+    assert dialog.result() == 0 and "a file, not a folder" in dialog.error.text()
+
+
 def test_the_settings_dialog_edits_the_shared_cache(qtbot):
     dialog = SettingsDialog(Settings())
     qtbot.addWidget(dialog)

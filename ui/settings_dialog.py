@@ -306,6 +306,10 @@ class SettingsDialog(QDialog):
                     self._found(new.model) is None:
                 raise SettingsError(f"{new.model}: no such model file, nor a model found on "
                                     "this computer")
+            if new.data_dir and Path(new.data_dir).expanduser().exists() and \
+                    not Path(new.data_dir).expanduser().is_dir():
+                raise SettingsError(f"{new.data_dir}: a file, not a folder (the data folder "
+                                    "holds kvdesk's store)")
         except InvalidValue as e:
             self.error.setText(str(e))
             self.error.show()
