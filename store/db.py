@@ -58,6 +58,14 @@ def is_full(error: sqlite3.DatabaseError) -> bool:
     return (getattr(error, "sqlite_errorcode", None) or 0) & 0xFF == sqlite3.SQLITE_FULL
 
 
+def disk_is_full(path: Path) -> bool:
+    """Whether the disk under the store `path` has (almost) no room left."""
+    try:
+        return shutil.disk_usage(path.parent).free < 1 << 20
+    except OSError:
+        return False
+
+
 def disk_full(path: Path) -> DiskFullError:
     """What a full disk under the store `path` means for the user, and what to do."""
     try:
@@ -219,6 +227,25 @@ class Connections:
             if problems:
                 self.found_damage(f"table {table}: {problems[0]}")
                 return
+
+    def opened(self, prepare: Callable[[sqlite3.Connection], None]) -> None:
+        """Check the file (`check`) and `prepare` it (migrate it, or check a read-only one's
+        schema), then take the reserve while there is room. On a disk full to the last byte
+        SQLite cannot grow its shared-memory file: the reserve is given back, and it tries
+        once more."""
+        for last in (False, True):
+            try:
+                self.check()  # a damaged file is read, never written (`damage`)
+                prepare(self.get().conn)
+                break
+            except sqlite3.OperationalError as e:
+                if "disk I/O" not in str(e) or not disk_is_full(self.path):
+                    raise
+                self.close()
+                if last or not self.reserve.release():
+                    raise disk_full(self.path) from e
+        if not self.read_only:
+            self.reserve.make()
 
     def get(self) -> sqlite_utils.Database:
         db = getattr(self._local, "db", None)

@@ -9,6 +9,7 @@ the codec: KV chunks are opaque bytes at named levels.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import time
@@ -18,7 +19,14 @@ from typing import Any
 
 from . import blobs, calibrations, integrity, kv, library, quota
 from .db import Connections, prepare_data_dir, quick_check
-from .errors import BudgetFullError, CorruptChunkError, DamagedError, DataDirError, NotFoundError
+from .errors import (
+    BudgetFullError,
+    CorruptChunkError,
+    DamagedError,
+    DataDirError,
+    DiskFullError,
+    NotFoundError,
+)
 from .library import LibraryStore
 from .locks import ChatLocks
 from .passagekv import PassageKVStore
@@ -47,12 +55,8 @@ class Store(LibraryStore, PassageStore, PassageKVStore):
         self._chat_locks = ChatLocks(self.data_dir / "locks")
         self._unrecorded: dict[str, tuple[str, dict]] = {}
         try:
-            self._db.check()  # a damaged file is read, never written (`Connections.damage`)
-            if self.read_only:
-                check_current(self._db.get().conn, self.data_dir)
-            else:
-                migrate(self._db.get().conn)
-                self._db.reserve.make()
+            self._db.opened(lambda conn: check_current(conn, self.data_dir) if self.read_only
+                            else migrate(conn))
         except (sqlite3.DatabaseError, DamagedError) as e:
             self._db.close()
             # Not a database, a damaged one, or one the file system will not let SQLite open;
@@ -289,10 +293,11 @@ class Store(LibraryStore, PassageStore, PassageKVStore):
             db.execute("UPDATE kv_entries SET calibration = ? WHERE id = ?", (cal_id, entry_id))
 
     def touch(self, entry_ids: Iterable[int]) -> None:
-        """Mark entries used now (the LRU order eviction follows); not in a read-only store."""
+        """Mark entries used now (the LRU order eviction follows); not in a read-only store,
+        nor on a full disk (reading goes on)."""
         if self.read_only:
             return
-        with self._db.write() as db:
+        with contextlib.suppress(DiskFullError), self._db.write() as db:
             kv.touch(db.conn, entry_ids, self._clock())
 
     def delete_entry(self, entry_id: int) -> list[int]:

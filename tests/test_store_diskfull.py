@@ -186,3 +186,24 @@ def test_a_gc_run_again_after_a_full_disk_reports_both_runs_work(tmp_path, monke
         assert report["evicted_entries"] == [e.id for e in entries]
         assert [c["entry"] for c in report["evicted_caches"]] == [e.id for e in entries]
         assert report["freed_bytes"] == sum(e.nbytes for e in entries)
+
+
+def test_a_disk_filled_from_outside_while_closed_still_opens_reads_and_frees(small_disk,
+                                                                           monkeypatch):
+    monkeypatch.setattr(test_store_helpers, "payload",
+                        lambda start, end, level: os.urandom(200_000))
+    data = small_disk / "data"
+    with open_store(data) as store:
+        for n in range(8):
+            put_entry(store, range(n * 1000, (n + 1) * 1000), chunk_size=500)
+    assert (data / NAME).exists()
+    with open(small_disk / "filler", "wb") as f:  # another program takes the last byte
+        with pytest.raises(OSError):
+            while True:
+                f.write(bytes(1 << 20))
+                f.flush()
+    assert shutil.disk_usage(small_disk).free < 1 << 20
+    # SQLite's shared memory cannot grow: the store gives its reserve back to open at all
+    with open_store(data) as store:
+        assert len(store.entries()) == 8 and store.verify()["corrupt"] == []
+        assert store.gc(budget_bytes=1 << 20)["freed_bytes"] > 4 << 20

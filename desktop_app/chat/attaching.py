@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from store import Document, Store
+from store import Document, NotFoundError, Store
 
 from ..errors import Cancelled
 from ..kv import speeds as speeds_mod
@@ -232,10 +232,13 @@ class Attacher:
                 reused: bool = False, pulled: bool = False) -> AttachResult:
         sizes = self.store.entry_level_bytes([entry_id]).get(entry_id, {})
         layout = self.contexts.get(ATTACH).layout
+        try:
+            calibration = self.store.entry(entry_id).calibration
+        except NotFoundError:  # not kept: larger than the whole storage budget (said)
+            calibration = None
         return AttachResult(
             doc_id=doc.id, title=doc.title, tokens=prefix.doc_tokens,
             kept_tokens=prefix.kept_tokens, prefill_s=round(prefill_s, 3),
             encode_s=round(encode_s, 3), raw_bytes=layout.raw_bytes(len(prefix.tokens)),
             stored_bytes={lvl: sizes.get(lvl, 0) for lvl in levels}, reused=reused,
-            warnings=warnings, pulled=pulled,
-            calibration=self.store.entry(entry_id).calibration)
+            warnings=warnings, pulled=pulled, calibration=calibration)

@@ -9,9 +9,10 @@ It measures nothing itself and never reads chunks.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
-from store import Store
+from store import ReadOnlyError, Store
 
 SETTING = "engine.speeds"
 
@@ -65,4 +66,7 @@ def load(store: Store) -> Speeds:
 
 
 def save(store: Store, speeds: Speeds) -> None:
-    store.set_setting(SETTING, speeds.as_dict())
+    """Keep the measured speeds for the next process; on a full disk (or a read-only data
+    directory) they are kept in this one only: a measurement never stops an answer."""
+    with contextlib.suppress(ReadOnlyError):  # (DiskFullError among them)
+        store.set_setting(SETTING, speeds.as_dict())
