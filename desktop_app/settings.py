@@ -136,21 +136,24 @@ class Settings(UserValues):
     @classmethod
     def _bucket(cls, value: str | None) -> str | None:
         if value is not None and not _BUCKET.match(value):
-            raise ValueError(f"{value!r} is not a bucket name (3-63 lower-case letters, "
-                             "digits, dots and hyphens)")
+            raise ValueError("not a bucket name (3-63 lower-case letters, digits, dots and "
+                             "hyphens)")
         return value
 
     @pydantic.field_validator("remote_endpoint_url")
     @classmethod
     def _endpoint(cls, value: str | None) -> str | None:
         if value:
-            url = urlsplit(value)
+            try:
+                url = urlsplit(value)
+            except ValueError:  # (malformed: it may still hold a secret, so not echoed)
+                raise secret_error("the shared cache's endpoint URL is not a URL") from None
             if url.username or url.password or url.query:
                 raise secret_error("the shared cache's endpoint URL must not carry credentials; "
                                    "boto3 reads them from the AWS environment variables or "
                                    "~/.aws")
             if url.scheme not in ("http", "https") or not url.hostname:
-                raise ValueError(f"{value!r} is not an http(s) URL")
+                raise ValueError("not an http(s) URL")
         return value
 
     @pydantic.field_validator("remote_prefix")
@@ -158,8 +161,8 @@ class Settings(UserValues):
     def _prefix(cls, value: str) -> str:
         parts = value.strip("/").split("/")
         if not all(_PREFIX_PART.match(p) and p not in (".", "..") for p in parts):
-            raise ValueError(f"{value!r} is not a usable prefix (letters, digits, '.', '_', "
-                             "'-', separated by '/')")
+            raise ValueError("not a usable prefix (letters, digits, '.', '_', '-', separated "
+                             "by '/')")
         return value
 
     @pydantic.field_validator("cors_origins")

@@ -14,6 +14,7 @@ from desktop_app.kv.levels import DEFAULT_LEVELS, EXACT
 from desktop_app.model.runtime import Runtime
 from desktop_app.options import GenerationOptions, RestoreOptions
 from desktop_app.results import size_text
+from desktop_app.validation import InvalidValue
 from store import DiskFullError, Store
 
 EVERY_LEVEL = (*DEFAULT_LEVELS, EXACT)
@@ -320,7 +321,7 @@ def test_bad_input(engine, tmp_path):
         engine.attach(tmp_path / "empty.txt")
     with pytest.raises(EngineError, match="no chat"):
         ask(engine, "hi", chat=9999)
-    with pytest.raises(EngineError, match="empty"):
+    with pytest.raises(InvalidValue, match="question: it is empty"):
         ask(engine, "   ")
     with pytest.raises(EngineError, match="unknown level"):
         engine.attach(tmp_path / "empty.txt", levels=["nope"])

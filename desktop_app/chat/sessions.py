@@ -46,6 +46,7 @@ from ..model.runtime import Runtime
 from ..model.sampling import Sampling, resolve
 from ..options import AUTO, GenerationOptions, RestoreOptions
 from ..results import COMPILING, AskResult, Progress, RestoreReport
+from ..validation import InvalidValue
 from .answers import stream_answer
 from .fairlock import FairLock
 from .library import Library
@@ -348,7 +349,7 @@ class ChatSession:
         t0 = time.perf_counter()  # the time to first token counts from here
         question = question.strip()
         if not question:
-            raise EngineError("the question is empty")
+            raise InvalidValue("question", "it is empty")
         if restore.level != AUTO and not restore.no_cache:
             check_levels([restore.level], restoring=True)  # before any work
         if chat_id is None:  # a new chat: stored with its first answer, or not at all

@@ -306,7 +306,7 @@ def docs(app: App, as_json: bool):
         + (" (its attach did not finish: attach the file again, or kvdesk gc removes it)"
            if d.status == "unfinished" else "")
         + (" (its file has changed since it was attached)"
-           if d.file_changed else "") for d in rows])
+           if d.file_changed else "") for d in rows] or ["no documents yet: kvdesk attach FILE"])
 
 
 @cli.command()
@@ -316,7 +316,8 @@ def chats(app: App, as_json: bool):
     """List chats, most recent first."""
     rows = app.engine.chats()
     emit([c.as_dict() for c in rows], as_json, [
-        f"[{c.chat_id}] {c.title} — {c.messages} messages" for c in rows])
+        f"[{c.chat_id}] {c.title} — {c.messages} messages" for c in rows]
+        or ["no chats yet: kvdesk ask --doc ID QUESTION"])
 
 
 @cli.command()

@@ -12,6 +12,7 @@ import click
 
 from ..app import App
 from ..options import GcOptions
+from ..results import size_text
 from .base import TerminalProgress, cli, emit, interruptible, json_option, level_list, values
 
 
@@ -113,10 +114,10 @@ def gc(app: App, budget_gb: float | None, as_json: bool):
     """Evict least-recently-used caches beyond the storage budget."""
     budget = values(GcOptions, budget_gb=budget_gb).budget_gb
     report = app.store.gc(None if budget is None else int(budget * 1e9))
-    gb = f"{report['budget_bytes'] / 1e9:,.3f}".rstrip("0").rstrip(".")  # 0.01, 10, 1,500
     removed = report["abandoned_documents"]
-    emit(report, as_json, [f"freed {report['freed_bytes'] / 1e6:.1f} MB; "
-                           f"{report['bytes_after'] / 1e6:.1f} MB of {gb} GB used", *(
+    emit(report, as_json, [f"freed {size_text(report['freed_bytes'])}; "
+                           f"{size_text(report['bytes_after'])} of "
+                           f"{size_text(report['budget_bytes'])} used", *(
         [f"removed {len(removed)} document(s) whose attach did not finish and stored "
          f"nothing: {', '.join(map(str, removed))} (attach the file again to have it)"]
         if removed else [])])
