@@ -436,6 +436,12 @@ def test_storing_a_cache_that_evicts_others_says_which(new_engine, tmp_path):
                "and nothing else was evicted for it" in m for m in res.messages), res.messages
     assert not any("storing this evicted" in m for m in res.messages)
     assert {e.id for e in eng.store.entries()} == before
+    # an attach too (it failed with "no KV entry N")
+    third = tmp_path / "third.txt"
+    third.write_text(DOC.replace("lamp", "beacon"))
+    big = eng.attach(third)  # (at every level: larger than the budget)
+    assert any("larger than the whole storage budget" in w for w in big.warnings)
+    assert sum(big.stored_bytes.values()) == 0 and {e.id for e in eng.store.entries()} == before
     # the local API's prompt cache too: not stored, said, nothing evicted
     eng.completions.min_cache_tokens = 0  # (this prompt is short)
     done = eng.complete([{"role": "user", "content": DOC + QUESTION}],
