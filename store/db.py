@@ -79,7 +79,7 @@ def disk_full(path: Path) -> DiskFullError:
     return DiskFullError(
         f"the disk holding the data directory {path.parent} is full "
         f"({'its free space unknown' if free is None else f'{free / 1e6:,.1f} MB free'}): "
-        "kvdesk could not write there, and nothing was half-written. Free space on that disk, "
+        "kvdesk could not write there (that write was undone). Free space on that disk, "
         "or make room in kvdesk: `kvdesk gc --budget-gb N` drops least recently used caches "
         "down to N GB (documents and chats are kept), `kvdesk rm` deletes a document or chat")
 
