@@ -69,21 +69,18 @@ def changed_since(source: str | None, content_hash: str, attached: float) -> boo
     """Whether the file a document was attached from now holds another text. Read again only
     when it was modified after the attach; a file gone or no longer readable as a document is
     not "changed" (the attached text stands)."""
-    try:
-        modified = Path(source).stat().st_mtime if source else 0.0
-    except OSError:
-        return False
-    found = file_hash(source) if modified > attached else None
+    found = file_hash(source, modified_after=attached)
     return found is not None and found != content_hash
 
 
-def file_hash(source: str | None) -> str | None:
-    """The content hash of the text a file holds now (None: gone, or not a document)."""
+def file_hash(source: str | None, *, modified_after: float | None = None) -> str | None:
+    """The content hash of the text a file holds now (None: gone, not a document, or not
+    modified after `modified_after`)."""
     try:
         st = Path(source).stat() if source else None
     except OSError:
         return None
-    if st is None:
+    if st is None or (modified_after is not None and st.st_mtime <= modified_after):
         return None
     key = (source, st.st_mtime_ns, st.st_size)
     if key not in _HASHES:
