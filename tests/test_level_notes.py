@@ -16,6 +16,10 @@ def test_a_read_notes_the_chunks_not_stored_and_those_that_failed_apart():
         LevelNote("not stored", 1, 5, "high", ("balanced", "compact")),
         LevelNote("failed", 2, 5, "high", ("balanced", "compact"))]
     assert level_notes("high", ["high", "high"], not_stored=0) == []
+    # Chunks of an entry kept at one level by design (a passage's) are no news.
+    assert level_notes("high", read, not_stored=1, kept=2) == [
+        LevelNote("not stored", 1, 5, "high", ("balanced", "compact"))]
+    assert level_notes("high", ["balanced", "balanced"], not_stored=0, kept=2) == []
 
 
 def test_the_sentences_are_made_when_shown():

@@ -402,6 +402,32 @@ def test_one_passage_computed_for_a_request_is_not_counted_as_cached(make_engine
     assert computed.recomputed_tokens >= len(passage_prefix(eng.runtime, PASSAGES[4]).tokens)
 
 
+def test_a_chat_over_one_passage_is_read_at_the_passage_level_without_a_note(make_engine):
+    """The window's slider names documents' and chats' levels: a passage, kept at the one
+    `passage_level`, is read at it with no note, whether the chat's prefix is the passage's
+    own entry or the chat's exact entry that extends it."""
+    eng = make_engine()
+    eng.session.longdocs.top_k = 1
+    high = RestoreOptions(level="high")
+    q = "Which island shop sells maps?"
+    eng.ask(q, doc_ids=[eng.doc], generation=GREEDY)  # the passage's KV
+    eng.runtime.reset()
+    asked = eng.ask(q, doc_ids=[eng.doc], generation=GREEDY, restore=high)
+    assert asked.recomputed_tokens == 0 and set(asked.chunk_levels) == {"balanced"}
+    assert not any("not stored at" in m for m in asked.messages), asked.messages
+    follow = eng.ask("And when does it close on Sundays?", chat_id=asked.chat_id,
+                     generation=GREEDY, restore=high)
+    assert eng.exactness.idle.wait(300)
+    (entry,) = [e for e in eng.store.entries() if e.chat_id == follow.chat_id]
+    while entry.parent_id is not None:  # (its first turn's may be the first chat's)
+        entry = eng.store.entry(entry.parent_id)
+    assert entry.passage  # the chat's turns extend the passage's entry
+    eng.runtime.reset()
+    report = eng.reopen(follow.chat_id, restore=high)
+    assert {"balanced", "high"} <= set(report.chunk_levels), report.chunk_levels
+    assert not any("not stored at" in m for m in report.messages), report.messages
+
+
 def test_ask_json_names_the_sources_of_an_answer_over_a_long_document(tmp_path, monkeypatch,
                                                                        model_path):
     import json

@@ -56,10 +56,10 @@ from ..model import inplace, rope
 from ..model.kvstate import KVState, SeqState, in_position_order
 from ..model.prompts import Layout
 from ..model.runtime import Runtime
-from ..options import AUTO, RestoreOptions
+from ..options import RestoreOptions
 from ..results import Progress, RestoreReport
 from . import streaming
-from .levels import EXACT, Message, merged_level_notes, said
+from .levels import Message, merged_level_notes, said
 from .sources import ChunkSource, SpanSource
 from .speeds import Speeds
 
@@ -199,7 +199,6 @@ class Blender:
         tokens `after` it up to the end of the last run that repeats the layout (none when
         no run does: `Blend.assembled` says how far)."""
         t0 = time.perf_counter()
-        options = _at_passage_level(options, later)
         prefix = list(layout.tokens)
         copies = repeats(prefix, after) if self.repeat else []
         if copies:
@@ -425,18 +424,3 @@ def _find(seq: Sequence[int], sub: list[int], start: int) -> int | None:
         if seq[i] == first and list(seq[i:i + len(sub)]) == sub:
             return i
     return None
-
-
-def _at_passage_level(options: RestoreOptions, later: Sequence[Entry | None]) -> RestoreOptions:
-    """Passages are kept at one level (the setting `passage_level`): a blend of them is read
-    at it whatever level is asked (the window's slider names documents' and chats' levels),
-    where a note on every answer would say only what the setting does; the report's chunk
-    levels say what was read. Exact never blends, and "auto" picks among what is stored."""
-    kept = {e.levels for e in later if e is not None}
-    if options.level in (AUTO, EXACT) or not later or len(kept) != 1 or \
-            any(e is None or not e.passage for e in later):
-        return options
-    (levels,) = kept
-    if len(levels) != 1 or options.level in levels:
-        return options
-    return options.model_copy(update={"level": levels[0]})

@@ -74,14 +74,17 @@ class LevelNote:
 Message = str | LevelNote
 
 
-def level_notes(asked: str, read: Sequence[str], not_stored: int) -> list[LevelNote]:
+def level_notes(asked: str, read: Sequence[str], not_stored: int, kept: int = 0
+                ) -> list[LevelNote]:
     """What a restore at the level `asked` says of the chunks it read at another (the levels
-    it read, `read`): `not_stored` of them because none is stored at it, the rest after the
-    one stored failed its check."""
+    it read, `read`): `not_stored` of them because none is stored at it, `kept` because
+    their entry is kept at one level by design (a passage's: nothing to say), the rest after
+    the one stored failed its check."""
     others = [lvl for lvl in read if lvl != asked]
-    missing = min(len(others), not_stored)
+    missing = min(len(others) - kept, not_stored)
     return [LevelNote(kind, k, len(read), asked, tuple(sorted(set(others))))
-            for kind, k in (("not stored", missing), ("failed", len(others) - missing)) if k]
+            for kind, k in (("not stored", missing), ("failed", len(others) - kept - missing))
+            if k > 0]
 
 
 def merged_level_notes(messages: Sequence[Message], chunks: int) -> list[Message]:

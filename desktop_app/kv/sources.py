@@ -33,6 +33,9 @@ class ChunkSource(Protocol):
     # {entry end: its window's parts} for the entries the chunks cover whole that have one
     # (a sliding-window model's: streaming resumes only at such an end).
     windows: dict[int, Sequence[Span]]
+    # The entries among the chunks' that are kept at one level by design (a passage's, at
+    # the setting `passage_level`): a level asked for that they lack is no news to say.
+    one_level: frozenset[int]
 
     def sizes(self, span: Span) -> dict[str, int]:
         """{level: bytes} of the levels this chunk can be read at."""
@@ -65,8 +68,10 @@ class LocalSource:
         self.spans = tuple(spans)
         self._store = store
         self._sizes: dict[tuple[int, int], dict[str, int]] = {}
-        for (entry, chunk, level), n in store.chunk_sizes({s.entry_id for s in self.spans}).items():
+        ids = {s.entry_id for s in self.spans}
+        for (entry, chunk, level), n in store.chunk_sizes(ids).items():
             self._sizes.setdefault((entry, chunk), {})[level] = n
+        self.one_level = frozenset(i for i in ids if store.entry(i).passage)
 
     def sizes(self, span: Span) -> dict[str, int]:
         return self._sizes.get((span.entry_id, span.chunk_index), {})
@@ -86,6 +91,8 @@ class RemoteSource:
         self.n_tokens = copy.manifest.token_end
         self.beyond = ()
         self.windows = {self.n_tokens: copy.windows} if copy.windows else {}
+        self.one_level = frozenset(
+            {s.entry_id for s in self.spans} if copy.manifest.passage else ())
 
     def sizes(self, span: Span) -> dict[str, int]:
         chunks = self.copy.manifest.chunks

@@ -167,6 +167,7 @@ class _Reading:
         self.bytes_read = 0
         self.adapted = 0
         self.not_stored = 0  # chunks read at another level as none is stored at the one asked
+        self.kept = 0  # the same, of an entry kept at one level by design (`one_level`)
         self.measured: list[float] = []
 
     def _read(self, source: ChunkSource, spans: list[Span], dest: Callable[[Span], Views], *,
@@ -202,7 +203,11 @@ class _Reading:
                                            time.perf_counter() - d0)
                 got.append(item.level)
                 level = self.options.level
-                self.not_stored += item.level != level and level not in source.sizes(item.span)
+                if item.level != level and level not in source.sizes(item.span):
+                    if item.span.entry_id in source.one_level:
+                        self.kept += 1
+                    else:
+                        self.not_stored += 1
                 if self.progress is not None:
                     done = min(spans[len(got) - 1].token_end, len(self.tokens))
                     self.progress(Progress("restore", done, len(self.tokens)))
@@ -235,7 +240,7 @@ class _Reading:
     def finish(self, source: ChunkSource) -> None:
         if self.options.level != AUTO:
             self.messages += level_notes(self.options.level, self.chunk_levels,
-                                         self.not_stored)
+                                         self.not_stored, self.kept)
         if self.measured and not self.options.bandwidth_MBps:
             self.speeds.observe_read(source.kind, self.measured[0])
 
