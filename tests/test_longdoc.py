@@ -188,15 +188,45 @@ def test_a_new_chat_over_a_short_document_holds_no_passages_of_an_earlier_one(ma
     over_passages = eng.ask("What does the museum keep?", doc_ids=[eng.doc], generation=GREEDY)
     assert over_passages.sources
     short = eng.store.add_document("s" * 64, "Note", "The bakery opens at six.", type="text")
-    mixed = eng.ask("When does the bakery open?", doc_ids=[eng.doc, short.id],
-                    generation=GREEDY)
-    assert any(m.startswith("Note not read in this chat") and "a chat of its own" in m
-               for m in mixed.messages), mixed.messages
     for doc_ids in ([short.id], []):
         other = eng.ask("When does the bakery open?", doc_ids=doc_ids, generation=GREEDY)
         assert other.sources == [] and not other.evidence
         later = eng.ask("And on Sundays?", chat_id=other.chat_id, generation=GREEDY)
         assert later.sources == []
+
+
+def test_a_short_document_beside_a_long_one_is_read_whole_before_its_passages(make_engine):
+    """A book and a page of notes in one chat: the notes are read whole, as a part of the
+    chat's prefix before the passages, their KV kept as a passage's (computed once, read
+    back); a follow-up, a reopen in another process and the local API lay out the same."""
+    eng = make_engine()
+    note = "Note: the bakery on Quay Street opens at six and sells saffron buns."
+    short = eng.store.add_document("s" * 64, "Notes", note, type="text")
+    whole = f"Document: Notes\n\n{note}"
+    first = eng.ask("What does the museum keep?", doc_ids=[eng.doc, short.id],
+                    generation=GREEDY)
+    assert not any("not read" in m for m in first.messages), first.messages
+    assert first.sources and {s["document_id"] for s in first.sources} == {eng.doc}
+    rt = eng.runtime
+    _, tokens, _ = eng.session.conversation(rt, first.chat_id)
+    layout = passage_layout(rt, [whole, *(s["text"] for s in first.sources)])
+    assert tuple(tokens[:len(layout.tokens)]) == layout.tokens  # the notes first
+    assert eng.session.longdocs.kv.entry(rt, whole) is not None  # its KV, kept
+    eng.runtime.reset()
+    again = eng.ask("What does the museum keep?", doc_ids=[eng.doc, short.id],
+                    generation=GREEDY)
+    assert not any("with no stored KV" in m for m in again.messages), again.messages
+    assert again.recomputed_tokens < len(passage_prefix(rt, PASSAGES[1]).tokens)
+    follow = eng.ask("And when does the bakery open?", chat_id=again.chat_id,
+                     generation=GREEDY)
+    _, tokens, _ = eng.session.conversation(rt, follow.chat_id)
+    other = make_engine(store=eng.store)  # another process reopens it the same way
+    assert other.session.conversation(other.runtime, follow.chat_id)[1] == tokens
+    assert other.reopen(follow.chat_id).tokens == len(tokens)
+    api = eng.complete([{"role": "user", "content": "What does the museum keep?"}],
+                       documents=[eng.doc, short.id], generation=GREEDY)
+    assert api.sources and not any("not read" in m for m in api.messages)
+    assert api.cached_tokens >= len(passage_prefix(rt, whole).tokens) - 1
 
 
 def test_a_chat_whose_document_is_deleted_says_so_and_reads_none_of_its_passages(

@@ -31,7 +31,7 @@ from store import DiskFullError
 
 from ..errors import ContextFullError, EngineError, MissingError
 from ..kv.streaming import adaptation_note
-from ..model.prompts import Turn, answer_text, closing, passage_layout, raw_prompt, with_evidence
+from ..model.prompts import Turn, answer_text, closing, raw_prompt, with_evidence
 from ..options import GenerationOptions, RestoreOptions
 from ..results import Completion, RestoreReport, Source
 from ..validation import InvalidValue
@@ -70,7 +70,8 @@ class Completions:
         """The request's messages after its documents' prefix, rendered and tokenized; the
         passages that prefix is made of when a document is too long for the context (for
         the messages, the last ones the query: `longdoc`); what the last user message's turn
-        quotes of them (`longdoc.evidence`); notes."""
+        quotes of them (`longdoc.evidence`); notes. The passages, and the documents read whole
+        beside them, are offered to the restore that follows (`longdoc.offer`)."""
         for m in messages:
             if m.get("role") not in ROLES or not isinstance(m.get("content"), str):
                 raise EngineError("each message needs a role (system, user or assistant) and "
@@ -82,7 +83,7 @@ class Completions:
             raise InvalidValue("messages", "the conversation needs a user (or system) message")
         s = self.session
         rt = s.runtime
-        head, head_tokens, sources, quoted, notes = [], [], [], [], []
+        head, head_tokens, sources, wholes, quoted, notes = [], [], [], [], [], []
         try:  # (a document named twice is read once)
             docs = [s.library.document(d) for d in dict.fromkeys(documents)]
         except MissingError as e:
@@ -96,7 +97,8 @@ class Completions:
                 rt, docs, texts[ask], texts[:ask] + texts[ask + 1:],
                 len(rt.tokenize("\n".join(texts))) + 8 * len(texts),  # (their template's)
                 kept=s.longdocs.asked_before(docs, asked))  # as a chat keeps its turns'
-            layout = passage_layout(rt, [x.text for x in sources])
+            wholes = s.longdocs.wholes(rt, docs)
+            layout = s.longdocs.laid_out(rt, wholes, sources)
             head, head_tokens = list(layout.messages), list(layout.tokens)
             if messages[ask]["role"] == "user":  # its evidence, as a chat's question has
                 quoted = s.longdocs.evidence(sources, messages[ask]["content"])
@@ -112,6 +114,7 @@ class Completions:
                               "needs an append-only template")
         rest = text[len(before):]
         tokens = head_tokens + rt.tokenize(rest, add_bos=rt.adds_bos and not head)
+        s.longdocs.offer(sources, wholes)
         return Turn(msgs, text, tokens, prefill), sources, quoted, notes
 
     def complete(
@@ -143,11 +146,11 @@ class Completions:
                 turn = Turn((), messages.prompt,
                             raw_prompt(rt, messages.prompt, messages.suffix))
                 sources, quoted, picked = [], [], []
+                s.longdocs.offer((), ())
             else:
                 turn, sources, quoted, picked = self.prompt(messages, documents)
             if not turn.tokens:
                 raise InvalidValue("prompt", "it is empty")
-            s.longdocs.offer(sources)
             prompt = turn.tokens
             if len(prompt) + 1 >= rt.n_ctx:
                 raise ContextFullError(f"the prompt has {len(prompt):,} tokens; the context "

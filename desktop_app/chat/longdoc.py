@@ -4,8 +4,9 @@ A document split into passages (`desktop_app.passages`) is never read whole. Eac
 retrieves the passages most likely to hold its answer — the query is the question and the
 chat's recent turns; at most `top_k`, and only the head of a fused ranking
 (`retrieve.focused`, `retrieve.most_named`: for a question naming something rare, the
-passages holding the most of its rare words) — and the chat's context becomes: the
-passages, in document order, then the chat's turns, then the question
+passages holding the most of its rare words) — and the chat's context becomes: its documents
+that fit the context, each read whole (`wholes`), then the passages, in document order, then
+the chat's turns, then the question
 (`prompts.passage_layout`); the question's turn quotes the sentences of those passages that
 name what it asks about (`evidence`: `passages.evidence`), the stored message staying the
 question as asked. Each passage comes back from its own KV (`kv.passagekv`:
@@ -61,6 +62,7 @@ class LongDocs:
         self.quote = quote  # False: the question's turn without its evidence (the same)
         self._chosen: dict[int, list[Source]] = {}  # chat id -> the passages of its latest turn
         self._offered: list[Source] = []  # a client's conversation's (`offer`)
+        self._offered_wholes: list[tuple[int, str]] = []  # and its documents read whole
         self._lock = threading.Lock()
 
     def applies(self, docs: Sequence[Document]) -> bool:
@@ -83,7 +85,7 @@ class LongDocs:
         chat does (`offer`), until `adopt` gives them its id."""
         if not self.applies(docs):
             if chat_id is None:  # a new chat's context holds no passages of an earlier one
-                self.offer(())
+                self.offer((), ())
             return []
         history = self.library.history(chat_id) if chat_id is not None else []
         # (Retrieval keeps the last turns of these: follow-ups say "it".)
@@ -92,7 +94,7 @@ class LongDocs:
                                   turns + len(rt.tokenize(question)) + 16,  # its template's
                                   self.sources(chat_id) if chat_id is not None else ())
         if chat_id is None:
-            self.offer(chosen)
+            self.offer(chosen, self.wholes(rt, docs))
         else:
             with self._lock:
                 self._chosen[chat_id] = chosen
@@ -129,14 +131,18 @@ class LongDocs:
         (passages in document order, notes)."""
         split = self._split(docs)
         hits = self._hits(split, question, recent)
-        chosen = self._fit(rt, hits, list(kept), self.prompter.room(rt) - used,
+        wholes = self.wholes(rt, docs)
+        overhead = len(passage_layout(rt, []).tokens)
+        read_whole = sum(len(self.kv.tokens(rt, text)) - overhead for _, text in wholes)
+        chosen = self._fit(rt, hits, list(kept), self.prompter.room(rt) - used - read_whole,
                            [d.id for d in docs])
         notes = []
-        if whole := [d.title for d in docs if d.id not in split]:
-            names = ", ".join(whole)
-            notes.append(f"{names} not read in this chat: a chat over a document longer than "
-                         "the context reads only the passages retrieved from it (ask about "
-                         f"{names} in a chat of its own)")
+        held = {d for d, _ in wholes}
+        if left := [d.title for d in docs if d.id not in split and d.id not in held]:
+            names = ", ".join(left)
+            notes.append(f"{names} not read in this chat: beside the passages of a document "
+                         "longer than the context, the documents read whole may take half of "
+                         f"it (ask about {names} in a chat of its own)")
         if hits and not chosen:
             notes.append("no retrieved passage fits what is left of the context: "
                          "start a new chat")
@@ -163,11 +169,36 @@ class LongDocs:
             d, question, recent=recent, k=self.top_k, focus=self.focus)),
             key=lambda s: -s.score)[:self.top_k]
 
-    def offer(self, sources: Sequence[Source]) -> None:
-        """The passages a conversation not kept as a chat (the local API's) is laid out with:
-        what the next restore of a prefix starting with them blends."""
+    def offer(self, sources: Sequence[Source], wholes: Sequence[tuple[int, str]]) -> None:
+        """The passages a conversation not kept as a chat (the local API's) is laid out with,
+        after its documents read whole (`wholes`): what the next restore of a prefix starting
+        with them blends."""
         with self._lock:
-            self._offered = list(sources)
+            self._offered, self._offered_wholes = list(sources), list(wholes)
+
+    def wholes(self, rt: Runtime, docs: Sequence[Document]) -> list[tuple[int, str]]:
+        """The documents of a chat over passages that are not split, each read whole before
+        the passages as a part of its own ((id, the part's text), in the chat's order), while
+        together they take at most half the room: a user who attaches a book and a page of
+        notes asks about both. A part's KV is kept as a passage's is (computed once, keyed by
+        its text)."""
+        split, room = set(self._split(docs)), self.prompter.room(rt) // 2
+        overhead = len(passage_layout(rt, []).tokens)
+        out, used = [], 0
+        for d in docs:
+            if d.id in split:
+                continue
+            text = f"Document: {d.title}\n\n{d.text}"
+            cost = len(self.kv.tokens(rt, text)) - overhead
+            if used + cost <= room:
+                out.append((d.id, text))
+                used += cost
+        return out
+
+    def laid_out(self, rt: Runtime, wholes: Sequence[tuple[int, str]],
+                 sources: Sequence[Source]) -> Layout:
+        """The prefix of a chat over passages: its documents read whole, then the passages."""
+        return passage_layout(rt, [*(text for _, text in wholes), *(s.text for s in sources)])
 
     def _fit(self, rt: Runtime, hits: list[Source], kept: list[Source], budget: int,
              doc_order: list[int]) -> list[Source]:
@@ -230,7 +261,7 @@ class LongDocs:
             docs = self.library.chat_documents(chat_id) if chat_id is not None else ()
         if not self.applies(docs):
             return None
-        return passage_layout(rt, [s.text for s in self.sources(chat_id)])
+        return self.laid_out(rt, self.wholes(rt, docs), self.sources(chat_id))
 
     def blendable(self, rt: Runtime, chat_id: int | None, tokens: Sequence[int],
                   cancel: threading.Event | None) -> Parts | None:
@@ -241,20 +272,21 @@ class LongDocs:
         Parts carry only what making it ready found (`notes`)."""
         if chat_id is None:
             with self._lock:
-                sources = list(self._offered)
-            if not sources:
+                sources, wholes = list(self._offered), list(self._offered_wholes)
+            if not sources and not wholes:
                 return None
-        elif self.applies(self.library.chat_documents(chat_id)):
-            sources = self.sources(chat_id)
+        elif self.applies(docs := self.library.chat_documents(chat_id)):
+            sources, wholes = self.sources(chat_id), self.wholes(rt, docs)
         else:
             return None
-        layout = passage_layout(rt, [s.text for s in sources])
+        layout = self.laid_out(rt, wholes, sources)
         if tuple(tokens[:len(layout.tokens)]) != layout.tokens:
             return None
         stored = self.store.longest_prefix(rt.fingerprint, tokens, touch=False, tail_minimum=1)
         if stored.n_tokens + stored.tail_match >= len(layout.tokens):
             return None
-        ready = self.kv.ensure(rt, [(s.document_id, s.text) for s in sources], cancel=cancel)
+        ready = self.kv.ensure(rt, [*wholes, *((s.document_id, s.text) for s in sources)],
+                               cancel=cancel)
         notes = list(ready.notes)
         if ready.computed:
             notes.append(f"{ready.computed} passage(s) with no stored KV (never retrieved, or "
