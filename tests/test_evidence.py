@@ -7,7 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from desktop_app.model.prompts import with_evidence
-from desktop_app.passages.evidence import LONGEST, naming, sentences
+from desktop_app.passages.evidence import LONGEST, beside, naming, sentences
 
 
 def counted(counts: dict[str, int]):
@@ -40,6 +40,20 @@ def test_a_word_is_matched_as_a_stem_and_each_sentence_once_as_written():
     code = "Martenmar\n" + "".join(f"        word{i:03d}\n" for i in range(60)) + "."
     (cut,) = naming(counted({"martenmar": 1}), 1, "Martenmar?", [code])
     assert code.startswith(cut) and len(" ".join(cut.split())) == LONGEST
+
+
+def test_a_document_read_whole_is_quoted_where_it_holds_what_the_books_hardly_do():
+    """Beside a manual's passages, a page of notes is quoted for the question's words the
+    manual hardly holds: "phone" (in none of its passages), not "call" (in forty)."""
+    notes = ("Document: notes.txt\n\nThe review is on March 14. The on-call phone is the "
+             "grey Nokia in the top drawer. Call Dana first.")
+    manual = counted({"call": 40, "phone": 0, "where": 0})
+    assert beside(manual, [1], "Where is the on-call phone?", notes) == [
+        "The on-call phone is the grey Nokia in the top drawer."]
+    # A question about the manual quotes nothing of the notes.
+    assert beside(counted({"call": 40, "method": 90}), [1], "Call which method?", notes) == []
+    # Counted over every book of the chat: rare in each, common in all, is not rare.
+    assert beside(counted({"call": 2, "phone": 2}), [1, 2], "Call the phone?", notes) == []
 
 
 def test_a_title_or_an_initial_ends_no_sentence():

@@ -219,6 +219,8 @@ def test_a_short_document_beside_a_long_one_is_read_whole_before_its_passages(ma
     assert again.recomputed_tokens < len(passage_prefix(rt, PASSAGES[1]).tokens)
     follow = eng.ask("And when does the bakery open?", chat_id=again.chat_id,
                      generation=GREEDY)
+    # What the question asks of the notes, not of the guide, is quoted from them.
+    assert follow.evidence == [note], follow.evidence
     _, tokens, _ = eng.session.conversation(rt, follow.chat_id)
     other = make_engine(store=eng.store)  # another process reopens it the same way
     assert other.session.conversation(other.runtime, follow.chat_id)[1] == tokens

@@ -100,23 +100,32 @@ class LongDocs:
                 self._chosen[chat_id] = chosen
         return notes
 
-    def evidence(self, sources: Sequence[Source], question: str) -> list[str]:
-        """The lines `question`'s turn quotes over `sources` (the passages its context holds, in
-        document order): the sentences of each document's that name what it asks about, at
-        most `evidence.MOST`; none when quoting is off or nothing rare is named."""
-        if not self.quote or not sources:
+    def evidence(self, docs: Sequence[Document], wholes: Sequence[tuple[int, str]],
+                 sources: Sequence[Source], question: str) -> list[str]:
+        """The lines `question`'s turn quotes in a chat over `docs` whose context holds the
+        documents read whole `wholes`, then the passages `sources` (in document order): the
+        sentences of each that name what it asks about (`evidence.beside`, `evidence.naming`),
+        at most `evidence.MOST`; none when quoting is off or nothing rare is named."""
+        if not self.quote:
             return []
+        books = self._split(docs)
         by_doc: dict[int, list[str]] = {}
         for s in sources:
             by_doc.setdefault(s.document_id, []).append(s.text)
-        found = [line for doc_id, texts in by_doc.items()
-                 for line in evidence.naming(self.store, doc_id, question, texts)]
+        found = [*(line for _, text in wholes
+                   for line in evidence.beside(self.store, books, question, text)),
+                 *(line for doc_id, texts in by_doc.items()
+                   for line in evidence.naming(self.store, doc_id, question, texts))]
         return found[:evidence.MOST]
 
-    def quoted(self, chat_id: int | None, docs: Sequence[Document], question: str) -> list[str]:
-        """The `evidence` of `question` in chat `chat_id` over `docs`: over the passages its
-        context holds when it is a chat over passages, else none."""
-        return self.evidence(self.sources(chat_id) if self.applies(docs) else (), question)
+    def quoted(self, rt: Runtime, chat_id: int | None, docs: Sequence[Document],
+               question: str) -> list[str]:
+        """The `evidence` of `question` in chat `chat_id` over `docs`: over the documents
+        read whole and the passages its context holds when it is a chat over passages, else
+        none."""
+        if not self.applies(docs):
+            return []
+        return self.evidence(docs, self.wholes(rt, docs), self.sources(chat_id), question)
 
     def adopt(self, chat_id: int) -> None:
         """A new chat was stored as `chat_id`: the passages its first question was given are

@@ -69,6 +69,29 @@ def naming(store: Store, doc_id: int, question: str, texts: Sequence[str],
     counts = {w: c for w, c in store.passage_frequencies(doc_id, question,
                                                          RARE_PASSAGES + 1).items()
               if 0 < c <= RARE_PASSAGES}
+    return _quoting(counts, question, texts, most)
+
+
+def beside(store: Store, books: Sequence[int], question: str, text: str,
+           most: int = MOST) -> list[str]:
+    """The sentences of `text` (a document read whole beside the passages of the documents
+    `books`) holding the question's words that it holds and those documents hardly do (in
+    at most RARE_PASSAGES of their passages, or none): what the question asks of it rather
+    than of them ("Where is the on-call phone?" of a page of notes beside a manual), at most
+    `most`, as `naming` quotes them."""
+    counts: dict[str, int] = {}
+    for book in books:
+        for w, c in store.passage_frequencies(book, question, RARE_PASSAGES + 1).items():
+            counts[w] = counts.get(w, 0) + c
+    held = {w: c for w, c in counts.items() if c <= RARE_PASSAGES
+            and re.search(r"\b" + re.escape(_stem(w)), text, re.IGNORECASE)}
+    return _quoting(held, question, [text], most)
+
+
+def _quoting(counts: dict[str, int], question: str, texts: Sequence[str], most: int
+             ) -> list[str]:
+    """The sentences of `texts` holding the words of `counts` ({word: passages holding it})
+    that fewest passages hold, of the names the question writes when it writes any."""
     # A name the question writes (capitalised past its first word, or an identifier) says
     # what it is about; a common word that happens to be rare in this document does not
     # ("kept" in "How many boxes are kept at the Vokunevok depot?").
