@@ -403,9 +403,7 @@ class Store(LibraryStore, PassageStore, PassageKVStore):
     def drop_level(self, entry_id: int, level: str) -> list[int]:
         """Remove an entry's chunks at a level that cannot be repaired (an entry left with no
         level goes, with the entries extending it); returns the ids of the entries deleted."""
-        deleted = integrity.drop_level(self._db, entry_id, level)
-        self._db.reclaim()
-        return deleted
+        return self._db.freeing(lambda: integrity.drop_level(self._db, entry_id, level))
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -428,9 +426,10 @@ class Store(LibraryStore, PassageStore, PassageKVStore):
         place) stays: this write added nothing."""
         if entry.id != written or self.usage_bytes() <= self.budget_bytes:
             return []
-        with self._db.write() as db:
-            db.execute("DELETE FROM kv_entries WHERE id = ?", (written,))
-        self._db.reclaim()
+        def work() -> None:
+            with self._db.write() as db:
+                db.execute("DELETE FROM kv_entries WHERE id = ?", (written,))
+        self._db.freeing(work)
         raise BudgetFullError(f"{self.usage_bytes() + entry.nbytes:,} bytes would not fit the "
                               f"storage budget of {self.budget_bytes:,}")
 

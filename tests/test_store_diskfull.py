@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import test_store_helpers
-from test_store_helpers import ORPHAN_QUERIES, open_store, put_entry
+from test_store_helpers import LEVELS, ORPHAN_QUERIES, open_store, put_entry
 
 from desktop_app.errors import is_storage_fault, is_user_error
 from store import DiskFullError
@@ -113,6 +113,9 @@ def test_on_a_disk_filled_to_the_last_byte_reading_and_freeing_work(small_disk, 
     assert shutil.disk_usage(small_disk).free < 1 << 20
     with open_store(data) as store:  # opening and reading need no room
         assert len(store.entries()) == n and store.documents() == []
+        last = store.entries()[-1]  # a level dropped (`verify --repair`) frees room too
+        assert store.drop_level(last.id, LEVELS[0]) == []
+        assert LEVELS[0] not in store.entry(last.id).levels
         report = store.gc(budget_bytes=5 << 20)
         assert report["freed_bytes"] > 20 << 20
         assert store.verify()["corrupt"] == []
