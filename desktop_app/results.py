@@ -233,6 +233,7 @@ class DocumentInfo(Record):
     passages: int = 0  # longer than the context: kept as this many passages (else 0)
     passages_cached: int = 0  # how many of them have their KV stored under the current model
     file_changed: bool = False  # its file holds another text now (answers use this one)
+    newer: int | None = None  # then the document attached with the file's new text, if any
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ def test_a_changed_file_is_said_in_the_listing_a_question_and_the_next_attach(tm
         path.write_text("The gate code is 9020.\n")
         os.utime(path, (later + 1, later + 1))
         (listed,) = library.documents("model-a")
-        assert listed.file_changed
+        assert listed.file_changed and listed.newer is None
         (note,) = library.changed_files([old.id])
         assert f"document {old.id} ({path}) changed after it was attached" in note
         new = attached(store, path)
@@ -38,6 +38,8 @@ def test_a_changed_file_is_said_in_the_listing_a_question_and_the_next_attach(tm
             f"document {old.id} is an earlier version of this file, attached before it "
             f"changed: `kvdesk rm doc {old.id}` removes it"]
         assert library.changed_files([new.id]) == [] and library.earlier_versions(old.id) == []
+        listing = {d.doc_id: d for d in library.documents("model-a")}
+        assert listing[old.id].newer == new.id and not listing[new.id].file_changed
         (note,) = library.changed_files([old.id, 99])  # (99: deleted meanwhile, not said)
         assert note.endswith(f"answers use the text attached then; document {new.id} holds "
                              "its new text")

@@ -260,7 +260,9 @@ class DocumentList(QWidget):
                 [doc.title, f"{doc.type}, {tokens}"]
                 + [f"{level}: {size_text(n)}" for level, n in doc.cache_bytes.items()]
                 + (["Its file has changed since it was attached: questions use the text "
-                    "attached then. Attach the file again to use the new text."]
+                    "attached then. " + (f"Document {doc.newer} holds the new text."
+                                         if doc.newer is not None else
+                                         "Attach the file again to use the new text.")]
                    if doc.file_changed else [])))
             self.list.addItem(item)
         self.list.setCurrentRow(current)  # a refresh moves neither the selection nor the view

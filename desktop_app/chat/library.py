@@ -110,8 +110,9 @@ class Library:
         damaged = self.store.damaged(e.id for e in current.values())
         counts = self.store.document_tokens(fingerprint)
         attaching = self.store.attaching()
+        all_docs = self.store.documents()
         out = []
-        for doc in self.store.documents():
+        for doc in all_docs:
             entry = current.get(doc.id)
             status = "ready" if entry else "passages" if passages.get(doc.id) else (
                 "stale" if caches.stale(doc.id) else "none")
@@ -122,13 +123,14 @@ class Library:
             tokens, kept = counts.get(doc.id, (doc.n_tokens or 0, 0))
             if doc.id not in counts and entry:
                 kept = min(tokens, entry.token_end)
+            changed = changed_since(doc.source_path, doc.content_hash, doc.created)
             out.append(DocumentInfo(
                 doc.id, doc.title, doc.type, tokens, kept if entry else 0,
                 sizes.get(entry.id, {}) if entry else _summed(
                     sizes.get(i, {}) for i in passage_kv.get(doc.id, ())), status, doc.created,
                 damaged.get(entry.id, 0) if entry else 0, passages.get(doc.id, 0),
-                len(held.get(doc.id, {})), changed_since(doc.source_path, doc.content_hash,
-                                                         doc.created)))
+                len(held.get(doc.id, {})), changed,
+                _newer(doc, all_docs) if changed else None))
         return out
 
     def changed_files(self, doc_ids: Sequence[int]) -> list[str]:
@@ -140,12 +142,12 @@ class Library:
             with contextlib.suppress(MissingError):
                 docs.append(self.document(doc_id))
         docs = [d for d in docs if changed_since(d.source_path, d.content_hash, d.created)]
-        current = {d.content_hash: d.id for d in self.store.documents()} if docs else {}
+        every = self.store.documents() if docs else []
         return [f"the file of document {d.id} ({d.source_path}) changed after it was attached: "
                 "answers use the text attached then; " + (
-                    f"document {current[new]} holds its new text" if new in current else
+                    f"document {new} holds its new text" if new is not None else
                     "attach the file again to use the new text")
-                for d in docs for new in [file_hash(d.source_path)]]
+                for d in docs for new in [_newer(d, every)]]
 
     def earlier_versions(self, doc_id: int) -> list[str]:
         """What attaching a file should say of documents attached from the same file before,
@@ -262,3 +264,9 @@ def _summed(per_entry) -> dict[str, int]:
         for level, n in sizes.items():
             out[level] = out.get(level, 0) + n
     return out
+
+
+def _newer(doc: Document, docs: Sequence[Document]) -> int | None:
+    """The document of `docs` holding the text that `doc`'s file (changed since) holds now."""
+    new = file_hash(doc.source_path)
+    return next((d.id for d in docs if d.content_hash == new and d.id != doc.id), None)

@@ -305,7 +305,8 @@ def docs(app: App, as_json: bool):
            if d.damaged_chunks else "")
         + (" (its attach did not finish: attach the file again, or kvdesk gc removes it)"
            if d.status == "unfinished" else "")
-        + (" (its file has changed since it was attached)"
+        + (" (its file has changed since it was attached" + (
+            f"; document {d.newer} holds the new text)" if d.newer is not None else ")")
            if d.file_changed else "") for d in rows] or ["no documents yet: kvdesk attach FILE"])
 
 
