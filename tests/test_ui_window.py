@@ -622,11 +622,14 @@ def test_a_signal_closes_the_window_while_a_dialog_is_open_over_it(qtbot, engine
     window.show()
     dialog = QDialog(window)
     guard = []  # (so that a regression fails instead of waiting forever)
+    timeout = QTimer(singleShot=True, interval=10_000)
+    timeout.timeout.connect(lambda: (guard.append(True), dialog.reject()))
     with _closing_on_signals(window):
         QTimer.singleShot(300, lambda: os.kill(os.getpid(), signal.SIGTERM))
-        QTimer.singleShot(10_000, lambda: (guard.append(True), dialog.reject()))
+        timeout.start()
         dialog.exec()  # (its own event loop: returns once the signal closed it)
         qtbot.waitUntil(lambda: not window.isVisible(), timeout=3000)
+    timeout.stop()  # (never to fire in a later test, at a dialog deleted by then)
     assert not guard
 
 
