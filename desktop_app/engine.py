@@ -252,10 +252,11 @@ class Engine:
     # -- the flows ---------------------------------------------------------------------------
 
     def attach(self, path: str | Path, *, levels: Sequence[str] | None = None,
-               progress: ProgressFn | None = None,
-               cancel: threading.Event | None = None) -> AttachResult:
+               progress: ProgressFn | None = None, cancel: threading.Event | None = None,
+               source: str | None = None) -> AttachResult:
         self._writable()
-        result = self.attacher.attach(path, levels=levels, progress=progress, cancel=cancel)
+        result = self.attacher.attach(path, levels=levels, progress=progress, cancel=cancel,
+                                      source=source)
         if result.passages and self._long_running:  # (a one-shot command would not finish)
             self.passage_fill.request(result.doc_id)
         return replace(result, warnings=[*result.warnings,

@@ -99,8 +99,10 @@ class EngineAPI(Protocol):
     # -- the flows -----------------------------------------------------------------------
 
     def attach(self, path: str | Path, *, levels: Sequence[str] | None = None,
-               progress: ProgressFn | None = None,
-               cancel: threading.Event | None = None) -> AttachResult: ...
+               progress: ProgressFn | None = None, cancel: threading.Event | None = None,
+               source: str | None = None) -> AttachResult:
+        """Attach the file at `path`; `source` is where the user's file lives when `path` is
+        a copy of it (an upload: "" when not known), watched for changes."""
 
     def prefill(self, doc_id: int, *, levels: Sequence[str] | None = None,
                 progress: ProgressFn | None = None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 
@@ -91,7 +92,8 @@ def test_a_command_warns_of_an_unknown_setting_on_stderr(tmp_path):
 
 @pytest.mark.model
 def test_a_stored_lossless_level_is_read_with_or_without_a_server(tmp_path):
-    """What is stored counts, not the keep_lossless setting (off here), on both paths."""
+    """What is stored counts, not the keep_lossless setting (off here), on both paths; and a
+    file attached through the server is watched for changes as one attached here is."""
     import time
 
     from desktop_app.server import discovery
@@ -112,10 +114,19 @@ def test_a_stored_lossless_level_is_read_with_or_without_a_server(tmp_path):
                 break
             time.sleep(0.1)
         served = kvdesk(*ask)
+        notes = tmp_path / "notes.md"
+        notes.write_text("The gate code is 4417.\n")
+        (uploaded,) = json.loads(kvdesk("--n-ctx", "1024", "attach", str(notes),
+                                        "--json").stdout)
     finally:
         server.terminate()
         server.wait(timeout=60)
     assert "answered by the kvdesk server" in served.stderr
+    notes.write_text("The gate code is 9020.\n")
+    later = time.time() + 5
+    os.utime(notes, (later, later))
+    listed = {d["doc_id"]: d for d in json.loads(kvdesk("docs", "--json").stdout)}
+    assert listed[uploaded["doc_id"]]["file_changed"]
     for answer in (local, json.loads(served.stdout)):
         assert set(answer["chunk_levels"]) == {"lossless"}, answer
         assert answer["recomputed_tokens"] == 0

@@ -291,3 +291,22 @@ def test_a_data_directory_that_cannot_take_the_work_is_the_servers_fault_said_pl
         status, body = error_of(error)
         assert status == 500 and body["error"]["message"] == str(error)
         assert body["error"]["code"] == "storage_unavailable"
+
+
+def test_an_uploads_own_file_is_kept_only_from_this_machine_and_when_it_holds_its_bytes(
+        tmp_path):
+    from types import SimpleNamespace
+
+    from desktop_app.server.api import uploaded_from
+
+    file = tmp_path / "notes.md"
+    file.write_bytes(b"The gate code is 4417.\n")
+    here, away = (SimpleNamespace(client=SimpleNamespace(host=h)) for h in ("::1", "10.0.0.7"))
+    data = file.read_bytes()
+    assert uploaded_from(here, str(file), data) == str(file)
+    assert uploaded_from(away, str(file), data) == ""  # another machine's path means nothing
+    assert uploaded_from(here, str(file), data + b"!") == ""  # not the file uploaded
+    for claimed in (None, "notes.md", str(tmp_path / "gone.md"), "a\0b", 7):
+        assert uploaded_from(here, claimed, data) == "", claimed
+    assert uploaded_from(SimpleNamespace(client=SimpleNamespace(host="testclient")),
+                         str(file), data) == ""

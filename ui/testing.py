@@ -207,8 +207,8 @@ class FakeEngine:
         self._enter("close")
 
     def attach(self, path: str | Path, *, levels: Sequence[str] | None = None,
-               progress: ProgressFn | None = None,
-               cancel: threading.Event | None = None) -> AttachResult:
+               progress: ProgressFn | None = None, cancel: threading.Event | None = None,
+               source: str | None = None) -> AttachResult:
         path = Path(path)
         self._enter("attach", path.name)
         if path.suffix.lower() in BINARY_SUFFIXES:

@@ -74,13 +74,16 @@ class Attacher:
         self.lock = threading.RLock()  # one job at a time in the attach context
 
     def attach(self, path: str | Path, *, levels: Sequence[str] | None = None,
-               progress: ProgressFn | None = None,
-               cancel: threading.Event | None = None) -> AttachResult:
+               progress: ProgressFn | None = None, cancel: threading.Event | None = None,
+               source: str | None = None) -> AttachResult:
         """Extract, prefill (or take from the shared cache), encode and store one document,
-        then share it if automatic pushing is on. Raises DocumentError, Cancelled."""
+        then share it if automatic pushing is on; `source`: the user's file when `path` is a
+        copy of it (an upload; "" when unknown). Raises DocumentError, Cancelled."""
         if levels is not None:
             check_levels(levels)  # a bad flag is refused before any work
         extracted = documents.extract(path)
+        if source is not None:
+            extracted = replace(extracted, source=source)
         if progress:
             progress(Progress("extract", 1, 1, extracted.title))
         return self._store(extracted, levels, progress, cancel)

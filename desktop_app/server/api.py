@@ -23,6 +23,7 @@ Routes only translate: the engine does the work, on worker threads (`bridge`).
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
 import os
 import shutil
@@ -261,11 +262,13 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
 
     @api.post("/v1/kvdesk/documents")
     async def attach(request: Request, stream: bool = False):
-        path, levels, cleanup = await _attachment(request, app.settings.server_attach_folders)
+        path, levels, cleanup, source = await _attachment(request,
+                                                          app.settings.server_attach_folders)
 
         def work(emit, cancel):
             try:
-                return engine().attach(path, levels=levels, progress=emit, cancel=cancel)
+                return engine().attach(path, levels=levels, progress=emit, cancel=cancel,
+                                       source=source)
             finally:
                 cleanup()
 
@@ -356,8 +359,8 @@ def _stream(events) -> EventSourceResponse:
 
 
 async def _attachment(request: Request, allowed: tuple[str, ...]):
-    """(file to attach, levels, cleanup) from an upload, or from a path inside an allowed
-    folder."""
+    """(file to attach, levels, cleanup, the user's file it copies) from an upload, or from
+    a path inside an allowed folder (None: that path is the user's file)."""
     if request.headers.get("content-type", "").startswith("multipart/form-data"):
         form = await request.form(max_part_size=MAX_UPLOAD)
         upload = form.get("file")
@@ -371,11 +374,12 @@ async def _attachment(request: Request, allowed: tuple[str, ...]):
 
         path = folder / upload_name(upload.filename)
         try:
-            path.write_bytes(await upload.read())
+            data = await upload.read()
+            path.write_bytes(data)
         except BaseException:
             cleanup()
             raise
-        return path, levels, cleanup
+        return path, levels, cleanup, uploaded_from(request, form.get("source_path"), data)
     try:
         data = json.loads(await request.body())
     except ValueError as e:
@@ -395,7 +399,26 @@ async def _attachment(request: Request, allowed: tuple[str, ...]):
         raise ApiError(403, "this path is outside the allowed folders: upload the file, or "
                        "add its folder to server_attach_folders in the settings",
                        "permission_error", "path_not_allowed", "path")
-    return path, body.levels, lambda: None
+    return path, body.levels, lambda: None, None
+
+
+def uploaded_from(request: Request, claimed, data: bytes) -> str:
+    """The file an upload copies, watched for changes as an attached file is (`kvdesk attach`
+    through a server sends its path): kept only from a client on this machine, and only
+    when that file holds the bytes uploaded; else "" (none known). Never said either way."""
+    try:
+        here = ipaddress.ip_address(request.client.host).is_loopback
+    except (AttributeError, ValueError):  # no client, or a test client's name
+        here = False
+    if not here or not isinstance(claimed, str) or "\0" in claimed:
+        return ""
+    source = Path(claimed)
+    try:
+        same = (source.is_absolute() and source.stat().st_size == len(data)
+                and source.read_bytes() == data)
+    except OSError:
+        return ""
+    return str(source) if same else ""
 
 
 def upload_name(filename: str | None) -> str:

@@ -70,7 +70,10 @@ class Client:
             raise DocumentError(f"{path}: {e.strerror}") from None
         with f:
             files = {"file": (path.name, f, "application/octet-stream")}
-            data = {"levels": ",".join(levels)} if levels else {}
+            # (where the file lives, so that the server watches it for changes as an attach
+            # in this process would: kept by a server on this machine only)
+            data = {"source_path": str(path.resolve()),
+                    **({"levels": ",".join(levels)} if levels else {})}
             return AttachResult(**self._result("/v1/kvdesk/documents?stream=true", progress,
                                                cancel, files=files, data=data))
 
