@@ -7,7 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from desktop_app.model.prompts import with_evidence
-from desktop_app.passages.evidence import LONGEST, beside, naming, sentences
+from desktop_app.passages.evidence import LONGEST, beside, naming, sentences, unnamed
 
 
 def counted(counts: dict[str, int]):
@@ -25,6 +25,20 @@ def test_the_sentences_naming_the_rarest_words_are_quoted_in_the_order_read():
         "The password hint for the Martenmar account is 'falcon falcon'."]
     assert naming(store, 1, q, texts, most=1) == ["Martenmar's logs are kept."]
     assert naming(counted({"the": 40, "what": 0}), 1, "What is the?", texts) == []
+
+
+def test_a_name_the_document_never_holds_quotes_nothing_and_is_named():
+    """"The Harrowgate conveyor" in a manual that only has the Tarnwick one: quoting the
+    Tarnwick sentence (its other rare word, "payload") would be answering about it."""
+    store = counted({"maximum": 9, "payload": 1, "harrowgate": 0, "conveyor": 1})
+    texts = ["The Tarnwick conveyor carries a maximum payload of 720 kilograms."]
+    q = "What is the maximum payload of the Harrowgate conveyor?"
+    assert naming(store, 1, q, texts) == []
+    assert unnamed(store, [1], q) == ["Harrowgate"]
+    assert unnamed(store, [1], q, ["Notes: the Harrowgate line is new."]) == []  # read whole
+    tarnwick = "What is the maximum payload of the Tarnwick conveyor?"
+    assert naming(counted({"payload": 1, "tarnwick": 1}), 1, tarnwick, texts) == texts
+    assert unnamed(counted({"payload": 1, "tarnwick": 1}), [1], tarnwick) == []
 
 
 def test_a_word_is_matched_as_a_stem_and_each_sentence_once_as_written():

@@ -152,6 +152,12 @@ class LongDocs:
             notes.append(f"{names} not read in this chat: beside the passages of a document "
                          "longer than the context, the documents read whole may take half of "
                          f"it (ask about {names} in a chat of its own)")
+        if missing := evidence.unnamed(self.store, split, question, [t for _, t in wholes]):
+            names = " and ".join(missing)
+            books = ", ".join(d.title for d in docs if d.id in split)
+            notes.append(f"{names} {'is' if len(missing) == 1 else 'are'} named nowhere in "
+                         f"{books}: the passages read are those nearest the question, and "
+                         "may be about something else")
         if hits and not chosen:
             notes.append("no retrieved passage fits what is left of the context: "
                          "start a new chat")

@@ -63,13 +63,31 @@ def naming(store: Store, doc_id: int, question: str, texts: Sequence[str],
     question's rarest words (of its names, when it writes any), at most `most`, each as the
     passage writes it (line breaks kept: a turn quoting it repeats the passage's tokens, whose
     KV a blend reuses) and cut to LONGEST characters; none when the question names nothing
-    rare. A word is matched on its first letters, as a stem ("remembering" finds
-    "remember"), the way the full-text index matches it; an identifier with an underscore,
-    as it is written."""
-    counts = {w: c for w, c in store.passage_frequencies(doc_id, question,
-                                                         RARE_PASSAGES + 1).items()
-              if 0 < c <= RARE_PASSAGES}
+    rare, or when none of the names it writes is in the document (the sentences of another
+    name would be quoted as the answer's: "the Harrowgate conveyor" answered with the
+    Tarnwick one's payload). A word is matched on its first letters, as a stem ("remembering"
+    finds "remember"), the way the full-text index matches it; an identifier with an
+    underscore, as it is written."""
+    frequencies = store.passage_frequencies(doc_id, question, RARE_PASSAGES + 1)
+    if (written := written_names(question, frequencies)) and \
+            not any(frequencies[w] for w in written):
+        return []
+    counts = {w: c for w, c in frequencies.items() if 0 < c <= RARE_PASSAGES}
     return _quoting(counts, question, texts, most)
+
+
+def unnamed(store: Store, doc_ids: Sequence[int], question: str,
+            texts: Sequence[str] = ()) -> list[str]:
+    """The names `question` writes (as it writes them) that no passage of the documents
+    `doc_ids` holds, nor any of `texts` (documents read whole beside them): what an answer
+    cannot be about, however near the passages read come to it."""
+    found: dict[str, int] = {}
+    for doc_id in doc_ids:
+        for w, c in store.passage_frequencies(doc_id, question, 1).items():
+            found[w] = found.get(w, 0) + c
+    missing = {w for w in written_names(question, found) if not found[w] and not any(
+        re.search(r"\b" + re.escape(_stem(w)), t, re.IGNORECASE) for t in texts)}
+    return list(dict.fromkeys(w for w in re.findall(r"\w+", question) if w.lower() in missing))
 
 
 def beside(store: Store, books: Sequence[int], question: str, text: str,
