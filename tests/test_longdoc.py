@@ -320,6 +320,16 @@ def test_follow_ups_keep_the_chats_passages_and_a_reopen_lays_them_out(make_engi
     assert report.tokens == len(tokens)
 
 
+def test_passage_kv_under_another_model_is_not_called_this_chats_cache(make_engine):
+    """Under another model a chat over passages computes its own: that their KV exists under
+    the first one is not "the cache of this chat was made under another model"."""
+    eng = make_engine()
+    eng.ask("What does the museum keep?", doc_ids=[eng.doc], generation=GREEDY)
+    assert passage_entries(eng)
+    doc = eng.library.document(eng.doc)
+    assert eng.library.stale_note(None, [doc], "another-model") == []
+
+
 def test_a_passage_evicted_between_being_found_and_read_is_computed(make_engine, monkeypatch):
     """Under a small storage budget, the passages a question computes can evict those it
     found stored a moment before: those are computed too, never an error."""

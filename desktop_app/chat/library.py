@@ -78,8 +78,9 @@ class Library:
         """What to tell the user when the cache of a chat over `docs` exists only under other
         models (a chat not created yet, None, has no entry of its own)."""
         ids = {d.id for d in docs}
-        others = {e.model for e in self.store.entries() if e.model != fp and (
-            e.document_id in ids or e.chat_id in {chat_id} - {None})}
+        # (not passages' entries: a chat over passages computes its own under each model)
+        others = {e.model for e in self.store.entries() if e.model != fp and not e.passage
+                  and (e.document_id in ids or e.chat_id in {chat_id} - {None})}
         if not others:
             return []
         return [f"the cache of this chat was made under another model or KV layout "
