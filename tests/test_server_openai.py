@@ -91,14 +91,18 @@ def test_unsupported_fields_are_refused_by_name(served):
     cases = [({"prompt": ["one", "two"]}, "one prompt per request"),
              ({"prompt": [1, 2, 3]}, "token ids"), ({"prompt": "x", "echo": True}, "echo"),
              ({"prompt": "x", "best_of": 3}, "best_of"), ({"prompt": "x", "n": 2}, "n:"),
-             ({"prompt": "x", "logprobs": 2}, "logprobs"), ({"prompt": ""}, "empty")]
+             ({"prompt": "x", "logprobs": 2}, "logprobs"), ({"prompt": ""}, "empty"),
+             ({"prompt": "x", "kvdesk": {"documents": [1]}}, "use chat completions"),
+             ({"prompt": "x", "kvdesk": {"level": "sharp"}}, "sharp")]
     for fields, words in cases:
         r = httpx.post(f"{served.url}/v1/completions", json={"model": "default", **fields},
                        trust_env=False)
         assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
         if words not in ("empty",):  # refused by name: `param` names the field (README)
-            assert r.json()["error"]["param"] == [k for k in fields if k != "prompt"
-                                                  or len(fields) == 1][-1], r.text
+            named = [k for k in fields if k != "prompt" or len(fields) == 1][-1]
+            if named == "kvdesk":
+                named += "." + next(iter(fields["kvdesk"]))
+            assert r.json()["error"]["param"] == named, r.text
     hi = [{"role": "user", "content": "hi"}]
     for fields, words in (({"logit_bias": {"42": -100}}, "logit_bias"),
                           ({"modalities": ["text", "audio"]}, "modalities"),

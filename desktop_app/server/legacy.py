@@ -20,6 +20,7 @@ import time
 import uuid
 from pathlib import Path
 
+import pydantic
 from fastapi import FastAPI, Request
 from sse_starlette.sse import EventSourceResponse
 
@@ -41,6 +42,8 @@ class TextRequest(s.Sampled):
     suffix: str | None = None
     echo: bool = False
     best_of: int | None = None
+    # kvdesk's own field: how to restore; documents belong in a chat's messages.
+    kvdesk: s.KvdeskOptions = pydantic.Field(default_factory=s.KvdeskOptions)
 
     def text(self) -> RawPrompt:
         self.check_supported()
@@ -48,6 +51,9 @@ class TextRequest(s.Sampled):
             raise InvalidValue("echo", "not supported; the answer is the completion only")
         if self.best_of not in (None, 1):
             raise InvalidValue("best_of", "kvdesk answers with one completion")
+        if self.kvdesk.documents:
+            raise InvalidValue("kvdesk.documents", "a prompt given as it is has no chat to put "
+                               "them in; use chat completions for them")
         prompt = self.prompt
         if isinstance(prompt, list):
             if prompt and not all(isinstance(p, str) for p in prompt):
@@ -79,7 +85,7 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
     async def completions(body: TextRequest, request: Request):
         check_model(body.model)
         prompt = body.text()
-        options = {"generation": body.generation(), "stop": body.stops()}
+        options = body.kvdesk.engine_options(body.generation(), body.stops())
         cid = f"cmpl-{uuid.uuid4().hex[:24]}"
 
         def shaped(text: str, finish: str | None) -> dict:
