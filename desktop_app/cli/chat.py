@@ -81,7 +81,10 @@ def attach(app: App, files: tuple[str, ...], levels: list[str] | None, no_server
                 click.echo(f"[{res.doc_id}] {title}: {res.tokens:,} tokens as "
                            f"{res.passages:,} passages ("
                            + ("already kept" if res.reused else f"indexed in {res.encode_s:.1f} s")
-                           + "); `kvdesk passages` shows what a question retrieves")
+                           + "); `kvdesk passages` shows what a question retrieves; "
+                           + ("the server computes their KV in the background" if client else
+                              "a passage's KV is computed when a question first reads it (the "
+                              "window and `kvdesk serve` compute them all in the background)"))
             elif not as_json:
                 sizes = ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in res.stored_bytes.items())
                 how = "already cached" if res.reused else (
