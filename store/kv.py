@@ -195,7 +195,9 @@ def longest_prefix(
             "SELECT s.entry_id, s.token_end FROM kv_spans s JOIN kv_entries e ON e.id = s.entry_id"
             f" WHERE s.prefix_hash IN ({','.join('?' * len(batch))}) AND e.complete"
             " AND NOT s.window_part AND e.model = ?"
-            " ORDER BY s.token_end DESC, e.last_used DESC, e.id LIMIT 1",
+            # (of entries holding the same tokens, one that ends there: a new entry extends it)
+            " ORDER BY s.token_end DESC, e.token_end = s.token_end DESC, e.last_used DESC, e.id"
+            " LIMIT 1",
             (*batch, fingerprint),
         ).fetchone()
         if hit is not None:

@@ -467,3 +467,28 @@ def test_an_answer_stopped_is_kept_and_stored_as_stopped(engine, doc_id):
     assert res.finish_reason == "cancelled" and res.answer
     (_, answer) = engine.messages(res.chat_id)
     assert answer.text == res.answer and answer.stats["finish_reason"] == "cancelled"
+
+
+def test_requests_sharing_a_system_prompt_store_it_once(new_engine):
+    """The local API's prompt cache: requests that share a long system prompt and differ in
+    their question each store what follows the shared part, not the whole prompt again."""
+    eng = new_engine(levels=("balanced",))
+    eng.completions.min_cache_tokens = 0
+    system = {"role": "system", "content": DOC * 2}  # several 64-token chunks
+    for question in ("When was the lighthouse electrified?", "How tall is the tower?",
+                     "What broke the lantern glass?", "What did the lamp burn?"):
+        done = eng.complete([system, {"role": "user", "content": question}],
+                            generation=deterministic(4))
+        assert done.stored, done.messages
+        if question.startswith("What"):  # the first request's entry, used last (LRU): the
+            eng.store.touch([eng.store.entries()[0].id])  # shared part is still extended
+    entries = eng.store.entries()
+    roots = [e for e in entries if e.parent_id is None]
+    # the first request's, and the shared part's own
+    assert len(roots) == 2, [(e.id, e.token_start, e.token_end, e.parent_id) for e in entries]
+    (shared,) = [r for r in roots if any(e.parent_id == r.id for e in entries)]
+    assert [e.token_start for e in entries if e.parent_id == shared.id] == [shared.token_end] * 3
+    assert shared.token_end % 64 == 0  # (where the stored chunks' ends meet the prompts')
+    # (each later request's own entry holds fewer tokens than the shared part)
+    assert all(e.token_end - e.token_start < shared.token_end for e in entries
+               if e.parent_id == shared.id)

@@ -78,6 +78,29 @@ class KVCache:
             return match.entries[-1].id
         # A passage's entry is always a root: `blending` moves it into place whole.
         parent = None if passage is not None else match.parent
+        parent_id = parent.id if parent else None
+        prompt = document_id is None and chat_id is None and passage is None
+        if prompt and not rt.layout.swa_layers and \
+                match.n_tokens > (parent.token_end if parent else 0):
+            # A prompt (the local API's) that leaves a stored entry partway, as requests
+            # sharing a long system prompt do, each with its own question: that shared part is
+            # stored once on its own and extended, rather than stored again whole by each
+            # request. (Not a document's, a chat's or a passage's: their entries are roots or
+            # extend their own. A sliding-window model's entry needs its window where it
+            # ends, which the context has moved past.)
+            parent_id = self._write(rt, tokens[:match.n_tokens], levels, parent_id,
+                                    evict=evict, evicted=evicted)
+        return self._write(rt, tokens, levels, parent_id, document_id=document_id,
+                           chat_id=chat_id, progress=progress, cancel=cancel, title=title,
+                           passage=passage, evict=evict, evicted=evicted)
+
+    def _write(self, rt: Runtime, tokens: Sequence[int], levels: tuple[str, ...],
+               parent_id: int | None, *, document_id: int | None = None,
+               chat_id: int | None = None, progress: Callable[[Progress], None] | None = None,
+               cancel: threading.Event | None = None, title: str = "",
+               passage: str | None = None, evict: bool = True,
+               evicted: list[dict] | None = None) -> int | None:
+        """`store_prefix`'s entry for `tokens` beyond entry `parent_id`'s: encoded, written."""
         seq = rt.capture()
         kv = in_position_order(seq.sections[0])
         if kv.n_tokens < len(tokens):
@@ -94,7 +117,7 @@ class KVCache:
                                         f"not the window of {len(tokens)} tokens")
         cal = self.calibrations.current(rt.fingerprint)
         writer = self.store.write_entry(
-            rt.fingerprint, tokens, levels=levels, parent_id=parent.id if parent else None,
+            rt.fingerprint, tokens, levels=levels, parent_id=parent_id,
             chunk_size=self.chunk_tokens, document_id=document_id, chat_id=chat_id,
             window_start=None if window is None else int(window.positions[0]),
             calibration=None if cal is None else cal.id, passage=passage is not None,
