@@ -289,3 +289,32 @@ def test_a_second_server_on_the_data_directory_is_refused_at_once(served, data_d
     # It waited on nothing: not on the background calibration of a server that never started
     # (30 s before).
     assert time.monotonic() - started < 25
+
+
+def test_kvdesk_ask_stopped_through_the_server_still_gets_its_result(served):
+    """Ctrl-C on `kvdesk ask` through a server: the answer so far comes back, kept there and
+    marked cancelled, as with --no-server (it used to end in an error, the result lost)."""
+    import threading
+
+    from desktop_app.options import GenerationOptions, RestoreOptions
+    from desktop_app.server.client import Client
+
+    cancel, seen = threading.Event(), []
+
+    def on_token(text):
+        seen.append(text)
+        if len(seen) == 3:
+            cancel.set()  # what `interruptible` does on Ctrl-C
+
+    res = Client(served.url, None).ask(
+        "Write a long story about a lighthouse.", chat_id=None, doc_ids=[],
+        restore=RestoreOptions(), generation=GenerationOptions(max_tokens=400, temperature=0),
+        on_token=on_token, on_restore=lambda report: None, progress=lambda p: None,
+        cancel=cancel)
+    assert res.finish_reason == "cancelled" and res.tokens_generated < 50
+    assert res.answer.startswith("".join(seen[:3]).strip()[:10])
+    (_, answer) = served.app.engine.messages(res.chat_id)
+    assert answer.text == res.answer and answer.stats["finish_reason"] == "cancelled"
+    stopped = httpx.post(f"{served.url}/v1/kvdesk/ask/stop", json={"stop_id": "0" * 32},
+                         trust_env=False, timeout=30)  # nothing in flight by that name
+    assert stopped.status_code == 404 and stopped.json()["error"]["param"] == "stop_id"

@@ -1,6 +1,6 @@
 """The local API as an ASGI application (FastAPI): OpenAI's chat routes, and kvdesk's own
 (`legacy`, `responses`, `ollama` and `edges` add the rest: text completions, the Responses
-API, Ollama's API, CORS).
+API, Ollama's API, CORS, body limits and the API key).
 
     GET  /v1/models                           the loaded model (and "default")
     POST /v1/embeddings                       OpenAI embeddings, from retrieval's model
@@ -11,23 +11,24 @@ API, Ollama's API, CORS).
     GET  /v1/kvdesk/documents                 attached documents (POST: attach one; DELETE)
     GET  /v1/kvdesk/chats                     chats (GET .../messages, POST .../reopen, DELETE)
     POST /v1/kvdesk/ask                       a turn in a stored chat, as `kvdesk ask` asks it
+    POST /v1/kvdesk/ask/stop                  stop a turn by its `stop_id`, its result still
+                                              sent (what `kvdesk ask` does on Ctrl-C)
 
 Errors are OpenAI's JSON (`{"error": {"message", "type", "code", "param"}}`) with the right
-status, never a traceback. With an API key, every request needs `Authorization: Bearer KEY`.
-Request bodies are limited in size; a client may attach a file by path only inside the
-folders the settings allow (else it uploads it).
+status, never a traceback. A client may attach a file by path only inside the folders the
+settings allow (else it uploads it).
 
 Routes only translate: the engine does the work, on worker threads (`bridge`).
 """
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
 import json
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,6 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from sse_starlette.sse import EventSourceResponse
-from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 
 from store import StoreError
@@ -51,85 +51,10 @@ from . import schemas as s
 from .failures import ApiError, error_of, json_response
 from .served import Served
 
-MAX_BODY = 16 << 20  # a prompt of millions of characters; uploads have their own limit
-MAX_UPLOAD = 210 << 20  # a document (documents.MAX_FILE_BYTES) and its form's framing
 PING_S = 1.0  # streamed responses stay alive, and a client's stop is noticed within this
 # A stream cut by the server's shutdown: the time its answer has to stop (within a token) and
 # send its last event, within uvicorn's graceful shutdown (10 s).
 SHUTDOWN_GRACE_S = 5.0
-
-
-class BodyLimit:
-    """Refuses a request body over its route's limit with 413, whether it says its length up
-    front or arrives in chunks (counted as it is read)."""
-
-    def __init__(self, app):
-        self.app = app
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        upload = scope["path"] == "/v1/kvdesk/documents" and Headers(scope=scope).get(
-            "content-type", "").lower().startswith("multipart/form-data")
-        limit = MAX_UPLOAD if upload else MAX_BODY
-        size = dict(scope["headers"]).get(b"content-length")
-        if size is not None and (not size.isdigit() or int(size) > limit):
-            return await json_response(413, _too_large(limit))(scope, receive, send)
-        seen = 0
-
-        async def counted():
-            nonlocal seen
-            message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > limit:
-                # An HTTPException, not an ApiError: FastAPI turns anything else raised
-                # while it reads a body into a 400.
-                raise HTTPException(413, _too_large(limit)["error"]["message"])
-            return message
-
-        return await self.app(scope, counted, send)
-
-
-class JsonBody:
-    """Reads a body sent with no content type, or curl's `-d` default (form-encoded), as the
-    JSON it is: Ollama's documented examples send it so, and every body here is JSON but an
-    upload's (multipart, kept as it is)."""
-
-    def __init__(self, app):
-        self.app = app
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["method"] in ("POST", "PUT", "PATCH"):
-            kind = Headers(scope=scope).get("content-type", "").split(";")[0].strip().lower()
-            if kind in ("", "application/x-www-form-urlencoded"):
-                headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-type"]
-                scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
-        return await self.app(scope, receive, send)
-
-
-class KeyGuard:
-    """With an API key, refuses a request without `Authorization: Bearer KEY` (401).
-
-    Plain ASGI, as `BodyLimit` is: a Starlette `BaseHTTPMiddleware` reads the body in a task
-    group, which would wrap BodyLimit's 413 in an exception group that FastAPI answers 400."""
-
-    def __init__(self, app, api_key: str | None):
-        self.app, self.api_key = app, api_key
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and self.api_key is not None:
-            scheme, _, given = Headers(scope=scope).get("authorization", "").partition(" ")
-            # (the scheme's name is case-insensitive: RFC 9110)
-            if scheme.lower() != "bearer" or not hmac.compare_digest(
-                    given.strip().encode(), self.api_key.encode()):
-                return await json_response(401, s.error(
-                    "a valid API key is needed: Authorization: Bearer KEY",
-                    "invalid_request_error", "invalid_api_key"))(scope, receive, send)
-        return await self.app(scope, receive, send)
-
-
-def _too_large(limit: int) -> dict:
-    return s.error(f"the request body is over {limit >> 20} MB", code="request_too_large")
 
 
 def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
@@ -143,10 +68,13 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
     def engine():
         return app.engine
 
+    asks: dict[str, threading.Event] = {}  # turns in flight by their client's stop_id
+    asks_lock = threading.Lock()
+
     api.add_middleware(edges.TextCheck)  # (added first: innermost, past the key and the limit)
-    api.add_middleware(KeyGuard, api_key=api_key)
-    api.add_middleware(BodyLimit)
-    api.add_middleware(JsonBody)
+    api.add_middleware(edges.KeyGuard, api_key=api_key)
+    api.add_middleware(edges.BodyLimit)
+    api.add_middleware(edges.JsonBody)
 
     @api.exception_handler(RequestValidationError)
     async def invalid(request: Request, e: RequestValidationError):
@@ -306,12 +234,31 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
         generation = parse(GenerationOptions, body.generation)
 
         def work(emit, cancel):
-            return engine().ask(body.question, chat_id=body.chat_id, doc_ids=body.doc_ids,
-                                restore=restore, generation=generation, progress=emit,
-                                on_token=lambda text: emit({"token": text}),
-                                on_restore=emit, cancel=cancel)
+            if body.stop_id is not None:
+                with asks_lock:
+                    asks[body.stop_id] = cancel
+            try:
+                return engine().ask(body.question, chat_id=body.chat_id, doc_ids=body.doc_ids,
+                                    restore=restore, generation=generation, progress=emit,
+                                    on_token=lambda text: emit({"token": text}),
+                                    on_restore=emit, cancel=cancel)
+            finally:
+                with asks_lock:
+                    asks.pop(body.stop_id, None)
 
         return await _respond(request, stopping, work, body.stream)
+
+    @api.post("/v1/kvdesk/ask/stop")
+    async def stop_ask(body: s.StopRequest):
+        """Stop a turn in flight, as its client leaving would, but answering it: its stream
+        ends with its result, the answer so far kept (`finish_reason` "cancelled")."""
+        with asks_lock:
+            cancel = asks.get(body.stop_id)
+        if cancel is None:
+            raise ApiError(404, "no turn in flight by that stop_id (it may have ended)",
+                           code="not_found", param="stop_id")
+        cancel.set()
+        return {"stopped": body.stop_id}
 
     # The rest of OpenAI's surface, Ollama's API, and the edges (CORS, unknown routes, Ollama's
     # error JSON); imported here, as the first three use this module's streaming framing.
@@ -362,7 +309,7 @@ async def _attachment(request: Request, allowed: tuple[str, ...]):
     """(file to attach, levels, cleanup, the user's file it copies) from an upload, or from
     a path inside an allowed folder (None: that path is the user's file)."""
     if request.headers.get("content-type", "").startswith("multipart/form-data"):
-        form = await request.form(max_part_size=MAX_UPLOAD)
+        form = await request.form(max_part_size=edges.MAX_UPLOAD)
         upload = form.get("file")
         if upload is None or isinstance(upload, str):
             raise ApiError(400, "file: a document to attach is needed", param="file")

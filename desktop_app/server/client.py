@@ -13,6 +13,7 @@ It never imports the engine, the model runtime or the codec.
 from __future__ import annotations
 
 import json
+import secrets
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -42,9 +43,23 @@ class Client:
             restore: RestoreOptions, generation: GenerationOptions,
             on_token: Callable[[str], None], on_restore: Callable[[RestoreReport], None],
             progress: Callable[[Progress], None], cancel: threading.Event) -> AskResult:
+        stop_id = secrets.token_hex(16)
         body = {"question": question, "chat_id": chat_id, "doc_ids": doc_ids,
-                "restore": _given(restore), "generation": _given(generation), "stream": True}
-        for event in self._stream("POST", "/v1/kvdesk/ask", cancel, json=body):
+                "restore": _given(restore), "generation": _given(generation), "stream": True,
+                "stop_id": stop_id}
+
+        def stop() -> bool:
+            # Ctrl-C: the server stops the answer and still sends the result (the answer so
+            # far, kept there), as an ask in this process gives it; a turn that has just
+            # ended sends it anyway. (A server without the route: the stream is left.)
+            try:
+                r = httpx.post(self.url + "/v1/kvdesk/ask/stop", json={"stop_id": stop_id},
+                               headers=self.headers, timeout=TIMEOUT, trust_env=False)
+            except httpx.HTTPError:
+                return False
+            return r.status_code == 200 or _error(r.text).get("param") == "stop_id"
+
+        for event in self._stream("POST", "/v1/kvdesk/ask", cancel, stop, json=body):
             if "token" in event:
                 on_token(event["token"])
             elif "restore" in event:
@@ -78,7 +93,7 @@ class Client:
                                                cancel, files=files, data=data))
 
     def _result(self, route: str, progress, cancel, **request) -> dict:
-        for event in self._stream("POST", route, cancel, **request):
+        for event in self._stream("POST", route, cancel, None, **request):
             if "progress" in event:
                 progress(Progress(**event["progress"]))
             elif "result" in event:
@@ -86,7 +101,10 @@ class Client:
         raise Cancelled("the server's answer ended early")
 
     def _stream(self, method: str, route: str, cancel: threading.Event,
-                **request: Any) -> Iterator[dict]:
+                stop: Callable[[], bool] | None, **request: Any) -> Iterator[dict]:
+        """The route's events; once `cancel` is set, `stop()` asks the server to end them
+        (False, or none: the stream is left, Cancelled raised)."""
+        stopped = False
         try:
             with httpx.stream(method, self.url + route, headers=self.headers, timeout=TIMEOUT,
                               trust_env=False, **request) as response:
@@ -94,8 +112,10 @@ class Client:
                     response.read()
                     _raise(response.status_code, _error(response.text))
                 for line in response.iter_lines():  # the server pings every second
-                    if cancel.is_set():
-                        raise Cancelled("stopped")
+                    if cancel.is_set() and not stopped:
+                        stopped = stop is not None and stop()
+                        if not stopped:
+                            raise Cancelled("stopped")
                     if not line.startswith("data:"):
                         continue
                     data = line[5:].strip()

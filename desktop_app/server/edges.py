@@ -23,6 +23,9 @@ error dialect of Ollama's routes.
 - **Unknown routes.** Every route kvdesk does not serve is answered in the API's error JSON
   naming it (`POST /v1/embeddings: not served by kvdesk`), and a known route asked with the
   wrong method says which methods it takes: never a bare "Not Found".
+- **Bodies and keys.** A body over its route's limit gets 413 however it arrives
+  (`BodyLimit`); a body sent with no content type, or as curl's form default, is read as the
+  JSON it is (`JsonBody`); with an API key, a request without it gets 401 (`KeyGuard`).
 - **Ollama's errors.** Under /api/ the server's errors (OpenAI's `{"error": {"message"...}}`,
   wherever they were raised: the API key, the body limit, validation) become Ollama's
   `{"error": "message"}`, which Ollama's clients read.
@@ -30,6 +33,7 @@ error dialect of Ollama's routes.
 
 from __future__ import annotations
 
+import hmac
 import ipaddress
 import json
 import re
@@ -44,6 +48,82 @@ from ..errors import EngineError
 from ..settings import ORIGIN
 from . import schemas as s
 from .failures import json_response
+
+MAX_BODY = 16 << 20  # a prompt of millions of characters; uploads have their own limit
+MAX_UPLOAD = 210 << 20  # a document (documents.MAX_FILE_BYTES) and its form's framing
+
+
+class BodyLimit:
+    """Refuses a request body over its route's limit with 413, whether it says its length up
+    front or arrives in chunks (counted as it is read)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        upload = scope["path"] == "/v1/kvdesk/documents" and Headers(scope=scope).get(
+            "content-type", "").lower().startswith("multipart/form-data")
+        limit = MAX_UPLOAD if upload else MAX_BODY
+        size = dict(scope["headers"]).get(b"content-length")
+        if size is not None and (not size.isdigit() or int(size) > limit):
+            return await json_response(413, _too_large(limit))(scope, receive, send)
+        seen = 0
+
+        async def counted():
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > limit:
+                # An HTTPException, not an ApiError: FastAPI turns anything else raised
+                # while it reads a body into a 400.
+                raise HTTPException(413, _too_large(limit)["error"]["message"])
+            return message
+
+        return await self.app(scope, counted, send)
+
+
+class JsonBody:
+    """Reads a body sent with no content type, or curl's `-d` default (form-encoded), as the
+    JSON it is: Ollama's documented examples send it so, and every body here is JSON but an
+    upload's (multipart, kept as it is)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["method"] in ("POST", "PUT", "PATCH"):
+            kind = Headers(scope=scope).get("content-type", "").split(";")[0].strip().lower()
+            if kind in ("", "application/x-www-form-urlencoded"):
+                headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-type"]
+                scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+        return await self.app(scope, receive, send)
+
+
+class KeyGuard:
+    """With an API key, refuses a request without `Authorization: Bearer KEY` (401).
+
+    Plain ASGI, as `BodyLimit` is: a Starlette `BaseHTTPMiddleware` reads the body in a task
+    group, which would wrap BodyLimit's 413 in an exception group that FastAPI answers 400."""
+
+    def __init__(self, app, api_key: str | None):
+        self.app, self.api_key = app, api_key
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and self.api_key is not None:
+            scheme, _, given = Headers(scope=scope).get("authorization", "").partition(" ")
+            # (the scheme's name is case-insensitive: RFC 9110)
+            if scheme.lower() != "bearer" or not hmac.compare_digest(
+                    given.strip().encode(), self.api_key.encode()):
+                return await json_response(401, s.error(
+                    "a valid API key is needed: Authorization: Bearer KEY",
+                    "invalid_request_error", "invalid_api_key"))(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
+def _too_large(limit: int) -> dict:
+    return s.error(f"the request body is over {limit >> 20} MB", code="request_too_large")
 
 OLLAMA_PREFIX = "/api/"
 # The schemes of desktop apps' own pages (Electron's app://, Tauri's, VS Code's webviews and

@@ -183,6 +183,16 @@ class AskRequest(Exact):
     restore: dict[str, Any] = Field(default_factory=dict)
     generation: dict[str, Any] = Field(default_factory=dict)
     stream: bool = False
+    # A name the client gives the turn, to stop it later (`StopRequest`) and still be sent its
+    # result, the answer so far kept, as `kvdesk ask` does on Ctrl-C.
+    stop_id: str | None = Field(None, min_length=8, max_length=64)
+
+
+class StopRequest(Exact):
+    """Stop the turn a client named in its `AskRequest.stop_id`."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+    stop_id: str = Field(min_length=8, max_length=64)
 
 
 class ReopenRequest(Exact):
