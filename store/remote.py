@@ -217,10 +217,10 @@ class RemoteTier:
         code = str(e.response.get("Error", {}).get("Code", ""))
         status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
         where, bucket = self.config.where, self.config.bucket
-        if code in ("NoSuchKey", "NotFound", "404") or (status == 404 and code != "NoSuchBucket"):
-            return NotFoundError(f"remote object {key} does not exist")
-        if code == "NoSuchBucket":
+        if code == "NoSuchBucket" or (operation == "head_bucket" and status == 404):
             return RemoteError(f"bucket {bucket!r} does not exist at {where}")
+        if code in ("NoSuchKey", "NotFound", "404") or status == 404:
+            return NotFoundError(f"remote object {key} does not exist")
         if code in _ACCESS_CODES or status in (401, 403):
             return RemoteError(f"{where} refused access to bucket {bucket!r} ({code or status}); "
                                "check the AWS credentials (environment or ~/.aws)")

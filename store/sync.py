@@ -157,7 +157,8 @@ def push(store: Store, tier: RemoteTier, entry: Entry, *,
     # Last: until this object exists the entry is invisible to every other machine.
     tier.put(tier.manifest_key(fingerprint, token_end, prefix_hash), manifest.to_json())
     sent = [n for _, n in uploaded.values() if n]
-    return Transfer(document.title, token_end, len(sent), sum(sent))
+    title = f"a passage of {document.title}" if entry.passage else document.title
+    return Transfer(title, token_end, len(sent), sum(sent))
 
 
 def _has_manifest(tier: RemoteTier, fingerprint: str, token_end: int, prefix_hash: bytes) -> bool:

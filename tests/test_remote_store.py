@@ -311,6 +311,28 @@ def test_throttling_and_5xx_are_retried_a_bounded_number_of_times(aws_env):
         server.shutdown()
 
 
+class _NoBucket(BaseHTTPRequestHandler):
+    """An S3 endpoint without the bucket: a HEAD gets a bare 404, with no error code."""
+
+    def do_HEAD(self):  # noqa: N802 - http.server's naming
+        self.send_response(404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_bucket_that_does_not_exist_is_named_as_a_bucket(aws_env):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _NoBucket)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(RemoteError, match="bucket 'kvdesk-tests' does not exist at"):
+            _tier(f"http://127.0.0.1:{server.server_port}").check()
+    finally:
+        server.shutdown()
+
+
 def test_timeouts_and_refused_connections_fail_in_bounded_time(aws_env):
     hole = socket.socket()
     hole.bind(("127.0.0.1", 0))

@@ -34,9 +34,10 @@ def remote_status(app: App, as_json: bool):
         lines = [f"{report['endpoint']} bucket {report['bucket']!r} prefix "
                  f"{report['prefix']!r}: "
                  + ("reachable" if report["reachable"] else f"UNREACHABLE: {report['error']}"),
-                 f"documents cached here: {report['local_entries']}"]
+                 f"caches that travel (documents' and passages'), here: "
+                 f"{report['local_entries']}"]
         if report["reachable"]:
-            lines += [f"documents shared there: {report['remote_entries']} "
+            lines += [f"shared there: {report['remote_entries']} "
                       f"({report['only_local']} only here, {report['only_remote']} only there)"]
         lines += [f"automatic push: {'on' if report['auto_push'] else 'off'}, "
                   f"automatic pull: {'on' if report['auto_pull'] else 'off'}"]
