@@ -44,12 +44,16 @@ def sentences(text: str) -> list[str]:
 
 def _cut(sentence: str) -> str:
     """`sentence` cut where, its whitespace runs counted as one space, it reaches LONGEST
-    characters (indentation does not shorten a quote)."""
-    n = -1
+    characters (indentation does not shorten a quote): before the word that crosses it, not
+    in it (an identifier cut in two reads as another), unless that would keep under half."""
+    n, before = -1, (0, 0)  # (characters counted, where the last whole word ends)
     for word in re.finditer(r"\S+", sentence):
         n += 1 + len(word.group())
+        if n > LONGEST and before[0] >= LONGEST // 2:
+            return sentence[:before[1]]
         if n >= LONGEST:
             return sentence[:word.end() - (n - LONGEST)]
+        before = (n, word.end())
     return sentence
 
 
