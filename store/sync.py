@@ -339,6 +339,65 @@ def push_all(store: Store, tier: RemoteTier, fingerprint: str, *,
     return {"pushed": pushed, "already_remote": there, "failed": failed}
 
 
+def check(store: Store, tier: RemoteTier, entry: Entry, *, repair: bool = False) -> dict:
+    """Read back every object of a local entry's shared copy, checked against its manifest's
+    size and SHA-256: those missing or damaged there, and with `repair` each put back from
+    this store's own chunk where it holds those bytes (keys are content-addressed: the
+    rewrite is what every reader expects). A damaged manifest is written again by pushing.
+    {"entry", "title", "shared": False} when the tier has no copy of it."""
+    fingerprint = entry.model
+    token_end, prefix_hash = entry_id_of(entry)
+    title = store.document(entry.document_id).title
+    report = {"entry": entry.id, "title": f"a passage of {title}" if entry.passage else title,
+              "shared": True, "objects": 0, "damaged": [], "repaired": 0}
+    try:
+        manifest = read_manifest(tier, fingerprint, token_end, prefix_hash)
+    except NotFoundError:
+        return {**report, "shared": False}
+    except CorruptObjectError as e:
+        report["damaged"].append({"key": e.key, "error": str(e)})
+        if repair:
+            push(store, tier, entry)
+            report["repaired"] += 1
+        return report
+    work = [(i, level, obj) for level, objs in manifest.chunks.items()
+            for i, obj in enumerate(objs)]
+
+    def damage(item) -> dict | None:
+        i, level, obj = item
+        key = tier.chunk_key(fingerprint, prefix_hash, level, i, obj.sha256)
+        try:
+            tier.get(key, nbytes=obj.nbytes, digest=obj.sha256)
+        except (NotFoundError, CorruptObjectError) as e:
+            return {"key": key, "error": str(e), "chunk": i, "level": level,
+                    "sha256": obj.sha256}
+        return None
+
+    with ThreadPoolExecutor(tier.config.parallel, thread_name_prefix="kv-check") as pool:
+        report["damaged"] = [d for d in pool.map(damage, work) if d is not None]
+    report["objects"] = len(work)
+    for bad in report["damaged"] if repair else ():
+        try:
+            data = store.read_chunk(entry.id, bad["chunk"], bad["level"])
+        except (NotFoundError, CorruptChunkError):
+            continue  # not held here: another machine that holds it can repair it
+        if sha256(data) == bad["sha256"]:
+            tier.put(bad["key"], data)
+            report["repaired"] += 1
+    return report
+
+
+def check_all(store: Store, tier: RemoteTier, fingerprint: str, *,
+              repair: bool = False) -> dict:
+    """`check` every local entry of this model that travels."""
+    reports = [check(store, tier, e, repair=repair) for e in document_entries(store, fingerprint)]
+    shared = [r for r in reports if r["shared"]]
+    return {"checked": len(shared), "not_shared": len(reports) - len(shared),
+            "objects": sum(r["objects"] for r in shared),
+            "damaged": [{**d, "title": r["title"]} for r in shared for d in r["damaged"]],
+            "repaired": sum(r["repaired"] for r in shared)}
+
+
 def pull_all(store: Store, tier: RemoteTier, fingerprint: str, *, lazy: bool = False,
              progress: ProgressFn | None = None) -> dict:
     """Pull every remote document entry of this model the local store lacks.

@@ -226,6 +226,9 @@ def test_cli_remote_status_push_pull(machine_a, aws_env, tmp_path, s3_server):
     assert rc == 0 and status["reachable"] and status["bucket"] == tier.config.bucket
     assert status["local_entries"] >= 1 and status["only_local"] == 0
     assert s3_server.secret_key not in out + err
+    rc, out, err = kvdesk("remote", "verify", "--json", env=shared)
+    checked = json.loads(out)
+    assert rc == 0 and checked["checked"] >= 1 and checked["objects"] and not checked["damaged"]
 
     rc, out, err = kvdesk("remote", "push", "--json",
                           env={"KVDESK_DATA_DIR": str(tmp_path / "none")})

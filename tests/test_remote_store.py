@@ -263,6 +263,32 @@ def test_corrupt_and_missing_objects_fail_that_entry_only(a, b, remote_tier, s3_
     assert count(b, "kv_entries") == 1 and count(b, "kv_chunks") == 2 * len(LEVELS)
 
 
+def test_verify_finds_objects_damaged_or_gone_there_and_repair_puts_them_back(
+        a, b, remote_tier, s3_server):
+    attached(a)
+    sync.push_all(a, remote_tier, FP)
+    client, bucket = s3_server.client(), remote_tier.config.bucket
+    manifest = sync.find(remote_tier, FP, TOKENS)
+    keys = [remote_tier.chunk_key(FP, manifest.prefix_hash, "compact", i,
+                                  manifest.chunks["compact"][i].sha256) for i in (0, 1)]
+    good = client.get_object(Bucket=bucket, Key=keys[0])["Body"].read()
+    client.put_object(Bucket=bucket, Key=keys[0], Body=bytes([good[0] ^ 1]) + good[1:])
+    client.delete_object(Bucket=bucket, Key=keys[1])  # (same size, one byte flipped; gone)
+    assert sync.push_all(a, remote_tier, FP)["already_remote"] == 1  # push sees nothing
+    found = sync.check_all(a, remote_tier, FP)
+    assert found["checked"] == 1 and found["repaired"] == 0
+    assert sorted(d["key"] for d in found["damaged"]) == sorted(keys)
+    assert "SHA-256" in " ".join(d["error"] for d in found["damaged"])
+    with open_store(a.data_dir.parent / "c") as c:  # a machine that does not hold it: told
+        attached(c, list(range(1000, 1100)), title="mine.md")
+        assert sync.check_all(c, remote_tier, FP)["checked"] == 0
+    fixed = sync.check_all(a, remote_tier, FP, repair=True)
+    assert fixed["repaired"] == 2
+    assert sync.check_all(a, remote_tier, FP)["damaged"] == []
+    report = sync.pull_all(b, remote_tier, FP)  # the other machine reads it whole again
+    assert report["failed"] == [] and len(report["pulled"]) == 1
+
+
 def test_a_local_copy_is_invisible_until_complete(a, b, remote_tier):
     attached(a)
     sync.push_all(a, remote_tier, FP)

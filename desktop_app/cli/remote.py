@@ -84,3 +84,22 @@ def remote_pull(app: App, lazy: bool, as_json: bool):
         sys.exit(1)
 
 
+@remote.command("verify")
+@click.option("--repair", is_flag=True, help="Put back, from this machine's own copy, the "
+              "objects missing or damaged in the shared cache.")
+@json_option
+@click.pass_obj
+def remote_verify(app: App, repair: bool, as_json: bool):
+    """Read back every shared object of the caches this machine holds, and check it."""
+    report = app.engine.sharing.verify(app.engine.fingerprint, repair=repair)
+    left = len(report["damaged"]) - report["repaired"]
+    emit(report, as_json, [
+        f"{report['checked']} shared caches checked ({report['objects']:,} objects; "
+        f"{report['not_shared']} held here only)"]
+        + [f"DAMAGED: {d['title']}: {d['error']}" for d in report["damaged"]]
+        + ([f"{report['repaired']} put back from this machine's copy"] if repair else [])
+        + ([f"{left} not repaired: `kvdesk remote verify --repair` puts back what this "
+            "machine holds"] if left and not repair else
+           [f"{left} not held here: run it where they are"] if left else []))
+    if left:
+        sys.exit(1)

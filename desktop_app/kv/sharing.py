@@ -173,6 +173,11 @@ class Sharing:
         return sync.pull_all(self.store, self._configured(), fingerprint, lazy=lazy,
                              progress=progress)
 
+    def verify(self, fingerprint: str, *, repair: bool = False) -> dict:
+        """Every object of this model's shared entries that this store holds, read back and
+        checked; with `repair`, those missing or damaged there put back (`sync.check`)."""
+        return sync.check_all(self.store, self._configured(), fingerprint, repair=repair)
+
     def _configured(self) -> RemoteTier:
         if self.tier is None:
             raise RemoteError("no shared cache is configured: set remote_bucket (and "
