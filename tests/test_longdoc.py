@@ -752,3 +752,24 @@ def test_a_tokenizer_that_puts_a_space_before_each_call_is_asked_once():
     calls.clear()
     assert llamacalls.tokenize(llm, PIECES, False, True, in_pieces=False) == [
         0, *PIECES.encode()] and len(calls) == 1
+
+
+def test_docs_says_when_the_storage_budget_stopped_the_passages_kv(capsys):
+    """`kvdesk docs`: passages left without KV because the budget is full are said, with what
+    to do (the background pass only logged it)."""
+    from desktop_app.cli.chat import docs
+    from desktop_app.results import DocumentInfo
+
+    def app(usage):
+        info = DocumentInfo(1, "manual.txt", "text", 90_000, 0, {}, "passages", 0.0,
+                            passages=700, passages_cached=107)
+        return SimpleNamespace(engine=SimpleNamespace(
+            documents=lambda: [info],
+            store=SimpleNamespace(usage_bytes=lambda: usage, budget_bytes=1000)))
+
+    docs.callback.__wrapped__(app(995), as_json=False)
+    out = capsys.readouterr()
+    assert "700 passages (107 with their KV)" in out.out
+    assert "the storage budget (1.0 KB) is full" in out.err and "storage_budget_gb" in out.err
+    docs.callback.__wrapped__(app(500), as_json=False)
+    assert "storage budget" not in capsys.readouterr().err

@@ -15,7 +15,7 @@ import click
 from ..app import App
 from ..errors import Cancelled, is_user_error
 from ..options import GenerationOptions, RestoreOptions
-from ..results import AttachFailure, Source, restore_phrase
+from ..results import AttachFailure, Source, restore_phrase, size_text
 from .base import (
     TerminalProgress,
     cli,
@@ -311,6 +311,12 @@ def docs(app: App, as_json: bool):
         + (" (its file has changed since it was attached" + (
             f"; document {d.newer} holds the new text)" if d.newer is not None else ")")
            if d.file_changed else "") for d in rows] or ["no documents yet: kvdesk attach FILE"])
+    store = app.engine.store
+    if not as_json and any(d.passages_cached < d.passages for d in rows) and \
+            store.usage_bytes() >= 0.98 * store.budget_bytes:
+        say([f"the storage budget ({size_text(store.budget_bytes)}) is full: the background "
+             "pass has stopped, and a passage without its KV gets it when a question reads it "
+             "(the setting storage_budget_gb, or `kvdesk gc`, makes room)"])
 
 
 @cli.command()
