@@ -395,7 +395,8 @@ def test_a_stored_lossless_level_is_read_though_the_app_does_not_store_it(new_en
 
 def test_a_question_longer_than_the_context_says_so_not_that_a_new_chat_is_full(new_engine):
     eng = new_engine()
-    with pytest.raises(EngineError, match=r"the question is [\d,]+ tokens, too long for the"):
+    with pytest.raises(EngineError, match=r"the question is [\d,]+ tokens, with the [\d,]+ "
+                       r"before it \(the system prompt and documents\) too long for the"):
         eng.ask("zebra quantum lattice " * 1500, doc_ids=[],
                 generation=GenerationOptions(max_tokens=1))
 

@@ -39,7 +39,9 @@ def waited(turn: Callable[..., contextlib.AbstractContextManager], key, *,
 def room_left(n_ctx: int, context: int, question: int, chat_id: int | None) -> str:
     """Why a question (`question` tokens, its turn) does not fit after `context` tokens."""
     if chat_id is None and question >= n_ctx // 2:  # no chat to start anew: the question
-        return (f"the question is {question:,} tokens, too long for the {n_ctx:,}-token "
-                "context: shorten it")
+        return (f"the question is {question:,} tokens, with the {context:,} before it (the "
+                f"system prompt and documents) too long for the {n_ctx:,}-token context: "
+                "shorten it" + (", or ask about fewer or shorter documents"
+                                if context > n_ctx // 4 else ""))
     return (f"the chat is full: {context + question:,} tokens of a {n_ctx:,}-token context; "
             "start a new chat")
