@@ -103,8 +103,13 @@ class App:
         from .model.contextsize import ContextChoice, available_memory, choose
 
         if self.settings.n_ctx is not None:
-            return ContextChoice(self.settings.n_ctx, "set in the settings, --n-ctx or "
-                                                      "KVDESK_N_CTX")
+            n, trained = self.settings.n_ctx, self.model_facts and self.model_facts.context_length
+            why = "set in the settings, --n-ctx or KVDESK_N_CTX"
+            if trained and n > trained:
+                why += (f", over the {trained:,} tokens the model was trained on: past them "
+                        "its answers may fall apart")
+                log.warning("Warning: a context of %s tokens is %s", f"{n:,}", why)
+            return ContextChoice(n, why)
         return choose(self.model_facts, model_bytes=self.model_path.stat().st_size,
                       flash_attn=self.flash_attn[0], available=available_memory())
 

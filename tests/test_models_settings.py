@@ -147,3 +147,14 @@ def test_lossless_is_stored_only_when_the_setting_asks(tmp_path):
             assert app.engine.levels == levels
         finally:
             app.close()
+
+
+def test_a_context_set_over_the_trained_one_is_warned_of(model_path, caplog):
+    from desktop_app.app import App
+
+    over = App(settings.Settings(n_ctx=100_000))
+    assert over.context.n_ctx == 100_000 and "over the 8,192 tokens" in over.context.why
+    assert any("over the 8,192 tokens the model was trained on" in r.getMessage()
+               for r in caplog.records)
+    within = App(settings.Settings(n_ctx=4096))
+    assert within.context.why == "set in the settings, --n-ctx or KVDESK_N_CTX"
