@@ -41,6 +41,16 @@ def gone(pid: int | None, host: str | None) -> bool:
     return False
 
 
+def abandoned_writes(conn, now: float) -> list[tuple[int, int]]:
+    """(entry id, bytes) of the entries whose writer is gone before finishing them: what the
+    next `gc` removes."""
+    pending = conn.execute(
+        "SELECT id, (SELECT coalesce(sum(nbytes), 0) FROM kv_chunks WHERE entry_id = e.id),"
+        " last_used, writer_pid, writer_host FROM kv_entries e WHERE NOT complete").fetchall()
+    return [(entry_id, nbytes) for entry_id, nbytes, last_used, pid, host in pending
+            if last_used < now - ABANDON_AFTER_S or gone(pid, host)]
+
+
 def usage(db: Connections) -> int:
     """Bytes of every stored chunk, complete entries and entries being written alike."""
     return db.get().conn.execute("SELECT coalesce(sum(nbytes), 0) FROM kv_chunks").fetchone()[0]
@@ -55,12 +65,7 @@ def collect(db: Connections, budget_bytes: int, now: float, report: dict | None 
         report.setdefault(key, [])
     report.setdefault("freed_bytes", 0)
     with db.write() as wdb:
-        pending = wdb.conn.execute(
-            "SELECT id, (SELECT coalesce(sum(nbytes), 0) FROM kv_chunks WHERE entry_id = e.id),"
-            " last_used, writer_pid, writer_host FROM kv_entries e WHERE NOT complete"
-        ).fetchall()
-        abandoned = [(entry_id, nbytes) for entry_id, nbytes, last_used, pid, host in pending
-                     if last_used < now - ABANDON_AFTER_S or gone(pid, host)]
+        abandoned = abandoned_writes(wdb.conn, now)
         wdb.conn.executemany("DELETE FROM kv_entries WHERE id = ?", [(i,) for i, _ in abandoned])
     report["abandoned_entries"] += [entry_id for entry_id, _ in abandoned]
     report["freed_bytes"] += sum(nbytes for _, nbytes in abandoned)

@@ -361,7 +361,8 @@ class Store(LibraryStore, PassageStore, PassageKVStore):
         Returns {"database": [what SQLite found wrong], "entries": n, "chunks": n, "bytes": n,
         "corrupt": [{"entry": id, "chunk": i, "level": name, "new": bool}],
         "missing": [{"entry": id, "chunk": i, "level": name}],
-        "calibrations": [{"id", "model", "state": "ok" | "damaged" | "missing", "entries"}]}.
+        "calibrations": [{"id", "model", "state": "ok" | "damaged" | "missing", "entries"}],
+        "abandoned": [{"entry": id, "bytes": n}] (writes a process gone left: `gc` removes them)}.
         """
         found = quick_check(self._db.get().conn)
         if found:
@@ -371,7 +372,11 @@ class Store(LibraryStore, PassageStore, PassageKVStore):
         except DamagedError:  # too damaged to list its chunks
             chunks = {"entries": 0, "chunks": 0, "bytes": 0, "corrupt": [], "missing": [],
                       "calibrations": []}
-        return {"database": found or ([self.damage] if self.damage else []), **chunks}
+        # (a damaged file's rows are not to be trusted: its writes wait for it to be fixed)
+        left = [] if found or self.damage else quota.abandoned_writes(self._db.get().conn,
+                                                                      self._clock())
+        return {"database": found or ([self.damage] if self.damage else []), **chunks,
+                "abandoned": [{"entry": i, "bytes": n} for i, n in left]}
 
     def quarantined(self) -> list[tuple[int, int, str]]:
         """(entry, chunk, level) of every chunk set aside after a failed check."""

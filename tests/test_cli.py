@@ -138,7 +138,7 @@ def test_attach_ask_reopen_end_to_end(tmp_path):
     assert gone.returncode == 1 and "no chat 999" in gone.stderr and not gone.stdout
     verified = json.loads(kvdesk("verify", "--json").stdout)
     assert set(verified) == {"database", "entries", "chunks", "bytes", "corrupt", "missing",
-                             "calibrations"}
+                             "calibrations", "abandoned"}
     assert verified["entries"] >= 3 and verified["corrupt"] == verified["missing"] == []
     assert verified["database"] == []  # SQLite's own check found nothing
     freed = json.loads(kvdesk("gc", "--budget-gb", "0", "--json").stdout)

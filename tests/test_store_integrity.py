@@ -33,7 +33,7 @@ def test_a_flipped_byte_raises_corrupt_chunk_and_verify_lists_it(tmp_path):
         other = put_entry(store, range(9000, 9100))
         assert store.verify() == {
             "database": [], "entries": 2, "chunks": 8, "bytes": entry.nbytes + other.nbytes,
-            "corrupt": [], "missing": [], "calibrations": [],
+            "corrupt": [], "missing": [], "calibrations": [], "abandoned": [],
         }  # fmt: skip
         flip_byte(store, entry.id, 1, "compact")
         with pytest.raises(CorruptChunkError) as caught:

@@ -139,6 +139,7 @@ def test_entries_being_written_are_kept_until_abandoned(store, clock):
     writer.put_chunk(0, "raw", bytes(500))
     report = store.gc(budget_bytes=0)
     assert report["evicted_entries"] == [] and report["abandoned_entries"] == []
+    assert store.verify()["abandoned"] == []  # its writer is alive: not abandoned
     clock.now += ABANDON_AFTER_S + 1
     report = store.gc(budget_bytes=10_000)
     assert report["abandoned_entries"] == [writer.entry_id]
@@ -157,7 +158,10 @@ def test_an_entry_whose_writer_process_died_is_removed_at_once(store, clock):
         conn.execute("UPDATE kv_entries SET writer_pid = ? WHERE id = ?",
                      (int(dead), writer.entry_id))
     conn.close()
+    # `verify` names what the next `gc` removes
+    assert store.verify()["abandoned"] == [{"entry": writer.entry_id, "bytes": 500}]
     assert store.gc()["abandoned_entries"] == [writer.entry_id]  # no 15 minutes' wait
+    assert store.verify()["abandoned"] == []
 
 
 def test_the_budget_defaults_to_ten_gigabytes(store, clock):

@@ -101,6 +101,9 @@ def verify(app: App, repair: bool, as_json: bool):
                       "model-independent levels until `kvdesk calibrate`"]
     elif found:
         lines += ["run `kvdesk verify --repair` to recompute them (they are not read meanwhile)"]
+    if left := report["abandoned"]:
+        lines += [f"{len(left)} unfinished writes of processes that are gone "
+                  f"({size_text(sum(a['bytes'] for a in left))}): `kvdesk gc` removes them"]
     emit(report, as_json, lines)
     if found and "repair" not in report:
         sys.exit(1)
