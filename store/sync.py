@@ -1,4 +1,4 @@
-"""Moving document entries between the local store and the remote tier.
+"""Moving document entries between the local store and the remote tier, and checking them there.
 
 The local store stays the index and the cache: a push uploads a local entry's chunk objects
 (those not there yet, in parallel) and then its manifest; a pull finds an entry by the
@@ -14,12 +14,15 @@ fetches it (`fetch_calibration`) into the local store before anything decodes.
 Only documents' and passages' root entries travel, with their windows (store.kv); chats
 never leave the machine. A passage's entry is pulled only for a local document holding the
 same passage, when a question needs it (`pull` with its document id), never by `pull_all`.
+Since a push never reads back what is there, `check` does: every object of a shared entry this
+store holds, read and checked, and put back from the local copy where it is damaged or gone.
 This module must never load an object under another fingerprint than the one asked for, and
 never write a manifest before every object it names (chunks, calibration) is stored.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
@@ -340,11 +343,12 @@ def push_all(store: Store, tier: RemoteTier, fingerprint: str, *,
 
 
 def check(store: Store, tier: RemoteTier, entry: Entry, *, repair: bool = False) -> dict:
-    """Read back every object of a local entry's shared copy, checked against its manifest's
-    size and SHA-256: those missing or damaged there, and with `repair` each put back from
-    this store's own chunk where it holds those bytes (keys are content-addressed: the
-    rewrite is what every reader expects). A damaged manifest is written again by pushing.
-    {"entry", "title", "shared": False} when the tier has no copy of it."""
+    """Read back every object of a local entry's shared copy (its manifest, its chunks, the
+    calibration they need), checked against the manifest's sizes and SHA-256s: those missing
+    or damaged there, and with `repair` each put back from this store's own copy where it
+    holds those bytes (keys are content-addressed: the rewrite is what every reader expects;
+    a damaged manifest is written again by pushing the entry). {"shared": False} when the
+    tier has no copy of it."""
     fingerprint = entry.model
     token_end, prefix_hash = entry_id_of(entry)
     title = store.document(entry.document_id).title
@@ -356,10 +360,11 @@ def check(store: Store, tier: RemoteTier, entry: Entry, *, repair: bool = False)
         return {**report, "shared": False}
     except CorruptObjectError as e:
         report["damaged"].append({"key": e.key, "error": str(e)})
-        if repair:
-            push(store, tier, entry)
-            report["repaired"] += 1
-        return report
+        if not repair:
+            return report
+        push(store, tier, entry)  # (a damaged manifest counts as none: written again)
+        manifest = read_manifest(tier, fingerprint, token_end, prefix_hash)
+        report["repaired"] += 1
     work = [(i, level, obj) for level, objs in manifest.chunks.items()
             for i, obj in enumerate(objs)]
 
@@ -374,9 +379,10 @@ def check(store: Store, tier: RemoteTier, entry: Entry, *, repair: bool = False)
         return None
 
     with ThreadPoolExecutor(tier.config.parallel, thread_name_prefix="kv-check") as pool:
-        report["damaged"] = [d for d in pool.map(damage, work) if d is not None]
-    report["objects"] = len(work)
-    for bad in report["damaged"] if repair else ():
+        chunks = [d for d in pool.map(damage, work) if d is not None]
+    report["objects"] = len(work) + (manifest.calibration is not None)
+    report["damaged"] += chunks
+    for bad in chunks if repair else ():
         try:
             data = store.read_chunk(entry.id, bad["chunk"], bad["level"])
         except (NotFoundError, CorruptChunkError):
@@ -384,18 +390,35 @@ def check(store: Store, tier: RemoteTier, entry: Entry, *, repair: bool = False)
         if sha256(data) == bad["sha256"]:
             tier.put(bad["key"], data)
             report["repaired"] += 1
+    if (cal_id := manifest.calibration) is not None:
+        key = tier.calibration_key(fingerprint, cal_id)
+        try:
+            tier.get(key, digest=cal_id)
+        except (NotFoundError, CorruptObjectError) as e:
+            report["damaged"].append({"key": key, "error": str(e)})
+            if repair and entry.calibration == cal_id:
+                # (this store's own copy, where it has one intact)
+                with contextlib.suppress(NotFoundError, CorruptObjectError):
+                    tier.put(key, store.calibration(cal_id))
+                    report["repaired"] += 1
     return report
 
 
 def check_all(store: Store, tier: RemoteTier, fingerprint: str, *,
               repair: bool = False) -> dict:
-    """`check` every local entry of this model that travels."""
-    reports = [check(store, tier, e, repair=repair) for e in document_entries(store, fingerprint)]
+    """`check` every local entry of this model that travels; one whose own chunks fail their
+    check here is named, and the others checked."""
+    reports, failed = [], []
+    for e in document_entries(store, fingerprint):
+        try:
+            reports.append(check(store, tier, e, repair=repair))
+        except CorruptChunkError as error:
+            failed.append({"entry": e.id, "error": str(error)})
     shared = [r for r in reports if r["shared"]]
     return {"checked": len(shared), "not_shared": len(reports) - len(shared),
             "objects": sum(r["objects"] for r in shared),
             "damaged": [{**d, "title": r["title"]} for r in shared for d in r["damaged"]],
-            "repaired": sum(r["repaired"] for r in shared)}
+            "repaired": sum(r["repaired"] for r in shared), "failed": failed}
 
 
 def pull_all(store: Store, tier: RemoteTier, fingerprint: str, *, lazy: bool = False,

@@ -116,8 +116,9 @@ def test_a_stored_lossless_level_is_read_with_or_without_a_server(tmp_path):
         served = kvdesk(*ask)
         notes = tmp_path / "notes.md"
         notes.write_text("The gate code is 4417.\n")
-        (uploaded,) = json.loads(kvdesk("--n-ctx", "1024", "attach", str(notes),
-                                        "--json").stdout)
+        through = kvdesk("--n-ctx", "1024", "attach", str(notes), "--json")
+        assert "answered by the kvdesk server" in through.stderr  # (an upload, not a path)
+        (uploaded,) = json.loads(through.stdout)
     finally:
         server.terminate()
         server.wait(timeout=60)

@@ -285,6 +285,15 @@ def test_verify_finds_objects_damaged_or_gone_there_and_repair_puts_them_back(
     fixed = sync.check_all(a, remote_tier, FP, repair=True)
     assert fixed["repaired"] == 2
     assert sync.check_all(a, remote_tier, FP)["damaged"] == []
+    # A damaged manifest is written again, and the chunks are still read back after it.
+    manifest_key = remote_tier.manifest_key(FP, manifest.token_end, manifest.prefix_hash)
+    client.put_object(Bucket=bucket, Key=manifest_key, Body=b"{not json")
+    client.put_object(Bucket=bucket, Key=keys[0], Body=bytes([good[0] ^ 1]) + good[1:])
+    found = sync.check_all(a, remote_tier, FP)
+    assert [d["key"] for d in found["damaged"]] == [manifest_key]  # (nothing to read past it)
+    fixed = sync.check_all(a, remote_tier, FP, repair=True)
+    assert sorted(d["key"] for d in fixed["damaged"]) == sorted([manifest_key, keys[0]])
+    assert fixed["repaired"] == 2 and sync.check_all(a, remote_tier, FP)["damaged"] == []
     report = sync.pull_all(b, remote_tier, FP)  # the other machine reads it whole again
     assert report["failed"] == [] and len(report["pulled"]) == 1
 

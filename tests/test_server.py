@@ -318,3 +318,35 @@ def test_kvdesk_ask_stopped_through_the_server_still_gets_its_result(served):
     stopped = httpx.post(f"{served.url}/v1/kvdesk/ask/stop", json={"stop_id": "0" * 32},
                          trust_env=False, timeout=30)  # nothing in flight by that name
     assert stopped.status_code == 404 and stopped.json()["error"]["param"] == "stop_id"
+
+
+def test_a_stop_id_names_one_turn_in_flight(served):
+    """A second turn under a stop_id in flight is refused (it would take the first one's
+    stop); the stop ends the first, whose stream still brings its result."""
+    import threading
+
+    name, events = "turn-0123456789", []
+    body = {"question": "Write a long story about a lighthouse.", "stream": True,
+            "generation": {"max_tokens": 400, "temperature": 0}, "stop_id": name}
+
+    def first():
+        with httpx.stream("POST", f"{served.url}/v1/kvdesk/ask", json=body, trust_env=False,
+                          timeout=120) as r:
+            for line in r.iter_lines():
+                if line.startswith("data:") and line[5:].strip() != "[DONE]":
+                    events.append(json.loads(line[5:]))
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    deadline = time.time() + 60
+    while sum("token" in e for e in events) < 3 and time.time() < deadline:
+        time.sleep(0.05)
+    again = httpx.post(f"{served.url}/v1/kvdesk/ask", json={**body, "stream": False},
+                       trust_env=False, timeout=60)
+    assert again.status_code == 409 and again.json()["error"]["param"] == "stop_id"
+    stopped = httpx.post(f"{served.url}/v1/kvdesk/ask/stop", json={"stop_id": name},
+                         trust_env=False, timeout=30)
+    assert stopped.status_code == 200
+    thread.join(60)
+    (result,) = [e["result"] for e in events if "result" in e]
+    assert result["finish_reason"] == "cancelled"

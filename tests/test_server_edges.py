@@ -4,6 +4,8 @@ routers serve, and the new settings' and flags' refusals."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from fastapi import APIRouter
 from starlette.testclient import TestClient
@@ -310,3 +312,54 @@ def test_an_uploads_own_file_is_kept_only_from_this_machine_and_when_it_holds_it
         assert uploaded_from(here, claimed, data) == "", claimed
     assert uploaded_from(SimpleNamespace(client=SimpleNamespace(host="testclient")),
                          str(file), data) == ""
+    # Never a file that is not a regular one, read forever or never answering.
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    assert uploaded_from(here, str(fifo), b"x") == ""
+    assert uploaded_from(here, "/dev/zero", b"") == ""  # (an empty upload has no file)
+    assert uploaded_from(here, "/dev/zero", b"x") == ""
+
+
+def test_an_ask_to_a_server_from_before_stop_id_is_asked_again_without_it():
+    """A `kvdesk` upgraded while its server runs: the server refuses the field it does not
+    know, and the ask goes on without it (it used to fail until the server restarted)."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from desktop_app.options import GenerationOptions, RestoreOptions
+    from desktop_app.results import AskResult
+    from desktop_app.server.client import Client
+
+    bodies = []
+
+    class OldServer(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's naming
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            bodies.append(body)
+            if "stop_id" in body:
+                out, status = json.dumps({"error": {
+                    "message": "stop_id: Extra inputs are not permitted",
+                    "param": "stop_id"}}).encode(), 400
+            else:
+                result = AskResult(7, "Seven.", 0.1, 0.0, 0, [], 0, 2).as_dict()
+                out, status = f"data: {json.dumps({'result': result})}\n\n".encode(), 200
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), OldServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        res = Client(f"http://127.0.0.1:{server.server_port}", None).ask(
+            "When?", chat_id=7, doc_ids=[], restore=RestoreOptions(),
+            generation=GenerationOptions(), on_token=print, on_restore=print, progress=print,
+            cancel=threading.Event())
+    finally:
+        server.shutdown()
+    assert res.answer == "Seven." and res.chat_id == 7
+    assert ["stop_id" in b for b in bodies] == [True, False]

@@ -112,10 +112,11 @@ class LongDocs:
         by_doc: dict[int, list[str]] = {}
         for s in sources:
             by_doc.setdefault(s.document_id, []).append(s.text)
-        found = [*(line for _, text in wholes
-                   for line in evidence.beside(self.store, books, question, text)),
-                 *(line for doc_id, texts in by_doc.items()
-                   for line in evidence.naming(self.store, doc_id, question, texts))]
+        # (the passages' first: what the book says of a name outranks notes about it)
+        found = [*(line for doc_id, texts in by_doc.items()
+                   for line in evidence.naming(self.store, doc_id, question, texts)),
+                 *(line for _, text in wholes
+                   for line in evidence.beside(self.store, books, question, text))]
         return found[:evidence.MOST]
 
     def quoted(self, rt: Runtime, chat_id: int | None, docs: Sequence[Document],

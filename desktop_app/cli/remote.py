@@ -92,11 +92,13 @@ def remote_pull(app: App, lazy: bool, as_json: bool):
 def remote_verify(app: App, repair: bool, as_json: bool):
     """Read back every shared object of the caches this machine holds, and check it."""
     report = app.engine.sharing.verify(app.engine.fingerprint, repair=repair)
-    left = len(report["damaged"]) - report["repaired"]
+    left = len(report["damaged"]) - report["repaired"] + len(report["failed"])
     emit(report, as_json, [
         f"{report['checked']} shared caches checked ({report['objects']:,} objects; "
         f"{report['not_shared']} held here only)"]
         + [f"DAMAGED: {d['title']}: {d['error']}" for d in report["damaged"]]
+        + [f"FAILED: entry {f['entry']}: {f['error']} (`kvdesk verify --repair` first)"
+           for f in report["failed"]]
         + ([f"{report['repaired']} put back from this machine's copy"] if repair else [])
         + ([f"{left} not repaired: `kvdesk remote verify --repair` puts back what this "
             "machine holds"] if left and not repair else

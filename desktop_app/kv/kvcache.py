@@ -6,6 +6,9 @@ document's, whose chunks are never copied): encoding runs on the calling thread 
 store's background writer makes each chunk durable, and a cancel or failure leaves nothing of
 the entry behind. `store_chat` stores a chat's KV after a turn, storing its first document's
 entry first when it is missing, so the next chat about the document starts from it too.
+A prompt of the local API's that leaves a stored entry partway (requests sharing a long system
+prompt, each with its own question) first stores that shared part as an entry of its own,
+which it and the next such prompts extend, instead of storing all of it again each time.
 
 A sliding-window (iSWA) model's entry is two things. Its chunks: the full-attention layers' KV
 of its own tokens, [full layers, 256 tokens, channels], as for any model — a chat's entry shares

@@ -4,7 +4,10 @@ A small model given a few passages often answers from the wrong one, copying tex
 near the fact (measured: RESULTS.md, "Why the answers over a long document miss"). The
 sentences of the passages read that hold the question's rarest words (a name, an identifier:
 those in the fewest of the document's passages) are what the answer rests on; the chat room
-quotes them in the question's own turn, nearest the answer.
+quotes them in the question's own turn, nearest the answer (`naming`). A document read whole
+beside the passages (a page of notes beside a book) is quoted for the words the book hardly
+holds (`beside`), and a name the question writes that the book never holds is found
+(`unnamed`): the passages read are then only the nearest, and nothing is quoted as its answer.
 
 Words and text only: it never reads a model, a tokenizer or any KV, and it never decides
 which passages are read (`retrieve` does).

@@ -23,10 +23,12 @@ Routes only translate: the engine does the work, on worker threads (`bridge`).
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
 import os
 import shutil
+import stat
 import tempfile
 import threading
 from collections.abc import Callable, Sequence
@@ -36,6 +38,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from sse_starlette.sse import EventSourceResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from store import StoreError
@@ -233,10 +236,15 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
         restore = parse(RestoreOptions, body.restore)
         generation = parse(GenerationOptions, body.generation)
 
+        with asks_lock:
+            if body.stop_id in asks:
+                raise ApiError(409, "a turn with that stop_id is in flight: name each turn "
+                               "anew", code="conflict", param="stop_id")
+
         def work(emit, cancel):
             if body.stop_id is not None:
-                with asks_lock:
-                    asks[body.stop_id] = cancel
+                with asks_lock:  # (one taken meanwhile stays its first turn's)
+                    asks.setdefault(body.stop_id, cancel)
             try:
                 return engine().ask(body.question, chat_id=body.chat_id, doc_ids=body.doc_ids,
                                     restore=restore, generation=generation, progress=emit,
@@ -244,7 +252,8 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
                                     on_restore=emit, cancel=cancel)
             finally:
                 with asks_lock:
-                    asks.pop(body.stop_id, None)
+                    if asks.get(body.stop_id) is cancel:
+                        del asks[body.stop_id]
 
         return await _respond(request, stopping, work, body.stream)
 
@@ -323,10 +332,13 @@ async def _attachment(request: Request, allowed: tuple[str, ...]):
         try:
             data = await upload.read()
             path.write_bytes(data)
+            # (off the event loop: it reads a file the size of the upload)
+            source = await run_in_threadpool(uploaded_from, request, form.get("source_path"),
+                                             data)
         except BaseException:
             cleanup()
             raise
-        return path, levels, cleanup, uploaded_from(request, form.get("source_path"), data)
+        return path, levels, cleanup, source
     try:
         data = json.loads(await request.body())
     except ValueError as e:
@@ -352,20 +364,28 @@ async def _attachment(request: Request, allowed: tuple[str, ...]):
 def uploaded_from(request: Request, claimed, data: bytes) -> str:
     """The file an upload copies, watched for changes as an attached file is (`kvdesk attach`
     through a server sends its path): kept only from a client on this machine, and only
-    when that file holds the bytes uploaded; else "" (none known). Never said either way."""
+    when that is a regular file holding the bytes uploaded; else "" (none known). Never said
+    either way. (A client on this machine, any local user's among them, learns nothing it
+    could not: that a file it names holds bytes it already has.)"""
     try:
         here = ipaddress.ip_address(request.client.host).is_loopback
     except (AttributeError, ValueError):  # no client, or a test client's name
         here = False
-    if not here or not isinstance(claimed, str) or "\0" in claimed:
+    if not here or not data or not isinstance(claimed, str) or "\0" in claimed or \
+            not os.path.isabs(claimed):
         return ""
-    source = Path(claimed)
-    try:
-        same = (source.is_absolute() and source.stat().st_size == len(data)
-                and source.read_bytes() == data)
+    try:  # (non-blocking, and a regular file only: never a FIFO or a device read forever)
+        fd = os.open(claimed, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return ""
-    return str(source) if same else ""
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_size != len(data):
+            return ""
+        digest = hashlib.sha256()
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return claimed if digest.digest() == hashlib.sha256(data).digest() else ""
 
 
 def upload_name(filename: str | None) -> str:

@@ -5,13 +5,16 @@ codec's tables before its first token; a server running on the same data directo
 loaded and the chat possibly already in its context. `Client` sends the command there and
 hands back the same records the engine returns (AskResult, RestoreReport, AttachResult),
 calling the same callbacks as the stream arrives, so the CLI prints exactly what it prints
-in-process. Stopping (Ctrl-C) closes the connection: the server stops the work within a token.
+in-process. Stopping (Ctrl-C) an ask asks the server to stop it (`stop_id`) and reads its
+result, the answer so far (kept there); other calls close the connection, and the server
+stops their work within a token.
 
 It never imports the engine, the model runtime or the codec.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import secrets
 import threading
@@ -51,7 +54,7 @@ class Client:
         def stop() -> bool:
             # Ctrl-C: the server stops the answer and still sends the result (the answer so
             # far, kept there), as an ask in this process gives it; a turn that has just
-            # ended sends it anyway. (A server without the route: the stream is left.)
+            # ended sends it anyway.
             try:
                 r = httpx.post(self.url + "/v1/kvdesk/ask/stop", json={"stop_id": stop_id},
                                headers=self.headers, timeout=TIMEOUT, trust_env=False)
@@ -59,7 +62,20 @@ class Client:
                 return False
             return r.status_code == 200 or _error(r.text).get("param") == "stop_id"
 
-        for event in self._stream("POST", "/v1/kvdesk/ask", cancel, stop, json=body):
+        try:
+            events = iter(self._stream("POST", "/v1/kvdesk/ask", cancel, stop, json=body))
+            first = [next(events, None)]
+        except InvalidValue as e:
+            if e.key != "stop_id":
+                raise
+            # A server from before stop_id (upgraded while it ran): asked without it, and
+            # Ctrl-C leaves its stream (the answer so far is kept there, not sent).
+            del body["stop_id"]
+            events = iter(self._stream("POST", "/v1/kvdesk/ask", cancel, None, json=body))
+            first = []
+        for event in itertools.chain(first, events):
+            if event is None:
+                break
             if "token" in event:
                 on_token(event["token"])
             elif "restore" in event:
@@ -145,6 +161,8 @@ def _error(text: str) -> dict:
 
 def _raise(status: int, error: dict) -> None:
     message = error.get("message", "")
+    if error.get("code") == "cancelled":  # stopped before it answered (Ctrl-C, a shutdown)
+        raise Cancelled(message or "stopped")
     if status == 404:
         raise MissingError(message)
     if error.get("param"):

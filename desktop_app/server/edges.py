@@ -1,5 +1,5 @@
-"""What the local API answers at its edges: browsers (CORS), routes it does not serve, and the
-error dialect of Ollama's routes.
+"""What the local API answers at its edges: browsers (CORS), routes it does not serve, bodies
+over their limit, requests without the API key, and the error dialect of Ollama's routes.
 
 - **CORS.** Web pages of the origins in the setting `cors_origins` (none by default; a "*"
   stands for any port, `http://localhost:*`, or for a domain's first labels,
