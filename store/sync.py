@@ -14,8 +14,7 @@ fetches it (`fetch_calibration`) into the local store before anything decodes.
 Only documents' and passages' root entries travel, with their windows (store.kv); chats
 never leave the machine. A passage's entry is pulled only for a local document holding the
 same passage, when a question needs it (`pull` with its document id), never by `pull_all`.
-Since a push never reads back what is there, `check` does: every object of a shared entry this
-store holds, read and checked, and put back from the local copy where it is damaged or gone.
+`check` reads back what a push never does: a shared entry's objects, put back where damaged.
 This module must never load an object under another fingerprint than the one asked for, and
 never write a manifest before every object it names (chunks, calibration) is stored.
 """
@@ -406,8 +405,8 @@ def check(store: Store, tier: RemoteTier, entry: Entry, *, repair: bool = False)
 
 def check_all(store: Store, tier: RemoteTier, fingerprint: str, *,
               repair: bool = False) -> dict:
-    """`check` every local entry of this model that travels; one whose own chunks fail their
-    check here is named, and the others checked."""
+    """`check` every local entry of this model that travels (one failing its own check here
+    is named)."""
     reports, failed = [], []
     for e in document_entries(store, fingerprint):
         try:
