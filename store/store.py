@@ -64,8 +64,12 @@ class Store(LibraryStore, PassageStore, PassageKVStore):
             if isinstance(e, sqlite3.OperationalError) and not any(
                     why in str(e) for why in ("unable to open", "readonly", "disk I/O")):
                 raise
-            raise DataDirError(f"{self.path} cannot be opened as a kvdesk store "
-                               f"({e.__cause__ if isinstance(e, DamagedError) else e})") from e
+            why = e.__cause__ if isinstance(e, DamagedError) else e
+            hint = ("; its documents and chats are in that file: restore it from a backup, or "
+                    "move it aside and kvdesk starts a new one"
+                    if "not a database" in str(why) or isinstance(e, DamagedError) else "")
+            raise DataDirError(f"{self.path} cannot be opened as a kvdesk store ({why}){hint}"
+                               ) from e
         except BaseException:
             self._db.close()
             raise

@@ -38,7 +38,8 @@ def test_a_data_directory_the_system_cannot_create_is_one_clear_error(tmp_path):
 
 def test_a_file_that_is_not_a_database(tmp_path):
     (tmp_path / "kvdesk.sqlite").write_bytes(b"not sqlite at all" * 100)
-    with pytest.raises(DataDirError, match="cannot be opened as a kvdesk store"):
+    with pytest.raises(DataDirError, match="cannot be opened as a kvdesk store .*restore it "
+                                           "from a backup, or move it aside"):
         Store(tmp_path)
 
 
