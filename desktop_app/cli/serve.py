@@ -34,6 +34,7 @@ def serve(app: App, host: str, port: int | None, api_key: str | None,
     server = Server(app, host=host, port=app.settings.server_port if port is None else port,
                     api_key=api_key, ollama_port=app.settings.ollama_port if ollama_port is None
                     else ollama_port)
+    server.check()  # (refused at once, not after loading the model)
     click.echo(f"Loading {app.model_path.name}...", err=True)
 
     def announce() -> None:

@@ -94,16 +94,11 @@ class Server:
         sockets = [bind(self.host, self.port)]
         self.port = sockets[0].getsockname()[1]  # port 0: a free one, named in the server file
         self.uvicorn.config.port = self.port
-        running = discovery.live(self.app.data_dir)
-        if running or self.app.store.read_only:
+        try:
+            self.check()
+        except BaseException:
             sockets[0].close()
-            if self.app.store.damage and not running:
-                raise self.app.store.damage_error()
-            raise EngineError(f"a kvdesk server already serves this data directory at "
-                              f"{running}: stop it first, or use it" if running else
-                              f"the data directory {self.app.data_dir} is read-only: a "
-                              "server stores chats and caches there (`kvdesk docs`, `chats` "
-                              "and `verify` read it as it is)")
+            raise
         try:
             self.app.engine.warm_up()  # the model and the codec, before any request
             self.app.engine.contexts.wait_warm()
@@ -119,6 +114,19 @@ class Server:
             discovery.remove(self.app.data_dir)
             for sock in sockets:
                 sock.close()
+
+    def check(self) -> None:
+        """Raise EngineError when this data directory cannot be served: another server serves
+        it, or it is read-only or damaged (before the model loads: nothing to wait for)."""
+        running = discovery.live(self.app.data_dir)
+        if running or self.app.store.read_only:
+            if self.app.store.damage and not running:
+                raise self.app.store.damage_error()
+            raise EngineError(f"a kvdesk server already serves this data directory at "
+                              f"{running}: stop it first, or use it" if running else
+                              f"the data directory {self.app.data_dir} is read-only: a "
+                              "server stores chats and caches there (`kvdesk docs`, `chats` "
+                              "and `verify` read it as it is)")
 
     def stop(self) -> None:
         self.stopping.stop()
