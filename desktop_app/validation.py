@@ -128,10 +128,12 @@ def secret_error(message: str) -> pydantic_core.PydanticCustomError:
     return pydantic_core.PydanticCustomError(SECRET, message)
 
 
-def parse(model: type[M], data: Mapping[str, Any], *, names: Mapping[str, str] | None = None) -> M:
+def parse(model: type[M], data: Mapping[str, Any], *, names: Mapping[str, str] | None = None,
+          within: str | None = None) -> M:
     """`model` built from `data`, or InvalidValue for the first problem found.
 
-    `names` maps field names to what the user typed (e.g. "budget_ms" -> "--budget-ms").
+    `names` maps field names to what the user typed (e.g. "budget_ms" -> "--budget-ms");
+    `within`: the request field `data` is (e.g. "generation": "generation.max_tokens").
     """
     try:
         return model.model_validate(dict(data))
@@ -139,8 +141,9 @@ def parse(model: type[M], data: Mapping[str, Any], *, names: Mapping[str, str] |
         error = first_problem(e.errors(include_url=False))
         field = ".".join(str(p) for p in error["loc"]) or model.__name__
         key = (names or {}).get(field, field)
+        key = f"{within}.{key}" if within else key
         if error["type"] == "extra_forbidden":
-            raise InvalidValue(key, "not a known setting") from None
+            raise InvalidValue(key, f"not a known {'field' if within else 'setting'}") from None
         # a nested model's own name (GenerationOptions) means nothing to the user
         message = ("should be a JSON object of its keys" if error["type"] == "model_type"
                    else "should be a JSON list" if error["type"] == "tuple_type"

@@ -363,3 +363,16 @@ def test_an_ask_to_a_server_from_before_stop_id_is_asked_again_without_it():
         server.shutdown()
     assert res.answer == "Seven." and res.chat_id == 7
     assert ["stop_id" in b for b in bodies] == [True, False]
+
+
+def test_a_nested_fields_refusal_names_it_within_its_field(tmp_path):
+    """`/v1/kvdesk/ask`: a bad or unknown key of `generation` or `restore` is named as the
+    request writes it (the model is never loaded: refused first)."""
+    c = client(tmp_path)
+    for nested, param, words in (
+            ({"generation": {"max_tokens": "many"}}, "generation.max_tokens", "integer"),
+            ({"generation": {"temprature": 0}}, "generation.temprature", "not a known field"),
+            ({"restore": {"level": 7}}, "restore.level", "string")):
+        r = c.post("/v1/kvdesk/ask", json={"question": "hi", **nested})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+        assert words in r.json()["error"]["message"], r.text
