@@ -89,7 +89,8 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
         error = first_problem([{**x, "loc": [p for p in x["loc"] if p != "body"]}
                                for x in e.errors()])
         where = ".".join(str(p) for p in error["loc"]) or "body"
-        return json_response(400, s.error(f"{where}: {error['msg']}", param=where))
+        why = error["msg"].removeprefix("Value error, ")  # (a validator's own words)
+        return json_response(400, s.error(f"{where}: {why}", param=where))
 
     @api.exception_handler(HTTPException)
     async def http_error(request: Request, e: HTTPException):

@@ -26,7 +26,7 @@ import pydantic
 
 from ..options import GenerationOptions
 from ..results import Completion
-from ..validation import InvalidValue, null_is_default, parse
+from ..validation import Exact, InvalidValue, null_is_default, parse
 from . import schemas as s
 
 # Ollama's names of kvdesk's generation options.
@@ -43,7 +43,7 @@ OFF = {"mirostat": 0, "typical_p": 1, "tfs_z": 1}
 NO_IMAGES = "images are not supported by this model"
 
 
-class Message(pydantic.BaseModel):
+class Message(Exact):
     model_config = pydantic.ConfigDict(extra="ignore")
     role: Literal["system", "user", "assistant", "tool"]
     content: str | None = ""
@@ -59,7 +59,7 @@ class Message(pydantic.BaseModel):
         return {"role": self.role, "content": self.content or ""}
 
 
-class _Request(pydantic.BaseModel):
+class _Request(Exact):
     model_config = pydantic.ConfigDict(extra="ignore")
     model: str = pydantic.Field(min_length=1)
     options: dict[str, Any] = pydantic.Field(default_factory=dict)
@@ -157,7 +157,7 @@ class ShowRequest(pydantic.BaseModel):
         return self.model or self.name
 
 
-class EmbedRequest(pydantic.BaseModel):
+class EmbedRequest(Exact):
     """/api/embed's `input` (one text or several), or the older /api/embeddings' `prompt`.
     `truncate`, `options` and `keep_alive` are accepted: the embedder reads any length."""
 
