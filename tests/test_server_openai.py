@@ -224,7 +224,7 @@ def test_what_responses_refuse(served):
         assert e.value.status_code == status
     # a refusal of one field names it (`param`), in this API's words
     for fields, param in (({"input": "x", "reasoning": {"effort": "high"}}, "reasoning"),
-                          ({"input": []}, "input")):
+                          ({"input": []}, "input"), ({"input": " "}, "input")):
         with pytest.raises(openai.BadRequestError) as e:
             served.client.responses.create(model="default", **fields)
         assert e.value.body["param"] == param

@@ -83,6 +83,8 @@ class ResponsesRequest(s.Sampled):
         if fmt.get("type") not in (None, "text"):
             raise InvalidValue("text.format", "only text is supported")
         if isinstance(self.input, str):
+            if not self.input.strip():  # (as an empty prompt is refused on /v1/completions)
+                raise InvalidValue("input", "it is empty")
             return [{"role": "user", "content": self.input}]
         return [item.message(f"input.{i}") for i, item in enumerate(self.input)]
 
