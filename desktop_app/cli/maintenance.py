@@ -66,8 +66,9 @@ def verify(app: App, repair: bool, as_json: bool):
     unusable = [c for c in report["calibrations"] if c["state"] != "ok"]
     found = bool(report["corrupt"] or report["missing"] or unusable)
     if report["database"]:  # nothing more is written to a damaged file, repairs included
-        emit(report, as_json, [f"the database file is damaged: {len(report['database'])} "
-                               "problems found by SQLite's check", *(
+        n = len(report["database"])
+        emit(report, as_json, [f"the database file is damaged: {n} problem"
+                               f"{'' if n == 1 else 's'} found by SQLite's check", *(
                                    f"  {x}" for x in report["database"][:20]),
                                f"Error: {app.store.damage_error()}"])
         sys.exit(1)
