@@ -328,6 +328,12 @@ def test_passage_kv_under_another_model_is_not_called_this_chats_cache(make_engi
     assert passage_entries(eng)
     doc = eng.library.document(eng.doc)
     assert eng.library.stale_note(None, [doc], "another-model") == []
+    # nor a short document's own entry, read whole as a passage is beside it
+    notes = eng.store.add_document("n" * 64, "Notes", "The bakery opens at six.", type="text")
+    eng.ask("When does the bakery open?", doc_ids=[notes.id], generation=GREEDY)
+    assert eng.store.document_entry(notes.id, eng.fingerprint) is not None
+    assert eng.library.stale_note(None, [notes], "another-model")  # (alone: it is read)
+    assert eng.library.stale_note(None, [doc, notes], "another-model") == []
 
 
 def test_a_passage_evicted_between_being_found_and_read_is_computed(make_engine, monkeypatch):

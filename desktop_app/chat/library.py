@@ -78,7 +78,10 @@ class Library:
         """What to tell the user when the cache of a chat over `docs` exists only under other
         models (a chat not created yet, None, has no entry of its own)."""
         ids = {d.id for d in docs}
-        # (not passages' entries: a chat over passages computes its own under each model)
+        # A chat over passages reads neither its documents' entries nor their passages' under
+        # another model: it computes its own under each.
+        if ids & set(self.store.passage_counts()):
+            ids = set()
         others = {e.model for e in self.store.entries() if e.model != fp and not e.passage
                   and (e.document_id in ids or e.chat_id in {chat_id} - {None})}
         if not others:
