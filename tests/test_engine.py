@@ -411,6 +411,13 @@ def test_a_full_disk_keeps_the_answer_and_says_its_cache_is_not_stored(engine, d
     assert "this turn's cache is not stored: the disk holding the data directory D is full" \
         in result.messages
     assert [m.role for m in engine.messages(result.chat_id)] == ["user", "assistant"]
+    # the local API's conversation too, through the same keeping
+    monkeypatch.setattr(engine.session.kv, "store_prefix", full)
+    monkeypatch.setattr(engine.completions, "min_cache_tokens", 0)
+    done = engine.complete([{"role": "user", "content": "What did the lamp burn?"}],
+                           documents=[doc_id], generation=deterministic(4))
+    assert not done.stored and "this conversation's cache is not stored: the disk holding " \
+        "the data directory D is full" in done.messages
 
 
 def test_storing_a_cache_that_evicts_others_says_which(new_engine, tmp_path):

@@ -21,13 +21,10 @@ It never touches chats or messages: a client's conversation lives in the client.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-
-from store import DiskFullError
 
 from ..errors import ContextFullError, EngineError, MissingError
 from ..kv.streaming import adaptation_note
@@ -39,7 +36,6 @@ from .answers import stream_answer
 from .sessions import ChatSession
 
 ROLES = ("system", "user", "assistant")
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -209,13 +205,7 @@ class Completions:
         suffix_tokens = rt.tokenize(suffix) if suffix else []
         if suffix_tokens and rt.n_tokens + len(suffix_tokens) <= rt.n_ctx:
             rt.prefill(suffix_tokens)
-        evicted: list[dict] = []
-        try:
-            s.kv.store_prefix(rt, rt.tokens, evicted=evicted)
-        except DiskFullError as e:  # the answer stands; its cache is not kept
-            log.warning("a conversation's cache is not stored: %s", e)
-            return False, [f"this conversation's cache is not stored: {e}"]
-        return not any(c.get("too_large") for c in evicted), s.kv.eviction_notes(evicted)
+        return s.kv.keep_prefix(rt, rt.tokens)
 
 
 class StopStrings:

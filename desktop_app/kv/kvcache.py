@@ -30,6 +30,7 @@ It decides nothing about when to store, and it never restores: that is `streamin
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Sequence
 
@@ -43,6 +44,8 @@ from ..errors import Cancelled, RuntimeStateError
 from ..model.kvstate import in_position_order
 from ..model.runtime import Runtime
 from ..results import Progress, size_text
+
+log = logging.getLogger(__name__)
 
 
 class KVCache:
@@ -171,12 +174,24 @@ class KVCache:
                   first_document: tuple[int, Sequence[int]] | None) -> list[str]:
         """`store_chat`, and what the user should know of it: the caches it evicted, or that
         a full disk kept it from storing (the chat's messages are stored already)."""
+        return self._kept(lambda evicted: self.store_chat(rt, chat_id, tokens, first_document,
+                                                          evicted), "this turn's cache")[1]
+
+    def keep_prefix(self, rt: Runtime, tokens: Sequence[int]) -> tuple[bool, list[str]]:
+        """`store_prefix` of a conversation not kept as a chat (the local API's): whether it is
+        kept, and what the user should know of it, as `keep_chat` says."""
+        return self._kept(lambda evicted: self.store_prefix(rt, tokens, evicted=evicted),
+                          "this conversation's cache")
+
+    def _kept(self, store: Callable[[list[dict]], object], what: str
+              ) -> tuple[bool, list[str]]:
         evicted: list[dict] = []
         try:
-            self.store_chat(rt, chat_id, tokens, first_document, evicted)
-        except DiskFullError as e:
-            return [f"this turn's cache is not stored: {e}"]
-        return self.eviction_notes(evicted)
+            store(evicted)
+        except DiskFullError as e:  # the answer stands; its cache is not kept
+            log.warning("%s is not stored: %s", what, e)
+            return False, [f"{what} is not stored: {e}"]
+        return not any(c.get("too_large") for c in evicted), self.eviction_notes(evicted)
 
     def eviction_notes(self, evicted: Sequence[dict]) -> list[str]:
         """What storing a cache says of those it evicted to keep within the storage budget
