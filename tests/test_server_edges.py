@@ -376,3 +376,32 @@ def test_a_nested_fields_refusal_names_it_within_its_field(tmp_path):
         r = c.post("/v1/kvdesk/ask", json={"question": "hi", **nested})
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
         assert words in r.json()["error"]["message"], r.text
+
+
+def test_a_server_starting_holds_its_data_directory_and_its_port(tmp_path):
+    """Between its start and its model loaded (no server file yet), a server already holds
+    the data directory and the port: a second one is refused at once, not after loading the
+    model too, with a traceback from the port it could bind as well."""
+    import subprocess
+    import sys
+
+    from desktop_app.errors import EngineError
+    from desktop_app.server import discovery
+    from desktop_app.server.running import bind
+
+    data = tmp_path / "data"
+    data.mkdir()
+    held = discovery.claim(data)
+    assert held is not None and held >= 0 and discovery.claim(data) is None
+    proc = subprocess.run([sys.executable, "-m", "desktop_app", "--data-dir", str(data),
+                           "serve", "--port", "0"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "a kvdesk server is starting on this data directory" \
+        in proc.stderr and "Loading" not in proc.stderr and "Traceback" not in proc.stderr
+    os.close(held)
+    assert discovery.claim(data) is not None  # (released with its holder)
+    first = bind("127.0.0.1", 0)
+    try:
+        with pytest.raises(EngineError, match="Address already in use"):
+            bind("127.0.0.1", first.getsockname()[1])
+    finally:
+        first.close()

@@ -11,11 +11,13 @@ It starts nothing and never loads a model.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from pathlib import Path
 
 FILE = "server.json"
+LOCK = "server.lock"
 TIMEOUT_S = 0.5
 
 
@@ -26,6 +28,23 @@ def write(data_dir: Path, url: str, api_key: str | None) -> None:
     with os.fdopen(fd, "w") as f:
         json.dump({"url": url, "pid": os.getpid(), "api_key": api_key}, f)
     os.replace(tmp, path)
+
+
+def claim(data_dir: Path) -> int | None:
+    """Hold the data directory for a server starting in this process: an open descriptor of
+    `server.lock`, locked (released when closed, or when the process dies); None while
+    another process holds it, from its start, before its model loads and its file is
+    written. A data directory where the lock cannot be made is not held against anyone."""
+    try:
+        fd = os.open(data_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        return -1
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
 
 
 def remove(data_dir: Path) -> None:

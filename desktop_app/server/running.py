@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import logging
+import os
 import signal
 import socket
 import threading
@@ -80,6 +81,7 @@ class Server:
                                 timeout_graceful_shutdown=10)
         self.uvicorn = _Uvicorn(config, self.stopping)
         self.started = threading.Event()
+        self._claim: int | None = None  # the data directory held (`discovery.claim`)
 
     @property
     def url(self) -> str:
@@ -114,6 +116,9 @@ class Server:
             discovery.remove(self.app.data_dir)
             for sock in sockets:
                 sock.close()
+            if self._claim is not None and self._claim >= 0:
+                os.close(self._claim)
+            self._claim = None
 
     def check(self) -> None:
         """Raise EngineError when this data directory cannot be served: another server serves
@@ -127,6 +132,12 @@ class Server:
                               f"the data directory {self.app.data_dir} is read-only: a "
                               "server stores chats and caches there (`kvdesk docs`, `chats` "
                               "and `verify` read it as it is)")
+        if self._claim is None:  # (held from here until the server stops)
+            self._claim = discovery.claim(self.app.data_dir)
+            if self._claim is None:
+                raise EngineError("a kvdesk server is starting on this data directory (it "
+                                  f"holds {discovery.LOCK}): wait for it and use it, or stop "
+                                  "it first")
 
     def stop(self) -> None:
         self.stopping.stop()
@@ -221,6 +232,9 @@ def _bound(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
+        # Listening at once makes the port this process's: SO_REUSEADDR would let a second
+        # process bind it too until the first listens, after its model has loaded.
+        sock.listen(socket.SOMAXCONN)
     except OSError:
         sock.close()
         raise
