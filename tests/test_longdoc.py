@@ -221,6 +221,11 @@ def test_a_short_document_beside_a_long_one_is_read_whole_before_its_passages(ma
                      generation=GREEDY)
     # What the question asks of the notes, not of the guide, is quoted from them.
     assert follow.evidence == [note], follow.evidence
+    # and first, beside a word the guide holds rarely ("museum": one passage)
+    both = eng.ask("Is the bakery near the museum?", doc_ids=[eng.doc, short.id],
+                   generation=GREEDY)
+    assert both.evidence[0] == note and any("museum" in q for q in both.evidence[1:]), \
+        both.evidence
     _, tokens, _ = eng.session.conversation(rt, follow.chat_id)
     other = make_engine(store=eng.store)  # another process reopens it the same way
     assert other.session.conversation(other.runtime, follow.chat_id)[1] == tokens

@@ -112,12 +112,15 @@ class LongDocs:
         by_doc: dict[int, list[str]] = {}
         for s in sources:
             by_doc.setdefault(s.document_id, []).append(s.text)
-        # (the passages' first: what the book says of a name outranks notes about it)
-        found = [*(line for doc_id, texts in by_doc.items()
+        # What only the documents read whole hold ("phone" in the notes, in no passage of the
+        # book) comes first; then the book's own, which outrank the notes on what both hold.
+        found = [*(line for _, text in wholes
+                   for line in evidence.beside(self.store, books, question, text, at_most=0)),
+                 *(line for doc_id, texts in by_doc.items()
                    for line in evidence.naming(self.store, doc_id, question, texts)),
                  *(line for _, text in wholes
                    for line in evidence.beside(self.store, books, question, text))]
-        return found[:evidence.MOST]
+        return list(dict.fromkeys(found))[:evidence.MOST]
 
     def quoted(self, rt: Runtime, chat_id: int | None, docs: Sequence[Document],
                question: str) -> list[str]:

@@ -98,17 +98,17 @@ def unnamed(store: Store, doc_ids: Sequence[int], question: str,
 
 
 def beside(store: Store, books: Sequence[int], question: str, text: str,
-           most: int = MOST) -> list[str]:
+           most: int = MOST, at_most: int = RARE_PASSAGES) -> list[str]:
     """The sentences of `text` (a document read whole beside the passages of the documents
     `books`) holding the question's words that it holds and those documents hardly do (in
-    at most RARE_PASSAGES of their passages, or none): what the question asks of it rather
+    at most `at_most` of their passages; 0: in none): what the question asks of it rather
     than of them ("Where is the on-call phone?" of a page of notes beside a manual), at most
     `most`, as `naming` quotes them."""
     counts: dict[str, int] = {}
     for book in books:
         for w, c in store.passage_frequencies(book, question, RARE_PASSAGES + 1).items():
             counts[w] = counts.get(w, 0) + c
-    held = {w: c for w, c in counts.items() if c <= RARE_PASSAGES
+    held = {w: c for w, c in counts.items() if c <= at_most
             and re.search(r"\b" + re.escape(_stem(w)), text, re.IGNORECASE)}
     return _quoting(held, question, [text], most)
 
