@@ -385,6 +385,25 @@ def test_eviction_takes_passage_kv_and_keeps_text_and_index(make_engine):
     assert len(passage_entries(eng)) == 2
 
 
+def test_storing_a_questions_passages_names_the_caches_it_evicted(make_engine):
+    """The storage budget's promise holds for passage KV too: a question whose passages'
+    KV pushes another document's cache out says which (it was silent)."""
+    eng = make_engine()
+    q = "What does the museum keep?"
+    eng.ask(q, doc_ids=[eng.doc], generation=GREEDY)
+    passages_bytes = sum(e.nbytes for e in passage_entries(eng).values())
+    eng.store.gc(budget_bytes=1)
+    notes = eng.store.add_document("n" * 64, "Notes", "The bakery opens at six.", type="text")
+    eng.ask("When does the bakery open?", doc_ids=[notes.id], generation=GREEDY)
+    assert eng.store.document_entry(notes.id, eng.fingerprint) is not None
+    eng.store.budget_bytes = passages_bytes + 1000  # room for the passages alone
+    eng.runtime.reset()
+    again = eng.ask(q, doc_ids=[eng.doc], generation=GREEDY)
+    assert any(m.startswith("storing this evicted") and "document" in m and "(Notes)" in m
+               for m in again.messages), again.messages
+    assert eng.store.document_entry(notes.id, eng.fingerprint) is None
+
+
 def test_the_local_api_answers_from_passages_and_names_them(make_engine):
     eng = make_engine()
     eng.session.exact_later = True  # (a long-running engine's, which makes a chat's exact)

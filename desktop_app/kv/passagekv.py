@@ -98,7 +98,7 @@ class PassageKV:
                 "this model's passages are read as text until its codec is calibrated "
                 "(`kvdesk calibrate`, or the window or `kvdesk serve` after an attach): its "
                 "model-independent levels lose answers"])
-        ready = Ready([])
+        ready, evicted = Ready([]), []
         for i, (document_id, text) in enumerate(passages):
             found = self.entry(rt, text, touch=True)
             if found is None:
@@ -111,11 +111,13 @@ class PassageKV:
                 ready.computed_tokens += len(tokens)
                 ready.computed_at.append(i)
                 entry_id = self.kv.store_prefix(rt, tokens, (self.level,), document_id=document_id,
-                                                cancel=cancel, passage=text, evict=evict)
+                                                cancel=cancel, passage=text, evict=evict,
+                                                evicted=evicted)
                 if entry_id is not None:
                     found = self.store.entry(entry_id)
                     ready.notes.extend(self.sharing.push_after_attach(entry_id)[1])
             ready.entries.append(found)
+        ready.notes.extend(self.kv.eviction_notes(evicted))  # (what storing them pushed out)
         return ready
 
     def _pull(self, rt: Runtime, text: str, document_id: int, ready: Ready,
