@@ -401,6 +401,18 @@ def test_a_question_longer_than_the_context_says_so_not_that_a_new_chat_is_full(
                 generation=GenerationOptions(max_tokens=1))
 
 
+def test_a_question_that_fits_alone_but_not_after_its_document_says_so(new_engine, tmp_path):
+    eng = new_engine()
+    long = tmp_path / "long.txt"
+    long.write_text(DOC * 5)  # (~620 tokens with the system prompt)
+    doc = eng.attach(long).doc_id
+    with pytest.raises(EngineError, match=r"the question is [\d,]+ tokens, with the [\d,]+ "
+                       r"before it \(the system prompt and documents\) too long .* or ask "
+                       r"about fewer or shorter documents"):  # (it said "start a new chat")
+        eng.ask("zebra lattice " * 240, doc_ids=[doc],  # (~480 tokens: under half the context)
+                generation=GenerationOptions(max_tokens=1))
+
+
 def test_a_full_disk_keeps_the_answer_and_says_its_cache_is_not_stored(engine, doc_id,
                                                                       monkeypatch):
     def full(*args, **kwargs):

@@ -38,7 +38,7 @@ def waited(turn: Callable[..., contextlib.AbstractContextManager], key, *,
 
 def room_left(n_ctx: int, context: int, question: int, chat_id: int | None) -> str:
     """Why a question (`question` tokens, its turn) does not fit after `context` tokens."""
-    if chat_id is None and question >= n_ctx // 2:  # no chat to start anew: the question
+    if chat_id is None:  # a new chat already: the question, or what comes before it
         return (f"the question is {question:,} tokens, with the {context:,} before it (the "
                 f"system prompt and documents) too long for the {n_ctx:,}-token context: "
                 "shorten it" + (", or ask about fewer or shorter documents"
