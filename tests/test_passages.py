@@ -76,6 +76,19 @@ def test_plain_text_takes_no_hash_line_for_a_heading_but_underlined_ones():
     assert ("copy the defaults first",) in {p.heading for p in as_markdown}
 
 
+def test_a_tilde_underline_is_a_heading_and_a_tilde_fence_a_fence():
+    # reStructuredText underlines a section with ~ as readily as with = or - (it used to open
+    # a fence that never closed: every later heading was lost, 516 passages under one).
+    text = ("Guide\n=====\n\nIntro words.\n\nInstall\n-------\n\nPip it.\n\n"
+            "Sub topic\n~~~~~~~~~\n\nMore words.\n\nUsage\n-----\n\nRun it.\n")
+    headings = [p.heading for p in split(text, "text", words, target=4, limit=8)]
+    assert ("Guide", "Install", "Sub topic") in headings and ("Guide", "Usage") in headings
+    fenced = ("Intro\n\n~~~python\nx = 1\n\n# not a heading\n~~~\n\nAfter it.\n")
+    inside = [p for p in split(fenced, "markdown", words, target=4, limit=40)
+              if "# not a heading" in p.text]
+    assert inside and all(p.heading == () for p in inside)
+
+
 def test_passages_are_about_160_tokens_by_default():
     # The size measured to read best (RESULTS.md, "Passage size and distraction"): a
     # paragraph-by-paragraph text packs into passages under the target, most near it.

@@ -154,7 +154,7 @@ def _prose_units(text: str, *, markdown: bool, hashes: bool = True) -> list[_Uni
             if line.strip().startswith(fence):
                 fence = None
             continue
-        if markdown and _FENCE.match(line):
+        if markdown and _FENCE.match(line) and not _underlines(line, para, text):
             fence = _FENCE.match(line).group(1)
             para.append((start, end))
             continue
@@ -183,6 +183,15 @@ def _prose_units(text: str, *, markdown: bool, hashes: bool = True) -> list[_Uni
             para.append((start, end))
     flush()
     return units
+
+
+def _underlines(line: str, para: list[tuple[int, int]], text: str) -> bool:
+    """Whether a line of tildes is reStructuredText's underline of the one line before it
+    (as long as that title at least), not a Markdown fence opening (which may name its
+    language, and is not drawn to a title's length)."""
+    mark = line.strip()
+    return (len(para) == 1 and set(mark) == {"~"}
+            and 0 < len(text[para[0][0]:para[0][1]].strip()) <= len(mark))
 
 
 def _code_units(text: str) -> list[_Unit]:
