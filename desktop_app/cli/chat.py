@@ -316,7 +316,7 @@ def docs(app: App, as_json: bool):
             store.usage_bytes() >= 0.98 * store.budget_bytes:
         say([f"the storage budget ({size_text(store.budget_bytes)}) is full: the background "
              "pass has stopped, and a passage without its KV gets it when a question reads it "
-             "(the setting storage_budget_gb, or `kvdesk gc`, makes room)"])
+             "(a larger setting storage_budget_gb gives them all theirs)"])
 
 
 @cli.command()

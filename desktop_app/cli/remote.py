@@ -33,7 +33,7 @@ def remote_status(app: App, as_json: bool):
     else:
         lines = [f"{report['endpoint']} bucket {report['bucket']!r} prefix "
                  f"{report['prefix']!r}: "
-                 + ("reachable" if report["reachable"] else f"UNREACHABLE: {report['error']}"),
+                 + ("reachable" if report["reachable"] else f"NOT USABLE: {report['error']}"),
                  f"caches that travel (documents' and passages'), here: "
                  f"{report['local_entries']}"]
         if report["reachable"]:
@@ -94,7 +94,8 @@ def remote_verify(app: App, repair: bool, as_json: bool):
     report = app.engine.sharing.verify(app.engine.fingerprint, repair=repair)
     left = len(report["damaged"]) - report["repaired"] + len(report["failed"])
     emit(report, as_json, [
-        f"{report['checked']} shared caches checked ({report['objects']:,} objects; "
+        f"{report['checked']} shared cache{'' if report['checked'] == 1 else 's'} checked "
+        f"({report['objects']:,} objects; "
         f"{report['not_shared']} held here only)"]
         + [f"DAMAGED: {d['title']}: {d['error']}" for d in report["damaged"]]
         + [f"FAILED: entry {f['entry']}: {f['error']} (`kvdesk verify --repair` first)"
