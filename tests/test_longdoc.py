@@ -206,6 +206,9 @@ def test_a_short_document_beside_a_long_one_is_read_whole_before_its_passages(ma
     first = eng.ask("What does the museum keep?", doc_ids=[eng.doc, short.id],
                     generation=GREEDY)
     assert not any("not read" in m for m in first.messages), first.messages
+    assert "1 document(s) read whole beside the passages: their KV computed and stored, as " \
+        "a passage's is" in first.messages and any(
+            m.startswith("2 passage(s) with no stored KV") for m in first.messages)
     assert first.sources and {s["document_id"] for s in first.sources} == {eng.doc}
     rt = eng.runtime
     _, tokens, _ = eng.session.conversation(rt, first.chat_id)

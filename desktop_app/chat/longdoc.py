@@ -307,10 +307,13 @@ class LongDocs:
         ready = self.kv.ensure(rt, [*wholes, *((s.document_id, s.text) for s in sources)],
                                cancel=cancel)
         notes = list(ready.notes)
-        if ready.computed:
-            notes.append(f"{ready.computed} passage(s) with no stored KV (never retrieved, or "
-                         f"evicted under the storage budget): their KV computed "
-                         f"({ready.computed_tokens:,} tokens) and stored")
+        if whole := sum(i < len(wholes) for i in ready.computed_at):
+            notes.append(f"{whole} document(s) read whole beside the passages: their KV "
+                         "computed and stored, as a passage's is")
+        if ready.computed - whole:
+            notes.append(f"{ready.computed - whole} passage(s) with no stored KV (never "
+                         "retrieved, or evicted under the storage budget): their KV computed "
+                         f"({ready.computed_tokens:,} tokens in all) and stored")
         if ready.pulled:
             notes.append(f"{ready.pulled} passage(s) taken from the shared cache")
         return Parts(layout, ready.entries[1:], notes,
