@@ -7,6 +7,7 @@ pass them through a Qt signal as they are. Its only logic is the wording both fr
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
 
@@ -163,19 +164,22 @@ class Source(Record):
     def location(self) -> str:
         return location(self.page, self.lines or (0, 0))
 
-    def label(self, several: bool = False) -> str:
-        """How a user is told of it: "#12 [lines 120-141] Setup" (with its document's id when
-        an answer's sources span `several` documents)."""
-        return (f"{f'document {self.document_id} ' if several else ''}#{self.index} "
+    def label(self, several: bool = False, titles: Mapping[int, str] | None = None) -> str:
+        """How a user is told of it: "#12 [lines 120-141] Setup" (with its document, by its
+        title where `titles` names it, else its id, when an answer's sources span `several`
+        documents)."""
+        doc = (titles or {}).get(self.document_id, f"document {self.document_id}")
+        return (f"{f'{doc} ' if several else ''}#{self.index} "
                 f"[{self.location}]" + (f" {' > '.join(self.heading)}" if self.heading else ""))
 
     @staticmethod
-    def read(sources: list[dict], evidence: list[str]) -> list[str]:
+    def read(sources: list[dict], evidence: list[str],
+             titles: Mapping[int, str] | None = None) -> list[str]:
         """The lines saying which passages an answer was given and what its question's turn
-        quoted of them (each on one line)."""
+        quoted of them (each on one line); `titles`: documents' titles by id, where known."""
         read = [Source.from_dict(d) for d in sources]
         several = len({s.document_id for s in read}) > 1
-        return [f"source: {s.label(several)}" for s in read] + [
+        return [f"source: {s.label(several, titles)}" for s in read] + [
             f'quoted with the question: "{" ".join(q.split())}"' for q in evidence]
 
     def as_dict(self) -> dict:

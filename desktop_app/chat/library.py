@@ -244,10 +244,11 @@ class Library:
         if fmt != "markdown":
             raise EngineError(f"unknown export format {fmt!r}: markdown or json")
         parts = [f"# {_literal(chat.title)}\n"]
+        titles = {d.id: d.title for d in self.store.documents()}
         for m in msgs:  # a message is Markdown already (models answer in it)
             parts.append(f"**{'You' if m.role == 'user' else 'kvdesk'}:**\n\n{m.text}\n")
             if read := Source.read((m.stats or {}).get("sources") or [],
-                                   (m.stats or {}).get("evidence") or []):
+                                   (m.stats or {}).get("evidence") or [], titles):
                 parts.append("".join(f"> {_literal(line)}  \n" for line in read))
         return "\n".join(parts)
 
