@@ -66,12 +66,18 @@ def test_a_document_read_whole_is_quoted_where_it_holds_what_the_books_hardly_do
     notes = ("Document: notes.txt\n\nThe review is on March 14. The on-call phone is the "
              "grey Nokia in the top drawer. Call Dana first.")
     manual = counted({"call": 40, "phone": 0, "where": 0})
-    assert beside(manual, [1], "Where is the on-call phone?", notes) == [
-        "The on-call phone is the grey Nokia in the top drawer."]
+    phone = ["The on-call phone is the grey Nokia in the top drawer."]
+    # ("phone": in no passage of the manual, so among those the notes hold alone too)
+    assert beside(manual, [1], "Where is the on-call phone?", notes) == (phone, phone)
     # A question about the manual quotes nothing of the notes.
-    assert beside(counted({"call": 40, "method": 90}), [1], "Call which method?", notes) == []
+    assert beside(counted({"call": 40, "method": 90}), [1], "Call which method?", notes) == (
+        [], [])
     # Counted over every book of the chat: rare in each, common in all, is not rare.
-    assert beside(counted({"call": 2, "phone": 2}), [1, 2], "Call the phone?", notes) == []
+    assert beside(counted({"call": 2, "phone": 2}), [1, 2], "Call the phone?", notes) == (
+        [], [])
+    # rare in the books but held (one passage): among the rare, not the absent
+    assert beside(counted({"call": 40, "phone": 1}), [1], "Where is the phone?", notes) == (
+        [], phone)
 
 
 def test_a_title_or_an_initial_ends_no_sentence():

@@ -114,12 +114,11 @@ class LongDocs:
             by_doc.setdefault(s.document_id, []).append(s.text)
         # What only the documents read whole hold ("phone" in the notes, in no passage of the
         # book) comes first; then the book's own, which outrank the notes on what both hold.
-        found = [*(line for _, text in wholes
-                   for line in evidence.beside(self.store, books, question, text, at_most=0)),
+        besides = [evidence.beside(self.store, books, question, text) for _, text in wholes]
+        found = [*(line for absent, _ in besides for line in absent),
                  *(line for doc_id, texts in by_doc.items()
                    for line in evidence.naming(self.store, doc_id, question, texts)),
-                 *(line for _, text in wholes
-                   for line in evidence.beside(self.store, books, question, text))]
+                 *(line for _, rare in besides for line in rare)]
         return list(dict.fromkeys(found))[:evidence.MOST]
 
     def quoted(self, rt: Runtime, chat_id: int | None, docs: Sequence[Document],

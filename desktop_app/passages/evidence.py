@@ -88,29 +88,39 @@ def unnamed(store: Store, doc_ids: Sequence[int], question: str,
     """The names `question` writes (as it writes them) that no passage of the documents
     `doc_ids` holds, nor any of `texts` (documents read whole beside them): what an answer
     cannot be about, however near the passages read come to it."""
-    found: dict[str, int] = {}
-    for doc_id in doc_ids:
-        for w, c in store.passage_frequencies(doc_id, question, 1).items():
-            found[w] = found.get(w, 0) + c
-    missing = {w for w in written_names(question, found) if not found[w] and not any(
-        re.search(r"\b" + re.escape(_stem(w)), t, re.IGNORECASE) for t in texts)}
+    found = _counted(store, doc_ids, question, 1)
+    missing = {w for w in written_names(question, found)
+               if not found[w] and not any(_holds(t, w) for t in texts)}
     return list(dict.fromkeys(w for w in re.findall(r"\w+", question) if w.lower() in missing))
 
 
 def beside(store: Store, books: Sequence[int], question: str, text: str,
-           most: int = MOST, at_most: int = RARE_PASSAGES) -> list[str]:
+           most: int = MOST) -> tuple[list[str], list[str]]:
     """The sentences of `text` (a document read whole beside the passages of the documents
-    `books`) holding the question's words that it holds and those documents hardly do (in
-    at most `at_most` of their passages; 0: in none): what the question asks of it rather
-    than of them ("Where is the on-call phone?" of a page of notes beside a manual), at most
-    `most`, as `naming` quotes them."""
+    `books`) holding the question's words that it holds and those documents hardly do: what
+    the question asks of it rather than of them ("Where is the on-call phone?" of a page of
+    notes beside a manual), at most `most`, as `naming` quotes them. (Those for words in
+    none of the books' passages, those for words in at most RARE_PASSAGES of them.)"""
+    counts = _counted(store, books, question, RARE_PASSAGES + 1)
+    held = {w: c for w, c in counts.items() if c <= RARE_PASSAGES and _holds(text, w)}
+    return (_quoting({w: c for w, c in held.items() if c == 0}, question, [text], most),
+            _quoting(held, question, [text], most))
+
+
+def _counted(store: Store, doc_ids: Sequence[int], question: str, at_most: int
+             ) -> dict[str, int]:
+    """{word of the question: how many passages of the documents hold it} (each document's
+    count stopping at `at_most`)."""
     counts: dict[str, int] = {}
-    for book in books:
-        for w, c in store.passage_frequencies(book, question, RARE_PASSAGES + 1).items():
+    for doc_id in doc_ids:
+        for w, c in store.passage_frequencies(doc_id, question, at_most).items():
             counts[w] = counts.get(w, 0) + c
-    held = {w: c for w, c in counts.items() if c <= at_most
-            and re.search(r"\b" + re.escape(_stem(w)), text, re.IGNORECASE)}
-    return _quoting(held, question, [text], most)
+    return counts
+
+
+def _holds(text: str, word: str) -> bool:
+    """Whether `text` holds `word`, matched on its stem as the index matches it."""
+    return re.search(r"\b" + re.escape(_stem(word)), text, re.IGNORECASE) is not None
 
 
 def _quoting(counts: dict[str, int], question: str, texts: Sequence[str], most: int
