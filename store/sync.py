@@ -114,7 +114,7 @@ def push(store: Store, tier: RemoteTier, entry: Entry, *,
     token_end, prefix_hash = entry_id_of(entry)
     document = store.document(entry.document_id)
     if _has_manifest(tier, fingerprint, token_end, prefix_hash):
-        return Transfer(document.title, token_end, 0, 0, skipped=True)
+        return Transfer(_title(entry, document), token_end, 0, 0, skipped=True)
     present = tier.list_folder(tier.entry_folder(fingerprint, prefix_hash))
     if entry.calibration is not None:
         key = tier.calibration_key(fingerprint, entry.calibration)
@@ -159,8 +159,12 @@ def push(store: Store, tier: RemoteTier, entry: Entry, *,
     # Last: until this object exists the entry is invisible to every other machine.
     tier.put(tier.manifest_key(fingerprint, token_end, prefix_hash), manifest.to_json())
     sent = [n for _, n in uploaded.values() if n]
-    title = f"a passage of {document.title}" if entry.passage else document.title
-    return Transfer(title, token_end, len(sent), sum(sent))
+    return Transfer(_title(entry, document), token_end, len(sent), sum(sent))
+
+
+def _title(entry: Entry, document: Document) -> str:
+    """How a transfer names an entry: its document's title, or a passage of it."""
+    return f"a passage of {document.title}" if entry.passage else document.title
 
 
 def _has_manifest(tier: RemoteTier, fingerprint: str, token_end: int, prefix_hash: bytes) -> bool:
@@ -342,16 +346,13 @@ def push_all(store: Store, tier: RemoteTier, fingerprint: str, *,
 
 
 def check(store: Store, tier: RemoteTier, entry: Entry, *, repair: bool = False) -> dict:
-    """Read back every object of a local entry's shared copy (its manifest, its chunks, the
-    calibration they need), checked against the manifest's sizes and SHA-256s: those missing
-    or damaged there, and with `repair` each put back from this store's own copy where it
-    holds those bytes (keys are content-addressed: the rewrite is what every reader expects;
-    a damaged manifest is written again by pushing the entry). {"shared": False} when the
-    tier has no copy of it."""
+    """Every object of a local entry's shared copy (manifest, chunks, calibration) read back
+    and checked: those missing or damaged there, with `repair` put back from this store's
+    copy where it holds those bytes (content-addressed keys: what every reader expects; a
+    damaged manifest by pushing again). {"shared": False}: the tier has no copy of it."""
     fingerprint = entry.model
     token_end, prefix_hash = entry_id_of(entry)
-    title = store.document(entry.document_id).title
-    report = {"entry": entry.id, "title": f"a passage of {title}" if entry.passage else title,
+    report = {"entry": entry.id, "title": _title(entry, store.document(entry.document_id)),
               "shared": True, "objects": 0, "damaged": [], "repaired": 0}
     try:
         manifest = read_manifest(tier, fingerprint, token_end, prefix_hash)
@@ -369,12 +370,11 @@ def check(store: Store, tier: RemoteTier, entry: Entry, *, repair: bool = False)
 
     def damage(item) -> dict | None:
         i, level, obj = item
-        key = tier.chunk_key(fingerprint, prefix_hash, level, i, obj.sha256)
         try:
-            tier.get(key, nbytes=obj.nbytes, digest=obj.sha256)
+            read_chunk(tier, manifest, i, level)
         except (NotFoundError, CorruptObjectError) as e:
-            return {"key": key, "error": str(e), "chunk": i, "level": level,
-                    "sha256": obj.sha256}
+            return {"key": tier.chunk_key(fingerprint, prefix_hash, level, i, obj.sha256),
+                    "error": str(e), "chunk": i, "level": level, "sha256": obj.sha256}
         return None
 
     with ThreadPoolExecutor(tier.config.parallel, thread_name_prefix="kv-check") as pool:
