@@ -111,7 +111,7 @@ def test_code_passages_start_at_definitions_and_name_them():
               "        return 1\nTOP = 2\n")
     parts = split(source, "code", words, target=1, limit=50)
     assert [(p.heading, p.text.split("\n")[0]) for p in parts] == [
-        (("class A:",), "class A:"), (("class A:", "def g(self):"), "# a helper"),
+        (("class A:",), "class A:"), (("class A:", "def g(self):"), "    # a helper"),
         ((), "TOP = 2")]
 
 

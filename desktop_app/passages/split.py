@@ -270,7 +270,12 @@ def _pack(text: str, units: list[_Unit], count: CountFn, target: int, limit: int
         start, end = group[0][1] if group else 0, group[-1][2] if group else 0
         body = text[start:end]
         if body.strip():
-            start += len(body) - len(body.lstrip())
+            # Blank lines are trimmed, the first line's indentation kept: a method's passage
+            # reads as the code it is. A passage that begins inside a line drops its spaces.
+            lead = len(body) - len(body.lstrip())
+            newline = body.rfind("\n", 0, lead)
+            line_start = newline >= 0 or start == 0 or text[start - 1] == "\n"
+            start += newline + 1 if line_start else lead
             end -= len(body) - len(body.rstrip())
             under: dict[tuple[str, ...], int] = {}
             for unit, _, _, tokens in group:
