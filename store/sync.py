@@ -3,7 +3,7 @@
 The local store stays the index and the cache: a push uploads a local entry's chunk objects
 (those not there yet, in parallel) and then its manifest; a pull finds an entry by the
 manifest keys alone (token count and prefix hash, store.remote), reads its manifest, and
-copies it into a pending local entry (`LocalCopy`) that becomes an ordinary entry only once
+copies it into a pending local entry (store.localcopy) that becomes an ordinary entry only once
 every chunk is in: a partial copy is never visible locally, whatever interrupts it. A
 streaming restore feeds the same LocalCopy with the chunks it reads, so what it read is kept.
 
@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 from .errors import CorruptChunkError, CorruptObjectError, NotFoundError, RemoteError
-from .kv import BackgroundWriter
+from .localcopy import LocalCopy, add_document
 from .manifest import ChunkObject, Manifest, RemoteDocument
 from .records import Document, Entry
 from .remote import RemoteTier, sha256
@@ -197,78 +196,6 @@ def refetch_calibration(store: Store, tier: RemoteTier, fingerprint: str, cal_id
     store it, in place of a damaged local copy too; NotFoundError if the tier has none."""
     data = tier.get(tier.calibration_key(fingerprint, cal_id), digest=cal_id)
     store.put_calibration(fingerprint, data, {"from": "remote"})
-
-
-def add_document(store: Store, manifest: Manifest) -> Document:
-    """The manifest's document in the local store (the one there already if the same text)."""
-    doc = manifest.document
-    return store.add_document(doc.content_hash, doc.title, doc.text, type=doc.type,
-                              n_tokens=doc.n_tokens)
-
-
-class LocalCopy:
-    """A remote entry being copied into the local store, invisible there until complete.
-
-    Chunks may arrive in any order from any thread (`add`); one writer thread stores them,
-    so fetching never waits on the database. `finish()` makes the copy an ordinary local
-    entry of `document_id`, by default the manifest's document (added to the store if new);
-    `abort()` drops it.
-    """
-
-    def __init__(self, store: Store, manifest: Manifest, levels: Iterable[str] | None = None,
-                 *, document_id: int | None = None, passage_hash: str | None = None,
-                 evict: bool = True):
-        self.manifest = manifest
-        self.levels = tuple(levels or manifest.levels)
-        if not set(self.levels) <= set(manifest.levels):
-            raise ValueError(f"the remote entry has no level(s) "
-                             f"{sorted(set(self.levels) - set(manifest.levels))}")
-        if manifest.passage and document_id is None:
-            raise ValueError("a passage's entry is copied only for a document of this store")
-        self.document_id = document_id or add_document(store, manifest).id
-        self._writer = store.write_entry(manifest.fingerprint, manifest.tokens,
-                                         levels=self.levels, chunk_size=manifest.chunk_size,
-                                         document_id=self.document_id,
-                                         window_start=manifest.window_start,
-                                         calibration=manifest.calibration,
-                                         passage=manifest.passage,
-                                         passage_hash=passage_hash, evict=evict)
-        self.spans = self._writer.spans
-        self.windows = self._writer.windows
-        self._lock = threading.Lock()
-        self._have: set[tuple[int, str]] = set()
-        self._closed = False
-        self._chunks = BackgroundWriter(self._writer)
-
-    def add(self, chunk_index: int, level: str, data: bytes) -> None:
-        """Keep a chunk read from the remote tier (already checked); ignored once closed."""
-        with self._lock:
-            if self._closed or level not in self.levels or (chunk_index, level) in self._have:
-                return
-            self._have.add((chunk_index, level))
-        self._chunks.put(chunk_index, level, data)
-
-    def missing(self) -> list[tuple[int, str]]:
-        with self._lock:
-            return [(span.chunk_index, level) for span in self.spans + self.windows
-                    for level in self.levels if (span.chunk_index, level) not in self._have]
-
-    def finish(self) -> Entry:
-        try:
-            self._close(raise_failure=True)
-            return self._writer.finish()
-        except BaseException:
-            self._writer.abort()
-            raise
-
-    def abort(self) -> None:
-        self._close(raise_failure=False)
-        self._writer.abort()
-
-    def _close(self, *, raise_failure: bool) -> None:
-        with self._lock:
-            self._closed = True
-        self._chunks.close(raise_failure=raise_failure)
 
 
 def complete(tier: RemoteTier, copy: LocalCopy, *,

@@ -91,11 +91,11 @@ def test_a_killed_attach_leaves_an_unfinished_document_that_gc_removes(tmp_path,
     assert [d["status"] for d in docs] in ([], ["unfinished"]), err
     if stage != "extract":
         assert docs, err
-        assert "attach the file again" in kvdesk("docs").stdout
+        assert "attach the file or run kvdesk remote pull again" in kvdesk("docs").stdout
     said = kvdesk("gc").stdout  # said, with the ids the JSON form lists
     ids = ", ".join(str(d["doc_id"]) for d in docs)
-    assert (f"removed {len(docs)} document(s) whose attach did not finish and stored "
-            f"nothing: {ids}" in said) == bool(docs), said
+    assert (f"removed {len(docs)} document(s) whose attach or pull did not finish "
+            f"and stored nothing: {ids}" in said) == bool(docs), said
     assert listed("docs") == []
 
 

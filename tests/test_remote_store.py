@@ -4,6 +4,7 @@ manifests written last, idempotence, isolation, faults and credentials. No model
 from __future__ import annotations
 
 import socket
+import sqlite3
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -11,7 +12,7 @@ from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from test_store_helpers import FP, LEVELS, count, open_store, payload
+from test_store_helpers import FP, LEVELS, count, dead_pid, open_store, payload
 
 from store import (
     CorruptObjectError,
@@ -308,6 +309,32 @@ def test_a_local_copy_is_invisible_until_complete(a, b, remote_tier):
     entry, fetched = sync.complete(remote_tier, copy)
     assert entry.token_end == 600 and fetched == entry.nbytes - len(payload(0, 256, "compact"))
     assert b.longest_prefix(FP, TOKENS).n_tokens == 600
+
+
+def test_a_document_a_copy_brings_is_unfinished_until_the_copy_is(a, b, remote_tier):
+    """A pull killed mid-way left its document listed with no cache ("none"), as if the
+    copy had finished: now it is unfinished, as a killed attach's, and the next pull
+    finishes it; a copy that fails takes its new document with it."""
+    attached(a)
+    sync.push_all(a, remote_tier, FP)
+    manifest = sync.find(remote_tier, FP, TOKENS)
+    copy = sync.LocalCopy(b, manifest)
+    assert b.attaching() == {copy.document_id: True} and b.entries() == []
+    copy.abort()
+    assert b.documents() == [] and b.attaching() == {}
+    killed = sync.LocalCopy(b, manifest)  # the process is killed here: its mark stays
+    conn = sqlite3.connect(b.path)
+    with conn:
+        conn.execute("UPDATE documents SET attach_pid = ?", (dead_pid(),))
+    conn.close()
+    assert b.attaching() == {killed.document_id: False}
+    report = sync.pull_all(b, remote_tier, FP)
+    assert report["failed"] == [] and len(report["pulled"]) == 1
+    assert [d.id for d in b.documents()] == [killed.document_id] and b.attaching() == {}
+    # A document already here is neither marked nor dropped by a copy that fails.
+    again = sync.LocalCopy(b, manifest)
+    again.abort()
+    assert [d.id for d in b.documents()] == [killed.document_id] and b.attaching() == {}
 
 
 class _SlowDown(BaseHTTPRequestHandler):

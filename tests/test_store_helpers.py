@@ -4,6 +4,8 @@ deterministic chunk bytes, and an orphan census read straight from the database.
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 from store import Entry, Store
@@ -68,3 +70,9 @@ def count(store: Store, table: str) -> int:
         return conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
     finally:
         conn.close()
+
+
+def dead_pid() -> int:
+    """The id of a process that has exited."""
+    return int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True, check=True).stdout)

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import sqlite3
-import subprocess
-import sys
 
 import pytest
-from test_store_helpers import FP, open_store
+from test_store_helpers import FP, dead_pid, open_store
 
 from store import BudgetFullError
 from store.quota import ABANDON_AFTER_S
@@ -151,12 +149,10 @@ def test_entries_being_written_are_kept_until_abandoned(store, clock):
 def test_an_entry_whose_writer_process_died_is_removed_at_once(store, clock):
     writer = store.write_entry(FP, range(100), levels=["raw"])
     writer.put_chunk(0, "raw", bytes(500))
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True).stdout.strip()
     conn = sqlite3.connect(store.path)
     with conn:
         conn.execute("UPDATE kv_entries SET writer_pid = ? WHERE id = ?",
-                     (int(dead), writer.entry_id))
+                     (dead_pid(), writer.entry_id))
     conn.close()
     # `verify` names what the next `gc` removes
     assert store.verify()["abandoned"] == [{"entry": writer.entry_id, "bytes": 500}]
@@ -168,11 +164,6 @@ def test_the_budget_defaults_to_ten_gigabytes(store, clock):
     raw_entry(store, clock, range(100))
     assert store.gc()["budget_bytes"] == 10 * 10**9
     assert store.gc()["evicted_entries"] == []
-
-
-def dead_pid() -> int:
-    return int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                              capture_output=True, text=True, check=True).stdout)
 
 
 def test_a_document_whose_attach_was_killed_is_removed_unless_used(store, clock):

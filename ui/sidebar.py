@@ -242,7 +242,7 @@ class DocumentList(QWidget):
             size = sum(doc.cache_bytes.values())
             status = {"ready": "ready", "stale": "cached for another model",
                       "none": "not cached", "attaching": "being attached",
-                      "unfinished": "attach did not finish: attach it again"}.get(doc.status,
+                      "unfinished": "did not finish: attach or pull it again"}.get(doc.status,
                                                                            doc.status)
             tokens = (f"{doc.tokens:,} tokens" if doc.kept_tokens == doc.tokens
                       else f"{doc.kept_tokens:,} of {doc.tokens:,} tokens")

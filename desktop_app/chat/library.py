@@ -103,7 +103,8 @@ class Library:
         only under others ("stale") or none; a long document ("passages") is answered from its
         passages, and its cache is their KV. One
         whose first attach is under way has no cache yet ("attaching"), nor one whose attach
-        was killed ("unfinished": attaching the file again finishes it, `gc` removes it)."""
+        or pull was killed ("unfinished": attaching or pulling it again finishes it, `gc` removes
+        it)."""
         caches = DocumentCaches(self.store, fingerprint)
         current, passages = caches.current, caches.passages
         # (a passage's KV is its document's whichever document's passage stored it)

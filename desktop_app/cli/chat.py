@@ -306,8 +306,8 @@ def docs(app: App, as_json: bool):
         + f", {sum(d.cache_bytes.values()) / 1e6:.1f} MB cached"
         + (f", {d.damaged_chunks} damaged chunks (kvdesk verify --repair)"
            if d.damaged_chunks else "")
-        + (" (its attach did not finish: attach the file again, or kvdesk gc removes it)"
-           if d.status == "unfinished" else "")
+        + (" (its attach or pull did not finish: attach the file or run kvdesk remote pull "
+           "again, or kvdesk gc removes it)" if d.status == "unfinished" else "")
         + (" (its file has changed since it was attached" + (
             f"; document {d.newer} holds the new text)" if d.newer is not None else ")")
            if d.file_changed else "") for d in rows] or ["no documents yet: kvdesk attach FILE"])

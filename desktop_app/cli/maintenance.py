@@ -122,8 +122,9 @@ def gc(app: App, budget_gb: float | None, as_json: bool):
     emit(report, as_json, [f"freed {size_text(report['freed_bytes'])}; "
                            f"{size_text(report['bytes_after'])} of "
                            f"{size_text(report['budget_bytes'])} used", *(
-        [f"removed {len(removed)} document(s) whose attach did not finish and stored "
-         f"nothing: {', '.join(map(str, removed))} (attach the file again to have it)"]
+        [f"removed {len(removed)} document(s) whose attach or pull did not finish "
+         f"and stored nothing: {', '.join(map(str, removed))} (attach or pull it again to "
+         "have it)"]
         if removed else [])])
 
 
