@@ -94,6 +94,9 @@ def test_the_evidence_follows_the_question_as_where_its_answer_comes_from():
     assert with_evidence("Who?", []) == "Who?"
     assert with_evidence("Who?", ["A did it.", 'B said "no".']) == (
         'Who?\nAnswer from these lines of the document: "A did it." "B said "no"."')
+    assert with_evidence("Who keeps the Quorl key?", [], ["Quorl"]) == (
+        'Who keeps the Quorl key?\nThe document never mentions Quorl. '
+        'Reply: "The document does not mention Quorl."')
 
 
 def test_a_name_the_question_writes_outranks_a_common_word_as_rare():

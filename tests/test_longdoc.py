@@ -183,6 +183,27 @@ def test_a_question_naming_something_rare_is_given_the_passages_that_hold_it(mak
         eng.passages(eng.doc, query="  ")
 
 
+def test_a_name_the_document_never_holds_is_told_to_the_model_on_every_path(make_engine):
+    """A question about the Harrowgate ferry, which the guide never names, was answered from
+    the nearest passage; the note said so only to the user (and through the API, to no
+    one). The turn now tells the model, with the reply that says it."""
+    eng = make_engine()
+    said = ('When does the Harrowgate ferry leave?\nThe document never mentions Harrowgate. '
+            'Reply: "The document does not mention Harrowgate."')
+    asked = eng.ask("When does the Harrowgate ferry leave?", doc_ids=[eng.doc],
+                    generation=GREEDY)
+    assert any(m.startswith("Harrowgate is named nowhere in Island guide") for m in
+               asked.messages), asked.messages
+    rt = eng.runtime
+    assert said in rt.detokenize(eng.session.conversation(rt, asked.chat_id)[1])
+    turn, _, _, notes = eng.completions.prompt(
+        [{"role": "user", "content": "When does the Harrowgate ferry leave?"}], [eng.doc])
+    assert said in turn.text and any("Harrowgate is named nowhere" in n for n in notes)
+    # A name the guide holds, written as code or not, is no such name.
+    assert eng.session.longdocs.quoted(rt, None, [eng.store.document(eng.doc)],
+                                       "When does the `ferry` to Cape Morrow leave?")[1] == []
+
+
 def test_a_new_chat_over_a_short_document_holds_no_passages_of_an_earlier_one(make_engine):
     eng = make_engine()
     over_passages = eng.ask("What does the museum keep?", doc_ids=[eng.doc], generation=GREEDY)

@@ -311,6 +311,10 @@ def test_of_the_focused_passages_those_holding_the_most_rare_words_are_kept():
     assert written_names("What does __missing__ return in py3?", {"__missing__", "py3",
                                                                    "return"}) == {
         "__missing__", "py3"}
+    # written as code: called, or between backticks
+    assert written_names("what does frobnicate() return for `sort keys`?",
+                         {"frobnicate", "return", "sort", "keys"}) == {"frobnicate", "sort",
+                                                                        "keys"}
 
 
 def test_focused_retrieval_reads_the_passages_naming_the_questions_rare_words(indexed):

@@ -97,9 +97,10 @@ class Completions:
             layout = s.longdocs.laid_out(rt, wholes, sources)
             head, head_tokens = list(layout.messages), list(layout.tokens)
             if messages[ask]["role"] == "user":  # its evidence, as a chat's question has
-                quoted = s.longdocs.evidence(docs, wholes, sources, messages[ask]["content"])
+                quoted, absent = s.longdocs.evidence(docs, wholes, sources,
+                                                     messages[ask]["content"])
                 messages = [*messages[:ask], {**messages[ask], "content": with_evidence(
-                    messages[ask]["content"], quoted)}, *messages[ask + 1:]]
+                    messages[ask]["content"], quoted, absent)}, *messages[ask + 1:]]
         elif docs:
             head, head_tokens = s.prompter.chat(rt, docs)
         before = rt.render_chat(head, add_generation_prompt=False) if head else ""

@@ -69,6 +69,13 @@ class LongDocs:
         """Whether a chat over `docs` is answered from passages (one of them is split)."""
         return bool(self._split(docs))
 
+    def _absent(self, split: Sequence[int], wholes: Sequence[tuple[int, str]],
+                question: str) -> list[str]:
+        """The names `question` writes that no passage of the documents `split` holds, nor
+        any document read whole (none without such documents)."""
+        return evidence.unnamed(self.store, split, question, [t for _, t in wholes]) \
+            if split else []
+
     def _split(self, docs: Sequence[Document]) -> list[int]:
         if self.retriever is None or not docs:
             return []
@@ -101,13 +108,14 @@ class LongDocs:
         return notes
 
     def evidence(self, docs: Sequence[Document], wholes: Sequence[tuple[int, str]],
-                 sources: Sequence[Source], question: str) -> list[str]:
-        """The lines `question`'s turn quotes in a chat over `docs` whose context holds the
+                 sources: Sequence[Source], question: str) -> tuple[list[str], list[str]]:
+        """What `question`'s turn says in a chat over `docs` whose context holds the
         documents read whole `wholes`, then the passages `sources` (in document order): the
-        sentences of each that name what it asks about (`evidence.beside`, `evidence.naming`),
-        at most `evidence.MOST`; none when quoting is off or nothing rare is named."""
+        lines it quotes, the sentences of each that name what it asks about
+        (`evidence.beside`, `evidence.naming`), at most `evidence.MOST`; and the names it
+        writes that none of them holds (`evidence.unnamed`). Neither when quoting is off."""
         if not self.quote:
-            return []
+            return [], []
         books = self._split(docs)
         by_doc: dict[int, list[str]] = {}
         for s in sources:
@@ -119,15 +127,15 @@ class LongDocs:
                  *(line for doc_id, texts in by_doc.items()
                    for line in evidence.naming(self.store, doc_id, question, texts)),
                  *(line for _, rare in besides for line in rare)]
-        return list(dict.fromkeys(found))[:evidence.MOST]
+        return list(dict.fromkeys(found))[:evidence.MOST], self._absent(books, wholes, question)
 
     def quoted(self, rt: Runtime, chat_id: int | None, docs: Sequence[Document],
-               question: str) -> list[str]:
+               question: str) -> tuple[list[str], list[str]]:
         """The `evidence` of `question` in chat `chat_id` over `docs`: over the documents
         read whole and the passages its context holds when it is a chat over passages, else
         none."""
         if not self.applies(docs):
-            return []
+            return [], []
         return self.evidence(docs, self.wholes(rt, docs), self.sources(chat_id), question)
 
     def adopt(self, chat_id: int) -> None:
@@ -155,7 +163,7 @@ class LongDocs:
             notes.append(f"{names} not read in this chat: beside the passages of a document "
                          "longer than the context, the documents read whole may take half of "
                          f"it (ask about {names} in a chat of its own)")
-        if missing := evidence.unnamed(self.store, split, question, [t for _, t in wholes]):
+        if missing := self._absent(split, wholes, question):
             names = " and ".join(missing)
             books = ", ".join(d.title for d in docs if d.id in split)
             notes.append(f"{names} {'is' if len(missing) == 1 else 'are'} named nowhere in "

@@ -364,8 +364,8 @@ class ChatSession:
             docs = self._documents(chat_id, doc_ids)
             picked = self.longdocs.choose(rt, chat_id, question, docs)
             msgs, context, notes = self._context(rt, chat_id, docs)
-            quoted = self.longdocs.quoted(rt, chat_id, docs, question)
-            turn = question_turn(rt, msgs, with_evidence(question, quoted))
+            quoted, absent = self.longdocs.quoted(rt, chat_id, docs, question)
+            turn = question_turn(rt, msgs, with_evidence(question, quoted, absent))
             if len(context) + len(turn.tokens) + 1 >= rt.n_ctx:
                 raise EngineError(room_left(rt.n_ctx, len(context), len(turn.tokens), chat_id))
             report = self.bring_in(rt, chat_id, context, options=restore, progress=progress,

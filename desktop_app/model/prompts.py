@@ -211,15 +211,23 @@ def question_turn(tpl: Template, messages: Sequence[dict], question: str) -> Tur
     return Turn(msgs, text, tpl.tokenize(text[len(before):]))
 
 
-def with_evidence(question: str, evidence: Sequence[str]) -> str:
+def with_evidence(question: str, evidence: Sequence[str], absent: Sequence[str] = ()) -> str:
     """What the user's turn says when the passages read hold sentences that name what the
     question asks about (`passages.evidence`): the question, then those sentences as where
-    the answer is to come from. Worded for the models measured (RESULTS.md, "Evidence in
-    the question's turn"): before the question, some answered nothing at all."""
-    if not evidence:
-        return question
-    quoted = " ".join(f'"{s}"' for s in evidence)
-    return f"{question}\nAnswer from these lines of the document: {quoted}"
+    the answer is to come from; and when the question writes names that the documents never
+    hold (`absent`), that they are not there and the reply that says so. Worded for the
+    models measured (RESULTS.md, "Evidence in the question's turn" and "A name the documents
+    never hold"): before the question, some answered nothing at all, and told only the fact,
+    they answered from the nearest passage all the same."""
+    turn = question
+    if evidence:
+        turn += "\nAnswer from these lines of the document: " + " ".join(
+            f'"{s}"' for s in evidence)
+    if absent:
+        names = " and ".join(absent)
+        turn += (f"\nThe document never mentions {names}. "
+                 f'Reply: "The document does not mention {names}."')
+    return turn
 
 
 def raw_prompt(tpl: Template, prompt: str, suffix: str | None = None) -> list[int]:

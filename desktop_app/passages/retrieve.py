@@ -193,9 +193,12 @@ def most_named(order: Sequence[tuple[int, float]], holders: Mapping[str, set[int
 
 def written_names(question: str, words: Iterable[str]) -> set[str]:
     """Of `words` (case folded), the names `question` writes: capitalised past its first word,
-    or an identifier (a digit or an underscore in it)."""
+    an identifier (a digit or an underscore in it), or written as code (called, `f()`, or
+    between backticks)."""
     capitalised = {w.lower() for w in re.findall(r"\w+", question)[1:] if w[:1].isupper()}
-    return {w for w in words if w in capitalised or re.search(r"[\d_]", w)}
+    code = {w.lower() for part in re.findall(r"\w+(?=\()|`[^`]+`", question)
+            for w in re.findall(r"\w+", part)}
+    return {w for w in words if w in capitalised or w in code or re.search(r"[\d_]", w)}
 
 
 def fuse(rankings: Sequence[Sequence[tuple[int, float]]],
