@@ -60,6 +60,9 @@ def test_the_codec_compiling_shows_in_the_status_bar_until_ready(qtbot):
     engine.codec = compiling(6, 4.0)
     qtbot.waitUntil(lambda: window.prep_label.text().endswith("75%, about 4 s left"),
                     timeout=3000)
+    engine.codec = compiling(7, 0.3)  # not "about 0 s left"
+    qtbot.waitUntil(lambda: window.prep_label.text().endswith("88%, almost done"),
+                    timeout=3000)
     engine.codec = PrepState(READY, 8, 8, "", 20.0, 0.0, 8)
     qtbot.waitUntil(window.prep_label.isHidden, timeout=3000)
     assert not window.codec_busy and not window.prep_timer.isActive()  # no more polling

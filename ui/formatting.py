@@ -69,9 +69,10 @@ def attach_notices(result: AttachResult) -> list[str]:
 
 
 def prep_line(state: PrepState) -> str:
-    """E.g. "Preparing the codec (once)… 40%, about 12 s left"."""
-    return (f"Preparing the codec (once)… {state.fraction * 100:.0f}%, "
-            f"about {state.left_s:.0f} s left")
+    """E.g. "Preparing the codec (once)… 40%, about 12 s left" ("almost done" under a
+    second: the estimate is the kernels left, which can all be running)."""
+    left = f"about {state.left_s:.0f} s left" if state.left_s >= 0.5 else "almost done"
+    return f"Preparing the codec (once)… {state.fraction * 100:.0f}%, {left}"
 
 
 def calibrating_line(p: Progress) -> str:
