@@ -177,6 +177,42 @@ def test_a_late_reply_never_lands_in_another_chat(qtbot, window, engine):
     assert ("reopen", second.chat_id, "high") in engine.calls
 
 
+def test_an_answer_streaming_in_a_chat_left_and_come_back_to_is_shown_where_it_got_to(
+        qtbot, window, engine):
+    """Switching chats while an answer streamed lost that turn from the view: coming back,
+    neither the question nor its answer was shown, even after it ended."""
+    first, second = engine.chats()[0], engine.chats()[1]
+    with qtbot.waitSignals([window.restored, window.messages_loaded], timeout=5000):
+        window.open_chat(first.chat_id)
+    engine.token_s = 0.05
+    window.send("What is attention?")
+    qtbot.waitUntil(lambda: len(window.chat_view.transcript()[-1][1]) > 5, timeout=5000)
+    window.open_chat(second.chat_id)  # away while it streams: its reopen waits for it
+    window.stop()
+    assert window.statusBar().currentMessage() == "Stopping the answer in another chat…"
+    window.generation.cancel.clear()  # (not stopped after all: the test goes on)
+    with qtbot.waitSignal(window.messages_loaded, timeout=5000):
+        window.open_chat(first.chat_id)
+    shown = window.chat_view.transcript()
+    assert shown[-2] == ("user", "What is attention?") and shown[-1][1], shown
+    assert window.chat_view.streaming
+    with qtbot.waitSignal(window.answer_done, timeout=10000) as done:
+        pass
+    answer = done.args[0].answer
+    assert window.chat_view.transcript()[-2:] == [("user", "What is attention?"),
+                                                  ("assistant", answer)]
+    assert 'href="kvdesk:regenerate"' in window.chat_view._html[-1]
+    # Away until it ends: the chat shown again is the one stored, turn and all.
+    engine.token_s = 0.001
+    window.send("And then?")
+    window.open_chat(second.chat_id)
+    qtbot.waitUntil(lambda: window.generation is None and not window.runner.active,
+                    timeout=10000)
+    with qtbot.waitSignal(window.messages_loaded, timeout=5000):
+        window.open_chat(first.chat_id)
+    assert window.chat_view.transcript()[-2][1] == "And then?"
+
+
 def test_quality_tooltip_shows_the_estimate_for_the_chat(qtbot, window, engine):
     with qtbot.waitSignal(window.restored, timeout=5000):
         window.open_chat(engine.chats()[0].chat_id)

@@ -2,19 +2,32 @@
 
 A mixin of `MainWindow` (ui.main_window), which owns the widgets and the state it uses:
 the engine, the runner, the chat shown and its serial number. Every engine call runs on the
-"chat" lane, one at a time, in the order the user asked for them.
+"chat" lane, one at a time, in the order the user asked for them. An answer goes on while
+the user looks at another chat: coming back, they see it where it got to, still streaming
+(the engine stores the question with its answer, so the chat's stored messages lack both
+until it ends), or the chat as stored once it has ended.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from desktop_app.options import RestoreOptions
 from desktop_app.results import AskResult
 
 from .formatting import answer_stats
 from .workers import Job
+
+
+@dataclass
+class Answering:
+    """The question being answered, in which chat (None: a new one), and what came so far."""
+
+    chat_id: int | None
+    question: str
+    text: str = ""
 
 
 class AskingMixin:
@@ -50,7 +63,7 @@ class AskingMixin:
         chat_id, doc_ids, level = self.chat_id, self.doc_list.checked_ids(), self.quality.level()
         engine = self.engine
 
-        self._generate(lambda job: engine.ask(
+        self._generate(text, lambda job: engine.ask(
             text, chat_id=chat_id, doc_ids=[] if chat_id is not None else doc_ids,
             restore=RestoreOptions(level=level), on_token=job.signals.token.emit,
             on_restore=job.signals.restored.emit, progress=job.signals.progress.emit,
@@ -59,9 +72,11 @@ class AskingMixin:
     def regenerate(self) -> None:
         if self.engine is None or self.chat_id is None or self.generation is not None:
             return
+        question = next((t for role, t in reversed(self.chat_view.transcript())
+                         if role == "user"), "")
         self.chat_view.drop_last_answer()
         chat_id, level, engine = self.chat_id, self.quality.level(), self.engine
-        self._generate(lambda job: engine.regenerate(
+        self._generate(question, lambda job: engine.regenerate(
             chat_id, restore=RestoreOptions(level=level), on_token=job.signals.token.emit,
             on_restore=job.signals.restored.emit, progress=job.signals.progress.emit,
             cancel=job.cancel))
@@ -69,22 +84,53 @@ class AskingMixin:
     def stop(self) -> None:
         if self.generation is not None:
             self.generation.cancel.set()
-            self.statusBar().showMessage("Stopping…", 2000)
+            self.statusBar().showMessage("Stopping…" if self.answer_serial == self.serial
+                                         else "Stopping the answer in another chat…", 2000)
 
-    def _generate(self, work: Callable[[Job], AskResult]) -> None:
-        serial = self.serial
+    def _load_messages(self, serial: int) -> None:
+        """Show the chat's stored messages (and the answer coming in it, if one is)."""
+        chat_id = self.chat_id
+        self.runner.start("misc", lambda job: self.engine.messages(chat_id),
+                          finished=lambda msgs: self._show_messages(serial, msgs),
+                          failed=lambda msg: self._say(msg, True))
+
+    def _show_messages(self, serial: int, messages) -> None:
+        if serial != self.serial:
+            return
+        self.chat_view.set_messages(messages)
+        answering = self.answering
+        if answering is not None and answering.chat_id is not None \
+                and answering.chat_id == self.chat_id:
+            self.chat_view.add_user_message(answering.question)
+            self.chat_view.begin_answer()
+            self.chat_view.append_token(answering.text)
+            self.answer_serial = serial
+        self.messages_loaded.emit()
+
+    def _generate(self, question: str, work: Callable[[Job], AskResult]) -> None:
+        answering = self.answering = Answering(self.chat_id, question)
+        self.answer_serial = self.serial
         started = time.perf_counter()
         first_token: list[float] = []
 
         def token(piece: str) -> None:
             if not first_token:
                 first_token.append(time.perf_counter())
-            if serial == self.serial:
+            answering.text += piece
+            if self.answer_serial == self.serial:
                 self.chat_view.append_token(piece)
+
+        def left_behind(chat_id: int | None) -> None:
+            """The answer's chat is shown, but in a view opened since: shown as stored."""
+            if chat_id is not None and chat_id == self.chat_id:
+                self._load_messages(self.serial)
 
         def finished(result: AskResult) -> None:
             generation_s = time.perf_counter() - (first_token or [started])[0]
-            if serial == self.serial:
+            self.answering = None
+            if self.answer_serial != self.serial:
+                left_behind(result.chat_id)
+            else:
                 if self.chat_id is None:  # the engine created the chat for this question
                     self.chat_id = result.chat_id
                     self.doc_list.set_checkable(False)
@@ -96,7 +142,10 @@ class AskingMixin:
             self._generation_over(result)
 
         def ended(note: str, error: bool = False) -> None:
-            if serial == self.serial:
+            self.answering = None
+            if self.answer_serial != self.serial:
+                left_behind(answering.chat_id)
+            else:
                 self.chat_view.end_answer(None, note)
                 if error:
                     self._say(note, True)
@@ -107,8 +156,8 @@ class AskingMixin:
         job = self.runner.start("chat", work, finished=finished,
                                 failed=lambda msg: ended(msg, error=True))
         job.signals.token.connect(token)
-        job.signals.restored.connect(lambda report: self._reopened(serial, report))
-        job.signals.progress.connect(lambda p: self._show_progress(serial, p))
+        job.signals.restored.connect(lambda report: self._reopened(self.answer_serial, report))
+        job.signals.progress.connect(lambda p: self._show_progress(self.answer_serial, p))
         job.signals.cancelled.connect(lambda: ended("stopped"))
         self.generation = job
         self.send_button.setText("Stop")

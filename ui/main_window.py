@@ -38,7 +38,7 @@ from desktop_app.results import ChatInfo, DocumentInfo, ModelFile, Progress
 from desktop_app.settings import Settings
 
 from . import theme
-from .asking import AskingMixin
+from .asking import Answering, AskingMixin
 from .chat_view import ChatView, PromptEdit
 from .codec_status import CodecMixin
 from .formatting import restore_line, shortened
@@ -82,6 +82,8 @@ class MainWindow(AskingMixin, LibraryMixin, CodecMixin, QMainWindow):
         self.chat_id: int | None = None  # None: a new chat, not yet asked anything
         self.serial = 0  # bumped whenever the conversation shown changes
         self.generation: Job | None = None
+        self.answering: Answering | None = None  # the question whose answer is coming
+        self.answer_serial = 0  # the view that shows it (self.serial while it is shown)
         self.reopen_job: Job | None = None
         self.draft_job: Job | None = None
         self.documents: list[DocumentInfo] = []
@@ -354,9 +356,7 @@ class MainWindow(AskingMixin, LibraryMixin, CodecMixin, QMainWindow):
         serial = self._switch(chat_id)
         self.chat_view.set_messages([])
         self._say("restoring…")
-        self.runner.start("misc", lambda job: self.engine.messages(chat_id),
-                          finished=lambda msgs: self._show_messages(serial, msgs),
-                          failed=lambda msg: self._say(msg, True))
+        self._load_messages(serial)
         level = self.quality.level()
         job = self.runner.start("chat", lambda job: self.engine.reopen(
             chat_id, restore=RestoreOptions(level=level), progress=job.signals.progress.emit,
@@ -369,11 +369,6 @@ class MainWindow(AskingMixin, LibraryMixin, CodecMixin, QMainWindow):
     def _failed_in_view(self, serial: int, message: str) -> None:
         if serial == self.serial:
             self._say(message, True)
-
-    def _show_messages(self, serial: int, messages) -> None:
-        if serial == self.serial:
-            self.chat_view.set_messages(messages)
-            self.messages_loaded.emit()
 
     def _show_progress(self, serial: int, p: Progress) -> None:
         if serial == self.serial and p.total:

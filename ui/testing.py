@@ -296,9 +296,8 @@ class FakeEngine:
             chat = self._add_chat(title, list(doc_ids), time.time())
         else:
             chat = self._chats[chat_id]
-        self._add_message(chat, "user", question, time.time())
-        return self._generate(chat, fake_answer(question), restore.level, on_token, on_restore,
-                              progress, cancel)
+        return self._generate(chat, question, fake_answer(question), restore.level, on_token,
+                              on_restore, progress, cancel)
 
     def regenerate(self, chat_id: int, *, restore: RestoreOptions = RestoreOptions(),
                    generation: GenerationOptions = GenerationOptions(),
@@ -309,11 +308,14 @@ class FakeEngine:
         msgs = self._messages[chat_id]
         if msgs and msgs[-1].role == "assistant":
             msgs.pop()
-        question = next(m.text for m in reversed(msgs) if m.role == "user")
-        return self._generate(self._chats[chat_id], fake_answer(question + " (again)"),
-                              restore.level, on_token, on_restore, progress, cancel)
+        question = msgs.pop().text  # asked again: stored again with its new answer
+        return self._generate(self._chats[chat_id], question,
+                              fake_answer(question + " (again)"), restore.level, on_token,
+                              on_restore, progress, cancel)
 
-    def _generate(self, chat, answer, level, on_token, on_restore, progress, cancel) -> AskResult:
+    def _generate(self, chat, question, answer, level, on_token, on_restore, progress,
+                  cancel) -> AskResult:
+        """As the engine answers: the question is stored with its answer, at the end."""
         t0 = time.perf_counter()
         report = self._restore(self._prefix_tokens(chat.doc_ids), level, progress, cancel)
         if on_restore:
@@ -326,6 +328,7 @@ class FakeEngine:
             if on_token:
                 on_token(word if i == len(pieces) - 1 else word + " ")
         stats = {"tokens_generated": len(pieces), "ttft_s": ttft}
+        self._add_message(chat, "user", question, time.time())
         self._add_message(chat, "assistant", answer, time.time(), stats)
         return AskResult(chat_id=chat.chat_id, answer=answer, ttft_s=ttft or 0.0,
                          restore_s=report.restore_s, bytes_read=report.bytes_read,
