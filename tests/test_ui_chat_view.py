@@ -91,3 +91,39 @@ def test_a_long_document_says_how_many_passages_have_their_kv(qtbot):
     assert "291,532 tokens" in docs.list.item(0).text()
     assert "310 of 1,204 passages cached" in docs.list.item(0).text()
     assert docs.list.wordWrap()  # the row's facts wrap in a narrow sidebar, never cut off
+
+
+def test_the_view_follows_the_end_unless_the_user_reads_further_up(qtbot):
+    """An answer that ended, was stopped or regenerated in a chat longer than the view was
+    left below the fold with the view back near the top (the page is laid out after it is
+    set, so scrolling to its end at once reached the end of a page not laid out yet)."""
+    view = ChatView()
+    qtbot.addWidget(view)
+    view.resize(600, 300)
+    view.show()
+    qtbot.waitExposed(view)
+    long = "word " * 300
+    view.set_messages([MessageInfo(i, role, long if role == "assistant" else f"q{i}", 0.0)
+                       for i in range(12) for role in ("user", "assistant")])
+    bar = view.verticalScrollBar()
+    qtbot.waitUntil(lambda: bar.maximum() > 0 and bar.value() == bar.maximum())  # opened
+    view.add_user_message("Next?")
+    view.begin_answer()
+    view.append_token(long)
+    view.end_answer()
+    qtbot.wait(50)
+    assert bar.value() == bar.maximum() > 0
+    # Read further up, the page stays there when it is redrawn (a source opened, an answer
+    # ending); back at the end, it follows again.
+    bar.setValue(bar.maximum() // 3)
+    reading = bar.value()
+    view.add_user_message("And?")
+    view.begin_answer()
+    view.append_token(long)
+    view.end_answer()
+    qtbot.wait(50)
+    assert bar.value() == reading < bar.maximum()
+    bar.setValue(bar.maximum())
+    view.end_answer("One more.")
+    qtbot.wait(50)
+    assert bar.value() == bar.maximum()

@@ -52,6 +52,16 @@ class ChatView(QTextBrowser):
         self._stream_at = 0  # where the streaming answer starts in the document
         self._open_source: tuple[int, int] | None = None  # (message, source) shown in full
         self.doc_titles: dict[int, str] = {}  # names a source's document among several
+        # Whether the view follows the end of the page as it grows: the user is at the end
+        # (or has just opened the chat), not reading further up; else where they read is
+        # kept. The page is laid out after setHtml returns, a piece at a time, so both are
+        # applied again as its range grows.
+        self._follow = True
+        self._rendering = False
+        self._reading_at = 0
+        bar = self.verticalScrollBar()
+        bar.valueChanged.connect(self._scrolled)
+        bar.rangeChanged.connect(self._grown)
         self._render()
 
     # -- what the window tells it -----------------------------------------------------------
@@ -74,6 +84,7 @@ class ChatView(QTextBrowser):
         self._notes = dict(notes or {})
         self._streaming = None
         self._open_source = None  # a source shown belongs to the chat it was opened in
+        self._follow = True  # a chat opens at its end
         self._html, self._code = [], []
         for i in range(len(self._messages)):
             self._render_message(i)
@@ -189,17 +200,33 @@ class ChatView(QTextBrowser):
                     f"<tr><td>{head}{body}{footer}</td></tr></table><p></p>")
         return f"{head}{body}{footer}"
 
+    def _scrolled(self, value: int) -> None:
+        if not self._rendering:  # the user's scrolling, not a page being replaced
+            self._follow = value >= self.verticalScrollBar().maximum() - 4
+            self._reading_at = value
+
+    def _grown(self, _low: int, high: int) -> None:
+        # (a value clamped by a range not grown yet is not the user's)
+        was, self._rendering = self._rendering, True
+        try:
+            self.verticalScrollBar().setValue(high if self._follow
+                                              else min(self._reading_at, high))
+        finally:
+            self._rendering = was
+
     def _render(self) -> None:
         """Lay out every finished message, then the answer being streamed, if any."""
-        bar = self.verticalScrollBar()
-        at_bottom = bar.value() >= bar.maximum() - 4
         parts = list(self._html) or ([] if self._streaming is not None else [WELCOME])
-        self.setHtml(f'<div style="color:{self.colors.text}">{"".join(parts)}</div>')
+        self._rendering = True
+        try:
+            self.setHtml(f'<div style="color:{self.colors.text}">{"".join(parts)}</div>')
+        finally:
+            self._rendering = False
         self._stream_at = self.document().characterCount() - 1
         if self._streaming is not None:
             self._render_streaming()
-        elif at_bottom:
-            bar.setValue(bar.maximum())
+        else:
+            self._grown(0, self.verticalScrollBar().maximum())
 
     def _render_streaming(self) -> None:
         """Replace only the streamed answer at the end of the document.
@@ -209,17 +236,18 @@ class ChatView(QTextBrowser):
         """
         if self._streaming is None:
             return
-        bar = self.verticalScrollBar()
-        at_bottom = bar.value() >= bar.maximum() - 4
         body = render(self._streaming, self.colors).html if self._streaming else ""
         thinking = f'<p style="color:{self.colors.muted}">▍</p>'
         cursor = QTextCursor(self.document())
         cursor.setPosition(self._stream_at)
         cursor.movePosition(QTextCursor.MoveOperation.End, QTextCursor.MoveMode.KeepAnchor)
-        cursor.insertHtml(f'<div style="color:{self.colors.text}">'
-                          f'{self._message_html("assistant", body, thinking)}</div>')
-        if at_bottom:
-            bar.setValue(bar.maximum())
+        self._rendering = True
+        try:
+            cursor.insertHtml(f'<div style="color:{self.colors.text}">'
+                              f'{self._message_html("assistant", body, thinking)}</div>')
+        finally:
+            self._rendering = False
+        self._grown(0, self.verticalScrollBar().maximum())
 
     def _link(self, url: QUrl) -> None:
         target = url.toString().removeprefix("kvdesk:")
