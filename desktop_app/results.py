@@ -101,6 +101,13 @@ class RestoreReport(Record):
     # speeds measured then (another run may read them otherwise).
     adapted_chunks: int = 0
 
+    @property
+    def lossy_tokens(self) -> int:
+        """How many of the context's first tokens came back at a lossy level: those restored,
+        unless every chunk was read exactly ("lossless") or recomputed ("text")."""
+        lossy = any(level not in ("lossless", "text") for level in self.chunk_levels)
+        return self.tokens - self.recomputed_tokens if lossy else 0
+
 
 def levels_summary(chunk_levels: list[str]) -> str:
     """E.g. "16 chunks: 14 high, 2 balanced" — how a restore brought its chunks back."""

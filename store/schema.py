@@ -316,6 +316,27 @@ def m010_passage_hash(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
 
 
+# The entries of no document, chat or passage (the local API's prompt caches) and those
+# extending them: stored before this version, one may hold KV that a restore had read back at
+# a lossy level, stored again under every level's name (compact's error called `high`; a
+# 6,091-token prompt answered nothing). Only caches: dropped, computed again when next asked.
+M011_PROMPT_CACHES = """
+WITH RECURSIVE doomed(id) AS (
+    SELECT id FROM kv_entries
+    WHERE document_id IS NULL AND chat_id IS NULL AND NOT passage
+    UNION SELECT e.id FROM kv_entries e JOIN doomed d ON e.parent_id = d.id
+)
+SELECT id FROM doomed"""
+
+
+def m011_prompt_caches(conn: sqlite3.Connection) -> None:
+    """The API's prompt caches stored before lossy KV was kept from being stored again."""
+    doomed = [(i,) for (i,) in conn.execute(M011_PROMPT_CACHES)]
+    for table, column in (("kv_chunks", "entry_id"), ("kv_spans", "entry_id"),
+                          ("kv_entries", "id")):
+        conn.executemany(f"DELETE FROM {table} WHERE {column} = ?", doomed)
+
+
 MIGRATIONS: list[tuple[str, Callable[[sqlite3.Connection], None]]] = [
     ("m001_initial", m001_initial),
     ("m002_message_tokens", m002_message_tokens),
@@ -327,6 +348,7 @@ MIGRATIONS: list[tuple[str, Callable[[sqlite3.Connection], None]]] = [
     ("m008_passages", m008_passages),
     ("m009_passage_kv", m009_passage_kv),
     ("m010_passage_hash", m010_passage_hash),
+    ("m011_prompt_caches", m011_prompt_caches),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -28,9 +28,10 @@ def test_decide_takes_whichever_is_sooner(left, restore, recompute, action, expe
 
 
 def test_decide_says_which_and_why():
-    assert "recomputing from text (about 9 s)" in decide(
-        prep_left_s=20, restore_s=0.5, recompute_s=9).reason
-    assert "waiting about 4 s" in decide(prep_left_s=3.5, restore_s=0.5, recompute_s=9).reason
+    assert decide(prep_left_s=20, restore_s=0.5, recompute_s=9).reason == (
+        "recomputed from text (about 9 s) rather than wait about 20 s more for it")
+    assert decide(prep_left_s=3.5, restore_s=0.5, recompute_s=9).reason == (
+        "waited about 4 s for it to finish (recomputing from text would have taken about 9 s)")
 
 
 def test_estimate_while_loading_is_the_load_prior():

@@ -85,7 +85,10 @@ def test_passage_kv_is_computed_once_then_read_back(make_engine, level):
     eng = make_engine(passage_level=level)
     doc = eng.doc
     q = "When does the Saturday ferry leave, and what does the museum keep?"
-    first = eng.ask(q, doc_ids=[doc], generation=GREEDY)
+    seen = []
+    first = eng.ask(q, doc_ids=[doc], generation=GREEDY, progress=seen.append)
+    # Each passage computed is said before it is (the window showed nothing for seconds).
+    assert [(p.done, p.total) for p in seen if p.phase == "passages"] == [(0, 2), (1, 2)]
     # The answer names its passages: the ferry's and the museum's, in document order.
     assert [s["passage_id"] for s in first.sources] == [eng.ids[0], eng.ids[1]]
     assert first.sources[0]["text"] == PASSAGES[0]

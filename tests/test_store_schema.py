@@ -7,7 +7,7 @@ import sqlite3
 import zlib
 
 import pytest
-from test_store_helpers import open_store, put_entry
+from test_store_helpers import count, open_store, orphans, put_entry
 
 from store import CorruptChunkError, SchemaVersionError, Store
 from store.db import open_connection
@@ -163,11 +163,13 @@ def test_m006_seals_every_chunk_to_its_place(tmp_path):
     conn = open_connection(tmp_path / "kvdesk.sqlite")
     migrate(conn, target=5)
     conn.execute("INSERT INTO models VALUES ('model-a', '/a.gguf', '{}', 0)")
+    conn.execute("INSERT INTO documents (id, content_hash, title, type, text, created)"
+                 " VALUES (1, 'h', 'Doc', 'txt', 'text', 0)")  # (not prompt caches: m011)
     data = {(e, c): f"entry {e} chunk {c};".encode() * 50 for e in (1, 2) for c in (0, 1)}
     for e in (1, 2):
         conn.execute("INSERT INTO kv_entries (id, model, prefix_hash, token_start, token_end,"
-                     " chunk_size, levels, tokens, complete, last_used, created) VALUES"
-                     " (?, 'model-a', ?, 0, 4, 2, '[\"x\"]', ?, 1, 0, 0)",
+                     " chunk_size, levels, tokens, complete, last_used, created, document_id)"
+                     " VALUES (?, 'model-a', ?, 0, 4, 2, '[\"x\"]', ?, 1, 0, 0, 1)",
                      (e, bytes([e]) * 16, bytes(16)))
         for c in (0, 1):
             conn.execute("INSERT INTO kv_spans VALUES (?, ?, ?, ?, ?, 0)",
@@ -198,3 +200,26 @@ def test_m006_seals_every_chunk_to_its_place(tmp_path):
             with pytest.raises(CorruptChunkError):
                 store.read_chunk(e, 0, "x")
         assert store.read_chunk(1, 1, "x") == data[1, 1]
+
+
+def test_m011_drops_the_prompt_caches_and_what_extends_them_and_keeps_the_rest(tmp_path):
+    """A prompt cache stored before m011 may hold lossy KV under every level's name."""
+    with open_store(tmp_path) as store:
+        doc = store.add_document("h", "Doc", "text", type="txt")
+        chat = store.create_chat("About it", [doc.id])
+        kept = put_entry(store, range(300), document_id=doc.id)
+        chat_entry = put_entry(store, range(400), parent_id=kept.id, chat_id=chat.id)
+        passage = put_entry(store, range(1000, 1200), document_id=doc.id, passage=True)
+        prompt = put_entry(store, range(500, 800))
+        put_entry(store, range(500, 900), parent_id=prompt.id)
+    conn = sqlite3.connect(tmp_path / "kvdesk.sqlite")
+    with conn:  # (as a store of version 10 is)
+        conn.execute("DELETE FROM migrations WHERE name = 'm011_prompt_caches'")
+        conn.execute("PRAGMA user_version = 10")
+    conn.close()
+    with open_store(tmp_path) as store:
+        assert store.schema_version == SCHEMA_VERSION
+        assert sorted(e.id for e in store.entries()) == sorted(
+            [kept.id, chat_entry.id, passage.id])
+        assert orphans(store) == {}
+        assert count(store, "kv_spans") == sum(e.n_chunks for e in store.entries())

@@ -149,7 +149,7 @@ PHASE_WORDS = {"extract": "reading the file", "prefill": "computing the cache",
                "encode": "compressing", "store": "saving", "restore": "restoring",
                "recompute": "recomputing", "pull": "fetching from the shared cache",
                "push": "sharing", "wait": "waiting for another kvdesk window's answer",
-               "repair": "repairing",
+               "repair": "repairing", "passages": "computing the passages' cache",
                "split": "longer than the context: splitting into passages"}
 
 

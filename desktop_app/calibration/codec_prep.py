@@ -43,7 +43,7 @@ PRIOR_LOAD_S = 1.0
 class Decision:
     action: str  # "restore" (the codec is ready), "wait" (for it, then restore), "recompute"
     expected_s: float  # until the KV is in place, by that action
-    reason: str  # one sentence for the user
+    reason: str  # one sentence for the user, read once the answer is there: as done
 
 
 def decide(*, prep_left_s: float, restore_s: float, recompute_s: float) -> Decision:
@@ -55,10 +55,10 @@ def decide(*, prep_left_s: float, restore_s: float, recompute_s: float) -> Decis
         return Decision("restore", restore_s, "the codec is ready")
     wait_s = prep_left_s + restore_s
     if wait_s <= recompute_s:
-        return Decision("wait", wait_s, f"waiting about {wait_s:.0f} s for the codec to finish "
-                        f"preparing (recomputing from text would take about {recompute_s:.0f} s)")
-    return Decision("recompute", recompute_s, f"recomputing from text (about {recompute_s:.0f} "
-                    f"s) while the codec finishes preparing (about {prep_left_s:.0f} s more)")
+        return Decision("wait", wait_s, f"waited about {wait_s:.0f} s for it to finish "
+                        f"(recomputing from text would have taken about {recompute_s:.0f} s)")
+    return Decision("recompute", recompute_s, f"recomputed from text (about {recompute_s:.0f} "
+                    f"s) rather than wait about {prep_left_s:.0f} s more for it")
 
 
 def estimate_left_s(names: Sequence[str], done: int, compiling: bool,

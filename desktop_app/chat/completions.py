@@ -206,7 +206,7 @@ class Completions:
         suffix_tokens = rt.tokenize(suffix) if suffix else []
         if suffix_tokens and rt.n_tokens + len(suffix_tokens) <= rt.n_ctx:
             rt.prefill(suffix_tokens)
-        return s.kv.keep_prefix(rt, rt.tokens)
+        return s.kv.keep_prefix(rt, rt.tokens, s.decoded_until)
 
 
 class StopStrings:

@@ -32,7 +32,7 @@ never prints; the sessions call it where the chat's prefix is made.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from store import Document, Store
 
@@ -42,7 +42,7 @@ from ..model.prompts import Layout, Prompter, passage_layout
 from ..model.runtime import Runtime
 from ..passages import evidence
 from ..passages.retrieve import DEFAULT_K, Retriever
-from ..results import Source
+from ..results import Progress, Source
 from .library import Library
 
 ASKED_BEFORE = 8  # a client's earlier questions whose passages a conversation keeps
@@ -290,7 +290,8 @@ class LongDocs:
         return self.laid_out(rt, self.wholes(rt, docs), self.sources(chat_id))
 
     def blendable(self, rt: Runtime, chat_id: int | None, tokens: Sequence[int],
-                  cancel: threading.Event | None) -> Parts | None:
+                  cancel: threading.Event | None,
+                  progress: Callable[[Progress], None] | None = None) -> Parts | None:
         """What to blend when `tokens` start with a passage chat's prefix that needs it. The
         passages with no KV yet are computed first, each on its own, and stored (`rt` is left
         to the restore that follows); None when the prefix is stored exactly, which a plain
@@ -312,7 +313,7 @@ class LongDocs:
         if stored.n_tokens + stored.tail_match >= len(layout.tokens):
             return None
         ready = self.kv.ensure(rt, [*wholes, *((s.document_id, s.text) for s in sources)],
-                               cancel=cancel)
+                               cancel=cancel, progress=progress)
         notes = list(ready.notes)
         if whole := sum(i < len(wholes) for i in ready.computed_at):
             notes.append(f"{whole} document(s) read whole beside the passages: their KV "

@@ -75,9 +75,10 @@ class ChatSession:
         self.default_budget_ms = default_budget_ms  # an "auto" restore's (None: best quality)
         self.generation_defaults = generation_defaults  # the settings file's (unset: None)
         self.lock = FairLock()  # the chat context: one turn at a time, first come first served
-        # How the context's content was restored (None: not by a restore), so a question
-        # asked the same way keeps it instead of restoring it again.
+        # How the context was restored (None: not by a restore), kept for a question asked
+        # the same way; how many of its first tokens came back lossy (never stored again).
         self._loaded: RestoreOptions | None = None
+        self.decoded_until = 0
         # Chats over several documents: the share of each later document recomputed in place
         # (1: never blend), the blender, where the blended KV begins, who makes it exact.
         self.blend_fraction = blend_fraction
@@ -110,14 +111,12 @@ class ChatSession:
         layout = self.longdocs.layout(rt, chat_id) or self.prompter.layout(
             rt, self.library.chat_documents(chat_id))
         msgs, tokens = list(layout.messages), list(layout.tokens)
-        known = self.store.message_tokens(chat_id, rt.fingerprint)
-        fresh = 0
+        known, fresh = self.store.message_tokens(chat_id, rt.fingerprint), 0
         for m in self.library.history(chat_id):
             before = rt.render_chat(msgs, add_generation_prompt=False)
             msgs.append({"role": m.role, "content": m.text})
             if m.id not in known:
-                # A question's turn ends with the generation prompt; an answer's turn is what
-                # follows it, closing included: the split `ask` stores.
+                # A question's turn ends with the generation prompt, an answer's is the rest.
                 if m.role == "user":
                     turn = rt.render_chat(msgs, add_generation_prompt=True)[len(before):]
                 else:
@@ -156,6 +155,7 @@ class ChatSession:
             # (A sliding-window cache may no longer hold what cutting back would need.)
             if keep >= len(tokens) and rt.can_truncate(keep):
                 rt.truncate(keep)
+                self.decoded_until = min(self.decoded_until, keep)
                 if self._blended_at is not None and keep <= self._blended_at:
                     self._blended_at = None  # what is kept came back exact
                 report = RestoreReport(len(tokens), time.perf_counter() - t0, 0, [], 0,
@@ -172,7 +172,7 @@ class ChatSession:
             elif options.budget_ms is None and self.default_budget_ms is not None:
                 effective = options.model_copy(update={"budget_ms": self.default_budget_ms})
             parts = (None if options.level == EXACT  # blended KV is never exact
-                     else self._blendable(rt, chat_id, tokens, docs, cancel))
+                     else self._blendable(rt, chat_id, tokens, docs, cancel, progress))
             if parts is not None and not (parts.later and self.blender.usable(rt, parts.later)):
                 notes, fresh, parts = list(parts.notes), parts.computed_tokens, None
             try:
@@ -200,6 +200,7 @@ class ChatSession:
         speeds_mod.save(self.store, self.speeds)
         self._blended_at = None
         self._loaded = None if options.no_cache else options
+        self.decoded_until = report.lossy_tokens
         rt.prefill(question, cancel=cancel)
         n = min(len(tokens), report.recomputed_tokens + fresh)  # (a passage computed for it counts)
         return replace(report, recomputed_tokens=n, messages=[*notes, *report.messages],
@@ -216,19 +217,19 @@ class ChatSession:
             self.speeds.decode(lvl) for lvl in self.levels)
         choice = codec_prep.decide(prep_left_s=state.left_s, restore_s=decode_s,
                                    recompute_s=source.n_tokens / self.speeds.prefill_tps)
-        notes.append(f"the codec is being prepared (once): {choice.reason}")
+        notes.append(f"the codec was being prepared (once): {choice.reason}")
         if choice.action == "wait":
             self.contexts.wait_codec()
         return choice.action == "recompute"
 
     def _blendable(self, rt: Runtime, chat_id: int | None, tokens: list[int],
-                   docs: Sequence[Document], cancel: threading.Event | None):
+                   docs: Sequence[Document], cancel: threading.Event | None, progress=None):
         """The layout and later parts' entries of a chat over passages (`longdoc`) or several
         documents that `tokens` start with (whether the blender can use them: the caller's)."""
         # (A chunked-window model's runs cannot be computed between its parts: `blending`.)
         if self.blend_fraction >= 1 or rt.layout.swa_chunked:
             return None
-        found = self.longdocs.blendable(rt, chat_id, tokens, cancel)
+        found = self.longdocs.blendable(rt, chat_id, tokens, cancel, progress)
         if found is not None or len(docs) < 2 or self.longdocs.applies(docs):
             return found
         layout = self.prompter.layout(rt, docs)
@@ -321,9 +322,8 @@ class ChatSession:
             if chat_id is None and self.longdocs.applies(docs):
                 return None  # its passages are retrieved for the question it asks
             msgs, context, _ = self._context(rt, chat_id, docs)
-            # The draft is computed as if it were sent now, template tokens included: sent
-            # unchanged, its first token comes at once; edited, the context is cut back to
-            # what still matches, which costs nothing.
+            # The draft is computed as if sent now, template tokens included: sent unchanged,
+            # its first token comes at once; edited, the context is cut back to what matches.
             turn = question_turn(rt, msgs, draft.strip())
             if len(context) + len(turn.tokens) + 1 >= rt.n_ctx:
                 return None
@@ -385,10 +385,10 @@ class ChatSession:
             else:
                 suffix_tokens = []
             # After the answer, not before the first token: what streamed from the shared
-            # cache becomes a local entry, the one this chat's own entry will extend.
+            # cache becomes the local entry this chat's own entry will extend.
             kept, kept_notes = self.sharing.keep()
-            # Not kept, the context holds the shared entry's chunks, possibly lossy: stored
-            # again they would pass for a fresh prefill of the document.
+            # Not kept, the context holds the shared entry's chunks, possibly lossy: not to be
+            # stored again as a fresh prefill of the document.
             messages = [*report.messages, *kept_notes, *out.notes,
                         *([] if kept else ["this turn's cache is not stored"])]
             result = AskResult(

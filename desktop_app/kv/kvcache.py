@@ -6,9 +6,13 @@ document's, whose chunks are never copied): encoding runs on the calling thread 
 store's background writer makes each chunk durable, and a cancel or failure leaves nothing of
 the entry behind. `store_chat` stores a chat's KV after a turn, storing its first document's
 entry first when it is missing, so the next chat about the document starts from it too.
-A prompt of the local API's that leaves a stored entry partway (requests sharing a long system
-prompt, each with its own question) first stores that shared part as an entry of its own,
-which it and the next such prompts extend, instead of storing all of it again each time.
+Whole chunks that a restore read back at a lossy level are never stored again
+(`decoded_until`): an entry holding them would pass them for computed at every level,
+compact's error labelled `high`. (A prompt of the local API's that leaves a stored entry
+partway, as requests sharing a long system prompt each with its own question do, reads that
+shared part back; the request that computed it stored it, exactly.) Less than a chunk read
+past the last whole entry (a stored chunk that goes on past the prompt, read and cut back) is
+stored with the new entry's own tokens: its error stays within that chunk's.
 
 A sliding-window (iSWA) model's entry is two things. Its chunks: the full-attention layers' KV
 of its own tokens, [full layers, 256 tokens, channels], as for any model — a chat's entry shares
@@ -70,10 +74,13 @@ class KVCache:
         passage: str | None = None,
         evict: bool = True,
         evicted: list[dict] | None = None,
+        decoded_until: int = 0,
     ) -> int | None:
         """Encode and store the KV of `tokens` (the context's first tokens) beyond what is
         already stored for them; returns the id of the entry that ends at len(tokens), or
-        None when a sliding-window model's context does not end there (no window to store).
+        None when a sliding-window model's context does not end there (no window to store)
+        or when the context's first `decoded_until` tokens, read back at a lossy level, reach
+        a chunk or more past the entry it would extend (stored again as if computed).
         Not to `evict` other KV, one that does not fit the storage budget is not kept
         (store.BudgetFullError); else the caches it evicted are added to `evicted`.
         `passage`: the text of the passage of `document_id` the tokens are (`passagekv`), not
@@ -84,21 +91,12 @@ class KVCache:
             return match.entries[-1].id
         # A passage's entry is always a root: `blending` moves it into place whole.
         parent = None if passage is not None else match.parent
-        parent_id = parent.id if parent else None
-        prompt = document_id is None and chat_id is None and passage is None
-        if prompt and not rt.layout.swa_layers and \
-                match.n_tokens > (parent.token_end if parent else 0):
-            # A prompt (the local API's) that leaves a stored entry partway, as requests
-            # sharing a long system prompt do, each with its own question: that shared part is
-            # stored once on its own and extended, rather than stored again whole by each
-            # request. (Not a document's, a chat's or a passage's: their entries are roots or
-            # extend their own. A sliding-window model's entry needs its window where it
-            # ends, which the context has moved past.)
-            parent_id = self._write(rt, tokens[:match.n_tokens], levels, parent_id,
-                                    evict=evict, evicted=evicted)
-        return self._write(rt, tokens, levels, parent_id, document_id=document_id,
-                           chat_id=chat_id, progress=progress, cancel=cancel, title=title,
-                           passage=passage, evict=evict, evicted=evicted)
+        if decoded_until - (parent.token_end if parent else 0) >= self.chunk_tokens:
+            return None
+        return self._write(rt, tokens, levels, parent.id if parent else None,
+                           document_id=document_id, chat_id=chat_id, progress=progress,
+                           cancel=cancel, title=title, passage=passage, evict=evict,
+                           evicted=evicted)
 
     def _write(self, rt: Runtime, tokens: Sequence[int], levels: tuple[str, ...],
                parent_id: int | None, *, document_id: int | None = None,
@@ -177,11 +175,15 @@ class KVCache:
         return self._kept(lambda evicted: self.store_chat(rt, chat_id, tokens, first_document,
                                                           evicted), "this turn's cache")[1]
 
-    def keep_prefix(self, rt: Runtime, tokens: Sequence[int]) -> tuple[bool, list[str]]:
+    def keep_prefix(self, rt: Runtime, tokens: Sequence[int], decoded_until: int = 0
+                    ) -> tuple[bool, list[str]]:
         """`store_prefix` of a conversation not kept as a chat (the local API's): whether it is
         kept, and what the user should know of it, as `keep_chat` says."""
-        return self._kept(lambda evicted: self.store_prefix(rt, tokens, evicted=evicted),
-                          "this conversation's cache")
+        stored: list[int | None] = []
+        kept, said = self._kept(lambda evicted: stored.append(self.store_prefix(
+            rt, tokens, evicted=evicted, decoded_until=decoded_until)),
+            "this conversation's cache")
+        return kept and stored != [None], said
 
     def _kept(self, store: Callable[[list[dict]], object], what: str
               ) -> tuple[bool, list[str]]:

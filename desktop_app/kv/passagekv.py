@@ -20,13 +20,14 @@ which passages a chat uses: `chat.longdoc` does.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from store import Entry, Store
 
 from ..model.prompts import passage_prefix
 from ..model.runtime import Runtime
+from ..results import Progress
 from .kvcache import KVCache
 from .levels import EXACT
 from .sharing import Sharing
@@ -87,12 +88,14 @@ class PassageKV:
                 or self.kv.calibrations.current(rt.fingerprint) is not None)
 
     def ensure(self, rt: Runtime, passages: Sequence[tuple[int, str]], *,
-               cancel: threading.Event | None = None, evict: bool = True) -> Ready:
+               cancel: threading.Event | None = None, evict: bool = True,
+               progress: Callable[[Progress], None] | None = None) -> Ready:
         """The entry of each (document id, text) passage: stored here, else taken from the
         shared cache, else computed in `rt` (whose content is replaced) and stored (and
         shared, when automatic pushing is on); none where the model keeps none (`kept`). Not
         to `evict` other KV, a passage that does not fit the storage budget (pulled or
-        computed) is not kept, and stops it: store.BudgetFullError."""
+        computed) is not kept, and stops it: store.BudgetFullError. `progress`: before each
+        passage computed, ("passages", those done, all of them)."""
         if not self.kept(rt):
             return Ready([None] * len(passages), notes=[
                 "this model's passages are read as text until its codec is calibrated "
@@ -104,6 +107,8 @@ class PassageKV:
             if found is None:
                 found = self._pull(rt, text, document_id, ready, evict)
             if found is None:
+                if progress:
+                    progress(Progress("passages", i, len(passages)))
                 tokens = self.tokens(rt, text)
                 rt.reset()
                 rt.prefill(list(tokens), cancel=cancel, logits=False)
