@@ -425,7 +425,8 @@ def test_the_settings_dialog_refuses_a_missing_model(qtbot):
     qtbot.addWidget(dialog)
     dialog.model.setEditText("/no/such/model.gguf")
     dialog.accept()
-    assert dialog.result() == 0 and "no such model file" in dialog.error.text()
+    assert dialog.result() == 0 and dialog.error.text() == (
+        "Model: /no/such/model.gguf: no such model file, nor a model found on this computer")
 
 
 def test_the_settings_dialog_refuses_a_file_as_the_data_folder(qtbot, tmp_path):
@@ -444,6 +445,7 @@ def test_the_settings_dialog_edits_the_shared_cache(qtbot):
     dialog.bucket.setText("Not A Bucket")
     dialog.accept()
     assert dialog.result() == 0 and "not a bucket name" in dialog.error.text()
+    assert dialog.error.text().startswith("Bucket: ")  # its label, not remote_bucket
     dialog.bucket.setText("team-kv")
     dialog.endpoint.setText("http://minio.lan:9000")
     dialog.prefix.setText("team-a")

@@ -187,7 +187,7 @@ class ChatView(QTextBrowser):
             link = f"kvdesk:document/{i}/{self._open_source[1]}"
             out += (f'<blockquote style="color:{c.muted}"><b>{html.escape(place)}</b>'
                     f'<div style="white-space:pre-wrap">{html.escape(s.text)}</div>'
-                    f'<a href="{link}" style="color:{c.link}">Show it in its document</a>'
+                    f'<p><a href="{link}" style="color:{c.link}">Show it in its document</a></p>'
                     '</blockquote>')
         return out
 

@@ -159,6 +159,7 @@ class SettingsDialog(QDialog):
         self.port.valueChanged.connect(self._show_address)
         self._show_address()
         self.error = QLabel(wordWrap=True)
+        self.error.setStyleSheet("color: #c0392b")
         self.error.hide()
 
         form = QFormLayout()
@@ -305,13 +306,28 @@ class SettingsDialog(QDialog):
             if new.model and not Path(new.model).expanduser().is_file() and \
                     self._found(new.model) is None:
                 raise SettingsError(f"{new.model}: no such model file, nor a model found on "
-                                    "this computer")
+                                    "this computer", "model")
             if new.data_dir and Path(new.data_dir).expanduser().exists() and \
                     not Path(new.data_dir).expanduser().is_dir():
                 raise SettingsError(f"{new.data_dir}: a file, not a folder (the data folder "
-                                    "holds kvdesk's store)")
+                                    "holds kvdesk's store)", "data_dir")
         except InvalidValue as e:
-            self.error.setText(str(e))
-            self.error.show()
+            self._refuse(e)
             return
         super().accept()
+
+    def _refuse(self, error: InvalidValue) -> None:
+        """Say what is wrong by the field's label, not the settings file's key, and go to it."""
+        fields = {"model": ("Model", self.model), "model_folders": ("Model folders", self.folders),
+                  "n_ctx": ("Context size", self.n_ctx), "data_dir": ("Data folder", self.data_dir),
+                  "storage_budget_gb": ("Storage budget", self.budget),
+                  "remote_bucket": ("Bucket", self.bucket),
+                  "remote_endpoint_url": ("Endpoint URL", self.endpoint),
+                  "remote_prefix": ("Prefix", self.prefix), "server_port": ("Port", self.port),
+                  "ollama_port": ("Ollama's port", self.ollama_port),
+                  "cors_origins": ("Web pages allowed", self.origins)}
+        label, widget = fields.get(error.key.split(".")[0], (None, None))
+        self.error.setText(f"{label}: {error.reason}" if label else str(error))
+        self.error.show()
+        if widget is not None:
+            widget.setFocus()
