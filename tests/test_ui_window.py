@@ -213,6 +213,28 @@ def test_an_answer_streaming_in_a_chat_left_and_come_back_to_is_shown_where_it_g
     assert window.chat_view.transcript()[-2][1] == "And then?"
 
 
+def test_the_documents_ticked_are_the_chats_own_and_a_new_chats_choice_comes_back(
+        qtbot, window, engine):
+    """A past chat showed the ticks left from the new chat being set up, not its documents,
+    and a refresh of the list cleared them."""
+    report, notes = (d.doc_id for d in engine.documents())
+    window.doc_list.set_checked({notes})  # chosen for a new chat
+    summary = engine.chats()[1]  # "Summarize the release notes"
+    with qtbot.waitSignals([window.restored, window.messages_loaded], timeout=5000):
+        window.open_chat(engine.chats()[2].chat_id)  # "Compare the two documents"
+    assert set(window.doc_list.checked_ids()) == {report, notes}
+    with qtbot.waitSignals([window.restored, window.messages_loaded], timeout=5000):
+        window.open_chat(summary.chat_id)
+    assert window.doc_list.checked_ids() == [notes] == summary.doc_ids
+    with qtbot.waitSignal(window.documents_changed, timeout=5000):
+        window.refresh_documents()
+    assert window.doc_list.checked_ids() == [notes]
+    window.open_chat(engine.chats()[0].chat_id)  # about the paper only
+    assert window.doc_list.checked_ids() == [report]
+    window.new_chat()
+    assert window.doc_list.checked_ids() == [notes]  # the new chat's choice, as it was
+
+
 def test_quality_tooltip_shows_the_estimate_for_the_chat(qtbot, window, engine):
     with qtbot.waitSignal(window.restored, timeout=5000):
         window.open_chat(engine.chats()[0].chat_id)

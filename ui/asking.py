@@ -132,6 +132,7 @@ class AskingMixin:
                 left_behind(result.chat_id)
             else:
                 if self.chat_id is None:  # the engine created the chat for this question
+                    self._new_chat_ticks = set(self.doc_list.checked_ids())
                     self.chat_id = result.chat_id
                     self.doc_list.set_checkable(False)
                 self.chat_view.end_answer(result.answer, answer_stats(result, generation_s),

@@ -7,8 +7,9 @@ model runtime, codec or store, and never shows a traceback: user errors arrive a
 
 A view serial number guards against late results: a reply that arrives after the user has
 moved to another chat is not drawn into the wrong conversation. Asking lives in
-`ui.asking`, the library's actions (attach, delete, rename, export) in `ui.library_actions`,
-the codec's preparation and calibration in `ui.codec_status`: mixins of this window.
+`ui.asking`, switching between chats in `ui.switching`, the library's actions (attach,
+delete, rename, export) in `ui.library_actions`, the codec's preparation and calibration in
+`ui.codec_status`: mixins of this window.
 """
 
 from __future__ import annotations
@@ -32,28 +33,28 @@ from PySide6.QtWidgets import (
 )
 
 from desktop_app import settings as settings_mod
-from desktop_app.options import RestoreOptions
 from desktop_app.protocol import EngineAPI, LocalAPIControl
-from desktop_app.results import ChatInfo, DocumentInfo, ModelFile, Progress
+from desktop_app.results import ChatInfo, DocumentInfo, ModelFile
 from desktop_app.settings import Settings
 
 from . import theme
 from .asking import Answering, AskingMixin
 from .chat_view import ChatView, PromptEdit
 from .codec_status import CodecMixin
-from .formatting import restore_line, shortened
+from .formatting import shortened
 from .icons import paperclip
 from .library_actions import LibraryMixin
 from .quality import QualitySlider
 from .settings_dialog import SERVER_FIELDS, SettingsDialog, needs_restart
-from .sidebar import PHASE_WORDS, ChatList, DocumentList
+from .sidebar import ChatList, DocumentList
+from .switching import SwitchingMixin
 from .workers import Job, Runner
 
 DRAFT_PAUSE_MS = 300  # typing pause after which the draft question is computed
 BLENDED_POLL_MS = 5000  # how often the chat list looks again while a chat is being made exact
 
 
-class MainWindow(AskingMixin, LibraryMixin, CodecMixin, QMainWindow):
+class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, CodecMixin, QMainWindow):
     # For the launcher and for tests: each fires once the GUI has drawn the outcome.
     engine_ready = Signal()
     engine_failed = Signal(str)
@@ -89,6 +90,7 @@ class MainWindow(AskingMixin, LibraryMixin, CodecMixin, QMainWindow):
         self.documents: list[DocumentInfo] = []
         self.chats: list[ChatInfo] = []
         self._check_next: set[int] = set()  # attached documents to tick once listed
+        self._new_chat_ticks: set[int] = set()  # a new chat's, while another chat is shown
         self._build()
         self._apply_theme(settings.theme)
         self._set_ready(False)
@@ -264,7 +266,7 @@ class MainWindow(AskingMixin, LibraryMixin, CodecMixin, QMainWindow):
                           finished=self._show_documents, failed=lambda msg: self._say(msg, True))
 
     def _show_documents(self, docs: list[DocumentInfo]) -> None:
-        checked = set()
+        checked = self._ticks()
         if self.chat_id is None:
             checked = {*self.doc_list.checked_ids(), *self._check_next}
         self._check_next.clear()
@@ -321,64 +323,6 @@ class MainWindow(AskingMixin, LibraryMixin, CodecMixin, QMainWindow):
         self.runner.start("misc", lambda job: self.engine.estimate(
             chat_id=chat_id, doc_ids=() if chat_id is not None else doc_ids),
             finished=self.quality.set_estimate)
-
-    # -- switching conversations ------------------------------------------------------------
-
-    def _switch(self, chat_id: int | None) -> int:
-        self.chat_id = chat_id
-        self.serial += 1
-        if self.reopen_job is not None:
-            self.reopen_job.cancel.set()
-            self.reopen_job = None
-        self.chat_list.select(chat_id)
-        self.doc_list.set_checkable(chat_id is None)
-        self._say("")
-        self._update_header()
-        self._update_estimate()
-        return self.serial
-
-    def new_chat(self) -> None:
-        if self.engine is None:
-            return
-        self._switch(None)
-        self.chat_view.set_messages([])
-        self.prompt.setFocus()
-
-    def _new_chat_docs_changed(self) -> None:
-        if self.chat_id is None:
-            self._update_header()
-            self._update_estimate()
-
-    def open_chat(self, chat_id: int) -> None:
-        """Show a past chat and restore its cache into the model, so the next answer is quick."""
-        if chat_id == self.chat_id or self.engine is None:
-            return
-        serial = self._switch(chat_id)
-        self.chat_view.set_messages([])
-        self._say("restoring…")
-        self._load_messages(serial)
-        level = self.quality.level()
-        job = self.runner.start("chat", lambda job: self.engine.reopen(
-            chat_id, restore=RestoreOptions(level=level), progress=job.signals.progress.emit,
-            cancel=job.cancel))
-        job.signals.progress.connect(lambda p: self._show_progress(serial, p))
-        job.signals.finished.connect(lambda report: self._reopened(serial, report))
-        job.signals.failed.connect(lambda msg: self._failed_in_view(serial, msg))
-        self.reopen_job = job
-
-    def _failed_in_view(self, serial: int, message: str) -> None:
-        if serial == self.serial:
-            self._say(message, True)
-
-    def _show_progress(self, serial: int, p: Progress) -> None:
-        if serial == self.serial and p.total:
-            self._say(f"{PHASE_WORDS.get(p.phase, p.phase)}… {100 * p.done // p.total}%")
-
-    def _reopened(self, serial: int, report) -> None:
-        if serial == self.serial:
-            self._say(restore_line(report))
-            self.reopen_job = None
-            self.restored.emit(report)
 
     # -- settings and closing -----------------------------------------------------------------
 

@@ -274,6 +274,14 @@ class DocumentList(QWidget):
         return [self.list.item(i).data(ID_ROLE) for i in range(self.list.count())
                 if self.list.item(i).checkState() == Qt.CheckState.Checked]
 
+    def set_checked(self, doc_ids: set[int]) -> None:
+        self.list.blockSignals(True)
+        for i in range(self.list.count()):
+            item = self.list.item(i)
+            item.setCheckState(Qt.CheckState.Checked if item.data(ID_ROLE) in doc_ids
+                               else Qt.CheckState.Unchecked)
+        self.list.blockSignals(False)
+
     def set_checkable(self, enabled: bool) -> None:
         """Checking documents only means something while a new chat is being started."""
         for i in range(self.list.count()):

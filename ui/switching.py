@@ -1,0 +1,84 @@
+"""The main window's conversations: a new chat, a past one opened and restored, and which
+documents are ticked for each.
+
+A mixin of `MainWindow` (ui.main_window), which owns the widgets and the state it uses. Each
+switch bumps the view's serial number, so that replies for the chat left behind are not
+drawn into the one shown. A chat's own documents are shown ticked (they cannot change); a new
+chat's ticks are kept while another chat is shown, for the next new chat.
+"""
+
+from __future__ import annotations
+
+from desktop_app.options import RestoreOptions
+from desktop_app.results import Progress
+
+from .formatting import restore_line
+from .sidebar import PHASE_WORDS
+
+
+class SwitchingMixin:
+    def _ticks(self) -> set[int]:
+        """The documents ticked: a chat's own (not to be changed), or a new chat's choice."""
+        if self.chat_id is None:
+            return self._new_chat_ticks
+        chat = self._current_chat()
+        return set(chat.doc_ids) if chat else set()
+
+    def _switch(self, chat_id: int | None) -> int:
+        if self.chat_id is None:  # leaving a new chat: its ticks wait for the next one
+            self._new_chat_ticks = set(self.doc_list.checked_ids())
+        self.chat_id = chat_id
+        self.doc_list.set_checked(self._ticks())
+        self.serial += 1
+        if self.reopen_job is not None:
+            self.reopen_job.cancel.set()
+            self.reopen_job = None
+        self.chat_list.select(chat_id)
+        self.doc_list.set_checkable(chat_id is None)
+        self._say("")
+        self._update_header()
+        self._update_estimate()
+        return self.serial
+
+    def new_chat(self) -> None:
+        if self.engine is None:
+            return
+        self._switch(None)
+        self.chat_view.set_messages([])
+        self.prompt.setFocus()
+
+    def _new_chat_docs_changed(self) -> None:
+        if self.chat_id is None:
+            self._update_header()
+            self._update_estimate()
+
+    def open_chat(self, chat_id: int) -> None:
+        """Show a past chat and restore its cache into the model, so the next answer is quick."""
+        if chat_id == self.chat_id or self.engine is None:
+            return
+        serial = self._switch(chat_id)
+        self.chat_view.set_messages([])
+        self._say("restoring…")
+        self._load_messages(serial)
+        level = self.quality.level()
+        job = self.runner.start("chat", lambda job: self.engine.reopen(
+            chat_id, restore=RestoreOptions(level=level), progress=job.signals.progress.emit,
+            cancel=job.cancel))
+        job.signals.progress.connect(lambda p: self._show_progress(serial, p))
+        job.signals.finished.connect(lambda report: self._reopened(serial, report))
+        job.signals.failed.connect(lambda msg: self._failed_in_view(serial, msg))
+        self.reopen_job = job
+
+    def _failed_in_view(self, serial: int, message: str) -> None:
+        if serial == self.serial:
+            self._say(message, True)
+
+    def _show_progress(self, serial: int, p: Progress) -> None:
+        if serial == self.serial and p.total:
+            self._say(f"{PHASE_WORDS.get(p.phase, p.phase)}… {100 * p.done // p.total}%")
+
+    def _reopened(self, serial: int, report) -> None:
+        if serial == self.serial:
+            self._say(restore_line(report))
+            self.reopen_job = None
+            self.restored.emit(report)
