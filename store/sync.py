@@ -352,10 +352,11 @@ def pull_all(store: Store, tier: RemoteTier, fingerprint: str, *, lazy: bool = F
     """Pull every remote document entry of this model the local store lacks.
 
     `lazy`: only add the documents, so that they can be asked about; their KV then streams
-    from the tier on first use. A missing or corrupt object skips that entry.
+    from the tier on first use. A missing or corrupt object skips that entry. Passages' entries
+    stay there (`passages_left`): a question takes those it needs.
     """
     local = {entry_id_of(e) for e in document_entries(store, fingerprint)}
-    pulled, failed, here = [], [], 0
+    pulled, failed, here, passages = [], [], 0, 0
     for (token_end, digest), key in sorted(remote_index(tier, fingerprint).items()):
         if (token_end, digest) in local:
             here += 1
@@ -363,6 +364,7 @@ def pull_all(store: Store, tier: RemoteTier, fingerprint: str, *, lazy: bool = F
         try:
             manifest = read_manifest(tier, fingerprint, token_end, digest)
             if manifest.passage:  # pulled when a question retrieves it, for its document
+                passages += 1
                 continue
             if lazy:
                 add_document(store, manifest)
@@ -374,4 +376,4 @@ def pull_all(store: Store, tier: RemoteTier, fingerprint: str, *, lazy: bool = F
                                               n_chunks * len(entry.levels), entry.nbytes)))
         except (CorruptObjectError, NotFoundError) as e:
             failed.append({"key": key, "error": str(e)})
-    return {"pulled": pulled, "already_local": here, "failed": failed}
+    return {"pulled": pulled, "already_local": here, "passages_left": passages, "failed": failed}

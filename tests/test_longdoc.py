@@ -593,6 +593,8 @@ def test_passage_kv_travels_through_the_shared_cache(tmp_path, remote_tier, mode
         assert len(passage_entries(b)) == 2
         # A whole-store pull never takes a passage for a document.
         assert sync.pull_all(b.store, remote_tier, b.fingerprint)["pulled"] == []
+        with Store(tmp_path / "c") as c:  # (and says they stay there)
+            assert sync.pull_all(c, remote_tier, b.fingerprint)["passages_left"] == 2
         assert [d.title for d in b.store.documents()] == ["Island guide"]
     finally:
         for eng in (a, b):

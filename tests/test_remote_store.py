@@ -146,7 +146,8 @@ def test_push_then_pull_on_another_machine(a, b, remote_tier, s3_server):
         for level in LEVELS:
             assert b.read_chunk(span.entry_id, span.chunk_index, level) == \
                 a.read_chunk(entry.id, span.chunk_index, level)
-    assert sync.pull_all(b, remote_tier, FP) == {"pulled": [], "already_local": 1, "failed": []}
+    assert sync.pull_all(b, remote_tier, FP) == {"pulled": [], "already_local": 1,
+                                                 "passages_left": 0, "failed": []}
 
 
 def test_an_entry_travels_with_its_window(a, b, remote_tier, s3_server):

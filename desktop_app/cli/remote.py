@@ -79,7 +79,9 @@ def remote_pull(app: App, lazy: bool, as_json: bool):
     report = app.engine.sharing.pull(app.engine.fingerprint, lazy=lazy,
                                      progress=lambda d, t: bar(Progress("pull", d, t)))
     bar.done()
-    emit(report, as_json, _transfer_lines(report, "pulled", "already_local", lazy))
+    emit(report, as_json, _transfer_lines(report, "pulled", "already_local", lazy) + (
+        [f"{report['passages_left']} passage cache(s) stay in the shared cache: a question "
+         "takes those it needs"] if report["passages_left"] else []))
     if report["failed"]:
         sys.exit(1)
 
