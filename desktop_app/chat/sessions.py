@@ -445,6 +445,6 @@ class ChatSession:
         if self._blended_at is not None:
             self.request_exact(chat_id)
         elif store:
-            return self.kv.keep_chat(rt, chat_id, tokens,
-                                     self.longdocs.first_document(rt, chat_id))
+            return self.kv.keep_chat(rt, chat_id, tokens, self.longdocs.first_document(
+                rt, chat_id), self.decoded_until)
         return []

@@ -155,25 +155,29 @@ class KVCache:
 
     def store_chat(self, rt: Runtime, chat_id: int, tokens: Sequence[int],
                    first_document: tuple[int, Sequence[int]] | None,
-                   evicted: list[dict] | None = None) -> bool:
+                   evicted: list[dict] | None = None, decoded_until: int = 0) -> bool:
         """Store a chat's KV after a turn or a recompute, as an extension of its first
         document's entry: (document id, its prefix tokens), stored first if it is not
         (evicted, or made under another model). Whether it is kept: the storage budget evicts
-        even the entry just written when it alone is larger. What it evicted: in `evicted`."""
+        even the entry just written when it alone is larger, and what came back lossy is not
+        stored again (`store_prefix`). What it evicted: in `evicted`."""
         if first_document is not None:
             doc_id, prefix = first_document
             if self.store.document_entry(doc_id, rt.fingerprint) is None:
-                self.store_prefix(rt, prefix, document_id=doc_id, evicted=evicted)
-        self.store_prefix(rt, tokens, chat_id=chat_id, evicted=evicted)
+                self.store_prefix(rt, prefix, document_id=doc_id, evicted=evicted,
+                                  decoded_until=decoded_until)
+        self.store_prefix(rt, tokens, chat_id=chat_id, evicted=evicted,
+                          decoded_until=decoded_until)
         return self.store.longest_prefix(rt.fingerprint, tokens, touch=False).n_tokens == len(
             tokens)
 
     def keep_chat(self, rt: Runtime, chat_id: int, tokens: Sequence[int],
-                  first_document: tuple[int, Sequence[int]] | None) -> list[str]:
+                  first_document: tuple[int, Sequence[int]] | None,
+                  decoded_until: int = 0) -> list[str]:
         """`store_chat`, and what the user should know of it: the caches it evicted, or that
         a full disk kept it from storing (the chat's messages are stored already)."""
-        return self._kept(lambda evicted: self.store_chat(rt, chat_id, tokens, first_document,
-                                                          evicted), "this turn's cache")[1]
+        return self._kept(lambda evicted: self.store_chat(
+            rt, chat_id, tokens, first_document, evicted, decoded_until), "this turn's cache")[1]
 
     def keep_prefix(self, rt: Runtime, tokens: Sequence[int], decoded_until: int = 0
                     ) -> tuple[bool, list[str]]:
