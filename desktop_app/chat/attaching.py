@@ -61,6 +61,23 @@ def _count(rt: Runtime, text: str, cancel: threading.Event | None) -> int:
     return n
 
 
+def _counting(rt: Runtime, text: str, cancel: threading.Event | None,
+              report: Callable[[int], None]) -> Callable[[str], int]:
+    """`_count` for splitting `text`, which counts it a part at a time in order: the percent of
+    it counted so far goes to `report` as it moves (the embedding after it, the last 1 %)."""
+    counted, said = [0], [-1]
+
+    def count(part: str) -> int:
+        n = _count(rt, part, cancel)
+        counted[0] += len(part)
+        percent = min(99, 100 * counted[0] // max(1, len(text)))
+        if percent != said[0]:
+            said[0] = percent
+            report(percent)
+        return n
+    return count
+
+
 class Attacher:
     def __init__(self, store: Store, contexts: Contexts, kv: KVCache, sharing: Sharing,
                  prompter: Prompter, speeds: Speeds, passages: PassageIndex):
@@ -207,10 +224,12 @@ class Attacher:
         kept = count = 0 if new else len(self.store.passages(doc.id))
         try:
             if not count:
+                def said(percent: int) -> None:
+                    if progress:
+                        progress(Progress("split", percent, 100, title))
                 count = self.passages.add(doc.id, extracted.text, extracted.kind,
-                                          lambda text: _count(rt, text, cancel),
-                                          pages=extracted.pages,
-                                          line_numbers=extracted.lines)
+                                          _counting(rt, extracted.text, cancel, said),
+                                          pages=extracted.pages, line_numbers=extracted.lines)
             elif extracted.lines:  # attached again: its lines as the file numbers them
                 self.passages.renumber(doc.id, extracted.text, extracted.lines)
             if cancel is not None and cancel.is_set():
