@@ -99,11 +99,13 @@ def test_date_groups_follow_calendar_days():
 
 def test_calibration_progress_in_words():
     line = "Calibrating the codec for this model… "
+    assert calibrating_line(Progress("calibrate", 0, 100, "reference")) == \
+        "Calibrating the codec for this model… measuring the model's own cache"
     assert calibrating_line(Progress("calibrate", 65, 100, "balanced")) == \
         line + "fitting balanced 65%"
     assert calibrating_line(Progress("calibrate", 12, 100, "sensitivity")) == \
         line + "measuring each part's sensitivity 12%"
-    assert calibrating_line(Progress("calibrate", 0, 0)) == line + "0%"
+    assert calibrating_line(Progress("calibrate", 0, 0)) == line.rstrip()
     assert calibration_line(None).startswith("Model-independent levels")
 
 

@@ -76,10 +76,12 @@ def prep_line(state: PrepState) -> str:
 
 
 def calibrating_line(p: Progress) -> str:
-    """E.g. "Calibrating the codec for this model… fitting balanced 65%"."""
+    """E.g. "Calibrating the codec for this model… fitting balanced 65%" (no "0%": the first
+    stage, the model's own cache measured, says nothing of its progress for a minute or so)."""
     stage = CALIBRATION_STAGES.get(p.title, f"fitting {p.title}" if p.title else "")
     percent = 100 * p.done // p.total if p.total else 0
-    return f"Calibrating the codec for this model… {stage + ' ' if stage else ''}{percent}%"
+    return " ".join(["Calibrating the codec for this model…"] + [stage] * bool(stage)
+                    + [f"{percent}%"] * bool(percent))
 
 
 def calibration_line(info: CalibrationInfo | None) -> str:
