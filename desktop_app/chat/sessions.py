@@ -159,7 +159,7 @@ class ChatSession:
                 if self._blended_at is not None and keep <= self._blended_at:
                     self._blended_at = None  # what is kept came back exact
                 report = RestoreReport(len(tokens), time.perf_counter() - t0, 0, [], 0,
-                                       ["the context already held it: nothing read"],
+                                       ["the model already held this conversation: nothing read"],
                                        blended=self._mode_of(docs, len(tokens), 0))
                 rt.prefill(full[keep:], cancel=cancel)
                 return report
