@@ -33,13 +33,14 @@ from .passagekv import PassageKVStore
 from .passages import PassageStore
 from .records import CalibrationRecord, Entry, PrefixMatch, Span
 from .schema import check_current, migrate, schema_version
+from .splitting import SplitStore
 from .tokens import decode
 
 DB_NAME = "kvdesk.sqlite"
 DEFAULT_CHUNK_SIZE = 256
 
 
-class Store(LibraryStore, PassageStore, PassageKVStore):
+class Store(LibraryStore, PassageStore, PassageKVStore, SplitStore):
     """Persistent state of one data directory. Close it (or use `with`) when done.
 
     Documents, chats and messages: `LibraryStore` (store.library); long documents' passages,

@@ -8,11 +8,12 @@ the entry behind. `store_chat` stores a chat's KV after a turn, storing its firs
 entry first when it is missing, so the next chat about the document starts from it too.
 Whole chunks that a restore read back at a lossy level are never stored again
 (`decoded_until`): an entry holding them would pass them for computed at every level,
-compact's error labelled `high`. (A prompt of the local API's that leaves a stored entry
-partway, as requests sharing a long system prompt each with its own question do, reads that
-shared part back; the request that computed it stored it, exactly.) Less than a chunk read
-past the last whole entry (a stored chunk that goes on past the prompt, read and cut back) is
-stored with the new entry's own tokens: its error stays within that chunk's.
+compact's error labelled `high`. A prompt of the local API's (or a chat's turn) that leaves a
+stored entry partway, as requests sharing a long system prompt each with its own question do,
+splits that entry where they part (`Store.split_entry`: its chunks moved, bytes unchanged),
+and extends the part they share. Less than a chunk read past the last whole entry (a stored
+chunk that goes on past the prompt, read and cut back) is stored with the new entry's own
+tokens: its error stays within that chunk's.
 
 A sliding-window (iSWA) model's entry is two things. Its chunks: the full-attention layers' KV
 of its own tokens, [full layers, 256 tokens, channels], as for any model — a chat's entry shares
@@ -34,6 +35,7 @@ It decides nothing about when to store, and it never restores: that is `streamin
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -41,7 +43,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 import codec
-from store import BackgroundWriter, DiskFullError, NotFoundError, Store, text_hash
+from store import BackgroundWriter, DiskFullError, NotFoundError, Store, StoreError, text_hash
 
 from ..calibration.calibrations import Calibrations
 from ..errors import Cancelled, RuntimeStateError
@@ -91,6 +93,14 @@ class KVCache:
             return match.entries[-1].id
         # A passage's entry is always a root: `blending` moves it into place whole.
         parent = None if passage is not None else match.parent
+        deepest = match.entries[-1] if match.entries else None
+        if passage is None and deepest is not None and deepest is not parent and \
+                deepest.document_id is None and not rt.layout.swa_layers:
+            # Left partway (a shared system prompt, each request with its own question):
+            # what they share becomes an entry of its own, its chunks moved, not encoded
+            # again from a context that read them back.
+            with contextlib.suppress(StoreError, ValueError):
+                parent = self.store.split_entry(deepest.id, match.n_tokens)
         if decoded_until - (parent.token_end if parent else 0) >= self.chunk_tokens:
             return None
         return self._write(rt, tokens, levels, parent.id if parent else None,
