@@ -312,9 +312,13 @@ def test_of_the_focused_passages_those_holding_the_most_rare_words_are_kept():
                                                                    "return"}) == {
         "__missing__", "py3"}
     # written as code: called, or between backticks
-    assert written_names("what does frobnicate() return for `sort keys`?",
-                         {"frobnicate", "return", "sort", "keys"}) == {"frobnicate", "sort",
-                                                                        "keys"}
+    assert written_names("what does frobnicate() return for `sorted`?",
+                         {"frobnicate", "return", "sorted"}) == {"frobnicate", "sorted"}
+    # not every word of a span of code, nor a plural's "(s)" ("True": capitalised)
+    assert written_names("which option(s) does `load(path, strict=True)` take?",
+                         {"option", "load", "path", "strict", "true", "take"}) == {"load",
+                                                                                   "true"}
+    assert written_names("is `os.path` there?", {"os", "path", "there"}) == {"os", "path"}
 
 
 def test_focused_retrieval_reads_the_passages_naming_the_questions_rare_words(indexed):

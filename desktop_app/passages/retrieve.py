@@ -193,11 +193,12 @@ def most_named(order: Sequence[tuple[int, float]], holders: Mapping[str, set[int
 
 def written_names(question: str, words: Iterable[str]) -> set[str]:
     """Of `words` (case folded), the names `question` writes: capitalised past its first word,
-    an identifier (a digit or an underscore in it), or written as code (called, `f()`, or
-    between backticks)."""
+    an identifier (a digit or an underscore in it), or written as code: called (`f()`, not a
+    plural's "(s)") or alone between backticks (`name`, `module.name`)."""
     capitalised = {w.lower() for w in re.findall(r"\w+", question)[1:] if w[:1].isupper()}
-    code = {w.lower() for part in re.findall(r"\w+(?=\()|`[^`]+`", question)
-            for w in re.findall(r"\w+", part)}
+    code = {w.lower() for part in re.findall(
+        r"\b[A-Za-z_]\w*(?=\((?!s\)))|(?<=`)[A-Za-z_][\w.]*(?=`)", question)
+        for w in part.split(".") if w}
     return {w for w in words if w in capitalised or w in code or re.search(r"[\d_]", w)}
 
 
