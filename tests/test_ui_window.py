@@ -191,6 +191,7 @@ def test_an_answer_streaming_in_a_chat_left_and_come_back_to_is_shown_where_it_g
     window.stop()
     assert window.statusBar().currentMessage() == "Stopping the answer in another chat…"
     window.generation.cancel.clear()  # (not stopped after all: the test goes on)
+    reopens = sum(c[0] == "reopen" for c in engine.calls)
     with qtbot.waitSignal(window.messages_loaded, timeout=5000):
         window.open_chat(first.chat_id)
     shown = window.chat_view.transcript()
@@ -201,6 +202,9 @@ def test_an_answer_streaming_in_a_chat_left_and_come_back_to_is_shown_where_it_g
     answer = done.args[0].answer
     assert window.chat_view.transcript()[-2:] == [("user", "What is attention?"),
                                                   ("assistant", answer)]
+    qtbot.waitUntil(lambda: not window.runner.active, timeout=5000)
+    # (the context holds the chat once its answer is there: no restore queued behind it)
+    assert sum(c[0] == "reopen" for c in engine.calls) == reopens
     assert 'href="kvdesk:regenerate"' in window.chat_view._html[-1]
     # Away until it ends: the chat shown again is the one stored, turn and all.
     engine.token_s = 0.001

@@ -99,8 +99,12 @@ class AskingMixin:
             return
         self.chat_view.set_messages(messages)
         answering = self.answering
-        if answering is not None and answering.chat_id is not None \
-                and answering.chat_id == self.chat_id:
+        coming = answering is not None and answering.chat_id is not None \
+            and answering.chat_id == self.chat_id
+        # Its turn stored already (the answer's cache is being stored): shown as stored.
+        stored = coming and [m.role for m in messages[-2:]] == ["user", "assistant"] \
+            and messages[-2].text == answering.question
+        if coming and not stored:
             self.chat_view.add_user_message(answering.question)
             self.chat_view.begin_answer()
             self.chat_view.append_token(answering.text)

@@ -21,8 +21,8 @@ class SwitchingMixin:
         """The documents ticked: a chat's own (not to be changed), or a new chat's choice."""
         if self.chat_id is None:
             return self._new_chat_ticks
-        chat = self._current_chat()
-        return set(chat.doc_ids) if chat else set()
+        chat = self._current_chat()  # (a chat just created is not listed yet: as ticked)
+        return set(chat.doc_ids) if chat else set(self.doc_list.checked_ids())
 
     def _switch(self, chat_id: int | None) -> int:
         if self.chat_id is None:  # leaving a new chat: its ticks wait for the next one
@@ -58,8 +58,10 @@ class SwitchingMixin:
             return
         serial = self._switch(chat_id)
         self.chat_view.set_messages([])
-        self._say("restoring…")
         self._load_messages(serial)
+        if self.answering is not None and self.answering.chat_id == chat_id:
+            return  # its answer is coming: the context holds the chat when it is there
+        self._say("restoring…")
         level = self.quality.level()
         job = self.runner.start("chat", lambda job: self.engine.reopen(
             chat_id, restore=RestoreOptions(level=level), progress=job.signals.progress.emit,
