@@ -144,13 +144,19 @@ def parse(model: type[M], data: Mapping[str, Any], *, names: Mapping[str, str] |
         key = f"{within}.{key}" if within else key
         if error["type"] == "extra_forbidden":
             raise InvalidValue(key, f"not a known {'field' if within else 'setting'}") from None
-        # a nested model's own name (GenerationOptions) means nothing to the user
-        message = ("should be a JSON object of its keys" if error["type"] == "model_type"
-                   else "should be a JSON list" if error["type"] == "tuple_type"
-                   else error["msg"].removeprefix("Value error, "))  # (pydantic's own words)
-        if error["type"] not in ("missing", SECRET) and "input" in error:
-            message += f" (got {_describe(error['input'])})"
-        raise InvalidValue(key, message) from None
+        raise InvalidValue(key, problem(error)) from None
+
+
+def problem(error: dict) -> str:
+    """What the user is told of one of pydantic's errors (`first_problem`'s): what the value
+    should be, and the value given (never a secret's)."""
+    # a nested model's own name (GenerationOptions) means nothing to the user
+    message = ("should be a JSON object of its keys" if error["type"] == "model_type"
+               else "should be a JSON list" if error["type"] == "tuple_type"
+               else error["msg"].removeprefix("Value error, "))  # (pydantic's own words)
+    if error["type"] not in ("missing", SECRET) and "input" in error:
+        message += f" (got {_describe(error['input'])})"
+    return message
 
 
 def changed(instance: M, **changes: Any) -> M:

@@ -194,12 +194,16 @@ def test_ollamas_errors(client, served):
                    trust_env=False)
     assert r.status_code == 400 and r.json()["error"] == (
         "input: should be one of: string, array of strings, array of integers, "
-        "array of arrays of integers"), r.text
+        "array of arrays of integers (got 5)"), r.text  # (the value given, as everywhere)
+    r = httpx.post(f"{served.url}/v1/chat/completions", trust_env=False, json={
+        "model": "default", "max_tokens": "ten", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 400 and r.json()["error"]["message"].endswith('(got "ten")'), r.text
     assert "POST /api/pull" in httpx.post(f"{served.url}/api/pull", trust_env=False).text
     # A word is not true or false (pydantic would read "yes" as true), as on OpenAI's routes.
     r = httpx.post(f"{served.url}/api/chat", trust_env=False, json={
         "model": "default", "stream": "yes", "messages": [{"role": "user", "content": "x"}]})
-    assert r.status_code == 400 and r.json()["error"] == "stream: should be true or false"
+    assert r.status_code == 400 and r.json()["error"] == (
+        'stream: should be true or false (got "yes")')
 
 
 def test_kvdesks_own_field_names_the_documents_as_on_openais_routes(served):

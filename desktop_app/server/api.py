@@ -48,7 +48,7 @@ from ..app import App
 from ..errors import Cancelled
 from ..options import GenerationOptions, RestoreOptions
 from ..results import Progress
-from ..validation import first_problem, parse
+from ..validation import first_problem, parse, problem
 from . import bridge, edges, embeddings
 from . import schemas as s
 from .failures import ApiError, error_of, json_response
@@ -89,8 +89,7 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
         error = first_problem([{**x, "loc": [p for p in x["loc"] if p != "body"]}
                                for x in e.errors()])
         where = ".".join(str(p) for p in error["loc"]) or "body"
-        why = error["msg"].removeprefix("Value error, ")  # (a validator's own words)
-        return json_response(400, s.error(f"{where}: {why}", param=where))
+        return json_response(400, s.error(f"{where}: {problem(error)}", param=where))
 
     @api.exception_handler(HTTPException)
     async def http_error(request: Request, e: HTTPException):
