@@ -489,26 +489,6 @@ def test_an_answer_stopped_is_kept_and_stored_as_stopped(engine, doc_id):
     assert answer.text == res.answer and answer.stats["finish_reason"] == "cancelled"
 
 
-def test_a_part_of_a_chunk_read_back_lossy_is_not_stored_as_lossless(new_engine):
-    """A stored chunk that goes on past the prompt is read whole and cut back: its part the
-    new entry holds came back at the level read, and is stored with it, but never under
-    `lossless`, which is read as exact."""
-    eng = new_engine(levels=("lossless", "balanced"))
-    eng.completions.min_cache_tokens = 0
-    system = {"role": "system", "content": DOC}
-    first = eng.complete([system, {"role": "user", "content": "Who built it?"}],
-                         generation=deterministic(4))
-    assert first.stored
-    later = eng.complete([system, {"role": "user", "content": "Who lit it?"}],
-                         generation=deterministic(4), restore=RestoreOptions(level="balanced"))
-    assert later.stored and 0 < eng.session.decoded_until
-    newest = max(eng.store.entries(), key=lambda e: e.id)
-    assert newest.levels == ("balanced",)
-    exact = eng.complete([system, {"role": "user", "content": "Who lit it?"}],
-                         generation=deterministic(4), restore=RestoreOptions(level="lossless"))
-    assert "text" in exact.report.chunk_levels  # not read as exact: computed again
-
-
 def test_kv_read_back_lossy_is_never_stored_again_as_computed(new_engine, monkeypatch):
     """The local API's prompt cache: requests sharing a long system prompt, each with its own
     question, read the shared part back from the first request's entry. Storing it again

@@ -13,7 +13,7 @@ stored entry partway, as requests sharing a long system prompt each with its own
 splits that entry where they part (`Store.split_entry`: its chunks moved, bytes unchanged),
 and extends the part they share. Less than a chunk read past the last whole entry (a stored
 chunk that goes on past the prompt, read and cut back) is stored with the new entry's own
-tokens, its error within that chunk's, and then not at `lossless` (which is read as exact).
+tokens: its error stays within that chunk's.
 
 A sliding-window (iSWA) model's entry is two things. Its chunks: the full-attention layers' KV
 of its own tokens, [full layers, 256 tokens, channels], as for any model — a chat's entry shares
@@ -50,7 +50,6 @@ from ..errors import Cancelled, RuntimeStateError
 from ..model.kvstate import in_position_order
 from ..model.runtime import Runtime
 from ..results import Progress, size_text
-from .levels import EXACT
 
 log = logging.getLogger(__name__)
 
@@ -102,13 +101,8 @@ class KVCache:
             # again from a context that read them back.
             with contextlib.suppress(StoreError, ValueError):
                 parent = self.store.split_entry(deepest.id, match.n_tokens)
-        read_back = decoded_until - (parent.token_end if parent else 0)
-        if read_back >= self.chunk_tokens:
+        if decoded_until - (parent.token_end if parent else 0) >= self.chunk_tokens:
             return None
-        if read_back > 0:  # (a part of a chunk came back lossy: never to be read as exact)
-            levels = tuple(level for level in levels if level != EXACT)
-            if not levels:
-                return None
         return self._write(rt, tokens, levels, parent.id if parent else None,
                            document_id=document_id, chat_id=chat_id, progress=progress,
                            cancel=cancel, title=title, passage=passage, evict=evict,
