@@ -258,7 +258,7 @@ class ChatSession:
         rt.prefill(rest, cancel=cancel)
         report = replace(report, recompute_s=report.recompute_s + time.perf_counter() - r0)
         speeds_mod.save(self.store, self.speeds)
-        self._blended_at = blend.exact_until
+        self._blended_at, self.decoded_until = blend.exact_until, len(tokens)  # (all lossy)
         notes.append(blend.note(len(layout.parts), parts.what, self.exact_later and chat))
         # (passages computed for it count, and quotes taken from them; the question does not)
         computed = (report.recomputed_tokens + len(rest) + parts.computed_tokens
