@@ -46,12 +46,21 @@ def remote_status(app: App, as_json: bool):
         sys.exit(1)
 
 
-def _transfer_lines(report: dict, key: str, left: str, lazy: bool = False) -> list[str]:
-    return ([f"added {t['title']} ({t['tokens']:,} tokens; its cache streams when first used)"
-             if lazy else f"{key} {t['title']}: {t['tokens']:,} tokens, {t['objects']} objects, "
-             f"{t['bytes'] / 1e6:.1f} MB" for t in report[key]]
-            + [f"{report[left]} {left.replace('_', ' ')}"]
-            + [f"FAILED: {f['error']}" for f in report["failed"]])
+def _transfer(as_json: bool, run, phase: str, key: str, left: str, lazy: bool = False) -> None:
+    """Run a push or pull (`run(progress)`) with a progress bar, and say what it moved."""
+    bar = TerminalProgress()
+    report = run(lambda d, t: bar(Progress(phase, d, t)))
+    bar.done()
+    emit(report, as_json, [
+        f"added {t['title']} ({t['tokens']:,} tokens; its cache streams when first used)"
+        if lazy else f"{key} {t['title']}: {t['tokens']:,} tokens, {t['objects']} objects, "
+        f"{t['bytes'] / 1e6:.1f} MB" for t in report[key]]
+        + [f"{report[left]} {left.replace('_', ' ')}"]
+        + ([f"{report['passages_left']} passage cache(s) stay in the shared cache: a question "
+            "takes those it needs"] if report.get("passages_left") else [])
+        + [f"FAILED: {f['error']}" for f in report["failed"]])
+    if report["failed"]:
+        sys.exit(1)
 
 
 @remote.command("push")
@@ -59,13 +68,8 @@ def _transfer_lines(report: dict, key: str, left: str, lazy: bool = False) -> li
 @click.pass_obj
 def remote_push(app: App, as_json: bool):
     """Upload this model's document caches the shared cache lacks."""
-    bar = TerminalProgress()
-    report = app.engine.sharing.push(app.engine.fingerprint,
-                                     progress=lambda d, t: bar(Progress("push", d, t)))
-    bar.done()
-    emit(report, as_json, _transfer_lines(report, "pushed", "already_remote"))
-    if report["failed"]:
-        sys.exit(1)
+    _transfer(as_json, lambda progress: app.engine.sharing.push(
+        app.engine.fingerprint, progress=progress), "push", "pushed", "already_remote")
 
 
 @remote.command("pull")
@@ -75,15 +79,9 @@ def remote_push(app: App, as_json: bool):
 @click.pass_obj
 def remote_pull(app: App, lazy: bool, as_json: bool):
     """Download this model's document caches from the shared cache (with their documents)."""
-    bar = TerminalProgress()
-    report = app.engine.sharing.pull(app.engine.fingerprint, lazy=lazy,
-                                     progress=lambda d, t: bar(Progress("pull", d, t)))
-    bar.done()
-    emit(report, as_json, _transfer_lines(report, "pulled", "already_local", lazy) + (
-        [f"{report['passages_left']} passage cache(s) stay in the shared cache: a question "
-         "takes those it needs"] if report["passages_left"] else []))
-    if report["failed"]:
-        sys.exit(1)
+    _transfer(as_json, lambda progress: app.engine.sharing.pull(
+        app.engine.fingerprint, lazy=lazy, progress=progress), "pull", "pulled",
+        "already_local", lazy)
 
 
 @remote.command("verify")
