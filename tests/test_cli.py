@@ -143,7 +143,9 @@ def test_attach_ask_reopen_end_to_end(tmp_path):
     assert verified["database"] == []  # SQLite's own check found nothing
     freed = json.loads(kvdesk("gc", "--budget-gb", "0", "--json").stdout)
     assert freed["freed_bytes"] == verified["bytes"]
-    assert json.loads(kvdesk("rm", "doc", doc, "--json").stdout)["deleted"] == "doc"
+    # The chat about it keeps its messages: said as kept, not as deleted with it.
+    assert json.loads(kvdesk("rm", "doc", doc, "--json").stdout) == {
+        "deleted": "doc", "id": int(doc), "chats_kept": [int(chat)]}
     assert json.loads(kvdesk("docs", "--json").stdout) == []
     missing = kvdesk("ask", "--chat", "999", "hello", "--json", check=False)
     assert missing.returncode == 1 and "no chat 999" in json.loads(missing.stdout)["error"]

@@ -352,7 +352,7 @@ def rm(app: App, kind: str, item_id: int, as_json: bool):
     """Delete a document or a chat, with its caches."""
     if kind == "doc":
         chats = app.engine.delete_document(item_id)
-        emit({"deleted": kind, "id": item_id, "chats": chats}, as_json,
+        emit({"deleted": kind, "id": item_id, "chats_kept": chats}, as_json,
              [f"deleted doc {item_id}" + (
                  f"; chat {chats[0]}, which was about it, keeps its messages and goes on "
                  "without it" if len(chats) == 1 else

@@ -189,7 +189,7 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
     @api.delete("/v1/kvdesk/documents/{doc_id}")
     async def delete_document(doc_id: int, request: Request):
         chats = await bridge.call(request, stopping, lambda _: engine().delete_document(doc_id))
-        return {"deleted": "document", "id": doc_id, "chats": chats}
+        return {"deleted": "document", "id": doc_id, "chats_kept": chats}
 
     @api.post("/v1/kvdesk/documents")
     async def attach(request: Request, stream: bool = False):
