@@ -373,7 +373,8 @@ class Engine:
         """The sentences of `hits` (document `doc_id`'s) a chat's turn quotes with `query`
         (`passages.evidence`: those naming its rarest words)."""
         return evidence.naming(self.store, doc_id, query,
-                               [h.text for h in sorted(hits, key=lambda h: h.index)])
+                               [h.text for h in sorted(hits, key=lambda h: h.index)],
+                               kind=self.library.document(doc_id).type)
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Texts as L2-normalised float32 vectors [n, d] of the embedding model retrieval

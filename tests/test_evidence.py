@@ -130,3 +130,18 @@ def test_a_list_with_no_full_stops_is_quoted_from_the_line_naming_the_word():
     (quote,) = naming(counted({"quasarline": 1}), 1, "Quasarline?", [line])
     assert quote.startswith("word word word word word the Quasarline") and quote in line
     assert len(" ".join(quote.split())) <= LONGEST
+
+
+def test_a_rare_name_of_several_words_is_quoted_not_its_words_in_other_names():
+    """"Ines Brandt" is in one passage, "Brandt" alone in one too (the Brandts' rows of a
+    table together): the other Brandts' lines are not the answer's."""
+    store = SimpleNamespace(
+        passage_frequencies=lambda doc, question, at_most: {"extension": 9, "ines": 9,
+                                                            "brandt": 1},
+        passages_holding=lambda doc, word, at_most: [7] if word == "ines brandt" else [])
+    q = "What is the extension of Ines Brandt?"
+    rows = "employee: Ivan Brandt | extension: 1007\nemployee: Ines Brandt | extension: 1000"
+    assert naming(store, 1, q, [rows], kind="table") == ["employee: Ines Brandt | extension: 1000"]
+    # In prose the sentence holding it, the name matched across a line break.
+    prose = "Ivan Brandt answers at 1007. Calls for Ines\nBrandt go to 1000."
+    assert naming(store, 1, q, [prose]) == ["Calls for Ines\nBrandt go to 1000."]

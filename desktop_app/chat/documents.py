@@ -1,7 +1,9 @@
 """Turning user files into the plain text the model reads.
 
 Supported: plain text, Markdown and source code (anything that is text, whatever its
-extension), HTML (the visible text: no scripts, styles or markup), and PDF (through pypdf).
+extension), tables (CSV, TSV) and JSON read as records (`passages.records`: each value next to
+its column or key), HTML (the visible text: no scripts, styles or markup), and PDF (through
+pypdf).
 Each problem is a `DocumentError` with a message meant for the user — a binary or unknown
 file, an empty document, a PDF without a text layer — and text that is not UTF-8 is decoded
 in the encoding charset-normalizer detects (or Windows-1252; UTF-8 with a few stray bytes
@@ -27,6 +29,7 @@ from pathlib import Path
 import charset_normalizer
 
 from ..errors import DocumentError
+from ..passages import records
 
 MAX_FILE_BYTES = 200 * 1024 * 1024  # far beyond any context; refuses accidental disk images
 FALLBACK_ENCODING = "cp1252"  # Windows-1252: a superset of Latin-1's letters
@@ -47,7 +50,7 @@ BINARY_MAGIC = {
 class Extracted:
     text: str
     title: str
-    kind: str  # text | markdown | code | html | pdf
+    kind: str  # text | markdown | code | html | pdf | table (CSV, TSV) | json
     source: str
     warnings: list[str] = field(default_factory=list)
     # A PDF's pages that have text: (page number from 1, the offset in `text` it starts at).
@@ -127,6 +130,11 @@ def extract(path: str | Path) -> Extracted:
         if suffix in HTML_SUFFIXES or _looks_like_html(raw):
             text, title = _html_text(raw)
             kind = "html"
+        elif (table := records.read(raw, suffix)) is not None:
+            # Values read next to their column or key (`records`): already normalized.
+            text, title = table.text, None
+            kind = "json" if suffix in records.JSON_SUFFIXES | records.JSON_LINES_SUFFIXES \
+                else "table"
         else:
             text, title = raw, None
             kind = "markdown" if suffix in {".md", ".markdown", ".rst"} else (
@@ -134,7 +142,8 @@ def extract(path: str | Path) -> Extracted:
     normalized = _normalize(text)
     if not normalized.strip():
         raise DocumentError(f"{path.name}: the document has no text")
-    lines = None if kind in ("pdf", "html") else _file_lines(text, normalized)
+    lines = None if kind in ("pdf", "html") else table.lines if kind in records.RECORDS \
+        else _file_lines(text, normalized)
     return Extracted(text=normalized, title=title or path.name, kind=kind,
                      source=str(path.resolve()), warnings=warnings, pages=pages, lines=lines)
 

@@ -117,6 +117,7 @@ class LongDocs:
         if not self.quote:
             return [], []
         books = self._split(docs)
+        kinds = {d.id: d.type for d in docs}
         by_doc: dict[int, list[str]] = {}
         for s in sources:
             by_doc.setdefault(s.document_id, []).append(s.text)
@@ -125,7 +126,8 @@ class LongDocs:
         besides = [evidence.beside(self.store, books, question, text) for _, text in wholes]
         found = [*(line for absent, _ in besides for line in absent),
                  *(line for doc_id, texts in by_doc.items()
-                   for line in evidence.naming(self.store, doc_id, question, texts)),
+                   for line in evidence.naming(self.store, doc_id, question, texts,
+                                               kind=kinds[doc_id])),
                  *(line for _, rare in besides for line in rare)]
         return list(dict.fromkeys(found))[:evidence.MOST], self._absent(books, wholes, question)
 

@@ -2,7 +2,9 @@
 
 `split` cuts a document's text into passages of a few hundred tokens on its own boundaries
 (paragraphs and headings of prose and Markdown, pages of a PDF, definitions in code), each
-with its location (characters, lines, page, heading path); `embed` turns texts into
+with its location (characters, lines, page, heading path); `records` reads tables and JSON as
+one record a line, each value next to its column or key, so that a passage cut from their
+middle still says what its values are; `embed` turns texts into
 L2-normalised vectors with a static embedding model that ships inside its wheel (nothing is
 downloaded); `index` stores a document's passages, their full-text index and their vectors;
 `retrieve` answers a question with the passages most likely to hold its answer (BM25, dense,

@@ -20,7 +20,8 @@ from collections.abc import Sequence
 
 from store import Store
 
-from .retrieve import RARE_PASSAGES, written_names
+from .records import RECORDS
+from .retrieve import RARE_PASSAGES, rare_phrases, written_names
 
 MOST = 3  # sentences quoted at most: past a few, the quote is a passage again
 LONGEST = 300  # characters kept of each
@@ -64,8 +65,14 @@ def _stem(word: str) -> str:
     return word if "_" in word else word[:max(4, len(word) - 3)]
 
 
+def _pattern(word: str) -> str:
+    """`word` matched as the index matches it: its stem, or a name of several words as
+    written, whatever whitespace (a line break) parts them."""
+    return r"\s+".join(map(re.escape, word.split())) if " " in word else re.escape(_stem(word))
+
+
 def naming(store: Store, doc_id: int, question: str, texts: Sequence[str],
-           most: int = MOST) -> list[str]:
+           most: int = MOST, *, kind: str = "text") -> list[str]:
     """The sentences of `texts` (document `doc_id`'s passages, in the order read) holding the
     question's rarest words (of its names, when it writes any), at most `most`, each as the
     passage writes it (line breaks kept: a turn quoting it repeats the passage's tokens, whose
@@ -74,13 +81,19 @@ def naming(store: Store, doc_id: int, question: str, texts: Sequence[str],
     name would be quoted as the answer's: "the Harrowgate conveyor" answered with the
     Tarnwick one's payload). A word is matched on its first letters, as a stem ("remembering"
     finds "remember"), the way the full-text index matches it; an identifier with an
-    underscore, as it is written."""
+    underscore, as it is written; a name of several words (`retrieve.name_phrases`) rare
+    where its words are not, as written. In a document of records (`kind`: `records.RECORDS`)
+    a record is a line, and the lines are quoted."""
     frequencies = store.passage_frequencies(doc_id, question, RARE_PASSAGES + 1)
     if (written := written_names(question, frequencies)) and \
             not any(frequencies[w] for w in written):
         return []
-    counts = {w: c for w, c in frequencies.items() if 0 < c <= RARE_PASSAGES}
-    return _quoting(counts, question, texts, most)
+    phrases = rare_phrases(store, doc_id, question, frequencies)
+    # A word of a rare name stands for it ("Brandt" of "Ines Brandt"): not for another's.
+    within = {w for p in phrases for w in p.split()}
+    counts = {w: c for w, c in frequencies.items() if 0 < c <= RARE_PASSAGES and w not in within}
+    counts |= {p: 1 for p in phrases}
+    return _quoting(counts, question, texts, most, lines=kind in RECORDS)
 
 
 def unnamed(store: Store, doc_ids: Sequence[int], question: str,
@@ -123,10 +136,11 @@ def _holds(text: str, word: str) -> bool:
     return re.search(r"\b" + re.escape(_stem(word)), text, re.IGNORECASE) is not None
 
 
-def _quoting(counts: dict[str, int], question: str, texts: Sequence[str], most: int
-             ) -> list[str]:
+def _quoting(counts: dict[str, int], question: str, texts: Sequence[str], most: int, *,
+             lines: bool = False) -> list[str]:
     """The sentences of `texts` holding the words of `counts` ({word: passages holding it})
-    that fewest passages hold, of the names the question writes when it writes any."""
+    that fewest passages hold, of the names the question writes when it writes any; with
+    `lines`, the lines holding them (a document of records: a line is one record)."""
     # A name the question writes (capitalised past its first word, or an identifier) says
     # what it is about; a common word that happens to be rare in this document does not
     # ("kept" in "How many boxes are kept at the Vokunevok depot?").
@@ -136,11 +150,11 @@ def _quoting(counts: dict[str, int], question: str, texts: Sequence[str], most: 
     if not counts:
         return []
     fewest = min(counts.values())
-    stems = re.compile(r"\b(?:" + "|".join(re.escape(_stem(w))
-                                           for w, c in counts.items() if c == fewest) + ")",
-                       re.IGNORECASE)
+    stems = re.compile(r"\b(?:" + "|".join(_pattern(w) for w, c in counts.items()
+                                           if c == fewest) + ")", re.IGNORECASE)
     found = {" ".join(s.split()): _quote(s.strip(), stems) for t in texts
-             for s in sentences(t) if stems.search(s)}  # (each once, however it is wrapped)
+             for s in (t.split("\n") if lines else sentences(t))
+             if stems.search(s)}  # (each once, however it is wrapped)
     return list(found.values())[:most]
 
 

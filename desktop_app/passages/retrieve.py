@@ -123,7 +123,8 @@ class Retriever:
             return whole, {}
         counts = self.store.passage_frequencies(doc_id, query, RARE_PASSAGES + 1)
         rare = [word for word, count in counts.items() if 0 < count <= RARE_PASSAGES]
-        if not rare or len(rare) == len(counts):  # none, or the same query again
+        rare += rare_phrases(self.store, doc_id, query, counts)
+        if not rare or rare == list(counts):  # none, or the same query again
             return whole, {}
         holders = {w: set(self.store.passages_holding(doc_id, w, RARE_PASSAGES)) for w in rare}
         return fuse([whole, named(self.store.search_passages(doc_id, " ".join(rare), n),
@@ -193,13 +194,45 @@ def most_named(order: Sequence[tuple[int, float]], holders: Mapping[str, set[int
 
 def written_names(question: str, words: Iterable[str]) -> set[str]:
     """Of `words` (case folded), the names `question` writes: capitalised past its first word,
-    an identifier (a digit or an underscore in it), or written as code: called (`f()`, not a
-    plural's "(s)") or alone between backticks (`name`, `module.name`)."""
+    an identifier (a digit or an underscore in it), written as code: called (`f()`, not a
+    plural's "(s)") or alone between backticks (`name`, `module.name`), or a name of several
+    capitalised words (`name_phrases`)."""
     capitalised = {w.lower() for w in re.findall(r"\w+", question)[1:] if w[:1].isupper()}
     code = {w.lower() for part in re.findall(
         r"\b[A-Za-z_]\w*(?=\((?!s\)))|(?<=`)[A-Za-z_][\w.]*(?=`)", question)
         for w in part.split(".") if w}
-    return {w for w in words if w in capitalised or w in code or re.search(r"[\d_]", w)}
+    phrases = set(name_phrases(question))
+    return {w for w in words
+            if w in capitalised or w in code or w in phrases or re.search(r"[\d_]", w)}
+
+
+_CAPITALISED = r"[A-Z][\w-]*(?:['\u2019]s\b)?"  # (a possessive's "'s" kept out of the name)
+_CAPITALISED_RUN = re.compile(rf"\b{_CAPITALISED}(?:[ \t]+{_CAPITALISED})+")
+
+
+def name_phrases(question: str) -> list[str]:
+    """The names of several capitalised words `question` writes ("Ines Brandt", "New York
+    Stock Exchange"), case folded, each once; a run that starts the question also without
+    its first word ("Is Ines Brandt ..."). Each of their words may be common in a document
+    (a staff table's first and last names) where the name itself is rare."""
+    out: list[str] = []
+    for m in _CAPITALISED_RUN.finditer(question):
+        words = re.findall(r"\w+", re.sub(r"['\u2019]s\b", "", m.group()).lower())
+        out.append(" ".join(words))
+        if not question[:m.start()].strip() and len(words) > 2:
+            out.append(" ".join(words[1:]))
+    return list(dict.fromkeys(p for p in out if " " in p))
+
+
+def rare_phrases(store: Store, doc_id: int, question: str, counts: Mapping[str, int]
+                 ) -> list[str]:
+    """The names of several words `question` writes (`name_phrases`) that at most
+    RARE_PASSAGES of the document's passages hold, when some word of theirs is not rare by
+    itself (`counts`: {word: passages holding it, counted past RARE_PASSAGES}); else the
+    words alone say as much."""
+    return [p for p in name_phrases(question)
+            if any(counts.get(w, 0) > RARE_PASSAGES for w in p.split())
+            and 0 < len(store.passages_holding(doc_id, p, RARE_PASSAGES + 1)) <= RARE_PASSAGES]
 
 
 def fuse(rankings: Sequence[Sequence[tuple[int, float]]],

@@ -1,0 +1,157 @@
+"""Tables and JSON read as records: one line each, every value next to its column or key.
+
+A passage cut from the middle of a CSV file is rows of bare values (`Berlin,2019,17.5`), and
+one cut from a JSON file is values under keys whose enclosing objects lie in another passage:
+the model cannot tell what they are, and neither can retrieval. So a table (CSV or TSV with a
+header row) is read as its column line, then one line per row naming each value's column
+(`city: Berlin | year: 2019 | revenue: 17.5`), each line numbered by the file's line the row
+starts on, so that sources still cite the file's lines. JSON Lines is read as one record per
+object, and a JSON file as one line per object holding plain values, each under its key path
+(`servers[2].tls: cert: a.pem | port: 443`).
+
+A file that is not such a table (no header row: its first row empty somewhere, or all
+numbers) or not valid JSON is left to be read as the text it is (`None`). This module only
+reads text: it never tokenizes, never touches the model or the store.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+TABLE_SUFFIXES = {".csv": None, ".tsv": "\t", ".tab": "\t"}
+JSON_SUFFIXES = {".json"}
+JSON_LINES_SUFFIXES = {".jsonl", ".ndjson"}
+RECORDS = ("table", "json")  # the kinds of document read as records, a record a line
+
+_NUMBER = re.compile(r"^[-+]?(\d[\d,_]*)?\.?\d*([eE][-+]?\d+)?%?$")
+_SPACE = re.compile(r"\s+")
+
+
+@dataclass(frozen=True)
+class Records:
+    text: str  # one record a line, no blank lines
+    lines: tuple[int, ...] | None  # the file's line each of text's lines comes from
+
+
+def read(raw: str, suffix: str) -> Records | None:
+    """`raw` (a file's decoded text) as records, by its suffix; None when it is not a table
+    with a header row, or not JSON."""
+    if suffix in TABLE_SUFFIXES:
+        return _table(raw, TABLE_SUFFIXES[suffix])
+    if suffix in JSON_LINES_SUFFIXES:
+        return _json_lines(raw)
+    if suffix in JSON_SUFFIXES:
+        return _json(raw)
+    return None
+
+
+def _table(raw: str, delimiter: str | None) -> Records | None:
+    if delimiter is None:
+        try:
+            delimiter = csv.Sniffer().sniff(raw[:65536], delimiters=",;\t|").delimiter
+        except csv.Error:
+            delimiter = ","
+    reader = csv.reader(io.StringIO(raw, newline=""), delimiter=delimiter)
+    try:
+        header = [_cell(c) for c in next(reader, [])]
+        if len(header) < 2 or not all(header) or all(_NUMBER.match(c) for c in header):
+            return None
+        out, numbers = [f"Columns: {', '.join(header)}"], [1]
+        first = reader.line_num + 1
+        for row in reader:
+            cells = [(header[i] if i < len(header) else f"column {i + 1}", _cell(c))
+                     for i, c in enumerate(row)]
+            cells = [(name, value) for name, value in cells if value]
+            if cells:
+                out.append(" | ".join(f"{name}: {value}" for name, value in cells))
+                numbers.append(first)
+            first = reader.line_num + 1
+    except csv.Error:  # a quote left open, a NUL byte: not a table this module can read
+        return None
+    return Records("\n".join(out), tuple(numbers)) if len(out) > 1 else None
+
+
+def _cell(value: str) -> str:
+    return _SPACE.sub(" ", value).strip()
+
+
+def _json_lines(raw: str) -> Records | None:
+    out: list[str] = []
+    numbers: list[int] = []
+    for number, line in enumerate(raw.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except ValueError:
+            return None
+        for record in _flatten(value, ""):
+            out.append(record)
+            numbers.append(number)
+    return Records("\n".join(out), tuple(numbers)) if out else None
+
+
+def _json(raw: str) -> Records | None:
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(value, dict | list):
+        return None
+    out = list(_flatten(value, ""))
+    return Records("\n".join(out), None) if out else None
+
+
+def _flatten(value, path: str) -> Iterator[str]:
+    """An object as one line, its nested objects' plain values under dotted keys
+    (`user.name: Ada`); the arrays of objects it holds after it, an element a line, each under
+    its key path (`orders[0]: item: pen | qty: 2`)."""
+    if isinstance(value, dict):
+        plain: list[tuple[str, object]] = []
+        nested: list[tuple[str, object]] = []
+        _collect(value, "", plain, nested)
+        if plain:
+            body = " | ".join(f"{key}: {_scalar(v)}" for key, v in plain)
+            yield f"{path}: {body}" if path else body
+        for key, v in nested:
+            yield from _flatten(v, f"{path}.{key}" if path else key)
+    elif isinstance(value, list):
+        if _plain(value):
+            if value:
+                yield f"{path or '[]'}: {_scalar(value)}"
+        else:
+            for i, v in enumerate(value):
+                yield from _flatten(v, f"{path}[{i}]")
+    else:
+        yield f"{path}: {_scalar(value)}" if path else _scalar(value)
+
+
+def _collect(obj: dict, prefix: str, plain: list, nested: list) -> None:
+    for k, v in obj.items():
+        key = prefix + _cell(str(k))
+        if isinstance(v, dict):
+            _collect(v, key + ".", plain, nested)
+        elif _plain(v):
+            plain.append((key, v))
+        else:
+            nested.append((key, v))
+
+
+def _plain(value) -> bool:
+    """A value written on its owner's line: not an object, nor an array holding one or an
+    array."""
+    return not isinstance(value, dict) and not (
+        isinstance(value, list) and any(isinstance(v, dict | list) for v in value))
+
+
+def _scalar(value) -> str:
+    if isinstance(value, list):
+        return "[" + ", ".join(_scalar(v) for v in value) + "]"
+    if isinstance(value, str):
+        return _cell(value)
+    return json.dumps(value)
