@@ -65,3 +65,23 @@ def test_llama_cpp_lines_go_to_logging_not_the_terminal(run):
     assert before == []  # no banner, no llama.cpp line on stderr
     assert last.endswith("True") and int(last.split("logged ")[1].split()[0]) > 0
     assert not [line for line in run.stdout.splitlines() if not line.startswith(("fd ", "py "))]
+
+
+def test_a_quiet_thread_leaves_the_stream_text_for_click(monkeypatch):
+    """click probes a stream with write(b"") and caches what it found: a quiet thread's echo
+    must not make it take stderr for a binary stream (a Ctrl-C during a load then ended in
+    "write() argument must be str, not bytes")."""
+    import io
+    import threading
+
+    import click
+
+    from desktop_app.model.llamalog import _ThreadFilter
+
+    quiet, inner = threading.local(), io.StringIO()
+    monkeypatch.setattr(sys, "stderr", _ThreadFilter(inner, quiet))
+    quiet.on = True
+    click.echo("dropped", err=True)
+    quiet.on = False
+    click.echo("cancelled; nothing was stored", err=True)
+    assert inner.getvalue() == "cancelled; nothing was stored\n"

@@ -50,6 +50,11 @@ class _ThreadFilter:
         self._quiet = quiet
 
     def write(self, text: str) -> int:
+        # A text stream's refusal of bytes, quiet or not: click tells a binary stream from a
+        # text one by writing b"" to it and caches what it found, so a quiet thread's echo
+        # that swallowed the probe made every later echo, from any thread, write bytes here.
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
         if getattr(self._quiet, "on", False):
             return len(text)
         return self._inner.write(text)
