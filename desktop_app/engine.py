@@ -199,11 +199,14 @@ class Engine:
                   cancel: threading.Event | None = None) -> CalibrationInfo:
         """Calibrate the codec for the loaded model (minutes: its own contexts measure every
         level against llama.cpp's q8_0 KV on the built-in text), store it, and encode the
-        model's new caches with it. One at a time; raises Cancelled."""
+        model's new caches with it. One at a time, each of its steps after the questions
+        being answered (the window's and the server's calibrate beside them); raises
+        Cancelled."""
         rt = self.runtime
         with self._calibrating:
             cal = calibrate.calibrate(
                 rt.model_path, fingerprint=rt.fingerprint, cancel=cancel,
+                pause=lambda: self.session.lock.wait_free(cancel),
                 progress=None if progress is None else (
                     lambda stage, f: progress(Progress("calibrate", round(f * 100), 100,
                                                        stage))))

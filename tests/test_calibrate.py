@@ -24,14 +24,15 @@ TEXT = "\n\n".join(pydoc_data.topics.topics[k] for k in ("if", "while", "for", "
 
 @pytest.fixture(scope="module")
 def calibrated(model_path):
-    stages = []
+    stages, pauses = [], []
     cal = calibrate.calibrate(model_path, fingerprint=FP, settings=TINY,
-                              progress=lambda stage, f: stages.append((stage, f)))
-    return cal, stages
+                              progress=lambda stage, f: stages.append((stage, f)),
+                              pause=lambda: pauses.append(stages[-1][0] if stages else None))
+    return cal, stages, pauses
 
 
 def test_calibration_makes_every_level_and_says_how_far_it_is(calibrated):
-    cal, stages = calibrated
+    cal, stages, _ = calibrated
     assert cal.level_names == list(calibrate.LEVELS)
     fractions = [f for _, f in stages]
     assert fractions == sorted(fractions) and fractions[-1] == 1.0
@@ -50,7 +51,7 @@ def test_calibration_makes_every_level_and_says_how_far_it_is(calibrated):
 
 def test_a_stored_calibration_round_trips_and_is_refused_under_another_model(calibrated,
                                                                              tmp_path):
-    cal, _ = calibrated
+    cal, _, _ = calibrated
     with Store(tmp_path) as store:
         assert calibrations.save(store, cal) == cal.id
         again = calibrations.latest(store, FP)
@@ -64,6 +65,14 @@ def test_a_stored_calibration_round_trips_and_is_refused_under_another_model(cal
         codec.decode(blob, calibrations=calibrations.Resolver(store, FP))
         with pytest.raises(codec.CalibrationMissing, match=cal.id[:12]):
             codec.decode(blob, calibrations=calibrations.Resolver(store, "another-model"))
+
+
+def test_calibration_pauses_between_its_steps(calibrated):
+    """Beside a server's or the window's questions it waits (`pause`) at each layer of the
+    sensitivity pass and each step of the levels' search, not only between stages."""
+    _, _, pauses = calibrated
+    assert pauses.count("sensitivity") >= 2 * min(part.n_layer for part in calibrated[0].parts)
+    assert all(pauses.count(level) >= 2 for level in calibrate.LEVELS)
 
 
 def test_calibration_stops_when_cancelled(model_path):
@@ -88,7 +97,7 @@ def test_a_cancel_reaches_the_reference_prefill(model_path):
 
 
 def test_the_contract_check_catches_a_broken_level(model_path, calibrated):
-    cal, _ = calibrated
+    cal, _, _ = calibrated
     crude = {"scale": "layer", "bins": [4], "layer_edges": []}
     part = cal.parts[0]
     broken_levels = {**part.levels, "high": {**part.levels["high"], "keys": crude,
@@ -137,7 +146,7 @@ def test_the_engine_encodes_new_caches_with_the_models_calibration(calibrated, m
     try:
         assert eng.calibration() is None
         assert eng.attach(tmp_path / "a.txt").calibration is None
-        cal, _ = calibrated  # the same model's, for this engine's fingerprint
+        cal, _, _ = calibrated  # the same model's, for this engine's fingerprint
         cal = codec.Calibration(cal.parts, {**cal.meta, "fingerprint": eng.fingerprint})
         assert eng.calibrations.adopt(cal) == cal.id
         assert eng.calibration().id == cal.id and eng.calibration().levels["high"]["kld"] > 0

@@ -33,3 +33,34 @@ def test_reentrant_and_owned():
         assert lock.waiting == 0
     with pytest.raises(RuntimeError):
         lock.release()
+
+
+def test_background_work_waits_while_the_lock_is_held_or_wanted():
+    lock, cancel = FairLock(), threading.Event()
+    lock.wait_free(cancel)  # free: at once
+    with lock:  # its owner does not wait on itself
+        lock.wait_free(cancel)
+    held, released, waited = threading.Event(), threading.Event(), []
+
+    def hold():
+        with lock:
+            held.set()
+            released.wait()
+
+    t = threading.Thread(target=hold)
+    t.start()
+    held.wait()
+    waiter = threading.Thread(target=lambda: (lock.wait_free(cancel), waited.append(1)))
+    waiter.start()
+    waiter.join(0.3)
+    assert waiter.is_alive() and not waited
+    released.set()
+    waiter.join(5)
+    assert waited == [1]
+    t.join()
+    with lock:
+        other = threading.Thread(target=lambda: lock.wait_free(cancel))
+        other.start()
+        cancel.set()  # a cancel ends the wait though the lock is still held
+        other.join(5)
+        assert not other.is_alive()

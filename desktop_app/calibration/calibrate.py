@@ -98,10 +98,12 @@ def calibration_text() -> str:
 
 def calibrate(model_path: str | Path, *, fingerprint: str, settings: Settings = Settings(),
               progress: ProgressFn | None = None, cancel: threading.Event | None = None,
-              text: str | None = None) -> codec.Calibration:
-    """Calibrate the codec for one model (see the module docstring)."""
+              text: str | None = None,
+              pause: Callable[[], None] | None = None) -> codec.Calibration:
+    """Calibrate the codec for one model (see the module docstring). `pause` is called
+    between its steps, to wait while anything goes first (a question being answered)."""
     t0 = time.monotonic()
-    run = _Run(settings, progress, cancel)
+    run = _Run(settings, progress, cancel, pause)
     run.say("reference", 0.0)
     with ExitStack() as stack:
         ev = stack.enter_context(quality.Evaluator(
@@ -161,10 +163,12 @@ def calibrate(model_path: str | Path, *, fingerprint: str, settings: Settings = 
 
 
 class _Run:
-    def __init__(self, settings, progress, cancel):
-        self.settings, self.progress, self.cancel = settings, progress, cancel
+    def __init__(self, settings, progress, cancel, pause=None):
+        self.settings, self.progress, self.cancel, self.pause = settings, progress, cancel, pause
 
     def check(self) -> None:
+        if self.pause is not None:
+            self.pause()
         if self.cancel is not None and self.cancel.is_set():
             raise Cancelled("calibration cancelled")
 

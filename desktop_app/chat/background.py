@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 
 from ..errors import Cancelled, is_user_error
 from .fairlock import FairLock
@@ -58,10 +57,7 @@ class Background:
 
     def yield_to_turns(self) -> None:
         """Wait while a question is being answered; Cancelled once closing."""
-        while self.chat_lock.busy:  # the user goes first
-            if self.cancel.is_set():
-                break
-            time.sleep(0.05)
+        self.chat_lock.wait_free(self.cancel)  # the user goes first
         if self.cancel.is_set():
             raise Cancelled("closing")
 
