@@ -15,7 +15,14 @@ from pdf_helpers import make_pdf
 from desktop_app.chat.documents import _normalize, extract
 from desktop_app.errors import EngineError
 from desktop_app.passages.embed import WordLlamaEmbedder
-from desktop_app.passages.retrieve import Retriever, focused, fuse, most_named, written_names
+from desktop_app.passages.retrieve import (
+    RARE_PASSAGES,
+    Retriever,
+    focused,
+    fuse,
+    most_named,
+    written_names,
+)
 from desktop_app.passages.split import split
 from store import Store
 
@@ -74,6 +81,20 @@ def test_plain_text_takes_no_hash_line_for_a_heading_but_underlined_ones():
     assert {p.heading for p in passages} == {("Install",)}
     as_markdown = split(text, "markdown", words, target=20, limit=40)
     assert ("copy the defaults first",) in {p.heading for p in as_markdown}
+
+
+def test_underline_levels_follow_the_order_first_seen_but_in_markdown():
+    # Python's reference: * for a topic, = for its sections ("Naming and binding" was cited
+    # under the = section before it, as if * were the deeper level).
+    text = ("Simple statements\n*****************\n\nWords.\n\nFuture statements\n"
+            "=================\n\nWords.\n\nNaming and binding\n******************\n\n"
+            "Binding words.\n\nResolution of names\n===================\n\nResolving.\n")
+    headings = {p.heading for p in split(text, "text", words, target=2, limit=8)}
+    assert headings == {("Simple statements",), ("Simple statements", "Future statements"),
+                        ("Naming and binding",), ("Naming and binding", "Resolution of names")}
+    markdown = ("Part\n----\n\nWords.\n\nBook\n====\n\nMore.\n")
+    assert {p.heading for p in split(markdown, "markdown", words, target=1, limit=8)} == {
+        ("Part",), ("Book",)}  # setext: = is level 1, - level 2, whatever comes first
 
 
 def test_a_tilde_underline_is_a_heading_and_a_tilde_fence_a_fence():
@@ -329,11 +350,11 @@ def test_focused_retrieval_reads_the_passages_naming_the_questions_rare_words(in
         assert fact in hits[0].text and all(h in wide for h in hits)
     # Of the eight, the passage holding the most of the question's rare words (in at most
     # three passages): the fact's, alone. The third question's "place" is a rare word of this
-    # text too: the head of the fusion keeps the passages holding it beside the fact's (each
-    # holds one of its rare words, the fact's three).
+    # text too, but the question writes names the text holds (Quillfeather, 2031): only they
+    # are fused, and the head of the fusion is the fact's passage alone.
     assert 0 < store.passage_frequencies(doc.id, FACTS[2][1], 4)["place"] <= 3
     wide = retriever.retrieve(doc.id, FACTS[2][1], k=8)
-    assert len(focused([(h.passage_id, h.score) for h in wide])) > 1
+    assert len(focused([(h.passage_id, h.score) for h in wide])) == 1
     for fact, question in FACTS:
         assert [fact in h.text for h in retriever.retrieve(doc.id, question, k=8,
                                                             focus=True)] == [True]
@@ -408,6 +429,31 @@ def test_an_identifier_with_underscores_is_found_as_written(tmp_path, embedder):
         assert len(store.passages_holding(doc.id, "missing", 4)) == 4  # the word itself
         hits = Retriever(store, embedder, "bm25").retrieve(doc.id, question, k=3, focus=True)
         assert [h.passage_id for h in hits] == [holder]
+
+
+def test_a_name_the_question_writes_is_read_beside_a_common_word_rare_in_the_document(
+        tmp_path, embedder):
+    """`nonlocal` is in many passages, "kept" in one: a question about both reads the
+    passages on `nonlocal`, not only the one that says "kept" (the probe's answer about
+    __future__ imports)."""
+    filler = [f"Section {i}: gardeners planted roses along the northern wall." * 2
+              for i in range(24)]
+    for i in range(2, 24, 4):
+        filler[i] = (f"The nonlocal statement, case {i}: nonlocal makes the listed names "
+                     "refer to bindings of the nearest enclosing function scope.")
+    filler[13] = "Future features are redundant now, only kept for backwards compatibility."
+    text = "\n\n".join(filler)
+    with Store(tmp_path / "data") as store:
+        doc = store.add_document("n", "manual", text, type="text")
+        store.add_passages(doc.id, split(text, "text", words, target=30, limit=60))
+        assert len(store.passages_holding(doc.id, "nonlocal", 10)) > RARE_PASSAGES
+        hits = Retriever(store, embedder, "bm25").retrieve(
+            doc.id, "Where is the phone kept, and what does `nonlocal` do?", focus=True)
+        assert sum("nonlocal" in h.text for h in hits) >= 3
+        # With no name written, a word rare in the document still focuses the reading.
+        hits = Retriever(store, embedder, "bm25").retrieve(
+            doc.id, "Which features are kept?", focus=True)
+        assert [h.text.count("kept") for h in hits] == [1]
 
 
 def test_missing_embedding_files_are_one_clear_error(monkeypatch, tmp_path):

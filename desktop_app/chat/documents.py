@@ -137,7 +137,8 @@ def extract(path: str | Path) -> Extracted:
                 else "table"
         else:
             text, title = raw, None
-            kind = "markdown" if suffix in {".md", ".markdown", ".rst"} else (
+            # (reStructuredText is text: its levels are its underlines', no # headings)
+            kind = "markdown" if suffix in {".md", ".markdown"} else (
                 "code" if suffix in CODE_SUFFIXES else "text")
     normalized = _normalize(text)
     if not normalized.strip():

@@ -98,7 +98,8 @@ class Retriever:
         ranked: list[list[tuple[int, float]]] = []
         holders: dict[str, set[int]] = {}  # the rare words BM25 was fused with: their passages
         if mode in ("bm25", "fused"):
-            bm25, holders = self._bm25(doc_id, " ".join([question, *turns]), max(k, CANDIDATES))
+            bm25, holders = self._bm25(doc_id, " ".join([question, *turns]),
+                                       max(k, CANDIDATES), question)
             ranked.append(bm25)
         # A question sharing no word with the document ("Summarize this.") still gets the
         # passages nearest to it in meaning, never none.
@@ -111,18 +112,23 @@ class Retriever:
         return [Hit(pid, p.index, p.text, p.page, p.lines, p.heading, p.tokens, round(score, 6))
                 for pid, score in order[:k] for p in [self.store.passage(pid)]]
 
-    def _bm25(self, doc_id: int, query: str,
-              n: int) -> tuple[list[tuple[int, float]], dict[str, set[int]]]:
+    def _bm25(self, doc_id: int, query: str, n: int,
+              question: str = "") -> tuple[list[tuple[int, float]], dict[str, set[int]]]:
         """BM25 over the whole query, fused with a ranking of the passages holding its rare
         words (a name, an identifier: in at most RARE_PASSAGES passages) when it has any;
         (ranking, {rare word: the passages holding it}, empty when not fused). A paraphrased
         question often shares only a name with the passage that answers it, and BM25 alone
-        lets two common words repeated in a long passage outweigh it (measured: RESULTS.md)."""
+        lets two common words repeated in a long passage outweigh it (measured: RESULTS.md).
+        When the `question` writes names the document holds (`written_names`), only its rare
+        names count: a common word that happens to be rare in the document ("kept") is not
+        what it asks about, and would take the place of a name held often (`nonlocal`)."""
         whole = [(p.id, score) for p, score in self.store.search_passages(doc_id, query, n)]
         if not self.rare_words:
             return whole, {}
         counts = self.store.passage_frequencies(doc_id, query, RARE_PASSAGES + 1)
         rare = [word for word, count in counts.items() if 0 < count <= RARE_PASSAGES]
+        if names := {w for w in written_names(question, counts) if counts[w]}:
+            rare = [word for word in rare if word in names]
         rare += rare_phrases(self.store, doc_id, query, counts)
         if not rare or rare == list(counts):  # none, or the same query again
             return whole, {}

@@ -82,7 +82,8 @@ def split(text: str, kind: str, count_tokens: CountFn, *,
     # Plain text keeps underlined headings but not "# " ones: there a "#" line is as often a
     # comment of a script or a configuration quoted in it as a title.
     units = (_code_units(text) if kind == "code" else _prose_units(
-        text, markdown=kind in ("markdown", "text", "html"), hashes=kind != "text"))
+        text, markdown=kind in ("markdown", "text", "html"), hashes=kind != "text",
+        setext=kind == "markdown"))
     if pages:
         units = _on_pages(units, pages)
     lines = _Lines(text, line_numbers)
@@ -120,13 +121,16 @@ def _line_spans(text: str):
     yield start, len(text)
 
 
-def _prose_units(text: str, *, markdown: bool, hashes: bool = True) -> list[_Unit]:
+def _prose_units(text: str, *, markdown: bool, hashes: bool = True,
+                 setext: bool = False) -> list[_Unit]:
     """Paragraphs, fenced blocks whole, each under its heading path (Markdown's # headings,
     unless not `hashes`, and underlined headings, reStructuredText's too)."""
     units: list[_Unit] = []
     heading: list[tuple[int, str]] = []  # (level, title)
-    # Underline characters by level: Markdown's = and -, then others in the order first seen.
-    underline_levels: list[str] = ["=", "-"]
+    # Underline characters by level, in the order first seen (reStructuredText's rule: Python's
+    # documentation underlines its top level with *, its sections with =); in Markdown
+    # (`setext`) = and - are always the first two, as its # and ## are.
+    underline_levels: list[str] = ["=", "-"] if setext else []
     para: list[tuple[int, int]] = []
     fence: str | None = None
     opens = True
