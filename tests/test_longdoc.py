@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from functools import partial
 from types import SimpleNamespace
 
 import numpy as np
@@ -25,6 +26,7 @@ from desktop_app.model.llamacalls import pieces
 from desktop_app.model.prompts import passage_layout, passage_prefix
 from desktop_app.model.runtime import Runtime
 from desktop_app.options import GenerationOptions, RestoreOptions
+from desktop_app.results import Source
 from store import BudgetFullError, Store, sync
 
 PASSAGES = [
@@ -474,8 +476,6 @@ def test_an_api_conversation_keeps_its_earlier_questions_passages_as_a_chat_does
 
 
 def test_a_text_the_document_repeats_is_read_once(make_engine):
-    from desktop_app.results import Source
-
     eng = make_engine()
     best = Source(1, eng.doc, 0, PASSAGES[0], 0.9, lines=(1, 1))
     again = Source(2, eng.doc, 3, PASSAGES[0], 0.8, lines=(7, 7))  # the same text elsewhere
@@ -835,3 +835,21 @@ def test_docs_says_when_the_storage_budget_stopped_the_passages_kv(capsys):
     assert "the storage budget (1.0 KB) is full" in out.err and "storage_budget_gb" in out.err
     docs.callback.__wrapped__(app(500), as_json=False)
     assert "storage budget" not in capsys.readouterr().err
+
+
+def test_a_follow_up_whose_passages_do_not_fit_reads_none_of_the_earlier_ones(make_engine):
+    """At a small context a follow-up's passage may not fit beside the chat: the chat's
+    earlier passages must not answer it in its place (the probe's furnace code answered
+    from the picnic passage, with no note)."""
+    eng = make_engine()
+    longdocs, rt = eng.session.longdocs, eng.runtime
+    earlier = Source(1, eng.doc, 0, PASSAGES[0], 0.5)
+    asked = Source(2, eng.doc, 1, " ".join(PASSAGES[1:]), 0.9)
+    overhead = len(passage_layout(rt, []).tokens)
+    cost = {s.passage_id: len(longdocs.kv.tokens(rt, s.text)) - overhead
+            for s in (earlier, asked)}
+    assert cost[1] < cost[2]
+    fit = partial(longdocs._fit, rt, [asked], [earlier], doc_order=[eng.doc])
+    assert fit(budget=overhead + cost[2] - 1) == []  # the earlier one would have fit
+    assert fit(budget=overhead + cost[2]) == [asked]
+    assert fit(budget=overhead + cost[1] + cost[2]) == [earlier, asked]  # document order

@@ -171,9 +171,14 @@ class LongDocs:
             notes.append(f"{names} {'is' if len(missing) == 1 else 'are'} named nowhere in "
                          f"{books}: the passages read are those nearest the question, and "
                          "may be about something else")
-        if hits and not chosen:
+        read = {s.passage_id for s in chosen}
+        if hits and not read & {s.passage_id for s in hits}:
             notes.append("no retrieved passage fits what is left of the context: "
                          "start a new chat")
+        elif left_out := len({s.text for s in hits} - {s.text for s in chosen}):
+            notes.append(f"{left_out} of the {len({s.text for s in hits})} passages retrieved "
+                         "for this question did not fit what is left of the context (a new "
+                         "chat, or a larger context in the settings, has more room)")
         return chosen, notes
 
     def asked_before(self, docs: Sequence[Document], questions: Sequence[str]
@@ -231,13 +236,16 @@ class LongDocs:
     def _fit(self, rt: Runtime, hits: list[Source], kept: list[Source], budget: int,
              doc_order: list[int]) -> list[Source]:
         """This question's hits, best first, then the chat's earlier passages, most relevant
-        first, while they fit `budget` tokens, each text once; in document order."""
+        first, while they fit `budget` tokens, each text once; in document order. None of the
+        earlier ones when none of this question's fits: they would answer it in its place."""
         fresh = {s.passage_id for s in hits}
         ranked = sorted(hits, key=lambda s: -s.score) + sorted(
             (s for s in kept if s.passage_id not in fresh), key=lambda s: -s.score)
         overhead = len(passage_layout(rt, []).tokens)
         used, chosen, texts = overhead, [], set()
         for s in ranked:
+            if s.passage_id not in fresh and not chosen:
+                break
             cost = len(self.kv.tokens(rt, s.text)) - overhead
             if used + cost <= budget and s.text not in texts:  # (a text repeated: read once)
                 chosen.append(s)
