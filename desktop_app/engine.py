@@ -262,7 +262,11 @@ class Engine:
                                       source=source)
         if result.passages and self._long_running:  # (a one-shot command would not finish)
             self.passage_fill.request(result.doc_id)
-        return replace(result, warnings=[*result.warnings,
+        kept_at = [f"the levels asked for ({', '.join(levels)}) do not apply to a document "
+                   "kept as passages: each passage's KV is kept at one level, the setting "
+                   f"passage_level ({self.session.longdocs.kv.level})"
+                   ] if result.passages and levels is not None else []
+        return replace(result, warnings=[*result.warnings, *kept_at,
                                          *self.library.earlier_versions(result.doc_id)])
 
     def prefill(self, doc_id: int, *, levels: Sequence[str] | None = None,

@@ -77,6 +77,11 @@ def test_a_long_document_is_said_at_once_split_and_never_prefilled(engine, tmp_p
     again = engine.attach(path)
     assert again.reused and again.passages == res.passages
     assert [p.id for p in engine.store.passages(res.doc_id)] == [h.passage_id for h in listed]
+    assert not any("levels asked for" in w for w in again.warnings)
+    # Levels asked for do not apply to passages: said, not silently ignored.
+    asked = engine.attach(path, levels=["lossless"])
+    assert any("levels asked for (lossless) do not apply" in w and "passage_level (balanced)"
+               in w for w in asked.warnings)
 
 
 def test_a_document_that_fits_keeps_todays_path(engine, tmp_path):

@@ -109,8 +109,8 @@ class Blend:
         quoted = (f"; {self.repeated:,} quoted tokens taken from the passages' KV"
                   if self.repeated else "")
         return (f"{parts} {what} blended from their own caches ({self.reused_tokens:,} tokens "
-                f"reused, {self.recomputed_tokens:,} computed in place{quoted}): the answer "
-                "is approximate" + ("; the exact context is computed in the background"
+                f"reused, {self.recomputed_tokens:,} computed in place{quoted}): answers from "
+                "it are approximate" + ("; the exact context is computed in the background"
                                     if exact_later else ""))
 
 
