@@ -153,7 +153,9 @@ def test_options_go_through_kvdesks_validation(client):
     # accepted: the runner's options, samplers at their "off" value, keep_alive, num_ctx
     client.chat(model="default", messages=asked, keep_alive="5m",
                 options={**QUIET, "num_thread": 2, "num_gpu": 0, "mirostat": 0, "num_ctx": 4096})
-    refused = [({"num_predict": 0}, "options.num_predict"), ({"top_p": 3}, "options.top_p"),
+    refused = [({"num_predict": 0}, r"options.num_predict: -1 \(no limit\), -2 .* \(got 0\)"),
+               ({"num_predict": -3}, r"options.num_predict: .*at least 1 \(got -3\)"),
+               ({"top_p": 3}, "options.top_p"),
                ({"mirostat": 2}, "options.mirostat"), ({"wild": 1}, "options.wild"),
                ({"stop": [1]}, "options.stop")]
     for options, named in refused:

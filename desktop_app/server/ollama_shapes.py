@@ -90,6 +90,10 @@ class _Request(Exact):
         """The options as kvdesk's generation options (checked), and the stop strings."""
         given, names = {}, {}
         for key, value in self.options.items():
+            if key == "num_predict" and isinstance(value, int) and not isinstance(value, bool) \
+                    and value < 1 and value not in (-1, -2):
+                raise InvalidValue("options.num_predict", "-1 (no limit), -2 (until the "
+                                   f"context is full) or at least 1 (got {value})")
             if key in SAMPLING:
                 if value is not None and not (key == "seed" and value == -1) and not (
                         key == "num_predict" and value in (-1, -2)):  # -1, -2: no limit
