@@ -119,15 +119,17 @@ class Retriever:
         (ranking, {rare word: the passages holding it}, empty when not fused). A paraphrased
         question often shares only a name with the passage that answers it, and BM25 alone
         lets two common words repeated in a long passage outweigh it (measured: RESULTS.md).
-        When the `question` writes names the document holds (`written_names`), only its rare
-        names count: a common word that happens to be rare in the document ("kept") is not
-        what it asks about, and would take the place of a name held often (`nonlocal`)."""
+        When the `question` writes a name the document holds often (`written_names`:
+        `nonlocal` in a language reference), only its rare names count: a common word that
+        happens to be rare in the document ("kept") is not what it asks about, and would take
+        the place of that name's passages."""
         whole = [(p.id, score) for p, score in self.store.search_passages(doc_id, query, n)]
         if not self.rare_words:
             return whole, {}
         counts = self.store.passage_frequencies(doc_id, query, RARE_PASSAGES + 1)
         rare = [word for word, count in counts.items() if 0 < count <= RARE_PASSAGES]
-        if names := {w for w in written_names(question, counts) if counts[w]}:
+        names = {w for w in written_names(question, counts) if counts[w]}
+        if any(counts[w] > RARE_PASSAGES for w in names):
             rare = [word for word in rare if word in names]
         rare += rare_phrases(self.store, doc_id, query, counts)
         if not rare or rare == list(counts):  # none, or the same query again
