@@ -145,3 +145,15 @@ def test_a_rare_name_of_several_words_is_quoted_not_its_words_in_other_names():
     # In prose the sentence holding it, the name matched across a line break.
     prose = "Ivan Brandt answers at 1007. Calls for Ines\nBrandt go to 1000."
     assert naming(store, 1, q, [prose]) == ["Calls for Ines\nBrandt go to 1000."]
+
+
+def test_a_name_of_several_words_is_found_across_what_the_index_does_not_read():
+    """"SKU S12-1" is the index's phrase "sku s12 1": in the text a colon and a hyphen part its
+    words, and S12-10 is another name."""
+    store = SimpleNamespace(
+        passage_frequencies=lambda doc, question, at_most: {"stock": 9, "sku": 9, "s12": 1,
+                                                            "1": 9},
+        passages_holding=lambda doc, word, at_most: [7] if word == "sku s12 1" else [])
+    rows = "sku: S12-0 | stock: 4\nsku: S12-1 | stock: 36\nsku: S12-10 | stock: 2"
+    assert naming(store, 1, "What is the stock of SKU S12-1?", [rows], kind="json") == [
+        "sku: S12-1 | stock: 36"]

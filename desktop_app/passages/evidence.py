@@ -66,9 +66,11 @@ def _stem(word: str) -> str:
 
 
 def _pattern(word: str) -> str:
-    """`word` matched as the index matches it: its stem, or a name of several words as
-    written, whatever whitespace (a line break) parts them."""
-    return r"\s+".join(map(re.escape, word.split())) if " " in word else re.escape(_stem(word))
+    """`word` matched as the index matches it: its stem, or a name of several words whole,
+    whatever parts them that the index does not read (a line break, `SKU: S12-1`'s colon and
+    hyphen)."""
+    return (r"\W+".join(map(re.escape, word.split())) + r"\b" if " " in word
+            else re.escape(_stem(word)))
 
 
 def naming(store: Store, doc_id: int, question: str, texts: Sequence[str],
