@@ -265,7 +265,7 @@ class Engine:
         kept_at = [f"the levels asked for ({', '.join(levels)}) do not apply to a document "
                    "kept as passages: each passage's KV is kept at one level, the setting "
                    f"passage_level ({self.session.longdocs.kv.level})"
-                   ] if result.passages and levels is not None else []
+                   ] if result.passages and levels else []
         return replace(result, warnings=[*result.warnings, *kept_at,
                                          *self.library.earlier_versions(result.doc_id)])
 

@@ -244,7 +244,7 @@ class LongDocs:
         overhead = len(passage_layout(rt, []).tokens)
         used, chosen, texts = overhead, [], set()
         for s in ranked:
-            if s.passage_id not in fresh and not chosen:
+            if fresh and s.passage_id not in fresh and not chosen:
                 break
             cost = len(self.kv.tokens(rt, s.text)) - overhead
             if used + cost <= budget and s.text not in texts:  # (a text repeated: read once)

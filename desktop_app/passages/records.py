@@ -28,7 +28,7 @@ JSON_SUFFIXES = {".json"}
 JSON_LINES_SUFFIXES = {".jsonl", ".ndjson"}
 RECORDS = ("table", "json")  # the kinds of document read as records, a record a line
 
-_NUMBER = re.compile(r"^[-+]?(\d[\d,_]*)?\.?\d*([eE][-+]?\d+)?%?$")
+_NUMBER = re.compile(r"^[-+]?(?=[.\d]*\d)[\d,_]*\.?\d*([eE][-+]?\d+)?%?$")
 _SPACE = re.compile(r"\s+")
 
 
@@ -41,16 +41,23 @@ class Records:
 def read(raw: str, suffix: str) -> Records | None:
     """`raw` (a file's decoded text) as records, by its suffix; None when it is not a table
     with a header row, or not JSON."""
-    if suffix in TABLE_SUFFIXES:
-        return _table(raw, TABLE_SUFFIXES[suffix])
-    if suffix in JSON_LINES_SUFFIXES:
-        return _json_lines(raw)
-    if suffix in JSON_SUFFIXES:
-        return _json(raw)
+    try:
+        if suffix in TABLE_SUFFIXES:
+            return _table(raw, TABLE_SUFFIXES[suffix])
+        if suffix in JSON_LINES_SUFFIXES:
+            return _json_lines(raw)
+        if suffix in JSON_SUFFIXES:
+            return _json(raw)
+    except RecursionError:  # JSON nested thousands deep: read as the text it is
+        return None
     return None
 
 
 def _table(raw: str, delimiter: str | None) -> Records | None:
+    skipped = 0
+    if raw.startswith("sep=") and "\n" in raw:  # Excel's line naming the separator
+        skipped, (line, raw) = 1, raw.split("\n", 1)
+        delimiter = line[4:5] or delimiter
     if delimiter is None:
         try:
             delimiter = csv.Sniffer().sniff(raw[:65536], delimiters=",;\t|").delimiter
@@ -59,21 +66,36 @@ def _table(raw: str, delimiter: str | None) -> Records | None:
     reader = csv.reader(io.StringIO(raw, newline=""), delimiter=delimiter)
     try:
         header = [_cell(c) for c in next(reader, [])]
-        if len(header) < 2 or not all(header) or all(_NUMBER.match(c) for c in header):
+        if header[:1] == [""]:  # a data frame's index column, written unnamed
+            header[0] = "row"
+        if not _is_header(header):
             return None
-        out, numbers = [f"Columns: {', '.join(header)}"], [1]
-        first = reader.line_num + 1
+        out, numbers = [f"Columns: {', '.join(header)}"], [1 + skipped]
+        first = reader.line_num + 1 + skipped
+        widths = []
         for row in reader:
+            widths.append(len(row))
             cells = [(header[i] if i < len(header) else f"column {i + 1}", _cell(c))
                      for i, c in enumerate(row)]
             cells = [(name, value) for name, value in cells if value]
             if cells:
                 out.append(" | ".join(f"{name}: {value}" for name, value in cells))
                 numbers.append(first)
-            first = reader.line_num + 1
+            first = reader.line_num + 1 + skipped
     except csv.Error:  # a quote left open, a NUL byte: not a table this module can read
         return None
-    return Records("\n".join(out), tuple(numbers)) if len(out) > 1 else None
+    # Prose that happens to hold commas has rows of every width: no columns to name.
+    rows = [w for w in widths if w]
+    if len(out) < 2 or sum(w == len(header) for w in rows) < 0.9 * len(rows):
+        return None
+    return Records("\n".join(out), tuple(numbers))
+
+
+def _is_header(cells: list[str]) -> bool:
+    """Whether a first row names columns: two or more labels, none empty, none a number, none
+    a sentence, no two the same (a table without a header starts with its data)."""
+    return (len(cells) >= 2 and all(cells) and len(set(cells)) == len(cells)
+            and not any(_NUMBER.match(c) or len(c) > 64 for c in cells))
 
 
 def _cell(value: str) -> str:
@@ -83,7 +105,7 @@ def _cell(value: str) -> str:
 def _json_lines(raw: str) -> Records | None:
     out: list[str] = []
     numbers: list[int] = []
-    for number, line in enumerate(raw.splitlines(), 1):
+    for number, line in enumerate(re.split(r"\r\n|\r|\n", raw), 1):  # (JSON's own breaks)
         if not line.strip():
             continue
         try:
@@ -91,8 +113,9 @@ def _json_lines(raw: str) -> Records | None:
         except ValueError:
             return None
         for record in _flatten(value, ""):
-            out.append(record)
-            numbers.append(number)
+            if record.strip():  # (a line holding "" says nothing, and no blank line is kept)
+                out.append(record.rstrip())
+                numbers.append(number)
     return Records("\n".join(out), tuple(numbers)) if out else None
 
 
@@ -103,7 +126,7 @@ def _json(raw: str) -> Records | None:
         return None
     if not isinstance(value, dict | list):
         return None
-    out = list(_flatten(value, ""))
+    out = [record.rstrip() for record in _flatten(value, "") if record.strip()]
     return Records("\n".join(out), None) if out else None
 
 

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from store import Store
+from store.passages import query_words
 
 from ..errors import EngineError
 from ..results import Record, location
@@ -113,7 +114,7 @@ class Retriever:
                 for pid, score in order[:k] for p in [self.store.passage(pid)]]
 
     def _bm25(self, doc_id: int, query: str, n: int,
-              question: str = "") -> tuple[list[tuple[int, float]], dict[str, set[int]]]:
+              question: str) -> tuple[list[tuple[int, float]], dict[str, set[int]]]:
         """BM25 over the whole query, fused with a ranking of the passages holding its rare
         words (a name, an identifier: in at most RARE_PASSAGES passages) when it has any;
         (ranking, {rare word: the passages holding it}, empty when not fused). A paraphrased
@@ -214,22 +215,45 @@ def written_names(question: str, words: Iterable[str]) -> set[str]:
             if w in capitalised or w in code or w in phrases or re.search(r"[\d_]", w)}
 
 
-_CAPITALISED = r"[A-Z][\w-]*(?:['\u2019]s\b)?"  # (a possessive's "'s" kept out of the name)
-_CAPITALISED_RUN = re.compile(rf"\b{_CAPITALISED}(?:[ \t]+{_CAPITALISED})+")
+MOST_PHRASES = 12  # of a question's names of several words, looked up in the index
+LONGEST_NAME = 6  # words
 
 
 def name_phrases(question: str) -> list[str]:
     """The names of several capitalised words `question` writes ("Ines Brandt", "New York
-    Stock Exchange"), case folded, each once; a run that starts the question also without
-    its first word ("Is Ines Brandt ..."). Each of their words may be common in a document
-    (a staff table's first and last names) where the name itself is rare."""
-    out: list[str] = []
-    for m in _CAPITALISED_RUN.finditer(question):
-        words = re.findall(r"\w+", re.sub(r"['\u2019]s\b", "", m.group()).lower())
-        out.append(" ".join(words))
-        if not question[:m.start()].strip() and len(words) > 2:
-            out.append(" ".join(words[1:]))
-    return list(dict.fromkeys(p for p in out if " " in p))
+    Stock Exchange", "Zoë Ärnström"), case folded: each run of two or more capitalised words
+    parted by spaces only (a possessive's "'s" ends it), and the shorter runs within it,
+    longest first, at most MOST_PHRASES (a run of more than LONGEST_NAME words is a sentence
+    in capitals, not a name). A question's first word, a title-case question or
+    two names side by side make runs longer than the name; which of them the document holds
+    as a name, its index says (`rare_phrases`). Each word of such a name may be common in a
+    document (a staff table's first and last names) where the name itself is rare."""
+    runs: list[list[str]] = []
+    run: list[str] = []
+    end = 0
+    for m in re.finditer(r"\w[\w'\u2019-]*", question):
+        word = m.group()
+        if not (word[0].isupper() and (not run or not question[end:m.start()].strip())):
+            runs.append(run)
+            run = []
+        if word[0].isupper():
+            possessive = re.sub(r"['\u2019]s$", "", word)
+            run.append(possessive)
+            if possessive != word:
+                runs.append(run)
+                run = []
+        end = m.end()
+    runs.append(run)
+    out = []
+    for words in runs:
+        if len(words) > LONGEST_NAME:  # a sentence in capitals, not a name
+            continue
+        for size in range(len(words), 1, -1):
+            out += [" ".join(re.findall(r"\w+", " ".join(words[i:i + size]).lower()))
+                    for i in range(len(words) - size + 1)
+                    # ("When Did", "Is Ines": a question's words, not a name's)
+                    if query_words(words[i]) and query_words(words[i + size - 1])]
+    return list(dict.fromkeys(sorted(out, key=lambda p: -len(p.split()))))[:MOST_PHRASES]
 
 
 def rare_phrases(store: Store, doc_id: int, question: str, counts: Mapping[str, int]
