@@ -1,10 +1,13 @@
 """A question's time to first token while the codec calibrates in the background.
 
-    .venv/bin/python -m benchmarks.bench_calibrate_beside [--questions 3] [--wait-s 8]
+    .venv/bin/python -m benchmarks.bench_calibrate_beside [--questions 3] [--wait-s 30]
+        [--paste-chars 6000]
 
 What the server and the window do after the first start on a model: calibrate beside the
 questions they answer. Three ways, one after the other in one process (the same model, the
-same questions, each a new chat with no document, temperature 0, 16 tokens):
+same questions, each a new chat with no document whose message pastes `--paste-chars` of
+Python's reference before the question, as a request to the local API does; temperature 0,
+16 tokens):
 - `alone`: no calibration running;
 - `beside`: a calibration started `--wait-s` before each question, its steps waiting while a
   question is being answered (`Engine.calibrate`'s pause, as shipped);
@@ -25,6 +28,7 @@ import time
 from pathlib import Path
 from unittest import mock
 
+from benchmarks.common import text_of
 from desktop_app.chat.fairlock import FairLock
 from desktop_app.engine import Engine
 from desktop_app.errors import Cancelled
@@ -61,7 +65,9 @@ def ask_beside(eng: Engine, question: str, wait_s: float, calibrating: bool) -> 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--questions", type=int, default=3)
-    p.add_argument("--wait-s", type=float, default=8.0)
+    p.add_argument("--wait-s", type=float, default=30.0,
+                   help="past the calibration's reference prefill (which does not pause)")
+    p.add_argument("--paste-chars", type=int, default=6000)
     args = p.parse_args()
     load_before = os.getloadavg()
     model = default_model_path()
@@ -73,12 +79,17 @@ def main() -> None:
         eng = Engine(store, lambda: Runtime(model, model_hash=digest, n_ctx=4096))
         eng.warm_up()
         ask_beside(eng, "Warm-up: hello?", 0, False)
+        pasted = text_of("pydoc")[:args.paste_chars]
         for question in QUESTIONS[:args.questions]:
-            rows["alone"].append(ask_beside(eng, question, args.wait_s, False))
-            rows["beside"].append(ask_beside(eng, f"{question} (1)", args.wait_s, True))
+            # (each way's message its own from its first word: none read back from another's)
+            def asked(way: str, question=question) -> str:
+                return f"({way}) {pasted}\n\n{question}"
+
+            rows["alone"].append(ask_beside(eng, asked("alone"), args.wait_s, False))
+            rows["beside"].append(ask_beside(eng, asked("beside"), args.wait_s, True))
             with mock.patch.object(FairLock, "wait_free", lambda self, cancel=None: None):
                 rows["beside, no pause"].append(
-                    ask_beside(eng, f"{question} (2)", args.wait_s, True))
+                    ask_beside(eng, asked("no pause"), args.wait_s, True))
             print(json.dumps({k: v[-1] for k, v in rows.items()}), flush=True)
         eng.close()
         store.close()
