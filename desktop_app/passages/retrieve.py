@@ -3,7 +3,8 @@
 BM25 comes from the store's FTS5 index, over the whole query and, fused with it, over the
 query's rare words (a name or an identifier, in at most three passages: a paraphrased
 question often shares only that with its answer; an identifier with an underscore counts as
-written, `named`); dense similarity from the passages'
+written, `named`; so does a name of several capitalised words whose words are common, "Ines
+Brandt" in a staff table, `name_phrases`); dense similarity from the passages'
 stored vectors (a dot product with the query's, in numpy: a 3 MB text has ~7,000 passages);
 `fused` is reciprocal rank fusion (Cormack et al., 2009: score = sum of weight / (60 +
 rank)), the dense ranking weighed a tenth of BM25's. The query is the question and the
