@@ -7,11 +7,13 @@ header row) is read as its column line, then one line per row naming each value'
 (`city: Berlin | year: 2019 | revenue: 17.5`), each line numbered by the file's line the row
 starts on, so that sources still cite the file's lines. JSON Lines is read as one record per
 object, and a JSON file as one line per object holding plain values, each under its key path
-(`servers[2].tls: cert: a.pem | port: 443`).
+(`servers[2]: host: b.example | tls.cert: b.pem`; a JSON file's lines are the records', the
+`json` module giving no positions).
 
-A file that is not such a table (no header row: its first row empty somewhere, or all
-numbers) or not valid JSON is left to be read as the text it is (`None`). This module only
-reads text: it never tokenizes, never touches the model or the store.
+A file that is not such a table (a first row that is data: a cell empty, a number or a
+sentence, a name twice; rows of every width: prose with commas) or not valid JSON is left to
+be read as the text it is (`None`). This module only reads text: it never tokenizes, never
+touches the model or the store.
 """
 
 from __future__ import annotations
