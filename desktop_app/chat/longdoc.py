@@ -127,7 +127,7 @@ class LongDocs:
         found = [*(line for absent, _ in besides for line in absent),
                  *(line for doc_id, texts in by_doc.items()
                    for line in evidence.naming(self.store, doc_id, question, texts,
-                                               kind=kinds[doc_id])),
+                                               kind=kinds.get(doc_id, "text"))),
                  *(line for _, rare in besides for line in rare)]
         return list(dict.fromkeys(found))[:evidence.MOST], self._absent(books, wholes, question)
 
