@@ -853,3 +853,19 @@ def test_a_follow_up_whose_passages_do_not_fit_reads_none_of_the_earlier_ones(ma
     assert fit(budget=overhead + cost[2] - 1) == []  # the earlier one would have fit
     assert fit(budget=overhead + cost[2]) == [asked]
     assert fit(budget=overhead + cost[1] + cost[2]) == [earlier, asked]  # document order
+
+
+def test_a_question_whose_passages_do_not_all_fit_says_how_many(make_engine):
+    eng = make_engine()
+    longdocs, rt = eng.session.longdocs, eng.runtime
+    docs = [eng.library.document(eng.doc)]
+    q = "When does the Saturday ferry leave, and what does the museum keep?"
+    overhead = len(passage_layout(rt, []).tokens)
+    cost = max(len(longdocs.kv.tokens(rt, t)) - overhead for t in PASSAGES[:2])
+    room = longdocs.prompter.room(rt)
+    chosen, notes = longdocs.pick(rt, docs, q, [], used=room - overhead - cost)
+    assert len(chosen) == 1
+    assert any(n.startswith("1 of the 2 passages retrieved for this question did not fit")
+               for n in notes), notes
+    chosen, notes = longdocs.pick(rt, docs, q, [], used=room)
+    assert chosen == [] and any("no retrieved passage fits" in n for n in notes)
