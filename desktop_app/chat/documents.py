@@ -122,7 +122,7 @@ def extract(path: str | Path) -> Extracted:
         raise DocumentError(f"{path.name}: the file is empty")
     suffix = path.suffix.lower()
     warnings: list[str] = []
-    pages = None
+    pages = table = None
     if suffix in PDF_SUFFIXES or data.startswith(b"%PDF"):
         (text, pages), title, kind = _pdf_text(data, path, warnings), None, "pdf"
     else:
@@ -132,9 +132,7 @@ def extract(path: str | Path) -> Extracted:
             kind = "html"
         elif (table := records.read(raw, suffix)) is not None:
             # Values read next to their column or key (`records`): already normalized.
-            text, title = table.text, None
-            kind = "json" if suffix in records.JSON_SUFFIXES | records.JSON_LINES_SUFFIXES \
-                else "table"
+            text, title, kind = table.text, None, table.kind
         else:
             text, title = raw, None
             # (reStructuredText is text: its levels are its underlines', no # headings)
@@ -143,7 +141,7 @@ def extract(path: str | Path) -> Extracted:
     normalized = _normalize(text)
     if not normalized.strip():
         raise DocumentError(f"{path.name}: the document has no text")
-    lines = None if kind in ("pdf", "html") else table.lines if kind in records.RECORDS \
+    lines = table.lines if table is not None else None if kind in ("pdf", "html") \
         else _file_lines(text, normalized)
     return Extracted(text=normalized, title=title or path.name, kind=kind,
                      source=str(path.resolve()), warnings=warnings, pages=pages, lines=lines)

@@ -38,6 +38,7 @@ _SPACE = re.compile(r"\s+")
 class Records:
     text: str  # one record a line, no blank lines
     lines: tuple[int, ...] | None  # the file's line each of text's lines comes from
+    kind: str  # the document's: "table" or "json" (RECORDS)
 
 
 def read(raw: str, suffix: str) -> Records | None:
@@ -90,7 +91,7 @@ def _table(raw: str, delimiter: str | None) -> Records | None:
     rows = [w for w in widths if w]
     if len(out) < 2 or sum(w == len(header) for w in rows) < 0.9 * len(rows):
         return None
-    return Records("\n".join(out), tuple(numbers))
+    return Records("\n".join(out), tuple(numbers), "table")
 
 
 def _is_header(cells: list[str]) -> bool:
@@ -114,22 +115,27 @@ def _json_lines(raw: str) -> Records | None:
             value = json.loads(line)
         except ValueError:
             return None
-        for record in _flatten(value, ""):
-            if record.strip():  # (a line holding "" says nothing, and no blank line is kept)
-                out.append(record.rstrip())
-                numbers.append(number)
-    return Records("\n".join(out), tuple(numbers)) if out else None
+        for record in _lines(value):
+            out.append(record)
+            numbers.append(number)
+    return Records("\n".join(out), tuple(numbers), "json") if out else None
 
 
 def _json(raw: str) -> Records | None:
     try:
         value = json.loads(raw)
-    except (ValueError, RecursionError):
+    except ValueError:
         return None
     if not isinstance(value, dict | list):
         return None
-    out = [record.rstrip() for record in _flatten(value, "") if record.strip()]
-    return Records("\n".join(out), None) if out else None
+    out = _lines(value)
+    return Records("\n".join(out), None, "json") if out else None
+
+
+def _lines(value) -> list[str]:
+    """`value`'s records (`_flatten`), each a line of text: one holding "" says nothing, and
+    no blank line is kept (the text's line numbers would no longer be the records')."""
+    return [record.rstrip() for record in _flatten(value, "") if record.strip()]
 
 
 def _flatten(value, path: str) -> Iterator[str]:
