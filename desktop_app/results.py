@@ -181,12 +181,15 @@ class Source(Record):
 
     @staticmethod
     def read(sources: list[dict], evidence: list[str],
-             titles: Mapping[int, str] | None = None) -> list[str]:
-        """The lines saying which passages an answer was given and what its question's turn
-        quoted of them (each on one line); `titles`: documents' titles by id, where known."""
+             titles: Mapping[int, str] | None = None, read_whole: list[dict] = ()
+             ) -> list[str]:
+        """The lines saying which documents an answer was given whole (`read_whole`:
+        AskResult's), which passages, and what its question's turn quoted of them (each on
+        one line); `titles`: documents' titles by id, where known."""
         read = [Source.from_dict(d) for d in sources]
         several = len({s.document_id for s in read}) > 1
-        return [f"source: {s.label(several, titles)}" for s in read] + [
+        return [f"source: {d['title']} (read whole)" for d in read_whole] + [
+            f"source: {s.label(several, titles)}" for s in read] + [
             f'quoted with the question: "{" ".join(q.split())}"' for q in evidence]
 
     def as_dict(self) -> dict:
@@ -220,6 +223,9 @@ class AskResult(Record):
     recompute_s: float = 0.0  # as RestoreReport's
     # The lines of those passages its question's turn quoted (`passages.evidence`), else [].
     evidence: list[str] = field(default_factory=list)
+    # The chat's documents it was given whole beside those passages ({"document_id",
+    # "title"}: `LongDocs.named`), else [].
+    read_whole: list[dict] = field(default_factory=list)
     # "length": the answer ran to its limit (max_tokens, or the room left in the context) and
     # may be cut short; "cancelled": it was stopped (Ctrl-C, the window's stop button); "stop":
     # the model ended it, or it stopped going round in circles (messages say why).
@@ -290,10 +296,12 @@ class Completion(Record):
     cached_tokens: int  # of the prompt, restored or kept rather than computed
     stored: bool  # whether the conversation's KV is now in the store
     messages: list[str] = field(default_factory=list)  # notes for the user
-    # Over a document too long for the context: the passages the prompt was given, and what
-    # the last user message's turn quoted of them.
+    # Over a document too long for the context: the passages the prompt was given, what
+    # the last user message's turn quoted of them, and the documents read whole beside them
+    # (as AskResult's).
     sources: list[dict] = field(default_factory=list)
     evidence: list[str] = field(default_factory=list)
+    read_whole: list[dict] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -106,7 +106,7 @@ def test_attach_ask_reopen_end_to_end(tmp_path):
     assert set(ans) == {"chat_id", "answer", "ttft_s", "restore_s", "bytes_read",
                         "chunk_levels", "recomputed_tokens", "tokens_generated", "source",
                         "messages", "documents", "blended", "sources", "recompute_s",
-                        "evidence", "finish_reason"}
+                        "evidence", "finish_reason", "read_whole"}
     assert ans["documents"] == [attached["doc_id"]] and ans["blended"] is None
     assert ans["chunk_levels"] == ["high"] and ans["recomputed_tokens"] == 0
     assert ans["source"] == "local"
@@ -316,3 +316,7 @@ def test_a_plain_answer_over_passages_names_its_sources_and_its_quote():
     assert Source.read([one.as_dict(), pdf.as_dict()], []) == [
         "source: document 1 #12 [lines 120-141] Manual > Setup", "source: document 2 #3 [page 4]"]
     assert Source.read([], []) == []
+    # A document read whole beside them, by its title, first
+    notes = [{"document_id": 3, "title": "Notes"}]
+    assert Source.read([one.as_dict()], [], read_whole=notes) == [
+        "source: Notes (read whole)", "source: #12 [lines 120-141] Manual > Setup"]

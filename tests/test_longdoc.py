@@ -201,7 +201,7 @@ def test_a_name_the_document_never_holds_is_told_to_the_model_on_every_path(make
                asked.messages), asked.messages
     rt = eng.runtime
     assert said in rt.detokenize(eng.session.conversation(rt, asked.chat_id)[1])
-    turn, _, _, notes = eng.completions.prompt(
+    turn, _, _, notes, _ = eng.completions.prompt(
         [{"role": "user", "content": "When does the Harrowgate ferry leave?"}], [eng.doc])
     assert said in turn.text and any("Harrowgate is named nowhere" in n for n in notes)
     # A name the guide holds, written as code or not, is no such name.
@@ -236,6 +236,9 @@ def test_a_short_document_beside_a_long_one_is_read_whole_before_its_passages(ma
         "a passage's is" in first.messages and any(
             m.startswith("2 passage(s) with no stored KV") for m in first.messages)
     assert first.sources and {s["document_id"] for s in first.sources} == {eng.doc}
+    named = [{"document_id": short.id, "title": "Notes"}]  # among the sources too
+    assert first.read_whole == named
+    assert eng.export_chat(first.chat_id, "markdown").count("> source: Notes (read whole)") == 1
     rt = eng.runtime
     _, tokens, _ = eng.session.conversation(rt, first.chat_id)
     layout = passage_layout(rt, [whole, *(s["text"] for s in first.sources)])
@@ -259,9 +262,12 @@ def test_a_short_document_beside_a_long_one_is_read_whole_before_its_passages(ma
     other = make_engine(store=eng.store)  # another process reopens it the same way
     assert other.session.conversation(other.runtime, follow.chat_id)[1] == tokens
     assert other.reopen(follow.chat_id).tokens == len(tokens)
+    assert other.ask("And the tower?", chat_id=follow.chat_id, generation=GREEDY
+                     ).read_whole == named
     api = eng.complete([{"role": "user", "content": "What does the museum keep?"}],
                        documents=[eng.doc, short.id], generation=GREEDY)
     assert api.sources and not any("not read" in m for m in api.messages)
+    assert api.read_whole == named
     assert api.cached_tokens >= len(passage_prefix(rt, whole).tokens) - 1
 
 
@@ -454,7 +460,7 @@ def test_the_local_api_answers_from_passages_and_names_them(make_engine):
     assert not [e for e in eng.store.entries() if not e.passage]
     assert again.cached_tokens >= len(passage_prefix(eng.runtime, PASSAGES[1]).tokens)
     # The last user message's turn quotes its evidence, as a chat's question does.
-    turn, _, quoted, _ = eng.completions.prompt(messages, [eng.doc])
+    turn, _, quoted, _, _ = eng.completions.prompt(messages, [eng.doc])
     assert again.evidence == quoted == ["The keeper's cottage became a museum in 1979."]
     assert 'museum keep?\nAnswer from these lines of the document: "The keeper' in turn.text
     assert eng.completions.prompt(messages, [eng.doc, eng.doc])[0] == turn  # read once
@@ -471,7 +477,7 @@ def test_an_api_conversation_keeps_its_earlier_questions_passages_as_a_chat_does
                 {"role": "user", "content": "And what does the museum keep?"},
                 {"role": "assistant", "content": "Logbooks and a telescope."},
                 {"role": "user", "content": "Which of them is older?"}]
-    _, sources, _, _ = eng.completions.prompt(messages, [eng.doc])
+    _, sources, _, _, _ = eng.completions.prompt(messages, [eng.doc])
     assert {eng.ids[0], eng.ids[1]} <= {s.passage_id for s in sources}
 
 

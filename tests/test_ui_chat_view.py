@@ -50,8 +50,16 @@ def test_an_answer_over_passages_lists_its_sources_and_a_click_shows_one(qtbot):
     # A streamed answer's sources come with its end.
     view.add_user_message("And on Sundays?")
     view.begin_answer()
-    view.end_answer("Not at all.", "1 token", sources[:1])
+    view.end_answer("Not at all.", "1 token", {"sources": sources[:1], "read_whole": []})
     assert view.toPlainText().count("Sources: [1] lines 12-14") == 2
+    # A document read whole beside the passages is named first, by its title, the passages
+    # then by theirs
+    view.set_doc_titles({1: "Guide"})
+    view.add_user_message("And the notes?")
+    view.begin_answer()
+    view.end_answer("Six.", "", {"sources": sources[:1],
+                                 "read_whole": [{"document_id": 2, "title": "Notes"}]})
+    assert "Sources: Notes (read whole) · [1] Guide, lines 12-14" in view.toPlainText()
 
 
 def test_a_source_shown_keeps_its_indentation_and_stays_with_its_chat(qtbot):

@@ -139,8 +139,9 @@ class AskingMixin:
                     self._new_chat_ticks = set(self.doc_list.checked_ids())
                     self.chat_id = result.chat_id
                     self.doc_list.set_checkable(False)
-                self.chat_view.end_answer(result.answer, answer_stats(result, generation_s),
-                                          result.sources)
+                self.chat_view.end_answer(
+                    result.answer, answer_stats(result, generation_s),
+                    {"sources": result.sources, "read_whole": result.read_whole})
                 if result.messages:
                     self._say("; ".join(result.messages))
             self.refresh_chats()

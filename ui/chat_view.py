@@ -105,15 +105,17 @@ class ChatView(QTextBrowser):
             self._timer.start()
 
     def end_answer(self, text: str | None = None, note: str = "",
-                   sources: list[dict] | None = None) -> None:
+                   cited: dict | None = None) -> None:
         """Finish the streamed answer: `text` is the final answer (None: what streamed so far),
-        `note` a muted line under it, `sources` the passages it was given (Source.as_dict)."""
+        `note` a muted line under it, `cited` what it was given over a long document
+        (AskResult's "sources" and "read_whole")."""
         final = text if text is not None else (self._streaming or "")
         self._streaming = None
         self._timer.stop()
         if final or note:
             self._append(MessageInfo(message_id=-1, role="assistant", text=final, created=0.0,
-                                     stats={"sources": sources} if sources else None), note)
+                                     stats=cited if cited and any(cited.values()) else None),
+                         note)
         else:
             self._render()
 
@@ -163,14 +165,16 @@ class ChatView(QTextBrowser):
             self._code.append(rendered.code_blocks)
 
     def _sources_html(self, i: int) -> str:
-        """An answer over a long document's passages: a link to each; the one clicked shown
-        in full under them, with where it is in the document."""
-        sources = [Source.from_dict(d) for d in (self._messages[i].stats or {}).get("sources")
-                   or ()]
-        if not sources:
+        """An answer over a long document's sources: the documents it was given whole, by
+        title, and a link to each passage; the one clicked shown in full under them, with
+        where it is in the document."""
+        stats = self._messages[i].stats or {}
+        sources = [Source.from_dict(d) for d in stats.get("sources") or ()]
+        wholes = [f"{html.escape(d['title'])} (read whole)" for d in stats.get("read_whole") or ()]
+        if not sources and not wholes:
             return ""
         c = self.colors
-        several = len({s.document_id for s in sources}) > 1
+        several = bool(wholes) or len({s.document_id for s in sources}) > 1
 
         def where(s: Source) -> str:
             title = self.doc_titles.get(s.document_id, f"document {s.document_id}")
@@ -178,7 +182,8 @@ class ChatView(QTextBrowser):
 
         links = [f'<a href="kvdesk:source/{i}/{j}" style="color:{c.muted}">[{j + 1}] '
                  f"{html.escape(where(s))}</a>" for j, s in enumerate(sources)]
-        out = f'<p style="color:{c.muted};font-size:small">Sources: {" · ".join(links)}</p>'
+        out = (f'<p style="color:{c.muted};font-size:small">Sources: '
+               f'{" · ".join([*wholes, *links])}</p>')
         if self._open_source is not None and self._open_source[0] == i \
                 and self._open_source[1] < len(sources):
             s = sources[self._open_source[1]]

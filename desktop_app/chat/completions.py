@@ -62,12 +62,12 @@ class Completions:
         self.min_cache_tokens = min_cache_tokens
 
     def prompt(self, messages: Sequence[dict], documents: Sequence[int] = ()
-               ) -> tuple[Turn, list[Source], list[str], list[str]]:
+               ) -> tuple[Turn, list[Source], list[str], list[str], list[dict]]:
         """The request's messages after its documents' prefix, rendered and tokenized; the
         passages that prefix is made of when a document is too long for the context (for
         the messages, the last ones the query: `longdoc`); what the last user message's turn
-        quotes of them (`longdoc.evidence`); notes. The passages, and the documents read whole
-        beside them, are offered to the restore that follows (`longdoc.offer`)."""
+        quotes of them (`longdoc.evidence`); notes; the documents read whole beside them
+        (`longdoc.named`). Both are offered to the restore that follows (`longdoc.offer`)."""
         for m in messages:
             if m.get("role") not in ROLES or not isinstance(m.get("content"), str):
                 raise EngineError("each message needs a role (system, user or assistant) and "
@@ -112,7 +112,7 @@ class Completions:
         rest = text[len(before):]
         tokens = head_tokens + rt.tokenize(rest, add_bos=rt.adds_bos and not head)
         s.longdocs.offer(sources, wholes)
-        return Turn(msgs, text, tokens, prefill), sources, quoted, notes
+        return Turn(msgs, text, tokens, prefill), sources, quoted, notes, s.longdocs.named(wholes)
 
     def complete(
         self,
@@ -142,10 +142,10 @@ class Completions:
                                        "put them in; use chat completions for them")
                 turn = Turn((), messages.prompt,
                             raw_prompt(rt, messages.prompt, messages.suffix))
-                sources, quoted, picked = [], [], []
+                sources, quoted, picked, whole = [], [], [], []
                 s.longdocs.offer((), ())
             else:
-                turn, sources, quoted, picked = self.prompt(messages, documents)
+                turn, sources, quoted, picked, whole = self.prompt(messages, documents)
             if not turn.tokens:
                 raise InvalidValue("prompt", "it is empty")
             prompt = turn.tokens
@@ -187,7 +187,7 @@ class Completions:
                                 report, cached, False,
                                 [*picked, *report.messages, *notes, *out.notes,
                                  *adaptation_note(report, sampling)],
-                                [x.as_dict() for x in sources], quoted)
+                                [x.as_dict() for x in sources], quoted, whole)
             if on_answered:
                 on_answered(result)
             # A blended prompt (a long document's passages) is approximate: never stored.

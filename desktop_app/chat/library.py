@@ -248,8 +248,9 @@ class Library:
         titles = {d.id: d.title for d in self.store.documents()}
         for m in msgs:  # a message is Markdown already (models answer in it)
             parts.append(f"**{'You' if m.role == 'user' else 'kvdesk'}:**\n\n{m.text}\n")
-            if read := Source.read((m.stats or {}).get("sources") or [],
-                                   (m.stats or {}).get("evidence") or [], titles):
+            stats = m.stats or {}
+            if read := Source.read(stats.get("sources") or [], stats.get("evidence") or [],
+                                   titles, stats.get("read_whole") or []):
                 parts.append("".join(f"> {_literal(line)}  \n" for line in read))
         return "\n".join(parts)
 

@@ -228,6 +228,20 @@ class LongDocs:
                 used += cost
         return out
 
+    def named(self, wholes: Sequence[tuple[int, str]]) -> list[dict]:
+        """The documents read whole (`wholes`) as an answer names them beside its passages:
+        {"document_id", "title"} each (AskResult.read_whole)."""
+        return [{"document_id": d, "title": self.library.document(d).title} for d, _ in wholes]
+
+    def cited(self, rt: Runtime, chat_id: int | None, docs: Sequence[Document]) -> dict:
+        """What an answer in chat `chat_id` over `docs` was given, as AskResult says it: the
+        passages its context holds (`sources`) and the documents read whole before them
+        (`read_whole`); neither in a chat not over passages."""
+        if not self.applies(docs):
+            return {"sources": [], "read_whole": []}
+        return {"sources": [s.as_dict() for s in self.sources(chat_id)],
+                "read_whole": self.named(self.wholes(rt, docs))}
+
     def laid_out(self, rt: Runtime, wholes: Sequence[tuple[int, str]],
                  sources: Sequence[Source]) -> Layout:
         """The prefix of a chat over passages: its documents read whole, then the passages."""

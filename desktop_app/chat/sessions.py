@@ -400,7 +400,7 @@ class ChatSession:
                 messages=messages, source=report.source, documents=[d.id for d in docs],
                 blended=report.blended, finish_reason="length" if out.cut else "cancelled" if (
                     cancel is not None and cancel.is_set()) else "stop",
-                sources=[s.as_dict() for s in self.longdocs.sources(chat_id)], evidence=quoted)
+                evidence=quoted, **self.longdocs.cited(rt, chat_id, docs))
             stats = {k: v for k, v in result.as_dict().items() if k not in ("answer", "chat_id")}
             # Both messages are stored after the answer, in one transaction: a durable write
             # (fsync) before the first token would only delay it; a turn stopped earlier: neither.

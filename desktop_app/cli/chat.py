@@ -218,7 +218,8 @@ def ask(app: App, args, chat_id, docs, restore, generation, no_server, as_json):
     if as_json:
         click.echo(json.dumps(res.as_dict(), indent=2))
     else:
-        for line in Source.read(res.sources, res.evidence):  # (`kvdesk passages` shows them)
+        # (`kvdesk passages` shows them)
+        for line in Source.read(res.sources, res.evidence, read_whole=res.read_whole):
             click.echo(line, err=True)
         click.echo(f"[chat {res.chat_id}] first token after {res.ttft_s * 1000:.0f} ms "
                    f"(restore {res.restore_s * 1000:.0f} ms, {summary(res.chunk_levels)})",

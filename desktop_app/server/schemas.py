@@ -222,7 +222,7 @@ def restore_info(c: Completion) -> dict:
             "chunk_levels": r.chunk_levels,
             "restore_s": round(r.restore_s, 4), "source": r.source, "stored": c.stored,
             "ttft_s": c.ttft_s, "messages": c.messages, "sources": c.sources,
-            "evidence": c.evidence}
+            "evidence": c.evidence, "read_whole": c.read_whole}
 
 
 def usage(c: Completion) -> dict:
