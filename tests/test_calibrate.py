@@ -201,3 +201,64 @@ def test_a_calibration_on_two_registers_holds_each_level_on_both(model_path):
     # the stored summary reads as before
     assert set(calibrations.summary(cal)["levels"]["high"]) == {"bits_per_element", "kld",
                                                                 "top1"}
+
+
+def test_the_engines_calibration_waits_at_each_step_while_a_question_is_answered(
+        tmp_path, model_path, model_hash, calibrated, monkeypatch):
+    """Engine.calibrate hands its steps the chat lock's wait: a step waits while a question
+    holds the chat context, goes on once it is answered, and a cancel ends the wait."""
+    from desktop_app.engine import Engine
+    from desktop_app.model.runtime import Runtime
+
+    stepped, done = [], threading.Event()
+
+    def steps(path, *, fingerprint, cancel, pause, progress):
+        for i in range(2):
+            pause()
+            stepped.append(i)
+        return codec.Calibration(calibrated[0].parts,
+                                 {**calibrated[0].meta, "fingerprint": fingerprint})
+
+    monkeypatch.setattr(calibrate, "calibrate", steps)
+    eng = Engine(Store(tmp_path / "data"), lambda: Runtime(
+        model_path, model_hash=model_hash, n_ctx=512), chunk_tokens=64)
+    try:
+        assert eng.runtime is not None  # (loaded before the question holds the lock)
+        answering, answered = threading.Event(), threading.Event()
+
+        def question():
+            with eng.session.lock:
+                answering.set()
+                answered.wait(10)
+
+        asker = threading.Thread(target=question)
+        asker.start()
+        answering.wait(10)
+        calibrating = threading.Thread(target=lambda: (eng.calibrate(), done.set()))
+        calibrating.start()
+        calibrating.join(0.5)
+        assert stepped == [] and not done.is_set()  # waiting at its first step
+        answered.set()
+        calibrating.join(10)
+        assert stepped == [0, 1] and done.is_set()
+        assert eng.calibration() is not None  # adopted
+        asker.join()
+        # A cancel ends a wait the question would make long
+        stepped.clear()
+        cancel, answered = threading.Event(), threading.Event()
+        asker = threading.Thread(target=question)
+        answering.clear()
+        asker.start()
+        answering.wait(10)
+        calibrating = threading.Thread(target=lambda: eng.calibrate(cancel=cancel))
+        calibrating.start()
+        calibrating.join(0.3)
+        assert stepped == []
+        cancel.set()
+        calibrating.join(10)
+        assert not calibrating.is_alive() and stepped == [0, 1]
+        answered.set()
+        asker.join()
+    finally:
+        eng.close()
+        eng.store.close()
