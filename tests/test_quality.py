@@ -103,6 +103,28 @@ def test_unknown_config_and_short_text_are_refused(model_path):
                          configs=["fp16"])
 
 
+def test_every_model_run_pauses_between_its_slices_and_a_cancel_stops_it(evaluator,
+                                                                         model_path):
+    """The calibration's runs yield to a question at each slice (`pause`), not only between
+    runs: the reference's prefill (192 tokens: 2 slices), its scoring (32: 1), a
+    measurement's scoring and greedy tokens (16: one each); a cancel stops the next one."""
+    import threading
+
+    from desktop_app.errors import Cancelled
+
+    tokens = evaluator.prefix + evaluator.cont
+    paused, cancel = [], threading.Event()
+    with quality.Evaluator(model_path, tokens=tokens, prefix_tokens=PREFIX, cont_tokens=CONT,
+                           greedy_tokens=GREEDY, pause=lambda: paused.append(1)) as ev:
+        assert len(paused) == 2 + 1 + GREEDY
+        paused.clear()
+        ev.measure_state("fp16", ev.reference.state, 16.0)
+        assert len(paused) == 1 + GREEDY
+    with pytest.raises(Cancelled):  # stopped at the second slice of the reference's prefill
+        quality.Evaluator(model_path, tokens=tokens, prefix_tokens=PREFIX, cont_tokens=CONT,
+                          greedy_tokens=GREEDY, cancel=cancel, pause=cancel.set)
+
+
 def test_a_fitted_evaluator_shrinks_to_a_short_text_and_reports_its_noise(evaluator,
                                                                             model_path):
     tokens = evaluator.prefix + evaluator.cont  # 225 tokens, for 300 + 100 asked

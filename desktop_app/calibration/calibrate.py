@@ -108,12 +108,14 @@ def calibrate(model_path: str | Path, *, fingerprint: str, settings: Settings = 
     with ExitStack() as stack:
         ev = stack.enter_context(quality.Evaluator(
             model_path, text or calibration_text(), prefix_tokens=settings.prefix_tokens,
-            cont_tokens=settings.cont_tokens, greedy_tokens=0, fit=True, cancel=cancel))
+            cont_tokens=settings.cont_tokens, greedy_tokens=0, fit=True, cancel=cancel,
+            pause=pause))
         # another tokenizer may need fewer tokens for the built-in text: the top-1 margin is
         # the noise of the positions actually scored
         settings = replace(settings, prefix_tokens=ev.prefix_tokens, cont_tokens=ev.cont_tokens)
         others = registers.open_all(stack, model_path, settings.registers,
-                                    settings.register_prefix_tokens, settings.cont_tokens)
+                                    settings.register_prefix_tokens, settings.cont_tokens,
+                                    cancel=cancel, pause=pause)
         run.check()
         q8 = ev.row("q8_0")
         run.check()

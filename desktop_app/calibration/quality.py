@@ -52,8 +52,9 @@ import numpy as np
 import codec
 from store import DEFAULT_CHUNK_SIZE
 
+from ..errors import Cancelled
 from ..model import kvstate
-from ..model.runtime import Runtime
+from ..model.runtime import PREFILL_SLICE, Runtime
 
 REFERENCE = "fp16"
 FLOOR = "fp16-ulp"
@@ -195,12 +196,15 @@ def floor_state(seq: kvstate.SeqState) -> kvstate.SeqState:
         kv.v_trans, kv.seq_id) for kv in seq.sections], seq.seq_id)
 
 
-def greedy(rt: Runtime, n: int) -> list[int]:
-    """n argmax tokens after what the context holds (no stop at end of generation)."""
+def greedy(rt: Runtime, n: int, between: Callable[[], None] | None = None) -> list[int]:
+    """n argmax tokens after what the context holds (no stop at end of generation);
+    `between` called before each."""
     out: list[int] = []
     if n:
         rt.ensure_logits()
     for _ in range(n):
+        if between is not None:
+            between()
         out.append(int(np.argmax(rt.logits())))
         rt.prefill(out[-1:])
     return out
@@ -226,14 +230,17 @@ class Evaluator:
                  prefix_tokens: int = 2048, cont_tokens: int = 256, greedy_tokens: int = 64,
                  n_threads: int | None = None, calibration: codec.Calibration | None = None,
                  tokens: Sequence[int] | None = None, flash_attn: bool = True,
-                 fit: bool = False, cancel: threading.Event | None = None):
+                 fit: bool = False, cancel: threading.Event | None = None,
+                 pause: Callable[[], None] | None = None):
         self.model_path = Path(model_path)
         self.n_threads = n_threads or os.cpu_count() or 1
         self.prefix_tokens, self.cont_tokens = prefix_tokens, cont_tokens
         self.greedy_tokens = greedy_tokens
         self.calibration = calibration
         self.flash_attn = flash_attn
-        self.cancel = cancel  # stops the reference's prefill (runtime.Cancelled)
+        # Between two slices of any model run: `pause` waits while something goes first (a
+        # question being answered), then `cancel` stops it (runtime.Cancelled).
+        self.cancel, self.pause = cancel, pause
         self.n_ctx = prefix_tokens + max(cont_tokens, greedy_tokens) + 8
         self.exact = self.runtime("f16")
         try:
@@ -271,7 +278,7 @@ class Evaluator:
     def _reference(self) -> _Reference:
         rt = self.exact
         rt.reset()
-        rt.prefill(self.prefix, cancel=self.cancel)
+        rt.prefill(self.prefix, cancel=self.cancel, progress=self._between)
         state = rt.state_bytes()
         logprobs, tokens = self._score(rt, state)
         return _Reference(state, logprobs, np.array(self.cont[1:]), tokens)
@@ -280,10 +287,19 @@ class Evaluator:
         """Load `state` into `rt` (a cleared cache: the same cell placement for every row),
         score the continuation, then decode greedily from the prefix."""
         rt.restore_bytes(state, self.prefix)
-        logprobs = rt.score(self.cont[:-1])
+        scored, logprobs = self.cont[:-1], []
+        for at in range(0, len(scored), PREFILL_SLICE):  # (each slice joins the sequence)
+            self._between()
+            logprobs.append(rt.score(scored[at:at + PREFILL_SLICE]))
         # Scoring moved the cache past the prefix; a sliding-window cache cannot be cut back.
         rt.restore_bytes(state, self.prefix)
-        return logprobs, greedy(rt, self.greedy_tokens)
+        return np.concatenate(logprobs), greedy(rt, self.greedy_tokens, self._between)
+
+    def _between(self, *_) -> None:
+        if self.pause is not None:
+            self.pause()
+        if self.cancel is not None and self.cancel.is_set():
+            raise Cancelled("stopped between two slices of a model run")
 
     def row(self, config: Config) -> dict:
         """One configuration's measurements: the row of `kvdesk eval --json`."""
@@ -291,7 +307,7 @@ class Evaluator:
         if isinstance(config, str) and config in NATIVE_TYPES:
             rt = self.runtime(config)
             try:
-                rt.prefill(self.prefix, cancel=self.cancel)
+                rt.prefill(self.prefix, cancel=self.cancel, progress=self._between)
                 return self._measure(config, NATIVE_TYPES[config], rt, rt.state_bytes())
             finally:
                 rt.close()

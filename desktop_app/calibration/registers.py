@@ -41,13 +41,14 @@ class Register:
 
 
 def open_all(stack: ExitStack, model_path: str | Path, names, prefix_tokens: int,
-             cont_tokens: int) -> list[Register]:
-    """Each named register's reference runs (closed with `stack`)."""
+             cont_tokens: int, **runs) -> list[Register]:
+    """Each named register's reference runs (closed with `stack`); `runs`: the Evaluator's
+    cancel and pause."""
     out = []
     for name in names:
         ev = stack.enter_context(quality.Evaluator(
             model_path, text(name), prefix_tokens=prefix_tokens, cont_tokens=cont_tokens,
-            greedy_tokens=0, fit=True))
+            greedy_tokens=0, fit=True, **runs))
         q8, floor = ev.row("q8_0"), ev.row(quality.FLOOR)
         out.append(Register(name, ev, [kvstate.in_position_order(kv)
                                        for kv in ev.seq_state.sections],
