@@ -603,7 +603,9 @@ def test_documents_of_another_model_are_prefilled_in_the_background(qtbot, engin
     assert window.doc_list.checked_ids() == []  # prefilled, not ticked for a new chat
 
 
-def test_the_document_list_follows_passages_getting_their_kv(qtbot, window, engine):
+def _passages(qtbot, window, engine):
+    """Set the first document's cached passages (of 40) by hand, and fire the poll's timer
+    by hand (no test waits on its seconds)."""
     from dataclasses import replace
 
     (doc_id, info), *_ = engine._docs.items()
@@ -611,22 +613,51 @@ def test_the_document_list_follows_passages_getting_their_kv(qtbot, window, engi
     def shows(n):
         return f"{n} of 40 passages cached" in window.doc_list.list.item(0).text()
 
-    def polled(n):  # the timer fires (by hand: no test waits on its 5 s)
+    def set_to(n):
         engine._docs[doc_id] = replace(info, passages=40, passages_cached=n)
-        window._poll_documents()
-        qtbot.waitUntil(lambda: shows(n))
 
-    engine._docs[doc_id] = replace(info, passages=40, passages_cached=3)
+    def polled(n):
+        set_to(n)
+        with qtbot.waitSignal(window.documents_changed, timeout=5000):
+            window._poll_documents()
+        assert shows(n)
+
+    set_to(3)
     window.refresh_documents()
     qtbot.waitUntil(lambda: shows(3) and window.doc_poll.isActive())
+    return set_to, polled
+
+
+def test_the_document_list_follows_the_background_passes_until_every_passage_has_its_kv(
+        qtbot, window, engine):
+    """One look that found the counts standing still (the pass held up by a chat's turn or a
+    calibration) stopped the following for good: the list froze at "93 of 527" until a
+    restart. It now looks less often while they stand still, and stops only when done."""
+    _, polled = _passages(qtbot, window, engine)
     polled(10)  # the background pass moves: followed on
-    assert window.doc_poll.isActive()
-    polled(10)  # it stopped (off, or no passage KV for this model): no endless polling
-    assert not window.doc_poll.isActive()
-    window.refresh_documents()  # a refresh (after an answer...) looks again
-    qtbot.waitUntil(window.doc_poll.isActive)
+    assert window.doc_poll.isActive() and window.doc_poll.interval() == 5000
+    polled(10)  # held up: still followed, less often
+    polled(10)
+    assert window.doc_poll.isActive() and window.doc_poll.interval() == 20000
+    for _ in range(5):
+        polled(10)
+    assert window.doc_poll.interval() == 60000  # (a pass stopped by a full budget: cheap)
+    polled(25)  # going again: followed closely again
+    assert window.doc_poll.isActive() and window.doc_poll.interval() == 5000
     polled(40)
     assert not window.doc_poll.isActive()  # all cached: nothing left to follow
+
+
+def test_without_the_background_pass_the_document_list_follows_the_answers(qtbot, engine):
+    window = open_window(qtbot, engine, Settings(passages_in_background=False))
+    set_to, polled = _passages(qtbot, window, engine)
+    polled(10)  # questions read passages: followed while the counts move
+    assert window.doc_poll.isActive()
+    polled(10)  # nothing moves them now: no endless polling
+    assert not window.doc_poll.isActive()
+    set_to(14)  # an answer reads passages: the list looks again after it
+    ask(qtbot, window)
+    qtbot.waitUntil(lambda: "14 of 40 passages cached" in window.doc_list.list.item(0).text())
 
 
 def test_a_source_is_shown_in_its_document(qtbot, window, engine):

@@ -173,4 +173,6 @@ class AskingMixin:
         self.generation = None
         self.send_button.setText("Send")
         self.send_button.setToolTip("")
+        if any(d.passages_cached < d.passages for d in self.documents):
+            self.refresh_documents()  # a question gives the passages it read their KV
         self.answer_done.emit(result)

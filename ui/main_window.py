@@ -52,6 +52,7 @@ from .workers import Job, Runner
 
 DRAFT_PAUSE_MS = 300  # typing pause after which the draft question is computed
 BLENDED_POLL_MS = 5000  # how often the chat list looks again while a chat is being made exact
+PASSAGES_POLL_MAX_MS = 60000  # the longest wait between looks at passages that stand still
 
 
 class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, CodecMixin, QMainWindow):
@@ -281,15 +282,25 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, CodecMixin, QMainWin
         self.doc_list.set_checkable(self.chat_id is None)
         self._update_header()
         self._update_estimate()
-        pending = {d.doc_id: d.passages_cached for d in docs if d.passages_cached < d.passages}
-        if pending and (not self._doc_polled or any(before.get(d) != n
-                                                    for d, n in pending.items())):
-            # Passages get their KV in the background and as questions read them: followed
-            # while their counts move (one timer, restarted by any refresh meanwhile).
-            self.doc_poll.start()
-        self._doc_polled = False
+        self._follow_passages(before, docs)
         self._maybe_calibrate()  # the first document attached, or those found at start
         self.documents_changed.emit()
+
+    def _follow_passages(self, before: dict[int, int], docs: list[DocumentInfo]) -> None:
+        """Look again later while passages lack their KV (one timer, restarted by any refresh
+        meanwhile). The engine's background pass gives every passage its KV, but it waits
+        while a chat's turn or a calibration holds the model: a look that finds the counts
+        standing still does not end the following (it did, and the list froze until a
+        restart), it only looks less often. Without the pass, passages get their KV as
+        questions read them: followed while their counts move, and after each answer."""
+        pending = {d.doc_id: d.passages_cached for d in docs if d.passages_cached < d.passages}
+        moved = not self._doc_polled or any(before.get(d) != n for d, n in pending.items())
+        self._doc_polled = False
+        if not pending or not (moved or self.settings.passages_in_background):
+            return
+        slower = min(2 * self.doc_poll.interval(), PASSAGES_POLL_MAX_MS)
+        self.doc_poll.setInterval(BLENDED_POLL_MS if moved else slower)
+        self.doc_poll.start()
 
     def _stale_documents(self) -> list[int]:
         """Documents with no cache under the loaded model but one under another."""
