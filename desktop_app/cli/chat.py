@@ -209,14 +209,12 @@ def ask(app: App, args, chat_id, docs, restore, generation, no_server, as_json):
             cancel=cancel)
     if not as_json:
         click.echo()
-    say([m for m in res.messages if m not in said])
-    if cancel.is_set():
-        say(["stopped (Ctrl-C): the answer so far is kept"])
-    elif res.finish_reason == "length":
-        say([f"the answer stopped at its limit of {res.tokens_generated:,} tokens "
-             "(--max-tokens, or the room left in the context): it may be cut short"])
+    # The command's own notes, said as the engine's are and carried in --json's messages
+    # beside them: a script reads there what the user reads on stderr.
+    ours = answer_notes(res, stopped=cancel.is_set(), one_shot=client is None)
+    say([m for m in res.messages if m not in said] + ours)
     if as_json:
-        click.echo(json.dumps(res.as_dict(), indent=2))
+        click.echo(json.dumps({**res.as_dict(), "messages": [*res.messages, *ours]}, indent=2))
     else:
         # (`kvdesk passages` shows them)
         for line in Source.read(res.sources, res.evidence, read_whole=res.read_whole):
@@ -224,12 +222,24 @@ def ask(app: App, args, chat_id, docs, restore, generation, no_server, as_json):
         click.echo(f"[chat {res.chat_id}] first token after {res.ttft_s * 1000:.0f} ms "
                    f"(restore {res.restore_s * 1000:.0f} ms, {summary(res.chunk_levels)})",
                    err=True)
-    if client is None and cancel.is_set():  # the Ctrl-C that stopped the answer skips it too
-        if res.blended and res.blended.get("mode") == "blended":
-            say(["this chat's exact context was not computed (the answer was stopped): its "
-                 "next turn offers it again"])
-    elif client is None:
+    if client is None and not cancel.is_set():  # the Ctrl-C that stopped the answer skips it
         finish_exact(app, res.chat_id, res.blended)
+
+
+def answer_notes(res, *, stopped: bool, one_shot: bool) -> list[str]:
+    """What `ask` says of an answer beyond the engine's messages: that it was stopped or ran
+    to its limit, and a stopped blended chat's exact context left for its next turn (this
+    process computes it otherwise: `finish_exact`)."""
+    notes = []
+    if stopped:
+        notes.append("stopped (Ctrl-C): the answer so far is kept")
+    elif res.finish_reason == "length":
+        notes.append(f"the answer stopped at its limit of {res.tokens_generated:,} tokens "
+                     "(--max-tokens, or the room left in the context): it may be cut short")
+    if stopped and one_shot and res.blended and res.blended.get("mode") == "blended":
+        notes.append("this chat's exact context was not computed (the answer was stopped): "
+                     "its next turn offers it again")
+    return notes
 
 
 def finish_exact(app: App, chat_id: int, blended: dict | None) -> None:

@@ -1,0 +1,87 @@
+"""What `kvdesk ask` prints of an answer, over a fake engine (no model): the notes it says on
+stderr are the ones `--json` carries in `messages`, and the streamed answer starts where the
+stored one does."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+import desktop_app.cli.base as base
+from desktop_app.cli import cli
+from desktop_app.results import AskResult
+
+
+class FakeEngine:
+    def __init__(self, pieces: list[str], finish_reason: str, *, stop: bool = False,
+                 blended: dict | None = None):
+        self.pieces, self.finish_reason, self.stop, self.blended = \
+            pieces, finish_reason, stop, blended
+
+    def ask(self, question, *, on_token, on_restore, cancel, **options) -> AskResult:
+        for piece in self.pieces:
+            on_token(piece)
+        if self.stop:
+            cancel.set()  # as the Ctrl-C handler does
+        text = "".join(self.pieces)
+        return AskResult(chat_id=1, answer=text.strip(), ttft_s=0.1, restore_s=0.0,
+                         bytes_read=0, chunk_levels=[], recomputed_tokens=0,
+                         tokens_generated=len(self.pieces),
+                         messages=["a note of the engine's"], blended=self.blended,
+                         finish_reason=self.finish_reason)
+
+
+@pytest.fixture
+def run(monkeypatch, tmp_path):
+    """`kvdesk --data-dir ... ask --no-server ARGS` over a FakeEngine(**answer): (stdout,
+    stderr)."""
+    monkeypatch.setenv("KVDESK_CONFIG_DIR", str(tmp_path / "config"))
+
+    def invoke(*args: str, **answer):
+        class FakeApp:
+            def __init__(self, settings, *, background):
+                self.engine = FakeEngine(**answer)
+
+            def preload(self):
+                pass
+
+            def close(self):
+                pass
+
+        monkeypatch.setattr(base, "App", FakeApp)
+        result = CliRunner().invoke(cli, ["--data-dir", str(tmp_path / "data"), "ask",
+                                          "--no-server", "1", "Where is the key?", *args])
+        assert result.exit_code == 0, (result.output, result.exception)
+        return result.stdout, result.stderr
+
+    return invoke
+
+
+def notes(stderr: str) -> list[str]:
+    return [line.removeprefix("Note: ") for line in stderr.splitlines()
+            if line.startswith("Note: ")]
+
+
+@pytest.mark.parametrize(("answer", "said"), [
+    ({"pieces": ["In", " the"], "finish_reason": "length"},
+     "the answer stopped at its limit of 2 tokens"),
+    ({"pieces": ["In"], "finish_reason": "cancelled", "stop": True},
+     "stopped (Ctrl-C): the answer so far is kept"),
+])
+def test_the_json_carries_the_notes_the_plain_output_says(run, answer, said):
+    _, plain = run(**answer)
+    out, err = run("--json", **answer)
+    assert any(n.startswith(said) for n in notes(plain)), plain
+    assert json.loads(out)["messages"] == notes(plain) == notes(err)
+    assert notes(plain)[0] == "a note of the engine's"
+
+
+def test_a_stopped_blended_chats_note_is_in_the_json_too(run):
+    answer = {"pieces": ["In"], "finish_reason": "cancelled", "stop": True,
+              "blended": {"mode": "blended"}}
+    out, err = run("--json", **answer)
+    messages = json.loads(out)["messages"]
+    assert messages == notes(err) and len(messages) == 3
+    assert "exact context was not computed" in messages[-1]
