@@ -183,14 +183,20 @@ def ask(app: App, args, chat_id, docs, restore, generation, no_server, as_json):
                                "ID QUESTION, or kvdesk ask --chat CHAT_ID QUESTION (quote the "
                                "question)")
     bar = TerminalProgress()
-    streamed = []
+    started = []
 
     def on_token(text: str) -> None:
-        if not as_json:
-            if not streamed:
+        # Printed from its first visible character, as it is stored (AskResult.answer): a
+        # base model asked "...Answer:" begins with a space (Gemma 3 270M).
+        if not started:
+            text = text.lstrip()
+            if not text:
+                return
+            started.append(True)
+            if not as_json:
                 bar.done()
+        if not as_json:
             click.echo(text, nl=False)
-        streamed.append(text)
 
     said: list[str] = []
 
