@@ -142,6 +142,7 @@ class AskingMixin:
                 self.chat_view.end_answer(
                     result.answer, answer_stats(result, generation_s),
                     {"sources": result.sources, "read_whole": result.read_whole})
+                self._clear_progress()
                 if result.messages:
                     self._say("; ".join(result.messages))
             self.refresh_chats()
@@ -153,6 +154,7 @@ class AskingMixin:
                 left_behind(answering.chat_id)
             else:
                 self.chat_view.end_answer(None, note)
+                self._clear_progress()  # a stopped phase's percent is not left on screen
                 if error:
                     self._say(note, True)
             self.refresh_chats()
@@ -163,11 +165,17 @@ class AskingMixin:
                                 failed=lambda msg: ended(msg, error=True))
         job.signals.token.connect(token)
         job.signals.restored.connect(lambda report: self._reopened(self.answer_serial, report))
-        job.signals.progress.connect(lambda p: self._show_progress(self.answer_serial, p))
+        job.signals.progress.connect(
+            lambda p: self._show_progress(self.answer_serial, p, answer=True))
         job.signals.cancelled.connect(lambda: ended("stopped"))
         self.generation = job
         self.send_button.setText("Stop")
         self.send_button.setToolTip("Stop the answer  (Esc)")
+
+    def _clear_progress(self) -> None:
+        """An answer's end leaves no progress line up (a restore line or a note stays)."""
+        if self._progress_shown:
+            self._say("")
 
     def _generation_over(self, result: AskResult | None) -> None:
         self.generation = None

@@ -92,6 +92,7 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, CodecMixin, QMainWin
         self.chats: list[ChatInfo] = []
         self._check_next: set[int] = set()  # attached documents to tick once listed
         self._new_chat_ticks: set[int] = set()  # a new chat's, while another chat is shown
+        self._progress_shown = False  # whether self.info shows a phase's progress
         self._build()
         self._apply_theme(settings.theme)
         self._set_ready(False)
@@ -224,6 +225,7 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, CodecMixin, QMainWin
             text, error = self.engine.storage_problem, True
         self.info.setStyleSheet(f"color: {self.colors.error}" if error else "")
         self.info.setText(text)
+        self._progress_shown = False  # (a progress line says so after this)
 
     # -- engine and listings ----------------------------------------------------------------
 

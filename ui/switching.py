@@ -75,9 +75,20 @@ class SwitchingMixin:
         if serial == self.serial:
             self._say(message, True)
 
-    def _show_progress(self, serial: int, p: Progress) -> None:
-        if serial == self.serial and p.total:
-            self._say(f"{PHASE_WORDS.get(p.phase, p.phase)}… {100 * p.done // p.total}%")
+    def _show_progress(self, serial: int, p: Progress, answer: bool = False) -> None:
+        """A phase's percent, on the line above the conversation (cleared when it ends). An
+        answer's phase at 100% is over, and what comes next may say nothing: after a
+        restore, the model reads the question (the passages quoted with it too), which took
+        20-37 s under "restoring… 100%"."""
+        if serial != self.serial or not p.total:
+            return
+        if answer and p.done >= p.total:
+            text = ("reading the question…" if p.phase in ("restore", "recompute")
+                    else "preparing the answer…")
+        else:
+            text = f"{PHASE_WORDS.get(p.phase, p.phase)}… {100 * p.done // p.total}%"
+        self._say(text)
+        self._progress_shown = True
 
     def _reopened(self, serial: int, report) -> None:
         if serial == self.serial:

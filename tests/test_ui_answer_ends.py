@@ -1,0 +1,83 @@
+"""How an answer ends on screen (finished, failed or stopped): what it leaves above the
+conversation, and what a stopped answer that the engine never stored offers. On the
+scripted FakeEngine; every wait is on a signal or a condition."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from PySide6.QtCore import Qt
+from ui_fixtures import open_window
+
+from ui.testing import FakeEngine
+
+
+@pytest.fixture
+def engine():
+    return FakeEngine(step_s=0.002, token_s=0.001).seed()
+
+
+@pytest.fixture
+def window(qtbot, engine):
+    return open_window(qtbot, engine)
+
+
+def tick_first(window) -> None:
+    window.doc_list.list.item(0).setCheckState(Qt.CheckState.Checked)
+
+
+def held_after_restore(engine) -> threading.Event:
+    """The fake's restore ends at 100%, then waits for the event returned, as the engine's
+    ask then reads the question before its first token (silently: no progress)."""
+    release = threading.Event()
+    restore = engine._restore
+
+    def restore_then_hold(*args):
+        report = restore(*args)
+        release.wait(10)
+        return report
+
+    engine._restore = restore_then_hold
+    return release
+
+
+def test_a_stopped_answer_leaves_no_progress_on_screen(qtbot, window, engine):
+    """Esc during an answer left "computing the passages' cache… 12%" above the chat."""
+    tick_first(window)
+    engine.step_s = 0.2  # a slow restore: stopped during it
+    window.send("What does it say?")
+    qtbot.waitUntil(lambda: "restoring…" in window.info.text(), timeout=5000)
+    with qtbot.waitSignal(window.answer_done, timeout=5000):
+        window.stop()
+    assert "%" not in window.info.text() and "restoring" not in window.info.text()
+    assert "stopped" in window.chat_view.toPlainText()
+
+
+def test_a_restore_at_100_percent_says_the_question_is_being_read(qtbot, window, engine):
+    """"restoring… 100%" stayed up for 20-37 s while the model read the question."""
+    tick_first(window)
+    release = held_after_restore(engine)
+    with qtbot.waitSignal(window.answer_done, timeout=10000):
+        window.send("What does it say?")
+        qtbot.waitUntil(lambda: window.info.text() == "reading the question…", timeout=5000)
+        release.set()
+    assert window.info.text().startswith("restored")  # the restore's line, once it is known
+
+
+def test_a_failed_answer_replaces_its_progress_with_why(qtbot, window, engine):
+    tick_first(window)
+    release = held_after_restore(engine)
+    step = engine._step
+
+    def step_or_fail(cancel, pause=None):  # the first token's step fails
+        if pause == engine.token_s:
+            raise RuntimeError("the disk went away")
+        step(cancel, pause)
+
+    engine._step = step_or_fail
+    with qtbot.waitSignal(window.answer_done, timeout=10000):
+        window.send("What does it say?")
+        qtbot.waitUntil(lambda: window.info.text() == "reading the question…", timeout=5000)
+        release.set()
+    assert "the disk went away" in window.info.text()
