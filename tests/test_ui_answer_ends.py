@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, QUrl
 from ui_fixtures import open_window
 
 from ui.testing import FakeEngine
@@ -81,3 +81,48 @@ def test_a_failed_answer_replaces_its_progress_with_why(qtbot, window, engine):
         qtbot.waitUntil(lambda: window.info.text() == "reading the question…", timeout=5000)
         release.set()
     assert "the disk went away" in window.info.text()
+
+
+def stop_before_the_first_token(qtbot, window, engine, question: str) -> None:
+    engine.step_s = 0.2  # a slow restore: stopped during it
+    window.send(question)
+    qtbot.waitUntil(lambda: "restoring…" in window.info.text(), timeout=5000)
+    with qtbot.waitSignal(window.answer_done, timeout=5000):
+        window.stop()
+    engine.step_s = 0.002
+
+
+def test_a_new_chats_answer_stopped_before_it_began_is_asked_again_by_regenerate(
+        qtbot, window, engine):
+    """Stopped before its first token, a new chat's question created no chat, and its
+    "regenerate" link did nothing: it asks the question again, in a new chat as before."""
+    tick_first(window)
+    stop_before_the_first_token(qtbot, window, engine, "What does it say?")
+    assert window.chat_id is None
+    assert "stopped (not saved)" in window.chat_view.toPlainText()
+    assert 'href="kvdesk:regenerate"' in window.chat_view._html[-1]
+    with qtbot.waitSignal(window.answer_done, timeout=5000) as done:
+        window.chat_view.anchorClicked.emit(QUrl("kvdesk:regenerate"))
+    result = done.args[0]
+    assert engine.last_call("ask")[:4] == ("ask", "What does it say?", None, [1])
+    assert window.chat_id == result.chat_id
+    assert window.chat_view.transcript() == [("user", "What does it say?"),
+                                             ("assistant", result.answer)]
+
+
+def test_a_past_chats_answer_stopped_before_it_began_is_asked_again_not_the_one_before(
+        qtbot, window, engine):
+    """In a past chat, the link regenerated the turn before the stopped one (the engine
+    stored nothing of it): it asks the stopped question again, the turn before kept."""
+    chat = engine.chats()[0]
+    with qtbot.waitSignals([window.restored, window.messages_loaded], timeout=5000):
+        window.open_chat(chat.chat_id)
+    before = window.chat_view.transcript()
+    stop_before_the_first_token(qtbot, window, engine, "And then?")
+    with qtbot.waitSignal(window.answer_done, timeout=5000) as done:
+        window.chat_view.anchorClicked.emit(QUrl("kvdesk:regenerate"))
+    assert not any(c[0] == "regenerate" for c in engine.calls)
+    assert engine.last_call("ask")[:3] == ("ask", "And then?", chat.chat_id)
+    assert window.chat_view.transcript() == [*before, ("user", "And then?"),
+                                             ("assistant", done.args[0].answer)]
+    assert [m.text for m in engine.messages(chat.chat_id)][:len(before)] == [t for _, t in before]

@@ -59,6 +59,7 @@ class AskingMixin:
             return
         self.prompt.clear()
         self.draft_timer.stop()
+        self._unsaved = None  # (a stopped turn shown before is no longer the last)
         self.chat_view.add_user_message(text)
         chat_id, doc_ids, level = self.chat_id, self.doc_list.checked_ids(), self.quality.level()
         engine = self.engine
@@ -67,10 +68,20 @@ class AskingMixin:
             text, chat_id=chat_id, doc_ids=[] if chat_id is not None else doc_ids,
             restore=RestoreOptions(level=level), on_token=job.signals.token.emit,
             on_restore=job.signals.restored.emit, progress=job.signals.progress.emit,
-            cancel=job.cancel))
+            cancel=job.cancel), new_turn=True)
 
     def regenerate(self) -> None:
-        if self.engine is None or self.chat_id is None or self.generation is not None:
+        if self.engine is None or self.generation is not None:
+            return
+        unsaved, self._unsaved = self._unsaved, None
+        if unsaved is not None and unsaved[0] == self.serial:
+            # The engine stored neither the question nor its stopped (or failed) answer, and
+            # a new chat was not even created: regenerating it is asking it again, where it
+            # was asked. (engine.regenerate would redo the turn before it, or nothing.)
+            self.chat_view.drop_last_answer(with_question=True)
+            self.send(unsaved[1])
+            return
+        if self.chat_id is None:
             return
         question = next((t for role, t in reversed(self.chat_view.transcript())
                          if role == "user"), "")
@@ -111,7 +122,9 @@ class AskingMixin:
             self.answer_serial = serial
         self.messages_loaded.emit()
 
-    def _generate(self, question: str, work: Callable[[Job], AskResult]) -> None:
+    def _generate(self, question: str, work: Callable[[Job], AskResult],
+                  new_turn: bool = False) -> None:
+        """Run `work`, an ask (`new_turn`) or a regenerate, streaming its answer into view."""
         answering = self.answering = Answering(self.chat_id, question)
         self.answer_serial = self.serial
         started = time.perf_counter()
@@ -153,7 +166,11 @@ class AskingMixin:
             if self.answer_serial != self.serial:
                 left_behind(answering.chat_id)
             else:
-                self.chat_view.end_answer(None, note)
+                if new_turn:
+                    # Nothing of this turn was stored (a stop during the answer returns what
+                    # came, stored): said, and its "regenerate" link asks the question again.
+                    self._unsaved = (self.serial, answering.question)
+                self.chat_view.end_answer(None, f"{note} (not saved)" if new_turn else note)
                 self._clear_progress()  # a stopped phase's percent is not left on screen
                 if error:
                     self._say(note, True)

@@ -119,12 +119,17 @@ class ChatView(QTextBrowser):
         else:
             self._render()
 
-    def drop_last_answer(self) -> None:
-        """Remove the last assistant message (it is being regenerated)."""
-        if self._messages and self._messages[-1].role == "assistant":
-            for store in (self._messages, self._html, self._code):
-                store.pop()
-            self._notes.pop(len(self._messages), None)
+    def drop_last_answer(self, with_question: bool = False) -> None:
+        """Remove the last assistant message (it is being regenerated), and the question
+        before it too `with_question` (it is asked again, as a new question)."""
+        dropped = False
+        for role in ("assistant", "user") if with_question else ("assistant",):
+            if self._messages and self._messages[-1].role == role:
+                for store in (self._messages, self._html, self._code):
+                    store.pop()
+                self._notes.pop(len(self._messages), None)
+                dropped = True
+        if dropped:
             self._render()
 
     @property
