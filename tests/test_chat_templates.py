@@ -205,6 +205,24 @@ def test_a_prompt_continued_as_it_is_is_not_cut_at_a_line_by_a_base_models_chat_
     assert "\n" in done.text.strip() and done.completion_tokens > 6, done
 
 
+def test_a_base_models_chat_answer_reaches_a_client_without_the_space_before_it(gemma_engine):
+    """The plain format's "Answer:" makes a base model write a space first: a chat client gets
+    the answer from its first visible character, streamed as whole; a prompt continued as it
+    is keeps it (the words follow the prompt's)."""
+    from desktop_app.chat.completions import RawPrompt
+    from desktop_app.options import GenerationOptions, RestoreOptions
+
+    greedy = GenerationOptions(max_tokens=8, temperature=0)
+    streamed = []
+    done = gemma_engine.complete([{"role": "user", "content": "What is the capital of France?"}],
+                                 restore=RestoreOptions(no_cache=True), generation=greedy,
+                                 on_token=streamed.append)
+    assert done.text and done.text == done.text.lstrip() == "".join(streamed), done.text
+    raw = gemma_engine.complete(RawPrompt("Question: What is the capital of France?\nAnswer:"),
+                                generation=greedy)
+    assert raw.text.startswith(" ") and raw.text.lstrip().startswith(done.text), raw.text
+
+
 def test_a_plain_answer_is_ended_by_a_line_break_only_after_its_text(runtime, monkeypatch):
     # A base model often opens its answer with a line break; ending there answered nothing.
     from desktop_app.model import llamacalls

@@ -33,3 +33,18 @@ def test_nothing_after_a_stop_is_sent():
     stops = StopStrings(["!"], sent.append)
     assert stops.feed("hi!") and stops.feed("more")
     assert "".join(sent) == "hi" and stops.finish() == "hi"
+
+
+@pytest.mark.parametrize("pieces, stop, sent, text", [
+    ([" ", "\n", " In", " the", "  drawer."], [], "In the  drawer.", " \n In the  drawer."),
+    ([" In", " the"], [" the"], "In", " In"),
+    (["  "], [], "", "  "),
+])
+def test_a_chats_answer_is_sent_from_its_first_visible_character(pieces, stop, sent, text):
+    got = []
+    stops = StopStrings(stop, got.append, lstrip=True)
+    for piece in pieces:
+        stops.feed(piece)
+    # The answer as generated stays whole: the context holds its tokens.
+    assert stops.finish() == text and "".join(got) == sent == text.lstrip()
+    assert all(got)  # no empty delta

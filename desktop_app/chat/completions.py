@@ -162,7 +162,11 @@ class Completions:
                     None, [s.library.document(d) for d in documents], rt.fingerprint)])
             if on_restore:
                 on_restore(report)
-            stops = StopStrings(stop, on_token)
+            # A chat's answer reaches the client from its first visible character, streamed
+            # or whole, as kvdesk's own chats show it: a base model asked "...Answer:" writes a
+            # space first. A prompt continued as it is, or a prefill, keeps it: there it is text.
+            trim = not isinstance(messages, RawPrompt) and not turn.prefill
+            stops = StopStrings(stop, on_token, lstrip=trim)
             stopped = threading.Event()
 
             def token(text: str) -> None:
@@ -182,7 +186,8 @@ class Completions:
                 finish = "length" if out.cut else "stop"
             cached = report.tokens - report.recomputed_tokens
             kept, notes = s.sharing.keep()
-            result = Completion(text, finish, len(prompt), len(generated),
+            result = Completion(text.lstrip() if trim else text, finish, len(prompt),
+                                len(generated),
                                 round(ttft if ttft is not None else time.perf_counter() - t0, 4),
                                 report, cached, False,
                                 [*picked, *report.messages, *notes, *out.notes,
@@ -214,9 +219,11 @@ class StopStrings:
     be the start of one is passed on until the next pieces decide, and the text is cut where
     the first one begins."""
 
-    def __init__(self, stop: Sequence[str], on_token: Callable[[str], None] | None):
+    def __init__(self, stop: Sequence[str], on_token: Callable[[str], None] | None, *,
+                 lstrip: bool = False):
         self.stop = [x for x in stop if x]
         self.on_token = on_token
+        self.leading = lstrip  # the answer's leading whitespace is not passed on
         self.text = ""
         self.sent = 0
         self.cut: int | None = None
@@ -237,7 +244,8 @@ class StopStrings:
         return False
 
     def finish(self) -> str:
-        """The answer: cut at its stop string, or all of it (then sent in full)."""
+        """The answer as generated, leading whitespace included (what the context holds):
+        cut at its stop string, or all of it (then sent in full)."""
         if self.cut is None:
             self._send(len(self.text))
             return self.text
@@ -245,6 +253,10 @@ class StopStrings:
 
     def _send(self, upto: int) -> None:
         if upto > self.sent:
-            if self.on_token:
-                self.on_token(self.text[self.sent:upto])
+            piece = self.text[self.sent:upto]
+            if self.leading:
+                piece = piece.lstrip()
+                self.leading = not piece
+            if piece and self.on_token:
+                self.on_token(piece)
             self.sent = upto
