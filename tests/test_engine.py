@@ -351,6 +351,10 @@ def test_a_corrupt_chunk_at_a_forced_level_is_read_at_another_and_set_aside(new_
     again = ask(eng, QUESTION, doc=doc_id, tokens=4, level="balanced")
     assert again.chunk_levels[1] == "compact" and not any("checksum" in m
                                                           for m in again.messages)
+    # Said as damaged, with its repair, as on the first read: it is stored at 'balanced'.
+    assert not any("not stored" in m for m in again.messages), again.messages
+    assert any(m.startswith("1 of ") and "damaged at 'balanced'" in m
+               and "kvdesk verify --repair" in m for m in again.messages), again.messages
     (info,) = eng.documents()
     assert info.damaged_chunks == 1 and info.kept_tokens <= info.tokens
     report = eng.repair()

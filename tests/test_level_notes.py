@@ -20,6 +20,12 @@ def test_a_read_notes_the_chunks_not_stored_and_those_that_failed_apart():
     assert level_notes("high", read, not_stored=1, kept=2) == [
         LevelNote("not stored", 1, 5, "high", ("balanced", "compact"))]
     assert level_notes("high", ["balanced", "balanced"], not_stored=0, kept=2) == []
+    # A chunk its entry is stored at the level asked but that was set aside (or is missing)
+    # is damaged, not "not stored".
+    assert level_notes("high", read, not_stored=1, damaged=1) == [
+        LevelNote("not stored", 1, 5, "high", ("balanced", "compact")),
+        LevelNote("damaged", 1, 5, "high", ("balanced", "compact")),
+        LevelNote("failed", 1, 5, "high", ("balanced", "compact"))]
 
 
 def test_the_sentences_are_made_when_shown():
@@ -27,12 +33,20 @@ def test_the_sentences_are_made_when_shown():
                  LevelNote("not stored", 1, 1, "high", ("compact",)),
                  LevelNote("not stored", 3, 4, "high", ("balanced", "compact")),
                  LevelNote("failed", 1, 4, "balanced", ("compact",)),
-                 LevelNote("failed", 2, 4, "lossless", ("high",))]) == [
+                 LevelNote("failed", 2, 4, "lossless", ("high",)),
+                 LevelNote("damaged", 1, 4, "high", ("balanced",)),
+                 LevelNote("damaged", 2, 4, "high", ("balanced", "compact"))]) == [
         "recomputing from token 64: it failed",
         "1 of 1 chunk is not stored at 'high': read at compact instead",
         "3 of 4 chunks are not stored at 'high': read at balanced, compact instead",
-        "1 of 4 chunks failed its check at 'balanced': read at compact instead",
-        "2 of 4 chunks failed their check at 'lossless': read at high instead"]
+        "1 of 4 chunks failed its check at 'balanced': read at compact instead; "
+        "`kvdesk verify --repair` computes it again",
+        "2 of 4 chunks failed their check at 'lossless': read at high instead; "
+        "`kvdesk verify --repair` computes them again",
+        "1 of 4 chunks is damaged at 'high' (set aside after a failed check, or missing): "
+        "read at balanced instead; `kvdesk verify --repair` computes it again",
+        "2 of 4 chunks are damaged at 'high' (set aside after a failed check, or missing): "
+        "read at balanced, compact instead; `kvdesk verify --repair` computes them again"]
 
 
 def test_notes_add_up_per_kind_and_level_asked():
@@ -58,7 +72,8 @@ def test_a_blend_says_each_note_once_where_the_first_was_over_all_its_chunks():
         "the cache of a passage could not be read whole: computing it"]
     assert said(merged)[1:3] == [
         "3 of 9 chunks are not stored at 'high': read at balanced, compact instead",
-        "1 of 9 chunks failed its check at 'high': read at compact instead"]
+        "1 of 9 chunks failed its check at 'high': read at compact instead; "
+        "`kvdesk verify --repair` computes it again"]
     # A lone note counts the blend's chunks too; text that reads like a note stays text.
     lone = "1 of 2 chunks is not stored at 'high': read at compact instead"
     assert merged_level_notes([lone, LevelNote("failed", 1, 2, "high", ("compact",))], 6) == [

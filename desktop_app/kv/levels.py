@@ -42,8 +42,10 @@ def check_levels(levels: Sequence[str], *, restoring: bool = False) -> None:
 @dataclass(frozen=True)
 class LevelNote:
     """Chunks a restore at the level `asked` read at other levels instead: `count` of the
-    `chunks` it read, because none is stored at it (`kind` "not stored") or the one stored
-    failed its check ("failed"); `read`, the levels they were read at, by name.
+    `chunks` it read, because none is stored at it (`kind` "not stored"), the one stored
+    failed its check on this read ("failed"), or its entry is stored at it but this chunk
+    cannot be read there, set aside after an earlier failed check or missing ("damaged");
+    `read`, the levels they were read at, by name.
 
     Kept as data until it is shown (`str`: the sentence the user reads), so that the notes
     of several reads (a blend's parts) add up into one (`+`)."""
@@ -67,23 +69,33 @@ class LevelNote:
         at = f"{self.asked!r}: read at {', '.join(self.read)} instead"
         if self.kind == "not stored":
             return f"{chunks} {'is' if k == 1 else 'are'} not stored at {at}"
-        return f"{chunks} failed {'its' if k == 1 else 'their'} check at {at}"
+        # Stored but unreadable: what `kvdesk docs` counts as damaged, and repair recomputes.
+        repair = f"; `kvdesk verify --repair` computes {'it' if k == 1 else 'them'} again"
+        if self.kind == "damaged":
+            return (f"{chunks} {'is' if k == 1 else 'are'} damaged at {self.asked!r} (set "
+                    f"aside after a failed check, or missing): read at {', '.join(self.read)} "
+                    f"instead{repair}")
+        return f"{chunks} failed {'its' if k == 1 else 'their'} check at {at}{repair}"
 
 
 # What a restore says: a sentence, or a level note not yet made one.
 Message = str | LevelNote
 
 
-def level_notes(asked: str, read: Sequence[str], not_stored: int, kept: int = 0
-                ) -> list[LevelNote]:
+def level_notes(asked: str, read: Sequence[str], not_stored: int, kept: int = 0,
+                damaged: int = 0) -> list[LevelNote]:
     """What a restore at the level `asked` says of the chunks it read at another (the levels
     it read, `read`): `not_stored` of them because none is stored at it, `kept` because
-    their entry is kept at one level by design (a passage's: nothing to say), the rest after
-    the one stored failed its check."""
+    their entry is kept at one level by design (a passage's: nothing to say), `damaged`
+    because the one stored was set aside before (or is missing), the rest after the one
+    stored failed its check on this read."""
     others = [lvl for lvl in read if lvl != asked]
-    missing = min(len(others) - kept, not_stored)
+    left = len(others) - kept
+    missing = min(left, not_stored)
+    set_aside = min(left - missing, damaged)
     return [LevelNote(kind, k, len(read), asked, tuple(sorted(set(others))))
-            for kind, k in (("not stored", missing), ("failed", len(others) - kept - missing))
+            for kind, k in (("not stored", missing), ("damaged", set_aside),
+                            ("failed", left - missing - set_aside))
             if k > 0]
 
 

@@ -45,6 +45,12 @@ class ChunkSource(Protocol):
         """The chunk's bytes at `level`, checksum verified; raises StoreError."""
         ...
 
+    def damaged(self, span: Span, level: str) -> bool:
+        """Whether the chunk's entry is stored at `level` but this chunk cannot be read there
+        (set aside after a failed check, or missing): repair's to mend, not a level never
+        stored."""
+        ...
+
 
 # A stored chunk that continues the tokens asked for this far is read whole and cut back:
 # decoding its 256 tokens costs a few milliseconds, computing 4 tokens some 30 on 2 cores.
@@ -71,10 +77,16 @@ class LocalSource:
         ids = {s.entry_id for s in self.spans}
         for (entry, chunk, level), n in store.chunk_sizes(ids).items():
             self._sizes.setdefault((entry, chunk), {})[level] = n
-        self.one_level = frozenset(i for i in ids if store.entry(i).passage)
+        entries = {i: store.entry(i) for i in ids}
+        self.one_level = frozenset(i for i, e in entries.items() if e.passage)
+        # (`sizes` leaves a chunk set aside out, as if it were never stored: the entry says)
+        self._stored_at = {i: e.levels for i, e in entries.items()}
 
     def sizes(self, span: Span) -> dict[str, int]:
         return self._sizes.get((span.entry_id, span.chunk_index), {})
+
+    def damaged(self, span: Span, level: str) -> bool:
+        return level in self._stored_at.get(span.entry_id, ()) and level not in self.sizes(span)
 
     def read(self, span: Span, level: str) -> bytes:
         return self._store.read_chunk(span.entry_id, span.chunk_index, level)
@@ -97,6 +109,9 @@ class RemoteSource:
     def sizes(self, span: Span) -> dict[str, int]:
         chunks = self.copy.manifest.chunks
         return {level: chunks[level][span.chunk_index].nbytes for level in self.copy.levels}
+
+    def damaged(self, span: Span, level: str) -> bool:
+        return False  # the tier sets nothing aside: a damaged object fails each read
 
     def read(self, span: Span, level: str) -> bytes:
         data = read_chunk(self.tier, self.copy.manifest, span.chunk_index, level)

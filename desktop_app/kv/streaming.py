@@ -168,6 +168,7 @@ class _Reading:
         self.adapted = 0
         self.not_stored = 0  # chunks read at another level as none is stored at the one asked
         self.kept = 0  # the same, of an entry kept at one level by design (`one_level`)
+        self.damaged = 0  # the same, of an entry stored at it: the chunk set aside or missing
         self.measured: list[float] = []
 
     def _read(self, source: ChunkSource, spans: list[Span], dest: Callable[[Span], Views], *,
@@ -206,6 +207,8 @@ class _Reading:
                 if item.level != level and level not in source.sizes(item.span):
                     if item.span.entry_id in source.one_level:
                         self.kept += 1
+                    elif source.damaged(item.span, level):
+                        self.damaged += 1
                     else:
                         self.not_stored += 1
                 if self.progress is not None:
@@ -240,7 +243,7 @@ class _Reading:
     def finish(self, source: ChunkSource) -> None:
         if self.options.level != AUTO:
             self.messages += level_notes(self.options.level, self.chunk_levels,
-                                         self.not_stored, self.kept)
+                                         self.not_stored, self.kept, self.damaged)
         if self.measured and not self.options.bandwidth_MBps:
             self.speeds.observe_read(source.kind, self.measured[0])
 
