@@ -81,6 +81,10 @@ class SettingsDialog(QDialog):
         # built-in default: nothing). Models kvdesk cannot use are listed, greyed, with why.
         self.model = QComboBox(editable=True, insertPolicy=QComboBox.InsertPolicy.NoInsert)
         self.model.lineEdit().setPlaceholderText("the built-in default model")
+        # (not as wide as the longest model's name: an Ollama model's path widened the dialog)
+        self.model.setSizeAdjustPolicy(
+            QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.model.setMinimumContentsLength(20)
         for m in self._models:
             own = m.source == "kvdesk"
             self.model.addItem(f"{m.name} (built in)" if own else m.name, "" if own else m.name)
@@ -132,9 +136,13 @@ class SettingsDialog(QDialog):
         self.codec_levels.setEnabled(False)
         if not codec_levels:
             self.codec_levels.hide()
-        self.serve = QCheckBox("Serve the local API while kvdesk is open (OpenAI-compatible: "
-                               "other tools can use the same models and caches)",
+        # A check box's text never wraps: the long part is a wrapped label under it (one
+        # line of it made the dialog 1197 px wide, wider than the window).
+        self.serve = QCheckBox("Serve the local API while kvdesk is open",
                                checked=settings.server_enabled)
+        serve_about = QLabel("OpenAI-compatible: other tools can use the same models and "
+                             "caches.", wordWrap=True)
+        serve_about.setEnabled(False)
         self.port = QSpinBox(minimum=1, maximum=65535)
         self.port.setValue(settings.server_port or 8765)
         self.ollama_port = QSpinBox(minimum=0, maximum=65535, specialValueText="Off")
@@ -162,34 +170,45 @@ class SettingsDialog(QDialog):
         self.error.setStyleSheet("color: #c0392b")
         self.error.hide()
 
-        form = QFormLayout()
-        form.addRow("Model (GGUF file or name)", self._with_browse(self.model,
-                                                                   self._browse_model))
-        form.addRow("", self.model_about)
+        model_row, form = QFormLayout(), QFormLayout()
+        model_row.addRow("Model (GGUF file or name)", self._with_browse(self.model,
+                                                                        self._browse_model))
         form.addRow("Model folders", self._with_browse(self.folders, self._browse_folder))
         form.addRow("Context size", self.n_ctx)
         form.addRow("Data folder", self._with_browse(self.data_dir, self._browse_data))
         form.addRow("Storage budget", self.budget)
         form.addRow("Theme", self.theme)
+        # The model's description between two forms (see below), their fields in line.
+        labels = [f.labelForField(f.itemAt(i, QFormLayout.ItemRole.FieldRole).widget())
+                  for f in (model_row, form) for i in range(f.rowCount())]
+        for label in labels:
+            label.setMinimumWidth(max(x.sizeHint().width() for x in labels))
+        # A wrapped label in a form's row gets one line's height (its lines overlap the next
+        # row): those go in a box under the form.
         shared = QGroupBox("Shared cache (S3-compatible storage)")
-        remote = QFormLayout(shared)
+        shared_rows = QVBoxLayout(shared)
+        remote = QFormLayout()
+        shared_rows.addLayout(remote)
         remote.addRow("Bucket", self.bucket)
         remote.addRow("Endpoint URL", self.endpoint)
         remote.addRow("Prefix (a team's namespace)", self.prefix)
         remote.addRow(self.auto_push)
         remote.addRow(self.auto_pull)
-        # Two lines of its own: a wrapped label spanning a form's row gets one line's height.
-        credentials = QLabel("Credentials come from the standard AWS variables and files\n"
-                             "(AWS_PROFILE, ~/.aws/credentials); kvdesk never stores them.")
+        credentials = QLabel("Credentials come from the standard AWS variables and files "
+                             "(AWS_PROFILE, ~/.aws/credentials); kvdesk never stores them.",
+                             wordWrap=True)
         credentials.setEnabled(False)
-        remote.addRow(credentials)
+        shared_rows.addWidget(credentials)
         local_api = QGroupBox("Local API")
-        served = QFormLayout(local_api)
-        served.addRow(self.serve)
+        api_rows = QVBoxLayout(local_api)
+        api_rows.addWidget(self.serve)
+        api_rows.addWidget(serve_about)
+        served = QFormLayout()
+        api_rows.addLayout(served)
         served.addRow("Port", self.port)
-        served.addRow(self.address)
         served.addRow("Ollama's port", self.ollama_port)
         served.addRow("Web pages allowed", self.origins)
+        api_rows.addWidget(self.address)
         note = QLabel("Changing the model, context size, data folder, shared cache or "
                       "passages' caching restarts the engine.", wordWrap=True)
         note.setEnabled(False)
@@ -198,6 +217,8 @@ class SettingsDialog(QDialog):
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         general = QVBoxLayout()
+        general.addLayout(model_row)
+        general.addWidget(self.model_about)
         general.addLayout(form)
         general.addWidget(shared)
         general.addWidget(local_api)
@@ -228,6 +249,17 @@ class SettingsDialog(QDialog):
         # Wrapped labels need the height their wrapped lines take at this width, which a
         # layout's first size hint does not know: without this their lines overlap.
         layout.setSizeConstraint(QLayout.SizeConstraint.SetMinimumSize)
+
+    def showEvent(self, event) -> None:
+        super().showEvent(event)
+        self._fit_height()
+
+    def _fit_height(self) -> None:
+        """As tall as the wrapped labels' lines at this width: the minimum size the layout
+        sets counts one line each, and the rows then overlap or squeeze."""
+        self.layout().activate()
+        self.resize(self.width(), max(self.height(),
+                                      self.layout().totalHeightForWidth(self.width())))
 
     @staticmethod
     def _with_browse(edit: QLineEdit, browse) -> QWidget:
@@ -266,6 +298,8 @@ class SettingsDialog(QDialog):
     def _show_model(self, text: str) -> None:
         found = self._found(text)
         self.model_about.setText(describe(found) if found else "")
+        if self.isVisible():
+            self._fit_height()
 
     def _browse_data(self) -> None:
         start = self.data_dir.text() or self.data_dir.placeholderText()
