@@ -47,14 +47,18 @@ def test_the_official_client_gets_the_engines_vectors(served):
     ({"model": "default", "input": "x", "dimensions": 4096}, 400, "at most 256"),
     ({"model": "default", "input": "x", "encoding_format": "int8"}, 400, "encoding_format"),
     ({"input": "x"}, 400, "model"),
-    ({"model": "default", "input": 5}, 400, "input: should be one of: string, array of strings"),
-    ({"model": "default", "input": [["a"]]}, 400, "input.0.0: Input should be a valid integer"),
+    # What is accepted, not the token forms the type holds only to refuse them with why.
+    ({"model": "default", "input": 5}, 400,
+     "input: should be a string or an array of strings (got 5)"),
+    ({"model": "default", "input": [["a"]]}, 400,
+     'input: should be a string or an array of strings (got [["a"]])'),
+    ({"model": "default", "input": ["a", 2]}, 400, "input: should be a string or an array"),
 ])
 def test_bad_requests_get_openai_errors(served, body, status, says):
     response = httpx.post(f"{served.url}/v1/embeddings", json=body, timeout=30)
     assert response.status_code == status
     error = response.json()["error"]
-    assert says in error["message"]
+    assert says in error["message"] and "integer" not in error["message"]
     assert error["param"] is None or "[" not in error["param"]  # no union member's name
     with pytest.raises(openai.APIStatusError):
         if status == 404:

@@ -24,6 +24,7 @@ from pydantic import Field
 
 from ..passages.embed import normalise
 from . import bridge
+from .schemas import EmbeddingInput
 
 MAX_INPUTS = 2048  # as OpenAI
 
@@ -31,7 +32,7 @@ MAX_INPUTS = 2048  # as OpenAI
 class EmbeddingsRequest(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="ignore")  # user... as OpenAI-compatible servers
     model: str
-    input: str | list[str] | list[int] | list[list[int]]
+    input: EmbeddingInput
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(default=None, ge=1)
 

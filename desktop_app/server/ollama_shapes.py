@@ -167,7 +167,7 @@ class EmbedRequest(Exact):
 
     model_config = pydantic.ConfigDict(extra="ignore")
     model: str
-    input: str | list[str] | list[int] | list[list[int]] = pydantic.Field(default_factory=list)
+    input: s.EmbeddingInput = pydantic.Field(default_factory=list)
     prompt: str | None = None
     dimensions: int | None = pydantic.Field(default=None, ge=1)
     truncate: bool = True

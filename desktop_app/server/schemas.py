@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import pydantic
+import pydantic_core
 from pydantic import Field
 
 from ..errors import EngineError
@@ -25,6 +26,21 @@ from ..results import Completion
 from ..validation import Exact, InvalidValue, null_is_default, parse
 
 MAX_STOP = 4  # as OpenAI
+
+
+def _text_or_tokens(value: Any, handler: pydantic.ValidatorFunctionWrapHandler) -> Any:
+    try:
+        return handler(value)
+    except pydantic.ValidationError:
+        raise pydantic_core.PydanticCustomError(
+            "embedding_input", "should be a string or an array of strings") from None
+
+
+# An embeddings route's `input` (OpenAI's and Ollama's). Token arrays are in the type only to
+# be refused with the reason (`embeddings.embedded`: the embedder reads text): a value of no
+# shape is told what is accepted, not the token forms pydantic would list among them.
+EmbeddingInput = Annotated[str | list[str] | list[int] | list[list[int]],
+                           pydantic.WrapValidator(_text_or_tokens)]
 
 
 # Content parts kvdesk's models cannot read, each refused in words the user can act on.
