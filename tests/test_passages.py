@@ -298,6 +298,38 @@ def test_recent_turns_join_the_query(indexed):
     assert re.fullmatch(r"lines? \d+(-\d+)?", hits[0].location)
 
 
+def test_a_follow_up_is_led_by_its_own_words_and_its_it_by_the_turns(tmp_path, embedder):
+    """The recent turns join a follow-up's query, but the question leads: one naming a new
+    subject gets that subject's passage, not the last answer's; one saying "it" gets what
+    the turns were about first, not every passage worded alike."""
+    paragraphs = HAYSTACK.read_text()[20_000:80_000].split("\n")  # (source: lines)
+    clerks = [("the Zelmar vault", "Ostune"), ("Captain Orsolya Brandt", "Vokten"),
+              ("the Quillfeather conference", "Marlis")]
+    for (fact, _), depth in zip(FACTS, (0.1, 0.5, 0.9), strict=True):
+        paragraphs.insert(int(depth * len(paragraphs)), f"\n{fact}\n")
+    for (subject, clerk), depth in zip(clerks, (0.3, 0.7, 0.2), strict=True):
+        paragraphs.insert(int(depth * len(paragraphs)),
+                          f"\nRecords about {subject} are kept by a clerk named {clerk}.\n")
+    text = "\n".join(paragraphs)
+    with Store(tmp_path / "data") as store:
+        doc = store.add_document("h", "topics", text, type="text")
+        retriever = Retriever(store, embedder)
+        retriever.index.add(doc.id, text, "text", words)
+        vault = [FACTS[0][1], FACTS[0][0]]  # asked, and answered with the fact
+
+        def read(question):
+            return [h.text for h in retriever.retrieve(doc.id, question, recent=vault,
+                                                       focus=True)]
+
+        switched = read("And where did the Quillfeather conference of 2031 take place?")
+        assert any(FACTS[2][0] in t for t in switched), switched
+        assert not any(FACTS[0][0] in t for t in switched), [t[:80] for t in switched]
+        that = read("And who keeps the records about it?")
+        assert "clerk named Ostune" in that[0], that
+        # beside it the passage the question alone matches best, no more of the alike ones
+        assert sum("Records about" in t for t in that) <= 2, that
+
+
 def test_reciprocal_rank_fusion_rewards_agreement():
     fused = fuse([[(1, 9.0), (2, 5.0), (3, 1.0)], [(2, 0.9), (4, 0.8), (1, 0.1)]])
     assert [pid for pid, _ in fused] == [2, 1, 4, 3]  # in both lists beats first in one

@@ -8,12 +8,13 @@ Brandt" in a staff table, `name_phrases`); dense similarity from the passages'
 stored vectors (a dot product with the query's, in numpy: a 3 MB text has ~7,000 passages);
 `fused` is reciprocal rank fusion (Cormack et al., 2009: score = sum of weight / (60 +
 rank)), the dense ranking weighed a tenth of BM25's. The query is the question and the
-chat's recent turns: the question's words first (the FTS5 query keeps the first 64 words),
-its vector weighed twice the turns'. BM25 is the default: on haystacks of three kinds with
-planted facts it finds the fact's passage first for 90 % of questions and among the first 5
-for all, where the static embeddings alone find it among the first 8 for about a third and
-every fusion ranks it lower (benchmarks/bench_retrieval.py; RESULTS.md "Retrieval in long
-documents"). A chat's retrieval is `focus`ed: when the question has rare words, it keeps
+chat's recent turns, the question leading: BM25 over it alone fused with BM25 over both, its
+rare words alone focusing the reading (the turns' only for a follow-up naming nothing: "who
+keeps it?"), its vector weighed twice the turns'. BM25 is the default: on haystacks of three
+kinds with planted facts it finds the fact's passage first for 90 % of questions and among
+the first 5 for all, where the static embeddings alone find it among the first 8 for about a
+third and every fusion ranks it lower (benchmarks/bench_retrieval.py; RESULTS.md "Retrieval
+in long documents"). A chat's retrieval is `focus`ed: when the question has rare words, it keeps
 the passages scoring above half the best (`focused`: those that hold them) and, of those,
 the ones holding the most of them (`most_named`), which a small model reads far better
 than eight.
@@ -99,9 +100,9 @@ class Retriever:
         turns = recent_text(recent)
         ranked: list[list[tuple[int, float]]] = []
         holders: dict[str, set[int]] = {}  # the rare words BM25 was fused with: their passages
+        lead: list[int] | None = None
         if mode in ("bm25", "fused"):
-            bm25, holders = self._bm25(doc_id, " ".join([question, *turns]),
-                                       max(k, CANDIDATES), question)
+            bm25, holders, lead = self._bm25(doc_id, question, turns, max(k, CANDIDATES))
             ranked.append(bm25)
         # A question sharing no word with the document ("Summarize this.") still gets the
         # passages nearest to it in meaning, never none.
@@ -109,36 +110,60 @@ class Retriever:
             ranked.append(self._dense(doc_id, question, turns, max(k, CANDIDATES)))
         order = ranked[0] if len(ranked) == 1 else fuse(ranked, [1.0, self.dense_weight])
         if focus and holders and len(ranked) == 1:
-            order = most_named(focused(order), holders, written_names(question, holders))
+            head = focused(order)
+            if lead is None:  # the question's own rare words
+                order = most_named(head, holders, written_names(question, holders))
+            else:  # the turns': what "it" is, not which of its passages; and beside them
+                # the passage the question alone matches best (it may change the subject)
+                order = head + [(pid, s) for pid, s in order if pid in lead and
+                                pid not in {p for p, _ in head}]
         # Only the passages returned are read (a 3 MB document has ~7,000).
         return [Hit(pid, p.index, p.text, p.page, p.lines, p.heading, p.tokens, round(score, 6))
                 for pid, score in order[:k] for p in [self.store.passage(pid)]]
 
-    def _bm25(self, doc_id: int, query: str, n: int,
-              question: str) -> tuple[list[tuple[int, float]], dict[str, set[int]]]:
-        """BM25 over the whole query, fused with a ranking of the passages holding its rare
-        words (a name, an identifier: in at most RARE_PASSAGES passages) when it has any;
-        (ranking, {rare word: the passages holding it}, empty when not fused). A paraphrased
-        question often shares only a name with the passage that answers it, and BM25 alone
-        lets two common words repeated in a long passage outweigh it (measured: RESULTS.md).
-        When the `question` writes a name the document holds often (`written_names`:
-        `nonlocal` in a language reference), only its rare names count: a common word that
-        happens to be rare in the document ("kept") is not what it asks about, and would take
-        the place of that name's passages."""
-        whole = [(p.id, score) for p, score in self.store.search_passages(doc_id, query, n)]
+    def _bm25(self, doc_id: int, question: str, turns: list[str],
+              n: int) -> tuple[list[tuple[int, float]], dict[str, set[int]], list[int] | None]:
+        """BM25 over the question, fused with BM25 over the question and the chat's recent
+        `turns` (what a follow-up's "it" refers to), then with a ranking of the passages
+        holding the question's rare words (a name, an identifier: in at most RARE_PASSAGES
+        passages) when it has any, else, for a follow-up, the recent turns' rare words;
+        (ranking, {rare word: the passages holding it}, empty when not fused, None when the
+        rare words are the question's own, else the passage BM25 over the question alone
+        ranks first). The question leads: the turns' words, as many as its own or more, would
+        otherwise rank the last answer's passages above a follow-up's own, and their rare
+        words would focus the reading on them (measured: RESULTS.md, "Follow-up questions").
+        A paraphrased question often shares only a name with the passage that answers it,
+        and BM25 alone lets two common words repeated in a long passage outweigh it. When the
+        question writes a name the document holds often (`written_names`: `nonlocal` in a
+        language reference), only its rare names count: a common word that happens to be
+        rare in the document ("kept") is not what it asks about, and would take the place of
+        that name's passages."""
+        alone = [(p.id, score) for p, score in self.store.search_passages(doc_id, question, n)]
+        whole = alone
+        if turns:
+            joined = self.store.search_passages(doc_id, " ".join([question, *turns]), n)
+            whole = fuse([alone, [(p.id, score) for p, score in joined]])
         if not self.rare_words:
-            return whole, {}
-        counts = self.store.passage_frequencies(doc_id, query, RARE_PASSAGES + 1)
-        rare = [word for word, count in counts.items() if 0 < count <= RARE_PASSAGES]
-        names = {w for w in written_names(question, counts) if counts[w]}
-        if any(counts[w] > RARE_PASSAGES for w in names):
-            rare = [word for word in rare if word in names]
-        rare += rare_phrases(self.store, doc_id, query, counts)
-        if not rare or rare == list(counts):  # none, or the same query again
-            return whole, {}
+            return whole, {}, None
+        (rare, names), lead = self._rare(doc_id, question), None
+        if not rare and not names and turns:  # a follow-up naming nothing: "it" is theirs
+            rare, lead = self._rare(doc_id, " ".join(turns))[0], [pid for pid, _ in alone[:1]]
+        if not rare:
+            return whole, {}, None
         holders = {w: set(self.store.passages_holding(doc_id, w, RARE_PASSAGES)) for w in rare}
         return fuse([whole, named(self.store.search_passages(doc_id, " ".join(rare), n),
-                                  holders)]), holders
+                                  holders)]), holders, lead
+
+    def _rare(self, doc_id: int, text: str) -> tuple[list[str], set[str]]:
+        """The rare words of `text` (see `_bm25`), none when every word of it is rare (BM25
+        over them is BM25 over it again); and the names it writes that the document holds."""
+        counts = self.store.passage_frequencies(doc_id, text, RARE_PASSAGES + 1)
+        rare = [word for word, count in counts.items() if 0 < count <= RARE_PASSAGES]
+        names = {w for w in written_names(text, counts) if counts[w]}
+        if any(counts[w] > RARE_PASSAGES for w in names):
+            rare = [word for word in rare if word in names]
+        rare += rare_phrases(self.store, doc_id, text, counts)
+        return [] if rare == list(counts) else rare, names
 
     def _dense(self, doc_id: int, question: str, turns: list[str],
                n: int) -> list[tuple[int, float]]:
