@@ -214,6 +214,10 @@ class Engine:
         return _info(cal)
 
     def close(self) -> None:
+        # Both stopped before either is waited for: the passage pass may be waiting for the
+        # background context the exact pass holds, which would otherwise run to its end.
+        self.passage_fill.stop()
+        self.exactness.stop()
         self.passage_fill.close()
         self.exactness.close()
         self.sharing.abandon()

@@ -48,10 +48,14 @@ class Background:
                 self._thread.start()
         self._pending.put(item)
 
-    def close(self) -> None:
-        """Stop (the item being worked raises Cancelled at its next slice) and wait."""
+    def stop(self) -> None:
+        """Stop without waiting: the item being worked raises Cancelled at its next slice."""
         self.cancel.set()
         self._pending.put(None)
+
+    def close(self) -> None:
+        """Stop, and wait for the item being worked to end."""
+        self.stop()
         if self._thread is not None:
             self._thread.join()
 
