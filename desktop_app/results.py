@@ -153,6 +153,8 @@ class Source(Record):
     page: int | None = None  # a PDF's page, 1-based
     lines: tuple[int, int] | None = None  # else its first and last line, 1-based
     heading: tuple[str, ...] = ()  # the headings it sits under
+    # Retrieved for an earlier question of the chat and kept in its context (not for this one)
+    earlier: bool = False
 
     @classmethod
     def of(cls, hit, document_id: int) -> Source:
@@ -165,7 +167,7 @@ class Source(Record):
     def from_dict(cls, d: dict) -> Source:
         return cls(d["passage_id"], d["document_id"], d["index"], d["text"], d["score"],
                    d.get("page"), tuple(d["lines"]) if d.get("lines") else None,
-                   tuple(d.get("heading", ())))
+                   tuple(d.get("heading", ())), d.get("earlier", False))
 
     @property
     def location(self) -> str:
@@ -177,7 +179,8 @@ class Source(Record):
         documents)."""
         doc = (titles or {}).get(self.document_id, f"document {self.document_id}")
         return (f"{f'{doc} ' if several else ''}#{self.index} "
-                f"[{self.location}]" + (f" {' > '.join(self.heading)}" if self.heading else ""))
+                f"[{self.location}]" + (f" {' > '.join(self.heading)}" if self.heading else "")
+                + (" (an earlier question's)" if self.earlier else ""))
 
     @staticmethod
     def read(sources: list[dict], evidence: list[str],
@@ -196,7 +199,7 @@ class Source(Record):
         """`page` for a PDF's passage, else `lines`: the location a user can find it by."""
         out = {"passage_id": self.passage_id, "document_id": self.document_id,
                "index": self.index, "text": self.text, "score": round(self.score, 6),
-               "heading": list(self.heading)}
+               "heading": list(self.heading), "earlier": self.earlier}
         if self.page is not None:
             out["page"] = self.page
         else:

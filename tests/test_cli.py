@@ -317,6 +317,8 @@ def test_a_plain_answer_over_passages_names_its_sources_and_its_quote():
         "source: document 1 #12 [lines 120-141] Manual > Setup", "source: document 2 #3 [page 4]"]
     assert Source.read([], []) == []
     # A document read whole beside them, by its title, first
+    kept = Source(8, 1, 2, "text", 0.2, lines=(20, 24), earlier=True)
+    assert Source.read([kept.as_dict()], []) == ["source: #2 [lines 20-24] (an earlier question's)"]
     notes = [{"document_id": 3, "title": "Notes"}]
     assert Source.read([one.as_dict()], [], read_whole=notes) == [
         "source: Notes (read whole)", "source: #12 [lines 120-141] Manual > Setup"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from dataclasses import replace
 from functools import partial
 from types import SimpleNamespace
 
@@ -346,6 +347,7 @@ def test_follow_ups_keep_the_chats_passages_and_a_reopen_lays_them_out(make_engi
     ids = [s["passage_id"] for s in follow.sources]
     # This question's passage joins; the museum's stays, room allowing; document order.
     assert eng.ids[3] in ids and eng.ids[1] in ids and ids == sorted(ids)
+    assert {s["earlier"] for s in follow.sources} <= {True, False}  # (`_fit`'s test)
     # Blended answers are never stored; the exact context is, in the background, as an entry
     # extending the first passage's.
     assert eng.exactness.idle.wait(300)
@@ -858,7 +860,8 @@ def test_a_follow_up_whose_passages_do_not_fit_reads_none_of_the_earlier_ones(ma
     fit = partial(longdocs._fit, rt, [asked], [earlier], doc_order=[eng.doc])
     assert fit(budget=overhead + cost[2] - 1) == []  # the earlier one would have fit
     assert fit(budget=overhead + cost[2]) == [asked]
-    assert fit(budget=overhead + cost[1] + cost[2]) == [earlier, asked]  # document order
+    # in document order, the earlier one said to be the chat's, not this question's
+    assert fit(budget=overhead + cost[1] + cost[2]) == [replace(earlier, earlier=True), asked]
 
 
 def test_a_question_whose_passages_do_not_all_fit_says_how_many(make_engine):

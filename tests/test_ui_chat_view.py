@@ -60,6 +60,11 @@ def test_an_answer_over_passages_lists_its_sources_and_a_click_shows_one(qtbot):
     view.end_answer("Six.", "", {"sources": sources[:1],
                                  "read_whole": [{"document_id": 2, "title": "Notes"}]})
     assert "Sources: Notes (read whole) · [1] Guide, lines 12-14" in view.toPlainText()
+    # A passage an earlier question retrieved, still in the context, is said to be
+    view.add_user_message("And?")
+    view.begin_answer()
+    view.end_answer("Yes.", "", {"sources": [{**sources[0], "earlier": True}]})
+    assert "Sources: [1] lines 12-14 (earlier)" in view.toPlainText()
 
 
 def test_a_source_shown_keeps_its_indentation_and_stays_with_its_chat(qtbot):

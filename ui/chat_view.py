@@ -185,8 +185,10 @@ class ChatView(QTextBrowser):
             title = self.doc_titles.get(s.document_id, f"document {s.document_id}")
             return f"{title}, {s.location}" if several else s.location
 
+        # (a passage an earlier question retrieved, still in the context: said, not hidden)
         links = [f'<a href="kvdesk:source/{i}/{j}" style="color:{c.muted}">[{j + 1}] '
-                 f"{html.escape(where(s))}</a>" for j, s in enumerate(sources)]
+                 f"{html.escape(where(s))}{' (earlier)' if s.earlier else ''}</a>"
+                 for j, s in enumerate(sources)]
         out = (f'<p style="color:{c.muted};font-size:small">Sources: '
                f'{" · ".join([*wholes, *links])}</p>')
         if self._open_source is not None and self._open_source[0] == i \

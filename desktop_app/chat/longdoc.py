@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from store import Document, Store
 
@@ -250,8 +251,9 @@ class LongDocs:
     def _fit(self, rt: Runtime, hits: list[Source], kept: list[Source], budget: int,
              doc_order: list[int]) -> list[Source]:
         """This question's hits, best first, then the chat's earlier passages, most relevant
-        first, while they fit `budget` tokens, each text once; in document order. None of the
-        earlier ones when none of this question's fits: they would answer it in its place."""
+        first, while they fit `budget` tokens, each text once; in document order, the earlier
+        ones marked so (`Source.earlier`). None of the earlier ones when none of this
+        question's fits: they would answer it in its place."""
         fresh = {s.passage_id for s in hits}
         ranked = sorted(hits, key=lambda s: -s.score) + sorted(
             (s for s in kept if s.passage_id not in fresh), key=lambda s: -s.score)
@@ -266,7 +268,8 @@ class LongDocs:
                 used += cost
                 texts.add(s.text)
         position = {d: i for i, d in enumerate(doc_order)}
-        return sorted(chosen, key=lambda s: (position.get(s.document_id, 0), s.index))
+        return sorted((replace(s, earlier=s.passage_id not in fresh) for s in chosen),
+                      key=lambda s: (position.get(s.document_id, 0), s.index))
 
     def _turns_tokens(self, rt: Runtime, chat_id: int, history) -> int:
         known = self.store.message_tokens(chat_id, rt.fingerprint)
