@@ -178,7 +178,11 @@ class CodecMixin:
 
     def _calibration_cancelled(self) -> None:
         kept = "its earlier calibration" if self.calibration_info else "model-independent levels"
-        self._calibration_over(f"Calibration cancelled: new caches keep {kept}", "cancelled")
+        # (the next start calibrates again, the setting being on: said, so it is no surprise)
+        again = ("; it starts again with the app (Settings: calibrate automatically)"
+                 if self.settings.calibrate_automatically and not self.calibration_info else "")
+        self._calibration_over(f"Calibration cancelled: new caches keep {kept}{again}",
+                               "cancelled")
 
     def _calibration_failed(self, message: str) -> None:
         self._calibration_over(f"The codec could not be calibrated: {message}", message)
