@@ -6,21 +6,8 @@ from __future__ import annotations
 
 import threading
 
-import pytest
 from PySide6.QtCore import Qt, QUrl
-from ui_fixtures import open_window
-
-from ui.testing import FakeEngine
-
-
-@pytest.fixture
-def engine():
-    return FakeEngine(step_s=0.002, token_s=0.001).seed()
-
-
-@pytest.fixture
-def window(qtbot, engine):
-    return open_window(qtbot, engine)
+from ui_fixtures import engine_fixture, open_window, window_fixture  # noqa: F401
 
 
 def tick_first(window) -> None:

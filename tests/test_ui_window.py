@@ -12,7 +12,13 @@ import pytest
 from PySide6.QtCore import QMimeData, QPoint, Qt, QUrl
 from PySide6.QtGui import QDropEvent
 from PySide6.QtWidgets import QApplication, QMessageBox
-from ui_fixtures import edit_settings, open_window, text_file
+from ui_fixtures import (
+    edit_settings,
+    engine_fixture,  # noqa: F401 (a fixture)
+    open_window,
+    text_file,
+    window_fixture,  # noqa: F401 (a fixture)
+)
 
 from desktop_app import settings as settings_mod
 from desktop_app.errors import RuntimeStateError
@@ -22,16 +28,6 @@ from desktop_app.settings import Settings
 from ui.main_window import MainWindow
 from ui.settings_dialog import SettingsDialog, needs_restart
 from ui.testing import FakeEngine
-
-
-@pytest.fixture
-def engine():
-    return FakeEngine(step_s=0.002, token_s=0.001).seed()
-
-
-@pytest.fixture
-def window(qtbot, engine):
-    return open_window(qtbot, engine)
 
 
 def activate(qtbot, window):

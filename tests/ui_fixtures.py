@@ -4,10 +4,26 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
+
 from desktop_app.settings import Settings
 from ui.main_window import MainWindow
 from ui.settings_dialog import SettingsDialog
 from ui.testing import FakeEngine
+
+
+# (named apart from the fixtures, so that a test module importing them can take `engine` and
+# `window` as arguments without shadowing an import)
+@pytest.fixture(name="engine")
+def engine_fixture() -> FakeEngine:
+    """A quick scripted engine with its documents and chats."""
+    return FakeEngine(step_s=0.002, token_s=0.001).seed()
+
+
+@pytest.fixture(name="window")
+def window_fixture(qtbot, engine):
+    """The main window on `engine`, loaded."""
+    return open_window(qtbot, engine)
 
 
 def open_window(qtbot, engine: FakeEngine, settings: Settings | None = None,
