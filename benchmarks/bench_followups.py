@@ -12,8 +12,9 @@ chat asks it (focused, `DEFAULT_K`, the first question and its answer as the rec
 - `switch-unsure`: the same, the first answer a model's unsure reply that repeats the first
   question's words.
 - `anaphoric`: the follow-up asks about the first question's subject without naming it ("And
-  who keeps the records about it?"); a companion fact about that subject is planted in a
-  paragraph of its own at another depth. Its target: the companion's passage.
+  who keeps the records about it?", "Who handles its insurance?"); a companion fact about
+  that subject is planted in a paragraph of its own at another depth. Its target: the
+  companion's passage.
 - `identifiers` (code only): two methods of one class, "What does _get_x return?", then "And
   what does _get_y return?" (the case a probe found). Target: the passage defining the second.
 
@@ -24,7 +25,7 @@ companion is worded alike, so only the subject tells them apart). Also the mean 
 passages returned.
 
     .venv/bin/python -m benchmarks.bench_followups [--kinds docs,code,markdown]
-        [--size 1000000] [--seeds 0,1]
+        [--sizes 300000,1000000] [--seeds 0,1]
 """
 
 from __future__ import annotations
@@ -49,8 +50,14 @@ from store import Store
 UNSURE = "I am not sure. The document does not say clearly {q}"
 # The subject of a planted fact: its invented name(s), as `invented` makes them.
 SUBJECT = re.compile(r"\b(?:Dr\. )?[A-Z][a-z]{5,}(?: [A-Z][a-z]{5,})?\b")
-COMPANION = "Records about {subject} are kept by a clerk named {clerk}."
-ANAPHORIC = "And who keeps the records about it?"
+# (companion, the follow-up asking it): a few subjects share each wording, so that only the
+# subject tells their companions apart; the wordings' words are rare in some haystacks
+COMPANIONS = [("Records about {subject} are kept by a clerk named {clerk}.",
+               "And who keeps the records about it?"),
+              ("The insurance of {subject} is handled by a broker called {clerk}.",
+               "Who handles its insurance?"),
+              ("Every complaint about {subject} goes to an ombudsman named {clerk}.",
+               "And where do complaints about it go?")]
 
 
 def follow(question: str) -> str:
@@ -90,11 +97,12 @@ def conversations(kind: str, text: str, planted, rng: random.Random
                           "target": other_fact})
         subject = SUBJECT.search(fact)
         if subject:
-            companion = COMPANION.format(subject=subject.group(), clerk=invented(rng))
+            wording, asked = COMPANIONS[i % len(COMPANIONS)]
+            companion = wording.format(subject=subject.group(), clerk=invented(rng))
             at = (round(((i + 0.5) / n) * len(paragraphs)) + len(paragraphs) // 3) % len(
                 paragraphs)
             paragraphs.insert(at, f"# {companion}" if kind == "code" else companion)
-            convs.append({"kind": "anaphoric", "turns": [question, fact], "ask": ANAPHORIC,
+            convs.append({"kind": "anaphoric", "turns": [question, fact], "ask": asked,
                           "target": companion})
     text = "\n\n".join(paragraphs)
     if kind == "code":
@@ -133,13 +141,14 @@ def run(kind: str, size: int, seed: int, llm, embedder) -> dict | None:
             row["returned"] += len(hits)
     for row in rows.values():
         row["returned"] = round(row["returned"] / row["n"], 2)
-    return {"kind": kind, "seed": seed, "chars": len(text), "conversations": rows}
+    return {"kind": kind, "size": size, "seed": seed, "chars": len(text),
+            "conversations": rows}
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kinds", default="docs,code,markdown")
-    ap.add_argument("--size", type=int, default=1_000_000)
+    ap.add_argument("--sizes", default="300000,1000000")
     ap.add_argument("--seeds", default="0,1")
     args = ap.parse_args(argv)
     llm = llama_cpp.Llama(str(default_model_path()), vocab_only=True, verbose=False)
@@ -147,9 +156,10 @@ def main(argv: list[str] | None = None) -> None:
     results = []
     for kind in args.kinds.split(","):
         source(kind)  # (an unknown kind: said before any work)
-        for seed in map(int, args.seeds.split(",")):
-            if (r := run(kind, args.size, seed, llm, embedder)) is not None:
-                results.append(r)
+        for size in map(int, args.sizes.split(",")):
+            for seed in map(int, args.seeds.split(",")):
+                if (r := run(kind, size, seed, llm, embedder)) is not None:
+                    results.append(r)
     totals: dict[str, dict] = {}
     for r in results:
         for name, row in r["conversations"].items():

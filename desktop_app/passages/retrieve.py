@@ -126,14 +126,17 @@ class Retriever:
         """BM25 over the question, fused with BM25 over the question and the chat's recent
         `turns` (what a follow-up's "it" refers to), then with a ranking of the passages
         holding the question's rare words (a name, an identifier: in at most RARE_PASSAGES
-        passages) when it has any, else, for a follow-up, the recent turns' rare words;
-        (ranking, {rare word: the passages holding it}, empty when not fused, None when the
-        rare words are the question's own, else the passage BM25 over the question alone
-        ranks first). The question leads: the turns' words, as many as its own or more, would
-        otherwise rank the last answer's passages above a follow-up's own, and their rare
-        words would focus the reading on them (measured: RESULTS.md, "Follow-up questions").
-        A paraphrased question often shares only a name with the passage that answers it,
-        and BM25 alone lets two common words repeated in a long passage outweigh it. When the
+        passages) when it has any; for a follow-up writing no name, with the recent turns'
+        rare words too (a word of its own may be rare by chance: "keeps"). Returns (ranking,
+        {rare word: the passages holding it}, empty when not fused; None when the rare words
+        are the question's own, else the passage BM25 over the question alone ranks first,
+        read beside them).
+
+        The question leads: the turns' words, as many as its own or more, would otherwise
+        rank the last answer's passages above a follow-up's own, and their rare words would
+        focus the reading on them (measured: RESULTS.md, "Follow-up questions"). A
+        paraphrased question often shares only a name with the passage that answers it, and
+        BM25 alone lets two common words repeated in a long passage outweigh it. When the
         question writes a name the document holds often (`written_names`: `nonlocal` in a
         language reference), only its rare names count: a common word that happens to be
         rare in the document ("kept") is not what it asks about, and would take the place of
@@ -146,8 +149,9 @@ class Retriever:
         if not self.rare_words:
             return whole, {}, None
         (rare, names), lead = self._rare(doc_id, question), None
-        if not rare and not names and turns:  # a follow-up naming nothing: "it" is theirs
-            rare, lead = self._rare(doc_id, " ".join(turns))[0], [pid for pid, _ in alone[:1]]
+        if not names and turns:  # a follow-up naming nothing: "it" is the turns'
+            theirs = self._rare(doc_id, " ".join(turns))[0]
+            rare, lead = list(dict.fromkeys([*rare, *theirs])), [pid for pid, _ in alone[:1]]
         if not rare:
             return whole, {}, None
         holders = {w: set(self.store.passages_holding(doc_id, w, RARE_PASSAGES)) for w in rare}
