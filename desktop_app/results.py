@@ -141,6 +141,9 @@ def location(page: int | None, lines: tuple[int, int]) -> str:
     return f"line {first}" if first == last else f"lines {first}-{last}"
 
 
+EARLIER = "an earlier question's"  # how a source kept from an earlier question is said
+
+
 @dataclass(frozen=True)
 class Source(Record):
     """A passage an answer over a long document was given: its text and where it is."""
@@ -180,7 +183,7 @@ class Source(Record):
         doc = (titles or {}).get(self.document_id, f"document {self.document_id}")
         return (f"{f'{doc} ' if several else ''}#{self.index} "
                 f"[{self.location}]" + (f" {' > '.join(self.heading)}" if self.heading else "")
-                + (" (an earlier question's)" if self.earlier else ""))
+                + (f" ({EARLIER})" if self.earlier else ""))
 
     @staticmethod
     def read(sources: list[dict], evidence: list[str],
@@ -190,7 +193,7 @@ class Source(Record):
         AskResult's), which passages, and what its question's turn quoted of them (each on
         one line); `titles`: documents' titles by id, where known."""
         read = [Source.from_dict(d) for d in sources]
-        several = len({s.document_id for s in read}) > 1
+        several = bool(read_whole) or len({s.document_id for s in read}) > 1
         return [f"source: {d['title']} (read whole)" for d in read_whole] + [
             f"source: {s.label(several, titles)}" for s in read] + [
             f'quoted with the question: "{" ".join(q.split())}"' for q in evidence]

@@ -321,4 +321,4 @@ def test_a_plain_answer_over_passages_names_its_sources_and_its_quote():
     assert Source.read([kept.as_dict()], []) == ["source: #2 [lines 20-24] (an earlier question's)"]
     notes = [{"document_id": 3, "title": "Notes"}]
     assert Source.read([one.as_dict()], [], read_whole=notes) == [
-        "source: Notes (read whole)", "source: #12 [lines 120-141] Manual > Setup"]
+        "source: Notes (read whole)", "source: document 1 #12 [lines 120-141] Manual > Setup"]

@@ -550,8 +550,11 @@ def test_closing_stops_both_background_passes_before_waiting_for_either(tmp_path
                 eng.exactness.yield_to_turns()  # Cancelled once closing
                 eng.exactness.cancel.wait(0.01)
 
+    waiting = threading.Event()
+
     def passage_pass(doc_id):
         eng.passage_fill.yield_to_turns()
+        waiting.set()
         with eng.passage_fill.attach_lock:  # waits for the exact pass
             pass
 
@@ -559,6 +562,7 @@ def test_closing_stops_both_background_passes_before_waiting_for_either(tmp_path
     eng.exactness.request(1)
     holding.wait(5)
     eng.passage_fill.request(1)
+    waiting.wait(5)  # (closed before, it would stop at its yield, whatever the order)
     closing = threading.Thread(target=eng.close, daemon=True)
     closing.start()
     closing.join(10)

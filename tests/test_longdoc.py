@@ -347,7 +347,12 @@ def test_follow_ups_keep_the_chats_passages_and_a_reopen_lays_them_out(make_engi
     ids = [s["passage_id"] for s in follow.sources]
     # This question's passage joins; the museum's stays, room allowing; document order.
     assert eng.ids[3] in ids and eng.ids[1] in ids and ids == sorted(ids)
-    assert {s["earlier"] for s in follow.sources} <= {True, False}  # (`_fit`'s test)
+    # Those the follow-up did not retrieve itself are said to be the chat's earlier ones
+    asked = [m.text for m in eng.library.history(chat)[:2]]
+    fresh = {h.passage_id for h in eng.session.longdocs._hits(
+        [doc], "And when do puffins nest on the cliffs?", asked)}
+    assert [s["earlier"] for s in follow.sources] == [
+        s["passage_id"] not in fresh for s in follow.sources]
     # Blended answers are never stored; the exact context is, in the background, as an entry
     # extending the first passage's.
     assert eng.exactness.idle.wait(300)

@@ -64,7 +64,7 @@ def test_an_answer_over_passages_lists_its_sources_and_a_click_shows_one(qtbot):
     view.add_user_message("And?")
     view.begin_answer()
     view.end_answer("Yes.", "", {"sources": [{**sources[0], "earlier": True}]})
-    assert "Sources: [1] lines 12-14 (earlier)" in view.toPlainText()
+    assert "Sources: [1] lines 12-14 (an earlier question's)" in view.toPlainText()
 
 
 def test_a_source_shown_keeps_its_indentation_and_stays_with_its_chat(qtbot):

@@ -17,7 +17,7 @@ from PySide6.QtCore import QEvent, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import QGuiApplication, QKeyEvent, QKeySequence, QTextCursor
 from PySide6.QtWidgets import QPlainTextEdit, QTextBrowser, QWidget
 
-from desktop_app.results import MessageInfo, Source
+from desktop_app.results import EARLIER, MessageInfo, Source
 
 from .markdown import LIGHT, Colors, render
 
@@ -187,7 +187,7 @@ class ChatView(QTextBrowser):
 
         # (a passage an earlier question retrieved, still in the context: said, not hidden)
         links = [f'<a href="kvdesk:source/{i}/{j}" style="color:{c.muted}">[{j + 1}] '
-                 f"{html.escape(where(s))}{' (earlier)' if s.earlier else ''}</a>"
+                 f"{html.escape(where(s))}{f' ({EARLIER})' if s.earlier else ''}</a>"
                  for j, s in enumerate(sources)]
         out = (f'<p style="color:{c.muted};font-size:small">Sources: '
                f'{" · ".join([*wholes, *links])}</p>')
