@@ -88,9 +88,13 @@ def test_a_new_chats_answer_stopped_before_it_began_is_asked_again_by_regenerate
     assert window.chat_id is None
     assert "stopped (not saved)" in window.chat_view.toPlainText()
     assert 'href="kvdesk:regenerate"' in window.chat_view._html[-1]
+    # typed since, and a tick changed: neither is the stopped question's
+    window.prompt.setPlainText("a draft")
+    window.doc_list.list.item(0).setCheckState(Qt.CheckState.Unchecked)
     with qtbot.waitSignal(window.answer_done, timeout=5000) as done:
         window.chat_view.anchorClicked.emit(QUrl("kvdesk:regenerate"))
     result = done.args[0]
+    assert window.prompt.toPlainText() == "a draft"
     assert engine.last_call("ask")[:4] == ("ask", "What does it say?", None, [1])
     assert window.chat_id == result.chat_id
     assert window.chat_view.transcript() == [("user", "What does it say?"),
@@ -113,3 +117,19 @@ def test_a_past_chats_answer_stopped_before_it_began_is_asked_again_not_the_one_
     assert window.chat_view.transcript() == [*before, ("user", "And then?"),
                                              ("assistant", done.args[0].answer)]
     assert [m.text for m in engine.messages(chat.chat_id)][:len(before)] == [t for _, t in before]
+
+
+def test_a_regenerate_stopped_before_it_began_shows_the_chat_as_stored(qtbot, window, engine):
+    """The engine removes the turn a regenerate replaces before it asks again: stopped before
+    its first token, the view shows what is stored, so that its "regenerate" acts on the
+    turn that is last, not on one only the screen still shows."""
+    chat = engine.chats()[0]
+    with qtbot.waitSignals([window.restored, window.messages_loaded], timeout=5000):
+        window.open_chat(chat.chat_id)
+    engine.step_s = 0.2  # a slow restore: stopped during it
+    window.regenerate()
+    qtbot.waitUntil(lambda: "restoring…" in window.info.text(), timeout=5000)
+    with qtbot.waitSignals([window.answer_done, window.messages_loaded], timeout=5000):
+        window.stop()
+    stored = [(m.role, m.text) for m in engine.messages(chat.chat_id)]
+    assert window.chat_view.transcript() == stored

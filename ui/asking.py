@@ -28,6 +28,7 @@ class Answering:
     chat_id: int | None
     question: str
     text: str = ""
+    doc_ids: tuple[int, ...] = ()  # a new chat's documents
 
 
 class AskingMixin:
@@ -59,27 +60,31 @@ class AskingMixin:
             return
         self.prompt.clear()
         self.draft_timer.stop()
+        self._ask(text, self.doc_list.checked_ids())
+
+    def _ask(self, text: str, doc_ids: list[int]) -> None:
+        """Ask `text` in the chat shown, or in a new chat over `doc_ids` (the prompt and the
+        ticks left as they are)."""
         self._unsaved = None  # (a stopped turn shown before is no longer the last)
         self.chat_view.add_user_message(text)
-        chat_id, doc_ids, level = self.chat_id, self.doc_list.checked_ids(), self.quality.level()
-        engine = self.engine
+        chat_id, level, engine = self.chat_id, self.quality.level(), self.engine
 
         self._generate(text, lambda job: engine.ask(
             text, chat_id=chat_id, doc_ids=[] if chat_id is not None else doc_ids,
             restore=RestoreOptions(level=level), on_token=job.signals.token.emit,
             on_restore=job.signals.restored.emit, progress=job.signals.progress.emit,
-            cancel=job.cancel), new_turn=True)
+            cancel=job.cancel), new_turn=True, doc_ids=doc_ids)
 
     def regenerate(self) -> None:
         if self.engine is None or self.generation is not None:
             return
         unsaved, self._unsaved = self._unsaved, None
         if unsaved is not None and unsaved[0] == self.serial:
-            # The engine stored neither the question nor its stopped (or failed) answer, and
-            # a new chat was not even created: regenerating it is asking it again, where it
-            # was asked. (engine.regenerate would redo the turn before it, or nothing.)
+            # The engine stored neither the question nor its stopped (or failed) answer:
+            # regenerating it is asking it again where it was asked (engine.regenerate
+            # redoes the stored turn before it, and has no chat to work on in a new one).
             self.chat_view.drop_last_answer(with_question=True)
-            self.send(unsaved[1])
+            self._ask(unsaved[1], list(unsaved[2]))  # (what was typed since stays typed)
             return
         if self.chat_id is None:
             return
@@ -123,9 +128,11 @@ class AskingMixin:
         self.messages_loaded.emit()
 
     def _generate(self, question: str, work: Callable[[Job], AskResult],
-                  new_turn: bool = False) -> None:
-        """Run `work`, an ask (`new_turn`) or a regenerate, streaming its answer into view."""
-        answering = self.answering = Answering(self.chat_id, question)
+                  new_turn: bool = False, doc_ids: list[int] = ()) -> None:
+        """Run `work`, an ask (`new_turn`, in a new chat over `doc_ids`) or a regenerate,
+        streaming its answer into view."""
+        answering = self.answering = Answering(self.chat_id, question,
+                                               doc_ids=tuple(doc_ids))
         self.answer_serial = self.serial
         started = time.perf_counter()
         first_token: list[float] = []
@@ -169,8 +176,10 @@ class AskingMixin:
                 if new_turn:
                     # Nothing of this turn was stored (a stop during the answer returns what
                     # came, stored): said, and its "regenerate" link asks the question again.
-                    self._unsaved = (self.serial, answering.question)
+                    self._unsaved = (self.serial, answering.question, answering.doc_ids)
                 self.chat_view.end_answer(None, f"{note} (not saved)" if new_turn else note)
+                if not new_turn:  # a regenerate: whether the turn it replaces is gone yet,
+                    self._load_messages(self.serial)  # the store says; shown as stored
                 self._clear_progress()  # a stopped phase's percent is not left on screen
                 if error:
                     self._say(note, True)

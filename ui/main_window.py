@@ -95,7 +95,7 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, CodecMixin, QMainWin
         self._progress_shown = False  # whether self.info shows a phase's progress
         # (view serial, question) of the last answer shown when it was stopped or failed
         # before the engine stored its turn
-        self._unsaved: tuple[int, str] | None = None
+        self._unsaved: tuple[int, str, tuple[int, ...]] | None = None
         self._build()
         self._apply_theme(settings.theme)
         self._set_ready(False)
