@@ -125,8 +125,8 @@ def test_a_cancelled_calibration_stores_nothing_and_is_not_restarted(qtbot, tmp_
     assert engine.calibration() is None and window.calibration_info is None
     assert window.calibration_bar.isHidden() and window.calibrate_action.isEnabled()
     assert window.statusBar().currentMessage() == (
-        "Calibration cancelled: new caches keep model-independent levels; it starts again with "
-        "the app (Settings: calibrate automatically)")
+        "Calibration cancelled: new caches keep model-independent levels; it starts again when "
+        'the app does (Settings: "Calibrate it for each model automatically")')
     attach(qtbot, window, text_file(tmp_path, "a.txt"))
     assert window.calibration_job is None and calibrate_calls(engine) == 1
 

@@ -179,7 +179,8 @@ class CodecMixin:
     def _calibration_cancelled(self) -> None:
         kept = "its earlier calibration" if self.calibration_info else "model-independent levels"
         # (the next start calibrates again, the setting being on: said, so it is no surprise)
-        again = ("; it starts again with the app (Settings: calibrate automatically)"
+        again = ("; it starts again when the app does (Settings: \"Calibrate it for each "
+                 "model automatically\")"
                  if self.settings.calibrate_automatically and not self.calibration_info else "")
         self._calibration_over(f"Calibration cancelled: new caches keep {kept}{again}",
                                "cancelled")

@@ -295,7 +295,7 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, CodecMixin, QMainWin
         """Look again later while passages lack their KV (one timer, restarted by any refresh
         meanwhile). The engine's background pass gives every passage its KV, but it waits
         while a chat's turn or a calibration holds the model: a look that finds the counts
-        standing still does not end the following (it did, and the list froze until a
+        standing still must not end the following (the list would show old counts until a
         restart), it only looks less often. Without the pass, passages get their KV as
         questions read them: followed while their counts move, and after each answer."""
         pending = {d.doc_id: d.passages_cached for d in docs if d.passages_cached < d.passages}

@@ -81,7 +81,7 @@ class SettingsDialog(QDialog):
         # built-in default: nothing). Models kvdesk cannot use are listed, greyed, with why.
         self.model = QComboBox(editable=True, insertPolicy=QComboBox.InsertPolicy.NoInsert)
         self.model.lineEdit().setPlaceholderText("the built-in default model")
-        # (not as wide as the longest model's name: an Ollama model's path widened the dialog)
+        # (not as wide as the longest model's name: a model file's path can be very long)
         self.model.setSizeAdjustPolicy(
             QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
         self.model.setMinimumContentsLength(20)
@@ -136,8 +136,8 @@ class SettingsDialog(QDialog):
         self.codec_levels.setEnabled(False)
         if not codec_levels:
             self.codec_levels.hide()
-        # A check box's text never wraps: the long part is a wrapped label under it (one
-        # line of it made the dialog 1197 px wide, wider than the window).
+        # A check box's text never wraps: the long part is a wrapped label under it (on one
+        # line it would make the dialog wider than the window).
         self.serve = QCheckBox("Serve the local API while kvdesk is open",
                                checked=settings.server_enabled)
         serve_about = QLabel("OpenAI-compatible: other tools can use the same models and "

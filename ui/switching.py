@@ -78,8 +78,8 @@ class SwitchingMixin:
     def _show_progress(self, serial: int, p: Progress, answer: bool = False) -> None:
         """A phase's percent, on the line above the conversation (cleared when it ends). An
         answer's phase at 100% is over, and what comes next may say nothing: after a
-        restore, the model reads the question (the passages quoted with it too), which took
-        20-37 s under "restoring… 100%"."""
+        restore, the model reads the question (the passages quoted with it too), which can
+        take many seconds: said, not "restoring… 100%"."""
         if serial != self.serial or not p.total:
             return
         if answer and p.done >= p.total:

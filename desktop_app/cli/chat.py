@@ -213,6 +213,8 @@ def ask(app: App, args, chat_id, docs, restore, generation, no_server, as_json):
             question, chat_id=chat_id, doc_ids=doc_ids, restore=restore,
             generation=generation, on_token=on_token, on_restore=on_restore, progress=bar,
             cancel=cancel)
+    if not started and not as_json:
+        bar.done()  # (an answer of no visible character never cleared it)
     if not as_json:
         click.echo()
     # The command's own notes, said as the engine's are and carried in --json's messages
