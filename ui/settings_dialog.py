@@ -179,8 +179,10 @@ class SettingsDialog(QDialog):
         form.addRow("Storage budget", self.budget)
         form.addRow("Theme", self.theme)
         # The model's description between two forms (see below), their fields in line.
-        labels = [f.labelForField(f.itemAt(i, QFormLayout.ItemRole.FieldRole).widget())
-                  for f in (model_row, form) for i in range(f.rowCount())]
+        labels = [label for f in (model_row, form) for i in range(f.rowCount())  # (a row
+                  # spanning both columns has no field, and no label)
+                  if (item := f.itemAt(i, QFormLayout.ItemRole.FieldRole)) is not None
+                  and (label := f.labelForField(item.widget())) is not None]
         for label in labels:
             label.setMinimumWidth(max(x.sizeHint().width() for x in labels))
         # A wrapped label in a form's row gets one line's height (its lines overlap the next

@@ -15,6 +15,8 @@ This module only measures: it must never touch the store or choose a level itsel
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from importlib import resources
@@ -41,14 +43,15 @@ class Register:
 
 
 def open_all(stack: ExitStack, model_path: str | Path, names, prefix_tokens: int,
-             cont_tokens: int, **runs) -> list[Register]:
-    """Each named register's reference runs (closed with `stack`); `runs`: the Evaluator's
-    cancel and pause."""
+             cont_tokens: int, *, cancel: threading.Event | None = None,
+             pause: Callable[[], None] | None = None) -> list[Register]:
+    """Each named register's reference runs (closed with `stack`), each run stopped by
+    `cancel` and waiting at `pause` between its slices (quality.Evaluator's)."""
     out = []
     for name in names:
         ev = stack.enter_context(quality.Evaluator(
             model_path, text(name), prefix_tokens=prefix_tokens, cont_tokens=cont_tokens,
-            greedy_tokens=0, fit=True, **runs))
+            greedy_tokens=0, fit=True, cancel=cancel, pause=pause))
         q8, floor = ev.row("q8_0"), ev.row(quality.FLOOR)
         out.append(Register(name, ev, [kvstate.in_position_order(kv)
                                        for kv in ev.seq_state.sections],
