@@ -91,8 +91,10 @@ class Retriever:
                  k: int = DEFAULT_K, mode: str | None = None, focus: bool = False) -> list[Hit]:
         """The `k` passages of document `doc_id` that best answer `question` asked after the
         chat's `recent` turns (oldest first), best first; with `focus`, when BM25 ranks them
-        fused with the question's rare words, only those scoring above half the best
-        (`focused`) that hold the most of those words (`most_named`)."""
+        fused with rare words (`_bm25`), only those scoring above half the best (`focused`):
+        of those, for the question's own rare words, the ones holding the most of them
+        (`most_named`); for a follow-up writing no name, whose turns' rare words join its
+        own, all of them and the passage the question alone matches best."""
         mode = mode or self.mode
         check_mode(mode)
         if k < 1:
