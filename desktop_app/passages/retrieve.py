@@ -9,7 +9,7 @@ stored vectors (a dot product with the query's, in numpy: a 3 MB text has ~7,000
 `fused` is reciprocal rank fusion (Cormack et al., 2009: score = sum of weight / (60 +
 rank)), the dense ranking weighed a tenth of BM25's. The query is the question and the
 chat's recent turns, the question leading: BM25 over it alone fused with BM25 over both, its
-rare words alone focusing the reading (the turns' only for a follow-up naming nothing: "who
+rare words focusing the reading (joined by the turns' for a follow-up writing no name: "who
 keeps it?"), its vector weighed twice the turns'. BM25 is the default: on haystacks of three
 kinds with planted facts it finds the fact's passage first for 90 % of questions and among
 the first 5 for all, where the static embeddings alone find it among the first 8 for about a
@@ -117,8 +117,8 @@ class Retriever:
                 order = most_named(head, holders, written_names(question, holders))
             else:  # the turns': what "it" is, not which of its passages; and beside them
                 # the passage the question alone matches best (it may change the subject)
-                order = head + [(pid, s) for pid, s in order if pid in lead and
-                                pid not in {p for p, _ in head}]
+                shown = {pid for pid, _ in head}
+                order = head + [(pid, s) for pid, s in order if pid in lead and pid not in shown]
         # Only the passages returned are read (a 3 MB document has ~7,000).
         return [Hit(pid, p.index, p.text, p.page, p.lines, p.heading, p.tokens, round(score, 6))
                 for pid, score in order[:k] for p in [self.store.passage(pid)]]
