@@ -93,8 +93,8 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, CodecMixin, QMainWin
         self._check_next: set[int] = set()  # attached documents to tick once listed
         self._new_chat_ticks: set[int] = set()  # a new chat's, while another chat is shown
         self._progress_shown = False  # whether self.info shows a phase's progress
-        # (view serial, question) of the last answer shown when it was stopped or failed
-        # before the engine stored its turn
+        # (view serial, question, its documents) of the last answer shown when it was stopped
+        # or failed before the engine stored its turn
         self._unsaved: tuple[int, str, tuple[int, ...]] | None = None
         self._build()
         self._apply_theme(settings.theme)
