@@ -124,7 +124,8 @@ class EngineAPI(Protocol):
                    on_token: TokenFn | None = None, on_restore: RestoreFn | None = None,
                    progress: ProgressFn | None = None,
                    cancel: threading.Event | None = None) -> AskResult:
-        """The last question asked again, its previous answer dropped."""
+        """The last question asked again; its new turn replaces the last one once stored
+        (stopped or failed before that, the last turn stays)."""
         ...
 
     def prepare(self, draft: str, *, chat_id: int | None = None, doc_ids: Sequence[int] = (),

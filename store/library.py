@@ -368,10 +368,15 @@ class LibraryStore:
 
     def add_turn(self, chat_id: int, question: str, answer: str, *,
                  stats: dict[str, Any] | None = None, model: str,
-                 question_tokens: Sequence[int], answer_tokens: Sequence[int]) -> None:
+                 question_tokens: Sequence[int], answer_tokens: Sequence[int],
+                 replacing: Sequence[int] = ()) -> None:
         """A question and its answer, with their tokens under `model`, in one transaction:
-        a chat never holds a question without its answer, whatever interrupts the write."""
+        a chat never holds a question without its answer, whatever interrupts the write. The
+        messages `replacing` names (a regenerated turn) go in the same transaction: until the
+        new turn is stored, the old one stays."""
         with self._db.write() as db:
+            for message_id in replacing:
+                delete(db, "messages", message_id, "message")
             _add_turn(db, chat_id, (question, answer), stats, model,
                       (question_tokens, answer_tokens), self._clock())
 
@@ -409,11 +414,6 @@ class LibraryStore:
         with self._db.write() as db:
             _update(db, "messages", message_id, "message", **changes)
         return self.message(message_id)
-
-    def delete_message(self, message_id: int) -> None:
-        """Remove one message (e.g. an answer being regenerated)."""
-        with self._db.write() as db:
-            delete(db, "messages", message_id, "message")
 
     def message(self, message_id: int) -> Message:
         return _message(self._db.get(), message_id)

@@ -493,6 +493,34 @@ def test_an_answer_stopped_is_kept_and_stored_as_stopped(engine, doc_id):
     assert answer.text == res.answer and answer.stats["finish_reason"] == "cancelled"
 
 
+def test_a_regenerate_replaces_the_last_turn_only_once_its_new_one_is_stored(engine, doc_id):
+    """Stopped or failed before its answer is stored, a regenerate leaves the chat as it was:
+    the turn it was to replace is not lost; answered, the new turn takes its place."""
+    first = ask(engine, "What was the lamp burning before 1902?", doc=doc_id, tokens=8)
+    second = ask(engine, "How tall is the tower?", chat=first.chat_id, tokens=8)
+    before = [(m.role, m.text) for m in engine.messages(first.chat_id)]
+
+    def fail(report):
+        raise RuntimeError("interrupted before the first token")
+
+    with pytest.raises(RuntimeError, match="interrupted"):
+        engine.regenerate(first.chat_id, on_restore=fail, generation=deterministic(8))
+    assert [(m.role, m.text) for m in engine.messages(first.chat_id)] == before
+    stopped = threading.Event()
+    stopped.set()
+    with pytest.raises(Cancelled):  # stopped before the answer began: nothing is stored
+        engine.regenerate(first.chat_id, cancel=stopped, generation=deterministic(8))
+    assert [(m.role, m.text) for m in engine.messages(first.chat_id)] == before
+    with pytest.raises(Cancelled):  # nor is a question stopped so
+        engine.ask("And the museum?", chat_id=first.chat_id, cancel=stopped)
+    assert [(m.role, m.text) for m in engine.messages(first.chat_id)] == before
+    again = engine.regenerate(first.chat_id, generation=deterministic(8, seed=3))
+    after = engine.messages(first.chat_id)
+    assert [(m.role, m.text) for m in after] == [*before[:2], ("user", before[2][1]),
+                                                   ("assistant", again.answer)]
+    assert second.answer == before[3][1]
+
+
 def test_kv_read_back_lossy_is_never_stored_again_as_computed(new_engine, monkeypatch):
     """The local API's prompt cache: requests sharing a long system prompt, each with its own
     question, read the shared part back from the first request's entry. Storing it again

@@ -122,10 +122,25 @@ def test_message_tokens_are_kept_per_model(store):
         store.set_message_tokens(a.id, "no-such-model", [1])
     with pytest.raises(ValueError, match="model"):
         store.add_message(chat.id, "user", "x", tokens=[1])
-    store.delete_message(q.id)
+    store.add_turn(chat.id, "hi?", "hello!", model="model-a", question_tokens=[4],
+                   answer_tokens=[5], replacing=[q.id])  # a replaced message's tokens go too
     assert store.message_tokens(chat.id, "model-b") == {a.id: [9]}
     store.delete_chat(chat.id)
     assert count(store, "message_tokens") == 0
+
+
+def test_a_replaced_turn_goes_only_with_its_replacement(store):
+    """A regenerated turn is removed in the transaction that stores the new one: a write that
+    fails leaves the old turn as it was."""
+    chat = store.create_chat("c")
+    turn = dict(model="model-a", question_tokens=[1], answer_tokens=[2])
+    store.add_turn(chat.id, "q", "first answer", **turn)
+    old = [m.id for m in store.messages(chat.id)]
+    with pytest.raises(NotFoundError):  # one of the messages it replaces is not there
+        store.add_turn(chat.id, "q", "second answer", **turn, replacing=[*old, 10_000])
+    assert [m.text for m in store.messages(chat.id)] == ["q", "first answer"]
+    store.add_turn(chat.id, "q", "second answer", **turn, replacing=old)
+    assert [m.text for m in store.messages(chat.id)] == ["q", "second answer"]
 
 
 def test_listing_aggregates(store):

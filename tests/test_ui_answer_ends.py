@@ -120,16 +120,17 @@ def test_a_past_chats_answer_stopped_before_it_began_is_asked_again_not_the_one_
 
 
 def test_a_regenerate_stopped_before_it_began_shows_the_chat_as_stored(qtbot, window, engine):
-    """The engine removes the turn a regenerate replaces before it asks again: stopped before
-    its first token, the view shows what is stored, so that its "regenerate" acts on the
-    turn that is last, not on one only the screen still shows."""
+    """A regenerate stopped before its first token stores nothing and the turn it was to
+    replace stays: the view shows the chat as stored, that turn back in place, so that its
+    "regenerate" acts on the turn that is last."""
     chat = engine.chats()[0]
     with qtbot.waitSignals([window.restored, window.messages_loaded], timeout=5000):
         window.open_chat(chat.chat_id)
+    before = window.chat_view.transcript()
     engine.step_s = 0.2  # a slow restore: stopped during it
     window.regenerate()
     qtbot.waitUntil(lambda: "restoring…" in window.info.text(), timeout=5000)
     with qtbot.waitSignals([window.answer_done, window.messages_loaded], timeout=5000):
         window.stop()
     stored = [(m.role, m.text) for m in engine.messages(chat.chat_id)]
-    assert window.chat_view.transcript() == stored
+    assert window.chat_view.transcript() == stored == before

@@ -178,8 +178,8 @@ class AskingMixin:
                     # came, stored): said, and its "regenerate" link asks the question again.
                     self._unsaved = (self.serial, answering.question, answering.doc_ids)
                 self.chat_view.end_answer(None, f"{note} (not saved)" if new_turn else note)
-                if not new_turn:  # a regenerate: whether the turn it replaces is gone yet,
-                    self._load_messages(self.serial)  # the store says; shown as stored
+                if not new_turn:  # a regenerate stopped: the turn it was to replace is
+                    self._load_messages(self.serial)  # still stored, shown back in place
                 self._clear_progress()  # a stopped phase's percent is not left on screen
                 if error:
                     self._say(note, True)

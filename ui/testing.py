@@ -306,16 +306,16 @@ class FakeEngine:
                    cancel: threading.Event | None = None) -> AskResult:
         self._enter("regenerate", chat_id, restore.level)
         msgs = self._messages[chat_id]
-        if msgs and msgs[-1].role == "assistant":
-            msgs.pop()
-        question = msgs.pop().text  # asked again: stored again with its new answer
+        last = max(i for i, m in enumerate(msgs) if m.role == "user")
+        question = msgs[last].text  # asked again: its new turn replaces it once stored
         return self._generate(self._chats[chat_id], question,
                               fake_answer(question + " (again)"), restore.level, on_token,
-                              on_restore, progress, cancel)
+                              on_restore, progress, cancel, replacing=len(msgs) - last)
 
     def _generate(self, chat, question, answer, level, on_token, on_restore, progress,
-                  cancel) -> AskResult:
-        """As the engine answers: the question is stored with its answer, at the end."""
+                  cancel, replacing: int = 0) -> AskResult:
+        """As the engine answers: the question is stored with its answer, at the end, in
+        place of the `replacing` last messages (a regenerated turn)."""
         t0 = time.perf_counter()
         report = self._restore(self._prefix_tokens(chat.doc_ids), level, progress, cancel)
         if on_restore:
@@ -328,6 +328,7 @@ class FakeEngine:
             if on_token:
                 on_token(word if i == len(pieces) - 1 else word + " ")
         stats = {"tokens_generated": len(pieces), "ttft_s": ttft}
+        del self._messages[chat.chat_id][len(self._messages[chat.chat_id]) - replacing:]
         self._add_message(chat, "user", question, time.time())
         self._add_message(chat, "assistant", answer, time.time(), stats)
         return AskResult(chat_id=chat.chat_id, answer=answer, ttft_s=ttft or 0.0,

@@ -58,6 +58,7 @@ class DocumentCaches:
 class Library:
     def __init__(self, store: Store):
         self.store = store
+        self._superseded: dict[int, frozenset[int]] = {}  # chat: the turn a regenerate replaces
 
     # -- one item --------------------------------------------------------------------------
 
@@ -71,8 +72,27 @@ class Library:
         return self.store.chat_documents(chat_id)
 
     def history(self, chat_id: int) -> list[Message]:
-        """The chat's messages, oldest first."""
-        return self.store.messages(chat_id)
+        """The chat's messages, oldest first, less a turn being regenerated (`superseding`)."""
+        gone = self._superseded.get(chat_id, ())
+        return [m for m in self.store.messages(chat_id) if m.id not in gone]
+
+    def last_turn(self, chat_id: int) -> list[Message]:
+        """The chat's last question and what followed it: what a regenerate replaces."""
+        history = self.history(chat_id)
+        last = max((i for i, m in enumerate(history) if m.role == "user"), default=None)
+        if last is None:
+            raise EngineError("nothing to regenerate: the chat has no question yet")
+        return history[last:]
+
+    @contextlib.contextmanager
+    def superseding(self, chat_id: int, message_ids: Sequence[int]):
+        """While it lasts the messages are out of the chat's history, and the turn added to
+        the chat replaces them (in one transaction); if none is, they stay, as they were."""
+        self._superseded[chat_id] = frozenset(message_ids)
+        try:
+            yield
+        finally:
+            del self._superseded[chat_id]
 
     def stale_note(self, chat_id: int | None, docs: Sequence[Document], fp: str) -> list[str]:
         """What to tell the user when the cache of a chat over `docs` exists only under other
@@ -198,7 +218,8 @@ class Library:
         if chat_id is None:
             return self.store.start_chat(title_of(question), doc_ids, question, answer,
                                          **record).id
-        self.store.add_turn(chat_id, question, answer, **record)
+        self.store.add_turn(chat_id, question, answer, **record,
+                            replacing=sorted(self._superseded.get(chat_id, ())))
         return chat_id
 
     def name_untitled(self, chat_id: int, title: str) -> None:

@@ -376,6 +376,8 @@ class ChatSession:
             if on_restore:
                 on_restore(report)
             out = stream_answer(rt, sampling, t0, on_token, cancel)
+            if cancel is not None and cancel.is_set() and not out.tokens:
+                raise Cancelled("stopped before the answer began: nothing is stored")
             generated, answer, ttft = out.tokens, out.text, out.ttft
             # Close the turn as the template would, so the next turn appends to it exactly.
             suffix = closing_text(rt, turn, answer)
@@ -384,11 +386,10 @@ class ChatSession:
                 rt.prefill(suffix_tokens)
             else:
                 suffix_tokens = []
-            # After the answer, not before the first token: what streamed from the shared
-            # cache becomes the local entry this chat's own entry will extend.
+            # After the answer, not before its first token: what streamed from the shared
+            # cache becomes the local entry this chat's own entry will extend. Not kept, the
+            # context holds its chunks, possibly lossy: never stored again as a fresh prefill.
             kept, kept_notes = self.sharing.keep()
-            # Not kept, the context holds the shared entry's chunks, possibly lossy: not to be
-            # stored again as a fresh prefill of the document.
             messages = [*report.messages, *kept_notes, *out.notes,
                         *([] if kept else ["this turn's cache is not stored"])]
             result = AskResult(
@@ -415,17 +416,13 @@ class ChatSession:
             return replace(result, chat_id=chat_id, messages=[*result.messages, *not_kept])
 
     def regenerate(self, chat_id: int, **options) -> AskResult:
-        """Drop the last answer (and its question) and ask the question again."""
+        """Ask the last question again: its new turn replaces the last one once stored."""
         self.library.chat(chat_id)
         with self.lock, waited(self.store.chat_turn, chat_id, cancel=options.get("cancel"),
                                   progress=options.get("progress")):
-            history = self.library.history(chat_id)
-            users = [m for m in history if m.role == "user"]
-            if not users:
-                raise EngineError("nothing to regenerate: the chat has no question yet")
-            for m in history[history.index(users[-1]):]:
-                self.store.delete_message(m.id)
-            return self.ask(users[-1].text, chat_id=chat_id, **options)
+            turn = self.library.last_turn(chat_id)
+            with self.library.superseding(chat_id, [m.id for m in turn]):
+                return self.ask(turn[0].text, chat_id=chat_id, **options)
 
     def _context(self, rt: Runtime, chat_id: int | None, docs: Sequence[Document]
                  ) -> tuple[list[dict], list[int], list[str]]:
