@@ -221,6 +221,10 @@ def test_a_base_models_chat_answer_reaches_a_client_without_the_space_before_it(
     raw = gemma_engine.complete(RawPrompt("Question: What is the capital of France?\nAnswer:"),
                                 generation=greedy)
     assert raw.text.startswith(" ") and raw.text.lstrip().startswith(done.text), raw.text
+    asked = []  # kvdesk's own chats (the window, `ask`, /v1/kvdesk/ask) alike
+    res = gemma_engine.ask("What is the capital of France?", generation=greedy,
+                           restore=RestoreOptions(no_cache=True), on_token=asked.append)
+    assert res.answer and "".join(asked) == res.answer and asked[0] == asked[0].lstrip()
 
 
 def test_a_plain_answer_is_ended_by_a_line_break_only_after_its_text(runtime, monkeypatch):

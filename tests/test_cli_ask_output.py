@@ -85,11 +85,3 @@ def test_a_stopped_blended_chats_note_is_in_the_json_too(run):
     messages = json.loads(out)["messages"]
     assert messages == notes(err) and len(messages) == 3
     assert "exact context was not computed" in messages[-1]
-
-
-def test_the_streamed_answer_starts_where_the_stored_one_does(run):
-    # A base model asked "...Answer:" writes its first word after a space, or a blank line.
-    out, _ = run(pieces=[" ", "\n", " In", " the", " drawer."], finish_reason="stop")
-    assert out == "In the drawer.\n"
-    out, _ = run(pieces=["In", " the", "  drawer."], finish_reason="stop")
-    assert out == "In the  drawer.\n"  # only the start is the stored answer's

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from desktop_app.chat.answers import from_first_visible
 from desktop_app.chat.completions import StopStrings
 
 
@@ -42,7 +43,7 @@ def test_nothing_after_a_stop_is_sent():
 ])
 def test_a_chats_answer_is_sent_from_its_first_visible_character(pieces, stop, sent, text):
     got = []
-    stops = StopStrings(stop, got.append, lstrip=True)
+    stops = StopStrings(stop, from_first_visible(got.append))
     for piece in pieces:
         stops.feed(piece)
     # The answer as generated stays whole: the context holds its tokens.

@@ -1,5 +1,6 @@
 """An answer streamed out of the model: its tokens to the caller as they come, stopped early
-when it goes round in circles (`repetition.LoopGuard`) or would overflow the context.
+when it goes round in circles (`repetition.LoopGuard`) or would overflow the context; what
+reaches the user begins at its first visible character (`from_first_visible`).
 
 It only generates from what the context holds: bringing a chat in and storing the turn are the
 session's (`sessions`, `completions`).
@@ -54,3 +55,22 @@ def stream_answer(rt: Runtime, generation: GenerationOptions, t0: float,
                 break
     return Answer(generated, "".join(pieces), ttft, notes,
                   cut=not notes and len(generated) >= max_new)
+
+
+def from_first_visible(on_token: Callable[[str], None] | None
+                       ) -> Callable[[str], None] | None:
+    """`on_token` passed a chat answer's pieces from its first visible character, as the
+    answer is stored: a model asked "...Answer:" writes a space first (Gemma 3 270M). The
+    context keeps it; only what the user is shown loses it."""
+    if on_token is None:
+        return None
+    started = False
+
+    def feed(piece: str) -> None:
+        nonlocal started
+        if not started:
+            piece = piece.lstrip()
+            started = bool(piece)
+        if piece:
+            on_token(piece)
+    return feed

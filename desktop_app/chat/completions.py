@@ -32,7 +32,7 @@ from ..model.prompts import Turn, answer_text, closing, raw_prompt, with_evidenc
 from ..options import GenerationOptions, RestoreOptions
 from ..results import Completion, RestoreReport, Source
 from ..validation import InvalidValue
-from .answers import stream_answer
+from .answers import from_first_visible, stream_answer
 from .sessions import ChatSession
 
 ROLES = ("system", "user", "assistant")
@@ -166,7 +166,7 @@ class Completions:
             # or whole, as kvdesk's own chats show it: a base model asked "...Answer:" writes a
             # space first. A prompt continued as it is, or a prefill, keeps it: there it is text.
             trim = not isinstance(messages, RawPrompt) and not turn.prefill
-            stops = StopStrings(stop, on_token, lstrip=trim)
+            stops = StopStrings(stop, from_first_visible(on_token) if trim else on_token)
             stopped = threading.Event()
 
             def token(text: str) -> None:
@@ -219,11 +219,9 @@ class StopStrings:
     be the start of one is passed on until the next pieces decide, and the text is cut where
     the first one begins."""
 
-    def __init__(self, stop: Sequence[str], on_token: Callable[[str], None] | None, *,
-                 lstrip: bool = False):
+    def __init__(self, stop: Sequence[str], on_token: Callable[[str], None] | None):
         self.stop = [x for x in stop if x]
         self.on_token = on_token
-        self.leading = lstrip  # the answer's leading whitespace is not passed on
         self.text = ""
         self.sent = 0
         self.cut: int | None = None
@@ -254,9 +252,6 @@ class StopStrings:
     def _send(self, upto: int) -> None:
         if upto > self.sent:
             piece = self.text[self.sent:upto]
-            if self.leading:
-                piece = piece.lstrip()
-                self.leading = not piece
-            if piece and self.on_token:
+            if self.on_token:
                 self.on_token(piece)
             self.sent = upto

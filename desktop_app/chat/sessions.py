@@ -47,7 +47,7 @@ from ..model.sampling import Sampling, resolve
 from ..options import AUTO, GenerationOptions, RestoreOptions
 from ..results import COMPILING, AskResult, Progress, RestoreReport
 from ..validation import InvalidValue
-from .answers import stream_answer
+from .answers import from_first_visible, stream_answer
 from .fairlock import FairLock
 from .library import Library
 from .longdoc import LongDocs
@@ -375,7 +375,7 @@ class ChatSession:
             report = replace(report, messages=[*picked, *notes, *report.messages])
             if on_restore:
                 on_restore(report)
-            out = stream_answer(rt, sampling, t0, on_token, cancel)
+            out = stream_answer(rt, sampling, t0, from_first_visible(on_token), cancel)
             if cancel is not None and cancel.is_set() and not out.tokens:
                 raise Cancelled("stopped before the answer began: nothing is stored")
             generated, answer, ttft = out.tokens, out.text, out.ttft

@@ -186,12 +186,7 @@ def ask(app: App, args, chat_id, docs, restore, generation, no_server, as_json):
     started = []
 
     def on_token(text: str) -> None:
-        # Printed from its first visible character, as it is stored (AskResult.answer): a
-        # base model asked "...Answer:" begins with a space (Gemma 3 270M).
-        if not started:
-            text = text.lstrip()
-            if not text:
-                return
+        if not started:  # the engine streams an answer from its first visible character
             started.append(True)
             if not as_json:
                 bar.done()
