@@ -23,7 +23,7 @@ import time
 import zlib
 from pathlib import Path
 
-import store.db
+import store.datadir.db
 from store import Store
 
 N_TOKENS = 4096
@@ -139,12 +139,12 @@ def main() -> None:
             "crc32_gb_s": best_rate(lambda: zlib.crc32(raw), len(raw), args.repeat),
             "store": bench_store(root / "store", chunks, args.repeat),
         }
-        mmap_size = store.db.MMAP_SIZE
-        store.db.MMAP_SIZE = 0
+        mmap_size = store.datadir.db.MMAP_SIZE
+        store.datadir.db.MMAP_SIZE = 0
         try:
             report["store_without_mmap"] = bench_store(root / "no-mmap", chunks, args.repeat)
         finally:
-            store.db.MMAP_SIZE = mmap_size
+            store.datadir.db.MMAP_SIZE = mmap_size
         report["files"] = bench_files(root / "files", chunks["raw"], args.repeat)
     print(json.dumps(report, indent=2))
 

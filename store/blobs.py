@@ -36,7 +36,7 @@ import hashlib
 import sqlite3
 import struct
 
-from .db import is_damage
+from .datadir.db import is_damage
 from .errors import CorruptChunkError, NotFoundError
 
 # Version 1 of the seal; a new one would need a migration sealing every row again.

@@ -20,7 +20,7 @@ import json
 from collections.abc import Iterable
 
 from . import blobs, calibrations
-from .db import Connections
+from .datadir.db import Connections
 from .kv import get_entry, prefix_tokens, subtree
 from .tokens import chunk_spans, prefix_hashes
 

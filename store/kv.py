@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable, Iterable
 
 from . import blobs
-from .db import Connections
+from .datadir.db import Connections
 from .errors import IncompleteEntryError, NotFoundError
 from .records import Entry, PrefixMatch, Span
 from .tokens import chunk_spans, decode, encode, prefix_hashes

@@ -23,9 +23,9 @@ from typing import Any
 import sqlite_utils
 
 from . import passagekv
-from .db import Connections
+from .datadir.db import Connections
+from .datadir.locks import ChatLocks
 from .errors import DiskFullError, NotFoundError
-from .locks import ChatLocks
 from .records import Chat, Document, Message, Model
 from .tokens import decode, encode
 
@@ -272,7 +272,7 @@ class LibraryStore:
                     on_wait: Callable[[], None] | None = None
                     ) -> contextlib.AbstractContextManager:
         """Hold the attach of the document with this content hash against other processes
-        (store.locks), as chat_turn does a chat's turn."""
+        (store.datadir.locks), as chat_turn does a chat's turn."""
         if self.read_only:
             return contextlib.nullcontext()
         return self._chat_locks.attach(content_hash, cancel=cancel, on_wait=on_wait)
@@ -327,9 +327,9 @@ class LibraryStore:
 
     def chat_turn(self, chat_id: int | None, *, cancel: threading.Event | None = None,
                   on_wait: Callable[[], None] | None = None) -> contextlib.AbstractContextManager:
-        """Hold a chat's turn against other processes sharing this data directory (store.locks);
-        a read-only store, where no turn can be stored, takes none, nor does a chat not
-        created yet (None: no other process can know it)."""
+        """Hold a chat's turn against other processes sharing this data directory
+        (store.datadir.locks); a read-only store, where no turn can be stored, takes none, nor
+        does a chat not created yet (None: no other process can know it)."""
         if self.read_only or chat_id is None:
             return contextlib.nullcontext()
         return self._chat_locks.turn(chat_id, cancel=cancel, on_wait=on_wait)

@@ -13,7 +13,7 @@ import dataclasses
 
 import sqlite_utils
 
-from .db import Connections
+from .datadir.db import Connections
 from .passages import text_hash
 from .records import Entry
 

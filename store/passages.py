@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .db import Connections
+from .datadir.db import Connections
 from .errors import NotFoundError
 
 M008_PASSAGES = """

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import socket
 
-from .db import Connections
+from .datadir.db import Connections
 from .kv import subtree
 
 DEFAULT_BUDGET_BYTES = 10 * 10**9
@@ -59,7 +59,7 @@ def usage(db: Connections) -> int:
 def collect(db: Connections, budget_bytes: int, now: float, report: dict | None = None) -> dict:
     """Drop abandoned writes, then evict LRU entries until usage fits the budget; report it.
     What each step did is added to `report` as it commits, so a caller that runs it again
-    after an error (store.db.Connections.freeing) reports both runs' work."""
+    after an error (store.datadir.db.Connections.freeing) reports both runs' work."""
     report = report if report is not None else {}
     for key in ("evicted_entries", "evicted_caches", "abandoned_entries", "abandoned_documents"):
         report.setdefault(key, [])

@@ -19,7 +19,7 @@ import sqlite3
 from collections.abc import Callable
 
 from . import blobs, kv
-from .db import Connections
+from .datadir.db import Connections
 from .records import Entry
 
 

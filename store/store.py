@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from . import blobs, calibrations, integrity, kv, library, quota
-from .db import Connections, prepare_data_dir, quick_check
+from .datadir.db import Connections, prepare_data_dir, quick_check
+from .datadir.locks import ChatLocks
 from .errors import (
     BudgetFullError,
     CorruptChunkError,
@@ -28,7 +29,6 @@ from .errors import (
     NotFoundError,
 )
 from .library import LibraryStore
-from .locks import ChatLocks
 from .passagekv import PassageKVStore
 from .passages import PassageStore
 from .records import CalibrationRecord, Entry, PrefixMatch, Span

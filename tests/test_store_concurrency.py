@@ -112,7 +112,7 @@ if __name__ == "__main__":
 
 
 def test_a_chat_turn_waits_for_another_holder_and_can_be_cancelled(tmp_path):
-    from store.locks import TurnCancelled
+    from store.datadir.locks import TurnCancelled
 
     with Store(tmp_path) as one, Store(tmp_path) as two:  # as two processes would
         chat = one.create_chat("c").id
@@ -136,7 +136,7 @@ def test_a_chat_turn_waits_for_another_holder_and_can_be_cancelled(tmp_path):
 
 def test_an_attach_waits_for_another_of_the_same_document_cancellably(tmp_path):
     """Two stores on one data directory stand for two processes (the lock is a file lock)."""
-    from store.locks import TurnCancelled
+    from store.datadir.locks import TurnCancelled
 
     first, second = Store(tmp_path), Store(tmp_path)
     try:

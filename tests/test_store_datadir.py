@@ -55,7 +55,7 @@ def _read_only_store(path, monkeypatch) -> Store:
     # As root, permission bits do not stop writes: stand for a read-only mount at the one
     # place the store asks.
     real = os.access
-    monkeypatch.setattr("store.db.os.access",
+    monkeypatch.setattr("store.datadir.db.os.access",
                         lambda p, mode: False if mode & os.W_OK else real(p, mode))
     return Store(path)
 
@@ -243,7 +243,8 @@ def test_a_damaged_table_is_found_at_open_and_nothing_more_is_written(filled):
 
 def test_damage_a_read_runs_into_is_a_store_error_and_stops_every_write(filled, monkeypatch):
     _damage(filled, "kv_entries")
-    monkeypatch.setattr("store.db.Connections.check", lambda self: None)  # (damage after open)
+    monkeypatch.setattr("store.datadir.db.Connections.check",
+                        lambda self: None)  # (damage after open)
     with Store(filled) as store:
         assert store.damage is None
         with pytest.raises(DamagedError, match="malformed"):

@@ -1,6 +1,6 @@
 """A full disk: a write that runs out of room is refused whole with one clear error and the
 store stays usable; reading never needs room; freeing space (gc, deleting) works on a disk
-filled to the last byte, through the reserve the store keeps (store.reserve), and gives the
+filled to the last byte, through the reserve the store keeps (store.datadir.reserve), and gives the
 space back to the file system."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from test_store_helpers import LEVELS, ORPHAN_QUERIES, open_store, put_entry
 
 from desktop_app.errors import is_storage_fault, is_user_error
 from store import DiskFullError
-from store.reserve import NAME, RESERVE_BYTES
+from store.datadir.reserve import NAME, RESERVE_BYTES
 
 pytestmark = pytest.mark.real_reserve
 

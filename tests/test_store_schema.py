@@ -10,7 +10,7 @@ import pytest
 from test_store_helpers import count, open_store, orphans, put_entry
 
 from store import CorruptChunkError, SchemaVersionError, Store
-from store.db import open_connection
+from store.datadir.db import open_connection
 from store.schema import MIGRATIONS, SCHEMA_VERSION, migrate
 
 

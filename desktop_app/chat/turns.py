@@ -1,7 +1,7 @@
 """A chat's turn: waiting for it while another kvdesk process holds it (or a document's
 attach), and what to say when it does not fit the context.
 
-The store's file locks (`store.locks`) serve one process at a time across a data directory.
+The store's file locks (`store.datadir.locks`) serve one process at a time across a data directory.
 `waited(turn, key, ...)` holds one for the caller, says so through `progress` when it has to
 wait ("wait" 0 of 1), and turns a cancel while waiting into `Cancelled`, as every cancelled
 flow ends. It never holds a lock of its own and never decides what runs in the turn.
@@ -13,7 +13,7 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator
 
-from store.locks import TurnCancelled
+from store.datadir.locks import TurnCancelled
 
 from ..errors import Cancelled
 from ..results import Progress

@@ -25,7 +25,7 @@ from typing import TypeVar
 
 import sqlite_utils
 
-from .errors import DamagedError, DataDirError, DiskFullError, ReadOnlyError
+from ..errors import DamagedError, DataDirError, DiskFullError, ReadOnlyError
 from .reserve import Reserve
 
 T = TypeVar("T")
@@ -283,7 +283,7 @@ class Connections:
 
     def freeing(self, work: Callable[[], T]) -> T:
         """Run `work`, a deletion, then hand back what it freed (`reclaim`). On a full disk
-        the reserve (store.reserve) is given back first and `work` runs once more."""
+        the reserve (store.datadir.reserve) is given back first and `work` runs once more."""
         try:
             done = work()
         except DiskFullError:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import filelock
 
-from .errors import StoreError
+from ..errors import StoreError
 
 POLL_S = 0.1  # how often a waiting turn checks whether it was cancelled
 

@@ -1,0 +1,13 @@
+"""The data directory room: one SQLite file shared by threads and processes, kept usable.
+
+    db        connections: one per thread, WAL, IMMEDIATE write transactions; a damaged file
+              or a full disk raised as the store's errors, never as raw sqlite3 ones; freed
+              pages given back; the directory prepared, and SQLite's own check of the file
+    reserve   room kept on the directory's disk, so that freeing space works on a full disk
+    locks     file locks between processes: one turn at a time per chat, one attach at a time
+              per document
+
+Its question is "how do threads and processes share one data directory safely?". It stands on
+the leaf `errors` alone and never imports the schema, the caches, the documents, the shared
+tier or the `Store` facade: what the file holds is theirs to say.
+"""
