@@ -1,13 +1,14 @@
 """kvdesk's persistent store: documents, chats, messages, settings and compressed KV caches.
 
 One data directory, one SQLite database (WAL) driven through sqlite-utils; KV chunks are stored as
-BLOBs in it (the measured choice: see store.blobs and benchmarks/RESULTS.md). `Store` is the whole
-public API of the local store; the engine and the CLI wrap it thinly. An optional remote tier
-(store.remote, store.manifest, store.sync) shares document entries through S3-compatible
+BLOBs in it (the measured choice: see store.caches.blobs and benchmarks/RESULTS.md). `Store` is
+the whole public API of the local store; the engine and the CLI wrap it thinly. An optional remote
+tier (store.remote, store.manifest, store.sync) shares document entries through S3-compatible
 object storage; the local store stays the index and the cache. The store must never import
 llama.cpp, Qt, the codec or the app: chunks are opaque bytes at named quality levels.
 """
 
+from .caches.kv import BackgroundWriter, EntryWriter
 from .errors import (
     BudgetFullError,
     CorruptChunkError,
@@ -21,7 +22,6 @@ from .errors import (
     SchemaVersionError,
     StoreError,
 )
-from .kv import BackgroundWriter, EntryWriter
 from .passages import text_hash
 from .records import CalibrationRecord, Chat, Document, Entry, Message, Model, PrefixMatch, Span
 from .remote import RemoteConfig, RemoteTier

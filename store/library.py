@@ -239,7 +239,7 @@ class LibraryStore:
         """Store a document, or return the one already stored with the same content hash.
 
         `attaching`: a new document is unfinished, attached by this process, until
-        finish_document(); killed before, `gc` removes it (store.quota).
+        finish_document(); killed before, `gc` removes it (store.caches.quota).
         """
         record = {"content_hash": content_hash, "title": title, "source_path": source_path,
                   "type": type, "text": text, "n_tokens": n_tokens, "created": self._clock()}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 
-from .kv import BackgroundWriter
+from .caches.kv import BackgroundWriter
 from .manifest import Manifest
 from .records import Document, Entry
 from .store import Store

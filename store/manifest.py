@@ -4,11 +4,11 @@ A manifest is a small JSON object, written after every chunk object it names (st
 It carries:
 - the model fingerprint the KV was made under: a manifest is only ever read for that model;
 - the entry's tokens (uint32 little-endian, base64): the other machine hashes them for its
-  longest-prefix lookup, and its local copy is an ordinary entry keyed by them (store.kv);
+  longest-prefix lookup, and its local copy is an ordinary entry keyed by them (store.caches.kv);
 - the chunk size, the levels, and the size and SHA-256 of every (level, chunk) object; the
   object keys follow from these, so a manifest cannot point outside its fingerprint's folder;
 - where the entry's window starts, if it has one (version 3; the window's parts are chunk
-  objects numbered after the entry's chunks, store.kv): older readers refuse such a
+  objects numbered after the entry's chunks, store.caches.kv): older readers refuse such a
   manifest as newer rather than mistake its objects;
 - the document (content hash, title, type, token count and text), so that the other machine
   can ask about it without having the file;

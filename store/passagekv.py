@@ -1,6 +1,6 @@
 """Which passage entries hold which passages' KV: a passage's KV is found by content.
 
-A long document's passage has its KV in a passage entry (store.kv, `passage`), keyed by the
+A long document's passage has its KV in a passage entry (store.caches.kv, `passage`), keyed by the
 tokens it was computed from, which say nothing of the passage row. The entry is named by the
 SHA-256 of the passage's text (`passage_hash`, the passages' `content_hash`), so the same text
 in two documents, or twice in one, has one entry, counted for each, and deleting the document

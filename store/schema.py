@@ -9,7 +9,7 @@ migration; append a new one. A database at a version this code does not know is 
 Token ranges live in kv_spans (one row per chunk boundary of an entry, shared by all of its levels;
 since m004 also one per part of its window, if it has one); kv_chunks holds one row per (entry,
 chunk, level) with the bytes, so reading a chunk never loads the rest of its entry, and (since
-m006) a seal binding them to that place (store.blobs).
+m006) a seal binding them to that place (store.caches.blobs).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import zlib
 from collections.abc import Callable
 from pathlib import Path
 
-from . import blobs
+from .caches import blobs
 from .errors import ReadOnlyError, SchemaVersionError
 from .passages import m008_passages
 from .tokens import encode as encode_tokens
@@ -247,7 +247,7 @@ def m005_windows(conn: sqlite3.Connection) -> None:
 
 
 def m006_chunk_seals(conn: sqlite3.Connection) -> None:
-    """Every chunk sealed to its place (store.blobs.seal_digest): a chunk moved to another
+    """Every chunk sealed to its place (store.caches.blobs.seal_digest): a chunk moved to another
     entry, chunk or level, hashes and all, no longer passes its check.
 
     A row's SHA-256 of its bytes becomes its seal without reading the bytes; a row from before

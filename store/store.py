@@ -17,7 +17,9 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import blobs, calibrations, integrity, kv, library, quota
+from . import library
+from .caches import blobs, calibrations, integrity, kv, quota
+from .caches.splitting import SplitStore
 from .datadir.db import Connections, prepare_data_dir, quick_check
 from .datadir.locks import ChatLocks
 from .errors import (
@@ -33,7 +35,6 @@ from .passagekv import PassageKVStore
 from .passages import PassageStore
 from .records import CalibrationRecord, Entry, PrefixMatch, Span
 from .schema import check_current, migrate, schema_version
-from .splitting import SplitStore
 from .tokens import decode
 
 DB_NAME = "kvdesk.sqlite"
@@ -43,9 +44,8 @@ DEFAULT_CHUNK_SIZE = 256
 class Store(LibraryStore, PassageStore, PassageKVStore, SplitStore):
     """Persistent state of one data directory. Close it (or use `with`) when done.
 
-    Documents, chats and messages: `LibraryStore` (store.library); long documents' passages,
-    their index and vectors: `PassageStore` (store.passages); which passage entries hold their
-    KV: `PassageKVStore` (store.passagekv); KV entries, integrity and quota: here.
+    `LibraryStore`, `PassageStore`, `PassageKVStore`: documents, chats, messages, passages and
+    their KV; `SplitStore` (store.caches); KV entries, quota, integrity: here.
     """
 
     def __init__(self, data_dir: str | Path, *, clock: Callable[[], float] = time.time):
@@ -345,7 +345,7 @@ class Store(LibraryStore, PassageStore, PassageKVStore, SplitStore):
     def gc(self, budget_bytes: int | None = None) -> dict:
         """Evict least-recently-used KV entries until they fit the budget (default: the setting).
 
-        Entries and documents whose writer was killed go first (store.quota).
+        Entries and documents whose writer was killed go first (store.caches.quota).
         Returns {"evicted_entries": [ids], "evicted_caches": [{"entry", "document_id",
         "chat_id", "passage", "bytes"} of each], "abandoned_entries": [ids],
         "abandoned_documents": [ids], "freed_bytes": n, "bytes_after": n, "budget_bytes": n}.
@@ -361,7 +361,7 @@ class Store(LibraryStore, PassageStore, PassageKVStore, SplitStore):
 
     def verify(self) -> dict:
         """Check the database file (SQLite's quick_check), then every chunk of every complete
-        entry; quarantine what fails (store.integrity), in a file that is not damaged.
+        entry; quarantine what fails (store.caches.integrity), in a file that is not damaged.
 
         Returns {"database": [what SQLite found wrong], "entries": n, "chunks": n, "bytes": n,
         "corrupt": [{"entry": id, "chunk": i, "level": name, "new": bool}],

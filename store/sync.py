@@ -11,7 +11,7 @@ An entry whose chunks need a codec calibration takes it along: push uploads the 
 object (content-addressed, immutable) before the manifest, and a pull or a streaming copy
 fetches it (`fetch_calibration`) into the local store before anything decodes.
 
-Only documents' and passages' root entries travel, with their windows (store.kv); chats
+Only documents' and passages' root entries travel, with their windows (store.caches.kv); chats
 never leave the machine. A passage's entry is pulled only for a local document holding the
 same passage, when a question needs it (`pull` with its document id), never by `pull_all`.
 `check` reads back what a push never does: a shared entry's objects, put back where damaged.
@@ -83,7 +83,7 @@ def find(tier: RemoteTier, fingerprint: str, tokens: list[int], *,
     """The remote entry covering the longest prefix of `tokens` beyond `longer_than` tokens.
 
     One listing and one read: the query is hashed once, only at the token counts some
-    manifest key names (as the local lookup does, store.kv).
+    manifest key names (as the local lookup does, store.caches.kv).
     """
     index = remote_index(tier, fingerprint)
     positions = sorted({end for end, _ in index if longer_than < end <= len(tokens)})

@@ -8,7 +8,7 @@ import pytest
 from test_store_helpers import FP, dead_pid, open_store
 
 from store import BudgetFullError
-from store.quota import ABANDON_AFTER_S
+from store.caches.quota import ABANDON_AFTER_S
 
 
 class Clock:

@@ -19,7 +19,7 @@ A sliding-window (iSWA) model's entry is two things. Its chunks: the full-attent
 of its own tokens, [full layers, 256 tokens, channels], as for any model — a chat's entry shares
 its document's. And its window: the sliding-window layers' KV of the positions the entry's last
 token attends to (Gemma 3: the last 512), [window layers, tokens, channels], stored as window
-parts of 256 at the entry's levels (store.kv), because those layers' KV of a position depends
+parts of 256 at the entry's levels (store.caches.kv), because those layers' KV of a position depends
 on all that came before and only a state that ends exactly at the entry's end holds it. So a
 chat's entry carries its own window while reusing its document's chunks, and a restore can end
 only where some entry ends (`streaming`). The window is taken from the context when it ends

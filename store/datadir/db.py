@@ -36,8 +36,8 @@ BUSY_TIMEOUT_MS = 60_000
 
 # Reads go through mmap up to this size: incremental blob reads of multi-MB chunks then copy
 # straight from the page cache instead of one pread() per 4 KiB page (+50% throughput, see
-# store.blobs). SQLite clamps it to its compile-time maximum (2 GiB in common builds); pages past
-# that are read with pread(), still above 1 GB/s.
+# store.caches.blobs). SQLite clamps it to its compile-time maximum (2 GiB in common builds);
+# pages past that are read with pread(), still above 1 GB/s.
 MMAP_SIZE = 1 << 36
 
 # Pages moved at once, at least, by a reclaim on a nearly full disk (4 KiB pages: 1 MiB)

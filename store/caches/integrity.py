@@ -19,10 +19,10 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
+from ..datadir.db import Connections
+from ..tokens import chunk_spans, prefix_hashes
 from . import blobs, calibrations
-from .datadir.db import Connections
 from .kv import get_entry, prefix_tokens, subtree
-from .tokens import chunk_spans, prefix_hashes
 
 Chunk = tuple[int, int, str]  # (entry, chunk index, level)
 

@@ -13,8 +13,8 @@ import hashlib
 import json
 import sqlite3
 
-from .errors import NotFoundError, StoreError
-from .records import CalibrationRecord
+from ..errors import NotFoundError, StoreError
+from ..records import CalibrationRecord
 
 _COLUMNS = "id, model, length(data), meta, created"
 

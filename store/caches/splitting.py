@@ -18,9 +18,9 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable
 
+from ..datadir.db import Connections
+from ..records import Entry
 from . import blobs, kv
-from .datadir.db import Connections
-from .records import Entry
 
 
 def split(conn: sqlite3.Connection, entry_id: int, at: int, now: float) -> int:

@@ -16,8 +16,8 @@ Reads, the hot path, are on par with files and well above the 1 GB/s target. Wri
 but a prefill of 4,096 tokens takes far longer than the ~1 s it costs to store it.
 
 Writes are atomic for free: a chunk row commits or does not, and an entry becomes visible only
-when the transaction marking it complete commits (store.kv). Files would need temp+fsync+rename,
-a directory fsync, and orphan sweeps that race with writers in other processes.
+when the transaction marking it complete commits (store.caches.kv). Files would need
+temp+fsync+rename, a directory fsync, and orphan sweeps that race with writers in other processes.
 
 Every chunk row records, at write, a seal: the SHA-256 of its place (its entry's prefix hash, its
 chunk index, its level) and of the SHA-256 of its bytes, checked on every read (~1.4 GB/s here,
@@ -36,8 +36,8 @@ import hashlib
 import sqlite3
 import struct
 
-from .datadir.db import is_damage
-from .errors import CorruptChunkError, NotFoundError
+from ..datadir.db import is_damage
+from ..errors import CorruptChunkError, NotFoundError
 
 # Version 1 of the seal; a new one would need a migration sealing every row again.
 _SEAL_TAG = b"kvdesk chunk seal 1\0"

@@ -10,7 +10,7 @@ entry's levels; what those bytes mean is the caller's. A window part is never a 
 Entries are written incomplete (invisible to every reader), one short write transaction per chunk
 so the GUI and other writers are never blocked for a whole prefill, and become visible in the
 single transaction that checks every (chunk, level) is present and sets complete = 1. A writer
-that dies leaves an incomplete entry that store.quota removes later.
+that dies leaves an incomplete entry that store.caches.quota removes later.
 
 This module must never let a reader see an incomplete entry, and never copy a parent's chunks.
 """
@@ -26,11 +26,11 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterable
 
+from ..datadir.db import Connections
+from ..errors import IncompleteEntryError, NotFoundError
+from ..records import Entry, PrefixMatch, Span
+from ..tokens import chunk_spans, decode, encode, prefix_hashes
 from . import blobs
-from .datadir.db import Connections
-from .errors import IncompleteEntryError, NotFoundError
-from .records import Entry, PrefixMatch, Span
-from .tokens import chunk_spans, decode, encode, prefix_hashes
 
 ENTRY_COLUMNS = (
     "id, model, token_start, token_end, parent_id, chunk_size, levels, nbytes,"

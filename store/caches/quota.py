@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import socket
 
-from .datadir.db import Connections
+from ..datadir.db import Connections
 from .kv import subtree
 
 DEFAULT_BUDGET_BYTES = 10 * 10**9
