@@ -3,7 +3,7 @@
 One data directory, one SQLite database (WAL) driven through sqlite-utils; KV chunks are stored as
 BLOBs in it (the measured choice: see store.caches.blobs and benchmarks/RESULTS.md). `Store` is
 the whole public API of the local store; the engine and the CLI wrap it thinly. An optional remote
-tier (store.remote, store.manifest, store.sync) shares document entries through S3-compatible
+tier (store.shared) shares document entries through S3-compatible
 object storage; the local store stays the index and the cache. The store must never import
 llama.cpp, Qt, the codec or the app: chunks are opaque bytes at named quality levels.
 """
@@ -24,7 +24,7 @@ from .errors import (
 )
 from .passages import text_hash
 from .records import CalibrationRecord, Chat, Document, Entry, Message, Model, PrefixMatch, Span
-from .remote import RemoteConfig, RemoteTier
+from .shared.remote import RemoteConfig, RemoteTier
 from .store import DEFAULT_CHUNK_SIZE, Store
 
 __all__ = [

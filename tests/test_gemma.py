@@ -19,7 +19,8 @@ from desktop_app.kv.levels import DEFAULT_LEVELS, EXACT
 from desktop_app.model.kvstate import in_position_order
 from desktop_app.model.runtime import Runtime
 from desktop_app.options import GenerationOptions, RestoreOptions
-from store import Store, sync
+from store import Store
+from store.shared import sync
 
 EVERY_LEVEL = (*DEFAULT_LEVELS, EXACT)
 

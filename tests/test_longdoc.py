@@ -28,7 +28,8 @@ from desktop_app.model.prompts import passage_layout, passage_prefix
 from desktop_app.model.runtime import Runtime
 from desktop_app.options import GenerationOptions, RestoreOptions
 from desktop_app.results import Source
-from store import BudgetFullError, Store, sync
+from store import BudgetFullError, Store
+from store.shared import sync
 
 PASSAGES = [
     "The ferry to Cape Morrow leaves at 07:15 and 16:40 on weekdays. On Saturdays it sails "

@@ -17,8 +17,9 @@ from desktop_app.engine import Engine
 from desktop_app.kv.levels import DEFAULT_LEVELS, EXACT
 from desktop_app.model.runtime import Runtime
 from desktop_app.options import GenerationOptions, RestoreOptions
-from store import RemoteConfig, RemoteTier, Store, sync
-from store.manifest import Manifest
+from store import RemoteConfig, RemoteTier, Store
+from store.shared import sync
+from store.shared.manifest import Manifest
 
 EVERY_LEVEL = (*DEFAULT_LEVELS, EXACT)
 

@@ -20,9 +20,9 @@ from store import (
     RemoteConfig,
     RemoteError,
     RemoteTier,
-    sync,
 )
-from store.manifest import ChunkObject, Manifest, RemoteDocument
+from store.shared import sync
+from store.shared.manifest import ChunkObject, Manifest, RemoteDocument
 
 TOKENS = list(range(600))  # three chunks of 256
 

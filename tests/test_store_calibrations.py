@@ -10,8 +10,9 @@ import pytest
 from test_remote_store import TOKENS, attached, bucket_keys
 from test_store_helpers import FP, LEVELS, open_store, payload
 
-from store import NotFoundError, StoreError, sync
-from store.manifest import Manifest
+from store import NotFoundError, StoreError
+from store.shared import sync
+from store.shared.manifest import Manifest
 
 CAL = b"KVCL calibration bytes, opaque to the store" * 10
 CAL_ID = hashlib.sha256(CAL).hexdigest()

@@ -1,4 +1,4 @@
-"""The engine's use of the shared cache tier (store.remote): what it reads, keeps and shares.
+"""The engine's use of the shared cache tier (store.shared): what it reads, keeps and shares.
 
 With a bucket configured, a restore whose tokens the local store does not cover looks for a
 longer document entry on the remote tier and, if there is one, streams it (`source`) through
@@ -19,7 +19,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from store import BudgetFullError, RemoteError, RemoteTier, Store, StoreError, sync, text_hash
+from store import BudgetFullError, RemoteError, RemoteTier, Store, StoreError, text_hash
+from store.shared import sync
 
 from .sources import ChunkSource, LocalSource, RemoteSource
 

@@ -6,7 +6,7 @@ returns one chunk's checked bytes or raises a StoreError. `streaming.restore` ru
 pipeline over either, `parallel` reads in flight at once.
 
 A remote source keeps what it reads: every chunk goes into a pending local copy of the entry
-(store.sync.LocalCopy) that the engine completes after the answer, so the next restore is
+(store.shared.sync.LocalCopy) that the engine completes after the answer, so the next restore is
 local; until then the copy is invisible to every reader of the store.
 
 This module picks nothing: the engine decides which source a restore reads.
@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from store import Span, Store
-from store.remote import RemoteTier
-from store.sync import LocalCopy, read_chunk
+from store.shared.remote import RemoteTier
+from store.shared.sync import LocalCopy, read_chunk
 
 
 class ChunkSource(Protocol):

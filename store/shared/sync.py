@@ -2,10 +2,11 @@
 
 The local store stays the index and the cache: a push uploads a local entry's chunk objects
 (those not there yet, in parallel) and then its manifest; a pull finds an entry by the
-manifest keys alone (token count and prefix hash, store.remote), reads its manifest, and
-copies it into a pending local entry (store.localcopy) that becomes an ordinary entry only once
-every chunk is in: a partial copy is never visible locally, whatever interrupts it. A
-streaming restore feeds the same LocalCopy with the chunks it reads, so what it read is kept.
+manifest keys alone (token count and prefix hash, store.shared.remote), reads its manifest,
+and copies it into a pending local entry (store.shared.localcopy) that becomes an ordinary
+entry only once every chunk is in: a partial copy is never visible locally, whatever
+interrupts it. A streaming restore feeds the same LocalCopy with the chunks it reads, so what
+it read is kept.
 
 An entry whose chunks need a codec calibration takes it along: push uploads the calibration
 object (content-addressed, immutable) before the manifest, and a pull or a streaming copy
@@ -28,13 +29,13 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
-from .errors import CorruptChunkError, CorruptObjectError, NotFoundError, RemoteError
+from ..errors import CorruptChunkError, CorruptObjectError, NotFoundError, RemoteError
+from ..records import Document, Entry
+from ..store import Store
+from ..tokens import encode, prefix_hashes
 from .localcopy import LocalCopy, add_document
 from .manifest import ChunkObject, Manifest, RemoteDocument
-from .records import Document, Entry
 from .remote import RemoteTier, sha256
-from .store import Store
-from .tokens import encode, prefix_hashes
 
 ProgressFn = Callable[[int, int], None]  # (objects done, objects in all)
 

@@ -1,6 +1,6 @@
 """A remote entry being copied into the local store: invisible there until every chunk is in.
 
-A pull (store.sync) and a streaming restore fill a `LocalCopy` with the chunks they read; it
+A pull (store.shared.sync) and a streaming restore fill a `LocalCopy` with the chunks they read; it
 becomes an ordinary local entry only when complete. A document the copy brings is unfinished
 until then, as an attach's is (store.schema m007): a kill leaves it listed so, the next pull
 finishes it and `gc` removes it; a failed copy removes it. This module never reads the
@@ -12,10 +12,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 
-from .caches.kv import BackgroundWriter
+from ..caches.kv import BackgroundWriter
+from ..records import Document, Entry
+from ..store import Store
 from .manifest import Manifest
-from .records import Document, Entry
-from .store import Store
 
 
 def add_document(store: Store, manifest: Manifest, *, attaching: bool = False) -> Document:

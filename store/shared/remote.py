@@ -8,7 +8,7 @@ Bucket layout, under a prefix that is a team's namespace (two prefixes never see
 
 Chunk objects are immutable and content-addressed: the key ends with the SHA-256 of the bytes,
 so writing one twice writes the same thing, and a reader checks what it got against its key.
-An entry's manifest (store.manifest) is written last, after every chunk it names, so a
+An entry's manifest (store.shared.manifest) is written last, after every chunk it names, so a
 half-uploaded entry has no manifest and nobody ever sees it. Nothing is ever read, changed
 and written back: concurrent pushes from several machines can only write whole objects, and
 the last complete manifest of an entry wins.
@@ -30,7 +30,7 @@ import threading
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from .errors import CorruptObjectError, NotFoundError, RemoteError
+from ..errors import CorruptObjectError, NotFoundError, RemoteError
 
 # A level name or fingerprint becomes part of a key: nothing that could climb out of a folder.
 _SAFE_PART = re.compile(r"^[A-Za-z0-9_.-]+$")

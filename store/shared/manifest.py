@@ -1,6 +1,6 @@
 """An entry's manifest on the remote tier: all another machine needs to use it with no prefill.
 
-A manifest is a small JSON object, written after every chunk object it names (store.remote).
+A manifest is a small JSON object, written after every chunk object it names (store.shared.remote).
 It carries:
 - the model fingerprint the KV was made under: a manifest is only ever read for that model;
 - the entry's tokens (uint32 little-endian, base64): the other machine hashes them for its
@@ -13,7 +13,7 @@ It carries:
 - the document (content hash, title, type, token count and text), so that the other machine
   can ask about it without having the file;
 - the codec calibration its chunks need (its SHA-256), if any: an object of its own
-  (store.remote), uploaded before the manifest, fetched with the chunks (version 2; a
+  (store.shared.remote), uploaded before the manifest, fetched with the chunks (version 2; a
   version 1 manifest names none);
 - whether it is a passage's entry (version 4): the KV of one passage of a long document,
   keyed by its content; its `document` then names only the document it was computed for
@@ -34,8 +34,8 @@ import re
 from dataclasses import asdict, dataclass
 from functools import cached_property
 
-from .errors import CorruptObjectError
-from .tokens import chunk_spans, decode, encode, prefix_hashes
+from ..errors import CorruptObjectError
+from ..tokens import chunk_spans, decode, encode, prefix_hashes
 
 FORMAT = "kvdesk-kv-manifest"
 VERSION = 4  # the newest this code reads; an entry without a window is written as 2
