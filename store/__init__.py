@@ -9,6 +9,7 @@ llama.cpp, Qt, the codec or the app: chunks are opaque bytes at named quality le
 """
 
 from .caches.kv import BackgroundWriter, EntryWriter
+from .documents.passages import text_hash
 from .errors import (
     BudgetFullError,
     CorruptChunkError,
@@ -22,7 +23,6 @@ from .errors import (
     SchemaVersionError,
     StoreError,
 )
-from .passages import text_hash
 from .records import CalibrationRecord, Chat, Document, Entry, Message, Model, PrefixMatch, Span
 from .shared.remote import RemoteConfig, RemoteTier
 from .store import DEFAULT_CHUNK_SIZE, Store

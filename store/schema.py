@@ -22,8 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .caches import blobs
+from .documents.passages import m008_passages
 from .errors import ReadOnlyError, SchemaVersionError
-from .passages import m008_passages
 from .tokens import encode as encode_tokens
 
 M001_INITIAL = """
@@ -300,10 +300,10 @@ def m009_passage_kv(conn: sqlite3.Connection) -> None:
     conn.execute(M009_PASSAGE_KV)
 
 
-# The SHA-256 of the text whose KV a passage entry holds (store.passages' `content_hash`), so
-# that a document's passages with KV are counted by content, whichever document's question or
-# pass stored them. Set when the entry is stored, or when one stored before this column is
-# next found for its text.
+# The SHA-256 of the text whose KV a passage entry holds (store.documents.passages'
+# `content_hash`), so that a document's passages with KV are counted by content, whichever
+# document's question or pass stored them. Set when the entry is stored, or when one stored
+# before this column is next found for its text.
 M010_PASSAGE_HASH = (
     "ALTER TABLE kv_entries ADD COLUMN passage_hash TEXT",
     "CREATE INDEX kv_entries_passage_hash ON kv_entries(passage_hash)"

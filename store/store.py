@@ -17,11 +17,14 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import library
 from .caches import blobs, calibrations, integrity, kv, quota
 from .caches.splitting import SplitStore
 from .datadir.db import Connections, prepare_data_dir, quick_check
 from .datadir.locks import ChatLocks
+from .documents import library
+from .documents.library import LibraryStore
+from .documents.passagekv import PassageKVStore
+from .documents.passages import PassageStore
 from .errors import (
     BudgetFullError,
     CorruptChunkError,
@@ -30,9 +33,6 @@ from .errors import (
     DiskFullError,
     NotFoundError,
 )
-from .library import LibraryStore
-from .passagekv import PassageKVStore
-from .passages import PassageStore
 from .records import CalibrationRecord, Entry, PrefixMatch, Span
 from .schema import check_current, migrate, schema_version
 from .tokens import decode
@@ -44,8 +44,8 @@ DEFAULT_CHUNK_SIZE = 256
 class Store(LibraryStore, PassageStore, PassageKVStore, SplitStore):
     """Persistent state of one data directory. Close it (or use `with`) when done.
 
-    `LibraryStore`, `PassageStore`, `PassageKVStore`: documents, chats, messages, passages and
-    their KV; `SplitStore` (store.caches); KV entries, quota, integrity: here.
+    `LibraryStore`, `PassageStore`, `PassageKVStore` (store.documents): documents, chats,
+    messages, passages, their KV; `SplitStore` (store.caches); KV entries, quota, integrity: here.
     """
 
     def __init__(self, data_dir: str | Path, *, clock: Callable[[], float] = time.time):

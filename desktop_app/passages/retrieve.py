@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from store import Store
-from store.passages import query_words
+from store.documents.passages import query_words
 
 from ..errors import EngineError
 from ..results import Record, location

@@ -89,7 +89,7 @@ def create_pending(
 
     `window_start`: the entry also has a window, the positions [window_start, len(tokens)).
     `passage`: it is the KV of a passage of `document_id`, not that document's prefix, whose
-    text has the `passage_hash` (store.passagekv).
+    text has the `passage_hash` (store.documents.passagekv).
     """
     if chunk_size <= 0 or not levels or len(set(levels)) != len(levels):
         raise ValueError("an entry needs a positive chunk size and distinct level names")

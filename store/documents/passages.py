@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from .datadir.db import Connections
-from .errors import NotFoundError
+from ..datadir.db import Connections
+from ..errors import NotFoundError
 
 M008_PASSAGES = """
 CREATE TABLE passages (

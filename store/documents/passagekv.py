@@ -13,9 +13,9 @@ import dataclasses
 
 import sqlite_utils
 
-from .datadir.db import Connections
+from ..datadir.db import Connections
+from ..records import Entry
 from .passages import text_hash
-from .records import Entry
 
 
 def hand_over(db: sqlite_utils.Database, document_id: int) -> None:

@@ -22,12 +22,12 @@ from typing import Any
 
 import sqlite_utils
 
+from ..datadir.db import Connections
+from ..datadir.locks import ChatLocks
+from ..errors import DiskFullError, NotFoundError
+from ..records import Chat, Document, Message, Model
+from ..tokens import decode, encode
 from . import passagekv
-from .datadir.db import Connections
-from .datadir.locks import ChatLocks
-from .errors import DiskFullError, NotFoundError
-from .records import Chat, Document, Message, Model
-from .tokens import decode, encode
 
 
 def get(table: sqlite_utils.db.Table, key: Any, what: str) -> dict:
