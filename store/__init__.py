@@ -3,9 +3,16 @@
 One data directory, one SQLite database (WAL) driven through sqlite-utils; KV chunks are stored as
 BLOBs in it (the measured choice: see store.caches.blobs and benchmarks/RESULTS.md). `Store` is
 the whole public API of the local store; the engine and the CLI wrap it thinly. An optional remote
-tier (store.shared) shares document entries through S3-compatible
-object storage; the local store stays the index and the cache. The store must never import
-llama.cpp, Qt, the codec or the app: chunks are opaque bytes at named quality levels.
+tier (store.shared) shares document entries through S3-compatible object storage; the local
+store stays the index and the cache. The store must never import llama.cpp, Qt, the codec or the
+app: chunks are opaque bytes at named quality levels.
+
+In rooms, each a subpackage whose `__init__` says what it owns and never imports, stacked top
+down (pyproject.toml's layers contract states it): `shared` (the remote tier), the `Store`
+facade (`store.py`) and `schema` (the migrations of every room's tables), then side by side
+`caches` (KV entries and chunks, quota, integrity, calibrations) and `documents` (models,
+documents, chats, messages, passages), then `datadir` (connections, the disk reserve, locks
+between processes), and the leaf modules `errors`, `records` and `tokens`.
 """
 
 from .caches.kv import BackgroundWriter, EntryWriter

@@ -31,7 +31,7 @@ def test_the_command_line_loads_no_model_code_until_a_command_needs_it():
     assert out == "[]"
 
 
-PACKAGES_IN_ROOMS = ("desktop_app", "codec")
+PACKAGES_IN_ROOMS = ("desktop_app", "codec", "store")
 ROOMS = {package: sorted(p for p in (ROOT / package).iterdir()
                          if p.is_dir() and (p / "__init__.py").exists())
          for package in PACKAGES_IN_ROOMS}
@@ -43,6 +43,7 @@ def test_every_room_says_what_it_owns_and_what_it_never_imports():
     names = {package: {p.name for p in rooms} for package, rooms in ROOMS.items()}
     assert names["desktop_app"] >= {"model", "calibration", "kv", "chat", "server", "cli"}
     assert names["codec"] >= {"kernels", "format", "calibrated", "backend", "jit"}
+    assert names["store"] >= {"datadir", "caches", "documents", "shared"}
     for package, rooms in ROOMS.items():
         for room in rooms:
             doc = ast.get_docstring(ast.parse((room / "__init__.py").read_text())) or ""
