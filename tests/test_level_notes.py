@@ -3,6 +3,8 @@ a model: notes kept as data, a blend's summed by adding, the sentences made only
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from desktop_app.kv.levels import LevelNote, level_notes, merged_level_notes, said
@@ -78,3 +80,20 @@ def test_a_blend_says_each_note_once_where_the_first_was_over_all_its_chunks():
     lone = "1 of 2 chunks is not stored at 'high': read at compact instead"
     assert merged_level_notes([lone, LevelNote("failed", 1, 2, "high", ("compact",))], 6) == [
         lone, LevelNote("failed", 1, 6, "high", ("compact",))]
+
+
+def test_a_chunk_of_the_shared_cache_that_fails_is_not_sent_to_local_repair():
+    """`kvdesk verify --repair` mends this machine's store only: a copy in the shared cache
+    that failed its check is put back by `kvdesk remote verify --repair` where it is held."""
+    shared = LevelNote("failed", 1, 4, "high", ("compact",), shared=True)
+    assert said([shared]) == [
+        "1 of 4 chunks failed its check at 'high': read at compact instead; the shared "
+        "cache's copy is damaged: `kvdesk remote verify --repair` puts it back from a "
+        "machine that holds the entry"]
+    assert level_notes("high", ["compact", "high"], 0, shared=True) == [LevelNote(
+        "failed", 1, 2, "high", ("compact",), shared=True)]
+    local = LevelNote("failed", 2, 4, "high", ("compact",))
+    with pytest.raises(ValueError):
+        local + shared
+    assert merged_level_notes([local, shared], 8) == [replace(local, chunks=8),
+                                                      replace(shared, chunks=8)]

@@ -173,6 +173,18 @@ def test_a_corrupt_object_falls_back_to_recomputing(machine_a, machine, s3_serve
                for m in res.messages)
 
 
+def test_a_shared_copy_that_fails_its_check_is_not_sent_to_local_repair(
+        machine_a, machine, s3_server, s3_bucket):
+    tier, manifest = fault_tier(machine_a, s3_server, s3_bucket)
+    s3_server.client().put_object(Bucket=s3_bucket, Key=chunk_key(tier, manifest, 1, "high"),
+                                  Body=b"\0" * manifest.chunks["high"][1].nbytes)
+    b = machine(tier)
+    res = ask(b, QUESTION, doc=lazily_pulled(b), tokens=4, level="high")
+    assert res.chunk_levels[1] != "high" and res.recomputed_tokens == 0
+    note = next(m for m in res.messages if "failed its check at 'high'" in m)
+    assert "kvdesk remote verify --repair" in note and "`kvdesk verify --repair`" not in note
+
+
 def test_the_server_stopped_mid_stream(machine_a, machine, tmp_path, model_path, model_hash):
     server = S3Server(tmp_path / "s3").start()
     try:

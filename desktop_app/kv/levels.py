@@ -45,7 +45,8 @@ class LevelNote:
     `chunks` it read, because none is stored at it (`kind` "not stored"), the one stored
     failed its check on this read ("failed"), or its entry is stored at it but this chunk
     cannot be read there, set aside after an earlier failed check or missing ("damaged");
-    `read`, the levels they were read at, by name.
+    `read`, the levels they were read at, by name; `shared`, read from the shared cache (the
+    S3 tier), whose copies this machine's `verify --repair` does not mend.
 
     Kept as data until it is shown (`str`: the sentence the user reads), so that the notes
     of several reads (a blend's parts) add up into one (`+`)."""
@@ -55,13 +56,19 @@ class LevelNote:
     chunks: int
     asked: str
     read: tuple[str, ...]
+    shared: bool = False
 
     def __add__(self, other: LevelNote) -> LevelNote:
-        if (other.kind, other.asked) != (self.kind, self.asked):
+        if other.key != self.key:
             raise ValueError(f"a note on {other.kind!r} at {other.asked!r} does not add to "
-                             f"one on {self.kind!r} at {self.asked!r}")
+                             f"one on {self.kind!r} at {self.asked!r}, or not from one cache")
         return LevelNote(self.kind, self.count + other.count, self.chunks + other.chunks,
-                         self.asked, tuple(sorted({*self.read, *other.read})))
+                         self.asked, tuple(sorted({*self.read, *other.read})), self.shared)
+
+    @property
+    def key(self) -> tuple[str, str, bool]:
+        """What notes that add up share: the kind, the level asked, the cache read."""
+        return self.kind, self.asked, self.shared
 
     def __str__(self) -> str:
         k = self.count
@@ -69,8 +76,11 @@ class LevelNote:
         at = f"{self.asked!r}: read at {', '.join(self.read)} instead"
         if self.kind == "not stored":
             return f"{chunks} {'is' if k == 1 else 'are'} not stored at {at}"
-        # Stored but unreadable: what `kvdesk docs` counts as damaged, and repair recomputes.
-        repair = f"; `kvdesk verify --repair` computes {'it' if k == 1 else 'them'} again"
+        # Stored but unreadable: what `kvdesk docs` counts as damaged, and repair recomputes;
+        # a shared copy is put back by a machine that holds the entry.
+        repair = (f"; `kvdesk verify --repair` computes {'it' if k == 1 else 'them'} again"
+                  if not self.shared else "; the shared cache's copy is damaged: `kvdesk "
+                  "remote verify --repair` puts it back from a machine that holds the entry")
         if self.kind == "damaged":
             return (f"{chunks} {'is' if k == 1 else 'are'} damaged at {self.asked!r} (set "
                     f"aside after a failed check, or missing): read at {', '.join(self.read)} "
@@ -83,17 +93,17 @@ Message = str | LevelNote
 
 
 def level_notes(asked: str, read: Sequence[str], not_stored: int, kept: int = 0,
-                damaged: int = 0) -> list[LevelNote]:
+                damaged: int = 0, shared: bool = False) -> list[LevelNote]:
     """What a restore at the level `asked` says of the chunks it read at another (the levels
     it read, `read`): `not_stored` of them because none is stored at it, `kept` because
     their entry is kept at one level by design (a passage's: nothing to say), `damaged`
     because the one stored was set aside before (or is missing), the rest after the one
-    stored failed its check on this read."""
+    stored failed its check on this read (`shared`: all read from the shared cache)."""
     others = [lvl for lvl in read if lvl != asked]
     left = len(others) - kept
     missing = min(left, not_stored)
     set_aside = min(left - missing, damaged)
-    return [LevelNote(kind, k, len(read), asked, tuple(sorted(set(others))))
+    return [LevelNote(kind, k, len(read), asked, tuple(sorted(set(others))), shared)
             for kind, k in (("not stored", missing), ("damaged", set_aside),
                             ("failed", left - missing - set_aside))
             if k > 0]
@@ -102,13 +112,13 @@ def level_notes(asked: str, read: Sequence[str], not_stored: int, kept: int = 0,
 def merged_level_notes(messages: Sequence[Message], chunks: int) -> list[Message]:
     """`messages` with the level notes of several reads (a blend's parts, `chunks` chunks in
     all) summed into one per kind and level, where the first of them was."""
-    out: list[Message | tuple[str, str]] = []
+    out: list[Message | tuple[str, str, bool]] = []
     totals: dict[tuple[str, str], LevelNote] = {}
     for message in messages:
         if isinstance(message, str):
             out.append(message)
             continue
-        key = (message.kind, message.asked)
+        key = message.key
         if key not in totals:
             out.append(key)
         totals[key] = totals[key] + message if key in totals else message

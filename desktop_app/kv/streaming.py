@@ -243,7 +243,8 @@ class _Reading:
     def finish(self, source: ChunkSource) -> None:
         if self.options.level != AUTO:
             self.messages += level_notes(self.options.level, self.chunk_levels,
-                                         self.not_stored, self.kept, self.damaged)
+                                         self.not_stored, self.kept, self.damaged,
+                                         shared=source.kind == "remote")
         if self.measured and not self.options.bandwidth_MBps:
             self.speeds.observe_read(source.kind, self.measured[0])
 
