@@ -357,17 +357,25 @@ class Engine:
         return self.completions.complete(messages, **options)
 
     def passages(self, doc_id: int, *, query: str | None = None, k: int = DEFAULT_K,
-                 mode: str | None = None, wide: bool = False) -> list[Hit]:
+                 mode: str | None = None, wide: bool = False,
+                 chat_id: int | None = None) -> list[Hit]:
         """A long document's passages in order (score 0), or with `query` those retrieval
         returns for it, best first, by `mode` (bm25, dense or fused; default: the measured
         best): of its `k` best, the ones a chat reads (focused: for a question naming
-        something rare, those holding it), or with `wide` all `k`. `kvdesk passages`. A
-        document that fits the context has none."""
+        something rare, those holding it), or with `wide` all `k`; asked as a follow-up in
+        chat `chat_id` (about the document), after its turns. `kvdesk passages`. A document
+        that fits the context has none."""
         self.library.document(doc_id)
         if query is not None:
             if not query.strip():
                 raise EngineError("the query is empty")
-            return self.retriever.retrieve(doc_id, query, k=k, mode=mode,
+            recent = []
+            if chat_id is not None:
+                self.library.chat(chat_id)  # "no chat 9"
+                if doc_id not in {d.id for d in self.library.chat_documents(chat_id)}:
+                    raise EngineError(f"chat {chat_id} is not about document {doc_id}")
+                recent = [m.text for m in self.library.history(chat_id)]
+            return self.retriever.retrieve(doc_id, query, recent=recent, k=k, mode=mode,
                                            focus=not wide and self.session.longdocs.focus)
         return [Hit(p.id, p.index, p.text, p.page, p.lines, p.heading, p.tokens, 0.0)
                 for p in self.store.passages(doc_id)]

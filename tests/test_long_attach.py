@@ -163,3 +163,24 @@ def test_the_command_line_says_it_and_shows_passages(tmp_path):
     assert "passages" in docs.stdout
     bad = kvdesk(data, "passages", "7", "--json")
     assert bad.returncode == 1 and "no document 7" in json.loads(bad.stdout)["error"]
+
+
+def test_passages_retrieved_as_a_follow_up_in_a_chat(engine, tmp_path):
+    """`kvdesk passages --query Q --chat C`: what a follow-up retrieves after the chat's turns
+    (which say what "it" is), not what the question alone does."""
+    path = tmp_path / "log.md"
+    path.write_text(long_text())
+    doc = engine.attach(path).doc_id
+    chat = engine.store.create_chat("c", [doc])
+    engine.store.add_message(chat.id, "user", "Where is the spare key of the boathouse?")
+    engine.store.add_message(chat.id, "assistant", "Behind the barometer.")
+    follow_up = "Who put it there?"
+    alone = engine.passages(doc, query=follow_up)
+    after = engine.passages(doc, query=follow_up, chat_id=chat.id)
+    assert not any(WRAPPED in h.text for h in alone)
+    assert any(WRAPPED in h.text for h in after)
+    other = engine.store.create_chat("about nothing", [])
+    with pytest.raises(EngineError, match=f"chat {other.id} is not about document {doc}"):
+        engine.passages(doc, query=follow_up, chat_id=other.id)
+    with pytest.raises(EngineError, match="no chat 99"):
+        engine.passages(doc, query=follow_up, chat_id=99)

@@ -23,15 +23,18 @@ PREVIEW_CHARS = 100
               "it.")
 @click.option("--mode", type=click.Choice(MODES), help="How to rank (with --query; default: "
               f"{DEFAULT_MODE}, the best measured).")
+@click.option("--chat", "chat_id", type=int, help="Retrieve as a follow-up in this chat (with "
+              "--query): after its turns, which say what \"it\" is.")
 @json_option
 @click.pass_obj
 def passages(app: App, doc_id: int, query: str | None, k: int, wide: bool, mode: str | None,
-             as_json: bool):
+             chat_id: int | None, as_json: bool):
     """Show a long document's passages (where each is, its heading), or with --query those a
     chat reads for a question and the sentences of theirs its turn quotes."""
-    if query is None and (wide or mode is not None or k != DEFAULT_K):
-        raise click.UsageError("-k, --wide and --mode say how to retrieve: give --query too")
-    hits = app.engine.passages(doc_id, query=query, k=k, mode=mode, wide=wide)
+    if query is None and (wide or mode is not None or k != DEFAULT_K or chat_id is not None):
+        raise click.UsageError("-k, --wide, --mode and --chat say how to retrieve: give "
+                               "--query too")
+    hits = app.engine.passages(doc_id, query=query, k=k, mode=mode, wide=wide, chat_id=chat_id)
     lines = [f"#{h.index} [{h.location}]" + (f" {' > '.join(h.heading)}" if h.heading else "")
              + f" · {h.tokens} tokens" + (f" · score {h.score:.4f}" if query is not None else "")
              + "\n    " + " ".join(h.text.split())[:PREVIEW_CHARS] for h in hits]
