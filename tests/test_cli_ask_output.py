@@ -1,6 +1,6 @@
 """What `kvdesk ask` prints of an answer, over a fake engine (no model): the notes it says on
-stderr are the ones `--json` carries in `messages`, and the streamed answer starts where the
-stored one does."""
+stderr are the ones `--json` carries in `messages`; interrupted for good, `--json` still
+prints one JSON document."""
 
 from __future__ import annotations
 
@@ -85,3 +85,32 @@ def test_a_stopped_blended_chats_note_is_in_the_json_too(run):
     messages = json.loads(out)["messages"]
     assert messages == notes(err) and len(messages) == 3
     assert "exact context was not computed" in messages[-1]
+
+
+def test_a_second_ctrl_c_still_prints_one_json_document(monkeypatch, tmp_path, capsys):
+    """The first Ctrl-C stops the work cleanly; a second one ends the process at once (130),
+    and a script reading `--json` output gets a JSON document saying so, not nothing."""
+    from desktop_app.cli import main
+
+    class Interrupted(FakeEngine):
+        def ask(self, question, **options):
+            raise KeyboardInterrupt  # the second Ctrl-C (cli.base.interruptible)
+
+    class FakeApp:
+        def __init__(self, settings, *, background):
+            self.engine = Interrupted([], "stop")
+
+        def preload(self):
+            pass
+
+        def close(self):
+            pass
+
+    monkeypatch.setenv("KVDESK_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setattr(base, "App", FakeApp)
+    with pytest.raises(SystemExit) as ended:
+        main(["--data-dir", str(tmp_path / "data"), "ask", "--no-server", "1", "Where?",
+              "--json"])
+    out = capsys.readouterr()
+    assert ended.value.code == 130 and "Aborted." in out.err
+    assert json.loads(out.out) == {"error": "interrupted", "kind": "Interrupted"}

@@ -37,7 +37,9 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     try:
         cli.main(args=args, prog_name="kvdesk", standalone_mode=False)
-    except click.exceptions.Abort:
+    except click.exceptions.Abort:  # a second Ctrl-C (the first stops the work cleanly)
+        if "--json" in args:  # a script reading stdout still gets one JSON document
+            click.echo(json.dumps({"error": "interrupted", "kind": "Interrupted"}))
         click.echo("Aborted.", err=True)
         sys.exit(130)
     except click.UsageError as e:  # a malformed command line: one Error line, and where to look
