@@ -165,6 +165,36 @@ def test_the_new_settings_and_flags_are_checked(tmp_path, capsys):
         main(["--data-dir", str(tmp_path), "serve", "--port", "70000"])
     err = capsys.readouterr().err
     assert exited.value.code == 1 and "Error: --port: " in err and "--server-port" not in err
+    with pytest.raises(SystemExit) as exited:
+        main(["--data-dir", str(tmp_path), "serve", "--ollama-port", "eleven"])
+    err = capsys.readouterr().err
+    assert exited.value.code == 1 and "neither a port nor none" in err
+
+
+def test_ollamas_port_can_be_left_unserved_from_the_command_line(tmp_path, monkeypatch):
+    """`--ollama-port none` as the setting's null: no second listener (0 is any free port)."""
+    import desktop_app.server as server_mod
+
+    made = []
+
+    class Refused(Exception):
+        pass
+
+    class FakeServer:
+        def __init__(self, app, **kwargs):
+            made.append(kwargs)
+
+        def check(self):
+            raise Refused  # (what was asked is known: nothing is served)
+
+    monkeypatch.setattr(server_mod, "Server", FakeServer)
+    for value, port in (("none", None), ("off", None), ("0", 0), ("9999", 9999)):
+        with pytest.raises(Refused):
+            main(["--data-dir", str(tmp_path), "serve", "--ollama-port", value])
+        assert made[-1]["ollama_port"] == port, value
+    with pytest.raises(Refused):
+        main(["--data-dir", str(tmp_path), "serve"])
+    assert made[-1]["ollama_port"] == 11434  # the setting's default
 
 
 def test_the_served_models_names(tmp_path):

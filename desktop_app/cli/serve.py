@@ -9,6 +9,20 @@ import click
 from ..app import App
 from .base import checked, cli
 
+OFF = "none"  # --ollama-port none: Ollama's port not served
+
+
+def _port_or_off(value: str | None) -> int | str | None:
+    """--ollama-port's value: a port, `none` (not served), or None (not given)."""
+    if value is None:
+        return None
+    if value.strip().lower() in (OFF, "off"):
+        return OFF
+    try:
+        return int(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is neither a port nor none") from None
+
 
 @cli.command()
 @click.option("--host", default="127.0.0.1", show_default=True,
@@ -17,11 +31,12 @@ from .base import checked, cli
               "free port).")
 @click.option("--api-key", envvar="KVDESK_API_KEY", help="A key every client must send "
               "(Authorization: Bearer KEY); env KVDESK_API_KEY.")
-@click.option("--ollama-port", type=int, help="Also serve on this port when it is free, where "
-              "Ollama's clients look (default: the setting ollama_port, 11434).")
+@click.option("--ollama-port", callback=lambda ctx, param, value: _port_or_off(value),
+              help="Also serve on this port when it is free, where Ollama's clients look "
+              "(default: the setting ollama_port, 11434; none: not).")
 @click.pass_obj
 def serve(app: App, host: str, port: int | None, api_key: str | None,
-          ollama_port: int | None):
+          ollama_port: int | str | None):
     """Serve the local API: OpenAI's chat and text completions and Ollama's API, with a
     prompt cache that survives restarts, and kvdesk's own documents and chats. Ctrl-C stops
     it."""
@@ -29,11 +44,14 @@ def serve(app: App, host: str, port: int | None, api_key: str | None,
 
     if port is not None:
         checked(app.settings.with_values, flags={"server_port": "--port"}, server_port=port)
-    if ollama_port is not None:
+    if ollama_port == OFF:
+        ollama_port = None
+    elif ollama_port is None:
+        ollama_port = app.settings.ollama_port
+    else:
         checked(app.settings.with_values, ollama_port=ollama_port)
     server = Server(app, host=host, port=app.settings.server_port if port is None else port,
-                    api_key=api_key, ollama_port=app.settings.ollama_port if ollama_port is None
-                    else ollama_port)
+                    api_key=api_key, ollama_port=ollama_port)
     server.check()  # (refused at once, not after loading the model)
     click.echo(f"Loading {app.model_path.name}...", err=True)
 
