@@ -521,6 +521,40 @@ def test_a_regenerate_replaces_the_last_turn_only_once_its_new_one_is_stored(eng
     assert second.answer == before[3][1]
 
 
+def test_a_short_prompt_takes_nothing_from_an_unrelated_entry_that_begins_alike(engine,
+                                                                                  doc_id):
+    """A prompt sharing only the system prompt and a header with a stored entry (here the
+    document's) computes those few tokens, exactly, rather than read them lossy from it: its
+    answer does not depend on what else the store holds."""
+    reports = []
+    engine.runtime.reset()  # as after a restart
+    engine.complete([{"role": "user", "content": "Write a story about a dragon."}],
+                    generation=deterministic(2), on_restore=reports.append)
+    assert reports[0].bytes_read == 0 and "text" in reports[0].chunk_levels
+
+
+def test_a_clients_next_turn_computes_only_what_it_adds(new_engine):
+    """A client of the local API sends the whole conversation each turn: the context holds
+    all of it but the new turn, exactly, and keeps it (nothing read, nothing recomputed but
+    what the turn adds), where it recomputed everything or read a lossy copy back."""
+    eng = new_engine(levels=("balanced",))
+    first = [{"role": "user", "content": "When was the lighthouse electrified?"}]
+    done = eng.complete(first, generation=deterministic(8))
+    reports = []
+    later = eng.complete([*first, {"role": "assistant", "content": done.text},
+                          {"role": "user", "content": "How tall is the tower?"}],
+                         generation=deterministic(4), on_restore=reports.append)
+    (report,) = reports
+    assert report.bytes_read == 0 and report.chunk_levels == []
+    assert later.cached_tokens >= done.prompt_tokens and report.recomputed_tokens > 0
+    assert "the model already held" in report.messages[0]
+    eng.runtime.reset()
+    recomputed = eng.complete([*first, {"role": "assistant", "content": done.text},
+                               {"role": "user", "content": "How tall is the tower?"}],
+                              generation=deterministic(4), restore=RestoreOptions(no_cache=True))
+    assert recomputed.text == later.text  # kept exactly
+
+
 def test_kv_read_back_lossy_is_never_stored_again_as_computed(new_engine, monkeypatch):
     """The local API's prompt cache: requests sharing a long system prompt, each with its own
     question, read the shared part back from the first request's entry. Storing it again
@@ -555,6 +589,7 @@ def test_kv_read_back_lossy_is_never_stored_again_as_computed(new_engine, monkey
     other = {"role": "system", "content": DOC.replace("lamp", "beacon") * 2}
     assert eng.complete([other, {"role": "user", "content": "Who lit it?"}],
                         generation=deterministic(4)).stored
+    eng.runtime.reset()  # as after a restart: the shared part is read back, lossy
     again = eng.complete([other, {"role": "user", "content": "How tall is the tower?"}],
                          generation=deterministic(4))
     assert again.cached_tokens > 64 and not again.stored

@@ -29,7 +29,6 @@ from dataclasses import replace
 
 from store import Document, Store
 
-from ..calibration import codec_prep
 from ..errors import Cancelled, EngineError
 from ..kv import speeds as speeds_mod
 from ..kv import streaming
@@ -45,7 +44,7 @@ from ..model.prompts import closing as closing_text
 from ..model.runtime import Runtime
 from ..model.sampling import Sampling, resolve
 from ..options import AUTO, GenerationOptions, RestoreOptions
-from ..results import COMPILING, AskResult, Progress, RestoreReport
+from ..results import AskResult, Progress, RestoreReport
 from ..validation import InvalidValue
 from .answers import from_first_visible, stream_answer
 from .fairlock import FairLock
@@ -152,17 +151,24 @@ class ChatSession:
             # exactly it, freshly evaluated (a draft sent as it was), compute that token.
             if question and not (keep == len(held) == len(full) and rt.has_logits):
                 keep = min(keep, len(full) - 1)
-            # (A sliding-window cache may no longer hold what cutting back would need.)
-            if keep >= len(tokens) and rt.can_truncate(keep):
+            # Held only in part (a client's next turn, sent whole): kept when no stored
+            # prefix goes further, and the rest computed, exactly. (A sliding-window cache
+            # may no longer hold what cutting back would need.)
+            if (keep >= len(tokens) or self._held_goes_furthest(rt, tokens, keep, docs)) \
+                    and rt.can_truncate(keep):
                 rt.truncate(keep)
                 self.decoded_until = min(self.decoded_until, keep)
                 if self._blended_at is not None and keep <= self._blended_at:
                     self._blended_at = None  # what is kept came back exact
-                report = RestoreReport(len(tokens), time.perf_counter() - t0, 0, [], 0,
-                                       ["the model already held this conversation: nothing read"],
-                                       blended=self._mode_of(docs, len(tokens), 0))
+                held, r0 = min(keep, len(tokens)), time.perf_counter()
                 rt.prefill(full[keep:], cancel=cancel)
-                return report
+                return RestoreReport(
+                    len(tokens), r0 - t0, 0, [], len(tokens) - held,
+                    ["the model already held this conversation: nothing read" if held == len(
+                        tokens) else f"the model already held {held:,} of its {len(tokens):,} "
+                     "tokens: nothing read, the rest computed"],
+                    recompute_s=time.perf_counter() - r0 if held < len(tokens) else 0.0,
+                    blended=self._mode_of(docs, held, len(tokens) - held))
         self._loaded = None  # until the context holds a finished load again
         source, notes, fresh = None, [], 0  # fresh: tokens of passages computed for this
         effective = options
@@ -187,8 +193,8 @@ class ChatSession:
                 notes += [f"{e}: the context is computed exactly instead"]
             source, found = self.sharing.source(rt.fingerprint, tokens)
             notes += found
-            if source is not None and source.n_tokens and self._codec_not_ready(rt, source,
-                                                                               notes):
+            if source is not None and source.n_tokens and self.contexts.recompute_while_compiling(
+                    rt, source.n_tokens, self.speeds, self.levels, notes):
                 source = None
         with self.contexts.restoring():
             report = streaming.restore(
@@ -206,21 +212,12 @@ class ChatSession:
         return replace(report, recomputed_tokens=n, messages=[*notes, *report.messages],
                        blended=self._mode_of(docs, len(tokens) - n, n))
 
-    def _codec_not_ready(self, rt: Runtime, source, notes: list[str]) -> bool:
-        """While the codec's kernels are being compiled: whether recomputing the stored
-        tokens is sooner than waiting for them (said in `notes` either way). While they are
-        only loaded from numba's caches (a second or two), a restore goes ahead at once."""
-        state = self.contexts.codec_state()
-        if state.phase != COMPILING:
-            return False
-        decode_s = rt.layout.raw_bytes(source.n_tokens) / 1e6 / max(
-            self.speeds.decode(lvl) for lvl in self.levels)
-        choice = codec_prep.decide(prep_left_s=state.left_s, restore_s=decode_s,
-                                   recompute_s=source.n_tokens / self.speeds.prefill_tps)
-        notes.append(f"the codec was being prepared (once): {choice.reason}")
-        if choice.action == "wait":
-            self.contexts.wait_codec()
-        return choice.action == "recompute"
+    def _held_goes_furthest(self, rt: Runtime, tokens: list[int], keep: int,
+                            docs: Sequence[Document]) -> bool:
+        """Whether the `keep` tokens the context holds of `tokens` are the most of them any
+        stored prefix holds (with no documents to blend: a chat over some reads theirs)."""
+        return keep > 0 and not docs and self.store.longest_prefix(
+            rt.fingerprint, tokens, touch=False).n_tokens <= keep
 
     def _blendable(self, rt: Runtime, chat_id: int | None, tokens: list[int],
                    docs: Sequence[Document], cancel: threading.Event | None, progress=None):

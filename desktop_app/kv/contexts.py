@@ -39,8 +39,9 @@ from store import Store
 from ..calibration import codec_prep
 from ..calibration.calibrations import Calibrations
 from ..model.runtime import Runtime
-from ..results import CHECKING, READY, PrepState
+from ..results import CHECKING, COMPILING, READY, PrepState
 from . import streaming
+from .speeds import Speeds
 
 CHAT = "chat"
 ATTACH = "attach"
@@ -192,6 +193,24 @@ class Contexts:
         if prep is None:
             return PrepState(READY if self._cached else "idle", 0, 0, "", 0.0, 0.0, 0)
         return prep.state()
+
+    def recompute_while_compiling(self, rt: Runtime, n_tokens: int, speeds: Speeds,
+                                  levels: Sequence[str], notes: list[str]) -> bool:
+        """While the codec's kernels are being compiled: whether recomputing `n_tokens`
+        stored tokens is sooner than waiting for them (said in `notes` either way; waited for
+        here when waiting is sooner). While they are only loaded from numba's caches (a
+        second or two), a restore goes ahead at once."""
+        state = self.codec_state()
+        if state.phase != COMPILING:
+            return False
+        decode_s = rt.layout.raw_bytes(n_tokens) / 1e6 / max(speeds.decode(lvl)
+                                                              for lvl in levels)
+        choice = codec_prep.decide(prep_left_s=state.left_s, restore_s=decode_s,
+                                   recompute_s=n_tokens / speeds.prefill_tps)
+        notes.append(f"the codec was being prepared (once): {choice.reason}")
+        if choice.action == "wait":
+            self.wait_codec()
+        return choice.action == "recompute"
 
     def wait_codec(self) -> None:
         """Block until the codec's kernels are ready (or their preparation failed)."""

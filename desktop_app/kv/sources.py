@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from store import Span, Store
+from store import PrefixMatch, Span, Store
 from store.shared.remote import RemoteTier
 from store.shared.sync import LocalCopy, read_chunk
 
@@ -55,6 +55,12 @@ class ChunkSource(Protocol):
 # A stored chunk that continues the tokens asked for this far is read whole and cut back:
 # decoding its 256 tokens costs a few milliseconds, computing 4 tokens some 30 on 2 cores.
 TAIL_MINIMUM = 4
+# A stored prefix shorter than this is not read. A restore's fixed cost (the store queried, a
+# chunk read and decoded, the state set: ~0.1 s) is what computing some 30-50 tokens costs on
+# 2 cores, and computing them is exact; read, a short prompt took its first tokens, lossy,
+# from whatever unrelated entry began the same way (the system prompt and a message header),
+# and its answer changed with what else the store held.
+PREFIX_MINIMUM = 32
 
 
 class LocalSource:
@@ -64,6 +70,8 @@ class LocalSource:
     def __init__(self, store: Store, fingerprint: str, tokens: Sequence[int], *,
                  touch: bool = True):
         match = store.longest_prefix(fingerprint, tokens, tail_minimum=TAIL_MINIMUM, touch=touch)
+        if match.n_tokens + match.tail_match < PREFIX_MINIMUM:
+            match = PrefixMatch((), (), 0)
         self._index(store, match.spans + ((match.tail,) if match.tail else ()))
         self.n_tokens = match.n_tokens + match.tail_match
         self.beyond = match.tail_tokens[match.tail_match:]
