@@ -73,6 +73,51 @@ def test_chat_streamed_and_not_with_the_ollama_client(client):
     assert parts[-1].eval_count == whole.eval_count
 
 
+def test_a_queued_requests_prompt_eval_duration_leaves_out_its_wait(client, served):
+    """Ollama counts the time a request waits for those before it in its total only: a
+    client reckoning prompt tokens a second from prompt_eval_duration gets the machine's."""
+    import threading
+    import time
+
+    for stream in (False, True):
+        got = []
+
+        def ask(stream=stream, got=got):
+            answer = client.chat(model="default", options={"num_predict": 2, "temperature": 0},
+                                 messages=[{"role": "user", "content": "Hello?"}],
+                                 stream=stream)
+            got.append(list(answer)[-1] if stream else answer)
+
+        with served.app.engine.session.lock:  # a turn in progress: the request queues
+            asking = threading.Thread(target=ask)
+            asking.start()
+            time.sleep(3)
+        asking.join(60)
+        (last,) = got
+        assert last.done and last.total_duration > 3e9, stream
+        assert last.prompt_eval_duration < 2.5e9, stream
+
+
+def test_a_conversation_longer_than_the_context_loses_its_oldest_messages(client, served):
+    """As Ollama answers it (tools send long histories whole): the oldest turns left out,
+    the system message and the last question kept, and said; OpenAI's route refuses it."""
+    history = [{"role": "system", "content": SYSTEM}]
+    for i in range(12):
+        history += [{"role": "user", "content": f"Tell me about ferry number {i}. " * 8},
+                    {"role": "assistant", "content": f"Ferry {i} sails at noon. " * 8}]
+    history.append({"role": "user", "content": "When is the Saturday crossing?"})
+    whole = client.chat(model="default", messages=history, options=QUIET)
+    assert whole.done and whole.message.content and whole.prompt_eval_count < 1024
+    said = httpx.post(f"{served.url}/api/chat", trust_env=False, timeout=120, json={
+        "model": "default", "messages": history, "options": QUIET, "stream": False}).json()
+    (note,) = [m for m in said["kvdesk"]["messages"] if "oldest" in m]
+    left_out = int(note.split(" oldest ")[0].rsplit(" ", 1)[1])
+    assert left_out % 2 == 0 and 0 < left_out < 24  # whole turns; the last question kept
+    with pytest.raises(ollama.ResponseError):  # nothing but the question is too long
+        client.chat(model="default", options=QUIET,
+                    messages=[{"role": "user", "content": "Ferry " * 3000}])
+
+
 def test_generate_through_the_template_and_raw(client):
     templated = client.generate(model="default:latest", prompt="Say hello.", options=QUIET)
     assert templated.done and templated.response
@@ -129,9 +174,11 @@ def test_a_conversation_ending_with_the_assistant_is_continued(served):
         whole, start, rest)
 
 
-@pytest.mark.parametrize("kind", [None, "application/x-www-form-urlencoded"])
+@pytest.mark.parametrize("kind", [None, "application/x-www-form-urlencoded",
+                                  "text/plain;charset=UTF-8"])
 def test_a_body_sent_as_ollamas_curl_examples_send_it_is_read_as_json(served, kind):
-    # `curl URL -d '{...}'`, as Ollama's documentation has it: form-encoded, or no type at all
+    # `curl URL -d '{...}'`, as Ollama's documentation has it: form-encoded, or no type at
+    # all; or as text (a browser's fetch of a string, scripts), which Ollama reads as JSON too
     body = json.dumps({"model": "default", "stream": False, "options": QUIET,
                        "messages": [{"role": "user", "content": "Hi."}]})
     headers = {"content-type": kind} if kind else {}

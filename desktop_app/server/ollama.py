@@ -6,7 +6,9 @@ JS clients, Open WebUI's Ollama mode, editor and notes plugins.
     POST /api/show                            that model: details, parameters in effect,
                                               capabilities
     POST /api/chat                            a conversation answered, streamed as Ollama
-                                              streams (JSON lines) unless "stream": false
+                                              streams (JSON lines) unless "stream": false;
+                                              longer than the context, its oldest messages
+                                              left out, as Ollama leaves them (`fitted`)
     POST /api/generate                        a prompt: through the chat template (with
                                               `system`), as it is (`raw`), or filled in
                                               between (`suffix`, where the model can)
@@ -26,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from fastapi import FastAPI, Request
@@ -34,7 +37,7 @@ from fastapi.responses import PlainTextResponse
 from .. import __version__
 from ..app import App
 from ..chat.completions import RawPrompt
-from ..errors import Cancelled
+from ..errors import Cancelled, ContextFullError
 from ..results import Completion
 from . import bridge, embeddings, streams
 from . import ollama_shapes as sh
@@ -119,8 +122,8 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
         options = body.engine_options()
         if not messages:
             return sh.loaded(body.model, True, body.unloading())
-        return await answer(request, body, lambda **kw: app.engine.complete(
-            messages, **options, **kw), sh.chat_piece)
+        return await answer(request, body, lambda **kw: fitted(
+            lambda msgs: app.engine.complete(msgs, **options, **kw), messages), sh.chat_piece)
 
     @api.post("/api/generate")
     async def generate(body: sh.GenerateRequest, request: Request):
@@ -141,22 +144,32 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
                      piece: Callable[..., dict]):
         """The answer as one object, or streamed as JSON lines ending with the counts."""
         started, model = time.perf_counter(), body.model
+        taken = [started]  # when the engine took it, after the requests queued before it
+
+        def take() -> None:
+            taken[0] = time.perf_counter()
+
         if not body.stream:
-            done = await bridge.call(request, stopping, lambda cancel: call(cancel=cancel))
+            done = await bridge.call(request, stopping, lambda cancel: call(cancel=cancel,
+                                                                            on_start=take))
             if done.finish_reason == "cancelled":
                 raise Cancelled(CUT_SHORT)
-            return {**piece(model, done.text, done=True), **sh.final(done, started)}
+            return {**piece(model, done.text, done=True), **sh.final(done, started, taken[0])}
 
         def last(d: Completion) -> list[dict]:
             # Ollama has no done_reason for an answer cut short: an error line, so that a
             # client does not keep it as a finished answer.
             if d.finish_reason == "cancelled":
                 return [sh.error(cut_short())]
-            return [{**piece(model, "", done=True), **sh.final(d, started)}]
+            return [{**piece(model, "", done=True), **sh.final(d, started, taken[0])}]
+
+        def begin(emit) -> None:
+            take()
+            emit(bridge.READY)
 
         return streams.ndjson(await streams.objects(
             request, stopping, lambda emit, cancel: call(
-                cancel=cancel, on_token=emit, on_start=lambda: emit(bridge.READY)),
+                cancel=cancel, on_token=emit, on_start=lambda: begin(emit)),
             piece=lambda text: piece(model, text), done=last,
             error=lambda e: sh.error(error_of(e)[1]["error"]["message"])))
 
@@ -195,6 +208,32 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
         found, _ = await vectors(request, body, body.prompt)
         return {"embedding": found[0].tolist()}
 
+
+
+def fitted(complete: Callable[[list[dict]], Completion], messages: list[dict]) -> Completion:
+    """A conversation longer than the context answered as Ollama answers it: its oldest
+    messages left out until it fits (never a system message, nor the last one; an answer
+    with the question it answered), and said in the answer's notes, where OpenAI's routes
+    refuse it."""
+    left_out = 0
+    while True:
+        try:
+            done = complete(messages)
+        except ContextFullError:
+            turn = [i for i, m in enumerate(messages[:-1]) if m["role"] != "system"][:1]
+            if not turn:
+                raise
+            while turn[-1] + 1 < len(messages) - 1 and messages[turn[-1] + 1]["role"] not in (
+                    "system", "user"):
+                turn.append(turn[-1] + 1)  # what answered it goes with it
+            messages = [m for i, m in enumerate(messages) if i not in turn]
+            left_out += len(turn)
+            continue
+        if left_out:
+            done = replace(done, messages=[
+                f"the conversation is longer than the context: its {left_out} oldest "
+                "message(s) were left out, as Ollama leaves them out", *done.messages])
+        return done
 
 
 def _parameters(n: int | None) -> str:

@@ -203,12 +203,16 @@ def loaded(model: str, chat: bool, unloading: bool) -> dict:
     return {**piece(model, "", done=True), "done_reason": "unload" if unloading else "load"}
 
 
-def final(c: Completion, started: float) -> dict:
-    """The last object's counts and durations (ns), and how the prompt came back."""
+def final(c: Completion, started: float, taken: float) -> dict:
+    """The last object's counts and durations (ns), and how the prompt came back. The time
+    the request waited for those before it (`taken` - `started`) counts in the total only, as
+    Ollama's does: a client reckoning tokens a second from the others gets this machine's."""
     total = time.perf_counter() - started
+    waited = max(0.0, taken - started)
     return {"done_reason": "length" if c.finish_reason == "length" else "stop",
             "total_duration": nanoseconds(total), "load_duration": 0,
-            "prompt_eval_count": c.prompt_tokens, "prompt_eval_duration": nanoseconds(c.ttft_s),
+            "prompt_eval_count": c.prompt_tokens,
+            "prompt_eval_duration": nanoseconds(max(0.0, c.ttft_s - waited)),
             "eval_count": c.completion_tokens,
             "eval_duration": nanoseconds(max(0.0, total - c.ttft_s)),
             "kvdesk": s.restore_info(c)}
