@@ -24,8 +24,8 @@ over their limit, requests without the API key, and the error dialect of Ollama'
   naming it (`POST /v1/embeddings: not served by kvdesk`), and a known route asked with the
   wrong method says which methods it takes: never a bare "Not Found".
 - **Bodies and keys.** A body over its route's limit gets 413 however it arrives
-  (`BodyLimit`); a body sent with no content type, or as curl's form default, is read as the
-  JSON it is (`JsonBody`); with an API key, a request without it gets 401 (`KeyGuard`).
+  (`BodyLimit`); a body sent with no content type, as curl's form default or as text, is read
+  as the JSON it is (`JsonBody`); with an API key, a request without it gets 401 (`KeyGuard`).
 - **Ollama's errors.** Under /api/ the server's errors (OpenAI's `{"error": {"message"...}}`,
   wherever they were raised: the API key, the body limit, validation) become Ollama's
   `{"error": "message"}`, which Ollama's clients read.
@@ -85,9 +85,9 @@ class BodyLimit:
 
 
 class JsonBody:
-    """Reads a body sent with no content type, or curl's `-d` default (form-encoded), as the
-    JSON it is: Ollama's documented examples send it so, and every body here is JSON but an
-    upload's (multipart, kept as it is)."""
+    """Reads a body sent with no content type, curl's `-d` default (form-encoded) or as text,
+    as the JSON it is: Ollama's documented examples send it so, Ollama reads any, and every
+    body here is JSON but an upload's (multipart, kept as it is)."""
 
     def __init__(self, app):
         self.app = app
@@ -95,7 +95,7 @@ class JsonBody:
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["method"] in ("POST", "PUT", "PATCH"):
             kind = Headers(scope=scope).get("content-type", "").split(";")[0].strip().lower()
-            if kind in ("", "application/x-www-form-urlencoded"):
+            if kind in ("", "application/x-www-form-urlencoded", "text/plain"):
                 headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-type"]
                 scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
         return await self.app(scope, receive, send)
