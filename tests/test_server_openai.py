@@ -146,6 +146,7 @@ def test_responses_continue_a_conversation_through_the_prompt_cache_across_a_res
                                             input="When is the Sunday ferry?",
                                             max_output_tokens=8, temperature=0)
         assert one.output_text and one.status in ("completed", "incomplete")
+        assert one.output[0].status == one.status  # a message cut at its limit: incomplete
         assert one.model_extra["kvdesk"]["stored"] is True
     finally:
         first.stop()

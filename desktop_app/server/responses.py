@@ -224,8 +224,10 @@ def _in_input(e: BaseException) -> BaseException:
 
 
 def item(mid: str, done: Completion | None) -> dict:
+    """The answer's message item: incomplete, as its response is, when cut at its limit."""
     return {"type": "message", "id": mid, "role": "assistant",
-            "status": "in_progress" if done is None else "completed",
+            "status": "in_progress" if done is None else "incomplete"
+            if done.finish_reason == "length" else "completed",
             "content": [] if done is None else [{"type": "output_text", "text": done.text,
                                                  "annotations": []}]}
 
