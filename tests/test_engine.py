@@ -506,13 +506,17 @@ def test_a_regenerate_replaces_the_last_turn_only_once_its_new_one_is_stored(eng
     with pytest.raises(RuntimeError, match="interrupted"):
         engine.regenerate(first.chat_id, on_restore=fail, generation=deterministic(8))
     assert [(m.role, m.text) for m in engine.messages(first.chat_id)] == before
+    # Stopped once the context is ready, before the answer began: nothing is stored.
     stopped = threading.Event()
-    stopped.set()
-    with pytest.raises(Cancelled):  # stopped before the answer began: nothing is stored
-        engine.regenerate(first.chat_id, cancel=stopped, generation=deterministic(8))
+    with pytest.raises(Cancelled, match="before the answer began"):
+        engine.regenerate(first.chat_id, cancel=stopped, generation=deterministic(8),
+                          on_restore=lambda report: stopped.set())
     assert [(m.role, m.text) for m in engine.messages(first.chat_id)] == before
-    with pytest.raises(Cancelled):  # nor is a question stopped so
-        engine.ask("And the museum?", chat_id=first.chat_id, cancel=stopped)
+    stopped = threading.Event()
+    with pytest.raises(Cancelled, match="before the answer began"):  # nor a question so
+        engine.ask("And the museum?", chat_id=first.chat_id, cancel=stopped,
+                   on_restore=lambda report: stopped.set())
+    assert [(m.role, m.text) for m in engine.messages(first.chat_id)] == before
     assert [(m.role, m.text) for m in engine.messages(first.chat_id)] == before
     again = engine.regenerate(first.chat_id, generation=deterministic(8, seed=3))
     after = engine.messages(first.chat_id)

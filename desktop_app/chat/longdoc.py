@@ -210,6 +210,12 @@ class LongDocs:
         with self._lock:
             self._offered, self._offered_wholes = list(sources), list(wholes)
 
+    @property
+    def offering(self) -> bool:
+        """Whether a client's conversation is given passages or documents read whole now."""
+        with self._lock:
+            return bool(self._offered or self._offered_wholes)
+
     def wholes(self, rt: Runtime, docs: Sequence[Document]) -> list[tuple[int, str]]:
         """The documents of a chat over passages that are not split, each read whole before
         the passages as a part of its own ((id, the part's text), in the chat's order), while

@@ -2,8 +2,9 @@
 
 A chat's context is its documents' prefix and its turns, as exact tokens under the loaded model
 (`conversation`). `bring_in` makes the context hold them: it keeps what the context already
-holds when it matches (the previous turn, a reopen just done, a question typed ahead), and
-otherwise restores the longest stored prefix through the adaptive streaming restore and
+holds when it matches (the previous turn, a reopen just done, a question typed ahead, the
+conversation a client sends whole with its next turn, when no stored prefix goes further),
+and otherwise restores the longest stored prefix through the adaptive streaming restore and
 recomputes the rest; a chat over several documents whose exact prefix is not stored yet comes
 back blended from the documents' own caches (`blending`; never at `lossless`), is never stored
 so, and is made exact in the background (`exactness`). `ask` brings the chat in, streams the
@@ -37,6 +38,7 @@ from ..kv.contexts import CHAT, Contexts
 from ..kv.kvcache import KVCache
 from ..kv.levels import EXACT, check_levels
 from ..kv.sharing import Sharing
+from ..kv.sources import LocalSource
 from ..kv.speeds import Speeds
 from ..model import inplace
 from ..model.prompts import Prompter, question_turn, title_of, with_evidence
@@ -137,8 +139,9 @@ class ChatSession:
                  reuse=True, docs: Sequence[Document] = (), chat=True) -> RestoreReport:
         """Make the context hold exactly `tokens` + `question` (fresh logits after a question).
 
-        What the context already holds is kept when it starts with `tokens` and was loaded
-        the way this call asks for; only the question tokens it lacks are computed. Tokens
+        What the context already holds is kept when it was loaded the way this call asks for
+        and starts with `tokens`, or holds more of them than any stored prefix (and no
+        documents' caches are to be blended or fetched); only what it lacks is computed. Tokens
         that begin with the prefix of a chat over several documents `docs`, of which no exact
         copy is stored, come back blended from the documents' own caches (`blending`), made
         exact in the background only for a `chat` (not a local API's prompt)."""
@@ -151,17 +154,16 @@ class ChatSession:
             # exactly it, freshly evaluated (a draft sent as it was), compute that token.
             if question and not (keep == len(held) == len(full) and rt.has_logits):
                 keep = min(keep, len(full) - 1)
-            # Held only in part (a client's next turn, sent whole): kept when no stored
-            # prefix goes further, and the rest computed, exactly. (A sliding-window cache
-            # may no longer hold what cutting back would need.)
-            if (keep >= len(tokens) or self._held_goes_furthest(rt, tokens, keep, docs)) \
-                    and rt.can_truncate(keep):
+            # (A sliding-window cache may no longer hold what cutting back would need.)
+            if rt.can_truncate(keep) and (keep >= len(tokens) or self._held_goes_furthest(
+                    rt, tokens, keep, docs)):
                 rt.truncate(keep)
                 self.decoded_until = min(self.decoded_until, keep)
                 if self._blended_at is not None and keep <= self._blended_at:
                     self._blended_at = None  # what is kept came back exact
                 held, r0 = min(keep, len(tokens)), time.perf_counter()
-                rt.prefill(full[keep:], cancel=cancel)
+                rt.prefill(full[keep:], cancel=cancel, progress=None if progress is None else (
+                    lambda done, n: progress(Progress("recompute", keep + done, len(full)))))
                 return RestoreReport(
                     len(tokens), r0 - t0, 0, [], len(tokens) - held,
                     ["the model already held this conversation: nothing read" if held == len(
@@ -215,9 +217,11 @@ class ChatSession:
     def _held_goes_furthest(self, rt: Runtime, tokens: list[int], keep: int,
                             docs: Sequence[Document]) -> bool:
         """Whether the `keep` tokens the context holds of `tokens` are the most of them any
-        stored prefix holds (with no documents to blend: a chat over some reads theirs)."""
-        return keep > 0 and not docs and self.store.longest_prefix(
-            rt.fingerprint, tokens, touch=False).n_tokens <= keep
+        cache here holds. Not with documents (a chat's: theirs are read or blended), a long
+        document's passages offered to a client's request, or a shared cache to look in."""
+        if keep <= 0 or docs or self.longdocs.offering or self.sharing.auto_pull:
+            return False
+        return LocalSource(self.store, rt.fingerprint, tokens, touch=False).n_tokens <= keep
 
     def _blendable(self, rt: Runtime, chat_id: int | None, tokens: list[int],
                    docs: Sequence[Document], cancel: threading.Event | None, progress=None):
@@ -342,7 +346,8 @@ class ChatSession:
             cancel: threading.Event | None = None) -> AskResult:
         """One turn: restore the chat (a new one about `doc_ids` if chat_id is None, stored
         with its first answer: a refused or killed question leaves no empty chat), ask,
-        stream the answer, store it."""
+        stream the answer, store it (stopped before its first visible character: Cancelled,
+        nothing stored)."""
         t0 = time.perf_counter()  # the time to first token counts from here
         question = question.strip()
         if not question:
@@ -373,7 +378,7 @@ class ChatSession:
             if on_restore:
                 on_restore(report)
             out = stream_answer(rt, sampling, t0, from_first_visible(on_token), cancel)
-            if cancel is not None and cancel.is_set() and not out.tokens:
+            if cancel is not None and cancel.is_set() and not out.text.strip():
                 raise Cancelled("stopped before the answer began: nothing is stored")
             generated, answer, ttft = out.tokens, out.text, out.ttft
             # Close the turn as the template would, so the next turn appends to it exactly.
