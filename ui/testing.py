@@ -306,7 +306,9 @@ class FakeEngine:
                    cancel: threading.Event | None = None) -> AskResult:
         self._enter("regenerate", chat_id, restore.level)
         msgs = self._messages[chat_id]
-        last = max(i for i, m in enumerate(msgs) if m.role == "user")
+        last = max((i for i, m in enumerate(msgs) if m.role == "user"), default=None)
+        if last is None:  # as the engine says it
+            raise EngineError("nothing to regenerate: the chat has no question yet")
         question = msgs[last].text  # asked again: its new turn replaces it once stored
         return self._generate(self._chats[chat_id], question,
                               fake_answer(question + " (again)"), restore.level, on_token,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import threading
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -58,7 +59,8 @@ class DocumentCaches:
 class Library:
     def __init__(self, store: Store):
         self.store = store
-        self._superseded: dict[int, frozenset[int]] = {}  # chat: the turn a regenerate replaces
+        # chat: (the thread regenerating it, the turn it replaces)
+        self._superseded: dict[int, tuple[int, frozenset[int]]] = {}
 
     # -- one item --------------------------------------------------------------------------
 
@@ -72,8 +74,9 @@ class Library:
         return self.store.chat_documents(chat_id)
 
     def history(self, chat_id: int) -> list[Message]:
-        """The chat's messages, oldest first, less a turn being regenerated (`superseding`)."""
-        gone = self._superseded.get(chat_id, ())
+        """The chat's messages, oldest first, less a turn this thread regenerates
+        (`superseding`)."""
+        gone = self._superseding(chat_id)
         return [m for m in self.store.messages(chat_id) if m.id not in gone]
 
     def last_turn(self, chat_id: int) -> list[Message]:
@@ -86,13 +89,19 @@ class Library:
 
     @contextlib.contextmanager
     def superseding(self, chat_id: int, message_ids: Sequence[int]):
-        """While it lasts the messages are out of the chat's history, and the turn added to
-        the chat replaces them (in one transaction); if none is, they stay, as they were."""
-        self._superseded[chat_id] = frozenset(message_ids)
+        """While it lasts the messages are out of the chat's history as this thread reads it
+        (the regenerate's; a background pass still sees them, as they are stored), and the
+        turn this thread adds to the chat replaces them (in one transaction); if none is, they
+        stay, as they were."""
+        self._superseded[chat_id] = (threading.get_ident(), frozenset(message_ids))
         try:
             yield
         finally:
             del self._superseded[chat_id]
+
+    def _superseding(self, chat_id: int) -> frozenset[int]:
+        thread, ids = self._superseded.get(chat_id, (None, frozenset()))
+        return ids if thread == threading.get_ident() else frozenset()
 
     def stale_note(self, chat_id: int | None, docs: Sequence[Document], fp: str) -> list[str]:
         """What to tell the user when the cache of a chat over `docs` exists only under other
@@ -219,7 +228,7 @@ class Library:
             return self.store.start_chat(title_of(question), doc_ids, question, answer,
                                          **record).id
         self.store.add_turn(chat_id, question, answer, **record,
-                            replacing=sorted(self._superseded.get(chat_id, ())))
+                            replacing=sorted(self._superseding(chat_id)))
         return chat_id
 
     def name_untitled(self, chat_id: int, title: str) -> None:
