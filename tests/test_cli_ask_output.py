@@ -34,15 +34,14 @@ class FakeEngine:
 
 
 @pytest.fixture
-def run(monkeypatch, tmp_path):
-    """`kvdesk --data-dir ... ask --no-server ARGS` over a FakeEngine(**answer): (stdout,
-    stderr)."""
+def fake_app(monkeypatch, tmp_path):
+    """`cli.base.App` made an app over `make_engine()`: set it per test."""
     monkeypatch.setenv("KVDESK_CONFIG_DIR", str(tmp_path / "config"))
 
-    def invoke(*args: str, **answer):
+    def use(make_engine):
         class FakeApp:
             def __init__(self, settings, *, background):
-                self.engine = FakeEngine(**answer)
+                self.engine = make_engine()
 
             def preload(self):
                 pass
@@ -51,6 +50,15 @@ def run(monkeypatch, tmp_path):
                 pass
 
         monkeypatch.setattr(base, "App", FakeApp)
+    return use
+
+
+@pytest.fixture
+def run(fake_app, tmp_path):
+    """`kvdesk --data-dir ... ask --no-server ARGS` over a FakeEngine(**answer): (stdout,
+    stderr)."""
+    def invoke(*args: str, **answer):
+        fake_app(lambda: FakeEngine(**answer))
         result = CliRunner().invoke(cli, ["--data-dir", str(tmp_path / "data"), "ask",
                                           "--no-server", "1", "Where is the key?", *args])
         assert result.exit_code == 0, (result.output, result.exception)
@@ -87,30 +95,34 @@ def test_a_stopped_blended_chats_note_is_in_the_json_too(run):
     assert "exact context was not computed" in messages[-1]
 
 
-def test_a_second_ctrl_c_still_prints_one_json_document(monkeypatch, tmp_path, capsys):
+def test_a_second_ctrl_c_still_prints_one_json_document(fake_app, tmp_path, capsys):
     """The first Ctrl-C stops the work cleanly; a second one ends the process at once (130),
-    and a script reading `--json` output gets a JSON document saying so, not nothing."""
+    and a script reading `--json` output gets one JSON document saying so, not nothing; if the
+    answer's was printed already (the second Ctrl-C came while the chat's exact context was
+    computed after it), that one alone."""
+    from types import SimpleNamespace
+
     from desktop_app.cli import main
 
     class Interrupted(FakeEngine):
         def ask(self, question, **options):
             raise KeyboardInterrupt  # the second Ctrl-C (cli.base.interruptible)
 
-    class FakeApp:
-        def __init__(self, settings, *, background):
-            self.engine = Interrupted([], "stop")
+    def interrupted_after(chat_id, **_):
+        raise KeyboardInterrupt
 
-        def preload(self):
-            pass
+    class Blended(FakeEngine):  # answered blended: the exact context is computed after
+        exactness = SimpleNamespace(request=lambda chat_id: None, finish=interrupted_after)
 
-        def close(self):
-            pass
-
-    monkeypatch.setenv("KVDESK_CONFIG_DIR", str(tmp_path / "config"))
-    monkeypatch.setattr(base, "App", FakeApp)
+    args = ["--data-dir", str(tmp_path / "data"), "ask", "--no-server", "1", "Where?", "--json"]
+    fake_app(lambda: Interrupted([], "stop"))
     with pytest.raises(SystemExit) as ended:
-        main(["--data-dir", str(tmp_path / "data"), "ask", "--no-server", "1", "Where?",
-              "--json"])
+        main(args)
     out = capsys.readouterr()
     assert ended.value.code == 130 and "Aborted." in out.err
     assert json.loads(out.out) == {"error": "interrupted", "kind": "Interrupted"}
+    fake_app(lambda: Blended(["In", " the drawer."], "stop", blended={"mode": "blended"}))
+    with pytest.raises(SystemExit) as ended:
+        main(args)
+    out = capsys.readouterr()
+    assert ended.value.code == 130 and json.loads(out.out)["answer"] == "In the drawer."

@@ -26,7 +26,7 @@ import sys
 import click
 
 from ..errors import is_user_error
-from . import chat, maintenance, passages, remote, serve  # noqa: F401 - each registers its commands
+from . import base, chat, maintenance, passages, remote, serve  # noqa: F401 - each registers its commands
 from .base import cli
 from .process import run
 
@@ -35,10 +35,11 @@ __all__ = ["cli", "main", "run"]
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
+    base.json_printed = False
     try:
         cli.main(args=args, prog_name="kvdesk", standalone_mode=False)
     except click.exceptions.Abort:  # a second Ctrl-C (the first stops the work cleanly)
-        if "--json" in args:  # a script reading stdout still gets one JSON document
+        if "--json" in args and not base.json_printed:  # stdout: one JSON document
             click.echo(json.dumps({"error": "interrupted", "kind": "Interrupted"}))
         click.echo("Aborted.", err=True)
         sys.exit(130)
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as e:
         if not is_user_error(e):
             raise
-        if "--json" in args:
+        if "--json" in args and not base.json_printed:
             click.echo(json.dumps({"error": str(e), "kind": type(e).__name__}))
         click.echo(f"Error: {e}", err=True)
         sys.exit(1)

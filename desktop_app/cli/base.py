@@ -49,10 +49,21 @@ def values(model: type[M], **given) -> M:
                    **{k: v for k, v in given.items() if v is not None})
 
 
+json_printed = False  # whether the command printed its one JSON document (`print_json`)
+
+
+def print_json(data: dict | list) -> None:
+    """Print the command's one JSON document: an error after it (a second Ctrl-C while it
+    finishes) is said on stderr only, so stdout still holds exactly one."""
+    global json_printed
+    click.echo(json.dumps(data, indent=2))
+    json_printed = True
+
+
 def emit(data: dict | list, as_json: bool, lines: list[str] | None = None) -> None:
     """Print `data` as JSON, or the human-readable `lines` (default: key: value)."""
     if as_json:
-        click.echo(json.dumps(data, indent=2))
+        print_json(data)
         return
     if lines is None:
         lines = [f"{k}: {v}" for k, v in data.items()] if isinstance(data, dict) else []

@@ -6,7 +6,6 @@ Each is a thin layer over `App.engine`; what a flow does is the engine's.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import sys
 
@@ -25,6 +24,7 @@ from .base import (
     level_list,
     no_server_option,
     option_name,
+    print_json,
     say,
     say_served,
     server_client,
@@ -99,7 +99,7 @@ def attach(app: App, files: tuple[str, ...], levels: list[str] | None, no_server
         if codecs:
             click.echo(codec_line(codecs))
     if as_json:
-        click.echo(json.dumps(results, indent=2))
+        print_json(results)
     if failed:
         sys.exit(1)
 
@@ -217,7 +217,7 @@ def ask(app: App, args, chat_id, docs, restore, generation, no_server, as_json):
     ours = answer_notes(res, stopped=cancel.is_set(), one_shot=client is None)
     say([m for m in res.messages if m not in said] + ours)
     if as_json:
-        click.echo(json.dumps({**res.as_dict(), "messages": [*res.messages, *ours]}, indent=2))
+        print_json({**res.as_dict(), "messages": [*res.messages, *ours]})
     else:
         # (`kvdesk passages` shows them)
         for line in Source.read(res.sources, res.evidence, read_whole=res.read_whole):
