@@ -118,6 +118,35 @@ def test_a_conversation_longer_than_the_context_loses_its_oldest_messages(client
                     messages=[{"role": "user", "content": "Ferry " * 3000}])
 
 
+def test_what_is_left_out_of_a_conversation_too_long_for_the_context():
+    """Whole turns, oldest first; never a system message, the last message, or the question
+    an assistant's last message (a prefill) continues."""
+    from desktop_app.errors import ContextFullError
+    from desktop_app.results import Completion, RestoreReport
+    from desktop_app.server.ollama import fitted
+
+    def fits(most):
+        def complete(messages):
+            if len(messages) > most:
+                raise ContextFullError("too long")
+            return Completion("ok", "stop", 1, 1, 0.1, RestoreReport(1, 0, 0, [], 0), 0, False,
+                              [" ".join(m["content"] for m in messages)])
+        return complete
+
+    def said(messages, most):
+        return fitted(fits(most), [{"role": r, "content": c} for r, c in messages]).messages
+
+    chat = [("system", "S"), ("user", "u1"), ("assistant", "a1"), ("user", "u2"),
+            ("assistant", "a2"), ("user", "u3")]
+    assert said(chat, 6) == ["S u1 a1 u2 a2 u3"]
+    note, kept = said(chat, 4)
+    assert "2 oldest message(s) were left out" in note and kept == "S u2 a2 u3"
+    prefill = chat[:5]  # the last message an answer's start, continuing u2
+    assert said(prefill, 3)[1] == "S u2 a2"
+    with pytest.raises(ContextFullError):
+        said(prefill, 2)
+
+
 def test_generate_through_the_template_and_raw(client):
     templated = client.generate(model="default:latest", prompt="Say hello.", options=QUIET)
     assert templated.done and templated.response

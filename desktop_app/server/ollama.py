@@ -212,28 +212,34 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
 
 def fitted(complete: Callable[[list[dict]], Completion], messages: list[dict]) -> Completion:
     """A conversation longer than the context answered as Ollama answers it: its oldest
-    messages left out until it fits (never a system message, nor the last one; an answer
-    with the question it answered), and said in the answer's notes, where OpenAI's routes
-    refuse it."""
-    left_out = 0
+    messages left out until it fits (never a system message, nor the last one, nor the
+    question an assistant's last message continues; an answer with the question it
+    answered), and said in the answer's notes, where OpenAI's routes refuse it."""
+    users = [i for i, m in enumerate(messages) if m["role"] == "user"]
+    kept = {len(messages) - 1, *users[-1:]}
+    t0, left_out = time.perf_counter(), 0
     while True:
+        tried = time.perf_counter()
         try:
             done = complete(messages)
         except ContextFullError:
-            turn = [i for i, m in enumerate(messages[:-1]) if m["role"] != "system"][:1]
+            turn = [i for i, m in enumerate(messages)
+                    if m["role"] != "system" and i not in kept][:1]
             if not turn:
                 raise
-            while turn[-1] + 1 < len(messages) - 1 and messages[turn[-1] + 1]["role"] not in (
-                    "system", "user"):
+            while turn[-1] + 1 < len(messages) and turn[-1] + 1 not in kept and messages[
+                    turn[-1] + 1]["role"] not in ("system", "user"):
                 turn.append(turn[-1] + 1)  # what answered it goes with it
+            kept = {i - sum(j < i for j in turn) for i in kept}
             messages = [m for i, m in enumerate(messages) if i not in turn]
             left_out += len(turn)
             continue
-        if left_out:
-            done = replace(done, messages=[
-                f"the conversation is longer than the context: its {left_out} oldest "
-                "message(s) were left out, as Ollama leaves them out", *done.messages])
-        return done
+        if not left_out:
+            return done
+        # (the first token came after the tries that did not fit too)
+        return replace(done, ttft_s=round(done.ttft_s + tried - t0, 4), messages=[
+            f"the conversation is longer than the context: its {left_out} oldest "
+            "message(s) were left out, as Ollama leaves them out", *done.messages])
 
 
 def _parameters(n: int | None) -> str:
