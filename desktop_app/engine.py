@@ -366,6 +366,8 @@ class Engine:
         chat `chat_id` (about the document), after its turns. `kvdesk passages`. A document
         that fits the context has none."""
         self.library.document(doc_id)
+        if query is None and chat_id is not None:
+            raise EngineError("a chat says how to retrieve: give a query too")
         if query is not None:
             if not query.strip():
                 raise EngineError("the query is empty")

@@ -184,3 +184,5 @@ def test_passages_retrieved_as_a_follow_up_in_a_chat(engine, tmp_path):
         engine.passages(doc, query=follow_up, chat_id=other.id)
     with pytest.raises(EngineError, match="no chat 99"):
         engine.passages(doc, query=follow_up, chat_id=99)
+    with pytest.raises(EngineError, match="give a query too"):
+        engine.passages(doc, chat_id=chat.id)

@@ -188,7 +188,7 @@ def test_ollamas_port_can_be_left_unserved_from_the_command_line(tmp_path, monke
             raise Refused  # (what was asked is known: nothing is served)
 
     monkeypatch.setattr(server_mod, "Server", FakeServer)
-    for value, port in (("none", None), ("off", None), ("0", 0), ("9999", 9999)):
+    for value, port in (("none", None), ("None", None), ("0", 0), ("9999", 9999)):
         with pytest.raises(Refused):
             main(["--data-dir", str(tmp_path), "serve", "--ollama-port", value])
         assert made[-1]["ollama_port"] == port, value

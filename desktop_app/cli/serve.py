@@ -16,7 +16,7 @@ def _port_or_off(value: str | None) -> int | str | None:
     """--ollama-port's value: a port, `none` (not served), or None (not given)."""
     if value is None:
         return None
-    if value.strip().lower() in (OFF, "off"):
+    if value.strip().lower() == OFF:
         return OFF
     try:
         return int(value)

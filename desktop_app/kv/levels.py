@@ -113,7 +113,7 @@ def merged_level_notes(messages: Sequence[Message], chunks: int) -> list[Message
     """`messages` with the level notes of several reads (a blend's parts, `chunks` chunks in
     all) summed into one per kind and level, where the first of them was."""
     out: list[Message | tuple[str, str, bool]] = []
-    totals: dict[tuple[str, str], LevelNote] = {}
+    totals: dict[tuple[str, str, bool], LevelNote] = {}
     for message in messages:
         if isinstance(message, str):
             out.append(message)

@@ -6,8 +6,8 @@ returns one chunk's checked bytes or raises a StoreError. `streaming.restore` ru
 pipeline over either, `parallel` reads in flight at once.
 
 A remote source keeps what it reads: every chunk goes into a pending local copy of the entry
-(store.shared.sync.LocalCopy) that the engine completes after the answer, so the next restore is
-local; until then the copy is invisible to every reader of the store.
+(store.shared.localcopy.LocalCopy) that the engine completes after the answer, so the next
+restore is local; until then the copy is invisible to every reader of the store.
 
 This module picks nothing: the engine decides which source a restore reads.
 """
@@ -18,8 +18,9 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from store import PrefixMatch, Span, Store
+from store.shared.localcopy import LocalCopy
 from store.shared.remote import RemoteTier
-from store.shared.sync import LocalCopy, read_chunk
+from store.shared.sync import read_chunk
 
 
 class ChunkSource(Protocol):
