@@ -38,7 +38,7 @@ from ..kv.contexts import CHAT, Contexts
 from ..kv.kvcache import KVCache
 from ..kv.levels import EXACT, check_levels
 from ..kv.sharing import Sharing
-from ..kv.sources import LocalSource
+from ..kv.sources import stored_prefix
 from ..kv.speeds import Speeds
 from ..model import inplace
 from ..model.prompts import Prompter, question_turn, title_of, with_evidence
@@ -221,7 +221,8 @@ class ChatSession:
         document's passages offered to a client's request, or a shared cache to look in."""
         if keep <= 0 or docs or self.longdocs.offering or self.sharing.auto_pull:
             return False
-        return LocalSource(self.store, rt.fingerprint, tokens, touch=False).n_tokens <= keep
+        stored = stored_prefix(self.store, rt.fingerprint, tokens, touch=False)
+        return stored.n_tokens + stored.tail_match <= keep
 
     def _blendable(self, rt: Runtime, chat_id: int | None, tokens: list[int],
                    docs: Sequence[Document], cancel: threading.Event | None, progress=None):

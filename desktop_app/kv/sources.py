@@ -64,15 +64,21 @@ TAIL_MINIMUM = 4
 PREFIX_MINIMUM = 32
 
 
+def stored_prefix(store: Store, fingerprint: str, tokens: Sequence[int], *,
+                  touch: bool = True) -> PrefixMatch:
+    """The stored prefix of `tokens` a restore reads: none under PREFIX_MINIMUM tokens."""
+    match = store.longest_prefix(fingerprint, tokens, tail_minimum=TAIL_MINIMUM, touch=touch)
+    return match if match.n_tokens + match.tail_match >= PREFIX_MINIMUM else \
+        PrefixMatch((), (), 0)
+
+
 class LocalSource:
     kind = "local"
     parallel = 1  # one SSD read at a time already outruns decoding
 
     def __init__(self, store: Store, fingerprint: str, tokens: Sequence[int], *,
                  touch: bool = True):
-        match = store.longest_prefix(fingerprint, tokens, tail_minimum=TAIL_MINIMUM, touch=touch)
-        if match.n_tokens + match.tail_match < PREFIX_MINIMUM:
-            match = PrefixMatch((), (), 0)
+        match = stored_prefix(store, fingerprint, tokens, touch=touch)
         self._index(store, match.spans + ((match.tail,) if match.tail else ()))
         self.n_tokens = match.n_tokens + match.tail_match
         self.beyond = match.tail_tokens[match.tail_match:]
