@@ -371,6 +371,22 @@ def test_follow_ups_keep_the_chats_passages_and_a_reopen_lays_them_out(make_engi
     assert report.tokens == len(tokens)
 
 
+def test_a_question_stopped_before_its_answer_leaves_the_chat_its_passages(make_engine):
+    eng = make_engine()
+    first = eng.ask("When does the ferry to Cape Morrow leave?", doc_ids=[eng.doc],
+                    generation=GREEDY)
+    answered = {s["passage_id"] for s in first.sources}
+    stop = threading.Event()
+    with pytest.raises(Cancelled):  # stopped once its passages are in the context
+        eng.ask("When do puffins nest on the cliffs?", chat_id=first.chat_id,
+                generation=GREEDY, cancel=stop, on_restore=lambda report: stop.set())
+    assert eng.ids[3] not in answered
+    follow = eng.ask("What does the shop sell?", chat_id=first.chat_id, generation=GREEDY)
+    # What the chat keeps from before is its stored answer's, not the stopped question's.
+    assert {s["passage_id"] for s in follow.sources if s["earlier"]} <= answered
+    assert eng.ids[3] not in {s["passage_id"] for s in follow.sources}
+
+
 def test_passage_kv_under_another_model_is_not_called_this_chats_cache(make_engine):
     """Under another model a chat over passages computes its own: that their KV exists under
     the first one is not "the cache of this chat was made under another model"."""

@@ -98,9 +98,11 @@ class LongDocs:
         history = self.library.history(chat_id) if chat_id is not None else []
         # (Retrieval keeps the last turns of these: follow-ups say "it".)
         turns = self._turns_tokens(rt, chat_id, history) if history else 0
+        # What the chat keeps is what its last stored answer was given: not the passages of
+        # a question stopped or refused since, which the context may still hold.
         chosen, notes = self.pick(rt, docs, question, [m.text for m in history],
                                   turns + len(rt.tokenize(question)) + 16,  # its template's
-                                  self.sources(chat_id) if chat_id is not None else ())
+                                  self._answered(chat_id, docs) if chat_id is not None else ())
         if chat_id is None:
             self.offer(chosen, self.wholes(rt, docs))
         else:
@@ -295,12 +297,17 @@ class LongDocs:
         with self._lock:
             chosen = self._chosen.get(chat_id)
         if chosen is None:
-            last = next((m.stats["sources"] for m in reversed(self.library.history(chat_id))
-                         if m.role == "assistant" and m.stats
-                         and m.stats.get("sources") is not None), [])
-            chosen = [Source.from_dict(d) for d in last]
+            return self._answered(chat_id, docs)
         kept = {d.id for d in docs}
         return [s for s in chosen if s.document_id in kept]
+
+    def _answered(self, chat_id: int, docs: Sequence[Document]) -> list[Source]:
+        """The passages chat `chat_id`'s last stored answer named, of `docs` still there."""
+        last = next((m.stats["sources"] for m in reversed(self.library.history(chat_id))
+                     if m.role == "assistant" and m.stats
+                     and m.stats.get("sources") is not None), [])
+        kept = {d.id for d in docs}
+        return [s for s in map(Source.from_dict, last) if s.document_id in kept]
 
     def first_document(self, rt: Runtime, chat_id: int) -> tuple[int, Sequence[int]] | None:
         """(id, prefix) of the document whose entry a chat's extends (stored first when
