@@ -44,6 +44,7 @@ import numpy as np
 import codec
 from codec.calibrated import intinverse, transform
 from desktop_app.calibration import calibrate, quality
+from desktop_app.calibration.steps import Run
 from desktop_app.model import kvstate, rope
 from desktop_app.model.models import default_model_path
 
@@ -160,7 +161,7 @@ def load_weights(path: Path | None, ev, sections, settings) -> list[dict]:
         raw = json.loads(path.read_text())
         return [{(k.split(":")[0], int(k.split(":")[1])): v for k, v in part.items()}
                 for part in raw]
-    run = calibrate._Run(settings, None, None)
+    run = Run(settings, None, None)
     weights = calibrate._sensitivity(ev, sections, run, ev.row(quality.FLOOR)["kld"])
     if path:
         path.write_text(json.dumps([{f"{k}:{layer}": v for (k, layer), v in part.items()}

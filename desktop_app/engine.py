@@ -34,6 +34,7 @@ from store import DEFAULT_CHUNK_SIZE, RemoteTier, Store
 
 from .calibration import calibrate
 from .calibration.calibrations import Calibrations, summary
+from .calibration.steps import KeptSteps
 from .chat.attaching import Attacher
 from .chat.completions import Completions, RawPrompt
 from .chat.exactness import Exactness
@@ -204,13 +205,15 @@ class Engine:
         Cancelled."""
         rt = self.runtime
         with self._calibrating:
+            steps = KeptSteps(self.store, rt.fingerprint)
             cal = calibrate.calibrate(
-                rt.model_path, fingerprint=rt.fingerprint, cancel=cancel,
+                rt.model_path, fingerprint=rt.fingerprint, cancel=cancel, steps=steps,
                 pause=lambda: self.session.lock.wait_free(cancel),
                 progress=None if progress is None else (
                     lambda stage, f: progress(Progress("calibrate", round(f * 100), 100,
                                                        stage))))
             self.calibrations.adopt(cal)
+            steps.clear()
         return _info(cal)
 
     def close(self) -> None:

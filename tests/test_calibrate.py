@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import codec
-from desktop_app.calibration import calibrate, calibrations, quality
+from desktop_app.calibration import calibrate, calibrations, quality, steps
 from desktop_app.model.runtime import Cancelled
 from store import Store
 
@@ -85,6 +85,39 @@ def test_calibration_stops_when_cancelled(model_path):
     with pytest.raises(Cancelled):
         calibrate.calibrate(model_path, fingerprint=FP, settings=TINY, progress=progress,
                             cancel=stop)
+
+
+def test_a_calibration_stopped_goes_on_where_it_was_and_comes_out_the_same(
+        model_path, calibrated, tmp_path, monkeypatch):
+    """What a stopped run measured is kept in the store as it goes (a window closed, a server
+    stopped, a kill): the next run, in another process, reads it back instead of running the
+    model again, and ends with the calibration an unstopped run makes."""
+    probes = []
+    measure_state = quality.Evaluator.measure_state
+    monkeypatch.setattr(quality.Evaluator, "measure_state", lambda ev, name, *a, **k: (
+        probes.append(name), measure_state(ev, name, *a, **k))[1])
+    stop = threading.Event()
+    with Store(tmp_path) as store:
+        with pytest.raises(Cancelled):
+            calibrate.calibrate(model_path, fingerprint=FP, settings=TINY, cancel=stop,
+                                steps=steps.KeptSteps(store, FP),
+                                progress=lambda stage, _: stage == "balanced" and stop.set())
+        first = len(probes)
+        assert probes.count("probe") > 0 and "high" in probes
+        probes.clear()
+        again = steps.KeptSteps(store, FP)  # as the next process finds them
+        cal = calibrate.calibrate(model_path, fingerprint=FP, settings=TINY, steps=again)
+        assert "probe" not in probes and "high" not in probes  # all read back
+        assert 0 < len(probes) < first
+        unstopped = calibrated[0]
+        assert [p.levels for p in cal.parts] == [p.levels for p in unstopped.parts]
+        assert cal.meta["levels"] == unstopped.meta["levels"]
+        # Another run (other settings) starts afresh; a finished one's steps are dropped.
+        other = steps.KeptSteps(store, FP)
+        other.begin(steps.run_key(FP, calibrate.Settings(), calibrate.calibration_text()))
+        assert other.get("q8_0") is None
+        again.clear()
+        assert store.setting(steps.SETTING + FP) is None
 
 
 def test_a_cancel_reaches_the_reference_prefill(model_path):
@@ -212,7 +245,7 @@ def test_the_engines_calibration_waits_at_each_step_while_a_question_is_answered
 
     stepped, done = [], threading.Event()
 
-    def steps(path, *, fingerprint, cancel, pause, progress):
+    def steps(path, *, fingerprint, cancel, pause, progress, steps):
         for i in range(2):
             pause()
             stepped.append(i)

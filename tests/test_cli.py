@@ -184,8 +184,8 @@ def test_ctrl_c_during_calibrate_json_prints_one_json_document():
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 1 and "Traceback" not in err
-    assert json.loads(out) == {"error": "calibration cancelled; nothing was stored",
-                               "kind": "Cancelled"}
+    assert json.loads(out) == {"error": "calibration stopped; what it measured is kept, and "
+                               "the next run goes on from there", "kind": "Cancelled"}
 
 
 @pytest.mark.model

@@ -47,8 +47,8 @@ class CalibrationBar(QWidget):
         self.bar = QProgressBar(maximum=100, textVisible=False, maximumWidth=90,
                                 maximumHeight=12)
         self.cancel_button = QPushButton("Cancel")
-        self.cancel_button.setToolTip("Stop calibrating: nothing is stored, and new caches "
-                                      "keep the levels they use now")
+        self.cancel_button.setToolTip("Stop calibrating: what it measured is kept for its "
+                                      "next run, and new caches keep the levels they use now")
         self.cancel_button.clicked.connect(self.cancel_clicked)
         row = QHBoxLayout(self)
         row.setContentsMargins(0, 0, 0, 0)

@@ -1,7 +1,8 @@
 """The calibration room: the codec readied for a model, and its levels measured on it.
 
 `codec_prep` readies the codec's kernels in the background at start; `calibrate` searches the
-codec configurations that keep each level's promise on one model and `calibrations` keeps the
+codec configurations that keep each level's promise on one model, `steps` keeps a run's
+measurements as it goes (a run stopped goes on from them), and `calibrations` keeps the
 results per model; `quality` measures how a compressed cache answers against the exact one
 (`kvdesk eval`).
 

@@ -25,8 +25,13 @@ evaluation text) and returns a `codec.Calibration` that makes the levels hold th
    scale within the measurement's noise of the best one tried, not the finest.
 
 Progress goes to `progress(stage, fraction)`; `cancel` (a threading.Event) is checked between
-model runs and raises runtime.Cancelled. This module measures and returns a calibration: it
-must never touch the store, and knows the model only through Runtime and quality.
+model runs and raises runtime.Cancelled. Every measurement that runs the model (a reference
+row, a layer's sensitivity probe, a step of a level's search) goes through `steps` when given
+(`Steps`: the caller keeps them), each under its name for this run (the model, the text, the
+settings: `run_key`), so a calibration stopped or killed goes on where it was: what the steps
+hold is read back instead of measured again, and the rest, a function of them, comes out the
+same. This module measures and returns a calibration: it must never touch the store, and
+knows the model only through Runtime and quality.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -45,8 +51,8 @@ from codec.calibrated import transform
 from codec.format.levels import CALIBRATED, CODEC_ID
 
 from ..model import kvstate, rope
-from ..model.runtime import Cancelled
 from . import quality, registers, search
+from .steps import Run, Steps, run_key
 
 ProgressFn = Callable[[str, float], None]
 LEVELS = ("high", "balanced", "compact")
@@ -98,12 +104,15 @@ def calibration_text() -> str:
 
 def calibrate(model_path: str | Path, *, fingerprint: str, settings: Settings = Settings(),
               progress: ProgressFn | None = None, cancel: threading.Event | None = None,
-              text: str | None = None,
-              pause: Callable[[], None] | None = None) -> codec.Calibration:
+              text: str | None = None, pause: Callable[[], None] | None = None,
+              steps: Steps | None = None) -> codec.Calibration:
     """Calibrate the codec for one model (see the module docstring). `pause` is called
-    between its steps, to wait while anything goes first (a question being answered)."""
+    between its steps, to wait while anything goes first (a question being answered); `steps`
+    keeps its measurements, those of a run stopped before read back."""
     t0 = time.monotonic()
-    run = _Run(settings, progress, cancel, pause)
+    if steps is not None:
+        steps.begin(run_key(fingerprint, settings, text or calibration_text()))
+    run = Run(settings, progress, cancel, pause, steps)
     run.say("reference", 0.0)
     with ExitStack() as stack:
         ev = stack.enter_context(quality.Evaluator(
@@ -117,9 +126,9 @@ def calibrate(model_path: str | Path, *, fingerprint: str, settings: Settings = 
                                     settings.register_prefix_tokens, settings.cont_tokens,
                                     cancel=cancel, pause=pause)
         run.check()
-        q8 = ev.row("q8_0")
+        q8 = run.kept("q8_0", lambda: ev.row("q8_0"))
         run.check()
-        floor = ev.row(quality.FLOOR)
+        floor = run.kept(quality.FLOOR, lambda: ev.row(quality.FLOOR))
         run.say("transforms", 0.05)
         kind, n_rot, scale, bases = rope.candidates(ev.exact)
         # the data decides between the bases (`_fit`): llama.cpp keeps some models' window
@@ -162,22 +171,6 @@ def calibrate(model_path: str | Path, *, fingerprint: str, settings: Settings = 
     run.say("done", 1.0)
     return codec.Calibration(tuple(codec.Part(p.n_layer, p.channels, p.keys, p.values,
                                               levels[i]) for i, p in enumerate(parts)), meta)
-
-
-class _Run:
-    def __init__(self, settings, progress, cancel, pause=None):
-        self.settings, self.progress, self.cancel, self.pause = settings, progress, cancel, pause
-
-    def check(self) -> None:
-        if self.pause is not None:
-            self.pause()
-        if self.cancel is not None and self.cancel.is_set():
-            raise Cancelled("calibration cancelled")
-
-    def say(self, stage: str, fraction: float) -> None:
-        self.check()
-        if self.progress is not None:
-            self.progress(stage, fraction)
 
 
 def _short(row: dict) -> dict:
@@ -230,7 +223,7 @@ def _spread(x: np.ndarray, tf: codec.KindTransform, first: int) -> float:
     return float(np.log(y.var(axis=1) + 1e-12).mean())
 
 
-def _sensitivity(ev: quality.Evaluator, sections, run: _Run, floor_kld: float) -> list[dict]:
+def _sensitivity(ev: quality.Evaluator, sections, run: Run, floor_kld: float) -> list[dict]:
     """[{("keys"|"values", layer): KLD per unit of noise variance}] per section."""
     rng = np.random.default_rng(0)
     out = []
@@ -246,11 +239,18 @@ def _sensitivity(ev: quality.Evaluator, sections, run: _Run, floor_kld: float) -
                 sigma = ev_noise(x, run.settings.noise)
                 noisy = (x + sigma * rng.standard_normal(x.shape)).astype(x.dtype)
                 noisy[kv.positions == 0] = getattr(kv, kind)[layer][kv.positions == 0]
-                changed = _with_layer(ev.seq_state, s, kv, kind, layer, noisy)
-                row = ev.measure_state("probe", kvstate.build_seq_sections(changed), 16.0)
-                weights[(kind, layer)] = max(row["kld"] - floor_kld, 0.1 * floor_kld) / sigma**2
+                kld = run.kept(f"probe/{s}/{kind}/{layer}",
+                               partial(_probe, ev, s, kv, kind, layer, noisy))
+                weights[(kind, layer)] = max(kld - floor_kld, 0.1 * floor_kld) / sigma**2
         out.append(weights)
     return out
+
+
+def _probe(ev: quality.Evaluator, s: int, kv, kind: str, layer: int,
+           noisy: np.ndarray) -> float:
+    """KLD with one layer of one kind of section s replaced by `noisy`."""
+    changed = _with_layer(ev.seq_state, s, kv, kind, layer, noisy)
+    return ev.measure_state("probe", kvstate.build_seq_sections(changed), 16.0)["kld"]
 
 
 def ev_noise(x: np.ndarray, relative: float) -> float:
@@ -379,14 +379,17 @@ def _search(ev, cal, sections, steps, name, target, lo_scale, settings, run, oth
     """The coarsest scale meeting `name`'s contract (with margin) on the calibration text
     and on every further register in `others` (registers.Register)."""
 
-    def measure(scale):
-        run.check()
+    def measured(scale):
         configs = _configs(cal, sections, steps, scale, name)
         row = {**_noisy(ev, cal, sections, configs, name), "scale": scale}
         if others:  # the same configs, as the product stores them, on each register's KV
             row["registers"] = {r.name: _noisy(r.ev, cal, r.sections, configs, name)
                                 for r in others}
         return row
+
+    def measure(scale):
+        run.check()
+        return run.kept(f"{name}/{scale!r}", lambda: measured(scale))
 
     return search.place(measure, quality.CONTRACTS[name][0], target, lo_scale,
                         _mid_scale(cal, sections, steps) * 8, settings,

@@ -177,7 +177,8 @@ def calibrate(app: App, force: bool, as_json: bool):
                 cal = engine.calibrate(progress=bar, cancel=cancel)
             except Cancelled:
                 bar.done()
-                said = "calibration cancelled; nothing was stored"
+                said = ("calibration stopped; what it measured is kept, and the next run goes "
+                        "on from there")
                 if as_json:  # (one JSON document, as every refusal prints one)
                     click.echo(json.dumps({"error": said, "kind": "Cancelled"}))
                 click.echo(said, err=True)
