@@ -235,6 +235,23 @@ def test_what_responses_refuse(served):
         assert e.value.body["param"] == param
 
 
+def test_a_prompt_no_context_could_hold_is_refused_before_its_turn(served):
+    """Megabytes of text take many seconds to tokenize: while another request's turn runs,
+    such a request is refused at once instead of waiting for its turn to find out."""
+    huge = "ferry timetable " * 120_000  # 1.9 MB
+    lock = served.app.engine.session.lock
+    with lock:  # another turn holds the context
+        with pytest.raises(openai.BadRequestError) as e:
+            served.client.with_options(timeout=60).chat.completions.create(
+                model="default", max_tokens=1, messages=[{"role": "user", "content": huge}])
+        assert e.value.body["code"] == "context_length_exceeded"
+        assert "at least" in e.value.message and "1,920,000 bytes" in e.value.message
+        with pytest.raises(openai.BadRequestError) as e:
+            served.client.with_options(timeout=60).completions.create(
+                model="default", prompt=huge, max_tokens=1)
+        assert e.value.body["param"] == "prompt"
+
+
 def test_a_prompt_too_long_for_the_context_says_so_in_openais_code(served):
     # Clients trim their history on `context_length_exceeded`; the field is the prompt's own.
     long = "ferry " * 1200  # (the served context: 1,024 tokens)

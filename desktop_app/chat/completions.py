@@ -15,7 +15,9 @@ A prompt may also come as it is (`RawPrompt`: a legacy text completion, with no 
 with a suffix, fill-in-the-middle where the model has the tokens for it): the same cache holds
 it, extended by its answer.
 
-It runs in the chat context, one turn at a time in arrival order, beside the window's chats.
+It runs in the chat context, one turn at a time in arrival order, beside the window's chats; a
+request whose text has more bytes than the context could hold tokens of (`llamacalls.
+longest_piece`) is refused before its turn, not after minutes of tokenizing it in the queue.
 It never touches chats or messages: a client's conversation lives in the client.
 """
 
@@ -28,7 +30,9 @@ from dataclasses import dataclass, replace
 
 from ..errors import ContextFullError, EngineError, MissingError
 from ..kv.streaming import adaptation_note
+from ..model import llamacalls
 from ..model.prompts import Turn, answer_text, closing, raw_prompt, with_evidence
+from ..model.runtime import Runtime
 from ..options import GenerationOptions, RestoreOptions
 from ..results import Completion, RestoreReport, Source
 from ..validation import InvalidValue
@@ -60,6 +64,24 @@ class Completions:
     def __init__(self, session: ChatSession, *, min_cache_tokens: int = 1024):
         self.session = session
         self.min_cache_tokens = min_cache_tokens
+        self._longest: dict[str, int] = {}  # model fingerprint -> `llamacalls.longest_piece`
+
+    def surely_too_long(self, rt: Runtime, messages: Sequence[dict] | RawPrompt) -> None:
+        """Refuse, before it is tokenized, a request whose text has more tokens than the
+        context holds whatever they are: more bytes than its longest tokens could take."""
+        texts = ([messages.prompt, messages.suffix or ""] if isinstance(messages, RawPrompt)
+                 else [m.get("content") for m in messages if isinstance(m, dict)])
+        size = sum(len(t.encode("utf-8", "replace")) for t in texts if isinstance(t, str))
+        if size < rt.n_ctx:  # (no token stands for less than a byte)
+            return
+        if rt.fingerprint not in self._longest:
+            self._longest[rt.fingerprint] = llamacalls.longest_piece(rt.llm)
+        fewest = -(-size // self._longest[rt.fingerprint])
+        if fewest + 1 >= rt.n_ctx:
+            raise ContextFullError(
+                f"the prompt has at least {fewest:,} tokens ({size:,} bytes); the context "
+                f"holds {rt.n_ctx:,} with room to answer",
+                "prompt" if isinstance(messages, RawPrompt) else "messages")
 
     def prompt(self, messages: Sequence[dict], documents: Sequence[int] = ()
                ) -> tuple[Turn, list[Source], list[str], list[str], list[dict]]:
@@ -133,6 +155,7 @@ class Completions:
         completion as soon as it is known, before its KV is stored (the call returns after)."""
         t0 = time.perf_counter()
         s = self.session
+        self.surely_too_long(s.runtime, messages)  # before its turn in the queue
         with s.lock:
             s.contexts.warm_up()  # its kernels load while the model does
             rt = s.runtime

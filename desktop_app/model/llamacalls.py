@@ -13,6 +13,10 @@ passage's, a blend's run, a chat's exact context, an attach) skips it; a score k
 row. They keep the Llama object's bookkeeping (`input_ids`, `n_tokens`) as its `eval` does,
 and nothing else: `Runtime` owns the lock and what its logits belong to.
 
+`longest_piece`: the most bytes one token of a vocabulary stands for, so that a text too long
+for a context is known to be before it is tokenized (no text has fewer tokens than its bytes
+over it).
+
 `pieces`, `tokenize`: a long text tokenized a piece at a time. llama.cpp's tokenizer slows
 with the length of what it is given (its special-token pass over a conversation of thousands
 of turns; Gemma 3's SentencePiece on any long text: minutes for a book), and one call cannot
@@ -120,3 +124,10 @@ def tokenize(llm: llama_cpp.Llama, text: str, add_bos: bool, special: bool,
     return [t for i, piece in enumerate(parts(text, in_pieces))
             for t in llm.tokenize(piece.encode("utf-8"), add_bos=add_bos and not i,
                                   special=special)]
+
+
+def longest_piece(model: llama_cpp.Llama) -> int:
+    """The most bytes any one token of `model`'s vocabulary stands for, special ones included
+    (a few hundred microseconds per thousand tokens: for a text too long to tokenize first)."""
+    vocab = model._model
+    return max(len(vocab.detokenize([t], special=True)) for t in range(model.n_vocab()))
