@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .caches import blobs
+from .datadir.db import execute_script
 from .documents.passages import m008_passages
 from .errors import ReadOnlyError, SchemaVersionError
 from .tokens import encode as encode_tokens
@@ -117,14 +118,8 @@ CREATE TABLE settings (
 """
 
 
-def _statements(script: str) -> list[str]:
-    """The statements of a migration script (no semicolons inside its comments or strings)."""
-    return [s for s in script.split(";") if s.strip()]
-
-
 def m001_initial(conn: sqlite3.Connection) -> None:
-    for statement in _statements(M001_INITIAL):
-        conn.execute(statement)
+    execute_script(conn, M001_INITIAL)
 
 
 M002_MESSAGE_TOKENS = """
@@ -210,8 +205,7 @@ def m003_integrity(conn: sqlite3.Connection) -> None:
     """Per-chunk SHA-256 and quarantine; the writer's host beside its pid; document and chat
     ids never reused (AUTOINCREMENT: the tables are rebuilt, foreign keys off meanwhile);
     each document's token counts per model."""
-    for statement in _statements(M003_INTEGRITY):
-        conn.execute(statement)
+    execute_script(conn, M003_INTEGRITY)
 
 
 M004_CALIBRATIONS = """
@@ -229,8 +223,7 @@ ALTER TABLE kv_entries ADD COLUMN calibration TEXT;  -- the calibration its chun
 
 def m004_calibrations(conn: sqlite3.Connection) -> None:
     """Per-model codec calibrations, and the one each KV entry's chunks were encoded with."""
-    for statement in _statements(M004_CALIBRATIONS):
-        conn.execute(statement)
+    execute_script(conn, M004_CALIBRATIONS)
 
 
 # 1: a part of the entry's window (KV held only for the last positions at its end: a sliding-window

@@ -135,6 +135,21 @@ class _Connection(sqlite3.Connection):
         return self.cursor().executescript(script)
 
 
+def execute_script(conn: sqlite3.Connection, script: str) -> None:
+    """Run each statement of an SQL script inside the caller's transaction (executescript
+    would commit it first): split on the semicolons that end one (a trigger's body holds
+    statements of its own, closed by END;; none inside comments or strings)."""
+    current: list[str] = []
+    for part in script.split(";"):
+        current.append(part)
+        text = ";".join(current)
+        if "BEGIN" in text and not text.rstrip().endswith("END"):
+            continue
+        if text.strip():
+            conn.execute(text)
+        current = []
+
+
 def open_connection(path: Path, *, read_only: bool = False) -> sqlite3.Connection:
     """A connection in autocommit mode (transactions are explicit) with the store's pragmas.
 

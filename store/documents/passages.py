@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..datadir.db import Connections
+from ..datadir.db import Connections, execute_script
 from ..errors import NotFoundError
 
 M008_PASSAGES = """
@@ -65,23 +65,7 @@ CREATE TABLE passage_vectors (
 
 def m008_passages(conn: sqlite3.Connection) -> None:
     """Passages of documents too long for the context: text, locations, FTS5 index, vectors."""
-    for statement in _statements(M008_PASSAGES):
-        conn.execute(statement)
-
-
-def _statements(script: str) -> list[str]:
-    """The statements of the script: split on the semicolons that end one (a trigger's body
-    holds statements of its own, closed by END;)."""
-    out, current = [], []
-    for part in script.split(";"):
-        current.append(part)
-        text = ";".join(current)
-        if "BEGIN" in text and not text.rstrip().endswith("END"):
-            continue
-        if text.strip():
-            out.append(text)
-        current = []
-    return out
+    execute_script(conn, M008_PASSAGES)
 
 
 @dataclass(frozen=True)
