@@ -126,3 +126,28 @@ def test_a_second_ctrl_c_still_prints_one_json_document(fake_app, tmp_path, caps
         main(args)
     out = capsys.readouterr()
     assert ended.value.code == 130 and json.loads(out.out)["answer"] == "In the drawer."
+
+
+@pytest.mark.parametrize("where", ["stopped while encoding", "stopped before the answer began"])
+def test_a_ctrl_c_before_the_answer_began_is_said_plainly(fake_app, tmp_path, where):
+    """Stopped before its first word, wherever the work was (a passage's KV being computed,
+    the context restored): the user is told that nothing of the turn is stored, not an
+    error about what was running."""
+    from desktop_app.errors import Cancelled
+
+    class StoppedEarly(FakeEngine):
+        def ask(self, question, *, cancel, **options):
+            cancel.set()  # as the Ctrl-C handler does
+            raise Cancelled(where)
+
+    fake_app(lambda: StoppedEarly([], "stop"))
+    for json_flag in ([], ["--json"]):
+        result = CliRunner().invoke(cli, ["--data-dir", str(tmp_path / "data"), "ask",
+                                          "--no-server", "1", "Where?", *json_flag])
+        assert result.exit_code == 1 and "Error" not in result.stderr
+        assert result.stderr.strip() == ("Stopped before the answer began: nothing of this "
+                                         "turn is stored.")
+        if json_flag:
+            assert json.loads(result.stdout) == {"error": "stopped before the answer began: "
+                                                 "nothing of this turn is stored",
+                                                 "kind": "Cancelled"}

@@ -204,10 +204,20 @@ def ask(app: App, args, chat_id, docs, restore, generation, no_server, as_json):
     if client is None:
         app.preload()  # the model loads while the engine's modules import
     with interruptible() as cancel:
-        res = (client or app.engine).ask(
-            question, chat_id=chat_id, doc_ids=doc_ids, restore=restore,
-            generation=generation, on_token=on_token, on_restore=on_restore, progress=bar,
-            cancel=cancel)
+        try:
+            res = (client or app.engine).ask(
+                question, chat_id=chat_id, doc_ids=doc_ids, restore=restore,
+                generation=generation, on_token=on_token, on_restore=on_restore, progress=bar,
+                cancel=cancel)
+        except Cancelled:  # Ctrl-C before the answer's first word, wherever the work was
+            if not cancel.is_set():
+                raise
+            bar.done()
+            said_so = "stopped before the answer began: nothing of this turn is stored"
+            if as_json:
+                print_json({"error": said_so, "kind": "Cancelled"})
+            click.echo(said_so[0].upper() + said_so[1:] + ".", err=True)
+            sys.exit(1)
     if not started and not as_json:
         bar.done()  # (an answer of no visible character never cleared it)
     if not as_json:
