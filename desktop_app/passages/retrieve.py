@@ -142,15 +142,18 @@ class Retriever:
         question writes a name the document holds often (`written_names`: `nonlocal` in a
         language reference), only its rare names count: a common word that happens to be
         rare in the document ("kept") is not what it asks about, and would take the place of
-        that name's passages."""
+        that name's passages. A question writing such a name is not joined with the turns at all:
+it asks about that name, whatever the chat said before."""
         alone = [(p.id, score) for p, score in self.store.search_passages(doc_id, question, n)]
-        whole = alone
-        if turns:
+        rare, names = self._rare(doc_id, question) if self.rare_words else ([], set())
+        whole, lead = alone, None
+        # A question naming what it asks about needs no turns to say what it is: joined, the
+        # last answer's words (wrong ones too) only add their passages to its own.
+        if turns and not names:
             joined = self.store.search_passages(doc_id, " ".join([question, *turns]), n)
             whole = fuse([alone, [(p.id, score) for p, score in joined]])
         if not self.rare_words:
             return whole, {}, None
-        (rare, names), lead = self._rare(doc_id, question), None
         if not names and turns:  # a follow-up naming nothing: "it" is the turns'
             theirs = self._rare(doc_id, " ".join(turns))[0]
             rare, lead = list(dict.fromkeys([*rare, *theirs])), [pid for pid, _ in alone[:1]]
