@@ -387,6 +387,23 @@ def test_a_question_stopped_before_its_answer_leaves_the_chat_its_passages(make_
     assert eng.ids[3] not in {s["passage_id"] for s in follow.sources}
 
 
+def test_a_chat_keeps_the_last_questions_own_passages_not_all_it_ever_read(make_engine):
+    """Each question's context: its own passages, then those the question before it
+    retrieved; what an earlier question found is not carried on turn after turn (a chat
+    whose context only grows gets slower and reads more that is beside its question)."""
+    eng = make_engine()
+    first = eng.ask("When does the ferry to Cape Morrow leave?", doc_ids=[eng.doc],
+                    generation=GREEDY)
+    second = eng.ask("What does the museum keep?", chat_id=first.chat_id, generation=GREEDY)
+    third = eng.ask("What does the island's shop sell?", chat_id=first.chat_id,
+                    generation=GREEDY)
+    own = {s["passage_id"] for s in second.sources if not s["earlier"]}
+    assert eng.ids[0] in {s["passage_id"] for s in second.sources}  # kept at the second
+    assert eng.ids[0] not in own and eng.ids[1] in own
+    assert {s["passage_id"] for s in third.sources if s["earlier"]} <= own
+    assert eng.ids[0] not in {s["passage_id"] for s in third.sources}  # not at the third
+
+
 def test_passage_kv_under_another_model_is_not_called_this_chats_cache(make_engine):
     """Under another model a chat over passages computes its own: that their KV exists under
     the first one is not "the cache of this chat was made under another model"."""
@@ -494,7 +511,7 @@ def test_the_local_api_answers_from_passages_and_names_them(make_engine):
         (i, PASSAGES[i], (2 * i + 1, 2 * i + 1)) for i in (0, 1, 2)]
 
 
-def test_an_api_conversation_keeps_its_earlier_questions_passages_as_a_chat_does(make_engine):
+def test_an_api_conversation_keeps_its_last_questions_passages_as_a_chat_does(make_engine):
     eng = make_engine()
     messages = [{"role": "user", "content": "When does the Saturday ferry leave?"},
                 {"role": "assistant", "content": "At 10:00."},
@@ -502,7 +519,11 @@ def test_an_api_conversation_keeps_its_earlier_questions_passages_as_a_chat_does
                 {"role": "assistant", "content": "Logbooks and a telescope."},
                 {"role": "user", "content": "Which of them is older?"}]
     _, sources, _, _, _ = eng.completions.prompt(messages, [eng.doc])
-    assert {eng.ids[0], eng.ids[1]} <= {s.passage_id for s in sources}
+    fresh = {h.passage_id for h in eng.session.longdocs._hits(
+        [eng.doc], messages[-1]["content"], [m["content"] for m in messages[:-1]])}
+    given = {s.passage_id for s in sources}
+    assert eng.ids[1] in given  # the museum's, its last question's (and "them")
+    assert eng.ids[0] not in given - fresh  # not the ferry's, two questions back
 
 
 def test_a_text_the_document_repeats_is_read_once(make_engine):

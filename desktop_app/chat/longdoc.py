@@ -16,9 +16,11 @@ question's turn quotes of them is taken from their KV too (`blending.repeats`); 
 whose exact copy is stored (a turn's, made exact in the background) is restored as it is.
 
 How the context evolves (`choose`): the passages this question retrieves come first, best
-first; the chat's passages from earlier turns are kept after them, most relevant first, while
-the budget allows — the context less a reserve for the answer, the chat's turns and the
-question — and the least relevant are dropped once it does not. When a follow-up retrieves
+first; those the chat's last question retrieved itself are kept after them (not those it kept
+from before it: the context does not grow with the chat, nor keep what an early question
+found), most relevant first, while the budget allows — the context less a reserve for the
+answer, the chat's turns and the question — and the least relevant are dropped once it does
+not. When a follow-up retrieves
 nothing new, the context is unchanged and the chat goes on exactly where it was (nothing
 restored or computed again); when it does change, it is blended again and the turns are
 computed after it. Each answer names its passages (`sources`, stored with the answer), which
@@ -46,7 +48,7 @@ from ..passages.retrieve import DEFAULT_K, Retriever
 from ..results import Progress, Source
 from .library import Library
 
-ASKED_BEFORE = 8  # a client's earlier questions whose passages a conversation keeps
+ASKED_BEFORE = 1  # a client's earlier questions whose passages a conversation keeps
 
 
 class LongDocs:
@@ -98,11 +100,12 @@ class LongDocs:
         history = self.library.history(chat_id) if chat_id is not None else []
         # (Retrieval keeps the last turns of these: follow-ups say "it".)
         turns = self._turns_tokens(rt, chat_id, history) if history else 0
-        # What the chat keeps is what its last stored answer was given: not the passages of
-        # a question stopped or refused since, which the context may still hold.
+        # What the chat keeps is what its last stored answer's question retrieved: not the
+        # passages of a question stopped or refused since, which the context may still hold.
         chosen, notes = self.pick(rt, docs, question, [m.text for m in history],
                                   turns + len(rt.tokenize(question)) + 16,  # its template's
-                                  self._answered(chat_id, docs) if chat_id is not None else ())
+                                  own(self._answered(chat_id, docs)) if chat_id is not None
+                                  else ())
         if chat_id is None:
             self.offer(chosen, self.wholes(rt, docs))
         else:
@@ -186,11 +189,10 @@ class LongDocs:
 
     def asked_before(self, docs: Sequence[Document], questions: Sequence[str]
                      ) -> list[Source]:
-        """The passages a conversation's earlier `questions` were given, each after those
+        """The passages a conversation's last earlier `questions` retrieved, each after those
         before it: what a chat keeps of its turns (`pick`'s `kept`), for a conversation a
         client sends as text (the local API's)."""
         split, given = self._split(docs), {}
-        # (the last few: more passages than theirs never fit the context beside this turn's)
         for i in range(max(0, len(questions) - ASKED_BEFORE), len(questions)):
             for s in self._hits(split, questions[i], questions[:i]):
                 given.setdefault(s.passage_id, s)
@@ -367,3 +369,8 @@ class LongDocs:
         return Parts(layout, ready.entries[1:], notes,
                      sum(layout.parts[i][1] - layout.parts[i][0] for i in ready.computed_at),
                      "passages")
+
+
+def own(sources: Sequence[Source]) -> list[Source]:
+    """Of an answer's passages, those its question retrieved itself (none: all of them)."""
+    return [s for s in sources if not s.earlier] or list(sources)
