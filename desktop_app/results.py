@@ -25,6 +25,11 @@ def size_text(nbytes: float) -> str:
     raise AssertionError("unreachable")
 
 
+def counted(n: int, noun: str) -> str:
+    """"1 token", "2,048 tokens": a count and its noun, as people write them."""
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
+
+
 @dataclass(frozen=True)
 class Progress(Record):
     """Work under way: phase is extract | prefill | encode | store | restore | recompute |

@@ -116,3 +116,10 @@ def test_a_title_becomes_a_file_name_every_system_takes():
     assert file_name('a/b\\c: "d" <e>|f*') == "a b c d e f"
     assert file_name("..hidden\tfile\n") == "hidden file"
     assert file_name("  ") == file_name("???") == "chat" and len(file_name("x" * 300)) == 80
+
+
+def test_a_count_is_written_with_its_noun_singular_or_plural():
+    from desktop_app.results import counted
+
+    assert [counted(n, "token") for n in (0, 1, 2, 2048)] == [
+        "0 tokens", "1 token", "2 tokens", "2,048 tokens"]

@@ -14,7 +14,7 @@ from pathlib import Path
 from PySide6.QtGui import QDragEnterEvent, QDropEvent
 from PySide6.QtWidgets import QFileDialog, QInputDialog, QMessageBox
 
-from desktop_app.results import AttachResult, Source
+from desktop_app.results import AttachResult, Source, counted
 
 from .document_view import DocumentView
 from .formatting import attach_notices, file_name
@@ -67,7 +67,8 @@ class LibraryMixin:
             row.deleteLater()
             notices = attach_notices(result)
             self.statusBar().showMessage(
-                "; ".join(notices) or f"{result.title}: {result.kept_tokens:,} tokens ready", 8000)
+                "; ".join(notices)
+                or f"{result.title}: {counted(result.kept_tokens, 'token')} ready", 8000)
             if notices:
                 self._say("; ".join(notices))
             if joins and self.chat_id is None:  # attached while starting a chat: it joins it

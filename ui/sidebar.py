@@ -26,7 +26,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from desktop_app.results import ChatInfo, DocumentInfo, Progress, size_text
+from desktop_app.results import ChatInfo, DocumentInfo, Progress, counted, size_text
 
 from .formatting import shortened
 
@@ -244,10 +244,10 @@ class DocumentList(QWidget):
                       "none": "not cached", "attaching": "being attached",
                       "unfinished": "did not finish: attach or pull it again"}.get(doc.status,
                                                                            doc.status)
-            tokens = (f"{doc.tokens:,} tokens" if doc.kept_tokens == doc.tokens
-                      else f"{doc.kept_tokens:,} of {doc.tokens:,} tokens")
+            tokens = (counted(doc.tokens, "token") if doc.kept_tokens == doc.tokens
+                      else f"{doc.kept_tokens:,} of {counted(doc.tokens, 'token')}")
             if doc.passages:  # too long for the context: answered from its passages' KV
-                tokens = f"{doc.tokens:,} tokens"
+                tokens = counted(doc.tokens, "token")
                 status = f"{doc.passages_cached:,} of {doc.passages:,} passages cached"
             item = QListWidgetItem(f"{doc.title}\n{tokens} · {size_text(size)} · {status}")
             item.setData(ID_ROLE, doc.doc_id)

@@ -14,7 +14,7 @@ import click
 from ..app import App
 from ..errors import Cancelled, is_user_error
 from ..options import GenerationOptions, RestoreOptions
-from ..results import AttachFailure, Source, restore_phrase, size_text
+from ..results import AttachFailure, Source, counted, restore_phrase, size_text
 from .base import (
     TerminalProgress,
     cli,
@@ -91,7 +91,7 @@ def attach(app: App, files: tuple[str, ...], levels: list[str] | None, no_server
                     f"from the shared cache in {res.encode_s:.1f} s" if res.pulled else
                     f"prefill {res.prefill_s:.1f} s, encode {res.encode_s:.1f} s")
                 how += "; shared" if res.pushed else ""
-                click.echo(f"[{res.doc_id}] {title}: {res.kept_tokens:,} tokens ({how}); "
+                click.echo(f"[{res.doc_id}] {title}: {counted(res.kept_tokens, 'token')} ({how}); "
                            f"raw {res.raw_bytes / 1e6:.1f} MB -> {sizes}")
     if results and not as_json:
         # (a document kept as passages encodes nothing when it is attached)
@@ -321,7 +321,7 @@ def docs(app: App, as_json: bool):
     """List attached documents and their caches."""
     rows = app.engine.documents()
     emit([d.as_dict() for d in rows], as_json, [
-        f"[{d.doc_id}] {d.title} — {d.tokens:,} tokens"
+        f"[{d.doc_id}] {d.title} — {counted(d.tokens, 'token')}"
         + (f" ({d.kept_tokens:,} kept)" if d.status == "ready" and d.kept_tokens < d.tokens
            else "")
         + (f", {d.passages:,} passages ({d.passages_cached:,} with their KV)"
