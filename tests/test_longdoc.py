@@ -343,15 +343,13 @@ def test_follow_ups_keep_the_chats_passages_and_a_reopen_lays_them_out(make_engi
     exported = eng.export_chat(chat)
     assert "> source: #1 \\[line 3\\] Island guide" in exported
     assert "> quoted with the question: \"The keeper's cottage" in exported
-    follow = eng.ask("And when do puffins nest on the cliffs?", chat_id=chat,
-                     generation=GREEDY)
+    follow = eng.ask("Tell me more.", chat_id=chat, generation=GREEDY)
     ids = [s["passage_id"] for s in follow.sources]
-    # This question's passage joins; the museum's stays, room allowing; document order.
-    assert eng.ids[3] in ids and eng.ids[1] in ids and ids == sorted(ids)
+    # Saying nothing of its own, it keeps the museum's passage, room allowing; document order.
+    assert eng.ids[1] in ids and ids == sorted(ids)
     # Those the follow-up did not retrieve itself are said to be the chat's earlier ones
     asked = [m.text for m in eng.library.history(chat)[:2]]
-    fresh = {h.passage_id for h in eng.session.longdocs._hits(
-        [doc], "And when do puffins nest on the cliffs?", asked)}
+    fresh = {h.passage_id for h in eng.session.longdocs._hits([doc], "Tell me more.", asked)}
     assert [s["earlier"] for s in follow.sources] == [
         s["passage_id"] not in fresh for s in follow.sources]
     # Blended answers are never stored; the exact context is, in the background, as an entry
@@ -381,27 +379,39 @@ def test_a_question_stopped_before_its_answer_leaves_the_chat_its_passages(make_
         eng.ask("When do puffins nest on the cliffs?", chat_id=first.chat_id,
                 generation=GREEDY, cancel=stop, on_restore=lambda report: stop.set())
     assert eng.ids[3] not in answered
-    follow = eng.ask("What does the shop sell?", chat_id=first.chat_id, generation=GREEDY)
+    follow = eng.ask("Tell me more.", chat_id=first.chat_id, generation=GREEDY)
     # What the chat keeps from before is its stored answer's, not the stopped question's.
     assert {s["passage_id"] for s in follow.sources if s["earlier"]} <= answered
     assert eng.ids[3] not in {s["passage_id"] for s in follow.sources}
 
 
-def test_a_chat_keeps_the_last_questions_own_passages_not_all_it_ever_read(make_engine):
-    """Each question's context: its own passages, then those the question before it
-    retrieved; what an earlier question found is not carried on turn after turn (a chat
-    whose context only grows gets slower and reads more that is beside its question)."""
+def test_a_follow_up_keeps_only_the_last_questions_passages_and_only_if_it_needs_them(
+        make_engine):
+    """A question naming what it asks about reads its own passages; one saying nothing of
+    its own keeps those the question before it retrieved, and no question keeps what the
+    ones before that found (a chat whose context only grows gets slower, and a small model
+    answers from passages about what the chat has moved on from)."""
     eng = make_engine()
+    specific = partial(eng.session.longdocs.retriever.specific, eng.doc)
+    assert specific("What does the museum keep?") and not specific("Tell me more.")
     first = eng.ask("When does the ferry to Cape Morrow leave?", doc_ids=[eng.doc],
                     generation=GREEDY)
     second = eng.ask("What does the museum keep?", chat_id=first.chat_id, generation=GREEDY)
-    third = eng.ask("What does the island's shop sell?", chat_id=first.chat_id,
-                    generation=GREEDY)
-    own = {s["passage_id"] for s in second.sources if not s["earlier"]}
-    assert eng.ids[0] in {s["passage_id"] for s in second.sources}  # kept at the second
-    assert eng.ids[0] not in own and eng.ids[1] in own
-    assert {s["passage_id"] for s in third.sources if s["earlier"]} <= own
-    assert eng.ids[0] not in {s["passage_id"] for s in third.sources}  # not at the third
+    assert eng.ids[1] in {s["passage_id"] for s in second.sources}
+    assert not any(s["earlier"] for s in second.sources)  # the ferry's is not kept
+    third = eng.ask("Tell me more.", chat_id=first.chat_id, generation=GREEDY)
+    given = {s["passage_id"] for s in third.sources}
+    assert {s["passage_id"] for s in third.sources if s["earlier"]} <= {
+        s["passage_id"] for s in second.sources}
+    assert eng.ids[0] not in given  # not the first question's
+    # The earlier ones fill what room a question's own leave, up to what one retrieves.
+    lds = eng.session.longdocs
+    passage = {p.index: Source(p.id, eng.doc, p.index, p.text, 1.0 - p.index / 10, None,
+                               p.lines) for p in eng.store.passages(eng.doc)}
+    fit = partial(lds._fit, eng.runtime, budget=2000, doc_order=[eng.doc])
+    assert [(s.index, s.earlier) for s in fit([passage[2]], [passage[0], passage[4]])] == [
+        (0, True), (2, False)]  # top_k = 2: the best earlier one beside its own
+    assert [s.index for s in fit([passage[2], passage[3]], [passage[0]])] == [2, 3]
 
 
 def test_passage_kv_under_another_model_is_not_called_this_chats_cache(make_engine):

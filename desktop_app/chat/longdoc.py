@@ -16,11 +16,15 @@ question's turn quotes of them is taken from their KV too (`blending.repeats`); 
 whose exact copy is stored (a turn's, made exact in the background) is restored as it is.
 
 How the context evolves (`choose`): the passages this question retrieves come first, best
-first; those the chat's last question retrieved itself are kept after them (not those it kept
-from before it: the context does not grow with the chat, nor keep what an early question
-found), most relevant first, while the budget allows — the context less a reserve for the
-answer, the chat's turns and the question — and the least relevant are dropped once it does
-not. When a follow-up retrieves
+first; for a question that says nothing of its own ("Give an example of it.": no word the
+documents hold rarely, no name they hold: `Retriever.specific`), those the chat's last question
+retrieved itself are kept after them, most relevant first, while the budget allows — the
+context less a reserve for the answer, the chat's turns and the question — and the passages
+number at most `top_k` (what one question retrieves at most); the least relevant are dropped
+once they do not. A question of its own words reads its own passages
+(its retrieval reads the turns for what "it" is), and no question keeps what the questions
+before the last one found: the context does not grow with the chat, and a small model is not
+given passages about what the chat has moved on from to answer from. When a follow-up retrieves
 nothing new, the context is unchanged and the chat goes on exactly where it was (nothing
 restored or computed again); when it does change, it is blended again and the turns are
 computed after it. Each answer names its passages (`sources`, stored with the answer), which
@@ -155,10 +159,12 @@ class LongDocs:
     def pick(self, rt: Runtime, docs: Sequence[Document], question: str, recent: Sequence[str],
              used: int, kept: Sequence[Source] = ()) -> tuple[list[Source], list[str]]:
         """The passages of `docs` for `question` asked after the `recent` turns, with `used`
-        tokens of the context taken by the conversation, keeping `kept` while room remains;
-        (passages in document order, notes)."""
+        tokens of the context taken by the conversation, keeping `kept` while room remains
+        when the question is not `specific`; (passages in document order, notes)."""
         split = self._split(docs)
         hits = self._hits(split, question, recent)
+        if any(self.retriever.specific(d, question) for d in split):
+            kept = ()  # (it asks about what it names)
         wholes = self.wholes(rt, docs)
         overhead = len(passage_layout(rt, []).tokens)
         read_whole = sum(len(self.kv.tokens(rt, text)) - overhead for _, text in wholes)
@@ -261,7 +267,8 @@ class LongDocs:
     def _fit(self, rt: Runtime, hits: list[Source], kept: list[Source], budget: int,
              doc_order: list[int]) -> list[Source]:
         """This question's hits, best first, then the chat's earlier passages, most relevant
-        first, while they fit `budget` tokens, each text once; in document order, the earlier
+        first, while they fit `budget` tokens and the passages number at most `top_k`, each
+        text once; in document order, the earlier
         ones marked so (`Source.earlier`). None of the earlier ones when none of this
         question's fits: they would answer it in its place."""
         fresh = {s.passage_id for s in hits}
@@ -270,8 +277,8 @@ class LongDocs:
         overhead = len(passage_layout(rt, []).tokens)
         used, chosen, texts = overhead, [], set()
         for s in ranked:
-            if fresh and s.passage_id not in fresh and not chosen:
-                break
+            if fresh and s.passage_id not in fresh and (not chosen or len(chosen) >= self.top_k):
+                break  # (none, or no more than a question retrieves at most, in all)
             cost = len(self.kv.tokens(rt, s.text)) - overhead
             if used + cost <= budget and s.text not in texts:  # (a text repeated: read once)
                 chosen.append(s)

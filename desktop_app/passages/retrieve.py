@@ -163,6 +163,15 @@ it asks about that name, whatever the chat said before."""
         return fuse([whole, named(self.store.search_passages(doc_id, " ".join(rare), n),
                                   holders)]), holders, lead
 
+    def specific(self, doc_id: int, question: str) -> bool:
+        """Whether `question` says what it asks about in words of its own: one that document
+        `doc_id` holds in at most RARE_PASSAGES passages, or a name it holds ("What does
+        str.casefold do?", "Who maintains the Quillmere daemon?"), where "Give an example of
+        it." says nothing the turns do not."""
+        counts = self.store.passage_frequencies(doc_id, question, RARE_PASSAGES + 1)
+        return any(0 < c <= RARE_PASSAGES for c in counts.values()) or any(
+            counts[w] for w in written_names(question, counts))
+
     def _rare(self, doc_id: int, text: str) -> tuple[list[str], set[str]]:
         """The rare words of `text` (see `_bm25`), none when every word of it is rare (BM25
         over them is BM25 over it again); and the names it writes that the document holds."""
