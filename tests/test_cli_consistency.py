@@ -28,6 +28,16 @@ def test_models_does_not_create_a_data_directory(tmp_path):
 
 
 @pytest.mark.model
+def test_listing_and_verifying_do_not_create_a_data_directory(tmp_path):
+    data = tmp_path / "mistyped"
+    for command in ("docs", "chats", "verify"):
+        proc = kvdesk("--data-dir", str(data), command, "--json")
+        assert json.loads(proc.stdout) in ([], {}) or "chunks" in json.loads(proc.stdout)
+        assert f"no data directory at {data} yet" in proc.stderr
+    assert not data.exists()
+
+
+@pytest.mark.model
 def test_info_does_not_create_a_data_directory(tmp_path, model_path):
     data = tmp_path / "nowhere"
     info = json.loads(kvdesk("--data-dir", str(data), "info", "--json").stdout)

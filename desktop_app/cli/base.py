@@ -154,6 +154,14 @@ def level_list(ctx: click.Context, param: click.Parameter, value: str | None
 
 
 
+def only_reading(app) -> None:
+    """A command that only reads: where the data directory does not exist (a first run, a
+    mistyped --data-dir) it is read as empty, said, and not created."""
+    app.reads_only = True
+    if not app.data_dir.exists():
+        say([f"no data directory at {app.data_dir} yet: nothing is stored there"])
+
+
 def say(messages: list[str]) -> None:
     for m in messages:
         click.echo(f"Note: {m}", err=True)

@@ -23,6 +23,7 @@ from .base import (
     json_option,
     level_list,
     no_server_option,
+    only_reading,
     option_name,
     print_json,
     say,
@@ -319,6 +320,7 @@ def reopen(app: App, chat_id, restore, no_server, as_json):
 @click.pass_obj
 def docs(app: App, as_json: bool):
     """List attached documents and their caches."""
+    only_reading(app)
     rows = app.engine.documents()
     emit([d.as_dict() for d in rows], as_json, [
         f"[{d.doc_id}] {d.title} — {counted(d.tokens, 'token')}"
@@ -348,9 +350,12 @@ def docs(app: App, as_json: bool):
 @click.pass_obj
 def chats(app: App, as_json: bool):
     """List chats, most recent first."""
+    only_reading(app)
     rows = app.engine.chats()
     emit([c.as_dict() for c in rows], as_json, [
-        f"[{c.chat_id}] {c.title} — {c.messages} messages" for c in rows]
+        f"[{c.chat_id}] {c.title} — {counted(c.messages, 'message')}"
+        + (" · blended (approximate until its exact context is stored)"
+           if c.kv_mode == "blended" else "") for c in rows]
         or ["no chats yet: kvdesk ask --doc ID QUESTION"])
 
 
@@ -363,6 +368,7 @@ def chats(app: App, as_json: bool):
 @click.pass_obj
 def export(app: App, chat_id: int, fmt: str, as_json: bool):
     """Print a chat, to save or share it (as the window's chat list exports it)."""
+    only_reading(app)
     text = app.engine.export_chat(chat_id, "json" if as_json else fmt)
     click.echo(text, nl=not text.endswith("\n"))
 

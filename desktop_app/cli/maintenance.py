@@ -13,7 +13,16 @@ import click
 from ..app import App
 from ..options import GcOptions
 from ..results import size_text
-from .base import TerminalProgress, cli, emit, interruptible, json_option, level_list, values
+from .base import (
+    TerminalProgress,
+    cli,
+    emit,
+    interruptible,
+    json_option,
+    level_list,
+    only_reading,
+    values,
+)
 
 
 @cli.command()
@@ -62,6 +71,8 @@ def models(app: App, as_json: bool):
 def verify(app: App, repair: bool, as_json: bool):
     """Check every stored KV chunk and codec calibration; set aside (and with --repair, fix)
     what fails or is missing."""
+    if not repair:
+        only_reading(app)
     report = app.store.verify()
     unusable = [c for c in report["calibrations"] if c["state"] != "ok"]
     found = bool(report["corrupt"] or report["missing"] or unusable)
