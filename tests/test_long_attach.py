@@ -56,8 +56,9 @@ def test_a_long_document_is_said_at_once_split_and_never_prefilled(engine, tmp_p
     assert first.phase == "split" and first.done == 0  # said before the work starts
     assert "longer than the context of 512" in first.note and "passages" in first.note
     # and then how far splitting has got, as it goes (it stood at 0 % until done)
-    moving = [p.done for p in seen if p.phase == "split" and p.total == 100]
-    assert len(moving) > 3 and moving == sorted(moving) and moving[-1] >= 90
+    moving = [p.done for p in seen if p.phase == "split"]
+    assert {p.total for p in seen if p.phase == "split"} == {100}  # one unit throughout
+    assert len(moving) > 3 and moving == sorted(moving) and moving[-1] == 100
     assert res.passages > 3 and res.kept_tokens == 0 and res.tokens > N_CTX
     assert first.note in res.warnings and not res.reused
     assert engine.store.entries() == []  # no KV computed at attach

@@ -216,7 +216,7 @@ class Attacher:
                 "it is kept as passages, and each question is answered from the passages "
                 "retrieved for it")
         if progress:
-            progress(Progress("split", 0, 1, title, note=note))
+            progress(Progress("split", 0, 100, title, note=note))  # (in percent throughout)
         t0 = time.perf_counter()
         doc = existing or self.store.add_document(
             extracted.content_hash, title, extracted.text, type=extracted.kind,
@@ -242,7 +242,7 @@ class Attacher:
         if new:
             self.store.finish_document(doc.id)
         if progress:
-            progress(Progress("split", 1, 1, title))
+            progress(Progress("split", 100, 100, title))
         return AttachResult(
             doc_id=doc.id, title=title, tokens=doc_tokens, kept_tokens=0, prefill_s=0.0,
             encode_s=round(time.perf_counter() - t0, 3), raw_bytes=0, stored_bytes={},
