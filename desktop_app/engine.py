@@ -365,9 +365,9 @@ class Engine:
         """A long document's passages in order (score 0), or with `query` those retrieval
         returns for it, best first, by `mode` (bm25, dense or fused; default: the measured
         best): of its `k` best, the ones a chat reads (focused: for a question naming
-        something rare, those holding it), or with `wide` all `k`; asked as a follow-up in
-        chat `chat_id` (about the document), after its turns. `kvdesk passages`. A document
-        that fits the context has none."""
+        something rare, those holding it; a repeated text once), or with `wide` all `k`;
+        asked as a follow-up in chat `chat_id` (about the document), after its turns.
+        `kvdesk passages`. A document that fits the context has none."""
         self.library.document(doc_id)
         if query is None and chat_id is not None:
             raise EngineError("a chat says how to retrieve: give a query too")
@@ -380,8 +380,12 @@ class Engine:
                 if doc_id not in {d.id for d in self.library.chat_documents(chat_id)}:
                     raise EngineError(f"chat {chat_id} is not about document {doc_id}")
                 recent = [m.text for m in self.library.history(chat_id)]
-            return self.retriever.retrieve(doc_id, query, recent=recent, k=k, mode=mode,
+            hits = self.retriever.retrieve(doc_id, query, recent=recent, k=k, mode=mode,
                                            focus=not wide and self.session.longdocs.focus)
+            if wide:
+                return hits
+            # A text the document repeats is read once (`longdoc`): listed once.
+            return [h for i, h in enumerate(hits) if h.text not in {g.text for g in hits[:i]}]
         return [Hit(p.id, p.index, p.text, p.page, p.lines, p.heading, p.tokens, 0.0)
                 for p in self.store.passages(doc_id)]
 

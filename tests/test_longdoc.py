@@ -545,6 +545,19 @@ def test_a_text_the_document_repeats_is_read_once(make_engine):
     assert [s.passage_id for s in chosen] == [1, 3]
 
 
+def test_kvdesk_passages_lists_a_repeated_text_once_as_a_chat_reads_it(make_engine):
+    eng = make_engine()
+    texts = [PASSAGES[0], PASSAGES[1], PASSAGES[0]]  # the ferry's twice, as a manual repeats
+    doc = eng.store.add_document("r" * 64, "Repeats", "\n\n".join(texts), type="text")
+    eng.store.add_passages(doc.id, [
+        SimpleNamespace(index=i, text=t, start=0, end=len(t), page=None, lines=(i + 1, i + 1),
+                        heading=(), tokens=40) for i, t in enumerate(texts)])
+    listed = eng.passages(doc.id, query="When does the ferry to Cape Morrow leave?")
+    assert [h.text for h in listed].count(PASSAGES[0]) == 1
+    wide = eng.passages(doc.id, query="When does the ferry to Cape Morrow leave?", wide=True)
+    assert [h.text for h in wide].count(PASSAGES[0]) == 2
+
+
 def test_one_passage_computed_for_a_request_is_not_counted_as_cached(make_engine):
     """A single passage is not blended but restored from the entry just stored for it: the
     tokens computed for it are still the request's, not the cache's."""
