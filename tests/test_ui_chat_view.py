@@ -37,7 +37,7 @@ def test_an_answer_over_passages_lists_its_sources_and_a_click_shows_one(qtbot):
     view.set_messages([MessageInfo(1, "user", "When?", 0.0),
                        MessageInfo(2, "assistant", "At 10.", 0.0, {"sources": sources})])
     text = view.toPlainText()
-    assert "Sources: [1] lines 12-14 · [2] page 2" in text
+    assert "Sources: [1] lines 12-14 Timetable · [2] page 2" in text  # its nearest heading
     assert "The ferry leaves" not in text  # listed, not shown, until clicked
     view._link(QUrl("kvdesk:source/1/0"))
     assert "Timetable › lines 12-14" in view.toPlainText()
@@ -51,7 +51,7 @@ def test_an_answer_over_passages_lists_its_sources_and_a_click_shows_one(qtbot):
     view.add_user_message("And on Sundays?")
     view.begin_answer()
     view.end_answer("Not at all.", "1 token", {"sources": sources[:1], "read_whole": []})
-    assert view.toPlainText().count("Sources: [1] lines 12-14") == 2
+    assert view.toPlainText().count("Sources: [1] lines 12-14 Timetable") == 2
     # A document read whole beside the passages is named first, by its title, the passages
     # then by theirs
     view.set_doc_titles({1: "Guide"})
@@ -64,7 +64,7 @@ def test_an_answer_over_passages_lists_its_sources_and_a_click_shows_one(qtbot):
     view.add_user_message("And?")
     view.begin_answer()
     view.end_answer("Yes.", "", {"sources": [{**sources[0], "earlier": True}]})
-    assert "Sources: [1] lines 12-14 (an earlier question's)" in view.toPlainText()
+    assert "Sources: [1] lines 12-14 Timetable (an earlier question's)" in view.toPlainText()
 
 
 def test_a_source_shown_keeps_its_indentation_and_stays_with_its_chat(qtbot):

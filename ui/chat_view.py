@@ -185,9 +185,11 @@ class ChatView(QTextBrowser):
             title = self.doc_titles.get(s.document_id, f"document {s.document_id}")
             return f"{title}, {s.location}" if several else s.location
 
-        # (a passage an earlier question retrieved, still in the context: said, not hidden)
+        # (a passage an earlier question retrieved, still in the context: said, not hidden;
+        # its nearest heading says what it is about, as `kvdesk ask` prints the whole path)
         links = [f'<a href="kvdesk:source/{i}/{j}" style="color:{c.muted}">[{j + 1}] '
-                 f"{html.escape(where(s))}{f' ({EARLIER})' if s.earlier else ''}</a>"
+                 f"{html.escape(where(s))}{f' {html.escape(s.heading[-1])}' if s.heading else ''}"
+                 f"{f' ({EARLIER})' if s.earlier else ''}</a>"
                  for j, s in enumerate(sources)]
         out = (f'<p style="color:{c.muted};font-size:small">Sources: '
                f'{" · ".join([*wholes, *links])}</p>')
