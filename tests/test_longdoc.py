@@ -890,7 +890,7 @@ def test_a_tokenizer_that_puts_a_space_before_each_call_is_asked_once():
         0, *PIECES.encode()] and len(calls) == 1
 
 
-def test_docs_says_when_the_storage_budget_stopped_the_passages_kv(capsys):
+def test_docs_says_when_the_storage_budget_stopped_the_passages_kv(capsys, tmp_path):
     """`kvdesk docs`: passages left without KV because the budget is full are said, with what
     to do (the background pass only logged it)."""
     from desktop_app.cli.chat import docs
@@ -899,7 +899,7 @@ def test_docs_says_when_the_storage_budget_stopped_the_passages_kv(capsys):
     def app(usage):
         info = DocumentInfo(1, "manual.txt", "text", 90_000, 0, {}, "passages", 0.0,
                             passages=700, passages_cached=107)
-        return SimpleNamespace(engine=SimpleNamespace(
+        return SimpleNamespace(data_dir=tmp_path, engine=SimpleNamespace(
             documents=lambda: [info],
             store=SimpleNamespace(usage_bytes=lambda: usage, budget_bytes=1000)))
 
