@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from desktop_app.chat.attaching import _count
+from desktop_app.chat.longdoc import own
 from desktop_app.engine import Engine
 from desktop_app.errors import Cancelled, EngineError
 from desktop_app.kv.blending import repeats
@@ -414,6 +415,42 @@ def test_a_follow_up_keeps_only_the_last_questions_passages_and_only_if_it_needs
     assert [s.index for s in fit([passage[2], passage[3]], [passage[0]])] == [2, 3]
 
 
+def test_a_follow_up_naming_what_it_asks_about_is_retrieved_as_if_asked_alone(make_engine):
+    """The last turns join the query of a follow-up that points back ("Does it ..."), not
+    of one naming what it asks about: their words (an invented answer's too) would only add
+    their passages to its own."""
+    eng = make_engine()
+    retriever, recent = eng.session.longdocs.retriever, [
+        "What does the museum keep?", "Logbooks, a brass telescope and a barometer."]
+
+    def read(question):
+        return {h.index for h in retriever.retrieve(eng.doc, question, recent=recent, k=5,
+                                                     focus=True)}
+
+    named = "When does the Cape Morrow ferry sail on Saturdays?"
+    assert read(named) == {h.index for h in retriever.retrieve(eng.doc, named, k=5,
+                                                               focus=True)}
+    assert 1 not in read(named)  # the museum's
+
+
+def test_a_follow_up_pointing_back_keeps_what_it_points_at(make_engine):
+    """"Does it stop at the Museum?" names the museum, but "it" is the ferry of the question
+    before: that question's passage stays in its context."""
+    eng = make_engine()
+    first = eng.ask("When does the ferry to Cape Morrow leave?", doc_ids=[eng.doc],
+                    generation=GREEDY)
+    assert not eng.session.longdocs.retriever.specific(eng.doc, "Does it stop at the Museum?")
+    follow = eng.ask("Does it stop at the Museum?", chat_id=first.chat_id, generation=GREEDY)
+    assert eng.ids[0] in {s["passage_id"] for s in follow.sources}
+
+
+def test_own_keeps_what_an_answers_question_retrieved_itself():
+    fresh, kept = (Source(i, 1, i, f"text {i}", 0.5, earlier=e) for i, e in ((1, False),
+                                                                              (2, True)))
+    assert own([kept, fresh]) == [fresh]
+    assert own([kept]) == [kept]  # (an answer given nothing of its own: all it was given)
+
+
 def test_passage_kv_under_another_model_is_not_called_this_chats_cache(make_engine):
     """Under another model a chat over passages computes its own: that their KV exists under
     the first one is not "the cache of this chat was made under another model"."""
@@ -523,9 +560,10 @@ def test_the_local_api_answers_from_passages_and_names_them(make_engine):
 
 def test_an_api_conversation_keeps_its_last_questions_passages_as_a_chat_does(make_engine):
     eng = make_engine()
+    eng.session.longdocs.top_k = 5  # (room for more than its own: what is kept is the rule's)
     messages = [{"role": "user", "content": "When does the Saturday ferry leave?"},
                 {"role": "assistant", "content": "At 10:00."},
-                {"role": "user", "content": "And what does the museum keep?"},
+                {"role": "user", "content": "And what does the Museum keep?"},
                 {"role": "assistant", "content": "Logbooks and a telescope."},
                 {"role": "user", "content": "Which of them is older?"}]
     _, sources, _, _, _ = eng.completions.prompt(messages, [eng.doc])

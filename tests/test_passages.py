@@ -324,6 +324,12 @@ def test_a_follow_up_is_led_by_its_own_words_and_its_it_by_the_turns(tmp_path, e
         switched = read("And where did the Quillfeather conference of 2031 take place?")
         assert any(FACTS[2][0] in t for t in switched), switched
         assert not any(FACTS[0][0] in t for t in switched), [t[:80] for t in switched]
+        # naming what it asks about, and pointing back at nothing: read as if asked alone
+        assert switched == [h.text for h in retriever.retrieve(
+            doc.id, "And where did the Quillfeather conference of 2031 take place?",
+            focus=True)]
+        assert not retriever.specific(doc.id, "And who keeps the records about it?")
+        assert retriever.specific(doc.id, "Who keeps the records about the Zelmar vault?")
         that = read("And who keeps the records about it?")
         assert "clerk named Ostune" in that[0], that
         # beside it the passage the question alone matches best, no more of the alike ones

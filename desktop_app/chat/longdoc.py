@@ -16,19 +16,18 @@ question's turn quotes of them is taken from their KV too (`blending.repeats`); 
 whose exact copy is stored (a turn's, made exact in the background) is restored as it is.
 
 How the context evolves (`choose`): the passages this question retrieves come first, best
-first; for a question that says nothing of its own ("Give an example of it.": no word the
-documents hold rarely, no name they hold: `Retriever.specific`), those the chat's last question
-retrieved itself are kept after them, most relevant first, while the budget allows — the
-context less a reserve for the answer, the chat's turns and the question — and the passages
+first; for a question that is not `Retriever.specific` (one pointing back, "Does it stop at the
+Museum?", or one with no rare word or name of its own, "Tell me more."), those the chat's last
+question retrieved itself are kept after them, most relevant first, while the budget allows —
+the context less a reserve for the answer, the chat's turns and the question — and the passages
 number at most `top_k` (what one question retrieves at most); the least relevant are dropped
-once they do not. A question of its own words reads its own passages
-(its retrieval reads the turns for what "it" is), and no question keeps what the questions
-before the last one found: the context does not grow with the chat, and a small model is not
-given passages about what the chat has moved on from to answer from. When a follow-up retrieves
-nothing new, the context is unchanged and the chat goes on exactly where it was (nothing
-restored or computed again); when it does change, it is blended again and the turns are
-computed after it. Each answer names its passages (`sources`, stored with the answer), which
-is also how the chat remembers them: a reopen, in this process or another, lays out the
+once they do not. A specific question reads its own passages, and no question keeps what the
+questions before the last one found: the context does not grow with the chat, and a small model
+is not given passages about what the chat has moved on from to answer from. When a follow-up
+retrieves nothing new, the context is unchanged and the chat goes on exactly where it was
+(nothing restored or computed again); when it does change, it is blended again and the turns
+are computed after it. Each answer names its passages (`sources`, stored with the answer),
+which is also how the chat remembers them: a reopen, in this process or another, lays out the
 passages of the last answer, and the next question starts from them.
 
 It never reads the document's whole text into the model, never stores a blended context and

@@ -43,6 +43,10 @@ from .index import PassageIndex
 RRF_K = 60  # the constant of reciprocal rank fusion (the paper's, and common practice)
 DENSE_WEIGHT = 0.1  # the dense ranking's share in the fusion, against BM25's 1 (measured)
 RARE_PASSAGES = 3  # a query word in at most this many passages is a rare one (a name)
+# Words by which a question points back at what the chat was about: such a question is not
+# about what it names alone ("Does it stop at the Museum?").
+REFERS_BACK = frozenset({"it", "its", "they", "them", "their", "theirs", "this", "that",
+                         "these", "those", "he", "him", "his", "she", "her", "hers"})
 CANDIDATES = 50  # from each ranking, before fusing
 RECENT_TURNS = 2  # the chat's last turns that join the question
 RECENT_CHARS = 400  # of each of them
@@ -142,14 +146,15 @@ class Retriever:
         question writes a name the document holds often (`written_names`: `nonlocal` in a
         language reference), only its rare names count: a common word that happens to be
         rare in the document ("kept") is not what it asks about, and would take the place of
-        that name's passages. A question writing such a name is not joined with the turns at all:
-it asks about that name, whatever the chat said before."""
+        that name's passages. A question writing a name the document holds, and no word
+        pointing back ("it", "they": `refers_back`), is not joined with the turns at all: it
+        asks about that name, whatever the chat said before."""
         alone = [(p.id, score) for p, score in self.store.search_passages(doc_id, question, n)]
         rare, names = self._rare(doc_id, question) if self.rare_words else ([], set())
         whole, lead = alone, None
         # A question naming what it asks about needs no turns to say what it is: joined, the
         # last answer's words (wrong ones too) only add their passages to its own.
-        if turns and not names:
+        if turns and not (names and not refers_back(question)):
             joined = self.store.search_passages(doc_id, " ".join([question, *turns]), n)
             whole = fuse([alone, [(p.id, score) for p, score in joined]])
         if not self.rare_words:
@@ -164,10 +169,13 @@ it asks about that name, whatever the chat said before."""
                                   holders)]), holders, lead
 
     def specific(self, doc_id: int, question: str) -> bool:
-        """Whether `question` says what it asks about in words of its own: one that document
-        `doc_id` holds in at most RARE_PASSAGES passages, or a name it holds ("What does
-        str.casefold do?", "Who maintains the Quillmere daemon?"), where "Give an example of
-        it." says nothing the turns do not."""
+        """Whether `question` says what it asks about in words of its own and points back at
+        nothing: a word document `doc_id` holds in at most RARE_PASSAGES passages or a name
+        it holds ("What does str.casefold do?", "Who maintains the Quillmere daemon?"), and
+        no word of REFERS_BACK ("Give an example of it.", "Does it stop at the Museum?" are
+        not; a word rare by chance, "keeps", comes with one: "Who keeps it?")."""
+        if refers_back(question):
+            return False
         counts = self.store.passage_frequencies(doc_id, question, RARE_PASSAGES + 1)
         return any(0 < c <= RARE_PASSAGES for c in counts.values()) or any(
             counts[w] for w in written_names(question, counts))
@@ -243,6 +251,11 @@ def most_named(order: Sequence[tuple[int, float]], holders: Mapping[str, set[int
         if not holders[name] & kept:
             kept.update(next(([pid] for pid, _ in order if pid in holders[name]), []))
     return [(pid, score) for pid, score in order if pid in kept]
+
+
+def refers_back(question: str) -> bool:
+    """Whether `question` writes a word pointing back at what the chat was about."""
+    return any(w in REFERS_BACK for w in re.findall(r"[a-z]+", question.lower()))
 
 
 def written_names(question: str, words: Iterable[str]) -> set[str]:
