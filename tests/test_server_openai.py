@@ -242,12 +242,12 @@ def test_a_prompt_no_context_could_hold_is_refused_before_its_turn(served):
     lock = served.app.engine.session.lock
     with lock:  # another turn holds the context
         with pytest.raises(openai.BadRequestError) as e:
-            served.client.with_options(timeout=60).chat.completions.create(
+            served.client.with_options(timeout=30, max_retries=0).chat.completions.create(
                 model="default", max_tokens=1, messages=[{"role": "user", "content": huge}])
         assert e.value.body["code"] == "context_length_exceeded"
         assert "at least" in e.value.message and "1,920,000 bytes" in e.value.message
         with pytest.raises(openai.BadRequestError) as e:
-            served.client.with_options(timeout=60).completions.create(
+            served.client.with_options(timeout=30, max_retries=0).completions.create(
                 model="default", prompt=huge, max_tokens=1)
         assert e.value.body["param"] == "prompt"
 

@@ -32,7 +32,6 @@ from ..errors import ContextFullError, EngineError, MissingError
 from ..kv.streaming import adaptation_note
 from ..model import llamacalls
 from ..model.prompts import Turn, answer_text, closing, raw_prompt, with_evidence
-from ..model.runtime import Runtime
 from ..options import GenerationOptions, RestoreOptions
 from ..results import Completion, RestoreReport, Source
 from ..validation import InvalidValue
@@ -40,6 +39,11 @@ from .answers import from_first_visible, stream_answer
 from .sessions import ChatSession
 
 ROLES = ("system", "user", "assistant")
+# Bytes a token of the context below which a request is not looked at before its turn (real
+# vocabularies' longest tokens stand for 30-80 bytes; text averages about 4), and the least
+# context a setting allows.
+SURELY_FITS = 16
+MIN_CONTEXT = 256
 
 
 @dataclass(frozen=True)
@@ -66,13 +70,18 @@ class Completions:
         self.min_cache_tokens = min_cache_tokens
         self._longest: dict[str, int] = {}  # model fingerprint -> `llamacalls.longest_piece`
 
-    def surely_too_long(self, rt: Runtime, messages: Sequence[dict] | RawPrompt) -> None:
+    def surely_too_long(self, messages: Sequence[dict] | RawPrompt) -> None:
         """Refuse, before it is tokenized, a request whose text has more tokens than the
-        context holds whatever they are: more bytes than its longest tokens could take."""
+        context holds whatever they are: more bytes than its longest tokens could take. (A
+        text under SURELY_FITS bytes a token of the context is let through unlooked-at: the
+        vocabulary's longest token is read only for the rare text that could need it.)"""
         texts = ([messages.prompt, messages.suffix or ""] if isinstance(messages, RawPrompt)
                  else [m.get("content") for m in messages if isinstance(m, dict)])
         size = sum(len(t.encode("utf-8", "replace")) for t in texts if isinstance(t, str))
-        if size < rt.n_ctx:  # (no token stands for less than a byte)
+        if size < SURELY_FITS * MIN_CONTEXT:
+            return
+        rt = self.session.runtime
+        if size < SURELY_FITS * rt.n_ctx:
             return
         if rt.fingerprint not in self._longest:
             self._longest[rt.fingerprint] = llamacalls.longest_piece(rt.llm)
@@ -155,7 +164,7 @@ class Completions:
         completion as soon as it is known, before its KV is stored (the call returns after)."""
         t0 = time.perf_counter()
         s = self.session
-        self.surely_too_long(s.runtime, messages)  # before its turn in the queue
+        self.surely_too_long(messages)  # before its turn in the queue
         with s.lock:
             s.contexts.warm_up()  # its kernels load while the model does
             rt = s.runtime
