@@ -207,7 +207,7 @@ class Engine:
         with self._calibrating:
             steps = KeptSteps(self.store, rt.fingerprint)
             cal = calibrate.calibrate(
-                rt.model_path, fingerprint=rt.fingerprint, cancel=cancel, steps=steps,
+                rt.model_path, fingerprint=rt.fingerprint, cancel=cancel, keep=steps,
                 pause=lambda: self.session.lock.wait_free(cancel),
                 progress=None if progress is None else (
                     lambda stage, f: progress(Progress("calibrate", round(f * 100), 100,

@@ -100,13 +100,13 @@ def test_a_calibration_stopped_goes_on_where_it_was_and_comes_out_the_same(
     with Store(tmp_path) as store:
         with pytest.raises(Cancelled):
             calibrate.calibrate(model_path, fingerprint=FP, settings=TINY, cancel=stop,
-                                steps=steps.KeptSteps(store, FP),
+                                keep=steps.KeptSteps(store, FP),
                                 progress=lambda stage, _: stage == "balanced" and stop.set())
         first = len(probes)
         assert probes.count("probe") > 0 and "high" in probes
         probes.clear()
         again = steps.KeptSteps(store, FP)  # as the next process finds them
-        cal = calibrate.calibrate(model_path, fingerprint=FP, settings=TINY, steps=again)
+        cal = calibrate.calibrate(model_path, fingerprint=FP, settings=TINY, keep=again)
         assert "probe" not in probes and "high" not in probes  # all read back
         assert 0 < len(probes) < first
         unstopped = calibrated[0]
@@ -245,7 +245,7 @@ def test_the_engines_calibration_waits_at_each_step_while_a_question_is_answered
 
     stepped, done = [], threading.Event()
 
-    def steps(path, *, fingerprint, cancel, pause, progress, steps):
+    def steps(path, *, fingerprint, cancel, pause, progress, keep):
         for i in range(2):
             pause()
             stepped.append(i)
@@ -295,3 +295,20 @@ def test_the_engines_calibration_waits_at_each_step_while_a_question_is_answered
     finally:
         eng.close()
         eng.store.close()
+
+
+def test_steps_a_store_cannot_keep_leave_the_calibration_going():
+    """A read-only or full data directory keeps no steps: the calibration goes on without
+    them (a resume is only a saving), and says so once."""
+    from types import SimpleNamespace
+
+    from store import ReadOnlyError
+
+    def refuse(key, value):
+        raise ReadOnlyError("the data directory is read-only")
+
+    kept = steps.KeptSteps(SimpleNamespace(setting=lambda key: None, set_setting=refuse), FP)
+    kept.begin("run")
+    kept.put("q8_0", {"kld": 0.004})
+    kept.put("fp16-ulp", {"kld": 0.003})  # (not tried again)
+    assert kept.get("q8_0") == {"kld": 0.004} and kept.run is None

@@ -26,7 +26,7 @@ evaluation text) and returns a `codec.Calibration` that makes the levels hold th
 
 Progress goes to `progress(stage, fraction)`; `cancel` (a threading.Event) is checked between
 model runs and raises runtime.Cancelled. Every measurement that runs the model (a reference
-row, a layer's sensitivity probe, a step of a level's search) goes through `steps` when given
+row, a layer's sensitivity probe, a step of a level's search) goes through `keep` when given
 (`Steps`: the caller keeps them), each under its name for this run (the model, the text, the
 settings: `run_key`), so a calibration stopped or killed goes on where it was: what the steps
 hold is read back instead of measured again, and the rest, a function of them, comes out the
@@ -105,14 +105,14 @@ def calibration_text() -> str:
 def calibrate(model_path: str | Path, *, fingerprint: str, settings: Settings = Settings(),
               progress: ProgressFn | None = None, cancel: threading.Event | None = None,
               text: str | None = None, pause: Callable[[], None] | None = None,
-              steps: Steps | None = None) -> codec.Calibration:
+              keep: Steps | None = None) -> codec.Calibration:
     """Calibrate the codec for one model (see the module docstring). `pause` is called
-    between its steps, to wait while anything goes first (a question being answered); `steps`
+    between its steps, to wait while anything goes first (a question being answered); `keep`
     keeps its measurements, those of a run stopped before read back."""
     t0 = time.monotonic()
-    if steps is not None:
-        steps.begin(run_key(fingerprint, settings, text or calibration_text()))
-    run = Run(settings, progress, cancel, pause, steps)
+    if keep is not None:
+        keep.begin(run_key(fingerprint, settings, text or calibration_text()))
+    run = Run(settings, progress, cancel, pause, keep)
     run.say("reference", 0.0)
     with ExitStack() as stack:
         ev = stack.enter_context(quality.Evaluator(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import asdict
@@ -22,10 +23,14 @@ from typing import Any, Protocol
 
 import store as store_mod
 
+from .. import __version__
 from ..errors import Cancelled
 
-# Named in every run's key: raised when what a step measures changes, so that steps kept by
-# an earlier kvdesk are measured again rather than read back into another method.
+log = logging.getLogger(__name__)
+
+# Named in every run's key with kvdesk's version: raised when what a step measures changes,
+# so that steps kept by an earlier kvdesk are measured again, never read back into another
+# method or codec.
 FORMAT = 1
 SETTING = "calibration.steps."  # + a model's fingerprint: `KeptSteps`
 
@@ -46,8 +51,8 @@ def run_key(fingerprint: str, settings, text: str) -> str:
     dataclass)."""
     return hashlib.sha256(json.dumps(
         {"model": fingerprint, "settings": asdict(settings), "format": FORMAT,
-         "text": hashlib.sha256(text.encode()).hexdigest()}, sort_keys=True).encode()
-    ).hexdigest()
+         "kvdesk": __version__, "text": hashlib.sha256(text.encode()).hexdigest()},
+        sort_keys=True).encode()).hexdigest()
 
 
 class Run:
@@ -100,7 +105,13 @@ class KeptSteps:
 
     def put(self, name: str, value: Any) -> None:
         self.steps[name] = value
-        self.store.set_setting(self.key, {"run": self.run, "steps": self.steps})
+        if self.run is None:  # (a store that took no step: the run goes on, unkept)
+            return
+        try:
+            self.store.set_setting(self.key, {"run": self.run, "steps": self.steps})
+        except store_mod.StoreError as e:  # read-only, full: a resume is only a saving
+            log.warning("calibration steps not kept (%s): a stopped run starts over", e)
+            self.run = None
 
     def clear(self) -> None:
         """The run's steps dropped (its calibration is stored)."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import sqlite3
 import threading
@@ -143,7 +144,7 @@ def execute_script(conn: sqlite3.Connection, script: str) -> None:
     for part in script.split(";"):
         current.append(part)
         text = ";".join(current)
-        if "BEGIN" in text and not text.rstrip().endswith("END"):
+        if re.search(r"\bBEGIN\b", text, re.I) and not text.rstrip().upper().endswith("END"):
             continue
         if text.strip():
             conn.execute(text)
