@@ -267,9 +267,9 @@ class LongDocs:
              doc_order: list[int]) -> list[Source]:
         """This question's hits, best first, then the chat's earlier passages, most relevant
         first, while they fit `budget` tokens and the passages number at most `top_k`, each
-        text once; in document order, the earlier
-        ones marked so (`Source.earlier`). None of the earlier ones when none of this
-        question's fits: they would answer it in its place."""
+        text once; in document order, the earlier ones marked so (`Source.earlier`). None of
+        the earlier ones when none of this question's fits: they would answer it in its
+        place."""
         fresh = {s.passage_id for s in hits}
         ranked = sorted(hits, key=lambda s: -s.score) + sorted(
             (s for s in kept if s.passage_id not in fresh), key=lambda s: -s.score)
