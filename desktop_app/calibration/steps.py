@@ -3,9 +3,10 @@
 Calibrating takes minutes of model runs (`calibrate`); the window or the server calibrates in
 the background, and either may be closed, stopped or killed before it ends. Each measurement
 that runs the model is kept under its name for one run (`run_key`: the model, the calibration
-text, the settings and `FORMAT`) as it is made, and the next run of the same reads it back
-instead of measuring it again (`Run.kept`). `KeptSteps` keeps them in the store's settings,
-one run's per model, written as each is made and cleared once the calibration is stored.
+text, the settings, kvdesk's version and `FORMAT`) as it is made, and the next run of the same
+reads it back instead of measuring it again (`Run.kept`). `KeptSteps` keeps them in the store's
+settings, one run's per model, written as each is made (a store that cannot take them: the run
+goes on without) and cleared once the calibration is stored.
 
 What is kept are measurements (numbers), never KV or a calibration; this module never runs a
 model.
