@@ -162,7 +162,7 @@ class LongDocs:
         when the question is not `specific`; (passages in document order, notes)."""
         split = self._split(docs)
         hits = self._hits(split, question, recent)
-        if any(self.retriever.specific(d, question) for d in split):
+        if kept and any(self.retriever.specific(d, question) for d in split):
             kept = ()  # (it asks about what it names)
         wholes = self.wholes(rt, docs)
         overhead = len(passage_layout(rt, []).tokens)
