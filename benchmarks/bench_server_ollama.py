@@ -2,6 +2,7 @@
 with OpenAI's chat completions.
 
     .venv/bin/python -m benchmarks.bench_server_ollama [--tokens 4000] [--repeat 3] [--port 8792]
+    .venv/bin/python -m benchmarks.bench_server_ollama --history 400
 
 The same 4,000-token document as `bench_server` (Python's reference) is the system message of a
 streamed `/api/chat` request; each figure is measured from the client (time to the first line
@@ -12,6 +13,11 @@ with content), with `kvdesk serve` in its own process, on a fresh data directory
                        back from the store (the first request stored it)
     (c) via OpenAI     after another restart, the same conversation sent to
                        /v1/chat/completions: the cache /api/chat stored serves it too
+
+With `--history TURNS` it measures instead a conversation of that many turns (each about
+100 tokens, far more than the context holds) sent whole to a non-streamed /api/chat, which
+answers it as Ollama does, its oldest messages left out: the seconds to the answer, how many
+messages were left out, and the model's context.
 
 Prints one JSON document with the load average before and after.
 """
@@ -52,8 +58,11 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=4000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--port", type=int, default=8792)
+    ap.add_argument("--history", type=int, default=0)
     args = ap.parse_args()
     data = Path(tempfile.mkdtemp(prefix="kvdesk-bench-ollama-")) / "data"
+    if args.history:
+        return long_history(data, args.port, args.history)
     messages = [{"role": "system", "content": document(args.tokens)},
                 {"role": "user", "content": QUESTION}]
     out: dict = {"load_before": os.getloadavg()}
@@ -72,6 +81,28 @@ def main() -> None:
     out["b_speedup"] = round(out["a_recomputed_s"] / out["b_restarted_s"], 1)
     out["c_via_openai_s"], out["c_kvdesk"] = served(first_token)
     out["c_speedup"] = round(out["a_recomputed_s"] / out["c_via_openai_s"], 1)
+    out["load_after"] = os.getloadavg()
+    print(json.dumps(out, indent=2))
+
+
+def long_history(data: Path, port: int, turns: int) -> None:
+    history = [m for i in range(turns) for m in (
+        {"role": "user", "content": f"What sails from pier {i}? " + "Tell me more. " * 30},
+        {"role": "assistant", "content": f"The ferry {i} sails from pier {i}. " * 12})]
+    history.append({"role": "user", "content": "Which ferry sails from pier 3?"})
+    body = {"model": "default", "messages": history, "stream": False,
+            "options": {"num_predict": 8, "temperature": 0}}
+    out: dict = {"load_before": os.getloadavg(), "messages": len(history)}
+    server = Served(data, port)
+    try:
+        t0 = time.perf_counter()
+        said = httpx.post(f"{server.url}/api/chat", json=body, timeout=3600,
+                          trust_env=False).json()
+        out["answer_s"] = round(time.perf_counter() - t0, 2)
+        out["notes"] = [m for m in said["kvdesk"]["messages"] if "oldest" in m]
+        out["prompt_eval_count"] = said["prompt_eval_count"]
+    finally:
+        server.stop()
     out["load_after"] = os.getloadavg()
     print(json.dumps(out, indent=2))
 

@@ -39,11 +39,17 @@ class MissingError(EngineError):
 
 class ContextFullError(EngineError):
     """A prompt longer than the model's context, leaving no room to answer; `field` is the
-    request's field that holds it (an API's "messages" or "prompt")."""
+    request's field that holds it (an API's "messages" or "prompt"). For a conversation
+    measured, `over` is how many tokens too many it has and `sizes` each message's share of
+    its tokens, in the request's order: what a caller leaving out old messages needs to leave
+    out enough at once (`server.ollama.fitted`), not one at a time."""
 
-    def __init__(self, message: str, field: str = "messages"):
+    def __init__(self, message: str, field: str = "messages", *, over: int = 0,
+                 sizes: tuple[float, ...] = ()):
         super().__init__(message)
         self.field = field
+        self.over = over
+        self.sizes = sizes
 
 
 class UnsupportedModelError(EngineError):

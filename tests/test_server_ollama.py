@@ -113,6 +113,10 @@ def test_a_conversation_longer_than_the_context_loses_its_oldest_messages(client
     (note,) = [m for m in said["kvdesk"]["messages"] if "oldest" in m]
     left_out = int(note.split(" oldest ")[0].rsplit(" ", 1)[1])
     assert left_out % 2 == 0 and 0 < left_out < 24  # whole turns; the last question kept
+    one_more = [history[0], *history[left_out - 1:]]  # (left out at once: no more than needed)
+    refused = httpx.post(f"{served.url}/v1/chat/completions", trust_env=False, timeout=120,
+                         json={"model": "default", "messages": one_more, "max_tokens": 1})
+    assert refused.json()["error"]["code"] == "context_length_exceeded"
     with pytest.raises(ollama.ResponseError):  # nothing but the question is too long
         client.chat(model="default", options=QUIET,
                     messages=[{"role": "user", "content": "Ferry " * 3000}])
@@ -145,6 +149,41 @@ def test_what_is_left_out_of_a_conversation_too_long_for_the_context():
     assert said(prefill, 3)[1] == "S u2 a2"
     with pytest.raises(ContextFullError):
         said(prefill, 2)
+
+
+def test_a_long_history_is_measured_a_few_times_not_once_a_turn_left_out():
+    """Each refusal says how many tokens too many and what each message holds, so `fitted`
+    leaves out enough turns at once, and the same turns as leaving them out one by one."""
+    from desktop_app.errors import ContextFullError
+    from desktop_app.results import Completion, RestoreReport
+    from desktop_app.server.ollama import fitted
+
+    def tokens(m):
+        return 4 + len(m["content"].split())  # 4: the template's share
+
+    def budget(room, measured):
+        tries = []
+
+        def complete(messages):
+            tries.append(len(messages))
+            total = sum(tokens(m) for m in messages)
+            if total > room:
+                raise ContextFullError("too long", over=total - room if measured else 0,
+                                       sizes=tuple(tokens(m) for m in messages)
+                                       if measured else ())
+            return Completion("ok", "stop", 1, 1, 0.1, RestoreReport(1, 0, 0, [], 0), 0,
+                              False, [" ".join(m["content"] for m in messages)])
+        return complete, tries
+
+    history = [{"role": "system", "content": "S"}] + [
+        {"role": r, "content": f"{r[0]}{i} " + "word " * (i * 7 % 23)}
+        for i in range(150) for r in ("user", "assistant")] + [
+        {"role": "user", "content": "last " * 30}]
+    for room in (2000, 400, 60):
+        one_by_one, slow = budget(room, measured=False)
+        at_once, fast = budget(room, measured=True)
+        assert fitted(at_once, history).messages == fitted(one_by_one, history).messages
+        assert len(fast) <= 2 < len(slow)
 
 
 def test_generate_through_the_template_and_raw(client):

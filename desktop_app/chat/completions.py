@@ -99,6 +99,7 @@ class Completions:
         the messages, the last ones the query: `longdoc`); what the last user message's turn
         quotes of them (`longdoc.evidence`); notes; the documents read whole beside them
         (`longdoc.named`). Both are offered to the restore that follows (`longdoc.offer`)."""
+        given = len(messages)
         for m in messages:
             if m.get("role") not in ROLES or not isinstance(m.get("content"), str):
                 raise EngineError("each message needs a role (system, user or assistant) and "
@@ -143,6 +144,11 @@ class Completions:
         rest = text[len(before):]
         tokens = head_tokens + rt.tokenize(rest, add_bos=rt.adds_bos and not head)
         s.longdocs.offer(sources, wholes)
+        if len(tokens) + 1 >= rt.n_ctx:
+            own = [len(rt.tokenize(m["content"])) for m in messages]
+            each = max(0, len(tokens) - len(head_tokens) - sum(own)) / len(own)  # the template
+            raise _too_long(rt, len(tokens), "messages", over=len(tokens) + 2 - rt.n_ctx,
+                            sizes=(*(n + each for n in own), *[0.0] * (given - len(own))))
         return Turn(msgs, text, tokens, prefill), sources, quoted, notes, s.longdocs.named(wholes)
 
     def complete(
@@ -181,10 +187,8 @@ class Completions:
             if not turn.tokens:
                 raise InvalidValue("prompt", "it is empty")
             prompt = turn.tokens
-            if len(prompt) + 1 >= rt.n_ctx:
-                raise ContextFullError(f"the prompt has {len(prompt):,} tokens; the context "
-                                       f"holds {rt.n_ctx:,} with room to answer",
-                                       "prompt" if isinstance(messages, RawPrompt) else "messages")
+            if len(prompt) + 1 >= rt.n_ctx:  # (a conversation's is refused by `prompt`)
+                raise _too_long(rt, len(prompt), "prompt")
             if on_start:
                 on_start()
             report = s.bring_in(rt, None, prompt[:-1], options=restore, progress=None, chat=False,
@@ -287,3 +291,8 @@ class StopStrings:
             if self.on_token:
                 self.on_token(piece)
             self.sent = upto
+
+
+def _too_long(rt, tokens: int, field: str, **measured) -> ContextFullError:
+    return ContextFullError(f"the prompt has {tokens:,} tokens; the context holds "
+                            f"{rt.n_ctx:,} with room to answer", field, **measured)

@@ -214,7 +214,9 @@ def fitted(complete: Callable[[list[dict]], Completion], messages: list[dict]) -
     """A conversation longer than the context answered as Ollama answers it: its oldest
     messages left out until it fits (never a system message, nor the last one, nor the
     question an assistant's last message continues; an answer with the question it
-    answered), and said in the answer's notes, where OpenAI's routes refuse it."""
+    answered), and said in the answer's notes, where OpenAI's routes refuse it. Each refusal
+    says by how many tokens and what each message holds, so enough turns go at once: a long
+    history is measured a few times, not once a turn left out."""
     users = [i for i, m in enumerate(messages) if m["role"] == "user"]
     kept = {len(messages) - 1, *users[-1:]}
     t0, left_out = time.perf_counter(), 0
@@ -222,17 +224,22 @@ def fitted(complete: Callable[[list[dict]], Completion], messages: list[dict]) -
         tried = time.perf_counter()
         try:
             done = complete(messages)
-        except ContextFullError:
-            turn = [i for i, m in enumerate(messages)
-                    if m["role"] != "system" and i not in kept][:1]
-            if not turn:
-                raise
-            while turn[-1] + 1 < len(messages) and turn[-1] + 1 not in kept and messages[
-                    turn[-1] + 1]["role"] not in ("system", "user"):
-                turn.append(turn[-1] + 1)  # what answered it goes with it
-            kept = {i - sum(j < i for j in turn) for i in kept}
-            messages = [m for i, m in enumerate(messages) if i not in turn]
-            left_out += len(turn)
+        except ContextFullError as e:
+            measured = len(e.sizes) == len(messages)  # (else one turn a try)
+            sizes = list(e.sizes) if measured else [0.0] * len(messages)
+            freed, dropped = 0.0, 0
+            while not dropped or measured and freed < e.over:
+                turn = _oldest_turn(messages, kept)
+                if not turn:
+                    if not dropped:
+                        raise  # nothing left to leave out
+                    break  # (tried again: the shares are estimates)
+                freed += sum(sizes[i] for i in turn)
+                kept = {i - sum(j < i for j in turn) for i in kept}
+                messages = [m for i, m in enumerate(messages) if i not in turn]
+                sizes = [n for i, n in enumerate(sizes) if i not in turn]
+                dropped += len(turn)
+            left_out += dropped
             continue
         if not left_out:
             return done
@@ -240,6 +247,15 @@ def fitted(complete: Callable[[list[dict]], Completion], messages: list[dict]) -
         return replace(done, ttft_s=round(done.ttft_s + tried - t0, 4), messages=[
             f"the conversation is longer than the context: its {left_out} oldest "
             "message(s) were left out, as Ollama leaves them out", *done.messages])
+
+
+def _oldest_turn(messages: list[dict], kept: set[int]) -> list[int]:
+    """The oldest message that may be left out, with what answered it."""
+    turn = [i for i, m in enumerate(messages) if m["role"] != "system" and i not in kept][:1]
+    while turn and turn[-1] + 1 < len(messages) and turn[-1] + 1 not in kept and messages[
+            turn[-1] + 1]["role"] not in ("system", "user"):
+        turn.append(turn[-1] + 1)
+    return turn
 
 
 def _parameters(n: int | None) -> str:
