@@ -140,6 +140,15 @@ def interruptible():
         signal.signal(signal.SIGINT, previous)
 
 
+def stopped(said: str, as_json: bool) -> None:
+    """Exit after Ctrl-C stopped the work: `said` on stderr, and with --json one JSON
+    document too (as every refusal prints one)."""
+    if as_json:
+        print_json({"error": said, "kind": "Cancelled"})
+    click.echo(said[0].upper() + said[1:] + ".", err=True)
+    sys.exit(1)
+
+
 def level_list(ctx: click.Context, param: click.Parameter, value: str | None
                ) -> list[str] | None:
     """A comma-separated option's names, checked as the command line is read (None: not
@@ -150,8 +159,6 @@ def level_list(ctx: click.Context, param: click.Parameter, value: str | None
     if not names:
         raise click.BadParameter("names no level (leave the option out for the default)")
     return names
-
-
 
 
 def only_reading(app) -> None:

@@ -29,6 +29,7 @@ from .base import (
     say,
     say_served,
     server_client,
+    stopped,
     summary,
     values,
 )
@@ -214,11 +215,7 @@ def ask(app: App, args, chat_id, docs, restore, generation, no_server, as_json):
             if not cancel.is_set():
                 raise
             bar.done()
-            said_so = "stopped before the answer began: nothing of this turn is stored"
-            if as_json:
-                print_json({"error": said_so, "kind": "Cancelled"})
-            click.echo(said_so[0].upper() + said_so[1:] + ".", err=True)
-            sys.exit(1)
+            stopped("stopped before the answer began: nothing of this turn is stored", as_json)
     if not started and not as_json:
         bar.done()  # (an answer of no visible character never cleared it)
     if not as_json:

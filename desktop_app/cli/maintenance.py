@@ -5,7 +5,6 @@ calibration, the quality evaluation and the window.
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
@@ -21,6 +20,7 @@ from .base import (
     json_option,
     level_list,
     only_reading,
+    stopped,
     values,
 )
 
@@ -188,12 +188,8 @@ def calibrate(app: App, force: bool, as_json: bool):
                 cal = engine.calibrate(progress=bar, cancel=cancel)
             except Cancelled:
                 bar.done()
-                said = ("calibration stopped; what it measured is kept, and the next run goes "
-                        "on from there")
-                if as_json:  # (one JSON document, as every refusal prints one)
-                    click.echo(json.dumps({"error": said, "kind": "Cancelled"}))
-                click.echo(said, err=True)
-                sys.exit(1)
+                stopped("calibration stopped; what it measured is kept, and the next run goes "
+                        "on from there", as_json)
         bar.done()
     elif not as_json:
         click.echo("already calibrated (--force calibrates again)", err=True)
