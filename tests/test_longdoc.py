@@ -574,6 +574,28 @@ def test_an_api_conversation_keeps_its_last_questions_passages_as_a_chat_does(ma
     assert eng.ids[0] not in given - fresh  # not the ferry's, two questions back
 
 
+def test_an_api_conversation_keeps_what_its_last_question_was_given(make_engine, monkeypatch):
+    """Retrieved again after the messages before it, the answers too, as its request was;
+    and not even looked for when the new question says what it asks about."""
+    eng = make_engine()
+    eng.session.longdocs.top_k = 5
+    asked = [{"role": "user", "content": "Tell me about the ferry."},
+             {"role": "assistant", "content": "A storm in 1956 broke the lantern glass."},
+             {"role": "user", "content": "What year was that?"}]
+    _, given, _, _, _ = eng.completions.prompt(asked, [eng.doc])
+    assert eng.ids[2] in {s.passage_id for s in given}  # the storm's, for the answer's words
+    follow = [*asked, {"role": "assistant", "content": "In 1956."},
+              {"role": "user", "content": "Is it open on Sundays?"}]
+    _, sources, _, _, _ = eng.completions.prompt(follow, [eng.doc])
+    assert {s.passage_id for s in given} <= {s.passage_id for s in sources}
+    looked = []
+    monkeypatch.setattr(eng.session.longdocs, "asked_before", lambda *a: looked.append(a) or [])
+    eng.completions.prompt([*follow[:-1], {"role": "user", "content":
+                                           "When does the ferry to Cape Morrow leave?"}],
+                           [eng.doc])
+    assert not looked
+
+
 def test_a_text_the_document_repeats_is_read_once(make_engine):
     eng = make_engine()
     best = Source(1, eng.doc, 0, PASSAGES[0], 0.9, lines=(1, 1))

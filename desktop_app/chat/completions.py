@@ -120,11 +120,13 @@ class Completions:
             texts = [m["content"] for m in messages]
             ask = max((i for i, m in enumerate(messages) if m["role"] != "assistant"),
                       default=len(texts) - 1)  # the question a given answer start follows
-            asked = [m["content"] for m in messages[:ask] if m["role"] == "user"]
+            earlier = messages[:ask]
             sources, notes = s.longdocs.pick(
                 rt, docs, texts[ask], texts[:ask] + texts[ask + 1:],
                 len(rt.tokenize("\n".join(texts))) + 8 * len(texts),  # (their template's)
-                kept=s.longdocs.asked_before(docs, asked))  # as a chat keeps its turns'
+                # as a chat keeps its turns'
+                kept=(lambda: s.longdocs.asked_before(docs, earlier)) if any(
+                    m["role"] == "user" for m in earlier) else None)
             wholes = s.longdocs.wholes(rt, docs)
             layout = s.longdocs.laid_out(rt, wholes, sources)
             head, head_tokens = list(layout.messages), list(layout.tokens)

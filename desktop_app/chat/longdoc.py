@@ -107,8 +107,8 @@ class LongDocs:
         # passages of a question stopped or refused since, which the context may still hold.
         chosen, notes = self.pick(rt, docs, question, [m.text for m in history],
                                   turns + len(rt.tokenize(question)) + 16,  # its template's
-                                  own(self._answered(chat_id, docs)) if chat_id is not None
-                                  else ())
+                                  (lambda: own(self._answered(chat_id, docs))) if history
+                                  else None)
         if chat_id is None:
             self.offer(chosen, self.wholes(rt, docs))
         else:
@@ -156,18 +156,20 @@ class LongDocs:
             self._chosen[chat_id] = list(self._offered)
 
     def pick(self, rt: Runtime, docs: Sequence[Document], question: str, recent: Sequence[str],
-             used: int, kept: Sequence[Source] = ()) -> tuple[list[Source], list[str]]:
+             used: int, kept: Callable[[], Sequence[Source]] | None = None
+             ) -> tuple[list[Source], list[str]]:
         """The passages of `docs` for `question` asked after the `recent` turns, with `used`
-        tokens of the context taken by the conversation, keeping `kept` while room remains
-        when the question is not `specific`; (passages in document order, notes)."""
+        tokens of the context taken by the conversation, keeping those `kept` gives while
+        room remains when the question is not `specific` (it asks about what it names: they
+        are not even looked for); (passages in document order, notes)."""
         split = self._split(docs)
         hits = self._hits(split, question, recent)
-        if kept and any(self.retriever.specific(d, question) for d in split):
-            kept = ()  # (it asks about what it names)
+        kept = kept if kept and not any(self.retriever.specific(d, question)
+                                        for d in split) else tuple
         wholes = self.wholes(rt, docs)
         overhead = len(passage_layout(rt, []).tokens)
         read_whole = sum(len(self.kv.tokens(rt, text)) - overhead for _, text in wholes)
-        chosen = self._fit(rt, hits, list(kept), self.prompter.room(rt) - used - read_whole,
+        chosen = self._fit(rt, hits, list(kept()), self.prompter.room(rt) - used - read_whole,
                            [d.id for d in docs])
         notes = []
         held = {d for d, _ in wholes}
@@ -192,14 +194,16 @@ class LongDocs:
                          "chat, or a larger context in the settings, has more room)")
         return chosen, notes
 
-    def asked_before(self, docs: Sequence[Document], questions: Sequence[str]
-                     ) -> list[Source]:
-        """The passages a conversation's last earlier `questions` retrieved, each after those
-        before it: what a chat keeps of its turns (`pick`'s `kept`), for a conversation a
-        client sends as text (the local API's)."""
+    def asked_before(self, docs: Sequence[Document], earlier: Sequence[dict]) -> list[Source]:
+        """The passages the last ASKED_BEFORE questions among a conversation's `earlier`
+        messages were given, each retrieved after the messages before it as its request was:
+        what a chat keeps of its turns (`pick`'s `kept`), for a conversation a client sends
+        as text (the local API's)."""
         split, given = self._split(docs), {}
-        for i in range(max(0, len(questions) - ASKED_BEFORE), len(questions)):
-            for s in self._hits(split, questions[i], questions[:i]):
+        texts = [m["content"] for m in earlier]
+        asks = [i for i, m in enumerate(earlier) if m["role"] == "user"][-ASKED_BEFORE:]
+        for i in asks:
+            for s in self._hits(split, texts[i], texts[:i]):
                 given.setdefault(s.passage_id, s)
         return list(given.values())
 
