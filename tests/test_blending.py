@@ -91,6 +91,26 @@ def test_a_blended_chat_answers_then_becomes_exact(engine):
     assert redo.answer == exact.answer
 
 
+def test_deleting_a_later_document_drops_the_chats_cache_and_the_chat_goes_on(engine):
+    """The exact context of a chat over three documents holds the second's KV in the chat's
+    own entry: deleting that document deletes the entry (it could never be read again); the
+    chat reopens from what is left, says why, and its next answer is stored again."""
+    chat = ask(engine, doc_ids=engine.doc_ids).chat_id
+    assert engine.exactness.idle.wait(300)
+    assert [e for e in engine.store.entries() if e.chat_id == chat]
+    engine.delete_document(engine.doc_ids[1])
+    assert not [e for e in engine.store.entries() if e.chat_id == chat]
+    assert engine.store.gc()["freed_bytes"] == 0
+    engine.runtime.reset()
+    report = engine.reopen(chat)
+    assert report.tokens and report.recomputed_tokens > 0
+    assert any("was deleted: the chat goes on without it" in m for m in report.messages)
+    again = ask(engine, chat_id=chat)
+    assert again.answer and again.documents == [engine.doc_ids[0], engine.doc_ids[2]]
+    assert engine.exactness.idle.wait(300)
+    assert [e for e in engine.store.entries() if e.chat_id == chat]
+
+
 def test_a_later_documents_keys_are_turned_to_their_place_in_the_chat(engine):
     """The first layer's keys depend only on each token and its position: a blended prefix
     read losslessly holds them as a prefill of the same tokens does, at every position (each

@@ -81,6 +81,29 @@ def test_deleting_a_document_removes_its_caches_and_links_only(store):
         store.delete_document(document.id)
 
 
+def test_deleting_a_later_document_of_a_chat_removes_the_chats_caches_holding_it(store):
+    """A chat over [A, D, B] extends A's entry: D's KV is in the chat's own entries (and those
+    extending them), which can never be read again once the chat goes on without D."""
+    a, d, b = (store.add_document(h, h.upper(), h, type="txt") for h in ("a", "d", "b"))
+    chat = store.create_chat("three", [a.id, d.id, b.id])
+    other = store.create_chat("A and B", [a.id, b.id])
+    store.add_message(chat.id, "user", "hi")
+    a_root = put_entry(store, range(600), document_id=a.id)
+    b_root = put_entry(store, range(5000, 5300), document_id=b.id)
+    mine = put_entry(store, range(1700), parent_id=a_root.id, chat_id=chat.id)
+    put_entry(store, range(2000), parent_id=mine.id)  # a prompt's, extending the chat's
+    others = put_entry(store, [*range(600), *range(3000, 3700)], parent_id=a_root.id,
+                       chat_id=other.id)
+    before = store.usage_bytes()
+    store.delete_document(d.id)
+    assert sorted(e.id for e in store.entries()) == sorted([a_root.id, b_root.id, others.id])
+    assert store.usage_bytes() < before
+    assert [m.text for m in store.messages(chat.id)] == ["hi"]
+    assert [x.id for x in store.chat_documents(chat.id)] == [a.id, b.id]
+    assert orphans(store) == {}
+    assert store.gc(budget_bytes=10**12)["freed_bytes"] == 0
+
+
 def test_deleting_a_chat_removes_messages_links_and_its_caches(store):
     document = store.add_document("a", "A", "alpha", type="txt")
     chat = store.create_chat("chat", [document.id])

@@ -245,8 +245,9 @@ class Library:
         self.store.delete_chat(chat_id)
 
     def delete_document(self, doc_id: int) -> list[int]:
-        """Delete a document and its caches; the chats that were about it (they keep their
-        messages and go on without it: `removed`)."""
+        """Delete a document and its caches, and the caches of the chats about it (they hold
+        its KV); those chats, which keep their messages and go on without it (`removed`),
+        their context computed again at their next question."""
         self.document(doc_id)
         chats = sorted(c for c, docs in self.store.chat_document_ids().items() if doc_id in docs)
         self.store.delete_document(doc_id)

@@ -6,8 +6,9 @@ chat continued under another model is tokenized again from its text, never fed a
 model's ids. Listings aggregate in SQL (message counts, document ids per chat), so listing
 chats never loads their messages.
 
-This module never touches KV entries or chunks beyond the cascades the schema declares (and a
-passage entry shared with another document, which `passagekv.hand_over` keeps).
+This module never touches KV entries or chunks beyond the cascades the schema declares, a
+passage entry shared with another document (which `passagekv.hand_over` keeps), and the
+entries of the chats about a deleted document (`_drop_chat_caches`).
 """
 
 from __future__ import annotations
@@ -48,11 +49,23 @@ def delete(db: sqlite_utils.Database, table: str, row_id: int, what: str) -> Non
     try:
         if table == "documents":
             passagekv.hand_over(db, row_id)
+            _drop_chat_caches(db, row_id)
         deleted = db.execute(f"DELETE FROM {table} WHERE id = ?", (row_id,)).rowcount
     except OverflowError:
         deleted = 0
     if not deleted:
         raise NotFoundError(f"no {what} {row_id}")
+
+
+def _drop_chat_caches(db: sqlite_utils.Database, document_id: int) -> None:
+    """Before document `document_id` is deleted: the KV entries of the chats about it go, and
+    the entries extending them (by the cascade). A chat's entry extends its first document's
+    only: the KV of its other documents is in the chat's own entries, which no context starts
+    with once the chat goes on without the document. (A chat over passages whose context held
+    none of the document's passages loses its entries too: blended again from its passages'
+    own KV, which stay, at its next question.)"""
+    db.execute("DELETE FROM kv_entries WHERE chat_id IN (SELECT chat_id FROM chat_documents"
+               " WHERE document_id = ?)", (document_id,))
 
 
 # -- documents ----------------------------------------------------------------------------------
@@ -287,7 +300,8 @@ class LibraryStore:
         return _document_tokens(self._db.get(), model)
 
     def delete_document(self, document_id: int) -> None:
-        """Delete a document with its KV entries (and entries extending them) and chat links."""
+        """Delete a document with its KV entries (and entries extending them), its chat links,
+        and the KV entries of the chats about it (`_drop_chat_caches`): their messages stay."""
         self._delete("documents", document_id, "document")
 
     # -- chats and messages --------------------------------------------------------------------
