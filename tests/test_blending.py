@@ -91,6 +91,23 @@ def test_a_blended_chat_answers_then_becomes_exact(engine):
     assert redo.answer == exact.answer
 
 
+def test_documents_the_context_cannot_hold_together_are_said_cut_or_left_out(engine):
+    rt = engine.runtime
+    docs = [engine.library.document(i) for i in engine.doc_ids]
+    assert engine.prompter.layout(rt, docs).notes == []
+    first = len(engine.prompter.layout(rt, docs[:1]).tokens)
+    second = len(engine.prompter.layout(rt, docs[:2]).tokens) - first
+    engine.prompter._reserve = rt.n_ctx - first - second // 2  # room for half the second
+    cut, left_out = engine.prompter.layout(rt, docs).notes
+    assert cut.startswith("museum.txt: only its first ") and " tokens are read" in cut
+    assert left_out.startswith("tower.txt: not read in this chat")
+    said = ask(engine, doc_ids=engine.doc_ids).messages
+    assert cut in said and left_out in said
+    api = engine.complete([{"role": "user", "content": QUESTION}], documents=engine.doc_ids,
+                          generation=GREEDY).messages
+    assert cut in api and left_out in api
+
+
 def test_deleting_a_later_document_drops_the_chats_cache_and_the_chat_goes_on(engine):
     """The exact context of a chat over three documents holds the second's KV in the chat's
     own entry: deleting that document deletes the entry (it could never be read again); the

@@ -136,7 +136,9 @@ class Completions:
                 messages = [*messages[:ask], {**messages[ask], "content": with_evidence(
                     messages[ask]["content"], quoted, absent)}, *messages[ask + 1:]]
         elif docs:
-            head, head_tokens = s.prompter.chat(rt, docs)
+            layout = s.prompter.layout(rt, docs)
+            head, head_tokens = list(layout.messages), list(layout.tokens)
+            notes = layout.notes
         before = rt.render_chat(head, add_generation_prompt=False) if head else ""
         msgs = (*head, *({"role": m["role"], "content": m["content"]} for m in messages))
         text, prefill = answer_text(rt, msgs)

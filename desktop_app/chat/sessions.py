@@ -432,7 +432,7 @@ class ChatSession:
         """A chat's messages, tokens and notes (`conversation`); of none yet, its `docs`'."""
         if chat_id is None:
             layout = self.longdocs.layout(rt, None, docs) or self.prompter.layout(rt, docs)
-            return list(layout.messages), list(layout.tokens), []
+            return list(layout.messages), list(layout.tokens), layout.notes
         return self.conversation(rt, chat_id)
 
     def _documents(self, chat_id: int | None, doc_ids: Sequence[int]) -> list[Document]:

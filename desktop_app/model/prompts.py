@@ -138,7 +138,21 @@ class Layout:
     messages: tuple[dict, ...]
     tokens: tuple[int, ...]
     parts: tuple[tuple[int, int], ...]  # per document kept: its [start, end) in `tokens`
-    left_out: int = 0  # documents that did not fit at all
+    # (title, tokens kept, tokens in all) of each document the context could not hold whole:
+    # cut, or left out (none kept)
+    shortened: tuple[tuple[str, int, int], ...] = ()
+
+    @property
+    def notes(self) -> list[str]:
+        """What the user is told of the documents cut or left out (said with a chat's first
+        answer, and with each request of the local API)."""
+        return [f"{title}: not read in this chat, no room is left for it in the context "
+                "beside the documents before it (ask about it in a chat of its own)"
+                if not kept else
+                f"{title}: only its first {kept:,} of {total:,} tokens are read in this "
+                "chat, the rest does not fit the context beside the documents before it (a "
+                "chat of its own, or a larger context in the settings, reads all of it)"
+                for title, kept, total in self.shortened]
 
 
 def chat_prefix(tpl: Template, first: Prefix, more: Sequence[tuple[str, str]],
@@ -147,7 +161,7 @@ def chat_prefix(tpl: Template, first: Prefix, more: Sequence[tuple[str, str]],
     one attach cached), then each further (title, text) document as a system message of its
     own, cut to fit `room` tokens in all; one that cannot fit is left out."""
     msgs, tokens = list(first.messages), list(first.tokens)
-    parts, left_out = [(0, len(tokens))], 0
+    parts, shortened = [(0, len(tokens))], []
     for title, body in more:
         before = tpl.render_chat(msgs, add_generation_prompt=False)
 
@@ -156,13 +170,13 @@ def chat_prefix(tpl: Template, first: Prefix, more: Sequence[tuple[str, str]],
             rendered = tpl.render_chat(added, add_generation_prompt=False)
             return added, tpl.tokenize(rendered[len(before):])
 
-        (added, delta), _, kept = fit(tpl, body, build, room - len(tokens))
+        (added, delta), total, kept = fit(tpl, body, build, room - len(tokens))
         if kept:
             parts.append((len(tokens), len(tokens) + len(delta)))
             msgs, tokens = added, tokens + delta
-        else:
-            left_out += 1
-    return Layout(tuple(msgs), tuple(tokens), tuple(parts), left_out)
+        if kept < total:
+            shortened.append((title, kept, total))
+    return Layout(tuple(msgs), tuple(tokens), tuple(parts), tuple(shortened))
 
 
 def passage_prefix(tpl: Template, text: str) -> Prefix:
