@@ -182,11 +182,12 @@ class Source(Record):
         return location(self.page, self.lines or (0, 0))
 
     def label(self, several: bool = False, titles: Mapping[int, str] | None = None) -> str:
-        """How a user is told of it: "#12 [lines 120-141] Setup" (with its document, by its
-        title where `titles` names it, else its id, when an answer's sources span `several`
-        documents)."""
+        """How a user is told of it: "manual.md #12 [lines 120-141] Setup". Its document is
+        named by its title whenever `titles` (documents' titles by id) is given ("document 4"
+        for one deleted since); without them, only by its id when an answer's sources span
+        `several` documents ("#12 [lines 120-141] Setup" otherwise)."""
         doc = (titles or {}).get(self.document_id, f"document {self.document_id}")
-        return (f"{f'{doc} ' if several else ''}#{self.index} "
+        return (f"{f'{doc} ' if several or titles is not None else ''}#{self.index} "
                 f"[{self.location}]" + (f" {' > '.join(self.heading)}" if self.heading else "")
                 + (f" ({EARLIER})" if self.earlier else ""))
 
@@ -196,7 +197,8 @@ class Source(Record):
              ) -> list[str]:
         """The lines saying which documents an answer was given whole (`read_whole`:
         AskResult's), which passages, and what its question's turn quoted of them (each on
-        one line); `titles`: documents' titles by id, where known."""
+        one line); `titles`: documents' titles by id, where known (each source then names
+        its document: `label`)."""
         read = [Source.from_dict(d) for d in sources]
         several = bool(read_whole) or len({s.document_id for s in read}) > 1
         return [f"source: {d['title']} (read whole)" for d in read_whole] + [

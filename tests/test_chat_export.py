@@ -3,23 +3,57 @@ sources and the quotes as written, the messages as the model wrote them (no mode
 
 from __future__ import annotations
 
+import json
+
 from desktop_app.chat.library import Library
 from store import Store
 
 
 def test_an_exported_chat_shows_its_title_sources_and_quotes_as_written(tmp_path):
     with Store(tmp_path / "data") as store:
-        chat = store.create_chat("notes on __init__ | *args")
+        doc = store.add_document("h", "python_docs.md", "x", type="markdown")
+        chat = store.create_chat("notes on __init__ | *args", [doc.id])
         store.add_message(chat.id, "user", "What does `__init__` do?")
-        source = {"passage_id": 7, "document_id": 1, "index": 3, "text": "x", "score": 1.0,
+        source = {"passage_id": 7, "document_id": doc.id, "index": 3, "text": "x", "score": 1.0,
                   "lines": [10, 12], "heading": ["Data model", "object.__init__"]}
         store.add_message(chat.id, "assistant", "It **initialises** the instance.",
                           {"sources": [source],
                            "evidence": ["Called by <new>, after\n  *it*. ![x](http://t.example)"]})
         exported = Library(store).export_chat(chat.id)
-    assert exported.startswith("# notes on \\_\\_init\\_\\_ \\| \\*args\n")
+    assert exported.startswith("# notes on \\_\\_init\\_\\_ \\| \\*args\n\n"
+                               "Documents: python\\_docs.md\n")
     assert "What does `__init__` do?" in exported  # messages are Markdown already
     assert "It **initialises** the instance." in exported
-    assert "> source: #3 \\[lines 10-12\\] Data model > object.\\_\\_init\\_\\_  \n" in exported
+    assert ("> source: python\\_docs.md #3 \\[lines 10-12\\] Data model > "
+            "object.\\_\\_init\\_\\_  \n") in exported
     assert ('> quoted with the question: "Called by \\<new>, after \\*it\\*. '
             '\\!\\[x\\](http://t.example)"  \n') in exported
+
+
+def test_an_export_names_the_chats_documents_and_each_sources_document(tmp_path):
+    """Markdown: a line under the title, and each source by its document's title (by its id
+    once deleted); JSON: a "documents" list. The chat's documents are named even where no
+    answer has sources (a chat over documents read whole)."""
+    with Store(tmp_path / "data") as store:
+        a, b, c = (store.add_document(h, f"{h}.txt", h, type="text") for h in "abc")
+        chat = store.create_chat("three licenses", [a.id, b.id, c.id])
+        store.add_message(chat.id, "user", "Which is shortest?")
+        sources = [{"passage_id": i, "document_id": d.id, "index": i, "text": "x",
+                    "score": 1.0, "lines": [i, i], "heading": []}
+                   for i, d in enumerate((a, b), start=1)]
+        store.add_message(chat.id, "assistant", "b.", {"sources": sources})
+        plain = store.create_chat("none")
+        library = Library(store)
+        exported = library.export_chat(chat.id)
+        assert "\nDocuments: a.txt, b.txt, c.txt\n" in exported
+        assert "> source: a.txt #1 \\[line 1\\]  \n> source: b.txt #2 \\[line 2\\]" in exported
+        as_json = json.loads(library.export_chat(chat.id, "json"))
+        assert as_json["documents"] == [{"id": d.id, "title": d.title} for d in (a, b, c)]
+        store.delete_document(b.id)
+        exported = library.export_chat(chat.id)
+        assert "\nDocuments: a.txt, c.txt\n" in exported
+        assert f"> source: document {b.id} #2" in exported
+        assert [d["id"] for d in json.loads(library.export_chat(chat.id, "json"))["documents"]
+                ] == [a.id, c.id]
+        assert "Documents" not in library.export_chat(plain.id)
+        assert json.loads(library.export_chat(plain.id, "json"))["documents"] == []

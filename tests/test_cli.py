@@ -322,3 +322,15 @@ def test_a_plain_answer_over_passages_names_its_sources_and_its_quote():
     notes = [{"document_id": 3, "title": "Notes"}]
     assert Source.read([one.as_dict()], [], read_whole=notes) == [
         "source: Notes (read whole)", "source: document 1 #12 [lines 120-141] Manual > Setup"]
+
+
+def test_source_lines_name_their_document_by_title_wherever_it_is_known():
+    from desktop_app.results import Source
+
+    one = Source(7, 1, 12, "text", 0.5, lines=(120, 141), heading=("Manual", "Setup"))
+    pdf = Source(9, 2, 3, "text", 0.4, page=4)
+    titles = {1: "manual.md"}  # document 2 deleted since
+    assert Source.read([one.as_dict()], [], titles) == [
+        "source: manual.md #12 [lines 120-141] Manual > Setup"]
+    assert Source.read([one.as_dict(), pdf.as_dict()], [], titles) == [
+        "source: manual.md #12 [lines 120-141] Manual > Setup", "source: document 2 #3 [page 4]"]

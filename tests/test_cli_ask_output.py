@@ -151,3 +151,30 @@ def test_a_ctrl_c_before_the_answer_began_is_said_plainly(fake_app, tmp_path, wh
             assert json.loads(result.stdout) == {"error": "stopped before the answer began: "
                                                  "nothing of this turn is stored",
                                                  "kind": "Cancelled"}
+
+
+def test_the_sources_of_a_plain_answer_name_their_documents_by_title(
+        fake_app, monkeypatch, tmp_path):
+    """`kvdesk ask` over two long documents: each source line names its document's title
+    (one deleted since: its id), as the export does."""
+    from desktop_app.results import Source
+    from store import Store
+
+    store = Store(tmp_path / "data")
+    doc = store.add_document("h", "long.py", "x", type="code")
+    sources = [Source(1, doc.id, 209, "x", 0.5, lines=(3, 4)).as_dict(),
+               Source(2, doc.id + 1, 7, "y", 0.4, lines=(1, 2)).as_dict()]
+
+    class Answering(FakeEngine):
+        def ask(self, question, **kw) -> AskResult:
+            from dataclasses import replace
+            return replace(super().ask(question, **kw), sources=sources)
+
+    fake_app(lambda: Answering(["In"], "stop"))
+    monkeypatch.setattr(base.App, "store", store, raising=False)
+    result = CliRunner().invoke(cli, ["--data-dir", str(tmp_path / "data"), "ask",
+                                      "--no-server", "1", "Where is the key?"])
+    store.close()
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert f"source: long.py #209 [lines 3-4]\nsource: document {doc.id + 1} #7 [lines 1-2]" \
+        in result.stderr

@@ -342,7 +342,7 @@ def test_follow_ups_keep_the_chats_passages_and_a_reopen_lays_them_out(make_engi
     assert first.evidence == ["The keeper's cottage became a museum in 1979."]  # said so
     # An exported chat names them too.
     exported = eng.export_chat(chat)
-    assert "> source: #1 \\[line 3\\] Island guide" in exported
+    assert "> source: Island guide #1 \\[line 3\\] Island guide" in exported
     assert "> quoted with the question: \"The keeper's cottage" in exported
     follow = eng.ask("Tell me more.", chat_id=chat, generation=GREEDY)
     ids = [s["passage_id"] for s in follow.sources]

@@ -268,15 +268,22 @@ class Library:
                 f"documents {which} of this chat were deleted: the chat goes on without them"]
 
     def export_chat(self, chat_id: int, fmt: str = "markdown") -> str:
+        """A chat as Markdown (its title, the documents it is about, each message with the
+        sources and quote of an answer over passages, each source naming its document) or
+        JSON ("documents": [{"id", "title"}], "messages": MessageInfo's)."""
         chat = self.chat(chat_id)
         msgs = self.messages(chat_id)
+        titles = self.store.document_titles()
+        docs = [{"id": d, "title": titles[d]}
+                for d in self.store.chat_document_ids().get(chat_id, []) if d in titles]
         if fmt == "json":
-            return json.dumps({"chat_id": chat.id, "title": chat.title,
+            return json.dumps({"chat_id": chat.id, "title": chat.title, "documents": docs,
                                "messages": [m.as_dict() for m in msgs]}, indent=2)
         if fmt != "markdown":
             raise EngineError(f"unknown export format {fmt!r}: markdown or json")
         parts = [f"# {_literal(chat.title)}\n"]
-        titles = {d.id: d.title for d in self.store.documents()}
+        if docs:
+            parts.append(f"Documents: {_literal(', '.join(d['title'] for d in docs))}\n")
         for m in msgs:  # a message is Markdown already (models answer in it)
             parts.append(f"**{'You' if m.role == 'user' else 'kvdesk'}:**\n\n{m.text}\n")
             stats = m.stats or {}

@@ -228,7 +228,8 @@ def ask(app: App, args, chat_id, docs, restore, generation, no_server, as_json):
         print_json({**res.as_dict(), "messages": [*res.messages, *ours]})
     else:
         # (`kvdesk passages` shows them)
-        for line in Source.read(res.sources, res.evidence, read_whole=res.read_whole):
+        titles = app.store.document_titles() if res.sources else None
+        for line in Source.read(res.sources, res.evidence, titles, res.read_whole):
             click.echo(line, err=True)
         click.echo(f"[chat {res.chat_id}] first token after {res.ttft_s * 1000:.0f} ms "
                    f"(restore {res.restore_s * 1000:.0f} ms, {summary(res.chunk_levels)})",

@@ -269,6 +269,11 @@ class LibraryStore:
         return [Document(**row) for row in self._db.get()["documents"].rows_where(order_by="id")
                 if row["title"] is not None and row["text"] is not None]  # (as `chats`)
 
+    def document_titles(self) -> dict[int, str]:
+        """{document id: title} of every document, none of their texts read."""
+        return dict(self._db.get().execute(
+            "SELECT id, title FROM documents WHERE title IS NOT NULL AND text IS NOT NULL"))
+
     def claim_document(self, document_id: int) -> None:
         """Take over an unfinished document (its attach was killed): attached by this process
         now, until finish_document()."""
