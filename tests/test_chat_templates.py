@@ -15,7 +15,14 @@ from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from desktop_app.errors import EngineError
 from desktop_app.model import chat_templates as ct
-from desktop_app.model.prompts import Prompter, Turn, answer_text, closing, question_turn
+from desktop_app.model.prompts import (
+    Prompter,
+    Turn,
+    answer_text,
+    closing,
+    document_prefix,
+    question_turn,
+)
 
 CONVERSATION = [
     {"role": "system", "content": "You answer questions about the timetable."},
@@ -155,6 +162,19 @@ def test_smollm2_is_rendered_and_tokenized_as_llama_cpp_does(runtime):
     assert tokens[:2] != [bos, bos]
     assert tokens == runtime.tokenize(runtime.render_chat(
         turn.messages, add_generation_prompt=True), add_bos=runtime.adds_bos)
+
+
+def test_a_document_cut_to_fit_is_the_start_of_its_text_as_written(runtime):
+    """Spaces too (detokenizing its first tokens tidies an indented line into one space):
+    the model reads the document as written, and a later document's cut part is the start
+    of its own cached KV, which a blend reuses."""
+    indent = " " * 33
+    code = "".join(f"pattern_{i} = (r'[a-z]'   # a letter\n{indent}r'[.!?]')\n"
+                   for i in range(200))
+    prefix = document_prefix(runtime, ("code.py", code), 600)
+    assert 0 < prefix.kept_tokens < prefix.doc_tokens and len(prefix.tokens) <= 600
+    body = prefix.messages[0]["content"].split("Document: code.py\n\n", 1)[1]
+    assert code.startswith(body) and len(body) > len(code) // 10
 
 
 @pytest.fixture(scope="module")

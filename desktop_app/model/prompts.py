@@ -50,8 +50,6 @@ class Template(Protocol):
     def tokenize(self, text: str, *, add_bos: bool = False,
                  special: bool = True) -> list[int]: ...
 
-    def detokenize(self, tokens: Sequence[int]) -> str: ...
-
     @property
     def fim_tokens(self) -> tuple[int, int, int] | None: ...
 
@@ -86,6 +84,7 @@ class Prompter:
     def __init__(self, reserve_tokens: int | None = None):
         self._reserve = reserve_tokens
         self._prefixes: dict[tuple, Prefix] = {}
+        self._layouts: dict[tuple, Layout] = {}
 
     def reserve(self, tpl: Template) -> int:
         """Context kept free for questions and answers when documents are too long."""
@@ -109,9 +108,17 @@ class Prompter:
         return list(layout.messages), list(layout.tokens)
 
     def layout(self, tpl: Template, docs: Sequence[Document]) -> Layout:
-        """A chat's prefix, with each document's part of it."""
+        """A chat's prefix, with each document's part of it (kept: a later document cut to
+        fit is tokenized a dozen times to find where)."""
         first = self.prefix(tpl, docs[0] if docs else None)
-        return chat_prefix(tpl, first, [(d.title, d.text) for d in docs[1:]], self.room(tpl))
+        if len(docs) < 2:
+            return Layout(first.messages, first.tokens, ((0, len(first.tokens)),))
+        key = (*((d.id, d.content_hash) for d in docs), tpl.fingerprint, tpl.n_ctx,
+               self.reserve(tpl))
+        if key not in self._layouts:
+            self._layouts[key] = chat_prefix(tpl, first, [(d.title, d.text) for d in docs[1:]],
+                                             self.room(tpl))
+        return self._layouts[key]
 
 
 def document_prefix(tpl: Template, document: tuple[str, str] | None, room: int) -> Prefix:
@@ -309,11 +316,25 @@ def fit(tpl: Template, text: str, build: Callable[[str], tuple], room: int):
     text_tokens = tpl.tokenize(text)
     built, kept = build(text), len(text_tokens)
     while len(built[-1]) > room and kept > 0:
-        # Cut the text's tokens by the overflow; re-tokenizing the cut text can shift a token
-        # or two, so loop until it fits.
+        # Cut the text's tokens by the overflow; the cut text's own tokens can differ by a
+        # token or two at the cut, so loop until it fits.
         kept = max(0, kept - (len(built[-1]) - room))
-        built = build(tpl.detokenize(text_tokens[:kept]))
+        built = build(_start(tpl, text, kept))
     return built, len(text_tokens), kept
+
+
+def _start(tpl: Template, text: str, tokens: int) -> str:
+    """The longest start of `text` that tokenizes to at most `tokens` tokens: the text as
+    written, which detokenizing its first tokens is not (llama.cpp's detokenizer tidies
+    spaces: a line break and an indentation come back as one space)."""
+    lo, hi = 0, len(text)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if len(tpl.tokenize(text[:mid])) <= tokens:
+            lo = mid
+        else:
+            hi = mid - 1
+    return text[:lo]
 
 
 def title_of(question: str) -> str:
