@@ -256,6 +256,10 @@ def test_a_short_document_beside_a_long_one_is_read_whole_before_its_passages(ma
                      generation=GREEDY)
     # What the question asks of the notes, not of the guide, is quoted from them.
     assert follow.evidence == [note], follow.evidence
+    docs = [eng.library.document(d) for d in (eng.doc, short.id)]
+    longdocs = eng.session.longdocs
+    assert longdocs.evidence(docs, longdocs.wholes(rt, docs), [], "What do the Notes say "
+                             "about buns?")[0] == [note]  # not the line naming it
     # and first, beside a word the guide holds rarely ("museum": one passage)
     both = eng.ask("Is the bakery near the museum?", doc_ids=[eng.doc, short.id],
                    generation=GREEDY)
