@@ -134,6 +134,15 @@ def test_code_passages_start_at_definitions_and_name_them():
     assert [(p.heading, p.text.split("\n")[0]) for p in parts] == [
         (("class A:",), "class A:"), (("class A:", "def g(self):"), "    # a helper"),
         ((), "TOP = 2")]
+    # A docstring's line beginning with a keyword is prose, not a definition to cite under.
+    source = ('def overload(func):\n    """Decorator for overloaded functions.\n\n    In a '
+              'stub file, place two or more stub definitions for the same\n    function in a '
+              'row, each decorated with @overload.\n    type of the value is kept.\n    '
+              'function in @no_type_check.\n    """\n    return func\n\n\n'
+              'type server struct {\n}\nfn main() {}\ntype alias = int\n')
+    parts = split(source, "code", words, target=1, limit=50)
+    assert {p.heading for p in parts} == {("def overload(func):",), ("type server struct {",),
+                                          ("fn main() {}",), ("type alias = int",)}
 
 
 @pytest.mark.parametrize("name, kind", [("notes.txt", "text"), ("tool.py", "code")])

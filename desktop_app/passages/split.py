@@ -60,12 +60,16 @@ _ATX = re.compile(r"^(#{1,6})[ \t]+(.+?)[ \t#]*$")
 _UNDERLINE = re.compile(r"^(=+|-+|~+|\^+|\*+)[ \t]*$")
 _FENCE = re.compile(r"^[ \t]*(```|~~~)")
 # The first line of a definition in the common languages (decorators and comments just above
-# it join it: _code_units).
+# it join it: _code_units). A keyword followed by a word in lower case and more words, in a
+# line with no bracket, brace, "=" or ";", is a docstring's or a comment's prose ("function
+# in a row, each decorated...", "type of the value"), not a definition ("type server struct
+# {" is one).
 _DEFINITION = re.compile(
     r"^[ \t]*(?:export\s+|pub(?:\([^)]*\))?\s+|public\s+|private\s+|protected\s+|"
     r"static\s+|async\s+|abstract\s+|final\s+|inline\s+)*"
-    r"(?:def|class|function|func|fn|impl|struct|enum|trait|interface|module|type|"
-    r"typedef|template|namespace|sub|proc|procedure|macro_rules!|#define)\b")
+    r"(?:(?:def|class|function|func|fn|impl|struct|enum|trait|interface|module|type|"
+    r"namespace|sub|proc|procedure)\b(?![ \t]+[a-z]+[ \t]+[^(\[{=;\n]*$)"
+    r"|(?:typedef|template|macro_rules!|#define)\b)")
 
 
 def split(text: str, kind: str, count_tokens: CountFn, *,
