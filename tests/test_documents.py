@@ -98,6 +98,33 @@ def test_utf16_with_bom(tmp_path):
     assert got.warnings == ["w.txt: 1 byte sequence(s) not valid UTF-16 (replaced with \ufffd)"]
 
 
+ELF_HEAD = (b"\x7fELF\x02\x01\x01" + bytes(9) + b"\x03\x00>\x00\x01\x00\x00\x00`\x10"
+            + bytes(6) + b"@" + bytes(7) + b"\xf0:" + bytes(10) + b"@\x008\x00\r\x00@\x00'\x00&\x00"
+            + bytes(range(256)) * 4)
+
+
+@pytest.mark.parametrize("bom", [b"\xff\xfe", b"\xfe\xff", b"\xef\xbb\xbf"])
+def test_binary_data_after_a_byte_order_mark_is_refused(tmp_path, bom):
+    """A byte order mark says how text is encoded, not that what follows is text: binary
+    data after one (NULs, control bytes) is refused as any binary file is, not read as CJK."""
+    (tmp_path / "blob.txt").write_bytes(bom + ELF_HEAD)
+    with pytest.raises(DocumentError, match="blob.txt: this is a binary file, not a text"):
+        extract(tmp_path / "blob.txt")
+
+
+@pytest.mark.parametrize("text", [
+    "这是一份测试文档。渡轮每天早上七点十五分出发。\n" * 20,  # CJK: every character non-Latin
+    "フェリーは平日の朝七時十五分に出発します。\n" * 20,
+    "این یک متن آزمایشی است. می‌خواهم بنویسم.\n" * 20,  # with zero-width non-joiners
+    "Family: 👨‍👩‍👧, flag: 🏳️‍🌈.\n" * 20,  # emoji joined by format characters
+])
+@pytest.mark.parametrize("enc", ["utf-16-le", "utf-16-be"])
+def test_utf16_text_of_any_script_with_a_bom_is_read(tmp_path, text, enc):
+    (tmp_path / "t.txt").write_bytes(("\ufeff" + text).encode(enc))
+    got = extract(tmp_path / "t.txt")
+    assert got.text == text.strip() and not got.warnings
+
+
 @pytest.mark.parametrize("enc", ["utf-16-le", "utf-16-be"])
 def test_utf16_without_bom_is_read_and_said(tmp_path, enc):
     text = "Caf\u00e9 notes.\nThe ferry leaves at 07:15 on weekdays.\n" * 3

@@ -23,6 +23,7 @@ import html.parser
 import io
 import logging
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -152,6 +153,8 @@ def _decode(data: bytes, name: str, warnings: list[str]) -> str:
                      (b"\xfe\xff", "utf-16")):
         if data.startswith(bom):  # says its encoding: nothing is guessed
             text = data.decode(enc, errors="replace")
+            if not _reads_as_text(text[:8192]):  # a BOM on binary data says nothing of it
+                raise DocumentError(f"{name}: this is a binary file, not a text document")
             if bad := text.count("\ufffd") - data.decode(enc, errors="ignore").count("\ufffd"):
                 warnings.append(f"{name}: {bad} byte sequence(s) not valid {enc.upper()} "
                                 "(replaced with \ufffd)")
@@ -216,6 +219,19 @@ def _bomless_utf16(head: bytes) -> str | None:
             if sum(c.isprintable() or c.isspace() for c in text) >= 0.98 * len(text):
                 return enc
     return None
+
+
+def _reads_as_text(text: str) -> bool:
+    """Whether decoded `text` is text in some language: at most a tenth of its characters are
+    control characters other than whitespace, unassigned or private code points, or bytes not
+    valid in its encoding (U+FFFD). A text of any script has next to none (format characters
+    such as emoji's joiners are text); binary data read as UTF-16 has a sixth or more."""
+    odd = sum(c == "\ufffd" or (unicodedata.category(c) in _NOT_TEXT and not c.isspace())
+              for c in text)
+    return odd <= 0.1 * len(text)
+
+
+_NOT_TEXT = {"Cc", "Cn", "Co", "Cs"}
 
 
 def _legacy_encoding(data: bytes) -> tuple[str, str]:
