@@ -469,6 +469,16 @@ def test_passage_kv_under_another_model_is_not_called_this_chats_cache(make_engi
     assert eng.store.document_entry(notes.id, eng.fingerprint) is not None
     assert eng.library.stale_note(None, [notes], "another-model")  # (alone: it is read)
     assert eng.library.stale_note(None, [doc, notes], "another-model") == []
+    # nor, beside another model's, an entry of this model's own that a restore did not read
+    # (a level it does not hold)
+    entries = eng.store.entries()
+    eng.store.entries = lambda: [*entries, *(replace(e, model="another-model")
+                                            for e in entries)]
+    assert eng.library.stale_note(None, [notes], eng.fingerprint) == []
+    lossless = eng.ask("When does the bakery open?", doc_ids=[notes.id], generation=GREEDY,
+                       restore=RestoreOptions(level="lossless"))
+    assert lossless.recomputed_tokens and not any("another model" in m
+                                                  for m in lossless.messages)
 
 
 def test_a_passage_evicted_between_being_found_and_read_is_computed(make_engine, monkeypatch):

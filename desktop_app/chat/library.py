@@ -111,9 +111,12 @@ class Library:
         # another model: it computes its own under each.
         if ids & set(self.store.passage_counts()):
             ids = set()
-        others = {e.model for e in self.store.entries() if e.model != fp and not e.passage
+        models = {e.model for e in self.store.entries() if not e.passage
                   and (e.document_id in ids or e.chat_id in {chat_id} - {None})}
-        if not others:
+        # One of this model's own not read (a level it does not hold, a damaged chunk) is
+        # said by the restore, not blamed on another model.
+        others = models - {fp}
+        if not others or fp in models:
             return []
         return [f"the cache of this chat was made under another model or KV layout "
                 f"(fingerprint {', '.join(sorted(o[:12] for o in others))}, now {fp[:12]}); "
