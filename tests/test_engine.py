@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 
 import pytest
 
@@ -313,6 +314,24 @@ def test_cancelled_attach_keeps_nothing(new_engine, tmp_path):
         eng.attach(path, progress=progress, cancel=stop)
     assert eng.store.documents() == [] and eng.store.entries() == []
     assert eng.store.verify()["chunks"] == 0
+
+
+def test_a_slow_shared_cache_is_not_counted_as_the_prefills_time(new_engine, tmp_path):
+    """(A shared cache that hangs until its timeout made a 379-token prefill '33 s', and the
+    prefill speed measured from it, which plans restores, 10x too slow.)"""
+    eng = new_engine()
+    pull = eng.attacher.sharing.pull_for_attach
+
+    def slow(*args, **kw):
+        time.sleep(3)
+        return pull(*args, **kw)
+
+    eng.attacher.sharing.pull_for_attach = slow
+    path = tmp_path / "short.txt"
+    path.write_text(DOC)
+    attached = eng.attach(path)
+    assert attached.prefill_s < 3
+    assert eng.speeds.prefill_tps > attached.kept_tokens / 3
 
 
 def test_bad_input(engine, tmp_path):
