@@ -128,6 +128,22 @@ def test_deleting_a_later_document_drops_the_chats_cache_and_the_chat_goes_on(en
     assert [e for e in engine.store.entries() if e.chat_id == chat]
 
 
+def test_an_exact_pass_over_a_document_deleted_meanwhile_stores_nothing(engine):
+    """(Its context holds the deleted document's KV: an entry no reopen could ever read.)"""
+    yielded, deleted = engine.exactness.yield_to_turns, []
+
+    def delete_first(*args):
+        if not deleted:
+            deleted.append(engine.doc_ids[1])
+            engine.delete_document(engine.doc_ids[1])
+        return yielded(*args)
+
+    engine.exactness.yield_to_turns = delete_first
+    chat = ask(engine, doc_ids=engine.doc_ids).chat_id
+    assert engine.exactness.idle.wait(300) and deleted
+    assert not [e for e in engine.store.entries() if e.chat_id == chat]
+
+
 def test_a_later_documents_keys_are_turned_to_their_place_in_the_chat(engine):
     """The first layer's keys depend only on each token and its position: a blended prefix
     read losslessly holds them as a prefill of the same tokens does, at every position (each

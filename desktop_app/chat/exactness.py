@@ -6,7 +6,8 @@ documents and turns — in the attach context, and stores it as the chat's entry
 turns and reopens are exact. It is low priority: it computes in small slices and waits while
 the chat context is busy, so the user's next question never waits for more than a slice; it
 can be cancelled (closing the engine) and stores nothing of a pass that does not finish; a
-chat or document deleted meanwhile makes the store refuse the entry, and that is all.
+chat deleted meanwhile makes the store refuse the entry, and a context that is no longer the
+chat's when it is computed (a document of it deleted meanwhile) is not stored.
 
 A process about to exit (a one-shot `kvdesk ask`) would take the pass with it: it waits for
 the pass instead (`finish`), showing how far it got, and may stop waiting (Ctrl-C), which
@@ -83,6 +84,8 @@ class Exactness(Background):
                     rt.prefill(tokens[start:start + SLICE], cancel=self.cancel, logits=False)
                     with self._guard:
                         self._progress[chat_id] = (min(start + SLICE, len(tokens)), len(tokens))
+                if self.conversation(rt, chat_id)[1] != tokens:
+                    return  # no longer the chat's (a document of it deleted meanwhile)
                 kept = self.kv.store_chat(rt, chat_id, tokens, self.first_document(rt, chat_id))
             finally:
                 rt.reset()
