@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
 import llama_cpp
 import numpy as np
 import pytest
 
 from desktop_app.errors import Cancelled, RuntimeStateError
+from desktop_app.model import llamacalls
 from desktop_app.model.kvstate import KVStateError, SeqState, build_seq_state, parse_seq_sections
 from desktop_app.model.runtime import Runtime
 from desktop_app.model.sampling import DEFAULTS
@@ -100,6 +102,20 @@ def test_the_repetition_penalty_is_in_the_chain_and_sees_the_answer_only(runtime
     # own repeated " " is, and the counting breaks off.
     assert penalized[:3] == plain[:3] and penalized != plain
     assert continuation(repeat_penalty=1.5, repeat_last_n=0) == plain  # window off
+
+
+def test_a_generated_token_longer_than_32_bytes_is_streamed_whole(runtime, monkeypatch):
+    """(The binding reads a token into 32 bytes and gives nothing for a longer one: an answer's
+    line break and deep indentation, one token of 34 bytes to SmolLM2, vanished.)"""
+    indent = "\n" + " " * 33
+    (long,) = runtime.tokenize(indent)
+    eog = llama_cpp.llama_vocab_eos(runtime._vocab)
+    drawn = iter([long, eog])
+    monkeypatch.setattr(llamacalls, "chain", lambda *a, **kw: SimpleNamespace(
+        sample=lambda *a: next(drawn), close=lambda: None))
+    runtime.reset()
+    runtime.prefill(runtime.tokenize("def f():"))
+    assert [t.text for t in runtime.generate(4, chat=False)] == [indent]
 
 
 def test_generation_streams_text(runtime):

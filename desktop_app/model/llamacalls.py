@@ -13,9 +13,10 @@ passage's, a blend's run, a chat's exact context, an attach) skips it; a score k
 row. They keep the Llama object's bookkeeping (`input_ids`, `n_tokens`) as its `eval` does,
 and nothing else: `Runtime` owns the lock and what its logits belong to.
 
-`longest_piece`: the most bytes one token of a vocabulary stands for, so that a text too long
-for a context is known to be before it is tokenized (no text has fewer tokens than its bytes
-over it).
+`piece`: the bytes one token stands for, however many (the binding's own reading gives
+nothing for a token over 32 bytes). `longest_piece`: the most bytes one token of a vocabulary
+stands for, so that a text too long for a context is known to be before it is tokenized (no
+text has fewer tokens than its bytes over it).
 
 `pieces`, `tokenize`: a long text tokenized a piece at a time. llama.cpp's tokenizer slows
 with the length of what it is given (its special-token pass over a conversation of thousands
@@ -86,6 +87,7 @@ def kv_only(llm: llama_cpp.Llama, tokens: Sequence[int]) -> None:
 
 
 PIECE = 1 << 13  # characters: measured, 8 K tokenize faster than 64 K (and than 1 M)
+PIECE_BYTES = 128  # a token's bytes read at once (SmolLM2's longest: 81; longer, asked again)
 # Where a piece may end: at a line break between two words (or special tokens), or before a
 # space between two words, where every tokenizer splits (runs of spaces or breaks can be one
 # token; measured exact on both shipped models: prose, Markdown paragraphs, code, chats).
@@ -127,16 +129,22 @@ def tokenize(llm: llama_cpp.Llama, text: str, add_bos: bool, special: bool,
                                   special=special)]
 
 
+def piece(model: llama_cpp.Llama, token: int, *, special: bool = False) -> bytes:
+    """The bytes `token` stands for, however many (the binding's `detokenize` reads a token
+    into 32 bytes and gives an empty piece for a longer one: SmolLM2 writes a line break and
+    an indentation of 33 spaces as one token of 34 bytes); with `special`, a special token's
+    own text too (else none)."""
+    buf = ctypes.create_string_buffer(PIECE_BYTES)
+    n = llama_cpp.llama_token_to_piece(model._model.vocab, token, buf, len(buf), 0, special)
+    if n < 0:  # (longer than the buffer: the size it needs, negated)
+        buf = ctypes.create_string_buffer(-n)
+        n = llama_cpp.llama_token_to_piece(model._model.vocab, token, buf, len(buf), 0,
+                                           special)
+    return buf.raw[:n]
+
+
 def longest_piece(model: llama_cpp.Llama) -> int:
     """The most bytes any one token of `model`'s vocabulary stands for, special ones included
     (about 5 microseconds a token: 0.3 s for SmolLM2's 49,152, 1.3 s for Gemma 3's 262,144;
-    for a text too long to tokenize first). Asked of llama.cpp directly: the binding's
-    `detokenize` reads a token into 32 bytes and gives an empty piece for a longer one."""
-    vocab, buf, longest = model._model.vocab, ctypes.create_string_buffer(256), 0
-    for token in range(model.n_vocab()):
-        n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, True)
-        if n < 0:  # (longer than the buffer: the size it needs, negated)
-            buf = ctypes.create_string_buffer(-n)
-            n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, True)
-        longest = max(longest, n)
-    return longest
+    for a text too long to tokenize first)."""
+    return max(len(piece(model, token, special=True)) for token in range(model.n_vocab()))

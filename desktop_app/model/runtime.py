@@ -136,7 +136,7 @@ class Runtime:
         return llamacalls.tokenize(self.llm, text, add_bos, special, self.pieces_exact)
 
     def detokenize(self, tokens: Sequence[int]) -> str:
-        return self.llm.detokenize(list(tokens)).decode("utf-8", errors="replace")
+        return b"".join(llamacalls.piece(self.llm, t) for t in tokens).decode("utf-8", "replace")
 
     @property
     def adds_bos(self) -> bool:
@@ -275,7 +275,7 @@ class Runtime:
     def is_end_of_generation(self, token: int, *, chat: bool = True) -> bool:
         """End of generation; in a chat, also where its template ends an answer (a line)."""
         return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token)) or chat and \
-            self.chat_template.ends_answer(self.llm._model.detokenize([token], special=False)
+            self.chat_template.ends_answer(llamacalls.piece(self.llm, token)
                                            .decode("utf-8", errors="replace"))
 
     def generate(
@@ -312,8 +312,7 @@ class Runtime:
                     tok = sampler.sample(self.llm._ctx, -1)
                     if self.is_end_of_generation(tok, chat=chat and said):
                         return
-                    # (_model.token_to_piece returns its whole 32-byte buffer, NULs included.)
-                    piece = self.llm._model.detokenize([tok], special=False)
+                    piece = llamacalls.piece(self.llm, tok)
                     # The token reaches the caller before it is evaluated: the first token's
                     # latency is one decode shorter. It is evaluated before the next sample,
                     # or when the caller stops iterating, so every yielded token is in context.
