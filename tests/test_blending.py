@@ -128,8 +128,9 @@ def test_deleting_a_later_document_drops_the_chats_cache_and_the_chat_goes_on(en
     assert [e for e in engine.store.entries() if e.chat_id == chat]
 
 
-def test_an_exact_pass_over_a_document_deleted_meanwhile_stores_nothing(engine):
-    """(Its context holds the deleted document's KV: an entry no reopen could ever read.)"""
+def test_an_exact_pass_over_a_document_deleted_meanwhile_computes_the_chat_as_it_is(engine):
+    """(The context it computed holds the deleted document's KV: stored, it is an entry no
+    reopen could ever read.)"""
     yielded, deleted = engine.exactness.yield_to_turns, []
 
     def delete_first(*args):
@@ -141,7 +142,10 @@ def test_an_exact_pass_over_a_document_deleted_meanwhile_stores_nothing(engine):
     engine.exactness.yield_to_turns = delete_first
     chat = ask(engine, doc_ids=engine.doc_ids).chat_id
     assert engine.exactness.idle.wait(300) and deleted
-    assert not [e for e in engine.store.entries() if e.chat_id == chat]
+    _, tokens, _ = engine.session.conversation(engine.runtime, chat)
+    assert engine.store.longest_prefix(engine.fingerprint, tokens, touch=False).n_tokens == \
+        len(tokens)
+    assert all(e.token_end <= len(tokens) for e in engine.store.entries() if e.chat_id == chat)
 
 
 def test_a_later_documents_keys_are_turned_to_their_place_in_the_chat(engine):

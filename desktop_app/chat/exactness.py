@@ -7,7 +7,8 @@ turns and reopens are exact. It is low priority: it computes in small slices and
 the chat context is busy, so the user's next question never waits for more than a slice; it
 can be cancelled (closing the engine) and stores nothing of a pass that does not finish; a
 chat deleted meanwhile makes the store refuse the entry, and a context that is no longer the
-chat's when it is computed (a document of it deleted meanwhile) is not stored.
+start of the chat's when it is computed (a document of it deleted, a turn replaced meanwhile)
+is computed again as the chat is now.
 
 A process about to exit (a one-shot `kvdesk ask`) would take the pass with it: it waits for
 the pass instead (`finish`), showing how far it got, and may stop waiting (Ctrl-C), which
@@ -74,18 +75,18 @@ class Exactness(Background):
         """Compute chat `chat_id`'s exact context and store it."""
         with self.attach_lock:
             rt = self.contexts.get(ATTACH)
-            _, tokens, _ = self.conversation(rt, chat_id)
-            with self._guard:  # under way: its context is loaded (`finish` says so from now)
-                self._progress[chat_id] = (0, len(tokens))
-            rt.reset()
             try:
-                for start in range(0, len(tokens), SLICE):
-                    self.yield_to_turns()
-                    rt.prefill(tokens[start:start + SLICE], cancel=self.cancel, logits=False)
-                    with self._guard:
-                        self._progress[chat_id] = (min(start + SLICE, len(tokens)), len(tokens))
-                if self.conversation(rt, chat_id)[1] != tokens:
-                    return  # no longer the chat's (a document of it deleted meanwhile)
+                tokens: list[int] | None = None
+                # A turn asked meanwhile extends the context computed: it is stored, and the
+                # next turn starts from it. Passages changed by a follow-up, a document of the
+                # chat deleted or a turn replaced make it no longer the start of the chat's:
+                # the chat's context as it is now is computed instead.
+                while True:
+                    now = self.conversation(rt, chat_id)[1]
+                    if tokens is not None and now[:len(tokens)] == tokens:
+                        break
+                    tokens = now
+                    self._compute(rt, chat_id, tokens)
                 kept = self.kv.store_chat(rt, chat_id, tokens, self.first_document(rt, chat_id))
             finally:
                 rt.reset()
@@ -95,6 +96,16 @@ class Exactness(Background):
             (self._stored if kept else self._too_big).add(chat_id)
         if kept:
             self.on_exact(chat_id)
+
+    def _compute(self, rt, chat_id: int, tokens: list[int]) -> None:
+        with self._guard:  # under way: its context is loaded (`finish` says so from now)
+            self._progress[chat_id] = (0, len(tokens))
+        rt.reset()
+        for start in range(0, len(tokens), SLICE):
+            self.yield_to_turns()
+            rt.prefill(tokens[start:start + SLICE], cancel=self.cancel, logits=False)
+            with self._guard:
+                self._progress[chat_id] = (min(start + SLICE, len(tokens)), len(tokens))
 
     def too_big(self, chat_id: int) -> bool:
         """Whether chat `chat_id`'s exact context was computed but is larger than the storage
