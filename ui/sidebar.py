@@ -13,6 +13,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
+    QHeaderView,
     QLabel,
     QLineEdit,
     QListWidget,
@@ -32,6 +33,8 @@ from .formatting import shortened
 
 GROUPS = ("Today", "Yesterday", "Previous 7 days", "Older")
 ID_ROLE = Qt.ItemDataRole.UserRole
+TITLE_ROLE = Qt.ItemDataRole.UserRole + 1  # the chat's own title, whatever is displayed
+BLENDED_MARK = "≈"
 
 
 def date_group(timestamp: float, now: float) -> str:
@@ -53,7 +56,13 @@ class ChatList(QWidget):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.search = QLineEdit(placeholderText="Search chats  (Ctrl+K)", clearButtonEnabled=True)
-        self.tree = QTreeWidget(headerHidden=True, rootIsDecorated=False, indentation=8)
+        self.tree = QTreeWidget(headerHidden=True, rootIsDecorated=False, indentation=8,
+                                columnCount=2)
+        # The blended mark has a column of its own: eliding a long title cannot hide it.
+        header = self.tree.header()
+        header.setStretchLastSection(False)
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        header.setSectionResizeMode(1, QHeaderView.ResizeMode.ResizeToContents)
         self.tree.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
@@ -108,15 +117,18 @@ class ChatList(QWidget):
                 font.setBold(True)
                 font.setPointSizeF(font.pointSizeF() * 0.9)
                 header.setFont(0, font)
+                header.setFirstColumnSpanned(True)
                 groups[name] = header
-            item = QTreeWidgetItem([chat.title])
+            blended = chat.kv_mode == "blended"
+            item = QTreeWidgetItem([chat.title, BLENDED_MARK if blended else ""])
             item.setData(0, ID_ROLE, chat.chat_id)
-            mode = {"blended": "\nanswered from its documents' caches blended; the exact "
-                    "context is being computed", "exact": "\nexact context cached"}
-            item.setToolTip(0, f"{chat.title}\n{chat.messages} messages"
-                            + mode.get(chat.kv_mode or "", ""))
-            if chat.kv_mode == "blended":
-                item.setText(0, f"{chat.title}  ≈")
+            item.setData(0, TITLE_ROLE, chat.title)
+            mode = {"blended": f"\n{BLENDED_MARK} answered from its documents' caches "
+                    "blended; the exact context is being computed",
+                    "exact": "\nexact context cached"}
+            tip = f"{chat.title}\n{chat.messages} messages" + mode.get(chat.kv_mode or "", "")
+            item.setToolTip(0, tip)
+            item.setToolTip(1, tip)
             groups[name].addChild(item)
         for name in GROUPS:
             if name in groups:
@@ -135,14 +147,18 @@ class ChatList(QWidget):
         chat_id = item.data(0, ID_ROLE) if item else None
         if chat_id is None:
             return
+        self._chat_menu(chat_id, item.data(0, TITLE_ROLE)).exec(
+            self.tree.viewport().mapToGlobal(pos))
+
+    def _chat_menu(self, chat_id: int, title: str) -> QMenu:
         menu = QMenu(self)
-        menu.addAction("Rename…", lambda: self.rename_requested.emit(chat_id, item.text(0)))
+        menu.addAction("Rename…", lambda: self.rename_requested.emit(chat_id, title))
         menu.addAction("Export as Markdown…",
                        lambda: self.export_requested.emit(chat_id, "markdown"))
         menu.addAction("Export as JSON…", lambda: self.export_requested.emit(chat_id, "json"))
         menu.addSeparator()
         menu.addAction("Delete", lambda: self.delete_requested.emit(chat_id))
-        menu.exec(self.tree.viewport().mapToGlobal(pos))
+        return menu
 
 
 PHASE_WORDS = {"extract": "reading the file", "prefill": "computing the cache",
