@@ -101,11 +101,19 @@ def test_documents_the_context_cannot_hold_together_are_said_cut_or_left_out(eng
     cut, left_out = engine.prompter.layout(rt, docs).notes
     assert cut.startswith("museum.txt: only its first ") and " tokens are read" in cut
     assert left_out.startswith("tower.txt: not read in this chat")
-    said = ask(engine, doc_ids=engine.doc_ids).messages
-    assert cut in said and left_out in said
+    first_answer = ask(engine, doc_ids=engine.doc_ids)
+    assert cut in first_answer.messages and left_out in first_answer.messages
+    engine.runtime.reset()
+    reopened = engine.reopen(first_answer.chat_id).messages  # said again, every time
+    assert cut in reopened and left_out in reopened
     api = engine.complete([{"role": "user", "content": QUESTION}], documents=engine.doc_ids,
                           generation=GREEDY).messages
     assert cut in api and left_out in api
+    # The first document too, where the context is smaller than when it was attached.
+    engine.prompter._reserve = rt.n_ctx - first // 2
+    (alone,) = engine.prompter.layout(rt, docs[:1]).notes
+    assert alone.startswith("ferry.txt: only its first ")
+    assert alone in ask(engine, doc_ids=engine.doc_ids[:1]).messages
 
 
 def test_deleting_a_later_document_drops_the_chats_cache_and_the_chat_goes_on(engine):

@@ -129,7 +129,7 @@ class ChatSession:
             tokens += known[m.id]
         notes = [f"{fresh} message(s) of this chat were written under another model or an "
                  "older kvdesk: tokenized again for this model and recomputed"] if fresh else []
-        return msgs, tokens, notes + self.library.removed(chat_id)
+        return msgs, tokens, notes + layout.notes + self.library.removed(chat_id)
 
     # -- bringing a chat into the context --------------------------------------------------
 

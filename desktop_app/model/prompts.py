@@ -13,7 +13,7 @@ They never evaluate anything and never touch the store: the sessions decide what
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from store import Document
@@ -111,13 +111,17 @@ class Prompter:
         """A chat's prefix, with each document's part of it (kept: a later document cut to
         fit is tokenized a dozen times to find where)."""
         first = self.prefix(tpl, docs[0] if docs else None)
+        # (A document attached under a larger context than today's is cut too.)
+        cut = ((docs[0].title, first.kept_tokens, first.doc_tokens),) \
+            if docs and first.kept_tokens < first.doc_tokens else ()
         if len(docs) < 2:
-            return Layout(first.messages, first.tokens, ((0, len(first.tokens)),))
+            return Layout(first.messages, first.tokens, ((0, len(first.tokens)),), cut)
         key = (*((d.id, d.content_hash) for d in docs), tpl.fingerprint, tpl.n_ctx,
                self.reserve(tpl))
         if key not in self._layouts:
-            self._layouts[key] = chat_prefix(tpl, first, [(d.title, d.text) for d in docs[1:]],
-                                             self.room(tpl))
+            later = chat_prefix(tpl, first, [(d.title, d.text) for d in docs[1:]],
+                                self.room(tpl))
+            self._layouts[key] = replace(later, shortened=cut + later.shortened)
         return self._layouts[key]
 
 
@@ -151,14 +155,14 @@ class Layout:
 
     @property
     def notes(self) -> list[str]:
-        """What the user is told of the documents cut or left out (said with a chat's first
-        answer, and with each request of the local API)."""
+        """What the user is told of the documents cut or left out (said with each answer and
+        reopen of the chat, and with each request of the local API)."""
         return [f"{title}: not read in this chat, no room is left for it in the context "
                 "beside the documents before it (ask about it in a chat of its own)"
                 if not kept else
                 f"{title}: only its first {kept:,} of {total:,} tokens are read in this "
-                "chat, the rest does not fit the context beside the documents before it (a "
-                "chat of its own, or a larger context in the settings, reads all of it)"
+                "chat, the rest does not fit the context (a larger context in the settings "
+                "reads more of it)"
                 for title, kept, total in self.shortened]
 
 
