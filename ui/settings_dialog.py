@@ -55,6 +55,35 @@ PASSAGE_LEVELS = {"high": "high (the most faithful lossy level)",
                   "lossless": "lossless (exact; several times the disk)"}
 
 
+def field_bounds(name: str) -> tuple[int, int]:
+    """A numeric setting's own (ge, le), as the settings model checks them."""
+    meta = Settings.model_fields[name].metadata
+    return (next(m.ge for m in meta if hasattr(m, "ge")),
+            next(m.le for m in meta if hasattr(m, "le")))
+
+
+class ContextSizeBox(QSpinBox):
+    """The context size: "Automatic", or a size the settings accept. Automatic is the value
+    just under the smallest size, so no value in between can be entered or stepped to."""
+
+    def __init__(self, n_ctx: int | None):
+        smallest, largest = field_bounds("n_ctx")
+        super().__init__(minimum=smallest - 1, maximum=largest, singleStep=1024,
+                         suffix=" tokens", groupSeparatorShown=True)
+        # Automatic: the model's trained context capped by the memory it needs.
+        self.setSpecialValueText("Automatic (the model's own, as memory allows)")
+        self.setValue(n_ctx or self.minimum())
+
+    def context_size(self) -> int | None:
+        return None if self.value() == self.minimum() else self.value()
+
+    def stepBy(self, steps: int) -> None:
+        if self.value() == self.minimum() and steps > 0:  # whole steps, not 255 + 1024
+            self.setValue(max(self.minimum() + 1, steps * self.singleStep()))
+        else:
+            super().stepBy(steps)
+
+
 def needs_restart(old: Settings, new: Settings) -> bool:
     return any(getattr(old, f) != getattr(new, f) for f in ENGINE_FIELDS)
 
@@ -100,11 +129,7 @@ class SettingsDialog(QDialog):
         self._show_model(self.model.currentText())
         self.folders = QLineEdit("; ".join(settings.model_folders),
                                  placeholderText="more folders of GGUF files, separated by ;")
-        self.n_ctx = QSpinBox(minimum=0, maximum=1 << 20, singleStep=1024, suffix=" tokens",
-                              groupSeparatorShown=True)
-        # 0: automatic, the model's trained context capped by the memory it needs.
-        self.n_ctx.setSpecialValueText("Automatic (the model's own, as memory allows)")
-        self.n_ctx.setValue(settings.n_ctx or 0)
+        self.n_ctx = ContextSizeBox(settings.n_ctx)
         self.data_dir = QLineEdit(settings.data_dir or "", placeholderText=str(settings.data_path))
         self.budget = QDoubleSpinBox(minimum=0.1, maximum=100000, decimals=1, suffix=" GB")
         self.budget.setValue(settings.storage_budget_gb)
@@ -319,7 +344,7 @@ class SettingsDialog(QDialog):
         default_prefix = Settings.model_fields["remote_prefix"].default
         return self._settings.with_values(
             model=self.model.currentText().strip() or None,
-            model_folders=tuple(self._folders()), n_ctx=self.n_ctx.value() or None,
+            model_folders=tuple(self._folders()), n_ctx=self.n_ctx.context_size(),
             data_dir=self.data_dir.text().strip() or None,
             storage_budget_gb=self.budget.value(), theme=self.theme.currentData(),
             remote_bucket=self.bucket.text().strip() or None,
