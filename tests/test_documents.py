@@ -125,6 +125,16 @@ def test_utf16_text_of_any_script_with_a_bom_is_read(tmp_path, text, enc):
     assert got.text == text.strip() and not got.warnings
 
 
+def test_utf32_and_a_legacy_text_behind_a_utf8_mark_are_read(tmp_path):
+    text = "Café notes: the ferry leaves at 07:15.\n" * 5
+    (tmp_path / "wide.txt").write_bytes(text.encode("utf-32"))  # (its mark begins UTF-16's)
+    assert extract(tmp_path / "wide.txt").text == text.strip()
+    russian = "Паром отходит в 7:15 по будням.\n" * 5
+    (tmp_path / "ru.txt").write_bytes(b"\xef\xbb\xbf" + russian.encode("cp1251"))
+    got = extract(tmp_path / "ru.txt")  # not "binary": read, and said
+    assert "7:15" in got.text and "not valid UTF-8-SIG" in got.warnings[0]
+
+
 @pytest.mark.parametrize("enc", ["utf-16-le", "utf-16-be"])
 def test_utf16_without_bom_is_read_and_said(tmp_path, enc):
     text = "Caf\u00e9 notes.\nThe ferry leaves at 07:15 on weekdays.\n" * 3

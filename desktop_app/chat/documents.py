@@ -149,11 +149,14 @@ def extract(path: str | Path) -> Extracted:
 
 
 def _decode(data: bytes, name: str, warnings: list[str]) -> str:
-    for bom, enc in ((b"\xef\xbb\xbf", "utf-8-sig"), (b"\xff\xfe", "utf-16"),
+    # (UTF-32's marks first: little-endian UTF-32's begins with UTF-16's.)
+    for bom, enc in ((b"\xef\xbb\xbf", "utf-8-sig"), (b"\xff\xfe\x00\x00", "utf-32"),
+                     (b"\x00\x00\xfe\xff", "utf-32"), (b"\xff\xfe", "utf-16"),
                      (b"\xfe\xff", "utf-16")):
         if data.startswith(bom):  # says its encoding: nothing is guessed
             text = data.decode(enc, errors="replace")
-            if not _reads_as_text(text[:8192]):  # a BOM on binary data says nothing of it
+            # (a BOM on binary data says nothing of it)
+            if not _reads_as_text(text[:8192], behind_utf8=enc == "utf-8-sig"):
                 raise DocumentError(f"{name}: this is a binary file, not a text document")
             if bad := text.count("\ufffd") - data.decode(enc, errors="ignore").count("\ufffd"):
                 warnings.append(f"{name}: {bad} byte sequence(s) not valid {enc.upper()} "
@@ -221,14 +224,16 @@ def _bomless_utf16(head: bytes) -> str | None:
     return None
 
 
-def _reads_as_text(text: str) -> bool:
+def _reads_as_text(text: str, *, behind_utf8: bool = False) -> bool:
     """Whether decoded `text` is text in some language: at most a tenth of its characters are
     control characters other than whitespace, unassigned or private code points, or bytes not
     valid in its encoding (U+FFFD). A text of any script has next to none (format characters
-    such as emoji's joiners are text); binary data read as UTF-16 has a sixth or more."""
-    odd = sum(c == "\ufffd" or (unicodedata.category(c) in _NOT_TEXT and not c.isspace())
-              for c in text)
-    return odd <= 0.1 * len(text)
+    such as emoji's joiners are text); binary data read as UTF-16 has a sixth or more. Text in
+    a legacy encoding behind a UTF-8 mark is all U+FFFD, and none of the others: there those
+    count only beside a few of the others (it is read, and said)."""
+    odd = sum(unicodedata.category(c) in _NOT_TEXT and not c.isspace() for c in text)
+    invalid = text.count("\ufffd") if not behind_utf8 or odd > 0.01 * len(text) else 0
+    return odd + invalid <= 0.1 * len(text)
 
 
 _NOT_TEXT = {"Cc", "Cn", "Co", "Cs"}
