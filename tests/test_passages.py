@@ -139,10 +139,11 @@ def test_code_passages_start_at_definitions_and_name_them():
               'stub file, place two or more stub definitions for the same\n    function in a '
               'row, each decorated with @overload.\n    type of the value is kept.\n    '
               'function in @no_type_check.\n    """\n    return func\n\n\n'
-              'type server struct {\n}\nfn main() {}\ntype alias = int\n')
+              'type server struct {\n}\nfn main() {}\ntype alias = int\ndef hello do\n  :world\n')
     parts = split(source, "code", words, target=1, limit=50)
     assert {p.heading for p in parts} == {("def overload(func):",), ("type server struct {",),
-                                          ("fn main() {}",), ("type alias = int",)}
+                                          ("fn main() {}",), ("type alias = int",),
+                                          ("def hello do",)}
 
 
 @pytest.mark.parametrize("name, kind", [("notes.txt", "text"), ("tool.py", "code")])

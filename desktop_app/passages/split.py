@@ -63,12 +63,12 @@ _FENCE = re.compile(r"^[ \t]*(```|~~~)")
 # it join it: _code_units). A keyword followed by a word in lower case and more words, in a
 # line with no bracket, brace, "=" or ";", is a docstring's or a comment's prose ("function
 # in a row, each decorated...", "type of the value"), not a definition ("type server struct
-# {" is one).
+# {" is one, and Elixir's "def hello do").
 _DEFINITION = re.compile(
     r"^[ \t]*(?:export\s+|pub(?:\([^)]*\))?\s+|public\s+|private\s+|protected\s+|"
     r"static\s+|async\s+|abstract\s+|final\s+|inline\s+)*"
     r"(?:(?:def|class|function|func|fn|impl|struct|enum|trait|interface|module|type|"
-    r"namespace|sub|proc|procedure)\b(?![ \t]+[a-z]+[ \t]+[^(\[{=;\n]*$)"
+    r"namespace|sub|proc|procedure)\b(?![ \t]+[a-z]+[ \t]+(?!do\s*$)[^\s(\[{=;][^(\[{=;\n]*$)"
     r"|(?:typedef|template|macro_rules!|#define)\b)")
 
 
