@@ -140,3 +140,23 @@ def test_the_view_follows_the_end_unless_the_user_reads_further_up(qtbot):
     view.end_answer("One more.")
     qtbot.wait(50)
     assert bar.value() == bar.maximum()
+
+
+def test_a_stored_answer_keeps_the_parts_of_its_note_that_stay_true(qtbot):
+    """Reopened, an answer cut at the token limit said only "copy · regenerate": its length,
+    why it stopped and its notes are in its stats; its speed was the machine's then."""
+    view = ChatView()
+    qtbot.addWidget(view)
+    note = "2 of the 5 passages retrieved left out: no room in the context"
+    stats = {"tokens_generated": 48, "ttft_s": 24.68, "finish_reason": "length",
+             "messages": [note]}
+    view.set_messages([MessageInfo(1, "user", "How much?", 0.0),
+                       MessageInfo(2, "assistant", "The budget is", 0.0, stats)])
+    text = view.toPlainText()
+    assert (f"48 tokens · stopped at the token limit: it may be cut short · {note} · copy · "
+            "regenerate") in text
+    assert "tokens/s" not in text and "first token" not in text
+    view.set_messages([MessageInfo(1, "user", "How much?", 0.0),
+                       MessageInfo(2, "assistant", "All of it.", 0.0,
+                                   {"tokens_generated": 3, "finish_reason": "stop"})])
+    assert "3 tokens · copy · regenerate" in view.toPlainText()

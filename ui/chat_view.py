@@ -19,6 +19,7 @@ from PySide6.QtWidgets import QPlainTextEdit, QTextBrowser, QWidget
 
 from desktop_app.results import EARLIER, MessageInfo, Source
 
+from .formatting import answer_note
 from .markdown import LIGHT, Colors, render
 
 RENDER_MS = 40
@@ -159,7 +160,9 @@ class ChatView(QTextBrowser):
         links = [f'<a href="kvdesk:copy/{i}" style="color:{c.muted}">copy</a>']
         if last_answer:
             links.append(f'<a href="kvdesk:regenerate" style="color:{c.muted}">regenerate</a>')
-        note = self._notes.get(i, "")
+        # (a stored answer has no note of the live one's: its stats say what stays true)
+        note = self._notes.get(i) or (answer_note(m.stats) if m.role == "assistant"
+                                      and "tokens_generated" in (m.stats or {}) else "")
         footer = (f'<p style="color:{c.muted};font-size:small">'
                   + (f"{html.escape(note)} · " if note else "") + " · ".join(links) + "</p>")
         page = self._message_html(m.role, rendered.html, self._sources_html(i) + footer)

@@ -52,11 +52,23 @@ def restore_line(report: RestoreReport) -> str:
 def answer_stats(result: AskResult, generation_s: float) -> str:
     """E.g. "48 tokens · 31.2 tokens/s · first token after 0.12 s" (and "· stopped at the
     token limit: it may be cut short" when it ran to max_tokens or the context's end)."""
-    rate = result.tokens_generated / generation_s if generation_s > 0 else 0.0
-    return (f"{result.tokens_generated:,} tokens · {rate:.1f} tokens/s · "
-            f"first token after {result.ttft_s:.2f} s"
-            + {"length": " · stopped at the token limit: it may be cut short",
-               "cancelled": " · stopped before its end"}.get(result.finish_reason, ""))
+    return answer_note(result.as_dict(), generation_s)
+
+
+def answer_note(stats: dict, generation_s: float | None = None) -> str:
+    """The note under an answer, from its AskResult's fields (`stats`, as a chat stores
+    them). A stored answer (no `generation_s`) says what stays true of it: its length, why it
+    stopped and its own notes; its speed was the machine's at the time."""
+    tokens = stats.get("tokens_generated")
+    parts = [f"{tokens:,} tokens"] if tokens is not None else []
+    if generation_s is not None:
+        rate = (tokens or 0) / generation_s if generation_s > 0 else 0.0
+        parts += [f"{rate:.1f} tokens/s", f"first token after {stats.get('ttft_s', 0.0):.2f} s"]
+    parts += [{"length": "stopped at the token limit: it may be cut short",
+               "cancelled": "stopped before its end"}.get(stats.get("finish_reason"), "")]
+    if generation_s is None:  # (a live answer's notes go to the status bar as it ends)
+        parts += stats.get("messages") or []
+    return " · ".join(p for p in parts if p)
 
 
 def attach_notices(result: AttachResult) -> list[str]:
