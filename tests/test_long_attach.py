@@ -54,7 +54,8 @@ def test_a_long_document_is_said_at_once_split_and_never_prefilled(engine, tmp_p
     assert "prefill" not in phases and "encode" not in phases
     first = next(p for p in seen if p.phase != "extract")
     assert first.phase == "split" and first.done == 0  # said before the work starts
-    assert "longer than the context of 512" in first.note and "passages" in first.note
+    assert "longer than the context of 512 holds beside its questions and answers (384)" \
+        in first.note and "passages" in first.note  # (the room, not the context: probe)
     # and then how far splitting has got, as it goes (it stood at 0 % until done)
     moving = [p.done for p in seen if p.phase == "split"]
     assert {p.total for p in seen if p.phase == "split"} == {100}  # one unit throughout
