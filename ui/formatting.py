@@ -57,8 +57,9 @@ def answer_stats(result: AskResult, generation_s: float) -> str:
 
 def answer_note(stats: dict, generation_s: float | None = None) -> str:
     """The note under an answer, from its AskResult's fields (`stats`, as a chat stores
-    them). A stored answer (no `generation_s`) says what stays true of it: its length, why it
-    stopped and its own notes; its speed was the machine's at the time."""
+    them). A stored answer (no `generation_s`) says what stays true of it: its length and why
+    it stopped; its speed was the machine's at the time, and its notes, said in the status
+    bar as it ended, were mostly of that restore's (levels read, chunks computed)."""
     tokens = stats.get("tokens_generated")
     parts = [f"{tokens:,} tokens"] if tokens is not None else []
     if generation_s is not None:
@@ -66,8 +67,6 @@ def answer_note(stats: dict, generation_s: float | None = None) -> str:
         parts += [f"{rate:.1f} tokens/s", f"first token after {stats.get('ttft_s', 0.0):.2f} s"]
     parts += [{"length": "stopped at the token limit: it may be cut short",
                "cancelled": "stopped before its end"}.get(stats.get("finish_reason"), "")]
-    if generation_s is None:  # (a live answer's notes go to the status bar as it ends)
-        parts += stats.get("messages") or []
     return " · ".join(p for p in parts if p)
 
 
