@@ -132,9 +132,10 @@ class LongDocs:
             by_doc.setdefault(s.document_id, []).append(s.text)
         # What only the documents read whole hold ("phone" in the notes, in no passage of the
         # book) comes first; then the book's own, which outrank the notes on what both hold.
-        # (Of a document read whole, its text: not the line naming it, "Document: title".)
-        besides = [evidence.beside(self.store, books, question, text.partition("\n\n")[2])
-                   for _, text in wholes]
+        # (Of a document read whole, its own text: not the line naming it in the context.)
+        texts = {d.id: d.text for d in docs}
+        besides = [evidence.beside(self.store, books, question, texts[doc_id])
+                   for doc_id, _ in wholes]
         found = [*(line for absent, _ in besides for line in absent),
                  *(line for doc_id, texts in by_doc.items()
                    for line in evidence.naming(self.store, doc_id, question, texts,
