@@ -1,0 +1,71 @@
+"""Ollama's way with a conversation longer than the context (`server.ollama.fitted`): which
+messages are left out, and how few times a long history is measured to find how many. No
+model: the completion is a stand-in that refuses what does not fit (test_server_ollama.py
+sends a real one through the server)."""
+
+from __future__ import annotations
+
+import pytest
+
+from desktop_app.errors import ContextFullError
+from desktop_app.results import Completion, RestoreReport
+from desktop_app.server.ollama import fitted
+
+
+def answered(messages):
+    return Completion("ok", "stop", 1, 1, 0.1, RestoreReport(1, 0, 0, [], 0), 0, False,
+                      [" ".join(m["content"] for m in messages)])
+
+
+def test_what_is_left_out_of_a_conversation_too_long_for_the_context():
+    """Whole turns, oldest first; never a system message, the last message, or the question
+    an assistant's last message (a prefill) continues."""
+    def fits(most):
+        def complete(messages):
+            if len(messages) > most:
+                raise ContextFullError("too long")
+            return answered(messages)
+        return complete
+
+    def said(messages, most):
+        return fitted(fits(most), [{"role": r, "content": c} for r, c in messages]).messages
+
+    chat = [("system", "S"), ("user", "u1"), ("assistant", "a1"), ("user", "u2"),
+            ("assistant", "a2"), ("user", "u3")]
+    assert said(chat, 6) == ["S u1 a1 u2 a2 u3"]
+    note, kept = said(chat, 4)
+    assert "2 oldest message(s) were left out" in note and kept == "S u2 a2 u3"
+    prefill = chat[:5]  # the last message an answer's start, continuing u2
+    assert said(prefill, 3)[1] == "S u2 a2"
+    with pytest.raises(ContextFullError):
+        said(prefill, 2)
+
+
+def test_a_long_history_is_measured_a_few_times_not_once_a_turn_left_out():
+    """Each refusal says how many tokens too many and what each message holds, so `fitted`
+    leaves out enough turns at once, and the same turns as leaving them out one by one."""
+    def tokens(m):
+        return 4 + len(m["content"].split())  # 4: the template's share
+
+    def budget(room, measured):
+        tries = []
+
+        def complete(messages):
+            tries.append(len(messages))
+            total = sum(tokens(m) for m in messages)
+            if total > room:
+                raise ContextFullError("too long", over=total - room if measured else 0,
+                                       sizes=tuple(tokens(m) for m in messages)
+                                       if measured else ())
+            return answered(messages)
+        return complete, tries
+
+    history = [{"role": "system", "content": "S"}] + [
+        {"role": r, "content": f"{r[0]}{i} " + "word " * (i * 7 % 23)}
+        for i in range(150) for r in ("user", "assistant")] + [
+        {"role": "user", "content": "last " * 30}]
+    for room in (2000, 400, 60):
+        one_by_one, slow = budget(room, measured=False)
+        at_once, fast = budget(room, measured=True)
+        assert fitted(at_once, history).messages == fitted(one_by_one, history).messages
+        assert len(fast) <= 2 < len(slow)
