@@ -329,8 +329,8 @@ def fit(tpl: Template, text: str, build: Callable[[str], tuple], room: int):
 
 def _start(tpl: Template, text: str, tokens: int) -> str:
     """The longest start of `text` that tokenizes to at most `tokens` tokens: the text as
-    written, which detokenizing its first tokens is not (llama.cpp's detokenizer tidies
-    spaces: a line break and an indentation come back as one space)."""
+    written, which detokenizing its first tokens need not give back (the binding's reader gave
+    nothing for a token over 32 bytes, a line break and a deep indentation)."""
     lo, hi = 0, len(text)
     while lo < hi:
         mid = (lo + hi + 1) // 2
