@@ -133,8 +133,8 @@ class LongDocs:
         # What only the documents read whole hold ("phone" in the notes, in no passage of the
         # book) comes first; then the book's own, which outrank the notes on what both hold.
         # (Of a document read whole, its own text: not the line naming it in the context.)
-        texts = {d.id: d.text for d in docs}
-        besides = [evidence.beside(self.store, books, question, texts[doc_id])
+        own_text = {d.id: d.text for d in docs}
+        besides = [evidence.beside(self.store, books, question, own_text[doc_id])
                    for doc_id, _ in wholes]
         found = [*(line for absent, _ in besides for line in absent),
                  *(line for doc_id, texts in by_doc.items()
