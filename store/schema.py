@@ -330,6 +330,22 @@ def m011_prompt_caches(conn: sqlite3.Connection) -> None:
         conn.executemany(f"DELETE FROM {table} WHERE {column} = ?", doomed)
 
 
+# The documents whose KV an entry holds beyond its parent's (a chat's or a conversation's over
+# several documents): deleting a document deletes them (`library.delete`), and an entry naming
+# a document deleted before it is written is refused in the same transaction (`create_pending`).
+M012_ENTRY_DOCUMENTS = (
+    "CREATE TABLE kv_entry_documents (entry_id INTEGER NOT NULL REFERENCES kv_entries(id)"
+    " ON DELETE CASCADE, document_id INTEGER NOT NULL REFERENCES documents(id)"
+    " ON DELETE CASCADE, PRIMARY KEY (entry_id, document_id)) WITHOUT ROWID",
+    "CREATE INDEX kv_entry_documents_document ON kv_entry_documents(document_id)")
+
+
+def m012_entry_documents(conn: sqlite3.Connection) -> None:
+    """Which documents' KV each chat or conversation entry holds."""
+    for statement in M012_ENTRY_DOCUMENTS:
+        conn.execute(statement)
+
+
 MIGRATIONS: list[tuple[str, Callable[[sqlite3.Connection], None]]] = [
     ("m001_initial", m001_initial),
     ("m002_message_tokens", m002_message_tokens),
@@ -342,6 +358,7 @@ MIGRATIONS: list[tuple[str, Callable[[sqlite3.Connection], None]]] = [
     ("m009_passage_kv", m009_passage_kv),
     ("m010_passage_hash", m010_passage_hash),
     ("m011_prompt_caches", m011_prompt_caches),
+    ("m012_entry_documents", m012_entry_documents),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -139,6 +139,7 @@ class Store(LibraryStore, PassageStore, PassageKVStore, SplitStore):
         passage: bool = False,
         passage_hash: str | None = None,
         evict: bool = True,
+        holds: Iterable[int] = (),
     ) -> kv.EntryWriter:
         """Start writing the KV entry for `tokens` (the whole prefix, parent's tokens included).
 
@@ -149,30 +150,23 @@ class Store(LibraryStore, PassageStore, PassageKVStore, SplitStore):
         its document or chat deletes the entry. `calibration`: the id of the stored codec
         calibration its chunks need (put_calibration), if any. `passage`: the KV of a passage
         of `document_id` (never taken for the document's own entry), whose text has the
-        `passage_hash` (`text_hash`: what its document's count finds it by). A finished entry that
-        takes the store past its storage budget evicts the least recently used others (one
-        larger than the budget with its parents goes alone, `writer.evicted` says "too_large");
-        with `evict=False` it is removed itself instead (`finish` raises BudgetFullError): work
-        done ahead of need never pushes out what was used.
+        `passage_hash` (`text_hash`: what its document's count finds it by). `holds`: the
+        documents whose KV it holds beyond its parent's, deleted with any of them (NotFoundError
+        when one is deleted already: kv.create_pending). A finished entry that takes the store
+        past its storage budget evicts the least recently used others (one larger than the
+        budget with its parents goes alone, `writer.evicted` says "too_large"); with
+        `evict=False` it is removed itself instead (`finish` raises BudgetFullError): work done
+        ahead of need never pushes out what was used.
         """
         levels = tuple(levels)
         self.record_models()  # one a full disk kept from being recorded (DiskFullError)
         with self._db.write() as db:
             entry_id = kv.create_pending(
-                db.conn,
-                fingerprint=fingerprint,
-                tokens=tokens,
-                parent_id=parent_id,
-                chunk_size=chunk_size,
-                levels=levels,
-                document_id=document_id,
-                chat_id=chat_id,
-                now=self._clock(),
-                window_start=window_start,
-                calibration=calibration,
-                passage=passage,
-                passage_hash=passage_hash,
-            )
+                db.conn, fingerprint=fingerprint, tokens=tokens, parent_id=parent_id,
+                chunk_size=chunk_size, levels=levels, document_id=document_id,
+                chat_id=chat_id, now=self._clock(), window_start=window_start,
+                calibration=calibration, passage=passage, passage_hash=passage_hash,
+                holds=holds)
         return kv.EntryWriter(self._db, entry_id, levels, self._clock,
                               self._enforce_budget if evict else
                               lambda entry: self._fits(entry, entry_id))

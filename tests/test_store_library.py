@@ -104,6 +104,27 @@ def test_deleting_a_later_document_of_a_chat_removes_the_chats_caches_holding_it
     assert store.gc(budget_bytes=10**12)["freed_bytes"] == 0
 
 
+def test_an_entry_holding_a_document_goes_with_it_and_is_never_written_after_it(store):
+    """A conversation's entry over [A, D] names no chat: it goes with D because it says it
+    holds D, even while still being written; once D is gone, no entry holding it starts."""
+    a, d = (store.add_document(h, h.upper(), h, type="txt") for h in ("a", "d"))
+    a_root = put_entry(store, range(600), document_id=a.id)
+    held = put_entry(store, range(1700), parent_id=a_root.id, holds=[d.id])
+    put_entry(store, range(2000), parent_id=held.id)  # a later turn's, extending it
+    chat = store.create_chat("A and D", [a.id, d.id])
+    writer = store.write_entry("model-a", range(1800), levels=["raw"], parent_id=a_root.id,
+                               chat_id=chat.id, holds=[a.id, d.id])
+    store.delete_document(d.id)
+    assert [e.id for e in store.entries()] == [a_root.id]
+    with pytest.raises(NotFoundError, match="removed while being written"):
+        writer.put_chunk(writer.spans[0].chunk_index, "raw", b"kv")
+    with pytest.raises(NotFoundError, match="document .* was deleted"):
+        store.write_entry("model-a", range(1900), levels=["raw"], parent_id=a_root.id,
+                          holds=[a.id, d.id])
+    assert count(store, "kv_entry_documents") == 0
+    assert orphans(store) == {}
+
+
 def test_deleting_a_chat_removes_messages_links_and_its_caches(store):
     document = store.add_document("a", "A", "alpha", type="txt")
     chat = store.create_chat("chat", [document.id])

@@ -214,7 +214,9 @@ def test_m011_drops_the_prompt_caches_and_what_extends_them_and_keeps_the_rest(t
         put_entry(store, range(500, 900), parent_id=prompt.id)
     conn = sqlite3.connect(tmp_path / "kvdesk.sqlite")
     with conn:  # (as a store of version 10 is)
-        conn.execute("DELETE FROM migrations WHERE name = 'm011_prompt_caches'")
+        conn.execute("DELETE FROM migrations WHERE name IN ('m011_prompt_caches',"
+                     " 'm012_entry_documents')")
+        conn.execute("DROP TABLE kv_entry_documents")
         conn.execute("PRAGMA user_version = 10")
     conn.close()
     with open_store(tmp_path) as store:

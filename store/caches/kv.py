@@ -84,12 +84,15 @@ def create_pending(
     calibration: str | None = None,
     passage: bool = False,
     passage_hash: str | None = None,
+    holds: Iterable[int] = (),
 ) -> int:
     """Insert an incomplete entry and its spans for `tokens` (the whole prefix); return its id.
 
     `window_start`: the entry also has a window, the positions [window_start, len(tokens)).
     `passage`: it is the KV of a passage of `document_id`, not that document's prefix, whose
-    text has the `passage_hash` (store.documents.passagekv).
+    text has the `passage_hash` (store.documents.passagekv). `holds`: the documents whose KV
+    it holds beyond its parent's, each still stored (NotFoundError: the KV of a deleted
+    document is never stored); deleting one of them deletes the entry.
     """
     if chunk_size <= 0 or not levels or len(set(levels)) != len(levels):
         raise ValueError("an entry needs a positive chunk size and distinct level names")
@@ -103,6 +106,11 @@ def create_pending(
         start = parent.token_end
     if n_tokens <= start:
         raise ValueError("nothing to store: the tokens do not extend past the parent entry")
+    holds = sorted(set(holds))
+    found = {d for (d,) in conn.execute(
+        f"SELECT id FROM documents WHERE id IN ({','.join('?' * len(holds))})", holds)}
+    if gone := [d for d in holds if d not in found]:
+        raise NotFoundError(f"document {gone[0]} was deleted: no cache of its KV is stored")
     if window_start is not None and not 0 <= window_start < n_tokens:
         raise ValueError(f"a window from token {window_start} does not end at {n_tokens}")
     spans = chunk_spans(start, n_tokens, chunk_size)
@@ -134,6 +142,8 @@ def create_pending(
     conn.executemany(
         "INSERT INTO kv_spans (entry_id, chunk_index, token_start, token_end, prefix_hash,"
         " window_part) VALUES (?, ?, ?, ?, ?, ?)", rows)
+    conn.executemany("INSERT INTO kv_entry_documents VALUES (?, ?)",
+                     [(entry_id, d) for d in holds])
     return entry_id
 
 
@@ -163,6 +173,8 @@ def complete(conn: sqlite3.Connection, entry_id: int, now: float) -> int:
         (*identity, chunk_size),
     ).fetchone()
     if same is not None:
+        conn.execute("INSERT OR IGNORE INTO kv_entry_documents SELECT ?, document_id"
+                     " FROM kv_entry_documents WHERE entry_id = ?", (same[0], entry_id))
         conn.execute("DELETE FROM kv_entries WHERE id = ?", (entry_id,))
         return same[0]
     conn.execute("UPDATE kv_entries SET complete = 1, nbytes = ?, last_used = ? WHERE id = ?",
