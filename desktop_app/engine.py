@@ -134,7 +134,7 @@ class Engine:
         self.completions = Completions(self.session, min_cache_tokens=min_cache_tokens)
         self.exactness = Exactness(
             self.contexts, kv, chat_lock=self.session.lock, attach_lock=self.attacher.lock,
-            conversation=self.session.conversation,
+            conversation=self.session.conversation, documents=self.library.chat_documents,
             first_document=self.session.longdocs.first_document,
             on_exact=self.session.exact_stored)
         # Work after a call returns, in long-running processes only (`background`).

@@ -156,6 +156,37 @@ def test_an_exact_pass_over_a_document_deleted_meanwhile_computes_the_chat_as_it
     assert all(e.token_end <= len(tokens) for e in engine.store.entries() if e.chat_id == chat)
 
 
+def test_a_document_deleted_as_a_cache_holding_it_is_stored_is_in_no_entry(engine):
+    """Deleted after the exact pass last read the chat, as it stores it: the chat is computed
+    as it is now. Deleted during an answer: that turn's cache is not stored, and says why."""
+    store_chat, deleted = engine.session.kv.store_chat, []
+
+    def delete_then_store(*args, **kw):
+        if not deleted:
+            deleted.append(engine.doc_ids[1])
+            engine.delete_document(engine.doc_ids[1])
+        return store_chat(*args, **kw)
+
+    engine.session.kv.store_chat = delete_then_store
+    chat = ask(engine, doc_ids=engine.doc_ids).chat_id
+    assert engine.exactness.idle.wait(300) and deleted
+    _, tokens, _ = engine.session.conversation(engine.runtime, chat)
+    assert engine.store.longest_prefix(engine.fingerprint, tokens, touch=False).n_tokens == \
+        len(tokens)
+    assert all(e.token_end <= len(tokens) for e in engine.store.entries() if e.chat_id == chat)
+
+    def delete_last(_):
+        if len(deleted) == 1:
+            deleted.append(engine.doc_ids[2])
+            engine.delete_document(engine.doc_ids[2])
+
+    again = ask(engine, chat_id=chat, on_token=delete_last)
+    assert again.answer and len(deleted) == 2
+    assert f"this turn's cache is not stored: document {deleted[1]} is deleted" in \
+        again.messages
+    assert not [e for e in engine.store.entries() if e.chat_id == chat]
+
+
 def test_a_later_documents_keys_are_turned_to_their_place_in_the_chat(engine):
     """The first layer's keys depend only on each token and its position: a blended prefix
     read losslessly holds them as a prefill of the same tokens does, at every position (each

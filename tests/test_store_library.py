@@ -118,7 +118,7 @@ def test_an_entry_holding_a_document_goes_with_it_and_is_never_written_after_it(
     assert [e.id for e in store.entries()] == [a_root.id]
     with pytest.raises(NotFoundError, match="removed while being written"):
         writer.put_chunk(writer.spans[0].chunk_index, "raw", b"kv")
-    with pytest.raises(NotFoundError, match="document .* was deleted"):
+    with pytest.raises(NotFoundError, match="document .* is deleted"):
         store.write_entry("model-a", range(1900), levels=["raw"], parent_id=a_root.id,
                           holds=[a.id, d.id])
     assert count(store, "kv_entry_documents") == 0

@@ -236,13 +236,16 @@ class Completions:
             if on_answered:
                 on_answered(result)
             # A blended prompt (a long document's passages) is approximate: never stored.
-            stored, said = self._store(rt, turn, text) if kept and not s.blended else (False, [])
+            stored, said = (self._store(rt, turn, text, documents) if kept and not s.blended
+                            else (False, []))
             return replace(result, stored=stored, messages=[*result.messages, *said])
 
-    def _store(self, rt, turn: Turn, text: str) -> tuple[bool, list[str]]:
-        """Keep the conversation's KV (answer and the template's closing of it included),
-        when it extends a stored prefix or is long enough to be worth it on its own; whether
-        it is kept, and what it evicted or a full disk, said."""
+    def _store(self, rt, turn: Turn, text: str, documents: Sequence[int]
+               ) -> tuple[bool, list[str]]:
+        """Keep the conversation's KV (answer and the template's closing of it included) over
+        `documents`, when it extends a stored prefix or is long enough to be worth it on its
+        own; whether it is kept, and what it evicted, a full disk or a document deleted
+        meanwhile, said."""
         s = self.session
         prefix = s.store.longest_prefix(rt.fingerprint, turn.tokens, touch=False)
         if prefix.n_tokens == 0 and len(turn.tokens) < self.min_cache_tokens:
@@ -251,7 +254,7 @@ class Completions:
         suffix_tokens = rt.tokenize(suffix) if suffix else []
         if suffix_tokens and rt.n_tokens + len(suffix_tokens) <= rt.n_ctx:
             rt.prefill(suffix_tokens)
-        return s.kv.keep_prefix(rt, rt.tokens, s.decoded_until)
+        return s.kv.keep_prefix(rt, rt.tokens, s.decoded_until, holds=documents)
 
 
 class StopStrings:

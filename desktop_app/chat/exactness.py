@@ -23,6 +23,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from store import NotFoundError
+
 from ..kv.contexts import ATTACH, Contexts
 from ..kv.kvcache import KVCache
 from ..model.runtime import PREFILL_SLICE
@@ -41,13 +43,14 @@ class Exactness(Background):
     what = "exact pass of chat"
 
     def __init__(self, contexts: Contexts, kv: KVCache, *, chat_lock: FairLock,
-                 attach_lock: threading.RLock, conversation: Callable,
+                 attach_lock: threading.RLock, conversation: Callable, documents: Callable,
                  first_document: Callable, on_exact: Callable[[int], None]):
         super().__init__(chat_lock)
         self.contexts = contexts
         self.kv = kv
         self.attach_lock = attach_lock  # the attach context is shared with attaching
         self.conversation = conversation  # (runtime, chat id) -> (messages, tokens, notes)
+        self.documents = documents  # chat id -> its documents
         self.first_document = first_document  # (runtime, chat id) -> what its entry extends
         self.on_exact = on_exact
         self._stored: set[int] = set()  # chats whose exact context a pass stored
@@ -79,15 +82,23 @@ class Exactness(Background):
                 tokens: list[int] | None = None
                 # A turn asked meanwhile extends the context computed: it is stored, and the
                 # next turn starts from it. Passages changed by a follow-up, a document of the
-                # chat deleted or a turn replaced make it no longer the start of the chat's:
-                # the chat's context as it is now is computed instead.
+                # chat deleted (before or while it is stored) or a turn replaced make it no
+                # longer the start of the chat's: the chat's context as it is now is computed
+                # instead. Its documents are read before its tokens: none deleted since is in
+                # them, and the store refuses an entry holding one deleted (NotFoundError).
                 while True:
+                    docs = [d.id for d in self.documents(chat_id)]
                     now = self.conversation(rt, chat_id)[1]
                     if tokens is not None and now[:len(tokens)] == tokens:
-                        break
+                        try:
+                            kept = self.kv.store_chat(rt, chat_id, tokens, self.first_document(
+                                rt, chat_id), holds=docs)
+                            break
+                        except NotFoundError:
+                            if [d.id for d in self.documents(chat_id)] == docs:
+                                raise  # (not a document deleted: a chat deleted, or a bug)
                     tokens = now
                     self._compute(rt, chat_id, tokens)
-                kept = self.kv.store_chat(rt, chat_id, tokens, self.first_document(rt, chat_id))
             finally:
                 rt.reset()
                 with self._guard:

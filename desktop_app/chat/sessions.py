@@ -293,14 +293,14 @@ class ChatSession:
         self.library.chat(chat_id)
         with self.lock:
             self.contexts.warm_up()  # its kernels load while the model does
-            rt = self.runtime
+            rt, docs = self.runtime, self.library.chat_documents(chat_id)  # (before its tokens)
             _, tokens, notes = self.conversation(rt, chat_id)
             # An explicit reopen always restores: it is how a restore is asked for and timed.
             report = self.bring_in(rt, chat_id, tokens, options=restore, progress=progress,
-                                   cancel=cancel, reuse=False,
-                                   docs=self.library.chat_documents(chat_id))
+                                   cancel=cancel, reuse=False, docs=docs)
             kept, kept_notes = self.sharing.keep()
-            kept_notes += self._keep(rt, chat_id, tokens, kept and report.recomputed_tokens > 0)
+            kept_notes += self._keep(rt, chat_id, tokens, kept and report.recomputed_tokens > 0,
+                                     docs)
             return replace(report, messages=[*notes, *report.messages, *kept_notes])
 
     def prepare(self, draft: str, *, chat_id: int | None = None, doc_ids: Sequence[int] = (),
@@ -415,7 +415,7 @@ class ChatSession:
                 model=rt.fingerprint, question_tokens=turn.tokens, answer_tokens=answer_tokens)
             if new:
                 self.longdocs.adopt(chat_id)
-            not_kept = self._keep(rt, chat_id, context + turn.tokens + answer_tokens, kept)
+            not_kept = self._keep(rt, chat_id, context + turn.tokens + answer_tokens, kept, docs)
             return replace(result, chat_id=chat_id, messages=[*result.messages, *not_kept])
 
     def regenerate(self, chat_id: int, **options) -> AskResult:
@@ -439,12 +439,12 @@ class ChatSession:
         return ([self.library.document(d) for d in doc_ids] if chat_id is None
                 else self.library.chat_documents(chat_id))
 
-    def _keep(self, rt: Runtime, chat_id: int, tokens: list[int], store: bool) -> list[str]:
-        """Store the chat's KV, when asked to and the context holds it exactly (a blended one:
-        the exact one is computed in the background). What it evicted or a full disk, said."""
+    def _keep(self, rt: Runtime, chat_id: int, tokens: list[int], store: bool, docs) -> list[str]:
+        """Store the chat's KV over `docs` (read before its tokens), if asked and held exactly
+        (a blended one: made exact in the background). What stopped or evicted for it, said."""
         if self._blended_at is not None:
             self.request_exact(chat_id)
         elif store:
             return self.kv.keep_chat(rt, chat_id, tokens, self.longdocs.first_document(
-                rt, chat_id), self.decoded_until)
+                rt, chat_id), self.decoded_until, [d.id for d in docs])
         return []

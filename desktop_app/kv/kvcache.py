@@ -77,6 +77,7 @@ class KVCache:
         evict: bool = True,
         evicted: list[dict] | None = None,
         decoded_until: int = 0,
+        holds: Sequence[int] = (),
     ) -> int | None:
         """Encode and store the KV of `tokens` (the context's first tokens) beyond what is
         already stored for them; returns the id of the entry that ends at len(tokens), or
@@ -86,7 +87,9 @@ class KVCache:
         Not to `evict` other KV, one that does not fit the storage budget is not kept
         (store.BudgetFullError); else the caches it evicted are added to `evicted`.
         `passage`: the text of the passage of `document_id` the tokens are (`passagekv`), not
-        its prefix."""
+        its prefix. `holds`: the documents whose KV the tokens hold, read before the tokens
+        were: the entry goes with any of them, and is not stored if one is gone already
+        (store.NotFoundError)."""
         levels = tuple(levels or self.levels)
         match = self.store.longest_prefix(rt.fingerprint, tokens, touch=False)
         if match.n_tokens == len(tokens) and match.entries:
@@ -106,14 +109,14 @@ class KVCache:
         return self._write(rt, tokens, levels, parent.id if parent else None,
                            document_id=document_id, chat_id=chat_id, progress=progress,
                            cancel=cancel, title=title, passage=passage, evict=evict,
-                           evicted=evicted)
+                           evicted=evicted, holds=holds)
 
     def _write(self, rt: Runtime, tokens: Sequence[int], levels: tuple[str, ...],
                parent_id: int | None, *, document_id: int | None = None,
                chat_id: int | None = None, progress: Callable[[Progress], None] | None = None,
                cancel: threading.Event | None = None, title: str = "",
                passage: str | None = None, evict: bool = True,
-               evicted: list[dict] | None = None) -> int | None:
+               evicted: list[dict] | None = None, holds: Sequence[int] = ()) -> int | None:
         """`store_prefix`'s entry for `tokens` beyond entry `parent_id`'s: encoded, written."""
         seq = rt.capture()
         kv = in_position_order(seq.sections[0])
@@ -135,7 +138,8 @@ class KVCache:
             chunk_size=self.chunk_tokens, document_id=document_id, chat_id=chat_id,
             window_start=None if window is None else int(window.positions[0]),
             calibration=None if cal is None else cal.id, passage=passage is not None,
-            passage_hash=None if passage is None else text_hash(passage), evict=evict)
+            passage_hash=None if passage is None else text_hash(passage), evict=evict,
+            holds=holds)
         # Each chunk or window part: the KV it is cut from, that KV's first position, and its
         # calibration part (the cache section it comes from).
         parts = [(span, kv, 0, 0) for span in writer.spans]
@@ -165,37 +169,42 @@ class KVCache:
 
     def store_chat(self, rt: Runtime, chat_id: int, tokens: Sequence[int],
                    first_document: tuple[int, Sequence[int]] | None,
-                   evicted: list[dict] | None = None, decoded_until: int = 0) -> bool:
+                   evicted: list[dict] | None = None, decoded_until: int = 0,
+                   holds: Sequence[int] = ()) -> bool:
         """Store a chat's KV after a turn or a recompute, as an extension of its first
         document's entry: (document id, its prefix tokens), stored first if it is not
-        (evicted, or made under another model). Whether it is kept: the storage budget evicts
+        (evicted, or made under another model). `holds`: the chat's documents, read before its
+        tokens were (`store_prefix`). Whether it is kept: the storage budget evicts
         even the entry just written when it alone is larger, and what came back lossy is not
         stored again (`store_prefix`). What it evicted: in `evicted`."""
         if first_document is not None:
             doc_id, prefix = first_document
             if self.store.document_entry(doc_id, rt.fingerprint) is None:
                 self.store_prefix(rt, prefix, document_id=doc_id, evicted=evicted,
-                                  decoded_until=decoded_until)
+                                  decoded_until=decoded_until, holds=(doc_id,))
         self.store_prefix(rt, tokens, chat_id=chat_id, evicted=evicted,
-                          decoded_until=decoded_until)
+                          decoded_until=decoded_until, holds=holds)
         return self.store.longest_prefix(rt.fingerprint, tokens, touch=False).n_tokens == len(
             tokens)
 
     def keep_chat(self, rt: Runtime, chat_id: int, tokens: Sequence[int],
                   first_document: tuple[int, Sequence[int]] | None,
-                  decoded_until: int = 0) -> list[str]:
+                  decoded_until: int = 0, holds: Sequence[int] = ()) -> list[str]:
         """`store_chat`, and what the user should know of it: the caches it evicted, or that
-        a full disk kept it from storing (the chat's messages are stored already)."""
+        a full disk or a document deleted meanwhile kept it from storing (the chat's messages
+        are stored already)."""
         return self._kept(lambda evicted: self.store_chat(
-            rt, chat_id, tokens, first_document, evicted, decoded_until), "this turn's cache")[1]
+            rt, chat_id, tokens, first_document, evicted, decoded_until, holds),
+            "this turn's cache")[1]
 
-    def keep_prefix(self, rt: Runtime, tokens: Sequence[int], decoded_until: int = 0
-                    ) -> tuple[bool, list[str]]:
-        """`store_prefix` of a conversation not kept as a chat (the local API's): whether it is
-        kept, and what the user should know of it, as `keep_chat` says."""
+    def keep_prefix(self, rt: Runtime, tokens: Sequence[int], decoded_until: int = 0,
+                    holds: Sequence[int] = ()) -> tuple[bool, list[str]]:
+        """`store_prefix` of a conversation not kept as a chat (the local API's), holding the
+        documents `holds`: whether it is kept, and what the user should know of it, as
+        `keep_chat` says."""
         stored: list[int | None] = []
         kept, said = self._kept(lambda evicted: stored.append(self.store_prefix(
-            rt, tokens, evicted=evicted, decoded_until=decoded_until)),
+            rt, tokens, evicted=evicted, decoded_until=decoded_until, holds=holds)),
             "this conversation's cache")
         return kept and stored != [None], said
 
@@ -204,7 +213,7 @@ class KVCache:
         evicted: list[dict] = []
         try:
             store(evicted)
-        except DiskFullError as e:  # the answer stands; its cache is not kept
+        except (DiskFullError, NotFoundError) as e:  # the answer stands; its cache is not kept
             log.warning("%s is not stored: %s", what, e)
             return False, [f"{what} is not stored: {e}"]
         return not any(c.get("too_large") for c in evicted), self.eviction_notes(evicted)

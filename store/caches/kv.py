@@ -110,7 +110,7 @@ def create_pending(
     found = {d for (d,) in conn.execute(
         f"SELECT id FROM documents WHERE id IN ({','.join('?' * len(holds))})", holds)}
     if gone := [d for d in holds if d not in found]:
-        raise NotFoundError(f"document {gone[0]} was deleted: no cache of its KV is stored")
+        raise NotFoundError(f"document {gone[0]} is deleted")
     if window_start is not None and not 0 <= window_start < n_tokens:
         raise ValueError(f"a window from token {window_start} does not end at {n_tokens}")
     spans = chunk_spans(start, n_tokens, chunk_size)
