@@ -187,6 +187,20 @@ def test_a_document_deleted_as_a_cache_holding_it_is_stored_is_in_no_entry(engin
     assert not [e for e in engine.store.entries() if e.chat_id == chat]
 
 
+def test_an_api_conversation_over_a_deleted_document_leaves_no_cache(engine):
+    """Computed exactly (never blended), a local API conversation over [A, B] is stored as an
+    entry extending A's that names no chat: deleting B deletes it."""
+    engine.session.blend_fraction = 1
+    done = engine.complete([{"role": "user", "content": QUESTION}], documents=engine.doc_ids[:2],
+                           generation=GREEDY)
+    assert done.stored
+    roots = {d: engine.store.document_entry(d, engine.fingerprint).id for d in engine.doc_ids}
+    assert {e.id for e in engine.store.entries()} > set(roots.values())
+    engine.delete_document(engine.doc_ids[1])
+    assert {e.id for e in engine.store.entries()} == {roots[engine.doc_ids[0]],
+                                                      roots[engine.doc_ids[2]]}
+
+
 def test_a_later_documents_keys_are_turned_to_their_place_in_the_chat(engine):
     """The first layer's keys depend only on each token and its position: a blended prefix
     read losslessly holds them as a prefill of the same tokens does, at every position (each
