@@ -1,11 +1,15 @@
-"""The sidebar's chat list on its own: what a chat's row shows and what its menu hands on."""
+"""The sidebar on its own: what a chat's row shows and what its menu hands on; how the
+documents' check boxes look."""
 
 from __future__ import annotations
 
-from PySide6.QtWidgets import QMenu
+import pytest
+from PySide6.QtGui import QColor
+from PySide6.QtWidgets import QApplication, QMenu, QStyle
 
-from desktop_app.results import ChatInfo
-from ui.sidebar import ChatList
+from desktop_app.results import ChatInfo, DocumentInfo
+from ui import theme
+from ui.sidebar import ChatList, DocumentList
 
 
 class RenameAtOnce(QMenu):
@@ -37,3 +41,34 @@ def test_a_blended_chat_shows_its_mark_beside_a_long_title_and_renames_from_the_
     with qtbot.waitSignal(chat_list.rename_requested) as renamed:
         chat_list._menu(chat_list.tree.visualItemRect(item).center())
     assert renamed.args == [1, title]
+
+
+@pytest.mark.parametrize("look", ["dark", "light"])
+def test_an_unticked_document_shows_its_check_box_in_either_theme(qtbot, look):
+    app = QApplication.instance()
+    theme.apply(app, look)
+    try:
+        docs = DocumentList()
+        qtbot.addWidget(docs)
+        docs.resize(260, 300)
+        docs.set_documents([DocumentInfo(n, f"doc{n}.md", "md", 100, 100, {}, "ready", 0.0)
+                            for n in (1, 2)], checked={1})
+        docs.show()
+        qtbot.waitExposed(docs)
+        image = docs.list.viewport().grab().toImage()
+        base = docs.list.palette().color(docs.list.viewport().backgroundRole())
+        box = docs.style().pixelMetric(QStyle.PixelMetric.PM_IndicatorWidth)
+
+        def contrast(row: int) -> int:
+            """The largest difference from the list's background in the row's indicator."""
+            rect = docs.list.visualItemRect(docs.list.item(row))
+            return max(max(abs(a - b) for a, b in zip(
+                QColor(image.pixel(x, y)).getRgb()[:3], base.getRgb()[:3], strict=True))
+                for x in range(rect.left(), rect.left() + box + 6)
+                for y in range(rect.top(), rect.bottom()))
+
+        assert docs.checked_ids() == [1]
+        assert contrast(0) >= 60  # ticked: its mark
+        assert contrast(1) >= 60, "the unticked document's check box cannot be seen"
+    finally:
+        theme.apply(app, "light")

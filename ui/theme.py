@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QGuiApplication, QPalette
-from PySide6.QtWidgets import QApplication
+from PySide6.QtWidgets import QApplication, QProxyStyle, QStyle, QStyleFactory
 
 from .markdown import DARK, LIGHT, Colors
 
@@ -49,6 +49,29 @@ _LIGHT_ROLES = {
 }
 
 
+# Fusion outlines a check box or radio button in the window colour darkened, which on the dark
+# base is the base itself: an unticked box vanished. Indicators are outlined from this instead.
+_DARK_INDICATOR_WINDOW = "#a4acb5"
+_INDICATORS = (QStyle.PrimitiveElement.PE_IndicatorCheckBox,
+               QStyle.PrimitiveElement.PE_IndicatorRadioButton)
+
+
+class _Style(QProxyStyle):
+    """Fusion, with indicators whose outline shows on the dark palette too."""
+
+    def __init__(self, mode: str):
+        super().__init__(QStyleFactory.create("Fusion"))
+        self.mode = mode
+
+    def drawPrimitive(self, element, option, painter, widget=None):  # noqa: N802 (Qt's name)
+        if self.mode == "dark" and element in _INDICATORS:
+            option = type(option)(option)
+            palette = QPalette(option.palette)
+            palette.setColor(QPalette.ColorRole.Window, QColor(_DARK_INDICATOR_WINDOW))
+            option.palette = palette
+        super().drawPrimitive(element, option, painter, widget)
+
+
 def resolve(theme: str) -> str:
     """"light" or "dark": what `theme` ("system", "light" or "dark") means here and now."""
     if theme != "system":
@@ -60,7 +83,7 @@ def resolve(theme: str) -> str:
 def apply(app: QApplication, theme: str) -> Colors:
     """Paint the whole application in `theme`; returns the matching message colours."""
     mode = resolve(theme)
-    app.setStyle("Fusion")
+    app.setStyle(_Style(mode))
     palette = QPalette()
     for role, color in (_DARK_ROLES if mode == "dark" else _LIGHT_ROLES).items():
         palette.setColor(role, QColor(color))
