@@ -239,6 +239,11 @@ def test_cli_remote_status_push_pull(machine_a, aws_env, tmp_path, s3_server):
     assert rc == 0 and status["reachable"] and status["bucket"] == tier.config.bucket
     assert status["local_entries"] >= 1 and status["only_local"] == 0
     assert s3_server.secret_key not in out + err
+    lazy = {**shared, "KVDESK_DATA_DIR": str(tmp_path / "lazy")}
+    rc, out, err = kvdesk("remote", "pull", "--lazy", env=lazy)
+    assert rc == 0 and "its cache streams when first used" in out, err
+    rc, out, err = kvdesk("docs", env=lazy)
+    assert rc == 0 and "no cache here (a question streams the shared cache's), 0.0 MB" in out, err
     rc, out, err = kvdesk("remote", "verify", "--json", env=shared)
     checked = json.loads(out)
     assert rc == 0 and checked["checked"] >= 1 and checked["objects"] and not checked["damaged"]

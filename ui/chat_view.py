@@ -53,6 +53,7 @@ class ChatView(QTextBrowser):
         self._stream_at = 0  # where the streaming answer starts in the document
         self._open_source: tuple[int, int] | None = None  # (message, source) shown in full
         self.doc_titles: dict[int, str] = {}  # names a source's document among several
+        self.chat_docs: tuple[int, ...] = ()  # the documents of the chat shown
         # Whether the view follows the end of the page as it grows: the user is at the end
         # (or has just opened the chat), not reading further up; else where they read is
         # kept. The page is laid out after setHtml returns, a piece at a time, so both are
@@ -71,9 +72,19 @@ class ChatView(QTextBrowser):
         """The attached documents' titles, which sources over several documents name."""
         if titles != self.doc_titles:
             self.doc_titles = titles
-            if self._streaming is None and any((m.stats or {}).get("sources")
-                                                for m in self._messages):
-                self.set_messages(self._messages, dict(self._notes))
+            self._sources_changed()
+
+    def set_chat_documents(self, doc_ids) -> None:
+        """The documents the chat shown is about: over several, each source names its own,
+        whichever documents an answer's sources come from."""
+        if tuple(doc_ids) != self.chat_docs:
+            self.chat_docs = tuple(doc_ids)
+            self._sources_changed()
+
+    def _sources_changed(self) -> None:
+        if self._streaming is None and any((m.stats or {}).get("sources")
+                                            for m in self._messages):
+            self.set_messages(self._messages, dict(self._notes))
 
     def set_colors(self, colors: Colors) -> None:
         self.colors = colors
@@ -182,7 +193,7 @@ class ChatView(QTextBrowser):
         if not sources and not wholes:
             return ""
         c = self.colors
-        several = bool(wholes) or len({s.document_id for s in sources}) > 1
+        several = bool(wholes) or len({*self.chat_docs, *(s.document_id for s in sources)}) > 1
 
         def where(s: Source) -> str:
             title = self.doc_titles.get(s.document_id, f"document {s.document_id}")

@@ -325,6 +325,9 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, CodecMixin, QMainWin
             title, doc_ids = "New chat", self.doc_list.checked_ids()
         else:
             title, doc_ids = (chat.title, chat.doc_ids) if chat else ("", [])
+        # (a chat just created, not listed yet, is about the documents still ticked)
+        self.chat_view.set_chat_documents(
+            doc_ids if chat or self.chat_id is None else self.doc_list.checked_ids())
         about = ", ".join(titles.get(d, f"document {d} (deleted)") for d in doc_ids)
         hint = (" — tick documents on the left to ask about them"
                 if self.chat_id is None and not doc_ids else "")

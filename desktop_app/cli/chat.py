@@ -320,13 +320,16 @@ def docs(app: App, as_json: bool):
     """List attached documents and their caches."""
     only_reading(app)
     rows = app.engine.documents()
+    # (not cached here: a question streams it from the shared cache when that holds it)
+    none = "no cache here" + (" (a question streams the shared cache's)"
+                              if app.engine.sharing.auto_pull else "")
     emit([d.as_dict() for d in rows], as_json, [
         f"[{d.doc_id}] {d.title} — {counted(d.tokens, 'token')}"
         + (f" ({d.kept_tokens:,} kept)" if d.status == "ready" and d.kept_tokens < d.tokens
            else "")
         + (f", {d.passages:,} passages ({d.passages_cached:,} with their KV)"
            if d.passages else "")
-        + ("" if d.status == "passages" else f", {d.status}")
+        + ("" if d.status == "passages" else f", {none if d.status == 'none' else d.status}")
         + f", {sum(d.cache_bytes.values()) / 1e6:.1f} MB cached"
         + (f", {d.damaged_chunks} damaged chunks (kvdesk verify --repair)"
            if d.damaged_chunks else "")
