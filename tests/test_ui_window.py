@@ -683,6 +683,23 @@ def test_a_source_is_shown_in_its_document(qtbot, window, engine):
     view.close()
 
 
+def test_a_chat_over_several_documents_names_each_sources_document(qtbot, window, engine):
+    """As `kvdesk ask` and the exports do: its passages all from one of them, still named."""
+    chats = {c.title: c for c in engine.chats()}
+    titles = {d.doc_id: d.title for d in engine.documents()}
+    for name in ("Compare the two documents", "What is multi-head attention?"):
+        chat = chats[name]
+        source = {"passage_id": 1, "document_id": chat.doc_ids[0], "index": 4, "score": 1.0,
+                  "text": "A passage.", "lines": [40, 44], "heading": []}
+        engine._add_message(chat, "user", "Where?", chat.updated)
+        engine._add_message(chat, "assistant", "There.", chat.updated, {"sources": [source]})
+        with qtbot.waitSignal(window.messages_loaded, timeout=5000):
+            window.open_chat(chat.chat_id)
+        qtbot.waitUntil(lambda: "Sources:" in window.chat_view.toPlainText())
+        named = f"[1] {titles[chat.doc_ids[0]]}, lines 40-44" in window.chat_view.toPlainText()
+        assert named == (len(chat.doc_ids) > 1), window.chat_view.toPlainText()
+
+
 def test_a_damaged_store_is_said_as_soon_as_the_window_opens(qtbot):
     damaged = FakeEngine(step_s=0.002, token_s=0.001).seed()
     damaged.damage = "the store X is damaged (table chats: ...)"
