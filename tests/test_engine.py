@@ -5,9 +5,11 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
+import types
 
 import pytest
 
+from desktop_app.chat import attaching
 from desktop_app.chat.documents import DocumentError
 from desktop_app.engine import Engine
 from desktop_app.errors import Cancelled, EngineError
@@ -316,22 +318,27 @@ def test_cancelled_attach_keeps_nothing(new_engine, tmp_path):
     assert eng.store.verify()["chunks"] == 0
 
 
-def test_a_slow_shared_cache_is_not_counted_as_the_prefills_time(new_engine, tmp_path):
+def test_a_slow_shared_cache_is_not_counted_as_the_prefills_time(new_engine, tmp_path,
+                                                                 monkeypatch):
     """(A shared cache that hangs until its timeout made a 379-token prefill '33 s', and the
-    prefill speed measured from it, which plans restores, 10x too slow.)"""
+    prefill speed measured from it, which plans restores, 10x too slow.) The hang is an hour
+    on attach's clock, so that no load on the machine can blur it."""
     eng = new_engine()
-    pull = eng.attacher.sharing.pull_for_attach
+    pull, hung = eng.attacher.sharing.pull_for_attach, []
+    # (attach's own `time`: the process's clock is left alone)
+    monkeypatch.setattr(attaching, "time", types.SimpleNamespace(
+        perf_counter=lambda: time.perf_counter() + 3600 * len(hung)))
 
     def slow(*args, **kw):
-        time.sleep(3)
+        hung.append(True)
         return pull(*args, **kw)
 
     eng.attacher.sharing.pull_for_attach = slow
     path = tmp_path / "short.txt"
     path.write_text(DOC)
     attached = eng.attach(path)
-    assert attached.prefill_s < 3
-    assert eng.speeds.prefill_tps > attached.kept_tokens / 3
+    assert hung and attached.prefill_s < 3600
+    assert eng.speeds.prefill_tps > attached.kept_tokens / 3600
 
 
 def test_bad_input(engine, tmp_path):
