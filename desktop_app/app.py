@@ -74,6 +74,8 @@ class App:
             own = [("default", models.default_model_path())]
         except models.ModelNotFoundError:
             own = []
+        for notice in self.settings.notices():  # (a folder not there now: said, kept)
+            log.warning("Warning: %s", notice)
         return discover(self.settings.model_folders, own=own, memo_dir=self.state_dir)
 
     @cached_property

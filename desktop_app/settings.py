@@ -16,6 +16,11 @@ same fields and ranges as `kvdesk ask`'s flags); a value left unset (null) comes
 file's recommendation or kvdesk's defaults (`sampling.resolve`), so a settings file written
 today does not pin tomorrow's defaults.
 
+What no front end can use is refused here, for every one of them: a data folder that is not an
+absolute path or that this user cannot write (where it is, or would be made), a model folder
+that is not an absolute path, Ollama's port on the local API's. A model folder that does not
+exist is kept (a removable drive, a share not mounted) and told of (`Settings.notices`).
+
 This module never loads a model and never opens the store.
 """
 
@@ -68,6 +73,24 @@ class SettingsError(InvalidValue):
         ValueError.__init__(self, message)
         self.key = key
         self.reason = message
+
+
+RELATIVE = "should be an absolute path (a relative one means another folder for each folder " \
+    "kvdesk is started from)"
+
+
+def _unwritable(path: Path) -> str | None:
+    """Why kvdesk could not keep its data in folder `path` (absolute), or None. It need not
+    exist yet (it is made when first written): then the nearest folder above it must let it."""
+    there = path
+    while not there.exists() and there != there.parent:
+        there = there.parent
+    if there.exists() and not there.is_dir():
+        return f"{there} is a file, not a folder (the data folder holds kvdesk's store)"
+    if not os.access(there, os.W_OK | os.X_OK):
+        return (f"cannot be written (by this user, in {there})" if there != path
+                else "cannot be written by this user")
+    return None
 
 
 def config_dir() -> Path:
@@ -131,6 +154,43 @@ class Settings(UserValues):
     @property
     def data_path(self) -> Path:
         return Path(self.data_dir or platformdirs.user_data_dir(APP_NAME)).expanduser()
+
+    @pydantic.field_validator("data_dir")
+    @classmethod
+    def _data_dir(cls, value: str | None) -> str | None:
+        if value:  # ("" as unset: the default folder)
+            path = Path(value).expanduser()
+            if not path.is_absolute():
+                raise ValueError(RELATIVE)
+            if problem := _unwritable(path):
+                raise ValueError(problem)
+        return value
+
+    @pydantic.field_validator("model_folders")
+    @classmethod
+    def _model_folders(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        # (one that does not exist is allowed, and told of: `notices`)
+        if any(not Path(f).expanduser().is_absolute() for f in value):
+            raise ValueError(RELATIVE)
+        return value
+
+    @pydantic.field_validator("ollama_port")
+    @classmethod
+    def _ollama_port(cls, value: int | None, info: pydantic.ValidationInfo) -> int | None:
+        port = info.data.get("server_port")  # (checked before it: declared first)
+        if value and value == port:
+            raise ValueError(f"should differ from server_port ({port}): two servers cannot "
+                             "listen on one port (Ollama's API is served under /api on "
+                             "server_port anyway)")
+        return value
+
+    def notices(self) -> list[InvalidValue]:
+        """What these settings allow but a user should be told of (never raised): a model
+        folder that is not there now (a removable drive, a network share not mounted) is
+        kept, and its models are listed again once it is back."""
+        return [InvalidValue("model_folders", f"{f} is not a folder on this computer now: "
+                             "its models are listed once it is back")
+                for f in self.model_folders if not Path(f).expanduser().is_dir()]
 
     @pydantic.field_validator("remote_bucket")
     @classmethod

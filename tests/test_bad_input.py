@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -110,3 +112,47 @@ def test_any_global_and_gc_options(capsys, fake_engine, tmp_path, n_ctx, budget_
     check_outcome(code, out, err, True)
     if code == 0:
         assert 256 <= int(n_ctx) <= 1 << 20 and 0 <= float(budget_gb) <= 1e6
+
+
+def test_a_data_folder_or_ports_the_settings_refuse_are_refused_on_every_path(
+        capsys, caplog, monkeypatch, tmp_path):
+    """The settings file, the environment, the command line: each says the same rule, with
+    the value, in one `Error:` line (exit 1); the window's dialog says it too (its tests)."""
+    (tmp_path / "file").write_text("x")
+    unwritable = tmp_path / "locked"
+    unwritable.mkdir(mode=0o555)
+    real_access = settings_mod.os.access  # (root writes anywhere: as a user it could not)
+    monkeypatch.setattr(settings_mod.os, "access", lambda p, mode: real_access(p, mode)
+                        and Path(p) != unwritable)
+    path = settings_mod.config_dir() / "settings.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    refused = [({"data_dir": "kvdesk-data"}, 'data_dir: should be an absolute path'),
+               ({"data_dir": str(tmp_path / "file" / "data")}, "is a file, not a folder"),
+               ({"data_dir": str(unwritable / "data")}, "data_dir: cannot be written"),
+               ({"model_folders": ["models"]}, "model_folders: should be an absolute path"),
+               ({"server_port": 9000, "ollama_port": 9000},
+                "ollama_port: should differ from server_port (9000)")]
+    for saved, said in refused:
+        path.write_text(json.dumps(saved))
+        for argv in (["info"], ["serve"]):
+            code, out, err = run(capsys, argv)
+            check_outcome(code, out, err, False)
+            assert code == 1 and said in err and "(got " in err, err  # (the value given)
+    path.write_text("{}")
+    data_dir = os.environ["KVDESK_DATA_DIR"]
+    monkeypatch.setenv("KVDESK_DATA_DIR", "kvdesk-data")
+    with pytest.raises(settings_mod.SettingsError, match="KVDESK_DATA_DIR: should be an abs"):
+        settings_mod.load()
+    monkeypatch.setenv("KVDESK_DATA_DIR", data_dir)
+    code, out, err = run(capsys, ["serve", "--port", "11434"])  # Ollama's port by default
+    assert code == 1 and "should differ from server_port (11434)" in err
+    # A model folder not there now (a drive unplugged) is kept, and said where models are
+    path.write_text(json.dumps({"model_folders": [str(tmp_path / "usb")]}))
+    loaded = settings_mod.load()
+    assert [n.key for n in loaded.notices()] == ["model_folders"]
+    code, out, err = run(capsys, ["models"])
+    assert code == 0 and f"Warning: model_folders: {tmp_path / 'usb'} is not a folder" in \
+        caplog.text
+    # A relative folder typed on the command line is the shell's, as any command's
+    code, out, err = run(capsys, ["--data-dir", "rel", "info", "--json"])
+    assert code == 0 and json.loads(out)["data_dir"] == str(Path("rel").absolute().resolve())

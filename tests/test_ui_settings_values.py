@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from desktop_app.settings import Settings
+from desktop_app.validation import InvalidValue
 from ui.settings_dialog import SettingsDialog
 
 
@@ -22,3 +25,32 @@ def test_the_context_size_box_holds_automatic_or_a_size_the_settings_accept(qtbo
     assert dialog.result_settings().n_ctx == 1024  # whole steps from Automatic
     box.stepBy(-1)
     assert box.text().startswith("Automatic") and dialog.result_settings().n_ctx is None
+
+
+def test_the_dialog_refuses_what_the_settings_refuse_and_stays_open(qtbot, tmp_path):
+    """A relative data folder, Ollama's port on the local API's: the settings' own rule and
+    the value, by the field's label; a model folder not there now is told of, then kept."""
+    dialog = SettingsDialog(Settings())
+    qtbot.addWidget(dialog)
+    for edit, label, key in (
+            (lambda: dialog.data_dir.setText("kvdesk-data"), "Data folder", "data_dir"),
+            (lambda: dialog.folders.setText("models"), "Model folders", "model_folders"),
+            (lambda: dialog.ollama_port.setValue(dialog.port.value()), "Ollama's port",
+             "ollama_port")):
+        edit()
+        with pytest.raises(InvalidValue) as rule:  # what the settings file is told, too
+            dialog.result_settings()
+        dialog.accept()
+        assert dialog.result() == 0 and dialog.error.isVisible() is dialog.isVisible()
+        assert rule.value.key == key and "(got " in rule.value.reason
+        assert dialog.error.text() == f"{label}: {rule.value.reason}"
+        dialog.data_dir.setText("")
+        dialog.folders.setText("")
+        dialog.ollama_port.setValue(0)
+    dialog.folders.setText(str(tmp_path / "usb"))  # (a drive unplugged)
+    dialog.accept()
+    assert dialog.result() == 0 and "is not a folder on this computer now" in \
+        dialog.error.text() and dialog.error.text().startswith("Model folders: ")
+    dialog.accept()  # told: OK again keeps it
+    assert dialog.result() == 1, dialog.error.text()
+    assert dialog.result_settings().model_folders == (str(tmp_path / "usb"),)

@@ -387,10 +387,14 @@ def test_settings_persist_and_an_engine_change_asks_to_restart(qtbot, window, mo
         return dialog.result()
 
     monkeypatch.setattr("ui.main_window.SettingsDialog.exec", edit)
+    asked = []
     monkeypatch.setattr("ui.main_window.QMessageBox.question",
-                        lambda *a, **k: QMessageBox.StandardButton.Yes)
+                        lambda *a, **k: asked.append(a[2]) or QMessageBox.StandardButton.Yes)
     with qtbot.waitSignal(window.restart_requested, timeout=2000) as blocker:
         window.open_settings()
+    # It names what changed that needs the restart (not the theme, applied already)
+    assert asked == ["Changed: Model. This takes effect when the engine restarts. "
+                     "Restart it now?"]
     saved = settings_mod.load()
     assert blocker.args[0].model == saved.model
     assert (saved.theme, saved.storage_budget_gb, saved.model) == ("dark", 3.5, str(model))
@@ -555,12 +559,15 @@ def test_the_settings_offer_the_models_found_and_say_why_some_cannot_be_used(qtb
     assert dialog.model.currentText() == "llama3.2:3b"
     assert "0.3B parameters, Q4_K_M, 32,768-token context" in dialog.model_about.text()
     dialog.n_ctx.setValue(0)
-    dialog.folders.setText("/models/a; /models/b")
+    folders = tmp_path / "a", tmp_path / "b"
+    for folder in folders:
+        folder.mkdir()
+    dialog.folders.setText(f"{folders[0]}; {folders[1]}")
     dialog.accept()
     assert dialog.result() == 1
     new = dialog.result_settings()
     assert (new.model, new.n_ctx, new.model_folders) == ("llama3.2:3b", None,
-                                                         ("/models/a", "/models/b"))
+                                                         tuple(map(str, folders)))
     dialog.model.activated.emit(0)
     assert dialog.result_settings().model is None
 

@@ -374,10 +374,10 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, CodecMixin, QMainWin
             self._apply_theme(new.theme)
         if any(getattr(new, f) != getattr(old, f) for f in SERVER_FIELDS):
             self._apply_local_api(new)
-        if needs_restart(old, new):
+        if changed := needs_restart(old, new):
             restart = QMessageBox.question(
-                self, "kvdesk", "The new model, context size or data folder takes effect when "
-                "the engine restarts. Restart it now?")
+                self, "kvdesk", f"Changed: {', '.join(changed)}. This takes effect when the "
+                "engine restarts. Restart it now?")
             if restart == QMessageBox.StandardButton.Yes:
                 self.restart_requested.emit(new)
                 self.close()

@@ -84,8 +84,24 @@ class ContextSizeBox(QSpinBox):
             super().stepBy(steps)
 
 
-def needs_restart(old: Settings, new: Settings) -> bool:
-    return any(getattr(old, f) != getattr(new, f) for f in ENGINE_FIELDS)
+# What the user sees each setting as: errors and the restart question name it so.
+LABELS = {"model": "Model", "model_folders": "Model folders", "n_ctx": "Context size",
+          "data_dir": "Data folder", "storage_budget_gb": "Storage budget",
+          "flash_attn": "Flash attention", "remote_bucket": "Bucket",
+          "remote_endpoint_url": "Endpoint URL", "remote_prefix": "Prefix",
+          "remote_auto_push": "Share each attached document",
+          "remote_auto_pull": "Look in the shared cache before computing",
+          "keep_lossless": "Exact (lossless) copy of each document",
+          "passage_level": "Passages' cache level",
+          "passages_in_background": "Passages' caches in the background",
+          "server_port": "Port", "ollama_port": "Ollama's port",
+          "cors_origins": "Web pages allowed"}
+
+
+def needs_restart(old: Settings, new: Settings) -> list[str]:
+    """The settings changed from `old` to `new` that take effect when the engine restarts,
+    by their labels (none: nothing to restart for)."""
+    return [LABELS[f] for f in ENGINE_FIELDS if getattr(old, f) != getattr(new, f)]
 
 
 def describe(m: ModelFile) -> str:
@@ -194,6 +210,7 @@ class SettingsDialog(QDialog):
         self.error = QLabel(wordWrap=True)
         self.error.setStyleSheet("color: #c0392b")
         self.error.hide()
+        self._told: list[str] = []  # the notices shown: the next OK with the same accepts
 
         model_row, form = QFormLayout(), QFormLayout()
         model_row.addRow("Model (GGUF file or name)", self._with_browse(self.model,
@@ -362,33 +379,36 @@ class SettingsDialog(QDialog):
             generation=self.generation.values())
 
     def accept(self) -> None:
+        """Refuse what the settings refuse, saying why; tell of what they allow but a user
+        should know (a model folder not there now), and accept at the next OK."""
         try:
             new = self.result_settings()
             if new.model and not Path(new.model).expanduser().is_file() and \
                     self._found(new.model) is None:
                 raise SettingsError(f"{new.model}: no such model file, nor a model found on "
                                     "this computer", "model")
-            if new.data_dir and Path(new.data_dir).expanduser().exists() and \
-                    not Path(new.data_dir).expanduser().is_dir():
-                raise SettingsError(f"{new.data_dir}: a file, not a folder (the data folder "
-                                    "holds kvdesk's store)", "data_dir")
         except InvalidValue as e:
             self._refuse(e)
             return
+        notices = new.notices()
+        if notices and [str(n) for n in notices] != self._told:
+            self._told = [str(n) for n in notices]
+            self._refuse(notices[0], "; ".join(n.reason for n in notices)
+                         + ". OK again keeps it.")
+            return
         super().accept()
 
-    def _refuse(self, error: InvalidValue) -> None:
+    def _refuse(self, error: InvalidValue, reason: str | None = None) -> None:
         """Say what is wrong by the field's label, not the settings file's key, and go to it."""
-        fields = {"model": ("Model", self.model), "model_folders": ("Model folders", self.folders),
-                  "n_ctx": ("Context size", self.n_ctx), "data_dir": ("Data folder", self.data_dir),
-                  "storage_budget_gb": ("Storage budget", self.budget),
-                  "remote_bucket": ("Bucket", self.bucket),
-                  "remote_endpoint_url": ("Endpoint URL", self.endpoint),
-                  "remote_prefix": ("Prefix", self.prefix), "server_port": ("Port", self.port),
-                  "ollama_port": ("Ollama's port", self.ollama_port),
-                  "cors_origins": ("Web pages allowed", self.origins)}
-        label, widget = fields.get(error.key.split(".")[0], (None, None))
-        self.error.setText(f"{label}: {error.reason}" if label else str(error))
+        fields = {"model": self.model, "model_folders": self.folders, "n_ctx": self.n_ctx,
+                  "data_dir": self.data_dir, "storage_budget_gb": self.budget,
+                  "remote_bucket": self.bucket, "remote_endpoint_url": self.endpoint,
+                  "remote_prefix": self.prefix, "server_port": self.port,
+                  "ollama_port": self.ollama_port, "cors_origins": self.origins}
+        key = error.key.split(".")[0]
+        label, widget = LABELS.get(key) if key in fields else None, fields.get(key)
+        reason = reason or error.reason
+        self.error.setText(f"{label}: {reason}" if label else str(error))
         self.error.show()
         if widget is not None:
             widget.setFocus()

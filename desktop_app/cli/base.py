@@ -12,6 +12,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 import click
@@ -83,6 +84,8 @@ def emit(data: dict | list, as_json: bool, lines: list[str] | None = None) -> No
 @click.pass_context
 def cli(ctx: click.Context, model: str | None, data_dir: str | None, n_ctx: int | None):
     """kvdesk: ask a local model about long documents, without re-reading them every time."""
+    # (a folder typed on the command line is where the shell is, as any command's is)
+    data_dir = str(Path(data_dir).expanduser().absolute()) if data_dir else data_dir
     settings = checked(load_settings().with_overrides, model=model, data_dir=data_dir,
                        n_ctx=n_ctx)
     # Work that goes on after a call returns (an exact context, passages' KV) only where
