@@ -339,14 +339,22 @@ class Engine:
 
     def estimate(self, *, chat_id: int | None = None,
                  doc_ids: Sequence[int] = ()) -> RestoreEstimate:
-        """Bytes and seconds a restore would take at each level (the slider's tooltip)."""
+        """Bytes and seconds a restore would take at each level (the slider's tooltip); for a
+        new chat, which of its documents the context cannot hold whole, as its answer will
+        say (a chat says so with each reopen)."""
         rt = self.runtime
+        notes: list[str] = []
         if chat_id is not None:
             self.library.chat(chat_id)
             tokens = self.session.conversation(rt, chat_id)[1]
         else:
-            tokens = self.prefix_tokens(doc_ids)
-        return streaming.estimate(self.store, rt, tokens, self.levels, self.speeds)
+            docs = [self.library.document(d) for d in doc_ids]
+            layout = self.prompter.layout(rt, docs)
+            tokens = list(layout.tokens)
+            longdocs = self.session.longdocs
+            notes = longdocs.unread(docs, rt=rt) if longdocs.applies(docs) else layout.notes
+        return replace(streaming.estimate(self.store, rt, tokens, self.levels, self.speeds),
+                       notes=notes)
 
     def sampling(self, generation: GenerationOptions = GenerationOptions()) -> Sampling:
         """What an answer asked with `generation` is sampled with, each value with the layer

@@ -294,6 +294,9 @@ class RestoreEstimate(Record):
     tokens: int
     bytes: dict[str, int]  # per level
     seconds: dict[str, float]  # per level, at the measured read and decode speeds
+    # A new chat's documents the context cannot hold whole (cut, or left out), as its answer
+    # will say (`Layout.notes`): told before it is asked
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

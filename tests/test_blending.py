@@ -101,6 +101,8 @@ def test_documents_the_context_cannot_hold_together_are_said_cut_or_left_out(eng
     cut, left_out = engine.prompter.layout(rt, docs).notes
     assert cut.startswith("museum.txt: only its first ") and " tokens are read" in cut
     assert left_out.startswith("tower.txt: not read in this chat")
+    # said before asking, as the window does when they are ticked, in the answer's words
+    assert engine.estimate(doc_ids=engine.doc_ids).notes == [cut, left_out]
     first_answer = ask(engine, doc_ids=engine.doc_ids)
     assert cut in first_answer.messages and left_out in first_answer.messages
     engine.runtime.reset()

@@ -707,6 +707,33 @@ def test_a_chat_over_several_documents_names_each_sources_document(qtbot, window
         assert named == (len(chat.doc_ids) > 1), window.chat_view.toPlainText()
 
 
+def test_ticked_documents_the_context_cannot_hold_together_are_said_before_asking(
+        qtbot, window, engine):
+    """In the words the answer then says them; worked out on a worker (engine.estimate)."""
+    docs = {d.title: d.doc_id for d in engine.documents()}
+    window.show()
+    window.new_chat()
+    assert not window.fit_note.isVisible()
+    window.doc_list.set_checked(set(docs.values()))
+    window.doc_list.checked_changed.emit()
+    qtbot.waitUntil(window.fit_note.isVisible, timeout=5000)
+    said = engine.estimate(doc_ids=list(docs.values())).notes
+    assert said == ["release-notes.md: only its first 1,048 of 1,480 tokens are read in this "
+                    "chat, the rest does not fit the context (a larger context in the "
+                    "settings reads more of it)"]
+    assert window.fit_note.text() == f"⚠ {said[0]}"
+    assert [c for c in engine.calls if c[0] == "estimate"][-1][1:] == (
+        None, sorted(docs.values()))
+    window.doc_list.set_checked({docs["release-notes.md"]})  # one fits: nothing to say
+    window.doc_list.checked_changed.emit()
+    qtbot.waitUntil(lambda: not window.fit_note.isVisible(), timeout=5000)
+    window.doc_list.set_checked(set(docs.values()))
+    window.doc_list.checked_changed.emit()
+    qtbot.waitUntil(window.fit_note.isVisible, timeout=5000)
+    window.open_chat(engine.chats()[0].chat_id)  # a chat's answers say it
+    assert not window.fit_note.isVisible()
+
+
 def test_a_damaged_store_is_said_as_soon_as_the_window_opens(qtbot):
     damaged = FakeEngine(step_s=0.002, token_s=0.001).seed()
     damaged.damage = "the store X is damaged (table chats: ...)"

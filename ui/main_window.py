@@ -145,6 +145,9 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, CodecMixin, QMainWin
         self.attach_button.setFixedWidth(40)
         self.send_button = QPushButton("Send")
         self.quality = QualitySlider()
+        # A new chat's ticked documents the context cannot hold together: said before asking
+        self.fit_note = QLabel(wordWrap=True, visible=False)
+        self._fit_notes: list[str] = []
         inputs = QHBoxLayout()
         inputs.addWidget(self.attach_button, 0, Qt.AlignmentFlag.AlignBottom)
         inputs.addWidget(self.prompt, 1)
@@ -155,6 +158,7 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, CodecMixin, QMainWin
         main_layout.addWidget(self.info)
         main_layout.addWidget(self.chat_view, 1)
         main_layout.addWidget(self.quality)
+        main_layout.addWidget(self.fit_note)
         main_layout.addLayout(inputs)
 
         splitter = QSplitter()
@@ -334,6 +338,7 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, CodecMixin, QMainWin
         self.header.setText(f"<b style='font-size:large'>{escape(shortened(title))}</b>" + (
             f"<br><span>about {escape(shortened(about, 200))}</span>" if about else hint))
         self.header.setToolTip("".join(f"<p>{escape(t)}</p>" for t in (title, about) if t))
+        self._show_fit()
 
     def _update_estimate(self) -> None:
         if self.engine is None:
@@ -341,7 +346,7 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, CodecMixin, QMainWin
         chat_id, doc_ids = self.chat_id, self.doc_list.checked_ids()
         self.runner.start("misc", lambda job: self.engine.estimate(
             chat_id=chat_id, doc_ids=() if chat_id is not None else doc_ids),
-            finished=self.quality.set_estimate)
+            finished=lambda estimate: self._show_estimate(estimate, chat_id, doc_ids))
 
     # -- settings and closing -----------------------------------------------------------------
 

@@ -47,6 +47,23 @@ class SwitchingMixin:
         self.chat_view.set_messages([])
         self.prompt.setFocus()
 
+    def _show_estimate(self, estimate, chat_id: int | None, doc_ids: list[int]) -> None:
+        """The slider's estimate; for a new chat, which of the documents ticked the context
+        cannot hold together, in the words its answer will use (the engine's)."""
+        if chat_id != self.chat_id or (chat_id is None
+                                        and doc_ids != self.doc_list.checked_ids()):
+            return  # (the chat or the ticks changed since: their own estimate follows)
+        self.quality.set_estimate(estimate)
+        self._fit_notes = list(estimate.notes) if chat_id is None else []
+        self._show_fit()
+
+    def _show_fit(self) -> None:
+        """Said only while the documents are being chosen: a chat's answers say it after."""
+        shown = self._fit_notes if self.chat_id is None else []
+        self.fit_note.setText("\n".join(f"⚠ {note}" for note in shown))
+        self.fit_note.setStyleSheet(f"color: {self.colors.error}")
+        self.fit_note.setVisible(bool(shown))
+
     def _new_chat_docs_changed(self) -> None:
         if self.chat_id is None:
             self._update_header()

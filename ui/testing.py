@@ -19,6 +19,7 @@ from pathlib import Path
 
 from desktop_app.chat.documents import DocumentError
 from desktop_app.errors import Cancelled, EngineError
+from desktop_app.model.prompts import Layout
 from desktop_app.options import GenerationOptions, RestoreOptions
 from desktop_app.protocol import ProgressFn, RestoreFn, TokenFn
 from desktop_app.results import (
@@ -374,8 +375,16 @@ class FakeEngine:
             doc_ids = self._chats[chat_id].doc_ids
         tokens = self._prefix_tokens(list(doc_ids))
         sizes = {lv: tokens * b for lv, b in BYTES_PER_TOKEN.items()}
+        # A new chat's documents past the room the context keeps beside its turns: cut, or
+        # left out, as the engine lays them out (a chat says so with its answers)
+        room, shortened = N_CTX - min(1024, N_CTX // 4), []
+        for doc in (self._docs[d] for d in doc_ids if chat_id is None and d in self._docs):
+            kept, room = min(doc.kept_tokens, room), room - min(doc.kept_tokens, room)
+            if kept < doc.tokens:
+                shortened.append((doc.title, kept, doc.tokens))
         return RestoreEstimate(tokens=tokens, bytes=sizes,
-                               seconds={lv: sizes[lv] / (READ_MBPS[lv] * 1e6) for lv in sizes})
+                               seconds={lv: sizes[lv] / (READ_MBPS[lv] * 1e6) for lv in sizes},
+                               notes=Layout((), (), (), tuple(shortened)).notes)
 
     def export_chat(self, chat_id: int, fmt: str = "markdown") -> str:
         self._enter("export_chat", chat_id, fmt)

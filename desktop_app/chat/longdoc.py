@@ -174,13 +174,7 @@ class LongDocs:
         read_whole = sum(len(self.kv.tokens(rt, text)) - overhead for _, text in wholes)
         chosen = self._fit(rt, hits, list(kept()), self.prompter.room(rt) - used - read_whole,
                            [d.id for d in docs])
-        notes = []
-        held = {d for d, _ in wholes}
-        if left := [d.title for d in docs if d.id not in split and d.id not in held]:
-            names = ", ".join(left)
-            notes.append(f"{names} not read in this chat: beside the passages of a document "
-                         "longer than the context, the documents read whole may take half of "
-                         f"it (ask about {names} in a chat of its own)")
+        notes = self.unread(docs, split, wholes)
         if missing := self._absent(split, wholes, question):
             names = " and ".join(missing)
             books = ", ".join(d.title for d in docs if d.id in split)
@@ -196,6 +190,20 @@ class LongDocs:
                          "for this question did not fit what is left of the context (a new "
                          "chat, or a larger context in the settings, has more room)")
         return chosen, notes
+
+    def unread(self, docs: Sequence[Document], split: Sequence[int] | None = None,
+               wholes: Sequence[tuple[int, str]] | None = None, rt: Runtime | None = None
+               ) -> list[str]:
+        """What the user is told of the documents of a chat over passages read neither whole
+        nor as passages (`split` and `wholes` as `pick` has them; else computed, with `rt`)."""
+        split = self._split(docs) if split is None else split
+        held = {d for d, _ in (self.wholes(rt, docs) if wholes is None else wholes)}
+        if not (left := [d.title for d in docs if d.id not in split and d.id not in held]):
+            return []
+        names = ", ".join(left)
+        return [f"{names} not read in this chat: beside the passages of a document longer "
+                "than the context, the documents read whole may take half of it (ask about "
+                f"{names} in a chat of its own)"]
 
     def asked_before(self, docs: Sequence[Document], earlier: Sequence[dict]) -> list[Source]:
         """The passages the last ASKED_BEFORE questions among a conversation's `earlier`
