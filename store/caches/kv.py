@@ -91,8 +91,7 @@ def create_pending(
     `window_start`: the entry also has a window, the positions [window_start, len(tokens)).
     `passage`: it is the KV of a passage of `document_id`, not that document's prefix, whose
     text has the `passage_hash` (store.documents.passagekv). `holds`: the documents whose KV
-    it holds beyond its parent's, each still stored (NotFoundError: the KV of a deleted
-    document is never stored); deleting one of them deletes the entry.
+    it holds beyond its parent's, deleted with any of them (NotFoundError if one is already).
     """
     if chunk_size <= 0 or not levels or len(set(levels)) != len(levels):
         raise ValueError("an entry needs a positive chunk size and distinct level names")
@@ -107,9 +106,8 @@ def create_pending(
     if n_tokens <= start:
         raise ValueError("nothing to store: the tokens do not extend past the parent entry")
     holds = sorted(set(holds))
-    found = {d for (d,) in conn.execute(
-        f"SELECT id FROM documents WHERE id IN ({','.join('?' * len(holds))})", holds)}
-    if gone := [d for d in holds if d not in found]:
+    if gone := [d for d in holds if not conn.execute(
+            "SELECT 1 FROM documents WHERE id = ?", (d,)).fetchone()]:
         raise NotFoundError(f"document {gone[0]} is deleted")
     if window_start is not None and not 0 <= window_start < n_tokens:
         raise ValueError(f"a window from token {window_start} does not end at {n_tokens}")
