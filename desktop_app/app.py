@@ -75,7 +75,8 @@ class App:
         except models.ModelNotFoundError:
             own = []
         for notice in self.settings.notices():  # (a folder not there now: said, kept)
-            log.warning("Warning: %s", notice)
+            if notice.key == "model_folders":
+                log.warning("Warning: %s", notice)
         return discover(self.settings.model_folders, own=own, memo_dir=self.state_dir)
 
     @cached_property

@@ -17,9 +17,10 @@ file's recommendation or kvdesk's defaults (`sampling.resolve`), so a settings f
 today does not pin tomorrow's defaults.
 
 What no front end can use is refused here, for every one of them: a data folder that is not an
-absolute path or that this user cannot write (where it is, or would be made), a model folder
-that is not an absolute path, Ollama's port on the local API's. A model folder that does not
-exist is kept (a removable drive, a share not mounted) and told of (`Settings.notices`).
+absolute path or that a file stands in the way of, a model folder that is not an absolute
+path, Ollama's port on the local API's. Told of and kept (`Settings.notices`): a data folder
+this user cannot write (read, never written: a read-only copy lists and verifies), a model
+folder that does not exist (a removable drive, a share not mounted).
 
 This module never loads a model and never opens the store.
 """
@@ -79,18 +80,11 @@ RELATIVE = "should be an absolute path (a relative one means another folder for 
     "kvdesk is started from)"
 
 
-def _unwritable(path: Path) -> str | None:
-    """Why kvdesk could not keep its data in folder `path` (absolute), or None. It need not
-    exist yet (it is made when first written): then the nearest folder above it must let it."""
-    there = path
-    while not there.exists() and there != there.parent:
-        there = there.parent
-    if there.exists() and not there.is_dir():
-        return f"{there} is a file, not a folder (the data folder holds kvdesk's store)"
-    if not os.access(there, os.W_OK | os.X_OK):
-        return (f"cannot be written (by this user, in {there})" if there != path
-                else "cannot be written by this user")
-    return None
+def _nearest(path: Path) -> Path:
+    """`path` (absolute), or the nearest folder above it that exists: where it would be made."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
 
 
 def config_dir() -> Path:
@@ -162,8 +156,9 @@ class Settings(UserValues):
             path = Path(value).expanduser()
             if not path.is_absolute():
                 raise ValueError(RELATIVE)
-            if problem := _unwritable(path):
-                raise ValueError(problem)
+            if (there := _nearest(path)).exists() and not there.is_dir():
+                raise ValueError(f"{there} is a file, not a folder (the data folder holds "
+                                 "kvdesk's store)")
         return value
 
     @pydantic.field_validator("model_folders")
@@ -185,12 +180,17 @@ class Settings(UserValues):
         return value
 
     def notices(self) -> list[InvalidValue]:
-        """What these settings allow but a user should be told of (never raised): a model
-        folder that is not there now (a removable drive, a network share not mounted) is
-        kept, and its models are listed again once it is back."""
-        return [InvalidValue("model_folders", f"{f} is not a folder on this computer now: "
-                             "its models are listed once it is back")
-                for f in self.model_folders if not Path(f).expanduser().is_dir()]
+        """What these settings allow but a user should be told of (never raised): a data
+        folder this user cannot write is read only; a model folder that is not there now (a
+        removable drive, a network share not mounted) is kept, and its models are listed
+        again once it is back."""
+        there = _nearest(self.data_path.absolute())
+        return [InvalidValue("data_dir", f"{self.data_path} cannot be written by this user: "
+                             "kvdesk only reads it (nothing can be attached or asked there)")
+                for _ in [there] if there.is_dir() and not os.access(there, os.W_OK | os.X_OK)
+                ] + [InvalidValue("model_folders", f"{f} is not a folder on this computer now: "
+                                  "its models are listed once it is back")
+                     for f in self.model_folders if not Path(f).expanduser().is_dir()]
 
     @pydantic.field_validator("remote_bucket")
     @classmethod
@@ -277,6 +277,8 @@ def load(path: Path | None = None) -> Settings:
             _warn(f"unknown environment variable {var} ignored", var,
                   [*ENVIRONMENT, *OTHER_ENVIRONMENT])
     env = {key: os.environ[var] for var, key in ENVIRONMENT.items() if os.environ.get(var)}
+    if "data_dir" in env:  # (a folder set in the shell is where the shell is, as --data-dir)
+        env["data_dir"] = str(Path(env["data_dir"]).expanduser().absolute())
     try:
         return base.with_overrides(**env)
     except InvalidValue as e:

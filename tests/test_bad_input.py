@@ -128,7 +128,6 @@ def test_a_data_folder_or_ports_the_settings_refuse_are_refused_on_every_path(
     path.parent.mkdir(parents=True, exist_ok=True)
     refused = [({"data_dir": "kvdesk-data"}, 'data_dir: should be an absolute path'),
                ({"data_dir": str(tmp_path / "file" / "data")}, "is a file, not a folder"),
-               ({"data_dir": str(unwritable / "data")}, "data_dir: cannot be written"),
                ({"model_folders": ["models"]}, "model_folders: should be an absolute path"),
                ({"server_port": 9000, "ollama_port": 9000},
                 "ollama_port: should differ from server_port (9000)")]
@@ -138,11 +137,13 @@ def test_a_data_folder_or_ports_the_settings_refuse_are_refused_on_every_path(
             code, out, err = run(capsys, argv)
             check_outcome(code, out, err, False)
             assert code == 1 and said in err and "(got " in err, err  # (the value given)
+    # A data folder this user cannot write is read, never written (a read-only copy): said
+    path.write_text(json.dumps({"data_dir": str(unwritable / "data")}))
+    assert [n.key for n in settings_mod.saved_settings().notices()] == ["data_dir"]
     path.write_text("{}")
     data_dir = os.environ["KVDESK_DATA_DIR"]
-    monkeypatch.setenv("KVDESK_DATA_DIR", "kvdesk-data")
-    with pytest.raises(settings_mod.SettingsError, match="KVDESK_DATA_DIR: should be an abs"):
-        settings_mod.load()
+    monkeypatch.setenv("KVDESK_DATA_DIR", "kvdesk-data")  # (the shell's folder, as --data-dir)
+    assert settings_mod.load().data_dir == str(Path("kvdesk-data").absolute())
     monkeypatch.setenv("KVDESK_DATA_DIR", data_dir)
     code, out, err = run(capsys, ["serve", "--port", "11434"])  # Ollama's port by default
     assert code == 1 and "should differ from server_port (11434)" in err
