@@ -18,9 +18,10 @@ today does not pin tomorrow's defaults.
 
 What no front end can use is refused here, for every one of them: a data folder that is not an
 absolute path or that a file stands in the way of, a model folder that is not an absolute
-path, Ollama's port on the local API's. Told of and kept (`Settings.notices`): a data folder
-this user cannot write (read, never written: a read-only copy lists and verifies), a model
-folder that does not exist (a removable drive, a share not mounted).
+path. (Ollama's port on the local API's is one server: the API serves /api anyway.) Told of
+and kept (`Settings.notices`): a data folder this user cannot write (read, never written: a
+read-only copy lists and verifies), a model folder that does not exist (a removable drive, a
+share not mounted).
 
 This module never loads a model and never opens the store.
 """
@@ -167,16 +168,6 @@ class Settings(UserValues):
         # (one that does not exist is allowed, and told of: `notices`)
         if any(not Path(f).expanduser().is_absolute() for f in value):
             raise ValueError(RELATIVE)
-        return value
-
-    @pydantic.field_validator("ollama_port")
-    @classmethod
-    def _ollama_port(cls, value: int | None, info: pydantic.ValidationInfo) -> int | None:
-        port = info.data.get("server_port")  # (checked before it: declared first)
-        if value and value == port:
-            raise ValueError(f"should differ from server_port ({port}): two servers cannot "
-                             "listen on one port (Ollama's API is served under /api on "
-                             "server_port anyway)")
         return value
 
     def notices(self) -> list[InvalidValue]:

@@ -28,15 +28,13 @@ def test_the_context_size_box_holds_automatic_or_a_size_the_settings_accept(qtbo
 
 
 def test_the_dialog_refuses_what_the_settings_refuse_and_stays_open(qtbot, tmp_path):
-    """A relative data folder, Ollama's port on the local API's: the settings' own rule and
-    the value, by the field's label; a model folder not there now is told of, then kept."""
+    """A relative data folder or model folder: the settings' own rule and the value, by the
+    field's label; a model folder not there now is told of, then kept."""
     dialog = SettingsDialog(Settings())
     qtbot.addWidget(dialog)
     for edit, label, key in (
             (lambda: dialog.data_dir.setText("kvdesk-data"), "Data folder", "data_dir"),
-            (lambda: dialog.folders.setText("models"), "Model folders", "model_folders"),
-            (lambda: dialog.ollama_port.setValue(dialog.port.value()), "Ollama's port",
-             "ollama_port")):
+            (lambda: dialog.folders.setText("models"), "Model folders", "model_folders")):
         edit()
         with pytest.raises(InvalidValue) as rule:  # what the settings file is told, too
             dialog.result_settings()
@@ -46,7 +44,6 @@ def test_the_dialog_refuses_what_the_settings_refuse_and_stays_open(qtbot, tmp_p
         assert dialog.error.text() == f"{label}: {rule.value.reason}"
         dialog.data_dir.setText("")
         dialog.folders.setText("")
-        dialog.ollama_port.setValue(0)
     dialog.folders.setText(str(tmp_path / "usb"))  # (a drive unplugged)
     dialog.accept()
     assert dialog.result() == 0 and "is not a folder on this computer now" in \
