@@ -321,8 +321,8 @@ def docs(app: App, as_json: bool):
     only_reading(app)
     rows = app.engine.documents()
     # (not cached here: a question streams it from the shared cache when that holds it)
-    none = "no cache here" + (" (a question streams the shared cache's)"
-                              if app.engine.sharing.auto_pull else "")
+    none = "no cache here" + (" (a question streams the shared cache's)" if any(
+        d.status == "none" for d in rows) and app.engine.sharing.auto_pull else "")
     emit([d.as_dict() for d in rows], as_json, [
         f"[{d.doc_id}] {d.title} — {counted(d.tokens, 'token')}"
         + (f" ({d.kept_tokens:,} kept)" if d.status == "ready" and d.kept_tokens < d.tokens
