@@ -189,6 +189,18 @@ def test_a_document_deleted_as_a_cache_holding_it_is_stored_is_in_no_entry(engin
     assert not [e for e in engine.store.entries() if e.chat_id == chat]
 
 
+def test_an_api_request_over_several_documents_is_blended_from_their_caches(engine):
+    """As a chat's first answer is: each later document's own cache moved into place (the
+    probe's second document was computed whole, 1,645 tokens, 43 s), and never stored."""
+    done = engine.complete([{"role": "user", "content": QUESTION}], documents=engine.doc_ids,
+                           generation=GREEDY)
+    blended = done.report.blended
+    assert blended["mode"] == "blended" and blended["reused_tokens"] > 0
+    assert done.report.recomputed_tokens < done.report.tokens / 2 and done.text
+    assert not done.stored
+    assert any("blended from their own caches" in m for m in done.messages)
+
+
 def test_an_api_conversation_over_a_deleted_document_leaves_no_cache(engine):
     """Computed exactly (never blended), a local API conversation over [A, B] is stored as an
     entry extending A's that names no chat: deleting B deletes it."""

@@ -195,11 +195,13 @@ class Completions:
                 raise _too_long(rt, len(prompt), "prompt")
             if on_start:
                 on_start()
+            # (several documents come back blended from their own caches, as a chat's do)
+            docs = [s.library.document(d) for d in dict.fromkeys(documents)]
             report = s.bring_in(rt, None, prompt[:-1], options=restore, progress=None, chat=False,
-                                cancel=cancel, question=prompt[-1:])
+                                cancel=cancel, question=prompt[-1:], docs=docs)
             if documents and report.recomputed_tokens >= report.tokens:  # (why: said)
                 report = replace(report, messages=[*report.messages, *s.library.stale_note(
-                    None, [s.library.document(d) for d in documents], rt.fingerprint)])
+                    None, docs, rt.fingerprint)])
             if on_restore:
                 on_restore(report)
             # A chat's answer reaches the client from its first visible character, streamed
