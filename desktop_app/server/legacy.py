@@ -27,7 +27,7 @@ from sse_starlette.sse import EventSourceResponse
 from ..app import App
 from ..chat.completions import RawPrompt
 from ..results import Completion
-from ..validation import InvalidValue
+from ..validation import InvalidValue, null_is_default
 from . import bridge, streams
 from . import schemas as s
 from .api import PING_S, _data
@@ -44,6 +44,7 @@ class TextRequest(s.Sampled):
     best_of: int | None = None
     # kvdesk's own field: how to restore; documents belong in a chat's messages.
     kvdesk: s.KvdeskOptions = pydantic.Field(default_factory=s.KvdeskOptions)
+    _kvdesk_null = null_is_default("kvdesk")
 
     def text(self) -> RawPrompt:
         self.check_supported()

@@ -67,7 +67,7 @@ class _Request(Exact):
     format: str | dict | None = None
     keep_alive: str | float | None = None  # accepted: kvdesk keeps the model while serving
     think: bool | str | None = None
-    _nulls = null_is_default("stream", "options")
+    _nulls = null_is_default("stream", "options", "kvdesk")
     # kvdesk's own field, as on OpenAI's routes: documents to answer from, how to restore.
     kvdesk: s.KvdeskOptions = pydantic.Field(default_factory=s.KvdeskOptions)
 

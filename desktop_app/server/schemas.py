@@ -180,6 +180,7 @@ class ChatRequest(Sampled):
     messages: list[Message] = Field(min_length=1)
     response_format: dict | None = None
     kvdesk: KvdeskOptions = Field(default_factory=KvdeskOptions)
+    _kvdesk_null = null_is_default("kvdesk")
 
     def check_supported(self) -> None:
         super().check_supported()

@@ -1,0 +1,31 @@
+"""What real clients send and expect of the local API, without a model: fields sent as null,
+HEAD health checks, Ollama's model management, its durations and digests, CORS's default
+port, and a busy port said before the model loads."""
+
+from __future__ import annotations
+
+from starlette.testclient import TestClient
+
+from desktop_app.app import App
+from desktop_app.server import bridge
+from desktop_app.server.api import create_api
+from desktop_app.settings import Settings
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+def client(tmp_path, api_key=None, **settings) -> TestClient:
+    app = App(Settings(data_dir=str(tmp_path), **settings))
+    return TestClient(create_api(app, api_key=api_key, stopping=bridge.Stopping()),
+                      base_url="http://127.0.0.1:8765")
+
+
+def test_a_null_kvdesk_field_is_one_left_out(tmp_path):
+    """As every other optional field: taken (a model not served is the first refusal)."""
+    c = client(tmp_path)
+    for url, body in (("/v1/chat/completions", {"messages": USER}),
+                      ("/v1/completions", {"prompt": "hi"}),
+                      ("/v1/responses", {"input": "hi"}),
+                      ("/api/chat", {"messages": USER}), ("/api/generate", {"prompt": "hi"})):
+        r = c.post(url, json={"model": "gpt-9", "kvdesk": None, **body})
+        assert r.status_code == 404 and "gpt-9" in r.text, (url, r.text)
