@@ -16,7 +16,7 @@ pytestmark = pytest.mark.model
 DOC = ("The ferry to Cape Morrow leaves the harbour at 07:15 and at 16:40 on weekdays. On "
        "Saturdays there is one crossing, at 10:00; on Sundays none. ") * 12
 QUESTION = "When does the ferry leave on Saturdays?"
-NOTE = "under --level auto the same request can answer differently"
+NOTE = "at the level auto the same request can answer differently"
 
 
 @pytest.fixture(scope="module")

@@ -443,6 +443,7 @@ def adaptation_note(report: RestoreReport, sampling: GenerationOptions) -> list[
                                          sampling.seed is not None):
         return []
     return [f"{report.adapted_chunks} chunk(s) were read below their best stored level to fit "
-            "the time budget at this machine's speed right now: under --level auto the same "
-            "request can answer differently another time; a fixed --level (e.g. high) gives "
-            "one answer for a given seed or temperature 0"]
+            "the time budget at this machine's speed right now: at the level auto the same "
+            "request can answer differently another time; a fixed level (e.g. high: --level, "
+            "the local API's kvdesk.level, the window's quality slider) gives one answer "
+            "for a given seed or temperature 0"]
