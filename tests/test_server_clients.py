@@ -29,3 +29,11 @@ def test_a_null_kvdesk_field_is_one_left_out(tmp_path):
                       ("/api/chat", {"messages": USER}), ("/api/generate", {"prompt": "hi"})):
         r = c.post(url, json={"model": "gpt-9", "kvdesk": None, **body})
         assert r.status_code == 404 and "gpt-9" in r.text, (url, r.text)
+
+
+def test_health_checks_by_head_are_answered_as_ollama_answers_them(tmp_path):
+    c = client(tmp_path)
+    for path in ("/", "/api/version", "/api/tags"):  # (/api/ps's, with the model: loaded)
+        r = c.head(path)
+        assert r.status_code == 200 and not r.content, path
+    assert c.head("/api/chat").status_code == 405

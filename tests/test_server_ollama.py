@@ -44,6 +44,8 @@ def test_the_second_listener_serves_the_same_api(served):
     for base in (served.url, served.server.ollama_url):
         r = httpx.get(f"{base}/api/version", trust_env=False)
         assert r.status_code == 200 and r.json()["version"]
+    head = httpx.head(f"{served.url}/api/ps", trust_env=False)  # (a health check's)
+    assert head.status_code == 200 and not head.content
 
 
 def test_list_show_and_ps_with_the_ollama_client(client, served):

@@ -80,15 +80,15 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
         """Ollama's health check: tools test for this answer before they call the API."""
         return "Ollama is running"
 
-    @api.get("/api/version")
+    @api.api_route("/api/version", methods=["GET", "HEAD"])  # HEAD: health checks
     async def version():
         return {"version": OLLAMA_API_VERSION, "kvdesk": __version__}
 
-    @api.get("/api/tags")
+    @api.api_route("/api/tags", methods=["GET", "HEAD"])  # HEAD: health checks
     async def tags():
         return {"models": [await asyncio.to_thread(listed)]}
 
-    @api.get("/api/ps")
+    @api.api_route("/api/ps", methods=["GET", "HEAD"])  # HEAD: health checks
     async def ps():
         running = await asyncio.to_thread(listed)
         return {"models": [{**running, "expires_at": NEVER, "size_vram": 0,
