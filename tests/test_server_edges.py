@@ -88,10 +88,11 @@ def test_desktop_apps_pages_are_let_in_as_ollama_lets_them_and_patterns_match(tm
     assert none.get("/api/tags", headers={"Origin": "https://app.example"}).status_code == 403
     ports = client(tmp_path / "p", api_key="k",
                    cors_origins=("http://localhost:*", "https://*.example.com"))
-    for page in ("http://localhost:5173", "http://localhost:3000", "https://ui.example.com"):
+    for page in ("http://localhost:5173", "http://localhost:3000", "https://ui.example.com",
+                 "http://localhost"):  # (a "*" port is any, the scheme's default too)
         preflight = ports.options("/v1/chat/completions", headers={**PREFLIGHT, "Origin": page})
         assert preflight.headers["access-control-allow-origin"] == page, page
-    for page in ("http://localhost", "http://localhost.evil.example:3000", "https://example.com",
+    for page in ("https://localhost", "http://localhost.evil.example:3000", "https://example.com",
                  "https://a.example.com.evil", "https://evilexample.com"):
         assert ports.get("/api/tags", headers={"Origin": page}).status_code == 403, page
     assert Settings(cors_origins=("HTTP://LocalHost:*", "http://[::1]:80")).cors_origins == (

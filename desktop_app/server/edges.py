@@ -2,8 +2,8 @@
 over their limit, requests without the API key, and the error dialect of Ollama's routes.
 
 - **CORS.** Web pages of the origins in the setting `cors_origins` (none by default; a "*"
-  stands for any port, `http://localhost:*`, or for a domain's first labels,
-  `https://*.example.com`) may call the API from a browser: their
+  stands for any port, the scheme's default (none written) too, `http://localhost:*`, or for
+  a domain's first labels, `https://*.example.com`) may call the API from a browser: their
   preflights are answered, their responses carry the headers. So may desktop apps' own pages,
   as Ollama lets them and its plugins expect (`APP_ORIGINS`: Obsidian's app://obsidian.md, VS
   Code's webviews, Tauri apps), which are not web sites. Any other origin gets no CORS header,
@@ -134,8 +134,8 @@ APP_ORIGINS = ("app://*", "file://*", "tauri://*", "vscode-webview://*", "vscode
 
 def allowed_origins(origins: tuple[str, ...]) -> re.Pattern:
     """The origins a page may call from: `origins` (`cors_origins`, as settings checked them:
-    a "*" for the port, or for the first labels of a domain) and the apps' (APP_ORIGINS, a
-    "*" for the host); "*" alone, any."""
+    a "*" for the port, any or none, or for the first labels of a domain) and the apps'
+    (APP_ORIGINS, a "*" for the host); "*" alone, any."""
     if "*" in origins:
         return re.compile(r".*")
 
@@ -144,7 +144,7 @@ def allowed_origins(origins: tuple[str, ...]) -> re.Pattern:
         host = ("[^/:]*" if host == "*" else r"(?:[^/:.]+\.)+" + re.escape(host[2:])
                 if host.startswith("*.") else re.escape(host))
         return re.escape(scheme) + "://" + host + (
-            "" if not port else r":\d+" if port == "*" else ":" + re.escape(port))
+            "" if not port else r"(?::\d+)?" if port == "*" else ":" + re.escape(port))
 
     return re.compile("|".join(f"(?:{pattern(o)})" for o in (*origins, *APP_ORIGINS)))
 
