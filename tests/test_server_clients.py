@@ -37,3 +37,15 @@ def test_health_checks_by_head_are_answered_as_ollama_answers_them(tmp_path):
         r = c.head(path)
         assert r.status_code == 200 and not r.content, path
     assert c.head("/api/chat").status_code == 405
+
+
+def test_keep_alive_must_be_a_duration_as_ollama_reads_one(tmp_path):
+    c = client(tmp_path)
+    for url, body in (("/api/chat", {"messages": USER}), ("/api/generate", {"prompt": "hi"}),
+                      ("/api/embed", {"input": "hi"})):
+        bad = c.post(url, json={"model": "gpt-9", "keep_alive": "forever", **body})
+        assert bad.status_code == 400 and bad.json()["error"].startswith(
+            "keep_alive: not a duration"), (url, bad.text)
+        for fine in ("5m", "1h30m", "-1m", "0", "-1", 300, -1, 2.5, None):
+            r = c.post(url, json={"model": "gpt-9", "keep_alive": fine, **body})
+            assert r.status_code == 404, (url, fine, r.text)  # (past its checks)

@@ -18,6 +18,7 @@ routes the requests.
 
 from __future__ import annotations
 
+import re
 import time
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -41,6 +42,21 @@ RUNNER = {"num_ctx", "num_keep", "num_batch", "num_gpu", "main_gpu", "use_mmap",
 # Samplers kvdesk does not have, at the value that turns each off.
 OFF = {"mirostat": 0, "typical_p": 1, "tfs_z": 1}
 NO_IMAGES = "images are not supported by this model"
+# keep_alive as Ollama reads it: Go's durations ("5m", "1h30m", "-1m"; "0"), or seconds (a
+# number, which clients also send as a string: "-1").
+DURATION = re.compile(r"[-+]?(?:(?:\d+(?:\.\d*)?|\.\d+)(?:ns|us|\u00b5s|\u03bcs|ms|s|m|h))+"
+                      r"|[-+]?(?:\d+(?:\.\d*)?|\.\d+)")
+
+
+def keep_alive_checked():
+    """A model's validator refusing a `keep_alive` that is not a duration, as Ollama does (400),
+    though kvdesk keeps the model while it serves whatever it says."""
+    def checked(cls, value: Any) -> Any:
+        if isinstance(value, str) and not DURATION.fullmatch(value):
+            raise ValueError('not a duration: seconds (a number), or a duration such as "5m" '
+                             'or "1h30m" (negative: for ever)')
+        return value
+    return pydantic.field_validator("keep_alive")(classmethod(checked))
 
 
 class Message(Exact):
@@ -68,6 +84,7 @@ class _Request(Exact):
     keep_alive: str | float | None = None  # accepted: kvdesk keeps the model while serving
     think: bool | str | None = None
     _nulls = null_is_default("stream", "options", "kvdesk")
+    _durations = keep_alive_checked()
     # kvdesk's own field, as on OpenAI's routes: documents to answer from, how to restore.
     kvdesk: s.KvdeskOptions = pydantic.Field(default_factory=s.KvdeskOptions)
 
@@ -174,6 +191,7 @@ class EmbedRequest(Exact):
     options: dict[str, Any] | None = None
     keep_alive: str | int | float | None = None
     _nulls = null_is_default("input")
+    _durations = keep_alive_checked()
 
 
 # -- answers ------------------------------------------------------------------------------------
