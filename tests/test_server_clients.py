@@ -49,3 +49,13 @@ def test_keep_alive_must_be_a_duration_as_ollama_reads_one(tmp_path):
         for fine in ("5m", "1h30m", "-1m", "0", "-1", 300, -1, 2.5, None):
             r = c.post(url, json={"model": "gpt-9", "keep_alive": fine, **body})
             assert r.status_code == 404, (url, fine, r.text)  # (past its checks)
+
+
+def test_the_models_digest_is_64_hex_digits_as_ollamas(tmp_path):
+    import re
+
+    (listed,) = client(tmp_path).get("/api/tags").json()["models"]
+    assert re.fullmatch(r"[0-9a-f]{64}", listed["digest"]), listed["digest"]
+    # the same file, the same digest (hashed again here: another data directory)
+    (again,) = client(tmp_path / "again").get("/api/tags").json()["models"]
+    assert again["digest"] == listed["digest"]

@@ -59,6 +59,7 @@ def test_list_show_and_ps_with_the_ollama_client(client, served):
     assert "temperature" in shown.parameters and "FROM " in shown.modelfile
     (running,) = client.ps().models
     assert running.context_length == 1024 and running.name == "default:latest"
+    assert running.digest == model.digest and len(model.digest) == 64  # (a sha256's, as Ollama's)
 
 
 def test_chat_streamed_and_not_with_the_ollama_client(client):

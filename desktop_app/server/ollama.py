@@ -65,7 +65,7 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
         st = path.stat()
         return {"name": served.ollama_name, "model": served.ollama_name,
                 "modified_at": sh.timestamp(st.st_mtime), "size": st.st_size,
-                "digest": app.model_hash, "details": details()}
+                "digest": sh.digest(app.model_hash), "details": details()}
 
     def details() -> dict:
         facts = app.model_facts

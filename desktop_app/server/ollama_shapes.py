@@ -18,6 +18,7 @@ routes the requests.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import time
 from datetime import UTC, datetime
@@ -234,6 +235,12 @@ def final(c: Completion, started: float, taken: float) -> dict:
             "eval_count": c.completion_tokens,
             "eval_duration": nanoseconds(max(0.0, total - c.ttft_s)),
             "kvdesk": s.restore_info(c)}
+
+
+def digest(model_hash: str) -> str:
+    """The model's digest as Ollama shows one, 64 hex digits (a sha256's), from kvdesk's hash
+    of the file's bytes: the same file, the same digest, wherever it is shown."""
+    return hashlib.sha256(model_hash.encode()).hexdigest()
 
 
 def error(message: str) -> dict:
