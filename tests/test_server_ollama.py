@@ -57,6 +57,7 @@ def test_list_show_and_ps_with_the_ollama_client(client, served):
     assert shown.capabilities == ["completion"]  # SmolLM2 has no fill-in-the-middle tokens
     assert shown.modelinfo["llama.context_length"] == 8192
     assert "temperature" in shown.parameters and "FROM " in shown.modelfile
+    assert "<|im_start|>" in shown.template  # the file's own (ChatML)
     (running,) = client.ps().models
     assert running.context_length == 1024 and running.name == "default:latest"
     assert running.digest == model.digest and len(model.digest) == 64  # (a sha256's, as Ollama's)

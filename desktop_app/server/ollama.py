@@ -4,7 +4,7 @@ JS clients, Open WebUI's Ollama mode, editor and notes plugins.
     GET  /                                    "Ollama is running" (tools' health check)
     GET  /api/version, /api/tags, /api/ps     the server; the model it serves (and its context)
     POST /api/show                            that model: details, parameters in effect,
-                                              capabilities
+                                              chat template, capabilities
     POST /api/chat                            a conversation answered, streamed as Ollama
                                               streams (JSON lines) unless "stream": false;
                                               longer than the context, its oldest messages
@@ -111,6 +111,8 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
         return {"modelfile": f"# kvdesk serves this file as it is\nFROM {app.model_path}\n"
                              + "".join(f"PARAMETER {line}\n" for line in parameters.splitlines()),
                 "parameters": parameters, "details": details(), "model_info": info,
+                # the Jinja template kvdesk renders chats with: the file's own, if it has one
+                "template": engine.runtime.chat_template.template,
                 "capabilities": ["completion", *(["insert"] if engine.runtime.fim_tokens
                                                  else [])],
                 "modified_at": sh.timestamp(Path(app.model_path).stat().st_mtime)}
