@@ -143,9 +143,13 @@ def test_error_dialects_and_a_routers_route(tmp_path):
     assert no_room.status_code == 500 and no_room.json()["error"]["code"] == "storage_unavailable"
     wrong = c.get("/v1/kvdesk/elsewhere").json()["error"]
     assert wrong["code"] == "method_not_allowed" and "takes POST" in wrong["message"]
+    # A path under an API's prefix is not sent there again; another is told where they are.
     assert c.get("/api/elsewhere").json() == {
-        "error": "GET /api/elsewhere: not served by kvdesk (OpenAI's routes are under /v1, "
-                 "Ollama's under /api; README lists them)"}
+        "error": "GET /api/elsewhere: not served by kvdesk (README's \"Every endpoint\" lists "
+                 "the routes it serves)"}
+    assert "under /v1" not in c.post("/v1/audio/speech").json()["error"]["message"]
+    assert "OpenAI's routes are under /v1, Ollama's under /api" in c.get(
+        "/chat/completions").json()["error"]["message"]
     bad = c.post("/api/generate", content=b"{", headers={"content-type": "application/json"})
     assert bad.status_code == 400 and isinstance(bad.json()["error"], str)
     missing = c.post("/v1/completions", json={"model": "default"})

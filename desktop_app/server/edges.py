@@ -21,7 +21,8 @@ over their limit, requests without the API key, and the error dialect of Ollama'
 - **Text that is not Unicode.** JSON may write half of a UTF-16 surrogate pair (`"\\ud800"`),
   which no tokenizer takes: such a body is refused (400) before any route reads it.
 - **Unknown routes.** Every route kvdesk does not serve is answered in the API's error JSON
-  naming it (`POST /v1/embeddings: not served by kvdesk`), and a known route asked with the
+  naming it (`POST /v1/audio/speech: not served by kvdesk`; where the routes are, for a path
+  under neither API's prefix), and a known route asked with the
   wrong method says which methods it takes: never a bare "Not Found".
 - **Bodies and keys.** A body over its route's limit gets 413 however it arrives
   (`BodyLimit`); a body sent with no content type, as curl's form default or as text, is read
@@ -161,8 +162,12 @@ def install(api: FastAPI, *, origins: tuple[str, ...], api_key: str | None) -> N
             return json_response(405, s.error(f"{route}: this route takes "
                                               f"{(e.headers or {}).get('Allow', '')}",
                                               code="method_not_allowed"))
-        return json_response(404, s.error(f"{route}: not served by kvdesk (OpenAI's routes are "
-                                          "under /v1, Ollama's under /api; README lists them)",
+        # (a path under either API's prefix is not helped by being sent to it)
+        under_api = request.url.path.rstrip("/") in ("/v1", "/api") or \
+            request.url.path.startswith(("/v1/", OLLAMA_PREFIX))
+        hint = ("README's \"Every endpoint\" lists the routes it serves" if under_api else
+                "OpenAI's routes are under /v1, Ollama's under /api; README lists them")
+        return json_response(404, s.error(f"{route}: not served by kvdesk ({hint})",
                                           code="unknown_route"))
 
     # By status, so they take precedence over the API's handler of HTTP errors in general,
