@@ -330,3 +330,21 @@ def test_gemmas_tokenizer_counts_a_long_text_in_pieces_exactly(engine):
     from tests.test_longdoc import count_in_pieces_is_whole_count
 
     count_in_pieces_is_whole_count(engine.runtime)
+
+
+def test_requests_sharing_a_long_system_prompt_resume_where_they_part(engine, monkeypatch):
+    """A sliding-window model resumes only where a stored entry ends: the first request with a
+    long system prompt stores that prompt on its own, and the next one over it, asking
+    something else after a restart, resumes there (the probe's recomputed all 1,673 tokens of
+    its system prompt every time)."""
+    monkeypatch.setattr(engine.completions, "min_cache_tokens", 256)
+    system = {"role": "system", "content": DOC}
+    brief = GenerationOptions(max_tokens=4, temperature=0)
+    first = engine.complete([system, {"role": "user", "content": QUESTION}], generation=brief)
+    assert any("system prompt" in m and "stored on its own" in m for m in first.messages)
+    assert first.cached_tokens == 0  # (computed in two steps: none of it counted as read)
+    engine.runtime.reset()
+    second = engine.complete([system, {"role": "user", "content": LONG_QUESTION}],
+                             generation=brief)
+    assert second.cached_tokens > 500 and second.report.bytes_read > 0, second.messages
+    assert not any("stored on its own" in m for m in second.messages)

@@ -29,7 +29,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from ..errors import ContextFullError, EngineError, MissingError
-from ..kv.streaming import adaptation_note
+from ..kv.blending import common_prefix
+from ..kv.sources import LocalSource
+from ..kv.streaming import adaptation_note, resume_points
 from ..model import llamacalls
 from ..model.prompts import Turn, answer_text, closing, raw_prompt, with_evidence
 from ..options import GenerationOptions, RestoreOptions
@@ -195,10 +197,13 @@ class Completions:
                 raise _too_long(rt, len(prompt), "prompt")
             if on_start:
                 on_start()
+            first = None if documents else self._system_first(rt, turn, restore, cancel)
             # (several documents come back blended from their own caches, as a chat's do)
             docs = [s.library.document(d) for d in dict.fromkeys(documents)]
             report = s.bring_in(rt, None, prompt[:-1], options=restore, progress=None, chat=False,
                                 cancel=cancel, question=prompt[-1:], docs=docs)
+            if first is not None:
+                report = _joined(*first, report)
             if documents and report.recomputed_tokens >= report.tokens:  # (why: said)
                 report = replace(report, messages=[*report.messages, *s.library.stale_note(
                     None, docs, rt.fingerprint)])
@@ -242,6 +247,35 @@ class Completions:
                             else (False, []))
             return replace(result, stored=stored, messages=[*result.messages, *said])
 
+    def _system_first(self, rt, turn: Turn, restore: RestoreOptions,
+                      cancel: threading.Event | None) -> tuple[RestoreReport, list[str]] | None:
+        """A sliding-window model resumes only where a stored entry ends (its window is kept
+        there): requests that share a long system prompt and part after it could never resume
+        where they part. So a request whose restore cannot reach its system prompt's end
+        brings that prompt in first and stores it as an entry of its own, which the next
+        request with it resumes from: (that part's report, what storing it said), or None."""
+        s, lay = self.session, rt.layout
+        system = [m for m in turn.messages[:len(turn.messages) - 1] if m["role"] == "system"]
+        if not lay.swa_layers or lay.swa_chunked or not system or \
+                turn.messages[:len(system)] != tuple(system):
+            return None
+        tokens = rt.tokenize(rt.render_chat(system, add_generation_prompt=False),
+                             add_bos=rt.adds_bos)
+        end = len(tokens)
+        if end < self.min_cache_tokens or turn.tokens[:end] != tokens or \
+                common_prefix(rt.tokens, tokens) == end:  # (held: nothing to compute)
+            return None
+        stored = resume_points(LocalSource(s.store, rt.fingerprint, turn.tokens, touch=False),
+                               lay)
+        if stored and stored[0] >= end:
+            return None
+        first = s.bring_in(rt, None, tokens, options=restore, progress=None, chat=False,
+                           cancel=cancel)
+        kept, said = s.kv.keep_prefix(rt, tokens, s.decoded_until)
+        return first, said + ([f"its system prompt ({end:,} tokens) is stored on its own: a "
+                               "sliding-window model resumes only where a stored entry ends, "
+                               "and the next request with it resumes there"] if kept else [])
+
     def _store(self, rt, turn: Turn, text: str, documents: Sequence[int]
                ) -> tuple[bool, list[str]]:
         """Keep the conversation's KV (answer and the template's closing of it included) over
@@ -257,6 +291,18 @@ class Completions:
         if suffix_tokens and rt.n_tokens + len(suffix_tokens) <= rt.n_ctx:
             rt.prefill(suffix_tokens)
         return s.kv.keep_prefix(rt, rt.tokens, s.decoded_until, holds=documents)
+
+
+def _joined(first: RestoreReport, said: list[str], then: RestoreReport) -> RestoreReport:
+    """The report of a prompt brought in two steps, the second keeping what the first did."""
+    return replace(then, restore_s=first.restore_s + then.restore_s,
+                   bytes_read=first.bytes_read + then.bytes_read,
+                   chunk_levels=first.chunk_levels + then.chunk_levels,
+                   recomputed_tokens=first.recomputed_tokens + then.recomputed_tokens,
+                   recompute_s=first.recompute_s + then.recompute_s, source=first.source,
+                   adapted_chunks=first.adapted_chunks + then.adapted_chunks,
+                   messages=[*first.messages, *said, *(m for m in then.messages
+                                                        if not m.startswith("the model already"))])
 
 
 class StopStrings:
