@@ -4,6 +4,8 @@ port, and a busy port said before the model loads."""
 
 from __future__ import annotations
 
+import json
+
 from starlette.testclient import TestClient
 
 from desktop_app.app import App
@@ -59,3 +61,30 @@ def test_the_models_digest_is_64_hex_digits_as_ollamas(tmp_path):
     # the same file, the same digest (hashed again here: another data directory)
     (again,) = client(tmp_path / "again").get("/api/tags").json()["models"]
     assert again["digest"] == listed["digest"]
+
+
+def test_a_pull_of_the_model_served_succeeds_and_managing_models_is_refused_saying_why(
+        tmp_path):
+    c = client(tmp_path)
+    for name in ("default", "default:latest"):
+        assert c.post("/api/pull", json={"model": name, "stream": False}).json() == {
+            "status": "success"}
+        streamed = c.post("/api/pull", json={"model": name})  # (streamed, Ollama's default)
+        assert streamed.status_code == 200 and streamed.headers["content-type"].startswith(
+            "application/x-ndjson")
+        assert [json.loads(line) for line in streamed.text.splitlines()][-1] == {
+            "status": "success"}
+    assert c.post("/api/pull", json={"name": "default", "stream": None}).status_code == 200
+    other = c.post("/api/pull", json={"model": "llama3.2"})
+    assert other.status_code == 404
+    for method, path, body in (("DELETE", "/api/delete", {"model": "default"}),
+                               ("POST", "/api/copy", {"source": "default", "destination": "x"}),
+                               ("POST", "/api/create", {"model": "x", "from": "default"}),
+                               ("POST", "/api/push", {"model": "default"})):
+        r = c.request(method, path, json=body)
+        assert r.status_code == 400, (path, r.text)
+        for said in (r, other):
+            error = said.json()["error"]  # (Ollama's error shape)
+            assert "kvdesk does not download or manage models" in error, error
+            assert "'default:latest'" in error and "`kvdesk models`" in error
+            assert "under /api" not in error

@@ -14,6 +14,10 @@ JS clients, Open WebUI's Ollama mode, editor and notes plugins.
                                               between (`suffix`, where the model can)
     POST /api/embed, /api/embeddings          vectors from the model kvdesk retrieves with
                                               (`embeddings`: the same as /v1/embeddings)
+    POST /api/pull                            the model served: "success", as Ollama says
+                                              of a model it has; any other refused, and so
+                                              are delete, copy, create and push: kvdesk
+                                              downloads and manages no models
 
 Answers go through the same engine call as OpenAI's chat completions, so a conversation has one
 persistent prompt cache whichever API it comes through: the next turn, after a restart too,
@@ -210,6 +214,27 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
         found, _ = await vectors(request, body, body.prompt)
         return {"embedding": found[0].tolist()}
 
+
+    @api.post("/api/pull")
+    async def pull(body: sh.PullRequest):
+        if not await asyncio.to_thread(served.is_ollama_name, body.asked):
+            raise ApiError(404, served.not_managed(f"cannot pull {body.asked!r}"),
+                           code="model_not_found", param="model")
+        if not body.stream:
+            return {"status": "success"}
+
+        async def pulled():  # (Ollama's stream ends so, once the model is whole)
+            yield {"status": "success"}
+
+        return streams.ndjson(pulled())
+
+    async def unmanaged(request: Request):
+        raise ApiError(400, served.not_managed(f"{request.method} {request.url.path}"),
+                       code="unsupported")
+
+    for path, method in (("/api/delete", "DELETE"), ("/api/copy", "POST"),
+                         ("/api/create", "POST"), ("/api/push", "POST")):
+        api.add_api_route(path, unmanaged, methods=[method])
 
 
 def fitted(complete: Callable[[list[dict]], Completion], messages: list[dict]) -> Completion:

@@ -175,8 +175,15 @@ class ShowRequest(pydantic.BaseModel):
     @property
     def asked(self) -> str:
         if not (self.model or self.name):
-            raise InvalidValue("model", "the model to show is needed")
+            raise InvalidValue("model", "the model's name is needed")
         return self.model or self.name
+
+
+class PullRequest(ShowRequest):
+    """A pull: the model (`insecure` has nothing to do here: nothing is downloaded)."""
+
+    stream: bool = True  # Ollama's default
+    _nulls = null_is_default("stream")
 
 
 class EmbedRequest(Exact):

@@ -5,7 +5,8 @@ and as "default", and take Ollama's names for it too, as Ollama's own OpenAI rou
 Ollama's know it by the name `kvdesk models` gives it (an Ollama store's `name:tag`, another
 app's file by its path under that app's folder, "default" for the shipped model), and, as
 Ollama reads a name without a tag, with ":latest" added. A request for any other model is
-refused, saying which models are served and how to serve another.
+refused, saying which models are served and how to serve another; so is a request to
+download or manage one (Ollama's pull of another model, delete, copy, create, push).
 
 It never loads a model: names come from the settings, the file's path and its header.
 """
@@ -57,6 +58,13 @@ class Served:
         Ollama's routes take (Ollama's own OpenAI routes take those: clients set up for it
         send them)."""
         return name in self.openai_ids or self.is_ollama_name(name)
+
+    def not_managed(self, asked: str) -> str:
+        """Why Ollama's model management (pull of another model, delete, copy, create, push)
+        is refused: a server serves the model its settings pick, and downloads none."""
+        return (f"{asked}: kvdesk does not download or manage models; this server serves "
+                f"{self.ollama_name!r}, the model its settings pick (the setting `model`, or "
+                "`kvdesk --model NAME serve`; `kvdesk models` lists the models on this machine)")
 
     def refusal(self, name: str, *, ollama: bool) -> str:
         served = repr(self.ollama_name) if ollama else " or ".join(map(repr, self.openai_ids))
