@@ -240,8 +240,8 @@ def test_ollamas_errors(client, served):
         with pytest.raises(ollama.ResponseError, match=words) as e:
             call()
         assert e.value.status_code == status
-    for method, path, status in (("POST", "/api/pull", 404), ("GET", "/api/chat", 405),
-                                 ("POST", "/api/chat", 400)):
+    for method, path, status in (("POST", "/api/blobs/sha256-0", 404), ("GET", "/api/chat", 405),
+                                 ("POST", "/api/chat", 400), ("POST", "/api/pull", 400)):
         r = httpx.request(method, f"{served.url}{path}", content=b"{oops",
                           headers={"content-type": "application/json"}, trust_env=False)
         assert r.status_code == status and isinstance(r.json()["error"], str), r.text
@@ -254,7 +254,8 @@ def test_ollamas_errors(client, served):
     r = httpx.post(f"{served.url}/v1/chat/completions", trust_env=False, json={
         "model": "default", "max_tokens": "ten", "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 400 and r.json()["error"]["message"].endswith('(got "ten")'), r.text
-    assert "POST /api/pull" in httpx.post(f"{served.url}/api/pull", trust_env=False).text
+    assert "POST /api/blobs/sha256-0: not served" in httpx.post(
+        f"{served.url}/api/blobs/sha256-0", trust_env=False).text
     # A word is not true or false (pydantic would read "yes" as true), as on OpenAI's routes.
     r = httpx.post(f"{served.url}/api/chat", trust_env=False, json={
         "model": "default", "stream": "yes", "messages": [{"role": "user", "content": "x"}]})
