@@ -5,7 +5,9 @@ port, and a busy port said before the model loads."""
 from __future__ import annotations
 
 import json
+import os
 
+import pytest
 from starlette.testclient import TestClient
 
 from desktop_app.app import App
@@ -88,3 +90,25 @@ def test_a_pull_of_the_model_served_succeeds_and_managing_models_is_refused_sayi
             assert "kvdesk does not download or manage models" in error, error
             assert "'default:latest'" in error and "`kvdesk models`" in error
             assert "under /api" not in error
+
+
+def test_a_busy_port_is_said_before_the_model_loads(tmp_path, capsys):
+    """The port is bound (and that socket served) before the model loads: a busy one is said
+    at once, and the data directory is let go."""
+    from desktop_app.cli import main
+    from desktop_app.server import discovery
+    from desktop_app.server.running import bind
+
+    busy = bind("127.0.0.1", 0)
+    try:
+        with pytest.raises(SystemExit) as exited:
+            main(["--data-dir", str(tmp_path), "serve", "--port",
+                  str(busy.getsockname()[1]), "--ollama-port", "none"])
+    finally:
+        busy.close()
+    err = capsys.readouterr().err
+    assert exited.value.code == 1 and "Address already in use" in err, err
+    assert "Loading" not in err and "Traceback" not in err
+    held = discovery.claim(tmp_path)
+    assert held is not None  # (let go)
+    os.close(held)

@@ -189,7 +189,7 @@ def test_ollamas_port_can_be_left_unserved_from_the_command_line(tmp_path, monke
         def __init__(self, app, **kwargs):
             made.append(kwargs)
 
-        def check(self):
+        def listen(self):
             raise Refused  # (what was asked is known: nothing is served)
 
     monkeypatch.setattr(server_mod, "Server", FakeServer)

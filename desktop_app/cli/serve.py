@@ -52,7 +52,7 @@ def serve(app: App, host: str, port: int | None, api_key: str | None,
         checked(app.settings.with_values, ollama_port=ollama_port)
     server = Server(app, host=host, port=app.settings.server_port if port is None else port,
                     api_key=api_key, ollama_port=ollama_port)
-    server.check()  # (refused at once, not after loading the model)
+    server.listen()  # (a served directory or a busy port refused at once, not after loading)
     click.echo(f"Loading {app.model_path.name}...", err=True)
 
     def announce() -> None:

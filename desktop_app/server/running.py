@@ -82,6 +82,7 @@ class Server:
         self.uvicorn = _Uvicorn(config, self.stopping)
         self.started = threading.Event()
         self._claim: int | None = None  # the data directory held (`discovery.claim`)
+        self._socket: socket.socket | None = None  # the port held (`listen`)
 
     @property
     def url(self) -> str:
@@ -91,16 +92,25 @@ class Server:
         host = self.host if ":" not in self.host else f"[{self.host}]"
         return f"http://{host}:{port}"
 
+    def listen(self) -> None:
+        """Hold the data directory (`check`) and bind the port, before the model loads: a
+        directory served or a port in use is refused at once (EngineError), and the socket
+        bound here is the one served, so nothing can take the port in between."""
+        if self._socket is not None:
+            return
+        self.check()
+        try:
+            self._socket = bind(self.host, self.port)
+        except BaseException:
+            self._release()
+            raise
+        self.port = self._socket.getsockname()[1]  # port 0: a free one, named in the server file
+        self.uvicorn.config.port = self.port
+
     def run(self) -> None:
         """Serve until stopped (a signal in the main thread, or stop()); blocks."""
-        sockets = [bind(self.host, self.port)]
-        self.port = sockets[0].getsockname()[1]  # port 0: a free one, named in the server file
-        self.uvicorn.config.port = self.port
-        try:
-            self.check()
-        except BaseException:
-            sockets[0].close()
-            raise
+        self.listen()  # (done already where the command line said it before loading)
+        sockets = [self._socket]
         try:
             self.app.engine.warm_up()  # the model and the codec, before any request
             self.app.engine.contexts.wait_warm()
@@ -116,9 +126,15 @@ class Server:
             discovery.remove(self.app.data_dir)
             for sock in sockets:
                 sock.close()
-            if self._claim is not None and self._claim >= 0:
-                os.close(self._claim)
-            self._claim = None
+            self._release()
+
+    def _release(self) -> None:
+        """Let go of the port and the data directory held."""
+        if self._socket is not None:
+            self._socket.close()
+        if self._claim is not None and self._claim >= 0:
+            os.close(self._claim)
+        self._socket = self._claim = None
 
     def check(self) -> None:
         """Raise EngineError when this data directory cannot be served: another server serves
