@@ -344,9 +344,10 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, CodecMixin, QMainWin
         if self.engine is None:
             return
         chat_id, doc_ids = self.chat_id, self.doc_list.checked_ids()
-        self.runner.start("misc", lambda job: self.engine.estimate(
-            chat_id=chat_id, doc_ids=() if chat_id is not None else doc_ids),
-            finished=lambda estimate: self._show_estimate(estimate, chat_id, doc_ids))
+        # (a bound method, not a lambda: Qt drops it with a window closed before it comes)
+        self.runner.start("misc", lambda job: ((chat_id, doc_ids), self.engine.estimate(
+            chat_id=chat_id, doc_ids=() if chat_id is not None else doc_ids)),
+            finished=self._show_estimate)
 
     # -- settings and closing -----------------------------------------------------------------
 

@@ -47,9 +47,11 @@ class SwitchingMixin:
         self.chat_view.set_messages([])
         self.prompt.setFocus()
 
-    def _show_estimate(self, estimate, chat_id: int | None, doc_ids: list[int]) -> None:
-        """The slider's estimate; for a new chat, which of the documents ticked the context
-        cannot hold together, in the words its answer will use (the engine's)."""
+    def _show_estimate(self, asked) -> None:
+        """The slider's estimate (`asked`: ((chat id, document ids), the estimate)); for a new
+        chat, which of the documents ticked the context cannot hold together, in the words
+        its answer will use (the engine's)."""
+        (chat_id, doc_ids), estimate = asked
         if chat_id != self.chat_id or (chat_id is None
                                         and doc_ids != self.doc_list.checked_ids()):
             return  # (the chat or the ticks changed since: their own estimate follows)
