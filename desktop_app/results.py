@@ -245,6 +245,14 @@ class AskResult(Record):
     finish_reason: str = "stop"
 
 
+# A document's cache status in the user's words (`kvdesk docs`, the window's list).
+STATUS_WORDS = {"ready": "ready", "stale": "cached for another model only (a question computes "
+                "it for this one)", "none": "not cached here", "attaching": "being attached",
+                "unfinished": "did not finish: attach the file or run kvdesk remote pull again "
+                "(or kvdesk gc removes it)", "damaged": "cache unknown: the store's index of caches is damaged "
+                "(kvdesk verify)"}
+
+
 @dataclass(frozen=True)
 class DocumentInfo(Record):
     doc_id: int
@@ -254,7 +262,8 @@ class DocumentInfo(Record):
     kept_tokens: int
     cache_bytes: dict[str, int]  # per level, under the current model
     # ready | passages (too long for the context: answered from its passages) | stale (cached
-    # only under another model) | none | attaching | unfinished
+    # only under another model) | none | attaching | unfinished | damaged (the store's index
+    # of caches cannot be read): `STATUS_WORDS` says each to the user
     status: str
     created: float
     # Chunks that cannot be read: set aside after a failed check, missing, or needing a codec

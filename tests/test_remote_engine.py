@@ -243,7 +243,7 @@ def test_cli_remote_status_push_pull(machine_a, aws_env, tmp_path, s3_server):
     rc, out, err = kvdesk("remote", "pull", "--lazy", env=lazy)
     assert rc == 0 and "its cache streams when first used" in out, err
     rc, out, err = kvdesk("docs", env=lazy)
-    assert rc == 0 and "no cache here (a question streams the shared cache's), 0.0 MB" in out, err
+    assert rc == 0 and "not cached here (a question streams the shared cache's), 0.0 MB" in out, err
     rc, out, err = kvdesk("remote", "verify", "--json", env=shared)
     checked = json.loads(out)
     assert rc == 0 and checked["checked"] >= 1 and checked["objects"] and not checked["damaged"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import sqlite3
 import stat
@@ -212,7 +213,7 @@ def test_a_read_only_copy_of_a_store_in_use_reads_its_log(library, tmp_path):
     os.chmod(copy, stat.S_IRWXU)
 
 
-def _damage(data_dir, table: str) -> None:
+def _damage(data_dir, table: str, garbage: bytes = b"\xff" * 200) -> None:
     """Overwrite the cells of a table's root page, as a rotting sector would."""
     path = data_dir / "kvdesk.sqlite"
     conn = sqlite3.connect(path)
@@ -223,7 +224,7 @@ def _damage(data_dir, table: str) -> None:
     conn.close()
     with open(path, "r+b") as f:
         f.seek((root - 1) * page_size + 8)
-        f.write(b"\xff" * 200)
+        f.write(garbage)
 
 
 def test_a_damaged_table_is_found_at_open_and_nothing_more_is_written(filled):
@@ -270,6 +271,20 @@ def test_the_command_line_on_a_damaged_store_says_so_once_without_a_traceback(li
     asked = kvdesk(library, "ask", "1", "hi", "--no-server")
     assert asked.returncode == 1 and "Error: the store" in asked.stderr
     assert "recompute" not in asked.stderr and "Traceback" not in asked.stderr
+
+
+@pytest.mark.model  # `docs` loads the model: its fingerprint says which caches are current
+def test_damage_in_the_cache_index_alone_still_lists_the_chats_and_documents(library):
+    """The KV entries' table is only caches: damaged, the chats and documents still list
+    (the probe's `chats` and `docs` refused, and only moving the file aside was offered)."""
+    _damage(library, "kv_entries", random.Random(0).randbytes(4000))  # (the whole page)
+    for what, title in (("chats", "About the doc"), ("docs", "Doc")):
+        listed = kvdesk(library, what, "--json")
+        assert listed.returncode == 0, listed.stderr
+        assert [x["title"] for x in json.loads(listed.stdout)] == [title]
+        assert "is damaged" in listed.stderr and "Traceback" not in listed.stderr
+    (doc,) = json.loads(kvdesk(library, "docs", "--json").stdout)
+    assert doc["status"] == "damaged"
 
 
 def test_damage_in_a_chunks_pages_is_a_damaged_chunk_and_a_damaged_file(tmp_path):

@@ -27,7 +27,14 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from desktop_app.results import ChatInfo, DocumentInfo, Progress, counted, size_text
+from desktop_app.results import (
+    STATUS_WORDS,
+    ChatInfo,
+    DocumentInfo,
+    Progress,
+    counted,
+    size_text,
+)
 
 from .formatting import shortened
 
@@ -256,10 +263,7 @@ class DocumentList(QWidget):
         self.list.clear()
         for doc in docs:
             size = sum(doc.cache_bytes.values())
-            status = {"ready": "ready", "stale": "cached for another model",
-                      "none": "not cached", "attaching": "being attached",
-                      "unfinished": "did not finish: attach or pull it again"}.get(doc.status,
-                                                                           doc.status)
+            status = STATUS_WORDS.get(doc.status, doc.status)
             tokens = (counted(doc.tokens, "token") if doc.kept_tokens == doc.tokens
                       else f"{doc.kept_tokens:,} of {counted(doc.tokens, 'token')}")
             if doc.passages:  # too long for the context: answered from its passages' KV

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from store import Chat, Document, Entry, Message, NotFoundError, Store
+from store import Chat, DamagedError, Document, Entry, Message, NotFoundError, Store
 
 from ..errors import EngineError, MissingError
 from ..model.prompts import UNTITLED, title_of
@@ -38,16 +38,17 @@ class DocumentCaches:
     """Where each document's own cache is (its whole text's KV: not a passage's, nor a chat's)
     as seen from the model `fingerprint`: the one rule of what is ready and what is stale."""
 
-    def __init__(self, store: Store, fingerprint: str):
+    def __init__(self, store: Store | None, fingerprint: str):
         self.roots: dict[int, list[Entry]] = {}  # least recently used first
-        for entry in store.entries():
+        for entry in store.entries() if store is not None else ():
             if entry.document_id is not None and entry.parent_id is None and not entry.passage:
                 self.roots.setdefault(entry.document_id, []).append(entry)
         # Each document's most recently used cache under this model.
         self.current = {doc_id: [e for e in entries if e.model == fingerprint][-1]
                         for doc_id, entries in self.roots.items()
                         if any(e.model == fingerprint for e in entries)}
-        self.passages = store.passage_counts()  # a long document's cache is its passages' KV
+        # a long document's cache is its passages' KV
+        self.passages = store.passage_counts() if store is not None else {}
 
     def stale(self, doc_id: int) -> bool:
         """Whether the document is cached only under other models (computing it under this
@@ -137,14 +138,19 @@ class Library:
         whose first attach is under way has no cache yet ("attaching"), nor one whose attach
         or pull was killed ("unfinished": attaching or pulling it again finishes it, `gc` removes
         it)."""
-        caches = DocumentCaches(self.store, fingerprint)
+        try:
+            caches = DocumentCaches(self.store, fingerprint)
+            # (a passage's KV is its document's whichever document's passage stored it)
+            held = self.store.passage_kv(fingerprint)
+            passage_kv = {doc_id: set(ids.values()) for doc_id, ids in held.items()}
+            sizes = self.store.entry_level_bytes([e.id for e in caches.current.values()] + [
+                i for ids in passage_kv.values() for i in ids])
+            damaged = self.store.damaged(e.id for e in caches.current.values())
+            index = True
+        except DamagedError:  # the caches' index alone (said): the documents still list
+            caches, held, passage_kv, sizes, damaged, index = (
+                DocumentCaches(None, fingerprint), {}, {}, {}, {}, False)
         current, passages = caches.current, caches.passages
-        # (a passage's KV is its document's whichever document's passage stored it)
-        held = self.store.passage_kv(fingerprint)
-        passage_kv = {doc_id: set(by_passage.values()) for doc_id, by_passage in held.items()}
-        sizes = self.store.entry_level_bytes(
-            [e.id for e in current.values()] + [i for ids in passage_kv.values() for i in ids])
-        damaged = self.store.damaged(e.id for e in current.values())
         counts = self.store.document_tokens(fingerprint)
         attaching = self.store.attaching()
         all_docs = self.store.documents()
@@ -152,7 +158,7 @@ class Library:
         for doc in all_docs:
             entry = current.get(doc.id)
             status = "ready" if entry else "passages" if passages.get(doc.id) else (
-                "stale" if caches.stale(doc.id) else "none")
+                "stale" if caches.stale(doc.id) else "none" if index else "damaged")
             if doc.id in attaching and not entry:
                 status = "attaching" if attaching[doc.id] else "unfinished"
             # Counted by attach under this model; a document attached by an older kvdesk has
@@ -201,10 +207,13 @@ class Library:
         exact context is computed in the background), "blended" until then."""
         counts = self.store.message_counts()
         docs = self.store.chat_document_ids()
-        cached = {e.chat_id for e in self.store.entries() if e.chat_id is not None}
+        try:
+            cached = {e.chat_id for e in self.store.entries() if e.chat_id is not None}
+        except DamagedError:  # the caches' index alone (said): the chats still list
+            cached = None
 
         def mode(chat_id: int) -> str | None:
-            if len(docs.get(chat_id, [])) < 2 or not counts.get(chat_id):
+            if len(docs.get(chat_id, [])) < 2 or not counts.get(chat_id) or cached is None:
                 return None
             return "exact" if chat_id in cached else "blended"
 

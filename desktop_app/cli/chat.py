@@ -14,7 +14,7 @@ import click
 from ..app import App
 from ..errors import Cancelled, is_user_error
 from ..options import GenerationOptions, RestoreOptions
-from ..results import AttachFailure, Source, counted, restore_phrase, size_text
+from ..results import STATUS_WORDS, AttachFailure, Source, counted, restore_phrase, size_text
 from .base import (
     TerminalProgress,
     cli,
@@ -321,20 +321,19 @@ def docs(app: App, as_json: bool):
     only_reading(app)
     rows = app.engine.documents()
     # (not cached here: a question streams it from the shared cache when that holds it)
-    none = "no cache here" + (" (a question streams the shared cache's)" if any(
-        d.status == "none" for d in rows) and app.engine.sharing.auto_pull else "")
+    words = {**STATUS_WORDS, "none": STATUS_WORDS["none"] + (
+        " (a question streams the shared cache's)" if any(d.status == "none" for d in rows)
+        and app.engine.sharing.auto_pull else "")}
     emit([d.as_dict() for d in rows], as_json, [
         f"[{d.doc_id}] {d.title} — {counted(d.tokens, 'token')}"
         + (f" ({d.kept_tokens:,} kept)" if d.status == "ready" and d.kept_tokens < d.tokens
            else "")
         + (f", {d.passages:,} passages ({d.passages_cached:,} with their KV)"
            if d.passages else "")
-        + ("" if d.status == "passages" else f", {none if d.status == 'none' else d.status}")
+        + ("" if d.status == "passages" else f", {words.get(d.status, d.status)}")
         + f", {sum(d.cache_bytes.values()) / 1e6:.1f} MB cached"
         + (f", {d.damaged_chunks} damaged chunks (kvdesk verify --repair)"
            if d.damaged_chunks else "")
-        + (" (its attach or pull did not finish: attach the file or run kvdesk remote pull "
-           "again, or kvdesk gc removes it)" if d.status == "unfinished" else "")
         + (" (its file has changed since it was attached" + (
             f"; document {d.newer} holds the new text)" if d.newer is not None else ")")
            if d.file_changed else "") for d in rows] or ["no documents yet: kvdesk attach FILE"])
