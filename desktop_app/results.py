@@ -246,11 +246,12 @@ class AskResult(Record):
 
 
 # A document's cache status in the user's words (`kvdesk docs`, the window's list).
-STATUS_WORDS = {"ready": "ready", "stale": "cached for another model only (a question computes "
-                "it for this one)", "none": "not cached here", "attaching": "being attached",
-                "unfinished": "did not finish: attach the file or run kvdesk remote pull again "
-                "(or kvdesk gc removes it)", "damaged": "cache unknown: the store's index of caches is damaged "
-                "(kvdesk verify)"}
+STATUS_WORDS = {
+    "ready": "ready", "none": "not cached here", "attaching": "being attached",
+    "stale": "cached for another model only (a question computes it for this one)",
+    "unfinished": "did not finish: attach the file or run kvdesk remote pull again (or kvdesk "
+                  "gc removes it)",
+    "damaged": "cache unknown: the store's index of caches is damaged (kvdesk verify)"}
 
 
 @dataclass(frozen=True)
