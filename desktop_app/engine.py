@@ -152,10 +152,9 @@ class Engine:
         return str(self.store.damage_error()) if self.store.damage else None
 
     def _writable(self) -> None:
-        """A damaged store refuses new work (ask, regenerate, attach, prefill) before it is
-        computed, not after."""
-        if self.store.damage:
-            raise self.store.damage_error()
+        """A damaged or read-only store refuses new work (ask, regenerate, attach, prefill)
+        before it is computed, not after."""
+        self.store.check_writable()
 
     @property
     def generation_defaults(self) -> GenerationOptions:

@@ -86,6 +86,11 @@ class Store(LibraryStore, PassageStore, PassageKVStore, SplitStore):
         """What SQLite found damaged in the file (when opened, or by a later read), or None."""
         return self._db.damage
 
+    def check_writable(self) -> None:
+        """Refuse work whose result could not be stored, before it is done: DamagedError or
+        ReadOnlyError, as a write would raise."""
+        self._db.check_writable()
+
     def damage_error(self) -> DamagedError:
         """What a damaged file means for the user, and what to do (`damage` set)."""
         return self._db.damaged_error()

@@ -146,11 +146,13 @@ def library(tmp_path):
 
 @pytest.mark.model  # `docs` loads the model: its fingerprint says which caches are current
 def test_a_read_only_directory_lists_and_verifies_writing_nothing(library):
+    with open_store(library) as store:  # (no message to tokenize: nothing written before)
+        store.create_chat("Not asked yet", [1])
     before = make_read_only(library)
     chats = kvdesk(library, "chats", "--json")
     assert chats.returncode == 0, chats.stderr
-    assert [(c["title"], c["messages"]) for c in json.loads(chats.stdout)] == [
-        ("About the doc", 1)]
+    assert sorted((c["title"], c["messages"]) for c in json.loads(chats.stdout)) == [
+        ("About the doc", 1), ("Not asked yet", 0)]
     docs = kvdesk(library, "docs", "--json")
     assert docs.returncode == 0, docs.stderr
     assert [d["title"] for d in json.loads(docs.stdout)] == ["Doc"]
@@ -162,6 +164,9 @@ def test_a_read_only_directory_lists_and_verifies_writing_nothing(library):
     refused = kvdesk(library, "rm", "chat", "1")
     assert refused.returncode == 1 and refused.stderr.startswith("Error: the data directory")
     assert "read-only" in refused.stderr and "Traceback" not in refused.stderr
+    # A question too, before its answer is computed (it could not be kept).
+    asked = kvdesk(library, "ask", "--chat", "2", "hi", "--no-server", "--max-tokens", "2")
+    assert asked.returncode == 1 and asked.stdout == "" and "read-only" in asked.stderr
     # A server, which stores every chat and cache it makes, is refused before it serves.
     serve = kvdesk(library, "serve", "--port", "0", "--ollama-port", "0")
     assert serve.returncode == 1 and "Traceback" not in serve.stderr, serve.stderr

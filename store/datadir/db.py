@@ -277,14 +277,18 @@ class Connections:
             db = self._local.db = sqlite_utils.Database(conn, execute_plugins=False)
         return db
 
-    @contextlib.contextmanager
-    def write(self) -> Iterator[sqlite_utils.Database]:
-        """A write transaction: takes the write lock first, commits on success, else rolls back."""
+    def check_writable(self) -> None:
+        """Raise what a write would (DamagedError, ReadOnlyError), without writing."""
         if self.damage is not None:
             raise self.damaged_error()
         if self.read_only:
             raise ReadOnlyError(f"the data directory {self.path.parent} is read-only: kvdesk "
                                 "can list and verify what it holds, not change it")
+
+    @contextlib.contextmanager
+    def write(self) -> Iterator[sqlite_utils.Database]:
+        """A write transaction: takes the write lock first, commits on success, else rolls back."""
+        self.check_writable()
         db = self.get()
         db.conn.execute("BEGIN IMMEDIATE")
         try:
