@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 import desktop_app.cli.base as base
 from desktop_app.cli import cli
-from desktop_app.results import AskResult
+from desktop_app.results import AskResult, Progress
 
 
 class FakeEngine:
@@ -178,3 +178,13 @@ def test_the_sources_of_a_plain_answer_name_their_documents_by_title(
     assert result.exit_code == 0, (result.output, result.exception)
     assert f"source: long.py #209 [lines 3-4]\nsource: document {doc.id + 1} #7 [lines 1-2]" \
         in result.stderr
+
+
+def test_a_turn_held_by_another_process_is_said_in_words(capsys):
+    """(It read "wait   0% (0/1)" while another process answered in the chat.)"""
+    progress = base.TerminalProgress()
+    progress(Progress("wait", 0, 1))
+    progress(Progress("restore", 1, 4))
+    err = capsys.readouterr().err.splitlines()
+    assert err == [base.WAITING, "restore  25% (1/4)"]
+    assert "another kvdesk process" in base.WAITING

@@ -95,6 +95,10 @@ def cli(ctx: click.Context, model: str | None, data_dir: str | None, n_ctx: int 
     ctx.call_on_close(app.close)
 
 
+# A chat's turn or a file's attach held by another process (`turns.waited`): no percentage.
+WAITING = "waiting for another kvdesk process to finish its turn here (Ctrl-C stops waiting)"
+
+
 class TerminalProgress:
     """A one-line progress display on stderr, redrawn in place on a terminal."""
 
@@ -113,7 +117,8 @@ class TerminalProgress:
         if key == self.last:
             return
         self.last = key
-        line = f"{p.title + ': ' if p.title else ''}{p.phase} {pct:3d}% ({p.done:,}/{p.total:,})"
+        line = f"{p.title + ': ' if p.title else ''}" + (
+            WAITING if p.phase == "wait" else f"{p.phase} {pct:3d}% ({p.done:,}/{p.total:,})")
         if self.tty:
             click.echo(f"\r\033[K{line}", nl=False, err=True)
         else:
