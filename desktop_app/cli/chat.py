@@ -340,9 +340,9 @@ def docs(app: App, as_json: bool):
     store = app.engine.store
     if not as_json and any(d.passages_cached < d.passages for d in rows) and \
             store.usage_bytes() >= 0.98 * store.budget_bytes:
-        say([f"the storage budget ({size_text(store.budget_bytes)}) is full: the background "
-             "pass has stopped, and a passage without its KV gets it when a question reads it "
-             "(a larger setting storage_budget_gb gives them all theirs)"])
+        say([f"the storage budget ({size_text(store.budget_bytes)}) is full: no more passages "
+             "are given their KV ahead of need, and a passage without it gets it when a "
+             "question reads it (a larger setting storage_budget_gb gives them all theirs)"])
 
 
 @cli.command()
