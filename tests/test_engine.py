@@ -341,6 +341,24 @@ def test_a_slow_shared_cache_is_not_counted_as_the_prefills_time(new_engine, tmp
     assert eng.speeds.prefill_tps > attached.kept_tokens / 3600
 
 
+def test_a_document_deleted_while_it_is_attached_is_said_so(new_engine, tmp_path):
+    """(The probe's `rm doc` during an attach ended it with "Error: no document 11".)"""
+    eng = new_engine()
+    pull = eng.attacher.sharing.pull_for_attach
+
+    def deleted_first(fingerprint, tokens, levels, document_id, **kw):
+        eng.delete_document(document_id)
+        return pull(fingerprint, tokens, levels, document_id, **kw)
+
+    eng.attacher.sharing.pull_for_attach = deleted_first
+    path = tmp_path / "short.txt"
+    path.write_text(DOC)
+    with pytest.raises(EngineError, match=r"short.txt: deleted \(document 1\) while it was "
+                                          "being attached: nothing of it is stored"):
+        eng.attach(path)
+    assert eng.store.documents() == [] and eng.store.entries() == []
+
+
 def test_bad_input(engine, tmp_path):
     (tmp_path / "empty.txt").write_bytes(b"")
     with pytest.raises(DocumentError):

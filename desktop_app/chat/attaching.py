@@ -25,7 +25,7 @@ from pathlib import Path
 
 from store import Document, NotFoundError, Store
 
-from ..errors import Cancelled
+from ..errors import Cancelled, EngineError
 from ..kv import speeds as speeds_mod
 from ..kv.contexts import ATTACH, Contexts
 from ..kv.kvcache import KVCache
@@ -158,8 +158,12 @@ class Attacher:
             except BaseException:
                 # Nothing half-stored: a new document leaves no trace, a known one keeps
                 # what it had (the entry writer aborts its own chunks).
-                if new:
-                    self.store.delete_document(doc.id)
+                try:
+                    if new:
+                        self.store.delete_document(doc.id)
+                except NotFoundError:  # (`rm doc` while it was computed)
+                    raise EngineError(f"{title}: deleted (document {doc.id}) while it was "
+                                      "being attached: nothing of it is stored") from None
                 raise
             if new:
                 self.store.finish_document(doc.id)
