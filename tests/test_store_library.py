@@ -122,6 +122,12 @@ def test_an_entry_holding_a_document_goes_with_it_and_is_never_written_after_it(
         store.write_entry("model-a", range(1900), levels=["raw"], parent_id=a_root.id,
                           holds=[a.id, d.id])
     assert count(store, "kv_entry_documents") == 0
+    # Nor one of a deleted document or chat: said, never a raw foreign-key error
+    with pytest.raises(NotFoundError, match="document .* is deleted"):
+        store.write_entry("model-a", range(100), levels=["raw"], document_id=d.id)
+    store.delete_chat(chat.id)
+    with pytest.raises(NotFoundError, match="chat .* is deleted"):
+        store.write_entry("model-a", range(100), levels=["raw"], chat_id=chat.id)
     assert orphans(store) == {}
 
 

@@ -91,8 +91,8 @@ def create_pending(
     `window_start`: the entry also has a window, the positions [window_start, len(tokens)).
     `passage`: it is the KV of a passage of `document_id`, not that document's prefix, whose
     text has the `passage_hash` (store.documents.passagekv). `holds`: the documents whose KV
-    it holds beyond its parent's, deleted with any of them (NotFoundError if one is already).
-    """
+    it holds beyond its parent's, deleted with any of them. NotFoundError: its document or
+    chat, or one it holds, is deleted already."""
     if chunk_size <= 0 or not levels or len(set(levels)) != len(levels):
         raise ValueError("an entry needs a positive chunk size and distinct level names")
     encoded = encode(tokens)
@@ -106,18 +106,18 @@ def create_pending(
     if n_tokens <= start:
         raise ValueError("nothing to store: the tokens do not extend past the parent entry")
     holds = sorted(set(holds))
-    if gone := [d for d in holds if not conn.execute(
-            "SELECT 1 FROM documents WHERE id = ?", (d,)).fetchone()]:
-        raise NotFoundError(f"document {gone[0]} is deleted")
+    owners = [("documents", "document", d) for d in [document_id, *holds] if d is not None]
+    for table, what, row in owners + [("chats", "chat", chat_id)] * (chat_id is not None):
+        if not conn.execute(f"SELECT 1 FROM {table} WHERE id = ?", (row,)).fetchone():
+            raise NotFoundError(f"{what} {row} is deleted")
     if window_start is not None and not 0 <= window_start < n_tokens:
         raise ValueError(f"a window from token {window_start} does not end at {n_tokens}")
     spans = chunk_spans(start, n_tokens, chunk_size)
     positions = ([start] if parent_id is not None else []) + [end for _, end in spans]
     hashes = prefix_hashes(fingerprint, encoded, positions)
     if parent_id is not None:
-        (parent_hash,) = conn.execute(
-            "SELECT prefix_hash FROM kv_entries WHERE id = ?", (parent_id,)
-        ).fetchone()
+        (parent_hash,) = conn.execute("SELECT prefix_hash FROM kv_entries WHERE id = ?",
+                                      (parent_id,)).fetchone()
         if hashes.pop(0) != parent_hash:
             raise ValueError(f"the tokens do not start with parent entry {parent_id}'s tokens")
     entry_id = conn.execute(
