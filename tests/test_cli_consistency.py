@@ -38,6 +38,19 @@ def test_listing_and_verifying_do_not_create_a_data_directory(tmp_path):
 
 
 @pytest.mark.model
+def test_commands_about_stored_things_do_not_create_a_data_directory(tmp_path):
+    """(A mistyped --data-dir made a store and its 16 MB reserve to say "no chat 1".)"""
+    data = tmp_path / "mistyped"
+    for command in (["gc"], ["rm", "chat", "1"], ["rm", "doc", "1"], ["passages", "1"],
+                    ["reopen", "1"], ["ask", "--chat", "1", "hi"], ["ask", "1", "hi"]):
+        proc = subprocess.run([sys.executable, "-m", "desktop_app", "--data-dir", str(data),
+                               *command], capture_output=True, text=True, timeout=300)
+        assert f"no data directory at {data} yet" in proc.stderr, (command, proc.stderr)
+        assert "Traceback" not in proc.stderr and not data.exists(), command
+        assert proc.returncode == (0 if command == ["gc"] else 1), (command, proc.stderr)
+
+
+@pytest.mark.model
 def test_info_does_not_create_a_data_directory(tmp_path, model_path):
     data = tmp_path / "nowhere"
     info = json.loads(kvdesk("--data-dir", str(data), "info", "--json").stdout)

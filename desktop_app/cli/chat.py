@@ -184,6 +184,8 @@ def ask(app: App, args, chat_id, docs, restore, generation, no_server, as_json):
         raise click.UsageError("usage: kvdesk ask DOC_ID QUESTION, kvdesk ask --doc ID --doc "
                                "ID QUESTION, or kvdesk ask --chat CHAT_ID QUESTION (quote the "
                                "question)")
+    if chat_id is not None or doc_ids:  # (stored ones: a mistyped --data-dir is not made)
+        only_reading(app)
     bar = TerminalProgress()
     started = []
 
@@ -295,6 +297,7 @@ def finish_exact(app: App, chat_id: int, blended: dict | None) -> None:
 @click.pass_obj
 def reopen(app: App, chat_id, restore, no_server, as_json):
     """Restore a chat's context into the model and report how."""
+    only_reading(app)  # (a stored chat: a mistyped --data-dir is not made)
     bar = TerminalProgress()
     client = server_client(app, no_server)
     if client is None:
@@ -380,6 +383,7 @@ def export(app: App, chat_id: int, fmt: str, as_json: bool):
 @click.pass_obj
 def rm(app: App, kind: str, item_id: int, as_json: bool):
     """Delete a document or a chat, with its caches."""
+    only_reading(app)  # (nothing to delete where there is no data directory)
     if kind == "doc":
         chats = app.engine.delete_document(item_id)
         emit({"deleted": kind, "id": item_id, "chats_kept": chats}, as_json,

@@ -127,6 +127,7 @@ def verify(app: App, repair: bool, as_json: bool):
 @click.pass_obj
 def gc(app: App, budget_gb: float | None, as_json: bool):
     """Evict least-recently-used caches beyond the storage budget."""
+    only_reading(app)  # (nothing to evict where there is no data directory)
     budget = values(GcOptions, budget_gb=budget_gb).budget_gb
     report = app.store.gc(None if budget is None else int(budget * 1e9))
     removed = report["abandoned_documents"]

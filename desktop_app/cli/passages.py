@@ -7,7 +7,7 @@ import click
 
 from ..app import App
 from ..passages import DEFAULT_K, DEFAULT_MODE, MODES
-from .base import cli, emit, json_option
+from .base import cli, emit, json_option, only_reading
 
 PREVIEW_CHARS = 100
 
@@ -31,6 +31,7 @@ def passages(app: App, doc_id: int, query: str | None, k: int, wide: bool, mode:
              chat_id: int | None, as_json: bool):
     """Show a long document's passages (where each is, its heading), or with --query those a
     chat reads for a question and the sentences of theirs its turn quotes."""
+    only_reading(app)  # (a stored document: a mistyped --data-dir is not made)
     if query is None and (wide or mode is not None or k != DEFAULT_K or chat_id is not None):
         raise click.UsageError("-k, --wide, --mode and --chat say how to retrieve: give "
                                "--query too")
