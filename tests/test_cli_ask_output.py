@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 import desktop_app.cli.base as base
 from desktop_app.cli import cli
-from desktop_app.results import AskResult, Progress
+from desktop_app.results import AskResult, AttachResult, Progress
 
 
 class FakeEngine:
@@ -42,6 +42,7 @@ def fake_app(monkeypatch, tmp_path):
         class FakeApp:
             def __init__(self, settings, *, background):
                 self.engine = make_engine()
+                self.data_dir, self.reads_only = tmp_path, False
 
             def preload(self):
                 pass
@@ -188,3 +189,20 @@ def test_a_turn_held_by_another_process_is_said_in_words(capsys):
     err = capsys.readouterr().err.splitlines()
     assert err == [base.WAITING, "restore  25% (1/4)"]
     assert "another kvdesk process" in base.WAITING
+
+
+def test_an_attach_the_storage_budget_could_not_keep_says_not_stored(fake_app, tmp_path):
+    """(It said "raw 35.6 MB -> high 0.0 MB, balanced 0.0 MB, compact 0.0 MB", as if the
+    codec had made nothing of it.)"""
+    class Attaching:
+        def attach(self, path, **options) -> AttachResult:
+            return AttachResult(1, "big.txt", 5000, 5000, 9.0, 1.0, 35_600_000,
+                                {"high": 0, "balanced": 0}, warnings=["this cache ... is "
+                                "larger than the whole storage budget: it is not stored"])
+
+    fake_app(Attaching)
+    (tmp_path / "big.txt").write_text("text")
+    result = CliRunner().invoke(cli, ["--data-dir", str(tmp_path / "data"), "attach",
+                                      "--no-server", str(tmp_path / "big.txt")])
+    assert result.exit_code == 0, result.output
+    assert "raw 35.6 MB -> not stored" in result.stdout and "0.0 MB" not in result.stdout

@@ -88,7 +88,8 @@ def attach(app: App, files: tuple[str, ...], levels: list[str] | None, no_server
                               "a passage's KV is computed when a question first reads it (the "
                               "window and `kvdesk serve` compute them all in the background)"))
             elif not as_json:
-                sizes = ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in res.stored_bytes.items())
+                sizes = ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in res.stored_bytes.items()
+                                  ) if any(res.stored_bytes.values()) else "not stored"
                 how = "already cached" if res.reused else (
                     f"from the shared cache in {res.encode_s:.1f} s" if res.pulled else
                     f"prefill {res.prefill_s:.1f} s, encode {res.encode_s:.1f} s")
