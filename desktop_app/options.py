@@ -8,6 +8,7 @@ front end and every layer of the engine imports these without importing anything
 
 from __future__ import annotations
 
+import pydantic
 from pydantic import Field
 
 from .validation import UserValues
@@ -25,6 +26,14 @@ class RestoreOptions(UserValues):
     # declared (and enforced) read bandwidth, in MB/s: a slow link
     bandwidth_MBps: float | None = Field(None, gt=0, le=1e6)
     no_cache: bool = False  # recompute everything from text: the baseline
+
+    @pydantic.field_validator("no_cache")
+    @classmethod
+    def _no_level(cls, value: bool, info: pydantic.ValidationInfo) -> bool:
+        if value and info.data.get("level", AUTO) != AUTO:  # (checked before it: declared first)
+            raise ValueError(f"recomputes everything from text: the level "
+                             f"{info.data['level']!r} given with it would not apply")
+        return value
 
 
 class GenerationOptions(UserValues):

@@ -21,6 +21,7 @@ from desktop_app import settings as settings_mod
 from desktop_app.app import App
 from desktop_app.cli import main
 from desktop_app.options import GenerationOptions, RestoreOptions
+from desktop_app.validation import InvalidValue, parse
 from ui.testing import FakeEngine
 
 SETTING_KEYS = [*settings_mod.Settings.model_fields, "version", "nonsense", ""]
@@ -153,3 +154,14 @@ def test_a_data_folder_or_ports_the_settings_refuse_are_refused_on_every_path(
     # A relative folder typed on the command line is the shell's, as any command's
     code, out, err = run(capsys, ["--data-dir", "rel", "info", "--json"])
     assert code == 0 and json.loads(out)["data_dir"] == str(Path("rel").absolute().resolve())
+
+
+def test_a_level_given_with_no_cache_is_refused_not_ignored(capsys):
+    """(`reopen 6 --level compact --no-cache` recomputed in silence: the level never applied.)"""
+    for argv in (["reopen", "6", "--level", "compact", "--no-cache"],
+                 ["ask", "--chat", "6", "hi", "--level", "high", "--no-cache", "--json"]):
+        code, out, err = run(capsys, argv)
+        check_outcome(code, out, err, "--json" in argv)
+        assert code == 1 and "--no-cache: recomputes everything from text" in err, err
+    with pytest.raises(InvalidValue, match="no_cache: recomputes everything"):
+        parse(RestoreOptions, {"level": "compact", "no_cache": True})  # (the API's path)
