@@ -11,6 +11,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from desktop_app.app import App
+from desktop_app.results import Completion, RestoreReport
 from desktop_app.server import bridge
 from desktop_app.server.api import create_api
 from desktop_app.settings import Settings
@@ -112,3 +113,34 @@ def test_a_busy_port_is_said_before_the_model_loads(tmp_path, capsys):
     held = discovery.claim(tmp_path)
     assert held is not None  # (let go)
     os.close(held)
+
+
+class CutShort:
+    """An engine whose answer the server's stopping cuts after its first words."""
+
+    def complete(self, prompt, *, cancel=None, on_token=None, on_start=None, **options):
+        if on_start:
+            on_start()
+        if on_token:
+            on_token("The keeper")
+        return Completion("The keeper", "cancelled", 5, 2, 0.1,
+                          RestoreReport(4, 0.0, 0, [], 4), 0, False)
+
+
+@pytest.mark.parametrize("url, body", [("/v1/chat/completions", {"messages": USER}),
+                                       ("/v1/completions", {"prompt": "hi"})])
+def test_an_answer_cut_short_is_an_error_not_a_finish_reason_clients_do_not_know(
+        tmp_path, url, body):
+    """OpenAI's finish reasons have none for an answer stopped after it began (the server
+    stopping): whole or streamed, it ends in an error, as Ollama's routes end it."""
+    app = App(Settings(data_dir=str(tmp_path)))
+    app.__dict__["engine"] = CutShort()
+    c = TestClient(create_api(app, api_key=None, stopping=bridge.Stopping()),
+                   base_url="http://127.0.0.1:8765")
+    whole = c.post(url, json={"model": "default", **body})
+    assert whole.status_code == 503 and "cut short" in whole.json()["error"]["message"]
+    streamed = c.post(url, json={"model": "default", "stream": True, **body})
+    events = [line.removeprefix("data:").strip() for line in streamed.text.splitlines()
+              if line.startswith("data:")]
+    assert events[-1] == "[DONE]" and "cut short" in json.loads(events[-2])["error"]["message"]
+    assert not any('"finish_reason": "cancelled"' in e for e in events)

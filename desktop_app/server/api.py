@@ -51,7 +51,7 @@ from ..results import Progress
 from ..validation import first_problem, parse, problem
 from . import bridge, edges, embeddings
 from . import schemas as s
-from .failures import ApiError, error_of, json_response
+from .failures import ApiError, cut_body, error_of, finished, json_response, refuse_cut
 from .served import Served
 
 PING_S = 1.0  # streamed responses stay alive, and a client's stop is noticed within this
@@ -144,6 +144,7 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
         if not body.stream:
             done = await bridge.call(request, stopping, lambda cancel: engine().complete(
                 messages, cancel=cancel, **options))
+            refuse_cut(done)
             return s.completion(done, cid=cid, model=body.model)
         include_usage = body.stream_options is not None and body.stream_options.include_usage
 
@@ -161,6 +162,8 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
                     yield _data(s.chunk(cid=cid, model=body.model, delta={"content": item}))
                 elif kind == "error":
                     yield _data(error_of(item)[1])
+                elif not finished(item):
+                    yield _data(cut_body())
                 else:
                     yield _data(s.chunk(cid=cid, model=body.model, delta={},
                                         finish_reason=item.finish_reason,

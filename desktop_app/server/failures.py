@@ -37,6 +37,24 @@ def cut_short() -> str:
     return error_of(Cancelled(CUT_SHORT))[1]["error"]["message"]
 
 
+def finished(done) -> bool:
+    """Whether a completion ended as OpenAI's and Ollama's answers can (their finish reasons
+    have none for an answer stopped after it began, by the server stopping): one that did not
+    is an error (`refuse_cut`, `cut_body`), so that no client keeps it as a whole answer."""
+    return done.finish_reason != "cancelled"
+
+
+def refuse_cut(done) -> None:
+    """A whole (not streamed) answer stopped after it began: the request's error."""
+    if not finished(done):
+        raise Cancelled(CUT_SHORT)
+
+
+def cut_body() -> dict:
+    """A streamed answer stopped after it began: its last event, in OpenAI's error shape."""
+    return error_of(Cancelled(CUT_SHORT))[1]
+
+
 def json_response(status: int, body: dict) -> JSONResponse:
     return JSONResponse(body, status_code=status)
 

@@ -31,7 +31,7 @@ from ..validation import InvalidValue, null_is_default
 from . import bridge, streams
 from . import schemas as s
 from .api import PING_S, _data
-from .failures import ApiError, error_of
+from .failures import ApiError, cut_body, error_of, finished, refuse_cut
 from .served import Served
 
 
@@ -98,11 +98,14 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
         if not body.stream:
             done: Completion = await bridge.call(request, stopping, lambda cancel: app.engine
                                                  .complete(prompt, cancel=cancel, **options))
+            refuse_cut(done)
             return {**shaped(done.text, done.finish_reason), "usage": s.usage(done),
                     "kvdesk": s.restore_info(done)}
         include_usage = body.stream_options is not None and body.stream_options.include_usage
 
         def last(done: Completion) -> list[dict]:
+            if not finished(done):
+                return [cut_body()]
             final = [{**shaped("", done.finish_reason), "kvdesk": s.restore_info(done)}]
             if include_usage:
                 final.append({**shaped("", None), "choices": [], "usage": s.usage(done)})

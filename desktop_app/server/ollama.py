@@ -41,11 +41,11 @@ from fastapi.responses import PlainTextResponse
 from .. import __version__
 from ..app import App
 from ..chat.completions import RawPrompt
-from ..errors import Cancelled, ContextFullError
+from ..errors import ContextFullError
 from ..results import Completion
 from . import bridge, embeddings, streams
 from . import ollama_shapes as sh
-from .failures import CUT_SHORT, ApiError, cut_short, error_of
+from .failures import ApiError, cut_short, error_of, finished, refuse_cut
 from .served import Served
 
 # The Ollama release whose API this subset follows: clients that gate features on the
@@ -158,14 +158,13 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
         if not body.stream:
             done = await bridge.call(request, stopping, lambda cancel: call(cancel=cancel,
                                                                             on_start=take))
-            if done.finish_reason == "cancelled":
-                raise Cancelled(CUT_SHORT)
+            refuse_cut(done)
             return {**piece(model, done.text, done=True), **sh.final(done, started, taken[0])}
 
         def last(d: Completion) -> list[dict]:
             # Ollama has no done_reason for an answer cut short: an error line, so that a
             # client does not keep it as a finished answer.
-            if d.finish_reason == "cancelled":
+            if not finished(d):
                 return [sh.error(cut_short())]
             return [{**piece(model, "", done=True), **sh.final(d, started, taken[0])}]
 
