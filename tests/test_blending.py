@@ -138,44 +138,44 @@ def test_deleting_a_later_document_drops_the_chats_cache_and_the_chat_goes_on(en
     assert [e for e in engine.store.entries() if e.chat_id == chat]
 
 
-def test_an_exact_pass_over_a_document_deleted_meanwhile_computes_the_chat_as_it_is(engine):
-    """(The context it computed holds the deleted document's KV: stored, it is an entry no
-    reopen could ever read.)"""
-    yielded, deleted = engine.exactness.yield_to_turns, []
-
-    def delete_first(*args):
+def deleting_first(engine, deleted: list, call):
+    """`call`, the second document deleted before its first run."""
+    def wrapped(*args, **kw):
         if not deleted:
             deleted.append(engine.doc_ids[1])
             engine.delete_document(engine.doc_ids[1])
-        return yielded(*args)
+        return call(*args, **kw)
 
-    engine.exactness.yield_to_turns = delete_first
+    return wrapped
+
+
+def stored_as_it_is(engine, chat: int) -> bool:
+    """Whether the chat's context as it is now is stored exactly, and nothing longer."""
+    _, tokens, _ = engine.session.conversation(engine.runtime, chat)
+    return engine.store.longest_prefix(engine.fingerprint, tokens, touch=False).n_tokens == \
+        len(tokens) and all(e.token_end <= len(tokens) for e in engine.store.entries()
+                            if e.chat_id == chat)
+
+
+def test_an_exact_pass_over_a_document_deleted_meanwhile_computes_the_chat_as_it_is(engine):
+    """(The context it computed holds the deleted document's KV: stored, it is an entry no
+    reopen could ever read.)"""
+    deleted = []
+    engine.exactness.yield_to_turns = deleting_first(engine, deleted,
+                                                     engine.exactness.yield_to_turns)
     chat = ask(engine, doc_ids=engine.doc_ids).chat_id
     assert engine.exactness.idle.wait(300) and deleted
-    _, tokens, _ = engine.session.conversation(engine.runtime, chat)
-    assert engine.store.longest_prefix(engine.fingerprint, tokens, touch=False).n_tokens == \
-        len(tokens)
-    assert all(e.token_end <= len(tokens) for e in engine.store.entries() if e.chat_id == chat)
+    assert stored_as_it_is(engine, chat)
 
 
 def test_a_document_deleted_as_a_cache_holding_it_is_stored_is_in_no_entry(engine):
     """Deleted after the exact pass last read the chat, as it stores it: the chat is computed
     as it is now. Deleted during an answer: that turn's cache is not stored, and says why."""
-    store_chat, deleted = engine.session.kv.store_chat, []
-
-    def delete_then_store(*args, **kw):
-        if not deleted:
-            deleted.append(engine.doc_ids[1])
-            engine.delete_document(engine.doc_ids[1])
-        return store_chat(*args, **kw)
-
-    engine.session.kv.store_chat = delete_then_store
+    deleted = []
+    engine.session.kv.store_chat = deleting_first(engine, deleted, engine.session.kv.store_chat)
     chat = ask(engine, doc_ids=engine.doc_ids).chat_id
     assert engine.exactness.idle.wait(300) and deleted
-    _, tokens, _ = engine.session.conversation(engine.runtime, chat)
-    assert engine.store.longest_prefix(engine.fingerprint, tokens, touch=False).n_tokens == \
-        len(tokens)
-    assert all(e.token_end <= len(tokens) for e in engine.store.entries() if e.chat_id == chat)
+    assert stored_as_it_is(engine, chat)
 
     def delete_last(_):
         if len(deleted) == 1:
