@@ -331,13 +331,17 @@ def m011_prompt_caches(conn: sqlite3.Connection) -> None:
 
 
 # The documents whose KV an entry holds beyond its parent's (a chat's or a conversation's over
-# several documents): deleting a document deletes them (`library.delete`), and an entry naming
-# a document deleted before it is written is refused in the same transaction (`create_pending`).
+# several documents): deleting a document deletes them, whatever deletes it (the trigger), and
+# an entry naming a document deleted before it is written is refused in the same transaction
+# (`create_pending`).
 M012_ENTRY_DOCUMENTS = (
     "CREATE TABLE kv_entry_documents (entry_id INTEGER NOT NULL REFERENCES kv_entries(id)"
     " ON DELETE CASCADE, document_id INTEGER NOT NULL REFERENCES documents(id)"
     " ON DELETE CASCADE, PRIMARY KEY (entry_id, document_id)) WITHOUT ROWID",
-    "CREATE INDEX kv_entry_documents_document ON kv_entry_documents(document_id)")
+    "CREATE INDEX kv_entry_documents_document ON kv_entry_documents(document_id)",
+    "CREATE TRIGGER documents_take_what_holds_them BEFORE DELETE ON documents BEGIN"
+    " DELETE FROM kv_entries WHERE id IN (SELECT entry_id FROM kv_entry_documents"
+    " WHERE document_id = OLD.id); END")
 
 
 def m012_entry_documents(conn: sqlite3.Connection) -> None:

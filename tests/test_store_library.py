@@ -106,16 +106,21 @@ def test_deleting_a_later_document_of_a_chat_removes_the_chats_caches_holding_it
 
 def test_an_entry_holding_a_document_goes_with_it_and_is_never_written_after_it(store):
     """A conversation's entry over [A, D] names no chat: it goes with D because it says it
-    holds D, even while still being written; once D is gone, no entry holding it starts."""
-    a, d = (store.add_document(h, h.upper(), h, type="txt") for h in ("a", "d"))
+    holds D, even while still being written, whatever deletes D (a killed attach's leftovers
+    too); once D is gone, no entry holding it starts."""
+    a, d, left = (store.add_document(h, h.upper(), h, type="txt") for h in ("a", "d", "l"))
     a_root = put_entry(store, range(600), document_id=a.id)
     held = put_entry(store, range(1700), parent_id=a_root.id, holds=[d.id])
     put_entry(store, range(2000), parent_id=held.id)  # a later turn's, extending it
-    chat = store.create_chat("A and D", [a.id, d.id])
     writer = store.write_entry("model-a", range(1800), levels=["raw"], parent_id=a_root.id,
-                               chat_id=chat.id, holds=[a.id, d.id])
+                               holds=[a.id, d.id])
     store.delete_document(d.id)
     assert [e.id for e in store.entries()] == [a_root.id]
+    put_entry(store, range(1600), parent_id=a_root.id, holds=[left.id])
+    with store._db.write() as db:  # (as gc drops an unfinished document: no library call)
+        db.execute("DELETE FROM documents WHERE id = ?", (left.id,))
+    assert [e.id for e in store.entries()] == [a_root.id]
+    chat = store.create_chat("About A", [a.id])
     with pytest.raises(NotFoundError, match="removed while being written"):
         writer.put_chunk(writer.spans[0].chunk_index, "raw", b"kv")
     with pytest.raises(NotFoundError, match="document .* is deleted"):

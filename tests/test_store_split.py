@@ -41,6 +41,17 @@ def test_a_split_moves_the_chunks_and_the_rest_extends_the_new_entry(store):
     assert report["corrupt"] == [] and report["missing"] == [] and orphans(store) == {}
 
 
+def test_both_parts_hold_the_documents_the_entry_held(store):
+    """(An API conversation over [A, B] split where a later request parts from it: B's part
+    stayed behind once B was deleted.)"""
+    a, b = (store.add_document(h, h.upper(), h, type="txt") for h in ("a", "b"))
+    entry = put_entry(store, range(600), chunk_size=64, holds=[a.id, b.id])
+    head = store.split_entry(entry.id, 192)
+    store.delete_document(b.id)
+    assert [e.id for e in store.entries() if e.id in (head.id, entry.id)] == []
+    assert orphans(store) == {}
+
+
 def test_what_cannot_be_split_there_is_refused_and_left_as_it_was(store, tmp_path):
     entry = put_entry(store, range(600), chunk_size=64)
     for at in (0, 100, 600, 700):  # not inside it, or not at a chunk's end

@@ -6,7 +6,8 @@ from that entry; the new entry can only extend one that ends where it begins. Ra
 encode the shared part again from the context (where it came back at a lossy level: compact's
 error stored under `high`'s name), the entry is split there: a new entry takes its first
 chunks, at every level, bytes unchanged (sealed again to their new place), and the rest of it
-extends the new one. Nothing is read but the chunks' bytes, to check and seal them.
+extends the new one; both parts hold the documents it held (`kv_entry_documents`). Nothing is
+read but the chunks' bytes, to check and seal them.
 
 Only an entry of no document and no passage (a prompt's or a chat's), without a window part
 (a sliding-window model's entry ends where its window does), is split. This module never
@@ -45,6 +46,9 @@ def split(conn: sqlite3.Connection, entry_id: int, at: int, now: float) -> int:
         " calibration) SELECT model, ?, token_start, ?, parent_id, chunk_size, levels, ?,"
         " document_id, chat_id, 1, last_used, ?, calibration FROM kv_entries WHERE id = ?",
         (prefix, at, tokens[:cut], now, entry_id)).lastrowid
+    # (the documents it holds: deleting one deletes both parts, as it did the whole)
+    conn.execute("INSERT INTO kv_entry_documents SELECT ?, document_id FROM kv_entry_documents"
+                 " WHERE entry_id = ?", (new_id, entry_id))
     conn.executemany(
         "INSERT INTO kv_spans (entry_id, chunk_index, token_start, token_end, prefix_hash,"
         " window_part) SELECT ?, chunk_index, token_start, token_end, prefix_hash, 0"

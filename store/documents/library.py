@@ -6,9 +6,10 @@ chat continued under another model is tokenized again from its text, never fed a
 model's ids. Listings aggregate in SQL (message counts, document ids per chat), so listing
 chats never loads their messages.
 
-This module never touches KV entries or chunks beyond the cascades the schema declares, a
-passage entry shared with another document (which `passagekv.hand_over` keeps), and the
-entries of the chats about a deleted document (`_drop_chat_caches`).
+This module never touches KV entries or chunks beyond the cascades and the trigger the schema
+declares (an entry holding a deleted document goes with it), a passage entry shared with
+another document (which `passagekv.hand_over` keeps), and the entries of the chats about a
+deleted document (`_drop_chat_caches`).
 """
 
 from __future__ import annotations
@@ -58,16 +59,15 @@ def delete(db: sqlite_utils.Database, table: str, row_id: int, what: str) -> Non
 
 
 def _drop_chat_caches(db: sqlite_utils.Database, document_id: int) -> None:
-    """Before document `document_id` is deleted: the KV entries holding its KV go, written or
-    still being written, with the entries extending them (by the cascade): those of the chats
-    about it, and those written saying they hold it (`holds`: kv.create_pending). A chat's entry
+    """Before document `document_id` is deleted: the KV entries of the chats about it go, with
+    the entries extending them (by the cascade), written or still being written (those written
+    saying they hold it go by the schema's trigger, whatever deletes it: m012). A chat's entry
     extends its first document's only: the KV of its other documents is in the chat's own
     entries, which no context starts with once the chat goes on without the document. (A chat
     over passages whose context held none of the document's passages loses its entries too:
     blended again from its passages' own KV, which stay, at its next question.)"""
     db.execute("DELETE FROM kv_entries WHERE chat_id IN (SELECT chat_id FROM chat_documents"
-               " WHERE document_id = ?) OR id IN (SELECT entry_id FROM kv_entry_documents"
-               " WHERE document_id = ?)", (document_id, document_id))
+               " WHERE document_id = ?)", (document_id,))
 
 
 # -- documents ----------------------------------------------------------------------------------
