@@ -18,7 +18,8 @@ today does not pin tomorrow's defaults.
 
 What no front end can use is refused here, for every one of them: a data folder that is not an
 absolute path or that a file stands in the way of, a model folder that is not an absolute
-path. (Ollama's port on the local API's is one server: the API serves /api anyway.) Told of
+path (a settings file written before has its relative ones read from where kvdesk starts,
+as they were, and said). (Ollama's port on the local API's is one server: the API serves /api anyway.) Told of
 and kept (`Settings.notices`): a data folder this user cannot write (read, never written: a
 read-only copy lists and verifies), a model folder that does not exist (a removable drive, a
 share not mounted).
@@ -82,10 +83,32 @@ RELATIVE = "should be an absolute path (a relative one means another folder for 
 
 
 def _nearest(path: Path) -> Path:
-    """`path` (absolute), or the nearest folder above it that exists: where it would be made."""
-    while not path.exists() and path != path.parent:
+    """`path` (absolute), or the nearest folder above it that exists: where it would be made
+    (one this user may not look into counts as there: its contents are not this check's)."""
+    while not _there(path) and path != path.parent:
         path = path.parent
     return path
+
+
+def _there(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # (not allowed to look: someone else's, or a share that went away)
+        return True
+
+
+def _folder(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
+
+
+def _file(path: Path) -> bool:
+    try:
+        return path.exists() and not path.is_dir()
+    except OSError:
+        return False
 
 
 def config_dir() -> Path:
@@ -157,7 +180,7 @@ class Settings(UserValues):
             path = Path(value).expanduser()
             if not path.is_absolute():
                 raise ValueError(RELATIVE)
-            if (there := _nearest(path)).exists() and not there.is_dir():
+            if _file(there := _nearest(path)):
                 raise ValueError(f"{there} is a file, not a folder (the data folder holds "
                                  "kvdesk's store)")
         return value
@@ -178,10 +201,10 @@ class Settings(UserValues):
         there = _nearest(self.data_path.absolute())
         return [InvalidValue("data_dir", f"{self.data_path} cannot be written by this user: "
                              "kvdesk only reads it (nothing can be attached or asked there)")
-                for _ in [there] if there.is_dir() and not os.access(there, os.W_OK | os.X_OK)
+                for _ in [there] if _folder(there) and not os.access(there, os.W_OK | os.X_OK)
                 ] + [InvalidValue("model_folders", f"{f} is not a folder on this computer now: "
                                   "its models are listed once it is back")
-                     for f in self.model_folders if not Path(f).expanduser().is_dir()]
+                     for f in self.model_folders if not _folder(Path(f).expanduser())]
 
     @pydantic.field_validator("remote_bucket")
     @classmethod
@@ -313,6 +336,7 @@ def saved_settings(path: Path | None = None) -> Settings:
     for key in saved.keys() - Settings.model_fields.keys():
         _warn(f"{path}: unknown setting {key!r} ignored", key, Settings.model_fields)
     known = {k: v for k, v in saved.items() if k in Settings.model_fields}
+    _absolute(known, path)
     generation = known.get("generation")
     if isinstance(generation, dict):  # its keys are settings too: the same rule
         for key in generation.keys() - GenerationOptions.model_fields.keys():
@@ -324,6 +348,25 @@ def saved_settings(path: Path | None = None) -> Settings:
         return parse(Settings, known)
     except InvalidValue as e:
         raise SettingsError(f"{path}: {e}", e.key) from None
+
+
+def _absolute(known: dict, path: Path) -> None:
+    """Folders a settings file written before they had to be absolute holds as relative
+    paths: read from the folder kvdesk starts in, as they always were, and said (the same
+    file then means another folder wherever kvdesk starts)."""
+    folders = known.get("model_folders")
+    for key, values in (("data_dir", [known.get("data_dir")]),
+                        ("model_folders", folders if isinstance(folders, list) else [])):
+        relative = [v for v in values if isinstance(v, str) and v.strip()
+                    and not Path(v).expanduser().is_absolute()]
+        if not relative:
+            continue
+        made = {v: str(Path(v).expanduser().absolute()) for v in relative}
+        log.warning("Warning: %s: %s %s relative: read from the folder kvdesk starts in (%s); "
+                    "an absolute path means one folder wherever kvdesk starts", path, key,
+                    ", ".join(repr(v) for v in relative), ", ".join(made.values()))
+        known[key] = made.get(known[key], known[key]) if key == "data_dir" else [
+            made.get(v, v) if isinstance(v, str) else v for v in folders]
 
 
 def _warn(message: str, name: str, known) -> None:

@@ -127,15 +127,25 @@ def test_a_data_folder_or_ports_the_settings_refuse_are_refused_on_every_path(
                         and Path(p) != unwritable)
     path = settings_mod.config_dir() / "settings.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    refused = [({"data_dir": "kvdesk-data"}, 'data_dir: should be an absolute path'),
-               ({"data_dir": str(tmp_path / "file" / "data")}, "is a file, not a folder"),
-               ({"model_folders": ["models"]}, "model_folders: should be an absolute path")]
+    refused = [({"data_dir": str(tmp_path / "file" / "data")}, "is a file, not a folder")]
     for saved, said in refused:
         path.write_text(json.dumps(saved))
         for argv in (["info"], ["serve"]):
             code, out, err = run(capsys, argv)
             check_outcome(code, out, err, False)
             assert code == 1 and said in err and "(got " in err, err  # (the value given)
+    # A settings file's relative folders (written before they had to be absolute) are read
+    # from where kvdesk starts, as they were, and said; typed in the dialog they are refused
+    path.write_text(json.dumps({"data_dir": "kvdesk-data", "model_folders": ["models"]}))
+    data_dir = os.environ["KVDESK_DATA_DIR"]
+    monkeypatch.delenv("KVDESK_DATA_DIR")  # (the file's, then)
+    code, out, err = run(capsys, ["info", "--json"])
+    monkeypatch.setenv("KVDESK_DATA_DIR", data_dir)
+    assert code == 0 and json.loads(out)["data_dir"] == str(Path("kvdesk-data").absolute())
+    assert "data_dir 'kvdesk-data' relative: read from the folder kvdesk starts in" in \
+        caplog.text and "model_folders 'models' relative" in caplog.text
+    with pytest.raises(InvalidValue, match="data_dir: should be an absolute path"):
+        settings_mod.Settings().with_values(data_dir="kvdesk-data")
     # A data folder this user cannot write is read, never written (a read-only copy): said
     path.write_text(json.dumps({"data_dir": str(unwritable / "data")}))
     assert [n.key for n in settings_mod.saved_settings().notices()] == ["data_dir"]
@@ -165,3 +175,22 @@ def test_a_level_given_with_no_cache_is_refused_not_ignored(capsys):
         assert code == 1 and "--no-cache: recomputes everything from text" in err, err
     with pytest.raises(InvalidValue, match="no_cache: recomputes everything"):
         parse(RestoreOptions, {"level": "compact", "no_cache": True})  # (the API's path)
+
+
+def test_a_folder_this_user_may_not_look_into_is_said_never_a_traceback(monkeypatch, tmp_path):
+    """(Python 3.11's Path.exists and is_dir raise PermissionError there: the settings' checks
+    let it out as a traceback.)"""
+    locked = tmp_path / "locked"
+
+    def refusing(real):
+        def check(self, *args, **kwargs):
+            if str(self).startswith(str(locked)):
+                raise PermissionError(13, "Permission denied", str(self))
+            return real(self, *args, **kwargs)
+        return check
+
+    for name in ("exists", "is_dir"):
+        monkeypatch.setattr(Path, name, refusing(getattr(Path, name)))
+    given = settings_mod.Settings().with_values(data_dir=str(locked / "data"),
+                                                model_folders=(str(locked / "models"),))
+    assert [n.key for n in given.notices()] == ["model_folders"]
