@@ -19,10 +19,10 @@ today does not pin tomorrow's defaults.
 What no front end can use is refused here, for every one of them: a data folder that is not an
 absolute path or that a file stands in the way of, a model folder that is not an absolute
 path (a settings file written before has its relative ones read from where kvdesk starts,
-as they were, and said). (Ollama's port on the local API's is one server: the API serves /api anyway.) Told of
-and kept (`Settings.notices`): a data folder this user cannot write (read, never written: a
-read-only copy lists and verifies), a model folder that does not exist (a removable drive, a
-share not mounted).
+as they were, and said). Ollama's port on the local API's is one server: the API serves
+/api anyway. Told of and kept (`Settings.notices`): a data folder this user cannot write
+(read, never written: a read-only copy lists and verifies), a model folder that does not
+exist (a removable drive, a share not mounted).
 
 This module never loads a model and never opens the store.
 """
