@@ -245,13 +245,13 @@ class AskResult(Record):
     finish_reason: str = "stop"
 
 
-# A document's cache status in the user's words (`kvdesk docs`, the window's list).
+# A document's cache status in the user's words (`kvdesk docs`, the window's list; each front
+# end adds where to act: a command, a menu).
 STATUS_WORDS = {
     "ready": "ready", "none": "not cached here", "attaching": "being attached",
     "stale": "cached for another model only (a question computes it for this one)",
-    "unfinished": "did not finish: attach the file or run kvdesk remote pull again (or kvdesk "
-                  "gc removes it)",
-    "damaged": "cache unknown: the store's index of caches is damaged (kvdesk verify)"}
+    "unfinished": "did not finish: attach or pull it again",
+    "damaged": "cache unknown: the store's index of caches is damaged"}
 
 
 @dataclass(frozen=True)

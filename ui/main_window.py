@@ -147,7 +147,7 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, CodecMixin, QMainWin
         self.quality = QualitySlider()
         # A new chat's ticked documents the context cannot hold together: said before asking
         self.fit_note = QLabel(wordWrap=True, visible=False)
-        self._fit_notes: list[str] = []
+        self._fit_notes: tuple[list[int], list[str]] = ([], [])  # (for which ticks, notes)
         inputs = QHBoxLayout()
         inputs.addWidget(self.attach_button, 0, Qt.AlignmentFlag.AlignBottom)
         inputs.addWidget(self.prompt, 1)

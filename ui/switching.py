@@ -56,12 +56,14 @@ class SwitchingMixin:
                                         and doc_ids != self.doc_list.checked_ids()):
             return  # (the chat or the ticks changed since: their own estimate follows)
         self.quality.set_estimate(estimate)
-        self._fit_notes = list(estimate.notes) if chat_id is None else []
+        if chat_id is None:
+            self._fit_notes = (doc_ids, list(estimate.notes))
         self._show_fit()
 
     def _show_fit(self) -> None:
         """Said only while the documents are being chosen: a chat's answers say it after."""
-        shown = self._fit_notes if self.chat_id is None else []
+        ticked, notes = self._fit_notes  # (those of other ticks wait for their estimate)
+        shown = notes if self.chat_id is None and ticked == self.doc_list.checked_ids() else []
         self.fit_note.setText("\n".join(f"⚠ {note}" for note in shown))
         self.fit_note.setStyleSheet(f"color: {self.colors.error}")
         self.fit_note.setVisible(bool(shown))

@@ -325,9 +325,11 @@ def docs(app: App, as_json: bool):
     only_reading(app)
     rows = app.engine.documents()
     # (not cached here: a question streams it from the shared cache when that holds it)
-    words = {**STATUS_WORDS, "none": STATUS_WORDS["none"] + (
-        " (a question streams the shared cache's)" if any(d.status == "none" for d in rows)
-        and app.engine.sharing.auto_pull else "")}
+    hints = {"unfinished": " (attach the file or run kvdesk remote pull again, or kvdesk gc "
+             "removes it)", "damaged": " (kvdesk verify)", "none": " (a question streams the "
+             "shared cache's)" if any(d.status == "none" for d in rows)
+             and app.engine.sharing.auto_pull else ""}
+    words = {k: v + hints.get(k, "") for k, v in STATUS_WORDS.items()}
     emit([d.as_dict() for d in rows], as_json, [
         f"[{d.doc_id}] {d.title} — {counted(d.tokens, 'token')}"
         + (f" ({d.kept_tokens:,} kept)" if d.status == "ready" and d.kept_tokens < d.tokens
