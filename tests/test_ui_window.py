@@ -532,17 +532,18 @@ def test_the_settings_start_and_stop_the_local_api(qtbot, engine, monkeypatch):
     assert api.calls[-1] == ("stop",) and not settings_mod.load().server_enabled
 
 
-def found_models(tmp_path):
+def model_file(tmp_path, name, source="folder", status="supported", arch="llama"):
     from desktop_app.results import ModelFile
 
-    def model(name, source, status, arch, path=None):
-        return ModelFile(name, path or str(tmp_path / f"{name}.gguf"), source, 1, arch,
-                         270_000_000, "Q4_K_M", 32768, 3072, None, None, status,
-                         {"refused": "recurrent memory"}.get(status, "tested"))
+    return ModelFile(name, str(tmp_path / (name if name.endswith(".gguf") else f"{name}.gguf")),
+                     source, 1, arch, 270_000_000, "Q4_K_M", 32768, 3072, None, None, status,
+                     {"refused": "recurrent memory"}.get(status, "tested"))
 
-    return [model("default", "kvdesk", "supported", "llama"),
-            model("llama3.2:3b", "ollama", "supported", "llama"),
-            model("mamba:latest", "ollama", "refused", "mamba")]
+
+def found_models(tmp_path):
+    return [model_file(tmp_path, "default", "kvdesk"),
+            model_file(tmp_path, "llama3.2:3b", "ollama"),
+            model_file(tmp_path, "mamba:latest", "ollama", "refused", "mamba")]
 
 
 def test_the_settings_offer_the_models_found_and_say_why_some_cannot_be_used(qtbot, tmp_path):
@@ -570,6 +571,17 @@ def test_the_settings_offer_the_models_found_and_say_why_some_cannot_be_used(qtb
                                                          tuple(map(str, folders)))
     dialog.model.activated.emit(0)
     assert dialog.result_settings().model is None
+
+
+def test_a_model_set_by_the_name_the_command_line_takes_is_found(qtbot, tmp_path):
+    """README's `--model gemma-3-270m-q4_k_m` (the file's stem, any case) in settings.json:
+    the dialog found no such model and refused every OK, a theme change too."""
+    gguf = model_file(tmp_path, "gemma-3-270m-q4_k_m.gguf")
+    dialog = SettingsDialog(Settings(model="Gemma-3-270M-Q4_K_M"), models=[gguf])
+    qtbot.addWidget(dialog)
+    assert "0.3B parameters" in dialog.model_about.text()
+    dialog.accept()
+    assert dialog.result() == 1, dialog.error.text()
 
 
 def test_settings_list_the_models_off_the_gui_thread(qtbot, engine, tmp_path, monkeypatch):

@@ -36,6 +36,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from desktop_app.model.models import ModelNotFoundError, find_named
 from desktop_app.model.support import SUPPORTED, UNTESTED
 from desktop_app.results import ModelFile
 from desktop_app.settings import Settings, SettingsError
@@ -334,7 +335,13 @@ class SettingsDialog(QDialog):
         text = text.strip()
         if not text:
             return next((m for m in self._models if m.source == "kvdesk"), None)
-        return next((m for m in self._models if text in (m.name, m.path)), None)
+        exact = next((m for m in self._models if text in (m.name, m.path)), None)
+        try:  # (else by the names the command line takes: the file's stem, any case)
+            path = exact.path if exact else find_named(text, [(m.name, m.path)
+                                                              for m in self._models])
+        except ModelNotFoundError:  # (several of that name: the whole one is needed)
+            return None
+        return next((m for m in self._models if m.path == path), None)
 
     def _picked(self, index: int) -> None:
         self.model.setEditText(self.model.itemData(index))
