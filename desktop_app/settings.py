@@ -278,7 +278,9 @@ class Settings(UserValues):
         path = path or config_dir() / "settings.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"version": SETTINGS_VERSION, **self.model_dump()}, indent=2))
+        # What was set, not every default: a file saved today does not pin today's defaults.
+        tmp.write_text(json.dumps({"version": SETTINGS_VERSION,
+                                   **self.model_dump(exclude_unset=True)}, indent=2))
         os.replace(tmp, path)
 
 

@@ -160,5 +160,6 @@ def problem(error: dict) -> str:
 
 
 def changed(instance: M, **changes: Any) -> M:
-    """A copy of `instance` with `changes`, checked like the original was."""
-    return parse(type(instance), {**instance.model_dump(), **changes})
+    """A copy of `instance` with `changes`, checked like the original was; what was left
+    at its default stays unset (a settings file saved keeps only what was set)."""
+    return parse(type(instance), {**instance.model_dump(exclude_unset=True), **changes})

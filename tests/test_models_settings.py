@@ -158,3 +158,15 @@ def test_a_context_set_over_the_trained_one_is_warned_of(model_path, caplog):
                for r in caplog.records)
     within = App(settings.Settings(n_ctx=4096))
     assert within.context.why == "set in the settings, --n-ctx or KVDESK_N_CTX"
+
+
+def test_saving_settings_writes_what_was_set_not_every_default(tmp_path):
+    """(The window's Settings wrote every default into settings.json, pinning them.)"""
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps({"theme": "dark", "generation": {"temperature": 0.2}}))
+    before = settings.saved_settings(path)
+    settings.save_edits(before, before.with_values(n_ctx=4096), path)
+    saved = json.loads(path.read_text())
+    assert saved == {"version": settings.SETTINGS_VERSION, "theme": "dark",
+                     "generation": {"temperature": 0.2}, "n_ctx": 4096}
+    assert settings.saved_settings(path).restore_budget_ms == settings.Settings().restore_budget_ms
