@@ -201,6 +201,22 @@ def test_an_api_request_over_several_documents_is_blended_from_their_caches(engi
     assert any("blended from their own caches" in m for m in done.messages)
 
 
+def test_a_clients_next_turn_over_documents_keeps_what_the_model_holds(engine):
+    """A client's conversation over one document or several, sent whole again with its next
+    turn: the model holds all of it but that turn and keeps it (it read a lossy copy back,
+    or blended the documents again, once requests named their documents to the restore)."""
+    asked = [{"role": "user", "content": QUESTION}]
+    for docs in (engine.doc_ids[:1], engine.doc_ids):
+        engine.runtime.reset()
+        done = engine.complete(asked, documents=docs, generation=GREEDY)
+        reports = []
+        engine.complete([*asked, {"role": "assistant", "content": done.text},
+                         {"role": "user", "content": "And then?"}], documents=docs,
+                        generation=GREEDY, on_restore=reports.append)
+        assert reports[0].bytes_read == 0, (docs, reports[0].messages)
+        assert "the model already held" in reports[0].messages[0]
+
+
 def test_an_api_conversation_over_a_deleted_document_leaves_no_cache(engine):
     """Computed exactly (never blended), a local API conversation over [A, B] is stored as an
     entry extending A's that names no chat: deleting B deletes it."""

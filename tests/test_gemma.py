@@ -342,7 +342,8 @@ def test_requests_sharing_a_long_system_prompt_resume_where_they_part(engine, mo
     brief = GenerationOptions(max_tokens=4, temperature=0)
     first = engine.complete([system, {"role": "user", "content": QUESTION}], generation=brief)
     assert any("system prompt" in m and "stored on its own" in m for m in first.messages)
-    assert first.cached_tokens == 0  # (computed in two steps: none of it counted as read)
+    # (computed in two steps, none of it counted as read: at most the start the model held)
+    assert first.cached_tokens <= 1 and first.report.recomputed_tokens >= 500
     engine.runtime.reset()
     second = engine.complete([system, {"role": "user", "content": LONG_QUESTION}],
                              generation=brief)

@@ -205,7 +205,8 @@ def test_a_name_the_document_never_holds_is_told_to_the_model_on_every_path(make
     rt = eng.runtime
     assert said in rt.detokenize(eng.session.conversation(rt, asked.chat_id)[1])
     turn, _, _, notes, _ = eng.completions.prompt(
-        [{"role": "user", "content": "When does the Harrowgate ferry leave?"}], [eng.doc])
+        [{"role": "user", "content": "When does the Harrowgate ferry leave?"}],
+        eng.completions.documents([eng.doc]))
     assert said in turn.text and any("Harrowgate is named nowhere" in n for n in notes)
     # A name the guide holds, written as code or not, is no such name.
     assert eng.session.longdocs.quoted(rt, None, [eng.store.document(eng.doc)],
@@ -562,10 +563,11 @@ def test_the_local_api_answers_from_passages_and_names_them(make_engine):
     assert not [e for e in eng.store.entries() if not e.passage]
     assert again.cached_tokens >= len(passage_prefix(eng.runtime, PASSAGES[1]).tokens)
     # The last user message's turn quotes its evidence, as a chat's question does.
-    turn, _, quoted, _, _ = eng.completions.prompt(messages, [eng.doc])
+    turn, _, quoted, _, _ = eng.completions.prompt(messages, eng.completions.documents([eng.doc]))
     assert again.evidence == quoted == ["The keeper's cottage became a museum in 1979."]
     assert 'museum keep?\nAnswer from these lines of the document: "The keeper' in turn.text
-    assert eng.completions.prompt(messages, [eng.doc, eng.doc])[0] == turn  # read once
+    assert eng.completions.prompt(messages, eng.completions.documents(
+        [eng.doc, eng.doc]))[0] == turn  # read once
     # The window shows a source among its neighbours in the document.
     near = eng.passages_around(eng.doc, 1, around=1)
     assert [(s.index, s.text, s.lines) for s in near] == [
@@ -580,7 +582,7 @@ def test_an_api_conversation_keeps_its_last_questions_passages_as_a_chat_does(ma
                 {"role": "user", "content": "And what does the Museum keep?"},
                 {"role": "assistant", "content": "Logbooks and a telescope."},
                 {"role": "user", "content": "Which of them is older?"}]
-    _, sources, _, _, _ = eng.completions.prompt(messages, [eng.doc])
+    _, sources, _, _, _ = eng.completions.prompt(messages, eng.completions.documents([eng.doc]))
     fresh = {h.passage_id for h in eng.session.longdocs._hits(
         [eng.doc], messages[-1]["content"], [m["content"] for m in messages[:-1]])}
     given = {s.passage_id for s in sources}
@@ -596,17 +598,17 @@ def test_an_api_conversation_keeps_what_its_last_question_was_given(make_engine,
     asked = [{"role": "user", "content": "Tell me about the ferry."},
              {"role": "assistant", "content": "A storm in 1956 broke the lantern glass."},
              {"role": "user", "content": "What year was that?"}]
-    _, given, _, _, _ = eng.completions.prompt(asked, [eng.doc])
+    _, given, _, _, _ = eng.completions.prompt(asked, eng.completions.documents([eng.doc]))
     assert eng.ids[2] in {s.passage_id for s in given}  # the storm's, for the answer's words
     follow = [*asked, {"role": "assistant", "content": "In 1956."},
               {"role": "user", "content": "Is it open on Sundays?"}]
-    _, sources, _, _, _ = eng.completions.prompt(follow, [eng.doc])
+    _, sources, _, _, _ = eng.completions.prompt(follow, eng.completions.documents([eng.doc]))
     assert {s.passage_id for s in given} <= {s.passage_id for s in sources}
     looked = []
     monkeypatch.setattr(eng.session.longdocs, "asked_before", lambda *a: looked.append(a) or [])
     eng.completions.prompt([*follow[:-1], {"role": "user", "content":
                                            "When does the ferry to Cape Morrow leave?"}],
-                           [eng.doc])
+                           eng.completions.documents([eng.doc]))
     assert not looked
 
 

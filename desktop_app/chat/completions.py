@@ -28,6 +28,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+from store import Document
+
 from ..errors import ContextFullError, EngineError, MissingError
 from ..kv.blending import common_prefix
 from ..kv.sources import LocalSource
@@ -94,7 +96,14 @@ class Completions:
                 f"holds {rt.n_ctx:,} with room to answer",
                 "prompt" if isinstance(messages, RawPrompt) else "messages")
 
-    def prompt(self, messages: Sequence[dict], documents: Sequence[int] = ()
+    def documents(self, ids: Sequence[int]) -> list[Document]:
+        """A request's documents (one named twice is read once), refused by their field."""
+        try:
+            return [self.session.library.document(d) for d in dict.fromkeys(ids)]
+        except MissingError as e:
+            raise MissingError(str(e), field="kvdesk.documents") from None
+
+    def prompt(self, messages: Sequence[dict], docs: Sequence[Document] = ()
                ) -> tuple[Turn, list[Source], list[str], list[str], list[dict]]:
         """The request's messages after its documents' prefix, rendered and tokenized; the
         passages that prefix is made of when a document is too long for the context (for
@@ -114,10 +123,6 @@ class Completions:
         s = self.session
         rt = s.runtime
         head, head_tokens, sources, wholes, quoted, notes = [], [], [], [], [], []
-        try:  # (a document named twice is read once)
-            docs = [s.library.document(d) for d in dict.fromkeys(documents)]
-        except MissingError as e:
-            raise MissingError(str(e), field="kvdesk.documents") from None
         if docs and s.longdocs.applies(docs):
             texts = [m["content"] for m in messages]
             ask = max((i for i, m in enumerate(messages) if m["role"] != "assistant"),
@@ -186,10 +191,11 @@ class Completions:
                                        "put them in; use chat completions for them")
                 turn = Turn((), messages.prompt,
                             raw_prompt(rt, messages.prompt, messages.suffix))
-                sources, quoted, picked, whole = [], [], [], []
+                sources, quoted, picked, whole, docs = [], [], [], [], []
                 s.longdocs.offer((), ())
             else:
-                turn, sources, quoted, picked, whole = self.prompt(messages, documents)
+                docs = self.documents(documents)
+                turn, sources, quoted, picked, whole = self.prompt(messages, docs)
             if not turn.tokens:
                 raise InvalidValue("prompt", "it is empty")
             prompt = turn.tokens
@@ -197,16 +203,13 @@ class Completions:
                 raise _too_long(rt, len(prompt), "prompt")
             if on_start:
                 on_start()
-            first = None if documents else self._system_first(rt, turn, restore, cancel)
-            # (several documents come back blended from their own caches, as a chat's do)
-            docs = [s.library.document(d) for d in dict.fromkeys(documents)]
+            first = None if docs else self._system_first(rt, turn, restore, cancel)
+            # (several documents come back blended from their own caches, as a chat's do; a
+            # document cached under another model only is said, as a chat says it)
             report = s.bring_in(rt, None, prompt[:-1], options=restore, progress=None, chat=False,
                                 cancel=cancel, question=prompt[-1:], docs=docs)
             if first is not None:
                 report = _joined(*first, report)
-            if documents and report.recomputed_tokens >= report.tokens:  # (why: said)
-                report = replace(report, messages=[*report.messages, *s.library.stale_note(
-                    None, docs, rt.fingerprint)])
             if on_restore:
                 on_restore(report)
             # A chat's answer reaches the client from its first visible character, streamed
@@ -256,8 +259,10 @@ class Completions:
         request with it resumes from: (that part's report, what storing it said), or None."""
         s, lay = self.session, rt.layout
         system = [m for m in turn.messages[:len(turn.messages) - 1] if m["role"] == "system"]
-        if not lay.swa_layers or lay.swa_chunked or not system or \
-                turn.messages[:len(system)] != tuple(system):
+        # (not where the rest would not start from the prompt held: computed from text, or a
+        # shared cache to look in first)
+        if not lay.swa_layers or lay.swa_chunked or not system or restore.no_cache or \
+                s.sharing.auto_pull or turn.messages[:len(system)] != tuple(system):
             return None
         tokens = rt.tokenize(rt.render_chat(system, add_generation_prompt=False),
                              add_bos=rt.adds_bos)
@@ -298,7 +303,8 @@ def _joined(first: RestoreReport, said: list[str], then: RestoreReport) -> Resto
     return replace(then, restore_s=first.restore_s + then.restore_s,
                    bytes_read=first.bytes_read + then.bytes_read,
                    chunk_levels=first.chunk_levels + then.chunk_levels,
-                   recomputed_tokens=first.recomputed_tokens + then.recomputed_tokens,
+                   recomputed_tokens=min(then.tokens,
+                                         first.recomputed_tokens + then.recomputed_tokens),
                    recompute_s=first.recompute_s + then.recompute_s, source=first.source,
                    adapted_chunks=first.adapted_chunks + then.adapted_chunks,
                    messages=[*first.messages, *said, *(m for m in then.messages

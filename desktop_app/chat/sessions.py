@@ -156,7 +156,7 @@ class ChatSession:
                 keep = min(keep, len(full) - 1)
             # (A sliding-window cache may no longer hold what cutting back would need.)
             if rt.can_truncate(keep) and (keep >= len(tokens) or self._held_goes_furthest(
-                    rt, tokens, keep, docs)):
+                    rt, tokens, keep, docs if chat else ())):  # (a client's: as any prompt)
                 rt.truncate(keep)
                 self.decoded_until = min(self.decoded_until, keep)
                 if self._blended_at is not None and keep <= self._blended_at:

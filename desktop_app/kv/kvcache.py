@@ -181,7 +181,7 @@ class KVCache:
             doc_id, prefix = first_document
             if self.store.document_entry(doc_id, rt.fingerprint) is None:
                 self.store_prefix(rt, prefix, document_id=doc_id, evicted=evicted,
-                                  decoded_until=decoded_until, holds=(doc_id,))
+                                  decoded_until=decoded_until)
         self.store_prefix(rt, tokens, chat_id=chat_id, evicted=evicted,
                           decoded_until=decoded_until, holds=holds)
         return self.store.longest_prefix(rt.fingerprint, tokens, touch=False).n_tokens == len(
