@@ -245,6 +245,11 @@ class AskResult(Record):
     finish_reason: str = "stop"
 
 
+# Why an answer ended, where the user should know it (a stored answer's `finish_reason`).
+FINISH_WORDS = {"length": "stopped at the token limit: it may be cut short",
+                "cancelled": "stopped before its end"}
+
+
 # A document's cache status in the user's words (`kvdesk docs`, the window's list; each front
 # end adds where to act: a command, a menu).
 STATUS_WORDS = {

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from desktop_app.chat.library import Library
+from desktop_app.model.prompts import title_of
 from store import Store
 
 
@@ -57,3 +58,20 @@ def test_an_export_names_the_chats_documents_and_each_sources_document(tmp_path)
                 ] == [a.id, c.id]
         assert "Documents" not in library.export_chat(plain.id)
         assert json.loads(library.export_chat(plain.id, "json"))["documents"] == []
+
+
+def test_an_answer_that_did_not_end_says_so_and_the_title_is_cut_between_words(tmp_path):
+    """(The window said "stopped before its end"; the export showed the answer as whole, under
+    the heading "...and how much does a ga".)"""
+    asked = "How much does a ferry ticket cost,  and how much does a garage space cost here?"
+    assert title_of(asked) == "How much does a ferry ticket cost, and how much does a…"
+    assert title_of("x" * 100) == "x" * 57 + "…"  # one long word: cut anyway
+    with Store(tmp_path / "data") as store:
+        chat = store.create_chat(title_of(asked))
+        store.add_message(chat.id, "user", asked)
+        store.add_message(chat.id, "assistant", "A ticket costs", {"finish_reason": "cancelled"})
+        store.add_message(chat.id, "user", "And the garage?")
+        store.add_message(chat.id, "assistant", "Twelve", {"finish_reason": "length"})
+        exported = Library(store).export_chat(chat.id)
+    assert "A ticket costs\n\n*(stopped before its end)*\n" in exported
+    assert "Twelve\n\n*(stopped at the token limit: it may be cut short)*\n" in exported

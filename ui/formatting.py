@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 from desktop_app.results import (
+    FINISH_WORDS,
     AskResult,
     AttachResult,
     CalibrationInfo,
@@ -65,8 +66,7 @@ def answer_note(stats: dict, generation_s: float | None = None) -> str:
     if generation_s is not None:
         rate = (tokens or 0) / generation_s if generation_s > 0 else 0.0
         parts += [f"{rate:.1f} tokens/s", f"first token after {stats.get('ttft_s', 0.0):.2f} s"]
-    parts += [{"length": "stopped at the token limit: it may be cut short",
-               "cancelled": "stopped before its end"}.get(stats.get("finish_reason"), "")]
+    parts += [FINISH_WORDS.get(stats.get("finish_reason"), "")]
     return " · ".join(p for p in parts if p)
 
 

@@ -21,7 +21,7 @@ from store import Chat, DamagedError, Document, Entry, Message, NotFoundError, S
 
 from ..errors import EngineError, MissingError
 from ..model.prompts import UNTITLED, title_of
-from ..results import ChatInfo, DocumentInfo, MessageInfo, Source
+from ..results import FINISH_WORDS, ChatInfo, DocumentInfo, MessageInfo, Source
 from .documents import changed_since, file_hash
 
 T = TypeVar("T")
@@ -299,6 +299,8 @@ class Library:
         for m in msgs:  # a message is Markdown already (models answer in it)
             parts.append(f"**{'You' if m.role == 'user' else 'kvdesk'}:**\n\n{m.text}\n")
             stats = m.stats or {}
+            if ended := FINISH_WORDS.get(stats.get("finish_reason")):
+                parts.append(f"*({ended})*\n")
             if read := Source.read(stats.get("sources") or [], stats.get("evidence") or [],
                                    titles, stats.get("read_whole") or []):
                 parts.append("".join(f"> {_literal(line)}  \n" for line in read))

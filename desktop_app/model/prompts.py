@@ -342,6 +342,11 @@ def _start(tpl: Template, text: str, tokens: int) -> str:
 
 
 def title_of(question: str) -> str:
-    """A chat's title from its first question: its first 60 characters, on one line."""
+    """A chat's title from its first question: up to its first 60 characters, on one line,
+    cut between words (an export's heading and a saved file's name come from it)."""
     line = " ".join(question.split())
-    return line if len(line) <= 60 else line[:57].rstrip() + "..."
+    if len(line) <= 60:
+        return line
+    cut = line[:58]
+    words = cut[:cut.rfind(" ")] if " " in cut[20:] else cut[:57]  # (a long word: cut)
+    return words.rstrip(" ,;:.-") + "…"
