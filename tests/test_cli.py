@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from desktop_app.cli.maintenance import STOPPED_CALIBRATING
+
 
 def kvdesk(*args, check=True):
     proc = subprocess.run([sys.executable, "-m", "desktop_app", *args],
@@ -173,10 +175,18 @@ def test_ctrl_c_during_attach_stores_nothing(tmp_path):
 
 
 @pytest.mark.model
-def test_ctrl_c_during_calibrate_json_prints_one_json_document():
+@pytest.mark.parametrize("command", ["calibrate", "eval"])
+def test_ctrl_c_during_calibrate_json_prints_one_json_document(command, tmp_path):
+    """`eval` calibrates first too: stopped there, it says so (it said "stopped between two
+    slices of a model run")."""
     import signal
 
-    proc = subprocess.Popen([sys.executable, "-m", "desktop_app", "calibrate", "--json"],
+    text = tmp_path / "text.txt"
+    text.write_text("The keeper lit the lamp at dusk and logged the ships. " * 60)
+    args = ["calibrate"] if command == "calibrate" else [
+        "eval", str(text), "--prefix-tokens", "200", "--cont-tokens", "60", "--configs",
+        "default-balanced"]
+    proc = subprocess.Popen([sys.executable, "-m", "desktop_app", *args, "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for line in proc.stderr:  # wait until it is under way
         if "%" in line:
@@ -184,8 +194,7 @@ def test_ctrl_c_during_calibrate_json_prints_one_json_document():
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 1 and "Traceback" not in err
-    assert json.loads(out) == {"error": "calibration stopped; what it measured is kept, and "
-                               "the next run goes on from there", "kind": "Cancelled"}
+    assert json.loads(out) == {"error": STOPPED_CALIBRATING, "kind": "Cancelled"}
 
 
 @pytest.mark.model

@@ -10,6 +10,7 @@ import sys
 import click
 
 from ..app import App
+from ..errors import Cancelled
 from ..options import GcOptions
 from ..results import size_text
 from .base import (
@@ -171,6 +172,10 @@ def calibration_lines(cal) -> list[str]:
     return lines
 
 
+STOPPED_CALIBRATING = ("calibration stopped; what it measured is kept, and the next run (of "
+                       "calibrate, eval or the window's) goes on from there")
+
+
 @cli.command()
 @click.option("--force", is_flag=True, help="Calibrate again even if the model is calibrated.")
 @json_option
@@ -178,8 +183,6 @@ def calibration_lines(cal) -> list[str]:
 def calibrate(app: App, force: bool, as_json: bool):
     """Calibrate the codec's levels for the model (once, a few minutes): new caches of it are
     then encoded so that each level keeps its promise against llama.cpp's 8-bit KV."""
-    from ..errors import Cancelled
-
     engine = app.engine
     cal = None if force else engine.calibration()
     if cal is None:
@@ -189,8 +192,7 @@ def calibrate(app: App, force: bool, as_json: bool):
                 cal = engine.calibrate(progress=bar, cancel=cancel)
             except Cancelled:
                 bar.done()
-                stopped("calibration stopped; what it measured is kept, and the next run goes "
-                        "on from there", as_json)
+                stopped(STOPPED_CALIBRATING, as_json)
         bar.done()
     elif not as_json:
         click.echo("already calibrated (--force calibrates again)", err=True)
@@ -233,7 +235,11 @@ def eval_(app: App, file: str, prefix_tokens: int, cont_tokens: int, configs: li
                    "minutes, once; `kvdesk calibrate`).", err=True)
         bar = TerminalProgress()
         with interruptible() as cancel:
-            engine.calibrate(progress=bar, cancel=cancel)
+            try:
+                engine.calibrate(progress=bar, cancel=cancel)
+            except Cancelled:
+                bar.done()
+                stopped(STOPPED_CALIBRATING, as_json)
         bar.done()
         cal = engine.calibrations.current(engine.fingerprint)
     if not as_json:
