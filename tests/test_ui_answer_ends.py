@@ -134,3 +134,17 @@ def test_a_regenerate_stopped_before_it_began_shows_the_chat_as_stored(qtbot, wi
         window.stop()
     stored = [(m.role, m.text) for m in engine.messages(chat.chat_id)]
     assert window.chat_view.transcript() == stored == before
+
+
+def test_an_answer_over_a_document_cached_for_another_model_lists_it_again(qtbot, window,
+                                                                            engine):
+    """(After a model switch the list still said "cached for another model only" once the
+    chat's answer had cached the document for this one.)"""
+    engine.switch_model()
+    window.refresh_documents()
+    qtbot.waitUntil(lambda: window.documents and window.documents[0].status == "stale")
+    tick_first(window)
+    listed = sum(c[0] == "documents" for c in engine.calls)
+    with qtbot.waitSignal(window.answer_done, timeout=10000):
+        window.send("What does it say?")
+    qtbot.waitUntil(lambda: sum(c[0] == "documents" for c in engine.calls) > listed)

@@ -207,6 +207,9 @@ class AskingMixin:
         self.generation = None
         self.send_button.setText("Send")
         self.send_button.setToolTip("")
-        if any(d.passages_cached < d.passages for d in self.documents):
-            self.refresh_documents()  # a question gives the passages it read their KV
+        # A question gives the passages it read their KV, and a document cached for another
+        # model only (or not at all) a cache for this one: the list says it at once.
+        if any(d.passages_cached < d.passages or d.status not in ("ready", "passages")
+               for d in self.documents):
+            self.refresh_documents()
         self.answer_done.emit(result)
