@@ -173,6 +173,10 @@ class Engine:
     def fingerprint(self) -> str:
         return self.contexts.fingerprint
 
+    @property
+    def model_name(self) -> str:
+        return self.runtime.model_path.name
+
     def warm_up(self) -> None:
         """Load the model and ready the codec before the first call (the window and `kvdesk
         serve` do, at start): such a long-running engine also gives every passage of the

@@ -51,6 +51,11 @@ class EngineAPI(Protocol):
         ...
 
     @property
+    def model_name(self) -> str:
+        """The loaded model's file name (the window's title names it)."""
+        ...
+
+    @property
     def storage_problem(self) -> str | None:
         """Why the data directory takes no new work (its database damaged), or None."""
         ...

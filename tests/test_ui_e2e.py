@@ -40,6 +40,7 @@ def ask(qtbot, window: MainWindow, question: str):
 def test_attach_ask_restart_reopen_ask(qtbot, tmp_path):
     app = App(e2e_settings())
     window = start(qtbot, app)
+    assert window.windowTitle() == f"{app.model_path.name} \u2014 kvdesk"  # which model answers
     doc = tmp_path / "cats.txt"
     doc.write_text("Cats sleep for about sixteen hours a day. "
                    "The oldest known cat lived to be thirty-eight.\n")

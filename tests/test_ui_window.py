@@ -59,6 +59,14 @@ def test_chats_are_grouped_by_date_and_searchable(qtbot, window):
     assert "6,120 tokens" in window.doc_list.list.item(0).text()
 
 
+def test_the_title_names_the_model_once_it_is_loaded(qtbot, engine):
+    window = MainWindow(lambda: engine, Settings())
+    qtbot.addWidget(window)
+    assert window.windowTitle() == "kvdesk"  # while the model loads
+    qtbot.waitUntil(lambda: window.engine is not None)
+    assert window.windowTitle() == f"{engine.model_name} \u2014 kvdesk"
+
+
 def test_an_answer_streams_into_a_new_chat_about_the_ticked_document(qtbot, window, engine):
     engine.token_s = 0.01  # slower than the view's redraw interval, so it redraws in between
     window.doc_list.list.item(0).setCheckState(Qt.CheckState.Checked)

@@ -238,6 +238,7 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, CodecMixin, QMainWin
 
     def _engine_loaded(self, engine: EngineAPI) -> None:
         self.engine = engine
+        self.setWindowTitle(f"{engine.model_name} — kvdesk")
         self.quality.set_levels(tuple(engine.levels))
         self._set_ready(True)
         self._say("")

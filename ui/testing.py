@@ -65,6 +65,7 @@ def fake_answer(question: str) -> str:
 class FakeEngine:
     levels = ("lossless", "high", "balanced", "compact")  # a class attribute: read-only as used
     generation_defaults = GenerationOptions()  # what the window last set (frozen: shareable)
+    model_name = "SmolLM2-135M-Instruct-Q4_1.gguf"
 
     def __init__(self, *, step_s: float = 0.01, token_s: float = 0.003, now: float | None = None):
         self.step_s = step_s  # pause per progress step: the engine's blocking work
