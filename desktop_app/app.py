@@ -42,6 +42,7 @@ class App:
         self.reads_only = False
         self._scratch: tempfile.TemporaryDirectory | None = None
         self._preload: _Preload | None = None
+        self.warned: list[str] = []  # what this run has warned of, so an error never repeats it
 
     @property
     def data_dir(self) -> Path:
@@ -146,7 +147,8 @@ class App:
 
         store = Store(self.state_dir)
         if store.damage:
-            log.warning("Warning: %s", store.damage_error())
+            self.warned.append(str(store.damage_error()))
+            log.warning("Warning: %s", self.warned[-1])
         budget = int(self.settings.storage_budget_gb * 1e9)
         # Kept in the store for every process's gc; a read-only one changes nothing anyway.
         if not store.read_only and store.budget_bytes != budget:

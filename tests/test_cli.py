@@ -343,3 +343,28 @@ def test_source_lines_name_their_document_by_title_wherever_it_is_known():
         "source: manual.md #12 [lines 120-141] Manual > Setup"]
     assert Source.read([one.as_dict(), pdf.as_dict()], [], titles) == [
         "source: manual.md #12 [lines 120-141] Manual > Setup", "source: document 2 #3 [page 4]"]
+
+
+def test_a_damaged_store_is_explained_once_when_a_command_cannot_run(tmp_path):
+    import sqlite3
+
+    from store import Store
+
+    data = tmp_path / "data"
+    with Store(data) as store:
+        store.add_document("h1", "Doc", "Some text.", type="txt")
+    with sqlite3.connect(data / "kvdesk.sqlite") as db:
+        (root,) = db.execute("SELECT rootpage FROM sqlite_master "
+                             "WHERE name = 'documents'").fetchone()
+        (page_size,) = db.execute("PRAGMA page_size").fetchone()
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    with open(data / "kvdesk.sqlite", "r+b") as f:  # a rotten page in the documents' table
+        f.seek((root - 1) * page_size + 8)
+        f.write(b"\xff" * 200)
+    doc = tmp_path / "notes.txt"
+    doc.write_text("Cats sleep for about sixteen hours a day.\n")
+    proc = kvdesk("attach", str(doc), check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.count("is damaged") == 1, proc.stderr  # the warning, then a short error
+    assert proc.stderr.splitlines()[-1] == \
+        "Error: this command cannot run here, for the reason warned of above"

@@ -36,6 +36,7 @@ __all__ = ["cli", "main", "run"]
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     base.json_printed = False
+    base.running = None
     try:
         cli.main(args=args, prog_name="kvdesk", standalone_mode=False)
     except click.exceptions.Abort:  # a second Ctrl-C (the first stops the work cleanly)
@@ -57,5 +58,5 @@ def main(argv: list[str] | None = None) -> None:
             raise
         if "--json" in args and not base.json_printed:
             click.echo(json.dumps({"error": str(e), "kind": type(e).__name__}))
-        click.echo(f"Error: {e}", err=True)
+        click.echo(base.error_line(e), err=True)
         sys.exit(1)

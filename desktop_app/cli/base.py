@@ -27,6 +27,16 @@ from ..validation import InvalidValue, parse
 T = TypeVar("T")
 M = TypeVar("M", bound=pydantic.BaseModel)
 
+running: App | None = None  # this process's App, once the group has made it
+
+def error_line(e: Exception) -> str:
+    """The `Error:` line for a user error: short where a warning above already said it all
+    (a damaged store is warned of as the command opens it)."""
+    if running is not None and str(e) in running.warned:
+        return "Error: this command cannot run here, for the reason warned of above"
+    return f"Error: {e}"
+
+
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 
 
@@ -90,7 +100,8 @@ def cli(ctx: click.Context, model: str | None, data_dir: str | None, n_ctx: int 
                        n_ctx=n_ctx)
     # Work that goes on after a call returns (an exact context, passages' KV) only where
     # kvdesk keeps running: a one-shot command would cancel it at exit.
-    app = App(settings, background=ctx.invoked_subcommand in ("serve", "gui"))
+    global running
+    app = running = App(settings, background=ctx.invoked_subcommand in ("serve", "gui"))
     ctx.obj = app
     ctx.call_on_close(app.close)
 

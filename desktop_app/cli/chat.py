@@ -19,6 +19,7 @@ from .base import (
     TerminalProgress,
     cli,
     emit,
+    error_line,
     interruptible,
     json_option,
     level_list,
@@ -64,7 +65,7 @@ def attach(app: App, files: tuple[str, ...], levels: list[str] | None, no_server
                 if not is_user_error(e):
                     raise
                 bar.done()
-                click.echo(f"Error: {e}", err=True)
+                click.echo(error_line(e), err=True)
                 results.append(AttachFailure(path, str(e)).as_dict())
                 failed = True
                 continue
