@@ -75,8 +75,9 @@ class App:
             own = [("default", models.default_model_path())]
         except models.ModelNotFoundError:
             own = []
-        for notice in self.settings.notices():  # (a folder not there now: said, kept)
-            if notice.key == "model_folders":
+        for notice in self.settings.notices():  # (a folder not there now: said once, kept)
+            if notice.key == "model_folders" and str(notice) not in self.warned:
+                self.warned.append(str(notice))
                 log.warning("Warning: %s", notice)
         return discover(self.settings.model_folders, own=own, memo_dir=self.state_dir)
 

@@ -160,6 +160,17 @@ def test_a_context_set_over_the_trained_one_is_warned_of(model_path, caplog):
     assert within.context.why == "set in the settings, --n-ctx or KVDESK_N_CTX"
 
 
+def test_a_model_folder_not_there_is_warned_of_once_however_often_models_are_listed(
+        tmp_path, caplog):
+    from desktop_app.app import App
+
+    app = App(settings.Settings(model_folders=[str(tmp_path / "gone")]))
+    app.list_models()
+    app.list_models()  # (the settings dialog lists them each time it opens)
+    assert [r.getMessage() for r in caplog.records if "gone" in r.getMessage()] == [
+        f"Warning: {n}" for n in app.settings.notices() if n.key == "model_folders"]
+
+
 def test_saving_settings_writes_what_was_set_not_every_default(tmp_path):
     """(The window's Settings wrote every default into settings.json, pinning them.)"""
     path = tmp_path / "settings.json"
