@@ -595,7 +595,9 @@ def test_a_clients_next_turn_computes_only_what_it_adds(new_engine):
     (report,) = reports
     assert report.bytes_read == 0 and report.chunk_levels == []
     assert later.cached_tokens >= done.prompt_tokens and report.recomputed_tokens > 0
-    assert "the model already held" in report.messages[0]
+    # the note counts as `usage` does: the cached tokens of the whole prompt
+    assert report.messages[0].startswith(f"the model already held {later.cached_tokens:,} of "
+                                         f"its {later.prompt_tokens:,} tokens")
     eng.runtime.reset()
     recomputed = eng.complete([*first, {"role": "assistant", "content": done.text},
                                {"role": "user", "content": "How tall is the tower?"}],

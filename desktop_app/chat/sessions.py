@@ -167,7 +167,7 @@ class ChatSession:
                 return RestoreReport(
                     len(tokens), r0 - t0, 0, [], len(tokens) - held,
                     ["the model already held this conversation: nothing read" if held == len(
-                        tokens) else f"the model already held {held:,} of its {len(tokens):,} "
+                        tokens) else f"the model already held {held:,} of its {len(full):,} "
                      "tokens: nothing read, the rest computed"],
                     recompute_s=time.perf_counter() - r0 if held < len(tokens) else 0.0,
                     blended=self._mode_of(docs, held, len(tokens) - held))
