@@ -412,6 +412,24 @@ def test_timeouts_and_refused_connections_fail_in_bounded_time(aws_env):
         _tier(endpoint).get("kvdesk/x")
 
 
+def test_a_lookup_on_an_answers_way_gives_a_hung_bucket_one_short_try(aws_env):
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(8)  # accepts connections, never answers
+    tier = RemoteTier(RemoteConfig(bucket="kvdesk-tests",
+                                   endpoint_url=f"http://127.0.0.1:{hole.getsockname()[1]}",
+                                   read_timeout_s=3.0, max_attempts=3, lookup_timeout_s=0.3))
+    try:
+        t0 = time.perf_counter()
+        with pytest.raises(RemoteError, match="ReadTimeoutError, one attempt"):
+            sync.find(tier, FP, list(range(100)))
+        assert time.perf_counter() - t0 < 2.5  # not 3 attempts of 3 s
+        with pytest.raises(RemoteError, match="ReadTimeoutError, 3 attempts"):
+            tier.list_folder(tier.manifest_folder(FP))  # a command's listing waits longer
+    finally:
+        hole.close()
+
+
 def test_credentials_are_never_shown_nor_stored(a, remote_tier, s3_server, monkeypatch, tmp_path):
     attached(a)
     sync.push_all(a, remote_tier, FP)

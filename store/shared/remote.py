@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
 
 from ..errors import CorruptObjectError, NotFoundError, RemoteError
@@ -49,6 +49,9 @@ class RemoteConfig:
     connect_timeout_s: float = 3.0
     read_timeout_s: float = 10.0
     max_attempts: int = 3  # per request, botocore's "standard" retry mode (with backoff)
+    # A lookup on an answer's way (is this prefix shared?) waits this long, once: a bucket
+    # that hangs then costs seconds, not attempts x read timeout, before the answer goes on.
+    lookup_timeout_s: float = 3.0
     parallel: int = 4  # requests in flight at once
 
     @property
@@ -77,6 +80,7 @@ class RemoteTier:
         self.config = config
         self.prefix = config.prefix.strip("/")
         self._client = client
+        self._lookup_client = client
         self._lock = threading.Lock()
 
     # -- layout ----------------------------------------------------------------------------
@@ -125,6 +129,16 @@ class RemoteTier:
                 self._client = _make_client(self.config)
             return self._client
 
+    @property
+    def lookup_client(self):
+        """The client of `list_folder(lookup=True)`: one attempt, a short read timeout."""
+        with self._lock:
+            if self._lookup_client is None:
+                self._lookup_client = _make_client(replace(
+                    self.config, max_attempts=1,
+                    read_timeout_s=min(self.config.read_timeout_s, self.config.lookup_timeout_s)))
+            return self._lookup_client
+
     def put(self, key: str, data: bytes | memoryview) -> None:
         self._call("put_object", key, Bucket=self.config.bucket, Key=self._own(key),
                    Body=bytes(data))
@@ -136,8 +150,9 @@ class RemoteTier:
             return False
         return True
 
-    def list_folder(self, folder: str) -> dict[str, int]:
-        """{key: size} of every object under `folder` (one of the folders above)."""
+    def list_folder(self, folder: str, *, lookup: bool = False) -> dict[str, int]:
+        """{key: size} of every object under `folder` (one of the folders above); a `lookup`
+        on an answer's way tries once, briefly (`lookup_client`)."""
         if not folder.endswith("/"):
             raise ValueError(f"{folder!r} is not a folder")
         self._own(folder)
@@ -147,7 +162,7 @@ class RemoteTier:
             kwargs = {"Bucket": self.config.bucket, "Prefix": folder}
             if token:
                 kwargs["ContinuationToken"] = token
-            page = self._call("list_objects_v2", folder, **kwargs)
+            page = self._call("list_objects_v2", folder, lookup=lookup, **kwargs)
             found.update({o["Key"]: o["Size"] for o in page.get("Contents", ())})
             token = page.get("NextContinuationToken")
             if not page.get("IsTruncated") or not token:
@@ -189,7 +204,7 @@ class RemoteTier:
         """Raise RemoteError unless the bucket answers with these credentials."""
         self._call("head_bucket", self.config.bucket, Bucket=self.config.bucket)
 
-    def _call(self, operation: str, key: str, **kwargs):
+    def _call(self, operation: str, key: str, *, lookup: bool = False, **kwargs):
         from botocore.exceptions import (
             BotoCoreError,
             ClientError,
@@ -198,7 +213,8 @@ class RemoteTier:
         )
 
         try:
-            return getattr(self.client, operation)(**kwargs)
+            client = self.lookup_client if lookup else self.client
+            return getattr(client, operation)(**kwargs)
         except ClientError as e:
             raise self._client_error(e, operation, key) from None
         except (NoCredentialsError, PartialCredentialsError):
@@ -208,7 +224,8 @@ class RemoteTier:
         except BotoCoreError as e:
             # Connection refused, timeouts, a dropped connection: retried by botocore already.
             raise RemoteError(f"{self.config.where} did not answer {operation} of {key} "
-                              f"({type(e).__name__}, {self.config.max_attempts} attempts)"
+                              f"({type(e).__name__}, " + ("one attempt)" if lookup else
+                                                          f"{self.config.max_attempts} attempts)")
                               ) from None
 
     def _client_error(self, e, operation: str, key: str) -> Exception:

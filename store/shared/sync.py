@@ -62,10 +62,12 @@ def entry_id_of(entry: Entry) -> tuple[int, bytes]:
     return entry.token_end, entry.prefix_hash
 
 
-def remote_index(tier: RemoteTier, fingerprint: str) -> dict[tuple[int, bytes], str]:
-    """{(token_end, prefix hash): manifest key} of this model's entries, from one listing."""
+def remote_index(tier: RemoteTier, fingerprint: str, *,
+                 lookup: bool = False) -> dict[tuple[int, bytes], str]:
+    """{(token_end, prefix hash): manifest key} of this model's entries, from one listing
+    (`lookup`: on an answer's way, tried once and briefly)."""
     index = {}
-    for key in tier.list_folder(tier.manifest_folder(fingerprint)):
+    for key in tier.list_folder(tier.manifest_folder(fingerprint), lookup=lookup):
         named = tier.parse_manifest_key(key)
         if named is not None:
             index[named] = key
@@ -86,7 +88,7 @@ def find(tier: RemoteTier, fingerprint: str, tokens: list[int], *,
     One listing and one read: the query is hashed once, only at the token counts some
     manifest key names (as the local lookup does, store.caches.kv).
     """
-    index = remote_index(tier, fingerprint)
+    index = remote_index(tier, fingerprint, lookup=True)
     positions = sorted({end for end, _ in index if longer_than < end <= len(tokens)})
     hashes = prefix_hashes(fingerprint, encode(tokens), positions)
     for end, digest in reversed(list(zip(positions, hashes, strict=True))):
