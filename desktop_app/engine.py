@@ -214,7 +214,7 @@ class Engine:
                 pause=lambda: self.session.lock.wait_free(cancel),
                 progress=None if progress is None else (
                     lambda stage, f: progress(Progress("calibrate", round(f * 100), 100,
-                                                       stage))))
+                                                       stage, steps.note))))
             self.calibrations.adopt(cal)
             steps.clear()
         return _info(cal)

@@ -106,8 +106,13 @@ def test_a_calibration_stopped_goes_on_where_it_was_and_comes_out_the_same(
         assert probes.count("probe") > 0 and "high" in probes
         probes.clear()
         again = steps.KeptSteps(store, FP)  # as the next process finds them
-        cal = calibrate.calibrate(model_path, fingerprint=FP, settings=TINY, keep=again)
+        said = []
+        cal = calibrate.calibrate(model_path, fingerprint=FP, settings=TINY, keep=again,
+                                  progress=lambda stage, _: said.append(again.note))
         assert "probe" not in probes and "high" not in probes  # all read back
+        assert again.resumed > 0 and said[0] == (  # and the user is told so from its start
+            f"going on from the stopped calibration: {again.resumed} of its measurements are "
+            "kept (the model's own cache is measured again)")
         assert 0 < len(probes) < first
         unstopped = calibrated[0]
         assert [p.levels for p in cal.parts] == [p.levels for p in unstopped.parts]
@@ -115,7 +120,7 @@ def test_a_calibration_stopped_goes_on_where_it_was_and_comes_out_the_same(
         # Another run (other settings) starts afresh; a finished one's steps are dropped.
         other = steps.KeptSteps(store, FP)
         other.begin(steps.run_key(FP, calibrate.Settings(), calibrate.calibration_text()))
-        assert other.get("q8_0") is None
+        assert other.get("q8_0") is None and other.note == ""
         again.clear()
         assert store.setting(steps.SETTING + FP) is None
 

@@ -65,6 +65,7 @@ class CalibrationBar(QWidget):
     def show_progress(self, p: Progress) -> None:
         if self.cancel_button.isEnabled():  # once cancelling, it says so until it stops
             self.label.setText(calibrating_line(p))
+            self.label.setToolTip(p.note)  # a run going on from a stopped one: what it kept
             self.bar.setValue(100 * p.done // p.total if p.total else 0)
 
     def cancelling(self) -> None:

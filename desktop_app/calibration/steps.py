@@ -95,11 +95,19 @@ class KeptSteps:
         self.store, self.key = store, SETTING + fingerprint
         self.run: str | None = None
         self.steps: dict[str, Any] = {}
+        self.resumed = 0  # measurements a stopped run kept, read back by this one
 
     def begin(self, run: str) -> None:
         kept = self.store.setting(self.key) or {}
         self.run = run
         self.steps = dict(kept.get("steps", {})) if kept.get("run") == run else {}
+        self.resumed = len(self.steps)
+
+    @property
+    def note(self) -> str:
+        """What the user is told of a run going on from a stopped one ("" if none)."""
+        return (f"going on from the stopped calibration: {self.resumed} of its measurements "
+                "are kept (the model's own cache is measured again)") if self.resumed else ""
 
     def get(self, name: str) -> Any | None:
         return self.steps.get(name)
