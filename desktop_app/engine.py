@@ -241,6 +241,9 @@ class Engine:
     def documents(self) -> list[DocumentInfo]:
         return self.library.documents(self.fingerprint)
 
+    def document_titles(self) -> dict[int, str]:
+        return self.library.titles()
+
     def chats(self) -> list[ChatInfo]:
         return self.library.chats()
 

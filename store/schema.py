@@ -344,10 +344,20 @@ M012_ENTRY_DOCUMENTS = (
     " WHERE document_id = OLD.id); END")
 
 
-def m012_entry_documents(conn: sqlite3.Connection) -> None:
-    """Which documents' KV each chat or conversation entry holds."""
-    for statement in M012_ENTRY_DOCUMENTS:
-        conn.execute(statement)
+def _executing(statements: tuple[str, ...]) -> Callable[[sqlite3.Connection], None]:
+    """A migration that runs `statements`."""
+    def migration(conn: sqlite3.Connection) -> None:
+        for statement in statements:
+            conn.execute(statement)
+    return migration
+
+
+# The titles of deleted documents that chats were about: their notes and exports name them.
+M013_DELETED_TITLES = (
+    "CREATE TABLE deleted_documents (id INTEGER PRIMARY KEY, title TEXT NOT NULL)",
+    "CREATE TRIGGER documents_leave_their_titles BEFORE DELETE ON documents WHEN EXISTS"
+    " (SELECT 1 FROM chat_documents WHERE document_id = OLD.id) BEGIN INSERT OR REPLACE"
+    " INTO deleted_documents VALUES (OLD.id, OLD.title); END")
 
 
 MIGRATIONS: list[tuple[str, Callable[[sqlite3.Connection], None]]] = [
@@ -362,7 +372,8 @@ MIGRATIONS: list[tuple[str, Callable[[sqlite3.Connection], None]]] = [
     ("m009_passage_kv", m009_passage_kv),
     ("m010_passage_hash", m010_passage_hash),
     ("m011_prompt_caches", m011_prompt_caches),
-    ("m012_entry_documents", m012_entry_documents),
+    ("m012_entry_documents", _executing(M012_ENTRY_DOCUMENTS)),
+    ("m013_deleted_titles", _executing(M013_DELETED_TITLES)),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

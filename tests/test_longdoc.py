@@ -283,11 +283,14 @@ def test_a_chat_whose_document_is_deleted_says_so_and_reads_none_of_its_passages
         make_engine):
     eng = make_engine()
     first = eng.ask("What does the museum keep?", doc_ids=[eng.doc], generation=GREEDY)
+    title = eng.store.document(eng.doc).title
     assert eng.delete_document(eng.doc) == [first.chat_id]
     later = eng.ask("And the tower?", chat_id=first.chat_id, generation=GREEDY)
     assert later.sources == [] and later.documents == []
-    assert f"document {eng.doc} of this chat was deleted: the chat goes on without it" \
-        in later.messages
+    assert f"document {eng.doc} ({title}) of this chat was deleted: the chat goes on " \
+        "without it" in later.messages
+    # an export names the deleted document's sources by its title
+    assert f"{title} (deleted) #" in eng.export_chat(first.chat_id)
     again = eng.ask("And the shop?", chat_id=first.chat_id, generation=GREEDY)
     assert not any("deleted" in m for m in again.messages)  # said once
 

@@ -79,6 +79,11 @@ def test_deleting_a_document_removes_its_caches_and_links_only(store):
     assert orphans(store) == {}
     with pytest.raises(NotFoundError):
         store.delete_document(document.id)
+    # its title stays for the chat's notes and sources; a document no chat was about leaves none
+    alone = store.add_document("c", "C", "gamma", type="txt")
+    store.delete_document(alone.id)
+    assert store.deleted_titles() == {document.id: "A"}
+    assert store.document_titles() == {kept.id: "B"}
 
 
 def test_deleting_a_later_document_of_a_chat_removes_the_chats_caches_holding_it(store):

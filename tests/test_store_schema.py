@@ -215,9 +215,11 @@ def test_m011_drops_the_prompt_caches_and_what_extends_them_and_keeps_the_rest(t
     conn = sqlite3.connect(tmp_path / "kvdesk.sqlite")
     with conn:  # (as a store of version 10 is)
         conn.execute("DELETE FROM migrations WHERE name IN ('m011_prompt_caches',"
-                     " 'm012_entry_documents')")
+                     " 'm012_entry_documents', 'm013_deleted_titles')")
         conn.execute("DROP TABLE kv_entry_documents")
         conn.execute("DROP TRIGGER documents_take_what_holds_them")
+        conn.execute("DROP TABLE deleted_documents")
+        conn.execute("DROP TRIGGER documents_leave_their_titles")
         conn.execute("PRAGMA user_version = 10")
     conn.close()
     with open_store(tmp_path) as store:

@@ -67,6 +67,14 @@ def test_the_title_names_the_model_once_it_is_loaded(qtbot, engine):
     assert window.windowTitle() == f"{engine.model_name} \u2014 kvdesk"
 
 
+def test_sources_of_a_deleted_document_still_name_it(qtbot, window, engine):
+    engine.delete_document(1)  # (another process, or the command line)
+    with qtbot.waitSignal(window.documents_changed, timeout=5000):
+        window.refresh_documents()
+    assert window.chat_view.doc_titles == {1: "Attention Is All You Need.pdf (deleted)",
+                                           2: "release-notes.md"}
+
+
 def test_an_answer_streams_into_a_new_chat_about_the_ticked_document(qtbot, window, engine):
     engine.token_s = 0.01  # slower than the view's redraw interval, so it redraws in between
     window.doc_list.list.item(0).setCheckState(Qt.CheckState.Checked)

@@ -273,17 +273,19 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, CodecMixin, QMainWin
         self.refresh_documents()
 
     def refresh_documents(self) -> None:
-        self.runner.start("misc", lambda job: self.engine.documents(),
+        engine = self.engine
+        self.runner.start("misc", lambda job: (engine.documents(), engine.document_titles()),
                           finished=self._show_documents, failed=lambda msg: self._say(msg, True))
 
-    def _show_documents(self, docs: list[DocumentInfo]) -> None:
+    def _show_documents(self, found: tuple[list[DocumentInfo], dict[int, str]]) -> None:
+        docs, titles = found
         checked = self._ticks()
         if self.chat_id is None:
             checked = {*self.doc_list.checked_ids(), *self._check_next}
         self._check_next.clear()
         before = {d.doc_id: d.passages_cached for d in self.documents}
         self.documents = docs
-        self.chat_view.set_doc_titles({d.doc_id: d.title for d in docs})
+        self.chat_view.set_doc_titles(titles)  # (sources of deleted documents name them too)
         self.doc_list.set_documents(docs, checked)
         stale = self._stale_documents()
         self.prefill_button.setText(f"Prefill {len(stale)} document{'s' * (len(stale) != 1)} "

@@ -80,6 +80,7 @@ class FakeEngine:
         self.hold: dict[str, threading.Event] = {}  # method -> event it waits for before working
         self._lock = threading.Lock()
         self._docs: dict[int, DocumentInfo] = {}
+        self._deleted: dict[int, str] = {}  # titles of the documents deleted
         self._chats: dict[int, ChatInfo] = {}
         self._messages: dict[int, list[MessageInfo]] = {}
         self._next_id = 1
@@ -364,9 +365,13 @@ class FakeEngine:
         del self._chats[chat_id]
         del self._messages[chat_id]
 
+    def document_titles(self) -> dict[int, str]:
+        return {**{d: f"{t} (deleted)" for d, t in self._deleted.items()},
+                **{d: doc.title for d, doc in self._docs.items()}}
+
     def delete_document(self, doc_id: int) -> list[int]:
         self._enter("delete_document", doc_id)
-        del self._docs[doc_id]
+        self._deleted[doc_id] = self._docs.pop(doc_id).title
         return []
 
     def estimate(self, *, chat_id: int | None = None,

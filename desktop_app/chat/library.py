@@ -274,10 +274,17 @@ class Library:
         gone = sorted(set(last.get("documents") or ()) - now)
         if not gone:
             return []
-        which = ", ".join(map(str, gone))
+        titles = self.store.deleted_titles()
+        which = ", ".join(f"{d} ({titles[d]})" if d in titles else str(d) for d in gone)
         return [f"document {which} of this chat was deleted: the chat goes on without it"
                 if len(gone) == 1 else
                 f"documents {which} of this chat were deleted: the chat goes on without them"]
+
+    def titles(self) -> dict[int, str]:
+        """{document id: title} of every document, and of those deleted that chats were
+        about ("(deleted)" after the title): what a chat's sources are named by."""
+        return {**{d: f"{t} (deleted)" for d, t in self.store.deleted_titles().items()},
+                **self.store.document_titles()}
 
     def export_chat(self, chat_id: int, fmt: str = "markdown") -> str:
         """A chat as Markdown (its title, the documents it is about, each message with the
@@ -285,7 +292,7 @@ class Library:
         JSON ("documents": [{"id", "title"}], "messages": MessageInfo's)."""
         chat = self.chat(chat_id)
         msgs = self.messages(chat_id)
-        titles = self.store.document_titles()
+        titles = self.titles()
         docs = [{"id": d, "title": titles[d]}
                 for d in self.store.chat_document_ids().get(chat_id, []) if d in titles]
         if fmt == "json":

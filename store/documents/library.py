@@ -276,6 +276,10 @@ class LibraryStore:
         return dict(self._db.get().execute(
             "SELECT id, title FROM documents WHERE title IS NOT NULL AND text IS NOT NULL"))
 
+    def deleted_titles(self) -> dict[int, str]:
+        """{document id: title} of the deleted documents that chats were about."""
+        return dict(self._db.get().execute("SELECT id, title FROM deleted_documents"))
+
     def claim_document(self, document_id: int) -> None:
         """Take over an unfinished document (its attach was killed): attached by this process
         now, until finish_document()."""
