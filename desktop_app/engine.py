@@ -14,6 +14,7 @@ assembles the parts and hands each call to the one that owns it:
     completions a client's whole conversation answered with the persistent prompt cache
     kvcache     a context's KV captured, encoded at every level and stored
     streaming   stored chunks back into the model, a level chosen per chunk
+    estimates   what a restore would cost at each level (the slider's tooltip)
     sharing     the shared cache tier (S3), when one is configured
     passages    a document longer than the context as passages: split, indexed, retrieved
 
@@ -43,7 +44,7 @@ from .chat.longdoc import LongDocs
 from .chat.passagefill import PassageFill
 from .chat.sessions import ChatSession
 from .errors import EngineError
-from .kv import repair, speeds, streaming
+from .kv import estimates, repair, speeds
 from .kv.contexts import CHAT, Contexts
 from .kv.kvcache import KVCache
 from .kv.levels import DEFAULT_LEVELS, check_levels, quality_order
@@ -348,19 +349,21 @@ class Engine:
         """Bytes and seconds a restore would take at each level (the slider's tooltip); for a
         new chat, which of its documents the context cannot hold whole, as its answer will
         say (a chat says so with each reopen)."""
-        rt = self.runtime
-        notes: list[str] = []
+        rt, notes, parts = self.runtime, [], None
         if chat_id is not None:
             self.library.chat(chat_id)
             tokens = self.session.conversation(rt, chat_id)[1]
+            docs = self.library.chat_documents(chat_id)  # (a passage chat's are computed: not)
+            if not self.session.longdocs.applies(docs):  # blended until its exact copy is stored
+                parts = self.session.blendable(rt, chat_id, tokens, docs, None)
         else:
             docs = [self.library.document(d) for d in doc_ids]
             layout = self.prompter.layout(rt, docs)
             tokens = list(layout.tokens)
             longdocs = self.session.longdocs
             notes = longdocs.unread(docs, rt=rt) if longdocs.applies(docs) else layout.notes
-        return replace(streaming.estimate(self.store, rt, tokens, self.levels, self.speeds),
-                       notes=notes)
+        return replace(estimates.estimate(self.store, rt, tokens, self.levels, self.speeds,
+                                          parts, self.session.blend_fraction), notes=notes)
 
     def sampling(self, generation: GenerationOptions = GenerationOptions()) -> Sampling:
         """What an answer asked with `generation` is sampled with, each value with the layer

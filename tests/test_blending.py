@@ -91,6 +91,18 @@ def test_a_blended_chat_answers_then_becomes_exact(engine):
     assert redo.answer == exact.answer
 
 
+def test_the_estimate_of_a_chat_still_blended_reads_its_documents_from_their_caches(engine):
+    engine.exactness.stop()  # the chat stays blended: no exact copy of it is stored
+    chat = ask(engine, doc_ids=engine.doc_ids).chat_id
+    assert not [e for e in engine.store.entries() if e.chat_id == chat]
+    est = engine.estimate(chat_id=chat)
+    entries = [engine.store.document_entry(d, engine.fingerprint).id for d in engine.doc_ids]
+    sizes = engine.store.entry_level_bytes(entries).values()
+    # every document's own cache is read (not only the first's, the rest computed from text)
+    assert est.bytes["balanced"] == sum(s["balanced"] for s in sizes)
+    assert est.seconds["balanced"] < est.seconds["text"] / 2
+
+
 def test_documents_the_context_cannot_hold_together_are_said_cut_or_left_out(engine):
     rt = engine.runtime
     docs = [engine.library.document(i) for i in engine.doc_ids]

@@ -180,7 +180,7 @@ class ChatSession:
             elif options.budget_ms is None and self.default_budget_ms is not None:
                 effective = options.model_copy(update={"budget_ms": self.default_budget_ms})
             parts = (None if options.level == EXACT  # blended KV is never exact
-                     else self._blendable(rt, chat_id, tokens, docs, cancel, progress))
+                     else self.blendable(rt, chat_id, tokens, docs, cancel, progress))
             if parts is not None and not (parts.later and self.blender.usable(rt, parts.later)):
                 notes, fresh, parts = list(parts.notes), parts.computed_tokens, None
             try:
@@ -224,7 +224,7 @@ class ChatSession:
         stored = stored_prefix(self.store, rt.fingerprint, tokens, touch=False)
         return stored.n_tokens + stored.tail_match <= keep
 
-    def _blendable(self, rt: Runtime, chat_id: int | None, tokens: list[int],
+    def blendable(self, rt: Runtime, chat_id: int | None, tokens: list[int],
                    docs: Sequence[Document], cancel: threading.Event | None, progress=None):
         """The layout and later parts' entries of a chat over passages (`longdoc`) or several
         documents that `tokens` start with (whether the blender can use them: the caller's)."""

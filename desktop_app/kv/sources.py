@@ -143,4 +143,4 @@ class SpanSource(LocalSource):
         self._index(store, spans)
         self.n_tokens = self.spans[-1].token_end if self.spans else 0
         self.beyond = ()
-        self.windows = {}  # blending is for single-section caches (sessions._blendable)
+        self.windows = {}  # blending is for single-section caches (sessions.blendable)

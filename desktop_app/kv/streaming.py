@@ -40,10 +40,10 @@ from ..model.kvstate import KVState, SeqState, StateBuffer
 from ..model.layout import ModelLayout
 from ..model.runtime import Runtime
 from ..options import AUTO, GenerationOptions, RestoreOptions
-from ..results import Progress, RestoreEstimate, RestoreReport
+from ..results import Progress, RestoreReport
 from .levels import Message, level_notes, said
 from .reading import TEXT, ChunkReader
-from .sources import ChunkSource, LocalSource
+from .sources import ChunkSource
 from .speeds import Speeds
 
 Views = tuple[np.ndarray, np.ndarray]
@@ -369,27 +369,6 @@ def read_chunks(source: ChunkSource, tokens: Sequence[int], keys: np.ndarray,
     chunk_levels += run.chunk_levels
     messages += run.messages
     return (spans[len(got) - 1].token_end if got else 0), run.bytes_read
-
-
-def estimate(store: Store, rt: Runtime, tokens: Sequence[int], levels: Sequence[str],
-             speeds: Speeds) -> RestoreEstimate:
-    """Bytes and seconds a restore of `tokens` would take at each stored level (and from text),
-    from what the store holds of them and this machine's measured speeds."""
-    source = LocalSource(store, rt.fingerprint, tokens, touch=False)
-    n, spans = source.n_tokens, list(source.spans)
-    if rt.layout.swa_layers:  # up to the last entry end with a window, and that window
-        ends = resume_points(source, rt.layout)
-        n = ends[0] if ends else 0
-        spans = [s for s in spans if s.token_end <= n] + list(source.windows.get(n, ()))
-    raw = rt.layout.raw_bytes(n)
-    rest_s = (len(tokens) - n) / speeds.prefill_tps
-    per_level = {lvl: nbytes for lvl, nbytes in store.level_bytes(spans).items()
-                 if lvl in levels}
-    seconds = {lvl: round(nbytes / 1e6 / speeds.read_MBps + raw / 1e6 / speeds.decode(lvl)
-                          + rest_s, 4)
-               for lvl, nbytes in per_level.items()}
-    seconds[TEXT] = round(len(tokens) / speeds.prefill_tps, 3)
-    return RestoreEstimate(tokens=len(tokens), bytes=per_level, seconds=seconds)
 
 
 def resume_points(source: ChunkSource, layout: ModelLayout) -> list[int]:
