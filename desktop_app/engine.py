@@ -33,9 +33,8 @@ import numpy as np
 
 from store import DEFAULT_CHUNK_SIZE, RemoteTier, Store
 
-from .calibration import calibrate
+from .calibration import runs
 from .calibration.calibrations import Calibrations, summary
-from .calibration.steps import KeptSteps
 from .chat.attaching import Attacher
 from .chat.completions import Completions, RawPrompt
 from .chat.exactness import Exactness
@@ -67,7 +66,6 @@ from .results import (
     DocumentInfo,
     MessageInfo,
     PrepState,
-    Progress,
     RestoreEstimate,
     RestoreReport,
     Source,
@@ -205,19 +203,13 @@ class Engine:
         """Calibrate the codec for the loaded model (minutes: its own contexts measure every
         level against llama.cpp's q8_0 KV on the built-in text), store it, and encode the
         model's new caches with it. One at a time, each of its steps after the questions
-        being answered (the window's and the server's calibrate beside them); raises
-        Cancelled."""
+        being answered (the window's and the server's calibrate beside them); another
+        process calibrating the model is waited for and its result taken; raises Cancelled."""
         rt = self.runtime
         with self._calibrating:
-            steps = KeptSteps(self.store, rt.fingerprint)
-            cal = calibrate.calibrate(
-                rt.model_path, fingerprint=rt.fingerprint, cancel=cancel, keep=steps,
-                pause=lambda: self.session.lock.wait_free(cancel),
-                progress=None if progress is None else (
-                    lambda stage, f: progress(Progress("calibrate", round(f * 100), 100,
-                                                       stage, steps.note))))
-            self.calibrations.adopt(cal)
-            steps.clear()
+            cal = runs.calibrate_once(self.store, self.calibrations, rt.model_path,
+                                      rt.fingerprint, progress=progress, cancel=cancel,
+                                      pause=lambda: self.session.lock.wait_free(cancel))
         return _info(cal)
 
     def close(self) -> None:

@@ -53,7 +53,7 @@ class Store(LibraryStore, PassageStore, PassageKVStore, SplitStore):
         self.path = self.data_dir / DB_NAME
         self._clock = clock
         self._db = Connections(self.path, read_only=prepare_data_dir(self.data_dir, self.path))
-        self._chat_locks = ChatLocks(self.data_dir / "locks")
+        self.locks = ChatLocks(self.data_dir / "locks")  # between processes: turns, attaches
         self._unrecorded: dict[str, tuple[str, dict]] = {}
         try:
             self._db.opened(lambda conn: check_current(conn, self.data_dir) if self.read_only

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import pydoc_data.topics
 import threading
+import time
 
 import numpy as np
 import pytest
 
 import codec
-from desktop_app.calibration import calibrate, calibrations, quality, steps
+from desktop_app.calibration import calibrate, calibrations, quality, runs, steps
 from desktop_app.model.runtime import Cancelled
 from store import Store
 
@@ -123,6 +124,42 @@ def test_a_calibration_stopped_goes_on_where_it_was_and_comes_out_the_same(
         assert other.get("q8_0") is None and other.note == ""
         again.clear()
         assert store.setting(steps.SETTING + FP) is None
+
+
+def until(condition, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_a_second_process_waits_for_the_models_calibration_and_takes_its_result(
+        calibrated, tmp_path, monkeypatch):
+    """The window and `kvdesk serve` both calibrate a new model by themselves: the second
+    waits for the first (said) and measures nothing."""
+    made, measured, release = calibrated[0], [], threading.Event()
+
+    def measure(model_path, *, fingerprint, **_):
+        measured.append(fingerprint)
+        release.wait(30)
+        return made
+
+    monkeypatch.setattr(calibrate, "calibrate", measure)
+    results, said = {}, []
+    with Store(tmp_path) as one, Store(tmp_path) as two:  # two processes' stores
+        first = threading.Thread(target=lambda: results.update(first=runs.calibrate_once(
+            one, calibrations.Calibrations(one), "model.gguf", FP)))
+        first.start()
+        until(lambda: measured)
+        second = threading.Thread(target=lambda: results.update(second=runs.calibrate_once(
+            two, calibrations.Calibrations(two), "model.gguf", FP, progress=said.append)))
+        second.start()
+        until(lambda: said or len(measured) > 1)
+        release.set()
+        first.join(30)
+        second.join(30)
+    assert measured == [FP]  # once
+    assert results["second"].to_bytes() == made.to_bytes()
+    assert said[0].title == "waiting" and said[0].note == runs.WAITING
 
 
 def test_a_cancel_reaches_the_reference_prefill(model_path):

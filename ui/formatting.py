@@ -21,7 +21,8 @@ from desktop_app.results import (
 # The stages of a codec calibration (desktop_app.calibration.calibrate); the others are level names.
 CALIBRATION_STAGES = {"reference": "measuring the model's own cache",
                       "transforms": "fitting the transforms",
-                      "sensitivity": "measuring each part's sensitivity", "done": "saving"}
+                      "sensitivity": "measuring each part's sensitivity", "done": "saving",
+                      "waiting": "waiting for another kvdesk process calibrating it"}
 
 
 def shortened(text: str, limit: int = 100) -> str:

@@ -2,7 +2,9 @@
 
 `codec_prep` readies the codec's kernels in the background at start; `calibrate` searches the
 codec configurations that keep each level's promise on one model, `steps` keeps a run's
-measurements as it goes (a run stopped goes on from them), and `calibrations` keeps the
+measurements as it goes (a run stopped goes on from them), `runs` runs one model's
+calibration at a time in a data directory (a second process waits and takes its result),
+and `calibrations` keeps the
 results per model; `quality` measures how a compressed cache answers against the exact one
 (`kvdesk eval`).
 

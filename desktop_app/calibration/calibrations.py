@@ -98,6 +98,14 @@ class Calibrations:
                 self._resolvers[fingerprint] = Resolver(self.store, fingerprint)
             return self._resolvers[fingerprint]
 
+    def reread(self, fingerprint: str) -> codec.Calibration | None:
+        """The newest calibration of this model as stored now (another process may have
+        made one since `current` read it), used from now on."""
+        found = latest(self.store, fingerprint)
+        with self._lock:
+            self._current[fingerprint] = found
+        return found
+
     def adopt(self, cal: codec.Calibration) -> str:
         """Store a new calibration and encode its model's new caches with it; its id."""
         cal_id = save(self.store, cal)

@@ -1,5 +1,5 @@
 """Locks between processes that share a data directory: one turn at a time per chat, one
-attach at a time per document.
+attach at a time per document, one calibration at a time per model.
 
 A turn reads the conversation, answers and stores both messages (and the chat's KV). Two
 kvdesk processes asking in the same chat at once (two terminals, the CLI beside the GUI)
@@ -9,7 +9,9 @@ msvcrt) in the data directory's `locks/` folder for the whole turn, so the secon
 then answers with the first turn in its context. Within one process the lock is re-entrant
 per thread. `ChatLocks.attach` does the same for the attaches of one document (by content
 hash): the second waits, then takes the first one's result (or, if it was killed, finishes
-its work). A lock dies with its process, so a killed holder never blocks anyone.
+its work). `ChatLocks.calibration` keeps two processes (the window and `kvdesk serve`,
+each calibrating a new model by itself) from measuring the same model at once. A lock dies
+with its process, so a killed holder never blocks anyone.
 
 Lock files are tiny and kept (removing one another process may be waiting on would let two
 processes hold "the" lock at once). Nothing here reads or writes the database.
@@ -51,6 +53,13 @@ class ChatLocks:
                ) -> contextlib.AbstractContextManager[None]:
         """Hold the attach of the document with this content hash (as `turn`)."""
         return self._hold(f"attach-{content_hash[:32]}", "another attach of the document",
+                          cancel, on_wait)
+
+    def calibration(self, fingerprint: str, *, cancel: threading.Event | None = None,
+                    on_wait: Callable[[], None] | None = None
+                    ) -> contextlib.AbstractContextManager[None]:
+        """Hold the calibration of the model with this fingerprint (as `turn`)."""
+        return self._hold(f"calibrate-{fingerprint[:32]}", "another calibration of the model",
                           cancel, on_wait)
 
     @contextlib.contextmanager

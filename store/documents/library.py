@@ -201,7 +201,7 @@ class LibraryStore:
 
     _db: Connections
     _clock: Callable[[], float]
-    _chat_locks: ChatLocks
+    locks: ChatLocks
     _unrecorded: dict[str, tuple[str, dict]]  # models registered, not yet recorded
     read_only: bool
 
@@ -299,7 +299,7 @@ class LibraryStore:
         (store.datadir.locks), as chat_turn does a chat's turn."""
         if self.read_only:
             return contextlib.nullcontext()
-        return self._chat_locks.attach(content_hash, cancel=cancel, on_wait=on_wait)
+        return self.locks.attach(content_hash, cancel=cancel, on_wait=on_wait)
 
     def set_document_tokens(self, document_id: int, model: str, tokens: int, kept: int) -> None:
         """Record a document's token count under a model, and how many fit its context."""
@@ -357,7 +357,7 @@ class LibraryStore:
         does a chat not created yet (None: no other process can know it)."""
         if self.read_only or chat_id is None:
             return contextlib.nullcontext()
-        return self._chat_locks.turn(chat_id, cancel=cancel, on_wait=on_wait)
+        return self.locks.turn(chat_id, cancel=cancel, on_wait=on_wait)
 
     def attach_document(self, chat_id: int, document_id: int) -> None:
         with self._db.write() as db:
