@@ -206,7 +206,36 @@ def test_a_disk_filled_from_outside_while_closed_still_opens_reads_and_frees(sma
                 f.write(bytes(1 << 20))
                 f.flush()
     assert shutil.disk_usage(small_disk).free < 1 << 20
-    # SQLite's shared memory cannot grow: the store gives its reserve back to open at all
-    with open_store(data) as store:
-        assert len(store.entries()) == 8 and store.verify()["corrupt"] == []
+    # SQLite's shared memory cannot grow: the store is read read-only, its reserve kept
+    for _ in range(2):  # (as often as it is opened: a read never spends the reserve)
+        with open_store(data) as store:
+            assert len(store.entries()) == 8 and store.verify()["corrupt"] == []
+            with pytest.raises(DiskFullError, match="is full .*kvdesk gc --budget-gb"):
+                store.add_document("h", "Doc", "text", type="txt")
+        assert (data / NAME).stat().st_size == RESERVE_BYTES
+    with open_store(data) as store:  # a deletion is given the reserve, and frees
         assert store.gc(budget_bytes=1 << 20)["freed_bytes"] > 4 << 20
+        store.add_document("h", "Doc", "text", type="txt")  # writable again
+
+
+def test_a_disk_full_with_no_reserve_left_still_reads_and_says_what_to_do(small_disk,
+                                                                         monkeypatch):
+    monkeypatch.setattr(test_store_helpers, "payload",
+                        lambda start, end, level: os.urandom(200_000))
+    data = small_disk / "data"
+    with open_store(data) as store:
+        for n in range(4):
+            put_entry(store, range(n * 1000, (n + 1) * 1000), chunk_size=500)
+    (data / NAME).unlink()  # (given to a deletion the disk was full again after)
+    with open(small_disk / "filler", "wb") as f:
+        with pytest.raises(OSError):
+            while True:
+                f.write(bytes(1 << 20))
+                f.flush()
+    with open_store(data) as store:  # reading needs no room
+        assert len(store.entries()) == 4 and store.verify()["corrupt"] == []
+        with pytest.raises(DiskFullError, match="Free space on that disk"):
+            store.gc(budget_bytes=1 << 20)
+    (small_disk / "filler").unlink()
+    with open_store(data) as store:
+        assert store.gc(budget_bytes=1 << 20)["freed_bytes"] > 0

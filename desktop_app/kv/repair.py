@@ -25,7 +25,7 @@ from collections import defaultdict
 from collections.abc import Callable
 
 import codec
-from store import Entry, NotFoundError, ReadOnlyError, Store
+from store import DiskFullError, Entry, NotFoundError, ReadOnlyError, Store
 
 from ..calibration.calibrations import Calibrations
 from ..errors import Cancelled
@@ -53,6 +53,12 @@ def repair(store: Store, contexts: Contexts, calibrations: Calibrations, *,
     unusable = store.unusable_calibrations()
     damaged = [c["id"] for c in store.calibration_states() if c["state"] == "damaged"]
     if (bad or unusable or damaged) and store.read_only:  # before loading a model for nothing
+        try:
+            store.check_writable()
+        except DiskFullError:
+            raise  # (it says what to do)
+        except ReadOnlyError:
+            pass
         raise ReadOnlyError(f"the data directory {store.data_dir} is read-only: `verify` "
                             "lists what needs repairing, but nothing can be repaired there")
     needing = {e.id: e for e in store.entries() if e.calibration in unusable}

@@ -15,6 +15,8 @@ from collections.abc import Iterator, Sequence
 
 import uvicorn
 
+from store import DamagedError, DiskFullError, ReadOnlyError
+
 from ..app import App
 from ..errors import EngineError
 from ..settings import Settings
@@ -140,14 +142,17 @@ class Server:
         """Raise EngineError when this data directory cannot be served: another server serves
         it, or it is read-only or damaged (before the model loads: nothing to wait for)."""
         running = discovery.live(self.app.data_dir)
-        if running or self.app.store.read_only:
-            if self.app.store.damage and not running:
-                raise self.app.store.damage_error()
+        if running:
             raise EngineError(f"a kvdesk server already serves this data directory at "
-                              f"{running}: stop it first, or use it" if running else
-                              f"the data directory {self.app.data_dir} is read-only: a "
+                              f"{running}: stop it first, or use it")
+        try:
+            self.app.store.check_writable()
+        except (DamagedError, DiskFullError):
+            raise  # (each says what to do)
+        except ReadOnlyError:
+            raise EngineError(f"the data directory {self.app.data_dir} is read-only: a "
                               "server stores chats and caches there (`kvdesk docs`, `chats` "
-                              "and `verify` read it as it is)")
+                              "and `verify` read it as it is)") from None
         if self._claim is None:  # (held from here until the server stops)
             self._claim = discovery.claim(self.app.data_dir)
             if self._claim is None:

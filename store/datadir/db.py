@@ -209,6 +209,9 @@ class Connections:
     def __init__(self, path: Path, *, read_only: bool = False):
         self.path = path
         self.cannot_write = read_only
+        # Opened read-only on a disk full to the last byte (`opened`): reading needs no room,
+        # and the reserve stays for the first write that frees some (`freeing`).
+        self.full = False
         self.damage: str | None = None  # what SQLite found damaged, once it has
         self.reserve = Reserve(path.parent)
         self._local = threading.local()
@@ -217,7 +220,7 @@ class Connections:
 
     @property
     def read_only(self) -> bool:
-        return self.cannot_write or self.damage is not None
+        return self.cannot_write or self.full or self.damage is not None
 
     def found_damage(self, why: str) -> DamagedError:
         """Mark the file damaged (nothing is written to it any more); the error to raise."""
@@ -247,26 +250,28 @@ class Connections:
     def opened(self, prepare: Callable[[sqlite3.Connection], None]) -> None:
         """Check the file (`check`) and `prepare` it (migrate it, or check a read-only one's
         schema), then take the reserve while there is room. On a disk full to the last byte
-        SQLite cannot grow its shared-memory file: the reserve is given back, and it tries
-        once more."""
-        for last in (False, True):
+        SQLite cannot grow its shared-memory file: the file is opened again read-only (`full`)
+        as a read-only directory's is, keeping the reserve for a deletion (`freeing`)."""
+        for _ in range(2):
             try:
                 self.check()  # a damaged file is read, never written (`damage`)
                 prepare(self.get().conn)
                 break
-            except sqlite3.OperationalError as e:
-                if "disk I/O" not in str(e) or not disk_is_full(self.path):
+            except (sqlite3.OperationalError, DataDirError) as e:
+                if self.full:  # not even read-only, for want of room (a log to read through)
+                    raise disk_full(self.path) from e
+                if isinstance(e, DataDirError) or "disk I/O" not in str(e) or not disk_is_full(
+                        self.path):
                     raise
                 self.close()
-                if last or not self.reserve.release():
-                    raise disk_full(self.path) from e
+                self.full = True
         if not self.read_only:
             self.reserve.make()
 
     def get(self) -> sqlite_utils.Database:
         db = getattr(self._local, "db", None)
         if db is None:
-            conn = open_connection(self.path, read_only=self.cannot_write)
+            conn = open_connection(self.path, read_only=self.cannot_write or self.full)
             conn.owner = self
             with self._lock:
                 # Workers come and go; close what finished threads left behind, so a long session
@@ -281,6 +286,8 @@ class Connections:
         """Raise what a write would (DamagedError, ReadOnlyError), without writing."""
         if self.damage is not None:
             raise self.damaged_error()
+        if self.full and not self.cannot_write:
+            raise disk_full(self.path)
         if self.read_only:
             raise ReadOnlyError(f"the data directory {self.path.parent} is read-only: kvdesk "
                                 "can list and verify what it holds, not change it")
@@ -309,6 +316,9 @@ class Connections:
         except DiskFullError:
             if not self.reserve.release():
                 raise
+            if self.full:  # opened read-only for want of room: writable with the reserve's
+                self.close()
+                self.full = False
             done = work()
         self.reclaim()
         return done
