@@ -54,6 +54,15 @@ def null_is_default(*fields: str):
     return pydantic.field_validator(*fields, mode="before")(classmethod(default))
 
 
+class RequestValues(Exact):
+    """A request to the local API: `Exact`, and strict all the way down, as JSON wrote its
+    values: a number is not read from a string ("1"), nor a whole number from 1.0, nor
+    true taken for 1 in a list (`"documents": [true]`), where pydantic would read each. (A
+    settings file's and the environment's values stay lax: a variable's value is a string.)"""
+
+    model_config = pydantic.ConfigDict(strict=True)
+
+
 class UserValues(Exact):
     """A model of user values: STRICT, and `Exact`."""
 
@@ -129,14 +138,15 @@ def secret_error(message: str) -> pydantic_core.PydanticCustomError:
 
 
 def parse(model: type[M], data: Mapping[str, Any], *, names: Mapping[str, str] | None = None,
-          within: str | None = None) -> M:
+          within: str | None = None, strict: bool = False) -> M:
     """`model` built from `data`, or InvalidValue for the first problem found.
 
     `names` maps field names to what the user typed (e.g. "budget_ms" -> "--budget-ms");
-    `within`: the request field `data` is (e.g. "generation": "generation.max_tokens").
+    `within`: the request field `data` is (e.g. "generation": "generation.max_tokens");
+    `strict`: `data` is a request's, read as `RequestValues` are.
     """
     try:
-        return model.model_validate(dict(data))
+        return model.model_validate(dict(data), strict=strict or None)
     except pydantic.ValidationError as e:
         error = first_problem(e.errors(include_url=False))
         field = ".".join(str(p) for p in error["loc"]) or model.__name__
@@ -153,6 +163,9 @@ def problem(error: dict) -> str:
     # a nested model's own name (GenerationOptions) means nothing to the user
     message = ("should be a JSON object of its keys" if error["type"] == "model_type"
                else "should be a JSON list" if error["type"] == "tuple_type"
+               # (true in a list of numbers, as `Exact` says it of a number given alone)
+               else "should be a number" if error["type"] in ("int_type", "float_type")
+               and isinstance(error.get("input"), bool)
                else error["msg"].removeprefix("Value error, "))  # (pydantic's own words)
     if error["type"] not in ("missing", SECRET) and "input" in error:
         message += f" (got {_describe(error['input'])})"

@@ -440,3 +440,37 @@ def test_a_server_starting_holds_its_data_directory_and_its_port(tmp_path):
             bind("127.0.0.1", first.getsockname()[1])
     finally:
         first.close()
+
+
+def test_ids_and_numbers_are_taken_as_json_wrote_them_on_every_route(tmp_path):
+    """true is no document 1, nor "1" a document or a number, in a list as alone; each is
+    refused with its key, the rule and the value given (no model is loaded: refused first)."""
+    c = client(tmp_path)
+    hi = {"model": "default", "messages": [{"role": "user", "content": "hi"}]}
+    for route, body, param, given in (
+            ("/v1/chat/completions", {**hi, "kvdesk": {"documents": [True]}},
+             "kvdesk.documents.0", "should be a number (got true)"),
+            ("/v1/chat/completions", {**hi, "kvdesk": {"documents": ["1"]}},
+             "kvdesk.documents.0", '(got "1")'),
+            ("/v1/chat/completions", {**hi, "max_tokens": "5"}, "max_tokens", '(got "5")'),
+            ("/v1/kvdesk/ask", {"question": "hi", "doc_ids": [True]}, "doc_ids.0",
+             "should be a number (got true)"),
+            ("/v1/kvdesk/ask", {"question": "hi", "chat_id": "1"}, "chat_id", '(got "1")'),
+            ("/v1/kvdesk/ask", {"question": "hi", "generation": {"max_tokens": "5"}},
+             "generation.max_tokens", '(got "5")'),
+            ("/v1/kvdesk/ask", {"question": "hi", "restore": {"budget_ms": "5"}},
+             "restore.budget_ms", '(got "5")'),
+            ("/v1/completions", {"model": "default", "prompt": "hi",
+                                 "kvdesk": {"budget_ms": "5"}}, "kvdesk.budget_ms", '(got "5")'),
+            ("/v1/embeddings", {"model": "default", "input": "hi", "dimensions": True},
+             "dimensions", "should be a number (got true)")):
+        r = c.post(route, json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (route, r.text)
+        assert r.json()["error"]["message"].endswith(given), (route, r.text)
+    for body, said in (
+            ({"kvdesk": {"documents": [True]}}, "kvdesk.documents.0: should be a number "
+                                                "(got true)"),
+            ({"options": {"temperature": "0.5"}}, 'options.temperature: Input should be a '
+                                                  'valid number (got "0.5")')):
+        r = c.post("/api/chat", json={**hi, **body})
+        assert r.status_code == 400 and r.json() == {"error": said}, r.text

@@ -226,7 +226,7 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
     @api.post("/v1/kvdesk/chats/{chat_id}/reopen")
     async def reopen(chat_id: int, request: Request, body: s.ReopenRequest | None = None):
         body = body or s.ReopenRequest()  # (nothing to say: restore as the settings say)
-        restore = parse(RestoreOptions, body.restore, within="restore")
+        restore = parse(RestoreOptions, body.restore, within="restore", strict=True)
         return await _respond(request, stopping, lambda emit, cancel: engine().reopen(
             chat_id, restore=restore, progress=emit, cancel=cancel), body.stream)
 
@@ -236,8 +236,9 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
             raise ApiError(400, "doc_ids: a chat keeps the documents it began with; give "
                            "chat_id (a turn in it) or doc_ids (a new chat), not both",
                            param="doc_ids")
-        restore = parse(RestoreOptions, body.restore, within="restore")
-        generation = parse(GenerationOptions, body.generation, within="generation")
+        restore = parse(RestoreOptions, body.restore, within="restore", strict=True)
+        generation = parse(GenerationOptions, body.generation, within="generation",
+                           strict=True)
 
         with asks_lock:
             if body.stop_id in asks:

@@ -23,13 +23,14 @@ from fastapi import APIRouter, Request
 from pydantic import Field
 
 from ..passages.embed import normalise
+from ..validation import RequestValues
 from . import bridge
 from .schemas import EmbeddingInput
 
 MAX_INPUTS = 2048  # as OpenAI
 
 
-class EmbeddingsRequest(pydantic.BaseModel):
+class EmbeddingsRequest(RequestValues):
     model_config = pydantic.ConfigDict(extra="ignore")  # user... as OpenAI-compatible servers
     model: str
     input: EmbeddingInput

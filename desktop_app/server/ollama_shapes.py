@@ -28,7 +28,7 @@ import pydantic
 
 from ..options import GenerationOptions
 from ..results import Completion
-from ..validation import Exact, InvalidValue, null_is_default, parse
+from ..validation import InvalidValue, RequestValues, null_is_default, parse
 from . import schemas as s
 
 # Ollama's names of kvdesk's generation options.
@@ -60,7 +60,7 @@ def keep_alive_checked():
     return pydantic.field_validator("keep_alive")(classmethod(checked))
 
 
-class Message(Exact):
+class Message(RequestValues):
     model_config = pydantic.ConfigDict(extra="ignore")
     role: Literal["system", "user", "assistant", "tool"]
     content: str | None = ""
@@ -76,7 +76,7 @@ class Message(Exact):
         return {"role": self.role, "content": self.content or ""}
 
 
-class _Request(Exact):
+class _Request(RequestValues):
     model_config = pydantic.ConfigDict(extra="ignore")
     model: str = pydantic.Field(min_length=1)
     options: dict[str, Any] = pydantic.Field(default_factory=dict)
@@ -132,7 +132,7 @@ class _Request(Exact):
         stops = [stop] if isinstance(stop, str) else stop
         if not isinstance(stops, list) or not all(isinstance(x, str) for x in stops):
             raise InvalidValue("options.stop", "a list of strings")
-        return parse(GenerationOptions, given, names=names), [x for x in stops if x]
+        return parse(GenerationOptions, given, names=names, strict=True), [x for x in stops if x]
 
 
 class ChatRequest(_Request):
@@ -186,7 +186,7 @@ class PullRequest(ShowRequest):
     _nulls = null_is_default("stream")
 
 
-class EmbedRequest(Exact):
+class EmbedRequest(RequestValues):
     """/api/embed's `input` (one text or several), or the older /api/embeddings' `prompt`.
     `truncate`, `options` and `keep_alive` are accepted: the embedder reads any length."""
 

@@ -23,7 +23,7 @@ from ..errors import EngineError
 from ..kv.levels import check_levels
 from ..options import AUTO, GenerationOptions, RestoreOptions
 from ..results import Completion
-from ..validation import Exact, InvalidValue, null_is_default, parse
+from ..validation import InvalidValue, RequestValues, null_is_default, parse
 
 MAX_STOP = 4  # as OpenAI
 
@@ -83,7 +83,7 @@ class Message(pydantic.BaseModel):
         return {"role": "system" if self.role == "developer" else self.role, "content": text}
 
 
-class KvdeskOptions(Exact):
+class KvdeskOptions(RequestValues):
     """kvdesk's own request field: documents to answer from, and how to restore."""
 
     model_config = pydantic.ConfigDict(extra="forbid")
@@ -110,7 +110,7 @@ class KvdeskOptions(Exact):
                             "bandwidth_MBps": "kvdesk.bandwidth_MBps"})
 
 
-class StreamOptions(Exact):
+class StreamOptions(RequestValues):
     model_config = pydantic.ConfigDict(extra="ignore")
     include_usage: bool = False
 
@@ -121,7 +121,7 @@ UNSUPPORTED = {"tools": "tool calls", "functions": "function calls",
                "logit_bias": "logit biases", "web_search_options": "web searches"}
 
 
-class Sampled(Exact):
+class Sampled(RequestValues):
     """What OpenAI's chat and text completions share: the model, streaming, how the answer is
     sampled and where it stops."""
 
@@ -190,7 +190,7 @@ class ChatRequest(Sampled):
             message.check_parts(f"messages.{i}")
 
 
-class AskRequest(Exact):
+class AskRequest(RequestValues):
     """kvdesk's own turn in a stored chat (what `kvdesk ask` sends to a running server)."""
 
     model_config = pydantic.ConfigDict(extra="forbid")
@@ -205,14 +205,14 @@ class AskRequest(Exact):
     stop_id: str | None = Field(None, min_length=8, max_length=64)
 
 
-class StopRequest(Exact):
+class StopRequest(RequestValues):
     """Stop the turn a client named in its `AskRequest.stop_id`."""
 
     model_config = pydantic.ConfigDict(extra="forbid")
     stop_id: str = Field(min_length=8, max_length=64)
 
 
-class ReopenRequest(Exact):
+class ReopenRequest(RequestValues):
     model_config = pydantic.ConfigDict(extra="forbid")
     restore: dict[str, Any] = Field(default_factory=dict)
     stream: bool = False
