@@ -12,6 +12,7 @@ It never parses command lines and never imports Qt.
 from __future__ import annotations
 
 import logging
+import os
 import tempfile
 import threading
 from functools import cached_property
@@ -22,6 +23,8 @@ from .model import models
 from .settings import Settings, config_dir
 
 log = logging.getLogger(__name__)
+
+STORE_FILE = "kvdesk.sqlite"  # (store.DB_NAME, named here without importing the store)
 
 if TYPE_CHECKING:
     from store import RemoteTier, Store
@@ -38,7 +41,8 @@ class App:
         self.settings = settings
         self.background = background  # a long-running process (the window, kvdesk serve)
         # Set by commands that only read (`info`, `models`): a data directory that does not
-        # exist yet is then not created; memos and the store go to a temporary folder.
+        # exist yet, or a folder with no store in it, is then not written to; memos and the
+        # store go to a temporary folder.
         self.reads_only = False
         self._scratch: tempfile.TemporaryDirectory | None = None
         self._preload: _Preload | None = None
@@ -49,10 +53,23 @@ class App:
         return self.settings.data_path
 
     @property
+    def holds_store(self) -> bool:
+        """Whether the data directory holds a store: not where there is no folder, nor in a
+        folder with no store in it (a mistyped --data-dir naming the user's documents). One
+        that cannot be looked into, or a file in its place, is left to the store to name."""
+        try:
+            os.stat(self.data_dir / STORE_FILE)
+        except FileNotFoundError:
+            return False
+        except OSError:
+            return True
+        return True
+
+    @property
     def state_dir(self) -> Path:
         """Where this run keeps what it writes: the data directory, except for a command
-        that only reads where there is none yet (then a folder removed at close)."""
-        if not self.reads_only or self.data_dir.exists():
+        that only reads where it holds no store (then a folder removed at close)."""
+        if not self.reads_only or self.holds_store:
             return self.data_dir
         if self._scratch is None:
             self._scratch = tempfile.TemporaryDirectory(prefix="kvdesk-scratch-")

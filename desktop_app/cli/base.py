@@ -181,10 +181,10 @@ def level_list(ctx: click.Context, param: click.Parameter, value: str | None
 
 
 def only_reading(app) -> None:
-    """A command that only reads: where the data directory does not exist (a first run, a
-    mistyped --data-dir) it is read as empty, said, and not created."""
+    """A command that only reads: where the data directory does not exist or holds no store
+    (a first run, a mistyped --data-dir) it is read as empty, said, and not written to."""
     app.reads_only = True
-    if not app.data_dir.exists():
+    if not app.holds_store:
         say([f"no data directory at {app.data_dir} yet: nothing is stored there"])
 
 
