@@ -119,7 +119,8 @@ def test_kvdesk_ask_finds_a_server_whose_context_size_was_chosen_for_it(tmp_path
         app.close()
 
 
-@pytest.mark.parametrize("route", ["/v1/chat/completions", "/api/chat"])
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/api/chat", "/v1/responses",
+                                   "/v1/completions"])
 def test_sigterm_stops_serve_cleanly_and_ends_the_stream_in_flight(tmp_path, route):
     env = {**os.environ, "KVDESK_DATA_DIR": str(tmp_path)}
     proc = subprocess.Popen([sys.executable, "-m", "desktop_app", "--n-ctx", "1024", "serve",
@@ -136,7 +137,11 @@ def test_sigterm_stops_serve_cleanly_and_ends_the_stream_in_flight(tmp_path, rou
         prompt = "Summarize this log. " + "The keeper lit the lamp at dusk. " * 100
         messages = [{"role": "user", "content": prompt}]
         body = {"model": "default", "stream": True, "max_tokens": 200, "temperature": 0,
-                "messages": messages} if route.startswith("/v1") else {
+                "messages": messages} if route.startswith("/v1/chat") else {
+            "model": "default", "stream": True, "max_output_tokens": 200, "temperature": 0,
+            "input": prompt} if route == "/v1/responses" else {
+            "model": "default", "stream": True, "max_tokens": 200, "temperature": 0,
+            "prompt": prompt} if route == "/v1/completions" else {
             "model": "default", "messages": messages,
             "options": {"num_predict": 200, "temperature": 0}}
         with httpx.stream("POST", url + route, json=body, trust_env=False,
@@ -155,6 +160,11 @@ def test_sigterm_stops_serve_cleanly_and_ends_the_stream_in_flight(tmp_path, rou
     if route == "/api/chat":
         last = json.loads(events[-1])
         assert "stopped before its answer was complete" in last["error"], events[-3:]
+    elif route == "/v1/responses":  # an error event, never response.completed (nor stored)
+        last = json.loads(events[-1])
+        assert last["type"] == "error", events[-3:]
+        assert "stopped before its answer was complete" in last["message"]
+        assert not any('"response.completed"' in e for e in events)
     else:
         assert len(events) >= 3 and events[-1] == "[DONE]", events[-3:]
         last = json.loads(events[-2])

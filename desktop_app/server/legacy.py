@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pydantic
 from fastapi import FastAPI, Request
-from sse_starlette.sse import EventSourceResponse
 
 from ..app import App
 from ..chat.completions import RawPrompt
@@ -30,7 +29,7 @@ from ..results import Completion
 from ..validation import InvalidValue, null_is_default
 from . import bridge, streams
 from . import schemas as s
-from .api import PING_S, _data
+from .api import _data, _stream
 from .failures import ApiError, cut_body, error_of, finished, refuse_cut
 from .served import Served
 
@@ -122,5 +121,5 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
                 yield _data(obj)
             yield {"data": "[DONE]"}
 
-        return EventSourceResponse(events(), ping=PING_S)
+        return _stream(events())
 

@@ -28,7 +28,6 @@ from typing import Any, Literal
 
 import pydantic
 from fastapi import FastAPI, Request
-from sse_starlette.sse import EventSourceResponse
 
 from ..app import App
 from ..errors import ContextFullError, MissingError
@@ -37,8 +36,8 @@ from ..results import Completion
 from ..validation import InvalidValue, parse
 from . import bridge, streams
 from . import schemas as s
-from .api import PING_S
-from .failures import ApiError, error_of
+from .api import _stream
+from .failures import ApiError, cut_body, error_of, finished, refuse_cut
 from .served import Served
 
 KEEP = 2000  # stored responses; the oldest beyond are forgotten
@@ -162,6 +161,7 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
                     messages, generation=generation, cancel=cancel))
             except (ContextFullError, InvalidValue) as e:
                 raise _in_input(e) from None
+            refuse_cut(done)  # (the server stopping cut it short: an error, never stored)
             return finish(done)
         at = {"item_id": mid, "output_index": 0}
         part = {"type": "output_text", "text": "", "annotations": []}
@@ -170,6 +170,8 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
                    ("response.content_part.added", {**at, "content_index": 0, "part": part})]
 
         def closing(done: Completion) -> list[dict]:
+            if not finished(done):  # cut short by the server stopping: never a whole answer
+                return [{**cut_body()["error"], "type": "error"}]
             answered = finish(done)
             text = {**part, "text": done.text}
             return [{"type": "response.output_text.done", **at, "content_index": 0,
@@ -201,7 +203,7 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
                 yield _event(obj, n)
                 n += 1
 
-        return EventSourceResponse(events(), ping=PING_S)
+        return _stream(events())
 
     @api.get("/v1/responses/{rid}")
     async def retrieve(rid: str):
