@@ -43,6 +43,7 @@ def fake_app(monkeypatch, tmp_path):
             def __init__(self, settings, *, background):
                 self.engine = make_engine()
                 self.data_dir, self.reads_only = tmp_path, False
+                self.holds_store = True
 
             def preload(self):
                 pass
