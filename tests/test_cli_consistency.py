@@ -68,6 +68,31 @@ def test_a_folder_with_no_store_is_read_as_no_data_directory(tmp_path):
     assert sorted(p.name for p in data.iterdir()) == ["notes.txt"]
 
 
+FULL = """
+import sys
+from store import DiskFullError
+from desktop_app.cli import main
+from desktop_app.kv import kvcache
+def full(*args, **kwargs):
+    raise DiskFullError("the disk holding the data directory D is full")
+kvcache.KVCache.store_chat = full
+main(sys.argv[1:])
+"""
+
+
+@pytest.mark.model
+def test_an_answers_cache_a_full_disk_did_not_keep_is_said_once(tmp_path):
+    """(It was said plain, the cache's log line, then again as a Note.)"""
+    doc = tmp_path / "ferry.txt"
+    doc.write_text("The ferry leaves the harbour at seven.")
+    kvdesk("attach", str(doc))
+    proc = subprocess.run([sys.executable, "-c", FULL, "ask", "1", "When?", "--max-tokens",
+                           "2", "--no-server"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    said = "this turn's cache is not stored: the disk holding the data directory D is full"
+    assert proc.stderr.count(said) == 1 and f"Note: {said}" in proc.stderr, proc.stderr
+
+
 @pytest.mark.model
 def test_info_does_not_create_a_data_directory(tmp_path, model_path):
     data = tmp_path / "nowhere"

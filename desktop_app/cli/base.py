@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import signal
 import sys
 import threading
@@ -101,9 +102,23 @@ def cli(ctx: click.Context, model: str | None, data_dir: str | None, n_ctx: int 
     # Work that goes on after a call returns (an exact context, passages' KV) only where
     # kvdesk keeps running: a one-shot command would cancel it at exit.
     global running
-    app = running = App(settings, background=ctx.invoked_subcommand in ("serve", "gui"))
+    background = ctx.invoked_subcommand in ("serve", "gui")
+    app = running = App(settings, background=background)
     ctx.obj = app
     ctx.call_on_close(app.close)
+    if not background:
+        # What keeping an answer's cache met (a full disk) is one of the answer's notes, said
+        # as its others are: the cache's log line of it, for a server's log, said it twice.
+        kept = logging.getLogger(KEEPING_LOG)
+        kept.addFilter(_said_as_a_note)
+        ctx.call_on_close(lambda: kept.removeFilter(_said_as_a_note))
+
+
+KEEPING_LOG = "desktop_app.kv.kvcache"  # (KVCache._kept's, whose words the result carries)
+
+
+def _said_as_a_note(record: logging.LogRecord) -> bool:
+    return record.levelno > logging.WARNING
 
 
 # A chat's turn or a file's attach held by another process (`turns.waited`): no percentage.
