@@ -280,6 +280,18 @@ def test_the_command_line_on_a_damaged_store_says_so_once_without_a_traceback(li
     assert "recompute" not in asked.stderr and "Traceback" not in asked.stderr
 
 
+def test_verify_of_a_damaged_store_it_warned_of_ends_with_a_short_error(library):
+    """(Its last line repeated the warning's ~400 characters as an Error.)"""
+    _damage(library, "chats")
+    for args in ((), ("--json",)):
+        verified = kvdesk(library, "verify", *args)
+        assert verified.returncode == 1 and verified.stderr.count("is damaged (") == 1
+        assert verified.stderr.splitlines()[-1] == \
+            "Error: the database file is damaged, as warned of above", verified.stderr
+    report = json.loads(verified.stdout)  # (complete: what SQLite's check found, and more)
+    assert report["database"] and "entries" in report and "calibrations" in report
+
+
 @pytest.mark.model  # `docs` loads the model: its fingerprint says which caches are current
 def test_damage_in_the_cache_index_alone_still_lists_the_chats_and_documents(library):
     """The KV entries' table is only caches: damaged, the chats and documents still list

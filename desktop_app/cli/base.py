@@ -30,11 +30,12 @@ M = TypeVar("M", bound=pydantic.BaseModel)
 
 running: App | None = None  # this process's App, once the group has made it
 
-def error_line(e: Exception) -> str:
-    """The `Error:` line for a user error: short where a warning above already said it all
+def error_line(e: Exception, short: str = "this command cannot run here, for the reason "
+               "warned of above") -> str:
+    """The `Error:` line for a user error: `short` where a warning above already said it all
     (a damaged store is warned of as the command opens it)."""
     if running is not None and str(e) in running.warned:
-        return "Error: this command cannot run here, for the reason warned of above"
+        return f"Error: {short}"
     return f"Error: {e}"
 
 

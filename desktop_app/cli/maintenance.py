@@ -17,6 +17,7 @@ from .base import (
     TerminalProgress,
     cli,
     emit,
+    error_line,
     interruptible,
     json_option,
     level_list,
@@ -81,8 +82,10 @@ def verify(app: App, repair: bool, as_json: bool):
         n = len(report["database"])
         emit(report, as_json, [f"the database file is damaged: {n} problem"
                                f"{'' if n == 1 else 's'} found by SQLite's check", *(
-                                   f"  {x}" for x in report["database"][:20]),
-                               f"Error: {app.store.damage_error()}"])
+                                   f"  {x}" for x in report["database"][:20])])
+        # (what it means and what to do: warned of above where the store opened damaged)
+        click.echo(error_line(app.store.damage_error(), "the database file is damaged, as "
+                              "warned of above"), err=True)
         sys.exit(1)
     if repair and found:
         bar = TerminalProgress()
