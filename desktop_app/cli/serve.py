@@ -52,8 +52,15 @@ def serve(app: App, host: str, port: int | None, api_key: str | None,
         checked(app.settings.with_values, ollama_port=ollama_port)
     server = Server(app, host=host, port=app.settings.server_port if port is None else port,
                     api_key=api_key, ollama_port=ollama_port)
-    server.listen()  # (a served directory or a busy port refused at once, not after loading)
-    click.echo(f"Loading {app.model_path.name}...", err=True)
+    with server.signals_stop():  # (a stop while the model loads: "Stopped.", never lost)
+        server.listen()  # (a served directory or a busy port refused at once, not loading)
+        click.echo(f"Loading {app.model_path.name}...", err=True)
+        serve_until_stopped(app, server)
+    click.echo("Stopped.", err=True)
+
+
+def serve_until_stopped(app: App, server) -> None:
+    """Run the server, saying when it serves, and calibrate beside it if the model needs."""
 
     def announce() -> None:
         server.started.wait()
@@ -71,7 +78,6 @@ def serve(app: App, host: str, port: int | None, api_key: str | None,
     finally:
         stop_calibrating.set()
         calibrating.join(30)
-    click.echo("Stopped.", err=True)
 
 
 def calibrate_in_background(app: App, server, cancel: threading.Event) -> None:

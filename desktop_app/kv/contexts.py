@@ -218,12 +218,13 @@ class Contexts:
         if self._prep is not None:
             self._prep.wait()
 
-    def wait_warm(self) -> None:
-        """Block until the codec is ready (a server says it serves only then)."""
+    def wait_warm(self, stop: threading.Event | None = None) -> None:
+        """Block until the codec is ready (a server says it serves only then), or `stop`."""
         self._encoding_soon.set()
         self._jit_needed.set()
-        if self._warm_up is not None:
-            self._warm_up.join()
+        while self._warm_up is not None and self._warm_up.is_alive() and not (
+                stop is not None and stop.is_set()):
+            self._warm_up.join(0.1)
 
     def close(self) -> None:
         # What is left of the warm-up serves no one once the app closes: it stops at its next

@@ -11,7 +11,7 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import uvicorn
 
@@ -40,16 +40,18 @@ class _Uvicorn(uvicorn.Server):
 
 
 @contextlib.contextmanager
-def _stop_signals_handled() -> Iterator[None]:
-    """Once stopped by a signal, uvicorn raises it again, under the handler it found: for
-    SIGTERM the default one would kill the process there, before the server file is removed
-    and with status 143; for Ctrl-C (SIGINT) Python's raises KeyboardInterrupt ("Aborted.",
-    130). The stop is done by then, the same for both: under this, the server returns."""
+def stop_signals_handled(stop: Callable[[], None]) -> Iterator[None]:
+    """SIGTERM and Ctrl-C call `stop`, from the model's load on, and never raise: a
+    KeyboardInterrupt raised while llama.cpp loads the model lands in its log callback, which
+    ctypes swallows (the server then started all the same). Once stopped by a signal, uvicorn
+    raises it again under the handler it found: for SIGTERM the default one would kill the
+    process there, before the server file is removed and with status 143; for Ctrl-C Python's
+    raises KeyboardInterrupt ("Aborted.", 130). Under this, the server returns for both."""
     if threading.current_thread() is not threading.main_thread():
         yield  # uvicorn listens to signals only in the main thread
         return
     stops = (signal.SIGTERM, signal.SIGINT)
-    previous = {sig: signal.signal(sig, lambda sig, frame: None) for sig in stops}
+    previous = {sig: signal.signal(sig, lambda sig, frame: stop()) for sig in stops}
     try:
         yield
     finally:
@@ -94,6 +96,11 @@ class Server:
         host = self.host if ":" not in self.host else f"[{self.host}]"
         return f"http://{host}:{port}"
 
+    def signals_stop(self) -> contextlib.AbstractContextManager[None]:
+        """SIGTERM and Ctrl-C stop this server cleanly from here on (`run` returns), before
+        and while the model loads as well as while it serves."""
+        return stop_signals_handled(self.stopping.stop)
+
     def listen(self) -> None:
         """Hold the data directory (`check`) and bind the port, before the model loads: a
         directory served or a port in use is refused at once (EngineError), and the socket
@@ -114,14 +121,18 @@ class Server:
         self.listen()  # (done already where the command line said it before loading)
         sockets = [self._socket]
         try:
-            self.app.engine.warm_up()  # the model and the codec, before any request
-            self.app.engine.contexts.wait_warm()
-            if self.ollama_port is not None and self.ollama_port != self.port:
-                sockets += filter(None, [spare(self.host, self.ollama_port)])
-            if len(sockets) > 1:
-                self.ollama_url = self._url(sockets[1].getsockname()[1])
-            threading.Thread(target=self._announce, daemon=True).start()
-            with _stop_signals_handled():
+            with stop_signals_handled(self.stopping.stop):
+                if self.stopping.event.is_set():
+                    return  # stopped before it began (`Server.signals_stop`)
+                self.app.engine.warm_up()  # the model and the codec, before any request
+                self.app.engine.contexts.wait_warm(self.stopping.event)
+                if self.stopping.event.is_set():
+                    return  # stopped while it loaded: never served
+                if self.ollama_port is not None and self.ollama_port != self.port:
+                    sockets += filter(None, [spare(self.host, self.ollama_port)])
+                if len(sockets) > 1:
+                    self.ollama_url = self._url(sockets[1].getsockname()[1])
+                threading.Thread(target=self._announce, daemon=True).start()
                 self.uvicorn.run(sockets=sockets)
         finally:
             self.stopping.stop()
