@@ -177,6 +177,16 @@ def test_a_level_given_with_no_cache_is_refused_not_ignored(capsys):
         parse(RestoreOptions, {"level": "compact", "no_cache": True})  # (the API's path)
 
 
+def test_an_unknown_level_is_refused_naming_its_option(capsys):
+    """(`--level foo` said "Error: unknown level(s) foo" naming no option; the API names
+    kvdesk.level.)"""
+    for argv in (["reopen", "6", "--level", "foo"],
+                 ["ask", "--chat", "6", "hi", "--level", "Foo", "--json"]):
+        code, out, err = run(capsys, argv)
+        check_outcome(code, out, err, "--json" in argv)
+        assert code == 1 and "Error: --level: unknown level(s) foo; known: auto" in err, err
+
+
 def test_a_folder_this_user_may_not_look_into_is_said_never_a_traceback(monkeypatch, tmp_path):
     """(Python 3.11's Path.exists and is_dir raise PermissionError there: the settings' checks
     let it out as a traceback.)"""

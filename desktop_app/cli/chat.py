@@ -12,9 +12,10 @@ import sys
 import click
 
 from ..app import App
-from ..errors import Cancelled, is_user_error
-from ..options import GenerationOptions, RestoreOptions
+from ..errors import Cancelled, EngineError, is_user_error
+from ..options import AUTO, GenerationOptions, RestoreOptions
 from ..results import STATUS_WORDS, AttachFailure, Source, counted, restore_phrase, size_text
+from ..validation import InvalidValue
 from .base import (
     TerminalProgress,
     cli,
@@ -136,6 +137,13 @@ def restore_options(f):
     def wrapper(*args, level, budget_ms, bandwidth_MBps, no_cache, **kwargs):
         restore = values(RestoreOptions, level=level, budget_ms=budget_ms,
                          bandwidth_MBps=bandwidth_MBps, no_cache=no_cache)
+        if restore.level != AUTO:  # named as typed, as the API names kvdesk.level
+            from ..kv.levels import check_levels  # (the codec: only for a level given)
+
+            try:
+                check_levels([restore.level], restoring=True)
+            except EngineError as e:
+                raise InvalidValue("--level", str(e)) from None
         return f(*args, restore=restore, **kwargs)
 
     return wrapper
