@@ -53,6 +53,11 @@ def test_pdf(tmp_path):
     ("Señor Müller paid 20€ for the naïve résumé.", "cp1252"),
     ("Příliš žluťoučký kůň úpěl ďábelské ódy. Večer jsme šli do kina a potom na "
      "večeři. Počasí bylo krásné a všichni byli spokojení.", "cp1250"),
+    # bytes that form valid UTF-8 by chance, 3-byte ones too ("дії", "会议"): still legacy
+    ("Ці дії неможливо скасувати. Відкрити файл? Ні, спершу збережіть зміни у документі.",
+     "cp1251"),
+    ("会议将于星期一上午十点开始。请提前阅读材料。", "gbk"),
+    ("会議は月曜日の午前十時から始まります。資料を事前に読んでおいてください。", "shift_jis"),
 ])
 def test_legacy_encodings_keep_their_accents_and_say_so(tmp_path, text, encoding):
     (tmp_path / "legacy.txt").write_bytes(text.encode(encoding))
@@ -71,6 +76,42 @@ def test_utf8_with_a_stray_byte_stays_utf8_and_the_byte_is_read_as_windows_1252(
     assert doc.text.startswith(text[:200]) and "Café" in doc.text and "\ufffd" not in doc.text
     assert doc.warnings == ["mixed.txt: UTF-8 but for 1 stray byte sequence(s), each byte "
                             "read as cp1252"]
+
+
+def test_utf8_with_a_few_characters_keeps_them_beside_a_longer_pasted_line(tmp_path):
+    """Two UTF-8 characters (one of three bytes, on lines of their own) and six stray bytes
+    from a pasted Windows-1252 line: UTF-8 still, not "â€”" and "cafÃ©"."""
+    (tmp_path / "mixed2.txt").write_bytes(
+        b"Meeting notes \xe2\x80\x94 Monday\n\nWe met at the caf\xc3\xa9 downtown.\n"
+        b"Pasted from the old memo: \x93Ship it by Friday\x94 and don\x92t forget the "
+        b"d\xe9p\xf4t.\nBudget: 5\x80 per unit.\n")
+    doc = extract(tmp_path / "mixed2.txt")
+    assert doc.text == ("Meeting notes — Monday\n\nWe met at the café downtown.\nPasted from "
+                        "the old memo: “Ship it by Friday” and don’t forget the "
+                        "dépôt.\nBudget: 5€ per unit.")
+    assert doc.warnings == ["mixed2.txt: UTF-8 but for 6 stray byte sequence(s), each byte "
+                            "read as cp1252"]
+
+
+def test_a_utf8_character_is_kept_where_the_rest_is_read_as_windows_1252(tmp_path):
+    """One 2-byte character proves nothing by itself, but where the stray bytes are read as
+    Windows-1252 anyway, it is kept as the UTF-8 it is."""
+    (tmp_path / "m.txt").write_bytes(b"We met at the caf\xc3\xa9 downtown.\nPasted: \x93Ship "
+                                     b"it\x94 and don\x92t forget.\n")
+    doc = extract(tmp_path / "m.txt")
+    assert doc.text == "We met at the café downtown.\nPasted: “Ship it” and don’t forget."
+    assert doc.warnings == ["m.txt: not UTF-8 but for 1 character(s); the rest read as cp1252 "
+                            "(assumed); if letters look wrong, save the file as UTF-8"]
+
+
+def test_stray_bytes_behind_a_utf8_mark_are_read_as_without_it(tmp_path):
+    """As Notepad long wrote: a UTF-8 mark, then Windows-1252 bytes. Its letters are kept."""
+    (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbfUTF-8 with BOM and a stray byte: caf\xe9 "
+                                       b"and na\xefve and more plain text here.\n")
+    doc = extract(tmp_path / "bom.txt")
+    assert doc.text == "UTF-8 with BOM and a stray byte: café and naïve and more plain text here."
+    assert doc.warnings == ["bom.txt: UTF-8 but for 2 stray byte sequence(s), each byte read "
+                            "as cp1252"]
 
 
 def test_pdf_reader_complaints_become_warnings(tmp_path, capsys):
@@ -131,8 +172,8 @@ def test_utf32_and_a_legacy_text_behind_a_utf8_mark_are_read(tmp_path):
     assert extract(tmp_path / "wide.txt").text == text.strip()
     russian = "Паром отходит в 7:15 по будням.\n" * 5
     (tmp_path / "ru.txt").write_bytes(b"\xef\xbb\xbf" + russian.encode("cp1251"))
-    got = extract(tmp_path / "ru.txt")  # not "binary": read, and said
-    assert "7:15" in got.text and "not valid UTF-8-SIG" in got.warnings[0]
+    got = extract(tmp_path / "ru.txt")  # not "binary": read in its own encoding, and said
+    assert got.text == russian.strip() and "not valid UTF-8-SIG" in got.warnings[0]
 
 
 @pytest.mark.parametrize("enc", ["utf-16-le", "utf-16-be"])

@@ -7,7 +7,7 @@ pypdf).
 Each problem is a `DocumentError` with a message meant for the user — a binary or unknown
 file, an empty document, a PDF without a text layer — and text that is not UTF-8 is decoded
 in the encoding charset-normalizer detects (or Windows-1252; UTF-8 with a few stray bytes
-stays UTF-8, each stray byte read as Windows-1252) and *said so* in
+stays UTF-8, each stray byte read as Windows-1252: `encodings`) and *said so* in
 `Extracted.warnings`, never silently; so are a PDF reader's complaints, which never reach the
 terminal on their own.
 
@@ -16,35 +16,23 @@ This module only reads files: it never tokenizes, never touches the model or the
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import hashlib
 import html.parser
 import io
 import logging
 import re
-import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import charset_normalizer
-
 from ..errors import DocumentError
 from ..passages import records
+from .encodings import decode
 
 MAX_FILE_BYTES = 200 * 1024 * 1024  # far beyond any context; refuses accidental disk images
-FALLBACK_ENCODING = "cp1252"  # Windows-1252: a superset of Latin-1's letters
 
 HTML_SUFFIXES = {".html", ".htm", ".xhtml"}
 PDF_SUFFIXES = {".pdf"}
-# Magic numbers of common binary formats, named so the message can say what the file is.
-BINARY_MAGIC = {
-    b"\x89PNG": "a PNG image", b"\xff\xd8\xff": "a JPEG image", b"GIF8": "a GIF image",
-    b"PK\x03\x04": "a ZIP archive (or an Office document)", b"\x7fELF": "an executable",
-    b"GGUF": "a model file", b"\x1f\x8b": "a gzip archive", b"%PDF": "a PDF",
-    b"SQLite format 3": "a SQLite database", b"MZ": "a Windows executable",
-}
-
 
 
 @dataclass
@@ -127,7 +115,7 @@ def extract(path: str | Path) -> Extracted:
     if suffix in PDF_SUFFIXES or data.startswith(b"%PDF"):
         (text, pages), title, kind = _pdf_text(data, path, warnings), None, "pdf"
     else:
-        raw = _decode(data, path.name, warnings)
+        raw = decode(data, path.name, warnings)
         if suffix in HTML_SUFFIXES or _looks_like_html(raw):
             text, title = _html_text(raw)
             kind = "html"
@@ -146,112 +134,6 @@ def extract(path: str | Path) -> Extracted:
         else _file_lines(text, normalized)
     return Extracted(text=normalized, title=title or path.name, kind=kind,
                      source=str(path.resolve()), warnings=warnings, pages=pages, lines=lines)
-
-
-def _decode(data: bytes, name: str, warnings: list[str]) -> str:
-    # (UTF-32's marks first: little-endian UTF-32's begins with UTF-16's.)
-    for bom, enc in ((b"\xef\xbb\xbf", "utf-8-sig"), (b"\xff\xfe\x00\x00", "utf-32"),
-                     (b"\x00\x00\xfe\xff", "utf-32"), (b"\xff\xfe", "utf-16"),
-                     (b"\xfe\xff", "utf-16")):
-        if data.startswith(bom):  # says its encoding: nothing is guessed
-            text = data.decode(enc, errors="replace")
-            # (a BOM on binary data says nothing of it)
-            if not _reads_as_text(text[:8192], behind_utf8=enc == "utf-8-sig"):
-                raise DocumentError(f"{name}: this is a binary file, not a text document")
-            if bad := text.count("\ufffd") - data.decode(enc, errors="ignore").count("\ufffd"):
-                warnings.append(f"{name}: {bad} byte sequence(s) not valid {enc.upper()} "
-                                "(replaced with \ufffd)")
-            return text
-    head = data[:8192]
-    for magic, what in BINARY_MAGIC.items():
-        if head.startswith(magic):
-            raise DocumentError(f"{name}: this is {what}, not a document kvdesk can read")
-    if b"\x00" in head:
-        if (enc := _bomless_utf16(head)) is not None:
-            warnings.append(f"{name}: no byte order mark; read as {enc.upper()}, which its "
-                            "bytes are")
-            return data.decode(enc, errors="replace")
-        raise DocumentError(f"{name}: this is a binary file, not a text document")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        pass
-    # UTF-8 with a few stray bytes (a line pasted from an older file): more characters in
-    # UTF-8's multi-byte sequences than bytes outside them, which text in an 8-bit encoding
-    # never has. Each stray byte is read as Windows-1252, the rest as the UTF-8 it is.
-    strays = data.decode("utf-8", errors="replace").count("\ufffd") - data.count(
-        "\ufffd".encode())
-    text = data.decode("utf-8", errors=_STRAY)
-    if sum(not c.isascii() for c in text) > 2 * strays:
-        warnings.append(f"{name}: UTF-8 but for {strays} stray byte sequence(s), each byte "
-                        f"read as {FALLBACK_ENCODING}")
-        return text
-    # A legacy 8-bit encoding: detected when the text says enough about its language, else
-    # Windows-1252, the most common one for Western text (a superset of Latin-1's letters).
-    encoding, how = _legacy_encoding(data)
-    text = data.decode(encoding, errors="replace")
-    bad = text.count("\ufffd")
-    warnings.append(f"{name}: not UTF-8; read as {encoding} ({how})"
-                    + (f", {bad} byte(s) of it not valid there (replaced with \ufffd)"
-                       if bad else "")
-                    + "; if letters look wrong, save the file as UTF-8")
-    return text
-
-
-def _stray(e: UnicodeDecodeError) -> tuple[str, int]:
-    """A byte that is not UTF-8, read as Windows-1252 (a codec error handler)."""
-    return e.object[e.start:e.start + 1].decode(FALLBACK_ENCODING, errors="replace"), \
-        e.start + 1
-
-
-_STRAY = "kvdesk-stray-cp1252"
-codecs.register_error(_STRAY, _stray)
-
-
-def _bomless_utf16(head: bytes) -> str | None:
-    """"utf-16-le" or "-be" for text saved so without a byte order mark: mostly Latin
-    letters, so nearly every other byte is zero, on one side, and it decodes cleanly; else
-    None (a binary file)."""
-    even = head[:len(head) // 2 * 2]
-    for enc, zeros in (("utf-16-le", even[1::2]), ("utf-16-be", even[0::2])):
-        if len(zeros) >= 16 and zeros.count(0) >= 0.9 * len(zeros):
-            try:
-                text = even.decode(enc)
-            except UnicodeDecodeError:
-                continue
-            if sum(c.isprintable() or c.isspace() for c in text) >= 0.98 * len(text):
-                return enc
-    return None
-
-
-def _reads_as_text(text: str, *, behind_utf8: bool = False) -> bool:
-    """Whether decoded `text` is text in some language: at most a tenth of its characters are
-    control characters other than whitespace, unassigned or private code points, or bytes not
-    valid in its encoding (U+FFFD). A text of any script has next to none (format characters
-    such as emoji's joiners are text); binary data read as UTF-16 has a sixth or more. Text in
-    a legacy encoding behind a UTF-8 mark is all U+FFFD, and none of the others: there those
-    count only beside a few of the others (it is read, and said)."""
-    odd = sum(unicodedata.category(c) in _NOT_TEXT and not c.isspace() for c in text)
-    invalid = text.count("\ufffd") if not behind_utf8 or odd > 0.01 * len(text) else 0
-    return odd + invalid <= 0.1 * len(text)
-
-
-_NOT_TEXT = {"Cc", "Cn", "Co", "Cs"}
-
-
-def _legacy_encoding(data: bytes) -> tuple[str, str]:
-    """(encoding, "detected" or "assumed") of text that is not UTF-8.
-
-    Windows-1252 is by far the most common legacy encoding of the texts people attach, and
-    for a few accented letters charset-normalizer cannot tell it from a neighbour (measured:
-    French and English samples ranked cp1257 or cp775 first). So it is kept whenever the
-    detector finds it plausible at all, and the detector's choice wins only when it rules
-    Windows-1252 out (Czech in cp1250, Russian in cp1251, Greek in cp1253...).
-    """
-    matches = charset_normalizer.from_bytes(data)
-    if not matches or any(FALLBACK_ENCODING in m.could_be_from_charset for m in matches):
-        return FALLBACK_ENCODING, "assumed"
-    return matches.best().encoding, "detected"
 
 
 def _looks_like_html(text: str) -> bool:
