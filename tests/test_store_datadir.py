@@ -331,3 +331,15 @@ def test_damage_in_a_chunks_pages_is_a_damaged_chunk_and_a_damaged_file(tmp_path
         report = store.verify()
         assert report["database"] and report["corrupt"] == [
             {"entry": 1, "chunk": 0, "level": "high", "new": True}]
+
+
+def test_verify_names_the_table_of_a_page_too_damaged_for_sqlites_whole_check(library):
+    """SQLite's check of the whole file can itself fail ("malformed"): the warning promises
+    that `verify` says where, so each table is checked alone."""
+    with open_store(library) as store:
+        for _ in range(40):
+            store.add_message(1, "user", "hi there " * 20)
+    _damage(library, "messages", random.Random(1).randbytes(2000))
+    with Store(library) as store:
+        found = store.verify()["database"]
+    assert any(line.startswith("table messages: ") for line in found), found

@@ -376,8 +376,11 @@ def quick_check(conn: sqlite3.Connection, table: str | None = None) -> list[str]
     pragma = "PRAGMA quick_check" + (f'("{table}")' if table else "")
     try:
         lines = [line for (row,) in conn.execute(pragma) for line in row.splitlines()]
-    except DamagedError as e:  # too damaged to check
-        return [str(e.__cause__)]
+    except DamagedError as e:  # too damaged to check whole: each table alone says where
+        tables = [] if table else [t for (t,) in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'")]
+        return [f"table {t}: {found[0]}" for t in tables
+                if (found := quick_check(conn, t))] or [str(e.__cause__)]
     lines = [x for x in lines if x not in ("ok", "*** in database main ***")]
     return lines
 
