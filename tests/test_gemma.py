@@ -112,20 +112,21 @@ def test_a_chat_carries_its_own_window_and_reopens(engine, doc_id):
     _, window = spans_of(engine, turn1.id)
     assert window[0][0] == turn1.token_end - WINDOW and window[-1][1] == turn1.token_end
 
-    second = ask(engine, "And how often was the glass cleaned in entry 4?", chat=chat,
-                 level="lossless")
+    # At auto, which reads the best level stored (lossless here): `lossless` asked computes
+    # a chat's own turns again, as --no-cache does (test_exact_turns).
+    second = ask(engine, "And how often was the glass cleaned in entry 4?", chat=chat)
     assert second.recomputed_tokens == 0 and second.chunk_levels == []  # the context was kept
     kept = answer_tokens(engine, chat)
     engine.runtime.reset()  # as after a restart
-    report = engine.reopen(chat, restore=RestoreOptions(level="lossless"))
+    report = engine.reopen(chat)
     assert report.recomputed_tokens == 0 and report.tokens == engine.runtime.n_tokens
+    assert set(report.chunk_levels) == {"lossless"}
     # The second turn asked again after a restart: the first turn's entry (its window) is
-    # restored exactly and the question computed as it was: the same answer, token for token.
-    # (Not the same as recomputing the whole chat from text: llama.cpp's one-token decodes,
-    # which wrote the first answer's KV, and its batched prefill round differently.)
+    # restored as it was computed and the question computed as it was: the same answer, token
+    # for token. (Not the same as recomputing the whole chat from text: llama.cpp's one-token
+    # decodes, which wrote the first answer's KV, and its batched prefill round differently.)
     engine.runtime.reset()
-    again = engine.regenerate(chat, restore=RestoreOptions(level="lossless"),
-                              generation=GenerationOptions(max_tokens=16, temperature=0))
+    again = engine.regenerate(chat, generation=GenerationOptions(max_tokens=16, temperature=0))
     assert again.recomputed_tokens == 0
     assert again.answer == second.answer and answer_tokens(engine, chat) == kept
     third = ask(engine, "Thank you.", chat=chat, tokens=8)
@@ -145,7 +146,7 @@ def test_cutting_back_a_restored_window_is_refused_beyond_one_token(engine, doc_
 def test_a_lossy_level_stays_within_its_bound(engine, doc_id):
     chat = ask(engine, QUESTION, doc=doc_id, tokens=4).chat_id
     rt = engine.runtime
-    engine.reopen(chat, restore=RestoreOptions(level="lossless"))
+    engine.reopen(chat)  # (auto: every chunk read at lossless, the chat's own too)
     exact = rt.capture()
     engine.reopen(chat, restore=RestoreOptions(level="high"))
     lossy = rt.capture()
@@ -179,7 +180,7 @@ def test_an_unreadable_window_falls_back_to_an_earlier_entry_end(engine, doc_id)
         db.execute("UPDATE kv_chunks SET data = zeroblob(nbytes) WHERE entry_id = ? AND "
                    "chunk_index = ?", (turn.id, part.chunk_index))
     engine.runtime.reset()
-    report = engine.reopen(first.chat_id, restore=RestoreOptions(level="lossless"))
+    report = engine.reopen(first.chat_id)  # (auto: read at lossless, the chat's own too)
     doc_end = engine.store.document_entry(doc_id, engine.fingerprint).token_end
     # The document's entry ends with a window: the restore resumes there and recomputes the
     # chat's own tokens.

@@ -35,6 +35,7 @@ from ..kv import speeds as speeds_mod
 from ..kv import streaming
 from ..kv.blending import Blend, Blender, Parts, common_prefix, leading
 from ..kv.contexts import CHAT, Contexts
+from ..kv.exactprefix import Held
 from ..kv.kvcache import KVCache
 from ..kv.levels import EXACT, check_levels
 from ..kv.sharing import Sharing
@@ -64,13 +65,8 @@ class ChatSession:
                  blend_fraction: float = 1.0,
                  generation_defaults: GenerationOptions = GenerationOptions(),
                  longdocs: LongDocs):
-        self.store = store
-        self.contexts = contexts
-        self.library = library
-        self.kv = kv
-        self.sharing = sharing
-        self.prompter = prompter
-        self.speeds = speeds
+        self.store, self.contexts, self.library, self.kv = store, contexts, library, kv
+        self.sharing, self.prompter, self.speeds = sharing, prompter, speeds
         self.levels = tuple(levels)
         self.chunk_tokens = chunk_tokens
         self.default_budget_ms = default_budget_ms  # an "auto" restore's (None: best quality)
@@ -80,6 +76,7 @@ class ChatSession:
         # the same way; how many of its first tokens came back lossy (never stored again).
         self._loaded: RestoreOptions | None = None
         self.decoded_until = 0
+        self.held = Held()  # what it holds as a prefill computes it (kept so at lossless)
         # Chats over several documents: the share of each later document recomputed in place
         # (1: never blend), the blender, where the blended KV begins, who makes it exact.
         self.blend_fraction = blend_fraction
@@ -154,10 +151,11 @@ class ChatSession:
             # exactly it, freshly evaluated (a draft sent as it was), compute that token.
             if question and not (keep == len(held) == len(full) and rt.has_logits):
                 keep = min(keep, len(full) - 1)
+            keep = self.held.reuse(rt, tokens, question, keep, options.level == EXACT)
             # (A sliding-window cache may no longer hold what cutting back would need.)
-            if rt.can_truncate(keep) and (keep >= len(tokens) or self._held_goes_furthest(
-                    rt, tokens, keep, docs if chat else ())):  # (a client's: as any prompt)
-                rt.truncate(keep)
+            if keep >= 0 and rt.can_truncate(keep) and (keep >= len(tokens) or (
+                    self._held_goes_furthest(rt, tokens, keep, docs if chat else ()))):
+                rt.truncate(keep)  # (a client's prompt: as any, not as a chat's)
                 self.decoded_until = min(self.decoded_until, keep)
                 if self._blended_at is not None and keep <= self._blended_at:
                     self._blended_at = None  # what is kept came back exact
@@ -172,6 +170,7 @@ class ChatSession:
                     recompute_s=time.perf_counter() - r0 if held < len(tokens) else 0.0,
                     blended=self._mode_of(docs, held, len(tokens) - held))
         self._loaded = None  # until the context holds a finished load again
+        self.held.computed(None)
         source, notes, fresh = None, [], 0  # fresh: tokens of passages computed for this
         effective = options
         if not options.no_cache:
@@ -210,6 +209,7 @@ class ChatSession:
         self._loaded = None if options.no_cache else options
         self.decoded_until = report.lossy_tokens
         rt.prefill(question, cancel=cancel)
+        self.held.computed(tokens if options.no_cache or options.level == EXACT else None, question)
         n = min(len(tokens), report.recomputed_tokens + fresh)  # (a passage computed for it counts)
         return replace(report, recomputed_tokens=n, messages=[*notes, *report.messages],
                        blended=self._mode_of(docs, len(tokens) - n, n))

@@ -37,6 +37,10 @@ class ChunkSource(Protocol):
     # The entries among the chunks' that are kept at one level by design (a passage's, at
     # the setting `passage_level`): a level asked for that they lack is no news to say.
     one_level: frozenset[int]
+    # {entry id: its end} of the entries among the chunks' whose KV one prefill of their
+    # tokens from the first computed (a document's, as attaching does): what a restore at
+    # lossless reads (`exactprefix`).
+    prefilled: dict[int, int]
 
     def sizes(self, span: Span) -> dict[str, int]:
         """{level: bytes} of the levels this chunk can be read at."""
@@ -94,6 +98,8 @@ class LocalSource:
             self._sizes.setdefault((entry, chunk), {})[level] = n
         entries = {i: store.entry(i) for i in ids}
         self.one_level = frozenset(i for i, e in entries.items() if e.passage)
+        self.prefilled = {i: e.token_end for i, e in entries.items() if e.document_id is not
+                          None and e.chat_id is None and not e.passage}
         # (`sizes` leaves a chunk set aside out, as if it were never stored: the entry says)
         self._stored_at = {i: e.levels for i, e in entries.items()}
 
@@ -120,6 +126,9 @@ class RemoteSource:
         self.windows = {self.n_tokens: copy.windows} if copy.windows else {}
         self.one_level = frozenset(
             {s.entry_id for s in self.spans} if copy.manifest.passage else ())
+        # (The tier shares documents' entries: `sync`.)
+        self.prefilled = {} if copy.manifest.passage else {
+            s.entry_id: self.n_tokens for s in self.spans}
 
     def sizes(self, span: Span) -> dict[str, int]:
         chunks = self.copy.manifest.chunks

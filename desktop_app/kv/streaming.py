@@ -38,10 +38,11 @@ from store import Span, Store, StoreError
 from ..errors import Cancelled
 from ..model.kvstate import KVState, SeqState, StateBuffer
 from ..model.layout import ModelLayout
-from ..model.runtime import Runtime
+from ..model.runtime import PREFILL_SLICE, Runtime
 from ..options import AUTO, GenerationOptions, RestoreOptions
 from ..results import Progress, RestoreReport
-from .levels import Message, level_notes, said
+from .exactprefix import exact_part
+from .levels import EXACT, Message, level_notes, said
 from .reading import TEXT, ChunkReader
 from .sources import ChunkSource
 from .speeds import Speeds
@@ -123,6 +124,9 @@ def restore(
     t0 = time.perf_counter()
     tokens = list(tokens)
     run = _Restore(runtime, tokens, levels, options, speeds, progress, cancel, t0, calibrations)
+    kind = source.kind if source is not None else "local"
+    if source is not None and options.level == EXACT:  # as --no-cache computes it, bit for bit
+        source, run.messages = exact_part(source, tokens, bool(runtime.layout.swa_layers))
     if source is not None and source.n_tokens:
         n_restored = run.windowed(source) if runtime.layout.swa_layers else run.plain(source)
         run.finish(source)
@@ -147,7 +151,7 @@ def restore(
         chunk_levels=run.chunk_levels,
         recomputed_tokens=len(rest),
         messages=said(run.messages) if messages is None else [],
-        source=source.kind if source is not None else "local",
+        source=kind,
         adapted_chunks=run.adapted,
     )
 
@@ -273,8 +277,10 @@ class _Restore(_Reading):
             rt.restore_buffer(state, held)
             rt.truncate(source.n_tokens)  # a tail's tokens past the ones asked for go
             return source.n_tokens
+        n_restored = min(n_restored, source.n_tokens)
+        if self.options.level == EXACT:  # (computed on from a whole slice: `exactprefix`)
+            n_restored -= n_restored % PREFILL_SLICE
         if n_restored:  # the stored part ended early: only its first chunks are usable
-            n_restored = min(n_restored, source.n_tokens)
             kv = KVState(state.keys[:, :n_restored], state.values[:, :n_restored],
                          np.arange(n_restored, dtype=np.int32), v_trans=lay.v_trans)
             rt.restore(SeqState([kv]), self.tokens[:n_restored])

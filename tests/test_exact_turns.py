@@ -1,0 +1,78 @@
+"""A chat's next turns at `lossless` are computed bit for bit as `--no-cache` computes them.
+
+llama.cpp's KV of a token depends on how the prefill was batched: the first answer's tokens
+(generated one at a time, kept in the chat's entry and in the context) and a recompute that
+starts where a document's entry ends (not where a prefill from the first token cuts its
+slices) differ from a recompute from text in their last bits, and a greedy answer parted from
+`--no-cache`'s (`kv.exactprefix`). Compared here through the logits a prepared question
+leaves, which any such difference changes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_engine import DOC, QUESTION, ask, close, deterministic, make_engine
+
+from desktop_app.kv.levels import DEFAULT_LEVELS, EXACT
+from desktop_app.model.runtime import PREFILL_SLICE
+from desktop_app.options import RestoreOptions
+
+pytestmark = pytest.mark.model
+
+NEXT = "And what happened to the lantern glass?"
+
+
+@pytest.fixture
+def new_engine(tmp_path, model_path, model_hash):
+    made = []
+
+    def make(**options):
+        made.append(make_engine(tmp_path / "data", model_path, model_hash, **options))
+        return made[-1]
+
+    yield make
+    for eng in made:
+        close(eng)
+
+
+def prepared(eng, chat_id: int, **restore):
+    """The restore report and next-token logits of NEXT prepared in the chat."""
+    report = eng.prepare(NEXT, chat_id=chat_id, restore=RestoreOptions(**restore))
+    return report, eng.runtime.logits()
+
+
+@pytest.mark.parametrize("levels", [DEFAULT_LEVELS, (*DEFAULT_LEVELS, EXACT)],
+                         ids=["chat-not-lossless", "chat-lossless-too"])
+def test_a_chats_next_turn_at_lossless_equals_no_cache_bit_for_bit(new_engine, tmp_path,
+                                                                   levels):
+    eng = new_engine(levels=levels)
+    path = tmp_path / "doc.txt"
+    path.write_text(DOC + "\n\n" + DOC.replace("Cape Morrow", "Point Ashby"))
+    doc_id = eng.attach(path, levels=[EXACT, "high"]).doc_id
+    n_doc = len(eng.prefix_tokens([doc_id]))
+    assert n_doc > PREFILL_SLICE and n_doc % PREFILL_SLICE  # its last slice is cut short
+    first = ask(eng, QUESTION, doc=doc_id, tokens=16, level=EXACT)
+    assert first.recomputed_tokens == 0  # the first turn reads the document's entry whole
+    chat = first.chat_id
+
+    # In the same process: the context holds the answer as it was generated.
+    held, exact = prepared(eng, chat, level=EXACT)
+    _, fresh = prepared(eng, chat, no_cache=True)
+    assert np.array_equal(exact, fresh)
+    # Read from the store (as a new process does): the document's entry up to a whole
+    # slice, the rest computed as --no-cache computes it, and said.
+    eng.runtime.reset()
+    read, exact = prepared(eng, chat, level=EXACT)
+    assert np.array_equal(exact, fresh)
+    assert EXACT in read.chunk_levels
+    assert read.recomputed_tokens == read.tokens - n_doc // PREFILL_SLICE * PREFILL_SLICE
+    assert any("computed again from token" in m for m in read.messages), read.messages
+
+    if EXACT in levels:
+        return  # (the answers: once)
+    # The answers: asked at lossless (the prepared context kept), and asked again without
+    # the cache.
+    cached = ask(eng, NEXT, chat=chat, tokens=24, level=EXACT)
+    again = eng.regenerate(chat, restore=RestoreOptions(no_cache=True),
+                           generation=deterministic(24))
+    assert cached.answer == again.answer
