@@ -185,6 +185,8 @@ def test_an_unknown_level_is_refused_naming_its_option(capsys):
         code, out, err = run(capsys, argv)
         check_outcome(code, out, err, "--json" in argv)
         assert code == 1 and "Error: --level: unknown level(s) foo; known: auto" in err, err
+    code, out, err = run(capsys, ["attach", "notes.txt", "--levels", "high,foo"])
+    assert code == 1 and "Error: --levels: unknown level(s) foo; known: lossless" in err, err
 
 
 def test_a_folder_this_user_may_not_look_into_is_said_never_a_traceback(monkeypatch, tmp_path):

@@ -37,6 +37,17 @@ from .base import (
 )
 
 
+def known_levels(option: str, names: list[str], restoring: bool = False) -> None:
+    """Refuse level names that are no codec level, naming the option as typed, before any
+    work (the codec is imported for it: only where levels are named)."""
+    from ..kv.levels import check_levels
+
+    try:
+        check_levels(names, restoring=restoring)
+    except EngineError as e:
+        raise InvalidValue(option, str(e)) from None
+
+
 @cli.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path())
 @click.option("--levels", callback=level_list,
@@ -47,6 +58,8 @@ from .base import (
 def attach(app: App, files: tuple[str, ...], levels: list[str] | None, no_server: bool,
            as_json: bool):
     """Attach documents: extract, prefill once, compress and store their KV cache."""
+    if levels is not None:
+        known_levels("--levels", levels)
     results, failed, attached = [], False, 0
     bar = TerminalProgress()
     client = server_client(app, no_server)
@@ -138,12 +151,7 @@ def restore_options(f):
         restore = values(RestoreOptions, level=level, budget_ms=budget_ms,
                          bandwidth_MBps=bandwidth_MBps, no_cache=no_cache)
         if restore.level != AUTO:  # named as typed, as the API names kvdesk.level
-            from ..kv.levels import check_levels  # (the codec: only for a level given)
-
-            try:
-                check_levels([restore.level], restoring=True)
-            except EngineError as e:
-                raise InvalidValue("--level", str(e)) from None
+            known_levels("--level", [restore.level], restoring=True)
         return f(*args, restore=restore, **kwargs)
 
     return wrapper
