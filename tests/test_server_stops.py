@@ -174,38 +174,15 @@ def test_sigterm_stops_serve_cleanly_and_ends_the_stream_in_flight(tmp_path, rou
     assert not info_file.exists()
 
 
-def test_ctrl_c_stops_serve_as_cleanly_as_sigterm(tmp_path):
+def stopped_cleanly(tmp_path, sig, when) -> str:
+    """`kvdesk serve` on free ports, sent `sig` once `when(proc)` returns: it ends with status
+    0, "Stopped." and no traceback, its server file removed; its stderr."""
     env = {**os.environ, "KVDESK_DATA_DIR": str(tmp_path)}
     proc = subprocess.Popen([sys.executable, "-m", "desktop_app", "--n-ctx", "1024", "serve",
                              "--port", "0", "--ollama-port", "0"], env=env,
                             stderr=subprocess.PIPE, text=True)
     try:
-        info_file = tmp_path / "server.json"
-        deadline = time.time() + 120
-        while not info_file.exists() and time.time() < deadline:
-            time.sleep(0.1)
-        assert info_file.exists()
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, err
-    assert "Traceback" not in err and "Aborted" not in err and "Stopped." in err
-    assert not info_file.exists()
-
-
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_a_stop_while_the_model_loads_is_never_lost_and_never_serves(tmp_path, sig):
-    """A KeyboardInterrupt raised during llama.cpp's load landed in its log callback, which
-    ctypes swallows: the server then started all the same (a probe, 5 of 5 tries at one
-    moment); at other moments it ended "Aborted." with 130."""
-    env = {**os.environ, "KVDESK_DATA_DIR": str(tmp_path)}
-    proc = subprocess.Popen([sys.executable, "-m", "desktop_app", "--n-ctx", "1024", "serve",
-                             "--port", "0", "--ollama-port", "none"], env=env,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        assert proc.stderr.readline().startswith("Loading ")
+        when(proc)
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=60)
     finally:
@@ -213,4 +190,26 @@ def test_a_stop_while_the_model_loads_is_never_lost_and_never_serves(tmp_path, s
             proc.kill()
     assert proc.returncode == 0, err
     assert "Traceback" not in err and "Aborted" not in err and "Stopped." in err
-    assert "kvdesk serves" not in err and not (tmp_path / "server.json").exists()
+    assert not (tmp_path / "server.json").exists()
+    return err
+
+
+def test_ctrl_c_stops_serve_as_cleanly_as_sigterm(tmp_path):
+    def serving(proc) -> None:
+        deadline = time.time() + 120
+        while not (tmp_path / "server.json").exists() and time.time() < deadline:
+            time.sleep(0.1)
+        assert (tmp_path / "server.json").exists()
+
+    stopped_cleanly(tmp_path, signal.SIGINT, serving)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_while_the_model_loads_is_never_lost_and_never_serves(tmp_path, sig):
+    """A KeyboardInterrupt raised during llama.cpp's load landed in its log callback, which
+    ctypes swallows: the server then started all the same (a probe, 5 of 5 tries at one
+    moment); at other moments it ended "Aborted." with 130."""
+    def loading(proc) -> None:
+        assert proc.stderr.readline().startswith("Loading ")
+
+    assert "kvdesk serves" not in stopped_cleanly(tmp_path, sig, loading)

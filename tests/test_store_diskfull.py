@@ -191,21 +191,32 @@ def test_a_gc_run_again_after_a_full_disk_reports_both_runs_work(tmp_path, monke
         assert report["freed_bytes"] == sum(e.nbytes for e in entries)
 
 
-def test_a_disk_filled_from_outside_while_closed_still_opens_reads_and_frees(small_disk,
-                                                                           monkeypatch):
-    monkeypatch.setattr(test_store_helpers, "payload",
-                        lambda start, end, level: os.urandom(200_000))
-    data = small_disk / "data"
+def stored(disk: Path, entries: int) -> Path:
+    """A data directory on `disk` with `entries` entries of 2 MB; closed."""
+    data = disk / "data"
     with open_store(data) as store:
-        for n in range(8):
+        for n in range(entries):
             put_entry(store, range(n * 1000, (n + 1) * 1000), chunk_size=500)
-    assert (data / NAME).exists()
-    with open(small_disk / "filler", "wb") as f:  # another program takes the last byte
+    return data
+
+
+def fill(disk: Path) -> None:
+    """Another program takes the disk's last byte."""
+    with open(disk / "filler", "wb") as f:
         with pytest.raises(OSError):
             while True:
                 f.write(bytes(1 << 20))
                 f.flush()
-    assert shutil.disk_usage(small_disk).free < 1 << 20
+    assert shutil.disk_usage(disk).free < 1 << 20
+
+
+def test_a_disk_filled_from_outside_while_closed_still_opens_reads_and_frees(small_disk,
+                                                                           monkeypatch):
+    monkeypatch.setattr(test_store_helpers, "payload",
+                        lambda start, end, level: os.urandom(200_000))
+    data = stored(small_disk, 8)
+    assert (data / NAME).exists()
+    fill(small_disk)
     # SQLite's shared memory cannot grow: the store is read read-only, its reserve kept
     for _ in range(2):  # (as often as it is opened: a read never spends the reserve)
         with open_store(data) as store:
@@ -222,16 +233,9 @@ def test_a_disk_full_with_no_reserve_left_still_reads_and_says_what_to_do(small_
                                                                          monkeypatch):
     monkeypatch.setattr(test_store_helpers, "payload",
                         lambda start, end, level: os.urandom(200_000))
-    data = small_disk / "data"
-    with open_store(data) as store:
-        for n in range(4):
-            put_entry(store, range(n * 1000, (n + 1) * 1000), chunk_size=500)
+    data = stored(small_disk, 4)
     (data / NAME).unlink()  # (given to a deletion the disk was full again after)
-    with open(small_disk / "filler", "wb") as f:
-        with pytest.raises(OSError):
-            while True:
-                f.write(bytes(1 << 20))
-                f.flush()
+    fill(small_disk)
     with open_store(data) as store:  # reading needs no room
         assert len(store.entries()) == 4 and store.verify()["corrupt"] == []
         with pytest.raises(DiskFullError, match="Free space on that disk"):
