@@ -53,7 +53,7 @@ class Store(LibraryStore, PassageStore, PassageKVStore, SplitStore):
         self.path = self.data_dir / DB_NAME
         self._clock = clock
         self._db = Connections(self.path, read_only=prepare_data_dir(self.data_dir, self.path))
-        self.locks = ChatLocks(self.data_dir / "locks")  # between processes: turns, attaches
+        self.locks = ChatLocks(self.data_dir / "locks")  # turns, attaches, calibrations
         self._unrecorded: dict[str, tuple[str, dict]] = {}
         try:
             self._db.opened(lambda conn: check_current(conn, self.data_dir) if self.read_only
@@ -87,8 +87,8 @@ class Store(LibraryStore, PassageStore, PassageKVStore, SplitStore):
         return self._db.damage
 
     def check_writable(self) -> None:
-        """Refuse work whose result could not be stored, before it is done: DamagedError or
-        ReadOnlyError, as a write would raise."""
+        """Refuse work whose result could not be stored, before it is done: DamagedError,
+        DiskFullError or ReadOnlyError, as a write would raise."""
         self._db.check_writable()
 
     def damage_error(self) -> DamagedError:

@@ -209,8 +209,8 @@ class Connections:
     def __init__(self, path: Path, *, read_only: bool = False):
         self.path = path
         self.cannot_write = read_only
-        # Opened read-only on a disk full to the last byte (`opened`): reading needs no room,
-        # and the reserve stays for the first write that frees some (`freeing`).
+        # Opened read-only on a disk full to the last byte with no reserve left to give back
+        # (`opened`): reading needs no room; every write says the disk is full.
         self.full = False
         self.damage: str | None = None  # what SQLite found damaged, once it has
         self.reserve = Reserve(path.parent)
@@ -250,21 +250,22 @@ class Connections:
     def opened(self, prepare: Callable[[sqlite3.Connection], None]) -> None:
         """Check the file (`check`) and `prepare` it (migrate it, or check a read-only one's
         schema), then take the reserve while there is room. On a disk full to the last byte
-        SQLite cannot grow its shared-memory file: the file is opened again read-only (`full`)
-        as a read-only directory's is, keeping the reserve for a deletion (`freeing`)."""
-        for _ in range(2):
+        SQLite cannot grow its shared-memory file: the reserve is given back, and it tries
+        again; with none left (the disk filled again since), the file is opened read-only
+        (`full`), as a read-only directory's is, so that reading still works there."""
+        for _ in range(3):
             try:
                 self.check()  # a damaged file is read, never written (`damage`)
                 prepare(self.get().conn)
                 break
             except (sqlite3.OperationalError, DataDirError) as e:
-                if self.full:  # not even read-only, for want of room (a log to read through)
+                if self.full:  # not even read-only (a log to read through, an upgrade due)
                     raise disk_full(self.path) from e
                 if isinstance(e, DataDirError) or "disk I/O" not in str(e) or not disk_is_full(
                         self.path):
                     raise
                 self.close()
-                self.full = True
+                self.full = not self.reserve.release()
         if not self.read_only:
             self.reserve.make()
 
@@ -283,7 +284,8 @@ class Connections:
         return db
 
     def check_writable(self) -> None:
-        """Raise what a write would (DamagedError, ReadOnlyError), without writing."""
+        """Raise what a write would (DamagedError, DiskFullError, ReadOnlyError), without
+        writing."""
         if self.damage is not None:
             raise self.damaged_error()
         if self.full and not self.cannot_write:
@@ -316,9 +318,6 @@ class Connections:
         except DiskFullError:
             if not self.reserve.release():
                 raise
-            if self.full:  # opened read-only for want of room: writable with the reserve's
-                self.close()
-                self.full = False
             done = work()
         self.reclaim()
         return done
@@ -377,8 +376,11 @@ def quick_check(conn: sqlite3.Connection, table: str | None = None) -> list[str]
     try:
         lines = [line for (row,) in conn.execute(pragma) for line in row.splitlines()]
     except DamagedError as e:  # too damaged to check whole: each table alone says where
-        tables = [] if table else [t for (t,) in conn.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table'")]
+        try:
+            tables = [] if table else [t for (t,) in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'")]
+        except DamagedError:  # (the schema's own page)
+            tables = []
         return [f"table {t}: {found[0]}" for t in tables
                 if (found := quick_check(conn, t))] or [str(e.__cause__)]
     lines = [x for x in lines if x not in ("ok", "*** in database main ***")]
