@@ -160,6 +160,13 @@ def test_a_second_process_waits_for_the_models_calibration_and_takes_its_result(
     assert measured == [FP]  # once
     assert results["second"].to_bytes() == made.to_bytes()
     assert said[0].title == "waiting" and said[0].note == runs.WAITING
+    # one stored between a process's own look and its turn: taken, though it never waited
+    with Store(tmp_path / "b") as three, Store(tmp_path / "b") as four:
+        late = calibrations.Calibrations(three)
+        assert late.current(FP) is None
+        calibrations.Calibrations(four).adopt(made)
+        assert runs.calibrate_once(three, late, "model.gguf", FP).to_bytes() == made.to_bytes()
+    assert measured == [FP]
 
 
 def test_a_cancel_reaches_the_reference_prefill(model_path):

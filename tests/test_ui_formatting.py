@@ -106,7 +106,7 @@ def test_calibration_progress_in_words():
     assert calibrating_line(Progress("calibrate", 12, 100, "sensitivity")) == \
         line + "measuring each part's sensitivity 12%"
     assert calibrating_line(Progress("calibrate", 0, 0)) == line.rstrip()
-    assert calibrating_line(Progress("calibrate", 0, 100, "waiting")) == \
+    assert calibrating_line(Progress("calibrate", 0, 100, "waiting", "another kvdesk")) == \
         line + "waiting for another kvdesk process calibrating it"
     assert calibrating_line(Progress("calibrate", 12, 100, "sensitivity", "going on from")) == \
         line + "measuring each part's sensitivity 12% (resumed)"

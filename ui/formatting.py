@@ -93,7 +93,8 @@ def calibrating_line(p: Progress) -> str:
     stage = CALIBRATION_STAGES.get(p.title, f"fitting {p.title}" if p.title else "")
     percent = 100 * p.done // p.total if p.total else 0
     return " ".join(["Calibrating the codec for this model…"] + [stage] * bool(stage)
-                    + [f"{percent}%"] * bool(percent) + ["(resumed)"] * bool(p.note))
+                    + [f"{percent}%"] * bool(percent)
+                    + ["(resumed)"] * bool(p.note and p.title != "waiting"))
 
 
 def calibration_line(info: CalibrationInfo | None) -> str:

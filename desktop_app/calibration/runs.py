@@ -40,16 +40,15 @@ def calibrate_once(store: store_mod.Store, calibrations: Calibrations, model_pat
         if progress is not None:
             progress(Progress("calibrate", round(fraction * 100), 100, stage, note))
 
-    waited: list[bool] = []
     before = calibrations.current(fingerprint)
     turn = (contextlib.nullcontext() if store.read_only else store.locks.calibration(
-        fingerprint, cancel=cancel, on_wait=lambda: (waited.append(True),
-                                                     say("waiting", 0.0, WAITING))))
+        fingerprint, cancel=cancel, on_wait=lambda: say("waiting", 0.0, WAITING)))
     try:
         with turn:
-            made = calibrations.reread(fingerprint) if waited else None
+            # another process may have stored one since `before` was read, waited for or not
+            made = calibrations.reread(fingerprint)
             if made is not None and (before is None or made.to_bytes() != before.to_bytes()):
-                return made  # the process waited for made it meanwhile: taken
+                return made
             steps = KeptSteps(store, fingerprint)
             cal = calibrate.calibrate(model_path, fingerprint=fingerprint, cancel=cancel,
                                       keep=steps, pause=pause,

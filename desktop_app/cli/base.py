@@ -135,10 +135,7 @@ class TerminalProgress:
         self.noted: list[str] = []  # the notes said, each once, as soon as they came
 
     def __call__(self, p: Progress) -> None:
-        if p.note and p.note not in self.noted:
-            self.noted.append(p.note)
-            click.echo(("\r\033[K" if self.tty else "") + f"Note: {p.note}", err=True)
-            self.last = None
+        self.notes(p)
         pct = 100 * p.done // max(1, p.total)
         key = (p.title, p.phase, pct if self.tty else pct // 25)
         if key == self.last:
@@ -150,6 +147,13 @@ class TerminalProgress:
             click.echo(f"\r\033[K{line}", nl=False, err=True)
         else:
             click.echo(line, err=True)
+
+    def notes(self, p: Progress) -> None:
+        """Say `p`'s note, once (all a server's background work shows of its progress)."""
+        if p.note and p.note not in self.noted:
+            self.noted.append(p.note)
+            click.echo(("\r\033[K" if self.tty else "") + f"Note: {p.note}", err=True)
+            self.last = None
 
     def done(self) -> None:
         if self.tty and self.last is not None:

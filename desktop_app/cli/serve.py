@@ -7,7 +7,7 @@ import threading
 import click
 
 from ..app import App
-from .base import checked, cli
+from .base import TerminalProgress, checked, cli
 
 OFF = "none"  # --ollama-port none: Ollama's port not served
 
@@ -97,7 +97,7 @@ def calibrate_in_background(app: App, server, cancel: threading.Event) -> None:
     click.echo("Calibrating the codec for this model in the background (minutes, once; "
                "`calibrate_automatically` in the settings turns this off)...", err=True)
     try:
-        cal = engine.calibrate(cancel=cancel)
+        cal = engine.calibrate(cancel=cancel, progress=TerminalProgress().notes)
     except Cancelled:
         return
     except Exception as e:  # noqa: BLE001 - the server keeps serving with the default levels
