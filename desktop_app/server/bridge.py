@@ -35,7 +35,8 @@ class Stopping:
     def __init__(self):
         self.event = threading.Event()
         self._cancels: set[threading.Event] = set()
-        self._lock = threading.Lock()
+        # re-entrant: a signal's handler calls stop() on the main thread, maybe inside stop()
+        self._lock = threading.RLock()
 
     def register(self, cancel: threading.Event) -> None:
         with self._lock:
