@@ -348,6 +348,7 @@ class Engine:
             docs = self.library.chat_documents(chat_id)  # (a passage chat's are computed: not)
             if not self.session.longdocs.applies(docs):  # blended until its exact copy is stored
                 parts = self.session.blendable(rt, chat_id, tokens, docs, None)
+                parts = parts if parts and self.session.blender.usable(rt, parts.later) else None
         else:
             docs = [self.library.document(d) for d in doc_ids]
             layout = self.prompter.layout(rt, docs)

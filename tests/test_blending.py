@@ -104,6 +104,9 @@ def test_the_estimate_of_a_chat_still_blended_reads_its_documents_from_their_cac
     # every document's own cache is read (not only the first's, the rest computed from text)
     assert est.bytes["balanced"] == sum(s["balanced"] for s in sizes)
     assert est.seconds["balanced"] < est.seconds["text"] / 2
+    # an exact restore never blends: the first document's cache read, the others computed
+    assert est.bytes[EXACT] == engine.store.entry_level_bytes(entries[:1])[entries[0]][EXACT]
+    assert est.seconds[EXACT] > est.seconds["balanced"]
 
 
 def test_documents_the_context_cannot_hold_together_are_said_cut_or_left_out(engine):

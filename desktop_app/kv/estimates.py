@@ -18,6 +18,7 @@ from store import Store
 from ..model.runtime import Runtime
 from ..results import RestoreEstimate
 from .blending import Parts, leading
+from .levels import EXACT
 from .reading import TEXT
 from .sources import LocalSource
 from .speeds import Speeds
@@ -36,18 +37,23 @@ def estimate(store: Store, rt: Runtime, tokens: Sequence[int], levels: Sequence[
         ends = resume_points(source, rt.layout)
         n = ends[0] if ends else 0
         spans = [s for s in spans if s.token_end <= n] + list(source.windows.get(n, ()))
-    blended = recomputed = 0
+    later, blended, recomputed = [], 0, 0
     if blend is not None and blend.later and all(e is not None for e in blend.later):
         for entry, (start, end) in zip(blend.later, blend.layout.parts[1:], strict=False):
-            spans += store.spans(entry.id)
+            later += store.spans(entry.id)
             blended += end - start
             recomputed += len(leading(fraction)(start, end - start))
-    raw = rt.layout.raw_bytes(n + blended)
-    rest_s = (len(tokens) - n - blended + recomputed) / speeds.prefill_tps
-    per_level = {lvl: nbytes for lvl, nbytes in store.level_bytes(spans).items()
-                 if lvl in levels}
-    seconds = {lvl: round(nbytes / 1e6 / speeds.read_MBps + raw / 1e6 / speeds.decode(lvl)
-                          + rest_s, 4)
-               for lvl, nbytes in per_level.items()}
+    plain = store.level_bytes(spans)
+    mixed = store.level_bytes([*spans, *later]) if later else plain
+    per_level, seconds = {}, {}
+    for lvl in levels:
+        # (an exact restore never blends: it computes the later documents)
+        sizes, covered, again = (plain, n, 0) if lvl == EXACT else (
+            mixed, n + blended, recomputed)
+        if lvl in sizes:
+            per_level[lvl] = sizes[lvl]
+            seconds[lvl] = round(sizes[lvl] / 1e6 / speeds.read_MBps
+                                 + rt.layout.raw_bytes(covered) / 1e6 / speeds.decode(lvl)
+                                 + (len(tokens) - covered + again) / speeds.prefill_tps, 4)
     seconds[TEXT] = round(len(tokens) / speeds.prefill_tps, 3)
     return RestoreEstimate(tokens=len(tokens), bytes=per_level, seconds=seconds)
