@@ -331,9 +331,8 @@ def m011_prompt_caches(conn: sqlite3.Connection) -> None:
 
 
 # The documents whose KV an entry holds beyond its parent's (a chat's or a conversation's over
-# several documents): deleting a document deletes them, whatever deletes it (the trigger), and
-# an entry naming a document deleted before it is written is refused in the same transaction
-# (`create_pending`).
+# several documents): deleting a document deletes them, whatever deletes it (the trigger); an
+# entry naming a document deleted before it is written is refused in its write (`create_pending`).
 M012_ENTRY_DOCUMENTS = (
     "CREATE TABLE kv_entry_documents (entry_id INTEGER NOT NULL REFERENCES kv_entries(id)"
     " ON DELETE CASCADE, document_id INTEGER NOT NULL REFERENCES documents(id)"
@@ -352,12 +351,14 @@ def _executing(statements: tuple[str, ...]) -> Callable[[sqlite3.Connection], No
     return migration
 
 
-# The titles of deleted documents that chats were about: their notes and exports name them.
+# Deleted documents' titles, per chat that was about one (its notes and exports name them).
 M013_DELETED_TITLES = (
-    "CREATE TABLE deleted_documents (id INTEGER PRIMARY KEY, title TEXT NOT NULL)",
-    "CREATE TRIGGER documents_leave_their_titles BEFORE DELETE ON documents WHEN EXISTS"
-    " (SELECT 1 FROM chat_documents WHERE document_id = OLD.id) BEGIN INSERT OR REPLACE"
-    " INTO deleted_documents VALUES (OLD.id, OLD.title); END")
+    "CREATE TABLE deleted_documents (chat_id INTEGER NOT NULL REFERENCES chats(id) ON DELETE"
+    " CASCADE, document_id INTEGER NOT NULL, title TEXT NOT NULL,"
+    " PRIMARY KEY (chat_id, document_id)) WITHOUT ROWID",
+    "CREATE TRIGGER documents_leave_their_titles BEFORE DELETE ON documents BEGIN INSERT OR"
+    " REPLACE INTO deleted_documents SELECT chat_id, OLD.id, OLD.title FROM chat_documents"
+    " WHERE document_id = OLD.id; END")
 
 
 MIGRATIONS: list[tuple[str, Callable[[sqlite3.Connection], None]]] = [

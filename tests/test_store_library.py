@@ -84,6 +84,8 @@ def test_deleting_a_document_removes_its_caches_and_links_only(store):
     store.delete_document(alone.id)
     assert store.deleted_titles() == {document.id: "A"}
     assert store.document_titles() == {kept.id: "B"}
+    store.delete_chat(chat.id)  # and it goes with the last chat that was about it
+    assert store.deleted_titles() == {}
 
 
 def test_deleting_a_later_document_of_a_chat_removes_the_chats_caches_holding_it(store):

@@ -278,7 +278,8 @@ class LibraryStore:
 
     def deleted_titles(self) -> dict[int, str]:
         """{document id: title} of the deleted documents that chats were about."""
-        return dict(self._db.get().execute("SELECT id, title FROM deleted_documents"))
+        return dict(self._db.get().execute(
+            "SELECT DISTINCT document_id, title FROM deleted_documents"))
 
     def claim_document(self, document_id: int) -> None:
         """Take over an unfinished document (its attach was killed): attached by this process
