@@ -53,7 +53,7 @@ def test_an_export_names_the_chats_documents_and_each_sources_document(tmp_path)
         store.delete_document(b.id)
         exported = library.export_chat(chat.id)
         assert "\nDocuments: a.txt, c.txt\n" in exported
-        assert f"> source: document {b.id} #2" in exported
+        assert "> source: b.txt (deleted) #2" in exported  # its title kept for the chat
         assert [d["id"] for d in json.loads(library.export_chat(chat.id, "json"))["documents"]
                 ] == [a.id, c.id]
         assert "Documents" not in library.export_chat(plain.id)
