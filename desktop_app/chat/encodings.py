@@ -1,11 +1,11 @@
 """A file's bytes as the text its author wrote: which encoding they are in, and the text.
 
-`decode` reads the mark a file begins with (UTF-8, UTF-16 or UTF-32), else UTF-8, else UTF-16
-without a mark, else UTF-8 with a few stray bytes (a line pasted from an older file: each
-stray byte read as Windows-1252), else the legacy encoding charset-normalizer detects (or
-Windows-1252 when the text is too short to tell). `utf8_evidence` and `looks_like_utf8` are
-the rule that tells the last two apart, measured on real text by `benchmarks/utf8_strays.py`
-(RESULTS.md, "UTF-8 with stray bytes").
+`decode` reads the mark a file begins with (UTF-8, UTF-16 or UTF-32), else UTF-16 without a
+mark (zero bytes in its head), else UTF-8, else UTF-8 with a few stray bytes (a line pasted
+from an older file: each stray byte read as Windows-1252), else the legacy encoding
+charset-normalizer detects (or Windows-1252 when the text is too short to tell).
+`utf8_evidence` and `looks_like_utf8` are the rule that tells the last two apart, measured on
+real text by `benchmarks/utf8_strays.py` (RESULTS.md, "UTF-8 with stray bytes").
 
 It must never guess silently: whatever is not read as the bytes say (a stray byte, an
 encoding detected or assumed, a byte replaced with U+FFFD) is said in `warnings`. It only
