@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import signal
 import sys
 import threading
@@ -107,19 +106,6 @@ def cli(ctx: click.Context, model: str | None, data_dir: str | None, n_ctx: int 
     app = running = App(settings, background=background)
     ctx.obj = app
     ctx.call_on_close(app.close)
-    if not background:
-        # What keeping an answer's cache met (a full disk) is one of the answer's notes, said
-        # as its others are: the cache's log line of it, for a server's log, said it twice.
-        kept = logging.getLogger(KEEPING_LOG)
-        kept.addFilter(_said_as_a_note)
-        ctx.call_on_close(lambda: kept.removeFilter(_said_as_a_note))
-
-
-KEEPING_LOG = "desktop_app.kv.kvcache"  # (KVCache._kept's, whose words the result carries)
-
-
-def _said_as_a_note(record: logging.LogRecord) -> bool:
-    return record.levelno > logging.WARNING
 
 
 # A chat's turn or a file's attach held by another process (`turns.waited`): no percentage.

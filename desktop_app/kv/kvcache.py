@@ -214,7 +214,8 @@ class KVCache:
         try:
             store(evicted)
         except (DiskFullError, NotFoundError) as e:  # the answer stands; its cache is not kept
-            log.warning("%s is not stored: %s", what, e)
+            # (the caller tells the user: the answer's notes; the log only records it)
+            log.info("%s is not stored: %s", what, e)
             return False, [f"{what} is not stored: {e}"]
         return not any(c.get("too_large") for c in evicted), self.eviction_notes(evicted)
 
