@@ -307,10 +307,10 @@ def test_a_chat_over_two_long_documents_goes_on_with_the_one_left(make_engine):
     first = eng.ask("When does the harbour office open, and what does the museum keep?",
                     doc_ids=[eng.doc, other.id], generation=GREEDY)
     assert {s["document_id"] for s in first.sources} == {eng.doc, other.id}
-    # An export names each source's document by its title (a deleted one by its id).
+    # An export names each source's document by its title (a deleted one's kept for the chat).
     assert "> source: Harbour guide #" in eng.export_chat(first.chat_id)
     eng.delete_document(other.id)
-    assert f"> source: document {other.id} #" in eng.export_chat(first.chat_id)
+    assert "> source: Harbour guide (deleted) #" in eng.export_chat(first.chat_id)
     for _ in range(2):  # in this process, and as another would read it (from its answer)
         later = eng.ask("And the museum's telescope?", chat_id=first.chat_id,
                         generation=GREEDY)
