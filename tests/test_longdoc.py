@@ -978,7 +978,7 @@ def test_docs_says_when_the_storage_budget_stopped_the_passages_kv(capsys, tmp_p
     def app(usage):
         info = DocumentInfo(1, "manual.txt", "text", 90_000, 0, {}, "passages", 0.0,
                             passages=700, passages_cached=107)
-        return SimpleNamespace(data_dir=tmp_path, engine=SimpleNamespace(
+        return SimpleNamespace(data_dir=tmp_path, holds_store=True, engine=SimpleNamespace(
             documents=lambda: [info],
             store=SimpleNamespace(usage_bytes=lambda: usage, budget_bytes=1000)))
 

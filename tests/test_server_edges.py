@@ -4,6 +4,7 @@ routers serve, and the new settings' and flags' refusals."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
@@ -188,6 +189,9 @@ def test_ollamas_port_can_be_left_unserved_from_the_command_line(tmp_path, monke
     class FakeServer:
         def __init__(self, app, **kwargs):
             made.append(kwargs)
+
+        def signals_stop(self):
+            return contextlib.nullcontext()
 
         def listen(self):
             raise Refused  # (what was asked is known: nothing is served)
