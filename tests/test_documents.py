@@ -78,40 +78,33 @@ def test_utf8_with_a_stray_byte_stays_utf8_and_the_byte_is_read_as_windows_1252(
                             "read as cp1252"]
 
 
-def test_utf8_with_a_few_characters_keeps_them_beside_a_longer_pasted_line(tmp_path):
-    """Two UTF-8 characters (one of three bytes, on lines of their own) and six stray bytes
-    from a pasted Windows-1252 line: UTF-8 still, not "â€”" and "cafÃ©"."""
-    (tmp_path / "mixed2.txt").write_bytes(
-        b"Meeting notes \xe2\x80\x94 Monday\n\nWe met at the caf\xc3\xa9 downtown.\n"
-        b"Pasted from the old memo: \x93Ship it by Friday\x94 and don\x92t forget the "
-        b"d\xe9p\xf4t.\nBudget: 5\x80 per unit.\n")
-    doc = extract(tmp_path / "mixed2.txt")
-    assert doc.text == ("Meeting notes — Monday\n\nWe met at the café downtown.\nPasted from "
-                        "the old memo: “Ship it by Friday” and don’t forget the "
-                        "dépôt.\nBudget: 5€ per unit.")
-    assert doc.warnings == ["mixed2.txt: UTF-8 but for 6 stray byte sequence(s), each byte "
-                            "read as cp1252"]
-
-
-def test_a_utf8_character_is_kept_where_the_rest_is_read_as_windows_1252(tmp_path):
-    """One 2-byte character proves nothing by itself, but where the stray bytes are read as
-    Windows-1252 anyway, it is kept as the UTF-8 it is."""
-    (tmp_path / "m.txt").write_bytes(b"We met at the caf\xc3\xa9 downtown.\nPasted: \x93Ship "
-                                     b"it\x94 and don\x92t forget.\n")
-    doc = extract(tmp_path / "m.txt")
-    assert doc.text == "We met at the café downtown.\nPasted: “Ship it” and don’t forget."
-    assert doc.warnings == ["m.txt: not UTF-8 but for 1 character(s); the rest read as cp1252 "
-                            "(assumed); if letters look wrong, save the file as UTF-8"]
-
-
-def test_stray_bytes_behind_a_utf8_mark_are_read_as_without_it(tmp_path):
-    """As Notepad long wrote: a UTF-8 mark, then Windows-1252 bytes. Its letters are kept."""
-    (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbfUTF-8 with BOM and a stray byte: caf\xe9 "
-                                       b"and na\xefve and more plain text here.\n")
-    doc = extract(tmp_path / "bom.txt")
-    assert doc.text == "UTF-8 with BOM and a stray byte: café and naïve and more plain text here."
-    assert doc.warnings == ["bom.txt: UTF-8 but for 2 stray byte sequence(s), each byte read "
-                            "as cp1252"]
+@pytest.mark.parametrize("name, data, text, warning", [
+    # Two UTF-8 characters (one of three bytes, on lines of their own) and six stray bytes
+    # from a pasted Windows-1252 line: UTF-8 still, not "â€”" and "cafÃ©".
+    ("mixed2.txt", b"Meeting notes \xe2\x80\x94 Monday\n\nWe met at the caf\xc3\xa9 downtown.\n"
+     b"Pasted from the old memo: \x93Ship it by Friday\x94 and don\x92t forget the "
+     b"d\xe9p\xf4t.\nBudget: 5\x80 per unit.\n",
+     "Meeting notes — Monday\n\nWe met at the café downtown.\nPasted from the old memo: "
+     "“Ship it by Friday” and don’t forget the dépôt.\nBudget: 5€ per unit.",
+     "mixed2.txt: UTF-8 but for 6 stray byte sequence(s), each byte read as cp1252"),
+    # One 2-byte character proves nothing by itself, but where the stray bytes are read as
+    # Windows-1252 anyway, it is kept as the UTF-8 it is.
+    ("m.txt", b"We met at the caf\xc3\xa9 downtown.\nPasted: \x93Ship it\x94 and don\x92t "
+     b"forget.\n",
+     "We met at the café downtown.\nPasted: “Ship it” and don’t forget.",
+     "m.txt: not UTF-8 but for 1 character(s); the rest read as cp1252 (assumed); if letters "
+     "look wrong, save the file as UTF-8"),
+    # As Notepad long wrote: a UTF-8 mark, then Windows-1252 bytes. Its letters are kept.
+    ("bom.txt", b"\xef\xbb\xbfUTF-8 with BOM and a stray byte: caf\xe9 and na\xefve and more "
+     b"plain text here.\n",
+     "UTF-8 with BOM and a stray byte: café and naïve and more plain text here.",
+     "bom.txt: UTF-8 but for 2 stray byte sequence(s), each byte read as cp1252"),
+], ids=["utf8-beside-a-pasted-line", "one-utf8-character-in-cp1252", "strays-behind-a-mark"])
+def test_utf8_with_stray_bytes_keeps_what_each_part_is(tmp_path, name, data, text, warning):
+    (tmp_path / name).write_bytes(data)
+    doc = extract(tmp_path / name)
+    assert doc.text == text
+    assert doc.warnings == [warning]
 
 
 def test_pdf_reader_complaints_become_warnings(tmp_path, capsys):
