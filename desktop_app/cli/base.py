@@ -29,6 +29,7 @@ M = TypeVar("M", bound=pydantic.BaseModel)
 
 running: App | None = None  # this process's App, once the group has made it
 
+
 def error_line(e: Exception, short: str = "this command cannot run here, for the reason "
                "warned of above") -> str:
     """The `Error:` line for a user error: `short` where a warning above already said it all
