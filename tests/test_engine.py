@@ -409,6 +409,28 @@ def test_a_corrupt_chunk_at_a_forced_level_is_read_at_another_and_set_aside(new_
     assert set(fixed.chunk_levels) == {"balanced"}
 
 
+def test_a_level_note_counts_the_chunks_recomputed_after_it(new_engine, tmp_path):
+    """A chunk read at another level, then one readable at none (recomputed from there): the
+    note counts every chunk of the restore, not only the ones read."""
+    eng = new_engine()
+    path = tmp_path / "doc.txt"
+    path.write_text(DOC)
+    doc_id = eng.attach(path, levels=["balanced", "compact"]).doc_id
+    entry = eng.store.document_entry(doc_id, eng.fingerprint)
+    with sqlite3.connect(eng.store.path) as db:
+        (n_chunks,) = db.execute("SELECT COUNT(DISTINCT chunk_index) FROM kv_chunks WHERE "
+                                 "entry_id = ?", (entry.id,)).fetchone()
+        db.execute("UPDATE kv_chunks SET data = zeroblob(nbytes) WHERE entry_id = ? AND "
+                   "((chunk_index = 0 AND level = 'balanced') OR chunk_index = 1)",
+                   (entry.id,))
+    assert n_chunks > 2
+    res = ask(eng, QUESTION, doc=doc_id, tokens=4, level="balanced")
+    assert res.chunk_levels[0] == "compact" and res.recomputed_tokens > 0
+    assert any(m.startswith("recomputing from token") for m in res.messages), res.messages
+    assert f"1 of {n_chunks} chunks failed its check at 'balanced': read at compact " \
+        "instead; `kvdesk verify --repair` computes it again" in res.messages, res.messages
+
+
 def test_a_forced_level_not_stored_is_said_and_lossless_stays_exact(new_engine, tmp_path):
     eng = new_engine()
     path = tmp_path / "doc.txt"

@@ -22,6 +22,9 @@ def test_a_read_notes_the_chunks_not_stored_and_those_that_failed_apart():
     assert level_notes("high", read, not_stored=1, kept=2) == [
         LevelNote("not stored", 1, 5, "high", ("balanced", "compact"))]
     assert level_notes("high", ["balanced", "balanced"], not_stored=0, kept=2) == []
+    # Chunks the restore asked for but never read (recomputed after a failure) are counted.
+    assert level_notes("high", ["balanced"], not_stored=0, chunks=3) == [
+        LevelNote("failed", 1, 3, "high", ("balanced",))]
     # A chunk its entry is stored at the level asked but that was set aside (or is missing)
     # is damaged, not "not stored".
     assert level_notes("high", read, not_stored=1, damaged=1) == [

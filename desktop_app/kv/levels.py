@@ -93,17 +93,20 @@ Message = str | LevelNote
 
 
 def level_notes(asked: str, read: Sequence[str], not_stored: int, kept: int = 0,
-                damaged: int = 0, shared: bool = False) -> list[LevelNote]:
+                damaged: int = 0, shared: bool = False,
+                chunks: int | None = None) -> list[LevelNote]:
     """What a restore at the level `asked` says of the chunks it read at another (the levels
     it read, `read`): `not_stored` of them because none is stored at it, `kept` because
     their entry is kept at one level by design (a passage's: nothing to say), `damaged`
     because the one stored was set aside before (or is missing), the rest after the one
-    stored failed its check on this read (`shared`: all read from the shared cache)."""
+    stored failed its check on this read (`shared`: all read from the shared cache).
+    `chunks`: how many the restore asked for, where it read fewer (the rest recomputed)."""
     others = [lvl for lvl in read if lvl != asked]
     left = len(others) - kept
     missing = min(left, not_stored)
     set_aside = min(left - missing, damaged)
-    return [LevelNote(kind, k, len(read), asked, tuple(sorted(set(others))), shared)
+    total = max(len(read), chunks or 0)
+    return [LevelNote(kind, k, total, asked, tuple(sorted(set(others))), shared)
             for kind, k in (("not stored", missing), ("damaged", set_aside),
                             ("failed", left - missing - set_aside))
             if k > 0]

@@ -173,6 +173,7 @@ class _Reading:
         self.not_stored = 0  # chunks read at another level as none is stored at the one asked
         self.kept = 0  # the same, of an entry kept at one level by design (`one_level`)
         self.damaged = 0  # the same, of an entry stored at it: the chunk set aside or missing
+        self.asked = 0  # the most chunks one pass set out to read (those it did not: recomputed)
         self.measured: list[float] = []
 
     def _read(self, source: ChunkSource, spans: list[Span], dest: Callable[[Span], Views], *,
@@ -181,6 +182,7 @@ class _Reading:
         """Decode `spans` in order into `dest(span)` as the reader delivers them; (the level
         of each chunk decoded, in order; the chunk where it stopped and why, if it did and
         it is worth saying). Fallbacks to another level are said in `messages`."""
+        self.asked = max(self.asked, len(spans))
         reader = ChunkReader(source, spans, self.tokens, self.levels, self.options,
                              self.speeds, raw_bytes=raw, t0=self.t0, restart=restart)
         fetched = reader.fetched
@@ -248,7 +250,7 @@ class _Reading:
         if self.options.level != AUTO:
             self.messages += level_notes(self.options.level, self.chunk_levels,
                                          self.not_stored, self.kept, self.damaged,
-                                         shared=source.kind == "remote")
+                                         shared=source.kind == "remote", chunks=self.asked)
         if self.measured and not self.options.bandwidth_MBps:
             self.speeds.observe_read(source.kind, self.measured[0])
 
