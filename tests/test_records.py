@@ -95,7 +95,9 @@ def test_a_json_file_names_every_value_by_its_key_path(tmp_path):
               "matrix": [[1, 2], [3]]}
     (tmp_path / "c.json").write_text(json.dumps(config, indent=2))
     doc = extract(tmp_path / "c.json")
-    assert doc.kind == "json" and doc.lines is None
+    assert doc.kind == "json"
+    # Each record cites the file's line its object (or array) starts on.
+    assert doc.lines == (1, 4, 10, 19, 23)
     assert doc.text.split("\n") == [
         "version: 3", "servers[0]: host: a.example | tls.cert: a.pem",
         "servers[1]: host: b.example | ports: [80, 443]", "matrix[0]: [1, 2]",
@@ -110,6 +112,34 @@ def test_what_is_not_json_records_is_read_as_its_text(tmp_path, name, body):
     (tmp_path / name).write_text(body)
     doc = extract(tmp_path / name)
     assert doc.kind in ("code", "text") and doc.text == body
+
+
+def test_a_json_files_passages_cite_the_files_lines_not_the_records(tmp_path):
+    """A pretty-printed `{"servers": [...]}`: a server's passage cites the lines its object
+    is on in the file (thousands of lines after its record's number)."""
+    servers = [{"host": f"h{i}.internal", "port": 1000 + i, "tls": {"cert": f"c{i}.pem"},
+                "tags": ["a", "b"]} for i in range(600)]
+    servers[400]["host"] = "glowworm.internal"
+    path = tmp_path / "servers.json"
+    path.write_text(json.dumps({"servers": servers}, indent=2, sort_keys=False))
+    file_lines = path.read_text().split("\n")
+    doc = extract(path)
+    passages = split(doc.text, doc.kind, words, line_numbers=doc.lines, target=60, limit=120)
+    found = next(p for p in passages if "glowworm" in p.text)
+    first, last = found.lines
+    assert any("glowworm.internal" in line for line in file_lines[first - 1:last + 12])
+    for p in passages:
+        first, last = p.lines
+        # Each passage's first and last records are the objects opening at its first and
+        # last lines: servers[i] is `{` at the file's line 3 + 11 i.
+        records = p.text.split("\n")
+        number = int(records[0].split("]")[0].removeprefix("servers["))
+        assert first == 3 + 11 * number and file_lines[first - 1].strip() == "{"
+        number = int(records[-1].split("]")[0].removeprefix("servers["))
+        assert last == 3 + 11 * number
+    # Minified, a file of one line cites line 1.
+    path.write_text(json.dumps({"servers": servers}))
+    assert set(extract(path).lines) == {1}
 
 
 def test_a_passage_cut_from_a_tables_middle_names_its_columns_and_the_files_lines(tmp_path):

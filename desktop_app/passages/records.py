@@ -7,8 +7,9 @@ header row) is read as its column line, then one line per row naming each value'
 (`city: Berlin | year: 2019 | revenue: 17.5`), each line numbered by the file's line the row
 starts on, so that sources still cite the file's lines. JSON Lines is read as one record per
 object, and a JSON file as one line per object holding plain values, each under its key path
-(`servers[2]: host: b.example | tls.cert: b.pem`; a JSON file's lines are the records', the
-`json` module giving no positions).
+(`servers[2]: host: b.example | tls.cert: b.pem`), each numbered by the file's line its
+object (or value) starts on: the `json` module gives no positions, so they are found by a
+scan of the file's tokens beside it (`_where`).
 
 A file that is not such a table (a first row that is data: a cell empty, a number or a
 sentence, a name twice; rows of every width: prose with commas) or not valid JSON is left to
@@ -18,6 +19,7 @@ touches the model or the store.
 
 from __future__ import annotations
 
+import bisect
 import csv
 import io
 import json
@@ -128,49 +130,109 @@ def _json(raw: str) -> Records | None:
         return None
     if not isinstance(value, dict | list):
         return None
-    out = _lines(value)
-    return Records("\n".join(out), None, "json") if out else None
+    found = [(record.rstrip(), at) for record, at in _flatten(value, "", _where(raw))
+             if record.strip()]
+    if not found:
+        return None
+    breaks = [m.end() for m in _BREAK.finditer(raw)]
+    numbers = tuple(bisect.bisect_right(breaks, at) + 1 for _, at in found)
+    return Records("\n".join(record for record, _ in found), numbers, "json")
 
 
 def _lines(value) -> list[str]:
     """`value`'s records (`_flatten`), each a line of text: one holding "" says nothing, and
     no blank line is kept (the text's line numbers would no longer be the records')."""
-    return [record.rstrip() for record in _flatten(value, "") if record.strip()]
+    return [record.rstrip() for record, _ in _flatten(value, "", None) if record.strip()]
 
 
-def _flatten(value, path: str) -> Iterator[str]:
+# A JSON value's tokens: a string, a structural character, or a bare word (number, true...).
+_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\],:]|[^\s{}\[\],:"]+')
+_BREAK = re.compile(r"\r\n|\r|\n")  # JSON's own line breaks
+
+
+@dataclass
+class _Node:
+    """Where a value starts in the file (a character offset), and where its members do:
+    a dict of them by key for an object, a list for an array, None for a plain value."""
+
+    at: int
+    members: dict | list | None = None
+
+
+def _where(raw: str) -> _Node | None:
+    """The offsets of `raw`'s values, shaped as the value `json.loads(raw)` is (a key given
+    twice keeps its last value's, as `json` does). `raw` has parsed as JSON already."""
+    stack: list[_Node] = []
+    key: list[str | None] = []  # per open object: the key whose value comes next
+    root = None
+    for m in _TOKEN.finditer(raw):
+        token = m.group()
+        if token in (",", ":"):
+            continue
+        if token in ("}", "]"):
+            node = stack.pop()
+            key.pop()
+        elif stack and isinstance(stack[-1].members, dict) and key[-1] is None:
+            key[-1] = json.loads(token)  # an object's key
+            continue
+        else:
+            node = _Node(m.start(), {} if token == "{" else [] if token == "[" else None)
+            if node.members is not None:
+                stack.append(node)
+                key.append(None)
+                continue
+        if not stack:
+            root = node
+        elif isinstance(stack[-1].members, dict):
+            stack[-1].members[key[-1]] = node
+            key[-1] = None
+        else:
+            stack[-1].members.append(node)
+    return root
+
+
+def _member(node: _Node | None, name) -> _Node | None:
+    try:
+        return node.members[name] if node is not None else None
+    except (KeyError, IndexError, TypeError):
+        return None
+
+
+def _flatten(value, path: str, node: _Node | None) -> Iterator[tuple[str, int]]:
     """An object as one line, its nested objects' plain values under dotted keys
     (`user.name: Ada`); the arrays of objects it holds after it, an element a line, each under
-    its key path (`orders[0]: item: pen | qty: 2`)."""
+    its key path (`orders[0]: item: pen | qty: 2`). Each line with the offset its value starts
+    at in the file (`node`'s; 0 where not known)."""
+    at = node.at if node is not None else 0
     if isinstance(value, dict):
         plain: list[tuple[str, object]] = []
-        nested: list[tuple[str, object]] = []
-        _collect(value, "", plain, nested)
+        nested: list[tuple[str, object, _Node | None]] = []
+        _collect(value, "", node, plain, nested)
         if plain:
             body = " | ".join(f"{key}: {_scalar(v)}" for key, v in plain)
-            yield f"{path}: {body}" if path else body
-        for key, v in nested:
-            yield from _flatten(v, f"{path}.{key}" if path else key)
+            yield (f"{path}: {body}" if path else body), at
+        for key, v, member in nested:
+            yield from _flatten(v, f"{path}.{key}" if path else key, member)
     elif isinstance(value, list):
         if _plain(value):
             if value:
-                yield f"{path or '[]'}: {_scalar(value)}"
+                yield f"{path or '[]'}: {_scalar(value)}", at
         else:
             for i, v in enumerate(value):
-                yield from _flatten(v, f"{path}[{i}]")
+                yield from _flatten(v, f"{path}[{i}]", _member(node, i))
     else:
-        yield f"{path}: {_scalar(value)}" if path else _scalar(value)
+        yield (f"{path}: {_scalar(value)}" if path else _scalar(value)), at
 
 
-def _collect(obj: dict, prefix: str, plain: list, nested: list) -> None:
+def _collect(obj: dict, prefix: str, node: _Node | None, plain: list, nested: list) -> None:
     for k, v in obj.items():
         key = prefix + _cell(str(k))
         if isinstance(v, dict):
-            _collect(v, key + ".", plain, nested)
+            _collect(v, key + ".", _member(node, k), plain, nested)
         elif _plain(v):
             plain.append((key, v))
         else:
-            nested.append((key, v))
+            nested.append((key, v, _member(node, k)))
 
 
 def _plain(value) -> bool:
