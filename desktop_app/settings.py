@@ -228,6 +228,13 @@ class Settings(UserValues):
                                    "~/.aws")
             if url.scheme not in ("http", "https") or not url.hostname:
                 raise ValueError("not an http(s) URL")
+            try:
+                port = url.port
+            except ValueError:  # (out of range, or not a number)
+                port = 0
+            if port == 0:
+                raise ValueError("its port should be a number from 1 to 65535 (or none: the "
+                                 "scheme's own)")
         return value
 
     @pydantic.field_validator("remote_prefix")

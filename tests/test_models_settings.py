@@ -114,6 +114,16 @@ def test_bad_settings_are_clear_errors(monkeypatch):
             settings.load()
         assert "s3cr3t" not in str(e.value)
         monkeypatch.delenv("KVDESK_REMOTE_ENDPOINT_URL")
+    # a port out of range, not a number, or 0: refused with the setting named, no traceback
+    for url in ("http://127.0.0.1:99999", "http://127.0.0.1:abc", "http://127.0.0.1:0"):
+        path.write_text(json.dumps({"remote_endpoint_url": url}))
+        with pytest.raises(settings.SettingsError, match="remote_endpoint_url: its port"):
+            settings.load()
+        monkeypatch.setenv("KVDESK_REMOTE_ENDPOINT_URL", url)
+        path.write_text("{}")
+        with pytest.raises(settings.SettingsError, match="KVDESK_REMOTE_ENDPOINT_URL: its port"):
+            settings.load()
+        monkeypatch.delenv("KVDESK_REMOTE_ENDPOINT_URL")
     path.unlink()
     path.mkdir()  # a folder in its place is said, not ignored with every setting in it
     with pytest.raises(settings.SettingsError, match="is not a file"):

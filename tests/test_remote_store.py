@@ -363,6 +363,17 @@ def _tier(endpoint: str) -> RemoteTier:
                                    connect_timeout_s=0.5, read_timeout_s=0.5, max_attempts=2))
 
 
+def test_an_endpoint_port_botocore_refuses_is_a_remote_error(aws_env):
+    # (settings refuse it first; a config made in code gets one clear error, no traceback)
+    for endpoint, where in (("http://127.0.0.1:99999", "http://127.0.0.1:99999"),
+                            ("http://127.0.0.1:abc", "http://127.0.0.1:abc"),
+                            ("http://127.0.0.1:9000", "http://127.0.0.1:9000")):
+        assert RemoteConfig(bucket="b", endpoint_url=endpoint).where == where
+    assert RemoteConfig(bucket="b", endpoint_url="http://127.0.0.1:0").where.endswith(":0")
+    with pytest.raises(RemoteError, match=r"^http://127.0.0.1:99999 did not answer head_bucket"):
+        _tier("http://127.0.0.1:99999").check()
+
+
 def test_throttling_and_5xx_are_retried_a_bounded_number_of_times(aws_env):
     server = ThreadingHTTPServer(("127.0.0.1", 0), _SlowDown)
     threading.Thread(target=server.serve_forever, daemon=True).start()

@@ -60,7 +60,11 @@ class RemoteConfig:
         if not self.endpoint_url:
             return "AWS S3"
         parts = urlsplit(self.endpoint_url)
-        return f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+        try:
+            port = parts.port
+        except ValueError:  # (settings refuse such a port; a config made in code may not)
+            return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+        return f"{parts.scheme}://{parts.hostname}" + (f":{port}" if port is not None else "")
 
 
 def _safe(part: str) -> str:
