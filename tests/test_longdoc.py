@@ -191,6 +191,41 @@ def test_a_question_naming_something_rare_is_given_the_passages_that_hold_it(mak
         eng.passages(eng.doc, query="  ")
 
 
+def add_passages(store: Store, title: str, texts: list[str]) -> int:
+    doc = store.add_document(title[0] * 64, title, "\n\n".join(texts), type="text")
+    store.add_passages(doc.id, [
+        SimpleNamespace(index=i, text=t, start=0, end=len(t), page=None, lines=(i + 1, i + 1),
+                        heading=(title,), tokens=30) for i, t in enumerate(texts)])
+    return doc.id
+
+
+def test_a_name_only_the_second_document_holds_is_read_from_it(make_engine):
+    """Two long documents: one's passages scored raw BM25 (no rare word of the question in
+    it), the other's fused on the rare name it holds. Sorted by those scores together, the
+    first took every place and the passage naming the reactor was never read."""
+    eng = make_engine()
+    store, longdocs = eng.store, eng.session.longdocs
+    plants = ["Plant", "Station", "Works", "Yard", "Site"]
+    manual = add_passages(store, "Manual", [
+        f"{p} {i}: in an emergency, the duty officer keeps the emergency procedures and "
+        f"the shutdown code." for i, p in enumerate(plants)])
+    reactors = ["Alder", "Birch", "Tamsin", "Cedar", "Rowan"]
+    report = add_passages(store, "Report", [
+        f"Reactor {r}: its shutdown code is {4000 + 7 * i}." for i, r in enumerate(reactors)])
+    tamsin = next(p.id for p in store.passages(report) if "Tamsin" in p.text)
+    question = "What is the emergency shutdown code for reactor Tamsin?"
+    for order in ([manual, report], [report, manual]):
+        hits = longdocs._hits(order, question, [])
+        assert [s.passage_id for s in hits] == [tamsin], hits
+    # With no rare word, the documents' passages are ranked together by BM25 over one
+    # index: the report's for its reactors' codes, the manual's for what the officer keeps
+    # (the report, sharing no word with that question, gives passages near it in meaning).
+    for question, doc in (("What is the reactor shutdown code?", report),
+                          ("What does the duty officer keep?", manual)):
+        hits = longdocs._hits([manual, report], question, [])
+        assert [s.document_id for s in hits] == [doc] * longdocs.top_k, hits
+
+
 def test_a_name_the_document_never_holds_is_told_to_the_model_on_every_path(make_engine):
     """A question about the Harrowgate ferry, which the guide never names, was answered from
     the nearest passage; the note said so only to the user (and through the API, to no

@@ -47,6 +47,7 @@ from ..kv.passagekv import PassageKV
 from ..model.prompts import Layout, Prompter, passage_layout
 from ..model.runtime import Runtime
 from ..passages import evidence
+from ..passages.across import across
 from ..passages.retrieve import DEFAULT_K, Retriever
 from ..results import Progress, Source
 from .library import Library
@@ -218,14 +219,13 @@ class LongDocs:
                 given.setdefault(s.passage_id, s)
         return list(given.values())
 
-    def _hits(self, split: Sequence[Document], question: str, recent: Sequence[str]
+    def _hits(self, split: Sequence[int], question: str, recent: Sequence[str]
               ) -> list[Source]:
-        """Each document's best passages for `question`, focused (passages far below the
-        best distract a small model), then the best of all (fused scores compare across
-        them)."""
-        return sorted((Source.of(h, d) for d in split for h in self.retriever.retrieve(
-            d, question, recent=recent, k=self.top_k, focus=self.focus)),
-            key=lambda s: -s.score)[:self.top_k]
+        """The best passages of the documents `split` for `question`, best first, focused
+        (passages far below the best distract a small model): `passages.across`."""
+        return [Source.of(h, d) for d, h in across(self.retriever, split, question,
+                                                   recent=recent, k=self.top_k,
+                                                   focus=self.focus)]
 
     def offer(self, sources: Sequence[Source], wholes: Sequence[tuple[int, str]]) -> None:
         """The passages a conversation not kept as a chat (the local API's) is laid out with,
@@ -286,7 +286,7 @@ class LongDocs:
         the earlier ones when none of this question's fits: they would answer it in its
         place."""
         fresh = {s.passage_id for s in hits}
-        ranked = sorted(hits, key=lambda s: -s.score) + sorted(
+        ranked = list(hits) + sorted(
             (s for s in kept if s.passage_id not in fresh), key=lambda s: -s.score)
         overhead = len(passage_layout(rt, []).tokens)
         used, chosen, texts = overhead, [], set()

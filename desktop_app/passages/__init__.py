@@ -8,7 +8,8 @@ middle still says what its values are; `embed` turns texts into
 L2-normalised vectors with a static embedding model that ships inside its wheel (nothing is
 downloaded); `index` stores a document's passages, their full-text index and their vectors;
 `retrieve` answers a question with the passages most likely to hold its answer (BM25, dense,
-or both fused by reciprocal rank); `evidence` finds the sentences of those passages that name
+or both fused by reciprocal rank), and `across` with those of several documents, merged by
+what compares between them; `evidence` finds the sentences of those passages that name
 what the question asks about.
 
 Its question is "which parts of this long document does the question need?". It stands on the

@@ -1,0 +1,81 @@
+"""The passages of several long documents a question needs: each one's retrieval, merged.
+
+One document's retrieval (`retrieve.Retriever.retrieve`) scores its passages on a scale of
+its own: reciprocal rank fusion where the question's rare words focus it (~0.03), raw BM25
+where none does (~1-10). Between two documents those scores do not compare, and sorted
+together the one scored raw took every place: a question naming a reactor that only the
+second document holds was given eight passages of the first. The merge orders the hits by
+what does compare across documents: first how many of the question's words rare in all of
+them together each passage holds (a name the chat's documents hold in at most
+`RARE_PASSAGES` passages between them), then BM25 over the question, and over the question
+with the chat's recent turns, from the one full-text index (its statistics are the whole
+store's, so one query scores every document's passages alike), then its rank in its own
+document. Focused, as one document's retrieval is (`most_named`): when the question writes
+such rare words, only the passages holding the most of them are read.
+
+It never computes KV and never decides what the chat's context holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from store.documents.passages import query_words
+
+from . import DEFAULT_K
+from .retrieve import (
+    CANDIDATES,
+    RARE_PASSAGES,
+    Hit,
+    Retriever,
+    most_named,
+    recent_text,
+    written_names,
+)
+
+
+def across(retriever: Retriever, doc_ids: Sequence[int], question: str, *,
+           recent: Sequence[str] = (), k: int = DEFAULT_K,
+           focus: bool = False) -> list[tuple[int, Hit]]:
+    """The `k` passages of the documents `doc_ids` that best answer `question` asked after
+    the chat's `recent` turns, best first, as (document id, hit); one document's are its
+    own retrieval's, in its order (see the module's docstring)."""
+    found = {d: retriever.retrieve(d, question, recent=recent, k=k, focus=focus)
+             for d in dict.fromkeys(doc_ids)}
+    if len(found) < 2:
+        return [(d, h) for d, hits in found.items() for h in hits]
+    store, docs = retriever.store, list(found)
+    holders = rare_holders(retriever, docs, question)
+    queries = [question, " ".join([question, *recent_text(recent)])]
+    bm25: dict[int, float] = {}
+    for query in dict.fromkeys(queries):
+        for d in docs:
+            for p, score in store.search_passages(d, query, CANDIDATES):
+                bm25[p.id] = bm25.get(p.id, 0.0) + score
+    of = {h.passage_id: (d, h) for d, hits in found.items() for h in hits}
+    rank = {h.passage_id: i for hits in found.values() for i, h in enumerate(hits)}
+    order = sorted(of, key=lambda pid: (-sum(pid in ids for ids in holders.values()),
+                                        -bm25.get(pid, 0.0), rank[pid], pid))
+    if focus and holders:
+        kept = most_named([(pid, 0.0) for pid in order], holders,
+                          written_names(question, holders))
+        order = [pid for pid, _ in kept]
+    return [of[pid] for pid in order[:k]]
+
+
+def rare_holders(retriever: Retriever, doc_ids: Sequence[int],
+                 question: str) -> dict[str, set[int]]:
+    """{word of `question` that at most RARE_PASSAGES passages of the documents `doc_ids`
+    hold together: the ids of those passages}, as one document's retrieval picks its rare
+    words (`Retriever._rare`): none when every word of the question is so rare (they say no
+    more than the question), and only names when it writes a name they hold more often."""
+    store = retriever.store
+    holding = {word: [pid for d in doc_ids
+                      for pid in store.passages_holding(d, word, RARE_PASSAGES + 1)]
+               for word in query_words(question)}
+    counts = {word: len(ids) for word, ids in holding.items()}
+    held = {word: set(ids) for word, ids in holding.items() if 0 < len(ids) <= RARE_PASSAGES}
+    names = {w for w in written_names(question, counts) if counts[w]}
+    if any(counts[w] > RARE_PASSAGES for w in names):
+        held = {w: ids for w, ids in held.items() if w in names}
+    return {} if len(held) == len(counts) else held
