@@ -119,6 +119,21 @@ def test_a_document_attached_on_one_machine_is_asked_about_on_another(machine_a,
     assert again.source == "local" and again.recomputed_tokens == 0 and again.bytes_read > 0
 
 
+def test_a_streamed_cache_larger_than_the_budget_is_not_fetched_nor_said_kept(
+        machine_a, machine, monkeypatch):
+    b = machine(machine_a.sharing.tier)
+    doc_id = lazily_pulled(b)
+    b.store.budget_bytes = 10_000  # far below the document's cache
+    completed = []
+    monkeypatch.setattr(sync, "complete", lambda *a, **k: completed.append(a) or 1 / 0)
+    res = ask(b, QUESTION, doc=doc_id, tokens=4)
+    assert res.source == "remote" and res.tokens_generated > 0
+    assert not any("kept the shared cache's" in m for m in res.messages)
+    assert any("were not kept here" in m and "larger than the whole storage budget" in m
+               for m in res.messages), res.messages
+    assert completed == [] and b.store.entries() == []
+
+
 def test_attach_takes_the_shared_cache_instead_of_prefilling(machine_a, machine):
     c = machine(machine_a.sharing.tier, "c")
     res = c.attach(machine_a.document)

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from store import BudgetFullError, RemoteError, RemoteTier, Store, StoreError, text_hash
 from store.shared import sync
 
+from ..results import size_text
 from .sources import ChunkSource, LocalSource, RemoteSource
 
 # After a failure the tier is left alone this long: each try costs its timeouts and retries.
@@ -57,16 +58,34 @@ class Sharing:
         with self._lock:
             streamed, self._streamed = self._streamed, []
         ok, notes = True, []
+        budget = self.store.budget_bytes
         for source in streamed:
+            tokens, size = source.copy.manifest.token_end, source.copy.nbytes
+            if size > budget:  # (fetched, it would be evicted at once: not fetched)
+                source.copy.abort()
+                ok = False
+                notes.append(self._too_large(tokens, size, budget))
+                continue
             try:
                 entry, fetched = sync.complete(source.tier, source.copy)
             except StoreError as e:
                 ok = False
                 notes.append(f"the shared cache's entry could not be kept here: {e}")
                 continue
+            if any(c.get("too_large") for c in source.copy.evicted):
+                ok = False
+                notes.append(self._too_large(tokens, size, budget))
+                continue
             notes.append(f"kept the shared cache's {entry.token_end:,} tokens here "
                          f"({fetched / 1e6:.1f} MB fetched after the answer)")
         return ok, notes
+
+    @staticmethod
+    def _too_large(tokens: int, size: int, budget: int) -> str:
+        return (f"the shared cache's {tokens:,} tokens were not kept here: their cache "
+                f"({size_text(size)}) is larger than the whole storage budget of "
+                f"{size_text(budget)} (the setting storage_budget_gb); a question streams "
+                "them again")
 
     def pull_for_attach(self, fingerprint: str, tokens: Sequence[int], levels: Sequence[str],
                         document_id: int, progress: Callable[[int, int], None] | None = None

@@ -72,6 +72,17 @@ class LocalCopy:
         self._closed = False
         self._chunks = BackgroundWriter(self._writer)
 
+    @property
+    def nbytes(self) -> int:
+        """What the finished copy holds: its levels' chunk objects, window parts included."""
+        return sum(obj.nbytes for level in self.levels for obj in self.manifest.chunks[level])
+
+    @property
+    def evicted(self) -> list[dict]:
+        """The caches finishing it evicted (store.gc's `evicted_caches`); the copy itself,
+        "too_large", where it is larger than the whole storage budget: then not kept."""
+        return self._writer.evicted
+
     def add(self, chunk_index: int, level: str, data: bytes) -> None:
         """Keep a chunk read from the remote tier (already checked); ignored once closed."""
         with self._lock:
