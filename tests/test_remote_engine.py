@@ -259,6 +259,13 @@ def test_cli_remote_status_push_pull(machine_a, aws_env, tmp_path, s3_server):
     assert rc == 0 and "its cache streams when first used" in out, err
     rc, out, err = kvdesk("docs", env=lazy)
     assert rc == 0 and "not cached here (a question streams the shared cache's), 0.0 MB" in out, err
+    tiny = {**shared, "KVDESK_DATA_DIR": str(tmp_path / "tiny"),
+            "KVDESK_CONFIG_DIR": str(tmp_path / "tiny-config")}
+    (tmp_path / "tiny-config").mkdir()
+    (tmp_path / "tiny-config" / "settings.json").write_text('{"storage_budget_gb": 1e-5}')
+    rc, out, err = kvdesk("remote", "pull", env=tiny)
+    assert rc == 0 and f"not kept {machine_a.attached.title}: its cache (" in out, out + err
+    assert "larger than the whole storage budget of 10.0 KB" in out
     rc, out, err = kvdesk("remote", "verify", "--json", env=shared)
     checked = json.loads(out)
     assert rc == 0 and checked["checked"] >= 1 and checked["objects"] and not checked["damaged"]

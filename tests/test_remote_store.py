@@ -147,7 +147,30 @@ def test_push_then_pull_on_another_machine(a, b, remote_tier, s3_server):
             assert b.read_chunk(span.entry_id, span.chunk_index, level) == \
                 a.read_chunk(entry.id, span.chunk_index, level)
     assert sync.pull_all(b, remote_tier, FP) == {"pulled": [], "already_local": 1,
-                                                 "passages_left": 0, "failed": []}
+                                                 "passages_left": 0, "not_kept": [],
+                                                 "evicted": [], "failed": []}
+
+
+def test_a_pull_on_a_small_budget_names_what_it_did_not_keep_and_what_it_evicted(
+        a, b, remote_tier, monkeypatch):
+    small = attached(a, list(range(1000, 1300)), title="one.md")
+    attached(a, list(range(2000, 2300)), title="two.md")
+    big = attached(a, list(range(5000, 6200)), title="big.md")
+    sync.push_all(a, remote_tier, FP)
+    b.budget_bytes = small.nbytes * 3 // 2  # one small cache at a time; the big one never
+    assert big.nbytes > b.budget_bytes
+    fetched = []
+    read_chunk = sync.read_chunk
+    monkeypatch.setattr(sync, "read_chunk", lambda t, m, *a: fetched.append(m.token_end) or
+                        read_chunk(t, m, *a))
+    report = sync.pull_all(b, remote_tier, FP)
+    assert [(t["title"], t["bytes"]) for t in report["not_kept"]] == [("big.md", big.nbytes)]
+    assert 1200 not in fetched  # not fetched to be dropped at once
+    first, second = [t["title"] for t in report["pulled"]]  # (in the tier's order)
+    assert [(c["title"], c["document_id"] is not None) for c in report["evicted"]] == [
+        (first, True)]
+    assert sorted(d.title for d in b.documents()) == ["big.md", "one.md", "two.md"]
+    assert [b.document(e.document_id).title for e in b.entries()] == [second]
 
 
 def test_an_entry_travels_with_its_window(a, b, remote_tier, s3_server):

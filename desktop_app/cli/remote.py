@@ -7,7 +7,7 @@ import sys
 import click
 
 from ..app import App
-from ..results import Progress
+from ..results import Progress, size_text
 from .base import TerminalProgress, cli, emit, json_option
 
 
@@ -58,9 +58,25 @@ def _transfer(as_json: bool, run, phase: str, key: str, left: str, lazy: bool = 
         + [f"{report[left]} {left.replace('_', ' ')}"]
         + ([f"{report['passages_left']} passage cache(s) stay in the shared cache: a question "
             "takes those it needs"] if report.get("passages_left") else [])
+        + [f"not kept {t['title']}: its cache ({size_text(t['bytes'])}) is larger than the "
+           f"whole storage budget of {size_text(t['budget_bytes'])} (the setting "
+           "storage_budget_gb); added without it, its cache streams when first used"
+           for t in report.get("not_kept", ())]
+        + _evicted_lines(report.get("evicted", ()))
         + [f"FAILED: {f['error']}" for f in report["failed"]])
     if report["failed"]:
         sys.exit(1)
+
+
+def _evicted_lines(caches) -> list[str]:
+    """What a pull's caches evicted to keep within the storage budget, named."""
+    if not caches:
+        return []
+    names = dict.fromkeys(c["title"] or ("a chat's cache" if c["chat_id"] else "a cache")
+                          for c in caches)
+    return [f"evicted to keep within the storage budget: {', '.join(names)} "
+            f"({size_text(sum(c['bytes'] for c in caches))}); a question takes them from "
+            "the shared cache again, or computes them"]
 
 
 @remote.command("push")

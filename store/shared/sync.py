@@ -229,15 +229,20 @@ def complete(tier: RemoteTier, copy: LocalCopy, *,
 def pull(store: Store, tier: RemoteTier, manifest: Manifest, *,
          levels: Iterable[str] | None = None, document_id: int | None = None,
          passage_hash: str | None = None, progress: ProgressFn | None = None,
-         evict: bool = True) -> Entry:
+         evict: bool = True, evicted: list[dict] | None = None) -> Entry:
     """Copy a remote entry (at `levels`, default all of its levels) into the local store,
     with the calibration its chunks need (a passage's: of `document_id`, named by the local
     text's `passage_hash`). Not to `evict` other KV, a copy that does not fit the storage
-    budget is dropped (BudgetFullError)."""
+    budget is dropped (BudgetFullError); else the caches storing it evicted are added to
+    `evicted` (store.gc's `evicted_caches`; the copy itself, "too_large", where it is larger
+    than the whole budget: then not kept)."""
     fetch_calibration(store, tier, manifest)
     copy = LocalCopy(store, manifest, levels, document_id=document_id,
                      passage_hash=passage_hash, evict=evict)
-    return complete(tier, copy, progress=progress)[0]
+    entry = complete(tier, copy, progress=progress)[0]
+    if evicted is not None:
+        evicted += copy.evicted
+    return entry
 
 
 # -- whole stores ----------------------------------------------------------------------------
@@ -356,10 +361,15 @@ def pull_all(store: Store, tier: RemoteTier, fingerprint: str, *, lazy: bool = F
 
     `lazy`: only add the documents, so that they can be asked about; their KV then streams
     from the tier on first use. A missing or corrupt object skips that entry. Passages' entries
-    stay there (`passages_left`): a question takes those it needs.
+    stay there (`passages_left`): a question takes those it needs. A cache larger than the
+    whole storage budget is not fetched (its document is added, as `lazy` adds it:
+    `not_kept`); the caches storing the others evicted, those pulled before included, are
+    named (`evicted`).
     """
     local = {entry_id_of(e) for e in document_entries(store, fingerprint)}
     pulled, failed, here, passages = [], [], 0, 0
+    not_kept: list[dict] = []
+    evicted: list[dict] = []
     for (token_end, digest), key in sorted(remote_index(tier, fingerprint).items()):
         if (token_end, digest) in local:
             here += 1
@@ -369,14 +379,40 @@ def pull_all(store: Store, tier: RemoteTier, fingerprint: str, *, lazy: bool = F
             if manifest.passage:  # pulled when a question retrieves it, for its document
                 passages += 1
                 continue
+            title = manifest.document.title
             if lazy:
                 add_document(store, manifest)
-                pulled.append(asdict(Transfer(manifest.document.title, token_end, 1, 0)))
-            else:
-                entry = pull(store, tier, manifest, progress=progress)
-                n_chunks = len(manifest.spans) + len(manifest.window_spans)
-                pulled.append(asdict(Transfer(manifest.document.title, token_end,
-                                              n_chunks * len(entry.levels), entry.nbytes)))
+                pulled.append(asdict(Transfer(title, token_end, 1, 0)))
+                continue
+            if manifest.nbytes > store.budget_bytes:  # (fetched, it would go at once)
+                add_document(store, manifest)
+                not_kept.append({"title": title, "tokens": token_end, "bytes": manifest.nbytes,
+                                 "budget_bytes": store.budget_bytes})
+                continue
+            made_room: list[dict] = []
+            entry = pull(store, tier, manifest, progress=progress, evicted=made_room)
+            if any(c.get("too_large") for c in made_room):  # (larger once stored)
+                not_kept.append({"title": title, "tokens": token_end, "bytes": entry.nbytes,
+                                 "budget_bytes": store.budget_bytes})
+                continue
+            evicted += made_room
+            n_chunks = len(manifest.spans) + len(manifest.window_spans)
+            pulled.append(asdict(Transfer(title, token_end, n_chunks * len(entry.levels),
+                                          entry.nbytes)))
         except (CorruptObjectError, NotFoundError) as e:
             failed.append({"key": key, "error": str(e)})
-    return {"pulled": pulled, "already_local": here, "passages_left": passages, "failed": failed}
+    return {"pulled": pulled, "already_local": here, "passages_left": passages,
+            "not_kept": not_kept, "evicted": _named(store, evicted), "failed": failed}
+
+
+def _named(store: Store, caches: list[dict]) -> list[dict]:
+    """Evicted caches (store.gc's `evicted_caches`), each with its document's title."""
+    named = []
+    for cache in caches:
+        title = None
+        if cache["document_id"] is not None:
+            with contextlib.suppress(NotFoundError):
+                document = store.document(cache["document_id"])
+                title = f"a passage of {document.title}" if cache["passage"] else document.title
+        named.append({**cache, "title": title})
+    return named
