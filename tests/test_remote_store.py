@@ -21,7 +21,7 @@ from store import (
     RemoteError,
     RemoteTier,
 )
-from store.shared import sync
+from store.shared import checking, sync
 from store.shared.manifest import ChunkObject, Manifest, RemoteDocument
 
 TOKENS = list(range(600))  # three chunks of 256
@@ -300,25 +300,25 @@ def test_verify_finds_objects_damaged_or_gone_there_and_repair_puts_them_back(
     client.put_object(Bucket=bucket, Key=keys[0], Body=bytes([good[0] ^ 1]) + good[1:])
     client.delete_object(Bucket=bucket, Key=keys[1])  # (same size, one byte flipped; gone)
     assert sync.push_all(a, remote_tier, FP)["already_remote"] == 1  # push sees nothing
-    found = sync.check_all(a, remote_tier, FP)
+    found = checking.check_all(a, remote_tier, FP)
     assert found["checked"] == 1 and found["repaired"] == 0
     assert sorted(d["key"] for d in found["damaged"]) == sorted(keys)
     assert "SHA-256" in " ".join(d["error"] for d in found["damaged"])
     with open_store(a.data_dir.parent / "c") as c:  # a machine that does not hold it: told
         attached(c, list(range(1000, 1100)), title="mine.md")
-        assert sync.check_all(c, remote_tier, FP)["checked"] == 0
-    fixed = sync.check_all(a, remote_tier, FP, repair=True)
+        assert checking.check_all(c, remote_tier, FP)["checked"] == 0
+    fixed = checking.check_all(a, remote_tier, FP, repair=True)
     assert fixed["repaired"] == 2
-    assert sync.check_all(a, remote_tier, FP)["damaged"] == []
+    assert checking.check_all(a, remote_tier, FP)["damaged"] == []
     # A damaged manifest is written again, and the chunks are still read back after it.
     manifest_key = remote_tier.manifest_key(FP, manifest.token_end, manifest.prefix_hash)
     client.put_object(Bucket=bucket, Key=manifest_key, Body=b"{not json")
     client.put_object(Bucket=bucket, Key=keys[0], Body=bytes([good[0] ^ 1]) + good[1:])
-    found = sync.check_all(a, remote_tier, FP)
+    found = checking.check_all(a, remote_tier, FP)
     assert [d["key"] for d in found["damaged"]] == [manifest_key]  # (nothing to read past it)
-    fixed = sync.check_all(a, remote_tier, FP, repair=True)
+    fixed = checking.check_all(a, remote_tier, FP, repair=True)
     assert sorted(d["key"] for d in fixed["damaged"]) == sorted([manifest_key, keys[0]])
-    assert fixed["repaired"] == 2 and sync.check_all(a, remote_tier, FP)["damaged"] == []
+    assert fixed["repaired"] == 2 and checking.check_all(a, remote_tier, FP)["damaged"] == []
     report = sync.pull_all(b, remote_tier, FP)  # the other machine reads it whole again
     assert report["failed"] == [] and len(report["pulled"]) == 1
 

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from store import BudgetFullError, RemoteError, RemoteTier, Store, StoreError, text_hash
-from store.shared import sync
+from store.shared import checking, sync
 
 from ..results import size_text
 from .sources import ChunkSource, LocalSource, RemoteSource
@@ -195,8 +195,8 @@ class Sharing:
 
     def verify(self, fingerprint: str, *, repair: bool = False) -> dict:
         """Every object of this model's shared entries that this store holds, read back and
-        checked; with `repair`, those missing or damaged there put back (`sync.check`)."""
-        return sync.check_all(self.store, self._configured(), fingerprint, repair=repair)
+        checked; with `repair`, those missing or damaged there put back (`checking.check`)."""
+        return checking.check_all(self.store, self._configured(), fingerprint, repair=repair)
 
     def _configured(self) -> RemoteTier:
         if self.tier is None:

@@ -5,7 +5,8 @@ S3-compatible object storage, the local store staying the index and the cache.
                (content-addressed), manifests and calibrations; the one module that talks to
                S3 (boto3, imported on first use)
     manifest   an entry's manifest: all another machine needs to use it, checked on every read
-    sync       push, pull, status and check: entries moved between the local store and the tier
+    sync       push, pull and status: entries moved between the local store and the tier
+    checking   `remote verify`: the shared copies of local entries read back, put back
     localcopy  a remote entry being copied in, invisible locally until every chunk is in
 
 Its question is "what do machines share, and how does it come in?". The top of the store's

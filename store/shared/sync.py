@@ -1,4 +1,4 @@
-"""Moving document entries between the local store and the remote tier, and checking them there.
+"""Moving document entries between the local store and the remote tier: push, pull, status.
 
 The local store stays the index and the cache: a push uploads a local entry's chunk objects
 (those not there yet, in parallel) and then its manifest; a pull finds an entry by the
@@ -15,7 +15,7 @@ fetches it (`fetch_calibration`) into the local store before anything decodes.
 Only documents' and passages' root entries travel, with their windows (store.caches.kv); chats
 never leave the machine. A passage's entry is pulled only for a local document holding the
 same passage, when a question needs it (`pull` with its document id), never by `pull_all`.
-`check` reads back what a push never does: a shared entry's objects, put back where damaged.
+What a push never does, reading back a shared entry's objects, is store.shared.checking's.
 This module must never load an object under another fingerprint than the one asked for, and
 never write a manifest before every object it names (chunks, calibration) is stored.
 """
@@ -116,7 +116,7 @@ def push(store: Store, tier: RemoteTier, entry: Entry, *,
     token_end, prefix_hash = entry_id_of(entry)
     document = store.document(entry.document_id)
     if _has_manifest(tier, fingerprint, token_end, prefix_hash):
-        return Transfer(_title(entry, document), token_end, 0, 0, skipped=True)
+        return Transfer(entry_title(entry, document), token_end, 0, 0, skipped=True)
     present = tier.list_folder(tier.entry_folder(fingerprint, prefix_hash))
     if entry.calibration is not None:
         key = tier.calibration_key(fingerprint, entry.calibration)
@@ -161,10 +161,10 @@ def push(store: Store, tier: RemoteTier, entry: Entry, *,
     # Last: until this object exists the entry is invisible to every other machine.
     tier.put(tier.manifest_key(fingerprint, token_end, prefix_hash), manifest.to_json())
     sent = [n for _, n in uploaded.values() if n]
-    return Transfer(_title(entry, document), token_end, len(sent), sum(sent))
+    return Transfer(entry_title(entry, document), token_end, len(sent), sum(sent))
 
 
-def _title(entry: Entry, document: Document) -> str:
+def entry_title(entry: Entry, document: Document) -> str:
     """How a transfer names an entry: its document's title, or a passage of it."""
     return f"a passage of {document.title}" if entry.passage else document.title
 
@@ -278,81 +278,6 @@ def push_all(store: Store, tier: RemoteTier, fingerprint: str, *,
         else:
             pushed.append(asdict(transfer))
     return {"pushed": pushed, "already_remote": there, "failed": failed}
-
-
-def check(store: Store, tier: RemoteTier, entry: Entry, *, repair: bool = False) -> dict:
-    """Every object of a local entry's shared copy (manifest, chunks, calibration) read back
-    and checked: those missing or damaged there, with `repair` put back from this store's
-    copy where it holds those bytes (content-addressed keys: what every reader expects; a
-    damaged manifest by pushing again). {"shared": False}: the tier has no copy of it."""
-    fingerprint = entry.model
-    token_end, prefix_hash = entry_id_of(entry)
-    report = {"entry": entry.id, "title": _title(entry, store.document(entry.document_id)),
-              "shared": True, "objects": 0, "damaged": [], "repaired": 0}
-    try:
-        manifest = read_manifest(tier, fingerprint, token_end, prefix_hash)
-    except NotFoundError:
-        return {**report, "shared": False}
-    except CorruptObjectError as e:
-        report["damaged"].append({"key": e.key, "error": str(e)})
-        if not repair:
-            return report
-        push(store, tier, entry)  # (a damaged manifest counts as none: written again)
-        manifest = read_manifest(tier, fingerprint, token_end, prefix_hash)
-        report["repaired"] += 1
-    work = [(i, level, obj) for level, objs in manifest.chunks.items()
-            for i, obj in enumerate(objs)]
-
-    def damage(item) -> dict | None:
-        i, level, obj = item
-        try:
-            read_chunk(tier, manifest, i, level)
-        except (NotFoundError, CorruptObjectError) as e:
-            return {"key": tier.chunk_key(fingerprint, prefix_hash, level, i, obj.sha256),
-                    "error": str(e), "chunk": i, "level": level, "sha256": obj.sha256}
-        return None
-
-    with ThreadPoolExecutor(tier.config.parallel, thread_name_prefix="kv-check") as pool:
-        chunks = [d for d in pool.map(damage, work) if d is not None]
-    report["objects"] = len(work) + (manifest.calibration is not None)
-    report["damaged"] += chunks
-    for bad in chunks if repair else ():
-        try:
-            data = store.read_chunk(entry.id, bad["chunk"], bad["level"])
-        except (NotFoundError, CorruptChunkError):
-            continue  # not held here: another machine that holds it can repair it
-        if sha256(data) == bad["sha256"]:
-            tier.put(bad["key"], data)
-            report["repaired"] += 1
-    if (cal_id := manifest.calibration) is not None:
-        key = tier.calibration_key(fingerprint, cal_id)
-        try:
-            tier.get(key, digest=cal_id)
-        except (NotFoundError, CorruptObjectError) as e:
-            report["damaged"].append({"key": key, "error": str(e)})
-            if repair and entry.calibration == cal_id:
-                # (this store's own copy, where it has one intact)
-                with contextlib.suppress(NotFoundError, CorruptObjectError):
-                    tier.put(key, store.calibration(cal_id))
-                    report["repaired"] += 1
-    return report
-
-
-def check_all(store: Store, tier: RemoteTier, fingerprint: str, *,
-              repair: bool = False) -> dict:
-    """`check` every local entry of this model that travels (one failing its own check here
-    is named)."""
-    reports, failed = [], []
-    for e in document_entries(store, fingerprint):
-        try:
-            reports.append(check(store, tier, e, repair=repair))
-        except CorruptChunkError as error:
-            failed.append({"entry": e.id, "error": str(error)})
-    shared = [r for r in reports if r["shared"]]
-    return {"checked": len(shared), "not_shared": len(reports) - len(shared),
-            "objects": sum(r["objects"] for r in shared),
-            "damaged": [{**d, "title": r["title"]} for r in shared for d in r["damaged"]],
-            "repaired": sum(r["repaired"] for r in shared), "failed": failed}
 
 
 def pull_all(store: Store, tier: RemoteTier, fingerprint: str, *, lazy: bool = False,

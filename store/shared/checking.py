@@ -1,0 +1,95 @@
+"""Reading back what is shared: `remote verify`'s check of the shared copies of local entries.
+
+A push never reads back what is there (store.shared.sync): an object damaged or deleted in the
+bucket is found here, by reading back every object of the shared copy of an entry this
+machine holds (manifest, chunks, calibration), and with `repair` put back from this store's
+copy (the keys are content-addressed: the rewrite is what every reader expects). This module
+never writes an object whose bytes do not match its key, nor anything this store does not
+hold intact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from concurrent.futures import ThreadPoolExecutor
+
+from ..errors import CorruptChunkError, CorruptObjectError, NotFoundError
+from ..records import Entry
+from ..store import Store
+from .remote import RemoteTier, sha256
+from .sync import document_entries, entry_id_of, entry_title, push, read_chunk, read_manifest
+
+
+def check(store: Store, tier: RemoteTier, entry: Entry, *, repair: bool = False) -> dict:
+    """Every object of a local entry's shared copy (manifest, chunks, calibration) read back
+    and checked: those missing or damaged there, with `repair` put back from this store's
+    copy where it holds those bytes (content-addressed keys: what every reader expects; a
+    damaged manifest by pushing again). {"shared": False}: the tier has no copy of it."""
+    fingerprint = entry.model
+    token_end, prefix_hash = entry_id_of(entry)
+    report = {"entry": entry.id, "title": entry_title(entry, store.document(entry.document_id)),
+              "shared": True, "objects": 0, "damaged": [], "repaired": 0}
+    try:
+        manifest = read_manifest(tier, fingerprint, token_end, prefix_hash)
+    except NotFoundError:
+        return {**report, "shared": False}
+    except CorruptObjectError as e:
+        report["damaged"].append({"key": e.key, "error": str(e)})
+        if not repair:
+            return report
+        push(store, tier, entry)  # (a damaged manifest counts as none: written again)
+        manifest = read_manifest(tier, fingerprint, token_end, prefix_hash)
+        report["repaired"] += 1
+    work = [(i, level, obj) for level, objs in manifest.chunks.items()
+            for i, obj in enumerate(objs)]
+
+    def damage(item) -> dict | None:
+        i, level, obj = item
+        try:
+            read_chunk(tier, manifest, i, level)
+        except (NotFoundError, CorruptObjectError) as e:
+            return {"key": tier.chunk_key(fingerprint, prefix_hash, level, i, obj.sha256),
+                    "error": str(e), "chunk": i, "level": level, "sha256": obj.sha256}
+        return None
+
+    with ThreadPoolExecutor(tier.config.parallel, thread_name_prefix="kv-check") as pool:
+        chunks = [d for d in pool.map(damage, work) if d is not None]
+    report["objects"] = len(work) + (manifest.calibration is not None)
+    report["damaged"] += chunks
+    for bad in chunks if repair else ():
+        try:
+            data = store.read_chunk(entry.id, bad["chunk"], bad["level"])
+        except (NotFoundError, CorruptChunkError):
+            continue  # not held here: another machine that holds it can repair it
+        if sha256(data) == bad["sha256"]:
+            tier.put(bad["key"], data)
+            report["repaired"] += 1
+    if (cal_id := manifest.calibration) is not None:
+        key = tier.calibration_key(fingerprint, cal_id)
+        try:
+            tier.get(key, digest=cal_id)
+        except (NotFoundError, CorruptObjectError) as e:
+            report["damaged"].append({"key": key, "error": str(e)})
+            if repair and entry.calibration == cal_id:
+                # (this store's own copy, where it has one intact)
+                with contextlib.suppress(NotFoundError, CorruptObjectError):
+                    tier.put(key, store.calibration(cal_id))
+                    report["repaired"] += 1
+    return report
+
+
+def check_all(store: Store, tier: RemoteTier, fingerprint: str, *,
+              repair: bool = False) -> dict:
+    """`check` every local entry of this model that travels (one failing its own check here
+    is named)."""
+    reports, failed = [], []
+    for e in document_entries(store, fingerprint):
+        try:
+            reports.append(check(store, tier, e, repair=repair))
+        except CorruptChunkError as error:
+            failed.append({"entry": e.id, "error": str(error)})
+    shared = [r for r in reports if r["shared"]]
+    return {"checked": len(shared), "not_shared": len(reports) - len(shared),
+            "objects": sum(r["objects"] for r in shared),
+            "damaged": [{**d, "title": r["title"]} for r in shared for d in r["damaged"]],
+            "repaired": sum(r["repaired"] for r in shared), "failed": failed}
