@@ -68,10 +68,33 @@ def test_a_passage_that_begins_with_a_heading_is_cited_under_it():
     vexmoor = next(p for p in passages if "Vexmoor" in p.text)
     assert vexmoor.text.startswith("## Vexmoor service") and "Identifiers are" in vexmoor.text
     assert vexmoor.heading == ("Vexmoor service",)
-    # One that begins inside a section is cited under the one most of it sits under.
+    # A document's untitled first lines, joined to the sections after them, are cited
+    # under the one most of it sits under.
     inside = split("Words before any heading. " * 3 + "\n\n" + text[text.index("## Vex"):],
                    "markdown", words, target=200, limit=400)[0]
     assert inside.heading == ("Identifiers",)
+
+
+def test_a_sections_last_lines_are_not_cited_under_the_next_section():
+    # A manual's 40.2 ends with a short paragraph that does not fit its passage; it used to
+    # start one that ran on into "### 40.3" and was cited as "40.3 Procedures part 3".
+    sections = [f"### 40.{n} Procedures part {n}\n\nShort intro {n}, a few words.\n\n"
+                + " ".join(f"w{n}x{i}" for i in range(140))
+                + f"\n\nThe fact of section {n} is the code Z{n}." for n in range(1, 5)]
+    text = "## 40 Procedures\n\n" + "\n\n".join(sections)
+    passages = split(text, "markdown", words)
+    check_locations(text, passages)
+    for n in range(2, 5):  # (40.1's passage starts at "## 40", the heading it is under)
+        fact = next(p for p in passages if f"the code Z{n}." in p.text)
+        assert fact.heading == ("40 Procedures", f"40.{n} Procedures part {n}")
+        assert "###" not in fact.text[fact.text.index(f"the code Z{n}."):]
+    for p in passages:  # no passage runs across a heading unless it starts at one
+        if "\n###" in p.text:
+            assert p.text.startswith("#")
+    # However small a section's last lines, they end at the next heading.
+    tails = text.replace("is the code", "is, as the procedure says, the code")
+    for p in split(tails, "markdown", words, target=150, limit=150):
+        assert "\n###" not in p.text or p.text.startswith("#")
 
 
 def test_plain_text_takes_no_hash_line_for_a_heading_but_underlined_ones():

@@ -7,7 +7,9 @@ own. Units are then packed, in order, into passages of about `target` tokens: a 
 starts a section, a definition or a page starts a new passage (a page always; a section once
 the passage holds a quarter of the target, so a run of tiny sections is not a run of tiny
 passages), and a unit longer than `limit` tokens is cut at lines, then sentences, then
-words. A passage's text is exactly `text[start:end]` of the document.
+words. A passage begun inside a section ends where the next one starts; one that spans
+sections (tiny ones in a row) is cited under the heading where it starts. A passage's text
+is exactly `text[start:end]` of the document.
 
 Tokens are counted with the caller's `count_tokens` (the model's tokenizer), once per unit;
 a passage's count is the sum over its units (within a token or two of tokenizing it whole).
@@ -289,11 +291,11 @@ def _pack(text: str, units: list[_Unit], count: CountFn, target: int, limit: int
             under: dict[tuple[str, ...], int] = {}
             for unit, _, _, tokens in group:
                 under[unit.heading] = under.get(unit.heading, 0) + tokens
-            # A passage that begins with a section's heading is cited under it, however much
-            # of the next section joined it; else under the one most of it sits under.
-            first, at = group[0][0], group[0][1]
-            heading = first.heading if first.opens and at == first.start and first.heading \
-                else max(under, key=under.get)
+            # A passage is cited under the heading where it starts, however much of the next
+            # section joined it (a run of tiny sections); a document's untitled first lines
+            # under the section most of it is.
+            first = group[0][0]
+            heading = first.heading or max(under, key=under.get)
             passages.append(Passage(len(passages), text[start:end], start, end,
                                     first.page, (lines.of(start), lines.of(end - 1)),
                                     heading, size))
@@ -301,13 +303,22 @@ def _pack(text: str, units: list[_Unit], count: CountFn, target: int, limit: int
 
     for unit in units:
         for start, end, tokens in _pieces(text, unit.start, unit.end, count, target, limit):
+            # A run of tiny sections shares a passage; a passage begun inside a section
+            # ends at the next one, however small (a section's last lines once the rest
+            # filled a passage: they used to run on into the next section, cited under it).
             if group and (unit.new_page or size + tokens > target or
-                          (unit.opens and start == unit.start and size >= target // 4)):
+                          (unit.opens and start == unit.start and (
+                              size >= target // 4 or not _opening(group[0])))):
                 flush()
             group.append((unit, start, end, tokens))
             size += tokens
     flush()
     return passages
+
+
+def _opening(piece: tuple[_Unit, int, int, int]) -> bool:
+    """Whether a (unit, start, end, tokens) piece begins its section (or definition)."""
+    return piece[0].opens and piece[1] == piece[0].start
 
 
 _SEPARATORS = ("\n", ". ", " ")
