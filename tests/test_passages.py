@@ -97,6 +97,40 @@ def test_a_sections_last_lines_are_not_cited_under_the_next_section():
         assert "\n###" not in p.text or p.text.startswith("#")
 
 
+def test_a_web_pages_passages_cite_its_lines_under_its_own_headings(tmp_path):
+    # Its passages were numbered by the extracted text's lines (a fact at the file's line 143
+    # cited as 162-174), its h2s were no headings, and a paragraph starting "# " was the
+    # heading of the rest of the page.
+    parts = ["<!DOCTYPE html>\n<html>\n<head>\n<title>Ops guide</title>\n<style>\n"
+             "p { margin: 0 }\n</style>\n</head>\n<body>\n<h1>Ops guide</h1>"]
+    for n in range(1, 7):
+        parts.append(f"<h2>Section\n  {n}</h2>")
+        parts.append("<p># not a heading, a paragraph</p>" if n == 3 else f"<p>About {n}.</p>")
+        parts += ['<div class="x">\n  <p>\n    ' + " ".join(f"w{n}x{k}y{i}" for i in range(12))
+                  + "\n    more words on a wrapped line\n  </p>\n</div>" for k in range(6)]
+        parts.append(f"<ul>\n  <li>The <b>relay {n}</b> port is\n      {7000 + n}.</li>\n</ul>")
+    path = tmp_path / "page.html"
+    path.write_text("\n".join(parts) + "\n</body>\n</html>\n")
+    file_lines = path.read_text().split("\n")
+    doc = extract(path)
+    passages = split(doc.text, doc.kind, words, line_numbers=doc.lines,
+                     headings=doc.headings, target=60, limit=120)
+    assert len(passages) > 10
+    for p in passages:
+        first, last = p.lines
+        cited = "\n".join(file_lines[first - 1:last])
+        # Its first and last lines of text are on the file's lines it cites.
+        for line in (p.text.split("\n")[0], p.text.split("\n")[-1]):
+            assert line.split()[0] in file_lines[first - 1] + file_lines[last - 1], p
+        assert all(word in cited for word in p.text.split() if word.startswith("w"))
+    for n in range(1, 7):
+        relay = next(p for p in passages if f"relay {n} port" in p.text)
+        assert relay.heading == ("Ops guide", f"Section {n}")
+        assert f"<li>The <b>relay {n}</b>" in file_lines[relay.lines[1] - 2]
+        assert f"{7000 + n}.</li>" in file_lines[relay.lines[1] - 1]
+    assert not any("not a heading" in "".join(p.heading) for p in passages)
+
+
 def test_plain_text_takes_no_hash_line_for_a_heading_but_underlined_ones():
     text = ("Install\n=======\n\nRun the script.\n\n# copy the defaults first\n"
             "cp a b\n\n" + "More words here. " * 30)

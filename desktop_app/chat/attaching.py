@@ -237,7 +237,8 @@ class Attacher:
                         progress(Progress("split", percent, 100, title))
                 count = self.passages.add(doc.id, extracted.text, extracted.kind,
                                           _counting(rt, extracted.text, cancel, said),
-                                          pages=extracted.pages, line_numbers=extracted.lines)
+                                          pages=extracted.pages, line_numbers=extracted.lines,
+                                          headings=extracted.headings)
             elif extracted.lines:  # attached again: its lines as the file numbers them
                 self.passages.renumber(doc.id, extracted.text, extracted.lines)
             if cancel is not None and cancel.is_set():

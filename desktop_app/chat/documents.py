@@ -2,8 +2,8 @@
 
 Supported: plain text, Markdown and source code (anything that is text, whatever its
 extension), tables (CSV, TSV) and JSON read as records (`passages.records`: each value next to
-its column or key), HTML (the visible text: no scripts, styles or markup), and PDF (through
-pypdf).
+its column or key), HTML (the visible text: no scripts, styles or markup; each line numbered
+by the file's line it starts on, its h1-h6 kept as the headings), and PDF (through pypdf).
 Each problem is a `DocumentError` with a message meant for the user — a binary or unknown
 file, an empty document, a PDF without a text layer — and text that is not UTF-8 is decoded
 in the encoding charset-normalizer detects (or Windows-1252; UTF-8 with a few stray bytes
@@ -44,9 +44,11 @@ class Extracted:
     warnings: list[str] = field(default_factory=list)
     # A PDF's pages that have text: (page number from 1, the offset in `text` it starts at).
     pages: tuple[tuple[int, int], ...] | None = None
-    # The file's line number of each line of `text` (blank runs are collapsed in `text`),
-    # where the text's lines are the file's: none for a PDF's or a web page's extracted text.
+    # The file's line number of each line of `text` (blank runs are collapsed in `text`; a
+    # record's or a web page's line is the one it starts on): none for a PDF's.
     lines: tuple[int, ...] | None = None
+    # A web page's h1-h6: (start, end offset in `text`, level 1-6, title), for `split`.
+    headings: tuple[tuple[int, int, int, str], ...] | None = None
 
     @property
     def content_hash(self) -> str:
@@ -111,14 +113,14 @@ def extract(path: str | Path) -> Extracted:
         raise DocumentError(f"{path.name}: the file is empty")
     suffix = path.suffix.lower()
     warnings: list[str] = []
-    pages = table = None
+    pages = table = page = headings = None
     if suffix in PDF_SUFFIXES or data.startswith(b"%PDF"):
         (text, pages), title, kind = _pdf_text(data, path, warnings), None, "pdf"
     else:
         raw = decode(data, path.name, warnings)
         if suffix in HTML_SUFFIXES or _looks_like_html(raw):
-            text, title = _html_text(raw)
-            kind = "html"
+            page = _html_text(raw)
+            text, title, kind, headings = page.text, page.title, "html", page.headings
         elif (table := records.read(raw, suffix)) is not None:
             # Values read next to their column or key (`records`): already normalized.
             text, title, kind = table.text, None, table.kind
@@ -130,10 +132,11 @@ def extract(path: str | Path) -> Extracted:
     normalized = _normalize(text)
     if not normalized.strip():
         raise DocumentError(f"{path.name}: the document has no text")
-    lines = table.lines if table is not None else None if kind in ("pdf", "html") \
-        else _file_lines(text, normalized)
+    lines = table.lines if table is not None else page.lines if page is not None \
+        else None if kind == "pdf" else _file_lines(text, normalized)
     return Extracted(text=normalized, title=title or path.name, kind=kind,
-                     source=str(path.resolve()), warnings=warnings, pages=pages, lines=lines)
+                     source=str(path.resolve()), warnings=warnings, pages=pages, lines=lines,
+                     headings=headings)
 
 
 def _looks_like_html(text: str) -> bool:
@@ -142,16 +145,34 @@ def _looks_like_html(text: str) -> bool:
 
 
 class _VisibleText(html.parser.HTMLParser):
+    """A page's visible text, the file's line each of its lines starts on, and its h1-h6
+    headings (by the lines of the text they take): a page's own headings, never a line that
+    only looks like one ("# not a title" in a paragraph)."""
+
     SKIP = {"script", "style", "noscript", "template", "svg", "head"}
     BLOCK = {"p", "div", "br", "li", "tr", "h1", "h2", "h3", "h4", "h5", "h6", "pre",
              "section", "article", "blockquote", "table", "ul", "ol", "hr", "dt", "dd"}
+    HEADINGS = {"h1": 1, "h2": 2, "h3": 3, "h4": 4, "h5": 5, "h6": 6}
 
     def __init__(self):
         super().__init__(convert_charrefs=True)
         self.parts: list[str] = []
         self.title: list[str] = []
+        # Per line of the text: the file's line its first visible character is on (None: none)
+        self.sources: list[int | None] = [None]
+        self.headings: list[tuple[int, int, int, str]] = []  # (first, last line, level, title)
+        self._heading: tuple[int, int, list[str]] | None = None  # (level, first line, text)
         self._skip = 0
         self._in_title = False
+
+    def _emit(self, data: str, line: int | None = None) -> None:
+        """`data` added to the text; `line`: the file's line it starts on."""
+        self.parts.append(data)
+        for k, segment in enumerate(data.split("\n")):
+            if k:
+                self.sources.append(None)
+            if line is not None and self.sources[-1] is None and segment.strip():
+                self.sources[-1] = line + k
 
     def handle_starttag(self, tag, attrs):
         if tag == "title":
@@ -159,7 +180,9 @@ class _VisibleText(html.parser.HTMLParser):
         elif tag in self.SKIP:
             self._skip += 1
         elif tag in self.BLOCK:
-            self.parts.append("\n")
+            self._emit("\n")
+            if tag in self.HEADINGS and not self._skip and self._heading is None:
+                self._heading = (self.HEADINGS[tag], len(self.sources) - 1, [])
 
     def handle_endtag(self, tag):
         if tag == "title":
@@ -167,23 +190,54 @@ class _VisibleText(html.parser.HTMLParser):
         elif tag in self.SKIP:
             self._skip = max(0, self._skip - 1)
         elif tag in self.BLOCK:
-            self.parts.append("\n")
+            if tag in self.HEADINGS and self._heading is not None:
+                level, first, text = self._heading
+                title = " ".join("".join(text).split())
+                if title:
+                    self.headings.append((first, len(self.sources) - 1, level, title))
+                self._heading = None
+            self._emit("\n")
 
     def handle_data(self, data):
         if self._in_title:
             self.title.append(data)
         elif not self._skip:
-            self.parts.append(data)
+            self._emit(data, self.getpos()[0])
+            if self._heading is not None:
+                self._heading[2].append(data)
 
 
-def _html_text(raw: str) -> tuple[str, str | None]:
+@dataclass(frozen=True)
+class _Page:
+    text: str  # normalized (`_normalize`)
+    title: str | None
+    lines: tuple[int, ...]  # the file's line each line of `text` starts on
+    headings: tuple[tuple[int, int, int, str], ...]  # (start, end in `text`, level, title)
+
+
+def _html_text(raw: str) -> _Page:
     parser = _VisibleText()
     parser.feed(raw)
     parser.close()
-    text = "".join(parser.parts)
-    text = re.sub(r"[ \t\r\f\v]+", " ", text)
-    title = " ".join("".join(parser.title).split()) or None
-    return text, title
+    text = re.sub(r"[ \t\r\f\v]+", " ", "".join(parser.parts))  # (newlines kept)
+    normalized = _normalize(text)
+    # Each normalized line is a line of `text` (`_file_lines`); one with no visible character
+    # of its own (a blank line) takes the line before it.
+    at, lines, of_line = 1, [], {}
+    for i, line in enumerate(_file_lines(text, normalized)):
+        at = parser.sources[line - 1] or at
+        lines.append(at)
+        of_line[line - 1] = i
+    starts = [0] + [m.end() for m in re.finditer("\n", normalized)]
+    ends = [m.start() for m in re.finditer("\n", normalized)] + [len(normalized)]
+    headings = []
+    for first, last, level, title in parser.headings:
+        kept = [of_line[i] for i in range(first, last + 1) if i in of_line
+                and starts[of_line[i]] < ends[of_line[i]]]
+        if kept:
+            headings.append((starts[kept[0]], ends[kept[-1]], level, title))
+    return _Page(normalized, " ".join("".join(parser.title).split()) or None, tuple(lines),
+                 tuple(headings))
 
 
 class _Collect(logging.Handler):

@@ -33,11 +33,12 @@ class PassageIndex:
 
     def add(self, doc_id: int, text: str, kind: str, count_tokens: CountFn, *,
             pages: Sequence[tuple[int, int]] | None = None,
-            line_numbers: Sequence[int] | None = None) -> int:
+            line_numbers: Sequence[int] | None = None,
+            headings: Sequence[tuple[int, int, int, str]] | None = None) -> int:
         """Split a document, embed and store its passages (replacing any); how many.
-        `pages` and `line_numbers` as `split` takes them."""
+        `pages`, `line_numbers` and `headings` as `split` takes them."""
         passages = split(text, kind, count_tokens, pages=pages, line_numbers=line_numbers,
-                         target=self.target)
+                         headings=headings, target=self.target)
         vectors = self.embedder.embed([embedding_text(p.heading, p.text) for p in passages])
         self.store.add_passages(doc_id, passages, vectors=vectors, embedder=self.embedder.name)
         return len(passages)

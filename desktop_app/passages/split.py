@@ -76,21 +76,24 @@ _DEFINITION = re.compile(
 
 def split(text: str, kind: str, count_tokens: CountFn, *,
           pages: Sequence[tuple[int, int]] | None = None,
-          line_numbers: Sequence[int] | None = None, target: int = TARGET_TOKENS,
-          limit: int = LIMIT_TOKENS) -> list[Passage]:
+          line_numbers: Sequence[int] | None = None,
+          headings: Sequence[tuple[int, int, int, str]] | None = None,
+          target: int = TARGET_TOKENS, limit: int = LIMIT_TOKENS) -> list[Passage]:
     """`text` as passages. `kind` is the document's (text, markdown, html, code, pdf, and
     table and json, read as records a line each: `records`);
     `pages`: (page number, character offset its text starts at) of a PDF's pages, in order;
     `line_numbers`: the file's number of each of `text`'s lines, where they differ (a file
-    whose blank runs the text collapsed), so that a passage's lines are the file's."""
+    whose blank runs the text collapsed, a web page's text), so that a passage's lines are
+    the file's; `headings`: a web page's own (start, end offset, level, title), its only
+    headings (a line of its text reading "# ..." is not one)."""
     if not 0 < target <= limit:
         raise ValueError(f"a passage's target ({target}) must be positive and at most its "
                          f"limit ({limit})")
     # Plain text keeps underlined headings but not "# " ones: there a "#" line is as often a
     # comment of a script or a configuration quoted in it as a title.
     units = (_code_units(text) if kind == "code" else _prose_units(
-        text, markdown=kind in ("markdown", "text", "html"), hashes=kind != "text",
-        setext=kind == "markdown"))
+        text, markdown=kind in ("markdown", "text"), hashes=kind != "text",
+        setext=kind == "markdown", marked=headings or ()))
     if pages:
         units = _on_pages(units, pages)
     lines = _Lines(text, line_numbers)
@@ -128,10 +131,13 @@ def _line_spans(text: str):
     yield start, len(text)
 
 
-def _prose_units(text: str, *, markdown: bool, hashes: bool = True,
-                 setext: bool = False) -> list[_Unit]:
+def _prose_units(text: str, *, markdown: bool, hashes: bool = True, setext: bool = False,
+                 marked: Sequence[tuple[int, int, int, str]] = ()) -> list[_Unit]:
     """Paragraphs, fenced blocks whole, each under its heading path (Markdown's # headings,
-    unless not `hashes`, and underlined headings, reStructuredText's too)."""
+    unless not `hashes`, and underlined headings, reStructuredText's too; `marked`, `split`'s
+    `headings`, where not `markdown`)."""
+    marks = {start: (end, level, title) for start, end, level, title in marked}
+    heading_end = -1  # where the marked heading being read ends
     units: list[_Unit] = []
     heading: list[tuple[int, str]] = []  # (level, title)
     # Underline characters by level, in the order first seen (reStructuredText's rule: Python's
@@ -172,6 +178,15 @@ def _prose_units(text: str, *, markdown: bool, hashes: bool = True,
         if not line.strip():
             if not titled:  # a heading on its own stays with the paragraph under it
                 flush()
+            continue
+        if start in marks:
+            flush()
+            heading_end, level, title = marks[start]
+            enter(level, title)
+            para, titled = [(start, end)], True
+            continue
+        if start < heading_end:  # the marked heading's later lines
+            para.append((start, end))
             continue
         titled = False
         atx = _ATX.match(line) if markdown and hashes else None
