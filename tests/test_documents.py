@@ -196,6 +196,21 @@ def test_bad_files_say_why(tmp_path, name, data, message):
         extract(tmp_path / name)
 
 
+@pytest.mark.parametrize("make, message", [
+    (lambda pdf: pdf[:len(pdf) // 2], "incomplete, cut off before its end"),
+    (lambda pdf: pdf[:100], "incomplete, cut off before its end"),
+    (lambda pdf: bytes(range(256)) * 20, "does not begin as a PDF does"),
+    (lambda pdf: b"%PDF-1.4\n" + bytes(range(256)) * 20, "the file is damaged"),
+])
+def test_a_cut_off_or_damaged_pdf_says_which(tmp_path, make, message):
+    # Both used to say only "the PDF cannot be read (Stream has ended unexpectedly)".
+    pdf = make_pdf(tmp_path / "ok.pdf", ["Attention sinks matter."]).read_bytes()
+    (tmp_path / "bad.pdf").write_bytes(make(pdf))
+    with pytest.raises(DocumentError, match=message) as raised:
+        extract(tmp_path / "bad.pdf")
+    assert "(the PDF reader says: " in str(raised.value)
+
+
 def test_missing_file_and_folder(tmp_path):
     with pytest.raises(DocumentError, match="no such file"):
         extract(tmp_path / "nope.txt")

@@ -280,7 +280,7 @@ def _pdf_text(data: bytes, path: Path,
     except DocumentError:
         raise
     except (PdfReadError, ValueError, KeyError, TypeError, OSError) as e:
-        raise DocumentError(f"{path.name}: the PDF cannot be read ({e})") from e
+        raise DocumentError(_unreadable(path.name, data, e)) from e
     if not any(p.strip() for p in pages):
         raise DocumentError(f"{path.name}: the PDF has no text layer (a scan?); "
                             "kvdesk does not do OCR")
@@ -295,6 +295,20 @@ def _pdf_text(data: bytes, path: Path,
             starts.append((number, offset))
             offset += len(page) + 2
     return "\n\n".join(parts), tuple(starts)
+
+
+def _unreadable(name: str, data: bytes, error: Exception) -> str:
+    """Why a PDF the reader refused cannot be read, as its owner can act on it: a file
+    that is not a PDF inside, one cut off before its end (a PDF's objects, then no "%%EOF" at
+    its end), or one damaged; the reader's own words after it."""
+    said = f"(the PDF reader says: {error})"
+    if b"%PDF-" not in data[:1024]:  # (the header may follow a little junk)
+        return (f"{name}: the file cannot be read as a PDF: it does not begin as a PDF does "
+                f"(damaged, or another kind of file named .pdf) {said}")
+    if b"%%EOF" not in data[-1024:] and re.search(rb"\d+\s+\d+\s+obj\b", data[:65536]):
+        return (f"{name}: the PDF cannot be read: the file is incomplete, cut off before its "
+                f"end (a download or copy that did not finish?) {said}")
+    return f"{name}: the PDF cannot be read: the file is damaged {said}"
 
 
 def _normalize(text: str) -> str:
