@@ -188,6 +188,24 @@ def test_a_corrupt_object_falls_back_to_recomputing(machine_a, machine, s3_serve
                for m in res.messages)
 
 
+def test_attach_takes_the_levels_intact_when_one_level_is_damaged_there(
+        machine_a, machine, s3_server, s3_bucket):
+    tier, manifest = fault_tier(machine_a, s3_server, s3_bucket)
+    damaged = chunk_key(tier, manifest, 1, "high")
+    s3_server.client().put_object(Bucket=s3_bucket, Key=damaged,
+                                  Body=b"\0" * manifest.chunks["high"][1].nbytes)
+    c = machine(tier, "c")
+    res = c.attach(machine_a.document)
+    assert res.pulled and res.prefill_s == 0  # not computed again for one damaged object
+    note = next(w for w in res.warnings if "'high' level" in w or "high level" in w)
+    assert damaged in note and "kvdesk remote verify --repair" in note
+    entry = c.store.document_entry(res.doc_id, c.fingerprint)
+    assert set(entry.levels) == set(manifest.levels) - {"high"}
+    c.runtime.reset()
+    answer = ask(c, QUESTION, doc=res.doc_id, tokens=4, level="high")
+    assert answer.recomputed_tokens == 0 and "high" not in answer.chunk_levels
+
+
 def test_a_shared_copy_that_fails_its_check_is_not_sent_to_local_repair(
         machine_a, machine, s3_server, s3_bucket):
     tier, manifest = fault_tier(machine_a, s3_server, s3_bucket)

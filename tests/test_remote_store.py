@@ -148,7 +148,8 @@ def test_push_then_pull_on_another_machine(a, b, remote_tier, s3_server):
                 a.read_chunk(entry.id, span.chunk_index, level)
     assert sync.pull_all(b, remote_tier, FP) == {"pulled": [], "already_local": 1,
                                                  "passages_left": 0, "not_kept": [],
-                                                 "evicted": [], "failed": []}
+                                                 "evicted": [], "levels_left_out": [],
+                                                 "failed": []}
 
 
 def test_a_pull_on_a_small_budget_names_what_it_did_not_keep_and_what_it_evicted(
@@ -264,7 +265,8 @@ def test_fingerprints_and_prefixes_isolate(a, b, remote_tier, s3_server):
     assert sync.find(other_team, FP, TOKENS) is None
 
 
-def test_corrupt_and_missing_objects_fail_that_entry_only(a, b, remote_tier, s3_server):
+def test_a_damaged_level_is_left_out_and_an_entry_damaged_at_every_level_fails_alone(
+        a, b, remote_tier, s3_server):
     attached(a)
     attached(a, list(range(1000, 1300)), title="other.md")
     sync.push_all(a, remote_tier, FP)
@@ -275,17 +277,29 @@ def test_corrupt_and_missing_objects_fail_that_entry_only(a, b, remote_tier, s3_
     client.put_object(Bucket=bucket, Key=key, Body=b"rot" * 100)
     with pytest.raises(CorruptObjectError, match="bytes where|SHA-256"):
         sync.read_chunk(remote_tier, manifest, 1, "compact")
+    # One level damaged: the entry is kept at the levels intact, the one left out named.
     report = sync.pull_all(b, remote_tier, FP)
-    assert [t["title"] for t in report["pulled"]] == ["other.md"]
-    assert len(report["failed"]) == 1 and key in report["failed"][0]["error"]
+    assert sorted(t["title"] for t in report["pulled"]) == ["notes.md", "other.md"]
+    assert report["failed"] == []
+    (partial,) = report["levels_left_out"]
+    assert partial["title"] == "notes.md" and partial["levels"] == ("lossless",)
+    assert list(partial["left_out"]) == ["compact"] and key in partial["left_out"]["compact"]
+    (kept,) = [e for e in b.entries() if e.token_end == 600]
+    assert kept.levels == ("lossless",) and b.verify()["corrupt"] == []
+    b.delete_document(kept.document_id)
 
+    # Every level damaged (one gone, one rotten): the entry fails, its document named.
     client.delete_object(Bucket=bucket, Key=key)
     with pytest.raises(NotFoundError, match="does not exist"):
         sync.read_chunk(remote_tier, manifest, 1, "compact")
-    assert len(sync.pull_all(b, remote_tier, FP)["failed"]) == 1
+    client.put_object(Bucket=bucket, Body=b"rot", Key=remote_tier.chunk_key(
+        FP, manifest.prefix_hash, "lossless", 0, manifest.chunks["lossless"][0].sha256))
+    (failed,) = sync.pull_all(b, remote_tier, FP)["failed"]
+    assert failed["title"] == "notes.md"
     # Nothing half-copied stays behind, visible or not.
     assert [e.token_end for e in b.entries()] == [300]
     assert count(b, "kv_entries") == 1 and count(b, "kv_chunks") == 2 * len(LEVELS)
+    assert [d.title for d in b.documents()] == ["other.md"]
 
 
 def test_verify_finds_objects_damaged_or_gone_there_and_repair_puts_them_back(

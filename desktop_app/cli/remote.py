@@ -63,7 +63,11 @@ def _transfer(as_json: bool, run, phase: str, key: str, left: str, lazy: bool = 
            "storage_budget_gb); added without it, its cache streams when first used"
            for t in report.get("not_kept", ())]
         + _evicted_lines(report.get("evicted", ()))
-        + [f"FAILED: {f['error']}" for f in report["failed"]])
+        + [f"{t['title']}: kept without its {level} level, whose objects in the shared cache "
+           f"failed ({error}); `kvdesk remote verify --repair` where it is held puts them back"
+           for t in report.get("levels_left_out", ()) for level, error in t["left_out"].items()]
+        + [f"FAILED: {f['title'] + ': ' if f.get('title') else ''}{f['error']}"
+           for f in report["failed"]])
     if report["failed"]:
         sys.exit(1)
 

@@ -94,6 +94,7 @@ class Sharing:
         or None when the tier has no such entry at these levels; notes)."""
         if not self.auto_pull:
             return None, []
+        left_out: dict[str, StoreError] = {}
 
         def pull() -> int | None:
             manifest = sync.find(self.tier, fingerprint, list(tokens),
@@ -101,10 +102,14 @@ class Sharing:
             if manifest is None or not set(levels) <= set(manifest.levels):
                 return None
             return sync.pull(self.store, self.tier, manifest, levels=levels,
-                             document_id=document_id, progress=progress).id
+                             document_id=document_id, progress=progress,
+                             left_out=left_out).id
 
         entry_id, notes = self._try(pull)
-        return entry_id, [f"{n}; computing it here instead" for n in notes]
+        return entry_id, [f"{n}; computing it here instead" for n in notes] + [
+            f"the shared cache's {level} level of this document failed ({e}): taken without "
+            "it (a question reads another level); `kvdesk remote verify --repair` where it is "
+            "held puts it back" for level, e in left_out.items()]
 
     def pull_passage(self, fingerprint: str, tokens: Sequence[int], level: str,
                      document_id: int, text: str, evict: bool = True

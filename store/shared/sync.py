@@ -29,7 +29,13 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
-from ..errors import CorruptChunkError, CorruptObjectError, NotFoundError, RemoteError
+from ..errors import (
+    CorruptChunkError,
+    CorruptObjectError,
+    NotFoundError,
+    RemoteError,
+    StoreError,
+)
 from ..records import Document, Entry
 from ..store import Store
 from ..tokens import encode, prefix_hashes
@@ -201,17 +207,27 @@ def refetch_calibration(store: Store, tier: RemoteTier, fingerprint: str, cal_id
     store.put_calibration(fingerprint, data, {"from": "remote"})
 
 
-def complete(tier: RemoteTier, copy: LocalCopy, *,
-             progress: ProgressFn | None = None) -> tuple[Entry, int]:
+def complete(tier: RemoteTier, copy: LocalCopy, *, progress: ProgressFn | None = None,
+             failed: dict[str, StoreError] | None = None) -> tuple[Entry | None, int]:
     """Fetch every chunk the copy lacks, in parallel, and finish it; abort it on any failure.
 
-    Returns the local entry and the bytes fetched here.
+    Returns the local entry and the bytes fetched here. With `failed`, a chunk object missing
+    or failing its check does not stop the other levels' reads: its level and error go into
+    `failed` (that level's other chunks are not read), and the copy is aborted (None).
     """
     work = copy.missing()
     done = itertools.count(1)
 
     def fetch(item: tuple[int, str]) -> int:
-        data = read_chunk(tier, copy.manifest, *item)
+        if failed is not None and item[1] in failed:
+            return 0
+        try:
+            data = read_chunk(tier, copy.manifest, *item)
+        except (CorruptObjectError, NotFoundError) as e:
+            if failed is None:
+                raise
+            failed.setdefault(item[1], e)
+            return 0
         copy.add(*item, data)
         if progress:
             progress(next(done), len(work))
@@ -223,23 +239,40 @@ def complete(tier: RemoteTier, copy: LocalCopy, *,
     except BaseException:
         copy.abort()
         raise
+    if failed:
+        copy.abort()
+        return None, fetched
     return copy.finish(), fetched
 
 
 def pull(store: Store, tier: RemoteTier, manifest: Manifest, *,
          levels: Iterable[str] | None = None, document_id: int | None = None,
          passage_hash: str | None = None, progress: ProgressFn | None = None,
-         evict: bool = True, evicted: list[dict] | None = None) -> Entry:
+         evict: bool = True, evicted: list[dict] | None = None,
+         left_out: dict[str, StoreError] | None = None) -> Entry:
     """Copy a remote entry (at `levels`, default all of its levels) into the local store,
     with the calibration its chunks need (a passage's: of `document_id`, named by the local
     text's `passage_hash`). Not to `evict` other KV, a copy that does not fit the storage
     budget is dropped (BudgetFullError); else the caches storing it evicted are added to
     `evicted` (store.gc's `evicted_caches`; the copy itself, "too_large", where it is larger
-    than the whole budget: then not kept)."""
+    than the whole budget: then not kept). A level with a chunk object missing or damaged
+    there is left out, the others kept (`left_out`: {level: error}); with none intact, the
+    first error is raised."""
     fetch_calibration(store, tier, manifest)
     copy = LocalCopy(store, manifest, levels, document_id=document_id,
                      passage_hash=passage_hash, evict=evict)
-    entry = complete(tier, copy, progress=progress)[0]
+    failed: dict[str, StoreError] = {}
+    entry, _ = complete(tier, copy, progress=progress, failed=failed)
+    if entry is None:
+        intact = [level for level in copy.levels if level not in failed]
+        if not intact:
+            raise next(iter(failed.values()))
+        # (Read again: a pending entry's levels are fixed when it is made.)
+        copy = LocalCopy(store, manifest, intact, document_id=document_id,
+                         passage_hash=passage_hash, evict=evict)
+        entry, _ = complete(tier, copy, progress=progress)
+        if left_out is not None:
+            left_out.update(failed)
     if evicted is not None:
         evicted += copy.evicted
     return entry
@@ -295,10 +328,12 @@ def pull_all(store: Store, tier: RemoteTier, fingerprint: str, *, lazy: bool = F
     pulled, failed, here, passages = [], [], 0, 0
     not_kept: list[dict] = []
     evicted: list[dict] = []
+    partial: list[dict] = []
     for (token_end, digest), key in sorted(remote_index(tier, fingerprint).items()):
         if (token_end, digest) in local:
             here += 1
             continue
+        title = None
         try:
             manifest = read_manifest(tier, fingerprint, token_end, digest)
             if manifest.passage:  # pulled when a question retrieves it, for its document
@@ -315,7 +350,12 @@ def pull_all(store: Store, tier: RemoteTier, fingerprint: str, *, lazy: bool = F
                                  "budget_bytes": store.budget_bytes})
                 continue
             made_room: list[dict] = []
-            entry = pull(store, tier, manifest, progress=progress, evicted=made_room)
+            left_out: dict[str, StoreError] = {}
+            entry = pull(store, tier, manifest, progress=progress, evicted=made_room,
+                         left_out=left_out)
+            if left_out:
+                partial.append({"title": title, "tokens": token_end, "levels": entry.levels,
+                                "left_out": {lvl: str(e) for lvl, e in left_out.items()}})
             if any(c.get("too_large") for c in made_room):  # (larger once stored)
                 not_kept.append({"title": title, "tokens": token_end, "bytes": entry.nbytes,
                                  "budget_bytes": store.budget_bytes})
@@ -325,9 +365,10 @@ def pull_all(store: Store, tier: RemoteTier, fingerprint: str, *, lazy: bool = F
             pulled.append(asdict(Transfer(title, token_end, n_chunks * len(entry.levels),
                                           entry.nbytes)))
         except (CorruptObjectError, NotFoundError) as e:
-            failed.append({"key": key, "error": str(e)})
+            failed.append({"key": key, "title": title, "error": str(e)})
     return {"pulled": pulled, "already_local": here, "passages_left": passages,
-            "not_kept": not_kept, "evicted": _named(store, evicted), "failed": failed}
+            "not_kept": not_kept, "evicted": _named(store, evicted),
+            "levels_left_out": partial, "failed": failed}
 
 
 def _named(store: Store, caches: list[dict]) -> list[dict]:
