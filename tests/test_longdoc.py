@@ -226,6 +226,28 @@ def test_a_name_only_the_second_document_holds_is_read_from_it(make_engine):
         assert [s.document_id for s in hits] == [doc] * longdocs.top_k, hits
 
 
+def test_a_follow_up_naming_nothing_quotes_what_the_question_before_it_named(make_engine):
+    """"For how much money?" after a question about a budget line quoted a sentence saying
+    "much" (rare in the document by chance) as its answer's evidence. A word by which a
+    question asks is no name, and a follow-up saying nothing of its own is about what the
+    question before it named."""
+    from store.documents.passages import query_words
+
+    assert query_words("For how much money? Tell me, and summarize it please.") == ["money"]
+    eng = make_engine()
+    longdocs = eng.session.longdocs
+    docs = [eng.store.document(eng.doc)]
+    sources = longdocs._hits([eng.doc], "museum keeper cottage ferry shop", [])
+    before = "When did the keeper's cottage become a museum?"
+    museum = "The keeper's cottage became a museum in 1979."
+    quoted, _ = longdocs.evidence(docs, [], sources, "How much does it cost?", before)
+    assert quoted[0] == museum, quoted
+    assert longdocs.evidence(docs, [], sources, "How much does it cost?")[0] == []
+    # A question saying what it asks about is quoted for that, whatever came before it.
+    quoted, _ = longdocs.evidence(docs, [], sources, "Which shop sells maps?", before)
+    assert quoted and not any("museum" in q for q in quoted), quoted
+
+
 def test_a_name_the_document_never_holds_is_told_to_the_model_on_every_path(make_engine):
     """A question about the Harrowgate ferry, which the guide never names, was answered from
     the nearest passage; the note said so only to the user (and through the API, to no

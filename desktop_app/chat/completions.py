@@ -138,8 +138,10 @@ class Completions:
             layout = s.longdocs.laid_out(rt, wholes, sources)
             head, head_tokens = list(layout.messages), list(layout.tokens)
             if messages[ask]["role"] == "user":  # its evidence, as a chat's question has
+                asked = [m["content"] for m in earlier if m["role"] == "user"]
                 quoted, absent = s.longdocs.evidence(docs, wholes, sources,
-                                                     messages[ask]["content"])
+                                                     messages[ask]["content"],
+                                                     asked[-1] if asked else "")
                 messages = [*messages[:ask], {**messages[ask], "content": with_evidence(
                     messages[ask]["content"], quoted, absent)}, *messages[ask + 1:]]
         elif docs:

@@ -118,14 +118,28 @@ class LongDocs:
         return notes
 
     def evidence(self, docs: Sequence[Document], wholes: Sequence[tuple[int, str]],
-                 sources: Sequence[Source], question: str) -> tuple[list[str], list[str]]:
+                 sources: Sequence[Source], question: str,
+                 before: str = "") -> tuple[list[str], list[str]]:
         """What `question`'s turn says in a chat over `docs` whose context holds the
         documents read whole `wholes`, then the passages `sources` (in document order): the
         lines it quotes, the sentences of each that name what it asks about
         (`evidence.beside`, `evidence.naming`), at most `evidence.MOST`; and the names it
-        writes that none of them holds (`evidence.unnamed`). Neither when quoting is off."""
+        writes that none of them holds (`evidence.unnamed`). Neither when quoting is off.
+        A follow-up that quotes nothing and says nothing of its own about what it asks (not
+        `Retriever.specific`: "For how much money?") asks about what the question `before`
+        it named, as its retrieval has it: that is quoted."""
         if not self.quote:
             return [], []
+        books = self._split(docs)
+        found = self._naming(docs, wholes, sources, question)
+        if not found and before and not any(self.retriever.specific(d, question)
+                                            for d in books):
+            found = self._naming(docs, wholes, sources, f"{question}\n{before}")
+        return found, self._absent(books, wholes, question)
+
+    def _naming(self, docs: Sequence[Document], wholes: Sequence[tuple[int, str]],
+                sources: Sequence[Source], question: str) -> list[str]:
+        """The sentences `evidence` quotes for `question`."""
         books = self._split(docs)
         kinds = {d.id: d.type for d in docs}
         by_doc: dict[int, list[str]] = {}
@@ -142,7 +156,7 @@ class LongDocs:
                    for line in evidence.naming(self.store, doc_id, question, texts,
                                                kind=kinds.get(doc_id, "text"))),
                  *(line for _, rare in besides for line in rare)]
-        return list(dict.fromkeys(found))[:evidence.MOST], self._absent(books, wholes, question)
+        return list(dict.fromkeys(found))[:evidence.MOST]
 
     def quoted(self, rt: Runtime, chat_id: int | None, docs: Sequence[Document],
                question: str) -> tuple[list[str], list[str]]:
@@ -151,7 +165,10 @@ class LongDocs:
         none."""
         if not self.applies(docs):
             return [], []
-        return self.evidence(docs, self.wholes(rt, docs), self.sources(chat_id), question)
+        asked = [m.text for m in (self.library.history(chat_id) if chat_id is not None else [])
+                 if m.role == "user"]
+        return self.evidence(docs, self.wholes(rt, docs), self.sources(chat_id), question,
+                             asked[-1] if asked else "")
 
     def adopt(self, chat_id: int) -> None:
         """A new chat was stored as `chat_id`: the passages its first question was given are
