@@ -292,6 +292,12 @@ def test_cli_remote_status_push_pull(machine_a, aws_env, tmp_path, s3_server):
                           env={"KVDESK_DATA_DIR": str(tmp_path / "none")})
     assert rc == 1 and "Traceback" not in err
     assert json.loads(out)["kind"] == "RemoteError" and len(out.strip().splitlines()) == 1
+    # A mistyped data directory is read as empty, said, and not made a new store.
+    typo = {**shared, "KVDESK_DATA_DIR": str(tmp_path / "typo")}
+    for command in ("status", "verify", "push"):
+        rc, out, err = kvdesk("remote", command, env=typo)
+        assert rc == 0 and f"no data directory at {tmp_path / 'typo'}" in err, (command, err)
+        assert not (tmp_path / "typo").exists()
     down = {**shared, "KVDESK_REMOTE_ENDPOINT_URL": "http://127.0.0.1:9"}
     rc, out, err = kvdesk("remote", "status", "--json", env=down)
     assert rc == 1 and json.loads(out)["reachable"] is False

@@ -8,7 +8,7 @@ import click
 
 from ..app import App
 from ..results import Progress, size_text
-from .base import TerminalProgress, cli, emit, json_option
+from .base import TerminalProgress, cli, emit, json_option, only_reading
 
 
 @cli.group()
@@ -25,6 +25,7 @@ def remote():
 @click.pass_obj
 def remote_status(app: App, as_json: bool):
     """Whether the bucket answers, and the documents cached here and there for this model."""
+    only_reading(app)  # (a mistyped --data-dir is not made a new, empty store)
     # Not configured: said without loading the model or opening the store.
     report = app.engine.sharing.status(app.engine.fingerprint) if app.remote else \
         {"configured": False}
@@ -88,6 +89,7 @@ def _evicted_lines(caches) -> list[str]:
 @click.pass_obj
 def remote_push(app: App, as_json: bool):
     """Upload this model's document caches the shared cache lacks."""
+    only_reading(app)  # (it reads this machine's caches: none where no store is)
     _transfer(as_json, lambda progress: app.engine.sharing.push(
         app.engine.fingerprint, progress=progress), "push", "pushed", "already_remote")
 
@@ -111,6 +113,7 @@ def remote_pull(app: App, lazy: bool, as_json: bool):
 @click.pass_obj
 def remote_verify(app: App, repair: bool, as_json: bool):
     """Read back every shared object of the caches this machine holds, and check it."""
+    only_reading(app)  # (a repair writes to the bucket only, from the caches held here)
     report = app.engine.sharing.verify(app.engine.fingerprint, repair=repair)
     left = len(report["damaged"]) - report["repaired"] + len(report["failed"])
     emit(report, as_json, [
