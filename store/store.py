@@ -26,7 +26,6 @@ from .documents.library import LibraryStore
 from .documents.passagekv import PassageKVStore
 from .documents.passages import PassageStore
 from .errors import (
-    BudgetFullError,
     CorruptChunkError,
     DamagedError,
     DataDirError,
@@ -145,6 +144,7 @@ class Store(LibraryStore, PassageStore, PassageKVStore, SplitStore):
         passage_hash: str | None = None,
         evict: bool = True,
         holds: Iterable[int] = (),
+        keep: Iterable[int] = (),
     ) -> kv.EntryWriter:
         """Start writing the KV entry for `tokens` (the whole prefix, parent's tokens included).
 
@@ -159,9 +159,10 @@ class Store(LibraryStore, PassageStore, PassageKVStore, SplitStore):
         documents whose KV it holds beyond its parent's, deleted with any of them (NotFoundError
         when one is deleted already: kv.create_pending). A finished entry that takes the store
         past its storage budget evicts the least recently used others (one larger than the
-        budget with its parents goes alone, `writer.evicted` says "too_large"); with
-        `evict=False` it is removed itself instead (`finish` raises BudgetFullError): work done
-        ahead of need never pushes out what was used.
+        budget with its parents goes alone, `writer.evicted` says "too_large"), never those
+        `keep` (it goes alone where they leave it no room); with `evict=False` it is removed
+        itself instead (`finish` raises BudgetFullError): work done ahead of need never pushes
+        out what was used (store.caches.quota).
         """
         levels = tuple(levels)
         self.record_models()  # one a full disk kept from being recorded (DiskFullError)
@@ -173,8 +174,9 @@ class Store(LibraryStore, PassageStore, PassageKVStore, SplitStore):
                 calibration=calibration, passage=passage, passage_hash=passage_hash,
                 holds=holds)
         return kv.EntryWriter(self._db, entry_id, levels, self._clock,
-                              self._enforce_budget if evict else
-                              lambda entry: self._fits(entry, entry_id))
+                              (lambda entry: self._enforce_budget(entry, keep)) if evict else
+                              lambda entry: quota.fits(self._db, self.budget_bytes, entry,
+                                                       entry_id))
 
     def longest_prefix(
         self, fingerprint: str, tokens: Iterable[int], *, touch: bool = True,
@@ -416,31 +418,10 @@ class Store(LibraryStore, PassageStore, PassageKVStore, SplitStore):
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _enforce_budget(self, entry: Entry) -> list[dict]:
-        if self.usage_bytes() <= self.budget_bytes:
-            return []
-        chain, parent = entry.nbytes, entry.parent_id  # it is of no use without its parents
-        while parent is not None:
-            above = self.entry(parent)
-            chain, parent = chain + above.nbytes, above.parent_id
-        if chain > self.budget_bytes:  # evicting others would not make room: it goes alone
-            self.delete_entry(entry.id)
-            return [{"entry": entry.id, "document_id": entry.document_id, "chat_id":
-                     entry.chat_id, "passage": entry.passage, "bytes": chain, "too_large": True}]
-        return self.gc()["evicted_caches"]
-
-    def _fits(self, entry: Entry, written: int) -> list[dict]:
-        """Entry `written`, just finished, removed again if it does not fit the budget
-        (BudgetFullError). An identical entry another writer stored first (adopted in its
-        place) stays: this write added nothing."""
-        if entry.id != written or self.usage_bytes() <= self.budget_bytes:
-            return []
-        def work() -> None:
-            with self._db.write() as db:
-                db.execute("DELETE FROM kv_entries WHERE id = ?", (written,))
-        self._db.freeing(work)
-        raise BudgetFullError(f"{self.usage_bytes() + entry.nbytes:,} bytes would not fit the "
-                              f"storage budget of {self.budget_bytes:,}")
+    def _enforce_budget(self, entry: Entry, keep: Iterable[int] = ()) -> list[dict]:
+        done: dict = {}  # (a second run after a full disk adds to the first one's work)
+        return self._db.freeing(lambda: quota.make_room(
+            self._db, self.budget_bytes, entry, self._clock(), set(keep), done))
 
     def _delete(self, table: str, row_id: int, what: str) -> None:
         def work() -> None:

@@ -127,8 +127,28 @@ def test_an_entry_written_not_to_evict_is_dropped_itself_when_it_does_not_fit(st
     fits = raw_entry(store, clock, range(300, 400), size=400, evict=False)
     assert fits is not None and store.usage_bytes() == 2400
     store.budget_bytes = 1
-    assert raw_entry(store, clock, range(300, 400), size=400, evict=False) == fits
+    assert raw_entry(store, clock, range(300, 400), size=400, evict=False).id == fits.id
     assert [e.id for e in store.entries()] == [e.id for e in kept] + [fits.id]
+
+
+def test_room_is_not_made_by_evicting_what_the_writer_keeps(store, clock):
+    """A question storing its passages keeps the others it reads: a passage that fits only
+    without them is not stored, and nothing is evicted for it."""
+    store.budget_bytes = 2500
+    a, b = raw_entry(store, clock, range(0, 100)), raw_entry(store, clock, range(100, 200))
+    clock.tick()
+    with store.write_entry(FP, range(200, 300), levels=["raw"], keep=[a.id, b.id]) as writer:
+        writer.put_chunk(0, "raw", bytes(1000))
+    assert writer.evicted == [{"entry": writer.entry.id, "document_id": None, "chat_id": None,
+                               "passage": False, "bytes": 1000, "too_large": True,
+                               "beside": 2000}]
+    assert [e.id for e in store.entries()] == [a.id, b.id]
+    # Keeping one of them: the other, least recently used, goes instead.
+    clock.tick()
+    with store.write_entry(FP, range(200, 300), levels=["raw"], keep=[b.id]) as writer:
+        writer.put_chunk(0, "raw", bytes(1000))
+    assert [c["entry"] for c in writer.evicted] == [a.id]
+    assert [e.id for e in store.entries()] == [b.id, writer.entry.id]
 
 
 def test_entries_being_written_are_kept_until_abandoned(store, clock):

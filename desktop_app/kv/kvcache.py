@@ -38,7 +38,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 import numpy as np
 
@@ -78,6 +78,7 @@ class KVCache:
         evicted: list[dict] | None = None,
         decoded_until: int = 0,
         holds: Sequence[int] = (),
+        keep: Collection[int] = (),
     ) -> int | None:
         """Encode and store the KV of `tokens` (the context's first tokens) beyond what is
         already stored for them; returns the id of the entry that ends at len(tokens), or
@@ -85,7 +86,8 @@ class KVCache:
         or when the context's first `decoded_until` tokens, read back at a lossy level, reach
         a chunk or more past the entry it would extend (stored again as if computed).
         Not to `evict` other KV, one that does not fit the storage budget is not kept
-        (store.BudgetFullError); else the caches it evicted are added to `evicted`.
+        (store.BudgetFullError); else the caches it evicted are added to `evicted`, never
+        the entries `keep` (one that fits only without them is not kept: "too_large").
         `passage`: the text of the passage of `document_id` the tokens are (`passagekv`), not
         its prefix. `holds`: the documents whose KV the tokens hold, read before the tokens
         were: the entry goes with any of them, and is not stored if one is gone already
@@ -109,14 +111,15 @@ class KVCache:
         return self._write(rt, tokens, levels, parent.id if parent else None,
                            document_id=document_id, chat_id=chat_id, progress=progress,
                            cancel=cancel, title=title, passage=passage, evict=evict,
-                           evicted=evicted, holds=holds)
+                           evicted=evicted, holds=holds, keep=keep)
 
     def _write(self, rt: Runtime, tokens: Sequence[int], levels: tuple[str, ...],
                parent_id: int | None, *, document_id: int | None = None,
                chat_id: int | None = None, progress: Callable[[Progress], None] | None = None,
                cancel: threading.Event | None = None, title: str = "",
                passage: str | None = None, evict: bool = True,
-               evicted: list[dict] | None = None, holds: Sequence[int] = ()) -> int | None:
+               evicted: list[dict] | None = None, holds: Sequence[int] = (),
+               keep: Collection[int] = ()) -> int | None:
         """`store_prefix`'s entry for `tokens` beyond entry `parent_id`'s: encoded, written."""
         seq = rt.capture()
         kv = in_position_order(seq.sections[0])
@@ -139,7 +142,7 @@ class KVCache:
             window_start=None if window is None else int(window.positions[0]),
             calibration=None if cal is None else cal.id, passage=passage is not None,
             passage_hash=None if passage is None else text_hash(passage), evict=evict,
-            holds=holds)
+            holds=holds, keep=keep)
         # Each chunk or window part: the KV it is cut from, that KV's first position, and its
         # calibration part (the cache section it comes from).
         parts = [(span, kv, 0, 0) for span in writer.spans]

@@ -19,15 +19,16 @@ which passages a chat uses: `chat.longdoc` does.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from store import Entry, Store
+from store import Entry, NotFoundError, Store
 
 from ..model.prompts import passage_prefix
 from ..model.runtime import Runtime
-from ..results import Progress
+from ..results import Progress, size_text
 from .kvcache import KVCache
 from .levels import EXACT
 from .sharing import Sharing
@@ -92,38 +93,64 @@ class PassageKV:
                progress: Callable[[Progress], None] | None = None) -> Ready:
         """The entry of each (document id, text) passage: stored here, else taken from the
         shared cache, else computed in `rt` (whose content is replaced) and stored (and
-        shared, when automatic pushing is on); none where the model keeps none (`kept`). Not
-        to `evict` other KV, a passage that does not fit the storage budget (pulled or
-        computed) is not kept, and stops it: store.BudgetFullError. `progress`: before each
-        passage computed, ("passages", those done, all of them)."""
+        shared, when automatic pushing is on); none where the model keeps none (`kept`).
+        Storing one never evicts the others the question reads: one that
+        fits only without them is not kept (nor computed here, nor a longer one after it:
+        None, computed where it is read), said in the notes. Not to `evict` other KV, a
+        passage that does not fit the storage budget (pulled or computed) is not kept, and
+        stops it: store.BudgetFullError. `progress`: before each passage computed,
+        ("passages", those done, all of them)."""
         if not self.kept(rt):
             return Ready([None] * len(passages), notes=[
                 "this model's passages are read as text until its codec is calibrated "
                 "(`kvdesk calibrate`, or the window or `kvdesk serve` after an attach): its "
                 "model-independent levels lose answers"])
         ready, evicted = Ready([]), []
-        for i, (document_id, text) in enumerate(passages):
-            found = self.entry(rt, text, touch=True)
-            if found is None:
-                found = self._pull(rt, text, document_id, ready, evict)
-            if found is None:
-                if progress:
-                    progress(Progress("passages", i, len(passages)))
-                tokens = self.tokens(rt, text)
-                rt.reset()
-                rt.prefill(list(tokens), cancel=cancel, logits=False)
-                ready.computed += 1
-                ready.computed_tokens += len(tokens)
-                ready.computed_at.append(i)
-                entry_id = self.kv.store_prefix(rt, tokens, (self.level,), document_id=document_id,
-                                                cancel=cancel, passage=text, evict=evict,
-                                                evicted=evicted)
-                if entry_id is not None:
-                    found = self.store.entry(entry_id)
-                    ready.notes.extend(self.sharing.push_after_attach(entry_id)[1])
-            ready.entries.append(found)
+        # All found first: the question reads every one, so storing another evicts none.
+        found = [self.entry(rt, text, touch=True) for _, text in passages]
+        keep = {e.id for e in found if e is not None}
+        unstored = _Unstored(self.store)
+        for i, ((document_id, text), entry) in enumerate(zip(passages, found, strict=True)):
+            if entry is None:
+                entry = self._pull(rt, text, document_id, ready, evict)
+            if entry is None and not unstored.skips(len(self.tokens(rt, text))):
+                entry = self._compute(rt, i, len(passages), document_id, text, ready, evict,
+                                      keep, evicted, unstored, cancel, progress)
+            ready.entries.append(entry)
         ready.notes.extend(self.kv.eviction_notes(evicted))  # (what storing them pushed out)
+        ready.notes.extend(unstored.notes(len(keep)))
         return ready
+
+    def _compute(self, rt: Runtime, i: int, n: int, document_id: int, text: str, ready: Ready,
+                 evict: bool, keep: set[int], evicted: list[dict], unstored: _Unstored,
+                 cancel: threading.Event | None,
+                 progress: Callable[[Progress], None] | None) -> Entry | None:
+        """Passage `text`'s KV computed in `rt` and stored (`ensure`); its entry, or None."""
+        if progress:
+            progress(Progress("passages", i, n))
+        tokens = self.tokens(rt, text)
+        rt.reset()
+        rt.prefill(list(tokens), cancel=cancel, logits=False)
+        made: list[dict] = []
+        entry_id = self.kv.store_prefix(rt, tokens, (self.level,), document_id=document_id,
+                                        cancel=cancel, passage=text, evict=evict,
+                                        evicted=made, keep=keep)
+        left = [c for c in made if c.get("too_large") and c["entry"] == entry_id]
+        evicted += [c for c in made if c not in left]
+        entry = None
+        if entry_id is not None and not left:
+            with contextlib.suppress(NotFoundError):  # (never: kept, whatever else goes)
+                entry = self.store.entry(entry_id)
+        if entry_id is not None and entry is None:
+            unstored.add(len(tokens), left[0] if left else None)
+            return None
+        ready.computed += 1
+        ready.computed_tokens += len(tokens)
+        ready.computed_at.append(i)
+        if entry is not None:
+            keep.add(entry.id)
+            ready.notes.extend(self.sharing.push_after_attach(entry.id)[1])
+        return entry
 
     def _pull(self, rt: Runtime, text: str, document_id: int, ready: Ready,
               evict: bool) -> Entry | None:
@@ -134,3 +161,47 @@ class PassageKV:
             return None
         ready.pulled += 1
         return self.store.entry(entry_id)
+
+
+class _Unstored:
+    """The passages of one `ensure` whose KV did not fit the storage budget: what the user is
+    told, and which later ones are not computed (at one level a passage's KV grows with its
+    tokens: one at least as long as one that did not fit would not either)."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        self.count = 0
+        self.shortest: int | None = None  # the fewest tokens of one that did not fit
+        self.too_large = 0  # bytes of one larger than the whole budget
+        self.beside = 0  # bytes of one that fits only without the others the question reads
+
+    def skips(self, n_tokens: int) -> bool:
+        """Whether a passage of `n_tokens` is not computed here (not kept, as a longer one
+        was not): counted."""
+        if self.shortest is None or n_tokens < self.shortest:
+            return False
+        self.count += 1
+        return True
+
+    def add(self, n_tokens: int, record: dict | None) -> None:
+        self.count += 1
+        self.shortest = n_tokens if self.shortest is None else min(self.shortest, n_tokens)
+        if record is not None and "beside" in record:
+            self.beside = max(self.beside, record["bytes"])
+        elif record is not None:
+            self.too_large = max(self.too_large, record["bytes"])
+
+    def notes(self, held: int) -> list[str]:
+        """What the user is told, `held`: the passages the question reads that are stored."""
+        if not self.count:
+            return []
+        budget = size_text(self.store.budget_bytes)
+        why = (f"a passage's KV ({size_text(self.too_large)}) is larger than the whole storage "
+               f"budget of {budget}" if self.too_large else
+               f"the storage budget of {budget} holds no more beside the passages this "
+               f"question reads from it ({held} of them)" if self.beside else
+               f"they do not fit the storage budget of {budget}")
+        return [f"{self.count} passage(s) not stored: {why}; nothing else was evicted for them, "
+                "and they are computed where this question reads them (and again at the next "
+                "question; the setting storage_budget_gb)"]
+

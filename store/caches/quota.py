@@ -8,14 +8,21 @@ any entry that one extends; an incomplete entry is removed once its writer is kn
 a process of this host that no longer exists, or one that stopped refreshing the entry for
 ABANDON_AFTER_S (a writer on another host sharing the directory, or a hung one). So is a
 document whose attach was killed before its cache was stored (`unfinished`).
+
+Room for a finished entry (`make_room`) is never made by evicting the entries its writer
+keeps (`keep`: what the question storing it reads); when it fits only without them, it goes
+itself.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Collection
 
 from ..datadir.db import Connections
+from ..errors import BudgetFullError
+from ..records import Entry
 from .kv import subtree
 
 DEFAULT_BUDGET_BYTES = 10 * 10**9
@@ -56,10 +63,12 @@ def usage(db: Connections) -> int:
     return db.get().conn.execute("SELECT coalesce(sum(nbytes), 0) FROM kv_chunks").fetchone()[0]
 
 
-def collect(db: Connections, budget_bytes: int, now: float, report: dict | None = None) -> dict:
+def collect(db: Connections, budget_bytes: int, now: float, report: dict | None = None,
+            keep: Collection[int] = ()) -> dict:
     """Drop abandoned writes, then evict LRU entries until usage fits the budget; report it.
     What each step did is added to `report` as it commits, so a caller that runs it again
-    after an error (store.datadir.db.Connections.freeing) reports both runs' work."""
+    after an error (store.datadir.db.Connections.freeing) reports both runs' work. Never the
+    entries `keep`, nor one they extend."""
     report = report if report is not None else {}
     for key in ("evicted_entries", "evicted_caches", "abandoned_entries", "abandoned_documents"):
         report.setdefault(key, [])
@@ -82,7 +91,8 @@ def collect(db: Connections, budget_bytes: int, now: float, report: dict | None 
         # One short transaction per eviction, so the GUI's writes interleave with a long gc.
         with db.write() as wdb:
             tree = subtree(wdb.conn, candidate)
-            if not tree or not all(complete for _, complete, _ in tree):
+            if not tree or not all(complete for _, complete, _ in tree) or any(
+                    entry_id in keep for entry_id, _, _ in tree):
                 continue
             sizes = {entry_id: nbytes for entry_id, _, nbytes in tree}
             caches = [{"entry": entry_id, "document_id": doc, "chat_id": chat,
@@ -96,6 +106,60 @@ def collect(db: Connections, budget_bytes: int, now: float, report: dict | None 
         report["freed_bytes"] += sum(sizes.values())
         used -= sum(sizes.values())
     return {**report, "bytes_after": used, "budget_bytes": budget_bytes}
+
+
+def make_room(db: Connections, budget_bytes: int, entry: Entry, now: float,
+              keep: Collection[int] = (), report: dict | None = None) -> list[dict]:
+    """Entry `entry`, just finished, kept within the budget: the least recently used others
+    evicted (never `keep`, nor the entries `entry` extends: store.gc's `evicted_caches`), or,
+    when it does not fit with those alone, `entry` removed and nothing evicted
+    ([its cache, "too_large"]: larger than the whole budget, or, with "beside", than what the
+    entries kept leave of it)."""
+    if usage(db) <= budget_bytes:
+        return []
+    conn = db.get().conn
+    chain = _with_ancestors(conn, [entry.id])
+    held = _with_ancestors(conn, [*keep, entry.id])
+    chain_bytes, held_bytes = _bytes(conn, chain), _bytes(conn, held)
+    if held_bytes > budget_bytes:  # evicting all else would not make room: it goes alone
+        _delete(db, entry.id)
+        return [{"entry": entry.id, "document_id": entry.document_id, "chat_id": entry.chat_id,
+                 "passage": entry.passage, "bytes": chain_bytes, "too_large": True,
+                 **({"beside": held_bytes - chain_bytes} if chain_bytes <= budget_bytes else {})}]
+    return collect(db, budget_bytes, now, report, keep=held)["evicted_caches"]
+
+
+def fits(db: Connections, budget_bytes: int, entry: Entry, written: int) -> list[dict]:
+    """Entry `written`, just finished not to evict others, removed again if it does not fit
+    the budget (BudgetFullError). An identical entry another writer stored first (adopted in
+    its place) stays: this write added nothing."""
+    if entry.id != written or usage(db) <= budget_bytes:
+        return []
+    _delete(db, written)
+    raise BudgetFullError(f"{usage(db) + entry.nbytes:,} bytes would not fit the storage "
+                          f"budget of {budget_bytes:,}")
+
+
+def _delete(db: Connections, entry_id: int) -> None:
+    def work() -> None:
+        with db.write() as wdb:
+            wdb.conn.execute("DELETE FROM kv_entries WHERE id = ?", (entry_id,))
+    db.freeing(work)
+
+
+def _with_ancestors(conn, entry_ids: Collection[int]) -> set[int]:
+    """`entry_ids` and every entry they extend."""
+    ids = list(entry_ids)
+    return {row[0] for row in conn.execute(
+        "WITH RECURSIVE up(id) AS (SELECT id FROM kv_entries WHERE id IN"
+        f" ({','.join('?' * len(ids))}) UNION SELECT e.parent_id FROM kv_entries e JOIN up"
+        " ON e.id = up.id WHERE e.parent_id IS NOT NULL) SELECT id FROM up", ids)}
+
+
+def _bytes(conn, entry_ids: Collection[int]) -> int:
+    ids = list(entry_ids)
+    return conn.execute("SELECT coalesce(sum(nbytes), 0) FROM kv_chunks WHERE entry_id IN"
+                        f" ({','.join('?' * len(ids))})", ids).fetchone()[0]
 
 
 def unfinished(db: Connections, now: float) -> list[int]:
