@@ -134,6 +134,33 @@ def test_a_streamed_cache_larger_than_the_budget_is_not_fetched_nor_said_kept(
     assert completed == [] and b.store.entries() == []
 
 
+HARBOUR = """The inner harbour at Halden has berths for sixty boats and a fuel pier that opens
+at 07:00. The harbour master, Ingrid Dahl, keeps the key to the winter shed. A crane on the
+north quay lifts boats of up to twelve tonnes out of the water each October; the slipway on
+the south side was rebuilt in 2009 after a lorry broke through its old planks."""
+
+
+def test_a_chat_over_two_documents_takes_the_later_one_from_the_shared_cache(
+        s3_server, s3_bucket, machine, tmp_path):
+    tier = tier_on(s3_server, s3_bucket)
+    a = machine(tier, "a", auto_push=True)
+    for name, text in (("ferry.txt", DOC), ("harbour.txt", HARBOUR)):
+        (tmp_path / name).write_text(text)
+        assert a.attach(tmp_path / name).pushed
+    b = machine(tier)
+    assert len(b.sharing.pull(b.fingerprint, lazy=True)["pulled"]) == 2
+    ids = {d.title: d.id for d in b.store.documents()}
+    ferry, harbour = ids["ferry.txt"], ids["harbour.txt"]
+    res = b.ask("Who keeps the key to the winter shed?", doc_ids=[ferry, harbour],
+                generation=GenerationOptions(max_tokens=4, temperature=0))
+    # The first document streams; the later one is pulled before the blend and said, not
+    # computed again from its text.
+    assert any(m.startswith(f"document {harbour} (harbour.txt) taken from the shared cache")
+               for m in res.messages), res.messages
+    assert res.blended["mode"] == "blended" and res.blended["reused_tokens"] > 0
+    assert b.store.document_entry(harbour, b.fingerprint) is not None
+
+
 def test_attach_takes_the_shared_cache_instead_of_prefilling(machine_a, machine):
     c = machine(machine_a.sharing.tier, "c")
     res = c.attach(machine_a.document)

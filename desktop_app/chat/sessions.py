@@ -241,8 +241,8 @@ class ChatSession:
         stored = self.store.longest_prefix(rt.fingerprint, tokens, touch=False, tail_minimum=1)
         if stored.n_tokens + stored.tail_match >= n:
             return None  # the exact prefix is stored (a chat's own entry, or a prompt's)
-        return Parts(layout, [self.store.document_entry(d.id, rt.fingerprint)
-                              for d in docs[1:len(layout.parts)]])
+        return Parts(layout, *self.sharing.later_documents(  # (here, or from the bucket)
+            rt, self.prompter, docs[1:len(layout.parts)], self.levels, progress))
 
     def _blend(self, rt, parts, tokens, question, docs, options, progress, cancel, chat
                ) -> tuple[RestoreReport, int]:

@@ -5,7 +5,8 @@ longer document entry on the remote tier and, if there is one, streams it (`sour
 the same adaptive pipeline as local chunks, keeping what it reads in a pending local copy;
 `keep` completes that copy after the answer, so the next restore is local. Attach looks there
 before prefilling (`pull_for_attach`) and shares what it computed (`push_after_attach`) when
-automatic pushing is on; so does a passage retrieved for the first time (`pull_passage`).
+automatic pushing is on; so does a passage retrieved for the first time (`pull_passage`), and
+a chat's later document whose cache a blend moves into place (`later_documents`).
 `status`, `push` and `pull` are the `kvdesk remote` commands.
 
 A tier that fails is reported in a message and skipped for a minute, never in the way of an
@@ -19,10 +20,20 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from store import BudgetFullError, RemoteError, RemoteTier, Store, StoreError, text_hash
+from store import (
+    BudgetFullError,
+    Document,
+    Entry,
+    RemoteError,
+    RemoteTier,
+    Store,
+    StoreError,
+    text_hash,
+)
 from store.shared import checking, sync
 
-from ..results import size_text
+from ..model.prompts import Prompter, Template
+from ..results import Progress, size_text
 from .sources import ChunkSource, LocalSource, RemoteSource
 
 # After a failure the tier is left alone this long: each try costs its timeouts and retries.
@@ -131,6 +142,59 @@ class Sharing:
 
         entry_id, notes = self._try(pull)
         return entry_id, [f"{n}; computing the passage here instead" for n in notes]
+
+    def later_documents(self, tpl: Template, prompter: Prompter, docs: Sequence[Document],
+                        levels: Sequence[str], progress: Callable[[Progress], None] | None = None
+                        ) -> tuple[list[Entry | None], list[str]]:
+        """The own entries under `tpl`'s model of a chat's later documents, whose KV a blend
+        moves into place: each one's here, else its entry (its own prefix, as attach cached
+        it) pulled from the tier at those of `levels` it has, and said; None where neither
+        holds one, or the copy would not fit the storage budget."""
+        entries, notes = [], []
+        for doc in docs:
+            entry = self.store.document_entry(doc.id, tpl.fingerprint)
+            if entry is None and self.auto_pull:
+                entry, said = self._pull_document(tpl.fingerprint, doc,
+                                                  list(prompter.prefix(tpl, doc).tokens),
+                                                  levels, progress)
+                notes += said
+            entries.append(entry)
+        return entries, notes
+
+    def _pull_document(self, fingerprint, doc, tokens, levels, progress):
+        what = f"document {doc.id} ({doc.title})"
+        too_large: list[int] = []
+
+        def pull() -> Entry | None:
+            manifest = sync.find(self.tier, fingerprint, tokens, longer_than=len(tokens) - 1)
+            wanted = [level for level in levels if manifest and level in manifest.levels]
+            if not wanted:
+                return None
+            size = sum(c.nbytes for level in wanted for c in manifest.chunks[level])
+            if size > self.store.budget_bytes:  # (fetched, it would be evicted at once)
+                too_large.append(size)
+                return None
+            evicted: list[dict] = []
+            entry = sync.pull(self.store, self.tier, manifest, levels=wanted,
+                              document_id=doc.id, evicted=evicted, progress=progress and (
+                                  lambda done, total: progress(
+                                      Progress("pull", done, total, doc.title))))
+            if any(c.get("too_large") for c in evicted):
+                too_large.append(entry.nbytes)
+                return None
+            return entry
+
+        entry, notes = self._try(pull)
+        notes = [f"{what}: {n}; its cache is computed in place" for n in notes]
+        if too_large:
+            return None, [f"{what}: its shared cache ({size_text(too_large[0])}) is larger "
+                          "than the whole storage budget of "
+                          f"{size_text(self.store.budget_bytes)} (the setting "
+                          "storage_budget_gb): not taken, its KV is computed in place"]
+        if entry is not None:
+            notes.append(f"{what} taken from the shared cache ({entry.token_end:,} tokens, "
+                         f"{size_text(entry.nbytes)}), kept here")
+        return entry, notes
 
     def push_after_attach(self, entry_id: int, progress: Callable[[int, int], None] | None = None
                           ) -> tuple[bool, list[str]]:
