@@ -311,8 +311,9 @@ class Engine:
             done = self.prefill(doc_id, progress=progress, cancel=cancel)
             notes.append(f"document {doc_id} was cached under another model: " + (
                 "longer than this one's context, it is kept as passages now" if
-                done.passages else "its cache for this one is computed and stored now, "
-                "once"))
+                done.passages else "its cache for this one is taken from the shared cache "
+                "and stored now, once" if done.pulled else "its cache for this one is "
+                "computed and stored now, once"))
         return notes
 
     def regenerate(self, chat_id: int, *, restore: RestoreOptions = RestoreOptions(),

@@ -254,7 +254,8 @@ FINISH_WORDS = {"length": "stopped at the token limit: it may be cut short",
 # end adds where to act: a command, a menu).
 STATUS_WORDS = {
     "ready": "ready", "none": "not cached here", "attaching": "being attached",
-    "stale": "cached for another model only (a question computes it for this one)",
+    "stale": "cached for another model only (a question caches it for this one: computed, "
+             "or taken from the shared cache)",
     "unfinished": "did not finish: attach or pull it again",
     "damaged": "cache unknown: the store's index of caches is damaged"}
 

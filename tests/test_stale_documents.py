@@ -60,7 +60,7 @@ def test_a_new_chat_caches_under_this_model_what_the_listing_calls_stale(store, 
 
     def prefill(doc_id, *, progress=None, cancel=None):
         prefilled.append(doc_id)
-        return SimpleNamespace(passages=0)
+        return SimpleNamespace(passages=0, pulled=False)
 
     monkeypatch.setattr(engine, "prefill", prefill)
     notes = engine._cache_stale([ids["none"], ids["old"], ids["both"], ids["old"]], None, None)
@@ -69,3 +69,10 @@ def test_a_new_chat_caches_under_this_model_what_the_listing_calls_stale(store, 
     assert notes == [f"document {ids['old']} was cached under another model: its cache for "
                      "this one is computed and stored now, once"]
     assert engine._cache_stale([], None, None) == []
+    # Its cache under this model found in the shared cache: taken from it, and said so (it
+    # said computed, when nothing was).
+    monkeypatch.setattr(engine, "prefill", lambda doc_id, **kw: SimpleNamespace(
+        passages=0, pulled=True))
+    assert engine._cache_stale([ids["old"]], None, None) == [
+        f"document {ids['old']} was cached under another model: its cache for this one is "
+        "taken from the shared cache and stored now, once"]
