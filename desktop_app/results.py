@@ -96,7 +96,9 @@ class RestoreReport(Record):
     chunk_levels: list[str]  # per chunk: a codec level, or "text" (recomputed)
     recomputed_tokens: int
     messages: list[str] = field(default_factory=list)  # fallbacks, said to the user
-    source: str = "local"  # where the stored chunks came from: "local" or "remote"
+    # "remote" when any KV it read was taken from the shared cache for it (streamed, or a
+    # chat's later document or a long document's passages pulled first), else "local"
+    source: str = "local"
     # A chat over several documents or passages: {"reused_tokens", "recomputed_tokens",
     # "quoted_tokens_reused", "mode"}, mode "blended" (the documents' own caches moved into
     # place: approximate) or "exact".
@@ -228,7 +230,7 @@ class AskResult(Record):
     recomputed_tokens: int
     tokens_generated: int
     messages: list[str] = field(default_factory=list)
-    source: str = "local"  # where the stored chunks came from: "local" or "remote"
+    source: str = "local"  # as RestoreReport's: "remote" when the shared cache gave some KV
     documents: list[int] = field(default_factory=list)  # the chat's documents
     blended: dict | None = None  # as RestoreReport.blended (None: one document or none)
     # An answer over a long document: the passages it was given (Source.as_dict), else [].

@@ -375,13 +375,18 @@ def test_bad_input(engine, tmp_path):
     assert len(engine.chats()) == chats  # no empty chat left behind
 
 
-def test_a_corrupt_chunk_at_a_forced_level_is_read_at_another_and_set_aside(new_engine,
-                                                                            tmp_path):
+def attached_at_two_levels(new_engine, tmp_path):
+    """(an engine, DOC attached at balanced and compact, its entry)."""
     eng = new_engine()
     path = tmp_path / "doc.txt"
     path.write_text(DOC)
     doc_id = eng.attach(path, levels=["balanced", "compact"]).doc_id
-    entry = eng.store.document_entry(doc_id, eng.fingerprint)
+    return eng, doc_id, eng.store.document_entry(doc_id, eng.fingerprint)
+
+
+def test_a_corrupt_chunk_at_a_forced_level_is_read_at_another_and_set_aside(new_engine,
+                                                                            tmp_path):
+    eng, doc_id, entry = attached_at_two_levels(new_engine, tmp_path)
     with sqlite3.connect(eng.store.path) as db:
         db.execute("UPDATE kv_chunks SET data = zeroblob(nbytes) WHERE entry_id = ? AND "
                    "chunk_index = 1 AND level = 'balanced'", (entry.id,))
@@ -412,11 +417,7 @@ def test_a_corrupt_chunk_at_a_forced_level_is_read_at_another_and_set_aside(new_
 def test_a_level_note_counts_the_chunks_recomputed_after_it(new_engine, tmp_path):
     """A chunk read at another level, then one readable at none (recomputed from there): the
     note counts every chunk of the restore, not only the ones read."""
-    eng = new_engine()
-    path = tmp_path / "doc.txt"
-    path.write_text(DOC)
-    doc_id = eng.attach(path, levels=["balanced", "compact"]).doc_id
-    entry = eng.store.document_entry(doc_id, eng.fingerprint)
+    eng, doc_id, entry = attached_at_two_levels(new_engine, tmp_path)
     with sqlite3.connect(eng.store.path) as db:
         (n_chunks,) = db.execute("SELECT COUNT(DISTINCT chunk_index) FROM kv_chunks WHERE "
                                  "entry_id = ?", (entry.id,)).fetchone()

@@ -140,8 +140,9 @@ north quay lifts boats of up to twelve tonnes out of the water each October; the
 the south side was rebuilt in 2009 after a lorry broke through its old planks."""
 
 
-def test_a_chat_over_two_documents_takes_the_later_one_from_the_shared_cache(
-        s3_server, s3_bucket, machine, tmp_path):
+def two_documents_shared(s3_server, s3_bucket, machine, tmp_path) -> tuple[Engine, int, int]:
+    """Machine A attached and pushed two documents; machine B pulled them lazily: (B, the
+    ferry's id, the harbour's id there)."""
     tier = tier_on(s3_server, s3_bucket)
     a = machine(tier, "a", auto_push=True)
     for name, text in (("ferry.txt", DOC), ("harbour.txt", HARBOUR)):
@@ -150,15 +151,33 @@ def test_a_chat_over_two_documents_takes_the_later_one_from_the_shared_cache(
     b = machine(tier)
     assert len(b.sharing.pull(b.fingerprint, lazy=True)["pulled"]) == 2
     ids = {d.title: d.id for d in b.store.documents()}
-    ferry, harbour = ids["ferry.txt"], ids["harbour.txt"]
-    res = b.ask("Who keeps the key to the winter shed?", doc_ids=[ferry, harbour],
-                generation=GenerationOptions(max_tokens=4, temperature=0))
+    return b, ids["ferry.txt"], ids["harbour.txt"]
+
+
+def ask_both(b: Engine, ferry: int, harbour: int):
+    return b.ask("Who keeps the key to the winter shed?", doc_ids=[ferry, harbour],
+                 generation=GenerationOptions(max_tokens=4, temperature=0))
+
+
+def test_a_chat_over_two_documents_takes_the_later_one_from_the_shared_cache(
+        s3_server, s3_bucket, machine, tmp_path):
+    b, ferry, harbour = two_documents_shared(s3_server, s3_bucket, machine, tmp_path)
+    res = ask_both(b, ferry, harbour)
     # The first document streams; the later one is pulled before the blend and said, not
     # computed again from its text.
     assert any(m.startswith(f"document {harbour} (harbour.txt) taken from the shared cache")
                for m in res.messages), res.messages
     assert res.blended["mode"] == "blended" and res.blended["reused_tokens"] > 0
     assert b.store.document_entry(harbour, b.fingerprint) is not None
+
+
+def test_an_answer_that_read_a_later_document_from_the_shared_cache_says_remote(
+        s3_server, s3_bucket, machine, tmp_path):
+    b, ferry, harbour = two_documents_shared(s3_server, s3_bucket, machine, tmp_path)
+    assert b.prefill(ferry).pulled  # the first document is here; the second only there
+    res = ask_both(b, ferry, harbour)
+    assert res.blended["mode"] == "blended" and res.blended["reused_tokens"] > 0
+    assert res.source == "remote"  # (it said "local": the first part was read here)
 
 
 def test_attach_takes_the_shared_cache_instead_of_prefilling(machine_a, machine):

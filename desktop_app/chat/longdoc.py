@@ -406,7 +406,7 @@ class LongDocs:
             notes.append(f"{ready.pulled} passage(s) taken from the shared cache")
         return Parts(layout, ready.entries[1:], notes,
                      sum(layout.parts[i][1] - layout.parts[i][0] for i in ready.computed_at),
-                     "passages")
+                     "passages", ready.pulled > 0)
 
 
 def own(sources: Sequence[Source]) -> list[Source]:

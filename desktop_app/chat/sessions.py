@@ -241,7 +241,7 @@ class ChatSession:
         stored = self.store.longest_prefix(rt.fingerprint, tokens, touch=False, tail_minimum=1)
         if stored.n_tokens + stored.tail_match >= n:
             return None  # the exact prefix is stored (a chat's own entry, or a prompt's)
-        return Parts(layout, *self.sharing.later_documents(  # (here, or from the bucket)
+        return Parts(layout, **self.sharing.later_documents(  # (here, or from the bucket)
             rt, self.prompter, docs[1:len(layout.parts)], self.levels, progress))
 
     def _blend(self, rt, parts, tokens, question, docs, options, progress, cancel, chat
@@ -254,7 +254,7 @@ class ChatSession:
         report, blend = self.blender.restore(
             rt, layout, parts.later, source, options=options, speeds=self.speeds,
             select=leading(self.blend_fraction), after=full[len(layout.tokens):-1],
-            progress=progress, cancel=cancel)
+            progress=progress, cancel=cancel, pulled=parts.pulled)
         rest, done = tokens[blend.assembled:], max(0, blend.assembled - len(tokens))
         r0 = time.perf_counter()
         rt.prefill(rest, cancel=cancel)

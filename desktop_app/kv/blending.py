@@ -125,6 +125,7 @@ class Parts:
     notes: Sequence[str] = ()
     computed_tokens: int = 0
     what: str = "documents"  # what the parts are, as the user is told: or "passages"
+    pulled: bool = False  # a later part taken from the shared cache for it: source "remote"
 
 
 def repeats(layout: Sequence[int], after: Sequence[int],
@@ -192,12 +193,15 @@ class Blender:
     def restore(self, rt: Runtime, layout: Layout, later: Sequence[Entry | None],
                 first: ChunkSource, *, options: RestoreOptions, speeds: Speeds, select: Select,
                 after: Sequence[int] = (), progress: Callable[[Progress], None] | None = None,
-                cancel: threading.Event | None = None) -> tuple[RestoreReport, Blend]:
+                cancel: threading.Event | None = None, pulled: bool = False
+                ) -> tuple[RestoreReport, Blend]:
         """Make `rt` hold the layout's prefix: its first part's cached prefix restored from
         `first`, each later part's own entry (`later`: a document's, or a passage's) moved
         after it, the selected tokens and what no cache holds computed in place; then the
         tokens `after` it up to the end of the last run that repeats the layout (none when
-        no run does: `Blend.assembled` says how far)."""
+        no run does: `Blend.assembled` says how far). The report's `source` is "remote"
+        where the first part streamed from the shared cache, or a later one was `pulled`
+        from it for this blend."""
         t0 = time.perf_counter()
         prefix = list(layout.tokens)
         copies = repeats(prefix, after) if self.repeat else []
@@ -243,7 +247,8 @@ class Blender:
         return RestoreReport(
             tokens=len(prefix), restore_s=c0 - t0 - head.recompute_s, bytes_read=n_bytes,
             chunk_levels=levels, recomputed_tokens=head.recomputed_tokens + computed,
-            messages=said(merged_level_notes(messages, len(levels))), source=head.source,
+            messages=said(merged_level_notes(messages, len(levels))),
+            source="remote" if pulled else head.source,
             adapted_chunks=head.adapted_chunks,
             recompute_s=head.recompute_s + time.perf_counter() - c0), \
             Blend(reused, computed - (len(prefix) - len(layout.tokens) - repeated), "blended",

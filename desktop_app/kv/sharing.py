@@ -145,12 +145,13 @@ class Sharing:
 
     def later_documents(self, tpl: Template, prompter: Prompter, docs: Sequence[Document],
                         levels: Sequence[str], progress: Callable[[Progress], None] | None = None
-                        ) -> tuple[list[Entry | None], list[str]]:
-        """The own entries under `tpl`'s model of a chat's later documents, whose KV a blend
-        moves into place: each one's here, else its entry (its own prefix, as attach cached
-        it) pulled from the tier at those of `levels` it has, and said; None where neither
-        holds one, or the copy would not fit the storage budget."""
-        entries, notes = [], []
+                        ) -> dict:
+        """A blend's parts (kv.blending.Parts: `later`, `notes`, `pulled`) from the own
+        entries under `tpl`'s model of a chat's later documents, whose KV it moves into
+        place: each one's here, else its entry (its own prefix, as attach cached it) pulled
+        from the tier at those of `levels` it has, and said; None where neither holds one,
+        or the copy would not fit the storage budget."""
+        entries, notes, pulled = [], [], False
         for doc in docs:
             entry = self.store.document_entry(doc.id, tpl.fingerprint)
             if entry is None and self.auto_pull:
@@ -158,8 +159,9 @@ class Sharing:
                                                   list(prompter.prefix(tpl, doc).tokens),
                                                   levels, progress)
                 notes += said
+                pulled = pulled or entry is not None
             entries.append(entry)
-        return entries, notes
+        return {"later": entries, "notes": notes, "pulled": pulled}
 
     def _pull_document(self, fingerprint, doc, tokens, levels, progress):
         what = f"document {doc.id} ({doc.title})"
