@@ -1,11 +1,16 @@
-"""A long document's passage KV under a small storage budget: every question is answered,
-what is stored is what the notes say, and a question's own stores never evict the passages
-it reads. The engine and passages are tests/test_longdoc.py's."""
+"""A long document's passage KV under a small storage budget, and a damaged passage: every
+question is answered, what is stored is what the notes say, a question's own stores never
+evict the passages it reads, and a damaged passage is computed again and stored (and counted
+in `docs` meanwhile). The engine and passages are tests/test_longdoc.py's."""
 
 from __future__ import annotations
 
+import sqlite3
+
 import test_longdoc
-from test_longdoc import GREEDY, passage_entries
+from test_longdoc import GREEDY, PASSAGES, passage_entries
+
+from store.documents.passages import text_hash
 
 make_engine = test_longdoc.make_engine  # (its fixture: an engine over the island guide)
 
@@ -57,3 +62,40 @@ def test_a_questions_stores_never_evict_the_passages_it_reads(make_engine):
                    for m in out.messages), out.messages
     assert out.blended["reused_tokens"] > 0  # the museum's part read from its KV
 
+
+def flip(store, entry_id, chunk=0):
+    """64 bytes of a chunk's stored bytes inverted, as rot would (the seal catches it)."""
+    with sqlite3.connect(store.path) as conn:
+        rowid, data = conn.execute("SELECT id, data FROM kv_chunks WHERE entry_id = ? AND"
+                                   " chunk_index = ?", (entry_id, chunk)).fetchone()
+        data = bytearray(data)
+        data[100:164] = bytes(b ^ 0xFF for b in data[100:164])
+        conn.execute("UPDATE kv_chunks SET data = ? WHERE id = ?", (bytes(data), rowid))
+
+
+def test_a_damaged_passage_is_computed_again_stored_and_counted_meanwhile(make_engine):
+    """A passage whose chunk failed its check was set aside and never mended: every later
+    question computed it again, said "KV entry 73, chunk 0", and `docs` counted nothing."""
+    eng = make_engine(fill_passages=False)
+    fresh(eng, BOTH)
+    museum = next(e for e in passage_entries(eng).values()
+                  if e.passage_hash == text_hash(PASSAGES[1]))
+    flip(eng.store, museum.id)
+    first = fresh(eng, BOTH)  # the check fails: the museum's part is computed in place
+    assert first.answer
+    said = [m for m in first.messages if "museum" in m or "could not be read" in m]
+    assert said and all("KV entry" not in m and "recomputing from token" not in m
+                        for m in first.messages), first.messages
+    assert any(f"passage #1 [line 3] of document {eng.doc} (Island guide)" in m
+               for m in said), said
+    info = {d.doc_id: d for d in eng.documents()}[eng.doc]
+    assert info.damaged_chunks == 1  # counted against its document meanwhile
+
+    second = fresh(eng, BOTH)  # computed again and stored, in place: the blend reads it
+    assert any("was damaged" in m and "computed again and stored" in m
+               for m in second.messages), second.messages
+    assert museum.id in passage_entries(eng) and not eng.store.damaged([museum.id])
+    assert {d.doc_id: d for d in eng.documents()}[eng.doc].damaged_chunks == 0
+    third = fresh(eng, BOTH)
+    assert not any("damaged" in m or "could not be read" in m for m in third.messages)
+    assert third.blended["reused_tokens"] >= second.blended["reused_tokens"] > 0

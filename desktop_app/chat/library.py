@@ -145,7 +145,9 @@ class Library:
             passage_kv = {doc_id: set(ids.values()) for doc_id, ids in held.items()}
             sizes = self.store.entry_level_bytes([e.id for e in caches.current.values()] + [
                 i for ids in passage_kv.values() for i in ids])
-            damaged = self.store.damaged(e.id for e in caches.current.values())
+            # (a passage entry's damage is counted against each document holding its text)
+            damaged = self.store.damaged([e.id for e in caches.current.values()] + [
+                i for ids in passage_kv.values() for i in ids])
             index = True
         except DamagedError:  # the caches' index alone (said): the documents still list
             caches, held, passage_kv, sizes, damaged, index = (
@@ -171,7 +173,9 @@ class Library:
                 doc.id, doc.title, doc.type, tokens, kept if entry else 0,
                 sizes.get(entry.id, {}) if entry else _summed(
                     sizes.get(i, {}) for i in passage_kv.get(doc.id, ())), status, doc.created,
-                damaged.get(entry.id, 0) if entry else 0, passages.get(doc.id, 0),
+                damaged.get(entry.id, 0) if entry else sum(
+                    damaged.get(i, 0) for i in passage_kv.get(doc.id, ())),
+                passages.get(doc.id, 0),
                 len(held.get(doc.id, {})), changed,
                 _newer(doc, all_docs) if changed else None))
         return out

@@ -60,6 +60,7 @@ from ..options import RestoreOptions
 from ..results import Progress, RestoreReport
 from . import streaming
 from .levels import Message, merged_level_notes, said
+from .passagekv import head_in_words, unread
 from .sources import ChunkSource, SpanSource
 from .speeds import Speeds
 
@@ -213,6 +214,7 @@ class Blender:
                                  speeds=speeds, chunk_tokens=self.chunk_tokens,
                                  progress=progress, cancel=cancel, messages=messages,
                                  calibrations=self.calibrations.resolver(rt.fingerprint))
+        head_in_words(self.store, first, messages)
         captured = [in_position_order(kv) for kv in rt.capture().sections]
         # One Assembly per cache section: the full-attention layers', then a sliding-window
         # model's window layers' (each position's KV, where some cache holds it).
@@ -294,7 +296,7 @@ class Blender:
         if lay.swa_layers:
             sections.append((self.store.windows([entry.id]).get(entry.id, ()), lay.swa_layers,
                              lay.window_bytes_per_token, ropes[lay.full_layers:]))
-        out, n_bytes = [], 0
+        out, n_bytes, notes = [], 0, []
         for i, (all_spans, n_layer, per_token, layer_ropes) in enumerate(sections):
             spans = [s for s in all_spans
                      if any(s.token_start < ss + n and ss < s.token_end for _, ss, n in runs)]
@@ -304,14 +306,13 @@ class Blender:
                 SpanSource(self.store, spans), stored, k, v, levels=self.levels,
                 options=options, speeds=speeds, bytes_per_token=per_token, cancel=cancel,
                 calibrations=self.calibrations.resolver(rt.fingerprint),
-                chunk_levels=levels, messages=messages) if spans else (0, 0))
+                chunk_levels=levels, messages=notes) if spans else (0, 0))
             n_bytes += got
             # Chunks cover the runs whole; a window may begin after a run does (then the
             # window layers' KV before it is not known).
             held_from = spans[0].token_start if spans else entry.token_end
             if (spans and read < spans[-1].token_end) or (i == 0 and not spans):
-                what = f"document {entry.document_id}" if not entry.passage else "a passage"
-                messages.append(f"the cache of {what} could not be read whole: computing it")
+                messages += unread(self.store, entry, notes)
                 return None
             keys = np.empty((n_layer, len(part), lay.channels), k.dtype)
             values = np.empty_like(keys)
@@ -324,6 +325,7 @@ class Blender:
                 values[:, offset:offset + n] = v[:, at:at + n]
                 held[offset:offset + n] = True
             out.append((keys, values, held))
+        messages += notes
         return out, n_bytes
 
     def _compute(self, rt: Runtime, prefix: list[int], keys: np.ndarray, values: np.ndarray,

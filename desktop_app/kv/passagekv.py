@@ -20,21 +20,27 @@ which passages a chat uses: `chat.longdoc` does.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from store import Entry, NotFoundError, Store
+from store import Entry, NotFoundError, Store, StoreError
 
 from ..model.prompts import passage_prefix
 from ..model.runtime import Runtime
-from ..results import Progress, size_text
+from ..results import Progress, location, size_text
+from . import repair
 from .kvcache import KVCache
-from .levels import EXACT
+from .levels import EXACT, Message
 from .sharing import Sharing
+from .sources import ChunkSource
+from .streaming import FAILED
 
 DEFAULT_PASSAGE_LEVEL = "balanced"
 MEMO = 8192  # passages' tokens kept (tokenizing one costs ~1 ms; a 3 MB text has ~7,000)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -93,8 +99,9 @@ class PassageKV:
                progress: Callable[[Progress], None] | None = None) -> Ready:
         """The entry of each (document id, text) passage: stored here, else taken from the
         shared cache, else computed in `rt` (whose content is replaced) and stored (and
-        shared, when automatic pushing is on); none where the model keeps none (`kept`).
-        Storing one never evicts the others the question reads: one that
+        shared, when automatic pushing is on); none where the model keeps none (`kept`). One
+        stored whose chunks are damaged (set aside when read, or missing) is computed again
+        and stored in place. Storing one never evicts the others the question reads: one that
         fits only without them is not kept (nor computed here, nor a longer one after it:
         None, computed where it is read), said in the notes. Not to `evict` other KV, a
         passage that does not fit the storage budget (pulled or computed) is not kept, and
@@ -109,8 +116,15 @@ class PassageKV:
         # All found first: the question reads every one, so storing another evicts none.
         found = [self.entry(rt, text, touch=True) for _, text in passages]
         keep = {e.id for e in found if e is not None}
+        damaged = self.store.damaged(keep) if keep else {}
+        healed: list[str] = []
         unstored = _Unstored(self.store)
         for i, ((document_id, text), entry) in enumerate(zip(passages, found, strict=True)):
+            if entry is not None and entry.id in damaged:
+                if progress:
+                    progress(Progress("passages", i, len(passages)))
+                if self._heal(rt, entry, cancel):
+                    healed.append(described(self.store, entry.document_id, entry.passage_hash))
             if entry is None:
                 entry = self._pull(rt, text, document_id, ready, evict)
             if entry is None and not unstored.skips(len(self.tokens(rt, text))):
@@ -118,6 +132,9 @@ class PassageKV:
                                       keep, evicted, unstored, cancel, progress)
             ready.entries.append(entry)
         ready.notes.extend(self.kv.eviction_notes(evicted))  # (what storing them pushed out)
+        if healed:
+            ready.notes.append(f"the stored KV of {', '.join(healed)} was damaged (set aside "
+                               "when read): computed again and stored")
         ready.notes.extend(unstored.notes(len(keep)))
         return ready
 
@@ -151,6 +168,18 @@ class PassageKV:
             keep.add(entry.id)
             ready.notes.extend(self.sharing.push_after_attach(entry.id)[1])
         return entry
+
+    def _heal(self, rt: Runtime, entry: Entry, cancel: threading.Event | None) -> bool:
+        """Entry `entry`'s damaged chunks computed again in `rt` and stored in place (as
+        `kvdesk verify --repair` does); whether it is whole again."""
+        try:
+            repair.heal(self.store, rt, self.kv.calibrations, entry.id, cancel=cancel)
+        except StoreError as e:  # (a full disk, say): read where it can be, computed elsewhere
+            log.info("the damaged KV of passage entry %s is not repaired: %s", entry.id, e)
+            return False
+        finally:
+            rt.reset()
+        return not self.store.damaged([entry.id])
 
     def _pull(self, rt: Runtime, text: str, document_id: int, ready: Ready,
               evict: bool) -> Entry | None:
@@ -205,3 +234,46 @@ class _Unstored:
                 "and they are computed where this question reads them (and again at the next "
                 "question; the setting storage_budget_gb)"]
 
+
+def described(store: Store, document_id: int | None, name: str | None) -> str:
+    """A passage entry's passage as the user knows it ("passage #12 [lines 120-141] of
+    document 1 (manual.md)"), or the document read whole beside passages it holds, from the
+    entry's document and `passage_hash`."""
+    passage = store.passage_named(document_id, name)
+    doc = passage.document_id if passage is not None else document_id
+    if doc is None:
+        return "a passage"
+    try:
+        title = store.document(doc).title
+    except NotFoundError:  # deleted meanwhile
+        title = "deleted"
+    if passage is None:
+        return f"document {doc} ({title}), read whole beside the passages"
+    return (f"passage #{passage.index} [{location(passage.page, passage.lines)}] of document "
+            f"{doc} ({title})")
+
+
+def unread(store: Store, entry: Entry, notes: list[Message]) -> list[Message]:
+    """`notes` of a blend's read of `entry` that failed, its own sentences (which name chunks
+    by the store's ids, and a token of the entry's, not of the blend) said in words."""
+    levels = [m for m in notes if not isinstance(m, str)]
+    if not entry.passage:
+        what = f"document {entry.document_id}"
+        with contextlib.suppress(NotFoundError):
+            what += f" ({store.document(entry.document_id).title})"
+        return [*levels, f"the cache of {what} could not be read whole: computing it"]
+    what = described(store, entry.document_id, entry.passage_hash)
+    return [*levels, f"the stored KV of {what} could not be read (a chunk failed its check, "
+            "or was set aside after one did): it is computed in place, and computed again and "
+            "stored when a question next reads it"]
+
+
+def head_in_words(store: Store, first: ChunkSource | None, messages: list[Message]) -> None:
+    """A blend's first part read from a passage's entry `first` that failed: said in words."""
+    failed = [m for m in messages if isinstance(m, str) and m.startswith(FAILED)]
+    if not failed or first is None or not first.spans:
+        return
+    with contextlib.suppress(NotFoundError):
+        entry = store.entry(first.spans[0].entry_id)
+        if entry.passage:
+            messages[messages.index(failed[0])] = unread(store, entry, [])[0]

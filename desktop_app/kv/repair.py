@@ -83,6 +83,19 @@ def repair(store: Store, contexts: Contexts, calibrations: Calibrations, *,
     return report
 
 
+def heal(store: Store, rt: Runtime, calibrations: Calibrations, entry_id: int, *,
+         cancel: threading.Event | None = None) -> dict:
+    """`repair` of one entry of `rt`'s model, in `rt` (whose content is replaced): its
+    chunks set aside or missing recomputed (all of them, for an unusable calibration): a
+    damaged passage met by a question (`passagekv`). Returns what `repair` does."""
+    report: dict = {"repaired": [], "reencoded": [], "dropped": [], "deleted_entries": [],
+                    "messages": []}
+    bad = {(c, lvl) for e, c, lvl in store.quarantined() + store.missing() if e == entry_id}
+    _fix(store, rt, calibrations, {entry_id: bad}, store.unusable_calibrations(), report,
+         None, cancel)
+    return report
+
+
 def _fix(store: Store, rt: Runtime, calibrations: Calibrations,
          bad: dict[int, set[tuple[int, str]]], unusable: set[str], report: dict,
          progress: Callable[[Progress], None] | None, cancel: threading.Event | None) -> None:

@@ -48,6 +48,7 @@ from .sources import ChunkSource
 from .speeds import Speeds
 
 Views = tuple[np.ndarray, np.ndarray]
+FAILED = "recomputing from token "  # what a read that stopped at a chunk says, then where
 
 
 def warm_up(levels: Sequence[str], shapes: Sequence[tuple[int, int, int]],
@@ -273,7 +274,7 @@ class _Restore(_Reading):
             raw=lambda s: (s.token_end - s.token_start) * lay.kv_bytes_per_token)
         self.chunk_levels += got
         if failed is not None:
-            self.messages.append(f"recomputing from token {failed[0].token_start}: {failed[1]}")
+            self.messages.append(f"{FAILED}{failed[0].token_start}: {failed[1]}")
         n_restored = spans[len(got) - 1].token_end if got else 0
         if n_restored == len(held):
             rt.restore_buffer(state, held)
@@ -371,7 +372,7 @@ def read_chunks(source: ChunkSource, tokens: Sequence[int], keys: np.ndarray,
                                   values[:, s.token_start:s.token_end]),
         raw=lambda s: (s.token_end - s.token_start) * bytes_per_token)
     if failed is not None:
-        run.messages.append(f"recomputing from token {failed[0].token_start}: {failed[1]}")
+        run.messages.append(f"{FAILED}{failed[0].token_start}: {failed[1]}")
     run.chunk_levels += got
     run.finish(source)
     chunk_levels += run.chunk_levels

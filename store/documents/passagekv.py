@@ -15,7 +15,7 @@ import sqlite_utils
 
 from ..datadir.db import Connections
 from ..records import Entry
-from .passages import text_hash
+from .passages import COLUMNS, StoredPassage, _record, text_hash
 
 
 def hand_over(db: sqlite_utils.Database, document_id: int) -> None:
@@ -50,6 +50,16 @@ class PassageKVStore:
                 " GROUP BY p.id", (fingerprint,)):
             out.setdefault(doc_id, {})[passage_id] = entry_id
         return out
+
+    def passage_named(self, document_id: int | None, name: str | None) -> StoredPassage | None:
+        """The passage whose text has the hash `name` (a passage entry's `passage_hash`), of
+        document `document_id` where it holds one, else of any document; None: no passage
+        (a document read whole beside the passages, or one deleted)."""
+        row = self._db.get().execute(
+            f"SELECT {COLUMNS} FROM passages WHERE content_hash = ?"
+            " ORDER BY document_id IS NOT ?, document_id, idx LIMIT 1",
+            (name, document_id)).fetchone()
+        return None if row is None else _record(row)
 
     def name_passage(self, entry: Entry, text: str) -> Entry:
         """Passage entry `entry` holding the KV of `text`, named by the text's hash (what
