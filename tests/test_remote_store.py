@@ -460,6 +460,26 @@ def test_timeouts_and_refused_connections_fail_in_bounded_time(aws_env):
         _tier(endpoint).get("kvdesk/x")
 
 
+def test_a_hung_bucket_s_retries_are_said_as_they_come(aws_env):
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(8)  # accepts connections, never answers
+    said: list[str] = []
+    tier = RemoteTier(RemoteConfig(bucket="kvdesk-tests",
+                                   endpoint_url=f"http://127.0.0.1:{hole.getsockname()[1]}",
+                                   read_timeout_s=0.5, max_attempts=3),
+                      on_retry=said.append)
+    try:
+        with pytest.raises(RemoteError, match="ReadTimeoutError, 3 attempts"):
+            tier.check()
+        # Each of the two retries is said when it starts, not only the error at the end.
+        assert said == [
+            f"http://127.0.0.1:{hole.getsockname()[1]}: head_bucket failed (no answer in "
+            f"0.5 s); trying again (attempt {n} of 3)" for n in (2, 3)]
+    finally:
+        hole.close()
+
+
 def test_a_lookup_on_an_answers_way_gives_a_hung_bucket_one_short_try(aws_env):
     hole = socket.socket()
     hole.bind(("127.0.0.1", 0))

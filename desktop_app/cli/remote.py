@@ -8,16 +8,19 @@ import click
 
 from ..app import App
 from ..results import Progress, size_text
-from .base import TerminalProgress, cli, emit, json_option, only_reading
+from .base import TerminalProgress, cli, emit, json_option, only_reading, say
 
 
 @cli.group()
-def remote():
+@click.pass_obj
+def remote(app: App):
     """The shared cache: KV caches on S3-compatible storage, for a team or several machines.
 
     Set remote_bucket (and remote_endpoint_url, remote_prefix) in the settings or the
     KVDESK_REMOTE_* variables; credentials come from the AWS environment or ~/.aws.
     """
+    if app.remote is not None:  # a hung bucket's three attempts are said as they come
+        app.remote.on_retry = lambda message: say([message])
 
 
 @remote.command("status")

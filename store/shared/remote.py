@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
 
@@ -78,14 +79,21 @@ def sha256(data: bytes | memoryview) -> str:
 
 
 class RemoteTier:
-    """One bucket and prefix; safe to share between threads (boto3 clients are)."""
+    """One bucket and prefix; safe to share between threads (boto3 clients are).
 
-    def __init__(self, config: RemoteConfig, client=None):
+    `on_retry`, where set, is told each request tried again after an attempt that failed (a
+    timeout, a 5xx answer, throttling), as it happens: a hung bucket costs three patient
+    attempts, and a command waiting on them should not be silent meanwhile. It may be
+    called from any thread."""
+
+    def __init__(self, config: RemoteConfig, client=None,
+                 on_retry: Callable[[str], None] | None = None):
         self.config = config
         self.prefix = config.prefix.strip("/")
         self._client = client
         self._lookup_client = client
         self._lock = threading.Lock()
+        self.on_retry = on_retry
 
     # -- layout ----------------------------------------------------------------------------
 
@@ -131,6 +139,9 @@ class RemoteTier:
         with self._lock:
             if self._client is None:
                 self._client = _make_client(self.config)
+                events = self._client.meta.events
+                events.register("needs-retry.s3", self._attempt_failed)
+                events.register("request-created.s3", self._retrying)
             return self._client
 
     @property
@@ -142,6 +153,28 @@ class RemoteTier:
                     self.config, max_attempts=1,
                     read_timeout_s=min(self.config.read_timeout_s, self.config.lookup_timeout_s)))
             return self._lookup_client
+
+    def _attempt_failed(self, request_dict=None, caught_exception=None, response=None, **_):
+        # botocore asks after every attempt whether to retry: what failed, for `_retrying`.
+        if request_dict is None:
+            return
+        why = None
+        if caught_exception is not None:
+            name = type(caught_exception).__name__
+            why = (f"no answer in {self.config.read_timeout_s:g} s" if name == "ReadTimeoutError"
+                   else name)
+        elif response is not None and response[0].status_code >= 400:
+            why = f"HTTP {response[0].status_code}"
+        request_dict["context"]["kvdesk_failed"] = why
+
+    def _retrying(self, request=None, operation_name: str = "", **_):
+        attempt = request.context.get("retries", {}).get("attempt", 1) if request else 1
+        if attempt > 1 and self.on_retry is not None:
+            why = request.context.get("kvdesk_failed")
+            operation = re.sub(r"(?<!^)(?=[A-Z])", "_", operation_name).lower()  # as boto3's
+            self.on_retry(f"{self.config.where}: {operation}"
+                          + (f" failed ({why})" if why else " failed")
+                          + f"; trying again (attempt {attempt} of {self.config.max_attempts})")
 
     def put(self, key: str, data: bytes | memoryview) -> None:
         self._call("put_object", key, Bucket=self.config.bucket, Key=self._own(key),
