@@ -161,8 +161,8 @@ class Store(LibraryStore, PassageStore, PassageKVStore, SplitStore):
         past its storage budget evicts the least recently used others (one larger than the
         budget with its parents goes alone, `writer.evicted` says "too_large"), never those
         `keep` (it goes alone where they leave it no room); with `evict=False` it is removed
-        itself instead (`finish` raises BudgetFullError): work done ahead of need never pushes
-        out what was used (store.caches.quota).
+        itself instead (`finish` raises BudgetFullError), and kept as least recently used:
+        work done ahead of need never pushes out what was used (store.caches.quota).
         """
         levels = tuple(levels)
         self.record_models()  # one a full disk kept from being recorded (DiskFullError)

@@ -99,3 +99,15 @@ def test_a_damaged_passage_is_computed_again_stored_and_counted_meanwhile(make_e
     third = fresh(eng, BOTH)
     assert not any("damaged" in m or "could not be read" in m for m in third.messages)
     assert third.blended["reused_tokens"] >= second.blended["reused_tokens"] > 0
+
+
+def test_the_background_pass_says_when_the_budget_stops_it(make_engine, caplog):
+    """It stopped with a line at info, which neither the window's log nor `kvdesk serve`
+    shows: now a warning saying how far it got and what to do."""
+    eng = make_engine()
+    eng.store.budget_bytes = 1
+    eng.warm_up()
+    assert eng.passage_fill.idle.wait(300)
+    assert any(r.levelname == "WARNING" and "stopped with 0 of its 5 passages given their KV: "
+               "the storage budget" in r.getMessage() and "storage_budget_gb" in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records][-5:]

@@ -128,7 +128,22 @@ def test_an_entry_written_not_to_evict_is_dropped_itself_when_it_does_not_fit(st
     assert fits is not None and store.usage_bytes() == 2400
     store.budget_bytes = 1
     assert raw_entry(store, clock, range(300, 400), size=400, evict=False).id == fits.id
-    assert [e.id for e in store.entries()] == [e.id for e in kept] + [fits.id]
+    # (stored ahead of need, it is least recently used: the next test)
+    assert [e.id for e in store.entries()] == [fits.id] + [e.id for e in kept]
+
+
+def test_an_entry_stored_ahead_of_need_goes_before_what_was_used(store, clock):
+    """The background pass's passages (written not to evict) are least recently used until
+    a question reads one: a question's store evicts them first, not what questions used
+    before them (it kept the speculative ones, stored last)."""
+    used = raw_entry(store, clock, range(0, 100))
+    ahead = [raw_entry(store, clock, range(100 * i, 100 * i + 100), evict=False)
+             for i in (1, 2)]
+    clock.tick()
+    store.longest_prefix(FP, range(200, 300))  # a question reads the second one
+    store.budget_bytes = 3000
+    newer = raw_entry(store, clock, range(300, 400))
+    assert [e.id for e in store.entries()] == [used.id, ahead[1].id, newer.id]
 
 
 def test_room_is_not_made_by_evicting_what_the_writer_keeps(store, clock):

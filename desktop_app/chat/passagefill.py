@@ -8,8 +8,11 @@ content (`kv.passagekv`), stored whole or not at all, so after a restart (or a k
 finds what is stored and goes on with the rest. It is low priority: before each passage it
 waits while the chat context is busy, so a question waits at most for the one passage being
 computed (~1 s on 2 cores), and it stops when the engine closes (that passage is not stored).
-It stops too when the storage budget would have to evict other KV to keep going: passage KV
-never pushes out what questions used. `kvdesk docs` shows its progress (passages with KV).
+It stops too when the storage budget would have to evict other KV to keep going, and says so
+(a warning in the log, with how far it got): passage KV never pushes out what questions used,
+and what it stores counts as least recently used until a question reads it (store: an entry
+written not to evict), so a question's store evicts it first. `kvdesk docs` shows its
+progress (passages with KV).
 
 It never touches the chat context and never decides what a chat holds.
 """
@@ -23,6 +26,7 @@ from store import BudgetFullError, DiskFullError, Store
 
 from ..kv.contexts import ATTACH, Contexts
 from ..kv.passagekv import PassageKV
+from ..results import size_text
 from .background import Background
 from .fairlock import FairLock
 
@@ -73,6 +77,15 @@ class PassageFill(Background):
                 finally:
                     rt.reset()
                 if full:
-                    log.info("the passage pass of document %s stopped: the storage budget is "
-                             "full", doc_id)
+                    self.stopped(doc_id, rt.fingerprint)
                     return
+
+    def stopped(self, doc_id: int, fingerprint: str) -> None:
+        """Say that the pass over document `doc_id` stopped at the storage budget, and where:
+        the user reads it in the log of the window or `kvdesk serve` (and in `kvdesk docs`)."""
+        held = self.store.passage_entries(fingerprint).get(doc_id, 0)
+        log.warning("the passage pass of document %s stopped with %s of its %s passages given "
+                    "their KV: the storage budget (%s) is full, and passages stored ahead of "
+                    "need never evict others; the rest get theirs when a question reads them "
+                    "(a larger setting storage_budget_gb gives them all theirs)", doc_id, held,
+                    self.store.passage_counts().get(doc_id, 0), size_text(self.store.budget_bytes))

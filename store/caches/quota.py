@@ -11,7 +11,9 @@ document whose attach was killed before its cache was stored (`unfinished`).
 
 Room for a finished entry (`make_room`) is never made by evicting the entries its writer
 keeps (`keep`: what the question storing it reads); when it fits only without them, it goes
-itself.
+itself. An entry stored ahead of need (written not to evict: a passage of the background
+pass) is stored as least recently used (`fits`), so that it goes before anything a question
+used, until a question reads it.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ ABANDON_AFTER_S = 15 * 60
 # A document's attach refreshes nothing while it prefills (minutes for a long one): one
 # attached from another host is taken for abandoned only after a day.
 ABANDON_DOCUMENT_AFTER_S = 24 * 3600
+UNUSED = 0.0  # the last use of an entry stored ahead of need: before any entry read
 
 
 def gone(pid: int | None, host: str | None) -> bool:
@@ -131,13 +134,18 @@ def make_room(db: Connections, budget_bytes: int, entry: Entry, now: float,
 
 def fits(db: Connections, budget_bytes: int, entry: Entry, written: int) -> list[dict]:
     """Entry `written`, just finished not to evict others, removed again if it does not fit
-    the budget (BudgetFullError). An identical entry another writer stored first (adopted in
-    its place) stays: this write added nothing."""
-    if entry.id != written or usage(db) <= budget_bytes:
+    the budget (BudgetFullError), else stored as least recently used (`UNUSED`). An identical
+    entry another writer stored first (adopted in its place) stays as it is: this write added
+    nothing."""
+    if entry.id != written:
         return []
-    _delete(db, written)
-    raise BudgetFullError(f"{usage(db) + entry.nbytes:,} bytes would not fit the storage "
-                          f"budget of {budget_bytes:,}")
+    if usage(db) > budget_bytes:
+        _delete(db, written)
+        raise BudgetFullError(f"{usage(db) + entry.nbytes:,} bytes would not fit the storage "
+                              f"budget of {budget_bytes:,}")
+    with db.write() as wdb:
+        wdb.conn.execute("UPDATE kv_entries SET last_used = ? WHERE id = ?", (UNUSED, written))
+    return []
 
 
 def _delete(db: Connections, entry_id: int) -> None:
