@@ -10,9 +10,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
 
 import pytest
-from test_store_helpers import FP, LEVELS, count, dead_pid, open_store, payload
+from test_store_helpers import FP, LEVELS, count, dead_pid, open_store, payload, put_entry
 
 from store import (
     CorruptObjectError,
@@ -20,6 +21,7 @@ from store import (
     RemoteConfig,
     RemoteError,
     RemoteTier,
+    text_hash,
 )
 from store.shared import checking, sync
 from store.shared.manifest import ChunkObject, Manifest, RemoteDocument
@@ -192,6 +194,31 @@ def test_an_entry_travels_with_its_window(a, b, remote_tier, s3_server):
         for level in LEVELS:
             assert b.read_chunk(copy.id, part.chunk_index, level) == \
                 a.read_chunk(entry.id, part.chunk_index, level)
+
+
+def test_a_pushed_passage_is_named_as_an_answer_cites_it(a, remote_tier):
+    doc = a.add_document("h" * 64, "book.txt", "one\n\ntwo\nthree", type="text")
+    a.add_passages(doc.id, [
+        SimpleNamespace(index=i, text=t, start=0, end=len(t), page=None, lines=lines,
+                        heading=(), tokens=40)
+        for i, (t, lines) in enumerate([("one", (1, 1)), ("two\nthree", (3, 4))])])
+    entry = put_entry(a, range(300, 340), levels=["high"], document_id=doc.id, passage=True,
+                      passage_hash=text_hash("two\nthree"))
+    (pushed,) = sync.push_all(a, remote_tier, FP)["pushed"]
+    # (It said "a passage of book.txt", which one untold.)
+    assert pushed["title"] == "book.txt #1 [lines 3-4]" and pushed["objects"] == 1
+    assert checking.check(a, remote_tier, entry)["title"] == "book.txt #1 [lines 3-4]"
+
+
+def test_kvdesk_remote_push_counts_objects_in_words(capsys):
+    from desktop_app.cli.remote import _transfer
+
+    _transfer(False, lambda progress: {
+        "pushed": [{"title": "book.txt #1 [lines 3-4]", "tokens": 40, "objects": 1,
+                    "bytes": 2_000}], "already_remote": 0, "failed": []},
+        "push", "pushed", "already_remote")
+    assert "pushed book.txt #1 [lines 3-4]: 40 tokens, 1 object, 0.0 MB" in \
+        capsys.readouterr().out  # (it said "1 objects")
 
 
 def test_a_second_push_uploads_nothing(a, remote_tier, monkeypatch):

@@ -7,7 +7,7 @@ import sys
 import click
 
 from ..app import App
-from ..results import Progress, size_text
+from ..results import Progress, counted, size_text
 from .base import TerminalProgress, cli, emit, json_option, only_reading, say
 
 
@@ -57,7 +57,8 @@ def _transfer(as_json: bool, run, phase: str, key: str, left: str, lazy: bool = 
     bar.done()
     emit(report, as_json, [
         f"added {t['title']} ({t['tokens']:,} tokens; its cache streams when first used)"
-        if lazy else f"{key} {t['title']}: {t['tokens']:,} tokens, {t['objects']} objects, "
+        if lazy else f"{key} {t['title']}: {t['tokens']:,} tokens, "
+        f"{counted(t['objects'], 'object')}, "
         f"{t['bytes'] / 1e6:.1f} MB" for t in report[key]]
         + [f"{report[left]} {left.replace('_', ' ')}"]
         + ([f"{report['passages_left']} passage cache(s) stay in the shared cache: a question "

@@ -27,7 +27,8 @@ def check(store: Store, tier: RemoteTier, entry: Entry, *, repair: bool = False)
     damaged manifest by pushing again). {"shared": False}: the tier has no copy of it."""
     fingerprint = entry.model
     token_end, prefix_hash = entry_id_of(entry)
-    report = {"entry": entry.id, "title": entry_title(entry, store.document(entry.document_id)),
+    document = store.document(entry.document_id)
+    report = {"entry": entry.id, "title": entry_title(store, entry, document),
               "shared": True, "objects": 0, "damaged": [], "repaired": 0}
     try:
         manifest = read_manifest(tier, fingerprint, token_end, prefix_hash)

@@ -122,7 +122,7 @@ def push(store: Store, tier: RemoteTier, entry: Entry, *,
     token_end, prefix_hash = entry_id_of(entry)
     document = store.document(entry.document_id)
     if _has_manifest(tier, fingerprint, token_end, prefix_hash):
-        return Transfer(entry_title(entry, document), token_end, 0, 0, skipped=True)
+        return Transfer(entry_title(store, entry, document), token_end, 0, 0, skipped=True)
     present = tier.list_folder(tier.entry_folder(fingerprint, prefix_hash))
     if entry.calibration is not None:
         key = tier.calibration_key(fingerprint, entry.calibration)
@@ -167,12 +167,23 @@ def push(store: Store, tier: RemoteTier, entry: Entry, *,
     # Last: until this object exists the entry is invisible to every other machine.
     tier.put(tier.manifest_key(fingerprint, token_end, prefix_hash), manifest.to_json())
     sent = [n for _, n in uploaded.values() if n]
-    return Transfer(entry_title(entry, document), token_end, len(sent), sum(sent))
+    return Transfer(entry_title(store, entry, document), token_end, len(sent), sum(sent))
 
 
-def entry_title(entry: Entry, document: Document) -> str:
-    """How a transfer names an entry: its document's title, or a passage of it."""
-    return f"a passage of {document.title}" if entry.passage else document.title
+def entry_title(store: Store, entry: Entry, document: Document) -> str:
+    """How a transfer names an entry: its document's title, or a passage of it as an
+    answer's sources cite one ("book.txt #12 [lines 120-141]"; "a passage of book.txt" where
+    the document holds none of its text now)."""
+    if not entry.passage:
+        return document.title
+    held = store.passage_kv(entry.model).get(document.id, {})
+    passage_id = next((p for p, e in held.items() if e == entry.id), None)
+    if passage_id is None:
+        return f"a passage of {document.title}"
+    p = store.passage(passage_id)
+    where = (f"page {p.page}" if p.page is not None else f"line {p.lines[0]}"
+             if p.lines[0] == p.lines[1] else f"lines {p.lines[0]}-{p.lines[1]}")
+    return f"{document.title} #{p.index} [{where}]"
 
 
 def _has_manifest(tier: RemoteTier, fingerprint: str, token_end: int, prefix_hash: bytes) -> bool:
