@@ -9,7 +9,8 @@ reads them from the standard AWS environment variables and files, and an endpoin
 carries any is refused. The settings file lives in the platform's user config directory (not the
 data directory, since it names the data directory); `KVDESK_CONFIG_DIR` moves it, which tests
 use to stay away from the real one. Writes are atomic (temp file + rename). A key in the file,
-or a `KVDESK_` variable, that this version does not know is ignored with a warning naming it.
+or a `KVDESK_` variable, that this version does not know is ignored with a warning naming it;
+a setting's variable set but empty is read as unset, with a warning (once) naming it.
 
 `generation` holds only the generation values the user set (`options.GenerationOptions`, the
 same fields and ranges as `kvdesk ask`'s flags); a value left unset (null) comes from the model
@@ -67,6 +68,10 @@ ENVIRONMENT = {"KVDESK_MODEL": "model", "KVDESK_DATA_DIR": "data_dir", "KVDESK_N
 OTHER_ENVIRONMENT = ("KVDESK_CONFIG_DIR", "KVDESK_API_KEY")
 OTHER_ENVIRONMENT_PREFIXES = ("KVDESK_CODEC_", "KVDESK_BUNDLE_")
 log = logging.getLogger("kvdesk.settings")
+# An empty KVDESK_ variable is read as unset, and said (an empty endpoint URL left by a script
+# would otherwise send a team's caches to AWS S3 without a word): what it then means.
+EMPTY_MEANS = {"remote_endpoint_url": "AWS S3 itself", "data_dir": "the default folder"}
+_SAID_EMPTY: set[str] = set()
 
 
 class SettingsError(InvalidValue):
@@ -300,6 +305,11 @@ def load(path: Path | None = None) -> Settings:
             _warn(f"unknown environment variable {var} ignored", var,
                   [*ENVIRONMENT, *OTHER_ENVIRONMENT])
     env = {key: os.environ[var] for var, key in ENVIRONMENT.items() if os.environ.get(var)}
+    for var, key in ENVIRONMENT.items():
+        if os.environ.get(var) == "" and var not in _SAID_EMPTY:  # (once a process)
+            _SAID_EMPTY.add(var)
+            log.warning("Warning: %s is set but empty: read as unset (the settings file's %s, "
+                        "else %s)", var, key, EMPTY_MEANS.get(key, "its default"))
     if "data_dir" in env:  # (a folder set in the shell is where the shell is, as --data-dir)
         env["data_dir"] = str(Path(env["data_dir"]).expanduser().absolute())
     try:

@@ -133,6 +133,20 @@ def test_unknown_settings_keys_and_variables_are_named(monkeypatch, caplog):
     assert "KVDESK_DATADIR" in warned[1] and "KVDESK_DATA_DIR" in warned[1]
 
 
+def test_an_empty_setting_variable_is_named_once(monkeypatch, caplog):
+    """An empty KVDESK_REMOTE_ENDPOINT_URL= (a script's) meant AWS S3 without a word."""
+    monkeypatch.setattr(settings, "_SAID_EMPTY", set())
+    monkeypatch.setenv("KVDESK_REMOTE_BUCKET", "team-kv")
+    monkeypatch.setenv("KVDESK_REMOTE_ENDPOINT_URL", "")
+    with caplog.at_level(logging.WARNING, logger="kvdesk.settings"):
+        loaded = settings.load()
+        settings.load()
+    assert loaded.remote_bucket == "team-kv" and loaded.remote_endpoint_url is None
+    assert [r.getMessage() for r in caplog.records] == [
+        "Warning: KVDESK_REMOTE_ENDPOINT_URL is set but empty: read as unset (the settings "
+        "file's remote_endpoint_url, else AWS S3 itself)"]
+
+
 def test_an_unknown_generation_key_is_named_and_ignored_like_any_setting(caplog):
     """README: an unknown settings key is named in a warning, not refused; the generation
     values are settings too (a typo there once stopped every command)."""
