@@ -125,11 +125,12 @@ class PassageKV:
                     progress(Progress("passages", i, len(passages)))
                 if self._heal(rt, entry, cancel):
                     healed.append(described(self.store, entry.document_id, entry.passage_hash))
-            if entry is None:
-                entry = self._pull(rt, text, document_id, ready, evict)
             if entry is None and not unstored.skips(len(self.tokens(rt, text))):
-                entry = self._compute(rt, i, len(passages), document_id, text, ready, evict,
-                                      keep, evicted, unstored, cancel, progress)
+                tried = unstored.count
+                entry = self._pull(rt, text, document_id, ready, evict, keep, evicted, unstored)
+                if entry is None and unstored.count == tried:  # (not one pulled, unstored)
+                    entry = self._compute(rt, i, len(passages), document_id, text, ready,
+                                          evict, keep, evicted, unstored, cancel, progress)
             ready.entries.append(entry)
         ready.notes.extend(self.kv.eviction_notes(evicted))  # (what storing them pushed out)
         if healed:
@@ -181,15 +182,30 @@ class PassageKV:
             rt.reset()
         return not self.store.damaged([entry.id])
 
-    def _pull(self, rt: Runtime, text: str, document_id: int, ready: Ready,
-              evict: bool) -> Entry | None:
-        entry_id, notes = self.sharing.pull_passage(rt.fingerprint, self.tokens(rt, text),
-                                                    self.level, document_id, text, evict)
+    def _pull(self, rt: Runtime, text: str, document_id: int, ready: Ready, evict: bool,
+              keep: set[int], evicted: list[dict], unstored: _Unstored) -> Entry | None:
+        """Passage `text`'s entry taken from the shared cache (`ensure`), never evicting those
+        `keep`; None where the tier has none, or the copy was not kept (`unstored`: computed
+        in place)."""
+        made: list[dict] = []
+        entry_id, notes = self.sharing.pull_passage(
+            rt.fingerprint, self.tokens(rt, text), self.level, document_id, text, evict,
+            keep=keep, evicted=made)
         ready.notes.extend(notes)
+        left = [c for c in made if c.get("too_large") and c["entry"] == entry_id]
+        evicted += [c for c in made if c not in left]
         if entry_id is None:
             return None
+        entry = None
+        if not left:
+            with contextlib.suppress(NotFoundError):  # (never: kept, whatever else goes)
+                entry = self.store.entry(entry_id)
+        if entry is None:
+            unstored.add(len(self.tokens(rt, text)), left[0] if left else None)
+            return None
         ready.pulled += 1
-        return self.store.entry(entry_id)
+        keep.add(entry.id)
+        return entry
 
 
 class _Unstored:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from store import (
     BudgetFullError,
@@ -123,11 +123,15 @@ class Sharing:
             "held puts it back" for level, e in left_out.items()]
 
     def pull_passage(self, fingerprint: str, tokens: Sequence[int], level: str,
-                     document_id: int, text: str, evict: bool = True
+                     document_id: int, text: str, evict: bool = True, *,
+                     keep: Collection[int] = (), evicted: list[dict] | None = None
                      ) -> tuple[int | None, list[str]]:
         """Take the entry of passage `text` from the tier instead of computing it: (its local
-        id, or None when the tier has none at `level`; notes). Not to `evict` other KV, one
-        that does not fit the storage budget is not kept (store.BudgetFullError)."""
+        id, or None when the tier has none at `level`; notes). Storing it never evicts the
+        entries `keep` (the other passages the question reads); the caches it evicted are
+        added to `evicted`, with the copy itself ("too_large", its id) where it did not fit
+        beside them or the whole budget: then not kept, its id no entry's. Not to `evict`
+        other KV, one that does not fit the storage budget is not kept (BudgetFullError)."""
         if not self.auto_pull:
             return None, []
 
@@ -138,7 +142,7 @@ class Sharing:
                 return None
             return sync.pull(self.store, self.tier, manifest, levels=[level],
                              document_id=document_id, passage_hash=text_hash(text),
-                             evict=evict).id
+                             evict=evict, keep=keep, evicted=evicted).id
 
         entry_id, notes = self._try(pull)
         return entry_id, [f"{n}; computing the passage here instead" for n in notes]
@@ -217,8 +221,8 @@ class Sharing:
 
     def _stream(self, fingerprint: str, tokens: Sequence[int], local: int) -> RemoteSource | None:
         manifest = sync.find(self.tier, fingerprint, list(tokens), longer_than=local)
-        if manifest is None:
-            return None
+        if manifest is None or manifest.passage:  # (a passage's: `pull_passage`, for its
+            return None  # document here, as the question's passages are made ready)
         source = RemoteSource(self.tier, sync.LocalCopy(self.store, manifest))
         with self._lock:
             self._streamed.append(source)

@@ -32,12 +32,13 @@ class LocalCopy:
     Chunks may arrive in any order from any thread (`add`); one writer thread stores them,
     so fetching never waits on the database. `finish()` makes the copy an ordinary local
     entry of `document_id`, by default the manifest's document (added to the store if new);
-    `abort()` drops it, with the document if the copy added it.
+    `abort()` drops it, with the document if the copy added it. Finishing it never evicts
+    the entries `keep` (store.write_entry).
     """
 
     def __init__(self, store: Store, manifest: Manifest, levels: Iterable[str] | None = None,
                  *, document_id: int | None = None, passage_hash: str | None = None,
-                 evict: bool = True):
+                 evict: bool = True, keep: Iterable[int] = ()):
         self.manifest = manifest
         self.levels = tuple(levels or manifest.levels)
         if not set(self.levels) <= set(manifest.levels):
@@ -61,7 +62,8 @@ class LocalCopy:
                 manifest.fingerprint, manifest.tokens, levels=self.levels,
                 chunk_size=manifest.chunk_size, document_id=document_id,
                 window_start=manifest.window_start, calibration=manifest.calibration,
-                passage=manifest.passage, passage_hash=passage_hash, evict=evict)
+                passage=manifest.passage, passage_hash=passage_hash, evict=evict,
+                keep=keep)
         except BaseException:
             self._drop_document()
             raise

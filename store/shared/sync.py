@@ -260,18 +260,19 @@ def pull(store: Store, tier: RemoteTier, manifest: Manifest, *,
          levels: Iterable[str] | None = None, document_id: int | None = None,
          passage_hash: str | None = None, progress: ProgressFn | None = None,
          evict: bool = True, evicted: list[dict] | None = None,
-         left_out: dict[str, StoreError] | None = None) -> Entry:
+         left_out: dict[str, StoreError] | None = None, keep: Iterable[int] = ()) -> Entry:
     """Copy a remote entry (at `levels`, default all of its levels) into the local store,
     with the calibration its chunks need (a passage's: of `document_id`, named by the local
     text's `passage_hash`). Not to `evict` other KV, a copy that does not fit the storage
     budget is dropped (BudgetFullError); else the caches storing it evicted are added to
     `evicted` (store.gc's `evicted_caches`; the copy itself, "too_large", where it is larger
-    than the whole budget: then not kept). A level with a chunk object missing or damaged
+    than the whole budget, or than the room the entries `keep` leave: then not kept; those are
+    never evicted for it). A level with a chunk object missing or damaged
     there is left out, the others kept (`left_out`: {level: error}); with none intact, the
     first error is raised."""
     fetch_calibration(store, tier, manifest)
     copy = LocalCopy(store, manifest, levels, document_id=document_id,
-                     passage_hash=passage_hash, evict=evict)
+                     passage_hash=passage_hash, evict=evict, keep=keep)
     failed: dict[str, StoreError] = {}
     entry, _ = complete(tier, copy, progress=progress, failed=failed)
     if entry is None:
@@ -280,7 +281,7 @@ def pull(store: Store, tier: RemoteTier, manifest: Manifest, *,
             raise next(iter(failed.values()))
         # (Read again: a pending entry's levels are fixed when it is made.)
         copy = LocalCopy(store, manifest, intact, document_id=document_id,
-                         passage_hash=passage_hash, evict=evict)
+                         passage_hash=passage_hash, evict=evict, keep=keep)
         entry, _ = complete(tier, copy, progress=progress)
         if left_out is not None:
             left_out.update(failed)
