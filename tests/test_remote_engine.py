@@ -180,6 +180,24 @@ def test_an_answer_that_read_a_later_document_from_the_shared_cache_says_remote(
     assert res.source == "remote"  # (it said "local": the first part was read here)
 
 
+def test_a_later_document_taken_from_the_shared_cache_never_evicts_the_first(
+        s3_server, s3_bucket, machine, tmp_path):
+    """At a budget holding the first document's cache, the later one's copy evicted it
+    before the blend read it (streamed again from the bucket), and the note said "kept
+    here" of the copy."""
+    b, ferry, harbour = two_documents_shared(s3_server, s3_bucket, machine, tmp_path)
+    assert b.prefill(ferry).pulled
+    head = b.store.document_entry(ferry, b.fingerprint)
+    b.store.budget_bytes = head.nbytes + head.nbytes // 4  # no room for the harbour's
+    res = ask_both(b, ferry, harbour)
+    assert res.tokens_generated > 0
+    assert b.store.document_entry(ferry, b.fingerprint).id == head.id  # kept
+    assert b.store.document_entry(harbour, b.fingerprint) is None
+    assert any(m.startswith(f"document {harbour} (harbour.txt): its shared cache") and
+               "beside the caches this answer reads" in m for m in res.messages), res.messages
+    assert not any("kept here" in m for m in res.messages), res.messages
+
+
 def test_attach_takes_the_shared_cache_instead_of_prefilling(machine_a, machine):
     c = machine(machine_a.sharing.tier, "c")
     res = c.attach(machine_a.document)

@@ -242,7 +242,7 @@ class ChatSession:
         if stored.n_tokens + stored.tail_match >= n:
             return None  # the exact prefix is stored (a chat's own entry, or a prompt's)
         return Parts(layout, **self.sharing.later_documents(  # (here, or from the bucket)
-            rt, self.prompter, docs[1:len(layout.parts)], self.levels, progress))
+            rt, self.prompter, docs[:len(layout.parts)], self.levels, progress))
 
     def _blend(self, rt, parts, tokens, question, docs, options, progress, cancel, chat
                ) -> tuple[RestoreReport, int]:

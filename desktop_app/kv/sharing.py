@@ -151,25 +151,34 @@ class Sharing:
                         levels: Sequence[str], progress: Callable[[Progress], None] | None = None
                         ) -> dict:
         """A blend's parts (kv.blending.Parts: `later`, `notes`, `pulled`) from the own
-        entries under `tpl`'s model of a chat's later documents, whose KV it moves into
-        place: each one's here, else its entry (its own prefix, as attach cached it) pulled
-        from the tier at those of `levels` it has, and said; None where neither holds one,
-        or the copy would not fit the storage budget."""
+        entries under `tpl`'s model of a chat's later documents (`docs` after the first, the
+        blend's head), whose KV it moves into place: each one's here, else its entry (its own
+        prefix, as attach cached it) pulled from the tier at those of `levels` it has, and
+        said; None where neither holds one, or the copy would not fit the storage budget.
+        A copy never evicts the head's entry nor the later ones' the blend reads; what it
+        evicted is said."""
+        head = docs[0] if docs else None
+        head_entry = head and self.store.document_entry(head.id, tpl.fingerprint)
+        keep = {head_entry.id} if head_entry is not None else set()
         entries, notes, pulled = [], [], False
-        for doc in docs:
+        for doc in docs[1:]:
             entry = self.store.document_entry(doc.id, tpl.fingerprint)
             if entry is None and self.auto_pull:
                 entry, said = self._pull_document(tpl.fingerprint, doc,
                                                   list(prompter.prefix(tpl, doc).tokens),
-                                                  levels, progress)
+                                                  levels, progress, keep)
                 notes += said
                 pulled = pulled or entry is not None
+            if entry is not None:
+                keep.add(entry.id)
             entries.append(entry)
         return {"later": entries, "notes": notes, "pulled": pulled}
 
-    def _pull_document(self, fingerprint, doc, tokens, levels, progress):
+    def _pull_document(self, fingerprint, doc, tokens, levels, progress, keep):
         what = f"document {doc.id} ({doc.title})"
         too_large: list[int] = []
+        beside: list[int] = []
+        evicted: list[dict] = []
 
         def pull() -> Entry | None:
             manifest = sync.find(self.tier, fingerprint, tokens, longer_than=len(tokens) - 1)
@@ -180,26 +189,34 @@ class Sharing:
             if size > self.store.budget_bytes:  # (fetched, it would be evicted at once)
                 too_large.append(size)
                 return None
-            evicted: list[dict] = []
             entry = sync.pull(self.store, self.tier, manifest, levels=wanted,
-                              document_id=doc.id, evicted=evicted, progress=progress and (
-                                  lambda done, total: progress(
-                                      Progress("pull", done, total, doc.title))))
-            if any(c.get("too_large") for c in evicted):
-                too_large.append(entry.nbytes)
+                              document_id=doc.id, evicted=evicted, keep=keep,
+                              progress=progress and (lambda done, total: progress(
+                                  Progress("pull", done, total, doc.title))))
+            left = [c for c in evicted if c.get("too_large") and c["entry"] == entry.id]
+            if left:
+                (beside if "beside" in left[0] else too_large).append(entry.nbytes)
                 return None
             return entry
 
         entry, notes = self._try(pull)
         notes = [f"{what}: {n}; its cache is computed in place" for n in notes]
-        if too_large:
-            return None, [f"{what}: its shared cache ({size_text(too_large[0])}) is larger "
-                          "than the whole storage budget of "
-                          f"{size_text(self.store.budget_bytes)} (the setting "
-                          "storage_budget_gb): not taken, its KV is computed in place"]
+        budget = size_text(self.store.budget_bytes)
+        if too_large or beside:
+            why = (f"is larger than the whole storage budget of {budget}" if too_large else
+                   f"does not fit the storage budget of {budget} beside the caches this "
+                   "answer reads")
+            return None, [f"{what}: its shared cache ({size_text((too_large or beside)[0])}) "
+                          f"{why} (the setting storage_budget_gb): not taken, its KV is "
+                          "computed in place"]
         if entry is not None:
+            gone = [c for c in evicted if not c.get("too_large")]
             notes.append(f"{what} taken from the shared cache ({entry.token_end:,} tokens, "
-                         f"{size_text(entry.nbytes)}), kept here")
+                         f"{size_text(entry.nbytes)}), kept here" + (
+                             f"; storing it evicted the least recently used caches to keep "
+                             f"within the storage budget of {budget}: {len(gone)} cache(s) "
+                             f"({size_text(sum(c['bytes'] for c in gone))}), computed again "
+                             "when next used" if gone else ""))
         return entry, notes
 
     def push_after_attach(self, entry_id: int, progress: Callable[[int, int], None] | None = None
