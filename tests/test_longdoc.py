@@ -226,14 +226,37 @@ def test_a_name_only_the_second_document_holds_is_read_from_it(make_engine):
         assert [s.document_id for s in hits] == [doc] * longdocs.top_k, hits
 
 
+def test_a_follow_up_over_two_documents_reads_what_the_turns_were_about(make_engine):
+    """"Who runs it now?" after a question about the museum, in a chat over the guide and a
+    manual: "runs", rare in the two together by chance, took the places of the museum's
+    passage, which the guide's own retrieval reads for it (the turns say what "it" is)."""
+    eng = make_engine()
+    store, longdocs = eng.store, eng.session.longdocs
+    manual = add_passages(store, "Manual", [
+        "Plant 2: the duty officer runs the emergency drill on Mondays.",
+        *(f"Plant {i}: the duty officer checks the pumps." for i in (3, 4, 5, 6))])
+    turns = ["When did the keeper's cottage become a museum?",
+             "The keeper's cottage became a museum in 1979."]
+    for order in ([eng.doc, manual], [manual, eng.doc]):
+        hits = longdocs._hits(order, "Who runs it now?", turns)
+        assert eng.ids[1] in [s.passage_id for s in hits], hits
+    # A question naming what it asks about is still read for that alone.
+    hits = longdocs._hits([eng.doc, manual], "Who runs the emergency drill?", turns)
+    assert [s.document_id for s in hits][:1] == [manual], hits
+
+
 def test_a_follow_up_naming_nothing_quotes_what_the_question_before_it_named(make_engine):
     """"For how much money?" after a question about a budget line quoted a sentence saying
     "much" (rare in the document by chance) as its answer's evidence. A word by which a
     question asks is no name, and a follow-up saying nothing of its own is about what the
     question before it named."""
-    from store.documents.passages import query_words
+    from desktop_app.passages.retrieve import asked_with
 
-    assert query_words("For how much money? Tell me, and summarize it please.") == ["money"]
+    assert {"much", "tell", "me", "more"} <= asked_with("Tell me how much more.")
+    assert {"please", "summarize"} <= asked_with("Please summarize it.")
+    assert "money" not in asked_with("For how much money?")
+    # Written as a name, such a word is one: code, or capitalised past the first word.
+    assert not {"any", "tell"} & asked_with("What does any() do, and who was William Tell?")
     eng = make_engine()
     longdocs = eng.session.longdocs
     docs = [eng.store.document(eng.doc)]

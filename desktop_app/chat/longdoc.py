@@ -131,16 +131,16 @@ class LongDocs:
         if not self.quote:
             return [], []
         books = self._split(docs)
-        found = self._naming(docs, wholes, sources, question)
+        found = self._naming(docs, books, wholes, sources, question)
         if not found and before and not any(self.retriever.specific(d, question)
                                             for d in books):
-            found = self._naming(docs, wholes, sources, f"{question}\n{before}")
+            found = self._naming(docs, books, wholes, sources, f"{question}\n{before}")
         return found, self._absent(books, wholes, question)
 
-    def _naming(self, docs: Sequence[Document], wholes: Sequence[tuple[int, str]],
-                sources: Sequence[Source], question: str) -> list[str]:
-        """The sentences `evidence` quotes for `question`."""
-        books = self._split(docs)
+    def _naming(self, docs: Sequence[Document], books: Sequence[int],
+                wholes: Sequence[tuple[int, str]], sources: Sequence[Source],
+                question: str) -> list[str]:
+        """The sentences `evidence` quotes for `question` (`books`: the documents split)."""
         kinds = {d.id: d.type for d in docs}
         by_doc: dict[int, list[str]] = {}
         for s in sources:
@@ -303,8 +303,11 @@ class LongDocs:
         the earlier ones when none of this question's fits: they would answer it in its
         place."""
         fresh = {s.passage_id for s in hits}
+        # (Each document's scores are on a scale of its own: `passages.across`.)
+        best = {s.document_id: s.score for s in sorted(kept, key=lambda s: s.score)}
         ranked = list(hits) + sorted(
-            (s for s in kept if s.passage_id not in fresh), key=lambda s: -s.score)
+            (s for s in kept if s.passage_id not in fresh),
+            key=lambda s: -s.score / best[s.document_id] if best[s.document_id] > 0 else 0.0)
         overhead = len(passage_layout(rt, []).tokens)
         used, chosen, texts = overhead, [], set()
         for s in ranked:

@@ -28,6 +28,7 @@ from .retrieve import (
     RARE_PASSAGES,
     Hit,
     Retriever,
+    asked_with,
     most_named,
     recent_text,
     written_names,
@@ -39,16 +40,21 @@ def across(retriever: Retriever, doc_ids: Sequence[int], question: str, *,
            focus: bool = False) -> list[tuple[int, Hit]]:
     """The `k` passages of the documents `doc_ids` that best answer `question` asked after
     the chat's `recent` turns, best first, as (document id, hit); one document's are its
-    own retrieval's, in its order (see the module's docstring)."""
+    own retrieval's, in its order (see the module's docstring). A follow-up saying nothing of
+    its own about what it asks (not `Retriever.specific` in any of them: "Who runs it now?")
+    counts the recent turns' rare words beside its own, and is not focused on them: what "it"
+    is, the turns say (as one document's retrieval reads them, `Retriever._bm25`)."""
     found = {d: retriever.retrieve(d, question, recent=recent, k=k, focus=focus)
              for d in dict.fromkeys(doc_ids)}
     if len(found) < 2:
         return [(d, h) for d, hits in found.items() for h in hits]
-    store, docs = retriever.store, list(found)
+    store, docs, turns = retriever.store, list(found), recent_text(recent)
     holders = rare_holders(retriever, docs, question)
-    queries = [question, " ".join([question, *recent_text(recent)])]
+    follow_up = bool(turns) and not any(retriever.specific(d, question) for d in docs)
+    if follow_up:
+        holders = {**rare_holders(retriever, docs, "\n".join(turns)), **holders}
     bm25: dict[int, float] = {}
-    for query in dict.fromkeys(queries):
+    for query in dict.fromkeys([question, " ".join([question, *turns])]):
         for d in docs:
             for p, score in store.search_passages(d, query, CANDIDATES):
                 bm25[p.id] = bm25.get(p.id, 0.0) + score
@@ -56,7 +62,7 @@ def across(retriever: Retriever, doc_ids: Sequence[int], question: str, *,
     rank = {h.passage_id: i for hits in found.values() for i, h in enumerate(hits)}
     order = sorted(of, key=lambda pid: (-sum(pid in ids for ids in holders.values()),
                                         -bm25.get(pid, 0.0), rank[pid], pid))
-    if focus and holders:
+    if focus and holders and not follow_up:
         kept = most_named([(pid, 0.0) for pid in order], holders,
                           written_names(question, holders))
         order = [pid for pid, _ in kept]
@@ -64,18 +70,20 @@ def across(retriever: Retriever, doc_ids: Sequence[int], question: str, *,
 
 
 def rare_holders(retriever: Retriever, doc_ids: Sequence[int],
-                 question: str) -> dict[str, set[int]]:
-    """{word of `question` that at most RARE_PASSAGES passages of the documents `doc_ids`
-    hold together: the ids of those passages}, as one document's retrieval picks its rare
-    words (`Retriever._rare`): none when every word of the question is so rare (they say no
-    more than the question), and only names when it writes a name they hold more often."""
+                 text: str) -> dict[str, set[int]]:
+    """{word of `text` that at most RARE_PASSAGES passages of the documents `doc_ids` hold
+    together: the ids of those passages}, as one document's retrieval picks its rare words
+    (`Retriever._rare`, the words by which a question asks left out): none when every word of
+    it is so rare (they say no more than the question), and only names when it writes a name
+    they hold more often."""
     store = retriever.store
+    asking = asked_with(text)
     holding = {word: [pid for d in doc_ids
                       for pid in store.passages_holding(d, word, RARE_PASSAGES + 1)]
-               for word in query_words(question)}
+               for word in query_words(text) if word not in asking}
     counts = {word: len(ids) for word, ids in holding.items()}
     held = {word: set(ids) for word, ids in holding.items() if 0 < len(ids) <= RARE_PASSAGES}
-    names = {w for w in written_names(question, counts) if counts[w]}
+    names = {w for w in written_names(text, counts) if counts[w]}
     if any(counts[w] > RARE_PASSAGES for w in names):
         held = {w: ids for w, ids in held.items() if w in names}
     return {} if len(held) == len(counts) else held

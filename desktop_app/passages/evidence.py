@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from store import Store
 
 from .records import RECORDS
-from .retrieve import RARE_PASSAGES, rare_phrases, written_names
+from .retrieve import RARE_PASSAGES, frequencies, rare_phrases, written_names
 
 MOST = 3  # sentences quoted at most: past a few, the quote is a passage again
 LONGEST = 300  # characters kept of each
@@ -86,14 +86,13 @@ def naming(store: Store, doc_id: int, question: str, texts: Sequence[str],
     underscore, as it is written; a name of several words (`retrieve.name_phrases`) rare
     where its words are not, as written. In a document of records (`kind`: `records.RECORDS`)
     a record is a line, and the lines are quoted."""
-    frequencies = store.passage_frequencies(doc_id, question, RARE_PASSAGES + 1)
-    if (written := written_names(question, frequencies)) and \
-            not any(frequencies[w] for w in written):
+    counted = frequencies(store, doc_id, question, RARE_PASSAGES + 1)
+    if (written := written_names(question, counted)) and not any(counted[w] for w in written):
         return []
-    phrases = rare_phrases(store, doc_id, question, frequencies)
+    phrases = rare_phrases(store, doc_id, question, counted)
     # A word of a rare name stands for it ("Brandt" of "Ines Brandt"): not for another's.
     within = {w for p in phrases for w in p.split()}
-    counts = {w: c for w, c in frequencies.items() if 0 < c <= RARE_PASSAGES and w not in within}
+    counts = {w: c for w, c in counted.items() if 0 < c <= RARE_PASSAGES and w not in within}
     counts |= {p: 1 for p in phrases}
     return _quoting(counts, question, texts, most, lines=kind in RECORDS)
 
@@ -128,7 +127,7 @@ def _counted(store: Store, doc_ids: Sequence[int], question: str, at_most: int
     count stopping at `at_most`)."""
     counts: dict[str, int] = {}
     for doc_id in doc_ids:
-        for w, c in store.passage_frequencies(doc_id, question, at_most).items():
+        for w, c in frequencies(store, doc_id, question, at_most).items():
             counts[w] = counts.get(w, 0) + c
     return counts
 

@@ -47,6 +47,14 @@ RARE_PASSAGES = 3  # a query word in at most this many passages is a rare one (a
 # about what it names alone ("Does it stop at the Museum?").
 REFERS_BACK = frozenset({"it", "its", "they", "them", "their", "theirs", "this", "that",
                          "these", "those", "he", "him", "his", "she", "her", "hers"})
+# Words by which a question asks ("how much", "tell me", "summarize"), not what it asks
+# about: rare in a long document by chance, each would be taken for a name the question
+# writes, its passages read and its sentences quoted as the answer ("For how much money?"
+# answered from "the grammar was much more restrictive"). Searched for, as any word; never
+# counted rare unless written as a name (`any()`, "William Tell": `asked_with`).
+ASKING = frozenset(
+    "about any can could describe explain give many me more much please say says should "
+    "summarise summarize tell there would".split())
 CANDIDATES = 50  # from each ranking, before fusing
 RECENT_TURNS = 2  # the chat's last turns that join the question
 RECENT_CHARS = 400  # of each of them
@@ -176,14 +184,14 @@ class Retriever:
         not; a word rare by chance, "keeps", comes with one: "Who keeps it?")."""
         if refers_back(question):
             return False
-        counts = self.store.passage_frequencies(doc_id, question, RARE_PASSAGES + 1)
+        counts = frequencies(self.store, doc_id, question, RARE_PASSAGES + 1)
         return any(0 < c <= RARE_PASSAGES for c in counts.values()) or any(
             counts[w] for w in written_names(question, counts))
 
     def _rare(self, doc_id: int, text: str) -> tuple[list[str], set[str]]:
         """The rare words of `text` (see `_bm25`), none when every word of it is rare (BM25
         over them is BM25 over it again); and the names it writes that the document holds."""
-        counts = self.store.passage_frequencies(doc_id, text, RARE_PASSAGES + 1)
+        counts = frequencies(self.store, doc_id, text, RARE_PASSAGES + 1)
         rare = [word for word, count in counts.items() if 0 < count <= RARE_PASSAGES]
         names = {w for w in written_names(text, counts) if counts[w]}
         if any(counts[w] > RARE_PASSAGES for w in names):
@@ -201,6 +209,21 @@ class Retriever:
         scores = matrix @ normalise(query[None, :])[0]
         top = np.argsort(-scores, kind="stable")[:n]
         return [(ids[i], float(scores[i])) for i in top]
+
+
+def frequencies(store: Store, doc_id: int, text: str, at_most: int) -> dict[str, int]:
+    """{word of `text`: how many of the document's passages hold it, counted up to `at_most`}
+    (`Store.passage_frequencies`), less the words by which it asks (`asked_with`): what its
+    rare words and names are told from."""
+    asking = asked_with(text)
+    return {w: c for w, c in store.passage_frequencies(doc_id, text, at_most).items()
+            if w not in asking}
+
+
+def asked_with(text: str) -> set[str]:
+    """The words of ASKING that `text` writes as a question's words, not as a name (code,
+    `any()`; capitalised past its first word, "William Tell")."""
+    return set(ASKING) - written_names(text, ASKING)
 
 
 def named(ranked: Sequence[tuple[Any, float]],

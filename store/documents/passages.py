@@ -98,13 +98,6 @@ def _record(row: Sequence) -> StoredPassage:
 _STOPWORDS = frozenset(
     "a an and are as at be by did do does for from had has have how i in is it its of on or "
     "that the this to was were what when where which who whom why will with you your".split())
-# Words by which a question asks ("how much", "tell me", "summarize"), not what it asks
-# about: rare in a long document by chance, each would be taken for a name the question
-# writes, its passages read and its sentences quoted as the answer's ("For how much money?"
-# answered from "the grammar was much more restrictive").
-_ASKING = frozenset(
-    "about any can could describe explain give many me much please say says should "
-    "summarise summarize tell there would".split())
 
 
 def text_hash(text: str) -> str:
@@ -114,8 +107,7 @@ def text_hash(text: str) -> str:
 
 def query_words(query: str) -> list[str]:
     """The words of a query worth searching for, each once, in order (at most 64)."""
-    words = [w for w in re.findall(r"\w+", query.lower())
-             if w not in _STOPWORDS and w not in _ASKING]
+    words = [w for w in re.findall(r"\w+", query.lower()) if w not in _STOPWORDS]
     return list(dict.fromkeys(words))[:64]
 
 
