@@ -384,13 +384,15 @@ class Store(LibraryStore, PassageStore, PassageKVStore, SplitStore):
         return {"database": found or ([self.damage] if self.damage else []), **chunks,
                 "abandoned": [{"entry": i, "bytes": n} for i, n in left]}
 
-    def quarantined(self) -> list[tuple[int, int, str]]:
-        """(entry, chunk, level) of every chunk set aside after a failed check."""
-        return integrity.quarantined(self._db)
+    def quarantined(self, entry_ids: Iterable[int] | None = None) -> list[tuple[int, int, str]]:
+        """(entry, chunk, level) of every chunk set aside after a failed check (of those
+        entries only, if given)."""
+        return integrity.quarantined(self._db, entry_ids)
 
-    def missing(self) -> list[tuple[int, int, str]]:
-        """(entry, chunk, level) of every chunk a complete entry lists but no longer holds."""
-        return integrity.missing(self._db)
+    def missing(self, entry_ids: Iterable[int] | None = None) -> list[tuple[int, int, str]]:
+        """(entry, chunk, level) of every chunk a complete entry lists but no longer holds (of
+        those entries only, if given)."""
+        return integrity.missing(self._db, entry_ids)
 
     def restore_spans(self, entry_id: int) -> list[int]:
         """Put back the span rows of an entry's own chunks that are gone (their token ranges

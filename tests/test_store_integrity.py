@@ -239,3 +239,42 @@ def test_verify_finds_and_quarantines_and_drop_removes(tmp_path):
         # The last level: the entry cannot be read any more, nor what extends it.
         assert store.drop_level(entry.id, "lossless") == [entry.id, child.id]
         assert store.entries() == []
+
+
+def test_one_entrys_damaged_chunks_are_listed_without_the_others(tmp_path):
+    """A question's passage healed (`repair.heal`) scanned every chunk of the store for its
+    own: quarantined and missing are asked of its entry only."""
+    from types import SimpleNamespace
+
+    from desktop_app.kv import repair
+
+    with open_store(tmp_path) as store:
+        entry = put_entry(store, range(600))
+        other = put_entry(store, range(9000, 9100))
+        for e in (entry, other):
+            flip_byte(store, e.id, 0, "compact")
+            with pytest.raises(CorruptChunkError):
+                store.read_chunk(e.id, 0, "compact")
+        with sqlite3.connect(store.path) as conn:
+            conn.execute("DELETE FROM kv_chunks WHERE chunk_index = 0 AND level = 'lossless'")
+        assert store.quarantined([entry.id]) == [(entry.id, 0, "compact")]
+        assert store.quarantined([]) == [] and len(store.quarantined()) == 2
+        assert store.missing([other.id]) == [(other.id, 0, "lossless")]
+        asked = []
+
+        class Spy:
+            def quarantined(self, ids=None):
+                asked.append(ids)
+                return []
+
+            missing = quarantined
+
+            def unusable_calibrations(self):
+                return set()
+
+            def entry(self, entry_id):
+                raise NotFoundError("gone")
+
+        rt = SimpleNamespace(fingerprint=FP)
+        repair.heal(Spy(), rt, SimpleNamespace(resolver=lambda fp: None), entry.id)
+        assert asked == [[entry.id], [entry.id]]

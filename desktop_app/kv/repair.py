@@ -90,7 +90,7 @@ def heal(store: Store, rt: Runtime, calibrations: Calibrations, entry_id: int, *
     damaged passage met by a question (`passagekv`). Returns what `repair` does."""
     report: dict = {"repaired": [], "reencoded": [], "dropped": [], "deleted_entries": [],
                     "messages": []}
-    bad = {(c, lvl) for e, c, lvl in store.quarantined() + store.missing() if e == entry_id}
+    bad = {(c, lvl) for _, c, lvl in store.quarantined([entry_id]) + store.missing([entry_id])}
     _fix(store, rt, calibrations, {entry_id: bad}, store.unusable_calibrations(), report,
          None, cancel)
     return report

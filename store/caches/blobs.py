@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import sqlite3
 import struct
+from collections.abc import Iterable
 
 from ..datadir.db import is_damage
 from ..errors import CorruptChunkError, NotFoundError
@@ -98,13 +99,16 @@ def read(conn: sqlite3.Connection, entry_id: int, chunk_index: int, level: str) 
     return data
 
 
-def chunk_rows(conn: sqlite3.Connection) -> list[tuple[int, int, int, str, int, int]]:
-    """(rowid, entry, chunk, level, nbytes, quarantined) of each chunk of each complete entry,
-    in entry order."""
+def chunk_rows(conn: sqlite3.Connection, entry_ids: Iterable[int] | None = None
+               ) -> list[tuple[int, int, int, str, int, int]]:
+    """(rowid, entry, chunk, level, nbytes, quarantined) of each chunk of each complete entry
+    (of `entry_ids` only, if given), in entry order."""
+    ids = None if entry_ids is None else list(entry_ids)
+    where = "" if ids is None else f" AND c.entry_id IN ({','.join('?' * len(ids))})"
     return conn.execute(
         "SELECT c.id, c.entry_id, c.chunk_index, c.level, c.nbytes, c.quarantined"
-        " FROM kv_chunks c JOIN kv_entries e ON e.id = c.entry_id WHERE e.complete"
-        " ORDER BY c.entry_id, c.chunk_index, c.level"
+        f" FROM kv_chunks c JOIN kv_entries e ON e.id = c.entry_id WHERE e.complete{where}"
+        " ORDER BY c.entry_id, c.chunk_index, c.level", ids or ()
     ).fetchall()
 
 

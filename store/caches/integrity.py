@@ -134,10 +134,14 @@ def quarantine(db: Connections, entry_id: int, chunk_index: int, level: str) -> 
             blobs.quarantine(wdb.conn, entry_id, chunk_index, level)
 
 
-def quarantined(db: Connections) -> list[Chunk]:
-    """(entry, chunk, level) of every quarantined chunk of a complete entry."""
+def quarantined(db: Connections, entry_ids: Iterable[int] | None = None) -> list[Chunk]:
+    """(entry, chunk, level) of every quarantined chunk of a complete entry (of `entry_ids`
+    only, if given)."""
+    ids = None if entry_ids is None else list(entry_ids)
+    if ids == []:
+        return []
     with db.read() as rdb:
-        return [(e, c, lvl) for _, e, c, lvl, _, q in blobs.chunk_rows(rdb.conn) if q]
+        return [(e, c, lvl) for _, e, c, lvl, _, q in blobs.chunk_rows(rdb.conn, ids) if q]
 
 
 def damaged(db: Connections, entry_ids: Iterable[int]) -> dict[int, int]:
