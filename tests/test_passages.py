@@ -97,6 +97,16 @@ def test_a_sections_last_lines_are_not_cited_under_the_next_section():
         assert "\n###" not in p.text or p.text.startswith("#")
 
 
+def test_a_heading_left_open_ends_where_the_next_block_starts(tmp_path):
+    # An unclosed <h2> took every later heading and all the text after it as its title.
+    path = tmp_path / "open.html"
+    path.write_text("<html><body><h1>Guide</h1><h2>Intro<p>Text one.</p>"
+                    "<h2>Second <h3>Third</h3><p>Text two.</p></body></html>")
+    doc = extract(path)
+    titles = [title for *_, title in doc.headings]
+    assert titles == ["Guide", "Intro", "Second", "Third"], doc.headings
+
+
 def test_a_web_pages_passages_cite_its_lines_under_its_own_headings(tmp_path):
     # Its passages were numbered by the extracted text's lines (a fact at the file's line 143
     # cited as 162-174), its h2s were no headings, and a paragraph starting "# " was the

@@ -180,8 +180,11 @@ class _VisibleText(html.parser.HTMLParser):
         elif tag in self.SKIP:
             self._skip += 1
         elif tag in self.BLOCK:
+            # A heading holds no block: one left open ends where the next block starts (a
+            # heading too), not at the end of the page with all that follows as its title.
+            self._close_heading()
             self._emit("\n")
-            if tag in self.HEADINGS and not self._skip and self._heading is None:
+            if tag in self.HEADINGS and not self._skip:
                 self._heading = (self.HEADINGS[tag], len(self.sources) - 1, [])
 
     def handle_endtag(self, tag):
@@ -190,13 +193,17 @@ class _VisibleText(html.parser.HTMLParser):
         elif tag in self.SKIP:
             self._skip = max(0, self._skip - 1)
         elif tag in self.BLOCK:
-            if tag in self.HEADINGS and self._heading is not None:
-                level, first, text = self._heading
-                title = " ".join("".join(text).split())
-                if title:
-                    self.headings.append((first, len(self.sources) - 1, level, title))
-                self._heading = None
+            if tag in self.HEADINGS:
+                self._close_heading()
             self._emit("\n")
+
+    def _close_heading(self) -> None:
+        if self._heading is not None:
+            level, first, text = self._heading
+            title = " ".join("".join(text).split())
+            if title:
+                self.headings.append((first, len(self.sources) - 1, level, title))
+            self._heading = None
 
     def handle_data(self, data):
         if self._in_title:
