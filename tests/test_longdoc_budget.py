@@ -33,14 +33,31 @@ def test_a_budget_smaller_than_one_passage_still_answers_and_says_nothing_was_st
         make_engine):
     """It failed with "no KV entry 1": the passage's entry, too large to keep, was looked up
     after it had been removed again."""
-    eng = make_engine(fill_passages=False)
+    out = nothing_stored_at_a_tiny_budget(make_engine(fill_passages=False))
+    assert not any("with no stored KV" in m for m in out.messages)  # ("... and stored")
+
+
+def nothing_stored_at_a_tiny_budget(eng):
+    """The answer to BOTH at a budget smaller than a passage's KV, checked: answered from
+    both passages, neither stored, said."""
     eng.store.budget_bytes = 1000  # a passage's KV is tens of kB
     out = fresh(eng, BOTH)
     assert out.answer and [s["passage_id"] for s in out.sources] == [eng.ids[0], eng.ids[1]]
     assert not passage_entries(eng)
     assert any(m.startswith("2 passage(s) not stored") and "larger than the whole storage "
                "budget" in m for m in out.messages), out.messages
-    assert not any("with no stored KV" in m for m in out.messages)  # ("... and stored")
+    return out
+
+
+def both_with_room_for_one(eng):
+    """(the museum's passage entry, the answer to BOTH) asked at a budget that holds the
+    museum's passage, stored first, and no other."""
+    eng.session.longdocs.top_k = 1
+    fresh(eng, MUSEUM)
+    (museum,) = passage_entries(eng).values()
+    eng.session.longdocs.top_k = 2
+    eng.store.budget_bytes = museum.nbytes + museum.nbytes // 4  # no room for another
+    return museum, fresh(eng, BOTH)
 
 
 def test_a_questions_stores_never_evict_the_passages_it_reads(make_engine):
@@ -48,12 +65,7 @@ def test_a_questions_stores_never_evict_the_passages_it_reads(make_engine):
     "computed and stored" of the other, which evicted it on the way: the note was false and
     the question computed both."""
     eng = make_engine(fill_passages=False)
-    eng.session.longdocs.top_k = 1
-    fresh(eng, MUSEUM)
-    (museum,) = passage_entries(eng).values()
-    eng.session.longdocs.top_k = 2
-    eng.store.budget_bytes = museum.nbytes + museum.nbytes // 4  # no room for another
-    out = fresh(eng, BOTH)
+    museum, out = both_with_room_for_one(eng)
     assert out.answer
     assert set(passage_entries(eng)) == {museum.id}  # kept; the ferry's not stored
     assert any(m.startswith("1 passage(s) not stored") and "beside the passages this question"

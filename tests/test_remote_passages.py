@@ -7,7 +7,12 @@ from __future__ import annotations
 
 import test_longdoc
 from test_longdoc import passage_entries
-from test_longdoc_budget import BOTH, MUSEUM, fresh
+from test_longdoc_budget import (
+    BOTH,
+    both_with_room_for_one,
+    fresh,
+    nothing_stored_at_a_tiny_budget,
+)
 
 from store import Store
 
@@ -33,12 +38,7 @@ def test_a_pulled_passage_larger_than_the_budget_is_computed_in_place_and_said(
     up after it had been removed again."""
     b = shared_then_another(make_engine, remote_tier, tmp_path)
     try:
-        b.store.budget_bytes = 1000  # a passage's KV is tens of kB
-        out = fresh(b, BOTH)
-        assert out.answer and [s["passage_id"] for s in out.sources] == [b.ids[0], b.ids[1]]
-        assert not passage_entries(b)
-        assert any(m.startswith("2 passage(s) not stored") and "larger than the whole "
-                   "storage budget" in m for m in out.messages), out.messages
+        nothing_stored_at_a_tiny_budget(b)
     finally:
         b.close()
         b.store.close()
@@ -50,12 +50,7 @@ def test_a_pulled_passage_never_evicts_the_others_the_question_reads(
     was about to read."""
     b = shared_then_another(make_engine, remote_tier, tmp_path)
     try:
-        b.session.longdocs.top_k = 1
-        fresh(b, MUSEUM)
-        (museum,) = passage_entries(b).values()
-        b.session.longdocs.top_k = 2
-        b.store.budget_bytes = museum.nbytes + museum.nbytes // 4  # no room for another
-        out = fresh(b, BOTH)
+        museum, out = both_with_room_for_one(b)
         assert out.answer
         assert set(passage_entries(b)) == {museum.id}  # kept; the ferry's not stored
         assert any(m.startswith("1 passage(s) not stored") and "beside the passages this "
