@@ -2,16 +2,19 @@
 
 One document's retrieval (`retrieve.Retriever.retrieve`) scores its passages on a scale of
 its own: reciprocal rank fusion where the question's rare words focus it (~0.03), raw BM25
-where none does (~1-10). Between two documents those scores do not compare, and sorted
-together the one scored raw took every place: a question naming a reactor that only the
-second document holds was given eight passages of the first. The merge orders the hits by
+where none does (~1-10). Between two documents those scores do not compare: sorted
+together, the one scored raw would take every place, and a question naming a reactor that
+only the second document holds would read the first's passages alone. The merge orders the
+hits by
 what does compare across documents: first how many of the question's words rare in all of
 them together each passage holds (a name the chat's documents hold in at most
 `RARE_PASSAGES` passages between them), then BM25 over the question, and over the question
 with the chat's recent turns, from the one full-text index (its statistics are the whole
 store's, so one query scores every document's passages alike), then its rank in its own
 document. Focused, as one document's retrieval is (`most_named`): when the question writes
-such rare words, only the passages holding the most of them are read.
+such rare words, only the passages holding the most of them are read. A follow-up saying
+nothing of its own counts the recent turns' rare words too, unfocused: they say what it is
+about.
 
 It never computes KV and never decides what the chat's context holds.
 """
