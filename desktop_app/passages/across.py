@@ -33,6 +33,7 @@ from .retrieve import (
     Retriever,
     asked_with,
     most_named,
+    rare_words,
     recent_text,
     written_names,
 )
@@ -76,7 +77,7 @@ def rare_holders(retriever: Retriever, doc_ids: Sequence[int],
                  text: str) -> dict[str, set[int]]:
     """{word of `text` that at most RARE_PASSAGES passages of the documents `doc_ids` hold
     together: the ids of those passages}, as one document's retrieval picks its rare words
-    (`Retriever._rare`, the words by which a question asks left out): none when every word of
+    (`rare_words`, the words by which a question asks left out): none when every word of
     it is so rare (they say no more than the question), and only names when it writes a name
     they hold more often."""
     store = retriever.store
@@ -85,8 +86,5 @@ def rare_holders(retriever: Retriever, doc_ids: Sequence[int],
                       for pid in store.passages_holding(d, word, RARE_PASSAGES + 1)]
                for word in query_words(text) if word not in asking}
     counts = {word: len(ids) for word, ids in holding.items()}
-    held = {word: set(ids) for word, ids in holding.items() if 0 < len(ids) <= RARE_PASSAGES}
-    names = {w for w in written_names(text, counts) if counts[w]}
-    if any(counts[w] > RARE_PASSAGES for w in names):
-        held = {w: ids for w, ids in held.items() if w in names}
-    return {} if len(held) == len(counts) else held
+    rare = rare_words(counts, text)[0]
+    return {} if len(rare) == len(counts) else {word: set(holding[word]) for word in rare}

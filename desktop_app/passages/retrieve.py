@@ -192,10 +192,7 @@ class Retriever:
         """The rare words of `text` (see `_bm25`), none when every word of it is rare (BM25
         over them is BM25 over it again); and the names it writes that the document holds."""
         counts = frequencies(self.store, doc_id, text, RARE_PASSAGES + 1)
-        rare = [word for word, count in counts.items() if 0 < count <= RARE_PASSAGES]
-        names = {w for w in written_names(text, counts) if counts[w]}
-        if any(counts[w] > RARE_PASSAGES for w in names):
-            rare = [word for word in rare if word in names]
+        rare, names = rare_words(counts, text)
         rare += rare_phrases(self.store, doc_id, text, counts)
         return [] if rare == list(counts) else rare, names
 
@@ -218,6 +215,18 @@ def frequencies(store: Store, doc_id: int, text: str, at_most: int) -> dict[str,
     asking = asked_with(text)
     return {w: c for w, c in store.passage_frequencies(doc_id, text, at_most).items()
             if w not in asking}
+
+
+def rare_words(counts: Mapping[str, int], text: str) -> tuple[list[str], set[str]]:
+    """From `counts` ({word of `text`: how many passages hold it, `frequencies`}): the words
+    at most RARE_PASSAGES passages hold, and the names `text` writes that some passage holds.
+    When it writes a name held more often than that, only its rare names are rare words: a
+    common word that happens to be rare ("kept") is not what it asks about."""
+    rare = [word for word, count in counts.items() if 0 < count <= RARE_PASSAGES]
+    names = {w for w in written_names(text, counts) if counts[w]}
+    if any(counts[w] > RARE_PASSAGES for w in names):
+        rare = [word for word in rare if word in names]
+    return rare, names
 
 
 def asked_with(text: str) -> set[str]:
