@@ -189,6 +189,21 @@ def test_an_unknown_level_is_refused_naming_its_option(capsys):
     assert code == 1 and "Error: --levels: unknown level(s) foo; known: lossless" in err, err
 
 
+def test_a_commands_help_is_shown_whatever_the_settings_hold(capsys, monkeypatch):
+    """(With a bad setting, `kvdesk remote status --help` said the setting's error: help on
+    the command that would mend it was out of reach.) The command itself still refuses."""
+    monkeypatch.setenv("KVDESK_REMOTE_ENDPOINT_URL", "http://127.0.0.1:99999")
+    for argv, usage in ((["remote", "status", "--help"], "Usage: kvdesk remote status"),
+                        (["remote", "-h"], "Usage: kvdesk remote"),
+                        (["ask", "-h"], "Usage: kvdesk ask")):
+        code, out, err = run(capsys, argv)
+        assert code == 0 and out.startswith(usage) and not err, (argv, out, err)
+    for argv in (["remote", "status"], ["ask", "--chat", "6", "--", "--help"]):
+        code, out, err = run(capsys, argv)
+        check_outcome(code, out, err, False)
+        assert code == 1 and "KVDESK_REMOTE_ENDPOINT_URL: its port" in err, (argv, err)
+
+
 def test_a_folder_this_user_may_not_look_into_is_said_never_a_traceback(monkeypatch, tmp_path):
     """(Python 3.11's Path.exists and is_dir raise PermissionError there: the settings' checks
     let it out as a traceback.)"""

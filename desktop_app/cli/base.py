@@ -84,7 +84,25 @@ def emit(data: dict | list, as_json: bool, lines: list[str] | None = None) -> No
         click.echo(line)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+HELP = ("-h", "--help")
+
+
+class Kvdesk(click.Group):
+    """The root group, keeping its command line: a command's help needs no settings, and a
+    bad one must not hide how to use the command that would fix it."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["kvdesk.argv"] = list(args)
+        return super().parse_args(ctx, args)
+
+
+def asks_help(args: list[str]) -> bool:
+    """Whether a command line asks for help (-h or --help before any `--`)."""
+    before = args[:args.index("--")] if "--" in args else args
+    return any(a in HELP for a in before)
+
+
+@click.group(cls=Kvdesk, context_settings={"help_option_names": list(HELP)})
 @click.version_option(__version__, prog_name="kvdesk")
 @click.option("--model", metavar="PATH|NAME", help="A GGUF model file, or the name of one "
               "`kvdesk models` lists, e.g. llama3.2:3b (default: SmolLM2-135M, shipped with "
@@ -96,6 +114,8 @@ def emit(data: dict | list, as_json: bool, lines: list[str] | None = None) -> No
 @click.pass_context
 def cli(ctx: click.Context, model: str | None, data_dir: str | None, n_ctx: int | None):
     """kvdesk: ask a local model about long documents, without re-reading them every time."""
+    if asks_help(ctx.meta.get("kvdesk.argv", [])):
+        return  # (a command's help, printed as its options are read, needs nothing more)
     # (a folder typed on the command line is where the shell is, as any command's is)
     data_dir = str(Path(data_dir).expanduser().absolute()) if data_dir else data_dir
     settings = checked(load_settings().with_overrides, model=model, data_dir=data_dir,

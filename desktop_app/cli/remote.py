@@ -19,7 +19,9 @@ def remote(app: App):
     Set remote_bucket (and remote_endpoint_url, remote_prefix) in the settings or the
     KVDESK_REMOTE_* variables; credentials come from the AWS environment or ~/.aws.
     """
-    if app.remote is not None:  # a hung bucket's three attempts are said as they come
+    # (app is None where only help is asked for.) A hung bucket's three attempts are said
+    # as they come.
+    if app is not None and app.remote is not None:
         app.remote.on_retry = lambda message: say([message])
 
 
