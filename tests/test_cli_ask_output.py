@@ -5,6 +5,7 @@ prints one JSON document."""
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 from click.testing import CliRunner
@@ -190,6 +191,18 @@ def test_a_turn_held_by_another_process_is_said_in_words(capsys):
     err = capsys.readouterr().err.splitlines()
     assert err == [base.WAITING, "restore  25% (1/4)"]
     assert "another kvdesk process" in base.WAITING
+
+
+def test_a_note_said_during_progress_on_a_terminal_takes_a_line_of_its_own(capsys,
+                                                                            monkeypatch):
+    """(A pull's retry note ran on after the progress line: "pull  40% (2/5)Note: ...".)"""
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    progress = base.TerminalProgress()
+    progress(Progress("pull", 2, 5))
+    base.say(["the shared cache did not answer; trying again (2 of 3)"])
+    err = capsys.readouterr().err
+    assert err == ("\r\033[Kpull  40% (2/5)"
+                   "\r\033[KNote: the shared cache did not answer; trying again (2 of 3)\n")
 
 
 def test_an_attach_the_storage_budget_could_not_keep_says_not_stored(fake_app, tmp_path):

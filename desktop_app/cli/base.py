@@ -216,8 +216,11 @@ def only_reading(app) -> None:
 
 
 def say(messages: list[str]) -> None:
+    """Each message on a line of its own; on a terminal, over any progress line drawn there
+    (a pull's retry note once ran on after "pull  40% (12/30)")."""
+    clear = "\r\033[K" if sys.stderr.isatty() else ""
     for m in messages:
-        click.echo(f"Note: {m}", err=True)
+        click.echo(f"{clear}Note: {m}", err=True)
 
 
 def summary(levels: list[str]) -> str:
