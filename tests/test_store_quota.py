@@ -146,6 +146,19 @@ def test_an_entry_stored_ahead_of_need_goes_before_what_was_used(store, clock):
     assert [e.id for e in store.entries()] == [used.id, ahead[1].id, newer.id]
 
 
+def test_of_entries_stored_ahead_of_need_those_nothing_extends_go_first(store, clock):
+    """The background pass stores the passages' shared head and the passages extending it
+    alike ahead of need: evicting the head first took every passage with it, to free one
+    passage's room."""
+    head = raw_entry(store, clock, range(100), evict=False)
+    passages = [raw_entry(store, clock, [*range(100), *range(1000 * i, 1000 * i + 100)],
+                          parent_id=head.id, evict=False) for i in (1, 2, 3)]
+    store.budget_bytes = 4000
+    raw_entry(store, clock, range(5000, 5100))
+    assert [e.id for e in store.entries()] == [head.id, *[p.id for p in passages[1:]],
+                                               store.entries()[-1].id]
+
+
 def test_room_is_not_made_by_evicting_what_the_writer_keeps(store, clock):
     """A question storing its passages keeps the others it reads: a passage that fits only
     without them is not stored, and nothing is evicted for it."""

@@ -85,7 +85,10 @@ def collect(db: Connections, budget_bytes: int, now: float, report: dict | None 
     used = usage(db)
     candidates = (
         db.get()
-        .conn.execute("SELECT id FROM kv_entries WHERE complete ORDER BY last_used, id")
+        # (Of entries last used alike, those nothing extends first: an entry stored ahead of
+        # need may be extended by others stored so, and takes them with it.)
+        .conn.execute("SELECT id FROM kv_entries e WHERE complete ORDER BY last_used, EXISTS"
+                      " (SELECT 1 FROM kv_entries c WHERE c.parent_id = e.id), id")
         .fetchall()
     )
     for (candidate,) in candidates:
