@@ -1,13 +1,16 @@
 """Documents cached only under another model, without a model: the listing ("stale") and the
 engine, which caches them under the model loaded before a new chat about them, follow one rule
-(`chat.library.DocumentCaches`)."""
+(`chat.library.DocumentCaches`). The chat list's mark (kv_mode) is "exact" only when a cache of
+the chat's own holds the start of its latest context, as a reopen reads it: a cache made for
+an earlier turn whose passages a follow-up changed leaves the chat "blended"."""
 
 from __future__ import annotations
 
+import itertools
 from types import SimpleNamespace
 
 import pytest
-from test_store_helpers import open_store, put_entry
+from test_store_helpers import FP, open_store, put_entry
 
 from desktop_app.chat.library import Library
 from desktop_app.engine import Engine
@@ -76,3 +79,58 @@ def test_a_new_chat_caches_under_this_model_what_the_listing_calls_stale(store, 
     assert engine._cache_stale([ids["old"]], None, None) == [
         f"document {ids['old']} was cached under another model: its cache for this one is "
         "taken from the shared cache and stored now, once"]
+
+
+# -- the chat list's mark ----------------------------------------------------------------
+
+def passage(doc_id: int, text: str) -> dict:
+    return {"passage_id": hash(text) % 1000, "document_id": doc_id, "index": 0, "text": text,
+            "score": 1.0}
+
+
+def turn(store, chat_id, question, sources):
+    store.add_turn(chat_id, question, "answer", stats={"sources": sources}, model=FP,
+                   question_tokens=[1], answer_tokens=[2])
+
+
+def kv_mode(library: Library, chat_id: int) -> str | None:
+    return {c.chat_id: c.kv_mode for c in library.chats()}[chat_id]
+
+
+def test_a_cache_of_an_earlier_turn_with_other_passages_leaves_the_chat_blended(tmp_path):
+    clock = itertools.count(1000.0)  # every write a moment later
+    with open_store(tmp_path, clock=lambda: next(clock)) as store:
+        library = Library(store)
+        a = store.add_document("a", "plant_manual.md", "alpha", type="md")
+        b = store.add_document("b", "generators.pdf", "beta", type="pdf")
+        tamsin, orvalis = [passage(a.id, "Tamsin")], [passage(b.id, "Orvalis")]
+        chat = store.start_chat("Tamsin", [a.id, b.id], "Tamsin?", "answer",
+                                stats={"sources": tamsin}, model=FP, question_tokens=[1],
+                                answer_tokens=[2]).id
+        assert kv_mode(library, chat) == "blended"  # nothing of its own stored yet
+        put_entry(store, range(300), chat_id=chat)  # its exact context, made in the background
+        assert kv_mode(library, chat) == "exact"
+        # A follow-up reading other passages: the stored cache starts with the first ones.
+        turn(store, chat, "Orvalis?", orvalis)
+        assert kv_mode(library, chat) == "blended"
+        put_entry(store, range(400), chat_id=chat)
+        assert kv_mode(library, chat) == "exact"
+        # One reading the same passages again starts with what is stored: exact.
+        turn(store, chat, "Who supplies its fuel?", orvalis)
+        assert kv_mode(library, chat) == "exact"
+        turn(store, chat, "And Tamsin's code?", tamsin + orvalis)
+        assert kv_mode(library, chat) == "blended"
+
+
+def test_a_chat_over_whole_documents_is_exact_once_any_of_its_caches_is_stored(tmp_path):
+    clock = itertools.count(1000.0)
+    with open_store(tmp_path, clock=lambda: next(clock)) as store:
+        library = Library(store)
+        a = store.add_document("a", "A", "alpha", type="txt")
+        b = store.add_document("b", "B", "beta", type="txt")
+        chat = store.start_chat("c", [a.id, b.id], "q", "answer", stats={"sources": []},
+                                model=FP, question_tokens=[1], answer_tokens=[2]).id
+        put_entry(store, range(300), chat_id=chat)
+        turn(store, chat, "q2", [])  # its documents' prefix is the same whatever the turn
+        turn(store, chat, "q3", [])
+        assert kv_mode(library, chat) == "exact"

@@ -207,22 +207,45 @@ class Library:
 
     def chats(self) -> list[ChatInfo]:
         """Every chat, the most recently updated first. A chat over several documents that
-        has answered is "exact" once its own cache is stored (blended answers never are: the
-        exact context is computed in the background), "blended" until then."""
+        has answered is "exact" when a reopen of its latest context reads it exactly: a cache
+        of its own holds that context's start (`_exact`); "blended" until then (blended
+        answers are never stored: the exact context is computed in the background)."""
         counts = self.store.message_counts()
         docs = self.store.chat_document_ids()
+        cached: dict[int, list[Entry]] | None = {}
         try:
-            cached = {e.chat_id for e in self.store.entries() if e.chat_id is not None}
+            for e in self.store.entries():
+                if e.chat_id is not None and not e.passage:
+                    cached.setdefault(e.chat_id, []).append(e)
         except DamagedError:  # the caches' index alone (said): the chats still list
             cached = None
 
         def mode(chat_id: int) -> str | None:
             if len(docs.get(chat_id, [])) < 2 or not counts.get(chat_id) or cached is None:
                 return None
-            return "exact" if chat_id in cached else "blended"
+            return "exact" if self._exact(chat_id, cached.get(chat_id, []),
+                                          docs[chat_id]) else "blended"
 
         return [ChatInfo(c.id, c.title, docs.get(c.id, []), counts.get(c.id, 0), c.created,
                          c.updated, mode(c.id)) for c in self.store.chats()]
+
+    def _exact(self, chat_id: int, entries: Sequence[Entry], doc_ids: Sequence[int]) -> bool:
+        """Whether one of the chat's own `entries` holds the start of its latest context, which
+        a reopen then reads exactly rather than blends (`Sessions.blendable`): its documents
+        and, over passages, those its last answer was given (what a reopen lays out:
+        `LongDocs.sources`). An entry is stored after its turn's answer (by the turn, or by the
+        background pass), holding the passages of the last answer stored before it: one made
+        for an earlier turn holds other passages when a follow-up changed them."""
+        if not entries:
+            return False
+        kept = set(doc_ids)
+        answers = [(m.created, tuple(s["text"] for s in m.stats["sources"]
+                                     if s["document_id"] in kept))
+                   for m in self.store.messages(chat_id) if m.role == "assistant"
+                   and m.stats and m.stats.get("sources") is not None]
+        latest = answers[-1][1] if answers else ()
+        return any(next((held for at, held in reversed(answers) if at <= e.created), ()) == latest
+                   for e in entries)
 
     def messages(self, chat_id: int) -> list[MessageInfo]:
         self.chat(chat_id)
