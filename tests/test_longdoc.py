@@ -226,6 +226,25 @@ def test_a_name_only_the_second_document_holds_is_read_from_it(make_engine):
         assert [s.document_id for s in hits] == [doc] * longdocs.top_k, hits
 
 
+def test_a_document_holding_none_of_the_questions_words_gives_nothing_beside_one_that_does(
+        make_engine):
+    """Every word of "Where are the Quillfeather vault spare keys?" is rare in the two
+    documents together (no focus then): the passage holding them came first, and the guide,
+    holding none of them, filled the other places with passages near it in meaning."""
+    eng = make_engine()
+    store, longdocs = eng.store, eng.session.longdocs
+    manual = add_passages(store, "Manual", [
+        "The Quillfeather vault spare keys hang in the night porter's lodge.",
+        *(f"Plant {i}: the duty officer checks the pumps." for i in (3, 4, 5, 6))])
+    vault = next(p.id for p in store.passages(manual) if "Quillfeather" in p.text)
+    for order in ([eng.doc, manual], [manual, eng.doc]):
+        hits = longdocs._hits(order, "Where are the Quillfeather vault spare keys?", [])
+        assert hits[0].passage_id == vault and {s.document_id for s in hits} == {manual}, hits
+    # Where no document holds a word of it, each gives what is nearest in meaning.
+    hits = longdocs._hits([eng.doc, manual], "Whereabouts?", [])
+    assert hits, hits
+
+
 def test_a_follow_up_over_two_documents_reads_what_the_turns_were_about(make_engine):
     """"Who runs it now?" after a question about the museum, in a chat over the guide and a
     manual: "runs", rare in the two together by chance, took the places of the museum's

@@ -14,7 +14,8 @@ store's, so one query scores every document's passages alike), then its rank in 
 document. Focused, as one document's retrieval is (`most_named`): when the question writes
 such rare words, only the passages holding the most of them are read. A follow-up saying
 nothing of its own counts the recent turns' rare words too, unfocused: they say what it is
-about.
+about. A document holding none of the question's words (nor the turns') gives nothing beside
+one that does: its own retrieval could offer only passages near the question in meaning.
 
 It never computes KV and never decides what the chat's context holds.
 """
@@ -58,11 +59,16 @@ def across(retriever: Retriever, doc_ids: Sequence[int], question: str, *,
     if follow_up:
         holders = {**rare_holders(retriever, docs, "\n".join(turns)), **holders}
     bm25: dict[int, float] = {}
+    worded: set[int] = set()  # the documents holding a word of the question (or turns)
     for query in dict.fromkeys([question, " ".join([question, *turns])]):
         for d in docs:
             for p, score in store.search_passages(d, query, CANDIDATES):
                 bm25[p.id] = bm25.get(p.id, 0.0) + score
-    of = {h.passage_id: (d, h) for d, hits in found.items() for h in hits}
+                worded.add(d)
+    # A document holding none of its words gives only passages near it in meaning: beside
+    # one that holds them, those fill the places with what the question never names.
+    of = {h.passage_id: (d, h) for d, hits in found.items() for h in hits
+          if d in worded or not worded}
     rank = {h.passage_id: i for hits in found.values() for i, h in enumerate(hits)}
     order = sorted(of, key=lambda pid: (-sum(pid in ids for ids in holders.values()),
                                         -bm25.get(pid, 0.0), rank[pid], pid))
