@@ -229,6 +229,8 @@ class Engine:
         every process, and the least recently used evicted down to it now; gc's report."""
         self._writable()
         self.store.budget_bytes = int(gb * 1e9)
+        if self._long_running:  # a passage pass the budget stopped goes on (or says so again)
+            self.passage_fill.resume()
         return self.store.gc()
 
     def documents(self) -> list[DocumentInfo]:
@@ -236,6 +238,9 @@ class Engine:
 
     def document_titles(self) -> dict[int, str]:
         return self.library.titles()
+
+    def passage_notes(self) -> dict[int, str]:
+        return self.passage_fill.notes()
 
     def chats(self) -> list[ChatInfo]:
         return self.library.chats()

@@ -89,6 +89,7 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, CodecMixin, QMainWin
         self.reopen_job: Job | None = None
         self.draft_job: Job | None = None
         self.documents: list[DocumentInfo] = []
+        self._passage_notes: dict[int, str] = {}  # why a document's passage pass stopped short
         self.chats: list[ChatInfo] = []
         self._check_next: set[int] = set()  # attached documents to tick once listed
         self._new_chat_ticks: set[int] = set()  # a new chat's, while another chat is shown
@@ -274,11 +275,13 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, CodecMixin, QMainWin
 
     def refresh_documents(self) -> None:
         engine = self.engine
-        self.runner.start("misc", lambda job: (engine.documents(), engine.document_titles()),
+        self.runner.start("misc", lambda job: (engine.documents(), engine.document_titles(),
+                                               engine.passage_notes()),
                           finished=self._show_documents, failed=lambda msg: self._say(msg, True))
 
-    def _show_documents(self, found: tuple[list[DocumentInfo], dict[int, str]]) -> None:
-        docs, titles = found
+    def _show_documents(self, found: tuple[list[DocumentInfo], dict[int, str], dict[int, str]],
+                        ) -> None:
+        docs, titles, notes = found
         checked = self._ticks()
         if self.chat_id is None:
             checked = {*self.doc_list.checked_ids(), *self._check_next}
@@ -286,7 +289,8 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, CodecMixin, QMainWin
         before = {d.doc_id: d.passages_cached for d in self.documents}
         self.documents = docs
         self.chat_view.set_doc_titles(titles)  # (sources of deleted documents name them too)
-        self.doc_list.set_documents(docs, checked)
+        self.doc_list.set_documents(docs, checked, notes)
+        self._say_stopped(docs, notes)
         stale = self._stale_documents()
         self.prefill_button.setText(f"Prefill {len(stale)} document{'s' * (len(stale) != 1)} "
                                     "for this model")
@@ -313,6 +317,17 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, CodecMixin, QMainWin
         slower = min(2 * self.doc_poll.interval(), PASSAGES_POLL_MAX_MS)
         self.doc_poll.setInterval(BLENDED_POLL_MS if moved else slower)
         self.doc_poll.start()
+
+    def _say_stopped(self, docs: list[DocumentInfo], notes: dict[int, str]) -> None:
+        """Say once, in the status bar, that a document's background pass stopped short, and
+        why (its row keeps saying it)."""
+        for d in docs:
+            if d.doc_id in notes and self._passage_notes.get(d.doc_id) != notes[d.doc_id]:
+                self.statusBar().showMessage(
+                    f"{d.title}: passage caching stopped at {d.passages_cached:,} of "
+                    f"{d.passages:,} — {notes[d.doc_id]}. The rest are cached as questions read "
+                    "them; a larger storage budget (Settings) caches them all")
+        self._passage_notes = notes
 
     def _stale_documents(self) -> list[int]:
         """Documents with no cache under the loaded model but one under another."""

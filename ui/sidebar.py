@@ -257,7 +257,9 @@ class DocumentList(QWidget):
         layout.addWidget(self.list)
         layout.addWidget(self.hint)
 
-    def set_documents(self, docs: list[DocumentInfo], checked: set[int]) -> None:
+    def set_documents(self, docs: list[DocumentInfo], checked: set[int],
+                      stopped: dict[int, str] | None = None) -> None:
+        """`stopped`: why the background pass left a document's passages without their KV."""
         scrolled, current = self.list.verticalScrollBar().value(), self.list.currentRow()
         self.list.blockSignals(True)
         self.list.clear()
@@ -269,6 +271,8 @@ class DocumentList(QWidget):
             if doc.passages:  # too long for the context: answered from its passages' KV
                 tokens = counted(doc.tokens, "token")
                 status = f"{doc.passages_cached:,} of {doc.passages:,} passages cached"
+                if doc.passages_cached < doc.passages and (stopped or {}).get(doc.doc_id):
+                    status += f" — stopped: {stopped[doc.doc_id]}"
             item = QListWidgetItem(f"{doc.title}\n{tokens} · {size_text(size)} · {status}")
             item.setData(ID_ROLE, doc.doc_id)
             item.setFlags(item.flags() | Qt.ItemFlag.ItemIsUserCheckable)

@@ -81,6 +81,7 @@ class FakeEngine:
         self._lock = threading.Lock()
         self._docs: dict[int, DocumentInfo] = {}
         self._deleted: dict[int, str] = {}  # titles of the documents deleted
+        self.passage_stops: dict[int, str] = {}  # what passage_notes says (tests set it)
         self._chats: dict[int, ChatInfo] = {}
         self._messages: dict[int, list[MessageInfo]] = {}
         self._next_id = 1
@@ -368,6 +369,9 @@ class FakeEngine:
     def document_titles(self) -> dict[int, str]:
         return {**{d: f"{t} (deleted)" for d, t in self._deleted.items()},
                 **{d: doc.title for d, doc in self._docs.items()}}
+
+    def passage_notes(self) -> dict[int, str]:
+        return dict(self.passage_stops)
 
     def delete_document(self, doc_id: int) -> list[int]:
         self._enter("delete_document", doc_id)

@@ -9,10 +9,11 @@ finds what is stored and goes on with the rest. It is low priority: before each 
 waits while the chat context is busy, so a question waits at most for the one passage being
 computed (~1 s on 2 cores), and it stops when the engine closes (that passage is not stored).
 It stops too when the storage budget would have to evict other KV to keep going, and says so
-(a warning in the log, with how far it got): passage KV never pushes out what questions used,
-and what it stores counts as least recently used until a question reads it (store: an entry
-written not to evict), so a question's store evicts it first. `kvdesk docs` shows its
-progress (passages with KV).
+(a warning in the log, with how far it got, and `notes` for the window's document list, until
+the document's pass goes again: a changed budget, a restart): passage KV never pushes out
+what questions used, and what it stores counts as least recently used until a question reads
+it (store: an entry written not to evict), so a question's store evicts it first. `kvdesk
+docs` shows its progress (passages with KV).
 
 It never touches the chat context and never decides what a chat holds.
 """
@@ -44,6 +45,12 @@ class PassageFill(Background):
         self.contexts = contexts
         self.kv = kv
         self.attach_lock = attach_lock  # the attach context is shared with attaching
+        self._notes: dict[int, str] = {}  # doc id -> why its pass stopped short
+
+    def notes(self) -> dict[int, str]:
+        """Why the pass over a document stopped short, by document id ("the storage budget
+        (30.0 MB) is full"); none for a document whose pass goes on, or is done."""
+        return dict(self._notes)
 
     def resume(self) -> None:
         """Queue every long document (what a pass stopped by a restart left undone)."""
@@ -52,6 +59,7 @@ class PassageFill(Background):
 
     def work(self, doc_id: int) -> None:
         """Compute the KV of every passage of document `doc_id` that has none."""
+        self._notes.pop(doc_id, None)  # (going again: said again if it stops again)
         for passage in self.store.passages(doc_id):  # (a deleted document has none)
             self.yield_to_turns()
             with self.attach_lock:
@@ -82,7 +90,9 @@ class PassageFill(Background):
 
     def stopped(self, doc_id: int, fingerprint: str) -> None:
         """Say that the pass over document `doc_id` stopped at the storage budget, and where:
-        the user reads it in the log of the window or `kvdesk serve` (and in `kvdesk docs`)."""
+        the user reads it in the log of `kvdesk serve` (and in `kvdesk docs`), and on the
+        document's row in the window (`notes`)."""
+        self._notes[doc_id] = f"the storage budget ({size_text(self.store.budget_bytes)}) is full"
         held = self.store.passage_entries(fingerprint).get(doc_id, 0)
         log.warning("the passage pass of document %s stopped with %s of its %s passages given "
                     "their KV: the storage budget (%s) is full, and passages stored ahead of "
