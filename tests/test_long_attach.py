@@ -54,7 +54,7 @@ def test_a_long_document_is_said_at_once_split_and_never_prefilled(engine, tmp_p
     assert "prefill" not in phases and "encode" not in phases
     first = next(p for p in seen if p.phase != "extract")
     assert first.phase == "split" and first.done == 0  # said before the work starts
-    assert "longer than the context of 512 holds beside its questions and answers (384)" \
+    assert "tokens, more than the 384 a context of 512 holds beside its questions and answers;" \
         in first.note and "passages" in first.note  # (the room, not the context: probe)
     # and then how far splitting has got, as it goes (it stood at 0 % until done)
     moving = [p.done for p in seen if p.phase == "split"]
@@ -135,7 +135,7 @@ def test_the_command_line_says_it_and_shows_passages(tmp_path):
     data = tmp_path / "data"
     proc = kvdesk(data, "attach", "--no-server", str(path))
     assert proc.returncode == 0, proc.stderr
-    assert proc.stderr.count("longer than the context") == 1  # a note, said once
+    assert proc.stderr.count("holds beside its questions and answers") == 1  # a note, said once
     assert "passages" in proc.stdout and "Traceback" not in proc.stderr
     listed = kvdesk(data, "docs").stdout
     assert "passages (0 with their KV)" in listed and "none" not in listed

@@ -78,7 +78,7 @@ def test_a_long_upload_is_said_at_once_and_kept_as_passages(served):
             if line.startswith("data:") and line[5:].strip() != "[DONE]":
                 events.append(json.loads(line[5:]))
     notes = [e["progress"]["note"] for e in events if e.get("progress", {}).get("note")]
-    assert len(notes) == 1 and "longer than the context of 1,024" in notes[0]
+    assert len(notes) == 1 and "a context of 1,024 holds" in notes[0]
     first_note = next(i for i, e in enumerate(events) if e.get("progress", {}).get("note"))
     assert not any(e.get("progress", {}).get("phase") == "prefill" for e in events)
     (result,) = [e["result"] for e in events if "result" in e]

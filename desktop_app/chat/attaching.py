@@ -219,10 +219,9 @@ class Attacher:
         embedded (no prefill); a document already kept as passages keeps them (`new`: none
         yet, or a killed attach's, which this one finishes)."""
         title = existing.title if existing else extracted.title
-        note = (f"{title}: {doc_tokens:,} tokens, longer than the context of {rt.n_ctx:,} "
-                f"holds beside its questions and answers ({self.prompter.room(rt):,}); it is "
-                "kept as passages, and each question is answered from the passages retrieved "
-                "for it")
+        note = (f"{title}: {doc_tokens:,} tokens, more than the {self.prompter.room(rt):,} a "
+                f"context of {rt.n_ctx:,} holds beside its questions and answers; it is kept "
+                "as passages, and each question is answered from the passages retrieved for it")
         if progress:
             progress(Progress("split", 0, 100, title, note=note))  # (in percent throughout)
         t0 = time.perf_counter()
