@@ -52,3 +52,60 @@ def test_the_engine_says_why_its_passage_pass_stopped_until_a_larger_budget_lets
     assert eng.passage_notes() == {}
     info = {d.doc_id: d for d in eng.documents()}[eng.doc]
     assert info.passages_cached == info.passages == 5
+
+
+def _source(doc_id: int, index: int, **where) -> dict:
+    return {"passage_id": 100 + index, "document_id": doc_id, "index": index,
+            "text": f"Passage {index}.", "score": 1.0, "heading": [], **where}
+
+
+def test_a_deleted_documents_chat_names_it_alike_in_its_header_and_its_sources(
+        qtbot, window, engine):
+    """The header said "document 2 (deleted)" while the sources said "release-notes.md
+    (deleted)": the header took its titles from the documents still attached."""
+    chat = next(c for c in engine.chats() if c.title == "Compare the two documents")
+    report, notes = chat.doc_ids
+    engine._add_message(chat, "user", "Where?", chat.updated)
+    engine._add_message(chat, "assistant", "There.", chat.updated,
+                        {"sources": [_source(notes, 4, lines=[40, 44])]})
+    engine.delete_document(notes)
+    _refreshed(qtbot, window)
+    with qtbot.waitSignal(window.messages_loaded, timeout=5000):
+        window.open_chat(chat.chat_id)
+    qtbot.waitUntil(lambda: "Sources:" in window.chat_view.toPlainText())
+    assert "release-notes.md (deleted), lines 40-44" in window.chat_view.toPlainText()
+    header = window.header.text()
+    assert "release-notes.md (deleted)" in header and f"document {notes}" not in header, header
+
+
+def test_every_answer_of_a_chat_over_several_documents_names_its_sources_documents(qtbot):
+    """After a document's deletion (the chat then about the other one only), the next
+    answer's sources said "[1] page 13" while the earlier ones said "plant_manual.md
+    (deleted), line 9": one chat, each source named alike."""
+    from desktop_app.results import MessageInfo
+    from ui.chat_view import ChatView
+
+    view = ChatView()
+    qtbot.addWidget(view)
+    view.set_doc_titles({1: "safety_report.pdf", 2: "plant_manual.md (deleted)"})
+    view.set_chat_documents([1])  # (what the chat is about since its next question)
+    view.set_messages([MessageInfo(1, "user", "Code?", 0.0),
+                       MessageInfo(2, "assistant", "7-7-4.", 0.0,
+                                   {"sources": [_source(2, 9, lines=[9, 9])]})])
+    view.add_user_message("Again?")
+    view.begin_answer()
+    view.end_answer("Never said.", "", {"sources": [_source(1, 30, page=13)]})
+    text = view.toPlainText()
+    assert "[1] plant_manual.md (deleted), line 9" in text
+    assert "[1] safety_report.pdf, page 13" in text, text
+    # An answer from another document than those named so far: the earlier ones name theirs
+    view.set_chat_documents([1])
+    view.set_messages([MessageInfo(1, "user", "Fuel?", 0.0),
+                       MessageInfo(2, "assistant", "Diesel.", 0.0,
+                                   {"sources": [_source(1, 30, page=13)]})])
+    assert "[1] page 13" in view.toPlainText()
+    view.add_user_message("Supplier?")
+    view.begin_answer()
+    view.end_answer("Kestrel.", "", {"sources": [_source(2, 9, lines=[9, 9])]})
+    text = view.toPlainText()
+    assert "[1] safety_report.pdf, page 13" in text and "plant_manual.md (deleted)" in text

@@ -156,11 +156,15 @@ class ChatView(QTextBrowser):
     # -- rendering --------------------------------------------------------------------------
 
     def _append(self, message: MessageInfo, note: str = "") -> None:
+        cited = self._cited_docs()
         self._messages.append(message)
         if note:
             self._notes[len(self._messages) - 1] = note
-        if self._html:  # the previous last message loses its "regenerate" link
-            self._render_message(len(self._html) - 1)
+        # the previous last message loses its "regenerate" link; all, their sources naming
+        # their documents, once an answer's come from one of another document
+        again = len(self._html) if self._cited_docs() - cited - set(self.chat_docs) else 1
+        for i in range(max(0, len(self._html) - again), len(self._html)):
+            self._render_message(i)
         self._render_message(len(self._messages) - 1)
         self._render()
 
@@ -193,7 +197,9 @@ class ChatView(QTextBrowser):
         if not sources and not wholes:
             return ""
         c = self.colors
-        several = bool(wholes) or len({*self.chat_docs, *(s.document_id for s in sources)}) > 1
+        # Over several documents (the chat's, or those any of its answers' sources are from: a
+        # document deleted since), every answer's sources name theirs, these ones too.
+        several = bool(wholes) or len({*self.chat_docs, *self._cited_docs()}) > 1
 
         def where(s: Source) -> str:
             title = self.doc_titles.get(s.document_id, f"document {s.document_id}")
@@ -218,6 +224,11 @@ class ChatView(QTextBrowser):
                     f'<p><a href="{link}" style="color:{c.link}">Show it in its document</a></p>'
                     '</blockquote>')
         return out
+
+    def _cited_docs(self) -> set[int]:
+        """The documents the sources of the chat's answers come from."""
+        return {d["document_id"] for m in self._messages
+                for d in (m.stats or {}).get("sources") or ()}
 
     def _message_html(self, role: str, body: str, footer: str) -> str:
         c = self.colors

@@ -341,7 +341,8 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, CodecMixin, QMainWin
         return next((c for c in self.chats if c.chat_id == self.chat_id), None)
 
     def _update_header(self) -> None:
-        titles = {d.doc_id: d.title for d in self.documents}
+        # (the titles the sources say too, deleted documents' included: one name for each)
+        titles = self.chat_view.doc_titles
         chat = self._current_chat()
         if self.chat_id is None:
             title, doc_ids = "New chat", self.doc_list.checked_ids()
