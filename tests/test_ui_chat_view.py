@@ -37,10 +37,10 @@ def test_an_answer_over_passages_lists_its_sources_and_a_click_shows_one(qtbot):
     view.set_messages([MessageInfo(1, "user", "When?", 0.0),
                        MessageInfo(2, "assistant", "At 10.", 0.0, {"sources": sources})])
     text = view.toPlainText()
-    assert "Sources: [1] lines 12-14 Timetable · [2] page 2" in text  # its nearest heading
+    assert "Sources: [1] #3, lines 12-14 Timetable · [2] #5, page 2" in text  # its nearest heading
     assert "The ferry leaves" not in text  # listed, not shown, until clicked
     view._link(QUrl("kvdesk:source/1/0"))
-    assert "Timetable › lines 12-14" in view.toPlainText()
+    assert "Timetable › #3, lines 12-14" in view.toPlainText()
     assert "The ferry leaves at 10." in view.toPlainText()
     view._link(QUrl("kvdesk:source/1/1"))  # another one replaces it
     assert "Page two's passage." in view.toPlainText()
@@ -51,7 +51,7 @@ def test_an_answer_over_passages_lists_its_sources_and_a_click_shows_one(qtbot):
     view.add_user_message("And on Sundays?")
     view.begin_answer()
     view.end_answer("Not at all.", "1 token", {"sources": sources[:1], "read_whole": []})
-    assert view.toPlainText().count("Sources: [1] lines 12-14 Timetable") == 2
+    assert view.toPlainText().count("Sources: [1] #3, lines 12-14 Timetable") == 2
     # A document read whole beside the passages is named first, by its title, the passages
     # then by theirs
     view.set_doc_titles({1: "Guide"})
@@ -59,12 +59,12 @@ def test_an_answer_over_passages_lists_its_sources_and_a_click_shows_one(qtbot):
     view.begin_answer()
     view.end_answer("Six.", "", {"sources": sources[:1],
                                  "read_whole": [{"document_id": 2, "title": "Notes"}]})
-    assert "Sources: Notes (read whole) · [1] Guide, lines 12-14" in view.toPlainText()
+    assert "Sources: Notes (read whole) · [1] Guide #3, lines 12-14" in view.toPlainText()
     # A passage an earlier question retrieved, still in the context, is said to be
     view.add_user_message("And?")
     view.begin_answer()
     view.end_answer("Yes.", "", {"sources": [{**sources[0], "earlier": True}]})
-    assert "Sources: [1] lines 12-14 Timetable (an earlier question's)" in view.toPlainText()
+    assert "Sources: [1] #3, lines 12-14 Timetable (an earlier question's)" in view.toPlainText()
 
 
 def test_a_source_shown_keeps_its_indentation_and_stays_with_its_chat(qtbot):
@@ -88,9 +88,9 @@ def test_a_source_shown_keeps_its_indentation_and_stays_with_its_chat(qtbot):
     view.set_messages([MessageInfo(7, "user", "Both?", 0.0),
                        MessageInfo(8, "assistant", "Both.", 0.0, {"sources": [
                            other, {**code, "document_id": 2}]})])
-    assert "[1] document 1, line 9" in view.toPlainText()  # (before the list has loaded)
+    assert "[1] document 1 #1, line 9" in view.toPlainText()  # (before the list has loaded)
     view.set_doc_titles({1: "manual.pdf", 2: "notes.md"})
-    assert "[1] manual.pdf, line 9 · [2] notes.md, lines 3-4" in view.toPlainText()
+    assert "[1] manual.pdf #1, line 9 · [2] notes.md #0, lines 3-4" in view.toPlainText()
 
 
 def test_a_long_document_says_how_many_passages_have_their_kv(qtbot):

@@ -73,7 +73,7 @@ def test_a_deleted_documents_chat_names_it_alike_in_its_header_and_its_sources(
     with qtbot.waitSignal(window.messages_loaded, timeout=5000):
         window.open_chat(chat.chat_id)
     qtbot.waitUntil(lambda: "Sources:" in window.chat_view.toPlainText())
-    assert "release-notes.md (deleted), lines 40-44" in window.chat_view.toPlainText()
+    assert "release-notes.md (deleted) #4, lines 40-44" in window.chat_view.toPlainText()
     header = window.header.text()
     assert "release-notes.md (deleted)" in header and f"document {notes}" not in header, header
 
@@ -96,16 +96,36 @@ def test_every_answer_of_a_chat_over_several_documents_names_its_sources_documen
     view.begin_answer()
     view.end_answer("Never said.", "", {"sources": [_source(1, 30, page=13)]})
     text = view.toPlainText()
-    assert "[1] plant_manual.md (deleted), line 9" in text
-    assert "[1] safety_report.pdf, page 13" in text, text
+    assert "[1] plant_manual.md (deleted) #9, line 9" in text
+    assert "[1] safety_report.pdf #30, page 13" in text, text
     # An answer from another document than those named so far: the earlier ones name theirs
     view.set_chat_documents([1])
     view.set_messages([MessageInfo(1, "user", "Fuel?", 0.0),
                        MessageInfo(2, "assistant", "Diesel.", 0.0,
                                    {"sources": [_source(1, 30, page=13)]})])
-    assert "[1] page 13" in view.toPlainText()
+    assert "[1] #30, page 13" in view.toPlainText()
     view.add_user_message("Supplier?")
     view.begin_answer()
     view.end_answer("Kestrel.", "", {"sources": [_source(2, 9, lines=[9, 9])]})
     text = view.toPlainText()
-    assert "[1] safety_report.pdf, page 13" in text and "plant_manual.md (deleted)" in text
+    assert "[1] safety_report.pdf #30, page 13" in text and "plant_manual.md (deleted)" in text
+
+
+def test_two_passages_on_one_page_are_told_apart_by_their_numbers(qtbot):
+    """Both said "safety_report.pdf, page 67", where the export says #464 and #465."""
+    from PySide6.QtCore import QUrl
+
+    from desktop_app.results import MessageInfo
+    from ui.chat_view import ChatView
+
+    view = ChatView()
+    qtbot.addWidget(view)
+    view.set_doc_titles({1: "safety_report.pdf", 2: "plant_manual.md"})
+    view.set_chat_documents([1, 2])
+    view.set_messages([MessageInfo(1, "user", "Who supplies its fuel?", 0.0),
+                       MessageInfo(2, "assistant", "Kestrel.", 0.0, {"sources": [
+                           _source(1, 464, page=67), _source(1, 465, page=67)]})])
+    assert ("Sources: [1] safety_report.pdf #464, page 67 · [2] safety_report.pdf #465, "
+            "page 67") in view.toPlainText()
+    view._link(QUrl("kvdesk:source/1/1"))  # shown in full: where it is, its number too
+    assert "safety_report.pdf #465, page 67\nPassage 465." in view.toPlainText()

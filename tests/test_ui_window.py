@@ -731,7 +731,7 @@ def test_a_chat_over_several_documents_names_each_sources_document(qtbot, window
         with qtbot.waitSignal(window.messages_loaded, timeout=5000):
             window.open_chat(chat.chat_id)
         qtbot.waitUntil(lambda: "Sources:" in window.chat_view.toPlainText())
-        named = f"[1] {titles[chat.doc_ids[0]]}, lines 40-44" in window.chat_view.toPlainText()
+        named = f"[1] {titles[chat.doc_ids[0]]} #4, lines 40-44" in window.chat_view.toPlainText()
         assert named == (len(chat.doc_ids) > 1), window.chat_view.toPlainText()
 
 

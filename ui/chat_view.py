@@ -201,9 +201,10 @@ class ChatView(QTextBrowser):
         # document deleted since), every answer's sources name theirs, these ones too.
         several = bool(wholes) or len({*self.chat_docs, *self._cited_docs()}) > 1
 
-        def where(s: Source) -> str:
+        def where(s: Source) -> str:  # its number too, as the exports say it: two passages
+            # on one page differ ("safety_report.pdf #464, page 67")
             title = self.doc_titles.get(s.document_id, f"document {s.document_id}")
-            return f"{title}, {s.location}" if several else s.location
+            return f"{f'{title} ' if several else ''}#{s.index}, {s.location}"
 
         # (a passage an earlier question retrieved, still in the context: said, not hidden;
         # its nearest heading says what it is about, as `kvdesk ask` prints the whole path)
