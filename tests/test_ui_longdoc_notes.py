@@ -129,3 +129,16 @@ def test_two_passages_on_one_page_are_told_apart_by_their_numbers(qtbot):
             "page 67") in view.toPlainText()
     view._link(QUrl("kvdesk:source/1/1"))  # shown in full: where it is, its number too
     assert "safety_report.pdf #465, page 67\nPassage 465." in view.toPlainText()
+
+
+def test_an_attach_reading_its_file_says_so_without_a_percent(qtbot, window):
+    """It said "reading the file 100%" at once (the file read: 1 of 1), and stayed so until
+    the next phase began."""
+    from desktop_app.results import Progress
+
+    row = window.doc_list.add_row("book.pdf", "red")
+    row.show_progress(Progress("extract", 1, 1, "book.pdf"))
+    assert row.phase.text() == "reading the file…"
+    assert row.bar.maximum() == 0  # busy, not full
+    row.show_progress(Progress("split", 40, 100, "book.pdf"))
+    assert "40%" in row.phase.text() and row.bar.maximum() == 100 and row.bar.value() == 40

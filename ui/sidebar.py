@@ -206,11 +206,16 @@ class AttachRow(QFrame):
         layout.addWidget(self.bar)
 
     def show_progress(self, p: Progress) -> None:
+        """A phase's percent; a phase of one step (reading the file: 1 of 1 once read, and
+        what follows says nothing until the next phase) without one, its bar busy."""
         percent = int(100 * p.done / p.total) if p.total else 0
         if p.note:  # said at once (a document longer than the context), kept under the row
             self._note = p.note
-        self.phase.setText(f"{PHASE_WORDS.get(p.phase, p.phase)} {percent}%"
+        measured = p.total > 1
+        self.phase.setText(f"{PHASE_WORDS.get(p.phase, p.phase)}"
+                           + (f" {percent}%" if measured else "…")
                            + (f"\n{self._note}" if self._note else ""))
+        self.bar.setMaximum(100 if measured else 0)  # (0: a busy bar)
         self.bar.setValue(percent)
 
     def show_error(self, message: str) -> None:
