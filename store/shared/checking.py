@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ..errors import CorruptChunkError, CorruptObjectError, NotFoundError
 from ..records import Entry
 from ..store import Store
+from .heads import PassageHeadError, sources
 from .remote import RemoteTier, sha256
 from .sync import document_entries, entry_id_of, entry_title, push, read_chunk, read_manifest
 
@@ -24,7 +25,9 @@ def check(store: Store, tier: RemoteTier, entry: Entry, *, repair: bool = False)
     """Every object of a local entry's shared copy (manifest, chunks, calibration) read back
     and checked: those missing or damaged there, with `repair` put back from this store's
     copy where it holds those bytes (content-addressed keys: what every reader expects; a
-    damaged manifest by pushing again). {"shared": False}: the tier has no copy of it."""
+    damaged manifest by pushing again). {"shared": False}: the tier has no copy of it. A
+    passage's entry extending the passages' head is checked with the head's chunks its
+    manifest names (store.shared.heads), and repaired from both local entries."""
     fingerprint = entry.model
     token_end, prefix_hash = entry_id_of(entry)
     document = store.document(entry.document_id)
@@ -57,9 +60,12 @@ def check(store: Store, tier: RemoteTier, entry: Entry, *, repair: bool = False)
         chunks = [d for d in pool.map(damage, work) if d is not None]
     report["objects"] = len(work) + (manifest.calibration is not None)
     report["damaged"] += chunks
+    held = sources(store, entry)[1] if repair and chunks else []
     for bad in chunks if repair else ():
+        if bad["chunk"] >= len(held):  # (another layout of the same tokens: not from here)
+            continue
         try:
-            data = store.read_chunk(entry.id, bad["chunk"], bad["level"])
+            data = store.read_chunk(*held[bad["chunk"]], bad["level"])
         except (NotFoundError, CorruptChunkError):
             continue  # not held here: another machine that holds it can repair it
         if sha256(data) == bad["sha256"]:
@@ -87,7 +93,7 @@ def check_all(store: Store, tier: RemoteTier, fingerprint: str, *,
     for e in document_entries(store, fingerprint):
         try:
             reports.append(check(store, tier, e, repair=repair))
-        except CorruptChunkError as error:
+        except (CorruptChunkError, PassageHeadError) as error:
             failed.append({"entry": e.id, "error": str(error)})
     shared = [r for r in reports if r["shared"]]
     return {"checked": len(shared), "not_shared": len(reports) - len(shared),

@@ -19,10 +19,17 @@ It carries:
   keyed by its content; its `document` then names only the document it was computed for
   (title, type "passage", no text), since a machine uses it only for a document of its own
   that has the same passage; older readers refuse it rather than take it for a document;
+- where the passages' head ends, if the passage's entry extends it (version 5, `head_end`):
+  the entry holds the tokens [0, head_end) of the head (the system prompt every passage
+  starts with) as chunks of their own, cut from token 0, then the passage's tokens
+  [head_end, token_end) cut from head_end; the other machine keeps the head as a root entry
+  of its own (one it holds already, or one made from those chunks) and the passage as an
+  entry extending it. Older readers refuse it rather than mistake its chunks' grid;
 - a SHA-256 of everything above, checked on every read along with the rest.
 
-Only document and passage entries travel (root entries); chats stay on the machine they were
-held on. Pure data: no I/O here, and never anything about credentials or local paths.
+Only document and passage entries travel (a passage's with the head it extends, if any);
+chats stay on the machine they were held on. Pure data: no I/O here, and never anything
+about credentials or local paths.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ from ..errors import CorruptObjectError
 from ..tokens import chunk_spans, decode, encode, prefix_hashes
 
 FORMAT = "kvdesk-kv-manifest"
-VERSION = 4  # the newest this code reads; an entry without a window is written as 2
+VERSION = 5  # the newest this code reads; an entry without a window is written as 2
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -69,6 +76,7 @@ class Manifest:
     window_start: int | None = None  # the entry's window: positions [window_start, token_end)
     calibration: str | None = None
     passage: bool = False  # a passage's entry (version 4), not a document's
+    head_end: int | None = None  # a passage's extending the passages' head [0, head_end) (v5)
 
     @property
     def token_end(self) -> int:
@@ -80,7 +88,15 @@ class Manifest:
 
     @property
     def spans(self) -> list[tuple[int, int]]:
-        return chunk_spans(0, self.token_end, self.chunk_size)
+        """The token range of each chunk (a v5 manifest's: the head's, then the passage's)."""
+        if self.head_end is None:
+            return chunk_spans(0, self.token_end, self.chunk_size)
+        return self.head_spans + chunk_spans(self.head_end, self.token_end, self.chunk_size)
+
+    @property
+    def head_spans(self) -> list[tuple[int, int]]:
+        """The chunks of the head a v5 manifest's passage extends (its first ones); else none."""
+        return [] if self.head_end is None else chunk_spans(0, self.head_end, self.chunk_size)
 
     @property
     def window_spans(self) -> list[tuple[int, int]]:
@@ -96,7 +112,8 @@ class Manifest:
     def to_json(self) -> bytes:
         body = {
             "format": FORMAT,
-            "version": 4 if self.passage else 2 if self.window_start is None else 3,
+            "version": 5 if self.head_end is not None else 4 if self.passage
+            else 2 if self.window_start is None else 3,
             "fingerprint": self.fingerprint,
             "tokens": base64.b64encode(encode(self.tokens)).decode(),
             "chunk_size": self.chunk_size,
@@ -111,6 +128,8 @@ class Manifest:
             body["calibration"] = self.calibration
         if self.passage:
             body["passage"] = True
+        if self.head_end is not None:
+            body["head_end"] = self.head_end
         return json.dumps({**body, "checksum": _checksum(body)}, sort_keys=True).encode()
 
     @classmethod
@@ -141,6 +160,7 @@ class Manifest:
                 else int(body["window_start"]),
                 calibration=body.get("calibration"),
                 passage=bool(body.get("passage", False)),
+                head_end=None if body.get("head_end") is None else int(body["head_end"]),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise CorruptObjectError(key, f"malformed manifest ({type(e).__name__})") from None
@@ -160,6 +180,11 @@ class Manifest:
         if self.window_start is not None and not 0 <= self.window_start < self.token_end:
             raise CorruptObjectError(key, f"a window from token {self.window_start} does not "
                                           f"end at {self.token_end}")
+        if self.head_end is not None and not (
+                self.passage and self.window_start is None and 0 < self.head_end < self.token_end):
+            raise CorruptObjectError(key, f"a head ending at token {self.head_end} does not "
+                                          f"begin a passage's entry of {self.token_end} tokens "
+                                          "without a window")
         n_chunks = len(self.spans) + len(self.window_spans)
         if set(self.chunks) != set(self.levels) or any(
                 len(objects) != n_chunks or any(c.nbytes < 0 or not _DIGEST.match(c.sha256)

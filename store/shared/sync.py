@@ -12,9 +12,10 @@ An entry whose chunks need a codec calibration takes it along: push uploads the 
 object (content-addressed, immutable) before the manifest, and a pull or a streaming copy
 fetches it (`fetch_calibration`) into the local store before anything decodes.
 
-Only documents' and passages' root entries travel, with their windows (store.caches.kv); chats
-never leave the machine. A passage's entry is pulled only for a local document holding the
-same passage, when a question needs it (`pull` with its document id), never by `pull_all`.
+Only documents' and passages' root entries travel, with their windows (store.caches.kv), and
+passages' entries extending the passages' head, with the head's chunks (store.shared.heads);
+chats never leave the machine. A passage's entry is pulled only for a local document holding
+the same passage, when a question needs it (`pull` with its document id), never by `pull_all`.
 What a push never does, reading back a shared entry's objects, is store.shared.checking's.
 This module must never load an object under another fingerprint than the one asked for, and
 never write a manifest before every object it names (chunks, calibration) is stored.
@@ -39,6 +40,7 @@ from ..errors import (
 from ..records import Document, Entry
 from ..store import Store
 from ..tokens import encode, prefix_hashes
+from .heads import PassageHeadError, local_head, sources, travels
 from .localcopy import LocalCopy, add_document
 from .manifest import ChunkObject, Manifest, RemoteDocument
 from .remote import RemoteTier, sha256
@@ -58,9 +60,10 @@ class Transfer:
 
 
 def document_entries(store: Store, fingerprint: str) -> list[Entry]:
-    """The local entries that travel: documents' and passages' root entries under this model."""
-    return [e for e in store.entries()
-            if e.model == fingerprint and e.parent_id is None and e.document_id is not None]
+    """The local entries that travel under this model: documents' and passages' root entries,
+    and passages' entries extending the passages' head (store.shared.heads)."""
+    entries = {e.id: e for e in store.entries()}
+    return [e for e in entries.values() if e.model == fingerprint and travels(e, entries)]
 
 
 def entry_id_of(entry: Entry) -> tuple[int, bytes]:
@@ -117,25 +120,28 @@ def read_chunk(tier: RemoteTier, manifest: Manifest, chunk_index: int, level: st
 def push(store: Store, tier: RemoteTier, entry: Entry, *,
          progress: ProgressFn | None = None) -> Transfer:
     """Upload a document's or a passage's entry: its missing chunk objects, then its manifest
-    (idempotent)."""
+    (idempotent). A passage's entry extending the passages' head goes with the head's chunks
+    (a version 5 manifest, store.shared.heads); one extending anything else, or that cannot
+    go so, is refused (PassageHeadError)."""
     fingerprint = entry.model
     token_end, prefix_hash = entry_id_of(entry)
     document = store.document(entry.document_id)
     if _has_manifest(tier, fingerprint, token_end, prefix_hash):
         return Transfer(entry_title(store, entry, document), token_end, 0, 0, skipped=True)
+    head, chunks = sources(store, entry)  # (raises before anything is sent)
     present = tier.list_folder(tier.entry_folder(fingerprint, prefix_hash))
     if entry.calibration is not None:
         key = tier.calibration_key(fingerprint, entry.calibration)
         if not tier.exists(key):  # content-addressed: one already there is the same
             tier.put(key, store.calibration(entry.calibration))
     window = store.windows([entry.id]).get(entry.id, ())
-    n_chunks = entry.n_chunks + len(window)  # the window's parts are numbered after the chunks
+    n_chunks = len(chunks)  # (the window's parts are numbered after the chunks)
     work = [(i, level) for i in range(n_chunks) for level in entry.levels]
     done = itertools.count(1)
 
     def upload(item: tuple[int, str]) -> tuple[ChunkObject, int]:
         chunk_index, level = item
-        data = store.read_chunk(entry.id, chunk_index, level)
+        data = store.read_chunk(*chunks[chunk_index], level)
         obj = ChunkObject(len(data), sha256(data))
         key = tier.chunk_key(fingerprint, prefix_hash, level, chunk_index, obj.sha256)
         sent = 0
@@ -163,6 +169,7 @@ def push(store: Store, tier: RemoteTier, entry: Entry, *,
         window_start=window[0].token_start if window else None,
         calibration=entry.calibration,
         passage=entry.passage,
+        head_end=None if head is None else head.token_end,
     )
     # Last: until this object exists the entry is invisible to every other machine.
     tier.put(tier.manifest_key(fingerprint, token_end, prefix_hash), manifest.to_json())
@@ -269,24 +276,67 @@ def pull(store: Store, tier: RemoteTier, manifest: Manifest, *,
     than the whole budget, or than the room the entries `keep` leave: then not kept; those are
     never evicted for it). A level with a chunk object missing or damaged
     there is left out, the others kept (`left_out`: {level: error}); with none intact, the
-    first error is raised."""
+    first error is raised.
+
+    A passage's entry extending the passages' head (a version 5 manifest, store.shared.heads)
+    becomes a local entry extending the local head: the complete root of no document holding
+    exactly the head's tokens at every level copied, else one made first from the manifest's
+    head chunks (a root entry of no document, never evicted for the passage). The passage's
+    entry is returned; its `parent_id` is the head's. A head made so stays when the passage's
+    copy then fails: a valid entry, the head of the next passage pulled or computed here. A
+    head that cannot be had at those levels (one too large for the budget, or an identical one
+    held already at other levels) fails the pull: PassageHeadError.
+    """
     fetch_calibration(store, tier, manifest)
-    copy = LocalCopy(store, manifest, levels, document_id=document_id,
-                     passage_hash=passage_hash, evict=evict, keep=keep)
+    levels, keep = tuple(levels or manifest.levels), set(keep)
+    made: list[dict] = []
     failed: dict[str, StoreError] = {}
-    entry, _ = complete(tier, copy, progress=progress, failed=failed)
+    parent_id = None
+    try:
+        if manifest.head_end is not None:
+            head = local_head(store, manifest, levels)
+            if head is None:
+                head = _copy(tier, lambda lv: LocalCopy(store, manifest, lv, head=True,
+                                                        evict=evict, keep=keep),
+                             levels, progress, made, failed)
+                levels = tuple(level for level in levels if level not in failed)
+                if any(c.get("too_large") for c in made):  # (then removed, nothing evicted)
+                    made.clear()
+                    raise PassageHeadError("the passages' head of the shared passage's entry "
+                                           "does not fit the storage budget: not taken")
+                if lacks := sorted(set(levels) - set(head.levels)):  # (an identical one)
+                    raise PassageHeadError(f"the passages' head is held here (entry {head.id}) "
+                                           f"without the level(s) {lacks}")
+            keep.add(head.id)
+            parent_id = head.id
+        entry = _copy(tier, lambda lv: LocalCopy(
+            store, manifest, lv, document_id=document_id, passage_hash=passage_hash,
+            evict=evict, keep=keep, parent_id=parent_id), levels, progress, made, failed)
+    finally:
+        if evicted is not None:  # (a head's evictions too, were the passage's copy to fail)
+            evicted += made
+    if left_out is not None:
+        left_out.update(failed)
+    return entry
+
+
+def _copy(tier: RemoteTier, make: Callable[[Iterable[str]], LocalCopy], levels: Iterable[str],
+          progress: ProgressFn | None, evicted: list[dict],
+          failed: dict[str, StoreError]) -> Entry:
+    """`pull`'s copy `make(levels)` completed; a level with a chunk object missing or damaged
+    left out (into `failed`), the copy made again without it; none intact: the first error."""
+    copy = make(levels)
+    tried: dict[str, StoreError] = {}
+    entry, _ = complete(tier, copy, progress=progress, failed=tried)
     if entry is None:
-        intact = [level for level in copy.levels if level not in failed]
+        intact = [level for level in copy.levels if level not in tried]
         if not intact:
-            raise next(iter(failed.values()))
+            raise next(iter(tried.values()))
         # (Read again: a pending entry's levels are fixed when it is made.)
-        copy = LocalCopy(store, manifest, intact, document_id=document_id,
-                         passage_hash=passage_hash, evict=evict, keep=keep)
+        copy = make(intact)
         entry, _ = complete(tier, copy, progress=progress)
-        if left_out is not None:
-            left_out.update(failed)
-    if evicted is not None:
-        evicted += copy.evicted
+        failed.update(tried)
+    evicted += copy.evicted
     return entry
 
 
@@ -309,13 +359,14 @@ def push_all(store: Store, tier: RemoteTier, fingerprint: str, *,
              progress: ProgressFn | None = None) -> dict:
     """Push every local document entry of this model the tier lacks.
 
-    An unreachable tier stops it (RemoteError); a corrupt local chunk skips that entry.
+    An unreachable tier stops it (RemoteError); a corrupt local chunk skips that entry, and
+    so does a passage's entry whose head cannot go with it (PassageHeadError).
     """
     pushed, failed, there = [], [], 0
     for entry in document_entries(store, fingerprint):
         try:
             transfer = push(store, tier, entry, progress=progress)
-        except CorruptChunkError as e:
+        except (CorruptChunkError, PassageHeadError) as e:
             failed.append({"entry": entry.id, "error": str(e)})
             continue
         if transfer.skipped:

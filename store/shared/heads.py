@@ -1,0 +1,85 @@
+"""The passages' head on the shared tier: a passage's entry that extends it travels whole.
+
+Locally a passage's entry may extend one root entry holding only the passages' head (the
+system prompt every passage starts with; store.caches.kv), instead of holding the head again
+itself. Its manifest (version 5, store.shared.manifest) then carries the head's chunks, cut
+from token 0, before the passage's own, cut from the head's end; its tokens and key are the
+whole chain's, those of a root passage's entry of the same tokens. The other machine keeps
+the head as a root entry of its own (one it holds already, else one made from those chunks)
+and the passage as an entry extending it (store.shared.sync's `pull`).
+
+Only such a chain travels: a passage's entry extending anything else, one with a window
+(sliding-window models keep root passages), or one whose head lacks one of its levels or was
+encoded otherwise is refused (`PassageHeadError`). Pure lookups here: no I/O to the tier.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..errors import StoreError
+from ..records import Entry
+from ..store import Store
+from .manifest import Manifest
+
+
+class PassageHeadError(StoreError):
+    """A passage's entry extending the passages' head that cannot travel as one (pushed), or
+    whose head cannot be held here at the levels asked for (pulled)."""
+
+
+def is_head(entry: Entry) -> bool:
+    """Whether `entry` can be the passages' head: a root holding no document, chat or
+    passage of its own."""
+    return (entry.parent_id is None and not entry.passage and entry.document_id is None
+            and entry.chat_id is None)
+
+
+def travels(entry: Entry, entries: dict[int, Entry]) -> bool:
+    """Whether a local entry goes to the tier: a document's or a passage's root entry, or a
+    passage's extending a head (`entries`: every complete entry, by id)."""
+    if entry.document_id is None:
+        return False
+    if entry.parent_id is None:
+        return True
+    parent = entries.get(entry.parent_id)
+    return entry.passage and parent is not None and is_head(parent)
+
+
+def sources(store: Store, entry: Entry) -> tuple[Entry | None, list[tuple[int, int]]]:
+    """(the head `entry` extends, or None for a root; where each of its manifest's chunks
+    is read here: (local entry id, chunk index), in manifest order, window parts last).
+    PassageHeadError: an entry extending another that cannot travel as one."""
+    window = store.windows([entry.id]).get(entry.id, ())
+    own = [(entry.id, i) for i in range(entry.n_chunks + len(window))]
+    if entry.parent_id is None:
+        return None, own
+    head = store.entry(entry.parent_id)
+    why = None
+    if not entry.passage or not is_head(head):
+        why = "it extends an entry that is not the passages' head (only a root entry, or a "\
+              "passage's extending that head, is shared)"
+    elif not set(entry.levels) <= set(head.levels):
+        why = (f"its head (entry {head.id}) lacks the level(s) "
+               f"{sorted(set(entry.levels) - set(head.levels))}")
+    elif window or store.windows([head.id]):
+        why = "it has a window (a sliding-window model's passages are shared as root entries)"
+    elif head.chunk_size != entry.chunk_size or head.calibration != entry.calibration:
+        why = (f"its head (entry {head.id}) was stored with another chunk size or codec "
+               "calibration")
+    if why is not None:
+        raise PassageHeadError(f"KV entry {entry.id} cannot be shared: {why}")
+    return head, [(head.id, i) for i in range(head.n_chunks)] + own
+
+
+def local_head(store: Store, manifest: Manifest, levels: Iterable[str]) -> Entry | None:
+    """The local entry that can be the head of a v5 manifest's passage at `levels`: a complete
+    root of no document, chat or passage whose tokens are exactly the manifest's first
+    `head_end` ones, holding every one of `levels`; None where there is none."""
+    head_end = manifest.head_end
+    match = store.longest_prefix(manifest.fingerprint, manifest.tokens[:head_end], touch=False)
+    if match.n_tokens != head_end or not match.entries:
+        return None
+    found = match.entries[-1]
+    usable = found.token_end == head_end and is_head(found) and set(levels) <= set(found.levels)
+    return found if usable else None
