@@ -364,7 +364,7 @@ def saved_settings(path: Path | None = None) -> Settings:
         known["generation"] = {k: v for k, v in generation.items()
                                if k in GenerationOptions.model_fields}
     try:
-        return parse(Settings, known)
+        return parse(Settings, known, from_json=True)  # ("5" is a string, not a number)
     except InvalidValue as e:
         raise SettingsError(f"{path}: {e}", e.key) from None
 

@@ -21,6 +21,7 @@ import pydantic
 import pydantic_core
 
 M = TypeVar("M", bound=pydantic.BaseModel)
+JSON = "json"  # validation's context key: the values are a JSON document's (`parse`'s from_json)
 
 # Every model of user values: immutable once built, no unknown keys, no NaN or infinity.
 STRICT = pydantic.ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
@@ -42,6 +43,11 @@ class Exact(pydantic.BaseModel):
         if isinstance(value, bool) and bool not in types:
             raise ValueError("should be a number" if types & {int, float} else
                              "should not be true or false")
+        # a JSON document's number is written as one: "5" is a string (the environment's
+        # values and the command line's are strings by nature, and are read as numbers)
+        if isinstance(value, str) and types & {int, float} and (info.context or {}).get(JSON):
+            raise ValueError(f"should be {'a number' if float in types else 'an integer'}, "
+                             "not a string")
         return value
 
 
@@ -57,8 +63,9 @@ def null_is_default(*fields: str):
 class RequestValues(Exact):
     """A request to the local API: `Exact`, and strict all the way down, as JSON wrote its
     values: a number is not read from a string ("1"), nor a whole number from 1.0, nor
-    true taken for 1 in a list (`"documents": [true]`), where pydantic would read each. (A
-    settings file's and the environment's values stay lax: a variable's value is a string.)"""
+    true taken for 1 in a list (`"documents": [true]`), where pydantic would read each. (The
+    environment's values stay lax: a variable's value is a string; a settings file's numbers
+    are JSON numbers, `parse`'s from_json.)"""
 
     model_config = pydantic.ConfigDict(strict=True)
 
@@ -138,15 +145,18 @@ def secret_error(message: str) -> pydantic_core.PydanticCustomError:
 
 
 def parse(model: type[M], data: Mapping[str, Any], *, names: Mapping[str, str] | None = None,
-          within: str | None = None, strict: bool = False) -> M:
+          within: str | None = None, strict: bool = False, from_json: bool = False) -> M:
     """`model` built from `data`, or InvalidValue for the first problem found.
 
     `names` maps field names to what the user typed (e.g. "budget_ms" -> "--budget-ms");
     `within`: the request field `data` is (e.g. "generation": "generation.max_tokens");
-    `strict`: `data` is a request's, read as `RequestValues` are.
+    `strict`: `data` is a request's, read as `RequestValues` are;
+    `from_json`: `data` is a JSON document's (the settings file): a number given as a string
+    ("5") is refused, nested models' too, as true is (a list still makes a tuple).
     """
     try:
-        return model.model_validate(dict(data), strict=strict or None)
+        return model.model_validate(dict(data), strict=strict or None,
+                                    context={JSON: True} if from_json else None)
     except pydantic.ValidationError as e:
         error = first_problem(e.errors(include_url=False))
         field = ".".join(str(p) for p in error["loc"]) or model.__name__

@@ -191,3 +191,50 @@ def test_saving_settings_writes_what_was_set_not_every_default(tmp_path):
     assert saved == {"version": settings.SETTINGS_VERSION, "theme": "dark",
                      "generation": {"temperature": 0.2}, "n_ctx": 4096}
     assert settings.saved_settings(path).restore_budget_ms == settings.Settings().restore_budget_ms
+
+
+def _numbers(model) -> dict:
+    """Each number field of `model` (of the settings, generation's too): a value in range."""
+    out = {}
+    for name, field in model.model_fields.items():
+        types = set(getattr(field.annotation, "__args__", (field.annotation,)))
+        if types & {int, float} and bool not in types:
+            bounds = {type(m).__name__: m for m in field.metadata}
+            out[name] = (bounds["Le"].le if "Le" in bounds else bounds["Lt"].lt - 1)
+    return out
+
+
+def test_a_settings_file_s_numbers_are_json_numbers_not_strings(tmp_path, monkeypatch):
+    """(`{"generation": {"temperature": "0.5"}}` was taken silently, while `"yes"` was refused
+    for a true or false and the API refuses "1" for a number.)"""
+    from desktop_app.options import GenerationOptions
+
+    path = tmp_path / "settings.json"
+    top, generation = _numbers(settings.Settings), _numbers(GenerationOptions)
+    assert {"storage_budget_gb", "restore_budget_ms", "ollama_port", "n_ctx"} <= top.keys()
+    assert {"temperature", "max_tokens", "seed"} <= generation.keys()
+    cases = [({k: v}, k, v) for k, v in top.items()] + [
+        ({"generation": {k: v}}, f"generation.{k}", v) for k, v in generation.items()]
+    for saved, key, value in cases:
+        path.write_text(json.dumps(saved))
+        settings.saved_settings(path)  # as a JSON number: taken
+        text = json.loads(json.dumps(saved).replace(json.dumps(value), f'"{value}"', 1))
+        path.write_text(json.dumps(text))
+        with pytest.raises(settings.SettingsError, match=(
+                rf'settings.json: {key}: should be an? (number|integer), not a string '
+                rf'\(got "{value}"\)')):
+            settings.saved_settings(path)
+    # the environment's values and the command line's are strings by nature: still read
+    path.write_text(json.dumps({"n_ctx": 2048}))
+    monkeypatch.setenv("KVDESK_N_CTX", "4096")
+    assert settings.load(path).n_ctx == 4096
+    assert settings.load(path).with_overrides(storage_budget_gb="5").storage_budget_gb == 5.0
+    # the window's Settings saves numbers as numbers, which read back
+    before = settings.saved_settings(path)
+    settings.save_edits(before, before.with_values(
+        storage_budget_gb=5, ollama_port=11500,
+        generation=GenerationOptions(temperature=0.5, max_tokens=64)), path)
+    saved = json.loads(path.read_text())
+    assert saved["storage_budget_gb"] == 5.0 and saved["ollama_port"] == 11500
+    assert saved["generation"] == {"temperature": 0.5, "max_tokens": 64}
+    assert settings.saved_settings(path).generation.temperature == 0.5
