@@ -38,6 +38,21 @@ def test_listing_and_verifying_do_not_create_a_data_directory(tmp_path):
 
 
 @pytest.mark.model
+def test_verify_repair_with_no_store_says_so_and_creates_nothing(tmp_path):
+    """(`verify --repair` made the folder, or a store and its reserve beside the user's files,
+    to say all was intact.)"""
+    userdocs = tmp_path / "userdocs"
+    userdocs.mkdir()
+    (userdocs / "notes.txt").write_text("x")
+    for data in (tmp_path / "x" / "y", userdocs):
+        proc = kvdesk("--data-dir", str(data), "verify", "--repair", "--json")
+        assert json.loads(proc.stdout)["chunks"] == 0 and "repair" not in proc.stdout
+        assert "Note: no " in proc.stderr and str(data) in proc.stderr, proc.stderr
+    assert not (tmp_path / "x").exists()
+    assert sorted(p.name for p in userdocs.iterdir()) == ["notes.txt"]
+
+
+@pytest.mark.model
 def test_commands_about_stored_things_do_not_create_a_data_directory(tmp_path):
     """(A mistyped --data-dir made a store and its 16 MB reserve to say "no chat 1".)"""
     data = tmp_path / "mistyped"

@@ -73,7 +73,7 @@ def models(app: App, as_json: bool):
 def verify(app: App, repair: bool, as_json: bool):
     """Check every stored KV chunk and codec calibration; set aside (and with --repair, fix)
     what fails or is missing."""
-    if not repair:
+    if not repair or not app.holds_store:  # (no store: nothing to repair, none made)
         only_reading(app)
     report = app.store.verify()
     unusable = [c for c in report["calibrations"] if c["state"] != "ok"]
