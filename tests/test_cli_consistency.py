@@ -83,6 +83,21 @@ def test_a_folder_with_no_store_is_read_as_no_data_directory(tmp_path):
     assert sorted(p.name for p in data.iterdir()) == ["notes.txt"]
 
 
+def test_export_s_format_json_refuses_with_the_json_document_json_does(tmp_path):
+    """(`export 99 --json` printed {"error": ..., "kind": "MissingError"}; `--format json`,
+    the same by its help, printed no JSON document.)"""
+    said = []
+    for spelling in (["--json"], ["--format", "json"], ["--format=json"]):
+        proc = subprocess.run([sys.executable, "-m", "desktop_app", "export", "99", *spelling],
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 1 and "Error: no chat 99" in proc.stderr, proc.stderr
+        said.append(json.loads(proc.stdout))
+    assert said == [{"error": "no chat 99", "kind": "MissingError"}] * 3
+    proc = subprocess.run([sys.executable, "-m", "desktop_app", "export", "99"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and proc.stdout == ""  # (markdown: the error on stderr only)
+
+
 FULL = """
 import sys
 from store import DiskFullError

@@ -40,13 +40,13 @@ def main(argv: list[str] | None = None) -> None:
     try:
         cli.main(args=args, prog_name="kvdesk", standalone_mode=False)
     except click.exceptions.Abort:  # a second Ctrl-C (the first stops the work cleanly)
-        if "--json" in args and not base.json_printed:  # stdout: one JSON document
+        if base.wants_json(args) and not base.json_printed:  # stdout: one JSON document
             click.echo(json.dumps({"error": "interrupted", "kind": "Interrupted"}))
         click.echo("Aborted.", err=True)
         sys.exit(130)
     except click.UsageError as e:  # a malformed command line: one Error line, and where to look
         hint = f" (`{e.ctx.command_path} -h` for help)" if e.ctx is not None else ""
-        if "--json" in args:
+        if base.wants_json(args):
             click.echo(json.dumps({"error": e.format_message(), "kind": "UsageError"}))
         click.echo(f"Error: {e.format_message()}{hint}", err=True)
         sys.exit(1)
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as e:
         if not is_user_error(e):
             raise
-        if "--json" in args and not base.json_printed:
+        if base.wants_json(args) and not base.json_printed:
             click.echo(json.dumps({"error": str(e), "kind": type(e).__name__}))
         click.echo(base.error_line(e), err=True)
         sys.exit(1)

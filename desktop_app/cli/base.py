@@ -7,6 +7,7 @@ No logic lives here that the GUI would need too: that belongs in `App` and the e
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import signal
 import sys
@@ -94,6 +95,14 @@ class Kvdesk(click.Group):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         ctx.meta["kvdesk.argv"] = list(args)
         return super().parse_args(ctx, args)
+
+
+def wants_json(args: list[str]) -> bool:
+    """Whether a command line asks for one JSON document on stdout, a refusal's too: --json,
+    or export's --format json (the same, as its help says), before any `--`."""
+    before = args[:args.index("--")] if "--" in args else args
+    return "--json" in before or "--format=json" in before or any(
+        pair == ("--format", "json") for pair in itertools.pairwise(before))
 
 
 def asks_help(args: list[str]) -> bool:
