@@ -68,7 +68,8 @@ def test_commands_about_stored_things_do_not_create_a_data_directory(tmp_path):
 @pytest.mark.model
 def test_a_folder_with_no_store_is_read_as_no_data_directory(tmp_path):
     """(`--data-dir ~/Documents` made a store and its 16 MB reserve beside the user's files
-    for `chats` to say there were none.)"""
+    for `chats` to say there were none; then it said "no data directory at" the folder that
+    was there.)"""
     data = tmp_path / "userdocs"
     data.mkdir()
     (data / "notes.txt").write_text("x")
@@ -76,7 +77,8 @@ def test_a_folder_with_no_store_is_read_as_no_data_directory(tmp_path):
                     ["reopen", "1"], ["export", "1"], ["ask", "--chat", "1", "hi"]):
         proc = subprocess.run([sys.executable, "-m", "desktop_app", "--data-dir", str(data),
                                *command], capture_output=True, text=True, timeout=300)
-        assert f"no data directory at {data} yet" in proc.stderr, (command, proc.stderr)
+        assert f"Note: no kvdesk data in {data} yet" in proc.stderr, (command, proc.stderr)
+        assert "no data directory" not in proc.stderr, (command, proc.stderr)
         assert "Traceback" not in proc.stderr, command
         assert sorted(p.name for p in data.iterdir()) == ["notes.txt"], command
     kvdesk("--data-dir", str(data), "info", "--json")  # (its memos go elsewhere too)

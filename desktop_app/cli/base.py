@@ -220,8 +220,17 @@ def only_reading(app) -> None:
     """A command that only reads: where the data directory does not exist or holds no store
     (a first run, a mistyped --data-dir) it is read as empty, said, and not written to."""
     app.reads_only = True
-    if not app.holds_store:
-        say([f"no data directory at {app.data_dir} yet: nothing is stored there"])
+    if not app.holds_store:  # (a folder that exists: only the store is missing)
+        say([f"no kvdesk data in {app.data_dir} yet: nothing is stored there"
+             if _folder(app.data_dir) else
+             f"no data directory at {app.data_dir} yet: nothing is stored there"])
+
+
+def _folder(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
 
 
 def say(messages: list[str]) -> None:
