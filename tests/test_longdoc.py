@@ -25,7 +25,7 @@ from desktop_app.kv.blending import repeats
 from desktop_app.model import llamacalls
 from desktop_app.model.kvstate import in_position_order
 from desktop_app.model.llamacalls import pieces
-from desktop_app.model.prompts import passage_layout, passage_prefix
+from desktop_app.model.prompts import passage_head, passage_layout, passage_prefix
 from desktop_app.model.runtime import Runtime
 from desktop_app.options import GenerationOptions, RestoreOptions
 from desktop_app.results import Source
@@ -102,6 +102,11 @@ def test_passage_kv_is_computed_once_then_read_back(make_engine, level):
     stored = passage_entries(eng)
     assert len(stored) == 2
     assert {e.levels for e in stored.values()} == {(level,)}  # one level, not every one
+    # Each extends one entry of the passages' system prompt, stored once: not its own copy.
+    (head,) = {eng.store.entry(e.parent_id) for e in stored.values()}
+    assert eng.store.tokens(head.id) == list(passage_head(eng.runtime))
+    assert head.parent_id is None and head.levels == (level,) and not head.passage
+    assert all(e.token_start == head.token_end for e in stored.values())
     assert eng.store.passage_entries(eng.fingerprint) == {doc: 2}
     rt = eng.runtime
     own = [len(passage_prefix(rt, t).tokens) for t in PASSAGES[:2]]
@@ -662,7 +667,8 @@ def test_the_local_api_answers_from_passages_and_names_them(make_engine):
     again = eng.complete(messages, documents=[eng.doc], generation=GREEDY)
     assert again.sources == first.sources
     assert not first.stored and not again.stored  # blended: approximate, never stored
-    assert not [e for e in eng.store.entries() if not e.passage]
+    heads = {e.parent_id for e in passage_entries(eng).values()}  # (the passages' head)
+    assert not [e for e in eng.store.entries() if not e.passage and e.id not in heads]
     assert again.cached_tokens >= len(passage_prefix(eng.runtime, PASSAGES[1]).tokens)
     # The last user message's turn quotes its evidence, as a chat's question does.
     turn, _, quoted, _, _ = eng.completions.prompt(messages, eng.completions.documents([eng.doc]))
@@ -773,9 +779,9 @@ def test_a_chat_over_one_passage_is_read_at_the_passage_level_without_a_note(mak
                      generation=GREEDY, restore=high)
     assert eng.exactness.idle.wait(300)
     (entry,) = [e for e in eng.store.entries() if e.chat_id == follow.chat_id]
-    while entry.parent_id is not None:  # (its first turn's may be the first chat's)
+    while not entry.passage and entry.parent_id is not None:  # (the first chat's, maybe)
         entry = eng.store.entry(entry.parent_id)
-    assert entry.passage  # the chat's turns extend the passage's entry
+    assert entry.passage  # the chat's turns extend the passage's entry (and its head)
     eng.runtime.reset()
     report = eng.reopen(follow.chat_id, restore=high)
     assert {"balanced", "high"} <= set(report.chunk_levels), report.chunk_levels

@@ -279,8 +279,9 @@ class Blender:
     def _reuse(self, rt, entry, part, start, ropes, options, speeds, cancel, messages, levels):
         """([(keys, values, which tokens are held) per cache section], bytes read) of a
         later part from its own entry, moved into place (the part begins at position `start`
-        of the prefix); None when there is nothing to reuse."""
-        if entry is None or entry.parent_id is not None:
+        of the prefix); None when there is nothing to reuse. (A passage's entry that extends
+        the passages' head holds the part; the head's KV, before the part, is never read.)"""
+        if entry is None or (entry.parent_id is not None and not entry.passage):
             return None
         try:
             stored = self.store.tokens(entry.id)
@@ -320,6 +321,8 @@ class Blender:
             for offset, at, n in runs:
                 skip = min(n, max(0, held_from - at))
                 at, offset, n = at + skip, offset + skip, n - skip
+                if not n:  # (a run before the chunks read: the head a passage extends)
+                    continue
                 delta = np.full(n, start + offset - at)  # from its place in the entry
                 keys[:, offset:offset + n] = rope.rerotate(k[:, at:at + n], delta, layer_ropes)
                 values[:, offset:offset + n] = v[:, at:at + n]

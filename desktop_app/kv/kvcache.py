@@ -79,6 +79,7 @@ class KVCache:
         decoded_until: int = 0,
         holds: Sequence[int] = (),
         keep: Collection[int] = (),
+        extends: int | None = None,
     ) -> int | None:
         """Encode and store the KV of `tokens` (the context's first tokens) beyond what is
         already stored for them; returns the id of the entry that ends at len(tokens), or
@@ -89,15 +90,17 @@ class KVCache:
         (store.BudgetFullError); else the caches it evicted are added to `evicted`, never
         the entries `keep` (one that fits only without them is not kept: "too_large").
         `passage`: the text of the passage of `document_id` the tokens are (`passagekv`), not
-        its prefix. `holds`: the documents whose KV the tokens hold, read before the tokens
-        were: the entry goes with any of them, and is not stored if one is gone already
-        (store.NotFoundError)."""
+        its prefix; its entry is a root, or extends entry `extends` (the passages' shared
+        head, `passagekv`) where that is the longest stored prefix of `tokens`. `holds`: the
+        documents whose KV the tokens hold, read before the tokens were: the entry goes with
+        any of them, and is not stored if one is gone already (store.NotFoundError)."""
         levels = tuple(levels or self.levels)
         match = self.store.longest_prefix(rt.fingerprint, tokens, touch=False)
         if match.n_tokens == len(tokens) and match.entries:
             return match.entries[-1].id
-        # A passage's entry is always a root: `blending` moves it into place whole.
-        parent = None if passage is not None else match.parent
+        # A passage's entry never extends another's: `blending` moves it into place alone.
+        parent = match.parent if passage is None or (
+            match.parent is not None and match.parent.id == extends) else None
         deepest = match.entries[-1] if match.entries else None
         if passage is None and deepest is not None and deepest is not parent and \
                 deepest.document_id is None and not rt.layout.swa_layers:

@@ -1,12 +1,16 @@
 """A long document's passages, each with a KV entry of its own, computed when first needed.
 
 A passage's KV is computed on its own, after the shared passage system prompt, as attach does
-for a document (`prompts.passage_prefix`), and stored as an ordinary root entry marked as a
-passage's (store: `passage`). Its tokens say nothing of the document it came from, so the
-entry is keyed by content through the store's prefix hashes: the same text under the same
-model is one entry, found by the same longest-prefix lookup a document's is, whichever
-document holds it. It is stored at one level (the setting `passage_level`, `balanced` by
-default), not every level: a book has thousands of passages.
+for a document (`prompts.passage_prefix`), and stored as an entry marked as a passage's
+(store: `passage`) that extends one entry holding the system prompt's KV alone, the
+passages' head (`prompts.passage_head`), stored once per model: otherwise each passage would
+store those ~50 tokens again, a quarter of its bytes. (A sliding-window model's passage is a
+root entry: its window holds the head anyway; so is one stored by an older kvdesk.) Its
+tokens say nothing of the document it came from, so the entry is keyed by content through
+the store's prefix hashes: the same text under the same model is one entry, found by the
+same longest-prefix lookup a document's is, whichever document holds it. It is stored at one
+level (the setting `passage_level`, `balanced` by default), not every level: a book has
+thousands of passages.
 
 `ensure` computes the missing ones (the first time they are retrieved) in the context it is
 given — unless the shared cache (S3 tier) has them: they travel like documents' entries, and
@@ -25,9 +29,9 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from store import Entry, NotFoundError, Store, StoreError
+from store import BudgetFullError, Entry, NotFoundError, Store, StoreError
 
-from ..model.prompts import passage_prefix
+from ..model.prompts import passage_head, passage_prefix
 from ..model.runtime import Runtime
 from ..results import Progress, location, size_text
 from . import repair
@@ -64,6 +68,7 @@ class PassageKV:
         self.sharing = sharing  # the shared cache: looked at before computing, fed after
         self.level = level
         self._tokens: dict[tuple[str, str], tuple[int, ...]] = {}  # (model, text): its prefix
+        self._heads: dict[str, tuple[int, ...]] = {}  # model: the passages' head
 
     def tokens(self, rt: Runtime, text: str) -> tuple[int, ...]:
         """The passage's own prefix: what its KV is computed after and keyed by."""
@@ -74,14 +79,23 @@ class PassageKV:
             self._tokens[key] = passage_prefix(rt, text).tokens
         return self._tokens[key]
 
+    def head(self, rt: Runtime) -> tuple[int, ...]:
+        """The tokens every passage's prefix under `rt`'s model begins with (its entry
+        extends theirs)."""
+        if rt.fingerprint not in self._heads:
+            self._heads[rt.fingerprint] = passage_head(rt)
+        return self._heads[rt.fingerprint]
+
     def entry(self, rt: Runtime, text: str, *, touch: bool = False) -> Entry | None:
-        """The stored entry holding exactly this passage's prefix, if any."""
+        """The stored entry holding exactly this passage's prefix (a root, or extending the
+        passages' head), if any."""
         tokens = self.tokens(rt, text)
         match = self.store.longest_prefix(rt.fingerprint, tokens, touch=touch)
         if match.n_tokens != len(tokens) or not match.entries:
             return None
         last = match.entries[-1]
-        if last.parent_id is not None or last.token_end != len(tokens):
+        if last.token_end != len(tokens) or (last.parent_id is not None and not (
+                last.passage and len(match.entries) == 2 and _is_head(match.entries[0]))):
             return None
         return self.store.name_passage(last, text)  # (one stored by a kvdesk before names)
 
@@ -150,9 +164,10 @@ class PassageKV:
         rt.reset()
         rt.prefill(list(tokens), cancel=cancel, logits=False)
         made: list[dict] = []
+        head = self._head_entry(rt, tokens, evict, keep, made, cancel)
         entry_id = self.kv.store_prefix(rt, tokens, (self.level,), document_id=document_id,
                                         cancel=cancel, passage=text, evict=evict,
-                                        evicted=made, keep=keep)
+                                        evicted=made, keep=keep, extends=head)
         left = [c for c in made if c.get("too_large") and c["entry"] == entry_id]
         evicted += [c for c in made if c not in left]
         entry = None
@@ -169,6 +184,29 @@ class PassageKV:
             keep.add(entry.id)
             ready.notes.extend(self.sharing.push_after_attach(entry.id)[1])
         return entry
+
+    def _head_entry(self, rt: Runtime, tokens: Sequence[int], evict: bool, keep: set[int],
+                    evicted: list[dict], cancel: threading.Event | None) -> int | None:
+        """The id of the passages' head entry that passage `tokens`, in `rt`'s context now,
+        extends: stored from that context, at the passage level, where there is none. None
+        where the passage shares no head: a sliding-window model, tokens that do not begin
+        with it, or none stored (the storage budget), or one stored at another level (before
+        `passage_level` was changed: the passages stored since are roots)."""
+        head = self.head(rt)
+        if rt.layout.swa_layers or not 0 < len(head) < len(tokens) or \
+                tuple(tokens[:len(head)]) != head:
+            return None
+        match = self.store.longest_prefix(rt.fingerprint, head, touch=False)
+        found = match.entries[-1] if match.n_tokens == len(head) and match.entries else None
+        if found is None:
+            try:
+                stored = self.kv.store_prefix(rt, head, (self.level,), cancel=cancel, evict=evict,
+                                              evicted=evicted, keep=keep)
+                found = None if stored is None else self.store.entry(stored)
+            except (BudgetFullError, NotFoundError):  # (evicted at once: too large for it)
+                return None
+        usable = found is not None and found.token_end == len(head) and _is_head(found)
+        return found.id if usable and self.level in found.levels else None
 
     def _heal(self, rt: Runtime, entry: Entry, cancel: threading.Event | None) -> bool:
         """Entry `entry`'s damaged chunks computed again in `rt` and stored in place (as
@@ -249,6 +287,13 @@ class _Unstored:
         return [f"{self.count} passage(s) not stored: {why}; nothing else was evicted for them, "
                 "and they are computed where this question reads them (and again at the next "
                 "question; the setting storage_budget_gb)"]
+
+
+def _is_head(entry: Entry) -> bool:
+    """Whether `entry` can be the passages' head: a root holding no document, chat or
+    passage of its own."""
+    return (entry.parent_id is None and not entry.passage and entry.document_id is None
+            and entry.chat_id is None)
 
 
 def described(store: Store, document_id: int | None, name: str | None) -> str:

@@ -97,7 +97,9 @@ class LocalSource:
         for (entry, chunk, level), n in store.chunk_sizes(ids).items():
             self._sizes.setdefault((entry, chunk), {})[level] = n
         entries = {i: store.entry(i) for i in ids}
-        self.one_level = frozenset(i for i, e in entries.items() if e.passage)
+        # (a passage's entry, and the passages' head one extends: stored at one level)
+        self.one_level = frozenset(i for i, e in entries.items() if e.passage) | {
+            e.parent_id for e in entries.values() if e.passage and e.parent_id is not None}
         self.prefilled = {i: e.token_end for i, e in entries.items() if e.document_id is not
                           None and e.chat_id is None and not e.passage}
         # (`sizes` leaves a chunk set aside out, as if it were never stored: the entry says)

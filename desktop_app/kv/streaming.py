@@ -84,7 +84,9 @@ def warm_up_restore(store: Store, levels: Sequence[str],
     entries real chunks name), from what the user is likely to restore next, without encoding
     anything and without the model loaded. `cancel` stops it between levels; an unreadable
     chunk is skipped (a restore will say what is wrong with it)."""
-    entries = [e for e in store.entries() if not e.passage]
+    stored = store.entries()
+    heads = {e.parent_id for e in stored if e.passage}  # (the passages': one level)
+    entries = [e for e in stored if not e.passage and e.id not in heads]
     if not entries:
         return
     newest = entries[-1]  # least recently used first

@@ -200,6 +200,22 @@ def passage_prefix(tpl: Template, text: str) -> Prefix:
     return Prefix(msgs, rendered, tuple(tpl.tokenize(rendered, add_bos=tpl.adds_bos)), n, n)
 
 
+# Passages unlike at their start (a letter, a digit, a space, a line break, a mark, code,
+# another script): what every passage's prefix holds before them is what all of these share.
+_UNLIKE = ("a", "The", "1.", " x", "\nx", "# x", "def f():", "\u65e5\u672c", "\u00c9t\u00e9", "(x)")
+
+
+def passage_head(tpl: Template) -> tuple[int, ...]:
+    """The tokens every passage's own prefix (`passage_prefix`) begins with, whatever its text:
+    the passages' system prompt as the template renders it, which their KV can share. A
+    passage whose tokens do not begin so (its first characters merged with the template's
+    last ones) shares none of it."""
+    heads = [passage_prefix(tpl, text).tokens for text in _UNLIKE]
+    n = min(len(h) for h in heads)
+    n = next((i for i in range(n) if len({h[i] for h in heads}) > 1), n)
+    return heads[0][:n]
+
+
 def passage_layout(tpl: Template, texts: Sequence[str]) -> Layout:
     """A chat's prefix over passages: the first passage's own prefix, then each further one
     as a system message of its own, which its own prefix holds after its copy of the system
