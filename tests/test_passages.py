@@ -387,6 +387,7 @@ def test_a_follow_up_is_led_by_its_own_words_and_its_it_by_the_turns(tmp_path, e
     for (subject, clerk), depth in zip(clerks, (0.3, 0.7, 0.2), strict=True):
         paragraphs.insert(int(depth * len(paragraphs)),
                           f"\nRecords about {subject} are kept by a clerk named {clerk}.\n")
+    paragraphs.insert(len(paragraphs) // 2, "\nThe lighthouse harbormaster is Tobiah Quen.\n")
     text = "\n".join(paragraphs)
     with Store(tmp_path / "data") as store:
         doc = store.add_document("h", "topics", text, type="text")
@@ -405,6 +406,11 @@ def test_a_follow_up_is_led_by_its_own_words_and_its_it_by_the_turns(tmp_path, e
         assert switched == [h.text for h in retriever.retrieve(
             doc.id, "And where did the Quillfeather conference of 2031 take place?",
             focus=True)]
+        # A word rare in the document says what it asks about as a name does: read as if
+        # asked alone ("Who is the harbormaster?" read the last answer's passages beside).
+        lone = "Who is the lighthouse harbormaster?"
+        assert read(lone) == [h.text for h in retriever.retrieve(doc.id, lone, focus=True)]
+        assert "Tobiah Quen" in read(lone)[0], read(lone)
         assert not retriever.specific(doc.id, "And who keeps the records about it?")
         assert retriever.specific(doc.id, "Who keeps the records about the Zelmar vault?")
         that = read("And who keeps the records about it?")

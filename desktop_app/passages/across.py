@@ -57,7 +57,8 @@ def across(retriever: Retriever, doc_ids: Sequence[int], question: str, *,
     holders = rare_holders(retriever, docs, question)
     follow_up = bool(turns) and not any(retriever.specific(d, question) for d in docs)
     if follow_up:
-        holders = {**rare_holders(retriever, docs, "\n".join(turns)), **holders}
+        theirs = rare_holders(retriever, docs, "\n".join(turns))  # (not the answers' numbers)
+        holders = {**{w: ids for w, ids in theirs.items() if not w.isdigit()}, **holders}
     bm25: dict[int, float] = {}
     worded: set[int] = set()  # the documents holding a word of the question (or turns)
     for query in dict.fromkeys([question, " ".join([question, *turns])]):

@@ -140,8 +140,9 @@ class Retriever:
         """BM25 over the question, fused with BM25 over the question and the chat's recent
         `turns` (what a follow-up's "it" refers to), then with a ranking of the passages
         holding the question's rare words (a name, an identifier: in at most RARE_PASSAGES
-        passages) when it has any; for a follow-up writing no name, with the recent turns'
-        rare words too (a word of its own may be rare by chance: "keeps"). Returns (ranking,
+        passages) when it has any; for a follow-up saying nothing of its own, with the recent
+        turns' rare words too (a word of its own may be rare by chance, "Who keeps it?"; not
+        their numbers, the last answer's "21:15", not what "it" is). Returns (ranking,
         {rare word: the passages holding it}, empty when not fused; None when the rare words
         are the question's own, else the passage BM25 over the question alone ranks first,
         read beside them).
@@ -154,21 +155,23 @@ class Retriever:
         question writes a name the document holds often (`written_names`: `nonlocal` in a
         language reference), only its rare names count: a common word that happens to be
         rare in the document ("kept") is not what it asks about, and would take the place of
-        that name's passages. A question writing a name the document holds, and no word
-        pointing back ("it", "they": `refers_back`), is not joined with the turns at all: it
-        asks about that name, whatever the chat said before."""
+        that name's passages. A question writing a name the document holds or a word rare in
+        it, and no word pointing back ("it", "they": `refers_back`), is not joined with the
+        turns at all: it asks about that, whatever the chat said before."""
         alone = [(p.id, score) for p, score in self.store.search_passages(doc_id, question, n)]
         rare, names = self._rare(doc_id, question) if self.rare_words else ([], set())
         whole, lead = alone, None
-        # A question naming what it asks about needs no turns to say what it is: joined, the
-        # last answer's words (wrong ones too) only add their passages to its own.
-        if turns and not (names and not refers_back(question)):
+        # A question saying what it asks about needs no turns to say what it is ("Who is the
+        # harbormaster?", as `specific`): joined, the last answer's words (wrong ones too, and
+        # its numbers) only add their passages to its own.
+        own = bool(turns) and self.specific(doc_id, question)
+        if turns and not own:
             joined = self.store.search_passages(doc_id, " ".join([question, *turns]), n)
             whole = fuse([alone, [(p.id, score) for p, score in joined]])
         if not self.rare_words:
             return whole, {}, None
-        if not names and turns:  # a follow-up naming nothing: "it" is the turns'
-            theirs = self._rare(doc_id, " ".join(turns))[0]
+        if turns and not own:  # a follow-up saying nothing of its own: "it" is the turns'
+            theirs = [w for w in self._rare(doc_id, " ".join(turns))[0] if not w.isdigit()]
             rare, lead = list(dict.fromkeys([*rare, *theirs])), [pid for pid, _ in alone[:1]]
         if not rare:
             return whole, {}, None
