@@ -20,13 +20,12 @@ import time
 import uuid
 from pathlib import Path
 
-import pydantic
 from fastapi import FastAPI, Request
 
 from ..app import App
 from ..chat.completions import RawPrompt
 from ..results import Completion
-from ..validation import InvalidValue, null_is_default
+from ..validation import InvalidValue
 from . import bridge, streams
 from . import schemas as s
 from .api import _data, _stream
@@ -40,10 +39,7 @@ class TextRequest(s.Sampled):
     prompt: str | list[str | int]
     suffix: str | None = None
     echo: bool = False
-    best_of: int | None = None
-    # kvdesk's own field: how to restore; documents belong in a chat's messages.
-    kvdesk: s.KvdeskOptions = pydantic.Field(default_factory=s.KvdeskOptions)
-    _kvdesk_null = null_is_default("kvdesk")
+    best_of: int | None = None  # (`kvdesk`: how to restore; documents belong in a chat)
 
     def text(self) -> RawPrompt:
         self.check_supported()

@@ -2,8 +2,10 @@
 conversation without tools.
 
     POST   /v1/responses          `input` (a string, or message items of text parts),
-                                  `instructions`, `previous_response_id`, sampling; streamed as
-                                  the Responses API streams (typed events) or not
+                                  `instructions`, `previous_response_id`, sampling, kvdesk's
+                                  own `kvdesk` field (documents to answer from, how to
+                                  restore: as on chat completions); streamed as the Responses
+                                  API streams (typed events) or not
     GET    /v1/responses/{id}     a stored response
     DELETE /v1/responses/{id}     forget it
 
@@ -11,8 +13,10 @@ A response continues the conversation `previous_response_id` names: the server k
 stored response's conversation (its input items and answer; not its instructions, which, as
 OpenAI's, apply to one response only) in the data directory, so a conversation continues after
 a restart too, and through the same persistent prompt cache as chat completions: its stored KV
-comes back, only the new input is computed. `store: false` keeps nothing. The newest
-`KEEP` responses are kept. Tools, reasoning, images and files are refused by name.
+comes back, only the new input is computed. The documents a response was answered from
+are kept with it: a response continuing it reads them again unless its own `kvdesk` field
+names others (`"documents": []`: none). `store: false` keeps nothing. The newest `KEEP`
+responses are kept. Tools, reasoning, images and files are refused by name.
 
 Routes only translate, as in `api`: the engine does the work.
 """
@@ -111,11 +115,12 @@ class Kept:
             raise MissingError(f"no stored response {rid!r} (responses are kept when asked "
                                f"with store: true, the newest {KEEP:,})") from None
 
-    def save(self, response: dict, conversation: list[dict]) -> None:
+    def save(self, response: dict, conversation: list[dict], documents: list[int]) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.path(response["id"])
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"response": response, "conversation": conversation}))
+        tmp.write_text(json.dumps({"response": response, "conversation": conversation,
+                                   "documents": documents}))
         os.replace(tmp, path)
         kept = sorted(self.folder.glob(f"{_ID}*.json"), key=lambda p: p.stat().st_mtime)
         for old in kept[:-KEEP]:
@@ -134,11 +139,13 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
         if not served.is_openai_name(body.model):
             raise ApiError(404, served.refusal(body.model, ollama=False),
                            code="model_not_found", param="model")
-        history = kept.load(body.previous_response_id)["conversation"] \
-            if body.previous_response_id else []
-        conversation = [*history, *body.conversation()]
+        previous = kept.load(body.previous_response_id) if body.previous_response_id else {}
+        conversation = [*previous.get("conversation", []), *body.conversation()]
         system = [{"role": "system", "content": body.instructions}] if body.instructions else []
-        messages, generation = [*system, *conversation], body.generation()
+        messages = [*system, *conversation]
+        options = body.kvdesk.engine_options(body.generation(), body.stops())
+        if "documents" not in body.kvdesk.model_fields_set:  # those it continues from
+            options["documents"] = previous.get("documents", [])
         rid, mid = f"{_ID}{uuid.uuid4().hex}", f"msg_{uuid.uuid4().hex}"
         created = int(time.time())
 
@@ -152,13 +159,14 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
                     conversation[-1]["role"] == "assistant" else []
                 said = "".join(m["content"] for m in given) + done.text
                 kept.save(answered, [*conversation[:len(conversation) - len(given)],
-                                     {"role": "assistant", "content": said}])
+                                     {"role": "assistant", "content": said}],
+                          list(options["documents"]))
             return answered
 
         if not body.stream:
             try:
                 done = await bridge.call(request, stopping, lambda cancel: app.engine.complete(
-                    messages, generation=generation, cancel=cancel))
+                    messages, cancel=cancel, **options))
             except (ContextFullError, InvalidValue) as e:
                 raise _in_input(e) from None
             refuse_cut(done)  # (the server stopping cut it short: an error, never stored)
@@ -185,8 +193,8 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
         try:
             objects = await streams.objects(
                 request, stopping, lambda emit, cancel: app.engine.complete(
-                    messages, generation=generation, cancel=cancel, on_token=emit,
-                    on_start=lambda: emit(bridge.READY)),
+                    messages, cancel=cancel, on_token=emit,
+                    on_start=lambda: emit(bridge.READY), **options),
                 piece=lambda text: {"type": "response.output_text.delta", **at,
                                     "content_index": 0, "delta": text, "logprobs": []},
                 done=closing,

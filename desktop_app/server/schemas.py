@@ -122,8 +122,9 @@ UNSUPPORTED = {"tools": "tool calls", "functions": "function calls",
 
 
 class Sampled(RequestValues):
-    """What OpenAI's chat and text completions share: the model, streaming, how the answer is
-    sampled and where it stops."""
+    """What OpenAI's chat and text completions and the Responses API share: the model,
+    streaming, how the answer is sampled and where it stops, and kvdesk's own field (the
+    documents to answer from, how to restore: `KvdeskOptions`, checked alike on each)."""
 
     model_config = pydantic.ConfigDict(extra="allow")
     model: str = Field(min_length=1)
@@ -146,7 +147,8 @@ class Sampled(RequestValues):
     stop: str | list[str] | None = None
     n: int = 1
     logprobs: bool | int | None = None
-    _nulls = null_is_default("stream", "n")
+    kvdesk: KvdeskOptions = Field(default_factory=KvdeskOptions)
+    _nulls = null_is_default("stream", "n", "kvdesk")
 
     def check_supported(self) -> None:
         extra = self.model_extra or {}
@@ -179,8 +181,6 @@ class Sampled(RequestValues):
 class ChatRequest(Sampled):
     messages: list[Message] = Field(min_length=1)
     response_format: dict | None = None
-    kvdesk: KvdeskOptions = Field(default_factory=KvdeskOptions)
-    _kvdesk_null = null_is_default("kvdesk")
 
     def check_supported(self) -> None:
         super().check_supported()
