@@ -42,20 +42,24 @@ def test_an_export_names_the_chats_documents_and_each_sources_document(tmp_path)
         sources = [{"passage_id": i, "document_id": d.id, "index": i, "text": "x",
                     "score": 1.0, "lines": [i, i], "heading": []}
                    for i, d in enumerate((a, b), start=1)]
-        store.add_message(chat.id, "assistant", "b.", {"sources": sources})
+        store.add_message(chat.id, "assistant", "b.",
+                          {"sources": sources, "documents": [a.id, b.id, c.id]})
         plain = store.create_chat("none")
         library = Library(store)
         exported = library.export_chat(chat.id)
         assert "\nDocuments: a.txt, b.txt, c.txt\n" in exported
         assert "> source: a.txt #1 \\[line 1\\]  \n> source: b.txt #2 \\[line 2\\]" in exported
         as_json = json.loads(library.export_chat(chat.id, "json"))
-        assert as_json["documents"] == [{"id": d.id, "title": d.title} for d in (a, b, c)]
+        assert as_json["documents"] == [{"id": d.id, "title": d.title, "deleted": False}
+                                        for d in (a, b, c)]
         store.delete_document(b.id)
         exported = library.export_chat(chat.id)
-        assert "\nDocuments: a.txt, c.txt\n" in exported
+        # (It was named nowhere: a chat over one whole document deleted named none at all.)
+        assert "\nDocuments: a.txt, c.txt, b.txt (deleted)\n" in exported
         assert "> source: b.txt (deleted) #2" in exported  # its title kept for the chat
-        assert [d["id"] for d in json.loads(library.export_chat(chat.id, "json"))["documents"]
-                ] == [a.id, c.id]
+        assert [(d["id"], d["deleted"]) for d in json.loads(
+            library.export_chat(chat.id, "json"))["documents"]] == [
+                (a.id, False), (c.id, False), (b.id, True)]
         assert "Documents" not in library.export_chat(plain.id)
         assert json.loads(library.export_chat(plain.id, "json"))["documents"] == []
 

@@ -314,14 +314,18 @@ class Library:
                 **self.store.document_titles()}
 
     def export_chat(self, chat_id: int, fmt: str = "markdown") -> str:
-        """A chat as Markdown (its title, the documents it is about, each message with the
-        sources and quote of an answer over passages, each source naming its document) or
-        JSON ("documents": [{"id", "title"}], "messages": MessageInfo's)."""
+        """A chat as Markdown (its title, the documents it is about, then those its answers
+        were given that are deleted since, "(deleted)"; each message with the sources and
+        quote of an answer over passages, each source naming its document) or JSON
+        ("documents": [{"id", "title", "deleted"}], "messages": MessageInfo's)."""
         chat = self.chat(chat_id)
         msgs = self.messages(chat_id)
         titles = self.titles()
-        docs = [{"id": d, "title": titles[d]}
-                for d in self.store.chat_document_ids().get(chat_id, []) if d in titles]
+        now = self.store.chat_document_ids().get(chat_id, [])
+        given = [d for m in msgs for d in (m.stats or {}).get("documents") or ()]
+        kept, gone = self.store.document_titles(), self.store.deleted_titles()
+        docs = [{"id": d, "title": kept[d] if d in now else gone[d], "deleted": d not in now}
+                for d in dict.fromkeys([*now, *given]) if d in (kept if d in now else gone)]
         if fmt == "json":
             return json.dumps({"chat_id": chat.id, "title": chat.title, "documents": docs,
                                "messages": [m.as_dict() for m in msgs]}, indent=2)
@@ -329,7 +333,8 @@ class Library:
             raise EngineError(f"unknown export format {fmt!r}: markdown or json")
         parts = [f"# {_literal(chat.title)}\n"]
         if docs:
-            parts.append(f"Documents: {_literal(', '.join(d['title'] for d in docs))}\n")
+            named = ", ".join(d["title"] + " (deleted)" * d["deleted"] for d in docs)
+            parts.append(f"Documents: {_literal(named)}\n")
         for m in msgs:  # a message is Markdown already (models answer in it)
             parts.append(f"**{'You' if m.role == 'user' else 'kvdesk'}:**\n\n{m.text}\n")
             stats = m.stats or {}
