@@ -5,7 +5,6 @@ and streamed, and a conversation continued by id reading its documents again."""
 from __future__ import annotations
 
 import httpx
-import openai
 import pytest
 from test_server import Running
 
