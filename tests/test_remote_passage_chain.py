@@ -6,6 +6,8 @@ there, and leaves the older manifests and root passages' entries as they were. N
 from __future__ import annotations
 
 import hashlib
+import json
+import sqlite3
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -226,6 +228,80 @@ def test_verify_checks_and_repairs_the_head_s_chunks_too(a, b, remote_tier, s3_s
     assert sync.find(remote_tier, FP, HEAD + PASSAGES[0]).head_end == 100
 
 
+CALS = [b"KVCL calibration %d, opaque to the store" % i * 10 for i in range(2)]
+CAL_IDS = [hashlib.sha256(c).hexdigest() for c in CALS]
+
+
+def calibrated(a, remote_tier, head_cal=None, cal=CAL_IDS[0]):
+    """Machine A's head (of calibration `head_cal`) and a passage of `cal` extending it, pushed
+    (a head stored before the model was calibrated, its passage after, by default)."""
+    for data in CALS:
+        a.put_calibration(FP, data)
+    doc = long_document(a)
+    head = put_entry(a, HEAD, chunk_size=CS, calibration=head_cal)
+    child = passage_entry(a, head, doc, 0, calibration=cal)
+    sync.push(a, remote_tier, child)
+    return head, child
+
+
+def test_a_head_and_its_passage_travel_each_with_its_own_calibration(a, b, remote_tier):
+    head, child = calibrated(a, remote_tier)
+    key = remote_tier.manifest_key(FP, 250, child.prefix_hash)
+    raw = remote_tier.get(key)
+    assert b'"version": 6' in raw and b'"head_calibration": null' in raw
+    manifest = sync.find(remote_tier, FP, HEAD + PASSAGES[0])
+    assert (manifest.calibration, manifest.head_calibration) == (CAL_IDS[0], None)
+    assert remote_tier.exists(remote_tier.calibration_key(FP, CAL_IDS[0]))
+    assert not remote_tier.exists(remote_tier.calibration_key(FP, CAL_IDS[1]))
+    entry = pull_passage(b, remote_tier, long_document(b), 0)
+    here = b.entry(entry.parent_id)
+    assert (here.calibration, entry.calibration) == (None, CAL_IDS[0])
+    assert b.calibration(CAL_IDS[0]) == CALS[0] and len(b.calibrations()) == 1
+    assert chunk_bytes(b, entry.id) == chunk_bytes(a, child.id)
+    assert b.unusable_calibrations() == set()
+    assert checking.check(b, remote_tier, entry)["damaged"] == []
+
+
+def test_a_head_of_another_calibration_lands_with_it_or_on_one_held_here(
+        a, b, remote_tier, s3_server):
+    head, child = calibrated(a, remote_tier, head_cal=CAL_IDS[1])
+    manifest = sync.find(remote_tier, FP, HEAD + PASSAGES[0])
+    assert (manifest.calibration, manifest.head_calibration) == tuple(CAL_IDS)
+    entry = pull_passage(b, remote_tier, long_document(b), 0)
+    assert (b.entry(entry.parent_id).calibration, entry.calibration) == (CAL_IDS[1], CAL_IDS[0])
+    assert [b.calibration(i) for i in CAL_IDS] == CALS and b.unusable_calibrations() == set()
+    # Verify reads both calibrations back, and puts back the head's from a copy held here.
+    found = checking.check(a, remote_tier, child)
+    assert (found["objects"], found["damaged"]) == (12, [])
+    cal_key = remote_tier.calibration_key(FP, CAL_IDS[1])
+    s3_server.client().delete_object(Bucket=remote_tier.config.bucket, Key=cal_key)
+    found = checking.check(b, remote_tier, entry, repair=True)
+    assert [d["key"] for d in found["damaged"]] == [cal_key] and found["repaired"] == 1
+    assert remote_tier.get(cal_key) == CALS[1]
+    # A head held here under another calibration serves (each chunk names its own): its
+    # calibration only has to be held intact; the manifest's head's is then not fetched.
+    where = b.data_dir.parent / "c"
+    with open_store(where) as c:
+        c.put_calibration(FP, CALS[0])
+        mine = put_entry(c, HEAD, chunk_size=CS, calibration=CAL_IDS[0])
+        entry = pull_passage(c, remote_tier, long_document(c), 0)
+        assert (entry.parent_id, entry.calibration) == (mine.id, CAL_IDS[0])
+        assert [r.id for r in c.calibrations()] == [CAL_IDS[0]]
+        c.delete_entry(mine.id)  # (and the passage's)
+        c.put_calibration(FP, CALS[1] + b"!")  # (another, whose bytes are then damaged)
+        mine = put_entry(c, HEAD, chunk_size=CS,
+                         calibration=hashlib.sha256(CALS[1] + b"!").hexdigest())
+    conn = sqlite3.connect(where / "kvdesk.sqlite")
+    conn.execute("UPDATE calibrations SET data = ? WHERE id = ?", (b"X", mine.calibration))
+    conn.commit()
+    conn.close()
+    with open_store(where) as c, pytest.raises(PassageHeadError, match="cannot read"):
+        pull_passage(c, remote_tier, c.documents()[0], 0)
+    assert sync.status(b, remote_tier, FP) == {
+        "reachable": True, "local_entries": 1, "remote_entries": 1, "only_local": 0,
+        "only_remote": 0}
+
+
 def test_pull_all_leaves_passages_extending_the_head(a, b, remote_tier):
     shared(a, remote_tier, n=2)
     report = sync.pull_all(b, remote_tier, FP)
@@ -289,3 +365,36 @@ def test_a_version_5_manifest_is_checked_and_refused_by_older_readers(monkeypatc
     monkeypatch.setattr(manifest_module, "VERSION", 4)  # a kvdesk before this one
     with pytest.raises(CorruptObjectError, match="newer than this kvdesk understands"):
         Manifest.from_json(data, key=key, fingerprint=FP)
+
+
+def test_a_head_of_another_calibration_is_named_in_version_6(monkeypatch):
+    objects = tuple(ChunkObject(i + 1, f"{i:x}" * 64) for i in range(3))
+    chained = replace(MANIFEST, passage=True, head_end=260, chunks={"high": objects},
+                      document=RemoteDocument("", "T", "passage", None, ""),
+                      calibration="d" * 64, head_calibration="d" * 64)
+    # The head's calibration the entry's: version 5 as the kvdesk before wrote it (byte for
+    # byte), the head's read as the entry's.
+    assert hashlib.sha256(chained.to_json()).hexdigest()[:16] == "ead84bf67344d14a"
+    assert hashlib.sha256(replace(chained, calibration=None, head_calibration=None).to_json(
+        )).hexdigest()[:16] == "af079ca351e6d6f3"
+    key = "p/manifests/x.json"
+    assert Manifest.from_json(chained.to_json(), key=key, fingerprint=FP) == chained
+    for head_cal in (None, "e" * 64):
+        other = replace(chained, head_calibration=head_cal)
+        data = other.to_json()
+        assert b'"version": 6' in data and b'"head_calibration": ' in data
+        assert Manifest.from_json(data, key=key, fingerprint=FP) == other
+        assert other.calibrations == (("d" * 64,) if head_cal is None else ("d" * 64, head_cal))
+    for bad in ("E" * 64, "e" * 63, 7, ["e" * 64]):
+        with pytest.raises(CorruptObjectError, match="head's calibration"):
+            Manifest.from_json(replace(chained, head_calibration=bad).to_json(), key=key,
+                               fingerprint=FP)
+    body = json.loads(replace(chained, head_calibration="e" * 64).to_json())
+    del body["checksum"], body["head_end"]  # (a head's calibration, and no head)
+    with pytest.raises(CorruptObjectError, match="head's calibration"):
+        Manifest.from_json(json.dumps({**body, "checksum": manifest_module._checksum(body)}),
+                           key=key, fingerprint=FP)
+    monkeypatch.setattr(manifest_module, "VERSION", 5)  # the kvdesk before this one
+    with pytest.raises(CorruptObjectError, match="version 6 is newer"):
+        Manifest.from_json(replace(chained, head_calibration=None).to_json(), key=key,
+                           fingerprint=FP)

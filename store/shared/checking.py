@@ -10,10 +10,9 @@ hold intact.
 
 from __future__ import annotations
 
-import contextlib
 from concurrent.futures import ThreadPoolExecutor
 
-from ..errors import CorruptChunkError, CorruptObjectError, NotFoundError
+from ..errors import CorruptChunkError, CorruptObjectError, NotFoundError, StoreError
 from ..records import Entry
 from ..store import Store
 from .heads import PassageHeadError, sources
@@ -58,7 +57,7 @@ def check(store: Store, tier: RemoteTier, entry: Entry, *, repair: bool = False)
 
     with ThreadPoolExecutor(tier.config.parallel, thread_name_prefix="kv-check") as pool:
         chunks = [d for d in pool.map(damage, work) if d is not None]
-    report["objects"] = len(work) + (manifest.calibration is not None)
+    report["objects"] = len(work) + len(manifest.calibrations)
     report["damaged"] += chunks
     held = sources(store, entry)[1] if repair and chunks else []
     for bad in chunks if repair else ():
@@ -71,17 +70,19 @@ def check(store: Store, tier: RemoteTier, entry: Entry, *, repair: bool = False)
         if sha256(data) == bad["sha256"]:
             tier.put(bad["key"], data)
             report["repaired"] += 1
-    if (cal_id := manifest.calibration) is not None:
+    for cal_id in manifest.calibrations:  # (the entry's, and its head's if another)
         key = tier.calibration_key(fingerprint, cal_id)
         try:
             tier.get(key, digest=cal_id)
         except (NotFoundError, CorruptObjectError) as e:
             report["damaged"].append({"key": key, "error": str(e)})
-            if repair and entry.calibration == cal_id:
-                # (this store's own copy, where it has one intact)
-                with contextlib.suppress(NotFoundError, CorruptObjectError):
-                    tier.put(key, store.calibration(cal_id))
-                    report["repaired"] += 1
+            try:  # (this store's own copy, where it has one intact: read, checked)
+                data = store.calibration(cal_id) if repair else None
+            except StoreError:  # (missing or damaged here too)
+                data = None
+            if data is not None:
+                tier.put(key, data)
+                report["repaired"] += 1
     return report
 
 

@@ -10,7 +10,10 @@ and the passage as an entry extending it (store.shared.sync's `pull`).
 
 Only such a chain travels: a passage's entry extending anything else, one with a window
 (sliding-window models keep root passages), or one whose head lacks one of its levels or was
-encoded otherwise is refused (`PassageHeadError`). Pure lookups here: no I/O to the tier.
+cut into chunks of another size is refused (`PassageHeadError`). A head encoded under another
+codec calibration than the passage's travels (the common case: a head stored before the model
+was calibrated, passages after), its calibration named apart (`Manifest.head_calibration`).
+Pure lookups here: no I/O to the tier.
 """
 
 from __future__ import annotations
@@ -64,22 +67,40 @@ def sources(store: Store, entry: Entry) -> tuple[Entry | None, list[tuple[int, i
                f"{sorted(set(entry.levels) - set(head.levels))}")
     elif window or store.windows([head.id]):
         why = "it has a window (a sliding-window model's passages are shared as root entries)"
-    elif head.chunk_size != entry.chunk_size or head.calibration != entry.calibration:
-        why = (f"its head (entry {head.id}) was stored with another chunk size or codec "
-               "calibration")
+    elif head.chunk_size != entry.chunk_size:
+        why = f"its head (entry {head.id}) was stored with another chunk size"
     if why is not None:
         raise PassageHeadError(f"KV entry {entry.id} cannot be shared: {why}")
     return head, [(head.id, i) for i in range(head.n_chunks)] + own
 
 
+def calibrations(entry: Entry, head: Entry | None) -> list[str]:
+    """The codec calibrations an entry's manifest names (its own, then its head's if another):
+    those its chunks need, uploaded with it."""
+    return list(dict.fromkeys(c for c in (entry.calibration, head and head.calibration) if c))
+
+
 def local_head(store: Store, manifest: Manifest, levels: Iterable[str]) -> Entry | None:
     """The local entry that can be the head of a v5 manifest's passage at `levels`: a complete
     root of no document, chat or passage whose tokens are exactly the manifest's first
-    `head_end` ones, holding every one of `levels`; None where there is none."""
+    `head_end` ones, holding every one of `levels`; None where there is none.
+
+    Its codec calibration may be another than the manifest's head's: each chunk names the
+    one it needs, and a restore resolves it per chunk; it must only be held here intact
+    (PassageHeadError where it is not: another head of the same tokens cannot be made, and
+    the store's repair encodes this one again)."""
     head_end = manifest.head_end
     match = store.longest_prefix(manifest.fingerprint, manifest.tokens[:head_end], touch=False)
     if match.n_tokens != head_end or not match.entries:
         return None
     found = match.entries[-1]
     usable = found.token_end == head_end and is_head(found) and set(levels) <= set(found.levels)
-    return found if usable else None
+    if not usable:
+        return None
+    if found.calibration is not None:
+        try:
+            store.calibration(found.calibration)
+        except StoreError as e:
+            raise PassageHeadError(f"the passages' head held here (entry {found.id}) needs a "
+                                   f"codec calibration this store cannot read ({e})") from None
+    return found

@@ -36,9 +36,10 @@ class LocalCopy:
     the entries `keep` (store.write_entry), nor the entries it extends.
 
     A v5 manifest's entry (a passage's extending the passages' head) is copied in two: `head`,
-    its first chunks as a root entry of no document (tokens [0, head_end)); then, with
-    `parent_id` a local such head, the passage's own chunks as an entry extending it. `add`
-    and `missing` name chunks by their index in the manifest either way.
+    its first chunks as a root entry of no document (tokens [0, head_end), of the manifest's
+    `head_calibration`); then, with `parent_id` a local such head, the passage's own chunks as
+    an entry extending it. `add` and `missing` name chunks by their index in the manifest
+    either way.
     """
 
     def __init__(self, store: Store, manifest: Manifest, levels: Iterable[str] | None = None,
@@ -77,7 +78,8 @@ class LocalCopy:
                 manifest.fingerprint, manifest.tokens[:manifest.head_end] if head
                 else manifest.tokens, levels=self.levels, parent_id=parent_id,
                 chunk_size=manifest.chunk_size, document_id=document_id,
-                window_start=manifest.window_start, calibration=manifest.calibration,
+                window_start=manifest.window_start,
+                calibration=manifest.head_calibration if head else manifest.calibration,
                 passage=manifest.passage and not head,
                 passage_hash=None if head else passage_hash, evict=evict, keep=keep)
         except BaseException:

@@ -45,7 +45,7 @@ from ..errors import CorruptObjectError
 from ..tokens import chunk_spans, decode, encode, prefix_hashes
 
 FORMAT = "kvdesk-kv-manifest"
-VERSION = 5  # the newest this code reads; an entry without a window is written as 2
+VERSION = 6  # the newest this code reads; an entry without a window is written as 2
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -77,6 +77,7 @@ class Manifest:
     calibration: str | None = None
     passage: bool = False  # a passage's entry (version 4), not a document's
     head_end: int | None = None  # a passage's extending the passages' head [0, head_end) (v5)
+    head_calibration: str | None = None  # the head's chunks' (with head_end; v6 if another)
 
     @property
     def token_end(self) -> int:
@@ -106,13 +107,25 @@ class Manifest:
         return chunk_spans(self.window_start, self.token_end, self.chunk_size)
 
     @property
+    def calibrations(self) -> tuple[str, ...]:
+        """Every calibration the manifest's chunks need: the entry's, then its head's."""
+        named = (self.calibration, self.head_calibration)
+        return tuple(dict.fromkeys(c for c in named if c is not None))
+
+    @property
+    def own_head_calibration(self) -> bool:
+        """Whether a v5 manifest's head needs another calibration than the entry's (v6)."""
+        return self.head_end is not None and self.head_calibration != self.calibration
+
+    @property
     def nbytes(self) -> int:
         return sum(c.nbytes for objects in self.chunks.values() for c in objects)
 
     def to_json(self) -> bytes:
         body = {
             "format": FORMAT,
-            "version": 5 if self.head_end is not None else 4 if self.passage
+            "version": 6 if self.own_head_calibration else 5 if self.head_end is not None
+            else 4 if self.passage
             else 2 if self.window_start is None else 3,
             "fingerprint": self.fingerprint,
             "tokens": base64.b64encode(encode(self.tokens)).decode(),
@@ -130,6 +143,8 @@ class Manifest:
             body["passage"] = True
         if self.head_end is not None:
             body["head_end"] = self.head_end
+        if self.own_head_calibration:
+            body["head_calibration"] = self.head_calibration
         return json.dumps({**body, "checksum": _checksum(body)}, sort_keys=True).encode()
 
     @classmethod
@@ -161,6 +176,9 @@ class Manifest:
                 calibration=body.get("calibration"),
                 passage=bool(body.get("passage", False)),
                 head_end=None if body.get("head_end") is None else int(body["head_end"]),
+                # (version 6 names it, null for none; a version 5 head's is the entry's)
+                head_calibration=body["head_calibration"] if body["version"] >= 6
+                else body.get("calibration") if body.get("head_end") is not None else None,
             )
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise CorruptObjectError(key, f"malformed manifest ({type(e).__name__})") from None
@@ -175,6 +193,10 @@ class Manifest:
             raise CorruptObjectError(key, "an empty entry")
         if self.calibration is not None and not _DIGEST.match(str(self.calibration)):
             raise CorruptObjectError(key, "it names a calibration that is not a SHA-256")
+        if self.head_calibration is not None and (
+                self.head_end is None or not _DIGEST.match(str(self.head_calibration))):
+            raise CorruptObjectError(key, "it names a head's calibration that is not a SHA-256 "
+                                          "of a head it extends")
         if prefix_hash is not None and prefix_hash != self.prefix_hash:
             raise CorruptObjectError(key, "its tokens do not hash to its key")
         if self.window_start is not None and not 0 <= self.window_start < self.token_end:

@@ -8,9 +8,9 @@ entry only once every chunk is in: a partial copy is never visible locally, what
 interrupts it. A streaming restore feeds the same LocalCopy with the chunks it reads, so what
 it read is kept.
 
-An entry whose chunks need a codec calibration takes it along: push uploads the calibration
-object (content-addressed, immutable) before the manifest, and a pull or a streaming copy
-fetches it (`fetch_calibration`) into the local store before anything decodes.
+An entry takes the codec calibrations its chunks need along (its head's too): push uploads them
+(content-addressed, immutable) before the manifest, and a pull fetches them into the local store
+(`fetch_calibration`) before anything decodes.
 
 Only documents' and passages' root entries travel, with their windows (store.caches.kv), and
 passages' entries extending the passages' head, with the head's chunks (store.shared.heads);
@@ -40,7 +40,7 @@ from ..errors import (
 from ..records import Document, Entry
 from ..store import Store
 from ..tokens import encode, prefix_hashes
-from .heads import PassageHeadError, local_head, sources, travels
+from .heads import PassageHeadError, calibrations, local_head, sources, travels
 from .localcopy import LocalCopy, add_document
 from .manifest import ChunkObject, Manifest, RemoteDocument
 from .remote import RemoteTier, sha256
@@ -130,10 +130,9 @@ def push(store: Store, tier: RemoteTier, entry: Entry, *,
         return Transfer(entry_title(store, entry, document), token_end, 0, 0, skipped=True)
     head, chunks = sources(store, entry)  # (raises before anything is sent)
     present = tier.list_folder(tier.entry_folder(fingerprint, prefix_hash))
-    if entry.calibration is not None:
-        key = tier.calibration_key(fingerprint, entry.calibration)
-        if not tier.exists(key):  # content-addressed: one already there is the same
-            tier.put(key, store.calibration(entry.calibration))
+    for cal_id in calibrations(entry, head):  # (content-addressed: one there is the same)
+        if not tier.exists(key := tier.calibration_key(fingerprint, cal_id)):
+            tier.put(key, store.calibration(cal_id))
     window = store.windows([entry.id]).get(entry.id, ())
     n_chunks = len(chunks)  # (the window's parts are numbered after the chunks)
     work = [(i, level) for i in range(n_chunks) for level in entry.levels]
@@ -170,6 +169,7 @@ def push(store: Store, tier: RemoteTier, entry: Entry, *,
         calibration=entry.calibration,
         passage=entry.passage,
         head_end=None if head is None else head.token_end,
+        head_calibration=None if head is None else head.calibration,
     )
     # Last: until this object exists the entry is invisible to every other machine.
     tier.put(tier.manifest_key(fingerprint, token_end, prefix_hash), manifest.to_json())
@@ -205,10 +205,12 @@ def _has_manifest(tier: RemoteTier, fingerprint: str, token_end: int, prefix_has
 # -- pull ------------------------------------------------------------------------------------
 
 
-def fetch_calibration(store: Store, tier: RemoteTier, manifest: Manifest) -> str | None:
-    """Make the calibration a manifest's chunks need a local one (fetched, checked against
-    its SHA-256, stored) and return its id; None if they need none."""
-    cal_id = manifest.calibration
+def fetch_calibration(store: Store, tier: RemoteTier, manifest: Manifest, *,
+                      head: bool = False) -> str | None:
+    """Make the calibration a manifest's chunks need (`head`: a v5 manifest's head's chunks)
+    a local one (fetched, checked against its SHA-256, stored) and return its id; None if
+    they need none."""
+    cal_id = manifest.head_calibration if head else manifest.calibration
     if cal_id is None:
         return None
     try:
@@ -274,18 +276,18 @@ def pull(store: Store, tier: RemoteTier, manifest: Manifest, *,
     budget is dropped (BudgetFullError); else the caches storing it evicted are added to
     `evicted` (store.gc's `evicted_caches`; the copy itself, "too_large", where it is larger
     than the whole budget, or than the room the entries `keep` leave: then not kept; those are
-    never evicted for it). A level with a chunk object missing or damaged
-    there is left out, the others kept (`left_out`: {level: error}); with none intact, the
-    first error is raised.
+    never evicted for it). A level with a chunk object missing or damaged there is left out,
+    the others kept (`left_out`: {level: error}); with none intact, the first error is raised.
 
     A passage's entry extending the passages' head (a version 5 manifest, store.shared.heads)
     becomes a local entry extending the local head: the complete root of no document holding
-    exactly the head's tokens at every level copied, else one made first from the manifest's
-    head chunks (a root entry of no document, never evicted for the passage). The passage's
-    entry is returned; its `parent_id` is the head's. A head made so stays when the passage's
-    copy then fails: a valid entry, the head of the next passage pulled or computed here. A
-    head that cannot be had at those levels (one too large for the budget, or an identical one
-    held already at other levels) fails the pull: PassageHeadError.
+    exactly the head's tokens at every level copied, of any calibration held here, else one
+    made first from the manifest's head chunks, with its calibration (never evicted for the
+    passage). The passage's entry is returned, extending the head. A head made so stays when
+    the passage's copy then fails: a valid entry, the head of the next passage pulled or
+    computed here. A head that cannot be had at those levels (one too large for the budget,
+    an identical one held already at other levels, or one whose calibration is unreadable
+    here) fails the pull: PassageHeadError.
     """
     fetch_calibration(store, tier, manifest)
     levels, keep = tuple(levels or manifest.levels), set(keep)
@@ -296,6 +298,7 @@ def pull(store: Store, tier: RemoteTier, manifest: Manifest, *,
         if manifest.head_end is not None:
             head = local_head(store, manifest, levels)
             if head is None:
+                fetch_calibration(store, tier, manifest, head=True)
                 head = _copy(tier, lambda lv: LocalCopy(store, manifest, lv, head=True,
                                                         evict=evict, keep=keep),
                              levels, progress, made, failed)
