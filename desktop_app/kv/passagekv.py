@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from store import BudgetFullError, Entry, NotFoundError, Store, StoreError
+from store.shared.heads import is_head
 
 from ..model.prompts import passage_head, passage_prefix
 from ..model.runtime import Runtime
@@ -95,7 +96,7 @@ class PassageKV:
             return None
         last = match.entries[-1]
         if last.token_end != len(tokens) or (last.parent_id is not None and not (
-                last.passage and len(match.entries) == 2 and _is_head(match.entries[0]))):
+                last.passage and len(match.entries) == 2 and is_head(match.entries[0]))):
             return None
         return self.store.name_passage(last, text)  # (one stored by a kvdesk before names)
 
@@ -190,8 +191,8 @@ class PassageKV:
         """The id of the passages' head entry that passage `tokens`, in `rt`'s context now,
         extends: stored from that context, at the passage level, where there is none. None
         where the passage shares no head: a sliding-window model, tokens that do not begin
-        with it, or none stored (the storage budget), or one stored at another level (before
-        `passage_level` was changed: the passages stored since are roots)."""
+        with it, or none stored (the storage budget), or one stored at another level or chunk
+        size (before `passage_level` was changed: the passages stored since are roots)."""
         head = self.head(rt)
         if rt.layout.swa_layers or not 0 < len(head) < len(tokens) or \
                 tuple(tokens[:len(head)]) != head:
@@ -205,7 +206,8 @@ class PassageKV:
                 found = None if stored is None else self.store.entry(stored)
             except (BudgetFullError, NotFoundError):  # (evicted at once: too large for it)
                 return None
-        usable = found is not None and found.token_end == len(head) and _is_head(found)
+        usable = found is not None and found.token_end == len(head) and is_head(found) and \
+            found.chunk_size == self.kv.chunk_tokens  # (one chunk grid: the tier's manifest)
         return found.id if usable and self.level in found.levels else None
 
     def _heal(self, rt: Runtime, entry: Entry, cancel: threading.Event | None) -> bool:
@@ -287,13 +289,6 @@ class _Unstored:
         return [f"{self.count} passage(s) not stored: {why}; nothing else was evicted for them, "
                 "and they are computed where this question reads them (and again at the next "
                 "question; the setting storage_budget_gb)"]
-
-
-def _is_head(entry: Entry) -> bool:
-    """Whether `entry` can be the passages' head: a root holding no document, chat or
-    passage of its own."""
-    return (entry.parent_id is None and not entry.passage and entry.document_id is None
-            and entry.chat_id is None)
 
 
 def described(store: Store, document_id: int | None, name: str | None) -> str:
