@@ -14,8 +14,9 @@ store's, so one query scores every document's passages alike), then its rank in 
 document. Focused, as one document's retrieval is (`most_named`): when the question writes
 such rare words, only the passages holding the most of them are read. A follow-up saying
 nothing of its own counts the recent turns' rare words too, unfocused: they say what it is
-about. A document holding none of the question's words (nor the turns') gives nothing beside
-one that does: its own retrieval could offer only passages near the question in meaning.
+about. A document holding none of the question's words (those by which it asks aside) gives
+nothing beside one that does, but to a follow-up: its own retrieval could offer only passages
+near the question in meaning.
 
 It never computes KV and never decides what the chat's context holds.
 """
@@ -33,6 +34,7 @@ from .retrieve import (
     Hit,
     Retriever,
     asked_with,
+    frequencies,
     most_named,
     rare_words,
     recent_text,
@@ -57,17 +59,17 @@ def across(retriever: Retriever, doc_ids: Sequence[int], question: str, *,
     holders = rare_holders(retriever, docs, question)
     follow_up = bool(turns) and not any(retriever.specific(d, question) for d in docs)
     if follow_up:
-        theirs = rare_holders(retriever, docs, "\n".join(turns))  # (not the answers' numbers)
-        holders = {**{w: ids for w, ids in theirs.items() if not w.isdigit()}, **holders}
+        holders = {**rare_holders(retriever, docs, "\n".join(turns)), **holders}
     bm25: dict[int, float] = {}
-    worded: set[int] = set()  # the documents holding a word of the question (or turns)
     for query in dict.fromkeys([question, " ".join([question, *turns])]):
         for d in docs:
             for p, score in store.search_passages(d, query, CANDIDATES):
                 bm25[p.id] = bm25.get(p.id, 0.0) + score
-                worded.add(d)
-    # A document holding none of its words gives only passages near it in meaning: beside
-    # one that holds them, those fill the places with what the question never names.
+    # A document holding none of the question's words (but those by which it asks) gives
+    # only passages near it in meaning: beside one that holds them, those fill the places
+    # with what the question never names. (A follow-up's turns say what it is about.)
+    worded = set() if follow_up else {
+        d for d in docs if any(frequencies(store, d, question, 1).values())}
     of = {h.passage_id: (d, h) for d, hits in found.items() for h in hits
           if d in worded or not worded}
     rank = {h.passage_id: i for hits in found.values() for i, h in enumerate(hits)}

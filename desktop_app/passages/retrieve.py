@@ -141,8 +141,8 @@ class Retriever:
         `turns` (what a follow-up's "it" refers to), then with a ranking of the passages
         holding the question's rare words (a name, an identifier: in at most RARE_PASSAGES
         passages) when it has any; for a follow-up saying nothing of its own, with the recent
-        turns' rare words too (a word of its own may be rare by chance, "Who keeps it?"; not
-        their numbers, the last answer's "21:15", not what "it" is). Returns (ranking,
+        turns' rare words too (a word of its own may be rare by chance, "Who keeps it?").
+        Returns (ranking,
         {rare word: the passages holding it}, empty when not fused; None when the rare words
         are the question's own, else the passage BM25 over the question alone ranks first,
         read beside them).
@@ -162,8 +162,8 @@ class Retriever:
         rare, names = self._rare(doc_id, question) if self.rare_words else ([], set())
         whole, lead = alone, None
         # A question saying what it asks about needs no turns to say what it is ("Who is the
-        # harbormaster?", as `specific`): joined, the last answer's words (wrong ones too, and
-        # its numbers) only add their passages to its own.
+        # harbormaster?", as `specific`): joined, the last answer's words (wrong ones too)
+        # only add their passages to its own.
         own = bool(turns) and self.specific(doc_id, question)
         if turns and not own:
             joined = self.store.search_passages(doc_id, " ".join([question, *turns]), n)
@@ -171,7 +171,7 @@ class Retriever:
         if not self.rare_words:
             return whole, {}, None
         if turns and not own:  # a follow-up saying nothing of its own: "it" is the turns'
-            theirs = [w for w in self._rare(doc_id, " ".join(turns))[0] if not w.isdigit()]
+            theirs = self._rare(doc_id, " ".join(turns))[0]
             rare, lead = list(dict.fromkeys([*rare, *theirs])), [pid for pid, _ in alone[:1]]
         if not rare:
             return whole, {}, None
