@@ -198,7 +198,9 @@ def test_a_commands_help_is_shown_whatever_the_settings_hold(capsys, monkeypatch
                         (["ask", "-h"], "Usage: kvdesk ask")):
         code, out, err = run(capsys, argv)
         assert code == 0 and out.startswith(usage) and not err, (argv, out, err)
-    for argv in (["remote", "status"], ["ask", "--chat", "6", "--", "--help"]):
+    # ("-h" as an option's value is taken for help: the command then says what is wrong.)
+    for argv in (["remote", "status"], ["ask", "--chat", "6", "--", "--help"],
+                 ["passages", "1", "--query", "-h"]):
         code, out, err = run(capsys, argv)
         check_outcome(code, out, err, False)
         assert code == 1 and "KVDESK_REMOTE_ENDPOINT_URL: its port" in err, (argv, err)

@@ -21,6 +21,7 @@ import pydantic
 
 from .. import __version__
 from ..app import App
+from ..errors import is_user_error
 from ..results import Progress, levels_summary
 from ..settings import load as load_settings
 from ..validation import InvalidValue, parse
@@ -105,6 +106,17 @@ def wants_json(args: list[str]) -> bool:
         pair == ("--format", "json") for pair in itertools.pairwise(before))
 
 
+class Unsettled:
+    """The App of a command line asking for help while a setting is refused: what would read
+    it (an option's value written "-h", taken for help) is refused for that setting."""
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+    def __getattr__(self, name: str):
+        raise self.error
+
+
 def asks_help(args: list[str]) -> bool:
     """Whether a command line asks for help (-h or --help before any `--`)."""
     before = args[:args.index("--")] if "--" in args else args
@@ -123,12 +135,16 @@ def asks_help(args: list[str]) -> bool:
 @click.pass_context
 def cli(ctx: click.Context, model: str | None, data_dir: str | None, n_ctx: int | None):
     """kvdesk: ask a local model about long documents, without re-reading them every time."""
-    if asks_help(ctx.meta.get("kvdesk.argv", [])):
-        return  # (a command's help, printed as its options are read, needs nothing more)
     # (a folder typed on the command line is where the shell is, as any command's is)
     data_dir = str(Path(data_dir).expanduser().absolute()) if data_dir else data_dir
-    settings = checked(load_settings().with_overrides, model=model, data_dir=data_dir,
-                       n_ctx=n_ctx)
+    try:
+        settings = checked(load_settings().with_overrides, model=model, data_dir=data_dir,
+                           n_ctx=n_ctx)
+    except Exception as e:
+        if not (is_user_error(e) and asks_help(ctx.meta.get("kvdesk.argv", []))):
+            raise
+        ctx.obj = Unsettled(e)  # (help is printed before a command reads it)
+        return
     # Work that goes on after a call returns (an exact context, passages' KV) only where
     # kvdesk keeps running: a one-shot command would cancel it at exit.
     global running

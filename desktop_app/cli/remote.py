@@ -8,7 +8,7 @@ import click
 
 from ..app import App
 from ..results import Progress, counted, size_text
-from .base import TerminalProgress, cli, emit, json_option, only_reading, say
+from .base import TerminalProgress, Unsettled, cli, emit, json_option, only_reading, say
 
 
 @cli.group()
@@ -19,9 +19,9 @@ def remote(app: App):
     Set remote_bucket (and remote_endpoint_url, remote_prefix) in the settings or the
     KVDESK_REMOTE_* variables; credentials come from the AWS environment or ~/.aws.
     """
-    # (app is None where only help is asked for.) A hung bucket's three attempts are said
-    # as they come.
-    if app is not None and app.remote is not None:
+    # A hung bucket's three attempts are said as they come. (Where only help is asked for,
+    # with a setting refused, there is no app to ask.)
+    if not isinstance(app, Unsettled) and app.remote is not None:
         app.remote.on_retry = lambda message: say([message])
 
 
