@@ -125,3 +125,17 @@ def test_the_background_pass_says_when_the_budget_stops_it(make_engine, caplog):
     assert any(r.levelname == "WARNING" and "stopped with 0 of its 5 passages given their KV: "
                "the storage budget" in r.getMessage() and "storage_budget_gb" in r.getMessage()
                for r in caplog.records), [r.getMessage() for r in caplog.records][-5:]
+
+
+def test_the_passages_shared_prompt_evicted_is_named_as_a_shared_prompt(tmp_path):
+    """(A passages' head evicted, a root of no document or chat, was called "1 API prompt
+    cache(s)" in a chat over a long document.)"""
+    from desktop_app.kv.kvcache import KVCache
+    from store import Store
+
+    with Store(tmp_path / "data") as store:
+        kv = KVCache(store, ("balanced",), 64, calibrations=None)
+        (note,) = kv.eviction_notes([
+            {"entry": 1, "document_id": None, "chat_id": None, "passage": False, "bytes": 10},
+            {"entry": 2, "document_id": 3, "chat_id": None, "passage": True, "bytes": 90}])
+    assert "1 passage(s), 1 shared prompt cache(s) (100 B)" in note, note

@@ -244,7 +244,8 @@ class KVCache:
                       for c in evicted)
         kinds = [f"document {d} ({self._title(d)})" for d in docs] + [f"{n} {what}" for n, what in (
             (len(chats), "chat cache(s)"), (passages, "passage(s)"),
-            (prompts, "API prompt cache(s)")) if n]
+            # (a root of no document or chat: the local API's shared prompt, or the passages')
+            (prompts, "shared prompt cache(s)")) if n]
         return [*said, f"storing this evicted the least recently used caches to keep within the "
                 f"storage budget of {budget}: {', '.join(kinds)} "
                 f"({size_text(sum(c['bytes'] for c in evicted))}); they are computed again when "
