@@ -129,6 +129,24 @@ def remote_tier(s3_server, s3_bucket, aws_env):
 
 
 @pytest.fixture
+def a(tmp_path):
+    """Machine A's store, of two sharing a tier (`remote_tier`)."""
+    from test_store_helpers import open_store
+
+    with open_store(tmp_path / "a") as store:
+        yield store
+
+
+@pytest.fixture
+def b(tmp_path):
+    """Machine B's store."""
+    from test_store_helpers import open_store
+
+    with open_store(tmp_path / "b") as store:
+        yield store
+
+
+@pytest.fixture
 def no_second_sequence(monkeypatch):
     """llama.cpp refusing every context of more than one sequence (as it would, short of
     memory), as `model.inplace` asks for one."""

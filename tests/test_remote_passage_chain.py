@@ -26,18 +26,6 @@ TEXTS = ["The ferry leaves at nine.", "The museum opens at ten."]
 PASSAGES = [list(range(20_000, 20_150)), list(range(30_000, 30_150))]
 
 
-@pytest.fixture
-def a(tmp_path):
-    with open_store(tmp_path / "a") as store:
-        yield store
-
-
-@pytest.fixture
-def b(tmp_path):
-    with open_store(tmp_path / "b") as store:
-        yield store
-
-
 def long_document(store):
     """The long document both machines hold, with its two passages."""
     doc = store.add_document("h" * 64, "guide.txt", "\n\n".join(TEXTS), type="text")

@@ -61,18 +61,6 @@ def bucket_keys(s3_server, tier: RemoteTier) -> set[str]:
     return {o["Key"] for page in pages for o in page.get("Contents", ())}
 
 
-@pytest.fixture
-def a(tmp_path):
-    with open_store(tmp_path / "a") as store:
-        yield store
-
-
-@pytest.fixture
-def b(tmp_path):
-    with open_store(tmp_path / "b") as store:
-        yield store
-
-
 def test_layout_is_content_addressed_under_prefix_and_fingerprint():
     tier = RemoteTier(RemoteConfig(bucket="team-bucket", prefix="/team-a/"))
     digest = "ab" * 32
