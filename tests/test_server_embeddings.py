@@ -87,3 +87,54 @@ def test_a_long_upload_is_said_at_once_and_kept_as_passages(served):
     listed = httpx.get(f"{served.url}/v1/kvdesk/documents", timeout=30).json()
     assert [d["passages"] for d in listed if d["doc_id"] == result["doc_id"]] == \
         [result["passages"]]
+
+
+def test_a_text_over_the_embedders_limit_is_refused_by_openais_route_cut_by_ollamas(served):
+    """8,192 of the embedder's tokens a text, as OpenAI's models read; megabytes are refused
+    by their length, in a moment, not tokenized for minutes."""
+    embedder = served.app.engine.embedder
+    long = "ferry " * 9000  # (over 8,192 tokens, under the bound on characters)
+    assert len(embedder.tokens([long])[0]) > 8192
+    huge = "x" * (4 << 20)
+    for text, size in ((long, "tokens"), (huge, "4,194,304 characters")):
+        r = httpx.post(f"{served.url}/v1/embeddings", timeout=30, trust_env=False,
+                       json={"model": "default", "input": ["short", text]})
+        assert r.status_code == 400, r.text[:300]
+        error = r.json()["error"]
+        assert error["param"] == "input.1" and "8,192 tokens" in error["message"], error
+        assert error["message"].startswith("input.1: ") and size in error["message"], error
+    one = httpx.post(f"{served.url}/v1/embeddings", timeout=30, trust_env=False,
+                     json={"model": "default", "input": huge})
+    assert one.status_code == 400 and one.json()["error"]["param"] == "input", one.text[:300]
+    # Ollama's /api/embed reads such a text to the limit (its default: truncate), or refuses
+    # it when asked not to; the older route cuts it too.
+    cut = embedder.embed_tokens([embedder.tokens([long])[0][:8192]])[0]
+    for text in (long, huge):
+        r = httpx.post(f"{served.url}/api/embed", timeout=30, trust_env=False,
+                       json={"model": "default", "input": ["short", text]})
+        assert r.status_code == 200, r.text[:300]
+        assert r.json()["prompt_eval_count"] == 8192 + embedder.count_tokens(["short"])
+        if text is long:
+            assert np.allclose(r.json()["embeddings"][1], cut, atol=1e-6)
+        refused = httpx.post(f"{served.url}/api/embed", timeout=30, trust_env=False,
+                             json={"model": "default", "input": ["short", text],
+                                   "truncate": False})
+        assert refused.status_code == 400 and refused.json()["error"].startswith(
+            "input.1: "), refused.text
+    legacy = httpx.post(f"{served.url}/api/embeddings", timeout=30, trust_env=False,
+                        json={"model": "default", "prompt": long})
+    assert legacy.status_code == 200 and np.allclose(legacy.json()["embedding"], cut, atol=1e-6)
+
+
+def test_each_text_is_tokenized_once_for_its_vector_and_its_count(served, monkeypatch):
+    embedder = served.app.engine.embedder
+    texts = ["The ferry leaves at 07:15.", "Bicycles travel free on the crossing."]
+    want, count = embedder.embed(texts), embedder.count_tokens(texts)
+    calls = []
+    tokens = embedder.tokens
+    monkeypatch.setattr(embedder, "tokens", lambda t: calls.append(t) or tokens(t))
+    for name in ("embed", "count_tokens"):
+        monkeypatch.setattr(embedder, name, lambda *_: pytest.fail("tokenized again"))
+    got = served.client.embeddings.create(model="default", input=texts)
+    assert np.allclose([d.embedding for d in got.data], want, atol=1e-6)
+    assert got.usage.prompt_tokens == count and calls == [texts]

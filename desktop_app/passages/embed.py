@@ -39,6 +39,15 @@ class Embedder(Protocol):
 
     def count_tokens(self, texts: Sequence[str]) -> int: ...  # its own tokens, in all
 
+    # Each text's tokens, then the vectors of texts given so (cut, perhaps): `embed` and
+    # `count_tokens` of the same texts with one tokenizing (the embeddings endpoint's).
+    def tokens(self, texts: Sequence[str]) -> list[np.ndarray]: ...
+
+    def embed_tokens(self, tokens: Sequence[np.ndarray]) -> np.ndarray: ...
+
+    @property
+    def longest_token(self) -> int: ...  # characters: a text has at least len/this tokens
+
 
 def normalise(vectors: np.ndarray) -> np.ndarray:
     """Rows scaled to unit length; an all-zero row (a text with no token) stays zero."""
@@ -55,6 +64,8 @@ class WordLlamaEmbedder:
 
     def __init__(self):
         self._model = None
+        self._tokenizer = None  # (`_unpadded`)
+        self._longest: int | None = None
         self._lock = threading.Lock()
 
     @property
@@ -75,6 +86,40 @@ class WordLlamaEmbedder:
         # The tokenizer pads a batch to its longest text: count the real tokens only.
         return sum(sum(e.attention_mask) for e in self._loaded().tokenizer.encode_batch(
             list(texts), add_special_tokens=False))
+
+    def tokens(self, texts: Sequence[str]) -> list[np.ndarray]:
+        return [np.asarray(e.ids, dtype=np.int32) for e in
+                self._unpadded().encode_batch(list(texts), add_special_tokens=False)]
+
+    def embed_tokens(self, tokens: Sequence[np.ndarray]) -> np.ndarray:
+        """What `embed` gives of the texts these are the tokens of (wordllama's pooling, one
+        text at a time: no batch padded to its longest)."""
+        model = self._loaded()
+        table = model.embedding
+        out = np.zeros((len(tokens), self.DIMENSION), dtype=np.float32)
+        for i, ids in enumerate(tokens):
+            ids = np.clip(np.asarray(ids, dtype=np.int32), 0, table.shape[0] - 1)
+            out[i] = model.avg_pool(table[ids][None], np.ones((1, len(ids)), np.float32))[0]
+        return normalise(out)
+
+    @property
+    def longest_token(self) -> int:
+        if self._longest is None:
+            self._longest = max(map(len, self._unpadded().get_vocab()))
+        return self._longest
+
+    def _unpadded(self):
+        """The model's tokenizer, not padding a batch (a copy: the model's own pads)."""
+        with self._lock:
+            tokenizer = self._tokenizer
+        if tokenizer is None:
+            from tokenizers import Tokenizer
+
+            tokenizer = Tokenizer.from_str(self._loaded().tokenizer.to_str())
+            tokenizer.no_padding()
+            with self._lock:
+                self._tokenizer = self._tokenizer or tokenizer
+        return self._tokenizer
 
     def _loaded(self):
         with self._lock:

@@ -6,7 +6,10 @@ the embedder's name or "default"; `input` one text or up to 2,048; `encoding_for
 base64 (float32 little-endian, what the official client asks for by default); `dimensions`
 keeps the first N of them, scaled back to unit length (the model is trained to be cut so).
 Token arrays are refused: the embedder reads text with its own tokenizer, not the chat
-model's. Errors are the API's usual OpenAI JSON (the handlers of `api`).
+model's. A text is read up to `MAX_INPUT_TOKENS` of the embedder's tokens, as OpenAI's models
+read theirs: a longer one is refused, naming it (Ollama's route cuts it there instead, unless
+asked not to); one longer than any text of that many tokens could be is refused by its length
+alone, before it is tokenized. Errors are the API's usual OpenAI JSON (the handlers of `api`).
 
 Routes only translate: `Engine.embed` does the work, on a worker thread (`bridge`).
 """
@@ -28,6 +31,7 @@ from . import bridge
 from .schemas import EmbeddingInput
 
 MAX_INPUTS = 2048  # as OpenAI
+MAX_INPUT_TOKENS = 8192  # a text's, as OpenAI's embedding models read
 
 
 class EmbeddingsRequest(RequestValues):
@@ -60,9 +64,11 @@ def router(engine: Callable, stopping: bridge.Stopping, refuse: Callable) -> API
 
 
 async def embedded(request: Request, stopping: bridge.Stopping, engine: Callable, given,
-                   dimensions: int | None, refuse: Callable) -> tuple[np.ndarray, int]:
-    """(vectors, tokens read) of one text or a list of them, checked as every embeddings
-    route checks them (OpenAI's and Ollama's): `refuse(status, message, code, param)`."""
+                   dimensions: int | None, refuse: Callable, *, truncate: bool = False,
+                   field: str = "input") -> tuple[np.ndarray, int]:
+    """(vectors, tokens read) of one text or a list of them (the request's `field`), checked
+    as every embeddings route checks them (OpenAI's and Ollama's): `refuse(status, message,
+    code, param)`; with `truncate`, a text over MAX_INPUT_TOKENS is read to there."""
     embedder = engine().embedder
     texts = [given] if isinstance(given, str) else given
     if not texts or len(texts) > MAX_INPUTS:
@@ -75,8 +81,28 @@ async def embedded(request: Request, stopping: bridge.Stopping, engine: Callable
     if dimensions is not None and dimensions > embedder.dimension:
         refuse(400, f"dimensions: at most {embedder.dimension} for {embedder.name}",
                None, "dimensions")
-    vectors, tokens = await bridge.call(request, stopping, lambda _: (
-        engine().embed(texts), embedder.count_tokens(texts)))
+    def named(i: int) -> str:
+        return field if isinstance(given, str) else f"{field}.{i}"
+
+    def too_long(i: int, size: str) -> None:
+        refuse(400, f"{named(i)}: {size}, more than the {MAX_INPUT_TOKENS:,} tokens of a text "
+               f"{embedder.name} reads: shorten or split it", None, named(i))
+
+    bound = MAX_INPUT_TOKENS * embedder.longest_token  # (longer: surely over, untokenized)
+    texts = [t[:bound] if truncate else t for t in texts]
+    for i, text in enumerate(texts):
+        if len(text) > bound:
+            too_long(i, f"{len(text):,} characters")
+
+    def read(_) -> tuple[np.ndarray, int]:
+        tokens = embedder.tokens(texts)
+        for i, ids in enumerate(tokens):
+            if len(ids) > MAX_INPUT_TOKENS and not truncate:
+                too_long(i, f"{len(ids):,} tokens")
+        tokens = [ids[:MAX_INPUT_TOKENS] for ids in tokens]
+        return embedder.embed_tokens(tokens), sum(map(len, tokens))
+
+    vectors, tokens = await bridge.call(request, stopping, read)
     if dimensions is not None:
         vectors = normalise(vectors[:, :dimensions])
     return vectors, tokens

@@ -181,10 +181,11 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
     def refuse(status: int, message: str, code: str | None, param: str | None):
         raise ApiError(status, message, code=code, param=param)
 
-    async def vectors(request: Request, body: sh.EmbedRequest, given):
+    async def vectors(request: Request, body: sh.EmbedRequest, given, field: str):
         await check_embedding_model(body.model)
         return await embeddings.embedded(request, stopping, lambda: app.engine, given,
-                                         body.dimensions, refuse)
+                                         body.dimensions, refuse, truncate=body.truncate,
+                                         field=field)
 
     async def check_embedding_model(name: str) -> None:
         embedder = await asyncio.to_thread(lambda: app.engine.embedder)
@@ -200,7 +201,7 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
         if body.input in ("", []):  # Ollama's request to load the model: no vectors
             await check_embedding_model(body.model)
             return {"model": body.model, "embeddings": []}
-        found, tokens = await vectors(request, body, body.input)
+        found, tokens = await vectors(request, body, body.input, "input")
         return {"model": body.model, "embeddings": found.tolist(),
                 "total_duration": sh.nanoseconds(time.perf_counter() - started),
                 "load_duration": 0, "prompt_eval_count": tokens}
@@ -210,7 +211,7 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
         """The older route: one `prompt`, one `embedding`."""
         if body.prompt is None:
             raise ApiError(400, "prompt: required (one text)", param="prompt")
-        found, _ = await vectors(request, body, body.prompt)
+        found, _ = await vectors(request, body, body.prompt, "prompt")
         return {"embedding": found[0].tolist()}
 
 

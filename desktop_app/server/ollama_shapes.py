@@ -187,8 +187,9 @@ class PullRequest(ShowRequest):
 
 
 class EmbedRequest(RequestValues):
-    """/api/embed's `input` (one text or several), or the older /api/embeddings' `prompt`.
-    `truncate`, `options` and `keep_alive` are accepted: the embedder reads any length."""
+    """/api/embed's `input` (one text or several), or the older /api/embeddings' `prompt`;
+    `truncate` (Ollama's default: true) reads a text to the embedder's limit, false refuses a
+    longer one (`embeddings.MAX_INPUT_TOKENS`). `options` and `keep_alive` are accepted."""
 
     model_config = pydantic.ConfigDict(extra="ignore")
     model: str
