@@ -228,8 +228,8 @@ class Engine:
         """The caches' storage budget changed while running (the window's settings): kept for
         every process, and the least recently used evicted down to it now; gc's report."""
         self._writable()
-        self.store.budget_bytes = int(gb * 1e9)
-        if self._long_running:  # a passage pass the budget stopped goes on (or says so again)
+        grew, self.store.budget_bytes = int(gb * 1e9) > self.store.budget_bytes, int(gb * 1e9)
+        if self._long_running and grew:  # a passage pass the budget stopped goes on
             self.passage_fill.resume()
         return self.store.gc()
 

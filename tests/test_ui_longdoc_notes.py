@@ -41,13 +41,19 @@ def test_a_passage_pass_stopped_by_the_budget_says_why_on_its_row_and_in_the_sta
 
 
 def test_the_engine_says_why_its_passage_pass_stopped_until_a_larger_budget_lets_it_go_on(
-        make_engine):
+        make_engine, monkeypatch):
     eng = make_engine()
+    resumed, resume = [], eng.passage_fill.resume
+    monkeypatch.setattr(eng.passage_fill, "resume", lambda: resumed.append(1) or resume())
     eng.store.budget_bytes = 1
     eng.warm_up()  # (a long-running engine: the pass starts)
     assert eng.passage_fill.idle.wait(300)
     assert eng.passage_notes() == {eng.doc: "the storage budget (1 B) is full"}
+    resumed.clear()
+    eng.set_storage_budget(1e-9)  # smaller still: not gone on with (it computed a passage
+    assert not resumed  # each time, only to stop again)
     eng.set_storage_budget(10.0)  # the window's settings: the pass goes on at once
+    assert resumed
     assert eng.passage_fill.idle.wait(300)
     assert eng.passage_notes() == {}
     info = {d.doc_id: d for d in eng.documents()}[eng.doc]
