@@ -135,7 +135,7 @@ class Sampled(RequestValues):
     # the model file or kvdesk's defaults, as for `kvdesk ask`.
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
-    temperature: float | None = None
+    temperature: float | None = Field(None, le=2)  # (OpenAI's range: 0 to 2)
     top_k: int | None = None
     top_p: float | None = None
     min_p: float | None = None
