@@ -309,6 +309,15 @@ def test_ollamas_embeddings_are_the_vectors_retrieval_uses(client, served):
         assert r.status_code == 200 and r.json()["embeddings"] == [], r.text
 
 
+def test_the_older_embeddings_route_takes_no_prompt_as_ollama_does(client, served):
+    """No prompt, or "": Ollama's request to load the model, answered 200 with no vector."""
+    assert client.embeddings(model="default", prompt="").embedding == []
+    assert client.embeddings(model="default").embedding == []
+    r = httpx.post(f"{served.url}/api/embeddings", trust_env=False, timeout=60,
+                   json={"model": "gpt-4", "prompt": ""})
+    assert r.status_code == 404 and "does not make embeddings" in r.json()["error"], r.text
+
+
 def test_a_null_is_a_field_left_out(served):
     r = httpx.post(f"{served.url}/api/chat", trust_env=False, timeout=120, json={
         "model": "default", "options": None, "stream": None,

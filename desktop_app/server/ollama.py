@@ -208,9 +208,11 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
 
     @api.post("/api/embeddings")
     async def embeddings_legacy(body: sh.EmbedRequest, request: Request):
-        """The older route: one `prompt`, one `embedding`."""
-        if body.prompt is None:
-            raise ApiError(400, "prompt: required (one text)", param="prompt")
+        """The older route: one `prompt`, one `embedding`; none (or "") is Ollama's request
+        to load the model, answered with no vector, as Ollama answers it."""
+        if not body.prompt:
+            await check_embedding_model(body.model)
+            return {"embedding": []}
         found, _ = await vectors(request, body, body.prompt, "prompt")
         return {"embedding": found[0].tolist()}
 
