@@ -83,6 +83,14 @@ class Message(pydantic.BaseModel):
         return {"role": "system" if self.role == "developer" else self.role, "content": text}
 
 
+def each_once(*fields: str):
+    """A model's validator keeping each id of `fields` once, in the order first given: a
+    document named twice is read once (`"documents": [1, 1]`), on every route."""
+    def once(cls, ids: list[int]) -> list[int]:
+        return list(dict.fromkeys(ids))
+    return pydantic.field_validator(*fields)(classmethod(once))
+
+
 class KvdeskOptions(RequestValues):
     """kvdesk's own request field: documents to answer from, and how to restore."""
 
@@ -91,6 +99,7 @@ class KvdeskOptions(RequestValues):
     level: str = AUTO
     budget_ms: float | None = None
     bandwidth_MBps: float | None = None
+    _once = each_once("documents")
 
     def engine_options(self, generation: GenerationOptions, stop: list[str]) -> dict:
         """What the engine's `complete` takes besides the prompt: these documents and how to
@@ -197,6 +206,7 @@ class AskRequest(RequestValues):
     question: str
     chat_id: int | None = None
     doc_ids: list[int] = Field(default_factory=list)
+    _once = each_once("doc_ids")
     restore: dict[str, Any] = Field(default_factory=dict)
     generation: dict[str, Any] = Field(default_factory=dict)
     stream: bool = False
