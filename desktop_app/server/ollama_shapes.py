@@ -6,7 +6,7 @@ named as the client sent it: `options.num_predict: Input should be greater than 
 Sampling options map onto kvdesk's by name (`num_predict` is the longest answer); options that
 tell Ollama's runner how to use the hardware (`num_gpu`, `num_thread`, `use_mmap`...) are
 accepted and have nothing to do here; `num_ctx` is accepted, the server's context size holding
-(`kvdesk serve --n-ctx`); a sampler kvdesk does not have (`mirostat`, `typical_p`, `tfs_z`) is
+(`kvdesk --n-ctx N serve`); a sampler kvdesk does not have (`mirostat`, `typical_p`, `tfs_z`) is
 accepted only at the value that turns it off, and any other option is refused by name, as are
 images, tools, structured output and thinking. kvdesk's own `kvdesk` field (documents to answer
 from, the restore level and budget) is read as on OpenAI's routes. Answers are Ollama's
