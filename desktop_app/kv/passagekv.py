@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from store import BudgetFullError, Entry, NotFoundError, Store, StoreError
-from store.shared.heads import is_head
+from store.shared.heads import held_head, is_head
 
 from ..model.prompts import passage_head, passage_prefix
 from ..model.runtime import Runtime
@@ -197,18 +197,19 @@ class PassageKV:
         if rt.layout.swa_layers or not 0 < len(head) < len(tokens) or \
                 tuple(tokens[:len(head)]) != head:
             return None
-        match = self.store.longest_prefix(rt.fingerprint, head, touch=False)
-        found = match.entries[-1] if match.n_tokens == len(head) and match.entries else None
+        found = held_head(self.store, rt.fingerprint, head, (self.level,))
         if found is None:
             try:
-                stored = self.kv.store_prefix(rt, head, (self.level,), cancel=cancel, evict=evict,
-                                              evicted=evicted, keep=keep)
-                found = None if stored is None else self.store.entry(stored)
+                if self.kv.store_prefix(rt, head, (self.level,), cancel=cancel, evict=evict,
+                                        evicted=evicted, keep=keep) is None:
+                    return None
             except (BudgetFullError, NotFoundError):  # (evicted at once: too large for it)
                 return None
-        usable = found is not None and found.token_end == len(head) and is_head(found) and \
-            found.chunk_size == self.kv.chunk_tokens  # (one chunk grid: the tier's manifest)
-        return found.id if usable and self.level in found.levels else None
+            # (None where one of the same tokens is held at another level: it was kept)
+            found = held_head(self.store, rt.fingerprint, head, (self.level,))
+        # (one chunk grid for the head and its passages: the tier's manifest)
+        return found.id if found is not None and found.chunk_size == self.kv.chunk_tokens \
+            else None
 
     def _heal(self, rt: Runtime, entry: Entry, cancel: threading.Event | None) -> bool:
         """Entry `entry`'s damaged chunks computed again in `rt` and stored in place (as

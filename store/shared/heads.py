@@ -18,7 +18,7 @@ Pure lookups here: no I/O to the tier.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from ..errors import StoreError
 from ..records import Entry
@@ -80,24 +80,28 @@ def calibrations(entry: Entry, head: Entry | None) -> list[str]:
     return list(dict.fromkeys(c for c in (entry.calibration, head and head.calibration) if c))
 
 
+def held_head(store: Store, fingerprint: str, tokens: Sequence[int],
+              levels: Iterable[str]) -> Entry | None:
+    """The local entry that can be the passages' head of `tokens` at `levels`: a complete root
+    of no document, chat or passage whose tokens are exactly those, holding every one of
+    `levels`; None where there is none."""
+    match = store.longest_prefix(fingerprint, tokens, touch=False)
+    found = match.entries[-1] if match.n_tokens == len(tokens) and match.entries else None
+    usable = found is not None and found.token_end == len(tokens) and is_head(found) and \
+        set(levels) <= set(found.levels)
+    return found if usable else None
+
+
 def local_head(store: Store, manifest: Manifest, levels: Iterable[str]) -> Entry | None:
-    """The local entry that can be the head of a v5 manifest's passage at `levels`: a complete
-    root of no document, chat or passage whose tokens are exactly the manifest's first
-    `head_end` ones, holding every one of `levels`; None where there is none.
+    """The local entry that can be the head of a v5 manifest's passage at `levels`
+    (`held_head` of its first `head_end` tokens); None where there is none.
 
     Its codec calibration may be another than the manifest's head's: each chunk names the
     one it needs, and a restore resolves it per chunk; it must only be held here intact
     (PassageHeadError where it is not: another head of the same tokens cannot be made, and
     the store's repair encodes this one again)."""
-    head_end = manifest.head_end
-    match = store.longest_prefix(manifest.fingerprint, manifest.tokens[:head_end], touch=False)
-    if match.n_tokens != head_end or not match.entries:
-        return None
-    found = match.entries[-1]
-    usable = found.token_end == head_end and is_head(found) and set(levels) <= set(found.levels)
-    if not usable:
-        return None
-    if found.calibration is not None:
+    found = held_head(store, manifest.fingerprint, manifest.tokens[:manifest.head_end], levels)
+    if found is not None and found.calibration is not None:
         try:
             store.calibration(found.calibration)
         except StoreError as e:
