@@ -117,13 +117,15 @@ def test_attach_ask_reopen_end_to_end(tmp_path):
     assert ans["finish_reason"] == ("length" if ans["tokens_generated"] == 16 else "stop")
 
     chat = str(ans["chat_id"])
+    # One token: greedy answers differ between CPUs, and any longer limit may meet an answer
+    # the model ends first; no answer to a question is empty.
     proc = kvdesk("ask", "--chat", chat, "Where is the key? Say it in a long sentence.",
-                  "--max-tokens", "3", "--level", "compact", "--json")
+                  "--max-tokens", "1", "--level", "compact", "--json")
     more = json.loads(proc.stdout)
     assert more["chat_id"] == ans["chat_id"] and set(more["chunk_levels"]) == {"compact"}
-    # three tokens cannot hold that answer: cut at the limit, and the user told so
-    assert more["tokens_generated"] == 3 and more["finish_reason"] == "length"
-    assert "Note: the answer stopped at its limit of 3 tokens" in proc.stderr
+    # one token cannot hold that answer: cut at the limit, and the user told so
+    assert more["tokens_generated"] == 1 and more["finish_reason"] == "length"
+    assert "Note: the answer stopped at its limit of 1 token (" in proc.stderr
 
     rep = json.loads(kvdesk("reopen", chat, "--json").stdout)
     assert set(rep) == {"chat_id", "tokens", "restore_s", "chunk_levels", "recomputed_tokens",

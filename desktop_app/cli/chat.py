@@ -266,7 +266,8 @@ def answer_notes(res, *, stopped: bool, one_shot: bool) -> list[str]:
     if stopped:
         notes.append("stopped (Ctrl-C): the answer so far is kept")
     elif res.finish_reason == "length":
-        notes.append(f"the answer stopped at its limit of {res.tokens_generated:,} tokens "
+        n = res.tokens_generated
+        notes.append(f"the answer stopped at its limit of {n:,} token{'' if n == 1 else 's'} "
                      "(--max-tokens, or the room left in the context): it may be cut short")
     if stopped and one_shot and res.blended and res.blended.get("mode") == "blended":
         notes.append("this chat's exact context was not computed (the answer was stopped): "
