@@ -212,10 +212,11 @@ def test_blobs_without_their_calibration_are_refused_cleanly(kv, cal):
         codec.encode(keys[:2], values[:2], "high", calibration=cal)
 
 
-def test_golden_calibrated_blob_still_decodes():
-    expected = json.loads((GOLDEN / "expected.json").read_text())["calibrated-high"]
+@pytest.mark.parametrize("name", ["calibrated-high", "calibrated-high-packed-ids"])
+def test_golden_calibrated_blob_still_decodes(name):
+    expected = json.loads((GOLDEN / "expected.json").read_text())[name]
     cal = Calibration.from_bytes((GOLDEN / "calibration.kvcl").read_bytes())
-    blob = (GOLDEN / "calibrated-high.kvc").read_bytes()
+    blob = (GOLDEN / f"{name}.kvc").read_bytes()
     assert cal.id == expected["calibration"] == codec.peek(blob).calibration
     k, v = codec.decode(blob, calibrations={cal.id: cal})
     assert hashlib.sha256(k.tobytes() + v.tobytes()).hexdigest() == expected["decoded_sha256"]

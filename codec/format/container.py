@@ -1,7 +1,7 @@
 """The blob layout: prelude, JSON header, payload sections, checksum.
 
     magic b"KVDC" | u16 format version (1, or 2 when the config names a calibration) |
-    u16 flags (0) | u32 header length
+    u16 flags (PACKED_IDS, or 0) | u32 header length
     header: UTF-8 JSON {config, dtype, n_layer, n_tokens, channels, first_token}, space-padded
             so the payload starts 8-byte aligned
     payload: the sections the pipeline lists, little-endian, u32 sections before u16 ones so
@@ -31,6 +31,10 @@ MAGIC = b"KVDC"
 # only then, so blobs of uncalibrated levels stay byte for byte what version 1 wrote)
 FORMAT_VERSION = 2
 READS = (1, 2)
+# A quantized blob's codebook ids travel deflated (the pipeline's payload layout says how).
+# Blobs written before the flag existed carry 0 and raw ids; both decode.
+PACKED_IDS = 1
+KNOWN_FLAGS = PACKED_IDS
 PRELUDE = struct.Struct("<4sHHI")
 CRC = struct.Struct("<I")
 MAX_HEADER = 1 << 16
@@ -47,6 +51,7 @@ class Header:
     channels: int
     first_token: int
     version: int = 1
+    flags: int = 0
 
 
 def pack(header: Header, sections: list[np.ndarray]) -> bytes:
@@ -56,7 +61,7 @@ def pack(header: Header, sections: list[np.ndarray]) -> bytes:
     text = json.dumps(meta, separators=(",", ":"), sort_keys=True).encode()
     text += b" " * (-(len(text) + PRELUDE.size) % 8)
     version = 1 if header.config.calibration is None else 2
-    parts = [PRELUDE.pack(MAGIC, version, 0, len(text)) + text]
+    parts = [PRELUDE.pack(MAGIC, version, header.flags, len(text)) + text]
     parts += [np.ascontiguousarray(s).view(np.uint8).ravel() for s in sections]
     crc = 0
     for part in parts:  # the checksum as the parts go, so that the blob is copied only once
@@ -64,8 +69,9 @@ def pack(header: Header, sections: list[np.ndarray]) -> bytes:
     return b"".join([*parts, CRC.pack(crc)])
 
 
-def _prelude(blob: bytes) -> tuple[int, int, int]:
-    """(header length, payload offset, version) after checking magic, version and sizes."""
+def _prelude(blob: bytes) -> tuple[int, int, int, int]:
+    """(header length, payload offset, version, flags) after checking magic, version, flags
+    and sizes."""
     if not isinstance(blob, bytes | bytearray | memoryview):
         raise CodecError(f"a codec blob must be bytes, not {type(blob).__name__}")
     if len(blob) < PRELUDE.size + CRC.size:
@@ -73,15 +79,15 @@ def _prelude(blob: bytes) -> tuple[int, int, int]:
     magic, version, flags, hlen = PRELUDE.unpack_from(blob, 0)
     if magic != MAGIC:
         raise CodecError("not a kvdesk codec blob (bad magic)")
-    if version not in READS or flags != 0:
+    if version not in READS or flags & ~KNOWN_FLAGS:
         raise CodecError(f"unsupported codec blob format version {version} (flags {flags}); "
                          f"this build reads versions {', '.join(map(str, READS))}")
     if hlen > MAX_HEADER or PRELUDE.size + hlen + CRC.size > len(blob):
         raise CodecError("codec blob is truncated (header)")
-    return hlen, PRELUDE.size + hlen, version
+    return hlen, PRELUDE.size + hlen, version, flags
 
 
-def _header(blob: bytes, hlen: int, version: int) -> Header:
+def _header(blob: bytes, hlen: int, version: int, flags: int) -> Header:
     try:
         meta = json.loads(bytes(blob[PRELUDE.size:PRELUDE.size + hlen]).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -104,23 +110,23 @@ def _header(blob: bytes, hlen: int, version: int) -> Header:
         raise CodecError(f"codec blob of format version {version} "
                          f"{'lacks' if version == 2 else 'names'} a calibration")
     return Header(config, meta["n_layer"], meta["n_tokens"], meta["channels"],
-                  meta["first_token"], version)
+                  meta["first_token"], version, flags)
 
 
 def peek(blob: bytes) -> Header:
     """The header alone, without verifying the checksum or touching the payload."""
-    hlen, _, version = _prelude(blob)
-    return _header(blob, hlen, version)
+    hlen, _, version, flags = _prelude(blob)
+    return _header(blob, hlen, version, flags)
 
 
 def unpack(blob: bytes) -> tuple[Header, Reader]:
     """Verify the whole blob and return its header and a reader over the payload."""
-    hlen, start, version = _prelude(blob)
+    hlen, start, version, flags = _prelude(blob)
     end = len(blob) - CRC.size
     (stored,) = CRC.unpack_from(blob, end)
     if zlib.crc32(memoryview(blob)[:end]) != stored:
         raise CodecError("codec blob checksum mismatch: the blob is corrupt or truncated")
-    header = _header(blob, hlen, version)
+    header = _header(blob, hlen, version, flags)
     return header, Reader(np.frombuffer(blob, np.uint8, end - start, start))
 
 

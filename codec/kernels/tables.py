@@ -2,7 +2,8 @@
 
 Quantized streams do not store histograms: each (layer, channel) stream names one entry of a
 fixed codebook of discretized Gaussians (centre on the half-symbol grid, 24 widths), so its
-table costs 2 bytes instead of the ~66 bytes of a CacheGen histogram. On the default model's
+table costs an id (2 bytes, about 0.7 once the pipeline deflates a chunk's ids) instead of
+the ~66 bytes of a CacheGen histogram. On the default model's
 KV, Gaussians code 3-5% smaller than two-sided geometric (Laplace) shapes. The codebook is
 part of the format: `backend.reference.codebook_freq` defines it with integer and exactly rounded
 float64 arithmetic only (no transcendental functions, whose last bits vary between libms), so
