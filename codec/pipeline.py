@@ -39,7 +39,9 @@ from .kernels.workspace import scratch
 from .plan import Plan, apply_anchors, residuals
 
 BYTE_SYMBOLS = 256
-DEFLATE_LEVEL = 6  # zlib's default: 9 takes 3.5x the time for 1 % fewer bytes
+# zlib's fastest: 0.36 ms a 256-token SmolLM2 chunk (2 % of its encode); the default, 6,
+# takes 3.3x that to save another 0.07 % of the blob
+DEFLATE_LEVEL = 1
 # Lossless planes decode straight into their place in the fp16 bit pattern (high | low).
 _BYTE_DQ = {shift: (np.arange(BYTE_SYMBOLS, dtype=np.uint16) << shift).reshape(1, 1, 1, -1)
             for shift in (8, 0)}
