@@ -11,7 +11,7 @@ from __future__ import annotations
 import pydantic
 from pydantic import Field
 
-from .validation import UserValues
+from .validation import UserValues, conflict_error
 
 AUTO = "auto"
 
@@ -31,8 +31,8 @@ class RestoreOptions(UserValues):
     @classmethod
     def _no_level(cls, value: bool, info: pydantic.ValidationInfo) -> bool:
         if value and info.data.get("level", AUTO) != AUTO:  # (checked before it: declared first)
-            raise ValueError(f"recomputes everything from text: the level "
-                             f"{info.data['level']!r} given with it would not apply")
+            raise conflict_error(f"recomputes everything from text: the level "
+                                 f"{info.data['level']!r} given with it would not apply")
         return value
 
 

@@ -137,11 +137,18 @@ def first_problem(errors: list[dict]) -> dict:
 
 
 SECRET = "secret_value"
+CONFLICT = "conflict"
 
 
 def secret_error(message: str) -> pydantic_core.PydanticCustomError:
     """A validator's refusal of a value that may hold a secret: never echoed back."""
     return pydantic_core.PydanticCustomError(SECRET, message)
+
+
+def conflict_error(message: str) -> pydantic_core.PydanticCustomError:
+    """A validator's refusal of a value that another one rules out: the message names both,
+    and the value itself (a flag's `true`) would say nothing more."""
+    return pydantic_core.PydanticCustomError(CONFLICT, message)
 
 
 def parse(model: type[M], data: Mapping[str, Any], *, names: Mapping[str, str] | None = None,
@@ -177,7 +184,7 @@ def problem(error: dict) -> str:
                else "should be a number" if error["type"] in ("int_type", "float_type")
                and isinstance(error.get("input"), bool)
                else error["msg"].removeprefix("Value error, "))  # (pydantic's own words)
-    if error["type"] not in ("missing", SECRET) and "input" in error:
+    if error["type"] not in ("missing", SECRET, CONFLICT) and "input" in error:
         message += f" (got {_describe(error['input'])})"
     return message
 

@@ -173,6 +173,7 @@ def test_a_level_given_with_no_cache_is_refused_not_ignored(capsys):
         code, out, err = run(capsys, argv)
         check_outcome(code, out, err, "--json" in argv)
         assert code == 1 and "--no-cache: recomputes everything from text" in err, err
+        assert "(got true)" not in err  # the flag's value says nothing the message does not
     with pytest.raises(InvalidValue, match="no_cache: recomputes everything"):
         parse(RestoreOptions, {"level": "compact", "no_cache": True})  # (the API's path)
 
