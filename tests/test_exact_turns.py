@@ -76,3 +76,20 @@ def test_a_chats_next_turn_at_lossless_equals_no_cache_bit_for_bit(new_engine, t
     again = eng.regenerate(chat, restore=RestoreOptions(no_cache=True),
                            generation=deterministic(24))
     assert cached.answer == again.answer
+
+
+def test_a_chat_of_a_document_not_stored_at_lossless_says_only_that(new_engine, tmp_path):
+    """Read from the store at lossless, a document kept without it is recomputed whole: the
+    restore says that chunk is not stored so, and never that the stored tokens are read up to
+    a slice ("computed again from token 256") as if the rest came from the cache."""
+    eng = new_engine()
+    path = tmp_path / "doc.txt"
+    path.write_text(DOC + "\n\n" + DOC.replace("Cape Morrow", "Point Ashby"))
+    doc_id = eng.attach(path, levels=["high"]).doc_id
+    assert len(eng.prefix_tokens([doc_id])) > PREFILL_SLICE
+    chat = ask(eng, QUESTION, doc=doc_id, tokens=4).chat_id
+    eng.runtime.reset()
+    read, _ = prepared(eng, chat, level=EXACT)
+    assert read.recomputed_tokens == read.tokens
+    assert any("not stored at 'lossless'" in m for m in read.messages), read.messages
+    assert not any("computed again from token" in m for m in read.messages), read.messages

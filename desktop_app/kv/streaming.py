@@ -128,14 +128,17 @@ def restore(
     tokens = list(tokens)
     run = _Restore(runtime, tokens, levels, options, speeds, progress, cancel, t0, calibrations)
     kind = source.kind if source is not None else "local"
+    exact_why: list[Message] = []
     if source is not None and options.level == EXACT:  # as --no-cache computes it, bit for bit
-        source, run.messages = exact_part(source, tokens, bool(runtime.layout.swa_layers))
+        source, exact_why = exact_part(source, tokens, bool(runtime.layout.swa_layers))
     if source is not None and source.n_tokens:
         n_restored = run.windowed(source) if runtime.layout.swa_layers else run.plain(source)
         run.finish(source)
     else:
         n_restored = 0
         runtime.reset()
+    if not any(isinstance(m, str) and m.startswith(FAILED) for m in run.messages):
+        run.messages[:0] = exact_why  # (a read that stopped before lossless's cut says where)
     rest = tokens[n_restored:]
     r0 = time.perf_counter()  # restoring ends here: recomputing is reported apart
     if rest:
