@@ -98,7 +98,7 @@ def test_manifest_round_trip_and_every_check():
     with pytest.raises(CorruptObjectError, match="malformed"):
         Manifest.from_json(data[:-10], key=key, fingerprint=FP)
     with pytest.raises(CorruptObjectError, match="newer"):
-        Manifest.from_json(data.replace(b'"version": 2', b'"version": 99'), key=key,
+        Manifest.from_json(data.replace(b'"version": 7', b'"version": 99'), key=key,
                            fingerprint=FP)
     short = replace(manifest, chunks={"high": (ChunkObject(10, "a" * 64),)})
     with pytest.raises(CorruptObjectError, match="2 chunks"):
@@ -171,7 +171,7 @@ def test_an_entry_travels_with_its_window(a, b, remote_tier, s3_server):
     (key,) = [k for k in bucket_keys(s3_server, remote_tier) if "/manifests/" in k]
     manifest = sync.read_manifest(remote_tier, FP, 600, entry.prefix_hash)
     assert manifest.window_start == 88 and manifest.window_spans == [(88, 344), (344, 600)]
-    assert b'"version": 3' in remote_tier.get(key)
+    assert b'"version": 7' in remote_tier.get(key)
     pulled = sync.pull_all(b, remote_tier, FP)
     (copy,) = b.entries()
     assert pulled["pulled"][0]["objects"] == 10

@@ -27,6 +27,12 @@ It carries:
   entry extending it. Older readers refuse it rather than mistake its chunks' grid;
 - a SHA-256 of everything above, checked on every read along with the rest.
 
+Every manifest is written as version 7: the chunks a kvdesk now writes are blobs a kvdesk
+from before cannot decode (their codec ids travel deflated), so it refuses the manifest as
+newer and computes the entry itself, once, instead of pulling chunks it can never read and
+recomputing at every question. Versions 2-6, written before, are still read: what they say
+is in their fields (window_start, passage, head_end, head_calibration).
+
 Only document and passage entries travel (a passage's with the head it extends, if any);
 chats stay on the machine they were held on. Pure data: no I/O here, and never anything
 about credentials or local paths.
@@ -45,7 +51,8 @@ from ..errors import CorruptObjectError
 from ..tokens import chunk_spans, decode, encode, prefix_hashes
 
 FORMAT = "kvdesk-kv-manifest"
-VERSION = 6  # the newest this code reads; an entry without a window is written as 2
+VERSION = 7  # the newest this code reads
+WRITES = 7  # the version every manifest is written as (the module says why)
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -114,7 +121,8 @@ class Manifest:
 
     @property
     def own_head_calibration(self) -> bool:
-        """Whether a v5 manifest's head needs another calibration than the entry's (v6)."""
+        """Whether the head needs another calibration than the entry's: then named
+        (`head_calibration`, since version 6)."""
         return self.head_end is not None and self.head_calibration != self.calibration
 
     @property
@@ -124,9 +132,7 @@ class Manifest:
     def to_json(self) -> bytes:
         body = {
             "format": FORMAT,
-            "version": 6 if self.own_head_calibration else 5 if self.head_end is not None
-            else 4 if self.passage
-            else 2 if self.window_start is None else 3,
+            "version": WRITES,
             "fingerprint": self.fingerprint,
             "tokens": base64.b64encode(encode(self.tokens)).decode(),
             "chunk_size": self.chunk_size,
@@ -176,8 +182,9 @@ class Manifest:
                 calibration=body.get("calibration"),
                 passage=bool(body.get("passage", False)),
                 head_end=None if body.get("head_end") is None else int(body["head_end"]),
-                # (version 6 names it, null for none; a version 5 head's is the entry's)
-                head_calibration=body["head_calibration"] if body["version"] >= 6
+                # (named where it is not the entry's, null for none; else the entry's)
+                head_calibration=body["head_calibration"] if "head_calibration" in body
+                and body["version"] >= 6
                 else body.get("calibration") if body.get("head_end") is not None else None,
             )
         except (ValueError, KeyError, TypeError, AttributeError) as e:
