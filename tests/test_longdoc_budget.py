@@ -51,14 +51,15 @@ def nothing_stored_at_a_tiny_budget(eng):
 
 def both_with_room_for_one(eng):
     """(the museum's passage entry, the answer to BOTH) asked at a budget that holds the
-    museum's passage, stored first, and no other."""
-    eng.session.longdocs.top_k = 1
-    fresh(eng, MUSEUM)
-    (museum,) = passage_entries(eng).values()
-    eng.session.longdocs.top_k = 2
-    # (and the passages' head it extends, stored with it)
+    museum's passage, stored first, or the ferry's alone, never both (their sizes measured:
+    the ferry's passage is the larger)."""
+    fresh(eng, BOTH)
+    stored = {e.passage_hash: e for e in passage_entries(eng).values()}
+    museum, ferry = stored[text_hash(PASSAGES[1])], stored[text_hash(PASSAGES[0])]
+    eng.store.delete_entry(ferry.id)
+    # (and the passages' head they extend)
     head = 0 if museum.parent_id is None else eng.store.entry(museum.parent_id).nbytes
-    eng.store.budget_bytes = head + museum.nbytes + museum.nbytes // 4  # no room for another
+    eng.store.budget_bytes = head + museum.nbytes + ferry.nbytes - 1
     return museum, fresh(eng, BOTH)
 
 
@@ -113,6 +114,25 @@ def test_a_damaged_passage_is_computed_again_stored_and_counted_meanwhile(make_e
     third = fresh(eng, BOTH)
     assert not any("damaged" in m or "could not be read" in m for m in third.messages)
     assert third.blended["reused_tokens"] >= second.blended["reused_tokens"] > 0
+
+
+def test_a_damaged_head_is_computed_again_and_stored_by_the_next_question(make_engine):
+    """The passages' shared head set aside stayed so: every question whose first passage
+    extends it recomputed from token 0, and new passages were stored on it, until `verify
+    --repair`."""
+    eng = make_engine(fill_passages=False)
+    fresh(eng, BOTH)
+    (head_id,) = {e.parent_id for e in passage_entries(eng).values()}
+    assert head_id is not None
+    flip(eng.store, head_id)
+    first = fresh(eng, BOTH)  # the check fails: set aside, the context computed
+    assert first.answer and eng.store.damaged([head_id])
+    second = fresh(eng, BOTH)
+    assert any("the passages' system prompt was damaged" in m and "computed again and "
+               "stored" in m for m in second.messages), second.messages
+    assert not eng.store.damaged([head_id])
+    assert not any("recomputing from token" in m for m in second.messages), second.messages
+    assert second.blended["reused_tokens"] > 0
 
 
 def test_the_background_pass_says_when_the_budget_stops_it(make_engine, caplog):

@@ -132,7 +132,7 @@ class PassageKV:
         found = [self.entry(rt, text, touch=True) for _, text in passages]
         keep = {e.id for e in found if e is not None}
         damaged = self.store.damaged(keep) if keep else {}
-        healed: list[str] = []
+        healed = self._heal_heads(rt, found, cancel)
         unstored = _Unstored(self.store)
         for i, ((document_id, text), entry) in enumerate(zip(passages, found, strict=True)):
             if entry is not None and entry.id in damaged:
@@ -210,6 +210,20 @@ class PassageKV:
         # (one chunk grid for the head and its passages: the tier's manifest)
         return found.id if found is not None and found.chunk_size == self.kv.chunk_tokens \
             else None
+
+    def _heal_heads(self, rt: Runtime, found: Sequence[Entry | None],
+                    cancel: threading.Event | None) -> list[str]:
+        """The passages' head entries healed (`_heal`) where damaged: those the `found`
+        passages extend, and the one new passages would (each chain read from its head would
+        be recomputed from token 0 at every question, and new passages stored on it);
+        ["the passages' system prompt"] if one was."""
+        heads = {e.parent_id for e in found if e is not None and e.parent_id is not None}
+        if not rt.layout.swa_layers and (
+                held := held_head(self.store, rt.fingerprint, self.head(rt), (self.level,))):
+            heads.add(held.id)
+        damaged = self.store.damaged(heads) if heads else {}
+        healed = [self._heal(rt, self.store.entry(i), cancel) for i in sorted(damaged)]
+        return ["the passages' system prompt"] if any(healed) else []
 
     def _heal(self, rt: Runtime, entry: Entry, cancel: threading.Event | None) -> bool:
         """Entry `entry`'s damaged chunks computed again in `rt` and stored in place (as
