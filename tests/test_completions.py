@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from desktop_app.chat.answers import from_first_visible
-from desktop_app.chat.completions import StopStrings
+from desktop_app.chat.answers import StopStrings, from_first_visible
 
 
 def run(pieces, stop):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import re
 import time
+from types import SimpleNamespace
 
 from desktop_app.chat.answers import stream_answer
 from desktop_app.chat.repetition import MIN_SPAN, LoopGuard, repeated_sentence
@@ -74,10 +75,11 @@ class ScriptedRuntime:
 
     n_ctx, n_tokens = 4096, 100
 
-    def __init__(self, pieces):
+    def __init__(self, pieces, answer_stops=()):
         self.pieces = pieces
         self.closed = False
         self.options = None
+        self.chat_template = SimpleNamespace(answer_stops=answer_stops)
 
     def generate(self, max_tokens, *, options, cancel=None, chat=True):
         self.options = options
@@ -104,3 +106,20 @@ def test_a_good_answer_runs_to_its_end():
     out = stream_answer(rt, GenerationOptions(max_tokens=8), time.perf_counter(), None, None)
     assert len(out.tokens) == 8 and out.notes == [] and out.ttft is not None
     assert rt.options.max_tokens == 8
+
+
+def test_a_base_models_answer_ends_where_it_begins_the_next_question():
+    """Gemma 3 270M asked in plain text wrote "...used to bindQuestion:" in a follow-up: the
+    next question begun on the answer's own line, which no line break ended."""
+    pieces = [" It", " binds", " a", " name", ".", "Question", ":", " What", " else", "?"]
+    rt = ScriptedRuntime(pieces, answer_stops=("Question:",))
+    streamed = []
+    out = stream_answer(rt, GenerationOptions(max_tokens=64), time.perf_counter(),
+                        streamed.append, None)
+    assert out.text == "".join(streamed) == " It binds a name."
+    assert len(out.tokens) == 7 and not out.cut and rt.closed
+    # a prompt continued as it is (chat=False) has no template to end it
+    raw = stream_answer(ScriptedRuntime(pieces, answer_stops=("Question:",)),
+                        GenerationOptions(max_tokens=64), time.perf_counter(), None, None,
+                        chat=False)
+    assert raw.text == "".join(pieces) and raw.cut is False

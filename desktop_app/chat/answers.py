@@ -1,6 +1,7 @@
 """An answer streamed out of the model: its tokens to the caller as they come, stopped early
-when it goes round in circles (`repetition.LoopGuard`) or would overflow the context; what
-reaches the user begins at its first visible character (`from_first_visible`).
+when it goes round in circles (`repetition.LoopGuard`), would overflow the context, or meets a
+stop string (`StopStrings`: a request's, or the chat template's own); what reaches the user
+begins at its first visible character (`from_first_visible`).
 
 It only generates from what the context holds: bringing a chat in and storing the turn are the
 session's (`sessions`, `completions`).
@@ -11,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..model.runtime import Runtime
@@ -37,6 +38,10 @@ def stream_answer(rt: Runtime, generation: GenerationOptions, t0: float,
     pieces: list[str] = []
     ttft, notes = None, []
     guard = LoopGuard()
+    # A base model asked in plain text may go on to the next "Question:" with no line
+    # break first: the answer ends where it begins (held back until the next pieces decide).
+    own = StopStrings(rt.chat_template.answer_stops, on_token) if chat else None
+    stopped = False
     max_new = min(generation.max_tokens, rt.n_ctx - rt.n_tokens - 8)
     # closing: a loop left early still evaluates its last token, so the context holds it.
     with contextlib.closing(rt.generate(max_new, options=generation, cancel=cancel,
@@ -46,15 +51,19 @@ def stream_answer(rt: Runtime, generation: GenerationOptions, t0: float,
                 ttft = time.perf_counter() - t0
             generated.append(tok.id)
             pieces.append(tok.text)
-            if on_token and tok.text:
+            if own is not None and own.stop:
+                if stopped := own.feed(tok.text):
+                    break
+            elif on_token and tok.text:
                 on_token(tok.text)
             loop = guard.feed(tok.id, tok.text)
             if loop:
                 notes.append(f"the answer was stopped after {len(generated)} tokens because "
                              f"it was going round in circles: {loop}")
                 break
-    return Answer(generated, "".join(pieces), ttft, notes,
-                  cut=not notes and len(generated) >= max_new)
+    text = own.finish() if own is not None and own.stop else "".join(pieces)
+    return Answer(generated, text, ttft, notes,
+                  cut=not notes and not stopped and len(generated) >= max_new)
 
 
 def from_first_visible(on_token: Callable[[str], None] | None
@@ -74,3 +83,46 @@ def from_first_visible(on_token: Callable[[str], None] | None
         if piece:
             on_token(piece)
     return feed
+
+
+class StopStrings:
+    """Streams an answer's text while watching for stop strings: nothing that may turn out to
+    be the start of one is passed on until the next pieces decide, and the text is cut where
+    the first one begins."""
+
+    def __init__(self, stop: Sequence[str], on_token: Callable[[str], None] | None):
+        self.stop = [x for x in stop if x]
+        self.on_token = on_token
+        self.text = ""
+        self.sent = 0
+        self.cut: int | None = None
+
+    def feed(self, piece: str) -> bool:
+        """Take the next piece; True once a stop string has appeared."""
+        if self.cut is not None:
+            return True
+        self.text += piece
+        found = [i for i in (self.text.find(x) for x in self.stop) if i >= 0]
+        if found:
+            self.cut = min(found)
+            self._send(self.cut)
+            return True
+        held = max((k for x in self.stop for k in range(1, len(x))
+                    if self.text.endswith(x[:k])), default=0)
+        self._send(len(self.text) - held)
+        return False
+
+    def finish(self) -> str:
+        """The answer as generated, leading whitespace included (what the context holds):
+        cut at its stop string, or all of it (then sent in full)."""
+        if self.cut is None:
+            self._send(len(self.text))
+            return self.text
+        return self.text[:self.cut]
+
+    def _send(self, upto: int) -> None:
+        if upto > self.sent:
+            piece = self.text[self.sent:upto]
+            if self.on_token:
+                self.on_token(piece)
+            self.sent = upto

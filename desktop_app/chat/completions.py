@@ -39,7 +39,7 @@ from ..model.prompts import Turn, answer_text, closing, raw_prompt, with_evidenc
 from ..options import GenerationOptions, RestoreOptions
 from ..results import Completion, RestoreReport, Source
 from ..validation import InvalidValue
-from .answers import from_first_visible, stream_answer
+from .answers import StopStrings, from_first_visible, stream_answer
 from .sessions import ChatSession
 
 ROLES = ("system", "user", "assistant")
@@ -311,49 +311,6 @@ def _joined(first: RestoreReport, said: list[str], then: RestoreReport) -> Resto
                    adapted_chunks=first.adapted_chunks + then.adapted_chunks,
                    messages=[*first.messages, *said, *(m for m in then.messages
                                                         if not m.startswith("the model already"))])
-
-
-class StopStrings:
-    """Streams an answer's text while watching for stop strings: nothing that may turn out to
-    be the start of one is passed on until the next pieces decide, and the text is cut where
-    the first one begins."""
-
-    def __init__(self, stop: Sequence[str], on_token: Callable[[str], None] | None):
-        self.stop = [x for x in stop if x]
-        self.on_token = on_token
-        self.text = ""
-        self.sent = 0
-        self.cut: int | None = None
-
-    def feed(self, piece: str) -> bool:
-        """Take the next piece; True once a stop string has appeared."""
-        if self.cut is not None:
-            return True
-        self.text += piece
-        found = [i for i in (self.text.find(x) for x in self.stop) if i >= 0]
-        if found:
-            self.cut = min(found)
-            self._send(self.cut)
-            return True
-        held = max((k for x in self.stop for k in range(1, len(x))
-                    if self.text.endswith(x[:k])), default=0)
-        self._send(len(self.text) - held)
-        return False
-
-    def finish(self) -> str:
-        """The answer as generated, leading whitespace included (what the context holds):
-        cut at its stop string, or all of it (then sent in full)."""
-        if self.cut is None:
-            self._send(len(self.text))
-            return self.text
-        return self.text[:self.cut]
-
-    def _send(self, upto: int) -> None:
-        if upto > self.sent:
-            piece = self.text[self.sent:upto]
-            if self.on_token:
-                self.on_token(piece)
-            self.sent = upto
 
 
 def _too_long(rt, tokens: int, field: str, **measured) -> ContextFullError:

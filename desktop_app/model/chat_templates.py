@@ -6,7 +6,8 @@ Gemma, ChatML for the rest (what most small instruct models were tuned on). One 
 such thing is a base model (Gemma 3 270M as packaged): it continues text, and in chat turns
 it echoes the question, so it is asked in plain text ("Question: ... / Answer:"), which it
 continues with the answer, ended with its line (`ChatTemplate.ends_answer`: past it, such a
-model makes up the next question).
+model makes up the next question) or where it begins that question on the same line
+(`ChatTemplate.answer_stops`).
 
 A Gemma template, the model's own or not, is rendered as llama.cpp's own chat formatting
 renders it (`llama_chat_apply_template` recognizes it by its `<start_of_turn>` and applies
@@ -99,6 +100,8 @@ class ChatTemplate:
         # The tokenizer adds BOS: a template's own copy would be a second one.
         self._strip = bos if adds_bos and bos else ""
         self.plain = template == PLAIN_TEMPLATE  # a base model's text, not chat turns
+        # what ends a chat answer where the text holds it (the answer cut before it)
+        self.answer_stops: tuple[str, ...] = ("Question:",) if self.plain else ()
         self._lock = threading.Lock()  # the formatter holds the flag: one rendering at a time
 
     @classmethod
