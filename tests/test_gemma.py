@@ -68,7 +68,27 @@ def engine(tmp_path_factory, gemma_path):
 def doc_id(engine, tmp_path_factory):
     path = tmp_path_factory.mktemp("docs") / "log.txt"
     path.write_text(DOC)
-    return engine.attach(path).doc_id
+    # (every level, asked: uncalibrated, the model's caches are stored lossless only)
+    return engine.attach(path, levels=EVERY_LEVEL).doc_id
+
+
+def test_an_uncalibrated_model_keeps_its_caches_lossless_and_says_so(tmp_path, gemma_path):
+    """Its document cache read at the model-independent `high` answered a port number
+    wrongly that lossless answered right: until the model is calibrated nothing lossy of it
+    is stored, a document's or a chat's."""
+    eng = make_engine(tmp_path / "data", gemma_path)
+    try:
+        path = tmp_path / "log.txt"
+        path.write_text(DOC)
+        res = eng.attach(path)
+        assert set(res.stored_bytes) == {"lossless"}
+        assert any("lossless only until this model is calibrated" in w for w in res.warnings)
+        out = ask(eng, "Which entry had the most storms?", doc=res.doc_id)
+        assert set(out.chunk_levels) == {"lossless"} and out.recomputed_tokens == 0
+        assert {tuple(e.levels) for e in eng.store.entries()} == {("lossless",)}
+    finally:
+        eng.close()
+        eng.store.close()
 
 
 def spans_of(eng: Engine, entry_id: int):
@@ -167,7 +187,10 @@ def test_a_lossy_level_stays_within_its_bound(engine, doc_id):
                 x, xhat = x[:, a + sink:b], xhat[:, a + sink:b]
                 err = np.abs(x.astype(np.float32) - xhat.astype(np.float32))
                 assert np.all(err <= error_bound(x, xhat, kind)), (section, span)
-        assert not np.array_equal(ex.keys, lo.keys)
+    # (the document's chunks read lossy; the chat's own entry, whose window parts are the
+    # last section, is stored lossless only while the model is not calibrated)
+    assert not np.array_equal(in_position_order(exact.sections[0]).keys,
+                              in_position_order(lossy.sections[0]).keys)
 
 
 def test_an_unreadable_window_falls_back_to_an_earlier_entry_end(engine, doc_id):

@@ -29,7 +29,7 @@ from ..errors import Cancelled, EngineError
 from ..kv import speeds as speeds_mod
 from ..kv.contexts import ATTACH, Contexts
 from ..kv.kvcache import KVCache
-from ..kv.levels import check_levels, quality_order
+from ..kv.levels import check_levels, quality_order, stored_by_default
 from ..kv.sharing import Sharing
 from ..kv.speeds import Speeds
 from ..model.llamacalls import parts
@@ -77,6 +77,11 @@ def _counting(rt: Runtime, text: str, cancel: threading.Event | None,
         return n
     return count
 
+
+# What an attach says when it keeps a cache at lossless only (`levels.stored_by_default`).
+UNCALIBRATED = ("stored lossless only until this model is calibrated (`kvdesk calibrate`, a "
+                "few minutes once; the window and `kvdesk serve` calibrate by themselves): "
+                "the model-independent levels lose answers on a sliding-window model")
 
 class Attacher:
     def __init__(self, store: Store, contexts: Contexts, kv: KVCache, sharing: Sharing,
@@ -127,8 +132,8 @@ class Attacher:
         return replace(result, pushed=pushed, warnings=[*result.warnings, *notes])
 
     def _attach(self, extracted: documents.Extracted, levels, progress, cancel) -> AttachResult:
-        levels = quality_order(levels or self.kv.levels)
-        check_levels(levels)
+        asked = quality_order(levels or ())
+        check_levels(asked)
         title = extracted.title
         # One attach of a document at a time, across processes too: the second waits, then
         # takes the first one's result, or finishes what a killed one left unfinished.
@@ -137,6 +142,8 @@ class Attacher:
             self.contexts.warm_up()  # its kernels load while the model does
             self.contexts.encoding_soon()
             rt = self.contexts.get(ATTACH)
+            levels = asked or quality_order(stored_by_default(self.kv.levels, rt,
+                                                              self.kv.calibrations))
             known = {d.content_hash: d for d in self.store.documents()}
             existing = known.get(extracted.content_hash)
             # A document whose attach was killed is new again: this attach finishes it.
@@ -155,6 +162,8 @@ class Attacher:
                 source_path=extracted.source, n_tokens=prefix.doc_tokens, attaching=True)
             try:
                 result = self._compute(rt, doc, prefix, extracted, levels, progress, cancel)
+                if not asked and levels != quality_order(self.kv.levels):
+                    result = replace(result, warnings=[*result.warnings, UNCALIBRATED])
             except BaseException:
                 # Nothing half-stored: a new document leaves no trace, a known one keeps
                 # what it had (the entry writer aborts its own chunks).

@@ -50,6 +50,7 @@ from ..errors import Cancelled, RuntimeStateError
 from ..model.kvstate import in_position_order
 from ..model.runtime import Runtime
 from ..results import Progress, size_text
+from .levels import stored_by_default
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ class KVCache:
         head, `passagekv`) where that is the longest stored prefix of `tokens`. `holds`: the
         documents whose KV the tokens hold, read before the tokens were: the entry goes with
         any of them, and is not stored if one is gone already (store.NotFoundError)."""
-        levels = tuple(levels or self.levels)
+        levels = tuple(levels or stored_by_default(self.levels, rt, self.calibrations))
         match = self.store.longest_prefix(rt.fingerprint, tokens, touch=False)
         if match.n_tokens == len(tokens) and match.entries:
             return match.entries[-1].id

@@ -24,6 +24,19 @@ QUALITY_ORDER = ("lossless", "high", "cachegen-3", "balanced", "cachegen-2", "co
                  "cachegen-1")
 
 
+def stored_by_default(levels: Sequence[str], rt, calibrations) -> tuple[str, ...]:
+    """What a cache of `rt`'s model is stored at unless asked otherwise: the app's `levels`,
+    or `lossless` alone for a sliding-window model whose codec is not calibrated yet. The
+    model-independent levels were tuned on a full-attention model and lose answers on such a
+    one (Gemma 3 270M: its passages lost 18 of 21 answers, and a document's cache read at
+    `high` answered a port number wrongly that lossless answered right), so until its
+    calibration its caches are exact: larger, never wrong (the passages, which would fill
+    gigabytes so, are read as text: `PassageKV.kept`)."""
+    if rt.layout.swa_layers and calibrations.current(rt.fingerprint) is None:
+        return (EXACT,)
+    return tuple(levels)
+
+
 def quality_order(levels: Sequence[str]) -> list[str]:
     """The distinct `levels`, best quality first (unknown names last, by name)."""
     rank = {name: i for i, name in enumerate(QUALITY_ORDER)}
