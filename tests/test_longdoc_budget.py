@@ -127,6 +127,8 @@ def test_a_damaged_head_is_computed_again_and_stored_by_the_next_question(make_e
     flip(eng.store, head_id)
     first = fresh(eng, BOTH)  # the check fails: set aside, the context computed
     assert first.answer and eng.store.damaged([head_id])
+    # counted against the document meanwhile (`verify` counts it; the head has no document)
+    assert {d.doc_id: d for d in eng.documents()}[eng.doc].damaged_chunks == 1
     second = fresh(eng, BOTH)
     assert any("the passages' system prompt was damaged" in m and "computed again and "
                "stored" in m for m in second.messages), second.messages

@@ -145,13 +145,16 @@ class Library:
             passage_kv = {doc_id: set(ids.values()) for doc_id, ids in held.items()}
             sizes = self.store.entry_level_bytes([e.id for e in caches.current.values()] + [
                 i for ids in passage_kv.values() for i in ids])
-            # (a passage entry's damage is counted against each document holding its text)
+            # (a passage entry's damage is counted against each document holding its text,
+            # and so is that of the passages' head it extends: every chain read from it is)
+            heads = {e.id: e.parent_id for e in self.store.entries()
+                     if e.passage and e.parent_id is not None}
             damaged = self.store.damaged([e.id for e in caches.current.values()] + [
-                i for ids in passage_kv.values() for i in ids])
+                i for ids in passage_kv.values() for i in ids] + list(set(heads.values())))
             index = True
         except DamagedError:  # the caches' index alone (said): the documents still list
-            caches, held, passage_kv, sizes, damaged, index = (
-                DocumentCaches(None, fingerprint), {}, {}, {}, {}, False)
+            caches, held, passage_kv, sizes, damaged, heads, index = (
+                DocumentCaches(None, fingerprint), {}, {}, {}, {}, {}, False)
         current, passages = caches.current, caches.passages
         counts = self.store.document_tokens(fingerprint)
         attaching = self.store.attaching()
@@ -173,8 +176,9 @@ class Library:
                 doc.id, doc.title, doc.type, tokens, kept if entry else 0,
                 sizes.get(entry.id, {}) if entry else _summed(
                     sizes.get(i, {}) for i in passage_kv.get(doc.id, ())), status, doc.created,
-                damaged.get(entry.id, 0) if entry else sum(
-                    damaged.get(i, 0) for i in passage_kv.get(doc.id, ())),
+                damaged.get(entry.id, 0) if entry else sum(damaged.get(i, 0) for i in (
+                    passage_kv.get(doc.id, set()) | {heads.get(i) for i in passage_kv.get(
+                        doc.id, ())})),
                 passages.get(doc.id, 0),
                 len(held.get(doc.id, {})), changed,
                 _newer(doc, all_docs) if changed else None))
