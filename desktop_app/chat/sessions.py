@@ -16,9 +16,8 @@ the same way. An answer is sampled as `sampling.resolve` says (the caller's opti
 settings file's over the model file's over kvdesk's defaults) and stopped if it loops
 (`answers`).
 
-One turn runs at a time in the context (a lock), and one turn at a time in a chat across
-processes sharing the data directory (the store's chat turn). This module never prints, never
-parses arguments and never imports Qt.
+One turn runs at a time in the context (a lock), and in a chat across processes sharing the
+data directory (the store's chat turn). It never prints, parses arguments or imports Qt.
 """
 
 from __future__ import annotations
@@ -261,7 +260,8 @@ class ChatSession:
         report = replace(report, recompute_s=report.recompute_s + time.perf_counter() - r0)
         speeds_mod.save(self.store, self.speeds)
         self._blended_at, self.decoded_until = blend.exact_until, len(tokens)  # (all lossy)
-        notes.append(blend.note(len(layout.parts), parts.what, self.exact_later and chat))
+        cached = (source is not None) + sum(e is not None for e in parts.later)
+        notes.append(blend.note(len(layout.parts), parts.what, self.exact_later and chat, cached))
         # (passages computed for it count, and quotes taken from them; the question does not)
         computed = (report.recomputed_tokens + len(rest) + parts.computed_tokens
                     - blend.computed_in(len(tokens), blend.assembled)

@@ -104,12 +104,16 @@ class Blend:
         """Positions in [start, end) of the assembled prefix taken from KV."""
         return int(self.held[start:end].sum())
 
-    def note(self, parts: int, what: str, exact_later: bool) -> str:
-        """What the user is told of this blend of `parts` documents or passages (`what`),
-        whose exact context is computed in the background when `exact_later`."""
+    def note(self, parts: int, what: str, exact_later: bool, cached: int) -> str:
+        """What the user is told of this blend of `parts` documents or passages (`what`), of
+        which `cached` had a cache to read, whose exact context is computed in the background
+        when `exact_later`."""
         quoted = (f"; {self.repeated:,} quoted tokens taken from the passages' KV"
                   if self.repeated else "")
-        return (f"{parts} {what} blended from their own caches ({self.reused_tokens:,} tokens "
+        whose = "from their own caches" if cached >= parts else \
+            f"{cached} from their own caches and {parts - cached} computed in place"
+        return (f"{parts} {what} blended{' ' if cached >= parts else ', '}{whose} "
+                f"({self.reused_tokens:,} tokens "
                 f"reused, {self.recomputed_tokens:,} computed in place{quoted}): answers from "
                 "it are approximate" + ("; the exact context is computed in the background"
                                     if exact_later else ""))
