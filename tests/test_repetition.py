@@ -80,6 +80,19 @@ class ScriptedRuntime:
         self.closed = False
         self.options = None
         self.chat_template = SimpleNamespace(answer_stops=answer_stops)
+        self.cut_to, self.computed = None, []
+
+    def can_truncate(self, n):
+        return True
+
+    def truncate(self, n):
+        self.cut_to = n
+
+    def tokenize(self, text):
+        return [hash(text) % 50_000]
+
+    def prefill(self, tokens):
+        self.computed += tokens
 
     def generate(self, max_tokens, *, options, cancel=None, chat=True):
         self.options = options
@@ -117,7 +130,16 @@ def test_a_base_models_answer_ends_where_it_begins_the_next_question():
     out = stream_answer(rt, GenerationOptions(max_tokens=64), time.perf_counter(),
                         streamed.append, None)
     assert out.text == "".join(streamed) == " It binds a name."
-    assert len(out.tokens) == 7 and not out.cut and rt.closed
+    assert len(out.tokens) == 5 and not out.cut and rt.closed
+    # the context cut back to the answer's own tokens: the stop string's 2 dropped
+    assert rt.cut_to == 100 - 2 and rt.computed == []
+    # a piece the stop string begins in: its part before it computed again as text
+    run_on = [" It", " binds", " a", " name.Quest", "ion:", " What"]
+    rt = ScriptedRuntime(run_on, answer_stops=("Question:",))
+    out = stream_answer(rt, GenerationOptions(max_tokens=64), time.perf_counter(), None, None)
+    assert out.text == " It binds a name." and rt.cut_to == 100 - 2
+    assert out.tokens[:3] == [hash(p) % 50_000 for p in run_on[:3]]
+    assert out.tokens[3:] == rt.computed == [hash(" name.") % 50_000]
     # a prompt continued as it is (chat=False) has no template to end it
     raw = stream_answer(ScriptedRuntime(pieces, answer_stops=("Question:",)),
                         GenerationOptions(max_tokens=64), time.perf_counter(), None, None,

@@ -62,8 +62,29 @@ def stream_answer(rt: Runtime, generation: GenerationOptions, t0: float,
                              f"it was going round in circles: {loop}")
                 break
     text = own.finish() if own is not None and own.stop else "".join(pieces)
+    if stopped:
+        generated = _cut_back(rt, generated, pieces, text)
     return Answer(generated, text, ttft, notes,
                   cut=not notes and not stopped and len(generated) >= max_new)
+
+
+def _cut_back(rt: Runtime, generated: list[int], pieces: list[str], text: str) -> list[int]:
+    """The answer's tokens ending where its `text` does, before the template's stop string,
+    and the context cut back to them: what is stored of the turn (its tokens, then its
+    closing) is then what its text renders. Where a sliding-window cache cannot go back so
+    far, all of them, as the context holds them."""
+    kept, length = 0, 0
+    while kept < len(pieces) and length + len(pieces[kept]) <= len(text):
+        length += len(pieces[kept])
+        kept += 1
+    rest = rt.tokenize(text[length:]) if length < len(text) else []
+    at = rt.n_tokens - (len(generated) - kept)
+    if not rt.can_truncate(at):
+        return generated
+    rt.truncate(at)
+    if rest:  # (the piece the stop string began in: its part before it)
+        rt.prefill(rest)
+    return generated[:kept] + rest
 
 
 def from_first_visible(on_token: Callable[[str], None] | None
