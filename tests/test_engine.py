@@ -272,6 +272,20 @@ def test_corrupt_chunk_falls_back_and_still_answers(new_engine, tmp_path):
     assert eng.store.verify()["corrupt"]
 
 
+def test_attaching_again_at_other_levels_keeps_the_cache_and_says_so(new_engine, tmp_path):
+    """It prefilled the whole document again, stored nothing (an entry of those tokens was
+    there) and reported 0 bytes at the levels asked."""
+    eng = new_engine()
+    path = tmp_path / "doc.txt"
+    path.write_text(DOC)
+    first = eng.attach(path, levels=["high"])
+    again = eng.attach(path, levels=["balanced"])
+    assert again.reused and again.prefill_s == 0 and again.doc_id == first.doc_id
+    assert again.stored_bytes == first.stored_bytes and set(again.stored_bytes) == {"high"}
+    assert any("kept at high, as stored before" in w and "(balanced)" in w and
+               f"`kvdesk rm doc {first.doc_id}`" in w for w in again.warnings), again.warnings
+
+
 def test_other_model_fingerprint_is_never_loaded(new_engine, tmp_path):
     eng = new_engine()
     path = tmp_path / "doc.txt"

@@ -162,7 +162,7 @@ class Attacher:
                 source_path=extracted.source, n_tokens=prefix.doc_tokens, attaching=True)
             try:
                 result = self._compute(rt, doc, prefix, extracted, levels, progress, cancel)
-                if not asked and levels != quality_order(self.kv.levels):
+                if not (asked or result.reused) and levels != quality_order(self.kv.levels):
                     result = replace(result, warnings=[*result.warnings, UNCALIBRATED])
             except BaseException:
                 # Nothing half-stored: a new document leaves no trace, a known one keeps
@@ -187,8 +187,14 @@ class Attacher:
                                        prefix.kept_tokens)
         warnings = list(extracted.warnings)
         entry = self.store.document_entry(doc.id, rt.fingerprint)
-        if entry is not None and set(levels) <= set(entry.levels):
-            return self._result(doc, prefix, entry.id, levels, warnings, reused=True)
+        if entry is not None:  # (a stored cache takes no other level: kept as it is)
+            if other := [lvl for lvl in levels if lvl not in entry.levels]:
+                warnings.append(
+                    f"its cache is kept at {', '.join(entry.levels)}, as stored before: a "
+                    f"stored cache takes no other level ({', '.join(other)}): `kvdesk rm doc "
+                    f"{doc.id}`, then attach it again, stores it anew")
+            return self._result(doc, prefix, entry.id, entry.levels if other else levels,
+                                warnings, reused=True)
         try:
             t0 = time.perf_counter()
             pulled, notes = self.sharing.pull_for_attach(
