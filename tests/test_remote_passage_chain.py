@@ -397,6 +397,11 @@ def test_a_head_of_another_calibration_is_named(monkeypatch):
         with pytest.raises(CorruptObjectError, match="head's calibration"):
             Manifest.from_json(replace(chained, head_calibration=bad).to_json(), key=key,
                                fingerprint=FP)
+    six = json.loads((FIXTURES / "manifests" / "v6-head-calibration.json").read_bytes())
+    del six["checksum"], six["head_calibration"]  # (version 6 always names it)
+    with pytest.raises(CorruptObjectError, match="malformed"):
+        Manifest.from_json(json.dumps({**six, "checksum": manifest_module._checksum(six)}),
+                           key=key, fingerprint=FP)
     body = json.loads(replace(chained, head_calibration="e" * 64).to_json())
     del body["checksum"], body["head_end"]  # (a head's calibration, and no head)
     with pytest.raises(CorruptObjectError, match="head's calibration"):

@@ -164,6 +164,19 @@ def test_a_pull_on_a_small_budget_names_what_it_did_not_keep_and_what_it_evicted
     assert [b.document(e.document_id).title for e in b.entries()] == [second]
 
 
+def test_a_manifest_a_newer_kvdesk_wrote_is_never_written_over(a, remote_tier, s3_server):
+    """A push read it as corrupt and wrote its own in its place."""
+    entry = attached(a)
+    sync.push_all(a, remote_tier, FP)
+    (key,) = [k for k in bucket_keys(s3_server, remote_tier) if "/manifests/" in k]
+    newer = remote_tier.get(key).replace(b'"version": 7', b'"version": 8')
+    remote_tier.put(key, newer)
+    with pytest.raises(CorruptObjectError, match="version 8 is newer"):
+        sync.read_manifest(remote_tier, FP, entry.token_end, entry.prefix_hash)
+    assert sync.push(a, remote_tier, entry).skipped
+    assert remote_tier.get(key) == newer
+
+
 def test_an_entry_travels_with_its_window(a, b, remote_tier, s3_server):
     entry = attached(a, window_start=88)
     report = sync.push_all(a, remote_tier, FP)

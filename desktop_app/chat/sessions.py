@@ -12,9 +12,8 @@ answer, stores both messages and the conversation's own KV (extending the docume
 the next question or reopen starts at once; `prepare` computes a question while it is typed;
 `reopen` restores a chat and says how. A chat over a document too long for the context is made
 of the passages retrieved for its questions instead (`longdoc`), blended from their own caches
-the same way. An answer is sampled as `sampling.resolve` says (the caller's options over the
-settings file's over the model file's over kvdesk's defaults) and stopped if it loops
-(`answers`).
+the same way. An answer is sampled as `sampling.resolve` says (the caller's options, then the
+settings file's, the model file's, kvdesk's defaults) and stopped if it loops (`answers`).
 
 One turn runs at a time in the context (a lock), and in a chat across processes sharing the
 data directory (the store's chat turn). It never prints, parses arguments or imports Qt.
@@ -36,7 +35,7 @@ from ..kv.blending import Blend, Blender, Parts, common_prefix, leading
 from ..kv.contexts import CHAT, Contexts
 from ..kv.exactprefix import Held
 from ..kv.kvcache import KVCache
-from ..kv.levels import EXACT, check_levels
+from ..kv.levels import EXACT, check_levels, stored_by_default
 from ..kv.sharing import Sharing
 from ..kv.sources import stored_prefix
 from ..kv.speeds import Speeds
@@ -240,8 +239,9 @@ class ChatSession:
         stored = self.store.longest_prefix(rt.fingerprint, tokens, touch=False, tail_minimum=1)
         if stored.n_tokens + stored.tail_match >= n:
             return None  # the exact prefix is stored (a chat's own entry, or a prompt's)
+        levels = stored_by_default(self.levels, rt, self.kv.calibrations)  # (as attach's)
         return Parts(layout, **self.sharing.later_documents(  # (here, or from the bucket)
-            rt, self.prompter, docs[:len(layout.parts)], self.levels, progress))
+            rt, self.prompter, docs[:len(layout.parts)], levels, progress))
 
     def _blend(self, rt, parts, tokens, question, docs, options, progress, cancel, chat
                ) -> tuple[RestoreReport, int]:

@@ -50,6 +50,11 @@ from functools import cached_property
 from ..errors import CorruptObjectError
 from ..tokens import chunk_spans, decode, encode, prefix_hashes
 
+
+class NewerManifestError(CorruptObjectError):
+    """A manifest a newer kvdesk wrote: not read here, and never written over."""
+
+
 FORMAT = "kvdesk-kv-manifest"
 VERSION = 7  # the newest this code reads
 WRITES = 7  # the version every manifest is written as (the module says why)
@@ -164,7 +169,7 @@ class Manifest:
             if body["format"] != FORMAT:
                 raise CorruptObjectError(key, "not a kvdesk manifest")
             if body["version"] > VERSION:
-                raise CorruptObjectError(key, f"manifest version {body['version']} is newer "
+                raise NewerManifestError(key, f"manifest version {body['version']} is newer "
                                               "than this kvdesk understands")
             if checksum != _checksum(body):
                 raise CorruptObjectError(key, "manifest checksum mismatch")
@@ -183,8 +188,8 @@ class Manifest:
                 passage=bool(body.get("passage", False)),
                 head_end=None if body.get("head_end") is None else int(body["head_end"]),
                 # (named where it is not the entry's, null for none; else the entry's)
-                head_calibration=body["head_calibration"] if "head_calibration" in body
-                and body["version"] >= 6
+                head_calibration=body["head_calibration"] if body["version"] == 6 or (
+                    body["version"] > 6 and "head_calibration" in body)
                 else body.get("calibration") if body.get("head_end") is not None else None,
             )
         except (ValueError, KeyError, TypeError, AttributeError) as e:

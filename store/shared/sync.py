@@ -30,19 +30,13 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
-from ..errors import (
-    CorruptChunkError,
-    CorruptObjectError,
-    NotFoundError,
-    RemoteError,
-    StoreError,
-)
+from ..errors import CorruptChunkError, CorruptObjectError, NotFoundError, RemoteError, StoreError
 from ..records import Document, Entry
 from ..store import Store
 from ..tokens import encode, prefix_hashes
 from .heads import PassageHeadError, calibrations, local_head, sources, travels
 from .localcopy import LocalCopy, add_document
-from .manifest import ChunkObject, Manifest, RemoteDocument
+from .manifest import ChunkObject, Manifest, NewerManifestError, RemoteDocument
 from .remote import RemoteTier, sha256
 
 ProgressFn = Callable[[int, int], None]  # (objects done, objects in all)
@@ -194,9 +188,12 @@ def entry_title(store: Store, entry: Entry, document: Document) -> str:
 
 
 def _has_manifest(tier: RemoteTier, fingerprint: str, token_end: int, prefix_hash: bytes) -> bool:
-    """Whether a readable manifest is there already (a corrupt one is written again)."""
+    """Whether a readable manifest is there already (a corrupt one is written again; one a
+    newer kvdesk wrote is left as it is)."""
     try:
         read_manifest(tier, fingerprint, token_end, prefix_hash)
+    except NewerManifestError:
+        return True
     except (NotFoundError, CorruptObjectError):
         return False
     return True
