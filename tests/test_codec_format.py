@@ -13,6 +13,7 @@ from codec_helpers import FIXTURES, custom, random_kv, real_kv, refresh_crc, sec
 
 import codec
 from codec import CodecError, backend
+from codec.format import container
 from codec.kernels import rans, tables
 
 GOLDEN = FIXTURES / "golden"
@@ -33,6 +34,9 @@ def golden_cases():
 @pytest.mark.parametrize("name, expected", golden_cases())
 def test_golden_blobs_still_decode_and_reencode(name, expected):
     blob = (GOLDEN / f"{name}.kvc").read_bytes()
+    # each layout frozen as written: the raw ids of the first blobs, packed ones after
+    packed = name.endswith("-packed-ids")
+    assert container.peek(blob).flags == (container.PACKED_IDS if packed else 0)
     keys, values = codec.decode(blob)
     assert digest(keys, values) == expected["decoded_sha256"]
     # Today's encoder may pick other tables (smaller blobs), but never other values.

@@ -28,7 +28,7 @@ from .levels import CodecConfig
 
 MAGIC = b"KVDC"
 # 1: self-contained blobs; 2: a config that names the model calibration it needs (written
-# only then, so blobs of uncalibrated levels stay byte for byte what version 1 wrote)
+# only then: blobs of uncalibrated levels stay version 1)
 FORMAT_VERSION = 2
 READS = (1, 2)
 # A quantized blob's codebook ids travel deflated (the pipeline's payload layout says how).

@@ -123,7 +123,9 @@ class StopStrings:
         if self.cut is not None:
             return True
         self.text += piece
-        found = [i for i in (self.text.find(x) for x in self.stop) if i >= 0]
+        # (where a stop string could begin: not in what was sent, a step back from its end)
+        start = max(0, self.sent - max(map(len, self.stop), default=0))
+        found = [i for i in (self.text.find(x, start) for x in self.stop) if i >= 0]
         if found:
             self.cut = min(found)
             self._send(self.cut)

@@ -222,7 +222,10 @@ class PassageKV:
                 held := held_head(self.store, rt.fingerprint, self.head(rt), (self.level,))):
             heads.add(held.id)
         damaged = self.store.damaged(heads) if heads else {}
-        healed = [self._heal(rt, self.store.entry(i), cancel) for i in sorted(damaged)]
+        healed = []
+        for i in sorted(damaged):
+            with contextlib.suppress(NotFoundError):  # (evicted meanwhile: nothing to mend)
+                healed.append(self._heal(rt, self.store.entry(i), cancel))
         return ["the passages' system prompt"] if any(healed) else []
 
     def _heal(self, rt: Runtime, entry: Entry, cancel: threading.Event | None) -> bool:
