@@ -83,6 +83,7 @@ UNCALIBRATED = ("stored lossless only until this model is calibrated (`kvdesk ca
                 "few minutes once; the window and `kvdesk serve` calibrate by themselves): "
                 "the model-independent levels lose answers on a sliding-window model")
 
+
 class Attacher:
     def __init__(self, store: Store, contexts: Contexts, kv: KVCache, sharing: Sharing,
                  prompter: Prompter, speeds: Speeds, passages: PassageIndex):
