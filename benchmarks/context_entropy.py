@@ -16,6 +16,7 @@ estimated over the whole document, so they are an upper bound on what they would
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -55,8 +56,11 @@ def stream_entropies(sym: np.ndarray) -> dict[str, float]:
     return {k: round(v / sym.size, 3) for k, v in bits.items()}
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def captured_levels(description: str, argv: list[str] | None) -> Iterator[tuple]:
+    """Parse --kv, --calibration and --levels; for each level, encode the KV in 256-token
+    chunks and yield (level, bits per element coded, the arguments of every call to the rANS
+    encoder: each chunk's keys, then its values: (sym, ent, freq, ...))."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--kv", type=Path, required=True)
     ap.add_argument("--calibration", type=Path, help="a .kvcl of the KV's model")
     ap.add_argument("--levels", default="high,balanced,compact")
@@ -67,9 +71,9 @@ def main(argv: list[str] | None = None) -> None:
     be = backend.jit()
     captured, encode = [], be.encode
 
-    def grab(sym, *rest):
-        captured.append(sym.astype(np.int64))
-        return encode(sym, *rest)
+    def grab(sym, ent, *rest):
+        captured.append((sym.copy(), np.array(ent), *rest))  # (sym: a scratch array, reused)
+        return encode(sym, ent, *rest)
 
     be.encode = grab
     for level in args.levels.split(","):
@@ -77,9 +81,14 @@ def main(argv: list[str] | None = None) -> None:
         nbytes = sum(len(codec.encode(keys[:, t:t + 256], values[:, t:t + 256], level,
                                       calibration=cal, first_token=t, backend=be))
                      for t in range(0, keys.shape[1], 256))
-        print(f"{level}: {nbytes * 8 / (keys.size + values.size):.3f} bits per element coded")
+        yield level, nbytes * 8 / (keys.size + values.size), list(captured)
+
+
+def main(argv: list[str] | None = None) -> None:
+    for level, bits, calls in captured_levels(__doc__.splitlines()[0], argv):
+        print(f"{level}: {bits:.3f} bits per element coded")
         for kind, name in enumerate(("keys", "values")):  # each chunk encodes keys, then values
-            sym = np.concatenate(captured[kind::2], axis=1)
+            sym = np.concatenate([c[0].astype(np.int64) for c in calls[kind::2]], axis=1)
             print(f"  {name}: {stream_entropies(sym)}")
 
 

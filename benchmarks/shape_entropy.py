@@ -15,15 +15,11 @@ on the half-symbol grid, 24 scales, 12-bit probabilities); and the better of the
 
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
-
 import numpy as np
 
-import codec
-from codec import backend
-from codec.bench import load_kv
 from codec.kernels.tables import PROB_SCALE
+
+from .context_entropy import captured_levels
 
 # Laplace scales in symbols, geometric like the Gaussian widths (0.15 to 40)
 SCALES = np.geomspace(0.15, 40, 24)
@@ -67,33 +63,13 @@ def rates(sym: np.ndarray, ent: np.ndarray, freq: np.ndarray) -> dict[str, float
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kv", type=Path, required=True)
-    ap.add_argument("--calibration", type=Path, help="a .kvcl of the KV's model")
-    ap.add_argument("--levels", default="high,balanced,compact")
-    args = ap.parse_args(argv)
-    keys, values, _ = load_kv(args.kv)
-    cal = (codec.Calibration.from_bytes(args.calibration.read_bytes()) if args.calibration
-           else None)
-    be = backend.jit()
-    captured, encode = [], be.encode
-
-    def grab(sym, ent, freq, *rest):
-        captured.append((sym.astype(np.int64), np.asarray(ent), np.asarray(freq)))
-        return encode(sym, ent, freq, *rest)
-
-    be.encode = grab
-    for level in args.levels.split(","):
-        captured.clear()
-        nbytes = sum(len(codec.encode(keys[:, t:t + 256], values[:, t:t + 256], level,
-                                      calibration=cal, first_token=t, backend=be))
-                     for t in range(0, keys.shape[1], 256))
-        print(f"{level}: {nbytes * 8 / (keys.size + values.size):.3f} bits per element coded")
+    for level, bits, calls in captured_levels(__doc__.splitlines()[0], argv):
+        print(f"{level}: {bits:.3f} bits per element coded")
         for kind, name in enumerate(("keys", "values")):  # each chunk encodes keys, then values
             total: dict[str, float] = {}
             n = 0
-            for sym, ent, freq in captured[kind::2]:
-                for k, v in rates(sym, ent, freq).items():
+            for sym, ent, freq, *_ in calls[kind::2]:
+                for k, v in rates(sym.astype(np.int64), np.asarray(ent), freq).items():
                     total[k] = total.get(k, 0.0) + v
                 n += sym.size
             print(f"  {name}: " + ", ".join(f"{k} {v / n:.3f}" for k, v in total.items()))
