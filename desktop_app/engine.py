@@ -135,6 +135,7 @@ class Engine:
             self.contexts, kv, chat_lock=self.session.lock, attach_lock=self.attacher.lock,
             conversation=self.session.conversation, documents=self.library.chat_documents,
             first_document=self.session.longdocs.first_document,
+            prefix=self.session.longdocs.prefix,
             on_exact=self.session.exact_stored)
         # Work after a call returns, in long-running processes only (`background`).
         self.background = background

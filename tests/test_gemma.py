@@ -138,8 +138,11 @@ def test_a_chat_carries_its_own_window_and_reopens(engine, doc_id):
     assert second.recomputed_tokens == 0 and second.chunk_levels == []  # the context was kept
     kept = answer_tokens(engine, chat)
     engine.runtime.reset()  # as after a restart
-    report = engine.reopen(chat)
+    shown = []
+    report = engine.reopen(chat, progress=lambda p: shown.append((p.done, p.total)))
     assert report.recomputed_tokens == 0 and report.tokens == engine.runtime.n_tokens
+    # (the window's parts come after the chunks: the progress shown never runs backwards)
+    assert shown == sorted(shown) and shown[-1] == (report.tokens, report.tokens)
     assert set(report.chunk_levels) == {"lossless"}
     # The second turn asked again after a restart: the first turn's entry (its window) is
     # restored as it was computed and the question computed as it was: the same answer, token
@@ -323,6 +326,38 @@ def test_a_long_documents_passages_are_blended_from_their_caches(tmp_path, gemma
         want = exact.keys[0].astype(np.float32)
         err = np.abs(window.keys[0].astype(np.float32) - want).max(axis=1)
         assert err.max() <= 0.02 * np.abs(want).max(), int(np.argmax(err))
+    finally:
+        eng.close()
+        eng.store.close()
+
+
+def test_a_new_chat_over_stored_passages_resumes_where_they_end(tmp_path, gemma_path):
+    """The exact pass of a chat over passages stores them as an entry of their own on the
+    way, window and all: the same question asked in a new chat restores all of them and
+    computes only its own turn (before, it resumed where the passages' head ends)."""
+    from test_longdoc import add_long_document
+
+    eng = make_engine(tmp_path / "data", gemma_path, blend_fraction=0.15,
+                      passage_level="lossless")
+    try:
+        eng.session.longdocs.top_k = 2
+        doc = add_long_document(eng.store)
+        q = "When does the Saturday ferry leave, and what does the museum keep?"
+        greedy = GenerationOptions(max_tokens=8, temperature=0)
+        first = eng.ask(q, doc_ids=[doc], generation=greedy)
+        assert first.blended["mode"] == "blended"
+        eng.exactness.request(first.chat_id)
+        assert eng.exactness.finish(first.chat_id)
+        prefix = eng.session.longdocs.prefix(eng.runtime, first.chat_id).tokens
+        match = eng.store.longest_prefix(eng.fingerprint, prefix, touch=False)
+        ends = {e.id: e.token_end for e in match.entries}
+        assert len(prefix) in {ends[i] for i in eng.store.windows(ends)}
+        eng.runtime.reset()
+        again = eng.ask(q, doc_ids=[doc], generation=greedy)
+        assert again.blended == {"reused_tokens": len(prefix), "recomputed_tokens": 0,
+                                 "quoted_tokens_reused": 0, "mode": "exact"}
+        assert again.answer == eng.ask(q, doc_ids=[doc], generation=greedy,
+                                       restore=RestoreOptions(no_cache=True)).answer
     finally:
         eng.close()
         eng.store.close()

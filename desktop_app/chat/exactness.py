@@ -44,7 +44,7 @@ class Exactness(Background):
 
     def __init__(self, contexts: Contexts, kv: KVCache, *, chat_lock: FairLock,
                  attach_lock: threading.RLock, conversation: Callable, documents: Callable,
-                 first_document: Callable, on_exact: Callable[[int], None]):
+                 first_document: Callable, prefix: Callable, on_exact: Callable[[int], None]):
         super().__init__(chat_lock)
         self.contexts = contexts
         self.kv = kv
@@ -52,6 +52,7 @@ class Exactness(Background):
         self.conversation = conversation  # (runtime, chat id) -> (messages, tokens, notes)
         self.documents = documents  # chat id -> its documents
         self.first_document = first_document  # (runtime, chat id) -> what its entry extends
+        self.prefix = prefix  # (runtime, chat id) -> its documents' or passages' Layout
         self.on_exact = on_exact
         self._stored: set[int] = set()  # chats whose exact context a pass stored
         self._too_big: set[int] = set()  # ... computed, and evicted by the budget at once
@@ -98,7 +99,7 @@ class Exactness(Background):
                             if [d.id for d in self.documents(chat_id)] == docs:
                                 raise  # (not a document deleted: a chat deleted, or a bug)
                     tokens = now
-                    self._compute(rt, chat_id, tokens)
+                    self._compute(rt, chat_id, tokens, docs)
             finally:
                 rt.reset()
                 with self._guard:
@@ -108,15 +109,24 @@ class Exactness(Background):
         if kept:
             self.on_exact(chat_id)
 
-    def _compute(self, rt, chat_id: int, tokens: list[int]) -> None:
+    def _compute(self, rt, chat_id: int, tokens: list[int], docs: list[int]) -> None:
+        """Compute `tokens` from the first. A sliding-window model's restore resumes only
+        where a stored entry ends, with its window: the chat's documents or passages are
+        stored as an entry of their own on the way, so that another chat over them (the same
+        question asked anew, in a new process too) resumes after them, not near token 0."""
         with self._guard:  # under way: its context is loaded (`finish` says so from now)
             self._progress[chat_id] = (0, len(tokens))
         rt.reset()
-        for start in range(0, len(tokens), SLICE):
+        prefix = self.prefix(rt, chat_id).tokens if rt.layout.swa_layers else ()
+        cut = len(prefix) if tuple(tokens[:len(prefix)]) == prefix else 0
+        ends = sorted({*range(SLICE, len(tokens), SLICE), len(tokens), cut} - {0})
+        for start, end in zip([0, *ends[:-1]], ends, strict=True):
             self.yield_to_turns()
-            rt.prefill(tokens[start:start + SLICE], cancel=self.cancel, logits=False)
+            rt.prefill(tokens[start:end], cancel=self.cancel, logits=False)
+            if end == cut < len(tokens):
+                self.kv.keep_prefix(rt, tokens[:cut], holds=docs)
             with self._guard:
-                self._progress[chat_id] = (min(start + SLICE, len(tokens)), len(tokens))
+                self._progress[chat_id] = (end, len(tokens))
 
     def too_big(self, chat_id: int) -> bool:
         """Whether chat `chat_id`'s exact context was computed but is larger than the storage

@@ -44,6 +44,7 @@ from store import Document, Store
 
 from ..kv.blending import Parts
 from ..kv.passagekv import PassageKV
+from ..kv.sources import resumes_at
 from ..model.prompts import Layout, Prompter, passage_layout
 from ..model.runtime import Runtime
 from ..passages import evidence
@@ -372,6 +373,14 @@ class LongDocs:
             return None
         return self.laid_out(rt, self.wholes(rt, docs), self.sources(chat_id))
 
+    def prefix(self, rt: Runtime, chat_id: int | None,
+               docs: Sequence[Document] | None = None) -> Layout:
+        """A chat's prefix before its turns: its passages (`layout`), else its documents (a
+        chat not created yet (None) is over `docs`)."""
+        if docs is None:
+            docs = self.library.chat_documents(chat_id) if chat_id is not None else ()
+        return self.layout(rt, chat_id, docs) or self.prompter.layout(rt, docs)
+
     def blendable(self, rt: Runtime, chat_id: int | None, tokens: Sequence[int],
                   cancel: threading.Event | None,
                   progress: Callable[[Progress], None] | None = None) -> Parts | None:
@@ -392,8 +401,8 @@ class LongDocs:
         layout = self.laid_out(rt, wholes, sources)
         if tuple(tokens[:len(layout.tokens)]) != layout.tokens:
             return None
-        stored = self.store.longest_prefix(rt.fingerprint, tokens, touch=False, tail_minimum=1)
-        if stored.n_tokens + stored.tail_match >= len(layout.tokens):
+        if resumes_at(self.store, rt.fingerprint, tokens, bool(rt.layout.swa_layers)) >= len(
+                layout.tokens):
             return None
         ready = self.kv.ensure(rt, [*wholes, *((s.document_id, s.text) for s in sources)],
                                cancel=cancel, progress=progress)

@@ -37,7 +37,7 @@ from ..kv.exactprefix import Held
 from ..kv.kvcache import KVCache
 from ..kv.levels import EXACT, check_levels, stored_by_default
 from ..kv.sharing import Sharing
-from ..kv.sources import stored_prefix
+from ..kv.sources import resumes_at, stored_prefix
 from ..kv.speeds import Speeds
 from ..model import inplace
 from ..model.prompts import Prompter, question_turn, title_of, with_evidence
@@ -104,8 +104,7 @@ class ChatSession:
         before tokens were kept per model) are tokenized from their text as the template
         renders their turn, and remembered.
         """
-        layout = self.longdocs.layout(rt, chat_id) or self.prompter.layout(
-            rt, self.library.chat_documents(chat_id))
+        layout = self.longdocs.prefix(rt, chat_id)
         msgs, tokens = list(layout.messages), list(layout.tokens)
         known, fresh = self.store.message_tokens(chat_id, rt.fingerprint), 0
         for m in self.library.history(chat_id):
@@ -236,8 +235,7 @@ class ChatSession:
         n = len(layout.tokens)
         if len(layout.parts) < 2 or tuple(tokens[:n]) != layout.tokens:
             return None
-        stored = self.store.longest_prefix(rt.fingerprint, tokens, touch=False, tail_minimum=1)
-        if stored.n_tokens + stored.tail_match >= n:
+        if resumes_at(self.store, rt.fingerprint, tokens, bool(rt.layout.swa_layers)) >= n:
             return None  # the exact prefix is stored (a chat's own entry, or a prompt's)
         levels = stored_by_default(self.levels, rt, self.kv.calibrations)  # (as attach's)
         return Parts(layout, **self.sharing.later_documents(  # (here, or from the bucket)
@@ -431,7 +429,7 @@ class ChatSession:
                  ) -> tuple[list[dict], list[int], list[str]]:
         """A chat's messages, tokens and notes (`conversation`); of none yet, its `docs`'."""
         if chat_id is None:
-            layout = self.longdocs.layout(rt, None, docs) or self.prompter.layout(rt, docs)
+            layout = self.longdocs.prefix(rt, None, docs)
             return list(layout.messages), list(layout.tokens), layout.notes
         return self.conversation(rt, chat_id)
 

@@ -76,6 +76,22 @@ def stored_prefix(store: Store, fingerprint: str, tokens: Sequence[int], *,
         PrefixMatch((), (), 0)
 
 
+def window_ends(store: Store, match: PrefixMatch) -> dict[int, Sequence[Span]]:
+    """{entry end: its window's parts} of the entries `match` covers whole that have one."""
+    whole = {e.id: e.token_end for e in match.entries if e.token_end <= match.n_tokens}
+    return {whole[i]: parts for i, parts in store.windows(whole).items()}
+
+
+def resumes_at(store: Store, fingerprint: str, tokens: Sequence[int], windowed: bool) -> int:
+    """How many of `tokens` a restore takes from this store rather than computing them: the
+    stored prefix (and a chunk stored past it), or where a sliding-window model's restore
+    resumes: the last end of a stored entry with its window within them (0: none)."""
+    match = store.longest_prefix(fingerprint, tokens, touch=False, tail_minimum=1)
+    if not windowed:
+        return match.n_tokens + match.tail_match
+    return max(window_ends(store, match), default=0)
+
+
 class LocalSource:
     kind = "local"
     parallel = 1  # one SSD read at a time already outruns decoding
@@ -86,8 +102,7 @@ class LocalSource:
         self._index(store, match.spans + ((match.tail,) if match.tail else ()))
         self.n_tokens = match.n_tokens + match.tail_match
         self.beyond = match.tail_tokens[match.tail_match:]
-        whole = {e.id: e.token_end for e in match.entries if e.token_end <= match.n_tokens}
-        self.windows = {whole[i]: parts for i, parts in store.windows(whole).items()}
+        self.windows = window_ends(store, match)
 
     def _index(self, store: Store, spans: Sequence[Span]) -> None:
         self.spans = tuple(spans)
