@@ -189,6 +189,10 @@ class _Reading:
         of each chunk decoded, in order; the chunk where it stopped and why, if it did and
         it is worth saying). Fallbacks to another level are said in `messages`."""
         self.asked = max(self.asked, len(spans))
+        # Progress in tokens, as the bytes decoded go: a window's parts come after the chunks
+        # but hold positions before their end, so their own positions would run backwards.
+        sizes = np.cumsum([raw(s) for s in spans]) if spans else np.zeros(1)
+        reach = min(max((s.token_end for s in spans), default=0), len(self.tokens))
         reader = ChunkReader(source, spans, self.tokens, self.levels, self.options,
                              self.speeds, raw_bytes=raw, t0=self.t0, restart=restart)
         fetched = reader.fetched
@@ -224,8 +228,8 @@ class _Reading:
                     else:
                         self.not_stored += 1
                 if self.progress is not None:
-                    done = min(spans[len(got) - 1].token_end, len(self.tokens))
-                    self.progress(Progress("restore", done, len(self.tokens)))
+                    done = round(reach * sizes[len(got) - 1] / max(sizes[-1], 1))
+                    self.progress(Progress("restore", int(done), len(self.tokens)))
         finally:
             reader.stop.set()
             while thread.is_alive():  # unblock a reader waiting on a full queue
