@@ -43,7 +43,7 @@ from .chat.longdoc import LongDocs
 from .chat.passagefill import PassageFill
 from .chat.sessions import ChatSession
 from .errors import EngineError
-from .kv import estimates, repair, speeds
+from .kv import estimates, relevel, repair, speeds
 from .kv.contexts import CHAT, Contexts
 from .kv.kvcache import KVCache
 from .kv.levels import DEFAULT_LEVELS, check_levels, quality_order
@@ -151,9 +151,7 @@ class Engine:
     def storage_problem(self) -> str | None:
         return str(self.store.damage_error()) if self.store.damage else None
 
-    def _writable(self) -> None:
-        """A damaged or read-only store refuses new work (ask, regenerate, attach, prefill)
-        before it is computed, not after."""
+    def _writable(self) -> None:  # (a damaged or read-only store refuses new work first)
         self.store.check_writable()
 
     @property
@@ -178,9 +176,8 @@ class Engine:
         return self.runtime.model_path.name
 
     def warm_up(self) -> None:
-        """Load the model and ready the codec before the first call (the window and `kvdesk
-        serve` do, at start): such a long-running engine also gives every passage of the
-        long documents its KV in the background, resuming where a restart left it."""
+        """Load the model and ready the codec before the first call (the window, `kvdesk serve`):
+        such a long-running engine also gives long documents' passages their KV meanwhile."""
         self.contexts.warm_up()
         self.contexts.get(CHAT)
         if self.fill_passages and self.background:
@@ -201,17 +198,23 @@ class Engine:
 
     def calibrate(self, *, progress: ProgressFn | None = None,
                   cancel: threading.Event | None = None) -> CalibrationInfo:
-        """Calibrate the codec for the loaded model (minutes: its own contexts measure every
-        level against llama.cpp's q8_0 KV on the built-in text), store it, and encode the
-        model's new caches with it. One at a time, each of its steps after the questions
-        being answered (the window's and the server's calibrate beside them); another
-        process calibrating the model is waited for and its result taken; raises Cancelled."""
+        """Calibrate the codec for the loaded model (minutes: measured against llama.cpp's
+        q8_0 KV on the built-in text), store it for its new caches, then `relevel`. One at a
+        time, each step after the questions being answered; another process calibrating the
+        model is waited for and its result taken; raises Cancelled."""
         rt = self.runtime
         with self._calibrating:
             cal = runs.calibrate_once(self.store, self.calibrations, rt.model_path,
                                       rt.fingerprint, progress=progress, cancel=cancel,
                                       pause=lambda: self.session.lock.wait_free(cancel))
+            self.relevel(progress=progress, cancel=cancel)
         return _info(cal)
+
+    def relevel(self, *, progress: ProgressFn | None = None,
+                cancel: threading.Event | None = None) -> dict:
+        """Encode the model's caches stored lossless only before its calibration at its
+        calibrated levels (`kv.relevel`); raises Cancelled between caches."""
+        return relevel.relevel(self.session.kv, self.runtime, progress=progress, cancel=cancel)
 
     def close(self) -> None:
         # Both stopped before either is waited for: the passage pass may be waiting for the
@@ -307,9 +310,8 @@ class Engine:
 
     def _cache_stale(self, doc_ids: Sequence[int], progress: ProgressFn | None,
                      cancel: threading.Event | None) -> list[str]:
-        """A new chat's documents cached only under another model (the user switched) get
-        their cache under this one first, once, as the window offers after a switch: else
-        every new chat about them would compute them again. What was done, said."""
+        """A new chat's documents cached only under another model (a switch) get their cache
+        under this one first, once, as the window offers: else every new chat computes them."""
         if not doc_ids:
             return []
         notes = []
@@ -372,8 +374,7 @@ class Engine:
 
     def complete(self, messages: Sequence[dict] | RawPrompt, **options) -> Completion:
         """Answer a client's whole conversation (or continue a prompt given as it is) with the
-        persistent prompt cache (the local API's completions): see
-        `completions.Completions.complete`."""
+        persistent prompt cache (the local API's): `completions.Completions.complete`."""
         return self.completions.complete(messages, **options)
 
     def passages(self, doc_id: int, *, query: str | None = None, k: int = DEFAULT_K,
@@ -422,9 +423,8 @@ class Engine:
                                kind=self.library.document(doc_id).type)
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
-        """Texts as L2-normalised float32 vectors [n, d] of the embedding model retrieval
-        uses (the local API's /v1/embeddings); its name and size: `embedder.name`,
-        `embedder.dimension`."""
+        """Texts as L2-normalised float32 vectors [n, d] of retrieval's embedding model (the
+        local API's /v1/embeddings; its name and size: `embedder.name`, `.dimension`)."""
         return self.embedder.embed(list(texts))
 
     def repair(self, *, progress: ProgressFn | None = None,

@@ -289,6 +289,12 @@ class Store(LibraryStore, PassageStore, PassageKVStore, SplitStore):
             db.execute("UPDATE kv_entries SET nbytes = (SELECT sum(nbytes) FROM kv_chunks"
                        " WHERE entry_id = ?) WHERE id = ?", (entry_id, entry_id))
 
+    def replace_levels(self, entry_id: int, levels: Sequence[str],
+                       chunks: dict[tuple[int, str], bytes], cal_id: str | None) -> None:
+        """An entry encoded again at `levels` (`chunks`: {(chunk index, level): bytes}, every
+        chunk at each), with calibration `cal_id`: put in place of its chunks at once."""
+        integrity.replace_levels(self._db, entry_id, levels, chunks, cal_id)
+
     def set_entry_calibration(self, entry_id: int, cal_id: str | None) -> None:
         """Record that an entry's chunks are now all encoded with calibration `cal_id` (None:
         the model-independent levels), once every one of them has been encoded again."""

@@ -13,6 +13,8 @@ import pytest
 from codec_helpers import error_bound
 
 import codec
+from codec.calibrated.calibration import fitted
+from codec.format.levels import levels
 from desktop_app.engine import Engine
 from desktop_app.errors import RuntimeStateError
 from desktop_app.kv.levels import DEFAULT_LEVELS, EXACT
@@ -358,6 +360,47 @@ def test_a_new_chat_over_stored_passages_resumes_where_they_end(tmp_path, gemma_
                                  "quoted_tokens_reused": 0, "mode": "exact"}
         assert again.answer == eng.ask(q, doc_ids=[doc], generation=greedy,
                                        restore=RestoreOptions(no_cache=True)).answer
+    finally:
+        eng.close()
+        eng.store.close()
+
+
+def test_caches_stored_lossless_before_the_calibration_are_encoded_at_its_levels(
+        tmp_path, gemma_path):
+    """Uncalibrated, the model's caches are stored lossless only; once a calibration is
+    adopted, `relevel` encodes them at its levels from their exact KV (nothing computed): the
+    chat reopens from them, every chunk at the calibrated level, and the store verifies."""
+    eng = Engine(Store(tmp_path / "data"), lambda: Runtime(
+        gemma_path, model_hash="gemma3-270m", n_ctx=1536, flash_attn=False),
+        chunk_tokens=CHUNK, levels=("balanced",))
+    try:
+        path = tmp_path / "log.txt"
+        path.write_text(DOC)
+        doc = eng.attach(path).doc_id
+        chat = ask(eng, QUESTION, doc=doc, tokens=4).chat_id
+        before = eng.store.entries()
+        assert len(before) == 2 and {e.levels for e in before} == {(EXACT,)}
+        assert eng.relevel()["entries"] == 0  # (not calibrated: nothing to do)
+        rt = eng.runtime
+        rt.reset()
+        rt.prefill(eng.prefix_tokens([doc]))
+        sections = [in_position_order(s) for s in rt.capture().sections]
+        cal = codec.Calibration(tuple(
+            fitted(kv.keys, kv.values, levels()["balanced"], "balanced", 256).parts[0]
+            for kv in sections), {"fingerprint": eng.fingerprint})
+        eng.calibrations.adopt(cal)
+        report = eng.relevel()
+        assert report["entries"] == 2 and report["skipped"] == 0
+        assert report["bytes_after"] < report["bytes_before"] / 2
+        after = eng.store.entries()
+        assert {(e.levels, e.calibration) for e in after} == {(("balanced",), cal.id)}
+        assert sum(e.nbytes for e in after) == report["bytes_after"]
+        found = eng.store.verify()
+        assert not (found["database"] or found["corrupt"] or found["missing"])
+        rt.reset()
+        back = eng.reopen(chat)
+        assert back.recomputed_tokens == 0 and set(back.chunk_levels) == {"balanced"}
+        assert eng.relevel()["entries"] == 0  # (done once)
     finally:
         eng.close()
         eng.store.close()

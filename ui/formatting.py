@@ -22,7 +22,8 @@ from desktop_app.results import (
 CALIBRATION_STAGES = {"reference": "measuring the model's own cache",
                       "transforms": "fitting the transforms",
                       "sensitivity": "measuring each part's sensitivity", "done": "saving",
-                      "waiting": "waiting for another kvdesk process calibrating it"}
+                      "waiting": "waiting for another kvdesk process calibrating it",
+                      "relevel": "encoding the caches stored lossless meanwhile"}
 
 
 def shortened(text: str, limit: int = 100) -> str:

@@ -188,17 +188,19 @@ def calibrate(app: App, force: bool, as_json: bool):
     then encoded so that each level keeps its promise against llama.cpp's 8-bit KV."""
     engine = app.engine
     cal = None if force else engine.calibration()
-    if cal is None:
-        bar = TerminalProgress()
-        with interruptible() as cancel:
-            try:
-                cal = engine.calibrate(progress=bar, cancel=cancel)
-            except Cancelled:
-                bar.done()
-                stopped(STOPPED_CALIBRATING, as_json)
-        bar.done()
-    elif not as_json:
+    if cal is not None and not as_json:
         click.echo("already calibrated (--force calibrates again)", err=True)
+    bar = TerminalProgress()
+    with interruptible() as cancel:
+        try:
+            if cal is None:
+                cal = engine.calibrate(progress=bar, cancel=cancel)
+            else:  # the caches stored lossless only before it, if any are left
+                engine.relevel(progress=bar, cancel=cancel)
+        except Cancelled:
+            bar.done()
+            stopped(STOPPED_CALIBRATING, as_json)
+    bar.done()
     emit(cal.as_dict(), as_json, calibration_lines(cal))
 
 

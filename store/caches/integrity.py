@@ -1,5 +1,5 @@
 """Integrity: checking every stored chunk, quarantining what fails, finding what is missing,
-dropping what cannot be repaired.
+dropping what cannot be repaired, putting an entry's chunks at other levels in place of its own.
 
 A chunk that fails its check on a read or in `verify` is quarantined: it stays in the database
 (counted, reported) but is never read again, so a restore reads that chunk at another stored
@@ -9,7 +9,9 @@ are gone and the calibrations that are missing or fail their hash, and `damaged`
 these as chunks that cannot be read. Repairing is re-encoding (`Store.repair_chunk`, which needs
 the model: the engine does it); what nothing can repair is dropped a level at a time, so an
 entry keeps every chunk at each level it still lists, and one left with no level is deleted with
-every entry extending it.
+every entry extending it. An entry encoded again at other levels (`replace_levels`: the engine
+does the encoding) changes its chunks, its levels and the calibration it names in one
+transaction, so a reader finds it whole at either.
 
 This module decides nothing about the engine's fallbacks; it only keeps the store honest.
 """
@@ -17,9 +19,10 @@ This module decides nothing about the engine's fallbacks; it only keeps the stor
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 
 from ..datadir.db import Connections
+from ..errors import NotFoundError
 from ..tokens import chunk_spans, prefix_hashes
 from . import blobs, calibrations
 from .kv import get_entry, prefix_tokens, subtree
@@ -191,3 +194,28 @@ def drop_level(db: Connections, entry_id: int, level: str) -> list[int]:
         tree = subtree(wdb.conn, entry_id)
         wdb.conn.execute("DELETE FROM kv_entries WHERE id = ?", (entry_id,))
     return [deleted for deleted, _, _ in tree]
+
+
+def replace_levels(db: Connections, entry_id: int, levels: Sequence[str],
+                   chunks: Mapping[tuple[int, str], bytes], calibration: str | None) -> None:
+    """Put `chunks` ({(chunk index, level): bytes}: every chunk of the complete entry, window
+    parts too, at each of `levels`) in place of the entry's own, which go; the entry then
+    lists `levels` and names `calibration` (stored and sound, or NotFoundError)."""
+    with db.write() as wdb:
+        row = wdb.conn.execute("SELECT complete FROM kv_entries WHERE id = ?",
+                               (entry_id,)).fetchone()
+        if row is None or not row[0]:
+            raise NotFoundError(f"no complete KV entry {entry_id}")
+        if calibration is not None:
+            calibrations.read(wdb.conn, calibration)
+        indexes = {i for (i,) in wdb.conn.execute(
+            "SELECT chunk_index FROM kv_spans WHERE entry_id = ?", (entry_id,))}
+        if not levels or set(chunks) != {(i, lvl) for i in indexes for lvl in levels}:
+            raise ValueError(f"entry {entry_id}: not every chunk at every level given")
+        wdb.conn.execute("DELETE FROM kv_chunks WHERE entry_id = ?", (entry_id,))
+        for (index, level), data in chunks.items():
+            blobs.put(wdb.conn, entry_id, index, level, data)
+        wdb.conn.execute(
+            "UPDATE kv_entries SET levels = ?, calibration = ?, nbytes = (SELECT sum(nbytes)"
+            " FROM kv_chunks WHERE entry_id = ?) WHERE id = ?",
+            (json.dumps(list(levels)), calibration, entry_id, entry_id))
