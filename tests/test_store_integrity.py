@@ -278,3 +278,27 @@ def test_one_entrys_damaged_chunks_are_listed_without_the_others(tmp_path):
         rt = SimpleNamespace(fingerprint=FP)
         repair.heal(Spy(), rt, SimpleNamespace(resolver=lambda fp: None), entry.id)
         assert asked == [[entry.id], [entry.id]]
+
+
+def test_replace_levels_puts_every_chunk_at_the_new_levels_in_place(tmp_path):
+    """An entry encoded again at other levels: all of it at once, or nothing (a chunk or a
+    level missing is refused and the entry left as it was)."""
+    store = open_store(tmp_path / "data")
+    entry = put_entry(store, list(range(10)), levels=("lossless",), chunk_size=4)
+    spans = store.spans(entry.id)
+    chunks = {(s.chunk_index, "balanced"): payload(s.token_start, s.token_end, "balanced")
+              for s in spans}
+    with pytest.raises(ValueError, match="every chunk"):
+        store.replace_levels(entry.id, ("balanced",), dict(list(chunks.items())[1:]), None)
+    with pytest.raises(NotFoundError):
+        store.replace_levels(entry.id, ("balanced",), chunks, "no-such-calibration")
+    assert store.entry(entry.id).levels == ("lossless",)
+    assert store.read_chunk(entry.id, 0, "lossless") == payload(0, 4, "lossless")
+    store.replace_levels(entry.id, ("balanced",), chunks, None)
+    now = store.entry(entry.id)
+    assert now.levels == ("balanced",) and now.nbytes == sum(map(len, chunks.values()))
+    assert [store.read_chunk(entry.id, s.chunk_index, "balanced") for s in spans] == [
+        chunks[s.chunk_index, "balanced"] for s in spans]
+    with pytest.raises(NotFoundError):
+        store.read_chunk(entry.id, 0, "lossless")
+    assert not store.verify()["missing"]
