@@ -19,6 +19,7 @@ from desktop_app.options import GenerationOptions, RestoreOptions
 from desktop_app.results import size_text
 from desktop_app.validation import InvalidValue
 from store import DiskFullError, Store
+from store import tokens as tokens_mod
 
 EVERY_LEVEL = (*DEFAULT_LEVELS, EXACT)
 
@@ -314,6 +315,24 @@ def test_other_model_fingerprint_is_never_loaded(new_engine, tmp_path):
     more = ask(other, "And the museum?", chat=chat, tokens=8)
     assert any("tokenized again" in m for m in more.messages)
     assert other.store.message_tokens(chat, other.fingerprint)
+
+
+@pytest.mark.parametrize("damage", ["cut", "empty", "past the vocabulary"])
+def test_a_message_whose_stored_tokens_are_damaged_is_tokenized_again(engine, doc_id, damage):
+    """A message's text is the truth: stored tokens cut short, emptied or naming ids past the
+    vocabulary are never sent to the model; the turn is tokenized again from its text, said."""
+    chat = ask(engine, QUESTION, doc=doc_id, tokens=4).chat_id
+    first = engine.messages(chat)[0].message_id
+    want = engine.store.message_tokens(chat, engine.fingerprint)[first]
+    bad = {"cut": tokens_mod.encode(want)[:-1], "empty": b"",
+           "past the vocabulary": tokens_mod.encode([*want[:-1], 1 << 30])}[damage]
+    with sqlite3.connect(engine.store.path) as conn:
+        conn.execute("UPDATE message_tokens SET tokens = ? WHERE message_id = ?", (bad, first))
+    engine.runtime.reset()
+    back = engine.reopen(chat)
+    assert any("tokenized again" in m for m in back.messages)
+    assert engine.store.message_tokens(chat, engine.fingerprint)[first] == want
+    assert ask(engine, "Thanks.", chat=chat, tokens=2).answer is not None
 
 
 def test_cancelled_attach_keeps_nothing(new_engine, tmp_path):

@@ -101,8 +101,8 @@ class ChatSession:
 
         A message's text is the truth; its tokens are those it was computed with under this
         model. Messages this model has never seen (the chat was written under another one, or
-        before tokens were kept per model) are tokenized from their text as the template
-        renders their turn, and remembered.
+        before tokens were kept per model), or whose tokens were damaged, are tokenized from
+        their text as the template renders their turn, and remembered.
         """
         layout = self.longdocs.prefix(rt, chat_id)
         msgs, tokens = list(layout.messages), list(layout.tokens)
@@ -110,7 +110,8 @@ class ChatSession:
         for m in self.library.history(chat_id):
             before = rt.render_chat(msgs, add_generation_prompt=False)
             msgs.append({"role": m.role, "content": m.text})
-            if m.id not in known:
+            held = known.get(m.id)  # (damaged: none for a text, past the vocabulary, cut short)
+            if held is None or not held and m.text or max(held, default=0) >= rt.llm.n_vocab():
                 # A question's turn ends with the generation prompt, an answer's is the rest.
                 if m.role == "user":
                     turn = rt.render_chat(msgs, add_generation_prompt=True)[len(before):]
@@ -121,8 +122,9 @@ class ChatSession:
                 self.store.set_message_tokens(m.id, rt.fingerprint, known[m.id])
                 fresh += 1
             tokens += known[m.id]
-        notes = [f"{fresh} message(s) of this chat were written under another model or an "
-                 "older kvdesk: tokenized again for this model and recomputed"] if fresh else []
+        notes = [f"{fresh} message(s) of this chat had no usable tokens under this model "
+                 "(written under another model or an older kvdesk, or their stored tokens "
+                 "damaged): tokenized again from their text and recomputed"] if fresh else []
         return msgs, tokens, notes + layout.notes + self.library.removed(chat_id)
 
     # -- bringing a chat into the context --------------------------------------------------

@@ -180,7 +180,7 @@ def _tokens_of_chat(db: sqlite_utils.Database, chat_id: int, model: str) -> dict
         " ON m.id = t.message_id WHERE m.chat_id = ? AND t.model = ?",
         (chat_id, model),
     )
-    return {message_id: decode(data) for message_id, data in rows}
+    return {message_id: decode(data) for message_id, data in rows if len(data) % 4 == 0}
 
 
 def _message(db: sqlite_utils.Database, message_id: int) -> Message:
