@@ -27,6 +27,7 @@ from typing import TypeVar
 import sqlite_utils
 
 from ..errors import DamagedError, DataDirError, DiskFullError, ReadOnlyError
+from .reserve import NAME as RESERVE_NAME
 from .reserve import Reserve
 
 T = TypeVar("T")
@@ -77,12 +78,16 @@ def disk_full(path: Path) -> DiskFullError:
         return DiskFullError(
             f"SQLite ran out of room for a write to {path} ({free / 1e6:,.0f} MB are free on "
             "its disk): the disk of the temporary folder (TMPDIR), or a file size limit, is full")
+    # Without its reserve (spent on an earlier full disk), freeing room needs room too.
+    way_out = (", or make room in kvdesk: `kvdesk gc --budget-gb N` drops least recently used "
+               "caches down to N GB (documents and chats are kept), `kvdesk rm` deletes a "
+               "document or chat") if (path.parent / RESERVE_NAME).exists() else (
+        " first: kvdesk's reserve for this is spent, so `kvdesk rm` and `gc` need room too")
     return DiskFullError(
         f"the disk holding the data directory {path.parent} is full "
         f"({'its free space unknown' if free is None else f'{free / 1e6:,.1f} MB free'}): "
-        "kvdesk could not write there (that write was undone). Free space on that disk, "
-        "or make room in kvdesk: `kvdesk gc --budget-gb N` drops least recently used caches "
-        "down to N GB (documents and chats are kept), `kvdesk rm` deletes a document or chat")
+        "kvdesk could not write there (that write was undone). Free space on that disk"
+        + way_out)
 
 
 def _translating(name: str):
