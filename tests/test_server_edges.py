@@ -5,6 +5,7 @@ routers serve, and the new settings' and flags' refusals."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 
 import pytest
@@ -457,6 +458,8 @@ def test_ids_and_numbers_are_taken_as_json_wrote_them_on_every_route(tmp_path):
             ("/v1/chat/completions", {**hi, "kvdesk": {"documents": ["1"]}},
              "kvdesk.documents.0", '(got "1")'),
             ("/v1/chat/completions", {**hi, "max_tokens": "5"}, "max_tokens", '(got "5")'),
+            ("/v1/chat/completions", {**hi, "temperature": float("nan")}, "temperature",
+             "finite number (got NaN)"),
             ("/v1/kvdesk/ask", {"question": "hi", "doc_ids": [True]}, "doc_ids.0",
              "should be a number (got true)"),
             ("/v1/kvdesk/ask", {"question": "hi", "chat_id": "1"}, "chat_id", '(got "1")'),
@@ -468,7 +471,8 @@ def test_ids_and_numbers_are_taken_as_json_wrote_them_on_every_route(tmp_path):
                                  "kvdesk": {"budget_ms": "5"}}, "kvdesk.budget_ms", '(got "5")'),
             ("/v1/embeddings", {"model": "default", "input": "hi", "dimensions": True},
              "dimensions", "should be a number (got true)")):
-        r = c.post(route, json=body)
+        r = c.post(route, content=json.dumps(body),  # (NaN as JavaScript writes it)
+                   headers={"Content-Type": "application/json"})
         assert r.status_code == 400 and r.json()["error"]["param"] == param, (route, r.text)
         assert r.json()["error"]["message"].endswith(given), (route, r.text)
     for body, said in (

@@ -135,7 +135,7 @@ class Sampled(RequestValues):
     streaming, how the answer is sampled and where it stops, and kvdesk's own field (the
     documents to answer from, how to restore: `KvdeskOptions`, checked alike on each)."""
 
-    model_config = pydantic.ConfigDict(extra="allow")
+    model_config = pydantic.ConfigDict(extra="allow", allow_inf_nan=False)  # (NaN: "finite")
     model: str = Field(min_length=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
