@@ -75,6 +75,19 @@ def test_a_passage_that_begins_with_a_heading_is_cited_under_it():
     assert inside.heading == ("Identifiers",)
 
 
+@pytest.mark.parametrize("kind, head", [
+    ("markdown", "# Harbor manual\n\n\n## Chapter 1: Valves\n\n### Section 1.1 Bridge\n\n"),
+    ("text", "Harbor manual\n=============\n\nChapter 1: Valves\n-----------------\n\n"
+             "Section 1.1 Bridge\n~~~~~~~~~~~~~~~~~~\n\n")])
+def test_a_passage_is_cited_under_the_headings_its_text_begins_under(kind, head):
+    """A title and chapter heading above a section's first text are not where it sits: its
+    passage is cited under the whole path (one heading right under another too)."""
+    text = head + "The bridge valve opens every 7 days. " * 20 + "\n\nMore of it. " * 5
+    first = split(text, kind, words)[0]
+    assert first.text.startswith("Harbor manual") or first.text.startswith("# Harbor")
+    assert first.heading == ("Harbor manual", "Chapter 1: Valves", "Section 1.1 Bridge")
+
+
 def test_a_sections_last_lines_are_not_cited_under_the_next_section():
     # A manual's 40.2 ends with a short paragraph that does not fit its passage; it used to
     # start one that ran on into "### 40.3" and was cited as "40.3 Procedures part 3".
@@ -84,7 +97,7 @@ def test_a_sections_last_lines_are_not_cited_under_the_next_section():
     text = "## 40 Procedures\n\n" + "\n\n".join(sections)
     passages = split(text, "markdown", words)
     check_locations(text, passages)
-    for n in range(2, 5):  # (40.1's passage starts at "## 40", the heading it is under)
+    for n in range(1, 5):  # (40.1's starts at "## 40", whose text begins under 40.1)
         fact = next(p for p in passages if f"the code Z{n}." in p.text)
         assert fact.heading == ("40 Procedures", f"40.{n} Procedures part {n}")
         assert "###" not in fact.text[fact.text.index(f"the code Z{n}."):]

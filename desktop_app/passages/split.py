@@ -56,6 +56,7 @@ class _Unit:
     page: int | None
     opens: bool  # a section, definition or page starts here
     new_page: bool = False
+    title_only: bool = False  # only a heading's lines (the next heading came before any text)
 
 
 _ATX = re.compile(r"^(#{1,6})[ \t]+(.+?)[ \t#]*$")
@@ -148,14 +149,20 @@ def _prose_units(text: str, *, markdown: bool, hashes: bool = True, setext: bool
     fence: str | None = None
     opens = True
     titled = False  # the paragraph so far is a heading
+    heads: set[int] = set()  # where each heading's lines start
 
     def flush() -> None:
         nonlocal para, opens
         if para:
             units.append(_Unit(para[0][0], para[-1][1], tuple(t for _, t in heading), None,
-                               opens))
+                               opens, title_only=all(s in heads for s, _ in para)))
             opens = False
         para = []
+
+    def under_title() -> tuple[int, int] | None:
+        """The line an underline would make a title: one alone, or right under headings
+        ("Guide / ===== / Part 0 / ------")."""
+        return para[-1] if para and all(s in heads for s, _ in para[:-1]) else None
 
     def enter(level: int, title: str) -> None:
         nonlocal opens
@@ -171,7 +178,7 @@ def _prose_units(text: str, *, markdown: bool, hashes: bool = True, setext: bool
             if line.strip().startswith(fence):
                 fence = None
             continue
-        if markdown and _FENCE.match(line) and not _underlines(line, para, text):
+        if markdown and _FENCE.match(line) and not _underlines(line, under_title(), text):
             fence = _FENCE.match(line).group(1)
             para.append((start, end))
             continue
@@ -184,9 +191,11 @@ def _prose_units(text: str, *, markdown: bool, hashes: bool = True, setext: bool
             heading_end, level, title = marks[start]
             enter(level, title)
             para, titled = [(start, end)], True
+            heads.add(start)
             continue
         if start < heading_end:  # the marked heading's later lines
             para.append((start, end))
+            heads.add(start)
             continue
         titled = False
         atx = _ATX.match(line) if markdown and hashes else None
@@ -195,29 +204,30 @@ def _prose_units(text: str, *, markdown: bool, hashes: bool = True, setext: bool
             flush()
             enter(len(atx.group(1)), atx.group(2).strip())
             para, titled = [(start, end)], True
-        elif under and len(para) == 1 and len(line.strip()) >= 3 and \
-                len(text[para[0][0]:para[0][1]].strip()) <= 120:
+            heads.add(start)
+        elif under and under_title() is not None and len(line.strip()) >= 3 and \
+                len(text[para[-1][0]:para[-1][1]].strip()) <= 120:
             mark = line.strip()[0]
             if mark not in underline_levels:
                 underline_levels.append(mark)
-            title_span = para[0]
-            para = []
+            title_span = para.pop()
             flush()
             enter(underline_levels.index(mark) + 1, text[title_span[0]:title_span[1]].strip())
             para, titled = [title_span, (start, end)], True
+            heads.update((title_span[0], start))
         else:
             para.append((start, end))
     flush()
     return units
 
 
-def _underlines(line: str, para: list[tuple[int, int]], text: str) -> bool:
-    """Whether a line of tildes is reStructuredText's underline of the one line before it
+def _underlines(line: str, title: tuple[int, int] | None, text: str) -> bool:
+    """Whether a line of tildes is reStructuredText's underline of the `title` line before it
     (as long as that title at least), not a Markdown fence opening (which may name its
     language, and is not drawn to a title's length)."""
     mark = line.strip()
-    return (len(para) == 1 and set(mark) == {"~"}
-            and 0 < len(text[para[0][0]:para[0][1]].strip()) <= len(mark))
+    return (title is not None and set(mark) == {"~"}
+            and 0 < len(text[title[0]:title[1]].strip()) <= len(mark))
 
 
 def _code_units(text: str) -> list[_Unit]:
@@ -306,10 +316,10 @@ def _pack(text: str, units: list[_Unit], count: CountFn, target: int, limit: int
             under: dict[tuple[str, ...], int] = {}
             for unit, _, _, tokens in group:
                 under[unit.heading] = under.get(unit.heading, 0) + tokens
-            # A passage is cited under the heading where it starts, however much of the next
-            # section joined it (a run of tiny sections); a document's untitled first lines
-            # under the section most of it is.
-            first = group[0][0]
+            # A passage is cited under the heading where its text starts, however much of the
+            # next section joined it (a run of tiny sections), not a title and chapter heading
+            # above that text; a document's untitled first lines under the section most of it is.
+            first = next((u for u, _, _, _ in group if not u.title_only), group[0][0])
             heading = first.heading or max(under, key=under.get)
             passages.append(Passage(len(passages), text[start:end], start, end,
                                     first.page, (lines.of(start), lines.of(end - 1)),
