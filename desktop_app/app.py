@@ -165,13 +165,18 @@ class App:
 
         store = Store(self.state_dir)
         if store.damage:
-            self.warned.append(str(store.damage_error()))
-            log.warning("Warning: %s", self.warned[-1])
+            self._warn_damage(store.damage_error())
+        store.on_damage(self._warn_damage)  # (found by a read later: a value rotten inside)
         budget = int(self.settings.storage_budget_gb * 1e9)
         # Kept in the store for every process's gc; a read-only one changes nothing anyway.
         if not store.read_only and store.budget_bytes != budget:
             store.budget_bytes = budget
         return store
+
+    def _warn_damage(self, error: Exception) -> None:
+        """Warn, once, that the store is damaged (an error then says only "as warned")."""
+        self.warned.append(str(error))
+        log.warning("Warning: %s", self.warned[-1])
 
     @cached_property
     def remote(self) -> RemoteTier | None:

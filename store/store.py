@@ -21,6 +21,7 @@ from .caches import blobs, calibrations, integrity, kv, quota
 from .caches.splitting import SplitStore
 from .datadir.db import Connections, prepare_data_dir, quick_check
 from .datadir.locks import ChatLocks
+from .datadir.values import malformed_json, stored_json
 from .documents import library
 from .documents.library import LibraryStore
 from .documents.passagekv import PassageKVStore
@@ -38,6 +39,10 @@ from .tokens import decode
 
 DB_NAME = "kvdesk.sqlite"
 DEFAULT_CHUNK_SIZE = 256
+# Where the file holds JSON: (table, key column, JSON column), checked by `verify`
+JSON_COLUMNS = (("kv_entries", "id", "levels"), ("settings", "key", "value"),
+                ("messages", "id", "stats"), ("models", "fingerprint", "layout"),
+                ("calibrations", "id", "meta"), ("passages", "id", "heading"))
 
 
 class Store(LibraryStore, PassageStore, PassageKVStore, SplitStore):
@@ -90,6 +95,10 @@ class Store(LibraryStore, PassageStore, PassageKVStore, SplitStore):
         DiskFullError or ReadOnlyError, as a write would raise."""
         self._db.check_writable()
 
+    def on_damage(self, call: Callable[[DamagedError], None]) -> None:
+        """Have `call` told, once, of damage a read finds from now on (with its error)."""
+        self._db.on_damage = call
+
     def damage_error(self) -> DamagedError:
         """What a damaged file means for the user, and what to do (`damage` set)."""
         return self._db.damaged_error()
@@ -110,8 +119,9 @@ class Store(LibraryStore, PassageStore, PassageKVStore, SplitStore):
     # -- settings ------------------------------------------------------------------------------
 
     def setting(self, key: str, default: Any = None) -> Any:
-        row = self._db.get().execute("SELECT value FROM settings WHERE key = ?", (key,)).fetchone()
-        return default if row is None else json.loads(row[0])
+        conn = self._db.get().conn
+        row = conn.execute("SELECT value FROM settings WHERE key = ?", (key,)).fetchone()
+        return default if row is None else stored_json(conn, row[0], f"the setting {key!r}")
 
     def set_setting(self, key: str, value: Any) -> None:
         with self._db.write() as db:
@@ -217,10 +227,10 @@ class Store(LibraryStore, PassageStore, PassageKVStore, SplitStore):
 
     def entries(self) -> list[Entry]:
         """Every complete entry, least recently used first."""
-        rows = self._db.get().execute(
-            f"SELECT {kv.ENTRY_COLUMNS} FROM kv_entries WHERE complete ORDER BY last_used, id"
-        )
-        return [kv.entry_from_row(row) for row in rows]
+        conn = self._db.get().conn
+        rows = conn.execute(
+            f"SELECT {kv.ENTRY_COLUMNS} FROM kv_entries WHERE complete ORDER BY last_used, id")
+        return [kv.entry_from_row(conn, row) for row in rows]
 
     def spans(self, entry_id: int) -> tuple[Span, ...]:
         """An entry's chunks: which tokens each covers."""
@@ -367,8 +377,9 @@ class Store(LibraryStore, PassageStore, PassageKVStore, SplitStore):
         return quota.attaching(self._db)
 
     def verify(self) -> dict:
-        """Check the database file (SQLite's quick_check), then every chunk of every complete
-        entry; quarantine what fails (store.caches.integrity), in a file that is not damaged.
+        """Check the database file (SQLite's quick_check, then that its JSON values decode),
+        then every chunk of every complete entry; quarantine what fails
+        (store.caches.integrity), in a file that is not damaged.
 
         Returns {"database": [what SQLite found wrong], "entries": n, "chunks": n, "bytes": n,
         "corrupt": [{"entry": id, "chunk": i, "level": name, "new": bool}],
@@ -377,6 +388,7 @@ class Store(LibraryStore, PassageStore, PassageKVStore, SplitStore):
         "abandoned": [{"entry": id, "bytes": n}] (writes a process gone left: `gc` removes them)}.
         """
         found = quick_check(self._db.get().conn)
+        found = found or malformed_json(self._db.get().conn, JSON_COLUMNS)
         if found:
             self._db.found_damage(found[0])
         try:

@@ -343,3 +343,65 @@ def test_verify_names_the_table_of_a_page_too_damaged_for_sqlites_whole_check(li
     with Store(library) as store:
         found = store.verify()["database"]
     assert any(line.startswith("table messages: ") for line in found), found
+
+
+# A rotten byte inside a stored JSON value (`{` for `[`) passes SQLite's page checks: it is
+# found where the value is read, or by `verify`, as damage of the file.
+ROTTEN_VALUES = {
+    "levels": "UPDATE kv_entries SET levels = '{' || substr(levels, 2) WHERE id = 1",
+    "speeds": "UPDATE settings SET value = '{bad' WHERE key = 'engine.speeds'",
+    "stats": "UPDATE messages SET stats = '{bad' WHERE id = 1",
+}
+
+
+def _rot(data_dir, *which: str) -> None:
+    with open_store(data_dir) as store:  # (values for the rot to meet)
+        store.set_setting("engine.speeds", {"read_MBps": 5.0})
+        store.update_message(1, stats={"n_tokens": 1})
+    with sqlite3.connect(data_dir / "kvdesk.sqlite") as conn:
+        for name in which:
+            conn.execute(ROTTEN_VALUES[name])
+    conn.close()
+
+
+def test_a_rotten_json_value_a_read_meets_is_damage_of_the_file(library):
+    _rot(library, "levels")
+    with Store(library) as store:
+        assert store.damage is None  # (SQLite's check finds nothing)
+        assert [d.title for d in store.documents()] == ["Doc"]
+        with pytest.raises(DamagedError, match="the levels of KV entry 1 is malformed JSON"):
+            store.entries()
+        assert store.read_only
+        with pytest.raises(DamagedError, match="writes nothing more to it"):
+            store.create_chat("Another")
+    _rot(library, *ROTTEN_VALUES)
+    with Store(library) as store:
+        assert store.messages(1)[0].stats is None  # the message reads, its stats gone
+        assert "the stats of message 1" in store.damage and store.read_only
+    with Store(library) as store:
+        found = store.verify()["database"]
+        assert [line.split(" is ")[0] for line in found] == [
+            "table kv_entries: the levels of 1", "table settings: the value of 'engine.speeds'",
+            "table messages: the stats of 1"], found
+        assert store.damage
+
+
+@pytest.mark.parametrize("which", ROTTEN_VALUES)
+def test_the_command_line_warns_of_a_rotten_json_value_without_a_traceback(library, which):
+    _rot(library, which)
+    for args in (("chats", "--json"), ("export", "1"), ("verify",), ("verify", "--repair")):
+        ran = kvdesk(library, *args)
+        assert "Traceback" not in ran.stderr, ran.stderr
+        if args[0] == "verify":  # (the rotten value is found whichever command read it)
+            assert ran.returncode == 1 and "the database file is damaged" in ran.stdout
+            assert ran.stderr.count("is damaged (") == 1, ran.stderr
+        else:
+            assert ran.returncode == 0, ran.stderr
+    if which != "stats":  # (read by every command that lists the caches)
+        listed = kvdesk(library, "chats", "--json")
+        assert listed.stderr.startswith("Warning: the store ") and "malformed JSON" in \
+            listed.stderr
+        assert [c["title"] for c in json.loads(listed.stdout)] == ["About the doc"]
+    exported = kvdesk(library, "export", "1")
+    assert "hi" in exported.stdout
+    assert ("malformed JSON" in exported.stderr) == (which != "levels")  # (reads no entry)

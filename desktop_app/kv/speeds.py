@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field
 
-from store import ReadOnlyError, Store
+from store import DamagedError, ReadOnlyError, Store
 
 SETTING = "engine.speeds"
 
@@ -62,7 +62,12 @@ class Speeds:
 
 
 def load(store: Store) -> Speeds:
-    return Speeds.from_dict(store.setting(SETTING) or {})
+    """The speeds remembered; the priors where none are, or where the setting is damaged (the
+    store has marked itself damaged, and the command warns: a measurement is only a cache)."""
+    try:
+        return Speeds.from_dict(store.setting(SETTING) or {})
+    except DamagedError:
+        return Speeds()
 
 
 def save(store: Store, speeds: Speeds) -> None:

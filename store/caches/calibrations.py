@@ -13,6 +13,7 @@ import hashlib
 import json
 import sqlite3
 
+from ..datadir.values import stored_json
 from ..errors import NotFoundError, StoreError
 from ..records import CalibrationRecord
 
@@ -53,7 +54,8 @@ def records(conn: sqlite3.Connection, model: str | None = None) -> list[Calibrat
     where, args = ("WHERE model = ?", (model,)) if model is not None else ("", ())
     rows = conn.execute(f"SELECT {_COLUMNS} FROM calibrations {where}"
                         " ORDER BY created DESC, rowid DESC", args).fetchall()
-    return [CalibrationRecord(i, m, n, json.loads(meta), c) for i, m, n, meta, c in rows]
+    return [CalibrationRecord(i, m, n, stored_json(conn, meta, f"the meta of calibration {i}"),
+                              c) for i, m, n, meta, c in rows]
 
 
 def delete(conn: sqlite3.Connection, cal_id: str) -> None:

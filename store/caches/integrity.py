@@ -19,9 +19,11 @@ This module decides nothing about the engine's fallbacks; it only keeps the stor
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
 
 from ..datadir.db import Connections
+from ..datadir.values import stored_json
 from ..errors import NotFoundError
 from ..tokens import chunk_spans, prefix_hashes
 from . import blobs, calibrations
@@ -37,6 +39,11 @@ _MISSING = (
     " WHERE c.entry_id = s.entry_id AND c.chunk_index = s.chunk_index AND c.level = l.value)"
     " ORDER BY s.entry_id, s.chunk_index, l.value"
 )
+
+
+def _levels(conn: sqlite3.Connection, entry_id: int, levels: str) -> list[str]:
+    """An entry's stored list of levels (DamagedError where it no longer decodes)."""
+    return stored_json(conn, levels, f"the levels of KV entry {entry_id}")
 
 
 def verify(db: Connections) -> dict:
@@ -87,7 +94,8 @@ def missing(db: Connections, entry_ids: Iterable[int] | None = None) -> list[Chu
                 " json_group_array(chunk_index) FROM kv_spans WHERE entry_id = e.id AND NOT"
                 f" window_part) FROM kv_entries e WHERE complete {where}", args):
             lost = set(range(len(chunk_spans(start, end, size)))) - set(json.loads(present))
-            found |= {(entry_id, i, level) for i in lost for level in json.loads(levels)}
+            found |= {(entry_id, i, level) for i in lost
+                      for level in _levels(rdb.conn, entry_id, levels)}
     return sorted(found)
 
 
@@ -163,7 +171,7 @@ def damaged(db: Connections, entry_ids: Iterable[int]) -> dict[int, int]:
                 "SELECT id, calibration, levels, (SELECT count(*) FROM kv_spans"
                 f" WHERE entry_id = e.id) FROM kv_entries e WHERE id IN ({marks})", ids):
             if calibration in unusable:
-                whole[entry_id] = n_spans * len(json.loads(levels))
+                whole[entry_id] = n_spans * len(_levels(rdb.conn, entry_id, levels))
         for entry_id, n in rdb.execute(
                 "SELECT entry_id, count(*) FROM kv_chunks WHERE quarantined AND entry_id IN"
                 f" ({marks}) GROUP BY entry_id", ids):
@@ -182,7 +190,7 @@ def drop_level(db: Connections, entry_id: int, level: str) -> list[int]:
                                      (entry_id,)).fetchone() or (None,)
         if levels is None:
             return []
-        left = [name for name in json.loads(levels) if name != level]
+        left = [name for name in _levels(wdb.conn, entry_id, levels) if name != level]
         wdb.conn.execute("DELETE FROM kv_chunks WHERE entry_id = ? AND level = ?",
                          (entry_id, level))
         if left:

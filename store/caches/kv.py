@@ -27,6 +27,7 @@ import threading
 from collections.abc import Callable, Iterable
 
 from ..datadir.db import Connections
+from ..datadir.values import stored_json
 from ..errors import IncompleteEntryError, NotFoundError
 from ..records import Entry, PrefixMatch, Span
 from ..tokens import chunk_spans, decode, encode, prefix_hashes
@@ -41,19 +42,18 @@ _BATCH = 500
 MAX_TAIL_TOKENS = 4096  # longer than any chunk
 
 
-def entry_from_row(row: tuple) -> Entry:
+def entry_from_row(conn: sqlite3.Connection, row: tuple) -> Entry:
     *head, levels, nbytes, document_id, chat_id, last_used, created, prefix_hash, cal, psg, ph = row
-    return Entry(*head, tuple(json.loads(levels)), nbytes, document_id, chat_id, last_used,
-                 created, prefix_hash, cal, bool(psg), ph)
+    return Entry(*head, tuple(stored_json(conn, levels, f"the levels of KV entry {head[0]}")),
+                 nbytes, document_id, chat_id, last_used, created, prefix_hash, cal, bool(psg), ph)
 
 
 def get_entry(conn: sqlite3.Connection, entry_id: int) -> Entry:
-    row = conn.execute(
-        f"SELECT {ENTRY_COLUMNS} FROM kv_entries WHERE id = ? AND complete", (entry_id,)
-    ).fetchone()
+    row = conn.execute(f"SELECT {ENTRY_COLUMNS} FROM kv_entries WHERE id = ? AND complete",
+                       (entry_id,)).fetchone()
     if row is None:
         raise NotFoundError(f"no KV entry {entry_id}")
-    return entry_from_row(row)
+    return entry_from_row(conn, row)
 
 
 def entry_spans(conn: sqlite3.Connection, entry_id: int, *, window: bool = False
@@ -160,7 +160,7 @@ def complete(conn: sqlite3.Connection, entry_id: int, now: float) -> int:
         "SELECT count(*), coalesce(sum(nbytes), 0) FROM kv_chunks WHERE entry_id = ?",
         (entry_id,),
     ).fetchone()
-    if count != n_chunks * len(json.loads(levels)):
+    if count != n_chunks * len(stored_json(conn, levels, f"the levels of KV entry {entry_id}")):
         raise IncompleteEntryError(f"KV entry {entry_id} has {count} of {n_chunks} chunks x "
                                    f"{levels} levels")
     # Two workers may prefill the same prefix at once; the first to finish wins, the second's copy
@@ -268,7 +268,7 @@ def _match(conn: sqlite3.Connection, entry_id: int, n_tokens: int) -> PrefixMatc
 def chain(conn: sqlite3.Connection, entry_id: int) -> tuple[Entry, ...]:
     """An entry and its ancestors, root first."""
     entries = tuple(
-        entry_from_row(row)
+        entry_from_row(conn, row)
         for row in conn.execute(
             "WITH RECURSIVE chain(id, depth) AS (SELECT ?, 0 UNION ALL"
             " SELECT e.parent_id, chain.depth + 1 FROM kv_entries e JOIN chain ON e.id = chain.id"

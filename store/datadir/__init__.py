@@ -3,6 +3,7 @@
     db        connections: one per thread, WAL, IMMEDIATE write transactions; a damaged file
               or a full disk raised as the store's errors, never as raw sqlite3 ones; freed
               pages given back; the directory prepared, and SQLite's own check of the file
+    values    a stored JSON value read back: one that no longer decodes is damage of the file
     reserve   room kept on the directory's disk, so that freeing space works on a full disk
     locks     file locks between processes: one turn at a time per chat, one attach at a time
               per document

@@ -8,8 +8,9 @@ transaction open when a call returns.
 
 A damaged file (a rotten page) is found by SQLite's own check when the store opens
 (`Connections.check`) or by the first statement that meets it, which raises DamagedError, never
-a raw sqlite3 error; from then on nothing is written to the file (`Connections.damage`). A full
-disk raises DiskFullError, its transaction rolled back whole.
+a raw sqlite3 error; from then on nothing is written to the file (`Connections.damage`); so
+does a stored JSON value that no longer decodes (store.datadir.values). A full disk raises
+DiskFullError, its transaction rolled back whole.
 """
 
 from __future__ import annotations
@@ -51,8 +52,10 @@ def is_damage(error: sqlite3.DatabaseError) -> bool:
     """Whether SQLite raised this because the file is damaged (a malformed page, a full-text
     index whose own tables are), not for a statement or a lock."""
     code = (getattr(error, "sqlite_errorcode", None) or 0) & 0xFF
-    return code in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB) or \
-        "vtable constructor failed" in str(error)
+    # "malformed JSON": SQLite's JSON functions over a stored value (the store hands them
+    # none of its own), one rotten inside its text
+    return code in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB) or any(
+        why in str(error) for why in ("vtable constructor failed", "malformed JSON"))
 
 
 def is_full(error: sqlite3.DatabaseError) -> bool:
@@ -218,6 +221,8 @@ class Connections:
         # (`opened`): reading needs no room; every write says the disk is full.
         self.full = False
         self.damage: str | None = None  # what SQLite found damaged, once it has
+        # Called once, with the error, when damage is first found (the app warns of it)
+        self.on_damage: Callable[[DamagedError], None] | None = None
         self.reserve = Reserve(path.parent)
         self._local = threading.local()
         self._lock = threading.Lock()
@@ -229,7 +234,9 @@ class Connections:
 
     def found_damage(self, why: str) -> DamagedError:
         """Mark the file damaged (nothing is written to it any more); the error to raise."""
-        self.damage = self.damage or why
+        first, self.damage = self.damage is None, self.damage or why
+        if first and self.on_damage is not None:
+            self.on_damage(self.damaged_error())
         return self.damaged_error()
 
     def damaged_error(self) -> DamagedError:

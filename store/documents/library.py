@@ -26,6 +26,7 @@ import sqlite_utils
 
 from ..datadir.db import Connections
 from ..datadir.locks import ChatLocks
+from ..datadir.values import stored_json
 from ..errors import DiskFullError, NotFoundError
 from ..records import Chat, Document, Message, Model
 from ..tokens import decode, encode
@@ -75,9 +76,8 @@ def _drop_chat_caches(db: sqlite_utils.Database, document_id: int) -> None:
 
 def _add_document(db: sqlite_utils.Database, record: dict) -> int:
     """The id of the document with record's content hash: the stored one, or `record` added."""
-    existing = db.execute(
-        "SELECT id FROM documents WHERE content_hash = ?", (record["content_hash"],)
-    ).fetchone()
+    existing = db.execute("SELECT id FROM documents WHERE content_hash = ?",
+                          (record["content_hash"],)).fetchone()
     return existing[0] if existing is not None else db["documents"].insert(record).last_pk
 
 
@@ -104,12 +104,10 @@ def _document_tokens(db: sqlite_utils.Database, model: str) -> dict[int, tuple[i
 
 def _link(db: sqlite_utils.Database, chat_id: int, document_id: int) -> None:
     get(db["documents"], document_id, "document")
-    (position,) = db.execute(
-        "SELECT count(*) FROM chat_documents WHERE chat_id = ?", (chat_id,)
-    ).fetchone()
-    db.execute(
-        "INSERT OR IGNORE INTO chat_documents VALUES (?, ?, ?)", (chat_id, document_id, position)
-    )
+    (position,) = db.execute("SELECT count(*) FROM chat_documents WHERE chat_id = ?",
+                             (chat_id,)).fetchone()
+    db.execute("INSERT OR IGNORE INTO chat_documents VALUES (?, ?, ?)",
+               (chat_id, document_id, position))
 
 
 def _new_chat(db: sqlite_utils.Database, title: str, document_ids: Sequence[int],
@@ -135,9 +133,8 @@ def _message_counts(db: sqlite_utils.Database) -> dict[int, int]:
 def _chat_document_ids(db: sqlite_utils.Database) -> dict[int, list[int]]:
     """{chat id: its documents' ids in the order attached} of every chat that has any."""
     out: dict[int, list[int]] = {}
-    for chat_id, document_id in db.execute(
-        "SELECT chat_id, document_id FROM chat_documents ORDER BY chat_id, position"
-    ):
+    for chat_id, document_id in db.execute("SELECT chat_id, document_id FROM chat_documents"
+                                           " ORDER BY chat_id, position"):
         out.setdefault(chat_id, []).append(document_id)
     return out
 
@@ -184,11 +181,12 @@ def _tokens_of_chat(db: sqlite_utils.Database, chat_id: int, model: str) -> dict
 
 
 def _message(db: sqlite_utils.Database, message_id: int) -> Message:
-    return _message_from_row(get(db["messages"], message_id, "message"))
+    return _message_from_row(db, get(db["messages"], message_id, "message"))
 
 
-def _message_from_row(row: dict) -> Message:
-    return Message(**{**row, "stats": None if row["stats"] is None else json.loads(row["stats"])})
+def _message_from_row(db: sqlite_utils.Database, row: dict) -> Message:
+    return Message(**{**row, "stats": None if row["stats"] is None else stored_json(
+        db.conn, row["stats"], f"the stats of message {row['id']}", or_none=True)})
 
 
 def _json(value: Any) -> str | None:
@@ -235,8 +233,9 @@ class LibraryStore:
             del self._unrecorded[fingerprint]
 
     def model(self, fingerprint: str) -> Model:
-        row = get(self._db.get()["models"], fingerprint, "model")
-        return Model(**{**row, "layout": json.loads(row["layout"])})
+        row = get((db := self._db.get())["models"], fingerprint, "model")
+        layout = stored_json(db.conn, row["layout"], f"the layout of model {fingerprint}")
+        return Model(**{**row, "layout": layout})
 
     # -- documents -----------------------------------------------------------------------------
 
@@ -445,6 +444,7 @@ class LibraryStore:
         return _message(self._db.get(), message_id)
 
     def messages(self, chat_id: int) -> list[Message]:
-        rows = self._db.get()["messages"].rows_where("chat_id = ?", [chat_id], order_by="id")
-        return [_message_from_row(row) for row in rows]
+        db = self._db.get()
+        return [_message_from_row(db, row) for row in db["messages"].rows_where(
+            "chat_id = ?", [chat_id], order_by="id")]
 

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..datadir.db import Connections, execute_script
+from ..datadir.values import stored_json
 from ..errors import NotFoundError
 
 M008_PASSAGES = """
@@ -87,10 +88,10 @@ COLUMNS = ("id, document_id, idx, text, char_start, char_end, page, line_start, 
            " heading, n_tokens, content_hash")
 
 
-def _record(row: Sequence) -> StoredPassage:
+def _record(conn: sqlite3.Connection, row: Sequence) -> StoredPassage:
     (pid, doc, idx, text, start, end, page, first, last, heading, tokens, digest) = row
-    return StoredPassage(pid, doc, idx, text, start, end, page, (first, last),
-                         tuple(json.loads(heading)), tokens, digest)
+    return StoredPassage(pid, doc, idx, text, start, end, page, (first, last), tuple(
+        stored_json(conn, heading, f"the heading of passage {pid}")), tokens, digest)
 
 
 # Words too common to tell passages apart; BM25 would weigh them near zero anyway, but each
@@ -168,10 +169,11 @@ class PassageStore:
                  last: int | None = None) -> list[StoredPassage]:
         """A document's passages in document order (none: it fits the context, or is new),
         those from its `first`-th to its `last`-th when given."""
-        rows = self._db.get().execute(
+        conn = self._db.get().conn
+        rows = conn.execute(
             f"SELECT {COLUMNS} FROM passages WHERE document_id = ? AND idx >= ? AND idx <= ? "
             "ORDER BY idx", (document_id, first, (1 << 62) if last is None else last))
-        return [_record(row) for row in rows]
+        return [_record(conn, row) for row in rows]
 
     def passage_counts(self) -> dict[int, int]:
         """{document id: passages} of the documents kept as passages."""
@@ -179,11 +181,12 @@ class PassageStore:
             "SELECT document_id, count(*) FROM passages GROUP BY document_id").fetchall())
 
     def passage(self, passage_id: int) -> StoredPassage:
-        row = self._db.get().execute(f"SELECT {COLUMNS} FROM passages WHERE id = ?",
-                                     (passage_id,)).fetchone()
+        conn = self._db.get().conn
+        row = conn.execute(f"SELECT {COLUMNS} FROM passages WHERE id = ?",
+                           (passage_id,)).fetchone()
         if row is None:
             raise NotFoundError(f"no passage {passage_id}")
-        return _record(row)
+        return _record(conn, row)
 
     def search_passages(self, document_id: int, query: str,
                         k: int = 10) -> list[tuple[StoredPassage, float]]:
@@ -194,13 +197,14 @@ class PassageStore:
         if expression is None or k <= 0:
             return []
         cols = ", ".join(f"p.{c.strip()}" for c in COLUMNS.split(","))
-        rows = self._db.get().execute(
+        conn = self._db.get().conn
+        rows = conn.execute(
             f"SELECT {cols}, bm25(passages_fts, 1.0, 0.5) AS rank FROM passages_fts"
             " JOIN passages p ON p.id = passages_fts.rowid"
             " WHERE passages_fts MATCH ? AND p.document_id = ? ORDER BY rank LIMIT ?",
             (expression, document_id, k)).fetchall()
         # FTS5's bm25() is negative, more negative for better matches.
-        return [(_record(row[:-1]), -row[-1]) for row in rows]
+        return [(_record(conn, row[:-1]), -row[-1]) for row in rows]
 
     def passage_frequencies(self, document_id: int, query: str,
                             at_most: int) -> dict[str, int]:
