@@ -405,3 +405,39 @@ def test_the_command_line_warns_of_a_rotten_json_value_without_a_traceback(libra
     exported = kvdesk(library, "export", "1")
     assert "hi" in exported.stdout
     assert ("malformed JSON" in exported.stderr) == (which != "levels")  # (reads no entry)
+
+
+def test_verify_repair_is_refused_in_a_read_only_directory_whatever_is_damaged(library):
+    """A rotten chunk is not set aside where nothing can be written: the repair found
+    nothing to do and exited 0, the damage still there."""
+    conn = sqlite3.connect(library / "kvdesk.sqlite")
+    with conn:
+        conn.execute("UPDATE kv_chunks SET data = zeroblob(length(data))"
+                     " WHERE chunk_index = 1 AND level = 'compact'")
+    conn.close()
+    before = make_read_only(library)
+    repair = kvdesk(library, "verify", "--repair")
+    assert repair.returncode == 1 and "Traceback" not in repair.stderr, repair.stderr
+    assert "read-only" in repair.stderr and "nothing can be repaired there" in repair.stderr
+    assert listing(library) == before
+
+
+def test_verify_repair_that_leaves_damage_behind_fails(library, monkeypatch, capsys):
+    """(It exited 0 whenever a repair had run, whatever the repair could not fix.)"""
+    from types import SimpleNamespace
+
+    from desktop_app.app import App
+    from desktop_app.cli import main
+
+    conn = sqlite3.connect(library / "kvdesk.sqlite")
+    with conn:
+        conn.execute("DELETE FROM kv_chunks WHERE chunk_index = 1 AND level = 'compact'")
+    conn.close()
+    nothing = {"repaired": [], "reencoded": [], "dropped": [], "deleted_entries": [],
+               "recovered_calibrations": [], "removed_calibrations": [], "messages": []}
+    monkeypatch.setattr(App, "engine", property(lambda self: SimpleNamespace(
+        repair=lambda **kw: nothing)))  # (one that could recompute nothing)
+    with pytest.raises(SystemExit) as exited:
+        main(["--data-dir", str(library), "verify", "--repair"])
+    assert exited.value.code == 1
+    assert "1 chunks or codec calibrations still need repairing" in capsys.readouterr().out

@@ -81,17 +81,22 @@ def verify(app: App, repair: bool, as_json: bool):
     if report["database"]:  # nothing more is written to a damaged file, repairs included
         n = len(report["database"])
         emit(report, as_json, [f"the database file is damaged: {n} problem"
-                               f"{'' if n == 1 else 's'} found by SQLite's check", *(
+                               f"{'' if n == 1 else 's'} found by its check", *(
                                    f"  {x}" for x in report["database"][:20])])
         # (what it means and what to do: warned of above where the store opened damaged)
         click.echo(error_line(app.store.damage_error(), "the database file is damaged, as "
                               "warned of above"), err=True)
         sys.exit(1)
+    unfixed = 0  # (what a repair left)
     if repair and found:
         bar = TerminalProgress()
         with interruptible() as cancel:
             report["repair"] = app.engine.repair(progress=bar, cancel=cancel)
         bar.done()
+        # What the repair could not fix (a chunk not computed again) still fails to read
+        store = app.store
+        unfixed = len(store.quarantined()) + len(store.missing()) + len(
+            store.unusable_calibrations())
     problems = [f"{len(report['corrupt'])} damaged"] if report["corrupt"] else []
     problems += [f"{len(report['missing'])} missing"] if report["missing"] else []
     problems += [f"{len(unusable)} unusable calibrations"] if unusable else []
@@ -115,13 +120,16 @@ def verify(app: App, repair: bool, as_json: bool):
         if any(r["calibration"] is None for r in fixed["reencoded"]):
             lines += ["this model has no usable codec calibration left: its caches use the "
                       "model-independent levels until `kvdesk calibrate`"]
+        if unfixed:
+            lines += [f"{unfixed} chunks or codec calibrations still need repairing: "
+                      "`kvdesk verify` lists them"]
     elif found:
         lines += ["run `kvdesk verify --repair` to recompute them (they are not read meanwhile)"]
     if left := report["abandoned"]:
         lines += [f"{len(left)} unfinished writes of processes that are gone "
                   f"({size_text(sum(a['bytes'] for a in left))}): `kvdesk gc` removes them"]
     emit(report, as_json, lines)
-    if found and "repair" not in report:
+    if found and ("repair" not in report or unfixed):
         sys.exit(1)
 
 

@@ -45,14 +45,9 @@ def repair(store: Store, contexts: Contexts, calibrations: Calibrations, *,
     "calibration"}], "dropped": [{"entry", "level"}], "deleted_entries": [ids],
     "recovered_calibrations": [ids], "removed_calibrations": [ids], "messages": [...]}.
     """
-    report: dict = {"repaired": [], "reencoded": [], "dropped": [], "deleted_entries": [],
-                    "recovered_calibrations": [], "removed_calibrations": [], "messages": []}
-    bad: dict[int, set[tuple[int, str]]] = defaultdict(set)
-    for entry_id, chunk_index, level in store.quarantined() + store.missing():
-        bad[entry_id].add((chunk_index, level))
-    unusable = store.unusable_calibrations()
-    damaged = [c["id"] for c in store.calibration_states() if c["state"] == "damaged"]
-    if (bad or unusable or damaged) and store.read_only:  # before loading a model for nothing
+    # Before loading a model for nothing, whatever is listed: `verify` sets nothing aside in
+    # a read-only store, so the chunks it finds damaged there are in no list below
+    if store.read_only:
         try:
             store.check_writable()
         except DiskFullError:
@@ -61,6 +56,13 @@ def repair(store: Store, contexts: Contexts, calibrations: Calibrations, *,
             pass
         raise ReadOnlyError(f"the data directory {store.data_dir} is read-only: `verify` "
                             "lists what needs repairing, but nothing can be repaired there")
+    report: dict = {"repaired": [], "reencoded": [], "dropped": [], "deleted_entries": [],
+                    "recovered_calibrations": [], "removed_calibrations": [], "messages": []}
+    bad: dict[int, set[tuple[int, str]]] = defaultdict(set)
+    for entry_id, chunk_index, level in store.quarantined() + store.missing():
+        bad[entry_id].add((chunk_index, level))
+    unusable = store.unusable_calibrations()
+    damaged = [c["id"] for c in store.calibration_states() if c["state"] == "damaged"]
     needing = {e.id: e for e in store.entries() if e.calibration in unusable}
     # The same bytes from the shared cache, where a push left them, spare encoding again.
     for cal_id in sorted(unusable):
