@@ -161,3 +161,61 @@ def test_the_passages_shared_prompt_evicted_is_named_as_a_shared_prompt(tmp_path
             {"entry": 1, "document_id": None, "chat_id": None, "passage": False, "bytes": 10},
             {"entry": 2, "document_id": 3, "chat_id": None, "passage": True, "bytes": 90}])
     assert "1 passage(s), 1 shared prompt cache(s) (100 B)" in note, note
+
+
+def set_aside(eng, text):
+    """The entry of passage `text`, one of its chunks damaged and set aside as `kvdesk
+    verify` does."""
+    entry = next(e for e in passage_entries(eng).values() if e.passage_hash == text_hash(text))
+    flip(eng.store, entry.id)
+    assert eng.store.verify()["corrupt"] and eng.store.damaged([entry.id])
+    return entry
+
+
+def healed(out, entry_id, eng):
+    """Whether answer `out` said its damaged passage was computed again and stored, and it
+    was."""
+    return any("was damaged" in m and "computed again and stored" in m for m in out.messages) \
+        and entry_id in passage_entries(eng) and not eng.store.damaged([entry_id])
+
+
+def test_a_damaged_passage_read_alone_is_computed_again_and_stored(make_engine):
+    """One passage is read by a plain restore, never made ready: set aside, it was computed
+    at every question ("recomputing from token 54") and never stored again."""
+    eng = make_engine(fill_passages=False)
+    fresh(eng, BOTH)
+    museum = set_aside(eng, PASSAGES[1])
+    eng.session.longdocs.top_k = 1  # (the museum's passage alone)
+    first = fresh(eng, MUSEUM)
+    assert [s["passage_id"] for s in first.sources] == [eng.ids[1]]
+    assert healed(first, museum.id, eng), first.messages
+    again = fresh(eng, MUSEUM)
+    assert not any("damaged" in m or "recomputing from token" in m for m in again.messages), \
+        again.messages
+
+
+def test_a_damaged_passage_under_a_chats_stored_context_is_computed_again_and_stored(
+        make_engine):
+    """A chat's exact context stored extends its first passage's entry: that passage set
+    aside, every question restored the chat's context up to it and computed the rest."""
+    eng = make_engine(fill_passages=False)
+    first = fresh(eng, BOTH)
+    assert eng.exactness.idle.wait(300)
+    assert any(e.chat_id == first.chat_id for e in eng.store.entries())  # (its exact copy)
+    ferry = set_aside(eng, PASSAGES[0])
+    eng.runtime.reset()  # (else the context still holds it, and is kept)
+    again = eng.ask(BOTH, chat_id=first.chat_id, generation=GREEDY)
+    assert healed(again, ferry.id, eng), again.messages
+    assert not any("recomputing from token" in m for m in again.messages), again.messages
+    assert again.blended["mode"] == "exact"  # (the chat's stored context read, not a blend)
+
+
+def test_the_background_pass_computes_a_damaged_passage_again(make_engine):
+    """It skipped every passage with an entry, a damaged one too."""
+    eng = make_engine()
+    eng.warm_up()
+    assert eng.passage_fill.idle.wait(300)
+    museum = set_aside(eng, PASSAGES[1])
+    eng.passage_fill.request(eng.doc)  # (as a restart does)
+    assert eng.passage_fill.idle.wait(300)
+    assert museum.id in passage_entries(eng) and not eng.store.damaged([museum.id])

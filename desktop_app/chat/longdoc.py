@@ -44,7 +44,7 @@ from store import Document, Store
 
 from ..kv.blending import Parts
 from ..kv.passagekv import PassageKV
-from ..kv.sources import resumes_at
+from ..kv.sources import resumption
 from ..model.prompts import Layout, Prompter, passage_layout
 from ..model.runtime import Runtime
 from ..passages import evidence
@@ -387,8 +387,9 @@ class LongDocs:
         """What to blend when `tokens` start with a passage chat's prefix that needs it. The
         passages with no KV yet are computed first, each on its own, and stored (`rt` is left
         to the restore that follows); None when the prefix is stored exactly, which a plain
-        restore reads. One passage has no later parts: a plain restore reads it too, and its
-        Parts carry only what making it ready found (`notes`)."""
+        restore reads. One passage, or a prefix stored exactly whose passages read were
+        damaged (computed again here), has no later parts: a plain restore reads it too, and
+        its Parts carry only what making it ready found (`notes`)."""
         if chat_id is None:
             with self._lock:
                 sources, wholes = list(self._offered), list(self._offered_wholes)
@@ -401,8 +402,12 @@ class LongDocs:
         layout = self.laid_out(rt, wholes, sources)
         if tuple(tokens[:len(layout.tokens)]) != layout.tokens:
             return None
-        if resumes_at(self.store, rt.fingerprint, tokens, bool(rt.layout.swa_layers)) >= len(
-                layout.tokens):
+        at, read = resumption(self.store, rt.fingerprint, tokens, bool(rt.layout.swa_layers))
+        # A passage (or their head) set aside that a plain restore reads fails there at every
+        # question: made ready, it is computed again and stored, and the restore reads it.
+        # (One indexed query over the few entries read, as the restore's own sizes are.)
+        exact = at >= len(layout.tokens)
+        if exact and not self.store.quarantined([e.id for e in read if e.chat_id is None]):
             return None
         ready = self.kv.ensure(rt, [*wholes, *((s.document_id, s.text) for s in sources)],
                                cancel=cancel, progress=progress)
@@ -416,7 +421,7 @@ class LongDocs:
                          f"({ready.computed_tokens:,} tokens in all) and stored")
         if ready.pulled:
             notes.append(f"{ready.pulled} passage(s) taken from the shared cache")
-        return Parts(layout, ready.entries[1:], notes,
+        return Parts(layout, [] if exact else ready.entries[1:], notes,
                      sum(layout.parts[i][1] - layout.parts[i][0] for i in ready.computed_at),
                      "passages", ready.pulled > 0)
 

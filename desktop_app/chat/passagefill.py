@@ -1,19 +1,19 @@
 """Every passage of a long document given its KV in the background, so that no question waits.
 
 A question computes the passages it retrieves that have no KV yet (`longdoc`); this pass
-computes all the others, one passage at a time in document order, in the attach context,
-after a long document is attached and whenever a long-running kvdesk (the window, `kvdesk
-serve`) starts. It is resumable by construction: a passage's KV is an entry keyed by its
-content (`kv.passagekv`), stored whole or not at all, so after a restart (or a kill) the pass
-finds what is stored and goes on with the rest. It is low priority: before each passage it
-waits while the chat context is busy, so a question waits at most for the one passage being
-computed (~1 s on 2 cores), and it stops when the engine closes (that passage is not stored).
-It stops too when the storage budget would have to evict other KV to keep going, and says so
-(a warning in the log, with how far it got, and `notes` for the window's document list, until
-the document's pass goes again: a changed budget, a restart): passage KV never pushes out
-what questions used, and what it stores counts as least recently used until a question reads
-it (store: an entry written not to evict), so a question's store evicts it first. `kvdesk
-docs` shows its progress (passages with KV).
+computes all the others (and again those whose KV was damaged and set aside), one passage at a
+time in document order, in the attach context, after a long document is attached and whenever a
+long-running kvdesk (the window, `kvdesk serve`) starts. It is resumable by construction: a
+passage's KV is an entry keyed by its content (`kv.passagekv`), stored whole or not at all, so
+after a restart (or a kill) the pass finds what is stored and goes on with the rest. It is low
+priority: before each passage it waits while the chat context is busy, so a question waits at
+most for the one passage being computed (~1 s on 2 cores), and it stops when the engine closes
+(that passage is not stored). It stops too when the storage budget would have to evict other KV
+to keep going, and says so (a warning in the log, with how far it got, and `notes` for the
+window's document list, until the document's pass goes again: a changed budget, a restart):
+passage KV never pushes out what questions used, and what it stores counts as least recently
+used until a question reads it (store: an entry written not to evict), so a question's store
+evicts it first. `kvdesk docs` shows its progress (passages with KV).
 
 It never touches the chat context and never decides what a chat holds.
 """
@@ -58,7 +58,7 @@ class PassageFill(Background):
             self.request(doc_id)
 
     def work(self, doc_id: int) -> None:
-        """Compute the KV of every passage of document `doc_id` that has none."""
+        """Compute the KV of every passage of document `doc_id` that has none, or damaged KV."""
         self._notes.pop(doc_id, None)  # (going again: said again if it stops again)
         for passage in self.store.passages(doc_id):  # (a deleted document has none)
             self.yield_to_turns()
@@ -66,7 +66,10 @@ class PassageFill(Background):
                 rt = self.contexts.get(ATTACH)
                 if not self.kv.kept(rt) or self.store.damage:  # (nothing can be stored)
                     return
-                if self.kv.entry(rt, passage.text) is not None:
+                # (One set aside, or the head it extends, is computed again: `ensure`.)
+                entry = self.kv.entry(rt, passage.text)
+                if entry is not None and not self.store.damaged(
+                        [i for i in (entry.id, entry.parent_id) if i is not None]):
                     continue
                 full = self.store.usage_bytes() >= self.store.budget_bytes
                 try:

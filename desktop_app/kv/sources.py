@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from store import PrefixMatch, Span, Store
+from store import Entry, PrefixMatch, Span, Store
 from store.shared.localcopy import LocalCopy
 from store.shared.remote import RemoteTier
 from store.shared.sync import read_chunk
@@ -86,10 +86,16 @@ def resumes_at(store: Store, fingerprint: str, tokens: Sequence[int], windowed: 
     """How many of `tokens` a restore takes from this store rather than computing them: the
     stored prefix (and a chunk stored past it), or where a sliding-window model's restore
     resumes: the last end of a stored entry with its window within them (0: none)."""
+    return resumption(store, fingerprint, tokens, windowed)[0]
+
+
+def resumption(store: Store, fingerprint: str, tokens: Sequence[int], windowed: bool
+               ) -> tuple[int, tuple[Entry, ...]]:
+    """(`resumes_at`, the entries of the stored prefix that a restore reads)."""
     match = store.longest_prefix(fingerprint, tokens, touch=False, tail_minimum=1)
     if not windowed:
-        return match.n_tokens + match.tail_match
-    return max(window_ends(store, match), default=0)
+        return match.n_tokens + match.tail_match, tuple(match.entries)
+    return max(window_ends(store, match), default=0), tuple(match.entries)
 
 
 class LocalSource:
