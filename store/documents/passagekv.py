@@ -55,11 +55,12 @@ class PassageKVStore:
         """The passage whose text has the hash `name` (a passage entry's `passage_hash`), of
         document `document_id` where it holds one, else of any document; None: no passage
         (a document read whole beside the passages, or one deleted)."""
-        row = self._db.get().execute(
+        conn = self._db.get().conn
+        row = conn.execute(
             f"SELECT {COLUMNS} FROM passages WHERE content_hash = ?"
             " ORDER BY document_id IS NOT ?, document_id, idx LIMIT 1",
             (name, document_id)).fetchone()
-        return None if row is None else _record(row)
+        return None if row is None else _record(conn, row)
 
     def name_passage(self, entry: Entry, text: str) -> Entry:
         """Passage entry `entry` holding the KV of `text`, named by the text's hash (what
