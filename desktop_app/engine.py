@@ -212,9 +212,9 @@ class Engine:
 
     def relevel(self, *, progress: ProgressFn | None = None,
                 cancel: threading.Event | None = None) -> dict:
-        """Encode the model's caches stored lossless only before its calibration at its
-        calibrated levels (`kv.relevel`); raises Cancelled between caches."""
-        return relevel.relevel(self.session.kv, self.runtime, progress=progress, cancel=cancel)
+        """The model's lossless-only caches at its calibrated levels (`kv.relevel`)."""
+        return relevel.relevel(self.session.kv, self.runtime, progress=progress, cancel=cancel,
+                               pause=lambda: self.session.lock.wait_free(cancel))
 
     def close(self) -> None:
         # Both stopped before either is waited for: the passage pass may be waiting for the

@@ -401,6 +401,11 @@ def test_caches_stored_lossless_before_the_calibration_are_encoded_at_its_levels
         back = eng.reopen(chat)
         assert back.recomputed_tokens == 0 and set(back.chunk_levels) == {"balanced"}
         assert eng.relevel()["entries"] == 0  # (done once)
+        # Lossless asked for under the calibration is the user's choice: kept so.
+        (tmp_path / "more.txt").write_text(DOC.replace("lighthouse", "harbour"))
+        kept = eng.attach(tmp_path / "more.txt", levels=[EXACT]).doc_id
+        assert eng.relevel()["entries"] == 0
+        assert eng.store.document_entry(kept, eng.fingerprint).levels == (EXACT,)
     finally:
         eng.close()
         eng.store.close()

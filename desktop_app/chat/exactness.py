@@ -14,6 +14,10 @@ A process about to exit (a one-shot `kvdesk ask`) would take the pass with it: i
 the pass instead (`finish`), showing how far it got, and may stop waiting (Ctrl-C), which
 leaves the chat blended for its next turn.
 
+A sliding-window model resumes a restore only where a stored entry ends with its window, so
+for one the pass also stores the chat's documents or passages as an entry of their own on its
+way (`_compute`): another chat over them resumes there.
+
 It never touches the chat context itself: it only tells the session when a chat became exact.
 """
 
@@ -32,9 +36,10 @@ from ..results import Progress
 from .background import Background
 from .fairlock import FairLock
 
-# Tokens computed between checks for a waiting question: a plain prefill's slice, since
-# llama.cpp's results depend on how tokens are batched and the stored context must equal what
-# a prefill of the same tokens computes, bit for bit (~1 s on 2 cores).
+# Tokens computed between checks for a waiting question: a plain prefill's slice (~1 s on 2
+# cores), since llama.cpp's results depend on how tokens are batched: the stored context is
+# what a prefill of its tokens computes (a sliding-window model's, from where its documents
+# or passages end on: what a restore resuming there computes).
 SLICE = PREFILL_SLICE
 
 
@@ -124,7 +129,7 @@ class Exactness(Background):
             self.yield_to_turns()
             rt.prefill(tokens[start:end], cancel=self.cancel, logits=False)
             if end == cut < len(tokens):
-                self.kv.keep_prefix(rt, tokens[:cut], holds=docs)
+                self.kv.keep_prefix(rt, tokens[:cut], holds=docs, cancel=self.cancel)
             with self._guard:
                 self._progress[chat_id] = (end, len(tokens))
 

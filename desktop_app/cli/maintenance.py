@@ -204,7 +204,12 @@ def calibrate(app: App, force: bool, as_json: bool):
             if cal is None:
                 cal = engine.calibrate(progress=bar, cancel=cancel)
             else:  # the caches stored lossless only before it, if any are left
-                engine.relevel(progress=bar, cancel=cancel)
+                done = engine.relevel(progress=bar, cancel=cancel)
+                if done["entries"] and not as_json:
+                    click.echo(f"{done['entries']} cache(s) stored lossless before the "
+                               "calibration encoded at its levels: "
+                               f"{size_text(done['bytes_before'])} -> "
+                               f"{size_text(done['bytes_after'])}", err=True)
         except Cancelled:
             bar.done()
             stopped(STOPPED_CALIBRATING, as_json)

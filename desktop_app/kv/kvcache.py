@@ -205,14 +205,15 @@ class KVCache:
             "this turn's cache")[1]
 
     def keep_prefix(self, rt: Runtime, tokens: Sequence[int], decoded_until: int = 0,
-                    holds: Sequence[int] = ()) -> tuple[bool, list[str]]:
+                    holds: Sequence[int] = (), cancel: threading.Event | None = None
+                    ) -> tuple[bool, list[str]]:
         """`store_prefix` of a conversation not kept as a chat (the local API's), holding the
         documents `holds`: whether it is kept, and what the user should know of it, as
         `keep_chat` says."""
         stored: list[int | None] = []
         kept, said = self._kept(lambda evicted: stored.append(self.store_prefix(
-            rt, tokens, evicted=evicted, decoded_until=decoded_until, holds=holds)),
-            "this conversation's cache")
+            rt, tokens, evicted=evicted, decoded_until=decoded_until, holds=holds,
+            cancel=cancel)), "this conversation's cache")
         return kept and stored != [None], said
 
     def _kept(self, store: Callable[[list[dict]], object], what: str
