@@ -292,17 +292,26 @@ def test_a_blend_computing_every_later_token_equals_a_prefill_in_the_same_pieces
         eng.store.close()
 
 
+FERRY = "When does the Saturday ferry leave, and what does the museum keep?"
+
+
+def passages_engine(data_dir, gemma_path) -> tuple[Engine, int]:
+    """An engine keeping passage KV (lossless: not calibrated), two passages read a question,
+    and a long document's id (test_longdoc's)."""
+    from test_longdoc import add_long_document
+
+    eng = make_engine(data_dir, gemma_path, blend_fraction=0.15, passage_level="lossless")
+    eng.session.longdocs.top_k = 2
+    return eng, add_long_document(eng.store)
+
+
 def test_a_long_documents_passages_are_blended_from_their_caches(tmp_path, gemma_path):
     """A sliding-window model's chat over passages: the second ask reads them back."""
-    from test_longdoc import PASSAGES, add_long_document
+    from test_longdoc import PASSAGES
 
-    eng = make_engine(tmp_path / "data", gemma_path, blend_fraction=0.15,
-                      passage_level="lossless")
+    eng, doc = passages_engine(tmp_path / "data", gemma_path)
     try:
-        eng.session.longdocs.top_k = 2
-        doc = add_long_document(eng.store)
-        q = "When does the Saturday ferry leave, and what does the museum keep?"
-        greedy = GenerationOptions(max_tokens=8, temperature=0)
+        q, greedy = FERRY, GenerationOptions(max_tokens=8, temperature=0)
         first = eng.ask(q, doc_ids=[doc], generation=greedy)
         assert [s["text"] for s in first.sources] == PASSAGES[:2]
         held = []
@@ -337,15 +346,9 @@ def test_a_new_chat_over_stored_passages_resumes_where_they_end(tmp_path, gemma_
     """The exact pass of a chat over passages stores them as an entry of their own on the
     way, window and all: the same question asked in a new chat restores all of them and
     computes only its own turn (before, it resumed where the passages' head ends)."""
-    from test_longdoc import add_long_document
-
-    eng = make_engine(tmp_path / "data", gemma_path, blend_fraction=0.15,
-                      passage_level="lossless")
+    eng, doc = passages_engine(tmp_path / "data", gemma_path)
     try:
-        eng.session.longdocs.top_k = 2
-        doc = add_long_document(eng.store)
-        q = "When does the Saturday ferry leave, and what does the museum keep?"
-        greedy = GenerationOptions(max_tokens=8, temperature=0)
+        q, greedy = FERRY, GenerationOptions(max_tokens=8, temperature=0)
         first = eng.ask(q, doc_ids=[doc], generation=greedy)
         assert first.blended["mode"] == "blended"
         eng.exactness.request(first.chat_id)
