@@ -210,6 +210,9 @@ def calibrate(app: App, force: bool, as_json: bool):
                                "calibration encoded at its levels: "
                                f"{size_text(done['bytes_before'])} -> "
                                f"{size_text(done['bytes_after'])}", err=True)
+                if done["stopped"] and not as_json:
+                    click.echo(f"stopped ({done['stopped']}): {done['left']} cache(s) left "
+                               "lossless for the next `kvdesk calibrate`", err=True)
         except Cancelled:
             bar.done()
             stopped(STOPPED_CALIBRATING, as_json)
