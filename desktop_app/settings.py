@@ -334,9 +334,16 @@ def saved_settings(path: Path | None = None) -> Settings:
     if path.exists() and not path.is_file():
         raise SettingsError(f"{path} is not a file (a folder?): move it away, and kvdesk "
                             "writes its settings there again")
+    twice: list[str] = []  # keys an object of the file gives more than once: the last counts
+
+    def pairs(items: list[tuple[str, object]]) -> dict:
+        keys = [key for key, _ in items]
+        twice.extend(key for key in dict.fromkeys(keys) if keys.count(key) > 1)
+        return dict(items)
+
     if path.is_file():
         try:
-            saved = json.loads(path.read_text(encoding="utf-8-sig"))
+            saved = json.loads(path.read_text(encoding="utf-8-sig"), object_pairs_hook=pairs)
         except (ValueError, OSError) as e:
             raise SettingsError(f"{path} is not valid JSON ({e}); fix or delete it") from e
         if not isinstance(saved, dict):
@@ -350,6 +357,9 @@ def saved_settings(path: Path | None = None) -> Settings:
                                 "fix or delete it")
         if version > SETTINGS_VERSION:
             raise SettingsError(f"{path} was written by a newer kvdesk; fix or delete it")
+    for key in dict.fromkeys(twice):
+        log.warning("Warning: %s: setting %r is given more than once: the last one is used",
+                    path, key)
     # Settings this version does not know (a typo, or a newer minor release's) are left
     # alone, and said: a misspelt key silently ignored would look like a setting kept.
     for key in saved.keys() - Settings.model_fields.keys():

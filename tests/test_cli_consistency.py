@@ -193,6 +193,21 @@ def test_an_unknown_generation_key_is_named_and_ignored_like_any_setting(caplog)
         in warned
 
 
+def test_a_setting_given_twice_is_said_and_the_last_one_used(caplog):
+    """JSON lets an object name a key twice; which one counts is not for the user to guess."""
+    path = settings.config_dir() / "settings.json"
+    path.parent.mkdir(parents=True)
+    path.write_text('{"version": 1, "storage_budget_gb": 5, "storage_budget_gb": 7,'
+                    ' "generation": {"top_k": 3, "top_k": 9}}')
+    with caplog.at_level(logging.WARNING, logger="kvdesk.settings"):
+        loaded = settings.load()
+    assert loaded.storage_budget_gb == 7 and loaded.generation.top_k == 9
+    warned = sorted(r.getMessage() for r in caplog.records)
+    assert len(warned) == 2 and all("is given more than once: the last one is used" in w
+                                    for w in warned)
+    assert "'storage_budget_gb'" in warned[0] and "'top_k'" in warned[1]
+
+
 def test_a_command_warns_of_an_unknown_setting_on_stderr(tmp_path):
     path = settings.config_dir() / "settings.json"
     path.parent.mkdir(parents=True)
