@@ -296,8 +296,7 @@ class Store(LibraryStore, PassageStore, PassageKVStore, SplitStore):
             ).fetchone():
                 raise NotFoundError(f"no chunk {chunk_index} at level {level!r} in {entry_id}")
             blobs.put(db.conn, entry_id, chunk_index, level, data)
-            db.execute("UPDATE kv_entries SET nbytes = (SELECT sum(nbytes) FROM kv_chunks"
-                       " WHERE entry_id = ?) WHERE id = ?", (entry_id, entry_id))
+            blobs.recount(db.conn, entry_id)
 
     def replace_levels(self, entry_id: int, levels: Sequence[str],
                        chunks: dict[tuple[int, str], bytes], cal_id: str | None) -> None:

@@ -77,6 +77,13 @@ def put(conn: sqlite3.Connection, entry_id: int, chunk_index: int, level: str, d
     )
 
 
+def recount(conn: sqlite3.Connection, entry_id: int) -> None:
+    """Set an entry's size to its chunks' after chunks were put or removed; call inside a
+    write transaction."""
+    conn.execute("UPDATE kv_entries SET nbytes = (SELECT coalesce(sum(nbytes), 0) FROM kv_chunks"
+                 " WHERE entry_id = ?) WHERE id = ?", (entry_id, entry_id))
+
+
 def read(conn: sqlite3.Connection, entry_id: int, chunk_index: int, level: str) -> bytes:
     """One chunk of a complete entry, checked; call inside a read transaction.
 

@@ -194,10 +194,9 @@ def drop_level(db: Connections, entry_id: int, level: str) -> list[int]:
         wdb.conn.execute("DELETE FROM kv_chunks WHERE entry_id = ? AND level = ?",
                          (entry_id, level))
         if left:
-            nbytes = wdb.conn.execute("SELECT coalesce(sum(nbytes), 0) FROM kv_chunks"
-                                      " WHERE entry_id = ?", (entry_id,)).fetchone()[0]
-            wdb.conn.execute("UPDATE kv_entries SET levels = ?, nbytes = ? WHERE id = ?",
-                             (json.dumps(left), nbytes, entry_id))
+            wdb.conn.execute("UPDATE kv_entries SET levels = ? WHERE id = ?",
+                             (json.dumps(left), entry_id))
+            blobs.recount(wdb.conn, entry_id)
             return []
         tree = subtree(wdb.conn, entry_id)
         wdb.conn.execute("DELETE FROM kv_entries WHERE id = ?", (entry_id,))
@@ -223,7 +222,6 @@ def replace_levels(db: Connections, entry_id: int, levels: Sequence[str],
         wdb.conn.execute("DELETE FROM kv_chunks WHERE entry_id = ?", (entry_id,))
         for (index, level), data in chunks.items():
             blobs.put(wdb.conn, entry_id, index, level, data)
-        wdb.conn.execute(
-            "UPDATE kv_entries SET levels = ?, calibration = ?, nbytes = (SELECT sum(nbytes)"
-            " FROM kv_chunks WHERE entry_id = ?) WHERE id = ?",
-            (json.dumps(list(levels)), calibration, entry_id, entry_id))
+        wdb.conn.execute("UPDATE kv_entries SET levels = ?, calibration = ? WHERE id = ?",
+                         (json.dumps(list(levels)), calibration, entry_id))
+        blobs.recount(wdb.conn, entry_id)
