@@ -116,14 +116,13 @@ class Engine:
         self.attacher = Attacher(store, self.contexts, kv, self.sharing, self.prompter,
                                  self.speeds, self.retriever.index)
         passage_kv = PassageKV(store, kv, self.sharing, passage_level)
+        longdocs = LongDocs(store, self.library, self.prompter, passage_kv, self.retriever,
+                            self.contexts.loaded, self.attacher.split_stored)
         self.session = ChatSession(store, self.contexts, self.library, kv, self.sharing,
                                    self.prompter, self.speeds, levels=self._levels,
-                                   chunk_tokens=chunk_tokens,
-                                   default_budget_ms=default_budget_ms,
+                                   chunk_tokens=chunk_tokens, default_budget_ms=default_budget_ms,
                                    blend_fraction=blend_fraction,
-                                   generation_defaults=generation_defaults,
-                                   longdocs=LongDocs(store, self.library, self.prompter,
-                                                     passage_kv, self.retriever))
+                                   generation_defaults=generation_defaults, longdocs=longdocs)
         # Every long document's passages given their KV in the background (long-running
         # engines only: warm_up).
         self.fill_passages, self._long_running = fill_passages, False
@@ -363,7 +362,8 @@ class Engine:
             layout = self.prompter.layout(rt, docs)
             tokens = list(layout.tokens)
             longdocs = self.session.longdocs
-            notes = longdocs.unread(docs, rt=rt) if longdocs.applies(docs) else layout.notes
+            notes = longdocs.unread(docs, rt=rt) if longdocs.applies(docs) else \
+                longdocs.readings.pending(rt, docs) or layout.notes
         return replace(estimates.estimate(self.store, rt, tokens, self.levels, self.speeds,
                                           parts, self.session.blend_fraction), notes=notes)
 

@@ -109,31 +109,33 @@ def test_the_estimate_of_a_chat_still_blended_reads_its_documents_from_their_cac
     assert est.seconds[EXACT] > est.seconds["balanced"]
 
 
-def test_documents_the_context_cannot_hold_together_are_said_cut_or_left_out(engine):
+def test_documents_the_context_cannot_hold_together_are_kept_as_passages_and_said(engine):
+    """Documents attached whole that do not fit the context together are not read cut short
+    (tests/test_longdoc_fit.py has the answers): the chat's first question keeps those it
+    cannot read whole as passages, said before asking, with the answer, on the local API."""
     rt = engine.runtime
     docs = [engine.library.document(i) for i in engine.doc_ids]
     assert engine.prompter.layout(rt, docs).notes == []
     first = len(engine.prompter.layout(rt, docs[:1]).tokens)
     second = len(engine.prompter.layout(rt, docs[:2]).tokens) - first
     engine.prompter._reserve = rt.n_ctx - first - second // 2  # room for half the second
-    cut, left_out = engine.prompter.layout(rt, docs).notes
+    cut, left_out = engine.prompter.layout(rt, docs).notes  # (what reading them whole would)
     assert cut.startswith("museum.txt: only its first ") and " tokens are read" in cut
     assert left_out.startswith("tower.txt: not read in this chat")
-    # said before asking, as the window does when they are ticked, in the answer's words
-    assert engine.estimate(doc_ids=engine.doc_ids).notes == [cut, left_out]
+    # said before asking, as the window does when they are ticked
+    said = engine.estimate(doc_ids=engine.doc_ids).notes
+    assert len(said) == 3 and all("it will be kept as passages too" in n for n in said)
+    assert said[0].startswith("ferry.txt: longer than this chat's context")
     first_answer = ask(engine, doc_ids=engine.doc_ids)
-    assert cut in first_answer.messages and left_out in first_answer.messages
+    kept = [m for m in first_answer.messages if "passages too" in m]
+    assert len(kept) == 3 and first_answer.sources, first_answer.messages
+    assert cut not in first_answer.messages and left_out not in first_answer.messages
     engine.runtime.reset()
-    reopened = engine.reopen(first_answer.chat_id).messages  # said again, every time
-    assert cut in reopened and left_out in reopened
-    api = engine.complete([{"role": "user", "content": QUESTION}], documents=engine.doc_ids,
-                          generation=GREEDY).messages
-    assert cut in api and left_out in api
-    # The first document too, where the context is smaller than when it was attached.
-    engine.prompter._reserve = rt.n_ctx - first // 2
-    (alone,) = engine.prompter.layout(rt, docs[:1]).notes
-    assert alone.startswith("ferry.txt: only its first ")
-    assert alone in ask(engine, doc_ids=engine.doc_ids[:1]).messages
+    reopened = engine.reopen(first_answer.chat_id).messages
+    assert cut not in reopened and left_out not in reopened
+    api = engine.complete([{"role": "user", "content": QUESTION}],
+                          documents=engine.doc_ids, generation=GREEDY)
+    assert api.sources and not any("passages too" in m for m in api.messages)
 
 
 def test_deleting_a_later_document_drops_the_chats_cache_and_the_chat_goes_on(engine):

@@ -17,6 +17,7 @@ Attach runs in its own model context, so documents compute while the user chats.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from store import Document, NotFoundError, Store
 
-from ..errors import Cancelled, EngineError
+from ..errors import Cancelled, DocumentError, EngineError
 from ..kv import speeds as speeds_mod
 from ..kv.contexts import ATTACH, Contexts
 from ..kv.kvcache import KVCache
@@ -250,10 +251,7 @@ class Attacher:
                 def said(percent: int) -> None:
                     if progress:
                         progress(Progress("split", percent, 100, title))
-                count = self.passages.add(doc.id, extracted.text, extracted.kind,
-                                          _counting(rt, extracted.text, cancel, said),
-                                          pages=extracted.pages, line_numbers=extracted.lines,
-                                          headings=extracted.headings)
+                count = self._split(rt, doc.id, extracted, cancel, said)
             elif extracted.lines:  # attached again: its lines as the file numbers them
                 self.passages.renumber(doc.id, extracted.text, extracted.lines)
             if cancel is not None and cancel.is_set():
@@ -272,6 +270,30 @@ class Attacher:
             encode_s=round(time.perf_counter() - t0, 3), raw_bytes=0, stored_bytes={},
             reused=bool(kept), warnings=[*extracted.warnings, note],
             passages=count)
+
+    def _split(self, rt: Runtime, doc_id: int, extracted: documents.Extracted,
+               cancel: threading.Event | None, said: Callable[[int], None]) -> int:
+        return self.passages.add(doc_id, extracted.text, extracted.kind,
+                                 _counting(rt, extracted.text, cancel, said),
+                                 pages=extracted.pages, line_numbers=extracted.lines,
+                                 headings=extracted.headings)
+
+    def split_stored(self, rt: Runtime, doc: Document,
+                     cancel: threading.Event | None = None) -> int:
+        """Keep a document attached whole as passages too (how many), for a chat whose
+        context cannot hold it whole (a smaller context than at its attach, or beside the
+        chat's other documents). Its file, when it still holds the same text, gives the
+        passages its lines, pages and headings; else they are numbered by the stored text."""
+        with waited(self.store.attach_turn, doc.content_hash, cancel=cancel, progress=None,
+                    title=doc.title):
+            if known := len(self.store.passages(doc.id)):  # (split meanwhile, elsewhere)
+                return known
+            extracted = documents.Extracted(doc.text, doc.title, doc.type, "")
+            if doc.source_path and Path(doc.source_path).is_file():
+                with contextlib.suppress(DocumentError):
+                    found = documents.extract(doc.source_path)
+                    extracted = found if found.content_hash == doc.content_hash else extracted
+            return self._split(rt, doc.id, extracted, cancel, lambda _: None)
 
     def _result(self, doc: Document, prefix: Prefix, entry_id: int, levels: Sequence[str],
                 warnings: list[str], *, prefill_s: float = 0.0, encode_s: float = 0.0,

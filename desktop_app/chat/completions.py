@@ -123,6 +123,7 @@ class Completions:
         s = self.session
         rt = s.runtime
         head, head_tokens, sources, wholes, quoted, notes = [], [], [], [], [], []
+        split = s.longdocs.readings.split_where_needed(rt, docs)
         if docs and s.longdocs.applies(docs):
             texts = [m["content"] for m in messages]
             ask = max((i for i, m in enumerate(messages) if m["role"] != "assistant"),
@@ -162,7 +163,8 @@ class Completions:
             each = max(0, len(tokens) - len(head_tokens) - sum(own)) / len(own)  # the template
             raise _too_long(rt, len(tokens), "messages", over=len(tokens) + 2 - rt.n_ctx,
                             sizes=(*(n + each for n in own), *[0.0] * (given - len(own))))
-        return Turn(msgs, text, tokens, prefill), sources, quoted, notes, s.longdocs.named(wholes)
+        return (Turn(msgs, text, tokens, prefill), sources, quoted, [*split, *notes],
+                s.longdocs.named(wholes))
 
     def complete(
         self,

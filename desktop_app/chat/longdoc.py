@@ -1,19 +1,19 @@
 """A chat over a document too long for the context: answered from its retrieved passages.
 
 A document split into passages (`desktop_app.passages`) is never read whole. Each question
-retrieves the passages most likely to hold its answer — the query is the question and the
-chat's recent turns; at most `top_k`, and only the head of a fused ranking
-(`retrieve.focused`, `retrieve.most_named`: for a question naming something rare, the
-passages holding the most of its rare words) — and the chat's context becomes: its documents
-that fit the context, each read whole (`wholes`), then the passages, in document order, then
-the chat's turns, then the question
-(`prompts.passage_layout`); the question's turn quotes the sentences of those passages that
-name what it asks about (`evidence`: `passages.evidence`), the stored message staying the
-question as asked. Each passage comes back from its own KV (`kv.passagekv`:
-computed on its own the first time it is retrieved, and stored), moved into place by
-`blending` with its first tokens recomputed among the passages before it; what the
-question's turn quotes of them is taken from their KV too (`blending.repeats`); a context
-whose exact copy is stored (a turn's, made exact in the background) is restored as it is.
+retrieves the passages most likely to hold its answer — the query is the question and the chat's
+recent turns; at most `top_k`, and only the head of a fused ranking (`retrieve.focused`,
+`retrieve.most_named`: for a question naming something rare, the passages holding the most of
+its rare words) — and the chat's context becomes: its documents that fit the context, each read
+whole (`wholes`; which ones: `readings`, which also keeps as passages a document attached whole
+that the chat cannot read whole), then the passages, in document order, then the chat's turns,
+then the question (`prompts.passage_layout`); the question's turn quotes the sentences of those
+passages that name what it asks about (`evidence`: `passages.evidence`), the stored message
+staying the question as asked. Each passage comes back from its own KV (`kv.passagekv`: computed
+on its own the first time it is retrieved, and stored), moved into place by `blending` with its
+first tokens recomputed among the passages before it; what the question's turn quotes of them is
+taken from their KV too (`blending.repeats`); a context whose exact copy is stored (a turn's,
+made exact in the background) is restored as it is.
 
 How the context evolves (`choose`): the passages this question retrieves come first, best
 first; for a question that is not `Retriever.specific` (one pointing back, "Does it stop at the
@@ -52,15 +52,20 @@ from ..passages.across import across
 from ..passages.retrieve import DEFAULT_K, Retriever
 from ..results import Progress, Source
 from .library import Library
+from .readings import Readings
 
 ASKED_BEFORE = 1  # a client's earlier questions whose passages a conversation keeps
 
 
 class LongDocs:
     def __init__(self, store: Store, library: Library, prompter: Prompter, kv: PassageKV,
-                 retriever: Retriever | None, *, top_k: int = DEFAULT_K, focus: bool = True,
-                 quote: bool = True):
+                 retriever: Retriever | None, runtime: Callable[[], Runtime],
+                 splitter: Callable[[Runtime, Document], int], *, top_k: int = DEFAULT_K,
+                 focus: bool = True, quote: bool = True):
         self.store = store
+        # Which documents are read whole and which from passages.
+        self.readings = Readings(store, prompter, kv, runtime, splitter,
+                                 enabled=retriever is not None)
         self.library = library
         self.prompter = prompter
         self.kv = kv
@@ -85,10 +90,7 @@ class LongDocs:
             if split else []
 
     def _split(self, docs: Sequence[Document]) -> list[int]:
-        if self.retriever is None or not docs:
-            return []
-        counts = self.store.passage_counts()
-        return [d.id for d in docs if counts.get(d.id)]
+        return self.readings.parts(docs)[0]
 
     # -- which passages ----------------------------------------------------------------------
 
@@ -98,6 +100,7 @@ class LongDocs:
         context's (see the module's docstring); notes for the user. A chat not created yet
         (None: it is stored with its first answer) holds them as a conversation not kept as a
         chat does (`offer`), until `adopt` gives them its id."""
+        split = self.readings.split_where_needed(rt, docs)
         if not self.applies(docs):
             if chat_id is None:  # a new chat's context holds no passages of an earlier one
                 self.offer((), ())
@@ -116,7 +119,7 @@ class LongDocs:
         else:
             with self._lock:
                 self._chosen[chat_id] = chosen
-        return notes
+        return split + notes
 
     def evidence(self, docs: Sequence[Document], wholes: Sequence[tuple[int, str]],
                  sources: Sequence[Source], question: str,
@@ -264,18 +267,7 @@ class LongDocs:
         together they take at most half the room: a user who attaches a book and a page of
         notes asks about both. A part's KV is kept as a passage's is (computed once, keyed by
         its text)."""
-        split, room = set(self._split(docs)), self.prompter.room(rt) // 2
-        overhead = len(passage_layout(rt, []).tokens)
-        out, used = [], 0
-        for d in docs:
-            if d.id in split:
-                continue
-            text = f"Document: {d.title}\n\n{d.text}"
-            cost = len(self.kv.tokens(rt, text)) - overhead
-            if used + cost <= room:
-                out.append((d.id, text))
-                used += cost
-        return out
+        return self.readings.parts(docs, rt)[1]
 
     def named(self, wholes: Sequence[tuple[int, str]]) -> list[dict]:
         """The documents read whole (`wholes`) as an answer names them beside its passages:

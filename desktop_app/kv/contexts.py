@@ -101,11 +101,14 @@ class Contexts:
         if not self._tables_ahead and prep is not None and prep.state().phase == CHECKING:
             prep.stop()
 
+    def loaded(self) -> Runtime:
+        """A context of the model, one already loaded if any (else the chat's, loaded)."""
+        return self._runtimes.get(CHAT) or self._runtimes.get(ATTACH) or self.get(CHAT)
+
     @property
     def fingerprint(self) -> str:
         """The model's cache fingerprint (loading the chat context if none is loaded)."""
-        rt = self._runtimes.get(CHAT) or self._runtimes.get(ATTACH) or self.get(CHAT)
-        return rt.fingerprint
+        return self.loaded().fingerprint
 
     def warm_up(self) -> None:
         """Ready the codec in the background (once), starting now: the flows that encode or

@@ -1,0 +1,99 @@
+"""Documents attached whole that a chat's context cannot hold whole — under a smaller context
+than at their attach, or beside the chat's other documents — are kept as passages too and
+answered from them, never read cut short; where they fit, they are read whole as before."""
+
+from __future__ import annotations
+
+import pytest
+
+from desktop_app.engine import Engine
+from desktop_app.model.runtime import Runtime
+from desktop_app.options import GenerationOptions
+from store import Store
+
+GREEDY = GenerationOptions(max_tokens=8, temperature=0)
+TOPICS = ["harbour", "orchard", "quarry", "observatory", "railway", "glassworks", "mill",
+          "library", "bridge", "market", "brewery", "lighthouse"]
+
+
+def text(name: str, fact: str, paragraphs: int = 12) -> str:
+    """A document of `paragraphs` plain paragraphs, `fact` in its last."""
+    body = [f"The {t} of {name} was rebuilt after the flood. Its records list the workers, "
+            f"the costs and the stone used, and the council met there each spring to decide "
+            f"the year's repairs and the {t} wardens." for t in TOPICS[:paragraphs - 1]]
+    return "\n\n".join([*body, fact])
+
+
+@pytest.fixture
+def make_engine(tmp_path, model_path, model_hash):
+    engines = []
+
+    def make(n_ctx: int, store: Store | None = None) -> Engine:
+        store = store or engines[0].store
+        eng = Engine(store, lambda: Runtime(model_path, model_hash=model_hash, n_ctx=n_ctx,
+                                            flash_attn=True), chunk_tokens=64)
+        engines.append(eng)
+        return eng
+
+    yield make
+    for eng in engines:
+        eng.close()
+    if engines:
+        engines[0].store.close()
+
+
+def attach(eng: Engine, folder, name: str, fact: str, paragraphs: int = 12) -> int:
+    path = folder / f"{name}.txt"
+    path.write_text(text(name, fact, paragraphs))
+    return eng.attach(path).doc_id
+
+
+def test_a_document_attached_whole_is_answered_from_passages_under_a_smaller_context(
+        make_engine, tmp_path):
+    eng = make_engine(2048, Store(tmp_path / "data"))
+    doc = attach(eng, tmp_path, "Tarnby", "The Tarnby ferry token costs nine copper marks.")
+    assert not eng.store.passages(doc)  # it fit: attached whole
+    small = make_engine(512)  # (its room: 384 tokens)
+    first = small.ask("What does the Tarnby ferry token cost?", doc_ids=[doc],
+                      generation=GREEDY)
+    assert any("kept as" in m and "passages too" in m for m in first.messages), first.messages
+    assert not any("only its first" in m for m in first.messages), first.messages
+    lines = len(text("Tarnby", "x").split("\n"))
+    assert first.sources and any(s["lines"][1] == lines for s in first.sources), first.sources
+    assert any("copper" in s["text"] for s in first.sources)
+    again = small.ask("And who met there?", chat_id=first.chat_id, generation=GREEDY)
+    assert not any("passages too" in m for m in again.messages)  # split once
+    # Under the context it was attached under, it is read whole again: its own cache.
+    whole = eng.ask("What does the Tarnby ferry token cost?", doc_ids=[doc],
+                    generation=GREEDY)
+    assert whole.sources == [] and whole.blended is None
+    assert whole.recomputed_tokens < 16, whole.recomputed_tokens
+
+
+def test_documents_that_do_not_fit_together_are_read_from_passages_beside_one_read_whole(
+        make_engine, tmp_path):
+    eng = make_engine(1024, Store(tmp_path / "data"))  # (its room: 768 tokens)
+    ids = [attach(eng, tmp_path, name, fact, 6) for name, fact in [
+        ("Ashcombe", "The Ashcombe bell was cast in 1702."),
+        ("Brindle", "The Brindle well is forty feet deep."),
+        ("Corvale", "The Corvale banner is green and silver.")]]
+    assert not any(eng.store.passages(d) for d in ids)
+    # Any two fit the context together: read whole, blended as before.
+    pair = eng.ask("How deep is the Brindle well?", doc_ids=ids[:2], generation=GREEDY)
+    assert pair.sources == [] and not any(eng.store.passages(d) for d in ids)
+    three = eng.ask("What colour is the Corvale banner?", doc_ids=ids, generation=GREEDY)
+    assert not any("not read in this chat" in m or "only its first" in m
+                   for m in three.messages), three.messages
+    assert three.read_whole == [{"document_id": ids[0], "title": "Ashcombe.txt"}]
+    split = [d for d in ids if eng.store.passages(d)]
+    assert split == ids[1:]
+    assert sum("passages too" in m for m in three.messages) == 2, three.messages
+    assert any("banner" in s["text"] and s["document_id"] == ids[2] for s in three.sources)
+    # The local API reads them the same way.
+    api = eng.complete([{"role": "user", "content": "How deep is the Brindle well?"}],
+                       documents=ids, generation=GREEDY)
+    assert any("forty feet" in s["text"] for s in api.sources), api.sources
+    # A chat over one of them alone still reads it whole.
+    alone = eng.ask("What colour is the Corvale banner?", doc_ids=[ids[2]],
+                    generation=GREEDY)
+    assert alone.sources == [] and alone.read_whole == []
