@@ -226,6 +226,102 @@ def test_code_passages_start_at_definitions_and_name_them():
                                           ("def hello do",)}
 
 
+def test_a_line_beginning_with_a_keyword_is_no_definition_unless_a_name_follows():
+    # argparse, inspect, traceback: assignments, keyword arguments and tuples whose first word
+    # is a keyword each began a passage under a bogus heading, as did a docstring's prose and
+    # the example in it, and a YAML schema's keys (nearly every passage of one).
+    source = (
+        "class ArgumentParser(_AttributeHolder, _ActionsContainer):\n\n"
+        "    def parse_known_args(self, args=None, namespace=None):\n"
+        "        if namespace is None:\n"
+        "            namespace = Namespace()\n\n"
+        "        namespace, args = self._parse_known_args(args, namespace)\n"
+        "        self.add_argument('-x',\n"
+        "                          type=type,\n"
+        "                          help='the type')\n\n"
+        "        module = getmodule(object, file)\n"
+        "        fn, lno, func = '(unknown file)', 0, '(unknown function)'\n"
+        "        type(self).__name__\n"
+        "        return namespace, args\n\n\n"
+        "def final(f):\n"
+        '    """Decorator to indicate final methods and final classes.\n\n'
+        "    Use this decorator to indicate to type checkers that the decorated\n"
+        "    method cannot be overridden. For example:\n\n"
+        "      class Base:\n"
+        "          @final\n"
+        "          def done(self) -> None:\n"
+        "              ...\n\n"
+        "    There is no runtime checking of these properties. The decorator\n"
+        "    sets the ``__final__`` attribute; it is used by\n"
+        "    type checkers.  They are used to report the error.\n"
+        '    """\n'
+        "    return f\n")
+    parts = split(source, "code", words, target=1, limit=50)
+    check_locations(source, parts)
+    assert {p.heading for p in parts} == {
+        ("class ArgumentParser(_AttributeHolder, _ActionsContainer):",),
+        ("class ArgumentParser(_AttributeHolder, _ActionsContainer):",
+         "def parse_known_args(self, args=None, namespace=None):"),
+        ("def final(f):",)}
+    schema = ("$schema: http://json-schema.org/draft-07/schema#\n"
+              "type: object\nproperties:\n  namespace:\n    type: string\n\n"
+              "  module:\n    type: object\n    # define an override of the request\n"
+              "    description: The module the class is in.\n\n  enum:\n    - fn\n")
+    assert {p.heading for p in split(schema, "code", words, target=1, limit=50)} == {()}
+    # Definitions in other languages keep theirs.
+    other = ("impl<T: Display> Wrapper<T> {\n    pub(crate) fn show(&self) {}\n}\n\n"
+             "func (s *Server) Serve(l net.Listener) error {\n}\n\n"
+             "export default class Widget extends Base {\n}\n\n"
+             "type Point = { x: number };\n\n"
+             "struct ind {\n    int fd;\n};\n\n"
+             "int main(int argc, char **argv)\n{\n    struct ind *me = (struct ind *)in;\n}\n")
+    assert [p.heading[-1] for p in split(other, "code", words, target=1, limit=50)
+            if p.heading] == [
+        "impl<T: Display> Wrapper<T> {", "pub(crate) fn show(&self) {}",
+        "func (s *Server) Serve(l net.Listener) error {",
+        "export default class Widget extends Base {", "type Point = { x: number };",
+        "struct ind {", "int main(int argc, char **argv)"]  # (its variable is none)
+
+
+
+def test_a_c_headers_tables_stay_whole_and_its_functions_are_definitions():
+    # sqlite3.h: each #define began a passage of its own (54 passages under 40 tokens), and
+    # its functions, declared a line each, were never definitions to cite.
+    header = (
+        "/*\n** CAPI3REF: Flags For File Open Operations\n**\n"
+        "** These bit values are intended for use in the\n** 3rd parameter to the "
+        "[sqlite3_open_v2()] interface.\n*/\n"
+        + "".join(f"#define SQLITE_OPEN_{name:<16} 0x{1 << i:08X}  /* Ok for "
+                  "sqlite3_open_v2() */\n"
+                  for i, name in enumerate(["READONLY", "READWRITE", "CREATE", "URI",
+                                            "MEMORY", "NOMUTEX"]))
+        + "\n/* Reserved:                         0x00F00000 */\n/* Legacy compatibility: */\n"
+        "#define SQLITE_OPEN_MASTER_JOURNAL   0x00004000  /* VFS only */\n\n"
+        "/*\n** CAPI3REF: Set A Busy Timeout\n** METHOD: sqlite3\n**\n"
+        "** ^This routine sets a [sqlite3_busy_handler | busy handler] that sleeps\n"
+        "** when a table is locked.\n*/\n"
+        "SQLITE_API int sqlite3_busy_timeout(sqlite3*, int ms);\n\n"
+        "/*\n** CAPI3REF: Initialize The SQLite Library\n**\n"
+        "** ^The sqlite3_initialize() routine initializes the SQLite library.\n*/\n"
+        "SQLITE_API int sqlite3_initialize(void);\nSQLITE_API int sqlite3_shutdown(void);\n"
+        "SQLITE_API void *sqlite3_wal_hook(\n  sqlite3*,\n"
+        "  int(*)(void *,sqlite3*,const char*,int),\n  void*\n);\n")
+    parts = split(header, "code", words, target=100, limit=200)
+    check_locations(header, parts)
+    table = [p for p in parts if "#define SQLITE_OPEN" in p.text]
+    assert len(table) == 1 and "CAPI3REF: Flags" in table[0].text
+    assert "SQLITE_OPEN_MASTER_JOURNAL" in table[0].text
+    assert table[0].heading == ("#define SQLITE_OPEN_READONLY         0x00000001  /* Ok for "
+                                "sqlite3_open_v2() */",)
+    busy = next(p for p in parts if "sqlite3_busy_timeout(" in p.text)
+    assert busy.heading == ("SQLITE_API int sqlite3_busy_timeout(sqlite3*, int ms);",)
+    assert busy.text.startswith("/*\n** CAPI3REF: Set A Busy Timeout")
+    init = next(p for p in parts if "sqlite3_initialize(void)" in p.text)
+    assert init.heading == ("SQLITE_API int sqlite3_initialize(void);",)
+    assert "sqlite3_wal_hook" in init.text  # one declaration after another: one table
+
+
+
 @pytest.mark.parametrize("name, kind", [("notes.txt", "text"), ("tool.py", "code")])
 def test_a_passages_lines_are_the_files_though_its_blank_runs_are_collapsed(tmp_path, name,
                                                                              kind):

@@ -2,7 +2,8 @@
 
 `split` cuts a document's text into passages of a few hundred tokens on its own boundaries
 (paragraphs and headings of prose and Markdown, pages of a PDF, definitions in code), each
-with its location (characters, lines, page, heading path); `records` reads tables and JSON as
+with its location (characters, lines, page, heading path), `code_lines` telling it which
+lines of code open a definition; `records` reads tables and JSON as
 one record a line, each value next to its column or key, so that a passage cut from their
 middle still says what its values are; `embed` turns texts into
 L2-normalised vectors with a static embedding model that ships inside its wheel (nothing is

@@ -23,6 +23,8 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from .code_lines import Strings, declaration, definition
+
 # A small model reads the fact it is asked for better in a passage of ~130 tokens than of
 # ~250 (the target's 160 against 320: RESULTS.md, "Passage size and distraction"), for about
 # twice the passages and a sixth more KV tokens per MB of text (each passage's KV holds its
@@ -62,17 +64,6 @@ class _Unit:
 _ATX = re.compile(r"^(#{1,6})[ \t]+(.+?)[ \t#]*$")
 _UNDERLINE = re.compile(r"^(=+|-+|~+|\^+|\*+)[ \t]*$")
 _FENCE = re.compile(r"^[ \t]*(```|~~~)")
-# The first line of a definition in the common languages (decorators and comments just above
-# it join it: _code_units). A keyword followed by a word in lower case and more words, in a
-# line with no bracket, brace, "=" or ";", is a docstring's or a comment's prose ("function
-# in a row, each decorated...", "type of the value"), not a definition ("type server struct
-# {" is one, and Elixir's "def hello do").
-_DEFINITION = re.compile(
-    r"^[ \t]*(?:export\s+|pub(?:\([^)]*\))?\s+|public\s+|private\s+|protected\s+|"
-    r"static\s+|async\s+|abstract\s+|final\s+|inline\s+)*"
-    r"(?:(?:def|class|function|func|fn|impl|struct|enum|trait|interface|module|type|"
-    r"namespace|sub|proc|procedure)\b(?![ \t]+[a-z]+[ \t]+(?!do\s*$)[^\s(\[{=;][^(\[{=;\n]*$)"
-    r"|(?:typedef|template|macro_rules!|#define)\b)")
 
 
 def split(text: str, kind: str, count_tokens: CountFn, *,
@@ -231,9 +222,11 @@ def _underlines(line: str, title: tuple[int, int] | None, text: str) -> bool:
 
 
 def _code_units(text: str) -> list[_Unit]:
-    """Runs of lines between blank lines, a definition (with the comments and decorators
-    just above it) opening a unit of its own, under the definitions enclosing it; a
-    statement back at the top level ends them."""
+    """Runs of lines between blank lines, a definition (`code_lines.definition`, with the
+    comments and decorators just above it) opening a unit of its own, under the definitions
+    enclosing it; a statement back at the top level ends them. One-line declarations in a
+    row (#defines, signatures) stay one unit under the first; a triple-quoted string's lines
+    are text (a docstring's "class Leaf:" is no definition)."""
     units: list[_Unit] = []
     stack: list[tuple[int, str]] = []  # (indent, first line) of the enclosing definitions
     run: list[tuple[int, int]] = []
@@ -248,15 +241,22 @@ def _code_units(text: str) -> list[_Unit]:
             units.append(_Unit(spans[0][0], spans[-1][1], heading, None, opens))
         run, lead = [], []
 
+    strings = Strings()
+    table: tuple[int, str] | None = None  # (indent, kind) of the declarations in a row
     for start, end in _line_spans(text):
         line = text[start:end]
         stripped = line.strip()
+        quoted = strings.inside(line)  # a string's text: no definition, comment or statement
         if not stripped:
             flush()
             heading, opens = tuple(t for _, t in stack), False
             continue
         indent = len(line) - len(line.lstrip())
-        if _DEFINITION.match(line):
+        kind = None if quoted else declaration(line)
+        if kind and table == (indent, kind) and len(lead) <= 2:
+            run += [*lead, (start, end)]  # a table of them, a one-line comment or two in it
+            lead = []
+        elif not quoted and definition(line):
             pending = lead
             lead = []
             flush()
@@ -264,15 +264,19 @@ def _code_units(text: str) -> list[_Unit]:
                 stack.pop()
             stack.append((indent, stripped[:80]))
             run, heading, opens = [*pending, (start, end)], tuple(t for _, t in stack), True
-        elif stripped.startswith(("@", "#", "//", "/*", "*", "--")):
+            table = (indent, kind) if kind else None
+        elif not quoted and stripped.startswith(("@", "#", "//", "/*", "*", "--")):
             lead.append((start, end))
         else:
-            if indent == 0 and stack and not stripped.startswith((")", "}", "]", "{")):
+            if not quoted and indent == 0 and stack and \
+                    not stripped.startswith((")", "}", "]", "{")):
                 flush()  # back at the top level, outside any definition
                 stack.clear()
                 heading, opens = (), True
             run += [*lead, (start, end)]
             lead = []
+            if table and indent <= table[0]:  # (not a declaration's next lines)
+                table = None
     flush()
     return units
 
