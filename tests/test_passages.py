@@ -283,6 +283,31 @@ def test_a_line_beginning_with_a_keyword_is_no_definition_unless_a_name_follows(
         "struct ind {", "int main(int argc, char **argv)"]  # (its variable is none)
 
 
+def test_a_small_definition_sharing_a_passage_does_not_name_the_next_one():
+    # logging: "def getLevelName" and half its docstring sat in a passage cited under the
+    # two-line "def getLevelNamesMapping():" before it.
+    source = (
+        "def getLevelNamesMapping():\n    return _nameToLevel.copy()\n\n"
+        "def getLevelName(level):\n"
+        '    """\n'
+        "    Return the textual or numeric representation of logging level 'level'.\n\n"
+        "    If the level is one of the predefined levels (CRITICAL, ERROR, WARNING,\n"
+        "    INFO, DEBUG) then you get the corresponding string. If you have\n"
+        "    associated levels with names using addLevelName then the name you have\n"
+        "    associated with 'level' is returned.\n\n"
+        "    If a numeric value corresponding to one of the defined levels is passed\n"
+        "    in, the corresponding string representation is returned.\n"
+        '    """\n'
+        "    result = _levelToName.get(level)\n"
+        "    if result is not None:\n"
+        "        return result\n"
+        "    return \"Level %s\" % level\n")
+    parts = split(source, "code", words, target=60, limit=120)
+    check_locations(source, parts)
+    named = next(p for p in parts if "def getLevelName(level)" in p.text)
+    assert named.heading == ("def getLevelName(level):",)
+    assert all(p.heading == ("def getLevelName(level):",) for p in parts)
+
 
 def test_a_c_headers_tables_stay_whole_and_its_functions_are_definitions():
     # sqlite3.h: each #define began a passage of its own (54 passages under 40 tokens), and

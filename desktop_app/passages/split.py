@@ -8,8 +8,8 @@ starts a section, a definition or a page starts a new passage (a page always; a 
 the passage holds a quarter of the target, so a run of tiny sections is not a run of tiny
 passages), and a unit longer than `limit` tokens is cut at lines, then sentences, then
 words. A passage begun inside a section ends where the next one starts; one that spans
-sections (tiny ones in a row) is cited under the heading where it starts. A passage's text
-is exactly `text[start:end]` of the document.
+sections (tiny ones in a row) is cited under the heading where it starts (code: under the
+definition most of it is). A passage's text is exactly `text[start:end]` of the document.
 
 Tokens are counted with the caller's `count_tokens` (the model's tokenizer), once per unit;
 a passage's count is the sum over its units (within a token or two of tokenizing it whole).
@@ -89,7 +89,7 @@ def split(text: str, kind: str, count_tokens: CountFn, *,
     if pages:
         units = _on_pages(units, pages)
     lines = _Lines(text, line_numbers)
-    return _pack(text, units, count_tokens, target, limit, lines)
+    return _pack(text, units, count_tokens, target, limit, lines, most=kind == "code")
 
 
 def file_lines(text: str, line_numbers: Sequence[int],
@@ -300,7 +300,10 @@ def _on_pages(units: list[_Unit], pages: Sequence[tuple[int, int]]) -> list[_Uni
 
 
 def _pack(text: str, units: list[_Unit], count: CountFn, target: int, limit: int,
-          lines: _Lines) -> list[Passage]:
+          lines: _Lines, most: bool = False) -> list[Passage]:
+    """Units packed into passages; each cited under the heading where its text starts, or
+    with `most` (code) under the definition that most of it is (a small one and the start
+    of the next share a passage under the one it is more of)."""
     passages: list[Passage] = []
     group: list[tuple[_Unit, int, int, int]] = []  # (unit, start, end, tokens)
     size = 0
@@ -324,7 +327,8 @@ def _pack(text: str, units: list[_Unit], count: CountFn, target: int, limit: int
             # next section joined it (a run of tiny sections), not a title and chapter heading
             # above that text; a document's untitled first lines under the section most of it is.
             first = next((u for u, _, _, _ in group if not u.title_only), group[0][0])
-            heading = first.heading or max(under, key=under.get)
+            heading = max(under, key=under.get) if most or not first.heading else \
+                first.heading
             passages.append(Passage(len(passages), text[start:end], start, end,
                                     first.page, (lines.of(start), lines.of(end - 1)),
                                     heading, size))
