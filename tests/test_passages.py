@@ -346,6 +346,18 @@ def test_a_c_headers_tables_stay_whole_and_its_functions_are_definitions():
     assert "sqlite3_wal_hook" in init.text  # one declaration after another: one table
 
 
+def test_a_restructuredtext_title_with_an_overline_is_a_heading():
+    # Sphinx's usual document title; "Changelog" was no heading, its sections under nothing.
+    text = ("=========\nChangelog\n=========\n\n.. attention::\n\n    Major and minor "
+            "releases of pip also include changes.\n\n"
+            "23.0 (2023-01-30)\n=================\n\nFeatures\n--------\n\n"
+            "- Change the hashing algorithm.\n\n"
+            "Bug Fixes\n---------\n\n- Fix the wheel cache.\n")
+    headings = [p.heading for p in split(text, "text", words, target=4, limit=40)]
+    assert headings[0] == ("Changelog",)
+    assert ("Changelog", "23.0 (2023-01-30)", "Features") in headings
+    assert ("Changelog", "23.0 (2023-01-30)", "Bug Fixes") in headings
+
 
 @pytest.mark.parametrize("name, kind", [("notes.txt", "text"), ("tool.py", "code")])
 def test_a_passages_lines_are_the_files_though_its_blank_runs_are_collapsed(tmp_path, name,

@@ -150,10 +150,20 @@ def _prose_units(text: str, *, markdown: bool, hashes: bool = True, setext: bool
             opens = False
         para = []
 
-    def under_title() -> tuple[int, int] | None:
+    def under_title(line: str = "") -> tuple[int, int] | None:
         """The line an underline would make a title: one alone, or right under headings
-        ("Guide / ===== / Part 0 / ------")."""
-        return para[-1] if para and all(s in heads for s, _ in para[:-1]) else None
+        ("Guide / ===== / Part 0 / ------"), or under its overline (`overline`)."""
+        return para[-1] if para and (all(s in heads for s, _ in para[:-1]) or
+                                     overline(line)) else None
+
+    def overline(line: str) -> tuple[int, int] | None:
+        """The line of the same marks over the title this `line` underlines, if any
+        (reStructuredText's document title: "=====", "Title", "=====")."""
+        if setext or len(para) < 2 or not all(s in heads for s, _ in para[:-2]):
+            return None
+        over = text[para[-2][0]:para[-2][1]].strip()
+        return para[-2] if (line.strip()[:1] == over[:1] and _UNDERLINE.match(over)
+                            and para[-2][0] not in heads) else None
 
     def enter(level: int, title: str) -> None:
         nonlocal opens
@@ -196,16 +206,18 @@ def _prose_units(text: str, *, markdown: bool, hashes: bool = True, setext: bool
             enter(len(atx.group(1)), atx.group(2).strip())
             para, titled = [(start, end)], True
             heads.add(start)
-        elif under and under_title() is not None and len(line.strip()) >= 3 and \
+        elif under and under_title(line) is not None and len(line.strip()) >= 3 and \
                 len(text[para[-1][0]:para[-1][1]].strip()) <= 120:
-            mark = line.strip()[0]
+            over = overline(line)
+            mark = line.strip()[0] * (2 if over else 1)  # (overlined: a style of its own)
             if mark not in underline_levels:
                 underline_levels.append(mark)
             title_span = para.pop()
+            spans = [para.pop(), title_span] if over else [title_span]
             flush()
             enter(underline_levels.index(mark) + 1, text[title_span[0]:title_span[1]].strip())
-            para, titled = [title_span, (start, end)], True
-            heads.update((title_span[0], start))
+            para, titled = [*spans, (start, end)], True
+            heads.update((*(s for s, _ in spans), start))
         else:
             para.append((start, end))
     flush()
