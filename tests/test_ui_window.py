@@ -281,6 +281,19 @@ def test_attaching_several_files_shows_progress_and_clear_errors(qtbot, window, 
     assert [titles[i] for i in window.doc_list.checked_ids()] == ["a.txt", "long.txt"]
 
 
+def test_attaches_that_fail_at_once_each_end_with_their_error(qtbot, window, tmp_path):
+    """A job's signals are connected before it runs: one that fails within microseconds
+    (an unsupported file) still reaches its row."""
+    (tmp_path / "pic.png").write_bytes(b"\x89PNG")
+    done = []
+    window.attach_done.connect(done.append)
+    for _ in range(12):
+        window.attach_files([str(tmp_path / "pic.png")])
+    qtbot.waitUntil(lambda: len(done) == 12, timeout=10000)
+    rows = [window.doc_list.rows.itemAt(i).widget() for i in range(12)]
+    assert all("this is a PNG image" in row.phase.text() for row in rows)
+
+
 def test_cancelling_an_attach(qtbot, window, engine, tmp_path):
     engine.step_s = 0.05
     window.attach_files([text_file(tmp_path, "a.txt")])

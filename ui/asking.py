@@ -187,13 +187,11 @@ class AskingMixin:
             self._generation_over(None)
 
         self.chat_view.begin_answer()
-        job = self.runner.start("chat", work, finished=finished,
-                                failed=lambda msg: ended(msg, error=True))
-        job.signals.token.connect(token)
-        job.signals.restored.connect(lambda report: self._reopened(self.answer_serial, report))
-        job.signals.progress.connect(
-            lambda p: self._show_progress(self.answer_serial, p, answer=True))
-        job.signals.cancelled.connect(lambda: ended("stopped"))
+        job = self.runner.start(
+            "chat", work, finished=finished, failed=lambda msg: ended(msg, error=True),
+            token=token, restored=lambda report: self._reopened(self.answer_serial, report),
+            progress=lambda p: self._show_progress(self.answer_serial, p, answer=True),
+            cancelled=lambda: ended("stopped"))
         self.generation = job
         self.send_button.setText("Stop")
         self.send_button.setToolTip("Stop the answer  (Esc)")

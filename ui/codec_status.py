@@ -154,9 +154,8 @@ class CodecMixin:
         engine = self.engine
         job = self.runner.start("calibrate", lambda job: engine.calibrate(
             progress=job.signals.progress.emit, cancel=job.cancel),
-            finished=self._calibrated, failed=self._calibration_failed)
-        job.signals.progress.connect(self.calibration_bar.show_progress)
-        job.signals.cancelled.connect(self._calibration_cancelled)
+            finished=self._calibrated, failed=self._calibration_failed,
+            progress=self.calibration_bar.show_progress, cancelled=self._calibration_cancelled)
         self.calibration_job = job
         self.calibration_bar.begin()
         self.calibrate_action.setEnabled(False)

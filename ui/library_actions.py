@@ -57,11 +57,6 @@ class LibraryMixin:
         """`work` on the attach lane, shown as a progress row that can be cancelled; `joins`:
         the document joins the new chat being started."""
         row = self.doc_list.add_row(title, self.colors.error)
-        job = self.runner.start("attach", work)
-
-        def cancel() -> None:
-            job.cancel.set()
-            row.phase.setText("cancelling…")
 
         def finished(result: AttachResult) -> None:
             row.deleteLater()
@@ -84,11 +79,14 @@ class LibraryMixin:
             row.deleteLater()
             self.attach_done.emit("cancelled")
 
+        job = self.runner.start("attach", work, finished=finished, failed=failed,
+                                progress=row.show_progress, cancelled=cancelled)
+
+        def cancel() -> None:
+            job.cancel.set()
+            row.phase.setText("cancelling…")
+
         row.cancel_clicked.connect(cancel)
-        job.signals.progress.connect(row.show_progress)
-        job.signals.finished.connect(finished)
-        job.signals.failed.connect(failed)
-        job.signals.cancelled.connect(cancelled)
 
     def dragEnterEvent(self, event: QDragEnterEvent) -> None:
         if self.engine is not None and any(u.isLocalFile() for u in event.mimeData().urls()):

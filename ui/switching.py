@@ -86,10 +86,9 @@ class SwitchingMixin:
         level = self.quality.level()
         job = self.runner.start("chat", lambda job: self.engine.reopen(
             chat_id, restore=RestoreOptions(level=level), progress=job.signals.progress.emit,
-            cancel=job.cancel))
-        job.signals.progress.connect(lambda p: self._show_progress(serial, p))
-        job.signals.finished.connect(lambda report: self._reopened(serial, report))
-        job.signals.failed.connect(lambda msg: self._failed_in_view(serial, msg))
+            cancel=job.cancel), progress=lambda p: self._show_progress(serial, p),
+            finished=lambda report: self._reopened(serial, report),
+            failed=lambda msg: self._failed_in_view(serial, msg))
         self.reopen_job = job
 
     def _failed_in_view(self, serial: int, message: str) -> None:

@@ -81,13 +81,15 @@ class Runner(QObject):
 
     def start(self, lane: str, work: Callable[[Job], object], *,
               finished: Callable[[object], None] | None = None,
-              failed: Callable[[str], None] | None = None) -> Job:
+              failed: Callable[[str], None] | None = None, **signals: Callable) -> Job:
+        """Run `work` on `lane`, its `finished`, `failed` and other `JobSignals` (`progress=`,
+        `token=`, `cancelled=`...) connected first: a job that fails at once emits before a
+        connection made after this returns, and its result would be lost."""
         job = Job(work)
         job.setAutoDelete(False)  # Python owns it (self.active), not the pool
-        if finished is not None:
-            job.signals.finished.connect(finished)
-        if failed is not None:
-            job.signals.failed.connect(failed)
+        for name, slot in {"finished": finished, "failed": failed, **signals}.items():
+            if slot is not None:
+                getattr(job.signals, name).connect(slot)
         job.signals.done.connect(lambda: self.active.discard(job))
         self.active.add(job)
         self.pools[lane].start(job)
