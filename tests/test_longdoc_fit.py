@@ -81,6 +81,8 @@ def test_documents_that_do_not_fit_together_are_read_from_passages_beside_one_re
     # Any two fit the context together: read whole, blended as before.
     pair = eng.ask("How deep is the Brindle well?", doc_ids=ids[:2], generation=GREEDY)
     assert pair.sources == [] and not any(eng.store.passages(d) for d in ids)
+    # A question still being typed is not computed ahead over a layout its sending changes.
+    assert eng.prepare("What colour is the Corvale", doc_ids=ids) is None
     three = eng.ask("What colour is the Corvale banner?", doc_ids=ids, generation=GREEDY)
     assert not any("not read in this chat" in m or "only its first" in m
                    for m in three.messages), three.messages

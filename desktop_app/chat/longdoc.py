@@ -82,6 +82,12 @@ class LongDocs:
         """Whether a chat over `docs` is answered from passages (one of them is split)."""
         return bool(self._split(docs))
 
+    def draft_waits(self, rt: Runtime, chat_id: int | None, docs: Sequence[Document]) -> bool:
+        """Whether a question typed in chat `chat_id` over `docs` is not computed ahead as a
+        draft: a new chat over passages retrieves them for the question it asks, and a chat
+        whose next question keeps a document as passages is laid out anew then."""
+        return chat_id is None and self.applies(docs) or bool(self.readings.unsplit(rt, docs))
+
     def _absent(self, split: Sequence[int], wholes: Sequence[tuple[int, str]],
                 question: str) -> list[str]:
         """The names `question` writes that no passage of the documents `split` holds, nor

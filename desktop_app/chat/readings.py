@@ -56,15 +56,16 @@ class Readings:
         """Keep as passages each document of a chat over `docs` that it cannot read whole and
         that has none yet; notes for the user."""
         return [self._note(rt, d, docs, f"kept as {self._splitter(rt, d)} passages too")
-                for d in self._unsplit(rt, docs)]
+                for d in self.unsplit(rt, docs)]
 
     def pending(self, rt: Runtime, docs: Sequence[Document]) -> list[str]:
         """What a new chat over `docs` will say of the documents its first question keeps as
         passages (`split_where_needed`), said before it is asked."""
         return [self._note(rt, d, docs, "it will be kept as passages too")
-                for d in self._unsplit(rt, docs)]
+                for d in self.unsplit(rt, docs)]
 
-    def _unsplit(self, rt: Runtime, docs: Sequence[Document]) -> list[Document]:
+    def unsplit(self, rt: Runtime, docs: Sequence[Document]) -> list[Document]:
+        """The documents of a chat over `docs` that its next question keeps as passages."""
         if not self.enabled or not docs:
             return []
         counts = self.store.passage_counts()

@@ -321,8 +321,8 @@ class ChatSession:
             self.contexts.warm_up()  # its kernels load while the model does
             rt = self.runtime
             docs = self._documents(chat_id, doc_ids)
-            if chat_id is None and self.longdocs.applies(docs):
-                return None  # its passages are retrieved for the question it asks
+            if self.longdocs.draft_waits(rt, chat_id, docs):
+                return None  # (its passages are retrieved for the question it asks)
             msgs, context, _ = self._context(rt, chat_id, docs)
             # The draft is computed as if sent now, template tokens included: sent unchanged,
             # its first token comes at once; edited, the context is cut back to what matches.
