@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from store import DEFAULT_CHUNK_SIZE, RemoteTier, Store
+from store import DEFAULT_CHUNK_SIZE, Document, RemoteTier, Store
 
 from .calibration import runs
 from .calibration.calibrations import Calibrations, summary
@@ -74,26 +74,15 @@ from .settings import DEFAULT_BLEND_FRACTION
 
 
 class Engine:
-    def __init__(
-        self,
-        store: Store,
-        runtime_factory: Callable[[], Runtime],
-        *,
-        model_path: str = "",
-        levels: Sequence[str] = DEFAULT_LEVELS,
-        chunk_tokens: int = DEFAULT_CHUNK_SIZE,
-        reserve_tokens: int | None = None,
-        default_budget_ms: float | None = None,
-        remote: RemoteTier | None = None,
-        auto_push: bool = False,
-        auto_pull: bool = True,
-        min_cache_tokens: int = 1024,
-        blend_fraction: float = DEFAULT_BLEND_FRACTION,
-        generation_defaults: GenerationOptions = GenerationOptions(),
-        passage_level: str = DEFAULT_PASSAGE_LEVEL,
-        fill_passages: bool = True,
-        background: bool = True,
-    ):
+    def __init__(self, store: Store, runtime_factory: Callable[[], Runtime], *,
+                 model_path: str = "", levels: Sequence[str] = DEFAULT_LEVELS,
+                 chunk_tokens: int = DEFAULT_CHUNK_SIZE, reserve_tokens: int | None = None,
+                 default_budget_ms: float | None = None, remote: RemoteTier | None = None,
+                 auto_push: bool = False, auto_pull: bool = True, min_cache_tokens: int = 1024,
+                 blend_fraction: float = DEFAULT_BLEND_FRACTION,
+                 generation_defaults: GenerationOptions = GenerationOptions(),
+                 passage_level: str = DEFAULT_PASSAGE_LEVEL, fill_passages: bool = True,
+                 background: bool = True):
         check_levels(levels)
         self.store = store
         self._levels = tuple(quality_order(levels))
@@ -117,7 +106,7 @@ class Engine:
                                  self.speeds, self.retriever.index)
         passage_kv = PassageKV(store, kv, self.sharing, passage_level)
         longdocs = LongDocs(store, self.library, self.prompter, passage_kv, self.retriever,
-                            self.contexts.loaded, self.attacher.split_stored)
+                            self.contexts.loaded, self._split_stored)
         self.session = ChatSession(store, self.contexts, self.library, kv, self.sharing,
                                    self.prompter, self.speeds, levels=self._levels,
                                    chunk_tokens=chunk_tokens, default_budget_ms=default_budget_ms,
@@ -283,6 +272,14 @@ class Engine:
         return replace(result, warnings=[*result.warnings, *kept_at,
                                          *self.library.earlier_versions(result.doc_id)])
 
+    def _split_stored(self, rt: Runtime, doc: Document) -> int:
+        """A document attached whole kept as passages too (`readings`), their KV then computed
+        in the background as a long document's are."""
+        count = self.attacher.split_stored(rt, doc)
+        if self._long_running:
+            self.passage_fill.request(doc.id)
+        return count
+
     def prefill(self, doc_id: int, *, levels: Sequence[str] | None = None,
                 progress: ProgressFn | None = None,
                 cancel: threading.Event | None = None) -> AttachResult:
@@ -362,8 +359,8 @@ class Engine:
             layout = self.prompter.layout(rt, docs)
             tokens = list(layout.tokens)
             longdocs = self.session.longdocs
-            notes = longdocs.unread(docs, rt=rt) if longdocs.applies(docs) else \
-                longdocs.readings.pending(rt, docs) or layout.notes
+            notes = longdocs.readings.pending(rt, docs) or (
+                longdocs.unread(docs, rt=rt) if longdocs.applies(docs) else layout.notes)
         return replace(estimates.estimate(self.store, rt, tokens, self.levels, self.speeds,
                                           parts, self.session.blend_fraction), notes=notes)
 

@@ -123,19 +123,20 @@ def test_documents_the_context_cannot_hold_together_are_kept_as_passages_and_sai
     assert cut.startswith("museum.txt: only its first ") and " tokens are read" in cut
     assert left_out.startswith("tower.txt: not read in this chat")
     # said before asking, as the window does when they are ticked
-    said = engine.estimate(doc_ids=engine.doc_ids).notes
-    assert len(said) == 3 and all("it will be kept as passages too" in n for n in said)
-    assert said[0].startswith("ferry.txt: longer than this chat's context")
+    (said,) = engine.estimate(doc_ids=engine.doc_ids).notes
+    assert said.startswith("ferry.txt, museum.txt and tower.txt: do not fit this chat's ")
+    assert said.endswith("split into passages at this chat's next question, which reads "
+                         "those retrieved for it")
     first_answer = ask(engine, doc_ids=engine.doc_ids)
-    kept = [m for m in first_answer.messages if "passages too" in m]
-    assert len(kept) == 3 and first_answer.sources, first_answer.messages
+    (kept,) = [m for m in first_answer.messages if "split into passages now" in m]
+    assert kept.startswith("ferry.txt, museum.txt and tower.txt:") and first_answer.sources
     assert cut not in first_answer.messages and left_out not in first_answer.messages
     engine.runtime.reset()
     reopened = engine.reopen(first_answer.chat_id).messages
     assert cut not in reopened and left_out not in reopened
     api = engine.complete([{"role": "user", "content": QUESTION}],
                           documents=engine.doc_ids, generation=GREEDY)
-    assert api.sources and not any("passages too" in m for m in api.messages)
+    assert api.sources and not any("split into passages" in m for m in api.messages)
 
 
 def test_deleting_a_later_document_drops_the_chats_cache_and_the_chat_goes_on(engine):

@@ -9,7 +9,7 @@ import pytest
 from desktop_app.engine import Engine
 from desktop_app.model.runtime import Runtime
 from desktop_app.options import GenerationOptions
-from store import Store
+from store import ReadOnlyError, Store
 
 GREEDY = GenerationOptions(max_tokens=8, temperature=0)
 TOPICS = ["harbour", "orchard", "quarry", "observatory", "railway", "glassworks", "mill",
@@ -28,10 +28,10 @@ def text(name: str, fact: str, paragraphs: int = 12) -> str:
 def make_engine(tmp_path, model_path, model_hash):
     engines = []
 
-    def make(n_ctx: int, store: Store | None = None) -> Engine:
+    def make(n_ctx: int, store: Store | None = None, flash_attn: bool = True) -> Engine:
         store = store or engines[0].store
         eng = Engine(store, lambda: Runtime(model_path, model_hash=model_hash, n_ctx=n_ctx,
-                                            flash_attn=True), chunk_tokens=64)
+                                            flash_attn=flash_attn), chunk_tokens=64)
         engines.append(eng)
         return eng
 
@@ -53,21 +53,32 @@ def test_a_document_attached_whole_is_answered_from_passages_under_a_smaller_con
     eng = make_engine(2048, Store(tmp_path / "data"))
     doc = attach(eng, tmp_path, "Tarnby", "The Tarnby ferry token costs nine copper marks.")
     assert not eng.store.passages(doc)  # it fit: attached whole
+    before = eng.ask("Who met there?", doc_ids=[doc], generation=GREEDY).chat_id
     small = make_engine(512)  # (its room: 384 tokens)
+    # A chat reopened before its next question is read cut, and says what that question does.
+    said = small.reopen(before).messages
+    assert any(m.startswith("Tarnby.txt: only its first ") for m in said), said
+    assert "Tarnby.txt: longer than a context of 512 holds beside its questions and answers: " \
+        "split into passages at this chat's next question, which reads those retrieved for " \
+        "it" in said, said
     first = small.ask("What does the Tarnby ferry token cost?", doc_ids=[doc],
                       generation=GREEDY)
-    assert any("kept as" in m and "passages too" in m for m in first.messages), first.messages
+    assert any(m.startswith("Tarnby.txt: longer than a context of 512") and
+               "split into passages now" in m for m in first.messages), first.messages
     assert not any("only its first" in m for m in first.messages), first.messages
     lines = len(text("Tarnby", "x").split("\n"))
     assert first.sources and any(s["lines"][1] == lines for s in first.sources), first.sources
     assert any("copper" in s["text"] for s in first.sources)
     again = small.ask("And who met there?", chat_id=first.chat_id, generation=GREEDY)
-    assert not any("passages too" in m for m in again.messages)  # split once
+    assert not any("split into passages" in m for m in again.messages)  # split once
     # Under the context it was attached under, it is read whole again: its own cache.
     whole = eng.ask("What does the Tarnby ferry token cost?", doc_ids=[doc],
                     generation=GREEDY)
     assert whole.sources == [] and whole.blended is None
     assert whole.recomputed_tokens < 16, whole.recomputed_tokens
+    # and under another model (here: another cache layout), whose context holds it too.
+    other = make_engine(2048, flash_attn=False)
+    assert other.ask("Who met there?", doc_ids=[doc], generation=GREEDY).sources == []
 
 
 def test_documents_that_do_not_fit_together_are_read_from_passages_beside_one_read_whole(
@@ -89,7 +100,9 @@ def test_documents_that_do_not_fit_together_are_read_from_passages_beside_one_re
     assert three.read_whole == [{"document_id": ids[0], "title": "Ashcombe.txt"}]
     split = [d for d in ids if eng.store.passages(d)]
     assert split == ids[1:]
-    assert sum("passages too" in m for m in three.messages) == 2, three.messages
+    (note,) = [m for m in three.messages if "split into passages now" in m]
+    assert note.startswith("Brindle.txt and Corvale.txt: do not fit this chat's context of "
+                           "1,024 beside its other documents"), note
     assert any("banner" in s["text"] and s["document_id"] == ids[2] for s in three.sources)
     # The local API reads them the same way.
     api = eng.complete([{"role": "user", "content": "How deep is the Brindle well?"}],
@@ -99,3 +112,20 @@ def test_documents_that_do_not_fit_together_are_read_from_passages_beside_one_re
     alone = eng.ask("What colour is the Corvale banner?", doc_ids=[ids[2]],
                     generation=GREEDY)
     assert alone.sources == [] and alone.read_whole == []
+
+
+def test_a_store_that_takes_no_writes_reads_the_document_cut_and_says_why(
+        make_engine, tmp_path, monkeypatch):
+    eng = make_engine(2048, Store(tmp_path / "data"))
+    doc = attach(eng, tmp_path, "Tarnby", "The Tarnby ferry token costs nine copper marks.")
+    small = make_engine(512)
+
+    def full(rt, d):
+        raise ReadOnlyError("the disk is full")
+    monkeypatch.setattr(small.attacher, "split_stored", full)
+    answer = small.ask("What does the Tarnby ferry token cost?", doc_ids=[doc],
+                       generation=GREEDY)
+    assert "Tarnby.txt: not split into passages, the store takes no writes (the disk is " \
+        "full): read cut to fit" in answer.messages, answer.messages
+    assert any(m.startswith("Tarnby.txt: only its first ") for m in answer.messages)
+    assert answer.sources == [] and not eng.store.passages(doc)

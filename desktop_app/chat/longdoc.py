@@ -110,7 +110,7 @@ class LongDocs:
         if not self.applies(docs):
             if chat_id is None:  # a new chat's context holds no passages of an earlier one
                 self.offer((), ())
-            return []
+            return split
         history = self.library.history(chat_id) if chat_id is not None else []
         # (Retrieval keeps the last turns of these: follow-ups say "it".)
         turns = self._turns_tokens(rt, chat_id, history) if history else 0
@@ -367,17 +367,29 @@ class LongDocs:
         (None) is over `docs`."""
         if docs is None:
             docs = self.library.chat_documents(chat_id) if chat_id is not None else ()
-        if not self.applies(docs):
+        if not (split := self._split(docs)):
             return None
-        return self.laid_out(rt, self.wholes(rt, docs), self.sources(chat_id))
+        sources = self.sources(chat_id)
+        layout = self.laid_out(rt, self.wholes(rt, docs), sources)
+        if sources:
+            return layout
+        # (a chat whose documents were kept as passages by another chat's question)
+        names = ", ".join(d.title for d in docs if d.id in split)
+        return replace(layout, later=(f"{names}: read from the passages each question "
+                                      "retrieves; none is in this chat's context now",))
 
     def prefix(self, rt: Runtime, chat_id: int | None,
                docs: Sequence[Document] | None = None) -> Layout:
         """A chat's prefix before its turns: its passages (`layout`), else its documents (a
-        chat not created yet (None) is over `docs`)."""
+        chat not created yet (None) is over `docs`), said cut until its next question keeps
+        them as passages (`readings.pending`)."""
         if docs is None:
             docs = self.library.chat_documents(chat_id) if chat_id is not None else ()
-        return self.layout(rt, chat_id, docs) or self.prompter.layout(rt, docs)
+        if (layout := self.layout(rt, chat_id, docs)) is not None:
+            return layout
+        layout = self.prompter.layout(rt, docs)
+        pending = self.readings.pending(rt, docs) if layout.shortened else []
+        return replace(layout, later=tuple(pending)) if pending else layout
 
     def blendable(self, rt: Runtime, chat_id: int | None, tokens: Sequence[int],
                   cancel: threading.Event | None,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from store import Document, Store
+from store import Document, ReadOnlyError, Store
 
 from ..kv.passagekv import PassageKV
 from ..model.prompts import Prompter, passage_layout
@@ -36,6 +36,7 @@ class Readings:
         self._runtime = runtime  # a loaded context: its size decides what fits
         self._splitter = splitter  # keeps a document attached whole as passages too
         self.enabled = enabled  # False: no retrieval, every chat reads its documents whole
+        self._unwritable: set[int] = set()  # documents whose split the store could not take
 
     def parts(self, docs: Sequence[Document], rt: Runtime | None = None
               ) -> tuple[list[int], Wholes]:
@@ -54,15 +55,27 @@ class Readings:
 
     def split_where_needed(self, rt: Runtime, docs: Sequence[Document]) -> list[str]:
         """Keep as passages each document of a chat over `docs` that it cannot read whole and
-        that has none yet; notes for the user."""
-        return [self._note(rt, d, docs, f"kept as {self._splitter(rt, d)} passages too")
-                for d in self.unsplit(rt, docs)]
+        that has none yet; notes for the user. A store that takes no writes (read only,
+        damaged, full) leaves them read as before, cut to fit, said."""
+        todo, counts = self.unsplit(rt, docs), []
+        try:
+            for d in todo:
+                counts.append(self._splitter(rt, d))
+        except ReadOnlyError as e:
+            self._unwritable.update(d.id for d in todo)  # (not said to come at the next one)
+            return [f"{', '.join(d.title for d in todo[len(counts):])}: not split into "
+                    f"passages, the store takes no writes ({e}): read cut to fit"]
+        if not todo:
+            return []
+        return [self._note(rt, todo, docs, f"split into passages now ({_and(map(str, counts))}"
+                           f"), and each question in this chat reads those retrieved for it")]
 
     def pending(self, rt: Runtime, docs: Sequence[Document]) -> list[str]:
-        """What a new chat over `docs` will say of the documents its first question keeps as
-        passages (`split_where_needed`), said before it is asked."""
-        return [self._note(rt, d, docs, "it will be kept as passages too")
-                for d in self.unsplit(rt, docs)]
+        """What a chat over `docs` says before its next question splits its documents
+        (`split_where_needed`): before it is asked, and when it is reopened."""
+        todo = [d for d in self.unsplit(rt, docs) if d.id not in self._unwritable]
+        return [self._note(rt, todo, docs, "split into passages at this chat's next question, "
+                           "which reads those retrieved for it")] if todo else []
 
     def unsplit(self, rt: Runtime, docs: Sequence[Document]) -> list[Document]:
         """The documents of a chat over `docs` that its next question keeps as passages."""
@@ -75,11 +88,13 @@ class Readings:
         return [d for d in docs if d.id not in held and not counts.get(d.id)]
 
     @staticmethod
-    def _note(rt: Runtime, doc: Document, docs: Sequence[Document], what: str) -> str:
-        beside = "beside its other documents and" if len(docs) > 1 else "beside"
-        return (f"{doc.title}: longer than this chat's context of {rt.n_ctx:,} holds {beside} "
-                f"its questions and answers: {what}, and each question in this chat is "
-                "answered from the passages retrieved for it")
+    def _note(rt: Runtime, todo: Sequence[Document], docs: Sequence[Document], what: str) -> str:
+        names = _and(d.title for d in todo)
+        why = (f"longer than a context of {rt.n_ctx:,} holds beside its questions and answers"
+               if len(docs) == 1 else
+               f"{'does' if len(todo) == 1 else 'do'} not fit this chat's context of "
+               f"{rt.n_ctx:,} beside its other documents and its questions and answers")
+        return f"{names}: {why}: {what}"
 
     def _plan(self, rt: Runtime, docs: Sequence[Document], counts: dict[int, int]
               ) -> Wholes | None:
@@ -92,11 +107,14 @@ class Readings:
 
     def _long(self, rt: Runtime, docs: Sequence[Document], counts: dict[int, int]) -> set[int]:
         """Of `docs`, those kept as passages that this context never reads whole: all but the
-        ones attached whole under this model (kept as passages for a chat that could not
-        hold them) that fit its room."""
+        ones attached whole (kept as passages for a chat that could not hold them) that fit
+        its room, counted under this model, else as attached."""
         room, attached = self.prompter.room(rt), self.store.document_tokens(rt.fingerprint)
-        return {d.id for d in docs if counts.get(d.id)
-                and not (attached.get(d.id, (0, 0))[1] > 0 and attached[d.id][0] <= room)}
+
+        def long(d: Document) -> bool:  # (no record: attached under another model)
+            tokens, kept = attached.get(d.id, (d.n_tokens, None))
+            return kept == 0 or tokens is None or tokens > room
+        return {d.id for d in docs if counts.get(d.id) and long(d)}
 
     def _wholes(self, rt: Runtime, docs: Sequence[Document]) -> Wholes:
         """Of `docs`, in order, those that fit half the room together, as the parts read
@@ -111,3 +129,8 @@ class Readings:
                 out.append((d.id, text))
                 used += cost
         return out
+
+
+def _and(items) -> str:
+    items = list(items)
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"

@@ -152,18 +152,19 @@ class Layout:
     # (title, tokens kept, tokens in all) of each document the context could not hold whole:
     # cut, or left out (none kept)
     shortened: tuple[tuple[str, int, int], ...] = ()
+    later: tuple[str, ...] = ()  # what else is said of how the documents are read
 
     @property
     def notes(self) -> list[str]:
         """What the user is told of the documents cut or left out (said with each answer and
-        reopen of the chat, and with each request of the local API)."""
-        return [f"{title}: not read in this chat, no room is left for it in the context "
+        reopen of the chat, and with each request of the local API), then `later`."""
+        return [*(f"{title}: not read in this chat, no room is left for it in the context "
                 "beside the documents before it (ask about it in a chat of its own)"
                 if not kept else
                 f"{title}: only its first {kept:,} of {total:,} tokens are read in this "
                 "chat, the rest does not fit the context (a larger context in the settings "
                 "reads more of it)"
-                for title, kept, total in self.shortened]
+                for title, kept, total in self.shortened), *self.later]
 
 
 def chat_prefix(tpl: Template, first: Prefix, more: Sequence[tuple[str, str]],
