@@ -294,6 +294,37 @@ def test_attaches_that_fail_at_once_each_end_with_their_error(qtbot, window, tmp
     assert all("this is a PNG image" in row.phase.text() for row in rows)
 
 
+def test_failed_attaches_scroll_show_their_whole_error_and_clear_at_once(qtbot, window,
+                                                                          engine, tmp_path):
+    """However many fail, the window keeps its size and the lists their room; each row is as
+    tall as its wrapped error; "Clear N failed" dismisses them all."""
+    window.show()
+    size = window.size()
+    why = ("bad.pdf: the file cannot be read as a PDF: it does not begin as a PDF does, so it "
+           "may be damaged or another kind of file renamed; attach the original again")
+    (tmp_path / "bad.pdf").write_text("x")
+    done = []
+    window.attach_done.connect(done.append)
+    for n in range(1, 13):  # (one at a time: each fails once)
+        engine.fail_next["attach"] = RuntimeStateError(why)
+        window.attach_files([str(tmp_path / "bad.pdf")])
+        qtbot.waitUntil(lambda n=n: len(done) == n, timeout=5000)
+    rows = [window.doc_list.rows.itemAt(i).widget() for i in range(12)]
+    assert [row.phase.text() for row in rows] == [why] * 12
+    # (once laid out: each label as tall as its text wrapped at its width)
+    qtbot.waitUntil(lambda: all(row.phase.height() >= row.phase.heightForWidth(
+        row.phase.width()) > 2 * row.fontMetrics().height() for row in rows), timeout=3000)
+    side = window.doc_list.parentWidget()
+    assert window.size() == size
+    assert window.doc_list.rows_area.height() <= side.height() // 3 + 1
+    assert window.doc_list.list.height() >= 80 and window.chat_list.tree.height() >= 80
+    clear = window.doc_list.clear_button
+    assert clear.isVisible() and clear.text() == "Clear 12 failed"
+    clear.click()
+    assert window.doc_list.attach_rows() == [] and not window.doc_list.rows_area.isVisible()
+    assert not clear.isVisible()
+
+
 def test_cancelling_an_attach(qtbot, window, engine, tmp_path):
     engine.step_s = 0.05
     window.attach_files([text_file(tmp_path, "a.txt")])

@@ -59,7 +59,7 @@ class LibraryMixin:
         row = self.doc_list.add_row(title, self.colors.error)
 
         def finished(result: AttachResult) -> None:
-            row.deleteLater()
+            self.doc_list.remove_row(row)
             notices = attach_notices(result)
             self.statusBar().showMessage(
                 "; ".join(notices)
@@ -76,7 +76,7 @@ class LibraryMixin:
             self.attach_done.emit(message)
 
         def cancelled() -> None:
-            row.deleteLater()
+            self.doc_list.remove_row(row)
             self.attach_done.emit("cancelled")
 
         job = self.runner.start("attach", work, finished=finished, failed=failed,

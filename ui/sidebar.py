@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QSize, Qt, Signal
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
@@ -20,6 +20,8 @@ from PySide6.QtWidgets import (
     QListWidgetItem,
     QMenu,
     QProgressBar,
+    QScrollArea,
+    QSizePolicy,
     QToolButton,
     QTreeWidget,
     QTreeWidgetItem,
@@ -182,14 +184,16 @@ class AttachRow(QFrame):
 
     cancel_clicked = Signal()
     dismissed = Signal()
+    failed = Signal()
 
     def __init__(self, title: str, error_color: str, parent: QWidget | None = None):
         super().__init__(parent)
         self.setFrameShape(QFrame.Shape.StyledPanel)
         self.title = QLabel(shortened(title, 60), toolTip=title, minimumWidth=1)
         self.title.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.phase = QLabel("waiting…")
-        self.phase.setWordWrap(True)
+        self.phase = QLabel("waiting…", minimumWidth=1)
+        self.phase.setWordWrap(True)  # (its row is as tall as its wrapped text: rows scroll)
+        self.error = ""  # why it failed, once it has
         self._note = ""
         self.bar = QProgressBar(maximum=100, textVisible=False, maximumHeight=6)
         self.button = QToolButton(text="✕", autoRaise=True, toolTip="Cancel")
@@ -219,12 +223,44 @@ class AttachRow(QFrame):
         self.bar.setValue(percent)
 
     def show_error(self, message: str) -> None:
+        self.error = message
         self.bar.hide()
         self.phase.setText(message)
         self.phase.setStyleSheet(f"color: {self._error_color}")
+        self.phase.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.button.setToolTip("Dismiss")
         self.button.clicked.disconnect()
         self.button.clicked.connect(self.dismissed)
+        self.failed.emit()
+
+
+class RowsArea(QScrollArea):
+    """The attach rows, scrolling: as tall as they are, up to a third of the sidebar, so that
+    however many there are the window never grows and the lists keep their room."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent, widgetResizable=True, frameShape=QFrame.Shape.NoFrame)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Maximum)
+        self.setWidget(QWidget())
+        self.rows = QVBoxLayout(self.widget())
+        self.rows.setContentsMargins(0, 0, 0, 0)
+        self.rows.setSpacing(4)
+
+    def sizeHint(self) -> QSize:
+        inner = self.widget()
+        width = self.viewport().width() or inner.sizeHint().width()
+        tall = (inner.heightForWidth(width) if inner.hasHeightForWidth() else -1)
+        return QSize(inner.sizeHint().width(),
+                     min(max(tall, inner.sizeHint().height()), self.maximumHeight()))
+
+    def minimumSizeHint(self) -> QSize:  # one row's worth at least, when there are rows
+        return QSize(0, min(self.sizeHint().height(), 4 * self.fontMetrics().height()))
+
+    def resizeEvent(self, event) -> None:  # (a new width wraps the errors anew)
+        super().resizeEvent(event)
+        if event.oldSize().width() != event.size().width():
+            self.updateGeometry()
 
 
 class DocumentList(QWidget):
@@ -242,9 +278,13 @@ class DocumentList(QWidget):
         self.attach_button.clicked.connect(self.attach_requested)
         top = QHBoxLayout()
         top.addWidget(heading, 1)
-        top.addWidget(self.attach_button)
-        self.rows = QVBoxLayout()
-        self.rows.setSpacing(4)
+        self.rows_area = RowsArea()
+        self.rows_area.hide()
+        self.rows = self.rows_area.rows
+        self.clear_button = QToolButton(text="Clear failed", autoRaise=True, visible=False,
+                                        toolTip="Dismiss every attach that failed")
+        self.clear_button.clicked.connect(self.clear_failed)
+        top.addWidget(self.clear_button)
         self.list = QListWidget()
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         # A row's facts wrap under its title: a narrow sidebar cuts none of them off.
@@ -257,8 +297,9 @@ class DocumentList(QWidget):
         self.hint.setEnabled(False)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
+        top.addWidget(self.attach_button)
         layout.addLayout(top)
-        layout.addLayout(self.rows)
+        layout.addWidget(self.rows_area)
         layout.addWidget(self.list)
         layout.addWidget(self.hint)
 
@@ -319,11 +360,41 @@ class DocumentList(QWidget):
             item.setFlags(flags | Qt.ItemFlag.ItemIsUserCheckable if enabled
                           else flags & ~Qt.ItemFlag.ItemIsUserCheckable)
 
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        side = self.parentWidget() or self
+        self.rows_area.setMaximumHeight(max(side.height() // 3, 60))
+
     def add_row(self, title: str, error_color: str) -> AttachRow:
-        row = AttachRow(title, error_color, self)
+        row = AttachRow(title, error_color, self.rows_area.widget())
         self.rows.addWidget(row)
-        row.dismissed.connect(row.deleteLater)
+        row.dismissed.connect(lambda: self.remove_row(row))
+        row.failed.connect(self._rows_changed)
+        self._rows_changed()
         return row
+
+    def remove_row(self, row: AttachRow) -> None:
+        """A row done with: attached, cancelled, or its error dismissed."""
+        self.rows.removeWidget(row)
+        row.hide()
+        row.deleteLater()
+        self._rows_changed()
+
+    def attach_rows(self) -> list[AttachRow]:
+        return [self.rows.itemAt(i).widget() for i in range(self.rows.count())]
+
+    def clear_failed(self) -> None:
+        for row in self.attach_rows():
+            if row.error:
+                self.remove_row(row)
+
+    def _rows_changed(self) -> None:
+        rows = self.attach_rows()
+        self.rows_area.setVisible(bool(rows))
+        failed = sum(bool(r.error) for r in rows)
+        self.clear_button.setText(f"Clear {failed} failed")
+        self.clear_button.setVisible(failed >= 2)
+        self.rows_area.updateGeometry()
 
     def _menu(self, pos) -> None:
         item = self.list.itemAt(pos)
