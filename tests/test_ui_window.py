@@ -379,6 +379,23 @@ def test_a_model_that_cannot_load_is_explained(qtbot):
     assert not window.prompt.isEnabled()
 
 
+def test_without_a_model_the_lists_say_the_chats_and_documents_are_kept(qtbot, tmp_path):
+    """Not an empty sidebar a user could take for their chats lost, nor an attach hint while
+    attaching is off."""
+    def broken():
+        raise RuntimeStateError("no model named gemma-9")
+
+    window = MainWindow(broken, Settings(data_dir=str(tmp_path)))
+    qtbot.addWidget(window)
+    with qtbot.waitSignal(window.engine_failed, timeout=5000):
+        pass
+    note = window.chat_list.note
+    assert not note.isHidden() and str(tmp_path) in note.text()
+    assert "they show here once a model loads" in note.text()
+    hint = window.doc_list.hint
+    assert "paperclip" not in hint.text() and not window.doc_list.attach_button.isEnabled()
+
+
 def test_a_long_or_marked_up_title_never_widens_the_window_nor_renders(qtbot, window, engine,
                                                                        monkeypatch):
     chat = engine.chats()[0]

@@ -252,6 +252,11 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, CodecMixin, QMainWin
 
     def _engine_failed(self, message: str) -> None:
         self._say(f"The model could not be loaded: {message}. Check Settings (Ctrl+,).", True)
+        self.chat_list.note.setText(f"Your chats and documents are kept in "
+                                    f"{self.settings.data_path}; they show here once a model "
+                                    "loads (Settings, Ctrl+,).")
+        self.chat_list.note.show()
+        self.doc_list.show_note("Attaching needs a model loaded.")
         self.engine_failed.emit(message)
 
     def refresh_chats(self) -> None:

@@ -73,9 +73,13 @@ class ChatList(QWidget):
         header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
         header.setSectionResizeMode(1, QHeaderView.ResizeMode.ResizeToContents)
         self.tree.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        # Said in place of the list while there is none to show (no model loaded)
+        self.note = QLabel(wordWrap=True, enabled=False, visible=False)
+        self.note.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.search)
+        layout.addWidget(self.note)
         layout.addWidget(self.tree)
         self._chats: list[ChatInfo] = []
         self._now: float | None = None
@@ -85,6 +89,7 @@ class ChatList(QWidget):
         self.tree.customContextMenuRequested.connect(self._menu)
 
     def set_chats(self, chats: list[ChatInfo], now: float | None = None) -> None:
+        self.note.hide()
         self._chats, self._now = chats, now
         self._rebuild()
 
@@ -292,9 +297,8 @@ class DocumentList(QWidget):
         self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.list.customContextMenuRequested.connect(self._menu)
         self.list.itemChanged.connect(lambda _item: self.checked_changed.emit())
-        self.hint = QLabel("Attach files with the paperclip or drop them on the window.")
-        self.hint.setWordWrap(True)
-        self.hint.setEnabled(False)
+        # (the attach hint only once documents are listed: attaching needs the model loaded)
+        self.hint = QLabel(wordWrap=True, enabled=False, visible=False)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         top.addWidget(self.attach_button)
@@ -338,7 +342,13 @@ class DocumentList(QWidget):
         self.list.setCurrentRow(current)  # a refresh moves neither the selection nor the view
         self.list.verticalScrollBar().setValue(scrolled)
         self.list.blockSignals(False)
+        self.hint.setText("Attach files with the paperclip or drop them on the window.")
         self.hint.setVisible(not docs)
+
+    def show_note(self, text: str) -> None:
+        """`text` in place of the attach hint, while no documents can be listed nor attached."""
+        self.hint.setText(text)
+        self.hint.show()
 
     def checked_ids(self) -> list[int]:
         return [self.list.item(i).data(ID_ROLE) for i in range(self.list.count())
