@@ -779,6 +779,32 @@ def test_a_source_is_shown_in_its_document(qtbot, window, engine):
     view.close()
 
 
+def test_a_deleted_documents_source_is_shown_without_a_link_into_it(qtbot, window, engine):
+    from PySide6.QtCore import QUrl
+
+    from desktop_app.results import MessageInfo, Source
+
+    doc_id = engine.documents()[0].doc_id
+    source = {"passage_id": 150, "document_id": doc_id, "index": 50, "score": 1.0,
+              "text": "Passage 50 of the document.", "lines": [501, 509], "heading": ["Part"]}
+    messages = [MessageInfo(1, "user", "Where?", 0.0),
+                MessageInfo(2, "assistant", "There.", 0.0, {"sources": [source]})]
+    engine.delete_document(doc_id)  # (another window, or `kvdesk rm doc`)
+    with qtbot.waitSignal(window.documents_changed, timeout=5000):
+        window.refresh_documents()
+    window.chat_view.set_messages(messages)
+    window.chat_view._link(QUrl("kvdesk:source/1/0"))
+    text = window.chat_view.toPlainText()
+    assert "Passage 50 of the document." in text and "(document removed)" in text
+    assert "Show it in its document" not in text
+    # Asked for all the same: said where a restore report cannot overwrite it.
+    window._say("restored 6,120 tokens")
+    with qtbot.waitSignal(window.documents_changed, timeout=5000):
+        window.show_in_document(Source.from_dict(source))
+    assert window.info.text() == "restored 6,120 tokens"
+    assert window.statusBar().currentMessage() == "That document is no longer attached."
+
+
 def test_a_chat_over_several_documents_names_each_sources_document(qtbot, window, engine):
     """As `kvdesk ask` and the exports do: its passages all from one of them, still named."""
     chats = {c.title: c for c in engine.chats()}

@@ -53,6 +53,7 @@ class ChatView(QTextBrowser):
         self._stream_at = 0  # where the streaming answer starts in the document
         self._open_source: tuple[int, int] | None = None  # (message, source) shown in full
         self.doc_titles: dict[int, str] = {}  # names a source's document among several
+        self.attached: set[int] | None = None  # the documents still attached (None: unknown)
         self.chat_docs: tuple[int, ...] = ()  # the documents of the chat shown
         # Whether the view follows the end of the page as it grows: the user is at the end
         # (or has just opened the chat), not reading further up; else where they read is
@@ -68,10 +69,11 @@ class ChatView(QTextBrowser):
 
     # -- what the window tells it -----------------------------------------------------------
 
-    def set_doc_titles(self, titles: dict[int, str]) -> None:
-        """The attached documents' titles, which sources over several documents name."""
-        if titles != self.doc_titles:
-            self.doc_titles = titles
+    def set_doc_titles(self, titles: dict[int, str], attached: set[int] | None = None) -> None:
+        """The documents' titles, which sources over several documents name, and which of them
+        are still attached (a deleted one's source is not offered in its document)."""
+        if titles != self.doc_titles or attached != self.attached:
+            self.doc_titles, self.attached = titles, attached
             self._sources_changed()
 
     def set_chat_documents(self, doc_ids) -> None:
@@ -220,10 +222,12 @@ class ChatView(QTextBrowser):
             place = " › ".join([*s.heading, where(s)])
             # pre-wrap: a passage of code keeps its indentation, long lines still wrap
             link = f"kvdesk:document/{i}/{self._open_source[1]}"
+            gone = self.attached is not None and s.document_id not in self.attached
             out += (f'<blockquote style="color:{c.muted}"><b>{html.escape(place)}</b>'
                     f'<div style="white-space:pre-wrap">{html.escape(s.text)}</div>'
-                    f'<p><a href="{link}" style="color:{c.link}">Show it in its document</a></p>'
-                    '</blockquote>')
+                    + ("<p><i>(document removed)</i></p>" if gone else
+                       f'<p><a href="{link}" style="color:{c.link}">Show it in its document</a>'
+                       "</p>") + "</blockquote>")
         return out
 
     def _cited_docs(self) -> set[int]:

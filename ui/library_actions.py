@@ -107,8 +107,9 @@ class LibraryMixin:
     def show_in_document(self, source: Source) -> None:
         """A source's passage among those around it in its document, in a dialog."""
         doc = next((d for d in self.documents if d.doc_id == source.document_id), None)
-        if doc is None:
-            self._say("That document is no longer attached.", True)
+        if doc is None:  # (deleted since the list was drawn: by another window, or kvdesk rm)
+            self.statusBar().showMessage("That document is no longer attached.", 8000)
+            self.refresh_documents()  # its sources then say so, with no link
             return
 
         def show(passages) -> None:

@@ -293,7 +293,8 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, CodecMixin, QMainWin
         self._check_next.clear()
         before = {d.doc_id: d.passages_cached for d in self.documents}
         self.documents = docs
-        self.chat_view.set_doc_titles(titles)  # (sources of deleted documents name them too)
+        # (sources of deleted documents name them too, and offer no link into them)
+        self.chat_view.set_doc_titles(titles, {d.doc_id for d in docs})
         self.doc_list.set_documents(docs, checked, notes)
         self._say_stopped(docs, notes)
         stale = self._stale_documents()
