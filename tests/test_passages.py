@@ -190,6 +190,147 @@ def test_a_tilde_underline_is_a_heading_and_a_tilde_fence_a_fence():
     assert inside and all(p.heading == () for p in inside)
 
 
+MAN_PAGE = """BASH(1)                     General Commands Manual                    BASH(1)
+
+NAME
+       bash - GNU Bourne-Again SHell
+
+DESCRIPTION
+       Bash  is  an  sh-compatible  command language interpreter that executes
+       commands read from the standard input or from a file.
+
+OPTIONS
+       -c        If the -c option is present, then commands are read from  the
+                 first non-option argument command_string.
+
+SHELL GRAMMAR
+   Simple Commands
+       A simple command is a sequence of optional variable assignments  fol-
+       lowed by blank-separated words and redirections.
+
+       HISTFILE
+              The name of the file in which command history is saved.
+
+   Pipelines
+       A pipeline is a sequence of one or more commands separated  by  one  of
+       the control operators | or |&.
+
+EXPANSION
+       Expansion is performed on the command line after it has been split into
+       words.
+
+   Tilde Expansion
+       If a word begins with an unquoted tilde character, all of the characters
+       up to the first unquoted slash are considered a tilde-prefix.
+
+BUGS
+       It's too big and too slow.
+
+GNU Bash 5.2                   2022 September 19                       BASH(1)
+"""
+
+
+def test_a_man_pages_sections_and_subsections_are_headings():
+    # A man page rendered as text had no heading in any of its 557 passages: its sections
+    # are lines in capitals at the margin, its subsections title lines indented 3.
+    passages = split(MAN_PAGE, "text", words, target=4, limit=60)
+    check_locations(MAN_PAGE, passages)
+    def under(fragment):
+        return next(p for p in passages if fragment in p.text).heading
+    assert under("sh-compatible") == ("DESCRIPTION",)
+    assert under("first non-option") == ("OPTIONS",)
+    assert under("optional variable") == ("SHELL GRAMMAR", "Simple Commands")
+    # A list's term, as deep as the body, is no subsection.
+    assert under("history is saved") == ("SHELL GRAMMAR", "Simple Commands")
+    assert under("control operators") == ("SHELL GRAMMAR", "Pipelines")
+    assert under("unquoted tilde") == ("EXPANSION", "Tilde Expansion")
+    assert under("too slow") == ("BUGS",)
+    assert not any("BASH(1)" in "".join(p.heading) for p in passages)
+
+
+CONTRACT = """MASTER SERVICES AGREEMENT
+
+This Agreement is entered into by Northwind Logistics GmbH ("Customer") and Harbor Data
+Systems Ltd. ("Provider").
+
+ARTICLE 1. DEFINITIONS
+
+1.1 Defined Terms
+"Affiliate" means any entity that directly or indirectly controls a party.
+
+1.2 Customer shall keep records of each Affiliate
+that it appoints, and send them on request.
+
+1.3 Lists
+1.4 Terms
+
+3. FEES AND PAYMENT
+Customer shall pay each undisputed invoice within forty-five (45) days of receipt.
+
+ARTICLE 5. LIMITATION OF LIABILITY
+
+IN NO EVENT SHALL EITHER PARTY BE LIABLE FOR ANY INDIRECT, INCIDENTAL, SPECIAL OR
+CONSEQUENTIAL DAMAGES, EVEN IF ADVISED OF THE POSSIBILITY OF SUCH DAMAGES.
+
+EACH PARTY'S TOTAL LIABILITY
+SHALL NOT EXCEED THE FEES PAID IN THE TWELVE (12) MONTHS BEFORE THE CLAIM AROSE.
+
+NOTE
+
+Schedules A and B form part of this Agreement.
+
+NAME        PORT      DEFAULT
+relay       8080      yes
+
+    SELECT ID FROM USERS
+    where id = 1
+
+ARTICLE 7. GOVERNING LAW
+
+This Agreement is governed by the laws of Ireland.
+
+IN WITNESS WHEREOF
+"""
+
+
+def test_a_contracts_articles_in_capitals_are_headings_and_shouting_prose_is_not():
+    passages = split(CONTRACT, "text", words, target=4, limit=60)
+    check_locations(CONTRACT, passages)
+    def under(fragment):
+        return next(p for p in passages if fragment in p.text).heading
+    assert under("Northwind") == ("MASTER SERVICES AGREEMENT",)
+    assert under("Affiliate") == ("ARTICLE 1. DEFINITIONS", "1.1 Defined Terms")
+    # A numbered clause's first line, or a list of numbered lines, is no title.
+    assert under("keep records") == under("1.4 Terms") == ("ARTICLE 1. DEFINITIONS",
+                                                           "1.1 Defined Terms")
+    assert under("undisputed invoice") == ("3. FEES AND PAYMENT",)  # text right under it
+    # A paragraph in capitals, its first line short or not, an admonition alone, a table's
+    # header row and a line of code stay in the section they are in.
+    for fragment in ("IN NO EVENT", "TOTAL LIABILITY", "Schedules A", "relay", "SELECT"):
+        assert under(fragment) == ("ARTICLE 5. LIMITATION OF LIABILITY",), fragment
+    assert under("laws of Ireland") == ("ARTICLE 7. GOVERNING LAW",)
+    # A line in capitals with nothing after it heads nothing (the article's title line is
+    # a passage of its own only at this tiny target).
+    assert {p.heading for p in passages} == {
+        ("MASTER SERVICES AGREEMENT",), ("ARTICLE 1. DEFINITIONS",),
+        ("ARTICLE 1. DEFINITIONS", "1.1 Defined Terms"),
+        ("3. FEES AND PAYMENT",),
+        ("ARTICLE 5. LIMITATION OF LIABILITY",), ("ARTICLE 7. GOVERNING LAW",)}
+
+
+def test_lines_in_capitals_are_headings_only_in_plain_text_without_underlines():
+    # Markdown has its own headings; a reStructuredText document keeps its underlined ones
+    # (a "NOTE"-like line in capitals would take the place of the section it sits in).
+    text = "Guide\n=====\n\nINSTALLATION STEPS\nRun the script first.\n\nMore words.\n"
+    assert {p.heading for p in split(text, "text", words, target=2, limit=20)} == {
+        ("Guide",)}
+    plain = "Intro words.\n\nINSTALLATION STEPS\nRun the script first.\n"
+    assert ("INSTALLATION STEPS",) in {p.heading for p in split(plain, "text", words,
+                                                                target=1, limit=20)}
+    for kind in ("markdown", "code"):
+        assert {p.heading for p in split(plain, kind, words, target=1, limit=20)} == {()}
+
+
 def test_passages_are_about_160_tokens_by_default():
     # The size measured to read best (RESULTS.md, "Passage size and distraction"): a
     # paragraph-by-paragraph text packs into passages under the target, most near it.

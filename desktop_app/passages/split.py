@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .code_lines import Strings, declaration, definition
+from .plain_headings import plain_headings
 
 # A small model reads the fact it is asked for better in a passage of ~130 tokens than of
 # ~250 (the target's 160 against 320: RESULTS.md, "Passage size and distraction"), for about
@@ -82,7 +83,10 @@ def split(text: str, kind: str, count_tokens: CountFn, *,
         raise ValueError(f"a passage's target ({target}) must be positive and at most its "
                          f"limit ({limit})")
     # Plain text keeps underlined headings but not "# " ones: there a "#" line is as often a
-    # comment of a script or a configuration quoted in it as a title.
+    # comment of a script or a configuration quoted in it as a title; without underlines, its
+    # lines in capitals standing alone ("OPTIONS", "ARTICLE 1. DEFINITIONS": `plain_headings`).
+    if kind == "text" and not headings:
+        headings = plain_headings(text)
     units = (_code_units(text) if kind == "code" else _prose_units(
         text, markdown=kind in ("markdown", "text"), hashes=kind != "text",
         setext=kind == "markdown", marked=headings or ()))
