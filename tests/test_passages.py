@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import sysconfig
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -230,13 +231,17 @@ GNU Bash 5.2                   2022 September 19                       BASH(1)
 """
 
 
+def heading_of(passages, fragment: str) -> tuple[str, ...]:
+    """The heading of the passage holding `fragment`."""
+    return next(p for p in passages if fragment in p.text).heading
+
+
 def test_a_man_pages_sections_and_subsections_are_headings():
     # A man page rendered as text had no heading in any of its 557 passages: its sections
     # are lines in capitals at the margin, its subsections title lines indented 3.
     passages = split(MAN_PAGE, "text", words, target=4, limit=60)
     check_locations(MAN_PAGE, passages)
-    def under(fragment):
-        return next(p for p in passages if fragment in p.text).heading
+    under = partial(heading_of, passages)
     assert under("sh-compatible") == ("DESCRIPTION",)
     assert under("first non-option") == ("OPTIONS",)
     assert under("optional variable") == ("SHELL GRAMMAR", "Simple Commands")
@@ -296,8 +301,7 @@ IN WITNESS WHEREOF
 def test_a_contracts_articles_in_capitals_are_headings_and_shouting_prose_is_not():
     passages = split(CONTRACT, "text", words, target=4, limit=60)
     check_locations(CONTRACT, passages)
-    def under(fragment):
-        return next(p for p in passages if fragment in p.text).heading
+    under = partial(heading_of, passages)
     assert under("Northwind") == ("MASTER SERVICES AGREEMENT",)
     assert under("Affiliate") == ("ARTICLE 1. DEFINITIONS", "1.1 Defined Terms")
     # A numbered clause's first line, or a list of numbered lines, is no title.
