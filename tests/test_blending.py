@@ -125,7 +125,7 @@ def test_documents_the_context_cannot_hold_together_are_kept_as_passages_and_sai
     # said before asking, as the window does when they are ticked
     (said,) = engine.estimate(doc_ids=engine.doc_ids).notes
     assert said.startswith("ferry.txt, museum.txt and tower.txt: do not fit this chat's ")
-    assert said.endswith("split into passages at this chat's next question, which reads "
+    assert said.endswith("split into passages at this chat's first question, which reads "
                          "those retrieved for it")
     first_answer = ask(engine, doc_ids=engine.doc_ids)
     (kept,) = [m for m in first_answer.messages if "split into passages now" in m]

@@ -342,9 +342,14 @@ def test_a_short_document_beside_a_long_one_is_read_whole_before_its_passages(ma
     first = eng.ask("What does the museum keep?", doc_ids=[eng.doc, short.id],
                     generation=GREEDY)
     assert not any("not read" in m for m in first.messages), first.messages
-    assert "1 document(s) read whole beside the passages: their KV computed and stored, as " \
-        "a passage's is" in first.messages and any(
-            m.startswith("2 passage(s) with no stored KV") for m in first.messages)
+    rt = eng.runtime
+    sizes = [b - a for a, b in passage_layout(
+        rt, [whole, *(s["text"] for s in first.sources)]).parts]
+    assert f"1 document(s) read whole beside the passages: their KV computed ({sizes[0]} " \
+        "tokens) and stored, as a passage's is" in first.messages, first.messages
+    # the passages' tokens, not the document's read whole beside them
+    assert any(m.startswith("2 passage(s) with no stored KV") and
+               f"computed ({sum(sizes[1:])} tokens in all)" in m for m in first.messages)
     assert first.sources and {s["document_id"] for s in first.sources} == {eng.doc}
     named = [{"document_id": short.id, "title": "Notes"}]  # among the sources too
     assert first.read_whole == named

@@ -57,10 +57,10 @@ def test_a_document_attached_whole_is_answered_from_passages_under_a_smaller_con
     small = make_engine(512)  # (its room: 384 tokens)
     # A chat reopened before its next question is read cut, and says what that question does.
     said = small.reopen(before).messages
-    assert any(m.startswith("Tarnby.txt: only its first ") for m in said), said
     assert "Tarnby.txt: longer than a context of 512 holds beside its questions and answers: " \
-        "split into passages at this chat's next question, which reads those retrieved for " \
-        "it" in said, said
+        "read cut to fit until this chat's next question, which splits it into passages and " \
+        "reads those retrieved for it" in said, said
+    assert not any("only its first" in m for m in said)  # (whose advice would be wrong)
     first = small.ask("What does the Tarnby ferry token cost?", doc_ids=[doc],
                       generation=GREEDY)
     assert any(m.startswith("Tarnby.txt: longer than a context of 512") and
@@ -108,6 +108,13 @@ def test_documents_that_do_not_fit_together_are_read_from_passages_beside_one_re
     api = eng.complete([{"role": "user", "content": "How deep is the Brindle well?"}],
                        documents=ids, generation=GREEDY)
     assert any("forty feet" in s["text"] for s in api.sources), api.sources
+    # Reopened under a smaller context, the document read whole no longer fits beside the
+    # passages: said, until the next question reads it from its passages.
+    smaller = make_engine(512)
+    said = smaller.reopen(three.chat_id).messages
+    assert "Ashcombe.txt: does not fit this chat's context of 512 beside its other documents " \
+        "and its questions and answers: not read until this chat's next question, which " \
+        "splits it into passages and reads those retrieved for it" in said, said
     # A chat over one of them alone still reads it whole.
     alone = eng.ask("What colour is the Corvale banner?", doc_ids=[ids[2]],
                     generation=GREEDY)

@@ -52,7 +52,7 @@ from ..passages.across import across
 from ..passages.retrieve import DEFAULT_K, Retriever
 from ..results import Progress, Source
 from .library import Library
-from .readings import Readings
+from .readings import Readings, joined
 
 ASKED_BEFORE = 1  # a client's earlier questions whose passages a conversation keeps
 
@@ -371,12 +371,13 @@ class LongDocs:
             return None
         sources = self.sources(chat_id)
         layout = self.laid_out(rt, self.wholes(rt, docs), sources)
-        if sources:
-            return layout
-        # (a chat whose documents were kept as passages by another chat's question)
-        names = ", ".join(d.title for d in docs if d.id in split)
-        return replace(layout, later=(f"{names}: read from the passages each question "
-                                      "retrieves; none is in this chat's context now",))
+        # (documents kept as passages by another chat's question, or read whole before under
+        # a larger context)
+        later = self.readings.pending(rt, docs, "not read") if chat_id is not None else []
+        if not sources:
+            later.append(f"{joined(d.title for d in docs if d.id in split)}: read from the "
+                         "passages each question retrieves; none is in this chat's context now")
+        return replace(layout, later=tuple(later))
 
     def prefix(self, rt: Runtime, chat_id: int | None,
                docs: Sequence[Document] | None = None) -> Layout:
@@ -388,8 +389,9 @@ class LongDocs:
         if (layout := self.layout(rt, chat_id, docs)) is not None:
             return layout
         layout = self.prompter.layout(rt, docs)
-        pending = self.readings.pending(rt, docs) if layout.shortened else []
-        return replace(layout, later=tuple(pending)) if pending else layout
+        # (said instead of the cut's own notes, whose advice its next question makes wrong)
+        pending = self.readings.pending(rt, docs, "read cut to fit") if layout.shortened else []
+        return replace(layout, shortened=(), later=tuple(pending)) if pending else layout
 
     def blendable(self, rt: Runtime, chat_id: int | None, tokens: Sequence[int],
                   cancel: threading.Event | None,
@@ -422,13 +424,15 @@ class LongDocs:
         ready = self.kv.ensure(rt, [*wholes, *((s.document_id, s.text) for s in sources)],
                                cancel=cancel, progress=progress)
         notes = list(ready.notes)
+        computed = [layout.parts[i][1] - layout.parts[i][0] for i in ready.computed_at]
         if whole := sum(i < len(wholes) for i in ready.computed_at):
             notes.append(f"{whole} document(s) read whole beside the passages: their KV "
-                         "computed and stored, as a passage's is")
+                         f"computed ({sum(computed[:whole]):,} tokens) and stored, as a "
+                         "passage's is")
         if ready.computed - whole:
             notes.append(f"{ready.computed - whole} passage(s) with no stored KV (never "
                          "retrieved, or evicted under the storage budget): their KV computed "
-                         f"({ready.computed_tokens:,} tokens in all) and stored")
+                         f"({sum(computed[whole:]):,} tokens in all) and stored")
         if ready.pulled:
             notes.append(f"{ready.pulled} passage(s) taken from the shared cache")
         return Parts(layout, [] if exact else ready.entries[1:], notes,

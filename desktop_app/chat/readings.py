@@ -63,19 +63,25 @@ class Readings:
                 counts.append(self._splitter(rt, d))
         except ReadOnlyError as e:
             self._unwritable.update(d.id for d in todo)  # (not said to come at the next one)
-            return [f"{', '.join(d.title for d in todo[len(counts):])}: not split into "
+            return [f"{joined(d.title for d in todo[len(counts):])}: not split into "
                     f"passages, the store takes no writes ({e}): read cut to fit"]
         if not todo:
             return []
-        return [self._note(rt, todo, docs, f"split into passages now ({_and(map(str, counts))}"
+        return [self._note(rt, todo, docs, f"split into passages now ({joined(map(str, counts))}"
                            f"), and each question in this chat reads those retrieved for it")]
 
-    def pending(self, rt: Runtime, docs: Sequence[Document]) -> list[str]:
+    def pending(self, rt: Runtime, docs: Sequence[Document], until: str | None = None
+                ) -> list[str]:
         """What a chat over `docs` says before its next question splits its documents
-        (`split_where_needed`): before it is asked, and when it is reopened."""
+        (`split_where_needed`): before its first question is asked (`until` None), and when
+        it is reopened, saying how they are read `until` then ("read cut to fit")."""
         todo = [d for d in self.unsplit(rt, docs) if d.id not in self._unwritable]
-        return [self._note(rt, todo, docs, "split into passages at this chat's next question, "
-                           "which reads those retrieved for it")] if todo else []
+        them = "it" if len(todo) == 1 else "them"
+        what = ("split into passages at this chat's first question, which reads those "
+                "retrieved for it" if until is None else
+                f"{until} until this chat's next question, which splits {them} into passages "
+                "and reads those retrieved for it")
+        return [self._note(rt, todo, docs, what)] if todo else []
 
     def unsplit(self, rt: Runtime, docs: Sequence[Document]) -> list[Document]:
         """The documents of a chat over `docs` that its next question keeps as passages."""
@@ -89,7 +95,7 @@ class Readings:
 
     @staticmethod
     def _note(rt: Runtime, todo: Sequence[Document], docs: Sequence[Document], what: str) -> str:
-        names = _and(d.title for d in todo)
+        names = joined(d.title for d in todo)
         why = (f"longer than a context of {rt.n_ctx:,} holds beside its questions and answers"
                if len(docs) == 1 else
                f"{'does' if len(todo) == 1 else 'do'} not fit this chat's context of "
@@ -131,6 +137,7 @@ class Readings:
         return out
 
 
-def _and(items) -> str:
+def joined(items) -> str:
+    """"a", "a and b", "a, b and c"."""
     items = list(items)
     return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
