@@ -156,7 +156,8 @@ def test_the_sentence_a_question_quotes_comes_from_its_passages_kv(make_engine):
         again = eng.ask(q, doc_ids=[eng.doc], generation=GREEDY, on_restore=capture)
         assert again.evidence == first.evidence and again.blended["mode"] == "blended"
         counts[repeat] = again.blended["quoted_tokens_reused"], again.recomputed_tokens
-    assert any("quoted tokens taken from the passages' KV" in m for m in again.messages)
+    assert any("quoted tokens taken from the KV of the text they quote" in m
+               for m in again.messages)
     # The quote's tokens but its first are not computed; the context's count is the same.
     assert counts[False][0] == 0 and counts[True][0] >= 8, counts
     assert counts[False][1] == counts[True][1], counts
@@ -347,6 +348,7 @@ def test_a_short_document_beside_a_long_one_is_read_whole_before_its_passages(ma
         rt, [whole, *(s["text"] for s in first.sources)]).parts]
     assert f"1 document(s) read whole beside the passages: their KV computed ({sizes[0]} " \
         "tokens) and stored, as a passage's is" in first.messages, first.messages
+    assert any(m.startswith("3 documents and passages blended") for m in first.messages)
     # the passages' tokens, not the document's read whole beside them
     assert any(m.startswith("2 passage(s) with no stored KV") and
                f"computed ({sum(sizes[1:])} tokens in all)" in m for m in first.messages)

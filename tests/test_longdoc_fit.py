@@ -4,8 +4,11 @@ answered from them, never read cut short; where they fit, they are read whole as
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
+from desktop_app.chat.readings import Readings
 from desktop_app.engine import Engine
 from desktop_app.model.runtime import Runtime
 from desktop_app.options import GenerationOptions
@@ -136,3 +139,25 @@ def test_a_store_that_takes_no_writes_reads_the_document_cut_and_says_why(
         "full): read cut to fit" in answer.messages, answer.messages
     assert any(m.startswith("Tarnby.txt: only its first ") for m in answer.messages)
     assert answer.sources == [] and not eng.store.passages(doc)
+
+
+def test_a_split_the_store_refuses_partway_names_both_what_was_split_and_what_was_not(
+        monkeypatch):
+    docs = [SimpleNamespace(id=i, title=f"{name}.txt") for i, name in enumerate(("A", "B"))]
+    calls = []
+
+    def splitter(rt, doc):
+        calls.append(doc.id)
+        if doc.id:
+            raise ReadOnlyError("the disk is full")
+        return 7
+    readings = Readings(None, None, None, lambda: None, splitter)
+    monkeypatch.setattr(readings, "unsplit", lambda rt, d: list(d))
+    rt = SimpleNamespace(n_ctx=1024)
+    assert readings.split_where_needed(rt, docs) == [
+        "A.txt: does not fit this chat's context of 1,024 beside its other documents and its "
+        "questions and answers: split into passages now (7), and each question in this chat "
+        "reads those retrieved for it",
+        "B.txt: not split into passages, the store takes no writes (the disk is full): read "
+        "cut to fit"]
+    assert calls == [0, 1]

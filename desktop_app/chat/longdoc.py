@@ -437,7 +437,7 @@ class LongDocs:
             notes.append(f"{ready.pulled} passage(s) taken from the shared cache")
         return Parts(layout, [] if exact else ready.entries[1:], notes,
                      sum(layout.parts[i][1] - layout.parts[i][0] for i in ready.computed_at),
-                     "passages", ready.pulled > 0)
+                     "documents and passages" if wholes else "passages", ready.pulled > 0)
 
 
 def own(sources: Sequence[Source]) -> list[Source]:

@@ -57,18 +57,20 @@ class Readings:
         """Keep as passages each document of a chat over `docs` that it cannot read whole and
         that has none yet; notes for the user. A store that takes no writes (read only,
         damaged, full) leaves them read as before, cut to fit, said."""
-        todo, counts = self.unsplit(rt, docs), []
+        todo, counts, refused = self.unsplit(rt, docs), [], []
         try:
             for d in todo:
                 counts.append(self._splitter(rt, d))
         except ReadOnlyError as e:
-            self._unwritable.update(d.id for d in todo)  # (not said to come at the next one)
-            return [f"{joined(d.title for d in todo[len(counts):])}: not split into "
-                    f"passages, the store takes no writes ({e}): read cut to fit"]
-        if not todo:
-            return []
-        return [self._note(rt, todo, docs, f"split into passages now ({joined(map(str, counts))}"
-                           f"), and each question in this chat reads those retrieved for it")]
+            left = todo[len(counts):]
+            self._unwritable.update(d.id for d in left)  # (not said to come at the next one)
+            refused = [f"{joined(d.title for d in left)}: not split into passages, the store "
+                       f"takes no writes ({e}): read cut to fit"]
+        if not (done := todo[:len(counts)]):
+            return refused
+        return [self._note(rt, done, docs, f"split into passages now ({joined(map(str, counts))}"
+                           "), and each question in this chat reads those retrieved for it"),
+                *refused]
 
     def pending(self, rt: Runtime, docs: Sequence[Document], until: str | None = None
                 ) -> list[str]:

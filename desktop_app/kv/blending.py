@@ -108,7 +108,7 @@ class Blend:
         """What the user is told of this blend of `parts` documents or passages (`what`), of
         which `cached` had a cache to read, whose exact context is computed in the background
         when `exact_later`."""
-        quoted = (f"; {self.repeated:,} quoted tokens taken from the passages' KV"
+        quoted = (f"; {self.repeated:,} quoted tokens taken from the KV of the text they quote"
                   if self.repeated else "")
         whose = "from their own caches" if cached >= parts else \
             f"{cached} from their own caches and {parts - cached} computed in place"
