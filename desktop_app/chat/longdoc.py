@@ -435,8 +435,7 @@ class LongDocs:
                          f"({sum(computed[whole:]):,} tokens in all) and stored")
         if ready.pulled:
             notes.append(f"{ready.pulled} passage(s) taken from the shared cache")
-        return Parts(layout, [] if exact else ready.entries[1:], notes,
-                     sum(layout.parts[i][1] - layout.parts[i][0] for i in ready.computed_at),
+        return Parts(layout, [] if exact else ready.entries[1:], notes, sum(computed),
                      "documents and passages" if wholes else "passages", ready.pulled > 0)
 
 

@@ -55,7 +55,6 @@ class Ready:
     entries: list[Entry | None]  # None where a sliding-window context could not store it, or
     # the model keeps no passage KV (`PassageKV.kept`)
     computed: int = 0  # passages computed here
-    computed_tokens: int = 0
     computed_at: list[int] = field(default_factory=list)  # which, by their place in the list
     pulled: int = 0  # passages taken from the shared cache
     notes: list[str] = field(default_factory=list)
@@ -179,7 +178,6 @@ class PassageKV:
             unstored.add(len(tokens), left[0] if left else None)
             return None
         ready.computed += 1
-        ready.computed_tokens += len(tokens)
         ready.computed_at.append(i)
         if entry is not None:
             keep.add(entry.id)
