@@ -193,11 +193,10 @@ class LongDocs:
         tokens of the context taken by the conversation, keeping those `kept` gives while
         room remains when the question is not `specific` (it asks about what it names: they
         are not even looked for); (passages in document order, notes)."""
-        split = self._split(docs)
+        split, wholes = self.readings.parts(docs, rt)
         hits = self._hits(split, question, recent)
         kept = kept if kept and not any(self.retriever.specific(d, question)
                                         for d in split) else tuple
-        wholes = self.wholes(rt, docs)
         overhead = len(passage_layout(rt, []).tokens)
         read_whole = sum(len(self.kv.tokens(rt, text)) - overhead for _, text in wholes)
         chosen = self._fit(rt, hits, list(kept()), self.prompter.room(rt) - used - read_whole,
@@ -224,8 +223,9 @@ class LongDocs:
                ) -> list[str]:
         """What the user is told of the documents of a chat over passages read neither whole
         nor as passages (`split` and `wholes` as `pick` has them; else computed, with `rt`)."""
-        split = self._split(docs) if split is None else split
-        held = {d for d, _ in (self.wholes(rt, docs) if wholes is None else wholes)}
+        if split is None or wholes is None:
+            split, wholes = self.readings.parts(docs, rt)
+        held = {d for d, _ in wholes}
         if not (left := [d.title for d in docs if d.id not in split and d.id not in held]):
             return []
         names = ", ".join(left)
@@ -367,10 +367,11 @@ class LongDocs:
         (None) is over `docs`."""
         if docs is None:
             docs = self.library.chat_documents(chat_id) if chat_id is not None else ()
-        if not (split := self._split(docs)):
+        split, wholes = self.readings.parts(docs, rt)
+        if not split:
             return None
         sources = self.sources(chat_id)
-        layout = self.laid_out(rt, self.wholes(rt, docs), sources)
+        layout = self.laid_out(rt, wholes, sources)
         # (documents kept as passages by another chat's question, or read whole before under
         # a larger context)
         later = self.readings.pending(rt, docs, "not read") if chat_id is not None else []
