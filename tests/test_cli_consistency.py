@@ -125,6 +125,31 @@ def test_an_answers_cache_a_full_disk_did_not_keep_is_said_once(tmp_path):
     assert proc.stderr.count(said) == 1 and f"Note: {said}" in proc.stderr, proc.stderr
 
 
+FULL_AFTER_ANSWER = """
+import sys
+from store import DiskFullError
+from desktop_app.cli import main
+from desktop_app.chat import library
+def full(*args, **kwargs):
+    raise DiskFullError("the disk holding the data directory D is full")
+library.Library.add_turn = full
+main(sys.argv[1:])
+"""
+
+
+@pytest.mark.model
+def test_an_error_after_the_answer_streamed_starts_a_line_of_its_own(tmp_path):
+    """(A terminal showed "...seven.Error: the disk ... is full" on one line.)"""
+    doc = tmp_path / "ferry.txt"
+    doc.write_text("The ferry leaves the harbour at seven.")
+    kvdesk("attach", str(doc))
+    proc = subprocess.run([sys.executable, "-c", FULL_AFTER_ANSWER, "ask", "1", "When?",
+                           "--max-tokens", "4", "--no-server"], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 1 and "Error: the disk holding" in proc.stderr, proc.stderr
+    assert proc.stdout.strip() and proc.stdout.endswith("\n"), repr(proc.stdout)
+
+
 @pytest.mark.model
 def test_info_does_not_create_a_data_directory(tmp_path, model_path):
     data = tmp_path / "nowhere"

@@ -236,6 +236,10 @@ def ask(app: App, args, chat_id, docs, restore, generation, no_server, as_json):
                 raise
             bar.done()
             stopped("stopped before the answer began: nothing of this turn is stored", as_json)
+        except Exception:
+            if started and not as_json:  # the error's line starts below the streamed words
+                click.echo()
+            raise
     if not started and not as_json:
         bar.done()  # (an answer of no visible character never cleared it)
     if not as_json:
