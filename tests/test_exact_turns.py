@@ -9,13 +9,17 @@ leaves, which any such difference changes."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from test_engine import DOC, QUESTION, ask, close, deterministic, make_engine
 
+from desktop_app.kv.exactprefix import exact_part
 from desktop_app.kv.levels import DEFAULT_LEVELS, EXACT
 from desktop_app.model.runtime import PREFILL_SLICE
 from desktop_app.options import RestoreOptions
+from store import Span
 
 pytestmark = pytest.mark.model
 
@@ -93,3 +97,19 @@ def test_a_chat_of_a_document_not_stored_at_lossless_says_only_that(new_engine, 
     assert read.recomputed_tokens == read.tokens
     assert any("not stored at 'lossless'" in m for m in read.messages), read.messages
     assert not any("computed again from token" in m for m in read.messages), read.messages
+
+
+@pytest.mark.parametrize("chat_turns", [False, True])
+def test_the_lossless_notes_reason_names_a_chats_turns_only_where_they_are_read(chat_turns):
+    """(Its reason named "a chat's turns" for a document's cache alone, asked for under a
+    longer context: its last tokens past a whole slice were all it computed again.)"""
+    doc_end = 3 * PREFILL_SLICE + 40
+    spans = [Span(1, 0, 0, doc_end)] + ([Span(2, 0, doc_end, doc_end + 90)] if chat_turns
+                                         else [])
+    n = spans[-1].token_end
+    source = SimpleNamespace(spans=spans, prefilled={1: doc_end}, n_tokens=n, windows={},
+                             beyond=())
+    cut, why = exact_part(source, list(range(n + 20)), windowed=False)
+    assert cut.n_tokens == 3 * PREFILL_SLICE
+    assert len(why) == 1 and f"computed again from token {3 * PREFILL_SLICE}" in why[0]
+    assert ("a chat's turns" in why[0]) == chat_turns, why

@@ -74,13 +74,16 @@ def exact_part(source: ChunkSource, tokens: Sequence[int], windowed: bool
     end = exact_end(source, len(tokens), windowed)
     if end >= source.n_tokens and not windowed:
         return source, []
+    # (The reason named is what lies past `end`: a chat's turns, or only a document's last
+    # tokens, whose slice a prefill of this longer context would not end there.)
+    turns = any(s.entry_id not in source.prefilled for s in source.spans if s.token_end > end)
     why = [] if end >= source.n_tokens else [
         f"{source.n_tokens - end:,} of the {source.n_tokens:,} stored tokens are computed "
         f"again from token {end:,}: lossless reads a cache only where it holds what "
         "--no-cache computes bit for bit (a document's own cache, up to a multiple of "
-        f"{PREFILL_SLICE} tokens unless the context ends where it does); a chat's turns "
-        "were computed as they came, its answers a token at a time, and llama.cpp's "
-        "results depend on how tokens are batched"]
+        f"{PREFILL_SLICE} tokens unless the context ends where it does)"
+        + ("; a chat's turns were computed as they came, its answers a token at a time"
+           if turns else "") + ", and llama.cpp's results depend on how tokens are batched"]
     if end == 0:
         return None, why
     spans = [s for s in source.spans if s.token_start < end]
