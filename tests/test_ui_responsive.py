@@ -1,5 +1,11 @@
-"""The GUI thread never blocks for more than 50 ms while documents compute, chats restore and
-answers stream: a 10 ms timer on the GUI thread records the longest gap between its ticks."""
+"""The GUI thread never blocks while documents compute, chats restore and answers stream: the
+window calls the engine only from its workers, and a 10 ms timer on the GUI thread finds no
+gap between its ticks in which the GUI thread itself worked for more than 50 ms.
+
+The GUI thread's own work in a gap is its CPU time (`time.thread_time`), not the wall time:
+on a shared machine at a load of 4-5 the operating system alone left 120-170 ms between ticks
+now and then. An engine call on the GUI thread (which sleeps as the real engine's waits do,
+taking no CPU time) is caught by the engine recording where it was called."""
 
 from __future__ import annotations
 
@@ -10,7 +16,8 @@ from ui_fixtures import open_window, text_file
 
 from ui.testing import FakeEngine
 
-MAX_GAP_S = 0.050
+MAX_GAP_S = 0.050  # the GUI thread's own work between two ticks
+MAX_STALL_S = 2.0  # wall time between two ticks: a stall whatever the machine's load
 
 
 class GapProbe:
@@ -18,13 +25,15 @@ class GapProbe:
         self.timer = QTimer(interval=10, timerType=Qt.TimerType.PreciseTimer)
         self.timer.timeout.connect(self._tick)
         self.last = None
-        self.max_gap = 0.0
+        self.max_gap = 0.0  # wall seconds
+        self.max_work = 0.0  # the GUI thread's CPU seconds
         self.ticks = 0
 
     def _tick(self) -> None:
-        now = time.perf_counter()
+        now = (time.perf_counter(), time.thread_time())
         if self.last is not None:
-            self.max_gap = max(self.max_gap, now - self.last)
+            self.max_gap = max(self.max_gap, now[0] - self.last[0])
+            self.max_work = max(self.max_work, now[1] - self.last[1])
         self.last = now
         self.ticks += 1
 
@@ -42,6 +51,7 @@ def test_the_gui_thread_stays_responsive(qtbot, tmp_path):
     # Asked before the probe starts: the fake engine's calls sleep like real ones, and this
     # one would run on the GUI thread, where the window itself never calls the engine.
     oldest_chat = engine.chats()[-1].chat_id
+    engine.on_gui_thread.clear()
     probe = GapProbe()
     probe.start()
 
@@ -60,4 +70,6 @@ def test_the_gui_thread_stays_responsive(qtbot, tmp_path):
 
     assert [type(a).__name__ for a in attached] == ["AttachResult", "AttachResult"]
     assert probe.ticks > 50  # the probe really ran throughout
-    assert probe.max_gap < MAX_GAP_S, f"the GUI thread blocked for {probe.max_gap * 1000:.0f} ms"
+    assert engine.on_gui_thread == []  # each call would block the window as long as it takes
+    assert probe.max_work < MAX_GAP_S, f"the GUI thread worked {probe.max_work * 1000:.0f} ms"
+    assert probe.max_gap < MAX_STALL_S, f"the GUI thread stalled {probe.max_gap * 1000:.0f} ms"

@@ -78,6 +78,7 @@ class FakeEngine:
         self.damage: str | None = None  # a test's stand-in for a damaged store
         self.budget_gb: float | None = None  # the storage budget set while running, if any
         self.hold: dict[str, threading.Event] = {}  # method -> event it waits for before working
+        self.on_gui_thread: list[str] = []  # methods called on the main (the GUI's) thread
         self._lock = threading.Lock()
         self._docs: dict[int, DocumentInfo] = {}
         self._deleted: dict[int, str] = {}  # titles of the documents deleted
@@ -148,6 +149,8 @@ class FakeEngine:
 
     def _enter(self, method: str, *args) -> None:
         self.calls.append((method, *args))
+        if threading.current_thread() is threading.main_thread():
+            self.on_gui_thread.append(method)
         held = self.hold.get(method)
         if held is not None:
             held.wait(10)
