@@ -134,6 +134,28 @@ def test_passage_kv_is_computed_once_then_read_back(make_engine, level):
     assert len(higher.chunk_levels) > 1 and set(higher.chunk_levels) == {level}
 
 
+def test_passages_stored_after_the_passage_level_changes_extend_the_same_head(make_engine):
+    """(Each passage stored after a change of `passage_level` was a root holding its own copy
+    of the passages' system prompt: the head was held at the old level only.)"""
+    eng = make_engine(passage_level="balanced")
+    eng.ask("When does the Saturday ferry leave?", doc_ids=[eng.doc], generation=GREEDY)
+    before = passage_entries(eng)
+    (head_id,) = {e.parent_id for e in before.values()}
+    eng.close()
+    eng = make_engine(eng.store, passage_level="high")
+    eng.ask("How tall is the tower, and when do puffins nest?", doc_ids=[eng.doc],
+            generation=GREEDY)
+    added = {i: e for i, e in passage_entries(eng).items() if i not in before}
+    assert added and {e.parent_id for e in added.values()} == {head_id}
+    assert {e.levels for e in added.values()} == {("high",)}
+    assert set(eng.store.entry(head_id).levels) == {"balanced", "high"}
+    # The passages stored before still read back from the head at their level.
+    eng.runtime.reset()
+    again = eng.ask("When does the Saturday ferry leave?", doc_ids=[eng.doc], generation=GREEDY)
+    assert not any("with no stored KV" in m for m in again.messages), again.messages
+    assert passage_entries(eng).keys() == {*before, *added}
+
+
 def test_the_sentence_a_question_quotes_comes_from_its_passages_kv(make_engine):
     """A blend takes the KV of what the question's turn quotes from where the passages hold
     it, keys turned to the quote's place: read losslessly, the first layer's keys (which

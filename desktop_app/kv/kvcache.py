@@ -43,7 +43,15 @@ from collections.abc import Callable, Collection, Sequence
 import numpy as np
 
 import codec
-from store import BackgroundWriter, DiskFullError, NotFoundError, Store, StoreError, text_hash
+from store import (
+    BackgroundWriter,
+    DiskFullError,
+    Entry,
+    NotFoundError,
+    Store,
+    StoreError,
+    text_hash,
+)
 
 from ..calibration.calibrations import Calibrations
 from ..errors import Cancelled, RuntimeStateError
@@ -173,6 +181,22 @@ class KVCache:
         # Not writer.entry_id: an identical entry stored meanwhile (by another process) is
         # adopted, and this one dropped.
         return writer.entry.id
+
+    def add_level(self, rt: Runtime, entry: Entry, level: str) -> None:
+        """Root entry `entry` of a full-attention model, whose tokens the context holds
+        first, encoded again from the context at its levels and `level`: one entry of those
+        tokens at both, not a second one of the same tokens (which the store refuses)."""
+        kv = in_position_order(rt.capture().sections[0])
+        if entry.parent_id is not None or rt.layout.swa_layers or kv.n_tokens < entry.token_end:
+            raise RuntimeStateError(f"entry {entry.id} cannot be encoded again from the context")
+        cal = self.calibrations.current(rt.fingerprint)
+        levels = (*entry.levels, level)
+        chunks = {(span.chunk_index, lv): codec.encode(
+            kv.keys[:, span.token_start:span.token_end],
+            kv.values[:, span.token_start:span.token_end], lv, first_token=span.token_start,
+            calibration=cal, part=0)
+            for span in self.store.spans(entry.id) for lv in levels}
+        self.store.replace_levels(entry.id, levels, chunks, None if cal is None else cal.id)
 
     def store_chat(self, rt: Runtime, chat_id: int, tokens: Sequence[int],
                    first_document: tuple[int, Sequence[int]] | None,

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from store import BudgetFullError, Entry, NotFoundError, Store, StoreError
 from store.shared.heads import held_head, is_head
 
+from ..errors import RuntimeStateError
 from ..model.prompts import passage_head, passage_prefix
 from ..model.runtime import Runtime
 from ..results import Progress, location, size_text
@@ -189,21 +190,28 @@ class PassageKV:
         """The id of the passages' head entry that passage `tokens`, in `rt`'s context now,
         extends: stored from that context, at the passage level, where there is none. None
         where the passage shares no head: a sliding-window model, tokens that do not begin
-        with it, or none stored (the storage budget), or one stored at another level or chunk
-        size (before `passage_level` was changed: the passages stored since are roots)."""
+        with it, or none stored (the storage budget), or one stored at another chunk size.
+        One stored at another level (before `passage_level` was changed) is encoded at this
+        one too: else every passage stored since would hold its own copy of the head."""
         head = self.head(rt)
         if rt.layout.swa_layers or not 0 < len(head) < len(tokens) or \
                 tuple(tokens[:len(head)]) != head:
             return None
         found = held_head(self.store, rt.fingerprint, head, (self.level,))
-        if found is None:
+        other = None if found else held_head(self.store, rt.fingerprint, head, ())
+        if other is not None and other.chunk_size == self.kv.chunk_tokens:
+            try:
+                self.kv.add_level(rt, other, self.level)
+            except (StoreError, RuntimeStateError) as e:  # (read only, a full disk: a root)
+                log.info("the passages' head is not stored at %s: %s", self.level, e)
+            found = held_head(self.store, rt.fingerprint, head, (self.level,))
+        elif found is None and other is None:
             try:
                 if self.kv.store_prefix(rt, head, (self.level,), cancel=cancel, evict=evict,
                                         evicted=evicted, keep=keep) is None:
                     return None
             except (BudgetFullError, NotFoundError):  # (evicted at once: too large for it)
                 return None
-            # (None where one of the same tokens is held at another level: it was kept)
             found = held_head(self.store, rt.fingerprint, head, (self.level,))
         # (one chunk grid for the head and its passages: the tier's manifest)
         return found.id if found is not None and found.chunk_size == self.kv.chunk_tokens \
