@@ -1,15 +1,16 @@
 """A long document cut into passages of a few hundred tokens, on the document's own boundaries.
 
 The text is first read as units: paragraphs (and fenced code blocks) of prose and Markdown,
-with the heading path they sit under; top-level definitions of code (a class's methods
-too), with the definition they belong to as heading; every page of a PDF starts a unit of its
-own. Units are then packed, in order, into passages of about `target` tokens: a unit that
-starts a section, a definition or a page starts a new passage (a page always; a section once
-the passage holds a quarter of the target, so a run of tiny sections is not a run of tiny
-passages), and a unit longer than `limit` tokens is cut at lines, then sentences, then
-words. A passage begun inside a section ends where the next one starts; one that spans
-sections (tiny ones in a row) is cited under the heading where it starts (code: under the
-definition most of it is). A passage's text is exactly `text[start:end]` of the document.
+with the heading path they sit under; top-level definitions of code (a class's methods too),
+with the definition they belong to as heading; every page of a PDF starts a unit of its own
+(under the headings its outline gives). Units are then packed, in order, into passages of about
+`target` tokens: a unit that starts a section, a definition or a page starts a new passage (a
+page always; a section once the passage holds a quarter of the target, so a run of tiny
+sections is not a run of tiny passages), and a unit longer than `limit` tokens is cut at lines,
+then sentences, then words. A passage begun inside a section ends where the next one starts;
+one that spans sections (tiny ones in a row) is cited under the heading where it starts (code:
+under the definition most of it is). A passage's text is exactly `text[start:end]` of the
+document.
 
 Tokens are counted with the caller's `count_tokens` (the model's tokenizer), once per unit;
 a passage's count is the sum over its units (within a token or two of tokenizing it whole).
@@ -77,8 +78,9 @@ def split(text: str, kind: str, count_tokens: CountFn, *,
     `pages`: (page number, character offset its text starts at) of a PDF's pages, in order;
     `line_numbers`: the file's number of each of `text`'s lines, where they differ (a file
     whose blank runs the text collapsed, a web page's text), so that a passage's lines are
-    the file's; `headings`: a web page's own (start, end offset, level, title), its only
-    headings (a line of its text reading "# ..." is not one)."""
+    the file's; `headings`: a web page's own or a PDF's outline's (start, end offset,
+    level, title), each starting a line (several may start the same one), its only headings
+    (a line of its text reading "# ..." is not one)."""
     if not 0 < target <= limit:
         raise ValueError(f"a passage's target ({target}) must be positive and at most its "
                          f"limit ({limit})")
@@ -132,7 +134,10 @@ def _prose_units(text: str, *, markdown: bool, hashes: bool = True, setext: bool
     """Paragraphs, fenced blocks whole, each under its heading path (Markdown's # headings,
     unless not `hashes`, and underlined headings, reStructuredText's too; `marked`, `split`'s
     `headings`, where not `markdown`)."""
-    marks = {start: (end, level, title) for start, end, level, title in marked}
+    # (a PDF's outline may put a chapter and its first section on one line)
+    marks: dict[int, list[tuple[int, int, str]]] = {}
+    for start, end, level, title in marked:
+        marks.setdefault(start, []).append((end, level, title))
     heading_end = -1  # where the marked heading being read ends
     units: list[_Unit] = []
     heading: list[tuple[int, str]] = []  # (level, title)
@@ -193,8 +198,9 @@ def _prose_units(text: str, *, markdown: bool, hashes: bool = True, setext: bool
             continue
         if start in marks:
             flush()
-            heading_end, level, title = marks[start]
-            enter(level, title)
+            heading_end = max(end for end, _, _ in marks[start])
+            for _, level, title in marks[start]:
+                enter(level, title)
             para, titled = [(start, end)], True
             heads.add(start)
             continue
