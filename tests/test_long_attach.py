@@ -117,6 +117,30 @@ def test_a_long_pdf_keeps_its_pages_and_a_cancel_keeps_nothing(engine, tmp_path)
     assert engine.store.passage_counts() == {}
 
 
+def test_a_pdfs_outline_heads_its_sources_when_attached_and_when_split_later(engine,
+                                                                           tmp_path):
+    # A PDF's sources said only their page: its bookmarks never reached a passage.
+    pages = [[f"{n}. Part {n}"] + [f"Part {n} line {i}: the ledger holds entry {n * 100 + i}."
+                                   for i in range(20)] for n in range(1, 5)]
+    pages[2][9] = "The lighthouse ledger was moved to the crypt in 1911."
+    outline = [(1, f"Part {n}", n - 1) for n in range(1, 5)]
+    res = engine.attach(make_pdf(tmp_path / "ledger.pdf", pages, outline))
+    assert res.passages > 1
+    (hit,) = engine.passages(res.doc_id, query="Where was the lighthouse ledger moved?", k=1)
+    assert hit.page == 3 and hit.heading == ("Part 3",)
+    assert all(h.heading == (f"Part {h.page}",) for h in engine.passages(res.doc_id))
+    # One attached whole, split later for a chat that cannot hold it: from its file again.
+    short = make_pdf(tmp_path / "short.pdf", [["1. Opening", "The gate opens at six."],
+                                              ["2. Closing", "The gate shuts at nine."]],
+                     [(1, "Opening", 0), (1, "Closing", 1)])
+    whole = engine.attach(short)
+    assert not whole.passages
+    doc = engine.store.document(whole.doc_id)
+    assert engine.attacher.split_stored(engine.runtime, doc) == 2
+    assert [(h.page, h.heading) for h in engine.passages(whole.doc_id)] == [
+        (1, ("Opening",)), (2, ("Closing",))]
+
+
 def test_embed_gives_unit_vectors(engine):
     vectors = engine.embed(["harbour log", "tide tables"])
     assert vectors.shape == (2, engine.embedder.dimension)

@@ -542,6 +542,60 @@ def test_pdf_passages_carry_their_pages(tmp_path):
     assert {p.page for p in passages} == {1, 3, 4}
 
 
+REPORT = [["Annual report", "1. Introduction", "The harbour opened in spring."],
+          ["The pilots trained all summer.", "1.1 Background", "Tides ran high in May.",
+           "1.1.1 Early tides", "The first tide came at dawn."],
+          ["2. Methods", "We counted boats each morning.", "2.1 Counting boats",
+           "Each boat was counted twice."],
+          ["3. Results", "The fleet grew by a third."]]
+OUTLINE = [(1, "Introduction", 0), (2, "Background", 1), (3, "Early tides", 1),
+           (1, "Methods", 2), (2, "Counting   BOATS", 2), (1, "Results", 3)]
+
+
+def test_a_pdfs_outline_gives_its_passages_headings_with_their_pages(tmp_path):
+    # A PDF's passages had only page numbers: its bookmarks said nothing in its sources.
+    doc = extract(make_pdf(tmp_path / "report.pdf", REPORT, OUTLINE))
+    lines = {doc.text[s:e]: (level, title) for s, e, level, title in doc.headings}
+    assert lines == {"1. Introduction": (1, "Introduction"), "1.1 Background": (2, "Background"),
+                     "1.1.1 Early tides": (3, "Early tides"), "2. Methods": (1, "Methods"),
+                     "2.1 Counting boats": (2, "Counting BOATS"), "3. Results": (1, "Results")}
+    passages = split(doc.text, doc.kind, words, pages=doc.pages, headings=doc.headings,
+                     target=6, limit=12)
+    check_locations(doc.text, passages)
+    cited = {(p.page, p.heading) for p in passages}
+    assert {(1, ("Introduction",)), (2, ("Introduction",)),
+            (2, ("Introduction", "Background")),
+            (2, ("Introduction", "Background", "Early tides")), (3, ("Methods",)),
+            (3, ("Methods", "Counting BOATS")), (4, ("Results",))} <= cited, cited
+    tide = next(p for p in passages if "first tide" in p.text)
+    assert tide.page == 2 and tide.heading == ("Introduction", "Background", "Early tides")
+    # Without an outline: the pages alone, as before.
+    plain = extract(make_pdf(tmp_path / "plain.pdf", REPORT))
+    assert plain.text == doc.text and not plain.headings
+    assert {p.heading for p in split(plain.text, plain.kind, words, pages=plain.pages,
+                                     headings=plain.headings, target=6, limit=12)} == {()}
+
+
+def test_a_broken_outline_entry_is_skipped_and_a_title_not_on_its_page_opens_it(tmp_path):
+    outline = [(1, "Introduction", 0), (1, "A web page", "uri"), (1, "Nowhere", None),
+               (2, "Gone", "missing"), (1, "Appendix", 17), (1, "Methods", 2),
+               (2, "Tables", 2), (2, "Figures", 3), (1, "Loop", "loop")]
+    doc = extract(make_pdf(tmp_path / "broken.pdf", REPORT, outline))
+    assert [(doc.text[s:e].split("\n")[0], level, title)
+            for s, e, level, title in doc.headings] == [
+        ("1. Introduction", 1, "Introduction"), ("2. Methods", 1, "Methods"),
+        ("", 2, "Tables"), ("", 2, "Figures")]  # not on their pages: put at their starts
+    assert doc.warnings == []  # (pypdf's about the bookmarks: a cycle's holds a dictionary)
+    results = dict(doc.pages)[4]
+    assert doc.headings[-1][:2] == (results, results)
+    passages = split(doc.text, doc.kind, words, pages=doc.pages, headings=doc.headings,
+                     target=6, limit=12)
+    assert next(p for p in passages if "fleet" in p.text).heading == ("Methods", "Figures")
+    # a heading found and one put at the same line's start: both in the path, in order
+    assert next(p for p in passages if "counted boats" in p.text).heading == (
+        "Methods", "Tables")
+
+
 def test_a_paragraph_longer_than_the_limit_is_cut_at_sentences_then_words():
     text = "Alpha beta gamma. " * 200 + "\n" + "x" * 5 + " y" * 700
     passages = split(text.strip(), "text", words, target=50, limit=80)

@@ -3,13 +3,15 @@
 Supported: plain text, Markdown and source code (anything that is text, whatever its
 extension), tables (CSV, TSV) and JSON read as records (`passages.records`: each value next to
 its column or key), HTML (the visible text: no scripts, styles or markup; each line numbered
-by the file's line it starts on, its h1-h6 kept as the headings), and PDF (through pypdf).
+by the file's line it starts on, its h1-h6 kept as the headings), and PDF (through pypdf; its
+outline's entries as the headings, `passages.pdf_headings`).
 Each problem is a `DocumentError` with a message meant for the user — a binary or unknown
 file, an empty document, a PDF without a text layer — and text that is not UTF-8 is decoded
 in the encoding charset-normalizer detects (or Windows-1252; UTF-8 with a few stray bytes
 stays UTF-8, each stray byte read as Windows-1252: `encodings`) and *said so* in
-`Extracted.warnings`, never silently; so are a PDF reader's complaints, which never reach the
-terminal on their own.
+`Extracted.warnings`, never silently; so are a PDF reader's complaints about its text (never
+about its outline: a broken bookmark only loses its heading), which never reach the terminal on
+their own.
 
 This module only reads files: it never tokenizes, never touches the model or the store.
 """
@@ -22,11 +24,13 @@ import html.parser
 import io
 import logging
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import DocumentError
 from ..passages import records
+from ..passages.pdf_headings import outline_headings
 from .encodings import decode
 
 MAX_FILE_BYTES = 200 * 1024 * 1024  # far beyond any context; refuses accidental disk images
@@ -47,7 +51,8 @@ class Extracted:
     # The file's line number of each line of `text` (blank runs are collapsed in `text`; a
     # record's or a web page's line is the one it starts on): none for a PDF's.
     lines: tuple[int, ...] | None = None
-    # A web page's h1-h6: (start, end offset in `text`, level 1-6, title), for `split`.
+    # A web page's h1-h6, a PDF's outline: (start, end offset in `text`, level 1-6, title),
+    # for `split`.
     headings: tuple[tuple[int, int, int, str], ...] | None = None
 
     @property
@@ -115,7 +120,7 @@ def extract(path: str | Path) -> Extracted:
     warnings: list[str] = []
     pages = table = page = headings = None
     if suffix in PDF_SUFFIXES or data.startswith(b"%PDF"):
-        (text, pages), title, kind = _pdf_text(data, path, warnings), None, "pdf"
+        (text, pages, headings), title, kind = _pdf_text(data, path, warnings), None, "pdf"
     else:
         raw = decode(data, path.name, warnings)
         if suffix in HTML_SUFFIXES or _looks_like_html(raw):
@@ -272,9 +277,9 @@ def _pdf_log(name: str, warnings: list[str]):
         log.propagate = propagate
 
 
-def _pdf_text(data: bytes, path: Path,
-              warnings: list[str]) -> tuple[str, tuple[tuple[int, int], ...]]:
-    """The PDF's text and where each page with text starts in it."""
+def _pdf_text(data: bytes, path: Path, warnings: list[str]
+              ) -> tuple[str, tuple[tuple[int, int], ...], tuple[tuple[int, int, int, str], ...]]:
+    """The PDF's text, where each page with text starts in it, and its outline's headings."""
     from pypdf import PdfReader
     from pypdf.errors import PdfReadError
 
@@ -301,7 +306,36 @@ def _pdf_text(data: bytes, path: Path,
             parts.append(page)
             starts.append((number, offset))
             offset += len(page) + 2
-    return "\n\n".join(parts), tuple(starts)
+    text = "\n\n".join(parts)
+    # A broken bookmark costs the document nothing but its heading: pypdf's complaints about
+    # the outline (a cycle's holds a page of the entry's dictionary) are not said over it.
+    with _pdf_log(path.name, []):
+        return text, tuple(starts), outline_headings(_outline(reader), text, starts)
+
+
+def _outline(reader) -> Iterator[tuple[int, str, int | None]]:
+    """(level from 1, title, page number from 1 or None) of the outline's entries in order,
+    a nested list holding the entries under the one before it; an entry pypdf cannot place
+    has no page, and an outline it gives up on (too deep, too many entries) none at all."""
+    try:
+        outline = reader.outline
+    except Exception:  # noqa: BLE001 - a broken outline is no outline, never a failed attach
+        return
+    stack = [(1, iter(outline))]
+    while stack:
+        level, items = stack[-1]
+        item = next(items, None)
+        if item is None:
+            stack.pop()
+        elif isinstance(item, list):
+            stack.append((level + 1, iter(item)))
+        else:
+            try:
+                index = reader.get_destination_page_number(item)
+                title = str(item.title or "")
+            except Exception:  # noqa: BLE001 - one broken entry is skipped, the rest kept
+                continue
+            yield level, title, index + 1 if isinstance(index, int) and index >= 0 else None
 
 
 def _unreadable(name: str, data: bytes, error: Exception) -> str:

@@ -3,7 +3,8 @@
 `split` cuts a document's text into passages of a few hundred tokens on its own boundaries
 (paragraphs and headings of prose and Markdown, pages of a PDF, definitions in code), each
 with its location (characters, lines, page, heading path), `code_lines` telling it which
-lines of code open a definition; `records` reads tables and JSON as
+lines of code open a definition, `plain_headings` which lines of plain text are headings and
+`pdf_headings` where a PDF's outline entries are in its text; `records` reads tables and JSON as
 one record a line, each value next to its column or key, so that a passage cut from their
 middle still says what its values are; `embed` turns texts into
 L2-normalised vectors with a static embedding model that ships inside its wheel (nothing is
