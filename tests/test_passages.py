@@ -16,6 +16,7 @@ from pdf_helpers import make_pdf
 from desktop_app.chat.documents import _normalize, extract
 from desktop_app.errors import EngineError
 from desktop_app.passages.embed import WordLlamaEmbedder
+from desktop_app.passages.pdf_headings import MAX_HEADINGS, outline_headings
 from desktop_app.passages.retrieve import (
     RARE_PASSAGES,
     Retriever,
@@ -594,6 +595,15 @@ def test_a_broken_outline_entry_is_skipped_and_a_title_not_on_its_page_opens_it(
     # a heading found and one put at the same line's start: both in the path, in order
     assert next(p for p in passages if "counted boats" in p.text).heading == (
         "Methods", "Tables")
+
+
+def test_outline_levels_are_clamped_and_their_count_capped():
+    text = "Alpha\nbody\n\nBeta\nmore"
+    pages = [(1, 0), (2, 12)]
+    entries = [(1, "alpha", 1), (9, "B E T A", 2), (2, "gone", None), (1, "late", 7)]
+    assert outline_headings(entries, text, pages) == ((0, 5, 1, "alpha"), (12, 16, 6, "B E T A"))
+    many = [(1, "Beta", 2)] * (MAX_HEADINGS + 50)
+    assert len(outline_headings(many, text, pages)) == MAX_HEADINGS
 
 
 def test_a_paragraph_longer_than_the_limit_is_cut_at_sentences_then_words():
