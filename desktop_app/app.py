@@ -19,6 +19,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .errors import EngineError
 from .model import models
 from .settings import Settings, config_dir
 
@@ -122,10 +123,14 @@ class App:
     @cached_property
     def context(self) -> ContextChoice:
         """The context size, and why (`kvdesk info` says it)."""
-        from .model.contextsize import ContextChoice, available_memory, choose
+        from .model.contextsize import ContextChoice, available_memory, choose, unallocatable
 
         if self.settings.n_ctx is not None:
             n, trained = self.settings.n_ctx, self.model_facts and self.model_facts.context_length
+            if too_large := unallocatable(
+                    self.model_facts, n, model_bytes=self.model_path.stat().st_size,
+                    flash_attn=self.flash_attn[0], available=available_memory()):
+                raise EngineError(too_large)
             why = "set in the settings, --n-ctx or KVDESK_N_CTX"
             if trained and n > trained:
                 why += (f", over the {trained:,} tokens the model was trained on: past them "

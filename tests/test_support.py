@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from desktop_app.app import App
-from desktop_app.errors import KVStateError, UnsupportedModelError
+from desktop_app.errors import EngineError, KVStateError, UnsupportedModelError
 from desktop_app.model import contextsize, support
 from desktop_app.model.gguf_header import HeaderFacts
 from desktop_app.model.kvstate import KVState, build_seq_state, parse_seq_sections
@@ -115,6 +115,29 @@ def test_the_context_is_the_trained_one_capped_by_memory():
     unknown = contextsize.choose(FACTS, model_bytes=5 << 30, flash_attn=True, available=None)
     assert unknown.n_ctx == 131072 and "unknown" in unknown.why
     assert contextsize.available_memory() is None or contextsize.available_memory() > 0
+
+
+def test_a_context_set_larger_than_memory_holds_is_refused_naming_one_that_fits():
+    """(A context of 1,048,576 tokens set in the settings had the system end every command,
+    `info` too, for want of memory, with no word.)"""
+    kw = {"model_bytes": 5 << 30, "flash_attn": True}
+    assert contextsize.unallocatable(FACTS, 131072, available=64 << 30, **kw) is None
+    assert contextsize.unallocatable(FACTS, 131072, available=None, **kw) is None
+    why = contextsize.unallocatable(FACTS, 131072, available=16 << 30, **kw)
+    fits = int(why.split(": ")[1].split(" tokens fit")[0].replace(",", ""))
+    assert why.startswith("a context of 131,072 tokens needs 40.3 GB") and "--n-ctx" in why
+    assert 2048 <= fits < 131072
+    assert contextsize.unallocatable(FACTS, fits, available=16 << 30, **kw) is None
+    assert "not even 2,048 tokens fit" in contextsize.unallocatable(
+        FACTS, 131072, available=4 << 30, **kw)
+
+
+@pytest.mark.model
+def test_every_command_refuses_a_context_memory_cannot_hold(model_path, monkeypatch):
+    monkeypatch.setattr(contextsize, "available_memory", lambda: 1 << 30)
+    with pytest.raises(EngineError, match="a context of 1,048,576 tokens needs"):
+        App(Settings(model=str(model_path), n_ctx=1 << 20)).context
+    assert App(Settings(model=str(model_path), n_ctx=4096)).context.n_ctx == 4096
 
 
 def test_a_window_cache_costs_its_window_not_the_context():

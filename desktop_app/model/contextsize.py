@@ -14,7 +14,9 @@ llama-cpp-python 0.3.36: benchmarks/RESULTS.md, "Context size per model"):
 The default context is the largest of the trained context, halved down to 2,048 tokens, whose
 estimate for both contexts and the weights fits in `MEMORY_SHARE` of the memory available now
 (/proc/meminfo's MemAvailable, a cgroup's limit, or sysconf); `choose` says which and why, and
-`kvdesk info` shows it. It reads no model and allocates nothing.
+`kvdesk info` shows it. A context size the user sets is theirs, unless llama.cpp could not even
+allocate it (`unallocatable`): then no process starts one, rather than have the system end
+it for want of memory. It reads no model and allocates nothing.
 """
 
 from __future__ import annotations
@@ -114,3 +116,29 @@ def choose(facts: HeaderFacts | None, *, model_bytes: int, flash_attn: bool,
         return ContextChoice(n, f"{n:,} tokens, the smallest kvdesk gives a model: even this "
                                 f"may not fit ({gb})", need(n))
     return ContextChoice(n, f"capped by memory below {source}: {gb}", need(n))
+
+
+def unallocatable(facts: HeaderFacts | None, n_ctx: int, *, model_bytes: int, flash_attn: bool,
+                  available: int | None) -> str | None:
+    """Why a context of `n_ctx` tokens, set by the user, cannot be had here: the weights and
+    both contexts' KV and compute buffers, as llama.cpp allocates them when the model loads,
+    exceed the memory available (then the system ends the process with no word: a context
+    of 1,048,576 tokens of SmolLM2 took 23.6 GB). None when they fit, or nothing says."""
+    if facts is None or available is None or parts(facts, n_ctx, flash_attn=flash_attn) is None:
+        return None
+
+    def allocated(n: int) -> int:
+        return model_bytes + CONTEXTS * sum(parts(facts, n, flash_attn=flash_attn))
+
+    if allocated(n_ctx) <= available:
+        return None
+    # (what is suggested leaves the system its share, as the context chosen by default does)
+    n, budget = n_ctx, available * MEMORY_SHARE
+    while n > FLOOR and allocated(n) > budget:
+        n = max(FLOOR, n // 2 // CELL_ROUND * CELL_ROUND)
+    largest = (f"{n:,} tokens fit" if allocated(n) <= budget else
+               f"not even {FLOOR:,} tokens fit well")
+    return (f"a context of {n_ctx:,} tokens needs {allocated(n_ctx) / 1e9:.1f} GB for the weights "
+            f"and {CONTEXTS} contexts' KV caches, and {available / 1e9:.1f} GB of memory is "
+            f"available: {largest} (set a smaller n_ctx in the settings, --n-ctx or "
+            "KVDESK_N_CTX, or leave it unset for the largest that fits)")
