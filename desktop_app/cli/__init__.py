@@ -25,7 +25,7 @@ import sys
 
 import click
 
-from ..errors import is_user_error
+from ..errors import Cancelled, is_user_error
 from . import base, chat, maintenance, passages, remote, serve  # noqa: F401 - each registers its commands
 from .base import cli
 from .process import run
@@ -37,13 +37,14 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     base.json_printed = False
     base.running = None
+    base.interrupted = False
     try:
         cli.main(args=args, prog_name="kvdesk", standalone_mode=False)
     except click.exceptions.Abort:  # a second Ctrl-C (the first stops the work cleanly)
         if base.wants_json(args) and not base.json_printed:  # stdout: one JSON document
             click.echo(json.dumps({"error": "interrupted", "kind": "Interrupted"}))
         click.echo("Aborted.", err=True)
-        sys.exit(130)
+        sys.exit(base.INTERRUPTED)
     except click.UsageError as e:  # a malformed command line: one Error line, and where to look
         hint = f" (`{e.ctx.command_path} -h` for help)" if e.ctx is not None else ""
         if base.wants_json(args):
@@ -59,4 +60,4 @@ def main(argv: list[str] | None = None) -> None:
         if base.wants_json(args) and not base.json_printed:
             click.echo(json.dumps({"error": str(e), "kind": type(e).__name__}))
         click.echo(base.error_line(e), err=True)
-        sys.exit(1)
+        sys.exit(base.INTERRUPTED if base.interrupted and isinstance(e, Cancelled) else 1)

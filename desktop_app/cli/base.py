@@ -193,15 +193,23 @@ class TerminalProgress:
         self.last = None
 
 
+# Exit status of a command Ctrl-C stopped (128 + SIGINT, as shells report it): a script tells
+# it from a failure.
+INTERRUPTED = 130
+interrupted = False  # whether Ctrl-C stopped this command's work (`main` reads it)
+
+
 @contextlib.contextmanager
 def interruptible():
     """Ctrl-C sets a cancel event the engine checks between slices, so it stops cleanly."""
     cancel = threading.Event()
 
     def on_sigint(signum, frame):
+        global interrupted
         if cancel.is_set():  # a second Ctrl-C: the user really means it
             raise KeyboardInterrupt
         click.echo("\nStopping...", err=True)
+        interrupted = True
         cancel.set()
 
     previous = signal.signal(signal.SIGINT, on_sigint)
@@ -217,7 +225,7 @@ def stopped(said: str, as_json: bool) -> None:
     if as_json:
         print_json({"error": said, "kind": "Cancelled"})
     click.echo(said[0].upper() + said[1:] + ".", err=True)
-    sys.exit(1)
+    sys.exit(INTERRUPTED)
 
 
 def level_list(ctx: click.Context, param: click.Parameter, value: str | None

@@ -17,6 +17,7 @@ from ..options import AUTO, GenerationOptions, RestoreOptions
 from ..results import STATUS_WORDS, AttachFailure, Source, counted, restore_phrase, size_text
 from ..validation import InvalidValue
 from .base import (
+    INTERRUPTED,
     TerminalProgress,
     cli,
     emit,
@@ -119,7 +120,7 @@ def attach(app: App, files: tuple[str, ...], levels: list[str] | None, no_server
     if as_json:
         print_json(results)
     if failed:
-        sys.exit(1)
+        sys.exit(INTERRUPTED if cancel.is_set() else 1)
 
 
 def codec_line(calibrations: set[str | None]) -> str:

@@ -185,6 +185,9 @@ def calibration_lines(cal) -> list[str]:
 
 STOPPED_CALIBRATING = ("calibration stopped; what it measured is kept, and the next run (of "
                        "calibrate, eval or the window's) goes on from there")
+STOPPED_RECALIBRATING = ("calibration stopped; what it measured is kept, and the next "
+                         "`kvdesk calibrate --force` goes on from there; until then the "
+                         "calibration made before stays in use")
 
 
 @cli.command()
@@ -215,7 +218,9 @@ def calibrate(app: App, force: bool, as_json: bool):
                                "lossless for the next `kvdesk calibrate`", err=True)
         except Cancelled:
             bar.done()
-            stopped(STOPPED_CALIBRATING, as_json)
+            # (a plain `calibrate` shows the calibration in use; only --force goes on)
+            stopped(STOPPED_RECALIBRATING if force and engine.calibration() else
+                    STOPPED_CALIBRATING, as_json)
     bar.done()
     emit(cal.as_dict(), as_json, calibration_lines(cal))
 
