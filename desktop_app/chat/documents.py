@@ -3,8 +3,9 @@
 Supported: plain text, Markdown and source code (anything that is text, whatever its
 extension), tables (CSV, TSV) and JSON read as records (`passages.records`: each value next to
 its column or key), HTML (the visible text: no scripts, styles or markup; each line numbered
-by the file's line it starts on, its h1-h6 kept as the headings), and PDF (through pypdf; its
-outline's entries as the headings, `passages.pdf_headings`).
+by the file's line it starts on, its h1-h6 kept as the headings), PDF (through pypdf; its
+outline's entries as the headings, `passages.pdf_headings`), and Word documents and EPUB
+books (`office`, `wordfiles`, `ebooks`: their headings kept too).
 Each problem is a `DocumentError` with a message meant for the user — a binary or unknown
 file, an empty document, a PDF without a text layer — and text that is not UTF-8 is decoded
 in the encoding charset-normalizer detects (or Windows-1252; UTF-8 with a few stray bytes
@@ -31,6 +32,7 @@ from pathlib import Path
 from ..errors import DocumentError
 from ..passages import records
 from ..passages.pdf_headings import outline_headings
+from . import office
 from .encodings import decode
 
 MAX_FILE_BYTES = 200 * 1024 * 1024  # far beyond any context; refuses accidental disk images
@@ -43,7 +45,7 @@ PDF_SUFFIXES = {".pdf"}
 class Extracted:
     text: str
     title: str
-    kind: str  # text | markdown | code | html | pdf | table (CSV, TSV) | json
+    kind: str  # text | markdown | code | html | pdf | table (CSV, TSV) | json | docx | epub
     source: str
     warnings: list[str] = field(default_factory=list)
     # A PDF's pages that have text: (page number from 1, the offset in `text` it starts at).
@@ -121,10 +123,15 @@ def extract(path: str | Path) -> Extracted:
     pages = table = page = headings = None
     if suffix in PDF_SUFFIXES or data.startswith(b"%PDF"):
         (text, pages, headings), title, kind = _pdf_text(data, path, warnings), None, "pdf"
+    elif kind := office.kind_of(data, suffix, path.name):  # (or refused, named)
+        # (imported here: python-docx, ebooklib and lxml load only for such a file)
+        from . import ebooks, wordfiles
+        book = (wordfiles if kind == "docx" else ebooks).read(data, path.name, warnings)
+        text, title, headings = book.text, book.title, book.headings
     else:
         raw = decode(data, path.name, warnings)
         if suffix in HTML_SUFFIXES or _looks_like_html(raw):
-            page = _html_text(raw)
+            page = html_page(raw)
             text, title, kind, headings = page.text, page.title, "html", page.headings
         elif (table := records.read(raw, suffix)) is not None:
             # Values read next to their column or key (`records`): already normalized.
@@ -227,7 +234,8 @@ class _Page:
     headings: tuple[tuple[int, int, int, str], ...]  # (start, end in `text`, level, title)
 
 
-def _html_text(raw: str) -> _Page:
+def html_page(raw: str) -> _Page:
+    """A web page's (or an EPUB chapter's: `ebooks`) visible text, lines and headings."""
     parser = _VisibleText()
     parser.feed(raw)
     parser.close()

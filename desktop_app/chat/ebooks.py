@@ -1,0 +1,92 @@
+"""An EPUB book's text, through ebooklib: its chapters in reading order, their headings marked.
+
+The spine's XHTML documents, in its order, each read by the web page reader
+(`documents.html_page`: the visible text, h1-h6 as headings) and joined by a blank line; the
+book's title from its metadata. Navigation documents (the table of contents, EPUB 3's nav or
+EPUB 2's NCX), the cover, images, styles and fonts are not read. A book protected by DRM
+(META-INF/encryption.xml encrypting more than fonts: publishers obfuscate fonts in books
+that are otherwise open) is refused with a `DocumentError`, and so is one with no text.
+Lines are the book's text's own: a chapter's file lines would mean nothing to its reader.
+
+This module only reads a book's bytes: it never tokenizes, never touches the model or the
+store, and never writes the book.
+"""
+
+from __future__ import annotations
+
+import io
+import zipfile
+import zlib
+from xml.etree import ElementTree
+
+from ..errors import DocumentError
+from .documents import html_page
+from .encodings import decode
+from .office import Book
+
+# How publishers obfuscate the fonts of a book that is otherwise open (IDPF's and Adobe's).
+_FONT_OBFUSCATION = {"http://www.idpf.org/2008/embedding", "http://ns.adobe.com/pdf/enc#RC"}
+_FONT_SUFFIXES = (".ttf", ".otf", ".woff", ".woff2")
+_ENC = "{http://www.w3.org/2001/04/xmlenc#}"
+
+
+def read(data: bytes, name: str, warnings: list[str]) -> Book:
+    """The text of the EPUB book `data` (named `name` in what is said), or DocumentError."""
+    from ebooklib import ITEM_DOCUMENT, epub
+
+    _refuse_drm(data, name)
+    try:
+        book = epub.read_epub(io.BytesIO(data), {"ignore_ncx": True})
+    # ebooklib raises whatever its parsing meets in a damaged book (a KeyError for a missing
+    # chapter, an IndexError for a nav without a list, lxml's syntax errors): each is the
+    # book's damage to report, not kvdesk's failure.
+    except Exception as e:
+        raise DocumentError(f"{name}: the EPUB book cannot be read: it is damaged "
+                            f"({type(e).__name__}: {e})") from e
+    titles = [value for value, _ in book.get_metadata("DC", "title") if (value or "").strip()]
+    parts, headings, offset = [], [], 0
+    for idref, _linear in book.spine:
+        item = book.get_item_with_id(idref)
+        if (item is None or isinstance(item, epub.EpubNav) or item.get_type() != ITEM_DOCUMENT
+                or "nav" in (getattr(item, "properties", None) or ())):
+            continue
+        try:
+            page = html_page(decode(item.get_content(), f"{name}: {item.file_name}", warnings))
+        except DocumentError as e:  # a chapter that is not text: the others are still read
+            warnings.append(f"{e}; left out")
+            continue
+        # (a chapter's text is normalized, but for the spaces its last line may end with)
+        text = page.text.rstrip()
+        if not text.strip():
+            continue
+        if parts:
+            offset += 2
+        headings += [(offset + start, offset + min(end, len(text)), level, title)
+                     for start, end, level, title in page.headings if start < len(text)]
+        parts.append(text)
+        offset += len(text)
+    if not parts:
+        raise DocumentError(f"{name}: the EPUB book has no text (its chapters are empty, or "
+                            "images only)")
+    return Book("\n\n".join(parts), " ".join(titles[0].split()) if titles else None,
+                tuple(headings))
+
+
+def _refuse_drm(data: bytes, name: str) -> None:
+    """DocumentError for a book whose chapters are encrypted (DRM), not just its fonts."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as z:
+            if "META-INF/encryption.xml" not in z.namelist():
+                return
+            root = ElementTree.fromstring(z.read("META-INF/encryption.xml"))
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, OSError, EOFError,
+            ElementTree.ParseError) as e:
+        raise DocumentError(f"{name}: the EPUB book cannot be read: it is damaged ({e})") from e
+    for entry in root.iter(f"{_ENC}EncryptedData"):
+        method = entry.find(f"{_ENC}EncryptionMethod")
+        algorithm = method.get("Algorithm", "") if method is not None else ""
+        reference = entry.find(f"{_ENC}CipherData/{_ENC}CipherReference")
+        uri = (reference.get("URI", "") if reference is not None else "").lower()
+        if algorithm not in _FONT_OBFUSCATION and not uri.endswith(_FONT_SUFFIXES):
+            raise DocumentError(f"{name}: the EPUB book is protected by DRM (its text is "
+                                "encrypted); kvdesk reads only DRM-free books")
