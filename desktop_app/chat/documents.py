@@ -5,7 +5,7 @@ extension), tables (CSV, TSV) and JSON read as records (`passages.records`: each
 its column or key), HTML (the visible text: no scripts, styles or markup; each line numbered
 by the file's line it starts on, its h1-h6 kept as the headings), PDF (through pypdf; its
 outline's entries as the headings, `passages.pdf_headings`), and Word documents and EPUB
-books (`office`, `wordfiles`, `ebooks`: their headings kept too).
+books (the `formats` room: their headings kept too).
 Each problem is a `DocumentError` with a message meant for the user — a binary or unknown
 file, an empty document, a PDF without a text layer — and text that is not UTF-8 is decoded
 in the encoding charset-normalizer detects (or Windows-1252; UTF-8 with a few stray bytes
@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import DocumentError
+from ..formats import office
 from ..passages import records
 from ..passages.pdf_headings import outline_headings
-from . import office
 from .encodings import decode
 
 MAX_FILE_BYTES = 200 * 1024 * 1024  # far beyond any context; refuses accidental disk images
@@ -125,8 +125,9 @@ def extract(path: str | Path) -> Extracted:
         (text, pages, headings), title, kind = _pdf_text(data, path, warnings), None, "pdf"
     elif kind := office.kind_of(data, suffix, path.name):  # (or refused, named)
         # (imported here: python-docx, ebooklib and lxml load only for such a file)
-        from . import ebooks, wordfiles
-        book = (wordfiles if kind == "docx" else ebooks).read(data, path.name, warnings)
+        from ..formats import ebooks, wordfiles
+        book = wordfiles.read(data, path.name) if kind == "docx" else ebooks.read(
+            data, path.name, warnings, lambda raw, where: html_page(decode(raw, where, warnings)))
         text, title, headings = book.text, book.title, book.headings
     else:
         raw = decode(data, path.name, warnings)

@@ -29,7 +29,7 @@ from ..passages import records
 from .office import Book
 
 
-def read(data: bytes, name: str, warnings: list[str]) -> Book:
+def read(data: bytes, name: str) -> Book:
     """The text of the Word document `data` (named `name` in what is said), or DocumentError."""
     import docx
     from docx.opc.exceptions import PackageNotFoundError

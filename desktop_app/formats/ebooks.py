@@ -1,7 +1,8 @@
 """An EPUB book's text, through ebooklib: its chapters in reading order, their headings marked.
 
-The spine's XHTML documents, in its order, each read by the web page reader
-(`documents.html_page`: the visible text, h1-h6 as headings) and joined by a blank line; the
+The spine's XHTML documents, in its order, each read by the web page reader the caller passes
+(`chat.documents.html_page`: the visible text, h1-h6 as headings) and joined by a blank line;
+the
 book's title from its metadata. Navigation documents (the table of contents, EPUB 3's nav or
 EPUB 2's NCX), the cover, images, styles and fonts are not read. A book protected by DRM
 (META-INF/encryption.xml encrypting more than fonts: publishers obfuscate fonts in books
@@ -17,11 +18,11 @@ from __future__ import annotations
 import io
 import zipfile
 import zlib
+from collections.abc import Callable
+from typing import Protocol
 from xml.etree import ElementTree
 
 from ..errors import DocumentError
-from .documents import html_page
-from .encodings import decode
 from .office import Book
 
 # How publishers obfuscate the fonts of a book that is otherwise open (IDPF's and Adobe's).
@@ -30,8 +31,15 @@ _FONT_SUFFIXES = (".ttf", ".otf", ".woff", ".woff2")
 _ENC = "{http://www.w3.org/2001/04/xmlenc#}"
 
 
-def read(data: bytes, name: str, warnings: list[str]) -> Book:
-    """The text of the EPUB book `data` (named `name` in what is said), or DocumentError."""
+class Chapter(Protocol):
+    text: str  # normalized
+    headings: tuple[tuple[int, int, int, str], ...]  # (start, end in `text`, level, title)
+
+
+def read(data: bytes, name: str, warnings: list[str],
+         chapter: Callable[[bytes, str], Chapter]) -> Book:
+    """The text of the EPUB book `data` (named `name` in what is said), or DocumentError;
+    `chapter` reads a chapter's XHTML bytes (named by the second argument in what it says)."""
     from ebooklib import ITEM_DOCUMENT, epub
 
     _refuse_drm(data, name)
@@ -51,7 +59,7 @@ def read(data: bytes, name: str, warnings: list[str]) -> Book:
                 or "nav" in (getattr(item, "properties", None) or ())):
             continue
         try:
-            page = html_page(decode(item.get_content(), f"{name}: {item.file_name}", warnings))
+            page = chapter(item.get_content(), f"{name}: {item.file_name}")
         except DocumentError as e:  # a chapter that is not text: the others are still read
             warnings.append(f"{e}; left out")
             continue
