@@ -5,6 +5,7 @@ The files are made here with python-docx and ebooklib themselves."""
 from __future__ import annotations
 
 import io
+import re
 import zipfile
 
 import docx
@@ -226,3 +227,24 @@ def test_a_long_docx_becomes_passages_under_their_sections(tmp_path):
     cap = next(p for p in passages if "liability cap" in p.text)
     assert cap.heading == ("Article 9", "Section 9.2")
     assert all(p.text == doc.text[p.start:p.end] for p in passages)
+
+
+def test_a_docx_without_styles_or_numbering_is_read(tmp_path):
+    """Word always writes both parts; other tools may not (python-docx would make a default
+    of the one and fail on the other)."""
+    whole = make_docx(tmp_path / "whole.docx", contract)
+    bare = tmp_path / "bare.docx"
+    with zipfile.ZipFile(whole) as src, zipfile.ZipFile(bare, "w") as dst:
+        for item in src.infolist():
+            data = src.read(item)
+            if item.filename in ("word/styles.xml", "word/numbering.xml"):
+                continue
+            if item.filename == "word/_rels/document.xml.rels":
+                data = re.sub(rb'<Relationship [^>]*Target="(styles|numbering)\.xml"/>', b"",
+                              data)
+            dst.writestr(item, data)
+    doc = extract(bare)
+    assert doc.kind == "docx" and "deliver the parts\ninvoice them" not in doc.text
+    assert doc.text.split("\n\n")[:3] == ["Service Agreement", "Definitions",
+                                          "The Supplier means ACME Ltd."]
+    assert doc.headings == ()  # (its paragraphs name styles it no longer defines)

@@ -2,8 +2,7 @@
 
 The spine's XHTML documents, in its order, each read by the web page reader the caller passes
 (`chat.documents.html_page`: the visible text, h1-h6 as headings) and joined by a blank line;
-the
-book's title from its metadata. Navigation documents (the table of contents, EPUB 3's nav or
+the book's title from its metadata. Navigation documents (the table of contents, EPUB 3's nav or
 EPUB 2's NCX), the cover, images, styles and fonts are not read. A book protected by DRM
 (META-INF/encryption.xml encrypting more than fonts: publishers obfuscate fonts in books
 that are otherwise open) is refused with a `DocumentError`, and so is one with no text.

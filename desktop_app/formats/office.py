@@ -6,8 +6,8 @@ extension is read all the same), and refuses with a `DocumentError` meant for th
 cannot be read: a DOCX that is not a ZIP archive or is cut off, a password-protected Office
 document (an OLE container holding an "EncryptedPackage", not a ZIP), and the formats kvdesk
 does not read (Word 97-2003 .doc, OpenDocument, RTF, spreadsheets and slides), each named
-with what to save it as instead. `Book` is what the readers (`wordfiles`, `ebooks`) give back to
-`chat.documents`.
+with what to save it as instead. `Book` is what the readers (`wordfiles`, `ebooks`) give
+back to `chat.documents`.
 
 This module only looks at bytes: it never parses a document's content (the readers do),
 never tokenizes, never touches the model or the store.

@@ -32,14 +32,23 @@ from .office import Book
 def read(data: bytes, name: str) -> Book:
     """The text of the Word document `data` (named `name` in what is said), or DocumentError."""
     import docx
+    from docx.opc.constants import RELATIONSHIP_TYPE as RT
     from docx.opc.exceptions import PackageNotFoundError
     from docx.oxml.ns import qn
     from lxml.etree import XMLSyntaxError
 
+    def related(kind: str):
+        # (not python-docx's `styles` or `numbering_part`: for a document without one, the
+        # first makes a default from its templates, the second raises NotImplementedError)
+        try:
+            return document.part.part_related_by(kind).element
+        except KeyError:
+            return None
+
     try:
         document = docx.Document(io.BytesIO(data))
         title = (document.core_properties.title or "").strip() or None
-        reader = _Reader(qn, document.styles.element, document.part.numbering_part.element)
+        reader = _Reader(qn, related(RT.STYLES), related(RT.NUMBERING))
         blocks = list(reader.blocks(document.element.body))
     except ValueError as e:  # python-docx's "not a Word file": a macro document, a template
         raise DocumentError(f"{name}: not a Word document kvdesk can read ({e}); save it as "
@@ -77,14 +86,17 @@ class _Reader:
         self._skip = {w("w:del"), w("w:moveFrom"), w("w:txbxContent"), w("w:pPr"), w("w:rPr"),
                       w("w:sdtPr"), "{http://schemas.openxmlformats.org/markup-compatibility/"
                       "2006}Fallback"}
-        self.styles = {s.get(w("w:styleId")): s for s in styles.iter(w("w:style"))}
+        self.styles = {s.get(w("w:styleId")): s for s in styles.iter(w("w:style"))} \
+            if styles is not None else {}
         # The style of a paragraph that names none: the one marked the default.
         self.default = next((sid for sid, s in self.styles.items()
                              if s.get(w("w:type")) == "paragraph"
                              and s.get(w("w:default")) in ("1", "true")), None)
-        abstract = {a.get(w("w:abstractNumId")): a for a in numbering.iter(w("w:abstractNum"))}
+        numbering = numbering if numbering is not None else ()
+        abstract = {a.get(w("w:abstractNumId")): a for a in numbering
+                    if a.tag == w("w:abstractNum")}
         self.lists: dict[str, dict[int, tuple[int, str, str]]] = {}  # numId: ilvl: definition
-        for num in numbering.iter(w("w:num")):
+        for num in (n for n in numbering if n.tag == w("w:num")):
             ref = num.find(w("w:abstractNumId"))
             levels = abstract.get(ref.get(w("w:val"))) if ref is not None else None
             if levels is not None:
