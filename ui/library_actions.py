@@ -26,7 +26,8 @@ class LibraryMixin:
             return
         paths, _ = QFileDialog.getOpenFileNames(
             self, "Attach documents", str(Path.home()),
-            "Documents (*.txt *.md *.pdf *.html *.htm *.rst *.py *.json *.csv);;All files (*)")
+            "Documents (*.txt *.md *.pdf *.docx *.epub *.html *.htm *.rst *.py *.json *.csv);;"
+            "All files (*)")
         self.attach_files(paths)
 
     def attach_files(self, paths: list[str]) -> None:

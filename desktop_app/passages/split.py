@@ -73,8 +73,9 @@ def split(text: str, kind: str, count_tokens: CountFn, *,
           line_numbers: Sequence[int] | None = None,
           headings: Sequence[tuple[int, int, int, str]] | None = None,
           target: int = TARGET_TOKENS, limit: int = LIMIT_TOKENS) -> list[Passage]:
-    """`text` as passages. `kind` is the document's (text, markdown, html, code, pdf, and
-    table and json, read as records a line each: `records`);
+    """`text` as passages. `kind` is the document's (text, markdown, html, code, pdf, docx and
+    epub — prose whose only headings are `headings`, as html's —, and table and json, read as
+    records a line each: `records`);
     `pages`: (page number, character offset its text starts at) of a PDF's pages, in order;
     `line_numbers`: the file's number of each of `text`'s lines, where they differ (a file
     whose blank runs the text collapsed, a web page's text), so that a passage's lines are
