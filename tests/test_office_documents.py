@@ -27,7 +27,8 @@ def make_docx(path, build) -> str:
     return path
 
 
-def make_epub(path, chapters, *, title="The  Long Voyage", order=None, nav=True) -> str:
+def make_epub(path, chapters, *, title="The  Long Voyage", order=None, nav=True,
+              contents=False) -> str:
     """A book of (heading, body HTML) chapters; `order`: the spine's order of them."""
     book = epub.EpubBook()
     book.set_identifier("kvdesk-test")
@@ -45,6 +46,13 @@ def make_epub(path, chapters, *, title="The  Long Voyage", order=None, nav=True)
     book.add_item(epub.EpubNcx())
     book.add_item(epub.EpubNav())
     book.spine = (["nav"] if nav else []) + [items[i] for i in (order or range(len(items)))]
+    if contents:  # an EPUB 2 book's contents page, named by its guide
+        page = epub.EpubHtml(title="Contents", file_name="toc.xhtml", lang="en")
+        page.content = ("<html><head><title>Contents</title></head><body><h1>Contents</h1>"
+                        + "".join(f"<p>{h}</p>" for h, _ in chapters) + "</body></html>")
+        book.add_item(page)
+        book.spine.insert(0, page)
+        book.guide.append({"type": "toc", "href": "toc.xhtml", "title": "Contents"})
     epub.write_epub(str(path), book)
     return path
 
@@ -103,7 +111,7 @@ def test_docx_tables_as_records_or_rows(tmp_path):
 def test_epub_chapters_in_spine_order_with_headings_and_no_toc(tmp_path):
     path = make_epub(tmp_path / "voyage.epub", [
         ("Chapter One", "<p>It began at sea.</p><h2>A storm</h2><p>Waves rose.</p>"),
-        ("Chapter Two", "<p>The harbour at last.</p>")], order=[1, 0])
+        ("Chapter Two", "<p>The harbour at last.</p>")], order=[1, 0], contents=True)
     doc = extract(path)
     assert doc.kind == "epub" and doc.title == "The Long Voyage"
     assert doc.text == ("Chapter Two\n\nThe harbour at last.\n\nChapter One\n\n"

@@ -2,11 +2,12 @@
 
 The spine's XHTML documents, in its order, each read by the web page reader the caller passes
 (`chat.documents.html_page`: the visible text, h1-h6 as headings) and joined by a blank line;
-the book's title from its metadata. Navigation documents (the table of contents, EPUB 3's nav or
-EPUB 2's NCX), the cover, images, styles and fonts are not read. A book protected by DRM
-(META-INF/encryption.xml encrypting more than fonts: publishers obfuscate fonts in books
-that are otherwise open) is refused with a `DocumentError`, and so is one with no text.
-Lines are the book's text's own: a chapter's file lines would mean nothing to its reader.
+the book's title from its metadata. Navigation documents (the table of contents: EPUB 3's nav,
+EPUB 2's NCX, and the contents page an EPUB 2 book's guide names), the cover, images, styles
+and fonts are not read. A book protected by DRM (META-INF/encryption.xml encrypting more than
+fonts: publishers obfuscate fonts in books that are otherwise open) is refused with a
+`DocumentError`, and so is one with no text. Lines are the book's text's own: a chapter's file
+lines would mean nothing to its reader.
 
 This module only reads a book's bytes: it never tokenizes, never touches the model or the
 store, and never writes the book.
@@ -51,11 +52,15 @@ def read(data: bytes, name: str, warnings: list[str],
         raise DocumentError(f"{name}: the EPUB book cannot be read: it is damaged "
                             f"({type(e).__name__}: {e})") from e
     titles = [value for value, _ in book.get_metadata("DC", "title") if (value or "").strip()]
+    # An EPUB 2 book's contents page is a chapter of its spine like any other: its guide
+    # names it.
+    contents = {(g.get("href") or "").split("#")[0] for g in book.guide if g.get("type") == "toc"}
     parts, headings, offset = [], [], 0
     for idref, _linear in book.spine:
         item = book.get_item_with_id(idref)
         if (item is None or isinstance(item, epub.EpubNav) or item.get_type() != ITEM_DOCUMENT
-                or "nav" in (getattr(item, "properties", None) or ())):
+                or "nav" in (getattr(item, "properties", None) or ())
+                or item.file_name in contents):
             continue
         try:
             page = chapter(item.get_content(), f"{name}: {item.file_name}")
