@@ -74,7 +74,7 @@ def kind_of(data: bytes, suffix: str, name: str) -> str | None:
             raise DocumentError(f"{name}: a ZIP archive, but without {what} contents inside "
                                 "(another kind of file, renamed?)")
         suffix = found if found and found != "zip" else suffix
-    elif data.lstrip()[:5] == b"{\\rtf":
+    elif data[:64].lstrip()[:5] == b"{\\rtf":
         suffix = ".rtf"
     elif b"\x00" not in data[:8192] and suffix not in DOCX_SUFFIXES | EPUB_SUFFIXES:
         # Text named .doc or .rtf (a web page Word saved so, notes renamed): read as text.
