@@ -352,3 +352,31 @@ def test_a_stop_id_names_one_turn_in_flight(served):
     thread.join(60)
     (result,) = [e["result"] for e in events if "result" in e]
     assert result["finish_reason"] == "cancelled"
+
+
+def test_each_document_is_a_model_answering_from_it(served, tmp_path):
+    """For tools that pick a model from the list and cannot send kvdesk's own field (Open
+    WebUI, Continue, the `ollama` client): each document is listed as a model."""
+    doc = tmp_path / "Ferry guide.txt"
+    doc.write_text(DOC + " The Sunday ferry leaves at noon.")  # (not a document attached above)
+    doc_id = served.app.engine.attach(doc).doc_id
+    name = f"doc-{doc_id}-ferry-guide-txt"
+    assert name in [m.id for m in served.client.models.list().data]
+    assert served.client.models.retrieve(name).id == name  # (tools check the name first)
+    tags = httpx.get(f"{served.url}/api/tags", trust_env=False).json()["models"]
+    assert f"{name}:latest" in [m["name"] for m in tags]
+    question = [{"role": "user", "content": "When does the first ferry leave?"}]
+    plain = ask(served.client, question)
+    read = served.client.chat.completions.create(model=name, messages=question,
+                                                 max_tokens=12, temperature=0)
+    # The document is read before the question: its tokens are the prompt's.
+    assert read.usage.prompt_tokens > plain.usage.prompt_tokens + 30
+    assert read.model == name
+    ollama = httpx.post(f"{served.url}/api/chat", trust_env=False, timeout=120, json={
+        "model": f"doc-{doc_id}:latest", "messages": question, "stream": False,
+        "options": {"num_predict": 4, "temperature": 0}}).json()
+    assert ollama["prompt_eval_count"] == read.usage.prompt_tokens, ollama  # the same prompt
+    with pytest.raises(openai.NotFoundError) as gone:
+        served.client.chat.completions.create(model="doc-99999", messages=question,
+                                              max_tokens=2)
+    assert "no document 99999" in gone.value.message

@@ -2,7 +2,8 @@
 (`legacy`, `responses`, `ollama` and `edges` add the rest: text completions, the Responses
 API, Ollama's API, CORS, body limits and the API key).
 
-    GET  /v1/models                           the loaded model (and "default")
+    GET  /v1/models                           the loaded model (and "default"), and each
+                                              document as a model answering from it
     POST /v1/embeddings                       OpenAI embeddings, from retrieval's model
                                               (`embeddings`)
     POST /v1/chat/completions                 OpenAI chat completions, streamed or not, with a
@@ -23,6 +24,7 @@ Routes only translate: the engine does the work, on worker threads (`bridge`).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import ipaddress
 import json
@@ -128,17 +130,19 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
     @api.get("/v1/models")
     async def models():
         created = int(Path(app.model_path).stat().st_mtime)
+        documents = await asyncio.to_thread(served.document_models)
         return {"object": "list", "data": [
             {"id": name, "object": "model", "created": created, "owned_by": "kvdesk"}
-            for name in (model_id, "default")]}
+            for name in (model_id, "default", *(name for name, _ in documents))]}
 
     @api.post("/v1/chat/completions")
     async def chat_completions(body: s.ChatRequest, request: Request):
-        if not served.is_openai_name(body.model):
+        if not served.picks(body.model, ollama=False):
             raise ApiError(404, served.refusal(body.model, ollama=False),
                            code="model_not_found", param="model")
         body.check_supported()
-        options = body.kvdesk.engine_options(body.generation(), body.stops())
+        options = served.answering(body.model, body.kvdesk.engine_options(
+            body.generation(), body.stops()))
         messages = [m.flat() for m in body.messages]
         cid = s.completion_id()
         if not body.stream:

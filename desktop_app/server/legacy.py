@@ -16,6 +16,7 @@ Routes only translate, as in `api`: the engine does the work.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from pathlib import Path
@@ -74,7 +75,9 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
 
     @api.get("/v1/models/{model_id:path}")
     async def model(model_id: str):
-        check_model(model_id)
+        doc = served.document_of(model_id)  # (a document's model: while it is attached)
+        if doc is None or doc not in await asyncio.to_thread(app.store.document_titles):
+            check_model(model_id)
         return model_object(model_id)
 
     @api.post("/v1/completions")

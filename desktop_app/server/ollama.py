@@ -2,7 +2,9 @@
 JS clients, Open WebUI's Ollama mode, editor and notes plugins.
 
     GET  /                                    "Ollama is running" (tools' health check)
-    GET  /api/version, /api/tags, /api/ps     the server; the model it serves (and its context)
+    GET  /api/version, /api/tags, /api/ps     the server; the model it serves (and its context);
+                                              tags: each document too, as a model answering
+                                              from it (`served`)
     POST /api/show                            that model: details, parameters in effect,
                                               chat template, capabilities
     POST /api/chat                            a conversation answered, streamed as Ollama
@@ -58,9 +60,13 @@ NEVER = "9999-12-31T23:59:59Z"
 def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
     served = Served(app)
 
-    async def check_model(name: str) -> None:
+    async def check_model(name: str, *, documents: bool = False) -> None:
+        """Refused unless `name` is the served model (or with `documents`, a document's)."""
+        def known() -> bool:
+            return served.picks(name, ollama=True) if documents else served.is_ollama_name(name)
+
         # On a thread: the first call may list the machine's models (headers, memoized).
-        if not await asyncio.to_thread(served.is_ollama_name, name):
+        if not await asyncio.to_thread(known):
             raise ApiError(404, served.refusal(name, ollama=True), code="model_not_found",
                            param="model")
 
@@ -90,7 +96,10 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
 
     @api.api_route("/api/tags", methods=["GET", "HEAD"])  # HEAD: health checks
     async def tags():
-        return {"models": [await asyncio.to_thread(listed)]}
+        model = await asyncio.to_thread(listed)
+        documents = await asyncio.to_thread(served.document_models)
+        return {"models": [model, *({**model, "name": f"{name}:latest",
+                                     "model": f"{name}:latest"} for name, _ in documents)]}
 
     @api.api_route("/api/ps", methods=["GET", "HEAD"])  # HEAD: health checks
     async def ps():
@@ -100,7 +109,7 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
 
     @api.post("/api/show")
     async def show(body: sh.ShowRequest):
-        await check_model(body.asked)
+        await check_model(body.asked, documents=True)
         return await asyncio.to_thread(shown)
 
     def shown() -> dict:
@@ -123,9 +132,9 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
 
     @api.post("/api/chat")
     async def chat(body: sh.ChatRequest, request: Request):
-        await check_model(body.model)
+        await check_model(body.model, documents=True)
         messages = body.conversation()
-        options = body.engine_options()
+        options = served.answering(body.model, body.engine_options())
         if not messages:
             return sh.loaded(body.model, True, body.unloading())
         return await answer(request, body, lambda **kw: fitted(
@@ -133,9 +142,9 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
 
     @api.post("/api/generate")
     async def generate(body: sh.GenerateRequest, request: Request):
-        await check_model(body.model)
+        await check_model(body.model, documents=True)
         body.check_supported()
-        options = body.engine_options()
+        options = served.answering(body.model, body.engine_options())
         if not body.prompt and not body.suffix:
             return sh.loaded(body.model, False, body.unloading())
         if body.raw or body.suffix:

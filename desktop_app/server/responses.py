@@ -136,7 +136,7 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
 
     @api.post("/v1/responses")
     async def create(body: ResponsesRequest, request: Request):
-        if not served.is_openai_name(body.model):
+        if not served.picks(body.model, ollama=False):
             raise ApiError(404, served.refusal(body.model, ollama=False),
                            code="model_not_found", param="model")
         previous = kept.load(body.previous_response_id) if body.previous_response_id else {}
@@ -146,6 +146,7 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
         options = body.kvdesk.engine_options(body.generation(), body.stops())
         if "documents" not in body.kvdesk.model_fields_set:  # those it continues from
             options["documents"] = previous.get("documents", [])
+        options = served.answering(body.model, options)
         rid, mid = f"{_ID}{uuid.uuid4().hex}", f"msg_{uuid.uuid4().hex}"
         created = int(time.time())
 

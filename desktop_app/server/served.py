@@ -8,15 +8,25 @@ Ollama reads a name without a tag, with ":latest" added. A request for any other
 refused, saying which models are served and how to serve another; so is a request to
 download or manage one (Ollama's pull of another model, delete, copy, create, push).
 
+Each attached document is listed as a model too, "doc-ID-title" (`document_models`): the
+served model answering from that document, for the tools that pick a model from the list
+and cannot add kvdesk's own request field (Open WebUI, Continue, the `ollama` client). A
+request naming one answers from it as if it named it in `kvdesk.documents`, first; its id
+decides, whatever follows it (a title renamed since).
+
 It never loads a model: names come from the settings, the file's path and its header.
 """
 
 from __future__ import annotations
 
+import re
 from functools import cached_property
 from pathlib import Path
 
 from ..app import App
+
+# "doc-12-user-manual", "doc-12" and Ollama's "doc-12-user-manual:latest": document 12
+_DOCUMENT_MODEL = re.compile(r"doc-(\d{1,12})(?:-[a-z0-9-]*)?(?::latest)?")
 
 
 class Served:
@@ -59,6 +69,29 @@ class Served:
         send them)."""
         return name in self.openai_ids or self.is_ollama_name(name)
 
+    def document_models(self) -> list[tuple[str, int]]:
+        """(model name, document id) of each attached document, oldest first."""
+        return [(f"doc-{i}-{_slug(title)}".rstrip("-"), i)
+                for i, title in sorted(self.app.store.document_titles().items())]
+
+    def document_of(self, name: str) -> int | None:
+        """The document a document's model name picks; None for any other name."""
+        m = _DOCUMENT_MODEL.fullmatch(name)
+        return int(m[1]) if m else None
+
+    def picks(self, name: str, *, ollama: bool) -> bool:
+        """Whether `name` means the served model, alone or answering from a document."""
+        return self.document_of(name) is not None or (
+            self.is_ollama_name(name) if ollama else self.is_openai_name(name))
+
+    def answering(self, name: str, options: dict) -> dict:
+        """A request's engine options (`KvdeskOptions.engine_options`) with the document its
+        model name picks first among its documents."""
+        doc = self.document_of(name)
+        if doc is None:
+            return options
+        return {**options, "documents": [doc, *(d for d in options["documents"] if d != doc)]}
+
     def not_managed(self, asked: str) -> str:
         """Why Ollama's model management (pull of another model, delete, copy, create, push)
         is refused: a server serves the model its settings pick, and downloads none."""
@@ -70,3 +103,8 @@ class Served:
         served = repr(self.ollama_name) if ollama else " or ".join(map(repr, self.openai_ids))
         return (f"model {name!r} is not served here: this server serves {served}; to use "
                 f"another, start `kvdesk --model NAME serve` (`kvdesk models` lists them)")
+
+
+def _slug(title: str) -> str:
+    """A title as a model name's letters: lower case, digits and dashes, 40 at most."""
+    return re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")[:40].rstrip("-")
