@@ -363,7 +363,7 @@ class Store(LibraryStore, PassageStore, PassageKVStore, SplitStore):
 
         Entries and documents whose writer was killed go first (store.caches.quota).
         Returns {"evicted_entries": [ids], "evicted_caches": [{"entry", "document_id",
-        "chat_id", "passage", "bytes"} of each], "abandoned_entries": [ids],
+        "chat_id", "passage", "bytes", "model"} of each], "abandoned_entries": [ids],
         "abandoned_documents": [ids], "freed_bytes": n, "bytes_after": n, "budget_bytes": n}.
         """
         budget = self.budget_bytes if budget_bytes is None else budget_bytes

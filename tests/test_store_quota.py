@@ -53,7 +53,7 @@ def test_least_recently_used_entries_go_first(store, clock):
         "evicted_entries": [b.id, c.id], "abandoned_entries": [], "abandoned_documents": [],
         "evicted_caches": [
             {"entry": e.id, "document_id": None, "chat_id": None, "passage": False,
-             "bytes": 1000} for e in (b, c)],
+             "bytes": 1000, "model": FP} for e in (b, c)],
         "freed_bytes": 2000,
         "bytes_after": 1000, "budget_bytes": 1500,
     }  # fmt: skip
@@ -96,7 +96,19 @@ def test_a_finished_entry_says_which_caches_it_evicted(store, clock):
     with store.write_entry(FP, range(200, 300), levels=["raw"]) as writer:
         writer.put_chunk(0, "raw", bytes(1000))
     assert writer.evicted == [{"entry": old.id, "document_id": document.id, "chat_id": None,
-                               "passage": False, "bytes": 1000}]
+                               "passage": False, "bytes": 1000, "model": FP}]
+
+
+def test_each_evicted_cache_names_its_model(store, clock):
+    """One store holds every model's caches under one budget: a cache of another model than
+    the one storing went unnamed as such (its record had no model)."""
+    store.register_model("model-b", "/models/b.gguf", {"n_layer": 2})
+    store.budget_bytes = 1500
+    old = raw_entry(store, clock, range(0, 100))
+    clock.tick()
+    with store.write_entry("model-b", range(100, 200), levels=["raw"]) as writer:
+        writer.put_chunk(0, "raw", bytes(1000))
+    assert [(c["entry"], c["model"]) for c in writer.evicted] == [(old.id, FP)]
 
 
 def test_an_entry_larger_than_the_whole_budget_goes_alone(store, clock):
@@ -168,8 +180,8 @@ def test_room_is_not_made_by_evicting_what_the_writer_keeps(store, clock):
     with store.write_entry(FP, range(200, 300), levels=["raw"], keep=[a.id, b.id]) as writer:
         writer.put_chunk(0, "raw", bytes(1000))
     assert writer.evicted == [{"entry": writer.entry.id, "document_id": None, "chat_id": None,
-                               "passage": False, "bytes": 1000, "too_large": True,
-                               "beside": 2000}]
+                               "passage": False, "bytes": 1000, "model": FP,
+                               "too_large": True, "beside": 2000}]
     assert [e.id for e in store.entries()] == [a.id, b.id]
     # Keeping one of them: the other, least recently used, goes instead.
     clock.tick()

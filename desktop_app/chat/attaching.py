@@ -220,7 +220,7 @@ class Attacher:
                                             progress=progress, cancel=cancel, title=title,
                                             evicted=evicted)
             encode_s = time.perf_counter() - t1
-            warnings += self.kv.eviction_notes(evicted)
+            warnings += self.kv.eviction_notes(evicted, rt.fingerprint)
         except BaseException:
             rt.reset()
             raise

@@ -57,7 +57,8 @@ from ..calibration.calibrations import Calibrations
 from ..errors import Cancelled, RuntimeStateError
 from ..model.kvstate import in_position_order
 from ..model.runtime import Runtime
-from ..results import Progress, size_text
+from ..results import Progress
+from .evictions import eviction_notes
 from .levels import stored_by_default
 
 log = logging.getLogger(__name__)
@@ -226,7 +227,7 @@ class KVCache:
         are stored already)."""
         return self._kept(lambda evicted: self.store_chat(
             rt, chat_id, tokens, first_document, evicted, decoded_until, holds),
-            "this turn's cache")[1]
+            "this turn's cache", rt.fingerprint)[1]
 
     def keep_prefix(self, rt: Runtime, tokens: Sequence[int], decoded_until: int = 0,
                     holds: Sequence[int] = (), cancel: threading.Event | None = None
@@ -237,10 +238,10 @@ class KVCache:
         stored: list[int | None] = []
         kept, said = self._kept(lambda evicted: stored.append(self.store_prefix(
             rt, tokens, evicted=evicted, decoded_until=decoded_until, holds=holds,
-            cancel=cancel)), "this conversation's cache")
+            cancel=cancel)), "this conversation's cache", rt.fingerprint)
         return kept and stored != [None], said
 
-    def _kept(self, store: Callable[[list[dict]], object], what: str
+    def _kept(self, store: Callable[[list[dict]], object], what: str, fingerprint: str
               ) -> tuple[bool, list[str]]:
         evicted: list[dict] = []
         try:
@@ -248,37 +249,15 @@ class KVCache:
         except (DiskFullError, NotFoundError) as e:  # the answer stands; its cache is not kept
             # (the caller tells the user: the answer's notes; the log only records it)
             log.info("%s is not stored: %s", what, e)
-            return False, [f"{what} is not stored: {e}"]
-        return not any(c.get("too_large") for c in evicted), self.eviction_notes(evicted)
+            # (what a store before it evicted, its document's first, went all the same)
+            return False, [f"{what} is not stored: {e}",
+                           *self.eviction_notes(evicted, fingerprint)]
+        said = self.eviction_notes(evicted, fingerprint)
+        return not any(c.get("too_large") for c in evicted), said
 
-    def eviction_notes(self, evicted: Sequence[dict]) -> list[str]:
+    def eviction_notes(self, evicted: Sequence[dict], fingerprint: str | None = None
+                       ) -> list[str]:
         """What storing a cache says of those it evicted to keep within the storage budget
-        (store.gc's `evicted_caches`): nothing when it evicted none."""
-        budget = size_text(self.store.budget_bytes)
-        said = [f"this cache ({size_text(c['bytes'])} with the cache it extends) is larger than "
-                f"the whole storage budget of {budget}: it is not stored, and nothing else was "
-                "evicted for it (the setting storage_budget_gb)"
-                for c in evicted if c.get("too_large")]
-        evicted = [c for c in evicted if not c.get("too_large")]
-        if not evicted:
-            return said
-        docs = dict.fromkeys(c["document_id"] for c in evicted
-                             if c["document_id"] is not None and not c["passage"])
-        chats = {c["chat_id"] for c in evicted if c["chat_id"] is not None}
-        passages = sum(c["passage"] for c in evicted)
-        prompts = sum(c["document_id"] is None and c["chat_id"] is None and not c["passage"]
-                      for c in evicted)
-        kinds = [f"document {d} ({self._title(d)})" for d in docs] + [f"{n} {what}" for n, what in (
-            (len(chats), "chat cache(s)"), (passages, "passage(s)"),
-            # (a root of no document or chat: the local API's shared prompt, or the passages')
-            (prompts, "shared prompt cache(s)")) if n]
-        return [*said, f"storing this evicted the least recently used caches to keep within the "
-                f"storage budget of {budget}: {', '.join(kinds)} "
-                f"({size_text(sum(c['bytes'] for c in evicted))}); they are computed again when "
-                "next used"]
-
-    def _title(self, doc_id: int) -> str:
-        try:
-            return self.store.document(doc_id).title
-        except NotFoundError:  # deleted meanwhile
-            return "deleted"
+        (store.gc's `evicted_caches`; another model's than `fingerprint`'s named so): nothing
+        when it evicted none."""
+        return eviction_notes(self.store, evicted, fingerprint)

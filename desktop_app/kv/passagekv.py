@@ -147,7 +147,8 @@ class PassageKV:
                     entry = self._compute(rt, i, len(passages), document_id, text, ready,
                                           evict, keep, evicted, unstored, cancel, progress)
             ready.entries.append(entry)
-        ready.notes.extend(self.kv.eviction_notes(evicted))  # (what storing them pushed out)
+        # (what storing them pushed out)
+        ready.notes.extend(self.kv.eviction_notes(evicted, rt.fingerprint))
         if healed:
             ready.notes.append(f"the stored KV of {', '.join(healed)} was damaged (set aside "
                                "when read): computed again and stored")

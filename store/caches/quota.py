@@ -101,11 +101,12 @@ def collect(db: Connections, budget_bytes: int, now: float, report: dict | None 
                     entry_id in keep for entry_id, _, _ in tree):
                 continue
             sizes = {entry_id: nbytes for entry_id, _, nbytes in tree}
+            # (the model: one store holds every model's caches, and the budget is shared)
             caches = [{"entry": entry_id, "document_id": doc, "chat_id": chat,
-                       "passage": bool(passage), "bytes": sizes[entry_id]}
-                      for entry_id, doc, chat, passage in wdb.conn.execute(
-                          "SELECT id, document_id, chat_id, passage FROM kv_entries WHERE id IN"
-                          f" ({','.join('?' * len(sizes))})", list(sizes))]
+                       "passage": bool(passage), "bytes": sizes[entry_id], "model": model}
+                      for entry_id, doc, chat, passage, model in wdb.conn.execute(
+                          "SELECT id, document_id, chat_id, passage, model FROM kv_entries"
+                          f" WHERE id IN ({','.join('?' * len(sizes))})", list(sizes))]
             wdb.conn.execute("DELETE FROM kv_entries WHERE id = ?", (candidate,))
         report["evicted_entries"] += [entry_id for entry_id, _, _ in tree]
         report["evicted_caches"] += caches
@@ -130,7 +131,8 @@ def make_room(db: Connections, budget_bytes: int, entry: Entry, now: float,
     if held_bytes > budget_bytes:  # evicting all else would not make room: it goes alone
         _delete(db, entry.id)
         return [{"entry": entry.id, "document_id": entry.document_id, "chat_id": entry.chat_id,
-                 "passage": entry.passage, "bytes": chain_bytes, "too_large": True,
+                 "passage": entry.passage, "bytes": chain_bytes, "model": entry.model,
+                 "too_large": True,
                  **({"beside": held_bytes - chain_bytes} if chain_bytes <= budget_bytes else {})}]
     return collect(db, budget_bytes, now, report, keep=held)["evicted_caches"]
 

@@ -1,0 +1,74 @@
+"""What the user is told of the caches a store evicted to keep within the storage budget.
+
+Every path that stores KV with eviction (an attach, a question's passages, a turn's chat cache,
+a blended chat's exact pass, a local API conversation) says it in these words, one note per
+store, naming every cache that went. One store holds every model's caches under one budget, so
+a cache of a model other than the loaded one is named with its model: a user who switches
+models learns that the switch pushed the other model's caches out.
+
+It only words records (store.gc's `evicted_caches`); it never evicts nor stores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from store import NotFoundError, Store
+
+from ..results import size_text
+
+
+def eviction_notes(store: Store, evicted: Sequence[dict], fingerprint: str | None = None
+                   ) -> list[str]:
+    """The notes for `evicted` (nothing when it evicted none), the caches of a model other
+    than `fingerprint`'s (the loaded one) named with that model; None: all taken as its."""
+    budget = size_text(store.budget_bytes)
+    said = [f"this cache ({size_text(c['bytes'])} with the cache it extends) is larger than "
+            f"the whole storage budget of {budget}: it is not stored, and nothing else was "
+            "evicted for it (the setting storage_budget_gb)"
+            for c in evicted if c.get("too_large")]
+    evicted = [c for c in evicted if not c.get("too_large")]
+    if not evicted:
+        return said
+    by_model: dict[str | None, list[dict]] = {}
+    for c in evicted:
+        model = c.get("model")
+        by_model.setdefault(None if fingerprint is None or model == fingerprint else model,
+                            []).append(c)
+    groups = [", ".join(_kinds(store, by_model[None]))] if None in by_model else []
+    groups += [f"{'and ' if groups else ''}model {_model_name(store, model)}'s (not the one "
+               f"loaded): {', '.join(_kinds(store, caches))}"
+               for model, caches in by_model.items() if model is not None]
+    return [*said, f"storing this evicted the least recently used caches to keep within the "
+            f"storage budget of {budget}: {'; '.join(groups)} "
+            f"({size_text(sum(c['bytes'] for c in evicted))}); they are computed again when "
+            "next used"]
+
+
+def _kinds(store: Store, evicted: Sequence[dict]) -> list[str]:
+    docs = dict.fromkeys(c["document_id"] for c in evicted
+                         if c["document_id"] is not None and not c["passage"])
+    chats = {c["chat_id"] for c in evicted if c["chat_id"] is not None}
+    passages = sum(c["passage"] for c in evicted)
+    prompts = sum(c["document_id"] is None and c["chat_id"] is None and not c["passage"]
+                  for c in evicted)
+    return [f"document {d} ({_title(store, d)})" for d in docs] + [
+        f"{n} {what}" for n, what in (
+            (len(chats), "chat cache(s)"), (passages, "passage(s)"),
+            # (a root of no document or chat: the local API's shared prompt, or the passages')
+            (prompts, "shared prompt cache(s)")) if n]
+
+
+def _title(store: Store, doc_id: int) -> str:
+    try:
+        return store.document(doc_id).title
+    except NotFoundError:  # deleted meanwhile
+        return "deleted"
+
+
+def _model_name(store: Store, fingerprint: str) -> str:
+    try:
+        return Path(store.model(fingerprint).path).name
+    except NotFoundError:  # (a model's row goes with its last entry: never here, but said)
+        return fingerprint[:12]
