@@ -37,7 +37,7 @@ from .calibration import runs
 from .calibration.calibrations import Calibrations, summary
 from .chat.attaching import Attacher
 from .chat.completions import Completions, RawPrompt
-from .chat.exactness import Exactness
+from .chat.exactness import Exactness, ExactNotes
 from .chat.library import Library
 from .chat.longdoc import LongDocs
 from .chat.passagefill import PassageFill
@@ -73,7 +73,7 @@ from .results import (
 from .settings import DEFAULT_BLEND_FRACTION
 
 
-class Engine:
+class Engine(ExactNotes):
     def __init__(self, store: Store, runtime_factory: Callable[[], Runtime], *,
                  model_path: str = "", levels: Sequence[str] = DEFAULT_LEVELS,
                  chunk_tokens: int = DEFAULT_CHUNK_SIZE, reserve_tokens: int | None = None,
@@ -296,8 +296,8 @@ class Engine:
             progress: ProgressFn | None = None,
             cancel: threading.Event | None = None) -> AskResult:
         self._writable()
-        notes = [] if chat_id is not None or restore.no_cache else self._cache_stale(
-            doc_ids, progress, cancel)
+        notes = self.exactness.said(chat_id).get(chat_id, []) if chat_id is not None else \
+            [] if restore.no_cache else self._cache_stale(doc_ids, progress, cancel)
         result = self.session.ask(question, chat_id=chat_id, doc_ids=doc_ids, restore=restore,
                                   generation=generation, on_token=on_token,
                                   on_restore=on_restore, progress=progress, cancel=cancel)
@@ -313,11 +313,11 @@ class Engine:
         notes = []
         for doc_id in self.library.stale_documents(doc_ids, self.fingerprint):
             done = self.prefill(doc_id, progress=progress, cancel=cancel)
-            notes.append(f"document {doc_id} was cached under another model: " + (
+            notes += [f"document {doc_id} was cached under another model: " + (
                 "longer than this one's context, it is kept as passages now" if
                 done.passages else "its cache for this one is taken from the shared cache "
                 "and stored now, once" if done.pulled else "its cache for this one is "
-                "computed and stored now, once"))
+                "computed and stored now, once"), *done.warnings]  # (what storing it evicted)
         return notes
 
     def regenerate(self, chat_id: int, *, restore: RestoreOptions = RestoreOptions(),

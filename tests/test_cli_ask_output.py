@@ -98,6 +98,43 @@ def test_a_stopped_blended_chats_note_is_in_the_json_too(run):
     assert "exact context was not computed" in messages[-1]
 
 
+EVICTED = ("storing chat 1's exact context evicted the least recently used caches to keep "
+           "within the storage budget of 20.0 MB: 2 chat cache(s), 9 passage(s) (8.1 MB); they "
+           "are computed again when next used")
+
+
+class ExactPass:
+    """The engine's exact pass of a blended chat, done, having evicted caches."""
+
+    def request(self, chat_id):
+        pass
+
+    def finish(self, chat_id, **_):
+        return True
+
+    def said(self, chat_id):
+        return {chat_id: [EVICTED]}
+
+
+def test_what_the_exact_pass_after_an_answer_evicted_is_said_and_in_the_json(fake_app,
+                                                                              tmp_path):
+    """It said "the exact context is stored: the next turns and reopens of this chat are
+    exact" and nothing of the other chats' exact contexts and passages storing it evicted."""
+    class Blended(FakeEngine):
+        exactness = ExactPass()
+
+    fake_app(lambda: Blended(["In"], "stop", blended={"mode": "blended"}))
+    said = {}
+    for flag in ([], ["--json"]):
+        result = CliRunner().invoke(cli, ["--data-dir", str(tmp_path / "data"), "ask",
+                                          "--no-server", "1", "Where?", *flag])
+        assert result.exit_code == 0, (result.output, result.exception)
+        said[bool(flag)] = notes(result.stderr)
+        assert said[bool(flag)][-2:] == ["the exact context is stored: the next turns and "
+                                         "reopens of this chat are exact", EVICTED]
+    assert json.loads(result.stdout)["messages"] == said[True] == said[False]
+
+
 def test_a_second_ctrl_c_still_prints_one_json_document(fake_app, tmp_path, capsys):
     """The first Ctrl-C stops the work cleanly; a second one ends the process at once (130),
     and a script reading `--json` output gets one JSON document saying so, not nothing; if the

@@ -163,6 +163,58 @@ def test_the_passages_shared_prompt_evicted_is_named_as_a_shared_prompt(tmp_path
     assert "1 passage(s), 1 shared prompt cache(s) (100 B)" in note, note
 
 
+def test_an_eviction_note_names_every_cache_and_another_models_as_its(tmp_path):
+    """Under Gemma a note named only "document 4 (delta.md)" while SmolLM2's cache of document
+    2 went too: the records said no model, so a switch's evictions went unsaid as such."""
+    from desktop_app.kv.kvcache import KVCache
+    from store import Store
+
+    with Store(tmp_path / "data") as store:
+        store.register_model("smol", "/models/SmolLM2.gguf", {"n_layer": 2})
+        beta = store.add_document("b", "beta.md", "text", type="md").id
+        delta = store.add_document("d", "delta.md", "text", type="md").id
+        kv = KVCache(store, ("balanced",), 64, calibrations=None)
+        (note,) = kv.eviction_notes([
+            {"entry": 1, "document_id": delta, "chat_id": None, "passage": False,
+             "bytes": 10_300_000, "model": "gemma"},
+            {"entry": 2, "document_id": beta, "chat_id": None, "passage": False,
+             "bytes": 4_900_000, "model": "smol"},
+            {"entry": 3, "document_id": None, "chat_id": 7, "passage": False,
+             "bytes": 100_000, "model": "smol"}], "gemma")
+    assert f"document {delta} (delta.md); and model SmolLM2.gguf's (not the one loaded): " \
+        f"document {beta} (beta.md), 1 chat cache(s) (15.3 MB)" in note, note
+
+
+def test_what_the_exact_pass_evicts_is_said_once_to_the_window_and_the_log(make_engine,
+                                                                            caplog):
+    """A blended chat's exact context stored in the background evicted other caches (another
+    chat's exact context, passages) without a word, right after "the exact context is
+    stored"."""
+    eng = make_engine(fill_passages=False)
+    first = fresh(eng, BOTH)
+    assert eng.exactness.idle.wait(300)
+    (mine,) = [e for e in eng.store.entries() if e.chat_id == first.chat_id]
+    eng.store.delete_entry(mine.id)
+    # Another model's cache of the document, used least recently: the one to go for it.
+    eng.store.register_model("other", "/models/other.gguf", {"n_layer": 2})
+    with eng.store.write_entry("other", range(300), levels=["raw"],
+                               document_id=eng.doc) as writer:
+        for span in writer.spans:
+            writer.put_chunk(span.chunk_index, "raw", bytes(mine.nbytes))
+    with sqlite3.connect(eng.store.path) as conn:
+        conn.execute("UPDATE kv_entries SET last_used = 0 WHERE id = ?", (writer.entry.id,))
+    eng.store.budget_bytes = eng.store.usage_bytes()
+    eng.exactness.request(first.chat_id)
+    assert eng.exactness.idle.wait(300)
+    said = eng.exact_notes()
+    assert list(said) == [first.chat_id] and len(said[first.chat_id]) == 1, said
+    (note,) = said[first.chat_id]
+    assert note.startswith(f"storing chat {first.chat_id}'s exact context evicted") and \
+        f"model other.gguf's (not the one loaded): document {eng.doc} (Island guide)" in note
+    assert any(r.levelname == "WARNING" and r.getMessage() == note for r in caplog.records)
+    assert eng.exact_notes() == {}  # (once)
+
+
 def set_aside(eng, text):
     """The entry of passage `text`, one of its chunks damaged and set aside as `kvdesk
     verify` does."""

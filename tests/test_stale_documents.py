@@ -63,7 +63,7 @@ def test_a_new_chat_caches_under_this_model_what_the_listing_calls_stale(store, 
 
     def prefill(doc_id, *, progress=None, cancel=None):
         prefilled.append(doc_id)
-        return SimpleNamespace(passages=0, pulled=False)
+        return SimpleNamespace(passages=0, pulled=False, warnings=[])
 
     monkeypatch.setattr(engine, "prefill", prefill)
     notes = engine._cache_stale([ids["none"], ids["old"], ids["both"], ids["old"]], None, None)
@@ -75,10 +75,16 @@ def test_a_new_chat_caches_under_this_model_what_the_listing_calls_stale(store, 
     # Its cache under this model found in the shared cache: taken from it, and said so (it
     # said computed, when nothing was).
     monkeypatch.setattr(engine, "prefill", lambda doc_id, **kw: SimpleNamespace(
-        passages=0, pulled=True))
+        passages=0, pulled=True, warnings=[]))
     assert engine._cache_stale([ids["old"]], None, None) == [
         f"document {ids['old']} was cached under another model: its cache for this one is "
         "taken from the shared cache and stored now, once"]
+    # What storing it evicted is said too: under Gemma, SmolLM2's cache of the document went
+    # unsaid (the prefill's notes were dropped).
+    evicted = "storing this evicted the least recently used caches ... (4.9 MB); ..."
+    monkeypatch.setattr(engine, "prefill", lambda doc_id, **kw: SimpleNamespace(
+        passages=0, pulled=False, warnings=[evicted]))
+    assert engine._cache_stale([ids["old"]], None, None)[1:] == [evicted]
 
 
 # -- the chat list's mark ----------------------------------------------------------------

@@ -148,3 +148,17 @@ def test_an_attach_reading_its_file_says_so_without_a_percent(qtbot, window):
     assert row.bar.maximum() == 0  # busy, not full
     row.show_progress(Progress("split", 40, 100, "book.pdf"))
     assert "40%" in row.phase.text() and row.bar.maximum() == 100 and row.bar.value() == 40
+
+
+def test_what_a_background_exact_pass_evicted_is_said_in_the_status_bar_once(
+        qtbot, window, engine):
+    """A blended chat made exact in the background evicted caches without a word: no answer
+    of the window carries what that store did."""
+    note = ("storing chat 3's exact context evicted the least recently used caches to keep "
+            "within the storage budget of 20.0 MB: document 2 (beta.md) (4.9 MB); they are "
+            "computed again when next used")
+    engine.exact_said = {3: [note]}
+    with qtbot.waitSignal(window.chats_changed, timeout=5000):
+        window.refresh_chats()
+    assert window.statusBar().currentMessage() == f"S{note[1:]}."
+    assert engine.exact_said == {}  # (taken: said once)

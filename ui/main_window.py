@@ -260,10 +260,14 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, CodecMixin, QMainWin
         self.engine_failed.emit(message)
 
     def refresh_chats(self) -> None:
-        self.runner.start("misc", lambda job: self.engine.chats(), finished=self._show_chats,
-                          failed=lambda msg: self._say(msg, True))
+        self.runner.start("misc", lambda job: (self.engine.chats(), self.engine.exact_notes()),
+                          finished=self._show_chats, failed=lambda msg: self._say(msg, True))
 
-    def _show_chats(self, chats: list[ChatInfo]) -> None:
+    def _show_chats(self, found: tuple[list[ChatInfo], dict[int, list[str]]]) -> None:
+        chats, evicted = found
+        if evicted:  # (a background store: no answer of this window carries what it evicted)
+            self.statusBar().showMessage(" ".join(f"{n[:1].upper()}{n[1:]}." for ns in
+                                                  evicted.values() for n in ns))
         self.chats = chats
         self.chat_list.set_chats(chats, now=self.now())
         if any(c.kv_mode == "blended" for c in chats):

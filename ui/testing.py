@@ -83,6 +83,7 @@ class FakeEngine:
         self._docs: dict[int, DocumentInfo] = {}
         self._deleted: dict[int, str] = {}  # titles of the documents deleted
         self.passage_stops: dict[int, str] = {}  # what passage_notes says (tests set it)
+        self.exact_said: dict[int, list[str]] = {}  # what exact_notes says, once (tests set it)
         self._chats: dict[int, ChatInfo] = {}
         self._messages: dict[int, list[MessageInfo]] = {}
         self._next_id = 1
@@ -375,6 +376,10 @@ class FakeEngine:
 
     def passage_notes(self) -> dict[int, str]:
         return dict(self.passage_stops)
+
+    def exact_notes(self) -> dict[int, list[str]]:
+        said, self.exact_said = self.exact_said, {}
+        return said
 
     def delete_document(self, doc_id: int) -> list[int]:
         self._enter("delete_document", doc_id)

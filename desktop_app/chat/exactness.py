@@ -23,11 +23,12 @@ It never touches the chat context itself: it only tells the session when a chat 
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
 
-from store import NotFoundError
+from store import DiskFullError, NotFoundError
 
 from ..kv.contexts import ATTACH, Contexts
 from ..kv.kvcache import KVCache
@@ -41,6 +42,8 @@ from .fairlock import FairLock
 # what a prefill of its tokens computes (a sliding-window model's, from where its documents
 # or passages end on: what a restore resuming there computes).
 SLICE = PREFILL_SLICE
+
+log = logging.getLogger(__name__)
 
 
 class Exactness(Background):
@@ -62,26 +65,46 @@ class Exactness(Background):
         self._stored: set[int] = set()  # chats whose exact context a pass stored
         self._too_big: set[int] = set()  # ... computed, and evicted by the budget at once
         self._progress: dict[int, tuple[int, int]] = {}  # chat id: (tokens done, of)
+        self._said: dict[int, list[str]] = {}  # chat id: what its pass evicted, until told
+        self._waited: set[int] = set()  # chats a `finish` waits for (it tells the user)
+
+    def said(self, chat_id: int | None = None) -> dict[int, list[str]]:
+        """What the passes that stored chats' exact contexts evicted for them (the notes of
+        `KVCache.eviction_notes`), by chat id, each handed over once: to the command that
+        waited for it (`finish`), the window's next look at its chats, or the chat's next
+        answer; of chat `chat_id` alone, if given."""
+        with self._guard:
+            if chat_id is not None:
+                return {chat_id: self._said.pop(chat_id)} if chat_id in self._said else {}
+            said, self._said = self._said, {}
+            return said
 
     def finish(self, chat_id: int, *, progress: Callable[[Progress], None] | None = None,
                cancel: threading.Event | None = None) -> bool:
         """Wait for chat `chat_id`'s pass, queued or under way, reporting its progress once its
         context is loaded; stop waiting when `cancel` is set (the pass goes on). Whether its
         exact context is stored (False: no pass was asked for, it failed, or the wait was
-        cancelled)."""
-        while True:
+        cancelled). What it evicted: `said`."""
+        with self._guard:
+            self._waited.add(chat_id)
+        try:
+            while True:
+                with self._guard:
+                    if chat_id not in self._queued:
+                        return chat_id in self._stored
+                    done, total = self._progress.get(chat_id, (0, 0))
+                if cancel is not None and cancel.is_set():
+                    return False
+                if progress is not None and total:
+                    progress(Progress("exact", done, total))
+                time.sleep(0.1)
+        finally:
             with self._guard:
-                if chat_id not in self._queued:
-                    return chat_id in self._stored
-                done, total = self._progress.get(chat_id, (0, 0))
-            if cancel is not None and cancel.is_set():
-                return False
-            if progress is not None and total:
-                progress(Progress("exact", done, total))
-            time.sleep(0.1)
+                self._waited.discard(chat_id)
 
     def work(self, chat_id: int) -> None:
         """Compute chat `chat_id`'s exact context and store it."""
+        evicted: list[dict] = []  # (what storing it, and its documents' entry, evicted)
         with self.attach_lock:
             rt = self.contexts.get(ATTACH)
             try:
@@ -98,23 +121,34 @@ class Exactness(Background):
                     if tokens is not None and now[:len(tokens)] == tokens:
                         try:
                             kept = self.kv.store_chat(rt, chat_id, tokens, self.first_document(
-                                rt, chat_id), holds=docs)
+                                rt, chat_id), evicted=evicted, holds=docs)
                             break
                         except NotFoundError:
                             if [d.id for d in self.documents(chat_id)] == docs:
                                 raise  # (not a document deleted: a chat deleted, or a bug)
                     tokens = now
-                    self._compute(rt, chat_id, tokens, docs)
+                    self._compute(rt, chat_id, tokens, docs, evicted)
             finally:
                 rt.reset()
                 with self._guard:
                     self._progress.pop(chat_id, None)
+            # (one too large for the budget is not an eviction: `too_big` says it of the chat)
+            said = self.kv.eviction_notes([c for c in evicted if not c.get("too_large")],
+                                          rt.fingerprint)
+        said = [n.replace("storing this evicted", f"storing chat {chat_id}'s exact context "
+                          "evicted", 1) for n in said]  # (said after its answer, elsewhere)
         with self._guard:
             (self._stored if kept else self._too_big).add(chat_id)
+            if said:
+                self._said[chat_id] = said
+            logged = chat_id not in self._waited  # (one waiting says it: not twice)
+        for note in said if logged else ():  # (`kvdesk serve`'s log, the window's: unasked)
+            log.warning("%s", note)
         if kept:
             self.on_exact(chat_id)
 
-    def _compute(self, rt, chat_id: int, tokens: list[int], docs: list[int]) -> None:
+    def _compute(self, rt, chat_id: int, tokens: list[int], docs: list[int],
+                 evicted: list[dict]) -> None:
         """Compute `tokens` from the first. A sliding-window model's restore resumes only
         where a stored entry ends, with its window: the chat's documents or passages are
         stored as an entry of their own on the way, so that another chat over them (the same
@@ -129,7 +163,12 @@ class Exactness(Background):
             self.yield_to_turns()
             rt.prefill(tokens[start:end], cancel=self.cancel, logits=False)
             if end == cut < len(tokens):
-                self.kv.keep_prefix(rt, tokens[:cut], holds=docs, cancel=self.cancel)
+                try:
+                    self.kv.store_prefix(rt, tokens[:cut], holds=docs, cancel=self.cancel,
+                                         evicted=evicted)
+                except (DiskFullError, NotFoundError) as e:  # (a way point: the pass goes on)
+                    log.info("the documents of chat %s are not stored on their own: %s",
+                             chat_id, e)
             with self._guard:
                 self._progress[chat_id] = (end, len(tokens))
 
@@ -138,3 +177,13 @@ class Exactness(Background):
         budget, which evicted it at once (the chat stays blended)."""
         with self._guard:
             return chat_id in self._too_big
+
+
+class ExactNotes:
+    """The engine's `exact_notes` (protocol.EngineAPI): what the window shows of its exact
+    passes' evictions, which no answer of its carries."""
+
+    exactness: Exactness
+
+    def exact_notes(self) -> dict[int, list[str]]:
+        return self.exactness.said()

@@ -249,8 +249,12 @@ def ask(app: App, args, chat_id, docs, restore, generation, no_server, as_json):
     # beside them: a script reads there what the user reads on stderr.
     ours = answer_notes(res, stopped=cancel.is_set(), one_shot=client is None)
     say([m for m in res.messages if m not in said] + ours)
-    if as_json:
-        print_json({**res.as_dict(), "messages": [*res.messages, *ours]})
+    exact = client is None and not cancel.is_set()  # (the Ctrl-C that stopped it skips it)
+    if as_json:  # (its notes, what it evicted too, in messages: a script reads them there)
+        try:
+            ours += finish_exact(app, res.chat_id, res.blended) if exact else []
+        finally:  # (a second Ctrl-C during it ends the process: the answer is printed first)
+            print_json({**res.as_dict(), "messages": [*res.messages, *ours]})
     else:
         # (`kvdesk passages` shows them)
         titles = app.store.document_titles() if res.sources else None
@@ -259,8 +263,8 @@ def ask(app: App, args, chat_id, docs, restore, generation, no_server, as_json):
         click.echo(f"[chat {res.chat_id}] first token after {res.ttft_s * 1000:.0f} ms "
                    f"(restore {res.restore_s * 1000:.0f} ms, {summary(res.chunk_levels)})",
                    err=True)
-    if client is None and not cancel.is_set():  # the Ctrl-C that stopped the answer skips it
-        finish_exact(app, res.chat_id, res.blended)
+        if exact:
+            finish_exact(app, res.chat_id, res.blended)
 
 
 def answer_notes(res, *, stopped: bool, one_shot: bool) -> list[str]:
@@ -280,13 +284,14 @@ def answer_notes(res, *, stopped: bool, one_shot: bool) -> list[str]:
     return notes
 
 
-def finish_exact(app: App, chat_id: int, blended: dict | None) -> None:
+def finish_exact(app: App, chat_id: int, blended: dict | None) -> list[str]:
     """A blended chat's exact context, computed before this process exits (which would end
     the engine's background pass, storing nothing), with progress; Ctrl-C skips it. A server
     or the window computes it in the background instead: they keep running. It comes after
-    the command's own output: the answer and its report do not wait on it."""
+    the command's own text output: the answer and its report do not wait on it (--json's one
+    object does, to carry them). What it said: how it went, and what storing it evicted."""
     if not blended or blended.get("mode") != "blended":
-        return
+        return []
     bar = TerminalProgress()
 
     def progress(p) -> None:
@@ -302,7 +307,7 @@ def finish_exact(app: App, chat_id: int, blended: dict | None) -> None:
     bar.done()
     if not stored:  # stopped now, nothing of it stored (and no context left loading)
         app.engine.exactness.close()
-    say(["the exact context is stored: the next turns and reopens of this chat are exact"]
+    said = (["the exact context is stored: the next turns and reopens of this chat are exact"]
         if stored else
         ["skipped: the chat stays blended, and its next turn offers this again"]
         if cancel.is_set() else
@@ -310,7 +315,9 @@ def finish_exact(app: App, chat_id: int, blended: dict | None) -> None:
          "evicted it at once: the chat stays blended"]
         if app.engine.exactness.too_big(chat_id) else
         ["the exact context could not be computed (the log says why): the chat stays "
-         "blended"])
+         "blended"]) + app.engine.exactness.said(chat_id).get(chat_id, [])
+    say(said)
+    return said
 
 
 @cli.command()
@@ -335,6 +342,12 @@ def reopen(app: App, chat_id, restore, no_server, as_json):
     out = {"chat_id": chat_id, "tokens": rep.tokens, "restore_s": round(rep.restore_s, 4),
            "chunk_levels": rep.chunk_levels, "recomputed_tokens": rep.recomputed_tokens,
            "recompute_s": round(rep.recompute_s, 4), "messages": rep.messages}
+    if as_json and client is None:  # (as `ask --json`: its notes in the one object)
+        try:
+            out["messages"] = [*rep.messages, *finish_exact(app, chat_id, rep.blended)]
+        finally:
+            emit(out, as_json, [])
+        return
     emit(out, as_json, [restore_phrase(rep)])
     if client is None:
         finish_exact(app, chat_id, rep.blended)
