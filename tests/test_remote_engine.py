@@ -207,6 +207,21 @@ def test_attach_takes_the_shared_cache_instead_of_prefilling(machine_a, machine)
     assert ask(c, QUESTION, doc=res.doc_id, tokens=8).recomputed_tokens == 0
 
 
+def test_attach_taken_from_the_shared_cache_names_what_storing_it_evicted(machine_a,
+                                                                         machine):
+    """The pull stored the copy under the budget without saying what it pushed out."""
+    c = machine(machine_a.sharing.tier, "c")
+    c.store.register_model("other", "/models/other.gguf", {"n_layer": 2})
+    with c.store.write_entry("other", range(300), levels=["raw"]) as writer:
+        for span in writer.spans:
+            writer.put_chunk(span.chunk_index, "raw", bytes(50_000))
+    c.store.budget_bytes = sum(machine_a.attached.stored_bytes.values()) + 50_000
+    res = c.attach(machine_a.document)
+    assert res.pulled and writer.entry.id not in [e.id for e in c.store.entries()]
+    assert any(m.startswith("storing this evicted") and "model other.gguf's (not the one "
+               "loaded): 1 shared prompt cache(s)" in m for m in res.warnings), res.warnings
+
+
 def test_without_automatic_pull_the_tier_is_not_read(machine_a, machine):
     b = machine(machine_a.sharing.tier, auto_pull=False)
     res = ask(b, QUESTION, doc=lazily_pulled(b), tokens=4)

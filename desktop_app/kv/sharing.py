@@ -34,6 +34,7 @@ from store.shared import checking, sync
 
 from ..model.prompts import Prompter, Template
 from ..results import Progress, size_text
+from .evictions import eviction_notes
 from .sources import ChunkSource, LocalSource, RemoteSource
 
 # After a failure the tier is left alone this long: each try costs its timeouts and retries.
@@ -89,6 +90,7 @@ class Sharing:
                 continue
             notes.append(f"kept the shared cache's {entry.token_end:,} tokens here "
                          f"({fetched / 1e6:.1f} MB fetched after the answer)")
+            notes += eviction_notes(self.store, source.copy.evicted, entry.model)
         return ok, notes
 
     @staticmethod
@@ -106,6 +108,7 @@ class Sharing:
         if not self.auto_pull:
             return None, []
         left_out: dict[str, StoreError] = {}
+        evicted: list[dict] = []
 
         def pull() -> int | None:
             manifest = sync.find(self.tier, fingerprint, list(tokens),
@@ -114,10 +117,11 @@ class Sharing:
                 return None
             return sync.pull(self.store, self.tier, manifest, levels=levels,
                              document_id=document_id, progress=progress,
-                             left_out=left_out).id
+                             left_out=left_out, evicted=evicted).id
 
         entry_id, notes = self._try(pull)
-        return entry_id, [f"{n}; computing it here instead" for n in notes] + [
+        return entry_id, [f"{n}; computing it here instead" for n in notes] + eviction_notes(
+            self.store, evicted, fingerprint) + [
             f"the shared cache's {level} level of this document failed ({e}): taken without "
             "it (a question reads another level); `kvdesk remote verify --repair` where it is "
             "held puts it back" for level, e in left_out.items()]
@@ -210,13 +214,9 @@ class Sharing:
                           f"{why} (the setting storage_budget_gb): not taken, its KV is "
                           "computed in place"]
         if entry is not None:
-            gone = [c for c in evicted if not c.get("too_large")]
             notes.append(f"{what} taken from the shared cache ({entry.token_end:,} tokens, "
-                         f"{size_text(entry.nbytes)}), kept here" + (
-                             f"; storing it evicted the least recently used caches to keep "
-                             f"within the storage budget of {budget}: {len(gone)} cache(s) "
-                             f"({size_text(sum(c['bytes'] for c in gone))}), computed again "
-                             "when next used" if gone else ""))
+                         f"{size_text(entry.nbytes)}), kept here")
+            notes += eviction_notes(self.store, evicted, fingerprint)  # (named, one note)
         return entry, notes
 
     def push_after_attach(self, entry_id: int, progress: Callable[[int, int], None] | None = None
