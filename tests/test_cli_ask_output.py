@@ -257,3 +257,42 @@ def test_an_attach_the_storage_budget_could_not_keep_says_not_stored(fake_app, t
                                       "--no-server", str(tmp_path / "big.txt")])
     assert result.exit_code == 0, result.output
     assert "raw 35.6 MB -> not stored" in result.stdout and "0.0 MB" not in result.stdout
+
+
+def test_an_attach_that_stored_nothing_gives_no_calibration_advice(fake_app, tmp_path):
+    """A cache larger than the whole budget, not stored: it went on "codec: model-independent
+    levels (this model is not calibrated yet: `kvdesk calibrate`...)" of a calibrated model
+    (the result names no calibration: nothing was encoded for it)."""
+    advice = ("the document is attached all the same: a question about it computes its KV "
+              "from its text (exit status 0); stored at compact alone it fits (2.5 MB): "
+              "attach it again with `--levels compact`, or raise the setting "
+              "storage_budget_gb")
+
+    class Small(FakeEngine):
+        def attach(self, path, **options) -> AttachResult:
+            return AttachResult(doc_id=1, title="zeta.md", tokens=800, kept_tokens=800,
+                                prefill_s=1.0, encode_s=0.2, raw_bytes=20_000_000,
+                                stored_bytes={"high": 0, "balanced": 0, "compact": 0},
+                                warnings=["this cache (10.4 MB ...) is larger than the whole "
+                                          "storage budget of 5.0 MB: it is not stored", advice])
+
+    fake_app(lambda: Small([], "stop"))
+    (tmp_path / "zeta.md").write_text("z")
+    result = CliRunner().invoke(cli, ["--data-dir", str(tmp_path / "data"), "attach",
+                                      "--no-server", str(tmp_path / "zeta.md")])
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert "not stored" in result.stdout and f"Warning: {advice}" in result.stderr
+    assert "calibrate" not in result.output and "codec:" not in result.stdout
+
+
+def test_a_cache_no_level_of_which_fits_is_told_the_budget_that_would_hold_it():
+    from desktop_app.kv.evictions import fitting
+
+    record = {"entry": 4, "document_id": 1, "chat_id": None, "passage": False,
+              "bytes": 9_000_000, "too_large": True,
+              "level_bytes": {"high": 4_000_000, "balanced": 3_000_000, "compact": 2_000_000}}
+    (said,) = fitting([record], 1_000_000)
+    assert said.endswith("not even its smallest level fits (compact, 2.0 MB): a setting "
+                         "storage_budget_gb of at least 0.002 stores it at `--levels compact`")
+    assert "stored at balanced, compact alone it fits (5.0 MB)" in fitting([record], 5_000_000)[0]
+    assert fitting([{**record, "beside": 1}], 5_000_000) == []  # (not the whole budget's)

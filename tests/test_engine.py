@@ -566,6 +566,10 @@ def test_storing_a_cache_that_evicts_others_says_which(new_engine, tmp_path):
     big = eng.attach(third)  # (at every level: larger than the budget)
     assert any("larger than the whole storage budget" in w for w in big.warnings)
     assert sum(big.stored_bytes.values()) == 0 and {e.id for e in eng.store.entries()} == before
+    # and says what would fit, from the sizes it measured (it said nothing of a way out)
+    (fits,) = [w for w in big.warnings if "fits" in w]
+    assert "the document is attached all the same" in fits and "(exit status 0)" in fits
+    assert "stored at compact alone it fits" in fits and "`--levels compact`" in fits, fits
     # the local API's prompt cache too: not stored, said, nothing evicted
     eng.completions.min_cache_tokens = 0  # (this prompt is short)
     done = eng.complete([{"role": "user", "content": DOC + QUESTION}],

@@ -29,6 +29,7 @@ from store import Document, NotFoundError, Store
 from ..errors import Cancelled, DocumentError, EngineError
 from ..kv import speeds as speeds_mod
 from ..kv.contexts import ATTACH, Contexts
+from ..kv.evictions import fitting
 from ..kv.kvcache import KVCache
 from ..kv.levels import check_levels, quality_order, stored_by_default
 from ..kv.sharing import Sharing
@@ -220,7 +221,8 @@ class Attacher:
                                             progress=progress, cancel=cancel, title=title,
                                             evicted=evicted)
             encode_s = time.perf_counter() - t1
-            warnings += self.kv.eviction_notes(evicted, rt.fingerprint)
+            warnings += self.kv.eviction_notes(evicted, rt.fingerprint) + fitting(
+                evicted, self.store.budget_bytes)  # (not stored: what would be)
         except BaseException:
             rt.reset()
             raise

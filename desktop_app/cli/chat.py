@@ -113,8 +113,10 @@ def attach(app: App, files: tuple[str, ...], levels: list[str] | None, no_server
                 click.echo(f"[{res.doc_id}] {title}: {counted(res.kept_tokens, 'token')} ({how}); "
                            f"raw {res.raw_bytes / 1e6:.1f} MB -> {sizes}")
     if results and not as_json:
-        # (a document kept as passages encodes nothing when it is attached)
-        codecs = {r.get("calibration") for r in results if "doc_id" in r and not r["passages"]}
+        # (a document kept as passages encodes nothing when it is attached, nor does one
+        # whose cache the storage budget does not hold: its calibration is not known then)
+        codecs = {r.get("calibration") for r in results if "doc_id" in r and not r["passages"]
+                  and any(r["stored_bytes"].values())}
         if codecs:
             click.echo(codec_line(codecs))
     if as_json:

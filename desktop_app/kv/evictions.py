@@ -11,7 +11,9 @@ It only words records (store.gc's `evicted_caches`); it never evicts nor stores.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from itertools import combinations
 from pathlib import Path
 
 from store import NotFoundError, Store
@@ -44,6 +46,34 @@ def eviction_notes(store: Store, evicted: Sequence[dict], fingerprint: str | Non
             f"storage budget of {budget}: {'; '.join(groups)} "
             f"({size_text(sum(c['bytes'] for c in evicted))}); they are computed again when "
             "next used"]
+
+
+def fitting(evicted: Sequence[dict], budget_bytes: int) -> list[str]:
+    """For a document's cache larger than the whole storage budget (its record, "too_large",
+    with the bytes each level measured: `KVCache.store_prefix`), what the user can do: the
+    levels that fit, most of them and then the largest, or else the budget that would hold
+    its smallest level. Nothing for any other record."""
+    for c in evicted:
+        sizes = c.get("level_bytes")
+        if not c.get("too_large") or "beside" in c or not sizes:
+            continue
+        extends = c["bytes"] - sum(sizes.values())  # (the entry it extends, kept with it)
+        fit = [s for n in range(len(sizes) - 1, 0, -1) for s in combinations(sizes, n)
+               if extends + sum(sizes[lv] for lv in s) <= budget_bytes]
+        said = ("the document is attached all the same: a question about it computes its "
+                "KV from its text (exit status 0)")
+        if fit:
+            best = max(fit, key=lambda s: (len(s), sum(sizes[lv] for lv in s)))
+            size = size_text(extends + sum(sizes[lv] for lv in best))
+            return [f"{said}; stored at {', '.join(best)} alone it fits ({size}): attach it "
+                    f"again with `--levels {','.join(best)}`, or raise the setting "
+                    "storage_budget_gb"]
+        least = min(sizes, key=sizes.get)
+        need = math.ceil((extends + sizes[least]) / 1e6) / 1e3  # (in GB, rounded up to a MB)
+        return [f"{said}; not even its smallest level fits ({least}, "
+                f"{size_text(extends + sizes[least])}): a setting storage_budget_gb of at "
+                f"least {need:g} stores it at `--levels {least}`"]
+    return []
 
 
 def _kinds(store: Store, evicted: Sequence[dict]) -> list[str]:

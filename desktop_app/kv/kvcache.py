@@ -160,6 +160,7 @@ class KVCache:
         # calibration part (the cache section it comes from).
         parts = [(span, kv, 0, 0) for span in writer.spans]
         parts += [(span, window, int(window.positions[0]), 1) for span in writer.windows]
+        sizes = dict.fromkeys(levels, 0)  # each level's bytes: what would fit, if it does not
         with writer:
             chunks = BackgroundWriter(writer, maxsize=2 * len(levels))
             try:
@@ -169,16 +170,18 @@ class KVCache:
                     k = source.keys[:, span.token_start - first : span.token_end - first]
                     v = source.values[:, span.token_start - first : span.token_end - first]
                     for level in levels:
-                        chunks.put(span.chunk_index, level, codec.encode(
-                            k, v, level, first_token=span.token_start, calibration=cal,
-                            part=section))
+                        blob = codec.encode(k, v, level, first_token=span.token_start,
+                                            calibration=cal, part=section)
+                        sizes[level] += len(blob)
+                        chunks.put(span.chunk_index, level, blob)
                     if progress:
                         progress(Progress("encode", n + 1, len(parts), title))
             finally:
                 chunks.close(raise_failure=False)
             chunks.close()  # raises the writer's failure, if any: the entry is aborted
-        if evicted is not None:
-            evicted += writer.evicted
+        if evicted is not None:  # (one too large: with its levels' sizes, `fitting` reads them)
+            evicted += [{**c, "level_bytes": sizes} if c.get("too_large") else c
+                        for c in writer.evicted]
         # Not writer.entry_id: an identical entry stored meanwhile (by another process) is
         # adopted, and this one dropped.
         return writer.entry.id
