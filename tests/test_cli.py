@@ -149,7 +149,7 @@ def test_attach_ask_reopen_end_to_end(tmp_path):
     assert freed["freed_bytes"] == verified["bytes"]
     # The chat about it keeps its messages: said as kept, not as deleted with it.
     assert json.loads(kvdesk("rm", "doc", doc, "--json").stdout) == {
-        "deleted": "doc", "id": int(doc), "chats_kept": [int(chat)]}
+        "deleted": "doc", "id": int(doc), "chats_kept": [int(chat)], "freed_bytes": 0}
     assert json.loads(kvdesk("docs", "--json").stdout) == []
     missing = kvdesk("ask", "--chat", "999", "hello", "--json", check=False)
     assert missing.returncode == 1 and "no chat 999" in json.loads(missing.stdout)["error"]

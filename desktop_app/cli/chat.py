@@ -425,16 +425,20 @@ def export(app: App, chat_id: int, fmt: str, as_json: bool):
 def rm(app: App, kind: str, item_id: int, as_json: bool):
     """Delete a document or a chat, with its caches."""
     only_reading(app)  # (nothing to delete where there is no data directory)
+    used = app.store.usage_bytes()  # (what its caches took: freed, said)
     if kind == "doc":
         chats = app.engine.delete_document(item_id)
-        emit({"deleted": kind, "id": item_id, "chats_kept": chats}, as_json,
-             [f"deleted doc {item_id}" + (
+        freed = max(0, used - app.store.usage_bytes())
+        emit({"deleted": kind, "id": item_id, "chats_kept": chats, "freed_bytes": freed},
+             as_json, [f"deleted doc {item_id}, freeing {size_text(freed)} of caches" + (
                  f"; chat {chats[0]}, which was about it, keeps its messages and goes on "
                  "without it" if len(chats) == 1 else
                  f"; chats {', '.join(map(str, chats))}, which were about it, keep their "
                  "messages and go on without it" if chats else "")])
         return
     app.engine.delete_chat(item_id)
-    emit({"deleted": kind, "id": item_id}, as_json, [f"deleted {kind} {item_id}"])
+    freed = max(0, used - app.store.usage_bytes())
+    emit({"deleted": kind, "id": item_id, "freed_bytes": freed}, as_json,
+         [f"deleted {kind} {item_id}, freeing {size_text(freed)} of caches"])
 
 

@@ -11,6 +11,7 @@ import click
 
 from ..app import App
 from ..errors import Cancelled
+from ..kv.evictions import evicted_line
 from ..options import GcOptions
 from ..results import size_text
 from .base import (
@@ -145,7 +146,8 @@ def gc(app: App, budget_gb: float | None, as_json: bool):
     removed = report["abandoned_documents"]
     emit(report, as_json, [f"freed {size_text(report['freed_bytes'])}; "
                            f"{size_text(report['bytes_after'])} of "
-                           f"{size_text(report['budget_bytes'])} used", *(
+                           f"{size_text(report['budget_bytes'])} used",
+                           *evicted_line(app.store, report["evicted_caches"]), *(
         [f"removed {len(removed)} document(s) whose attach or pull did not finish "
          f"and stored nothing: {', '.join(map(str, removed))} (attach or pull it again to "
          "have it)"]

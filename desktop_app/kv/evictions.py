@@ -48,6 +48,21 @@ def eviction_notes(store: Store, evicted: Sequence[dict], fingerprint: str | Non
             "next used"]
 
 
+def evicted_line(store: Store, evicted: Sequence[dict]) -> list[str]:
+    """`kvdesk gc`'s line of the caches it evicted (its report's `evicted_caches`), each
+    model's named with it: gc loads no model, so none is "the one loaded"."""
+    if not evicted:
+        return []
+    by_model: dict[str | None, list[dict]] = {}
+    for c in evicted:
+        by_model.setdefault(c.get("model"), []).append(c)
+    groups = [", ".join(_kinds(store, caches)) + (
+        f" (model {_model_name(store, model)}'s)" if model and len(by_model) > 1 else "")
+        for model, caches in by_model.items()]
+    return [f"evicted {'; '.join(groups)} ({size_text(sum(c['bytes'] for c in evicted))}): "
+            "they are computed again when next used"]
+
+
 def fitting(evicted: Sequence[dict], budget_bytes: int) -> list[str]:
     """For a document's cache larger than the whole storage budget (its record, "too_large",
     with the bytes each level measured: `KVCache.store_prefix`), what the user can do: the

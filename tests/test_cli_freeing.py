@@ -1,0 +1,76 @@
+"""What `kvdesk gc` and `kvdesk rm` say of the space they give back, over a store of made-up
+entries (no model): gc names the caches it evicted, each model's with it, and rm how much its
+caches took; their --json says the same."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+from test_store_helpers import open_store, put_entry
+
+import desktop_app.cli.base as base
+from desktop_app.cli import cli
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    """A store with document 1 (a.md) cached under model a and model b, and a chat about it
+    with a cache of its own; the CLI's App made one over it."""
+    store = open_store(tmp_path / "data")
+    store.register_model("model-b", "/models/b.gguf", {"n_layer": 2})
+    doc = store.add_document("h", "a.md", "text", type="md")
+    chat = store.create_chat("chat", [doc.id])
+    store.add_message(chat.id, "user", "hi")
+    root = put_entry(store, range(100), document_id=doc.id)
+    put_entry(store, range(150), parent_id=root.id, chat_id=chat.id)
+    put_entry(store, range(100), fingerprint="model-b", document_id=doc.id)
+
+    class Engine:
+        def delete_document(self, doc_id):
+            store.delete_document(doc_id)
+            return []
+
+        def delete_chat(self, chat_id):
+            store.delete_chat(chat_id)
+
+    class App:
+        def __init__(self, settings, *, background):
+            self.store, self.engine = store, Engine()
+            self.data_dir, self.reads_only, self.holds_store = tmp_path / "data", False, True
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(base, "App", App)
+    yield store
+    store.close()
+
+
+def kvdesk(tmp_path, *args):
+    result = CliRunner().invoke(cli, ["--data-dir", str(tmp_path / "data"), *args])
+    assert result.exit_code == 0, (result.output, result.exception)
+    return result.stdout
+
+
+def test_gc_names_what_it_evicted_each_models_with_it(store, tmp_path):
+    """It said only "freed 14.4 MB; ..." (its --json listed the caches)."""
+    out = kvdesk(tmp_path, "gc", "--budget-gb", "0")
+    evicted = out.splitlines()[1]
+    assert evicted.startswith("evicted document 1 (a.md), 1 chat cache(s) (model a.gguf's); "
+                              "document 1 (a.md) (model b.gguf's) ("), out
+    assert evicted.endswith("): they are computed again when next used")
+    assert kvdesk(tmp_path, "gc", "--budget-gb", "0").splitlines()[1:] == []  # (none left)
+
+
+def test_rm_says_how_much_its_caches_took(store, tmp_path):
+    """It said "deleted chat 1" and nothing of the space given back."""
+    chat = store.chats()[0].id
+    took = {e.id: e.nbytes for e in store.entries() if e.chat_id == chat}
+    assert kvdesk(tmp_path, "rm", "chat", str(chat)).strip() == (
+        f"deleted chat {chat}, freeing {sum(took.values())} B of caches")
+    left = store.usage_bytes()
+    said = json.loads(kvdesk(tmp_path, "rm", "doc", "1", "--json"))
+    assert said == {"deleted": "doc", "id": 1, "chats_kept": [], "freed_bytes": left}
+    assert store.usage_bytes() == 0  # (every model's cache of it went)
