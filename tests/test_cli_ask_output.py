@@ -184,7 +184,7 @@ def test_a_ctrl_c_before_the_answer_began_is_said_plainly(fake_app, tmp_path, wh
     for json_flag in ([], ["--json"]):
         result = CliRunner().invoke(cli, ["--data-dir", str(tmp_path / "data"), "ask",
                                           "--no-server", "1", "Where?", *json_flag])
-        assert result.exit_code == 1 and "Error" not in result.stderr
+        assert result.exit_code == 130 and "Error" not in result.stderr
         assert result.stderr.strip() == ("Stopped before the answer began: nothing of this "
                                          "turn is stored.")
         if json_flag:
