@@ -73,6 +73,19 @@ def test_a_keyed_server_answers_an_allowed_pages_preflight_and_lets_it_read_a_40
     assert ollama.status_code == 401 and "API key" in ollama.json()["error"]
 
 
+def test_a_keyed_server_leaves_only_its_liveness_checks_open(tmp_path):
+    """Ollama has no keys: its plugins' health checks send none, and a 401 there reads as
+    "not running". Those checks answer without the key; nothing else does."""
+    keyed = client(tmp_path, api_key="s3cret")
+    assert keyed.get("/").text == "Ollama is running" and keyed.head("/").status_code == 200
+    assert keyed.get("/api/version").json()["version"]
+    assert keyed.head("/api/version").status_code == 200
+    for method, path in (("GET", "/api/tags"), ("HEAD", "/api/tags"), ("GET", "/api/ps"),
+                         ("GET", "/v1/kvdesk/health"), ("GET", "/v1/models"),
+                         ("POST", "/"), ("POST", "/api/version"), ("GET", "/api/version/")):
+        assert keyed.request(method, path).status_code == 401, (method, path)
+
+
 def test_any_origin_is_answered_as_any_only_without_a_key(tmp_path):
     c = client(tmp_path, cors_origins=("*",))
     r = c.get("/api/version", headers={"Origin": "http://anything.example"})

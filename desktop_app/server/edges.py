@@ -102,8 +102,15 @@ class JsonBody:
         return await self.app(scope, receive, send)
 
 
+# Liveness checks left open with an API key: Ollama has no keys, so its plugins' health checks
+# send none, and a 401 there reads as "not running" rather than as a key to set. They answer
+# a fixed text and the version only: nothing of the model, the data or the machine.
+OPEN = {("GET", "/"), ("HEAD", "/"), ("GET", "/api/version"), ("HEAD", "/api/version")}
+
+
 class KeyGuard:
-    """With an API key, refuses a request without `Authorization: Bearer KEY` (401).
+    """With an API key, refuses a request without `Authorization: Bearer KEY` (401), but
+    for the liveness checks (`OPEN`).
 
     Plain ASGI, as `BodyLimit` is: a Starlette `BaseHTTPMiddleware` reads the body in a task
     group, which would wrap BodyLimit's 413 in an exception group that FastAPI answers 400."""
@@ -112,7 +119,8 @@ class KeyGuard:
         self.app, self.api_key = app, api_key
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and self.api_key is not None:
+        if scope["type"] == "http" and self.api_key is not None and \
+                (scope["method"], scope["path"]) not in OPEN:
             scheme, _, given = Headers(scope=scope).get("authorization", "").partition(" ")
             # (the scheme's name is case-insensitive: RFC 9110)
             if scheme.lower() != "bearer" or not hmac.compare_digest(
