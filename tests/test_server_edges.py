@@ -287,18 +287,31 @@ def test_what_clients_send_by_default_is_taken(tmp_path):
     for header in ("Bearer s3cre", "Basic s3cret", "s3cret", ""):
         assert keyed.get("/v1/models", headers={"Authorization": header}).status_code == 401
     c = client(tmp_path / "open")
-    # Ollama's name for the model on OpenAI's routes (as Ollama's own /v1 takes it), and a
-    # tool_choice that asks for no tool: both refused before, now past those checks (to the
-    # next one, n: this client is to load no model).
+    # Ollama's name for the model on OpenAI's routes (as Ollama's own /v1 takes it), a
+    # tool_choice that asks for no tool, and tools with a choice of none (Continue, LangChain
+    # and Open WebUI send their tool list whatever they ask): all refused before, now past
+    # those checks (to the next one, n: this client is to load no model).
+    tool = [{"type": "function", "function": {"name": "f"}}]
     for extra in ({"model": "default:latest"}, {"model": "default", "tool_choice": "none"},
-                  {"model": "default", "tool_choice": "auto"}):
+                  {"model": "default", "tool_choice": "auto"},
+                  {"model": "default", "tool_choice": "none", "tools": tool},
+                  {"model": "default", "function_call": "none", "functions": [{"name": "f"}]}):
+        for route, asked in (("/v1/chat/completions",
+                              {"messages": [{"role": "user", "content": "hi"}]}),
+                             ("/v1/responses", {"input": "hi"})):
+            r = c.post(route, json={**extra, **asked, "n": 2})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "n", (route, r.text)
+    # A tool call that may or must be made is refused by name, as before.
+    for choice, param in (("auto", "tools"), (None, "tools"), ("required", "tools"),
+                          ({"type": "function", "function": {"name": "f"}}, "tools")):
         r = c.post("/v1/chat/completions", json={
-            **extra, "messages": [{"role": "user", "content": "hi"}], "n": 2})
-        assert r.status_code == 400 and r.json()["error"]["param"] == "n", r.text
-    tools = c.post("/v1/chat/completions", json={
+            "model": "default", "messages": [{"role": "user", "content": "hi"}],
+            "tools": tool, "tool_choice": choice})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (choice, r.text)
+    required = c.post("/v1/chat/completions", json={
         "model": "default", "messages": [{"role": "user", "content": "hi"}],
-        "tool_choice": "none", "tools": [{"type": "function"}]})
-    assert tools.status_code == 400 and tools.json()["error"]["param"] == "tools"
+        "tool_choice": "required"})
+    assert required.status_code == 400 and required.json()["error"]["param"] == "tool_choice"
 
 
 def test_a_turn_in_a_chat_cannot_name_documents_too(tmp_path):

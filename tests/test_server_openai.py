@@ -209,6 +209,30 @@ def test_a_streamed_response_is_the_responses_apis_events(served):
         served.client.responses.retrieve(events[-1].response.id)
 
 
+def test_tools_with_a_choice_of_none_are_answered_in_text_without_them(served):
+    """Continue, LangChain and Open WebUI send their tool list with every request; with
+    tool_choice "none" OpenAI answers in text, and so does kvdesk, the tools unused, said."""
+    tools = [{"type": "function", "function": {"name": "weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}]
+    asked = {"model": "default", "messages": [{"role": "user", "content": "Say hi."}],
+             "max_tokens": 4, "temperature": 0, "tools": tools, "tool_choice": "none"}
+    whole = served.client.chat.completions.create(**asked)
+    bare = served.client.chat.completions.create(**{**asked, "tools": None,
+                                                    "tool_choice": None})
+    assert whole.choices[0].message.content == bare.choices[0].message.content  # not shown
+    assert whole.usage.prompt_tokens == bare.usage.prompt_tokens
+    (note,) = [m for m in whole.model_extra["kvdesk"]["messages"] if "tools" in m]
+    assert note.startswith('tools: not shown to the model, as tool_choice "none" asks')
+    last = list(served.client.chat.completions.create(**asked, stream=True))[-1]
+    assert note in last.model_extra["kvdesk"]["messages"]
+    response = served.client.responses.create(
+        model="default", input="Say hi.", max_output_tokens=4, tool_choice="none",
+        tools=[{"type": "function", "name": "weather", "parameters": {}}])
+    assert response.output_text and note in response.model_extra["kvdesk"]["messages"]
+    with pytest.raises(openai.BadRequestError, match="tool calls are not supported"):
+        served.client.chat.completions.create(**{**asked, "tool_choice": "auto"})
+
+
 def test_what_responses_refuse(served):
     cases = [({"input": [{"role": "user", "content": [
                 {"type": "input_image", "image_url": "data:image/png;base64,AA=="}]}]},

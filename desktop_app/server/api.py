@@ -141,6 +141,7 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
             raise ApiError(404, served.refusal(body.model, ollama=False),
                            code="model_not_found", param="model")
         body.check_supported()
+        declined = body.declined_tools()
         options = served.answering(body.model, body.kvdesk.engine_options(
             body.generation(), body.stops()))
         messages = [m.flat() for m in body.messages]
@@ -149,7 +150,7 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
             done = await bridge.call(request, stopping, lambda cancel: engine().complete(
                 messages, cancel=cancel, **options))
             refuse_cut(done)
-            return s.completion(done, cid=cid, model=body.model)
+            return s.completion(s.noted(done, declined), cid=cid, model=body.model)
         include_usage = body.stream_options is not None and body.stream_options.include_usage
 
         def work(emit, cancel):
@@ -171,7 +172,7 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
                 else:
                     yield _data(s.chunk(cid=cid, model=body.model, delta={},
                                         finish_reason=item.finish_reason,
-                                        kvdesk=s.restore_info(item)))
+                                        kvdesk=s.restore_info(s.noted(item, declined))))
                     if include_usage:
                         yield _data({**s.chunk(cid=cid, model=body.model, delta={}),
                                      "choices": [], "usage": s.usage(item)})

@@ -141,8 +141,10 @@ class ChatRequest(_Request):
 
     def conversation(self) -> list[dict]:
         self.check_supported()
-        if self.tools:
-            raise InvalidValue("tools", "kvdesk answers text only; tool calls are not supported")
+        if self.tools:  # (Ollama's own words for a model without tools: clients that
+            # read them, /api/show's capabilities lacking "tools" too, ask again without)
+            raise InvalidValue("tools", f"{self.model!r} does not support tools: kvdesk "
+                               "answers text only")
         return [m.checked(f"messages.{i}") for i, m in enumerate(self.messages)]
 
 

@@ -16,7 +16,8 @@ a restart too, and through the same persistent prompt cache as chat completions:
 comes back, only the new input is computed. The documents a response was answered from
 are kept with it: a response continuing it reads them again unless its own `kvdesk` field
 names others (`"documents": []`: none). `store: false` keeps nothing. The newest `KEEP`
-responses are kept. Tools, reasoning, images and files are refused by name.
+responses are kept. Tools (but with tool_choice "none": unused, as on chat completions),
+reasoning, images and files are refused by name.
 
 Routes only translate, as in `api`: the engine does the work.
 """
@@ -263,7 +264,7 @@ def shape(body: ResponsesRequest, rid: str, mid: str, created: int,
                         "output_tokens": done.completion_tokens,
                         "output_tokens_details": {"reasoning_tokens": 0},
                         "total_tokens": done.prompt_tokens + done.completion_tokens}
-        out["kvdesk"] = s.restore_info(done)
+        out["kvdesk"] = s.restore_info(s.noted(done, body.declined_tools()))
     return out
 
 

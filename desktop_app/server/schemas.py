@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import replace
 from typing import Annotated, Any, Literal
 
 import pydantic
@@ -128,6 +129,8 @@ UNSUPPORTED = {"tools": "tool calls", "functions": "function calls",
                "tool_choice": "tool calls", "function_call": "function calls",
                "audio": "audio", "prediction": "predicted outputs",
                "logit_bias": "logit biases", "web_search_options": "web searches"}
+# Each way of offering tools, with the field that chooses among them.
+CHOICE = {"tools": "tool_choice", "functions": "function_call"}
 
 
 class Sampled(RequestValues):
@@ -159,13 +162,26 @@ class Sampled(RequestValues):
     kvdesk: KvdeskOptions = Field(default_factory=KvdeskOptions)
     _nulls = null_is_default("stream", "n", "kvdesk")
 
+    def declined_tools(self) -> list[str]:
+        """The tool fields given with a choice of none ("none"): clients (Continue, LangChain,
+        Open WebUI) send their tool list whatever they ask, and OpenAI then answers in text.
+        They go unused (never shown to the model), said in the answer's notes (`noted`)."""
+        extra = self.model_extra or {}
+        return [name for name, choice in CHOICE.items()
+                if extra.get(name) and extra.get(choice) == "none"]
+
     def check_supported(self) -> None:
         extra = self.model_extra or {}
+        declined = self.declined_tools()
         for name, what in UNSUPPORTED.items():
-            # ("none" or "auto" with no tools asks for none: clients send it as a default)
-            if extra.get(name) and not (name == "tool_choice" and not extra.get("tools")
-                                        and extra[name] in ("none", "auto")):
-                raise InvalidValue(name, f"kvdesk answers text only; {what} are not supported")
+            value = extra.get(name)
+            offered = next((t for t, c in CHOICE.items() if c == name), None)
+            # A choice that asks for no tool call is taken: "none" always, "auto" with no
+            # tools offered (clients send both as defaults); a tool call asked for never is.
+            if not value or name in declined or offered and (
+                    value == "none" or value == "auto" and not extra.get(offered)):
+                continue
+            raise InvalidValue(name, f"kvdesk answers text only; {what} are not supported")
         if self.n != 1:
             raise InvalidValue("n", "kvdesk answers with one choice")
         if self.logprobs:
@@ -250,6 +266,14 @@ def restore_info(c: Completion) -> dict:
             "restore_s": round(r.restore_s, 4), "source": r.source, "stored": c.stored,
             "ttft_s": c.ttft_s, "messages": c.messages, "sources": c.sources,
             "evidence": c.evidence, "read_whole": c.read_whole}
+
+
+def noted(c: Completion, declined: list[str]) -> Completion:
+    """The completion with a note first for each tool field that went unused
+    (`Sampled.declined_tools`)."""
+    said = [f'{name}: not shown to the model, as {CHOICE[name]} "none" asks; the answer is '
+            "text" for name in declined]
+    return replace(c, messages=[*said, *c.messages]) if said else c
 
 
 def usage(c: Completion) -> dict:
