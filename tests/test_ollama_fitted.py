@@ -21,7 +21,7 @@ def test_what_is_left_out_of_a_conversation_too_long_for_the_context():
     """Whole turns, oldest first; never a system message, the last message, or the question
     an assistant's last message (a prefill) continues."""
     def fits(most):
-        def complete(messages):
+        def complete(messages, _room):
             if len(messages) > most:
                 raise ContextFullError("too long")
             return answered(messages)
@@ -50,7 +50,7 @@ def test_a_long_history_is_measured_a_few_times_not_once_a_turn_left_out():
     def budget(room, measured):
         tries = []
 
-        def complete(messages):
+        def complete(messages, _room):
             tries.append(len(messages))
             total = sum(tokens(m) for m in messages)
             if total > room:
@@ -69,3 +69,29 @@ def test_a_long_history_is_measured_a_few_times_not_once_a_turn_left_out():
         at_once, fast = budget(room, measured=True)
         assert fitted(at_once, history).messages == fitted(one_by_one, history).messages
         assert len(fast) <= 2 < len(slow)
+
+
+def test_what_is_left_out_leaves_room_for_the_answer():
+    """kvdesk's context does not shift as Ollama's does: a history filling it would leave the
+    answer a few tokens. Enough goes for the answer's room too; what is left when nothing
+    more may go is answered with the room there is."""
+    def context(n, answer=4):  # of n tokens, one a message
+        def complete(messages, leave_room):
+            room = answer if leave_room else 0
+            if len(messages) + 1 + room >= n:
+                raise ContextFullError("too long", over=len(messages) + 2 + room - n,
+                                       sizes=(1.0,) * len(messages))
+            return answered(messages)
+        return complete
+
+    chat = [{"role": "system", "content": "S"}] + [
+        {"role": r, "content": f"{r[0]}{i}"} for i in range(4) for r in ("user", "assistant")
+    ] + [{"role": "user", "content": "q"}]
+    assert fitted(context(16), chat).messages == [" ".join(m["content"] for m in chat)]
+    note, kept = fitted(context(12), chat).messages  # 10 + 1 fit, not with 4 more
+    assert kept == "S u2 a2 u3 a3 q"  # 6 + 1 + 4 < 12
+    assert "with room for the answer, is longer than the context: its 4 oldest" in note
+    (alone,) = fitted(context(12, answer=10), chat[:1] + chat[-1:]).messages  # no more may go
+    assert alone == "S q"
+    with pytest.raises(ContextFullError):  # too long with no room at all: refused
+        fitted(context(3), chat[:1] + chat[-1:])

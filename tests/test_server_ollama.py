@@ -126,6 +126,23 @@ def test_a_conversation_longer_than_the_context_loses_its_oldest_messages(client
                     messages=[{"role": "user", "content": "Ferry " * 3000}])
 
 
+def test_a_history_left_shorter_leaves_room_for_the_answer(served):
+    """kvdesk's context does not shift as Ollama's does: a trimmed history filling it left
+    the answer ~100 tokens, cut ("length"). With no num_predict the room is kvdesk's default
+    answer length (512), at most a quarter of the context (1,024 here)."""
+    history = [{"role": "system", "content": SYSTEM}]
+    for i in range(14):
+        history += [{"role": "user", "content": f"Tell me about ferry number {i}. " * 8},
+                    {"role": "assistant", "content": f"Ferry {i} sails at noon. " * 8}]
+    history.append({"role": "user", "content": "Write a long story about the ferries."})
+    said = httpx.post(f"{served.url}/api/chat", trust_env=False, timeout=120, json={
+        "model": "default", "messages": history, "stream": False,
+        "options": {"temperature": 0, "stop": ["\n"]}}).json()  # (short: its first line)
+    n_ctx = served.app.context.n_ctx
+    assert said["prompt_eval_count"] + 1 + n_ctx // 4 < n_ctx, said
+    assert any("with room for the answer" in m for m in said["kvdesk"]["messages"])
+
+
 def test_generate_through_the_template_and_raw(client):
     templated = client.generate(model="default:latest", prompt="Say hello.", options=QUIET)
     assert templated.done and templated.response

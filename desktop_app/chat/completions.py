@@ -48,6 +48,9 @@ ROLES = ("system", "user", "assistant")
 # context a setting allows.
 SURELY_FITS = 16
 MIN_CONTEXT = 256
+# A request that must leave room for its answer (`complete`'s leave_room) leaves the longest
+# answer asked for, at most 1/ROOM_SHARE of the context: the rest is the conversation's.
+ROOM_SHARE = 4
 
 
 @dataclass(frozen=True)
@@ -103,7 +106,7 @@ class Completions:
         except MissingError as e:
             raise MissingError(str(e), field="kvdesk.documents") from None
 
-    def prompt(self, messages: Sequence[dict], docs: Sequence[Document] = ()
+    def prompt(self, messages: Sequence[dict], docs: Sequence[Document] = (), room: int = 0
                ) -> tuple[Turn, list[Source], list[str], list[str], list[dict]]:
         """The request's messages after its documents' prefix, rendered and tokenized; the
         passages that prefix is made of when a document is too long for the context (for
@@ -158,10 +161,10 @@ class Completions:
         rest = text[len(before):]
         tokens = head_tokens + rt.tokenize(rest, add_bos=rt.adds_bos and not head)
         s.longdocs.offer(sources, wholes)
-        if len(tokens) + 1 >= rt.n_ctx:
+        if len(tokens) + 1 + room >= rt.n_ctx:
             own = [len(rt.tokenize(m["content"])) for m in messages]
             each = max(0, len(tokens) - len(head_tokens) - sum(own)) / len(own)  # the template
-            raise _too_long(rt, len(tokens), "messages", over=len(tokens) + 2 - rt.n_ctx,
+            raise _too_long(rt, len(tokens), "messages", over=len(tokens) + 2 + room - rt.n_ctx,
                             sizes=(*(n + each for n in own), *[0.0] * (given - len(own))))
         return (Turn(msgs, text, tokens, prefill), sources, quoted, [*split, *notes],
                 s.longdocs.named(wholes))
@@ -179,10 +182,16 @@ class Completions:
         on_answered: Callable[[Completion], None] | None = None,
         on_start: Callable[[], None] | None = None,
         cancel: threading.Event | None = None,
+        leave_room: bool = False,
     ) -> Completion:
         """Answer the conversation; `on_start` hears that the request is taken (its documents
         found, its prompt within the context), before the restore; `on_answered` hears the
-        completion as soon as it is known, before its KV is stored (the call returns after)."""
+        completion as soon as it is known, before its KV is stored (the call returns after).
+        `leave_room`: a conversation must leave its answer room (the longest answer asked
+        for, at most 1/ROOM_SHARE of the context), else it is refused as too long
+        (`ContextFullError`, measured): for a caller that leaves old messages out to fit
+        (`server.ollama.fitted`), so that it leaves out enough for an answer too, the context
+        not shifting as the answer grows."""
         t0 = time.perf_counter()
         s = self.session
         self.surely_too_long(messages)  # before its turn in the queue
@@ -199,7 +208,9 @@ class Completions:
                 s.longdocs.offer((), ())
             else:
                 docs = self.documents(documents)
-                turn, sources, quoted, picked, whole = self.prompt(messages, docs)
+                room = min(s.sampling(generation).options.max_tokens,
+                           rt.n_ctx // ROOM_SHARE) if leave_room else 0
+                turn, sources, quoted, picked, whole = self.prompt(messages, docs, room)
             if not turn.tokens:
                 raise InvalidValue("prompt", "it is empty")
             prompt = turn.tokens

@@ -10,7 +10,8 @@ JS clients, Open WebUI's Ollama mode, editor and notes plugins.
     POST /api/chat                            a conversation answered, streamed as Ollama
                                               streams (JSON lines) unless "stream": false;
                                               longer than the context, its oldest messages
-                                              left out, as Ollama leaves them (`fitted`)
+                                              left out, as Ollama leaves them, with room
+                                              left for the answer (`fitted`)
     POST /api/generate                        a prompt: through the chat template (with
                                               `system`), as it is (`raw`), or filled in
                                               between (`suffix`, where the model can)
@@ -138,7 +139,8 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
         if not messages:
             return sh.loaded(body.model, True, body.unloading())
         return await answer(request, body, lambda **kw: fitted(
-            lambda msgs: app.engine.complete(msgs, **options, **kw), messages), sh.chat_piece)
+            lambda msgs, room: app.engine.complete(msgs, leave_room=room, **options, **kw),
+            messages), sh.chat_piece)
 
     @api.post("/api/generate")
     async def generate(body: sh.GenerateRequest, request: Request):
@@ -248,20 +250,26 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
         api.add_api_route(path, unmanaged, methods=[method])
 
 
-def fitted(complete: Callable[[list[dict]], Completion], messages: list[dict]) -> Completion:
+def fitted(complete: Callable[[list[dict], bool], Completion], messages: list[dict]
+           ) -> Completion:
     """A conversation longer than the context answered as Ollama answers it: its oldest
     messages left out until it fits (never a system message, nor the last one, nor the
     question an assistant's last message continues; an answer with the question it
-    answered), and said in the answer's notes, where OpenAI's routes refuse it. Each refusal
-    says by how many tokens and what each message holds, so enough turns go at once: a long
-    history is measured a few times, not once a turn left out."""
+    answered), and said in the answer's notes, where OpenAI's routes refuse it. It must fit
+    with room for the answer (`complete`'s second argument: the engine's `leave_room`):
+    Ollama fills its context with the history and shifts it as the answer grows, kvdesk's
+    does not shift, so a history filling it would leave an answer of a few tokens, cut
+    ("length"). What is left when nothing more may go is answered with the room there is,
+    as before any went. Each refusal says by how many tokens and what each message holds,
+    so enough turns go at once: a long history is measured a few times, not once a turn
+    left out."""
     users = [i for i, m in enumerate(messages) if m["role"] == "user"]
     kept = {len(messages) - 1, *users[-1:]}
-    t0, left_out = time.perf_counter(), 0
+    t0, left_out, room = time.perf_counter(), 0, True
     while True:
         tried = time.perf_counter()
         try:
-            done = complete(messages)
+            done = complete(messages, room)
         except ContextFullError as e:
             measured = len(e.sizes) == len(messages)  # (else one turn a try)
             sizes = list(e.sizes) if measured else [0.0] * len(messages)
@@ -269,8 +277,10 @@ def fitted(complete: Callable[[list[dict]], Completion], messages: list[dict]) -
             while not dropped or measured and freed < e.over:
                 turn = _oldest_turn(messages, kept)
                 if not turn:
-                    if not dropped:
+                    if not dropped and not room:
                         raise  # nothing left to leave out
+                    if not dropped:
+                        room = False  # (tried with the room there is, as before any went)
                     break  # (tried again: the shares are estimates)
                 freed += sum(sizes[i] for i in turn)
                 kept = {i - sum(j < i for j in turn) for i in kept}
@@ -282,8 +292,9 @@ def fitted(complete: Callable[[list[dict]], Completion], messages: list[dict]) -
         if not left_out:
             return done
         # (the first token came after the tries that did not fit too)
+        answer = ", with room for the answer," if room else ""
         return replace(done, ttft_s=round(done.ttft_s + tried - t0, 4), messages=[
-            f"the conversation is longer than the context: its {left_out} oldest "
+            f"the conversation{answer} is longer than the context: its {left_out} oldest "
             "message(s) were left out, as Ollama leaves them out", *done.messages])
 
 
