@@ -146,6 +146,7 @@ def test_a_history_left_shorter_leaves_room_for_the_answer(served):
 def test_generate_through_the_template_and_raw(client):
     templated = client.generate(model="default:latest", prompt="Say hello.", options=QUIET)
     assert templated.done and templated.response
+    assert templated.context is None  # none to send back: each prompt stands alone (README)
     raw = client.generate(model="default", prompt="The capital of France is", raw=True,
                           options=QUIET)
     assert raw.response and raw.prompt_eval_count < 10  # no chat template around it
@@ -249,6 +250,8 @@ def test_ollamas_errors(client, served):
              (lambda: client.chat(model="default", messages=[{"role": "user", "content": "x"}],
                                   tools=[{"type": "function", "function": {"name": "f"}}]),
               400, "'default' does not support tools"),  # Ollama's words: clients retry
+             (lambda: client.generate(model="default", prompt="x", context=[1, 2]),
+              400, "send the conversation to /api/chat"),
              (lambda: client.generate(model="default", prompt="def f(", suffix="  return 1"),
               400, "fill-in-the-middle"),
              (lambda: client.embed(model="llama3:8b", input="x"), 404, "embeddings"),
