@@ -25,6 +25,7 @@ threading.Event. It never prints, never parses arguments and never imports Qt.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -296,23 +297,25 @@ class Engine(ExactNotes):
             progress: ProgressFn | None = None,
             cancel: threading.Event | None = None) -> AskResult:
         self._writable()
+        t0, stale = time.perf_counter(), [0]  # (a stale document's prefill: this answer's wait)
         notes = self.exactness.said(chat_id).get(chat_id, []) if chat_id is not None else \
-            [] if restore.no_cache else self._cache_stale(doc_ids, progress, cancel)
+            [] if restore.no_cache else self._cache_stale(doc_ids, progress, cancel, stale)
+        spent = time.perf_counter() - t0 if stale[0] else 0.0
         result = self.session.ask(question, chat_id=chat_id, doc_ids=doc_ids, restore=restore,
                                   generation=generation, on_token=on_token,
                                   on_restore=on_restore, progress=progress, cancel=cancel)
         notes += self.library.changed_files(result.documents)
-        return replace(result, messages=[*notes, *result.messages])
+        return replace(result.after(spent, stale[0]), messages=[*notes, *result.messages])
 
     def _cache_stale(self, doc_ids: Sequence[int], progress: ProgressFn | None,
-                     cancel: threading.Event | None) -> list[str]:
+                     cancel: threading.Event | None, computed: list[int]) -> list[str]:
         """A new chat's documents cached only under another model (a switch) get their cache
-        under this one first, once, as the window offers: else every new chat computes them."""
-        if not doc_ids:
-            return []
+        under this one first, once, as the window offers: else every new chat computes them
+        (their tokens added to `computed`)."""
         notes = []
-        for doc_id in self.library.stale_documents(doc_ids, self.fingerprint):
+        for doc_id in self.library.stale_documents(doc_ids, self.fingerprint) if doc_ids else ():
             done = self.prefill(doc_id, progress=progress, cancel=cancel)
+            computed[0] += done.kept_tokens
             notes += [f"document {doc_id} was cached under another model: " + (
                 "longer than this one's context, it is kept as passages now" if
                 done.passages else "its cache for this one is taken from the shared cache "

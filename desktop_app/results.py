@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 
 class Record:
@@ -245,6 +245,12 @@ class AskResult(Record):
     # may be cut short; "cancelled": it was stopped (Ctrl-C, the window's stop button); "stop":
     # the model ended it, or it stopped going round in circles (messages say why).
     finish_reason: str = "stop"
+
+    def after(self, seconds: float, tokens: int) -> AskResult:
+        """This answer after `tokens` computed in `seconds` before it (the user waited for
+        them too: a document cached again under a switched model)."""
+        return replace(self, ttft_s=self.ttft_s + seconds, recompute_s=self.recompute_s + seconds,
+                       recomputed_tokens=self.recomputed_tokens + tokens)
 
 
 # Why an answer ended, where the user should know it (a stored answer's `finish_reason`).

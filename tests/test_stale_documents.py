@@ -14,6 +14,7 @@ from test_store_helpers import FP, open_store, put_entry
 
 from desktop_app.chat.library import Library
 from desktop_app.engine import Engine
+from desktop_app.results import AskResult
 
 OTHER = "model-b"
 
@@ -63,28 +64,35 @@ def test_a_new_chat_caches_under_this_model_what_the_listing_calls_stale(store, 
 
     def prefill(doc_id, *, progress=None, cancel=None):
         prefilled.append(doc_id)
-        return SimpleNamespace(passages=0, pulled=False, warnings=[])
+        return SimpleNamespace(passages=0, pulled=False, warnings=[], kept_tokens=120)
 
     monkeypatch.setattr(engine, "prefill", prefill)
-    notes = engine._cache_stale([ids["none"], ids["old"], ids["both"], ids["old"]], None, None)
+    computed = [0]
+    notes = engine._cache_stale([ids["none"], ids["old"], ids["both"], ids["old"]], None, None,
+                                computed)
     stale = [d.doc_id for d in engine.library.documents(OTHER) if d.status == "stale"]
     assert prefilled == stale == [ids["old"]]
     assert notes == [f"document {ids['old']} was cached under another model: its cache for "
                      "this one is computed and stored now, once"]
-    assert engine._cache_stale([], None, None) == []
+    # (its tokens are the answer's: it said 0 recomputed and a first token in 0.5 s, after 5 s)
+    assert computed == [120]
+    assert engine._cache_stale([], None, None, computed) == [] and computed == [120]
     # Its cache under this model found in the shared cache: taken from it, and said so (it
     # said computed, when nothing was).
     monkeypatch.setattr(engine, "prefill", lambda doc_id, **kw: SimpleNamespace(
-        passages=0, pulled=True, warnings=[]))
-    assert engine._cache_stale([ids["old"]], None, None) == [
+        passages=0, pulled=True, warnings=[], kept_tokens=0))
+    assert engine._cache_stale([ids["old"]], None, None, [0]) == [
         f"document {ids['old']} was cached under another model: its cache for this one is "
         "taken from the shared cache and stored now, once"]
     # What storing it evicted is said too: under Gemma, SmolLM2's cache of the document went
     # unsaid (the prefill's notes were dropped).
     evicted = "storing this evicted the least recently used caches ... (4.9 MB); ..."
     monkeypatch.setattr(engine, "prefill", lambda doc_id, **kw: SimpleNamespace(
-        passages=0, pulled=False, warnings=[evicted]))
-    assert engine._cache_stale([ids["old"]], None, None)[1:] == [evicted]
+        passages=0, pulled=False, warnings=[evicted], kept_tokens=120))
+    assert engine._cache_stale([ids["old"]], None, None, [0])[1:] == [evicted]
+    waited = AskResult(chat_id=1, answer="", ttft_s=0.5, restore_s=0.0, bytes_read=0,
+                       chunk_levels=[], recomputed_tokens=3, tokens_generated=1).after(5.0, 120)
+    assert (waited.ttft_s, waited.recompute_s, waited.recomputed_tokens) == (5.5, 5.0, 123)
 
 
 # -- the chat list's mark ----------------------------------------------------------------
