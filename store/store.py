@@ -19,6 +19,7 @@ from typing import Any
 
 from .caches import blobs, calibrations, integrity, kv, quota
 from .caches.splitting import SplitStore
+from .caches.usage import UsageStore
 from .datadir.db import Connections, prepare_data_dir, quick_check
 from .datadir.locks import ChatLocks
 from .datadir.values import malformed_json, stored_json
@@ -45,11 +46,11 @@ JSON_COLUMNS = (("kv_entries", "id", "levels"), ("settings", "key", "value"),
                 ("calibrations", "id", "meta"), ("passages", "id", "heading"))
 
 
-class Store(LibraryStore, PassageStore, PassageKVStore, SplitStore):
+class Store(LibraryStore, PassageStore, PassageKVStore, SplitStore, UsageStore):
     """Persistent state of one data directory. Close it (or use `with`) when done.
 
     `LibraryStore`, `PassageStore`, `PassageKVStore` (store.documents): documents, chats,
-    messages, passages, their KV; `SplitStore` (store.caches); KV entries, quota, integrity: here.
+    messages, passages, their KV; `SplitStore`, `UsageStore` (store.caches); the rest: here.
     """
 
     def __init__(self, data_dir: str | Path, *, clock: Callable[[], float] = time.time):

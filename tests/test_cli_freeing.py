@@ -8,10 +8,12 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from test_store_helpers import open_store, put_entry
+from test_store_helpers import FP, open_store, put_entry
 
 import desktop_app.cli.base as base
 from desktop_app.cli import cli
+from desktop_app.kv.evictions import storage_line
+from desktop_app.results import size_text
 
 
 @pytest.fixture
@@ -74,3 +76,15 @@ def test_rm_says_how_much_its_caches_took(store, tmp_path):
     said = json.loads(kvdesk(tmp_path, "rm", "doc", "1", "--json"))
     assert said == {"deleted": "doc", "id": 1, "chats_kept": [], "freed_bytes": left}
     assert store.usage_bytes() == 0  # (every model's cache of it went)
+
+
+def test_docs_ends_with_where_the_stored_bytes_go(store):
+    """(`docs` added up the documents' caches only: chats' and other models' were unseen.)"""
+    usage = store.usage_by_kind()
+    ours, theirs = usage[FP], usage["model-b"]
+    line = storage_line(store, FP)
+    assert line.startswith(
+        f"storage: {size_text(store.usage_bytes())} of the {size_text(store.budget_bytes)} "
+        f"budget (documents {size_text(ours['documents'])}, chats {size_text(ours['chats'])}, "
+        f"model b.gguf's caches {size_text(theirs['documents'])}); the data directory takes ")
+    assert "on disk" in line

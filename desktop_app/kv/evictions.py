@@ -1,4 +1,5 @@
-"""What the user is told of the caches a store evicted to keep within the storage budget.
+"""What the user is told of the caches a store evicted to keep within the storage budget, and
+of where the budget goes (`storage_line`: the end of `kvdesk docs`).
 
 Every path that stores KV with eviction (an attach, a question's passages, a turn's chat cache,
 a blended chat's exact pass, a local API conversation) says it in these words, one note per
@@ -89,6 +90,25 @@ def fitting(evicted: Sequence[dict], budget_bytes: int) -> list[str]:
                 f"{size_text(extends + sizes[least])}): a setting storage_budget_gb of at "
                 f"least {need:g} stores it at `--levels {least}`"]
     return []
+
+
+def storage_line(store: Store, fingerprint: str) -> str:
+    """Where the stored KV's bytes go, against the budget: the loaded model's (`fingerprint`)
+    by what they are for, then each other model's, then the data directory on disk (the
+    database, its journal and the reserve kept for a full disk), so that every byte a user
+    finds there is accounted for."""
+    usage = store.usage_by_kind()
+    used = sum(sum(kinds.values()) for kinds in usage.values())
+    ours = usage.pop(fingerprint, {})
+    words = {"documents": "documents", "passages": "passages", "chats": "chats",
+             "prompts": "shared prompts"}
+    parts = [f"{words[k]} {size_text(ours[k])}" for k in words if ours.get(k)]
+    parts += [f"model {_model_name(store, m)}'s caches {size_text(sum(k.values()))}"
+              for m, k in usage.items()]
+    disk = sum(p.stat().st_size for p in store.data_dir.iterdir() if p.is_file())
+    return (f"storage: {size_text(used)} of the {size_text(store.budget_bytes)} budget"
+            + (f" ({', '.join(parts)})" if parts else "") + f"; the data directory takes "
+            f"{size_text(disk)} on disk (the database and the reserve kept for a full disk)")
 
 
 def _kinds(store: Store, evicted: Sequence[dict]) -> list[str]:
