@@ -12,7 +12,9 @@ is computed again as the chat is now.
 
 A process about to exit (a one-shot `kvdesk ask`) would take the pass with it: it waits for
 the pass instead (`finish`), showing how far it got, and may stop waiting (Ctrl-C), which
-leaves the chat blended for its next turn.
+leaves the chat blended for its next turn. What storing it evicted is said once (`said`): by
+the command that waited for it; else in the log (`kvdesk serve`'s, the window's) and then by the
+window's next look at its chats, or with the chat's next answer.
 
 A sliding-window model resumes a restore only where a stored entry ends with its window, so
 for one the pass also stores the chat's documents or passages as an entry of their own on its
@@ -80,13 +82,15 @@ class Exactness(Background):
             return said
 
     def finish(self, chat_id: int, *, progress: Callable[[Progress], None] | None = None,
-               cancel: threading.Event | None = None) -> bool:
-        """Wait for chat `chat_id`'s pass, queued or under way, reporting its progress once its
-        context is loaded; stop waiting when `cancel` is set (the pass goes on). Whether its
-        exact context is stored (False: no pass was asked for, it failed, or the wait was
-        cancelled). What it evicted: `said`."""
-        with self._guard:
+               cancel: threading.Event | None = None, ask: bool = False) -> bool:
+        """Wait for chat `chat_id`'s pass, queued or under way (or with `ask`, asked for now),
+        reporting its progress once its context is loaded; stop waiting when `cancel` is set
+        (the pass goes on). Whether its exact context is stored (False: no pass was asked
+        for, it failed, or the wait was cancelled). What it evicted: `said`."""
+        with self._guard:  # (waited for before it is asked: a quick pass never logs it too)
             self._waited.add(chat_id)
+        if ask:
+            self.request(chat_id)
         try:
             while True:
                 with self._guard:
@@ -139,8 +143,8 @@ class Exactness(Background):
                           "evicted", 1) for n in said]  # (said after its answer, elsewhere)
         with self._guard:
             (self._stored if kept else self._too_big).add(chat_id)
-            if said:
-                self._said[chat_id] = said
+            if said:  # (added to any a pass before it left untold)
+                self._said.setdefault(chat_id, []).extend(said)
             logged = chat_id not in self._waited  # (one waiting says it: not twice)
         for note in said if logged else ():  # (`kvdesk serve`'s log, the window's: unasked)
             log.warning("%s", note)
@@ -181,7 +185,7 @@ class Exactness(Background):
 
 class ExactNotes:
     """The engine's `exact_notes` (protocol.EngineAPI): what the window shows of its exact
-    passes' evictions, which no answer of its carries."""
+    passes' evictions (a chat's next answer carries those it has not shown)."""
 
     exactness: Exactness
 

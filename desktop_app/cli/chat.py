@@ -303,9 +303,9 @@ def finish_exact(app: App, chat_id: int, blended: dict | None) -> list[str]:
         bar(p)
 
     # A one-shot engine starts no work its exit would cancel: the pass is asked for here.
-    app.engine.exactness.request(chat_id)
     with interruptible() as cancel:
-        stored = app.engine.exactness.finish(chat_id, progress=progress, cancel=cancel)
+        stored = app.engine.exactness.finish(chat_id, progress=progress, cancel=cancel,
+                                             ask=True)
     bar.done()
     if not stored:  # stopped now, nothing of it stored (and no context left loading)
         app.engine.exactness.close()
