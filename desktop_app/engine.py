@@ -315,7 +315,7 @@ class Engine(ExactNotes):
         notes = []
         for doc_id in self.library.stale_documents(doc_ids, self.fingerprint) if doc_ids else ():
             done = self.prefill(doc_id, progress=progress, cancel=cancel)
-            computed[0] += done.kept_tokens
+            computed[0] += 0 if done.pulled or done.passages else done.kept_tokens
             notes += [f"document {doc_id} was cached under another model: " + (
                 "longer than this one's context, it is kept as passages now" if
                 done.passages else "its cache for this one is taken from the shared cache "

@@ -365,6 +365,8 @@ def test_each_document_is_a_model_answering_from_it(served, tmp_path):
     assert served.client.models.retrieve(name).id == name  # (tools check the name first)
     tags = httpx.get(f"{served.url}/api/tags", trust_env=False).json()["models"]
     assert f"{name}:latest" in [m["name"] for m in tags]
+    assert len({m["digest"] for m in tags}) == len(tags)  # (clients group models by digest)
+    assert served.client.models.retrieve(name.upper()).id == name.upper()
     question = [{"role": "user", "content": "When does the first ferry leave?"}]
     plain = ask(served.client, question)
     read = served.client.chat.completions.create(model=name, messages=question,
@@ -380,3 +382,8 @@ def test_each_document_is_a_model_answering_from_it(served, tmp_path):
         served.client.chat.completions.create(model="doc-99999", messages=question,
                                               max_tokens=2)
     assert "no document 99999" in gone.value.message
+    with pytest.raises(openai.NotFoundError):
+        served.client.models.retrieve("doc-99999")
+    with pytest.raises(openai.BadRequestError) as legacy:  # (a prompt as it is: no chat)
+        served.client.completions.create(model=name, prompt="The ferry", max_tokens=2)
+    assert "answers from a document, in a chat" in legacy.value.message

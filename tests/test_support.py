@@ -133,7 +133,8 @@ def test_a_context_set_larger_than_memory_holds_is_refused_naming_one_that_fits(
 
 
 @pytest.mark.model
-def test_every_command_refuses_a_context_memory_cannot_hold(model_path, monkeypatch):
+def test_the_app_refuses_a_context_memory_cannot_hold_before_a_command_loads_it(
+        model_path, monkeypatch):
     monkeypatch.setattr(contextsize, "available_memory", lambda: 1 << 30)
     with pytest.raises(EngineError, match="a context of 1,048,576 tokens needs"):
         _ = App(Settings(model=str(model_path), n_ctx=1 << 20)).context

@@ -12,6 +12,7 @@ It only words records (store.gc's `evicted_caches`); it never evicts nor stores.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 from itertools import combinations
@@ -105,7 +106,10 @@ def storage_line(store: Store, fingerprint: str) -> str:
     parts = [f"{words[k]} {size_text(ours[k])}" for k in words if ours.get(k)]
     parts += [f"model {_model_name(store, m)}'s caches {size_text(sum(k.values()))}"
               for m, k in usage.items()]
-    disk = sum(p.stat().st_size for p in store.data_dir.iterdir() if p.is_file())
+    disk = 0
+    for p in store.data_dir.iterdir():
+        with contextlib.suppress(OSError):  # (SQLite's -wal, -shm go as a process closes)
+            disk += p.stat().st_size if p.is_file() else 0
     return (f"storage: {size_text(used)} of the {size_text(store.budget_bytes)} budget"
             + (f" ({', '.join(parts)})" if parts else "") + f"; the data directory takes "
             f"{size_text(disk)} on disk (the database and the reserve kept for a full disk)")

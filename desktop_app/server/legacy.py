@@ -69,6 +69,10 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
         return {"id": name, "object": "model", "created": created, "owned_by": "kvdesk"}
 
     def check_model(name: str) -> None:
+        if served.document_of(name) is not None:
+            raise ApiError(400, f"model {name!r} answers from a document, in a chat: "
+                           "/v1/chat/completions or /v1/responses (a prompt given as it is "
+                           "has none)", code="model_not_supported", param="model")
         if not served.is_openai_name(name):
             raise ApiError(404, served.refusal(name, ollama=False), code="model_not_found",
                            param="model")
@@ -76,8 +80,11 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
     @api.get("/v1/models/{model_id:path}")
     async def model(model_id: str):
         doc = served.document_of(model_id)  # (a document's model: while it is attached)
-        if doc is None or doc not in await asyncio.to_thread(app.store.document_titles):
+        if doc is None:
             check_model(model_id)
+        elif doc not in await asyncio.to_thread(app.store.document_titles):
+            raise ApiError(404, f"model {model_id!r}: no document {doc} is attached (`kvdesk "
+                           "docs` lists them)", code="model_not_found", param="model")
         return model_object(model_id)
 
     @api.post("/v1/completions")

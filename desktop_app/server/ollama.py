@@ -99,8 +99,10 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
     async def tags():
         model = await asyncio.to_thread(listed)
         documents = await asyncio.to_thread(served.document_models)
-        return {"models": [model, *({**model, "name": f"{name}:latest",
-                                     "model": f"{name}:latest"} for name, _ in documents)]}
+        # (a digest of its own: clients that group models by digest keep them apart)
+        return {"models": [model, *({**model, "name": f"{name}:latest", "model": f"{name}:latest",
+                                     "digest": sh.digest(f"{app.model_hash}:{doc}")}
+                                    for name, doc in documents)]}
 
     @api.api_route("/api/ps", methods=["GET", "HEAD"])  # HEAD: health checks
     async def ps():

@@ -26,7 +26,7 @@ from pathlib import Path
 from ..app import App
 
 # "doc-12-user-manual", "doc-12" and Ollama's "doc-12-user-manual:latest": document 12
-_DOCUMENT_MODEL = re.compile(r"doc-(\d{1,12})(?:-[a-z0-9-]*)?(?::latest)?")
+_DOCUMENT_MODEL = re.compile(r"doc-(\d{1,12})(?:-[a-z0-9-]*)?(?::latest)?", re.IGNORECASE)
 
 
 class Served:

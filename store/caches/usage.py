@@ -1,7 +1,7 @@
 """Where the stored KV's bytes go: by model and by what each cache is for.
 
 `kvdesk docs` ends with it, so that the disk a data directory takes is accounted for: the
-documents' own caches, long documents' passages, chats' exact contexts, and the rest (the
+documents' own caches, long documents' passages, chats' caches, and the rest (the
 local API's prompts, the passages' shared system prompt), each model's apart. It only reads.
 """
 
