@@ -381,9 +381,11 @@ def test_each_document_is_a_model_answering_from_it(served, tmp_path):
     with pytest.raises(openai.NotFoundError) as gone:
         served.client.chat.completions.create(model="doc-99999", messages=question,
                                               max_tokens=2)
-    assert "no document 99999" in gone.value.message
+    assert "no document 99999 is attached" in gone.value.message
     with pytest.raises(openai.NotFoundError):
         served.client.models.retrieve("doc-99999")
+    shown = httpx.post(f"{served.url}/api/show", json={"model": "doc-99999"}, trust_env=False)
+    assert shown.status_code == 404 and "no document 99999" in shown.json()["error"]
     with pytest.raises(openai.BadRequestError) as legacy:  # (a prompt as it is: no chat)
         served.client.completions.create(model=name, prompt="The ferry", max_tokens=2)
     assert "answers from a document, in a chat" in legacy.value.message

@@ -82,9 +82,9 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
         doc = served.document_of(model_id)  # (a document's model: while it is attached)
         if doc is None:
             check_model(model_id)
-        elif doc not in await asyncio.to_thread(app.store.document_titles):
-            raise ApiError(404, f"model {model_id!r}: no document {doc} is attached (`kvdesk "
-                           "docs` lists them)", code="model_not_found", param="model")
+        elif not await asyncio.to_thread(served.picks, model_id, ollama=False):
+            raise ApiError(404, served.refusal(model_id, ollama=False), code="model_not_found",
+                           param="model")
         return model_object(model_id)
 
     @api.post("/v1/completions")

@@ -80,9 +80,12 @@ class Served:
         return int(m[1]) if m else None
 
     def picks(self, name: str, *, ollama: bool) -> bool:
-        """Whether `name` means the served model, alone or answering from a document."""
-        return self.document_of(name) is not None or (
-            self.is_ollama_name(name) if ollama else self.is_openai_name(name))
+        """Whether `name` means the served model, alone or answering from a document that is
+        attached (one removed is no model: `/api/show` said it was)."""
+        doc = self.document_of(name)
+        if doc is not None:
+            return doc in self.app.store.document_titles()
+        return self.is_ollama_name(name) if ollama else self.is_openai_name(name)
 
     def answering(self, name: str, options: dict) -> dict:
         """A request's engine options (`KvdeskOptions.engine_options`) with the document its
@@ -100,6 +103,9 @@ class Served:
                 "`kvdesk --model NAME serve`; `kvdesk models` lists the models on this machine)")
 
     def refusal(self, name: str, *, ollama: bool) -> str:
+        if (doc := self.document_of(name)) is not None:
+            return (f"model {name!r}: no document {doc} is attached (`kvdesk docs` lists them, "
+                    "and the models list names each one's model)")
         served = repr(self.ollama_name) if ollama else " or ".join(map(repr, self.openai_ids))
         return (f"model {name!r} is not served here: this server serves {served}; to use "
                 f"another, start `kvdesk --model NAME serve` (`kvdesk models` lists them)")
