@@ -26,7 +26,8 @@ class LibraryMixin:
             return
         paths, _ = QFileDialog.getOpenFileNames(
             self, "Attach documents", str(Path.home()),
-            "Documents (*.txt *.md *.pdf *.docx *.epub *.html *.htm *.rst *.py *.json *.csv);;"
+            "Documents (*.txt *.md *.markdown *.rst *.pdf *.docx *.epub *.html *.htm *.xhtml "
+            "*.csv *.tsv *.json *.jsonl *.py);;"
             "All files (*)")
         self.attach_files(paths)
 
