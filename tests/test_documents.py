@@ -8,6 +8,7 @@ import re
 import pytest
 from pdf_helpers import make_pdf as make_pdf_pages
 
+from desktop_app.chat import documents
 from desktop_app.chat.documents import DocumentError, extract
 
 
@@ -239,3 +240,18 @@ def test_a_file_whose_size_says_zero_is_read_all_the_same():
 def test_pdf_without_text_layer(tmp_path):
     with pytest.raises(DocumentError, match="no text layer"):
         extract(make_pdf(tmp_path / "scan.pdf", []))
+
+
+def test_a_file_that_fails_to_read_in_any_way_is_not_changed(tmp_path, monkeypatch):
+    # An attached file overwritten with one its reader fails on must not break `kvdesk docs`,
+    # the window's list or an answer: the attached text stands.
+    (tmp_path / "a.txt").write_text("Some text")
+    assert documents.file_hash(str(tmp_path / "a.txt")) == extract(tmp_path / "a.txt").content_hash
+    (tmp_path / "b.txt").write_text("Other text")
+
+    def fails(path):
+        raise AttributeError("a reader's own failure")
+
+    monkeypatch.setattr(documents, "extract", fails)
+    assert documents.file_hash(str(tmp_path / "b.txt")) is None
+    assert not documents.changed_since(str(tmp_path / "b.txt"), "0" * 64, 0.0)

@@ -190,6 +190,28 @@ def _text_named_docx(tmp_path):
     return tmp_path / "notes.docx"
 
 
+def rezipped(source, path, edit) -> str:
+    """`source`'s archive written to `path`, each entry's bytes through `edit(name, data)`."""
+    with zipfile.ZipFile(source) as old, zipfile.ZipFile(path, "w") as new:
+        for name in old.namelist():
+            new.writestr(name, edit(name, old.read(name)))
+    return path
+
+
+def _bad_content_types(tmp_path):
+    # python-docx met it with an AttributeError, which reached the user as a traceback.
+    return rezipped(make_docx(tmp_path / "whole.docx", contract), tmp_path / "types.docx",
+                    lambda name, data: b"<Types/>" if name == "[Content_Types].xml" else data)
+
+
+def _no_body(tmp_path):
+    # (a TypeError, as python-docx met it)
+    empty = (b'<w:document xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/'
+             b'main"/>')
+    return rezipped(make_docx(tmp_path / "whole.docx", contract), tmp_path / "nobody.docx",
+                    lambda name, data: empty if name == "word/document.xml" else data)
+
+
 def _empty_epub(tmp_path):
     return make_epub(tmp_path / "pictures.epub", [("", "<p> </p><img src='a.png'/>")])
 
@@ -201,6 +223,10 @@ def _empty_epub(tmp_path):
                  "archive"),
     (_other_zip, "archive.docx: a ZIP archive, but without a Word document's contents"),
     (_encrypted, "secret.docx: the document is encrypted (password-protected)"),
+    (_bad_content_types, "types.docx: the Word document cannot be read: it is damaged "
+                         "(AttributeError: "),
+    (_no_body, "nobody.docx: the Word document cannot be read: it is damaged (its "
+               "document.xml has no body)"),
     (_empty_epub, "pictures.epub: the EPUB book has no text"),
     (_legacy_doc, "old.doc: a Word 97-2003 document (.doc) is not supported; save it as .docx "
                   "or PDF"),

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from store import Document, NotFoundError, Store
 
-from ..errors import Cancelled, DocumentError, EngineError
+from ..errors import Cancelled, EngineError
 from ..kv import speeds as speeds_mod
 from ..kv.contexts import ATTACH, Contexts
 from ..kv.evictions import fitting
@@ -292,7 +292,8 @@ class Attacher:
                 return known
             extracted = documents.Extracted(doc.text, doc.title, doc.type, "")
             if doc.source_path and Path(doc.source_path).is_file():
-                with contextlib.suppress(DocumentError):
+                # (any failure: the file only adds lines and pages; the stored text stands)
+                with contextlib.suppress(Exception):
                     found = documents.extract(doc.source_path)
                     extracted = found if found.content_hash == doc.content_hash else extracted
             return self._split(rt, doc.id, extracted, cancel, lambda _: None)

@@ -75,8 +75,8 @@ def changed_since(source: str | None, content_hash: str, attached: float) -> boo
 
 
 def file_hash(source: str | None, *, modified_after: float | None = None) -> str | None:
-    """The content hash of the text a file holds now (None: gone, not a document, or not
-    modified after `modified_after`)."""
+    """The content hash of the text a file holds now (None: gone, no longer readable as a
+    document — whatever its reader meets — or not modified after `modified_after`)."""
     try:
         st = Path(source).stat() if source else None
     except OSError:
@@ -87,7 +87,9 @@ def file_hash(source: str | None, *, modified_after: float | None = None) -> str
     if key not in _HASHES:
         try:
             _HASHES[key] = extract(source).content_hash
-        except DocumentError:
+        # (any failure, not only a DocumentError: a file gone bad after its attach must not
+        # break the listing or an answer; its attached text stands)
+        except Exception:
             return None
     return _HASHES[key]
 

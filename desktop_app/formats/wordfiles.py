@@ -20,8 +20,6 @@ from __future__ import annotations
 import csv
 import io
 import re
-import zipfile
-import zlib
 from collections.abc import Iterator
 
 from ..errors import DocumentError
@@ -33,9 +31,7 @@ def read(data: bytes, name: str) -> Book:
     """The text of the Word document `data` (named `name` in what is said), or DocumentError."""
     import docx
     from docx.opc.constants import RELATIONSHIP_TYPE as RT
-    from docx.opc.exceptions import PackageNotFoundError
     from docx.oxml.ns import qn
-    from lxml.etree import XMLSyntaxError
 
     def related(kind: str):
         # (not python-docx's `styles` or `numbering_part`: for a document without one, the
@@ -48,15 +44,22 @@ def read(data: bytes, name: str) -> Book:
     try:
         document = docx.Document(io.BytesIO(data))
         title = (document.core_properties.title or "").strip() or None
+        body = document.element.body
+        if body is None:
+            raise _Damaged("its document.xml has no body")
         reader = _Reader(qn, related(RT.STYLES), related(RT.NUMBERING))
-        blocks = list(reader.blocks(document.element.body))
+        blocks = list(reader.blocks(body))
     except ValueError as e:  # python-docx's "not a Word file": a macro document, a template
         raise DocumentError(f"{name}: not a Word document kvdesk can read ({e}); save it as "
                             ".docx (File > Save As) and attach that") from e
-    except (PackageNotFoundError, KeyError, zipfile.BadZipFile, zlib.error, EOFError,
-            XMLSyntaxError) as e:
+    # python-docx raises whatever its parsing meets in a damaged package (a KeyError for a
+    # missing part, lxml's syntax errors, an AttributeError for a [Content_Types].xml without
+    # its entries, a TypeError deeper in): each is the document's damage to report, not
+    # kvdesk's failure, as in `ebooks.read`.
+    except Exception as e:
+        why = str(e) if isinstance(e, _Damaged) else f"{type(e).__name__}: {e}"
         raise DocumentError(f"{name}: the Word document cannot be read: it is damaged "
-                            f"({type(e).__name__}: {e})") from e
+                            f"({why})") from e
     parts, headings, offset, listed = [], [], 0, False
     for text, level, item in blocks:
         # A list's items stay together, a line each; every other block is a paragraph.
@@ -70,6 +73,10 @@ def read(data: bytes, name: str) -> Book:
         offset += len(text)
         listed = item
     return Book("".join(parts), title, tuple(headings))
+
+
+class _Damaged(Exception):
+    """Damage this module finds itself, said as it is."""
 
 
 class _Reader:
