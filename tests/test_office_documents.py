@@ -13,6 +13,7 @@ import pytest
 from ebooklib import epub
 
 from desktop_app.chat.documents import DocumentError, extract
+from desktop_app.formats import office
 from desktop_app.passages.split import split
 
 
@@ -282,3 +283,31 @@ def test_a_docx_without_styles_or_numbering_is_read(tmp_path):
     assert doc.text.split("\n\n")[:3] == ["Service Agreement", "Definitions",
                                           "The Supplier means ACME Ltd."]
     assert doc.headings == ()  # (its paragraphs name styles it no longer defines)
+
+
+def with_zeros(path, member: str, megabytes: int) -> None:
+    """`member` added to the archive: `megabytes` of zeros, which deflate packs about
+    1000:1 (written a megabyte at a time, never held whole)."""
+    with zipfile.ZipFile(path, "a", zipfile.ZIP_DEFLATED) as z, \
+            z.open(member, "w", force_zip64=True) as entry:
+        for _ in range(megabytes):
+            entry.write(bytes(1 << 20))
+
+
+def test_a_zip_bomb_is_refused_before_it_is_unpacked(tmp_path, monkeypatch):
+    # python-docx and ebooklib read every part whole: the sizes the archive declares decide.
+    huge = make_docx(tmp_path / "huge.docx", contract)
+    with_zeros(huge, "word/media/blank.bin", 210)  # beyond the most text a file gives
+    assert (tmp_path / "huge.docx").stat().st_size < 2_000_000
+    with pytest.raises(DocumentError, match=r"huge.docx: the archive's word/media/blank.bin "
+                       r"expands to 220 MB from 214 KB: refused, as a zip bomb would be"):
+        extract(huge)
+    packed = make_epub(tmp_path / "packed.epub", [("One", "<p>Text.</p>")])
+    with_zeros(packed, "EPUB/images/cover.png", 20)  # packed 1000:1
+    with pytest.raises(DocumentError, match="packed.epub: the archive's EPUB/images/cover.png "
+                       "expands to 21 MB from 2[0-9] KB: refused"):
+        extract(packed)
+    monkeypatch.setattr(office, "MAX_EXPANDED_BYTES", 10_000)  # (1 GiB, all told)
+    with pytest.raises(DocumentError, match=r"many.docx: the archive expands to [0-9]+ KB: "
+                       "refused, as a zip bomb would be"):
+        extract(make_docx(tmp_path / "many.docx", contract))

@@ -6,8 +6,9 @@ extension is read all the same), and refuses with a `DocumentError` meant for th
 cannot be read: a DOCX that is not a ZIP archive or is cut off, a password-protected Office
 document (an OLE container holding an "EncryptedPackage", not a ZIP), and the formats kvdesk
 does not read (Word 97-2003 .doc, OpenDocument, RTF, spreadsheets and slides), each named
-with what to save it as instead. `Book` is what the readers (`wordfiles`, `ebooks`) give
-back to `chat.documents`.
+with what to save it as instead. A DOCX or an EPUB whose members would expand beyond what
+is read in memory (a zip bomb) is refused too, from the sizes its archive declares. `Book`
+is what the readers (`wordfiles`, `ebooks`) give back to `chat.documents`.
 
 This module only looks at bytes: it never parses a document's content (the readers do),
 never tokenizes, never touches the model or the store.
@@ -39,6 +40,13 @@ _REFUSED = {
     ".pptx": ("a PowerPoint presentation (.pptx)", "PDF"),
     ".odp": ("an OpenDocument presentation (.odp)", "PDF"),
 }
+# What a DOCX or an EPUB may expand to, all told and in one member (the most text kvdesk
+# attaches from a file), and how much smaller than its text a large member may be packed:
+# Word's and books' XML packs about 5-20:1, deflate's best is about 1000:1.
+MAX_EXPANDED_BYTES = 1024 ** 3
+MAX_MEMBER_BYTES = 200 * 1024 * 1024
+MAX_RATIO = 100
+_RATIO_FROM_BYTES = 8 * 1024 * 1024
 # An OpenDocument's "mimetype" entry, and the suffix whose message it gets.
 _OPENDOCUMENT = {b"application/vnd.oasis.opendocument.text": ".odt",
                  b"application/vnd.oasis.opendocument.spreadsheet": ".ods",
@@ -66,8 +74,9 @@ def kind_of(data: bytes, suffix: str, name: str) -> str | None:
         if b"W\x00o\x00r\x00d\x00D\x00o\x00c\x00u\x00m\x00e\x00n\x00t\x00" in data:
             suffix = ".doc" if suffix not in _REFUSED else suffix
     elif data.startswith(b"PK\x03\x04"):
-        found = _zipped_kind(data)
+        found, members = _zipped_kind(data)
         if found in ("docx", "epub"):
+            _refuse_bomb(members, name)
             return found
         if found == "zip" and suffix in DOCX_SUFFIXES | EPUB_SUFFIXES:
             what = "a Word document's" if suffix in DOCX_SUFFIXES else "an EPUB book's"
@@ -94,23 +103,52 @@ def kind_of(data: bytes, suffix: str, name: str) -> str | None:
     return None
 
 
-def _zipped_kind(data: bytes) -> str | None:
-    """What a ZIP archive holds: "docx", "epub", the suffix of a format refused (".odt",
-    ".xlsx", ...), "zip" (another archive), or None (one that cannot be opened)."""
+def _zipped_kind(data: bytes) -> tuple[str | None, list[zipfile.ZipInfo]]:
+    """What a ZIP archive holds — "docx", "epub", the suffix of a format refused (".odt",
+    ".xlsx", ...), "zip" (another archive), or None (one that cannot be opened) — and its
+    members."""
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as z:
-            names = set(z.namelist())
+            members = z.infolist()
+            names = {m.filename for m in members}
             if "word/document.xml" in names:
-                return "docx"
+                return "docx", members
             if "xl/workbook.xml" in names:
-                return ".xlsx"
+                return ".xlsx", members
             if "ppt/presentation.xml" in names:
-                return ".pptx"
-            mimetype = z.read("mimetype").strip() if "mimetype" in names else b""
+                return ".pptx", members
+            mimetype = b""
+            if "mimetype" in names:  # (read no more than a mimetype: it may be a zip bomb)
+                with z.open("mimetype") as entry:
+                    mimetype = entry.read(100).strip()
+    # (RuntimeError: a member encrypted, or packed in a way zipfile does not unpack)
     except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, OSError, EOFError,
-            ValueError):
-        return None  # (a truncated one: said by its suffix, or called a ZIP archive)
+            ValueError, RuntimeError):
+        return None, []  # (a truncated one: said by its suffix, or called a ZIP archive)
     if mimetype == b"application/epub+zip" or "META-INF/container.xml" in names:
-        return "epub"
-    return _OPENDOCUMENT.get(mimetype, "zip")
+        return "epub", members
+    return _OPENDOCUMENT.get(mimetype, "zip"), members
 
+
+def _refuse_bomb(members: list[zipfile.ZipInfo], name: str) -> None:
+    """DocumentError for an archive that would expand beyond what is read in memory.
+
+    python-docx and ebooklib read every part they reach whole, and deflate shrinks up to about
+    1000:1, so a small file can ask for gigabytes (and `kvdesk serve` takes uploads). The sizes
+    the archive declares bound what is read: zipfile stops at a member's declared size."""
+    total = sum(m.file_size for m in members)
+    if total > MAX_EXPANDED_BYTES:
+        raise DocumentError(f"{name}: the archive expands to {_size(total)}: refused, as a zip "
+                            "bomb would be")
+    for m in members:
+        if m.file_size > MAX_MEMBER_BYTES or (
+                m.file_size > _RATIO_FROM_BYTES
+                and m.file_size > MAX_RATIO * max(m.compress_size, 1)):
+            raise DocumentError(
+                f"{name}: the archive's {m.filename} expands to {_size(m.file_size)} from "
+                f"{_size(m.compress_size)}: refused, as a zip bomb would be")
+
+
+def _size(n: int) -> str:
+    return (f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB" if n >= 1e6
+            else f"{n / 1e3:.0f} KB")
