@@ -311,3 +311,22 @@ def test_a_zip_bomb_is_refused_before_it_is_unpacked(tmp_path, monkeypatch):
     with pytest.raises(DocumentError, match=r"many.docx: the archive expands to [0-9]+ KB: "
                        "refused, as a zip bomb would be"):
         extract(make_docx(tmp_path / "many.docx", contract))
+
+
+def test_epub_chapters_are_read_in_their_own_encoding_and_said(tmp_path):
+    book = make_epub(tmp_path / "book.epub", [("One", "<p>alpha</p>"), ("Two", "<p>beta</p>"),
+                                              ("", "<p> </p>")])
+
+    def encoded(name, data):  # chapter one in Windows-1252, chapter two in UTF-16
+        if name.endswith("ch1.xhtml"):
+            return data.replace(b"alpha", "caf\xe9 \u2014 na\xefve".encode("cp1252"))
+        if name.endswith("ch2.xhtml"):
+            return data.decode().replace("utf-8", "utf-16").encode("utf-16")
+        return data
+
+    doc = extract(rezipped(book, tmp_path / "old.epub", encoded))
+    # (ebooklib's own reading made U+FFFD of the first without a word and dropped the second)
+    assert doc.text == "One\n\ncaf\xe9 \u2014 na\xefve\n\nTwo\n\nbeta"
+    assert any(w.startswith("old.epub: ch1.xhtml: not UTF-8; read as cp1252")
+               for w in doc.warnings)
+    assert "old.epub: ch3.xhtml: the chapter has no text; left out" in doc.warnings

@@ -1,7 +1,9 @@
 """An EPUB book's text, through ebooklib: its chapters in reading order, their headings marked.
 
-The spine's XHTML documents, in its order, each read by the web page reader the caller passes
-(`chat.documents.html_page`: the visible text, h1-h6 as headings) and joined by a blank line;
+The spine's XHTML documents, in its order, each read from its own bytes by the chapter reader
+the caller passes (`chat.documents`: decoded in the encoding it is written in, any guess said,
+then the web page reader's visible text, h1-h6 as headings) and joined by a blank line; a
+chapter with neither text nor pictures is said to be left out;
 the book's title from its metadata. Navigation documents (the table of contents: EPUB 3's nav,
 EPUB 2's NCX, and the contents page an EPUB 2 book's guide names), the cover, images, styles
 and fonts are not read. A book protected by DRM (META-INF/encryption.xml encrypting more than
@@ -16,6 +18,7 @@ store, and never writes the book.
 from __future__ import annotations
 
 import io
+import re
 import zipfile
 import zlib
 from collections.abc import Callable
@@ -29,6 +32,8 @@ from .office import Book
 _FONT_OBFUSCATION = {"http://www.idpf.org/2008/embedding", "http://ns.adobe.com/pdf/enc#RC"}
 _FONT_SUFFIXES = (".ttf", ".otf", ".woff", ".woff2")
 _ENC = "{http://www.w3.org/2001/04/xmlenc#}"
+# A chapter with no text but these is a picture: a cover, a plate, a comic's page.
+_PICTURES = re.compile(rb"<(?:\w+:)?(?:img|image|svg|object|video)\b", re.IGNORECASE)
 
 
 class Chapter(Protocol):
@@ -62,14 +67,20 @@ def read(data: bytes, name: str, warnings: list[str],
                 or "nav" in (getattr(item, "properties", None) or ())
                 or item.file_name in contents):
             continue
+        # (its bytes as the book holds them, not ebooklib's `get_content()`: that re-parses a
+        # chapter as UTF-8, replacing what is not without a word, and gives nothing back for
+        # one it cannot parse, a UTF-16 chapter among them)
+        raw = item.content if isinstance(item.content, bytes) else item.get_content()
         try:
-            page = chapter(item.get_content(), f"{name}: {item.file_name}")
+            page = chapter(raw, f"{name}: {item.file_name}")
         except DocumentError as e:  # a chapter that is not text: the others are still read
             warnings.append(f"{e}; left out")
             continue
         # (a chapter's text is normalized, but for the spaces its last line may end with)
         text = page.text.rstrip()
         if not text.strip():
+            if not _PICTURES.search(raw):  # (a cover or a plate: nothing is left out)
+                warnings.append(f"{name}: {item.file_name}: the chapter has no text; left out")
             continue
         if parts:
             offset += 2
