@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import re
 import zipfile
+from urllib.parse import quote
 
 import docx
 import pytest
@@ -29,7 +30,7 @@ def make_docx(path, build) -> str:
 
 
 def make_epub(path, chapters, *, title="The  Long Voyage", order=None, nav=True,
-              contents=False) -> str:
+              contents: bool | str = False) -> str:
     """A book of (heading, body HTML) chapters; `order`: the spine's order of them."""
     book = epub.EpubBook()
     book.set_identifier("kvdesk-test")
@@ -47,13 +48,14 @@ def make_epub(path, chapters, *, title="The  Long Voyage", order=None, nav=True,
     book.add_item(epub.EpubNcx())
     book.add_item(epub.EpubNav())
     book.spine = (["nav"] if nav else []) + [items[i] for i in (order or range(len(items)))]
-    if contents:  # an EPUB 2 book's contents page, named by its guide
-        page = epub.EpubHtml(title="Contents", file_name="toc.xhtml", lang="en")
+    if contents:  # an EPUB 2 book's contents page, named by its guide (its name, or True)
+        named = contents if isinstance(contents, str) else "toc.xhtml"
+        page = epub.EpubHtml(title="Contents", file_name=named, lang="en")
         page.content = ("<html><head><title>Contents</title></head><body><h1>Contents</h1>"
                         + "".join(f"<p>{h}</p>" for h, _ in chapters) + "</body></html>")
         book.add_item(page)
         book.spine.insert(0, page)
-        book.guide.append({"type": "toc", "href": "toc.xhtml", "title": "Contents"})
+        book.guide.append({"type": "toc", "href": quote(named), "title": "Contents"})
     epub.write_epub(str(path), book)
     return path
 
@@ -143,6 +145,12 @@ def test_epub_with_drm_is_refused_but_obfuscated_fonts_are_read(tmp_path):
     with_entry(fonts, "META-INF/encryption.xml", ENCRYPTION.format(
         algorithm="http://www.idpf.org/2008/embedding", uri="EPUB/fonts/serif.otf"))
     assert extract(fonts).text == "One\n\nText."
+    # (a chapter hidden as fonts are is no more readable than one encrypted)
+    hidden = make_epub(tmp_path / "hidden.epub", [("One", "<p>Text.</p>")])
+    with_entry(hidden, "META-INF/encryption.xml", ENCRYPTION.format(
+        algorithm="http://www.idpf.org/2008/embedding", uri="EPUB/ch1.xhtml"))
+    with pytest.raises(DocumentError, match="hidden.epub: the EPUB book is protected by DRM"):
+        extract(hidden)
 
 
 def _truncated(tmp_path):
@@ -330,3 +338,10 @@ def test_epub_chapters_are_read_in_their_own_encoding_and_said(tmp_path):
     assert any(w.startswith("old.epub: ch1.xhtml: not UTF-8; read as cp1252")
                for w in doc.warnings)
     assert "old.epub: ch3.xhtml: the chapter has no text; left out" in doc.warnings
+
+
+def test_a_contents_page_named_with_a_space_is_not_read(tmp_path):
+    # (its guide's href is URL-encoded, "toc%20page.xhtml")
+    book = make_epub(tmp_path / "spaced.epub", [("One", "<p>alpha</p>")],
+                     contents="toc page.xhtml")
+    assert extract(book).text == "One\n\nalpha"

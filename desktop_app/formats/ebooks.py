@@ -7,7 +7,8 @@ chapter with neither text nor pictures is said to be left out;
 the book's title from its metadata. Navigation documents (the table of contents: EPUB 3's nav,
 EPUB 2's NCX, and the contents page an EPUB 2 book's guide names), the cover, images, styles
 and fonts are not read. A book protected by DRM (META-INF/encryption.xml encrypting more than
-fonts: publishers obfuscate fonts in books that are otherwise open) is refused with a
+fonts, whatever the algorithm: publishers obfuscate fonts in books that are otherwise open,
+never their chapters) is refused with a
 `DocumentError`, and so is one with no text. Lines are the book's text's own: a chapter's file
 lines would mean nothing to its reader.
 
@@ -18,11 +19,13 @@ store, and never writes the book.
 from __future__ import annotations
 
 import io
+import posixpath
 import re
 import zipfile
 import zlib
 from collections.abc import Callable
 from typing import Protocol
+from urllib.parse import unquote
 from xml.etree import ElementTree
 
 from ..errors import DocumentError
@@ -31,6 +34,7 @@ from .office import Book
 # How publishers obfuscate the fonts of a book that is otherwise open (IDPF's and Adobe's).
 _FONT_OBFUSCATION = {"http://www.idpf.org/2008/embedding", "http://ns.adobe.com/pdf/enc#RC"}
 _FONT_SUFFIXES = (".ttf", ".otf", ".woff", ".woff2")
+_DOCUMENT_SUFFIXES = (".xhtml", ".html", ".htm", ".xml", ".svg", ".ncx", ".opf")
 _ENC = "{http://www.w3.org/2001/04/xmlenc#}"
 # A chapter with no text but these is a picture: a cover, a plate, a comic's page.
 _PICTURES = re.compile(rb"<(?:\w+:)?(?:img|image|svg|object|video)\b", re.IGNORECASE)
@@ -59,13 +63,16 @@ def read(data: bytes, name: str, warnings: list[str],
     titles = [value for value, _ in book.get_metadata("DC", "title") if (value or "").strip()]
     # An EPUB 2 book's contents page is a chapter of its spine like any other: its guide
     # names it.
-    contents = {(g.get("href") or "").split("#")[0] for g in book.guide if g.get("type") == "toc"}
+    # (its href as written, "Text/toc%20page.xhtml" or "./toc.xhtml"; ebooklib's file names
+    # are unquoted)
+    contents = {posixpath.normpath(unquote((g.get("href") or "").split("#")[0]))
+                for g in book.guide if g.get("type") == "toc" and g.get("href")}
     parts, headings, offset = [], [], 0
     for idref, _linear in book.spine:
         item = book.get_item_with_id(idref)
         if (item is None or isinstance(item, epub.EpubNav) or item.get_type() != ITEM_DOCUMENT
                 or "nav" in (getattr(item, "properties", None) or ())
-                or item.file_name in contents):
+                or posixpath.normpath(item.file_name) in contents):
             continue
         # (its bytes as the book holds them, not ebooklib's `get_content()`: that re-parses a
         # chapter as UTF-8, replacing what is not without a word, and gives nothing back for
@@ -103,13 +110,16 @@ def _refuse_drm(data: bytes, name: str) -> None:
                 return
             root = ElementTree.fromstring(z.read("META-INF/encryption.xml"))
     except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, OSError, EOFError,
-            ElementTree.ParseError) as e:
+            RuntimeError, ElementTree.ParseError) as e:  # (RuntimeError: a member zip-encrypted)
         raise DocumentError(f"{name}: the EPUB book cannot be read: it is damaged ({e})") from e
     for entry in root.iter(f"{_ENC}EncryptedData"):
         method = entry.find(f"{_ENC}EncryptionMethod")
         algorithm = method.get("Algorithm", "") if method is not None else ""
         reference = entry.find(f"{_ENC}CipherData/{_ENC}CipherReference")
         uri = (reference.get("URI", "") if reference is not None else "").lower()
-        if algorithm not in _FONT_OBFUSCATION and not uri.endswith(_FONT_SUFFIXES):
+        # A font, whatever hides it; or what a font's obfuscation hides, but for a document
+        # (a chapter "obfuscated" is as unreadable as one encrypted)
+        if not (uri.endswith(_FONT_SUFFIXES) or (algorithm in _FONT_OBFUSCATION
+                                                 and not uri.endswith(_DOCUMENT_SUFFIXES))):
             raise DocumentError(f"{name}: the EPUB book is protected by DRM (its text is "
                                 "encrypted); kvdesk reads only DRM-free books")
