@@ -17,7 +17,10 @@ from ui_fixtures import open_window, text_file
 from ui.testing import FakeEngine
 
 MAX_GAP_S = 0.050  # the GUI thread's own work between two ticks
-MAX_STALL_S = 2.0  # wall time between two ticks: a stall whatever the machine's load
+MAX_STALL_S = 1.0  # wall time between two ticks: a stall whatever the machine's load
+# Gaps over 100 ms of wall time (the GUI thread waiting on a lock, the GIL or a file takes no
+# CPU time): the operating system alone made one or two in a run at a load of 4-5.
+MAX_LONG_GAPS = 3
 
 
 class GapProbe:
@@ -27,12 +30,14 @@ class GapProbe:
         self.last = None
         self.max_gap = 0.0  # wall seconds
         self.max_work = 0.0  # the GUI thread's CPU seconds
+        self.long_gaps = 0  # over 100 ms of wall time
         self.ticks = 0
 
     def _tick(self) -> None:
         now = (time.perf_counter(), time.thread_time())
         if self.last is not None:
             self.max_gap = max(self.max_gap, now[0] - self.last[0])
+            self.long_gaps += now[0] - self.last[0] > 0.1
             self.max_work = max(self.max_work, now[1] - self.last[1])
         self.last = now
         self.ticks += 1
@@ -73,3 +78,4 @@ def test_the_gui_thread_stays_responsive(qtbot, tmp_path):
     assert engine.on_gui_thread == []  # each call would block the window as long as it takes
     assert probe.max_work < MAX_GAP_S, f"the GUI thread worked {probe.max_work * 1000:.0f} ms"
     assert probe.max_gap < MAX_STALL_S, f"the GUI thread stalled {probe.max_gap * 1000:.0f} ms"
+    assert probe.long_gaps <= MAX_LONG_GAPS, f"{probe.long_gaps} gaps over 100 ms"

@@ -148,10 +148,21 @@ class FakeEngine:
 
     # -- helpers for the blocking work ----------------------------------------------------------
 
+    def __getattribute__(self, name: str):
+        """Every public method records a call made on the main (the GUI's) thread, whichever
+        it is: the window must call none there."""
+        value = object.__getattribute__(self, name)
+        if name.startswith("_") or not callable(value):
+            return value
+
+        def recorded(*args, **kwargs):
+            if threading.current_thread() is threading.main_thread():
+                object.__getattribute__(self, "on_gui_thread").append(name)
+            return value(*args, **kwargs)
+        return recorded
+
     def _enter(self, method: str, *args) -> None:
         self.calls.append((method, *args))
-        if threading.current_thread() is threading.main_thread():
-            self.on_gui_thread.append(method)
         held = self.hold.get(method)
         if held is not None:
             held.wait(10)
