@@ -1159,3 +1159,20 @@ def test_a_question_whose_passages_do_not_all_fit_says_how_many(make_engine):
                for n in notes), notes
     chosen, notes = longdocs.pick(rt, docs, q, [], used=room)
     assert chosen == [] and any("no retrieved passage fits" in n for n in notes)
+
+
+def test_a_request_leaving_room_for_its_answer_gives_the_passages_less(make_engine,
+                                                                       monkeypatch):
+    """(Ollama's /api/chat trimmed a history to leave its answer room, and the passages took
+    that room back: every turn was left out, and the answer had none anyway.)"""
+    eng = make_engine()
+    eng.prompter._reserve = 128  # (what the passages always leave: less than the answer's)
+    seen = []
+    pick = eng.session.longdocs.pick
+    monkeypatch.setattr(eng.session.longdocs, "pick", lambda *a, **kw: seen.append(a[4]) or
+                        pick(*a, **kw))
+    docs = eng.completions.documents([eng.doc])
+    messages = [{"role": "user", "content": "When does the Saturday ferry leave?"}]
+    eng.completions.prompt(messages, docs, 0)
+    eng.completions.prompt(messages, docs, 512)
+    assert seen[1] - seen[0] == 512 - 128

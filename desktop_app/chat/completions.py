@@ -134,7 +134,10 @@ class Completions:
             earlier = messages[:ask]
             sources, notes = s.longdocs.pick(
                 rt, docs, texts[ask], texts[:ask] + texts[ask + 1:],
-                len(rt.tokenize("\n".join(texts))) + 8 * len(texts),  # (their template's)
+                # (their template's tokens; and the answer's room beyond what the passages
+                # always leave: else a history trimmed for it is refilled with passages)
+                len(rt.tokenize("\n".join(texts))) + 8 * len(texts)
+                + max(0, room - s.prompter.reserve(rt)),
                 # as a chat keeps its turns'
                 kept=(lambda: s.longdocs.asked_before(docs, earlier)) if any(
                     m["role"] == "user" for m in earlier) else None)
