@@ -100,52 +100,41 @@ def test_export_s_format_json_refuses_with_the_json_document_json_does(tmp_path)
     assert proc.returncode == 1 and proc.stdout == ""  # (markdown: the error on stderr only)
 
 
+# A one-shot `ask` whose write `patched` ("module.Class.method") fails for a full disk.
 FULL = """
-import sys
+import importlib, sys
 from store import DiskFullError
 from desktop_app.cli import main
-from desktop_app.kv import kvcache
 def full(*args, **kwargs):
     raise DiskFullError("the disk holding the data directory D is full")
-kvcache.KVCache.store_chat = full
+module, owner, name = sys.argv.pop(1).rsplit(".", 2)
+setattr(getattr(importlib.import_module(module), owner), name, full)
 main(sys.argv[1:])
 """
+
+
+def ask_on_a_full_disk(tmp_path, patched: str, max_tokens: int) -> subprocess.CompletedProcess:
+    doc = tmp_path / "ferry.txt"
+    doc.write_text("The ferry leaves the harbour at seven.")
+    kvdesk("attach", str(doc))
+    return subprocess.run([sys.executable, "-c", FULL, patched, "ask", "1", "When?",
+                           "--max-tokens", str(max_tokens), "--no-server"],
+                          capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.model
 def test_an_answers_cache_a_full_disk_did_not_keep_is_said_once(tmp_path):
     """(It was said plain, the cache's log line, then again as a Note.)"""
-    doc = tmp_path / "ferry.txt"
-    doc.write_text("The ferry leaves the harbour at seven.")
-    kvdesk("attach", str(doc))
-    proc = subprocess.run([sys.executable, "-c", FULL, "ask", "1", "When?", "--max-tokens",
-                           "2", "--no-server"], capture_output=True, text=True, timeout=300)
+    proc = ask_on_a_full_disk(tmp_path, "desktop_app.kv.kvcache.KVCache.store_chat", 2)
     assert proc.returncode == 0, proc.stderr
     said = "this turn's cache is not stored: the disk holding the data directory D is full"
     assert proc.stderr.count(said) == 1 and f"Note: {said}" in proc.stderr, proc.stderr
 
 
-FULL_AFTER_ANSWER = """
-import sys
-from store import DiskFullError
-from desktop_app.cli import main
-from desktop_app.chat import library
-def full(*args, **kwargs):
-    raise DiskFullError("the disk holding the data directory D is full")
-library.Library.add_turn = full
-main(sys.argv[1:])
-"""
-
-
 @pytest.mark.model
 def test_an_error_after_the_answer_streamed_starts_a_line_of_its_own(tmp_path):
     """(A terminal showed "...seven.Error: the disk ... is full" on one line.)"""
-    doc = tmp_path / "ferry.txt"
-    doc.write_text("The ferry leaves the harbour at seven.")
-    kvdesk("attach", str(doc))
-    proc = subprocess.run([sys.executable, "-c", FULL_AFTER_ANSWER, "ask", "1", "When?",
-                           "--max-tokens", "4", "--no-server"], capture_output=True, text=True,
-                          timeout=300)
+    proc = ask_on_a_full_disk(tmp_path, "desktop_app.chat.library.Library.add_turn", 4)
     assert proc.returncode == 1 and "Error: the disk holding" in proc.stderr, proc.stderr
     assert proc.stdout.strip() and proc.stdout.endswith("\n"), repr(proc.stdout)
 

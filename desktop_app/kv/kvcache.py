@@ -30,6 +30,10 @@ Chunks are encoded with the model's codec calibration when it has one (`calibrat
 levels are then the model's calibrated ones, and the entry names the calibration they need;
 else with the model-independent levels.
 
+A root entry can also take another level in place (`add_level`: the passages' shared head,
+a few dozen tokens, when `passage_level` changes), encoded again from the context at all its
+levels under the current calibration; it evicts nothing for those few bytes.
+
 It decides nothing about when to store, and it never restores: that is `streaming`'s.
 """
 
