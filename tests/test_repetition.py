@@ -94,8 +94,8 @@ class ScriptedRuntime:
     def prefill(self, tokens):
         self.computed += tokens
 
-    def generate(self, max_tokens, *, options, cancel=None, chat=True):
-        self.options = options
+    def generate(self, max_tokens, *, options, cancel=None, chat=True, grammar=None):
+        self.options, self.grammar = options, grammar
         try:
             for piece in self.pieces[:max_tokens]:
                 yield Token(hash(piece) % 50_000, piece)
@@ -145,3 +145,35 @@ def test_a_base_models_answer_ends_where_it_begins_the_next_question():
                         GenerationOptions(max_tokens=64), time.perf_counter(), None, None,
                         chat=False)
     assert raw.text == "".join(pieces) and raw.cut is False
+
+
+def json_pieces(text: str) -> list[str]:
+    """JSON text as a model's tokens might split it: words, numbers, punctuation, indents."""
+    return re.findall(r"\n *|\w+|[^\w\s]|\s", text)
+
+
+# Pretty-printed, as models write JSON: each item's lines repeat, with four words or more.
+ITEMS = "[\n" + ",\n".join(
+    f'  {{\n    "id": {i},\n    "unit": "degrees celsius per hour",\n    "note": "read at the '
+    f'north gate station"\n  }}' for i in range(1, 30)) + "\n]"
+
+
+def test_json_held_to_a_grammar_is_watched_for_runs_only():
+    """An array of similar objects repeats its lines by design: the sentence guard would stop
+    it at the third item; a held answer's guard (sentences=False) lets it run to its end,
+    and still stops a run of repeating tokens (a string of "1111...")."""
+    assert feed_text(LoopGuard(), json_pieces(ITEMS))[1] is not None  # (prose's guard)
+    assert feed_text(LoopGuard(sentences=False), json_pieces(ITEMS))[1] is None
+    n, verdict = feed_text(LoopGuard(sentences=False), ['{"size": "', *["1"] * 100])
+    assert verdict and "repeat every 1" in verdict and n < 40
+
+
+def test_a_held_answer_stopped_in_a_loop_is_cut_as_at_its_limit():
+    """Its JSON is incomplete: finish_reason "length", never "stop", which clients parse."""
+    rt = ScriptedRuntime(['{"size": "', *["1"] * 100])
+    out = stream_answer(rt, GenerationOptions(max_tokens=512), time.perf_counter(), None, None,
+                        grammar="root ::= ...")
+    assert rt.grammar == "root ::= ..." and out.notes and out.cut
+    plain = stream_answer(ScriptedRuntime(words(LOOP)), GenerationOptions(max_tokens=512),
+                          time.perf_counter(), None, None)
+    assert plain.notes and not plain.cut  # prose stopped in a loop: a whole answer

@@ -31,13 +31,21 @@ class Answer:
 
 def stream_answer(rt: Runtime, generation: GenerationOptions, t0: float,
                   on_token: Callable[[str], None] | None,
-                  cancel: threading.Event | None, *, chat: bool = True) -> Answer:
+                  cancel: threading.Event | None, *, chat: bool = True,
+                  grammar: str | None = None) -> Answer:
     """Stream an answer sampled with `generation` (resolved: every field set), stopping it if
-    it loops (`chat` False: a prompt continued as it is, see `Runtime.generate`)."""
+    it loops (`chat` False: a prompt continued as it is, see `Runtime.generate`); held to
+    `grammar` (GBNF: `llamacalls.AnswerFormat`) if given.
+
+    A held answer (JSON) is watched for runs of repeating tokens only: its lines repeat by
+    design (an array of objects says `"unit": "degrees celsius"` in each), while a run, a
+    string of "1111..." or the same item over and over, is as much a loop in JSON as in prose.
+    Stopped, it is incomplete JSON, so it is `cut` as at max_tokens: a client reading a
+    finish of "stop" parses it whole."""
     generated: list[int] = []
     pieces: list[str] = []
     ttft, notes = None, []
-    guard = LoopGuard()
+    guard = LoopGuard(sentences=grammar is None)
     # A base model asked in plain text may go on to the next "Question:" with no line
     # break first: the answer ends where it begins (held back until the next pieces decide).
     own = StopStrings(rt.chat_template.answer_stops, on_token) if chat else None
@@ -45,7 +53,7 @@ def stream_answer(rt: Runtime, generation: GenerationOptions, t0: float,
     max_new = min(generation.max_tokens, rt.n_ctx - rt.n_tokens - 8)
     # closing: a loop left early still evaluates its last token, so the context holds it.
     with contextlib.closing(rt.generate(max_new, options=generation, cancel=cancel,
-                                        chat=chat)) as stream:
+                                        chat=chat, grammar=grammar)) as stream:
         for tok in stream:
             if ttft is None:
                 ttft = time.perf_counter() - t0
@@ -64,8 +72,8 @@ def stream_answer(rt: Runtime, generation: GenerationOptions, t0: float,
     text = own.finish() if own is not None and own.stop else "".join(pieces)
     if stopped:
         generated = _cut_back(rt, generated, pieces, text)
-    return Answer(generated, text, ttft, notes,
-                  cut=not notes and not stopped and len(generated) >= max_new)
+    return Answer(generated, text, ttft, notes, cut=bool(grammar and notes) or
+                  not notes and not stopped and len(generated) >= max_new)
 
 
 def _cut_back(rt: Runtime, generated: list[int], pieces: list[str], text: str) -> list[int]:

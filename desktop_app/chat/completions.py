@@ -35,6 +35,7 @@ from ..kv.blending import common_prefix
 from ..kv.sources import LocalSource
 from ..kv.streaming import adaptation_note, resume_points
 from ..model import llamacalls
+from ..model.llamacalls import AnswerFormat
 from ..model.prompts import Turn, answer_text, closing, raw_prompt, with_evidence
 from ..options import GenerationOptions, RestoreOptions
 from ..results import Completion, RestoreReport, Source
@@ -186,6 +187,7 @@ class Completions:
         on_start: Callable[[], None] | None = None,
         cancel: threading.Event | None = None,
         leave_room: bool = False,
+        answer_format: AnswerFormat | None = None,
     ) -> Completion:
         """Answer the conversation; `on_start` hears that the request is taken (its documents
         found, its prompt within the context), before the restore; `on_answered` hears the
@@ -194,7 +196,10 @@ class Completions:
         for, at most 1/ROOM_SHARE of the context), else it is refused as too long
         (`ContextFullError`, measured): for a caller that leaves old messages out to fit
         (`server.ollama.fitted`), so that it leaves out enough for an answer too, the context
-        not shifting as the answer grows."""
+        not shifting as the answer grows. `answer_format`: the answer is held to its grammar
+        (JSON: `llamacalls.AnswerFormat`), one llama.cpp cannot parse refused by its field
+        before the turn starts; the prompt, and so what is cached, is the same with it or
+        without."""
         t0 = time.perf_counter()
         s = self.session
         self.surely_too_long(messages)  # before its turn in the queue
@@ -219,6 +224,8 @@ class Completions:
             prompt = turn.tokens
             if len(prompt) + 1 >= rt.n_ctx:  # (a conversation's is refused by `prompt`)
                 raise _too_long(rt, len(prompt), "prompt")
+            if answer_format:
+                _check_format(rt, answer_format, turn)
             if on_start:
                 on_start()
             first = None if docs else self._system_first(rt, turn, restore, cancel)
@@ -243,7 +250,8 @@ class Completions:
 
             sampling = s.sampling(generation).options
             out = stream_answer(rt, sampling, t0, token, _Either(cancel, stopped),
-                                chat=not isinstance(messages, RawPrompt))
+                                chat=not isinstance(messages, RawPrompt),
+                                grammar=answer_format and answer_format.grammar)
             generated, ttft = out.tokens, out.ttft
             text = stops.finish()
             if stopped.is_set():
@@ -314,6 +322,18 @@ class Completions:
         if suffix_tokens and rt.n_tokens + len(suffix_tokens) <= rt.n_ctx:
             rt.prefill(suffix_tokens)
         return s.kv.keep_prefix(rt, rt.tokens, s.decoded_until, holds=documents)
+
+
+def _check_format(rt, answer_format: AnswerFormat, turn: Turn) -> None:
+    """Refuse, by its field, a format whose grammar llama.cpp cannot parse, or one asked of a
+    prefill: the grammar holds a whole answer, and would start it again after those words."""
+    if turn.prefill:
+        raise InvalidValue(answer_format.field, "the conversation ends with the assistant's "
+                           "own words, which the answer would continue; a format holds a "
+                           "whole answer: leave out one or the other")
+    if not llamacalls.grammar_parses(rt.llm._model.vocab, answer_format.grammar):
+        raise InvalidValue(answer_format.field, "llama.cpp could not parse the grammar made "
+                           "of it")
 
 
 def _joined(first: RestoreReport, said: list[str], then: RestoreReport) -> RestoreReport:

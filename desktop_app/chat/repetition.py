@@ -49,9 +49,11 @@ def repeated_sentence(text: str) -> str | None:
 
 
 class LoopGuard:
-    """Watches an answer's tokens; `feed` returns why it is a loop, once it is one."""
+    """Watches an answer's tokens; `feed` returns why it is a loop, once it is one (with
+    `sentences` False, by its runs of repeating tokens only: for JSON, whose lines repeat)."""
 
-    def __init__(self):
+    def __init__(self, *, sentences: bool = True):
+        self._sentences = sentences
         self._tokens: list[int] = []
         # runs[p]: how many tokens in a row, up to the last, equal the token p before them
         self._runs = [0] * (MAX_PERIOD + 1)
@@ -68,6 +70,8 @@ class LoopGuard:
                     return f"its last {self._runs[p] + p} tokens repeat every {p}"
             else:
                 self._runs[p] = 0
+        if not self._sentences:
+            return None
         *done, self._pending = _BOUNDARY.split(self._pending + text)
         for sentence in filter(None, map(normalized, done)):
             self._seen[sentence] += 1

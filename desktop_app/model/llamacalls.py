@@ -2,9 +2,17 @@
 that ask for only the logits a caller reads.
 
 `chain`: the stages of a set of resolved generation options (`sampling.resolve`) in llama.cpp's
-own order: penalties, top-k, top-p, min-p, temperature, then the draw (the most likely token at
-temperature 0). It only builds the chain: `Runtime.generate` runs it, `sampling` decides the
-values.
+own order: a grammar where the answer has a format (`AnswerFormat`), penalties, top-k, top-p,
+min-p, temperature, then the draw (the most likely token at temperature 0). It only builds the
+chain: `Runtime.generate` runs it, `sampling` decides the values.
+
+`AnswerFormat`, `json_object`, `json_schema`: structured output, an answer held to JSON or to
+a JSON schema (what OpenAI's `response_format` and Ollama's `format` ask for): the GBNF grammar
+`chain` puts first, and the request field that asked for it, so that a grammar llama.cpp cannot
+parse is refused by that field's name. A schema becomes a grammar through llama-cpp-python's
+converter (llama.cpp's json_schema_to_grammar), whose refusal is given in words. It is never a
+generation option (`GenerationOptions` is also the settings file's and the CLI's: a grammar
+there would become a setting); only the local API asks for one.
 
 `decode`, `kv_only`: `Llama.eval` asks llama.cpp for the last token's logits of every batch,
 which runs the output layer over the whole vocabulary (~8 ms a batch on two cores with Gemma
@@ -29,18 +37,36 @@ vocabularies do, does not).
 from __future__ import annotations
 
 import ctypes
+import json
 import re
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import llama_cpp
-from llama_cpp import _internals
+from llama_cpp import _internals, llama_grammar
 
 from ..options import GenerationOptions
+from ..validation import InvalidValue
 
 
-def chain(o: GenerationOptions, *, n_vocab: int, n_ctx: int) -> _internals.LlamaSampler:
-    """A new sampler chain for `o` (every field resolved); the caller closes it."""
+def chain(o: GenerationOptions, llm: llama_cpp.Llama, n_ctx: int,
+          grammar: str | None = None) -> _internals.LlamaSampler:
+    """A new sampler chain for `o` (every field resolved) and `llm`'s vocabulary, held to
+    `grammar` (GBNF text: `AnswerFormat`) if given, whose end alone then allows
+    end-of-generation; the caller closes it."""
     sampler = _internals.LlamaSampler()
+    n_vocab = llm.n_vocab()
+    if grammar:
+        # First, as llama.cpp's common sampler applies it: the penalties and the truncations
+        # then choose among the tokens the grammar allows (after them, top-k could leave it
+        # none). `sample` accepts the drawn token into the grammar, which allows
+        # end-of-generation only once the JSON is complete.
+        stage = grammar_stage(llm._model.vocab, grammar)
+        if stage is None:
+            sampler.close()
+            raise ValueError("llama.cpp could not parse the grammar")
+        llama_cpp.llama_sampler_chain_add(sampler.sampler, stage)
     last_n = n_ctx if o.repeat_last_n == -1 else o.repeat_last_n or 0
     penalized = last_n and (o.repeat_penalty or 1.0, o.presence_penalty or 0.0,
                             o.frequency_penalty or 0.0) != (1.0, 0.0, 0.0)
@@ -62,6 +88,62 @@ def chain(o: GenerationOptions, *, n_vocab: int, n_ctx: int) -> _internals.Llama
     # draws): an answer should be free to use the question's and the document's words,
     # and to end as the question's turn did (measured: benchmarks/RESULTS.md).
     return sampler
+
+
+@dataclass(frozen=True)
+class AnswerFormat:
+    """The grammar an answer is held to, and the request field that asked for it."""
+
+    grammar: str
+    field: str
+
+
+def json_object(field: str) -> AnswerFormat:
+    """Any JSON object (OpenAI's JSON mode, Ollama's "json"): an object at the top level, as
+    both promise, not any JSON value."""
+    # llama.cpp's own json.gbnf: its root is an object, and its whitespace bounded (a line
+    # break and 20 spaces at most between tokens), so a model cannot fill its answer with
+    # blank lines (tests/test_server_structured.py pins both).
+    return AnswerFormat(llama_grammar.JSON_GBNF, field)
+
+
+def json_schema(schema: Any, field: str) -> AnswerFormat:
+    """A JSON value that `schema` describes; refused (400, by `field`) where it is not a
+    schema or uses what the converter does not support (a remote `$ref`, an unanchored
+    `pattern`...), in the converter's words."""
+    if not isinstance(schema, dict):
+        raise InvalidValue(field, f"a JSON schema is an object (got {_kind(schema)})")
+    try:
+        grammar = llama_grammar.json_schema_to_gbnf(json.dumps(schema))
+    except (AssertionError, ValueError, KeyError, NotImplementedError) as e:
+        raise InvalidValue(field, f"this schema cannot be turned into a grammar: {e}") from None
+    except (AttributeError, TypeError):  # (the converter reads every part with .get)
+        raise InvalidValue(field, "this schema cannot be turned into a grammar: a part of it "
+                           "that should be a schema (an object) is not one") from None
+    except RecursionError:
+        raise InvalidValue(field, "this schema cannot be turned into a grammar: it is nested "
+                           "too deeply") from None
+    return AnswerFormat(grammar, field)
+
+
+def _kind(value: Any) -> str:
+    return {str: "a string", list: "an array", bool: "a boolean", type(None): "null"}.get(
+        type(value), "a number")
+
+
+def grammar_stage(vocab: llama_cpp.llama_vocab_p, gbnf: str) -> llama_cpp.llama_sampler_p | None:
+    """llama.cpp's grammar sampler for `gbnf` (root rule `root`), or None where it cannot
+    parse it (the binding's `add_grammar` would add the null pointer to a chain)."""
+    stage = llama_cpp.llama_sampler_init_grammar(vocab, gbnf.encode("utf-8"), b"root")
+    return stage or None
+
+
+def grammar_parses(vocab: llama_cpp.llama_vocab_p, gbnf: str) -> bool:
+    """Whether llama.cpp parses `gbnf`: a request's format is refused before its turn."""
+    stage = grammar_stage(vocab, gbnf)
+    if stage is not None:
+        llama_cpp.llama_sampler_free(stage)
+    return stage is not None
 
 
 def decode(llm: llama_cpp.Llama, tokens: Sequence[int], *,

@@ -285,6 +285,7 @@ class Runtime:
         options: GenerationOptions = GenerationOptions(),
         cancel: threading.Event | None = None,
         chat: bool = True,
+        grammar: str | None = None,
     ) -> Iterator[Token]:
         """Stream tokens continuing the sequence until end-of-generation, max_tokens or cancel;
         in a `chat` (not a prompt as it is), also where its template ends a begun answer.
@@ -295,7 +296,7 @@ class Runtime:
         `ensure_logits`). Generated tokens join the sequence, except the final
         end-of-generation token, which is sampled but not evaluated.
         """
-        sampler = llamacalls.chain(options, n_vocab=self.llm.n_vocab(), n_ctx=self.n_ctx)
+        sampler = llamacalls.chain(options, self.llm, self.n_ctx, grammar)  # (GBNF: AnswerFormat)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         pending = None  # sampled and yielded, not yet evaluated
         said = False  # any text yet: a plain template's line break before it ends nothing
