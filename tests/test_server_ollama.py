@@ -246,7 +246,7 @@ def test_ollamas_errors(client, served):
              (lambda: client.generate(model="default", prompt="x", images=["aGVsbG8="]),
               400, "images are not supported by this model"),
              (lambda: client.chat(model="default", messages=[{"role": "user", "content": "x"}],
-                                  format="json"), 400, "format"),
+                                  format={"type": "nosuch"}), 400, "format: .*Unrecognized"),
              (lambda: client.chat(model="default", messages=[{"role": "user", "content": "x"}],
                                   tools=[{"type": "function", "function": {"name": "f"}}]),
               400, "'default' does not support tools"),  # Ollama's words: clients retry

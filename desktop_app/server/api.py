@@ -143,7 +143,7 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
         body.check_supported()
         declined = body.declined_tools()
         options = served.answering(body.model, body.kvdesk.engine_options(
-            body.generation(), body.stops()))
+            body.generation(), body.stops(), body.answer_format()))
         messages = [m.flat() for m in body.messages]
         cid = s.completion_id()
         if not body.stream:

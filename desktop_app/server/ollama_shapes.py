@@ -8,12 +8,13 @@ tell Ollama's runner how to use the hardware (`num_gpu`, `num_thread`, `use_mmap
 accepted and have nothing to do here; `num_ctx` is accepted, the server's context size holding
 (`kvdesk --n-ctx N serve`); a sampler kvdesk does not have (`mirostat`, `typical_p`, `tfs_z`) is
 accepted only at the value that turns it off, and any other option is refused by name, as are
-images, tools, structured output and thinking. kvdesk's own `kvdesk` field (documents to answer
-from, the restore level and budget) is read as on OpenAI's routes. Answers are Ollama's
-objects: a streamed answer is JSON lines, each piece `"done": false`, the last `"done": true`
-with `done_reason`, the durations in nanoseconds and the token counts, plus kvdesk's field
-saying how the prompt came back (`restored_tokens`...). It answers nothing itself: `ollama`
-routes the requests.
+images, tools and thinking. `format` ("json", or a JSON schema) holds the answer to a grammar
+(`llamacalls.AnswerFormat`), a schema that cannot be one refused by name. kvdesk's own `kvdesk`
+field (documents to answer from, the restore level and budget) is read as on OpenAI's
+routes. Answers are Ollama's objects: a streamed answer is JSON lines, each piece `"done":
+false`, the last `"done": true` with `done_reason`, the durations in nanoseconds and the token
+counts, plus kvdesk's field saying how the prompt came back (`restored_tokens`...). It
+answers nothing itself: `ollama` routes the requests.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from typing import Any, Literal
 
 import pydantic
 
+from ..model import llamacalls
+from ..model.llamacalls import AnswerFormat
 from ..options import GenerationOptions
 from ..results import Completion
 from ..validation import InvalidValue, RequestValues, null_is_default, parse
@@ -91,12 +94,20 @@ class _Request(RequestValues):
 
     def engine_options(self) -> dict:
         """What the engine's `complete` takes besides the prompt (`KvdeskOptions`)."""
-        return self.kvdesk.engine_options(*self.generation())
+        return self.kvdesk.engine_options(*self.generation(), self.answer_format())
+
+    def answer_format(self) -> AnswerFormat | None:
+        """`format`'s grammar: "json" any JSON object (as Ollama's), else what the schema
+        describes; none for an empty one."""
+        if not self.format:
+            return None
+        if self.format == "json":
+            return llamacalls.json_object("format")
+        if isinstance(self.format, str):
+            raise InvalidValue("format", f'"json" or a JSON schema (got {self.format!r})')
+        return llamacalls.json_schema(self.format, "format")
 
     def check_supported(self) -> None:
-        if self.format:
-            raise InvalidValue("format", "structured output (JSON or a schema) is not supported; "
-                               "kvdesk answers text")
         if self.think:
             raise InvalidValue("think", f"{self.model!r} does not support thinking")
 

@@ -16,8 +16,9 @@ a restart too, and through the same persistent prompt cache as chat completions:
 comes back, only the new input is computed. The documents a response was answered from
 are kept with it: a response continuing it reads them again unless its own `kvdesk` field
 names others (`"documents": []`: none). `store: false` keeps nothing. The newest `KEEP`
-responses are kept. Tools (but with tool_choice "none": unused, as on chat completions),
-reasoning, images and files are refused by name.
+responses are kept. `text.format` holds the answer to JSON or a JSON schema, as
+`response_format` does on chat completions. Tools (but with tool_choice "none": unused, as
+on chat completions), reasoning, images and files are refused by name.
 
 Routes only translate, as in `api`: the engine does the work.
 """
@@ -83,9 +84,6 @@ class ResponsesRequest(s.Sampled):
         self.check_supported()
         if self.reasoning and any(v for v in self.reasoning.values()):
             raise InvalidValue("reasoning", "kvdesk's models do not reason; leave it out")
-        fmt = (self.text or {}).get("format") or {}
-        if fmt.get("type") not in (None, "text"):
-            raise InvalidValue("text.format", "only text is supported")
         if isinstance(self.input, str):
             if not self.input.strip():  # (as an empty prompt is refused on /v1/completions)
                 raise InvalidValue("input", "it is empty")
@@ -96,6 +94,14 @@ class ResponsesRequest(s.Sampled):
         given = {name: getattr(self, name) for name in GenerationOptions.model_fields}
         return parse(GenerationOptions, {**given, "max_tokens": self.max_output_tokens},
                      names={"max_tokens": "max_output_tokens"})
+
+    def text_format(self) -> dict:
+        """`text.format` as given ({"type": "text"} when none), echoed in the response."""
+        fmt = (self.text or {}).get("format")
+        if fmt is not None and not isinstance(fmt, dict):
+            raise InvalidValue("text.format", "an object with its type (text, json_object or "
+                               "json_schema)")
+        return fmt or {"type": "text"}
 
 
 class Kept:
@@ -144,7 +150,8 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
         conversation = [*previous.get("conversation", []), *body.conversation()]
         system = [{"role": "system", "content": body.instructions}] if body.instructions else []
         messages = [*system, *conversation]
-        options = body.kvdesk.engine_options(body.generation(), body.stops())
+        options = body.kvdesk.engine_options(body.generation(), body.stops(), s.answer_format(
+            body.text_format(), "text.format", nested=False))
         if "documents" not in body.kvdesk.model_fields_set:  # those it continues from
             options["documents"] = previous.get("documents", [])
         options = served.answering(body.model, options)
@@ -255,7 +262,7 @@ def shape(body: ResponsesRequest, rid: str, mid: str, created: int,
            "previous_response_id": body.previous_response_id,
            "max_output_tokens": body.max_output_tokens, "temperature": body.temperature,
            "top_p": body.top_p, "store": body.store, "parallel_tool_calls": False,
-           "tool_choice": "none", "tools": [], "text": {"format": {"type": "text"}},
+           "tool_choice": "none", "tools": [], "text": {"format": body.text_format()},
            "truncation": "disabled", "metadata": {},
            "output": [] if done is None else [item(mid, done)], "usage": None}
     if done is not None:

@@ -4,9 +4,11 @@ Requests are pydantic models; the values they pass on to the engine are built th
 validation layer (`options`, `validation`), so a negative `max_tokens` is refused here with
 the same rule as `kvdesk ask --max-tokens -3`. Fields of OpenAI's API that kvdesk does not
 implement and that would change the answer's meaning (tools, several choices, log
-probabilities, structured output) are refused by name; others (user, metadata...) are ignored,
-as OpenAI-compatible servers do. Responses follow OpenAI's chat completion objects, with a
-`kvdesk` field saying how the prompt came back into the model.
+probabilities) are refused by name; others (user, metadata...) are ignored, as
+OpenAI-compatible servers do. A response format (JSON, or a JSON schema) holds the answer to
+a grammar (`answer_format`: `llamacalls.AnswerFormat`), a schema that cannot be one refused by its
+field. Responses follow OpenAI's chat completion objects, with a `kvdesk` field saying how the
+prompt came back into the model.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from pydantic import Field
 
 from ..errors import EngineError
 from ..kv.levels import check_levels
+from ..model import llamacalls
+from ..model.llamacalls import AnswerFormat
 from ..options import AUTO, GenerationOptions, RestoreOptions
 from ..results import Completion
 from ..validation import InvalidValue, RequestValues, null_is_default, parse
@@ -102,11 +106,13 @@ class KvdeskOptions(RequestValues):
     bandwidth_MBps: float | None = None
     _once = each_once("documents")
 
-    def engine_options(self, generation: GenerationOptions, stop: list[str]) -> dict:
+    def engine_options(self, generation: GenerationOptions, stop: list[str],
+                       answer_format: AnswerFormat | None = None) -> dict:
         """What the engine's `complete` takes besides the prompt: these documents and how to
-        restore (checked), with the request's generation options and stop strings."""
+        restore (checked), with the request's generation options, stop strings and the
+        format its answer is held to (`answer_format`)."""
         return {"documents": self.documents, "restore": self.restore(),
-                "generation": generation, "stop": stop}
+                "generation": generation, "stop": stop, "answer_format": answer_format}
 
     def restore(self) -> RestoreOptions:
         if self.level != AUTO:
@@ -209,10 +215,36 @@ class ChatRequest(Sampled):
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.response_format and self.response_format.get("type") not in (None, "text"):
-            raise InvalidValue("response_format", "only text is supported")
         for i, message in enumerate(self.messages):
             message.check_parts(f"messages.{i}")
+
+    def answer_format(self) -> AnswerFormat | None:
+        return answer_format(self.response_format, "response_format", nested=True)
+
+
+def answer_format(given: dict | None, field: str, *, nested: bool) -> AnswerFormat | None:
+    """The grammar an OpenAI response format holds the answer to: none for text; any JSON
+    object for `json_object`; for `json_schema`, what its `schema` describes (none given: any
+    object), under `json_schema` in chat completions (`nested`), beside `type` in the
+    Responses API's `text.format`. Its `strict` changes nothing: a grammar is always strict."""
+    kind = (given or {}).get("type")
+    if kind in (None, "text"):
+        return None
+    if kind == "json_object":
+        return llamacalls.json_object(field)
+    if kind != "json_schema":
+        raise InvalidValue(f"{field}.type", "text, json_object or json_schema (got "
+                           f"{_describe(kind)})")
+    where, spec = (f"{field}.json_schema", given.get("json_schema")) if nested else (field, given)
+    if not isinstance(spec, dict):
+        raise InvalidValue(where, "an object with the schema's name and its schema")
+    if spec.get("schema") is None:
+        return llamacalls.json_object(field)
+    return llamacalls.json_schema(spec["schema"], f"{where}.schema")
+
+
+def _describe(value: Any) -> str:
+    return repr(value) if isinstance(value, str) else type(value).__name__
 
 
 class AskRequest(RequestValues):

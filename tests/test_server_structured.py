@@ -1,0 +1,180 @@
+"""Structured output on the local API, on the real default model: OpenAI's `response_format`
+(JSON mode, a JSON schema) and the Responses API's `text.format` with the official `openai`
+client, Ollama's `format` ("json", a schema) with the `ollama` client; the answer held to
+llama.cpp's grammar parses, and a schema's required keys and enum hold; a schema that cannot
+be a grammar refused by its field; an answer cut at its limit said by "length"; the prompt
+cache working as without a format."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import ollama
+import openai
+import pytest
+
+from desktop_app.model import llamacalls
+from desktop_app.options import GenerationOptions
+from desktop_app.validation import InvalidValue
+from tests.test_server import SYSTEM, Running
+
+pytestmark = pytest.mark.model
+
+CITY = {"type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 40},
+                       "size": {"type": "string", "enum": ["small", "medium", "large"]},
+                       "capital": {"type": "boolean"}},
+        "required": ["city", "size", "capital"]}
+ASK = [{"role": "user", "content": "Describe Paris in JSON: its name, its size and whether it "
+                                   "is a capital."}]
+# (SmolLM2 135M, asked for any object about a city, writes numbers of "1111..." forever)
+JSON_ASK = [{"role": "user", "content": 'Answer in JSON with the key "answer": what is the '
+                                        "capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    running = Running(tmp_path_factory.mktemp("structured"), ollama_port=0)
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return ollama.Client(host=served.server.ollama_url)
+
+
+def ask(served, messages=ASK, max_tokens=96, **extra):
+    return served.client.chat.completions.create(model="default", messages=messages,
+                                                 max_tokens=max_tokens, temperature=0, **extra)
+
+
+def a_city(text: str) -> dict:
+    """The answer as JSON, checked by hand against CITY: every required key, the enum's
+    value, the types."""
+    value = json.loads(text)
+    assert isinstance(value, dict) and set(CITY["required"]) <= set(value), text
+    assert isinstance(value["city"], str) and isinstance(value["capital"], bool), text
+    assert value["size"] in CITY["properties"]["size"]["enum"], text
+    return value
+
+
+def test_json_mode_answers_a_json_object_streamed_and_not(served):
+    done = ask(served, JSON_ASK, response_format={"type": "json_object"})
+    (choice,) = done.choices
+    assert choice.finish_reason == "stop", choice
+    assert isinstance(json.loads(choice.message.content), dict)
+    pieces = [c.choices[0].delta.content or "" for c in ask(
+        served, JSON_ASK, response_format={"type": "json_object"}, stream=True) if c.choices]
+    assert "".join(pieces) == choice.message.content
+
+
+def test_a_json_schema_holds_its_required_keys_and_enum(served):
+    done = ask(served, response_format={"type": "json_schema", "json_schema": {
+        "name": "city", "schema": CITY, "strict": True}})
+    assert done.choices[0].finish_reason == "stop"
+    a_city(done.choices[0].message.content)
+
+
+def test_the_responses_api_takes_its_text_format(served):
+    fmt = {"type": "json_schema", "name": "city", "schema": CITY, "strict": True}
+    done = served.client.responses.create(model="default", input=ASK[0]["content"],
+                                          max_output_tokens=96, temperature=0,
+                                          text={"format": fmt})
+    assert done.status == "completed"
+    a_city(done.output_text)
+    assert done.text.format.type == "json_schema"  # (echoed as asked)
+
+
+def test_ollamas_format_json_and_a_schema(client):
+    chat = client.chat(model="default", messages=JSON_ASK, format="json",
+                       options={"num_predict": 96, "temperature": 0})
+    assert chat.done_reason == "stop" and isinstance(json.loads(chat.message.content), dict)
+    generated = client.generate(model="default", prompt=ASK[0]["content"], format=CITY,
+                                options={"num_predict": 96, "temperature": 0})
+    assert generated.done_reason == "stop"
+    a_city(generated.response)
+
+
+def test_an_answer_cut_at_its_limit_says_length(served, client):
+    """The JSON is then incomplete (README): the finish says so, as OpenAI's does."""
+    done = ask(served, response_format={"type": "json_object"}, max_tokens=4)
+    assert done.choices[0].finish_reason == "length" and done.usage.completion_tokens == 4
+    cut = client.chat(model="default", messages=ASK, format=CITY,
+                      options={"num_predict": 4, "temperature": 0})
+    assert cut.done_reason == "length"
+
+
+def test_a_schema_that_cannot_be_a_grammar_is_refused_by_its_field(served, client):
+    unknown = {"type": "nosuch"}
+    cases = [({"type": "json_schema", "json_schema": {"name": "x", "schema": unknown}},
+              "response_format.json_schema.schema", "Unrecognized schema"),
+             ({"type": "json_schema", "json_schema": {"name": "x", "schema": [1]}},
+              "response_format.json_schema.schema", "a JSON schema is an object"),
+             ({"type": "json_schema"}, "response_format.json_schema", "its schema"),
+             ({"type": "xml"}, "response_format.type", "json_schema")]
+    for fmt, param, words in cases:
+        with pytest.raises(openai.BadRequestError, match=words) as e:
+            ask(served, response_format=fmt)
+        assert e.value.body["param"] == param
+    with pytest.raises(openai.BadRequestError, match="Unrecognized schema") as e:
+        served.client.responses.create(model="default", input="x", text={"format": {
+            "type": "json_schema", "name": "x", "schema": unknown}})
+    assert e.value.body["param"] == "text.format.schema"
+    for fmt, words in ((unknown, "Unrecognized schema"),
+                       ({"type": "string", "pattern": "a+"}, "Pattern must start with")):
+        with pytest.raises(ollama.ResponseError, match=f"format: .*{words}") as e:
+            client.chat(model="default", messages=ASK, format=fmt)
+        assert e.value.status_code == 400
+    # (a format the client itself would not send)
+    r = httpx.post(f"{served.server.ollama_url}/api/generate", trust_env=False,
+                   json={"model": "default", "prompt": "x", "format": "xml"})
+    assert r.status_code == 400 and '"json" or a JSON schema' in r.json()["error"], r.text
+
+
+def test_a_format_is_refused_for_a_prefill(served):
+    """The grammar holds a whole answer: after the assistant's own words it would begin
+    again."""
+    with pytest.raises(openai.BadRequestError, match="assistant's own words") as e:
+        ask(served, [*ASK, {"role": "assistant", "content": '{"city": '}],
+            response_format={"type": "json_object"})
+    assert e.value.body["param"] == "response_format"
+
+
+def test_the_prompt_cache_works_as_without_a_format(served):
+    """The grammar does not change the prompt: a conversation held to a schema is stored,
+    and its next turn comes back from the store, only the new message computed."""
+    first = [{"role": "system", "content": SYSTEM},
+             {"role": "user", "content": "Describe the first ferry of a weekday."}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "ferry", "schema": {
+        "type": "object", "properties": {"time": {"type": "string", "maxLength": 8}},
+        "required": ["time"]}}}
+    done = ask(served, first, response_format=fmt)
+    assert done.choices[0].finish_reason == "stop"
+    assert done.model_extra["kvdesk"]["stored"] is True
+    then = [*first, {"role": "assistant", "content": done.choices[0].message.content},
+            {"role": "user", "content": "And on Saturdays?"}]
+    again = ask(served, then, response_format=fmt)
+    assert again.usage.prompt_tokens_details.cached_tokens >= done.usage.prompt_tokens
+    assert set(json.loads(again.choices[0].message.content)) == {"time"}
+
+
+def test_a_grammar_llama_cpp_cannot_parse_is_refused_not_crashed(served):
+    rt = served.app.engine.runtime
+    vocab = rt.llm._model.vocab
+    assert llamacalls.grammar_parses(vocab, llamacalls.json_object("f").grammar)
+    assert not llamacalls.grammar_parses(vocab, "root ::= (")
+    with pytest.raises(ValueError, match="could not parse"):
+        llamacalls.chain(GenerationOptions(temperature=0), rt.llm, rt.n_ctx, "root ::= (")
+
+
+def test_json_objects_grammar_is_an_object_with_bounded_whitespace():
+    grammar = llamacalls.json_object("format").grammar
+    assert grammar.lstrip().startswith("root   ::= object")
+    assert 'ws ::= | " " | "\\n" [ \\t]{0,20}' in grammar
+    with pytest.raises(InvalidValue, match="nested too deeply|cannot be turned"):
+        nested: dict = {}
+        for _ in range(2000):
+            nested = {"type": "array", "items": nested}
+        llamacalls.json_schema(nested, "format")
