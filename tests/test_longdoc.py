@@ -1115,12 +1115,15 @@ def test_docs_says_when_the_storage_budget_stopped_the_passages_kv(capsys, tmp_p
         info = DocumentInfo(1, "manual.txt", "text", 90_000, 0, {}, "passages", 0.0,
                             passages=700, passages_cached=107)
         return SimpleNamespace(data_dir=tmp_path, holds_store=True, engine=SimpleNamespace(
-            documents=lambda: [info],
-            store=SimpleNamespace(usage_bytes=lambda: usage, budget_bytes=1000)))
+            documents=lambda: [info], fingerprint="fp",
+            store=SimpleNamespace(usage_bytes=lambda: usage, budget_bytes=1000,
+                                  usage_by_kind=lambda: {"fp": {"passages": usage}},
+                                  data_dir=tmp_path)))
 
     docs.callback.__wrapped__(app(995), as_json=False)
     out = capsys.readouterr()
     assert "700 passages (107 with their KV)" in out.out
+    assert "storage: 995 B of the 1.0 KB budget (passages 995 B)" in out.out, out.out
     assert "the storage budget (1.0 KB) is full" in out.err and "storage_budget_gb" in out.err
     docs.callback.__wrapped__(app(500), as_json=False)
     assert "storage budget" not in capsys.readouterr().err
