@@ -297,10 +297,10 @@ class Engine(ExactNotes):
             progress: ProgressFn | None = None,
             cancel: threading.Event | None = None) -> AskResult:
         self._writable()
-        t0, stale = time.perf_counter(), [0]  # (a stale document's prefill: this answer's wait)
+        t0, stale = time.perf_counter(), [0]  # (a stale document cached: this answer's wait)
         notes = self.exactness.said(chat_id).get(chat_id, []) if chat_id is not None else \
             [] if restore.no_cache else self._cache_stale(doc_ids, progress, cancel, stale)
-        spent = time.perf_counter() - t0 if stale[0] else 0.0
+        spent = time.perf_counter() - t0 if chat_id is None and notes else 0.0
         result = self.session.ask(question, chat_id=chat_id, doc_ids=doc_ids, restore=restore,
                                   generation=generation, on_token=on_token,
                                   on_restore=on_restore, progress=progress, cancel=cancel)
