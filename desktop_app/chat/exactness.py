@@ -137,10 +137,10 @@ class Exactness(Background):
                 with self._guard:
                     self._progress.pop(chat_id, None)
             # (one too large for the budget is not an eviction: `too_big` says it of the chat)
+            # (said after its answer, elsewhere: it names what was stored)
             said = self.kv.eviction_notes([c for c in evicted if not c.get("too_large")],
-                                          rt.fingerprint)
-        said = [n.replace("storing this evicted", f"storing chat {chat_id}'s exact context "
-                          "evicted", 1) for n in said]  # (said after its answer, elsewhere)
+                                          rt.fingerprint,
+                                          stored=f"chat {chat_id}'s exact context")
         with self._guard:
             (self._stored if kept else self._too_big).add(chat_id)
             if said:  # (added to any a pass before it left untold)

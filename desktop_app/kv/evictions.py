@@ -23,10 +23,11 @@ from store import NotFoundError, Store
 from ..results import size_text
 
 
-def eviction_notes(store: Store, evicted: Sequence[dict], fingerprint: str | None = None
-                   ) -> list[str]:
+def eviction_notes(store: Store, evicted: Sequence[dict], fingerprint: str | None = None, *,
+                   stored: str = "this") -> list[str]:
     """The notes for `evicted` (nothing when it evicted none), the caches of a model other
-    than `fingerprint`'s (the loaded one) named with that model; None: all taken as its."""
+    than `fingerprint`'s (the loaded one) named with that model; None: all taken as its.
+    `stored`: what storing evicted them ("chat 3's exact context", said after its answer)."""
     budget = size_text(store.budget_bytes)
     said = [f"this cache ({size_text(c['bytes'])} with the cache it extends) is larger than "
             f"the whole storage budget of {budget}: it is not stored, and nothing else was "
@@ -35,16 +36,12 @@ def eviction_notes(store: Store, evicted: Sequence[dict], fingerprint: str | Non
     evicted = [c for c in evicted if not c.get("too_large")]
     if not evicted:
         return said
-    by_model: dict[str | None, list[dict]] = {}
-    for c in evicted:
-        model = c.get("model")
-        by_model.setdefault(None if fingerprint is None or model == fingerprint else model,
-                            []).append(c)
+    by_model = _by_model(evicted, fingerprint) if fingerprint is not None else {None: evicted}
     groups = [", ".join(_kinds(store, by_model[None]))] if None in by_model else []
     groups += [f"{'and ' if groups else ''}model {_model_name(store, model)}'s (not the one "
                f"loaded): {', '.join(_kinds(store, caches))}"
                for model, caches in by_model.items() if model is not None]
-    return [*said, f"storing this evicted the least recently used caches to keep within the "
+    return [*said, f"storing {stored} evicted the least recently used caches to keep within the "
             f"storage budget of {budget}: {'; '.join(groups)} "
             f"({size_text(sum(c['bytes'] for c in evicted))}); they are computed again when "
             "next used"]
@@ -55,9 +52,7 @@ def evicted_line(store: Store, evicted: Sequence[dict]) -> list[str]:
     model's named with it: gc loads no model, so none is "the one loaded"."""
     if not evicted:
         return []
-    by_model: dict[str | None, list[dict]] = {}
-    for c in evicted:
-        by_model.setdefault(c.get("model"), []).append(c)
+    by_model = _by_model(evicted)
     groups = [", ".join(_kinds(store, caches)) + (
         f" (model {_model_name(store, model)}'s)" if model and len(by_model) > 1 else "")
         for model, caches in by_model.items()]
@@ -113,6 +108,14 @@ def storage_line(store: Store, fingerprint: str) -> str:
     return (f"storage: {size_text(used)} of the {size_text(store.budget_bytes)} budget"
             + (f" ({', '.join(parts)})" if parts else "") + f"; the data directory takes "
             f"{size_text(disk)} on disk (the database and the reserve kept for a full disk)")
+
+
+def _by_model(evicted: Sequence[dict], loaded: str | None = None) -> dict[str | None, list[dict]]:
+    """The caches by their model's fingerprint, the `loaded` model's under None."""
+    out: dict[str | None, list[dict]] = {}
+    for c in evicted:
+        out.setdefault(None if c.get("model") == loaded else c.get("model"), []).append(c)
+    return out
 
 
 def _kinds(store: Store, evicted: Sequence[dict]) -> list[str]:

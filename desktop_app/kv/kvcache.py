@@ -262,9 +262,9 @@ class KVCache:
         said = self.eviction_notes(evicted, fingerprint)
         return not any(c.get("too_large") for c in evicted), said
 
-    def eviction_notes(self, evicted: Sequence[dict], fingerprint: str | None = None
-                       ) -> list[str]:
-        """What storing a cache says of those it evicted to keep within the storage budget
-        (store.gc's `evicted_caches`; another model's than `fingerprint`'s named so): nothing
-        when it evicted none."""
-        return eviction_notes(self.store, evicted, fingerprint)
+    def eviction_notes(self, evicted: Sequence[dict], fingerprint: str | None = None, *,
+                       stored: str = "this") -> list[str]:
+        """What storing a cache (`stored`) says of those it evicted to keep within the storage
+        budget (store.gc's `evicted_caches`; another model's than `fingerprint`'s named so):
+        nothing when it evicted none."""
+        return eviction_notes(self.store, evicted, fingerprint, stored=stored)
