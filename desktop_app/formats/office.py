@@ -22,6 +22,7 @@ import zlib
 from dataclasses import dataclass
 
 from ..errors import DocumentError
+from ..results import size_text
 
 DOCX_SUFFIXES = {".docx", ".docm", ".dotx"}
 EPUB_SUFFIXES = {".epub"}
@@ -138,17 +139,12 @@ def _refuse_bomb(members: list[zipfile.ZipInfo], name: str) -> None:
     the archive declares bound what is read: zipfile stops at a member's declared size."""
     total = sum(m.file_size for m in members)
     if total > MAX_EXPANDED_BYTES:
-        raise DocumentError(f"{name}: the archive expands to {_size(total)}: refused, as a zip "
+        raise DocumentError(f"{name}: the archive expands to {size_text(total)}: refused, as a zip "
                             "bomb would be")
     for m in members:
         if m.file_size > MAX_MEMBER_BYTES or (
                 m.file_size > _RATIO_FROM_BYTES
                 and m.file_size > MAX_RATIO * max(m.compress_size, 1)):
             raise DocumentError(
-                f"{name}: the archive's {m.filename} expands to {_size(m.file_size)} from "
-                f"{_size(m.compress_size)}: refused, as a zip bomb would be")
-
-
-def _size(n: int) -> str:
-    return (f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB" if n >= 1e6
-            else f"{n / 1e3:.0f} KB")
+                f"{name}: the archive's {m.filename} expands to {size_text(m.file_size)} from "
+                f"{size_text(m.compress_size)}: refused, as a zip bomb would be")
