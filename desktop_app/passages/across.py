@@ -35,6 +35,7 @@ from .retrieve import (
     Retriever,
     asked_with,
     frequencies,
+    held_together,
     most_named,
     rare_words,
     recent_text,
@@ -87,13 +88,14 @@ def rare_holders(retriever: Retriever, doc_ids: Sequence[int],
     """{word of `text` that at most RARE_PASSAGES passages of the documents `doc_ids` hold
     together: the ids of those passages}, as one document's retrieval picks its rare words
     (`rare_words`, the words by which a question asks left out): none when every word of
-    it is so rare (they say no more than the question), and only names when it writes a name
-    they hold more often."""
+    it is so rare (they say no more than the question), and, when it writes a name they hold
+    more often, only its names and the words a passage holds with it."""
     store = retriever.store
     asking = asked_with(text)
     holding = {word: [pid for d in doc_ids
                       for pid in store.passages_holding(d, word, RARE_PASSAGES + 1)]
                for word in query_words(text) if word not in asking}
     counts = {word: len(ids) for word, ids in holding.items()}
-    rare = rare_words(counts, text)[0]
+    rare = rare_words(counts, text, lambda word, often: held_together(
+        store, doc_ids, word, often))[0]
     return {} if len(rare) == len(counts) else {word: set(holding[word]) for word in rare}

@@ -25,7 +25,7 @@ It never computes KV and never decides what the chat context holds.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +43,7 @@ from .index import PassageIndex
 RRF_K = 60  # the constant of reciprocal rank fusion (the paper's, and common practice)
 DENSE_WEIGHT = 0.1  # the dense ranking's share in the fusion, against BM25's 1 (measured)
 RARE_PASSAGES = 3  # a query word in at most this many passages is a rare one (a name)
+EVERY_PASSAGE = 2**62  # a limit to `passages_holding` that never cuts its list short
 # Words by which a question points back at what the chat was about: such a question is not
 # about what it names alone ("Does it stop at the Museum?").
 REFERS_BACK = frozenset({"it", "its", "they", "them", "their", "theirs", "this", "that",
@@ -153,8 +154,9 @@ class Retriever:
         paraphrased question often shares only a name with the passage that answers it, and
         BM25 alone lets two common words repeated in a long passage outweigh it. When the
         question writes a name the document holds often (`written_names`: `nonlocal` in a
-        language reference), only its rare names count: a common word that happens to be
-        rare in the document ("kept") is not what it asks about, and would take the place of
+        language reference, "the Lessee" in a lease), its other rare words count only where
+        a passage holds them with it (`rare_words`): a common word that happens to be rare
+        in the document ("kept") is not what it asks about, and would take the place of
         that name's passages. A question writing a name the document holds or a word rare in
         it, and no word pointing back ("it", "they": `refers_back`), is not joined with the
         turns at all: it asks about that, whatever the chat said before."""
@@ -195,7 +197,8 @@ class Retriever:
         """The rare words of `text` (see `_bm25`), none when every word of it is rare (BM25
         over them is BM25 over it again); and the names it writes that the document holds."""
         counts = frequencies(self.store, doc_id, text, RARE_PASSAGES + 1)
-        rare, names = rare_words(counts, text)
+        rare, names = rare_words(counts, text, lambda word, often: held_together(
+            self.store, [doc_id], word, often))
         rare += rare_phrases(self.store, doc_id, text, counts)
         return [] if rare == list(counts) else rare, names
 
@@ -220,16 +223,37 @@ def frequencies(store: Store, doc_id: int, text: str, at_most: int) -> dict[str,
             if w not in asking}
 
 
-def rare_words(counts: Mapping[str, int], text: str) -> tuple[list[str], set[str]]:
+def rare_words(counts: Mapping[str, int], text: str,
+               together: Callable[[str, set[str]], bool] | None = None
+               ) -> tuple[list[str], set[str]]:
     """From `counts` ({word of `text`: how many passages hold it, `frequencies`}): the words
     at most RARE_PASSAGES passages hold, and the names `text` writes that some passage holds.
-    When it writes a name held more often than that, only its rare names are rare words: a
-    common word that happens to be rare ("kept") is not what it asks about."""
+    When it writes names held more often than that, its rare words are its rare names and
+    those a passage holds with every one of the names held often (`together(word, names)`,
+    `held_together`; without it, none). A common word that happens to be rare ("kept"
+    beside `nonlocal`) is not what it asks about, and would take the place of the name's
+    passages; one held with the name is what it asks of the name: a contract writes its
+    defined terms in most of its clauses ("the Lessee", "the Trust"), and a question naming
+    one is still about its rare words ("deposit", "account")."""
     rare = [word for word, count in counts.items() if 0 < count <= RARE_PASSAGES]
     names = {w for w in written_names(text, counts) if counts[w]}
-    if any(counts[w] > RARE_PASSAGES for w in names):
-        rare = [word for word in rare if word in names]
+    if often := {w for w in names if counts[w] > RARE_PASSAGES}:
+        rare = [word for word in rare
+                if word in names or (together is not None and together(word, often))]
     return rare, names
+
+
+def held_together(store: Store, doc_ids: Sequence[int], word: str, names: Iterable[str]
+                  ) -> bool:
+    """Whether a passage of the documents `doc_ids` holds `word` (a rare one) and each of
+    `names`."""
+    for doc_id in doc_ids:
+        ids = set(store.passages_holding(doc_id, word, RARE_PASSAGES))
+        for name in names:
+            ids &= set(store.passages_holding(doc_id, name, EVERY_PASSAGE)) if ids else set()
+        if ids:
+            return True
+    return False
 
 
 def asked_with(text: str) -> set[str]:
