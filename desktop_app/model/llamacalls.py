@@ -12,7 +12,9 @@ chain: `Runtime.generate` runs it, `sampling` decides the values.
 a JSON schema (what OpenAI's `response_format` and Ollama's `format` ask for): the GBNF grammar
 `chain` puts first, and the request field that asked for it, so that a grammar llama.cpp cannot
 parse is refused by that field's name. A schema becomes a grammar through llama-cpp-python's
-converter (llama.cpp's json_schema_to_grammar), whose refusal is given in words. It is never a
+converter (llama.cpp's json_schema_to_grammar), whose refusal is given in words;
+`schema_rules` gives several schemas' rules for a grammar whose own root puts them in place (a
+tool call's arguments: `desktop_app.tools`). It is never a
 generation option (`GenerationOptions` is also the settings file's and the CLI's: a grammar
 there would become a setting); only the local API asks for one.
 
@@ -38,6 +40,7 @@ vocabularies do, does not).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import re
@@ -168,8 +171,30 @@ def json_schema(schema: Any, field: str) -> AnswerFormat:
     `pattern`...), in the converter's words."""
     if not isinstance(schema, dict):
         raise InvalidValue(field, f"a JSON schema is an object (got {_kind(schema)})")
-    try:
+    with _converting(field):
         grammar = llama_grammar.json_schema_to_gbnf(json.dumps(schema))
+    return AnswerFormat(grammar, field)
+
+
+def schema_rules(schemas: Sequence[tuple[str, Any, str]]) -> str:
+    """GBNF rules for several JSON schemas in one grammar, each (rule name, schema, field)'s
+    values under its rule name and no root: for a grammar whose own root puts them in place
+    (a tool call's arguments: `desktop_app.tools`). Refused by field as `json_schema`."""
+    converter = llama_grammar.SchemaConverter(prop_order={}, allow_fetch=False, dotall=False,
+                                              raw_pattern=False)
+    for name, schema, field in schemas:
+        if not isinstance(schema, dict):
+            raise InvalidValue(field, f"a JSON schema is an object (got {_kind(schema)})")
+        with _converting(field):
+            converter.visit(converter.resolve_refs(schema, field), name)
+    return converter.format_grammar()
+
+
+@contextlib.contextmanager
+def _converting(field: str) -> Iterator[None]:
+    """The schema converter's refusals in words, by `field`."""
+    try:
+        yield
     except (AssertionError, ValueError, KeyError, NotImplementedError) as e:
         raise InvalidValue(field, f"this schema cannot be turned into a grammar: {e}") from None
     except (AttributeError, TypeError):  # (the converter reads every part with .get)
@@ -178,7 +203,6 @@ def json_schema(schema: Any, field: str) -> AnswerFormat:
     except RecursionError:
         raise InvalidValue(field, "this schema cannot be turned into a grammar: it is nested "
                            "too deeply") from None
-    return AnswerFormat(grammar, field)
 
 
 def _kind(value: Any) -> str:

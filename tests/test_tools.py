@@ -1,0 +1,110 @@
+"""Tool calling's Python API (`desktop_app.tools`) on the default model's vocabulary: the
+grammar "auto" holds an answer to admits text or a whole call of an offered tool (its
+arguments as its schema says), never the start of a call gone astray, and "required" only
+calls; an answer is read into calls and a history written back as the model wrote it; a
+streamed answer is held back only while it may still be a call. (On the local API:
+tests/test_server_tools.py.)"""
+
+from __future__ import annotations
+
+import ctypes
+
+import llama_cpp
+import numpy as np
+import pytest
+from llama_cpp import _internals
+
+from desktop_app.model import llamacalls
+from desktop_app.tools import Watch, offer_of, read, written
+from desktop_app.validation import InvalidValue
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 40},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"]}}}
+ADD = {"type": "function", "function": {
+    "name": "add", "description": "Add two integers",
+    "parameters": {"type": "object", "properties": {"a": {"type": "integer"},
+                                                    "b": {"type": "integer"}},
+                   "required": ["a", "b"]}}}
+TOOLS = [WEATHER, ADD]
+
+
+def admits(rt, grammar: str, text: str) -> bool:
+    """Whether llama.cpp's grammar sampler takes `text` (the model's tokens of it) whole and
+    then lets the answer end, each token checked before it is taken (as `llamacalls.Held`)."""
+    stage = llamacalls.grammar_stage(rt.llm._model.vocab, grammar)
+    one = _internals.LlamaTokenDataArray(n_vocab=1)
+    try:
+        for token in [*rt.tokenize(text, special=False), rt.llm.token_eos()]:
+            one.candidates_data.id[0], one.candidates_data.logit[0] = token, 1.0
+            one.candidates.size, one.candidates.sorted = 1, False
+            llama_cpp.llama_sampler_apply(stage, ctypes.byref(one.candidates))
+            if not np.isfinite(one.candidates_data.logit[0]):
+                return False
+            if token != rt.llm.token_eos():
+                llama_cpp.llama_sampler_accept(stage, token)
+        return True
+    finally:
+        llama_cpp.llama_sampler_free(stage)
+
+
+CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}}' \
+       '</tool_call>'
+
+
+def test_auto_admits_text_or_a_whole_call_and_required_only_calls(runtime):
+    auto = offer_of(TOOLS, "auto").answer_format().grammar
+    required = offer_of(TOOLS, "required").answer_format().grammar
+    parallel = offer_of(TOOLS, "required", True).answer_format().grammar
+    for text in ("Paris is sunny.", "2 + 2 = 4", "<b>bold</b> text", "<tool", "a <tool_call>"):
+        assert admits(runtime, auto, text), text
+        assert not admits(runtime, required, text), text
+    assert admits(runtime, auto, CALL) and admits(runtime, required, CALL)
+    assert admits(runtime, auto, " " + CALL)  # (spaces before the choice are the root's)
+    for text in ('<tool_call>{"name": "nope", "arguments": {}}</tool_call>',
+                 CALL.replace('"celsius"', '"kelvin"'), CALL.replace('"city": "Oslo", ', ""),
+                 CALL[:-3], CALL + " and more", f"{CALL}\n{CALL}"):
+        assert not admits(runtime, auto, text), text
+        assert not admits(runtime, required, text), text
+    assert admits(runtime, parallel, f"{CALL}\n{CALL}")
+
+
+def test_an_answer_is_read_and_a_history_written_back_as_the_model_wrote_it():
+    offer = offer_of(TOOLS, "required", True)
+    (call,) = read(offer, CALL).calls
+    assert call.name == "get_weather" and call.parsed() == {"city": "Oslo", "unit": "celsius"}
+    assert read(offer, f"{CALL}\n{CALL}").calls[1:] == ()  # the same call twice: one
+    assert read(offer, "Sunny.").content == "Sunny." and read(offer, CALL[:-2]).calls == ()
+    history = [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": call.id, "function": {"name": call.name, "arguments": call.arguments}}]},
+        {"role": "tool", "tool_call_id": call.id, "content": "3 C"}]
+    back = written(history)
+    assert back[0] == {"role": "assistant", "content": CALL}
+    assert back[1]["role"] == "user" and call.id in back[1]["content"] and \
+        "get_weather" in back[1]["content"] and back[1]["content"].endswith("3 C")
+    ollamas = written([{"role": "assistant", "content": "", "tool_calls": [
+        {"function": {"name": "get_weather", "arguments": {"city": "Oslo",
+                                                            "unit": "celsius"}}}]}])
+    assert ollamas[0]["content"] == CALL
+    # The tools' section is the same whatever the choice: one prefix in the prompt cache.
+    assert offer.section() == offer_of(TOOLS, "auto").section()
+    assert offer_of(TOOLS, "none") is None and offer_of(None, "auto") is None
+    with pytest.raises(InvalidValue, match="tools.1.function.name"):
+        offer_of([WEATHER, {"type": "function", "function": {}}])
+
+
+def test_a_streamed_answer_is_held_back_only_while_it_may_be_a_call():
+    sent = []
+    watch = Watch(offer_of(TOOLS), sent.append)
+    for piece in ("<", "tool", "ish"):
+        watch.feed(piece)
+    assert sent == ["<toolish"]
+    sent.clear()
+    watch = Watch(offer_of(TOOLS), sent.append)
+    for piece in ("<tool", "_call>", '{"name"'):
+        watch.feed(piece)
+    assert sent == [] and watch.finish("<tool_call>{\"name\"", read(
+        offer_of(TOOLS), "<tool_call>{\"name\"")) == "<tool_call>{\"name\""  # cut: as text
