@@ -301,17 +301,18 @@ def test_what_clients_send_by_default_is_taken(tmp_path):
                              ("/v1/responses", {"input": "hi"})):
             r = c.post(route, json={**extra, **asked, "n": 2})
             assert r.status_code == 400 and r.json()["error"]["param"] == "n", (route, r.text)
-    # A tool call that may or must be made is refused by name, as before.
-    for choice, param in (("auto", "tools"), (None, "tools"), ("required", "tools"),
-                          ({"type": "function", "function": {"name": "f"}}, "tools")):
+    # Tools are checked before any model is needed: a bad one is refused by its field, and
+    # a choice asking for a call with none offered by tool_choice.
+    for tools, choice, param in (([{"type": "function"}], "auto", "tools.0.function"),
+                                 ([{"type": "function", "function": {}}], None,
+                                  "tools.0.function.name"),
+                                 (tool, {"type": "function", "function": {"name": "g"}},
+                                  "tool_choice.function.name"),
+                                 (None, "required", "tool_choice")):
         r = c.post("/v1/chat/completions", json={
             "model": "default", "messages": [{"role": "user", "content": "hi"}],
-            "tools": tool, "tool_choice": choice})
+            "tools": tools, "tool_choice": choice})
         assert r.status_code == 400 and r.json()["error"]["param"] == param, (choice, r.text)
-    required = c.post("/v1/chat/completions", json={
-        "model": "default", "messages": [{"role": "user", "content": "hi"}],
-        "tool_choice": "required"})
-    assert required.status_code == 400 and required.json()["error"]["param"] == "tool_choice"
 
 
 def test_a_turn_in_a_chat_cannot_name_documents_too(tmp_path):

@@ -7,7 +7,8 @@ API, Ollama's API, CORS, body limits and the API key).
     POST /v1/embeddings                       OpenAI embeddings, from retrieval's model
                                               (`embeddings`)
     POST /v1/chat/completions                 OpenAI chat completions, streamed or not, with a
-                                              persistent prompt cache and a `kvdesk` field
+                                              persistent prompt cache and a `kvdesk` field;
+                                              tool calls (`desktop_app.tools`)
     GET  /v1/kvdesk/health                    liveness, for `kvdesk ask` to find the server
     GET  /v1/kvdesk/documents                 attached documents (POST: attach one; DELETE)
     GET  /v1/kvdesk/chats                     chats (GET .../messages, POST .../reopen, DELETE)
@@ -50,6 +51,7 @@ from ..app import App
 from ..errors import Cancelled
 from ..options import GenerationOptions, RestoreOptions
 from ..results import Progress
+from ..tools import Watch, read, written
 from ..validation import first_problem, parse, problem
 from . import bridge, edges, embeddings
 from . import schemas as s
@@ -141,16 +143,19 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
             raise ApiError(404, served.refusal(body.model, ollama=False),
                            code="model_not_found", param="model")
         body.check_supported()
-        declined = body.declined_tools()
+        declined, offer = body.declined_tools(), body.offer()
         options = served.answering(body.model, body.kvdesk.engine_options(
-            body.generation(), body.stops(), body.answer_format()))
-        messages = [m.flat() for m in body.messages]
+            body.generation(), body.stops(), body.answer_format(offer)))
+        messages = written([m.flat() for m in body.messages])  # (tool calls and results)
+        if offer is not None:
+            messages = offer.messages(messages)
         cid = s.completion_id()
         if not body.stream:
             done = await bridge.call(request, stopping, lambda cancel: engine().complete(
                 messages, cancel=cancel, **options))
             refuse_cut(done)
-            return s.completion(s.noted(done, declined), cid=cid, model=body.model)
+            return s.completion(s.noted(done, declined), cid=cid, model=body.model,
+                                answer=read(offer, done.text) if offer else None)
         include_usage = body.stream_options is not None and body.stream_options.include_usage
 
         def work(emit, cancel):
@@ -162,16 +167,28 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
         async def chunks():
             yield _data(s.chunk(cid=cid, model=body.model,
                                 delta={"role": "assistant", "content": ""}))
+            texts: list[str] = []  # what may be sent as text (a call's text is kept back)
+            watch = Watch(offer, texts.append)
             async for kind, item in reports:
                 if kind == "event":
-                    yield _data(s.chunk(cid=cid, model=body.model, delta={"content": item}))
+                    watch.feed(item)
                 elif kind == "error":
                     yield _data(error_of(item)[1])
                 elif not finished(item):
                     yield _data(cut_body())
                 else:
+                    answer = read(offer, item.text) if offer else None
+                    if rest := watch.finish(item.text, answer):
+                        texts.append(rest)
+                    deltas = s.call_deltas(answer) if answer else []
+                for text in texts:
+                    yield _data(s.chunk(cid=cid, model=body.model, delta={"content": text}))
+                texts.clear()
+                if kind == "done" and finished(item):
+                    for delta in deltas:
+                        yield _data(s.chunk(cid=cid, model=body.model, delta=delta))
                     yield _data(s.chunk(cid=cid, model=body.model, delta={},
-                                        finish_reason=item.finish_reason,
+                                        finish_reason=s.finish(item, answer),
                                         kvdesk=s.restore_info(s.noted(item, declined))))
                     if include_usage:
                         yield _data({**s.chunk(cid=cid, model=body.model, delta={}),

@@ -3,12 +3,14 @@
 Requests are pydantic models; the values they pass on to the engine are built through the one
 validation layer (`options`, `validation`), so a negative `max_tokens` is refused here with
 the same rule as `kvdesk ask --max-tokens -3`. Fields of OpenAI's API that kvdesk does not
-implement and that would change the answer's meaning (tools, several choices, log
-probabilities) are refused by name; others (user, metadata...) are ignored, as
-OpenAI-compatible servers do. A response format (JSON, or a JSON schema) holds the answer to
-a grammar (`answer_format`: `llamacalls.AnswerFormat`), a schema that cannot be one refused by its
-field. Responses follow OpenAI's chat completion objects, with a `kvdesk` field saying how the
-prompt came back into the model.
+implement and that would change the answer's meaning (several choices, log probabilities;
+tools on the routes other than chat completions) are refused by name; others (user,
+metadata...) are ignored, as OpenAI-compatible servers do. A response format (JSON, or a JSON
+schema) holds the answer to a grammar (`answer_format`: `llamacalls.AnswerFormat`), a schema
+that cannot be one refused by its field. Chat completions' tools are checked and told to the
+model by `desktop_app.tools` (`ChatRequest.offer`), its calls answered in OpenAI's shapes
+(`tool_calls`, `call_deltas`). Responses follow OpenAI's chat completion objects, with a
+`kvdesk` field saying how the prompt came back into the model.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from ..model import llamacalls
 from ..model.llamacalls import AnswerFormat
 from ..options import AUTO, GenerationOptions, RestoreOptions
 from ..results import Completion
+from ..tools import Answer, Offer, offer_of
 from ..validation import InvalidValue, RequestValues, null_is_default, parse
 
 MAX_STOP = 4  # as OpenAI
@@ -66,8 +69,11 @@ class Part(pydantic.BaseModel):
 
 class Message(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="ignore")
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[Part] | None = None
+    # an assistant's calls, and the call a tool's result answers (`tools.written`)
+    tool_calls: list[dict] | None = None
+    tool_call_id: str | None = None
 
     def check_parts(self, where: str) -> None:
         # (an assistant's may be null, as after a tool call; a question or instruction never)
@@ -85,7 +91,12 @@ class Message(pydantic.BaseModel):
         system message; text parts joined)."""
         text = self.content if isinstance(self.content, str) else \
             "".join(p.text or "" for p in self.content or [])
-        return {"role": "system" if self.role == "developer" else self.role, "content": text}
+        flat = {"role": "system" if self.role == "developer" else self.role, "content": text}
+        if self.tool_calls:
+            flat["tool_calls"] = self.tool_calls
+        if self.tool_call_id is not None:
+            flat["tool_call_id"] = self.tool_call_id
+        return flat
 
 
 def each_once(*fields: str):
@@ -131,10 +142,14 @@ class StreamOptions(RequestValues):
     include_usage: bool = False
 
 
-UNSUPPORTED = {"tools": "tool calls", "functions": "function calls",
-               "tool_choice": "tool calls", "function_call": "function calls",
-               "audio": "audio", "prediction": "predicted outputs",
-               "logit_bias": "logit biases", "web_search_options": "web searches"}
+TOOLS_HERE = ("tool calls are answered on /v1/chat/completions and Ollama's /api/chat, not on "
+              "this route")
+FUNCTIONS = "the older functions are not taken: send them as tools, on /v1/chat/completions"
+UNSUPPORTED = {"tools": TOOLS_HERE, "functions": FUNCTIONS, "tool_choice": TOOLS_HERE,
+               "function_call": FUNCTIONS, "audio": "kvdesk answers text only; audio is not "
+               "supported", "prediction": "predicted outputs are not supported",
+               "logit_bias": "logit biases are not supported",
+               "web_search_options": "web searches are not supported"}
 # Each way of offering tools, with the field that chooses among them.
 CHOICE = {"tools": "tool_choice", "functions": "function_call"}
 
@@ -187,7 +202,7 @@ class Sampled(RequestValues):
             if not value or name in declined or offered and (
                     value == "none" or value == "auto" and not extra.get(offered)):
                 continue
-            raise InvalidValue(name, f"kvdesk answers text only; {what} are not supported")
+            raise InvalidValue(name, what)
         if self.n != 1:
             raise InvalidValue("n", "kvdesk answers with one choice")
         if self.logprobs:
@@ -212,14 +227,30 @@ class Sampled(RequestValues):
 class ChatRequest(Sampled):
     messages: list[Message] = Field(min_length=1)
     response_format: dict | None = None
+    tools: list[Any] | None = None
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool | None = None
 
     def check_supported(self) -> None:
         super().check_supported()
         for i, message in enumerate(self.messages):
             message.check_parts(f"messages.{i}")
 
-    def answer_format(self) -> AnswerFormat | None:
-        return answer_format(self.response_format, "response_format", nested=True)
+    def declined_tools(self) -> list[str]:
+        return [*(["tools"] if self.tools and self.tool_choice == "none" else []),
+                *super().declined_tools()]
+
+    def offer(self) -> Offer | None:
+        """The tools the model may call, checked (`tools.offer_of`); None for none."""
+        return offer_of(self.tools, self.tool_choice, self.parallel_tool_calls)
+
+    def answer_format(self, offer: Offer | None = None) -> AnswerFormat | None:
+        """The grammar the answer is held to: the tool calls' where a call may be made."""
+        given = answer_format(self.response_format, "response_format", nested=True)
+        if offer is not None and given is not None:
+            raise InvalidValue("response_format", "a format and tools cannot hold one answer "
+                               "together: leave out one or the other")
+        return offer.answer_format() if offer is not None else given
 
 
 def answer_format(given: dict | None, field: str, *, nested: bool) -> AnswerFormat | None:
@@ -314,11 +345,36 @@ def usage(c: Completion) -> dict:
             "prompt_tokens_details": {"cached_tokens": c.cached_tokens}}
 
 
-def completion(c: Completion, *, cid: str, model: str) -> dict:
+def completion(c: Completion, *, cid: str, model: str, answer: Answer | None = None) -> dict:
+    """A chat completion; with `answer` (the text read for tool calls), its calls."""
+    message = {"role": "assistant", "content": c.text}
+    if answer is not None and answer.calls:
+        message = {**message, "content": answer.content, "tool_calls": tool_calls(answer)}
     return {"id": cid, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": c.text},
-                         "logprobs": None, "finish_reason": c.finish_reason}],
+            "choices": [{"index": 0, "message": message, "logprobs": None,
+                         "finish_reason": finish(c, answer)}],
             "usage": usage(c), "kvdesk": restore_info(c)}
+
+
+def finish(c: Completion, answer: Answer | None) -> str:
+    """OpenAI's finish_reason: "tool_calls" for an answer of calls ended by the model."""
+    calls = answer is not None and answer.calls and c.finish_reason == "stop"
+    return "tool_calls" if calls else c.finish_reason
+
+
+def tool_calls(answer: Answer) -> list[dict]:
+    return [{"id": call.id, "type": "function",
+             "function": {"name": call.name, "arguments": call.arguments}}
+            for call in answer.calls]
+
+
+def call_deltas(answer: Answer) -> list[dict]:
+    """A streamed answer's calls as OpenAI streams them: each call's id and name first (its
+    arguments empty), then its arguments."""
+    return [delta for i, call in enumerate(answer.calls) for delta in (
+        {"tool_calls": [{"index": i, "id": call.id, "type": "function",
+                         "function": {"name": call.name, "arguments": ""}}]},
+        {"tool_calls": [{"index": i, "function": {"arguments": call.arguments}}]})]
 
 
 def chunk(*, cid: str, model: str, delta: dict, finish_reason: str | None = None,

@@ -1,0 +1,153 @@
+"""Tool calling on the local API, on the real default model (SmolLM2 135M, whose template has
+no tool syntax): with the official `openai` client, a call asked for ("required", or a tool
+named) parses and matches its tool's schema, streamed in OpenAI's delta shape too; "auto"
+answers a question that needs no tool in text; a tool's result sent back answers from the
+prompt cache, the call's turn reused; bad tools are 400s naming the field. (The grammar
+itself, token by token: tests/test_tools.py.)"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+
+from desktop_app.tools import MARKER, offer_of
+from tests.test_server import Running
+from tests.test_tools import TOOLS, WEATHER
+
+pytestmark = pytest.mark.model
+
+PARIS = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    running = Running(tmp_path_factory.mktemp("tools"), ollama_port=0)
+    yield running
+    running.stop()
+
+
+def ask(served, messages=PARIS, max_tokens=64, **extra):
+    return served.client.chat.completions.create(
+        model="default", messages=messages, tools=TOOLS, temperature=0, max_tokens=max_tokens,
+        **extra)
+
+
+def a_weather_call(name: str, arguments: dict) -> None:
+    """Checked by hand against WEATHER's schema."""
+    assert name == "get_weather"
+    assert set(arguments) == {"city", "unit"} and isinstance(arguments["city"], str)
+    assert len(arguments["city"]) <= 40 and arguments["unit"] in ("celsius", "fahrenheit")
+
+
+def test_a_call_asked_for_parses_and_matches_its_schema(served):
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for choice in ("required", named):
+        done = ask(served, tool_choice=choice)
+        (choice_,) = done.choices
+        assert choice_.finish_reason == "tool_calls" and choice_.message.content is None
+        (call,) = choice_.message.tool_calls
+        assert call.id.startswith("call_") and call.type == "function"
+        a_weather_call(call.function.name, json.loads(call.function.arguments))
+    # Another tool named: its own schema, whatever the question.
+    done = ask(served, tool_choice={"type": "function", "function": {"name": "add"}})
+    (call,) = done.choices[0].message.tool_calls
+    arguments = json.loads(call.function.arguments)
+    assert call.function.name == "add" and set(arguments) == {"a", "b"}
+    assert all(isinstance(v, int) for v in arguments.values())
+
+
+def test_parallel_calls_are_each_whole_and_distinct(served):
+    done = ask(served, tool_choice="required", parallel_tool_calls=True)
+    calls = done.choices[0].message.tool_calls
+    assert 1 <= len(calls) <= 8 and len({c.id for c in calls}) == len(calls)
+    assert len({(c.function.name, c.function.arguments) for c in calls}) == len(calls)
+    for call in calls:
+        if call.function.name == "get_weather":
+            a_weather_call(call.function.name, json.loads(call.function.arguments))
+
+
+def test_auto_answers_a_question_needing_no_tool_in_text(served):
+    done = ask(served, [{"role": "user", "content": "What is 2+2?"}], tool_choice="auto")
+    (choice,) = done.choices
+    assert choice.finish_reason == "stop" and not choice.message.tool_calls
+    assert "4" in choice.message.content and MARKER not in choice.message.content
+    streamed = list(ask(served, [{"role": "user", "content": "What is 2+2?"}], stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == \
+        choice.message.content
+    assert streamed[-1].choices[0].finish_reason == "stop"
+
+
+def test_a_streamed_call_comes_in_openais_delta_shape(served):
+    chunks = list(ask(served, tool_choice="required", stream=True))
+    deltas = [c.choices[0].delta for c in chunks]
+    assert not "".join(d.content or "" for d in deltas)  # the call's text is never content
+    calls = [d.tool_calls[0] for d in deltas if d.tool_calls]
+    assert calls[0].id.startswith("call_") and calls[0].function.name == "get_weather"
+    assert calls[0].function.arguments == "" and all(c.index == 0 for c in calls)
+    a_weather_call("get_weather", json.loads("".join(c.function.arguments for c in calls)))
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    whole = ask(served, tool_choice="required").choices[0].message.tool_calls[0]
+    assert whole.function.arguments == "".join(c.function.arguments for c in calls)
+
+
+def test_a_tools_result_goes_back_through_the_prompt_cache(served):
+    first = ask(served, tool_choice="required")
+    message = first.choices[0].message
+    result = {"role": "tool", "tool_call_id": message.tool_calls[0].id,
+              "content": json.dumps({"temperature": 18, "sky": "cloudy"})}
+    second = ask(served, [*PARIS, message.model_dump(exclude_none=True), result])
+    (choice,) = second.choices
+    assert choice.message.content or choice.message.tool_calls  # (the model chooses)
+    # The call's turn is written back as the model wrote it: the whole first request comes
+    # back from the store, and the call's tokens up to where the model, held to the grammar,
+    # split its text otherwise than the tokenizer does.
+    assert second.usage.prompt_tokens_details.cached_tokens > first.usage.prompt_tokens
+
+
+def test_the_same_tools_again_reuse_their_prefix(served):
+    ask(served, [{"role": "user", "content": "Hello there."}], max_tokens=4)
+    again = ask(served, [{"role": "user", "content": "Is it cold in Oslo?"}], max_tokens=4)
+    section = len(offer_of(TOOLS).section()) // 6  # (a token is about 4 characters of JSON)
+    assert again.usage.prompt_tokens_details.cached_tokens > section
+
+
+def test_bad_tools_are_400s_naming_the_field(served):
+    user = [{"role": "user", "content": "hi"}]
+    cases = [({"tools": [{"type": "function", "function": {"description": "x"}}]},
+              "tools.0.function.name"),
+             ({"tools": [{"type": "function", "function": {"name": "a b"}}]},
+              "tools.0.function.name"),
+             ({"tools": [{"type": "function"}]}, "tools.0.function"),
+             ({"tools": [{"type": "web_search"}]}, "tools.0.type"),
+             ({"tools": [WEATHER, WEATHER]}, "tools"),
+             ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+                 "type": "array"}}}]}, "tools.0.function.parameters"),
+             ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+                 "type": "object", "properties": {"a": {"$ref": "https://x.org/s"}}}}}]},
+              "tools.0.function.parameters"),
+             ({"tools": TOOLS, "tool_choice": {"type": "function",
+                                               "function": {"name": "nope"}}},
+              "tool_choice.function.name"),
+             ({"tools": TOOLS, "tool_choice": "always"}, "tool_choice"),
+             ({"tool_choice": "required"}, "tool_choice"),
+             ({"tools": TOOLS, "response_format": {"type": "json_object"}}, "response_format"),
+             ({"messages": [*user, {"role": "assistant", "tool_calls": [
+                 {"id": "c", "function": {"arguments": "{}"}}]}, *user]},
+              "messages.1.tool_calls.0.function.name"),
+             ({"messages": [*user, {"role": "assistant", "tool_calls": [
+                 {"id": "c", "function": {"name": "f", "arguments": "{oops"}}]}, *user]},
+              "messages.1.tool_calls.0.function.arguments"),
+             ({"messages": [*user, {"role": "tool", "tool_call_id": "c"}]},
+              "messages.1.content")]
+    for fields, param in cases:
+        r = httpx.post(f"{served.url}/v1/chat/completions", trust_env=False, timeout=60,
+                       json={"model": "default", "messages": user, **fields})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (fields, r.text)
+        assert r.json()["error"]["message"].startswith(param) and "Traceback" not in r.text
+    # The Responses API has no tools yet, and says where they are.
+    with pytest.raises(openai.BadRequestError, match="/v1/chat/completions"):
+        served.client.responses.create(model="default", input="hi", tools=[
+            {"type": "function", "name": "f", "parameters": {"type": "object"}}])
