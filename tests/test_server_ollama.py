@@ -54,7 +54,8 @@ def test_list_show_and_ps_with_the_ollama_client(client, served):
     assert model.details.format == "gguf" and model.details.family == "llama"
     assert model.details.parameter_size == "135M" and model.details.quantization_level
     shown = client.show("default")
-    assert shown.capabilities == ["completion"]  # SmolLM2 has no fill-in-the-middle tokens
+    # (SmolLM2 has no fill-in-the-middle tokens; tools: test_server_tools)
+    assert shown.capabilities == ["completion", "tools"]
     assert shown.modelinfo["llama.context_length"] == 8192
     assert "temperature" in shown.parameters and "FROM " in shown.modelfile
     assert "<|im_start|>" in shown.template  # the file's own (ChatML)
@@ -248,8 +249,8 @@ def test_ollamas_errors(client, served):
              (lambda: client.chat(model="default", messages=[{"role": "user", "content": "x"}],
                                   format={"type": "nosuch"}), 400, "format: .*Unrecognized"),
              (lambda: client.chat(model="default", messages=[{"role": "user", "content": "x"}],
-                                  tools=[{"type": "function", "function": {"name": "f"}}]),
-              400, "'default' does not support tools"),  # Ollama's words: clients retry
+                                  tools=[{"type": "function", "function": {"name": "a b"}}]),
+              400, "tools.0.function.name"),
              (lambda: client.generate(model="default", prompt="x", context=[1, 2]),
               400, "send the conversation to /api/chat"),
              (lambda: client.generate(model="default", prompt="def f(", suffix="  return 1"),

@@ -2,18 +2,20 @@
 no tool syntax): with the official `openai` client, a call asked for ("required", or a tool
 named) parses and matches its tool's schema, streamed in OpenAI's delta shape too; "auto"
 answers a question that needs no tool in text; a tool's result sent back answers from the
-prompt cache, the call's turn reused; bad tools are 400s naming the field. (The grammar
-itself, token by token: tests/test_tools.py.)"""
+prompt cache, the call's turn reused; the `ollama` client gets Ollama's shapes; bad tools are
+400s naming the field. (The grammar itself, token by token: tests/test_tools.py.)"""
 
 from __future__ import annotations
 
 import json
 
 import httpx
+import ollama
 import openai
 import pytest
 
-from desktop_app.tools import MARKER, offer_of
+from desktop_app.server import ollama_shapes as sh
+from desktop_app.tools import MARKER, Answer, Call, offer_of
 from tests.test_server import Running
 from tests.test_tools import TOOLS, WEATHER
 
@@ -114,6 +116,32 @@ def test_the_same_tools_again_reuse_their_prefix(served):
     assert again.usage.prompt_tokens_details.cached_tokens > section
 
 
+def test_the_ollama_client_gets_ollamas_shapes(served):
+    client = ollama.Client(host=served.server.ollama_url)
+    assert client.show("default").capabilities == ["completion", "tools"]
+    history = [*PARIS, {"role": "assistant", "content": "", "tool_calls": [
+        {"function": {"name": "get_weather", "arguments": {"city": "Paris",
+                                                            "unit": "celsius"}}}]},
+        {"role": "tool", "tool_name": "get_weather", "content": "18 C, cloudy"}]
+    for stream in (False, True):
+        parts = client.chat(model="default", messages=history, tools=TOOLS, stream=stream,
+                            options={"temperature": 0, "num_predict": 48})
+        parts = list(parts) if stream else [parts]
+        assert parts[-1].done and parts[-1].done_reason in ("stop", "length")
+        text = "".join(p.message.content or "" for p in parts)
+        calls = [c for p in parts for c in p.message.tool_calls or []]
+        assert MARKER not in text and (text or calls)
+        for call in calls:  # (the model chooses; a call is held to the schema)
+            assert isinstance(call.function.arguments, dict)
+            if call.function.name == "get_weather":
+                a_weather_call(call.function.name, dict(call.function.arguments))
+    # An answer of calls, as the client's own model of Ollama's reply reads it.
+    said = Answer(None, (Call("call_1", "add", '{"a": 1, "b": 2}'),))
+    reply = ollama.ChatResponse.model_validate(sh.calls_piece("default", said, done=True))
+    assert reply.message.content == "" and reply.message.tool_calls[0].function.name == "add"
+    assert reply.message.tool_calls[0].function.arguments == {"a": 1, "b": 2}
+
+
 def test_bad_tools_are_400s_naming_the_field(served):
     user = [{"role": "user", "content": "hi"}]
     cases = [({"tools": [{"type": "function", "function": {"description": "x"}}]},
@@ -147,6 +175,12 @@ def test_bad_tools_are_400s_naming_the_field(served):
                        json={"model": "default", "messages": user, **fields})
         assert r.status_code == 400 and r.json()["error"]["param"] == param, (fields, r.text)
         assert r.json()["error"]["message"].startswith(param) and "Traceback" not in r.text
+    for fields, words in (({"tools": [{"function": {"name": "f", "parameters": []}}]},
+                           "tools.0.function.parameters"),
+                          ({"tools": TOOLS, "format": "json"}, "format")):
+        r = httpx.post(f"{served.url}/api/chat", trust_env=False, timeout=60,
+                       json={"model": "default", "messages": user, **fields})
+        assert r.status_code == 400 and r.json()["error"].startswith(words), r.text
     # The Responses API has no tools yet, and says where they are.
     with pytest.raises(openai.BadRequestError, match="/v1/chat/completions"):
         served.client.responses.create(model="default", input="hi", tools=[

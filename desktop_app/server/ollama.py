@@ -11,7 +11,8 @@ JS clients, Open WebUI's Ollama mode, editor and notes plugins.
                                               streams (JSON lines) unless "stream": false;
                                               longer than the context, its oldest messages
                                               left out, as Ollama leaves them, with room
-                                              left for the answer (`fitted`)
+                                              left for the answer (`fitted`); tools
+                                              offered, calls answered (`desktop_app.tools`)
     POST /api/generate                        a prompt: through the chat template (with
                                               `system`), as it is (`raw`), or filled in
                                               between (`suffix`, where the model can)
@@ -46,6 +47,7 @@ from ..app import App
 from ..chat.completions import RawPrompt
 from ..errors import ContextFullError
 from ..results import Completion
+from ..tools import Offer, Watch, read
 from . import bridge, embeddings, streams
 from . import ollama_shapes as sh
 from .failures import ApiError, cut_short, error_of, finished, refuse_cut
@@ -129,20 +131,21 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
                 "parameters": parameters, "details": details(), "model_info": info,
                 # the Jinja template kvdesk renders chats with: the file's own, if it has one
                 "template": engine.runtime.chat_template.template,
-                "capabilities": ["completion", *(["insert"] if engine.runtime.fim_tokens
-                                                 else [])],
+                "capabilities": ["completion", "tools",
+                                 *(["insert"] if engine.runtime.fim_tokens else [])],
                 "modified_at": sh.timestamp(Path(app.model_path).stat().st_mtime)}
 
     @api.post("/api/chat")
     async def chat(body: sh.ChatRequest, request: Request):
         await check_model(body.model, documents=True)
-        messages = body.conversation()
-        options = served.answering(body.model, body.engine_options())
+        offer = body.offer()
+        messages = body.conversation(offer)
+        options = served.answering(body.model, body.engine_options(offer))
         if not messages:
             return sh.loaded(body.model, True, body.unloading())
         return await answer(request, body, lambda **kw: fitted(
             lambda msgs, room: app.engine.complete(msgs, leave_room=room, **options, **kw),
-            messages), sh.chat_piece)
+            messages), sh.chat_piece, offer)
 
     @api.post("/api/generate")
     async def generate(body: sh.GenerateRequest, request: Request):
@@ -160,8 +163,10 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
             prompt, **options, **kw), sh.generate_piece)
 
     async def answer(request: Request, body, call: Callable[..., Completion],
-                     piece: Callable[..., dict]):
-        """The answer as one object, or streamed as JSON lines ending with the counts."""
+                     piece: Callable[..., dict], offer: Offer | None = None):
+        """The answer as one object, or streamed as JSON lines ending with the counts; with
+        tools offered, an answer of calls as Ollama gives them (`tools.read`), the text of
+        a call never streamed as text (`tools.Watch`)."""
         started, model = time.perf_counter(), body.model
         taken = [started]  # when the engine took it, after the requests queued before it
 
@@ -172,22 +177,34 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
             done = await bridge.call(request, stopping, lambda cancel: call(cancel=cancel,
                                                                             on_start=take))
             refuse_cut(done)
-            return {**piece(model, done.text, done=True), **sh.final(done, started, taken[0])}
+            said = read(offer, done.text) if offer else None
+            first = sh.calls_piece(model, said, done=True) if said and said.calls else \
+                piece(model, done.text, done=True)
+            return {**first, **sh.final(done, started, taken[0])}
 
         def last(d: Completion) -> list[dict]:
             # Ollama has no done_reason for an answer cut short: an error line, so that a
             # client does not keep it as a finished answer.
             if not finished(d):
                 return [sh.error(cut_short())]
-            return [{**piece(model, "", done=True), **sh.final(d, started, taken[0])}]
+            said = read(offer, d.text) if offer else None
+            rest = watches[0].finish(d.text, said)
+            return [*([piece(model, rest)] if rest else []),
+                    *([sh.calls_piece(model, said)] if said and said.calls else []),
+                    {**piece(model, "", done=True), **sh.final(d, started, taken[0])}]
 
         def begin(emit) -> None:
             take()
             emit(bridge.READY)
 
+        watches: list[Watch] = []  # the answer's, passing its text on (`emit`) as it can
+
+        def work(emit, cancel):
+            watches.append(Watch(offer, emit))
+            return call(cancel=cancel, on_token=watches[0].feed, on_start=lambda: begin(emit))
+
         return streams.ndjson(await streams.objects(
-            request, stopping, lambda emit, cancel: call(
-                cancel=cancel, on_token=emit, on_start=lambda: begin(emit)),
+            request, stopping, work,
             piece=lambda text: piece(model, text), done=last,
             error=lambda e: sh.error(error_of(e)[1]["error"]["message"])))
 

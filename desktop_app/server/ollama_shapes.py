@@ -8,8 +8,11 @@ tell Ollama's runner how to use the hardware (`num_gpu`, `num_thread`, `use_mmap
 accepted and have nothing to do here; `num_ctx` is accepted, the server's context size holding
 (`kvdesk --n-ctx N serve`); a sampler kvdesk does not have (`mirostat`, `typical_p`, `tfs_z`) is
 accepted only at the value that turns it off, and any other option is refused by name, as are
-images, tools and thinking. `format` ("json", or a JSON schema) holds the answer to a grammar
-(`llamacalls.AnswerFormat`), a schema that cannot be one refused by name. kvdesk's own `kvdesk`
+images and thinking. `format` ("json", or a JSON schema) holds the answer to a grammar
+(`llamacalls.AnswerFormat`), a schema that cannot be one refused by name. `tools` are offered
+as on OpenAI's chat completions (`desktop_app.tools`, the choice "auto": Ollama has no other),
+a history's tool calls and `tool` messages written into the model's turns, and an answer's
+calls given as Ollama gives them (`tool_calls`, the arguments an object). kvdesk's own `kvdesk`
 field (documents to answer from, the restore level and budget) is read as on OpenAI's
 routes. Answers are Ollama's objects: a streamed answer is JSON lines, each piece `"done":
 false`, the last `"done": true` with `done_reason`, the durations in nanoseconds and the token
@@ -31,6 +34,7 @@ from ..model import llamacalls
 from ..model.llamacalls import AnswerFormat
 from ..options import GenerationOptions
 from ..results import Completion
+from ..tools import Answer, Offer, offer_of, written
 from ..validation import InvalidValue, RequestValues, null_is_default, parse
 from . import schemas as s
 
@@ -69,14 +73,15 @@ class Message(RequestValues):
     content: str | None = ""
     images: list[str] | None = None
     tool_calls: list[Any] | None = None
+    tool_name: str | None = None  # the tool a `tool` message's result is of
 
     def checked(self, where: str) -> dict:
+        """The message for `tools.written`."""
         if self.images:
             raise InvalidValue(f"{where}.images", NO_IMAGES)
-        if self.role == "tool" or self.tool_calls:
-            raise InvalidValue(where, "tool messages are not supported: kvdesk answers text "
-                                      "only")
-        return {"role": self.role, "content": self.content or ""}
+        return {"role": self.role, "content": self.content or "",
+                **({"tool_calls": self.tool_calls} if self.tool_calls else {}),
+                **({"tool_name": self.tool_name} if self.tool_name else {})}
 
 
 class _Request(RequestValues):
@@ -92,9 +97,15 @@ class _Request(RequestValues):
     # kvdesk's own field, as on OpenAI's routes: documents to answer from, how to restore.
     kvdesk: s.KvdeskOptions = pydantic.Field(default_factory=s.KvdeskOptions)
 
-    def engine_options(self) -> dict:
-        """What the engine's `complete` takes besides the prompt (`KvdeskOptions`)."""
-        return self.kvdesk.engine_options(*self.generation(), self.answer_format())
+    def engine_options(self, offer: Offer | None = None) -> dict:
+        """What the engine's `complete` takes besides the prompt (`KvdeskOptions`), held to
+        the tool calls' grammar where tools are offered."""
+        held = self.answer_format()
+        if offer is not None and held is not None:
+            raise InvalidValue("format", "a format and tools cannot hold one answer together: "
+                               "leave out one or the other")
+        return self.kvdesk.engine_options(*self.generation(),
+                                          offer.answer_format() if offer else held)
 
     def answer_format(self) -> AnswerFormat | None:
         """`format`'s grammar: "json" any JSON object (as Ollama's), else what the schema
@@ -150,13 +161,16 @@ class ChatRequest(_Request):
     messages: list[Message] = pydantic.Field(default_factory=list)
     tools: list[Any] | None = None
 
-    def conversation(self) -> list[dict]:
+    def offer(self) -> Offer | None:
+        """The tools offered, checked (`tools.offer_of`), or None."""
+        return offer_of(self.tools)
+
+    def conversation(self, offer: Offer | None) -> list[dict]:
+        """The messages as the model reads them: tool calls and results written as text,
+        the tools told in the system prompt."""
         self.check_supported()
-        if self.tools:  # (Ollama's own words for a model without tools: clients that
-            # read them, /api/show's capabilities lacking "tools" too, ask again without)
-            raise InvalidValue("tools", f"{self.model!r} does not support tools: kvdesk "
-                               "answers text only")
-        return [m.checked(f"messages.{i}") for i, m in enumerate(self.messages)]
+        messages = written([m.checked(f"messages.{i}") for i, m in enumerate(self.messages)])
+        return offer.messages(messages) if offer is not None and messages else messages
 
 
 class GenerateRequest(_Request):
@@ -231,6 +245,16 @@ def stamped(model: str, **fields) -> dict:
 
 def chat_piece(model: str, text: str, *, done: bool = False) -> dict:
     return stamped(model, message={"role": "assistant", "content": text}, done=done)
+
+
+def calls_piece(model: str, answer: Answer, *, done: bool = False) -> dict:
+    """An answer's tool calls as Ollama gives them: each function's name and its arguments
+    as an object (`content` empty)."""
+    piece = chat_piece(model, "", done=done)
+    piece["message"]["tool_calls"] = [
+        {"function": {"index": i, "name": call.name, "arguments": call.parsed()}}
+        for i, call in enumerate(answer.calls)]
+    return piece
 
 
 def generate_piece(model: str, text: str, *, done: bool = False) -> dict:
