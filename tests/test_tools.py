@@ -108,3 +108,28 @@ def test_a_streamed_answer_is_held_back_only_while_it_may_be_a_call():
         watch.feed(piece)
     assert sent == [] and watch.finish("<tool_call>{\"name\"", read(
         offer_of(TOOLS), "<tool_call>{\"name\"")) == "<tool_call>{\"name\""  # cut: as text
+
+
+def test_schemas_agents_send_become_one_grammar(runtime):
+    """Nested objects, arrays, local `$defs` (LangChain's and LlamaIndex's pydantic models
+    give them, the same names in two tools), no parameters at all, any object."""
+    def tool(name, parameters):
+        return {"type": "function", "function": {"name": name, "parameters": parameters}}
+    place = {"$defs": {"Place": {"type": "object", "properties": {
+        "city": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}}},
+        "required": ["city"]}}, "type": "object",
+        "properties": {"place": {"$ref": "#/$defs/Place"}}, "required": ["place"]}
+    other = {**place, "$defs": {"Place": {"type": "object", "properties": {
+        "zip": {"type": "integer"}}, "required": ["zip"]}}}
+    tools = [tool("locate", place), tool("post", other), tool("now", None),
+             {"type": "function", "function": {"name": "anything",
+                                               "parameters": {"type": "object"}}}]
+    grammar = offer_of(tools, "auto", True).answer_format().grammar
+    assert llamacalls.grammar_parses(runtime.llm._model.vocab, grammar)
+    call = '<tool_call>{"name": "%s", "arguments": %s}</tool_call>'
+    assert admits(runtime, grammar, call % ("locate", '{"place": {"city": "Oslo", "tags": '
+                                                      '["north"]}}'))
+    assert admits(runtime, grammar, call % ("post", '{"place": {"zip": 1234}}'))
+    assert not admits(runtime, grammar, call % ("post", '{"place": {"city": "Oslo"}}'))
+    assert admits(runtime, grammar, call % ("now", "{}"))
+    assert admits(runtime, grammar, call % ("anything", '{"x": [1, {"y": null}]}'))

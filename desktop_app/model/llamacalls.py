@@ -180,14 +180,31 @@ def schema_rules(schemas: Sequence[tuple[str, Any, str]]) -> str:
     """GBNF rules for several JSON schemas in one grammar, each (rule name, schema, field)'s
     values under its rule name and no root: for a grammar whose own root puts them in place
     (a tool call's arguments: `desktop_app.tools`). Refused by field as `json_schema`."""
-    converter = llama_grammar.SchemaConverter(prop_order={}, allow_fetch=False, dotall=False,
-                                              raw_pattern=False)
+    converter = _Converter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
     for name, schema, field in schemas:
         if not isinstance(schema, dict):
             raise InvalidValue(field, f"a JSON schema is an object (got {_kind(schema)})")
         with _converting(field):
-            converter.visit(converter.resolve_refs(schema, field), name)
+            converter.prefix = name
+            # (a copy: the converter writes its own names into the `$ref`s it resolves)
+            converter.visit(converter.resolve_refs(json.loads(json.dumps(schema)), field), name)
     return converter.format_grammar()
+
+
+class _Converter(llama_grammar.SchemaConverter):
+    """The converter with each schema's `$ref` rules named after its own rule (`prefix`): its
+    own names one by the ref's last part alone, so two schemas' `$defs` of one name (pydantic
+    models' `Place`, in two tools) would both get the first's rule."""
+
+    prefix = ""
+
+    def _resolve_ref(self, ref: str) -> str:  # (as the converter's own, but for the name)
+        name = f"{self.prefix}-{ref.split('/')[-1]}"
+        if name not in self._rules and ref not in self._refs_being_resolved:
+            self._refs_being_resolved.add(ref)
+            name = self.visit(self._refs[ref], name)
+            self._refs_being_resolved.remove(ref)
+        return name
 
 
 @contextlib.contextmanager
