@@ -71,6 +71,16 @@ def test_parallel_calls_are_each_whole_and_distinct(served):
             a_weather_call(call.function.name, json.loads(call.function.arguments))
 
 
+def test_a_call_cut_at_its_limit_comes_back_as_text_saying_length(served):
+    done = ask(served, tool_choice="required", max_tokens=8)
+    (choice,) = done.choices
+    assert choice.finish_reason == "length" and not choice.message.tool_calls
+    assert choice.message.content.startswith(MARKER)
+    chunks = list(ask(served, tool_choice="required", max_tokens=8, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == choice.message.content
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
 def test_auto_answers_a_question_needing_no_tool_in_text(served):
     done = ask(served, [{"role": "user", "content": "What is 2+2?"}], tool_choice="auto")
     (choice,) = done.choices
