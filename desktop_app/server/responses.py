@@ -17,8 +17,9 @@ comes back, only the new input is computed. The documents a response was answere
 are kept with it: a response continuing it reads them again unless its own `kvdesk` field
 names others (`"documents": []`: none). `store: false` keeps nothing. The newest `KEEP`
 responses are kept. `text.format` holds the answer to JSON or a JSON schema, as
-`response_format` does on chat completions. Tools (but with tool_choice "none": unused, as
-on chat completions), reasoning, images and files are refused by name.
+`response_format` does on chat completions. Tools are refused by name, saying they are
+answered on chat completions and Ollama's /api/chat (but with tool_choice "none": unused, as
+on chat completions), and so are reasoning, images and files.
 
 Routes only translate, as in `api`: the engine does the work.
 """
