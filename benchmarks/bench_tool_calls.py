@@ -10,8 +10,9 @@ the model holds): a plain answer (the same prompt, no grammar), a call held to t
 (`tool_choice` "required") and "auto" (a call or text), greedy, at most `--tokens` tokens.
 Time to first token is the engine's (`Completion.ttft_s`); tokens/s counts the answer's
 tokens after the first over the time after it. Then "auto" on questions that need a tool and
-questions that need none: which it answered with a call. Prints one JSON document with the
-load average and the CPU.
+questions that need none: which it answered with a call; and after a call ("required") and
+its result sent back as a `tool` message: whether "auto" answers in text or calls again.
+Prints one JSON document with the load average and the CPU.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ CALLING = ["What is the weather in Paris?", "Is it raining in London right now?"
            "How cold is it in Oslo today, in celsius?", "What is 1234 plus 4321?",
            "Add 17 and 25.", "Tell me the weather in Tokyo.",
            "Use the add tool on 3 and 4.", "Call get_weather for Berlin."]
+RESULTS = {"get_weather": '{"temperature": 18, "sky": "cloudy"}', "add": '{"sum": 5555}'}
 PLAIN = ["Hi! How are you?", "Write a haiku about the sea.", "What is the capital of France?",
          "Tell me a joke.", "Who wrote Hamlet?", "Translate 'good morning' into French."]
 
@@ -66,7 +68,7 @@ def main() -> None:
     from desktop_app.app import App
     from desktop_app.options import GenerationOptions
     from desktop_app.settings import load
-    from desktop_app.tools import offer_of, read
+    from desktop_app.tools import offer_of, read, written
 
     before = os.getloadavg()
     app = App(load(), background=False)
@@ -110,10 +112,28 @@ def main() -> None:
                 "text": None if said.calls else done.text[:60]})
         chosen[group] = {"calls": sum(bool(a["call"]) for a in answers), "of": len(answers),
                          "answers": answers}
+    after = []
+    required = offer_of(TOOLS, "required")
+    for question in CALLING:
+        user = [{"role": "user", "content": question}]
+        done = eng.complete(required.messages(user), generation=generation,
+                            answer_format=modes["required"])
+        call = read(required, done.text).calls[0]
+        history = [*user, {"role": "assistant", "content": None, "tool_calls": [
+            {"id": call.id, "function": {"name": call.name, "arguments": call.arguments}}]},
+            {"role": "tool", "tool_call_id": call.id, "content": RESULTS[call.name]}]
+        done = eng.complete(offer.messages(written(history)), generation=generation,
+                            answer_format=modes["auto"])
+        said = read(offer, done.text)
+        after.append({"question": question, "called": f"{call.name}({call.arguments})",
+                      "then": [f"{c.name}({c.arguments})" for c in said.calls]
+                      or done.text[:60]})
     eng.close()
     print(json.dumps({"model": str(app.model_path.name), "cpu": cpu(),
                       "tokens": args.tokens, "summary": summary, "runs": runs,
-                      "auto_chooses": chosen,
+                      "auto_chooses": chosen, "after_a_result": {
+                          "text": sum(isinstance(a["then"], str) for a in after),
+                          "of": len(after), "answers": after},
                       "load_average": {"before": before, "after": os.getloadavg()}}, indent=2))
 
 
