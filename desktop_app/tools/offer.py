@@ -12,12 +12,12 @@ schema through llama.cpp's schema converter (`llamacalls.schema_rules`).
   else.
 - "auto": the model chooses with its first visible characters. An answer that begins with the
   marker is held to the calls; any other answer is free text that cannot begin with it. One
-  pass, no second request: llama.cpp's lazy grammar instead holds the answer from wherever the
-  marker appears (a call after a sentence of text), but it is fed the text from the marker on
-  inside llama.cpp, where a piece the grammar refuses aborts; here every token is checked by
-  the grammar before it is taken (`llamacalls.Held`), and a text answer runs at the plain
-  speed (its tokens pass the grammar's check alone). The one loss: an answer in text cannot
-  begin with `<tool_call>` (or, after spaces, with it).
+  pass, no second request. llama.cpp's server instead holds the answer lazily, from wherever
+  a trigger appears (a call after a sentence of text), its grammar then taking the text from
+  the trigger on in one piece, unchecked; here every token is checked by the grammar before
+  it is taken (`llamacalls.Held`), from the first, and a text answer runs at the plain speed
+  (its tokens pass the grammar's check alone). The cost: an answer in text cannot begin with
+  `<tool_call>` (nor, after spaces, with it), and a call never follows text.
 - "none": no tools (the server's routes leave them unshown).
 
 The section describing the tools depends on the tools alone, never on the choice or on
