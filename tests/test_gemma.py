@@ -430,7 +430,8 @@ def test_an_uncalibrated_sliding_window_model_reads_its_passages_as_text(tmp_pat
         assert res.answer and len(res.sources) == top_k
         assert not [e for e in eng.store.entries() if e.passage]
         assert not any("with no stored KV" in m for m in res.messages)
-        assert any("read as text until its codec is calibrated" in m for m in res.messages)
+        assert any("until its codec is calibrated" in m and "`kvdesk calibrate`" in m
+                   for m in res.messages)
     finally:
         eng.close()
         eng.store.close()

@@ -62,7 +62,7 @@ def test_restore_line_is_brief_and_counts_levels():
     fallback = RestoreReport(tokens=10, restore_s=0.01, bytes_read=0, recomputed_tokens=10,
                              chunk_levels=["text"], messages=["the cache was stale"],
                              recompute_s=0.5)
-    assert restore_line(fallback) == ("nothing restored; 10 computed in 500 ms; "
+    assert restore_line(fallback) == ("nothing restored; 10 computed in 500 ms\n"
                                       "the cache was stale")
     # a context partly restored: what came from the cache and what was computed, each timed
     partly = RestoreReport(tokens=1973, restore_s=0.09, bytes_read=1, recomputed_tokens=1770,
@@ -127,3 +127,19 @@ def test_a_count_is_written_with_its_noun_singular_or_plural():
 
     assert [counted(n, "token") for n in (0, 1, 2, 2048)] == [
         "0 tokens", "1 token", "2 tokens", "2,048 tokens"]
+
+
+def test_the_engines_notes_are_said_in_window_terms_each_on_its_own_line():
+    """The window showed two notes joined by "; " as one paragraph, with a backticked
+    `kvdesk calibrate` a window user cannot run (the probe's M4)."""
+    from ui.formatting import notes_text
+    report = RestoreReport(tokens=10, restore_s=0.01, bytes_read=0, recomputed_tokens=10,
+                           chunk_levels=["text"], recompute_s=0.5, messages=[
+                               "read as text until calibrated; calibrate it with "
+                               "`kvdesk calibrate` (a few minutes, once)",
+                               "fix it with `kvdesk verify --repair`"])
+    lines = restore_line(report).split("\n")
+    assert lines[1:] == ["read as text until calibrated; calibrate it with Tools ▸ Calibrate "
+                         "the codec for this model (a few minutes, once)",
+                         "fix it with kvdesk verify --repair"]
+    assert "`" not in notes_text(report.messages)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from desktop_app.options import RestoreOptions
 from desktop_app.results import AskResult
 
-from .formatting import answer_stats
+from .formatting import answer_stats, notes_text
 from .workers import Job
 
 
@@ -164,7 +164,7 @@ class AskingMixin:
                     {"sources": result.sources, "read_whole": result.read_whole})
                 self._clear_progress()
                 if result.messages:
-                    self._say("; ".join(result.messages))
+                    self._say(notes_text(result.messages))
             self.refresh_chats()
             self._generation_over(result)
 

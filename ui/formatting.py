@@ -40,6 +40,26 @@ def file_name(title: str, limit: int = 80) -> str:
     return name or "chat"
 
 
+# The engine's notes give their advice as CLI commands in backticks (the CLI, the local API
+# and the window show the same notes); the window names its own place for each command it
+# has one for, and shows the others without the backticks of a terminal's literal text.
+WINDOW_TERMS = {"kvdesk calibrate": "Tools ▸ Calibrate the codec for this model",
+                "kvdesk calibrate --force": "Tools ▸ Calibrate the codec for this model",
+                "kvdesk docs": "the Documents list", "kvdesk attach": "File ▸ Attach documents"}
+
+
+def in_window_terms(note: str) -> str:
+    """A note of the engine's with its CLI advice said in the window's terms: "calibrate it
+    with `kvdesk calibrate`" reads "calibrate it with Tools ▸ Calibrate the codec for this
+    model"."""
+    return re.sub(r"`([^`\n]+)`", lambda m: WINDOW_TERMS.get(m[1], m[1]), note)
+
+
+def notes_text(notes: list[str]) -> str:
+    """Several notes as the window shows them: each on a line of its own, in window terms."""
+    return "\n".join(in_window_terms(n) for n in notes if n)
+
+
 def restore_line(report: RestoreReport) -> str:
     """E.g. "restored 4,096 tokens in 120 ms — 16 chunks: 14 high, 2 balanced" (`restore_phrase`),
     whether the context is exact or blended, and the restore's notes."""
@@ -49,7 +69,7 @@ def restore_line(report: RestoreReport) -> str:
         line += " · exact context"
     elif blended.get("mode") == "blended":
         line += " · blended from the documents' caches (approximate; made exact in the background)"
-    return "; ".join([line, *report.messages])
+    return notes_text([line, *report.messages])
 
 
 def answer_stats(result: AskResult, generation_s: float) -> str:

@@ -17,7 +17,7 @@ from PySide6.QtWidgets import QFileDialog, QInputDialog, QMessageBox
 from desktop_app.results import AttachResult, Source, counted
 
 from .document_view import DocumentView
-from .formatting import attach_notices, file_name
+from .formatting import attach_notices, file_name, in_window_terms, notes_text
 
 
 class LibraryMixin:
@@ -64,10 +64,10 @@ class LibraryMixin:
             self.doc_list.remove_row(row)
             notices = attach_notices(result)
             self.statusBar().showMessage(
-                "; ".join(notices)
+                "; ".join(map(in_window_terms, notices))  # (one line: the status bar's)
                 or f"{result.title}: {counted(result.kept_tokens, 'token')} ready", 8000)
             if notices:
-                self._say("; ".join(notices))
+                self._say(notes_text(notices))
             if joins and self.chat_id is None:  # attached while starting a chat: it joins it
                 self._check_next.add(result.doc_id)
             self.refresh_documents()

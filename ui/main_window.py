@@ -41,7 +41,7 @@ from . import theme
 from .asking import Answering, AskingMixin
 from .chat_view import ChatView, PromptEdit
 from .codec_status import CodecMixin
-from .formatting import shortened
+from .formatting import in_window_terms, shortened
 from .icons import paperclip
 from .library_actions import LibraryMixin
 from .quality import QualitySlider
@@ -232,7 +232,7 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, CodecMixin, QMainWin
         if not text and self.engine is not None and self.engine.storage_problem:
             text, error = self.engine.storage_problem, True
         self.info.setStyleSheet(f"color: {self.colors.error}" if error else "")
-        self.info.setText(text)
+        self.info.setText(in_window_terms(text))  # (errors too may advise a command)
         self._progress_shown = False  # (a progress line says so after this)
 
     # -- engine and listings ----------------------------------------------------------------

@@ -38,7 +38,7 @@ from desktop_app.results import (
     size_text,
 )
 
-from .formatting import shortened
+from .formatting import in_window_terms, shortened
 
 GROUPS = ("Today", "Yesterday", "Previous 7 days", "Older")
 ID_ROLE = Qt.ItemDataRole.UserRole
@@ -219,7 +219,7 @@ class AttachRow(QFrame):
         what follows says nothing until the next phase) without one, its bar busy."""
         percent = int(100 * p.done / p.total) if p.total else 0
         if p.note:  # said at once (a document longer than the context), kept under the row
-            self._note = p.note
+            self._note = in_window_terms(p.note)
         measured = p.total > 1
         self.phase.setText(f"{PHASE_WORDS.get(p.phase, p.phase)}"
                            + (f" {percent}%" if measured else "…")

@@ -303,9 +303,10 @@ class Completions:
         first = s.bring_in(rt, None, tokens, options=restore, progress=None, chat=False,
                            cancel=cancel)
         kept, said = s.kv.keep_prefix(rt, tokens, s.decoded_until)
-        return first, said + ([f"its system prompt ({end:,} tokens) is stored on its own: a "
-                               "sliding-window model resumes only where a stored entry ends, "
-                               "and the next request with it resumes there"] if kept else [])
+        return first, said + ([f"its system prompt ({end:,} tokens) is now stored on its "
+                               "own, so the next request that starts with it skips computing "
+                               "it (this model picks up a stored cache only where one was "
+                               "saved)"] if kept else [])
 
     def _store(self, rt, turn: Turn, text: str, documents: Sequence[int]
                ) -> tuple[bool, list[str]]:

@@ -124,9 +124,10 @@ class PassageKV:
         ("passages", those done, all of them)."""
         if not self.kept(rt):
             return Ready([None] * len(passages), notes=[
-                "this model's passages are read as text until its codec is calibrated "
-                "(`kvdesk calibrate`, or the window or `kvdesk serve` after an attach): its "
-                "model-independent levels lose answers"])
+                "the passages were read from their text, not from a cache: this model keeps "
+                "none until its codec is calibrated (its uncalibrated levels lose answers), so "
+                "each question computes its passages again and its answer starts later; "
+                "calibrate it with `kvdesk calibrate` (a few minutes, once)"])
         ready, evicted = Ready([]), []
         # All found first: the question reads every one, so storing another evicts none.
         found = [self.entry(rt, text, touch=True) for _, text in passages]

@@ -307,9 +307,11 @@ class _Restore(_Reading):
         ends = resume_points(source, lay)
         if not ends or ends[0] < source.n_tokens:
             self.messages.append(
-                f"{source.n_tokens:,} tokens are stored, but a sliding-window model resumes "
-                "only where a stored entry ends (its window is kept there): "
-                + (f"restoring {ends[0]:,}" if ends else "none does within them"))
+                (f"only {ends[0]:,} of the {source.n_tokens:,} tokens" if ends else
+                 f"none of the {source.n_tokens:,} tokens")
+                + " stored for this context could be reused, since this model picks up a "
+                "stored cache only where one was saved; the rest are computed again, so the "
+                "answer starts later")
         if not ends:
             rt.reset()
             return 0
