@@ -35,7 +35,7 @@ import numpy as np
 from store import DEFAULT_CHUNK_SIZE, Document, RemoteTier, Store
 
 from .calibration import runs
-from .calibration.calibrations import Calibrations, summary
+from .calibration.calibrations import Calibrations, calibration_info
 from .chat.attaching import Attacher
 from .chat.completions import Completions, RawPrompt
 from .chat.exactness import Exactness, ExactNotes
@@ -183,7 +183,7 @@ class Engine(ExactNotes):
         """The loaded model's codec calibration, or None: its caches use model-independent
         levels until `calibrate` runs."""
         cal = self.calibrations.current(self.fingerprint)
-        return None if cal is None else _info(cal)
+        return None if cal is None else calibration_info(cal)
 
     def calibrate(self, *, progress: ProgressFn | None = None,
                   cancel: threading.Event | None = None) -> CalibrationInfo:
@@ -197,7 +197,7 @@ class Engine(ExactNotes):
                                       rt.fingerprint, progress=progress, cancel=cancel,
                                       pause=lambda: self.session.lock.wait_free(cancel))
             self.relevel(progress=progress, cancel=cancel)
-        return _info(cal)
+        return calibration_info(cal)
 
     def relevel(self, *, progress: ProgressFn | None = None,
                 cancel: threading.Event | None = None) -> dict:
@@ -234,6 +234,9 @@ class Engine(ExactNotes):
 
     def passage_notes(self) -> dict[int, str]:
         return self.passage_fill.notes()
+
+    def passages_as_text(self) -> bool:
+        return not self.passage_fill.kv.kept(self.runtime)
 
     def chats(self) -> list[ChatInfo]:
         return self.library.chats()
@@ -442,9 +445,3 @@ class Engine(ExactNotes):
         rt = self.runtime
         return self.prompter.chat(rt, [self.library.document(d) for d in doc_ids])[1]
 
-
-def _info(cal) -> CalibrationInfo:
-    s = summary(cal)
-    return CalibrationInfo(id=cal.id, model=s["model"] or "", created=cal.meta.get("created", 0.0),
-                           seconds=s["seconds"], variant=s["variant"], levels=s["levels"],
-                           targets=s["targets"])

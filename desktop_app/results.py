@@ -268,6 +268,12 @@ STATUS_WORDS = {
     "damaged": "cache unknown: the store's index of caches is damaged"}
 
 
+# A long document under a model that keeps no passage KV yet (`EngineAPI.passages_as_text`:
+# a sliding-window model, until its codec is calibrated); each front end adds how to calibrate.
+PASSAGES_AS_TEXT = ("no passage's KV is kept until this model's codec is calibrated: each "
+                    "question reads its passages as text, which is slower")
+
+
 @dataclass(frozen=True)
 class DocumentInfo(Record):
     doc_id: int

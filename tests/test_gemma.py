@@ -424,6 +424,7 @@ def test_an_uncalibrated_sliding_window_model_reads_its_passages_as_text(tmp_pat
     eng = make_engine(tmp_path / "data", gemma_path)  # passages at `balanced`, no calibration
     try:
         eng.session.longdocs.top_k = top_k
+        assert eng.passages_as_text()  # (what attach, `docs` and the window say: probe M5)
         doc = add_long_document(eng.store)
         res = eng.ask("When does the Saturday ferry leave, and what does the museum keep?",
                       doc_ids=[doc], generation=GenerationOptions(max_tokens=8, temperature=0))

@@ -163,6 +163,7 @@ def test_the_command_line_says_it_and_shows_passages(tmp_path):
     assert "passages" in proc.stdout and "Traceback" not in proc.stderr
     listed = kvdesk(data, "docs").stdout
     assert "passages (0 with their KV)" in listed and "none" not in listed
+    assert "read as text" not in listed + proc.stdout  # (this model keeps passage KV)
     found = kvdesk(data, "passages", "1", "--query", "boathouse spare key", "-k", "3", "--json")
     assert found.returncode == 0, found.stderr
     hits = json.loads(found.stdout)

@@ -1111,11 +1111,11 @@ def test_docs_says_when_the_storage_budget_stopped_the_passages_kv(capsys, tmp_p
     from desktop_app.cli.chat import docs
     from desktop_app.results import DocumentInfo
 
-    def app(usage):
+    def app(usage, as_text=False):
         info = DocumentInfo(1, "manual.txt", "text", 90_000, 0, {}, "passages", 0.0,
-                            passages=700, passages_cached=107)
+                            passages=700, passages_cached=0 if as_text else 107)
         return SimpleNamespace(data_dir=tmp_path, holds_store=True, engine=SimpleNamespace(
-            documents=lambda: [info], fingerprint="fp",
+            documents=lambda: [info], fingerprint="fp", passages_as_text=lambda: as_text,
             store=SimpleNamespace(usage_bytes=lambda: usage, budget_bytes=1000,
                                   usage_by_kind=lambda: {"fp": {"passages": usage}},
                                   data_dir=tmp_path)))
@@ -1127,6 +1127,10 @@ def test_docs_says_when_the_storage_budget_stopped_the_passages_kv(capsys, tmp_p
     assert "the storage budget (1.0 KB) is full" in out.err and "storage_budget_gb" in out.err
     docs.callback.__wrapped__(app(500), as_json=False)
     assert "storage budget" not in capsys.readouterr().err
+    # A model that keeps no passage KV until calibrated (Gemma 3): why 0 of 700 (probe M5)
+    docs.callback.__wrapped__(app(0, as_text=True), as_json=False)
+    assert ("700 passages (0 with their KV; read as text until this model is calibrated: "
+            "kvdesk calibrate)") in capsys.readouterr().out
 
 
 def test_a_follow_up_whose_passages_do_not_fit_reads_none_of_the_earlier_ones(make_engine):

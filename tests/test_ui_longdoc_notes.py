@@ -162,3 +162,29 @@ def test_what_a_background_exact_pass_evicted_is_said_in_the_status_bar_once(
         window.refresh_chats()
     assert window.statusBar().currentMessage() == f"S{note[1:]}."
     assert engine.exact_said == {}  # (taken: said once)
+
+
+def test_a_model_keeping_no_passage_kv_says_so_on_attach_and_on_the_rows(
+        qtbot, window, engine, tmp_path, monkeypatch):
+    """Gemma 3, uncalibrated, keeps no passage KV: the attach promised it in the background,
+    and the row stayed at "0 of 432 passages cached" with no reason (the probe's M5)."""
+    from desktop_app.results import PASSAGES_AS_TEXT
+
+    engine.as_text = True
+    plain = engine.attach
+    monkeypatch.setattr(engine, "attach",
+                        lambda *a, **k: replace(plain(*a, **k), passages=50))
+    path = tmp_path / "book.txt"
+    path.write_text("words " * 60)
+    with qtbot.waitSignal(window.attach_done, timeout=10000):
+        window.attach_files([str(path)])
+    said = window.info.text()
+    assert f"book.txt: {PASSAGES_AS_TEXT}" in said and "`" not in said, said
+    (doc_id, info), *_ = engine._docs.items()
+    engine._docs[doc_id] = replace(info, passages=432, passages_cached=0)
+    _refreshed(qtbot, window)
+    assert window.doc_list.list.item(0).text().endswith(
+        "0 of 432 passages cached\nread as text until the codec is calibrated")
+    engine.as_text = False  # calibrated: the reason goes
+    window.refresh_documents()
+    qtbot.waitUntil(lambda: "read as text" not in window.doc_list.list.item(0).text())

@@ -9,6 +9,7 @@ import re
 
 from desktop_app.results import (
     FINISH_WORDS,
+    PASSAGES_AS_TEXT,
     AskResult,
     AttachResult,
     CalibrationInfo,
@@ -99,6 +100,15 @@ def attach_notices(result: AttachResult) -> list[str]:
         notices.append(f"{result.title}: only the first {result.kept_tokens:,} of "
                        f"{result.tokens:,} tokens fit the context; the rest is left out")
     return notices
+
+
+def as_text_note(title: str, automatic: bool) -> str:
+    """What an attach says of a long document under a model that keeps no passage KV until
+    its codec is calibrated (`EngineAPI.passages_as_text`), and what the window does about
+    it: calibrates by itself after an attach (`automatic`: the setting), else where to."""
+    return f"{title}: {PASSAGES_AS_TEXT}; " + (
+        "the window calibrates it in the background now (a few minutes, once)" if automatic
+        else "Tools ▸ Calibrate the codec for this model (a few minutes, once)")
 
 
 def prep_line(state: PrepState) -> str:

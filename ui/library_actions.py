@@ -9,6 +9,7 @@ so the chat stays usable meanwhile; the rest run on the "misc" lane.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from PySide6.QtGui import QDragEnterEvent, QDropEvent
@@ -17,7 +18,7 @@ from PySide6.QtWidgets import QFileDialog, QInputDialog, QMessageBox
 from desktop_app.results import AttachResult, Source, counted
 
 from .document_view import DocumentView
-from .formatting import attach_notices, file_name, in_window_terms, notes_text
+from .formatting import as_text_note, attach_notices, file_name, in_window_terms, notes_text
 
 
 class LibraryMixin:
@@ -40,9 +41,17 @@ class LibraryMixin:
             self._attach(Path(path))
 
     def _attach(self, path: Path) -> None:
-        engine = self.engine
-        self._attach_job(path.name, lambda job: engine.attach(
-            str(path), progress=job.signals.progress.emit, cancel=job.cancel), joins=True)
+        engine, automatic = self.engine, self.settings.calibrate_automatically
+
+        def work(job) -> AttachResult:
+            result = engine.attach(str(path), progress=job.signals.progress.emit,
+                                   cancel=job.cancel)
+            if result.passages and engine.passages_as_text():  # (asked off the GUI thread)
+                result = replace(result, warnings=[*result.warnings,
+                                                   as_text_note(result.title, automatic)])
+            return result
+
+        self._attach_job(path.name, work, joins=True)
 
     def prefill_documents(self, doc_ids: list[int]) -> None:
         """Compute the documents' caches under the loaded model, in the background (after a

@@ -285,12 +285,12 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, CodecMixin, QMainWin
     def refresh_documents(self) -> None:
         engine = self.engine
         self.runner.start("misc", lambda job: (engine.documents(), engine.document_titles(),
-                                               engine.passage_notes()),
+                                               engine.passage_notes(), engine.passages_as_text()),
                           finished=self._show_documents, failed=lambda msg: self._say(msg, True))
 
-    def _show_documents(self, found: tuple[list[DocumentInfo], dict[int, str], dict[int, str]],
-                        ) -> None:
-        docs, titles, notes = found
+    def _show_documents(self, found: tuple[list[DocumentInfo], dict[int, str], dict[int, str],
+                                           bool]) -> None:
+        docs, titles, notes, as_text = found
         checked = self._ticks()
         if self.chat_id is None:
             checked = {*self.doc_list.checked_ids(), *self._check_next}
@@ -299,7 +299,7 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, CodecMixin, QMainWin
         self.documents = docs
         # (sources of deleted documents name them too, and offer no link into them)
         self.chat_view.set_doc_titles(titles, {d.doc_id for d in docs})
-        self.doc_list.set_documents(docs, checked, notes)
+        self.doc_list.set_documents(docs, checked, notes, as_text)
         self._say_stopped(docs, notes)
         stale = self._stale_documents()
         self.prefill_button.setText(f"Prefill {len(stale)} document{'s' * (len(stale) != 1)} "

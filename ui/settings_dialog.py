@@ -202,8 +202,10 @@ class SettingsDialog(QDialog):
         self.passages_background = QCheckBox(
             "Compute every passage's cache in the background after attaching",
             checked=settings.passages_in_background)
-        self.passages_background.setToolTip("Off: a passage's cache is computed the first "
-                                            "time a question retrieves it.")
+        self.passages_background.setToolTip(
+            "Off: a passage's cache is computed the first time a question retrieves it. A "
+            "sliding-window model (Gemma 3) keeps no passage's cache, in the background or "
+            "not, until its codec is calibrated (Tools ▸ Calibrate the codec for this model).")
         self.address = QLabel(wordWrap=True)
         self.address.setEnabled(False)
         self.port.valueChanged.connect(self._show_address)

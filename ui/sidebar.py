@@ -308,8 +308,9 @@ class DocumentList(QWidget):
         layout.addWidget(self.hint)
 
     def set_documents(self, docs: list[DocumentInfo], checked: set[int],
-                      stopped: dict[int, str] | None = None) -> None:
-        """`stopped`: why the background pass left a document's passages without their KV."""
+                      stopped: dict[int, str] | None = None, as_text: bool = False) -> None:
+        """`stopped`: why the background pass left a document's passages without their KV;
+        `as_text`: the model keeps none until its codec is calibrated (said on their rows)."""
         scrolled, current = self.list.verticalScrollBar().value(), self.list.currentRow()
         self.list.blockSignals(True)
         self.list.clear()
@@ -323,6 +324,8 @@ class DocumentList(QWidget):
                 status = f"{doc.passages_cached:,} of {doc.passages:,} passages cached"
                 if doc.passages_cached < doc.passages and (stopped or {}).get(doc.doc_id):
                     status += f" — stopped: {stopped[doc.doc_id]}"
+                if as_text:  # (0 of them, and no pass: why, on a line of its own)
+                    status += "\nread as text until the codec is calibrated"
             item = QListWidgetItem(f"{doc.title}\n{tokens} · {size_text(size)} · {status}")
             item.setData(ID_ROLE, doc.doc_id)
             item.setFlags(item.flags() | Qt.ItemFlag.ItemIsUserCheckable)

@@ -83,6 +83,7 @@ class FakeEngine:
         self._docs: dict[int, DocumentInfo] = {}
         self._deleted: dict[int, str] = {}  # titles of the documents deleted
         self.passage_stops: dict[int, str] = {}  # what passage_notes says (tests set it)
+        self.as_text = False  # what passages_as_text says (tests set it)
         self.exact_said: dict[int, list[str]] = {}  # what exact_notes says, once (tests set it)
         self._chats: dict[int, ChatInfo] = {}
         self._messages: dict[int, list[MessageInfo]] = {}
@@ -387,6 +388,9 @@ class FakeEngine:
 
     def passage_notes(self) -> dict[int, str]:
         return dict(self.passage_stops)
+
+    def passages_as_text(self) -> bool:
+        return self.as_text
 
     def exact_notes(self) -> dict[int, list[str]]:
         said, self.exact_said = self.exact_said, {}

@@ -18,6 +18,8 @@ import threading
 import codec
 import store as store_mod
 
+from ..results import CalibrationInfo
+
 
 def summary(cal: codec.Calibration) -> dict:
     """What the store lists about a calibration (its levels' bits and quality on the
@@ -28,6 +30,14 @@ def summary(cal: codec.Calibration) -> dict:
             "model": meta.get("model"), "targets": meta.get("targets", {}),
             "levels": {name: {k: row.get(k) for k in ("bits_per_element", "kld", "top1")}
                        for name, row in meta.get("levels", {}).items()}}
+
+
+def calibration_info(cal: codec.Calibration) -> CalibrationInfo:
+    """A calibration as the front ends are told of it."""
+    s = summary(cal)
+    return CalibrationInfo(id=cal.id, model=s["model"] or "", created=cal.meta.get("created", 0.0),
+                           seconds=s["seconds"], variant=s["variant"], levels=s["levels"],
+                           targets=s["targets"])
 
 
 def save(store: store_mod.Store, cal: codec.Calibration) -> str:

@@ -5,17 +5,22 @@ Each is a thin layer over `App.engine`; what a flow does is the engine's.
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 
 import click
 
 from ..app import App
-from ..errors import Cancelled, EngineError, is_user_error
-from ..options import AUTO, GenerationOptions, RestoreOptions
-from ..results import STATUS_WORDS, AttachFailure, Source, counted, restore_phrase, size_text
-from ..validation import InvalidValue
+from ..errors import Cancelled, is_user_error
+from ..results import (
+    PASSAGES_AS_TEXT,
+    STATUS_WORDS,
+    AttachFailure,
+    Source,
+    counted,
+    restore_phrase,
+    size_text,
+)
 from .base import (
     INTERRUPTED,
     TerminalProgress,
@@ -27,26 +32,14 @@ from .base import (
     level_list,
     no_server_option,
     only_reading,
-    option_name,
     print_json,
     say,
     say_served,
     server_client,
     stopped,
     summary,
-    values,
 )
-
-
-def known_levels(option: str, names: list[str], restoring: bool = False) -> None:
-    """Refuse level names that are no codec level, naming the option as typed, before any
-    work (the codec is imported for it: only where levels are named)."""
-    from ..kv.levels import check_levels
-
-    try:
-        check_levels(names, restoring=restoring)
-    except EngineError as e:
-        raise InvalidValue(option, str(e)) from None
+from .flags import generation_options, known_levels, restore_options
 
 
 @cli.command()
@@ -101,6 +94,9 @@ def attach(app: App, files: tuple[str, ...], levels: list[str] | None, no_server
                            + ("already kept" if res.reused else f"indexed in {res.encode_s:.1f} s")
                            + "); `kvdesk passages` shows what a question retrieves; "
                            + ("the server computes their KV in the background" if client else
+                              f"{PASSAGES_AS_TEXT} (`kvdesk calibrate`, a few minutes "
+                              "once; the window and `kvdesk serve` calibrate by themselves "
+                              "after an attach)" if app.engine.passages_as_text() else
                               "a passage's KV is computed when a question first reads it (the "
                               "window and `kvdesk serve` compute them all in the background)"))
             elif not as_json:
@@ -134,47 +130,6 @@ def codec_line(calibrations: set[str | None]) -> str:
         line += ("model-independent levels (this model is not calibrated yet: "
                  "`kvdesk calibrate`, a few minutes once)")
     return line
-
-
-def restore_options(f):
-    """--level, --budget-ms, --bandwidth-MBps and --no-cache, passed on as one `restore`."""
-    for opt in reversed([
-        click.option("--level", default="auto", show_default=True,
-                     callback=lambda ctx, param, value: value.lower(),  # (names: lower case)
-                     help="auto (adaptive per chunk) or a codec level to force."),
-        click.option("--budget-ms", type=float, help="Time budget for the restore."),
-        click.option("--bandwidth-MBps", "bandwidth_MBps", type=float,
-                     help="Read bandwidth to plan for and throttle to (a slow link)."),
-        click.option("--no-cache", is_flag=True, help="Recompute from text (the baseline)."),
-    ]):
-        f = opt(f)
-
-    @functools.wraps(f)
-    def wrapper(*args, level, budget_ms, bandwidth_MBps, no_cache, **kwargs):
-        restore = values(RestoreOptions, level=level, budget_ms=budget_ms,
-                         bandwidth_MBps=bandwidth_MBps, no_cache=no_cache)
-        if restore.level != AUTO:  # named as typed, as the API names kvdesk.level
-            known_levels("--level", [restore.level], restoring=True)
-        return f(*args, restore=restore, **kwargs)
-
-    return wrapper
-
-
-def generation_options(f):
-    """A flag for every field of GenerationOptions (--temperature, --top-k, --max-tokens...),
-    passed on as one `generation` holding only the flags given: the rest come from the
-    settings file, the model file or kvdesk's defaults (`kvdesk info` shows which)."""
-    fields = GenerationOptions.model_fields
-    for name, spec in reversed(fields.items()):
-        kind = int if spec.annotation == int | None else float
-        f = click.option(option_name(name), name, type=kind, help=spec.description)(f)
-
-    @functools.wraps(f)
-    def wrapper(*args, **kwargs):
-        given = {name: kwargs.pop(name) for name in fields}
-        return f(*args, generation=values(GenerationOptions, **given), **kwargs)
-
-    return wrapper
 
 
 @cli.command(context_settings={"ignore_unknown_options": False})
@@ -368,12 +323,14 @@ def docs(app: App, as_json: bool):
              "shared cache's)" if any(d.status == "none" for d in rows)
              and app.engine.sharing.auto_pull else ""}
     words = {k: v + hints.get(k, "") for k, v in STATUS_WORDS.items()}
+    as_text = any(d.passages for d in rows) and app.engine.passages_as_text()
     emit([d.as_dict() for d in rows], as_json, [
         f"[{d.doc_id}] {d.title} — {counted(d.tokens, 'token')}"
         + (f" ({d.kept_tokens:,} kept)" if d.status == "ready" and d.kept_tokens < d.tokens
            else "")
-        + (f", {d.passages:,} passages ({d.passages_cached:,} with their KV)"
-           if d.passages else "")
+        + (f", {d.passages:,} passages ({d.passages_cached:,} with their KV"
+           + ("; read as text until this model is calibrated: kvdesk calibrate" if as_text
+              else "") + ")" if d.passages else "")
         + ("" if d.status == "passages" else f", {words.get(d.status, d.status)}")
         + f", {sum(d.cache_bytes.values()) / 1e6:.1f} MB cached"
         + (f", {d.damaged_chunks} damaged chunks (kvdesk verify --repair)"
