@@ -43,3 +43,21 @@ def test_the_settings_dialog_is_narrower_than_the_window_and_its_notes_are_whole
         if field.isVisible() and not isinstance(field.parentWidget(), (QAbstractSpinBox,
                                                                        QComboBox)):
             assert field.height() >= field.sizeHint().height(), field.objectName()
+
+
+def test_the_settings_dialog_shrinks_and_scrolls_and_shows_a_model_path_by_its_name(qtbot):
+    """The probe's L5: the dialog would not shrink below 957x643, its model field showed
+    "dels/gemma-3-…gguf" (a path cut at the left), and its hint split `--api-key` in two."""
+    path = "/work/models/gemma-3-270m-q4_k_m.gguf"
+    dialog = SettingsDialog(Settings(model=path), codec_levels=CODEC_LINE)
+    qtbot.addWidget(dialog)
+    dialog.show()
+    qtbot.waitExposed(dialog)
+    assert dialog.model.currentText() == "gemma-3-270m-q4_k_m.gguf"
+    assert dialog.model.toolTip() == path and dialog.result_settings().model == path
+    dialog.model.setEditText("other.gguf")  # (typed: taken as typed)
+    assert dialog.result_settings().model == "other.gguf"
+    dialog.resize(640, 480)
+    qtbot.waitUntil(lambda: dialog.height() <= 480 and dialog.width() <= 640)
+    assert dialog.scroll.verticalScrollBar().maximum() > 0  # (the fields scroll)
+    assert dialog.address.text().endswith("\nkvdesk serve --host ... --api-key ...")

@@ -72,3 +72,16 @@ def test_an_unticked_document_shows_its_check_box_in_either_theme(qtbot, look):
         assert contrast(1) >= 60, "the unticked document's check box cannot be seen"
     finally:
         theme.apply(app, "light")
+
+
+def test_chats_of_the_same_long_title_are_told_apart_in_a_narrow_list(qtbot):
+    """Three chats read "Who is the release manager for versi…" alike (the probe's L5)."""
+    title = "Who is the release manager for version 9?"
+    chat_list = ChatList()
+    qtbot.addWidget(chat_list)
+    chat_list.set_chats([ChatInfo(n, title, [1], 2, 0.0, 0.0) for n in (3, 2, 1)], now=0.0)
+    assert chat_list.visible_titles() == {"Today": [f"{title} (3)", f"{title} (2)", title]}
+    metrics, mode = chat_list.tree.fontMetrics(), chat_list.tree.textElideMode()
+    width = metrics.horizontalAdvance(title) * 2 // 3  # (the sidebar's width cuts them)
+    shown = {metrics.elidedText(t, mode, width) for t in chat_list.visible_titles()["Today"]}
+    assert len(shown) == 3, shown

@@ -25,12 +25,13 @@ from PySide6.QtWidgets import (
     QDoubleSpinBox,
     QFileDialog,
     QFormLayout,
+    QFrame,
     QGroupBox,
     QHBoxLayout,
     QLabel,
-    QLayout,
     QLineEdit,
     QPushButton,
+    QScrollArea,
     QSpinBox,
     QVBoxLayout,
     QWidget,
@@ -138,7 +139,12 @@ class SettingsDialog(QDialog):
             item.setToolTip(describe(m))
             item.setEnabled(m.status in (SUPPORTED, UNTESTED))
         self.model.setCurrentIndex(-1)
-        self.model.setEditText(settings.model or "")
+        # A model file's path shows as its file name (a long path showed cut at the left),
+        # the whole path in the tooltip; OK keeps the path (`_model_text`).
+        self._model_path = settings.model if settings.model and Path(
+            settings.model).name != settings.model else None
+        self.model.setEditText(Path(self._model_path).name if self._model_path
+                               else settings.model or "")
         self.model_about = QLabel(wordWrap=True)
         self.model_about.setEnabled(False)
         self.model.currentTextChanged.connect(self._show_model)
@@ -287,26 +293,54 @@ class SettingsDialog(QDialog):
         columns = QHBoxLayout()
         columns.addLayout(general, 3)
         columns.addLayout(answers, 2)
+        # The fields scroll in a small window (the dialog would not shrink below 957x643);
+        # the note, an error and the buttons stay in view under them.
+        content = QWidget()
+        fields = QVBoxLayout(content)
+        fields.setContentsMargins(0, 0, 0, 0)
+        fields.addLayout(columns)
+        self.scroll = QScrollArea(widgetResizable=True, frameShape=QFrame.Shape.NoFrame)
+        self.scroll.setWidget(content)
         layout = QVBoxLayout(self)
-        layout.addLayout(columns)
+        layout.addWidget(self.scroll, 1)
         layout.addWidget(note)
         layout.addWidget(self.error)
         layout.addWidget(buttons)
-        self.setMinimumWidth(880)
-        # Wrapped labels need the height their wrapped lines take at this width, which a
-        # layout's first size hint does not know: without this their lines overlap.
-        layout.setSizeConstraint(QLayout.SizeConstraint.SetMinimumSize)
+        self._sized = False  # (opened as wide and tall as its fields, where the screen has room)
 
     def showEvent(self, event) -> None:
         super().showEvent(event)
+        if not self._sized:  # (first shown: then the user's size is kept)
+            self._sized = True
+            self.layout().activate()
+            frame = self.width() - self.scroll.viewport().width()
+            room = self.screen().availableGeometry().width() if self.screen() else 10**4
+            self.resize(min(self.scroll.widget().minimumSizeHint().width() + frame, room - 40),
+                        self.height())
         self._fit_height()
 
     def _fit_height(self) -> None:
-        """As tall as the wrapped labels' lines at this width: the minimum size the layout
-        sets counts one line each, and the rows then overlap or squeeze."""
+        """As tall as the fields with the wrapped labels' lines at this width (a layout's
+        first size hint counts one line each), where the screen has room: else they scroll."""
         self.layout().activate()
-        self.resize(self.width(), max(self.height(),
-                                      self.layout().totalHeightForWidth(self.width())))
+        self._fit_fields()
+        needed = self.scroll.widget().minimumHeight() + self.height() \
+            - self.scroll.viewport().height()
+        screen = self.screen().availableGeometry().height() if self.screen() else needed
+        self.resize(self.width(), max(self.height(), min(needed, screen - 40)))
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        self._fit_fields()
+
+    def _fit_fields(self) -> None:
+        """The fields as tall as their wrapped labels' lines at the width they get (the
+        scroll area gives them no less): squeezed, the rows overlap."""
+        content = self.scroll.widget()
+        width = max(self.scroll.viewport().width(), content.minimumSizeHint().width())
+        content.setMinimumHeight(content.layout().totalHeightForWidth(width))
+        content.resize(width, max(content.minimumHeight(), self.scroll.viewport().height()))
+        content.layout().activate()  # (now, not at the next event: shown so at once)
 
     @staticmethod
     def _with_browse(edit: QLineEdit, browse) -> QWidget:
@@ -333,6 +367,12 @@ class SettingsDialog(QDialog):
     def _folders(self) -> list[str]:
         return [f.strip() for f in self.folders.text().split(";") if f.strip()]
 
+    def _model_text(self) -> str:
+        """The model field's value: the path of a file shown by its name, else as typed."""
+        text = self.model.currentText().strip()
+        return self._model_path if self._model_path and text == Path(
+            self._model_path).name else text
+
     def _found(self, text: str) -> ModelFile | None:
         text = text.strip()
         if not text:
@@ -349,8 +389,9 @@ class SettingsDialog(QDialog):
         self.model.setEditText(self.model.itemData(index))
 
     def _show_model(self, text: str) -> None:
-        found = self._found(text)
+        found = self._found(self._model_text())
         self.model_about.setText(describe(found) if found else "")
+        self.model.setToolTip(found.path if found else self._model_text())
         if self.isVisible():
             self._fit_height()
 
@@ -361,15 +402,17 @@ class SettingsDialog(QDialog):
             self.data_dir.setText(path)
 
     def _show_address(self) -> None:
-        self.address.setText(f"http://127.0.0.1:{self.port.value()}/v1 — this computer only "
-                             "(`kvdesk serve --host ... --api-key ...` serves a network)")
+        # (the command on a line of its own: split at a line's end, an option such as
+        # --api-key read as two words)
+        self.address.setText(f"http://127.0.0.1:{self.port.value()}/v1 — this computer only; "
+                             "a network is served by\nkvdesk serve --host ... --api-key ...")
 
     def result_settings(self) -> Settings:
         """The edited settings, checked (raises InvalidValue naming the setting)."""
         # with_values, not with_overrides: an emptied field goes back to its default (None).
         default_prefix = Settings.model_fields["remote_prefix"].default
         return self._settings.with_values(
-            model=self.model.currentText().strip() or None,
+            model=self._model_text() or None,
             model_folders=tuple(self._folders()), n_ctx=self.n_ctx.context_size(),
             data_dir=self.data_dir.text().strip() or None,
             storage_budget_gb=self.budget.value(), theme=self.theme.currentData(),

@@ -73,6 +73,8 @@ class ChatList(QWidget):
         header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
         header.setSectionResizeMode(1, QHeaderView.ResizeMode.ResizeToContents)
         self.tree.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        # Chats asking alike start alike: a long title keeps its end (and its number) in view
+        self.tree.setTextElideMode(Qt.TextElideMode.ElideMiddle)
         # Said in place of the list while there is none to show (no model loaded)
         self.note = QLabel(wordWrap=True, enabled=False, visible=False)
         self.note.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
@@ -120,6 +122,7 @@ class ChatList(QWidget):
         now = self._now if self._now is not None else dt.datetime.now().timestamp()
         self.tree.clear()
         groups: dict[str, QTreeWidgetItem] = {}
+        shown = numbered(self._chats)
         for chat in self._chats:  # already most recent first
             if needle and needle not in chat.title.casefold():
                 continue
@@ -134,7 +137,7 @@ class ChatList(QWidget):
                 header.setFirstColumnSpanned(True)
                 groups[name] = header
             blended = chat.kv_mode == "blended"
-            item = QTreeWidgetItem([chat.title, BLENDED_MARK if blended else ""])
+            item = QTreeWidgetItem([shown[chat.chat_id], BLENDED_MARK if blended else ""])
             item.setData(0, ID_ROLE, chat.chat_id)
             item.setData(0, TITLE_ROLE, chat.title)
             mode = {"blended": f"\n{BLENDED_MARK} answered from its documents' caches "
@@ -173,6 +176,17 @@ class ChatList(QWidget):
         menu.addSeparator()
         menu.addAction("Delete", lambda: self.delete_requested.emit(chat_id))
         return menu
+
+
+def numbered(chats: list[ChatInfo]) -> dict[int, str]:
+    """Each chat's title as the list shows it: chats of the same title told apart by their
+    number in the order they were started, "… (2)", "… (3)" (the first keeps its title)."""
+    seen: dict[str, int] = {}
+    shown = {}
+    for chat in sorted(chats, key=lambda c: c.chat_id):
+        seen[chat.title] = n = seen.get(chat.title, 0) + 1
+        shown[chat.chat_id] = chat.title if n == 1 else f"{chat.title} ({n})"
+    return shown
 
 
 PHASE_WORDS = {"extract": "reading the file", "prefill": "computing the cache",
