@@ -37,7 +37,8 @@ def test_an_answer_over_passages_lists_its_sources_and_a_click_shows_one(qtbot):
     view.set_messages([MessageInfo(1, "user", "When?", 0.0),
                        MessageInfo(2, "assistant", "At 10.", 0.0, {"sources": sources})])
     text = view.toPlainText()
-    assert "Sources: [1] #3, lines 12-14 Timetable · [2] #5, page 2" in text  # its nearest heading
+    assert ("Sources: [1] #3, lines 12-14 Timetable (best match) · [2] #5, page 2"  # its
+            in text)  # nearest heading; the best of several marked
     assert "The ferry leaves" not in text  # listed, not shown, until clicked
     view._link(QUrl("kvdesk:source/1/0"))
     assert "Timetable › #3, lines 12-14" in view.toPlainText()
@@ -65,6 +66,24 @@ def test_an_answer_over_passages_lists_its_sources_and_a_click_shows_one(qtbot):
     view.begin_answer()
     view.end_answer("Yes.", "", {"sources": [{**sources[0], "earlier": True}]})
     assert "Sources: [1] #3, lines 12-14 Timetable (an earlier question's)" in view.toPlainText()
+
+
+def test_an_answer_marks_its_best_source_and_shows_what_its_question_quoted_of_which(qtbot):
+    """The probe's L1 and L5: the passage holding the answer was [8] of 8, unmarked, and the
+    window never showed the quote the CLI and the exports show."""
+    view = ChatView()
+    qtbot.addWidget(view)
+    sources = [{"passage_id": n, "document_id": 1, "index": n, "text": text, "score": score,
+                "heading": [], "lines": [n, n]}
+               for n, text, score in ((53, "def quote(s):", 4.4),
+                                      (130, "A doctest of difflib.", 4.0),
+                                      (431, "x = 1\n# The release manager is Ingrid.", 21.3))]
+    view.set_messages([MessageInfo(1, "user", "Who?", 0.0), MessageInfo(
+        2, "assistant", "Ingrid.", 0.0, {"sources": sources,
+                                         "evidence": ["# The release manager is  Ingrid."]})])
+    text = view.toPlainText()
+    assert "[1] #53, line 53 · [2] #130, line 130 · [3] #431, line 431 (best match)" in text
+    assert "Quoted with the question from [3]: “# The release manager is Ingrid.”" in text
 
 
 def test_a_source_shown_keeps_its_indentation_and_stays_with_its_chat(qtbot):

@@ -161,7 +161,8 @@ class AskingMixin:
                     self.doc_list.set_checkable(False)
                 self.chat_view.end_answer(
                     result.answer, answer_stats(result, generation_s),
-                    {"sources": result.sources, "read_whole": result.read_whole})
+                    {"sources": result.sources, "read_whole": result.read_whole,
+                     "evidence": result.evidence})
                 self._clear_progress()
                 if result.messages:
                     self._say(notes_text(result.messages))

@@ -33,6 +33,9 @@ Ctrl+K searches chats.</p>
 """
 
 
+BEST = "best match"  # the source retrieval scored highest, marked among an answer's
+
+
 class ChatView(QTextBrowser):
     regenerate_requested = Signal()
     copied = Signal(str)  # what was put on the clipboard: "message" | "code"
@@ -122,7 +125,7 @@ class ChatView(QTextBrowser):
                    cited: dict | None = None) -> None:
         """Finish the streamed answer: `text` is the final answer (None: what streamed so far),
         `note` a muted line under it, `cited` what it was given over a long document
-        (AskResult's "sources" and "read_whole")."""
+        (AskResult's "sources", "read_whole" and "evidence")."""
         final = text if text is not None else (self._streaming or "")
         self._streaming = None
         self._timer.stop()
@@ -210,12 +213,29 @@ class ChatView(QTextBrowser):
 
         # (a passage an earlier question retrieved, still in the context: said, not hidden;
         # its nearest heading says what it is about, as `kvdesk ask` prints the whole path)
-        links = [f'<a href="kvdesk:source/{i}/{j}" style="color:{c.muted}">[{j + 1}] '
+        # Numbered in the order the model read them (as the CLI and the exports number
+        # them): the one retrieval scored above the others for this question is marked, [1]
+        # being often not it.
+        scores = sorted((s.score for s in sources if not s.earlier), reverse=True)
+        best = next((j for j, s in enumerate(sources) if not s.earlier
+                     and s.score == scores[0]), None) \
+            if len(scores) > 1 and scores[0] > scores[1] else None
+        links = [f'<a href="kvdesk:source/{i}/{j}" style="color:{c.muted}">'
+                 + ("<b>" if j == best else "") + f"[{j + 1}] "
                  f"{html.escape(where(s))}{f' {html.escape(s.heading[-1])}' if s.heading else ''}"
-                 f"{f' ({EARLIER})' if s.earlier else ''}</a>"
+                 f"{f' ({EARLIER})' if s.earlier else ''}"
+                 + (f" ({BEST})</b>" if j == best else "") + "</a>"
                  for j, s in enumerate(sources)]
         out = (f'<p style="color:{c.muted};font-size:small">Sources: '
                f'{" · ".join([*wholes, *links])}</p>')
+        # What the question's turn quoted of them (the CLI and the exports say it too), and
+        # from which of them: the lines that name what it asks about.
+        for quote in stats.get("evidence") or ():
+            flat = " ".join(quote.split())
+            among = [j for j, s in enumerate(sources) if flat in " ".join(s.text.split())]
+            out += (f'<p style="color:{c.muted};font-size:small">Quoted with the question'
+                    + (f" from [{among[0] + 1}]" if among else "")
+                    + f": “{html.escape(flat)}”</p>")
         if self._open_source is not None and self._open_source[0] == i \
                 and self._open_source[1] < len(sources):
             s = sources[self._open_source[1]]
