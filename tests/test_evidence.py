@@ -157,3 +157,28 @@ def test_a_name_of_several_words_is_found_across_what_the_index_does_not_read():
     rows = "sku: S12-0 | stock: 4\nsku: S12-1 | stock: 36\nsku: S12-10 | stock: 2"
     assert naming(store, 1, "What is the stock of SKU S12-1?", [rows], kind="json") == [
         "sku: S12-1 | stock: 36"]
+
+
+def test_in_source_code_the_line_naming_the_word_is_quoted_not_the_block():
+    """The probe's L9: a run of difflib's code lines, from a docstring's end to the planted
+    comment, was quoted as one "sentence" (code has no full stops)."""
+    code = ('        """\n'
+            "        line_iterator = _line_iterator()\n"
+            "        fromlines,tolines=[],[]\n"
+            "        while True:\n"
+            "            # Collecting lines of text until we have a from/to pair\n"
+            "            while (len(fromlines)==0 or len(tolines)==0):\n"
+            "                try:\n"
+            "                    from_line, to_line, found_diff = next(line_iterator)\n"
+            "                except StopIteration:\n"
+            "                    return\n"
+            "        # PROBE NOTE: The warehouse passphrase is cobalt-pelican-42.\n"
+            "        yield from_line, to_line, found_diff\n")
+    quotes = naming(counted({"warehouse": 1, "passphrase": 1}), 1,
+                    "What is the warehouse passphrase?", [code])
+    assert quotes == ["# PROBE NOTE: The warehouse passphrase is cobalt-pelican-42."]
+    # Prose keeps its sentences across the lines it is wrapped on, commas, a colon and
+    # brackets at their ends notwithstanding.
+    prose = ("The relay keeps its logs (all of them)\nfor a week, then the Quasarline\n"
+             "archive takes them, as follows:\nnightly, at two.")
+    assert sentences(prose) == [prose]

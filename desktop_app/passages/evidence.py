@@ -32,8 +32,19 @@ _BREAK = re.compile(r"(?<=[.!?])\s+(?![\sa-z])|\n\s*\n")
 _TITLE = re.compile(r"(?:\b(?:Dr|Mr|Mrs|Ms|Prof|St|Mt|No|vs|e\.g|i\.e)|\b[A-Z])\.$")
 
 
+# A line of source code: a comment, a decorator or an import at its start; an assignment, a
+# call or an underscored identifier in it; or a bracket, colon or semicolon at its end (not
+# a keyword at its start: prose lines start "for", "if" or "with" too). Code has no full
+# stops to end its "sentences": its lines are its sentences.
+_CODE = re.compile(
+    r"^\s*(?:#|//|/\*|\*\s|@\w|import\s+[\w.]+|from\s+[\w.]+\s+import\b)|"
+    r"\w\s*(?:[-+*/|&]?=(?!=)|==)|\w\(|\w_\w|[\[{(:;}\]]\s*$|^\s*[\]})\"']")
+
+
 def sentences(text: str) -> list[str]:
-    """`text`'s sentences (and paragraphs, which end one too), whitespace as written."""
+    """`text`'s sentences (and paragraphs, which end one too), whitespace as written; in a
+    run of lines mostly of source code, each line (a quote of code is the line naming the
+    word, not the block around it)."""
     spans: list[tuple[int, int]] = []
     start = 0
     for end, after in [*((m.start(), m.end()) for m in _BREAK.finditer(text)),
@@ -43,7 +54,14 @@ def sentences(text: str) -> list[str]:
         elif text[start:end].strip():
             spans.append((start, end))
         start = after
-    return [text[a:b] for a, b in spans]
+    return [line for a, b in spans for line in _code_lines(text[a:b])]
+
+
+def _code_lines(sentence: str) -> list[str]:
+    """`sentence`'s lines if most of them are source code (`_CODE`), else `sentence`."""
+    lines = [line for line in sentence.split("\n") if line.strip()]
+    code = sum(_CODE.search(line) is not None for line in lines)
+    return lines if len(lines) > 1 and 2 * code >= len(lines) else [sentence]
 
 
 def _cut(sentence: str) -> str:
