@@ -306,7 +306,7 @@ class SettingsDialog(QDialog):
         layout.addWidget(note)
         layout.addWidget(self.error)
         layout.addWidget(buttons)
-        self._sized = False  # (opened as wide and tall as its fields, where the screen has room)
+        self._sized = False  # (opened as wide as its fields, as tall where the screen has room)
 
     def showEvent(self, event) -> None:
         super().showEvent(event)
@@ -314,9 +314,7 @@ class SettingsDialog(QDialog):
             self._sized = True
             self.layout().activate()
             frame = self.width() - self.scroll.viewport().width()
-            room = self.screen().availableGeometry().width() if self.screen() else 10**4
-            self.resize(min(self.scroll.widget().minimumSizeHint().width() + frame, room - 40),
-                        self.height())
+            self.resize(self.scroll.widget().minimumSizeHint().width() + frame, self.height())
         self._fit_height()
 
     def _fit_height(self) -> None:
