@@ -149,6 +149,7 @@ def location(page: int | None, lines: tuple[int, int]) -> str:
 
 
 EARLIER = "an earlier question's"  # how a source kept from an earlier question is said
+BEST = "best match"  # how the source retrieval scored above the others is said
 
 
 @dataclass(frozen=True)
@@ -194,6 +195,16 @@ class Source(Record):
                 + (f" ({EARLIER})" if self.earlier else ""))
 
     @staticmethod
+    def best(sources: list[Source]) -> int | None:
+        """Which of an answer's sources (listed in the order the model read them: document
+        order) retrieval scored above all the others for its question, marked where they are
+        listed; None where the best score is shared, or there is one source."""
+        scores = sorted((s.score for s in sources if not s.earlier), reverse=True)
+        if len(scores) < 2 or scores[0] == scores[1]:
+            return None
+        return next(j for j, s in enumerate(sources) if not s.earlier and s.score == scores[0])
+
+    @staticmethod
     def read(sources: list[dict], evidence: list[str],
              titles: Mapping[int, str] | None = None, read_whole: list[dict] = ()
              ) -> list[str]:
@@ -203,8 +214,10 @@ class Source(Record):
         its document: `label`)."""
         read = [Source.from_dict(d) for d in sources]
         several = bool(read_whole) or len({s.document_id for s in read}) > 1
+        best = Source.best(read)
         return [f"source: {d['title']} (read whole)" for d in read_whole] + [
-            f"source: {s.label(several, titles)}" for s in read] + [
+            f"source: {s.label(several, titles)}" + (f" ({BEST})" if j == best else "")
+            for j, s in enumerate(read)] + [
             f'quoted with the question: "{" ".join(q.split())}"' for q in evidence]
 
     def as_dict(self) -> dict:

@@ -324,8 +324,9 @@ def test_a_plain_answer_over_passages_names_its_sources_and_its_quote():
     pdf = Source(9, 2, 3, "text", 0.4, page=4)
     assert Source.read([one.as_dict()], ["It is\n  7."]) == [  # a wrapped quote: one line
         "source: #12 [lines 120-141] Manual > Setup", 'quoted with the question: "It is 7."']
-    assert Source.read([one.as_dict(), pdf.as_dict()], []) == [
-        "source: document 1 #12 [lines 120-141] Manual > Setup", "source: document 2 #3 [page 4]"]
+    assert Source.read([one.as_dict(), pdf.as_dict()], []) == [  # (the best scored marked)
+        "source: document 1 #12 [lines 120-141] Manual > Setup (best match)",
+        "source: document 2 #3 [page 4]"]
     assert Source.read([], []) == []
     # A document read whole beside them, by its title, first
     kept = Source(8, 1, 2, "text", 0.2, lines=(20, 24), earlier=True)
@@ -344,7 +345,8 @@ def test_source_lines_name_their_document_by_title_wherever_it_is_known():
     assert Source.read([one.as_dict()], [], titles) == [
         "source: manual.md #12 [lines 120-141] Manual > Setup"]
     assert Source.read([one.as_dict(), pdf.as_dict()], [], titles) == [
-        "source: manual.md #12 [lines 120-141] Manual > Setup", "source: document 2 #3 [page 4]"]
+        "source: manual.md #12 [lines 120-141] Manual > Setup (best match)",
+        "source: document 2 #3 [page 4]"]
 
 
 def test_a_damaged_store_is_explained_once_when_a_command_cannot_run(tmp_path):

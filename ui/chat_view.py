@@ -17,7 +17,7 @@ from PySide6.QtCore import QEvent, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import QGuiApplication, QKeyEvent, QKeySequence, QTextCursor
 from PySide6.QtWidgets import QPlainTextEdit, QTextBrowser, QWidget
 
-from desktop_app.results import EARLIER, MessageInfo, Source
+from desktop_app.results import BEST, EARLIER, MessageInfo, Source
 
 from .formatting import answer_note
 from .markdown import LIGHT, Colors, render
@@ -31,9 +31,6 @@ its compressed cache, so reopening a chat later answers at once.</p>
 <p>Enter sends, Shift+Enter adds a line, Esc stops an answer, Ctrl+N starts a new chat,
 Ctrl+K searches chats.</p>
 """
-
-
-BEST = "best match"  # the source retrieval scored highest, marked among an answer's
 
 
 class ChatView(QTextBrowser):
@@ -216,10 +213,7 @@ class ChatView(QTextBrowser):
         # Numbered in the order the model read them (as the CLI and the exports number
         # them): the one retrieval scored above the others for this question is marked, [1]
         # being often not it.
-        scores = sorted((s.score for s in sources if not s.earlier), reverse=True)
-        best = next((j for j, s in enumerate(sources) if not s.earlier
-                     and s.score == scores[0]), None) \
-            if len(scores) > 1 and scores[0] > scores[1] else None
+        best = Source.best(sources)
         links = [f'<a href="kvdesk:source/{i}/{j}" style="color:{c.muted}">'
                  + ("<b>" if j == best else "") + f"[{j + 1}] "
                  f"{html.escape(where(s))}{f' {html.escape(s.heading[-1])}' if s.heading else ''}"
