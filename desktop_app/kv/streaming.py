@@ -310,8 +310,9 @@ class _Restore(_Reading):
                 (f"only {ends[0]:,} of the {source.n_tokens:,} tokens" if ends else
                  f"none of the {source.n_tokens:,} tokens")
                 + " stored for this context could be reused, since this model picks up a "
-                "stored cache only where one was saved; the rest are computed again, so the "
-                "answer starts later")
+                "stored cache only where one was saved; "
+                + ("the rest are" if ends else "they are")
+                + " computed again, so the answer starts later")
         if not ends:
             rt.reset()
             return 0
