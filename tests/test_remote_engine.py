@@ -267,6 +267,26 @@ def test_a_corrupt_object_falls_back_to_recomputing(machine_a, machine, s3_serve
                for m in res.messages)
 
 
+def test_a_context_recomputed_for_a_damaged_shared_entry_is_kept_here(
+        machine_a, machine, s3_server, s3_bucket):
+    tier, manifest = fault_tier(machine_a, s3_server, s3_bucket)
+    for level in manifest.levels:  # its first chunk, damaged at every level
+        s3_server.client().put_object(Bucket=s3_bucket, Key=chunk_key(tier, manifest, 0, level),
+                                      Body=b"\0" * manifest.chunks[level][0].nbytes)
+    b = machine(tier)
+    doc_id = lazily_pulled(b)
+    res = ask(b, QUESTION, doc=doc_id, tokens=8)
+    assert set(res.chunk_levels) == {"text"}
+    note = next(m for m in res.messages if "could not be kept here" in m)
+    assert "stored here instead" in note and "kvdesk remote verify --repair" in note
+    assert not any("is not stored" in m for m in res.messages)
+    # Computed exactly here: the document's cache and the chat's are kept, the next is local.
+    assert b.store.document_entry(doc_id, b.fingerprint) is not None
+    b.runtime.reset()
+    again = ask(b, "Which ship did it replace?", doc=doc_id, tokens=8)
+    assert again.source == "local" and again.recomputed_tokens == 0
+
+
 def test_attach_takes_the_levels_intact_when_one_level_is_damaged_there(
         machine_a, machine, s3_server, s3_bucket):
     tier, manifest = fault_tier(machine_a, s3_server, s3_bucket)

@@ -261,7 +261,7 @@ class Completions:
             else:  # ended, ran to its limit, or stopped going round in circles (said)
                 finish = "length" if out.cut else "stop"
             cached = report.tokens - report.recomputed_tokens
-            kept, notes = s.sharing.keep()
+            kept, notes = s.sharing.keep(exact=s.decoded_until == 0)
             result = Completion(text.lstrip() if trim else text, finish, len(prompt),
                                 len(generated),
                                 round(ttft if ttft is not None else time.perf_counter() - t0, 4),

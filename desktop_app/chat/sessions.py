@@ -298,7 +298,7 @@ class ChatSession:
             # An explicit reopen always restores: it is how a restore is asked for and timed.
             report = self.bring_in(rt, chat_id, tokens, options=restore, progress=progress,
                                    cancel=cancel, reuse=False, docs=docs)
-            kept, kept_notes = self.sharing.keep()
+            kept, kept_notes = self.sharing.keep(exact=self.decoded_until == 0)
             kept_notes += self._keep(rt, chat_id, tokens, kept and report.recomputed_tokens > 0,
                                      docs)
             return replace(report, messages=[*notes, *report.messages, *kept_notes])
@@ -390,9 +390,9 @@ class ChatSession:
             else:
                 suffix_tokens = []
             # After the answer, not before its first token: what streamed from the shared
-            # cache becomes the local entry this chat's own entry will extend. Not kept, the
-            # context holds its chunks, possibly lossy: never stored again as a fresh prefill.
-            kept, kept_notes = self.sharing.keep()
+            # cache becomes the local entry this chat's own entry will extend. Not kept, only
+            # a context held exactly (none read back lossy) is stored, as computed here.
+            kept, kept_notes = self.sharing.keep(exact=self.decoded_until == 0)
             messages = [*report.messages, *kept_notes, *out.notes,
                         *([] if kept else ["this turn's cache is not stored"])]
             result = AskResult(

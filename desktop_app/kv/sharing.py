@@ -65,8 +65,11 @@ class Sharing:
         return found, [f"streaming {found.n_tokens:,} cached tokens from the shared cache "
                        f"({self.tier.config.where}, bucket {self.tier.config.bucket!r})"]
 
-    def keep(self) -> tuple[bool, list[str]]:
-        """Complete the local copies of what restores streamed in; (all kept?, messages)."""
+    def keep(self, exact: bool = False) -> tuple[bool, list[str]]:
+        """Complete the local copies of what restores streamed in; (may the context be stored
+        here?, messages): yes when every copy was kept, or when one was unusable there (a
+        damaged or missing object) but the context holds its tokens `exact`ly (recomputed
+        from text, or read back lossless): the chat then stores them as computed here."""
         with self._lock:
             streamed, self._streamed = self._streamed, []
         ok, notes = True, []
@@ -81,8 +84,11 @@ class Sharing:
             try:
                 entry, fetched = sync.complete(source.tier, source.copy)
             except StoreError as e:
-                ok = False
-                notes.append(f"the shared cache's entry could not be kept here: {e}")
+                ok = ok and exact
+                notes.append(f"the shared cache's entry could not be kept here: {e}" + (
+                    "; the context computed here is stored here instead (the shared copy "
+                    "stays damaged until `kvdesk remote verify --repair` runs on the machine "
+                    "that shared it)" if exact else ""))
                 continue
             if any(c.get("too_large") for c in source.copy.evicted):
                 ok = False
