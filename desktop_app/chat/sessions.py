@@ -45,7 +45,7 @@ from ..model.prompts import closing as closing_text
 from ..model.runtime import Runtime
 from ..model.sampling import Sampling, resolve
 from ..options import AUTO, GenerationOptions, RestoreOptions
-from ..results import AskResult, Progress, RestoreReport
+from ..results import AskResult, Progress, RestoreReport, counted
 from ..validation import InvalidValue
 from .answers import from_first_visible, stream_answer
 from .fairlock import FairLock
@@ -122,7 +122,7 @@ class ChatSession:
                 self.store.set_message_tokens(m.id, rt.fingerprint, known[m.id])
                 fresh += 1
             tokens += known[m.id]
-        notes = [f"{fresh} message(s) of this chat had no usable tokens under this model "
+        notes = [f"{counted(fresh, 'message')} of this chat had no usable tokens under this model "
                  "(written under another model or an older kvdesk, or their stored tokens "
                  "damaged): tokenized again from their text and recomputed"] if fresh else []
         return msgs, tokens, notes + layout.notes + self.library.removed(chat_id)
