@@ -513,6 +513,24 @@ def test_follow_ups_keep_the_chats_passages_and_a_reopen_lays_them_out(make_engi
     assert report.tokens == len(tokens)
 
 
+def test_a_chat_over_passages_keeps_only_the_context_its_next_turn_resumes_from(make_engine):
+    eng = make_engine()
+    other = eng.ask("When does the ferry leave?", doc_ids=[eng.doc], generation=GREEDY).chat_id
+    assert eng.exactness.idle.wait(300)
+    chat = None
+    for question in ("What does the museum keep?", "Where do puffins nest?",
+                     "When does the shop close?"):
+        chat = eng.ask(question, doc_ids=[eng.doc], chat_id=chat, generation=GREEDY).chat_id
+        assert eng.exactness.idle.wait(300)
+    # Each turn blended other passages from token 0: only the last turn's context is kept.
+    (own,) = [e for e in eng.store.entries() if e.chat_id == chat]
+    _, tokens, _ = eng.session.conversation(eng.runtime, chat)
+    assert own.token_end == len(tokens)
+    assert [e for e in eng.store.entries() if e.chat_id == other]  # another chat's: untouched
+    report = eng.reopen(chat)
+    assert report.tokens == len(tokens) and report.recomputed_tokens == 0
+
+
 def test_a_question_stopped_before_its_answer_leaves_the_chat_its_passages(make_engine):
     eng = make_engine()
     first = eng.ask("When does the ferry to Cape Morrow leave?", doc_ids=[eng.doc],

@@ -223,8 +223,29 @@ class KVCache:
                                   decoded_until=decoded_until)
         self.store_prefix(rt, tokens, chat_id=chat_id, evicted=evicted,
                           decoded_until=decoded_until, holds=holds)
-        return self.store.longest_prefix(rt.fingerprint, tokens, touch=False).n_tokens == len(
-            tokens)
+        held = self.store.longest_prefix(rt.fingerprint, tokens, touch=False)
+        if held.n_tokens < len(tokens) or not held.entries:
+            return False
+        self.drop_superseded(held.entries[-1], chat_id, tokens)
+        return True
+
+    def drop_superseded(self, stored: Entry, chat_id: int, tokens: Sequence[int]) -> None:
+        """Delete the entries of chat `chat_id` under `stored`'s model that no turn can resume
+        from any more, now that its context `tokens` is stored (`stored`): stored before it,
+        neither a prefix of `tokens` nor going on from them (a long document's chat blends
+        other passages at each turn; a regenerated answer replaced its turn), and extended by
+        no entry. Another chat's, a document's or a passage's are never touched."""
+        entries = self.store.entries()
+        extended = {e.parent_id for e in entries}
+        for e in entries:
+            if e.chat_id != chat_id or e.model != stored.model or e.id in extended or \
+                    e.document_id is not None or e.passage or e.created > stored.created:
+                continue
+            held = self.store.tokens(e.id)
+            n = min(len(held), len(tokens))
+            if held[:n] != list(tokens[:n]):
+                with contextlib.suppress(StoreError):  # (gone meanwhile: evicted)
+                    self.store.delete_entry(e.id)
 
     def keep_chat(self, rt: Runtime, chat_id: int, tokens: Sequence[int],
                   first_document: tuple[int, Sequence[int]] | None,
