@@ -3,10 +3,12 @@
 With a bucket configured, a restore whose tokens the local store does not cover looks for a
 longer document entry on the remote tier and, if there is one, streams it (`source`) through
 the same adaptive pipeline as local chunks, keeping what it reads in a pending local copy;
-`keep` completes that copy after the answer, so the next restore is local. Attach looks there
-before prefilling (`pull_for_attach`) and shares what it computed (`push_after_attach`) when
-automatic pushing is on; so does a passage retrieved for the first time (`pull_passage`), and
-a chat's later document whose cache a blend moves into place (`later_documents`).
+`keep` completes that copy after the answer, so the next restore is local (a copy that cannot
+be completed, damaged there, leaves the chat to store what it computed exactly instead, and
+says how the bucket is mended). Attach looks there before prefilling (`pull_for_attach`) and
+shares what it computed (`push_after_attach`) when automatic pushing is on; so does a passage
+retrieved for the first time (`pull_passage`), and a chat's later document whose cache a
+blend moves into place (`later_documents`).
 `status`, `push` and `pull` are the `kvdesk remote` commands.
 
 A tier that fails is reported in a message and skipped for a minute, never in the way of an
