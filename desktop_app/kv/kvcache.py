@@ -5,7 +5,8 @@ an entry extending the longest prefix of them already stored (a chat's entry ext
 document's, whose chunks are never copied): encoding runs on the calling thread while the
 store's background writer makes each chunk durable, and a cancel or failure leaves nothing of
 the entry behind. `store_chat` stores a chat's KV after a turn, storing its first document's
-entry first when it is missing, so the next chat about the document starts from it too.
+entry first when it is missing, so the next chat about the document starts from it too, and
+drops the chat's earlier entries that no turn can resume from any more (`drop_superseded`).
 Whole chunks that a restore read back at a lossy level are never stored again
 (`decoded_until`): an entry holding them would pass them for computed at every level,
 compact's error labelled `high`. A prompt of the local API's (or a chat's turn) that leaves a
