@@ -24,8 +24,10 @@ from collections.abc import Callable, Collection, Sequence
 
 from store import (
     BudgetFullError,
+    CorruptObjectError,
     Document,
     Entry,
+    NotFoundError,
     RemoteError,
     RemoteTier,
     Store,
@@ -69,8 +71,8 @@ class Sharing:
 
     def keep(self, exact: bool = False) -> tuple[bool, list[str]]:
         """Complete the local copies of what restores streamed in; (may the context be stored
-        here?, messages): yes when every copy was kept, or when one was unusable there (a
-        damaged or missing object) but the context holds its tokens `exact`ly (recomputed
+        here?, messages): yes when every copy was kept, or when one is damaged there (an
+        object corrupt or missing) but the context holds its tokens `exact`ly (recomputed
         from text, or read back lossless): the chat then stores them as computed here."""
         with self._lock:
             streamed, self._streamed = self._streamed, []
@@ -86,11 +88,13 @@ class Sharing:
             try:
                 entry, fetched = sync.complete(source.tier, source.copy)
             except StoreError as e:
-                ok = ok and exact
+                # (the tier down, its entry is intact: the next question streams it again)
+                damaged = exact and isinstance(e, CorruptObjectError | NotFoundError)
+                ok = ok and damaged
                 notes.append(f"the shared cache's entry could not be kept here: {e}" + (
                     "; the context computed here is stored here instead (the shared copy "
                     "stays damaged until `kvdesk remote verify --repair` runs on the machine "
-                    "that shared it)" if exact else ""))
+                    "that shared it)" if damaged else ""))
                 continue
             if any(c.get("too_large") for c in source.copy.evicted):
                 ok = False
