@@ -65,3 +65,9 @@ class DiskFullError(ReadOnlyError):
 
 class DataDirError(StoreError):
     """The data directory cannot be used at all (a file in its place, no permission...)."""
+
+
+class StoppedError(Exception):
+    """The caller's cancel event was set (Ctrl-C): a push, pull or check stopped between two
+    objects, keeping only what was complete. Not a StoreError: nothing failed, and nothing
+    that skips a failing entry may take it for one."""

@@ -3,12 +3,17 @@ machines on one bucket of a real S3 server, the adaptive stream from it, its fau
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -400,6 +405,66 @@ def test_cli_remote_status_push_pull(machine_a, aws_env, tmp_path, s3_server):
     down = {**shared, "KVDESK_REMOTE_ENDPOINT_URL": "http://127.0.0.1:9"}
     rc, out, err = kvdesk("remote", "status", "--json", env=down)
     assert rc == 1 and json.loads(out)["reachable"] is False
+
+
+class SlowProxy(BaseHTTPRequestHandler):
+    """The S3 server behind a slow link: each chunk object takes half a second to come."""
+
+    target: tuple[str, int]
+
+    def forward(self):  # (the Host header goes along: the request's signature names it)
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if "/kv/" in self.path:
+            time.sleep(0.5)
+        upstream = http.client.HTTPConnection(*self.target, timeout=30)
+        upstream.request(self.command, self.path, body, dict(self.headers))
+        answer = upstream.getresponse()
+        data = answer.read()
+        self.send_response(answer.status)
+        for name, value in answer.getheaders():
+            if name.lower() not in ("transfer-encoding", "connection", "content-length"):
+                self.send_header(name, value)
+        self.send_header("Content-Length", answer.getheader("Content-Length") or str(len(data)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    do_GET = do_PUT = do_HEAD = do_POST = forward
+
+    def log_message(self, *args):
+        pass
+
+
+def test_ctrl_c_stops_a_pull_which_a_pull_again_completes(machine_a, aws_env, tmp_path,
+                                                            s3_server):
+    """It ran to the end and exited 0 where the Ctrl-C came at the wrong moment."""
+    tier = machine_a.sharing.tier
+    SlowProxy.target = urlsplit(s3_server.endpoint_url).hostname, \
+        urlsplit(s3_server.endpoint_url).port
+    proxy = ThreadingHTTPServer(("127.0.0.1", 0), SlowProxy)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    env = {**os.environ, "KVDESK_REMOTE_BUCKET": tier.config.bucket,
+           "KVDESK_REMOTE_ENDPOINT_URL": f"http://127.0.0.1:{proxy.server_port}",
+           "KVDESK_REMOTE_PREFIX": tier.prefix, "KVDESK_DATA_DIR": str(tmp_path / "d")}
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "desktop_app", "remote", "pull",
+                                 "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=env)
+        for line in proc.stderr:  # the first objects in
+            if line.startswith("pull"):
+                break
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proxy.shutdown()
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert "Stopping..." in err and "stopped: 1 shared cache(s) not pulled" in err
+    assert json.loads(out)["not_done"] == 1 and json.loads(out)["pulled"] == []
+    local = {**env, "KVDESK_REMOTE_ENDPOINT_URL": s3_server.endpoint_url}
+    rc, out, err = kvdesk("docs", "--json", env=local)
+    assert rc == 0 and json.loads(out) == []  # the copy under way dropped whole
+    rc, out, err = kvdesk("remote", "pull", env=local)
+    assert rc == 0 and f"pulled {machine_a.attached.title}" in out, err
 
 
 def test_boto3_loads_only_when_the_tier_is_used():

@@ -139,7 +139,7 @@ def test_push_then_pull_on_another_machine(a, b, remote_tier, s3_server):
     assert sync.pull_all(b, remote_tier, FP) == {"pulled": [], "already_local": 1,
                                                  "passages_left": 0, "not_kept": [],
                                                  "evicted": [], "levels_left_out": [],
-                                                 "failed": []}
+                                                 "failed": [], "not_done": 0}
 
 
 def test_a_pull_on_a_small_budget_names_what_it_did_not_keep_and_what_it_evicted(
@@ -214,7 +214,7 @@ def test_a_pushed_passage_is_named_as_an_answer_cites_it(a, remote_tier):
 def test_kvdesk_remote_push_counts_objects_in_words(capsys):
     from desktop_app.cli.remote import _transfer
 
-    _transfer(False, lambda progress: {
+    _transfer(False, lambda progress, cancel: {
         "pushed": [{"title": "book.txt #1 [lines 3-4]", "tokens": 40, "objects": 1,
                     "bytes": 2_000}], "already_remote": 0, "failed": []},
         "push", "pushed", "already_remote")
@@ -227,7 +227,7 @@ def test_a_second_push_uploads_nothing(a, remote_tier, monkeypatch):
     sync.push_all(a, remote_tier, FP)
     puts = recorded_puts(monkeypatch, remote_tier)
     assert sync.push_all(a, remote_tier, FP) == {"pushed": [], "already_remote": 1,
-                                                  "failed": []}
+                                                  "failed": [], "not_done": 0}
     assert puts == []
 
 
@@ -251,6 +251,40 @@ def test_an_interrupted_push_is_invisible_and_resumes(a, b, remote_tier, monkeyp
     assert sync.push_all(a, remote_tier, FP)["pushed"][0]["objects"] == 0
     assert len(puts) == 1 and puts[0].endswith(".json")  # the chunks were already there
     assert sync.find(remote_tier, FP, TOKENS).token_end == 600
+
+
+def cancelled_after(n: int) -> tuple[threading.Event, callable]:
+    """A cancel event and a progress callback that sets it after `n` objects (a Ctrl-C)."""
+    cancel, calls = threading.Event(), iter(range(1, 10**6))
+    return cancel, lambda done, total: next(calls) >= n and cancel.set()
+
+
+def test_a_stopped_pull_keeps_what_it_finished_drops_the_copy_under_way_and_resumes(
+        a, b, remote_tier):
+    for i in range(3):
+        attached(a, list(range(1000 * i, 1000 * i + 600)), title=f"doc{i}.md")
+    sync.push_all(a, remote_tier, FP)
+    cancel, progress = cancelled_after(8)  # (6 objects an entry: in the second one)
+    report = sync.pull_all(b, remote_tier, FP, progress=progress, cancel=cancel)
+    assert len(report["pulled"]) == 1 and report["not_done"] == 2 and report["failed"] == []
+    assert len(b.entries()) == 1 and len(b.documents()) == 1  # no half copy, no orphan
+    checked = b.verify()
+    assert checked["corrupt"] == checked["abandoned"] == [] and b.attaching() == {}
+    again = sync.pull_all(b, remote_tier, FP)
+    assert len(again["pulled"]) == 2 and again["already_local"] == 1 and again["not_done"] == 0
+
+
+def test_a_stopped_push_shares_nothing_half_sent_and_resumes(a, b, remote_tier):
+    for i in range(2):
+        attached(a, list(range(1000 * i, 1000 * i + 600)), title=f"doc{i}.md")
+    cancel, progress = cancelled_after(2)
+    report = sync.push_all(a, remote_tier, FP, progress=progress, cancel=cancel)
+    assert report["pushed"] == [] and report["not_done"] == 2
+    assert sync.status(b, remote_tier, FP)["remote_entries"] == 0  # no manifest yet
+    assert len(sync.push_all(a, remote_tier, FP)["pushed"]) == 2
+    cancel = threading.Event()
+    cancel.set()
+    assert checking.check_all(a, remote_tier, FP, cancel=cancel)["not_done"] == 2
 
 
 def test_concurrent_pushes_of_one_entry_leave_one_whole_manifest(tmp_path, b, remote_tier):

@@ -1,4 +1,10 @@
-"""`kvdesk remote`: the shared cache on S3-compatible storage (status, push, pull)."""
+"""`kvdesk remote`: the shared cache on S3-compatible storage (status, push, pull, verify).
+
+Push, pull and verify stop on Ctrl-C before their next object, as attach does between
+slices: what was done is said, and what was not, and the exit status is 130. They never
+leave a half-moved cache: a pull's copy under way is dropped (a pull again takes it), a
+push's is not shared until its manifest is written (a push again sends the rest).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +14,17 @@ import click
 
 from ..app import App
 from ..results import Progress, counted, size_text
-from .base import TerminalProgress, Unsettled, cli, emit, json_option, only_reading, say
+from .base import (
+    INTERRUPTED,
+    TerminalProgress,
+    Unsettled,
+    cli,
+    emit,
+    interruptible,
+    json_option,
+    only_reading,
+    say,
+)
 
 
 @cli.group()
@@ -53,9 +69,11 @@ def remote_status(app: App, as_json: bool):
 
 
 def _transfer(as_json: bool, run, phase: str, key: str, left: str, lazy: bool = False) -> None:
-    """Run a push or pull (`run(progress)`) with a progress bar, and say what it moved."""
+    """Run a push or pull (`run(progress, cancel)`) with a progress bar, and say what it
+    moved (and, stopped by Ctrl-C, what it did not)."""
     bar = TerminalProgress()
-    report = run(lambda d, t: bar(Progress(phase, d, t)))
+    with interruptible() as cancel:
+        report = run(lambda d, t: bar(Progress(phase, d, t)), cancel)
     bar.done()
     emit(report, as_json, [
         f"added {t['title']} ({t['tokens']:,} tokens; its cache streams when first used)"
@@ -75,8 +93,19 @@ def _transfer(as_json: bool, run, phase: str, key: str, left: str, lazy: bool = 
            for t in report.get("levels_left_out", ()) for level, error in t["left_out"].items()]
         + [f"FAILED: {f['title'] + ': ' if f.get('title') else ''}{f['error']}"
            for f in report["failed"]])
+    if cancel.is_set():
+        _stopped(report["not_done"], "shared cache(s) not pulled: `kvdesk remote pull` again "
+                 "takes them" if phase == "pull" else "cache(s) of this machine not pushed: "
+                 "`kvdesk remote push` again sends them")
     if report["failed"]:
         sys.exit(1)
+
+
+def _stopped(not_done: int, what: str) -> None:
+    """Exit as Ctrl-C stopped the command, saying what it left (what it did is said above)."""
+    say([f"stopped: {not_done} {what}" if not_done else
+         "stopped after the last one: nothing was left to do"])
+    sys.exit(INTERRUPTED)
 
 
 def _evicted_lines(caches) -> list[str]:
@@ -96,8 +125,9 @@ def _evicted_lines(caches) -> list[str]:
 def remote_push(app: App, as_json: bool):
     """Upload this model's document caches the shared cache lacks."""
     only_reading(app)  # (it reads this machine's caches: none where no store is)
-    _transfer(as_json, lambda progress: app.engine.sharing.push(
-        app.engine.fingerprint, progress=progress), "push", "pushed", "already_remote")
+    _transfer(as_json, lambda progress, cancel: app.engine.sharing.push(
+        app.engine.fingerprint, progress=progress, cancel=cancel), "push", "pushed",
+        "already_remote")
 
 
 @remote.command("pull")
@@ -107,8 +137,8 @@ def remote_push(app: App, as_json: bool):
 @click.pass_obj
 def remote_pull(app: App, lazy: bool, as_json: bool):
     """Download this model's document caches from the shared cache (with their documents)."""
-    _transfer(as_json, lambda progress: app.engine.sharing.pull(
-        app.engine.fingerprint, lazy=lazy, progress=progress), "pull", "pulled",
+    _transfer(as_json, lambda progress, cancel: app.engine.sharing.pull(
+        app.engine.fingerprint, lazy=lazy, progress=progress, cancel=cancel), "pull", "pulled",
         "already_local", lazy)
 
 
@@ -120,7 +150,9 @@ def remote_pull(app: App, lazy: bool, as_json: bool):
 def remote_verify(app: App, repair: bool, as_json: bool):
     """Read back every shared object of the caches this machine holds, and check it."""
     only_reading(app)  # (a repair writes to the bucket only, from the caches held here)
-    report = app.engine.sharing.verify(app.engine.fingerprint, repair=repair)
+    with interruptible() as cancel:
+        report = app.engine.sharing.verify(app.engine.fingerprint, repair=repair,
+                                           cancel=cancel)
     left = len(report["damaged"]) - report["repaired"] + len(report["failed"])
     emit(report, as_json, [
         f"{report['checked']} shared cache{'' if report['checked'] == 1 else 's'} checked "
@@ -133,5 +165,8 @@ def remote_verify(app: App, repair: bool, as_json: bool):
         + ([f"{left} not repaired: `kvdesk remote verify --repair` puts back what this "
             "machine holds"] if left and not repair else
            [f"{left} not held here: run it where they are"] if left else []))
+    if cancel.is_set():
+        _stopped(report["not_done"], "cache(s) of this machine not checked: `kvdesk remote "
+                 "verify` again checks them all")
     if left:
         sys.exit(1)

@@ -289,18 +289,24 @@ class Sharing:
                 "auto_pull": self.auto_pull, "fingerprint": fingerprint,
                 **sync.status(self.store, self.tier, fingerprint)}
 
-    def push(self, fingerprint: str, progress: Callable[[int, int], None] | None = None) -> dict:
-        return sync.push_all(self.store, self._configured(), fingerprint, progress=progress)
+    # (`cancel`, an Event: Ctrl-C stops each before its next object, saying `not_done`.)
+    def push(self, fingerprint: str, progress: Callable[[int, int], None] | None = None,
+             cancel: threading.Event | None = None) -> dict:
+        return sync.push_all(self.store, self._configured(), fingerprint, progress=progress,
+                             cancel=cancel)
 
     def pull(self, fingerprint: str, *, lazy: bool = False,
-             progress: Callable[[int, int], None] | None = None) -> dict:
+             progress: Callable[[int, int], None] | None = None,
+             cancel: threading.Event | None = None) -> dict:
         return sync.pull_all(self.store, self._configured(), fingerprint, lazy=lazy,
-                             progress=progress)
+                             progress=progress, cancel=cancel)
 
-    def verify(self, fingerprint: str, *, repair: bool = False) -> dict:
+    def verify(self, fingerprint: str, *, repair: bool = False,
+               cancel: threading.Event | None = None) -> dict:
         """Every object of this model's shared entries that this store holds, read back and
         checked; with `repair`, those missing or damaged there put back (`checking.check`)."""
-        return checking.check_all(self.store, self._configured(), fingerprint, repair=repair)
+        return checking.check_all(self.store, self._configured(), fingerprint, repair=repair,
+                                  cancel=cancel)
 
     def _configured(self) -> RemoteTier:
         if self.tier is None:

@@ -8,6 +8,7 @@ S3-compatible object storage, the local store staying the index and the cache.
     sync       push, pull and status: entries moved between the local store and the tier
     checking   `remote verify`: the shared copies of local entries read back, put back
     localcopy  a remote entry being copied in, invisible locally until every chunk is in
+    titles     how a transfer names the entries and caches it moved
     heads      the passages' head: a passage's entry extending it travels with its chunks
 
 Its question is "what do machines share, and how does it come in?". The top of the store's

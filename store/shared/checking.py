@@ -10,23 +10,27 @@ hold intact.
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from ..errors import CorruptChunkError, CorruptObjectError, NotFoundError, StoreError
+from ..errors import CorruptChunkError, CorruptObjectError, NotFoundError, StoppedError, StoreError
 from ..records import Entry
 from ..store import Store
 from .heads import PassageHeadError, sources
 from .remote import RemoteTier, sha256
-from .sync import document_entries, entry_id_of, entry_title, push, read_chunk, read_manifest
+from .sync import document_entries, entry_id_of, push, read_chunk, read_manifest, stop_if
+from .titles import entry_title
 
 
-def check(store: Store, tier: RemoteTier, entry: Entry, *, repair: bool = False) -> dict:
+def check(store: Store, tier: RemoteTier, entry: Entry, *, repair: bool = False,
+          cancel: threading.Event | None = None) -> dict:
     """Every object of a local entry's shared copy (manifest, chunks, calibration) read back
     and checked: those missing or damaged there, with `repair` put back from this store's
     copy where it holds those bytes (content-addressed keys: what every reader expects; a
     damaged manifest by pushing again). {"shared": False}: the tier has no copy of it. A
     passage's entry extending the passages' head is checked with the head's chunks its
-    manifest names (store.shared.heads), and repaired from both local entries."""
+    manifest names (store.shared.heads), and repaired from both local entries. `cancel`
+    stops it before the next object read (StoppedError)."""
     fingerprint = entry.model
     token_end, prefix_hash = entry_id_of(entry)
     document = store.document(entry.document_id)
@@ -48,6 +52,7 @@ def check(store: Store, tier: RemoteTier, entry: Entry, *, repair: bool = False)
 
     def damage(item) -> dict | None:
         i, level, obj = item
+        stop_if(cancel)
         try:
             read_chunk(tier, manifest, i, level)
         except (NotFoundError, CorruptObjectError) as e:
@@ -87,17 +92,24 @@ def check(store: Store, tier: RemoteTier, entry: Entry, *, repair: bool = False)
 
 
 def check_all(store: Store, tier: RemoteTier, fingerprint: str, *,
-              repair: bool = False) -> dict:
+              repair: bool = False, cancel: threading.Event | None = None) -> dict:
     """`check` every local entry of this model that travels (one failing its own check here
-    is named)."""
-    reports, failed = [], []
-    for e in document_entries(store, fingerprint):
+    is named); `cancel` stops it before the next object, the entries not checked whole
+    counted `not_done` (a repair made is kept: each object put back is whole)."""
+    reports, failed, not_done = [], [], 0
+    entries = document_entries(store, fingerprint)
+    for n, e in enumerate(entries):
         try:
-            reports.append(check(store, tier, e, repair=repair))
+            stop_if(cancel)
+            reports.append(check(store, tier, e, repair=repair, cancel=cancel))
         except (CorruptChunkError, PassageHeadError) as error:
             failed.append({"entry": e.id, "error": str(error)})
+        except StoppedError:
+            not_done = len(entries) - n
+            break
     shared = [r for r in reports if r["shared"]]
     return {"checked": len(shared), "not_shared": len(reports) - len(shared),
             "objects": sum(r["objects"] for r in shared),
             "damaged": [{**d, "title": r["title"]} for r in shared for d in r["damaged"]],
-            "repaired": sum(r["repaired"] for r in shared), "failed": failed}
+            "repaired": sum(r["repaired"] for r in shared), "failed": failed,
+            "not_done": not_done}

@@ -23,23 +23,37 @@ never write a manifest before every object it names (chunks, calibration) is sto
 
 from __future__ import annotations
 
-import contextlib
 import itertools
+import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
-from ..errors import CorruptChunkError, CorruptObjectError, NotFoundError, RemoteError, StoreError
-from ..records import Document, Entry
+from ..errors import (
+    CorruptChunkError,
+    CorruptObjectError,
+    NotFoundError,
+    RemoteError,
+    StoppedError,
+    StoreError,
+)
+from ..records import Entry
 from ..store import Store
 from ..tokens import encode, prefix_hashes
 from .heads import PassageHeadError, calibrations, local_head, sources, travels
 from .localcopy import LocalCopy, add_document
 from .manifest import ChunkObject, Manifest, NewerManifestError, RemoteDocument
 from .remote import RemoteTier, sha256
+from .titles import entry_title, evicted_named
 
 ProgressFn = Callable[[int, int], None]  # (objects done, objects in all)
+
+
+def stop_if(cancel: threading.Event | None) -> None:
+    """StoppedError where the caller's `cancel` is set: checked before each object moves."""
+    if cancel is not None and cancel.is_set():
+        raise StoppedError
 
 
 @dataclass(frozen=True)
@@ -112,11 +126,11 @@ def read_chunk(tier: RemoteTier, manifest: Manifest, chunk_index: int, level: st
 
 
 def push(store: Store, tier: RemoteTier, entry: Entry, *,
-         progress: ProgressFn | None = None) -> Transfer:
+         progress: ProgressFn | None = None, cancel: threading.Event | None = None) -> Transfer:
     """Upload a document's or a passage's entry: its missing chunk objects, then its manifest
-    (idempotent). A passage's entry extending the passages' head goes with the head's chunks
-    (a version 5 manifest, store.shared.heads); one extending anything else, or that cannot
-    go so, is refused (PassageHeadError)."""
+    (idempotent; `cancel` stops it before that). A passage's entry extending the passages'
+    head goes with the head's chunks (a version 5 manifest, store.shared.heads); one extending
+    anything else, or that cannot go so, is refused (PassageHeadError)."""
     fingerprint = entry.model
     token_end, prefix_hash = entry_id_of(entry)
     document = store.document(entry.document_id)
@@ -134,6 +148,7 @@ def push(store: Store, tier: RemoteTier, entry: Entry, *,
 
     def upload(item: tuple[int, str]) -> tuple[ChunkObject, int]:
         chunk_index, level = item
+        stop_if(cancel)
         data = store.read_chunk(*chunks[chunk_index], level)
         obj = ChunkObject(len(data), sha256(data))
         key = tier.chunk_key(fingerprint, prefix_hash, level, chunk_index, obj.sha256)
@@ -169,22 +184,6 @@ def push(store: Store, tier: RemoteTier, entry: Entry, *,
     tier.put(tier.manifest_key(fingerprint, token_end, prefix_hash), manifest.to_json())
     sent = [n for _, n in uploaded.values() if n]
     return Transfer(entry_title(store, entry, document), token_end, len(sent), sum(sent))
-
-
-def entry_title(store: Store, entry: Entry, document: Document) -> str:
-    """How a transfer names an entry: its document's title, or a passage of it as an
-    answer's sources cite one ("book.txt #12 [lines 120-141]"; "a passage of book.txt" where
-    the document holds none of its text now)."""
-    if not entry.passage:
-        return document.title
-    held = store.passage_kv(entry.model).get(document.id, {})
-    passage_id = next((p for p, e in held.items() if e == entry.id), None)
-    if passage_id is None:
-        return f"a passage of {document.title}"
-    p = store.passage(passage_id)
-    where = (f"page {p.page}" if p.page is not None else f"line {p.lines[0]}"
-             if p.lines[0] == p.lines[1] else f"lines {p.lines[0]}-{p.lines[1]}")
-    return f"{document.title} #{p.index} [{where}]"
 
 
 def _has_manifest(tier: RemoteTier, fingerprint: str, token_end: int, prefix_hash: bytes) -> bool:
@@ -225,8 +224,10 @@ def refetch_calibration(store: Store, tier: RemoteTier, fingerprint: str, cal_id
 
 
 def complete(tier: RemoteTier, copy: LocalCopy, *, progress: ProgressFn | None = None,
-             failed: dict[str, StoreError] | None = None) -> tuple[Entry | None, int]:
-    """Fetch every chunk the copy lacks, in parallel, and finish it; abort it on any failure.
+             failed: dict[str, StoreError] | None = None,
+             cancel: threading.Event | None = None) -> tuple[Entry | None, int]:
+    """Fetch every chunk the copy lacks, in parallel, and finish it; abort it on any failure
+    (StoppedError too, where `cancel` is set).
 
     Returns the local entry and the bytes fetched here. With `failed`, a chunk object missing
     or failing its check does not stop the other levels' reads: its level and error go into
@@ -238,6 +239,7 @@ def complete(tier: RemoteTier, copy: LocalCopy, *, progress: ProgressFn | None =
     def fetch(item: tuple[int, str]) -> int:
         if failed is not None and item[1] in failed:
             return 0
+        stop_if(cancel)
         try:
             data = read_chunk(tier, copy.manifest, *item)
         except (CorruptObjectError, NotFoundError) as e:
@@ -266,15 +268,17 @@ def pull(store: Store, tier: RemoteTier, manifest: Manifest, *,
          levels: Iterable[str] | None = None, document_id: int | None = None,
          passage_hash: str | None = None, progress: ProgressFn | None = None,
          evict: bool = True, evicted: list[dict] | None = None,
-         left_out: dict[str, StoreError] | None = None, keep: Iterable[int] = ()) -> Entry:
+         left_out: dict[str, StoreError] | None = None, keep: Iterable[int] = (),
+         cancel: threading.Event | None = None) -> Entry:
     """Copy a remote entry (at `levels`, default all of its levels) into the local store,
     with the calibration its chunks need (a passage's: of `document_id`, named by the local
     text's `passage_hash`). Not to `evict` other KV, a copy that does not fit the storage
     budget is dropped (BudgetFullError); else the caches storing it evicted are added to
     `evicted` (store.gc's `evicted_caches`; the copy itself, "too_large", where it is larger
     than the whole budget, or than the room the entries `keep` leave: then not kept; those are
-    never evicted for it). A level with a chunk object missing or damaged there is left out,
-    the others kept (`left_out`: {level: error}); with none intact, the first error is raised.
+    never evicted for it). `cancel` stops it as `complete` does. A level with a chunk object
+    missing or damaged there is left out, the others kept (`left_out`: {level: error}); with
+    none intact, the first error is raised.
 
     A passage's entry extending the passages' head (a version 5 manifest, store.shared.heads)
     becomes a local entry extending the local head: the complete root of no document holding
@@ -298,7 +302,7 @@ def pull(store: Store, tier: RemoteTier, manifest: Manifest, *,
                 fetch_calibration(store, tier, manifest, head=True)
                 head = _copy(tier, lambda lv: LocalCopy(store, manifest, lv, head=True,
                                                         evict=evict, keep=keep),
-                             levels, progress, made, failed)
+                             levels, progress, made, failed, cancel)
                 levels = tuple(level for level in levels if level not in failed)
                 if any(c.get("too_large") for c in made):  # (then removed, nothing evicted)
                     made.clear()
@@ -311,7 +315,8 @@ def pull(store: Store, tier: RemoteTier, manifest: Manifest, *,
             parent_id = head.id
         entry = _copy(tier, lambda lv: LocalCopy(
             store, manifest, lv, document_id=document_id, passage_hash=passage_hash,
-            evict=evict, keep=keep, parent_id=parent_id), levels, progress, made, failed)
+            evict=evict, keep=keep, parent_id=parent_id), levels, progress, made, failed,
+            cancel)
     finally:
         if evicted is not None:  # (a head's evictions too, were the passage's copy to fail)
             evicted += made
@@ -322,19 +327,19 @@ def pull(store: Store, tier: RemoteTier, manifest: Manifest, *,
 
 def _copy(tier: RemoteTier, make: Callable[[Iterable[str]], LocalCopy], levels: Iterable[str],
           progress: ProgressFn | None, evicted: list[dict],
-          failed: dict[str, StoreError]) -> Entry:
+          failed: dict[str, StoreError], cancel: threading.Event | None) -> Entry:
     """`pull`'s copy `make(levels)` completed; a level with a chunk object missing or damaged
     left out (into `failed`), the copy made again without it; none intact: the first error."""
     copy = make(levels)
     tried: dict[str, StoreError] = {}
-    entry, _ = complete(tier, copy, progress=progress, failed=tried)
+    entry, _ = complete(tier, copy, progress=progress, failed=tried, cancel=cancel)
     if entry is None:
         intact = [level for level in copy.levels if level not in tried]
         if not intact:
             raise next(iter(tried.values()))
         # (Read again: a pending entry's levels are fixed when it is made.)
         copy = make(intact)
-        entry, _ = complete(tier, copy, progress=progress)
+        entry, _ = complete(tier, copy, progress=progress, cancel=cancel)
         failed.update(tried)
     evicted += copy.evicted
     return entry
@@ -356,28 +361,35 @@ def status(store: Store, tier: RemoteTier, fingerprint: str) -> dict:
 
 
 def push_all(store: Store, tier: RemoteTier, fingerprint: str, *,
-             progress: ProgressFn | None = None) -> dict:
+             progress: ProgressFn | None = None, cancel: threading.Event | None = None) -> dict:
     """Push every local document entry of this model the tier lacks.
 
     An unreachable tier stops it (RemoteError); a corrupt local chunk skips that entry, and
-    so does a passage's entry whose head cannot go with it (PassageHeadError).
+    so does a passage's entry whose head cannot go with it (PassageHeadError). `cancel` stops
+    it before the next object: the entry under way is not shared (no manifest) and, with
+    those after it, counted `not_done`, for the next push.
     """
-    pushed, failed, there = [], [], 0
-    for entry in document_entries(store, fingerprint):
+    pushed, failed, there, not_done = [], [], 0, 0
+    entries = document_entries(store, fingerprint)
+    for n, entry in enumerate(entries):
         try:
-            transfer = push(store, tier, entry, progress=progress)
+            stop_if(cancel)
+            transfer = push(store, tier, entry, progress=progress, cancel=cancel)
         except (CorruptChunkError, PassageHeadError) as e:
             failed.append({"entry": entry.id, "error": str(e)})
             continue
+        except StoppedError:
+            not_done = len(entries) - n
+            break
         if transfer.skipped:
             there += 1
         else:
             pushed.append(asdict(transfer))
-    return {"pushed": pushed, "already_remote": there, "failed": failed}
+    return {"pushed": pushed, "already_remote": there, "failed": failed, "not_done": not_done}
 
 
 def pull_all(store: Store, tier: RemoteTier, fingerprint: str, *, lazy: bool = False,
-             progress: ProgressFn | None = None) -> dict:
+             progress: ProgressFn | None = None, cancel: threading.Event | None = None) -> dict:
     """Pull every remote document entry of this model the local store lacks.
 
     `lazy`: only add the documents, so that they can be asked about; their KV then streams
@@ -385,19 +397,20 @@ def pull_all(store: Store, tier: RemoteTier, fingerprint: str, *, lazy: bool = F
     stay there (`passages_left`): a question takes those it needs. A cache larger than the
     whole storage budget is not fetched (its document is added, as `lazy` adds it:
     `not_kept`); the caches storing the others evicted, those pulled before included, are
-    named (`evicted`).
+    named (`evicted`). `cancel` stops it before the next object: the copy under way is dropped
+    and, with the shared entries after it, counted `not_done`, for the next pull.
     """
     local = {entry_id_of(e) for e in document_entries(store, fingerprint)}
-    pulled, failed, here, passages = [], [], 0, 0
+    index = remote_index(tier, fingerprint)
+    todo = sorted((named, key) for named, key in index.items() if named not in local)
+    pulled, failed, here, passages, not_done = [], [], len(index) - len(todo), 0, 0
     not_kept: list[dict] = []
     evicted: list[dict] = []
     partial: list[dict] = []
-    for (token_end, digest), key in sorted(remote_index(tier, fingerprint).items()):
-        if (token_end, digest) in local:
-            here += 1
-            continue
+    for n, ((token_end, digest), key) in enumerate(todo):
         title = None
         try:
+            stop_if(cancel)
             manifest = read_manifest(tier, fingerprint, token_end, digest)
             if manifest.passage:  # pulled when a question retrieves it, for its document
                 passages += 1
@@ -415,7 +428,7 @@ def pull_all(store: Store, tier: RemoteTier, fingerprint: str, *, lazy: bool = F
             made_room: list[dict] = []
             left_out: dict[str, StoreError] = {}
             entry = pull(store, tier, manifest, progress=progress, evicted=made_room,
-                         left_out=left_out)
+                         left_out=left_out, cancel=cancel)
             if left_out:
                 partial.append({"title": title, "tokens": token_end, "levels": entry.levels,
                                 "left_out": {lvl: str(e) for lvl, e in left_out.items()}})
@@ -429,19 +442,9 @@ def pull_all(store: Store, tier: RemoteTier, fingerprint: str, *, lazy: bool = F
                                           entry.nbytes)))
         except (CorruptObjectError, NotFoundError) as e:
             failed.append({"key": key, "title": title, "error": str(e)})
+        except StoppedError:
+            not_done = len(todo) - n
+            break
     return {"pulled": pulled, "already_local": here, "passages_left": passages,
-            "not_kept": not_kept, "evicted": _named(store, evicted),
-            "levels_left_out": partial, "failed": failed}
-
-
-def _named(store: Store, caches: list[dict]) -> list[dict]:
-    """Evicted caches (store.gc's `evicted_caches`), each with its document's title."""
-    named = []
-    for cache in caches:
-        title = None
-        if cache["document_id"] is not None:
-            with contextlib.suppress(NotFoundError):
-                document = store.document(cache["document_id"])
-                title = f"a passage of {document.title}" if cache["passage"] else document.title
-        named.append({**cache, "title": title})
-    return named
+            "not_kept": not_kept, "evicted": evicted_named(store, evicted),
+            "levels_left_out": partial, "failed": failed, "not_done": not_done}
