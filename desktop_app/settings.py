@@ -303,7 +303,7 @@ def load(path: Path | None = None) -> Settings:
         if var not in ENVIRONMENT and var not in OTHER_ENVIRONMENT \
                 and not var.startswith(OTHER_ENVIRONMENT_PREFIXES):
             _warn(f"unknown environment variable {var} ignored", var,
-                  [*ENVIRONMENT, *OTHER_ENVIRONMENT])
+                  [*ENVIRONMENT, *OTHER_ENVIRONMENT], only_a_setting(var))
     env = {key: os.environ[var] for var, key in ENVIRONMENT.items() if os.environ.get(var)}
     for var, key in ENVIRONMENT.items():
         if os.environ.get(var) == "" and var not in _SAID_EMPTY:  # (once a process)
@@ -398,6 +398,26 @@ def _absolute(known: dict, path: Path) -> None:
             made.get(v, v) if isinstance(v, str) else v for v in folders]
 
 
-def _warn(message: str, name: str, known) -> None:
-    close = difflib.get_close_matches(name, list(known), n=1)
-    log.warning("Warning: %s%s", message, f" (did you mean {close[0]!r}?)" if close else "")
+def only_a_setting(var: str) -> str | None:
+    """What a KVDESK_ variable naming a setting the environment does not set is (KVDESK_THEME:
+    'theme'), so that the warning says where that setting is set."""
+    key = var.removeprefix("KVDESK_").lower()
+    if key in Settings.model_fields:
+        return f"{key!r} is a setting of the settings file, not an environment variable"
+    if key in GenerationOptions.model_fields:
+        return (f"{key!r} is a setting of the settings file (generation.{key}) and an "
+                "option of `kvdesk ask`, not an environment variable")
+    return None
+
+
+def _warn(message: str, name: str, known, hint: str | None = None) -> None:
+    """Say an unknown key or variable ignored, with what it is where `hint` knows, else a known
+    name it looks like a typo of: only a close one, compared without the KVDESK_ every
+    variable shares (with it, KVDESK_TEMPERATURE looked like KVDESK_DATA_DIR)."""
+    if hint is None:
+        close = difflib.get_close_matches(name.removeprefix("KVDESK_"),
+                                          [k.removeprefix("KVDESK_") for k in known], n=1,
+                                          cutoff=0.75)
+        prefix = "KVDESK_" if name.startswith("KVDESK_") else ""
+        hint = f"did you mean {prefix + close[0]!r}?" if close else None
+    log.warning("Warning: %s%s", message, f" ({hint})" if hint else "")

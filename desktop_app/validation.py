@@ -174,17 +174,30 @@ def parse(model: type[M], data: Mapping[str, Any], *, names: Mapping[str, str] |
         raise InvalidValue(key, problem(error)) from None
 
 
+# pydantic's words for the common types ("Input should be a valid integer, unable to parse
+# string as an integer") in kvdesk's own, `Exact`'s: one voice, whichever check refused a value.
+_WORDS = {"int_parsing": "should be an integer", "int_type": "should be an integer",
+          "int_from_float": "should be a whole number", "float_parsing": "should be a number",
+          "float_type": "should be a number", "finite_number": "should be a finite number",
+          "bool_parsing": "should be true or false", "bool_type": "should be true or false",
+          "string_type": "should be a string",
+          # a nested model's own name (GenerationOptions) means nothing to the user
+          "model_type": "should be a JSON object of its keys",
+          "tuple_type": "should be a JSON list"}
+
+
 def problem(error: dict) -> str:
     """What the user is told of one of pydantic's errors (`first_problem`'s): what the value
     should be, and the value given (never a secret's)."""
-    # a nested model's own name (GenerationOptions) means nothing to the user
-    message = ("should be a JSON object of its keys" if error["type"] == "model_type"
-               else "should be a JSON list" if error["type"] == "tuple_type"
-               # (true in a list of numbers, as `Exact` says it of a number given alone)
-               else "should be a number" if error["type"] in ("int_type", "float_type")
-               and isinstance(error.get("input"), bool)
-               else error["msg"].removeprefix("Value error, "))  # (pydantic's own words)
-    if error["type"] not in ("missing", SECRET, CONFLICT) and "input" in error:
+    kind = error["type"]
+    if kind in ("int_type", "float_type") and isinstance(error.get("input"), bool):
+        message = "should be a number"  # (true in a list of numbers, as `Exact` says it alone)
+    elif kind == "literal_error":  # ("'system', 'light' or 'dark'": the words, unquoted)
+        message = "should be " + re.sub(r"'([^']*)'", r"\1", error["ctx"]["expected"])
+    else:  # a range's words are pydantic's own ("greater than 0"), said as the others are
+        message = _WORDS.get(kind) or re.sub(
+            r"^Input should", "should", error["msg"].removeprefix("Value error, "))
+    if kind not in ("missing", SECRET, CONFLICT) and "input" in error:
         message += f" (got {_describe(error['input'])})"
     return message
 

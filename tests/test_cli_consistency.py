@@ -21,6 +21,18 @@ def kvdesk(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return proc
 
 
+def test_a_group_alone_prints_its_help_and_remote_status_names_the_variable(tmp_path):
+    """`kvdesk remote` alone printed its help as an error ("Error: Usage: ...", status 1); an
+    unconfigured `remote status` named only the settings, where `push` names the variable."""
+    for group in ([], ["remote"]):
+        proc = kvdesk(*group)
+        assert proc.stdout.startswith(f"Usage: {' '.join(['kvdesk', *group])} [OPTIONS]")
+        assert "Error" not in proc.stderr
+    said = kvdesk("--data-dir", str(tmp_path / "d"), "remote", "status").stdout
+    assert "remote_bucket" in said and "KVDESK_REMOTE_BUCKET" in said
+    assert "encode again the caches that need it" in " ".join(kvdesk("verify", "-h").stdout.split())
+
+
 def test_models_does_not_create_a_data_directory(tmp_path):
     data = tmp_path / "nowhere"
     json.loads(kvdesk("--data-dir", str(data), "models", "--json").stdout)
@@ -177,6 +189,45 @@ def test_unknown_settings_keys_and_variables_are_named(monkeypatch, caplog):
     assert len(warned) == 2, warned
     assert "unknown setting 'n_ctxx' ignored (did you mean 'n_ctx'?)" in warned[0]
     assert "KVDESK_DATADIR" in warned[1] and "KVDESK_DATA_DIR" in warned[1]
+
+
+def test_a_variable_is_likened_only_to_a_close_one_or_named_as_a_settings_key(monkeypatch,
+                                                                               caplog):
+    """KVDESK_TEMPERATURE was taken for KVDESK_DATA_DIR (the KVDESK_ they share)."""
+    for var in ("KVDESK_TEMPERATURE", "KVDESK_STORAGE_BUDGET_GB", "KVDESK_REMOTE_BUKET",
+                "KVDESK_WHATEVER"):
+        monkeypatch.setenv(var, "9")
+    with caplog.at_level(logging.WARNING, logger="kvdesk.settings"):
+        settings.load()
+    assert [r.getMessage().split(" ignored ", 1)[-1] for r in caplog.records] == [
+        "(did you mean 'KVDESK_REMOTE_BUCKET'?)",
+        "('storage_budget_gb' is a setting of the settings file, not an environment variable)",
+        "('temperature' is a setting of the settings file (generation.temperature) and an "
+        "option of `kvdesk ask`, not an environment variable)",
+        "Warning: unknown environment variable KVDESK_WHATEVER ignored"]
+
+
+def test_a_refused_value_is_said_in_kvdesks_words_whichever_check_refused_it(monkeypatch):
+    """pydantic's "Input should be a valid integer, unable to parse string as an integer" was
+    said beside kvdesk's own "should be an integer, not a string"."""
+    monkeypatch.setenv("KVDESK_N_CTX", "abc")
+    with pytest.raises(settings.SettingsError) as refused:
+        settings.load()
+    assert str(refused.value) == 'KVDESK_N_CTX: should be an integer (got "abc")'
+    monkeypatch.delenv("KVDESK_N_CTX")
+    path = settings.config_dir() / "settings.json"
+    path.parent.mkdir(parents=True)
+    for saved, says in (('"theme": "x"', 'theme: should be system, light or dark (got "x")'),
+                        ('"storage_budget_gb": Infinity',
+                         "storage_budget_gb: should be a finite number (got Infinity)"),
+                        ('"n_ctx": 1000.5', "n_ctx: should be a whole number (got 1000.5)"),
+                        ('"server_port": [1]', "server_port: should be an integer (got [1])"),
+                        ('"remote_prefix": 5', "remote_prefix: should be a string (got 5)"),
+                        ('"n_ctx": 5', "n_ctx: should be greater than or equal to 256 (got 5)")):
+        path.write_text("{" + saved + "}")
+        with pytest.raises(settings.SettingsError) as refused:
+            settings.load()
+        assert str(refused.value) == f"{path}: {says}"
 
 
 def test_an_empty_setting_variable_is_named_once(monkeypatch, caplog):

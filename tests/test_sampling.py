@@ -84,7 +84,7 @@ def test_unusable_model_values_are_ignored_with_a_note():
     ("temperature", -0.1, "greater than or equal to 0"), ("top_p", 0, "greater than 0"),
     ("top_p", 1.5, "less than or equal to 1"), ("min_p", -1, "greater than or equal to 0"),
     ("repeat_penalty", 0, "greater than 0"), ("repeat_last_n", -2, "greater than or equal to -1"),
-    ("top_k", 1.5, "valid integer"), ("max_tokens", 0, "greater than or equal to 1"),
+    ("top_k", 1.5, "should be a whole number"), ("max_tokens", 0, "greater than or equal to 1"),
     ("seed", -1, "greater than or equal to 0"), ("presence_penalty", 3, "less than or equal")])
 def test_one_rule_per_value_wherever_it_comes_from(field, value, rule):
     with pytest.raises(InvalidValue, match=rule) as direct:
@@ -117,7 +117,7 @@ def kvdesk(*args):
 def test_a_bad_flag_is_named_as_typed():
     proc = kvdesk("ask", "1", "hello", "--top-p", "0")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip() == "Error: --top-p: Input should be greater than 0 (got 0.0)"
+    assert proc.stderr.strip() == "Error: --top-p: should be greater than 0 (got 0.0)"
 
 
 @pytest.mark.model
@@ -134,7 +134,7 @@ def test_info_says_which_sampling_is_in_effect_and_where_it_comes_from(model_pat
 @pytest.mark.parametrize("value,key,says", [
     (5, "input", "should be one of: string, array of strings, array of integers, "
                  "array of arrays of integers (got 5)"),
-    ([["a"]], "input.0.0", "valid integer"),  # past its member's shape: that member's error
+    ([["a"]], "input.0.0", "should be an integer"),  # past its member's shape: that member's error
     (["a", 2], "input", "should be one of: string, array of strings")])  # a mixed list
 def test_a_union_is_told_as_the_json_types_it_takes(value, key, says):
     """pydantic's names for a union's members ('list[int]') are no key the user wrote."""

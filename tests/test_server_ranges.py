@@ -30,7 +30,7 @@ def test_a_temperature_over_openais_2_is_refused_on_openais_routes(client, route
     for value in (5, 2.5):
         r = client.post(route, json={"model": "default", "temperature": value, **body})
         assert r.status_code == 400, r.text
-        assert r.json()["error"] == {"message": "temperature: Input should be less than or "
+        assert r.json()["error"] == {"message": "temperature: should be less than or "
                                                 f"equal to 2 (got {value})", "param":
                                      "temperature", "type": "invalid_request_error",
                                      "code": None}
