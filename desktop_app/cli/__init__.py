@@ -45,6 +45,8 @@ def main(argv: list[str] | None = None) -> None:
             click.echo(json.dumps({"error": "interrupted", "kind": "Interrupted"}))
         click.echo("Aborted.", err=True)
         sys.exit(base.INTERRUPTED)
+    except click.exceptions.NoArgsIsHelpError as e:  # `kvdesk`, `kvdesk remote`: as -h does
+        click.echo(e.ctx.get_help())
     except click.UsageError as e:  # a malformed command line: one Error line, and where to look
         hint = f" (`{e.ctx.command_path} -h` for help)" if e.ctx is not None else ""
         if base.wants_json(args):

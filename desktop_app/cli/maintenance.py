@@ -66,9 +66,9 @@ def models(app: App, as_json: bool):
 
 @cli.command()
 @click.option("--repair", is_flag=True, help="Recompute damaged and missing chunks under this "
-              "model; fetch again from the shared cache (or else encode again the caches "
-              "that need) a codec calibration that is unusable; drop what other models' "
-              "caches cannot have back.")
+              "model; fetch an unusable codec calibration again from the shared cache (where "
+              "it is not there, encode again the caches that need it); drop what other "
+              "models' caches cannot have back.")
 @json_option
 @click.pass_obj
 def verify(app: App, repair: bool, as_json: bool):

@@ -51,7 +51,8 @@ def remote_status(app: App, as_json: bool):
     report = app.engine.sharing.status(app.engine.fingerprint) if app.remote else \
         {"configured": False}
     if not report["configured"]:
-        lines = ["no shared cache configured (settings remote_bucket, remote_endpoint_url)"]
+        lines = ["no shared cache configured: set remote_bucket (and remote_endpoint_url for "
+                 "a server other than AWS S3) in the settings, or KVDESK_REMOTE_BUCKET"]
     else:
         lines = [f"{report['endpoint']} bucket {report['bucket']!r} prefix "
                  f"{report['prefix']!r}: "
