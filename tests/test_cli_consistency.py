@@ -49,6 +49,14 @@ def test_listing_and_verifying_do_not_create_a_data_directory(tmp_path):
     assert not data.exists()
 
 
+def test_verify_of_a_mistyped_folder_says_there_is_nothing_to_verify(tmp_path):
+    """It said "0 entries, 0 chunks, 0.0 MB, 0 codec calibrations: all intact"."""
+    for data in (tmp_path / "mistyped", tmp_path):
+        assert kvdesk("--data-dir", str(data), "verify").stdout == \
+            f"nothing to verify: no kvdesk store in {data}\n"
+    assert not (tmp_path / "mistyped").exists()
+
+
 @pytest.mark.model
 def test_verify_repair_with_no_store_says_so_and_creates_nothing(tmp_path):
     """(`verify --repair` made the folder, or a store and its reserve beside the user's files,

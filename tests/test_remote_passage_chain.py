@@ -286,9 +286,9 @@ def test_a_head_of_another_calibration_lands_with_it_or_on_one_held_here(
     conn.close()
     with open_store(where) as c, pytest.raises(PassageHeadError, match="cannot read"):
         pull_passage(c, remote_tier, c.documents()[0], 0)
-    assert sync.status(b, remote_tier, FP) == {
+    assert checking.status(b, remote_tier, FP) == {
         "reachable": True, "local_entries": 1, "remote_entries": 1, "only_local": 0,
-        "only_remote": 0}
+        "only_remote": 0, "damaged": []}
 
 
 def test_pull_all_leaves_passages_extending_the_head(a, b, remote_tier):

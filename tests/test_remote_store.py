@@ -122,9 +122,9 @@ def test_push_then_pull_on_another_machine(a, b, remote_tier, s3_server):
     keys = bucket_keys(s3_server, remote_tier)
     assert len([k for k in keys if "/kv/model-a/" in k]) == 6
     assert len([k for k in keys if "/manifests/model-a/" in k]) == 1
-    assert sync.status(b, remote_tier, FP) == {
+    assert checking.status(b, remote_tier, FP) == {
         "reachable": True, "local_entries": 0, "remote_entries": 1, "only_local": 0,
-        "only_remote": 1}
+        "only_remote": 1, "damaged": []}
 
     pulled = sync.pull_all(b, remote_tier, FP)
     assert [t["tokens"] for t in pulled["pulled"]] == [600] and pulled["failed"] == []
@@ -175,6 +175,21 @@ def test_a_manifest_a_newer_kvdesk_wrote_is_never_written_over(a, remote_tier, s
         sync.read_manifest(remote_tier, FP, entry.token_end, entry.prefix_hash)
     assert sync.push(a, remote_tier, entry).skipped
     assert remote_tier.get(key) == newer
+
+
+def test_status_names_a_damaged_manifest_only_there_instead_of_counting_it_shared(
+        a, b, remote_tier, s3_server):
+    """A truncated manifest was counted "shared there, 1 only there", which a pull refused."""
+    attached(a)
+    attached(a, list(range(1000, 1600)), title="other.md")
+    sync.push_all(a, remote_tier, FP)
+    key = sorted(k for k in bucket_keys(s3_server, remote_tier) if "/manifests/" in k)[0]
+    remote_tier.put(key, remote_tier.get(key)[:100])
+    report = checking.status(b, remote_tier, FP)
+    assert report["remote_entries"] == report["only_remote"] == 2
+    assert [d["key"] for d in report["damaged"]] == [key]
+    assert "malformed manifest" in report["damaged"][0]["error"]
+    assert checking.status(a, remote_tier, FP)["damaged"] == []  # (held here: verify reads it)
 
 
 def test_an_entry_travels_with_its_window(a, b, remote_tier, s3_server):
@@ -280,7 +295,7 @@ def test_a_stopped_push_shares_nothing_half_sent_and_resumes(a, b, remote_tier):
     cancel, progress = cancelled_after(2)
     report = sync.push_all(a, remote_tier, FP, progress=progress, cancel=cancel)
     assert report["pushed"] == [] and report["not_done"] == 2
-    assert sync.status(b, remote_tier, FP)["remote_entries"] == 0  # no manifest yet
+    assert checking.status(b, remote_tier, FP)["remote_entries"] == 0  # no manifest yet
     assert len(sync.push_all(a, remote_tier, FP)["pushed"]) == 2
     cancel = threading.Event()
     cancel.set()
@@ -323,7 +338,7 @@ def test_fingerprints_and_prefixes_isolate(a, b, remote_tier, s3_server):
     other_team = RemoteTier(RemoteConfig(bucket=remote_tier.config.bucket,
                                          prefix=remote_tier.prefix + "-other",
                                          endpoint_url=s3_server.endpoint_url))
-    assert sync.status(b, other_team, FP)["remote_entries"] == 0
+    assert checking.status(b, other_team, FP)["remote_entries"] == 0
     assert sync.find(other_team, FP, TOKENS) is None
 
 

@@ -101,9 +101,11 @@ def verify(app: App, repair: bool, as_json: bool):
     problems = [f"{len(report['corrupt'])} damaged"] if report["corrupt"] else []
     problems += [f"{len(report['missing'])} missing"] if report["missing"] else []
     problems += [f"{len(unusable)} unusable calibrations"] if unusable else []
+    # (no store there, a mistyped --data-dir most often: "all intact" would vouch for it)
     lines = [f"{report['entries']} entries, {report['chunks']} chunks, "
              f"{report['bytes'] / 1e6:.1f} MB, {len(report['calibrations'])} codec "
-             f"calibrations: " + (", ".join(problems) or "all intact")]
+             f"calibrations: " + (", ".join(problems) or "all intact")] if app.holds_store \
+        else [f"nothing to verify: no kvdesk store in {app.data_dir}"]
     lines += [f"  damaged: entry {c['entry']} chunk {c['chunk']} level {c['level']}"
               + ("" if c["new"] else " (set aside before)") for c in report["corrupt"]]
     lines += [f"  missing: entry {c['entry']} chunk {c['chunk']} level {c['level']}"

@@ -61,11 +61,15 @@ def remote_status(app: App, as_json: bool):
                  f"{report['local_entries']}"]
         if report["reachable"]:
             lines += [f"shared there: {report['remote_entries']} "
-                      f"({report['only_local']} only here, {report['only_remote']} only there)"]
+                      f"({report['only_local']} only here, {report['only_remote']} only there"
+                      + (f", {len(report['damaged'])} of those damaged" if report["damaged"]
+                         else "") + ")"]
+            lines += [f"DAMAGED: {d['error']}: a pull cannot take it; `kvdesk remote push` "
+                      "where its cache is held writes it again" for d in report["damaged"]]
         lines += [f"automatic push: {'on' if report['auto_push'] else 'off'}, "
                   f"automatic pull: {'on' if report['auto_pull'] else 'off'}"]
     emit(report, as_json, lines)
-    if report["configured"] and not report["reachable"]:
+    if report["configured"] and (not report["reachable"] or report["damaged"]):
         sys.exit(1)
 
 
@@ -103,9 +107,12 @@ def _transfer(as_json: bool, run, phase: str, key: str, left: str, lazy: bool = 
 
 
 def _stopped(not_done: int, what: str) -> None:
-    """Exit as Ctrl-C stopped the command, saying what it left (what it did is said above)."""
-    say([f"stopped: {not_done} {what}" if not_done else
-         "stopped after the last one: nothing was left to do"])
+    """Exit as Ctrl-C stopped the command, saying what it left (what it did is said above);
+    one that came after the last object stopped nothing: the command ends as it would have."""
+    if not not_done:
+        say(["Ctrl-C came after the last one: nothing was left to do"])
+        return
+    say([f"stopped: {not_done} {what}"])
     sys.exit(INTERRUPTED)
 
 

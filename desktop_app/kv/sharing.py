@@ -287,7 +287,7 @@ class Sharing:
         return {"configured": True, "endpoint": config.where, "bucket": config.bucket,
                 "prefix": self.tier.prefix, "auto_push": self.auto_push,
                 "auto_pull": self.auto_pull, "fingerprint": fingerprint,
-                **sync.status(self.store, self.tier, fingerprint)}
+                **checking.status(self.store, self.tier, fingerprint)}
 
     # (`cancel`, an Event: Ctrl-C stops each before its next object, saying `not_done`.)
     def push(self, fingerprint: str, progress: Callable[[int, int], None] | None = None,

@@ -5,8 +5,8 @@ S3-compatible object storage, the local store staying the index and the cache.
                (content-addressed), manifests and calibrations; the one module that talks to
                S3 (boto3, imported on first use)
     manifest   an entry's manifest: all another machine needs to use it, checked on every read
-    sync       push, pull and status: entries moved between the local store and the tier
-    checking   `remote verify`: the shared copies of local entries read back, put back
+    sync       push and pull: entries moved between the local store and the tier
+    checking   `remote verify` and `status`: what is shared read back (put back), counted
     localcopy  a remote entry being copied in, invisible locally until every chunk is in
     titles     how a transfer names the entries and caches it moved
     heads      the passages' head: a passage's entry extending it travels with its chunks

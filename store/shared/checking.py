@@ -1,4 +1,5 @@
-"""Reading back what is shared: `remote verify`'s check of the shared copies of local entries.
+"""Reading back what is shared: `remote verify`'s check of the shared copies of local entries,
+and `remote status`'s look at both sides (the manifests a pull would read, read).
 
 A push never reads back what is there (store.shared.sync): an object damaged or deleted in the
 bucket is found here, by reading back every object of the shared copy of an entry this
@@ -13,12 +14,28 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from ..errors import CorruptChunkError, CorruptObjectError, NotFoundError, StoppedError, StoreError
+from ..errors import (
+    CorruptChunkError,
+    CorruptObjectError,
+    NotFoundError,
+    RemoteError,
+    StoppedError,
+    StoreError,
+)
 from ..records import Entry
 from ..store import Store
 from .heads import PassageHeadError, sources
+from .manifest import NewerManifestError
 from .remote import RemoteTier, sha256
-from .sync import document_entries, entry_id_of, push, read_chunk, read_manifest, stop_if
+from .sync import (
+    document_entries,
+    entry_id_of,
+    push,
+    read_chunk,
+    read_manifest,
+    remote_index,
+    stop_if,
+)
 from .titles import entry_title
 
 
@@ -113,3 +130,30 @@ def check_all(store: Store, tier: RemoteTier, fingerprint: str, *,
             "damaged": [{**d, "title": r["title"]} for r in shared for d in r["damaged"]],
             "repaired": sum(r["repaired"] for r in shared), "failed": failed,
             "not_done": not_done}
+
+
+def status(store: Store, tier: RemoteTier, fingerprint: str) -> dict:
+    """Whether the bucket answers, and this model's document entries on each side. The
+    manifests of those only there, which a pull would read, are read (in parallel): one that
+    fails its check is named in `damaged` ({"key", "error"}), not taken for a shared cache."""
+    local = {entry_id_of(e) for e in document_entries(store, fingerprint)}
+
+    def damage(named: tuple[int, bytes]) -> dict | None:
+        try:
+            read_manifest(tier, fingerprint, *named)
+        except (NewerManifestError, NotFoundError):  # (a newer kvdesk's; one gone since)
+            return None
+        except CorruptObjectError as e:
+            return {"key": e.key, "error": str(e)}
+        return None
+
+    try:
+        tier.check()
+        remote = set(remote_index(tier, fingerprint))
+        with ThreadPoolExecutor(tier.config.parallel, thread_name_prefix="kv-status") as pool:
+            damaged = [d for d in pool.map(damage, sorted(remote - local)) if d is not None]
+    except RemoteError as e:
+        return {"reachable": False, "error": str(e), "local_entries": len(local)}
+    return {"reachable": True, "local_entries": len(local), "remote_entries": len(remote),
+            "only_local": len(local - remote), "only_remote": len(remote - local),
+            "damaged": damaged}

@@ -1,4 +1,4 @@
-"""Moving document entries between the local store and the remote tier: push, pull, status.
+"""Moving document entries between the local store and the remote tier: push and pull.
 
 The local store stays the index and the cache: a push uploads a local entry's chunk objects
 (those not there yet, in parallel) and then its manifest; a pull finds an entry by the
@@ -34,7 +34,6 @@ from ..errors import (
     CorruptChunkError,
     CorruptObjectError,
     NotFoundError,
-    RemoteError,
     StoppedError,
     StoreError,
 )
@@ -346,18 +345,6 @@ def _copy(tier: RemoteTier, make: Callable[[Iterable[str]], LocalCopy], levels: 
 
 
 # -- whole stores ----------------------------------------------------------------------------
-
-
-def status(store: Store, tier: RemoteTier, fingerprint: str) -> dict:
-    """Whether the bucket answers, and this model's document entries on each side."""
-    local = {entry_id_of(e) for e in document_entries(store, fingerprint)}
-    try:
-        tier.check()
-        remote = set(remote_index(tier, fingerprint))
-    except RemoteError as e:
-        return {"reachable": False, "error": str(e), "local_entries": len(local)}
-    return {"reachable": True, "local_entries": len(local), "remote_entries": len(remote),
-            "only_local": len(local - remote), "only_remote": len(remote - local)}
 
 
 def push_all(store: Store, tier: RemoteTier, fingerprint: str, *,
