@@ -71,9 +71,9 @@ class Store(LibraryStore, PassageStore, PassageKVStore, SplitStore, UsageStore):
                     why in str(e) for why in ("unable to open", "readonly", "disk I/O")):
                 raise
             why = e.__cause__ if isinstance(e, DamagedError) else e
-            hint = ("; its documents and chats are in that file: restore it from a backup, or "
-                    "move it aside and kvdesk starts a new one"
-                    if "not a database" in str(why) or isinstance(e, DamagedError) else "")
+            hint = (". Restore it from a backup, or move it aside: kvdesk then starts an empty "
+                    "store, without the chats and document list it held (caches are computed "
+                    "again)" if not isinstance(why, sqlite3.OperationalError) else "")
             raise DataDirError(f"{self.path} cannot be opened as a kvdesk store ({why}){hint}"
                                ) from e
         except BaseException:

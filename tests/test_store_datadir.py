@@ -39,9 +39,25 @@ def test_a_data_directory_the_system_cannot_create_is_one_clear_error(tmp_path):
 
 def test_a_file_that_is_not_a_database(tmp_path):
     (tmp_path / "kvdesk.sqlite").write_bytes(b"not sqlite at all" * 100)
-    with pytest.raises(DataDirError, match="cannot be opened as a kvdesk store .*restore it "
+    with pytest.raises(DataDirError, match="cannot be opened as a kvdesk store .*Restore it "
                                            "from a backup, or move it aside"):
         Store(tmp_path)
+
+
+@pytest.mark.parametrize("size", [3000, 200_000])
+def test_a_truncated_database_says_what_to_do_and_what_is_lost(tmp_path, size):
+    """It said only "cannot be opened as a kvdesk store (database disk image is malformed)"."""
+    with open_store(tmp_path) as store:
+        for i in range(40):
+            doc = store.add_document(f"h{i}", f"Doc {i}", "text " * 500, type="txt")
+            put_entry(store, range(1000 * i, 1000 * i + 300), document_id=doc.id)
+    os.truncate(tmp_path / "kvdesk.sqlite", size)
+    with pytest.raises(DataDirError) as refused:
+        Store(tmp_path)
+    assert str(refused.value) == (
+        f"{tmp_path / 'kvdesk.sqlite'} cannot be opened as a kvdesk store (database disk image "
+        "is malformed). Restore it from a backup, or move it aside: kvdesk then starts an "
+        "empty store, without the chats and document list it held (caches are computed again)")
 
 
 @pytest.fixture
