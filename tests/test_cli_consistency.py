@@ -238,6 +238,18 @@ def test_a_refused_value_is_said_in_kvdesks_words_whichever_check_refused_it(mon
         assert str(refused.value) == f"{path}: {says}"
 
 
+@pytest.mark.parametrize(("args", "says"), [
+    (["--n-ctx", "big", "docs"], '--n-ctx: should be an integer (got "big")'),
+    (["gc", "--budget-gb", "x"], '--budget-gb: should be a number (got "x")'),
+    (["rm", "thing", "3"], '{doc|chat}: should be doc or chat (got "thing")')])
+def test_a_flags_value_is_refused_in_the_words_a_settings_is(args, says):
+    """click said "Invalid value for '--budget-gb': 'x' is not a valid float."."""
+    proc = subprocess.run([sys.executable, "-m", "desktop_app", *args, "--json"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and proc.stderr.startswith(f"Error: {says} (`kvdesk")
+    assert json.loads(proc.stdout) == {"error": says, "kind": "UsageError"}
+
+
 def test_an_empty_setting_variable_is_named_once(monkeypatch, caplog):
     """An empty KVDESK_REMOTE_ENDPOINT_URL= (a script's) meant AWS S3 without a word."""
     monkeypatch.setattr(settings, "_SAID_EMPTY", set())

@@ -6,9 +6,11 @@ No logic lives here that the GUI would need too: that belongs in `App` and the e
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import itertools
 import json
+import re
 import signal
 import sys
 import threading
@@ -62,6 +64,35 @@ def values(model: type[M], **given) -> M:
     """The command line's values for `model` (options not given keep their defaults)."""
     return checked(lambda **v: parse(model, v),
                    **{k: v for k, v in given.items() if v is not None})
+
+
+# What a flag of each click type should be, in the words a setting's value is refused in
+# (validation.problem): "--budget-ms: should be a number", not click's "is not a valid float".
+_SHOULD_BE = {click.types.IntParamType: "should be an integer",
+              click.types.FloatParamType: "should be a number"}
+
+
+def refused_value(e: click.UsageError) -> str | None:
+    """A flag's or argument's value click refused for its type (an integer, a number, one of
+    some choices), told as every other refused value is: `--n-ctx: should be an integer (got
+    "big")`; None for any other usage error, or a message of click's not read here."""
+    param = getattr(e, "param", None)
+    given = re.match(r"(.+?) is not ", getattr(e, "message", ""))
+    if not isinstance(e, click.BadParameter) or param is None or given is None:
+        return None
+    try:
+        value = ast.literal_eval(given.group(1))  # (click writes the value as Python's repr)
+    except (ValueError, SyntaxError):
+        return None
+    kind = type(param.type)
+    if isinstance(param.type, click.Choice):
+        *most, last = [str(c) for c in param.type.choices]
+        should = f"should be {', '.join(most)} or {last}" if most else f"should be {last}"
+    elif kind in _SHOULD_BE:
+        should = _SHOULD_BE[kind]
+    else:
+        return None
+    return f"{param.get_error_hint(e.ctx).replace(chr(39), '')}: {should} (got {json.dumps(value)})"
 
 
 json_printed = False  # whether the command printed its one JSON document (`print_json`)
