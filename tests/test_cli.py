@@ -72,6 +72,10 @@ def test_a_malformed_command_line_is_one_error_line_and_json_with_json(tmp_path)
     # How to retrieve, without anything to retrieve for: said, not ignored.
     wide = kvdesk("--data-dir", str(tmp_path), "passages", "1", "--wide", check=False)
     assert wide.returncode == 1 and "give --query too" in wide.stderr
+    # A title or a mistyped id where the document's id goes: said which word is wrong.
+    titled = kvdesk("--data-dir", str(tmp_path), "ask", "manual.pdf", "Why?", check=False)
+    assert titled.returncode == 1
+    assert "'manual.pdf' is not a document id (`kvdesk docs` lists them)" in titled.stderr
 
 
 def test_gui_without_display_explains_headless_use(monkeypatch):

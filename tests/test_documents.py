@@ -219,6 +219,14 @@ def test_missing_file_and_folder(tmp_path):
         extract(tmp_path)
 
 
+def test_a_file_too_large_says_the_limit(tmp_path, monkeypatch):
+    monkeypatch.setattr(documents, "MAX_FILE_BYTES", 1000)
+    (tmp_path / "big.txt").write_text("x" * 2500)
+    with pytest.raises(DocumentError, match=r"big.txt: 2.5 KB is too large to attach \(the "
+                       r"most kvdesk reads is 1.0 KB\)"):
+        extract(tmp_path / "big.txt")
+
+
 def test_paths_that_are_no_readable_file_say_why(tmp_path):
     os.mkfifo(tmp_path / "pipe")
     with pytest.raises(DocumentError, match="not a regular file"):

@@ -33,9 +33,10 @@ from ..errors import DocumentError
 from ..formats import office
 from ..passages import records
 from ..passages.pdf_headings import outline_headings
+from ..results import size_text
 from .encodings import decode
 
-MAX_FILE_BYTES = 200 * 1024 * 1024  # far beyond any context; refuses accidental disk images
+MAX_FILE_BYTES = 200_000_000  # far beyond any context; refuses accidental disk images
 
 HTML_SUFFIXES = {".html", ".htm", ".xhtml"}
 PDF_SUFFIXES = {".pdf"}
@@ -113,7 +114,8 @@ def extract(path: str | Path) -> Extracted:
             raise DocumentError(f"{path}: not a regular file (a device, a pipe or a socket)")
         size = path.stat().st_size
         if size > MAX_FILE_BYTES:
-            raise DocumentError(f"{path.name}: {size / 1e6:.0f} MB is too large to attach")
+            raise DocumentError(f"{path.name}: {size_text(size)} is too large to attach (the "
+                                f"most kvdesk reads is {size_text(MAX_FILE_BYTES)})")
         # read even when its size says 0: files of /proc and the like have text all the same
         data = path.read_bytes()
     except OSError as e:  # a name too long, a link loop, unreadable

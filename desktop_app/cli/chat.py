@@ -157,9 +157,12 @@ def ask(app: App, args, chat_id, docs, restore, generation, no_server, as_json):
     elif chat_id is None and len(args) == 1 and docs:
         doc_ids, question = list(docs), args[0]
     else:
-        raise click.UsageError("usage: kvdesk ask DOC_ID QUESTION, kvdesk ask --doc ID --doc "
-                               "ID QUESTION, or kvdesk ask --chat CHAT_ID QUESTION (quote the "
-                               "question)")
+        # (two words, the first not a number: a document's title or a mistyped id given)
+        wrong = (f"{args[0]!r} is not a document id (`kvdesk docs` lists them); "
+                 if chat_id is None and len(args) == 2 and not docs else "")
+        raise click.UsageError(f"{wrong}usage: kvdesk ask DOC_ID QUESTION, kvdesk ask --doc "
+                               "ID --doc ID QUESTION, or kvdesk ask --chat CHAT_ID QUESTION "
+                               "(quote the question)")
     if chat_id is not None or doc_ids:  # (stored ones: a mistyped --data-dir is not made)
         only_reading(app)
     bar = TerminalProgress()
