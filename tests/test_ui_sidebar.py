@@ -9,7 +9,7 @@ from PySide6.QtWidgets import QApplication, QMenu, QStyle
 
 from desktop_app.results import ChatInfo, DocumentInfo
 from ui import theme
-from ui.sidebar import ChatList, DocumentList
+from ui.sidebar import ChatList, DocumentList, numbered
 
 
 class RenameAtOnce(QMenu):
@@ -85,3 +85,16 @@ def test_chats_of_the_same_long_title_are_told_apart_in_a_narrow_list(qtbot):
     width = metrics.horizontalAdvance(title) * 2 // 3  # (the sidebar's width cuts them)
     shown = {metrics.elidedText(t, mode, width) for t in chat_list.visible_titles()["Today"]}
     assert len(shown) == 3, shown
+
+
+def test_a_number_a_chat_s_own_title_already_reads_is_skipped():
+    """Chats "Report", "Report", "Report (2)" showed as "Report", "Report (2)", "Report (2)"."""
+    def shown(*titles: str) -> list[str]:
+        return list(numbered([ChatInfo(n, t, [1], 2, 0.0, 0.0)
+                              for n, t in enumerate(titles, 1)]).values())
+
+    assert shown("Report", "Report", "Report (2)") == ["Report", "Report (3)", "Report (2)"]
+    assert shown("Report (2)", "Report", "Report", "Report", "Report (2)") == [
+        "Report (2)", "Report", "Report (3)", "Report (4)", "Report (2) (2)"]
+    rows = shown("A", "A (2)", "A", "A (2)", "A", "A (3)")
+    assert len(set(rows)) == len(rows) and rows[:2] == ["A", "A (2)"]

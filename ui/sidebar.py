@@ -180,12 +180,23 @@ class ChatList(QWidget):
 
 def numbered(chats: list[ChatInfo]) -> dict[int, str]:
     """Each chat's title as the list shows it: chats of the same title told apart by their
-    number in the order they were started, "… (2)", "… (3)" (the first keeps its title)."""
-    seen: dict[str, int] = {}
+    number in the order they were started, "… (2)", "… (3)" (the first keeps its title), a
+    number skipped where a chat's own title already reads so ("Report (2)"): no two rows
+    read alike."""
+    taken = {chat.title for chat in chats}
+    last: dict[str, int] = {}
     shown = {}
     for chat in sorted(chats, key=lambda c: c.chat_id):
-        seen[chat.title] = n = seen.get(chat.title, 0) + 1
-        shown[chat.chat_id] = chat.title if n == 1 else f"{chat.title} ({n})"
+        if chat.title not in last:
+            last[chat.title] = 1
+            shown[chat.chat_id] = chat.title
+            continue
+        n = last[chat.title] + 1
+        while f"{chat.title} ({n})" in taken:
+            n += 1
+        last[chat.title] = n
+        shown[chat.chat_id] = f"{chat.title} ({n})"
+        taken.add(shown[chat.chat_id])
     return shown
 
 
