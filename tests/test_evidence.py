@@ -182,3 +182,24 @@ def test_in_source_code_the_line_naming_the_word_is_quoted_not_the_block():
     prose = ("The relay keeps its logs (all of them)\nfor a week, then the Quasarline\n"
              "archive takes them, as follows:\nnightly, at two.")
     assert sentences(prose) == [prose]
+
+
+def test_prose_wrapped_on_lines_ending_as_code_does_stays_one_sentence():
+    """A contract's clauses end in ";", a heading in ":", dialogue opens with a quote: signs
+    of code only beside stronger ones (an assignment, a call, a comment)."""
+    for prose in ("The Supplier shall deliver the Goods to the Buyer's premises;\n"
+                  "the Buyer shall pay the Price within thirty days of delivery.",
+                  "Requirements:\nPython 3.11 or later is needed.",
+                  '"We should leave before the storm\nreaches the harbour," said Mara.',
+                  "The Supplier shall, under Section 3(a):\n(a) deliver the Goods;\n"
+                  "(b) invoice the Buyer; and\n(c) keep the records for six years."):
+        assert sentences(prose) == [prose]
+    clause = naming(counted({"premises": 1}), 1, "where are the goods delivered, to which "
+                    "premises?", ["The Supplier shall deliver the Goods to the Buyer's "
+                                  "premises;\nthe Buyer shall pay the Price within thirty "
+                                  "days of delivery."])
+    assert clause == ["The Supplier shall deliver the Goods to the Buyer's premises;\nthe "
+                      "Buyer shall pay the Price within thirty days of delivery."]
+    # Three lines of code, or more, are lines still.
+    assert sentences("x = load()\nif x:\n    # the Quasarline port\n    run(x)") == [
+        "x = load()", "if x:", "    # the Quasarline port", "    run(x)"]

@@ -33,12 +33,16 @@ _TITLE = re.compile(r"(?:\b(?:Dr|Mr|Mrs|Ms|Prof|St|Mt|No|vs|e\.g|i\.e)|\b[A-Z])\
 
 
 # A line of source code: a comment, a decorator or an import at its start; an assignment, a
-# call or an underscored identifier in it; or a bracket, colon or semicolon at its end (not
-# a keyword at its start: prose lines start "for", "if" or "with" too). Code has no full
-# stops to end its "sentences": its lines are its sentences.
+# call or an underscored identifier in it (not a keyword at its start: prose lines start
+# "for", "if" or "with" too). Code has no full stops to end its "sentences": its lines are
+# its sentences.
 _CODE = re.compile(
     r"^\s*(?:#|//|/\*|\*\s|@\w|import\s+[\w.]+|from\s+[\w.]+\s+import\b)|"
-    r"\w\s*(?:[-+*/|&]?=(?!=)|==)|\w\(|\w_\w|[\[{(:;}\]]\s*$|^\s*[\]})\"']")
+    r"\w\s*(?:[-+*/|&]?=(?!=)|==)|\b[A-Za-z_]\w*\(|\w_\w")
+# Half a sign of code: a bracket, colon or semicolon at a line's end, a closing bracket or a
+# quote at its start. Prose wraps so too (a contract's clauses end in ";", "Requirements:",
+# a line of dialogue opens with a quote), so these alone never make a run code.
+_CODE_ENDS = re.compile(r"[\[{(:;}\]]\s*$|^\s*[\]})\"']")
 
 
 def sentences(text: str) -> list[str]:
@@ -58,10 +62,13 @@ def sentences(text: str) -> list[str]:
 
 
 def _code_lines(sentence: str) -> list[str]:
-    """`sentence`'s lines if most of them are source code (`_CODE`), else `sentence`."""
+    """`sentence`'s lines if it is a run of three or more and more than half of them are
+    source code (`_CODE` counted whole, `_CODE_ENDS` half), else `sentence`: two wrapped
+    lines are quoted whole whatever they are."""
     lines = [line for line in sentence.split("\n") if line.strip()]
-    code = sum(_CODE.search(line) is not None for line in lines)
-    return lines if len(lines) > 1 and 2 * code >= len(lines) else [sentence]
+    code = sum(2 if _CODE.search(line) else _CODE_ENDS.search(line) is not None
+               for line in lines)  # (in halves)
+    return lines if len(lines) >= 3 and code > len(lines) else [sentence]
 
 
 def _cut(sentence: str) -> str:
