@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .caches import blobs, calibrations, integrity, kv, quota
+from .caches.deleting import DeletingStore
 from .caches.splitting import SplitStore
 from .caches.usage import UsageStore
 from .datadir.db import Connections, prepare_data_dir, quick_check
@@ -46,11 +47,12 @@ JSON_COLUMNS = (("kv_entries", "id", "levels"), ("settings", "key", "value"),
                 ("calibrations", "id", "meta"), ("passages", "id", "heading"))
 
 
-class Store(LibraryStore, PassageStore, PassageKVStore, SplitStore, UsageStore):
+class Store(LibraryStore, PassageStore, PassageKVStore, SplitStore, UsageStore, DeletingStore):
     """Persistent state of one data directory. Close it (or use `with`) when done.
 
     `LibraryStore`, `PassageStore`, `PassageKVStore` (store.documents): documents, chats,
-    messages, passages, their KV; `SplitStore`, `UsageStore` (store.caches); the rest: here.
+    messages, passages, their KV; `SplitStore`, `UsageStore`, `DeletingStore` (store.caches);
+    the rest: here.
     """
 
     def __init__(self, data_dir: str | Path, *, clock: Callable[[], float] = time.time):
@@ -321,15 +323,6 @@ class Store(LibraryStore, PassageStore, PassageKVStore, SplitStore, UsageStore):
             return
         with contextlib.suppress(DiskFullError), self._db.write() as db:
             kv.touch(db.conn, entry_ids, self._clock())
-
-    def delete_entry(self, entry_id: int) -> list[int]:
-        """Delete an entry and every entry extending it; return their ids."""
-        def work() -> list:
-            with self._db.write() as db:
-                tree = kv.subtree(db.conn, entry_id)
-                db.execute("DELETE FROM kv_entries WHERE id = ?", (entry_id,))
-            return tree
-        return [deleted for deleted, _, _ in self._db.freeing(work)]
 
     # -- codec calibrations ----------------------------------------------------------------------
 

@@ -1,10 +1,13 @@
 """A chat's entries that no later turn can resume from are dropped when its new context is
 stored (`KVCache.drop_superseded`); what another chat, a document, a passage or an entry
-extending one still needs is never touched. Store-level: no model."""
+extending one (complete or still being written) still needs is never touched, and a store
+error while dropping never fails the turn. Store-level: no model."""
 
 from __future__ import annotations
 
-from test_store_helpers import FP, open_store, put_entry
+import sqlite3
+
+from test_store_helpers import FP, LEVELS, open_store, payload, put_entry
 
 from desktop_app.kv.kvcache import KVCache
 
@@ -40,4 +43,47 @@ def test_a_chats_entries_it_can_no_longer_resume_from_are_dropped(tmp_path):
     assert {extended.id, beyond.id, prefix.id, other_old.id, document.id, passage.id,
             another_model.id, stored.id, later.id} <= left
     assert store.longest_prefix(FP, now, touch=False).n_tokens == len(now)
+    store.close()
+
+
+def test_an_entry_another_writer_is_extending_is_kept_and_that_writer_finishes(tmp_path):
+    store = open_store(tmp_path / "data")
+    mine, other = store.create_chat("mine"), store.create_chat("other")
+    before, now = [1, *range(101, 200)], list(range(100, 200))
+    old = put_entry(store, before[:48], chunk_size=16, chat_id=mine.id)
+    # another chat's turn (or a local-API conversation, or another process) building on it
+    with store.write_entry(FP, before[:96], levels=LEVELS, chunk_size=16, chat_id=other.id,
+                           parent_id=old.id) as writer:
+        stored = put_entry(store, now, chunk_size=16, chat_id=mine.id)
+        KVCache(store, ("lossless",), 16, calibrations=None).drop_superseded(
+            stored, mine.id, now)
+        for span in writer.spans + writer.windows:
+            for level in LEVELS:
+                writer.put_chunk(span.chunk_index, level,
+                                 payload(span.token_start, span.token_end, level))
+    assert {old.id, writer.entry.id, stored.id} <= {e.id for e in store.entries()}
+    assert store.longest_prefix(FP, before[:96], touch=False).n_tokens == 96
+    store.close()
+
+
+def test_dropping_reads_only_the_chats_entries_and_never_fails_the_turn(tmp_path, caplog):
+    store = open_store(tmp_path / "data")
+    mine, other = store.create_chat("mine"), store.create_chat("other")
+    before, now = [1, *range(101, 200)], list(range(100, 200))
+    old = put_entry(store, before[:48], chunk_size=16, chat_id=mine.id)
+    elsewhere = put_entry(store, [5, *before[1:40]], chunk_size=16, chat_id=other.id)
+    stored = put_entry(store, now, chunk_size=16, chat_id=mine.id)
+    with sqlite3.connect(store.path) as conn:  # another chat's row damaged: never read here
+        conn.execute("UPDATE kv_entries SET levels = '[' WHERE id = ?", (elsewhere.id,))
+    cache = KVCache(store, ("lossless",), 16, calibrations=None)
+    cache.drop_superseded(stored, mine.id, now)
+    assert store.damage is None
+    with sqlite3.connect(store.path) as conn:
+        assert conn.execute("SELECT id FROM kv_entries WHERE id = ?", (old.id,)).fetchone() is None
+    again = put_entry(store, before[:32], chunk_size=16, chat_id=mine.id)
+    with sqlite3.connect(store.path) as conn:  # this chat's own: logged, the turn goes on
+        conn.execute("UPDATE kv_entries SET levels = '[' WHERE id = ?", (again.id,))
+    newer = put_entry(store, [*now, 7], chunk_size=16, chat_id=mine.id)
+    cache.drop_superseded(newer, mine.id, [*now, 7])
+    assert "superseded caches are not dropped" in caplog.text
     store.close()

@@ -235,18 +235,19 @@ class KVCache:
         from any more, now that its context `tokens` is stored (`stored`): stored before it,
         neither a prefix of `tokens` nor going on from them (a long document's chat blends
         other passages at each turn; a regenerated answer replaced its turn), and extended by
-        no entry. Another chat's, a document's or a passage's are never touched."""
-        entries = self.store.entries()
-        extended = {e.parent_id for e in entries}
-        for e in entries:
-            if e.chat_id != chat_id or e.model != stored.model or e.id in extended or \
-                    e.document_id is not None or e.passage or e.created > stored.created:
-                continue
-            held = self.store.tokens(e.id)
-            n = min(len(held), len(tokens))
-            if held[:n] != list(tokens[:n]):
-                with contextlib.suppress(StoreError):  # (gone meanwhile: evicted)
-                    self.store.delete_entry(e.id)
+        no entry, complete or still being written (`Store.delete_unextended`). Another chat's,
+        a document's or a passage's are never touched. Housekeeping: a store error is logged,
+        never raised (the turn is answered and stored already)."""
+        try:
+            stale = []
+            for e in self.store.chat_leaves(chat_id, stored.model, stored.created):
+                held = self.store.tokens(e.id)
+                n = min(len(held), len(tokens))
+                if e.id != stored.id and held[:n] != list(tokens[:n]):
+                    stale.append(e.id)
+            self.store.delete_unextended(stale)
+        except StoreError as e:
+            log.warning("chat %s's superseded caches are not dropped: %s", chat_id, e)
 
     def keep_chat(self, rt: Runtime, chat_id: int, tokens: Sequence[int],
                   first_document: tuple[int, Sequence[int]] | None,

@@ -3,6 +3,7 @@
     kv            entries: written a chunk at a time, invisible until complete; the
                   longest-prefix lookup; the tree of entries extending one another
     blobs         a chunk's bytes as a BLOB, sealed to its place and checked on every read
+    deleting      an entry with those extending it, or a chat's old ones none extends
     splitting     an entry cut in two at a chunk boundary, its chunks moved, never re-encoded
     quota         the disk budget: least recently used entries evicted first; abandoned
                   writes, and the documents of attaches killed before their cache, removed
