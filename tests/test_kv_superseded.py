@@ -6,9 +6,13 @@ error while dropping never fails the turn. Store-level: no model."""
 from __future__ import annotations
 
 import sqlite3
+import threading
+from types import SimpleNamespace
 
 from test_store_helpers import FP, LEVELS, open_store, payload, put_entry
 
+from desktop_app.chat.exactness import Exactness
+from desktop_app.chat.fairlock import FairLock
 from desktop_app.kv.kvcache import KVCache
 
 
@@ -86,4 +90,37 @@ def test_dropping_reads_only_the_chats_entries_and_never_fails_the_turn(tmp_path
     newer = put_entry(store, [*now, 7], chunk_size=16, chat_id=mine.id)
     cache.drop_superseded(newer, mine.id, [*now, 7])
     assert "superseded caches are not dropped" in caplog.text
+    store.close()
+
+
+class _Runtime:
+    fingerprint = FP
+    layout = SimpleNamespace(swa_layers=())
+
+    def reset(self):
+        pass
+
+    def prefill(self, tokens, **kw):
+        pass
+
+
+def test_the_exactness_pass_never_drops_the_chats_newer_turn(tmp_path):
+    """The pass stores an older context than a turn stored meanwhile (whose entry can even be
+    dated before the pass's): only a turn judges which of the chat's entries are superseded."""
+    store = open_store(tmp_path / "data")
+    chat = store.create_chat("mine")
+    exact, turn = [1, *range(101, 140)], list(range(100, 200))  # (passages re-blended since)
+    newest = put_entry(store, turn, chunk_size=16, chat_id=chat.id)
+    cache = KVCache(store, ("lossless",), 16, calibrations=None)
+    cache.store_prefix = lambda rt, tokens, chat_id=None, **kw: put_entry(
+        store, tokens, chunk_size=16, chat_id=chat_id)
+    rt = _Runtime()
+    pass_ = Exactness(SimpleNamespace(get=lambda name: rt), cache, chat_lock=FairLock(),
+                      attach_lock=threading.RLock(), conversation=lambda rt, c: ([], exact, []),
+                      documents=lambda c: [], first_document=lambda rt, c: None,
+                      prefix=None, on_exact=lambda c: None)
+    pass_.work(chat.id)
+    left = {e.id for e in store.entries()}
+    assert newest.id in left
+    assert store.longest_prefix(FP, exact, touch=False).n_tokens == len(exact)
     store.close()
