@@ -531,6 +531,29 @@ def test_a_chat_over_passages_keeps_only_the_context_its_next_turn_resumes_from(
     assert report.tokens == len(tokens) and report.recomputed_tokens == 0
 
 
+def test_a_chat_entry_deleted_while_a_reopen_reads_it_is_recomputed(make_engine, monkeypatch):
+    """Another process's turn drops the chat's entry a reopen is reading (it supersedes it):
+    the reopen computes what it could not read, and says so, never an error."""
+    eng = make_engine()
+    chat = eng.ask("Where do puffins nest?", doc_ids=[eng.doc], generation=GREEDY).chat_id
+    assert eng.exactness.idle.wait(300)
+    (own,) = [e for e in eng.store.entries() if e.chat_id == chat]
+    real, reads = eng.store.read_chunk, []
+
+    def dropped_meanwhile(entry_id, chunk_index, level):
+        reads.append(entry_id)
+        if len(reads) == 2:
+            eng.store.delete_entry(own.id)
+        return real(entry_id, chunk_index, level)
+
+    monkeypatch.setattr(eng.store, "read_chunk", dropped_meanwhile)
+    _, tokens, _ = eng.session.conversation(eng.runtime, chat)
+    report = eng.reopen(chat)
+    assert len(reads) > 2 and report.tokens == len(tokens) and report.recomputed_tokens > 0
+    assert any("recomput" in m or "no readable level" in m for m in report.messages), \
+        report.messages
+
+
 def test_a_question_stopped_before_its_answer_leaves_the_chat_its_passages(make_engine):
     eng = make_engine()
     first = eng.ask("When does the ferry to Cape Morrow leave?", doc_ids=[eng.doc],
