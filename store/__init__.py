@@ -28,6 +28,7 @@ from .errors import (
     ReadOnlyError,
     RemoteError,
     SchemaVersionError,
+    SharedObjectError,
     StoreError,
 )
 from .records import CalibrationRecord, Chat, Document, Entry, Message, Model, PrefixMatch, Span
@@ -57,6 +58,7 @@ __all__ = [
     "RemoteError",
     "RemoteTier",
     "SchemaVersionError",
+    "SharedObjectError",
     "Span",
     "Store",
     "StoreError",

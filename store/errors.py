@@ -49,6 +49,11 @@ class CorruptObjectError(StoreError):
         self.key = key
 
 
+class SharedObjectError(StoreError):
+    """A shared entry's chunk object missing from the bucket or failing its check, as a local
+    copy of it read it (`store.shared.sync.complete`): damage there, never a local failure."""
+
+
 class ReadOnlyError(StoreError):
     """The data directory cannot be written: reading works, changing anything does not."""
 

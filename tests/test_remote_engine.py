@@ -13,6 +13,7 @@ import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
 from urllib.parse import urlsplit
 
 import pytest
@@ -20,9 +21,10 @@ import pytest
 from benchmarks.s3_server import S3Server
 from desktop_app.engine import Engine
 from desktop_app.kv.levels import DEFAULT_LEVELS, EXACT
+from desktop_app.kv.sharing import Sharing
 from desktop_app.model.runtime import Runtime
 from desktop_app.options import GenerationOptions, RestoreOptions
-from store import RemoteConfig, RemoteTier, Store
+from store import NotFoundError, RemoteConfig, RemoteTier, SharedObjectError, Store
 from store.shared import sync
 from store.shared.manifest import Manifest
 
@@ -475,3 +477,27 @@ def test_boto3_loads_only_when_the_tier_is_used():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, check=True).stdout
     assert out.strip() == "False"
+
+
+@pytest.mark.parametrize("error, damaged", [
+    (SharedObjectError("remote object kv/x/0: SHA-256 mismatch"), True),
+    (NotFoundError("KV entry 5 was removed while being written"), False),
+    (NotFoundError("document 3 is deleted"), False)])
+def test_only_a_bucket_objects_damage_sends_the_user_to_repair_the_bucket(
+        tmp_path, monkeypatch, error, damaged):
+    """A copy that fails here (its pending entry removed, a document deleted) is no damage of
+    the shared entry: the bucket is not blamed, and the context is not said stored instead."""
+    store = Store(tmp_path / "data")
+    sharing = Sharing(store, None)
+    copy = SimpleNamespace(manifest=SimpleNamespace(token_end=300), nbytes=1000,
+                           abort=lambda: None, evicted=[])
+    sharing._streamed = [SimpleNamespace(copy=copy, tier=None)]
+
+    def fails(tier, copy):
+        raise error
+    monkeypatch.setattr(sync, "complete", fails)
+    ok, (note,) = sharing.keep(exact=True)
+    assert ok is damaged
+    assert ("stored here instead" in note) is damaged
+    assert ("kvdesk remote verify --repair" in note) is damaged
+    store.close()

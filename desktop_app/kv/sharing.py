@@ -24,12 +24,11 @@ from collections.abc import Callable, Collection, Sequence
 
 from store import (
     BudgetFullError,
-    CorruptObjectError,
     Document,
     Entry,
-    NotFoundError,
     RemoteError,
     RemoteTier,
+    SharedObjectError,
     Store,
     StoreError,
     text_hash,
@@ -89,7 +88,9 @@ class Sharing:
                 entry, fetched = sync.complete(source.tier, source.copy)
             except StoreError as e:
                 # (the tier down, its entry is intact: the next question streams it again)
-                damaged = exact and isinstance(e, CorruptObjectError | NotFoundError)
+                # (damaged there only where the bucket's object was read: a copy removed
+                # or a document deleted here is no damage of the bucket's)
+                damaged = exact and isinstance(e, SharedObjectError)
                 ok = ok and damaged
                 notes.append(f"the shared cache's entry could not be kept here: {e}" + (
                     "; the context computed here is stored here instead (the shared copy "

@@ -34,6 +34,7 @@ from ..errors import (
     CorruptChunkError,
     CorruptObjectError,
     NotFoundError,
+    SharedObjectError,
     StoppedError,
     StoreError,
 )
@@ -228,9 +229,11 @@ def complete(tier: RemoteTier, copy: LocalCopy, *, progress: ProgressFn | None =
     """Fetch every chunk the copy lacks, in parallel, and finish it; abort it on any failure
     (StoppedError too, where `cancel` is set).
 
-    Returns the local entry and the bytes fetched here. With `failed`, a chunk object missing
-    or failing its check does not stop the other levels' reads: its level and error go into
-    `failed` (that level's other chunks are not read), and the copy is aborted (None).
+    Returns the local entry and the bytes fetched here. A chunk object missing or failing its
+    check raises SharedObjectError (a local failure, the copy's entry or a document removed
+    here, raises its own error). With `failed`, it does not stop the other levels' reads: its
+    level and error go into `failed` (that level's other chunks are not read), and the copy is
+    aborted (None).
     """
     work = copy.missing()
     done = itertools.count(1)
@@ -243,7 +246,7 @@ def complete(tier: RemoteTier, copy: LocalCopy, *, progress: ProgressFn | None =
             data = read_chunk(tier, copy.manifest, *item)
         except (CorruptObjectError, NotFoundError) as e:
             if failed is None:
-                raise
+                raise SharedObjectError(str(e)) from e
             failed.setdefault(item[1], e)
             return 0
         copy.add(*item, data)
