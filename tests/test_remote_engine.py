@@ -501,3 +501,23 @@ def test_only_a_bucket_objects_damage_sends_the_user_to_repair_the_bucket(
     assert ("stored here instead" in note) is damaged
     assert ("kvdesk remote verify --repair" in note) is damaged
     store.close()
+
+
+
+def test_a_request_whose_context_is_not_stored_never_says_it_is_stored_instead(
+        machine_a, machine, s3_server, s3_bucket):
+    """Over the local API, a damaged shared entry's note says the context computed here is
+    stored instead only where it is: not for a prompt too short to be kept on its own (under
+    `min_cache_tokens`, nothing of it stored here), nor a blended or a full disk's."""
+    tier, manifest = fault_tier(machine_a, s3_server, s3_bucket)
+    for level in manifest.levels:  # its first chunk, damaged at every level
+        s3_server.client().put_object(Bucket=s3_bucket, Key=chunk_key(tier, manifest, 0, level),
+                                      Body=b"\0" * manifest.chunks[level][0].nbytes)
+    b = machine(tier)
+    doc_id = lazily_pulled(b)
+    done = b.complete([{"role": "user", "content": QUESTION}], documents=[doc_id],
+                      restore=RestoreOptions(level=EXACT),
+                      generation=GenerationOptions(max_tokens=8, temperature=0))
+    note = next(m for m in done.messages if "could not be kept here" in m)
+    assert "stored here instead" not in note and "kvdesk remote verify --repair" in note
+    assert not done.stored

@@ -274,7 +274,9 @@ class Completions:
             # A blended prompt (a long document's passages) is approximate: never stored.
             stored, said = (self._store(rt, turn, text, documents) if kept and not s.blended
                             else (False, []))
-            return replace(result, stored=stored, messages=[*result.messages, *said])
+            # (a damaged shared entry's note says the context is stored instead: only if it is)
+            return replace(result, stored=stored, messages=[
+                *(result.messages if stored else s.sharing.unstored(result.messages)), *said])
 
     def _system_first(self, rt, turn: Turn, restore: RestoreOptions,
                       cancel: threading.Event | None) -> tuple[RestoreReport, list[str]] | None:

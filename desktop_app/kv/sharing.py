@@ -40,6 +40,10 @@ from ..results import Progress, size_text
 from .evictions import eviction_notes
 from .sources import ChunkSource, LocalSource, RemoteSource
 
+# What a damaged shared entry's note says of a context computed here exactly: a caller that
+# does not store it after all (a full disk) says the note without it (`unstored`).
+STORED_INSTEAD = "; the context computed here is stored here instead"
+
 # After a failure the tier is left alone this long: each try costs its timeouts and retries.
 RETRY_AFTER_S = 60.0
 
@@ -93,9 +97,8 @@ class Sharing:
                 damaged = exact and isinstance(e, SharedObjectError)
                 ok = ok and damaged
                 notes.append(f"the shared cache's entry could not be kept here: {e}" + (
-                    "; the context computed here is stored here instead (the shared copy "
-                    "stays damaged until `kvdesk remote verify --repair` runs on the machine "
-                    "that shared it)" if damaged else ""))
+                    f"{STORED_INSTEAD} (the shared copy stays damaged until `kvdesk remote "
+                    "verify --repair` runs on the machine that shared it)" if damaged else ""))
                 continue
             if any(c.get("too_large") for c in source.copy.evicted):
                 ok = False
@@ -105,6 +108,11 @@ class Sharing:
                          f"({fetched / 1e6:.1f} MB fetched after the answer)")
             notes += eviction_notes(self.store, source.copy.evicted, entry.model)
         return ok, notes
+
+    @staticmethod
+    def unstored(notes: Sequence[str]) -> list[str]:
+        """`keep`'s notes for a context that was not stored after all."""
+        return [note.replace(STORED_INSTEAD, "") for note in notes]
 
     @staticmethod
     def _too_large(tokens: int, size: int, budget: int) -> str:
