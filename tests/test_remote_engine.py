@@ -274,14 +274,20 @@ def test_a_corrupt_object_falls_back_to_recomputing(machine_a, machine, s3_serve
                for m in res.messages)
 
 
+def first_chunk_damaged(machine_a, machine, server, bucket) -> tuple[Engine, int]:
+    """Another machine on a tier whose entry of machine A's document has its first chunk
+    damaged at every level: (its engine, the document's id there)."""
+    tier, manifest = fault_tier(machine_a, server, bucket)
+    for level in manifest.levels:
+        server.client().put_object(Bucket=bucket, Key=chunk_key(tier, manifest, 0, level),
+                                   Body=b"\0" * manifest.chunks[level][0].nbytes)
+    b = machine(tier)
+    return b, lazily_pulled(b)
+
+
 def test_a_context_recomputed_for_a_damaged_shared_entry_is_kept_here(
         machine_a, machine, s3_server, s3_bucket):
-    tier, manifest = fault_tier(machine_a, s3_server, s3_bucket)
-    for level in manifest.levels:  # its first chunk, damaged at every level
-        s3_server.client().put_object(Bucket=s3_bucket, Key=chunk_key(tier, manifest, 0, level),
-                                      Body=b"\0" * manifest.chunks[level][0].nbytes)
-    b = machine(tier)
-    doc_id = lazily_pulled(b)
+    b, doc_id = first_chunk_damaged(machine_a, machine, s3_server, s3_bucket)
     res = ask(b, QUESTION, doc=doc_id, tokens=8)
     assert set(res.chunk_levels) == {"text"}
     note = next(m for m in res.messages if "could not be kept here" in m)
@@ -509,12 +515,7 @@ def test_a_request_whose_context_is_not_stored_never_says_it_is_stored_instead(
     """Over the local API, a damaged shared entry's note says the context computed here is
     stored instead only where it is: not for a prompt too short to be kept on its own (under
     `min_cache_tokens`, nothing of it stored here), nor a blended or a full disk's."""
-    tier, manifest = fault_tier(machine_a, s3_server, s3_bucket)
-    for level in manifest.levels:  # its first chunk, damaged at every level
-        s3_server.client().put_object(Bucket=s3_bucket, Key=chunk_key(tier, manifest, 0, level),
-                                      Body=b"\0" * manifest.chunks[level][0].nbytes)
-    b = machine(tier)
-    doc_id = lazily_pulled(b)
+    b, doc_id = first_chunk_damaged(machine_a, machine, s3_server, s3_bucket)
     done = b.complete([{"role": "user", "content": QUESTION}], documents=[doc_id],
                       restore=RestoreOptions(level=EXACT),
                       generation=GenerationOptions(max_tokens=8, temperature=0))
