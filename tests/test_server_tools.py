@@ -195,3 +195,26 @@ def test_bad_tools_are_400s_naming_the_field(served):
     with pytest.raises(openai.BadRequestError, match="/v1/chat/completions"):
         served.client.responses.create(model="default", input="hi", tools=[
             {"type": "function", "name": "f", "parameters": {"type": "object"}}])
+
+
+def test_a_bound_the_grammar_cannot_hold_is_a_400_and_the_server_stays_up(served):
+    """(5,000: more than kvdesk's grammar holds, and refused by llama.cpp's own parser too,
+    rather than 20,000, which overflowed its stack and took the server's process with it:
+    tests/test_tools.py tries that one, refused before anything parses it.)"""
+    long = {"type": "object", "properties": {"x": {"type": "string", "maxLength": 5000}}}
+    user = [{"role": "user", "content": "hi"}]
+    for route, fields, param in (
+            ("/v1/chat/completions", {"tools": [{"type": "function", "function": {
+                "name": "f", "parameters": long}}], "tool_choice": "required"},
+             "tools.0.function.parameters.properties.x"),
+            ("/v1/chat/completions", {"response_format": {"type": "json_schema",
+                                                          "json_schema": {"schema": long}}},
+             "response_format.json_schema.schema.properties.x"),
+            ("/api/chat", {"format": long}, "format.properties.x")):
+        r = httpx.post(f"{served.url}{route}", trust_env=False, timeout=60,
+                       json={"model": "default", "messages": user, "stream": False, **fields})
+        error = r.json()["error"]
+        message = error if isinstance(error, str) else error["message"]
+        assert r.status_code == 400 and message == f"{param}: maxLength 5000 is more than " \
+            "kvdesk's grammar can hold (at most 1000)", r.text
+    assert ask(served, max_tokens=4).choices[0].finish_reason

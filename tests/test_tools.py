@@ -8,6 +8,7 @@ tests/test_server_tools.py.)"""
 from __future__ import annotations
 
 import ctypes
+import re
 
 import llama_cpp
 import numpy as np
@@ -133,3 +134,34 @@ def test_schemas_agents_send_become_one_grammar(runtime):
     assert not admits(runtime, grammar, call % ("post", '{"place": {"city": "Oslo"}}'))
     assert admits(runtime, grammar, call % ("now", "{}"))
     assert admits(runtime, grammar, call % ("anything", '{"x": [1, {"y": null}]}'))
+
+
+def test_a_bound_the_grammar_cannot_hold_is_refused_by_its_path(runtime):
+    """A bound the converter writes out one repetition at a time is refused where it asks for
+    more than `MAX_REPEATS`, by the path of the schema that holds it: llama.cpp's parser
+    recurses once a repetition, and 20,000 overflow its thread's stack (the process gone).
+    `MAX_REPEATS` of each still parse. (Only what is refused before llama.cpp parses it is
+    tried here: a crash would take the test run with it.)"""
+    vocab, most = runtime.llm._model.vocab, llamacalls.MAX_REPEATS
+    for held in ({"type": "string", "maxLength": most},
+                 {"type": "array", "items": {"type": "integer"}, "maxItems": most},
+                 {"type": "string", "pattern": f"^a{{0,{most}}}$"}):
+        assert llamacalls.grammar_parses(vocab, llamacalls.json_schema(held, "f").grammar)
+    big = {"type": "object", "properties": {"x": {"type": "string", "maxLength": 20000}}}
+    with pytest.raises(InvalidValue) as e:
+        offer_of([{"type": "function", "function": {"name": "f", "parameters": big}}])
+    assert e.value.key == "tools.0.function.parameters.properties.x"
+    assert e.value.reason == f"maxLength 20000 is more than kvdesk's grammar can hold (at " \
+                             f"most {most})"
+    for schema, key, words in (
+            ({"type": "array", "items": {"type": "string", "minLength": 5000}}, "f.items",
+             "minLength 5000"),
+            ({"anyOf": [{"type": "string", "pattern": "^(ab){2,3000}$"}]}, "f.anyOf.0",
+             "repetition {2,3000}"),
+            ({"$defs": {"A": {"type": "array", "maxItems": 1001}}, "$ref": "#/$defs/A"},
+             "f.$defs.A", "maxItems 1001")):
+        with pytest.raises(InvalidValue, match=re.escape(words)) as e:
+            llamacalls.json_schema(schema, "f")
+        assert e.value.key == key
+    # (an enum's values are data: a bound written in one is no schema's)
+    llamacalls.json_schema({"enum": [{"maxLength": 5000}]}, "f")

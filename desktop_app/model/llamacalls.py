@@ -12,7 +12,10 @@ chain: `Runtime.generate` runs it, `sampling` decides the values.
 a JSON schema (what OpenAI's `response_format` and Ollama's `format` ask for): the GBNF grammar
 `chain` puts first, and the request field that asked for it, so that a grammar llama.cpp cannot
 parse is refused by that field's name. A schema becomes a grammar through llama-cpp-python's
-converter (llama.cpp's json_schema_to_grammar), whose refusal is given in words;
+converter (llama.cpp's json_schema_to_grammar), whose refusal is given in words, and a bound
+that the converter writes out one repetition at a time (`maxLength`...: `MAX_REPEATS`) is
+refused before it is converted: llama.cpp's parser recurses once a repetition, and a bound of
+~18,000 overflows the stack of the thread parsing it (a segfault: the whole server gone);
 `schema_rules` gives several schemas' rules for a grammar whose own root puts them in place (a
 tool call's arguments: `desktop_app.tools`). It is never a
 generation option (`GenerationOptions` is also the settings file's and the CLI's: a grammar
@@ -172,6 +175,7 @@ def json_schema(schema: Any, field: str) -> AnswerFormat:
     if not isinstance(schema, dict):
         raise InvalidValue(field, f"a JSON schema is an object (got {_kind(schema)})")
     with _converting(field):
+        _bounded(schema, field)
         grammar = llama_grammar.json_schema_to_gbnf(json.dumps(schema))
     return AnswerFormat(grammar, field)
 
@@ -185,6 +189,7 @@ def schema_rules(schemas: Sequence[tuple[str, Any, str]]) -> str:
         if not isinstance(schema, dict):
             raise InvalidValue(field, f"a JSON schema is an object (got {_kind(schema)})")
         with _converting(field):
+            _bounded(schema, field)
             converter.prefix = name
             # (a copy: the converter writes its own names into the `$ref`s it resolves)
             converter.visit(converter.resolve_refs(json.loads(json.dumps(schema)), field), name)
@@ -207,11 +212,51 @@ class _Converter(llama_grammar.SchemaConverter):
         return name
 
 
+# The most repetitions a schema's bound may ask for. The converter writes `maxLength: n` (and
+# `maxItems`, a pattern's `{m,n}`) as n optional groups nested in one another, which
+# llama.cpp's grammar parser reads by recursing once a group: measured with an 8 MiB stack
+# (Linux's main thread and its default for others), 17,500 parse and 20,000 overflow it; from
+# ~1,100 on llama.cpp refuses the grammar anyway ("exceeds sane defaults"). A `minLength` or
+# `minItems` is written out flat (it parses at 20,000) but as long, so it is held to the same.
+# (The converter ignores `minimum`, `maximum` and the `*Properties` bounds: nothing expands.)
+MAX_REPEATS = 1000
+_BOUNDS = ("minLength", "maxLength", "minItems", "maxItems")
+_QUANTIFIER = re.compile(r"\{(\d*)(?:,(\d*))?\}")
+_VALUES = ("enum", "const", "default", "examples")  # (data, not schemas: never walked)
+
+
+def _bounded(schema: Any, field: str) -> None:
+    """Refuse, by the path of the schema that asks for it, a repetition bound above
+    `MAX_REPEATS` anywhere in `schema`."""
+    if isinstance(schema, list):
+        for i, part in enumerate(schema):
+            _bounded(part, f"{field}.{i}")
+        return
+    if not isinstance(schema, dict):
+        return
+    for key in _BOUNDS:
+        n = schema.get(key)
+        if isinstance(n, int) and not isinstance(n, bool) and n > MAX_REPEATS:
+            raise InvalidValue(field, f"{key} {n} is more than kvdesk's grammar can hold (at "
+                               f"most {MAX_REPEATS})")
+    pattern = schema.get("pattern")
+    if isinstance(pattern, str):
+        for m in _QUANTIFIER.finditer(pattern):
+            if any(n and int(n) > MAX_REPEATS for n in m.groups()):
+                raise InvalidValue(field, f"the pattern's repetition {m.group()} is more than "
+                                   f"kvdesk's grammar can hold (at most {MAX_REPEATS})")
+    for key, part in schema.items():
+        if key not in _VALUES:
+            _bounded(part, f"{field}.{key}")
+
+
 @contextlib.contextmanager
 def _converting(field: str) -> Iterator[None]:
     """The schema converter's refusals in words, by `field`."""
     try:
         yield
+    except InvalidValue:
+        raise  # (already said, by its own field: `_bounded`)
     except (AssertionError, ValueError, KeyError, NotImplementedError) as e:
         raise InvalidValue(field, f"this schema cannot be turned into a grammar: {e}") from None
     except (AttributeError, TypeError):  # (the converter reads every part with .get)
