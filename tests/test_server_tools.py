@@ -218,3 +218,25 @@ def test_a_bound_the_grammar_cannot_hold_is_a_400_and_the_server_stays_up(served
         assert r.status_code == 400 and message == f"{param}: maxLength 5000 is more than " \
             "kvdesk's grammar can hold (at most 1000)", r.text
     assert ask(served, max_tokens=4).choices[0].finish_reason
+
+
+def test_the_assistants_own_words_are_continued_with_tools_offered(served):
+    """Clients send their tools on every request ("auto"): a conversation ending with the
+    assistant's words is continued as text, as without them; a call asked for cannot continue
+    them, and calls whose results are missing are said to be."""
+    words = [*PARIS, {"role": "assistant", "content": "The weather in Paris is"}]
+    done = ask(served, words, max_tokens=8)
+    assert done.choices[0].message.content and not done.choices[0].message.tool_calls
+    assert MARKER not in done.choices[0].message.content
+    r = httpx.post(f"{served.server.ollama_url}/api/chat", trust_env=False, timeout=60, json={
+        "model": "default", "messages": words, "tools": TOOLS, "stream": False,
+        "options": {"temperature": 0, "num_predict": 8}})
+    assert r.status_code == 200 and r.json()["message"]["content"] == \
+        done.choices[0].message.content, r.text
+    called = {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "function": {
+        "name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}]}
+    for messages, choice, param in ((words, "required", "tool_choice"),
+                                    ([*PARIS, called], "auto", "messages.1.tool_calls")):
+        with pytest.raises(openai.BadRequestError) as e:
+            ask(served, messages, tool_choice=choice)
+        assert e.value.body["param"] == param, e.value.body

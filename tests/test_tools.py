@@ -88,7 +88,8 @@ def test_an_answer_is_read_and_a_history_written_back_as_the_model_wrote_it():
         "get_weather" in back[1]["content"] and back[1]["content"].endswith("3 C")
     ollamas = written([{"role": "assistant", "content": "", "tool_calls": [
         {"function": {"name": "get_weather", "arguments": {"city": "Oslo",
-                                                            "unit": "celsius"}}}]}])
+                                                            "unit": "celsius"}}}]},
+        {"role": "tool", "tool_name": "get_weather", "content": "3 C"}])
     assert ollamas[0]["content"] == CALL
     # The tools' section is the same whatever the choice: one prefix in the prompt cache.
     assert offer.section() == offer_of(TOOLS, "auto").section()
@@ -165,3 +166,21 @@ def test_a_bound_the_grammar_cannot_hold_is_refused_by_its_path(runtime):
         assert e.value.key == key
     # (an enum's values are data: a bound written in one is no schema's)
     llamacalls.json_schema({"enum": [{"maxLength": 5000}]}, "f")
+
+
+def test_the_assistants_own_words_are_continued_as_text_and_a_call_without_results_refused():
+    offer = offer_of(TOOLS)
+    words = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure, "}]
+    assert offer.held(words) is None  # (continued as text)
+    assert offer.held([*words[:1], {"role": "assistant", "content": " "}]) is offer
+    assert offer.held(words[:1]) is offer
+    for choice in ("required", {"type": "function", "function": {"name": "add"}}):
+        with pytest.raises(InvalidValue, match="a call cannot continue the assistant's") as e:
+            offer_of(TOOLS, choice).held(words)
+        assert e.value.key == "tool_choice"
+    called = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}]}
+    with pytest.raises(InvalidValue, match="results are missing") as e:
+        written([words[0], called])
+    assert e.value.key == "messages.1.tool_calls"
+    assert written([words[0], called, {"role": "tool", "tool_call_id": "c1", "content": "3"}])

@@ -143,12 +143,14 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
             raise ApiError(404, served.refusal(body.model, ollama=False),
                            code="model_not_found", param="model")
         body.check_supported()
-        declined, offer = body.declined_tools(), body.offer()
-        options = served.answering(body.model, body.kvdesk.engine_options(
-            body.generation(), body.stops(), body.answer_format(offer)))
+        declined, offered = body.declined_tools(), body.offer()
         messages = written([m.flat() for m in body.messages])  # (tool calls and results)
-        if offer is not None:
-            messages = offer.messages(messages)
+        offer = None  # (the tools a call is held to: none for words to continue, as text)
+        if offered is not None:
+            messages = offered.messages(messages)
+            offer = offered.held(messages)
+        options = served.answering(body.model, body.kvdesk.engine_options(
+            body.generation(), body.stops(), body.answer_format(offered, offer)))
         cid = s.completion_id()
         if not body.stream:
             done = await bridge.call(request, stopping, lambda cancel: engine().complete(

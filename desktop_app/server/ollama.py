@@ -138,9 +138,10 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
     @api.post("/api/chat")
     async def chat(body: sh.ChatRequest, request: Request):
         await check_model(body.model, documents=True)
-        offer = body.offer()
-        messages = body.conversation(offer)
-        options = served.answering(body.model, body.engine_options(offer))
+        offered = body.offer()
+        messages = body.conversation(offered)
+        offer = offered.held(messages) if offered is not None else None  # (as on OpenAI's)
+        options = served.answering(body.model, body.engine_options(offered, offer))
         if not messages:
             return sh.loaded(body.model, True, body.unloading())
         return await answer(request, body, lambda **kw: fitted(

@@ -97,15 +97,17 @@ class _Request(RequestValues):
     # kvdesk's own field, as on OpenAI's routes: documents to answer from, how to restore.
     kvdesk: s.KvdeskOptions = pydantic.Field(default_factory=s.KvdeskOptions)
 
-    def engine_options(self, offer: Offer | None = None) -> dict:
+    def engine_options(self, offer: Offer | None = None, held: Offer | None = None) -> dict:
         """What the engine's `complete` takes besides the prompt (`KvdeskOptions`), held to
-        the tool calls' grammar where tools are offered."""
-        held = self.answer_format()
-        if offer is not None and held is not None:
+        the tool calls' grammar where tools are offered (`offer`) and a call may be made
+        (`held`: `Offer.held`)."""
+        given = self.answer_format()
+        if offer is not None and given is not None:
             raise InvalidValue("format", "a format and tools cannot hold one answer together: "
                                "leave out one or the other")
-        return self.kvdesk.engine_options(*self.generation(),
-                                          offer.answer_format() if offer else held)
+        if offer is not None:
+            given = held.answer_format() if held is not None else None
+        return self.kvdesk.engine_options(*self.generation(), given)
 
     def answer_format(self) -> AnswerFormat | None:
         """`format`'s grammar: "json" any JSON object (as Ollama's), else what the schema

@@ -244,13 +244,17 @@ class ChatRequest(Sampled):
         """The tools the model may call, checked (`tools.offer_of`); None for none."""
         return offer_of(self.tools, self.tool_choice, self.parallel_tool_calls)
 
-    def answer_format(self, offer: Offer | None = None) -> AnswerFormat | None:
-        """The grammar the answer is held to: the tool calls' where a call may be made."""
+    def answer_format(self, offer: Offer | None = None, held: Offer | None = None
+                      ) -> AnswerFormat | None:
+        """The grammar the answer is held to: with tools offered (`offer`), the tool calls'
+        where a call may be made (`held`: `Offer.held`), else none."""
         given = answer_format(self.response_format, "response_format", nested=True)
         if offer is not None and given is not None:
             raise InvalidValue("response_format", "a format and tools cannot hold one answer "
                                "together: leave out one or the other")
-        return offer.answer_format() if offer is not None else given
+        if offer is not None:
+            return held.answer_format() if held is not None else None
+        return given
 
 
 def answer_format(given: dict | None, field: str, *, nested: bool) -> AnswerFormat | None:

@@ -20,6 +20,9 @@ schema through llama.cpp's schema converter (`llamacalls.schema_rules`).
   `<tool_call>` (nor, after spaces, with it), and a call never follows text.
 - "none": no tools (the server's routes leave them unshown).
 
+A conversation ending with the assistant's own words is continued as text (`Offer.held`), the
+tools still told: a call cannot continue words.
+
 The section describing the tools depends on the tools alone, never on the choice or on
 `parallel`: a client asking "auto" then "required" with the same tools shares the prefix.
 It never evaluates anything, and never runs a tool.
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,6 +90,20 @@ class Offer:
             return [{**first, "content": f"{first['content']}\n\n{self.section()}"},
                     *messages[1:]]
         return [{"role": "system", "content": self.section()}, *messages]
+
+    def held(self, messages: Sequence[dict]) -> Offer | None:
+        """The offer an answer to `messages` (as `turns.written` writes them) is held to:
+        none where they end with the assistant's own words, which the answer continues, as
+        text (a call is a whole answer: "auto" lets the model go on in words); a call asked
+        for cannot continue them (400, by `tool_choice`)."""
+        if not messages or messages[-1]["role"] != "assistant" or \
+                not messages[-1]["content"].strip():
+            return self
+        if self.choice != "auto":
+            raise InvalidValue("tool_choice", "a call cannot continue the assistant's words "
+                               "the conversation ends with: leave out its last message, or "
+                               'ask "auto"')
+        return None
 
     def answer_format(self) -> AnswerFormat:
         """The grammar: a call (or several) of the tools chosen, or for "auto", a call or

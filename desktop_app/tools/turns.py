@@ -81,6 +81,10 @@ def written(messages: Sequence[dict]) -> list[dict]:
         if m["role"] != "assistant":
             raise InvalidValue(f"messages.{i}.tool_calls", "only an assistant message calls "
                                "tools")
+        if i == len(messages) - 1:
+            raise InvalidValue(f"messages.{i}.tool_calls", "the conversation ends with tool "
+                               "calls whose results are missing: send each call's result "
+                               "after it, as a tool message")
         blocks = []
         for j, call in enumerate(calls):
             name, arguments, call_id = _call(call, f"messages.{i}.tool_calls.{j}")
