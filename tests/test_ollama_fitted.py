@@ -95,3 +95,22 @@ def test_what_is_left_out_leaves_room_for_the_answer():
     assert alone == "S q"
     with pytest.raises(ContextFullError):  # too long with no room at all: refused
         fitted(context(3), chat[:1] + chat[-1:])
+
+
+def test_an_agents_question_is_kept_with_its_calls_and_their_results():
+    """A tool's result is written as a user message (`tools.written`): the question kept is
+    the client's own, and the call and result after it, the oldest turns going first."""
+    def fits(most):
+        def complete(messages, _room):
+            if len(messages) > most:
+                raise ContextFullError("too long")
+            return answered(messages)
+        return complete
+
+    agent = [{"role": "system", "content": "S"}, {"role": "user", "content": "u1"},
+             {"role": "assistant", "content": "a1"}, {"role": "user", "content": "Q"},
+             {"role": "assistant", "content": "call"},
+             {"role": "user", "content": "Tool result: 18 C"}]
+    assert fitted(fits(4), agent, question=3).messages[1] == "S Q call Tool result: 18 C"
+    with pytest.raises(ContextFullError):
+        fitted(fits(3), agent, question=3)

@@ -144,9 +144,12 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
         options = served.answering(body.model, body.engine_options(offered, offer))
         if not messages:
             return sh.loaded(body.model, True, body.unloading())
+        # (a tool's result is written as a user message: the question is the client's own)
+        asked = [i for i, m in enumerate(body.messages) if m.role == "user"]
+        question = asked[-1] + len(messages) - len(body.messages) if asked else None
         return await answer(request, body, lambda **kw: fitted(
             lambda msgs, room: app.engine.complete(msgs, leave_room=room, **options, **kw),
-            messages), sh.chat_piece, offer)
+            messages, question), sh.chat_piece, offer)
 
     @api.post("/api/generate")
     async def generate(body: sh.GenerateRequest, request: Request):
@@ -270,12 +273,14 @@ def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
         api.add_api_route(path, unmanaged, methods=[method])
 
 
-def fitted(complete: Callable[[list[dict], bool], Completion], messages: list[dict]
-           ) -> Completion:
+def fitted(complete: Callable[[list[dict], bool], Completion], messages: list[dict],
+           question: int | None = -1) -> Completion:
     """A conversation longer than the context answered as Ollama answers it: its oldest
     messages left out until it fits (never a system message, nor the last one, nor the
-    question an assistant's last message continues; an answer with the question it
-    answered), and said in the answer's notes, where OpenAI's routes refuse it. It must fit
+    question, `question`'s index, and what follows it: an agent's call and its results;
+    an answer with the question it answered), and said in the answer's notes, where
+    OpenAI's routes refuse it. `question` -1: the last user message (a tool's result,
+    written as one, is not the question: the caller says which is). It must fit
     with room for the answer (`complete`'s second argument: the engine's `leave_room`):
     Ollama fills its context with the history and shifts it as the answer grows, kvdesk's
     does not shift, so a history filling it would leave an answer of a few tokens, cut
@@ -283,8 +288,10 @@ def fitted(complete: Callable[[list[dict], bool], Completion], messages: list[di
     as before any went. Each refusal says by how many tokens and what each message holds,
     so enough turns go at once: a long history is measured a few times, not once a turn
     left out."""
-    users = [i for i, m in enumerate(messages) if m["role"] == "user"]
-    kept = {len(messages) - 1, *users[-1:]}
+    if question == -1:
+        question = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
+    kept = {len(messages) - 1, *(range(question, len(messages)) if question is not None
+                                 else ())}
     t0, left_out, room = time.perf_counter(), 0, True
     while True:
         tried = time.perf_counter()
