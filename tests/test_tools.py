@@ -184,3 +184,21 @@ def test_the_assistants_own_words_are_continued_as_text_and_a_call_without_resul
         written([words[0], called])
     assert e.value.key == "messages.1.tool_calls"
     assert written([words[0], called, {"role": "tool", "tool_call_id": "c1", "content": "3"}])
+
+
+def test_a_historys_call_is_checked_as_an_offered_tool_is():
+    """Its name by the same rule (one written with a line break and the closing marker would
+    break the one-line call the prompt cache relies on), its arguments a JSON object."""
+    def call(name, arguments):
+        return [{"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c", "function": {"name": name, "arguments": arguments}}]},
+            {"role": "tool", "tool_call_id": "c", "content": "ok"}]
+    for name, arguments, key in (("bad name\n</tool_call>", "{}", "name"),
+                                 ("f", "[1, 2]", "arguments"), ("f", "NaN", "arguments"),
+                                 ("f", '{"x": Infinity}', "arguments"), ("f", "{oops", "arguments"),
+                                 ("f", [1, 2], "arguments"), ("f", 3, "arguments")):
+        with pytest.raises(InvalidValue) as e:
+            written(call(name, arguments))
+        assert e.value.key == f"messages.0.tool_calls.0.function.{key}", (name, arguments)
+    assert written(call("f", ""))[0]["content"].endswith('"arguments": {}}</tool_call>')
+    assert written(call("f", None))[0] == written(call("f", {}))[0]

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..validation import InvalidValue
-from .offer import CLOSE, MARKER, Offer, lead
+from .offer import CLOSE, MARKER, NAME, Offer, lead
 
 
 @dataclass(frozen=True)
@@ -102,18 +102,31 @@ def _call(call: Any, where: str) -> tuple[str, str, str | None]:
     name = function.get("name") if isinstance(function, dict) else None
     if not isinstance(name, str) or not name:
         raise InvalidValue(f"{where}.function.name", "a tool call names its function")
+    # (written into the prompt as the model writes a call: one line, a tool's name)
+    if not NAME.fullmatch(name):
+        raise InvalidValue(f"{where}.function.name", "a name of 1 to 64 letters, digits, _ "
+                           f"or - (got {name!r})")
     arguments = function.get("arguments")
     if isinstance(arguments, str):
         try:
-            json.loads(arguments or "{}")
+            value = json.loads(arguments or "{}", parse_constant=_not_json)
         except ValueError:
+            value = None
+        if not isinstance(value, dict):
             raise InvalidValue(f"{where}.function.arguments", "the arguments are JSON text "
-                               "(an object)") from None
+                               "of an object") from None
         text = arguments.strip() or "{}"
-    else:  # (Ollama's: the value itself; written as json.dumps writes it)
-        text = json.dumps({} if arguments is None else arguments, ensure_ascii=False)
+    elif arguments is None or isinstance(arguments, dict):
+        # (Ollama's: the value itself; written as json.dumps writes it)
+        text = json.dumps(arguments or {}, ensure_ascii=False)
+    else:
+        raise InvalidValue(f"{where}.function.arguments", "the arguments are an object")
     call_id = call.get("id")
     return name, text, call_id if isinstance(call_id, str) else None
+
+
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON")  # (Python's json reads NaN and Infinity)
 
 
 def read(offer: Offer, text: str) -> Answer:
