@@ -240,3 +240,27 @@ def test_the_assistants_own_words_are_continued_with_tools_offered(served):
         with pytest.raises(openai.BadRequestError) as e:
             ask(served, messages, tool_choice=choice)
         assert e.value.body["param"] == param, e.value.body
+
+
+def test_parallel_calls_end_at_the_first_call_written_again(served):
+    """Free to call again, the model writes the same call again (at the default temperature;
+    here a tool with no arguments, so any second call is the first again): the answer ends
+    there, one call, "tool_calls", so that the `openai` client's `.parse()` takes it."""
+    now = [{"type": "function", "function": {"name": "now", "description": "The time now"}}]
+    for seed, stream in ((0, False), (1, False), (2, False), (0, True)):
+        done = served.client.chat.completions.create(
+            model="default", messages=[{"role": "user", "content": "What time is it?"}],
+            tools=now, tool_choice="required", parallel_tool_calls=True, seed=seed,
+            max_tokens=200, stream=stream, stream_options={"include_usage": True} if stream
+            else None)
+        if stream:
+            chunks = list(done)
+            assert not "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            calls = [d.tool_calls[0] for c in chunks if c.choices
+                     for d in [c.choices[0].delta] if d.tool_calls and d.tool_calls[0].id]
+            reason, usage = chunks[-2].choices[0].finish_reason, chunks[-1].usage
+        else:
+            calls, reason = done.choices[0].message.tool_calls, done.choices[0].finish_reason
+            usage = done.usage
+        assert reason == "tool_calls" and len(calls) == 1, (seed, calls)
+        assert usage.completion_tokens < 60  # (two calls at most: ~23 tokens each)

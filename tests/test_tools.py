@@ -202,3 +202,37 @@ def test_a_historys_call_is_checked_as_an_offered_tool_is():
         assert e.value.key == f"messages.0.tool_calls.0.function.{key}", (name, arguments)
     assert written(call("f", ""))[0]["content"].endswith('"arguments": {}}</tool_call>')
     assert written(call("f", None))[0] == written(call("f", {}))[0]
+
+
+def test_parallel_calls_end_at_the_first_call_written_again():
+    """Free to call again, a model writes the same call until its limit: the answer ends
+    once one is written twice (however spaced), and one cut writing an earlier one again
+    loses nothing, so its calls are each whole ("tool_calls", not "length")."""
+    import threading
+
+    from desktop_app.results import Completion, RestoreReport
+    from desktop_app.server.schemas import ended, finish
+    from desktop_app.tools import Repeats
+
+    offer = offer_of(TOOLS, "required", True)
+    other = CALL.replace("Oslo", "Rome")
+    again = CALL.replace('"unit"', ' "unit"').replace("}}", "} }")
+    text = f"{CALL}\n{other}\n{again}"
+    cancel, repeats = threading.Event(), Repeats(offer)
+    fed = repeats.stopping(cancel)
+    for i in range(0, len(text), 3):
+        assert not cancel.is_set()
+        fed(text[i:i + 3])
+    assert cancel.is_set() and repeats.seen
+    assert Repeats(offer_of(TOOLS, "required")).stopping(cancel) is None  # (one call: no need)
+    assert len(read(offer, text).calls) == 2
+
+    def completion(text, reason):
+        return Completion(text, reason, 1, 1, 0.1, RestoreReport(1, 0, 0, [], 0), 0, False, [])
+    stopped = ended(completion(text, "cancelled"), repeats)
+    assert finish(stopped, read(offer, text)) == "tool_calls"
+    assert ended(completion(text, "cancelled"), Repeats(offer)).finish_reason == "cancelled"
+    cut = f"{CALL}\n{other}\n{CALL[:30]}"
+    assert finish(completion(cut, "length"), read(offer, cut)) == "tool_calls"
+    cut = f"{CALL}\n{other}\n{CALL[:30]}X"  # (a call of its own, cut: the answer is cut)
+    assert finish(completion(cut, "length"), read(offer, cut)) == "length"

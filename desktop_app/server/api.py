@@ -51,7 +51,7 @@ from ..app import App
 from ..errors import Cancelled
 from ..options import GenerationOptions, RestoreOptions
 from ..results import Progress
-from ..tools import Watch, read, written
+from ..tools import Repeats, Watch, read, written
 from ..validation import first_problem, parse, problem
 from . import bridge, edges, embeddings
 from . import schemas as s
@@ -151,17 +151,18 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
             offer = offered.held(messages)
         options = served.answering(body.model, body.kvdesk.engine_options(
             body.generation(), body.stops(), body.answer_format(offered, offer)))
-        cid = s.completion_id()
+        cid, repeats = s.completion_id(), Repeats(offer)  # (parallel calls: ends at a repeat)
         if not body.stream:
-            done = await bridge.call(request, stopping, lambda cancel: engine().complete(
-                messages, cancel=cancel, **options))
+            done = s.ended(await bridge.call(request, stopping, lambda cancel: engine().complete(
+                messages, cancel=cancel, on_token=repeats.stopping(cancel), **options)), repeats)
             refuse_cut(done)
             return s.completion(s.noted(done, declined), cid=cid, model=body.model,
                                 answer=read(offer, done.text) if offer else None)
         include_usage = body.stream_options is not None and body.stream_options.include_usage
 
         def work(emit, cancel):
-            return engine().complete(messages, cancel=cancel, on_token=emit,
+            return engine().complete(messages, cancel=cancel,
+                                     on_token=repeats.stopping(cancel, emit),
                                      on_start=lambda: emit(bridge.READY), **options)
 
         reports = await bridge.opened(request, stopping, work)
@@ -172,6 +173,7 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
             texts: list[str] = []  # what may be sent as text (a call's text is kept back)
             watch = Watch(offer, texts.append)
             async for kind, item in reports:
+                item = s.ended(item, repeats) if kind == "done" else item
                 if kind == "event":
                     watch.feed(item)
                 elif kind == "error":

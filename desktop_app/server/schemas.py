@@ -30,7 +30,7 @@ from ..model import llamacalls
 from ..model.llamacalls import AnswerFormat
 from ..options import AUTO, GenerationOptions, RestoreOptions
 from ..results import Completion
-from ..tools import Answer, Offer, offer_of
+from ..tools import Answer, Offer, Repeats, offer_of
 from ..validation import InvalidValue, RequestValues, null_is_default, parse
 
 MAX_STOP = 4  # as OpenAI
@@ -361,9 +361,18 @@ def completion(c: Completion, *, cid: str, model: str, answer: Answer | None = N
 
 
 def finish(c: Completion, answer: Answer | None) -> str:
-    """OpenAI's finish_reason: "tool_calls" for an answer of calls ended by the model."""
-    calls = answer is not None and answer.calls and c.finish_reason == "stop"
+    """OpenAI's finish_reason: "tool_calls" for an answer of calls ended by the model, or cut
+    at its limit writing one of them again (`Answer.repeating`: each call whole)."""
+    calls = answer is not None and answer.calls and (
+        c.finish_reason == "stop" or c.finish_reason == "length" and answer.repeating)
     return "tool_calls" if calls else c.finish_reason
+
+
+def ended(c: Completion, repeats: Repeats) -> Completion:
+    """An answer of calls stopped once one was written again (`tools.Repeats`) as one the
+    model ended: "cancelled" there was kvdesk's own stop, not the client's."""
+    return replace(c, finish_reason="stop") if repeats.seen and \
+        c.finish_reason == "cancelled" else c
 
 
 def tool_calls(answer: Answer) -> list[dict]:

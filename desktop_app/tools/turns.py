@@ -42,10 +42,12 @@ class Call:
 
 @dataclass(frozen=True)
 class Answer:
-    """An answer read: its text (None when it is calls alone) and its calls."""
+    """An answer read: its text (None when it is calls alone) and its calls; `repeating`:
+    it ends in a call cut short that, so far, is one of them written again (nothing lost)."""
 
     content: str | None
     calls: tuple[Call, ...] = ()
+    repeating: bool = False
 
 
 def new_call_id() -> str:
@@ -137,23 +139,75 @@ def read(offer: Offer, text: str) -> Answer:
     rest = text.lstrip()
     if not rest.startswith(MARKER):
         return Answer(text)
-    calls, decoder = [], json.JSONDecoder()
+    calls, blocks, seen, decoder = [], [], set(), json.JSONDecoder()
     while rest.startswith(MARKER):
         tool = next((t for t in offer.tools if rest.startswith(MARKER + lead(t.name))), None)
         if tool is None:
             break
         at = len(MARKER + lead(tool.name))
         try:
-            _, end = decoder.raw_decode(rest, at)
+            value, end = decoder.raw_decode(rest, at)
         except ValueError:
             break  # (cut at the answer's limit)
         tail = rest[end:].lstrip(" ")
         if not tail.startswith("}" + CLOSE):
             break
-        if not any((c.name, c.arguments) == (tool.name, rest[at:end]) for c in calls):
-            calls.append(Call(new_call_id(), tool.name, rest[at:end]))  # (once: the same)
-        rest = tail[len("}" + CLOSE):].lstrip()
-    return Answer(None, tuple(calls)) if calls else Answer(text)
+        if (tool.name, _canonical(value)) not in seen:  # (once: the same call, however spaced)
+            seen.add((tool.name, _canonical(value)))
+            calls.append(Call(new_call_id(), tool.name, rest[at:end]))
+        after = tail[len("}" + CLOSE):]
+        blocks.append(rest[:len(rest) - len(after)])
+        rest = after.lstrip()
+    repeating = bool(rest) and any(b.startswith(rest) for b in blocks)
+    return Answer(None, tuple(calls), repeating) if calls else Answer(text)
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
+
+
+def _same_as(block: str) -> str:
+    """A whole call's text (between the markers: itself a JSON object), spaced as any other
+    writing of the same call."""
+    try:
+        return _canonical(json.loads(block))
+    except ValueError:
+        return block
+
+
+class Repeats:
+    """Whether an answer of several calls (`parallel`) has written one of them again, whole:
+    where the answer should end. Free to call again, the shipped models write the same call
+    until their limit (measured: SmolLM2 at its default temperature)."""
+
+    def __init__(self, offer: Offer | None):
+        self.watching = offer is not None and offer.parallel
+        self.seen = False
+        self._text = ""
+
+    def feed(self, piece: str) -> bool:
+        """Take the answer's next piece; whether a call has now been written twice."""
+        if self.watching and not self.seen:
+            self._text += piece
+            if CLOSE in self._text[-len(piece) - len(CLOSE):]:
+                whole = [_same_as(b.strip().removeprefix(MARKER))
+                         for b in self._text.split(CLOSE)[:-1]]
+                self.seen = len(set(whole)) < len(whole)
+        return self.seen
+
+    def stopping(self, cancel: Any, then: Callable[[str], None] | None = None
+                 ) -> Callable[[str], None] | None:
+        """`then` (an answer's token callback), also setting `cancel` (the answer's, which
+        ends it within a token) once a call is written again."""
+        if not self.watching:
+            return then
+
+        def fed(piece: str) -> None:
+            if then is not None:
+                then(piece)
+            if self.feed(piece):
+                cancel.set()
+        return fed
 
 
 class Watch:
