@@ -277,6 +277,13 @@ def test_ollamas_errors(client, served):
     assert r.status_code == 400 and r.json()["error"]["message"].endswith('(got "ten")'), r.text
     assert "POST /api/blobs/sha256-0: not served" in httpx.post(
         f"{served.url}/api/blobs/sha256-0", trust_env=False).text
+    # Generate has no tools (Ollama's neither): refused by name, as text completions refuse them.
+    r = httpx.post(f"{served.url}/api/generate", trust_env=False, json={
+        "model": "default", "prompt": "x", "stream": False, "tools": [
+            {"type": "function", "function": {"name": "f"}}]})
+    assert r.status_code == 400 and r.json()["error"] == ("tools: tool calls are answered on "
+                                                          "/v1/chat/completions and Ollama's "
+                                                          "/api/chat, not on this route"), r.text
     # A word is not true or false (pydantic would read "yes" as true), as on OpenAI's routes.
     r = httpx.post(f"{served.url}/api/chat", trust_env=False, json={
         "model": "default", "stream": "yes", "messages": [{"role": "user", "content": "x"}]})

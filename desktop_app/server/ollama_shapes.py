@@ -183,9 +183,12 @@ class GenerateRequest(_Request):
     context: list[int] | None = None
     raw: bool = False
     images: list[str] | None = None
+    tools: Any = None  # (not Ollama's here: refused by name, as text completions refuse them)
 
     def check_supported(self) -> None:
         super().check_supported()
+        if self.tools:
+            raise InvalidValue("tools", s.TOOLS_HERE)
         if self.images:
             raise InvalidValue("images", NO_IMAGES)
         if self.template:
