@@ -14,6 +14,7 @@ import ollama
 import openai
 import pytest
 
+from desktop_app.results import Completion, RestoreReport
 from desktop_app.server import ollama_shapes as sh
 from desktop_app.tools import MARKER, Answer, Call, offer_of
 from tests.test_server import Running
@@ -264,3 +265,35 @@ def test_parallel_calls_end_at_the_first_call_written_again(served):
             usage = done.usage
         assert reason == "tool_calls" and len(calls) == 1, (seed, calls)
         assert usage.completion_tokens < 60  # (two calls at most: ~23 tokens each)
+
+
+def test_ollamas_answer_of_a_call_streamed_and_not(served, monkeypatch):
+    """The model's call as Ollama's client reads it, whatever the model would choose (the
+    shipped ones never call in "auto"): a stand-in for the engine writes one through its
+    tokens. No line's content carries the call's text; one line has it as `tool_calls`, its
+    arguments an object; then the last line, done."""
+    text = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", ' \
+           '"unit": "celsius"}}</tool_call>'
+
+    def written(messages, *, on_token=None, on_start=None, **_):
+        if on_start:
+            on_start()
+        for i in range(0, len(text), 5):  # (pieces that split the marker too)
+            if on_token:
+                on_token(text[i:i + 5])
+        return Completion(text, "stop", 40, 20, 0.1, RestoreReport(40, 0, 0, [], 0), 0, False,
+                          [])
+
+    monkeypatch.setattr(served.app.engine, "complete", written)
+    for stream in (False, True):
+        r = httpx.post(f"{served.server.ollama_url}/api/chat", trust_env=False, timeout=60,
+                       json={"model": "default", "messages": PARIS, "tools": TOOLS,
+                             "stream": stream})
+        lines = [json.loads(line) for line in r.text.splitlines() if line.strip()]
+        assert r.status_code == 200 and lines[-1]["done"], r.text
+        assert not "".join(x["message"]["content"] or "" for x in lines)  # (none of it)
+        calls = [c for x in lines for c in x["message"].get("tool_calls") or []]
+        assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == [
+            ("get_weather", {"city": "Paris", "unit": "celsius"})], lines
+        assert all(not x["done"] for x in lines[:-1]) and lines[-1]["done_reason"] == "stop"
+        assert not stream or len(lines) == 2 and not lines[-1]["message"]["content"]
