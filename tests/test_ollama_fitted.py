@@ -17,16 +17,18 @@ def answered(messages):
                       [" ".join(m["content"] for m in messages)])
 
 
+def fits(most):
+    """A completion that refuses more than `most` messages."""
+    def complete(messages, _room):
+        if len(messages) > most:
+            raise ContextFullError("too long")
+        return answered(messages)
+    return complete
+
+
 def test_what_is_left_out_of_a_conversation_too_long_for_the_context():
     """Whole turns, oldest first; never a system message, the last message, or the question
     an assistant's last message (a prefill) continues."""
-    def fits(most):
-        def complete(messages, _room):
-            if len(messages) > most:
-                raise ContextFullError("too long")
-            return answered(messages)
-        return complete
-
     def said(messages, most):
         return fitted(fits(most), [{"role": r, "content": c} for r, c in messages]).messages
 
@@ -100,13 +102,6 @@ def test_what_is_left_out_leaves_room_for_the_answer():
 def test_an_agents_question_is_kept_with_its_calls_and_their_results():
     """A tool's result is written as a user message (`tools.written`): the question kept is
     the client's own, and the call and result after it, the oldest turns going first."""
-    def fits(most):
-        def complete(messages, _room):
-            if len(messages) > most:
-                raise ContextFullError("too long")
-            return answered(messages)
-        return complete
-
     agent = [{"role": "system", "content": "S"}, {"role": "user", "content": "u1"},
              {"role": "assistant", "content": "a1"}, {"role": "user", "content": "Q"},
              {"role": "assistant", "content": "call"},
