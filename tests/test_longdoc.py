@@ -29,6 +29,7 @@ from desktop_app.model.prompts import passage_head, passage_layout, passage_pref
 from desktop_app.model.runtime import Runtime
 from desktop_app.options import GenerationOptions, RestoreOptions
 from desktop_app.results import Source
+from desktop_app.tools import written
 from store import BudgetFullError, Store
 from store.shared import sync
 
@@ -752,6 +753,26 @@ def test_the_local_api_answers_from_passages_and_names_them(make_engine):
     near = eng.passages_around(eng.doc, 1, around=1)
     assert [(s.index, s.text, s.lines) for s in near] == [
         (i, PASSAGES[i], (2 * i + 1, 2 * i + 1)) for i in (0, 1, 2)]
+
+
+def test_an_agents_tool_result_is_not_taken_for_the_question(make_engine):
+    """A probe's agent asked a document's model, got a call, sent its result: the result,
+    written as a user message, was retrieved for and told to the model as names the document
+    never holds ("get_weather and call_abc123 are named nowhere"). The question before it
+    is what the passages and the quote are for."""
+    eng = make_engine()
+    messages = written([
+        {"role": "user", "content": "What does the museum keep?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_abc123", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_abc123", "content": '{"temp": 18}'}])
+    turn, sources, quoted, notes, _ = eng.completions.prompt(
+        messages, eng.completions.documents([eng.doc]))
+    assert eng.ids[1] in [s.passage_id for s in sources]
+    assert quoted == ["The keeper's cottage became a museum in 1979."]
+    assert not any("named nowhere" in n for n in notes), notes
+    assert "Tool result of get_weather (call call_abc123):" in turn.text
 
 
 def test_an_api_conversation_keeps_its_last_questions_passages_as_a_chat_does(make_engine):

@@ -39,6 +39,7 @@ from ..model.llamacalls import AnswerFormat
 from ..model.prompts import Turn, answer_text, closing, raw_prompt, with_evidence
 from ..options import GenerationOptions, RestoreOptions
 from ..results import Completion, RestoreReport, Source
+from ..tools import RESULT
 from ..validation import InvalidValue
 from .answers import StopStrings, from_first_visible, stream_answer
 from .sessions import ChatSession
@@ -130,8 +131,11 @@ class Completions:
         split = s.longdocs.readings.split_where_needed(rt, docs)
         if docs and s.longdocs.applies(docs):
             texts = [m["content"] for m in messages]
-            ask = max((i for i, m in enumerate(messages) if m["role"] != "assistant"),
-                      default=len(texts) - 1)  # the question a given answer start follows
+            asking = [i for i, m in enumerate(messages) if m["role"] != "assistant"]
+            # the question a given answer start follows; not a tool's result (an agent's
+            # history: its passages are the question's, not the call's or the result's words)
+            ask = max((i for i in asking if not messages[i].get(RESULT)),
+                      default=asking[-1] if asking else len(texts) - 1)
             earlier = messages[:ask]
             sources, notes = s.longdocs.pick(
                 rt, docs, texts[ask], texts[:ask] + texts[ask + 1:],

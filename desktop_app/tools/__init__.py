@@ -10,7 +10,7 @@ server, the engine or the store: it turns messages into messages and text into c
 """
 
 from .offer import CLOSE, MARKER, Offer, Tool, offer_of
-from .turns import Answer, Call, Repeats, Watch, new_call_id, read, written
+from .turns import RESULT, Answer, Call, Repeats, Watch, new_call_id, read, written
 
-__all__ = ["CLOSE", "MARKER", "Answer", "Call", "Offer", "Repeats", "Tool", "Watch",
+__all__ = ["CLOSE", "MARKER", "RESULT", "Answer", "Call", "Offer", "Repeats", "Tool", "Watch",
            "new_call_id", "offer_of", "read", "written"]

@@ -27,6 +27,8 @@ from typing import Any
 from ..validation import InvalidValue
 from .offer import CLOSE, MARKER, NAME, Offer, lead
 
+RESULT = "tool_result"  # the key marking a tool's result among `written`'s user messages
+
 
 @dataclass(frozen=True)
 class Call:
@@ -64,7 +66,9 @@ def written(messages: Sequence[dict]) -> list[dict]:
     "content"}). An assistant message's `tool_calls` are [{"id", "function": {"name",
     "arguments"}}], the arguments JSON text (OpenAI) or a value (Ollama); a tool message
     names its call by `tool_call_id` (OpenAI) or the tool by `tool_name` (Ollama); either is
-    said where known. Bad calls are refused (400) by their field, `messages.3.tool_calls.0`."""
+    said where known. A result's message is marked `RESULT`: a user message, but not what the
+    user asks (a long document's passages are retrieved for the question before it). Bad
+    calls are refused (400) by their field, `messages.3.tool_calls.0`."""
     out, names = [], {}
     for i, m in enumerate(messages):
         calls = m.get("tool_calls") or []
@@ -73,7 +77,7 @@ def written(messages: Sequence[dict]) -> list[dict]:
             name = m.get("tool_name") or m.get("name") or names.get(call_id)
             said = " ".join(filter(None, [f"of {name}" if name else "",
                                           f"(call {call_id})" if call_id else ""]))
-            out.append({"role": "user",
+            out.append({"role": "user", RESULT: True,
                         "content": f"Tool result{' ' + said if said else ''}:\n"
                                    f"{m.get('content') or ''}"})
             continue
