@@ -104,23 +104,44 @@ class _Runtime:
         pass
 
 
+def _exactness_pass(store, rt, conversation):
+    cache = KVCache(store, ("lossless",), 16, calibrations=None)
+    cache.store_prefix = lambda rt, tokens, chat_id=None, **kw: put_entry(
+        store, tokens, chunk_size=16, chat_id=chat_id)
+    return Exactness(SimpleNamespace(get=lambda name: rt), cache, chat_lock=FairLock(),
+                     attach_lock=threading.RLock(), conversation=conversation,
+                     documents=lambda c: [], first_document=lambda rt, c: None,
+                     prefix=None, on_exact=lambda c: None)
+
+
 def test_the_exactness_pass_never_drops_the_chats_newer_turn(tmp_path):
     """The pass stores an older context than a turn stored meanwhile (whose entry can even be
-    dated before the pass's): only a turn judges which of the chat's entries are superseded."""
+    dated before the pass's): the chat no longer starts with what the pass stored, so the
+    pass judges none of its entries superseded."""
     store = open_store(tmp_path / "data")
     chat = store.create_chat("mine")
     exact, turn = [1, *range(101, 140)], list(range(100, 200))  # (passages re-blended since)
     newest = put_entry(store, turn, chunk_size=16, chat_id=chat.id)
-    cache = KVCache(store, ("lossless",), 16, calibrations=None)
-    cache.store_prefix = lambda rt, tokens, chat_id=None, **kw: put_entry(
-        store, tokens, chunk_size=16, chat_id=chat_id)
-    rt = _Runtime()
-    pass_ = Exactness(SimpleNamespace(get=lambda name: rt), cache, chat_lock=FairLock(),
-                      attach_lock=threading.RLock(), conversation=lambda rt, c: ([], exact, []),
-                      documents=lambda c: [], first_document=lambda rt, c: None,
-                      prefix=None, on_exact=lambda c: None)
-    pass_.work(chat.id)
+    # (computed from `exact`, stored as it; by then the chat's turn had re-blended it)
+    now = iter([exact, exact, turn])
+    _exactness_pass(store, _Runtime(), lambda rt, c: ([], next(now), [])).work(chat.id)
     left = {e.id for e in store.entries()}
     assert newest.id in left
+    assert store.longest_prefix(FP, exact, touch=False).n_tokens == len(exact)
+    store.close()
+
+
+def test_the_exactness_pass_drops_the_copies_a_blended_chat_left(tmp_path):
+    """A chat over a long document stores nothing at its blended turns: the pass stores each
+    turn's exact context, and found 7 entries after 6 turns (a probe). The chat still starts
+    with what it stored: the earlier turns' contexts, no prefix of it, are dropped."""
+    store = open_store(tmp_path / "data")
+    chat = store.create_chat("mine")
+    older = [put_entry(store, [1, *range(200 + 40 * i, 240 + 40 * i)], chunk_size=16,
+                       chat_id=chat.id) for i in range(3)]
+    exact = [1, *range(101, 140)]
+    _exactness_pass(store, _Runtime(), lambda rt, c: ([], exact, [])).work(chat.id)
+    left = {e.id for e in store.entries()}
+    assert not left & {e.id for e in older}
     assert store.longest_prefix(FP, exact, touch=False).n_tokens == len(exact)
     store.close()

@@ -124,9 +124,12 @@ class Exactness(Background):
                     now = self.conversation(rt, chat_id)[1]
                     if tokens is not None and now[:len(tokens)] == tokens:
                         try:
-                            # (no drop: a turn stored meanwhile may be newer than this)
-                            kept = self.kv.store_chat(rt, chat_id, tokens, self.first_document(
-                                rt, chat_id), evicted=evicted, holds=docs, drop=False)
+                            # (what it supersedes dropped only if still the chat's start:
+                            # a turn replaced or re-blended meanwhile is newer than this)
+                            kept = self.kv.store_chat(
+                                rt, chat_id, tokens, self.first_document(rt, chat_id),
+                                evicted=evicted, holds=docs, drop=lambda held=tokens:
+                                self.conversation(rt, chat_id)[1][:len(held)] == held)
                             break
                         except NotFoundError:
                             if [d.id for d in self.documents(chat_id)] == docs:

@@ -210,16 +210,19 @@ class KVCache:
     def store_chat(self, rt: Runtime, chat_id: int, tokens: Sequence[int],
                    first_document: tuple[int, Sequence[int]] | None,
                    evicted: list[dict] | None = None, decoded_until: int = 0,
-                   holds: Sequence[int] = (), drop: bool = True) -> bool:
+                   holds: Sequence[int] = (),
+                   drop: Callable[[], bool] = lambda: True) -> bool:
         """Store a chat's KV after a turn or a recompute, as an extension of its first
         document's entry: (document id, its prefix tokens), stored first if it is not
         (evicted, or made under another model). `holds`: the chat's documents, read before its
         tokens were (`store_prefix`). Whether it is kept: the storage budget evicts
         even the entry just written when it alone is larger, and what came back lossy is not
-        stored again (`store_prefix`). What it evicted: in `evicted`. `drop`: then drop the
-        chat's entries it supersedes (`drop_superseded`), only for a turn holding the chat's
-        turn lock (`Store.chat_turn`): a context stored apart from a turn (the exactness
-        pass's) may be older than the chat's newest entry, which it must not judge."""
+        stored again (`store_prefix`). What it evicted: in `evicted`. `drop`, asked once the
+        context is stored: whether the chat's entries it supersedes are dropped
+        (`drop_superseded`). A turn, holding the chat's turn lock (`Store.chat_turn`), always
+        drops; a context stored apart from a turn (the exactness pass's) may have been
+        overtaken by a newer one meanwhile, and drops only if the chat still starts with it
+        (a blended chat's turns store nothing: without it their copies would pile up)."""
         if first_document is not None:
             doc_id, prefix = first_document
             if self.store.document_entry(doc_id, rt.fingerprint) is None:
@@ -230,7 +233,7 @@ class KVCache:
         held = self.store.longest_prefix(rt.fingerprint, tokens, touch=False)
         if held.n_tokens < len(tokens) or not held.entries:
             return False
-        if drop:
+        if drop():
             self.drop_superseded(held.entries[-1], chat_id, tokens)
         return True
 
