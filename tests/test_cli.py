@@ -76,6 +76,10 @@ def test_a_malformed_command_line_is_one_error_line_and_json_with_json(tmp_path)
     titled = kvdesk("--data-dir", str(tmp_path), "ask", "manual.pdf", "Why?", check=False)
     assert titled.returncode == 1
     assert "'manual.pdf' is not a document id (`kvdesk docs` lists them)" in titled.stderr
+    # An option of kvdesk itself after the command: said where it goes.
+    late = kvdesk("remote", "status", "--data-dir", str(tmp_path), check=False)
+    assert late.returncode == 1 and "--data-dir is an option of kvdesk itself: it goes " \
+        "before the command (`kvdesk --data-dir ... remote status ...`)" in late.stderr
 
 
 def test_gui_without_display_explains_headless_use(monkeypatch):

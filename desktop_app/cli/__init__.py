@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
         click.echo(e.ctx.get_help())
     except click.UsageError as e:  # a malformed command line: one Error line, and where to look
         hint = f" (`{e.ctx.command_path} -h` for help)" if e.ctx is not None else ""
-        message = base.refused_value(e) or e.format_message()
+        message = base.refused_value(e) or base.misplaced_option(e) or e.format_message()
         if base.wants_json(args):
             click.echo(json.dumps({"error": message, "kind": "UsageError"}))
         click.echo(f"Error: {message}{hint}", err=True)

@@ -95,6 +95,20 @@ def refused_value(e: click.UsageError) -> str | None:
     return f"{param.get_error_hint(e.ctx).replace(chr(39), '')}: {should} (got {json.dumps(value)})"
 
 
+def misplaced_option(e: click.UsageError) -> str | None:
+    """An option of `kvdesk` itself (`--data-dir`, `--model`) given after a command, said
+    where it goes: `kvdesk --data-dir DIR verify`, not click's "No such option"; None for any
+    other usage error."""
+    if not isinstance(e, click.NoSuchOption) or e.ctx is None or e.ctx.parent is None:
+        return None
+    root = e.ctx.find_root()
+    if not any(e.option_name in p.opts for p in root.command.params):
+        return None
+    command = e.ctx.command_path.removeprefix(f"{root.info_name} ")
+    return (f"{e.option_name} is an option of kvdesk itself: it goes before the command "
+            f"(`kvdesk {e.option_name} ... {command} ...`)")
+
+
 json_printed = False  # whether the command printed its one JSON document (`print_json`)
 
 
