@@ -50,10 +50,12 @@ def test_listing_and_verifying_do_not_create_a_data_directory(tmp_path):
 
 
 def test_verify_of_a_mistyped_folder_says_there_is_nothing_to_verify(tmp_path):
-    """It said "0 entries, 0 chunks, 0.0 MB, 0 codec calibrations: all intact"."""
+    """It said "0 entries, 0 chunks, 0.0 MB, 0 codec calibrations: all intact"; then that, and
+    a note above it saying the same."""
     for data in (tmp_path / "mistyped", tmp_path):
-        assert kvdesk("--data-dir", str(data), "verify").stdout == \
-            f"nothing to verify: no kvdesk store in {data}\n"
+        proc = kvdesk("--data-dir", str(data), "verify")
+        assert proc.stdout == f"nothing to verify: no kvdesk store in {data}\n"
+        assert "Note:" not in proc.stderr, proc.stderr
     assert not (tmp_path / "mistyped").exists()
 
 

@@ -285,11 +285,12 @@ def level_list(ctx: click.Context, param: click.Parameter, value: str | None
     return names
 
 
-def only_reading(app) -> None:
+def only_reading(app, said: bool = True) -> None:
     """A command that only reads: where the data directory does not exist or holds no store
-    (a first run, a mistyped --data-dir) it is read as empty, said, and not written to."""
+    (a first run, a mistyped --data-dir) it is read as empty, said (unless the command's own
+    answer says it: `said=False`), and not written to."""
     app.reads_only = True
-    if not app.holds_store:  # (a folder that exists: only the store is missing)
+    if said and not app.holds_store:  # (a folder that exists: only the store is missing)
         say([f"no kvdesk data in {app.data_dir} yet: nothing is stored there"
              if _folder(app.data_dir) else
              f"no data directory at {app.data_dir} yet: nothing is stored there"])

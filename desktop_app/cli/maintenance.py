@@ -75,7 +75,7 @@ def verify(app: App, repair: bool, as_json: bool):
     """Check every stored KV chunk and codec calibration; set aside (and with --repair, fix)
     what fails or is missing."""
     if not repair or not app.holds_store:  # (no store: nothing to repair, none made)
-        only_reading(app)
+        only_reading(app, said=as_json)  # (in text, "nothing to verify" below says it)
     report = app.store.verify()
     unusable = [c for c in report["calibrations"] if c["state"] != "ok"]
     found = bool(report["corrupt"] or report["missing"] or unusable)
