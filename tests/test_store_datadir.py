@@ -44,9 +44,11 @@ def test_a_file_that_is_not_a_database(tmp_path):
         Store(tmp_path)
 
 
-@pytest.mark.parametrize("size", [3000, 200_000])
+@pytest.mark.parametrize("size", [0, 3000, 200_000])
 def test_a_truncated_database_says_what_to_do_and_what_is_lost(tmp_path, size):
-    """It said only "cannot be opened as a kvdesk store (database disk image is malformed)"."""
+    """It said only "cannot be opened as a kvdesk store (database disk image is malformed)";
+    a file cut to 0 bytes was opened as a new, empty store, every chat and document gone
+    without a word (and `verify` said "all intact")."""
     with open_store(tmp_path) as store:
         for i in range(40):
             doc = store.add_document(f"h{i}", f"Doc {i}", "text " * 500, type="txt")
@@ -54,10 +56,22 @@ def test_a_truncated_database_says_what_to_do_and_what_is_lost(tmp_path, size):
     os.truncate(tmp_path / "kvdesk.sqlite", size)
     with pytest.raises(DataDirError) as refused:
         Store(tmp_path)
+    why = ("it is empty: 0 bytes, though this folder held a store" if size == 0 else
+           "database disk image is malformed")
     assert str(refused.value) == (
-        f"{tmp_path / 'kvdesk.sqlite'} cannot be opened as a kvdesk store (database disk image "
-        "is malformed). Restore it from a backup, or move it aside: kvdesk then starts an "
-        "empty store, without the chats and document list it held (caches are computed again)")
+        f"{tmp_path / 'kvdesk.sqlite'} cannot be opened as a kvdesk store ({why}). Restore it "
+        "from a backup, or move it aside: kvdesk then starts an empty store, without the chats "
+        "and document list it held (caches are computed again)")
+    (tmp_path / "kvdesk.sqlite").rename(tmp_path / "aside.sqlite")
+    with Store(tmp_path) as store:  # (as the message says)
+        assert store.documents() == []
+
+
+def test_an_empty_database_file_in_a_folder_that_held_no_store_is_a_new_store(tmp_path):
+    """(A first run that stopped as SQLite made the file, before the schema and the reserve.)"""
+    (tmp_path / "kvdesk.sqlite").touch()
+    with Store(tmp_path) as store:
+        assert store.documents() == []
 
 
 @pytest.fixture

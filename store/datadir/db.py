@@ -250,6 +250,11 @@ class Connections:
     def check(self) -> None:
         """SQLite's own check of every table but the chunks' bytes (milliseconds: `verify`
         checks those); damage found marks the file damaged."""
+        if self.reserve.path.exists() and _cut_to_nothing(self.path):
+            # SQLite reads an empty file as a new, empty database: every chat and document
+            # would vanish without a word. A store is never empty once made (its schema
+            # commits before the reserve is taken), so a disk or a copy cut this one short.
+            raise sqlite3.DatabaseError("it is empty: 0 bytes, though this folder held a store")
         conn = self.get().conn
         tables = [t for (t,) in conn.execute(
             "SELECT name FROM sqlite_master WHERE type = 'table' AND name != 'kv_chunks'")]
@@ -397,6 +402,17 @@ def quick_check(conn: sqlite3.Connection, table: str | None = None) -> list[str]
                 if (found := quick_check(conn, t))] or [str(e.__cause__)]
     lines = [x for x in lines if x not in ("ok", "*** in database main ***")]
     return lines
+
+
+def _cut_to_nothing(path: Path) -> bool:
+    """Whether the database file is empty, its write-ahead log (where a copy taken while a
+    writer ran can hold everything) too."""
+    def size(p: Path) -> int:
+        try:
+            return p.stat().st_size
+        except OSError:
+            return 0
+    return path.exists() and size(path) == 0 and size(path.with_name(path.name + "-wal")) == 0
 
 
 def prepare_data_dir(data_dir: Path, path: Path) -> bool:
