@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from desktop_app.results import MessageInfo
-from ui.chat_view import ChatView
+from ui.chat.chat_view import ChatView
 
 
 def test_a_streamed_answer_is_redrawn_in_place(qtbot):
@@ -114,7 +114,7 @@ def test_a_source_shown_keeps_its_indentation_and_stays_with_its_chat(qtbot):
 
 def test_a_long_document_says_how_many_passages_have_their_kv(qtbot):
     from desktop_app.results import DocumentInfo
-    from ui.sidebar import DocumentList
+    from ui.library.sidebar import DocumentList
 
     docs = DocumentList()
     qtbot.addWidget(docs)

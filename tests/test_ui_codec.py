@@ -14,7 +14,7 @@ from desktop_app import settings as settings_mod
 from desktop_app.errors import EngineError
 from desktop_app.results import COMPILING, FAILED, READY, CalibrationInfo, PrepState
 from desktop_app.settings import Settings
-from ui.settings_dialog import SettingsDialog
+from ui.settings.settings_dialog import SettingsDialog
 from ui.testing import FakeEngine
 
 PROGRESS = re.compile(r"^Calibrating the codec for this model… [a-z' ]+ \d+%$")

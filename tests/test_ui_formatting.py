@@ -6,15 +6,15 @@ import datetime as dt
 from dataclasses import replace
 
 from desktop_app.results import AskResult, AttachResult, Progress, RestoreReport, size_text
-from ui.formatting import (
+from ui.library.sidebar import date_group
+from ui.text.formatting import (
     answer_stats,
     attach_notices,
     calibrating_line,
     calibration_line,
     restore_line,
 )
-from ui.markdown import LIGHT, render
-from ui.sidebar import date_group
+from ui.text.markdown import LIGHT, render
 
 
 def test_markdown_escapes_markup_from_the_text():
@@ -114,7 +114,7 @@ def test_calibration_progress_in_words():
 
 
 def test_a_title_becomes_a_file_name_every_system_takes():
-    from ui.formatting import file_name
+    from ui.text.formatting import file_name
 
     assert file_name("What is multi-head attention?") == "What is multi-head attention"
     assert file_name('a/b\\c: "d" <e>|f*') == "a b c d e f"
@@ -132,7 +132,7 @@ def test_a_count_is_written_with_its_noun_singular_or_plural():
 def test_the_engines_notes_are_said_in_window_terms_each_on_its_own_line():
     """The window showed two notes joined by "; " as one paragraph, with a backticked
     `kvdesk calibrate` a window user cannot run (the probe's M4)."""
-    from ui.formatting import notes_text
+    from ui.text.formatting import notes_text
     report = RestoreReport(tokens=10, restore_s=0.01, bytes_read=0, recomputed_tokens=10,
                            chunk_levels=["text"], recompute_s=0.5, messages=[
                                "read as text until calibrated; calibrate it with "

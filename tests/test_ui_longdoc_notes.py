@@ -89,7 +89,7 @@ def test_every_answer_of_a_chat_over_several_documents_names_its_sources_documen
     answer's sources said "[1] page 13" while the earlier ones said "plant_manual.md
     (deleted), line 9": one chat, each source named alike."""
     from desktop_app.results import MessageInfo
-    from ui.chat_view import ChatView
+    from ui.chat.chat_view import ChatView
 
     view = ChatView()
     qtbot.addWidget(view)
@@ -122,7 +122,7 @@ def test_two_passages_on_one_page_are_told_apart_by_their_numbers(qtbot):
     from PySide6.QtCore import QUrl
 
     from desktop_app.results import MessageInfo
-    from ui.chat_view import ChatView
+    from ui.chat.chat_view import ChatView
 
     view = ChatView()
     qtbot.addWidget(view)

@@ -7,7 +7,7 @@ from PySide6.QtWidgets import QAbstractSpinBox, QComboBox, QLabel, QLineEdit
 
 from desktop_app.results import ModelFile
 from desktop_app.settings import Settings
-from ui.settings_dialog import SettingsDialog
+from ui.settings.settings_dialog import SettingsDialog
 
 CODEC_LINE = ("Model-independent levels: this model is not calibrated (Tools ▸ Calibrate the "
               "codec for this model, or `kvdesk calibrate`); calibrating it now…")

@@ -6,7 +6,7 @@ import pytest
 
 from desktop_app.settings import Settings
 from desktop_app.validation import InvalidValue
-from ui.settings_dialog import SettingsDialog
+from ui.settings.settings_dialog import SettingsDialog
 
 
 def test_the_context_size_box_holds_automatic_or_a_size_the_settings_accept(qtbot):

@@ -9,7 +9,7 @@ from PySide6.QtWidgets import QApplication, QMenu, QStyle
 
 from desktop_app.results import ChatInfo, DocumentInfo
 from ui import theme
-from ui.sidebar import ChatList, DocumentList, numbered
+from ui.library.sidebar import ChatList, DocumentList, numbered
 
 
 class RenameAtOnce(QMenu):
@@ -37,7 +37,7 @@ def test_a_blended_chat_shows_its_mark_beside_a_long_title_and_renames_from_the_
     assert chat_list.tree.columnWidth(1) >= chat_list.fontMetrics().horizontalAdvance("≈")
     assert chat_list.tree.columnViewportPosition(1) + chat_list.tree.columnWidth(1) \
         <= row.right() + 1
-    monkeypatch.setattr("ui.sidebar.QMenu", RenameAtOnce)
+    monkeypatch.setattr("ui.library.sidebar.QMenu", RenameAtOnce)
     with qtbot.waitSignal(chat_list.rename_requested) as renamed:
         chat_list._menu(chat_list.tree.visualItemRect(item).center())
     assert renamed.args == [1, title]

@@ -26,7 +26,7 @@ from desktop_app.options import GenerationOptions
 from desktop_app.results import Progress
 from desktop_app.settings import Settings
 from ui.main_window import MainWindow
-from ui.settings_dialog import SettingsDialog, needs_restart
+from ui.settings.settings_dialog import SettingsDialog, needs_restart
 from ui.testing import FakeEngine
 
 
@@ -402,7 +402,8 @@ def test_a_long_or_marked_up_title_never_widens_the_window_nor_renders(qtbot, wi
     with qtbot.waitSignal(window.restored, timeout=5000):
         window.open_chat(chat.chat_id)
     title = "<i>Ship</i> & " + "a very long title " * 200
-    monkeypatch.setattr("ui.library_actions.QInputDialog.getText", lambda *a, **k: (title, True))
+    monkeypatch.setattr("ui.library.library_actions.QInputDialog.getText",
+                        lambda *a, **k: (title, True))
     with qtbot.waitSignal(window.chats_changed, timeout=5000):
         window.chat_list.rename_requested.emit(chat.chat_id, chat.title)
     assert "&lt;i&gt;Ship&lt;/i&gt; &amp; a very long" in window.header.text()
@@ -417,12 +418,12 @@ def test_rename_delete_and_new_chat(qtbot, window, engine, monkeypatch):
     chat = engine.chats()[0]
     with qtbot.waitSignal(window.restored, timeout=5000):
         window.open_chat(chat.chat_id)
-    monkeypatch.setattr("ui.library_actions.QInputDialog.getText",
+    monkeypatch.setattr("ui.library.library_actions.QInputDialog.getText",
                         lambda *a, **k: ("Renamed", True))
     with qtbot.waitSignal(window.chats_changed, timeout=5000):
         window.chat_list.rename_requested.emit(chat.chat_id, chat.title)
     assert "Renamed" in window.header.text()
-    monkeypatch.setattr("ui.library_actions.QMessageBox.question",
+    monkeypatch.setattr("ui.library.library_actions.QMessageBox.question",
                         lambda *a, **k: QMessageBox.StandardButton.Yes)
     with qtbot.waitSignal(window.chats_changed, timeout=5000):
         window.chat_list.delete_requested.emit(chat.chat_id)
@@ -443,7 +444,7 @@ def test_export_writes_the_engine_text(qtbot, window, engine, monkeypatch, tmp_p
         offered.append(name)
         return str(target), ""
 
-    monkeypatch.setattr("ui.library_actions.QFileDialog.getSaveFileName", save_as)
+    monkeypatch.setattr("ui.library.library_actions.QFileDialog.getSaveFileName", save_as)
     chat = engine.chats()[0]
     window.chat_list.export_requested.emit(chat.chat_id, "markdown")
     qtbot.waitUntil(target.exists, timeout=5000)

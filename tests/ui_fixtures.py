@@ -8,7 +8,7 @@ import pytest
 
 from desktop_app.settings import Settings
 from ui.main_window import MainWindow
-from ui.settings_dialog import SettingsDialog
+from ui.settings.settings_dialog import SettingsDialog
 from ui.testing import FakeEngine
 
 

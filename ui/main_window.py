@@ -7,9 +7,9 @@ model runtime, codec or store, and never shows a traceback: user errors arrive a
 
 A view serial number guards against late results: a reply that arrives after the user has
 moved to another chat is not drawn into the wrong conversation. Asking lives in
-`ui.asking`, switching between chats in `ui.switching`, the library's actions (attach,
-delete, rename, export) in `ui.library_actions`, the codec's preparation and calibration in
-`ui.codec_status`: mixins of this window.
+`ui.chat.asking`, switching between chats in `ui.library.switching`, the library's actions
+(attach, delete, rename, export) in `ui.library.library_actions`, the codec's preparation and
+calibration in `ui.library.codec_status`: mixins of this window.
 """
 
 from __future__ import annotations
@@ -38,16 +38,16 @@ from desktop_app.results import ChatInfo, DocumentInfo, ModelFile
 from desktop_app.settings import Settings
 
 from . import theme
-from .asking import Answering, AskingMixin
-from .chat_view import ChatView, PromptEdit
-from .codec_status import CodecMixin
-from .formatting import in_window_terms, shortened
+from .chat.asking import Answering, AskingMixin
+from .chat.chat_view import ChatView, PromptEdit
 from .icons import paperclip
-from .library_actions import LibraryMixin
-from .quality import QualitySlider
-from .settings_dialog import SERVER_FIELDS, SettingsDialog, needs_restart
-from .sidebar import ChatList, DocumentList
-from .switching import SwitchingMixin
+from .library.codec_status import CodecMixin
+from .library.library_actions import LibraryMixin
+from .library.sidebar import ChatList, DocumentList
+from .library.switching import SwitchingMixin
+from .settings.quality import QualitySlider
+from .settings.settings_dialog import SERVER_FIELDS, SettingsDialog, needs_restart
+from .text.formatting import in_window_terms, shortened
 from .workers import Job, Runner
 
 DRAFT_PAUSE_MS = 300  # typing pause after which the draft question is computed

@@ -21,10 +21,10 @@ from PySide6.QtWidgets import QApplication, QWidget
 from desktop_app.settings import Settings
 
 from . import theme
-from .formatting import calibration_line
 from .main_window import MainWindow
-from .settings_dialog import SettingsDialog
+from .settings.settings_dialog import SettingsDialog
 from .testing import FakeEngine
+from .text.formatting import calibration_line
 
 SIZE = (1180, 760)
 

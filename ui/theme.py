@@ -13,7 +13,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QGuiApplication, QPalette
 from PySide6.QtWidgets import QApplication, QProxyStyle, QStyle, QStyleFactory
 
-from .markdown import DARK, LIGHT, Colors
+from .text.markdown import DARK, LIGHT, Colors
 
 _DARK_ROLES = {
     QPalette.ColorRole.Window: "#202124",

@@ -19,8 +19,8 @@ from PySide6.QtWidgets import QPlainTextEdit, QTextBrowser, QWidget
 
 from desktop_app.results import BEST, EARLIER, MessageInfo, Source
 
-from .formatting import answer_note
-from .markdown import LIGHT, Colors, render
+from ..text.formatting import answer_note
+from ..text.markdown import LIGHT, Colors, render
 
 RENDER_MS = 40
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from desktop_app.options import RestoreOptions
 from desktop_app.results import Progress
 
-from .formatting import restore_line
+from ..text.formatting import restore_line
 from .sidebar import PHASE_WORDS
 
 

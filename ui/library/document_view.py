@@ -12,7 +12,7 @@ from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QTextBrowser, Q
 
 from desktop_app.results import Source
 
-from .markdown import Colors
+from ..text.markdown import Colors
 
 
 class DocumentView(QDialog):

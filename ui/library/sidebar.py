@@ -38,7 +38,7 @@ from desktop_app.results import (
     size_text,
 )
 
-from .formatting import in_window_terms, shortened
+from ..text.formatting import in_window_terms, shortened
 
 GROUPS = ("Today", "Yesterday", "Previous 7 days", "Older")
 ID_ROLE = Qt.ItemDataRole.UserRole

@@ -17,8 +17,8 @@ from PySide6.QtWidgets import QFileDialog, QInputDialog, QMessageBox
 
 from desktop_app.results import AttachResult, Source, counted
 
+from ..text.formatting import as_text_note, attach_notices, file_name, in_window_terms, notes_text
 from .document_view import DocumentView
-from .formatting import as_text_note, attach_notices, file_name, in_window_terms, notes_text
 
 
 class LibraryMixin:

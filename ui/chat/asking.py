@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from desktop_app.options import RestoreOptions
 from desktop_app.results import AskResult
 
-from .formatting import answer_stats, notes_text
-from .workers import Job
+from ..text.formatting import answer_stats, notes_text
+from ..workers import Job
 
 
 @dataclass

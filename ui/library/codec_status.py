@@ -28,7 +28,7 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QW
 
 from desktop_app.results import COMPILING, FAILED, CalibrationInfo, PrepState, Progress
 
-from .formatting import calibrating_line, calibration_line, prep_line
+from ..text.formatting import calibrating_line, calibration_line, prep_line
 
 PREP_POLL_MS = 250
 # `warm_up` starts the preparation on a thread of its own, so the first looks may still find
