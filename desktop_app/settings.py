@@ -286,13 +286,18 @@ class Settings(UserValues):
         """These settings with `values` set, None included (an emptied field), checked."""
         return changed(self, **values)
 
-    def save(self, path: Path | None = None) -> None:
+    def save(self, path: Path | None = None, *, unknown: dict | None = None) -> None:
+        """Write what was set, and `unknown`: a newer kvdesk's keys, kept for it."""
         path = path or config_dir() / "settings.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         # What was set, not every default: a file saved today does not pin today's defaults.
-        tmp.write_text(json.dumps({"version": SETTINGS_VERSION,
-                                   **self.model_dump(exclude_unset=True)}, indent=2))
+        # A null that is the default ("auto") is left out too: it means what no key means,
+        # and kvdesk before 2026-11-30 cannot read a null n_ctx or flash_attn.
+        values = {k: v for k, v in self.model_dump(exclude_unset=True).items()
+                  if v is not None or type(self).model_fields[k].default is not None}
+        tmp.write_text(json.dumps({"version": SETTINGS_VERSION, **values, **(unknown or {})},
+                                  indent=2))
         os.replace(tmp, path)
 
 
@@ -321,10 +326,15 @@ def load(path: Path | None = None) -> Settings:
 
 def save_edits(before: Settings, after: Settings, path: Path | None = None) -> None:
     """Save what the user changed from `before` (as loaded) to `after` over the saved file's
-    values: a value that came from the environment (KVDESK_...) is written only if edited."""
+    values: a value that came from the environment (KVDESK_...) is written only if edited.
+    Keys this kvdesk does not know (a newer one's) stay in the file as they are."""
+    path = path or config_dir() / "settings.json"
     edits = {name: getattr(after, name) for name in Settings.model_fields
              if getattr(after, name) != getattr(before, name)}
-    saved_settings(path).with_values(**edits).save(path)
+    merged = saved_settings(path).with_values(**edits)  # (the file read and checked first)
+    raw = json.loads(path.read_text(encoding="utf-8-sig")) if path.is_file() else {}
+    merged.save(path, unknown={k: v for k, v in raw.items()
+                               if k not in Settings.model_fields and k != "version"})
 
 
 def saved_settings(path: Path | None = None) -> Settings:

@@ -193,6 +193,25 @@ def test_saving_settings_writes_what_was_set_not_every_default(tmp_path):
     assert settings.saved_settings(path).restore_budget_ms == settings.Settings().restore_budget_ms
 
 
+
+def test_saving_settings_leaves_out_auto_nulls_and_keeps_a_newer_kvdesk_s_keys(tmp_path):
+    """(An explicit `"n_ctx": null` from an older save was written back, and kvdesk before
+    2026-11-30 crashed on it; a key of a newer kvdesk was dropped.)"""
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps({"version": 1, "n_ctx": None, "flash_attn": None,
+                                "ollama_port": None, "theme": "light", "from_2027": [1]}))
+    before = settings.saved_settings(path)
+    settings.save_edits(before, before.with_values(theme="dark"), path)
+    saved = json.loads(path.read_text())
+    # (null is "auto" for n_ctx and flash_attn, their default; "off" for ollama_port)
+    assert saved == {"version": settings.SETTINGS_VERSION, "theme": "dark",
+                     "ollama_port": None, "from_2027": [1]}
+    settings.save_edits(before, before.with_values(n_ctx=4096), path)
+    before = settings.saved_settings(path)
+    settings.save_edits(before, before.with_values(n_ctx=None), path)  # back to auto
+    assert "n_ctx" not in json.loads(path.read_text())
+    assert settings.saved_settings(path).n_ctx is None
+
 def _numbers(model) -> dict:
     """Each number field of `model` (of the settings, generation's too): a value in range."""
     out = {}
