@@ -98,3 +98,15 @@ def is_storage_fault(error: BaseException) -> bool:
     the user's to act on, never a request's fault."""
     errors = sys.modules.get("store.errors")
     return errors is not None and isinstance(error, errors.ReadOnlyError)
+
+
+def data_folder_fault(error: BaseException | None) -> str | None:
+    """Why the data directory's store could not be opened at all, when `error` says so:
+    "version" (written by a newer kvdesk, or not a kvdesk store), "unusable" (not a database,
+    damaged past reading, no permission, a file in its place...); None for anything else."""
+    errors = sys.modules.get("store.errors")
+    if errors is None or error is None:
+        return None
+    if isinstance(error, errors.SchemaVersionError):
+        return "version"
+    return "unusable" if isinstance(error, errors.DataDirError | errors.DamagedError) else None

@@ -396,6 +396,40 @@ def test_without_a_model_the_lists_say_the_chats_and_documents_are_kept(qtbot, t
     assert "paperclip" not in hint.text() and not window.doc_list.attach_button.isEnabled()
 
 
+
+def test_a_data_folder_this_kvdesk_cannot_open_is_the_folder_s_problem_not_the_model_s(
+        qtbot, tmp_path):
+    """(A store written by a newer kvdesk read "The model could not be loaded: ... Check
+    Settings", and the lists waited for "a model" to load.)"""
+    import sqlite3
+
+    from store import Store
+
+    Store(tmp_path).close()
+    with sqlite3.connect(tmp_path / "kvdesk.sqlite") as conn:
+        conn.execute("PRAGMA user_version = 14")  # (as a newer kvdesk leaves it)
+    conn.close()
+    window = MainWindow(lambda: Store(tmp_path), Settings(data_dir=str(tmp_path)))
+    qtbot.addWidget(window)
+    with qtbot.waitSignal(window.engine_failed, timeout=5000):
+        pass
+    said = window.info.text()
+    assert said.startswith(f"This kvdesk cannot open its data folder, {tmp_path}: store schema "
+                           "version 14 is newer")
+    assert "newer kvdesk last used it" in said and "nothing in it was changed" in said
+    assert "model" not in said and "stay in it as they are" in said
+    assert "which this kvdesk cannot open" in window.chat_list.note.text()
+    assert "model" not in window.chat_list.note.text()
+    assert window.doc_list.hint.text() == "Attaching needs a data folder this kvdesk can open."
+    (tmp_path / "kvdesk.sqlite").write_bytes(b"not a database " * 512)  # damaged past opening
+    window = MainWindow(lambda: Store(tmp_path), Settings(data_dir=str(tmp_path)))
+    qtbot.addWidget(window)
+    with qtbot.waitSignal(window.engine_failed, timeout=5000):
+        pass
+    said = window.info.text()
+    assert "cannot be opened as a kvdesk store" in said and "Nothing in it was changed" in said
+    assert "model" not in said and "newer" not in said
+
 def test_a_long_or_marked_up_title_never_widens_the_window_nor_renders(qtbot, window, engine,
                                                                        monkeypatch):
     chat = engine.chats()[0]

@@ -33,6 +33,7 @@ from PySide6.QtWidgets import (
 )
 
 from desktop_app import settings as settings_mod
+from desktop_app.errors import data_folder_fault
 from desktop_app.protocol import EngineAPI, LocalAPIControl
 from desktop_app.results import ChatInfo, DocumentInfo, ModelFile
 from desktop_app.settings import Settings
@@ -48,6 +49,7 @@ from .library.switching import SwitchingMixin
 from .settings.quality import QualitySlider
 from .settings.settings_dialog import SERVER_FIELDS, SettingsDialog, needs_restart
 from .text.formatting import in_window_terms, shortened
+from .text.start_failure import start_failure
 from .workers import Job, Runner
 
 DRAFT_PAUSE_MS = 300  # typing pause after which the draft question is computed
@@ -101,8 +103,9 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, CodecMixin, QMainWin
         self._apply_theme(settings.theme)
         self._set_ready(False)
         self.info.setText("Loading the model…")
-        self.runner.start("misc", lambda job: engine_factory(), finished=self._engine_loaded,
-                          failed=self._engine_failed)
+        self._starting = self.runner.start("misc", lambda job: engine_factory(),
+                                           finished=self._engine_loaded,
+                                           failed=self._engine_failed)
 
     # -- layout -------------------------------------------------------------------------------
 
@@ -251,12 +254,12 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, CodecMixin, QMainWin
         self.engine_ready.emit()
 
     def _engine_failed(self, message: str) -> None:
-        self._say(f"The model could not be loaded: {message}. Check Settings (Ctrl+,).", True)
-        self.chat_list.note.setText(f"Your chats and documents are kept in "
-                                    f"{self.settings.data_path}; they show here once a model "
-                                    "loads (Settings, Ctrl+,).")
+        status, chats, documents = start_failure(
+            message, data_folder_fault(self._starting.error), self.settings.data_path)
+        self._say(status, True)
+        self.chat_list.note.setText(chats)
         self.chat_list.note.show()
-        self.doc_list.show_note("Attaching needs a model loaded.")
+        self.doc_list.show_note(documents)
         self.engine_failed.emit(message)
 
     def refresh_chats(self) -> None:

@@ -40,6 +40,7 @@ class Job(QRunnable):
         self.work = work
         self.cancel = threading.Event()
         self.signals = JobSignals()
+        self.error: Exception | None = None  # what it failed with, set before `failed` fires
 
     def run(self) -> None:
         try:
@@ -49,6 +50,7 @@ class Job(QRunnable):
         except Cancelled:
             self.signals.cancelled.emit()
         except Exception as e:
+            self.error = e
             if is_user_error(e):
                 self.signals.failed.emit(str(e))
             else:  # a bug: keep the traceback for the log, say it briefly
