@@ -891,6 +891,25 @@ def test_a_damaged_store_is_said_as_soon_as_the_window_opens(qtbot):
     assert window.info.text() == damaged.damage
 
 
+
+def test_a_list_a_damaged_store_cannot_read_says_so_in_its_place(qtbot):
+    """(The documents' table among the damage: the Documents pane stayed empty, without a
+    word, as if the documents were gone.)"""
+    from store import DamagedError
+
+    damaged = FakeEngine(step_s=0.002, token_s=0.001).seed()
+    damaged.damage = "the store X is damaged (database disk image is malformed)"
+    damaged.fail_next["documents"] = DamagedError(damaged.damage)
+    window = MainWindow(lambda: damaged, Settings())
+    qtbot.addWidget(window)
+    hint = window.doc_list.hint
+    qtbot.waitUntil(lambda: not hint.isHidden(), timeout=5000)
+    assert hint.text().startswith("These could not be read from the data folder")
+    assert window.info.text() == damaged.damage
+    with qtbot.waitSignal(window.documents_changed, timeout=5000):
+        window.refresh_documents()  # read again: listed
+    assert hint.isHidden() and window.doc_list.list.count() == 2
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_ctrl_c_and_sigterm_close_the_window_as_its_close_button_does(qtbot, engine, signum):
     from ui.main import _closing_on_signals
