@@ -294,11 +294,18 @@ class Settings(UserValues):
         # What was set, not every default: a file saved today does not pin today's defaults.
         # A null that is the default ("auto") is left out too: it means what no key means,
         # and kvdesk before 2026-11-30 cannot read a null n_ctx or flash_attn.
-        values = {k: v for k, v in self.model_dump(exclude_unset=True).items()
-                  if v is not None or type(self).model_fields[k].default is not None}
+        values = _set(type(self), self.model_dump(exclude_unset=True))
+        if isinstance(values.get("generation"), dict):
+            values["generation"] = _set(GenerationOptions, values["generation"])
         tmp.write_text(json.dumps({"version": SETTINGS_VERSION, **values, **(unknown or {})},
                                   indent=2))
         os.replace(tmp, path)
+
+
+def _set(model: type[pydantic.BaseModel], values: dict) -> dict:
+    """`values` but for a null where null is the default: auto, as a key left out."""
+    return {k: v for k, v in values.items()
+            if v is not None or model.model_fields[k].default is not None}
 
 
 def load(path: Path | None = None) -> Settings:

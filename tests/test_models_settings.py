@@ -199,13 +199,14 @@ def test_saving_settings_leaves_out_auto_nulls_and_keeps_a_newer_kvdesk_s_keys(t
     2026-11-30 crashed on it; a key of a newer kvdesk was dropped.)"""
     path = tmp_path / "settings.json"
     path.write_text(json.dumps({"version": 1, "n_ctx": None, "flash_attn": None,
-                                "ollama_port": None, "theme": "light", "from_2027": [1]}))
+                                "ollama_port": None, "theme": "light", "from_2027": [1],
+                                "generation": {"seed": None, "top_k": 20}}))
     before = settings.saved_settings(path)
     settings.save_edits(before, before.with_values(theme="dark"), path)
     saved = json.loads(path.read_text())
     # (null is "auto" for n_ctx and flash_attn, their default; "off" for ollama_port)
     assert saved == {"version": settings.SETTINGS_VERSION, "theme": "dark",
-                     "ollama_port": None, "from_2027": [1]}
+                     "ollama_port": None, "from_2027": [1], "generation": {"top_k": 20}}
     settings.save_edits(before, before.with_values(n_ctx=4096), path)
     before = settings.saved_settings(path)
     settings.save_edits(before, before.with_values(n_ctx=None), path)  # back to auto
