@@ -99,7 +99,9 @@ def test_a_folder_with_no_store_is_read_as_no_data_directory(tmp_path):
                     ["reopen", "1"], ["export", "1"], ["ask", "--chat", "1", "hi"]):
         proc = subprocess.run([sys.executable, "-m", "desktop_app", "--data-dir", str(data),
                                *command], capture_output=True, text=True, timeout=300)
-        assert f"Note: no kvdesk data in {data} yet" in proc.stderr, (command, proc.stderr)
+        said = proc.stdout if command == ["verify"] else proc.stderr  # (its answer says it)
+        assert (f"nothing to verify: no kvdesk store in {data}" if command == ["verify"] else
+                f"Note: no kvdesk data in {data} yet") in said, (command, said)
         assert "no data directory" not in proc.stderr, (command, proc.stderr)
         assert "Traceback" not in proc.stderr, command
         assert sorted(p.name for p in data.iterdir()) == ["notes.txt"], command
