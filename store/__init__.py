@@ -9,10 +9,11 @@ app: chunks are opaque bytes at named quality levels.
 
 In rooms, each a subpackage whose `__init__` says what it owns and never imports, stacked top
 down (pyproject.toml's layers contract states it): `shared` (the remote tier), the `Store`
-facade (`store.py`) and `schema` (the migrations of every room's tables), then side by side
-`caches` (KV entries and chunks, quota, integrity, calibrations) and `documents` (models,
-documents, chats, messages, passages), then `datadir` (connections, the disk reserve, locks
-between processes), and the leaf modules `errors`, `records` and `tokens`.
+facade (`store.py`), `upgrade` (bringing a store's file to the schema) and `schema` (the
+migrations of every room's tables), then side by side `caches` (KV entries and chunks, quota,
+integrity, calibrations) and `documents` (models, documents, chats, messages, passages), then
+`datadir` (connections, the disk reserve, locks between processes), and the leaf modules
+`errors`, `records` and `tokens`.
 """
 
 from .caches.kv import BackgroundWriter, EntryWriter

@@ -1,10 +1,7 @@
-"""The store's schema: an ordered list of named migrations and the code that applies them.
+"""The store's schema: an ordered list of named migrations (store.upgrade applies them).
 
-Each migration runs in one IMMEDIATE transaction together with its row in `migrations` and the
-new PRAGMA user_version, so a database is always exactly at a named version, and two processes
-opening a fresh store at once apply each migration once. Never edit or reorder a released
-migration; append a new one. A database at a version this code does not know is refused, never
-"repaired".
+Never edit or reorder a released migration; append a new one. A migration returns None, or, where
+it drops something users had, a sentence saying what (the app says it once, as the store opens).
 
 Token ranges live in kv_spans (one row per chunk boundary of an entry, shared by all of its levels;
 since m004 also one per part of its window, if it has one); kv_chunks holds one row per (entry,
@@ -16,15 +13,12 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import time
 import zlib
 from collections.abc import Callable
-from pathlib import Path
 
 from .caches import blobs
 from .datadir.db import execute_script
 from .documents.passages import m008_passages
-from .errors import ReadOnlyError, SchemaVersionError
 from .tokens import encode as encode_tokens
 
 M001_INITIAL = """
@@ -322,12 +316,18 @@ WITH RECURSIVE doomed(id) AS (
 SELECT id FROM doomed"""
 
 
-def m011_prompt_caches(conn: sqlite3.Connection) -> None:
+def m011_prompt_caches(conn: sqlite3.Connection) -> str | None:
     """The API's prompt caches stored before lossy KV was kept from being stored again."""
     doomed = [(i,) for (i,) in conn.execute(M011_PROMPT_CACHES)]
+    caches = conn.execute("SELECT count(*) FROM kv_entries WHERE document_id IS NULL AND"
+                          " chat_id IS NULL AND NOT passage AND parent_id IS NULL").fetchone()[0]
     for table, column in (("kv_chunks", "entry_id"), ("kv_spans", "entry_id"),
                           ("kv_entries", "id")):
         conn.executemany(f"DELETE FROM {table} WHERE {column} = ?", doomed)
+    return (f"{caches} prompt cache{'s' if caches != 1 else ''} of the local API (stored "
+            "/v1/responses conversations' KV among them) made by an older kvdesk "
+            f"{'were' if caches != 1 else 'was'} dropped: each is computed again at its next "
+            "use" if caches else None)
 
 
 # The documents whose KV an entry holds beyond its parent's (a chat's or a conversation's over
@@ -361,7 +361,8 @@ M013_DELETED_TITLES = (
     " WHERE document_id = OLD.id; END")
 
 
-MIGRATIONS: list[tuple[str, Callable[[sqlite3.Connection], None]]] = [
+Migration = Callable[[sqlite3.Connection], str | None]
+MIGRATIONS: list[tuple[str, Migration]] = [
     ("m001_initial", m001_initial),
     ("m002_message_tokens", m002_message_tokens),
     ("m003_integrity", m003_integrity),
@@ -377,74 +378,12 @@ MIGRATIONS: list[tuple[str, Callable[[sqlite3.Connection], None]]] = [
     ("m013_deleted_titles", _executing(M013_DELETED_TITLES)),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
+# The migrations a store may lack while holding later ones, and that give it exactly the schema a
+# straight upgrade gives when applied after them. m007 only adds two nullable columns to
+# `documents`, which m008 and m009 neither read nor change; kvdesk 7599da0 and 9751386 (main,
+# 2026-12-01) released m008 and m009 without it, and it came back before them.
+APPLIED_LATE = frozenset({"m007_attaching"})
 
 
 def schema_version(conn: sqlite3.Connection) -> int:
     return conn.execute("PRAGMA user_version").fetchone()[0]
-
-
-def migrate(conn: sqlite3.Connection, target: int = SCHEMA_VERSION) -> list[str]:
-    """Bring the database up to `target` (default: the latest); return the names applied."""
-    applied = []
-    # Off while migrating (it can only change outside a transaction): rebuilding a table
-    # would otherwise cascade its DROP to every row referring to it. Each migration ends
-    # with a full foreign key check instead.
-    conn.execute("PRAGMA foreign_keys = OFF")
-    try:
-        while True:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                version = _check_known(conn)
-                if version >= target:
-                    conn.execute("COMMIT")
-                    return applied
-                name, apply = MIGRATIONS[version]
-                conn.execute(
-                    "CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied REAL)"
-                )
-                apply(conn)
-                broken = conn.execute("PRAGMA foreign_key_check").fetchall()
-                if broken:
-                    raise SchemaVersionError(f"migration {name} broke foreign keys: {broken[:3]}")
-                conn.execute("INSERT INTO migrations VALUES (?, ?)", (name, time.time()))
-                conn.execute(f"PRAGMA user_version = {version + 1}")
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            applied.append(name)
-    finally:
-        conn.execute("PRAGMA foreign_keys = ON")
-
-
-def _check_known(conn: sqlite3.Connection) -> int:
-    """The database's version, after checking its migration history is a prefix of ours."""
-    version = schema_version(conn)
-    known = [name for name, _ in MIGRATIONS]
-    if version > len(known):
-        raise SchemaVersionError(
-            f"store schema version {version} is newer than this kvdesk understands "
-            f"(up to {len(known)}); upgrade kvdesk or use another data directory"
-        )
-    has_history = conn.execute(
-        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'migrations'"
-    ).fetchone()
-    history = (
-        [row[0] for row in conn.execute("SELECT name FROM migrations ORDER BY rowid")]
-        if has_history
-        else []
-    )
-    if history != known[:version]:
-        raise SchemaVersionError(
-            f"store migration history {history} does not match this kvdesk's {known[:version]}"
-        )
-    if version == 0 and conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
-        raise SchemaVersionError("the database is not an empty file nor a kvdesk store")
-    return version
-
-
-def check_current(conn: sqlite3.Connection, data_dir: Path) -> None:
-    """A read-only store is read as it is: only at this version's schema."""
-    if schema_version(conn) != SCHEMA_VERSION:
-        raise ReadOnlyError(f"the data directory {data_dir} is read-only and its store needs an "
-                            "upgrade: open it once where it can be written")

@@ -36,8 +36,9 @@ from .errors import (
     NotFoundError,
 )
 from .records import CalibrationRecord, Entry, PrefixMatch, Span
-from .schema import check_current, migrate, schema_version
+from .schema import schema_version
 from .tokens import decode
+from .upgrade import check_current, migrate
 
 DB_NAME = "kvdesk.sqlite"
 DEFAULT_CHUNK_SIZE = 256
@@ -62,9 +63,11 @@ class Store(LibraryStore, PassageStore, PassageKVStore, SplitStore, UsageStore, 
         self._db = Connections(self.path, read_only=prepare_data_dir(self.data_dir, self.path))
         self.locks = ChatLocks(self.data_dir / "locks")  # turns, attaches, calibrations
         self._unrecorded: dict[str, tuple[str, dict]] = {}
+        # What this open's upgrade dropped that users had: a sentence each, for the app to say
+        self.upgrade_notes: list[str] = []
         try:
             self._db.opened(lambda conn: check_current(conn, self.data_dir) if self.read_only
-                            else migrate(conn))
+                            else self.upgrade_notes.extend(migrate(conn).dropped))
         except (sqlite3.DatabaseError, DamagedError) as e:
             self._db.close()
             # Not a database, a damaged one, or one the file system will not let SQLite open;

@@ -1,5 +1,6 @@
 """Helpers shared by the store tests (no tests here): a store on a tmp path, entries with
-deterministic chunk bytes, and an orphan census read straight from the database."""
+deterministic chunk bytes, an orphan census read straight from the database, and a store taken
+back to the schema of an older kvdesk."""
 
 from __future__ import annotations
 
@@ -76,3 +77,17 @@ def dead_pid() -> int:
     """The id of a process that has exited."""
     return int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                               capture_output=True, text=True, check=True).stdout)
+
+
+def back_to_version_10(path: Path) -> None:
+    """The store in folder `path`, as a kvdesk of schema version 10 (cc6482e) left it."""
+    conn = sqlite3.connect(path / "kvdesk.sqlite")
+    with conn:
+        conn.execute("DELETE FROM migrations WHERE name IN ('m011_prompt_caches',"
+                     " 'm012_entry_documents', 'm013_deleted_titles')")
+        conn.execute("DROP TABLE kv_entry_documents")
+        conn.execute("DROP TRIGGER documents_take_what_holds_them")
+        conn.execute("DROP TABLE deleted_documents")
+        conn.execute("DROP TRIGGER documents_leave_their_titles")
+        conn.execute("PRAGMA user_version = 10")
+    conn.close()

@@ -7,11 +7,12 @@ import sqlite3
 import zlib
 
 import pytest
-from test_store_helpers import count, open_store, orphans, put_entry
+from test_store_helpers import back_to_version_10, count, open_store, orphans, put_entry
 
 from store import CorruptChunkError, SchemaVersionError, Store
 from store.datadir.db import open_connection
-from store.schema import MIGRATIONS, SCHEMA_VERSION, migrate
+from store.schema import MIGRATIONS, SCHEMA_VERSION
+from store.upgrade import migrate
 
 
 def test_new_store_is_at_latest_version_in_wal_with_incremental_vacuum(tmp_path):
@@ -27,7 +28,7 @@ def test_new_store_is_at_latest_version_in_wal_with_incremental_vacuum(tmp_path)
 @pytest.mark.parametrize("version", range(SCHEMA_VERSION + 1))
 def test_upgrade_from_every_version(tmp_path, version):
     conn = open_connection(tmp_path / "kvdesk.sqlite")
-    assert migrate(conn, target=version) == [name for name, _ in MIGRATIONS[:version]]
+    assert migrate(conn, target=version).applied == [name for name, _ in MIGRATIONS[:version]]
     conn.close()
     with open_store(tmp_path) as store:
         assert store.schema_version == SCHEMA_VERSION
@@ -66,8 +67,62 @@ def test_a_foreign_migration_history_is_refused(tmp_path):
     conn.execute("UPDATE migrations SET name = 'm001_someone_elses' WHERE name = 'm001_initial'")
     conn.commit()
     conn.close()
-    with pytest.raises(SchemaVersionError, match="history"):
+    with pytest.raises(SchemaVersionError) as refused:
         Store(tmp_path)
+    # In words, with no list of names to decode: what the file is, untouched, what to do
+    assert str(refused.value) == (
+        f"{tmp_path / 'kvdesk.sqlite'} was written by a kvdesk build this one cannot read: its "
+        "schema has steps this kvdesk does not know (m001_someone_elses). Nothing in it was "
+        "changed. Open it with the kvdesk that last used it (`kvdesk export` there saves a chat "
+        "as a file), or choose another data directory")
+
+
+def _schema(path) -> set[tuple]:
+    conn = sqlite3.connect(path)
+    try:
+        return set(conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_master"))
+    finally:
+        conn.close()
+
+
+def test_a_history_lacking_a_migration_safe_to_apply_late_is_completed(tmp_path):
+    """kvdesk 7599da0 and 9751386 wrote stores with m008 and m009 but no m007 (which came back
+    before them): m007 is applied after them, giving the schema a straight upgrade gives, and
+    the history becomes ours; the store's rows stay."""
+    conn = open_connection(tmp_path / "kvdesk.sqlite")
+    conn.execute("CREATE TABLE migrations (name TEXT PRIMARY KEY, applied REAL)")
+    theirs = [m for m in MIGRATIONS[:9] if m[0] != "m007_attaching"]
+    for name, apply in theirs:
+        apply(conn)
+        conn.execute("INSERT INTO migrations VALUES (?, 1.0)", (name,))
+    conn.execute(f"PRAGMA user_version = {len(theirs)}")
+    conn.execute("INSERT INTO documents (content_hash, title, type, text, created)"
+                 " VALUES ('h', 'Kept', 'txt', 'text', 0)")
+    conn.commit()
+    conn.close()
+    with open_store(tmp_path) as store:
+        assert store.schema_version == SCHEMA_VERSION
+        assert [d.title for d in store.documents()] == ["Kept"]
+    conn = sqlite3.connect(tmp_path / "kvdesk.sqlite")
+    rows = conn.execute("SELECT name, applied FROM migrations ORDER BY rowid").fetchall()
+    conn.close()
+    assert [name for name, _ in rows] == [name for name, _ in MIGRATIONS]
+    assert [when for name, when in rows if name in dict(theirs)] == [1.0] * len(theirs)
+    Store(tmp_path / "straight").close()
+    assert _schema(tmp_path / "kvdesk.sqlite") == _schema(tmp_path / "straight/kvdesk.sqlite")
+
+
+def test_a_history_lacking_a_migration_not_safe_to_apply_late_is_refused(tmp_path):
+    conn = open_connection(tmp_path / "kvdesk.sqlite")
+    migrate(conn, target=6)
+    conn.execute("DELETE FROM migrations WHERE name = 'm005_windows'")
+    conn.execute("PRAGMA user_version = 5")
+    conn.commit()
+    conn.close()
+    with pytest.raises(SchemaVersionError, match="in another order, or with some missing"):
+        Store(tmp_path)
+    conn = sqlite3.connect(tmp_path / "kvdesk.sqlite")
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 5
 
 
 def test_a_database_that_is_not_a_store_is_refused(tmp_path):
@@ -212,19 +267,16 @@ def test_m011_drops_the_prompt_caches_and_what_extends_them_and_keeps_the_rest(t
         passage = put_entry(store, range(1000, 1200), document_id=doc.id, passage=True)
         prompt = put_entry(store, range(500, 800))
         put_entry(store, range(500, 900), parent_id=prompt.id)
-    conn = sqlite3.connect(tmp_path / "kvdesk.sqlite")
-    with conn:  # (as a store of version 10 is)
-        conn.execute("DELETE FROM migrations WHERE name IN ('m011_prompt_caches',"
-                     " 'm012_entry_documents', 'm013_deleted_titles')")
-        conn.execute("DROP TABLE kv_entry_documents")
-        conn.execute("DROP TRIGGER documents_take_what_holds_them")
-        conn.execute("DROP TABLE deleted_documents")
-        conn.execute("DROP TRIGGER documents_leave_their_titles")
-        conn.execute("PRAGMA user_version = 10")
-    conn.close()
+    back_to_version_10(tmp_path)
     with open_store(tmp_path) as store:
         assert store.schema_version == SCHEMA_VERSION
         assert sorted(e.id for e in store.entries()) == sorted(
             [kept.id, chat_entry.id, passage.id])
         assert orphans(store) == {}
         assert count(store, "kv_spans") == sum(e.n_chunks for e in store.entries())
+        # Said once, where the app shows it as the store opens
+        assert store.upgrade_notes == [
+            "1 prompt cache of the local API (stored /v1/responses conversations' KV among "
+            "them) made by an older kvdesk was dropped: each is computed again at its next use"]
+    with open_store(tmp_path) as store:
+        assert store.upgrade_notes == []
