@@ -172,6 +172,8 @@ class App:
         if store.damage:
             self._warn_damage(store.damage_error())
         store.on_damage(self._warn_damage)  # (found by a read later: a value rotten inside)
+        for note in store.upgrade_notes:  # (only the open that upgraded the store has any)
+            log.warning("Note: %s", note)
         budget = int(self.settings.storage_budget_gb * 1e9)
         # Kept in the store for every process's gc; a read-only one changes nothing anyway.
         if not store.read_only and store.budget_bytes != budget:

@@ -284,6 +284,21 @@ def damaged_store(data_dir) -> tuple[int, str]:
     return writer.entry.id, cal
 
 
+def test_an_upgrade_that_drops_prompt_caches_says_so_once(tmp_path):
+    """m011 drops the local API's prompt caches of a kvdesk from before it: the command that
+    upgrades the store says so, once (the next one has nothing to say)."""
+    from test_store_helpers import back_to_version_10, open_store, put_entry
+
+    with open_store(tmp_path / "data") as store:
+        put_entry(store, range(500, 800))
+    back_to_version_10(tmp_path / "data")
+    note = ("Note: 1 prompt cache of the local API (stored /v1/responses conversations' KV "
+            "among them) made by an older kvdesk was dropped: each is computed again at its "
+            "next use")
+    assert kvdesk("docs").stderr.splitlines() == [note]
+    assert note not in kvdesk("docs").stderr
+
+
 def test_verify_says_what_is_missing_and_which_calibration_is_unusable(tmp_path):
     entry, cal = damaged_store(tmp_path / "data")
     proc = kvdesk("verify", check=False)
