@@ -397,6 +397,31 @@ def test_a_document_deleted_while_it_is_attached_is_said_so(new_engine, tmp_path
     assert eng.store.documents() == [] and eng.store.entries() == []
 
 
+def test_a_document_deleted_during_a_new_chats_first_answer_keeps_the_chat(new_engine,
+                                                                          tmp_path):
+    """(The probe's `rm doc` during a new chat's first answer: the answer streamed, then
+    "Error: no document 12" and no chat.) Kept as a chat whose document is deleted since."""
+    eng = new_engine()
+    path = tmp_path / "short.txt"
+    path.write_text(DOC)
+    doc = eng.attach(path).doc_id
+    deleted = []
+
+    def delete_first(_):
+        if not deleted:
+            deleted.append(eng.delete_document(doc))
+
+    result = eng.ask("What was the lamp burning before 1902?", doc_ids=[doc],
+                     generation=deterministic(8), on_token=delete_first)
+    assert deleted and result.answer and result.chat_id
+    assert f"this turn's cache is not stored: document {doc} is deleted" in result.messages
+    assert [m.role for m in eng.messages(result.chat_id)] == ["user", "assistant"]
+    assert [c.chat_id for c in eng.chats()] == [result.chat_id]
+    again = eng.ask("And after?", chat_id=result.chat_id, generation=deterministic(4))
+    assert f"document {doc} of this chat was deleted: the chat goes on without it" in \
+        again.messages
+
+
 def test_bad_input(engine, tmp_path):
     (tmp_path / "empty.txt").write_bytes(b"")
     with pytest.raises(DocumentError):

@@ -266,10 +266,20 @@ class Library:
     def add_turn(self, chat_id: int | None, question: str, answer: str, *,
                  doc_ids: Sequence[int], **record) -> int:
         """Store a turn (`record`: Store.add_turn's stats and tokens) and return its chat's id;
-        a new chat (None) about `doc_ids` is created with it, so it never exists empty."""
-        if chat_id is None:
-            return self.store.start_chat(title_of(question), doc_ids, question, answer,
-                                         **record).id
+        a new chat (None) about `doc_ids` is created with it, so it never exists empty (about
+        those of them not deleted meanwhile)."""
+        while chat_id is None:
+            try:
+                return self.store.start_chat(title_of(question), doc_ids, question, answer,
+                                             **record).id
+            except NotFoundError:
+                # A document deleted while its first answer was given: the chat is kept as
+                # one about it is once it is deleted (without it, its messages all there).
+                present = self.store.document_titles()
+                left = [d for d in doc_ids if d in present]
+                if left == list(doc_ids):
+                    raise
+                doc_ids = left
         self.store.add_turn(chat_id, question, answer, **record,
                             replacing=sorted(self._superseding(chat_id)))
         return chat_id
