@@ -91,7 +91,9 @@ def test_a_killed_attach_leaves_an_unfinished_document_that_gc_removes(tmp_path,
     assert [d["status"] for d in docs] in ([], ["unfinished"]), err
     if stage != "extract":
         assert docs, err
-        assert "attach the file or run kvdesk remote pull again" in kvdesk("docs").stdout
+        said = kvdesk("docs").stdout  # the advice once, in commands
+        assert "did not finish: attach the file or run kvdesk remote pull again (kvdesk gc " \
+            "removes it)" in said and said.count("again") == 1, said
     said = kvdesk("gc").stdout  # said, with the ids the JSON form lists
     ids = ", ".join(str(d["doc_id"]) for d in docs)
     assert (f"removed {len(docs)} document(s) whose attach or pull did not finish "

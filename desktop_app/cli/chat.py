@@ -321,11 +321,11 @@ def docs(app: App, as_json: bool):
     only_reading(app)
     rows = app.engine.documents()
     # (not cached here: a question streams it from the shared cache when that holds it)
-    hints = {"unfinished": " (attach the file or run kvdesk remote pull again, or kvdesk gc "
-             "removes it)", "damaged": " (kvdesk verify)", "none": " (a question streams the "
-             "shared cache's)" if any(d.status == "none" for d in rows)
-             and app.engine.sharing.auto_pull else ""}
+    hints = {"damaged": " (kvdesk verify)", "none": " (a question streams the shared cache's)"
+             if any(d.status == "none" for d in rows) and app.engine.sharing.auto_pull else ""}
     words = {k: v + hints.get(k, "") for k, v in STATUS_WORDS.items()}
+    words["unfinished"] = ("did not finish: attach the file or run kvdesk remote pull again "
+                           "(kvdesk gc removes it)")  # (the window's advice, as commands)
     as_text = any(d.passages for d in rows) and app.engine.passages_as_text()
     emit([d.as_dict() for d in rows], as_json, [
         f"[{d.doc_id}] {d.title} — {counted(d.tokens, 'token')}"
