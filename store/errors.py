@@ -72,6 +72,12 @@ class DataDirError(StoreError):
     """The data directory cannot be used at all (a file in its place, no permission...)."""
 
 
+class DataDirGoneError(DataDirError, ReadOnlyError):
+    """The data directory (or its database file) was removed, moved or replaced while kvdesk
+    ran: nothing more is written (it would go to a file no longer there); what is open still
+    reads."""
+
+
 class StoppedError(Exception):
     """The caller's cancel event was set (Ctrl-C): a push, pull or check stopped between two
     objects, keeping only what was complete. Not a StoreError: nothing failed, and nothing

@@ -74,6 +74,11 @@ class Library:
     def chat_documents(self, chat_id: int) -> list[Document]:
         return self.store.chat_documents(chat_id)
 
+    def documents_of(self, chat_id: int | None, doc_ids: Sequence[int]) -> list[Document]:
+        """A chat's documents; of a new one (None), those of `doc_ids`."""
+        return ([self.document(d) for d in doc_ids] if chat_id is None
+                else self.chat_documents(chat_id))
+
     def history(self, chat_id: int) -> list[Message]:
         """The chat's messages, oldest first, less a turn this thread regenerates
         (`superseding`)."""

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from store import Document, Store
+from store import DataDirGoneError, Document, Store
 
 from ..errors import Cancelled, EngineError
 from ..kv import speeds as speeds_mod
@@ -320,7 +320,7 @@ class ChatSession:
                 return None
             self.contexts.warm_up()  # its kernels load while the model does
             rt = self.runtime
-            docs = self._documents(chat_id, doc_ids)
+            docs = self.library.documents_of(chat_id, doc_ids)
             if self.longdocs.draft_waits(rt, chat_id, docs):
                 return None  # (its passages are retrieved for the question it asks)
             msgs, context, _ = self._context(rt, chat_id, docs)
@@ -364,7 +364,7 @@ class ChatSession:
             self.contexts.warm_up()  # its kernels load while the model does
             rt = self.runtime
             # A long document's passages for this question (a new chat's: its pending ones)
-            docs = self._documents(chat_id, doc_ids)
+            docs = self.library.documents_of(chat_id, doc_ids)
             picked = self.longdocs.choose(rt, chat_id, question, docs)
             msgs, context, notes = self._context(rt, chat_id, docs)
             quoted, absent = self.longdocs.quoted(rt, chat_id, docs, question)
@@ -410,9 +410,12 @@ class ChatSession:
             # (fsync) before the first token would only delay it; a turn stopped earlier: neither.
             answer_tokens = generated + suffix_tokens
             new = chat_id is None
-            chat_id = self.library.add_turn(
-                chat_id, question, result.answer, doc_ids=doc_ids, stats=stats,
-                model=rt.fingerprint, question_tokens=turn.tokens, answer_tokens=answer_tokens)
+            try:
+                chat_id = self.library.add_turn(
+                    chat_id, question, result.answer, doc_ids=doc_ids, stats=stats,
+                    model=rt.fingerprint, question_tokens=turn.tokens, answer_tokens=answer_tokens)
+            except DataDirGoneError as e:  # the answer was shown: it is returned all the same
+                return replace(result, messages=[*result.messages, f"this turn is not stored: {e}"])
             if new:
                 self.longdocs.adopt(chat_id)
             not_kept = self._keep(rt, chat_id, context + turn.tokens + answer_tokens, kept, docs)
@@ -434,10 +437,6 @@ class ChatSession:
             layout = self.longdocs.prefix(rt, None, docs)
             return list(layout.messages), list(layout.tokens), layout.notes
         return self.conversation(rt, chat_id)
-
-    def _documents(self, chat_id: int | None, doc_ids: Sequence[int]) -> list[Document]:
-        return ([self.library.document(d) for d in doc_ids] if chat_id is None
-                else self.library.chat_documents(chat_id))
 
     def _keep(self, rt: Runtime, chat_id: int, tokens: list[int], store: bool, docs) -> list[str]:
         """Store the chat's KV over `docs` (read before its tokens), if asked and held exactly

@@ -50,6 +50,7 @@ import numpy as np
 import codec
 from store import (
     BackgroundWriter,
+    DataDirGoneError,
     DiskFullError,
     Entry,
     NotFoundError,
@@ -283,7 +284,7 @@ class KVCache:
         evicted: list[dict] = []
         try:
             store(evicted)
-        except (DiskFullError, NotFoundError) as e:  # the answer stands; its cache is not kept
+        except (DiskFullError, DataDirGoneError, NotFoundError) as e:  # the answer stands
             # (the caller tells the user: the answer's notes; the log only records it)
             log.info("%s is not stored: %s", what, e)
             # (what a store before it evicted, its document's first, went all the same)

@@ -9,7 +9,8 @@ API, Ollama's API, CORS, body limits and the API key).
     POST /v1/chat/completions                 OpenAI chat completions, streamed or not, with a
                                               persistent prompt cache and a `kvdesk` field;
                                               tool calls (`desktop_app.tools`)
-    GET  /v1/kvdesk/health                    liveness, for `kvdesk ask` to find the server
+    GET  /v1/kvdesk/health                    liveness, for `kvdesk ask` to find the server;
+                                              not "ok" once nothing more can be stored
     GET  /v1/kvdesk/documents                 attached documents (POST: attach one; DELETE)
     GET  /v1/kvdesk/chats                     chats (GET .../messages, POST .../reopen, DELETE)
     POST /v1/kvdesk/ask                       a turn in a stored chat, as `kvdesk ask` asks it
@@ -44,7 +45,7 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
-from store import StoreError
+from store import ReadOnlyError, StoreError
 
 from .. import __version__
 from ..app import App
@@ -205,7 +206,12 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
 
     @api.get("/v1/kvdesk/health")
     async def health():
-        return {"status": "ok", "version": __version__, "pid": os.getpid(),
+        try:  # a data directory removed, a disk filled or a file found damaged since the start
+            app.store.check_writable()
+            problem = {"status": "ok"}
+        except ReadOnlyError as e:
+            problem = {"status": "storage_unavailable", "problem": str(e)}
+        return {**problem, "version": __version__, "pid": os.getpid(),
                 "data_dir": str(app.data_dir.resolve()), "model": str(app.model_path),
                 # the context size served, and whether it was chosen for the model (not set)
                 "n_ctx": app.context.n_ctx, "n_ctx_auto": app.settings.n_ctx is None}

@@ -5,6 +5,8 @@
               pages given back; the directory prepared, and SQLite's own check of the file
     values    a stored JSON value read back: one that no longer decodes is damage of the file
     reserve   room kept on the directory's disk, so that freeing space works on a full disk
+    place     the database file as opened: one removed, moved or replaced under a running
+              kvdesk stops every write (they would go to a file no longer there)
     locks     file locks between processes: one turn at a time per chat, one attach at a time
               per document
 

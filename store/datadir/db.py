@@ -28,6 +28,7 @@ from typing import TypeVar
 import sqlite_utils
 
 from ..errors import DamagedError, DataDirError, DiskFullError, ReadOnlyError
+from .place import Place
 from .reserve import NAME as RESERVE_NAME
 from .reserve import Reserve
 
@@ -224,6 +225,7 @@ class Connections:
         # Called once, with the error, when damage is first found (the app warns of it)
         self.on_damage: Callable[[DamagedError], None] | None = None
         self.reserve = Reserve(path.parent)
+        self.place = Place(path)  # the file opened: writes stop if it is removed or moved
         self._local = threading.local()
         self._lock = threading.Lock()
         self._open: dict[threading.Thread, sqlite3.Connection] = {}
@@ -283,12 +285,14 @@ class Connections:
                     raise
                 self.close()
                 self.full = not self.reserve.release()
+        self.place.fix()
         if not self.read_only:
             self.reserve.make()
 
     def get(self) -> sqlite_utils.Database:
         db = getattr(self._local, "db", None)
         if db is None:
+            self.place.check()  # (SQLite would create the file anew, or fail to)
             conn = open_connection(self.path, read_only=self.cannot_write or self.full)
             conn.owner = self
             with self._lock:
@@ -303,6 +307,7 @@ class Connections:
     def check_writable(self) -> None:
         """Raise what a write would (DamagedError, DiskFullError, ReadOnlyError), without
         writing."""
+        self.place.check()
         if self.damage is not None:
             raise self.damaged_error()
         if self.full and not self.cannot_write:
