@@ -10,7 +10,7 @@ import sys
 import click
 
 from ..app import App
-from ..errors import Cancelled
+from ..errors import Cancelled, RuntimeStateError
 from ..kv.evictions import evicted_line
 from ..options import GcOptions
 from ..results import size_text
@@ -34,7 +34,12 @@ from .base import (
 def info(app: App, as_json: bool):
     """Show the model, its KV layout, its cache fingerprint and the sampling in effect."""
     app.reads_only = True
-    info = app.info()
+    try:
+        info = app.info()
+    except RuntimeStateError as e:  # the model set does not load: which one it is, and why
+        emit({"model": str(app.model_path), "model_error": str(e),
+              "data_dir": str(app.data_dir.resolve())}, as_json)
+        sys.exit(1)
     facts = {k: v for k, v in info.items() if k not in ("sampling", "sampling_notes")}
     emit(info, as_json, [f"{k}: {v}" for k, v in facts.items()] + ["sampling:"] + [
         f"  {name}: {'a new one each answer' if s['value'] is None else s['value']} "

@@ -6,6 +6,7 @@ a sliding-window model, its window's fixed cost), and whether kvdesk supports th
 architecture (`support`). It reads at most `HEADER_LIMIT` bytes, whatever the file's size, and
 anything that is not a readable GGUF header — another file type, a truncated download, counts
 that overrun the file, an old GGUF version — raises `HeaderError` with what was wrong.
+`cut_short` compares the file's size with where its header says the last tensor ends.
 
 The gguf package (llama.cpp's own) names the value types, keys, file types and quantizations;
 its `GGUFReader` is not used: it builds a numpy object per vocabulary string (a 262,144-token
@@ -15,12 +16,13 @@ arrays are skipped by their lengths.
 
 from __future__ import annotations
 
+import os
 import struct
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from gguf import GGMLQuantizationType, GGUFValueType, Keys, LlamaFileType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, Keys, LlamaFileType
 
 from . import support
 
@@ -55,6 +57,7 @@ class HeaderFacts:
     status: str  # support.SUPPORTED | UNTESTED | REFUSED
     reason: str
     split: tuple[int, int] | None = None  # (this part, parts) of a model split in files
+    file_size: int | None = None  # where its last tensor ends: a shorter file is cut short
 
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -164,7 +167,7 @@ def read(path: str | Path) -> HeaderFacts:
             key = c.string()
             meta[key] = _value(c, c.unpack("<I"))
         types: Counter[int] = Counter()
-        parameters = 0
+        parameters = data_end = 0
         for _ in range(n_tensors):
             c.string()
             n_dims = c.unpack("<I")
@@ -174,11 +177,34 @@ def read(path: str | Path) -> HeaderFacts:
             for _ in range(n_dims):
                 n *= c.unpack("<Q")
             ggml_type = c.unpack("<I")
-            c.unpack("<Q")
+            offset = c.unpack("<Q")  # (from the start of the data, after the header)
+            block, size = GGML_QUANT_SIZES.get(ggml_type, (1, 0))  # (an unknown type: 0)
+            data_end = max(data_end, offset + n // block * size)
             parameters += n
             if n_dims >= 2:
                 types[ggml_type] += n
-    return _facts(meta, parameters if n_tensors else None, types)
+    align = _int(meta.get(Keys.General.ALIGNMENT)) or 32
+    data_start = -(-c.pos // align) * align
+    return replace(_facts(meta, parameters if n_tensors else None, types),
+                   file_size=data_start + data_end if n_tensors else None)
+
+
+def load_failure(path: str | Path, error: Exception) -> str:
+    """What llama.cpp's refusal to load the model file `path` means for the user."""
+    return cut_short(path) or f"could not load {path}: {error}"
+
+
+def cut_short(path: str | Path) -> str | None:
+    """What is wrong with a model file shorter than its header says it must be (an
+    interrupted download or copy); None where it is not (or its header cannot say)."""
+    try:
+        facts, size = read(path), os.path.getsize(path)
+    except (OSError, HeaderError):
+        return None
+    if facts.file_size is None or size >= facts.file_size:
+        return None
+    return (f"{path} is cut short: {size / 1e6:,.1f} MB of the {facts.file_size / 1e6:,.1f} MB "
+            "its header says it holds (an interrupted download or copy): download it again")
 
 
 def _facts(meta: dict, parameters: int | None, types: Counter) -> HeaderFacts:

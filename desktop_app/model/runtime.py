@@ -26,7 +26,7 @@ import numpy as np
 
 from ..errors import Cancelled, RuntimeStateError
 from ..options import GenerationOptions
-from . import chat_templates, kvstate, layout, llamacalls, llamalog, sampling
+from . import chat_templates, gguf_header, kvstate, layout, llamacalls, llamalog, sampling
 
 # Prefill slice: small enough that progress and cancellation react within about a second on
 # two cores (~144 tokens/s), large enough to keep llama.cpp's batched matmuls efficient.
@@ -91,7 +91,7 @@ class Runtime:
                     verbose=True,  # quiet through llamalog: nothing else is silenced
                 )
         except (ValueError, RuntimeError) as e:
-            raise RuntimeStateError(f"could not load {self.model_path}: {e}") from e
+            raise RuntimeStateError(gguf_header.load_failure(self.model_path, e)) from e
         self.llm.verbose, self._vocab = False, self.llm._model.vocab  # later calls print nothing
         self.pieces_exact = llamacalls.splits_exactly(self.llm)  # (`tokenize` a piece at a time)
         try:
