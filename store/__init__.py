@@ -16,7 +16,7 @@ integrity, calibrations) and `documents` (models, documents, chats, messages, pa
 `errors`, `records` and `tokens`.
 """
 
-from .caches.kv import BackgroundWriter, EntryWriter
+from .caches.writers import BackgroundWriter, EntryWriter
 from .documents.passages import text_hash
 from .errors import (
     BudgetFullError,

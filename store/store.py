@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .caches import blobs, calibrations, integrity, kv, quota
+from .caches import blobs, calibrations, integrity, kv, quota, writers
 from .caches.deleting import DeletingStore
 from .caches.splitting import SplitStore
 from .caches.usage import UsageStore
@@ -161,7 +161,7 @@ class Store(LibraryStore, PassageStore, PassageKVStore, SplitStore, UsageStore, 
         evict: bool = True,
         holds: Iterable[int] = (),
         keep: Iterable[int] = (),
-    ) -> kv.EntryWriter:
+    ) -> writers.EntryWriter:
         """Start writing the KV entry for `tokens` (the whole prefix, parent's tokens included).
 
         The entry covers tokens [parent.token_end, len(tokens)), cut into chunks of chunk_size;
@@ -189,7 +189,7 @@ class Store(LibraryStore, PassageStore, PassageKVStore, SplitStore, UsageStore, 
                 chat_id=chat_id, now=self._clock(), window_start=window_start,
                 calibration=calibration, passage=passage, passage_hash=passage_hash,
                 holds=holds)
-        return kv.EntryWriter(self._db, entry_id, levels, self._clock,
+        return writers.EntryWriter(self._db, entry_id, levels, self._clock,
                               (lambda entry: self._enforce_budget(entry, keep)) if evict else
                               lambda entry: quota.fits(self._db, self.budget_bytes, entry,
                                                        entry_id))

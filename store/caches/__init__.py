@@ -2,6 +2,8 @@
 
     kv            entries: written a chunk at a time, invisible until complete; the
                   longest-prefix lookup; the tree of entries extending one another
+    writers       an entry's chunks put one at a time (on a thread of their own, or not),
+                  made visible whole, or aborted and deleted
     blobs         a chunk's bytes as a BLOB, sealed to its place and checked on every read
     deleting      an entry with those extending it, or a chat's old ones none extends
     splitting     an entry cut in two at a chunk boundary, its chunks moved, never re-encoded

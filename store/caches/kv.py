@@ -1,4 +1,5 @@
-"""KV entries: writing one chunk at a time, the longest-prefix lookup, and the tree of entries.
+"""KV entries: created pending and completed (store.caches.writers puts their chunks), the
+longest-prefix lookup, and the tree of entries.
 
 An entry caches tokens [token_start, token_end) of one model; a chat's entry extends its
 document's entry (parent_id) and stores only its own tokens, so the document's chunks are reused,
@@ -20,18 +21,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import queue
 import socket
 import sqlite3
-import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
-from ..datadir.db import Connections
 from ..datadir.values import stored_json
 from ..errors import IncompleteEntryError, NotFoundError
 from ..records import Entry, PrefixMatch, Span
 from ..tokens import chunk_spans, decode, encode, prefix_hashes
-from . import blobs
 
 ENTRY_COLUMNS = (
     "id, model, token_start, token_end, parent_id, chunk_size, levels, nbytes,"
@@ -338,113 +335,3 @@ def touch(conn: sqlite3.Connection, entry_ids: Iterable[int], now: float) -> Non
     conn.executemany(
         "UPDATE kv_entries SET last_used = ? WHERE id = ?", [(now, i) for i in entry_ids]
     )
-
-
-class EntryWriter:
-    """Writes one KV entry chunk by chunk; readers see it only once finish() has committed.
-
-    Use as a context manager: leaving the block normally finishes the entry, an exception aborts
-    it (its chunks are deleted). `spans` says which tokens each chunk index covers, `windows`
-    which positions each part of the entry's window does (chunk indexes after the spans').
-    """
-
-    def __init__(
-        self,
-        db: Connections,
-        entry_id: int,
-        levels: tuple[str, ...],
-        clock: Callable[[], float],
-        on_finish: Callable[[Entry], list[dict]],
-    ):
-        self.entry_id = entry_id
-        self.levels = levels
-        self.entry: Entry | None = None
-        self.finished = False
-        self.evicted: list[dict] = []  # the caches finishing it evicted (gc's evicted_caches)
-        self._db = db
-        self._clock = clock
-        self._on_finish = on_finish
-        with db.read() as rdb:
-            self.spans = entry_spans(rdb.conn, entry_id)
-            self.windows = entry_spans(rdb.conn, entry_id, window=True)
-
-    def put_chunk(self, chunk_index: int, level: str, data: bytes | memoryview) -> None:
-        """Store the encoded bytes of one chunk (or window part) at one level (again: replaces
-        them)."""
-        n_chunks = len(self.spans) + len(self.windows)
-        if not 0 <= chunk_index < n_chunks or level not in self.levels:
-            raise ValueError(f"no chunk {chunk_index} at level {level!r} in this entry")
-        with self._db.write() as wdb:
-            conn = wdb.conn
-            # Refreshing last_used doubles as the heartbeat that tells gc the writer is alive.
-            alive = conn.execute(
-                "UPDATE kv_entries SET last_used = ? WHERE id = ? AND NOT complete",
-                (self._clock(), self.entry_id),
-            ).rowcount
-            if not alive:
-                raise NotFoundError(f"KV entry {self.entry_id} was removed while being written")
-            blobs.put(conn, self.entry_id, chunk_index, level, data)
-
-    def finish(self) -> Entry:
-        """Make the entry visible (or adopt an identical one stored meanwhile) and return it.
-        Written not to evict (`Store.write_entry`), one that does not fit the storage budget
-        is removed again: BudgetFullError."""
-        with self._db.write() as wdb:
-            entry_id = complete(wdb.conn, self.entry_id, self._clock())
-            self.entry = get_entry(wdb.conn, entry_id)
-        self.finished = True
-        self.evicted = self._on_finish(self.entry)
-        return self.entry
-
-    def abort(self) -> None:
-        with self._db.write() as wdb:
-            wdb.conn.execute(
-                "DELETE FROM kv_entries WHERE id = ? AND NOT complete", (self.entry_id,)
-            )
-
-    def __enter__(self) -> EntryWriter:
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None:
-            self.abort()
-        elif not self.finished:
-            self.finish()
-
-
-class BackgroundWriter:
-    """Puts an EntryWriter's chunks on a thread of its own, in the order given.
-
-    Encoding (CPU) or fetching (network) then never waits on a durable write (mostly fsync).
-    The first failure stops the writing; `put` raises it on the caller's thread, and so does
-    `close(raise_failure=True)`, which waits for every chunk put before it.
-    """
-
-    def __init__(self, writer: EntryWriter, maxsize: int = 0):
-        self.failure: BaseException | None = None
-        self._writer = writer
-        self._queue: queue.Queue = queue.Queue(maxsize)
-        self._closed = False
-        self._thread = threading.Thread(target=self._run, name="kv-writer", daemon=True)
-        self._thread.start()
-
-    def put(self, chunk_index: int, level: str, data: bytes | memoryview) -> None:
-        if self.failure is not None:
-            raise self.failure
-        self._queue.put((chunk_index, level, data))
-
-    def close(self, *, raise_failure: bool = True) -> None:
-        if not self._closed:
-            self._closed = True
-            self._queue.put(None)
-            self._thread.join()
-        if raise_failure and self.failure is not None:
-            raise self.failure
-
-    def _run(self) -> None:
-        while (item := self._queue.get()) is not None:
-            if self.failure is None:
-                try:
-                    self._writer.put_chunk(*item)
-                except BaseException as e:  # handed to the caller's thread
-                    self.failure = e

@@ -7,6 +7,7 @@
     reserve   room kept on the directory's disk, so that freeing space works on a full disk
     place     the database file as opened: one removed, moved or replaced under a running
               kvdesk stops every write (they would go to a file no longer there)
+    full      what a full disk means: SQLite's "full" recognized, the error the user reads
     locks     file locks between processes: one turn at a time per chat, one attach at a time
               per document
 

@@ -30,6 +30,7 @@ import sqlite_utils
 from ..errors import DamagedError, DataDirError, DiskFullError, ReadOnlyError
 from .place import Place
 from .reserve import NAME as RESERVE_NAME
+from .full import disk_full, disk_is_full, is_full
 from .reserve import Reserve
 
 T = TypeVar("T")
@@ -57,41 +58,6 @@ def is_damage(error: sqlite3.DatabaseError) -> bool:
     # none of its own), one rotten inside its text
     return code in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB) or any(
         why in str(error) for why in ("vtable constructor failed", "malformed JSON"))
-
-
-def is_full(error: sqlite3.DatabaseError) -> bool:
-    """Whether SQLite raised this because the disk (or the file's page limit) is full."""
-    return (getattr(error, "sqlite_errorcode", None) or 0) & 0xFF == sqlite3.SQLITE_FULL
-
-
-def disk_is_full(path: Path) -> bool:
-    """Whether the disk under the store `path` has (almost) no room left."""
-    try:
-        return shutil.disk_usage(path.parent).free < 1 << 20
-    except OSError:
-        return False
-
-
-def disk_full(path: Path) -> DiskFullError:
-    """What a full disk under the store `path` means for the user, and what to do."""
-    try:
-        free = shutil.disk_usage(path.parent).free
-    except OSError:
-        free = None
-    if free is not None and free > 64 << 20:  # not this disk: SQLite's temporary files' one
-        return DiskFullError(
-            f"SQLite ran out of room for a write to {path} ({free / 1e6:,.0f} MB are free on "
-            "its disk): the disk of the temporary folder (TMPDIR), or a file size limit, is full")
-    # Without its reserve (spent on an earlier full disk), freeing room needs room too.
-    way_out = (", or make room in kvdesk: `kvdesk gc --budget-gb N` drops least recently used "
-               "caches down to N GB (documents and chats are kept), `kvdesk rm` deletes a "
-               "document or chat") if (path.parent / RESERVE_NAME).exists() else (
-        " first: kvdesk's reserve for this is spent, so `kvdesk rm` and `gc` need room too")
-    return DiskFullError(
-        f"the disk holding the data directory {path.parent} is full "
-        f"({'its free space unknown' if free is None else f'{free / 1e6:,.1f} MB free'}): "
-        "kvdesk could not write there (that write was undone). Free space on that disk"
-        + way_out)
 
 
 def _translating(name: str):

@@ -29,20 +29,16 @@ from ..datadir.locks import ChatLocks
 from ..datadir.values import stored_json
 from ..errors import DiskFullError, NotFoundError
 from ..records import Chat, Document, Message, Model
-from ..tokens import decode, encode
 from . import passagekv
-
-
-def get(table: sqlite_utils.db.Table, key: Any, what: str) -> dict:
-    try:
-        return table.get(key)
-    except (sqlite_utils.db.NotFoundError, OverflowError):  # (no row id is past 64 bits)
-        raise NotFoundError(f"no {what} {key!r}") from None
-
-
-def _update(db: sqlite_utils.Database, table: str, row_id: int, what: str, **changes) -> None:
-    get(db[table], row_id, what)
-    db[table].update(row_id, changes)
+from .messages import (
+    add_message,
+    add_turn,
+    get_message,
+    message_from_row,
+    set_tokens,
+    tokens_of_chat,
+)
+from .rows import get, update
 
 
 def delete(db: sqlite_utils.Database, table: str, row_id: int, what: str) -> None:
@@ -139,60 +135,6 @@ def _chat_document_ids(db: sqlite_utils.Database) -> dict[int, list[int]]:
     return out
 
 
-# -- messages -----------------------------------------------------------------------------------
-
-
-def _add_message(db: sqlite_utils.Database, chat_id: int, role: str, text: str,
-                stats: dict[str, Any] | None, now: float) -> int:
-    get(db["chats"], chat_id, "chat")
-    record = {"chat_id": chat_id, "role": role, "text": text, "stats": _json(stats),
-              "created": now, "updated": now}
-    message_id = db["messages"].insert(record).last_pk
-    _update(db, "chats", chat_id, "chat", updated=now)
-    return message_id
-
-
-def _add_turn(db: sqlite_utils.Database, chat_id: int, texts: tuple[str, str],
-              stats: dict[str, Any] | None, model: str,
-              tokens: tuple[Sequence[int], Sequence[int]], now: float) -> None:
-    """A question and its answer (which carries the turn's stats), with their tokens."""
-    for role, text, turn_tokens, extra in zip(("user", "assistant"), texts, tokens,
-                                              (None, stats), strict=True):
-        message_id = _add_message(db, chat_id, role, text, extra, now)
-        _set_tokens(db, message_id, model, turn_tokens)
-
-
-def _set_tokens(db: sqlite_utils.Database, message_id: int, model: str,
-               tokens: Sequence[int]) -> None:
-    get(db["messages"], message_id, "message")
-    get(db["models"], model, "model")
-    db.execute("INSERT OR REPLACE INTO message_tokens VALUES (?, ?, ?)",
-               (message_id, model, encode(tokens)))
-
-
-def _tokens_of_chat(db: sqlite_utils.Database, chat_id: int, model: str) -> dict[int, list[int]]:
-    """{message id: tokens} of a chat's messages whose tokens under `model` are known."""
-    rows = db.execute(
-        "SELECT t.message_id, t.tokens FROM message_tokens t JOIN messages m"
-        " ON m.id = t.message_id WHERE m.chat_id = ? AND t.model = ?",
-        (chat_id, model),
-    )
-    return {message_id: decode(data) for message_id, data in rows if len(data) % 4 == 0}
-
-
-def _message(db: sqlite_utils.Database, message_id: int) -> Message:
-    return _message_from_row(db, get(db["messages"], message_id, "message"))
-
-
-def _message_from_row(db: sqlite_utils.Database, row: dict) -> Message:
-    return Message(**{**row, "stats": None if row["stats"] is None else stored_json(
-        db.conn, row["stats"], f"the stats of message {row['id']}", or_none=True)})
-
-
-def _json(value: Any) -> str | None:
-    return None if value is None else json.dumps(value)
-
-
 class LibraryStore:
     """The Store's documents, chats and messages (a base class of `store.Store`, which owns
     the connections `_db`, the clock `_clock`, the chat locks and `_delete`)."""
@@ -284,13 +226,13 @@ class LibraryStore:
         """Take over an unfinished document (its attach was killed): attached by this process
         now, until finish_document()."""
         with self._db.write() as db:
-            _update(db, "documents", document_id, "document", attach_pid=os.getpid(),
+            update(db, "documents", document_id, "document", attach_pid=os.getpid(),
                     attach_host=socket.gethostname())
 
     def finish_document(self, document_id: int) -> None:
         """A document's attach is done: it is no longer unfinished."""
         with self._db.write() as db:
-            _update(db, "documents", document_id, "document", attach_pid=None, attach_host=None)
+            update(db, "documents", document_id, "document", attach_pid=None, attach_host=None)
 
     def attach_turn(self, content_hash: str, *, cancel: threading.Event | None = None,
                     on_wait: Callable[[], None] | None = None
@@ -343,7 +285,7 @@ class LibraryStore:
 
     def rename_chat(self, chat_id: int, title: str) -> Chat:
         with self._db.write() as db:
-            _update(db, "chats", chat_id, "chat", title=title, updated=self._clock())
+            update(db, "chats", chat_id, "chat", title=title, updated=self._clock())
         return self.chat(chat_id)
 
     def delete_chat(self, chat_id: int) -> None:
@@ -386,9 +328,9 @@ class LibraryStore:
         if (tokens is None) != (model is None):
             raise ValueError("a message's tokens need the model they belong to, and only them")
         with self._db.write() as db:
-            message_id = _add_message(db, chat_id, role, text, stats, self._clock())
+            message_id = add_message(db, chat_id, role, text, stats, self._clock())
             if tokens is not None:
-                _set_tokens(db, message_id, model, tokens)
+                set_tokens(db, message_id, model, tokens)
         return self.message(message_id)
 
     def add_turn(self, chat_id: int, question: str, answer: str, *,
@@ -402,8 +344,8 @@ class LibraryStore:
         with self._db.write() as db:
             for message_id in replacing:
                 delete(db, "messages", message_id, "message")
-            _add_turn(db, chat_id, (question, answer), stats, model,
-                      (question_tokens, answer_tokens), self._clock())
+            add_turn(db, chat_id, (question, answer), stats, model,
+                     (question_tokens, answer_tokens), self._clock())
 
     def start_chat(self, title: str, document_ids: Sequence[int], question: str, answer: str,
                    *, stats: dict[str, Any] | None = None, model: str,
@@ -414,18 +356,18 @@ class LibraryStore:
         now = self._clock()
         with self._db.write() as db:
             chat_id = _new_chat(db, title, document_ids, now)
-            _add_turn(db, chat_id, (question, answer), stats, model,
-                      (question_tokens, answer_tokens), now)
+            add_turn(db, chat_id, (question, answer), stats, model,
+                     (question_tokens, answer_tokens), now)
         return self.chat(chat_id)
 
     def set_message_tokens(self, message_id: int, model: str, tokens: Sequence[int]) -> None:
         """Record a message's exact tokens under a model (e.g. after tokenizing its text again)."""
         with self._db.write() as db:
-            _set_tokens(db, message_id, model, tokens)
+            set_tokens(db, message_id, model, tokens)
 
     def message_tokens(self, chat_id: int, model: str) -> dict[int, list[int]]:
         """{message id: tokens} of a chat's messages whose tokens under `model` are known."""
-        return _tokens_of_chat(self._db.get(), chat_id, model)
+        return tokens_of_chat(self._db.get(), chat_id, model)
 
     def update_message(
         self, message_id: int, *, text: str | None = None, stats: dict[str, Any] | None = None
@@ -437,14 +379,14 @@ class LibraryStore:
         if stats is not None:
             changes["stats"] = json.dumps(stats)
         with self._db.write() as db:
-            _update(db, "messages", message_id, "message", **changes)
+            update(db, "messages", message_id, "message", **changes)
         return self.message(message_id)
 
     def message(self, message_id: int) -> Message:
-        return _message(self._db.get(), message_id)
+        return get_message(self._db.get(), message_id)
 
     def messages(self, chat_id: int) -> list[Message]:
         db = self._db.get()
-        return [_message_from_row(db, row) for row in db["messages"].rows_where(
+        return [message_from_row(db, row) for row in db["messages"].rows_where(
             "chat_id = ?", [chat_id], order_by="id")]
 

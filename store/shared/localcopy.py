@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 
-from ..caches.kv import BackgroundWriter
+from ..caches.writers import BackgroundWriter
 from ..records import Document, Entry
 from ..store import Store
 from .manifest import Manifest
