@@ -16,6 +16,7 @@ import pytest
 import test_store_helpers
 from test_store_helpers import LEVELS, ORPHAN_QUERIES, open_store, put_entry
 
+from desktop_app.chat.library import Library
 from desktop_app.errors import is_storage_fault, is_user_error
 from store import DiskFullError
 from store.datadir.reserve import NAME, RESERVE_BYTES
@@ -110,7 +111,7 @@ def test_on_a_disk_filled_to_the_last_byte_reading_and_freeing_work(small_disk, 
             while True:  # kvdesk's own caches fill the disk
                 put_entry(store, range(n * 1000, (n + 1) * 1000), chunk_size=500)
                 n += 1
-    assert shutil.disk_usage(small_disk).free < 1 << 20
+    fill(small_disk)  # (what the write that found it full had written is deleted: its room)
     with open_store(data) as store:  # opening and reading need no room
         assert len(store.entries()) == n and store.documents() == []
         last = store.entries()[-1]  # a level dropped (`verify --repair`) frees room too
@@ -221,6 +222,8 @@ def test_a_disk_filled_from_outside_while_closed_still_opens_reads_and_frees(sma
     with open_store(data) as store:
         assert len(store.entries()) == 8 and store.verify()["corrupt"] == []
         assert store.gc(budget_bytes=1 << 20)["freed_bytes"] > 4 << 20
+    # given back to the file system, the reserve paying for moving the pages (it frees room)
+    assert shutil.disk_usage(small_disk).free > 4 << 20
 
 
 def test_a_disk_full_with_no_reserve_left_still_reads_and_says_what_to_do(small_disk,
@@ -242,3 +245,117 @@ def test_a_disk_full_with_no_reserve_left_still_reads_and_says_what_to_do(small_
     (small_disk / "filler").unlink()
     with open_store(data) as store:
         assert store.gc(budget_bytes=1 << 20)["freed_bytes"] > 0
+
+
+def full_but_for_the_reserve(store, monkeypatch) -> None:
+    """Every write finds the disk full but while the reserve is given back (until it is
+    taken again): what it makes room for is all the room there is."""
+    writes, reserve = store._db.write, store._db.reserve
+    release, make, given = reserve.release, reserve.make, [False]
+
+    @contextlib.contextmanager
+    def write():
+        if not given[0]:
+            raise DiskFullError("full")
+        with writes() as db:
+            yield db
+
+    def released() -> bool:
+        given[0] = release()
+        return given[0]
+
+    def made() -> None:
+        given[0] = False
+        make()
+
+    monkeypatch.setattr(store._db, "write", write)
+    monkeypatch.setattr(reserve, "release", released)
+    monkeypatch.setattr(reserve, "make", made)
+
+
+def test_a_turns_text_is_paid_by_the_reserve_and_a_cache_never(tmp_path, monkeypatch):
+    with open_store(tmp_path) as store:
+        chat = store.create_chat("Ferries")
+        reserve = tmp_path / NAME
+        full_but_for_the_reserve(store, monkeypatch)
+        turn = {"model": test_store_helpers.FP, "question_tokens": [1, 2],
+                "answer_tokens": [3]}
+        store.add_turn(chat.id, "When?", "At seven.", **turn)  # the user's words are kept
+        new = store.start_chat("Ferries 2", [], "Where?", "The harbour.", **turn)
+        assert [m.text for m in store.messages(chat.id)] == ["When?", "At seven."]
+        assert [m.text for m in store.messages(new.id)] == ["Where?", "The harbour."]
+        assert reserve.stat().st_size == RESERVE_BYTES  # taken back at once
+        with pytest.raises(DiskFullError):  # a cache: the full disk, not the reserve's room
+            put_entry(store, range(100), chat_id=chat.id)
+        assert reserve.exists() and store.entries() == []
+        reserve.unlink()  # (spent): the text too is refused, whole
+        with pytest.raises(DiskFullError):
+            store.add_turn(chat.id, "Why?", "Tides.", **turn)
+        assert len(store.messages(chat.id)) == 2
+
+
+def test_a_turn_even_the_reserve_cannot_keep_says_the_answer_given_is_not_stored(
+        tmp_path, monkeypatch):
+    with open_store(tmp_path) as store:
+        chat = store.create_chat("Ferries")
+        (tmp_path / NAME).unlink()  # (spent)
+        full_but_for_the_reserve(store, monkeypatch)
+        turn = {"model": test_store_helpers.FP, "question_tokens": [1], "answer_tokens": [2]}
+        with pytest.raises(DiskFullError, match=r"^the answer given is not stored, nor its "
+                           rf"question \(chat {chat.id} keeps its turns before it\): full"):
+            Library(store).add_turn(chat.id, "Why?", "Tides.", doc_ids=[], **turn)
+        (tmp_path / NAME).unlink()  # (this disk had room to take it again)
+        with pytest.raises(DiskFullError, match=r"not stored, nor its question \(nor a chat "):
+            Library(store).add_turn(None, "Why?", "Tides.", doc_ids=[], **turn)
+        assert [c.id for c in store.chats()] == [chat.id]
+
+
+def test_what_a_write_on_a_full_disk_left_is_deleted_through_the_reserve(tmp_path,
+                                                                        monkeypatch):
+    with open_store(tmp_path) as store:
+        writes, count = store._db.write, [0]
+        reserve = tmp_path / NAME
+
+        @contextlib.contextmanager
+        def write():  # the disk fills after the entry's first chunk
+            count[0] += 1
+            if count[0] > 3 and reserve.exists():
+                raise DiskFullError("full")
+            with writes() as db:
+                yield db
+
+        monkeypatch.setattr(store._db, "write", write)
+        with pytest.raises(DiskFullError):
+            put_entry(store, range(1000), chunk_size=100)
+        # the chunks written before it are gone, not an unfinished write gc must remove
+        conn = store._db.get().conn
+        assert conn.execute("SELECT count(*) FROM kv_entries").fetchone()[0] == 0
+        assert conn.execute("SELECT count(*) FROM kv_chunks").fetchone()[0] == 0
+        assert reserve.stat().st_size == RESERVE_BYTES
+
+
+def test_an_attach_on_a_disk_filled_from_outside_leaves_the_reserve_to_rm_and_gc(
+        small_disk, monkeypatch):
+    monkeypatch.setattr(test_store_helpers, "payload",
+                        lambda start, end, level: os.urandom(200_000))
+    data = stored(small_disk, 4)
+    fill(small_disk)
+    with open_store(data) as store:
+        # opening took the reserve back but for what opening used (SQLite's shared memory)
+        assert (data / NAME).stat().st_size > RESERVE_BYTES - (1 << 20)
+        with pytest.raises(DiskFullError):  # a small write: the reserve pays for none
+            store.create_chat("Ferries")
+        chat = store.start_chat("Ferries", [], "When?", "At seven.", model=test_store_helpers.FP,
+                                question_tokens=[1], answer_tokens=[2])  # a turn's: it does
+        with pytest.raises(DiskFullError, match="kvdesk gc --budget-gb"):
+            put_entry(store, range(10_000, 14_000), chunk_size=500)  # 8 MB of a cache
+        assert (data / NAME).stat().st_size > RESERVE_BYTES - (1 << 20)
+        assert len(store.entries()) == 4 and store.verify()["corrupt"] == []
+        conn = store._db.get().conn
+        assert conn.execute("SELECT count(*) FROM kv_entries WHERE NOT complete"
+                            ).fetchone()[0] == 0
+        assert [m.text for m in store.messages(chat.id)] == ["When?", "At seven."]
+    with open_store(data) as store:  # another process: rm and gc work
+        store.delete_entry(store.entries()[0].id)
+        assert store.gc(budget_bytes=1 << 20)["freed_bytes"] > 1 << 20
+    assert shutil.disk_usage(small_disk).free > 2 << 20  # (what they freed)

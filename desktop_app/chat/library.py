@@ -17,7 +17,16 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from store import Chat, DamagedError, Document, Entry, Message, NotFoundError, Store
+from store import (
+    Chat,
+    DamagedError,
+    DiskFullError,
+    Document,
+    Entry,
+    Message,
+    NotFoundError,
+    Store,
+)
 
 from ..errors import EngineError, MissingError
 from ..model.prompts import UNTITLED, title_of
@@ -272,21 +281,30 @@ class Library:
                  doc_ids: Sequence[int], **record) -> int:
         """Store a turn (`record`: Store.add_turn's stats and tokens) and return its chat's id;
         a new chat (None) about `doc_ids` is created with it, so it never exists empty (about
-        those of them not deleted meanwhile)."""
-        while chat_id is None:
-            try:
-                return self.store.start_chat(title_of(question), doc_ids, question, answer,
-                                             **record).id
-            except NotFoundError:
-                # A document deleted while its first answer was given: the chat is kept as
-                # one about it is once it is deleted (without it, its messages all there).
-                present = self.store.document_titles()
-                left = [d for d in doc_ids if d in present]
-                if left == list(doc_ids):
-                    raise
-                doc_ids = left
-        self.store.add_turn(chat_id, question, answer, **record,
-                            replacing=sorted(self._superseding(chat_id)))
+        those of them not deleted meanwhile). On a full disk the store's reserve pays for a
+        turn's text; where even that is spent, the error says the answer given is not kept,
+        and what the chat still holds."""
+        try:
+            while chat_id is None:
+                try:
+                    return self.store.start_chat(title_of(question), doc_ids, question,
+                                                 answer, **record).id
+                except NotFoundError:
+                    # A document deleted while its first answer was given: the chat is kept
+                    # as one about it is once it is deleted (without it, its messages all
+                    # there).
+                    present = self.store.document_titles()
+                    left = [d for d in doc_ids if d in present]
+                    if left == list(doc_ids):
+                        raise
+                    doc_ids = left
+            self.store.add_turn(chat_id, question, answer, **record,
+                                replacing=sorted(self._superseding(chat_id)))
+        except DiskFullError as e:
+            kept = ("nor a chat made for them" if chat_id is None
+                    else f"chat {chat_id} keeps its turns before it")
+            raise DiskFullError(f"the answer given is not stored, nor its question ({kept}): "
+                                f"{e}") from e
         return chat_id
 
     def name_untitled(self, chat_id: int, title: str) -> None:

@@ -76,10 +76,13 @@ class EntryWriter:
         return self.entry
 
     def abort(self) -> None:
-        with self._db.write() as wdb:
-            wdb.conn.execute(
-                "DELETE FROM kv_entries WHERE id = ? AND NOT complete", (self.entry_id,)
-            )
+        """Delete what was written of the entry: a deletion, which on a full disk (where a
+        write failing most often leaves it) the reserve pays for, as `rm` and `gc`."""
+        def work() -> None:
+            with self._db.write() as wdb:
+                wdb.conn.execute(
+                    "DELETE FROM kv_entries WHERE id = ? AND NOT complete", (self.entry_id,))
+        self._db.freeing(work)
 
     def __enter__(self) -> EntryWriter:
         return self

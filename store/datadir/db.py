@@ -236,8 +236,10 @@ class Connections:
         """Check the file (`check`) and `prepare` it (migrate it, or check a read-only one's
         schema), then take the reserve while there is room. On a disk full to the last byte
         SQLite cannot grow its shared-memory file: the reserve is given back, and it tries
-        again; with none left (the disk filled again since), the file is opened read-only
-        (`full`), as a read-only directory's is, so that reading still works there."""
+        again, taking back after what opening did not use (an attach that follows meets the
+        full disk, not the reserve's room); with none left (the disk filled again since), the
+        file is opened read-only (`full`), as a read-only directory's is, so that reading
+        still works there."""
         for _ in range(3):
             try:
                 self.check()  # a damaged file is read, never written (`damage`)
@@ -301,14 +303,34 @@ class Connections:
     def freeing(self, work: Callable[[], T]) -> T:
         """Run `work`, a deletion, then hand back what it freed (`reclaim`). On a full disk
         the reserve (store.datadir.reserve) is given back first and `work` runs once more."""
+        done = self._on_reserve(work)
+        self.reclaim()  # (which takes the reserve again)
+        return done
+
+    def keeping_words(self, work: Callable[[], T]) -> T:
+        """Run `work`, the write of a turn's text (a question and its answer: a few pages),
+        on a full disk once more with the reserve given back, and take back at once what it
+        did not use. The reserve pays for the user's own words, which nothing can compute
+        again, as it does for freeing space: a turn's pages leave nearly all of it to `rm`
+        and `gc`. Never for a cache (megabytes, and computed again when asked for)."""
         try:
-            done = work()
+            return self._on_reserve(work)
+        finally:
+            self.reserve.make()
+
+    def _on_reserve(self, work: Callable[[], T]) -> T:
+        """`work`, and on a full disk `work` again with the reserve given back (what a failed
+        second try did not use taken back: nothing else may write into its room)."""
+        try:
+            return work()
         except DiskFullError:
             if not self.reserve.release():
                 raise
-            done = work()
-        self.reclaim()
-        return done
+        try:
+            return work()
+        except BaseException:
+            self.reserve.make()
+            raise
 
     def reclaim(self) -> None:
         """Hand freed pages back to the file system (the database uses incremental
@@ -323,21 +345,31 @@ class Connections:
         before = None
         while (pages := conn.execute("PRAGMA freelist_count").fetchone()[0]) not in (0, before):
             before = pages  # (a step that freed nothing ends it)
-            try:
-                room = shutil.disk_usage(self.path.parent).free // page
-            except OSError:
-                break
-            step = pages if room > 2 * pages else room // 4
+            step = self._vacuum_step(pages, page)
+            # Moving pages frees room: the reserve pays for it (taken back below)
+            if step < min(pages, MIN_VACUUM_STEP) and self.reserve.release():
+                step = self._vacuum_step(pages, page)
             if step < min(pages, MIN_VACUUM_STEP):
                 break
             try:
                 # executescript() steps the pragma to the end; execute() frees a single page
                 conn.executescript(f"PRAGMA incremental_vacuum({step})")
-                if step < pages:
+                # (where room is short, the log's room too goes back before the reserve
+                # takes back its own)
+                if step < pages or self.reserve.owed:
                     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             except DiskFullError:  # others write to that disk too
                 break
         self.reserve.make()
+
+    def _vacuum_step(self, pages: int, page: int) -> int:
+        """How many of `pages` free pages one step hands back, by the room on the disk:
+        all where it holds them twice, else a quarter of the room (the log takes them)."""
+        try:
+            room = shutil.disk_usage(self.path.parent).free // page
+        except OSError:
+            return 0
+        return pages if room > 2 * pages else room // 4
 
     @contextlib.contextmanager
     def read(self) -> Iterator[sqlite_utils.Database]:

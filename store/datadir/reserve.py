@@ -6,8 +6,12 @@ grow the file. On a disk filled to the last byte (by kvdesk's caches or by anyth
 `rm` and `gc` would fail for want of the space they are to free, and the user would have no
 way out through kvdesk. So the store keeps a file of `RESERVE_BYTES` beside its database while
 the disk has room for it; a deletion that meets a full disk releases it and runs once more, and
-the reserve is made again once the disk has room. The file never holds data; this module never
-touches the database.
+the reserve is made again once the disk has room.
+
+The reserve pays only for what it was given back for (opening the store, a deletion, a turn's
+text: store.datadir.db): what that did not use is taken back at once (`make`), so a write that
+follows (a cache's megabytes) meets the full disk, never the reserve's room. The file never
+holds data; this module never touches the database.
 """
 
 from __future__ import annotations
@@ -28,11 +32,17 @@ class Reserve:
     def __init__(self, data_dir: Path, nbytes: int | None = None):
         self.path = data_dir / NAME
         self.nbytes = nbytes
+        self.owed = 0  # what `release` gave back and `make` has not taken back yet
 
     def make(self) -> None:
-        """Take the reserve while the disk has room for it and a quarter more (never the last
-        of it: the room a `gc` freed on a full disk is enough to take it again)."""
+        """Take back what `release` gave and the work it was given for did not use (as much
+        of it as the disk has free: it was the reserve's, not another program's), then the
+        whole reserve while the disk has room for it and a quarter more (never the last of
+        it: the room a `gc` freed on a full disk is enough to take it again)."""
         size = RESERVE_BYTES if self.nbytes is None else self.nbytes
+        if self.owed:
+            self._take_back(min(self.owed, size))
+            self.owed = 0
         with contextlib.suppress(OSError):  # a full or read-only disk: without one
             if self.path.exists() and self.path.stat().st_size >= size:
                 return
@@ -46,10 +56,29 @@ class Reserve:
     def release(self) -> bool:
         """Give the reserve back to the disk; whether there was one."""
         try:
+            held = self.path.stat().st_size
             self.path.unlink()
         except OSError:
             return False
+        self.owed += held
         return True
+
+    def _take_back(self, size: int) -> None:
+        """A reserve of up to `size` bytes from what the disk has free (a file system keeps
+        a few blocks of its own for a file: a little less where all of it does not go)."""
+        with contextlib.suppress(OSError):
+            have = self.path.stat().st_size if self.path.exists() else 0
+            free = shutil.disk_usage(self.path.parent).free
+            for want in (free, free - (64 << 10), free - (1 << 20)):
+                want = min(size, have + want)
+                if want <= have:
+                    return
+                try:
+                    _allocate(self.path, want)
+                    return
+                except OSError:
+                    if have == 0:
+                        self.path.unlink(missing_ok=True)
 
 
 def _allocate(path: Path, size: int) -> None:

@@ -340,25 +340,32 @@ class LibraryStore:
         """A question and its answer, with their tokens under `model`, in one transaction:
         a chat never holds a question without its answer, whatever interrupts the write. The
         messages `replacing` names (a regenerated turn) go in the same transaction: until the
-        new turn is stored, the old one stays."""
-        with self._db.write() as db:
-            for message_id in replacing:
-                delete(db, "messages", message_id, "message")
-            add_turn(db, chat_id, (question, answer), stats, model,
-                     (question_tokens, answer_tokens), self._clock())
+        new turn is stored, the old one stays. On a full disk the reserve pays for it
+        (Connections.keeping_words)."""
+        def work() -> None:
+            with self._db.write() as db:
+                for message_id in replacing:
+                    delete(db, "messages", message_id, "message")
+                add_turn(db, chat_id, (question, answer), stats, model,
+                         (question_tokens, answer_tokens), self._clock())
+        self._db.keeping_words(work)
 
     def start_chat(self, title: str, document_ids: Sequence[int], question: str, answer: str,
                    *, stats: dict[str, Any] | None = None, model: str,
                    question_tokens: Sequence[int], answer_tokens: Sequence[int]) -> Chat:
         """A new chat about `document_ids` with its first turn, in one transaction: a chat is
         stored with its first answer or not at all (a question refused, stopped or killed
-        before it was answered leaves no empty chat behind)."""
+        before it was answered leaves no empty chat behind). On a full disk the reserve
+        pays for it, as for `add_turn`."""
         now = self._clock()
-        with self._db.write() as db:
-            chat_id = _new_chat(db, title, document_ids, now)
-            add_turn(db, chat_id, (question, answer), stats, model,
-                     (question_tokens, answer_tokens), now)
-        return self.chat(chat_id)
+
+        def work() -> int:
+            with self._db.write() as db:
+                chat_id = _new_chat(db, title, document_ids, now)
+                add_turn(db, chat_id, (question, answer), stats, model,
+                         (question_tokens, answer_tokens), now)
+            return chat_id
+        return self.chat(self._db.keeping_words(work))
 
     def set_message_tokens(self, message_id: int, model: str, tokens: Sequence[int]) -> None:
         """Record a message's exact tokens under a model (e.g. after tokenizing its text again)."""
