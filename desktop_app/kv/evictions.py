@@ -19,6 +19,7 @@ from itertools import combinations
 from pathlib import Path
 
 from store import NotFoundError, Store
+from store.datadir.reserve import NAME as RESERVE_FILE
 
 from ..results import size_text
 
@@ -105,9 +106,12 @@ def storage_line(store: Store, fingerprint: str) -> str:
     for p in store.data_dir.iterdir():
         with contextlib.suppress(OSError):  # (SQLite's -wal, -shm go as a process closes)
             disk += p.stat().st_size if p.is_file() else 0
+    held = ("the database and the reserve kept for a full disk"
+            if (store.data_dir / RESERVE_FILE).exists()
+            else "the database; no reserve for a full disk: its disk has too little room now")
     return (f"storage: {size_text(used)} of the {size_text(store.budget_bytes)} budget"
             + (f" ({', '.join(parts)})" if parts else "") + f"; the data directory takes "
-            f"{size_text(disk)} on disk (the database and the reserve kept for a full disk)")
+            f"{size_text(disk)} on disk ({held})")
 
 
 def _by_model(evicted: Sequence[dict], loaded: str | None = None) -> dict[str | None, list[dict]]:
