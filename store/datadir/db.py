@@ -28,9 +28,8 @@ from typing import TypeVar
 import sqlite_utils
 
 from ..errors import DamagedError, DataDirError, DiskFullError, ReadOnlyError
-from .place import Place
-from .reserve import NAME as RESERVE_NAME
 from .full import disk_full, disk_is_full, is_full
+from .place import Place
 from .reserve import Reserve
 
 T = TypeVar("T")
