@@ -407,15 +407,13 @@ class Engine(ExactNotes):
                 return hits
             # A text the document repeats is read once (`longdoc`): listed once.
             return [h for i, h in enumerate(hits) if h.text not in {g.text for g in hits[:i]}]
-        return [Hit(p.id, p.index, p.text, p.page, p.lines, p.heading, p.tokens, 0.0)
-                for p in self.store.passages(doc_id)]
+        return [Hit.of(p, self.retriever.kind(doc_id)) for p in self.store.passages(doc_id)]
 
     def passages_around(self, doc_id: int, index: int, around: int = 30) -> list[Source]:
         """A long document's passages around its `index`-th, `around` either side, in order:
         a source shown in its document (the window's)."""
-        self.library.document(doc_id)
-        return [Source(p.id, doc_id, p.index, p.text, 0.0, p.page,
-                       None if p.page is not None else p.lines, p.heading)
+        kind = self.library.document(doc_id).type
+        return [Source.of(Hit.of(p, kind), doc_id)
                 for p in self.store.passages(doc_id, index - around, index + around)]
 
     def evidence(self, doc_id: int, query: str, hits: Sequence[Hit]) -> list[str]:

@@ -7,7 +7,7 @@ pass them through a Qt signal as they are. Its only logic is the wording both fr
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
 
@@ -140,12 +140,22 @@ def restore_phrase(report: RestoreReport) -> str:
     return f"{line}; {computed}" if report.recomputed_tokens else line
 
 
-def location(page: int | None, lines: tuple[int, int]) -> str:
-    """Where a passage is, as a user finds it: "page 3" in a PDF, else "lines 120-141"."""
+def location(page: int | None, lines: tuple[int, int], file: str | None = None) -> str:
+    """Where a passage is, as a user finds it: "page 3" in a PDF, "src/db.py, lines 120-141"
+    in a folder's file, else "lines 120-141"."""
     if page is not None:
         return f"page {page}"
     first, last = lines
-    return f"line {first}" if first == last else f"lines {first}-{last}"
+    where = f"line {first}" if first == last else f"lines {first}-{last}"
+    return f"{file}, {where}" if file else where
+
+
+def in_file(kind: str, heading: Sequence[str]) -> tuple[str | None, tuple[str, ...]]:
+    """A passage's (file, headings within it): a folder's passages sit first under their
+    file's path (`formats.folders`); any other document's are in no file of their own."""
+    if kind == "folder" and heading:
+        return heading[0], tuple(heading[1:])
+    return None, tuple(heading)
 
 
 EARLIER = "an earlier question's"  # how a source kept from an earlier question is said
@@ -166,23 +176,25 @@ class Source(Record):
     heading: tuple[str, ...] = ()  # the headings it sits under
     # Retrieved for an earlier question of the chat and kept in its context (not for this one)
     earlier: bool = False
+    file: str | None = None  # a folder's passage: its file's path in the folder
+
 
     @classmethod
     def of(cls, hit, document_id: int) -> Source:
         """From a retrieval hit in a document (desktop_app.passages.retrieve's)."""
         return cls(hit.passage_id, document_id, hit.index, hit.text, float(hit.score),
                    hit.page, None if hit.page is not None else tuple(hit.lines),
-                   tuple(hit.heading or ()))
+                   tuple(hit.heading or ()), file=getattr(hit, "file", None))
 
     @classmethod
     def from_dict(cls, d: dict) -> Source:
         return cls(d["passage_id"], d["document_id"], d["index"], d["text"], d["score"],
                    d.get("page"), tuple(d["lines"]) if d.get("lines") else None,
-                   tuple(d.get("heading", ())), d.get("earlier", False))
+                   tuple(d.get("heading", ())), d.get("earlier", False), d.get("file"))
 
     @property
     def location(self) -> str:
-        return location(self.page, self.lines or (0, 0))
+        return location(self.page, self.lines or (0, 0), self.file)
 
     def label(self, several: bool = False, titles: Mapping[int, str] | None = None) -> str:
         """How a user is told of it: "manual.md #12 [lines 120-141] Setup". Its document is
@@ -229,6 +241,8 @@ class Source(Record):
             out["page"] = self.page
         else:
             out["lines"] = list(self.lines or ())
+        if self.file:  # (lines within it)
+            out["file"] = self.file
         return out
 
 
@@ -307,6 +321,7 @@ class DocumentInfo(Record):
     passages_cached: int = 0  # how many of them have their KV stored under the current model
     file_changed: bool = False  # its file holds another text now (answers use this one)
     newer: int | None = None  # then the document attached with the file's new text, if any
+    files: int | None = None  # a folder's: how many files it joins
 
 
 @dataclass(frozen=True)

@@ -215,8 +215,9 @@ def test_a_cut_off_or_damaged_pdf_says_which(tmp_path, make, message):
 def test_missing_file_and_folder(tmp_path):
     with pytest.raises(DocumentError, match="no such file"):
         extract(tmp_path / "nope.txt")
-    with pytest.raises(DocumentError, match="a folder, not a file"):
-        extract(tmp_path)
+    (tmp_path / "empty").mkdir()  # (a folder is one document: tests/test_folders.py)
+    with pytest.raises(DocumentError, match="empty: the folder has no readable file"):
+        extract(tmp_path / "empty")
 
 
 def test_a_file_too_large_says_the_limit(tmp_path, monkeypatch):

@@ -109,8 +109,10 @@ class Attacher:
         extracted = documents.extract(path)
         if source is not None:
             extracted = replace(extracted, source=source)
+        if extracted.note:  # (said with the result too: `--json`, a log)
+            extracted = replace(extracted, warnings=[extracted.note, *extracted.warnings])
         if progress:
-            progress(Progress("extract", 1, 1, extracted.title))
+            progress(Progress("extract", 1, 1, extracted.title, note=extracted.note))
         return self._store(extracted, levels, progress, cancel)
 
     def prefill(self, doc_id: int, *, levels: Sequence[str] | None = None,

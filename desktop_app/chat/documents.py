@@ -4,8 +4,9 @@ Supported: plain text, Markdown and source code (anything that is text, whatever
 extension), tables (CSV, TSV) and JSON read as records (`passages.records`: each value next to
 its column or key), HTML (the visible text: no scripts, styles or markup; each line numbered
 by the file's line it starts on, its h1-h6 kept as the headings), PDF (through pypdf; its
-outline's entries as the headings, `passages.pdf_headings`), and Word documents and EPUB
-books (the `formats` room: their headings kept too).
+outline's entries as the headings, `passages.pdf_headings`), Word documents and EPUB
+books (the `formats` room: their headings kept too), and folders (`formats.folders`: the
+readable files one after another, each under its path, its lines numbered within its file).
 Each problem is a `DocumentError` with a message meant for the user — a binary or unknown
 file, an empty document, a PDF without a text layer — and text that is not UTF-8 is decoded
 in the encoding charset-normalizer detects (or Windows-1252; UTF-8 with a few stray bytes
@@ -46,7 +47,8 @@ PDF_SUFFIXES = {".pdf"}
 class Extracted:
     text: str
     title: str
-    kind: str  # text | markdown | code | html | pdf | table (CSV, TSV) | json | docx | epub
+    kind: str  # text | markdown | code | html | pdf | table (CSV, TSV) | json | docx | epub |
+    # folder (its files one after another, each under its path: `formats.folders`)
     source: str
     warnings: list[str] = field(default_factory=list)
     # A PDF's pages that have text: (page number from 1, the offset in `text` it starts at).
@@ -57,6 +59,8 @@ class Extracted:
     # A web page's h1-h6, a PDF's outline: (start, end offset in `text`, level 1-6, title),
     # for `split`.
     headings: tuple[tuple[int, int, int, str], ...] | None = None
+    # What the user should know before any prefill (a folder: its files read and left out).
+    note: str = ""
 
     @property
     def content_hash(self) -> str:
@@ -107,7 +111,7 @@ def extract(path: str | Path) -> Extracted:
     path = Path(path)
     try:
         if path.is_dir():
-            raise DocumentError(f"{path}: a folder, not a file (attach the files in it)")
+            return _folder(path)
         if not path.exists():
             raise DocumentError(f"{path}: no such file")
         if not path.is_file():
@@ -154,6 +158,34 @@ def extract(path: str | Path) -> Extracted:
     return Extracted(text=normalized, title=title or path.name, kind=kind,
                      source=str(path.resolve()), warnings=warnings, pages=pages, lines=lines,
                      headings=headings)
+
+
+def _folder(path: Path) -> Extracted:
+    """A folder as one document (`formats.folders`): what was left out said at once."""
+    from ..formats import folders
+
+    found = folders.read(path, _folder_file, total_limit=MAX_FILE_BYTES)
+    return Extracted(text=found.text, title=found.title, kind="folder",
+                     source=str(path.resolve()), warnings=[*found.unreadable],
+                     lines=found.lines, headings=found.headings, note=found.summary)
+
+
+def _folder_file(path: Path, data: bytes):
+    """One file of a folder: a document by its format read as attach reads it, any other
+    as its text (`folders` has left out what is not UTF-8)."""
+    from ..formats import folders
+
+    suffix = path.suffix.lower()
+    if suffix in folders.DOCUMENT_SUFFIXES | HTML_SUFFIXES or data.startswith(b"%PDF"):
+        found = extract(path)
+        text = found.text
+        lines = found.lines or tuple(range(1, text.count("\n") + 2))
+        return folders.Read(text, lines, found.kind, found.headings or ())
+    raw = data.decode("utf-8")
+    text = _normalize(raw)
+    kind = "markdown" if suffix in {".md", ".markdown"} else "text"
+    return folders.Read(text, _file_lines(raw, text), kind,
+                        folders.markdown_headings(text) if kind == "markdown" else ())
 
 
 def _looks_like_html(text: str) -> bool:

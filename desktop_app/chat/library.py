@@ -29,6 +29,7 @@ from store import (
 )
 
 from ..errors import EngineError, MissingError
+from ..formats import folders
 from ..model.prompts import UNTITLED, title_of
 from ..results import FINISH_WORDS, ChatInfo, DocumentInfo, MessageInfo, Source
 from .documents import changed_since, file_hash
@@ -195,7 +196,8 @@ class Library:
                         doc.id, ())})),
                 passages.get(doc.id, 0),
                 len(held.get(doc.id, {})), changed,
-                _newer(doc, all_docs) if changed else None))
+                _newer(doc, all_docs) if changed else None,
+                folders.file_count(doc.text) if doc.type == "folder" else None))
         return out
 
     def changed_files(self, doc_ids: Sequence[int]) -> list[str]:

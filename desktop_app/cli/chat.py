@@ -328,7 +328,8 @@ def docs(app: App, as_json: bool):
                            "(kvdesk gc removes it)")  # (the window's advice, as commands)
     as_text = any(d.passages for d in rows) and app.engine.passages_as_text()
     emit([d.as_dict() for d in rows], as_json, [
-        f"[{d.doc_id}] {d.title} — {counted(d.tokens, 'token')}"
+        f"[{d.doc_id}] {d.title}" + (f" (a folder of {counted(d.files, 'file')})"
+                                     if d.files else "") + f" — {counted(d.tokens, 'token')}"
         + (f" ({d.kept_tokens:,} kept)" if d.status == "ready" and d.kept_tokens < d.tokens
            else "")
         + (f", {d.passages:,} passages ({d.passages_cached:,} with their KV"

@@ -35,7 +35,7 @@ from store import Store
 from store.documents.passages import query_words
 
 from ..errors import EngineError
-from ..results import Record, location
+from ..results import Record, in_file, location
 from . import DEFAULT_K, DEFAULT_MODE, MODES
 from .embed import Embedder, normalise
 from .index import PassageIndex
@@ -77,11 +77,19 @@ class Hit(Record):
     heading: tuple[str, ...]
     tokens: int
     score: float
+    file: str | None = None  # a folder's passage: its file (`heading`: the headings in it)
 
     @property
     def location(self) -> str:
-        """"page 3" for a PDF, else "lines 120-141"."""
-        return location(self.page, self.lines)
+        """"page 3" for a PDF, "src/db.py, lines 120-141" in a folder, else "lines 120-141"."""
+        return location(self.page, self.lines, self.file)
+
+    @classmethod
+    def of(cls, passage, kind: str, score: float = 0.0) -> Hit:
+        """A stored passage (`store.passage`) of a document of `kind`."""
+        file, heading = in_file(kind, passage.heading)
+        return cls(passage.id, passage.index, passage.text, passage.page, passage.lines,
+                   heading, passage.tokens, round(score, 6), file)
 
 
 def recent_text(turns: Sequence[str]) -> list[str]:
@@ -99,6 +107,7 @@ class Retriever:
         self.mode = mode
         self.dense_weight = dense_weight
         self.rare_words = rare_words
+        self._kinds: dict[int, str] = {}
 
     def retrieve(self, doc_id: int, question: str, *, recent: Sequence[str] = (),
                  k: int = DEFAULT_K, mode: str | None = None, focus: bool = False) -> list[Hit]:
@@ -133,8 +142,14 @@ class Retriever:
                 shown = {pid for pid, _ in head}
                 order = head + [(pid, s) for pid, s in order if pid in lead and pid not in shown]
         # Only the passages returned are read (a 3 MB document has ~7,000).
-        return [Hit(pid, p.index, p.text, p.page, p.lines, p.heading, p.tokens, round(score, 6))
-                for pid, score in order[:k] for p in [self.store.passage(pid)]]
+        kind = self.kind(doc_id) if order else ""
+        return [Hit.of(self.store.passage(pid), kind, score) for pid, score in order[:k]]
+
+    def kind(self, doc_id: int) -> str:
+        """A document's kind, read once (a document's id is never reused: `store.schema`)."""
+        if doc_id not in self._kinds:
+            self._kinds[doc_id] = self.store.document(doc_id).type
+        return self._kinds[doc_id]
 
     def _bm25(self, doc_id: int, question: str, turns: list[str],
               n: int) -> tuple[list[tuple[int, float]], dict[str, set[int]], list[int] | None]:

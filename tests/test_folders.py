@@ -1,0 +1,139 @@
+"""A folder attached as one document: its readable files one after another, each under its
+path; what is left out said, counted; a long one answered from passages that name the file
+and the lines within it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from desktop_app.chat import documents
+from desktop_app.chat.documents import extract
+from desktop_app.errors import DocumentError
+from desktop_app.formats import folders
+from desktop_app.formats.folders import Ignore
+from desktop_app.passages.split import split
+from desktop_app.results import Progress, Source
+
+
+def code_base(root):
+    (root / "src").mkdir(parents=True)
+    (root / "src" / "db.py").write_text("import sqlite3\n\n\n\ndef connect(path):\n"
+                                        "    return sqlite3.connect(path)\n")
+    (root / "README.md").write_text("# Tool\n\nIt stores notes.\n\n## Setup\n\nRun it.\n")
+    (root / "logo.png").write_bytes(b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR")
+    (root / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    (root / "debug.log").write_text("a log line\n")
+    (root / ".gitignore").write_text("# logs\n*.log\n/out/\n")
+    (root / "out").mkdir()
+    (root / "out" / "gen.py").write_text("x = 1\n")
+    (root / ".git").mkdir()
+    (root / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (root / "node_modules").mkdir()
+    (root / "node_modules" / "dep.js").write_text("module.exports = 1\n")
+    (root / "big.txt").write_text("x" * (folders.MAX_FILE_BYTES + 1))
+    return root
+
+
+def test_a_folder_reads_as_its_files_under_their_paths_and_says_what_it_left_out(tmp_path):
+    found = extract(code_base(tmp_path / "tool"))
+    assert found.kind == "folder" and found.title == "tool"
+    assert found.text == ("File: README.md\n# Tool\n\nIt stores notes.\n\n## Setup\n\nRun it."
+                          "\n\nFile: src/db.py\nimport sqlite3\n\ndef connect(path):\n"
+                          "    return sqlite3.connect(path)")
+    titles = [(level, title) for _, _, level, title in found.headings]
+    assert titles == [(1, "README.md"), (2, "Tool"), (3, "Setup"), (1, "src/db.py")]
+    assert all(found.text[a:b].endswith(t) for a, b, _, t in found.headings)
+    # each line numbered within its own file (src/db.py's blank run collapsed)
+    assert found.lines == (1, 1, 2, 3, 4, 5, 6, 7, 7, 1, 1, 2, 5, 6)
+    assert found.note == ("tool: 2 files read, 5 left out: 2 binary, 1 hidden, 1 over 2.0 MB,"
+                          " 1 ignored by .gitignore; 3 folders not read (hidden, build or "
+                          "ignored: .git, node_modules, out)")
+    assert folders.file_count(found.text) == 2
+    # the same unchanged folder is the same text: the same document
+    assert extract(tmp_path / "tool").content_hash == found.content_hash
+
+
+def test_a_folders_passages_name_its_file_and_never_span_two(tmp_path):
+    found = extract(code_base(tmp_path / "tool"))
+    passages = split(found.text, found.kind, lambda t: len(t) // 4, line_numbers=found.lines,
+                     headings=found.headings, target=8, limit=16)
+    files = [p.heading[0] for p in passages]
+    assert files == sorted(files) and set(files) == {"README.md", "src/db.py"}
+    assert all(p.page is None for p in passages)
+    last = passages[-1]
+    assert last.heading == ("src/db.py",) and last.lines[1] == 6 and "connect" in last.text
+
+
+def test_a_folder_with_nothing_readable_or_too_much_is_refused(tmp_path, monkeypatch):
+    empty = tmp_path / "empty"
+    (empty / ".git").mkdir(parents=True)
+    (empty / "a.bin").write_bytes(b"\0\1\2")
+    with pytest.raises(DocumentError, match=r"empty: the folder has no readable file to attach "
+                                            r"\(0 files read, 1 left out: 1 binary; 1 folder "
+                                            r"not read \(hidden, build or ignored: .git\)\)"):
+        extract(empty)
+    monkeypatch.setattr(documents, "MAX_FILE_BYTES", 40)
+    with pytest.raises(DocumentError, match="more than 40 B, the most kvdesk reads"):
+        extract(code_base(tmp_path / "tool"))
+
+
+def test_gitignore_rules():
+    rules = Ignore("*.log\n!keep.log\nbuild/\n/docs/*.tmp\n**/cache\n")
+    assert rules.ignores("a/b.log", False) and not rules.ignores("keep.log", False)
+    assert rules.ignores("src/build", True) and not rules.ignores("src/build", False)
+    assert rules.ignores("docs/x.tmp", False) and not rules.ignores("src/docs/x.tmp", False)
+    assert rules.ignores("a/cache", True)
+
+
+def test_a_folders_source_names_the_file_and_its_lines():
+    source = Source(1, 2, 3, "text", 1.0, None, (120, 148), ("connect",), file="src/db.py")
+    assert source.location == "src/db.py, lines 120-148"
+    assert source.label() == "#3 [src/db.py, lines 120-148] connect"
+    assert Source.from_dict(source.as_dict()) == source
+    assert source.as_dict()["file"] == "src/db.py" and source.as_dict()["lines"] == [120, 148]
+
+
+@pytest.mark.model
+def test_a_long_folder_answers_from_the_file_holding_the_fact(tmp_path, model_path,
+                                                                model_hash):
+    from desktop_app.engine import Engine
+    from desktop_app.model.runtime import Runtime
+    from desktop_app.options import GenerationOptions
+    from store import Store
+
+    root = tmp_path / "harbour"
+    (root / "logs").mkdir(parents=True)
+    for i in range(12):
+        (root / "logs" / f"day{i:02}.md").write_text("\n\n".join(
+            f"Entry {i}.{j}: the tide rose at {j % 12 + 1} o'clock, gulls counted {i * j}, "
+            f"wind from the {'north' if j % 2 else 'south'}." for j in range(8)))
+    (root / "notes").mkdir()
+    (root / "notes" / "boathouse.md").write_text(
+        "# Boathouse\n\n" + "Paint the door.\n\n" * 3 +
+        "The spare key of the boathouse hangs behind the barometer.\n")
+    (root / "photo.jpg").write_bytes(b"\xff\xd8\xff\0" * 10)
+    eng = Engine(Store(tmp_path / "data"), lambda: Runtime(
+        model_path, model_hash=model_hash, n_ctx=512), chunk_tokens=64, levels=["compact"])
+    try:
+        seen: list[Progress] = []
+        res = eng.attach(root, progress=seen.append)
+        # what was read and left out, said before any other work
+        assert seen[0].phase == "extract" and \
+            seen[0].note == "harbour: 13 files read, 1 left out: 1 binary"
+        assert res.warnings[0] == seen[0].note and res.passages
+        hits = eng.passages(res.doc_id, query="spare key boathouse")
+        assert hits[0].file == "notes/boathouse.md" and hits[0].lines[1] == 9
+        assert hits[0].location.startswith("notes/boathouse.md, line")
+        answer = eng.ask("Where is the spare key of the boathouse?", doc_ids=[res.doc_id],
+                         generation=GenerationOptions(max_tokens=4, temperature=0))
+        assert any(s["file"] == "notes/boathouse.md" for s in answer.sources)
+        assert json.dumps(answer.as_dict())
+        again = eng.attach(root)
+        assert again.doc_id == res.doc_id and again.reused
+        [info] = eng.documents()
+        assert info.title == "harbour" and info.files == 13
+    finally:
+        eng.close()
+        eng.store.close()
