@@ -357,6 +357,20 @@ def test_dropped_files_are_attached(qtbot, window, engine, tmp_path):
     assert blocker.args[0].title == "dropped.md"
 
 
+def test_a_folder_chosen_in_the_file_menu_is_attached_as_one_document(qtbot, window, engine,
+                                                                      tmp_path, monkeypatch):
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    text_file(folder, "a.md")
+    monkeypatch.setattr("ui.library.library_actions.QFileDialog.getExistingDirectory",
+                        lambda *a: str(folder))
+    [action] = [a for a in window.menuBar().actions()[0].menu().actions()
+                if a.text() == "Attach a &folder…"]
+    with qtbot.waitSignal(window.attach_done, timeout=5000) as blocker:
+        action.trigger()
+    assert blocker.args[0].title == "notes"
+
+
 def test_user_errors_show_their_message_and_bugs_a_short_one(qtbot, window, engine):
     engine.fail_next["ask"] = RuntimeStateError("the context is full; start a new chat")
     assert ask(qtbot, window) is None

@@ -176,6 +176,7 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, ListingMixin, CodecM
         for text, keys, slot in (
             ("&New chat", QKeySequence.StandardKey.New, self.new_chat),
             ("&Attach documents…", QKeySequence.StandardKey.Open, self.choose_files),
+            ("Attach a &folder…", QKeySequence("Ctrl+Shift+O"), self.choose_folder),
             ("&Settings…", QKeySequence.StandardKey.Preferences, self.open_settings),
             ("&Quit", QKeySequence.StandardKey.Quit, self.close),
         ):

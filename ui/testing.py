@@ -234,7 +234,9 @@ class FakeEngine:
         if path.suffix.lower() in BINARY_SUFFIXES:
             raise DocumentError(f"{path.name}: this is {BINARY_SUFFIXES[path.suffix.lower()]}, "
                                 "not a document kvdesk can read")
-        words = len(path.read_text(errors="replace").split())
+        words = len(" ".join(f.read_text(errors="replace") for f in sorted(path.rglob("*"))
+                             if f.is_file()).split() if path.is_dir()
+                    else path.read_text(errors="replace").split())
         tokens = max(1, int(words * 1.3))
         kept = min(tokens, N_CTX)
         if progress:

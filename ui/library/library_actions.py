@@ -1,5 +1,5 @@
-"""The main window's library actions: attaching files (dialog, drop, progress rows,
-cancel), computing documents' caches again under a new model, deleting documents, showing
+"""The main window's library actions: attaching files and folders (dialogs, drop, progress
+rows, cancel), computing documents' caches again under a new model, deleting documents, showing
 a source in its document, and renaming, deleting and exporting chats.
 
 A mixin of `MainWindow` (ui.main_window), which owns the widgets and the state it uses.
@@ -31,6 +31,16 @@ class LibraryMixin:
             "*.csv *.tsv *.json *.jsonl *.py);;"
             "All files (*)")
         self.attach_files(paths)
+
+    def choose_folder(self) -> None:
+        """A folder (a code base, notes) attached as one document: its readable files, each
+        under its path (`desktop_app.formats.folders`); a dropped folder is attached so too."""
+        if self.engine is None:
+            return
+        path = QFileDialog.getExistingDirectory(self, "Attach a folder as one document",
+                                                str(Path.home()))
+        if path:
+            self.attach_files([path])
 
     def attach_files(self, paths: list[str]) -> None:
         """Compute each document's cache on the attach thread, one after the other; the chat
