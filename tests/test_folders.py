@@ -5,6 +5,8 @@ and the lines within it."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
@@ -13,6 +15,7 @@ from desktop_app.chat.documents import extract
 from desktop_app.errors import DocumentError
 from desktop_app.formats import folders
 from desktop_app.formats.folders import Ignore
+from desktop_app.passages.retrieve import Hit
 from desktop_app.passages.split import split
 from desktop_app.results import Progress, Source
 
@@ -93,6 +96,10 @@ def test_a_folders_source_names_the_file_and_its_lines():
     assert source.label() == "#3 [src/db.py, lines 120-148] connect"
     assert Source.from_dict(source.as_dict()) == source
     assert source.as_dict()["file"] == "src/db.py" and source.as_dict()["lines"] == [120, 148]
+    assert "file" not in Source(1, 2, 3, "text", 1.0, None, (1, 2)).as_dict()
+    hit = Hit(1, 3, "text", None, (120, 148), ("connect",), 40, 1.0, "src/db.py")
+    assert hit.location == source.location and hit.as_dict()["file"] == "src/db.py"
+    assert "file" not in replace(hit, file=None).as_dict()
 
 
 @pytest.mark.model
@@ -137,3 +144,48 @@ def test_a_long_folder_answers_from_the_file_holding_the_fact(tmp_path, model_pa
     finally:
         eng.close()
         eng.store.close()
+
+
+@pytest.mark.model
+def test_the_server_attaches_a_folder_inside_an_allowed_one_and_no_link_out_of_it(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from desktop_app.app import App
+    from desktop_app.server import bridge
+    from desktop_app.server.api import create_api
+    from desktop_app.settings import Settings
+
+    allowed = tmp_path / "allowed"
+    notes = allowed / "notes"
+    notes.mkdir(parents=True)
+    (notes / "ferry.md").write_text("The ferry leaves at 07:15.\n")
+    secret = tmp_path / "private.txt"
+    secret.write_text("the secret word is heliotrope\n")
+    (notes / "link.txt").symlink_to(secret)
+    app = App(Settings(data_dir=str(tmp_path / "data"), n_ctx=512,
+                       server_attach_folders=(str(allowed),)))
+    c = TestClient(create_api(app, api_key=None, stopping=bridge.Stopping()),
+                   base_url="http://127.0.0.1:8765")
+    r = c.post("/v1/kvdesk/documents", json={"path": str(notes), "levels": ["compact"]})
+    assert r.status_code == 200, r.text
+    assert r.json()["title"] == "notes" and r.json()["warnings"][0] == (
+        "notes: 1 file read, 1 left out: 1 linking out of the folder")
+    [doc] = c.get("/v1/kvdesk/documents").json()
+    assert doc["files"] == 1 and doc["type"] == "folder"
+    assert "heliotrope" not in app.engine.store.document(doc["doc_id"]).text
+    outside = c.post("/v1/kvdesk/documents", json={"path": str(tmp_path)})
+    assert outside.status_code == 403
+    app.close()
+
+
+def test_a_stored_folders_text_gives_back_its_files_and_their_lines(tmp_path):
+    """A folder kept whole, split later with its folder changed or gone (`split_stored`):
+    its passages still sit under their files, numbered within them."""
+    found = extract(code_base(tmp_path / "tool"))
+    lines, headings = folders.from_text(found.text)
+    assert headings == tuple(h for h in found.headings if h[2] == 1)
+    assert lines == (1, 1, 2, 3, 4, 5, 6, 7, 8, 1, 1, 2, 3, 4)  # (blank runs not known)
+    stored = documents.stored(SimpleNamespace(text=found.text, title="tool", type="folder"))
+    passages = split(stored.text, stored.kind, lambda t: len(t) // 4,
+                     line_numbers=stored.lines, headings=stored.headings, target=8, limit=16)
+    assert {p.heading[0] for p in passages} == {"README.md", "src/db.py"}

@@ -121,8 +121,7 @@ class Attacher:
         """Compute a stored document's cache under the loaded model (after a model switch:
         its text is the truth), as attaching its file again would."""
         doc = self.store.document(doc_id)
-        return self._store(documents.Extracted(doc.text, doc.title, doc.type,
-                                               doc.source_path or ""),
+        return self._store(replace(documents.stored(doc), source=doc.source_path or ""),
                            levels, progress, cancel)
 
     def _store(self, extracted: documents.Extracted, levels: Sequence[str] | None,
@@ -292,8 +291,8 @@ class Attacher:
                     title=doc.title):
             if known := len(self.store.passages(doc.id)):  # (split meanwhile, elsewhere)
                 return known
-            extracted = documents.Extracted(doc.text, doc.title, doc.type, "")
-            if doc.source_path and Path(doc.source_path).is_file():
+            extracted = documents.stored(doc)
+            if doc.source_path and Path(doc.source_path).exists():  # (a folder's too)
                 # (any failure: the file only adds lines and pages; the stored text stands)
                 with contextlib.suppress(Exception):
                     found = documents.extract(doc.source_path)

@@ -170,6 +170,17 @@ def _folder(path: Path) -> Extracted:
                      lines=found.lines, headings=found.headings, note=found.summary)
 
 
+def stored(doc) -> Extracted:
+    """A stored document (`store.Document`) as its text tells it, its file not read: a
+    folder's files' headings and lines found in its text again (`folders.from_text`)."""
+    if doc.type != "folder":
+        return Extracted(doc.text, doc.title, doc.type, "")
+    from ..formats import folders
+
+    lines, headings = folders.from_text(doc.text)
+    return Extracted(doc.text, doc.title, doc.type, "", lines=lines, headings=headings)
+
+
 def _folder_file(path: Path, data: bytes):
     """One file of a folder: a document by its format read as attach reads it, any other
     as its text (`folders` has left out what is not UTF-8)."""

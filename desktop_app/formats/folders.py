@@ -195,7 +195,7 @@ def _walk(root: Path, ignore: Ignore | None, leave: Callable[[str], None],
             elif ignore is not None and ignore.ignores(rel + name, False):
                 leave("ignored by .gitignore")
             elif path.is_symlink() and not path.resolve().is_relative_to(root.resolve()):
-                leave("links out of the folder")
+                leave("linking out of the folder")
             elif path.is_file():
                 yield rel + name, path
 
@@ -210,9 +210,30 @@ def _binary(data: bytes) -> bool:
     return False
 
 
+_FILE_LINE = re.compile(rf"(?:^|(?<=\n\n)){FILE_HEADING}([^\n]+)\n")
+
+
 def file_count(text: str) -> int:
     """How many files a folder's text (`read`'s) joins: its lines under which a file starts."""
-    return len(re.findall(rf"(?:^|\n\n){FILE_HEADING}[^\n]+\n", text))
+    return len(_FILE_LINE.findall(text))
+
+
+def from_text(text: str) -> tuple[tuple[int, ...], tuple[tuple[int, int, int, str], ...]]:
+    """(`Folder.lines`, its files' headings) as far as a folder's stored text tells them, its
+    folder changed or gone: each file's lines numbered from 1 (a blank run its file had, which
+    the text holds as one blank line, is not counted)."""
+    starts = {m.start(): m for m in _FILE_LINE.finditer(text)}
+    lines: list[int] = []
+    number = offset = 0
+    for line in text.split("\n"):
+        if offset in starts:  # (numbered as its file's first line: `_joined`)
+            number = 0
+        else:
+            number += 1
+        lines.append(max(1, number))
+        offset += len(line) + 1
+    return tuple(lines), tuple(
+        (m.start(), m.end() - 1, 1, m.group(1)) for m in starts.values())
 
 
 def markdown_headings(text: str) -> tuple[tuple[int, int, int, str], ...]:

@@ -84,6 +84,13 @@ class Hit(Record):
         """"page 3" for a PDF, "src/db.py, lines 120-141" in a folder, else "lines 120-141"."""
         return location(self.page, self.lines, self.file)
 
+    def as_dict(self) -> dict:
+        """Its fields; `file` only for a folder's passage (its `lines` are within that file)."""
+        out = super().as_dict()
+        if out["file"] is None:
+            del out["file"]
+        return out
+
     @classmethod
     def of(cls, passage, kind: str, score: float = 0.0) -> Hit:
         """A stored passage (`store.passage`) of a document of `kind`."""
