@@ -317,17 +317,18 @@ SELECT id FROM doomed"""
 
 
 def m011_prompt_caches(conn: sqlite3.Connection) -> str | None:
-    """The API's prompt caches stored before lossy KV was kept from being stored again."""
+    """The API's prompt caches stored before lossy KV was kept from being stored again (and
+    what extends them): each entry dropped is counted, whatever it extends (a document's or a
+    chat's prefix among them)."""
     doomed = [(i,) for (i,) in conn.execute(M011_PROMPT_CACHES)]
-    caches = conn.execute("SELECT count(*) FROM kv_entries WHERE document_id IS NULL AND"
-                          " chat_id IS NULL AND NOT passage AND parent_id IS NULL").fetchone()[0]
     for table, column in (("kv_chunks", "entry_id"), ("kv_spans", "entry_id"),
                           ("kv_entries", "id")):
         conn.executemany(f"DELETE FROM {table} WHERE {column} = ?", doomed)
-    return (f"{caches} prompt cache{'s' if caches != 1 else ''} of the local API (stored "
+    n = len(doomed)
+    return (f"{n} cached prompt{'s' if n != 1 else ''} of the local API (stored "
             "/v1/responses conversations' KV among them) made by an older kvdesk "
-            f"{'were' if caches != 1 else 'was'} dropped: each is computed again at its next "
-            "use" if caches else None)
+            f"{'were' if n != 1 else 'was'} dropped: each is computed again at its next "
+            "use" if n else None)
 
 
 # The documents whose KV an entry holds beyond its parent's (a chat's or a conversation's over

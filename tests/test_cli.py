@@ -292,7 +292,7 @@ def test_an_upgrade_that_drops_prompt_caches_says_so_once(tmp_path):
     with open_store(tmp_path / "data") as store:
         put_entry(store, range(500, 800))
     back_to_version_10(tmp_path / "data")
-    note = ("Note: 1 prompt cache of the local API (stored /v1/responses conversations' KV "
+    note = ("Note: 1 cached prompt of the local API (stored /v1/responses conversations' KV "
             "among them) made by an older kvdesk was dropped: each is computed again at its "
             "next use")
     assert kvdesk("docs").stderr.splitlines() == [note]

@@ -276,7 +276,23 @@ def test_m011_drops_the_prompt_caches_and_what_extends_them_and_keeps_the_rest(t
         assert count(store, "kv_spans") == sum(e.n_chunks for e in store.entries())
         # Said once, where the app shows it as the store opens
         assert store.upgrade_notes == [
-            "1 prompt cache of the local API (stored /v1/responses conversations' KV among "
-            "them) made by an older kvdesk was dropped: each is computed again at its next use"]
+            "2 cached prompts of the local API (stored /v1/responses conversations' KV among "
+            "them) made by an older kvdesk were dropped: each is computed again at its next use"]
     with open_store(tmp_path) as store:
         assert store.upgrade_notes == []
+
+
+def test_m011_counts_the_prompt_caches_that_extend_a_documents_entry(tmp_path):
+    """Prompt caches stored as children of a document's entry (the same prefix) are dropped
+    too, and said: none is dropped unsaid."""
+    with open_store(tmp_path) as store:
+        doc = store.add_document("h", "Doc", "text", type="txt")
+        kept = put_entry(store, range(300), document_id=doc.id)
+        put_entry(store, range(400), parent_id=kept.id)
+        put_entry(store, range(500), parent_id=kept.id)
+    back_to_version_10(tmp_path)
+    with open_store(tmp_path) as store:
+        assert [e.id for e in store.entries()] == [kept.id]
+        assert store.upgrade_notes == [
+            "2 cached prompts of the local API (stored /v1/responses conversations' KV among "
+            "them) made by an older kvdesk were dropped: each is computed again at its next use"]
