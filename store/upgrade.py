@@ -89,11 +89,6 @@ def _check_known(conn: sqlite3.Connection) -> tuple[int, list[str]]:
     """The database's version, after checking its migration history is a prefix of ours; and
     the migrations to apply late where it is one with gaps that may be (`_gaps`)."""
     version = schema_version(conn)
-    if version > len(KNOWN):
-        raise SchemaVersionError(
-            f"store schema version {version} is newer than this kvdesk understands "
-            f"(up to {len(KNOWN)}); upgrade kvdesk or use another data directory"
-        )
     has_history = conn.execute(
         "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'migrations'"
     ).fetchone()
@@ -102,6 +97,13 @@ def _check_known(conn: sqlite3.Connection) -> tuple[int, list[str]]:
         if has_history
         else []
     )
+    if version and not history:  # every kvdesk records each step it applies
+        raise SchemaVersionError(_not_ours(conn))
+    if version > len(KNOWN):
+        raise SchemaVersionError(
+            f"store schema version {version} is newer than this kvdesk understands "
+            f"(up to {len(KNOWN)}); upgrade kvdesk or use another data directory"
+        )
     if history != KNOWN[:version]:
         missing = _gaps(history, version)
         if missing is None:
@@ -124,10 +126,21 @@ def _gaps(history: list[str], version: int) -> list[str] | None:
     return missing if set(missing) <= APPLIED_LATE else None
 
 
+def _path(conn: sqlite3.Connection) -> str:
+    return next((file for _, name, file in conn.execute("PRAGMA database_list")
+                 if name == "main"), "") or "this data directory's store"
+
+
+def _not_ours(conn: sqlite3.Connection) -> str:
+    """A database with a schema version but no history of steps: another program's."""
+    return (f"{_path(conn)} is not a kvdesk store (another program's database: it has a schema "
+            "version but no kvdesk history). Nothing in it was changed. Move it out of the data "
+            "directory, or choose another data directory for kvdesk")
+
+
 def _foreign(conn: sqlite3.Connection, history: list[str]) -> str:
     """Why a history is not one this kvdesk can continue, in plain words, and what to do."""
-    path = next((file for _, name, file in conn.execute("PRAGMA database_list")
-                 if name == "main"), "") or "this data directory's store"
+    path = _path(conn)
     unknown = [name for name in history if name not in KNOWN]
     why = (f"its schema has steps this kvdesk does not know ({', '.join(unknown)})" if unknown
            else "its schema's steps are this kvdesk's, but in another order, or with some "

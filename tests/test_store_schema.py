@@ -133,6 +133,21 @@ def test_a_database_that_is_not_a_store_is_refused(tmp_path):
         Store(tmp_path)
 
 
+@pytest.mark.parametrize("version", [3, SCHEMA_VERSION + 1])
+def test_another_programs_database_with_a_schema_version_is_not_called_a_kvdesk_store(
+        tmp_path, version):
+    """A version but no history of kvdesk's steps: another program's, whatever its version."""
+    conn = sqlite3.connect(tmp_path / "kvdesk.sqlite")
+    conn.execute("CREATE TABLE notes (x)")
+    conn.execute(f"PRAGMA user_version = {version}")
+    conn.close()
+    with pytest.raises(SchemaVersionError, match="is not a kvdesk store .another program's"):
+        Store(tmp_path)
+    conn = sqlite3.connect(tmp_path / "kvdesk.sqlite")
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == version
+    assert conn.execute("SELECT name FROM sqlite_master").fetchall() == [("notes",)]
+
+
 def test_message_tokens_move_out_of_the_stats(tmp_path):
     """m002: tokens kept in a message's stats JSON go to message_tokens under the model of the
     chat's newest entry, else the store's only model; with neither they are dropped."""
