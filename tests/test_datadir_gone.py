@@ -4,6 +4,8 @@ reaches its caller, and the server's health says so."""
 
 from __future__ import annotations
 
+import errno
+import os
 import shutil
 import threading
 
@@ -18,6 +20,7 @@ from desktop_app.server import bridge
 from desktop_app.server.api import create_api
 from desktop_app.settings import Settings
 from store import DataDirGoneError, Store
+from store.datadir import place
 
 
 def test_writes_stop_once_the_data_directory_is_removed_and_go_on_when_it_is_back(tmp_path):
@@ -33,6 +36,8 @@ def test_writes_stop_once_the_data_directory_is_removed_and_go_on_when_it_is_bac
     worker.start()
     worker.join()
     assert isinstance(read[0], DataDirGoneError) and not data.exists()
+    assert "it cannot be read" in str(read[0])
+    assert "point kvdesk at its new place (--data-dir or Settings) or put it back" in str(read[0])
     shutil.move(tmp_path / "away", data)  # put back: the same file, written again
     store.add_document("third", "third", "text", type="txt")
     assert sorted(d.title for d in store.documents()) == ["first", "third"]
@@ -43,8 +48,39 @@ def test_a_store_file_replaced_under_kvdesk_is_not_written(tmp_path):
     store = open_store(tmp_path)
     shutil.copy(store.path, tmp_path / "copy.db")
     (tmp_path / "copy.db").replace(store.path)
-    with pytest.raises(DataDirGoneError, match="the store .* was removed, moved or replaced"):
+    with pytest.raises(DataDirGoneError, match="the store .* was replaced by another file "
+                                               "while kvdesk ran: .*a restart opens that one"):
         store.add_document("lost", "lost", "text", type="txt")
+    store.close()
+
+
+def test_a_removed_store_file_is_said_so_with_what_a_restart_does(tmp_path):
+    store = open_store(tmp_path)
+    store.path.unlink()
+    with pytest.raises(DataDirGoneError, match="the store .* was removed or moved while kvdesk "
+                                               "ran: .*if it was removed, restart kvdesk: it "
+                                               "starts an empty store there"):
+        store.add_document("lost", "lost", "text", type="txt")
+    store.close()
+
+
+@pytest.mark.parametrize("fails", [1, 2])
+def test_a_store_that_cannot_be_looked_at_for_a_moment_is_not_called_gone(
+        tmp_path, monkeypatch, fails):
+    """EIO, ESTALE, EACCES (a network share): tried once more, then left to SQLite."""
+    store = open_store(tmp_path)
+    stat, calls = os.stat, []
+
+    def flaky(path, *args, **kwargs):
+        calls.append(path)
+        if len(calls) <= fails:
+            raise OSError(errno.ESTALE, "Stale file handle", str(path))
+        return stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(place.os, "stat", flaky)
+    store.add_document("kept", "kept", "text", type="txt")
+    monkeypatch.setattr(place.os, "stat", stat)
+    assert [d.title for d in store.documents()] == ["kept"]
     store.close()
 
 

@@ -259,7 +259,7 @@ class Connections:
     def get(self) -> sqlite_utils.Database:
         db = getattr(self._local, "db", None)
         if db is None:
-            self.place.check()  # (SQLite would create the file anew, or fail to)
+            self.place.check(reading=True)  # (SQLite would create the file anew, or fail to)
             conn = open_connection(self.path, read_only=self.cannot_write or self.full)
             conn.owner = self
             with self._lock:

@@ -17,11 +17,18 @@ from ..errors import DataDirGoneError
 
 
 def identity(path: Path) -> tuple[int, int] | None:
-    """The file at `path` (device, inode), or None where there is none."""
+    """The file at `path` (device, inode), or None where there is none (ENOENT, ENOTDIR).
+    Another error (EIO, ESTALE, EACCES: a network share's hiccup) is tried once more, then
+    raised: it says nothing of where the file is."""
     try:
         st = os.stat(path)
-    except OSError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
+    except OSError:
+        try:
+            st = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
     return st.st_dev, st.st_ino
 
 
@@ -37,16 +44,32 @@ class Place:
 
     def fix(self) -> None:
         """Remember the file now at the path as the one the store opened."""
-        self.opened = identity(self.path)
+        try:
+            self.opened = identity(self.path)
+        except OSError:
+            self.opened = None  # (not known: not checked; SQLite says what it meets)
 
-    def check(self) -> None:
+    def check(self, *, reading: bool = False) -> None:
         """Raise DataDirGoneError if the file at the path is not the one opened (none at all,
-        or another). A folder put back where it was passes again."""
-        if self.opened is None or identity(self.path) == self.opened:
+        or another). A folder put back where it was passes again. `reading`: for a new
+        connection, which would read as well as write. A path that cannot be looked at now
+        passes: SQLite's own error follows, if any."""
+        try:
+            now = identity(self.path)
+        except OSError:
+            return
+        if self.opened is None or now == self.opened:
             return
         data_dir = self.path.parent
-        what = (f"the store {self.path} was removed, moved or replaced" if data_dir.is_dir()
-                else f"the data directory {data_dir} was removed or moved")
-        raise DataDirGoneError(
-            f"{what} while kvdesk ran: nothing more is stored (it would be lost with the "
-            "file); restart kvdesk (it starts an empty store there) or put the folder back")
+        if now is not None:
+            what, advice = (f"the store {self.path} was replaced by another file",
+                            "a restart opens that one")
+        else:
+            what = (f"the store {self.path} was removed or moved" if data_dir.is_dir()
+                    else f"the data directory {data_dir} was removed or moved")
+            advice = ("if it was moved or renamed, point kvdesk at its new place (--data-dir or "
+                      "Settings) or put it back; if it was removed, restart kvdesk: it starts an "
+                      "empty store there")
+        lost = ("it cannot be read, and nothing more is stored" if reading
+                else "nothing more is stored (it would be lost with the file)")
+        raise DataDirGoneError(f"{what} while kvdesk ran: {lost}; {advice}")
