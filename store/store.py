@@ -38,7 +38,7 @@ from .errors import (
 from .records import CalibrationRecord, Entry, PrefixMatch, Span
 from .schema import schema_version
 from .tokens import decode
-from .upgrade import check_current, migrate
+from .upgrade import check_current, migrate_taking_notes
 
 DB_NAME = "kvdesk.sqlite"
 DEFAULT_CHUNK_SIZE = 256
@@ -67,7 +67,7 @@ class Store(LibraryStore, PassageStore, PassageKVStore, SplitStore, UsageStore, 
         self.upgrade_notes: list[str] = []
         try:
             self._db.opened(lambda conn: check_current(conn, self.data_dir) if self.read_only
-                            else self.upgrade_notes.extend(migrate(conn).dropped))
+                            else self.upgrade_notes.extend(migrate_taking_notes(conn)))
         except (sqlite3.DatabaseError, DamagedError) as e:
             self._db.close()
             # Not a database, a damaged one, or one the file system will not let SQLite open;

@@ -10,6 +10,7 @@ untouched, never "repaired".
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from .errors import ReadOnlyError, SchemaVersionError
 from .schema import APPLIED_LATE, MIGRATIONS, SCHEMA_VERSION, Migration, schema_version
 
 KNOWN = [name for name, _ in MIGRATIONS]
+NOTES = "upgrade_notes"  # the settings row keeping what an upgrade dropped until it is said
 
 
 @dataclass
@@ -70,6 +72,36 @@ def _apply(conn: sqlite3.Connection, name: str, apply: Migration, upgrade: Upgra
     upgrade.applied.append(name)
     if dropped:
         upgrade.dropped.append(dropped)
+        # In the migration's own transaction: an upgrade that stops after it (a later
+        # migration failing, a crash, Ctrl-C) leaves its note for the next open to say.
+        row = conn.execute("SELECT value FROM settings WHERE key = ?", (NOTES,)).fetchone()
+        conn.execute("INSERT OR REPLACE INTO settings VALUES (?, ?)",
+                     (NOTES, json.dumps(_notes(row) + [dropped])))
+
+
+def migrate_taking_notes(conn: sqlite3.Connection) -> list[str]:
+    """`migrate`, then what this upgrade, or one stopped before it finished, dropped that
+    users had (a sentence each): taken from the store, so said once."""
+    migrate(conn)
+    if conn.execute("SELECT 1 FROM settings WHERE key = ?", (NOTES,)).fetchone() is None:
+        return []  # (every open but an upgrade's: no write)
+    conn.execute("BEGIN IMMEDIATE")  # (another process opening it too takes them, or this one)
+    try:
+        row = conn.execute("SELECT value FROM settings WHERE key = ?", (NOTES,)).fetchone()
+        conn.execute("DELETE FROM settings WHERE key = ?", (NOTES,))
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    return _notes(row)
+
+
+def _notes(row: tuple[str] | None) -> list[str]:
+    try:
+        notes = json.loads(row[0]) if row else []
+    except ValueError:
+        return []  # (a value rotten in the file: `verify` names it)
+    return [n for n in notes if isinstance(n, str)] if isinstance(notes, list) else []
 
 
 def _apply_late(conn: sqlite3.Connection, missing: list[str], upgrade: Upgrade) -> None:

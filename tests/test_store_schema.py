@@ -12,6 +12,7 @@ from test_store_helpers import back_to_version_10, count, open_store, orphans, p
 from store import CorruptChunkError, SchemaVersionError, Store
 from store.datadir.db import open_connection
 from store.schema import MIGRATIONS, SCHEMA_VERSION
+from store import upgrade
 from store.upgrade import migrate
 
 
@@ -311,3 +312,26 @@ def test_m011_counts_the_prompt_caches_that_extend_a_documents_entry(tmp_path):
         assert store.upgrade_notes == [
             "2 cached prompts of the local API (stored /v1/responses conversations' KV among "
             "them) made by an older kvdesk were dropped: each is computed again at its next use"]
+
+
+def test_an_upgrade_stopped_after_dropping_caches_says_so_at_the_next_open(tmp_path, monkeypatch):
+    """m011 commits on its own: its note is kept with it, said by the open that finishes."""
+    with open_store(tmp_path) as store:
+        put_entry(store, range(500, 800))
+    back_to_version_10(tmp_path)
+
+    def stopped(conn):
+        raise KeyboardInterrupt  # (a later migration failing, a crash, Ctrl-C)
+
+    monkeypatch.setattr(upgrade, "MIGRATIONS", [*MIGRATIONS[:11], (MIGRATIONS[11][0], stopped),
+                                                *MIGRATIONS[12:]])
+    with pytest.raises(KeyboardInterrupt):
+        Store(tmp_path)
+    monkeypatch.undo()
+    with open_store(tmp_path) as store:
+        assert store.upgrade_notes == [
+            "1 cached prompt of the local API (stored /v1/responses conversations' KV among "
+            "them) made by an older kvdesk was dropped: each is computed again at its next use"]
+        assert store.setting(upgrade.NOTES) is None
+    with open_store(tmp_path) as store:
+        assert store.upgrade_notes == []
