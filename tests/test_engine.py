@@ -418,8 +418,10 @@ def test_a_document_deleted_during_a_new_chats_first_answer_keeps_the_chat(new_e
     assert [m.role for m in eng.messages(result.chat_id)] == ["user", "assistant"]
     assert [c.chat_id for c in eng.chats()] == [result.chat_id]
     again = eng.ask("And after?", chat_id=result.chat_id, generation=deterministic(4))
-    assert f"document {doc} of this chat was deleted: the chat goes on without it" in \
-        again.messages
+    # named, as a chat's document deleted later is (its title read before the answer)
+    assert f"document {doc} (short.txt) of this chat was deleted: the chat goes on without " \
+        "it" in again.messages
+    assert "Documents: short.txt (deleted)" in eng.export_chat(result.chat_id)
 
 
 def test_bad_input(engine, tmp_path):

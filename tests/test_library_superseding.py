@@ -25,6 +25,6 @@ def test_a_superseded_turn_is_hidden_only_from_the_thread_regenerating_it(tmp_pa
                 [m.text for m in library.history(chat.id)]))
             reader.start()
             reader.join()
-            library.add_turn(chat.id, "q", "second answer", doc_ids=[], **turn)
+            library.add_turn(chat.id, "q", "second answer", docs=[], **turn)
         assert seen_elsewhere == [["q", "first answer"]]
         assert [m.text for m in library.history(chat.id)] == ["q", "second answer"]

@@ -303,10 +303,10 @@ def test_a_turn_even_the_reserve_cannot_keep_says_the_answer_given_is_not_stored
         turn = {"model": test_store_helpers.FP, "question_tokens": [1], "answer_tokens": [2]}
         with pytest.raises(DiskFullError, match=r"^the answer given is not stored, nor its "
                            rf"question \(chat {chat.id} keeps its turns before it\): full"):
-            Library(store).add_turn(chat.id, "Why?", "Tides.", doc_ids=[], **turn)
+            Library(store).add_turn(chat.id, "Why?", "Tides.", docs=[], **turn)
         (tmp_path / NAME).unlink()  # (this disk had room to take it again)
         with pytest.raises(DiskFullError, match=r"not stored, nor its question \(nor a chat "):
-            Library(store).add_turn(None, "Why?", "Tides.", doc_ids=[], **turn)
+            Library(store).add_turn(None, "Why?", "Tides.", docs=[], **turn)
         assert [c.id for c in store.chats()] == [chat.id]
 
 

@@ -280,26 +280,29 @@ class Library:
         return ChatInfo(chat.id, chat.title, [d.id for d in docs], 0, chat.created, chat.updated)
 
     def add_turn(self, chat_id: int | None, question: str, answer: str, *,
-                 doc_ids: Sequence[int], **record) -> int:
+                 docs: Sequence[Document], **record) -> int:
         """Store a turn (`record`: Store.add_turn's stats and tokens) and return its chat's id;
-        a new chat (None) about `doc_ids` is created with it, so it never exists empty (about
-        those of them not deleted meanwhile). On a full disk the store's reserve pays for a
-        turn's text; where even that is spent, the error says the answer given is not kept,
-        and what the chat still holds."""
+        a new chat (None) about `docs` (as read before the answer) is created with it, so it
+        never exists empty (about those of them not deleted meanwhile). On a full disk the
+        store's reserve pays for a turn's text; where even that is spent, the error says the
+        answer given is not kept, and what the chat still holds."""
+        titles = {d.id: d.title for d in docs}
+        doc_ids, deleted = list(titles), {}
         try:
             while chat_id is None:
                 try:
                     return self.store.start_chat(title_of(question), doc_ids, question,
-                                                 answer, **record).id
+                                                 answer, deleted=deleted, **record).id
                 except NotFoundError:
                     # A document deleted while its first answer was given: the chat is kept
                     # as one about it is once it is deleted (without it, its messages all
-                    # there).
+                    # there, its title kept: the chat's notes and exports name it).
                     present = self.store.document_titles()
                     left = [d for d in doc_ids if d in present]
-                    if left == list(doc_ids):
+                    if left == doc_ids:
                         raise
                     doc_ids = left
+                    deleted = {d: t for d, t in titles.items() if d not in present}
             self.store.add_turn(chat_id, question, answer, **record,
                                 replacing=sorted(self._superseding(chat_id)))
         except DiskFullError as e:

@@ -412,7 +412,7 @@ class ChatSession:
             new = chat_id is None
             try:
                 chat_id = self.library.add_turn(
-                    chat_id, question, result.answer, doc_ids=doc_ids, stats=stats,
+                    chat_id, question, result.answer, docs=docs, stats=stats,
                     model=rt.fingerprint, question_tokens=turn.tokens, answer_tokens=answer_tokens)
             except DataDirGoneError as e:  # the answer was shown: it is returned all the same
                 return replace(result, messages=[*result.messages, f"this turn is not stored: {e}"])

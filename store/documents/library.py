@@ -352,16 +352,20 @@ class LibraryStore:
 
     def start_chat(self, title: str, document_ids: Sequence[int], question: str, answer: str,
                    *, stats: dict[str, Any] | None = None, model: str,
-                   question_tokens: Sequence[int], answer_tokens: Sequence[int]) -> Chat:
+                   question_tokens: Sequence[int], answer_tokens: Sequence[int],
+                   deleted: Mapping[int, str] | None = None) -> Chat:
         """A new chat about `document_ids` with its first turn, in one transaction: a chat is
         stored with its first answer or not at all (a question refused, stopped or killed
         before it was answered leaves no empty chat behind). On a full disk the reserve
-        pays for it, as for `add_turn`."""
+        pays for it, as for `add_turn`. `deleted`: {id: title} of documents its answer was
+        given that were deleted meanwhile, kept as a deleted document's title is."""
         now = self._clock()
 
         def work() -> int:
             with self._db.write() as db:
                 chat_id = _new_chat(db, title, document_ids, now)
+                db.conn.executemany("INSERT OR REPLACE INTO deleted_documents VALUES (?, ?, ?)",
+                                    [(chat_id, *d) for d in (deleted or {}).items()])
                 add_turn(db, chat_id, (question, answer), stats, model,
                          (question_tokens, answer_tokens), now)
             return chat_id
