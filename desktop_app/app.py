@@ -48,6 +48,7 @@ class App:
         self._scratch: tempfile.TemporaryDirectory | None = None
         self._preload: _Preload | None = None
         self.warned: list[str] = []  # what this run has warned of, so an error never repeats it
+        self._notes: list[str] = []  # what opening the store had to say (`take_notes`)
 
     @property
     def data_dir(self) -> Path:
@@ -174,11 +175,18 @@ class App:
         store.on_damage(self._warn_damage)  # (found by a read later: a value rotten inside)
         for note in store.upgrade_notes:  # (only the open that upgraded the store has any)
             log.warning("Note: %s", note)
+        self._notes.extend(store.upgrade_notes)
         budget = int(self.settings.storage_budget_gb * 1e9)
         # Kept in the store for every process's gc; a read-only one changes nothing anyway.
         if not store.read_only and store.budget_bytes != budget:
             store.budget_bytes = budget
         return store
+
+    def take_notes(self) -> list[str]:
+        """What opening the store had to say (an upgrade's notes), logged as it opened: for a
+        window to show, once."""
+        notes, self._notes = self._notes, []
+        return notes
 
     def _warn_damage(self, error: Exception) -> None:
         """Warn, once, that the store is damaged (an error then says only "as warned")."""

@@ -67,6 +67,26 @@ def test_the_title_names_the_model_once_it_is_loaded(qtbot, engine):
     assert window.windowTitle() == f"{engine.model_name} \u2014 kvdesk"
 
 
+def test_an_upgrades_note_is_shown_once_the_engine_is_ready(qtbot, engine, tmp_path):
+    """(Dropped prompt caches were only logged: a window's user was never told.)"""
+    from test_store_helpers import back_to_version_10, open_store, put_entry
+
+    from desktop_app.app import App
+
+    with open_store(tmp_path / "data") as store:
+        put_entry(store, range(500, 800))
+    back_to_version_10(tmp_path / "data")
+    app = App(Settings(data_dir=str(tmp_path / "data")))
+    window = MainWindow(lambda: app.store and engine, app.settings, start_notes=app.take_notes)
+    qtbot.addWidget(window)
+    qtbot.waitUntil(lambda: window.engine is not None)
+    assert window.info.text() == (
+        "Note: 1 cached prompt of the local API (stored /v1/responses conversations' KV among "
+        "them) made by an older kvdesk was dropped: each is computed again at its next use")
+    assert app.take_notes() == []  # said once
+    app.close()
+
+
 def test_sources_of_a_deleted_document_still_name_it(qtbot, window, engine):
     engine.delete_document(1)  # (another process, or the command line)
     with qtbot.waitSignal(window.documents_changed, timeout=5000):

@@ -68,7 +68,8 @@ def run(app: AppAPI, make_app: Callable[[Settings], AppAPI],
         restart = []
         local_api = serve(app) if serve is not None else None
         window = MainWindow(lambda app=app: _ready_engine(app), app.settings,
-                            local_api=local_api, list_models=app.list_models)
+                            local_api=local_api, list_models=app.list_models,
+                            start_notes=app.take_notes)
         window.restart_requested.connect(restart.append)
         window.show()
         with _closing_on_signals(window):

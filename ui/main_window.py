@@ -75,9 +75,13 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, ListingMixin, CodecM
     def __init__(self, engine_factory: Callable[[], EngineAPI], settings: Settings, *,
                  local_api: LocalAPIControl | None = None,
                  list_models: Callable[[], list[ModelFile]] | None = None,
+                 start_notes: Callable[[], list[str]] = list,
                  now: Callable[[], float] = time.time):
         super().__init__()
         self.settings = settings
+        # What opening the data directory has to say once (an upgrade's notes): shown as the
+        # engine is ready, where a command line prints them
+        self.start_notes = start_notes
         self.local_api = local_api  # the local API server the settings toggle (None: none)
         self.list_models = list_models  # the models on this machine, for the settings
         self.engine: EngineAPI | None = None  # set once engine_factory has run on a worker
@@ -246,8 +250,8 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, ListingMixin, CodecM
         self.setWindowTitle(f"{engine.model_name} — kvdesk")
         self.quality.set_levels(tuple(engine.levels))
         self._set_ready(True)
-        self._say("")
         self.new_chat()
+        self._say(" ".join(f"Note: {note}" for note in self.start_notes()))  # (after: it clears)
         self.refresh_chats()
         self.refresh_documents()
         self._apply_local_api(self.settings)
