@@ -9,10 +9,9 @@ import zlib
 import pytest
 from test_store_helpers import back_to_version_10, count, open_store, orphans, put_entry
 
-from store import CorruptChunkError, SchemaVersionError, Store
+from store import CorruptChunkError, SchemaVersionError, Store, upgrade
 from store.datadir.db import open_connection
 from store.schema import MIGRATIONS, SCHEMA_VERSION
-from store import upgrade
 from store.upgrade import migrate
 
 

@@ -19,7 +19,7 @@ import json
 import os
 import socket
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import sqlite_utils
