@@ -24,10 +24,11 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(autouse=True)
 def _small_reserve(request, monkeypatch):
-    """A test's stores keep 64 KB in reserve, not 16 MB each (store.datadir.reserve), but for the
-    tests of the reserve itself (marked real_reserve)."""
+    """A test's stores keep 64 KB in each reserve, not 16 and 2 MB (store.datadir.reserve), but
+    for the tests of the reserves themselves (marked real_reserve)."""
     if "real_reserve" not in request.keywords:
         monkeypatch.setattr("store.datadir.reserve.RESERVE_BYTES", 64 << 10)
+        monkeypatch.setattr("store.datadir.reserve.WORDS_BYTES", 64 << 10)
 
 
 @pytest.fixture(autouse=True)

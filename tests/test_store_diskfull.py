@@ -19,7 +19,7 @@ from test_store_helpers import LEVELS, ORPHAN_QUERIES, open_store, put_entry
 from desktop_app.chat.library import Library
 from desktop_app.errors import is_storage_fault, is_user_error
 from store import DiskFullError
-from store.datadir.reserve import NAME, RESERVE_BYTES
+from store.datadir.reserve import NAME, RESERVE_BYTES, WORDS_BYTES, WORDS_NAME
 
 pytestmark = pytest.mark.real_reserve
 
@@ -247,11 +247,13 @@ def test_a_disk_full_with_no_reserve_left_still_reads_and_says_what_to_do(small_
         assert store.gc(budget_bytes=1 << 20)["freed_bytes"] > 0
 
 
-def full_but_for_the_reserve(store, monkeypatch) -> None:
-    """Every write finds the disk full but while the reserve is given back (until it is
-    taken again): what it makes room for is all the room there is."""
-    writes, reserve = store._db.write, store._db.reserve
-    release, make, given = reserve.release, reserve.make, [False]
+def full_but_for_the_reserve(store, monkeypatch, words: bool = False) -> None:
+    """Every write finds the disk full but while the reserve (`words`: the turns' one) is
+    given back (until it is taken again): what it makes room for is all the room there is."""
+    writes = store._db.write
+    reserve = store._db.words if words else store._db.reserve
+    release = reserve.give if words else reserve.release
+    make, given = reserve.make, [False]
 
     @contextlib.contextmanager
     def write():
@@ -269,26 +271,28 @@ def full_but_for_the_reserve(store, monkeypatch) -> None:
         make()
 
     monkeypatch.setattr(store._db, "write", write)
-    monkeypatch.setattr(reserve, "release", released)
+    monkeypatch.setattr(reserve, "give" if words else "release", released)
     monkeypatch.setattr(reserve, "make", made)
 
 
-def test_a_turns_text_is_paid_by_the_reserve_and_a_cache_never(tmp_path, monkeypatch):
+def test_a_turns_text_is_paid_by_its_own_reserve_and_a_cache_by_none(tmp_path, monkeypatch):
     with open_store(tmp_path) as store:
         chat = store.create_chat("Ferries")
-        reserve = tmp_path / NAME
-        full_but_for_the_reserve(store, monkeypatch)
+        words = tmp_path / WORDS_NAME
+        assert words.stat().st_size == WORDS_BYTES
+        full_but_for_the_reserve(store, monkeypatch, words=True)
         turn = {"model": test_store_helpers.FP, "question_tokens": [1, 2],
                 "answer_tokens": [3]}
         store.add_turn(chat.id, "When?", "At seven.", **turn)  # the user's words are kept
         new = store.start_chat("Ferries 2", [], "Where?", "The harbour.", **turn)
         assert [m.text for m in store.messages(chat.id)] == ["When?", "At seven."]
         assert [m.text for m in store.messages(new.id)] == ["Where?", "The harbour."]
-        assert reserve.stat().st_size == RESERVE_BYTES  # taken back at once
-        with pytest.raises(DiskFullError):  # a cache: the full disk, not the reserve's room
+        assert words.stat().st_size == WORDS_BYTES  # taken back at once
+        assert (tmp_path / NAME).stat().st_size == RESERVE_BYTES  # never touched
+        with pytest.raises(DiskFullError):  # a cache: the full disk, not the reserves' room
             put_entry(store, range(100), chat_id=chat.id)
-        assert reserve.exists() and store.entries() == []
-        reserve.unlink()  # (spent): the text too is refused, whole
+        assert words.stat().st_size == WORDS_BYTES and store.entries() == []
+        words.unlink()  # (spent): the text too is refused, whole
         with pytest.raises(DiskFullError):
             store.add_turn(chat.id, "Why?", "Tides.", **turn)
         assert len(store.messages(chat.id)) == 2
@@ -298,16 +302,17 @@ def test_a_turn_even_the_reserve_cannot_keep_says_the_answer_given_is_not_stored
         tmp_path, monkeypatch):
     with open_store(tmp_path) as store:
         chat = store.create_chat("Ferries")
-        (tmp_path / NAME).unlink()  # (spent)
-        full_but_for_the_reserve(store, monkeypatch)
+        (tmp_path / WORDS_NAME).unlink()  # (spent)
+        full_but_for_the_reserve(store, monkeypatch, words=True)
         turn = {"model": test_store_helpers.FP, "question_tokens": [1], "answer_tokens": [2]}
         with pytest.raises(DiskFullError, match=r"^the answer given is not stored, nor its "
                            rf"question \(chat {chat.id} keeps its turns before it\): full"):
             Library(store).add_turn(chat.id, "Why?", "Tides.", docs=[], **turn)
-        (tmp_path / NAME).unlink()  # (this disk had room to take it again)
+        (tmp_path / WORDS_NAME).unlink()  # (this disk had room to take it again)
         with pytest.raises(DiskFullError, match=r"not stored, nor its question \(nor a chat "):
             Library(store).add_turn(None, "Why?", "Tides.", docs=[], **turn)
         assert [c.id for c in store.chats()] == [chat.id]
+        assert (tmp_path / NAME).stat().st_size == RESERVE_BYTES  # rm and gc's, whole
 
 
 def test_what_a_write_on_a_full_disk_left_is_deleted_through_the_reserve(tmp_path,
@@ -359,3 +364,25 @@ def test_an_attach_on_a_disk_filled_from_outside_leaves_the_reserve_to_rm_and_gc
         store.delete_entry(store.entries()[0].id)
         assert store.gc(budget_bytes=1 << 20)["freed_bytes"] > 1 << 20
     assert shutil.disk_usage(small_disk).free > 2 << 20  # (what they freed)
+
+
+def test_turns_on_a_full_disk_never_spend_the_room_rm_and_gc_need(small_disk):
+    data = small_disk / "data"
+    with open_store(data) as store:
+        first = store.start_chat("Ferries", [], "When?", "At seven.",
+                                 model=test_store_helpers.FP, question_tokens=[1],
+                                 answer_tokens=[2])
+        fill(small_disk)
+        kept, answer = 0, "word " * 40_000  # 200 KB a turn
+        for n in range(100):
+            with contextlib.suppress(DiskFullError):
+                store.add_turn(first.id, f"Why {n}?", answer, model=test_store_helpers.FP,
+                               question_tokens=[1], answer_tokens=[2])
+                kept += 1
+        assert (data / NAME).stat().st_size == RESERVE_BYTES  # rm and gc's, whole
+        store.delete_chat(first.id)  # and they work
+        store.gc(budget_bytes=1 << 20)
+        assert store.chats() == []
+        assert 0 < kept < 20  # what the turns' own reserve held, then refused
+    assert shutil.disk_usage(small_disk).free > 2 << 20  # (what they freed)
+

@@ -18,21 +18,18 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import sqlite_utils
 
-from ..errors import DamagedError, DataDirError, DiskFullError, ReadOnlyError
+from ..errors import DamagedError, DataDirError, ReadOnlyError
 from .full import disk_full, disk_is_full, is_full
+from .paying import INCREMENTAL, Paying
 from .place import Place
-from .reserve import Reserve
-
-T = TypeVar("T")
+from .reserve import Reserve, WordsReserve
 
 # Long enough to outlast any single write the store makes (the largest is one chunk of ~6 MB, or
 # one eviction), short enough that a wedged process surfaces as an error instead of a hang.
@@ -43,10 +40,6 @@ BUSY_TIMEOUT_MS = 60_000
 # store.caches.blobs). SQLite clamps it to its compile-time maximum (2 GiB in common builds);
 # pages past that are read with pread(), still above 1 GB/s.
 MMAP_SIZE = 1 << 36
-
-# Pages moved at once, at least, by a reclaim on a nearly full disk (4 KiB pages: 1 MiB)
-MIN_VACUUM_STEP = 256
-INCREMENTAL = 2  # PRAGMA auto_vacuum's value
 
 
 def is_damage(error: sqlite3.DatabaseError) -> bool:
@@ -173,7 +166,7 @@ def open_connection(path: Path, *, read_only: bool = False) -> sqlite3.Connectio
     return conn
 
 
-class Connections:
+class Connections(Paying):
     """Hands each thread its own connection to one database file, and closes them all at the end.
 
     Connections come wrapped in a sqlite_utils.Database; its table helpers nest inside the
@@ -189,7 +182,8 @@ class Connections:
         self.damage: str | None = None  # what SQLite found damaged, once it has
         # Called once, with the error, when damage is first found (the app warns of it)
         self.on_damage: Callable[[DamagedError], None] | None = None
-        self.reserve = Reserve(path.parent)
+        self.reserve = Reserve(path.parent)  # for freeing space
+        self.words = WordsReserve(path.parent)  # for a turn's text
         self.place = Place(path)  # the file opened: writes stop if it is removed or moved
         self._local = threading.local()
         self._lock = threading.Lock()
@@ -254,7 +248,7 @@ class Connections:
                 self.full = not self.reserve.release()
         self.place.fix()
         if not self.read_only:
-            self.reserve.make()
+            self.retake()
 
     def get(self) -> sqlite_utils.Database:
         db = getattr(self._local, "db", None)
@@ -298,77 +292,6 @@ class Connections:
             if db.conn.in_transaction:
                 db.conn.execute("ROLLBACK")
             raise
-
-    def freeing(self, work: Callable[[], T]) -> T:
-        """Run `work`, a deletion, then hand back what it freed (`reclaim`). On a full disk
-        the reserve (store.datadir.reserve) is given back first and `work` runs once more."""
-        done = self._on_reserve(work)
-        self.reclaim()  # (which takes the reserve again)
-        return done
-
-    def keeping_words(self, work: Callable[[], T]) -> T:
-        """Run `work`, the write of a turn's text (a question and its answer: a few pages),
-        on a full disk once more with the reserve given back, and take back at once what it
-        did not use. The reserve pays for the user's own words, which nothing can compute
-        again, as it does for freeing space: a turn's pages leave nearly all of it to `rm`
-        and `gc`. Never for a cache (megabytes, and computed again when asked for)."""
-        try:
-            return self._on_reserve(work)
-        finally:
-            self.reserve.make()
-
-    def _on_reserve(self, work: Callable[[], T]) -> T:
-        """`work`, and on a full disk `work` again with the reserve given back (what a failed
-        second try did not use taken back: nothing else may write into its room)."""
-        try:
-            return work()
-        except DiskFullError:
-            if not self.reserve.release():
-                raise
-        try:
-            return work()
-        except BaseException:
-            self.reserve.make()
-            raise
-
-    def reclaim(self) -> None:
-        """Hand freed pages back to the file system (the database uses incremental
-        auto-vacuum), and take the reserve again where it was given. Moving the file's last
-        pages into the free ones writes them to the log first: on a disk without room for
-        all of them it goes a step at a time, the log emptied between steps, and on a disk
-        without room for a step the pages stay free inside the file for the next writes."""
-        conn = self.get().conn
-        if conn.execute("PRAGMA auto_vacuum").fetchone()[0] != INCREMENTAL:
-            return  # (a file rebuilt by hand, say: its free pages stay inside it)
-        page = conn.execute("PRAGMA page_size").fetchone()[0]
-        before = None
-        while (pages := conn.execute("PRAGMA freelist_count").fetchone()[0]) not in (0, before):
-            before = pages  # (a step that freed nothing ends it)
-            step = self._vacuum_step(pages, page)
-            # Moving pages frees room: the reserve pays for it (taken back below)
-            if step < min(pages, MIN_VACUUM_STEP) and self.reserve.release():
-                step = self._vacuum_step(pages, page)
-            if step < min(pages, MIN_VACUUM_STEP):
-                break
-            try:
-                # executescript() steps the pragma to the end; execute() frees a single page
-                conn.executescript(f"PRAGMA incremental_vacuum({step})")
-                # (where room is short, the log's room too goes back before the reserve
-                # takes back its own)
-                if step < pages or self.reserve.owed:
-                    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            except DiskFullError:  # others write to that disk too
-                break
-        self.reserve.make()
-
-    def _vacuum_step(self, pages: int, page: int) -> int:
-        """How many of `pages` free pages one step hands back, by the room on the disk:
-        all where it holds them twice, else a quarter of the room (the log takes them)."""
-        try:
-            room = shutil.disk_usage(self.path.parent).free // page
-        except OSError:
-            return 0
-        return pages if room > 2 * pages else room // 4
 
     @contextlib.contextmanager
     def read(self) -> Iterator[sqlite_utils.Database]:
