@@ -19,6 +19,7 @@ from test_store_helpers import LEVELS, ORPHAN_QUERIES, open_store, put_entry
 from desktop_app.chat.library import Library
 from desktop_app.errors import is_storage_fault, is_user_error
 from store import DiskFullError
+from store.datadir.full import disk_full
 from store.datadir.reserve import NAME, RESERVE_BYTES, WORDS_BYTES, WORDS_NAME
 
 pytestmark = pytest.mark.real_reserve
@@ -386,3 +387,13 @@ def test_turns_on_a_full_disk_never_spend_the_room_rm_and_gc_need(small_disk):
         assert 0 < kept < 20  # what the turns' own reserve held, then refused
     assert shutil.disk_usage(small_disk).free > 2 << 20  # (what they freed)
 
+
+def test_the_full_disk_error_sends_to_rm_and_gc_only_while_their_reserve_is_whole(small_disk):
+    data = small_disk / "data"
+    with open_store(data):
+        pass
+    fill(small_disk)
+    path = data / "kvdesk.sqlite"
+    assert "make room in kvdesk: `kvdesk gc --budget-gb N`" in str(disk_full(path))
+    os.truncate(data / NAME, 64 << 10)  # (a reserve taken back only in part)
+    assert "kvdesk's reserve for this is spent" in str(disk_full(path))

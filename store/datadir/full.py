@@ -2,7 +2,7 @@
 reads, naming the data directory, the room left and the way out (with the reserve kept for a
 full disk, store.datadir.reserve, or without it).
 
-This module only reads the disk's free space and the reserve's presence: it never writes, and
+This module only reads the disk's free space and the reserve's size: it never writes, and
 never touches the database.
 """
 
@@ -13,7 +13,7 @@ import sqlite3
 from pathlib import Path
 
 from ..errors import DiskFullError
-from .reserve import NAME as RESERVE_NAME
+from .reserve import held
 
 
 def is_full(error: sqlite3.DatabaseError) -> bool:
@@ -39,10 +39,11 @@ def disk_full(path: Path) -> DiskFullError:
         return DiskFullError(
             f"SQLite ran out of room for a write to {path} ({free / 1e6:,.0f} MB are free on "
             "its disk): the disk of the temporary folder (TMPDIR), or a file size limit, is full")
-    # Without its reserve (spent on an earlier full disk), freeing room needs room too.
+    # Without its reserve at (nearly) its size (spent on an earlier full disk, taken back only
+    # in part), freeing room needs room too.
     way_out = (", or make room in kvdesk: `kvdesk gc --budget-gb N` drops least recently used "
                "caches down to N GB (documents and chats are kept), `kvdesk rm` deletes a "
-               "document or chat") if (path.parent / RESERVE_NAME).exists() else (
+               "document or chat") if held(path.parent) else (
         " first: kvdesk's reserve for this is spent, so `kvdesk rm` and `gc` need room too")
     return DiskFullError(
         f"the disk holding the data directory {path.parent} is full "

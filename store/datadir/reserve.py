@@ -41,6 +41,15 @@ WORDS_SLICE = 256 << 10
 _BLOCK = 1 << 20
 
 
+def held(data_dir: Path) -> bool:
+    """Whether the reserve for freeing space is there at (nearly) its size: `rm` and `gc`
+    work on a full disk."""
+    try:
+        return (data_dir / NAME).stat().st_size >= RESERVE_BYTES * 3 // 4
+    except OSError:
+        return False
+
+
 class Reserve:
     """The reserve file of one data directory for freeing space (`nbytes` None: RESERVE_BYTES
     when it is made)."""
