@@ -67,6 +67,18 @@ def test_a_truncated_database_says_what_to_do_and_what_is_lost(tmp_path, size):
         assert store.documents() == []
 
 
+def test_a_database_cut_to_nothing_is_refused_without_its_reserves_too(tmp_path):
+    """(The guard asked for the reserve, which a disk without room for it never has, a full
+    disk spends, or a user deletes to make room: the empty file then opened as a new store.)"""
+    with open_store(tmp_path) as store:
+        store.add_document("h", "Doc", "text", type="txt")
+    for name in ("reserve", "reserve-words"):
+        (tmp_path / name).unlink(missing_ok=True)
+    os.truncate(tmp_path / "kvdesk.sqlite", 0)
+    with pytest.raises(DataDirError, match="it is empty: 0 bytes"):
+        Store(tmp_path)
+
+
 def test_an_empty_database_file_in_a_folder_that_held_no_store_is_a_new_store(tmp_path):
     """(A first run that stopped as SQLite made the file, before the schema and the reserve.)"""
     (tmp_path / "kvdesk.sqlite").touch()

@@ -29,7 +29,8 @@ from ..errors import DamagedError, DataDirError, ReadOnlyError
 from .full import disk_full, disk_is_full, is_full
 from .paying import INCREMENTAL, Paying
 from .place import Place
-from .reserve import Reserve, WordsReserve
+from .reserve import NAME as RESERVE_NAME
+from .reserve import WORDS_NAME, Reserve, WordsReserve
 
 # Long enough to outlast any single write the store makes (the largest is one chunk of ~6 MB, or
 # one eviction), short enough that a wedged process surfaces as an error instead of a hang.
@@ -211,10 +212,10 @@ class Connections(Paying):
     def check(self) -> None:
         """SQLite's own check of every table but the chunks' bytes (milliseconds: `verify`
         checks those); damage found marks the file damaged."""
-        if self.reserve.path.exists() and _cut_to_nothing(self.path):
+        if _made_here(self.path) and _cut_to_nothing(self.path):
             # SQLite reads an empty file as a new, empty database: every chat and document
             # would vanish without a word. A store is never empty once made (its schema
-            # commits before the reserve is taken), so a disk or a copy cut this one short.
+            # commits before its marks are left), so a disk or a copy cut this one short.
             raise sqlite3.DatabaseError("it is empty: 0 bytes, though this folder held a store")
         conn = self.get().conn
         tables = [t for (t,) in conn.execute(
@@ -248,6 +249,8 @@ class Connections(Paying):
                 self.full = not self.reserve.release()
         self.place.fix()
         if not self.read_only:
+            with contextlib.suppress(OSError):  # (an empty file: a full disk makes it too)
+                _made_mark(self.path).touch()
             self.retake()
 
     def get(self) -> sqlite_utils.Database:
@@ -327,6 +330,17 @@ def quick_check(conn: sqlite3.Connection, table: str | None = None) -> list[str]
                 if (found := quick_check(conn, t))] or [str(e.__cause__)]
     lines = [x for x in lines if x not in ("ok", "*** in database main ***")]
     return lines
+
+
+def _made_mark(path: Path) -> Path:
+    """An empty file beside the database, left once its schema is committed: a store was
+    made here (the reserves say so too, but a disk without room for them has none)."""
+    return path.with_name(".kvdesk-store-made")
+
+
+def _made_here(path: Path) -> bool:
+    return any(p.exists() for p in (_made_mark(path), path.with_name(RESERVE_NAME),
+                                    path.with_name(WORDS_NAME)))
 
 
 def _cut_to_nothing(path: Path) -> bool:
