@@ -66,7 +66,8 @@ def test_a_folders_passages_name_its_file_and_never_span_two(tmp_path):
     assert files == sorted(files) and set(files) == {"README.md", "src/db.py"}
     assert all(p.page is None for p in passages)
     last = passages[-1]
-    assert last.heading == ("src/db.py",) and last.lines[1] == 6 and "connect" in last.text
+    assert last.heading == ("src/db.py", "def connect(path):") and last.lines[1] == 6
+    assert "connect" in last.text
 
 
 def test_a_folder_with_nothing_readable_or_too_much_is_refused(tmp_path, monkeypatch):
@@ -189,3 +190,45 @@ def test_a_stored_folders_text_gives_back_its_files_and_their_lines(tmp_path):
     passages = split(stored.text, stored.kind, lambda t: len(t) // 4,
                      line_numbers=stored.lines, headings=stored.headings, target=8, limit=16)
     assert {p.heading[0] for p in passages} == {"README.md", "src/db.py"}
+
+
+CODE = ('"""Shapes."""\n\nimport math\n\n\nclass Circle:\n    """A round one."""\n\n'
+        '    def __init__(self, r):\n        self.r = r\n\n    def area(self):\n'
+        '        return math.pi * self.r ** 2\n\n\ndef unit():\n    return Circle(1)\n')
+NOTES = "# Notes\n\nA first part.\n\n## Sizes\n\nCircles are round.\n"
+
+
+def test_each_file_of_a_folder_splits_by_its_own_kind_at_attach_and_from_its_text(tmp_path):
+    """A code file in a folder splits by its definitions, a Markdown file by its headings, as
+    each attached alone, under its path; its lines within it; the stored text splits alike."""
+    root = tmp_path / "shapes"
+    (root / "src").mkdir(parents=True)
+    (root / "src" / "shapes.py").write_text(CODE)
+    (root / "notes.md").write_text(NOTES)
+    (root / "todo.txt").write_text("OPTIONS\n\nsmaller circles\n")
+
+    def passages(found):
+        return split(found.text, found.kind, lambda t: len(t) // 4, line_numbers=found.lines,
+                     headings=found.headings, target=12, limit=40)
+
+    attached = passages(extract(root))
+    alone = {name: split(extract(root / name).text, extract(root / name).kind,
+                         lambda t: len(t) // 4, line_numbers=extract(root / name).lines,
+                         target=12, limit=40) for name in ("src/shapes.py", "notes.md")}
+    in_folder = {name: [p for p in attached if p.heading[0] == name] for name in alone}
+    for name, own in alone.items():  # the same cuts, headings and lines as the file alone
+        assert [(p.heading[1:], p.lines) for p in in_folder[name]] == \
+            [(p.heading, p.lines) for p in own]
+    heads = {p.heading[1:] for p in in_folder["src/shapes.py"]}
+    assert ("class Circle:", "def area(self):") in heads and ("def unit():",) in heads
+    assert ("Notes", "Sizes") in {p.heading[1:] for p in in_folder["notes.md"]}
+    assert [p.heading for p in attached if p.heading[0] == "todo.txt"] == [("todo.txt",
+                                                                             "OPTIONS")]
+    text = extract(root).text
+    assert all(p.text == text[p.start:p.end] and p.text.count("File: ") <= 1
+               and (p.text.count("File: ") == 0 or p.text.startswith("File: "))
+               for p in attached)  # never two files, a file's path line opening its first
+    assert [p.index for p in attached] == list(range(len(attached)))
+    stored = documents.stored(SimpleNamespace(text=text, title="shapes", type="folder"))
+    assert [(p.start, p.end, p.heading) for p in passages(stored)] == \
+        [(p.start, p.end, p.heading) for p in attached]

@@ -33,6 +33,7 @@ from pathlib import Path
 from ..errors import DocumentError
 from ..formats import office
 from ..passages import records
+from ..passages.folder_split import text_kind
 from ..passages.pdf_headings import outline_headings
 from ..results import size_text
 from .encodings import decode
@@ -99,13 +100,6 @@ def file_hash(source: str | None, *, modified_after: float | None = None) -> str
     return _HASHES[key]
 
 
-CODE_SUFFIXES = {
-    ".py", ".c", ".h", ".cc", ".cpp", ".hpp", ".rs", ".go", ".java", ".kt", ".js", ".ts",
-    ".tsx", ".jsx", ".rb", ".php", ".cs", ".swift", ".sh", ".sql", ".toml", ".yaml", ".yml",
-    ".json", ".xml", ".css", ".scala", ".lua", ".pl", ".r", ".m", ".hs", ".ml", ".ini", ".cfg",
-}
-
-
 def extract(path: str | Path) -> Extracted:
     """Read `path` and return its text, or raise DocumentError saying why not."""
     path = Path(path)
@@ -146,10 +140,7 @@ def extract(path: str | Path) -> Extracted:
             # Values read next to their column or key (`records`): already normalized.
             text, title, kind = table.text, None, table.kind
         else:
-            text, title = raw, None
-            # (reStructuredText is text: its levels are its underlines', no # headings)
-            kind = "markdown" if suffix in {".md", ".markdown"} else (
-                "code" if suffix in CODE_SUFFIXES else "text")
+            text, title, kind = raw, None, text_kind(path.name)
     normalized = _normalize(text)
     if not normalized.strip():
         raise DocumentError(f"{path.name}: the document has no text")
@@ -194,7 +185,7 @@ def _folder_file(path: Path, data: bytes):
         return folders.Read(text, lines, found.kind, found.headings or ())
     raw = data.decode("utf-8")
     text = _normalize(raw)
-    kind = "markdown" if suffix in {".md", ".markdown"} else "text"
+    kind = text_kind(path.name)  # (as `passages.split` judges it again from the path)
     return folders.Read(text, _file_lines(raw, text), kind,
                         folders.markdown_headings(text) if kind == "markdown" else ())
 

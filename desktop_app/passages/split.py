@@ -22,7 +22,7 @@ from __future__ import annotations
 import bisect
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from .code_lines import Strings, declaration, definition
 from .plain_headings import plain_headings
@@ -75,8 +75,8 @@ def split(text: str, kind: str, count_tokens: CountFn, *,
           target: int = TARGET_TOKENS, limit: int = LIMIT_TOKENS) -> list[Passage]:
     """`text` as passages. `kind` is the document's (text, markdown, html, code, pdf, docx and
     epub — prose whose only headings are `headings`, as html's —, and table and json, read as
-    records a line each: `records`; folder, prose whose level-1 headings are its files, a
-    passage never spanning two of them);
+    records a line each: `records`; folder, its level-1 headings its files, each split by its
+    own kind: `folder_split`);
     `pages`: (page number, character offset its text starts at) of a PDF's pages, in order;
     `line_numbers`: the file's number of each of `text`'s lines, where they differ (a file
     whose blank runs the text collapsed, a web page's text), so that a passage's lines are
@@ -91,18 +91,17 @@ def split(text: str, kind: str, count_tokens: CountFn, *,
     # lines in capitals standing alone ("OPTIONS", "ARTICLE 1. DEFINITIONS": `plain_headings`).
     if kind == "text" and not headings:
         headings = plain_headings(text)
+    if kind == "folder":  # each file by its own kind (imported here: it splits through us)
+        from .folder_split import split_folder
+        return split_folder(text, count_tokens, line_numbers=line_numbers,
+                            headings=headings or (), target=target, limit=limit)
     units = (_code_units(text) if kind == "code" else _prose_units(
         text, markdown=kind in ("markdown", "text"), hashes=kind != "text",
         setext=kind == "markdown", marked=headings or ()))
-    if kind == "folder":  # each file as a page of its own: no passage spans two files
-        pages = [(0, 0)] + [(n, start) for n, start in enumerate(
-            sorted({start for start, _, level, _ in headings or () if level == 1}), 1)]
     if pages:
         units = _on_pages(units, pages)
     lines = _Lines(text, line_numbers)
-    passages = _pack(text, units, count_tokens, target, limit, lines, most=kind == "code")
-    # (a folder's passage is found by its file, the heading it sits under, not by a page)
-    return [replace(p, page=None) for p in passages] if kind == "folder" else passages
+    return _pack(text, units, count_tokens, target, limit, lines, most=kind == "code")
 
 
 def file_lines(text: str, line_numbers: Sequence[int],
