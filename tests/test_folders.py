@@ -43,13 +43,13 @@ def test_a_folder_reads_as_its_files_under_their_paths_and_says_what_it_left_out
     found = extract(code_base(tmp_path / "tool"))
     assert found.kind == "folder" and found.title == "tool"
     assert found.text == ("File: README.md\n# Tool\n\nIt stores notes.\n\n## Setup\n\nRun it."
-                          "\n\nFile: src/db.py\nimport sqlite3\n\ndef connect(path):\n"
+                          "\n\n\nFile: src/db.py\nimport sqlite3\n\ndef connect(path):\n"
                           "    return sqlite3.connect(path)")
     titles = [(level, title) for _, _, level, title in found.headings]
     assert titles == [(1, "README.md"), (2, "Tool"), (3, "Setup"), (1, "src/db.py")]
     assert all(found.text[a:b].endswith(t) for a, b, _, t in found.headings)
     # each line numbered within its own file (src/db.py's blank run collapsed)
-    assert found.lines == (1, 1, 2, 3, 4, 5, 6, 7, 7, 1, 1, 2, 5, 6)
+    assert found.lines == (1, 1, 2, 3, 4, 5, 6, 7, 7, 7, 1, 1, 2, 5, 6)
     assert found.note == ("tool: 2 files read, 5 left out: 2 binary, 1 hidden, 1 over 2.0 MB,"
                           " 1 ignored by .gitignore; 3 folders not read (hidden, build or "
                           "ignored: .git, node_modules, out)")
@@ -185,7 +185,7 @@ def test_a_stored_folders_text_gives_back_its_files_and_their_lines(tmp_path):
     found = extract(code_base(tmp_path / "tool"))
     lines, headings = folders.from_text(found.text)
     assert headings == tuple(h for h in found.headings if h[2] == 1)
-    assert lines == (1, 1, 2, 3, 4, 5, 6, 7, 8, 1, 1, 2, 3, 4)  # (blank runs not known)
+    assert lines == (1, 1, 2, 3, 4, 5, 6, 7, 7, 7, 1, 1, 2, 3, 4)  # (blank runs not known)
     stored = documents.stored(SimpleNamespace(text=found.text, title="tool", type="folder"))
     passages = split(stored.text, stored.kind, lambda t: len(t) // 4,
                      line_numbers=stored.lines, headings=stored.headings, target=8, limit=16)
@@ -232,3 +232,18 @@ def test_each_file_of_a_folder_splits_by_its_own_kind_at_attach_and_from_its_tex
     stored = documents.stored(SimpleNamespace(text=text, title="shapes", type="folder"))
     assert [(p.start, p.end, p.heading) for p in passages(stored)] == \
         [(p.start, p.end, p.heading) for p in attached]
+
+
+def test_a_files_own_file_line_is_no_file_of_the_folder(tmp_path):
+    """A file whose text holds a blank line then "File: x" is one file: attach, the stored
+    text's headings and `docs`' count agree."""
+    root = tmp_path / "notes"
+    root.mkdir()
+    (root / "a.txt").write_text("Attach these:\n\nFile: b.txt\nand more\n")
+    (root / "b.txt").write_text("the second\n")
+    found = extract(root)
+    assert found.note.startswith("notes: 2 files read")
+    lines, headings = folders.from_text(found.text)
+    assert headings == tuple(h for h in found.headings if h[2] == 1)
+    assert [title for *_, title in headings] == ["a.txt", "b.txt"]
+    assert lines == found.lines and folders.file_count(found.text) == 2

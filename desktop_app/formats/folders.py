@@ -1,5 +1,6 @@
 """A folder — a code base, a folder of notes — read as one document: its readable files one
-after another, each under a heading that is its path relative to the folder.
+after another, each under a heading that is its path relative to the folder, two blank lines
+between files (`FILE_GAP`: which no file's text holds, so its headings are told from it).
 
 The folder is walked recursively in sorted order (the same folder gives the same text, so
 attaching it again unchanged is the same document). Left out, and counted in what is said:
@@ -210,11 +211,14 @@ def _binary(data: bytes) -> bool:
     return False
 
 
-_FILE_LINE = re.compile(rf"(?:^|(?<=\n\n)){FILE_HEADING}([^\n]+)\n")
+# Files are joined by two blank lines, which no file's text holds (`Read`: its blank runs are
+# one blank line), so a file's own "File: x" line after a blank one is never taken for one.
+FILE_GAP = "\n\n\n"
+_FILE_LINE = re.compile(rf"(?:\A|(?<={FILE_GAP})){FILE_HEADING}([^\n]+)\n")
 
 
 def file_count(text: str) -> int:
-    """How many files a folder's text (`read`'s) joins: its lines under which a file starts."""
+    """How many files a folder's text (`read`'s) joins: its headings (`from_text`)."""
     return len(_FILE_LINE.findall(text))
 
 
@@ -225,9 +229,12 @@ def from_text(text: str) -> tuple[tuple[int, ...], tuple[tuple[int, int, int, st
     starts = {m.start(): m for m in _FILE_LINE.finditer(text)}
     lines: list[int] = []
     number = offset = 0
+    gap = len(FILE_GAP) - 1  # its blank lines, numbered as the line before them: `_joined`
     for line in text.split("\n"):
         if offset in starts:  # (numbered as its file's first line: `_joined`)
             number = 0
+            if offset:
+                lines[-gap:] = [lines[-gap - 1]] * gap
         else:
             number += 1
         lines.append(max(1, number))
@@ -254,9 +261,9 @@ def _joined(title: str, parts: list[tuple[str, Read]]) -> Folder:
     headings: list[tuple[int, int, int, str]] = []
     offset = 0
     for relpath, part in parts:
-        if chunks:  # the blank line between files: numbered as the line before it
-            lines.append(lines[-1])
-            offset += 2
+        if chunks:  # the blank lines between files: numbered as the line before them
+            lines += [lines[-1]] * (len(FILE_GAP) - 1)
+            offset += len(FILE_GAP)
         head = FILE_HEADING + relpath
         headings.append((offset, offset + len(head), 1, relpath))
         body = offset + len(head) + 1
@@ -265,4 +272,4 @@ def _joined(title: str, parts: list[tuple[str, Read]]) -> Folder:
         chunks.append(head + "\n" + part.text)
         lines += [part.lines[0] if part.lines else 1, *part.lines]
         offset += len(chunks[-1])
-    return Folder("\n\n".join(chunks), title, tuple(lines), tuple(headings), len(parts))
+    return Folder(FILE_GAP.join(chunks), title, tuple(lines), tuple(headings), len(parts))
