@@ -247,3 +247,30 @@ def test_a_files_own_file_line_is_no_file_of_the_folder(tmp_path):
     assert headings == tuple(h for h in found.headings if h[2] == 1)
     assert [title for *_, title in headings] == ["a.txt", "b.txt"]
     assert lines == found.lines and folders.file_count(found.text) == 2
+
+
+def test_a_folder_changed_by_a_file_deep_in_it_is_seen_as_changed(tmp_path, monkeypatch):
+    """An edit of a file in a subfolder (the folder's own time unmoved) changes the folder;
+    a walk slower than `SLOW_WALK_S` is reused a while."""
+    import os
+    import time
+
+    root = code_base(tmp_path / "tool")
+    attached = extract(root)
+    at = time.time()
+    old = at - 100
+    for path in [root, *root.rglob("*")]:
+        os.utime(path, (old, old))
+    assert not documents.changed_since(str(root), attached.content_hash, at)
+    monkeypatch.setattr(folders, "SLOW_WALK_S", -1.0)  # every walk slow: reused a minute
+    folders.stamp(root)
+    db = root / "src" / "db.py"
+    db.write_text(db.read_text() + "\n\ndef close(db):\n    db.close()\n")
+    os.utime(root / "src", (old, old))
+    os.utime(root, (old, old))
+    assert not documents.changed_since(str(root), attached.content_hash, at)  # (reused)
+    monkeypatch.setattr(folders, "STAMP_REUSE_S", 0.0)
+    folders.stamp(root)
+    assert documents.changed_since(str(root), attached.content_hash, at)
+    db.unlink()  # a file gone: its folder's time and the count move
+    assert documents.changed_since(str(root), attached.content_hash, at)

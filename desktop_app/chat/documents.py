@@ -26,6 +26,7 @@ import html.parser
 import io
 import logging
 import re
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,14 +83,20 @@ def changed_since(source: str | None, content_hash: str, attached: float) -> boo
 
 def file_hash(source: str | None, *, modified_after: float | None = None) -> str | None:
     """The content hash of the text a file holds now (None: gone, no longer readable as a
-    document — whatever its reader meets — or not modified after `modified_after`)."""
+    document — whatever its reader meets — or not modified after `modified_after`). A
+    folder is modified when a file in it is (`folders.stamp`: its newest and its count)."""
     try:
         st = Path(source).stat() if source else None
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            from ..formats import folders
+            modified, size = folders.stamp(Path(source))
+        elif st is not None:
+            modified, size = st.st_mtime_ns, st.st_size
     except OSError:
         return None
-    if st is None or (modified_after is not None and st.st_mtime <= modified_after):
+    if st is None or (modified_after is not None and modified / 1e9 <= modified_after):
         return None
-    key = (source, st.st_mtime_ns, st.st_size)
+    key = (source, modified, size)
     if key not in _HASHES:
         try:
             _HASHES[key] = extract(source).content_hash
