@@ -65,6 +65,8 @@ class AttachResult(Record):
     # A document longer than the context: how many passages it is kept as (questions are
     # answered from those retrieved); 0 for a document whose prefix holds it whole.
     passages: int = 0
+    # A folder's files and folders not read: [{"path": from the folder, "why"}].
+    left_out: list[dict[str, str]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ and the lines within it."""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -14,10 +15,13 @@ from desktop_app.chat import documents
 from desktop_app.chat.documents import extract
 from desktop_app.errors import DocumentError
 from desktop_app.formats import folders
-from desktop_app.formats.folders import Ignore
+from desktop_app.formats.gitignore import Ignore
 from desktop_app.passages.retrieve import Hit
 from desktop_app.passages.split import split
 from desktop_app.results import Progress, Source
+from tests import test_cli_ask_output
+
+fake_app = test_cli_ask_output.fake_app  # (the fixture: the CLI's app over a given engine)
 
 
 def code_base(root):
@@ -50,9 +54,12 @@ def test_a_folder_reads_as_its_files_under_their_paths_and_says_what_it_left_out
     assert all(found.text[a:b].endswith(t) for a, b, _, t in found.headings)
     # each line numbered within its own file (src/db.py's blank run collapsed)
     assert found.lines == (1, 1, 2, 3, 4, 5, 6, 7, 7, 7, 1, 1, 2, 5, 6)
-    assert found.note == ("tool: 2 files read, 5 left out: 2 binary, 1 hidden, 1 over 2.0 MB,"
-                          " 1 ignored by .gitignore; 3 folders not read (hidden, build or "
-                          "ignored: .git, node_modules, out)")
+    assert found.note == ("tool: 2 files read, 5 left out: 2 binary (latin1.txt, logo.png), "
+                          "1 hidden (.gitignore), 1 over 2.0 MB (big.txt), 1 ignored by "
+                          ".gitignore (debug.log); 3 folders not read: 1 hidden (.git), 1 build "
+                          "or dependency (node_modules), 1 ignored by .gitignore (out)")
+    assert {"path": "node_modules/", "why": "build or dependency"} in found.left_out
+    assert {"path": "logo.png", "why": "binary"} in found.left_out and len(found.left_out) == 8
     assert folders.file_count(found.text) == 2
     # the same unchanged folder is the same text: the same document
     assert extract(tmp_path / "tool").content_hash == found.content_hash
@@ -75,8 +82,8 @@ def test_a_folder_with_nothing_readable_or_too_much_is_refused(tmp_path, monkeyp
     (empty / ".git").mkdir(parents=True)
     (empty / "a.bin").write_bytes(b"\0\1\2")
     with pytest.raises(DocumentError, match=r"empty: the folder has no readable file to attach "
-                                            r"\(0 files read, 1 left out: 1 binary; 1 folder "
-                                            r"not read \(hidden, build or ignored: .git\)\)"):
+                                            r"\(0 files read, 1 left out: 1 binary \(a.bin\); "
+                                            r"1 folder not read: 1 hidden \(.git\)\)"):
         extract(empty)
     monkeypatch.setattr(documents, "MAX_FILE_BYTES", 40)
     with pytest.raises(DocumentError, match="more than 40 B, the most kvdesk reads"):
@@ -129,8 +136,9 @@ def test_a_long_folder_answers_from_the_file_holding_the_fact(tmp_path, model_pa
         res = eng.attach(root, progress=seen.append)
         # what was read and left out, said before any other work
         assert seen[0].phase == "extract" and \
-            seen[0].note == "harbour: 13 files read, 1 left out: 1 binary"
+            seen[0].note == "harbour: 13 files read, 1 left out: 1 binary (photo.jpg)"
         assert res.warnings[0] == seen[0].note and res.passages
+        assert res.left_out == [{"path": "photo.jpg", "why": "binary"}]
         hits = eng.passages(res.doc_id, query="spare key boathouse")
         assert hits[0].file == "notes/boathouse.md" and hits[0].lines[1] == 9
         assert hits[0].location.startswith("notes/boathouse.md, line")
@@ -170,7 +178,8 @@ def test_the_server_attaches_a_folder_inside_an_allowed_one_and_no_link_out_of_i
     r = c.post("/v1/kvdesk/documents", json={"path": str(notes), "levels": ["compact"]})
     assert r.status_code == 200, r.text
     assert r.json()["title"] == "notes" and r.json()["warnings"][0] == (
-        "notes: 1 file read, 1 left out: 1 linking out of the folder")
+        "notes: 1 file read, 1 left out: 1 linking out of the folder (link.txt)")
+    assert r.json()["left_out"] == [{"path": "link.txt", "why": "linking out of the folder"}]
     [doc] = c.get("/v1/kvdesk/documents").json()
     assert doc["files"] == 1 and doc["type"] == "folder"
     assert "heliotrope" not in app.engine.store.document(doc["doc_id"]).text
@@ -274,3 +283,147 @@ def test_a_folder_changed_by_a_file_deep_in_it_is_seen_as_changed(tmp_path, monk
     assert documents.changed_since(str(root), attached.content_hash, at)
     db.unlink()  # a file gone: its folder's time and the count move
     assert documents.changed_since(str(root), attached.content_hash, at)
+
+
+def test_links_loops_and_folders_that_cannot_be_listed_are_left_out_and_named(tmp_path,
+                                                                               monkeypatch):
+    root = tmp_path / "links"
+    (root / "inner").mkdir(parents=True)
+    (root / "inner" / "real.txt").write_text("the real text\n")
+    (root / "in_link.txt").symlink_to(root / "inner" / "real.txt")  # read once, as inner/
+    (root / "me").symlink_to("me")  # a self-link
+    (root / "loop_a").symlink_to("loop_b")
+    (root / "loop_b").symlink_to("loop_a")
+    (root / "gone.txt").symlink_to(tmp_path / "nowhere")
+    (root / "self_dir").symlink_to(root)
+    (root / "out.txt").symlink_to(tmp_path / "secret.txt")
+    (tmp_path / "secret.txt").write_text("heliotrope\n")
+    (root / "locked").mkdir()
+    (root / "locked" / "a.txt").write_text("x\n")
+    listing = os.scandir
+
+    def scandir(path):  # (chmod 000 as root, which reads any folder, is no test)
+        if str(path).endswith("locked"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return listing(path)
+    monkeypatch.setattr(os, "scandir", scandir)
+    found = extract(root)
+    assert found.text == "File: inner/real.txt\nthe real text" and "heliotrope" not in found.text
+    assert found.note == (
+        "links: 1 file read, 6 left out: 4 broken link or link loop (gone.txt, loop_a, loop_b,"
+        " ...), 1 link to a file read anyway (in_link.txt), 1 linking out of the folder "
+        "(out.txt); 2 folders not read: 1 unreadable (locked), 1 link, not followed (self_dir)")
+    assert {"path": "me", "why": "broken link or link loop"} in found.left_out
+    assert found.warnings == ["locked/: cannot be read (Permission denied)"]
+
+
+def test_a_name_not_utf8_or_holding_a_line_break_is_read_under_one_escaped_line(tmp_path):
+    root = tmp_path / "odd"
+    root.mkdir()
+    (root / os.fsdecode(b"caf\xe9.txt")).write_text("espresso\n")
+    (root / "two\nFile: lines.txt").write_text("not a file of its own\n")
+    found = extract(root)
+    assert found.text == ("File: caf\\xe9.txt\nespresso\n\n\n"
+                          "File: two\\nFile: lines.txt\nnot a file of its own")
+    assert folders.file_count(found.text) == 2 and found.content_hash
+    assert [h[3] for h in found.headings] == ["caf\\xe9.txt", "two\\nFile: lines.txt"]
+
+
+def test_a_folder_is_titled_with_its_own_name_however_it_is_written(tmp_path, monkeypatch):
+    (tmp_path / "proj" / "sub").mkdir(parents=True)
+    (tmp_path / "proj" / "a.txt").write_text("a\n")
+    monkeypatch.chdir(tmp_path / "proj")
+    assert extract(".").title == "proj" and extract("sub/..").title == "proj"
+    assert extract(str(tmp_path / "proj") + "/").title == "proj"
+    monkeypatch.chdir(tmp_path / "proj" / "sub")
+    assert extract("..").title == "proj" and extract("..").note.startswith("proj: 1 file")
+
+
+def test_kvdesks_own_data_folder_is_never_read_as_a_document(tmp_path):
+    data = tmp_path / "proj" / "data"
+    data.mkdir(parents=True)
+    (data / "model-hashes.json").write_text("{}\n")
+    (tmp_path / "proj" / "notes.md").write_text("notes\n")
+    found = extract(tmp_path / "proj", avoid=[data])
+    assert found.text == "File: notes.md\nnotes" and found.left_out == [
+        {"path": "data/", "why": "kvdesk's own data"}]
+    with pytest.raises(DocumentError, match="data: kvdesk's own data folder, not a document"):
+        extract(data, avoid=[data])
+
+
+def test_a_long_walk_says_how_far_it_is_and_stops_when_cancelled(tmp_path, monkeypatch):
+    import threading
+
+    from desktop_app.errors import Cancelled
+
+    root = tmp_path / "many"
+    for d in range(3):
+        (root / f"d{d}").mkdir(parents=True)
+        for f in range(40):
+            (root / f"d{d}" / f"{f}.txt").write_text(f"file {f}\n")
+    monkeypatch.setattr(folders, "PROGRESS_S", 0)
+    seen: list[tuple[int, int]] = []
+    found = extract(root, progress=lambda done, total: seen.append((done, total)))
+    assert folders.file_count(found.text) == 120
+    walking = [done for done, total in seen if total == 0]
+    assert walking == list(range(1, len(walking) + 1)) and len(walking) == 123
+    assert (119, 120) in seen
+    cancel = threading.Event()
+
+    def stop_at(done, total):
+        if done == 10:
+            cancel.set()
+    with pytest.raises(Cancelled):
+        extract(root, progress=stop_at, cancel=cancel)
+    assert len([1 for done, total in seen if total == 0]) == 123  # (the first walk's only)
+
+
+def test_gitignore_rules_as_git_reads_them(tmp_path):
+    rules = Ignore("**/build\ndoc/*.txt\n\\#notes.md\nlogs/**\n/a/**/z\n[!x]y.c\n")
+    assert rules.ignores("build", True) and rules.ignores("src/build", True)
+    assert not rules.ignores("mybuild", True) and not rules.ignores("src/rebuild", True)
+    assert rules.ignores("doc/x.txt", False) and not rules.ignores("doc/sub/x.txt", False)
+    assert rules.ignores("#notes.md", False)
+    assert rules.ignores("logs/a/b.txt", False) and not rules.ignores("logs", True)
+    assert rules.ignores("a/z", False) and rules.ignores("a/b/c/z", False)
+    assert rules.ignores("ay.c", False) and not rules.ignores("xy.c", False)
+    assert not rules.ignores("a/y.c", False) and Ignore("a.txt  \n").ignores("a.txt", False)
+    # `attach src/` in a repository: its root's .gitignore and the nested ones apply
+    repo = tmp_path / "repo"
+    (repo / ".git").mkdir(parents=True)
+    (repo / ".gitignore").write_text("*.gen\n")
+    (repo / "src" / "proj" / "gen").mkdir(parents=True)
+    (repo / "src" / "proj" / ".gitignore").write_text("gen/\n")
+    (repo / "src" / "proj" / "gen" / "out.txt").write_text("GENJUNK\n")
+    (repo / "src" / "x.gen").write_text("generated\n")
+    (repo / "src" / "main.py").write_text("print(1)\n")
+    found = extract(repo / "src")
+    assert found.text == "File: main.py\nprint(1)"
+    assert {"path": "x.gen", "why": "ignored by .gitignore"} in found.left_out
+    assert {"path": "proj/gen/", "why": "ignored by .gitignore"} in found.left_out
+
+
+def test_the_cli_names_a_folder_attached_as_dot_and_counts_a_walk_without_a_total(
+        tmp_path, monkeypatch, fake_app):
+    from click.testing import CliRunner
+
+    from desktop_app.cli import cli
+    from desktop_app.results import AttachResult
+
+    class Engine:
+        def attach(self, path, *, progress, **options):
+            progress(Progress("extract", 12345, 0, "proj"))  # (still walking: no total)
+            return AttachResult(1, "proj", 5, 5, 0.1, 0.1, 10, {"high": 1}, reused=True)
+
+        def __getattr__(self, name):
+            return lambda *args, **kwargs: False
+
+    fake_app(Engine)
+    (tmp_path / "proj").mkdir()
+    monkeypatch.chdir(tmp_path / "proj")
+    for path in (".", "../proj/"):
+        result = CliRunner().invoke(cli, ["--data-dir", str(tmp_path / "data"), "attach",
+                                          "--no-server", path])
+        assert result.exit_code == 0, (result.output, result.exception)
+        assert "proj: extract: 12,345 found so far" in result.stderr
+        assert "[1] proj:" in result.stdout and "the same text as" not in result.stdout

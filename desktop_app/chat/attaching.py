@@ -106,14 +106,18 @@ class Attacher:
         copy of it (an upload; "" when unknown). Raises DocumentError, Cancelled."""
         if levels is not None:
             check_levels(levels)  # a bad flag is refused before any work
-        extracted = documents.extract(path)
+        # A folder's walk says how far it is, hears Ctrl-C or Cancel, leaves the store's out.
+        walking = _phase(progress, "extract", Path(path).resolve().name)
+        extracted = documents.extract(path, progress=walking, cancel=cancel,
+                                      avoid=(self.store.data_dir,))
         if source is not None:
             extracted = replace(extracted, source=source)
         if extracted.note:  # (said with the result too: `--json`, a log)
             extracted = replace(extracted, warnings=[extracted.note, *extracted.warnings])
         if progress:
             progress(Progress("extract", 1, 1, extracted.title, note=extracted.note))
-        return self._store(extracted, levels, progress, cancel)
+        result = self._store(extracted, levels, progress, cancel)
+        return replace(result, left_out=extracted.left_out) if extracted.left_out else result
 
     def prefill(self, doc_id: int, *, levels: Sequence[str] | None = None,
                 progress: ProgressFn | None = None,

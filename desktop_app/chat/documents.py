@@ -27,7 +27,8 @@ import io
 import logging
 import re
 import stat
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,6 +64,7 @@ class Extracted:
     headings: tuple[tuple[int, int, int, str], ...] | None = None
     # What the user should know before any prefill (a folder: its files read and left out).
     note: str = ""
+    left_out: list[dict[str, str]] = field(default_factory=list)  # a folder's: {"path", "why"}
 
     @property
     def content_hash(self) -> str:
@@ -92,7 +94,7 @@ def file_hash(source: str | None, *, modified_after: float | None = None) -> str
             modified, size = folders.stamp(Path(source))
         elif st is not None:
             modified, size = st.st_mtime_ns, st.st_size
-    except OSError:
+    except (OSError, DocumentError):  # (a folder that can no longer be listed)
         return None
     if st is None or (modified_after is not None and modified / 1e9 <= modified_after):
         return None
@@ -107,12 +109,15 @@ def file_hash(source: str | None, *, modified_after: float | None = None) -> str
     return _HASHES[key]
 
 
-def extract(path: str | Path) -> Extracted:
-    """Read `path` and return its text, or raise DocumentError saying why not."""
+def extract(path: str | Path, *, progress: Callable[[int, int], None] | None = None,
+            cancel: threading.Event | None = None, avoid: Collection[Path] = ()) -> Extracted:
+    """Read `path` and return its text, or raise DocumentError saying why not. A folder's
+    walk says how far it is to `progress` (files read, of those found; 0 found while walking),
+    stops at `cancel` (Cancelled) and leaves out the folders of `avoid` (kvdesk's data)."""
     path = Path(path)
     try:
         if path.is_dir():
-            return _folder(path)
+            return _folder(path, progress, cancel, avoid)
         if not path.exists():
             raise DocumentError(f"{path}: no such file")
         if not path.is_file():
@@ -158,14 +163,16 @@ def extract(path: str | Path) -> Extracted:
                      headings=headings)
 
 
-def _folder(path: Path) -> Extracted:
-    """A folder as one document (`formats.folders`): what was left out said at once."""
+def _folder(path: Path, progress, cancel, avoid) -> Extracted:
+    """A folder as one document (`formats.folders`): what was left out said at once, named."""
     from ..formats import folders
 
-    found = folders.read(path, _folder_file, total_limit=MAX_FILE_BYTES)
+    found = folders.read(path, _folder_file, total_limit=MAX_FILE_BYTES, progress=progress,
+                         cancel=cancel, avoid=avoid)
     return Extracted(text=found.text, title=found.title, kind="folder",
                      source=str(path.resolve()), warnings=[*found.unreadable],
-                     lines=found.lines, headings=found.headings, note=found.summary)
+                     lines=found.lines, headings=found.headings, note=found.summary,
+                     left_out=found.left_out_dicts())
 
 
 def stored(doc) -> Extracted:

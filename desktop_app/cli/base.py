@@ -214,12 +214,15 @@ class TerminalProgress:
     def __call__(self, p: Progress) -> None:
         self.notes(p)
         pct = 100 * p.done // max(1, p.total)
-        key = (p.title, p.phase, pct if self.tty else pct // 25)
+        # (no total yet: a folder's files still being found, their count so far)
+        key = (p.title, p.phase, pct if self.tty else pct // 25) if p.total else (
+            p.title, p.phase, p.done if self.tty else None)
         if key == self.last:
             return
         self.last = key
         line = f"{p.title + ': ' if p.title else ''}" + (
-            WAITING if p.phase == "wait" else f"{p.phase} {pct:3d}% ({p.done:,}/{p.total:,})")
+            WAITING if p.phase == "wait" else f"{p.phase} {pct:3d}% ({p.done:,}/{p.total:,})"
+            if p.total else f"{p.phase}: {p.done:,} found so far")
         if self.tty:
             click.echo(f"\r\033[K{line}", nl=False, err=True)
         else:

@@ -86,8 +86,9 @@ def attach(app: App, files: tuple[str, ...], levels: list[str] | None, no_server
                     click.echo(f"Warning: {w}", err=True)
             results.append(res.as_dict())
             title = res.title  # (a file holding a document's text again adds none)
-            if res.reused and os.path.basename(path) != res.title:
-                title += f" (the same text as {os.path.basename(path)})"
+            name = os.path.basename(os.path.abspath(path))  # ("." and "src/" named too)
+            if res.reused and name != res.title:
+                title += f" (the same text as {name})"
             if not as_json and res.passages:
                 click.echo(f"[{res.doc_id}] {title}: {res.tokens:,} tokens as "
                            f"{res.passages:,} passages ("

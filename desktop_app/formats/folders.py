@@ -3,13 +3,18 @@ after another, each under a heading that is its path relative to the folder, two
 between files (`FILE_GAP`: which no file's text holds, so its headings are told from it).
 
 The folder is walked recursively in sorted order (the same folder gives the same text, so
-attaching it again unchanged is the same document). Left out, and counted in what is said:
+attaching it again unchanged is the same document), never following a link to a folder (nor
+out of one into a loop). Left out, and named with why in what is said (`Folder.left_out`):
 hidden files and folders (a name starting with "."), the build and dependency folders of
-`SKIPPED_FOLDERS`, what the folder's own top-level .gitignore ignores (a subset of its rules:
-`Ignore`), binary files (a NUL byte in the first 8 KB, or not UTF-8), empty files, files over
-`MAX_FILE_BYTES`, and files the caller's reader refuses. The files kvdesk reads as documents
+`SKIPPED_FOLDERS`, what the .gitignore files ignore (`gitignore`), folders that cannot be
+listed, kvdesk's own data folder, links to folders, broken links and link loops, links out of
+the folder, a link to a file the folder holds anyway (read once, there), binary files (a NUL
+byte in the first 8 KB, or not UTF-8), empty files, files over `MAX_FILE_BYTES`, files that
+cannot be read and files the caller's reader refuses. The files kvdesk reads as documents
 by their format (PDF, Word, EPUB, web pages) are read the way attach reads them, by the reader
-the caller passes (`chat.documents`); every other file is read as its text.
+the caller passes (`chat.documents`); every other file is read as its text. A name that is not
+UTF-8, or holds a line break or another control character, is shown escaped (`shown`), so a
+heading is always one line of the file's name.
 
 Each file's lines keep their numbers within the file (`Folder.lines`), and its heading is a
 level-1 heading (its inner ones, a Markdown file's # headings, a web page's h1-h6, below it),
@@ -22,16 +27,17 @@ never follows a link out of the folder.
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 import os
 import re
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..errors import DocumentError
+from ..errors import Cancelled, DocumentError
 from ..results import size_text
+from .gitignore import Rules
 from .office import DOCX_SUFFIXES, EPUB_SUFFIXES
 
 # Build outputs and dependencies: generated, not what the folder is about.
@@ -42,8 +48,11 @@ BINARY_PROBE = 8192
 # Files read by their format even though their bytes are not text.
 DOCUMENT_SUFFIXES = frozenset({".pdf", *DOCX_SUFFIXES, *EPUB_SUFFIXES})
 FILE_HEADING = "File: "  # the line each file starts under, before its path
+NAMED = 3  # the names said per reason in a folder's note (all of them in `Folder.left_out`)
+PROGRESS_S = 0.5  # how often a long walk says how far it is
 _ATX = re.compile(r"^(#{1,6})[ \t]+(.+?)[ \t#]*$")
 _FENCE = re.compile(r"^[ \t]*(```|~~~)")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")
 
 
 @dataclass(frozen=True)
@@ -57,6 +66,8 @@ class Read:
 
 
 ReadFile = Callable[[Path, bytes], Read]  # raises DocumentError for a file it cannot read
+# (done, total): files read of those found; total 0 while the folder is still being walked.
+FolderProgress = Callable[[int, int], None]
 
 
 @dataclass
@@ -66,147 +77,212 @@ class Folder:
     lines: tuple[int, ...]  # each line of `text`: its number within its own file
     headings: tuple[tuple[int, int, int, str], ...]  # (start, end in `text`, level, title)
     files: int  # how many were read
-    left_out: dict[str, int] = field(default_factory=dict)  # why -> how many files
+    # (path from the folder, as shown; why): what was not read, a folder's path ending in "/"
+    left_out: list[tuple[str, str]] = field(default_factory=list)
     unreadable: list[str] = field(default_factory=list)  # the first few, with why
-    skipped: list[str] = field(default_factory=list)  # the folders not walked into
 
     @property
     def summary(self) -> str:
-        """"412 files read, 37 left out: 30 binary, 5 over 2 MB, 2 ignored by .gitignore"."""
+        """"tool: 412 files read, 37 left out: 30 binary (a.png, b.png, c.png, ...), 5 over
+        2.0 MB (...), ...; 3 folders not read: 2 hidden (.git, .venv), 1 build or dependency
+        (node_modules)"."""
         said = f"{self.title}: {self.files} file{'s' * (self.files != 1)} read"
-        if n := sum(self.left_out.values()):
-            said += f", {n} left out: " + _reasons(self.left_out)
-        if self.skipped:
-            names = sorted({name.rsplit("/", 1)[-1] for name in self.skipped})
-            said += (f"; {len(self.skipped)} folder{'s' * (len(self.skipped) != 1)} not read"
-                     f" (hidden, build or ignored: {', '.join(names[:5])}"
-                     + (", ..." if len(names) > 5 else "") + ")")
+        files = [(path, why) for path, why in self.left_out if not path.endswith("/")]
+        folders = [(path[:-1], why) for path, why in self.left_out if path.endswith("/")]
+        if files:
+            said += f", {len(files)} left out: " + _reasons(files)
+        if folders:
+            said += (f"; {len(folders)} folder{'s' * (len(folders) != 1)} not read: "
+                     + _reasons(folders))
         return said
 
-
-def _reasons(left_out: dict[str, int]) -> str:
-    """"30 binary, 5 over 2.0 MB": the most common reason first."""
-    return ", ".join(f"{n} {why}" for why, n in sorted(left_out.items(), key=lambda r: -r[1]))
-
-
-class Ignore:
-    """The rules of a folder's top-level .gitignore that kvdesk follows: blank lines and
-    # comments skipped; a pattern without "/" matches a name at any depth, one with a "/"
-    (other than at its end) the path from the folder ("/" at its start only anchors it);
-    "/" at its end matches folders only; "*", "?", "[...]" and "**" as globs; "!" takes a
-    path back, the last matching rule winning. Nested .gitignore files are not read."""
-
-    def __init__(self, text: str):
-        self.rules: list[tuple[bool, bool, bool, str]] = []  # (negated, dirs, anchored, glob)
-        for line in text.splitlines():
-            line = line.rstrip()
-            if not line or line.startswith("#"):
-                continue
-            negated = line.startswith("!")
-            line = line[1:] if negated else line
-            dirs = line.endswith("/")
-            line = line.rstrip("/")
-            anchored = "/" in line
-            line = line.lstrip("/").replace("**/", "*").replace("/**", "/*")
-            if line:
-                self.rules.append((negated, dirs, anchored, line))
-
-    def ignores(self, relpath: str, is_dir: bool) -> bool:
-        ignored = False
-        name = relpath.rsplit("/", 1)[-1]
-        for negated, dirs, anchored, glob in self.rules:
-            if dirs and not is_dir:
-                continue
-            if fnmatch.fnmatchcase(relpath if anchored else name, glob):
-                ignored = not negated
-        return ignored
+    def left_out_dicts(self) -> list[dict[str, str]]:
+        """`left_out` as JSON has it: [{"path", "why"}]."""
+        return [{"path": path, "why": why} for path, why in self.left_out]
 
 
-def read(root: Path, read_file: ReadFile, *, total_limit: int) -> Folder:
-    """The folder `root` as one document, or DocumentError when it has no readable file or
-    its readable files hold more than `total_limit` bytes."""
-    ignore = _ignore(root)
-    left_out: dict[str, int] = {}
+def _reasons(left_out: list[tuple[str, str]]) -> str:
+    """"30 binary (a.png, b.png, c.png, ...), 5 over 2.0 MB (...)": the most common first."""
+    by_why: dict[str, list[str]] = {}
+    for path, why in left_out:
+        by_why.setdefault(why, []).append(path)
+    return ", ".join(
+        f"{len(paths)} {why} ({', '.join(paths[:NAMED])}{', ...' * (len(paths) > NAMED)})"
+        for why, paths in sorted(by_why.items(), key=lambda r: -len(r[1])))
+
+
+def shown(name: str) -> str:
+    """A file's name as text: bytes that are not UTF-8 as "\\xe9", a line break as "\\n" and
+    any other control character escaped, so a heading is one line that names the file."""
+    text = os.fsencode(name).decode("utf-8", "backslashreplace")
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
+
+def title_of(root: Path) -> str:
+    """A folder's title: its own name however it was written ("." or "src/" too)."""
+    absolute = os.path.abspath(root)
+    return shown(os.path.basename(absolute) or absolute)
+
+
+def read(root: Path, read_file: ReadFile, *, total_limit: int,
+         progress: FolderProgress | None = None, cancel: threading.Event | None = None,
+         avoid: Collection[Path] = ()) -> Folder:
+    """The folder `root` as one document, or DocumentError when it has no readable file, its
+    readable files hold more than `total_limit` bytes or it is (inside) a folder of `avoid`
+    (kvdesk's own data); Cancelled as soon as `cancel` is set, walking or reading."""
+    title, real = title_of(root), root.resolve()
+    avoided = {a.resolve() for a in avoid}
+    if any(real.is_relative_to(a) for a in avoided):
+        raise DocumentError(f"{title}: kvdesk's own data folder, not a document to attach")
+    left_out: list[tuple[str, str]] = []
     unreadable: list[str] = []
-    skipped: list[str] = []
+    walk = _Walk(real, avoided, left_out, unreadable, progress, cancel)
+    found = list(walk.files(real, "", Rules.for_folder(real)))
     parts: list[tuple[str, Read]] = []
     total = 0
 
-    def leave(why: str) -> None:
-        left_out[why] = left_out.get(why, 0) + 1
+    def leave(relpath: str, why: str, error: str = "") -> None:
+        left_out.append((relpath, why))
+        if error and len(unreadable) < 5:
+            unreadable.append(error)
 
-    for relpath, path in _walk(root, ignore, leave, skipped.append):
+    for done, (relpath, path) in enumerate(found):
+        walk.tick(done, len(found))
         try:
             size = path.stat().st_size
             if size > MAX_FILE_BYTES:
-                leave(f"over {size_text(MAX_FILE_BYTES)}")
+                leave(relpath, f"over {size_text(MAX_FILE_BYTES)}")
                 continue
             data = path.read_bytes()
-        except OSError:
-            leave("unreadable")
+        except OSError as e:
+            leave(relpath, "unreadable", f"{relpath}: cannot be read ({e.strerror or e})")
             continue
         if not data.strip():
-            leave("empty")
+            leave(relpath, "empty")
             continue
         if path.suffix.lower() not in DOCUMENT_SUFFIXES and _binary(data):
-            leave("binary")
+            leave(relpath, "binary")
             continue
         try:
             part = read_file(path, data)
         except DocumentError as e:
-            leave("unreadable")
-            if len(unreadable) < 5:
-                unreadable.append(str(e))
+            leave(relpath, "unreadable", shown(str(e)))
             continue
         if not part.text.strip():
-            leave("empty")
+            leave(relpath, "empty")
             continue
         total += len(part.text.encode("utf-8"))
         if total > total_limit:
-            raise DocumentError(f"{root.name}: its readable files hold more than "
+            raise DocumentError(f"{title}: its readable files hold more than "
                                 f"{size_text(total_limit)}, the most kvdesk reads as one "
                                 "document (attach a folder inside it)")
         parts.append((relpath, part))
+    left_out.sort(key=lambda r: r[0])
     if not parts:
-        said = Folder("", root.name, (), (), 0, left_out, [], skipped).summary
-        raise DocumentError(f"{root.name}: the folder has no readable file to attach ("
+        said = Folder("", title, (), (), 0, left_out).summary
+        raise DocumentError(f"{title}: the folder has no readable file to attach ("
                             f"{said.split(': ', 1)[1]})")
-    return replace(_joined(root.name, parts), left_out=left_out, unreadable=unreadable,
-                   skipped=skipped)
+    return replace(_joined(title, parts), left_out=left_out, unreadable=unreadable)
 
 
-def _ignore(root: Path) -> Ignore | None:
-    gitignore = root / ".gitignore"
-    return Ignore(gitignore.read_text("utf-8", "replace")) if gitignore.is_file() else None
+class _Walk:
+    """The files to read under a folder, in sorted order (a folder's files, then each of its
+    folders in turn), what is not read put in `left_out`; progress said and `cancel` checked
+    at every entry met."""
 
+    def __init__(self, real: Path, avoided: set[Path], left_out: list[tuple[str, str]],
+                 unreadable: list[str], progress: FolderProgress | None,
+                 cancel: threading.Event | None):
+        self.real, self.avoided, self.left_out = real, avoided, left_out
+        self.unreadable, self.progress, self.cancel = unreadable, progress, cancel
+        self.seen, self.said = 0, time.monotonic()
+        self.regular: set[Path] = set()  # the real paths of the files found (not links)
+        self.links: list[tuple[str, Path, Path]] = []  # (relpath, path, target in the folder)
+        self.walked: list[Path] = []  # the folders listed (the root too)
 
-def _walk(root: Path, ignore: Ignore | None, leave: Callable[[str], None],
-          skip: Callable[[str], None], walked: Callable[[Path], None] = lambda _: None):
-    """(path from the folder with "/", path) of the files to read, in sorted order; each
-    folder walked into (the root too) to `walked`."""
-    for folder, dirs, files in os.walk(root):  # (links to folders are not followed)
-        base = Path(folder)
-        walked(base)
-        rel = base.relative_to(root).as_posix()
-        rel = "" if rel == "." else rel + "/"
-        kept = []
-        for d in sorted(dirs):
-            if d.startswith(".") or d in SKIPPED_FOLDERS or (
-                    ignore is not None and ignore.ignores(rel + d, True)):
-                skip(rel + d)
+    def tick(self, done: int, total: int) -> None:
+        if self.cancel is not None and self.cancel.is_set():
+            raise Cancelled()
+        if self.progress is not None and time.monotonic() - self.said >= PROGRESS_S:
+            self.said = time.monotonic()
+            self.progress(done, total)
+
+    def files(self, real: Path, rel: str, rules: Rules) -> Iterator[tuple[str, Path]]:
+        """(path from the folder with "/", path) of the files to read under `real`."""
+        found = list(self._folder(real, rel, rules))
+        if not self.links:
+            return iter(found)
+        for relpath, path, target in self.links:  # (a file read once, under its own name)
+            if target in self.regular:
+                self.left_out.append((relpath, "link to a file read anyway"))
             else:
-                kept.append(d)
-        dirs[:] = kept
-        for name in sorted(files):
-            path = base / name
-            if name.startswith("."):
-                leave("hidden")
-            elif ignore is not None and ignore.ignores(rel + name, False):
-                leave("ignored by .gitignore")
-            elif path.is_symlink() and not path.resolve().is_relative_to(root.resolve()):
-                leave("linking out of the folder")
-            elif path.is_file():
-                yield rel + name, path
+                found.append((relpath, path))
+        return iter(sorted(found, key=lambda f: _order(f[0])))
+
+    def _folder(self, real: Path, rel: str, rules: Rules) -> Iterator[tuple[str, Path]]:
+        self.walked.append(real)
+        try:
+            with os.scandir(real) as listing:
+                entries = sorted(listing, key=lambda e: e.name)
+        except OSError as e:
+            if rel:
+                self.left_out.append((rel, "unreadable"))
+                if len(self.unreadable) < 5:
+                    self.unreadable.append(f"{rel}: cannot be read ({e.strerror or e})")
+                return
+            raise DocumentError(f"{title_of(real)}: cannot be read ({e.strerror or e})"
+                                ) from None
+        if any(e.name == ".gitignore" for e in entries):
+            rules = rules.within(real, rel)
+        folders = []
+        for entry in entries:
+            self.seen += 1
+            self.tick(self.seen, 0)
+            relpath = rel + shown(entry.name)
+            path = Path(entry.path)
+            try:
+                is_link, is_dir = entry.is_symlink(), entry.is_dir(follow_symlinks=False)
+            except OSError:
+                is_link = is_dir = False
+            if entry.name.startswith("."):
+                self.left_out.append((relpath + "/" * is_dir, "hidden"))
+            elif rules.ignores(relpath, is_dir):
+                self.left_out.append((relpath + "/" * is_dir, "ignored by .gitignore"))
+            elif is_link:
+                self._link(relpath, path)
+            elif is_dir:
+                if entry.name in SKIPPED_FOLDERS:
+                    self.left_out.append((relpath + "/", "build or dependency"))
+                elif path in self.avoided:
+                    self.left_out.append((relpath + "/", "kvdesk's own data"))
+                else:
+                    folders.append((path, relpath + "/"))
+            elif entry.is_file(follow_symlinks=False):
+                self.regular.add(path)
+                yield relpath, path
+            else:
+                self.left_out.append((relpath, "not a regular file"))
+        for path, relpath in folders:
+            yield from self._folder(path, relpath, rules)
+
+    def _link(self, relpath: str, path: Path) -> None:
+        try:
+            target = path.resolve(strict=True)
+        except (OSError, RuntimeError):  # (3.11 raises RuntimeError for a loop, 3.13 OSError)
+            self.left_out.append((relpath, "broken link or link loop"))
+            return
+        if target.is_dir():
+            self.left_out.append((relpath + "/", "link, not followed"))
+        elif not target.is_relative_to(self.real):
+            self.left_out.append((relpath, "linking out of the folder"))
+        else:
+            self.links.append((relpath, path, target))
+
+
+def _order(relpath: str) -> tuple[tuple[int, str], ...]:
+    """A path's place in the walk: a folder's files before its folders, each sorted."""
+    parts = relpath.split("/")
+    return tuple((1, p) for p in parts[:-1]) + ((0, parts[-1]),)
 
 
 def _binary(data: bytes) -> bool:
@@ -307,14 +383,16 @@ def stamp(root: Path) -> tuple[int, int]:
 
 
 def _walked_stamp(root: Path) -> tuple[int, int]:
-    newest, count, folders = 0, 0, []
-    for _, path in _walk(root, _ignore(root), lambda _: None, lambda _: None, folders.append):
+    real = root.resolve()
+    walk = _Walk(real, set(), [], [], None, None)
+    newest, count = 0, 0
+    for _, path in walk.files(real, "", Rules.for_folder(real)):
         try:
             newest = max(newest, path.stat().st_mtime_ns)
         except OSError:  # (gone meanwhile)
             continue
         count += 1
-    for folder in folders:
+    for folder in walk.walked:
         with contextlib.suppress(OSError):
             newest = max(newest, folder.stat().st_mtime_ns)
     return newest, count
