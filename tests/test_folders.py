@@ -126,8 +126,8 @@ def test_a_long_folder_answers_from_the_file_holding_the_fact(tmp_path, model_pa
             f"wind from the {'north' if j % 2 else 'south'}." for j in range(8)))
     (root / "notes").mkdir()
     (root / "notes" / "boathouse.md").write_text(
-        "# Boathouse\n\n" + "Paint the door.\n\n" * 3 +
-        "The spare key of the boathouse hangs behind the barometer.\n")
+        "# Boathouse\n\n\n\n" + "Paint the door.\n\n\n" * 3 +
+        "The spare key of the boathouse hangs behind the barometer.\n")  # (line 14)
     (root / "photo.jpg").write_bytes(b"\xff\xd8\xff\0" * 10)
     eng = Engine(Store(tmp_path / "data"), lambda: Runtime(
         model_path, model_hash=model_hash, n_ctx=512), chunk_tokens=64, levels=["compact"])
@@ -140,7 +140,7 @@ def test_a_long_folder_answers_from_the_file_holding_the_fact(tmp_path, model_pa
         assert res.warnings[0] == seen[0].note and res.passages
         assert res.left_out == [{"path": "photo.jpg", "why": "binary"}]
         hits = eng.passages(res.doc_id, query="spare key boathouse")
-        assert hits[0].file == "notes/boathouse.md" and hits[0].lines[1] == 9
+        assert hits[0].file == "notes/boathouse.md" and hits[0].lines[1] == 14
         assert hits[0].location.startswith("notes/boathouse.md, line")
         answer = eng.ask("Where is the spare key of the boathouse?", doc_ids=[res.doc_id],
                          generation=GenerationOptions(max_tokens=4, temperature=0))
@@ -148,6 +148,15 @@ def test_a_long_folder_answers_from_the_file_holding_the_fact(tmp_path, model_pa
         assert json.dumps(answer.as_dict())
         again = eng.attach(root)
         assert again.doc_id == res.doc_id and again.reused
+        # A model switch computes it again from its stored text: its passages keep the lines
+        # of its files, whose blank runs that text collapsed, the folder there or gone.
+        before = [(p.heading, p.lines) for p in eng.store.passages(res.doc_id)]
+        eng.prefill(res.doc_id)
+        root.rename(tmp_path / "moved")
+        eng.prefill(res.doc_id)
+        assert [(p.heading, p.lines) for p in eng.store.passages(res.doc_id)] == before
+        assert eng.passages(res.doc_id, query="spare key boathouse")[0].lines[1] == 14
+        root = (tmp_path / "moved").rename(root)
         [info] = eng.documents()
         assert info.title == "harbour" and info.files == 13
     finally:
@@ -199,6 +208,27 @@ def test_a_stored_folders_text_gives_back_its_files_and_their_lines(tmp_path):
     passages = split(stored.text, stored.kind, lambda t: len(t) // 4,
                      line_numbers=stored.lines, headings=stored.headings, target=8, limit=16)
     assert {p.heading[0] for p in passages} == {"README.md", "src/db.py"}
+
+
+def test_a_folder_split_again_while_it_holds_the_same_text_has_its_files_lines(tmp_path):
+    """Split again from its stored text (`split_stored`, a prefill) while its folder holds
+    that text: the passages, files and lines of its attach, those of the files on disk."""
+    root = code_base(tmp_path / "tool")
+    found = extract(root)
+    doc = SimpleNamespace(text=found.text, title="tool", type="folder", source_path=str(root),
+                          content_hash=found.content_hash)
+
+    def located(extracted):
+        return [(p.heading[0], p.lines, p.text.splitlines()[-1]) for p in split(
+            extracted.text, extracted.kind, lambda t: len(t) // 4, headings=extracted.headings,
+            line_numbers=extracted.lines, target=8, limit=16)]
+
+    attached = located(found)
+    assert located(documents.stored(doc, read=True)) == attached
+    for file, (_, last), line in attached:  # the lines of the files on disk
+        assert (root / file).read_text().splitlines()[last - 1] == line
+    assert ("src/db.py", (5, 6), "    return sqlite3.connect(path)") in attached
+    assert documents.stored(doc).source == ""  # (its text alone: its lines no file's)
 
 
 CODE = ('"""Shapes."""\n\nimport math\n\n\nclass Circle:\n    """A round one."""\n\n'

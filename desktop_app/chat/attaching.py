@@ -17,7 +17,6 @@ Attach runs in its own model context, so documents compute while the user chats.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -124,8 +123,7 @@ class Attacher:
                 cancel: threading.Event | None = None) -> AttachResult:
         """Compute a stored document's cache under the loaded model (after a model switch:
         its text is the truth), as attaching its file again would."""
-        doc = self.store.document(doc_id)
-        return self._store(replace(documents.stored(doc), source=doc.source_path or ""),
+        return self._store(documents.stored(self.store.document(doc_id), read=True),
                            levels, progress, cancel)
 
     def _store(self, extracted: documents.Extracted, levels: Sequence[str] | None,
@@ -259,7 +257,8 @@ class Attacher:
                     if progress:
                         progress(Progress("split", percent, 100, title))
                 count = self._split(rt, doc.id, extracted, cancel, said)
-            elif extracted.lines:  # attached again: its lines as the file numbers them
+            elif extracted.lines and extracted.source:  # attached again, its file read:
+                # its lines as the file numbers them (never the stored text's guess)
                 self.passages.renumber(doc.id, extracted.text, extracted.lines)
             if cancel is not None and cancel.is_set():
                 raise Cancelled()
@@ -295,13 +294,8 @@ class Attacher:
                     title=doc.title):
             if known := len(self.store.passages(doc.id)):  # (split meanwhile, elsewhere)
                 return known
-            extracted = documents.stored(doc)
-            if doc.source_path and Path(doc.source_path).exists():  # (a folder's too)
-                # (any failure: the file only adds lines and pages; the stored text stands)
-                with contextlib.suppress(Exception):
-                    found = documents.extract(doc.source_path)
-                    extracted = found if found.content_hash == doc.content_hash else extracted
-            return self._split(rt, doc.id, extracted, cancel, lambda _: None)
+            return self._split(rt, doc.id, documents.stored(doc, read=True), cancel,
+                               lambda _: None)
 
     def _result(self, doc: Document, prefix: Prefix, entry_id: int, levels: Sequence[str],
                 warnings: list[str], *, prefill_s: float = 0.0, encode_s: float = 0.0,

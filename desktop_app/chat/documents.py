@@ -175,9 +175,18 @@ def _folder(path: Path, progress, cancel, avoid) -> Extracted:
                      left_out=found.left_out_dicts())
 
 
-def stored(doc) -> Extracted:
-    """A stored document (`store.Document`) as its text tells it, its file not read: a
-    folder's files' headings and lines found in its text again (`folders.from_text`)."""
+def stored(doc, *, read: bool = False) -> Extracted:
+    """A stored document (`store.Document`) as its text tells it; `read`: as its file tells
+    it when the file still holds that text (its lines, pages and headings as at its attach).
+    From the text alone (`source` "" saying so), a folder's files' headings and lines are
+    found again (`folders.from_text`), numbered without the blank runs the text collapsed:
+    good enough to split it, never to number the lines of passages split at its attach."""
+    if read and doc.source_path and Path(doc.source_path).exists():  # (a folder's too)
+        # (any failure: the file only adds lines and pages; the stored text stands)
+        with contextlib.suppress(Exception):
+            found = extract(doc.source_path)
+            if found.content_hash == doc.content_hash:
+                return found
     if doc.type != "folder":
         return Extracted(doc.text, doc.title, doc.type, "")
     from ..formats import folders
