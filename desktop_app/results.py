@@ -144,11 +144,10 @@ def restore_phrase(report: RestoreReport) -> str:
 
 def location(page: int | None, lines: tuple[int, int], file: str | None = None) -> str:
     """Where a passage is, as a user finds it: "page 3" in a PDF, "src/db.py, lines 120-141"
-    in a folder's file, else "lines 120-141"."""
-    if page is not None:
-        return f"page {page}"
+    in a folder's file ("docs/report.pdf, page 3" its PDF's), else "lines 120-141"."""
     first, last = lines
-    where = f"line {first}" if first == last else f"lines {first}-{last}"
+    where = f"page {page}" if page is not None else \
+        f"line {first}" if first == last else f"lines {first}-{last}"
     return f"{file}, {where}" if file else where
 
 

@@ -18,7 +18,7 @@ from desktop_app.formats import folders
 from desktop_app.formats.gitignore import Ignore
 from desktop_app.passages.retrieve import Hit
 from desktop_app.passages.split import split
-from desktop_app.results import Progress, Source
+from desktop_app.results import Progress, Source, location
 from tests import test_cli_ask_output
 
 fake_app = test_cli_ask_output.fake_app  # (the fixture: the CLI's app over a given engine)
@@ -229,6 +229,31 @@ def test_a_folder_split_again_while_it_holds_the_same_text_has_its_files_lines(t
         assert (root / file).read_text().splitlines()[last - 1] == line
     assert ("src/db.py", (5, 6), "    return sqlite3.connect(path)") in attached
     assert documents.stored(doc).source == ""  # (its text alone: its lines no file's)
+
+
+def test_a_pdf_in_a_folder_is_cited_by_its_pages_as_alone(tmp_path):
+    """A PDF of a folder keeps its pages: its passages say "report.pdf, page 2", as the PDF
+    attached alone says "page 2", at attach and split again from its unchanged folder."""
+    from pdf_helpers import make_pdf
+
+    root = tmp_path / "notes"
+    root.mkdir()
+    (root / "a.txt").write_text("First notes.\n")
+    make_pdf(root / "report.pdf", [["Page one says hello."], ["The warranty lasts 7 years."]])
+    found = extract(root)
+    doc = SimpleNamespace(text=found.text, title="notes", type="folder", source_path=str(root),
+                          content_hash=found.content_hash)
+    for extracted in (found, documents.stored(doc, read=True)):
+        where = {location(p.page, p.lines, p.heading[0]): p.text for p in split(
+            extracted.text, extracted.kind, lambda t: len(t) // 4, pages=extracted.pages,
+            line_numbers=extracted.lines, headings=extracted.headings, target=4, limit=16)}
+        assert "warranty" in where["report.pdf, page 2"] and \
+            "hello" in where["report.pdf, page 1"] and "warranty" not in where[
+                "report.pdf, page 1"]
+        assert where["a.txt, line 1"].endswith("First notes.")
+    alone = extract(root / "report.pdf")
+    assert [p.page for p in split(alone.text, alone.kind, lambda t: len(t) // 4,
+                                  pages=alone.pages, target=4, limit=16)] == [1, 2]
 
 
 CODE = ('"""Shapes."""\n\nimport math\n\n\nclass Circle:\n    """A round one."""\n\n'

@@ -172,7 +172,7 @@ def _folder(path: Path, progress, cancel, avoid) -> Extracted:
     return Extracted(text=found.text, title=found.title, kind="folder",
                      source=str(path.resolve()), warnings=[*found.unreadable],
                      lines=found.lines, headings=found.headings, note=found.summary,
-                     left_out=found.left_out_dicts())
+                     left_out=found.left_out_dicts(), pages=found.pages or None)
 
 
 def stored(doc, *, read: bool = False) -> Extracted:
@@ -204,8 +204,9 @@ def _folder_file(path: Path, data: bytes):
     if suffix in folders.DOCUMENT_SUFFIXES | HTML_SUFFIXES or data.startswith(b"%PDF"):
         found = extract(path)
         text = found.text
+        # (a PDF's lines only number its text: its passages are cited by its pages)
         lines = found.lines or tuple(range(1, text.count("\n") + 2))
-        return folders.Read(text, lines, found.kind, found.headings or ())
+        return folders.Read(text, lines, found.kind, found.headings or (), found.pages or ())
     raw = data.decode("utf-8")
     text = _normalize(raw)
     kind = text_kind(path.name)  # (as `passages.split` judges it again from the path)

@@ -16,9 +16,10 @@ the caller passes (`chat.documents`); every other file is read as its text. A na
 UTF-8, or holds a line break or another control character, is shown escaped (`shown`), so a
 heading is always one line of the file's name.
 
-Each file's lines keep their numbers within the file (`Folder.lines`), and its heading is a
-level-1 heading (its inner ones, a Markdown file's # headings, a web page's h1-h6, below it),
-so a passage names the file and the lines in it.
+Each file's lines keep their numbers within the file (`Folder.lines`), a PDF's pages theirs
+(`Folder.pages`), and its heading is a level-1 heading (its inner ones, a Markdown file's #
+headings, a web page's h1-h6, below it), so a passage names the file and the lines (or the
+page) in it.
 
 This module only reads files: it never tokenizes, never touches the model or the store, and
 never follows a link out of the folder.
@@ -63,6 +64,7 @@ class Read:
     lines: tuple[int, ...]
     kind: str
     headings: tuple[tuple[int, int, int, str], ...] = ()
+    pages: tuple[tuple[int, int], ...] = ()  # a PDF's: (page number, offset in `text`)
 
 
 ReadFile = Callable[[Path, bytes], Read]  # raises DocumentError for a file it cannot read
@@ -80,6 +82,8 @@ class Folder:
     # (path from the folder, as shown; why): what was not read, a folder's path ending in "/"
     left_out: list[tuple[str, str]] = field(default_factory=list)
     unreadable: list[str] = field(default_factory=list)  # the first few, with why
+    # Its PDFs' pages: (page number within its file, offset in `text`), in order.
+    pages: tuple[tuple[int, int], ...] = ()
 
     @property
     def summary(self) -> str:
@@ -343,6 +347,7 @@ def _joined(title: str, parts: list[tuple[str, Read]]) -> Folder:
     chunks: list[str] = []
     lines: list[int] = []
     headings: list[tuple[int, int, int, str]] = []
+    pages: list[tuple[int, int]] = []
     offset = 0
     for relpath, part in parts:
         if chunks:  # the blank lines between files: numbered as the line before them
@@ -353,10 +358,12 @@ def _joined(title: str, parts: list[tuple[str, Read]]) -> Folder:
         body = offset + len(head) + 1
         headings += [(body + start, body + end, min(6, level + 1), name)
                      for start, end, level, name in part.headings]
+        pages += [(number, body + start) for number, start in part.pages]
         chunks.append(head + "\n" + part.text)
         lines += [part.lines[0] if part.lines else 1, *part.lines]
         offset += len(chunks[-1])
-    return Folder(FILE_GAP.join(chunks), title, tuple(lines), tuple(headings), len(parts))
+    return Folder(FILE_GAP.join(chunks), title, tuple(lines), tuple(headings), len(parts),
+                  pages=tuple(pages))
 
 
 # A walk costs ~20 us a file (a 13,000-file folder: ~0.26 s), and whether a folder changed is

@@ -34,11 +34,13 @@ def text_kind(name: str) -> str:
 
 
 def split_folder(text: str, count_tokens: CountFn, *, line_numbers: Sequence[int] | None,
-                 headings: Sequence[tuple[int, int, int, str]], target: int,
+                 headings: Sequence[tuple[int, int, int, str]],
+                 pages: Sequence[tuple[int, int]] = (), target: int,
                  limit: int) -> list[Passage]:
     """A folder's passages (`split` with kind "folder"): under each file's path (its level-1
     heading, the line it starts under), then the headings or definitions within the file;
-    lines numbered as `line_numbers` says (within each file)."""
+    lines numbered as `line_numbers` says (within each file), a PDF's passages on its pages
+    (`pages`: (page number within its file, offset in `text`))."""
     if line_numbers is None:
         line_numbers = range(1, text.count("\n") + 2)
     files = sorted({(start, end, title) for start, end, level, title in headings if level == 1})
@@ -58,10 +60,11 @@ def split_folder(text: str, count_tokens: CountFn, *, line_numbers: Sequence[int
             inner = []
         first = text.count("\n", 0, body)
         numbers = line_numbers[first:first + text.count("\n", body, body_end) + 1]
+        on = [(number, at - body) for number, at in pages if body <= at < body_end]
         parts = split(text[body:body_end], kind, count_tokens, line_numbers=numbers,
-                      headings=inner or None, target=target, limit=limit) \
-            if body < body_end else []
-        parts = [replace(p, start=p.start + body, end=p.end + body, page=None,
+                      headings=inner or None, pages=on or None, target=target,
+                      limit=limit) if body < body_end else []
+        parts = [replace(p, start=p.start + body, end=p.end + body,
                          heading=(title, *p.heading) if title else p.heading)
                  for p in parts]
         if title:  # the file's path line opens its first passage

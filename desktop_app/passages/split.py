@@ -94,7 +94,8 @@ def split(text: str, kind: str, count_tokens: CountFn, *,
     if kind == "folder":  # each file by its own kind (imported here: it splits through us)
         from .folder_split import split_folder
         return split_folder(text, count_tokens, line_numbers=line_numbers,
-                            headings=headings or (), target=target, limit=limit)
+                            headings=headings or (), pages=pages or (), target=target,
+                            limit=limit)
     units = (_code_units(text) if kind == "code" else _prose_units(
         text, markdown=kind in ("markdown", "text"), hashes=kind != "text",
         setext=kind == "markdown", marked=headings or ()))
