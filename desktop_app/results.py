@@ -324,6 +324,13 @@ class DocumentInfo(Record):
     newer: int | None = None  # then the document attached with the file's new text, if any
     files: int | None = None  # a folder's: how many files it joins
 
+    @property
+    def changed_words(self) -> str:
+        """How `file_changed` is said: "its file has changed since it was attached" (a
+        folder's: "a file in it has changed ...")."""
+        return (("a file in it" if self.type == "folder" else "its file")
+                + " has changed since it was attached")
+
 
 @dataclass(frozen=True)
 class ChatInfo(Record):

@@ -18,7 +18,7 @@ from desktop_app.formats import folders
 from desktop_app.formats.gitignore import Ignore
 from desktop_app.passages.retrieve import Hit
 from desktop_app.passages.split import split
-from desktop_app.results import Progress, Source, location
+from desktop_app.results import DocumentInfo, Progress, Source, location
 from tests import test_cli_ask_output
 
 fake_app = test_cli_ask_output.fake_app  # (the fixture: the CLI's app over a given engine)
@@ -338,6 +338,9 @@ def test_a_folder_changed_by_a_file_deep_in_it_is_seen_as_changed(tmp_path, monk
     assert documents.changed_since(str(root), attached.content_hash, at)
     db.unlink()  # a file gone: its folder's time and the count move
     assert documents.changed_since(str(root), attached.content_hash, at)
+    info = DocumentInfo(1, "tool", "folder", 9, 9, {}, "ready", at, file_changed=True, files=3)
+    assert info.changed_words == "a file in it has changed since it was attached"  # (docs)
+    assert replace(info, type="text").changed_words.startswith("its file has changed")
 
 
 def test_links_loops_and_folders_that_cannot_be_listed_are_left_out_and_named(tmp_path,

@@ -340,7 +340,7 @@ def docs(app: App, as_json: bool):
         + f", {sum(d.cache_bytes.values()) / 1e6:.1f} MB cached"
         + (f", {d.damaged_chunks} damaged chunks (kvdesk verify --repair)"
            if d.damaged_chunks else "")
-        + (" (its file has changed since it was attached" + (
+        + (f" ({d.changed_words}" + (
             f"; document {d.newer} holds the new text)" if d.newer is not None else ")")
            if d.file_changed else "") for d in rows] or ["no documents yet: kvdesk attach FILE"])
     store = app.engine.store

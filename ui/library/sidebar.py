@@ -361,10 +361,11 @@ class DocumentList(QWidget):
             item.setToolTip("\n".join(
                 [doc.title, f"{doc.type}, {tokens}"]
                 + [f"{level}: {size_text(n)}" for level, n in doc.cache_bytes.items()]
-                + (["Its file has changed since it was attached: questions use the text "
-                    "attached then. " + (f"Document {doc.newer} holds the new text."
-                                         if doc.newer is not None else
-                                         "Attach the file again to use the new text.")]
+                + ([doc.changed_words.capitalize() + ": questions use the text attached "
+                    "then. " + (f"Document {doc.newer} holds the new text."
+                                if doc.newer is not None else
+                                f"Attach the {'folder' if doc.type == 'folder' else 'file'} "
+                                "again to use the new text.")]
                    if doc.file_changed else [])))
             self.list.addItem(item)
         self.list.setCurrentRow(current)  # a refresh moves neither the selection nor the view
