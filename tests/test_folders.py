@@ -47,13 +47,13 @@ def test_a_folder_reads_as_its_files_under_their_paths_and_says_what_it_left_out
     found = extract(code_base(tmp_path / "tool"))
     assert found.kind == "folder" and found.title == "tool"
     assert found.text == ("File: README.md\n# Tool\n\nIt stores notes.\n\n## Setup\n\nRun it."
-                          "\n\n\nFile: src/db.py\nimport sqlite3\n\ndef connect(path):\n"
+                          "\n\n\nFile: src/db.py\nimport sqlite3\n\n\n\ndef connect(path):\n"
                           "    return sqlite3.connect(path)")
     titles = [(level, title) for _, _, level, title in found.headings]
     assert titles == [(1, "README.md"), (2, "Tool"), (3, "Setup"), (1, "src/db.py")]
     assert all(found.text[a:b].endswith(t) for a, b, _, t in found.headings)
-    # each line numbered within its own file (src/db.py's blank run collapsed)
-    assert found.lines == (1, 1, 2, 3, 4, 5, 6, 7, 7, 7, 1, 1, 2, 5, 6)
+    # each line numbered within its own file (src/db.py's blank run kept)
+    assert found.lines == (1, 1, 2, 3, 4, 5, 6, 7, 7, 7, 1, 1, 2, 3, 4, 5, 6)
     assert found.note == ("tool: 2 files read, 5 left out: 2 binary (latin1.txt, logo.png), "
                           "1 hidden (.gitignore), 1 over 2.0 MB (big.txt), 1 ignored by "
                           ".gitignore (debug.log); 3 folders not read: 1 hidden (.git), 1 build "
@@ -203,16 +203,16 @@ def test_a_stored_folders_text_gives_back_its_files_and_their_lines(tmp_path):
     found = extract(code_base(tmp_path / "tool"))
     lines, headings = folders.from_text(found.text)
     assert headings == tuple(h for h in found.headings if h[2] == 1)
-    assert lines == (1, 1, 2, 3, 4, 5, 6, 7, 7, 7, 1, 1, 2, 3, 4)  # (blank runs not known)
+    assert lines == found.lines  # (a text file's blank runs kept in the text)
     stored = documents.stored(SimpleNamespace(text=found.text, title="tool", type="folder"))
     passages = split(stored.text, stored.kind, lambda t: len(t) // 4,
                      line_numbers=stored.lines, headings=stored.headings, target=8, limit=16)
     assert {p.heading[0] for p in passages} == {"README.md", "src/db.py"}
 
 
-def test_a_folder_split_again_while_it_holds_the_same_text_has_its_files_lines(tmp_path):
-    """Split again from its stored text (`split_stored`, a prefill) while its folder holds
-    that text: the passages, files and lines of its attach, those of the files on disk."""
+def test_a_folder_split_again_from_its_stored_text_has_its_files_lines(tmp_path):
+    """Split again from its stored text (`split_stored`, a prefill), its folder unchanged or
+    gone: the passages, files and lines of its attach, those of the files on disk."""
     root = code_base(tmp_path / "tool")
     found = extract(root)
     doc = SimpleNamespace(text=found.text, title="tool", type="folder", source_path=str(root),
@@ -225,6 +225,7 @@ def test_a_folder_split_again_while_it_holds_the_same_text_has_its_files_lines(t
 
     attached = located(found)
     assert located(documents.stored(doc, read=True)) == attached
+    assert located(documents.stored(doc)) == attached  # (its folder changed or gone)
     for file, (_, last), line in attached:  # the lines of the files on disk
         assert (root / file).read_text().splitlines()[last - 1] == line
     assert ("src/db.py", (5, 6), "    return sqlite3.connect(path)") in attached
@@ -303,14 +304,15 @@ def test_a_files_own_file_line_is_no_file_of_the_folder(tmp_path):
     text's headings and `docs`' count agree."""
     root = tmp_path / "notes"
     root.mkdir()
-    (root / "a.txt").write_text("Attach these:\n\nFile: b.txt\nand more\n")
-    (root / "b.txt").write_text("the second\n")
+    (root / "a.txt").write_text("Attach these:\n\nFile: b.txt\nand more\n\n\n\nFile: c\nd\n")
+    (root / "b.txt").write_text("\n\n\nFile: c.txt\nthe second\n")
     found = extract(root)
     assert found.note.startswith("notes: 2 files read")
     lines, headings = folders.from_text(found.text)
     assert headings == tuple(h for h in found.headings if h[2] == 1)
     assert [title for *_, title in headings] == ["a.txt", "b.txt"]
     assert lines == found.lines and folders.file_count(found.text) == 2
+    assert lines[:9] == (1, 1, 2, 3, 4, 5, 6, 7, 8)  # (a.txt: each line's own number)
 
 
 def test_a_folder_changed_by_a_file_deep_in_it_is_seen_as_changed(tmp_path, monkeypatch):

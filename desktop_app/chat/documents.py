@@ -208,9 +208,9 @@ def _folder_file(path: Path, data: bytes):
         lines = found.lines or tuple(range(1, text.count("\n") + 2))
         return folders.Read(text, lines, found.kind, found.headings or (), found.pages or ())
     raw = data.decode("utf-8")
-    text = _normalize(raw)
+    text = folders.file_text(_line_ends(raw))  # (each of its lines kept: `folders.from_text`)
     kind = text_kind(path.name)  # (as `passages.split` judges it again from the path)
-    return folders.Read(text, _file_lines(raw, text), kind,
+    return folders.Read(text, tuple(range(1, text.count("\n") + 2)), kind,
                         folders.markdown_headings(text) if kind == "markdown" else ())
 
 

@@ -1,6 +1,7 @@
 """A folder — a code base, a folder of notes — read as one document: its readable files one
 after another, each under a heading that is its path relative to the folder, two blank lines
-between files (`FILE_GAP`: which no file's text holds, so its headings are told from it).
+between files (`FILE_GAP`: a "File: " line after two blank lines is a file's heading; a
+file's own such line is not: `file_text`).
 
 The folder is walked recursively in sorted order (the same folder gives the same text, so
 attaching it again unchanged is the same document), never following a link to a folder (nor
@@ -16,7 +17,9 @@ the caller passes (`chat.documents`); every other file is read as its text. A na
 UTF-8, or holds a line break or another control character, is shown escaped (`shown`), so a
 heading is always one line of the file's name.
 
-Each file's lines keep their numbers within the file (`Folder.lines`), a PDF's pages theirs
+A file read as its text keeps its runs of blank lines, so the stored text alone numbers its
+lines as the file does (`from_text`, when the folder has changed or gone). Each file's lines
+keep their numbers within the file (`Folder.lines`), a PDF's pages theirs
 (`Folder.pages`), and its heading is a level-1 heading (its inner ones, a Markdown file's #
 headings, a web page's h1-h6, below it), so a passage names the file and the lines (or the
 page) in it.
@@ -58,8 +61,9 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")
 
 @dataclass(frozen=True)
 class Read:
-    """One file as the caller's reader gives it: normalized text (no trailing blanks, no runs
-    of blank lines), the file's number of each of its lines, its kind and inner headings."""
+    """One file as the caller's reader gives it: its text (a text file's as `file_text`, a
+    document's as its reader normalizes it), the file's number of each of its lines, its kind,
+    inner headings and a PDF's pages."""
     text: str
     lines: tuple[int, ...]
     kind: str
@@ -299,10 +303,19 @@ def _binary(data: bytes) -> bool:
     return False
 
 
-# Files are joined by two blank lines, which no file's text holds (`Read`: its blank runs are
-# one blank line), so a file's own "File: x" line after a blank one is never taken for one.
+# Files are joined by two blank lines: a "File: x" line after them starts a file, and no
+# file's text holds one so (`file_text`), so a file's own "File: x" line is never taken for one.
 FILE_GAP = "\n\n\n"
 _FILE_LINE = re.compile(rf"(?:\A|(?<={FILE_GAP})){FILE_HEADING}([^\n]+)\n")
+_GAP_HEADING = re.compile(rf"\n{{3,}}(?={FILE_HEADING})")
+
+
+def file_text(text: str) -> str:
+    """A text file's text (its line ends "\n", no trailing blanks on a line) as a folder holds
+    it: its lines and blank runs as they are, its trailing blank lines dropped; the last blank
+    line before a "File: " line of its own holds a space, so that it is not the joining's gap
+    and every line keeps its number."""
+    return _GAP_HEADING.sub(lambda m: m.group()[:-1] + " \n", "\n" + text.rstrip())[1:]
 
 
 def file_count(text: str) -> int:
@@ -311,9 +324,9 @@ def file_count(text: str) -> int:
 
 
 def from_text(text: str) -> tuple[tuple[int, ...], tuple[tuple[int, int, int, str], ...]]:
-    """(`Folder.lines`, its files' headings) as far as a folder's stored text tells them, its
-    folder changed or gone: each file's lines numbered from 1 (a blank run its file had, which
-    the text holds as one blank line, is not counted)."""
+    """(`Folder.lines`, its files' headings) as a folder's stored text tells them, its folder
+    changed or gone: each file's lines numbered from 1, a text file's as the file numbers them
+    (`file_text`), a web page's or a Word file's by the lines of its text."""
     starts = {m.start(): m for m in _FILE_LINE.finditer(text)}
     lines: list[int] = []
     number = offset = 0
