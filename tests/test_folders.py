@@ -411,6 +411,41 @@ def test_kvdesks_own_data_folder_is_never_read_as_a_document(tmp_path):
         extract(data, avoid=[data])
 
 
+def test_a_folder_holding_kvdesks_data_is_unchanged_by_a_store_write(tmp_path):
+    """The change check and the re-read leave kvdesk's data folder out, as attach does: a
+    store write inside the folder is no change, and its file-read text is the attached one."""
+    import threading
+
+    from desktop_app.chat.library import Library
+    from desktop_app.errors import Cancelled
+    from store import Store
+
+    root = tmp_path / "proj"
+    root.mkdir()
+    (root / "a.txt").write_text("hello project\n")
+    store = Store(root / "kvdata")
+    found = extract(root, avoid=[store.data_dir])
+    doc = store.add_document(found.content_hash, found.title, found.text, type="folder",
+                             source_path=found.source)
+    stamp = folders.stamp(root, [store.data_dir])
+    store.add_document("0" * 64, "later", "later", type="text")  # (a write after the attach)
+    (store.data_dir / "later.json").write_text("{}\n")
+    future = doc.created + 1000
+    os.utime(store.data_dir / "later.json", (future, future))
+    os.utime(store.data_dir, (future, future))
+    assert folders.stamp(root, [store.data_dir]) == stamp  # (no whole re-read at each listing)
+    assert not documents.changed_since(found.source, found.content_hash, doc.created,
+                                       avoid=[store.data_dir])
+    assert Library(store).changed_files([doc.id]) == []
+    again = documents.stored(doc, read=True, avoid=[store.data_dir])
+    assert again.source == found.source and again.text == found.text
+    stop = threading.Event()
+    stop.set()  # (Cancel pressed: the re-read stops, never taken for a failed one)
+    with pytest.raises(Cancelled):
+        documents.stored(doc, read=True, avoid=[store.data_dir], cancel=stop)
+    store.close()
+
+
 def test_a_long_walk_says_how_far_it_is_and_stops_when_cancelled(tmp_path, monkeypatch):
     import threading
 

@@ -123,7 +123,8 @@ class Attacher:
                 cancel: threading.Event | None = None) -> AttachResult:
         """Compute a stored document's cache under the loaded model (after a model switch:
         its text is the truth), as attaching its file again would."""
-        return self._store(documents.stored(self.store.document(doc_id), read=True),
+        return self._store(documents.stored(self.store.document(doc_id), read=True,
+                                            avoid=(self.store.data_dir,), cancel=cancel),
                            levels, progress, cancel)
 
     def _store(self, extracted: documents.Extracted, levels: Sequence[str] | None,
@@ -294,8 +295,9 @@ class Attacher:
                     title=doc.title):
             if known := len(self.store.passages(doc.id)):  # (split meanwhile, elsewhere)
                 return known
-            return self._split(rt, doc.id, documents.stored(doc, read=True), cancel,
-                               lambda _: None)
+            found = documents.stored(doc, read=True, avoid=(self.store.data_dir,),
+                                     cancel=cancel)
+            return self._split(rt, doc.id, found, cancel, lambda _: None)
 
     def _result(self, doc: Document, prefix: Prefix, entry_id: int, levels: Sequence[str],
                 warnings: list[str], *, prefill_s: float = 0.0, encode_s: float = 0.0,

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import html.parser
 import io
 import logging
 import re
@@ -32,8 +31,8 @@ from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import DocumentError
-from ..formats import office
+from ..errors import Cancelled, DocumentError
+from ..formats import office, webpages
 from ..passages import records
 from ..passages.folder_split import text_kind
 from ..passages.pdf_headings import outline_headings
@@ -56,8 +55,9 @@ class Extracted:
     warnings: list[str] = field(default_factory=list)
     # A PDF's pages that have text: (page number from 1, the offset in `text` it starts at).
     pages: tuple[tuple[int, int], ...] | None = None
-    # The file's line number of each line of `text` (blank runs are collapsed in `text`; a
-    # record's or a web page's line is the one it starts on): none for a PDF's.
+    # The file's line number of each line of `text` (a file's blank runs are collapsed in
+    # `text`, a folder's text file's kept; a record's or a web page's line is the one it
+    # starts on): none for a PDF's.
     lines: tuple[int, ...] | None = None
     # A web page's h1-h6, a PDF's outline: (start, end offset in `text`, level 1-6, title),
     # for `split`.
@@ -72,36 +72,39 @@ class Extracted:
 
 
 # A file's text hash by (path, modification time, size): a changed file is read once.
-_HASHES: dict[tuple[str, int, int], str] = {}
+_HASHES: dict[tuple, str] = {}  # (path, time, size, *avoided) -> hash
 
 
-def changed_since(source: str | None, content_hash: str, attached: float) -> bool:
+def changed_since(source: str | None, content_hash: str, attached: float, *,
+                  avoid: Collection[Path] = ()) -> bool:
     """Whether the file a document was attached from now holds another text. Read again only
     when it was modified after the attach; a file gone or no longer readable as a document is
-    not "changed" (the attached text stands)."""
-    found = file_hash(source, modified_after=attached)
+    not "changed" (the attached text stands). `avoid`: as attach's (kvdesk's data folder)."""
+    found = file_hash(source, modified_after=attached, avoid=avoid)
     return found is not None and found != content_hash
 
 
-def file_hash(source: str | None, *, modified_after: float | None = None) -> str | None:
+def file_hash(source: str | None, *, modified_after: float | None = None,
+              avoid: Collection[Path] = ()) -> str | None:
     """The content hash of the text a file holds now (None: gone, no longer readable as a
     document — whatever its reader meets — or not modified after `modified_after`). A
-    folder is modified when a file in it is (`folders.stamp`: its newest and its count)."""
+    folder is modified when a file in it is (`folders.stamp`: its newest and its count), and
+    read leaving out the folders of `avoid`, as attach does (kvdesk's data folder)."""
     try:
         st = Path(source).stat() if source else None
         if st is not None and stat.S_ISDIR(st.st_mode):
             from ..formats import folders
-            modified, size = folders.stamp(Path(source))
+            modified, size = folders.stamp(Path(source), avoid)
         elif st is not None:
             modified, size = st.st_mtime_ns, st.st_size
     except (OSError, DocumentError):  # (a folder that can no longer be listed)
         return None
     if st is None or (modified_after is not None and modified / 1e9 <= modified_after):
         return None
-    key = (source, modified, size)
+    key = (source, modified, size, *sorted(map(str, avoid)))
     if key not in _HASHES:
         try:
-            _HASHES[key] = extract(source).content_hash
+            _HASHES[key] = extract(source, avoid=avoid).content_hash
         # (any failure, not only a DocumentError: a file gone bad after its attach must not
         # break the listing or an answer; its attached text stands)
         except Exception:
@@ -175,18 +178,23 @@ def _folder(path: Path, progress, cancel, avoid) -> Extracted:
                      left_out=found.left_out_dicts(), pages=found.pages or None)
 
 
-def stored(doc, *, read: bool = False) -> Extracted:
+def stored(doc, *, read: bool = False, avoid: Collection[Path] = (),
+           cancel: threading.Event | None = None) -> Extracted:
     """A stored document (`store.Document`) as its text tells it; `read`: as its file tells
-    it when the file still holds that text (its lines, pages and headings as at its attach).
+    it when the file still holds that text (its lines, pages and headings as at its attach),
+    a folder read leaving out `avoid` as attach did, stopping at `cancel` (Cancelled).
     From the text alone (`source` "" saying so), a folder's files' headings and lines are
-    found again (`folders.from_text`), numbered without the blank runs the text collapsed:
-    good enough to split it, never to number the lines of passages split at its attach."""
+    found again (`folders.from_text`): a text file's lines as the file numbers them, but a
+    web page's or Word file's by its text's lines and a PDF without its pages."""
     if read and doc.source_path and Path(doc.source_path).exists():  # (a folder's too)
-        # (any failure: the file only adds lines and pages; the stored text stands)
-        with contextlib.suppress(Exception):
-            found = extract(doc.source_path)
+        try:
+            found = extract(doc.source_path, cancel=cancel, avoid=avoid)
             if found.content_hash == doc.content_hash:
                 return found
+        except Cancelled:
+            raise
+        except Exception:  # noqa: BLE001 - the file only adds lines and pages; the text stands
+            pass
     if doc.type != "folder":
         return Extracted(doc.text, doc.title, doc.type, "")
     from ..formats import folders
@@ -219,76 +227,6 @@ def _looks_like_html(text: str) -> bool:
     return head.startswith("<!doctype html") or head.startswith("<html")
 
 
-class _VisibleText(html.parser.HTMLParser):
-    """A page's visible text, the file's line each of its lines starts on, and its h1-h6
-    headings (by the lines of the text they take): a page's own headings, never a line that
-    only looks like one ("# not a title" in a paragraph)."""
-
-    SKIP = {"script", "style", "noscript", "template", "svg", "head"}
-    BLOCK = {"p", "div", "br", "li", "tr", "h1", "h2", "h3", "h4", "h5", "h6", "pre",
-             "section", "article", "blockquote", "table", "ul", "ol", "hr", "dt", "dd"}
-    HEADINGS = {"h1": 1, "h2": 2, "h3": 3, "h4": 4, "h5": 5, "h6": 6}
-
-    def __init__(self):
-        super().__init__(convert_charrefs=True)
-        self.parts: list[str] = []
-        self.title: list[str] = []
-        # Per line of the text: the file's line its first visible character is on (None: none)
-        self.sources: list[int | None] = [None]
-        self.headings: list[tuple[int, int, int, str]] = []  # (first, last line, level, title)
-        self._heading: tuple[int, int, list[str]] | None = None  # (level, first line, text)
-        self._skip = 0
-        self._in_title = False
-
-    def _emit(self, data: str, line: int | None = None) -> None:
-        """`data` added to the text; `line`: the file's line it starts on."""
-        self.parts.append(data)
-        for k, segment in enumerate(data.split("\n")):
-            if k:
-                self.sources.append(None)
-            if line is not None and self.sources[-1] is None and segment.strip():
-                self.sources[-1] = line + k
-
-    def handle_starttag(self, tag, attrs):
-        if tag == "title":
-            self._in_title = True
-        elif tag in self.SKIP:
-            self._skip += 1
-        elif tag in self.BLOCK:
-            # A heading holds no block: one left open ends where the next block starts (a
-            # heading too), not at the end of the page with all that follows as its title.
-            self._close_heading()
-            self._emit("\n")
-            if tag in self.HEADINGS and not self._skip:
-                self._heading = (self.HEADINGS[tag], len(self.sources) - 1, [])
-
-    def handle_endtag(self, tag):
-        if tag == "title":
-            self._in_title = False
-        elif tag in self.SKIP:
-            self._skip = max(0, self._skip - 1)
-        elif tag in self.BLOCK:
-            if tag in self.HEADINGS:
-                self._close_heading()
-            self._emit("\n")
-
-    def _close_heading(self) -> None:
-        if self._heading is not None:
-            level, first, text = self._heading
-            title = " ".join("".join(text).split())
-            if title:
-                self.headings.append((first, len(self.sources) - 1, level, title))
-            self._heading = None
-
-    def handle_data(self, data):
-        if self._in_title:
-            self.title.append(data)
-        elif not self._skip:
-            self._emit(data, self.getpos()[0])
-            if self._heading is not None:
-                self._heading[2].append(data)
-
-
 @dataclass(frozen=True)
 class _Page:
     text: str  # normalized (`_normalize`)
@@ -299,7 +237,7 @@ class _Page:
 
 def html_page(raw: str) -> _Page:
     """A web page's (or an EPUB chapter's: `ebooks`) visible text, lines and headings."""
-    parser = _VisibleText()
+    parser = webpages.VisibleText()
     parser.feed(raw)
     parser.close()
     text = re.sub(r"[ \t\r\f\v]+", " ", "".join(parser.parts))  # (newlines kept)

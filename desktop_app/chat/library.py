@@ -15,6 +15,7 @@ import json
 import re
 import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TypeVar
 
 from store import (
@@ -186,7 +187,8 @@ class Library:
             tokens, kept = counts.get(doc.id, (doc.n_tokens or 0, 0))
             if doc.id not in counts and entry:
                 kept = min(tokens, entry.token_end)
-            changed = changed_since(doc.source_path, doc.content_hash, doc.created)
+            changed = changed_since(doc.source_path, doc.content_hash, doc.created,
+                                    avoid=(self.store.data_dir,))
             out.append(DocumentInfo(
                 doc.id, doc.title, doc.type, tokens, kept if entry else 0,
                 sizes.get(entry.id, {}) if entry else _summed(
@@ -196,7 +198,7 @@ class Library:
                         doc.id, ())})),
                 passages.get(doc.id, 0),
                 len(held.get(doc.id, {})), changed,
-                _newer(doc, all_docs) if changed else None,
+                _newer(doc, all_docs, self.store.data_dir) if changed else None,
                 folders.file_count(doc.text) if doc.type == "folder" else None))
         return out
 
@@ -208,13 +210,14 @@ class Library:
         for doc_id in doc_ids:
             with contextlib.suppress(MissingError):
                 docs.append(self.document(doc_id))
-        docs = [d for d in docs if changed_since(d.source_path, d.content_hash, d.created)]
+        docs = [d for d in docs if changed_since(d.source_path, d.content_hash, d.created,
+                                                 avoid=(self.store.data_dir,))]
         every = self.store.documents() if docs else []
         return [f"the file of document {d.id} ({d.source_path}) changed after it was attached: "
                 "answers use the text attached then; " + (
                     f"document {new} holds its new text" if new is not None else
                     "attach the file again to use the new text")
-                for d in docs for new in [_newer(d, every)]]
+                for d in docs for new in [_newer(d, every, self.store.data_dir)]]
 
     def earlier_versions(self, doc_id: int) -> list[str]:
         """What attaching a file should say of documents attached from the same file before,
@@ -406,7 +409,8 @@ def _summed(per_entry) -> dict[str, int]:
     return out
 
 
-def _newer(doc: Document, docs: Sequence[Document]) -> int | None:
-    """The document of `docs` holding the text that `doc`'s file (changed since) holds now."""
-    new = file_hash(doc.source_path)
+def _newer(doc: Document, docs: Sequence[Document], data_dir: Path) -> int | None:
+    """The document of `docs` holding the text that `doc`'s file (changed since) holds now
+    (a folder's without kvdesk's data folder `data_dir`, as attach reads it)."""
+    new = file_hash(doc.source_path, avoid=(data_dir,))
     return next((d.id for d in docs if d.content_hash == new and d.id != doc.id), None)

@@ -7,7 +7,7 @@ slides); `wordfiles` reads a Word document (python-docx) and `ebooks` an EPUB bo
 each chapter through the web page reader the chat room's `documents` passes it), each giving
 back its text with its headings as a `Book` for `documents.extract`; `folders` reads a folder
 (a code base, notes) as one document, each readable file under its path, and says what it
-left out.
+left out; `webpages` parses a web page's visible text, its lines and headings.
 
 Its question is "what text does this packaged file hold?". It stands on leaf modules and the
 passages room's `records` only: it never imports the chat room, the model, the KV room, the

@@ -384,27 +384,30 @@ def _joined(title: str, parts: list[tuple[str, Read]]) -> Folder:
 # reused for STAMP_REUSE_S (an edit of a large folder is seen within a minute).
 SLOW_WALK_S = 0.05
 STAMP_REUSE_S = 60.0
-_STAMPS: dict[Path, tuple[float, tuple[int, int]]] = {}  # a slow walk's root -> (when, stamp)
+# A slow walk's (root, avoided) -> (when, stamp).
+_STAMPS: dict[tuple[Path, frozenset[Path]], tuple[float, tuple[int, int]]] = {}
 
 
-def stamp(root: Path) -> tuple[int, int]:
+def stamp(root: Path, avoid: Collection[Path] = ()) -> tuple[int, int]:
     """(newest modification time in ns, how many) of the files `read` would look at and the
-    folders holding them: a file edited, added, removed or renamed anywhere in it moves it.
-    A walk and a stat per file, no file read (a slow walk's reused a while)."""
-    now = time.monotonic()
-    if (held := _STAMPS.get(root)) and now - held[0] < STAMP_REUSE_S:
+    folders holding them, the folders of `avoid` left out as `read` leaves them (kvdesk's
+    data, written at every store write, never moves it): a file edited, added, removed or
+    renamed anywhere in it moves it. A walk and a stat per file, no file read (a slow walk's
+    reused a while)."""
+    now, key = time.monotonic(), (root, frozenset(a.resolve() for a in avoid))
+    if (held := _STAMPS.get(key)) and now - held[0] < STAMP_REUSE_S:
         return held[1]
-    found = _walked_stamp(root)
+    found = _walked_stamp(root, set(key[1]))
     if time.monotonic() - now > SLOW_WALK_S:
-        _STAMPS[root] = (now, found)
+        _STAMPS[key] = (now, found)
     else:
-        _STAMPS.pop(root, None)
+        _STAMPS.pop(key, None)
     return found
 
 
-def _walked_stamp(root: Path) -> tuple[int, int]:
+def _walked_stamp(root: Path, avoided: set[Path]) -> tuple[int, int]:
     real = root.resolve()
-    walk = _Walk(real, set(), [], [], None, None)
+    walk = _Walk(real, avoided, [], [], None, None)
     newest, count = 0, 0
     for _, path in walk.files(real, "", Rules.for_folder(real)):
         try:
