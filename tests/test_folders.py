@@ -54,12 +54,13 @@ def test_a_folder_reads_as_its_files_under_their_paths_and_says_what_it_left_out
     assert all(found.text[a:b].endswith(t) for a, b, _, t in found.headings)
     # each line numbered within its own file (src/db.py's blank run kept)
     assert found.lines == (1, 1, 2, 3, 4, 5, 6, 7, 7, 7, 1, 1, 2, 3, 4, 5, 6)
-    assert found.note == ("tool: 2 files read, 5 left out: 2 binary (latin1.txt, logo.png), "
-                          "1 hidden (.gitignore), 1 over 2.0 MB (big.txt), 1 ignored by "
+    # (a .gitignore is the walk's rules, not content left out: never named)
+    assert found.note == ("tool: 2 files read, 4 left out: 2 binary (latin1.txt, logo.png), "
+                          "1 over 2.0 MB (big.txt), 1 ignored by "
                           ".gitignore (debug.log); 3 folders not read: 1 hidden (.git), 1 build "
                           "or dependency (node_modules), 1 ignored by .gitignore (out)")
     assert {"path": "node_modules/", "why": "build or dependency"} in found.left_out
-    assert {"path": "logo.png", "why": "binary"} in found.left_out and len(found.left_out) == 8
+    assert {"path": "logo.png", "why": "binary"} in found.left_out and len(found.left_out) == 7
     assert folders.file_count(found.text) == 2
     # the same unchanged folder is the same text: the same document
     assert extract(tmp_path / "tool").content_hash == found.content_hash
@@ -444,6 +445,21 @@ def test_a_folder_holding_kvdesks_data_is_unchanged_by_a_store_write(tmp_path):
     with pytest.raises(Cancelled):
         documents.stored(doc, read=True, avoid=[store.data_dir], cancel=stop)
     store.close()
+
+
+def test_a_link_never_reorders_a_folders_files(tmp_path):
+    """A name that is not UTF-8 keeps its place when a link is added: one order, by bytes."""
+    root = tmp_path / "ord"
+    root.mkdir()
+    (root / "cafz.txt").write_text("z\n")
+    (root / os.fsdecode(b"caf\xe9.txt")).write_text("e\n")
+    (root / "sub").mkdir()
+    (root / "sub" / "b.txt").write_text("b\n")
+    before = extract(root)
+    (root / "zlink.txt").symlink_to("cafz.txt")  # (read anyway: left out)
+    after = extract(root)
+    assert [h[3] for h in after.headings] == ["cafz.txt", "caf\\xe9.txt", "sub/b.txt"]
+    assert after.content_hash == before.content_hash
 
 
 def test_a_long_walk_says_how_far_it_is_and_stops_when_cancelled(tmp_path, monkeypatch):

@@ -6,7 +6,8 @@ file's own such line is not: `file_text`).
 The folder is walked recursively in sorted order (the same folder gives the same text, so
 attaching it again unchanged is the same document), never following a link to a folder (nor
 out of one into a loop). Left out, and named with why in what is said (`Folder.left_out`):
-hidden files and folders (a name starting with "."), the build and dependency folders of
+hidden files and folders (a name starting with "."; a .gitignore file is the walk's
+rules, neither read nor named), the build and dependency folders of
 `SKIPPED_FOLDERS`, what the .gitignore files ignore (`gitignore`), folders that cannot be
 listed, kvdesk's own data folder, links to folders, broken links and link loops, links out of
 the folder, a link to a file the folder holds anyway (read once, there), binary files (a NUL
@@ -225,13 +226,13 @@ class _Walk:
                 self.left_out.append((relpath, "link to a file read anyway"))
             else:
                 found.append((relpath, path))
-        return iter(sorted(found, key=lambda f: _order(f[0])))
+        return iter(sorted(found, key=lambda f: _order(f[1].relative_to(self.real))))
 
     def _folder(self, real: Path, rel: str, rules: Rules) -> Iterator[tuple[str, Path]]:
         self.walked.append(real)
         try:
             with os.scandir(real) as listing:
-                entries = sorted(listing, key=lambda e: e.name)
+                entries = sorted(listing, key=lambda e: os.fsencode(e.name))
         except OSError as e:
             if rel:
                 self.left_out.append((rel, "unreadable"))
@@ -252,6 +253,8 @@ class _Walk:
                 is_link, is_dir = entry.is_symlink(), entry.is_dir(follow_symlinks=False)
             except OSError:
                 is_link = is_dir = False
+            if entry.name == ".gitignore" and not is_dir:
+                continue  # (the rules the walk follows, not a file left out of the text)
             if entry.name.startswith("."):
                 self.left_out.append((relpath + "/" * is_dir, "hidden"))
             elif rules.ignores(relpath, is_dir):
@@ -287,9 +290,11 @@ class _Walk:
             self.links.append((relpath, path, target))
 
 
-def _order(relpath: str) -> tuple[tuple[int, str], ...]:
-    """A path's place in the walk: a folder's files before its folders, each sorted."""
-    parts = relpath.split("/")
+def _order(relpath: Path) -> tuple[tuple[int, bytes], ...]:
+    """A path's place in the walk: a folder's files before its folders, each sorted by its
+    name's bytes, as `_folder` lists them (never by the shown name: a name that is not UTF-8
+    would sort elsewhere)."""
+    parts = [os.fsencode(p) for p in relpath.parts]
     return tuple((1, p) for p in parts[:-1]) + ((0, parts[-1]),)
 
 
