@@ -79,10 +79,11 @@ def split(text: str, kind: str, count_tokens: CountFn, *,
     own kind: `folder_split`);
     `pages`: (page number, character offset its text starts at) of a PDF's pages, in order;
     `line_numbers`: the file's number of each of `text`'s lines, where they differ (a file
-    whose blank runs the text collapsed, a web page's text), so that a passage's lines are
-    the file's; `headings`: a web page's own or a PDF's outline's (start, end offset,
-    level, title), each starting a line (several may start the same one), its only headings
-    (a line of its text reading "# ..." is not one)."""
+    whose blank runs the text collapsed, a web page's text, a folder's files, each numbered
+    within its own, its text files' blank runs kept), so that a passage's lines are the
+    file's; `headings`: a web page's own or a PDF's outline's (start, end offset, level,
+    title), each starting a line (several may start the same one), its only headings (a line
+    of its text reading "# ..." is not one)."""
     if not 0 < target <= limit:
         raise ValueError(f"a passage's target ({target}) must be positive and at most its "
                          f"limit ({limit})")
