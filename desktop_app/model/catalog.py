@@ -194,6 +194,8 @@ def _describe(name: str, path: Path, source: str, problem: str | None,
     split = facts.get("split")
     if split and split[0] > 1:
         return None
+    if not split and (short := gguf_header.short_by(st.st_size, facts.get("file_size"))):
+        return ModelFile(name, str(path), source, st.st_size, **unreadable, reason=short)
     return ModelFile(
         name, str(path), source, st.st_size, facts["architecture"], facts["parameters"],
         facts["quantization"], facts["context_length"], facts["kv_bytes_per_token"],

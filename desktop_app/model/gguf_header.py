@@ -201,10 +201,17 @@ def cut_short(path: str | Path) -> str | None:
         facts, size = read(path), os.path.getsize(path)
     except (OSError, HeaderError):
         return None
-    if facts.file_size is None or size >= facts.file_size:
+    said = short_by(size, facts.file_size)
+    return f"{path} is {said}" if said else None
+
+
+def short_by(size: int, file_size: int | None) -> str | None:
+    """"cut short: 10.0 MB of the 253.1 MB ...", for a file of `size` bytes whose header's
+    tensors end at `file_size` beyond it; None where they end within it."""
+    if file_size is None or size >= file_size:
         return None
-    return (f"{path} is cut short: {size / 1e6:,.1f} MB of the {facts.file_size / 1e6:,.1f} MB "
-            "its header says it holds (an interrupted download or copy): download it again")
+    return (f"cut short: {size / 1e6:,.1f} MB of the {file_size / 1e6:,.1f} MB its header "
+            "says it holds (an interrupted download or copy): download it again")
 
 
 def _facts(meta: dict, parameters: int | None, types: Counter) -> HeaderFacts:
