@@ -5,6 +5,7 @@ caches took; their --json says the same."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from click.testing import CliRunner
@@ -87,7 +88,10 @@ def test_docs_ends_with_where_the_stored_bytes_go(store):
         f"storage: {size_text(store.usage_bytes())} of the {size_text(store.budget_bytes)} "
         f"budget (documents {size_text(ours['documents'])}, chats {size_text(ours['chats'])}, "
         f"model b.gguf's caches {size_text(theirs['documents'])}); the data directory takes ")
-    assert line.endswith("on disk (the database and the reserve kept for a full disk)")
+    assert line.endswith("on disk (the database and the reserves kept for a full disk)")
+    os.truncate(store.data_dir / "reserve", 1024)  # (mostly spent): not said to be there
+    assert storage_line(store, FP).endswith("no reserve for a full disk: its disk has too "
+                                            "little room now)")
     (store.data_dir / "reserve").unlink()  # (spent on a full disk): not said to be there
     assert storage_line(store, FP).endswith(
         "on disk (the database; no reserve for a full disk: its disk has too little room now)")

@@ -19,7 +19,7 @@ from itertools import combinations
 from pathlib import Path
 
 from store import NotFoundError, Store
-from store.datadir.reserve import NAME as RESERVE_FILE
+from store.datadir import reserve
 
 from ..results import size_text
 
@@ -106,8 +106,9 @@ def storage_line(store: Store, fingerprint: str) -> str:
     for p in store.data_dir.iterdir():
         with contextlib.suppress(OSError):  # (SQLite's -wal, -shm go as a process closes)
             disk += p.stat().st_size if p.is_file() else 0
-    held = ("the database and the reserve kept for a full disk"
-            if (store.data_dir / RESERVE_FILE).exists()
+    # (the turns' reserve beside it: named with it; one spent on a full disk: not there)
+    held = ("the database and the reserves kept for a full disk"
+            if reserve.held(store.data_dir)
             else "the database; no reserve for a full disk: its disk has too little room now")
     return (f"storage: {size_text(used)} of the {size_text(store.budget_bytes)} budget"
             + (f" ({', '.join(parts)})" if parts else "") + f"; the data directory takes "
