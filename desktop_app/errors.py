@@ -68,6 +68,11 @@ class DocumentError(ValueError):
     """This file cannot be attached; the message says why, for the user."""
 
 
+class NotTextError(DocumentError):
+    """The file's bytes are not text in any encoding (an image, an archive, a database): a
+    folder leaves such a file out as binary."""
+
+
 USER_ERRORS: tuple[type[BaseException], ...] = (
     InvalidValue,  # SettingsError among them
     KVStateError,

@@ -30,7 +30,7 @@ def code_base(root):
                                         "    return sqlite3.connect(path)\n")
     (root / "README.md").write_text("# Tool\n\nIt stores notes.\n\n## Setup\n\nRun it.\n")
     (root / "logo.png").write_bytes(b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR")
-    (root / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    (root / "notes.db").write_bytes(b"SQLite format 3\0" + bytes(100))
     (root / "debug.log").write_text("a log line\n")
     (root / ".gitignore").write_text("# logs\n*.log\n/out/\n")
     (root / "out").mkdir()
@@ -49,13 +49,14 @@ def test_a_folder_reads_as_its_files_under_their_paths_and_says_what_it_left_out
     assert found.text == ("File: README.md\n# Tool\n\nIt stores notes.\n\n## Setup\n\nRun it."
                           "\n\n\nFile: src/db.py\nimport sqlite3\n\n\n\ndef connect(path):\n"
                           "    return sqlite3.connect(path)")
-    titles = [(level, title) for _, _, level, title in found.headings]
-    assert titles == [(1, "README.md"), (2, "Tool"), (3, "Setup"), (1, "src/db.py")]
+    # each file under its path (a Markdown file's # headings are found in its text: `split`)
+    assert [(level, title) for _, _, level, title in found.headings] == [
+        (1, "README.md"), (1, "src/db.py")]
     assert all(found.text[a:b].endswith(t) for a, b, _, t in found.headings)
     # each line numbered within its own file (src/db.py's blank run kept)
     assert found.lines == (1, 1, 2, 3, 4, 5, 6, 7, 7, 7, 1, 1, 2, 3, 4, 5, 6)
     # (a .gitignore is the walk's rules, not content left out: never named)
-    assert found.note == ("tool: 2 files read, 4 left out: 2 binary (latin1.txt, logo.png), "
+    assert found.note == ("tool: 2 files read, 4 left out: 2 binary (logo.png, notes.db), "
                           "1 over 2.0 MB (big.txt), 1 ignored by "
                           ".gitignore (debug.log); 3 folders not read: 1 hidden (.git), 1 build "
                           "or dependency (node_modules), 1 ignored by .gitignore (out)")
@@ -89,6 +90,35 @@ def test_a_folder_with_nothing_readable_or_too_much_is_refused(tmp_path, monkeyp
     monkeypatch.setattr(documents, "MAX_FILE_BYTES", 40)
     with pytest.raises(DocumentError, match="more than 40 B, the most kvdesk reads"):
         extract(code_base(tmp_path / "tool"))
+
+
+def test_a_folders_notes_in_other_encodings_and_large_pdfs_are_read_as_alone(tmp_path,
+                                                                             monkeypatch):
+    """A note saved in a legacy encoding, a web page too, is read as attach reads it alone
+    (the encoding said), not left out as binary; bytes no encoding reads as text are; a PDF
+    larger than a text file may be is read (its bytes are mostly not its text)."""
+    from pdf_helpers import make_pdf
+
+    root = tmp_path / "notes"
+    root.mkdir()
+    russian = "Паром отходит в 7:15 по будням, кроме праздников.\n" * 4
+    (root / "ru.txt").write_bytes(russian.encode("cp1251"))
+    (root / "fr.html").write_bytes("<html><body><h1>Café</h1><p>Le bac part à 7 h.</p>"
+                                   "</body></html>".encode("latin-1"))
+    (root / "noise.dat").write_bytes(bytes([*range(1, 32), *range(128, 256)]) * 2)  # no NUL
+    make_pdf(root / "report.pdf", [["The warranty lasts 7 years."]])
+    most = (root / "report.pdf").stat().st_size - 1  # (the PDF is larger, the others not)
+    assert most > 400
+    monkeypatch.setattr(folders, "MAX_FILE_BYTES", most)
+    found = extract(root)
+    assert found.note == "notes: 3 files read, 1 left out: 1 binary (noise.dat)"
+    assert "File: ru.txt\n" + russian.strip() in found.text
+    assert "Le bac part à 7 h." in found.text and "warranty lasts 7 years" in found.text
+    assert any(w.startswith("ru.txt: not UTF-8; read as cp1251") for w in found.warnings)
+    assert any(w.startswith("fr.html: not UTF-8") for w in found.warnings)
+    # a folder's text file over its limit is still left out, named
+    (root / "big.txt").write_text("x" * (most + 1))
+    assert f"1 over {most} B (big.txt)" in extract(root).note
 
 
 def test_gitignore_rules():

@@ -173,7 +173,7 @@ def _folder(path: Path, progress, cancel, avoid) -> Extracted:
     found = folders.read(path, _folder_file, total_limit=MAX_FILE_BYTES, progress=progress,
                          cancel=cancel, avoid=avoid)
     return Extracted(text=found.text, title=found.title, kind="folder",
-                     source=str(path.resolve()), warnings=[*found.unreadable],
+                     source=str(path.resolve()), warnings=[*found.warnings],
                      lines=found.lines, headings=found.headings, note=found.summary,
                      left_out=found.left_out_dicts(), pages=found.pages or None)
 
@@ -203,9 +203,9 @@ def stored(doc, *, read: bool = False, avoid: Collection[Path] = (),
     return Extracted(doc.text, doc.title, doc.type, "", lines=lines, headings=headings)
 
 
-def _folder_file(path: Path, data: bytes):
-    """One file of a folder: a document by its format read as attach reads it, any other
-    as its text (`folders` has left out what is not UTF-8)."""
+def _folder_file(path: Path, data: bytes, name: str):
+    """One file of a folder (`name`: its path in it, as said): a document by its format read
+    as attach reads it, any other as its text in the encoding attach would find."""
     from ..formats import folders
 
     suffix = path.suffix.lower()
@@ -214,12 +214,14 @@ def _folder_file(path: Path, data: bytes):
         text = found.text
         # (a PDF's lines only number its text: its passages are cited by its pages)
         lines = found.lines or tuple(range(1, text.count("\n") + 2))
-        return folders.Read(text, lines, found.kind, found.headings or (), found.pages or ())
-    raw = data.decode("utf-8")
+        return folders.Read(text, lines, found.kind, found.headings or (), found.pages or (),
+                            tuple(found.warnings))
+    warnings: list[str] = []
+    raw = decode(data, name, warnings)
     text = folders.file_text(_line_ends(raw))  # (each of its lines kept: `folders.from_text`)
-    kind = text_kind(path.name)  # (as `passages.split` judges it again from the path)
-    return folders.Read(text, tuple(range(1, text.count("\n") + 2)), kind,
-                        folders.markdown_headings(text) if kind == "markdown" else ())
+    # (its kind, and so its headings, as `passages.split` judges it again from the path)
+    return folders.Read(text, tuple(range(1, text.count("\n") + 2)), text_kind(path.name),
+                        warnings=tuple(warnings))
 
 
 def _looks_like_html(text: str) -> bool:

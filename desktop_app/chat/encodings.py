@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import charset_normalizer
 
-from ..errors import DocumentError
+from ..errors import NotTextError
 
 FALLBACK_ENCODING = "cp1252"  # Windows-1252: a superset of Latin-1's letters
 # Magic numbers of common binary formats, named so the message can say what the file is.
@@ -36,7 +36,7 @@ _UTF8_MARK = b"\xef\xbb\xbf"
 
 
 def decode(data: bytes, name: str, warnings: list[str]) -> str:
-    """The text of a file's `data` (named `name` in what is said), or DocumentError for
+    """The text of a file's `data` (named `name` in what is said), or NotTextError for
     binary data; every guess is appended to `warnings`."""
     # (UTF-32's marks first: little-endian UTF-32's begins with UTF-16's.)
     for bom, enc in ((_UTF8_MARK, "utf-8-sig"), (b"\xff\xfe\x00\x00", "utf-32"),
@@ -46,7 +46,7 @@ def decode(data: bytes, name: str, warnings: list[str]) -> str:
             text = data.decode(enc, errors="replace")
             # (a BOM on binary data says nothing of it)
             if not _reads_as_text(text[:8192], behind_utf8=enc == "utf-8-sig"):
-                raise DocumentError(f"{name}: this is a binary file, not a text document")
+                raise NotTextError(f"{name}: this is a binary file, not a text document")
             bad = text.count("\ufffd") - data.decode(enc, errors="ignore").count("\ufffd")
             if bad and enc == "utf-8-sig":  # stray bytes, read as they are without the mark
                 return _utf8_or_legacy(data[len(bom):], name, warnings, marked=True)
@@ -57,13 +57,13 @@ def decode(data: bytes, name: str, warnings: list[str]) -> str:
     head = data[:8192]
     for magic, what in BINARY_MAGIC.items():
         if head.startswith(magic):
-            raise DocumentError(f"{name}: this is {what}, not a document kvdesk can read")
+            raise NotTextError(f"{name}: this is {what}, not a document kvdesk can read")
     if b"\x00" in head:
         if (enc := _bomless_utf16(head)) is not None:
             warnings.append(f"{name}: no byte order mark; read as {enc.upper()}, which its "
                             "bytes are")
             return data.decode(enc, errors="replace")
-        raise DocumentError(f"{name}: this is a binary file, not a text document")
+        raise NotTextError(f"{name}: this is a binary file, not a text document")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
@@ -156,6 +156,8 @@ def _utf8_or_legacy(data: bytes, name: str, warnings: list[str], *, marked: bool
             encoding = FALLBACK_ENCODING
         if encoding != FALLBACK_ENCODING or not (marked or ev.valid):
             text = data.decode(encoding, errors="replace")
+            if not _reads_as_text(text[:8192]):  # (bytes no encoding reads as text)
+                raise NotTextError(f"{name}: this is a binary file, not a text document")
             bad = text.count("\ufffd")
             warnings.append(f"{name}: "
                             + ("a UTF-8 byte order mark, but not valid UTF-8-SIG" if marked

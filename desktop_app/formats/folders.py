@@ -10,20 +10,21 @@ hidden files and folders (a name starting with "."; a .gitignore file is the wal
 rules, neither read nor named), the build and dependency folders of
 `SKIPPED_FOLDERS`, what the .gitignore files ignore (`gitignore`), folders that cannot be
 listed, kvdesk's own data folder, links to folders, broken links and link loops, links out of
-the folder, a link to a file the folder holds anyway (read once, there), binary files (a NUL
-byte in the first 8 KB, or not UTF-8), empty files, files over `MAX_FILE_BYTES`, files that
-cannot be read and files the caller's reader refuses. The files kvdesk reads as documents
-by their format (PDF, Word, EPUB, web pages) are read the way attach reads them, by the reader
-the caller passes (`chat.documents`); every other file is read as its text. A name that is not
-UTF-8, or holds a line break or another control character, is shown escaped (`shown`), so a
-heading is always one line of the file's name.
+the folder, a link to a file the folder holds anyway (read once, there), binary files (bytes
+the caller's reader finds are not text: `NotTextError`), empty files, files over
+`MAX_FILE_BYTES` (a document by its format: over the folder's whole limit), files that cannot
+be read and files the caller's reader refuses. The files kvdesk reads as documents by their
+format (PDF, Word, EPUB, web pages) are read the way attach reads them, by the reader the
+caller passes (`chat.documents`); every other file is read as its text, in the encoding that
+reader finds. A name that is not UTF-8, or holds a line break or another control character,
+is shown escaped (`shown`), so a heading is always one line of the file's name.
 
 A file read as its text keeps its runs of blank lines, so the stored text alone numbers its
 lines as the file does (`from_text`, when the folder has changed or gone). Each file's lines
 keep their numbers within the file (`Folder.lines`), a PDF's pages theirs
-(`Folder.pages`), and its heading is a level-1 heading (its inner ones, a Markdown file's #
-headings, a web page's h1-h6, below it), so a passage names the file and the lines (or the
-page) in it.
+(`Folder.pages`), and its heading is a level-1 heading (its reader's inner ones, a web page's
+h1-h6, below it; a Markdown file's and a code file's are found in its text), so a passage
+names the file and the lines (or the page) in it.
 
 This module only reads files: it never tokenizes, never touches the model or the store, and
 never follows a link out of the folder.
@@ -40,7 +41,7 @@ from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..errors import Cancelled, DocumentError
+from ..errors import Cancelled, DocumentError, NotTextError
 from ..results import size_text
 from .gitignore import Rules
 from .office import DOCX_SUFFIXES, EPUB_SUFFIXES
@@ -49,14 +50,12 @@ from .office import DOCX_SUFFIXES, EPUB_SUFFIXES
 SKIPPED_FOLDERS = frozenset({"node_modules", "__pycache__", "build", "dist", "target",
                              "venv", "site-packages", "bower_components"})
 MAX_FILE_BYTES = 2_000_000  # one file of a folder: a data dump or a log, not a source or a note
-BINARY_PROBE = 8192
 # Files read by their format even though their bytes are not text.
 DOCUMENT_SUFFIXES = frozenset({".pdf", *DOCX_SUFFIXES, *EPUB_SUFFIXES})
 FILE_HEADING = "File: "  # the line each file starts under, before its path
+WARNINGS = 5  # what is said of its files: the first few
 NAMED = 3  # the names said per reason in a folder's note (all of them in `Folder.left_out`)
 PROGRESS_S = 0.5  # how often a long walk says how far it is
-_ATX = re.compile(r"^(#{1,6})[ \t]+(.+?)[ \t#]*$")
-_FENCE = re.compile(r"^[ \t]*(```|~~~)")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")
 
 
@@ -64,15 +63,18 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")
 class Read:
     """One file as the caller's reader gives it: its text (a text file's as `file_text`, a
     document's as its reader normalizes it), the file's number of each of its lines, its kind,
-    inner headings and a PDF's pages."""
+    inner headings, a PDF's pages and what its reader said of it (an encoding guessed)."""
     text: str
     lines: tuple[int, ...]
     kind: str
     headings: tuple[tuple[int, int, int, str], ...] = ()
     pages: tuple[tuple[int, int], ...] = ()  # a PDF's: (page number, offset in `text`)
+    warnings: tuple[str, ...] = ()
 
 
-ReadFile = Callable[[Path, bytes], Read]  # raises DocumentError for a file it cannot read
+# (path, its bytes, its name as said): raises NotTextError for a file that is not text,
+# DocumentError for one it cannot read.
+ReadFile = Callable[[Path, bytes, str], Read]
 # (done, total): files read of those found; total 0 while the folder is still being walked.
 FolderProgress = Callable[[int, int], None]
 
@@ -86,7 +88,7 @@ class Folder:
     files: int  # how many were read
     # (path from the folder, as shown; why): what was not read, a folder's path ending in "/"
     left_out: list[tuple[str, str]] = field(default_factory=list)
-    unreadable: list[str] = field(default_factory=list)  # the first few, with why
+    warnings: list[str] = field(default_factory=list)  # the first few said of its files
     # Its PDFs' pages: (page number within its file, offset in `text`), in order.
     pages: tuple[tuple[int, int], ...] = ()
 
@@ -144,23 +146,28 @@ def read(root: Path, read_file: ReadFile, *, total_limit: int,
     if any(real.is_relative_to(a) for a in avoided):
         raise DocumentError(f"{title}: kvdesk's own data folder, not a document to attach")
     left_out: list[tuple[str, str]] = []
-    unreadable: list[str] = []
-    walk = _Walk(real, avoided, left_out, unreadable, progress, cancel)
+    warnings: list[str] = []
+    walk = _Walk(real, avoided, left_out, warnings, progress, cancel)
     found = list(walk.files(real, "", Rules.for_folder(real)))
     parts: list[tuple[str, Read]] = []
     total = 0
 
+    def say(*said: str) -> None:
+        warnings.extend(said[:max(0, WARNINGS - len(warnings))])
+
     def leave(relpath: str, why: str, error: str = "") -> None:
         left_out.append((relpath, why))
-        if error and len(unreadable) < 5:
-            unreadable.append(error)
+        if error:
+            say(error)
 
     for done, (relpath, path) in enumerate(found):
         walk.tick(done, len(found))
         try:
             size = path.stat().st_size
-            if size > MAX_FILE_BYTES:
-                leave(relpath, f"over {size_text(MAX_FILE_BYTES)}")
+            # (a PDF's or a Word file's bytes are mostly not its text: its text counts)
+            most = total_limit if path.suffix.lower() in DOCUMENT_SUFFIXES else MAX_FILE_BYTES
+            if size > most:
+                leave(relpath, f"over {size_text(most)}")
                 continue
             data = path.read_bytes()
         except OSError as e:
@@ -169,11 +176,11 @@ def read(root: Path, read_file: ReadFile, *, total_limit: int,
         if not data.strip():
             leave(relpath, "empty")
             continue
-        if path.suffix.lower() not in DOCUMENT_SUFFIXES and _binary(data):
+        try:
+            part = read_file(path, data, relpath)
+        except NotTextError:
             leave(relpath, "binary")
             continue
-        try:
-            part = read_file(path, data)
         except DocumentError as e:
             leave(relpath, "unreadable", shown(str(e)))
             continue
@@ -186,12 +193,13 @@ def read(root: Path, read_file: ReadFile, *, total_limit: int,
                                 f"{size_text(total_limit)}, the most kvdesk reads as one "
                                 "document (attach a folder inside it)")
         parts.append((relpath, part))
+        say(*part.warnings)
     left_out.sort(key=lambda r: r[0])
     if not parts:
         said = Folder("", title, (), (), 0, left_out).summary
         raise DocumentError(f"{title}: the folder has no readable file to attach ("
                             f"{said.split(': ', 1)[1]})")
-    return replace(_joined(title, parts), left_out=left_out, unreadable=unreadable)
+    return replace(_joined(title, parts), left_out=left_out, warnings=warnings)
 
 
 class _Walk:
@@ -200,10 +208,10 @@ class _Walk:
     at every entry met."""
 
     def __init__(self, real: Path, avoided: set[Path], left_out: list[tuple[str, str]],
-                 unreadable: list[str], progress: FolderProgress | None,
+                 warnings: list[str], progress: FolderProgress | None,
                  cancel: threading.Event | None):
         self.real, self.avoided, self.left_out = real, avoided, left_out
-        self.unreadable, self.progress, self.cancel = unreadable, progress, cancel
+        self.warnings, self.progress, self.cancel = warnings, progress, cancel
         self.seen, self.said = 0, time.monotonic()
         self.regular: set[Path] = set()  # the real paths of the files found (not links)
         self.links: list[tuple[str, Path, Path]] = []  # (relpath, path, target in the folder)
@@ -236,8 +244,8 @@ class _Walk:
         except OSError as e:
             if rel:
                 self.left_out.append((rel, "unreadable"))
-                if len(self.unreadable) < 5:
-                    self.unreadable.append(f"{rel}: cannot be read ({e.strerror or e})")
+                if len(self.warnings) < WARNINGS:
+                    self.warnings.append(f"{rel}: cannot be read ({e.strerror or e})")
                 return
             raise DocumentError(f"{title_of(real)}: cannot be read ({e.strerror or e})"
                                 ) from None
@@ -298,16 +306,6 @@ def _order(relpath: Path) -> tuple[tuple[int, bytes], ...]:
     return tuple((1, p) for p in parts[:-1]) + ((0, parts[-1]),)
 
 
-def _binary(data: bytes) -> bool:
-    if b"\0" in data[:BINARY_PROBE]:
-        return True
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError:
-        return True
-    return False
-
-
 # Files are joined by two blank lines: a "File: x" line after them starts a file, and no
 # file's text holds one so (`file_text`), so a file's own "File: x" line is never taken for one.
 FILE_GAP = "\n\n\n"
@@ -347,18 +345,6 @@ def from_text(text: str) -> tuple[tuple[int, ...], tuple[tuple[int, int, int, st
         offset += len(line) + 1
     return tuple(lines), tuple(
         (m.start(), m.end() - 1, 1, m.group(1)) for m in starts.values())
-
-
-def markdown_headings(text: str) -> tuple[tuple[int, int, int, str], ...]:
-    """A Markdown file's # headings (outside fenced blocks), as `Read.headings`."""
-    out, offset, fenced = [], 0, False
-    for line in text.split("\n"):
-        if _FENCE.match(line):
-            fenced = not fenced
-        elif not fenced and (m := _ATX.match(line)):
-            out.append((offset, offset + len(line), len(m.group(1)), m.group(2)))
-        offset += len(line) + 1
-    return tuple(out)
 
 
 def _joined(title: str, parts: list[tuple[str, Read]]) -> Folder:
