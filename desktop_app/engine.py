@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from store import DEFAULT_CHUNK_SIZE, Document, RemoteTier, Store
+from store import DEFAULT_CHUNK_SIZE, Document, ReadOnlyError, RemoteTier, Store
 
 from .calibration import runs
 from .calibration.calibrations import Calibrations, calibration_info
@@ -138,7 +138,11 @@ class Engine(ExactNotes):
 
     @property
     def storage_problem(self) -> str | None:
-        return str(self.store.damage_error()) if self.store.damage else None
+        try:
+            self._writable()
+        except ReadOnlyError as e:  # (damaged, gone, full or read-only: what a write says)
+            return str(e)
+        return None
 
     def _writable(self) -> None:  # (a damaged or read-only store refuses new work first)
         self.store.check_writable()

@@ -57,7 +57,8 @@ class EngineAPI(Protocol):
 
     @property
     def storage_problem(self) -> str | None:
-        """Why the data directory takes no new work (its database damaged), or None."""
+        """Why the data directory takes no new work (its database damaged, the folder gone or
+        read-only, its disk full when opened), or None."""
         ...
 
     def warm_up(self) -> None:

@@ -112,6 +112,7 @@ def test_an_answer_whose_data_directory_vanished_meanwhile_is_returned_unstored(
                  chunk_tokens=64)
     (tmp_path / "doc.txt").write_text("The lead engineer was Alice Smith.\n")
     doc = eng.attach(tmp_path / "doc.txt").doc_id
+    assert eng.storage_problem is None
     removed = []
 
     def on_token(_text):  # the folder goes while the answer streams
@@ -128,6 +129,8 @@ def test_an_answer_whose_data_directory_vanished_meanwhile_is_returned_unstored(
         rt = eng.runtime
         kept, said = eng.session.kv.keep_prefix(rt, rt.tokens)
         assert not kept and "was removed or moved while kvdesk ran" in said[0]
+        # the window's idle line goes on saying it (not only the turn's own message)
+        assert "was removed or moved while kvdesk ran" in eng.storage_problem
     finally:
         eng.close()
         eng.store.close()
