@@ -116,7 +116,7 @@ def test_attach_ask_reopen_end_to_end(tmp_path):
     assert set(ans) == {"chat_id", "answer", "ttft_s", "restore_s", "bytes_read",
                         "chunk_levels", "recomputed_tokens", "tokens_generated", "source",
                         "messages", "documents", "blended", "sources", "recompute_s",
-                        "evidence", "finish_reason", "read_whole"}
+                        "evidence", "finish_reason", "read_whole", "stored"}
     assert ans["documents"] == [attached["doc_id"]] and ans["blended"] is None
     assert ans["chunk_levels"] == ["high"] and ans["recomputed_tokens"] == 0
     assert ans["source"] == "local"

@@ -124,24 +124,27 @@ def test_export_s_format_json_refuses_with_the_json_document_json_does(tmp_path)
     assert proc.returncode == 1 and proc.stdout == ""  # (markdown: the error on stderr only)
 
 
-# A one-shot `ask` whose write `patched` ("module.Class.method") fails for a full disk.
+# A one-shot `ask` whose write `patched` ("module.Class.method") fails for a full disk (or
+# with another of the store's errors: `error`).
 FULL = """
 import importlib, sys
-from store import DiskFullError
+from store import errors
 from desktop_app.cli import main
+error = getattr(errors, sys.argv.pop(1))
 def full(*args, **kwargs):
-    raise DiskFullError("the disk holding the data directory D is full")
+    raise error("the disk holding the data directory D is full")
 module, owner, name = sys.argv.pop(1).rsplit(".", 2)
 setattr(getattr(importlib.import_module(module), owner), name, full)
 main(sys.argv[1:])
 """
 
 
-def ask_on_a_full_disk(tmp_path, patched: str, max_tokens: int) -> subprocess.CompletedProcess:
+def ask_on_a_full_disk(tmp_path, patched: str, max_tokens: int, error: str = "DiskFullError"
+                       ) -> subprocess.CompletedProcess:
     doc = tmp_path / "ferry.txt"
     doc.write_text("The ferry leaves the harbour at seven.")
     kvdesk("attach", str(doc))
-    return subprocess.run([sys.executable, "-c", FULL, patched, "ask", "1", "When?",
+    return subprocess.run([sys.executable, "-c", FULL, error, patched, "ask", "1", "When?",
                            "--max-tokens", str(max_tokens), "--no-server"],
                           capture_output=True, text=True, timeout=300)
 
@@ -158,9 +161,20 @@ def test_an_answers_cache_a_full_disk_did_not_keep_is_said_once(tmp_path):
 @pytest.mark.model
 def test_an_error_after_the_answer_streamed_starts_a_line_of_its_own(tmp_path):
     """(A terminal showed "...seven.Error: the disk ... is full" on one line.)"""
-    proc = ask_on_a_full_disk(tmp_path, "desktop_app.chat.library.Library.add_turn", 4)
+    proc = ask_on_a_full_disk(tmp_path, "desktop_app.chat.library.Library.add_turn", 4,
+                              error="DamagedError")
     assert proc.returncode == 1 and "Error: the disk holding" in proc.stderr, proc.stderr
     assert proc.stdout.strip() and proc.stdout.endswith("\n"), repr(proc.stdout)
+
+
+@pytest.mark.model
+def test_an_answer_a_full_disk_cannot_store_is_given_and_said_not_stored(tmp_path):
+    """(It ended as an error, exit 1, where a vanished data folder gave the answer with a
+    note: an answer shown is an answer given, on every path.)"""
+    proc = ask_on_a_full_disk(tmp_path, "store.store.Store.start_chat", 4)
+    assert proc.returncode == 0 and proc.stdout.strip(), proc.stderr
+    assert "Note: the answer given is not stored, nor its question (nor a chat made for " \
+        "them): the disk holding the data directory D is full" in proc.stderr, proc.stderr
 
 
 @pytest.mark.model

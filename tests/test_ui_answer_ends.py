@@ -5,6 +5,7 @@ scripted FakeEngine; every wait is on a signal or a condition."""
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 from PySide6.QtCore import Qt, QUrl
 from ui_fixtures import engine_fixture, open_window, window_fixture  # noqa: F401
@@ -148,3 +149,27 @@ def test_an_answer_over_a_document_cached_for_another_model_lists_it_again(qtbot
     with qtbot.waitSignal(window.answer_done, timeout=10000):
         window.send("What does it say?")
     qtbot.waitUntil(lambda: sum(c[0] == "documents" for c in engine.calls) > listed)
+
+
+def test_a_new_chats_answer_that_could_not_be_stored_leaves_a_new_chat(qtbot, window, engine):
+    """An answer given but not stored (a full disk, the data folder gone) has no chat: the
+    view stays a new chat, saying why, not one of an id 0 no question could go to."""
+    tick_first(window)
+    ask = engine.ask
+
+    def unstored(question, **kwargs):
+        result = ask(question, **kwargs)
+        engine._chats.pop(result.chat_id)
+        return replace(result, chat_id=0, stored=False, messages=[
+            "this turn is not stored: the data directory D was removed or moved"])
+
+    engine.ask = unstored
+    with qtbot.waitSignal(window.answer_done, timeout=10000):
+        window.send("What does it say?")
+    assert window.chat_id is None and "this turn is not stored" in window.info.text()
+    assert "The document says" in window.chat_view.toPlainText()
+    engine.ask = ask  # (the disk has room again) regenerating asks it again, in a new chat
+    with qtbot.waitSignal(window.answer_done, timeout=10000):
+        window.regenerate()
+    assert window.chat_id is not None and engine.messages(window.chat_id)[0].text == \
+        "What does it say?"

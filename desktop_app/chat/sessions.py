@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from store import DataDirGoneError, Document, Store
+from store import DataDirGoneError, DiskFullError, Document, Store
 
 from ..errors import Cancelled, EngineError
 from ..kv import speeds as speeds_mod
@@ -405,7 +405,8 @@ class ChatSession:
                 blended=report.blended, finish_reason="length" if out.cut else "cancelled" if (
                     cancel is not None and cancel.is_set()) else "stop",
                 evidence=quoted, **self.longdocs.cited(rt, chat_id, docs))
-            stats = {k: v for k, v in result.as_dict().items() if k not in ("answer", "chat_id")}
+            stats = {k: v for k, v in result.as_dict().items()
+                     if k not in ("answer", "chat_id", "stored")}
             # Both messages are stored after the answer, in one transaction: a durable write
             # (fsync) before the first token would only delay it; a turn stopped earlier: neither.
             answer_tokens = generated + suffix_tokens
@@ -414,8 +415,8 @@ class ChatSession:
                 chat_id = self.library.add_turn(
                     chat_id, question, result.answer, docs=docs, stats=stats,
                     model=rt.fingerprint, question_tokens=turn.tokens, answer_tokens=answer_tokens)
-            except DataDirGoneError as e:  # the answer was shown: it is returned all the same
-                return replace(result, messages=[*result.messages, f"this turn is not stored: {e}"])
+            except (DataDirGoneError, DiskFullError) as e:  # the answer was shown: it stands
+                return replace(result, messages=[*result.messages, str(e)], stored=False)
             if new:
                 self.longdocs.adopt(chat_id)
             not_kept = self._keep(rt, chat_id, context + turn.tokens + answer_tokens, kept, docs)

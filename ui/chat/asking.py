@@ -155,7 +155,12 @@ class AskingMixin:
             if self.answer_serial != self.serial:
                 left_behind(result.chat_id)
             else:
-                if self.chat_id is None:  # the engine created the chat for this question
+                if not result.stored:
+                    if new_turn:  # (regenerating it asks it again, as a turn never stored)
+                        self._unsaved = (self.serial, answering.question, answering.doc_ids)
+                # (the engine created the chat for this question, unless it could not be
+                # stored: then the view stays a new chat, its documents still to tick)
+                elif self.chat_id is None:
                     self._new_chat_ticks = set(self.doc_list.checked_ids())
                     self.chat_id = result.chat_id
                     self.doc_list.set_checkable(False)
