@@ -411,6 +411,10 @@ def test_a_model_that_cannot_load_is_explained(qtbot):
         pass
     assert "no model at /nowhere.gguf" in window.info.text()
     assert not window.prompt.isEnabled()
+    # where the conversation would be: why nothing can be asked, not the welcome's attach hint
+    shown = window.chat_view.toPlainText()
+    assert shown.startswith("No model is loaded") and "no model at /nowhere.gguf" in shown
+    assert "paperclip" not in shown
 
 
 def test_without_a_model_the_lists_say_the_chats_and_documents_are_kept(qtbot, tmp_path):
@@ -455,6 +459,8 @@ def test_a_data_folder_this_kvdesk_cannot_open_is_the_folder_s_problem_not_the_m
     assert "which this kvdesk cannot open" in window.chat_list.note.text()
     assert "model" not in window.chat_list.note.text()
     assert window.doc_list.hint.text() == "Attaching needs a data folder this kvdesk can open."
+    shown = window.chat_view.toPlainText()
+    assert shown.startswith("The data folder cannot be opened") and "paperclip" not in shown
     (tmp_path / "kvdesk.sqlite").write_bytes(b"not a database " * 512)  # damaged past opening
     window = MainWindow(lambda: Store(tmp_path), Settings(data_dir=str(tmp_path)))
     qtbot.addWidget(window)

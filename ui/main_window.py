@@ -259,9 +259,10 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, ListingMixin, CodecM
         self.engine_ready.emit()
 
     def _engine_failed(self, message: str) -> None:
-        status, chats, documents = start_failure(
+        heading, status, chats, documents = start_failure(
             message, data_folder_fault(self._starting.error), self.settings.data_path)
         self._say(status, True)
+        self.chat_view.show_blank(heading, in_window_terms(status))
         self.chat_list.note.setText(chats)
         self.chat_list.note.show()
         self.doc_list.show_note(documents)

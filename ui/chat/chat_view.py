@@ -48,6 +48,7 @@ class ChatView(QTextBrowser):
         self._html: list[str] = []  # rendered finished messages
         self._code: list[list[str]] = []  # per message, its code blocks' text
         self._streaming: str | None = None  # the answer being generated, or None
+        self._blank = WELCOME  # what an empty conversation shows
         self._timer = QTimer(self, singleShot=True, interval=RENDER_MS)
         self._timer.timeout.connect(self._render_streaming)
         self._stream_at = 0  # where the streaming answer starts in the document
@@ -272,9 +273,17 @@ class ChatView(QTextBrowser):
         finally:
             self._rendering = was
 
+    def show_blank(self, heading: str | None = None, text: str = "") -> None:
+        """What an empty conversation shows: `heading` and `text` (why nothing can be asked),
+        or the welcome (None)."""
+        self._blank = WELCOME if heading is None else (
+            f'<p style="font-size:x-large"><b>{html.escape(heading)}</b></p>'
+            f"<p>{html.escape(text)}</p>")
+        self._render()
+
     def _render(self) -> None:
         """Lay out every finished message, then the answer being streamed, if any."""
-        parts = list(self._html) or ([] if self._streaming is not None else [WELCOME])
+        parts = list(self._html) or ([] if self._streaming is not None else [self._blank])
         self._rendering = True
         try:
             self.setHtml(f'<div style="color:{self.colors.text}">{"".join(parts)}</div>')

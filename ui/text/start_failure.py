@@ -16,11 +16,13 @@ ELSEWHERE = ("another data folder in Settings (Ctrl+,): this one's chats and doc
              "stay in it as they are.")
 
 
-def start_failure(message: str, fault: str | None, folder: Path) -> tuple[str, str, str]:
-    """(status line, chat list's note, documents pane's note) for a start that failed with
-    `message`; `fault`: `data_folder_fault`'s word for it, None for the model's failure."""
+def start_failure(message: str, fault: str | None, folder: Path) -> tuple[str, str, str, str]:
+    """(heading, status line, chat list's note, documents pane's note) for a start that failed
+    with `message`; `fault`: `data_folder_fault`'s word for it, None for the model's failure.
+    The heading stands where the conversation would, in place of the welcome's attach hint."""
     if fault is None:
-        return (f"The model could not be loaded: {message}. Check Settings (Ctrl+,).",
+        return ("No model is loaded",
+                f"The model could not be loaded: {message}. Check Settings (Ctrl+,).",
                 f"Your chats and documents are kept in {folder}; they show here once a model "
                 "loads (Settings, Ctrl+,).",
                 "Attaching needs a model loaded.")
@@ -30,7 +32,8 @@ def start_failure(message: str, fault: str | None, folder: Path) -> tuple[str, s
                 f"backup of the folder; or choose {ELSEWHERE}")
     else:  # (the store's message says what is wrong with the folder, and what to do)
         what = f"Nothing in it was changed. You can also choose {ELSEWHERE}"
-    return (f"This kvdesk cannot open its data folder, {folder}: {message}. {what}",
+    return ("The data folder cannot be opened",
+            f"This kvdesk cannot open its data folder, {folder}: {message}. {what}",
             f"Your chats and documents are kept in {folder}, which this kvdesk cannot open: "
             "they are not shown here, and nothing there was changed.",
             "Attaching needs a data folder this kvdesk can open.")
