@@ -488,6 +488,30 @@ def test_a_long_or_marked_up_title_never_widens_the_window_nor_renders(qtbot, wi
     assert row.minimumSizeHint().width() < 600 and row.title.toolTip().startswith("x" * 400)
 
 
+def test_a_right_to_left_title_never_turns_the_documents_line_around(qtbot, window, engine,
+                                                                    monkeypatch):
+    """(An Arabic chat title made the header one right-to-left paragraph: its second line
+    read "txt.عقد_الإيجار about".)"""
+    from PySide6.QtGui import QTextDocument
+
+    chat = engine.chats()[0]
+    with qtbot.waitSignal(window.restored, timeout=5000):
+        window.open_chat(chat.chat_id)
+    monkeypatch.setattr("ui.library.library_actions.QInputDialog.getText",
+                        lambda *a, **k: ("ما مدة عقد الإيجار؟", True))
+    with qtbot.waitSignal(window.chats_changed, timeout=5000):
+        window.chat_list.rename_requested.emit(chat.chat_id, chat.title)
+    laid_out = QTextDocument()
+    laid_out.setHtml(window.header.text())
+    block, directions = laid_out.begin(), {}
+    while block.isValid():
+        block.layout()  # (a block's direction is found as it is laid out)
+        directions[block.text()] = block.textDirection()
+        block = block.next()
+    about = [way for text, way in directions.items() if "about " in text]
+    assert about == [Qt.LayoutDirection.LeftToRight], directions
+
+
 def test_rename_delete_and_new_chat(qtbot, window, engine, monkeypatch):
     chat = engine.chats()[0]
     with qtbot.waitSignal(window.restored, timeout=5000):

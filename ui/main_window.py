@@ -285,8 +285,13 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, ListingMixin, CodecM
         about = ", ".join(titles.get(d, f"document {d} (deleted)") for d in doc_ids)
         hint = (" — tick documents on the left to ask about them"
                 if self.chat_id is None and not doc_ids else "")
-        self.header.setText(f"<b style='font-size:large'>{escape(shortened(title))}</b>" + (
-            f"<br><span>about {escape(shortened(about, 200))}</span>" if about else hint))
+        # (title and subtitle each a paragraph of its own: each laid out in its own direction,
+        # so a right-to-left title never turns "about ..." around)
+        self.header.setText(
+            "<p style='margin:0' align='left'><b style='font-size:large'>"
+            f"{escape(shortened(title))}</b>"
+            + ("</p>" if about else f"{hint}</p>")
+            + (f"<p style='margin:0'>about {escape(shortened(about, 200))}</p>" if about else ""))
         self.header.setToolTip("".join(f"<p>{escape(t)}</p>" for t in (title, about) if t))
         self._show_fit()
 
