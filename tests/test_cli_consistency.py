@@ -384,3 +384,17 @@ def test_a_flag_given_an_empty_list_of_levels_is_refused_not_taken_for_the_defau
         assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
         assert proc.stderr.startswith(f"Error: Invalid value for '{flag}': names no level")
     assert not (tmp_path / "data").exists()  # refused as the command line is read
+
+
+def test_json_keeps_text_as_written_where_stdout_takes_utf8(monkeypatch):
+    """(Every --json escaped "契約書" as "\\u5951...": unreadable in a terminal.) A stdout in a
+    legacy code page (a file redirected on Windows) still gets escapes, never an error."""
+    import io
+
+    from desktop_app.cli import base
+
+    data = {"title": "契約書 Müller"}
+    for encoding, expected in (("utf-8", '{"title": "契約書 Müller"}'),
+                               ("cp1252", '{"title": "\\u5951\\u7d04\\u66f8 M\\u00fcller"}')):
+        monkeypatch.setattr("sys.stdout", io.TextIOWrapper(io.BytesIO(), encoding=encoding))
+        assert base.json_text(data) == expected

@@ -20,7 +20,6 @@ its own beyond parsing and printing, and never imports llama.cpp or the codec at
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
@@ -42,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
         cli.main(args=args, prog_name="kvdesk", standalone_mode=False)
     except click.exceptions.Abort:  # a second Ctrl-C (the first stops the work cleanly)
         if base.wants_json(args) and not base.json_printed:  # stdout: one JSON document
-            click.echo(json.dumps({"error": "interrupted", "kind": "Interrupted"}))
+            click.echo(base.json_text({"error": "interrupted", "kind": "Interrupted"}))
         click.echo("Aborted.", err=True)
         sys.exit(base.INTERRUPTED)
     except click.exceptions.NoArgsIsHelpError as e:  # `kvdesk`, `kvdesk remote`: as -h does
@@ -51,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
         hint = f" (`{e.ctx.command_path} -h` for help)" if e.ctx is not None else ""
         message = base.refused_value(e) or base.misplaced_option(e) or e.format_message()
         if base.wants_json(args):
-            click.echo(json.dumps({"error": message, "kind": "UsageError"}))
+            click.echo(base.json_text({"error": message, "kind": "UsageError"}))
         click.echo(f"Error: {message}{hint}", err=True)
         sys.exit(1)
     except click.ClickException as e:
@@ -61,6 +60,6 @@ def main(argv: list[str] | None = None) -> None:
         if not is_user_error(e):
             raise
         if base.wants_json(args) and not base.json_printed:
-            click.echo(json.dumps({"error": str(e), "kind": type(e).__name__}))
+            click.echo(base.json_text({"error": str(e), "kind": type(e).__name__}))
         click.echo(base.error_line(e), err=True)
         sys.exit(base.INTERRUPTED if base.interrupted and isinstance(e, Cancelled) else 1)

@@ -112,11 +112,18 @@ def misplaced_option(e: click.UsageError) -> str | None:
 json_printed = False  # whether the command printed its one JSON document (`print_json`)
 
 
+def json_text(data: dict | list, **options) -> str:
+    """`data` as JSON with its text as written ("契約書", not "\\u5951..."), where stdout
+    takes UTF-8; escaped where it would not (a file redirected under a legacy code page)."""
+    utf8 = (getattr(sys.stdout, "encoding", None) or "").lower().replace("-", "") == "utf8"
+    return json.dumps(data, ensure_ascii=not utf8, **options)
+
+
 def print_json(data: dict | list) -> None:
     """Print the command's one JSON document: an error after it (a second Ctrl-C while it
     finishes) is said on stderr only, so stdout still holds exactly one."""
     global json_printed
-    click.echo(json.dumps(data, indent=2))
+    click.echo(json_text(data, indent=2))
     json_printed = True
 
 
