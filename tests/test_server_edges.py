@@ -509,3 +509,18 @@ def test_ids_and_numbers_are_taken_as_json_wrote_them_on_every_route(tmp_path):
                                                   '(got "0.5")')):
         r = c.post("/api/chat", json={**hi, **body})
         assert r.status_code == 400 and r.json() == {"error": said}, r.text
+
+
+@pytest.mark.parametrize("title, name", [
+    ("Müller_Vertrag.txt", "müller-vertrag-txt"),  # (was "m-ller-vertrag-txt")
+    ("Договор аренды.txt", "договор-аренды-txt"),  # (was "txt": every such title alike)
+    ("契約書.md", "契約書-md"),
+    ("हिंदी नोट्स.txt", "हिंदी-नोट्स-txt"),  # (a vowel sign is its letter's, not a break)
+    ("  Ferry guide (2024) .pdf", "ferry-guide-2024-pdf"),
+])
+def test_a_documents_model_name_keeps_its_titles_letters_in_any_script(title, name):
+    from desktop_app.server import served
+
+    assert served._slug(title) == name
+    for asked in (f"doc-3-{name}", f"doc-3-{name}:latest", f"DOC-3-{name.upper()}"):
+        assert served._DOCUMENT_MODEL.fullmatch(asked)[1] == "3"  # (the name picks it)

@@ -20,13 +20,14 @@ It never loads a model: names come from the settings, the file's path and its he
 from __future__ import annotations
 
 import re
+import unicodedata
 from functools import cached_property
 from pathlib import Path
 
 from ..app import App
 
 # "doc-12-user-manual", "doc-12" and Ollama's "doc-12-user-manual:latest": document 12
-_DOCUMENT_MODEL = re.compile(r"doc-(\d{1,12})(?:-[a-z0-9-]*)?(?::latest)?", re.IGNORECASE)
+_DOCUMENT_MODEL = re.compile(r"doc-(\d{1,12})(?:-[^:\s]*)?(?::latest)?", re.IGNORECASE)
 
 
 class Served:
@@ -112,5 +113,8 @@ class Served:
 
 
 def _slug(title: str) -> str:
-    """A title as a model name's letters: lower case, digits and dashes, 40 at most."""
-    return re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")[:40].rstrip("-")
+    """A title as a model name's letters: its letters (any script's, with their marks) in
+    lower case, digits and dashes, 40 at most ("доклад-2024-pdf", "müller-vertrag-txt")."""
+    kept = "".join(c if c.isalnum() or unicodedata.category(c).startswith("M") else "-"
+                   for c in unicodedata.normalize("NFC", title.lower()))
+    return re.sub("-+", "-", kept).strip("-")[:40].rstrip("-")
