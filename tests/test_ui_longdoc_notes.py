@@ -148,6 +148,14 @@ def test_an_attach_reading_its_file_says_so_without_a_percent(qtbot, window):
     assert row.bar.maximum() == 0  # busy, not full
     row.show_progress(Progress("split", 40, 100, "book.pdf"))
     assert "40%" in row.phase.text() and row.bar.maximum() == 100 and row.bar.value() == 40
+    # a folder's walk, then its files read: said as such (it said "reading the file…")
+    row = window.doc_list.add_row("src", "red")
+    row.show_progress(Progress("extract", 1200, 0, "src"))
+    assert row.phase.text() == "looking through the folder: 1,200 found so far…"
+    assert row.bar.maximum() == 0
+    row.show_progress(Progress("extract", 300, 1200, "src"))
+    assert row.phase.text() == "reading the folder's files 25% (300 of 1,200)"
+    assert row.bar.value() == 25
 
 
 def test_what_a_background_exact_pass_evicted_is_said_in_the_status_bar_once(

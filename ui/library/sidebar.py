@@ -246,9 +246,12 @@ class AttachRow(QFrame):
         if p.note:  # said at once (a document longer than the context), kept under the row
             self._note = in_window_terms(p.note)
         measured = p.total > 1
-        self.phase.setText(f"{PHASE_WORDS.get(p.phase, p.phase)}"
-                           + (f" {percent}%" if measured else "…")
-                           + (f"\n{self._note}" if self._note else ""))
+        if p.phase == "extract" and p.total != 1:  # a folder: its files found, then read
+            said = (f"reading the folder's files {percent}% ({p.done:,} of {p.total:,})"
+                    if p.total else f"looking through the folder: {p.done:,} found so far…")
+        else:
+            said = PHASE_WORDS.get(p.phase, p.phase) + (f" {percent}%" if measured else "…")
+        self.phase.setText(said + (f"\n{self._note}" if self._note else ""))
         self.bar.setMaximum(100 if measured else 0)  # (0: a busy bar)
         self.bar.setValue(percent)
 
