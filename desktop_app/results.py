@@ -8,12 +8,20 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Self
 
 
 class Record:
     def as_dict(self) -> dict:
         return asdict(self)  # type: ignore[arg-type]
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> Self:
+        """The record `as_dict` gave, keys it does not know left out (a server newer than the
+        client reading it: upgraded while it ran, then rolled back)."""
+        known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 def size_text(nbytes: float) -> str:

@@ -144,3 +144,17 @@ def test_an_answer_cut_short_is_an_error_not_a_finish_reason_clients_do_not_know
               if line.startswith("data:")]
     assert events[-1] == "[DONE]" and "cut short" in json.loads(events[-2])["error"]["message"]
     assert not any('"finish_reason": "cancelled"' in e for e in events)
+
+
+def test_kvdesks_own_client_reads_a_newer_servers_records_leaving_out_what_it_does_not_know():
+    """(A server upgraded while it ran, then the install rolled back: the CLI asking through it
+    failed on the record's new key, `AskResult(**result)`, after the answer streamed.)"""
+    from desktop_app.results import AskResult
+
+    sent = AskResult(chat_id=3, answer="Seven.", ttft_s=0.1, restore_s=0.05, bytes_read=10,
+                     chunk_levels=["high"], recomputed_tokens=0, tokens_generated=2)
+    assert AskResult.from_dict({**sent.as_dict(), "a_newer_field": [1]}) == sent
+    report = RestoreReport.from_dict({"new": 1, **RestoreReport(
+        tokens=5, restore_s=0.1, bytes_read=3, chunk_levels=["high"],
+        recomputed_tokens=0).as_dict()})
+    assert report.tokens == 5

@@ -79,18 +79,18 @@ class Client:
             if "token" in event:
                 on_token(event["token"])
             elif "restore" in event:
-                on_restore(RestoreReport(**event["restore"]))
+                on_restore(RestoreReport.from_dict(event["restore"]))
             elif "progress" in event:
-                progress(Progress(**event["progress"]))
+                progress(Progress.from_dict(event["progress"]))
             elif "result" in event:
-                return AskResult(**event["result"])
+                return AskResult.from_dict(event["result"])
         raise Cancelled("the server's answer ended early")
 
     def reopen(self, chat_id: int, *, restore: RestoreOptions,
                progress: Callable[[Progress], None], cancel: threading.Event) -> RestoreReport:
         body = {"restore": _given(restore), "stream": True}
-        return RestoreReport(**self._result(f"/v1/kvdesk/chats/{chat_id}/reopen", progress,
-                                            cancel, json=body))
+        return RestoreReport.from_dict(self._result(f"/v1/kvdesk/chats/{chat_id}/reopen",
+                                                    progress, cancel, json=body))
 
     def attach(self, path: str | Path, *, levels: list[str] | None,
                progress: Callable[[Progress], None], cancel: threading.Event) -> AttachResult:
@@ -105,13 +105,13 @@ class Client:
             # in this process would: kept by a server on this machine only)
             data = {"source_path": str(path.resolve()),
                     **({"levels": ",".join(levels)} if levels else {})}
-            return AttachResult(**self._result("/v1/kvdesk/documents?stream=true", progress,
-                                               cancel, files=files, data=data))
+            return AttachResult.from_dict(self._result(
+                "/v1/kvdesk/documents?stream=true", progress, cancel, files=files, data=data))
 
     def _result(self, route: str, progress, cancel, **request) -> dict:
         for event in self._stream("POST", route, cancel, None, **request):
             if "progress" in event:
-                progress(Progress(**event["progress"]))
+                progress(Progress.from_dict(event["progress"]))
             elif "result" in event:
                 return event["result"]
         raise Cancelled("the server's answer ended early")
