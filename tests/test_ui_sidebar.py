@@ -98,3 +98,25 @@ def test_a_number_a_chat_s_own_title_already_reads_is_skipped():
         "Report (2)", "Report", "Report (3)", "Report (4)", "Report (2) (2)"]
     rows = shown("A", "A (2)", "A", "A (2)", "A", "A (3)")
     assert len(set(rows)) == len(rows) and rows[:2] == ["A", "A (2)"]
+
+
+def test_many_documents_can_be_filtered_by_title_and_a_checked_one_stays_checked(qtbot):
+    """(151 documents listed, no way to find one but scrolling; the chats had a search.)"""
+    docs = DocumentList()
+    qtbot.addWidget(docs)
+
+    def listed(n):
+        return [DocumentInfo(i, f"doc{i:03d}.md", "md", 100, 100, {}, "ready", 0.0)
+                for i in range(1, n + 1)]
+
+    docs.set_documents(listed(3), checked=set())
+    assert docs.filter.isHidden()  # (a few: nothing to filter)
+    docs.set_documents(listed(150), checked={7})
+    assert not docs.filter.isHidden()
+    docs.filter.setText("DOC12")
+    shown = [docs.list.item(i).text().split("\n")[0] for i in range(docs.list.count())
+             if not docs.list.item(i).isHidden()]
+    assert shown == [f"doc{n}.md" for n in range(120, 130)]
+    assert docs.checked_ids() == [7]  # (filtered out, still going into the new chat)
+    docs.set_documents(listed(151), checked={7})  # a refresh keeps the filter
+    assert sum(not docs.list.item(i).isHidden() for i in range(docs.list.count())) == 10

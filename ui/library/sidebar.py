@@ -1,5 +1,6 @@
 """The sidebar: past chats grouped by date with a search filter, and the attached documents
-with the progress of those still computing.
+(filtered by their titles, once there are many) with the progress of those still computing
+(`attach_rows`).
 
 These widgets display what they are given and turn clicks into signals; they never call the
 engine (the main window does, on worker threads).
@@ -9,9 +10,8 @@ from __future__ import annotations
 
 import datetime as dt
 
-from PySide6.QtCore import QSize, Qt, Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
-    QFrame,
     QHBoxLayout,
     QHeaderView,
     QLabel,
@@ -19,9 +19,6 @@ from PySide6.QtWidgets import (
     QListWidget,
     QListWidgetItem,
     QMenu,
-    QProgressBar,
-    QScrollArea,
-    QSizePolicy,
     QToolButton,
     QTreeWidget,
     QTreeWidgetItem,
@@ -33,12 +30,11 @@ from desktop_app.results import (
     STATUS_WORDS,
     ChatInfo,
     DocumentInfo,
-    Progress,
     counted,
     size_text,
 )
 
-from ..text.formatting import in_window_terms, shortened
+from .attach_rows import AttachRow, RowsArea
 
 GROUPS = ("Today", "Yesterday", "Previous 7 days", "Older")
 ID_ROLE = Qt.ItemDataRole.UserRole
@@ -200,104 +196,12 @@ def numbered(chats: list[ChatInfo]) -> dict[int, str]:
     return shown
 
 
-PHASE_WORDS = {"extract": "reading the file", "prefill": "computing the cache",
-               "encode": "compressing", "store": "saving", "restore": "restoring",
-               "recompute": "recomputing", "pull": "fetching from the shared cache",
-               "push": "sharing", "wait": "waiting for another kvdesk window's answer",
-               "repair": "repairing", "passages": "computing the passages' cache",
-               "split": "longer than the context: splitting into passages"}
-
-
-class AttachRow(QFrame):
-    """One document being attached: its phase and percent, and a cancel button; or why it
-    failed, with a button to dismiss the message."""
-
-    cancel_clicked = Signal()
-    dismissed = Signal()
-    failed = Signal()
-
-    def __init__(self, title: str, error_color: str, parent: QWidget | None = None):
-        super().__init__(parent)
-        self.setFrameShape(QFrame.Shape.StyledPanel)
-        self.title = QLabel(shortened(title, 60), toolTip=title, minimumWidth=1)
-        self.title.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.phase = QLabel("waiting…", minimumWidth=1)
-        self.phase.setWordWrap(True)  # (its row is as tall as its wrapped text: rows scroll)
-        self.error = ""  # why it failed, once it has
-        self._note = ""
-        self.bar = QProgressBar(maximum=100, textVisible=False, maximumHeight=6)
-        self.button = QToolButton(text="✕", autoRaise=True, toolTip="Cancel")
-        self.button.clicked.connect(self.cancel_clicked)
-        self._error_color = error_color
-        top = QHBoxLayout()
-        top.addWidget(self.title, 1)
-        top.addWidget(self.button)
-        layout = QVBoxLayout(self)
-        layout.setContentsMargins(6, 4, 6, 4)
-        layout.setSpacing(2)
-        layout.addLayout(top)
-        layout.addWidget(self.phase)
-        layout.addWidget(self.bar)
-
-    def show_progress(self, p: Progress) -> None:
-        """A phase's percent; a phase of one step (reading the file: 1 of 1 once read, and
-        what follows says nothing until the next phase) without one, its bar busy."""
-        percent = int(100 * p.done / p.total) if p.total else 0
-        if p.note:  # said at once (a document longer than the context), kept under the row
-            self._note = in_window_terms(p.note)
-        measured = p.total > 1
-        if p.phase == "extract" and p.total != 1:  # a folder: its files found, then read
-            said = (f"reading the folder's files {percent}% ({p.done:,} of {p.total:,})"
-                    if p.total else f"looking through the folder: {p.done:,} found so far…")
-        else:
-            said = PHASE_WORDS.get(p.phase, p.phase) + (f" {percent}%" if measured else "…")
-        self.phase.setText(said + (f"\n{self._note}" if self._note else ""))
-        self.bar.setMaximum(100 if measured else 0)  # (0: a busy bar)
-        self.bar.setValue(percent)
-
-    def show_error(self, message: str) -> None:
-        self.error = message
-        self.bar.hide()
-        self.phase.setText(message)
-        self.phase.setStyleSheet(f"color: {self._error_color}")
-        self.phase.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.button.setToolTip("Dismiss")
-        self.button.clicked.disconnect()
-        self.button.clicked.connect(self.dismissed)
-        self.failed.emit()
-
-
-class RowsArea(QScrollArea):
-    """The attach rows, scrolling: as tall as they are, up to a third of the sidebar, so that
-    however many there are the window never grows and the lists keep their room."""
-
-    def __init__(self, parent: QWidget | None = None):
-        super().__init__(parent, widgetResizable=True, frameShape=QFrame.Shape.NoFrame)
-        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Maximum)
-        self.setWidget(QWidget())
-        self.rows = QVBoxLayout(self.widget())
-        self.rows.setContentsMargins(0, 0, 0, 0)
-        self.rows.setSpacing(4)
-
-    def sizeHint(self) -> QSize:
-        inner = self.widget()
-        width = self.viewport().width() or inner.sizeHint().width()
-        tall = (inner.heightForWidth(width) if inner.hasHeightForWidth() else -1)
-        return QSize(inner.sizeHint().width(),
-                     min(max(tall, inner.sizeHint().height()), self.maximumHeight()))
-
-    def minimumSizeHint(self) -> QSize:  # one row's worth at least, when there are rows
-        return QSize(0, min(self.sizeHint().height(), 4 * self.fontMetrics().height()))
-
-    def resizeEvent(self, event) -> None:  # (a new width wraps the errors anew)
-        super().resizeEvent(event)
-        if event.oldSize().width() != event.size().width():
-            self.updateGeometry()
+FILTER_FROM = 10  # documents listed from which their titles can be filtered
 
 
 class DocumentList(QWidget):
-    """Attached documents; the checked ones go into the next new chat."""
+    """Attached documents; the checked ones go into the next new chat. A filter by title shows
+    once there are many (a checked document filtered out stays checked)."""
 
     attach_requested = Signal()
     delete_requested = Signal(int, str)  # doc id, title
@@ -318,6 +222,9 @@ class DocumentList(QWidget):
                                         toolTip="Dismiss every attach that failed")
         self.clear_button.clicked.connect(self.clear_failed)
         top.addWidget(self.clear_button)
+        self.filter = QLineEdit(placeholderText="Filter documents", clearButtonEnabled=True,
+                                visible=False)
+        self.filter.textChanged.connect(self._filter)
         self.list = QListWidget()
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         # A row's facts wrap under its title: a narrow sidebar cuts none of them off.
@@ -332,6 +239,7 @@ class DocumentList(QWidget):
         top.addWidget(self.attach_button)
         layout.addLayout(top)
         layout.addWidget(self.rows_area)
+        layout.addWidget(self.filter)
         layout.addWidget(self.list)
         layout.addWidget(self.hint)
 
@@ -371,11 +279,19 @@ class DocumentList(QWidget):
                                 "again to use the new text.")]
                    if doc.file_changed else [])))
             self.list.addItem(item)
+        self._filter()
         self.list.setCurrentRow(current)  # a refresh moves neither the selection nor the view
         self.list.verticalScrollBar().setValue(scrolled)
         self.list.blockSignals(False)
+        self.filter.setVisible(len(docs) >= FILTER_FROM or bool(self.filter.text()))
         self.hint.setText("Attach files with the paperclip or drop them on the window.")
         self.hint.setVisible(not docs)
+
+    def _filter(self) -> None:
+        needle = self.filter.text().strip().casefold()
+        for i in range(self.list.count()):
+            item = self.list.item(i)
+            item.setHidden(needle not in item.text().split("\n")[0].casefold())
 
     def show_note(self, text: str) -> None:
         """`text` in place of the attach hint, while no documents can be listed nor attached."""

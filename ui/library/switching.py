@@ -13,7 +13,7 @@ from desktop_app.options import RestoreOptions
 from desktop_app.results import Progress
 
 from ..text.formatting import restore_line
-from .sidebar import PHASE_WORDS
+from .attach_rows import PHASE_WORDS
 
 
 class SwitchingMixin:
