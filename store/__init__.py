@@ -13,7 +13,7 @@ facade (`store.py`), `upgrade` (bringing a store's file to the schema) and `sche
 migrations of every room's tables), then side by side `caches` (KV entries and chunks, quota,
 integrity, calibrations) and `documents` (models, documents, chats, messages, passages), then
 `datadir` (connections, the disk reserve, locks between processes), and the leaf modules
-`errors`, `records` and `tokens`.
+`errors`, `records`, `tokens` and `words` (how the full-text index reads CJK text).
 """
 
 from .caches.writers import BackgroundWriter, EntryWriter

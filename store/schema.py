@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from .caches import blobs
 from .datadir.db import execute_script
-from .documents.passages import m008_passages
+from .documents.passages import m008_passages, m014_cjk_index
 from .tokens import encode as encode_tokens
 
 M001_INITIAL = """
@@ -377,6 +377,7 @@ MIGRATIONS: list[tuple[str, Migration]] = [
     ("m011_prompt_caches", m011_prompt_caches),
     ("m012_entry_documents", _executing(M012_ENTRY_DOCUMENTS)),
     ("m013_deleted_titles", _executing(M013_DELETED_TITLES)),
+    ("m014_cjk_index", m014_cjk_index),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 # The migrations a store may lack while holding later ones, and that give it exactly the schema a

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from store import Entry, Store
+from store.documents.passages import M008_PASSAGES
 
 FP = "model-a"
 LEVELS = ("lossless", "compact")
@@ -84,7 +85,14 @@ def back_to_version_10(path: Path) -> None:
     conn = sqlite3.connect(path / "kvdesk.sqlite")
     with conn:
         conn.execute("DELETE FROM migrations WHERE name IN ('m011_prompt_caches',"
-                     " 'm012_entry_documents', 'm013_deleted_titles')")
+                     " 'm012_entry_documents', 'm013_deleted_titles', 'm014_cjk_index')")
+        for statement in ("DROP TRIGGER passages_fts_insert", "DROP TRIGGER passages_fts_delete",
+                          "DROP TABLE passages_fts", "DROP VIEW passages_fts_source"):
+            conn.execute(statement)
+        # m008's index, as it was
+        conn.executescript(M008_PASSAGES[M008_PASSAGES.index("CREATE VIRTUAL"):
+                                         M008_PASSAGES.index("CREATE TABLE passage_vectors")])
+        conn.execute("INSERT INTO passages_fts(passages_fts) VALUES ('rebuild')")
         conn.execute("DROP TABLE kv_entry_documents")
         conn.execute("DROP TRIGGER documents_take_what_holds_them")
         conn.execute("DROP TABLE deleted_documents")

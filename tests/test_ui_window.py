@@ -445,7 +445,7 @@ def test_a_data_folder_this_kvdesk_cannot_open_is_the_folder_s_problem_not_the_m
 
     Store(tmp_path).close()
     with sqlite3.connect(tmp_path / "kvdesk.sqlite") as conn:
-        conn.execute("PRAGMA user_version = 14")  # (as a newer kvdesk leaves it)
+        conn.execute("PRAGMA user_version = 99")  # (as a newer kvdesk leaves it)
     conn.close()
     window = MainWindow(lambda: Store(tmp_path), Settings(data_dir=str(tmp_path)))
     qtbot.addWidget(window)
@@ -453,7 +453,7 @@ def test_a_data_folder_this_kvdesk_cannot_open_is_the_folder_s_problem_not_the_m
         pass
     said = window.info.text()
     assert said.startswith(f"This kvdesk cannot open its data folder, {tmp_path}: store schema "
-                           "version 14 is newer")
+                           "version 99 is newer")
     assert "newer kvdesk last used it" in said and "nothing in it was changed" in said
     assert "model" not in said and "stay in it as they are" in said
     assert "which this kvdesk cannot open" in window.chat_list.note.text()

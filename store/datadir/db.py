@@ -26,6 +26,7 @@ from pathlib import Path
 import sqlite_utils
 
 from ..errors import DamagedError, DataDirError, ReadOnlyError
+from ..words import FTS_TEXT, index_text
 from .full import disk_full, disk_is_full, is_full
 from .paying import INCREMENTAL, Paying
 from .place import Place
@@ -128,6 +129,14 @@ def open_connection(path: Path, *, read_only: bool = False) -> sqlite3.Connectio
     use) is read through the log and its shared-memory file, which must then exist (mode=ro);
     any other is opened immutable, as SQLite otherwise creates the shared-memory file beside it.
     """
+    conn = _open(path, read_only)
+    # The passages' full-text index reads its text through it (store.words), in its
+    # triggers too: any connection that adds or deletes a passage needs it.
+    conn.create_function(FTS_TEXT, 1, index_text, deterministic=True)
+    return conn
+
+
+def _open(path: Path, read_only: bool) -> sqlite3.Connection:
     if read_only:
         wal = path.with_name(path.name + "-wal")
         in_log = wal.exists() and wal.stat().st_size > 0

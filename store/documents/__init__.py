@@ -4,8 +4,8 @@ messages, and the passages of long documents.
     library    models, documents, chats and messages, and each message's tokens per model:
                the rows a user sees (`LibraryStore`)
     passages   a long document's passages: text and locations, a full-text index (FTS5, BM25)
-               and vectors (`PassageStore`); their tables' migration (m008), which the schema
-               applies
+               and vectors (`PassageStore`); their tables' migrations (m008, and m014's index
+               reading CJK text character by character), which the schema applies
     passagekv  which passage entries hold which passages' KV, found by content
                (`PassageKVStore`)
 

@@ -2,10 +2,11 @@
 
 A document too long for a model's context is kept as passages (rows of `passages`, in
 document order), indexed by SQLite's FTS5 (`passages_fts`, an external-content index kept in
-step by triggers, ranked by BM25) and by dense vectors (`passage_vectors`: one float32 row
-per passage and embedding model, L2-normalised by whoever made them; compared with numpy).
-Text, index and vectors are the document's: they are never evicted (they are not KV and the
-storage budget does not count them), and deleting the document deletes them.
+step by triggers, ranked by BM25; it reads each CJK character as a word, `store.words`, and a
+question's CJK runs are searched as their pairs) and by dense vectors (`passage_vectors`: one
+float32 row per passage and embedding model, L2-normalised by whoever made them; compared
+with numpy). Text, index and vectors are the document's: they are never evicted (they are
+not KV and the storage budget does not count them), and deleting the document deletes them.
 
 Each passage has a `content_hash` (SHA-256 of its text): the key its KV is stored under, so
 the same text is one cache whichever document holds it. This module never touches KV entries
@@ -27,6 +28,7 @@ import numpy as np
 from ..datadir.db import Connections, execute_script
 from ..datadir.values import stored_json
 from ..errors import NotFoundError
+from ..words import FTS_TEXT, cjk_words, index_text
 
 M008_PASSAGES = """
 CREATE TABLE passages (
@@ -69,6 +71,36 @@ def m008_passages(conn: sqlite3.Connection) -> None:
     execute_script(conn, M008_PASSAGES)
 
 
+# The index made anew, reading each passage as `store.words` gives it (CJK characters as words
+# of their own) through a view: its content is what it indexed, so FTS5's checks of the index
+# against its content (integrity-check, rebuild) read the same text the triggers gave it.
+M014_CJK_INDEX = f"""
+DROP TRIGGER passages_fts_insert;
+DROP TRIGGER passages_fts_delete;
+DROP TABLE passages_fts;
+CREATE VIEW passages_fts_source AS
+    SELECT id, {FTS_TEXT}(text) AS text, {FTS_TEXT}(heading) AS heading FROM passages;
+CREATE VIRTUAL TABLE passages_fts USING fts5(
+    text, heading, content='passages_fts_source', content_rowid='id', tokenize='porter unicode61'
+);
+CREATE TRIGGER passages_fts_insert AFTER INSERT ON passages BEGIN
+    INSERT INTO passages_fts(rowid, text, heading)
+        VALUES (new.id, {FTS_TEXT}(new.text), {FTS_TEXT}(new.heading));
+END;
+CREATE TRIGGER passages_fts_delete AFTER DELETE ON passages BEGIN
+    INSERT INTO passages_fts(passages_fts, rowid, text, heading)
+        VALUES ('delete', old.id, {FTS_TEXT}(old.text), {FTS_TEXT}(old.heading));
+END;
+INSERT INTO passages_fts(passages_fts) VALUES ('rebuild');
+"""
+
+
+def m014_cjk_index(conn: sqlite3.Connection) -> None:
+    """The passages' full-text index reading Chinese, Japanese and Korean character by
+    character (`store.words`), every passage indexed again."""
+    execute_script(conn, M014_CJK_INDEX)
+
+
 @dataclass(frozen=True)
 class StoredPassage:
     id: int
@@ -107,15 +139,23 @@ def text_hash(text: str) -> str:
 
 
 def query_words(query: str) -> list[str]:
-    """The words of a query worth searching for, each once, in order (at most 64)."""
-    words = [w for w in re.findall(r"\w+", query.lower()) if w not in _STOPWORDS]
+    """The words of a query worth searching for, each once, in order (at most 64); a run of
+    Chinese, Japanese or Korean characters as its overlapping pairs (`store.words`)."""
+    words = [part for w in re.findall(r"\w+", query.lower()) for part in cjk_words(w)
+             if part not in _STOPWORDS]
     return list(dict.fromkeys(words))[:64]
 
 
+def phrase(word: str) -> str:
+    """`word` (of `query_words`, or a name of several) as an FTS5 phrase, quoted: no FTS5
+    syntax of the user's can break it; a CJK pair as the two tokens the index holds."""
+    return '"' + " ".join(index_text(word).split()).replace('"', '""') + '"'
+
+
 def match_expression(query: str) -> str | None:
-    """An FTS5 query matching any of the query's words (each quoted: no FTS5 syntax of the
-    user's can break it), or None for a query with no word worth searching for."""
-    return " OR ".join(f'"{w}"' for w in query_words(query)) or None
+    """An FTS5 query matching any of the query's words (`phrase`), or None for a query with
+    no word worth searching for."""
+    return " OR ".join(map(phrase, query_words(query))) or None
 
 
 class PassageStore:
@@ -227,7 +267,7 @@ class PassageStore:
             " WHERE passages_fts MATCH ? AND p.document_id = ?"
             + (" AND instr(lower(p.text || ' ' || p.heading), ?) > 0" if literal else "")
             + " LIMIT ?",
-            ('"' + word.replace('"', '""') + '"', document_id,
+            (phrase(word), document_id,
              *([word.lower()] if literal else []), at_most))]
 
     def passage_vectors(self, document_id: int,
