@@ -1,6 +1,6 @@
 """Chinese and Japanese documents: the full-text index reads them character by character
-(`store.words`) and questions search their runs as pairs (no model: a Store, the retrieval
-layer and static embeddings)."""
+(`store.words`), questions search their runs as pairs, and passages and quoted evidence end at
+。！？ (no model: a Store, the retrieval layer and static embeddings)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import sqlite3
 import pytest
 
 from desktop_app.passages.embed import WordLlamaEmbedder
+from desktop_app.passages.evidence import naming, sentences
 from desktop_app.passages.retrieve import Retriever
+from desktop_app.passages.split import split
 from store import Store
 from store.datadir.db import open_connection
 from store.documents.passages import query_words
@@ -45,6 +47,14 @@ def test_a_cjk_question_is_searched_as_overlapping_pairs_and_other_words_as_writ
     assert query_words("鹰山天文台在哪里? Who keeps the Vault 3号") == [
         "鹰山", "山天", "天文", "文台", "台在", "在哪", "哪里", "keeps", "vault", "3", "号"]
     assert query_words("灯台守の名前は鳥羽宗一郎です") [:3] == ["灯台", "台守", "守の"]
+
+
+def test_one_line_chinese_is_split_at_its_full_stops():
+    text = haystack(300)
+    passages = split(text, "text", chars, target=60, limit=120)
+    assert len(passages) > 10
+    assert all(p.text.endswith("。") for p in passages)  # none cut mid-sentence
+    assert "".join(p.text for p in passages) == text
 
 
 @pytest.fixture(scope="module")
@@ -97,3 +107,17 @@ def test_a_store_indexed_before_reads_its_cjk_passages_after_the_upgrade(tmp_pat
     assert raw.execute("SELECT count(*) FROM passages_fts WHERE passages_fts MATCH"
                        " '\"天 文\"'").fetchone() == (1,)
     raw.close()
+
+
+def test_evidence_quotes_the_cjk_sentence_naming_the_rare_word():
+    text = "学校在秋季之前调查了预算方案。养蜂人在林边的蜂巢里养了四十三箱蜜蜂！工厂扩建了路灯。"
+    assert sentences(text) == ["学校在秋季之前调查了预算方案。",
+                               "养蜂人在林边的蜂巢里养了四十三箱蜜蜂！", "工厂扩建了路灯。"]
+    assert sentences("「行こう。」と彼は言った。次だ．") == [
+        "「行こう。」", "と彼は言った。", "次だ．"]
+    counts = {"蜂巢": 1, "巢里": 1, "里养": 2, "养了": 9, "多少": 0}
+    store = type("Counted", (), {"passage_frequencies": lambda self, d, q, n: counts})()
+    assert naming(store, 1, "蜂巢里养了多少箱蜜蜂？", [text]) == [
+        "养蜂人在林边的蜂巢里养了四十三箱蜜蜂！"]
+    # A line's wrap between a pair's characters still names it.
+    assert naming(store, 1, "蜂巢里养了多少？", ["林边的蜂\n巢里。别的。"]) == ["林边的蜂\n巢里。"]

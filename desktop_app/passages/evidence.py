@@ -19,6 +19,7 @@ import re
 from collections.abc import Sequence
 
 from store import Store
+from store.words import CJK
 
 from .records import RECORDS
 from .retrieve import RARE_PASSAGES, frequencies, rare_phrases, written_names
@@ -27,7 +28,12 @@ MOST = 3  # sentences quoted at most: past a few, the quote is a passage again
 LONGEST = 300  # characters kept of each
 
 # A full stop before a word in lower case ends no sentence either ("waits 90 s. before").
-_BREAK = re.compile(r"(?<=[.!?])\s+(?![\sa-z])|\n\s*\n")
+# Chinese and Japanese end theirs with 。！？ or ．, any closing quote or bracket after it
+# theirs too, and no space after.
+_CJK = re.compile(f"[{CJK}]")
+_CLOSING = "」』）)”’"
+_BREAK = re.compile(r"(?<=[.!?])\s+(?![\sa-z])|\n\s*\n|"
+                    f"(?:(?<=[。！？．])(?![{_CLOSING}。！？．])|(?<=[。！？．][{_CLOSING}]))\\s*")
 # A title or an initial before a name ends no sentence ("Dr. Voktenvok ...", "J. R. Smith").
 _TITLE = re.compile(r"(?:\b(?:Dr|Mr|Mrs|Ms|Prof|St|Mt|No|vs|e\.g|i\.e)|\b[A-Z])\.$")
 
@@ -93,9 +99,12 @@ def _stem(word: str) -> str:
 def _pattern(word: str) -> str:
     """`word` matched as the index matches it: its stem, or a name of several words whole,
     whatever parts them that the index does not read (a line break, `SKU: S12-1`'s colon and
-    hyphen)."""
-    return (r"\W+".join(map(re.escape, word.split())) + r"\b" if " " in word
-            else re.escape(_stem(word)))
+    hyphen), from the start of a word; a CJK pair (`store.words`) wherever it is written,
+    a line's wrap between its characters too."""
+    if _CJK.match(word):
+        return r"\s*".join(map(re.escape, word))
+    return r"\b" + (r"\W+".join(map(re.escape, word.split())) + r"\b" if " " in word
+                    else re.escape(_stem(word)))
 
 
 def naming(store: Store, doc_id: int, question: str, texts: Sequence[str],
@@ -159,7 +168,7 @@ def _counted(store: Store, doc_ids: Sequence[int], question: str, at_most: int
 
 def _holds(text: str, word: str) -> bool:
     """Whether `text` holds `word`, matched on its stem as the index matches it."""
-    return re.search(r"\b" + re.escape(_stem(word)), text, re.IGNORECASE) is not None
+    return re.search(_pattern(word), text, re.IGNORECASE) is not None
 
 
 def _quoting(counts: dict[str, int], question: str, texts: Sequence[str], most: int, *,
@@ -176,7 +185,7 @@ def _quoting(counts: dict[str, int], question: str, texts: Sequence[str], most: 
     if not counts:
         return []
     fewest = min(counts.values())
-    stems = re.compile(r"\b(?:" + "|".join(_pattern(w) for w, c in counts.items()
+    stems = re.compile("(?:" + "|".join(_pattern(w) for w, c in counts.items()
                                            if c == fewest) + ")", re.IGNORECASE)
     found = {" ".join(s.split()): _quote(s.strip(), stems) for t in texts
              for s in (t.split("\n") if lines else sentences(t))

@@ -384,7 +384,9 @@ def _opening(piece: tuple[_Unit, int, int, int]) -> bool:
     return piece[0].opens and piece[1] == piece[0].start
 
 
-_SEPARATORS = ("\n", ". ", " ")
+# Lines, then sentences (a full stop and a space; or a Chinese or Japanese one, which no
+# space follows, with any closing quote or bracket after it), then words.
+_SEPARATORS = (re.compile("\n"), re.compile(r"\. |[。！？．][」』）)”’]*"), re.compile(" "))
 
 
 def _pieces(text: str, start: int, end: int, count: CountFn, target: int, limit: int,
@@ -400,7 +402,7 @@ def _pieces(text: str, start: int, end: int, count: CountFn, target: int, limit:
                 for piece in _pieces(text, s, min(end, s + step), count, target, limit, depth)
                 ] if step < end - start else [(start, end, tokens)]
     sep = _SEPARATORS[depth]
-    cuts = [start] + [start + m.end() for m in re.finditer(re.escape(sep), text[start:end])
+    cuts = [start] + [start + m.end() for m in sep.finditer(text[start:end])
                       if start + m.end() < end]
     if len(cuts) == 1:
         return _pieces(text, start, end, count, target, limit, depth + 1)
