@@ -95,3 +95,17 @@ def test_docs_ends_with_where_the_stored_bytes_go(store):
     (store.data_dir / "reserve").unlink()  # (spent on a full disk): not said to be there
     assert storage_line(store, FP).endswith(
         "on disk (the database; no reserve for a full disk: its disk has too little room now)")
+
+
+def test_a_gc_that_evicts_many_documents_names_a_few_and_counts_the_rest(tmp_path):
+    """(`gc` on a 152-document library printed one line of ~100 documents, 3 KB.)"""
+    from desktop_app.kv.evictions import evicted_line
+
+    with open_store(tmp_path) as store:
+        ids = [store.add_document(f"h{i}", f"doc{i}.md", "text", type="md").id
+               for i in range(8)]
+        line, = evicted_line(store, [{"document_id": d, "chat_id": None, "passage": False,
+                                      "bytes": 1000, "model": FP} for d in ids])
+    assert line.startswith("evicted document 1 (doc0.md), document 2 (doc1.md), ")
+    assert "document 5 (doc4.md), 3 more documents' caches (8.0 KB): they are" in line
+    assert "doc5.md" not in line

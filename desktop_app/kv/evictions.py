@@ -23,6 +23,8 @@ from store.datadir import reserve
 
 from ..results import size_text
 
+NAMED = 5  # the documents named in a note of what was evicted; the rest counted
+
 
 def eviction_notes(store: Store, evicted: Sequence[dict], fingerprint: str | None = None, *,
                    stored: str = "this") -> list[str]:
@@ -130,8 +132,10 @@ def _kinds(store: Store, evicted: Sequence[dict]) -> list[str]:
     passages = sum(c["passage"] for c in evicted)
     prompts = sum(c["document_id"] is None and c["chat_id"] is None and not c["passage"]
                   for c in evicted)
-    return [f"document {d} ({_title(store, d)})" for d in docs] + [
+    named = list(docs)[:NAMED]  # (all of them in the report's JSON: `evicted_caches`)
+    return [f"document {d} ({_title(store, d)})" for d in named] + [
         f"{n} {what}" for n, what in (
+            (len(docs) - len(named), "more documents' caches"),
             (len(chats), "chat cache(s)"), (passages, "passage(s)"),
             # (a root of no document or chat: the local API's shared prompt, or the passages')
             (prompts, "shared prompt cache(s)")) if n]
