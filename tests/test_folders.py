@@ -4,8 +4,10 @@ and the lines within it."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
+import random
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -119,6 +121,32 @@ def test_a_folders_notes_in_other_encodings_and_large_pdfs_are_read_as_alone(tmp
     # a folder's text file over its limit is still left out, named
     (root / "big.txt").write_text("x" * (most + 1))
     assert f"1 over {most} B (big.txt)" in extract(root).note
+
+
+def test_binary_files_that_are_not_utf8_and_begin_as_text_are_left_out(tmp_path):
+    """(Read as legacy text, a folder's binary files went into its text whole: an installer's
+    gzip archive after its script made 88,659 tokens of garbage.) A NUL anywhere, bytes that
+    read as no text at the start, middle or end, or a one-byte reading without the spaces
+    every such text has, leave a file out as binary."""
+    root = tmp_path / "tool"
+    root.mkdir()
+    (root / "notes.txt").write_bytes("Le café ouvre à 7 h.\n".encode("latin-1") * 20)
+    rng = random.Random(5)
+    (root / "install.run").write_bytes(b"echo unpacking\n" * 600 + b"__ARCHIVE__\n"
+                                       + gzip.compress(rng.randbytes(20_000)))
+    (root / "key.bin").write_bytes(bytes(rng.randrange(128, 256) for _ in range(400)))
+    (root / "data.csvx").write_bytes(b"a,b\n1,2\n" * 1200 + bytes(range(256)))
+    (root / "pairs.dat").write_bytes(bytes(rng.choice([0xC3, 0xA9, 0xE2, 0x80, 0x9C, 0x41])
+                                           for _ in range(3000)))  # (chance UTF-8 pairs)
+    found = extract(root)
+    assert found.note == ("tool: 1 file read, 4 left out: 4 binary (data.csvx, install.run, "
+                          "key.bin, ...)"), found.note
+    with pytest.raises(DocumentError, match="install.run: this is a binary file"):
+        extract(root / "install.run")  # (attached alone: refused the same)
+    for n in range(4):  # what was guessed: the first few said, the rest counted
+        (root / f"more{n}.txt").write_bytes("Déjà vu à Paris.\n".encode("latin-1") * 20)
+    said = extract(root).warnings
+    assert len(said) == 4 and said[-1] == "tool: 2 more such note(s) of its files", said
 
 
 def test_gitignore_rules():

@@ -70,6 +70,21 @@ def decode(data: bytes, name: str, warnings: list[str]) -> str:
         return _utf8_or_legacy(data, name, warnings, marked=False)
 
 
+def _text_throughout(data: bytes, text: str, *, spaced: bool) -> bool:
+    """Whether `text`, read from `data` that is not clean UTF-8, is text all through, not a
+    text head on a binary body (an installer's script before its archive, a log with a dump
+    appended): no NUL anywhere, text (`_reads_as_text`) at its start, middle and end, and, in
+    a one-byte encoding (`spaced`), where nearly every byte reads as some letter, the
+    whitespace every language written so puts between its words and lines."""
+    if b"\x00" in data:
+        return False
+    step = max(1, (len(text) - 4096) // 4)
+    if not all(_reads_as_text(text[i:i + 4096]) for i in range(0, max(1, len(text) - 4095),
+                                                                step)):
+        return False
+    return not spaced or len(text) < 200 or sum(map(str.isspace, text)) >= 0.01 * len(text)
+
+
 @dataclass(frozen=True)
 class Utf8Evidence:
     """What a text that is not valid UTF-8 holds of UTF-8: its bytes (≥ 0x80) that are part
@@ -156,7 +171,7 @@ def _utf8_or_legacy(data: bytes, name: str, warnings: list[str], *, marked: bool
             encoding = FALLBACK_ENCODING
         if encoding != FALLBACK_ENCODING or not (marked or ev.valid):
             text = data.decode(encoding, errors="replace")
-            if not _reads_as_text(text[:8192]):  # (bytes no encoding reads as text)
+            if not _text_throughout(data, text, spaced=_one_byte(encoding)):
                 raise NotTextError(f"{name}: this is a binary file, not a text document")
             bad = text.count("\ufffd")
             warnings.append(f"{name}: "
@@ -171,17 +186,23 @@ def _utf8_or_legacy(data: bytes, name: str, warnings: list[str], *, marked: bool
             # Windows-1252 all the same: read so, the text differs only where its bytes form
             # valid UTF-8, which Windows-1252 text does once in 20,000 stray bytes (and an
             # older file's mojibake, "cafÃ©", did as often): such a character is kept.
+            text = data.decode("utf-8", errors=_STRAY)
+            if not _text_throughout(data, text, spaced=True):
+                raise NotTextError(f"{name}: this is a binary file, not a text document")
             warnings.append(f"{name}: not UTF-8 but for {ev.valid} character(s); the rest "
                             f"read as {encoding} ({how}); if letters look wrong, save the "
                             "file as UTF-8")
-            return data.decode("utf-8", errors=_STRAY)
+            return text
     # UTF-8 with a few stray bytes (a line pasted from an older file): each stray byte is
     # read as Windows-1252, the rest as the UTF-8 it is.
+    text = data.decode("utf-8", errors=_STRAY)
+    if not _text_throughout(data, text, spaced=False):
+        raise NotTextError(f"{name}: this is a binary file, not a text document")
     sequences = data.decode("utf-8", errors="replace").count("\ufffd") - data.count(
         "\ufffd".encode())
     warnings.append(f"{name}: UTF-8 but for {sequences} stray byte sequence(s), each byte "
                     f"read as {FALLBACK_ENCODING}")
-    return data.decode("utf-8", errors=_STRAY)
+    return text
 
 
 def _stray(e: UnicodeDecodeError) -> tuple[str, int]:

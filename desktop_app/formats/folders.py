@@ -53,7 +53,8 @@ MAX_FILE_BYTES = 2_000_000  # one file of a folder: a data dump or a log, not a 
 # Files read by their format even though their bytes are not text.
 DOCUMENT_SUFFIXES = frozenset({".pdf", *DOCX_SUFFIXES, *EPUB_SUFFIXES})
 FILE_HEADING = "File: "  # the line each file starts under, before its path
-WARNINGS = 5  # what is said of its files: the first few
+WARNINGS = 5  # why files could not be read: the first few said (all named in `left_out`)
+NOTES = 3  # what readers said of the files read (encodings guessed): the first few, counted
 NAMED = 3  # the names said per reason in a folder's note (all of them in `Folder.left_out`)
 PROGRESS_S = 0.5  # how often a long walk says how far it is
 _CONTROL = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")
@@ -88,7 +89,8 @@ class Folder:
     files: int  # how many were read
     # (path from the folder, as shown; why): what was not read, a folder's path ending in "/"
     left_out: list[tuple[str, str]] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)  # the first few said of its files
+    # Why its first files could not be read, then what was said of the first files read.
+    warnings: list[str] = field(default_factory=list)
     # Its PDFs' pages: (page number within its file, offset in `text`), in order.
     pages: tuple[tuple[int, int], ...] = ()
 
@@ -146,19 +148,17 @@ def read(root: Path, read_file: ReadFile, *, total_limit: int,
     if any(real.is_relative_to(a) for a in avoided):
         raise DocumentError(f"{title}: kvdesk's own data folder, not a document to attach")
     left_out: list[tuple[str, str]] = []
-    warnings: list[str] = []
+    warnings: list[str] = []  # (why files could not be read)
+    notes: list[str] = []  # (what their readers said of the files read)
     walk = _Walk(real, avoided, left_out, warnings, progress, cancel)
     found = list(walk.files(real, "", Rules.for_folder(real)))
     parts: list[tuple[str, Read]] = []
     total = 0
 
-    def say(*said: str) -> None:
-        warnings.extend(said[:max(0, WARNINGS - len(warnings))])
-
     def leave(relpath: str, why: str, error: str = "") -> None:
         left_out.append((relpath, why))
         if error:
-            say(error)
+            walk.say(error)
 
     for done, (relpath, path) in enumerate(found):
         walk.tick(done, len(found))
@@ -193,13 +193,16 @@ def read(root: Path, read_file: ReadFile, *, total_limit: int,
                                 f"{size_text(total_limit)}, the most kvdesk reads as one "
                                 "document (attach a folder inside it)")
         parts.append((relpath, part))
-        say(*part.warnings)
+        notes += part.warnings
     left_out.sort(key=lambda r: r[0])
     if not parts:
         said = Folder("", title, (), (), 0, left_out).summary
         raise DocumentError(f"{title}: the folder has no readable file to attach ("
                             f"{said.split(': ', 1)[1]})")
-    return replace(_joined(title, parts), left_out=left_out, warnings=warnings)
+    more = len(notes) - NOTES
+    said = notes[:NOTES] + ([f"{title}: {more} more such note(s) of its files"]
+                            if more > 0 else [])
+    return replace(_joined(title, parts), left_out=left_out, warnings=warnings + said)
 
 
 class _Walk:
@@ -216,6 +219,10 @@ class _Walk:
         self.regular: set[Path] = set()  # the real paths of the files found (not links)
         self.links: list[tuple[str, Path, Path]] = []  # (relpath, path, target in the folder)
         self.walked: list[Path] = []  # the folders listed (the root too)
+
+    def say(self, error: str) -> None:
+        if len(self.warnings) < WARNINGS:
+            self.warnings.append(error)
 
     def tick(self, done: int, total: int) -> None:
         if self.cancel is not None and self.cancel.is_set():
@@ -244,8 +251,7 @@ class _Walk:
         except OSError as e:
             if rel:
                 self.left_out.append((rel, "unreadable"))
-                if len(self.warnings) < WARNINGS:
-                    self.warnings.append(f"{rel}: cannot be read ({e.strerror or e})")
+                self.say(f"{rel}: cannot be read ({e.strerror or e})")
                 return
             raise DocumentError(f"{title_of(real)}: cannot be read ({e.strerror or e})"
                                 ) from None
