@@ -398,3 +398,6 @@ def test_json_keeps_text_as_written_where_stdout_takes_utf8(monkeypatch):
                                ("cp1252", '{"title": "\\u5951\\u7d04\\u66f8 M\\u00fcller"}')):
         monkeypatch.setattr("sys.stdout", io.TextIOWrapper(io.BytesIO(), encoding=encoding))
         assert base.json_text(data) == expected
+    # a name's bytes that are not UTF-8 (os.fsdecode's surrogates): escaped, never an error
+    monkeypatch.setattr("sys.stdout", io.TextIOWrapper(io.BytesIO(), encoding="utf-8"))
+    assert base.json_text({"path": "caf\udce9.txt"}) == '{"path": "caf\\udce9.txt"}'

@@ -114,9 +114,15 @@ json_printed = False  # whether the command printed its one JSON document (`prin
 
 def json_text(data: dict | list, **options) -> str:
     """`data` as JSON with its text as written ("契約書", not "\\u5951..."), where stdout
-    takes UTF-8; escaped where it would not (a file redirected under a legacy code page)."""
+    takes UTF-8; escaped where it would not (a file redirected under a legacy code page), or
+    where the text holds what UTF-8 cannot write (a file name's bytes that are not UTF-8)."""
     utf8 = (getattr(sys.stdout, "encoding", None) or "").lower().replace("-", "") == "utf8"
-    return json.dumps(data, ensure_ascii=not utf8, **options)
+    if utf8:
+        written = json.dumps(data, ensure_ascii=False, **options)
+        with contextlib.suppress(UnicodeEncodeError):
+            written.encode("utf-8")
+            return written
+    return json.dumps(data, **options)
 
 
 def print_json(data: dict | list) -> None:
