@@ -282,7 +282,8 @@ class AskResult(Record):
     # the model ended it, or it stopped going round in circles (messages say why).
     finish_reason: str = "stop"
     # False: the answer was given, but neither it nor its question is stored (a full disk, the
-    # data directory gone: `messages` say why); a new chat's then has no chat (`chat_id` 0).
+    # data directory gone or found damaged: `messages` say why); a new chat's then has no chat
+    # (`chat_id` 0).
     stored: bool = True
 
     def after(self, seconds: float, tokens: int) -> AskResult:

@@ -162,7 +162,7 @@ def test_an_answers_cache_a_full_disk_did_not_keep_is_said_once(tmp_path):
 def test_an_error_after_the_answer_streamed_starts_a_line_of_its_own(tmp_path):
     """(A terminal showed "...seven.Error: the disk ... is full" on one line.)"""
     proc = ask_on_a_full_disk(tmp_path, "desktop_app.chat.library.Library.add_turn", 4,
-                              error="DamagedError")
+                              error="StoreError")
     assert proc.returncode == 1 and "Error: the disk holding" in proc.stderr, proc.stderr
     assert proc.stdout.strip() and proc.stdout.endswith("\n"), repr(proc.stdout)
 

@@ -18,7 +18,7 @@ from desktop_app.model.runtime import Runtime
 from desktop_app.options import GenerationOptions, RestoreOptions
 from desktop_app.results import size_text
 from desktop_app.validation import InvalidValue
-from store import DiskFullError, Store
+from store import DamagedError, DiskFullError, Store
 from store import tokens as tokens_mod
 
 EVERY_LEVEL = (*DEFAULT_LEVELS, EXACT)
@@ -566,6 +566,26 @@ def test_a_full_disk_keeps_the_answer_and_says_its_cache_is_not_stored(engine, d
                            documents=[doc_id], generation=deterministic(4))
     assert not done.stored and "this conversation's cache is not stored: the disk holding " \
         "the data directory D is full" in done.messages
+
+
+@pytest.mark.parametrize("error, said", [
+    (DiskFullError("the disk is full"), "the answer given is not stored, nor its question "
+     "(nor a chat made for them): the disk is full"),
+    (DamagedError("the database file D is damaged"), "this turn is not stored: the database "
+     "file D is damaged"),
+])
+def test_an_answer_whose_turn_cannot_be_stored_is_given_saying_so(engine, doc_id, monkeypatch,
+                                                                  error, said):
+    """(A full disk's, or a store found damaged, ended as an error after the answer streamed,
+    exit 1, and `--json` lost the answer; a vanished data directory's gave it.)"""
+    def refused(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(engine.store, "start_chat", refused)
+    chats = len(engine.chats())
+    result = ask(engine, "What was the lamp burning before 1902?", doc=doc_id, tokens=4)
+    assert result.answer and not result.stored and result.chat_id == 0
+    assert said in result.messages and len(engine.chats()) == chats
 
 
 def test_storing_a_cache_that_evicts_others_says_which(new_engine, tmp_path):

@@ -168,6 +168,7 @@ def test_a_new_chats_answer_that_could_not_be_stored_leaves_a_new_chat(qtbot, wi
         window.send("What does it say?")
     assert window.chat_id is None and "this turn is not stored" in window.info.text()
     assert "The document says" in window.chat_view.toPlainText()
+    assert "(not saved)" in window.chat_view.toPlainText()  # (as a stopped turn's)
     engine.ask = ask  # (the disk has room again) regenerating asks it again, in a new chat
     with qtbot.waitSignal(window.answer_done, timeout=10000):
         window.regenerate()

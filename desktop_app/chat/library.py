@@ -21,12 +21,12 @@ from typing import TypeVar
 from store import (
     Chat,
     DamagedError,
-    DataDirGoneError,
     DiskFullError,
     Document,
     Entry,
     Message,
     NotFoundError,
+    ReadOnlyError,
     Store,
 )
 
@@ -289,8 +289,9 @@ class Library:
         a new chat (None) about `docs` (as read before the answer) is created with it, so it
         never exists empty (about those of them not deleted meanwhile). On a full disk the
         store's reserve pays for a turn's text; where even that is spent, the error says the
-        answer given is not kept, and what the chat still holds; a data directory gone, that
-        the turn is not stored (said beside the answer given: `ChatSession.ask`)."""
+        answer given is not kept, and what the chat still holds; a data directory gone (or its
+        file found damaged), that the turn is not stored (said beside the answer given:
+        `ChatSession.ask`)."""
         titles = {d.id: d.title for d in docs}
         doc_ids, deleted = list(titles), {}
         try:
@@ -315,8 +316,8 @@ class Library:
                     else f"chat {chat_id} keeps its turns before it")
             raise DiskFullError(f"the answer given is not stored, nor its question ({kept}): "
                                 f"{e}") from e
-        except DataDirGoneError as e:
-            raise DataDirGoneError(f"this turn is not stored: {e}") from e
+        except ReadOnlyError as e:  # (the data directory gone, its file found damaged)
+            raise type(e)(f"this turn is not stored: {e}") from e
         return chat_id
 
     def name_untitled(self, chat_id: int, title: str) -> None:

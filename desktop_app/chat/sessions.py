@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from store import DataDirGoneError, DiskFullError, Document, Store
+from store import Document, ReadOnlyError, Store
 
 from ..errors import Cancelled, EngineError
 from ..kv import speeds as speeds_mod
@@ -415,7 +415,7 @@ class ChatSession:
                 chat_id = self.library.add_turn(
                     chat_id, question, result.answer, docs=docs, stats=stats,
                     model=rt.fingerprint, question_tokens=turn.tokens, answer_tokens=answer_tokens)
-            except (DataDirGoneError, DiskFullError) as e:  # the answer was shown: it stands
+            except ReadOnlyError as e:  # (full, gone, damaged) the answer was shown: it stands
                 return replace(result, messages=[*result.messages, str(e)], stored=False)
             if new:
                 self.longdocs.adopt(chat_id)

@@ -210,7 +210,8 @@ def ask(app: App, args, chat_id, docs, restore, generation, no_server, as_json):
     # beside them: a script reads there what the user reads on stderr.
     ours = answer_notes(res, stopped=cancel.is_set(), one_shot=client is None)
     say([m for m in res.messages if m not in said] + ours)
-    exact = client is None and not cancel.is_set()  # (the Ctrl-C that stopped it skips it)
+    # (the Ctrl-C that stopped it skips it, and a turn not stored has no chat to make exact)
+    exact = client is None and not cancel.is_set() and res.stored
     if as_json:  # (its notes, what it evicted too, in messages: a script reads them there)
         try:
             ours += finish_exact(app, res.chat_id, res.blended) if exact else []
@@ -221,7 +222,8 @@ def ask(app: App, args, chat_id, docs, restore, generation, no_server, as_json):
         titles = app.store.document_titles() if res.sources else None
         for line in Source.read(res.sources, res.evidence, titles, res.read_whole):
             click.echo(line, err=True)
-        click.echo(f"[chat {res.chat_id}] first token after {res.ttft_s * 1000:.0f} ms "
+        chat = f"chat {res.chat_id}" if res.stored else "not stored"
+        click.echo(f"[{chat}] first token after {res.ttft_s * 1000:.0f} ms "
                    f"(restore {res.restore_s * 1000:.0f} ms, {summary(res.chunk_levels)})",
                    err=True)
         if exact:

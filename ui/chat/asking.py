@@ -165,9 +165,12 @@ class AskingMixin:
                     self.chat_id = result.chat_id
                     self.doc_list.set_checkable(False)
                 self.chat_view.end_answer(
-                    result.answer, answer_stats(result, generation_s),
+                    result.answer, answer_stats(result, generation_s)
+                    + ("" if result.stored else " (not saved)"),
                     {"sources": result.sources, "read_whole": result.read_whole,
                      "evidence": result.evidence})
+                if not result.stored and not new_turn:  # the turn it was to replace stands
+                    self._load_messages(self.serial)
                 self._clear_progress()
                 if result.messages:
                     self._say(notes_text(result.messages))
