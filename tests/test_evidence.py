@@ -7,11 +7,20 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from desktop_app.model.prompts import with_evidence
-from desktop_app.passages.evidence import LONGEST, beside, naming, sentences, unnamed
+from desktop_app.passages.evidence import (
+    LONGEST,
+    beside,
+    capitalises_nouns,
+    naming,
+    sentences,
+    unnamed,
+)
 
 
-def counted(counts: dict[str, int]):
-    return SimpleNamespace(passage_frequencies=lambda doc, question, at_most: counts)
+def counted(counts: dict[str, int], text: str = ""):
+    """A store whose index counts the words so, over a document of `text`."""
+    return SimpleNamespace(passage_frequencies=lambda doc, question, at_most: counts,
+                           document=lambda doc: SimpleNamespace(text=text))
 
 
 def test_the_sentences_naming_the_rarest_words_are_quoted_in_the_order_read():
@@ -39,6 +48,76 @@ def test_a_name_the_document_never_holds_quotes_nothing_and_is_named():
     tarnwick = "What is the maximum payload of the Tarnwick conveyor?"
     assert naming(counted({"payload": 1, "tarnwick": 1}), 1, tarnwick, texts) == texts
     assert unnamed(counted({"payload": 1, "tarnwick": 1}), [1], tarnwick) == []
+
+
+GERMAN = " ".join([
+    "Der Leuchtturmwärter von Kap Morvel heißt Anselm Trübner.",
+    "Der Bäckermeister Ottokar Zimpel backt jeden Morgen 612 Brezeln für den Markt.",
+    "Im Herbst prüfte die Verwaltung die Pläne für die neue Brücke am Hafen.",
+    "Die Schule erweiterte im letzten Jahr ihre Bibliothek und den Garten.",
+    "Nach dem Regen sammelten die Kinder Kastanien im Park hinter der Kirche.",
+    "Der Verein traf sich jeden Donnerstag im Saal des alten Rathauses.",
+    "Ein Fischer brachte am Abend frischen Fisch in die kleine Stadt.",
+] * 6)
+ENGLISH = " ".join([
+    "The lighthouse keeper of Cape Morvel is called Anselm Truebner.",
+    "Every morning the master baker Ottokar Zimpel bakes 612 pretzels for the market.",
+    "In autumn the council reviewed the plans for the new bridge at the harbour.",
+    "Last year the school extended its library and the garden behind it.",
+    "After the rain the children gathered chestnuts in the park behind the church.",
+    "The club met every Thursday in the hall of the old town house.",
+    "A fisherman brought fresh fish into the small town in the evening.",
+] * 6)
+# A lease writes its few defined terms in every clause: many capitals, few of its words.
+LEASE = " ".join([
+    "The Lessee shall pay the Rent to the Lessor on the first day of each month.",
+    "The Lessor shall keep the Building and the Premises in good repair at its own cost.",
+    "The Lessee may not assign this Agreement or sublet the Premises without consent.",
+    "Any notice under this Agreement shall be given in writing to the Lessor or the Lessee.",
+    "The Term shall begin on the date of signing and end after five full years.",
+    "The deposit is held by the Trust in a separate account until the Term ends.",
+] * 6)
+
+
+def test_a_language_that_capitalises_its_nouns_is_told_by_its_text():
+    assert capitalises_nouns(GERMAN)
+    assert not capitalises_nouns(ENGLISH)
+    assert not capitalises_nouns(LEASE)
+    assert not capitalises_nouns(GERMAN[:300])  # too short to tell: as any other
+
+
+def test_a_noun_held_inflected_or_in_a_compound_is_not_named_nowhere():
+    """A probe asked a German haystack in natural German: "der Bäcker" (written only in
+    "Bäckermeister"), "des Leuchtturms" (in "Leuchtturmwärter") and, in English, "Cape"
+    were each told to the model as named nowhere, and it answered that the document does
+    not mention them, with the right sentence quoted."""
+    store = counted({"bäcker": 0, "brezeln": 1, "morgen": 5, "wärter": 0, "leuchtturms": 0,
+                     "kap": 1, "morvel": 1, "cape": 0, "lighthouse": 0, "keeper": 0,
+                     "harrowgate": 0, "frobnicate": 0}, GERMAN)
+    assert unnamed(store, [1], "Wie viele Brezeln backt der Bäcker jeden Morgen?") == []
+    assert unnamed(store, [1], "Wer ist der Wärter des Leuchtturms von Kap Morvel?") == []
+    assert unnamed(store, [1], "Who is the lighthouse keeper of Cape Morvel?") == []
+    # Capitals say nothing of a German text's names: an invented one is no longer told...
+    assert unnamed(store, [1], "Wer ist der Wärter von Kap Harrowgate?") == []
+    # ...but a name written as code, which no form of any word holds, still is.
+    assert unnamed(store, [1], "Was macht `frobnicate()` hier?") == ["frobnicate"]
+    # In English, a capitalised word is still a name, and one held in no form is told.
+    english = counted({"harrowgate": 0, "pier": 0, "keeper": 1}, ENGLISH)
+    assert unnamed(english, [1], "Who is the keeper of the Harrowgate Pier?") == [
+        "Harrowgate", "Pier"]
+    # Held inside a longer word (the index reads "Morvelhaven" as one), it is not.
+    assert unnamed(counted({"morvel": 0}, ENGLISH.replace("Cape Morvel", "Morvelhaven")),
+                   [1], "Who keeps the light at Morvel?") == []
+
+
+def test_nouns_held_only_in_other_forms_still_quote_the_rare_words():
+    """"Wie lautet der Code des Tresors im Rathaus?" writes three capitalised nouns, none
+    as the document does ("Tresorcode des Rathauses"): they are no names it lacks, and its
+    rare word's sentence is quoted."""
+    store = counted({"code": 0, "tresors": 0, "rathaus": 0, "lautet": 1}, GERMAN)
+    texts = ["Im Keller steht ein Schrank. Der geheime Tresorcode des Rathauses lautet 59172."]
+    assert naming(store, 1, "Wie lautet der Code des Tresors im Rathaus?", texts) == [
+        "Der geheime Tresorcode des Rathauses lautet 59172."]
 
 
 def test_a_word_is_matched_as_a_stem_and_each_sentence_once_as_written():
