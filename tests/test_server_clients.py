@@ -146,9 +146,14 @@ def test_an_answer_cut_short_is_an_error_not_a_finish_reason_clients_do_not_know
     assert not any('"finish_reason": "cancelled"' in e for e in events)
 
 
-def test_kvdesks_own_client_reads_a_newer_servers_records_leaving_out_what_it_does_not_know():
+def test_records_read_from_a_newer_server_leave_out_what_they_do_not_know():
     """(A server upgraded while it ran, then the install rolled back: the CLI asking through it
-    failed on the record's new key, `AskResult(**result)`, after the answer streamed.)"""
+    failed on the record's new key, `AskResult(**result)`, after the answer streamed.) The
+    client builds every record it reads with `from_dict`."""
+    import inspect
+
+    from desktop_app.server import client
+    assert "(**" not in inspect.getsource(client)
     from desktop_app.results import AskResult
 
     sent = AskResult(chat_id=3, answer="Seven.", ttft_s=0.1, restore_s=0.05, bytes_read=10,
