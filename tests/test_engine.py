@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 import time
@@ -18,7 +19,7 @@ from desktop_app.model.runtime import Runtime
 from desktop_app.options import GenerationOptions, RestoreOptions
 from desktop_app.results import size_text
 from desktop_app.validation import InvalidValue
-from store import DamagedError, DiskFullError, Store
+from store import DamagedError, DiskFullError, NotFoundError, Store
 from store import tokens as tokens_mod
 
 EVERY_LEVEL = (*DEFAULT_LEVELS, EXACT)
@@ -149,6 +150,24 @@ def test_chat_turns_reuse_the_document_and_reopen(engine, doc_id):
     third = ask(engine, "And the museum?", chat=chat, tokens=12)
     # The context was already loaded by reopen: nothing read, nothing recomputed.
     assert third.bytes_read == 0 and third.chunk_levels == [] and third.recomputed_tokens == 0
+
+
+def test_a_reopen_that_finds_no_cache_of_the_chat_says_why_it_computes(engine, doc_id):
+    """(A chat evicted under the storage budget took 9 s to reopen, not 0.1 s, and nothing
+    said why.)"""
+    chat = ask(engine, "What was the lamp burning before 1902?", doc=doc_id, tokens=4).chat_id
+    for entry in [e for e in engine.store.entries() if e.chat_id == chat]:  # (as evicted)
+        with contextlib.suppress(NotFoundError):
+            engine.store.delete_entry(entry.id)
+    engine.runtime.reset()
+    report = engine.reopen(chat)
+    n = report.recomputed_tokens
+    assert n > 0 and (f"this chat's own cache is not stored under this model (evicted under "
+                      f"the storage budget, or not kept when it was last answered): {n:,} of "
+                      f"its {report.tokens:,} tokens were computed from its text"
+                      ) in report.messages, report.messages
+    engine.runtime.reset()
+    assert not any("not stored under" in m for m in engine.reopen(chat).messages)  # (kept)
 
 
 def test_a_question_typed_ahead_is_computed_before_it_is_sent(engine, doc_id):

@@ -14,6 +14,7 @@ import contextlib
 import json
 import re
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -120,6 +121,20 @@ class Library:
     def _superseding(self, chat_id: int) -> frozenset[int]:
         thread, ids = self._superseded.get(chat_id, (None, frozenset()))
         return ids if thread == threading.get_ident() else frozenset()
+
+    def computed_note(self, chat_id: int | None, docs: Sequence[Document], fp: str,
+                      read: bool, computed: int, tokens: int) -> list[str]:
+        """Why a restore of a chat's `tokens` (over `docs`, under model `fp`) computed
+        `computed` of them from text, a cache having been `read` or not: its cache made under
+        another model only (`stale_note`), or none of its own stored under this one (evicted
+        under the storage budget, or never kept: a reopen that takes seconds says why)."""
+        if read and computed == tokens and (stale := self.stale_note(chat_id, docs, fp)):
+            return stale
+        if chat_id is None or not computed or self.store.chat_leaves(chat_id, fp, time.time()):
+            return []
+        return [f"this chat's own cache is not stored under this model (evicted under the "
+                f"storage budget, or not kept when it was last answered): {computed:,} of its "
+                f"{tokens:,} tokens were computed from its text"]
 
     def stale_note(self, chat_id: int | None, docs: Sequence[Document], fp: str) -> list[str]:
         """What to tell the user when the cache of a chat over `docs` exists only under other
