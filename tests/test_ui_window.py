@@ -494,13 +494,7 @@ def test_a_right_to_left_title_never_turns_the_documents_line_around(qtbot, wind
     read "txt.عقد_الإيجار about".)"""
     from PySide6.QtGui import QTextDocument
 
-    chat = engine.chats()[0]
-    with qtbot.waitSignal(window.restored, timeout=5000):
-        window.open_chat(chat.chat_id)
-    monkeypatch.setattr("ui.library.library_actions.QInputDialog.getText",
-                        lambda *a, **k: ("ما مدة عقد الإيجار؟", True))
-    with qtbot.waitSignal(window.chats_changed, timeout=5000):
-        window.chat_list.rename_requested.emit(chat.chat_id, chat.title)
+    rename_first_chat(qtbot, window, engine, monkeypatch, "ما مدة عقد الإيجار؟")
     laid_out = QTextDocument()
     laid_out.setHtml(window.header.text())
     block, directions = laid_out.begin(), {}
@@ -512,14 +506,20 @@ def test_a_right_to_left_title_never_turns_the_documents_line_around(qtbot, wind
     assert about == [Qt.LayoutDirection.LeftToRight], directions
 
 
-def test_rename_delete_and_new_chat(qtbot, window, engine, monkeypatch):
+def rename_first_chat(qtbot, window, engine, monkeypatch, title: str):
+    """Open the first chat and rename it `title` through its menu's dialog; return it."""
     chat = engine.chats()[0]
     with qtbot.waitSignal(window.restored, timeout=5000):
         window.open_chat(chat.chat_id)
     monkeypatch.setattr("ui.library.library_actions.QInputDialog.getText",
-                        lambda *a, **k: ("Renamed", True))
+                        lambda *a, **k: (title, True))
     with qtbot.waitSignal(window.chats_changed, timeout=5000):
         window.chat_list.rename_requested.emit(chat.chat_id, chat.title)
+    return chat
+
+
+def test_rename_delete_and_new_chat(qtbot, window, engine, monkeypatch):
+    chat = rename_first_chat(qtbot, window, engine, monkeypatch, "Renamed")
     assert "Renamed" in window.header.text()
     monkeypatch.setattr("ui.library.library_actions.QMessageBox.question",
                         lambda *a, **k: QMessageBox.StandardButton.Yes)
