@@ -6,13 +6,16 @@ token that no question matches. The index is given each CJK character as a token
 (`index_text`, registered on every store connection as the SQL function `FTS_TEXT`), and a
 question's run of them is searched as its overlapping pairs (`cjk_words`: "天文台" as "天文"
 and "文台"), each a phrase of two tokens, which matches wherever the pair is written: a
-two-character word as well as one of four. Other scripts pass through unchanged.
+two-character word as well as one of four. Other scripts pass through unchanged. A passage's
+headings are indexed as their text (`index_headings`, the SQL function `FTS_HEADINGS`), not
+as the JSON list they are stored as.
 
 Plain text in, plain text out: it never touches a database.
 """
 
 from __future__ import annotations
 
+import json
 import re
 
 # Han (with its extensions and compatibility forms, and 々〆〇), kana (with ー and the
@@ -22,12 +25,26 @@ CJK = ("\u1100-\u11ff\u3005-\u3007\u3040-\u309f\u30a0-\u30ff\u3130-\u318f\u31f0-
        "\U00020000-\U0003134f")
 _CHAR = re.compile(f"([{CJK}])")
 _RUNS = re.compile(f"[{CJK}]+|[^{CJK}]+")
-FTS_TEXT = "kvdesk_fts_text"  # the SQL function's name
+FTS_TEXT = "kvdesk_fts_text"  # the SQL functions' names
+FTS_HEADINGS = "kvdesk_fts_headings"
 
 
 def index_text(text: str | None) -> str | None:
     """`text` as the full-text index reads it: a space on each side of every CJK character."""
     return _CHAR.sub(r" \1 ", text) if text else text
+
+
+def index_headings(stored: str | None) -> str | None:
+    """A passage's headings (stored as a JSON list) as the index reads them: their text
+    (`index_text`), never the list's escapes ("\\u00dcbersicht" for "Übersicht"), which no
+    question holds; a list damaged on disk as it is (its passage must still be deletable)."""
+    try:
+        headings = json.loads(stored) if stored else []
+    except ValueError:
+        return index_text(stored)
+    if not isinstance(headings, list):
+        return index_text(stored)
+    return index_text(" ".join(map(str, headings)))
 
 
 def cjk_words(word: str) -> list[str]:

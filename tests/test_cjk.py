@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import sqlite3
 
@@ -121,3 +122,25 @@ def test_evidence_quotes_the_cjk_sentence_naming_the_rare_word():
         "养蜂人在林边的蜂巢里养了四十三箱蜜蜂！"]
     # A line's wrap between a pair's characters still names it.
     assert naming(store, 1, "蜂巢里养了多少？", ["林边的蜂\n巢里。别的。"]) == ["林边的蜂\n巢里。"]
+
+
+def test_headings_in_any_script_are_searched_as_their_text(tmp_path):
+    """(The index read a heading as its stored JSON: "Übersicht" as "u00dcbersicht", which no
+    question holds.) A heading damaged on disk still lets its passage be deleted."""
+    with Store(tmp_path / "data") as store:
+        doc = store.add_document("h", "de", "x", type="text")
+        db = store._db.get()
+        for i, (heading, text) in enumerate([(["Übersicht", "第一节"], "Nichts hier."),
+                                             (["Other"], "Also nothing.")]):
+            with store._db.write() as w:
+                w.execute("INSERT INTO passages (document_id, idx, text, char_start, char_end,"
+                          " line_start, line_end, heading, n_tokens, content_hash)"
+                          " VALUES (?, ?, ?, 0, 1, 1, 1, ?, 5, ?)",
+                          (doc.id, i, text, json.dumps(heading), str(i)))
+        for query in ("Übersicht", "übersicht", "第一节"):
+            assert [p.text for p, _ in store.search_passages(doc.id, query, 5)] == [
+                "Nichts hier."], query
+        with store._db.write() as w:  # (as a rotten byte would leave it)
+            w.execute("UPDATE passages SET heading = '[\"Oth' WHERE idx = 1")
+        store.delete_document(doc.id)
+        assert db.execute("SELECT count(*) FROM passages").fetchone() == (0,)

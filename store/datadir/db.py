@@ -26,7 +26,7 @@ from pathlib import Path
 import sqlite_utils
 
 from ..errors import DamagedError, DataDirError, ReadOnlyError
-from ..words import FTS_TEXT, index_text
+from ..words import FTS_HEADINGS, FTS_TEXT, index_headings, index_text
 from .full import disk_full, disk_is_full, is_full
 from .paying import INCREMENTAL, Paying
 from .place import Place
@@ -133,6 +133,7 @@ def open_connection(path: Path, *, read_only: bool = False) -> sqlite3.Connectio
     # The passages' full-text index reads its text through it (store.words), in its
     # triggers too: any connection that adds or deletes a passage needs it.
     conn.create_function(FTS_TEXT, 1, index_text, deterministic=True)
+    conn.create_function(FTS_HEADINGS, 1, index_headings, deterministic=True)
     return conn
 
 

@@ -28,7 +28,7 @@ import numpy as np
 from ..datadir.db import Connections, execute_script
 from ..datadir.values import stored_json
 from ..errors import NotFoundError
-from ..words import FTS_TEXT, cjk_words, index_text
+from ..words import FTS_HEADINGS, FTS_TEXT, cjk_words, index_text
 
 M008_PASSAGES = """
 CREATE TABLE passages (
@@ -79,17 +79,18 @@ DROP TRIGGER passages_fts_insert;
 DROP TRIGGER passages_fts_delete;
 DROP TABLE passages_fts;
 CREATE VIEW passages_fts_source AS
-    SELECT id, {FTS_TEXT}(text) AS text, {FTS_TEXT}(heading) AS heading FROM passages;
+    SELECT id, {FTS_TEXT}(text) AS text, {FTS_HEADINGS}(heading) AS heading
+    FROM passages;
 CREATE VIRTUAL TABLE passages_fts USING fts5(
     text, heading, content='passages_fts_source', content_rowid='id', tokenize='porter unicode61'
 );
 CREATE TRIGGER passages_fts_insert AFTER INSERT ON passages BEGIN
     INSERT INTO passages_fts(rowid, text, heading)
-        VALUES (new.id, {FTS_TEXT}(new.text), {FTS_TEXT}(new.heading));
+        VALUES (new.id, {FTS_TEXT}(new.text), {FTS_HEADINGS}(new.heading));
 END;
 CREATE TRIGGER passages_fts_delete AFTER DELETE ON passages BEGIN
     INSERT INTO passages_fts(passages_fts, rowid, text, heading)
-        VALUES ('delete', old.id, {FTS_TEXT}(old.text), {FTS_TEXT}(old.heading));
+        VALUES ('delete', old.id, {FTS_TEXT}(old.text), {FTS_HEADINGS}(old.heading));
 END;
 INSERT INTO passages_fts(passages_fts) VALUES ('rebuild');
 """
