@@ -442,5 +442,8 @@ class Store(LibraryStore, PassageStore, PassageKVStore, SplitStore, UsageStore, 
     def _delete(self, table: str, row_id: int, what: str) -> None:
         def work() -> None:
             with self._db.write() as db:
-                library.delete(db, table, row_id, what)
+                passages = library.delete(db, table, row_id, what)
+            if passages:  # (its words merged out of the index, where there is room for it)
+                with contextlib.suppress(DiskFullError), self._db.write() as db:
+                    library.forget_words(db)
         self._db.freeing(work)

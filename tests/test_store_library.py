@@ -244,3 +244,23 @@ def test_a_new_chat_is_stored_with_its_first_turn_or_not_at_all(store):
                                                                   ("assistant", "Because.")]
     assert store.messages(chat.id)[1].stats == {"ttft_s": 0.1}
     assert sorted(store.message_tokens(chat.id, "model-a").values()) == [[1, 2], [3]]
+
+
+def test_a_deleted_documents_passage_words_leave_the_file(store):
+    """(After `rm`, the full-text index's old segments still held the document's words, with
+    their positions, in the database file: FTS5 records a deletion as a mark.)"""
+    docs = {word: store.add_document(word, word, "x", type="text").id
+            for word in ("ordinaryword", "pangolinsonata")}
+    for word, doc_id in docs.items():
+        with store._db.write() as w:
+            for i in range(300):
+                w.execute("INSERT INTO passages (document_id, idx, text, char_start, char_end,"
+                          " line_start, line_end, heading, n_tokens, content_hash)"
+                          " VALUES (?, ?, ?, 0, 1, 1, 1, '[]', 5, ?)",
+                          (doc_id, i, f"Clause {i} of the {word} agreement, beta {i * 7}.",
+                           f"{doc_id}-{i}"))
+    store.delete_document(docs["pangolinsonata"])
+    store._db.get().conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    raw = b"".join(p.read_bytes() for p in store.path.parent.glob("kvdesk.sqlite*"))
+    assert raw.count(b"pangolinsonata") == 0 and raw.count(b"ordinaryword") >= 300
+    assert len(store.search_passages(docs["ordinaryword"], "ordinaryword", 5)) == 5

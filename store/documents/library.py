@@ -41,18 +41,30 @@ from .messages import (
 from .rows import get, update
 
 
-def delete(db: sqlite_utils.Database, table: str, row_id: int, what: str) -> None:
+def delete(db: sqlite_utils.Database, table: str, row_id: int, what: str) -> bool:
+    """Delete a document or chat; whether it was a document with passages (`forget_words`)."""
     # Foreign keys cascade: documents/chats -> their KV entries -> entries extending those
     # -> spans -> chunks; chats -> messages -> their tokens; either -> chat_documents.
+    passages = None
     try:
         if table == "documents":
             passagekv.hand_over(db, row_id)
             _drop_chat_caches(db, row_id)
+            passages = db.execute("SELECT 1 FROM passages WHERE document_id = ? LIMIT 1",
+                                  (row_id,)).fetchone()
         deleted = db.execute(f"DELETE FROM {table} WHERE id = ?", (row_id,)).rowcount
     except OverflowError:
         deleted = 0
     if not deleted:
         raise NotFoundError(f"no {what} {row_id}")
+    return passages is not None
+
+
+def forget_words(db: sqlite_utils.Database) -> None:
+    """After a document with passages is deleted: FTS5 records a deletion as a mark in a new
+    segment, and the passages' words stay in the old ones, on disk, until they are merged.
+    Merged now (the store's secure_delete overwriting the rows dropped), they are gone."""
+    db.execute("INSERT INTO passages_fts(passages_fts) VALUES ('optimize')")
 
 
 def _drop_chat_caches(db: sqlite_utils.Database, document_id: int) -> None:
