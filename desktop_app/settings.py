@@ -289,7 +289,7 @@ class Settings(UserValues):
     def save(self, path: Path | None = None, *, unknown: dict | None = None) -> None:
         """Write what was set, and `unknown`: a newer kvdesk's keys, kept for it."""
         path = path or config_dir() / "settings.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # (keys: this user's)
         tmp = path.with_suffix(".tmp")
         # What was set, not every default: a file saved today does not pin today's defaults.
         # A null that is the default ("auto") is left out too: it means what no key means,

@@ -50,6 +50,8 @@ def test_settings_precedence(monkeypatch, tmp_path):
     assert s.n_ctx is None and s.data_path == tmp_path / "data"  # None: per model
     s.with_overrides(n_ctx=2048).save()
     assert settings.load().n_ctx == 2048
+    # (a settings folder made to save them is this user's alone: a key may be saved there)
+    assert settings.config_dir().stat().st_mode & 0o077 == 0
     monkeypatch.setenv("KVDESK_N_CTX", "4096")
     assert settings.load().n_ctx == 4096
     assert settings.load().with_overrides(n_ctx=1024).n_ctx == 1024

@@ -483,3 +483,19 @@ def test_verify_repair_that_leaves_damage_behind_fails(library, monkeypatch, cap
         main(["--data-dir", str(library), "verify", "--repair"])
     assert exited.value.code == 1
     assert "1 chunks or codec calibrations still need repairing" in capsys.readouterr().out
+
+
+def test_a_data_directory_kvdesk_makes_is_closed_to_other_users(tmp_path):
+    """(It was 0755 under the usual umask, its database 0644: every local user could read
+    the documents' text and the chats.) One that exists is left as it is."""
+    old = os.umask(0o022)
+    try:
+        with Store(tmp_path / "new" / "data"):
+            pass
+        (tmp_path / "mine").mkdir(mode=0o755)
+        with Store(tmp_path / "mine"):
+            pass
+    finally:
+        os.umask(old)
+    assert (tmp_path / "new" / "data").stat().st_mode & 0o777 == 0o700
+    assert (tmp_path / "mine").stat().st_mode & 0o777 == 0o755

@@ -368,7 +368,9 @@ def prepare_data_dir(data_dir: Path, path: Path) -> bool:
     """Create the data directory if needed; whether it can only be read (DataDirError if it
     cannot be used at all)."""
     try:
-        data_dir.mkdir(parents=True, exist_ok=True)
+        # (its documents' text, chats and caches are this user's alone: a folder made here
+        # is closed to other users, whatever the umask; one that exists is left as it is)
+        data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     except FileExistsError:
         what = "a link that leads to no folder" if data_dir.is_symlink() else "a file"
         raise DataDirError(f"the data directory {data_dir} is {what}, not a folder: choose "
