@@ -69,7 +69,10 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
                origins: Sequence[str] | None = None) -> FastAPI:
     """The local API over `app`'s engine; `origins`: the web pages allowed (None: the
     settings')."""
-    api = FastAPI(title="kvdesk", version=__version__)
+    # No generated pages (/docs, /redoc, /openapi.json): /docs loads its script from a CDN,
+    # and a page of the server's own origin may use every route (README documents the API).
+    api = FastAPI(title="kvdesk", version=__version__, docs_url=None, redoc_url=None,
+                  openapi_url=None)
     model_id = Path(app.model_path).stem
     served = Served(app)
 
