@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 
 import pytest
@@ -89,8 +90,12 @@ def test_a_keyed_server_leaves_only_its_liveness_checks_open(tmp_path):
         assert keyed.request(method, path).status_code == 401, (method, path)
 
 
-def test_any_origin_is_answered_as_any_only_without_a_key(tmp_path):
-    c = client(tmp_path, cors_origins=("*",))
+def test_any_origin_is_answered_as_any_only_without_a_key(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="desktop_app.server.edges"):
+        c = client(tmp_path, cors_origins=("*",))
+    # (said as the server starts: it was taken without a word)
+    assert any("every web page you open in a browser may use this server" in r.getMessage()
+               for r in caplog.records)
     r = c.get("/api/version", headers={"Origin": "http://anything.example"})
     assert r.headers["access-control-allow-origin"] == "*"
     none = client(tmp_path / "none").get("/api/version", headers={"Origin": ORIGIN})

@@ -37,6 +37,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import json
+import logging
 import re
 from urllib.parse import urlsplit
 
@@ -49,6 +50,8 @@ from ..errors import EngineError
 from ..settings import ORIGIN
 from . import schemas as s
 from .failures import json_response
+
+log = logging.getLogger(__name__)
 
 MAX_BODY = 16 << 20  # a prompt of millions of characters; uploads have their own limit
 MAX_UPLOAD = 210 << 20  # a document (documents.MAX_FILE_BYTES) and its form's framing
@@ -163,6 +166,11 @@ def install(api: FastAPI, *, origins: tuple[str, ...], api_key: str | None) -> N
         raise EngineError("cors_origins: \"*\" would let every web page the user opens use "
                           "the API key; list the origins that may (such as "
                           "http://localhost:3000)")
+    if "*" in origins:
+        log.warning("cors_origins \"*\": every web page you open in a browser may use this "
+                    "server: read your documents and chats, delete them, and attach files "
+                    "from the folders of server_attach_folders; list the origins that may "
+                    "instead (such as http://localhost:3000)")
 
     async def unknown(request: Request, e: HTTPException):
         route = f"{request.method} {request.url.path}"
