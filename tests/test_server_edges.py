@@ -532,3 +532,21 @@ def test_a_documents_model_name_keeps_its_titles_letters_in_any_script(title, na
     assert served._slug(title) == name
     for asked in (f"doc-3-{name}", f"doc-3-{name}:latest", f"DOC-3-{name.upper()}"):
         assert served._DOCUMENT_MODEL.fullmatch(asked)[1] == "3"  # (the name picks it)
+
+
+def test_a_blank_or_spaced_key_is_refused_and_a_short_one_on_the_network_is_said(caplog):
+    """(`--api-key ' '` was taken, and no client could ever match it; a one-character key on
+    0.0.0.0 was taken without a word.)"""
+    from desktop_app.errors import EngineError
+    from desktop_app.server.running import check_bind
+
+    for key in (" ", " s3cret", "s3cret\t"):
+        with pytest.raises(EngineError, match="blank or begins or ends with a space"):
+            check_bind("127.0.0.1", key)
+    with caplog.at_level(logging.WARNING, logger="kvdesk.server"):
+        check_bind("0.0.0.0", "a")
+        check_bind("127.0.0.1", "a")  # (only this machine: no one to guess it)
+        check_bind("0.0.0.0", "k" * 22)
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and said[0].startswith("the API key has only 1 character(s): on "
+                                                 "0.0.0.0")

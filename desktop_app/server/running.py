@@ -59,15 +59,27 @@ def stop_signals_handled(stop: Callable[[], None]) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+STRONG_KEY = 16  # characters: shorter, a key on the network is said to be guessable
+
+
 def check_bind(host: str, api_key: str | None) -> None:
     """Any address but loopback needs an API key: the API reads documents and chats."""
     try:
         loopback = host in LOOPBACK or ipaddress.ip_address(host).is_loopback
     except ValueError:
         loopback = False
+    if api_key and api_key != api_key.strip():  # (spaces only too; "": no key)
+        raise EngineError("the API key is blank or begins or ends with a space, which no "
+                          "client's key can match (a key sent is read without them): give "
+                          "another (--api-key or KVDESK_API_KEY)")
     if not loopback and not api_key:
         raise EngineError(f"serving on {host} would open kvdesk to the network: give an API "
                           "key (--api-key) that every client must send, or bind 127.0.0.1")
+    if not loopback and len(api_key) < STRONG_KEY:
+        log.warning("the API key has only %d character(s): on %s anyone on the network "
+                    "can try keys; a random key of %d or more (python -c \"import secrets; "
+                    "print(secrets.token_urlsafe())\") cannot be guessed", len(api_key), host,
+                    STRONG_KEY)
 
 
 class Server:
