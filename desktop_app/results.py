@@ -43,7 +43,7 @@ class Progress(Record):
     """Work under way: phase is extract | prefill | encode | store | restore | recompute |
     pull | push (from and to the shared cache tier) | repair | wait (for another process's turn
     in the same chat) | split (a long document into passages, indexed) | exact (a blended
-    chat's exact context)."""
+    chat's exact context) | backup (the store copied, `kvdesk backup`)."""
 
     phase: str
     done: int

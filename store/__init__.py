@@ -8,7 +8,8 @@ store stays the index and the cache. The store must never import llama.cpp, Qt, 
 app: chunks are opaque bytes at named quality levels.
 
 In rooms, each a subpackage whose `__init__` says what it owns and never imports, stacked top
-down (pyproject.toml's layers contract states it): `shared` (the remote tier), the `Store`
+down (pyproject.toml's layers contract states it): `shared` (the remote tier) and `backup` (a
+consistent copy of the store, made while others use it), the `Store`
 facade (`store.py`), `upgrade` (bringing a store's file to the schema) and `schema` (the
 migrations of every room's tables), then side by side `caches` (KV entries and chunks, quota,
 integrity, calibrations) and `documents` (models, documents, chats, messages, passages), then
@@ -19,6 +20,7 @@ integrity, calibrations) and `documents` (models, documents, chats, messages, pa
 from .caches.writers import BackgroundWriter, EntryWriter
 from .documents.passages import text_hash
 from .errors import (
+    BackupError,
     BudgetFullError,
     CorruptChunkError,
     CorruptObjectError,
@@ -38,6 +40,7 @@ from .shared.remote import RemoteConfig, RemoteTier
 from .store import DEFAULT_CHUNK_SIZE, Store
 
 __all__ = [
+    "BackupError",
     "BudgetFullError",
     "DEFAULT_CHUNK_SIZE",
     "BackgroundWriter",

@@ -78,6 +78,11 @@ class DataDirGoneError(DataDirError, ReadOnlyError):
     reads."""
 
 
+class BackupError(StoreError):
+    """A backup could not be made where it was asked (a folder not empty, a full disk...):
+    nothing of it was left there."""
+
+
 class StoppedError(Exception):
     """The caller's cancel event was set (Ctrl-C): a push, pull or check stopped between two
     objects, keeping only what was complete. Not a StoreError: nothing failed, and nothing

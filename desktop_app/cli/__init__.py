@@ -8,7 +8,7 @@ never a traceback.
     base          the group, output, progress and Ctrl-C handling every command shares
     chat          attach, ask, reopen, docs, chats, rm
     passages      what retrieval returns from a long document
-    maintenance   info, verify, gc, selfcheck, eval, gui
+    maintenance   info, verify, gc, backup, selfcheck, eval, gui
     remote        the shared cache: remote status, push, pull
     serve         the local OpenAI-compatible API
     process       `run`: the command as a whole process, ended without Python's teardown

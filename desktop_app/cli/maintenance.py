@@ -1,11 +1,12 @@
 """Commands about the installation and the store rather than a conversation: the model's
-facts, the models on this machine, integrity checks, eviction, the self-check, the codec's
-calibration, the quality evaluation and the window.
+facts, the models on this machine, integrity checks, eviction, backups, the self-check, the
+codec's calibration, the quality evaluation and the window.
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 
@@ -13,7 +14,7 @@ from ..app import App
 from ..errors import Cancelled, RuntimeStateError
 from ..kv.evictions import evicted_line
 from ..options import GcOptions
-from ..results import size_text
+from ..results import Progress, size_text
 from .base import (
     TerminalProgress,
     cli,
@@ -159,6 +160,43 @@ def gc(app: App, budget_gb: float | None, as_json: bool):
          f"and stored nothing: {', '.join(map(str, removed))} (attach or pull it again to "
          "have it)"]
         if removed else [])])
+
+
+@cli.command()
+@click.argument("dest", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--without-caches", is_flag=True, help="Leave out the KV caches (computed "
+              "again when used): documents, chats, messages and settings only, far smaller.")
+@json_option
+@click.pass_obj
+def backup(app: App, dest: Path, without_caches: bool, as_json: bool):
+    """Copy the store to DEST (a new or empty folder), consistent while kvdesk runs."""
+    from store.backup import backup as copy_store
+    from store.errors import StoppedError
+
+    bar = TerminalProgress()
+    with interruptible() as cancel:
+        try:
+            done = copy_store(app.data_dir, dest.expanduser().absolute(),
+                              caches=not without_caches, cancel=cancel,
+                              progress=lambda n, total: bar(Progress("backup", n, total)))
+        except StoppedError:
+            bar.done()
+            stopped(f"backup stopped; nothing was left in {dest}", as_json)
+    bar.done()
+    what = "without its caches" if without_caches else "with its caches"
+    n = {k: "?" if done[k] is None else f"{done[k]:,}" for k in ("documents", "chats",
+                                                                  "messages")}
+    lines = [f"backed up {n['documents']} documents, {n['chats']} chats and "
+             f"{n['messages']} messages ({what}, {size_text(done['bytes'])}) to "
+             f"{done['file']} in {done['seconds']:.1f} s",
+             f"see what it holds: kvdesk --data-dir {done['dest']} docs",
+             f"to restore it: quit kvdesk, move the data folder {app.data_dir} aside and copy "
+             f"{done['dest']} in its place (or set Settings' data folder to it)"]
+    if done["damage"]:  # (not one to restore from: one to keep while the store is dealt with)
+        lines[1:] = [f"the store is damaged, and this copy holds its damage too "
+                     f"({done['damage'][0]}): keep it while you move the store aside",
+                     lines[1]]
+    emit(done, as_json, lines)
 
 
 @cli.command()

@@ -260,7 +260,7 @@ class Connections(Paying):
         self.place.fix()
         if not self.read_only:
             with contextlib.suppress(OSError):  # (an empty file: a full disk makes it too)
-                _made_mark(self.path).touch()
+                made_mark(self.path).touch()
             self.retake()
 
     def get(self) -> sqlite_utils.Database:
@@ -342,14 +342,14 @@ def quick_check(conn: sqlite3.Connection, table: str | None = None) -> list[str]
     return lines
 
 
-def _made_mark(path: Path) -> Path:
+def made_mark(path: Path) -> Path:
     """An empty file beside the database, left once its schema is committed: a store was
     made here (the reserves say so too, but a disk without room for them has none)."""
     return path.with_name(".kvdesk-store-made")
 
 
 def _made_here(path: Path) -> bool:
-    return any(p.exists() for p in (_made_mark(path), path.with_name(RESERVE_NAME),
+    return any(p.exists() for p in (made_mark(path), path.with_name(RESERVE_NAME),
                                     path.with_name(WORDS_NAME)))
 
 
