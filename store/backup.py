@@ -106,7 +106,7 @@ def _make_dest(data_dir: Path, dest: Path) -> bool:
                 raise BackupError(f"{dest} is not empty: name a new or empty folder (a backup "
                                   "never writes over anything)")
             return False
-        dest.mkdir(parents=True)
+        dest.mkdir(mode=0o700, parents=True)  # (as the data folder: this user's alone)
     except OSError as e:
         raise BackupError(f"{dest} cannot be used for a backup: {e.strerror or e}") from None
     return True

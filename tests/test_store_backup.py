@@ -96,6 +96,7 @@ def test_without_caches_keeps_documents_chats_messages_and_search_and_is_smaller
     slim = backup(data, tmp_path / "slim", caches=False)
     file = tmp_path / "slim" / "kvdesk.sqlite"
     assert slim["bytes"] < whole["bytes"] and slim["caches"] is False
+    assert (tmp_path / "slim").stat().st_mode & 0o077 == 0  # (as the data folder: closed)
     for table in CACHES:
         assert rows(file, table) == []
     for table in ("documents", "chats", "chat_documents", "messages", "passages", "models",
