@@ -6,13 +6,12 @@ error while dropping never fails the turn. Store-level: no model."""
 from __future__ import annotations
 
 import sqlite3
-import threading
 from types import SimpleNamespace
 
 from test_store_helpers import FP, LEVELS, open_store, payload, put_entry
 
 from desktop_app.chat.exactness import Exactness
-from desktop_app.chat.fairlock import FairLock
+from desktop_app.chat.fairlock import ContextLock, FairLock
 from desktop_app.kv.kvcache import KVCache
 
 
@@ -109,7 +108,7 @@ def _exactness_pass(store, rt, conversation):
     cache.store_prefix = lambda rt, tokens, chat_id=None, **kw: put_entry(
         store, tokens, chunk_size=16, chat_id=chat_id)
     return Exactness(SimpleNamespace(get=lambda name: rt), cache, chat_lock=FairLock(),
-                     attach_lock=threading.RLock(), conversation=conversation,
+                     attach_lock=ContextLock(), conversation=conversation,
                      documents=lambda c: [], first_document=lambda rt, c: None,
                      prefix=None, on_exact=lambda c: None)
 

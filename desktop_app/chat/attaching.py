@@ -12,7 +12,10 @@ kill leaves it unfinished (store.schema m007), listed so, until the next attach 
 file finishes it or `gc` removes it. Two attaches of one document wait for each other (a
 store lock, across processes): the second takes the first one's result.
 
-Attach runs in its own model context, so documents compute while the user chats.
+Attach runs in its own model context, so documents compute while the user chats: beside the
+user's turns, each up to about twice its time alone on two cores (benchmarks/RESULTS.md, "An
+attach beside the questions"), and ahead of the background passes that share its context
+(`ContextLock`).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from ..model.runtime import Runtime
 from ..passages.index import PassageIndex
 from ..results import AttachResult, Progress
 from . import documents
+from .fairlock import ContextLock
 from .turns import waited
 
 ProgressFn = Callable[[Progress], None]
@@ -95,7 +99,7 @@ class Attacher:
         self.sharing = sharing
         self.prompter = prompter
         self.speeds = speeds
-        self.lock = threading.RLock()  # one job at a time in the attach context
+        self.lock = ContextLock()  # one job at a time in the attach context
 
     def attach(self, path: str | Path, *, levels: Sequence[str] | None = None,
                progress: ProgressFn | None = None, cancel: threading.Event | None = None,
@@ -144,7 +148,7 @@ class Attacher:
         title = extracted.title
         # One attach of a document at a time, across processes too: the second waits, then
         # takes the first one's result, or finishes what a killed one left unfinished.
-        with self.lock, waited(self.store.attach_turn, extracted.content_hash,
+        with self.lock.first(), waited(self.store.attach_turn, extracted.content_hash,
                                   cancel=cancel, progress=progress, title=title):
             self.contexts.warm_up()  # its kernels load while the model does
             self.contexts.encoding_soon()

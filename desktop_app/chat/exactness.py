@@ -4,11 +4,12 @@ A chat over several documents first answers from their caches blended (approxima
 stored). Then this pass computes the chat's whole context exactly — a prefill of its
 documents and turns — in the attach context, and stores it as the chat's entry, so its later
 turns and reopens are exact. It is low priority: it computes in small slices and waits while
-the chat context is busy, so the user's next question never waits for more than a slice; it
-can be cancelled (closing the engine) and stores nothing of a pass that does not finish; a
-chat deleted meanwhile makes the store refuse the entry, and a context that is no longer the
-start of the chat's when it is computed (a document of it deleted, a turn replaced meanwhile)
-is computed again as the chat is now.
+the chat context is busy, so the user's next question never waits for more than a slice, and
+an attach waiting for the context takes it at the next slice (the chat's is computed again
+after it); it can be cancelled (closing the engine) and stores nothing of a pass that does
+not finish; a chat deleted meanwhile makes the store refuse the entry, and a context that is
+no longer the start of the chat's when it is computed (a document of it deleted, a turn
+replaced meanwhile) is computed again as the chat is now.
 
 A process about to exit (a one-shot `kvdesk ask`) would take the pass with it: it waits for
 the pass instead (`finish`), showing how far it got, and may stop waiting (Ctrl-C), which
@@ -32,12 +33,13 @@ from collections.abc import Callable
 
 from store import DiskFullError, NotFoundError
 
+from ..errors import Cancelled
 from ..kv.contexts import ATTACH, Contexts
 from ..kv.kvcache import KVCache
 from ..model.runtime import PREFILL_SLICE
 from ..results import Progress
 from .background import Background
-from .fairlock import FairLock
+from .fairlock import ContextLock, FairLock
 
 # Tokens computed between checks for a waiting question: a plain prefill's slice (~1 s on 2
 # cores), since llama.cpp's results depend on how tokens are batched: the stored context is
@@ -48,12 +50,16 @@ SLICE = PREFILL_SLICE
 log = logging.getLogger(__name__)
 
 
+class _GiveWay(Exception):
+    """An attach waits for the attach context: the pass gives it up (`_make_way`)."""
+
+
 class Exactness(Background):
     name = "kv-exact"
     what = "exact pass of chat"
 
     def __init__(self, contexts: Contexts, kv: KVCache, *, chat_lock: FairLock,
-                 attach_lock: threading.RLock, conversation: Callable, documents: Callable,
+                 attach_lock: ContextLock, conversation: Callable, documents: Callable,
                  first_document: Callable, prefix: Callable, on_exact: Callable[[int], None]):
         super().__init__(chat_lock)
         self.contexts = contexts
@@ -107,7 +113,26 @@ class Exactness(Background):
                 self._waited.discard(chat_id)
 
     def work(self, chat_id: int) -> None:
-        """Compute chat `chat_id`'s exact context and store it."""
+        """Compute chat `chat_id`'s exact context and store it; after any attach that wanted
+        the context meanwhile (queued before this pass again), from the start again."""
+        while True:
+            try:
+                return self._work(chat_id)
+            except _GiveWay:
+                pass
+
+    def _make_way(self) -> None:
+        """Before each slice: an attach waiting for the context takes it now, and the user's
+        turns go first (a question's wait is one slice at most). Cancelled once closing."""
+        while not self.cancel.is_set():
+            if self.attach_lock.urgent:
+                raise _GiveWay()
+            if not self.chat_lock.busy:
+                return
+            self.cancel.wait(0.05)
+        raise Cancelled("closing")
+
+    def _work(self, chat_id: int) -> None:
         evicted: list[dict] = []  # (what storing it, and its documents' entry, evicted)
         with self.attach_lock:
             rt = self.contexts.get(ATTACH)
@@ -168,7 +193,7 @@ class Exactness(Background):
         cut = len(prefix) if tuple(tokens[:len(prefix)]) == prefix else 0
         ends = sorted({*range(SLICE, len(tokens), SLICE), len(tokens), cut} - {0})
         for start, end in zip([0, *ends[:-1]], ends, strict=True):
-            self.yield_to_turns()
+            self._make_way()
             rt.prefill(tokens[start:end], cancel=self.cancel, logits=False)
             if end == cut < len(tokens):
                 try:

@@ -5,12 +5,17 @@ local API's clients): a turn holds it from its restore to its stored answer. thr
 hands a released lock to whichever waiter the OS wakes first, so a steady stream of requests
 from one client could keep another waiting indefinitely; this lock queues them first come,
 first served. `waiting` says how many are queued (the API reports it).
+
+`ContextLock` is the attach context's: a background pass that holds it across many slices
+(the exact pass) gives it up to an attach waiting for it (`urgent`).
 """
 
 from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 class FairLock:
@@ -68,3 +73,34 @@ class FairLock:
 
     def __exit__(self, *exc_info) -> None:
         self.release()
+
+
+class ContextLock(FairLock):
+    """The attach context's lock. Its order lets an attach in between two of the passage
+    pass's passages; `urgent` says an attach is waiting (`first`), so that the exact pass,
+    which holds the context for a whole chat and waits for the user's turns while holding it,
+    gives it up at its next slice instead of keeping the attach waiting behind those turns."""
+
+    def __init__(self):
+        super().__init__()
+        self._urgent = 0
+
+    @property
+    def urgent(self) -> bool:
+        with self._cond:
+            return self._urgent > 0
+
+    @contextmanager
+    def first(self) -> Iterator[None]:
+        """Hold the lock, `urgent` while waiting for it: an attach's."""
+        with self._cond:
+            self._urgent += 1
+        try:
+            self.acquire()
+        finally:
+            with self._cond:
+                self._urgent -= 1
+        try:
+            yield
+        finally:
+            self.release()

@@ -21,7 +21,6 @@ It never touches the chat context and never decides what a chat holds.
 from __future__ import annotations
 
 import logging
-import threading
 
 from store import BudgetFullError, DiskFullError, Store
 
@@ -29,7 +28,7 @@ from ..kv.contexts import ATTACH, Contexts
 from ..kv.passagekv import PassageKV
 from ..results import size_text
 from .background import Background
-from .fairlock import FairLock
+from .fairlock import ContextLock, FairLock
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +38,7 @@ class PassageFill(Background):
     what = "passage pass of document"
 
     def __init__(self, store: Store, contexts: Contexts, kv: PassageKV, *,
-                 chat_lock: FairLock, attach_lock: threading.RLock):
+                 chat_lock: FairLock, attach_lock: ContextLock):
         super().__init__(chat_lock)
         self.store = store
         self.contexts = contexts
