@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 
 
 class _GiveWay(Exception):
-    """An attach waits for the attach context: the pass gives it up (`_make_way`)."""
+    """An attach waits for the attach context: the pass gives it up (`yield_to_turns`)."""
 
 
 class Exactness(Background):
@@ -121,9 +121,10 @@ class Exactness(Background):
             except _GiveWay:
                 pass
 
-    def _make_way(self) -> None:
-        """Before each slice: an attach waiting for the context takes it now, and the user's
-        turns go first (a question's wait is one slice at most). Cancelled once closing."""
+    def yield_to_turns(self) -> None:
+        """Before each slice: an attach waiting for the context takes it now (`_GiveWay`), and
+        the user's turns go first (a question's wait is one slice at most). Cancelled once
+        closing."""
         while not self.cancel.is_set():
             if self.attach_lock.urgent:
                 raise _GiveWay()
@@ -193,7 +194,7 @@ class Exactness(Background):
         cut = len(prefix) if tuple(tokens[:len(prefix)]) == prefix else 0
         ends = sorted({*range(SLICE, len(tokens), SLICE), len(tokens), cut} - {0})
         for start, end in zip([0, *ends[:-1]], ends, strict=True):
-            self._make_way()
+            self.yield_to_turns()
             rt.prefill(tokens[start:end], cancel=self.cancel, logits=False)
             if end == cut < len(tokens):
                 try:
