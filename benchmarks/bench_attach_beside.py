@@ -174,7 +174,7 @@ def main() -> None:
             rows["both"].append(measured(eng,
                 lambda q=q: both(eng, doc(), messages("both", q), args.max_tokens,
                                  args.stream, pair)))
-            with mock.patch.object(FairLock, "wait_free", lambda self, cancel=None: None):
+            with mock.patch.object(FairLock, "wait_free", lambda self, *args, **kwargs: None):
                 rows["both, no yield"].append(measured(eng,
                     lambda q=q: both(eng, doc(), messages("no yield", q),
                                      args.max_tokens, args.stream, pair)))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections.abc import Callable
 
 from ..errors import Cancelled, is_user_error
 from .fairlock import FairLock
@@ -59,9 +60,10 @@ class Background:
         if self._thread is not None:
             self._thread.join()
 
-    def yield_to_turns(self) -> None:
-        """Wait while a question is being answered; Cancelled once closing."""
-        self.chat_lock.wait_free(self.cancel)  # the user goes first
+    def yield_to_turns(self, until: Callable[[], bool] | None = None) -> None:
+        """Wait while a question is being answered, or until `until()`; Cancelled once
+        closing."""
+        self.chat_lock.wait_free(self.cancel, until)  # the user goes first
         if self.cancel.is_set():
             raise Cancelled("closing")
 

@@ -33,7 +33,6 @@ from collections.abc import Callable
 
 from store import DiskFullError, NotFoundError
 
-from ..errors import Cancelled
 from ..kv.contexts import ATTACH, Contexts
 from ..kv.kvcache import KVCache
 from ..model.runtime import PREFILL_SLICE
@@ -125,13 +124,9 @@ class Exactness(Background):
         """Before each slice: an attach waiting for the context takes it now (`_GiveWay`), and
         the user's turns go first (a question's wait is one slice at most). Cancelled once
         closing."""
-        while not self.cancel.is_set():
-            if self.attach_lock.urgent:
-                raise _GiveWay()
-            if not self.chat_lock.busy:
-                return
-            self.cancel.wait(0.05)
-        raise Cancelled("closing")
+        super().yield_to_turns(until=lambda: self.attach_lock.urgent)
+        if self.attach_lock.urgent:
+            raise _GiveWay()
 
     def _work(self, chat_id: int) -> None:
         evicted: list[dict] = []  # (what storing it, and its documents' entry, evicted)

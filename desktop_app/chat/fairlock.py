@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 
@@ -36,14 +36,16 @@ class FairLock:
         with self._cond:
             return self._owner is not None or bool(self._queue)
 
-    def wait_free(self, cancel: threading.Event | None = None) -> None:
+    def wait_free(self, cancel: threading.Event | None = None,
+                  until: Callable[[], bool] | None = None) -> None:
         """Wait while the lock is `busy` (background work goes after the user's turns), or
-        until `cancel` is set; at once in the thread holding it."""
+        until `cancel` is set or `until()` is true; at once in the thread holding it."""
         me = threading.get_ident()
         with self._cond:
             while self._owner != me and (self._owner is not None or self._queue) and not (
-                    cancel is not None and cancel.is_set()):
-                self._cond.wait(0.05)  # (a cancel sets no condition: looked at now and then)
+                    cancel is not None and cancel.is_set()) and not (until and until()):
+                # (a cancel or `until` sets no condition: looked at now and then)
+                self._cond.wait(0.05)
 
     def acquire(self) -> bool:
         me = threading.get_ident()
