@@ -23,7 +23,7 @@ import re
 CJK = ("\u1100-\u11ff\u3005-\u3007\u3040-\u309f\u30a0-\u30ff\u3130-\u318f\u31f0-\u31ff"
        "\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\uff66-\uff9f"
        "\U00020000-\U0003134f")
-_CHAR = re.compile(f"([{CJK}])")
+CJK_CHAR = re.compile(f"([{CJK}])")  # one of them
 _RUNS = re.compile(f"[{CJK}]+|[^{CJK}]+")
 FTS_TEXT = "kvdesk_fts_text"  # the SQL functions' names
 FTS_HEADINGS = "kvdesk_fts_headings"
@@ -31,7 +31,7 @@ FTS_HEADINGS = "kvdesk_fts_headings"
 
 def index_text(text: str | None) -> str | None:
     """`text` as the full-text index reads it: a space on each side of every CJK character."""
-    return _CHAR.sub(r" \1 ", text) if text else text
+    return CJK_CHAR.sub(r" \1 ", text) if text else text
 
 
 def index_headings(stored: str | None) -> str | None:
@@ -53,7 +53,7 @@ def cjk_words(word: str) -> list[str]:
     written."""
     out: list[str] = []
     for run in _RUNS.findall(word):
-        if _CHAR.match(run):
+        if CJK_CHAR.match(run):
             out += [run[i:i + 2] for i in range(max(1, len(run) - 1))]
         else:
             out.append(run)

@@ -22,7 +22,7 @@ import re
 from collections.abc import Sequence
 
 from store import Store
-from store.words import CJK
+from store.words import CJK_CHAR
 
 from .records import RECORDS
 from .retrieve import RARE_PASSAGES, frequencies, rare_phrases, written_names
@@ -44,7 +44,6 @@ _MID_SENTENCE = re.compile(r"[^\W\d_]+[ \t]*,?[ \t]*\n?[ \t]*(?=([^\W\d_]+))")
 # A full stop before a word in lower case ends no sentence either ("waits 90 s. before").
 # Chinese and Japanese end theirs with 。！？ or ．, any closing quote or bracket after it
 # theirs too, and no space after.
-_CJK = re.compile(f"[{CJK}]")
 _CLOSING = "」』）)”’"
 _BREAK = re.compile(r"(?<=[.!?])\s+(?![\sa-z])|\n\s*\n|"
                     f"(?:(?<=[。！？．])(?![{_CLOSING}。！？．])|(?<=[。！？．][{_CLOSING}]))\\s*")
@@ -115,7 +114,7 @@ def _pattern(word: str) -> str:
     whatever parts them that the index does not read (a line break, `SKU: S12-1`'s colon and
     hyphen), from the start of a word; a CJK pair (`store.words`) wherever it is written,
     a line's wrap between its characters too."""
-    if _CJK.match(word):
+    if CJK_CHAR.match(word):
         return r"\s*".join(map(re.escape, word))
     return r"\b" + (r"\W+".join(map(re.escape, word.split())) + r"\b" if " " in word
                     else re.escape(_stem(word)))
