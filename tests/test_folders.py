@@ -9,6 +9,7 @@ import json
 import os
 import random
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -314,6 +315,21 @@ def test_a_pdf_in_a_folder_is_cited_by_its_pages_as_alone(tmp_path):
     alone = extract(root / "report.pdf")
     assert [p.page for p in split(alone.text, alone.kind, lambda t: len(t) // 4,
                                   pages=alone.pages, target=4, limit=16)] == [1, 2]
+
+
+def test_a_folders_pdf_is_read_from_disk_once(tmp_path, monkeypatch):
+    """The walk's bytes are the bytes read as the PDF: one read of a file of up to 200 MB,
+    and no second read that could find the file changed since its size was checked."""
+    from pdf_helpers import make_pdf
+
+    root = tmp_path / "notes"
+    root.mkdir()
+    make_pdf(root / "report.pdf", [["The warranty lasts 7 years."]])
+    reads: list[str] = []
+    read_bytes = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda p: reads.append(p.name) or read_bytes(p))
+    assert "warranty" in extract(root).text
+    assert reads == ["report.pdf"]
 
 
 CODE = ('"""Shapes."""\n\nimport math\n\n\nclass Circle:\n    """A round one."""\n\n'

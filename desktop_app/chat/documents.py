@@ -135,6 +135,11 @@ def extract(path: str | Path, *, progress: Callable[[int, int], None] | None = N
         raise DocumentError(f"{path}: cannot be read ({e.strerror or e})") from None
     if not data:
         raise DocumentError(f"{path.name}: the file is empty")
+    return _read(path, data)
+
+
+def _read(path: Path, data: bytes) -> Extracted:
+    """The file `path` (its bytes `data`, read once) as a document, by its format."""
     suffix = path.suffix.lower()
     warnings: list[str] = []
     pages = table = page = headings = None
@@ -210,7 +215,7 @@ def _folder_file(path: Path, data: bytes, name: str):
 
     suffix = path.suffix.lower()
     if suffix in folders.DOCUMENT_SUFFIXES | HTML_SUFFIXES or data.startswith(b"%PDF"):
-        found = extract(path)
+        found = _read(path, data)
         text = found.text
         # (a PDF's lines only number its text: its passages are cited by its pages)
         lines = found.lines or tuple(range(1, text.count("\n") + 2))
