@@ -138,14 +138,11 @@ class Engine(ExactNotes):
 
     @property
     def storage_problem(self) -> str | None:
-        try:
-            self._writable()
+        try:  # (as new work checks first: a damaged or read-only store refuses it at once)
+            self.store.check_writable()
         except ReadOnlyError as e:  # (damaged, gone, full or read-only: what a write says)
             return str(e)
         return None
-
-    def _writable(self) -> None:  # (a damaged or read-only store refuses new work first)
-        self.store.check_writable()
 
     @property
     def generation_defaults(self) -> GenerationOptions:
@@ -224,7 +221,7 @@ class Engine(ExactNotes):
     def set_storage_budget(self, gb: float) -> dict:
         """The caches' storage budget changed while running (the window's settings): kept for
         every process, and the least recently used evicted down to it now; gc's report."""
-        self._writable()
+        self.store.check_writable()
         grew, self.store.budget_bytes = int(gb * 1e9) > self.store.budget_bytes, int(gb * 1e9)
         if self._long_running and grew:  # a passage pass the budget stopped goes on
             self.passage_fill.resume()
@@ -244,6 +241,9 @@ class Engine(ExactNotes):
 
     def chats(self) -> list[ChatInfo]:
         return self.library.chats()
+
+    def search_chats(self, text: str) -> dict[int, str]:
+        return self.store.chats_holding(text)
 
     def messages(self, chat_id: int) -> list[MessageInfo]:
         return self.library.messages(chat_id)
@@ -268,7 +268,7 @@ class Engine(ExactNotes):
     def attach(self, path: str | Path, *, levels: Sequence[str] | None = None,
                progress: ProgressFn | None = None, cancel: threading.Event | None = None,
                source: str | None = None) -> AttachResult:
-        self._writable()
+        self.store.check_writable()
         result = self.attacher.attach(path, levels=levels, progress=progress, cancel=cancel,
                                       source=source)
         if result.passages and self._long_running:  # (a one-shot command would not finish)
@@ -293,7 +293,7 @@ class Engine(ExactNotes):
                 cancel: threading.Event | None = None) -> AttachResult:
         """A stored document's cache computed under the loaded model from its text (after a
         model switch, or an eviction), as attaching its file again would."""
-        self._writable()
+        self.store.check_writable()
         self.library.document(doc_id)
         return self.attacher.prefill(doc_id, levels=levels, progress=progress, cancel=cancel)
 
@@ -303,7 +303,7 @@ class Engine(ExactNotes):
             on_token: TokenFn | None = None, on_restore: RestoreFn | None = None,
             progress: ProgressFn | None = None,
             cancel: threading.Event | None = None) -> AskResult:
-        self._writable()
+        self.store.check_writable()
         t0, stale = time.perf_counter(), [0]  # (a stale document cached: this answer's wait)
         notes = self.exactness.said(chat_id).get(chat_id, []) if chat_id is not None else \
             [] if restore.no_cache else self._cache_stale(doc_ids, progress, cancel, stale)
@@ -335,7 +335,7 @@ class Engine(ExactNotes):
                    on_token: TokenFn | None = None, on_restore: RestoreFn | None = None,
                    progress: ProgressFn | None = None,
                    cancel: threading.Event | None = None) -> AskResult:
-        self._writable()
+        self.store.check_writable()
         return self.session.regenerate(chat_id, restore=restore, generation=generation,
                                        on_token=on_token, on_restore=on_restore,
                                        progress=progress, cancel=cancel)

@@ -106,6 +106,11 @@ class EngineAPI(Protocol):
 
     def chats(self) -> list[ChatInfo]: ...
 
+    def search_chats(self, text: str) -> dict[int, str]:
+        """The chats whose title or messages hold `text`, in any case: {chat id: a line of
+        the latest message holding it, around it, or "" where only the title does}."""
+        ...
+
     def exact_notes(self) -> dict[int, list[str]]:
         """What storing blended chats' exact contexts in the background evicted, by chat id:
         "storing chat 3's exact context evicted ... document 2 (a.md) (4.1 MB); ...". Each

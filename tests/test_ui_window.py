@@ -59,6 +59,24 @@ def test_chats_are_grouped_by_date_and_searchable(qtbot, window):
     assert "6,120 tokens" in window.doc_list.list.item(0).text()
 
 
+def test_the_chat_search_finds_what_was_said_in_a_chat_not_only_its_title(qtbot, window,
+                                                                          engine):
+    """A chat is found by a word of its messages (typed, then looked for off the GUI thread),
+    the words around it under its title."""
+    chat = next(c for c in engine._chats.values() if c.title == "Positional encodings")
+    engine._add_message(chat, "user", "And the zebra crossing?", chat.updated)
+    window.chat_list.search.setText("zebra")
+    assert window.chat_list.visible_titles() == {}  # (no title holds it)
+    qtbot.waitUntil(lambda: window.chat_list.visible_titles() == {
+        "Older": ["Positional encodings\n“…zebra crossing?”"]}, timeout=5000)
+    assert engine.last_call("search_chats") == ("search_chats", "zebra")
+    window.chat_list.search.setText("zebra c")  # what was found for "zebra" is not shown
+    assert window.chat_list.visible_titles() == {}
+    qtbot.waitUntil(lambda: window.chat_list.visible_titles() != {}, timeout=5000)
+    window.chat_list.search.clear()
+    assert len(window.chat_list.visible_titles()) == 4
+
+
 def test_the_title_names_the_model_once_it_is_loaded(qtbot, engine):
     window = MainWindow(lambda: engine, Settings())
     qtbot.addWidget(window)

@@ -210,6 +210,7 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, ListingMixin, CodecM
         self.chat_list.rename_requested.connect(self.rename_chat)
         self.chat_list.delete_requested.connect(self.delete_chat)
         self.chat_list.export_requested.connect(self.export_chat)
+        self.chat_list.search_requested.connect(self.search_chats)
         self.doc_list.attach_requested.connect(self.choose_files)
         self.doc_list.delete_requested.connect(self.delete_document)
         self.doc_list.checked_changed.connect(self._new_chat_docs_changed)

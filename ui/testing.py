@@ -297,6 +297,10 @@ class FakeEngine:
         time.sleep(self.step_s)
         return sorted(self._chats.values(), key=lambda c: c.updated, reverse=True)
 
+    def search_chats(self, text: str) -> dict[int, str]:
+        self._enter("search_chats", text)
+        return {c: m.text for c, ms in self._messages.items() for m in ms if text in m.text}
+
     def messages(self, chat_id: int) -> list[MessageInfo]:
         self._enter("messages", chat_id)
         time.sleep(self.step_s)

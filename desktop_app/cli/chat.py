@@ -358,17 +358,29 @@ def docs(app: App, as_json: bool):
 
 
 @cli.command()
+@click.option("--search", metavar="TEXT", help="Only the chats whose title or messages hold "
+              "TEXT (any case), each with the words around it.")
+@click.option("--limit", type=click.IntRange(min=1), help="At most this many, the most recent.")
 @json_option
 @click.pass_obj
-def chats(app: App, as_json: bool):
+def chats(app: App, search: str | None, limit: int | None, as_json: bool):
     """List chats, most recent first."""
     only_reading(app)
     rows = app.engine.chats()
-    emit([c.as_dict() for c in rows], as_json, [
+    found = app.engine.search_chats(search) if search and search.strip() else None
+    if found is not None:
+        rows = [c for c in rows if c.chat_id in found]
+    more = len(rows) - limit if limit is not None and len(rows) > limit else 0
+    rows = rows[:limit]
+    emit([{**c.as_dict(), **({"found": found[c.chat_id]} if found is not None else {})}
+          for c in rows], as_json, [
         f"[{c.chat_id}] {c.title} — {counted(c.messages, 'message')}"
         + (" · blended (approximate until its exact context is stored)"
-           if c.kv_mode == "blended" else "") for c in rows]
-        or ["no chats yet: kvdesk ask --doc ID QUESTION"])
+           if c.kv_mode == "blended" else "")
+        + (f"\n    “{found[c.chat_id]}”" if found and found[c.chat_id] else "") for c in rows]
+        + ([f"and {counted(more, 'earlier chat')} (--limit)"] if more else [])
+        or [f"no chat holds “{search.strip()}”" if found is not None
+            else "no chats yet: kvdesk ask --doc ID QUESTION"])
 
 
 @cli.command()

@@ -33,6 +33,7 @@ from . import passagekv
 from .messages import (
     add_message,
     add_turn,
+    chats_holding,
     get_message,
     message_from_row,
     set_tokens,
@@ -290,6 +291,10 @@ class LibraryStore:
     def message_counts(self) -> dict[int, int]:
         """{chat id: number of messages}, for chats with any: one query, no message loaded."""
         return _message_counts(self._db.get())
+
+    def chats_holding(self, text: str) -> dict[int, str]:
+        """The chats whose title or messages hold `text` (`messages.chats_holding`)."""
+        return chats_holding(self._db.get(), text)
 
     def chat_document_ids(self) -> dict[int, list[int]]:
         """{chat id: document ids in the order attached}, for chats with documents."""

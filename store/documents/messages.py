@@ -57,6 +57,27 @@ def tokens_of_chat(db: sqlite_utils.Database, chat_id: int, model: str) -> dict[
     return {message_id: decode(data) for message_id, data in rows if len(data) % 4 == 0}
 
 
+def chats_holding(db: sqlite_utils.Database, text: str, width: int = 90) -> dict[int, str]:
+    """{chat id: a line of its latest message around `text`, or "" where only its title holds
+    it}, in any case and any script (casefolded: "STRASSE" finds "Straße"); the chats whose
+    message came latest first."""
+    needle = " ".join(text.split()).casefold()
+    found: dict[int, str] = {}
+    for chat_id, message in db.execute("SELECT chat_id, text FROM messages ORDER BY id DESC"):
+        if chat_id in found or message is None:
+            continue
+        line = " ".join(message.split())
+        folded = line.casefold()
+        if (at := folded.find(needle)) >= 0:
+            start = max(0, at - width // 3) if len(folded) == len(line) else 0
+            found[chat_id] = ("…" if start else "") + line[start:start + width] + (
+                "…" if start + width < len(line) else "")
+    for chat_id, title in db.execute("SELECT id, title FROM chats"):
+        if chat_id not in found and title is not None and needle in title.casefold():
+            found[chat_id] = ""
+    return found
+
+
 def get_message(db: sqlite_utils.Database, message_id: int) -> Message:
     return message_from_row(db, get(db["messages"], message_id, "message"))
 

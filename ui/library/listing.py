@@ -25,6 +25,13 @@ class ListingMixin:
                           finished=self._show_chats,
                           failed=lambda msg: self._list_failed(msg, self.chat_list.note))
 
+    def search_chats(self, text: str) -> None:
+        """The chats whose messages hold `text`, for the chat list's search (`set_found`)."""
+        if self.engine is not None:
+            self.runner.start("misc", lambda job: self.engine.search_chats(text),
+                              finished=lambda found: self.chat_list.set_found(text, found),
+                              failed=lambda msg: self._say(msg, True))
+
     def _show_chats(self, found: tuple[list[ChatInfo], dict[int, list[str]]]) -> None:
         chats, evicted = found
         if evicted:  # (a background store: no answer of this window carries what it evicted)

@@ -1,6 +1,6 @@
-"""The sidebar: past chats grouped by date with a search filter, and the attached documents
-(filtered by their titles, once there are many) with the progress of those still computing
-(`attach_rows`).
+"""The sidebar: past chats grouped by date with a search of their titles and messages, and
+the attached documents (filtered by their titles, once there are many) with the progress of
+those still computing (`attach_rows`).
 
 These widgets display what they are given and turn clicks into signals; they never call the
 engine (the main window does, on worker threads).
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QHBoxLayout,
     QHeaderView,
@@ -40,6 +40,7 @@ GROUPS = ("Today", "Yesterday", "Previous 7 days", "Older")
 ID_ROLE = Qt.ItemDataRole.UserRole
 TITLE_ROLE = Qt.ItemDataRole.UserRole + 1  # the chat's own title, whatever is displayed
 BLENDED_MARK = "≈"
+SEARCH_DELAY_MS = 250  # typing pauses this long before the messages are searched
 
 
 def date_group(timestamp: float, now: float) -> str:
@@ -57,6 +58,7 @@ class ChatList(QWidget):
     rename_requested = Signal(int, str)  # chat id, current title
     delete_requested = Signal(int)
     export_requested = Signal(int, str)  # chat id, "markdown" | "json"
+    search_requested = Signal(str)  # the messages to be searched for it (`set_found`)
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -82,7 +84,11 @@ class ChatList(QWidget):
         self._chats: list[ChatInfo] = []
         self._now: float | None = None
         self._selected: int | None = None
+        self._found: tuple[str, dict[int, str]] = ("", {})  # (searched for, what was found)
+        self._searching = QTimer(self, singleShot=True, interval=SEARCH_DELAY_MS)
+        self._searching.timeout.connect(self._search)
         self.search.textChanged.connect(self._rebuild)
+        self.search.textChanged.connect(self._searching.start)
         self.tree.itemClicked.connect(self._clicked)
         self.tree.customContextMenuRequested.connect(self._menu)
 
@@ -90,6 +96,17 @@ class ChatList(QWidget):
         self.note.hide()
         self._chats, self._now = chats, now
         self._rebuild()
+        self._search()  # (a chat's new messages may hold what is searched for)
+
+    def set_found(self, text: str, found: dict[int, str]) -> None:
+        """The chats whose messages hold `text` (`EngineAPI.search_chats`), shown while it is
+        what the search field says."""
+        self._found = (text, found)
+        self._rebuild()
+
+    def _search(self) -> None:
+        if needle := self.search.text().strip():
+            self.search_requested.emit(needle)
 
     def select(self, chat_id: int | None) -> None:
         """Highlight `chat_id` (None: no chat) without emitting chat_selected."""
@@ -114,13 +131,15 @@ class ChatList(QWidget):
                 yield group.child(j)
 
     def _rebuild(self) -> None:
-        needle = self.search.text().strip().casefold()
+        needle = self.search.text().strip()
+        found = self._found[1] if self._found[0] == needle else {}
         now = self._now if self._now is not None else dt.datetime.now().timestamp()
         self.tree.clear()
         groups: dict[str, QTreeWidgetItem] = {}
         shown = numbered(self._chats)
         for chat in self._chats:  # already most recent first
-            if needle and needle not in chat.title.casefold():
+            if needle and needle.casefold() not in chat.title.casefold() and \
+                    chat.chat_id not in found:
                 continue
             name = date_group(chat.updated, now)
             if name not in groups:
@@ -133,13 +152,17 @@ class ChatList(QWidget):
                 header.setFirstColumnSpanned(True)
                 groups[name] = header
             blended = chat.kv_mode == "blended"
-            item = QTreeWidgetItem([shown[chat.chat_id], BLENDED_MARK if blended else ""])
+            # (where a message holds what is searched for: the words around it, under the title)
+            quote = f"\n“{_from_word(found[chat.chat_id], needle)}”" if found.get(
+                chat.chat_id) else ""
+            item = QTreeWidgetItem([shown[chat.chat_id] + quote, BLENDED_MARK if blended else ""])
             item.setData(0, ID_ROLE, chat.chat_id)
             item.setData(0, TITLE_ROLE, chat.title)
             mode = {"blended": f"\n{BLENDED_MARK} answered from its documents' caches "
                     "blended; the exact context is being computed",
                     "exact": "\nexact context cached"}
-            tip = f"{chat.title}\n{chat.messages} messages" + mode.get(chat.kv_mode or "", "")
+            tip = (f"{chat.title}\n{chat.messages} messages" + mode.get(chat.kv_mode or "", "")
+                   + quote)
             item.setToolTip(0, tip)
             item.setToolTip(1, tip)
             groups[name].addChild(item)
@@ -172,6 +195,13 @@ class ChatList(QWidget):
         menu.addSeparator()
         menu.addAction("Delete", lambda: self.delete_requested.emit(chat_id))
         return menu
+
+
+def _from_word(line: str, needle: str) -> str:
+    """`line` from `needle` on: a narrow list elides a row's middle, where the words found
+    would otherwise be."""
+    at = line.casefold().find(needle.casefold())
+    return line if at <= 0 else "…" + line[at:]
 
 
 def numbered(chats: list[ChatInfo]) -> dict[int, str]:
