@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .caches import blobs, calibrations, integrity, kv, quota, writers
+from .caches.budget import BudgetStore
 from .caches.deleting import DeletingStore
 from .caches.splitting import SplitStore
 from .caches.usage import UsageStore
@@ -48,12 +49,13 @@ JSON_COLUMNS = (("kv_entries", "id", "levels"), ("settings", "key", "value"),
                 ("calibrations", "id", "meta"), ("passages", "id", "heading"))
 
 
-class Store(LibraryStore, PassageStore, PassageKVStore, SplitStore, UsageStore, DeletingStore):
+class Store(LibraryStore, PassageStore, PassageKVStore, SplitStore, UsageStore, BudgetStore,
+            DeletingStore):
     """Persistent state of one data directory. Close it (or use `with`) when done.
 
     `LibraryStore`, `PassageStore`, `PassageKVStore` (store.documents): documents, chats,
-    messages, passages, their KV; `SplitStore`, `UsageStore`, `DeletingStore` (store.caches);
-    the rest: here.
+    messages, passages, their KV; `SplitStore`, `UsageStore`, `BudgetStore`, `DeletingStore`
+    (store.caches): caches split, their bytes, their budget, deletion; the rest: here.
     """
 
     def __init__(self, data_dir: str | Path, *, clock: Callable[[], float] = time.time):
@@ -132,15 +134,6 @@ class Store(LibraryStore, PassageStore, PassageKVStore, SplitStore, UsageStore, 
     def set_setting(self, key: str, value: Any) -> None:
         with self._db.write() as db:
             db["settings"].upsert({"key": key, "value": json.dumps(value)}, pk="key")
-
-    @property
-    def budget_bytes(self) -> int:
-        """The disk budget for KV caches (setting "store.budget_bytes", default 10 GB)."""
-        return self.setting(quota.BUDGET_SETTING, quota.DEFAULT_BUDGET_BYTES)
-
-    @budget_bytes.setter
-    def budget_bytes(self, value: int) -> None:
-        self.set_setting(quota.BUDGET_SETTING, int(value))
 
     # -- KV entries ----------------------------------------------------------------------------
 
@@ -351,27 +344,6 @@ class Store(LibraryStore, PassageStore, PassageKVStore, SplitStore, UsageStore, 
 
     # -- quota and integrity -------------------------------------------------------------------
 
-    def usage_bytes(self) -> int:
-        """Bytes of all stored KV chunks."""
-        return quota.usage(self._db)
-
-    def gc(self, budget_bytes: int | None = None) -> dict:
-        """Evict least-recently-used KV entries until they fit the budget (default: the setting).
-
-        Entries and documents whose writer was killed go first (store.caches.quota).
-        Returns {"evicted_entries": [ids], "evicted_caches": [{"entry", "document_id",
-        "chat_id", "passage", "bytes", "model"} of each], "abandoned_entries": [ids],
-        "abandoned_documents": [ids], "freed_bytes": n, "bytes_after": n, "budget_bytes": n}.
-        """
-        budget = self.budget_bytes if budget_bytes is None else budget_bytes
-        done: dict = {}  # (a second run after a full disk adds to the first one's work)
-        return self._db.freeing(lambda: quota.collect(self._db, budget, self._clock(), done))
-
-    def attaching(self) -> dict[int, bool]:
-        """{document id: whether its attach is under way (else it was killed: unfinished)}
-        of the documents not attached whole yet."""
-        return quota.attaching(self._db)
-
     def verify(self) -> dict:
         """Check the database file (SQLite's quick_check, then that its JSON values decode),
         then every chunk of every complete entry; quarantine what fails
@@ -433,11 +405,6 @@ class Store(LibraryStore, PassageStore, PassageKVStore, SplitStore, UsageStore, 
         return self._db.freeing(lambda: integrity.drop_level(self._db, entry_id, level))
 
     # -- internals -----------------------------------------------------------------------------
-
-    def _enforce_budget(self, entry: Entry, keep: Iterable[int] = ()) -> list[dict]:
-        done: dict = {}  # (a second run after a full disk adds to the first one's work)
-        return self._db.freeing(lambda: quota.make_room(
-            self._db, self.budget_bytes, entry, self._clock(), set(keep), done))
 
     def _delete(self, table: str, row_id: int, what: str) -> None:
         def work() -> None:

@@ -109,3 +109,25 @@ def test_a_gc_that_evicts_many_documents_names_a_few_and_counts_the_rest(tmp_pat
     assert line.startswith("evicted document 1 (doc0.md), document 2 (doc1.md), ")
     assert "document 5 (doc4.md), 3 more documents' caches (8.0 KB): they are" in line
     assert "doc5.md" not in line
+
+
+def test_gc_says_how_far_it_is_and_stops_between_evictions(store, tmp_path):
+    """(A 20 s eviction showed nothing until it ended, and Ctrl-C lost its whole report.)"""
+    import threading
+
+    said: list[tuple[int, int]] = []
+    cancel = threading.Event()
+    used = store.usage_bytes()
+
+    def first_then_stop(freed: int, over: int) -> None:
+        said.append((freed, over))
+        cancel.set()  # (Ctrl-C, after the first eviction)
+
+    report = store.gc(0, progress=first_then_stop, cancel=cancel)
+    assert report["stopped"] and len(said) == 1 and said[0][1] == used
+    assert 0 < said[0][0] == report["freed_bytes"] < used == report["freed_bytes"] + \
+        store.usage_bytes()
+    report = store.gc(0, progress=lambda freed, over: said.append((freed, over)))
+    assert not report["stopped"] and store.usage_bytes() == 0 and said[-1][0] == said[-1][1]
+    result = CliRunner().invoke(cli, ["--data-dir", str(tmp_path / "data"), "gc", "--json"])
+    assert result.exit_code == 0 and json.loads(result.stdout)["stopped"] is False

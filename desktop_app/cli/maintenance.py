@@ -150,7 +150,16 @@ def gc(app: App, budget_gb: float | None, as_json: bool):
     """Evict least-recently-used caches beyond the storage budget."""
     only_reading(app)  # (nothing to evict where there is no data directory)
     budget = values(GcOptions, budget_gb=budget_gb).budget_gb
-    report = app.store.gc(None if budget is None else int(budget * 1e9))
+    bar = TerminalProgress()  # (evicting gigabytes takes a while: each cache its transaction)
+    with interruptible() as cancel:
+        report = app.store.gc(None if budget is None else int(budget * 1e9), cancel=cancel,
+                              progress=lambda n, total: bar(
+                                  Progress("freeing MB", n // 10**6, total // 10**6, "gc")))
+    bar.done()
+    if report["stopped"]:
+        stopped(f"gc stopped: it freed {size_text(report['freed_bytes'])} (what it evicted "
+                f"stays evicted), {size_text(report['bytes_after'])} of "
+                f"{size_text(report['budget_bytes'])} used", as_json)
     removed = report["abandoned_documents"]
     emit(report, as_json, [f"freed {size_text(report['freed_bytes'])}; "
                            f"{size_text(report['bytes_after'])} of "

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Collection
+import threading
+from collections.abc import Callable, Collection
 
 from ..datadir.db import Connections
 from ..errors import BudgetFullError
@@ -67,11 +68,13 @@ def usage(db: Connections) -> int:
 
 
 def collect(db: Connections, budget_bytes: int, now: float, report: dict | None = None,
-            keep: Collection[int] = ()) -> dict:
+            keep: Collection[int] = (), progress: Callable[[int, int], None] | None = None,
+            cancel: threading.Event | None = None) -> dict:
     """Drop abandoned writes, then evict LRU entries until usage fits the budget; report it.
     What each step did is added to `report` as it commits, so a caller that runs it again
     after an error (store.datadir.db.Connections.freeing) reports both runs' work. Never the
-    entries `keep`, nor one they extend."""
+    entries `keep`, nor one they extend. `progress(freed, to free)` after each eviction;
+    `cancel` stops before the next."""
     report = report if report is not None else {}
     for key in ("evicted_entries", "evicted_caches", "abandoned_entries", "abandoned_documents"):
         report.setdefault(key, [])
@@ -83,6 +86,7 @@ def collect(db: Connections, budget_bytes: int, now: float, report: dict | None 
     report["freed_bytes"] += sum(nbytes for _, nbytes in abandoned)
     report["abandoned_documents"] += unfinished(db, now)
     used = usage(db)
+    over, report["stopped"] = used - budget_bytes, False
     candidates = (
         db.get()
         # (Of entries last used alike, those nothing extends first: an entry stored ahead of
@@ -93,6 +97,9 @@ def collect(db: Connections, budget_bytes: int, now: float, report: dict | None 
     )
     for (candidate,) in candidates:
         if used <= budget_bytes:
+            break
+        if cancel is not None and cancel.is_set():
+            report["stopped"] = True
             break
         # One short transaction per eviction, so the GUI's writes interleave with a long gc.
         with db.write() as wdb:
@@ -112,6 +119,8 @@ def collect(db: Connections, budget_bytes: int, now: float, report: dict | None 
         report["evicted_caches"] += caches
         report["freed_bytes"] += sum(sizes.values())
         used -= sum(sizes.values())
+        if progress is not None:
+            progress(min(over, over - (used - budget_bytes)), over)
     return {**report, "bytes_after": used, "budget_bytes": budget_bytes}
 
 
