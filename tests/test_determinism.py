@@ -73,3 +73,19 @@ def test_auto_says_when_adapting_may_change_a_deterministic_answer(engine):
     assert any(NOTE in m for m in ask(engine, auto, temperature=0.8, seed=3).messages)
     busy(engine)  # sampled without a seed: no answer was promised to repeat
     assert not any(NOTE in m for m in ask(engine, auto, temperature=0.8).messages)
+
+
+def test_at_lossless_a_request_answers_as_computed_alone_whatever_the_context_held(engine):
+    """A server keeps what its context holds of a request: at lossless only what a prefill
+    of the text computes bit for bit, so a resend, or a request after another sharing its
+    header, answers as the request computed from text alone (`bench_split_numerics`: at a
+    lossy level the split where the held part ends may change a near-tie)."""
+    g = GenerationOptions(max_tokens=12, temperature=0)
+    asked = [{"role": "system", "content": DOC}, {"role": "user", "content": QUESTION}]
+    alone = engine.complete(asked, restore=RestoreOptions(no_cache=True), generation=g)
+    exact = RestoreOptions(level="lossless")
+    engine.complete([{"role": "user", "content": "Say hello."}], generation=g)
+    first = engine.complete(asked, restore=exact, generation=g)
+    again = engine.complete(asked, restore=exact, generation=g)
+    assert again.report.recomputed_tokens <= 1  # (held: its last token's logits computed)
+    assert first.text == again.text == alone.text
