@@ -160,15 +160,21 @@ def test_sigterm_stops_serve_cleanly_and_ends_the_stream_in_flight(tmp_path, rou
     if route == "/api/chat":
         last = json.loads(events[-1])
         assert "stopped before its answer was complete" in last["error"], events[-3:]
+        said = last["error"]
     elif route == "/v1/responses":  # an error event, never response.completed (nor stored)
         last = json.loads(events[-1])
         assert last["type"] == "error", events[-3:]
         assert "stopped before its answer was complete" in last["message"]
+        said = last["message"]
         assert not any('"response.completed"' in e for e in events)
     else:
         assert len(events) >= 3 and events[-1] == "[DONE]", events[-3:]
         last = json.loads(events[-2])
         assert "stopped before its answer was complete" in last["error"]["message"], last
+        said = last["error"]["message"]
+    # (its stop said, not how far it got: "stopped after 512 of 1208 tokens" read as the
+    # answer's, and a client could not tell to ask again once the server is back)
+    assert "the kvdesk server is stopping (ask again once it is back)" in said, said
     assert proc.returncode == 0, err
     assert "Traceback" not in err and "Stopped." in err
     assert not info_file.exists()

@@ -23,6 +23,9 @@ from typing import Any, TypeVar
 
 from starlette.requests import Request
 
+from ..errors import Cancelled
+from .failures import STOPPING
+
 T = TypeVar("T")
 POLL_S = 0.1
 DONE, FAILED = object(), object()
@@ -65,12 +68,25 @@ async def call(request: Request, stopping: Stopping,
         while True:
             done, _ = await asyncio.wait({task}, timeout=POLL_S)
             if done:
-                return task.result()
+                return _stopping_said(task, stopping)
             if not cancel.is_set() and await request.is_disconnected():
                 cancel.set()
     finally:
         cancel.set()
         stopping.unregister(cancel)
+
+
+def _said(e: BaseException, stopping: Stopping) -> BaseException:
+    """`e`, or, for a call the server's stop cancelled, the stop said (`failures.STOPPING`)
+    instead of how far the work got ("stopped after 0 of 9 tokens" read as the answer's)."""
+    return Cancelled(STOPPING) if isinstance(e, Cancelled) and stopping.event.is_set() else e
+
+
+def _stopping_said(task: asyncio.Future, stopping: Stopping):
+    try:
+        return task.result()
+    except Cancelled as e:
+        raise _said(e, stopping) from None
 
 
 async def events(stopping: Stopping,
@@ -91,7 +107,7 @@ async def events(stopping: Stopping,
         try:
             result = work(emit, cancel)
         except BaseException as e:  # handed to the event loop, which answers with it
-            loop.call_soon_threadsafe(queue.put_nowait, ("error", e))
+            loop.call_soon_threadsafe(queue.put_nowait, ("error", _said(e, stopping)))
         else:
             loop.call_soon_threadsafe(queue.put_nowait, ("done", result))
 

@@ -29,7 +29,10 @@ class ApiError(Exception):
         self.status, self.body = status, s.error(message, kind, code, param)
 
 
-CUT_SHORT = "the answer was cut short"
+# Said of any request the server's stop ends: a client (or its user) can tell it from its own
+# mistake, and ask again once the server is back.
+STOPPING = "the kvdesk server is stopping (ask again once it is back)"
+CUT_SHORT = f"the answer was cut short: {STOPPING}"
 
 
 def cut_short() -> str:
