@@ -155,7 +155,10 @@ class LibraryMixin:
         if not self._confirm("Delete this chat and its cache?"):
             return
         if chat_id == self.chat_id:
+            in_list = self.chat_list.tree.hasFocus()
             self.new_chat()
+            if in_list:  # (deleted from the list: the keyboard goes on from there)
+                self.chat_list.tree.setFocus()
         self.runner.start("misc", lambda job: self.engine.delete_chat(chat_id),
                           finished=lambda _: self.refresh_chats(),
                           failed=lambda msg: self._say(msg, True))

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import datetime as dt
 
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import QItemSelectionModel, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
+    QAbstractItemView,
     QHBoxLayout,
     QHeaderView,
     QLabel,
@@ -53,6 +54,21 @@ def date_group(timestamp: float, now: float) -> str:
     return "Previous 7 days" if days <= 7 else "Older"
 
 
+class ChatTree(QTreeWidget):
+    """The chats under their date headings; the keyboard moves from chat to chat, over the
+    headings (they open nothing)."""
+
+    _UP = (QAbstractItemView.CursorAction.MoveUp, QAbstractItemView.CursorAction.MovePageUp,
+           QAbstractItemView.CursorAction.MovePrevious)
+
+    def moveCursor(self, action, modifiers):
+        index = super().moveCursor(action, modifiers)
+        step = self.indexAbove if action in self._UP else self.indexBelow
+        while index.isValid() and index.siblingAtColumn(0).data(ID_ROLE) is None:
+            index = step(index)
+        return index if index.isValid() else self.currentIndex()
+
+
 class ChatList(QWidget):
     chat_selected = Signal(int)
     rename_requested = Signal(int, str)  # chat id, current title
@@ -63,7 +79,7 @@ class ChatList(QWidget):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.search = QLineEdit(placeholderText="Search chats  (Ctrl+K)", clearButtonEnabled=True)
-        self.tree = QTreeWidget(headerHidden=True, rootIsDecorated=False, indentation=8,
+        self.tree = ChatTree(headerHidden=True, rootIsDecorated=False, indentation=8,
                                 columnCount=2)
         # The blended mark has a column of its own: eliding a long title cannot hide it.
         header = self.tree.header()
@@ -84,12 +100,16 @@ class ChatList(QWidget):
         self._chats: list[ChatInfo] = []
         self._now: float | None = None
         self._selected: int | None = None
+        self._follow = False  # whether the chat selected is to take the cursor when listed
         self._found: tuple[str, dict[int, str]] = ("", {})  # (searched for, what was found)
         self._searching = QTimer(self, singleShot=True, interval=SEARCH_DELAY_MS)
         self._searching.timeout.connect(self._search)
         self.search.textChanged.connect(self._rebuild)
         self.search.textChanged.connect(self._searching.start)
         self.tree.itemClicked.connect(self._clicked)
+        # Enter opens the chat under the keyboard's cursor; moving the cursor does not (an
+        # open restores the chat's cache into the model)
+        self.tree.itemActivated.connect(self._clicked)
         self.tree.customContextMenuRequested.connect(self._menu)
 
     def set_chats(self, chats: list[ChatInfo], now: float | None = None) -> None:
@@ -109,11 +129,17 @@ class ChatList(QWidget):
             self.search_requested.emit(needle)
 
     def select(self, chat_id: int | None) -> None:
-        """Highlight `chat_id` (None: no chat) without emitting chat_selected."""
+        """Highlight `chat_id` (None: no chat) without emitting chat_selected; a chat newly
+        shown also takes the keyboard's cursor, once it is listed."""
+        if chat_id != self._selected:
+            self._follow = chat_id is not None
         self._selected = chat_id
         self.tree.clearSelection()
         for item in self._chat_items():
             if item.data(0, ID_ROLE) == chat_id:
+                if self._follow:
+                    self.tree.setCurrentItem(item)
+                    self._follow = False
                 item.setSelected(True)
                 self.tree.scrollToItem(item)
 
@@ -134,6 +160,7 @@ class ChatList(QWidget):
         needle = self.search.text().strip()
         found = self._found[1] if self._found[0] == needle else {}
         now = self._now if self._now is not None else dt.datetime.now().timestamp()
+        place = self._place()
         self.tree.clear()
         groups: dict[str, QTreeWidgetItem] = {}
         shown = numbered(self._chats)
@@ -170,13 +197,37 @@ class ChatList(QWidget):
             if name in groups:
                 self.tree.addTopLevelItem(groups[name])
                 groups[name].setExpanded(True)
+        self._return_to(*place)
         self.select(self._selected)
 
+    def _place(self) -> tuple[object, int]:
+        """The keyboard's cursor in the list: its row's chat id (a heading: its name), and
+        its position among the chats."""
+        current = self.tree.currentItem()
+        if current is None:
+            return None, -1
+        rows = list(self._chat_items())
+        return _key(current), rows.index(current) if current in rows else -1
+
+    def _return_to(self, key: object, position: int) -> None:
+        """Put the cursor back where `_place` found it after a rebuild, without selecting (a
+        chat gone: the one that took its place), so that keys and the menu key go on from
+        there."""
+        items = [self.tree.topLevelItem(i) for i in range(self.tree.topLevelItemCount())]
+        rows = list(self._chat_items())
+        item = next((i for i in rows + items if _key(i) == key),
+                    rows[min(position, len(rows) - 1)] if rows and position >= 0 else None)
+        if item is not None:
+            self.tree.selectionModel().setCurrentIndex(
+                self.tree.indexFromItem(item), QItemSelectionModel.SelectionFlag.NoUpdate)
+
     def _clicked(self, item: QTreeWidgetItem) -> None:
-        chat_id = item.data(0, ID_ROLE)
-        if chat_id is not None:
-            self._selected = chat_id
-            self.chat_selected.emit(chat_id)
+        if (chat_id := item.data(0, ID_ROLE)) is not None:
+            self._open(chat_id)
+
+    def _open(self, chat_id: int) -> None:
+        self._selected, self._follow = chat_id, True
+        self.chat_selected.emit(chat_id)
 
     def _menu(self, pos) -> None:
         item = self.tree.itemAt(pos)
@@ -188,6 +239,8 @@ class ChatList(QWidget):
 
     def _chat_menu(self, chat_id: int, title: str) -> QMenu:
         menu = QMenu(self)
+        menu.addAction("Open", lambda: self._open(chat_id))
+        menu.addSeparator()
         menu.addAction("Rename…", lambda: self.rename_requested.emit(chat_id, title))
         menu.addAction("Export as Markdown…",
                        lambda: self.export_requested.emit(chat_id, "markdown"))
@@ -195,6 +248,12 @@ class ChatList(QWidget):
         menu.addSeparator()
         menu.addAction("Delete", lambda: self.delete_requested.emit(chat_id))
         return menu
+
+
+def _key(item: QTreeWidgetItem) -> object:
+    """What tells a row apart across rebuilds: its chat's id, or a heading's name."""
+    chat_id = item.data(0, ID_ROLE)
+    return item.text(0) if chat_id is None else chat_id
 
 
 def _from_word(line: str, needle: str) -> str:

@@ -1,0 +1,90 @@
+"""The window from the keyboard alone, and what a screen reader is told: chats opened with
+Enter, the list's cursor kept across refreshes, the widgets' accessible names and values."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QMessageBox
+from ui_fixtures import (
+    engine_fixture,  # noqa: F401 (a fixture)
+    window_fixture,  # noqa: F401 (a fixture)
+)
+
+
+def activate(qtbot, window):
+    """Keys only reach the active window."""
+    with qtbot.waitActive(window):
+        window.show()
+        window.activateWindow()
+
+
+def current_title(window) -> str | None:
+    item = window.chat_list.tree.currentItem()
+    return item.text(0) if item else None
+
+
+def test_enter_opens_the_chat_under_the_cursor_and_arrows_only_move_over_the_headings(
+        qtbot, window):
+    activate(qtbot, window)
+    tree = window.chat_list.tree
+    tree.setFocus()
+    qtbot.keyClick(tree, Qt.Key.Key_Home)
+    assert current_title(window) == "What is multi-head attention?"  # (not "Today")
+    qtbot.keyClick(tree, Qt.Key.Key_Down)
+    assert current_title(window) == "Summarize the release notes"  # over "Yesterday"
+    qtbot.keyClick(tree, Qt.Key.Key_Up)
+    qtbot.keyClick(tree, Qt.Key.Key_Up)  # (at the first chat: "Today" is no stop)
+    assert current_title(window) == "What is multi-head attention?"
+    qtbot.keyClick(tree, Qt.Key.Key_Down)
+    assert window.chat_id is None  # moving the cursor restores nothing
+    with qtbot.waitSignal(window.restored, timeout=5000):
+        qtbot.keyClick(tree, Qt.Key.Key_Return)
+    assert window.chats[1].title == "Summarize the release notes"
+    assert window.chat_id == window.chats[1].chat_id
+
+
+def test_the_chat_menu_opens_the_chat(qtbot, window):
+    chat = window.chats[2]
+    menu = window.chat_list._chat_menu(chat.chat_id, chat.title)
+    assert menu.actions()[0].text() == "Open"
+    with qtbot.waitSignal(window.restored, timeout=5000):
+        menu.actions()[0].trigger()
+    assert window.chat_id == chat.chat_id
+
+
+def test_the_list_keeps_its_cursor_through_refreshes(qtbot, window):
+    activate(qtbot, window)
+    tree = window.chat_list.tree
+    with qtbot.waitSignal(window.restored, timeout=5000):
+        window.chat_list._open(window.chats[0].chat_id)
+    assert current_title(window) == "What is multi-head attention?"
+    tree.setFocus()
+    qtbot.keyClick(tree, Qt.Key.Key_Down)  # the cursor on another chat, not opened
+    with qtbot.waitSignal(window.chats_changed, timeout=5000):
+        window.refresh_chats()
+    assert current_title(window) == "Summarize the release notes"
+    assert [i.text(0) for i in tree.selectedItems()] == ["What is multi-head attention?"]
+    # A new chat asked: once listed, it has the cursor as well as the highlight.
+    window.new_chat()
+    with qtbot.waitSignal(window.chats_changed, timeout=5000):
+        with qtbot.waitSignal(window.answer_done, timeout=5000):
+            window.send("A fresh question")
+    assert window.chat_id is not None
+    assert tree.currentItem().data(0, Qt.ItemDataRole.UserRole) == window.chat_id
+
+
+def test_deleting_the_open_chat_from_the_list_leaves_the_keyboard_there(qtbot, window,
+                                                                        monkeypatch):
+    monkeypatch.setattr("ui.library.library_actions.QMessageBox.question",
+                        lambda *a, **k: QMessageBox.StandardButton.Yes)
+    activate(qtbot, window)
+    tree = window.chat_list.tree
+    with qtbot.waitSignal(window.restored, timeout=5000):
+        window.chat_list._open(window.chats[1].chat_id)
+    tree.setFocus()
+    with qtbot.waitSignal(window.chats_changed, timeout=5000):
+        window.delete_chat(window.chat_id)
+    assert tree.hasFocus()
+    assert window.chat_id is None
+    assert current_title(window) == "Compare the two documents"  # (the row that followed)
+
