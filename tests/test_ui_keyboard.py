@@ -4,7 +4,7 @@ Enter, the list's cursor kept across refreshes, the widgets' accessible names an
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QMessageBox
+from PySide6.QtWidgets import QLabel, QMessageBox
 from ui_fixtures import (
     engine_fixture,  # noqa: F401 (a fixture)
     window_fixture,  # noqa: F401 (a fixture)
@@ -88,3 +88,19 @@ def test_deleting_the_open_chat_from_the_list_leaves_the_keyboard_there(qtbot, w
     assert window.chat_id is None
     assert current_title(window) == "Compare the two documents"  # (the row that followed)
 
+
+def test_the_quality_slider_says_its_name_and_its_level_in_words(qtbot, window):
+    slider = window.quality.slider
+    assert slider.accessibleName() == "Quality vs. load time"
+    with qtbot.waitSignal(window.restored, timeout=5000):
+        window.chat_list._open(window.chats[0].chat_id)
+    qtbot.waitUntil(lambda: "cached tokens" in slider.accessibleDescription())
+    said = slider.accessibleDescription()
+    assert said.startswith(f"{window.quality.level()}. Loading this chat's ")
+    assert " ms" in said and "<" not in said  # its sizes and times, as plain text
+    slider.setFocus()
+    qtbot.keyClick(slider, Qt.Key.Key_Left)
+    assert slider.accessibleDescription().startswith(f"{window.quality.level()}. ")
+    assert not said.startswith(f"{window.quality.level()}. ")
+    buddies = [w.buddy() for w in window.quality.findChildren(QLabel) if w.buddy()]
+    assert buddies == [slider, slider]  # "fastest load" and "best quality"

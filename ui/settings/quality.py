@@ -18,15 +18,18 @@ class QualitySlider(QWidget):
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
-        self.slider = QSlider(Qt.Orientation.Horizontal, minimumWidth=120, pageStep=1)
+        # (a screen reader reads its value as a bare position: the level's name, with what it
+        # costs, is its description)
+        self.slider = QSlider(Qt.Orientation.Horizontal, minimumWidth=120, pageStep=1,
+                              accessibleName="Quality vs. load time")
         self.slider.setTickPosition(QSlider.TickPosition.TicksBelow)
         self.name = QLabel()
         self.name.setMinimumWidth(64)
         layout = QHBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
-        layout.addWidget(QLabel("fastest load"))
+        layout.addWidget(QLabel("fastest load", buddy=self.slider))  # (its labels, to a reader)
         layout.addWidget(self.slider)
-        layout.addWidget(QLabel("best quality"))
+        layout.addWidget(QLabel("best quality", buddy=self.slider))
         layout.addWidget(self.name)
         self._levels: tuple[str, ...] = ()  # fastest first, as the slider reads left to right
         self._estimate: RestoreEstimate | None = None
@@ -65,16 +68,22 @@ class QualitySlider(QWidget):
     def _update_tooltip(self) -> None:
         est = self._estimate
         if est is None or not est.tokens:
-            tip = "How chats are loaded: the most compressed cache loads fastest."
+            tip = said = "How chats are loaded: the most compressed cache loads fastest."
         else:
-            rows = []
+            rows, costs = [], []
             for level in reversed(self._levels):
                 if level not in est.bytes:
                     continue
-                cells = (f"<td>{level}</td><td align=right>{size_text(est.bytes[level])}</td>"
-                         f"<td align=right>~{est.seconds.get(level, 0) * 1000:,.0f} ms</td>")
+                size, ms = size_text(est.bytes[level]), est.seconds.get(level, 0) * 1000
+                cells = (f"<td>{level}</td><td align=right>{size}</td>"
+                         f"<td align=right>~{ms:,.0f} ms</td>")
                 rows.append(f"<tr><td>{'▶' if level == self.level() else ''}</td>{cells}</tr>")
+                costs.append(f"{level}, {size}, about {ms:,.0f} ms")
             tip = (f"<p>Loading this chat's {est.tokens:,} cached tokens:</p>"
                    f"<table cellspacing=4>{''.join(rows)}</table>")
+            said = f"Loading this chat's {est.tokens:,} cached tokens: {'; '.join(costs)}."
         self.setToolTip(tip)
         self.slider.setToolTip(tip)
+        # (the level first: what a screen reader says as the slider moves)
+        self.slider.setAccessibleDescription(
+            f"{self.level()}. {said}" if self._levels else said)
