@@ -4,6 +4,7 @@ Enter, the list's cursor kept across refreshes, the widgets' accessible names an
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QAccessible
 from PySide6.QtWidgets import QLabel, QMessageBox
 from ui_fixtures import (
     engine_fixture,  # noqa: F401 (a fixture)
@@ -104,3 +105,15 @@ def test_the_quality_slider_says_its_name_and_its_level_in_words(qtbot, window):
     assert not said.startswith(f"{window.quality.level()}. ")
     buddies = [w.buddy() for w in window.quality.findChildren(QLabel) if w.buddy()]
     assert buddies == [slider, slider]  # "fastest load" and "best quality"
+
+
+def accessible_name(widget) -> str:
+    return QAccessible.queryAccessibleInterface(widget).text(QAccessible.Text.Name)
+
+
+def test_the_boxes_and_lists_have_names_a_screen_reader_says(window):
+    window.doc_list.filter.show()
+    assert {accessible_name(w) for w in (
+        window.prompt, window.chat_list.search, window.doc_list.filter, window.chat_view,
+        window.chat_list.tree, window.doc_list.list)} == {
+        "Question", "Search chats", "Filter documents", "Conversation", "Chats", "Documents"}

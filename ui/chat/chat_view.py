@@ -40,6 +40,7 @@ class ChatView(QTextBrowser):
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
+        self.setAccessibleName("Conversation")
         self.setOpenLinks(False)
         self.anchorClicked.connect(self._link)
         self.colors: Colors = LIGHT
@@ -351,6 +352,7 @@ class PromptEdit(QPlainTextEdit):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.setPlaceholderText("Ask about your documents…   Enter sends, Shift+Enter adds a line")
+        self.setAccessibleName("Question")  # (a placeholder is no name to a screen reader)
         self.setTabChangesFocus(True)
         self.setFixedHeight(72)
 

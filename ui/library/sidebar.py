@@ -78,9 +78,11 @@ class ChatList(QWidget):
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
-        self.search = QLineEdit(placeholderText="Search chats  (Ctrl+K)", clearButtonEnabled=True)
+        # (each list and box named for a screen reader: a placeholder is no name)
+        self.search = QLineEdit(placeholderText="Search chats  (Ctrl+K)", clearButtonEnabled=True,
+                                accessibleName="Search chats")
         self.tree = ChatTree(headerHidden=True, rootIsDecorated=False, indentation=8,
-                                columnCount=2)
+                             columnCount=2, accessibleName="Chats")
         # The blended mark has a column of its own: eliding a long title cannot hide it.
         header = self.tree.header()
         header.setStretchLastSection(False)
@@ -312,9 +314,9 @@ class DocumentList(QWidget):
         self.clear_button.clicked.connect(self.clear_failed)
         top.addWidget(self.clear_button)
         self.filter = QLineEdit(placeholderText="Filter documents", clearButtonEnabled=True,
-                                visible=False)
+                                visible=False, accessibleName="Filter documents")
         self.filter.textChanged.connect(self._filter)
-        self.list = QListWidget()
+        self.list = QListWidget(accessibleName="Documents")
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         # A row's facts wrap under its title: a narrow sidebar cuts none of them off.
         self.list.setWordWrap(True)
