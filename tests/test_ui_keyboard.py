@@ -11,6 +11,8 @@ from ui_fixtures import (
     window_fixture,  # noqa: F401 (a fixture)
 )
 
+from ui.library.attach_rows import AttachRow
+
 
 def activate(qtbot, window):
     """Keys only reach the active window."""
@@ -117,3 +119,12 @@ def test_the_boxes_and_lists_have_names_a_screen_reader_says(window):
         window.prompt, window.chat_list.search, window.doc_list.filter, window.chat_view,
         window.chat_list.tree, window.doc_list.list)} == {
         "Question", "Search chats", "Filter documents", "Conversation", "Chats", "Documents"}
+
+
+def test_an_attach_rows_button_says_what_it_does_to_which_document(qtbot):
+    row = AttachRow("report.pdf", "#cf222e")
+    qtbot.addWidget(row)
+    assert accessible_name(row.button) == "Cancel attaching report.pdf"
+    assert accessible_name(row.bar) == "Attaching report.pdf"
+    row.show_error("report.pdf could not be read")
+    assert accessible_name(row.button) == "Dismiss report.pdf"

@@ -49,8 +49,12 @@ class AttachRow(QFrame):
         self.phase.setWordWrap(True)  # (its row is as tall as its wrapped text: rows scroll)
         self.error = ""  # why it failed, once it has
         self._note = ""
-        self.bar = QProgressBar(maximum=100, textVisible=False, maximumHeight=6)
-        self.button = QToolButton(text="✕", autoRaise=True, toolTip="Cancel")
+        # (a screen reader says what the ✕ does, and to which document: its sign says neither)
+        self.bar = QProgressBar(maximum=100, textVisible=False, maximumHeight=6,
+                                accessibleName=f"Attaching {title}")
+        self.button = QToolButton(text="✕", autoRaise=True, toolTip="Cancel",
+                                  accessibleName=f"Cancel attaching {title}")
+        self._title = title
         self.button.clicked.connect(self.cancel_clicked)
         self._error_color = error_color
         top = QHBoxLayout()
@@ -86,6 +90,7 @@ class AttachRow(QFrame):
         self.phase.setStyleSheet(f"color: {self._error_color}")
         self.phase.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.button.setToolTip("Dismiss")
+        self.button.setAccessibleName(f"Dismiss {self._title}")
         self.button.clicked.disconnect()
         self.button.clicked.connect(self.dismissed)
         self.failed.emit()
