@@ -7,6 +7,7 @@ import html
 import os
 import signal
 import threading
+import time
 
 import pytest
 from PySide6.QtCore import QMimeData, QPoint, Qt, QUrl
@@ -1033,3 +1034,19 @@ def test_an_attachs_note_is_shown_at_once_and_kept_under_its_row(qtbot, window):
     assert "longer than the context" in row.phase.text()  # (shown only at the end before)
     row.show_progress(Progress("split", 5, 10, "book.txt"))
     assert "50%" in row.phase.text() and "longer than the context" in row.phase.text()
+
+
+
+def test_a_chat_search_answered_after_the_window_is_gone_is_dropped(qtbot, engine,
+                                                                    monkeypatch):
+    window = MainWindow(lambda: engine, Settings())  # (not the fixture's: this one is deleted)
+    with qtbot.waitSignals([window.engine_ready, window.chats_changed,
+                            window.documents_changed], timeout=5000):
+        pass
+    # (the search comes back after the window is deleted: asked as it closes, by the search
+    # field's typing pause)
+    monkeypatch.setattr(engine, "search_chats", lambda text: time.sleep(0.1) or {1: text})
+    window.close()
+    window.search_chats("attention")
+    window.deleteLater()
+    qtbot.wait(300)  # (an error in Qt's event loop fails the test)

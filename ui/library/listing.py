@@ -28,9 +28,12 @@ class ListingMixin:
     def search_chats(self, text: str) -> None:
         """The chats whose messages hold `text`, for the chat list's search (`set_found`)."""
         if self.engine is not None:
-            self.runner.start("misc", lambda job: self.engine.search_chats(text),
-                              finished=lambda found: self.chat_list.set_found(text, found),
-                              failed=lambda msg: self._say(msg, True))
+            # (a bound method, not a lambda: Qt drops it with a window closed before it comes)
+            self.runner.start("misc", lambda job: (text, self.engine.search_chats(text)),
+                              finished=self._show_found, failed=lambda msg: self._say(msg, True))
+
+    def _show_found(self, found: tuple[str, dict[int, str]]) -> None:
+        self.chat_list.set_found(*found)
 
     def _show_chats(self, found: tuple[list[ChatInfo], dict[int, list[str]]]) -> None:
         chats, evicted = found
