@@ -4,7 +4,7 @@ Enter, the list's cursor kept across refreshes, the widgets' accessible names an
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QAccessible
+from PySide6.QtGui import QAccessible, QKeySequence, QShortcut
 from PySide6.QtWidgets import QLabel, QMessageBox
 from ui_fixtures import (
     engine_fixture,  # noqa: F401 (a fixture)
@@ -128,3 +128,32 @@ def test_an_attach_rows_button_says_what_it_does_to_which_document(qtbot):
     assert accessible_name(row.bar) == "Attaching report.pdf"
     row.show_error("report.pdf could not be read")
     assert accessible_name(row.button) == "Dismiss report.pdf"
+
+
+def test_escape_empties_the_search_typed_in_unless_an_answer_is_coming(qtbot, window,
+                                                                        engine):
+    activate(qtbot, window)
+    search = window.chat_list.search
+    search.setFocus()
+    qtbot.keyClicks(search, "rel")
+    qtbot.keyClick(search, Qt.Key.Key_Escape)
+    assert search.text() == ""
+    engine.token_s = 0.05
+    window.send("a slow one")
+    qtbot.waitUntil(lambda: len(window.chat_view.transcript()[-1][1]) > 10, timeout=5000)
+    search.setFocus()
+    qtbot.keyClicks(search, "rel")
+    with qtbot.waitSignal(window.answer_done, timeout=5000) as blocker:
+        qtbot.keyClick(search, Qt.Key.Key_Escape)
+    assert blocker.args == [None] and search.text() == "rel"  # stopped, nothing else
+
+
+def test_the_file_menu_shows_the_keys_that_work_one_binding_each(window):
+    menu = window.menuBar().actions()[0].menu()
+    keys = {a.text(): a.shortcut().toString() for a in menu.actions() if not a.isSeparator()}
+    assert keys["&Settings…"] and keys["&Quit"]
+    if not QKeySequence.keyBindings(QKeySequence.StandardKey.Preferences):
+        assert keys["&Settings…"] == "Ctrl+,"
+    bound = [s.key().toString() for s in window.findChildren(QShortcut)] + [
+        k.toString() for a in window.actions() for k in a.shortcuts()]
+    assert len(bound) == len(set(bound)), bound

@@ -56,6 +56,13 @@ from .workers import Job, Runner
 DRAFT_PAUSE_MS = 300  # typing pause after which the draft question is computed
 
 
+def standard_key(key: QKeySequence.StandardKey, fallback: str) -> QKeySequence:
+    """The platform's keys for `key` (Cmd+, for Preferences on macOS), or `fallback` where the
+    platform has none: one binding per key, shown in the menu."""
+    bound = QKeySequence.keyBindings(key)
+    return bound[0] if bound else QKeySequence(fallback)
+
+
 class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, ListingMixin, CodecMixin,
                  QMainWindow):
     # For the launcher and for tests: each fires once the GUI has drawn the outcome.
@@ -181,8 +188,9 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, ListingMixin, CodecM
             ("&New chat", QKeySequence.StandardKey.New, self.new_chat),
             ("&Attach documents…", QKeySequence.StandardKey.Open, self.choose_files),
             ("Attach a &folder…", QKeySequence("Ctrl+Shift+O"), self.choose_folder),
-            ("&Settings…", QKeySequence.StandardKey.Preferences, self.open_settings),
-            ("&Quit", QKeySequence.StandardKey.Quit, self.close),
+            ("&Settings…", standard_key(QKeySequence.StandardKey.Preferences, "Ctrl+,"),
+             self.open_settings),
+            ("&Quit", standard_key(QKeySequence.StandardKey.Quit, "Ctrl+Q"), self.close),
         ):
             action = QAction(text, self, shortcut=keys)
             action.triggered.connect(slot)
@@ -190,8 +198,7 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, ListingMixin, CodecM
             self.addAction(action)  # shortcuts work even where the menu bar is hidden
         self._build_codec_status()
         QShortcut(QKeySequence("Ctrl+K"), self, self._focus_search)
-        QShortcut(QKeySequence("Ctrl+,"), self, self.open_settings)
-        QShortcut(QKeySequence(Qt.Key.Key_Escape), self, self.stop)
+        QShortcut(QKeySequence(Qt.Key.Key_Escape), self, self._escape)
 
         self.new_button.clicked.connect(self.new_chat)
         self.prefill_button.clicked.connect(self._prefill_stale)
@@ -230,6 +237,15 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, ListingMixin, CodecM
         for widget in (self.prompt, self.send_button, self.attach_button, self.new_button,
                        self.doc_list.attach_button):
             widget.setEnabled(ready)
+
+    def _escape(self) -> None:
+        """Esc stops the answer coming, wherever the keyboard is; with none coming, it empties
+        the search or filter it is typed in, as it would in any search field."""
+        field = self.focusWidget()
+        if self.generation is None and field in (self.chat_list.search, self.doc_list.filter):
+            field.clear()
+            return
+        self.stop()
 
     def _focus_search(self) -> None:
         self.chat_list.search.setFocus()
