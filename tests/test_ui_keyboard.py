@@ -11,7 +11,9 @@ from ui_fixtures import (
     window_fixture,  # noqa: F401 (a fixture)
 )
 
+from desktop_app.settings import Settings
 from ui.library.attach_rows import AttachRow
+from ui.settings.settings_dialog import SettingsDialog
 
 
 def activate(qtbot, window):
@@ -157,3 +159,21 @@ def test_the_file_menu_shows_the_keys_that_work_one_binding_each(window):
     bound = [s.key().toString() for s in window.findChildren(QShortcut)] + [
         k.toString() for a in window.actions() for k in a.shortcuts()]
     assert len(bound) == len(set(bound)), bound
+
+
+def test_at_a_large_font_the_prompt_the_level_and_the_settings_fit(qtbot, window):
+    big = window.font()
+    big.setPointSize(20)
+    window.setFont(big)
+    prompt = window.prompt
+    assert prompt.height() >= 4 * prompt.fontMetrics().lineSpacing()  # (72 px: 2 lines)
+    name = window.quality.name
+    assert name.minimumWidth() >= name.fontMetrics().horizontalAdvance("balanced")
+    dialog = SettingsDialog(Settings())
+    qtbot.addWidget(dialog)
+    dialog.setFont(big)
+    dialog.show()
+    qtbot.waitExposed(dialog)
+    # (2046 px wide at 20 pt: its columns, one above the other, scroll within the screen)
+    assert dialog.frameGeometry().width() <= dialog.screen().availableGeometry().width()
+    assert dialog.scroll.widget().minimumSizeHint().width() <= 1920 - 40

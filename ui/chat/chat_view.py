@@ -354,7 +354,18 @@ class PromptEdit(QPlainTextEdit):
         self.setPlaceholderText("Ask about your documents…   Enter sends, Shift+Enter adds a line")
         self.setAccessibleName("Question")  # (a placeholder is no name to a screen reader)
         self.setTabChangesFocus(True)
-        self.setFixedHeight(72)
+        self._fit_height()
+
+    def _fit_height(self) -> None:
+        """Four lines of its font, whatever its size."""
+        margins = self.contentsMargins().top() + self.contentsMargins().bottom()
+        self.setFixedHeight(4 * self.fontMetrics().lineSpacing() + margins
+                            + 2 * int(self.document().documentMargin()))
+
+    def changeEvent(self, event: QEvent) -> None:
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.FontChange:
+            self._fit_height()
 
     def event(self, event: QEvent) -> bool:
         if event.type() == QEvent.Type.ShortcutOverride and QKeySequence(

@@ -7,7 +7,7 @@ given; it never calls the engine.
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QEvent, Qt, Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QSlider, QWidget
 
 from desktop_app.results import RestoreEstimate, size_text
@@ -24,7 +24,6 @@ class QualitySlider(QWidget):
                               accessibleName="Quality vs. load time")
         self.slider.setTickPosition(QSlider.TickPosition.TicksBelow)
         self.name = QLabel()
-        self.name.setMinimumWidth(64)
         layout = QHBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(QLabel("fastest load", buddy=self.slider))  # (its labels, to a reader)
@@ -46,7 +45,19 @@ class QualitySlider(QWidget):
         self.slider.setValue(max(0, start))
         self.slider.blockSignals(False)
         self.setEnabled(bool(self._levels))
+        self._fit_name()
         self._moved()
+
+    def _fit_name(self) -> None:
+        """The level's label as wide as the longest level's name in its font: never cut."""
+        metrics = self.name.fontMetrics()
+        self.name.setMinimumWidth(max((metrics.horizontalAdvance(level) for level in
+                                       self._levels), default=0) + metrics.averageCharWidth())
+
+    def changeEvent(self, event: QEvent) -> None:
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.FontChange:
+            self._fit_name()
 
     def level(self) -> str:
         """The selected level, or "auto" before the engine said which levels it has."""

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from PySide6.QtWidgets import (
+    QBoxLayout,
     QCheckBox,
     QComboBox,
     QDialog,
@@ -262,7 +263,7 @@ class SettingsDialog(QDialog):
         passages.addRow(self.passages_background)
         answers.addWidget(long_docs)
         answers.addStretch(1)
-        columns = QHBoxLayout()
+        self.columns = columns = QHBoxLayout()
         columns.addLayout(general, 3)
         columns.addLayout(answers, 2)
         # The fields scroll in a small window (the dialog would not shrink below 957x643);
@@ -286,7 +287,14 @@ class SettingsDialog(QDialog):
             self._sized = True
             self.layout().activate()
             frame = self.width() - self.scroll.viewport().width()
-            self.resize(self.scroll.widget().minimumSizeHint().width() + frame, self.height())
+            room = self.screen().availableGeometry().width() - 40 if self.screen() else 10**6
+            if self.scroll.widget().minimumSizeHint().width() + frame > room:
+                # (a large font: the two columns one above the other, which scroll)
+                self.columns.setDirection(QBoxLayout.Direction.TopToBottom)
+                self.scroll.widget().layout().activate()
+                frame += self.scroll.verticalScrollBar().sizeHint().width()
+            self.resize(min(self.scroll.widget().minimumSizeHint().width() + frame, room),
+                        self.height())
         self._fit_height()
 
     def _fit_height(self) -> None:
