@@ -114,7 +114,7 @@ def test_a_source_shown_keeps_its_indentation_and_stays_with_its_chat(qtbot):
 
 def test_a_long_document_says_how_many_passages_have_their_kv(qtbot):
     from desktop_app.results import DocumentInfo
-    from ui.library.sidebar import DocumentList
+    from ui.library.document_list import DocumentList
 
     docs = DocumentList()
     qtbot.addWidget(docs)

@@ -9,7 +9,8 @@ from PySide6.QtWidgets import QApplication, QMenu, QStyle
 
 from desktop_app.results import ChatInfo, DocumentInfo
 from ui import theme
-from ui.library.sidebar import ChatList, DocumentList, numbered
+from ui.library.document_list import DocumentList
+from ui.library.sidebar import ChatList, numbered
 
 
 class RenameAtOnce(QMenu):

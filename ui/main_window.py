@@ -43,9 +43,10 @@ from .chat.asking import Answering, AskingMixin
 from .chat.chat_view import ChatView, PromptEdit
 from .icons import paperclip
 from .library.codec_status import CodecMixin
+from .library.document_list import DocumentList
 from .library.library_actions import LibraryMixin
 from .library.listing import BLENDED_POLL_MS, ListingMixin
-from .library.sidebar import ChatList, DocumentList
+from .library.sidebar import ChatList
 from .library.switching import SwitchingMixin
 from .settings.quality import QualitySlider
 from .settings.settings_dialog import SERVER_FIELDS, SettingsDialog, needs_restart

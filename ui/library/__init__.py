@@ -1,6 +1,6 @@
 """The library: chats and documents in the sidebar, and what the user does with them.
 
-`sidebar` lists past chats by date and the attached documents with their progress;
+`sidebar` lists past chats by date, `document_list` the attached documents with their progress;
 `switching` (a mixin of the main window) opens a new or past chat with its ticked documents;
 `library_actions` (a mixin) attaches, recomputes, deletes, renames and exports, and shows a
 source in its document (`document_view`); `codec_status` (a mixin) shows the codec's kernels
