@@ -4,7 +4,7 @@ Enter, the list's cursor kept across refreshes, the widgets' accessible names an
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QAccessible, QKeySequence, QShortcut
+from PySide6.QtGui import QAccessible, QColor, QKeySequence, QShortcut
 from PySide6.QtWidgets import QLabel, QMessageBox
 from ui_fixtures import (
     engine_fixture,  # noqa: F401 (a fixture)
@@ -14,6 +14,7 @@ from ui_fixtures import (
 from desktop_app.settings import Settings
 from ui.library.attach_rows import AttachRow
 from ui.settings.settings_dialog import SettingsDialog
+from ui.text.markdown import DARK, LIGHT
 
 
 def activate(qtbot, window):
@@ -177,3 +178,28 @@ def test_at_a_large_font_the_prompt_the_level_and_the_settings_fit(qtbot, window
     # (2046 px wide at 20 pt: its columns, one above the other, scroll within the screen)
     assert dialog.frameGeometry().width() <= dialog.screen().availableGeometry().width()
     assert dialog.scroll.widget().minimumSizeHint().width() <= 1920 - 40
+
+
+def contrast(one: str, other: str) -> float:
+    """WCAG's contrast ratio of two colours."""
+    def luminance(color: str) -> float:
+        rgb = [c / 255 for c in QColor(color).getRgb()[:3]]
+        r, g, b = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in rgb]
+        return 0.2126 * r + 0.7152 * g + 0.0722 * b
+    high, low = sorted((luminance(one), luminance(other)), reverse=True)
+    return (high + 0.05) / (low + 0.05)
+
+
+def test_muted_text_and_the_sidebars_notes_reach_4_5_to_1(window):
+    for colors, base in ((LIGHT, "#ffffff"), (DARK, "#17181a")):
+        for background in (base, colors.user_bg, colors.code_bg):
+            # ("You" and "copy" on a user's message: 4.05 on the light theme's)
+            assert contrast(colors.muted, background) >= 4.5, (colors.muted, background)
+        assert contrast(colors.comment, colors.code_bg) >= 4.5
+    window.doc_list.show_note("The model could not load: nothing can be attached.")
+    for note in (window.chat_list.note, window.doc_list.hint):
+        # (disabled, a screen reader calls it unavailable; and it was 2.8:1)
+        assert note.isEnabled()
+        palette = note.palette()
+        assert contrast(palette.color(note.foregroundRole()).name(),
+                        palette.color(note.backgroundRole()).name()) >= 4.5

@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
 
 from desktop_app.results import STATUS_WORDS, DocumentInfo, counted, size_text
 
+from .. import theme
 from .attach_rows import AttachRow, RowsArea
 
 ID_ROLE = Qt.ItemDataRole.UserRole  # a row's document id
@@ -62,7 +63,7 @@ class DocumentList(QWidget):
         self.list.customContextMenuRequested.connect(self._menu)
         self.list.itemChanged.connect(lambda _item: self.checked_changed.emit())
         # (the attach hint only once documents are listed: attaching needs the model loaded)
-        self.hint = QLabel(wordWrap=True, enabled=False, visible=False)
+        self.hint = theme.muted_label()
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         top.addWidget(self.attach_button)

@@ -13,7 +13,6 @@ from PySide6.QtCore import QItemSelectionModel, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QHeaderView,
-    QLabel,
     QLineEdit,
     QMenu,
     QTreeWidget,
@@ -23,6 +22,8 @@ from PySide6.QtWidgets import (
 )
 
 from desktop_app.results import ChatInfo
+
+from .. import theme
 
 GROUPS = ("Today", "Yesterday", "Previous 7 days", "Older")
 ID_ROLE = Qt.ItemDataRole.UserRole
@@ -79,7 +80,7 @@ class ChatList(QWidget):
         # Chats asking alike start alike: a long title keeps its end (and its number) in view
         self.tree.setTextElideMode(Qt.TextElideMode.ElideMiddle)
         # Said in place of the list while there is none to show (no model loaded)
-        self.note = QLabel(wordWrap=True, enabled=False, visible=False)
+        self.note = theme.muted_label()
         self.note.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)

@@ -19,13 +19,13 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Colors:
     text: str = "#1f2328"
-    muted: str = "#6e7781"
+    muted: str = "#656d76"  # (4.5:1 or more on every background here, user_bg's included)
     link: str = "#0969da"
     code_bg: str = "#f3f4f6"
     user_bg: str = "#eef2f8"
     keyword: str = "#cf222e"
     string: str = "#0a3069"
-    comment: str = "#6e7781"
+    comment: str = "#656d76"
     number: str = "#0550ae"
     error: str = "#cf222e"
 
