@@ -139,7 +139,7 @@ class Settings(UserValues):
     # Store every document at `lossless` too: exact reopens without recomputing, for about
     # twice the disk (levels.DEFAULT_LEVELS).
     keep_lossless: bool = False
-    theme: Literal["system", "light", "dark"] = "system"
+    theme: Literal["system", "light", "dark", "high-contrast"] = "system"
     # The local API (kvdesk serve): its port, the folders whose files a client may attach by
     # path (none: uploads only), and from how many tokens a prompt with no cached prefix
     # is kept in the prompt cache.

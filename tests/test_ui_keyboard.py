@@ -4,8 +4,8 @@ Enter, the list's cursor kept across refreshes, the widgets' accessible names an
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QAccessible, QColor, QKeySequence, QShortcut
-from PySide6.QtWidgets import QLabel, QMessageBox
+from PySide6.QtGui import QAccessible, QColor, QKeySequence, QPalette, QShortcut
+from PySide6.QtWidgets import QApplication, QLabel, QMessageBox
 from ui_fixtures import (
     engine_fixture,  # noqa: F401 (a fixture)
     window_fixture,  # noqa: F401 (a fixture)
@@ -203,3 +203,35 @@ def test_muted_text_and_the_sidebars_notes_reach_4_5_to_1(window):
         palette = note.palette()
         assert contrast(palette.color(note.foregroundRole()).name(),
                         palette.color(note.backgroundRole()).name()) >= 4.5
+
+
+def test_a_platform_set_to_high_contrast_gets_white_and_yellow_on_black(qtbot, monkeypatch):
+    """(Following the system read only light or dark: a high-contrast palette was painted
+    over with kvdesk's own.) Every colour of the rendered messages reaches 7:1."""
+    from types import SimpleNamespace
+
+    from ui import theme
+    from ui.text.markdown import HIGH_CONTRAST
+
+    def hints(preference):
+        return SimpleNamespace(styleHints=lambda: SimpleNamespace(
+            colorScheme=lambda: Qt.ColorScheme.Light, accessibility=lambda: SimpleNamespace(
+                contrastPreference=lambda: preference)))
+
+    monkeypatch.setattr(theme, "QGuiApplication", hints(Qt.ContrastPreference.HighContrast))
+    assert theme.resolve("system") == "high-contrast"
+    assert theme.resolve("light") == "light"  # (a theme chosen is kept)
+    monkeypatch.setattr(theme, "QGuiApplication", hints(Qt.ContrastPreference.NoPreference))
+    assert theme.resolve("system") == "light"
+    app = QApplication.instance()
+    try:
+        assert theme.apply(app, "high-contrast") is HIGH_CONTRAST
+        palette = app.palette()
+        assert palette.color(QPalette.ColorRole.Window).name() == "#000000"
+        assert contrast(palette.color(QPalette.ColorRole.WindowText).name(), "#000000") >= 7
+    finally:
+        theme.apply(app, "light")
+    c = HIGH_CONTRAST
+    for color in (c.text, c.muted, c.link, c.keyword, c.string, c.comment, c.number, c.error):
+        for background in ("#000000", c.user_bg, c.code_bg):
+            assert contrast(color, background) >= 7, (color, background)

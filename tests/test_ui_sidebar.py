@@ -44,7 +44,7 @@ def test_a_blended_chat_shows_its_mark_beside_a_long_title_and_renames_from_the_
     assert renamed.args == [1, title]
 
 
-@pytest.mark.parametrize("look", ["dark", "light"])
+@pytest.mark.parametrize("look", ["dark", "light", "high-contrast"])
 def test_an_unticked_document_shows_its_check_box_in_either_theme(qtbot, look):
     app = QApplication.instance()
     theme.apply(app, look)

@@ -1,6 +1,8 @@
 """Light and dark appearance: the Qt palette, and the colours of rendered messages to match.
 
-"system" follows the platform's colour scheme (Qt's style hints); "light" and "dark" force one.
+"system" follows the platform's colour scheme and its contrast preference (Qt's style hints:
+a platform set to high contrast gets "high-contrast", white and yellow on black, every text
+at 7:1 or more); "light", "dark" and "high-contrast" force one.
 Every theme uses the Fusion style with our own palette, since Fusion honours a custom palette
 on every platform and the rendered messages must match the widgets around them.
 
@@ -13,7 +15,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QGuiApplication, QPalette
 from PySide6.QtWidgets import QApplication, QLabel, QProxyStyle, QStyle, QStyleFactory
 
-from .text.markdown import DARK, LIGHT, Colors
+from .text.markdown import DARK, HIGH_CONTRAST, LIGHT, Colors
 
 _DARK_ROLES = {
     QPalette.ColorRole.Window: "#202124",
@@ -31,6 +33,26 @@ _DARK_ROLES = {
     QPalette.ColorRole.Highlight: "#2f6feb",
     QPalette.ColorRole.HighlightedText: "#ffffff",
 }
+_HIGH_CONTRAST_ROLES = {
+    QPalette.ColorRole.Window: "#000000",
+    QPalette.ColorRole.WindowText: "#ffffff",
+    QPalette.ColorRole.Base: "#000000",
+    QPalette.ColorRole.AlternateBase: "#1a1a1a",
+    QPalette.ColorRole.ToolTipBase: "#000000",
+    QPalette.ColorRole.ToolTipText: "#ffffff",
+    QPalette.ColorRole.PlaceholderText: "#d0d0d0",
+    QPalette.ColorRole.Text: "#ffffff",
+    QPalette.ColorRole.Button: "#000000",
+    QPalette.ColorRole.ButtonText: "#ffffff",
+    QPalette.ColorRole.BrightText: "#ff8080",
+    QPalette.ColorRole.Link: "#ffff00",
+    QPalette.ColorRole.Highlight: "#ffff00",
+    QPalette.ColorRole.HighlightedText: "#000000",
+}
+# Fusion draws fields' and buttons' frames in the window colour darkened: on black, none.
+_HIGH_CONTRAST_FRAMES = ("QLineEdit, QPlainTextEdit, QTextEdit, QTextBrowser, QComboBox, "
+                         "QSpinBox, QDoubleSpinBox, QPushButton, QToolButton "
+                         "{ border: 1px solid #ffffff; } QPushButton { padding: 3px 10px; }")
 _LIGHT_ROLES = {
     QPalette.ColorRole.Window: "#f6f7f9",
     QPalette.ColorRole.WindowText: "#1f2328",
@@ -64,7 +86,7 @@ class _Style(QProxyStyle):
         self.mode = mode
 
     def drawPrimitive(self, element, option, painter, widget=None):  # noqa: N802 (Qt's name)
-        if self.mode == "dark" and element in _INDICATORS:
+        if self.mode != "light" and element in _INDICATORS:
             option = type(option)(option)
             palette = QPalette(option.palette)
             palette.setColor(QPalette.ColorRole.Window, QColor(_DARK_INDICATOR_WINDOW))
@@ -81,11 +103,13 @@ def muted_label() -> QLabel:
 
 
 def resolve(theme: str) -> str:
-    """"light" or "dark": what `theme` ("system", "light" or "dark") means here and now."""
+    """"light", "dark" or "high-contrast": what `theme` means here and now."""
     if theme != "system":
         return theme
-    scheme = QGuiApplication.styleHints().colorScheme()
-    return "dark" if scheme == Qt.ColorScheme.Dark else "light"
+    hints = QGuiApplication.styleHints()
+    if hints.accessibility().contrastPreference() == Qt.ContrastPreference.HighContrast:
+        return "high-contrast"
+    return "dark" if hints.colorScheme() == Qt.ColorScheme.Dark else "light"
 
 
 def apply(app: QApplication, theme: str) -> Colors:
@@ -93,10 +117,13 @@ def apply(app: QApplication, theme: str) -> Colors:
     mode = resolve(theme)
     app.setStyle(_Style(mode))
     palette = QPalette()
-    for role, color in (_DARK_ROLES if mode == "dark" else _LIGHT_ROLES).items():
+    roles = {"dark": _DARK_ROLES, "high-contrast": _HIGH_CONTRAST_ROLES}.get(mode, _LIGHT_ROLES)
+    for role, color in roles.items():
         palette.setColor(role, QColor(color))
+    disabled = "#a0a0a0" if mode == "high-contrast" else "#8d96a0"
     for role in (QPalette.ColorRole.Text, QPalette.ColorRole.WindowText,
                  QPalette.ColorRole.ButtonText):
-        palette.setColor(QPalette.ColorGroup.Disabled, role, QColor("#8d96a0"))
+        palette.setColor(QPalette.ColorGroup.Disabled, role, QColor(disabled))
     app.setPalette(palette)
-    return DARK if mode == "dark" else LIGHT
+    app.setStyleSheet(_HIGH_CONTRAST_FRAMES if mode == "high-contrast" else "")
+    return {"dark": DARK, "high-contrast": HIGH_CONTRAST}.get(mode, LIGHT)

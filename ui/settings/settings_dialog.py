@@ -47,7 +47,8 @@ from desktop_app.validation import InvalidValue
 from .context_size import ContextSizeBox
 from .generation_settings import GenerationBox
 
-THEMES = {"system": "Follow the system", "light": "Light", "dark": "Dark"}
+THEMES = {"system": "Follow the system", "light": "Light", "dark": "Dark",
+          "high-contrast": "High contrast"}
 # Settings that change which model or store the engine opens: changing them rebuilds it.
 ENGINE_FIELDS = ("model", "data_dir", "n_ctx", "flash_attn", "remote_bucket",
                  "remote_endpoint_url", "remote_prefix", "remote_auto_push", "remote_auto_pull",

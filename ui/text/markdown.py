@@ -34,6 +34,10 @@ LIGHT = Colors()
 DARK = Colors(text="#e6edf3", muted="#8d96a0", link="#4493f8", code_bg="#161b22",
               user_bg="#1f2937", keyword="#ff7b72", string="#a5d6ff", comment="#8d96a0",
               number="#79c0ff", error="#f85149")
+# White and yellow on black, every colour 7:1 or more on both backgrounds (WCAG AAA)
+HIGH_CONTRAST = Colors(text="#ffffff", muted="#d0d0d0", link="#ffff00", code_bg="#000000",
+                       user_bg="#1a1a1a", keyword="#ffb000", string="#80ffff",
+                       comment="#d0d0d0", number="#c0c0ff", error="#ff8080")
 
 MONO = "'DejaVu Sans Mono', 'Menlo', 'Consolas', monospace"
 
