@@ -243,7 +243,8 @@ def test_a_refused_value_is_said_in_kvdesks_words_whichever_check_refused_it(mon
     monkeypatch.delenv("KVDESK_N_CTX")
     path = settings.config_dir() / "settings.json"
     path.parent.mkdir(parents=True)
-    for saved, says in (('"theme": "x"', 'theme: should be system, light, dark or high-contrast (got "x")'),
+    for saved, says in (('"theme": "x"',
+                         'theme: should be system, light, dark or high-contrast (got "x")'),
                         ('"storage_budget_gb": Infinity',
                          "storage_budget_gb: should be a finite number (got Infinity)"),
                         ('"n_ctx": 1000.5', "n_ctx: should be a whole number (got 1000.5)"),

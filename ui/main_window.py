@@ -150,7 +150,9 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, ListingMixin, CodecM
                                        "(or evicted): computing them now makes their first "
                                        "question quick")
         self.statusBar().addPermanentWidget(self.prefill_button)
-        self.info.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        # (reached and copied from the keyboard too: restore reports and errors are quoted)
+        self.info.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse
+                                          | Qt.TextInteractionFlag.TextSelectableByKeyboard)
         self.chat_view = ChatView()
         self.prompt = PromptEdit()
         for widget in (self.chat_view, self.chat_view.viewport(), self.prompt,
@@ -257,7 +259,9 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, ListingMixin, CodecM
         nothing to say, why the data directory takes no new work, if it does not."""
         if not text and self.engine is not None and self.engine.storage_problem:
             text, error = self.engine.storage_problem, True
-        self.info.setStyleSheet(f"color: {self.colors.error}" if error else "")
+        # (an error told by more than its colour: bold, and named so to a screen reader)
+        self.info.setStyleSheet(f"color: {self.colors.error}; font-weight: bold" if error else "")
+        self.info.setAccessibleName("Error" if error else "Status")
         self.info.setText(in_window_terms(text))  # (errors too may advise a command)
         self._progress_shown = False  # (a progress line says so after this)
 
