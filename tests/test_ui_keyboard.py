@@ -49,6 +49,27 @@ def test_enter_opens_the_chat_under_the_cursor_and_arrows_only_move_over_the_hea
     assert window.chat_id == window.chats[1].chat_id
 
 
+def test_delete_on_a_chat_or_document_row_asks_to_delete_it(qtbot, window):
+    """(Only the row's menu deleted: the Delete key did nothing.) The menus show the key."""
+    activate(qtbot, window)
+    tree = window.chat_list.tree
+    tree.setFocus()
+    qtbot.keyClick(tree, Qt.Key.Key_Home)
+    window.chat_list.delete_requested.disconnect()  # (the signal alone: no dialog)
+    with qtbot.waitSignal(window.chat_list.delete_requested, timeout=2000) as chat:
+        qtbot.keyClick(tree, Qt.Key.Key_Delete)
+    assert chat.args == [window.chats[0].chat_id]
+    menu = window.chat_list._chat_menu(window.chats[0].chat_id, window.chats[0].title)
+    assert menu.actions()[-1].shortcut() == QKeySequence(QKeySequence.StandardKey.Delete)
+    docs = window.doc_list.list
+    docs.setFocus()
+    docs.setCurrentRow(1)
+    window.doc_list.delete_requested.disconnect()
+    with qtbot.waitSignal(window.doc_list.delete_requested, timeout=2000) as doc:
+        qtbot.keyClick(docs, Qt.Key.Key_Delete)
+    assert doc.args == [window.documents[1].doc_id, window.documents[1].title]
+
+
 def test_the_chat_menu_opens_the_chat(qtbot, window):
     chat = window.chats[2]
     menu = window.chat_list._chat_menu(chat.chat_id, chat.title)

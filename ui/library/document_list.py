@@ -8,6 +8,7 @@ engine (the main window does, on worker threads).
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
@@ -57,6 +58,10 @@ class DocumentList(QWidget):
         self.filter.textChanged.connect(self._filter)
         self.list = QListWidget(accessibleName="Documents")
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        # Delete on a row asks to delete its document, as the row's menu does
+        QShortcut(QKeySequence.StandardKey.Delete, self.list,
+                  lambda: self._delete(self.list.currentItem())).setContext(
+            Qt.ShortcutContext.WidgetShortcut)  # (PySide's constructor drops a context given)
         # A row's facts wrap under its title: a narrow sidebar cuts none of them off.
         self.list.setWordWrap(True)
         self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
@@ -189,6 +194,10 @@ class DocumentList(QWidget):
         if item is None:
             return
         menu = QMenu(self)
-        menu.addAction("Delete document and its cache", lambda: self.delete_requested.emit(
-            item.data(ID_ROLE), item.text().split("\n")[0]))
+        menu.addAction("Delete document and its cache", lambda: self._delete(item)).setShortcut(
+            QKeySequence.StandardKey.Delete)  # (shown: the key works on the row)
         menu.exec(self.list.viewport().mapToGlobal(pos))
+
+    def _delete(self, item: QListWidgetItem | None) -> None:
+        if item is not None and item.data(ID_ROLE) is not None:
+            self.delete_requested.emit(item.data(ID_ROLE), item.text().split("\n")[0])

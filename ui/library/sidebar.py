@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 
 from PySide6.QtCore import QItemSelectionModel, Qt, QTimer, Signal
+from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QHeaderView,
@@ -101,6 +102,9 @@ class ChatList(QWidget):
         # open restores the chat's cache into the model)
         self.tree.itemActivated.connect(self._clicked)
         self.tree.customContextMenuRequested.connect(self._menu)
+        # Delete on a row asks to delete its chat, as the row's menu does
+        QShortcut(QKeySequence.StandardKey.Delete, self.tree, self._delete_current).setContext(
+            Qt.ShortcutContext.WidgetShortcut)  # (PySide's constructor drops a context given)
 
     def set_chats(self, chats: list[ChatInfo], now: float | None = None) -> None:
         self.note.hide()
@@ -236,8 +240,14 @@ class ChatList(QWidget):
                        lambda: self.export_requested.emit(chat_id, "markdown"))
         menu.addAction("Export as JSON…", lambda: self.export_requested.emit(chat_id, "json"))
         menu.addSeparator()
-        menu.addAction("Delete", lambda: self.delete_requested.emit(chat_id))
+        menu.addAction("Delete", lambda: self.delete_requested.emit(chat_id)).setShortcut(
+            QKeySequence.StandardKey.Delete)  # (shown: the key works on the row)
         return menu
+
+    def _delete_current(self) -> None:
+        item = self.tree.currentItem()
+        if item is not None and item.data(0, ID_ROLE) is not None:
+            self.delete_requested.emit(item.data(0, ID_ROLE))
 
 
 def _key(item: QTreeWidgetItem) -> object:
