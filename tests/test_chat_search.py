@@ -61,3 +61,12 @@ def test_chats_search_and_limit_on_the_command_line(tmp_path):
     assert chats("--search", "zebra").stdout == "no chat holds “zebra”\n"
     bad = chats("--limit", "0")
     assert bad.returncode == 1 and "--limit" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_search_for_nothing_is_refused(tmp_path):
+    from click.testing import CliRunner
+
+    from desktop_app.cli import cli
+
+    result = CliRunner().invoke(cli, ["--data-dir", str(tmp_path), "chats", "--search", "  "])
+    assert result.exit_code != 0 and "give the words to look for" in result.output

@@ -131,3 +131,23 @@ def test_gc_says_how_far_it_is_and_stops_between_evictions(store, tmp_path):
     assert not report["stopped"] and store.usage_bytes() == 0 and said[-1][0] == said[-1][1]
     result = CliRunner().invoke(cli, ["--data-dir", str(tmp_path / "data"), "gc", "--json"])
     assert result.exit_code == 0 and json.loads(result.stdout)["stopped"] is False
+
+
+def test_a_gc_stopped_by_ctrl_c_still_says_what_it_evicted(store, tmp_path, monkeypatch):
+    """(Stopped, its --json was only an error: the evictions it had committed went unsaid.)"""
+    import contextlib
+    import threading
+
+    import desktop_app.cli.maintenance as maintenance
+
+    cancel = threading.Event()
+    gc = store.gc
+    monkeypatch.setattr(store, "gc", lambda budget, **kw: gc(budget, **{**kw, "progress": (
+        lambda freed, over: cancel.set())}))  # (Ctrl-C after the first eviction)
+    monkeypatch.setattr(maintenance, "interruptible", lambda: contextlib.nullcontext(cancel))
+    result = CliRunner().invoke(cli, ["--data-dir", str(tmp_path / "data"), "gc",
+                                      "--budget-gb", "0", "--json"])
+    assert result.exit_code == 130
+    said = json.loads(result.stdout)
+    assert said["stopped"] and said["freed_bytes"] > 0 and len(said["evicted_caches"]) >= 1
+    assert store.usage_bytes() > 0  # (not all: it stopped)

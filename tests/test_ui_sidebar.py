@@ -121,3 +121,24 @@ def test_many_documents_can_be_filtered_by_title_and_a_checked_one_stays_checked
     assert docs.checked_ids() == [7]  # (filtered out, still going into the new chat)
     docs.set_documents(listed(151), checked={7})  # a refresh keeps the filter
     assert sum(not docs.list.item(i).isHidden() for i in range(docs.list.count())) == 10
+
+
+def test_a_search_ended_late_never_hides_what_the_latest_found(qtbot):
+    """(Two searches ran at once: the older one's results, coming last, replaced the newer's,
+    and chats found by their messages vanished.) A list refreshed unchanged searches again
+    only when something changed."""
+    chat_list = ChatList()
+    qtbot.addWidget(chat_list)
+    chats = [ChatInfo(1, "Opening hours", [], 2, 0.0, 0.0), ChatInfo(2, "Budget", [], 2, 0.0, 0.0)]
+    asked: list[str] = []
+    chat_list.search_requested.connect(asked.append)
+    chat_list.set_chats(chats, now=0.0)
+    chat_list.search.setText("zebra")
+    chat_list.set_found("zebra", {2: "the zebra crossing"})
+    chat_list.set_found("zeb", {})  # (typed before, answered after)
+    assert chat_list.visible_titles() == {"Today": ["Budget\n“…zebra crossing”"]}
+    asked.clear()
+    chat_list.set_chats(list(chats), now=0.0)  # (the 5 s refresh of a blended chat)
+    assert asked == []
+    chat_list.set_chats([chats[0], ChatInfo(2, "Budget", [], 4, 0.0, 1.0)], now=0.0)
+    assert asked == ["zebra"]

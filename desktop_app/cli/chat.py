@@ -365,9 +365,11 @@ def docs(app: App, as_json: bool):
 @click.pass_obj
 def chats(app: App, search: str | None, limit: int | None, as_json: bool):
     """List chats, most recent first."""
+    if search is not None and not search.strip():
+        raise click.BadParameter("give the words to look for", param_hint="'--search'")
     only_reading(app)
     rows = app.engine.chats()
-    found = app.engine.search_chats(search) if search and search.strip() else None
+    found = app.engine.search_chats(search) if search else None
     if found is not None:
         rows = [c for c in rows if c.chat_id in found]
     more = len(rows) - limit if limit is not None and len(rows) > limit else 0

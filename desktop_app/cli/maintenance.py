@@ -16,6 +16,7 @@ from ..kv.evictions import evicted_line
 from ..options import GcOptions
 from ..results import Progress, size_text
 from .base import (
+    INTERRUPTED,
     TerminalProgress,
     cli,
     emit,
@@ -156,12 +157,12 @@ def gc(app: App, budget_gb: float | None, as_json: bool):
                               progress=lambda n, total: bar(
                                   Progress("freeing MB", n // 10**6, total // 10**6, "gc")))
     bar.done()
-    if report["stopped"]:
-        stopped(f"gc stopped: it freed {size_text(report['freed_bytes'])} (what it evicted "
-                f"stays evicted), {size_text(report['bytes_after'])} of "
-                f"{size_text(report['budget_bytes'])} used", as_json)
     removed = report["abandoned_documents"]
-    emit(report, as_json, [f"freed {size_text(report['freed_bytes'])}; "
+    # (stopped, it says what it did all the same, `stopped` in its JSON: what it evicted
+    # stays evicted)
+    emit(report, as_json, [*(["stopped by Ctrl-C: what it evicted stays evicted (kvdesk gc "
+                              "again goes on)"] if report["stopped"] else []),
+                           f"freed {size_text(report['freed_bytes'])}; "
                            f"{size_text(report['bytes_after'])} of "
                            f"{size_text(report['budget_bytes'])} used",
                            *evicted_line(app.store, report["evicted_caches"]), *(
@@ -169,6 +170,8 @@ def gc(app: App, budget_gb: float | None, as_json: bool):
          f"and stored nothing: {', '.join(map(str, removed))} (attach or pull it again to "
          "have it)"]
         if removed else [])])
+    if report["stopped"]:
+        sys.exit(INTERRUPTED)
 
 
 @cli.command()

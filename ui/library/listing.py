@@ -28,12 +28,15 @@ class ListingMixin:
     def search_chats(self, text: str) -> None:
         """The chats whose messages hold `text`, for the chat list's search (`set_found`)."""
         if self.engine is not None:
-            # (a bound method, not a lambda: Qt drops it with a window closed before it comes)
+            # (bound methods, not lambdas: Qt drops them with a window closed before they come)
             self.runner.start("misc", lambda job: (text, self.engine.search_chats(text)),
-                              finished=self._show_found, failed=lambda msg: self._say(msg, True))
+                              finished=self._show_found, failed=self._search_failed)
 
     def _show_found(self, found: tuple[str, dict[int, str]]) -> None:
         self.chat_list.set_found(*found)
+
+    def _search_failed(self, message: str) -> None:
+        self._say(message, True)
 
     def _show_chats(self, found: tuple[list[ChatInfo], dict[int, list[str]]]) -> None:
         chats, evicted = found

@@ -108,15 +108,18 @@ class ChatList(QWidget):
 
     def set_chats(self, chats: list[ChatInfo], now: float | None = None) -> None:
         self.note.hide()
-        self._chats, self._now = chats, now
+        changed, self._chats, self._now = chats != self._chats, chats, now
         self._rebuild()
-        self._search()  # (a chat's new messages may hold what is searched for)
+        if changed:  # (a chat's new messages may hold what is searched for)
+            self._search()
 
     def set_found(self, text: str, found: dict[int, str]) -> None:
         """The chats whose messages hold `text` (`EngineAPI.search_chats`), shown while it is
-        what the search field says."""
-        self._found = (text, found)
-        self._rebuild()
+        what the search field says; a search for what it said before, ended late, is
+        dropped (it would hide what the latest found)."""
+        if text == self.search.text().strip():
+            self._found = (text, found)
+            self._rebuild()
 
     def _search(self) -> None:
         if needle := self.search.text().strip():
