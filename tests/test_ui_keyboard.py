@@ -185,7 +185,8 @@ def test_the_file_menu_shows_the_keys_that_work_one_binding_each(window):
     assert len(bound) == len(set(bound)), bound
 
 
-def test_at_a_large_font_the_prompt_the_level_and_the_settings_fit(qtbot, window):
+def test_at_a_large_font_the_prompt_the_level_and_the_settings_fit(qtbot, window,
+                                                                  monkeypatch):
     big = window.font()
     big.setPointSize(20)
     window.setFont(big)
@@ -193,13 +194,31 @@ def test_at_a_large_font_the_prompt_the_level_and_the_settings_fit(qtbot, window
     assert prompt.height() >= 4 * prompt.fontMetrics().lineSpacing()  # (72 px: 2 lines)
     name = window.quality.name
     assert name.minimumWidth() >= name.fontMetrics().horizontalAdvance("balanced")
-    dialog = SettingsDialog(Settings())
-    qtbot.addWidget(dialog)
-    dialog.setFont(big)
-    dialog.show()
-    qtbot.waitExposed(dialog)
+    from types import SimpleNamespace
+
+    from PySide6.QtCore import QRect
+    from PySide6.QtWidgets import QBoxLayout
+
+    full_hd = SimpleNamespace(availableGeometry=lambda: QRect(0, 0, 1920, 1040))
+    monkeypatch.setattr(SettingsDialog, "screen", lambda self: full_hd)
+    normal = SettingsDialog(Settings())
+    qtbot.addWidget(normal)
+    normal.show()
+    qtbot.waitExposed(normal)
+    assert normal.columns.direction() == QBoxLayout.Direction.LeftToRight  # (971 px)
+    app = QApplication.instance()
+    usual = app.font()
+    app.setFont(big)  # (as a user's desktop sets it: every widget made from then on)
+    try:
+        dialog = SettingsDialog(Settings())
+        qtbot.addWidget(dialog)
+        dialog.show()
+        qtbot.waitExposed(dialog)
+    finally:
+        app.setFont(usual)
     # (2046 px wide at 20 pt: its columns, one above the other, scroll within the screen)
-    assert dialog.frameGeometry().width() <= dialog.screen().availableGeometry().width()
+    assert dialog.columns.direction() == QBoxLayout.Direction.TopToBottom
+    assert dialog.width() <= 1920 - 40
     assert dialog.scroll.widget().minimumSizeHint().width() <= 1920 - 40
 
 
