@@ -38,8 +38,10 @@ if TYPE_CHECKING:
 
 
 class App:
-    def __init__(self, settings: Settings, *, background: bool = True):
+    def __init__(self, settings: Settings, *, background: bool = True,
+                 model_flag: bool = False):
         self.settings = settings
+        self.model_flag = model_flag  # the model was named by --model (an error says so)
         self.background = background  # a long-running process (the window, kvdesk serve)
         # Set by commands that only read (`info`, `models`): a data directory that does not
         # exist yet, or a folder with no store in it, is then not written to; memos and the
@@ -47,6 +49,7 @@ class App:
         self.reads_only = False
         self._scratch: tempfile.TemporaryDirectory | None = None
         self._preload: _Preload | None = None
+        self._model_error: models.ModelNotFoundError | None = None
         self.warned: list[str] = []  # what this run has warned of, so an error never repeats it
         self._notes: list[str] = []  # what opening the store had to say (`take_notes`)
 
@@ -79,8 +82,38 @@ class App:
 
     @cached_property
     def model_path(self) -> Path:
-        return models.resolve_model_path(
-            self.settings.model, listed=lambda: [(m.name, m.path) for m in self.list_models()])
+        if self._model_error is not None:  # (looked for once: a listing of models is slow)
+            raise self._model_error
+        try:
+            return models.resolve_model_path(
+                self.settings.model, listed=lambda: [(m.name, m.path) for m in self.list_models()])
+        except models.ModelNotFoundError as e:
+            # The shipped default's own error says how to install it; one the user set says
+            # where it was set, and how to go back.
+            self._model_error = models.ModelNotFoundError(
+                f"{e}; {self.model_origin()}" if self.settings.model else str(e))
+            raise self._model_error from None
+
+    def model_origin(self) -> str:
+        """Where the model set came from (the flag over the variable over the settings file),
+        and how to go back to the shipped default."""
+        if self.model_flag:
+            return "it was given by --model: leave that out for the default model"
+        if os.environ.get("KVDESK_MODEL"):
+            return ("it is set by the environment variable KVDESK_MODEL: unset it for the "
+                    "default model")
+        return (f"it is set as \"model\" in {config_dir() / 'settings.json'}: remove that "
+                "key (or set it to null) for the default model")
+
+    @property
+    def model_missing(self) -> models.ModelNotFoundError | None:
+        """Why the model set cannot be found, None where it is: `docs`, `chats` and `info`
+        list what they can without it."""
+        try:
+            _ = self.model_path
+        except models.ModelNotFoundError as e:
+            return e
+        return None
 
     @cached_property
     def model_hash(self) -> str:
@@ -211,7 +244,10 @@ class App:
 
         s = self.settings
         levels = (*DEFAULT_LEVELS, EXACT) if s.keep_lossless else DEFAULT_LEVELS
-        return Engine(self.store, self.new_runtime, model_path=str(self.model_path),
+        # (a command that only reads lists what it can without a model not found: whatever
+        # needs the model raises its error when it loads)
+        path = "" if self.reads_only and self.model_missing else str(self.model_path)
+        return Engine(self.store, self.new_runtime, model_path=path,
                       levels=levels,
                       default_budget_ms=s.restore_budget_ms, remote=self.remote,
                       auto_push=s.remote_auto_push, auto_pull=s.remote_auto_pull,

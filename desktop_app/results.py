@@ -305,6 +305,7 @@ STATUS_WORDS = {
     "stale": "cached for another model only (a question caches it for this one: computed, "
              "or taken from the shared cache)",
     "unfinished": "did not finish: attach or pull it again",
+    "unknown": "cache status unknown: the model set is not found",
     "damaged": "cache unknown: the store's index of caches is damaged"}
 
 
@@ -324,7 +325,8 @@ class DocumentInfo(Record):
     cache_bytes: dict[str, int]  # per level, under the current model
     # ready | passages (too long for the context: answered from its passages) | stale (cached
     # only under another model) | none | attaching | unfinished | damaged (the store's index
-    # of caches cannot be read): `STATUS_WORDS` says each to the user
+    # of caches cannot be read) | unknown (cached, but the model set is not found, so under
+    # which is not known): `STATUS_WORDS` says each to the user
     status: str
     created: float
     # Chunks that cannot be read: set aside after a failed check, missing, or needing a codec

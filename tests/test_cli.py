@@ -49,6 +49,42 @@ def test_missing_model_is_one_clear_line(tmp_path):
     assert json.loads(proc.stdout)["error"].startswith("model file not found")
     assert "Traceback" not in proc.stderr
     assert proc.stderr.startswith("Error: model file not found")
+    assert "it was given by --model: leave that out for the default model" in proc.stderr
+
+
+def test_a_missing_model_says_where_it_was_set_and_what_lists_without_it(tmp_path,
+                                                                         monkeypatch):
+    """A model set but not found is said with where it was set (the settings file, named;
+    KVDESK_MODEL) and the way back; docs and chats still list, info says where things are."""
+    import os
+
+    from store import Store
+
+    with Store(os.environ["KVDESK_DATA_DIR"]) as store:
+        cached = store.add_document("h1", "Cached", "Some text.", type="txt", n_tokens=3)
+        store.add_document("h2", "Never cached", "Other text.", type="txt", n_tokens=3)
+        store.register_model("another-model", "/other.gguf", {})
+        with store.write_entry("another-model", range(3), levels=("high",),
+                               document_id=cached.id) as writer:
+            for span in writer.spans:
+                writer.put_chunk(span.chunk_index, "high", b"bytes")
+        store.add_message(store.create_chat("About it", [cached.id]).id, "user", "hi")
+    settings = Path(os.environ["KVDESK_CONFIG_DIR"]) / "settings.json"
+    settings.parent.mkdir(parents=True, exist_ok=True)
+    settings.write_text(json.dumps({"model": str(tmp_path / "gone.gguf")}))
+    where = f'it is set as "model" in {settings}: remove that key'
+    docs = kvdesk("docs", "--json")
+    assert [d["status"] for d in json.loads(docs.stdout)] == ["unknown", "none"]
+    assert "so which documents are cached for it is unknown" in docs.stderr and where in docs.stderr
+    assert "cache status unknown: the model set is not found" in kvdesk("docs").stdout
+    assert kvdesk("chats").stdout.startswith("[1] About it")
+    info = kvdesk("info", check=False)
+    assert info.returncode == 1 and f"settings_file: {settings}" in info.stdout
+    assert info.stderr.startswith("Error: model file not found") and where in info.stderr
+    monkeypatch.setenv("KVDESK_MODEL", str(tmp_path / "also-gone.gguf"))
+    ask = kvdesk("ask", "1", "hi", check=False)
+    assert ask.returncode == 1 and "also-gone.gguf" in ask.stderr
+    assert "it is set by the environment variable KVDESK_MODEL: unset it" in ask.stderr
 
 
 def test_a_malformed_command_line_is_one_error_line_and_json_with_json(tmp_path):

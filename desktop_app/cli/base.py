@@ -207,7 +207,7 @@ def cli(ctx: click.Context, model: str | None, data_dir: str | None, n_ctx: int 
     # kvdesk keeps running: a one-shot command would cancel it at exit.
     global running
     background = ctx.invoked_subcommand in ("serve", "gui")
-    app = running = App(settings, background=background)
+    app = running = App(settings, background=background, model_flag=bool(model))
     ctx.obj = app
     ctx.call_on_close(app.close)
 

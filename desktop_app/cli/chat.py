@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 
 import click
 
@@ -16,6 +17,7 @@ from ..results import (
     PASSAGES_AS_TEXT,
     STATUS_WORDS,
     AttachFailure,
+    DocumentInfo,
     Source,
     counted,
     restore_phrase,
@@ -322,14 +324,14 @@ def reopen(app: App, chat_id, restore, no_server, as_json):
 def docs(app: App, as_json: bool):
     """List attached documents and their caches."""
     only_reading(app)
-    rows = app.engine.documents()
+    rows, missing = listed_documents(app)
     # (not cached here: a question streams it from the shared cache when that holds it)
     hints = {"damaged": " (kvdesk verify)", "none": " (a question streams the shared cache's)"
              if any(d.status == "none" for d in rows) and app.engine.sharing.auto_pull else ""}
     words = {k: v + hints.get(k, "") for k, v in STATUS_WORDS.items()}
     words["unfinished"] = ("did not finish: attach the file or run kvdesk remote pull again "
                            "(kvdesk gc removes it)")  # (the window's advice, as commands)
-    as_text = any(d.passages for d in rows) and app.engine.passages_as_text()
+    as_text = not missing and any(d.passages for d in rows) and app.engine.passages_as_text()
     emit([d.as_dict() for d in rows], as_json, [
         f"[{d.doc_id}] {d.title}" + (f" (a folder of {counted(d.files, 'file')})"
                                      if d.files else "") + f" — {counted(d.tokens, 'token')}"
@@ -349,12 +351,22 @@ def docs(app: App, as_json: bool):
     if not as_json and rows:
         from ..kv.evictions import storage_line  # (the store: imported when a command opens it)
 
-        click.echo(storage_line(store, app.engine.fingerprint))
+        click.echo(storage_line(store, "" if missing else app.engine.fingerprint))
     if not as_json and any(d.passages_cached < d.passages for d in rows) and \
             store.usage_bytes() >= 0.98 * store.budget_bytes:
         say([f"the storage budget ({size_text(store.budget_bytes)}) is full: no more passages "
              "are given their KV ahead of need, and a passage without it gets it when a "
              "question reads it (a larger setting storage_budget_gb gives them all theirs)"])
+
+
+def listed_documents(app: App) -> tuple[list[DocumentInfo], Exception | None]:
+    """The documents and their caches under the model; where it is not found (and not loaded)
+    each one cached under some model has its status "unknown", said, and the error."""
+    if (missing := app.model_missing) is None:
+        return app.engine.documents(), None
+    say([f"the model is not found, so which documents are cached for it is unknown: {missing}"])
+    return [replace(d, status="unknown") if d.status == "stale" else d
+            for d in app.engine.library.documents("")], missing
 
 
 @cli.command()

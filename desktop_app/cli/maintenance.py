@@ -13,8 +13,10 @@ import click
 from ..app import App
 from ..errors import Cancelled, RuntimeStateError
 from ..kv.evictions import evicted_line
+from ..model.models import DEFAULT_MODEL_FILE
 from ..options import GcOptions
 from ..results import Progress, size_text
+from ..settings import config_dir
 from .base import (
     INTERRUPTED,
     TerminalProgress,
@@ -25,6 +27,7 @@ from .base import (
     json_option,
     level_list,
     only_reading,
+    print_json,
     stopped,
     values,
 )
@@ -36,6 +39,16 @@ from .base import (
 def info(app: App, as_json: bool):
     """Show the model, its KV layout, its cache fingerprint and the sampling in effect."""
     app.reads_only = True
+    if missing := app.model_missing:  # the refusal, with where the rest is to be found
+        facts = {"model": app.settings.model or DEFAULT_MODEL_FILE,
+                 "data_dir": str(app.data_dir.resolve()),
+                 "settings_file": str(config_dir() / "settings.json")}
+        if as_json:
+            print_json({"error": str(missing), "kind": type(missing).__name__, **facts})
+        else:
+            emit(facts, as_json)
+        click.echo(error_line(missing), err=True)
+        sys.exit(1)
     try:
         info = app.info()
     except RuntimeStateError as e:  # the model set does not load: which one it is, and why
