@@ -12,17 +12,30 @@ import sys
 import click
 
 from .app import App
+from .model.models import in_checkout
 
-HEADLESS_HELP = """\
-No display found, so the kvdesk window cannot open here. Everything works headless too:
-
+COMMANDS = """\
   kvdesk attach FILE...        attach documents (their KV cache is computed once, kept)
   kvdesk ask DOC_ID "..."      ask about a document (a new chat)
   kvdesk ask --chat ID "..."   continue a chat; kvdesk chats lists them
   kvdesk reopen CHAT_ID        restore a chat and say how long it took
-  kvdesk --help                every command (.venv/bin/kvdesk from a checkout)
+  kvdesk --help                every command (.venv/bin/kvdesk from a checkout)"""
+
+HEADLESS_HELP = f"""\
+No display found, so the kvdesk window cannot open here. Everything works headless too:
+
+{COMMANDS}
 
 Set DISPLAY (X11) or WAYLAND_DISPLAY, or QT_QPA_PLATFORM=offscreen for a window nobody sees."""
+
+
+def no_window_help(error: ImportError) -> str:
+    """What to do where Qt is not installed (a display is there: its help would be wrong)."""
+    how = ("`make venv` in the checkout installs it" if in_checkout() else
+           "install kvdesk with its gui extra: `pip install 'kvdesk[gui]'` (from a checkout: "
+           "`pip install '.[gui]'`)")
+    return (f"The desktop window is not available in this installation ({error}): {how}. "
+            f"Everything works without it:\n\n{COMMANDS}")
 
 
 def has_display() -> bool:
@@ -39,8 +52,7 @@ def launch(app: App) -> int:
     try:
         from ui.main import run
     except ImportError as e:
-        click.echo(f"The desktop window is not available in this installation ({e}).", err=True)
-        click.echo(HEADLESS_HELP, err=True)
+        click.echo(no_window_help(e), err=True)
         return 1
     from .server import LocalAPI
 

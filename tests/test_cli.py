@@ -127,6 +127,40 @@ def test_gui_without_display_explains_headless_use(monkeypatch):
     assert "No display found" in proc.stderr and "kvdesk attach" in proc.stderr
 
 
+@pytest.mark.parametrize("checkout", [True, False])
+def test_gui_without_qt_says_how_to_get_the_window(monkeypatch, capsys, checkout):
+    """A display is there but Qt is not: how to install the window, and no "No display"."""
+    from desktop_app import launcher
+
+    monkeypatch.setenv("QT_QPA_PLATFORM", "offscreen")
+    monkeypatch.setitem(sys.modules, "ui.main", None)  # (importing it: an ImportError)
+    monkeypatch.setattr(launcher, "in_checkout", lambda: checkout)
+    assert launcher.launch(None) == 1
+    said = capsys.readouterr().err
+    assert said.startswith("The desktop window is not available in this installation (")
+    assert ("`make venv` in the checkout installs it" if checkout else
+            "`pip install 'kvdesk[gui]'`") in said
+    assert "No display found" not in said and "kvdesk attach FILE" in said
+
+
+def test_an_attach_that_compiles_the_codec_says_so_first(monkeypatch, capsys):
+    """Where no stamp shows the kernels compiled (a pip install), a note, before the wait."""
+    from types import SimpleNamespace
+
+    from codec.jit import jitcache
+    from desktop_app.cli.base import COMPILING, say_compiling
+
+    app = SimpleNamespace(engine=SimpleNamespace(levels=("high", "compact")))
+    asked = []
+    monkeypatch.setattr(jitcache, "kernels_cached", lambda levels: asked.append(levels))
+    say_compiling(app)
+    assert asked == [["high", "compact"]]
+    assert capsys.readouterr().err == f"Note: {COMPILING}\n" and "once" in COMPILING
+    monkeypatch.setattr(jitcache, "kernels_cached", lambda levels: True)
+    say_compiling(app)
+    assert capsys.readouterr().err == ""
+
+
 @pytest.mark.model
 def test_attach_ask_reopen_end_to_end(tmp_path):
     good = tmp_path / "notes.md"

