@@ -64,8 +64,14 @@ test: $(STAMP) $(CODEC_WARM)
 bench: $(STAMP)
 	$(BIN)/python -m codec.bench
 
+# Everything setup and the builds made inside the checkout: the venv, the bundle (dist/) and
+# its build folder, numba's caches of the codec's kernels (with their stamp), the restore's
+# kernels compiled ahead of time, the test tools' caches. Outside it stay the llama-cpp-python
+# wheel (~/.cache/kvdesk/wheels) and the user's documents and chats (README, "Removing kvdesk").
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build dist *.egg-info codec/backend/kvdesk_aot_* \
+		.pytest_cache .ruff_cache .hypothesis
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
 # PNGs of the window's main states, on the scripted FakeEngine (no model needed).
 screenshots: $(STAMP)

@@ -139,3 +139,24 @@ def test_default_model_found_as_a_bare_data_folder(tmp_path):
                          text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == str(model)
+
+
+def test_the_install_steps_work_without_path_and_the_removal_takes_back_what_they_copied():
+    """packaging/README: the install's check names the command by its full path (~/.local/bin
+    is not on every shell's PATH), and "Removing it" removes every file the install put."""
+    text = (PACKAGING / "README.md").read_text()
+
+    def block(heading: str) -> list[str]:
+        section = text.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
+        return [line.strip() for line in section.splitlines() if line.startswith("    ")]
+
+    install, removal = block("Installing on Linux"), " ".join(block("Removing it"))
+    assert install[-1] == "~/.local/bin/kvdesk selfcheck"
+    put = []
+    for line in install:
+        words = line.split()
+        if words[0] in ("cp", "ln"):  # (the last word: where it went; a folder: the name kept)
+            source, dest = words[-2], words[-1]
+            put.append(dest + source.rsplit("/", 1)[-1] if dest.endswith("/") else dest)
+    assert len(put) == 5
+    assert [p for p in put if p not in removal] == []
