@@ -64,15 +64,17 @@ for the green paint, which has to be renewed every spring because of the salt.
 """
 
 
-def run(settings: Settings) -> dict:
-    """Attach, ask, reopen compressed; `{"ok": True, "ttft_s", "restore_s", ...}` or an error."""
+def run(settings: Settings, *, model_flag: bool = False) -> dict:
+    """Attach, ask, reopen compressed; `{"ok": True, "ttft_s", "restore_s", ...}` or an error.
+    `model_flag`: the model was named by --model (a model not found says so)."""
     t0 = time.perf_counter()
     compiled_before, compile_s_before = jitcache.compiles()
     report: dict = {"ok": False, "frozen": bool(getattr(sys, "frozen", False))}
     with tempfile.TemporaryDirectory(prefix="kvdesk-selfcheck-") as tmp:
         app = None
         try:
-            app = App(settings.with_overrides(data_dir=str(Path(tmp) / "data"), n_ctx=N_CTX))
+            app = App(settings.with_overrides(data_dir=str(Path(tmp) / "data"), n_ctx=N_CTX),
+                      model_flag=model_flag)
             report["model"] = str(app.model_path)
             sample = Path(tmp) / "lighthouse.md"
             sample.write_text(SAMPLE_TEXT, encoding="utf-8")

@@ -33,4 +33,6 @@ def test_failure_is_reported_as_json_with_status_1(tmp_path):
     report = json.loads(proc.stdout)
     assert report["ok"] is False
     assert report["error"].startswith("ModelNotFoundError: model file not found")
+    assert report["error"].endswith("it was given by --model: leave that out for the default "
+                                    "model")  # (not the settings file, which names none)
     assert "Traceback" not in proc.stderr

@@ -231,7 +231,7 @@ def selfcheck(app: App, as_json: bool):
     """Check this installation end to end on a sample text (in a temporary data folder)."""
     from ..selfcheck import run as run_selfcheck  # the codec: only for this command
 
-    report = run_selfcheck(app.settings)
+    report = run_selfcheck(app.settings, model_flag=app.model_flag)
     if report["ok"]:
         emit(report, as_json, [
             f"ok: first token after {report['ttft_s'] * 1000:.0f} ms; reopened "
