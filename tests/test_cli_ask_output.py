@@ -16,6 +16,8 @@ from desktop_app.results import AskResult, AttachResult, Progress
 
 
 class FakeEngine:
+    levels = ()  # (no codec kernels to wait for: `say_compiling` says nothing)
+
     def __init__(self, pieces: list[str], finish_reason: str, *, stop: bool = False,
                  blended: dict | None = None):
         self.pieces, self.finish_reason, self.stop, self.blended = \
@@ -41,7 +43,7 @@ def fake_app(monkeypatch, tmp_path):
 
     def use(make_engine):
         class FakeApp:
-            def __init__(self, settings, *, background):
+            def __init__(self, settings, *, background, model_flag=False):
                 self.engine = make_engine()
                 self.data_dir, self.reads_only = tmp_path, False
                 self.holds_store = True
@@ -247,6 +249,8 @@ def test_an_attach_the_storage_budget_could_not_keep_says_not_stored(fake_app, t
     """(It said "raw 35.6 MB -> high 0.0 MB, balanced 0.0 MB, compact 0.0 MB", as if the
     codec had made nothing of it.)"""
     class Attaching:
+        levels = ()
+
         def attach(self, path, **options) -> AttachResult:
             return AttachResult(1, "big.txt", 5000, 5000, 9.0, 1.0, 35_600_000,
                                 {"high": 0, "balanced": 0}, warnings=["this cache ... is "

@@ -39,7 +39,7 @@ def store(tmp_path, monkeypatch):
             store.delete_chat(chat_id)
 
     class App:
-        def __init__(self, settings, *, background):
+        def __init__(self, settings, *, background, model_flag=False):
             self.store, self.engine = store, Engine()
             self.data_dir, self.reads_only, self.holds_store = tmp_path / "data", False, True
 

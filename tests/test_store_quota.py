@@ -55,7 +55,7 @@ def test_least_recently_used_entries_go_first(store, clock):
             {"entry": e.id, "document_id": None, "chat_id": None, "passage": False,
              "bytes": 1000, "model": FP} for e in (b, c)],
         "freed_bytes": 2000,
-        "bytes_after": 1000, "budget_bytes": 1500,
+        "bytes_after": 1000, "budget_bytes": 1500, "stopped": False,
     }  # fmt: skip
     assert [e.id for e in store.entries()] == [a.id]
     assert store.gc(budget_bytes=1500)["evicted_entries"] == []

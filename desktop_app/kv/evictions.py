@@ -112,7 +112,9 @@ def storage_line(store: Store, fingerprint: str) -> str:
     held = ("the database and the reserves kept for a full disk"
             if reserve.held(store.data_dir)
             else "the database; no reserve for a full disk: its disk has too little room now")
-    return (f"storage: {size_text(used)} of the {size_text(store.budget_bytes)} budget"
+    cap = store.budget_cap()
+    capped = f" (kept so: {cap[1]})" if cap and cap[0] == store.budget_bytes else ""
+    return (f"storage: {size_text(used)} of the {size_text(store.budget_bytes)} budget{capped}"
             + (f" ({', '.join(parts)})" if parts else "") + f"; the data directory takes "
             f"{size_text(disk)} on disk ({held})")
 

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..datadir.db import Connections
+from ..datadir.filesize import BUDGET_SHARE, file_limit
 from ..records import Entry
 from . import quota
 
@@ -24,8 +25,17 @@ class BudgetStore:
 
     @property
     def budget_bytes(self) -> int:
-        """The disk budget for KV caches (setting "store.budget_bytes", default 10 GB)."""
-        return self.setting(quota.BUDGET_SETTING, quota.DEFAULT_BUDGET_BYTES)
+        """The disk budget for KV caches (setting "store.budget_bytes", default 10 GB), kept
+        within the largest file the data directory's file system takes (`budget_cap`)."""
+        cap = self.budget_cap()
+        setting = self.setting(quota.BUDGET_SETTING, quota.DEFAULT_BUDGET_BYTES)
+        return setting if cap is None else min(setting, cap[0])
+
+    def budget_cap(self) -> tuple[int, str] | None:
+        """(the most the budget can be here, why) where the file system takes no file as large
+        as kvdesk may store (every cache is a row of one file: FAT32's 4 GB), else None."""
+        limit = file_limit(self._db.path.parent)
+        return None if limit is None else (int(limit[0] * BUDGET_SHARE), limit[1])
 
     @budget_bytes.setter
     def budget_bytes(self, value: int) -> None:

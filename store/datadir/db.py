@@ -27,6 +27,7 @@ import sqlite_utils
 
 from ..errors import DamagedError, DataDirError, ReadOnlyError
 from ..words import FTS_HEADINGS, FTS_TEXT, index_headings, index_text
+from .filesize import too_large
 from .full import disk_full, disk_is_full, is_full
 from .paying import INCREMENTAL, Paying
 from .place import Place
@@ -65,6 +66,8 @@ def _translating(name: str):
         except sqlite3.DatabaseError as e:
             if is_full(e):
                 raise disk_full(self.connection.path) from e
+            if (limit := too_large(e, self.connection.path)) is not None:  # (FAT32's 4 GB)
+                raise limit from e
             owner = getattr(self.connection, "owner", None)
             if owner is None or not is_damage(e):
                 raise
