@@ -211,3 +211,31 @@ def test_the_drawn_token_checked_first_gives_the_grammar_firsts_tokens(runtime, 
         assert held == held_tokens(runtime, prompt, grammar, options, drawn_first=False)
         if penalty is None:  # (whole within 48 tokens; a penalty of 1.3 writes on)
             assert json.loads(runtime.detokenize(held))
+
+
+def test_a_schemas_strings_hold_no_raw_control_character(runtime):
+    """(The converter's string let a raw line break in: 2 of 8 answers at `stop` were no JSON
+    a client's parser takes.) After `{"name": "x` a schema's grammar, and a tool's arguments',
+    refuse a raw line break and take `\\n` written as JSON writes it."""
+    import ctypes
+
+    import llama_cpp
+
+    schema = {"type": "object", "properties": {"name": {"type": "string"}}}
+    vocab = runtime.llm._model.vocab
+    newline, = runtime.tokenize("\n")
+    escaped = runtime.tokenize("\\n")[0]
+    for gbnf in (llamacalls.json_schema(schema, "f").grammar,
+                 llamacalls.schema_rules([("args", schema, "f")]) + "\nroot ::= args\n"):
+        stage = llamacalls.grammar_stage(vocab, gbnf)
+        try:
+            for token in runtime.tokenize('{"name": "x'):
+                llama_cpp.llama_sampler_accept(stage, token)
+            data = (llama_cpp.llama_token_data * 2)(
+                llama_cpp.llama_token_data(newline, 0.0, 0.0),
+                llama_cpp.llama_token_data(escaped, 0.0, 0.0))
+            arr = llama_cpp.llama_token_data_array(data, 2, -1, False)
+            llama_cpp.llama_sampler_apply(stage, ctypes.byref(arr))
+            assert data[0].logit == float("-inf") and data[1].logit == 0.0, gbnf
+        finally:
+            llama_cpp.llama_sampler_free(stage)

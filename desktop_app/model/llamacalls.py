@@ -176,8 +176,10 @@ def json_schema(schema: Any, field: str) -> AnswerFormat:
         raise InvalidValue(field, f"a JSON schema is an object (got {_kind(schema)})")
     with _converting(field):
         _bounded(schema, field)
-        grammar = llama_grammar.json_schema_to_gbnf(json.dumps(schema))
-    return AnswerFormat(grammar, field)
+        converter = _Converter(prop_order={}, allow_fetch=False, dotall=False,
+                               raw_pattern=False)
+        converter.visit(converter.resolve_refs(json.loads(json.dumps(schema)), "stdin"), "")
+    return AnswerFormat(converter.format_grammar(), field)
 
 
 def schema_rules(schemas: Sequence[tuple[str, Any, str]]) -> str:
@@ -196,14 +198,28 @@ def schema_rules(schemas: Sequence[tuple[str, Any, str]]) -> str:
     return converter.format_grammar()
 
 
+# A JSON string's character as JSON has it: no control character unescaped. The converter's
+# own (`[^"\\]`) lets a raw line break into a string, and the answer is no JSON a client's
+# parser takes (llama.cpp's own json.gbnf, `json_object`'s, has this one).
+_CHAR = llama_grammar.BuiltinRule(
+    r'[^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] '
+    r'[0-9a-fA-F])', [])
+
+
 class _Converter(llama_grammar.SchemaConverter):
-    """The converter with each schema's `$ref` rules named after its own rule (`prefix`): its
-    own names one by the ref's last part alone, so two schemas' `$defs` of one name (pydantic
-    models' `Place`, in two tools) would both get the first's rule."""
+    """The converter with JSON's own string characters (`_CHAR`), and each schema's `$ref`
+    rules named after its own rule (`prefix`): its own names one by the ref's last part
+    alone, so two schemas' `$defs` of one name (pydantic models' `Place`, in two tools) would
+    both get the first's rule."""
 
     prefix = ""
 
+    def _add_primitive(self, name: str, rule: llama_grammar.BuiltinRule) -> str:
+        return super()._add_primitive(name, _CHAR if name == "char" else rule)
+
     def _resolve_ref(self, ref: str) -> str:  # (as the converter's own, but for the name)
+        if not self.prefix:  # (one schema: its names as the converter gives them)
+            return super()._resolve_ref(ref)
         name = f"{self.prefix}-{ref.split('/')[-1]}"
         if name not in self._rules and ref not in self._refs_being_resolved:
             self._refs_being_resolved.add(ref)
