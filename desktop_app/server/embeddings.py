@@ -75,7 +75,8 @@ async def embedded(request: Request, stopping: bridge.Stopping, engine: Callable
         refuse(400, f"input: 1 to {MAX_INPUTS} texts, not {len(texts)}", None, "input")
     if not all(isinstance(t, str) for t in texts):
         refuse(400, "input: token arrays are not supported (the embedding model reads text "
-               "with its own tokenizer): send the text", None, "input")
+               "with its own tokenizer): send the text (LangChain's OpenAIEmbeddings: "
+               "check_embedding_ctx_length=False)", None, "input")
     if not all(t.strip() for t in texts):
         refuse(400, "input: an empty text has no embedding", None, "input")
     if dimensions is not None and dimensions > embedder.dimension:
