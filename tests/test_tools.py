@@ -78,7 +78,10 @@ def test_an_answer_is_read_and_a_history_written_back_as_the_model_wrote_it():
     (call,) = read(offer, CALL).calls
     assert call.name == "get_weather" and call.parsed() == {"city": "Oslo", "unit": "celsius"}
     assert read(offer, f"{CALL}\n{CALL}").calls[1:] == ()  # the same call twice: one
-    assert read(offer, "Sunny.").content == "Sunny." and read(offer, CALL[:-2]).calls == ()
+    assert read(offer, "Sunny.").content == "Sunny." and read(offer, CALL[:-20]).calls == ()
+    # (cut at the answer's limit in its closing marks: the call is whole, and said so)
+    for cut in (CALL[:-2], CALL[:-len("}</tool_call>")]):
+        assert read(offer, cut).calls[0].parsed() == call.parsed() and read(offer, cut).whole
     history = [{"role": "assistant", "content": None, "tool_calls": [
         {"id": call.id, "function": {"name": call.name, "arguments": call.arguments}}]},
         {"role": "tool", "tool_call_id": call.id, "content": "3 C"}]
@@ -236,3 +239,5 @@ def test_parallel_calls_end_at_the_first_call_written_again():
     assert finish(completion(cut, "length"), read(offer, cut)) == "tool_calls"
     cut = f"{CALL}\n{other}\n{CALL[:30]}X"  # (a call of its own, cut: the answer is cut)
     assert finish(completion(cut, "length"), read(offer, cut)) == "length"
+    cut = CALL[:-4]  # (one call, cut in its closing marks: whole, as OpenAI would end it)
+    assert finish(completion(cut, "length"), read(offer, cut)) == "tool_calls"

@@ -362,9 +362,10 @@ def completion(c: Completion, *, cid: str, model: str, answer: Answer | None = N
 
 def finish(c: Completion, answer: Answer | None) -> str:
     """OpenAI's finish_reason: "tool_calls" for an answer of calls ended by the model, or cut
-    at its limit writing one of them again (`Answer.repeating`: each call whole)."""
+    at its limit where its calls are whole (`Answer.whole`: writing one of them again, or a
+    call's closing marks)."""
     calls = answer is not None and answer.calls and (
-        c.finish_reason == "stop" or c.finish_reason == "length" and answer.repeating)
+        c.finish_reason == "stop" or c.finish_reason == "length" and answer.whole)
     return "tool_calls" if calls else c.finish_reason
 
 

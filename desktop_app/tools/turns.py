@@ -44,12 +44,13 @@ class Call:
 
 @dataclass(frozen=True)
 class Answer:
-    """An answer read: its text (None when it is calls alone) and its calls; `repeating`:
-    it ends in a call cut short that, so far, is one of them written again (nothing lost)."""
+    """An answer read: its text (None when it is calls alone) and its calls; `whole`: cut at
+    its limit where nothing of its calls was lost (in a call that, so far, is one of them
+    written again, or in a call's closing marks, after its arguments)."""
 
     content: str | None
     calls: tuple[Call, ...] = ()
-    repeating: bool = False
+    whole: bool = False
 
 
 def new_call_id() -> str:
@@ -154,16 +155,19 @@ def read(offer: Offer, text: str) -> Answer:
         except ValueError:
             break  # (cut at the answer's limit)
         tail = rest[end:].lstrip(" ")
-        if not tail.startswith("}" + CLOSE):
-            break
+        closed = tail.startswith("}" + CLOSE)
+        if not closed and not ("}" + CLOSE).startswith(tail):
+            break  # (the closing marks cut at the answer's limit: the call itself is whole)
         if (tool.name, _canonical(value)) not in seen:  # (once: the same call, however spaced)
             seen.add((tool.name, _canonical(value)))
             calls.append(Call(new_call_id(), tool.name, rest[at:end]))
-        after = tail[len("}" + CLOSE):]
+        after = tail[len("}" + CLOSE):] if closed else ""
         blocks.append(rest[:len(rest) - len(after)])
         rest = after.lstrip()
-    repeating = bool(rest) and any(b.startswith(rest) for b in blocks)
-    return Answer(None, tuple(calls), repeating) if calls else Answer(text)
+        if not closed:
+            return Answer(None, tuple(calls), True)
+    whole = bool(rest) and any(b.startswith(rest) for b in blocks)
+    return Answer(None, tuple(calls), whole) if calls else Answer(text)
 
 
 def _canonical(value: Any) -> str:
