@@ -92,6 +92,28 @@ def doc_id(engine, tmp_path_factory):
     return engine.attach(path).doc_id
 
 
+def test_a_file_edited_while_it_is_attached_is_said_changed(engine, tmp_path, monkeypatch):
+    """(Its record's time, taken after the read, the prefill's wait and the model's load,
+    hid an edit made meanwhile: the old text kept, no change said.)"""
+    from desktop_app.chat import documents
+
+    path = tmp_path / "race.txt"
+    path.write_text("The pearl is PEARL-5. " * 20)
+    extract = documents.extract
+
+    def edited_after_read(*args, **kwargs):
+        found = extract(*args, **kwargs)
+        path.write_text("The pearl is PEARL-6. " * 20)  # (the user saves meanwhile)
+        # (and the attach goes on 5 s later: a model loading, another attach before it)
+        monkeypatch.setattr(engine.store, "_clock", lambda: time.time() + 5)
+        return found
+
+    monkeypatch.setattr(documents, "extract", edited_after_read)
+    doc_id = engine.attach(path).doc_id
+    monkeypatch.undo()
+    assert {d.doc_id: d for d in engine.documents()}[doc_id].file_changed
+
+
 def test_attach_stores_every_level(engine, doc_id):
     (info,) = [d for d in engine.documents() if d.doc_id == doc_id]
     assert info.status == "ready" and info.tokens > 50

@@ -45,3 +45,17 @@ def test_a_changed_file_is_said_in_the_listing_a_question_and_the_next_attach(tm
                              "its new text")
         path.unlink()  # a file gone is not "changed": the attached text stands
         assert library.changed_files([old.id, new.id]) == []
+
+
+def test_a_fat_drives_time_two_seconds_early_still_counts_as_changed(tmp_path):
+    """A FAT drive keeps a file's time to 2 s, rounded down: an edit just after the attach
+    may read as made before it."""
+    path = tmp_path / "notes.md"
+    path.write_text("The gate code is 4417.\n")
+    with open_store(tmp_path / "data") as store:
+        old = attached(store, path)
+        path.write_text("The gate code is 9020.\n")
+        early = old.created - 1.5
+        os.utime(path, (early, early))
+        (listed,) = Library(store).documents("model-a")
+        assert listed.file_changed

@@ -111,8 +111,11 @@ class Attacher:
             check_levels(levels)  # a bad flag is refused before any work
         # A folder's walk says how far it is, hears Ctrl-C or Cancel, leaves the store's out.
         walking = _phase(progress, "extract", Path(path).resolve().name)
+        # (before it is read: an edit of the file while it is attached is a change since)
+        read_at = self.store.now()
         extracted = documents.extract(path, progress=walking, cancel=cancel,
                                       avoid=(self.store.data_dir,))
+        extracted = replace(extracted, read_at=read_at)
         if source is not None:
             extracted = replace(extracted, source=source)
         if extracted.note:  # (said with the result too: `--json`, a log)
@@ -170,7 +173,8 @@ class Attacher:
                                              progress, cancel)
             doc = existing or self.store.add_document(
                 extracted.content_hash, title, extracted.text, type=extracted.kind,
-                source_path=extracted.source, n_tokens=prefix.doc_tokens, attaching=True)
+                source_path=extracted.source, n_tokens=prefix.doc_tokens, attaching=True,
+                created=extracted.read_at)
             try:
                 result = self._compute(rt, doc, prefix, extracted, levels, progress, cancel)
                 if not (asked or result.reused) and levels != quality_order(self.kv.levels):
@@ -254,7 +258,8 @@ class Attacher:
         t0 = time.perf_counter()
         doc = existing or self.store.add_document(
             extracted.content_hash, title, extracted.text, type=extracted.kind,
-            source_path=extracted.source, n_tokens=doc_tokens, attaching=True)
+            source_path=extracted.source, n_tokens=doc_tokens, attaching=True,
+            created=extracted.read_at)
         kept = count = 0 if new else len(self.store.passages(doc.id))
         try:
             if not count:

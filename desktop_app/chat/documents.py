@@ -65,6 +65,8 @@ class Extracted:
     # What the user should know before any prefill (a folder: its files read and left out).
     note: str = ""
     left_out: list[dict[str, str]] = field(default_factory=list)  # a folder's: {"path", "why"}
+    # When its file was read (the store's clock; None: now): what a change is measured from.
+    read_at: float | None = None
 
     @property
     def content_hash(self) -> str:
@@ -75,12 +77,16 @@ class Extracted:
 _HASHES: dict[tuple, str] = {}  # (path, time, size, *avoided) -> hash
 
 
+MTIME_SLACK = 2.0
+
+
 def changed_since(source: str | None, content_hash: str, attached: float, *,
                   avoid: Collection[Path] = ()) -> bool:
     """Whether the file a document was attached from now holds another text. Read again only
     when it was modified after the attach; a file gone or no longer readable as a document is
     not "changed" (the attached text stands). `avoid`: as attach's (kvdesk's data folder)."""
-    found = file_hash(source, modified_after=attached, avoid=avoid)
+    # (MTIME_SLACK before: a FAT drive keeps a file's time to 2 s, rounded down)
+    found = file_hash(source, modified_after=attached - MTIME_SLACK, avoid=avoid)
     return found is not None and found != content_hash
 
 

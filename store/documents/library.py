@@ -204,14 +204,18 @@ class LibraryStore:
         source_path: str | None = None,
         n_tokens: int | None = None,
         attaching: bool = False,
+        created: float | None = None,
     ) -> Document:
         """Store a document, or return the one already stored with the same content hash.
 
         `attaching`: a new document is unfinished, attached by this process, until
-        finish_document(); killed before, `gc` removes it (store.caches.quota).
+        finish_document(); killed before, `gc` removes it (store.caches.quota). `created`:
+        when its text was read (`now()` then; default: now), what a later change of its
+        file is measured from.
         """
         record = {"content_hash": content_hash, "title": title, "source_path": source_path,
-                  "type": type, "text": text, "n_tokens": n_tokens, "created": self._clock()}
+                  "type": type, "text": text, "n_tokens": n_tokens,
+                  "created": self._clock() if created is None else created}
         if attaching:
             record.update(attach_pid=os.getpid(), attach_host=socket.gethostname())
         with self._db.write() as db:
@@ -220,6 +224,10 @@ class LibraryStore:
 
     def document(self, document_id: int) -> Document:
         return _document(self._db.get(), document_id)
+
+    def now(self) -> float:
+        """The store's clock (a document's `created`)."""
+        return self._clock()
 
     def documents(self) -> list[Document]:
         return [Document(**row) for row in self._db.get()["documents"].rows_where(order_by="id")
