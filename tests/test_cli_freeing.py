@@ -151,3 +151,15 @@ def test_a_gc_stopped_by_ctrl_c_still_says_what_it_evicted(store, tmp_path, monk
     said = json.loads(result.stdout)
     assert said["stopped"] and said["freed_bytes"] > 0 and len(said["evicted_caches"]) >= 1
     assert store.usage_bytes() > 0  # (not all: it stopped)
+
+
+def test_a_budget_larger_than_the_disks_room_is_said(store):
+    """(A 100 MB drive under the 10 GB default: the disk filled first, never a word.)"""
+    from desktop_app.kv.evictions import budget_room
+
+    store.budget_bytes = 10**16
+    said = budget_room(store)
+    assert said.startswith("the storage budget leaves the caches ") and "free: it fills " \
+        "first" in said
+    store.budget_bytes = store.usage_bytes()
+    assert budget_room(store) is None

@@ -352,9 +352,11 @@ def docs(app: App, as_json: bool):
            if d.file_changed else "") for d in rows] or ["no documents yet: kvdesk attach FILE"])
     store = app.engine.store
     if not as_json and rows:
-        from ..kv.evictions import storage_line  # (the store: imported when a command opens it)
+        from ..kv.evictions import budget_room, storage_line  # (imported with the store)
 
         click.echo(storage_line(store, "" if missing else app.engine.fingerprint))
+        if room := budget_room(store):
+            say([room])
     if not as_json and any(d.passages_cached < d.passages for d in rows) and \
             store.usage_bytes() >= 0.98 * store.budget_bytes:
         say([f"the storage budget ({size_text(store.budget_bytes)}) is full: no more passages "

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import shutil
 from collections.abc import Sequence
 from itertools import combinations
 from pathlib import Path
@@ -117,6 +118,21 @@ def storage_line(store: Store, fingerprint: str) -> str:
     return (f"storage: {size_text(used)} of the {size_text(store.budget_bytes)} budget{capped}"
             + (f" ({', '.join(parts)})" if parts else "") + f"; the data directory takes "
             f"{size_text(disk)} on disk ({held})")
+
+
+def budget_room(store: Store) -> str | None:
+    """What to know where the disk has less room than the budget leaves the caches (a small
+    drive, a default of 10 GB): the disk fills first, and the budget never evicts."""
+    try:
+        free = shutil.disk_usage(store.data_dir).free
+    except OSError:
+        return None
+    left = store.budget_bytes - store.usage_bytes()
+    if left <= free:
+        return None
+    return (f"the storage budget leaves the caches {size_text(left)} more, and the data "
+            f"directory's disk has {size_text(free)} free: it fills first (a smaller setting "
+            "storage_budget_gb keeps room on it, evicting least recently used caches)")
 
 
 def _by_model(evicted: Sequence[dict], loaded: str | None = None) -> dict[str | None, list[dict]]:
