@@ -211,7 +211,7 @@ class App:
         self._notes.extend(store.upgrade_notes)
         budget = int(self.settings.storage_budget_gb * 1e9)
         # Kept in the store for every process's gc; a read-only one changes nothing anyway.
-        if not store.read_only and store.budget_bytes != budget:
+        if not store.read_only and store.budget_setting != budget:  # (a capped one: as set)
             store.budget_bytes = budget
         return store
 

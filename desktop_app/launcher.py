@@ -32,10 +32,22 @@ Set DISPLAY (X11) or WAYLAND_DISPLAY, or QT_QPA_PLATFORM=offscreen for a window 
 def no_window_help(error: ImportError) -> str:
     """What to do where Qt is not installed (a display is there: its help would be wrong)."""
     how = ("`make venv` in the checkout installs it" if in_checkout() else
-           "install kvdesk with its gui extra: `pip install 'kvdesk[gui]'` (from a checkout: "
-           "`pip install '.[gui]'`)")
+           f"install Qt for Python beside kvdesk: `pip install '{_gui_requirement()}'` (from a "
+           "checkout: `pip install '.[gui]'`)")
     return (f"The desktop window is not available in this installation ({error}): {how}. "
             f"Everything works without it:\n\n{COMMANDS}")
+
+
+def _gui_requirement() -> str:
+    """The gui extra's Qt, as kvdesk's metadata pins it (pyproject's `gui`)."""
+    from importlib import metadata
+
+    try:
+        wanted = metadata.requires("kvdesk") or []
+    except metadata.PackageNotFoundError:
+        wanted = []
+    return next((r.split(";")[0].strip() for r in wanted if 'extra == "gui"' in r),
+                "PySide6-Essentials")
 
 
 def has_display() -> bool:

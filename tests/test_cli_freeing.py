@@ -147,7 +147,7 @@ def test_a_gc_stopped_by_ctrl_c_still_says_what_it_evicted(store, tmp_path, monk
     monkeypatch.setattr(maintenance, "interruptible", lambda: contextlib.nullcontext(cancel))
     result = CliRunner().invoke(cli, ["--data-dir", str(tmp_path / "data"), "gc",
                                       "--budget-gb", "0", "--json"])
-    assert result.exit_code == 130
+    assert result.exit_code == 130 and "Stopped by Ctrl-C" in result.stderr
     said = json.loads(result.stdout)
     assert said["stopped"] and said["freed_bytes"] > 0 and len(said["evicted_caches"]) >= 1
     assert store.usage_bytes() > 0  # (not all: it stopped)

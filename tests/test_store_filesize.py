@@ -66,3 +66,17 @@ def test_a_fat32_drive_is_told_by_its_type(tmp_path, monkeypatch):
     assert most == filesize.FAT_MOST and "FAT32" in why
     monkeypatch.setattr(filesize, "_fs_type", lambda folder: "exfat")
     assert filesize.file_limit(tmp_path) is None
+
+
+def test_a_mount_point_with_a_space_is_read_as_its_path(tmp_path, monkeypatch):
+    """(/proc/mounts writes "MY STICK" as MY\\040STICK: a stick with a label of two words
+    read as the disk under it.)"""
+    stick = tmp_path / "MY STICK"
+    (stick / "kvdesk").mkdir(parents=True)
+    mounts = tmp_path / "mounts"
+    escaped = str(stick).replace(" ", "\\040")
+    mounts.write_text(f"/dev/sda1 / ext4 rw 0 0\n/dev/sdb1 {escaped} vfat rw 0 0\n")
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda path, *a, **k: real_open(
+        mounts if path == "/proc/mounts" else path, *a, **k))
+    assert filesize._fs_type(stick / "kvdesk") == "vfat"

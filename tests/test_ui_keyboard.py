@@ -265,6 +265,10 @@ def test_a_platform_set_to_high_contrast_gets_white_and_yellow_on_black(qtbot, m
     assert theme.resolve("light") == "light"  # (a theme chosen is kept)
     monkeypatch.setattr(theme, "QGuiApplication", hints(Qt.ContrastPreference.NoPreference))
     assert theme.resolve("system") == "light"
+    older = SimpleNamespace(styleHints=lambda: SimpleNamespace(  # (Qt before 6.10: no such hint)
+        colorScheme=lambda: Qt.ColorScheme.Dark))
+    monkeypatch.setattr(theme, "QGuiApplication", older)
+    assert theme.resolve("system") == "dark"
     app = QApplication.instance()
     try:
         assert theme.apply(app, "high-contrast") is HIGH_CONTRAST

@@ -422,6 +422,7 @@ def test_user_errors_show_their_message_and_bugs_a_short_one(qtbot, window, engi
     # keyboard (probe 111's F10)
     assert window.info.accessibleName() == "Error" and "bold" in window.info.styleSheet()
     assert window.info.textInteractionFlags() & Qt.TextInteractionFlag.TextSelectableByKeyboard
+    assert window.info.focusPolicy() == Qt.FocusPolicy.StrongFocus  # (a Tab stop)
     window._say("restored 12 tokens")
     assert window.info.accessibleName() == "Status" and window.info.styleSheet() == ""
 

@@ -262,6 +262,8 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, ListingMixin, CodecM
         # (an error told by more than its colour: bold, and named so to a screen reader)
         self.info.setStyleSheet(f"color: {self.colors.error}; font-weight: bold" if error else "")
         self.info.setAccessibleName("Error" if error else "Status")
+        # (a Tab stop while it says something: keyboard selection alone is a click's focus)
+        self.info.setFocusPolicy(Qt.FocusPolicy.StrongFocus if text else Qt.FocusPolicy.NoFocus)
         self.info.setText(in_window_terms(text))  # (errors too may advise a command)
         self._progress_shown = False  # (a progress line says so after this)
 

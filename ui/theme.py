@@ -107,7 +107,10 @@ def resolve(theme: str) -> str:
     if theme != "system":
         return theme
     hints = QGuiApplication.styleHints()
-    if hints.accessibility().contrastPreference() == Qt.ContrastPreference.HighContrast:
+    # (Qt 6.10 on: an older Qt, which the gui extra allows, says nothing of contrast)
+    accessibility = getattr(hints, "accessibility", None)
+    if accessibility is not None and (accessibility().contrastPreference()
+                                      == Qt.ContrastPreference.HighContrast):
         return "high-contrast"
     return "dark" if hints.colorScheme() == Qt.ColorScheme.Dark else "light"
 

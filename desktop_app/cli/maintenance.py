@@ -173,9 +173,7 @@ def gc(app: App, budget_gb: float | None, as_json: bool):
     removed = report["abandoned_documents"]
     # (stopped, it says what it did all the same, `stopped` in its JSON: what it evicted
     # stays evicted)
-    emit(report, as_json, [*(["stopped by Ctrl-C: what it evicted stays evicted (kvdesk gc "
-                              "again goes on)"] if report["stopped"] else []),
-                           f"freed {size_text(report['freed_bytes'])}; "
+    emit(report, as_json, [f"freed {size_text(report['freed_bytes'])}; "
                            f"{size_text(report['bytes_after'])} of "
                            f"{size_text(report['budget_bytes'])} used",
                            *evicted_line(app.store, report["evicted_caches"]), *(
@@ -184,6 +182,8 @@ def gc(app: App, budget_gb: float | None, as_json: bool):
          "have it)"]
         if removed else [])])
     if report["stopped"]:
+        click.echo("Stopped by Ctrl-C: what it evicted stays evicted (kvdesk gc again goes on).",
+                   err=True)
         sys.exit(INTERRUPTED)
 
 

@@ -28,8 +28,12 @@ class BudgetStore:
         """The disk budget for KV caches (setting "store.budget_bytes", default 10 GB), kept
         within the largest file the data directory's file system takes (`budget_cap`)."""
         cap = self.budget_cap()
-        setting = self.setting(quota.BUDGET_SETTING, quota.DEFAULT_BUDGET_BYTES)
-        return setting if cap is None else min(setting, cap[0])
+        return self.budget_setting if cap is None else min(self.budget_setting, cap[0])
+
+    @property
+    def budget_setting(self) -> int:
+        """The budget as set, before any cap (`budget_bytes`)."""
+        return self.setting(quota.BUDGET_SETTING, quota.DEFAULT_BUDGET_BYTES)
 
     def budget_cap(self) -> tuple[int, str] | None:
         """(the most the budget can be here, why) where the file system takes no file as large

@@ -1,6 +1,6 @@
 """The largest file the data directory's file system takes, where it takes less than kvdesk
-may store: every cache is a row of one database file, so a FAT32 drive (4 GB a file) or a
-process's file-size limit (`ulimit -f`) caps the whole store.
+may store: every cache is a row of one database file, so a FAT32 drive (4 GB a file; known on
+Linux, by /proc/mounts) or a process's file-size limit (`ulimit -f`) caps the whole store.
 
 It reads /proc/mounts, the process's limits and files' sizes: it never writes, and never
 touches the database.
@@ -9,9 +9,14 @@ touches the database.
 from __future__ import annotations
 
 import os
-import resource
+import re
 import sqlite3
 from pathlib import Path
+
+try:
+    import resource
+except ImportError:  # (Windows: no process file-size limit)
+    resource = None
 
 from ..errors import DiskFullError
 
@@ -25,8 +30,8 @@ BUDGET_SHARE = 0.85
 def file_limit(folder: Path) -> tuple[int, str] | None:
     """(the largest file `folder`'s file system and this process allow, why), or None where
     nothing is known to limit one below what kvdesk may store."""
-    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-    limits = [] if soft == resource.RLIM_INFINITY else [
+    soft = None if resource is None else resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    limits = [] if soft is None or soft == resource.RLIM_INFINITY else [
         (soft, "this process's file size limit (ulimit -f)")]
     if _fs_type(folder) in _FAT_TYPES:
         limits.append((FAT_MOST, "its drive is formatted FAT32, which holds files of at most "
@@ -39,11 +44,18 @@ def _fs_type(folder: Path) -> str | None:
     try:
         real = os.path.realpath(folder)
         with open("/proc/mounts", encoding="utf-8", errors="replace") as mounts:
-            found = [(point, kind) for _, point, kind, *_ in map(str.split, mounts)
-                     if real == point or real.startswith(point.rstrip("/") + "/")]
+            points = [(_unescaped(point), kind) for _, point, kind, *_ in map(str.split, mounts)]
+        found = [(point, kind) for point, kind in points
+                 if real == point or real.startswith(point.rstrip("/") + "/")]
     except OSError:
         return None
     return max(found, key=lambda m: len(m[0]))[1] if found else None
+
+
+def _unescaped(point: str) -> str:
+    """A mount point as /proc/mounts writes it, its spaces and tabs as octal escapes
+    (`MY\\040STICK`), as the path it is."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), point)
 
 
 def too_large(error: sqlite3.DatabaseError, path: Path) -> DiskFullError | None:

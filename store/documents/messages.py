@@ -63,11 +63,14 @@ def chats_holding(db: sqlite_utils.Database, text: str, width: int = 90) -> dict
     message came latest first."""
     needle = " ".join(text.split()).casefold()
     found: dict[int, str] = {}
-    # (its longest word looked for first: folding a message costs a tenth of spacing it as
-    # the needle is, and 200,000 messages, all spaced, took seconds)
-    word = max(needle.split(), key=len, default="")
+    # (its words looked for first: folding a message costs a tenth of spacing it as the
+    # needle is, and 200,000 messages, all spaced, took seconds)
+    words = needle.split()
     for chat_id, message in db.execute("SELECT chat_id, text FROM messages ORDER BY id DESC"):
-        if chat_id in found or message is None or word not in message.casefold():
+        if chat_id in found or message is None:
+            continue
+        folded = message.casefold()
+        if not all(w in folded for w in words):
             continue
         line = " ".join(message.split())
         folded = line.casefold()
