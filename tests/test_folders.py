@@ -596,6 +596,8 @@ def test_the_cli_names_a_folder_attached_as_dot_and_counts_a_walk_without_a_tota
     from desktop_app.results import AttachResult
 
     class Engine:
+        levels = ()  # (no codec kernels to wait for)
+
         def attach(self, path, *, progress, **options):
             progress(Progress("extract", 12345, 0, "proj"))  # (still walking: no total)
             return AttachResult(1, "proj", 5, 5, 0.1, 0.1, 10, {"high": 1}, reused=True)
