@@ -31,6 +31,7 @@ from .filesize import too_large
 from .full import disk_full, disk_is_full, is_full
 from .paying import INCREMENTAL, Paying
 from .place import Place
+from .readonly import read_only_cause, read_only_error, turned_read_only
 from .reserve import NAME as RESERVE_NAME
 from .reserve import WORDS_NAME, Reserve, WordsReserve
 
@@ -69,6 +70,9 @@ def _translating(name: str):
             if (limit := too_large(e, self.connection.path)) is not None:  # (FAT32's 4 GB)
                 raise limit from e
             owner = getattr(self.connection, "owner", None)
+            if owner is not None and not owner.cannot_write and read_only_cause(
+                    e, self.connection.path):
+                raise owner.went_read_only() from e
             if owner is None or not is_damage(e):
                 raise
             raise owner.found_damage(str(e)) from e
@@ -281,6 +285,12 @@ class Connections(Paying):
             db = self._local.db = sqlite_utils.Database(conn, execute_plugins=False)
         return db
 
+    def went_read_only(self) -> ReadOnlyError:
+        """Mark the file read-only from now on, its file system having turned so (EROFS); the
+        error to raise."""
+        self.cannot_write = True
+        return read_only_error(self.path.parent)
+
     def check_writable(self) -> None:
         """Raise what a write would (DamagedError, DiskFullError, ReadOnlyError), without
         writing."""
@@ -289,9 +299,10 @@ class Connections(Paying):
             raise self.damaged_error()
         if self.full and not self.cannot_write:
             raise disk_full(self.path)
+        if not self.read_only and turned_read_only(self.path):  # (one open(): microseconds)
+            raise self.went_read_only()
         if self.read_only:
-            raise ReadOnlyError(f"the data directory {self.path.parent} is read-only: kvdesk "
-                                "can list and verify what it holds, not change it")
+            raise read_only_error(self.path.parent)
 
     @contextlib.contextmanager
     def write(self) -> Iterator[sqlite_utils.Database]:
@@ -390,7 +401,7 @@ def prepare_data_dir(data_dir: Path, path: Path) -> bool:
     if not data_dir.is_dir():
         raise DataDirError(f"the data directory {data_dir} is not a folder")
     writable = os.access(data_dir, os.W_OK | os.X_OK) and (
-        not path.exists() or os.access(path, os.W_OK))
+        not path.exists() or os.access(path, os.W_OK) and not turned_read_only(path))
     if not writable and not path.exists():
         raise DataDirError(f"the data directory {data_dir} is read-only and holds no kvdesk "
                            "data yet")

@@ -27,6 +27,7 @@ from pathlib import Path
 import filelock
 
 from ..errors import StoreError
+from .readonly import read_only_cause, read_only_error
 
 POLL_S = 0.1  # how often a waiting turn checks whether it was cancelled
 
@@ -65,11 +66,11 @@ class ChatLocks:
     @contextlib.contextmanager
     def _hold(self, name: str, what: str, cancel: threading.Event | None,
               on_wait: Callable[[], None] | None) -> Iterator[None]:
-        lock = self._lock(name)
         waited = False
         while True:
             try:
-                lock.acquire(timeout=0 if not waited else POLL_S)
+                # (filelock opens the file for writing at every acquire, even one that exists)
+                self._lock(name).acquire(timeout=0 if not waited else POLL_S)
                 break
             except filelock.Timeout:
                 if cancel is not None and cancel.is_set():
@@ -77,10 +78,16 @@ class ChatLocks:
                 if not waited and on_wait is not None:
                     on_wait()
                 waited = True
+            except OSError as e:
+                # A file system turned read-only (EROFS) is the store's read-only state, not
+                # a failure of kvdesk's own
+                if not read_only_cause(e, self.folder):
+                    raise
+                raise read_only_error(self.folder.parent) from None
         try:
             yield
         finally:
-            lock.release()
+            self._lock(name).release()
 
     def _lock(self, name: str) -> filelock.FileLock:
         with self._guard:
