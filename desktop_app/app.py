@@ -26,6 +26,9 @@ from .settings import Settings, config_dir
 log = logging.getLogger(__name__)
 
 STORE_FILE = "kvdesk.sqlite"  # (store.DB_NAME, named here without importing the store)
+# Where the data directories made on drives are remembered (store.datadir.drive), beside the
+# settings: the data directory itself is what goes away with its drive.
+DRIVES_MEMO = "stores-on-drives"
 
 if TYPE_CHECKING:
     from store import RemoteTier, Store
@@ -198,11 +201,24 @@ class App:
             flash_attn=self.flash_attn[0],
         )
 
+    def check_drive(self) -> None:
+        """Refuse (DataDirError) a data directory holding no store where one was made on a
+        drive that is not mounted now (store.datadir.drive): never a new, empty store in its
+        place."""
+        from store.datadir import drive
+
+        if not self.holds_store:
+            drive.check_connected(config_dir() / DRIVES_MEMO, self.data_dir)
+
     @cached_property
     def store(self) -> Store:
         from store import Store
+        from store.datadir import drive
 
+        self.check_drive()
         store = Store(self.state_dir)
+        if self.state_dir == self.data_dir and not store.read_only:
+            drive.remember(config_dir() / DRIVES_MEMO, self.data_dir)
         if store.damage:
             self._warn_damage(store.damage_error())
         store.on_damage(self._warn_damage)  # (found by a read later: a value rotten inside)

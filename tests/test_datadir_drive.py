@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
+from pathlib import Path
 
 import pytest
 from starlette.testclient import TestClient
 from test_store_helpers import open_store
 
 from desktop_app.app import App
+from desktop_app.cli.base import only_reading
 from desktop_app.server import bridge
 from desktop_app.server.api import create_api
 from desktop_app.settings import Settings
 from store import ReadOnlyError, Store
+from store.errors import DataDirError
 
 TURNED = "its file system turned read-only, as a system does with a drive after an error"
 
@@ -74,3 +78,57 @@ def test_health_says_a_drive_turned_read_only(tmp_path, monkeypatch):
     health = client.get("/v1/kvdesk/health").json()
     assert health["status"] == "storage_unavailable" and TURNED in health["problem"]
     app.store.close()
+
+
+def _drive(monkeypatch, mount):
+    """`mount` stands for a drive's mount point while `plugged` holds True."""
+    real, plugged = os.path.ismount, [True]
+    monkeypatch.setattr(os.path, "ismount",
+                        lambda p: real(p) or (plugged[0] and str(p) == str(mount)))
+    return plugged
+
+
+def test_a_data_directory_whose_drive_is_unplugged_is_not_made_a_new_empty_store(
+        tmp_path, monkeypatch):
+    mount, data = tmp_path / "stick", tmp_path / "stick" / "kv"
+    plugged = _drive(monkeypatch, mount)
+    settings = Settings(data_dir=str(data))
+    with App(settings).store as store:
+        store.create_chat("on the stick")
+    shutil.move(mount, tmp_path / "away")  # unplugged: the mount point stays, empty
+    mount.mkdir()
+    plugged[0] = False
+    # (every command, `kvdesk serve` and the window open the store through App.store)
+    with pytest.raises(DataDirError, match=(
+            f"the data directory {data} held a kvdesk store on the drive mounted at {mount}, "
+            "and no drive is mounted there now: is it connected\\? Connect it and start "
+            "kvdesk again .* To start a new, empty store in .* instead, delete ")):
+        _ = App(settings).store
+    app = App(settings)
+    app.reads_only = True  # (`docs`, `chats`: not "nothing is stored there yet")
+    with pytest.raises(DataDirError, match="is it connected"):
+        only_reading(app)
+    assert not data.exists()  # nothing made under the mount point
+    mount.rmdir()
+    shutil.move(tmp_path / "away", mount)  # plugged back
+    plugged[0] = True
+    with App(settings).store as store:
+        assert [c.title for c in store.chats()] == ["on the stick"]
+
+
+def test_a_data_directory_removed_from_a_drive_still_there_or_forgotten_starts_afresh(
+        tmp_path, monkeypatch):
+    mount, data = tmp_path / "stick", tmp_path / "stick" / "kv"
+    plugged = _drive(monkeypatch, mount)
+    settings = Settings(data_dir=str(data))
+    App(settings).store.close()
+    shutil.rmtree(data)  # removed on purpose: the drive is there
+    with App(settings).store as store:
+        assert store.chats() == []
+    shutil.rmtree(data)
+    plugged[0] = False
+    with pytest.raises(DataDirError) as refused:
+        _ = App(settings).store
+    Path(str(refused.value).rsplit("delete ", 1)[1]).unlink()  # what the refusal says to do
+    with App(settings).store as store:
+        assert store.chats() == []

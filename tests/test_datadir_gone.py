@@ -58,8 +58,9 @@ def test_a_removed_store_file_is_said_so_with_what_a_restart_does(tmp_path):
     store = open_store(tmp_path)
     store.path.unlink()
     with pytest.raises(DataDirGoneError, match="the store .* was removed or moved while kvdesk "
-                                               "ran: .*if it was removed, restart kvdesk: it "
-                                               "starts an empty store there"):
+                                               "ran: .*if its drive was unplugged, connect it "
+                                               "again and restart kvdesk; .*if it was removed, "
+                                               "restart kvdesk: it starts an empty store there"):
         store.add_document("lost", "lost", "text", type="txt")
     store.close()
 

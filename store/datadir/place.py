@@ -67,7 +67,8 @@ class Place:
         else:
             what = (f"the store {self.path} was removed or moved" if data_dir.is_dir()
                     else f"the data directory {data_dir} was removed or moved")
-            advice = ("if it was moved or renamed, point kvdesk at its new place (--data-dir or "
+            advice = ("if its drive was unplugged, connect it again and restart kvdesk; if it "
+                      "was moved or renamed, point kvdesk at its new place (--data-dir or "
                       "Settings) or put it back; if it was removed, restart kvdesk: it starts an "
                       "empty store there")
         lost = ("it cannot be read, and nothing more is stored" if reading
