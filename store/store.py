@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -22,6 +23,7 @@ from .caches.budget import BudgetStore
 from .caches.deleting import DeletingStore
 from .caches.splitting import SplitStore
 from .caches.usage import UsageStore
+from .datadir import wal
 from .datadir.db import Connections, prepare_data_dir, quick_check
 from .datadir.locks import ChatLocks
 from .datadir.values import malformed_json, stored_json
@@ -62,6 +64,8 @@ class Store(LibraryStore, PassageStore, PassageKVStore, SplitStore, UsageStore, 
         self.data_dir = Path(data_dir)
         self.path = self.data_dir / DB_NAME
         self._clock = clock
+        # (os.path's: False for a name too long, where Path's raises)
+        folder_made, new = not os.path.exists(self.data_dir), not os.path.exists(self.path)
         self._db = Connections(self.path, read_only=prepare_data_dir(self.data_dir, self.path))
         self.locks = ChatLocks(self.data_dir / "locks")  # turns, attaches, calibrations
         self._unrecorded: dict[str, tuple[str, dict]] = {}
@@ -77,6 +81,13 @@ class Store(LibraryStore, PassageStore, PassageKVStore, SplitStore, UsageStore, 
             if isinstance(e, sqlite3.OperationalError) and not any(
                     why in str(e) for why in ("unable to open", "readonly", "disk I/O")):
                 raise
+            if "disk I/O" in str(e) and wal.wal_unsupported(self.path):
+                if new:  # (nothing of it is the user's: no stray files on their drive)
+                    # (the failed statement, held by the frames of its traceback, keeps the
+                    # files open: on a FUSE file system they could not be removed)
+                    e.__traceback__ = None
+                    wal.remove_new(self.path, folder_made=folder_made)
+                raise wal.wal_error(self.path) from e
             why = e.__cause__ if isinstance(e, DamagedError) else e
             hint = (". Restore it from a backup, or move it aside: kvdesk then starts an empty "
                     "store, without the chats and document list it held (caches are computed "

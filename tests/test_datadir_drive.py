@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -132,3 +133,27 @@ def test_a_data_directory_removed_from_a_drive_still_there_or_forgotten_starts_a
     Path(str(refused.value).rsplit("delete ", 1)[1]).unlink()  # what the refusal says to do
     with App(settings).store as store:
         assert store.chats() == []
+
+
+def _no_wal_open(path, read_only):
+    """SQLite's open on a file system that cannot size its shared-memory file (fusefat, some
+    network file systems): the files made, then "disk I/O error"."""
+    path.write_bytes(path.read_bytes() if path.exists() else b"\0" * 4096)
+    for suffix in ("-wal", "-shm"):
+        path.with_name(path.name + suffix).write_bytes(b"")
+    raise sqlite3.OperationalError("disk I/O error")
+
+
+def test_a_file_system_without_what_the_write_ahead_log_needs_is_named_and_left_clean(
+        tmp_path, monkeypatch):
+    open_store(tmp_path / "kept").close()
+    monkeypatch.setattr("store.datadir.db._open", _no_wal_open)
+    with pytest.raises(DataDirError, match=(
+            "kvdesk.sqlite cannot be opened: SQLite could not set up its write-ahead log there "
+            ".* The file system of .*data( \\(.* at /.*\\))? does not support the shared memory "
+            "and locking it needs.*: choose a data directory on a local disk")):
+        Store(tmp_path / "data")
+    assert not (tmp_path / "data").exists()  # nothing left of the store that was not made
+    with pytest.raises(DataDirError, match="write-ahead log"):
+        Store(tmp_path / "kept")
+    assert (tmp_path / "kept" / "kvdesk.sqlite").stat().st_size > 4096  # a store is kept

@@ -165,22 +165,28 @@ def _open(path: Path, read_only: bool) -> sqlite3.Connection:
         path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000,
         factory=_Connection)
     conn.path = path
-    conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-    # Freed pages are not overwritten with zeros (SQLite's FAST: only where it costs no I/O;
-    # some builds default to ON): evicting or deleting a cache would otherwise write as much
-    # as it frees, and on a full disk `rm` and `gc` could not free anything.
-    conn.execute("PRAGMA secure_delete = FAST")
-    # Lets gc() hand freed chunk pages back to the file system (PRAGMA incremental_vacuum).
-    # Set on a new, empty database only, where it takes effect: on another it would still
-    # write the file's header, and fail on a full disk where reading works.
-    if conn.execute("PRAGMA page_count").fetchone()[0] == 0:
-        conn.execute(f"PRAGMA auto_vacuum = {INCREMENTAL}")
-    conn.execute("PRAGMA journal_mode = WAL")
-    # FULL: a commit survives power loss, not only a process crash; documents and chats are user
-    # data, and commits are few (one per chunk or message), so the fsync cost is small.
-    conn.execute("PRAGMA synchronous = FULL")
-    conn.execute("PRAGMA foreign_keys = ON")
-    conn.execute(f"PRAGMA mmap_size = {MMAP_SIZE}")
+    # (closed where a pragma fails: a file system without what WAL needs; its files, left
+    # open, could not be removed)
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        # Freed pages are not overwritten with zeros (SQLite's FAST: only where it costs no I/O;
+        # some builds default to ON): evicting or deleting a cache would otherwise write as much
+        # as it frees, and on a full disk `rm` and `gc` could not free anything.
+        conn.execute("PRAGMA secure_delete = FAST")
+        # Lets gc() hand freed chunk pages back to the file system (PRAGMA incremental_vacuum).
+        # Set on a new, empty database only, where it takes effect: on another it would still
+        # write the file's header, and fail on a full disk where reading works.
+        if conn.execute("PRAGMA page_count").fetchone()[0] == 0:
+            conn.execute(f"PRAGMA auto_vacuum = {INCREMENTAL}")
+        conn.execute("PRAGMA journal_mode = WAL")
+        # FULL: a commit survives power loss, not only a process crash; documents and chats are user
+        # data, and commits are few (one per chunk or message), so the fsync cost is small.
+        conn.execute("PRAGMA synchronous = FULL")
+        conn.execute("PRAGMA foreign_keys = ON")
+        conn.execute(f"PRAGMA mmap_size = {MMAP_SIZE}")
+    except BaseException:
+        conn.close()
+        raise
     return conn
 
 
