@@ -157,3 +157,16 @@ def test_a_file_system_without_what_the_write_ahead_log_needs_is_named_and_left_
     with pytest.raises(DataDirError, match="write-ahead log"):
         Store(tmp_path / "kept")
     assert (tmp_path / "kept" / "kvdesk.sqlite").stat().st_size > 4096  # a store is kept
+
+
+def test_the_read_only_probe_never_opens_the_database_file(tmp_path, monkeypatch):
+    """Closing any descriptor of the database file drops every POSIX lock SQLite holds on it
+    in the process: another process then wrote under a reader ("disk I/O error")."""
+    store = open_store(tmp_path / "data")
+    real, opened = os.open, []
+    monkeypatch.setattr(os, "open", lambda path, *a, **k: opened.append(str(path)) or real(
+        path, *a, **k))
+    store.check_writable()
+    store.create_chat("probed")
+    assert opened and str(store.path) not in opened
+    store.close()

@@ -31,7 +31,7 @@ from .filesize import too_large
 from .full import disk_full, disk_is_full, is_full
 from .paying import INCREMENTAL, Paying
 from .place import Place
-from .readonly import read_only_cause, read_only_error, turned_read_only
+from .readonly import MARK, read_only_cause, read_only_error, turned_read_only
 from .reserve import NAME as RESERVE_NAME
 from .reserve import WORDS_NAME, Reserve, WordsReserve
 
@@ -71,7 +71,7 @@ def _translating(name: str):
                 raise limit from e
             owner = getattr(self.connection, "owner", None)
             if owner is not None and not owner.cannot_write and read_only_cause(
-                    e, self.connection.path):
+                    e, self.connection.path.parent):
                 raise owner.went_read_only() from e
             if owner is None or not is_damage(e):
                 raise
@@ -305,7 +305,7 @@ class Connections(Paying):
             raise self.damaged_error()
         if self.full and not self.cannot_write:
             raise disk_full(self.path)
-        if not self.read_only and turned_read_only(self.path):  # (one open(): microseconds)
+        if not self.read_only and turned_read_only(self.path.parent):  # (microseconds)
             raise self.went_read_only()
         if self.read_only:
             raise read_only_error(self.path.parent)
@@ -365,7 +365,7 @@ def quick_check(conn: sqlite3.Connection, table: str | None = None) -> list[str]
 def made_mark(path: Path) -> Path:
     """An empty file beside the database, left once its schema is committed: a store was
     made here (the reserves say so too, but a disk without room for them has none)."""
-    return path.with_name(".kvdesk-store-made")
+    return path.with_name(MARK)
 
 
 def _made_here(path: Path) -> bool:
@@ -407,7 +407,7 @@ def prepare_data_dir(data_dir: Path, path: Path) -> bool:
     if not data_dir.is_dir():
         raise DataDirError(f"the data directory {data_dir} is not a folder")
     writable = os.access(data_dir, os.W_OK | os.X_OK) and (
-        not path.exists() or os.access(path, os.W_OK) and not turned_read_only(path))
+        not path.exists() or os.access(path, os.W_OK) and not turned_read_only(data_dir))
     if not writable and not path.exists():
         raise DataDirError(f"the data directory {data_dir} is read-only and holds no kvdesk "
                            "data yet")

@@ -81,7 +81,7 @@ class ChatLocks:
             except OSError as e:
                 # A file system turned read-only (EROFS) is the store's read-only state, not
                 # a failure of kvdesk's own
-                if not read_only_cause(e, self.folder):
+                if not read_only_cause(e, self.folder.parent):
                     raise
                 raise read_only_error(self.folder.parent) from None
         try:
