@@ -306,7 +306,8 @@ def only_reading(app, said: bool = True) -> None:
     (a first run, a mistyped --data-dir) it is read as empty, said (unless the command's own
     answer says it: `said=False`), and not written to."""
     app.reads_only = True
-    app.check_drive()  # (a drive unplugged is not "nothing stored yet")
+    if not app.holds_store:
+        app.check_drive()  # (a drive unplugged is not "nothing stored yet")
     if said and not app.holds_store:  # (a folder that exists: only the store is missing)
         say([f"no kvdesk data in {app.data_dir} yet: nothing is stored there"
              if _folder(app.data_dir) else
