@@ -1176,9 +1176,11 @@ def test_docs_says_when_the_storage_budget_stopped_the_passages_kv(capsys, tmp_p
     def app(usage, as_text=False):
         info = DocumentInfo(1, "manual.txt", "text", 90_000, 0, {}, "passages", 0.0,
                             passages=700, passages_cached=0 if as_text else 107)
-        return SimpleNamespace(data_dir=tmp_path, holds_store=True, engine=SimpleNamespace(
+        return SimpleNamespace(data_dir=tmp_path, holds_store=True, model_missing=None,
+                               engine=SimpleNamespace(
             documents=lambda: [info], fingerprint="fp", passages_as_text=lambda: as_text,
             store=SimpleNamespace(usage_bytes=lambda: usage, budget_bytes=1000,
+                                  budget_cap=lambda: None,
                                   usage_by_kind=lambda: {"fp": {"passages": usage}},
                                   data_dir=tmp_path)))
 
