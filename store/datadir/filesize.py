@@ -8,8 +8,6 @@ touches the database.
 
 from __future__ import annotations
 
-import os
-import re
 import sqlite3
 from pathlib import Path
 
@@ -19,6 +17,7 @@ except ImportError:  # (Windows: no process file-size limit)
     resource = None
 
 from ..errors import DiskFullError
+from .mounts import mount_of
 
 FAT_MOST = (4 << 30) - 1  # FAT32: a file's size is a 32-bit number
 _FAT_TYPES = {"vfat", "msdos", "fat", "umsdos", "fuse.fusefat"}
@@ -40,22 +39,9 @@ def file_limit(folder: Path) -> tuple[int, str] | None:
 
 
 def _fs_type(folder: Path) -> str | None:
-    """The type /proc/mounts gives the file system `folder` is on (its longest mount point)."""
-    try:
-        real = os.path.realpath(folder)
-        with open("/proc/mounts", encoding="utf-8", errors="replace") as mounts:
-            points = [(_unescaped(point), kind) for _, point, kind, *_ in map(str.split, mounts)]
-        found = [(point, kind) for point, kind in points
-                 if real == point or real.startswith(point.rstrip("/") + "/")]
-    except OSError:
-        return None
-    return max(found, key=lambda m: len(m[0]))[1] if found else None
-
-
-def _unescaped(point: str) -> str:
-    """A mount point as /proc/mounts writes it, its spaces and tabs as octal escapes
-    (`MY\\040STICK`), as the path it is."""
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), point)
+    """The type of the file system `folder` is on (Linux: /proc/mounts), or None."""
+    found = mount_of(folder)
+    return None if found is None else found[1]
 
 
 def too_large(error: sqlite3.DatabaseError, path: Path) -> DiskFullError | None:

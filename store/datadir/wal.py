@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 from pathlib import Path
 
 from ..errors import DataDirError
+from .mounts import mount_of
 
 
 def wal_unsupported(path: Path) -> bool:
@@ -30,20 +30,7 @@ def wal_unsupported(path: Path) -> bool:
 def file_system(folder: Path) -> str | None:
     """The type and mount point of the file system holding `folder` ("fuse.fusefat at
     /media/stick"), from /proc/mounts; None where that cannot be read."""
-    try:
-        mounts = Path("/proc/mounts").read_text().splitlines()
-    except OSError:
-        return None
-    real, found = os.path.realpath(folder), None
-    for line in mounts:
-        fields = line.split()
-        if len(fields) < 3:
-            continue
-        # (spaces and the like are written as octal escapes: "\040")
-        mount = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[1])
-        inside = real == mount or real.startswith(mount.rstrip("/") + "/")
-        if inside and (found is None or len(mount) >= len(found[0])):
-            found = (mount, fields[2])
+    found = mount_of(folder)
     return None if found is None else f"{found[1]} at {found[0]}"
 
 
