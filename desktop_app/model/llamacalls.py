@@ -176,8 +176,7 @@ def json_schema(schema: Any, field: str) -> AnswerFormat:
         raise InvalidValue(field, f"a JSON schema is an object (got {_kind(schema)})")
     with _converting(field):
         _bounded(schema, field)
-        converter = _Converter(prop_order={}, allow_fetch=False, dotall=False,
-                               raw_pattern=False)
+        converter = _Converter.plain()
         converter.visit(converter.resolve_refs(json.loads(json.dumps(schema)), "stdin"), "")
     return AnswerFormat(converter.format_grammar(), field)
 
@@ -186,7 +185,7 @@ def schema_rules(schemas: Sequence[tuple[str, Any, str]]) -> str:
     """GBNF rules for several JSON schemas in one grammar, each (rule name, schema, field)'s
     values under its rule name and no root: for a grammar whose own root puts them in place
     (a tool call's arguments: `desktop_app.tools`). Refused by field as `json_schema`."""
-    converter = _Converter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    converter = _Converter.plain()
     for name, schema, field in schemas:
         if not isinstance(schema, dict):
             raise InvalidValue(field, f"a JSON schema is an object (got {_kind(schema)})")
@@ -213,6 +212,12 @@ class _Converter(llama_grammar.SchemaConverter):
     both get the first's rule."""
 
     prefix = ""
+
+    @classmethod
+    def plain(cls) -> _Converter:
+        """One as llama-cpp-python's json_schema_to_gbnf makes it: nothing fetched, `.` not
+        taking line breaks, patterns as written."""
+        return cls(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
 
     def _add_primitive(self, name: str, rule: llama_grammar.BuiltinRule) -> str:
         return super()._add_primitive(name, _CHAR if name == "char" else rule)

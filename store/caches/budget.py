@@ -27,8 +27,12 @@ class BudgetStore:
     def budget_bytes(self) -> int:
         """The disk budget for KV caches (setting "store.budget_bytes", default 10 GB), kept
         within the largest file the data directory's file system takes (`budget_cap`)."""
-        cap = self.budget_cap()
-        return self.budget_setting if cap is None else min(self.budget_setting, cap[0])
+        setting, cap = self.budget_setting, self.budget_cap()
+        return setting if cap is None else min(setting, cap[0])
+
+    @budget_bytes.setter
+    def budget_bytes(self, value: int) -> None:
+        self.set_setting(quota.BUDGET_SETTING, int(value))
 
     @property
     def budget_setting(self) -> int:
@@ -40,10 +44,6 @@ class BudgetStore:
         as kvdesk may store (every cache is a row of one file: FAT32's 4 GB), else None."""
         limit = file_limit(self._db.path.parent)
         return None if limit is None else (int(limit[0] * BUDGET_SHARE), limit[1])
-
-    @budget_bytes.setter
-    def budget_bytes(self, value: int) -> None:
-        self.set_setting(quota.BUDGET_SETTING, int(value))
 
     def usage_bytes(self) -> int:
         """Bytes of all stored KV chunks."""
