@@ -239,3 +239,34 @@ def test_a_schemas_strings_hold_no_raw_control_character(runtime):
             assert data[0].logit == float("-inf") and data[1].logit == 0.0, gbnf
         finally:
             llama_cpp.llama_sampler_free(stage)
+
+
+def test_a_patterns_dot_is_a_json_strings_character(runtime):
+    """(The converter's `.` took any character but a line break: a raw tab, and a raw `"`
+    ending the string before the pattern's end, each an answer no client's parser takes.)
+    After `{"name": "x` under the pattern `^x.*$`: a raw tab refused, `\\t` taken; after a raw
+    `"` (the string's end) no more of the string."""
+    import ctypes
+
+    import llama_cpp
+
+    schema = {"type": "object", "properties": {"name": {"type": "string", "pattern": "^x.*$"}}}
+    vocab = runtime.llm._model.vocab
+
+    def takes(before: str, token: int) -> bool:
+        stage = llamacalls.grammar_stage(vocab, llamacalls.json_schema(schema, "f").grammar)
+        try:
+            for t in runtime.tokenize(before):
+                llama_cpp.llama_sampler_accept(stage, t)
+            data = (llama_cpp.llama_token_data * 1)(llama_cpp.llama_token_data(token, 0., 0.))
+            arr = llama_cpp.llama_token_data_array(data, 1, -1, False)
+            llama_cpp.llama_sampler_apply(stage, ctypes.byref(arr))
+            return data[0].logit == 0.0
+        finally:
+            llama_cpp.llama_sampler_free(stage)
+
+    tab, = runtime.tokenize("\t")
+    escaped = runtime.tokenize("\\t")[0]
+    letter = runtime.tokenize("y")[0]
+    assert not takes('{"name": "x', tab) and takes('{"name": "x', escaped)
+    assert takes('{"name": "x', letter) and not takes('{"name": "x"', letter)

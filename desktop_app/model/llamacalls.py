@@ -205,6 +205,12 @@ _CHAR = llama_grammar.BuiltinRule(
     r'[0-9a-fA-F])', [])
 
 
+# A pattern's `.` inside a JSON string: what `.` matches but a line break (the converter's
+# `dotall=False`), written as JSON writes it. The converter's own (`[^\x0A\x0D]`) lets a raw
+# control character, a raw `"` that ends the string early, and a lone `\\` through.
+_DOT = r'[^"\\\x7F\x00-\x1F] | "\\" (["\\/bft])'
+
+
 class _Converter(llama_grammar.SchemaConverter):
     """The converter with JSON's own string characters (`_CHAR`), and each schema's `$ref`
     rules named after its own rule (`prefix`): its own names one by the ref's last part
@@ -221,6 +227,10 @@ class _Converter(llama_grammar.SchemaConverter):
 
     def _add_primitive(self, name: str, rule: llama_grammar.BuiltinRule) -> str:
         return super()._add_primitive(name, _CHAR if name == "char" else rule)
+
+    def _add_rule(self, name: str, rule: str) -> str:
+        return super()._add_rule(name, _DOT if name == "dot" and rule == llama_grammar.DOT
+                                 else rule)
 
     def _resolve_ref(self, ref: str) -> str:  # (as the converter's own, but for the name)
         if not self.prefix:  # (one schema: its names as the converter gives them)
