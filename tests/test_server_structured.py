@@ -241,16 +241,17 @@ def test_a_schemas_strings_hold_no_raw_control_character(runtime):
             llama_cpp.llama_sampler_free(stage)
 
 
-def test_a_patterns_dot_is_a_json_strings_character(runtime):
-    """(The converter's `.` took any character but a line break: a raw tab, and a raw `"`
-    ending the string before the pattern's end, each an answer no client's parser takes.)
-    After `{"name": "x` under the pattern `^x.*$`: a raw tab refused, `\\t` taken; after a raw
-    `"` (the string's end) no more of the string."""
+@pytest.mark.parametrize("pattern", ["^x.*$", "^[^@]+$"])
+def test_a_patterns_dot_and_negated_class_are_a_json_strings_characters(runtime, pattern):
+    """(The converter's `.` took any character but a line break, and a negated class any
+    character it does not name: a raw tab, and a raw `"` ending the string before the
+    pattern's end, each an answer no client's parser takes.) After `{"name": "x`: a raw tab
+    refused; under `.`, `\\t` taken; after a raw `"` (the string's end) no more of it."""
     import ctypes
 
     import llama_cpp
 
-    schema = {"type": "object", "properties": {"name": {"type": "string", "pattern": "^x.*$"}}}
+    schema = {"type": "object", "properties": {"name": {"type": "string", "pattern": pattern}}}
     vocab = runtime.llm._model.vocab
 
     def takes(before: str, token: int) -> bool:
@@ -268,5 +269,5 @@ def test_a_patterns_dot_is_a_json_strings_character(runtime):
     tab, = runtime.tokenize("\t")
     escaped = runtime.tokenize("\\t")[0]
     letter = runtime.tokenize("y")[0]
-    assert not takes('{"name": "x', tab) and takes('{"name": "x', escaped)
+    assert not takes('{"name": "x', tab) and takes('{"name": "x', escaped) == ("." in pattern)
     assert takes('{"name": "x', letter) and not takes('{"name": "x"', letter)

@@ -207,8 +207,11 @@ _CHAR = llama_grammar.BuiltinRule(
 
 # A pattern's `.` inside a JSON string: what `.` matches but a line break (the converter's
 # `dotall=False`), written as JSON writes it. The converter's own (`[^\x0A\x0D]`) lets a raw
-# control character, a raw `"` that ends the string early, and a lone `\\` through.
+# control character, a raw `"` that ends the string early, and a lone `\\` through; so does a
+# pattern's negated class (`[^@]`), which the converter copies as written: each is given
+# JSON's exclusions (`_NOT_IN_STRING`), and matches its characters unescaped only.
 _DOT = r'[^"\\\x7F\x00-\x1F] | "\\" (["\\/bft])'
+_NOT_IN_STRING = r'"\\\x7F\x00-\x1F'
 
 
 class _Converter(llama_grammar.SchemaConverter):
@@ -232,6 +235,9 @@ class _Converter(llama_grammar.SchemaConverter):
         return super()._add_rule(name, _DOT if name == "dot" and rule == llama_grammar.DOT
                                  else rule)
 
+    def _visit_pattern(self, pattern: str, name: str) -> str:
+        return super()._visit_pattern(_json_classes(pattern), name)
+
     def _resolve_ref(self, ref: str) -> str:  # (as the converter's own, but for the name)
         if not self.prefix:  # (one schema: its names as the converter gives them)
             return super()._resolve_ref(ref)
@@ -241,6 +247,27 @@ class _Converter(llama_grammar.SchemaConverter):
             name = self.visit(self._refs[ref], name)
             self._refs_being_resolved.remove(ref)
         return name
+
+
+def _json_classes(pattern: str) -> str:
+    """`pattern` with `_NOT_IN_STRING` added to each negated class (`[^...]`), read as the
+    converter reads a pattern: a backslash escapes the next character, a class runs to its
+    first unescaped `]`."""
+    out, i, inside = [], 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        if not inside and pattern.startswith("[^", i):
+            out.append("[^" + _NOT_IN_STRING)
+            inside, i = True, i + 2
+            continue
+        inside = (inside or c == "[") and c != "]"
+        out.append(c)
+        i += 1
+    return "".join(out)
 
 
 # The most repetitions a schema's bound may ask for. The converter writes `maxLength: n` (and
