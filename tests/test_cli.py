@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -37,7 +38,6 @@ def test_info_json(model_path):
     assert info["flash_attn"] is True and info["sliding_window_layers"] == 0
     assert info["kv_bytes_per_token"] == 23_040
     assert len(info["fingerprint"]) == 32
-    import os  # where it keeps its data and reads its settings (the test's own folders)
     assert info["data_dir"] == str(Path(os.environ["KVDESK_DATA_DIR"]).resolve())
     assert info["settings_file"] == os.path.join(os.environ["KVDESK_CONFIG_DIR"],
                                                  "settings.json")
@@ -56,7 +56,6 @@ def test_a_missing_model_says_where_it_was_set_and_what_lists_without_it(tmp_pat
                                                                          monkeypatch):
     """A model set but not found is said with where it was set (the settings file, named;
     KVDESK_MODEL) and the way back; docs and chats still list, info says where things are."""
-    import os
 
     from store import Store
 
@@ -180,10 +179,13 @@ def test_attach_ask_reopen_end_to_end(tmp_path):
                              "encode_s", "raw_bytes", "stored_bytes"}
     assert set(attached["stored_bytes"]) == {"high", "compact"}
     assert "Traceback" not in proc.stderr
+    made = "kvdesk made its data directory"  # (said by the command that made it, only)
+    assert f"{made}, {os.environ['KVDESK_DATA_DIR']}:" in proc.stderr
 
     doc = str(attached["doc_id"])
-    ans = json.loads(kvdesk("ask", doc, "What is the access code?", "--max-tokens", "16",
-                            "--json").stdout)
+    asked = kvdesk("ask", doc, "What is the access code?", "--max-tokens", "16", "--json")
+    ans = json.loads(asked.stdout)
+    assert made not in asked.stderr
     assert set(ans) == {"chat_id", "answer", "ttft_s", "restore_s", "bytes_read",
                         "chunk_levels", "recomputed_tokens", "tokens_generated", "source",
                         "messages", "documents", "blended", "sources", "recompute_s",
