@@ -142,3 +142,21 @@ def test_a_search_ended_late_never_hides_what_the_latest_found(qtbot):
     assert asked == []
     chat_list.set_chats([chats[0], ChatInfo(2, "Budget", [], 4, 0.0, 1.0)], now=0.0)
     assert asked == ["zebra"]
+
+
+def test_a_title_is_found_whatever_the_spaces_between_its_words(qtbot):
+    """(The message search read "opening  hours" as "opening hours"; the title match did not,
+    and a chat found by its title vanished while the messages' search ran.)"""
+    chat_list = ChatList()
+    qtbot.addWidget(chat_list)
+    asked: list[str] = []
+    chat_list.search_requested.connect(asked.append)
+    chat_list.set_chats([ChatInfo(1, "Opening  hours", [], 2, 0.0, 0.0),
+                         ChatInfo(2, "Budget", [], 2, 0.0, 0.0)], now=0.0)
+    chat_list.search.setText(" opening hours")
+    assert chat_list.visible_titles() == {"Today": ["Opening  hours"]}
+    chat_list.search.setText("OPENING \t HOURS ")
+    assert chat_list.visible_titles() == {"Today": ["Opening  hours"]}
+    qtbot.waitUntil(lambda: "opening hours" in [a.casefold() for a in asked])
+    chat_list.set_found("OPENING HOURS", {})  # (the search's answer, for what was asked)
+    assert chat_list.visible_titles() == {"Today": ["Opening  hours"]}

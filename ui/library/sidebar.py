@@ -117,13 +117,18 @@ class ChatList(QWidget):
         """The chats whose messages hold `text` (`EngineAPI.search_chats`), shown while it is
         what the search field says; a search for what it said before, ended late, is
         dropped (it would hide what the latest found)."""
-        if text == self.search.text().strip():
+        if text == self._needle():
             self._found = (text, found)
             self._rebuild()
 
     def _search(self) -> None:
-        if needle := self.search.text().strip():
+        if needle := self._needle():
             self.search_requested.emit(needle)
+
+    def _needle(self) -> str:
+        """What the search field says, its spaces as the search reads them (one between
+        words: "opening  hours" finds "Opening hours")."""
+        return spaced(self.search.text())
 
     def select(self, chat_id: int | None) -> None:
         """Highlight `chat_id` (None: no chat) without emitting chat_selected; a chat newly
@@ -154,7 +159,7 @@ class ChatList(QWidget):
                 yield group.child(j)
 
     def _rebuild(self) -> None:
-        needle = self.search.text().strip()
+        needle = self._needle()
         found = self._found[1] if self._found[0] == needle else {}
         now = self._now if self._now is not None else dt.datetime.now().timestamp()
         place = self._place()
@@ -162,7 +167,7 @@ class ChatList(QWidget):
         groups: dict[str, QTreeWidgetItem] = {}
         shown = numbered(self._chats)
         for chat in self._chats:  # already most recent first
-            if needle and needle.casefold() not in chat.title.casefold() and \
+            if needle and needle.casefold() not in spaced(chat.title).casefold() and \
                     chat.chat_id not in found:
                 continue
             name = date_group(chat.updated, now)
@@ -257,6 +262,10 @@ def _key(item: QTreeWidgetItem) -> object:
     """What tells a row apart across rebuilds: its chat's id, or a heading's name."""
     chat_id = item.data(0, ID_ROLE)
     return item.text(0) if chat_id is None else chat_id
+
+
+def spaced(text: str) -> str:
+    return " ".join(text.split())
 
 
 def _from_word(line: str, needle: str) -> str:
