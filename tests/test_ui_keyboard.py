@@ -281,3 +281,29 @@ def test_a_platform_set_to_high_contrast_gets_white_and_yellow_on_black(qtbot, m
     for color in (c.text, c.muted, c.link, c.keyword, c.string, c.comment, c.number, c.error):
         for background in ("#000000", c.user_bg, c.code_bg):
             assert contrast(color, background) >= 7, (color, background)
+
+
+def test_the_document_list_keeps_its_cursor_on_its_document_or_the_row_after(qtbot):
+    """(The cursor was kept by row number: the last document deleted left no row current, a
+    keyboard user lost their place; a document listed above moved the cursor off its own.)"""
+    from desktop_app.results import DocumentInfo
+    from ui.library.document_list import ID_ROLE, DocumentList
+
+    def doc(i):
+        return DocumentInfo(i, f"doc{i}.md", "md", 100, 100, {}, "ready", 0.0)
+
+    docs = DocumentList()
+    qtbot.addWidget(docs)
+
+    def current():
+        return docs.list.currentItem().data(ID_ROLE) if docs.list.currentItem() else None
+
+    docs.set_documents([doc(1), doc(2), doc(3)], checked=set())
+    docs.list.setCurrentRow(2)
+    docs.set_documents([doc(1), doc(2)], checked=set())  # (the last one deleted)
+    assert current() == 2
+    docs.list.setCurrentRow(0)
+    docs.set_documents([doc(4), doc(1), doc(2)], checked=set())  # (a new one listed first)
+    assert current() == 1
+    docs.set_documents([doc(4), doc(2)], checked=set())  # (the current one deleted)
+    assert current() == 2

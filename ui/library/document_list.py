@@ -83,6 +83,7 @@ class DocumentList(QWidget):
         """`stopped`: why the background pass left a document's passages without their KV;
         `as_text`: the model keeps none until its codec is calibrated (said on their rows)."""
         scrolled, current = self.list.verticalScrollBar().value(), self.list.currentRow()
+        kept = self.list.currentItem().data(ID_ROLE) if self.list.currentItem() else None
         self.list.blockSignals(True)
         self.list.clear()
         for doc in docs:
@@ -115,7 +116,12 @@ class DocumentList(QWidget):
                    if doc.file_changed else [])))
             self.list.addItem(item)
         self._filter()
-        self.list.setCurrentRow(current)  # a refresh moves neither the selection nor the view
+        # A refresh moves neither the cursor nor the view: the cursor stays on its document,
+        # or, that one deleted, on the row that took its place (a keyboard user goes on there).
+        rows = [self.list.item(i).data(ID_ROLE) for i in range(self.list.count())]
+        if current >= 0 and rows:
+            self.list.setCurrentRow(rows.index(kept) if kept in rows
+                                    else min(current, len(rows) - 1))
         self.list.verticalScrollBar().setValue(scrolled)
         self.list.blockSignals(False)
         self.filter.setVisible(len(docs) >= FILTER_FROM or bool(self.filter.text()))
