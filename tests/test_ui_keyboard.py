@@ -239,7 +239,11 @@ def test_muted_text_and_the_sidebars_notes_reach_4_5_to_1(window):
             assert contrast(colors.muted, background) >= 4.5, (colors.muted, background)
         assert contrast(colors.comment, colors.code_bg) >= 4.5
     window.doc_list.show_note("The model could not load: nothing can be attached.")
-    for note in (window.chat_list.note, window.doc_list.hint):
+    dialog = SettingsDialog(Settings())  # (its notes were disabled labels too)
+    notes = [label for label in dialog.findChildren(QLabel)
+             if label.foregroundRole() == QPalette.ColorRole.PlaceholderText]
+    assert len(notes) >= 7 and all(label.isEnabled() for label in dialog.findChildren(QLabel))
+    for note in (window.chat_list.note, window.doc_list.hint, *notes):
         # (disabled, a screen reader calls it unavailable; and it was 2.8:1)
         assert note.isEnabled()
         palette = note.palette()

@@ -95,9 +95,13 @@ class _Style(QProxyStyle):
 
 
 def muted_label() -> QLabel:
-    """A note, hidden until it has something to say: muted, yet enabled (a screen reader calls
-    a disabled label unavailable), in the palette's colour for it (4.5:1 on the window)."""
-    label = QLabel(wordWrap=True, visible=False)
+    """A note, hidden until it has something to say (`muted`)."""
+    return muted(QLabel(wordWrap=True, visible=False))
+
+
+def muted(label: QLabel) -> QLabel:
+    """`label` as a note: muted, yet enabled (a screen reader calls a disabled label
+    unavailable), in the palette's colour for it (4.5:1 on the window)."""
     label.setForegroundRole(QPalette.ColorRole.PlaceholderText)
     return label
 

@@ -24,6 +24,8 @@ from desktop_app.model.sampling import DEFAULTS
 from desktop_app.options import GenerationOptions
 from desktop_app.validation import parse
 
+from .. import theme
+
 DEFAULT_TEXT = "default"
 # field -> (label, the spin box position that reads "default", maximum, step, decimals);
 # the default position sits just below the field's range (or on a value it refuses).
@@ -60,7 +62,7 @@ class GenerationBox(QGroupBox):
                           for n in FIELDS)
         note = QLabel(f"“{DEFAULT_TEXT}”: the model file's recommendation if it has one, else "
                       f"kvdesk's ({shown}).", wordWrap=True)
-        note.setEnabled(False)
+        theme.muted(note)
         outer.addWidget(note)
 
     def values(self) -> GenerationOptions:

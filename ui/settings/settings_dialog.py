@@ -44,6 +44,7 @@ from desktop_app.results import ModelFile
 from desktop_app.settings import Settings, SettingsError
 from desktop_app.validation import InvalidValue
 
+from .. import theme
 from .context_size import ContextSizeBox
 from .generation_settings import GenerationBox
 
@@ -120,7 +121,7 @@ class SettingsDialog(QDialog):
         self.model.setEditText(Path(self._model_path).name if self._model_path
                                else settings.model or "")
         self.model_about = QLabel(wordWrap=True)
-        self.model_about.setEnabled(False)
+        theme.muted(self.model_about)
         self.model.currentTextChanged.connect(self._show_model)
         self.model.activated.connect(self._picked)
         self._show_model(self.model.currentText())
@@ -148,14 +149,14 @@ class SettingsDialog(QDialog):
         calibrate_about = QLabel("Once per model, minutes in the background: its new caches "
                                  "then use levels measured on the model itself.",
                                  wordWrap=True)
-        calibrate_about.setEnabled(False)
+        theme.muted(calibrate_about)
         self.keep_lossless = QCheckBox("Also keep an exact (lossless) copy of each document",
                                        checked=settings.keep_lossless)
         self.keep_lossless.setToolTip("About twice the disk: exact reopens without recomputing."
                                       " Without it, the exact level recomputes from the text.")
         # The loaded model's levels (calibrated or not); none before the engine has said.
         self.codec_levels = QLabel(codec_levels, wordWrap=True)
-        self.codec_levels.setEnabled(False)
+        theme.muted(self.codec_levels)
         if not codec_levels:
             self.codec_levels.hide()
         # A check box's text never wraps: the long part is a wrapped label under it (on one
@@ -164,7 +165,7 @@ class SettingsDialog(QDialog):
                                checked=settings.server_enabled)
         serve_about = QLabel("OpenAI-compatible: other tools can use the same models and "
                              "caches.", wordWrap=True)
-        serve_about.setEnabled(False)
+        theme.muted(serve_about)
         self.port = QSpinBox(minimum=1, maximum=65535)
         self.port.setValue(settings.server_port or 8765)
         self.ollama_port = QSpinBox(minimum=0, maximum=65535, specialValueText="Off")
@@ -187,7 +188,7 @@ class SettingsDialog(QDialog):
             "sliding-window model (Gemma 3) keeps no passage's cache, in the background or "
             "not, until its codec is calibrated (Tools ▸ Calibrate the codec for this model).")
         self.address = QLabel(wordWrap=True)
-        self.address.setEnabled(False)
+        theme.muted(self.address)
         self.port.valueChanged.connect(self._show_address)
         self._show_address()
         self.error = QLabel(wordWrap=True)
@@ -224,7 +225,7 @@ class SettingsDialog(QDialog):
         credentials = QLabel("Credentials come from the standard AWS variables and files "
                              "(AWS_PROFILE, ~/.aws/credentials); kvdesk never stores them.",
                              wordWrap=True)
-        credentials.setEnabled(False)
+        theme.muted(credentials)
         shared_rows.addWidget(credentials)
         local_api = QGroupBox("Local API")
         api_rows = QVBoxLayout(local_api)
@@ -238,7 +239,7 @@ class SettingsDialog(QDialog):
         api_rows.addWidget(self.address)
         note = QLabel("Changing the model, context size, data folder, shared cache or "
                       "passages' caching restarts the engine.", wordWrap=True)
-        note.setEnabled(False)
+        theme.muted(note)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok
                                    | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)
