@@ -344,7 +344,9 @@ def docs(app: App, as_json: bool):
            + ("; read as text until this model is calibrated: kvdesk calibrate" if as_text
               else "") + ")" if d.passages else "")
         + ("" if d.status == "passages" else f", {words.get(d.status, d.status)}")
-        + ("" if d.status == "unknown" else f", {sum(d.cache_bytes.values()) / 1e6:.1f} MB cached")
+        # (none under this model: its status says so, or "unknown" says why none can be named)
+        + (f", {sum(d.cache_bytes.values()) / 1e6:.1f} MB cached" if d.cache_bytes
+           and d.status != "unknown" else "")
         + (f", {d.damaged_chunks} damaged chunks (kvdesk verify --repair)"
            if d.damaged_chunks else "")
         + (f" ({d.changed_words}" + (
