@@ -1,5 +1,6 @@
 """User settings: which model, how large a context, where the data lives, the shared cache,
-how answers are generated, whether the window calibrates the codec for a new model.
+how answers are generated, whether the window calibrates the codec for a new model, how
+large the window's text is.
 
 Settings are resolved in one order everywhere (CLI, GUI, tests): explicit arguments, then
 environment variables (`KVDESK_MODEL`, `KVDESK_DATA_DIR`, `KVDESK_N_CTX`, and for the shared
@@ -53,6 +54,7 @@ APP_NAME = "kvdesk"
 # most of what recomputing buys (KLD 0.13 -> 0.10; 15 % 0.085) for a third of 15 %'s time.
 DEFAULT_BLEND_FRACTION = 0.05
 SETTINGS_VERSION = 1
+TEXT_SCALES = (0.7, 2.0)  # the window's text size, smallest and largest: 70 % to 200 %
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 # An origin's parts (a "*" allowed where `_origins` says); `server.edges` matches by them.
 ORIGIN = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://"
@@ -140,6 +142,8 @@ class Settings(UserValues):
     # twice the disk (levels.DEFAULT_LEVELS).
     keep_lossless: bool = False
     theme: Literal["system", "light", "dark", "high-contrast"] = "system"
+    # The window's text, as a multiple of the platform's font (View ▸ Larger text, Ctrl++).
+    text_scale: float = Field(1.0, ge=TEXT_SCALES[0], le=TEXT_SCALES[1])
     # The local API (kvdesk serve): its port, the folders whose files a client may attach by
     # path (none: uploads only), and from how many tokens a prompt with no cached prefix
     # is kept in the prompt cache.

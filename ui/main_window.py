@@ -37,6 +37,7 @@ from desktop_app.errors import data_folder_fault
 from desktop_app.protocol import EngineAPI, LocalAPIControl
 from desktop_app.results import ChatInfo, DocumentInfo, ModelFile
 from desktop_app.settings import Settings
+from desktop_app.validation import InvalidValue
 
 from . import theme
 from .chat.asking import Answering, AskingMixin
@@ -113,6 +114,7 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, ListingMixin, CodecM
         self._unsaved: tuple[int, str, tuple[int, ...]] | None = None
         self._build()
         self._apply_theme(settings.theme)
+        theme.scale_text(QApplication.instance(), settings.text_scale)
         self._set_ready(False)
         self.info.setText("Loading the model…")
         self._starting = self.runner.start("misc", lambda job: engine_factory(),
@@ -199,6 +201,19 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, ListingMixin, CodecM
             action.triggered.connect(slot)
             menu.addAction(action)
             self.addAction(action)  # shortcuts work even where the menu bar is hidden
+        view = self.menuBar().addMenu("&View")
+        for text, keys, steps in (
+            # (Ctrl+=: the + key unshifted, where browsers and editors take it too)
+            ("&Larger text", [standard_key(QKeySequence.StandardKey.ZoomIn, "Ctrl++"),
+                              QKeySequence("Ctrl+=")], 1),
+            ("&Smaller text", [standard_key(QKeySequence.StandardKey.ZoomOut, "Ctrl+-")], -1),
+            ("&Actual size", [QKeySequence("Ctrl+0")], 0),
+        ):
+            action = QAction(text, self)
+            action.setShortcuts(keys)
+            action.triggered.connect(lambda _=False, steps=steps: self.size_text(steps))
+            view.addAction(action)
+            self.addAction(action)
         self._build_codec_status()
         QShortcut(QKeySequence("Ctrl+K"), self, self._focus_search)
         QShortcut(QKeySequence(Qt.Key.Key_Escape), self, self._escape)
@@ -357,6 +372,8 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, ListingMixin, CodecM
                 self.runner.start("misc", lambda job: engine.set_storage_budget(gb))
         if new.theme != old.theme:
             self._apply_theme(new.theme)
+        if new.text_scale != old.text_scale:
+            theme.scale_text(QApplication.instance(), new.text_scale)
         if any(getattr(new, f) != getattr(old, f) for f in SERVER_FIELDS):
             self._apply_local_api(new)
         if changed := needs_restart(old, new):
@@ -369,6 +386,25 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, ListingMixin, CodecM
                 return
             self.statusBar().showMessage("The change applies the next time kvdesk starts")
         self._maybe_calibrate()  # calibrate_automatically may have been turned on
+
+    def size_text(self, steps: int) -> None:
+        """View ▸ Larger text (1) / Smaller text (-1) / Actual size (0): the whole window's
+        text at once, kept as the `text_scale` setting."""
+        old = self.settings
+        scale = theme.text_step(old.text_scale, steps) if steps else 1.0
+        said = f"Text size: {round(scale * 100)} %"
+        if scale != old.text_scale:
+            new = old.with_values(text_scale=scale)
+            try:
+                settings_mod.save_edits(old, new)
+            except (InvalidValue, OSError) as e:  # (a settings file broken or unwritable since)
+                self._say(f"The text size applies until kvdesk closes: it could not be saved "
+                          f"({e})", True)
+            self.settings = new
+            theme.scale_text(QApplication.instance(), scale)
+        elif steps:
+            said += " (the largest)" if steps > 0 else " (the smallest)"
+        self.statusBar().showMessage(said, 4000)
 
     def _apply_local_api(self, settings: Settings) -> None:
         """Serve the local API, or stop serving it, as the settings say (off the GUI thread)."""

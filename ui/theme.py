@@ -1,4 +1,5 @@
-"""Light and dark appearance: the Qt palette, and the colours of rendered messages to match.
+"""Light and dark appearance: the Qt palette, and the colours of rendered messages to match;
+and the text's size, the platform's font scaled (`scale_text`, View ▸ Larger text).
 
 "system" follows the platform's colour scheme and its contrast preference (Qt's style hints:
 a platform set to high contrast gets "high-contrast", white and yellow on black, every text
@@ -11,9 +12,13 @@ This module only paints: it never reads or writes settings.
 
 from __future__ import annotations
 
+import math
+
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QColor, QGuiApplication, QPalette
+from PySide6.QtGui import QColor, QFont, QGuiApplication, QPalette
 from PySide6.QtWidgets import QApplication, QLabel, QProxyStyle, QStyle, QStyleFactory
+
+from desktop_app.settings import TEXT_SCALES
 
 from .text.markdown import DARK, HIGH_CONTRAST, LIGHT, Colors
 
@@ -134,3 +139,43 @@ def apply(app: QApplication, theme: str) -> Colors:
     app.setPalette(palette)
     app.setStyleSheet(_HIGH_CONTRAST_FRAMES if mode == "high-contrast" else "")
     return {"dark": DARK, "high-contrast": HIGH_CONTRAST}.get(mode, LIGHT)
+
+
+TEXT_STEP = 0.1  # each Larger text / Smaller text: 10 % of the platform's font
+_UNSCALED, _SCALED = "kvdesk_unscaled_font", "kvdesk_scaled_font"  # (the app's properties)
+
+
+def text_step(scale: float, steps: int) -> float:
+    """`scale` moved `steps` 10 % steps (from off the steps' grid, 1.15, to the next step up or
+    down, 1.2 or 1.1), within the settings' bounds."""
+    # (a hair's tolerance: 1.1 / 0.1 is 11.000000000000002, already on the grid)
+    tenths = scale / TEXT_STEP
+    start = math.floor(tenths + 1e-6) if steps > 0 else math.ceil(tenths - 1e-6)
+    return min(max(round((start + steps) * TEXT_STEP, 2), TEXT_SCALES[0]), TEXT_SCALES[1])
+
+
+def scaled(font: QFont, factor: float) -> QFont:
+    """`font` `factor` times as large, in points or, where the platform gave it so, pixels."""
+    font = QFont(font)
+    if font.pointSizeF() > 0:
+        font.setPointSizeF(font.pointSizeF() * factor)
+    else:
+        font.setPixelSize(max(1, round(font.pixelSize() * factor)))
+    return font
+
+
+def scale_text(app: QApplication, scale: float) -> None:
+    """The application's font (every widget, dialog and menu sized by the platform's font) at
+    `scale` times the platform's. At 1 with nothing scaled yet the font is left alone: Qt stops
+    following the platform's font changes once a font is set. One set since by other code (a
+    test) is taken as the new unscaled font."""
+    unscaled, last = app.property(_UNSCALED), app.property(_SCALED)
+    if unscaled is None or app.font() != last:
+        if scale == 1:
+            return
+        unscaled = app.font()
+        app.setProperty(_UNSCALED, unscaled)
+    app.setFont(scaled(unscaled, scale))
+    app.setProperty(_SCALED, app.font())
+    if sheet := app.styleSheet():  # (high contrast's frames: under a style sheet the widgets
+        app.setStyleSheet(sheet)  # take a new application font only when it is set again)

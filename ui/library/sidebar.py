@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import datetime as dt
 
-from PySide6.QtCore import QItemSelectionModel, Qt, QTimer, Signal
-from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtCore import QEvent, QItemSelectionModel, Qt, QTimer, Signal
+from PySide6.QtGui import QFont, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QHeaderView,
@@ -56,6 +56,20 @@ class ChatTree(QTreeWidget):
         while index.isValid() and index.siblingAtColumn(0).data(ID_ROLE) is None:
             index = step(index)
         return index if index.isValid() else self.currentIndex()
+
+    def heading_font(self) -> QFont:
+        """A date heading's font: bold, a tenth smaller than the chats'."""
+        font = theme.scaled(self.font(), 0.9)
+        font.setBold(True)
+        return font
+
+    def changeEvent(self, event: QEvent) -> None:
+        super().changeEvent(event)
+        # (an item's font is its own, not the list's: a larger text, View ▸ Larger text,
+        # reaches the headings only so)
+        if event.type() == QEvent.Type.FontChange:
+            for i in range(self.topLevelItemCount()):
+                self.topLevelItem(i).setFont(0, self.heading_font())
 
 
 class ChatList(QWidget):
@@ -174,10 +188,7 @@ class ChatList(QWidget):
             if name not in groups:
                 header = QTreeWidgetItem([name])
                 header.setFlags(Qt.ItemFlag.ItemIsEnabled)  # a heading: not selectable
-                font = header.font(0)
-                font.setBold(True)
-                font.setPointSizeF(font.pointSizeF() * 0.9)
-                header.setFont(0, font)
+                header.setFont(0, self.tree.heading_font())
                 header.setFirstColumnSpanned(True)
                 groups[name] = header
             blended = chat.kv_mode == "blended"

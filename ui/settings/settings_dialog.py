@@ -1,15 +1,16 @@
 """The settings dialog: the model (a file, or one of the models found on this computer),
-model folders, context size, data folder, storage budget, theme, the shared cache (an
-S3-compatible bucket; credentials are never settings: boto3 reads them), how answers are
-generated (`generation_settings`) and whether the codec is calibrated for each model
-automatically, with which codec levels the loaded model's new caches use (told by the window),
-the local API (its port, Ollama's port, the web pages allowed) and how documents longer than the
-context keep their passages' caches.
+model folders, context size, data folder, storage budget, theme and text size (`appearance`),
+the shared cache (an S3-compatible bucket; credentials are never settings: boto3 reads them),
+how answers are generated (`generation_settings`) and whether the codec is calibrated for each
+model automatically, with which codec levels the loaded model's new caches use (told by the
+window), the local API (its port, Ollama's port, the web pages allowed) and how documents
+longer than the context keep their passages' caches.
 
 It edits a `desktop_app.settings.Settings` and returns the new one; the main window saves it and
-decides what a change means (a new theme applies at once, a new model or data folder needs the
-engine rebuilt). It never saves, loads a model, lists models or touches the data folder itself:
-the models found (`desktop_app.results.ModelFile`, from their headers) are given to it.
+decides what a change means (a new theme or text size applies at once, a new model or data
+folder needs the engine rebuilt). It never saves, loads a model, lists models or touches the
+data folder itself: the models found (`desktop_app.results.ModelFile`, from their headers) are
+given to it.
 """
 
 from __future__ import annotations
@@ -45,11 +46,10 @@ from desktop_app.settings import Settings, SettingsError
 from desktop_app.validation import InvalidValue
 
 from .. import theme
+from .appearance import TextSizeBox, ThemeBox
 from .context_size import ContextSizeBox
 from .generation_settings import GenerationBox
 
-THEMES = {"system": "Follow the system", "light": "Light", "dark": "Dark",
-          "high-contrast": "High contrast"}
 # Settings that change which model or store the engine opens: changing them rebuilds it.
 ENGINE_FIELDS = ("model", "data_dir", "n_ctx", "flash_attn", "remote_bucket",
                  "remote_endpoint_url", "remote_prefix", "remote_auto_push", "remote_auto_pull",
@@ -131,10 +131,8 @@ class SettingsDialog(QDialog):
         self.data_dir = QLineEdit(settings.data_dir or "", placeholderText=str(settings.data_path))
         self.budget = QDoubleSpinBox(minimum=0.1, maximum=100000, decimals=1, suffix=" GB")
         self.budget.setValue(settings.storage_budget_gb)
-        self.theme = QComboBox()
-        for key, label in THEMES.items():
-            self.theme.addItem(label, key)
-        self.theme.setCurrentIndex(list(THEMES).index(settings.theme))
+        self.theme = ThemeBox(settings.theme)
+        self.text_size = TextSizeBox(settings.text_scale)
         self.bucket = QLineEdit(settings.remote_bucket or "", placeholderText="none: off")
         self.endpoint = QLineEdit(settings.remote_endpoint_url or "",
                                   placeholderText="AWS S3; or e.g. http://minio.lan:9000")
@@ -204,6 +202,7 @@ class SettingsDialog(QDialog):
         form.addRow("Data folder", self._with_browse(self.data_dir, self._browse_data))
         form.addRow("Storage budget", self.budget)
         form.addRow("Theme", self.theme)
+        form.addRow("Text size", self.text_size)
         # The model's description between two forms (see below), their fields in line.
         labels = [label for f in (model_row, form) for i in range(f.rowCount())  # (a row
                   # spanning both columns has no field, and no label)
@@ -396,6 +395,7 @@ class SettingsDialog(QDialog):
             model_folders=tuple(self._folders()), n_ctx=self.n_ctx.context_size(),
             data_dir=self.data_dir.text().strip() or None,
             storage_budget_gb=self.budget.value(), theme=self.theme.currentData(),
+            text_scale=self.text_size.scale(),
             remote_bucket=self.bucket.text().strip() or None,
             remote_endpoint_url=self.endpoint.text().strip() or None,
             remote_prefix=self.prefix.text().strip() or default_prefix,
