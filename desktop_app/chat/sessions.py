@@ -108,12 +108,13 @@ class ChatSession:
         msgs, tokens = list(layout.messages), list(layout.tokens)
         known, fresh = self.store.message_tokens(chat_id, rt.fingerprint), 0
         for m in self.library.history(chat_id):
-            before = rt.render_chat(msgs, add_generation_prompt=False)
             msgs.append({"role": m.role, "content": m.text})
             held = known.get(m.id)  # (damaged: none for a text, past the vocabulary, cut short)
             if held is None or not held and m.text or max(held, default=0) >= rt.llm.n_vocab():
-                # A question's turn ends with the generation prompt, an answer's is the rest.
+                # A question's turn ends with the generation prompt, an answer's is the rest
+                # (rendered here alone: rendering the chat for every message was quadratic).
                 if m.role == "user":
+                    before = rt.render_chat(msgs[:-1], add_generation_prompt=False)
                     turn = rt.render_chat(msgs, add_generation_prompt=True)[len(before):]
                 else:
                     asked = rt.render_chat(msgs[:-1], add_generation_prompt=True)
@@ -343,8 +344,7 @@ class ChatSession:
             generation: GenerationOptions = GenerationOptions(),
             on_token: Callable[[str], None] | None = None,
             on_restore: Callable[[RestoreReport], None] | None = None,
-            progress: ProgressFn | None = None,
-            cancel: threading.Event | None = None) -> AskResult:
+            progress: ProgressFn | None = None, cancel: threading.Event | None = None) -> AskResult:
         """One turn: restore the chat (a new one about `doc_ids` if chat_id is None, stored
         with its first answer: a refused or killed question leaves no empty chat), ask,
         stream the answer, store it (stopped before its first visible character: Cancelled,
