@@ -88,6 +88,20 @@ def test_a_missing_model_says_where_it_was_set_and_what_lists_without_it(tmp_pat
     assert "it is set by the environment variable KVDESK_MODEL: unset it" in ask.stderr
 
 
+
+def test_a_title_the_locales_encoding_lacks_is_printed_escaped(monkeypatch):
+    """Under a Latin-1 locale a title in Chinese (attached under UTF-8) is printed escaped,
+    as stderr prints it, never a traceback (PYTHONIOENCODING: stdout as that locale's)."""
+    from store import Store
+
+    with Store(os.environ["KVDESK_DATA_DIR"]) as store:
+        doc = store.add_document("h1", "山.md", "Some text.", type="txt", n_tokens=3)
+        store.create_chat("山 notes", [doc.id])
+    monkeypatch.setenv("PYTHONIOENCODING", "latin-1")
+    listed = kvdesk("chats", check=False)
+    assert listed.returncode == 0 and listed.stdout.startswith("[1] \\u5c71 notes"), listed.stderr
+
+
 def test_a_malformed_command_line_is_one_error_line_and_json_with_json(tmp_path):
     proc = kvdesk("--data-dir", str(tmp_path), "passages", "1", "-k", "0", "--json",
                   check=False)

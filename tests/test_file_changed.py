@@ -59,3 +59,27 @@ def test_a_fat_drives_time_two_seconds_early_still_counts_as_changed(tmp_path):
         os.utime(path, (early, early))
         (listed,) = Library(store).documents("model-a")
         assert listed.file_changed
+
+
+
+def test_a_path_this_locale_cannot_encode_is_not_checked_as_a_file_gone(tmp_path, monkeypatch):
+    """A document attached under UTF-8 (`山.md`), listed and asked about under a Latin-1 or
+    ASCII locale: its path cannot be encoded, so its file is not checked, never a traceback."""
+    path = tmp_path / "山.md"
+    path.write_text("The gate code is 4417.\n")
+    real_stat = os.stat
+
+    def latin1_stat(p, *args, **kwargs):  # (what os.stat does where the locale is Latin-1)
+        os.fspath(p).encode("latin-1")
+        return real_stat(p, *args, **kwargs)
+
+    with open_store(tmp_path / "data") as store:
+        doc = attached(store, path)
+        library = Library(store)
+        path.write_text("The gate code is 9020.\n")  # (changed: it would be read, if it could)
+        later = doc.created + 10
+        os.utime(path, (later, later))
+        monkeypatch.setattr(os, "stat", latin1_stat)
+        (listed,) = library.documents("model-a")
+        assert not listed.file_changed and library.changed_files([doc.id]) == []
+        assert documents.stored(library.document(doc.id), read=True).text == doc.text

@@ -383,7 +383,8 @@ def test_an_uploads_own_file_is_kept_only_from_this_machine_and_when_it_holds_it
     assert uploaded_from(here, str(file), data) == str(file)
     assert uploaded_from(away, str(file), data) == ""  # another machine's path means nothing
     assert uploaded_from(here, str(file), data + b"!") == ""  # not the file uploaded
-    for claimed in (None, "notes.md", str(tmp_path / "gone.md"), "a\0b", 7):
+    # ("\ud800": a path no locale encodes, as "山.md" under a Latin-1 server's)
+    for claimed in (None, "notes.md", str(tmp_path / "gone.md"), "a\0b", 7, "/n\ud800tes.md"):
         assert uploaded_from(here, claimed, data) == "", claimed
     assert uploaded_from(SimpleNamespace(client=SimpleNamespace(host="testclient")),
                          str(file), data) == ""

@@ -103,7 +103,9 @@ def file_hash(source: str | None, *, modified_after: float | None = None,
             modified, size = folders.stamp(Path(source), avoid)
         elif st is not None:
             modified, size = st.st_mtime_ns, st.st_size
-    except (OSError, DocumentError):  # (a folder that can no longer be listed)
+    # (a folder that can no longer be listed; ValueError: a path this locale cannot encode,
+    # attached under another, is not checked, as a file gone is not)
+    except (OSError, ValueError):
         return None
     if st is None or (modified_after is not None and modified / 1e9 <= modified_after):
         return None

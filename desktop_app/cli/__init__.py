@@ -34,6 +34,7 @@ __all__ = ["cli", "main", "run"]
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
+    _writable_stdout()
     base.json_printed = False
     base.running = None
     base.interrupted = False
@@ -63,3 +64,12 @@ def main(argv: list[str] | None = None) -> None:
             click.echo(base.json_text({"error": str(e), "kind": type(e).__name__}))
         click.echo(base.error_line(e), err=True)
         sys.exit(base.INTERRUPTED if base.interrupted and isinstance(e, Cancelled) else 1)
+
+
+def _writable_stdout() -> None:
+    """Under a locale whose encoding cannot write every text (Latin-1, ASCII), a title or an
+    answer's character it lacks is printed escaped (`\\u5c71`), as stderr already prints it,
+    instead of ending the command in a traceback."""
+    encoding = (getattr(sys.stdout, "encoding", None) or "").lower().replace("-", "")
+    if encoding != "utf8" and hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="backslashreplace")

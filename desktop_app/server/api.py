@@ -415,7 +415,7 @@ def uploaded_from(request: Request, claimed, data: bytes) -> str:
         return ""
     try:  # (non-blocking, and a regular file only: never a FIFO or a device read forever)
         fd = os.open(claimed, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:
+    except (OSError, ValueError):  # (ValueError: a path the server's locale cannot encode)
         return ""
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
