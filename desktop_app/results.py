@@ -279,7 +279,8 @@ class AskResult(Record):
     read_whole: list[dict] = field(default_factory=list)
     # "length": the answer ran to its limit (max_tokens, or the room left in the context) and
     # may be cut short; "cancelled": it was stopped (Ctrl-C, the window's stop button); "stop":
-    # the model ended it, or it stopped going round in circles (messages say why).
+    # the model ended it, or it stopped going round in circles (messages say why);
+    # `SERVER_STOPPED`: the kvdesk server answering it stopped (stored as "cancelled").
     finish_reason: str = "stop"
     # False: the answer was given, but neither it nor its question is stored (a full disk, the
     # data directory gone or found damaged: `messages` say why); a new chat's then has no chat
@@ -292,6 +293,9 @@ class AskResult(Record):
         return replace(self, ttft_s=self.ttft_s + seconds, recompute_s=self.recompute_s + seconds,
                        recomputed_tokens=self.recomputed_tokens + tokens)
 
+
+# An answer a kvdesk server's stop cut short (`/v1/kvdesk/ask`): not "cancelled", a Ctrl-C's.
+SERVER_STOPPED = "server_stopped"
 
 # Why an answer ended, where the user should know it (a stored answer's `finish_reason`).
 FINISH_WORDS = {"length": "stopped at the token limit: it may be cut short",

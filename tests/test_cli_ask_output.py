@@ -100,6 +100,30 @@ def test_a_stopped_blended_chats_note_is_in_the_json_too(run):
     assert "exact context was not computed" in messages[-1]
 
 
+
+def test_an_answer_the_servers_stop_cut_short_fails_with_the_answer_so_far(fake_app, tmp_path):
+    """Answered by a `kvdesk serve` that stopped partway (its finish reason "server_stopped",
+    its note): the answer so far printed, the note said, and exit status 1, so that a script
+    keeps no cut answer as a whole one; --json carries both."""
+    cut = "the answer was cut short: the kvdesk server is stopping (ask again once it is back)"
+
+    class ServerStopped(FakeEngine):
+        def ask(self, question, **options):
+            done = super().ask(question, **options)
+            return AskResult(**{**done.as_dict(), "messages": [cut]})
+
+    fake_app(lambda: ServerStopped(["The Alpha", " project"], "server_stopped"))
+    for flag in ([], ["--json"]):
+        result = CliRunner().invoke(cli, ["--data-dir", str(tmp_path / "data"), "ask",
+                                          "--no-server", "1", "Summarize it.", *flag])
+        assert result.exit_code == 1 and notes(result.stderr) == [cut], result.stderr
+        assert "Traceback" not in result.stderr and "stopped (Ctrl-C)" not in result.stderr
+    assert result.stdout.startswith("{")  # (one JSON document)
+    got = json.loads(result.stdout)
+    assert got["answer"] == "The Alpha project" and got["finish_reason"] == "server_stopped"
+    assert got["messages"] == [cut]
+
+
 EVICTED = ("storing chat 1's exact context evicted the least recently used caches to keep "
            "within the storage budget of 20.0 MB: 2 chat cache(s), 9 passage(s) (8.1 MB); they "
            "are computed again when next used")

@@ -329,6 +329,36 @@ def test_a_turn_in_a_chat_cannot_name_documents_too(tmp_path):
     assert r.status_code == 400 and r.json()["error"]["param"] == "doc_ids"
 
 
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_answer_the_servers_stop_cut_short_says_so_on_kvdesks_own_route(tmp_path, stream):
+    """`kvdesk ask` through a server that stops (a restart) while it answers: the answer so
+    far comes with its own finish reason, not Ctrl-C's "cancelled", and the stop said."""
+    from desktop_app.results import AskResult
+
+    stopping = bridge.Stopping()
+
+    class Stopped:  # the engine's answer, cut where the server's stop found it
+        def ask(self, question, *, cancel, **options):
+            stopping.stop()
+            assert cancel.is_set()
+            return AskResult(5, "The Alpha project builds", 0.1, 0.0, 0, [], 0, 4,
+                             finish_reason="cancelled")
+
+    app = App(Settings(data_dir=str(tmp_path)))
+    app.__dict__["engine"] = Stopped()
+    api = TestClient(create_api(app, api_key=None, stopping=stopping),
+                     base_url="http://127.0.0.1:8765")
+    r = api.post("/v1/kvdesk/ask", json={"question": "Summarize it.", "doc_ids": [1],
+                                         "stream": stream})
+    assert r.status_code == 200
+    got = r.json() if not stream else next(json.loads(line[5:])["result"] for line in
+                                           r.text.splitlines() if '"result"' in line)
+    assert got["finish_reason"] == "server_stopped" and got["answer"] == "The Alpha project builds"
+    assert got["messages"] == ["the answer was cut short: the kvdesk server is stopping (ask "
+                               "again once it is back)"]
+
+
 def test_a_stream_opens_once_its_call_is_past_its_checks():
     import asyncio
     import threading

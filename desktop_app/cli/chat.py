@@ -15,6 +15,7 @@ from ..app import App
 from ..errors import Cancelled, is_user_error
 from ..results import (
     PASSAGES_AS_TEXT,
+    SERVER_STOPPED,
     STATUS_WORDS,
     AttachFailure,
     DocumentInfo,
@@ -233,6 +234,8 @@ def ask(app: App, args, chat_id, docs, restore, generation, no_server, as_json):
                    err=True)
         if exact:
             finish_exact(app, res.chat_id, res.blended)
+    if res.finish_reason == SERVER_STOPPED and not cancel.is_set():  # (its note says so)
+        sys.exit(1)  # a script keeps no answer the server's stop cut short as a whole one
 
 
 def answer_notes(res, *, stopped: bool, one_shot: bool) -> list[str]:

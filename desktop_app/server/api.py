@@ -54,7 +54,7 @@ from ..options import GenerationOptions, RestoreOptions
 from ..results import Progress
 from ..tools import Repeats, Watch, read, written
 from ..validation import first_problem, parse, problem
-from . import bridge, edges, embeddings
+from . import bridge, edges, embeddings, failures
 from . import schemas as s
 from .failures import ApiError, cut_body, error_of, finished, json_response, refuse_cut
 from .served import Served
@@ -285,10 +285,10 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
                 with asks_lock:  # (one taken meanwhile stays its first turn's)
                     asks.setdefault(body.stop_id, cancel)
             try:
-                return engine().ask(body.question, chat_id=body.chat_id, doc_ids=body.doc_ids,
-                                    restore=restore, generation=generation, progress=emit,
-                                    on_token=lambda text: emit({"token": text}),
-                                    on_restore=emit, cancel=cancel)
+                return failures.said_cut(engine().ask(
+                    body.question, chat_id=body.chat_id, doc_ids=body.doc_ids, restore=restore,
+                    generation=generation, progress=emit, on_restore=emit, cancel=cancel,
+                    on_token=lambda text: emit({"token": text})), stopping.event)
             finally:
                 with asks_lock:
                     if asks.get(body.stop_id) is cancel:

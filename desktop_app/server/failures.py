@@ -10,12 +10,15 @@ client. It never decides what is refused: the routes and the engine do.
 from __future__ import annotations
 
 import logging
+import threading
+from dataclasses import replace
 
 from fastapi.responses import JSONResponse
 
 from store import NotFoundError
 
 from ..errors import Cancelled, ContextFullError, MissingError, is_storage_fault, is_user_error
+from ..results import SERVER_STOPPED, AskResult
 from ..validation import InvalidValue
 from . import schemas as s
 
@@ -45,6 +48,17 @@ def finished(done) -> bool:
     have none for an answer stopped after it began, by the server stopping): one that did not
     is an error (`refuse_cut`, `cut_body`), so that no client keeps it as a whole answer."""
     return done.finish_reason != "cancelled"
+
+
+def said_cut(done: AskResult, stopping: threading.Event) -> AskResult:
+    """A kvdesk answer (`/v1/kvdesk/ask`, which has a field for it) as the server's stop
+    left it: one that stop cut short is said so, its finish reason `SERVER_STOPPED` and
+    `CUT_SHORT` in its messages (its turn stays stored as the engine stopped it); any other
+    as it is. A client's own stop (`ask/stop`) at the same moment also reads as the server's:
+    `kvdesk ask` knows its own Ctrl-C."""
+    if done.finish_reason != "cancelled" or not stopping.is_set():
+        return done
+    return replace(done, finish_reason=SERVER_STOPPED, messages=[*done.messages, CUT_SHORT])
 
 
 def refuse_cut(done) -> None:
