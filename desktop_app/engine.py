@@ -308,17 +308,18 @@ class Engine(ExactNotes):
         notes = self.exactness.said(chat_id).get(chat_id, []) if chat_id is not None else \
             [] if restore.no_cache else self._cache_stale(doc_ids, progress, cancel, stale)
         spent = time.perf_counter() - t0 if chat_id is None and notes else 0.0
+        unattached = self.library.unattached_notes(doc_ids, self.fingerprint)  # (taken first)
         result = self.session.ask(question, chat_id=chat_id, doc_ids=doc_ids, restore=restore,
                                   generation=generation, on_token=on_token,
                                   on_restore=on_restore, progress=progress, cancel=cancel)
         notes += self.library.changed_files(result.documents)
+        notes += unattached if result.recomputed_tokens else []
         return replace(result.after(spent, stale[0]), messages=[*notes, *result.messages])
 
     def _cache_stale(self, doc_ids: Sequence[int], progress: ProgressFn | None,
                      cancel: threading.Event | None, computed: list[int]) -> list[str]:
-        """A new chat's documents cached only under another model (a switch) get their cache
-        under this one first, once, as the window offers: else every new chat computes them
-        (their tokens added to `computed`)."""
+        """A new chat's documents cached only under another model (a switch) are cached under
+        this one first, once, as the window offers (their tokens added to `computed`)."""
         notes = []
         for doc_id in self.library.stale_documents(doc_ids, self.fingerprint) if doc_ids else ():
             done = self.prefill(doc_id, progress=progress, cancel=cancel)

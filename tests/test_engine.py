@@ -479,6 +479,30 @@ def test_a_document_deleted_during_a_new_chats_first_answer_keeps_the_chat(new_e
     assert "Documents: short.txt (deleted)" in eng.export_chat(result.chat_id)
 
 
+
+def test_a_question_about_a_document_still_attaching_or_killed_says_why_it_computes(
+        new_engine):
+    """(The probe's nightly job asked a document another process was still attaching, and
+    one whose attach was killed: each took a full prefill, and nothing said why.)"""
+    from test_store_helpers import dead_pid
+
+    eng = new_engine()
+    under_way = eng.store.add_document("h1", "under way.txt", DOC, type="text", attaching=True)
+    killed = eng.store.add_document("h2", "killed.txt", DOC + " The end.", type="text",
+                                    attaching=True)
+    with contextlib.closing(sqlite3.connect(eng.store.path)) as conn, conn:
+        conn.execute("UPDATE documents SET attach_pid = ? WHERE id = ?", (dead_pid(), killed.id))
+    said = {doc.id: eng.ask(QUESTION, doc_ids=[doc.id], generation=deterministic(2)).messages
+            for doc in (under_way, killed)}
+    assert f"document {under_way.id} is still being attached: its text was computed for this " \
+        "question" in said[under_way.id]
+    assert f"document {killed.id}'s attach did not finish (stopped or killed): its text was " \
+        "computed for this question" in said[killed.id]
+    # Cached by that question (its chat's), the next one reads it and says nothing of it.
+    again = eng.ask(QUESTION, doc_ids=[killed.id], generation=deterministic(2))
+    assert not any("attach" in m for m in again.messages), again.messages
+
+
 def test_bad_input(engine, tmp_path):
     (tmp_path / "empty.txt").write_bytes(b"")
     with pytest.raises(DocumentError):

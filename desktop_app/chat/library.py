@@ -155,6 +155,18 @@ class Library:
                 f"(fingerprint {', '.join(sorted(o[:12] for o in others))}, now {fp[:12]}); "
                 "it is not used: recomputing from text"]
 
+    def unattached_notes(self, doc_ids: Sequence[int], fp: str) -> list[str]:
+        """What a question about `doc_ids` says if it computes their text, of those with no
+        cache under model `fp` whose attach is under way or was killed ("attaching",
+        "unfinished"): taken before it asks, as such an attach may end meanwhile."""
+        attaching = self.store.attaching()  # (usually none: no entry is looked at then)
+        current = DocumentCaches(self.store, fp).current if attaching else {}
+        return [f"document {doc_id} is still being attached: its text was computed for this "
+                "question" if attaching[doc_id] else f"document {doc_id}'s attach did not "
+                "finish (stopped or killed): its text was computed for this question"
+                for doc_id in dict.fromkeys(doc_ids)
+                if doc_id in attaching and doc_id not in current]
+
     def stale_documents(self, doc_ids: Sequence[int], fingerprint: str) -> list[int]:
         """Those of `doc_ids` cached only under other models than `fingerprint` ("stale" in
         the listing), each once, in order."""
