@@ -102,6 +102,22 @@ def test_a_title_the_locales_encoding_lacks_is_printed_escaped(monkeypatch):
     assert listed.returncode == 0 and listed.stdout.startswith("[1] \\u5c71 notes"), listed.stderr
 
 
+
+def test_titles_with_control_characters_are_one_escaped_line_in_plain_output():
+    """(`kvdesk docs | grep` read "new<LF>line.txt" as two rows, and a chat's title rang the
+    terminal's bell.) --json keeps the real titles."""
+    from store import Store
+
+    with Store(os.environ["KVDESK_DATA_DIR"]) as store:
+        doc = store.add_document("h1", "new\nline.txt", "Some text.", type="txt", n_tokens=3)
+        store.create_chat("Bell \a and \x1b[31mred", [doc.id])
+    docs, chats = kvdesk("docs").stdout, kvdesk("chats").stdout
+    assert docs.startswith("[1] new\\nline.txt — 3 tokens, ") and "\nline.txt" not in docs
+    assert chats.startswith("[1] Bell \\x07 and \\x1b[31mred — ") and "\a" not in chats
+    assert json.loads(kvdesk("docs", "--json").stdout)[0]["title"] == "new\nline.txt"
+    assert json.loads(kvdesk("chats", "--json").stdout)[0]["title"] == "Bell \a and \x1b[31mred"
+
+
 def test_a_malformed_command_line_is_one_error_line_and_json_with_json(tmp_path):
     proc = kvdesk("--data-dir", str(tmp_path), "passages", "1", "-k", "0", "--json",
                   check=False)

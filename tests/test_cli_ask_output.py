@@ -257,6 +257,13 @@ def test_a_turn_held_by_another_process_is_said_in_words(capsys):
     assert "another kvdesk process" in base.WAITING
 
 
+def test_a_title_with_a_line_break_keeps_its_progress_on_one_line(capsys):
+    """(An attach of "new<LF>line.txt" split its progress over two lines.)"""
+    progress = base.TerminalProgress()
+    progress(Progress("prefill", 1, 4, title="new\nline\a.txt"))
+    assert capsys.readouterr().err == "new\\nline\\x07.txt: prefill  25% (1/4)\n"
+
+
 def test_a_note_said_during_progress_on_a_terminal_takes_a_line_of_its_own(capsys,
                                                                             monkeypatch):
     """(A pull's retry note ran on after the progress line: "pull  40% (2/5)Note: ...".)"""

@@ -6,6 +6,7 @@ cache) are printed as one clear line (or `{"error": ...}` with --json) and exit 
 never a traceback.
 
     base          the group, output, progress and Ctrl-C handling every command shares
+    plain         a title as plain-text output shows it: one line, no control character
     chat          attach, ask, reopen, docs, chats, rm
     passages      what retrieval returns from a long document
     maintenance   info, verify, gc, backup, selfcheck, eval, gui

@@ -27,6 +27,7 @@ from ..errors import is_user_error
 from ..results import Progress, levels_summary
 from ..settings import load as load_settings
 from ..validation import InvalidValue, parse
+from .plain import one_line
 
 T = TypeVar("T")
 M = TypeVar("M", bound=pydantic.BaseModel)
@@ -243,7 +244,7 @@ class TerminalProgress:
         if key == self.last:
             return
         self.last = key
-        line = f"{p.title + ': ' if p.title else ''}" + (
+        line = f"{one_line(p.title) + ': ' if p.title else ''}" + (
             WAITING if p.phase == "wait" else f"{p.phase} {pct:3d}% ({p.done:,}/{p.total:,})"
             if p.total else f"{p.phase}: {p.done:,} found so far")
         if self.tty:

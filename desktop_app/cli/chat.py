@@ -44,6 +44,7 @@ from .base import (
     summary,
 )
 from .flags import generation_options, known_levels, restore_options
+from .plain import one_line
 
 
 @cli.command()
@@ -91,9 +92,9 @@ def attach(app: App, files: tuple[str, ...], levels: list[str] | None, no_server
                 if w not in bar.noted:
                     click.echo(f"Warning: {w}", err=True)
             results.append(res.as_dict())
-            title = res.title  # (a file holding a document's text again adds none)
-            name = os.path.basename(os.path.abspath(path))  # ("." and "src/" named too)
-            if res.reused and name != res.title:
+            title = one_line(res.title)  # (a file holding a document's text again adds none)
+            name = one_line(os.path.basename(os.path.abspath(path)))  # ("." and "src/" too)
+            if res.reused and name != title:
                 title += f" (the same text as {name})"
             if not as_json and res.passages:
                 click.echo(f"[{res.doc_id}] {title}: {res.tokens:,} tokens as "
@@ -339,7 +340,7 @@ def docs(app: App, as_json: bool):
                            "(kvdesk gc removes it)")  # (the window's advice, as commands)
     as_text = not missing and any(d.passages for d in rows) and app.engine.passages_as_text()
     emit([d.as_dict() for d in rows], as_json, [
-        f"[{d.doc_id}] {d.title}" + (f" (a folder of {counted(d.files, 'file')})"
+        f"[{d.doc_id}] {one_line(d.title)}" + (f" (a folder of {counted(d.files, 'file')})"
                                      if d.files else "") + f" — {counted(d.tokens, 'token')}"
         + (f" ({d.kept_tokens:,} kept)" if d.status == "ready" and d.kept_tokens < d.tokens
            else "")
@@ -398,7 +399,7 @@ def chats(app: App, search: str | None, limit: int | None, as_json: bool):
     rows = rows[:limit]
     emit([{**c.as_dict(), **({"found": found[c.chat_id]} if found is not None else {})}
           for c in rows], as_json, [
-        f"[{c.chat_id}] {c.title} — {counted(c.messages, 'message')}"
+        f"[{c.chat_id}] {one_line(c.title)} — {counted(c.messages, 'message')}"
         + (" · blended (approximate until its exact context is stored)"
            if c.kv_mode == "blended" else "")
         + (f"\n    “{found[c.chat_id]}”" if found and found[c.chat_id] else "") for c in rows]
