@@ -43,6 +43,7 @@ from .chat.library import Library
 from .chat.longdoc import LongDocs
 from .chat.passagefill import PassageFill
 from .chat.sessions import ChatSession
+from .chat.turns import fullness
 from .errors import EngineError
 from .kv import estimates, relevel, repair, speeds
 from .kv.contexts import CHAT, Contexts
@@ -113,8 +114,7 @@ class Engine(ExactNotes):
                                    chunk_tokens=chunk_tokens, default_budget_ms=default_budget_ms,
                                    blend_fraction=blend_fraction,
                                    generation_defaults=generation_defaults, longdocs=longdocs)
-        # Every long document's passages given their KV in the background (long-running
-        # engines only: warm_up).
+        # Long documents' passages given their KV in the background (long-running ones: warm_up)
         self.fill_passages, self._long_running = fill_passages, False
         self.passage_fill = PassageFill(store, self.contexts, passage_kv,
                                         chat_lock=self.session.lock,
@@ -356,12 +356,13 @@ class Engine(ExactNotes):
                  doc_ids: Sequence[int] = ()) -> RestoreEstimate:
         """Bytes and seconds a restore would take at each level (the slider's tooltip); for a
         new chat, which of its documents the context cannot hold whole, as its answer will
-        say (a chat says so with each reopen)."""
+        say (a chat says so with each reopen); for a chat, how full it is, as a reopen says."""
         rt, notes, parts = self.runtime, [], None
         if chat_id is not None:
             self.library.chat(chat_id)
             tokens = self.session.conversation(rt, chat_id)[1]
             docs = self.library.chat_documents(chat_id)  # (a passage chat's are computed: not)
+            notes = fullness(rt.n_ctx, len(tokens), docs)  # (how full it is, from 80 %)
             if not self.session.longdocs.applies(docs):  # blended until its exact copy is stored
                 parts = self.session.blendable(rt, chat_id, tokens, docs, None)
                 parts = parts if parts and self.session.blender.usable(rt, parts.later) else None

@@ -52,6 +52,16 @@ class ContextFullError(EngineError):
         self.sizes = sizes
 
 
+class ChatFullError(EngineError):
+    """A chat's next question refused: the chat fills its context, leaving no room for the
+    question and an answer. `doc_ids` are the chat's documents, which a new chat can take on
+    (its turns it cannot): what a front end offers to go on with."""
+
+    def __init__(self, message: str, doc_ids: tuple[int, ...] = ()):
+        super().__init__(message)
+        self.doc_ids = tuple(doc_ids)
+
+
 class UnsupportedModelError(EngineError):
     """A model whose cache kvdesk cannot keep: the message says what was found and what works."""
 

@@ -379,7 +379,8 @@ class RestoreEstimate(Record):
     bytes: dict[str, int]  # per level
     seconds: dict[str, float]  # per level, at the measured read and decode speeds
     # A new chat's documents the context cannot hold whole (cut, or left out), as its answer
-    # will say (`Layout.notes`): told before it is asked
+    # will say (`Layout.notes`): told before it is asked. A chat's: how full its context is,
+    # from 80 % on (`turns.fullness`: a front end offers a new chat over its documents).
     notes: list[str] = field(default_factory=list)
 
 

@@ -19,6 +19,10 @@ from ..model.runtime import Runtime
 from ..options import GenerationOptions
 from .repetition import LoopGuard
 
+# The context's tokens an answer leaves free for the turn's closing (the template's
+# end-of-turn tokens, appended after it so the next turn extends the context exactly).
+CLOSING_ROOM = 8
+
 
 @dataclass(frozen=True)
 class Answer:
@@ -50,7 +54,7 @@ def stream_answer(rt: Runtime, generation: GenerationOptions, t0: float,
     # break first: the answer ends where it begins (held back until the next pieces decide).
     own = StopStrings(rt.chat_template.answer_stops, on_token) if chat else None
     stopped = False
-    max_new = min(generation.max_tokens, rt.n_ctx - rt.n_tokens - 8)
+    max_new = min(generation.max_tokens, rt.n_ctx - rt.n_tokens - CLOSING_ROOM)
     # closing: a loop left early still evaluates its last token, so the context holds it.
     with contextlib.closing(rt.generate(max_new, options=generation, cancel=cancel,
                                         chat=chat, grammar=grammar)) as stream:

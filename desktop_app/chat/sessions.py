@@ -28,7 +28,7 @@ from dataclasses import replace
 
 from store import Document, ReadOnlyError, Store
 
-from ..errors import Cancelled, EngineError
+from ..errors import Cancelled
 from ..kv import speeds as speeds_mod
 from ..kv import streaming
 from ..kv.blending import Blend, Blender, Parts, common_prefix, leading
@@ -51,7 +51,7 @@ from .answers import from_first_visible, stream_answer
 from .fairlock import FairLock
 from .library import Library
 from .longdoc import LongDocs
-from .turns import room_left, waited
+from .turns import check_room, filling, fullness, waited
 
 ProgressFn = Callable[[Progress], None]
 
@@ -161,7 +161,7 @@ class ChatSession:
                     self._blended_at = None  # what is kept came back exact
                 held, r0 = min(keep, len(tokens)), time.perf_counter()
                 rt.prefill(full[keep:], cancel=cancel, progress=None if progress is None else (
-                    lambda done, n: progress(Progress("recompute", keep + done, len(full)))))
+                    lambda done, n: progress(Progress("recompute", done, n))))
                 return RestoreReport(
                     len(tokens), r0 - t0, 0, [], len(tokens) - held,
                     ["the model already held this conversation: nothing read" if held == len(
@@ -301,7 +301,7 @@ class ChatSession:
                                    cancel=cancel, reuse=False, docs=docs)
             kept, kept_notes = self.sharing.keep(exact=self.decoded_until == 0)
             kept_notes += self._keep(rt, chat_id, tokens, kept and report.recomputed_tokens > 0,
-                                     docs)
+                                     docs) + fullness(rt.n_ctx, len(tokens), docs)
             return replace(report, messages=[*notes, *report.messages, *kept_notes])
 
     def prepare(self, draft: str, *, chat_id: int | None = None, doc_ids: Sequence[int] = (),
@@ -369,11 +369,10 @@ class ChatSession:
             msgs, context, notes = self._context(rt, chat_id, docs)
             quoted, absent = self.longdocs.quoted(rt, chat_id, docs, question)
             turn = question_turn(rt, msgs, with_evidence(question, quoted, absent))
-            if len(context) + len(turn.tokens) + 1 >= rt.n_ctx:
-                raise EngineError(room_left(rt.n_ctx, len(context), len(turn.tokens), chat_id))
+            sampling = self.sampling(generation).options
+            check_room(rt.n_ctx, len(context), len(turn.tokens), chat_id, docs, sampling.max_tokens)
             report = self.bring_in(rt, chat_id, context, options=restore, progress=progress,
                                    cancel=cancel, question=turn.tokens, docs=docs)
-            sampling = self.sampling(generation).options
             notes += streaming.adaptation_note(report, sampling)
             report = replace(report, messages=[*picked, *notes, *report.messages])
             if on_restore:
@@ -394,7 +393,8 @@ class ChatSession:
             # a context held exactly (none read back lossy) is stored, as computed here.
             kept, kept_notes = self.sharing.keep(exact=self.decoded_until == 0)
             messages = [*report.messages, *kept_notes, *out.notes,
-                        *([] if kept else ["this turn's cache is not stored"])]
+                        *([] if kept else ["this turn's cache is not stored"]),
+                        *filling(rt.n_ctx, len(context), rt.n_tokens, docs)]
             result = AskResult(
                 chat_id=chat_id or 0, answer=answer.strip(),  # a new chat's: once stored
                 ttft_s=round(ttft if ttft is not None else time.perf_counter() - t0, 4),

@@ -1,5 +1,7 @@
 """A chat's turn: waiting for it while another kvdesk process holds it (or a document's
-attach), and what to say when it does not fit the context.
+attach), and the room its context has left: a question refused when it leaves too little for
+an answer (`check_room`), and the user told as a chat fills up, before that (`filling`,
+`fullness`).
 
 The store's file locks (`store.datadir.locks`) serve one process at a time across a data directory.
 `waited(turn, key, ...)` holds one for the caller, says so through `progress` when it has to
@@ -11,12 +13,26 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
+from store import Document
 from store.datadir.locks import TurnCancelled
 
-from ..errors import Cancelled
-from ..results import Progress
+from ..errors import Cancelled, ChatFullError, EngineError
+from ..results import Progress, counted
+from .answers import CLOSING_ROOM
+
+# The least room a question must leave for its answer, else it is refused as a full chat's
+# is: an answer of fewer tokens is cut short mid-phrase (none at all: an empty turn stored,
+# "stopped at its limit of 0 tokens"). 16 tokens is one short sentence; a caller asking for
+# fewer (`max_tokens`) needs only those.
+MIN_ANSWER_TOKENS = 16
+# The tokens of the shortest next question's turn (a word in the chat template's markers):
+# a chat with less room than this and an answer's is full before anything is typed.
+MIN_QUESTION_TOKENS = 8
+# The shares of the context whose crossing a turn says (once each: not at every turn after),
+# so a chat is told twice how much room it has left before a question is refused.
+FILLING = (0.8, 0.9)
 
 
 @contextlib.contextmanager
@@ -36,12 +52,52 @@ def waited(turn: Callable[..., contextlib.AbstractContextManager], key, *,
         raise Cancelled(str(e)) from None
 
 
-def room_left(n_ctx: int, context: int, question: int, chat_id: int | None) -> str:
-    """Why a question (`question` tokens, its turn) does not fit after `context` tokens."""
+def check_room(n_ctx: int, context: int, question: int, chat_id: int | None,
+               docs: Sequence[Document], max_tokens: int) -> None:
+    """Refuse a question (`question` tokens, its turn) after `context` tokens that leaves too
+    little room for its answer: ChatFullError in a chat (about `docs`)."""
+    if n_ctx - context - question - CLOSING_ROOM >= min(MIN_ANSWER_TOKENS, max_tokens):
+        return
     if chat_id is None:  # a new chat already: the question, or what comes before it
-        return (f"the question is {question:,} tokens, with the {context:,} before it (the "
-                f"system prompt and documents) too long for the {n_ctx:,}-token context: "
-                "shorten it" + (", or ask about fewer or shorter documents"
-                                if context > n_ctx // 4 else ""))
-    return (f"the chat is full: {context + question:,} tokens of a {n_ctx:,}-token context; "
-            "start a new chat")
+        raise EngineError(
+            f"the question is {question:,} tokens, with the {context:,} before it (the "
+            f"system prompt and documents) too long for the {n_ctx:,}-token context "
+            "with room for an answer: shorten it"
+            + (", or ask about fewer or shorter documents" if context > n_ctx // 4 else ""))
+    total = context + question
+    raise ChatFullError(f"the chat is full: {total:,} tokens of a {n_ctx:,}-token context"
+                        + ("" if total >= n_ctx else ", too few left for an answer")
+                        + f"; {_go_on(docs)}", tuple(d.id for d in docs))
+
+
+def _go_on(docs: Sequence[Document]) -> str:
+    return "start a new chat" + (" over the same documents" if docs else "") + \
+        " (this chat's turns do not go with it)"
+
+
+def filling(n_ctx: int, before: int, after: int, docs: Sequence[Document]) -> list[str]:
+    """What a turn that took the chat from `before` to `after` tokens says of the room left,
+    when it crossed one of the FILLING shares: how many more turns of its size fit."""
+    if not any(before < share * n_ctx <= after for share in FILLING):
+        return []
+    more = max(0, n_ctx - CLOSING_ROOM - after) // max(1, after - before)
+    return [f"this chat now fills {after:,} of the {n_ctx:,}-token context "
+            f"({100 * after // n_ctx} %): " + (
+                f"about {counted(more, 'more turn')} like this one fit, then {_go_on(docs)}"
+                if more else f"another turn like this one does not fit; {_go_on(docs)}")]
+
+
+def full(n_ctx: int, tokens: int) -> bool:
+    """Whether a chat of `tokens` has no room for even a one-word question and its answer."""
+    return n_ctx - tokens - MIN_QUESTION_TOKENS - CLOSING_ROOM < MIN_ANSWER_TOKENS
+
+
+def fullness(n_ctx: int, tokens: int, docs: Sequence[Document]) -> list[str]:
+    """What reopening a chat of `tokens` says of its room, from the first FILLING share on."""
+    if tokens < FILLING[0] * n_ctx:
+        return []
+    said = f"this chat fills {tokens:,} of the {n_ctx:,}-token context ({100 * tokens // n_ctx} %)"
+    if full(n_ctx, tokens):
+        return [f"{said}: it is full, and a question in it is refused; {_go_on(docs)}"]
+    return [f"{said}: {n_ctx - tokens:,} tokens are left for its next questions and answers, "
+            f"then {_go_on(docs)}"]

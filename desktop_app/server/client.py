@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from ..errors import Cancelled, DocumentError, EngineError, MissingError
+from ..errors import Cancelled, ChatFullError, DocumentError, EngineError, MissingError
 from ..options import GenerationOptions, RestoreOptions
 from ..results import AskResult, AttachResult, Progress, RestoreReport
 from ..validation import InvalidValue
@@ -163,6 +163,8 @@ def _raise(status: int, error: dict) -> None:
     message = error.get("message", "")
     if error.get("code") == "cancelled":  # stopped before it answered (Ctrl-C, a shutdown)
         raise Cancelled(message or "stopped")
+    if error.get("code") == "chat_full":  # (said as in this process: what to do is the CLI's)
+        raise ChatFullError(message, tuple(error.get("documents") or ()))
     if status == 404:
         raise MissingError(message)
     if error.get("param"):

@@ -17,7 +17,14 @@ from fastapi.responses import JSONResponse
 
 from store import NotFoundError
 
-from ..errors import Cancelled, ContextFullError, MissingError, is_storage_fault, is_user_error
+from ..errors import (
+    Cancelled,
+    ChatFullError,
+    ContextFullError,
+    MissingError,
+    is_storage_fault,
+    is_user_error,
+)
 from ..results import SERVER_STOPPED, AskResult
 from ..validation import InvalidValue
 from . import schemas as s
@@ -84,6 +91,9 @@ def error_of(e: BaseException) -> tuple[int, dict]:
         return 404, s.error(str(e), code="not_found", param=e.field)
     if isinstance(e, NotFoundError):  # deleted while the request ran
         return 404, s.error(str(e), code="not_found")
+    if isinstance(e, ChatFullError):  # (its documents: what a new chat to go on would take)
+        body = s.error(str(e), code="chat_full")
+        return 400, {"error": {**body["error"], "documents": list(e.doc_ids)}}
     if isinstance(e, ContextFullError):  # OpenAI's code: clients trim their history on it
         return 400, s.error(str(e), code="context_length_exceeded", param=e.field)
     if isinstance(e, InvalidValue):
