@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 import desktop_app.cli.base as base
 from desktop_app.cli import cli
+from desktop_app.errors import ChatFullError
 from desktop_app.results import AskResult, AttachResult, Progress
 
 
@@ -332,3 +333,26 @@ def test_a_cache_no_level_of_which_fits_is_told_the_budget_that_would_hold_it():
                          "storage_budget_gb of at least 0.002 stores it at `--levels compact`")
     assert "stored at balanced, compact alone it fits (5.0 MB)" in fitting([record], 5_000_000)[0]
     assert fitting([{**record, "beside": 1}], 5_000_000) == []  # (not the whole budget's)
+
+
+def test_a_full_chat_is_refused_naming_the_command_that_goes_on(fake_app, tmp_path, capsys,
+                                                               monkeypatch):
+    """The refusal (probe117 F1) names the command that starts a new chat over the same
+    documents (`ask` takes them, not a chat to carry on)."""
+    from desktop_app.cli import main
+
+    monkeypatch.setattr(base, "error_line", lambda e: f"Error: {e}")  # (no store warned of)
+
+    class Full(FakeEngine):
+        def ask(self, question, **options):
+            raise ChatFullError("the chat is full: 8,202 tokens of a 8,192-token context; "
+                                "start a new chat over the same documents", (2, 5))
+
+    fake_app(lambda: Full([], "stop"))
+    with pytest.raises(SystemExit) as ended:
+        main(["--data-dir", str(tmp_path / "data"), "ask", "--chat", "3", "--no-server",
+              "And then?"])
+    assert ended.value.code == 1
+    assert capsys.readouterr().err.strip() == (
+        "Error: the chat is full: 8,202 tokens of a 8,192-token context; start a new chat over "
+        "the same documents: `kvdesk ask --doc 2 --doc 5 QUESTION`")

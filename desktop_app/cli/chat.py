@@ -12,7 +12,7 @@ from dataclasses import replace
 import click
 
 from ..app import App
-from ..errors import Cancelled, is_user_error
+from ..errors import Cancelled, ChatFullError, is_user_error
 from ..results import (
     PASSAGES_AS_TEXT,
     SERVER_STOPPED,
@@ -205,6 +205,9 @@ def ask(app: App, args, chat_id, docs, restore, generation, no_server, as_json):
                 raise
             bar.done()
             stopped("stopped before the answer began: nothing of this turn is stored", as_json)
+        except ChatFullError as e:  # (the command that goes on, named: `ask` takes documents)
+            raise ChatFullError(f"{e}: `kvdesk ask {' '.join(f'--doc {d}' for d in e.doc_ids)} "
+                                "QUESTION`" if e.doc_ids else str(e), e.doc_ids) from None
         except Exception:
             if started and not as_json:  # the error's line starts below the streamed words
                 click.echo()
