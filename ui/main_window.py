@@ -168,6 +168,13 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, ListingMixin, CodecM
         # A new chat's ticked documents the context cannot hold together: said before asking
         self.fit_note = QLabel(wordWrap=True, visible=False)
         self._fit_notes: tuple[list[int], list[str]] = ([], [])  # (for which ticks, notes)
+        # A chat filling its context (from 80 %: how full, the engine's words), or one whose
+        # question was refused as full: a new chat over its documents, one click away.
+        self._room_notes: tuple[int | None, list[str]] = (None, [])  # (for which chat, notes)
+        self._refused_in: int | None = None  # the chat a question was last refused in, full
+        self.continue_button = QPushButton("Continue in a new chat", visible=False)
+        self.continue_button.setToolTip("A new chat over this chat's documents, ticked; this "
+                                        "chat's turns do not go with it")
         inputs = QHBoxLayout()
         inputs.addWidget(self.attach_button, 0, Qt.AlignmentFlag.AlignBottom)
         inputs.addWidget(self.prompt, 1)
@@ -178,7 +185,10 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, ListingMixin, CodecM
         main_layout.addWidget(self.info)
         main_layout.addWidget(self.chat_view, 1)
         main_layout.addWidget(self.quality)
-        main_layout.addWidget(self.fit_note)
+        fit_row = QHBoxLayout()
+        fit_row.addWidget(self.fit_note, 1)
+        fit_row.addWidget(self.continue_button, 0, Qt.AlignmentFlag.AlignTop)
+        main_layout.addLayout(fit_row)
         main_layout.addLayout(inputs)
 
         splitter = QSplitter()
@@ -219,6 +229,7 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, ListingMixin, CodecM
         QShortcut(QKeySequence(Qt.Key.Key_Escape), self, self._escape)
 
         self.new_button.clicked.connect(self.new_chat)
+        self.continue_button.clicked.connect(self.continue_in_new_chat)
         self.prefill_button.clicked.connect(self._prefill_stale)
         self.attach_button.clicked.connect(self.choose_files)
         self.send_button.clicked.connect(self._send_clicked)

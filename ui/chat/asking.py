@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from desktop_app.errors import ChatFullError
 from desktop_app.options import RestoreOptions
 from desktop_app.results import AskResult
 
@@ -179,6 +180,8 @@ class AskingMixin:
 
         def ended(note: str, error: bool = False) -> None:
             self.answering = None
+            if isinstance(job.error, ChatFullError):  # ("Continue in a new chat" offered)
+                self._refused_in = answering.chat_id
             if self.answer_serial != self.serial:
                 left_behind(answering.chat_id)
             else:
@@ -212,6 +215,7 @@ class AskingMixin:
 
     def _generation_over(self, result: AskResult | None) -> None:
         self.generation = None
+        self._update_estimate()  # (the chat grew: how full it is now, from 80 %)
         self.send_button.setText("Send")
         self.send_button.setToolTip("")
         # A question gives the passages it read their KV, and a document cached for another

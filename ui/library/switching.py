@@ -12,7 +12,7 @@ from __future__ import annotations
 from desktop_app.options import RestoreOptions
 from desktop_app.results import Progress
 
-from ..text.formatting import restore_line
+from ..text.formatting import in_window_terms, restore_line, shortened
 from .attach_rows import PHASE_WORDS
 
 
@@ -58,15 +58,40 @@ class SwitchingMixin:
         self.quality.set_estimate(estimate)
         if chat_id is None:
             self._fit_notes = (doc_ids, list(estimate.notes))
+        else:  # (how full the chat is, from 80 %)
+            self._room_notes = (chat_id, list(estimate.notes))
         self._show_fit()
 
     def _show_fit(self) -> None:
-        """Said only while the documents are being chosen: a chat's answers say it after."""
+        """A new chat's documents the context cannot hold, said only while they are being
+        chosen (its answers say it after); a chat's room, from 80 % full, with "Continue in a
+        new chat" (also where its question was refused as full)."""
         ticked, notes = self._fit_notes  # (those of other ticks wait for their estimate)
         shown = notes if self.chat_id is None and ticked == self.doc_list.checked_ids() else []
-        self.fit_note.setText("\n".join(f"⚠ {note}" for note in shown))
+        chat, room = self._room_notes
+        if self.chat_id is not None:
+            shown = room if chat == self.chat_id else []
+        self.fit_note.setText(in_window_terms("\n".join(f"⚠ {note}" for note in shown)))
         self.fit_note.setStyleSheet(f"color: {self.colors.error}")
         self.fit_note.setVisible(bool(shown))
+        self.continue_button.setVisible(self.chat_id is not None and (
+            bool(shown) or self._refused_in == self.chat_id))
+
+    def continue_in_new_chat(self) -> None:
+        """A new chat over the documents of the chat shown, ticked, with the question it
+        refused (if it did) typed in again; its turns do not go with it, and it says so."""
+        chat = self._current_chat()
+        if chat is None or self.engine is None or self.generation is not None:
+            return
+        unsaved = self._unsaved  # (a question refused in this view: not stored)
+        question = unsaved[1] if unsaved is not None and unsaved[0] == self.serial else ""
+        self._new_chat_ticks = set(chat.doc_ids)  # (what the new chat's switch ticks)
+        self.new_chat()
+        if question:
+            self.prompt.setPlainText(question)
+        self._say(f"A new chat over the documents of “{shortened(chat.title)}”: that chat's "
+                  "turns do not go with it" + ("; its last question is typed in again, to "
+                                               "send" if question else ""))
 
     def _new_chat_docs_changed(self) -> None:
         if self.chat_id is None:
