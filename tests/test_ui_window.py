@@ -410,6 +410,24 @@ def test_a_folder_chosen_in_the_file_menu_is_attached_as_one_document(qtbot, win
     assert blocker.args[0].title == "notes"
 
 
+def test_a_chat_opened_from_a_search_result_shows_the_message_found(qtbot, window, engine):
+    """Not the chat's end (probe117 F8): the view scrolls to the words found, selected."""
+    chat = next(c for c in engine._chats.values() if c.title == "Positional encodings")
+    engine._add_message(chat, "user", "Remember the codeword CEDAR-03.", chat.updated)
+    for i in range(60):
+        engine._add_message(chat, ("user", "assistant")[i % 2], f"Turn {i}: " + "words " * 40,
+                            chat.updated)
+    activate(qtbot, window)
+    window.chat_list.search.setText("CEDAR-03")
+    qtbot.waitUntil(lambda: "CEDAR-03" in str(window.chat_list.visible_titles()), timeout=5000)
+    with qtbot.waitSignal(window.messages_loaded, timeout=5000):
+        window.open_chat(chat.chat_id)
+    qtbot.wait(100)  # (the page laid out: the view stays at the message)
+    bar = window.chat_view.verticalScrollBar()
+    assert window.chat_view.textCursor().selectedText() == "CEDAR-03"
+    assert 0 < bar.maximum() and bar.value() < bar.maximum() // 4
+
+
 def test_user_errors_show_their_message_and_bugs_a_short_one(qtbot, window, engine):
     engine.fail_next["ask"] = RuntimeStateError("the context is full; start a new chat")
     assert ask(qtbot, window) is None

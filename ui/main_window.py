@@ -108,6 +108,7 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, ListingMixin, CodecM
         self.chats: list[ChatInfo] = []
         self._check_next: set[int] = set()  # attached documents to tick once listed
         self._new_chat_ticks: set[int] = set()  # a new chat's, while another chat is shown
+        self._finding: tuple[int, str] = (-1, "")  # (view serial, a chat search's words in it)
         self._progress_shown = False  # whether self.info shows a phase's progress
         # (view serial, question, its documents) of the last answer shown when it was stopped
         # or failed before the engine stored its turn

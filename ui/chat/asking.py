@@ -115,6 +115,9 @@ class AskingMixin:
         if serial != self.serial:
             return
         self.chat_view.set_messages(messages)
+        if self._finding[0] == serial and self._finding[1]:  # (once: not at each reload)
+            self.chat_view.show_found(self._finding[1])
+        self._finding = (-1, "")
         answering = self.answering
         coming = answering is not None and answering.chat_id is not None \
             and answering.chat_id == self.chat_id

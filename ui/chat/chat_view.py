@@ -14,7 +14,7 @@ from __future__ import annotations
 import html
 
 from PySide6.QtCore import QEvent, Qt, QTimer, QUrl, Signal
-from PySide6.QtGui import QGuiApplication, QKeyEvent, QKeySequence, QTextCursor
+from PySide6.QtGui import QGuiApplication, QKeyEvent, QKeySequence, QTextCursor, QTextDocument
 from PySide6.QtWidgets import QPlainTextEdit, QTextBrowser, QWidget
 
 from desktop_app.results import BEST, EARLIER, MessageInfo, Source
@@ -105,6 +105,20 @@ class ChatView(QTextBrowser):
         for i in range(len(self._messages)):
             self._render_message(i)
         self._render()
+
+    def show_found(self, text: str) -> bool:
+        """Scroll to the last place the page holds `text` (in any case), found by a chat
+        search, and select it there, marked; the view stays there as the page is laid out.
+        False where it holds none (the search found the chat's title)."""
+        found = self.document().find(text, self.document().characterCount(),
+                                     QTextDocument.FindFlag.FindBackward)
+        if found.isNull():
+            return False
+        self.setTextCursor(found)
+        self._follow = False  # (not the chat's end, where a chat opens)
+        self.ensureCursorVisible()
+        self._reading_at = self.verticalScrollBar().value()
+        return True
 
     def add_user_message(self, text: str) -> None:
         self._append(MessageInfo(message_id=-1, role="user", text=text, created=0.0))

@@ -135,6 +135,13 @@ class ChatList(QWidget):
             self._found = (text, found)
             self._rebuild()
 
+    def searched_in(self, chat_id: int) -> str:
+        """What the search field says, where `chat_id`'s messages were found holding it (its
+        chat opened from the result shows the message), else ""."""
+        needle = self._needle()
+        return needle if needle and self._found[0] == needle and self._found[1].get(
+            chat_id) else ""
+
     def _search(self) -> None:
         if needle := self._needle():
             self.search_requested.emit(needle)

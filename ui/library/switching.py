@@ -103,6 +103,8 @@ class SwitchingMixin:
         if chat_id == self.chat_id or self.engine is None:
             return
         serial = self._switch(chat_id)
+        # (opened from a chat search's result: shown at the message found, not at its end)
+        self._finding = (serial, self.chat_list.searched_in(chat_id))
         self.chat_view.set_messages([])
         self._load_messages(serial)
         if self.answering is not None and self.answering.chat_id == chat_id:
