@@ -93,8 +93,9 @@ class App:
         except models.ModelNotFoundError as e:
             # The shipped default's own error says how to install it; one the user set says
             # where it was set, and how to go back.
-            self._model_error = models.ModelNotFoundError(
-                f"{e}; {self.model_origin()}" if self.settings.model else str(e))
+            message = f"{e}; {self.model_origin()}" if self.settings.model else str(e)
+            self._model_error = models.UnusableModelError(message, e.path) if isinstance(
+                e, models.UnusableModelError) else models.ModelNotFoundError(message)
             raise self._model_error from None
 
     def model_origin(self) -> str:
@@ -110,13 +111,22 @@ class App:
 
     @property
     def model_missing(self) -> models.ModelNotFoundError | None:
-        """Why the model set cannot be found, None where it is: `docs`, `chats` and `info`
-        list what they can without it."""
+        """Why the model set cannot be found or used (`check_model`), None where it can:
+        `docs`, `chats` and `info` list what they can without it."""
         try:
-            _ = self.model_path
+            self.check_model()
         except models.ModelNotFoundError as e:
             return e
         return None
+
+    def check_model(self) -> None:
+        """Refuse the model set where it is not found, or where its header shows it cannot
+        load (UnusableModelError, saying what was found), before llama.cpp is asked: its own
+        refusal says only "Failed to load model from file"."""
+        if (problem := self._header[1]) is not None:
+            raise models.UnusableModelError(f"{problem.rstrip('.')}; {self.model_origin()}"
+                                            if self.settings.model else problem,
+                                            self.model_path)
 
     @cached_property
     def model_hash(self) -> str:
@@ -137,14 +147,17 @@ class App:
         return discover(self.settings.model_folders, own=own, memo_dir=self.state_dir)
 
     @cached_property
-    def model_facts(self) -> HeaderFacts | None:
-        """The model's header (None if it cannot be read as one: llama.cpp will say why)."""
-        from .model.gguf_header import HeaderError, read
+    def _header(self) -> tuple[HeaderFacts | None, str | None]:
+        """The model's header, and what in it keeps the model from loading (gguf_header.verdict);
+        read once, for the check and the facts alike."""
+        from .model.gguf_header import verdict
 
-        try:
-            return read(self.model_path)
-        except (HeaderError, OSError):
-            return None
+        return verdict(self.model_path)
+
+    @property
+    def model_facts(self) -> HeaderFacts | None:
+        """The model's header (None if it cannot be read as one: `check_model` says why)."""
+        return self._header[0]
 
     @cached_property
     def flash_attn(self) -> tuple[bool, str]:
@@ -194,6 +207,7 @@ class App:
     def _load_runtime(self) -> Runtime:
         from .model.runtime import Runtime
 
+        self.check_model()
         return Runtime(
             self.model_path,
             model_hash=self.model_hash,
@@ -260,9 +274,14 @@ class App:
 
         s = self.settings
         levels = (*DEFAULT_LEVELS, EXACT) if s.keep_lossless else DEFAULT_LEVELS
-        # (a command that only reads lists what it can without a model not found: whatever
-        # needs the model raises its error when it loads)
-        path = "" if self.reads_only and self.model_missing else str(self.model_path)
+        # (a command that only reads lists what it can without a model not found or unusable:
+        # whatever needs the model raises its error when it loads; any other command is
+        # refused before its work starts)
+        if self.reads_only and self.model_missing:
+            path = ""
+        else:
+            self.check_model()
+            path = str(self.model_path)
         return Engine(self.store, self.new_runtime, model_path=path,
                       levels=levels,
                       default_budget_ms=s.restore_budget_ms, remote=self.remote,

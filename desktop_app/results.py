@@ -309,7 +309,7 @@ STATUS_WORDS = {
     "stale": "cached for another model only (a question caches it for this one: computed, "
              "or taken from the shared cache)",
     "unfinished": "did not finish: attach or pull it again",
-    "unknown": "cache status unknown: the model set is not found",
+    "unknown": "cache status unknown: the model set is not found or cannot be used",
     "damaged": "cache unknown: the store's index of caches is damaged"}
 
 

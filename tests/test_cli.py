@@ -76,7 +76,7 @@ def test_a_missing_model_says_where_it_was_set_and_what_lists_without_it(tmp_pat
     assert [d["status"] for d in json.loads(docs.stdout)] == ["unknown", "none"]
     assert "so which documents are cached for it is unknown" in docs.stderr and where in docs.stderr
     listed = kvdesk("docs").stdout
-    assert "cache status unknown: the model set is not found\n" in listed
+    assert "cache status unknown: the model set is not found or cannot be used\n" in listed
     assert "MB cached" not in listed  # (no cache under this model: not "0.0 MB cached" too)
     assert kvdesk("chats").stdout.startswith("[1] About it")
     info = kvdesk("info", check=False)

@@ -13,6 +13,7 @@ import click
 
 from ..app import App
 from ..errors import Cancelled, ChatFullError, is_user_error
+from ..model.models import UnusableModelError
 from ..results import (
     PASSAGES_AS_TEXT,
     SERVER_STOPPED,
@@ -378,7 +379,8 @@ def listed_documents(app: App) -> tuple[list[DocumentInfo], Exception | None]:
     each one cached under some model has its status "unknown", said, and the error."""
     if (missing := app.model_missing) is None:
         return app.engine.documents(), None
-    say([f"the model is not found, so which documents are cached for it is unknown: {missing}"])
+    why = "cannot be used" if isinstance(missing, UnusableModelError) else "is not found"
+    say([f"the model {why}, so which documents are cached for it is unknown: {missing}"])
     return [replace(d, status="unknown") if d.status == "stale" else d
             for d in app.engine.library.documents("")], missing
 

