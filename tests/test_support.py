@@ -83,9 +83,16 @@ def test_header_status_by_architecture():
     assert support.header_status("gemma3")[0] == support.SUPPORTED
     assert support.header_status("qwen2")[0] == support.UNTESTED
     for arch, word in [("rwkv7", "recurrent"), ("falcon-h1", "hybrid"), ("qwen2vl", "M-RoPE"),
-                       ("deepseek2", "MLA"), ("clip", "not a text generator")]:
+                       ("deepseek2", "MLA"), ("clip", "a vision projector"),
+                       ("bert", "not a text generator")]:
         status, why = support.header_status(arch)
         assert status == support.REFUSED and word in why
+    # A file that is not a model says so by its general.type, whatever its architecture
+    assert support.header_status("gemma3", "adapter", "lora") == (
+        support.REFUSED, "a LoRA adapter, not a model: it applies to the model it was made "
+                         "for, which is the one to load")
+    assert support.header_status("gemma3", "mmproj")[1].startswith("a vision projector (mmpr")
+    assert support.header_status("gemma3", "model")[0] == support.SUPPORTED
     with pytest.raises(UnsupportedModelError, match="hybrid memory"):
         support.check_arch("x.gguf", "lfm2", recurrent=False, hybrid=True)
 

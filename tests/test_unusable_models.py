@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
+import gguf
 import llama_cpp
+import numpy as np
 import pytest
 from test_catalog import write_gguf
 
@@ -34,10 +37,28 @@ def _cut_short(path):
     return path
 
 
+def _adapter(path):
+    """A LoRA adapter of a Gemma 3 (as llama.cpp's convert_lora_to_gguf.py writes one): its
+    architecture is its model's, and only `general.type` says it is not one."""
+    w = gguf.GGUFWriter(str(path), "gemma3")
+    w.add_type(gguf.GGUFType.ADAPTER)
+    w.add_string(gguf.Keys.Adapter.TYPE, "lora")
+    w.add_float32(gguf.Keys.Adapter.LORA_ALPHA, 16.0)
+    w.add_tensor("blk.0.attn_q.weight.lora_a", np.zeros((8, 64), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
 BAD = {  # file -> what its error must say
     "mamba": (lambda p: write_gguf(p, "mamba"), "recurrent memory"),
     "version": (_version_99, "GGUF version 99 (kvdesk reads versions 2 and 3)"),
-    "projector": (lambda p: write_gguf(p, "clip"), "not a text generator"),
+    "projector": (lambda p: write_gguf(p, "clip"), "is a vision projector (mmproj), not a "
+                                                   "model: it gives a model vision"),
+    "adapter": (_adapter, "is a LoRA adapter, not a model: it applies to the model it was "
+                          "made for"),
     "cut": (_cut_short, "is cut short"),
 }
 
@@ -112,5 +133,29 @@ def test_the_window_says_why_the_model_set_cannot_be_used(qtbot, bad, no_llama):
     with qtbot.waitSignal(window.engine_failed, timeout=5000):
         pass
     said = window.info.text()
-    assert said.startswith(f"The model could not be loaded: {path}: ") and why in said
+    assert said.startswith(f"The model could not be loaded: {path} ") and why in said
     assert "Failed to load" not in said
+
+
+def test_the_model_list_calls_an_adapter_and_a_projector_refused_saying_what_they_are(
+        bad, tmp_path):
+    """(A LoRA adapter of Gemma 3 was listed "supported: tested", by its architecture.)"""
+    from desktop_app.model import catalog
+
+    def listed():
+        found = catalog.discover([tmp_path], memo_dir=tmp_path / "memo", home=tmp_path / "home",
+                                 env={}, platform="linux")
+        return {Path(m.path).stem: m for m in found}
+
+    rows = listed()
+    for name in ("adapter", "projector"):
+        assert rows[name].status == "refused" and f"is {rows[name].reason}".startswith(
+            bad[name][1])
+    # A memo written before adapters were told apart is read again, not believed
+    memo = tmp_path / "memo" / catalog.MEMO_FILE
+    old = json.loads(memo.read_text())
+    del old["format"]
+    for facts in old.values():
+        facts.update(status="supported", reason="tested")
+    memo.write_text(json.dumps(old))
+    assert listed()["adapter"].status == "refused"

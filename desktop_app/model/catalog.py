@@ -27,6 +27,9 @@ from . import gguf_header
 
 UNREADABLE = "unreadable"
 MEMO_FILE = "model-headers.json"
+# What the memo's facts hold; a memo of another format is read again (2: a file's
+# `general.type`, whose adapters and projectors are refused).
+MEMO_FORMAT = 2
 MAX_DEPTH = 6
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
 OLLAMA_REGISTRY, OLLAMA_LIBRARY = "registry.ollama.ai", "library"
@@ -148,7 +151,8 @@ class _Memo:
         if path is not None and path.is_file():
             try:
                 loaded = json.loads(path.read_text())
-                self.data = loaded if isinstance(loaded, dict) else {}
+                if isinstance(loaded, dict) and loaded.pop("format", None) == MEMO_FORMAT:
+                    self.data = loaded
             except (OSError, ValueError):
                 pass
 
@@ -168,7 +172,7 @@ class _Memo:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(self.data))
+            tmp.write_text(json.dumps({**self.data, "format": MEMO_FORMAT}))
             os.replace(tmp, self.path)
         except OSError:
             pass  # a memo that cannot be written only costs a re-read next time

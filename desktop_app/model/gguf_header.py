@@ -67,6 +67,7 @@ class HeaderFacts:
     reason: str
     split: tuple[int, int] | None = None  # (this part, parts) of a model split in files
     file_size: int | None = None  # where its last tensor ends: a shorter file is cut short
+    kind: str | None = None  # general.type: "model", "adapter", "mmproj"... (None: not said)
 
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -211,7 +212,8 @@ def verdict(path: str | Path) -> tuple[HeaderFacts | None, str | None]:
     if said := short_by(size, facts.file_size):
         return facts, f"{path} is {said}"
     if facts.status == support.REFUSED:
-        return facts, str(support.refusal(str(path), facts.reason))
+        return facts, support.refused_file(str(path), facts.architecture, facts.kind,
+                                           facts.reason)
     return facts, None
 
 
@@ -256,7 +258,10 @@ def _facts(meta: dict, parameters: int | None, types: Counter) -> HeaderFacts:
 
     n_layer = _int(get(Keys.LLM.BLOCK_COUNT))
     window = _int(get(Keys.Attention.SLIDING_WINDOW))
-    status, reason = support.header_status(arch)
+    kind, adapter = meta.get(Keys.General.TYPE), meta.get(Keys.Adapter.TYPE)
+    kind = kind if isinstance(kind, str) else None
+    status, reason = support.header_status(
+        arch, kind, adapter if isinstance(adapter, str) else None)
     kv, kv_window = _kv_bytes(arch, meta, n_layer, window)
     tokens = meta.get(Keys.Tokenizer.LIST)
     split = (_int(meta.get(Keys.Split.LLM_KV_SPLIT_NO)),
@@ -270,7 +275,8 @@ def _facts(meta: dict, parameters: int | None, types: Counter) -> HeaderFacts:
         n_vocab=tokens if isinstance(tokens, int) else _int(get(Keys.LLM.VOCAB_SIZE)),
         kv_bytes_per_token=kv, sliding_window=window, kv_window_bytes=kv_window,
         status=status, reason=reason,
-        split=((split[0] or 0) + 1, split[1]) if split[1] and split[1] > 1 else None)
+        split=((split[0] or 0) + 1, split[1]) if split[1] and split[1] > 1 else None,
+        kind=kind)
 
 
 def _int(value) -> int | None:

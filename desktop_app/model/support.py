@@ -6,11 +6,12 @@ llama.cpp's interleaved sliding-window cache (iSWA: Gemma 2 and 3, Cohere 2, gpt
 full-attention layers hold every position, the sliding-window layers only the last window),
 with f16 or f32 cells in one stream. Everything else is refused before any work is done:
 
-- `header_status(arch)`: what a GGUF header alone says (the model list's status; nothing is
-  loaded): recurrent or hybrid memory (Mamba, RWKV, Jamba, Falcon-H1, LFM2...), cells that
-  carry extra positions (M-RoPE: Qwen2-VL...) and caches without V rows (DeepSeek's MLA) are
-  known not to fit; the architectures tested here are "supported", the rest "untested" until
-  a model of theirs loads.
+- `header_status(arch, kind)`: what a GGUF header alone says (the model list's status, and a
+  refusal before any load: `refused_file`): a file that is not a model (an adapter, a vision
+  projector: its `general.type`), recurrent or hybrid memory (Mamba, RWKV, Jamba, Falcon-H1,
+  LFM2...), cells that carry extra positions (M-RoPE: Qwen2-VL...) and caches without V rows
+  (DeepSeek's MLA) are known not to fit; the architectures tested here are "supported", the
+  rest "untested" until a model of theirs loads.
 - `check_state(...)`: at load, the state a context writes for one token is parsed (the runtime
   does it); a layout the bridge cannot represent is refused there, naming what was found and
   what works instead — never after a long prefill.
@@ -36,6 +37,13 @@ HYBRID = {"jamba", "falcon-h1", "granitehybrid", "plamo2", "lfm2", "lfm2moe", "n
 MROPE = {"qwen2vl", "qwen3vl", "qwen3vlmoe"}
 MLA = {"deepseek2"}
 NOT_LANGUAGE_MODELS = {"clip", "mmproj", "bert", "nomic-bert", "jina-bert-v2", "t5encoder"}
+PROJECTORS = {"clip", "mmproj"}  # (older projectors say so by their architecture alone)
+# Files whose `general.type` says they are not a model, each with what it is for.
+NOT_MODELS = {"adapter": "not a model: it applies to the model it was made for, which is the "
+                         "one to load",
+              "mmproj": "not a model: it gives a model vision, and kvdesk reads text only",
+              "imatrix": "not a model: it guides the quantization of one"}
+KIND_NAMES = {"mmproj": "a vision projector (mmproj)", "imatrix": "an importance matrix"}
 # Sliding-window models' layer patterns as llama.cpp sets them (one full-attention layer in N),
 # for what a header alone does not say; llama4's window is "chunked" (attention restarts at
 # multiples of the window) rather than sliding.
@@ -49,8 +57,16 @@ WHAT_WORKS = ("kvdesk keeps the cache of models whose llama.cpp cache is plain a
               "lists the models on this machine)")
 
 
-def header_status(arch: str) -> tuple[str, str]:
-    """(status, why) for a model of this architecture, from its GGUF header alone."""
+def header_status(arch: str, kind: str | None = None,
+                  adapter: str | None = None) -> tuple[str, str]:
+    """(status, why) for a file of this architecture, from its GGUF header alone; `kind` is
+    its `general.type` (an adapter, a projector: not a model), `adapter` its `adapter.type`."""
+    if arch in PROJECTORS and kind in (None, "model"):
+        kind = "mmproj"
+    if kind in NOT_MODELS:
+        what = KIND_NAMES.get(kind) or (f"a {'LoRA' if adapter == 'lora' else adapter} adapter"
+                                        if adapter else "an adapter")
+        return REFUSED, f"{what}, {NOT_MODELS[kind]}"
     if arch in NOT_LANGUAGE_MODELS:
         return REFUSED, f"a {arch} model, not a text generator"
     if arch in RECURRENT:
@@ -64,6 +80,15 @@ def header_status(arch: str) -> tuple[str, str]:
     if arch in TESTED:
         return SUPPORTED, TESTED[arch]
     return UNTESTED, "not tested with kvdesk; its cache is checked when it loads"
+
+
+def refused_file(name: str, arch: str, kind: str | None, why: str) -> str:
+    """What a file `header_status` refuses is, said before it loads: one that is no text
+    generator (an adapter, a projector, an embedding model) is told so, the others as
+    `refusal` says at load."""
+    if kind in NOT_MODELS or arch in NOT_LANGUAGE_MODELS:
+        return f"{name} is {why}; choose a text model (`kvdesk models` lists those here)"
+    return str(refusal(name, why))
 
 
 def refusal(name: str, found: str) -> UnsupportedModelError:
