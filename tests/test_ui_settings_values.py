@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from desktop_app.results import ModelFile
 from desktop_app.settings import Settings
 from desktop_app.validation import InvalidValue
 from ui.settings.settings_dialog import SettingsDialog
@@ -25,6 +26,31 @@ def test_the_context_size_box_holds_automatic_or_a_size_the_settings_accept(qtbo
     assert dialog.result_settings().n_ctx == 1024  # whole steps from Automatic
     box.stepBy(-1)
     assert box.text().startswith("Automatic") and dialog.result_settings().n_ctx is None
+
+
+def test_ok_refuses_a_model_its_own_line_shows_unreadable_or_refused(qtbot, tmp_path):
+    """(A text file and a LoRA adapter, listed so, were accepted, saved and restarted into.)"""
+    def found(name, status, reason):
+        path = tmp_path / name
+        path.write_bytes(b"GGUF")
+        return ModelFile(name, str(path), "folder", 4, None, None, None, None, None, None,
+                         None, status, reason)
+
+    models = [found("text.gguf", "unreadable", "not a GGUF file"),
+              found("lora.gguf", "refused", "a LoRA adapter, not a model"),
+              found("good.gguf", "untested", "not tested with kvdesk")]
+    dialog = SettingsDialog(Settings(), models=models)
+    qtbot.addWidget(dialog)
+    for m in models[:2]:
+        dialog.model.setEditText(m.path)  # (typed, or picked: the same)
+        dialog.accept()
+        assert dialog.result() == 0
+        assert dialog.error.text() == f"Model: {m.name} cannot be used, {m.status}: {m.reason}"
+        dialog.accept()  # (not a notice that a second OK keeps: refused again)
+        assert dialog.result() == 0
+    dialog.model.setEditText("good")
+    dialog.accept()
+    assert dialog.result() == 1 and dialog.result_settings().model == "good"
 
 
 def test_the_dialog_refuses_what_the_settings_refuse_and_stays_open(qtbot, tmp_path):

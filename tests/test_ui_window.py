@@ -612,9 +612,10 @@ def test_settings_persist_and_an_engine_change_asks_to_restart(qtbot, window, mo
                         lambda *a, **k: asked.append(a[2]) or QMessageBox.StandardButton.Yes)
     with qtbot.waitSignal(window.restart_requested, timeout=2000) as blocker:
         window.open_settings()
-    # It names what changed that needs the restart (not the theme, applied already)
-    assert asked == ["Changed: Model. This takes effect when the engine restarts. "
-                     "Restart it now?"]
+    # It names what changed that needs the restart (not the theme, applied already), and
+    # that No keeps it saved, for the next start (probe 118 took No for "do not save")
+    assert asked == ["Changed: Model. The change is saved, and takes effect when the engine "
+                     "restarts. Restart it now? (No: the next time kvdesk starts.)"]
     saved = settings_mod.load()
     assert blocker.args[0].model == saved.model
     assert (saved.theme, saved.storage_budget_gb, saved.model) == ("dark", 3.5, str(model))

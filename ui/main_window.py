@@ -390,8 +390,9 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, ListingMixin, CodecM
             self._apply_local_api(new)
         if changed := needs_restart(old, new):
             restart = QMessageBox.question(
-                self, "kvdesk", f"Changed: {', '.join(changed)}. This takes effect when the "
-                "engine restarts. Restart it now?")
+                self, "kvdesk", f"Changed: {', '.join(changed)}. The change is saved, and "
+                "takes effect when the engine restarts. Restart it now? (No: the next time "
+                "kvdesk starts.)")
             if restart == QMessageBox.StandardButton.Yes:
                 self.restart_requested.emit(new)
                 self.close()

@@ -415,10 +415,13 @@ class SettingsDialog(QDialog):
         should know (a model folder not there now), and accept at the next OK."""
         try:
             new = self.result_settings()
-            if new.model and not Path(new.model).expanduser().is_file() and \
-                    self._found(new.model) is None:
+            found = self._found(new.model) if new.model else None
+            if new.model and not Path(new.model).expanduser().is_file() and found is None:
                 raise SettingsError(f"{new.model}: no such model file, nor a model found on "
                                     "this computer", "model")
+            if found is not None and found.status not in (SUPPORTED, UNTESTED):  # (as shown)
+                raise SettingsError(f"{found.name} cannot be used, {found.status}: "
+                                    f"{found.reason}", "model")
         except InvalidValue as e:
             self._refuse(e)
             return
