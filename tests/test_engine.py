@@ -192,6 +192,23 @@ def test_a_reopen_that_finds_no_cache_of_the_chat_says_why_it_computes(engine, d
     assert not any("not stored under" in m for m in engine.reopen(chat).messages)  # (kept)
 
 
+def test_a_chat_whose_cache_is_another_models_says_so(engine, doc_id):
+    """(A chat continued under a second model was told its cache was "evicted under the
+    storage budget, or not kept": it was kept, under the model that answered it.)"""
+    chat = ask(engine, "Who kept the lamp lit?", doc=doc_id, tokens=4).chat_id
+    engine.store.register_model("another-model", "/other.gguf", {})
+    with sqlite3.connect(engine.store.path) as db:  # (as answered under the other model)
+        db.execute("UPDATE kv_entries SET model = 'another-model' WHERE chat_id = ?", (chat,))
+    db.close()
+    engine.runtime.reset()
+    report = engine.reopen(chat)
+    n = report.recomputed_tokens
+    assert n > 0 and (f"this chat's own cache is stored under another model only (which "
+                      f"answered it before; a model cannot read another's cache): {n:,} of "
+                      f"its {report.tokens:,} tokens were computed from its text"
+                      ) in report.messages, report.messages
+
+
 def test_a_question_typed_ahead_is_computed_before_it_is_sent(engine, doc_id):
     question = "How tall is the tower?"
     rt = engine.runtime

@@ -126,15 +126,22 @@ class Library:
                       read: bool, computed: int, tokens: int) -> list[str]:
         """Why a restore of a chat's `tokens` (over `docs`, under model `fp`) computed
         `computed` of them from text, a cache having been `read` or not: its cache made under
-        another model only (`stale_note`), or none of its own stored under this one (evicted
-        under the storage budget, or never kept: a reopen that takes seconds says why)."""
+        another model only (`stale_note`), or none of its own stored under this one (stored
+        under another model that answered it, evicted under the storage budget, or never kept:
+        a reopen that takes seconds says why)."""
         if read and computed == tokens and (stale := self.stale_note(chat_id, docs, fp)):
             return stale
         if chat_id is None or not computed or self.store.chat_leaves(chat_id, fp, time.time()):
             return []
-        return [f"this chat's own cache is not stored under this model (evicted under the "
-                f"storage budget, or not kept when it was last answered): {computed:,} of its "
-                f"{tokens:,} tokens were computed from its text"]
+        if any(e.chat_id == chat_id and e.model != fp and e.document_id is None
+               and not e.passage for e in self.store.entries()):
+            why = ("stored under another model only (which answered it before; a model cannot "
+                   "read another's cache)")
+        else:
+            why = ("not stored under this model (evicted under the storage budget, or not "
+                   "kept when it was last answered)")
+        return [f"this chat's own cache is {why}: {computed:,} of its {tokens:,} tokens were "
+                "computed from its text"]
 
     def stale_note(self, chat_id: int | None, docs: Sequence[Document], fp: str) -> list[str]:
         """What to tell the user when the cache of a chat over `docs` exists only under other
