@@ -243,8 +243,17 @@ def test_the_served_models_names(tmp_path):
     by_path = Served(App(Settings(data_dir=str(tmp_path), model=str(path),
                                   model_folders=(str(folder),))))
     listed = {m.path: m.name for m in by_path.app.list_models()}
-    assert by_path.listed_name == listed[str(path)] and "tiny" in by_path.listed_name
+    assert by_path.listed_name == listed[str(path)] == "team/tiny.gguf"
     assert by_path.is_ollama_name(by_path.listed_name)
+    # Ollama's name has no ".gguf" in it: a file in the folder itself is called as on the
+    # OpenAI routes (it read "tiny.gguf:latest" beside /v1/models' "tiny")
+    assert by_path.ollama_name == "team/tiny:latest"
+    top = folder / "tiny.gguf"
+    top.write_bytes(b"GGUF not really")
+    at_top = Served(App(Settings(data_dir=str(tmp_path), model=str(top),
+                                 model_folders=(str(folder),))))
+    assert at_top.ollama_name == f"{at_top.file_id}:latest" == "tiny:latest"
+    assert all(at_top.is_ollama_name(n) for n in ("tiny", "tiny.gguf", "tiny.gguf:latest"))
 
 
 def test_bad_text_ids_and_paths_are_the_clients_errors_not_the_servers(tmp_path):

@@ -3,10 +3,10 @@
 A server serves the one model it loaded. OpenAI's routes know it by its file's name (its stem)
 and as "default", and take Ollama's names for it too, as Ollama's own OpenAI routes do.
 Ollama's know it by the name `kvdesk models` gives it (an Ollama store's `name:tag`, another
-app's file by its path under that app's folder, "default" for the shipped model), and, as
-Ollama reads a name without a tag, with ":latest" added. A request for any other model is
-refused, saying which models are served and how to serve another; so is a request to
-download or manage one (Ollama's pull of another model, delete, copy, create, push).
+app's file by its path under that app's folder, without ".gguf", "default" for the shipped
+model), and, as Ollama reads a name without a tag, with ":latest" added. A request for any
+other model is refused, saying which models are served and how to serve another; so is a
+request to download or manage one (Ollama's pull of another model, delete, copy, create, push).
 
 Each attached document is listed as a model too, "doc-ID-title" (`document_models`): the
 served model answering from that document, for the tools that pick a model from the list
@@ -57,12 +57,19 @@ class Served:
 
     @property
     def ollama_name(self) -> str:
-        return self.listed_name if ":" in self.listed_name else f"{self.listed_name}:latest"
+        """The listed name as Ollama's names go: ":latest" where it has no tag, and a file's
+        without its ".gguf" (a file in a folder: the stem OpenAI's routes call it)."""
+        name = self.listed_name
+        if ":" in name:
+            return name
+        return f"{name[:-5] if name.lower().endswith('.gguf') else name}:latest"
 
     def is_ollama_name(self, name: str) -> bool:
-        """Whether `name` (Ollama's way: a missing tag is ":latest") means the served model."""
+        """Whether `name` (Ollama's way: a missing tag is ":latest") means the served model
+        (by its listed name with ".gguf" too, as /api/tags once listed it)."""
         full = name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
-        return full in (self.ollama_name, f"{self.file_id}:latest", "default:latest")
+        return full in (self.ollama_name, f"{self.listed_name}:latest",
+                        f"{self.file_id}:latest", "default:latest")
 
     def is_openai_name(self, name: str) -> bool:
         """Whether `name` means the served model on OpenAI's routes: its ids, or any name
