@@ -20,8 +20,10 @@ OLLAMA_DIGEST = "ab" * 32
 
 
 def write_gguf(path, arch, *, window=None, n_layer=4, heads=8, kv_heads=2, embd=256,
-               context=8192, file_type=gguf.LlamaFileType.MOSTLY_Q4_K_M, split=None):
-    """A real GGUF file: a model's header and one small tensor."""
+               context=8192, file_type=gguf.LlamaFileType.MOSTLY_Q4_K_M, split=None,
+               strings=()):
+    """A real GGUF file: a model's header (and `strings`, (key, value) pairs) and one small
+    tensor."""
     path.parent.mkdir(parents=True, exist_ok=True)
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name(f"tiny {arch}")
@@ -36,6 +38,8 @@ def write_gguf(path, arch, *, window=None, n_layer=4, heads=8, kv_heads=2, embd=
     if split:
         w.add_uint16(gguf.Keys.Split.LLM_KV_SPLIT_NO, split[0])
         w.add_uint16(gguf.Keys.Split.LLM_KV_SPLIT_COUNT, split[1])
+    for key, value in strings:
+        w.add_string(key, value)
     w.add_token_list([f"t{i}" for i in range(1000)])
     w.add_tensor("token_embd.weight", np.zeros((1000, 8), np.float32))
     w.write_header_to_file()

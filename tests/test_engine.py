@@ -181,13 +181,8 @@ def test_a_reopen_that_finds_no_cache_of_the_chat_says_why_it_computes(engine, d
     for entry in [e for e in engine.store.entries() if e.chat_id == chat]:  # (as evicted)
         with contextlib.suppress(NotFoundError):
             engine.store.delete_entry(entry.id)
-    engine.runtime.reset()
-    report = engine.reopen(chat)
-    n = report.recomputed_tokens
-    assert n > 0 and (f"this chat's own cache is not stored under this model (evicted under "
-                      f"the storage budget, or not kept when it was last answered): {n:,} of "
-                      f"its {report.tokens:,} tokens were computed from its text"
-                      ) in report.messages, report.messages
+    reopened_computing(engine, chat, "not stored under this model (evicted under the storage "
+                                     "budget, or not kept when it was last answered)")
     engine.runtime.reset()
     assert not any("not stored under" in m for m in engine.reopen(chat).messages)  # (kept)
 
@@ -200,13 +195,17 @@ def test_a_chat_whose_cache_is_another_models_says_so(engine, doc_id):
     with sqlite3.connect(engine.store.path) as db:  # (as answered under the other model)
         db.execute("UPDATE kv_entries SET model = 'another-model' WHERE chat_id = ?", (chat,))
     db.close()
+    reopened_computing(engine, chat, "stored under another model only (which answered it "
+                                     "before; a model cannot read another's cache)")
+
+
+def reopened_computing(engine, chat: int, why: str) -> None:
+    """Reopened from an empty context, `chat` computes some of its tokens, saying `why`."""
     engine.runtime.reset()
     report = engine.reopen(chat)
     n = report.recomputed_tokens
-    assert n > 0 and (f"this chat's own cache is stored under another model only (which "
-                      f"answered it before; a model cannot read another's cache): {n:,} of "
-                      f"its {report.tokens:,} tokens were computed from its text"
-                      ) in report.messages, report.messages
+    assert n > 0 and (f"this chat's own cache is {why}: {n:,} of its {report.tokens:,} tokens "
+                      "were computed from its text") in report.messages, report.messages
 
 
 def test_a_question_typed_ahead_is_computed_before_it_is_sent(engine, doc_id):

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import gguf
 import llama_cpp
-import numpy as np
 import pytest
 from test_catalog import write_gguf
 
@@ -40,16 +39,8 @@ def _cut_short(path):
 def _adapter(path):
     """A LoRA adapter of a Gemma 3 (as llama.cpp's convert_lora_to_gguf.py writes one): its
     architecture is its model's, and only `general.type` says it is not one."""
-    w = gguf.GGUFWriter(str(path), "gemma3")
-    w.add_type(gguf.GGUFType.ADAPTER)
-    w.add_string(gguf.Keys.Adapter.TYPE, "lora")
-    w.add_float32(gguf.Keys.Adapter.LORA_ALPHA, 16.0)
-    w.add_tensor("blk.0.attn_q.weight.lora_a", np.zeros((8, 64), np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return write_gguf(path, "gemma3", strings=[(gguf.Keys.General.TYPE, gguf.GGUFType.ADAPTER),
+                                               (gguf.Keys.Adapter.TYPE, "lora")])
 
 
 BAD = {  # file -> what its error must say
