@@ -181,8 +181,7 @@ class Engine(ExactNotes):
     # -- the codec calibration ---------------------------------------------------------------
 
     def calibration(self) -> CalibrationInfo | None:
-        """The loaded model's codec calibration, or None: its caches use model-independent
-        levels until `calibrate` runs."""
+        """The model's codec calibration; None: model-independent levels until `calibrate`."""
         cal = self.calibrations.current(self.fingerprint)
         return None if cal is None else calibration_info(cal)
 
@@ -312,8 +311,8 @@ class Engine(ExactNotes):
         result = self.session.ask(question, chat_id=chat_id, doc_ids=doc_ids, restore=restore,
                                   generation=generation, on_token=on_token,
                                   on_restore=on_restore, progress=progress, cancel=cancel)
-        notes += self.library.changed_files(result.documents)
-        notes += unattached if result.recomputed_tokens else []
+        notes += self.library.changed_files(result.documents) + (
+            unattached if result.recomputed_tokens else [])
         return replace(result.after(spent, stale[0]), messages=[*notes, *result.messages])
 
     def _cache_stale(self, doc_ids: Sequence[int], progress: ProgressFn | None,

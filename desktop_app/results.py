@@ -294,8 +294,7 @@ class AskResult(Record):
                        recomputed_tokens=self.recomputed_tokens + tokens)
 
 
-# An answer a kvdesk server's stop cut short (`/v1/kvdesk/ask`): not "cancelled", a Ctrl-C's.
-SERVER_STOPPED = "server_stopped"
+SERVER_STOPPED = "server_stopped"  # a kvdesk server's stop cut it short: not a Ctrl-C's
 
 # Why an answer ended, where the user should know it (a stored answer's `finish_reason`).
 FINISH_WORDS = {"length": "stopped at the token limit: it may be cut short",

@@ -1170,7 +1170,7 @@ def test_a_tokenizer_that_puts_a_space_before_each_call_is_asked_once():
 def test_docs_says_when_the_storage_budget_stopped_the_passages_kv(capsys, tmp_path):
     """`kvdesk docs`: passages left without KV because the budget is full are said, with what
     to do (the background pass only logged it)."""
-    from desktop_app.cli.chat import docs
+    from desktop_app.cli.listings import docs
     from desktop_app.results import DocumentInfo
 
     def app(usage, as_text=False):

@@ -125,23 +125,20 @@ class Library:
     def computed_note(self, chat_id: int | None, docs: Sequence[Document], fp: str,
                       read: bool, computed: int, tokens: int) -> list[str]:
         """Why a restore of a chat's `tokens` (over `docs`, under model `fp`) computed
-        `computed` of them from text, a cache having been `read` or not: its cache made under
-        another model only (`stale_note`), or none of its own stored under this one (stored
-        under another model that answered it, evicted under the storage budget, or never kept:
-        a reopen that takes seconds says why)."""
+        `computed` of them from text, a cache `read` or not: its cache made under another model
+        only (`stale_note`), or none of its own under this one (answered under another model,
+        evicted under the budget, never kept: a reopen that takes seconds says why)."""
         if read and computed == tokens and (stale := self.stale_note(chat_id, docs, fp)):
             return stale
         if chat_id is None or not computed or self.store.chat_leaves(chat_id, fp, time.time()):
             return []
-        if any(e.chat_id == chat_id and e.model != fp and e.document_id is None
-               and not e.passage for e in self.store.entries()):
-            why = ("stored under another model only (which answered it before; a model cannot "
-                   "read another's cache)")
-        else:
-            why = ("not stored under this model (evicted under the storage budget, or not "
-                   "kept when it was last answered)")
-        return [f"this chat's own cache is {why}: {computed:,} of its {tokens:,} tokens were "
-                "computed from its text"]
+        other = any(e.chat_id == chat_id and e.model != fp and e.document_id is None
+                    and not e.passage for e in self.store.entries())
+        return ["this chat's own cache is " + (
+            "stored under another model only (which answered it before; a model cannot read "
+            "another's cache)" if other else "not stored under this model (evicted under the "
+            "storage budget, or not kept when it was last answered)")
+            + f": {computed:,} of its {tokens:,} tokens were computed from its text"]
 
     def stale_note(self, chat_id: int | None, docs: Sequence[Document], fp: str) -> list[str]:
         """What to tell the user when the cache of a chat over `docs` exists only under other
@@ -163,9 +160,8 @@ class Library:
                 "it is not used: recomputing from text"]
 
     def unattached_notes(self, doc_ids: Sequence[int], fp: str) -> list[str]:
-        """What a question about `doc_ids` says if it computes their text, of those with no
-        cache under model `fp` whose attach is under way or was killed ("attaching",
-        "unfinished"): taken before it asks, as such an attach may end meanwhile."""
+        """What a question about `doc_ids` computing their text says of those with no cache
+        under `fp` whose attach is under way or was killed (taken before: it may end)."""
         attaching = self.store.attaching()  # (usually none: no entry is looked at then)
         current = DocumentCaches(self.store, fp).current if attaching else {}
         return [f"document {doc_id} is still being attached: its text was computed for this "
@@ -185,10 +181,9 @@ class Library:
     def documents(self, fingerprint: str) -> list[DocumentInfo]:
         """Every document, with its cache under the model `fingerprint` (status "ready"),
         only under others ("stale") or none; a long document ("passages") is answered from its
-        passages, and its cache is their KV. One
-        whose first attach is under way has no cache yet ("attaching"), nor one whose attach
-        or pull was killed ("unfinished": attaching or pulling it again finishes it, `gc` removes
-        it)."""
+        passages, and its cache is their KV. One whose first attach is under way has no cache
+        yet ("attaching"), nor one whose attach or pull was killed ("unfinished": attaching or
+        pulling it again finishes it, `gc` removes it)."""
         try:
             caches = DocumentCaches(self.store, fingerprint)
             # (a passage's KV is its document's whichever document's passage stored it)

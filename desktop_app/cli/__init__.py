@@ -7,7 +7,8 @@ never a traceback.
 
     base          the group, output, progress and Ctrl-C handling every command shares
     plain         a title as plain-text output shows it: one line, no control character
-    chat          attach, ask, reopen, docs, chats, rm
+    chat          attach, ask, reopen, export, rm
+    listings      docs, chats
     passages      what retrieval returns from a long document
     maintenance   info, verify, gc, backup, selfcheck, eval, gui
     remote        the shared cache: remote status, push, pull
@@ -26,7 +27,7 @@ import sys
 import click
 
 from ..errors import Cancelled, is_user_error
-from . import base, chat, maintenance, passages, remote, serve  # noqa: F401 - each registers its commands
+from . import base, chat, listings, maintenance, passages, remote, serve  # noqa: F401 - each registers its commands
 from .base import cli
 from .process import run
 
