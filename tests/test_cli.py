@@ -268,7 +268,9 @@ def test_attach_ask_reopen_end_to_end(tmp_path):
 
 
 @pytest.mark.model
-def test_ctrl_c_during_attach_stores_nothing(tmp_path):
+@pytest.mark.parametrize("sig,status", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_ctrl_c_or_sigterm_during_attach_stores_nothing(tmp_path, sig, status):
+    """SIGTERM (`timeout`, systemd) stops it as Ctrl-C does; its status tells them apart."""
     import signal
 
     doc = tmp_path / "long.txt"
@@ -279,9 +281,9 @@ def test_ctrl_c_during_attach_stores_nothing(tmp_path):
     for line in proc.stderr:  # wait until the prefill is under way
         if "prefill" in line:
             break
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(getattr(signal, sig))
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130  # (as a shell reports a Ctrl-C: a script tells it apart)
+    assert proc.returncode == status  # (as a shell reports a Ctrl-C: a script tells it apart)
     assert "cancelled; nothing was stored" in err and "Traceback" not in err
     assert json.loads(out) == [{"source": str(doc), "error": "cancelled; nothing was stored"}]
     assert json.loads(kvdesk("docs", "--json").stdout) == []

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import itertools
 import json
 import re
 import signal
@@ -27,7 +26,9 @@ from ..errors import is_user_error
 from ..results import Progress, levels_summary
 from ..settings import load as load_settings
 from ..validation import InvalidValue, parse
+from . import process
 from .plain import one_line
+from .process import INTERRUPTED, wants_json  # noqa: F401 - the commands' names for them
 
 T = TypeVar("T")
 M = TypeVar("M", bound=pydantic.BaseModel)
@@ -157,14 +158,6 @@ class Kvdesk(click.Group):
         return super().parse_args(ctx, args)
 
 
-def wants_json(args: list[str]) -> bool:
-    """Whether a command line asks for one JSON document on stdout, a refusal's too: --json,
-    or export's --format json (the same, as its help says), before any `--`."""
-    before = args[:args.index("--")] if "--" in args else args
-    return "--json" in before or "--format=json" in before or any(
-        pair == ("--format", "json") for pair in itertools.pairwise(before))
-
-
 class Unsettled:
     """The App of a command line asking for help while a setting is refused: what would read
     it (an option's value written "-h", taken for help) is refused for that setting."""
@@ -265,15 +258,19 @@ class TerminalProgress:
         self.last = None
 
 
-# Exit status of a command Ctrl-C stopped (128 + SIGINT, as shells report it): a script tells
-# it from a failure.
-INTERRUPTED = 130
-interrupted = False  # whether Ctrl-C stopped this command's work (`main` reads it)
+interrupted = False  # whether Ctrl-C (or SIGTERM) stopped this command's work (`main` reads it)
+kept: str | None = None  # what the command stored, said where its output fails (`main`)
+
+
+def stopper() -> str:
+    """What stopped the work, as a note names it: Ctrl-C, or SIGTERM (`timeout`, systemd)."""
+    return "SIGTERM" if process.terminated() else "Ctrl-C"
 
 
 @contextlib.contextmanager
 def interruptible():
-    """Ctrl-C sets a cancel event the engine checks between slices, so it stops cleanly."""
+    """Ctrl-C sets a cancel event the engine checks between slices, so it stops cleanly (and
+    SIGTERM does, through it, in a process `run` started)."""
     cancel = threading.Event()
 
     def on_sigint(signum, frame):
@@ -293,7 +290,7 @@ def interruptible():
 
 def stopped(said: str, as_json: bool) -> None:
     """Exit after Ctrl-C stopped the work: `said` on stderr, and with --json one JSON
-    document too (as every refusal prints one)."""
+    document too (as every refusal prints one). (After SIGTERM `run` makes the status 143.)"""
     if as_json:
         print_json({"error": said, "kind": "Cancelled"})
     click.echo(said[0].upper() + said[1:] + ".", err=True)

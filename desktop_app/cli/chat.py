@@ -21,6 +21,8 @@ from ..results import (
     restore_phrase,
     size_text,
 )
+from . import base
+from .answers import answer_notes, finish_exact
 from .base import (
     INTERRUPTED,
     TerminalProgress,
@@ -42,6 +44,7 @@ from .base import (
 )
 from .flags import generation_options, known_levels, restore_options
 from .plain import one_line
+from .streams import OutputFailed
 
 
 @cli.command()
@@ -56,7 +59,7 @@ def attach(app: App, files: tuple[str, ...], levels: list[str] | None, no_server
     """Attach documents: extract, prefill once, compress and store their KV cache."""
     if levels is not None:
         known_levels("--levels", levels)
-    results, failed, attached = [], False, 0
+    results, failed, attached, kept = [], False, 0, []
     bar = TerminalProgress()
     client = server_client(app, no_server)
     engine = client or app.engine
@@ -85,6 +88,10 @@ def attach(app: App, files: tuple[str, ...], levels: list[str] | None, no_server
             if not attached:
                 say_served(client)
             attached += 1
+            kept.append(res.doc_id)  # (said if the output fails: a script learns its ids)
+            base.kept = (f"document {kept[0]} is attached all the same (`kvdesk docs` lists "
+                         "it)" if len(kept) == 1 else f"documents {', '.join(map(str, kept))} "
+                         "are attached all the same (`kvdesk docs` lists them)")
             for w in res.warnings:
                 if w not in bar.noted:
                     click.echo(f"Warning: {w}", err=True)
@@ -172,14 +179,20 @@ def ask(app: App, args, chat_id, docs, restore, generation, no_server, as_json):
         only_reading(app)
     bar = TerminalProgress()
     started = []
+    lost: list[OutputFailed] = []  # stdout's failure: the answer is stopped as Ctrl-C stops it
 
     def on_token(text: str) -> None:
         if not started:  # the engine streams an answer from its first visible character
             started.append(True)
             if not as_json:
                 bar.done()
-        if not as_json:
+        if as_json or lost:
+            return
+        try:
             click.echo(text, nl=False)
+        except OutputFailed as e:  # (`| head -1` read enough; a full disk: none of it is read)
+            lost.append(e)
+            cancel.set()
 
     said: list[str] = []
 
@@ -198,6 +211,8 @@ def ask(app: App, args, chat_id, docs, restore, generation, no_server, as_json):
                 generation=generation, on_token=on_token, on_restore=on_restore, progress=bar,
                 cancel=cancel)
         except Cancelled:  # Ctrl-C before the answer's first word, wherever the work was
+            if lost:
+                raise lost[0] from None
             if not cancel.is_set():
                 raise
             bar.done()
@@ -209,6 +224,12 @@ def ask(app: App, args, chat_id, docs, restore, generation, no_server, as_json):
             if started and not as_json:  # the error's line starts below the streamed words
                 click.echo()
             raise
+    if res.stored:
+        so_far = "so far " if cancel.is_set() else ""
+        base.kept = (f"the answer {so_far}is kept, in chat {res.chat_id} (`kvdesk export "
+                     f"{res.chat_id}` prints it)")
+    if lost:
+        raise lost[0]
     if not started and not as_json:
         bar.done()  # (an answer of no visible character never cleared it)
     if not as_json:
@@ -237,59 +258,6 @@ def ask(app: App, args, chat_id, docs, restore, generation, no_server, as_json):
             finish_exact(app, res.chat_id, res.blended)
     if res.finish_reason == SERVER_STOPPED and not cancel.is_set():  # (its note says so)
         sys.exit(1)  # a script keeps no answer the server's stop cut short as a whole one
-
-
-def answer_notes(res, *, stopped: bool, one_shot: bool) -> list[str]:
-    """What `ask` says of an answer beyond the engine's messages: that it was stopped or ran
-    to its limit, and a stopped blended chat's exact context left for its next turn (this
-    process computes it otherwise: `finish_exact`)."""
-    notes = []
-    if stopped:
-        notes.append("stopped (Ctrl-C): the answer so far is kept")
-    elif res.finish_reason == "length":
-        n = res.tokens_generated
-        notes.append(f"the answer stopped at its limit of {n:,} token{'' if n == 1 else 's'} "
-                     "(--max-tokens, or the room left in the context): it may be cut short")
-    if stopped and one_shot and res.blended and res.blended.get("mode") == "blended":
-        notes.append("this chat's exact context was not computed (the answer was stopped): "
-                     "its next turn offers it again")
-    return notes
-
-
-def finish_exact(app: App, chat_id: int, blended: dict | None) -> list[str]:
-    """A blended chat's exact context, computed before this process exits (which would end
-    the engine's background pass, storing nothing), with progress; Ctrl-C skips it. A server
-    or the window computes it in the background instead: they keep running. It comes after
-    the command's own text output: the answer and its report do not wait on it (--json's one
-    object does, to carry them). What it said: how it went, and what storing it evicted."""
-    if not blended or blended.get("mode") != "blended":
-        return []
-    bar = TerminalProgress()
-
-    def progress(p) -> None:
-        if bar.last is None:
-            click.echo("Computing this chat's exact context, so that its next turns and "
-                       "reopens are exact (Ctrl-C skips it)...", err=True)
-        bar(p)
-
-    # A one-shot engine starts no work its exit would cancel: the pass is asked for here.
-    with interruptible() as cancel:
-        stored = app.engine.exactness.finish(chat_id, progress=progress, cancel=cancel,
-                                             ask=True)
-    bar.done()
-    if not stored:  # stopped now, nothing of it stored (and no context left loading)
-        app.engine.exactness.close()
-    said = (["the exact context is stored: the next turns and reopens of this chat are exact"]
-        if stored else
-        ["skipped: the chat stays blended, and its next turn offers this again"]
-        if cancel.is_set() else
-        ["the exact context is larger than the storage budget (storage_budget_gb), which "
-         "evicted it at once: the chat stays blended"]
-        if app.engine.exactness.too_big(chat_id) else
-        ["the exact context could not be computed (the log says why): the chat stays "
-         "blended"]) + app.engine.exactness.said(chat_id).get(chat_id, [])
-    say(said)
-    return said
 
 
 @cli.command()

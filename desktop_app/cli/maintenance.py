@@ -29,6 +29,7 @@ from .base import (
     only_reading,
     print_json,
     stopped,
+    stopper,
     values,
 )
 
@@ -186,8 +187,8 @@ def gc(app: App, budget_gb: float | None, as_json: bool):
          "have it)"]
         if removed else [])])
     if report["stopped"]:
-        click.echo("Stopped by Ctrl-C: what it evicted stays evicted (kvdesk gc again goes on).",
-                   err=True)
+        click.echo(f"Stopped by {stopper()}: what it evicted stays evicted (kvdesk gc again goes "
+                   "on).", err=True)
         sys.exit(INTERRUPTED)
 
 

@@ -24,6 +24,7 @@ from .base import (
     json_option,
     only_reading,
     say,
+    stopper,
 )
 
 
@@ -110,7 +111,7 @@ def _stopped(not_done: int, what: str) -> None:
     """Exit as Ctrl-C stopped the command, saying what it left (what it did is said above);
     one that came after the last object stopped nothing: the command ends as it would have."""
     if not not_done:
-        say(["Ctrl-C came after the last one: nothing was left to do"])
+        say([f"{stopper()} came after the last one: nothing was left to do"])
         return
     say([f"stopped: {not_done} {what}"])
     sys.exit(INTERRUPTED)
