@@ -42,14 +42,19 @@ class ContextFullError(EngineError):
     request's field that holds it (an API's "messages" or "prompt"). For a conversation
     measured, `over` is how many tokens too many it has and `sizes` each message's share of
     its tokens, in the request's order: what a caller leaving out old messages needs to leave
-    out enough at once (`server.ollama.fitted`), not one at a time."""
+    out enough at once (`server.ollama.fitted`), not one at a time. `own` is each message's
+    text's tokens alone (no share of the template's, which shifts as messages come), and
+    `space` the tokens the context holds beside the request's documents: what that caller
+    cuts by, at the same messages however many come after them."""
 
     def __init__(self, message: str, field: str = "messages", *, over: int = 0,
-                 sizes: tuple[float, ...] = ()):
+                 sizes: tuple[float, ...] = (), own: tuple[int, ...] = (), space: int = 0):
         super().__init__(message)
         self.field = field
         self.over = over
         self.sizes = sizes
+        self.own = own
+        self.space = space
 
 
 class ChatFullError(EngineError):

@@ -109,3 +109,38 @@ def test_an_agents_question_is_kept_with_its_calls_and_their_results():
     assert fitted(fits(4), agent, question=3).messages[1] == "S Q call Tool result: 18 C"
     with pytest.raises(ContextFullError):
         fitted(fits(3), agent, question=3)
+
+
+def test_a_growing_conversation_is_cut_at_the_same_message_until_it_fills_again():
+    """Left out just enough, each turn's window would start a message later, and no stored
+    prefix would reach past the system prompt. A block at a time, at cuts that stay where
+    they are as the conversation grows (each measured by the text before it, with no state
+    kept between requests): each turn's window extends the last one's, but at a new cut,
+    after which the window holds about half the context."""
+    n_ctx, room = 600, 20
+
+    def complete(messages, leave_room):
+        sizes = tuple(4.0 + len(m["content"].split()) for m in messages)  # 4: the template
+        over = int(sum(sizes)) + 2 + (room if leave_room else 0) - n_ctx
+        if over > 0:
+            raise ContextFullError("too long", over=over, sizes=sizes,
+                                   own=tuple(len(m["content"].split()) for m in messages),
+                                   space=n_ctx)
+        return answered(messages)
+
+    history, windows, cut_at = [{"role": "system", "content": "S"}], [], []
+    for i in range(60):
+        history.append({"role": "user", "content": f"u{i} " + "word " * (5 + i * 7 % 13)})
+        said = fitted(complete, history).messages
+        windows.append(said[-1].split())
+        if len(said) > 1:
+            cut_at.append(i)
+        history.append({"role": "assistant", "content": f"a{i} " + "word " * 9})
+    assert cut_at and cut_at[0] > 10  # (it fitted whole before)
+    cuts = [i for i in range(1, len(windows)) if windows[i][:len(windows[i - 1])] !=
+            windows[i - 1]]
+    assert 2 <= len(cuts) <= 4, cuts  # not a new start each turn past the context
+    for i in cuts:  # each cut leaves the window about half the context (its words here)
+        assert len(windows[i]) < n_ctx // 2 < len(windows[i - 1]), i
+    again = fitted(complete, history[:2 * cuts[-1] + 2]).messages[-1].split()
+    assert again == windows[cuts[-1]]  # (the same request, the same cut: no state)

@@ -115,16 +115,41 @@ def test_a_conversation_longer_than_the_context_loses_its_oldest_messages(client
     assert whole.done and whole.message.content and whole.prompt_eval_count < 1024
     said = httpx.post(f"{served.url}/api/chat", trust_env=False, timeout=120, json={
         "model": "default", "messages": history, "options": QUIET, "stream": False}).json()
-    (note,) = [m for m in said["kvdesk"]["messages"] if "oldest" in m]
-    left_out = int(note.split(" oldest ")[0].rsplit(" ", 1)[1])
-    assert left_out % 2 == 0 and 0 < left_out < 24  # whole turns; the last question kept
-    one_more = [history[0], *history[left_out - 1:]]  # (left out at once: no more than needed)
+    assert left_out(said) % 2 == 0 and 0 < left_out(said) < 24  # whole turns; the question kept
     refused = httpx.post(f"{served.url}/v1/chat/completions", trust_env=False, timeout=120,
-                         json={"model": "default", "messages": one_more, "max_tokens": 1})
+                         json={"model": "default", "messages": history, "max_tokens": 1})
     assert refused.json()["error"]["code"] == "context_length_exceeded"
     with pytest.raises(ollama.ResponseError):  # nothing but the question is too long
         client.chat(model="default", options=QUIET,
                     messages=[{"role": "user", "content": "Ferry " * 3000}])
+
+
+def left_out(said: dict) -> int:
+    """How many oldest messages an answer says were left out."""
+    (note,) = [m for m in said["kvdesk"]["messages"] if "oldest" in m]
+    return int(note.split(" oldest ")[0].rsplit(" ", 1)[1])
+
+
+def test_the_next_turn_past_the_context_finds_the_window_left_in_the_cache(served):
+    """Left out just enough, each turn's window started a message later (each question here
+    is longer than an old turn): nothing held past the system prompt, the whole context
+    computed and stored again each turn. Left out a block at a time, at the same message
+    the next turn cuts at too, the turn after the first cut holds all but its new messages."""
+    history = [{"role": "system", "content": "You answer questions about the ferries."}]
+    for i in range(13):  # (~800 tokens: the first questions fit whole)
+        history += [{"role": "user", "content": f"Tell me about ferry number {i}. " * 4},
+                    {"role": "assistant", "content": f"Ferry {i} sails at noon. " * 4}]
+    said = []
+    while len(said) < 8 and (len(said) < 2 or "oldest" not in str(said[-2]["kvdesk"])):
+        history.append({"role": "user", "content": "Which ferries sail at noon, and from "
+                        f"which pier does ferry {len(said)} leave? " * 3})
+        said.append(httpx.post(f"{served.url}/api/chat", trust_env=False, timeout=120, json={
+            "model": "default", "messages": history, "options": QUIET,
+            "stream": False}).json())
+        history.append({"role": "assistant", "content": said[-1]["message"]["content"]})
+    first, second = said[-2:]
+    assert left_out(first) == left_out(second) > 0, said
+    assert second["kvdesk"]["restored_tokens"] > 0.8 * second["prompt_eval_count"], second
 
 
 def test_a_history_left_shorter_leaves_room_for_the_answer(served):

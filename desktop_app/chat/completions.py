@@ -173,7 +173,9 @@ class Completions:
             own = [len(rt.tokenize(m["content"])) for m in messages]
             each = max(0, len(tokens) - len(head_tokens) - sum(own)) / len(own)  # the template
             raise _too_long(rt, len(tokens), "messages", over=len(tokens) + 2 + room - rt.n_ctx,
-                            sizes=(*(n + each for n in own), *[0.0] * (given - len(own))))
+                            sizes=(*(n + each for n in own), *[0.0] * (given - len(own))),
+                            own=(*own, *[0] * (given - len(own))),
+                            space=rt.n_ctx - len(head_tokens))
         return (Turn(msgs, text, tokens, prefill), sources, quoted, [*split, *notes],
                 s.longdocs.named(wholes))
 

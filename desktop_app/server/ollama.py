@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -47,7 +47,7 @@ from ..app import App
 from ..chat.completions import RawPrompt
 from ..errors import ContextFullError
 from ..results import Completion
-from ..tools import Offer, Watch, read
+from ..tools import RESULT, Offer, Watch, read
 from . import bridge, embeddings, streams
 from . import ollama_shapes as sh
 from .failures import ApiError, cut_short, error_of, finished, refuse_cut
@@ -58,6 +58,11 @@ from .served import Served
 OLLAMA_API_VERSION = "0.12.0"
 # When Ollama would unload the model: kvdesk keeps it for as long as it serves.
 NEVER = "9999-12-31T23:59:59Z"
+# A conversation past the context loses its oldest turns in blocks of at least 1/SHIFT_SHARE
+# of what the context holds beside its documents and system messages (in their text's
+# tokens): after a cut the rest fills about half of it, and the turns after it find that in
+# the prompt cache until it fills again. llama.cpp's and Ollama's context shift drop half too.
+SHIFT_SHARE = 2
 
 
 def install(api: FastAPI, app: App, stopping: bridge.Stopping) -> None:
@@ -287,12 +292,22 @@ def fitted(complete: Callable[[list[dict], bool], Completion], messages: list[di
     ("length"). What is left when nothing more may go is answered with the room there is,
     as before any went. Each refusal says by how many tokens and what each message holds,
     so enough turns go at once: a long history is measured a few times, not once a turn
-    left out."""
+    left out.
+
+    They go as Ollama's context shift drops tokens, in spirit: a block at a time, at a cut
+    that stays where it is as the conversation grows (`_cuts`), so that the next turns
+    start with the same kept window and find it in the prompt cache until it overflows in
+    turn. Leaving out just enough would start each turn's window one message later: no
+    stored prefix past the system prompt, the whole context computed, and stored, a turn.
+    The cut is the request's alone (no client's state): after a restart, or from another
+    client, the same messages are cut at the same one."""
     if question == -1:
         question = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
     kept = {len(messages) - 1, *(range(question, len(messages)) if question is not None
                                  else ())}
     t0, left_out, room = time.perf_counter(), 0, True
+    at = list(range(len(messages)))  # each message's place in the request
+    cuts: list[int] | None = None  # where a block may end, in the request's places
     while True:
         tried = time.perf_counter()
         try:
@@ -300,7 +315,12 @@ def fitted(complete: Callable[[list[dict], bool], Completion], messages: list[di
         except ContextFullError as e:
             measured = len(e.sizes) == len(messages)  # (else one turn a try)
             sizes = list(e.sizes) if measured else [0.0] * len(messages)
-            freed, dropped = 0.0, 0
+            if cuts is None:  # (the first refusal's: the whole request's)
+                cuts = _cuts(messages, e.own, e.space, min(kept)) \
+                    if measured and len(e.own) == len(messages) else []
+            turn = _block(messages, at, kept, cuts, sizes, e.over) if measured else []
+            freed, dropped = sum(sizes[i] for i in turn), len(turn)
+            messages, sizes, at, kept = _without(turn, messages, sizes, at, kept)
             while not dropped or measured and freed < e.over:
                 turn = _oldest_turn(messages, kept)
                 if not turn:
@@ -310,9 +330,7 @@ def fitted(complete: Callable[[list[dict], bool], Completion], messages: list[di
                         room = False  # (tried with the room there is, as before any went)
                     break  # (tried again: the shares are estimates)
                 freed += sum(sizes[i] for i in turn)
-                kept = {i - sum(j < i for j in turn) for i in kept}
-                messages = [m for i, m in enumerate(messages) if i not in turn]
-                sizes = [n for i, n in enumerate(sizes) if i not in turn]
+                messages, sizes, at, kept = _without(turn, messages, sizes, at, kept)
                 dropped += len(turn)
             left_out += dropped
             continue
@@ -322,7 +340,51 @@ def fitted(complete: Callable[[list[dict], bool], Completion], messages: list[di
         answer = ", with room for the answer," if room else ""
         return replace(done, ttft_s=round(done.ttft_s + tried - t0, 4), messages=[
             f"the conversation{answer} is longer than the context: its {left_out} oldest "
-            "message(s) were left out, as Ollama leaves them out", *done.messages])
+            "message(s) were left out, as Ollama leaves them out: a block at a time, so that "
+            "the next turns start where this one does and find it in the prompt cache",
+            *done.messages])
+
+
+def _cuts(messages: list[dict], own: Sequence[int], space: int, end: int) -> list[int]:
+    """Where a block of left-out messages may end: at a turn's first message (a user's, not
+    a tool's result) before `end`, once a block's tokens of text have gone by since the
+    start or the cut before: 1/SHIFT_SHARE of the `space` the system messages (kept, as
+    Ollama's `num_keep` keeps their tokens) leave. Each depends on the messages before it
+    only, so a conversation that grows keeps them."""
+    system = sum(n for n, m in zip(own, messages, strict=True) if m["role"] == "system")
+    block = (space - system) // SHIFT_SHARE
+    cuts, since = [], 0
+    for i, m in enumerate(messages[:end] if block > 0 else ()):
+        if m["role"] == "user" and not m.get(RESULT) and since >= block:
+            cuts.append(i)
+            since = 0
+        if m["role"] != "system":
+            since += own[i]
+    return cuts
+
+
+def _block(messages: list[dict], at: list[int], kept: set[int], cuts: list[int],
+           sizes: list[float], over: int) -> list[int]:
+    """The messages before the first cut whose leaving out frees `over` tokens (by `sizes`),
+    else before the last cut (what is left goes a turn at a time): positions in `messages`,
+    whose places in the request are `at`."""
+    turn: list[int] = []
+    for cut in cuts:
+        turn = [i for i, m in enumerate(messages) if at[i] < cut and i not in kept
+                and m["role"] != "system"]
+        if sum(sizes[i] for i in turn) >= over:
+            break
+    return turn
+
+
+def _without(turn: list[int], messages: list[dict], sizes: list[float], at: list[int],
+             kept: set[int]) -> tuple[list[dict], list[float], list[int], set[int]]:
+    """The messages, their sizes and places, less those at `turn`; `kept` renumbered."""
+    gone = set(turn)
+    return ([m for i, m in enumerate(messages) if i not in gone],
+            [n for i, n in enumerate(sizes) if i not in gone],
+            [j for i, j in enumerate(at) if i not in gone],
+            {i - sum(j < i for j in gone) for i in kept})
 
 
 def _oldest_turn(messages: list[dict], kept: set[int]) -> list[int]:
