@@ -44,7 +44,11 @@ def document(n_tokens: int) -> str:
 
 
 class Served:
-    def __init__(self, data: Path, port: int):
+    """`kvdesk serve` in its own process: the checkout `cwd`'s (by default this one's), with a
+    context of `n_ctx` tokens if given."""
+
+    def __init__(self, data: Path, port: int, *, n_ctx: int | None = None,
+                 cwd: str | None = None):
         self.url = f"http://127.0.0.1:{port}"
         # Its own settings: no background calibration competing with the requests timed.
         config = data.parent / "config"
@@ -53,8 +57,10 @@ class Served:
         (config / "settings.json").write_text('{"calibrate_automatically": false, '
                                               '"ollama_port": null}')
         env = {**os.environ, "KVDESK_DATA_DIR": str(data), "KVDESK_CONFIG_DIR": str(config)}
-        self.proc = subprocess.Popen([sys.executable, "-m", "desktop_app", "serve", "--port",
-                                      str(port)], env=env, stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen([sys.executable, "-m", "desktop_app",
+                                      *(["--n-ctx", str(n_ctx)] if n_ctx else []), "serve",
+                                      "--port", str(port)], env=env, cwd=cwd,
+                                     stderr=subprocess.PIPE, text=True)
         for line in self.proc.stderr:  # ready once it says it serves
             if "serves" in line:
                 break
