@@ -126,21 +126,26 @@ def test_a_conversation_longer_than_the_context_loses_its_oldest_messages(client
 
 def left_out(said: dict) -> int:
     """How many oldest messages an answer says were left out."""
-    (note,) = [m for m in said["kvdesk"]["messages"] if "oldest" in m]
-    return int(note.split(" oldest ")[0].rsplit(" ", 1)[1])
+    notes = [m for m in said["kvdesk"]["messages"] if "oldest" in m]
+    return int(notes[0].split(" oldest ")[0].rsplit(" ", 1)[1]) if notes else 0
 
 
-def test_the_next_turn_past_the_context_finds_the_window_left_in_the_cache(served):
+@pytest.mark.parametrize("turns", [14, 700])
+def test_the_next_turn_past_the_context_finds_the_window_left_in_the_cache(served, turns):
     """Left out just enough, each turn's window started a message later (each question here
     is longer than an old turn): nothing held past the system prompt, the whole context
     computed and stored again each turn. Left out a block at a time, at the same message
-    the next turn cuts at too, the turn after the first cut holds all but its new messages."""
+    the next turn cuts at too, the turn after a cut holds all but its new messages: when
+    the conversation grows past the context (14 turns: ~850 tokens), and when it comes with
+    more text than the context could hold tokens of (700: ~100 KB, refused by its bytes
+    alone before; a conversation landing within a block may need a second cut soon after)."""
     history = [{"role": "system", "content": "You answer questions about the ferries."}]
-    for i in range(13):  # (~800 tokens: the first questions fit whole)
-        history += [{"role": "user", "content": f"Tell me about ferry number {i}. " * 4},
-                    {"role": "assistant", "content": f"Ferry {i} sails at noon. " * 4}]
+    for i in range(turns):
+        history += [{"role": "user", "content": f"Tell me about ferry {i}. " * 3},
+                    {"role": "assistant", "content": f"Ferry {i} sails at noon. " * 3}]
     said = []
-    while len(said) < 8 and (len(said) < 2 or "oldest" not in str(said[-2]["kvdesk"])):
+    while len(said) < 6 and (len(said) < 2 or not left_out(said[-2]) or
+                             left_out(said[-2]) != left_out(said[-1])):
         history.append({"role": "user", "content": "Which ferries sail at noon, and from "
                         f"which pier does ferry {len(said)} leave? " * 3})
         said.append(httpx.post(f"{served.url}/api/chat", trust_env=False, timeout=120, json={
