@@ -17,7 +17,8 @@ it, extended by its answer.
 
 It runs in the chat context, one turn at a time in arrival order, beside the window's chats; a
 request whose text has more bytes than the context could hold tokens of (`llamacalls.
-longest_piece`) is refused before its turn, not after seconds of tokenizing it in the queue.
+longest_piece`) is refused before its turn, not after seconds of tokenizing it in the queue
+(of a conversation its caller trims to fit, the last message: the rest is measured to cut).
 It never touches chats or messages: a client's conversation lives in the client.
 """
 

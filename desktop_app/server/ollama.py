@@ -10,8 +10,10 @@ JS clients, Open WebUI's Ollama mode, editor and notes plugins.
     POST /api/chat                            a conversation answered, streamed as Ollama
                                               streams (JSON lines) unless "stream": false;
                                               longer than the context, its oldest messages
-                                              left out, as Ollama leaves them, with room
-                                              left for the answer (`fitted`); tools
+                                              left out, as Ollama leaves them, a block at a
+                                              time (its next turns keep the cut and find
+                                              the rest cached), with room left for the
+                                              answer (`fitted`); tools
                                               offered, calls answered (`desktop_app.tools`)
     POST /api/generate                        a prompt: through the chat template (with
                                               `system`), as it is (`raw`), or filled in
