@@ -271,3 +271,16 @@ def test_a_patterns_dot_and_negated_class_are_a_json_strings_characters(runtime,
     letter = runtime.tokenize("y")[0]
     assert not takes('{"name": "x', tab) and takes('{"name": "x', escaped) == ("." in pattern)
     assert takes('{"name": "x', letter) and not takes('{"name": "x"', letter)
+
+
+@pytest.mark.parametrize("pattern", ["^[]a]+$", "^[^]]+$", "^a}$", "^a]$"])
+def test_a_pattern_with_a_bracket_that_closes_nothing_is_refused_not_looped_on(pattern):
+    """(llama-cpp-python's converter looped for good on a stray `]` or `}`: a server's every
+    route, /health too, waited behind the request.)"""
+    schema = {"type": "object", "properties": {"n": {"type": "string", "pattern": pattern}}}
+    with pytest.raises(InvalidValue, match="closes nothing"):
+        llamacalls.json_schema(schema, "response_format")
+    with pytest.raises(InvalidValue, match="closes nothing"):
+        llamacalls.schema_rules([("args", schema, "tools.0")])
+    escaped = {"type": "object", "properties": {"n": {"type": "string", "pattern": "^\\]x\\}$"}}}
+    assert llamacalls.json_schema(escaped, "f")  # (the characters themselves: taken)

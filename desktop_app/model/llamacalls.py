@@ -252,18 +252,23 @@ class _Converter(llama_grammar.SchemaConverter):
 def _json_classes(pattern: str) -> str:
     """`pattern` with `_NOT_IN_STRING` added to each negated class (`[^...]`), read as the
     converter reads a pattern: a backslash escapes the next character, a class runs to its
-    first unescaped `]`."""
-    out, i, inside = [], 0, False
+    first unescaped `]`. A `]` or `}` that closes nothing is refused: the converter would loop
+    on it for good (a server's every route waiting behind it)."""
+    out, i, inside, bound = [], 0, False, False
     while i < len(pattern):
         c = pattern[i]
         if c == "\\":
             out.append(pattern[i:i + 2])
             i += 2
             continue
+        if not inside and (c == "]" or c == "}" and not bound):
+            raise ValueError(f"the pattern's {c!r} at {i} closes nothing (\\{c} is the "
+                             "character itself)")
         if not inside and pattern.startswith("[^", i):
             out.append("[^" + _NOT_IN_STRING)
             inside, i = True, i + 2
             continue
+        bound = (bound or c == "{") and c != "}" if not inside else bound
         inside = (inside or c == "[") and c != "]"
         out.append(c)
         i += 1
