@@ -205,15 +205,17 @@ def cli(ctx: click.Context, model: str | None, data_dir: str | None, n_ctx: int 
     ctx.obj = app
     ctx.call_on_close(app.close)
     if not background and not app.holds_store:
-        ctx.call_on_close(lambda: _say_made(app))
+        was = _folder(app.data_dir)
+        ctx.call_on_close(lambda: _say_made(app, was))
 
 
-def _say_made(app: App) -> None:
-    """A store this one-shot command made (a first attach or ask): where it is, once."""
+def _say_made(app: App, folder: bool) -> None:
+    """A store this one-shot command made (a first attach or ask; in a `folder` that was
+    there, or not): where it is, once."""
     if app.holds_store:
-        say([f"kvdesk made its data directory, {app.data_dir}: it keeps your documents' text, "
-             "chats and caches there (`kvdesk info` names it; --data-dir or KVDESK_DATA_DIR "
-             "moves it)"])
+        say([("kvdesk made its store in" if folder else "kvdesk made its data directory,")
+             + f" {app.data_dir}: it keeps your documents' text, chats and caches there "
+             "(`kvdesk info` names it; --data-dir or KVDESK_DATA_DIR moves it)"])
 
 
 # A chat's turn or a file's attach held by another process (`turns.waited`): no percentage.
