@@ -60,7 +60,8 @@ class ContextFullError(EngineError):
 class ChatFullError(EngineError):
     """A chat's next question refused: the chat fills its context, leaving no room for the
     question and an answer. `doc_ids` are the chat's documents, which a new chat can take on
-    (its turns it cannot): what a front end offers to go on with."""
+    (its turns it cannot): what a front end offers to go on with; none where they take most
+    of the context themselves (a new chat over them would be as full at once)."""
 
     def __init__(self, message: str, doc_ids: tuple[int, ...] = ()):
         super().__init__(message)

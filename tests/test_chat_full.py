@@ -67,3 +67,26 @@ def test_a_servers_refusal_keeps_the_chats_documents_for_the_command_line():
     with pytest.raises(ChatFullError) as refused:
         _raise(status, body["error"])
     assert refused.value.doc_ids == (2, 5) and str(refused.value) == "the chat is full: ..."
+
+
+def test_documents_that_take_most_of_the_context_get_advice_that_helps():
+    """(A new chat over the same documents was offered where they alone took most of the
+    context: as full after one answer, a circle.) A larger context or shorter answers
+    instead, and no documents to go on with; a document read from its passages (longer than
+    the context) does not count."""
+    from types import SimpleNamespace
+
+    from desktop_app.chat.turns import filling
+
+    big, book = SimpleNamespace(id=1, n_tokens=300), SimpleNamespace(id=2, n_tokens=90_000)
+    with pytest.raises(ChatFullError, match="its documents alone take about 300 of the 512 "
+                       "tokens.*a larger context") as refused:
+        check_room(512, 500, 10, 1, [big], max_tokens=64)
+    assert refused.value.doc_ids == ()
+    with pytest.raises(ChatFullError, match="start a new chat over the same") as refused:
+        check_room(512, 500, 10, 1, [book], max_tokens=64)
+    assert refused.value.doc_ids == (2,)
+    said, = filling(512, 400, 430, [big])
+    assert "about 2 more turns like this one fit, then its documents alone take" in said
+    said, = filling(512, 400, 440, [book])
+    assert "about 1 more turn like this one fits, then start a new chat" in said

@@ -50,3 +50,17 @@ def test_a_chat_opened_nearly_full_says_so_and_offers_a_new_chat(qtbot, window, 
     assert window.fit_note.isVisibleTo(window) and room in window.fit_note.text()
     window.new_chat()
     assert not window.continue_button.isVisibleTo(window)
+
+
+def test_a_chat_its_documents_fill_is_refused_without_offering_a_new_chat_over_them(
+        qtbot, window, engine):
+    """(A new chat over documents that fill most of the context is as full at once: the
+    refusal carries no documents to go on with, and the window offers none.)"""
+    chat = next(c for c in engine.chats() if len(c.doc_ids) == 2)
+    opened(qtbot, window, chat.chat_id)
+    engine.fail_next["ask"] = ChatFullError("the chat is full: its documents alone take about "
+                                            "7,000 of the 8,192 tokens", ())
+    with qtbot.waitSignal(window.answer_done, timeout=5000):
+        window.send("And the third one?")
+    qtbot.wait(50)
+    assert not window.continue_button.isVisibleTo(window)

@@ -67,12 +67,26 @@ def check_room(n_ctx: int, context: int, question: int, chat_id: int | None,
     total = context + question
     raise ChatFullError(f"the chat is full: {total:,} tokens of a {n_ctx:,}-token context"
                         + ("" if total >= n_ctx else ", too few left for an answer")
-                        + f"; {_go_on(docs)}", tuple(d.id for d in docs))
+                        + f"; {_go_on(docs, n_ctx)}",
+                        () if _crowding(docs, n_ctx) else tuple(d.id for d in docs))
 
 
-def _go_on(docs: Sequence[Document]) -> str:
+def _go_on(docs: Sequence[Document], n_ctx: int) -> str:
+    """What goes on: a new chat over the same documents, unless they take most of the context
+    themselves (a new chat over them is as full after an answer or two). A document longer
+    than the context is read from its passages: it takes no more than they do."""
+    if held := _crowding(docs, n_ctx):
+        return (f"its documents alone take about {held:,} of the {n_ctx:,} tokens, so a new "
+                "chat over them has little more room: a larger context (--n-ctx, or the "
+                "context size in the settings) or shorter answers (--max-tokens) give it more")
     return "start a new chat" + (" over the same documents" if docs else "") + \
         " (this chat's turns do not go with it)"
+
+
+def _crowding(docs: Sequence[Document], n_ctx: int) -> int:
+    """The tokens `docs` take where they take over half the context (else 0)."""
+    held = sum(n for d in docs if (n := d.n_tokens or 0) < n_ctx)
+    return held if held > n_ctx // 2 else 0
 
 
 def filling(n_ctx: int, before: int, after: int, docs: Sequence[Document]) -> list[str]:
@@ -83,8 +97,9 @@ def filling(n_ctx: int, before: int, after: int, docs: Sequence[Document]) -> li
     more = max(0, n_ctx - CLOSING_ROOM - after) // max(1, after - before)
     return [f"this chat now fills {after:,} of the {n_ctx:,}-token context "
             f"({100 * after // n_ctx} %): " + (
-                f"about {counted(more, 'more turn')} like this one fit, then {_go_on(docs)}"
-                if more else f"another turn like this one does not fit; {_go_on(docs)}")]
+                f"about {counted(more, 'more turn')} like this one "
+                f"{'fits' if more == 1 else 'fit'}, then {_go_on(docs, n_ctx)}"
+                if more else f"another turn like this one does not fit; {_go_on(docs, n_ctx)}")]
 
 
 def full(n_ctx: int, tokens: int) -> bool:
@@ -98,6 +113,6 @@ def fullness(n_ctx: int, tokens: int, docs: Sequence[Document]) -> list[str]:
         return []
     said = f"this chat fills {tokens:,} of the {n_ctx:,}-token context ({100 * tokens // n_ctx} %)"
     if full(n_ctx, tokens):
-        return [f"{said}: it is full, and a question in it is refused; {_go_on(docs)}"]
+        return [f"{said}: it is full, and a question in it is refused; {_go_on(docs, n_ctx)}"]
     return [f"{said}: {n_ctx - tokens:,} tokens are left for its next questions and answers, "
-            f"then {_go_on(docs)}"]
+            f"then {_go_on(docs, n_ctx)}"]

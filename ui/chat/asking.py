@@ -183,7 +183,8 @@ class AskingMixin:
 
         def ended(note: str, error: bool = False) -> None:
             self.answering = None
-            if isinstance(job.error, ChatFullError):  # ("Continue in a new chat" offered)
+            # ("Continue in a new chat" offered: not where its documents alone fill it)
+            if isinstance(job.error, ChatFullError) and job.error.doc_ids:
                 self._refused_in = answering.chat_id
             if self.answer_serial != self.serial:
                 left_behind(answering.chat_id)
