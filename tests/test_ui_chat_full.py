@@ -64,3 +64,22 @@ def test_a_chat_its_documents_fill_is_refused_without_offering_a_new_chat_over_t
         window.send("And the third one?")
     qtbot.wait(50)
     assert not window.continue_button.isVisibleTo(window)
+
+
+def test_the_answer_that_takes_a_chat_past_80_percent_offers_a_new_chat(qtbot, window, engine,
+                                                                        monkeypatch):
+    """(Only a reopen or a refusal showed it: the window's room is estimated again after each
+    answer.)"""
+    chat = engine.chats()[0]
+    opened(qtbot, window, chat.chat_id)
+    assert not window.continue_button.isVisibleTo(window)
+    estimate, ask, answered = engine.estimate, engine.ask, []
+    room = ("this chat fills 7,000 of the 8,192-token context (85 %): 1,192 tokens are left "
+            "for its next questions and answers, then start a new chat over the same documents")
+    monkeypatch.setattr(engine, "estimate", lambda chat_id=None, doc_ids=(): replace(
+        estimate(chat_id=chat_id, doc_ids=doc_ids), notes=[room] if answered else []))
+    # (the turn that crosses 80 %: the chat is that full once it is answered)
+    monkeypatch.setattr(engine, "ask", lambda *a, **k: answered.append(1) or ask(*a, **k))
+    with qtbot.waitSignal(window.answer_done, timeout=5000):
+        window.send("One more?")
+    qtbot.waitUntil(lambda: window.continue_button.isVisibleTo(window))
