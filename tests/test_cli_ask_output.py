@@ -265,6 +265,14 @@ def test_a_title_with_a_line_break_keeps_its_progress_on_one_line(capsys):
     assert capsys.readouterr().err == "new\\nline\\x07.txt: prefill  25% (1/4)\n"
 
 
+def test_a_pulls_lines_name_a_title_with_a_line_break_on_one_line():
+    """(`remote` printed titles raw, a row split over two lines, as `ask`'s sources did.)"""
+    from desktop_app.cli.remote import _evicted_lines
+
+    said = _evicted_lines([{"title": "new\nline.txt", "chat_id": None, "bytes": 2048}])
+    assert len(said) == 1 and "new\\nline.txt" in said[0] and "\n" not in said[0]
+
+
 def test_a_note_said_during_progress_on_a_terminal_takes_a_line_of_its_own(capsys,
                                                                             monkeypatch):
     """(A pull's retry note ran on after the progress line: "pull  40% (2/5)Note: ...".)"""

@@ -249,7 +249,7 @@ def ask(app: App, args, chat_id, docs, restore, generation, no_server, as_json):
         # (`kvdesk passages` shows them)
         titles = app.store.document_titles() if res.sources else None
         for line in Source.read(res.sources, res.evidence, titles, res.read_whole):
-            click.echo(line, err=True)
+            click.echo(one_line(line), err=True)  # (a title's line break: escaped)
         chat = f"chat {res.chat_id}" if res.stored else "not stored"
         click.echo(f"[{chat}] first token after {res.ttft_s * 1000:.0f} ms "
                    f"(restore {res.restore_s * 1000:.0f} ms, {summary(res.chunk_levels)})",

@@ -26,6 +26,7 @@ from .base import (
     say,
     stopper,
 )
+from .plain import one_line
 
 
 @cli.group()
@@ -82,22 +83,23 @@ def _transfer(as_json: bool, run, phase: str, key: str, left: str, lazy: bool = 
         report = run(lambda d, t: bar(Progress(phase, d, t)), cancel)
     bar.done()
     emit(report, as_json, [
-        f"added {t['title']} ({t['tokens']:,} tokens; its cache streams when first used)"
-        if lazy else f"{key} {t['title']}: {t['tokens']:,} tokens, "
+        f"added {one_line(t['title'])} ({t['tokens']:,} tokens; its cache streams when first used)"
+        if lazy else f"{key} {one_line(t['title'])}: {t['tokens']:,} tokens, "
         f"{counted(t['objects'], 'object')}, "
         f"{t['bytes'] / 1e6:.1f} MB" for t in report[key]]
         + [f"{report[left]} {left.replace('_', ' ')}"]
         + ([f"{report['passages_left']} passage cache(s) stay in the shared cache: a question "
             "takes those it needs"] if report.get("passages_left") else [])
-        + [f"not kept {t['title']}: its cache ({size_text(t['bytes'])}) is larger than the "
-           f"whole storage budget of {size_text(t['budget_bytes'])} (the setting "
+        + [f"not kept {one_line(t['title'])}: its cache ({size_text(t['bytes'])}) is larger "
+           f"than the whole storage budget of {size_text(t['budget_bytes'])} (the setting "
            "storage_budget_gb); added without it, its cache streams when first used"
            for t in report.get("not_kept", ())]
         + _evicted_lines(report.get("evicted", ()))
-        + [f"{t['title']}: kept without its {level} level, whose objects in the shared cache "
-           f"failed ({error}); `kvdesk remote verify --repair` where it is held puts them back"
+        + [f"{one_line(t['title'])}: kept without its {level} level, whose objects in the "
+           f"shared cache failed ({error}); `kvdesk remote verify --repair` where it is held "
+           "puts them back"
            for t in report.get("levels_left_out", ()) for level, error in t["left_out"].items()]
-        + [f"FAILED: {f['title'] + ': ' if f.get('title') else ''}{f['error']}"
+        + [f"FAILED: {one_line(f['title']) + ': ' if f.get('title') else ''}{f['error']}"
            for f in report["failed"]])
     if cancel.is_set():
         _stopped(report["not_done"], "shared cache(s) not pulled: `kvdesk remote pull` again "
@@ -121,8 +123,8 @@ def _evicted_lines(caches) -> list[str]:
     """What a pull's caches evicted to keep within the storage budget, named."""
     if not caches:
         return []
-    names = dict.fromkeys(c["title"] or ("a chat's cache" if c["chat_id"] else "a cache")
-                          for c in caches)
+    names = dict.fromkeys(one_line(c["title"] or "") or (
+        "a chat's cache" if c["chat_id"] else "a cache") for c in caches)
     return [f"evicted to keep within the storage budget: {', '.join(names)} "
             f"({size_text(sum(c['bytes'] for c in caches))}); a question takes them from "
             "the shared cache again, or computes them"]
@@ -167,7 +169,7 @@ def remote_verify(app: App, repair: bool, as_json: bool):
         f"{report['checked']} shared cache{'' if report['checked'] == 1 else 's'} checked "
         f"({report['objects']:,} objects; "
         f"{report['not_shared']} held here only)"]
-        + [f"DAMAGED: {d['title']}: {d['error']}" for d in report["damaged"]]
+        + [f"DAMAGED: {one_line(d['title'])}: {d['error']}" for d in report["damaged"]]
         + [f"FAILED: entry {f['entry']}: {f['error']} (`kvdesk verify --repair` first)"
            for f in report["failed"]]
         + ([f"{report['repaired']} put back from this machine's copy"] if repair else [])
