@@ -464,6 +464,15 @@ def test_a_name_not_utf8_or_holding_a_line_break_is_read_under_one_escaped_line(
     assert [h[3] for h in found.headings] == ["caf\\xe9.txt", "two\\nFile: lines.txt"]
 
 
+def test_a_name_holding_a_c1_control_is_escaped_as_plain_output_escapes_a_title(tmp_path):
+    root = tmp_path / "odd"
+    root.mkdir()
+    (root / "red\x9b31m.txt").write_text("ink\n")  # (CSI: a terminal's colour change)
+    found = extract(root)
+    assert found.text == "File: red\\x9b31m.txt\nink"
+    assert folders.one_line("red\x9b31m") == "red\\x9b31m"
+
+
 def test_a_folder_is_titled_with_its_own_name_however_it_is_written(tmp_path, monkeypatch):
     (tmp_path / "proj" / "sub").mkdir(parents=True)
     (tmp_path / "proj" / "a.txt").write_text("a\n")

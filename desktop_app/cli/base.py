@@ -23,11 +23,11 @@ import pydantic
 from .. import __version__
 from ..app import App
 from ..errors import is_user_error
+from ..formats.folders import one_line
 from ..results import Progress, levels_summary
 from ..settings import load as load_settings
 from ..validation import InvalidValue, parse
 from . import process
-from .plain import one_line
 from .process import INTERRUPTED, wants_json  # noqa: F401 - the commands' names for them
 
 T = TypeVar("T")

@@ -12,6 +12,7 @@ import click
 
 from ..app import App
 from ..errors import Cancelled, ChatFullError, is_user_error
+from ..formats.folders import one_line
 from ..results import (
     PASSAGES_AS_TEXT,
     SERVER_STOPPED,
@@ -43,7 +44,6 @@ from .base import (
     summary,
 )
 from .flags import generation_options, known_levels, restore_options
-from .plain import one_line
 from .streams import OutputFailed
 
 

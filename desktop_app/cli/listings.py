@@ -11,10 +11,10 @@ from dataclasses import replace
 import click
 
 from ..app import App
+from ..formats.folders import one_line
 from ..model.models import UnusableModelError
 from ..results import STATUS_WORDS, DocumentInfo, counted, size_text
 from .base import cli, emit, json_option, only_reading, say
-from .plain import one_line
 
 
 @cli.command()

@@ -13,6 +13,7 @@ import sys
 import click
 
 from ..app import App
+from ..formats.folders import one_line
 from ..results import Progress, counted, size_text
 from .base import (
     INTERRUPTED,
@@ -26,7 +27,6 @@ from .base import (
     say,
     stopper,
 )
-from .plain import one_line
 
 
 @cli.group()

@@ -17,7 +17,8 @@ be read and files the caller's reader refuses. The files kvdesk reads as documen
 format (PDF, Word, EPUB, web pages) are read the way attach reads them, by the reader the
 caller passes (`chat.documents`); every other file is read as its text, in the encoding that
 reader finds. A name that is not UTF-8, or holds a line break or another control character,
-is shown escaped (`shown`), so a heading is always one line of the file's name.
+is shown escaped (`shown`, by `one_line`: as plain-text output shows every title), so a
+heading is always one line of the file's name.
 
 A file read as its text keeps its runs of blank lines, so the stored text alone numbers its
 lines as the file does (`from_text`, when the folder has changed or gone). Each file's lines
@@ -57,7 +58,9 @@ WARNINGS = 5  # why files could not be read: the first few said (all named in `l
 NOTES = 3  # what readers said of the files read (encodings guessed): the first few, counted
 NAMED = 3  # the names said per reason in a folder's note (all of them in `Folder.left_out`)
 PROGRESS_S = 0.5  # how often a long walk says how far it is
-_CONTROL = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")
+# C0, DEL, C1 and the Unicode line and paragraph separators: what a terminal acts on or breaks
+# a line at.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,14 @@ def _reasons(left_out: list[tuple[str, str]]) -> str:
 def shown(name: str) -> str:
     """A file's name as text: bytes that are not UTF-8 as "\\xe9", a line break as "\\n" and
     any other control character escaped, so a heading is one line that names the file."""
-    text = os.fsencode(name).decode("utf-8", "backslashreplace")
+    return one_line(os.fsencode(name).decode("utf-8", "backslashreplace"))
+
+
+def one_line(text: str) -> str:
+    """`text` on one line with no character a terminal would act on: a line break as "\\n",
+    any other control character as Python writes it ("\\x07", "\\x1b"). Plain-text output
+    shows every title so (`kvdesk docs | grep` reads a row per document; a title with an
+    escape sequence cannot recolour the terminal); `--json` keeps the title as it is."""
     return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
 
 
