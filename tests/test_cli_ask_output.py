@@ -277,6 +277,7 @@ def test_a_note_said_during_progress_on_a_terminal_takes_a_line_of_its_own(capsy
                                                                             monkeypatch):
     """(A pull's retry note ran on after the progress line: "pull  40% (2/5)Note: ...".)"""
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    monkeypatch.setenv("TERM", "xterm-256color")
     progress = base.TerminalProgress()
     progress(Progress("pull", 2, 5))
     base.say(["the shared cache did not answer; trying again (2 of 3)"])
@@ -364,3 +365,17 @@ def test_a_full_chat_is_refused_naming_the_command_that_goes_on(fake_app, tmp_pa
     assert capsys.readouterr().err.strip() == (
         "Error: the chat is full: 8,202 tokens of a 8,192-token context; start a new chat over "
         "the same documents: `kvdesk ask --doc 2 --doc 5 QUESTION`")
+
+
+def test_a_dumb_terminal_gets_progress_lines_with_no_escape_sequence(capsys, monkeypatch):
+    """(Emacs' shell, TERM=dumb, showed "^M^[[K" before every progress line.)"""
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    monkeypatch.setenv("TERM", "dumb")
+    progress = base.TerminalProgress()
+    for done in range(5):
+        progress(Progress("prefill", done, 4))
+    base.say(["a note"])
+    progress.done()
+    assert capsys.readouterr().err == "".join(
+        f"prefill {p:3d}% ({d}/4)\n" for d, p in [(0, 0), (1, 25), (2, 50), (3, 75), (4, 100)]
+    ) + "Note: a note\n"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import json
+import os
 import re
 import signal
 import sys
@@ -222,11 +223,17 @@ def _say_made(app: App, folder: bool) -> None:
 WAITING = "waiting for another kvdesk process to finish its turn here (Ctrl-C stops waiting)"
 
 
+def redraws() -> bool:
+    """Whether stderr is a terminal that redraws a line in place (`\\r`, then erase to its
+    end); a dumb one (TERM=dumb: Emacs' shell, some CI logs) gets lines, as a file does."""
+    return sys.stderr.isatty() and os.environ.get("TERM") != "dumb"
+
+
 class TerminalProgress:
     """A one-line progress display on stderr, redrawn in place on a terminal."""
 
     def __init__(self):
-        self.tty = sys.stderr.isatty()
+        self.tty = redraws()
         self.last = None
         self.noted: list[str] = []  # the notes said, each once, as soon as they came
 
@@ -334,7 +341,7 @@ def _folder(path: Path) -> bool:
 def say(messages: list[str]) -> None:
     """Each message on a line of its own; on a terminal, over any progress line drawn there
     (a pull's retry note once ran on after "pull  40% (12/30)")."""
-    clear = "\r\033[K" if sys.stderr.isatty() else ""
+    clear = "\r\033[K" if redraws() else ""
     for m in messages:
         click.echo(f"{clear}Note: {m}", err=True)
 
