@@ -283,9 +283,9 @@ class AskResult(Record):
     # `SERVER_STOPPED`: the kvdesk server answering it stopped (stored as "cancelled").
     finish_reason: str = "stop"
     # False: the answer was given, but neither it nor its question is stored (a full disk, the
-    # data directory gone or found damaged: `messages` say why); a new chat's then has no chat
-    # (`chat_id` 0).
+    # data directory gone or found damaged: `messages` say why; a new chat's: `chat_id` 0).
     stored: bool = True
+    model: str = ""  # the file name of the model that answered ("": stored before it was kept)
 
     def after(self, seconds: float, tokens: int) -> AskResult:
         """This answer after `tokens` computed in `seconds` before it (the user waited for

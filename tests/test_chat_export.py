@@ -79,3 +79,20 @@ def test_an_answer_that_did_not_end_says_so_and_the_title_is_cut_between_words(t
         exported = Library(store).export_chat(chat.id)
     assert "A ticket costs\n\n*(stopped before its end)*\n" in exported
     assert "Twelve\n\n*(stopped at the token limit: it may be cut short)*\n" in exported
+
+
+def test_each_answer_names_the_model_that_gave_it(tmp_path):
+    """(A chat answered by two models in turn did not say which wrote which answer.)"""
+    with Store(tmp_path / "data") as store:
+        chat = store.create_chat("two models")
+        for model in ("SmolLM2-135M-Instruct.Q4_1.gguf", "gemma_3*270m.gguf", None):
+            store.add_message(chat.id, "user", "Hello?")
+            store.add_message(chat.id, "assistant", "Hi.", {"model": model} if model else None)
+        library = Library(store)
+        exported = library.export_chat(chat.id)
+        answers = json.loads(library.export_chat(chat.id, "json"))["messages"][1::2]
+    assert [line for line in exported.splitlines() if line.startswith("**kvdesk")] == [
+        "**kvdesk (SmolLM2-135M-Instruct.Q4\\_1.gguf):**", "**kvdesk (gemma\\_3\\*270m.gguf):**",
+        "**kvdesk:**"]  # (an answer stored before the model was kept)
+    assert [(a["stats"] or {}).get("model") for a in answers] == [
+        "SmolLM2-135M-Instruct.Q4_1.gguf", "gemma_3*270m.gguf", None]

@@ -220,10 +220,10 @@ def test_attach_ask_reopen_end_to_end(tmp_path):
     assert set(ans) == {"chat_id", "answer", "ttft_s", "restore_s", "bytes_read",
                         "chunk_levels", "recomputed_tokens", "tokens_generated", "source",
                         "messages", "documents", "blended", "sources", "recompute_s",
-                        "evidence", "finish_reason", "read_whole", "stored"}
+                        "evidence", "finish_reason", "read_whole", "stored", "model"}
     assert ans["documents"] == [attached["doc_id"]] and ans["blended"] is None
     assert ans["chunk_levels"] == ["high"] and ans["recomputed_tokens"] == 0
-    assert ans["source"] == "local"
+    assert ans["source"] == "local" and ans["model"].endswith(".gguf")
     assert ans["bytes_read"] > 0 and ans["tokens_generated"] > 0
 
     assert ans["finish_reason"] == ("length" if ans["tokens_generated"] == 16 else "stop")
@@ -248,7 +248,8 @@ def test_attach_ask_reopen_end_to_end(tmp_path):
         attached["doc_id"]]
     assert json.loads(kvdesk("chats", "--json").stdout)[0]["messages"] == 4
     exported = kvdesk("export", chat).stdout
-    assert exported.startswith("# What is the access code?\n") and "**kvdesk:**" in exported
+    assert exported.startswith("# What is the access code?\n")
+    assert f"**kvdesk ({ans['model']}):**".replace("_", "\\_") in exported
     assert len(json.loads(kvdesk("export", chat, "--format", "json").stdout)["messages"]) == 4
     gone = kvdesk("export", "999", check=False)
     assert gone.returncode == 1 and "no chat 999" in gone.stderr and not gone.stdout

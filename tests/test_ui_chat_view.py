@@ -178,5 +178,6 @@ def test_a_stored_answer_keeps_the_parts_of_its_note_that_stay_true(qtbot):
     assert "tokens/s" not in text and "first token" not in text
     view.set_messages([MessageInfo(1, "user", "How much?", 0.0),
                        MessageInfo(2, "assistant", "All of it.", 0.0,
-                                   {"tokens_generated": 3, "finish_reason": "stop"})])
-    assert "3 tokens · copy · regenerate" in view.toPlainText()
+                                   {"tokens_generated": 3, "finish_reason": "stop",
+                                    "model": "gemma-3-270m-q4_k_m.gguf"})])
+    assert "3 tokens · gemma-3-270m-q4_k_m.gguf · copy · regenerate" in view.toPlainText()

@@ -394,12 +394,11 @@ class Library:
 
     def export_chat(self, chat_id: int, fmt: str = "markdown") -> str:
         """A chat as Markdown (its title, the documents it is about, then those its answers
-        were given that are deleted since, "(deleted)"; each message with the sources and
-        quote of an answer over passages, each source naming its document) or JSON
-        ("documents": [{"id", "title", "deleted"}], "messages": MessageInfo's)."""
-        chat = self.chat(chat_id)
-        msgs = self.messages(chat_id)
-        titles = self.titles()
+        were given that are deleted since, "(deleted)"; each message, an answer naming the
+        model that gave it, with the sources and quote of an answer over passages, each
+        source naming its document) or JSON ("documents": [{"id", "title", "deleted"}],
+        "messages": MessageInfo's)."""
+        chat, msgs, titles = self.chat(chat_id), self.messages(chat_id), self.titles()
         now = self.store.chat_document_ids().get(chat_id, [])
         given = [d for m in msgs for d in (m.stats or {}).get("documents") or ()]
         kept, gone = self.store.document_titles(), self.store.deleted_titles()
@@ -415,8 +414,9 @@ class Library:
             named = ", ".join(d["title"] + " (deleted)" * d["deleted"] for d in docs)
             parts.append(f"Documents: {_literal(named)}\n")
         for m in msgs:  # a message is Markdown already (models answer in it)
-            parts.append(f"**{'You' if m.role == 'user' else 'kvdesk'}:**\n\n{m.text}\n")
             stats = m.stats or {}
+            by = f" ({_literal(stats['model'])})" if stats.get("model") else ""
+            parts.append(f"**{'You' if m.role == 'user' else 'kvdesk' + by}:**\n\n{m.text}\n")
             if ended := FINISH_WORDS.get(stats.get("finish_reason")):
                 parts.append(f"*({ended})*\n")
             if read := Source.read(stats.get("sources") or [], stats.get("evidence") or [],

@@ -396,7 +396,7 @@ class ChatSession:
                         *([] if kept else ["this turn's cache is not stored"]),
                         *filling(rt.n_ctx, len(context), rt.n_tokens, docs)]
             result = AskResult(
-                chat_id=chat_id or 0, answer=answer.strip(),  # a new chat's: once stored
+                chat_id=chat_id or 0, answer=answer.strip(), model=rt.model_path.name,
                 ttft_s=round(ttft if ttft is not None else time.perf_counter() - t0, 4),
                 restore_s=round(report.restore_s, 4), recompute_s=round(report.recompute_s, 4),
                 bytes_read=report.bytes_read, chunk_levels=report.chunk_levels,

@@ -81,15 +81,16 @@ def answer_stats(result: AskResult, generation_s: float) -> str:
 
 def answer_note(stats: dict, generation_s: float | None = None) -> str:
     """The note under an answer, from its AskResult's fields (`stats`, as a chat stores
-    them). A stored answer (no `generation_s`) says what stays true of it: its length and why
-    it stopped; its speed was the machine's at the time, and its notes, said in the status
-    bar as it ended, were mostly of that restore's (levels read, chunks computed)."""
+    them). A stored answer (no `generation_s`) says what stays true of it: its length, why it
+    stopped and the model that gave it; its speed was the machine's at the time, and its
+    notes, said in the status bar as it ended, were mostly of that restore's (levels read,
+    chunks computed)."""
     tokens = stats.get("tokens_generated")
     parts = [f"{tokens:,} tokens"] if tokens is not None else []
     if generation_s is not None:
         rate = (tokens or 0) / generation_s if generation_s > 0 else 0.0
         parts += [f"{rate:.1f} tokens/s", f"first token after {stats.get('ttft_s', 0.0):.2f} s"]
-    parts += [FINISH_WORDS.get(stats.get("finish_reason"), "")]
+    parts += [FINISH_WORDS.get(stats.get("finish_reason"), ""), stats.get("model", "")]
     return " · ".join(p for p in parts if p)
 
 
