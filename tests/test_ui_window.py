@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 from PySide6.QtCore import QMimeData, QPoint, Qt, QUrl
@@ -614,12 +615,34 @@ def test_settings_persist_and_an_engine_change_asks_to_restart(qtbot, window, mo
         window.open_settings()
     # It names what changed that needs the restart (not the theme, applied already), and
     # that No keeps it saved, for the next start (probe 118 took No for "do not save")
-    assert asked == ["Changed: Model. The change is saved, and takes effect when the engine "
-                     "restarts. Restart it now? (No: the next time kvdesk starts.)"]
+    assert len(asked) == 1 and asked[0].startswith(
+        "Changed: Model. The change is saved, and takes effect when the engine restarts. "
+        "Restart it now? (No: the next time kvdesk starts.)")
     saved = settings_mod.load()
     assert blocker.args[0].model == saved.model
     assert (saved.theme, saved.storage_budget_gb, saved.model) == ("dark", 3.5, str(model))
     assert window.colors.text == "#e6edf3"
+
+
+def test_the_restart_question_says_it_stops_a_calibration_running(qtbot, window, monkeypatch):
+    """(Probe 118 changed the model while the codec calibrated: nothing said it would stop.)"""
+    def edit(dialog: SettingsDialog) -> int:
+        dialog.n_ctx.setValue(1024)
+        dialog.accept()
+        return dialog.result()
+
+    monkeypatch.setattr("ui.main_window.SettingsDialog.exec", edit)
+    asked = []
+    monkeypatch.setattr("ui.main_window.QMessageBox.question",
+                        lambda *a, **k: asked.append(a[2]) or QMessageBox.StandardButton.No)
+    said = ("Changed: Context size. The change is saved, and takes effect when the engine "
+            "restarts. Restart it now? (No: the next time kvdesk starts.)")
+    for job in (None, SimpleNamespace(cancel=threading.Event())):  # (none running, one)
+        window.calibration_job = job
+        window.settings = window.settings.with_values(n_ctx=None)
+        window.open_settings()
+    assert asked == [said, said + " Restarting stops the codec's calibration now running: "
+                     "what it measured is kept for its next run."]
 
 
 def test_saved_settings_leave_the_environments_values_out_and_a_new_budget_applies_now(

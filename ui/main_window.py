@@ -392,7 +392,8 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, ListingMixin, CodecM
             restart = QMessageBox.question(
                 self, "kvdesk", f"Changed: {', '.join(changed)}. The change is saved, and "
                 "takes effect when the engine restarts. Restart it now? (No: the next time "
-                "kvdesk starts.)")
+                "kvdesk starts.)" + (" Restarting stops the codec's calibration now running: "
+                "what it measured is kept for its next run." if self.calibration_job else ""))
             if restart == QMessageBox.StandardButton.Yes:
                 self.restart_requested.emit(new)
                 self.close()
