@@ -34,10 +34,10 @@ if TYPE_CHECKING:
     from store import RemoteTier, Store
 
     from .engine import Engine
-    from .model.catalog import ModelFile
     from .model.contextsize import ContextChoice
     from .model.gguf_header import HeaderFacts
     from .model.runtime import Runtime
+    from .results import ModelFile
 
 
 class App:
@@ -134,8 +134,6 @@ class App:
 
     def list_models(self) -> list[ModelFile]:
         """The GGUF models on this machine (headers only: nothing is loaded)."""
-        from .model.catalog import discover
-
         try:
             own = [("default", models.default_model_path())]
         except models.ModelNotFoundError:
@@ -144,7 +142,7 @@ class App:
             if notice.key == "model_folders" and str(notice) not in self.warned:
                 self.warned.append(str(notice))
                 log.warning("Warning: %s", notice)
-        return discover(self.settings.model_folders, own=own, memo_dir=self.state_dir)
+        return models.discover(self.settings.model_folders, own=own, memo_dir=self.state_dir)
 
     @cached_property
     def _header(self) -> tuple[HeaderFacts | None, str | None]:

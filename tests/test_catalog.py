@@ -13,7 +13,7 @@ import pytest
 
 from desktop_app.app import App
 from desktop_app.cli import main
-from desktop_app.model import catalog, gguf_header, models
+from desktop_app.model import gguf_header, models
 from desktop_app.settings import Settings
 
 OLLAMA_DIGEST = "ab" * 32
@@ -86,7 +86,7 @@ def home(tmp_path):
 
 
 def listing(home, folders=(), memo_dir=None):
-    found = catalog.discover(folders, memo_dir=memo_dir, home=home, env={}, platform="linux")
+    found = models.discover(folders, memo_dir=memo_dir, home=home, env={}, platform="linux")
     return {m.name: m for m in found}
 
 
@@ -126,10 +126,10 @@ def test_every_apps_models_are_listed_with_their_header(home):
 
 def test_other_platforms_folders(tmp_path):
     home = tmp_path / "home"
-    mac = dict(catalog.locations(home, {}, "darwin"))
+    mac = dict(models.locations(home, {}, "darwin"))
     assert mac["gpt4all"] == home / "Library/Application Support/nomic.ai/GPT4All"
-    win = catalog.locations(home, {"LOCALAPPDATA": "C:/L", "APPDATA": "C:/R",
-                                   "OLLAMA_MODELS": "D:/ollama", "HF_HOME": "D:/hf"}, "win32")
+    win = models.locations(home, {"LOCALAPPDATA": "C:/L", "APPDATA": "C:/R",
+                                  "OLLAMA_MODELS": "D:/ollama", "HF_HOME": "D:/hf"}, "win32")
     assert ("gpt4all", tmp_path.__class__("C:/L/nomic.ai/GPT4All")) in win
     assert ("jan", tmp_path.__class__("C:/R/Jan/data/llamacpp/models")) in win
     assert ("ollama", tmp_path.__class__("D:/ollama")) in win
@@ -190,7 +190,7 @@ def test_a_huge_file_is_read_no_further_than_its_header(tmp_path, monkeypatch):
 
 def test_headers_are_remembered(home, tmp_path, monkeypatch):
     first = listing(home, memo_dir=tmp_path / "data")
-    assert (tmp_path / "data" / catalog.MEMO_FILE).is_file()
+    assert (tmp_path / "data" / models.MEMO_FILE).is_file()
 
     def no_reads(path):
         raise AssertionError(f"{path} read again")

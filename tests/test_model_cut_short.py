@@ -9,7 +9,7 @@ import pytest
 
 from desktop_app.cli import main
 from desktop_app.errors import RuntimeStateError
-from desktop_app.model import gguf_header
+from desktop_app.model import gguf_header, models
 from desktop_app.model.runtime import Runtime
 
 
@@ -44,12 +44,10 @@ def test_info_names_the_model_that_does_not_load_and_why(cut, monkeypatch, capsy
 
 def test_the_model_list_calls_a_file_cut_short_unusable_and_why(model_path, cut, tmp_path):
     """(`kvdesk models` listed it as supported, only for it to fail at its load.)"""
-    from desktop_app.model import catalog
-
-    found = catalog.discover([cut.parent], home=tmp_path / "home", env={}, platform="linux")
+    found = models.discover([cut.parent], home=tmp_path / "home", env={}, platform="linux")
     row = next(m for m in found if m.path == str(cut))
-    assert row.status == catalog.UNREADABLE
+    assert row.status == models.UNREADABLE
     assert row.reason.startswith("cut short: 5.0 MB of the ") and "download it again" in row.reason
-    whole = catalog.discover([model_path.parent], home=tmp_path / "home", env={},
-                             platform="linux")
-    assert next(m for m in whole if m.path == str(model_path)).status != catalog.UNREADABLE
+    whole = models.discover([model_path.parent], home=tmp_path / "home", env={},
+                            platform="linux")
+    assert next(m for m in whole if m.path == str(model_path)).status != models.UNREADABLE

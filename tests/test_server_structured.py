@@ -14,7 +14,7 @@ import ollama
 import openai
 import pytest
 
-from desktop_app.model import llamacalls
+from desktop_app.model import answerformat, llamacalls
 from desktop_app.options import GenerationOptions
 from desktop_app.validation import InvalidValue
 from tests.test_server import SYSTEM, Running
@@ -163,21 +163,21 @@ def test_the_prompt_cache_works_as_without_a_format(served):
 def test_a_grammar_llama_cpp_cannot_parse_is_refused_not_crashed(served):
     rt = served.app.engine.runtime
     vocab = rt.llm._model.vocab
-    assert llamacalls.grammar_parses(vocab, llamacalls.json_object("f").grammar)
+    assert llamacalls.grammar_parses(vocab, answerformat.json_object("f").grammar)
     assert not llamacalls.grammar_parses(vocab, "root ::= (")
     with pytest.raises(ValueError, match="could not parse"):
         llamacalls.chain(GenerationOptions(temperature=0), rt.llm, rt.n_ctx, "root ::= (")
 
 
 def test_json_objects_grammar_is_an_object_with_bounded_whitespace():
-    grammar = llamacalls.json_object("format").grammar
+    grammar = answerformat.json_object("format").grammar
     assert grammar.lstrip().startswith("root   ::= object")
     assert 'ws ::= | " " | "\\n" [ \\t]{0,20}' in grammar
     with pytest.raises(InvalidValue, match="nested too deeply|cannot be turned"):
         nested: dict = {}
         for _ in range(2000):
             nested = {"type": "array", "items": nested}
-        llamacalls.json_schema(nested, "format")
+        answerformat.json_schema(nested, "format")
 
 
 def held_tokens(rt, prompt, grammar, options, *, drawn_first):
@@ -203,8 +203,8 @@ def test_the_drawn_token_checked_first_gives_the_grammar_firsts_tokens(runtime, 
     refuses it) answers as the grammar first in the chain does, at temperature 0, penalties
     or not: the argmax of the allowed tokens is the plain one wherever that is allowed."""
     options = GenerationOptions(temperature=0, repeat_penalty=penalty, repeat_last_n=64)
-    for asked, grammar in ((JSON_ASK, llamacalls.json_object("f").grammar),
-                           (ASK, llamacalls.json_schema(CITY, "f").grammar)):
+    for asked, grammar in ((JSON_ASK, answerformat.json_object("f").grammar),
+                           (ASK, answerformat.json_schema(CITY, "f").grammar)):
         prompt = runtime.tokenize(runtime.render_chat(asked, add_generation_prompt=True),
                                   add_bos=runtime.adds_bos)
         held = held_tokens(runtime, prompt, grammar, options, drawn_first=True)
@@ -225,8 +225,8 @@ def test_a_schemas_strings_hold_no_raw_control_character(runtime):
     vocab = runtime.llm._model.vocab
     newline, = runtime.tokenize("\n")
     escaped = runtime.tokenize("\\n")[0]
-    for gbnf in (llamacalls.json_schema(schema, "f").grammar,
-                 llamacalls.schema_rules([("args", schema, "f")]) + "\nroot ::= args\n"):
+    for gbnf in (answerformat.json_schema(schema, "f").grammar,
+                 answerformat.schema_rules([("args", schema, "f")]) + "\nroot ::= args\n"):
         stage = llamacalls.grammar_stage(vocab, gbnf)
         try:
             for token in runtime.tokenize('{"name": "x'):
@@ -255,7 +255,7 @@ def test_a_patterns_dot_and_negated_class_are_a_json_strings_characters(runtime,
     vocab = runtime.llm._model.vocab
 
     def takes(before: str, token: int) -> bool:
-        stage = llamacalls.grammar_stage(vocab, llamacalls.json_schema(schema, "f").grammar)
+        stage = llamacalls.grammar_stage(vocab, answerformat.json_schema(schema, "f").grammar)
         try:
             for t in runtime.tokenize(before):
                 llama_cpp.llama_sampler_accept(stage, t)
@@ -279,8 +279,8 @@ def test_a_pattern_with_a_bracket_that_closes_nothing_is_refused_not_looped_on(p
     route, /health too, waited behind the request.)"""
     schema = {"type": "object", "properties": {"n": {"type": "string", "pattern": pattern}}}
     with pytest.raises(InvalidValue, match="closes nothing"):
-        llamacalls.json_schema(schema, "response_format")
+        answerformat.json_schema(schema, "response_format")
     with pytest.raises(InvalidValue, match="closes nothing"):
-        llamacalls.schema_rules([("args", schema, "tools.0")])
+        answerformat.schema_rules([("args", schema, "tools.0")])
     escaped = {"type": "object", "properties": {"n": {"type": "string", "pattern": "^\\]x\\}$"}}}
-    assert llamacalls.json_schema(escaped, "f")  # (the characters themselves: taken)
+    assert answerformat.json_schema(escaped, "f")  # (the characters themselves: taken)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from llama_cpp import _internals
 
-from desktop_app.model import llamacalls
+from desktop_app.model import answerformat, llamacalls
 from desktop_app.tools import Watch, offer_of, read, written
 from desktop_app.validation import InvalidValue
 
@@ -146,11 +146,11 @@ def test_a_bound_the_grammar_cannot_hold_is_refused_by_its_path(runtime):
     recurses once a repetition, and 20,000 overflow its thread's stack (the process gone).
     `MAX_REPEATS` of each still parse. (Only what is refused before llama.cpp parses it is
     tried here: a crash would take the test run with it.)"""
-    vocab, most = runtime.llm._model.vocab, llamacalls.MAX_REPEATS
+    vocab, most = runtime.llm._model.vocab, answerformat.MAX_REPEATS
     for held in ({"type": "string", "maxLength": most},
                  {"type": "array", "items": {"type": "integer"}, "maxItems": most},
                  {"type": "string", "pattern": f"^a{{0,{most}}}$"}):
-        assert llamacalls.grammar_parses(vocab, llamacalls.json_schema(held, "f").grammar)
+        assert llamacalls.grammar_parses(vocab, answerformat.json_schema(held, "f").grammar)
     big = {"type": "object", "properties": {"x": {"type": "string", "maxLength": 20000}}}
     with pytest.raises(InvalidValue) as e:
         offer_of([{"type": "function", "function": {"name": "f", "parameters": big}}])
@@ -165,10 +165,10 @@ def test_a_bound_the_grammar_cannot_hold_is_refused_by_its_path(runtime):
             ({"$defs": {"A": {"type": "array", "maxItems": 1001}}, "$ref": "#/$defs/A"},
              "f.$defs.A", "maxItems 1001")):
         with pytest.raises(InvalidValue, match=re.escape(words)) as e:
-            llamacalls.json_schema(schema, "f")
+            answerformat.json_schema(schema, "f")
         assert e.value.key == key
     # (an enum's values are data: a bound written in one is no schema's)
-    llamacalls.json_schema({"enum": [{"maxLength": 5000}]}, "f")
+    answerformat.json_schema({"enum": [{"maxLength": 5000}]}, "f")
 
 
 def test_the_assistants_own_words_are_continued_as_text_and_a_call_without_results_refused():

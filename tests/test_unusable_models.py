@@ -131,11 +131,9 @@ def test_the_window_says_why_the_model_set_cannot_be_used(qtbot, bad, no_llama):
 def test_the_model_list_calls_an_adapter_and_a_projector_refused_saying_what_they_are(
         bad, tmp_path):
     """(A LoRA adapter of Gemma 3 was listed "supported: tested", by its architecture.)"""
-    from desktop_app.model import catalog
-
     def listed():
-        found = catalog.discover([tmp_path], memo_dir=tmp_path / "memo", home=tmp_path / "home",
-                                 env={}, platform="linux")
+        found = models.discover([tmp_path], memo_dir=tmp_path / "memo", home=tmp_path / "home",
+                                env={}, platform="linux")
         return {Path(m.path).stem: m for m in found}
 
     rows = listed()
@@ -143,7 +141,7 @@ def test_the_model_list_calls_an_adapter_and_a_projector_refused_saying_what_the
         assert rows[name].status == "refused" and f"is {rows[name].reason}".startswith(
             bad[name][1])
     # A memo written before adapters were told apart is read again, not believed
-    memo = tmp_path / "memo" / catalog.MEMO_FILE
+    memo = tmp_path / "memo" / models.MEMO_FILE
     old = json.loads(memo.read_text())
     del old["format"]
     for facts in old.values():

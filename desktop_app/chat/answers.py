@@ -39,7 +39,7 @@ def stream_answer(rt: Runtime, generation: GenerationOptions, t0: float,
                   grammar: str | None = None) -> Answer:
     """Stream an answer sampled with `generation` (resolved: every field set), stopping it if
     it loops (`chat` False: a prompt continued as it is, see `Runtime.generate`); held to
-    `grammar` (GBNF: `llamacalls.AnswerFormat`) if given.
+    `grammar` (GBNF: `answerformat.AnswerFormat`) if given.
 
     A held answer (JSON) is watched for runs of repeating tokens only: its lines repeat by
     design (an array of objects says `"unit": "degrees celsius"` in each), while a run, a

@@ -36,7 +36,7 @@ from ..kv.blending import common_prefix
 from ..kv.sources import LocalSource
 from ..kv.streaming import adaptation_note, resume_points
 from ..model import llamacalls
-from ..model.llamacalls import AnswerFormat
+from ..model.answerformat import AnswerFormat
 from ..model.prompts import Turn, answer_text, closing, raw_prompt, with_evidence
 from ..options import GenerationOptions, RestoreOptions
 from ..results import Completion, RestoreReport, Source
@@ -205,7 +205,7 @@ class Completions:
         (`server.ollama.fitted`), so that it leaves out enough for an answer too, the context
         not shifting as the answer grows; it is measured whatever its length, its last
         message alone refused by its bytes before its turn. `answer_format`: the answer is
-        held to its grammar (JSON: `llamacalls.AnswerFormat`), one llama.cpp cannot parse
+        held to its grammar (JSON: `answerformat.AnswerFormat`), one llama.cpp cannot parse
         refused by its field before the turn starts; the prompt, and so what is cached, is
         the same with it or without."""
         t0 = time.perf_counter()

@@ -2,24 +2,13 @@
 that ask for only the logits a caller reads.
 
 `chain`: the stages of a set of resolved generation options (`sampling.resolve`) in llama.cpp's
-own order: a grammar where the answer has a format (`AnswerFormat`), penalties, top-k, top-p,
+own order: a grammar where the answer has a format (`answerformat`), penalties, top-k, top-p,
 min-p, temperature, then the draw (the most likely token at temperature 0); a grammar is
 applied as llama.cpp's common sampler applies it by default (`Held`: the drawn token checked
 alone, the grammar first over every token only when it refuses that one). It only builds the
-chain: `Runtime.generate` runs it, `sampling` decides the values.
-
-`AnswerFormat`, `json_object`, `json_schema`: structured output, an answer held to JSON or to
-a JSON schema (what OpenAI's `response_format` and Ollama's `format` ask for): the GBNF grammar
-`chain` puts first, and the request field that asked for it, so that a grammar llama.cpp cannot
-parse is refused by that field's name. A schema becomes a grammar through llama-cpp-python's
-converter (llama.cpp's json_schema_to_grammar), whose refusal is given in words, and a bound
-that the converter writes out one repetition at a time (`maxLength`...: `MAX_REPEATS`) is
-refused before it is converted: llama.cpp's parser recurses once a repetition, and a bound of
-~18,000 overflows the stack of the thread parsing it (a segfault: the whole server gone);
-`schema_rules` gives several schemas' rules for a grammar whose own root puts them in place (a
-tool call's arguments: `desktop_app.tools`). It is never a
-generation option (`GenerationOptions` is also the settings file's and the CLI's: a grammar
-there would become a setting); only the local API asks for one.
+chain: `Runtime.generate` runs it, `sampling` decides the values. `grammar_stage`,
+`grammar_parses`: llama.cpp's grammar sampler for a grammar (`answerformat` writes them), and
+whether it parses one, so that a request's is refused before its turn.
 
 `decode`, `kv_only`: `Llama.eval` asks llama.cpp for the last token's logits of every batch,
 which runs the output layer over the whole vocabulary (~8 ms a batch on two cores with Gemma
@@ -43,26 +32,21 @@ vocabularies do, does not).
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import json
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any
 
 import llama_cpp
 import numpy as np
-from llama_cpp import _internals, llama_grammar
+from llama_cpp import _internals
 
 from ..options import GenerationOptions
-from ..validation import InvalidValue
 
 
 def chain(o: GenerationOptions, llm: llama_cpp.Llama, n_ctx: int, grammar: str | None = None,
           *, drawn_first: bool = True) -> _internals.LlamaSampler | Held:
     """A new sampler chain for `o` (every field resolved) and `llm`'s vocabulary, held to
-    `grammar` (GBNF text: `AnswerFormat`) if given, whose end alone then allows
+    `grammar` (GBNF text: `answerformat.AnswerFormat`) if given, whose end alone then allows
     end-of-generation (`Held`; `drawn_first` False: the grammar a stage of the chain, run
     over every token each time); the caller closes it."""
     sampler = _internals.LlamaSampler()
@@ -149,190 +133,6 @@ class Held:
             llama_cpp.llama_sampler_free(self.grammar)
             self.grammar = None
         self.rest.close()
-
-
-@dataclass(frozen=True)
-class AnswerFormat:
-    """The grammar an answer is held to, and the request field that asked for it."""
-
-    grammar: str
-    field: str
-
-
-def json_object(field: str) -> AnswerFormat:
-    """Any JSON object (OpenAI's JSON mode, Ollama's "json"): an object at the top level, as
-    both promise, not any JSON value."""
-    # llama.cpp's own json.gbnf: its root is an object, and its whitespace bounded (a line
-    # break and 20 spaces at most between tokens), so a model cannot fill its answer with
-    # blank lines (tests/test_server_structured.py pins both).
-    return AnswerFormat(llama_grammar.JSON_GBNF, field)
-
-
-def json_schema(schema: Any, field: str) -> AnswerFormat:
-    """A JSON value that `schema` describes; refused (400, by `field`) where it is not a
-    schema or uses what the converter does not support (a remote `$ref`, an unanchored
-    `pattern`...), in the converter's words."""
-    if not isinstance(schema, dict):
-        raise InvalidValue(field, f"a JSON schema is an object (got {_kind(schema)})")
-    with _converting(field):
-        _bounded(schema, field)
-        converter = _Converter.plain()
-        converter.visit(converter.resolve_refs(json.loads(json.dumps(schema)), "stdin"), "")
-    return AnswerFormat(converter.format_grammar(), field)
-
-
-def schema_rules(schemas: Sequence[tuple[str, Any, str]]) -> str:
-    """GBNF rules for several JSON schemas in one grammar, each (rule name, schema, field)'s
-    values under its rule name and no root: for a grammar whose own root puts them in place
-    (a tool call's arguments: `desktop_app.tools`). Refused by field as `json_schema`."""
-    converter = _Converter.plain()
-    for name, schema, field in schemas:
-        if not isinstance(schema, dict):
-            raise InvalidValue(field, f"a JSON schema is an object (got {_kind(schema)})")
-        with _converting(field):
-            _bounded(schema, field)
-            converter.prefix = name
-            # (a copy: the converter writes its own names into the `$ref`s it resolves)
-            converter.visit(converter.resolve_refs(json.loads(json.dumps(schema)), field), name)
-    return converter.format_grammar()
-
-
-# A JSON string's character as JSON has it: no control character unescaped. The converter's
-# own (`[^"\\]`) lets a raw line break into a string, and the answer is no JSON a client's
-# parser takes (llama.cpp's own json.gbnf, `json_object`'s, has this one).
-_CHAR = llama_grammar.BuiltinRule(
-    r'[^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] '
-    r'[0-9a-fA-F])', [])
-
-
-# A pattern's `.` inside a JSON string: what `.` matches but a line break (the converter's
-# `dotall=False`), written as JSON writes it. The converter's own (`[^\x0A\x0D]`) lets a raw
-# control character, a raw `"` that ends the string early, and a lone `\\` through; so does a
-# pattern's negated class (`[^@]`), which the converter copies as written: each is given
-# JSON's exclusions (`_NOT_IN_STRING`), and matches its characters unescaped only.
-_DOT = r'[^"\\\x7F\x00-\x1F] | "\\" (["\\/bft])'
-_NOT_IN_STRING = r'"\\\x7F\x00-\x1F'
-
-
-class _Converter(llama_grammar.SchemaConverter):
-    """The converter with JSON's own string characters (`_CHAR`), and each schema's `$ref`
-    rules named after its own rule (`prefix`): its own names one by the ref's last part
-    alone, so two schemas' `$defs` of one name (pydantic models' `Place`, in two tools) would
-    both get the first's rule."""
-
-    prefix = ""
-
-    @classmethod
-    def plain(cls) -> _Converter:
-        """One as llama-cpp-python's json_schema_to_gbnf makes it: nothing fetched, `.` not
-        taking line breaks, patterns as written."""
-        return cls(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
-
-    def _add_primitive(self, name: str, rule: llama_grammar.BuiltinRule) -> str:
-        return super()._add_primitive(name, _CHAR if name == "char" else rule)
-
-    def _add_rule(self, name: str, rule: str) -> str:
-        return super()._add_rule(name, _DOT if name == "dot" and rule == llama_grammar.DOT
-                                 else rule)
-
-    def _visit_pattern(self, pattern: str, name: str) -> str:
-        return super()._visit_pattern(_json_classes(pattern), name)
-
-    def _resolve_ref(self, ref: str) -> str:  # (as the converter's own, but for the name)
-        if not self.prefix:  # (one schema: its names as the converter gives them)
-            return super()._resolve_ref(ref)
-        name = f"{self.prefix}-{ref.split('/')[-1]}"
-        if name not in self._rules and ref not in self._refs_being_resolved:
-            self._refs_being_resolved.add(ref)
-            name = self.visit(self._refs[ref], name)
-            self._refs_being_resolved.remove(ref)
-        return name
-
-
-def _json_classes(pattern: str) -> str:
-    """`pattern` with `_NOT_IN_STRING` added to each negated class (`[^...]`), read as the
-    converter reads a pattern: a backslash escapes the next character, a class runs to its
-    first unescaped `]`. A `]` or `}` that closes nothing is refused: the converter would loop
-    on it for good (a server's every route waiting behind it)."""
-    out, i, inside, bound = [], 0, False, False
-    while i < len(pattern):
-        c = pattern[i]
-        if c == "\\":
-            out.append(pattern[i:i + 2])
-            i += 2
-            continue
-        if not inside and (c == "]" or c == "}" and not bound):
-            raise ValueError(f"the pattern's {c!r} at {i} closes nothing (\\{c} is the "
-                             "character itself)")
-        if not inside and pattern.startswith("[^", i):
-            out.append("[^" + _NOT_IN_STRING)
-            inside, i = True, i + 2
-            continue
-        bound = (bound or c == "{") and c != "}" if not inside else bound
-        inside = (inside or c == "[") and c != "]"
-        out.append(c)
-        i += 1
-    return "".join(out)
-
-
-# The most repetitions a schema's bound may ask for. The converter writes `maxLength: n` (and
-# `maxItems`, a pattern's `{m,n}`) as n optional groups nested in one another, which
-# llama.cpp's grammar parser reads by recursing once a group: measured with an 8 MiB stack
-# (Linux's main thread and its default for others), 17,500 parse and 20,000 overflow it; from
-# ~1,100 on llama.cpp refuses the grammar anyway ("exceeds sane defaults"). A `minLength` or
-# `minItems` is written out flat (it parses at 20,000) but as long, so it is held to the same.
-# (The converter ignores `minimum`, `maximum` and the `*Properties` bounds: nothing expands.)
-MAX_REPEATS = 1000
-_BOUNDS = ("minLength", "maxLength", "minItems", "maxItems")
-_QUANTIFIER = re.compile(r"\{(\d*)(?:,(\d*))?\}")
-_VALUES = ("enum", "const", "default", "examples")  # (data, not schemas: never walked)
-
-
-def _bounded(schema: Any, field: str) -> None:
-    """Refuse, by the path of the schema that asks for it, a repetition bound above
-    `MAX_REPEATS` anywhere in `schema`."""
-    if isinstance(schema, list):
-        for i, part in enumerate(schema):
-            _bounded(part, f"{field}.{i}")
-        return
-    if not isinstance(schema, dict):
-        return
-    for key in _BOUNDS:
-        n = schema.get(key)
-        if isinstance(n, int) and not isinstance(n, bool) and n > MAX_REPEATS:
-            raise InvalidValue(field, f"{key} {n} is more than kvdesk's grammar can hold (at "
-                               f"most {MAX_REPEATS})")
-    pattern = schema.get("pattern")
-    if isinstance(pattern, str):
-        for m in _QUANTIFIER.finditer(pattern):
-            if any(n and int(n) > MAX_REPEATS for n in m.groups()):
-                raise InvalidValue(field, f"the pattern's repetition {m.group()} is more than "
-                                   f"kvdesk's grammar can hold (at most {MAX_REPEATS})")
-    for key, part in schema.items():
-        if key not in _VALUES:
-            _bounded(part, f"{field}.{key}")
-
-
-@contextlib.contextmanager
-def _converting(field: str) -> Iterator[None]:
-    """The schema converter's refusals in words, by `field`."""
-    try:
-        yield
-    except InvalidValue:
-        raise  # (already said, by its own field: `_bounded`)
-    except (AssertionError, ValueError, KeyError, NotImplementedError) as e:
-        raise InvalidValue(field, f"this schema cannot be turned into a grammar: {e}") from None
-    except (AttributeError, TypeError):  # (the converter reads every part with .get)
-        raise InvalidValue(field, "this schema cannot be turned into a grammar: a part of it "
-                           "that should be a schema (an object) is not one") from None
-    except RecursionError:
-        raise InvalidValue(field, "this schema cannot be turned into a grammar: it is nested "
-                           "too deeply") from None
-
-
-def _kind(value: Any) -> str:
-    return {str: "a string", list: "an array", bool: "a boolean", type(None): "null"}.get(
-        type(value), "a number")
 
 
 def grammar_stage(vocab: llama_cpp.llama_vocab_p, gbnf: str) -> llama_cpp.llama_sampler_p | None:

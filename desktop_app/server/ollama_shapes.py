@@ -9,7 +9,7 @@ accepted and have nothing to do here; `num_ctx` is accepted, the server's contex
 (`kvdesk --n-ctx N serve`); a sampler kvdesk does not have (`mirostat`, `typical_p`, `tfs_z`) is
 accepted only at the value that turns it off, and any other option is refused by name, as are
 images and thinking. `format` ("json", or a JSON schema) holds the answer to a grammar
-(`llamacalls.AnswerFormat`), a schema that cannot be one refused by name. `tools` are offered
+(`answerformat.AnswerFormat`), a schema that cannot be one refused by name. `tools` are offered
 as on OpenAI's chat completions (`desktop_app.tools`, the choice "auto": Ollama has no other),
 a history's tool calls and `tool` messages written into the model's turns, and an answer's
 calls given as Ollama gives them (`tool_calls`, the arguments an object). kvdesk's own `kvdesk`
@@ -30,8 +30,8 @@ from typing import Any, Literal
 
 import pydantic
 
-from ..model import llamacalls
-from ..model.llamacalls import AnswerFormat
+from ..model import answerformat
+from ..model.answerformat import AnswerFormat
 from ..options import GenerationOptions
 from ..results import Completion
 from ..tools import Answer, Offer, offer_of, written
@@ -115,10 +115,10 @@ class _Request(RequestValues):
         if not self.format:
             return None
         if self.format == "json":
-            return llamacalls.json_object("format")
+            return answerformat.json_object("format")
         if isinstance(self.format, str):
             raise InvalidValue("format", f'"json" or a JSON schema (got {self.format!r})')
-        return llamacalls.json_schema(self.format, "format")
+        return answerformat.json_schema(self.format, "format")
 
     def check_supported(self) -> None:
         if self.think:

@@ -6,7 +6,7 @@ the same rule as `kvdesk ask --max-tokens -3`. Fields of OpenAI's API that kvdes
 implement and that would change the answer's meaning (several choices, log probabilities;
 tools on the routes other than chat completions) are refused by name; others (user,
 metadata...) are ignored, as OpenAI-compatible servers do. A response format (JSON, or a JSON
-schema) holds the answer to a grammar (`answer_format`: `llamacalls.AnswerFormat`), a schema
+schema) holds the answer to a grammar (`answer_format`: `answerformat.AnswerFormat`), a schema
 that cannot be one refused by its field. Chat completions' tools are checked and told to the
 model by `desktop_app.tools` (`ChatRequest.offer`), its calls answered in OpenAI's shapes
 (`tool_calls`, `call_deltas`). Responses follow OpenAI's chat completion objects, with a
@@ -26,8 +26,8 @@ from pydantic import Field
 
 from ..errors import EngineError
 from ..kv.levels import check_levels
-from ..model import llamacalls
-from ..model.llamacalls import AnswerFormat
+from ..model import answerformat
+from ..model.answerformat import AnswerFormat
 from ..options import AUTO, GenerationOptions, RestoreOptions
 from ..results import Completion
 from ..tools import Answer, Offer, Repeats, offer_of
@@ -266,7 +266,7 @@ def answer_format(given: dict | None, field: str, *, nested: bool) -> AnswerForm
     if kind in (None, "text"):
         return None
     if kind == "json_object":
-        return llamacalls.json_object(field)
+        return answerformat.json_object(field)
     if kind != "json_schema":
         raise InvalidValue(f"{field}.type", "text, json_object or json_schema (got "
                            f"{_describe(kind)})")
@@ -274,8 +274,8 @@ def answer_format(given: dict | None, field: str, *, nested: bool) -> AnswerForm
     if not isinstance(spec, dict):
         raise InvalidValue(where, "an object with the schema's name and its schema")
     if spec.get("schema") is None:
-        return llamacalls.json_object(field)
-    return llamacalls.json_schema(spec["schema"], f"{where}.schema")
+        return answerformat.json_object(field)
+    return answerformat.json_schema(spec["schema"], f"{where}.schema")
 
 
 def _describe(value: Any) -> str:

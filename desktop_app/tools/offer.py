@@ -5,7 +5,7 @@ A call is written as one line, `<tool_call>{"name": "NAME", "arguments": {...}}<
 the envelope fixed by the grammar (one line: a base model's answer ends at a line break), so
 that the same call written back into a later request's history (`turns.written`) is the same
 text, and the prompt cache reuses it. The arguments are held to the tool's `parameters`
-schema through llama.cpp's schema converter (`llamacalls.schema_rules`).
+schema through llama.cpp's schema converter (`answerformat.schema_rules`).
 
 - "required", or one tool named: the answer is one call (several, one a line, with
   `parallel`: at most MAX_CALLS, the same call twice read as one) of those tools, nothing
@@ -36,8 +36,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..model import llamacalls
-from ..model.llamacalls import AnswerFormat
+from ..model import answerformat
+from ..model.answerformat import AnswerFormat
 from ..validation import InvalidValue
 
 MARKER, CLOSE = "<tool_call>", "</tool_call>"
@@ -110,7 +110,7 @@ class Offer:
         text that does not begin with one (the module's docstring)."""
         chosen = [(i, t) for i, t in enumerate(self.tools)
                   if self.named is None or t.name == self.named]
-        rules = llamacalls.schema_rules([
+        rules = answerformat.schema_rules([
             (f"tool-{i}-args", t.parameters, f"{self.field}.{i}.function.parameters")
             for i, t in chosen])
         calls = [f"call-{i} ::= {_literal(lead(t.name))} tool-{i}-args {_literal('}')}"
