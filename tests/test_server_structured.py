@@ -1,13 +1,14 @@
 """Structured output on the local API, on the real default model: OpenAI's `response_format`
 (JSON mode, a JSON schema) and the Responses API's `text.format` with the official `openai`
 client, Ollama's `format` ("json", a schema) with the `ollama` client; the answer held to
-llama.cpp's grammar parses, and a schema's required keys and enum hold; a schema that cannot
-be a grammar refused by its field; an answer cut at its limit said by "length"; the prompt
-cache working as without a format."""
+llama.cpp's grammar parses, and a schema's required keys, enum and patterns hold (a `"` a
+pattern allows written `\\"`); a schema that cannot be a grammar refused by its field; an
+answer cut at its limit said by "length"; the prompt cache working as without a format."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import ollama
@@ -241,36 +242,107 @@ def test_a_schemas_strings_hold_no_raw_control_character(runtime):
             llama_cpp.llama_sampler_free(stage)
 
 
-@pytest.mark.parametrize("pattern", ["^x.*$", "^[^@]+$"])
-def test_a_patterns_dot_and_negated_class_are_a_json_strings_characters(runtime, pattern):
-    """(The converter's `.` took any character but a line break, and a negated class any
-    character it does not name: a raw tab, and a raw `"` ending the string before the
-    pattern's end, each an answer no client's parser takes.) After `{"name": "x`: a raw tab
-    refused; under `.`, `\\t` taken; after a raw `"` (the string's end) no more of it."""
+def takes(rt, gbnf: str, tokens: list[int]) -> bool:
+    """Whether the grammar takes `tokens`, each checked alone before it is accepted (as
+    `llamacalls.Held` checks a drawn token)."""
     import ctypes
 
     import llama_cpp
 
-    schema = {"type": "object", "properties": {"name": {"type": "string", "pattern": pattern}}}
-    vocab = runtime.llm._model.vocab
-
-    def takes(before: str, token: int) -> bool:
-        stage = llamacalls.grammar_stage(vocab, answerformat.json_schema(schema, "f").grammar)
-        try:
-            for t in runtime.tokenize(before):
-                llama_cpp.llama_sampler_accept(stage, t)
+    stage = llamacalls.grammar_stage(rt.llm._model.vocab, gbnf)
+    assert stage is not None, gbnf
+    try:
+        for token in tokens:
             data = (llama_cpp.llama_token_data * 1)(llama_cpp.llama_token_data(token, 0., 0.))
             arr = llama_cpp.llama_token_data_array(data, 1, -1, False)
             llama_cpp.llama_sampler_apply(stage, ctypes.byref(arr))
-            return data[0].logit == 0.0
-        finally:
-            llama_cpp.llama_sampler_free(stage)
+            if data[0].logit != 0.0:
+                return False
+            llama_cpp.llama_sampler_accept(stage, token)
+        return True
+    finally:
+        llama_cpp.llama_sampler_free(stage)
 
+
+def a_pattern(pattern: str) -> str:
+    """The grammar of an object whose one string, "n", is held to `pattern`."""
+    return answerformat.json_schema({"type": "object", "properties": {"n": {
+        "type": "string", "pattern": pattern}}, "required": ["n"]}, "f").grammar
+
+
+def whole(rt, value_text: str) -> list[int]:
+    """The tokens of the object whose "n" is the JSON string `value_text`, then its end."""
+    return [*rt.tokenize('{"n": "' + value_text + '"}'), rt.llm.token_eos()]
+
+
+@pytest.mark.parametrize("pattern", ["^x.*$", "^[^@]+$"])
+def test_a_patterns_dot_and_negated_class_are_a_json_strings_characters(runtime, pattern):
+    """(The converter's `.` took any character but a line break, and a negated class any
+    character it does not name: a raw tab, and a raw `"` ending the string before the
+    pattern's end, each an answer no client's parser takes.) After `{"n": "x`: a raw tab
+    refused; under `.`, `\\t` taken; after a raw `"` (the string's end) no more of it."""
+    gbnf = a_pattern(pattern)
+    before = runtime.tokenize('{"n": "x')
     tab, = runtime.tokenize("\t")
     escaped = runtime.tokenize("\\t")[0]
     letter = runtime.tokenize("y")[0]
-    assert not takes('{"name": "x', tab) and takes('{"name": "x', escaped) == ("." in pattern)
-    assert takes('{"name": "x', letter) and not takes('{"name": "x"', letter)
+    assert not takes(runtime, gbnf, [*before, tab])
+    assert takes(runtime, gbnf, [*before, escaped]) == ("." in pattern)
+    assert takes(runtime, gbnf, [*before, letter])
+    assert not takes(runtime, gbnf, [*runtime.tokenize('{"n": "x"'), letter])
+
+
+@pytest.mark.parametrize("pattern, escaped, raw", [
+    ('^[a-z"]+$', 'a\\"b', 'a"b'),
+    ('^[A-Za-z ,."]+$', 'Hello, \\"world\\".', 'Hello, "world".'),
+    ("^[\\x00-\\x7F]+$", 'a\\"b\\tc\\\\d\\u0001~', "a\tb"),
+    ("^[a-z\\t]+$", "a\\tb", "a\tb"),
+    ('^(yes|no|"maybe")$', '\\"maybe\\"', '"maybe"'),
+    ("^a\\\\b$", "a\\\\b", "a\\b"),
+])
+def test_a_patterns_characters_that_json_escapes_are_written_escaped(runtime, pattern, escaped,
+                                                                      raw):
+    """(review 72's M1: a positive class or a literal that names `"`, `\\` or a control
+    character let it into the JSON string raw: a `"` ended the string early, and the answer
+    went on past it, no JSON.) Each is taken in the form json.dumps writes, and only in it:
+    the string `escaped` (JSON text; the value it stands for matches the pattern) whole, the
+    same value written `raw` not."""
+    assert re.fullmatch(pattern, json.loads(f'"{escaped}"'))
+    gbnf = a_pattern(pattern)
+    assert takes(runtime, gbnf, whole(runtime, escaped))
+    assert not takes(runtime, gbnf, whole(runtime, raw))
+
+
+@pytest.mark.parametrize("pattern, value", [
+    ("^v\\d+\\.\\d+$", "v1.25"), ("^[\\w.-]+@[\\w-]+\\.[a-z]{2,}$", "jo.e@ex-ample.org"),
+    ("^x\\s+\\/\\S$", "x \t\n/\""), ("^(\\x41|b)+\\u00e9$", "Abb\u00e9"),
+])
+def test_a_patterns_escapes_are_the_characters_they_stand_for(runtime, pattern, value):
+    """(The converter copied `\\.`, `\\d`, `\\w`, `\\s` into the grammar as written, which
+    llama.cpp cannot parse: the request was refused.) Each is a class of what it stands for,
+    those JSON escapes (`\\s`'s tab and line break, `\\S`'s `"`) written escaped."""
+    assert re.fullmatch(pattern, value)
+    assert takes(runtime, a_pattern(pattern),
+                 whole(runtime, json.dumps(value, ensure_ascii=False)[1:-1]))
+
+
+def test_an_answer_held_to_a_pattern_that_names_a_quote_is_json(served):
+    """(review 72's M1, a real answer: `[A-Za-z ,."]` let a raw `"` end the string, and the
+    model wrote on past it: `{ "text": "Hello, world.", "fieldCode...`, no JSON.)"""
+    pattern = '^[A-Za-z ,."]+$'
+    fmt = {"type": "json_schema", "json_schema": {"name": "q", "schema": {
+        "type": "object", "properties": {"text": {"type": "string", "pattern": pattern}},
+        "required": ["text"]}}}
+    asked = [{"role": "user", "content": 'Reply with JSON: a short sentence in which someone '
+                                         'says "hello" (with quotation marks), in a field '
+                                         "called text."}]
+    for seed in range(4):  # (seed 2 wrote the answer above, without the fix)
+        done = served.client.chat.completions.create(
+            model="default", messages=asked, max_tokens=96, temperature=0.9, seed=seed,
+            response_format=fmt)
+        (choice,) = done.choices
+        assert choice.finish_reason == "stop", choice
+        assert re.fullmatch(pattern, json.loads(choice.message.content)["text"]), choice
 
 
 @pytest.mark.parametrize("pattern", ["^[]a]+$", "^[^]]+$", "^a}$", "^a]$"])

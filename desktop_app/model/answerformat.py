@@ -7,7 +7,10 @@ cannot parse is refused by that field's name.
 converter (llama.cpp's json_schema_to_grammar), whose refusal is given in words; a bound that
 the converter writes out one repetition at a time (`maxLength`...: `MAX_REPEATS`) is refused
 before it is converted: llama.cpp's parser recurses once a repetition, and a bound of ~18,000
-overflows the stack of the thread parsing it (a segfault: the whole server gone).
+overflows the stack of the thread parsing it (a segfault: the whole server gone). A string's
+`pattern` describes the decoded string and the grammar writes its JSON text, so the pattern is
+rewritten for the converter first (`_json_pattern`): whatever of `"`, `\\` and the control
+characters it allows is written only as JSON escapes it, everything else as it is.
 `schema_rules` gives several schemas' rules for a grammar whose own root puts them in place (a
 tool call's arguments: `desktop_app.tools`).
 
@@ -92,7 +95,6 @@ _CHAR = llama_grammar.BuiltinRule(
 _DOT = r'[^"\\\x7F\x00-\x1F] | "\\" (["\\/bft])'
 _NOT_IN_STRING = r'"\\\x7F\x00-\x1F'
 
-
 class _Converter(llama_grammar.SchemaConverter):
     """The converter with JSON's own string characters (`_CHAR`), and each schema's `$ref`
     rules named after its own rule (`prefix`): its own names one by the ref's last part
@@ -115,7 +117,7 @@ class _Converter(llama_grammar.SchemaConverter):
                                  else rule)
 
     def _visit_pattern(self, pattern: str, name: str) -> str:
-        return super()._visit_pattern(_json_classes(pattern), name)
+        return super()._visit_pattern(_json_pattern(pattern), name)
 
     def _resolve_ref(self, ref: str) -> str:  # (as the converter's own, but for the name)
         if not self.prefix:  # (one schema: its names as the converter gives them)
@@ -128,30 +130,149 @@ class _Converter(llama_grammar.SchemaConverter):
         return name
 
 
-def _json_classes(pattern: str) -> str:
-    """`pattern` with `_NOT_IN_STRING` added to each negated class (`[^...]`), read as the
-    converter reads a pattern: a backslash escapes the next character, a class runs to its
-    first unescaped `]`. A `]` or `}` that closes nothing is refused: the converter would loop
-    on it for good (a server's every route waiting behind it)."""
-    out, i, inside, bound = [], 0, False, False
+# A pattern describes the decoded string, the grammar its JSON text: the characters JSON
+# writes escaped (`"`, `\\`, U+0000-U+001F) are matched there only as json.dumps writes them
+# (`_escapes`): a raw `"` ends the string early, and a raw control character is no JSON.
+_SPECIAL = [(0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C)]
+_SHORT = {0x22: '"', 0x5C: "\\\\", 0x08: "b", 0x0C: "f", 0x0A: "n", 0x0D: "r", 0x09: "t"}
+_LAST = 0x10FFFF
+_CHARS = {"t": 0x09, "n": 0x0A, "r": 0x0D, "f": 0x0C, "v": 0x0B, "0": 0x00}
+_SETS = {"d": [(0x30, 0x39)], "w": [(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)],
+         "s": [(0x09, 0x0D), (0x20, 0x20)]}
+_HEX_DIGITS = {"x": 2, "u": 4, "U": 8}
+Ranges = list[tuple[int, int]]
+
+
+def _json_pattern(pattern: str) -> str:
+    """`pattern`, of the decoded string, as a pattern of its JSON text that the converter
+    translates as it reads it: a character JSON escapes (`_SPECIAL`), written or in a
+    positive class, is matched in its escaped form alone (`_class`); `\\d`, `\\w`, `\\s` and
+    an escaped character become the class they stand for (llama.cpp's grammar knows neither
+    them nor `\\.`); a negated class is given `_NOT_IN_STRING`. Read as the converter reads
+    it: a class runs to its first unescaped `]`; an escape this does not know (`\\b`, `\\p`)
+    and a class that holds one are left as written. A `]` or `}` that closes nothing is
+    refused: the converter would loop on it for good (a server's every route waiting)."""
+    out, i, bound = [], 0, False
     while i < len(pattern):
         c = pattern[i]
         if c == "\\":
-            out.append(pattern[i:i + 2])
-            i += 2
-            continue
-        if not inside and (c == "]" or c == "}" and not bound):
+            value, end = _escape(pattern, i, in_class=False)
+            out.append(pattern[i:end] if value is None else _class(_ranges([value])))
+        elif c == "[":
+            negated, value, end = _read_class(pattern, i)
+            out.append(pattern[i:end] if value is None and not negated else
+                       f"[^{_NOT_IN_STRING}{pattern[i + 2:end]}" if value is None else
+                       f"[^{_NOT_IN_STRING}{_items(value)}]" if negated else _class(value))
+        elif c == "]" or c == "}" and not bound:
             raise ValueError(f"the pattern's {c!r} at {i} closes nothing (\\{c} is the "
                              "character itself)")
-        if not inside and pattern.startswith("[^", i):
-            out.append("[^" + _NOT_IN_STRING)
-            inside, i = True, i + 2
-            continue
-        bound = (bound or c == "{") and c != "}" if not inside else bound
-        inside = (inside or c == "[") and c != "]"
-        out.append(c)
-        i += 1
+        else:
+            bound, end = (bound or c == "{") and c != "}", i + 1
+            special = _overlap([(ord(c), ord(c))], _SPECIAL)
+            out.append(_class(special) if special else c)
+        i = end
     return "".join(out)
+
+
+def _escape(pattern: str, i: int, *, in_class: bool) -> tuple[int | Ranges | None, int]:
+    """The character (or the characters: `\\d`...) the escape at `i` stands for, and where it
+    ends; None for one this does not know (two characters long, as the converter reads it)."""
+    c = pattern[i + 1:i + 2]
+    digits = _HEX_DIGITS.get(c, 0)
+    code = pattern[i + 2:i + 2 + digits]
+    if digits and len(code) == digits and all(h in "0123456789abcdefABCDEF" for h in code):
+        return int(code, 16), i + 2 + digits
+    if c.lower() in _SETS:
+        return (_SETS[c] if c.islower() else _minus([(0, _LAST)], _SETS[c.lower()])), i + 2
+    if c in _CHARS or c == "b" and in_class:  # (`\b`: a backspace in a class, else a boundary)
+        return _CHARS.get(c, 0x08), i + 2
+    return (ord(c) if c and not c.isalnum() else None), i + 2
+
+
+def _read_class(pattern: str, i: int) -> tuple[bool, Ranges | None, int]:
+    """The class at `i`: whether it is negated, the characters it names (None: it names none,
+    or what one escape of it means is not known), and where it ends (the pattern's end where
+    it is never closed: the converter refuses it)."""
+    negated = pattern.startswith("[^", i)
+    j, atoms = i + (2 if negated else 1), []
+    while j < len(pattern) and pattern[j] != "]":
+        value, end = (_escape(pattern, j, in_class=True) if pattern[j] == "\\"
+                      else (ord(pattern[j]), j + 1))
+        atoms.append((value, pattern[j] == "-"))  # (an unescaped `-`: a range's, if between)
+        j = end
+    if j >= len(pattern):
+        return negated, None, len(pattern)
+    found: list[int | Ranges | None] = []
+    k = 0
+    while k < len(atoms):
+        if k + 2 < len(atoms) and atoms[k + 1][1]:
+            low, high = atoms[k][0], atoms[k + 2][0]
+            ok = isinstance(low, int) and isinstance(high, int) and low <= high
+            found.append([(low, high)] if ok else None)
+            k += 3
+        else:
+            found.append(atoms[k][0])
+            k += 1
+    return negated, (_ranges(found) if found and None not in found else None), j + 1
+
+
+def _class(ranges: Ranges) -> str:
+    """A pattern of the JSON text of one of `ranges`' characters: those JSON writes as they
+    are in a class, the others escaped (`_escapes`), as alternatives."""
+    raw, special = _minus(ranges, _SPECIAL), _overlap(ranges, _SPECIAL)
+    if not special:
+        return f"[{_items(raw)}]"
+    return "(" + "|".join(([f"[{_items(raw)}]"] if raw else []) + [_escapes(special)]) + ")"
+
+
+def _escapes(ranges: Ranges) -> str:
+    """A pattern of the escaped forms of `ranges`' characters (all of `_SPECIAL`), as
+    json.dumps writes them: `\\"`, `\\\\`, `\\n`... and `\\u00XX`."""
+    codes = [c for low, high in ranges for c in range(low, high + 1)]
+    short = "".join(_SHORT[c] for c in codes if c in _SHORT)
+    found = [f"\\\\[{short}]"] if short else []
+    for high in (0, 1):
+        lows = "".join(f"{c & 15:x}" for c in codes if c >> 4 == high and c not in _SHORT)
+        found += [f"\\\\u00{high}[{lows}]"] if lows else []
+    return "|".join(found)
+
+
+def _items(ranges: Ranges) -> str:
+    """A class's inside for `ranges`, each character as llama.cpp's grammar reads it."""
+    def one(c: int) -> str:
+        return (chr(c) if chr(c).isascii() and chr(c).isalnum() else
+                f"\\x{c:02X}" if c < 0x100 else f"\\u{c:04X}" if c < 0x10000 else f"\\U{c:08X}")
+    return "".join(one(low) if low == high else f"{one(low)}-{one(high)}"
+                   for low, high in ranges)
+
+
+def _ranges(found: list) -> Ranges:
+    """Characters and lists of ranges as sorted ranges that neither overlap nor touch."""
+    out: Ranges = []
+    for low, high in sorted(r for f in found for r in (f if isinstance(f, list) else [(f, f)])):
+        if out and low <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(high, out[-1][1]))
+        else:
+            out.append((low, high))
+    return out
+
+
+def _minus(ranges: Ranges, cut: Ranges) -> Ranges:
+    out: Ranges = []
+    for low, high in _ranges([ranges]):
+        for cut_low, cut_high in _ranges([cut]):
+            if cut_high < low or cut_low > high:
+                continue
+            if cut_low > low:
+                out.append((low, cut_low - 1))
+            low = cut_high + 1
+        if low <= high:
+            out.append((low, high))
+    return out
+
+
+def _overlap(ranges: Ranges, other: Ranges) -> Ranges:
+    return _minus(ranges, _minus(ranges, other))
 
 
 # The most repetitions a schema's bound may ask for. The converter writes `maxLength: n` (and
