@@ -607,6 +607,20 @@ def test_a_forced_level_not_stored_is_said_and_lossless_stays_exact(new_engine, 
     assert exact.answer == ask(eng, QUESTION, doc=doc_id, tokens=8, no_cache=True).answer
 
 
+def test_a_cache_kept_exact_alone_is_read_exact_with_no_note_at_every_turn(new_engine,
+                                                                           tmp_path):
+    """(A sliding-window model's caches are lossless alone until its codec is calibrated:
+    every question from the window's slider at `high` said "... not stored at 'high': read
+    at lossless instead".)"""
+    eng = new_engine()
+    path = tmp_path / "doc.txt"
+    path.write_text(DOC)
+    doc_id = eng.attach(path, levels=[EXACT]).doc_id
+    res = ask(eng, QUESTION, doc=doc_id, tokens=4, level="high")
+    assert set(res.chunk_levels) == {EXACT} and res.recomputed_tokens == 0
+    assert not any("not stored at" in m for m in res.messages), res.messages
+
+
 def test_a_stored_lossless_level_is_read_though_the_app_does_not_store_it(new_engine,
                                                                            tmp_path):
     """What is stored counts, not the keep_lossless setting: a document attached with

@@ -22,6 +22,8 @@ from store.shared.localcopy import LocalCopy
 from store.shared.remote import RemoteTier
 from store.shared.sync import read_chunk
 
+from .levels import EXACT
+
 
 class ChunkSource(Protocol):
     kind: str  # "local" or "remote": which measured bandwidth plans its reads
@@ -35,7 +37,9 @@ class ChunkSource(Protocol):
     # (a sliding-window model's: streaming resumes only at such an end).
     windows: dict[int, Sequence[Span]]
     # The entries among the chunks' that are kept at one level by design (a passage's, at
-    # the setting `passage_level`): a level asked for that they lack is no news to say.
+    # the setting `passage_level`; one kept exact alone: a sliding-window model's until its
+    # codec is calibrated, or `attach --levels lossless`): a level asked for that they lack
+    # is no news to say.
     one_level: frozenset[int]
     # {entry id: its end} of the entries among the chunks' whose KV one prefill of their
     # tokens from the first computed (a document's, as attaching does): what a restore at
@@ -119,8 +123,9 @@ class LocalSource:
             self._sizes.setdefault((entry, chunk), {})[level] = n
         entries = {i: store.entry(i) for i in ids}
         # (a passage's entry, and the passages' head one extends: stored at one level)
-        self.one_level = frozenset(i for i, e in entries.items() if e.passage) | {
-            e.parent_id for e in entries.values() if e.passage and e.parent_id is not None}
+        self.one_level = frozenset(i for i, e in entries.items() if e.passage or tuple(
+            e.levels) == (EXACT,)) | {e.parent_id for e in entries.values()
+                                      if e.passage and e.parent_id is not None}
         self.prefilled = {i: e.token_end for i, e in entries.items() if e.document_id is not
                           None and e.chat_id is None and not e.passage}
         # (`sizes` leaves a chunk set aside out, as if it were never stored: the entry says)
@@ -147,8 +152,8 @@ class RemoteSource:
         self.n_tokens = copy.manifest.token_end
         self.beyond = ()
         self.windows = {self.n_tokens: copy.windows} if copy.windows else {}
-        self.one_level = frozenset(
-            {s.entry_id for s in self.spans} if copy.manifest.passage else ())
+        self.one_level = frozenset({s.entry_id for s in self.spans} if copy.manifest.passage
+                                   or tuple(copy.levels) == (EXACT,) else ())
         # (The tier shares documents' entries: `sync`.)
         self.prefilled = {} if copy.manifest.passage else {
             s.entry_id: self.n_tokens for s in self.spans}
