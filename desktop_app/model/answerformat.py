@@ -89,9 +89,9 @@ _CHAR = llama_grammar.BuiltinRule(
 
 # A pattern's `.` inside a JSON string: what `.` matches but a line break (the converter's
 # `dotall=False`), written as JSON writes it. The converter's own (`[^\x0A\x0D]`) lets a raw
-# control character, a raw `"` that ends the string early, and a lone `\\` through; so does a
-# pattern's negated class (`[^@]`), which the converter copies as written: each is given
-# JSON's exclusions (`_NOT_IN_STRING`), and matches its characters unescaped only.
+# control character, a raw `"` that ends the string early, and a lone `\\` through.
+# `_NOT_IN_STRING`: JSON's exclusions, given to a negated class `_json_pattern` cannot read
+# (its characters then matched raw only).
 _DOT = r'[^"\\\x7F\x00-\x1F] | "\\" (["\\/bft])'
 _NOT_IN_STRING = r'"\\\x7F\x00-\x1F'
 
@@ -148,10 +148,11 @@ def _json_pattern(pattern: str) -> str:
     translates as it reads it: a character JSON escapes (`_SPECIAL`), written or in a
     positive class, is matched in its escaped form alone (`_class`); `\\d`, `\\w`, `\\s` and
     an escaped character become the class they stand for (llama.cpp's grammar knows neither
-    them nor `\\.`); a negated class is given `_NOT_IN_STRING`. Read as the converter reads
-    it: a class runs to its first unescaped `]`; an escape this does not know (`\\b`, `\\p`)
-    and a class that holds one are left as written. A `]` or `}` that closes nothing is
-    refused: the converter would loop on it for good (a server's every route waiting)."""
+    them nor `\\.`); a negated class is the class of every other character, so written too.
+    Read as the converter reads it: a class runs to its first unescaped `]`; an escape this
+    does not know (`\\b`, `\\p`) and a class that holds one are left as written (a negated
+    one given `_NOT_IN_STRING`). A `]` or `}` that closes nothing is refused: the converter
+    would loop on it for good (a server's every route waiting)."""
     out, i, bound = [], 0, False
     while i < len(pattern):
         c = pattern[i]
@@ -162,7 +163,7 @@ def _json_pattern(pattern: str) -> str:
             negated, value, end = _read_class(pattern, i)
             out.append(pattern[i:end] if value is None and not negated else
                        f"[^{_NOT_IN_STRING}{pattern[i + 2:end]}" if value is None else
-                       f"[^{_NOT_IN_STRING}{_items(value)}]" if negated else _class(value))
+                       _class(_minus([(0, _LAST)], value)) if negated else _class(value))
         elif c == "]" or c == "}" and not bound:
             raise ValueError(f"the pattern's {c!r} at {i} closes nothing (\\{c} is the "
                              "character itself)")
