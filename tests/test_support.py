@@ -124,6 +124,29 @@ def test_the_context_is_the_trained_one_capped_by_memory():
     assert contextsize.available_memory() is None or contextsize.available_memory() > 0
 
 
+def test_the_memory_available_is_the_room_under_the_processs_own_cgroup_limits(tmp_path):
+    """(Under `systemd-run -p MemoryMax=600M`, a v1 cgroup's limit too, kvdesk read only the
+    root's and sized its context for the machine's 23 GB: the kernel ended it after an
+    answer, without a word.)"""
+    root, own = tmp_path / "cgroup", tmp_path / "self-cgroup"
+    for folder, files in {"app.slice/kv.scope": {"memory.max": 600 << 20,
+                                                  "memory.current": 100 << 20},
+                          "app.slice": {"memory.max": "max", "memory.current": 1 << 30},
+                          "memory/probe": {"memory.limit_in_bytes": 900 << 20,
+                                           "memory.usage_in_bytes": 100 << 20},
+                          "memory": {"memory.limit_in_bytes": 1 << 62,
+                                     "memory.usage_in_bytes": 5 << 30}}.items():
+        (root / folder).mkdir(parents=True, exist_ok=True)
+        for name, value in files.items():
+            (root / folder / name).write_text(f"{value}\n")
+    own.write_text("4:memory:/probe\n3:cpu:/\n0::/app.slice/kv.scope\n")
+    assert sorted(contextsize.cgroup_room(root, own)) == [500 << 20, 800 << 20,
+                                                          (1 << 62) - (5 << 30)]
+    own.write_text("0::/gone.scope\n")  # (a cgroup not mounted here: none of its folders)
+    assert contextsize.cgroup_room(root, own) == []
+    assert contextsize.cgroup_room(root, tmp_path / "none") == []
+
+
 def test_a_context_set_larger_than_memory_holds_is_refused_naming_one_that_fits():
     """(A context of 1,048,576 tokens set in the settings had the system end every command,
     `info` too, for want of memory, with no word.)"""

@@ -13,10 +13,10 @@ llama-cpp-python 0.3.36: benchmarks/RESULTS.md, "Context size per model"):
 
 The default context is the largest of the trained context, halved down to 2,048 tokens, whose
 estimate for both contexts and the weights fits in `MEMORY_SHARE` of the memory available now
-(/proc/meminfo's MemAvailable, a cgroup's limit, or sysconf); `choose` says which and why, and
-`kvdesk info` shows it. A context size the user sets is theirs, unless llama.cpp could not even
-allocate it (`unallocatable`): then no process starts one, rather than have the system end
-it for want of memory. It reads no model and allocates nothing.
+(/proc/meminfo's MemAvailable, the room under the process's cgroup limits, or sysconf);
+`choose` says which and why, and `kvdesk info` shows it. A context size the user sets is
+theirs, unless llama.cpp could not even allocate it (`unallocatable`): then no process starts
+one, rather than have the system end it for want of memory. It reads no model and allocates nothing.
 """
 
 from __future__ import annotations
@@ -44,19 +44,12 @@ class ContextChoice:
 
 def available_memory() -> int | None:
     """Bytes of memory available now (None: this system does not say)."""
-    found = []
+    found = cgroup_room()
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
                 found.append(int(line.split()[1]) * 1024)
     except (OSError, ValueError, IndexError):
-        pass
-    try:  # a container's limit (cgroup v2)
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
-        if limit != "max":
-            found.append(int(limit) - used)
-    except (OSError, ValueError):
         pass
     if not found:
         try:
@@ -64,6 +57,45 @@ def available_memory() -> int | None:
         except (ValueError, OSError, AttributeError):
             return None
     return max(0, min(found))
+
+
+# (cgroup v2's files, and v1's memory controller's, under its own mount)
+_V2 = ("", "memory.max", "memory.current")
+_V1 = ("memory", "memory.limit_in_bytes", "memory.usage_in_bytes")
+
+
+def cgroup_room(root: Path = Path("/sys/fs/cgroup"),
+                own: Path = Path("/proc/self/cgroup")) -> list[int]:
+    """The room left under each memory limit on this process: its own cgroup's and every one
+    above it, v2 or v1 (where `systemd-run -p MemoryMax=`, a desktop's app slice or a
+    container puts one; the system's memory does not show it, and the kernel ends a process
+    that passes it without a word)."""
+    try:
+        lines = own.read_text().splitlines()
+    except OSError:
+        lines = []
+    found = []
+    for line in lines or ["0::/"]:  # (none said: the hierarchy's root, as a container sees it)
+        hierarchy, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if hierarchy == "0" and not controllers:
+            mount, limit, used = _V2
+        elif "memory" in controllers.split(","):
+            mount, limit, used = _V1
+        else:
+            continue
+        top = root / mount
+        folder = top / path.strip("/")
+        while True:
+            try:
+                said = (folder / limit).read_text().strip()
+                if said != "max":
+                    found.append(int(said) - int((folder / used).read_text()))
+            except (OSError, ValueError):
+                pass
+            if folder == top or top not in folder.parents:
+                break
+            folder = folder.parent
+    return found
 
 
 def estimate(facts: HeaderFacts, n_ctx: int, *, flash_attn: bool) -> int | None:
