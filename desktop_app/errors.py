@@ -131,3 +131,15 @@ def data_folder_fault(error: BaseException | None) -> str | None:
     if isinstance(error, errors.SchemaVersionError):
         return "version"
     return "unusable" if isinstance(error, errors.DataDirError | errors.DamagedError) else None
+
+
+def out_of_memory(e: MemoryError, smaller: str = "--n-ctx 2048") -> str:
+    """What to say of memory that ran out mid-work (a memory limit, `ulimit -v`, a full
+    machine): how much more was asked for, where it says (numpy's "Unable to allocate 133.
+    MiB for an array with shape ..."), and what to do (`smaller`: how a smaller context is
+    set where it is said)."""
+    asked = str(e).split(" for an array")[0].removeprefix("Unable to allocate ").strip()
+    asked = asked.replace(". MiB", " MiB").replace(". GiB", " GiB")  # (numpy's "133. MiB")
+    return (f"not enough memory for this work{f' ({asked} more were needed)' if asked else ''}"
+            f": close other programs, or give kvdesk a smaller context ({smaller}); what "
+            "was stored before it is kept")

@@ -379,3 +379,26 @@ def test_a_dumb_terminal_gets_progress_lines_with_no_escape_sequence(capsys, mon
     assert capsys.readouterr().err == "".join(
         f"prefill {p:3d}% ({d}/4)\n" for d, p in [(0, 0), (1, 25), (2, 50), (3, 75), (4, 100)]
     ) + "Note: a note\n"
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_memory_that_runs_out_mid_work_is_one_error_line_never_a_traceback(
+        monkeypatch, capsys, as_json):
+    """(Under `prlimit --as=1.5G` an ask's passage encoding printed numpy's 40-line
+    traceback, "_ArrayMemoryError: Unable to allocate 133. MiB for an array with shape...".)"""
+    from desktop_app.cli import commands
+
+    def short_of_memory(**kwargs):
+        raise MemoryError("Unable to allocate 133. MiB for an array with shape (34152, 4096) "
+                          "and data type uint8")
+
+    monkeypatch.setattr(commands.cli, "main", short_of_memory)
+    with pytest.raises(SystemExit) as ended:
+        commands.main(["docs", *(["--json"] if as_json else [])])
+    out, err = capsys.readouterr()
+    said = ("not enough memory for this work (133 MiB more were needed): close other "
+            "programs, or give kvdesk a smaller context (--n-ctx 2048); what was stored "
+            "before it is kept")
+    assert ended.value.code == 1 and err == f"Error: {said}\n"
+    assert (json.loads(out) if as_json else out) == (
+        {"error": said, "kind": "MemoryError"} if as_json else "")

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from PySide6.QtCore import QObject, QRunnable, QThreadPool, Signal
 
-from desktop_app.errors import Cancelled, is_user_error
+from desktop_app.errors import Cancelled, is_user_error, out_of_memory
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,8 @@ class Job(QRunnable):
             self.error = e
             if is_user_error(e):
                 self.signals.failed.emit(str(e))
+            elif isinstance(e, MemoryError):  # (not a bug: the machine's memory, said plainly)
+                self.signals.failed.emit(out_of_memory(e, "Settings ▸ Context size"))
             else:  # a bug: keep the traceback for the log, say it briefly
                 log.error("engine call failed:\n%s", traceback.format_exc())
                 self.signals.failed.emit(f"Unexpected error: {type(e).__name__}: {e}")

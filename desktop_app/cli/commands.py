@@ -12,7 +12,7 @@ import sys
 
 import click
 
-from ..errors import Cancelled, is_user_error
+from ..errors import Cancelled, is_user_error, out_of_memory
 from . import base, chat, listings, maintenance, passages, remote, serve  # noqa: F401 - each registers its commands
 from .base import cli
 from .streams import OutputFailed
@@ -57,6 +57,12 @@ def _main(args: list[str]) -> None:
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)
+    except MemoryError as e:  # (a memory limit, `ulimit -v` or a full machine, mid-work)
+        message = out_of_memory(e)
+        if base.wants_json(args) and not base.json_printed:
+            click.echo(base.json_text({"error": message, "kind": "MemoryError"}))
+        click.echo(f"Error: {message}", err=True)
+        sys.exit(1)
     except Exception as e:
         if not is_user_error(e):
             raise

@@ -24,6 +24,7 @@ from ..errors import (
     MissingError,
     is_storage_fault,
     is_user_error,
+    out_of_memory,
 )
 from ..results import SERVER_STOPPED, AskResult
 from ..validation import InvalidValue
@@ -104,6 +105,8 @@ def error_of(e: BaseException) -> tuple[int, dict]:
     if isinstance(e, UnicodeEncodeError):  # (a body TextCheck could not read as JSON text)
         return 400, s.error("the request's text holds half of a UTF-16 surrogate pair, "
                             "which is not Unicode")
+    if isinstance(e, MemoryError):  # (the machine's state, not the request: asking later may)
+        return 503, s.error(out_of_memory(e), "server_error", code="out_of_memory")
     if is_storage_fault(e):  # (the server's data directory, not the request)
         return 500, s.error(str(e), "server_error", code="storage_unavailable")
     if is_user_error(e):
