@@ -161,7 +161,8 @@ def test_cli_eval_refuses_a_bad_file_before_calibrating(tmp_path, model_path):
     out = subprocess.run([sys.executable, "-m", "desktop_app", "eval", str(doc),
                           "--prefix-tokens", "100000"], capture_output=True, text=True,
                          timeout=120)
-    assert out.returncode == 1 and "100257 are needed" in out.stderr, out.stderr
+    assert out.returncode == 1 and "100,257 are needed" in out.stderr, out.stderr
+    assert "smaller --prefix-tokens and --cont-tokens" in out.stderr
     assert "calibrating" not in out.stderr
     out = subprocess.run([sys.executable, "-m", "desktop_app", "eval", str(doc), "--configs",
                           "fp16,q8_0", "--prefix-tokens", "96", "--cont-tokens", "16",

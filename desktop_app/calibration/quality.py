@@ -93,8 +93,8 @@ def check_length(n_tokens: int, prefix_tokens: int, cont_tokens: int) -> None:
     """Refuse a text of `n_tokens` too short for the prefix and the scored continuation."""
     need = prefix_tokens + cont_tokens + 1
     if prefix_tokens < 1 or cont_tokens < 1 or n_tokens < need:
-        raise EvalError(f"the text has {n_tokens} tokens; {need} are needed "
-                        f"({prefix_tokens} prefix + {cont_tokens} continuation + 1)")
+        raise EvalError(f"the text has {n_tokens:,} tokens; {need:,} are needed "
+                        f"({prefix_tokens:,} prefix + {cont_tokens:,} continuation + 1)")
 
 
 def config_name(config: Config) -> str:

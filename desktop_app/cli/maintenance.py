@@ -329,8 +329,12 @@ def eval_(app: App, file: str, prefix_tokens: int, cont_tokens: int, configs: li
     cal = engine.calibrations.current(engine.fingerprint)
     for name in names:
         quality.check_config(name, cal, calibrating=cal is None)
-    quality.check_length(len(engine.runtime.tokenize(text, add_bos=True, special=False)),
-                         prefix_tokens, cont_tokens)
+    try:
+        quality.check_length(len(engine.runtime.tokenize(text, add_bos=True, special=False)),
+                             prefix_tokens, cont_tokens)
+    except quality.EvalError as e:
+        raise quality.EvalError(f"{e}: a longer text, or smaller --prefix-tokens and "
+                                "--cont-tokens") from None
     # (the calibrated levels, and the model-independent ones beside them, need the calibration)
     if cal is None and any(n in quality.CONTRACTS or n.startswith(quality.DEFAULT_PREFIX)
                            for n in names):
