@@ -185,6 +185,12 @@ def test_a_reopen_that_finds_no_cache_of_the_chat_says_why_it_computes(engine, d
                                      "budget, or not kept when it was last answered)")
     engine.runtime.reset()
     assert not any("not stored under" in m for m in engine.reopen(chat).messages)  # (kept)
+    for entry in [e for e in engine.store.entries() if e.chat_id == chat]:
+        with contextlib.suppress(NotFoundError):
+            engine.store.delete_entry(entry.id)
+    engine.runtime.reset()  # (and --no-cache computes it as asked: no news to say why)
+    asked = ask(engine, "And after?", chat=chat, tokens=2, no_cache=True)
+    assert not any("not stored under" in m for m in asked.messages), asked.messages
 
 
 def test_a_chat_whose_cache_is_another_models_says_so(engine, doc_id):

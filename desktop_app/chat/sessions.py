@@ -202,8 +202,8 @@ class ChatSession:
                 rt, source, tokens, levels=self.levels, options=effective, speeds=self.speeds,
                 chunk_tokens=self.chunk_tokens, progress=progress, cancel=cancel,
                 calibrations=self.kv.calibrations.resolver(rt.fingerprint))
-        notes += self.library.computed_note(chat_id, docs, rt.fingerprint, source is not None,
-                                            report.recomputed_tokens, len(tokens))
+        notes += [] if options.no_cache else self.library.computed_note(  # (asked: no news)
+            chat_id, docs, rt.fingerprint, bool(source), report.recomputed_tokens, len(tokens))
         speeds_mod.save(self.store, self.speeds)
         self._blended_at = None
         self._loaded = None if options.no_cache else options
