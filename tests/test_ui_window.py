@@ -297,6 +297,8 @@ def test_quality_tooltip_shows_the_estimate_for_the_chat(qtbot, window, engine):
     qtbot.waitUntil(lambda: "6,120 cached tokens" in window.quality.toolTip())
     tip = window.quality.toolTip()
     assert all(level in tip for level in engine.levels) and "ms" in tip and "MB" in tip
+    # (probe 120 took `high` for the answer a re-read gives)
+    assert "Only lossless answers exactly as reading the text again would" in tip
 
 
 def test_attaching_several_files_shows_progress_and_clear_errors(qtbot, window, engine,

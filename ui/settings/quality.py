@@ -12,6 +12,11 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QSlider, QWidget
 
 from desktop_app.results import RestoreEstimate, size_text
 
+# (README, "For the same answer every time": a lossy level's greedy answer parts from a
+# re-read's somewhere, often within its first sentence on a small model)
+_FIDELITY = ("Only lossless answers exactly as reading the text again would; the other levels "
+             "answer from a close copy of the cache, and may word an answer otherwise.")
+
 
 class QualitySlider(QWidget):
     changed = Signal(str)  # the level now selected
@@ -93,6 +98,7 @@ class QualitySlider(QWidget):
             tip = (f"<p>Loading this chat's {est.tokens:,} cached tokens:</p>"
                    f"<table cellspacing=4>{''.join(rows)}</table>")
             said = f"Loading this chat's {est.tokens:,} cached tokens: {'; '.join(costs)}."
+        tip, said = f"{tip}<p>{_FIDELITY}</p>", f"{said} {_FIDELITY}"
         self.setToolTip(tip)
         self.slider.setToolTip(tip)
         # (the level first: what a screen reader says as the slider moves)
