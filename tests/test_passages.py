@@ -506,6 +506,23 @@ def test_a_restructuredtext_title_with_an_overline_is_a_heading():
     assert ("Changelog", "23.0 (2023-01-30)", "Bug Fixes") in headings
 
 
+def test_an_overline_after_a_heading_and_a_tables_ruled_header_are_read_right():
+    """(probe 119's books: a module's overlined title right after "API / ---" was read as an
+    underline of the "---", the module filed under the one before; a table's header over a
+    rule, "Language  Sources  Development", titled the next 10,000 lines.)"""
+    module = "{0}\nMODULE numpy/typing/{1}.py\n{0}\n\n".format("=" * 20, "{}")
+    text = (module.format("__init__") + "typing\n------\n\nIntro.\n\nAPI\n---\n\n\n"
+            + module.format("mypy_plugin") + "mypy_plugin\n-----------\n\nThe plugin.\n\n"
+            "Packages:\n\nLanguage  Sources      Development\n" + "-" * 36
+            + "\nC++                    libstdc++6-dev\n\nThe end.\n")
+    headings = {p.heading for p in split(text, "text", words, target=2, limit=12)}
+    assert headings == {("MODULE numpy/typing/__init__.py",),
+                        ("MODULE numpy/typing/__init__.py", "typing"),
+                        ("MODULE numpy/typing/__init__.py", "API"),
+                        ("MODULE numpy/typing/mypy_plugin.py",),
+                        ("MODULE numpy/typing/mypy_plugin.py", "mypy_plugin")}
+
+
 @pytest.mark.parametrize("name, kind", [("notes.txt", "text"), ("tool.py", "code")])
 def test_a_passages_lines_are_the_files_though_its_blank_runs_are_collapsed(tmp_path, name,
                                                                              kind):

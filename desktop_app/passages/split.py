@@ -65,6 +65,9 @@ class _Unit:
 
 _ATX = re.compile(r"^(#{1,6})[ \t]+(.+?)[ \t#]*$")
 _UNDERLINE = re.compile(r"^(=+|-+|~+|\^+|\*+)[ \t]*$")
+# Three columns or more, set apart by runs of spaces: a table's header a rule underlines
+# ("Language  Sources      Development"), not a title.
+_COLUMNS = re.compile(r"\S(?: {2,}|\t)\S.*?\S(?: {2,}|\t)\S")
 _FENCE = re.compile(r"^[ \t]*(```|~~~)")
 
 
@@ -169,9 +172,14 @@ def _prose_units(text: str, *, markdown: bool, hashes: bool = True, setext: bool
 
     def under_title(line: str = "") -> tuple[int, int] | None:
         """The line an underline would make a title: one alone, or right under headings
-        ("Guide / ===== / Part 0 / ------"), or under its overline (`overline`)."""
-        return para[-1] if para and (all(s in heads for s, _ in para[:-1]) or
-                                     overline(line)) else None
+        ("Guide / ===== / Part 0 / ------"), or under its overline (`overline`); never a line
+        of marks itself (an underline, or the overline of the title below it) nor a table's
+        header (columns: `_COLUMNS`)."""
+        title = para[-1] if para and (all(s in heads for s, _ in para[:-1]) or
+                                      overline(line)) else None
+        words = text[title[0]:title[1]] if title else ""
+        return None if not title or _UNDERLINE.match(words.strip()) or _COLUMNS.search(
+            words) else title
 
     def overline(line: str) -> tuple[int, int] | None:
         """The line of the same marks over the title this `line` underlines, if any
