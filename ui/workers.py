@@ -13,9 +13,10 @@ from __future__ import annotations
 import logging
 import threading
 import traceback
+import weakref
 from collections.abc import Callable
 
-from PySide6.QtCore import QObject, QRunnable, QThreadPool, Signal
+from PySide6.QtCore import QObject, QThreadPool, Signal
 
 from desktop_app.errors import Cancelled, is_user_error, out_of_memory
 
@@ -32,11 +33,13 @@ class JobSignals(QObject):
     done = Signal()  # after finished, failed or cancelled: the job is over
 
 
-class Job(QRunnable):
-    """One blocking call, `work(job)`, which may use `job.cancel` and `job.signals`' emitters."""
+class Job:
+    """One blocking call, `work(job)`, which may use `job.cancel` and `job.signals`' emitters.
+
+    A plain object whose `run` a pool calls (its own runnable, deleted once it has run): a
+    QRunnable of Python's is kept by the pool's wrapper for good."""
 
     def __init__(self, work: Callable[[Job], object]):
-        super().__init__()
         self.work = work
         self.cancel = threading.Event()
         self.signals = JobSignals()
@@ -90,13 +93,16 @@ class Runner(QObject):
         `token=`, `cancelled=`...) connected first: a job that fails at once emits before a
         connection made after this returns, and its result would be lost."""
         job = Job(work)
-        job.setAutoDelete(False)  # Python owns it (self.active), not the pool
         for name, slot in {"finished": finished, "failed": failed, **signals}.items():
             if slot is not None:
                 getattr(job.signals, name).connect(slot)
-        job.signals.done.connect(lambda: self.active.discard(job))
+        # Nothing but `active` holds the job once it has run: a slot holding it would be a
+        # cycle through a Qt connection, which Python's collector cannot see (every job the
+        # window ever ran was kept, with all its slots held).
+        held = weakref.ref(job)
+        job.signals.done.connect(lambda: self.active.discard(held()))
         self.active.add(job)
-        self.pools[lane].start(job)
+        self.pools[lane].start(job.run)
         return job
 
     def shutdown(self, timeout_ms: int = 10000) -> None:
