@@ -521,6 +521,12 @@ def test_an_overline_after_a_heading_and_a_tables_ruled_header_are_read_right():
                         ("MODULE numpy/typing/__init__.py", "API"),
                         ("MODULE numpy/typing/mypy_plugin.py",),
                         ("MODULE numpy/typing/mypy_plugin.py", "mypy_plugin")}
+    # A title written with double spaces stays one: prose (or a blank line) under its rule,
+    # in plain text and Markdown alike (review 73).
+    spaced = "Part 1.  Setup  and  Use\n" + "-" * 24 + "\n{}Words of the part.\n"
+    for kind, between in (("text", ""), ("text", "\n"), ("markdown", "")):
+        assert {p.heading for p in split(spaced.format(between), kind, words, target=2,
+                                         limit=12)} == {("Part 1.  Setup  and  Use",)}
 
 
 @pytest.mark.parametrize("name, kind", [("notes.txt", "text"), ("tool.py", "code")])

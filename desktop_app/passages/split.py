@@ -65,9 +65,9 @@ class _Unit:
 
 _ATX = re.compile(r"^(#{1,6})[ \t]+(.+?)[ \t#]*$")
 _UNDERLINE = re.compile(r"^(=+|-+|~+|\^+|\*+)[ \t]*$")
-# Three columns or more, set apart by runs of spaces: a table's header a rule underlines
-# ("Language  Sources      Development"), not a title.
-_COLUMNS = re.compile(r"\S(?: {2,}|\t)\S.*?\S(?: {2,}|\t)\S")
+# Words set apart by a run of spaces (or a tab), as a table's columns are; three columns.
+_GAP = r"\S(?: {2,}|\t)\S"
+_COLUMNS = re.compile(f"{_GAP}.*?{_GAP}")
 _FENCE = re.compile(r"^[ \t]*(```|~~~)")
 
 
@@ -173,13 +173,11 @@ def _prose_units(text: str, *, markdown: bool, hashes: bool = True, setext: bool
     def under_title(line: str = "") -> tuple[int, int] | None:
         """The line an underline would make a title: one alone, or right under headings
         ("Guide / ===== / Part 0 / ------"), or under its overline (`overline`); never a line
-        of marks itself (an underline, or the overline of the title below it) nor a table's
-        header (columns: `_COLUMNS`)."""
+        of marks itself (an underline, or the overline of the title below it)."""
         title = para[-1] if para and (all(s in heads for s, _ in para[:-1]) or
                                       overline(line)) else None
-        words = text[title[0]:title[1]] if title else ""
-        return None if not title or _UNDERLINE.match(words.strip()) or _COLUMNS.search(
-            words) else title
+        return None if not title or _UNDERLINE.match(text[title[0]:title[1]].strip()) \
+            else title
 
     def overline(line: str) -> tuple[int, int] | None:
         """The line of the same marks over the title this `line` underlines, if any
@@ -233,7 +231,8 @@ def _prose_units(text: str, *, markdown: bool, hashes: bool = True, setext: bool
             para, titled = [(start, end)], True
             heads.add(start)
         elif under and under_title(line) is not None and len(line.strip()) >= 3 and \
-                len(text[para[-1][0]:para[-1][1]].strip()) <= 120:
+                len(text[para[-1][0]:para[-1][1]].strip()) <= 120 and \
+                not (not setext and _ruled_table(text, para[-1], end)):
             over = overline(line)
             mark = line.strip()[0] * (2 if over else 1)  # (overlined: a style of its own)
             if mark not in underline_levels:
@@ -248,6 +247,15 @@ def _prose_units(text: str, *, markdown: bool, hashes: bool = True, setext: bool
             para.append((start, end))
     flush()
     return units
+
+
+def _ruled_table(text: str, title: tuple[int, int], rule_end: int) -> bool:
+    """Whether the `title` line over a rule is a plain-text table's header, not a heading:
+    three columns or more over the rule ("Language  Sources      Development"), and the row
+    right under it in columns too (a title written with double spaces has prose or a blank
+    line under it)."""
+    row = text[rule_end + 1:].split("\n", 1)[0]
+    return bool(_COLUMNS.search(text[title[0]:title[1]]) and re.search(_GAP, row))
 
 
 def _underlines(line: str, title: tuple[int, int] | None, text: str) -> bool:
