@@ -59,9 +59,10 @@ def available_memory() -> int | None:
     return max(0, min(found))
 
 
-# (cgroup v2's files, and v1's memory controller's, under its own mount)
-_V2 = ("", "memory.max", "memory.current")
-_V1 = ("memory", "memory.limit_in_bytes", "memory.usage_in_bytes")
+# (cgroup v2's files, and v1's memory controller's under its own mount: the limit, what is
+# charged, and the file cache in that which the kernel gives back before it ends anything)
+_V2 = ("", "memory.max", "memory.current", "inactive_file")
+_V1 = ("memory", "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
 
 
 def cgroup_room(root: Path = Path("/sys/fs/cgroup"),
@@ -78,9 +79,9 @@ def cgroup_room(root: Path = Path("/sys/fs/cgroup"),
     for line in lines or ["0::/"]:  # (none said: the hierarchy's root, as a container sees it)
         hierarchy, controllers, path = (line.split(":", 2) + ["", ""])[:3]
         if hierarchy == "0" and not controllers:
-            mount, limit, used = _V2
+            mount, limit, used, freeable = _V2
         elif "memory" in controllers.split(","):
-            mount, limit, used = _V1
+            mount, limit, used, freeable = _V1
         else:
             continue
         top = root / mount
@@ -89,13 +90,26 @@ def cgroup_room(root: Path = Path("/sys/fs/cgroup"),
             try:
                 said = (folder / limit).read_text().strip()
                 if said != "max":
-                    found.append(int(said) - int((folder / used).read_text()))
+                    found.append(int(said) - int((folder / used).read_text())
+                                 + _stat(folder / "memory.stat", freeable))
             except (OSError, ValueError):
                 pass
             if folder == top or top not in folder.parents:
                 break
             folder = folder.parent
     return found
+
+
+def _stat(path: Path, key: str) -> int:
+    """A cgroup's memory.stat value (0 where it is not said)."""
+    try:
+        for line in path.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key:
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def estimate(facts: HeaderFacts, n_ctx: int, *, flash_attn: bool) -> int | None:
