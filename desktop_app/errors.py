@@ -15,6 +15,7 @@ exception of their classes cannot exist before).
 
 from __future__ import annotations
 
+import re
 import sys
 
 from .validation import InvalidValue
@@ -133,13 +134,13 @@ def data_folder_fault(error: BaseException | None) -> str | None:
     return "unusable" if isinstance(error, errors.DataDirError | errors.DamagedError) else None
 
 
-def out_of_memory(e: MemoryError, smaller: str = "--n-ctx 2048") -> str:
+def out_of_memory(e: MemoryError, smaller: str = "--n-ctx, below what `kvdesk info` shows") -> str:
     """What to say of memory that ran out mid-work (a memory limit, `ulimit -v`, a full
-    machine): how much more was asked for, where it says (numpy's "Unable to allocate 133.
-    MiB for an array with shape ..."), and what to do (`smaller`: how a smaller context is
-    set where it is said)."""
-    asked = str(e).split(" for an array")[0].removeprefix("Unable to allocate ").strip()
-    asked = asked.replace(". MiB", " MiB").replace(". GiB", " GiB")  # (numpy's "133. MiB")
-    return (f"not enough memory for this work{f' ({asked} more were needed)' if asked else ''}"
-            f": close other programs, or give kvdesk a smaller context ({smaller}); what "
-            "was stored before it is kept")
+    machine): what could not be allocated, where it says (numpy's "Unable to allocate 133.
+    MiB for an array..."), and what to do (`smaller`: how a smaller context is set where it
+    is said)."""
+    size = re.match(r"Unable to allocate ([\d.]+)\.? ?([KMGT]i?B)", str(e))
+    return ("not enough memory for this work" + (
+        f" ({size[1].rstrip('.')} {size[2]} could not be allocated)" if size else "")
+        + f": close other programs, or give kvdesk a smaller context ({smaller}); what was "
+        "stored before it is kept")

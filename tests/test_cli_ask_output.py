@@ -396,9 +396,9 @@ def test_memory_that_runs_out_mid_work_is_one_error_line_never_a_traceback(
     with pytest.raises(SystemExit) as ended:
         commands.main(["docs", *(["--json"] if as_json else [])])
     out, err = capsys.readouterr()
-    said = ("not enough memory for this work (133 MiB more were needed): close other "
-            "programs, or give kvdesk a smaller context (--n-ctx 2048); what was stored "
-            "before it is kept")
+    said = ("not enough memory for this work (133 MiB could not be allocated): close other "
+            "programs, or give kvdesk a smaller context (--n-ctx, below what `kvdesk info` "
+            "shows); what was stored before it is kept")
     assert ended.value.code == 1 and err == f"Error: {said}\n"
     assert (json.loads(out) if as_json else out) == (
         {"error": said, "kind": "MemoryError"} if as_json else "")

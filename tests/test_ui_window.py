@@ -441,9 +441,9 @@ def test_user_errors_show_their_message_and_bugs_a_short_one(qtbot, window, engi
     assert "Traceback" not in window.chat_view.toPlainText()
     engine.fail_next["ask"] = MemoryError("Unable to allocate 133. MiB for an array with ...")
     assert ask(qtbot, window) is None
-    assert window.info.text().startswith("not enough memory for this work (133 MiB more were "
-                                         "needed): close other programs, or give kvdesk a "
-                                         "smaller context (Settings ▸ Context size)")
+    assert window.info.text().startswith("not enough memory for this work (133 MiB could not "
+                                         "be allocated): close other programs, or give kvdesk "
+                                         "a smaller context (Settings ▸ Context size)")
     # Told by more than red: bold, named an error to a screen reader, and copied from the
     # keyboard (probe 111's F10)
     assert window.info.accessibleName() == "Error" and "bold" in window.info.styleSheet()

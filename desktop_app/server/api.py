@@ -113,12 +113,12 @@ def create_api(app: App, *, api_key: str | None, stopping: bridge.Stopping,
     @api.exception_handler(ValueError)
     @api.exception_handler(Cancelled)
     @api.exception_handler(StoreError)
+    @api.exception_handler(MemoryError)
     async def refused(request: Request, e: Exception):
-        # Bad values, the engine's refusals (InvalidValue, EngineError...), the store's (a chat
-        # deleted while it was answered, a full disk) and a request stopped get a handler of
-        # their own: the catch-all below answers too, but Starlette then re-raises (a
-        # traceback in the log), and the client's kept-alive connection is dropped under its
-        # next request.
+        # Bad values, the engine's refusals (InvalidValue...), the store's (a chat deleted as it
+        # was answered, a full disk), a request stopped and memory run out get a handler of
+        # their own: the catch-all below answers too, but Starlette then re-raises (a traceback
+        # in the log), and the client's kept-alive connection is dropped under its next one.
         return json_response(*error_of(e))
 
     @api.exception_handler(Exception)
