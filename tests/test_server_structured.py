@@ -357,3 +357,12 @@ def test_a_pattern_with_a_bracket_that_closes_nothing_is_refused_not_looped_on(p
         answerformat.schema_rules([("args", schema, "tools.0")])
     escaped = {"type": "object", "properties": {"n": {"type": "string", "pattern": "^\\]x\\}$"}}}
     assert answerformat.json_schema(escaped, "f")  # (the characters themselves: taken)
+
+
+@pytest.mark.parametrize("pattern", ["^*$", "^+a$", "^{2}$", "^a|*b$", "^(*a)$"])
+def test_a_pattern_that_repeats_nothing_is_refused_by_its_field(pattern):
+    """(The converter failed on it with an IndexError: a 500 "internal error"; review 73.)"""
+    with pytest.raises(InvalidValue, match="repeats nothing"):
+        answerformat.json_schema({"type": "string", "pattern": pattern}, "response_format")
+    for fine in ("^a*$", "^x{2}$", "^(a|b)?$", "^a??$"):
+        assert answerformat.json_schema({"type": "string", "pattern": fine}, "f")

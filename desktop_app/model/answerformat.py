@@ -167,6 +167,9 @@ def _json_pattern(pattern: str) -> str:
         elif c == "]" or c == "}" and not bound:
             raise ValueError(f"the pattern's {c!r} at {i} closes nothing (\\{c} is the "
                              "character itself)")
+        elif c in "*+?{" and (not out or out[-1] in ("^", "|") or out[-1] == "(" and c != "?"):
+            raise ValueError(f"the pattern's {c!r} at {i} repeats nothing (\\{c} is the "
+                             "character itself)")  # (the converter fails on it: a 500)
         else:
             bound, end = (bound or c == "{") and c != "}", i + 1
             special = _overlap([(ord(c), ord(c))], _SPECIAL)
