@@ -227,7 +227,7 @@ class Engine(ExactNotes):
         return self.store.gc()
 
     def documents(self) -> list[DocumentInfo]:
-        return self.library.documents(self.fingerprint)
+        return self.library.documents(self.fingerprint, bool(self.runtime.layout.swa_layers))
 
     def document_titles(self) -> dict[int, str]:
         return self.library.titles()

@@ -18,8 +18,7 @@ class Record:
 
     @classmethod
     def from_dict(cls, data: Mapping) -> Self:
-        """The record `as_dict` gave, keys it does not know left out (a server newer than the
-        client reading it: upgraded while it ran, then rolled back)."""
+        """The record `as_dict` gave, keys it does not know left out (a newer server's)."""
         known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
         return cls(**{k: v for k, v in data.items() if k in known})
 
@@ -70,8 +69,7 @@ class AttachResult(Record):
     pushed: bool = False  # its cache is on the shared cache tier (pushed, or already there)
     # The codec calibration its chunks are encoded with (None: model-independent defaults).
     calibration: str | None = None
-    # A document longer than the context: how many passages it is kept as (questions are
-    # answered from those retrieved); 0 for a document whose prefix holds it whole.
+    # Longer than the context: kept as this many passages (0: its prefix holds it whole).
     passages: int = 0
     # A folder's files and folders not read: [{"path": from the folder, "why"}].
     left_out: list[dict[str, str]] = field(default_factory=list)
@@ -340,6 +338,8 @@ class DocumentInfo(Record):
     file_changed: bool = False  # its file holds another text now (answers use this one)
     newer: int | None = None  # then the document attached with the file's new text, if any
     files: int | None = None  # a folder's: how many files it joins
+    # Its cache's levels, "calibrated" etc. (`kv.levels.cache_levels`); None: no cache here
+    levels: str | None = None
 
     @property
     def changed_words(self) -> str:

@@ -15,6 +15,7 @@ import json
 import re
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -33,6 +34,7 @@ from store import (
 
 from ..errors import EngineError, MissingError
 from ..formats import folders
+from ..kv.levels import cache_levels
 from ..model.prompts import UNTITLED, title_of
 from ..results import FINISH_WORDS, ChatInfo, DocumentInfo, MessageInfo, Source
 from .documents import changed_since, file_hash
@@ -178,12 +180,12 @@ class Library:
 
     # -- listings --------------------------------------------------------------------------
 
-    def documents(self, fingerprint: str) -> list[DocumentInfo]:
-        """Every document, with its cache under the model `fingerprint` (status "ready"),
-        only under others ("stale") or none; a long document ("passages") is answered from its
-        passages, and its cache is their KV. One whose first attach is under way has no cache
-        yet ("attaching"), nor one whose attach or pull was killed ("unfinished": attaching or
-        pulling it again finishes it, `gc` removes it)."""
+    def documents(self, fingerprint: str, sliding_window: bool = False) -> list[DocumentInfo]:
+        """Every document, with its cache under the model `fingerprint` (status "ready", its
+        `cache_levels`), only under others ("stale") or none; a long document ("passages") is
+        answered from its passages, its cache their KV. One whose first attach is under way
+        has no cache yet ("attaching"), nor one whose attach or pull was killed ("unfinished":
+        attaching or pulling it again finishes it, `gc` removes it)."""
         try:
             caches = DocumentCaches(self.store, fingerprint)
             # (a passage's KV is its document's whichever document's passage stored it)
@@ -191,8 +193,8 @@ class Library:
             passage_kv = {doc_id: set(ids.values()) for doc_id, ids in held.items()}
             sizes = self.store.entry_level_bytes([e.id for e in caches.current.values()] + [
                 i for ids in passage_kv.values() for i in ids])
-            # (a passage entry's damage is counted against each document holding its text,
-            # and so is that of the passages' head it extends: every chain read from it is)
+            # (a passage entry's damage counts against each document holding its text, and so
+            # does its passages' head's: every chain read from it is)
             heads = {e.id: e.parent_id for e in self.store.entries()
                      if e.passage and e.parent_id is not None}
             damaged = self.store.damaged([e.id for e in caches.current.values()] + [
@@ -229,7 +231,8 @@ class Library:
                 passages.get(doc.id, 0),
                 len(held.get(doc.id, {})), changed,
                 _newer(doc, all_docs, self.store.data_dir) if changed else None,
-                folders.file_count(doc.text) if doc.type == "folder" else None))
+                folders.file_count(doc.text) if doc.type == "folder" else None,
+                cache_levels(entry, sliding_window) if entry else None))
         return out
 
     def changed_files(self, doc_ids: Sequence[int]) -> list[str]:
@@ -436,11 +439,7 @@ _MARKUP = re.compile(r"[\\`*_<|~\[\]!]")  # what would turn text into markup, a 
 
 def _summed(per_entry) -> dict[str, int]:
     """{level: bytes} of several entries together."""
-    out: dict[str, int] = {}
-    for sizes in per_entry:
-        for level, n in sizes.items():
-            out[level] = out.get(level, 0) + n
-    return out
+    return dict(sum((Counter(sizes) for sizes in per_entry), Counter()))
 
 
 def _newer(doc: Document, docs: Sequence[Document], data_dir: Path) -> int | None:

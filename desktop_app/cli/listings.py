@@ -6,6 +6,7 @@ not made), through `App.engine`; what a status means is the engine's.
 
 from __future__ import annotations
 
+import datetime
 from dataclasses import replace
 
 import click
@@ -13,7 +14,7 @@ import click
 from ..app import App
 from ..formats.folders import one_line
 from ..model.models import UnusableModelError
-from ..results import STATUS_WORDS, DocumentInfo, counted, size_text
+from ..results import STATUS_WORDS, CalibrationInfo, DocumentInfo, counted, size_text
 from .base import cli, emit, json_option, only_reading, say
 
 
@@ -32,6 +33,7 @@ def docs(app: App, as_json: bool):
         "or run kvdesk remote pull " if app.engine.sharing.tier is not None else "")
         + "again (kvdesk gc removes it)")  # (the window's advice, as commands)
     as_text = not missing and any(d.passages for d in rows) and app.engine.passages_as_text()
+    at = level_words(app.engine.calibration() if any(d.levels for d in rows) else None)
     emit([d.as_dict() for d in rows], as_json, [
         f"[{d.doc_id}] {one_line(d.title)}" + (f" (a folder of {counted(d.files, 'file')})"
                                      if d.files else "") + f" — {counted(d.tokens, 'token')}"
@@ -43,7 +45,7 @@ def docs(app: App, as_json: bool):
         + ("" if d.status == "passages" else f", {words.get(d.status, d.status)}")
         # (none under this model: its status says so, or "unknown" says why none can be named)
         + (f", {sum(d.cache_bytes.values()) / 1e6:.1f} MB cached" if d.cache_bytes
-           and d.status != "unknown" else "")
+           and d.status != "unknown" else "") + (at[d.levels] if d.levels else "")
         + (f", {d.damaged_chunks} damaged chunks (kvdesk verify --repair)"
            if d.damaged_chunks else "")
         + (f" ({d.changed_words}" + (
@@ -61,6 +63,21 @@ def docs(app: App, as_json: bool):
         say([f"the storage budget ({size_text(store.budget_bytes)}) is full: no more passages "
              "are given their KV ahead of need, and a passage without it gets it when a "
              "question reads it (a larger setting storage_budget_gb gives them all theirs)"])
+
+
+def level_words(cal: CalibrationInfo | None) -> dict[str, str]:
+    """What `docs` says of each `DocumentInfo.levels` after its size, the model calibrated
+    (`cal`) or not."""
+    since = cal and datetime.date.fromtimestamp(cal.created).isoformat()
+    return {"calibrated": " at calibrated levels",
+            # (moved by a calibration; a calibration stopped partway, or made by another
+            # process, leaves some for the next start or `kvdesk calibrate`)
+            "model-independent": " at model-independent levels " + (
+                f"(calibrated ones since {since}: kvdesk calibrate moves it to them)" if cal
+                else "until this model is calibrated (kvdesk calibrate)"),
+            "lossless-until-calibrated": ", lossless only until this model is calibrated "
+                                         "(kvdesk calibrate)",
+            "lossless": ", lossless only"}
 
 
 def listed_documents(app: App) -> tuple[list[DocumentInfo], Exception | None]:

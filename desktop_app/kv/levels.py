@@ -37,6 +37,18 @@ def stored_by_default(levels: Sequence[str], rt, calibrations) -> tuple[str, ...
     return tuple(levels)
 
 
+def cache_levels(entry, sliding_window: bool) -> str:
+    """Which levels a cache (a store entry) is at, as `kvdesk docs` says: "calibrated" (its
+    model's calibrated levels), "model-independent" (stored before the model was calibrated:
+    the calibration moves a document's to its levels), "lossless-until-calibrated" (a
+    sliding-window model's, until its calibration encodes it at its levels) or "lossless"
+    (exact only, as asked for)."""
+    if set(entry.levels) == {EXACT}:
+        return "lossless-until-calibrated" if sliding_window and entry.calibration is None \
+            else "lossless"
+    return "model-independent" if entry.calibration is None else "calibrated"
+
+
 def quality_order(levels: Sequence[str]) -> list[str]:
     """The distinct `levels`, best quality first (unknown names last, by name)."""
     rank = {name: i for i, name in enumerate(QUALITY_ORDER)}

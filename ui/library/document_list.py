@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
 from desktop_app.results import STATUS_WORDS, DocumentInfo, counted, size_text
 
 from .. import theme
+from ..text.formatting import LEVEL_LINES
 from .attach_rows import AttachRow, RowsArea
 
 ID_ROLE = Qt.ItemDataRole.UserRole  # a row's document id
@@ -108,6 +109,7 @@ class DocumentList(QWidget):
             item.setToolTip("\n".join(
                 [doc.title, f"{doc.type}, {tokens}"]
                 + [f"{level}: {size_text(n)}" for level, n in doc.cache_bytes.items()]
+                + ([LEVEL_LINES.get(doc.levels, doc.levels)] if doc.levels else [])
                 + ([doc.changed_words.capitalize() + ": questions use the text attached "
                     "then. " + (f"Document {doc.newer} holds the new text."
                                 if doc.newer is not None else

@@ -24,7 +24,7 @@ CALIBRATION_STAGES = {"reference": "measuring the model's own cache",
                       "transforms": "fitting the transforms",
                       "sensitivity": "measuring each part's sensitivity", "done": "saving",
                       "waiting": "waiting for another kvdesk process calibrating it",
-                      "relevel": "encoding the caches stored lossless meanwhile"}
+                      "relevel": "moving the caches stored before it to its levels"}
 
 
 def shortened(text: str, limit: int = 100) -> str:
@@ -117,6 +117,15 @@ def prep_line(state: PrepState) -> str:
     second: the estimate is the kernels left, which can all be running)."""
     left = f"about {state.left_s:.0f} s left" if state.left_s >= 0.5 else "almost done"
     return f"Preparing the codec (once)… {state.fraction * 100:.0f}%, {left}"
+
+
+# A document's cache levels (`DocumentInfo.levels`) as its row's tooltip says them.
+LEVEL_LINES = {"calibrated": "Cached at the model's calibrated levels",
+               "model-independent": "Cached at model-independent levels: moved to the "
+                                    "model's calibrated levels once it is calibrated",
+               "lossless-until-calibrated": "Cached lossless only until the codec is "
+                                            "calibrated for this model",
+               "lossless": "Cached lossless only"}
 
 
 def calibrating_line(p: Progress) -> str:
