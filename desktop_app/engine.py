@@ -89,8 +89,7 @@ class Engine(ExactNotes):
         self.store = store
         self._levels = tuple(quality_order(levels))
         self.chunk_tokens = chunk_tokens
-        # The shared cache tier (off without `remote`): where restores look on a local miss,
-        # and where attach looks before prefilling and shares what it computed.
+        # The shared cache tier (off without `remote`): read on a local miss or before a prefill
         self.sharing = Sharing(store, remote, auto_push=auto_push, auto_pull=auto_pull)
         self.library = Library(store)
         self.prompter = Prompter(reserve_tokens)
@@ -189,8 +188,8 @@ class Engine(ExactNotes):
                   cancel: threading.Event | None = None) -> CalibrationInfo:
         """Calibrate the codec for the loaded model (minutes: measured against llama.cpp's
         q8_0 KV on the built-in text), store it for its new caches, then `relevel`. One at a
-        time, each step after the questions being answered; another process calibrating the
-        model is waited for and its result taken; raises Cancelled."""
+        time, each step after the questions being answered; another process's calibration of
+        the model is waited for and taken; raises Cancelled."""
         rt = self.runtime
         with self._calibrating:
             cal = runs.calibrate_once(self.store, self.calibrations, rt.model_path,
@@ -201,8 +200,9 @@ class Engine(ExactNotes):
 
     def relevel(self, *, progress: ProgressFn | None = None,
                 cancel: threading.Event | None = None) -> dict:
-        """The model's lossless-only caches at its calibrated levels (`kv.relevel`)."""
-        return relevel.relevel(self.session.kv, self.runtime, progress=progress, cancel=cancel,
+        """The model's caches stored before its calibration at its levels (`kv.relevel`)."""
+        return relevel.relevel(self.session.kv, self.runtime, contexts=self.contexts,
+                               lock=self.attacher.lock, progress=progress, cancel=cancel,
                                pause=lambda: self.session.lock.wait_free(cancel))
 
     def close(self) -> None:

@@ -78,6 +78,12 @@ class EngineAPI(Protocol):
         """Calibrate the codec for the loaded model (minutes; raises Cancelled)."""
         ...
 
+    def relevel(self, *, progress: ProgressFn | None = None,
+                cancel: threading.Event | None = None) -> dict:
+        """Move the model's caches stored before its calibration to its levels (`kv.relevel`:
+        a document's computed again from its text; returns the report)."""
+        ...
+
     def close(self) -> None: ...
 
     # -- the library ---------------------------------------------------------------------

@@ -145,6 +145,29 @@ def test_no_calibration_runs_by_itself(qtbot, tmp_path, why):
     assert calibrate_calls(engine) == 0
 
 
+def test_a_calibrated_models_documents_cached_before_it_are_moved_at_start(qtbot):
+    """Documents cached at the model-independent levels under a model calibrated since (a
+    calibration stopped partway, another process's) are moved to its levels in the
+    background at start, once, as the calibration's last stage; their rows say their levels."""
+    from dataclasses import replace
+
+    engine = FakeEngine(step_s=0.002, token_s=0.001).seed()
+    engine.calibrate()
+    engine.calls.clear()
+    first = min(engine._docs)
+    engine._docs[first] = replace(engine._docs[first], levels="model-independent")
+    window = open_window(qtbot, engine)
+    with qtbot.waitSignal(window.calibration_done, timeout=5000) as blocker:
+        qtbot.waitUntil(lambda: settled(window), timeout=3000)
+    assert blocker.args[0]["entries"] == 1 and calibrate_calls(engine) == 0
+    assert window.statusBar().currentMessage() == ("1 cache(s) stored before the calibration "
+                                                   "moved to its levels")
+    rows = window.doc_list.list
+    qtbot.waitUntil(lambda: "Cached at the model's calibrated levels" in "".join(
+        rows.item(i).toolTip() for i in range(rows.count())), timeout=3000)
+    assert [c[0] for c in engine.calls].count("relevel") == 1
+
+
 def test_the_tools_menu_calibrates_on_demand_and_the_settings_say_so(qtbot, monkeypatch):
     engine = FakeEngine(step_s=0.002, token_s=0.001).seed()
     engine.hold["calibrate"] = held = threading.Event()

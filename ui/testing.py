@@ -1,11 +1,9 @@
 """A scripted stand-in for `desktop_app.engine.Engine`, for UI tests and screenshots.
 
-It implements `desktop_app.protocol.EngineAPI` with exactly its signatures (a test checks).
-
-It implements the engine's API with canned data and realistic pauses (progress events, streamed
-tokens, cancellation, errors on demand), so the window can be exercised in seconds without a
-model. It never loads a model or opens the store, and the application never uses it: only
-tests and `ui.screenshots` do.
+It implements `desktop_app.protocol.EngineAPI`, signature for signature (a test checks), with
+canned data and realistic pauses (progress events, streamed tokens, cancellation, errors on
+demand), so the window can be exercised in seconds without a model. It never loads a model or
+opens the store, and the application never uses it: only tests and `ui.screenshots` do.
 """
 
 from __future__ import annotations
@@ -223,6 +221,13 @@ class FakeEngine:
             targets={"high": 0.02})
         return self._calibration
 
+    def relevel(self, *, progress: ProgressFn | None = None,
+                cancel: threading.Event | None = None) -> dict:
+        self._enter("relevel")
+        moved = [d for d in self._docs.values() if d.levels == "model-independent"]
+        self._docs.update({d.doc_id: replace(d, levels="calibrated") for d in moved})
+        return {"entries": len(moved), "computed": len(moved), "stopped": None}
+
     def close(self) -> None:
         self._enter("close")
 
@@ -248,11 +253,10 @@ class FakeEngine:
                 if progress:
                     progress(Progress(phase, i + 1, steps if phase != "store" else 2, path.name))
         doc_id = self._add_doc(path.name, "text", tokens)
-        info = self._docs[doc_id]
         return AttachResult(doc_id=doc_id, title=path.name, tokens=tokens, kept_tokens=kept,
                             prefill_s=0.4, encode_s=0.1,
                             raw_bytes=kept * BYTES_PER_TOKEN["lossless"],
-                            stored_bytes=info.cache_bytes)
+                            stored_bytes=self._docs[doc_id].cache_bytes)
 
     def prefill(self, doc_id: int, *, levels: Sequence[str] | None = None,
                 progress: ProgressFn | None = None,
@@ -317,11 +321,8 @@ class FakeEngine:
             progress: ProgressFn | None = None,
             cancel: threading.Event | None = None) -> AskResult:
         self._enter("ask", question, chat_id, list(doc_ids), restore.level, generation)
-        if chat_id is None:
-            title = question.strip().splitlines()[0][:60]
-            chat = self._add_chat(title, list(doc_ids), time.time())
-        else:
-            chat = self._chats[chat_id]
+        chat = self._chats[chat_id] if chat_id is not None else self._add_chat(
+            question.strip().splitlines()[0][:60], list(doc_ids), time.time())
         return self._generate(chat, question, fake_answer(question), restore.level, on_token,
                               on_restore, progress, cancel)
 
@@ -385,8 +386,7 @@ class FakeEngine:
 
     def delete_chat(self, chat_id: int) -> None:
         self._enter("delete_chat", chat_id)
-        del self._chats[chat_id]
-        del self._messages[chat_id]
+        del self._chats[chat_id], self._messages[chat_id]
 
     def document_titles(self) -> dict[int, str]:
         return {**{d: f"{t} (deleted)" for d, t in self._deleted.items()},

@@ -283,16 +283,17 @@ def calibrate(app: App, force: bool, as_json: bool):
         try:
             if cal is None:
                 cal = engine.calibrate(progress=bar, cancel=cancel)
-            else:  # the caches stored lossless only before it, if any are left
+            else:  # the caches stored before it at other levels, if any are left
                 done = engine.relevel(progress=bar, cancel=cancel)
                 if done["entries"] and not as_json:
-                    click.echo(f"{done['entries']} cache(s) stored lossless before the "
-                               "calibration encoded at its levels: "
-                               f"{size_text(done['bytes_before'])} -> "
+                    click.echo(f"{done['entries']} cache(s) stored before the calibration "
+                               f"moved to its levels ({done['computed']} computed again from "
+                               f"their text): {size_text(done['bytes_before'])} -> "
                                f"{size_text(done['bytes_after'])}", err=True)
                 if done["stopped"] and not as_json:
                     click.echo(f"stopped ({done['stopped']}): {done['left']} cache(s) left "
-                               "lossless for the next `kvdesk calibrate`", err=True)
+                               "at the levels they were stored at, for the next `kvdesk "
+                               "calibrate` (or start of the window or `kvdesk serve`)", err=True)
         except Cancelled:
             bar.done()
             # (a plain `calibrate` shows the calibration in use; only --force goes on)

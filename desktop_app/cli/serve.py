@@ -83,7 +83,8 @@ def serve_until_stopped(app: App, server) -> None:
 def calibrate_in_background(app: App, server, cancel: threading.Event) -> None:
     """Once the server serves: calibrate the codec for the model if it is not yet (and the
     setting calibrate_automatically is on), saying so on stderr; answers keep being served
-    meanwhile, with the model-independent levels until it is done."""
+    meanwhile, with the model-independent levels until it is done. A calibrated model's
+    caches stored before its calibration are moved to its levels (`Engine.relevel`)."""
     from ..errors import Cancelled
 
     while not server.started.wait(0.1):  # (a server that never starts: stop waiting)
@@ -92,7 +93,11 @@ def calibrate_in_background(app: App, server, cancel: threading.Event) -> None:
     if cancel.is_set() or not app.settings.calibrate_automatically:
         return
     engine = app.engine
-    if engine.calibration() is not None:
+    if engine.calibration() is not None:  # what a calibration stopped partway left, if any
+        moved = engine.relevel(cancel=cancel)
+        if moved["entries"]:
+            click.echo(f"{moved['entries']} cache(s) stored before this model's calibration "
+                       "moved to its levels.", err=True)
         return
     click.echo("Calibrating the codec for this model in the background (minutes, once; "
                "`calibrate_automatically` in the settings turns this off)...", err=True)

@@ -15,7 +15,9 @@ calibration is calibrated once the kernels are ready and there is a document (at
 after the first attach), on its own worker lane, at most once per window: a window lives for
 one model (changing it builds a new window), so at most once per model per session, and a
 cancel is final until the user asks again from the Tools menu. Questions keep working
-meanwhile: the engine calibrates in its own model contexts.
+meanwhile: the engine calibrates in its own model contexts. A calibrated model whose documents
+were cached before its calibration (one stopped partway, or made by another process) has them
+moved to its levels instead (`Engine.relevel`), shown as the calibration's last stage.
 
 It never calls the engine on the GUI thread and never opens a dialog.
 """
@@ -31,6 +33,8 @@ from desktop_app.results import COMPILING, FAILED, CalibrationInfo, PrepState, P
 from ..text.formatting import calibrating_line, calibration_line, prep_line
 
 PREP_POLL_MS = 250
+# A document's cache levels (`DocumentInfo.levels`) that a calibrated model's are moved from.
+MOVED = ("model-independent", "lossless-until-calibrated")
 # `warm_up` starts the preparation on a thread of its own, so the first looks may still find
 # it idle; an engine that never warms up stays idle, and is looked at this many times only.
 IDLE_POLLS = 20
@@ -140,22 +144,33 @@ class CodecMixin:
         self._maybe_calibrate()
 
     def _maybe_calibrate(self) -> None:
-        """Calibrate in the background if the settings ask for it and nothing stands in the way."""
-        if (self.settings.calibrate_automatically and self.calibration_known
-                and self.calibration_info is None and not self._calibration_tried
-                and not self.codec_busy and self.documents):
+        """Calibrate in the background if the settings ask for it and nothing stands in the
+        way; a calibrated model's documents cached before its calibration are moved to its
+        levels instead (what a calibration stopped, or another process's, left)."""
+        if not (self.settings.calibrate_automatically and self.calibration_known
+                and not self._calibration_tried and not self.codec_busy and self.documents):
+            return
+        if self.calibration_info is None:
             self.calibrate_codec()
+        elif any(d.levels in MOVED for d in self.documents):
+            engine = self.engine
+            self._calibration_job(lambda job: engine.relevel(
+                progress=job.signals.progress.emit, cancel=job.cancel), self._moved)
 
     def calibrate_codec(self) -> None:
         """Calibrate the codec for the loaded model, in the background (the Tools menu)."""
+        engine = self.engine
+        self._calibration_job(lambda job: engine.calibrate(
+            progress=job.signals.progress.emit, cancel=job.cancel), self._calibrated)
+
+    def _calibration_job(self, work, finished) -> None:
         if self.engine is None or self.calibration_job is not None:
             return
         self._calibration_tried = True
-        engine = self.engine
-        job = self.runner.start("calibrate", lambda job: engine.calibrate(
-            progress=job.signals.progress.emit, cancel=job.cancel),
-            finished=self._calibrated, failed=self._calibration_failed,
-            progress=self.calibration_bar.show_progress, cancelled=self._calibration_cancelled)
+        job = self.runner.start("calibrate", work, finished=finished,
+                                failed=self._calibration_failed,
+                                progress=self.calibration_bar.show_progress,
+                                cancelled=self._calibration_cancelled)
         self.calibration_job = job
         self.calibration_bar.begin()
         self.calibrate_action.setEnabled(False)
@@ -175,6 +190,16 @@ class CodecMixin:
     def _calibrated(self, info: CalibrationInfo) -> None:
         self.calibration_info, self.calibration_known = info, True
         self._calibration_over("Codec calibrated: new caches use the model's own levels", info)
+        if any(d.levels in MOVED for d in self.documents):  # (moved now: their tooltips)
+            self.refresh_documents()
+
+    def _moved(self, report: dict) -> None:
+        left = (f"; stopped ({report['stopped']}): {report['left']} left for the next start"
+                if report["stopped"] else "")
+        self._calibration_over(f"{report['entries']} cache(s) stored before the calibration "
+                               f"moved to its levels{left}", report)
+        if report["entries"]:
+            self.refresh_documents()
 
     def _calibration_cancelled(self) -> None:
         kept = "its earlier calibration" if self.calibration_info else "model-independent levels"
