@@ -317,6 +317,7 @@ def test_a_patterns_characters_that_json_escapes_are_written_escaped(runtime, pa
     ("^v\\d+\\.\\d+$", "v1.25"), ("^[\\w.-]+@[\\w-]+\\.[a-z]{2,}$", "jo.e@ex-ample.org"),
     ("^x\\s+\\/\\S$", "x \t\n/\""), ("^(\\x41|b)+\\u00e9$", "Abb\u00e9"),
     ("^[^@]+@[^@\\s]+$", 'He said "hi"\n\\o/\u0001 \U0001F600@x.org'),
+    ("^a\\sb\\Sc$", "a\u00a0b\u00e9c"),  # (\s: every white space, as ECMA-262's)
 ])
 def test_a_patterns_escapes_are_the_characters_they_stand_for(runtime, pattern, value):
     """(The converter copied `\\.`, `\\d`, `\\w`, `\\s` into the grammar as written, which
