@@ -55,6 +55,7 @@ from .model.prompts import Prompter
 from .model.runtime import Runtime
 from .model.sampling import Sampling
 from .options import GenerationOptions, RestoreOptions
+from .passagepass import PassagePass
 from .passages import evidence
 from .passages.embed import Embedder, WordLlamaEmbedder
 from .passages.retrieve import DEFAULT_K, Hit, Retriever
@@ -232,8 +233,11 @@ class Engine(ExactNotes):
     def document_titles(self) -> dict[int, str]:
         return self.library.titles()
 
-    def passage_notes(self) -> dict[int, str]:
-        return self.passage_fill.notes()
+    def passage_pass(self) -> PassagePass:
+        return self.passage_fill.state()
+
+    def pause_passages(self, paused: bool) -> None:
+        self.passage_fill.pause(paused)
 
     def passages_as_text(self) -> bool:
         return not self.passage_fill.kv.kept(self.runtime)
@@ -272,16 +276,12 @@ class Engine(ExactNotes):
                                       source=source)
         if result.passages and self._long_running:  # (a one-shot command would not finish)
             self.passage_fill.request(result.doc_id)
-        kept_at = [f"the levels asked for ({', '.join(levels)}) do not apply to a document "
-                   "kept as passages: each passage's KV is kept at one level, the setting "
-                   f"passage_level ({self.session.longdocs.kv.level})"
-                   ] if result.passages and levels else []
-        return replace(result, warnings=[*result.warnings, *kept_at,
+        notes = self.passage_fill.attach_notes(result, levels, self.fill_passages)
+        return replace(result, warnings=[*result.warnings, *notes,
                                          *self.library.earlier_versions(result.doc_id)])
 
     def _split_stored(self, rt: Runtime, doc: Document) -> int:
-        """A document attached whole kept as passages too (`readings`), their KV then computed
-        in the background as a long document's are."""
+        """A document read whole kept as passages too (`readings`), their KV in the background."""
         count = self.attacher.split_stored(rt, doc)
         if self._long_running:
             self.passage_fill.request(doc.id)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Protocol
 
 from .options import GenerationOptions, RestoreOptions
+from .passagepass import PassagePass
 from .results import (
     AskResult,
     AttachResult,
@@ -96,10 +97,18 @@ class EngineAPI(Protocol):
         """Titles by id, of deleted documents that chats were about too ("(deleted)")."""
         ...
 
-    def passage_notes(self) -> dict[int, str]:
-        """Why the background pass left a long document's passages without their KV, by id:
-        "the storage budget (30.0 MB) is full" (the rest get theirs as questions read them).
-        None for a document whose pass goes on or is done; a changed budget starts it again."""
+    def passage_pass(self) -> PassagePass:
+        """What the background pass giving long documents' passages their KV is doing (in a
+        long-running engine: the window's, a server's): the document it works, how far, its
+        measured rate, whether it is paused; and in `notes`, why it left a document's
+        passages without their KV, by id: "the storage budget (30.0 MB) is full" (the rest
+        get theirs as questions read them; a changed budget starts it again). Read from
+        memory: cheap enough to poll."""
+        ...
+
+    def pause_passages(self, paused: bool) -> None:
+        """Pause the background pass before its next passage, or let it go on: for this
+        engine's life (the setting passages_in_background turns it off for good)."""
         ...
 
     def passages_as_text(self) -> bool:

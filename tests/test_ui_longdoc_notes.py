@@ -12,6 +12,8 @@ from ui_fixtures import (
     window_fixture,  # noqa: F401 (a fixture)
 )
 
+from desktop_app.passagepass import PassagePass
+
 make_engine = test_longdoc.make_engine  # (its fixture: an engine over the island guide)
 
 BUDGET_FULL = "the storage budget (30.0 MB) is full"
@@ -28,14 +30,14 @@ def test_a_passage_pass_stopped_by_the_budget_says_why_on_its_row_and_in_the_sta
     the log, naming the document by its id."""
     (doc_id, info), *_ = engine._docs.items()
     engine._docs[doc_id] = replace(info, passages=630, passages_cached=60)
-    engine.passage_stops[doc_id] = BUDGET_FULL
+    engine.pass_state = PassagePass(notes={doc_id: BUDGET_FULL})
     _refreshed(qtbot, window)
     row = window.doc_list.list.item(0).text()
     assert f"60 of 630 passages cached — stopped: {BUDGET_FULL}" in row
     said = window.statusBar().currentMessage()
     assert info.title in said and BUDGET_FULL in said and "60 of 630" in said, said
     assert f"document {doc_id}" not in said
-    engine.passage_stops.clear()  # going again (a larger budget): no reason left to show
+    engine.pass_state = PassagePass()  # going again (a larger budget): no reason left to show
     _refreshed(qtbot, window)
     assert "stopped" not in window.doc_list.list.item(0).text()
 
@@ -48,14 +50,14 @@ def test_the_engine_says_why_its_passage_pass_stopped_until_a_larger_budget_lets
     eng.store.budget_bytes = 1
     eng.warm_up()  # (a long-running engine: the pass starts)
     assert eng.passage_fill.idle.wait(300)
-    assert eng.passage_notes() == {eng.doc: "the storage budget (1 B) is full"}
+    assert eng.passage_pass().notes == {eng.doc: "the storage budget (1 B) is full"}
     resumed.clear()
     eng.set_storage_budget(1e-9)  # smaller still: not gone on with (it computed a passage
     assert not resumed  # each time, only to stop again)
     eng.set_storage_budget(10.0)  # the window's settings: the pass goes on at once
     assert resumed
     assert eng.passage_fill.idle.wait(300)
-    assert eng.passage_notes() == {}
+    assert eng.passage_pass().notes == {}
     info = {d.doc_id: d for d in eng.documents()}[eng.doc]
     assert info.passages_cached == info.passages == 5
 

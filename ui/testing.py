@@ -19,6 +19,7 @@ from desktop_app.chat.documents import DocumentError
 from desktop_app.errors import Cancelled, EngineError
 from desktop_app.model.prompts import Layout
 from desktop_app.options import GenerationOptions, RestoreOptions
+from desktop_app.passagepass import PassagePass
 from desktop_app.protocol import ProgressFn, RestoreFn, TokenFn
 from desktop_app.results import (
     READY,
@@ -47,16 +48,11 @@ BINARY_SUFFIXES = {".png": "a PNG image", ".jpg": "a JPEG image", ".zip": "a ZIP
 def fake_answer(question: str) -> str:
     """A Markdown answer exercising what the chat view renders: emphasis, a list, code."""
     return (
-        f"You asked: *{question.strip()}*.\n\n"
-        "The document says three things:\n\n"
-        "1. the cache is **compressed** per chunk;\n"
-        "2. chunks stream back in order;\n"
-        "3. the first token comes before the last chunk.\n\n"
-        "```python\n"
-        "def restore(chunks):\n"
-        "    # decode each chunk as it arrives\n"
-        "    return [decode(c) for c in chunks]  # 16 chunks\n"
-        "```\n"
+        f"You asked: *{question.strip()}*.\n\nThe document says three things:\n\n"
+        "1. the cache is **compressed** per chunk;\n2. chunks stream back in order;\n"
+        "3. the first token comes before the last chunk.\n\n```python\n"
+        "def restore(chunks):\n    # decode each chunk as it arrives\n"
+        "    return [decode(c) for c in chunks]  # 16 chunks\n```\n"
     )
 
 
@@ -80,7 +76,7 @@ class FakeEngine:
         self._lock = threading.Lock()
         self._docs: dict[int, DocumentInfo] = {}
         self._deleted: dict[int, str] = {}  # titles of the documents deleted
-        self.passage_stops: dict[int, str] = {}  # what passage_notes says (tests set it)
+        self.pass_state = PassagePass()  # what passage_pass says (tests set it)
         self.as_text = False  # what passages_as_text says (tests set it)
         self.exact_said: dict[int, list[str]] = {}  # what exact_notes says, once (tests set it)
         self._chats: dict[int, ChatInfo] = {}
@@ -392,8 +388,12 @@ class FakeEngine:
         return {**{d: f"{t} (deleted)" for d, t in self._deleted.items()},
                 **{d: doc.title for d, doc in self._docs.items()}}
 
-    def passage_notes(self) -> dict[int, str]:
-        return dict(self.passage_stops)
+    def passage_pass(self) -> PassagePass:
+        return self.pass_state
+
+    def pause_passages(self, paused: bool) -> None:
+        self._enter("pause_passages", paused)
+        self.pass_state = replace(self.pass_state, paused=paused)
 
     def passages_as_text(self) -> bool:
         return self.as_text

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import click
 
 from ..app import App
+from ..passagepass import LOGGER
 from .base import TerminalProgress, checked, cli
 
 OFF = "none"  # --ollama-port none: Ollama's port not served
@@ -52,11 +54,30 @@ def serve(app: App, host: str, port: int | None, api_key: str | None,
         checked(app.settings.with_values, ollama_port=ollama_port)
     server = Server(app, host=host, port=app.settings.server_port if port is None else port,
                     api_key=api_key, ollama_port=ollama_port)
+    say_the_passage_pass()
     with server.signals_stop():  # (a stop while the model loads: "Stopped.", never lost)
         server.listen()  # (a served directory or a busy port refused at once, not loading)
         click.echo(f"Loading {app.model_path.name}...", err=True)
         serve_until_stopped(app, server)
     click.echo("Stopped.", err=True)
+
+
+class _Said(logging.Handler):
+    """A log line said on stderr, as the server's own lines are (the stderr of the moment)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        click.echo(self.format(record), err=True)
+
+
+def say_the_passage_pass() -> None:
+    """The background passage pass's lines from info on: when it starts over a document
+    (its passages, the disk they take, the budget it stops at), how far it is at most once a
+    minute, and when it ends or stops; without this, only its warnings were printed."""
+    passes = logging.getLogger(LOGGER)
+    passes.setLevel(logging.INFO)
+    passes.propagate = False  # (a library that configures the root logger would say it twice)
+    if not any(isinstance(h, _Said) for h in passes.handlers):  # (once per process)
+        passes.addHandler(_Said())
 
 
 def serve_until_stopped(app: App, server) -> None:

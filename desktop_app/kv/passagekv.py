@@ -45,6 +45,7 @@ from .streaming import FAILED
 
 DEFAULT_PASSAGE_LEVEL = "balanced"
 MEMO = 8192  # passages' tokens kept (tokenizing one costs ~1 ms; a 3 MB text has ~7,000)
+MEASURED_TOKENS = 1000  # passage tokens stored before their size is taken as measured
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,21 @@ class PassageKV:
         then."""
         return (self.level == EXACT or not rt.layout.swa_layers
                 or self.kv.calibrations.current(rt.fingerprint) is not None)
+
+    def bytes_per_token(self, rt: Runtime) -> tuple[float, str] | None:
+        """The bytes per token of passage KV at `level` under `rt`'s model, and whence: as
+        the passages stored at it take, else by the codec's calibration (its bits per element
+        at that level, measured on its text); None where neither says."""
+        nbytes, tokens = self.store.passage_sizes(rt.fingerprint).get((self.level,), (0, 0))
+        if tokens >= MEASURED_TOKENS:
+            return nbytes / tokens, "as the passages stored take"
+        cal = self.kv.calibrations.current(rt.fingerprint)
+        bits = cal and cal.meta.get("levels", {}).get(self.level, {}).get("bits_per_element")
+        if not bits:
+            return None
+        layout = rt.layout  # (a passage is shorter than a sliding window: all its layers)
+        per_token = (layout.kv_bytes_per_token + layout.window_bytes_per_token) / layout.itemsize
+        return bits / 8 * per_token, "by the codec's calibration"
 
     def ensure(self, rt: Runtime, passages: Sequence[tuple[int, str]], *,
                cancel: threading.Event | None = None, evict: bool = True,

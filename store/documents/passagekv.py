@@ -9,7 +9,9 @@ that stored it hands it on (`hand_over`). This module never reads chunks or evic
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 
 import sqlite_utils
 
@@ -39,6 +41,17 @@ class PassageKVStore:
         """{document id: how many of its passages have their KV stored under a model}, counted
         by content: a passage whose text another document's passage shares has the same KV."""
         return {doc: len(held) for doc, held in self.passage_kv(fingerprint).items()}
+
+    def passage_sizes(self, fingerprint: str) -> dict[tuple[str, ...], tuple[int, int]]:
+        """{levels held: (bytes, tokens)} of the passage entries stored under a model: what a
+        passage's KV takes, measured (a passage entry's tokens are its own, not its head's)."""
+        out = {}
+        for levels, nbytes, tokens in self._db.get().execute(
+                "SELECT levels, sum(nbytes), sum(token_end - token_start) FROM kv_entries"
+                " WHERE passage AND complete AND model = ? GROUP BY levels", (fingerprint,)):
+            with contextlib.suppress(ValueError, TypeError):  # (damaged: `verify` says so)
+                out[tuple(json.loads(levels))] = (nbytes, tokens)
+        return out
 
     def passage_kv(self, fingerprint: str) -> dict[int, dict[int, int]]:
         """{document id: {passage id: the entry holding its KV}} under a model, found by

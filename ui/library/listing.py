@@ -12,6 +12,7 @@ from __future__ import annotations
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QLabel
 
+from desktop_app.passagepass import PassagePass
 from desktop_app.results import ChatInfo, DocumentInfo
 
 BLENDED_POLL_MS = 5000  # how often the chat list looks again while a chat is being made exact
@@ -60,13 +61,14 @@ class ListingMixin:
     def refresh_documents(self) -> None:
         engine = self.engine
         self.runner.start("misc", lambda job: (engine.documents(), engine.document_titles(),
-                                               engine.passage_notes(), engine.passages_as_text()),
+                                               engine.passage_pass(), engine.passages_as_text()),
                           finished=self._show_documents,
                           failed=lambda msg: self._list_failed(msg, self.doc_list.hint))
 
-    def _show_documents(self, found: tuple[list[DocumentInfo], dict[int, str], dict[int, str],
+    def _show_documents(self, found: tuple[list[DocumentInfo], dict[int, str], PassagePass,
                                            bool]) -> None:
-        docs, titles, notes, as_text = found
+        docs, titles, state, as_text = found
+        notes = state.notes
         checked = self._ticks()
         if self.chat_id is None:
             checked = {*self.doc_list.checked_ids(), *self._check_next}
