@@ -9,7 +9,8 @@ A view serial number guards against late results: a reply that arrives after the
 moved to another chat is not drawn into the wrong conversation. Asking lives in
 `ui.chat.asking`, switching between chats in `ui.library.switching`, the library's actions
 (attach, delete, rename, export) in `ui.library.library_actions`, the codec's preparation and
-calibration in `ui.library.codec_status`: mixins of this window.
+calibration in `ui.library.codec_status`, the background passage pass in
+`ui.library.passage_status`: mixins of this window.
 """
 
 from __future__ import annotations
@@ -47,10 +48,12 @@ from .library.codec_status import CodecMixin
 from .library.document_list import DocumentList
 from .library.library_actions import LibraryMixin
 from .library.listing import BLENDED_POLL_MS, ListingMixin
+from .library.passage_status import PassagesMixin
 from .library.sidebar import ChatList
 from .library.switching import SwitchingMixin
 from .settings.quality import QualitySlider
 from .settings.settings_dialog import SERVER_FIELDS, SettingsDialog, needs_restart
+from .statusbar import StatusBar
 from .text.formatting import in_window_terms, shortened
 from .text.start_failure import start_failure
 from .workers import Job, Runner
@@ -66,7 +69,7 @@ def standard_key(key: QKeySequence.StandardKey, fallback: str) -> QKeySequence:
 
 
 class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, ListingMixin, CodecMixin,
-                 QMainWindow):
+                 PassagesMixin, QMainWindow):
     # For the launcher and for tests: each fires once the GUI has drawn the outcome.
     engine_ready = Signal()
     engine_failed = Signal(str)
@@ -127,6 +130,7 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, ListingMixin, CodecM
     def _build(self) -> None:
         self.setWindowTitle("kvdesk")
         self.resize(1100, 720)
+        self.setStatusBar(StatusBar())  # (a long message cut with "…", whole in its tooltip)
         self.setAcceptDrops(True)
 
         self.new_button = QPushButton("New chat")
@@ -226,6 +230,7 @@ class MainWindow(SwitchingMixin, AskingMixin, LibraryMixin, ListingMixin, CodecM
             view.addAction(action)
             self.addAction(action)
         self._build_codec_status()
+        self._build_passage_status()
         QShortcut(QKeySequence("Ctrl+K"), self, self._focus_search)
         QShortcut(QKeySequence(Qt.Key.Key_Escape), self, self._escape)
 

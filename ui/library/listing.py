@@ -69,6 +69,7 @@ class ListingMixin:
                                            bool]) -> None:
         docs, titles, state, as_text = found
         notes = state.notes
+        self._show_pass(state)  # (the status bar's: looked at again while the pass works)
         checked = self._ticks()
         if self.chat_id is None:
             checked = {*self.doc_list.checked_ids(), *self._check_next}
