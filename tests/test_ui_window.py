@@ -602,6 +602,16 @@ def test_export_writes_the_engine_text(qtbot, window, engine, monkeypatch, tmp_p
     assert offered == ["What is multi-head attention.md"]  # named after the chat (was chat.md)
 
 
+def settings_edited(monkeypatch, edit, answer) -> list[str]:
+    """The Settings dialog made to run `edit` and its questions answered `answer`: the
+    questions asked, as they come."""
+    monkeypatch.setattr("ui.main_window.SettingsDialog.exec", edit)
+    asked: list[str] = []
+    monkeypatch.setattr("ui.main_window.QMessageBox.question",
+                        lambda *a, **k: asked.append(a[2]) or answer)
+    return asked
+
+
 def test_settings_persist_and_an_engine_change_asks_to_restart(qtbot, window, monkeypatch,
                                                               tmp_path):
     model = tmp_path / "m.gguf"
@@ -614,10 +624,7 @@ def test_settings_persist_and_an_engine_change_asks_to_restart(qtbot, window, mo
         dialog.accept()
         return dialog.result()
 
-    monkeypatch.setattr("ui.main_window.SettingsDialog.exec", edit)
-    asked = []
-    monkeypatch.setattr("ui.main_window.QMessageBox.question",
-                        lambda *a, **k: asked.append(a[2]) or QMessageBox.StandardButton.Yes)
+    asked = settings_edited(monkeypatch, edit, QMessageBox.StandardButton.Yes)
     with qtbot.waitSignal(window.restart_requested, timeout=2000) as blocker:
         window.open_settings()
     # It names what changed that needs the restart (not the theme, applied already), and
@@ -638,10 +645,7 @@ def test_the_restart_question_says_it_stops_a_calibration_running(qtbot, window,
         dialog.accept()
         return dialog.result()
 
-    monkeypatch.setattr("ui.main_window.SettingsDialog.exec", edit)
-    asked = []
-    monkeypatch.setattr("ui.main_window.QMessageBox.question",
-                        lambda *a, **k: asked.append(a[2]) or QMessageBox.StandardButton.No)
+    asked = settings_edited(monkeypatch, edit, QMessageBox.StandardButton.No)
     said = ("Changed: Context size. The change is saved, and takes effect when the engine "
             "restarts. Restart it now? (No: the next time kvdesk starts.)")
     for job in (None, SimpleNamespace(cancel=threading.Event())):  # (none running, one)
