@@ -153,15 +153,19 @@ def _json_pattern(pattern: str) -> str:
     an escaped character become the class they stand for (llama.cpp's grammar knows neither
     them nor `\\.`); a negated class is the class of every other character, so written too.
     Read as the converter reads it: a class runs to its first unescaped `]`; an escape this
-    does not know (`\\b`, `\\p`) and a class that holds one are left as written (a negated
-    one given `_NOT_IN_STRING`). A `]` or `}` that closes nothing is refused: the converter
-    would loop on it for good (a server's every route waiting)."""
+    does not know (`\\b`, `\\p`) is refused by name, and a class that holds one is left as
+    written (a negated one given `_NOT_IN_STRING`). A `]` or `}` that closes nothing is
+    refused: the converter would loop on it for good (a server's every route waiting)."""
     out, i, bound = [], 0, False
     while i < len(pattern):
         c = pattern[i]
         if c == "\\":
             value, end = _escape(pattern, i, in_class=False)
-            out.append(pattern[i:end] if value is None else _class(_ranges([value])))
+            if value is None:  # (llama.cpp's grammar has none: refused there, unnamed)
+                raise ValueError(f"the pattern's {pattern[i:end]!r} at {i} is not supported (a "
+                                 "word boundary, a Unicode property or a back-reference has no "
+                                 "grammar)")
+            out.append(_class(_ranges([value])))
         elif c == "[":
             negated, value, end = _read_class(pattern, i)
             out.append(pattern[i:end] if value is None and not negated else
