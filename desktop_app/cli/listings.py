@@ -29,9 +29,9 @@ def docs(app: App, as_json: bool):
     hints = {"damaged": " (kvdesk verify)", "none": " (a question streams the shared cache's)"
              if any(d.status == "none" for d in rows) and app.engine.sharing.auto_pull else ""}
     words = {k: v + hints.get(k, "") for k, v in STATUS_WORDS.items()}
-    words["unfinished"] = ("did not finish: attach the file " + (
-        "or run kvdesk remote pull " if app.engine.sharing.tier is not None else "")
-        + "again (kvdesk gc removes it)")  # (the window's advice, as commands)
+    pulled = any(d.status == "unfinished" for d in rows) and app.engine.sharing.tier
+    words["unfinished"] = ("did not finish: attach the file " + "or run kvdesk remote pull "
+                           * bool(pulled) + "again (kvdesk gc removes it)")  # (as commands)
     as_text = not missing and any(d.passages for d in rows) and app.engine.passages_as_text()
     at = level_words(app.engine.calibration() if any(d.levels for d in rows) else None)
     emit([d.as_dict() for d in rows], as_json, [
