@@ -431,6 +431,29 @@ def test_a_chat_opened_from_a_search_result_shows_the_message_found(qtbot, windo
     assert 0 < bar.maximum() and bar.value() < bar.maximum() // 4
 
 
+def test_a_questions_job_is_freed_once_it_is_answered_or_has_failed(qtbot, window, engine,
+                                                                    monkeypatch):
+    """(Each question's job was kept until the window closed: the slot that ends a failed
+    one read `job.error`, a cycle through a Qt connection; probe 121b.)"""
+    import gc
+    import weakref
+
+    asked, start = [], window.runner.start
+
+    def keeping(lane, work, **slots):
+        job = start(lane, work, **slots)
+        asked.extend([weakref.ref(job)] if lane == "chat" else [])
+        return job
+
+    monkeypatch.setattr(window.runner, "start", keeping)
+    assert ask(qtbot, window) is not None
+    engine.fail_next["ask"] = KeyError("oops")
+    assert ask(qtbot, window) is None
+    qtbot.waitUntil(lambda: not window.runner.active, timeout=5000)
+    gc.collect()
+    assert len(asked) >= 2 and [job() for job in asked] == [None] * len(asked)
+
+
 def test_user_errors_show_their_message_and_bugs_a_short_one(qtbot, window, engine):
     engine.fail_next["ask"] = RuntimeStateError("the context is full; start a new chat")
     assert ask(qtbot, window) is None

@@ -183,8 +183,11 @@ class AskingMixin:
 
         def ended(note: str, error: bool = False) -> None:
             self.answering = None
-            # ("Continue in a new chat" offered: not where its documents alone fill it)
-            if isinstance(job.error, ChatFullError) and job.error.doc_ids:
+            # ("Continue in a new chat" offered: not where its documents alone fill it; the
+            # job read as `self.generation`, this one until it is over: a slot holding it
+            # would keep it for good, `ui.workers`)
+            failure = getattr(self.generation, "error", None)
+            if isinstance(failure, ChatFullError) and failure.doc_ids:
                 self._refused_in = answering.chat_id
             if self.answer_serial != self.serial:
                 left_behind(answering.chat_id)
